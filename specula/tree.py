@@ -1,0 +1,234 @@
+"""Token trees: the one shape every drafter proposes and every verifier checks.
+
+A `TokenTree` is stored as flat arrays in topological order (a parent always comes
+before its children). Node `i` has token `tokens[i]`, parent `parents[i]` (`-1` means
+"child of the root", the root being the last emitted token, which the target runs
+together with the tree), a `score` (estimated probability that the node is reached and
+accepted, or a drafter's raw score before calibration) and a `source` label
+(`"draft-model"`, `"prompt-lookup"`, ...). A chain is a tree whose parents are `i - 1`.
+
+Row convention shared with the backends and `specula.verify`: a distribution tensor of
+shape `[n + 1, vocab]` has row `0` for the root and row `i + 1` for node `i`; the
+children of node `i` are drawn from / checked against row `i + 1`.
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Iterable, Sequence
+
+import torch
+
+
+@dataclass(frozen=True)
+class TokenTree:
+    """An immutable token tree in topological order (see the module docstring)."""
+
+    tokens: tuple[int, ...]
+    """Token id of each node."""
+    parents: tuple[int, ...]
+    """Parent node index of each node; -1 for children of the root."""
+    scores: tuple[float, ...]
+    """Per-node score: estimated probability of reaching and accepting the node."""
+    sources: tuple[str, ...]
+    """Which drafter proposed each node."""
+
+    def __post_init__(self) -> None:
+        n = len(self.tokens)
+        if not (len(self.parents) == len(self.scores) == len(self.sources) == n):
+            raise ValueError(
+                f"TokenTree arrays differ in length: tokens={n}, parents={len(self.parents)}, "
+                f"scores={len(self.scores)}, sources={len(self.sources)}"
+            )
+        for i, par in enumerate(self.parents):
+            if not -1 <= par < i:
+                raise ValueError(f"TokenTree node {i} has parent {par}: parents must be -1 or an earlier node")
+
+    # ------------------------------------------------------------------ construction
+    @classmethod
+    def empty(cls) -> "TokenTree":
+        return cls((), (), (), ())
+
+    @classmethod
+    def build(
+        cls,
+        tokens: Sequence[int],
+        parents: Sequence[int],
+        scores: Sequence[float] | None = None,
+        sources: Sequence[str] | str = "unknown",
+    ) -> "TokenTree":
+        n = len(tokens)
+        if scores is None:
+            scores = [1.0] * n
+        if isinstance(sources, str):
+            sources = [sources] * n
+        return cls(
+            tuple(int(t) for t in tokens),
+            tuple(int(p) for p in parents),
+            tuple(float(s) for s in scores),
+            tuple(sources),
+        )
+
+    @classmethod
+    def chain(
+        cls, tokens: Sequence[int], scores: Sequence[float] | None = None, source: str = "unknown"
+    ) -> "TokenTree":
+        """A chain: node i's parent is node i - 1."""
+        return cls.build(tokens, list(range(-1, len(tokens) - 1)), scores, source)
+
+    @classmethod
+    def from_paths(
+        cls,
+        paths: Iterable[Sequence[int]],
+        scores: Iterable[Sequence[float]] | None = None,
+        source: str = "unknown",
+    ) -> "TokenTree":
+        """The trie of several token sequences (shared prefixes become shared nodes)."""
+        tree = cls.empty()
+        score_list = list(scores) if scores is not None else None
+        for k, path in enumerate(paths):
+            sc = score_list[k] if score_list is not None else None
+            tree = tree.merge(cls.chain(path, sc, source))
+        return tree
+
+    # ------------------------------------------------------------------ derived (cached)
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    @cached_property
+    def depth(self) -> tuple[int, ...]:
+        """Depth of each node; children of the root have depth 1."""
+        d: list[int] = []
+        for par in self.parents:
+            d.append(1 if par < 0 else d[par] + 1)
+        return tuple(d)
+
+    @cached_property
+    def max_depth(self) -> int:
+        return max(self.depth, default=0)
+
+    @cached_property
+    def children(self) -> tuple[tuple[int, ...], ...]:
+        """children[r] for row r (0 = root, i + 1 = node i), in node order."""
+        kids: list[list[int]] = [[] for _ in range(len(self) + 1)]
+        for i, par in enumerate(self.parents):
+            kids[par + 1].append(i)
+        return tuple(tuple(k) for k in kids)
+
+    @cached_property
+    def ancestor_mask(self) -> torch.Tensor:
+        """Bool [n, n]: mask[i, j] is True iff node j is node i or one of its ancestors."""
+        n = len(self)
+        mask = torch.zeros((n, n), dtype=torch.bool)
+        for i, par in enumerate(self.parents):
+            if par >= 0:
+                mask[i] = mask[par]
+            mask[i, i] = True
+        return mask
+
+    @cached_property
+    def position_offsets(self) -> torch.Tensor:
+        """Long [n]: position of each node relative to the root (= depth)."""
+        return torch.tensor(self.depth, dtype=torch.long)
+
+    @cached_property
+    def leaves(self) -> tuple[int, ...]:
+        return tuple(i for i in range(len(self)) if not self.children[i + 1])
+
+    @cached_property
+    def paths(self) -> tuple[tuple[int, ...], ...]:
+        """Root-to-leaf paths as node indices."""
+        return tuple(self.path_to(leaf) for leaf in self.leaves)
+
+    def path_to(self, node: int) -> tuple[int, ...]:
+        """Node indices from the first level down to `node` (inclusive)."""
+        path = []
+        while node >= 0:
+            path.append(node)
+            node = self.parents[node]
+        return tuple(reversed(path))
+
+    def tokens_of(self, nodes: Sequence[int]) -> list[int]:
+        return [self.tokens[i] for i in nodes]
+
+    def is_chain(self) -> bool:
+        return all(par == i - 1 for i, par in enumerate(self.parents))
+
+    # ------------------------------------------------------------------ operations
+    def merge(self, other: "TokenTree") -> "TokenTree":
+        """Trie union by longest prefix match. A node whose path already exists keeps the
+        higher score (and the first source); duplicate siblings in either tree are merged."""
+        tokens: list[int] = []
+        parents: list[int] = []
+        scores: list[float] = []
+        sources: list[str] = []
+        index: dict[tuple[int, int], int] = {}
+        for tree in (self, other):
+            remap: list[int] = []
+            for tok, par, score, src in zip(tree.tokens, tree.parents, tree.scores, tree.sources):
+                key = (remap[par] if par >= 0 else -1, tok)
+                j = index.get(key)
+                if j is None:
+                    j = index[key] = len(tokens)
+                    tokens.append(tok)
+                    parents.append(key[0])
+                    scores.append(score)
+                    sources.append(src)
+                else:
+                    scores[j] = max(scores[j], score)
+                remap.append(j)
+        return TokenTree(tuple(tokens), tuple(parents), tuple(scores), tuple(sources))
+
+    def subtree(self, keep: Iterable[int]) -> "TokenTree":
+        """Keep the given nodes (must be ancestor-closed), preserving their order."""
+        kept = sorted(set(int(k) for k in keep))
+        new_index = {old: new for new, old in enumerate(kept)}
+        parents = []
+        for old in kept:
+            par = self.parents[old]
+            if par >= 0 and par not in new_index:
+                raise ValueError(f"subtree: node {old} kept without its parent {par} (keep must be ancestor-closed)")
+            parents.append(new_index[par] if par >= 0 else -1)
+        return TokenTree(
+            tuple(self.tokens[k] for k in kept),
+            tuple(parents),
+            tuple(self.scores[k] for k in kept),
+            tuple(self.sources[k] for k in kept),
+        )
+
+    def prune(self, drop: Iterable[int]) -> "TokenTree":
+        """Remove the given nodes and all their descendants."""
+        dropped = set(int(d) for d in drop)
+        keep = []
+        for i, par in enumerate(self.parents):
+            if i in dropped or (par >= 0 and par in dropped):
+                dropped.add(i)
+            else:
+                keep.append(i)
+        return self.subtree(keep)
+
+    def top_nodes(self, budget: int) -> "TokenTree":
+        """The best `budget` nodes by score, ancestor-closed: a node is only eligible
+        once its parent is chosen (best-first expansion from the root)."""
+        if budget >= len(self):
+            return self
+        if budget <= 0:
+            return TokenTree.empty()
+        heap = [(-self.scores[c], c) for c in self.children[0]]
+        heapq.heapify(heap)
+        chosen: list[int] = []
+        while heap and len(chosen) < budget:
+            _, node = heapq.heappop(heap)
+            chosen.append(node)
+            for c in self.children[node + 1]:
+                heapq.heappush(heap, (-self.scores[c], c))
+        return self.subtree(chosen)
+
+    def truncate_depth(self, max_depth: int) -> "TokenTree":
+        """Keep the nodes at depth <= max_depth."""
+        return self.subtree(i for i, d in enumerate(self.depth) if d <= max_depth)
+
+    def with_scores(self, scores: Sequence[float]) -> "TokenTree":
+        return TokenTree(self.tokens, self.parents, tuple(float(s) for s in scores), self.sources)
