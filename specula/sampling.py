@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from specula.errors import ConfigError
+
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -33,13 +35,13 @@ class SamplingParams:
 
     def __post_init__(self) -> None:
         if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}; use 0 for greedy decoding")
+            raise ConfigError(f"temperature must be >= 0, got {self.temperature}; use 0 for greedy decoding")
         if self.top_k < 0:
-            raise ValueError(f"top_k must be >= 0 (0 disables it), got {self.top_k}")
+            raise ConfigError(f"top_k must be >= 0 (0 disables it), got {self.top_k}")
         if not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}; use 1.0 to disable it")
+            raise ConfigError(f"top_p must be in (0, 1], got {self.top_p}; use 1.0 to disable it")
         if self.max_new_tokens <= 0:
-            raise ValueError(f"max_new_tokens must be a positive integer, got {self.max_new_tokens}")
+            raise ConfigError(f"max_new_tokens must be a positive integer, got {self.max_new_tokens}")
         if isinstance(self.stop, str):
             object.__setattr__(self, "stop", (self.stop,))
 

@@ -209,13 +209,11 @@ class TokenTree:
                 keep.append(i)
         return self.subtree(keep)
 
-    def top_nodes(self, budget: int) -> "TokenTree":
-        """The best `budget` nodes by score, ancestor-closed: a node is only eligible
-        once its parent is chosen (best-first expansion from the root)."""
+    def top_node_indices(self, budget: int) -> list[int]:
+        """Indices of the best `budget` nodes by score, ancestor-closed: a node is only
+        eligible once its parent is chosen (best-first expansion from the root)."""
         if budget >= len(self):
-            return self
-        if budget <= 0:
-            return TokenTree.empty()
+            return list(range(len(self)))
         heap = [(-self.scores[c], c) for c in self.children[0]]
         heapq.heapify(heap)
         chosen: list[int] = []
@@ -224,7 +222,11 @@ class TokenTree:
             chosen.append(node)
             for c in self.children[node + 1]:
                 heapq.heappush(heap, (-self.scores[c], c))
-        return self.subtree(chosen)
+        return sorted(chosen)
+
+    def top_nodes(self, budget: int) -> "TokenTree":
+        """The best `budget` nodes by score, ancestor-closed (see `top_node_indices`)."""
+        return self if budget >= len(self) else self.subtree(self.top_node_indices(budget))
 
     def truncate_depth(self, max_depth: int) -> "TokenTree":
         """Keep the nodes at depth <= max_depth."""

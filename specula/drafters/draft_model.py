@@ -1,0 +1,92 @@
+"""`draft-model`: a smaller model with the same tokenizer drafts a chain of k tokens.
+
+The draft keeps its own KV cache. Before proposing it is synchronised with the committed
+tokens: the cache is cropped to the longest common prefix (this is the rollback of the
+previous step's rejected drafts) and the missing committed tokens are appended. Greedy
+requests draft the argmax (deterministic candidates); sampled requests draw each token
+from the draft's processed distribution q (same temperature / top-k / top-p as the
+target) and return q for the acceptance rule.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from specula.drafters.base import DraftContext, Proposal, StepResult
+from specula.models.hf import HFCausalLM
+from specula.sampling import probabilities
+from specula.tree import TokenTree
+
+
+@dataclass(frozen=True)
+class DraftModelConfig:
+    """Draft-model chain settings."""
+
+    num_draft_tokens: int = 5
+    """Tokens drafted per step (k)."""
+
+    def __post_init__(self) -> None:
+        if self.num_draft_tokens < 1:
+            raise ValueError(f"num_draft_tokens must be >= 1, got {self.num_draft_tokens}")
+
+
+def common_prefix_length(a, b) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+class DraftModelDrafter:
+    """Chain drafting with a smaller causal LM (SpS)."""
+
+    name = "draft-model"
+
+    def __init__(self, draft: HFCausalLM, config: DraftModelConfig = DraftModelConfig()) -> None:
+        self.draft = draft
+        self.config = config
+
+    def sync(self, tokens) -> torch.Tensor:
+        """Bring the draft cache to `tokens` (root included); logits [vocab] after the root."""
+        keep = common_prefix_length(self.draft.tokens, tokens[:-1])
+        self.draft.crop(keep)
+        return self.draft.append(tokens[keep:], logits="last")
+
+    def propose(self, ctx: DraftContext) -> Proposal:
+        k = min(self.config.num_draft_tokens, ctx.budget.max_depth, ctx.budget.max_nodes)
+        if k <= 0:
+            return Proposal.empty()
+        logits = self.sync(ctx.tokens)
+        greedy = ctx.params.greedy
+        drafted: list[int] = []
+        scores: list[float] = []
+        q_rows: list[torch.Tensor] = []
+        path_prob = 1.0
+        for j in range(k):
+            q = probabilities(logits, ctx.params)  # [vocab]; one-hot argmax when greedy
+            if greedy:
+                token = int(q.argmax())
+                prob = float(torch.softmax(logits.float(), -1)[token])
+            else:
+                token = int(torch.multinomial(q, 1, generator=ctx.generator))
+                prob = float(q[token])
+                q_rows.append(q)
+            path_prob *= prob
+            drafted.append(token)
+            scores.append(path_prob)
+            if j + 1 < k:
+                logits = self.draft.append([token], logits="last")
+        tree = TokenTree.chain(drafted, scores, self.name)
+        if greedy:
+            return Proposal(tree)
+        q_all = torch.stack(q_rows + [torch.zeros_like(q_rows[0])])  # [k+1, vocab]; leaf row unused
+        return Proposal(tree, q_all, "iid")
+
+    def observe(self, step: StepResult) -> None:
+        return None  # rollback happens lazily in sync()
+
+    def reset(self) -> None:
+        self.draft.reset()

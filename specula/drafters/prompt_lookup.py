@@ -1,0 +1,84 @@
+"""`prompt-lookup`: propose what followed earlier occurrences of the context's suffix.
+
+Find the longest suffix n-gram (n = max_ngram down to min_ngram) that occurred earlier in
+prompt + output; the continuations of its most recent matches form a trie. A node's score
+is the fraction of matches whose continuation passes through it.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+
+import numpy as np
+
+from specula.drafters.base import DraftContext, Proposal, StepResult
+from specula.tree import TokenTree
+
+
+@dataclass(frozen=True)
+class PromptLookupConfig:
+    """Prompt lookup (PLD) settings."""
+
+    max_ngram: int = 3
+    """Longest suffix n-gram tried first."""
+    min_ngram: int = 1
+    """Shortest suffix n-gram tried."""
+    num_pred_tokens: int = 10
+    """Tokens copied after each match (the continuation length)."""
+    max_matches: int = 4
+    """Most recent matches whose continuations form the tree (1 = a chain, as in PLD)."""
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.min_ngram <= self.max_ngram:
+            raise ValueError(f"need 1 <= min_ngram <= max_ngram, got {self.min_ngram}, {self.max_ngram}")
+        if self.num_pred_tokens < 1 or self.max_matches < 1:
+            raise ValueError("num_pred_tokens and max_matches must be >= 1")
+
+
+def find_continuations(tokens: np.ndarray, cfg: PromptLookupConfig) -> list[np.ndarray]:
+    """Continuations (most recent match first) of the longest suffix n-gram seen before.
+
+    tokens: [L] int64. Pure function."""
+    length = len(tokens)
+    for n in range(min(cfg.max_ngram, length - 1), cfg.min_ngram - 1, -1):
+        suffix = tokens[length - n :]
+        # Candidate starts i with tokens[i:i+n] == suffix and a continuation (i + n < length).
+        windows = np.lib.stride_tricks.sliding_window_view(tokens[: length - 1], n)  # [L-n, n]
+        starts = np.flatnonzero((windows == suffix).all(axis=1))
+        if len(starts) == 0:
+            continue
+        conts = []
+        for i in starts[::-1][: cfg.max_matches]:
+            cont = tokens[i + n : i + n + cfg.num_pred_tokens]
+            if len(cont):
+                conts.append(cont)
+        if conts:
+            return conts
+    return []
+
+
+class PromptLookupDrafter:
+    """Suffix n-gram matching over prompt + output; several matches form a tree."""
+
+    name = "prompt-lookup"
+
+    def __init__(self, config: PromptLookupConfig = PromptLookupConfig()) -> None:
+        self.config = config
+
+    def propose(self, ctx: DraftContext) -> Proposal:
+        conts = find_continuations(np.asarray(ctx.tokens, dtype=np.int64), self.config)
+        if not conts:
+            return Proposal.empty()
+        paths = [cont.tolist() for cont in conts]
+        tree = TokenTree.from_paths(paths, source=self.name)
+        # Score = fraction of the matches whose continuation passes through the node.
+        counts = Counter(tuple(path[:k]) for path in paths for k in range(1, len(path) + 1))
+        scores = [counts[tuple(tree.tokens_of(tree.path_to(i)))] / len(paths) for i in range(len(tree))]
+        return Proposal(tree.with_scores(scores))
+
+    def observe(self, step: StepResult) -> None:
+        return None
+
+    def reset(self) -> None:
+        return None

@@ -1,0 +1,152 @@
+"""Generation statistics: counters filled by the decode loop, never prints."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class GenerationStats:
+    """Counters of one generation (or the sum of several, see `merge`)."""
+
+    method: str = "none"
+    """Drafter name."""
+    new_tokens: int = 0
+    """Tokens emitted (after truncation at EOS / stop / max_new_tokens)."""
+    steps: int = 0
+    """Target verification steps (one forward pass each, prefill excluded)."""
+    accepted_lengths: list[int] = field(default_factory=list)
+    """Per step: accepted draft tokens + 1 (the bonus / correction token)."""
+    drafted_tokens: int = 0
+    """Tree nodes sent to the target, summed over steps."""
+    accepted_tokens: int = 0
+    """Draft tokens the target accepted, summed over steps."""
+    depth_drafted: list[int] = field(default_factory=list)
+    """depth_drafted[d-1]: steps whose tree reached depth d."""
+    depth_accepted: list[int] = field(default_factory=list)
+    """depth_accepted[d-1]: steps that accepted a node at depth d."""
+    source_drafted: Counter = field(default_factory=Counter)
+    """Nodes sent to the target, by drafter source."""
+    source_accepted: Counter = field(default_factory=Counter)
+    """Accepted nodes, by drafter source."""
+    predicted_accepted: float = 0.0
+    """Sum over steps of the planner's predicted accepted tokens (incl. bonus), when known."""
+    prefill_seconds: float = 0.0
+    draft_seconds: float = 0.0
+    verify_seconds: float = 0.0
+    commit_seconds: float = 0.0
+    seconds: float = 0.0
+    """Wall time of the whole generation, prefill included."""
+    prompt_tokens: int = 0
+    finish_reason: str = ""
+    """"stop" (EOS or a stop string) or "length" (max_new_tokens or the context window)."""
+
+    # ------------------------------------------------------------------ recording
+    def record_step(self, depths: tuple[int, ...], sources: tuple[str, ...], path: tuple[int, ...]) -> None:
+        self.steps += 1
+        self.accepted_lengths.append(len(path) + 1)
+        self.drafted_tokens += len(depths)
+        self.accepted_tokens += len(path)
+        max_depth = max(depths, default=0)
+        _grow(self.depth_drafted, max_depth)
+        _grow(self.depth_accepted, max_depth)
+        for d in range(max_depth):
+            self.depth_drafted[d] += 1
+        for d in range(len(path)):
+            self.depth_accepted[d] += 1
+        self.source_drafted.update(sources)
+        self.source_accepted.update(sources[i] for i in path)
+
+    # ------------------------------------------------------------------ derived
+    @property
+    def mean_accepted_tokens(self) -> float:
+        """Mean tokens per step, bonus included (plain decoding = 1.00)."""
+        return sum(self.accepted_lengths) / len(self.accepted_lengths) if self.accepted_lengths else 0.0
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.new_tokens / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def acceptance_rate(self) -> float:
+        """Accepted / drafted tokens (0 when nothing was drafted)."""
+        return self.accepted_tokens / self.drafted_tokens if self.drafted_tokens else 0.0
+
+    @property
+    def acceptance_by_depth(self) -> list[float]:
+        """P(a node at depth d is accepted | the tree reached depth d)."""
+        return [a / d if d else 0.0 for a, d in zip(self.depth_accepted, self.depth_drafted)]
+
+    @property
+    def other_seconds(self) -> float:
+        return max(
+            0.0,
+            self.seconds - self.prefill_seconds - self.draft_seconds - self.verify_seconds - self.commit_seconds,
+        )
+
+    def merge(self, other: "GenerationStats") -> "GenerationStats":
+        """Sum of two stats (for multi-turn prompts and aggregates)."""
+        out = GenerationStats(method=self.method)
+        for name in (
+            "new_tokens", "steps", "drafted_tokens", "accepted_tokens", "predicted_accepted",
+            "prefill_seconds", "draft_seconds", "verify_seconds", "commit_seconds", "seconds", "prompt_tokens",
+        ):
+            setattr(out, name, getattr(self, name) + getattr(other, name))
+        out.accepted_lengths = self.accepted_lengths + other.accepted_lengths
+        out.depth_drafted = _add_lists(self.depth_drafted, other.depth_drafted)
+        out.depth_accepted = _add_lists(self.depth_accepted, other.depth_accepted)
+        out.source_drafted = self.source_drafted + other.source_drafted
+        out.source_accepted = self.source_accepted + other.source_accepted
+        out.finish_reason = other.finish_reason or self.finish_reason
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "method": self.method,
+            "new_tokens": self.new_tokens,
+            "prompt_tokens": self.prompt_tokens,
+            "steps": self.steps,
+            "mean_accepted_tokens": round(self.mean_accepted_tokens, 4),
+            "predicted_mean_accepted_tokens": (
+                round(self.predicted_accepted / self.steps, 4) if self.predicted_accepted and self.steps else None
+            ),
+            "tokens_per_s": round(self.tokens_per_s, 3),
+            "seconds": round(self.seconds, 4),
+            "drafted_tokens": self.drafted_tokens,
+            "accepted_tokens": self.accepted_tokens,
+            "acceptance_rate": round(self.acceptance_rate, 4),
+            "acceptance_by_depth": [round(a, 4) for a in self.acceptance_by_depth],
+            "accepted_lengths": list(self.accepted_lengths),
+            "acceptance_by_source": {
+                s: {"drafted": n, "accepted": self.source_accepted.get(s, 0)} for s, n in self.source_drafted.items()
+            },
+            "time": {
+                "prefill": round(self.prefill_seconds, 4),
+                "draft": round(self.draft_seconds, 4),
+                "verify": round(self.verify_seconds, 4),
+                "commit": round(self.commit_seconds, 4),
+                "other": round(self.other_seconds, 4),
+            },
+            "finish_reason": self.finish_reason,
+        }
+
+    def summary(self) -> str:
+        """One line for humans."""
+        return (
+            f"[{self.method}] {self.new_tokens} tokens in {self.seconds:.2f}s ({self.tokens_per_s:.2f} tok/s), "
+            f"{self.steps} steps, mean accepted {self.mean_accepted_tokens:.2f}, "
+            f"acceptance {self.acceptance_rate:.1%} of {self.drafted_tokens} drafted; "
+            f"time draft {self.draft_seconds:.2f}s verify {self.verify_seconds:.2f}s "
+            f"commit {self.commit_seconds:.2f}s prefill {self.prefill_seconds:.2f}s"
+        )
+
+
+def _grow(values: list[int], size: int) -> None:
+    values.extend([0] * (size - len(values)))
+
+
+def _add_lists(a: list[int], b: list[int]) -> list[int]:
+    n = max(len(a), len(b))
+    return [(a[i] if i < len(a) else 0) + (b[i] if i < len(b) else 0) for i in range(n)]

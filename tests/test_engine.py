@@ -1,0 +1,187 @@
+import pytest
+import torch
+
+from tiny import perturbed_copy, reference_greedy, successor_model, tiny_model
+from specula.drafters import make_drafter
+from specula.drafters.draft_model import DraftModelConfig, DraftModelDrafter
+from specula.engine import SpeculativeDecoder
+from specula.errors import ConfigError
+from specula.models.hf import HFCausalLM
+from specula.sampling import SamplingParams
+
+PROMPTS = [
+    [5, 17, 33, 2, 5, 17, 40, 41, 42, 5, 17],
+    [60, 61, 62, 63, 64, 60, 61],
+    [9],
+]
+
+
+def decoder(model, method: str, draft_model=None, k: int = 5) -> SpeculativeDecoder:
+    draft = HFCausalLM(draft_model, "draft") if draft_model is not None else None
+    drafter = make_drafter(method, draft=draft, num_draft_tokens=k if method == "draft-model" else None)
+    return SpeculativeDecoder(HFCausalLM(model, "target"), drafter, eos_token_ids=[])
+
+
+def greedy(n: int) -> SamplingParams:
+    return SamplingParams(max_new_tokens=n, ignore_eos=True)
+
+
+@pytest.mark.parametrize("method", ["none", "prompt-lookup", "draft-model"])
+def test_greedy_output_equals_plain_greedy(arch, method):
+    model = tiny_model(arch, seed=3)
+    draft = perturbed_copy(model, 0.3) if method == "draft-model" else None
+    dec = decoder(model, method, draft)
+    for prompt in PROMPTS:
+        out = dec.generate(prompt, greedy(40))
+        assert out.token_ids == reference_greedy(model, prompt, 40), (arch, method, prompt)
+        assert out.stats.new_tokens == 40
+
+
+def test_unrelated_draft_model_is_still_lossless():
+    model = tiny_model("qwen2", seed=3)
+    other = tiny_model("qwen2", seed=11)  # random draft: almost everything rejected
+    dec = decoder(model, "draft-model", other, k=4)
+    out = dec.generate(PROMPTS[0], greedy(30))
+    assert out.token_ids == reference_greedy(model, PROMPTS[0], 30)
+    assert out.stats.acceptance_rate < 0.5
+
+
+def test_draft_equal_to_target_accepts_every_draft_token():
+    model = tiny_model("llama", seed=4)
+    dec = decoder(model, "draft-model", model, k=4)
+    out = dec.generate(PROMPTS[1], greedy(41))
+    assert out.token_ids == reference_greedy(model, PROMPTS[1], 41)
+    assert out.stats.drafted_tokens > 0
+    assert out.stats.accepted_tokens == out.stats.drafted_tokens
+    # 41 tokens at 5 per step (4 drafts + bonus): 8 full steps and one of 1.
+    assert out.stats.steps == 9
+    assert out.stats.mean_accepted_tokens == pytest.approx(41 / 9 + (5 * 8 + 1 - 41) / 9)
+
+
+@pytest.mark.parametrize("max_new", [1, 2, 3, 6, 7, 11])
+def test_max_new_tokens_is_never_overshot_mid_draft(max_new):
+    model = tiny_model("qwen2", seed=5)
+    dec = decoder(model, "draft-model", model, k=5)
+    out = dec.generate(PROMPTS[0], greedy(max_new))
+    assert out.token_ids == reference_greedy(model, PROMPTS[0], max_new)
+    assert out.stats.finish_reason == "length"
+
+
+@pytest.mark.parametrize("method", ["prompt-lookup", "draft-model"])
+def test_eos_inside_a_draft_stops_exactly_where_plain_greedy_stops(method):
+    model = tiny_model("gpt2", seed=6)
+    plain = reference_greedy(model, PROMPTS[0], 30)
+    eos = plain[7]  # a token plain greedy emits at position 7 (first occurrence)
+    first = plain.index(eos)
+    draft = model if method == "draft-model" else None
+    dec = decoder(model, method, draft, k=5)
+    dec.eos_token_ids = frozenset([eos])
+    out = dec.generate(PROMPTS[0], SamplingParams(max_new_tokens=30))
+    assert out.token_ids == plain[: first + 1]
+    assert out.stats.finish_reason == "stop"
+
+
+def test_plain_decoding_has_mean_accepted_one():
+    model = tiny_model("llama", seed=2)
+    out = decoder(model, "none").generate(PROMPTS[1], greedy(12))
+    assert out.stats.steps == 12
+    assert out.stats.mean_accepted_tokens == 1.0
+    assert out.stats.drafted_tokens == 0
+
+
+def test_prompt_lookup_accepts_copied_text():
+    model = successor_model()
+    prompt = list(range(10, 40)) + [20]  # the successor's output 21, 22, ... is in the prompt
+    out = decoder(model, "prompt-lookup").generate(prompt, greedy(19))
+    assert out.token_ids == list(range(21, 40))
+    assert out.token_ids == reference_greedy(model, prompt, 19)
+    # 10 copied tokens + bonus per step: two steps.
+    assert out.stats.steps == 2 and out.stats.mean_accepted_tokens > 9
+
+
+def test_sampling_is_reproducible_with_a_seed_and_varies_without():
+    model = tiny_model("qwen2", seed=7)
+    draft = perturbed_copy(model, 0.3)
+    dec = decoder(model, "draft-model", draft)
+    params = SamplingParams(temperature=1.0, max_new_tokens=20, seed=123, ignore_eos=True)
+    a = dec.generate(PROMPTS[0], params).token_ids
+    b = dec.generate(PROMPTS[0], params).token_ids
+    assert a == b
+    others = {tuple(dec.generate(PROMPTS[0], SamplingParams(temperature=1.0, max_new_tokens=20, seed=s,
+                                                            ignore_eos=True)).token_ids) for s in range(5)}
+    assert len(others) > 1
+
+
+def test_sampled_first_token_follows_the_target_distribution():
+    """End to end through the loop: the law of the first two emitted tokens equals the
+    target's (temperature 1.5 on a 8-token vocabulary), for a sampled draft-model chain."""
+    torch.manual_seed(0)
+    model = tiny_model("llama", seed=8, vocab=8)
+    draft = tiny_model("llama", seed=9, vocab=8)
+    dec = decoder(model, "draft-model", draft, k=2)
+    prompt = [3, 5, 1]
+    temp = 1.5
+    with torch.inference_mode():
+        p1 = torch.softmax(model(torch.tensor([prompt])).logits[0, -1] / temp, -1)
+        joint = torch.stack([
+            p1[a] * torch.softmax(model(torch.tensor([prompt + [a]])).logits[0, -1] / temp, -1) for a in range(8)
+        ]).flatten()  # [64]
+    trials = 3000
+    counts = torch.zeros(64)
+    for s in range(trials):
+        ids = dec.generate(prompt, SamplingParams(temperature=temp, max_new_tokens=2, seed=s,
+                                                  ignore_eos=True)).token_ids
+        counts[ids[0] * 8 + ids[1]] += 1
+    tv = 0.5 * (counts / trials - joint).abs().sum().item()
+    wrong = torch.roll(joint, 1)
+    tv_wrong = 0.5 * (counts / trials - wrong).abs().sum().item()
+    # E[TV] for 64 cells at 3000 trials is ~ 0.06; the shifted reference is far off.
+    assert tv < 0.09, tv
+    assert tv_wrong > 3 * tv
+
+
+def test_stop_strings_cut_the_output(tiny_tokenizer):
+    model = tiny_model("qwen2", seed=3)
+    plain = reference_greedy(model, PROMPTS[0], 30)
+    stop_text = tiny_tokenizer.decode([plain[5]])
+    first = next(i for i, t in enumerate(plain) if stop_text in tiny_tokenizer.decode([t]))
+    dec = SpeculativeDecoder(HFCausalLM(model), make_drafter("prompt-lookup"), tiny_tokenizer, eos_token_ids=[])
+    out = dec.generate(PROMPTS[0], SamplingParams(max_new_tokens=30, stop=(stop_text,)))
+    assert out.token_ids == plain[: first + 1]
+    assert out.stats.finish_reason == "stop"
+    assert out.text.endswith(stop_text)
+
+
+def test_stream_yields_the_same_tokens_and_text_as_generate(tiny_tokenizer):
+    model = tiny_model("qwen2", seed=3)
+    dec = SpeculativeDecoder(HFCausalLM(model), make_drafter("prompt-lookup"), tiny_tokenizer, eos_token_ids=[])
+    params = greedy(25)
+    whole = dec.generate(PROMPTS[0], params)
+    chunks = list(dec.stream(PROMPTS[0], params))
+    assert [t for c in chunks for t in c.token_ids] == whole.token_ids
+    assert "".join(c.text for c in chunks) == whole.text
+    assert chunks[-1].finished and chunks[-1].stats.new_tokens == 25
+
+
+def test_bad_input_gives_clear_errors():
+    model = tiny_model("llama")
+    dec = decoder(model, "none")
+    with pytest.raises(ConfigError, match="empty"):
+        dec.generate([], greedy(5))
+    with pytest.raises(ConfigError, match="max_new_tokens"):
+        SamplingParams(max_new_tokens=0)
+    with pytest.raises(ConfigError, match="context window"):
+        dec.generate(list(range(50)) * 6, greedy(5))
+    with pytest.raises(ConfigError, match="unknown method"):
+        make_drafter("medusa")
+    with pytest.raises(ConfigError, match="--draft"):
+        make_drafter("draft-model")
+
+
+def test_generation_stops_at_the_context_window():
+    model = tiny_model("llama")
+    dec = decoder(model, "draft-model", model)
+    out = dec.generate(list(range(1, 90)) * 2 + [5] * 60, greedy(100))  # 238 prompt tokens, window 256
+    assert out.stats.finish_reason == "length"
+    assert len(out.token_ids) <= 256 - 238
+    assert out.token_ids == reference_greedy(model, list(range(1, 90)) * 2 + [5] * 60, len(out.token_ids))

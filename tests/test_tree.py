@@ -1,0 +1,78 @@
+import pytest
+import torch
+
+from specula.tree import TokenTree
+
+
+def test_chain_is_a_tree_with_consecutive_parents():
+    t = TokenTree.chain([5, 6, 7])
+    assert t.parents == (-1, 0, 1)
+    assert t.depth == (1, 2, 3)
+    assert t.is_chain()
+    assert t.paths == ((0, 1, 2),)
+
+
+def test_invalid_parent_order_is_rejected():
+    with pytest.raises(ValueError, match="parent"):
+        TokenTree.build([1, 2], [1, -1])
+    with pytest.raises(ValueError, match="length"):
+        TokenTree((1,), (-1, 0), (1.0,), ("x",))
+
+
+def test_ancestor_mask_positions_and_paths():
+    #      root
+    #     /    \
+    #    0(a)   3(d)
+    #   /  \
+    #  1(b) 2(c)
+    t = TokenTree.build([10, 11, 12, 13], [-1, 0, 0, -1])
+    expected = torch.tensor([[1, 0, 0, 0], [1, 1, 0, 0], [1, 0, 1, 0], [0, 0, 0, 1]], dtype=torch.bool)
+    assert torch.equal(t.ancestor_mask, expected)
+    assert t.position_offsets.tolist() == [1, 2, 2, 1]
+    assert t.paths == ((0, 1), (0, 2), (3,))
+    assert t.children[0] == (0, 3) and t.children[1] == (1, 2)
+
+
+def test_merge_is_a_trie_union_with_duplicates_merged():
+    a = TokenTree.chain([1, 2, 3], [0.9, 0.5, 0.2], "a")
+    b = TokenTree.from_paths([[1, 2, 4], [5], [1, 2, 3, 6]], source="b")
+    m = a.merge(b)
+    # Shared prefix 1,2 appears once; 3 and 4 are siblings; 6 hangs below 3.
+    assert m.tokens == (1, 2, 3, 4, 5, 6)
+    assert m.parents == (-1, 0, 1, 1, -1, 2)
+    assert m.sources[:3] == ("a", "a", "a") and m.sources[3:] == ("b", "b", "b")
+    # Scores of shared nodes are the max of both.
+    assert m.scores[0] == 1.0
+    # Duplicate siblings inside one tree are merged too.
+    dup = TokenTree.build([7, 7, 8], [-1, -1, 1])
+    merged = TokenTree.empty().merge(dup)
+    assert merged.tokens == (7, 8) and merged.parents == (-1, 0)
+    # Every root-to-node token path of both inputs is present exactly once.
+    paths = {tuple(m.tokens_of(m.path_to(i))) for i in range(len(m))}
+    assert len(paths) == len(m)
+    for src in (a, b):
+        for i in range(len(src)):
+            assert tuple(src.tokens_of(src.path_to(i))) in paths
+
+
+def test_top_nodes_is_ancestor_closed_and_best_first():
+    # A high-scoring node under a low-scoring parent is only taken after its parent.
+    t = TokenTree.build([1, 2, 3, 4], [-1, -1, 1, 0], scores=[0.9, 0.1, 0.95, 0.5])
+    top2 = t.top_nodes(2)
+    assert top2.tokens == (1, 4)
+    top3 = t.top_nodes(3)
+    assert set(top3.tokens) == {1, 4, 2}
+    for k in range(len(t) + 1):
+        sub = t.top_nodes(k)
+        assert len(sub) == k
+        for i, par in enumerate(sub.parents):
+            assert par < i
+
+
+def test_prune_removes_descendants_and_subtree_requires_closure():
+    t = TokenTree.from_paths([[1, 2, 3], [1, 4], [5]])
+    pruned = t.prune([1])  # node 1 = token 2, drops 3 as well
+    assert sorted(pruned.tokens) == [1, 4, 5]
+    with pytest.raises(ValueError, match="ancestor-closed"):
+        t.subtree([2])
+    assert t.truncate_depth(1).tokens == (1, 5)

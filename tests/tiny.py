@@ -1,0 +1,86 @@
+"""Tiny random models (no downloads) and references shared by the tests."""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+from transformers import (
+    GPT2Config,
+    GPT2LMHeadModel,
+    LlamaConfig,
+    LlamaForCausalLM,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+)
+
+# Tiny models run far faster on one thread (and do not fight other processes for cores).
+torch.set_num_threads(1)
+
+VOCAB = 96
+ARCHES = ("llama", "qwen2", "gpt2")
+
+
+def tiny_model(arch: str = "qwen2", attn: str = "sdpa", seed: int = 0, vocab: int = VOCAB, layers: int = 2):
+    """A random causal LM small enough for exhaustive tests. Large init spreads the logits
+    so that argmax ties (which float noise could flip) do not occur."""
+    torch.manual_seed(seed)
+    common = dict(vocab_size=vocab, attn_implementation=attn, bos_token_id=0, eos_token_id=1, pad_token_id=None)
+    if arch == "qwen2":
+        cfg = Qwen2Config(hidden_size=32, intermediate_size=64, num_hidden_layers=layers, num_attention_heads=4,
+                          num_key_value_heads=2, max_position_embeddings=256, initializer_range=0.3, **common)
+        model = Qwen2ForCausalLM(cfg)
+    elif arch == "llama":
+        cfg = LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=layers, num_attention_heads=4,
+                          num_key_value_heads=2, max_position_embeddings=256, initializer_range=0.3, **common)
+        model = LlamaForCausalLM(cfg)
+    elif arch == "gpt2":
+        cfg = GPT2Config(n_embd=32, n_layer=layers, n_head=4, n_positions=256, initializer_range=0.3, **common)
+        model = GPT2LMHeadModel(cfg)
+    else:
+        raise ValueError(arch)
+    return model.eval()
+
+
+def perturbed_copy(model, scale: float = 0.05, seed: int = 1):
+    """A draft that mostly agrees with `model`: its weights plus small noise."""
+    draft = copy.deepcopy(model)
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in draft.parameters():
+            p.add_(torch.randn(p.shape, generator=gen) * scale * p.std().clamp_min(1e-3))
+    return draft.eval()
+
+
+@torch.inference_mode()
+def reference_greedy(model, prompt: list[int], max_new_tokens: int, eos: int | None = None) -> list[int]:
+    """Plain greedy decoding by full recomputation (independent of specula's backend)."""
+    ids = list(prompt)
+    out: list[int] = []
+    for _ in range(max_new_tokens):
+        tok = int(model(torch.tensor([ids])).logits[0, -1].argmax())
+        out.append(tok)
+        ids.append(tok)
+        if eos is not None and tok == eos:
+            break
+    return out
+
+
+def successor_model(vocab: int = VOCAB, arch: str = "llama"):
+    """A model whose greedy next token is (last token + 1) mod vocab: attention and MLP
+    outputs are zeroed, so logits depend on the last token's embedding only, and the
+    output head holds each token's predecessor's embedding. Lets tests know exactly
+    what a drafter should copy."""
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=vocab, hidden_size=128, intermediate_size=64, num_hidden_layers=1,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                      tie_word_embeddings=False, bos_token_id=0, eos_token_id=1)
+    model = LlamaForCausalLM(cfg).eval()
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.self_attn.o_proj.weight.zero_()
+            layer.mlp.down_proj.weight.zero_()
+        emb = torch.randn(vocab, 128)
+        model.model.embed_tokens.weight.copy_(emb)
+        model.lm_head.weight.copy_(torch.roll(emb, 1, dims=0))
+    return model
