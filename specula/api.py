@@ -39,7 +39,7 @@ class Specula:
         self.draft = draft
         self.tokenizer = tokenizer
         self.method = method
-        self.drafter = make_drafter(method, draft=draft, **drafter_options)
+        self.drafter = make_drafter(method, target=target, draft=draft, **drafter_options)
         self.decoder = SpeculativeDecoder(target, self.drafter, tokenizer, config=engine)
 
     def encode(self, prompt: Prompt, raw: bool = False) -> list[int]:

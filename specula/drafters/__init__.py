@@ -1,32 +1,39 @@
-"""Drafters: one module per family, one protocol (`specula.drafters.base.Drafter`)."""
+"""Drafters: one module per family, one protocol (`specula.drafters.base.Drafter`).
+
+Each drafter module defines `create(*, target, draft, **options) -> Drafter`; add a new
+method by adding its module to `MODULES`."""
 
 from __future__ import annotations
+
+import importlib
 
 from specula.drafters.base import DraftBudget, DraftContext, Drafter, Proposal, StepResult
 from specula.errors import ConfigError
 
-METHODS = ("none", "draft-model", "prompt-lookup")
-"""Method names accepted by `make_drafter` (and `--method`)."""
+MODULES: dict[str, str] = {
+    "none": "specula.drafters.none",
+    "draft-model": "specula.drafters.draft_model",
+    "prompt-lookup": "specula.drafters.prompt_lookup",
+}
+"""Method name (as in `--method`) -> module defining `create`."""
+
+METHODS = tuple(MODULES)
 
 
-def make_drafter(method: str, *, draft=None, num_draft_tokens: int | None = None) -> Drafter:
-    """Build the drafter for a method name. `draft` is an `HFCausalLM` for draft-model."""
-    if method == "none":
-        from specula.drafters.none import NoDrafter
-
-        return NoDrafter()
-    if method == "prompt-lookup":
-        from specula.drafters.prompt_lookup import PromptLookupDrafter
-
-        return PromptLookupDrafter()
-    if method == "draft-model":
-        from specula.drafters.draft_model import DraftModelConfig, DraftModelDrafter
-
-        if draft is None:
-            raise ConfigError("method 'draft-model' needs a draft model: pass --draft MODEL (same tokenizer as the target)")
-        cfg = DraftModelConfig() if num_draft_tokens is None else DraftModelConfig(num_draft_tokens=num_draft_tokens)
-        return DraftModelDrafter(draft, cfg)
-    raise ConfigError(f"unknown method {method!r}; choose one of: {', '.join(METHODS)}")
+def check_method(method: str) -> None:
+    """Raise a clear error for an unknown method name (before any model is loaded)."""
+    if method not in MODULES:
+        raise ConfigError(f"unknown method {method!r}; choose one of: {', '.join(MODULES)}")
 
 
-__all__ = ["METHODS", "DraftBudget", "DraftContext", "Drafter", "Proposal", "StepResult", "make_drafter"]
+def make_drafter(method: str, *, target=None, draft=None, **options) -> Drafter:
+    """Build the drafter for a method name.
+
+    target / draft: `HFCausalLM` backends (draft only for methods that use a draft model);
+    options: method-specific settings (None values mean "the method's default")."""
+    check_method(method)
+    module = importlib.import_module(MODULES[method])
+    return module.create(target=target, draft=draft, **{k: v for k, v in options.items() if v is not None})
+
+
+__all__ = ["METHODS", "MODULES", "check_method", "DraftBudget", "DraftContext", "Drafter", "Proposal", "StepResult", "make_drafter"]

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from specula.drafters.base import DraftContext, Proposal, StepResult
+from specula.errors import ConfigError
 from specula.models.hf import HFCausalLM
 from specula.sampling import probabilities
 from specula.tree import TokenTree
@@ -29,7 +30,7 @@ class DraftModelConfig:
 
     def __post_init__(self) -> None:
         if self.num_draft_tokens < 1:
-            raise ValueError(f"num_draft_tokens must be >= 1, got {self.num_draft_tokens}")
+            raise ConfigError(f"num_draft_tokens must be >= 1, got {self.num_draft_tokens}")
 
 
 def common_prefix_length(a, b) -> int:
@@ -90,3 +91,10 @@ class DraftModelDrafter:
 
     def reset(self) -> None:
         self.draft.reset()
+
+
+def create(*, target=None, draft: HFCausalLM | None = None, **options) -> DraftModelDrafter:
+    """options: DraftModelConfig fields (num_draft_tokens)."""
+    if draft is None:
+        raise ConfigError("method 'draft-model' needs a draft model: pass --draft MODEL (same tokenizer as the target)")
+    return DraftModelDrafter(draft, DraftModelConfig(**options))

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from specula.drafters.base import DraftContext, Proposal, StepResult
+from specula.errors import ConfigError
 from specula.tree import TokenTree
 
 
@@ -31,9 +32,9 @@ class PromptLookupConfig:
 
     def __post_init__(self) -> None:
         if not 1 <= self.min_ngram <= self.max_ngram:
-            raise ValueError(f"need 1 <= min_ngram <= max_ngram, got {self.min_ngram}, {self.max_ngram}")
+            raise ConfigError(f"need 1 <= min_ngram <= max_ngram, got {self.min_ngram}, {self.max_ngram}")
         if self.num_pred_tokens < 1 or self.max_matches < 1:
-            raise ValueError("num_pred_tokens and max_matches must be >= 1")
+            raise ConfigError("num_pred_tokens and max_matches must be >= 1")
 
 
 def find_continuations(tokens: np.ndarray, cfg: PromptLookupConfig) -> list[np.ndarray]:
@@ -82,3 +83,8 @@ class PromptLookupDrafter:
 
     def reset(self) -> None:
         return None
+
+
+def create(*, target=None, draft=None, **options) -> PromptLookupDrafter:
+    """options: PromptLookupConfig fields (max_ngram, min_ngram, num_pred_tokens, max_matches)."""
+    return PromptLookupDrafter(PromptLookupConfig(**options))

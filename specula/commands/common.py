@@ -1,0 +1,59 @@
+"""Arguments shared by `generate`, `bench` and `serve`: models, method and sampling."""
+
+from __future__ import annotations
+
+import argparse
+
+from specula.api import LoadConfig
+from specula.drafters import METHODS
+from specula.sampling import SamplingParams
+
+
+def add_model_args(parser: argparse.ArgumentParser, *, target_required: bool = True) -> None:
+    g = parser.add_argument_group("models")
+    g.add_argument("--target", required=target_required,
+                   help="target model: embedded alias (see `specula models list`), local directory, .gguf file or cached hub id")
+    g.add_argument("--draft", default=None, help="draft model for draft-model methods (same tokenizer as the target)")
+    g.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"), help="weights dtype (default float32)")
+    g.add_argument("--attn", default="sdpa", choices=("sdpa", "eager"), help="attention implementation (default sdpa)")
+
+
+def add_method_args(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("method")
+    g.add_argument("--num-draft-tokens", type=int, default=None, help="draft-model: tokens drafted per step (default 5)")
+    g.add_argument("--max-tree-nodes", type=int, default=64, help="most tree nodes verified per step (default 64)")
+
+
+def add_sampling_args(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("sampling")
+    g.add_argument("--max-new-tokens", type=int, default=128, help="tokens to generate at most (default 128)")
+    g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    g.add_argument("--top-p", type=float, default=1.0)
+    g.add_argument("--top-k", type=int, default=0)
+    g.add_argument("--seed", type=int, default=None, help="seed for sampling (reproducible runs)")
+    g.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    g.add_argument("--ignore-eos", action="store_true", help="keep generating past end-of-sequence tokens")
+    g.add_argument("--raw", action="store_true", help="do not apply the chat template to the prompt")
+
+
+def load_config(args: argparse.Namespace) -> LoadConfig:
+    return LoadConfig(dtype=args.dtype, attn_implementation=args.attn)
+
+
+def drafter_options(args: argparse.Namespace, method: str) -> dict:
+    """Method-specific options from the command line (only those the method takes)."""
+    options: dict = {}
+    if method == "draft-model":
+        options["num_draft_tokens"] = args.num_draft_tokens
+    return options
+
+
+def sampling_params(args: argparse.Namespace) -> SamplingParams:
+    return SamplingParams(
+        temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
+        max_new_tokens=args.max_new_tokens, stop=tuple(args.stop), ignore_eos=args.ignore_eos,
+    )
+
+
+def method_help() -> str:
+    return "decoding method: " + ", ".join(METHODS)
