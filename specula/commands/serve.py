@@ -1,0 +1,57 @@
+"""`specula serve`: an OpenAI-compatible HTTP server over one loaded target (and draft)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+
+from specula.commands.common import add_method_args, add_model_args, drafter_options, load_config, method_help
+
+
+def register(sub) -> None:
+    p = sub.add_parser(
+        "serve", help="serve the model over an OpenAI-compatible HTTP API",
+        description="Serve /v1/completions, /v1/chat/completions (with stream), /v1/models, /health and /metrics. "
+                    "Requests queue to one model; every response carries a speculative_decoding object.")
+    add_model_args(p)
+    p.add_argument("--method", default=None, help=method_help() + " (default: draft-model with --draft, else prompt-lookup)")
+    add_method_args(p)
+    g = p.add_argument_group("server")
+    g.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
+    g.add_argument("--port", type=int, default=8000, help="TCP port (default 8000; 0 = any free port)")
+    g.add_argument("--api-key", default=os.environ.get("SPECULA_API_KEY"),
+                   help="require 'Authorization: Bearer KEY' on /v1/* (default: $SPECULA_API_KEY, else no key)")
+    g.add_argument("--max-body-bytes", type=int, default=1 << 20, help="largest request body (default 1 MiB)")
+    g.add_argument("--chat-max-tokens", type=int, default=512,
+                   help="max_tokens of chat requests that give none (default 512, capped by the context)")
+    g.add_argument("--served-model-name", default=None,
+                   help="model id clients send and /v1/models lists (default: the --target value)")
+    p.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from specula.api import load
+    from specula.drafters import check_method
+    from specula.engine import EngineConfig
+    from specula.serve import ServerConfig, create_server
+
+    config = ServerConfig(  # validate everything before loading models
+        model_name=args.served_model_name or args.target, host=args.host, port=args.port, api_key=args.api_key,
+        max_body_bytes=args.max_body_bytes, chat_max_tokens=args.chat_max_tokens,
+    )
+    method = args.method or ("draft-model" if args.draft else "prompt-lookup")
+    check_method(method)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s", stream=sys.stderr)
+    spec = load(args.target, draft=args.draft, method=method, config=load_config(args),
+                engine=EngineConfig(max_tree_nodes=args.max_tree_nodes), **drafter_options(args, method))
+    server = create_server(spec, config)
+    print(f"specula serve: {config.model_name} (method {method}) listening on {server.url}"
+          f"{' (API key required)' if config.api_key else ''}", file=sys.stderr, flush=True)
+    try:
+        server.serve_forever()
+    finally:
+        server.server_close()
+        server.worker.close()
+    return 0

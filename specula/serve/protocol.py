@@ -1,0 +1,408 @@
+"""The OpenAI wire format: request validation and response bodies (pure functions, no I/O).
+
+Requests are checked here, before anything reaches the model: every problem becomes an
+`APIError` whose body is OpenAI's `{"error": {"message", "type", "param", "code"}}`.
+Responses follow OpenAI's objects field for field (`text_completion`, `chat.completion`,
+`chat.completion.chunk`), plus one extension on every response and on the last streamed
+chunk: `speculative_decoding` (method, drafted / accepted tokens, mean accepted tokens,
+acceptance rate, steps).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Literal, Mapping
+
+from specula.stats import GenerationStats
+
+Endpoint = Literal["completions", "chat"]
+
+MAX_STOP_STRINGS = 4
+"""OpenAI accepts at most four stop sequences."""
+
+COMPLETIONS_DEFAULT_MAX_TOKENS = 16
+"""OpenAI's default `max_tokens` for /v1/completions."""
+
+
+class APIError(Exception):
+    """An error answered to the client as OpenAI's error object with an HTTP status."""
+
+    def __init__(self, status: int, message: str, *, type: str = "invalid_request_error",
+                 param: str | None = None, code: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.type = type
+        self.param = param
+        self.code = code
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+# --------------------------------------------------------------------------- requests
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """One validated /v1/completions or /v1/chat/completions request."""
+
+    endpoint: Endpoint
+    """Which API it came from (decides the response objects)."""
+    model: str
+    """The model id the client asked for (already checked against the served one)."""
+    prompt: str | tuple[int, ...] | None = None
+    """Completions: raw prompt text (no chat template) or token ids."""
+    messages: tuple[dict[str, str], ...] | None = None
+    """Chat: `{"role", "content"}` messages, rendered with the tokenizer's chat template."""
+    max_tokens: int | None = None
+    """Most tokens to generate; None = the endpoint's default (see `Worker`)."""
+    temperature: float = 1.0
+    """OpenAI's default is 1.0 (sampling); 0 = greedy."""
+    top_p: float = 1.0
+    """Nucleus sampling mass (1.0 = off)."""
+    top_k: int = 0
+    """Extension (as in vLLM): keep the k most likely tokens (0 = off)."""
+    seed: int | None = None
+    """Seed for reproducible sampling."""
+    stop: tuple[str, ...] = field(default_factory=tuple)
+    """Stop strings; the returned text ends before the first one (OpenAI semantics)."""
+    stream: bool = False
+    """Answer as server-sent events."""
+    include_usage: bool = False
+    """stream_options.include_usage: one more chunk with `choices: []` and the usage."""
+
+    def sampling(self) -> dict[str, Any]:
+        """`SamplingParams` fields, except max_new_tokens (which needs the prompt length)."""
+        return {"temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k,
+                "seed": self.seed, "stop": self.stop}
+
+
+# Parameters OpenAI defines that this server cannot honour: rejected unless left at their no-op value.
+_UNSUPPORTED: dict[str, tuple[Any, ...]] = {
+    "logprobs": (None, False, 0),
+    "top_logprobs": (None, 0),
+    "echo": (None, False),
+    "best_of": (None, 1),
+    "suffix": (None, ""),
+    "logit_bias": (None, {}),
+    "presence_penalty": (None, 0, 0.0),
+    "frequency_penalty": (None, 0, 0.0),
+    "tools": (None, []),
+    "functions": (None, []),
+    "response_format": (None, {"type": "text"}),
+}
+
+
+def parse_json_body(raw: bytes) -> dict[str, Any]:
+    """The request body as a JSON object, or a 400 naming what is wrong."""
+    try:
+        body = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise APIError(400, f"We could not parse the JSON body of your request ({exc}); send a JSON object "
+                            "with Content-Type: application/json", code="invalid_json") from exc
+    if not isinstance(body, dict):
+        raise APIError(400, f"the request body must be a JSON object, got {type(body).__name__}", code="invalid_json")
+    return body
+
+
+def parse_request(endpoint: Endpoint, body: Mapping[str, Any], served_model: str) -> GenerationRequest:
+    """Validate a request body for `endpoint` (raises `APIError`)."""
+    model = body.get("model")
+    if model is None:
+        raise APIError(400, "you must provide a model parameter", param="model", code="missing_required_parameter")
+    if not isinstance(model, str):
+        raise _type_error("model", "a string", model)
+    if model != served_model:
+        raise APIError(404, f"The model '{model}' does not exist; this server serves '{served_model}' "
+                            "(see GET /v1/models)", param="model", code="model_not_found")
+    for name, neutral in _UNSUPPORTED.items():
+        if name in body and body[name] not in neutral:
+            raise APIError(400, f"'{name}' is not supported by this server; remove it from the request",
+                           param=name, code="unsupported_parameter")
+    n = _opt_int(body, "n", minimum=1)
+    if n not in (None, 1):
+        raise APIError(400, f"n={n} is not supported: this server returns one choice per request; "
+                            "set n to 1 or send several requests", param="n", code="unsupported_parameter")
+    prompt = messages = None
+    if endpoint == "completions":
+        prompt = _prompt(body)
+        max_tokens = _opt_int(body, "max_tokens", minimum=1)
+        if max_tokens is None:
+            max_tokens = COMPLETIONS_DEFAULT_MAX_TOKENS
+    else:
+        messages = _messages(body)
+        max_tokens = _opt_int(body, "max_completion_tokens", minimum=1)
+        if max_tokens is None:
+            max_tokens = _opt_int(body, "max_tokens", minimum=1)
+    temperature = _opt_number(body, "temperature", 1.0)
+    if not 0.0 <= temperature <= 2.0:
+        raise APIError(400, f"temperature must be between 0 and 2, got {temperature}; use 0 for greedy decoding",
+                       param="temperature", code="invalid_value")
+    top_p = _opt_number(body, "top_p", 1.0)
+    if not 0.0 < top_p <= 1.0:
+        raise APIError(400, f"top_p must be in (0, 1], got {top_p}", param="top_p", code="invalid_value")
+    top_k = _opt_int(body, "top_k", minimum=0)
+    stream = body.get("stream", False)
+    if stream is None:
+        stream = False
+    if not isinstance(stream, bool):
+        raise _type_error("stream", "a boolean", stream)
+    if "user" in body and body["user"] is not None and not isinstance(body["user"], str):
+        raise _type_error("user", "a string", body["user"])
+    return GenerationRequest(
+        endpoint=endpoint, model=model, prompt=prompt, messages=messages, max_tokens=max_tokens,
+        temperature=temperature, top_p=top_p, top_k=top_k or 0, seed=_opt_int(body, "seed"),
+        stop=_stop(body), stream=stream, include_usage=_include_usage(body, stream),
+    )
+
+
+def _type_error(param: str, expected: str, value: Any) -> APIError:
+    return APIError(400, f"'{param}' must be {expected}, got {json.dumps(value)[:80]}", param=param,
+                    code="invalid_type")
+
+
+def _opt_int(body: Mapping[str, Any], name: str, minimum: int | None = None) -> int | None:
+    value = body.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise _type_error(name, "an integer", value)
+    if minimum is not None and value < minimum:
+        raise APIError(400, f"'{name}' must be >= {minimum}, got {value}", param=name, code="invalid_value")
+    return value
+
+
+def _opt_number(body: Mapping[str, Any], name: str, default: float) -> float:
+    value = body.get(name)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise _type_error(name, "a number", value)
+    return float(value)
+
+
+def _prompt(body: Mapping[str, Any]) -> str | tuple[int, ...]:
+    if "prompt" not in body or body["prompt"] is None:
+        raise APIError(400, "you must provide a prompt", param="prompt", code="missing_required_parameter")
+    prompt = body["prompt"]
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+        prompt = prompt[0]  # a batch of one prompt
+    if isinstance(prompt, str):
+        if not prompt:
+            raise APIError(400, "the prompt is empty: give at least one character of text", param="prompt",
+                           code="invalid_value")
+        return prompt
+    if isinstance(prompt, list):
+        if not prompt:
+            raise APIError(400, "the prompt is empty: give text or at least one token id", param="prompt",
+                           code="invalid_value")
+        if all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in prompt):
+            return tuple(prompt)
+        if all(isinstance(t, str) for t in prompt):
+            raise APIError(400, f"got {len(prompt)} prompts; this server takes one prompt per request",
+                           param="prompt", code="unsupported_parameter")
+    raise _type_error("prompt", "a string, a list of one string, or a list of token ids", prompt)
+
+
+def _content(message: Mapping[str, Any], index: int) -> str:
+    content = message.get("content")
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):  # content parts: only text parts are understood
+        texts = []
+        for part in content:
+            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+                raise APIError(400, f"messages[{index}].content: only text parts ({{'type': 'text', 'text': ...}}) "
+                                    "are supported", param=f"messages[{index}].content", code="invalid_type")
+            texts.append(part["text"])
+        return "".join(texts)
+    if content is None and message.get("role") == "assistant":
+        return ""
+    raise _type_error(f"messages[{index}].content", "a string", content)
+
+
+def _messages(body: Mapping[str, Any]) -> tuple[dict[str, str], ...]:
+    messages = body.get("messages")
+    if messages is None:
+        raise APIError(400, "you must provide messages", param="messages", code="missing_required_parameter")
+    if not isinstance(messages, list):
+        raise _type_error("messages", "a list of {'role', 'content'} objects", messages)
+    if not messages:
+        raise APIError(400, "'messages' is empty: give at least one message", param="messages",
+                       code="invalid_value")
+    out = []
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict):
+            raise _type_error(f"messages[{i}]", "an object with 'role' and 'content'", message)
+        role = message.get("role")
+        if not isinstance(role, str) or not role:
+            raise _type_error(f"messages[{i}].role", "a non-empty string", role)
+        out.append({"role": role, "content": _content(message, i)})
+    return tuple(out)
+
+
+def _stop(body: Mapping[str, Any]) -> tuple[str, ...]:
+    stop = body.get("stop")
+    if stop is None:
+        return ()
+    stops = [stop] if isinstance(stop, str) else stop
+    if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
+        raise _type_error("stop", "a string or a list of strings", stop)
+    if len(stops) > MAX_STOP_STRINGS:
+        raise APIError(400, f"'stop' has {len(stops)} strings; at most {MAX_STOP_STRINGS} are allowed",
+                       param="stop", code="invalid_value")
+    if any(not s for s in stops):
+        raise APIError(400, "'stop' strings must not be empty", param="stop", code="invalid_value")
+    return tuple(stops)
+
+
+def _include_usage(body: Mapping[str, Any], stream: bool) -> bool:
+    options = body.get("stream_options")
+    if options is None:
+        return False
+    if not isinstance(options, dict):
+        raise _type_error("stream_options", "an object", options)
+    if not stream:
+        raise APIError(400, "'stream_options' is only allowed when 'stream' is true", param="stream_options",
+                       code="invalid_value")
+    include = options.get("include_usage", False)
+    if not isinstance(include, bool):
+        raise _type_error("stream_options.include_usage", "a boolean", include)
+    return include
+
+
+# --------------------------------------------------------------------------- stop strings
+
+
+def cut_at_stop(text: str, stops: tuple[str, ...]) -> tuple[str, bool]:
+    """`text` up to (excluding) the earliest stop string, and whether one was found."""
+    cut = min((i for i in (text.find(s) for s in stops) if i >= 0), default=-1)
+    return (text, False) if cut < 0 else (text[:cut], True)
+
+
+class StopTrimmer:
+    """Streams text deltas with stop strings removed: text that might begin a stop string is
+    held back until it cannot, and nothing after a stop string is ever released."""
+
+    def __init__(self, stops: tuple[str, ...]) -> None:
+        self.stops = stops
+        self.pending = ""
+        self.stopped = False
+
+    def feed(self, delta: str) -> str:
+        """Text safe to send now."""
+        if self.stopped:
+            return ""
+        self.pending += delta
+        head, found = cut_at_stop(self.pending, self.stops)
+        if found:
+            self.stopped, self.pending = True, ""
+            return head
+        hold = max((k for s in self.stops for k in range(min(len(s) - 1, len(head)), 0, -1)
+                    if head.endswith(s[:k])), default=0)
+        out, self.pending = head[: len(head) - hold], head[len(head) - hold :]
+        return out
+
+    def flush(self) -> str:
+        """The held-back text once the generation is over (it ended without a stop string)."""
+        out, self.pending = ("" if self.stopped else self.pending), ""
+        return out
+
+
+# --------------------------------------------------------------------------- responses
+
+
+def new_id(endpoint: Endpoint) -> str:
+    return ("cmpl-" if endpoint == "completions" else "chatcmpl-") + uuid.uuid4().hex
+
+
+def now() -> int:
+    return int(time.time())
+
+
+def speculation(stats: GenerationStats) -> dict[str, Any]:
+    """The `speculative_decoding` object of a response."""
+    return {
+        "method": stats.method,
+        "steps": stats.steps,
+        "drafted_tokens": stats.drafted_tokens,
+        "accepted_tokens": stats.accepted_tokens,
+        "mean_accepted_tokens": round(stats.mean_accepted_tokens, 4),
+        "acceptance_rate": round(stats.acceptance_rate, 4),
+        "tokens_per_s": round(stats.tokens_per_s, 3),
+    }
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}
+
+
+@dataclass(frozen=True)
+class ResponseIds:
+    """What every object of one response shares."""
+
+    id: str
+    created: int
+    model: str
+    endpoint: Endpoint
+
+    @classmethod
+    def new(cls, request: GenerationRequest) -> "ResponseIds":
+        return cls(new_id(request.endpoint), now(), request.model, request.endpoint)
+
+    def _base(self, object_type: str) -> dict[str, Any]:
+        return {"id": self.id, "object": object_type, "created": self.created, "model": self.model,
+                "system_fingerprint": None}
+
+
+def completion_body(ids: ResponseIds, text: str, finish_reason: str, prompt_tokens: int,
+                    completion_tokens: int, stats: GenerationStats) -> dict[str, Any]:
+    """The whole (non-streamed) response."""
+    if ids.endpoint == "completions":
+        body = ids._base("text_completion")
+        body["choices"] = [{"text": text, "index": 0, "logprobs": None, "finish_reason": finish_reason}]
+    else:
+        body = ids._base("chat.completion")
+        body["choices"] = [{"index": 0, "message": {"role": "assistant", "content": text, "refusal": None},
+                            "logprobs": None, "finish_reason": finish_reason}]
+    body["usage"] = usage(prompt_tokens, completion_tokens)
+    body["speculative_decoding"] = speculation(stats)
+    return body
+
+
+def chunk_body(ids: ResponseIds, text: str | None, finish_reason: str | None = None, *, first: bool = False,
+               stats: GenerationStats | None = None) -> dict[str, Any]:
+    """One streamed chunk. Chat: the first carries the role, the last an empty delta and the
+    finish reason. `stats` adds `speculative_decoding` (the finishing chunk)."""
+    if ids.endpoint == "completions":
+        body = ids._base("text_completion")
+        body["choices"] = [{"text": text or "", "index": 0, "logprobs": None, "finish_reason": finish_reason}]
+    else:
+        body = ids._base("chat.completion.chunk")
+        delta: dict[str, Any] = {"role": "assistant", "content": text or ""} if first else {}
+        if not first and text:
+            delta["content"] = text
+        body["choices"] = [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}]
+    if stats is not None:
+        body["speculative_decoding"] = speculation(stats)
+    return body
+
+
+def usage_chunk_body(ids: ResponseIds, prompt_tokens: int, completion_tokens: int,
+                     stats: GenerationStats) -> dict[str, Any]:
+    """stream_options.include_usage: the last chunk, with no choices."""
+    body = ids._base("text_completion" if ids.endpoint == "completions" else "chat.completion.chunk")
+    body["choices"] = []
+    body["usage"] = usage(prompt_tokens, completion_tokens)
+    body["speculative_decoding"] = speculation(stats)
+    return body
+
+
+def models_body(model: str, created: int) -> dict[str, Any]:
+    return {"object": "list", "data": [{"id": model, "object": "model", "created": created, "owned_by": "specula"}]}
