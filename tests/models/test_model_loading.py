@@ -1,0 +1,212 @@
+"""specula.models.loading: spec resolution, offline loading, draft/target compatibility, prompts."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+from modelkit import ModelFactory, word_tokenizer
+
+from specula.errors import ConfigError, IncompatibleModelsError, ModelNotFoundError
+from specula.models import install as inst
+from specula.models.loading import apply_chat_template, check_compatible, load_model, resolve
+
+WORDS = ["<unk>", "<pad>", "<eos>", "<bos>", "a", "b", "c", "d"]
+
+
+# --------------------------------------------------------------------------- resolve
+
+
+@pytest.mark.parametrize("alias", ["smollm2-135m", "qwen2.5-coder-1.5b", "QWEN2.5-Coder-0.5B"])
+def test_alias_not_installed_error_prints_install_command(cache: Path, alias: str) -> None:
+    with pytest.raises(ModelNotFoundError) as err:
+        resolve(alias)
+    assert f"specula models install {alias.lower()}" in str(err.value)
+
+
+def test_alias_error_reaches_the_cli_as_one_line(cache: Path, capsys: pytest.CaptureFixture[str],
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """What any command that loads a model prints when the alias is not installed."""
+    import specula.cli as cli
+
+    class _Parser:
+        def parse_args(self, argv: list[str] | None) -> SimpleNamespace:
+            return SimpleNamespace(handler=lambda args: load_model("smollm2-135m"))
+
+    monkeypatch.setattr(cli, "build_parser", _Parser)
+    assert cli.main([]) == 2
+    assert capsys.readouterr().err == (
+        "error: embedded model smollm2-135m is not installed (or not converted yet); run: "
+        "specula models install smollm2-135m\n"
+    )
+
+
+def test_alias_resolves_to_converted_cache(make_model: ModelFactory, cache: Path) -> None:
+    from modelkit import fake_converter
+
+    make_model("fake-alias", [b"GGUF"])
+    inst.install("fake-alias", progress=False, converter=fake_converter)
+    resolved = resolve("fake-alias")
+    assert resolved.kind == "embedded" and resolved.path == cache / "models" / "fake-alias"
+    assert resolved.embedded is not None and resolved.name == "fake-alias"
+
+
+def test_resolve_paths(tmp_path: Path, tiny_gguf: Path) -> None:
+    hf_dir = tmp_path / "hf"
+    hf_dir.mkdir()
+    (hf_dir / "config.json").write_text("{}")
+    assert resolve(str(hf_dir)).kind == "directory"
+
+    gguf = resolve(str(tiny_gguf))
+    assert gguf.kind == "gguf" and gguf.gguf_file == tiny_gguf and gguf.path == tiny_gguf.parent
+    assert resolve(str(tiny_gguf.parent)).kind == "gguf"  # a directory holding exactly one .gguf
+
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(ModelNotFoundError, match="without config.json"):
+        resolve(str(empty))
+    with pytest.raises(ModelNotFoundError, match="no such file or directory"):
+        resolve(str(tmp_path / "nope.gguf"))
+    with pytest.raises(ModelNotFoundError, match="no such file or directory"):
+        resolve("./definitely/not/here")
+    (tmp_path / "notes.txt").write_text("x")
+    with pytest.raises(ModelNotFoundError, match="not a .gguf"):
+        resolve(str(tmp_path / "notes.txt"))
+    with pytest.raises(ConfigError):
+        resolve("  ")
+
+
+def test_hub_id_only_from_local_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import huggingface_hub.constants
+
+    hub = tmp_path / "hub"
+    snapshot = hub / "models--acme--tiny" / "snapshots" / "abc123"
+    snapshot.mkdir(parents=True)
+    (hub / "models--acme--tiny" / "refs").mkdir()
+    (hub / "models--acme--tiny" / "refs" / "main").write_text("abc123")
+    (snapshot / "config.json").write_text("{}")
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(hub))
+    monkeypatch.chdir(tmp_path)
+
+    resolved = resolve("acme/tiny")
+    assert resolved.kind == "hub" and resolved.path == snapshot and resolved.name == "acme/tiny"
+    with pytest.raises(ModelNotFoundError) as err:
+        resolve("acme/not-downloaded")
+    message = str(err.value)
+    assert "cannot download" in message and "smollm2-135m" in message and "specula models install" in message
+    with pytest.raises(ModelNotFoundError, match="not an embedded alias"):
+        resolve("gpt-7")
+
+
+# --------------------------------------------------------------------------- load_model
+
+
+def test_load_model_from_gguf_and_converted_dir_agree(tiny_gguf: Path, tmp_path: Path) -> None:
+    model, tokenizer = load_model(str(tiny_gguf))
+    assert not model.training and not any(p.requires_grad for p in model.parameters())
+    assert model.dtype == torch.float32
+    converted = tmp_path / "converted"
+    converted.mkdir()
+    facts = inst.convert_gguf(tiny_gguf, converted, progress=False)
+    assert facts["max_abs_logit_diff"] == 0.0
+    model2, tokenizer2 = load_model(str(converted), attn_implementation="eager")
+    assert model2.config._attn_implementation == "eager"
+    ids = tokenizer.encode(" the hat", add_special_tokens=False)
+    assert tokenizer2.encode(" the hat", add_special_tokens=False) == ids
+    with torch.inference_mode():
+        a = model(torch.tensor([ids])).logits
+        b = model2(torch.tensor([ids])).logits
+    torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
+
+
+def test_load_model_bad_dtype(tiny_gguf: Path) -> None:
+    with pytest.raises(ConfigError, match="unknown dtype"):
+        load_model(str(tiny_gguf), dtype="float8")
+
+
+def test_load_model_broken_directory_is_a_specula_error(tmp_path: Path) -> None:
+    from specula.errors import SpeculaError
+
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "config.json").write_text('{"model_type": "llama"}')
+    with pytest.raises(SpeculaError, match="could not load model"):
+        load_model(str(broken))
+
+
+# --------------------------------------------------------------------------- check_compatible
+
+
+def _fake_model(logits: int) -> SimpleNamespace:
+    head = SimpleNamespace(weight=torch.empty(logits, 0))
+    return SimpleNamespace(get_output_embeddings=lambda: head, config=SimpleNamespace(vocab_size=logits))
+
+
+def test_compatible_tokenizers_pass_with_padded_heads() -> None:
+    target = word_tokenizer(WORDS, name="big")
+    draft = word_tokenizer(WORDS, name="small")
+    check = check_compatible(target, draft, _fake_model(16), _fake_model(8))
+    assert check.shared_size == len(WORDS)
+    assert (check.target_logits, check.draft_logits) == (16, 8)
+
+
+def test_extra_tokens_at_the_end_are_allowed() -> None:
+    check = check_compatible(word_tokenizer([*WORDS, "e", "f"]), word_tokenizer(WORDS))
+    assert check.shared_size == len(WORDS) and check.target_tokens == len(WORDS) + 2
+
+
+def test_different_vocabulary_is_rejected_naming_both_models() -> None:
+    swapped = [*WORDS[:4], "b", "a", *WORDS[6:]]
+    with pytest.raises(IncompatibleModelsError) as err:
+        check_compatible(word_tokenizer(WORDS, name="org/target-x"), word_tokenizer(swapped, name="org/draft-y"))
+    message = str(err.value)
+    assert "org/target-x" in message and "org/draft-y" in message
+    assert "2 of 8 shared ids differ" in message and "id 4: 'a' vs 'b'" in message
+
+
+def test_different_special_tokens_are_rejected() -> None:
+    with pytest.raises(IncompatibleModelsError, match="eos 2 vs 1"):
+        check_compatible(word_tokenizer(WORDS), word_tokenizer(WORDS, eos="<pad>"),
+                         target_name="T", draft_name="D")
+    with pytest.raises(IncompatibleModelsError, match=r"bos None vs 3"):
+        check_compatible(word_tokenizer(WORDS), word_tokenizer(WORDS, bos="<bos>"))
+
+
+def test_output_layer_narrower_than_shared_vocabulary_is_rejected() -> None:
+    with pytest.raises(IncompatibleModelsError, match="has 6 logits"):
+        check_compatible(word_tokenizer(WORDS), word_tokenizer(WORDS), _fake_model(8), _fake_model(6))
+
+
+# --------------------------------------------------------------------------- prompts
+
+
+def test_apply_chat_template(tiny_gguf: Path) -> None:
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(tiny_gguf.parent), gguf_file=str(tiny_gguf))
+    assert tokenizer.chat_template
+    templated = apply_chat_template(tokenizer, "the a")
+    expected = tokenizer.encode("<user>the a<|im_end|><assistant>", add_special_tokens=False)
+    assert templated == expected
+    assert apply_chat_template(tokenizer, [{"role": "user", "content": "the a"}]) == expected
+    assert apply_chat_template(tokenizer, "the a", raw=True) == tokenizer.encode("the a")
+    with pytest.raises(ConfigError, match="raw prompt must be a string"):
+        apply_chat_template(tokenizer, [{"role": "user", "content": "x"}], raw=True)
+    with pytest.raises(ConfigError, match="role"):
+        apply_chat_template(tokenizer, [{"text": "x"}])
+
+    tokenizer.chat_template = None  # a base model: strings are encoded as they are
+    assert apply_chat_template(tokenizer, "the a") == tokenizer.encode("the a")
+    with pytest.raises(ConfigError, match="no chat template"):
+        apply_chat_template(tokenizer, [{"role": "user", "content": "x"}])
+
+
+def test_real_gguf_dir_copy_is_independent(tiny_gguf: Path, tmp_path: Path) -> None:
+    """A GGUF copied elsewhere resolves to its new directory (the spec is a path, not a name)."""
+    copy = tmp_path / "elsewhere" / "model.gguf"
+    copy.parent.mkdir()
+    shutil.copy(tiny_gguf, copy)
+    assert resolve(str(copy)).path == copy.parent
