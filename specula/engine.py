@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Iterator, Sequence
+from typing import Iterator, Protocol, Sequence
 
 import torch
 
@@ -26,7 +26,16 @@ from specula.sampling import SamplingParams, make_generator, probabilities
 from specula.stats import GenerationStats
 from specula.verify import VerifyResult, verify, verify_greedy
 
-Planner = Callable[[Proposal, DraftContext], Proposal]
+
+
+class Planner(Protocol):
+    """Sizes proposals to the hardware (see `specula.planner.HardwarePlanner`)."""
+
+    def should_draft(self, ctx: DraftContext) -> bool: ...
+
+    def plan(self, proposal: Proposal, ctx: DraftContext, draft_seconds: float) -> tuple[Proposal, float]: ...
+
+    def observe(self, step: StepResult, draft_seconds: float, verify_seconds: float) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -141,10 +150,14 @@ class SpeculativeDecoder:
             ctx = DraftContext(tokens, len(prompt), params, budget, generator)
 
             t0 = time.perf_counter()
-            proposal = drafter.propose(ctx) if budget.max_nodes and budget.max_depth else Proposal.empty()
-            if self.planner is not None:
-                proposal = self.planner(proposal, ctx)
-            proposal = proposal.limit(budget)
+            planner = self.planner
+            drafting = budget.max_nodes > 0 and budget.max_depth > 0
+            if drafting and planner is not None:
+                drafting = planner.should_draft(ctx)
+            proposal = drafter.propose(ctx).limit(budget) if drafting else Proposal.empty()
+            if planner is not None:
+                proposal, predicted = planner.plan(proposal, ctx, time.perf_counter() - t0)
+                stats.predicted_accepted += predicted
             t1 = time.perf_counter()
 
             logits = target.forward_tree(tokens[-1], proposal.tree)  # [n+1, vocab]
@@ -153,7 +166,10 @@ class SpeculativeDecoder:
 
             target.commit(result.path)
             t3 = time.perf_counter()
-            drafter.observe(StepResult(tokens[-1], proposal, result.path, result.next_token, logits))
+            step = StepResult(tokens[-1], proposal, result.path, result.next_token, logits)
+            drafter.observe(step)
+            if planner is not None:
+                planner.observe(step, t1 - t0, t2 - t1)
             t4 = time.perf_counter()
 
             stats.draft_seconds += (t1 - t0) + (t4 - t3)

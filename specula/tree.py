@@ -209,20 +209,24 @@ class TokenTree:
                 keep.append(i)
         return self.subtree(keep)
 
-    def top_node_indices(self, budget: int) -> list[int]:
-        """Indices of the best `budget` nodes by score, ancestor-closed: a node is only
-        eligible once its parent is chosen (best-first expansion from the root)."""
-        if budget >= len(self):
-            return list(range(len(self)))
+    def best_first_order(self) -> list[int]:
+        """All nodes in best-first order by score, ancestor-closed at every prefix: a node
+        becomes eligible once its parent is taken (expansion from the root with a heap)."""
         heap = [(-self.scores[c], c) for c in self.children[0]]
         heapq.heapify(heap)
-        chosen: list[int] = []
-        while heap and len(chosen) < budget:
+        order: list[int] = []
+        while heap:
             _, node = heapq.heappop(heap)
-            chosen.append(node)
+            order.append(node)
             for c in self.children[node + 1]:
                 heapq.heappush(heap, (-self.scores[c], c))
-        return sorted(chosen)
+        return order
+
+    def top_node_indices(self, budget: int) -> list[int]:
+        """Indices (ascending) of the best `budget` nodes by score, ancestor-closed."""
+        if budget >= len(self):
+            return list(range(len(self)))
+        return sorted(self.best_first_order()[: max(budget, 0)])
 
     def top_nodes(self, budget: int) -> "TokenTree":
         """The best `budget` nodes by score, ancestor-closed (see `top_node_indices`)."""

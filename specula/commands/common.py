@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import argparse
 
-from specula.api import LoadConfig
+from typing import TYPE_CHECKING
+
 from specula.drafters import METHODS
-from specula.sampling import SamplingParams
+
+if TYPE_CHECKING:  # keep `specula --help` and `specula models` free of torch imports
+    from specula.api import LoadConfig
+    from specula.sampling import SamplingParams
 
 
 def add_model_args(parser: argparse.ArgumentParser, *, target_required: bool = True) -> None:
@@ -22,6 +26,10 @@ def add_method_args(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("method")
     g.add_argument("--num-draft-tokens", type=int, default=None, help="draft-model: tokens drafted per step (default 5)")
     g.add_argument("--max-tree-nodes", type=int, default=64, help="most tree nodes verified per step (default 64)")
+    g.add_argument("--datastore", metavar="FILE", default=None,
+                   help="rest: datastore file built with `specula datastore build` (same tokenizer as the target)")
+    g.add_argument("--recycling-state", metavar="FILE", default=None,
+                   help="token-recycling: matrix file loaded at start if present and saved after each request (hot start)")
 
 
 def add_sampling_args(parser: argparse.ArgumentParser) -> None:
@@ -36,7 +44,9 @@ def add_sampling_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--raw", action="store_true", help="do not apply the chat template to the prompt")
 
 
-def load_config(args: argparse.Namespace) -> LoadConfig:
+def load_config(args: argparse.Namespace) -> "LoadConfig":
+    from specula.api import LoadConfig
+
     return LoadConfig(dtype=args.dtype, attn_implementation=args.attn)
 
 
@@ -45,10 +55,16 @@ def drafter_options(args: argparse.Namespace, method: str) -> dict:
     options: dict = {}
     if method == "draft-model":
         options["num_draft_tokens"] = args.num_draft_tokens
+    elif method == "rest":
+        options["datastore"] = args.datastore
+    elif method == "token-recycling":
+        options["recycling_state"] = args.recycling_state
     return options
 
 
-def sampling_params(args: argparse.Namespace) -> SamplingParams:
+def sampling_params(args: argparse.Namespace) -> "SamplingParams":
+    from specula.sampling import SamplingParams
+
     return SamplingParams(
         temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
         max_new_tokens=args.max_new_tokens, stop=tuple(args.stop), ignore_eos=args.ignore_eos,

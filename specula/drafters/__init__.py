@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import importlib
 
-from specula.drafters.base import DraftBudget, DraftContext, Drafter, Proposal, StepResult
 from specula.errors import ConfigError
 
 MODULES: dict[str, str] = {
     "none": "specula.drafters.none",
     "draft-model": "specula.drafters.draft_model",
     "prompt-lookup": "specula.drafters.prompt_lookup",
+    "token-recycling": "specula.drafters.token_recycling",
+    "rest": "specula.drafters.rest",
 }
 """Method name (as in `--method`) -> module defining `create`."""
 
@@ -26,8 +27,8 @@ def check_method(method: str) -> None:
         raise ConfigError(f"unknown method {method!r}; choose one of: {', '.join(MODULES)}")
 
 
-def make_drafter(method: str, *, target=None, draft=None, **options) -> Drafter:
-    """Build the drafter for a method name.
+def make_drafter(method: str, *, target=None, draft=None, **options):
+    """Build the drafter (a `specula.drafters.base.Drafter`) for a method name.
 
     target / draft: `HFCausalLM` backends (draft only for methods that use a draft model);
     options: method-specific settings (None values mean "the method's default")."""
@@ -36,4 +37,4 @@ def make_drafter(method: str, *, target=None, draft=None, **options) -> Drafter:
     return module.create(target=target, draft=draft, **{k: v for k, v in options.items() if v is not None})
 
 
-__all__ = ["METHODS", "MODULES", "check_method", "DraftBudget", "DraftContext", "Drafter", "Proposal", "StepResult", "make_drafter"]
+__all__ = ["METHODS", "MODULES", "check_method", "make_drafter"]
