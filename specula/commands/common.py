@@ -26,6 +26,8 @@ def add_method_args(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("method")
     g.add_argument("--num-draft-tokens", type=int, default=None, help="draft-model: tokens drafted per step (default 5)")
     g.add_argument("--max-tree-nodes", type=int, default=64, help="most tree nodes verified per step (default 64)")
+    g.add_argument("--adaptive", action="store_true",
+                   help="draft-model: adaptive chain length (stop drafting by the planner's cost-derived rule)")
     g.add_argument("--datastore", metavar="FILE", default=None,
                    help="rest: datastore file built with `specula datastore build` (same tokenizer as the target)")
     g.add_argument("--recycling-state", metavar="FILE", default=None,
@@ -55,6 +57,10 @@ def drafter_options(args: argparse.Namespace, method: str) -> dict:
     options: dict = {}
     if method == "draft-model":
         options["num_draft_tokens"] = args.num_draft_tokens
+        options["adaptive"] = args.adaptive or None
+    elif method == "fusion":
+        options.update(num_draft_tokens=args.num_draft_tokens, datastore=args.datastore,
+                       recycling_state=args.recycling_state)
     elif method == "rest":
         options["datastore"] = args.datastore
     elif method == "token-recycling":

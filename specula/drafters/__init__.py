@@ -6,6 +6,7 @@ method by adding its module to `MODULES`."""
 from __future__ import annotations
 
 import importlib
+import inspect
 
 from specula.errors import ConfigError
 
@@ -15,6 +16,7 @@ MODULES: dict[str, str] = {
     "prompt-lookup": "specula.drafters.prompt_lookup",
     "token-recycling": "specula.drafters.token_recycling",
     "rest": "specula.drafters.rest",
+    "fusion": "specula.drafters.fusion",
 }
 """Method name (as in `--method`) -> module defining `create`."""
 
@@ -27,14 +29,18 @@ def check_method(method: str) -> None:
         raise ConfigError(f"unknown method {method!r}; choose one of: {', '.join(MODULES)}")
 
 
-def make_drafter(method: str, *, target=None, draft=None, **options):
+def make_drafter(method: str, *, target=None, draft=None, tokenizer=None, **options):
     """Build the drafter (a `specula.drafters.base.Drafter`) for a method name.
 
     target / draft: `HFCausalLM` backends (draft only for methods that use a draft model);
+    tokenizer: the target's tokenizer, for drafters that check files against it;
     options: method-specific settings (None values mean "the method's default")."""
     check_method(method)
     module = importlib.import_module(MODULES[method])
-    return module.create(target=target, draft=draft, **{k: v for k, v in options.items() if v is not None})
+    options = {k: v for k, v in options.items() if v is not None}
+    if tokenizer is not None and "tokenizer" in inspect.signature(module.create).parameters:
+        options["tokenizer"] = tokenizer
+    return module.create(target=target, draft=draft, **options)
 
 
 __all__ = ["METHODS", "MODULES", "check_method", "make_drafter"]

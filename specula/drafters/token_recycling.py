@@ -1,0 +1,244 @@
+"""`token-recycling`: draft from the target's own past top-k predictions (Luo et al., ACL 2025).
+
+An adjacency matrix `M[vocab, k]` (k = 8) holds, for each token `v`, the target's top-k next
+tokens the last time `v` was in a verified tree. Each step fills a static 80-node template
+breadth-first: a node whose path of child ranks is `(r_1, .., r_d)` gets token
+`M[parent token][r_d]`, the root's parent token being the last committed token. After
+verification, the root and every tree node (accepted or not) get their row overwritten with the
+top-k of the target logits at that node. The prompt prefill does not write (the engine's prefill
+calls no drafter).
+
+Choices made here:
+- Rows never written yet hold -1; a template node whose parent row is unwritten is skipped, and
+  so are its descendants (a cold start proposes nothing until the first step writes the root).
+- When one token occurs at several nodes of a step, the row written is the one from its deepest
+  accepted occurrence, else the root, else its last occurrence in node order: rows written from
+  the accepted path describe the text actually generated.
+- Node score = product along the path of a per-rank prior (`rank_prior`), a stand-in estimate
+  of each child rank's acceptance for the planner to calibrate.
+- The matrix lives across requests: `reset()` keeps it. With `state_path` it is loaded at
+  creation (refused for another vocabulary or tokenizer) and saved atomically at the start of
+  the next request and at interpreter exit, or on `save()`.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import weakref
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from specula.datastore.tokenizers import target_fingerprint
+from specula.drafters.base import DraftContext, Proposal, StepResult
+from specula.errors import ConfigError
+from specula.paths import atomic_file
+from specula.tree import TokenTree
+
+STATE_FORMAT = "specula-token-recycling"
+STATE_VERSION = 1
+
+
+def _ranks(prefix: tuple[int, ...], n: int) -> list[tuple[int, ...]]:
+    """prefix + (0,), ..., prefix + (n - 1,)"""
+    return [(*prefix, r) for r in range(n)]
+
+
+# The paper's 80-node template (ALGORITHMS.md section 3): each node is its path of child ranks.
+TEMPLATE_LEVELS: tuple[tuple[tuple[int, ...], ...], ...] = (
+    tuple(_ranks((), 8)),
+    tuple(_ranks((0,), 8) + _ranks((1,), 4) + _ranks((2,), 3) + _ranks((3,), 2)
+          + [(4, 0), (5, 0), (6, 0), (7, 0)]),
+    tuple(_ranks((0, 0), 8) + _ranks((0, 1), 3) + _ranks((0, 2), 2)
+          + [(0, 3, 0), (0, 4, 0), (0, 5, 0), (0, 6, 0), (0, 7, 0)]
+          + _ranks((1, 0), 2) + [(1, 1, 0), (2, 0, 0), (3, 0, 0), (4, 0, 0), (5, 0, 0)]),
+    tuple(_ranks((0, 0, 0), 5) + _ranks((0, 0, 1), 2) + [(0, 0, 2, 0), (0, 0, 3, 0), (0, 0, 4, 0)]
+          + [(0, 1, 0, 0), (0, 2, 0, 0), (1, 0, 0, 0), (2, 0, 0, 0), (3, 0, 0, 0)]),
+    tuple(_ranks((0, 0, 0, 0), 3) + [(0, 0, 0, 1, 0), (0, 0, 0, 2, 0), (0, 0, 1, 0, 0), (0, 1, 0, 0, 0),
+                                      (1, 0, 0, 0, 0)]),
+    ((0, 0, 0, 0, 0, 0), (0, 0, 0, 0, 0, 1), (0, 0, 0, 1, 0, 0)),
+)
+TEMPLATE: tuple[tuple[int, ...], ...] = tuple(path for level in TEMPLATE_LEVELS for path in level)
+assert [len(level) for level in TEMPLATE_LEVELS] == [8, 21, 25, 15, 8, 3] and len(TEMPLATE) == 80
+assert len(set(TEMPLATE)) == 80 and all(p[:-1] in set(TEMPLATE) for p in TEMPLATE if len(p) > 1)
+
+
+@dataclass(frozen=True)
+class TokenRecyclingConfig:
+    """Token Recycling settings."""
+
+    top_k: int = 8
+    """Next tokens kept per matrix row (the template uses ranks 0..7, so at least 8)."""
+    rank_prior: tuple[float, ...] = (0.5, 0.15, 0.08, 0.05, 0.035, 0.025, 0.02, 0.015)
+    """Prior acceptance of the child of each rank; a node's score is the product along its path."""
+    state_path: str | None = None
+    """File the matrix is loaded from (if it exists) and saved to (hot start across processes)."""
+
+    def __post_init__(self) -> None:
+        if self.top_k < 8:
+            raise ConfigError(f"token-recycling needs top_k >= 8 (the template uses ranks 0..7), got {self.top_k}")
+        if len(self.rank_prior) < 8 or not all(0.0 < p <= 1.0 for p in self.rank_prior):
+            raise ConfigError("rank_prior needs 8 probabilities in (0, 1]")
+
+
+@dataclass(frozen=True)
+class _Template:
+    """The template as arrays, in breadth-first (topological) order."""
+
+    parents: np.ndarray  # [80] int64, -1 for first-level nodes
+    ranks: np.ndarray  # [80] int64, rank of each node among its parent's row
+    levels: tuple[slice, ...]  # node range of each level
+    scores: np.ndarray  # [80] float64, product of rank priors along the path
+
+
+def _template(rank_prior: Sequence[float]) -> _Template:
+    position = {path: i for i, path in enumerate(TEMPLATE)}
+    parents = np.array([position[p[:-1]] if len(p) > 1 else -1 for p in TEMPLATE], dtype=np.int64)
+    ranks = np.array([p[-1] for p in TEMPLATE], dtype=np.int64)
+    scores = np.array([np.prod([rank_prior[r] for r in p]) for p in TEMPLATE], dtype=np.float64)
+    bounds = np.cumsum([0, *(len(level) for level in TEMPLATE_LEVELS)])
+    levels = tuple(slice(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:]))
+    return _Template(parents, ranks, levels, scores)
+
+
+def fill_template(matrix: np.ndarray, root: int, template: _Template) -> tuple[np.ndarray, np.ndarray]:
+    """Tokens of the template nodes hung from `root`, and which nodes are usable.
+
+    matrix: [vocab, k] int (-1 = unwritten). Returns tokens [80] int64 and valid [80] bool
+    (ancestor-closed: a node is valid iff its parent is and the parent's row entry is written)."""
+    n = len(template.ranks)
+    tokens = np.full(n, -1, dtype=np.int64)
+    valid = np.zeros(n, dtype=bool)
+    for level in template.levels:
+        par = template.parents[level]
+        parent_tokens = np.where(par >= 0, tokens[np.maximum(par, 0)], root)
+        parent_ok = np.where(par >= 0, valid[np.maximum(par, 0)], True)
+        rows = np.clip(parent_tokens, 0, len(matrix) - 1)
+        level_tokens = matrix[rows, template.ranks[level]].astype(np.int64)
+        tokens[level] = level_tokens
+        valid[level] = parent_ok & (parent_tokens >= 0) & (parent_tokens < len(matrix)) & (level_tokens >= 0)
+    return tokens, valid
+
+
+def rows_to_write(step: StepResult) -> tuple[np.ndarray, np.ndarray]:
+    """(tokens, logits rows) to write after a step: the root and every node, one row per distinct
+    token, chosen by priority deepest accepted node > root > last other occurrence."""
+    tree = step.proposal.tree
+    on_path = set(step.path)
+    order = [i + 1 for i in range(len(tree)) if i not in on_path] + [0] + [i + 1 for i in step.path]
+    tokens = np.array([step.root if r == 0 else tree.tokens[r - 1] for r in order], dtype=np.int64)
+    rows = np.array(order, dtype=np.int64)
+    # Last occurrence in `order` wins: unique over the reversed list keeps first-seen = last.
+    _, first_in_reversed = np.unique(tokens[::-1], return_index=True)
+    pick = len(tokens) - 1 - first_in_reversed
+    return tokens[pick], rows[pick]
+
+
+class TokenRecyclingDrafter:
+    """Static-template tree filled from the recycled top-k matrix."""
+
+    name = "token-recycling"
+
+    def __init__(self, vocab_size: int, config: TokenRecyclingConfig = TokenRecyclingConfig(),
+                 fingerprint: str | None = None) -> None:
+        self.config = config
+        self.vocab_size = int(vocab_size)
+        self.fingerprint = fingerprint
+        self.matrix = np.full((self.vocab_size, config.top_k), -1, dtype=np.int32)  # [vocab, k]
+        self.template = _template(config.rank_prior)
+        self.dirty = False
+        if config.state_path is not None:
+            path = Path(config.state_path)
+            if path.exists():
+                self.load(path)
+            atexit.register(_save_at_exit, weakref.ref(self))
+
+    # ------------------------------------------------------------------ drafting
+    def propose(self, ctx: DraftContext) -> Proposal:
+        tokens, valid = fill_template(self.matrix, int(ctx.tokens[-1]), self.template)
+        keep = np.flatnonzero(valid)
+        if len(keep) == 0:
+            return Proposal.empty()
+        new_index = np.full(len(tokens), -1, dtype=np.int64)
+        new_index[keep] = np.arange(len(keep))
+        par = self.template.parents[keep]
+        parents = np.where(par >= 0, new_index[np.maximum(par, 0)], -1)
+        tree = TokenTree.build(tokens[keep].tolist(), parents.tolist(), self.template.scores[keep].tolist(), self.name)
+        # A row's top-k are distinct, so siblings are too; merge() still guarantees it (it dedups).
+        return Proposal(TokenTree.empty().merge(tree))
+
+    def observe(self, step: StepResult) -> None:
+        tokens, rows = rows_to_write(step)
+        inside = tokens < self.vocab_size
+        topk = step.logits[torch.as_tensor(rows[inside])].topk(self.config.top_k, dim=-1).indices  # [r, k]
+        self.matrix[tokens[inside]] = topk.to(torch.int32).cpu().numpy()
+        self.dirty = True
+
+    def reset(self) -> None:
+        """Start a request: the matrix is kept (hot start); a pending state is saved."""
+        if self.dirty and self.config.state_path is not None:
+            self.save()
+
+    # ------------------------------------------------------------------ state file
+    def save(self, path: str | Path | None = None) -> Path:
+        """Write the matrix atomically (npz: matrix + JSON metadata)."""
+        path = Path(path if path is not None else self.config.state_path or "")
+        if not path.name:
+            raise ConfigError("no path to save the token-recycling state to: pass --recycling-state FILE")
+        meta = {"format": STATE_FORMAT, "version": STATE_VERSION, "vocab_size": self.vocab_size,
+                "top_k": self.config.top_k, "fingerprint": self.fingerprint}
+        with atomic_file(path, "wb") as handle:
+            np.savez(handle, matrix=self.matrix, meta=np.array(json.dumps(meta)))
+        self.dirty = False
+        return path
+
+    def load(self, path: str | Path) -> None:
+        """Replace the matrix by a saved one; refuse one made for another vocabulary or tokenizer."""
+        path = Path(path)
+        fix = f"delete {str(path)!r} or pass another --recycling-state file"
+        try:
+            with np.load(path, allow_pickle=False) as data:
+                meta = json.loads(str(data["meta"]))
+                matrix = np.asarray(data["matrix"])
+        except (OSError, ValueError, KeyError, zipfile.BadZipFile) as exc:
+            raise ConfigError(f"{str(path)!r} is not a readable token-recycling state ({exc}); {fix}") from exc
+        if meta.get("format") != STATE_FORMAT or meta.get("version") != STATE_VERSION:
+            raise ConfigError(f"{str(path)!r} is not a token-recycling state of version {STATE_VERSION}; {fix}")
+        if meta.get("vocab_size") != self.vocab_size or matrix.shape != self.matrix.shape:
+            raise ConfigError(
+                f"token-recycling state {str(path)!r} is for a vocabulary of {meta.get('vocab_size')} tokens "
+                f"(top-{meta.get('top_k')}), this target has {self.vocab_size} (top-{self.config.top_k}); {fix}"
+            )
+        theirs = meta.get("fingerprint")
+        if theirs is not None and self.fingerprint is not None and theirs != self.fingerprint:
+            raise ConfigError(f"token-recycling state {str(path)!r} was made with another tokenizer; {fix}")
+        if matrix.min(initial=0) < -1 or matrix.max(initial=0) >= self.vocab_size:
+            raise ConfigError(f"token-recycling state {str(path)!r} holds ids outside the vocabulary; {fix}")
+        self.matrix = matrix.astype(np.int32, copy=True)
+        self.dirty = False
+
+
+def _save_at_exit(ref: "weakref.ref[TokenRecyclingDrafter]") -> None:
+    drafter = ref()
+    if drafter is not None and drafter.dirty:
+        drafter.save()
+
+
+def create(*, target=None, draft=None, recycling_state: str | None = None, tokenizer=None,
+           vocab_size: int | None = None, **options) -> TokenRecyclingDrafter:
+    """recycling_state: state file for hot starts (loaded if present, saved after requests);
+    tokenizer: the target's tokenizer for the state's fingerprint (default: the one beside the
+    target's weights); vocab_size: matrix rows (default: the target's logit width);
+    options: TokenRecyclingConfig fields (top_k, rank_prior)."""
+    if vocab_size is None:
+        if target is None:
+            raise ConfigError("token-recycling needs the target model (or vocab_size) to size its matrix")
+        vocab_size = target.vocab_size
+    fingerprint = target_fingerprint(target, tokenizer) if recycling_state else None
+    config = TokenRecyclingConfig(state_path=recycling_state, **options)
+    return TokenRecyclingDrafter(vocab_size, config, fingerprint)

@@ -1,0 +1,142 @@
+import json
+import os
+
+import numpy as np
+import pytest
+
+from specula.cli import main
+from specula.datastore.build import BuildConfig, build_datastore, file_documents, record_texts, suffix_array
+from specula.datastore.format import DatastoreError, load_datastore
+from specula.datastore.tokenizers import tokenizer_fingerprint
+from specula.paths import stale_temps
+
+QUIET = BuildConfig(progress=False)
+
+
+def words(ids) -> str:
+    return " ".join(f"w{i}" for i in ids)
+
+
+def brute_suffix_array(tokens) -> list[int]:
+    seq = [int(t) for t in tokens]
+    return sorted(range(len(seq)), key=lambda i: seq[i:])
+
+
+def test_corpus_documents_are_tokenized_and_joined_with_the_separator(tmp_path, corpus, make_tokenizer):
+    tok = make_tokenizer(96)
+    report = build_datastore(tok, [corpus], tmp_path / "ds.specds", QUIET)
+    store = load_datastore(report.path, expected_fingerprint=tokenizer_fingerprint(tok))
+    sep = store.separator
+    assert sep == 65535 and store.tokens.dtype == np.uint16 and store.vocab_size == 96
+    # Walk order: sorted names per directory, hidden and non-matching files skipped.
+    docs = [[5, 6, 7, 8, 9, 5, 6, 7, 10, 11], [5, 6, 7, 8, 12, 13, 5, 6, 40],
+            [20, 21, 22, 5, 6, 7, 8, 9], [30, 31], [32, 33, 34], [5, 6, 7, 50]]
+    expected = [t for doc in docs for t in (*doc, sep)]
+    assert store.tokens.tolist() == expected
+    assert store.header.n_documents == len(docs) and report.files_read == 3 and report.files_skipped == 0
+    assert store.index.tolist() == brute_suffix_array(expected)
+
+
+@pytest.mark.parametrize("dtype,high", [(np.uint16, 65534), (np.uint32, 300_000)])
+def test_suffix_array_matches_sorting_all_suffixes(dtype, high):
+    rng = np.random.default_rng(0)
+    for alphabet in (2, 7, high):  # repetitive and diverse
+        tokens = rng.integers(0, min(alphabet, high), 1500).astype(dtype)
+        assert suffix_array(tokens).tolist() == brute_suffix_array(tokens)
+
+
+def test_large_vocabulary_ids_round_trip(tmp_path, make_tokenizer):
+    tok = make_tokenizer(70_000)
+    ids = [69_999, 65_535, 65_536, 3, 69_999, 65_535, 12, 66_000]
+    (tmp_path / "big.txt").write_text(words(ids))
+    report = build_datastore(tok, [tmp_path / "big.txt"], tmp_path / "big.specds", QUIET)
+    store = load_datastore(report.path, expected_fingerprint=tokenizer_fingerprint(tok))
+    assert store.tokens.dtype == np.uint32 and store.separator == 2**32 - 1
+    assert store.tokens.tolist() == [*ids, store.separator]
+    assert store.index.tolist() == brute_suffix_array(store.tokens)
+
+
+def test_max_tokens_truncates(tmp_path, corpus, make_tokenizer):
+    report = build_datastore(make_tokenizer(96), [corpus], tmp_path / "ds.specds", BuildConfig(max_tokens=7, progress=False))
+    store = load_datastore(report.path)
+    assert store.tokens.tolist() == [5, 6, 7, 8, 9, 5, 6]
+    assert store.index.tolist() == brute_suffix_array(store.tokens)
+
+
+def test_record_formats():
+    assert record_texts("plain") == ["plain"]
+    assert record_texts({"text": "t", "messages": [{"content": "x"}]}) == ["t"]
+    assert record_texts({"conversations": [{"value": "a"}, {"value": ""}, {"value": "b"}]}) == ["a", "b"]
+    assert record_texts({"messages": [{"role": "user", "content": "q"}, "junk"]}) == ["q"]
+    assert record_texts({"other": 1}) == [] and record_texts(3) == []
+
+
+def test_json_array_file_and_bad_inputs(tmp_path):
+    good = tmp_path / "list.json"
+    good.write_text(json.dumps([{"text": "a b"}, {"messages": [{"content": "c"}]}]))
+    assert file_documents(good, explicit=True) == ["a b", "c"]
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"text": "ok"}\n{not json\n')
+    with pytest.raises(DatastoreError, match=r"bad.jsonl:2: not valid JSON"):
+        file_documents(bad, explicit=True)
+    assert file_documents(bad, explicit=False) is None  # found by a directory walk: skipped
+    binary = tmp_path / "x.txt"
+    binary.write_bytes(b"\xff\xfe\xfa")
+    with pytest.raises(DatastoreError, match="not UTF-8"):
+        file_documents(binary, explicit=True)
+
+
+def test_missing_or_empty_corpus_is_a_clear_error(tmp_path, make_tokenizer):
+    tok = make_tokenizer(96)
+    with pytest.raises(DatastoreError, match="does not exist"):
+        build_datastore(tok, [tmp_path / "nope"], tmp_path / "o.specds", QUIET)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(DatastoreError, match="no corpus files"):
+        build_datastore(tok, [tmp_path / "empty"], tmp_path / "o.specds", QUIET)
+    (tmp_path / "blank.txt").write_text("")
+    with pytest.raises(DatastoreError, match="no text"):
+        build_datastore(tok, [tmp_path / "blank.txt"], tmp_path / "o.specds", QUIET)
+    assert not (tmp_path / "o.specds").exists()
+
+
+def test_interrupted_build_leaves_no_file_and_keeps_the_old_one(tmp_path, corpus, make_tokenizer, monkeypatch):
+    import specula.datastore.build as build_mod
+
+    tok = make_tokenizer(96)
+    out = tmp_path / "ds.specds"
+
+    def dying_write(handle, header, tokens, index, progress=None):
+        handle.write(b"SPECREST" + b"\x00" * 100)  # part of a file, then the process "dies"
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(build_mod, "write_datastore", dying_write)
+    with pytest.raises(KeyboardInterrupt):
+        build_datastore(tok, [corpus], out, QUIET)
+    assert not out.exists() and stale_temps(out) == []
+    monkeypatch.undo()
+
+    build_datastore(tok, [corpus], out, QUIET)
+    before = out.read_bytes()
+    monkeypatch.setattr(build_mod, "write_datastore", dying_write)
+    with pytest.raises(KeyboardInterrupt):
+        build_datastore(tok, [corpus / "a.txt"], out, QUIET)
+    assert out.read_bytes() == before and stale_temps(out) == []
+
+
+def test_cli_build_info_and_errors(tmp_path, corpus, make_tokenizer, capsys):
+    tokdir = tmp_path / "tok"
+    make_tokenizer(96).save_pretrained(tokdir)
+    out = tmp_path / "cli.specds"
+    assert main(["datastore", "build", "--tokenizer", str(tokdir), "--from", str(corpus), "--out", str(out),
+                 "--ext", ".txt", "--quiet", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["n_tokens"] == 11 and report["files_read"] == 1
+    assert main(["datastore", "info", str(out), "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["n_tokens"] == 11 and info["checksums"] == "ok" and info["file_bytes"] == os.path.getsize(out)
+    assert main(["datastore", "bench", str(out), "--queries", "5"]) == 2  # too small to time: one-line error
+    assert "too small" in capsys.readouterr().err
+    (tmp_path / "junk.specds").write_bytes(b"hello world, not a datastore")
+    assert main(["datastore", "info", str(tmp_path / "junk.specds")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error:") and "bad magic" in err and "\n" not in err
