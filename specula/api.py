@@ -39,8 +39,8 @@ class Specula:
         self.draft = draft
         self.tokenizer = tokenizer
         self.method = method
-        self.drafter = make_drafter(method, target=target, draft=draft, **drafter_options)
-        self.decoder = SpeculativeDecoder(target, self.drafter, tokenizer, config=engine)
+        self.decoder = build_decoder(method, target, tokenizer, draft, engine=engine, **drafter_options)
+        self.drafter = self.decoder.drafter
 
     def encode(self, prompt: Prompt, raw: bool = False) -> list[int]:
         """Token ids of a prompt: text (chat template applied unless raw), messages, or ids."""
@@ -67,6 +67,24 @@ class Specula:
         return self.decoder.stream(self.encode(prompt, raw), SamplingParams(**sampling))
 
 
+PLANNED_METHODS = ("fusion",)
+"""Methods that always run with the hardware-aware planner (others: with adaptive=True)."""
+
+
+def build_decoder(method: str, target: HFCausalLM, tokenizer=None, draft: HFCausalLM | None = None, *,
+                  engine: EngineConfig = EngineConfig(), planner=None, **drafter_options) -> SpeculativeDecoder:
+    """The decoder for a method: its drafter, plus the hardware-aware planner for `fusion` and
+    adaptive drafting (pass `planner` to share one, e.g. a planner built on a given cost curve)."""
+    drafter = make_drafter(method, target=target, draft=draft, tokenizer=tokenizer, **drafter_options)
+    if planner is None and (method in PLANNED_METHODS or drafter_options.get("adaptive")):
+        from specula.planner import HardwarePlanner
+
+        planner = HardwarePlanner(target)
+    if planner is not None and hasattr(drafter, "set_stop_rule"):
+        drafter.set_stop_rule(planner.chain_stop_rule("draft-model"))
+    return SpeculativeDecoder(target, drafter, tokenizer, planner=planner, config=engine)
+
+
 def load_backend(spec: str, config: LoadConfig = LoadConfig(), name: str = "model") -> tuple[HFCausalLM, object]:
     """Load a model (alias, local dir, .gguf file or cached hub id) as a backend + tokenizer."""
     from specula.models.loading import load_model
@@ -77,10 +95,10 @@ def load_backend(spec: str, config: LoadConfig = LoadConfig(), name: str = "mode
 
 def load(target: str, draft: str | None = None, method: str | None = None,
          config: LoadConfig = LoadConfig(), **drafter_options) -> Specula:
-    """Load target (and draft) and build a `Specula`. The method defaults to draft-model when a
-    draft is given, else prompt-lookup."""
+    """Load target (and draft) and build a `Specula`. The method defaults to `fusion` (every
+    available drafter, sized by the hardware-aware planner)."""
     if method is None:
-        method = "draft-model" if draft else "prompt-lookup"
+        method = "fusion"
     target_lm, tokenizer = load_backend(target, config, "target")
     draft_lm = None
     if draft is not None:

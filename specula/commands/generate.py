@@ -15,7 +15,7 @@ def register(sub) -> None:
     p = sub.add_parser("generate", help="generate text from one prompt with speculative decoding",
                        description="Generate from one prompt. Greedy output is identical to plain decoding.")
     add_model_args(p)
-    p.add_argument("--method", default=None, help=method_help() + " (default: draft-model with --draft, else prompt-lookup)")
+    p.add_argument("--method", default=None, help=method_help() + " (default: fusion = every available drafter, sized by the planner)")
     p.add_argument("--prompt", required=True, help="prompt text (the chat template is applied unless --raw)")
     add_method_args(p)
     add_sampling_args(p)
@@ -31,7 +31,7 @@ def run(args: argparse.Namespace) -> int:
     from specula.engine import EngineConfig, SpeculativeDecoder
 
     params = sampling_params(args)  # validate everything before loading models
-    method = args.method or ("draft-model" if args.draft else "prompt-lookup")
+    method = args.method or "fusion"
     check_method(method)
     spec = load(args.target, draft=args.draft, method=method, config=load_config(args),
                 engine=EngineConfig(max_tree_nodes=args.max_tree_nodes), **drafter_options(args, method))

@@ -10,7 +10,9 @@ target) and return q for the acceptance rule.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
@@ -21,14 +23,24 @@ from specula.sampling import probabilities
 from specula.tree import TokenTree
 
 
+StopRule = Callable[[list[float], float, float], bool]
+"""rule(raw edge scores so far, seconds per draft token, drafting seconds so far) -> stop?"""
+
+
 @dataclass(frozen=True)
 class DraftModelConfig:
     """Draft-model chain settings."""
 
-    num_draft_tokens: int = 5
-    """Tokens drafted per step (k)."""
+    num_draft_tokens: int | None = None
+    """Tokens drafted per step (k); the most per step when adaptive. Default 5, or 12 adaptive."""
+    adaptive: bool = False
+    """Stop drafting early by the planner's cost-derived rule (SpecDec++-style)."""
+    greedy_proposals: bool = False
+    """Always draft the argmax (deterministic candidates), also when the request samples."""
 
     def __post_init__(self) -> None:
+        if self.num_draft_tokens is None:
+            object.__setattr__(self, "num_draft_tokens", 12 if self.adaptive else 5)
         if self.num_draft_tokens < 1:
             raise ConfigError(f"num_draft_tokens must be >= 1, got {self.num_draft_tokens}")
 
@@ -49,6 +61,14 @@ class DraftModelDrafter:
     def __init__(self, draft: HFCausalLM, config: DraftModelConfig = DraftModelConfig()) -> None:
         self.draft = draft
         self.config = config
+        self.stop_rule: StopRule | None = None
+        self.position_probs: list[torch.Tensor] = []
+        """Softmax of the draft at the root and each drafted position but the last ([vocab] each)."""
+        self._token_seconds: float | None = None
+
+    def set_stop_rule(self, rule: StopRule | None) -> None:
+        """Install the planner's adaptive stop rule (used when config.adaptive)."""
+        self.stop_rule = rule
 
     def sync(self, tokens) -> torch.Tensor:
         """Bring the draft cache to `tokens` (root included); logits [vocab] after the root."""
@@ -60,26 +80,41 @@ class DraftModelDrafter:
         k = min(self.config.num_draft_tokens, ctx.budget.max_depth, ctx.budget.max_nodes)
         if k <= 0:
             return Proposal.empty()
+        t_start = time.perf_counter()
         logits = self.sync(ctx.tokens)
-        greedy = ctx.params.greedy
+        greedy = ctx.params.greedy or self.config.greedy_proposals
+        adaptive = self.config.adaptive and self.stop_rule is not None
         drafted: list[int] = []
         scores: list[float] = []
+        edges: list[float] = []
         q_rows: list[torch.Tensor] = []
+        self.position_probs = []
         path_prob = 1.0
         for j in range(k):
-            q = probabilities(logits, ctx.params)  # [vocab]; one-hot argmax when greedy
+            probs = torch.softmax(logits.float(), -1)  # [vocab]
+            self.position_probs.append(probs)
             if greedy:
-                token = int(q.argmax())
-                prob = float(torch.softmax(logits.float(), -1)[token])
+                token = int(probs.argmax())
+                prob = float(probs[token])
             else:
+                q = probabilities(logits, ctx.params)  # [vocab]
                 token = int(torch.multinomial(q, 1, generator=ctx.generator))
                 prob = float(q[token])
                 q_rows.append(q)
             path_prob *= prob
             drafted.append(token)
             scores.append(path_prob)
-            if j + 1 < k:
-                logits = self.draft.append([token], logits="last")
+            edges.append(prob)
+            if j + 1 == k:
+                break
+            if adaptive and self._token_seconds is not None and self.stop_rule(
+                edges, self._token_seconds, time.perf_counter() - t_start
+            ):
+                break
+            t_tok = time.perf_counter()
+            logits = self.draft.append([token], logits="last")
+            step = time.perf_counter() - t_tok
+            self._token_seconds = step if self._token_seconds is None else 0.8 * self._token_seconds + 0.2 * step
         tree = TokenTree.chain(drafted, scores, self.name)
         if greedy:
             return Proposal(tree)
@@ -91,6 +126,7 @@ class DraftModelDrafter:
 
     def reset(self) -> None:
         self.draft.reset()
+        self.position_probs = []
 
 
 def create(*, target=None, draft: HFCausalLM | None = None, **options) -> DraftModelDrafter:

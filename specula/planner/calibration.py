@@ -1,0 +1,73 @@
+"""Calibrated acceptance: each drafter's raw edge score -> estimated acceptance probability.
+
+Learned online from what the target accepted: for every verified node whose parent was
+accepted, one trial in the bin of (source, raw edge score); accepted if the node is on the
+accepted path. Each bin's estimate is a Beta-smoothed frequency whose prior mean is the raw
+score itself (a draft probability is already a decent estimate), so fresh bins fall back to
+the drafter's own belief and learn from there.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class CalibrationConfig:
+    """Binning and smoothing of acceptance estimates."""
+
+    bins: int = 10
+    """Equal-width bins of the raw edge score in [0, 1]."""
+    prior_strength: float = 4.0
+    """Pseudo-trials of the prior (the raw score) in each bin."""
+    max_trials: float = 2000.0
+    """Counts are rescaled past this many trials per bin, so estimates follow drift."""
+
+
+class Calibrator:
+    """Per-source, per-bin acceptance counts."""
+
+    def __init__(self, config: CalibrationConfig = CalibrationConfig()) -> None:
+        self.config = config
+        self._acc: dict[str, np.ndarray] = {}
+        self._trials: dict[str, np.ndarray] = {}
+
+    def _bin(self, raw: float) -> int:
+        return min(self.config.bins - 1, max(0, int(raw * self.config.bins)))
+
+    def _tables(self, source: str) -> tuple[np.ndarray, np.ndarray]:
+        if source not in self._acc:
+            self._acc[source] = np.zeros(self.config.bins)
+            self._trials[source] = np.zeros(self.config.bins)
+        return self._acc[source], self._trials[source]
+
+    def estimate(self, source: str, raw: float) -> float:
+        """Estimated P(accept | parent accepted) for a node with this raw edge score."""
+        raw = min(1.0, max(0.0, float(raw)))
+        acc, trials = self._tables(source)
+        b = self._bin(raw)
+        k = self.config.prior_strength
+        return float((acc[b] + k * raw) / (trials[b] + k))
+
+    def update(self, source: str, raw: float, accepted: bool) -> None:
+        acc, trials = self._tables(source)
+        b = self._bin(min(1.0, max(0.0, float(raw))))
+        acc[b] += float(accepted)
+        trials[b] += 1.0
+        if trials[b] > self.config.max_trials:
+            acc[b] *= 0.5
+            trials[b] *= 0.5
+
+    def table(self) -> dict[str, list[dict]]:
+        """Per source: bin range, trials and estimate (for reports)."""
+        out = {}
+        for source, trials in self._trials.items():
+            rows = []
+            for b in range(self.config.bins):
+                mid = (b + 0.5) / self.config.bins
+                rows.append({"bin": [b / self.config.bins, (b + 1) / self.config.bins],
+                             "trials": float(trials[b]), "estimate": round(self.estimate(source, mid), 4)})
+            out[source] = rows
+        return out

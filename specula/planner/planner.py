@@ -1,0 +1,179 @@
+"""The hardware-aware planner: picks, each step, the tree that maximises expected tokens/s.
+
+    cost model      target latency against tokens verified (measured once per model +
+                    dtype + threads + context bucket, cached on disk, then corrected
+                    online from observed verify times)
+    calibration     raw drafter scores -> acceptance probabilities (learned online)
+    selection       N* = argmax_N E(N) / (T_draft + T_verify(N + 1)), N = 0 = plain step
+    back-off        when drafting steps realise fewer tokens/s than plain steps would,
+                    skip drafting for 1, 2, 4, ... steps (probing again after each pause),
+                    so drafting can never make decoding much slower than plain decoding
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+
+import torch
+
+from specula.drafters.base import DraftContext, Proposal, StepResult
+from specula.planner.calibration import CalibrationConfig, Calibrator
+from specula.planner.select import chain_should_extend, choose_size, edge_scores, path_probabilities
+
+
+@dataclass(frozen=True)
+class PlannerConfig:
+    """Planner settings."""
+
+    calibration: CalibrationConfig = field(default_factory=CalibrationConfig)
+    """Binning / smoothing of acceptance estimates."""
+    cost_sizes: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
+    """Pass sizes measured for the cost curve."""
+    cost_context: int = 256
+    """Context length (tokens in the cache) at which the cost curve is measured."""
+    cost_repeats: int = 2
+    """Timed repeats per size at start-up."""
+    cost_correction: float = 0.1
+    """EMA weight of each observed verify time in the cost model's scale factor."""
+    rate_ema: float = 0.2
+    """EMA weight of each drafting step's realised tokens/s (back-off signal)."""
+    max_backoff: int = 64
+    """Longest run of plain steps before drafting is probed again."""
+    backoff_tolerance: float = 0.02
+    """Back off only when drafting steps are predicted this much slower than plain steps."""
+
+
+class CostModel:
+    """A measured cost curve, rescaled online by observed step times."""
+
+    def __init__(self, curve, correction: float = 0.1) -> None:
+        self.curve = curve
+        self.correction = correction
+        self.scale = 1.0
+
+    def verify_seconds(self, n_tokens: int) -> float:
+        """Predicted latency of one target pass over n tokens (root + n - 1 nodes)."""
+        return self.scale * self.curve.latency(n_tokens)
+
+    def observe(self, n_tokens: int, seconds: float) -> None:
+        ratio = seconds / max(self.curve.latency(n_tokens), 1e-9)
+        self.scale = (1 - self.correction) * self.scale + self.correction * ratio
+
+
+def cost_cache_key(target, context: int) -> str:
+    """Cost curves are cached per model + backend + dtype + threads + context bucket."""
+    cfg = target.model.config
+    parts = {
+        "model": str(getattr(cfg, "_name_or_path", "")) or target.name,
+        "arch": type(target.model).__name__,
+        "layers": getattr(cfg, "num_hidden_layers", None),
+        "hidden": getattr(cfg, "hidden_size", None),
+        "backend": "hf",
+        "dtype": str(target.dtype),
+        "device": str(target.device),
+        "threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "context_bucket": context,
+        "quantize": getattr(target, "quantization", "none"),
+    }
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def load_or_measure_curve(target, config: PlannerConfig, progress: bool = False):
+    """The target's cost curve from the on-disk cache, or measured now (and cached)."""
+    from specula.bench.profile import CostCurve, measure_cost_curve
+    from specula.paths import atomic_write_json, cache_dir
+
+    context = min(config.cost_context, target.max_context - max(config.cost_sizes) - 1)
+    path = cache_dir("cost") / f"{cost_cache_key(target, context)}.json"
+    if path.exists():
+        try:
+            return CostCurve.from_dict(json.loads(path.read_text()))
+        except (ValueError, KeyError, TypeError):
+            path.unlink(missing_ok=True)  # unreadable cache entry: measure again
+    curve = measure_cost_curve(target, config.cost_sizes, context=context, repeats=config.cost_repeats)
+    atomic_write_json(path, curve.to_dict())
+    return curve
+
+
+class HardwarePlanner:
+    """Sizes every proposal to this hardware; learns acceptance and timing online."""
+
+    def __init__(self, target=None, config: PlannerConfig = PlannerConfig(), curve=None) -> None:
+        self.config = config
+        if curve is None:
+            if target is None:
+                raise ValueError("HardwarePlanner needs a target backend or a measured cost curve")
+            curve = load_or_measure_curve(target, config)
+        self.cost = CostModel(curve, config.cost_correction)
+        self.calibrator = Calibrator(config.calibration)
+        self._rate: float | None = None
+        self._skip = 0
+        self._backoff = 1
+        self._planned_rate: float | None = None
+        self.last_plan: dict = {}
+
+    # ------------------------------------------------------------------ per step
+    def should_draft(self, ctx: DraftContext) -> bool:
+        if self._skip > 0:
+            self._skip -= 1
+            return False
+        return True
+
+    def estimate(self, proposal: Proposal) -> list[float]:
+        """Calibrated path probability of every node."""
+        tree = proposal.tree
+        edges = edge_scores(tree)
+        probs = [self.calibrator.estimate(src, raw) for src, raw in zip(tree.sources, edges)]
+        return path_probabilities(tree, probs)
+
+    def plan(self, proposal: Proposal, ctx: DraftContext, draft_seconds: float) -> tuple[Proposal, float]:
+        """Keep the best-N ancestor-closed nodes; returns (proposal, predicted accepted tokens)."""
+        tree = proposal.tree
+        if len(tree) == 0:
+            self._planned_rate = 1.0 / (draft_seconds + self.cost.verify_seconds(1))
+            return proposal, 1.0
+        probs = self.estimate(proposal)
+        order = tree.with_scores(probs).best_first_order()
+        n, expected, rate = choose_size([probs[i] for i in order], draft_seconds, self.cost.verify_seconds)
+        self.last_plan = {"candidates": len(tree), "chosen": n, "expected": expected, "rate": rate}
+        self._planned_rate = rate
+        return proposal.restrict(sorted(order[:n])), expected
+
+    def chain_stop_rule(self, source: str):
+        """A stop rule for chain drafters (SpecDec++-style, thresholds derived from the cost model):
+        rule(raw_edge_scores, draft_step_seconds, draft_seconds) -> True to stop drafting."""
+        def rule(raw_edges: list[float], draft_step_seconds: float, draft_seconds: float) -> bool:
+            probs, acc = [], 1.0
+            for raw in raw_edges:
+                acc *= self.calibrator.estimate(source, raw)
+                probs.append(acc)
+            return not chain_should_extend(probs, draft_step_seconds, draft_seconds, self.cost.verify_seconds)
+        return rule
+
+    def observe(self, step: StepResult, draft_seconds: float, verify_seconds: float) -> None:
+        tree = step.proposal.tree
+        self.cost.observe(len(tree) + 1, verify_seconds)
+        if len(tree) == 0 and draft_seconds == 0.0:
+            return
+        on_path = set(step.path)
+        edges = edge_scores(tree)
+        for i, par in enumerate(tree.parents):
+            if par < 0 or par in on_path:
+                self.calibrator.update(tree.sources[i], edges[i], i in on_path)
+        # Back-off: were drafting steps predicted (with calibrated estimates, draft time included)
+        # to beat plain steps? If not, pause drafting for 1, 2, 4, ... steps, then probe again.
+        if self._planned_rate is None:
+            return
+        a = self.config.rate_ema
+        rate, self._planned_rate = self._planned_rate, None
+        self._rate = rate if self._rate is None else (1 - a) * self._rate + a * rate
+        plain_rate = 1.0 / self.cost.verify_seconds(1)
+        if self._rate < plain_rate * (1 - self.config.backoff_tolerance):
+            self._skip = self._backoff
+            self._backoff = min(2 * self._backoff, self.config.max_backoff)
+            self._rate = None  # the next probe is judged afresh
+        else:
+            self._backoff = max(1, self._backoff // 2)

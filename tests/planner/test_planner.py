@@ -1,0 +1,111 @@
+import pytest
+import torch
+
+from specula.bench.profile import CostCurve
+from specula.drafters import make_drafter
+from specula.drafters.base import DraftBudget, DraftContext, Proposal, StepResult
+from specula.engine import SpeculativeDecoder
+from specula.models.hf import HFCausalLM
+from specula.planner import HardwarePlanner
+from specula.sampling import SamplingParams, make_generator
+from specula.tree import TokenTree
+from tiny import perturbed_copy, reference_greedy, successor_model, tiny_model
+
+FLAT = CostCurve((1, 2, 4, 8, 16, 32, 64, 128), (1.0,) * 8, 64)  # GPU-like
+STEEP = CostCurve((1, 2, 4, 8, 16, 32, 64, 128), (1.0, 1.17, 1.4, 2.0, 2.6, 4.0, 7.0, 13.0), 64)  # 2-core CPU
+
+
+def ctx(tokens=(1, 2, 3)) -> DraftContext:
+    return DraftContext(list(tokens), 2, SamplingParams(), DraftBudget(64, 32), make_generator(0))
+
+
+def wide_tree() -> TokenTree:
+    # 4 chains of 8 tokens with decreasing confidence.
+    paths = [[10 * b + i for i in range(8)] for b in range(4)]
+    scores = [[(0.9 - 0.2 * b) ** (i + 1) for i in range(8)] for b in range(4)]
+    return TokenTree.from_paths(paths, scores, source="draft-model")
+
+
+def test_flat_cost_curve_plans_bigger_trees_than_a_steep_one():
+    flat, steep = HardwarePlanner(curve=FLAT), HardwarePlanner(curve=STEEP)
+    proposal = Proposal(wide_tree())
+    p_flat, e_flat = flat.plan(proposal, ctx(), 0.0)
+    p_steep, e_steep = steep.plan(proposal, ctx(), 0.0)
+    assert len(p_flat.tree) > len(p_steep.tree) > 0
+    assert e_flat > e_steep > 1.0
+    assert flat.last_plan["rate"] > steep.last_plan["rate"]
+    for planned in (p_flat.tree, p_steep.tree):  # ancestor-closed selections
+        assert all(par < i for i, par in enumerate(planned.parents))
+
+
+def test_observe_calibrates_and_corrects_the_cost_scale():
+    planner = HardwarePlanner(curve=STEEP)
+    tree = TokenTree.chain([5, 6, 7], [0.9, 0.81, 0.729], "prompt-lookup")
+    before = planner.calibrator.estimate("prompt-lookup", 0.9)
+    for _ in range(50):  # the target never accepts the first node
+        planner.plan(Proposal(tree), ctx(), 0.0)
+        planner.observe(StepResult(3, Proposal(tree), (), 9, torch.zeros(4, 16)), 0.0, 2.0 * STEEP.latency(4))
+    assert planner.calibrator.estimate("prompt-lookup", 0.9) < 0.2 < before
+    assert planner.cost.scale == pytest.approx(2.0, rel=0.05)
+    # Such a source is no longer worth verifying: the planner takes plain steps.
+    planned, expected = planner.plan(Proposal(tree), ctx(), 0.0)
+    assert len(planned.tree) == 0 and expected == 1.0
+
+
+def test_backoff_skips_drafting_when_it_does_not_pay_and_probes_again():
+    planner = HardwarePlanner(curve=STEEP)
+    tree = TokenTree.chain([5], [0.01], "prompt-lookup")
+    skipped = 0
+    for _ in range(40):
+        if not planner.should_draft(ctx()):
+            skipped += 1
+            planner.plan(Proposal.empty(), ctx(), 0.0)
+            continue
+        planned, _ = planner.plan(Proposal(tree), ctx(), 0.5)  # slow drafting, useless tree
+        planner.observe(StepResult(3, planned, (), 9, torch.zeros(1, 16)), 0.5, STEEP.latency(1))
+    assert 20 < skipped < 40  # mostly plain steps, with probes in between
+
+
+@pytest.mark.parametrize("curve", [FLAT, STEEP], ids=["flat", "steep"])
+def test_fusion_with_planner_is_lossless(curve):
+    model = tiny_model("qwen2", seed=3)
+    draft = HFCausalLM(perturbed_copy(model, 0.3), "draft")
+    target = HFCausalLM(model, "target")
+    drafter = make_drafter("fusion", target=target, draft=draft)
+    planner = HardwarePlanner(curve=curve)
+    drafter.set_stop_rule(planner.chain_stop_rule("draft-model"))
+    dec = SpeculativeDecoder(target, drafter, eos_token_ids=[], planner=planner)
+    for prompt in ([5, 17, 33, 2, 5, 17, 40, 41, 42, 5, 17], [60, 61, 62]):
+        out = dec.generate(prompt, SamplingParams(max_new_tokens=40, ignore_eos=True))
+        assert out.token_ids == reference_greedy(model, prompt, 40)
+        assert out.stats.predicted_accepted > 0
+
+
+def test_fusion_on_a_copying_target_accepts_long_runs_and_predicts_them():
+    model = successor_model()
+    target = HFCausalLM(model, "target")
+    planner = HardwarePlanner(curve=FLAT)
+    dec = SpeculativeDecoder(target, make_drafter("fusion", target=target), eos_token_ids=[], planner=planner)
+    prompt = list(range(10, 90)) + [20]
+    out = dec.generate(prompt, SamplingParams(max_new_tokens=60, ignore_eos=True))
+    assert out.token_ids == list(range(21, 81))
+    assert out.stats.mean_accepted_tokens > 5
+    predicted = out.stats.predicted_accepted / out.stats.steps
+    assert predicted > 2  # calibration learns that copied tokens are accepted
+
+
+def test_adaptive_draft_model_is_lossless_and_drafts_less_on_a_steep_curve():
+    model = tiny_model("llama", seed=4)
+    draft_model = perturbed_copy(model, 0.5)
+    results = {}
+    for name, curve in (("flat", FLAT), ("steep", STEEP)):
+        target = HFCausalLM(model, "target")
+        drafter = make_drafter("draft-model", target=target, draft=HFCausalLM(draft_model, "draft"),
+                               adaptive=True, num_draft_tokens=10)
+        planner = HardwarePlanner(curve=curve)
+        drafter.set_stop_rule(planner.chain_stop_rule("draft-model"))
+        dec = SpeculativeDecoder(target, drafter, eos_token_ids=[], planner=planner)
+        out = dec.generate([7, 8, 9, 10], SamplingParams(max_new_tokens=60, ignore_eos=True))
+        assert out.token_ids == reference_greedy(model, [7, 8, 9, 10], 60)
+        results[name] = out.stats.drafted_tokens / out.stats.steps
+    assert results["steep"] < results["flat"]

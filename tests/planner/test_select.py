@@ -1,0 +1,52 @@
+import pytest
+
+from specula.planner.select import chain_should_extend, choose_size, edge_scores, path_probabilities
+from specula.tree import TokenTree
+
+
+def linear_cost(base: float, per_token: float):
+    return lambda n: base + per_token * (n - 1)
+
+
+def test_flat_curve_takes_every_useful_node_steep_curve_takes_few():
+    probs = [0.9, 0.8, 0.7, 0.5, 0.3, 0.2, 0.1, 0.05]
+    n_flat, e_flat, _ = choose_size(probs, 0.0, linear_cost(1.0, 0.0))  # GPU-like: free extra tokens
+    n_steep, e_steep, _ = choose_size(probs, 0.0, linear_cost(1.0, 0.5))  # each token costs half a step
+    assert n_flat == len(probs) and e_flat == pytest.approx(1 + sum(probs))
+    assert 0 < n_steep < n_flat
+    # The choice is the exact argmax of E(N) / T(N) over N = 0..8.
+    rates = [(1 + sum(probs[:n])) / (1.0 + 0.5 * n) for n in range(len(probs) + 1)]
+    assert n_steep == max(range(len(rates)), key=rates.__getitem__)
+
+
+def test_plain_step_when_nothing_beats_it():
+    n, e, rate = choose_size([0.05, 0.01], 0.0, linear_cost(1.0, 1.0))
+    assert (n, e) == (0, 1.0) and rate == pytest.approx(1.0)
+    # Expensive drafting is sunk in every option: it makes bigger trees more attractive, not fewer.
+    n_cheap, _, _ = choose_size([0.6, 0.4, 0.3, 0.2], 0.0, linear_cost(1.0, 0.4))
+    n_costly, _, _ = choose_size([0.6, 0.4, 0.3, 0.2], 2.0, linear_cost(1.0, 0.4))
+    assert n_costly >= n_cheap
+
+
+def test_edge_scores_and_path_probabilities_round_trip():
+    tree = TokenTree.build([1, 2, 3, 4], [-1, 0, 1, 0], scores=[0.8, 0.4, 0.2, 0.6])
+    edges = edge_scores(tree)
+    assert edges == pytest.approx([0.8, 0.5, 0.5, 0.75])
+    assert path_probabilities(tree, edges) == pytest.approx(list(tree.scores))
+
+
+def test_best_first_order_is_ancestor_closed_at_every_prefix():
+    tree = TokenTree.build([1, 2, 3, 4, 5], [-1, 0, -1, 2, 3], scores=[0.3, 0.25, 0.9, 0.85, 0.1])
+    order = tree.best_first_order()
+    assert order == [2, 3, 0, 1, 4]
+    for k in range(len(order) + 1):
+        chosen = set(order[:k])
+        assert all(tree.parents[i] < 0 or tree.parents[i] in chosen for i in chosen)
+
+
+def test_chain_rule_stops_when_the_next_token_does_not_pay():
+    steep = linear_cost(1.0, 0.5)
+    assert chain_should_extend([0.95], 0.05, 0.05, steep)
+    assert not chain_should_extend([0.9, 0.5, 0.2, 0.05], 0.05, 0.3, steep)
+    # A flat verify curve and free drafting: keep drafting while anything may be accepted.
+    assert chain_should_extend([0.9, 0.5, 0.2, 0.05], 0.0, 0.0, linear_cost(1.0, 0.0))
