@@ -1,0 +1,223 @@
+import numpy as np
+import pytest
+import torch
+
+from tiny import VOCAB, reference_greedy, successor_model, tiny_model
+from specula.drafters import make_drafter
+from specula.drafters.base import DraftBudget, DraftContext, Proposal, StepResult
+from specula.drafters.token_recycling import (
+    TEMPLATE, TEMPLATE_LEVELS, TokenRecyclingConfig, TokenRecyclingDrafter, fill_template, rows_to_write,
+)
+from specula.engine import SpeculativeDecoder
+from specula.errors import ConfigError
+from specula.models.hf import HFCausalLM
+from specula.paths import stale_temps
+from specula.sampling import SamplingParams, make_generator
+from specula.tree import TokenTree
+
+PROMPTS = [[5, 17, 33, 2, 5, 17, 40, 41, 42, 5, 17], [60, 61, 62, 63, 64, 60, 61], [9]]
+
+
+def greedy(n: int) -> SamplingParams:
+    return SamplingParams(max_new_tokens=n, ignore_eos=True)
+
+
+def ctx(tokens) -> DraftContext:
+    return DraftContext(list(tokens), 1, SamplingParams(), DraftBudget(64, 10), make_generator(0))
+
+
+class Recorder:
+    """Wraps a drafter and keeps every StepResult it observes."""
+
+    def __init__(self, inner):
+        self.inner, self.steps, self.name = inner, [], inner.name
+
+    def propose(self, c):
+        return self.inner.propose(c)
+
+    def observe(self, step):
+        self.steps.append(step)
+        self.inner.observe(step)
+
+    def reset(self):
+        self.inner.reset()
+
+
+def test_template_shape():
+    assert [len(level) for level in TEMPLATE_LEVELS] == [8, 21, 25, 15, 8, 3] and len(TEMPLATE) == 80
+    assert all(len(path) == d + 1 for d, level in enumerate(TEMPLATE_LEVELS) for path in level)
+    assert TEMPLATE_LEVELS[1][:8] == tuple((0, r) for r in range(8))
+    assert TEMPLATE_LEVELS[5] == ((0, 0, 0, 0, 0, 0), (0, 0, 0, 0, 0, 1), (0, 0, 0, 1, 0, 0))
+    assert max(r for path in TEMPLATE for r in path) == 7
+
+
+def test_full_matrix_fills_all_80_nodes_from_the_right_rows():
+    vocab = 50
+    drafter = TokenRecyclingDrafter(vocab)
+    rng = np.random.default_rng(0)
+    drafter.matrix[:] = np.stack([rng.permutation(vocab)[:8] for _ in range(vocab)])
+    proposal = drafter.propose(ctx([3, 7]))
+    tree = proposal.tree
+    assert len(tree) == 80 and proposal.q is None and proposal.sibling_mode == "deterministic"
+    assert [sum(1 for d in tree.depth if d == k) for k in range(1, 7)] == [8, 21, 25, 15, 8, 3]
+    m = drafter.matrix
+    for i in range(len(tree)):
+        path = tree.path_to(i)
+        parent_token = 7 if len(path) == 1 else tree.tokens[path[-2]]
+        assert tree.tokens[i] in m[parent_token].tolist()
+    # node path of ranks (0, 0, 1): M[M[M[root][0]][0]][1]
+    a = m[7, 0]
+    b = m[a, 0]
+    nodes = [i for i in range(len(tree)) if tree.tokens_of(tree.path_to(i)) == [a, b, m[b, 1]]]
+    assert len(nodes) == 1
+    assert set(tree.sources) == {"token-recycling"}
+    first = [tree.scores[c] for c in tree.children[0]]
+    assert first == sorted(first, reverse=True)  # rank prior: lower rank, higher score
+
+
+def test_unwritten_rows_are_skipped():
+    drafter = TokenRecyclingDrafter(20)
+    assert len(drafter.propose(ctx([4])).tree) == 0  # cold start: nothing known
+    drafter.matrix[4] = np.arange(8) + 10  # only the root's row
+    tree = drafter.propose(ctx([4])).tree
+    assert sorted(tree.tokens) == list(range(10, 18)) and tree.max_depth == 1
+    tokens, valid = fill_template(drafter.matrix, 4, drafter.template)
+    assert valid.sum() == 8 and (tokens[valid] >= 0).all()
+
+
+def test_observe_writes_the_root_and_every_node_with_priority_to_the_accepted_path():
+    vocab = 30
+    drafter = TokenRecyclingDrafter(vocab)
+    # tree: 0:a=5 (root child), 1:b=6 (child of 0), 2:c=5 (child of 1, token repeats a), 3:d=9 (root child)
+    tree = TokenTree.build([5, 6, 5, 9], [-1, 0, 1, -1], None, "token-recycling")
+    logits = torch.randn(5, vocab, generator=torch.Generator().manual_seed(0))
+    step = StepResult(root=7, proposal=Proposal(tree), path=(0, 1), next_token=3, logits=logits)
+    drafter.observe(step)
+    top = logits.topk(8, dim=-1).indices.numpy()
+    written = np.flatnonzero((drafter.matrix >= 0).all(axis=1)).tolist()
+    assert written == [5, 6, 7, 9]  # root 7 and all node tokens; nothing else
+    assert drafter.matrix[7].tolist() == top[0].tolist()  # root row 0
+    assert drafter.matrix[6].tolist() == top[2].tolist()  # node 1 (row 2)
+    assert drafter.matrix[9].tolist() == top[4].tolist()  # rejected node 3 (row 4) is written too
+    assert drafter.matrix[5].tolist() == top[1].tolist()  # token 5: accepted node 0 beats rejected node 2
+    assert (drafter.matrix[[0, 1, 2, 3, 4, 8]] == -1).all()
+    tokens, rows = rows_to_write(StepResult(7, Proposal(TokenTree.chain([7, 7])), (0,), 1, logits[:3]))
+    assert tokens.tolist() == [7] and rows.tolist() == [1]  # deepest accepted occurrence wins over the root
+
+
+def test_engine_writes_exactly_the_verified_tokens_and_prefill_writes_nothing():
+    model = tiny_model("qwen2", seed=3)
+    target = HFCausalLM(model, "target")
+    inner = make_drafter("token-recycling", target=target)
+    rec = Recorder(inner)
+    prompt = [50, 51, 52, 53, 54, 55, 56, 57, 58, 59, 60, 61]
+    SpeculativeDecoder(target, rec, eos_token_ids=[]).generate(prompt, greedy(12))
+    seen = set()
+    for step in rec.steps:
+        seen.add(step.root)
+        seen.update(step.proposal.tree.tokens)
+    written = set(np.flatnonzero((inner.matrix >= 0).all(axis=1)).tolist())
+    assert written == seen
+    untouched_prompt = set(prompt[:-1]) - seen
+    assert untouched_prompt and all((inner.matrix[t] == -1).all() for t in untouched_prompt)
+    # Each written row holds the target's top-8 at that token's last (priority) occurrence.
+    last = {}
+    for step in rec.steps:
+        tokens, rows = rows_to_write(step)
+        for t, r in zip(tokens.tolist(), rows.tolist()):
+            last[t] = step.logits[r].topk(8).indices.tolist()
+    assert all(inner.matrix[t].tolist() == top for t, top in last.items())
+
+
+@pytest.mark.parametrize("max_new", [1, 7, 40])
+def test_greedy_equals_plain_greedy_cold_and_hot(arch, max_new):
+    model = tiny_model(arch, seed=3)
+    target = HFCausalLM(model, "target")
+    dec = SpeculativeDecoder(target, make_drafter("token-recycling", target=target), eos_token_ids=[])
+    for _ in range(2):  # second round: the matrix is hot from the first (reset keeps it)
+        for prompt in PROMPTS:
+            out = dec.generate(prompt, greedy(max_new))
+            assert out.token_ids == reference_greedy(model, prompt, max_new), (arch, prompt)
+    if max_new == 40:
+        assert out.stats.accepted_tokens > 0
+
+
+def test_successor_model_gets_long_accepted_runs():
+    model = successor_model(VOCAB)
+    target = HFCausalLM(model, "target")
+    dec = SpeculativeDecoder(target, make_drafter("token-recycling", target=target), eos_token_ids=[])
+    dec.generate([3], greedy(VOCAB + 10))  # learns t -> t+1 for every token
+    out = dec.generate([40], greedy(60))
+    assert out.token_ids == reference_greedy(model, [40], 60)
+    assert out.stats.mean_accepted_tokens > 5  # the depth-6 chain of rank 0 is accepted
+
+
+def test_sampling_is_seeded_and_reproducible():
+    model = tiny_model("llama", seed=4)
+    params = SamplingParams(max_new_tokens=30, temperature=0.8, seed=11, ignore_eos=True)
+    outs = []
+    for _ in range(2):
+        target = HFCausalLM(model, "target")
+        dec = SpeculativeDecoder(target, make_drafter("token-recycling", target=target), eos_token_ids=[])
+        outs.append(dec.generate(PROMPTS[0], params))
+    assert outs[0].token_ids == outs[1].token_ids and len(outs[0].token_ids) == 30
+    assert outs[0].stats.drafted_tokens > 0
+
+
+def test_state_save_load_hot_start_is_lossless(tmp_path):
+    model = tiny_model("gpt2", seed=5)
+    state = tmp_path / "tr.npz"
+    target = HFCausalLM(model, "target")
+    first = make_drafter("token-recycling", target=target, recycling_state=str(state))
+    dec = SpeculativeDecoder(target, first, eos_token_ids=[])
+    dec.generate(PROMPTS[0], greedy(30))
+    assert not state.exists()  # saved at the start of the next request or at exit
+    dec.generate(PROMPTS[1], greedy(5))  # reset() saves the state of the first request
+    assert state.exists() and stale_temps(state) == []
+    first.save()
+    assert state.stat().st_size < 4 * VOCAB * 8 + 4096
+
+    second = make_drafter("token-recycling", target=target, recycling_state=str(state))
+    assert np.array_equal(second.matrix, first.matrix)
+    assert len(second.propose(ctx(PROMPTS[2])).tree) > 0 or (first.matrix[PROMPTS[2][-1]] == -1).all()
+    dec2 = SpeculativeDecoder(target, second, eos_token_ids=[])
+    for prompt in PROMPTS:
+        out = dec2.generate(prompt, greedy(30))
+        assert out.token_ids == reference_greedy(model, prompt, 30)
+    assert out.stats.drafted_tokens > 0
+
+
+def test_hot_start_drafts_from_the_first_step(tmp_path):
+    model = successor_model(VOCAB)
+    target = HFCausalLM(model, "target")
+    trained = make_drafter("token-recycling", target=target)
+    SpeculativeDecoder(target, trained, eos_token_ids=[]).generate([3], greedy(VOCAB + 5))
+    trained.save(tmp_path / "s.npz")
+    fresh = make_drafter("token-recycling", target=target, recycling_state=str(tmp_path / "s.npz"))
+    out = SpeculativeDecoder(target, fresh, eos_token_ids=[]).generate([20], greedy(7))
+    assert out.token_ids == list(range(21, 28))
+    assert out.stats.steps == 1  # 6 drafted tokens accepted + bonus in the very first step
+
+
+def test_state_for_another_vocabulary_or_tokenizer_is_refused(tmp_path):
+    state = tmp_path / "s.npz"
+    TokenRecyclingDrafter(VOCAB, fingerprint="sha256:aaa").save(state)
+    with pytest.raises(ConfigError, match=f"vocabulary of {VOCAB} tokens .* this target has 64"):
+        TokenRecyclingDrafter(64, TokenRecyclingConfig(state_path=str(state)))
+    with pytest.raises(ConfigError, match="another tokenizer"):
+        TokenRecyclingDrafter(VOCAB, TokenRecyclingConfig(state_path=str(state)), fingerprint="sha256:bbb")
+    TokenRecyclingDrafter(VOCAB, TokenRecyclingConfig(state_path=str(state)), fingerprint="sha256:aaa")
+    state.write_bytes(b"not a zip file")
+    with pytest.raises(ConfigError, match="not a readable token-recycling state"):
+        TokenRecyclingDrafter(VOCAB, TokenRecyclingConfig(state_path=str(state)))
+
+
+def test_reset_keeps_the_matrix_and_bad_config_is_refused():
+    drafter = TokenRecyclingDrafter(20)
+    drafter.matrix[3] = np.arange(8)
+    drafter.reset()
+    assert drafter.matrix[3].tolist() == list(range(8))
+    with pytest.raises(ConfigError, match="top_k >= 8"):
+        TokenRecyclingConfig(top_k=4)
+    with pytest.raises(ConfigError, match="target model"):
+        make_drafter("token-recycling")
