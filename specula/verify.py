@@ -34,19 +34,23 @@ import torch
 from .sampling import SamplingParams
 from .tree import TokenTree
 
-SiblingMode = Literal["deterministic", "iid", "without_replacement"]
+SiblingMode = Literal["deterministic", "iid", "without_replacement", "iid_kseq"]
 """How the children of one node were drafted: fixed candidates (one-hot q), i.i.d. draws
-from q, or draws without replacement from q (e.g. `sample_without_replacement`)."""
+from q, or draws without replacement from q (e.g. `sample_without_replacement`).
+"iid_kseq" is i.i.d. draws verified by SpecTr K-SEQ (`verify_kseq`) instead of RRS."""
 
 __all__ = [
     "SiblingMode",
     "VerifyResult",
+    "kseq_acceptance",
+    "kseq_rho",
     "sample_iid",
     "sample_without_replacement",
     "verify",
     "verify_chain",
     "verify_deterministic",
     "verify_greedy",
+    "verify_kseq",
     "verify_rrs",
 ]
 
@@ -310,6 +314,136 @@ def verify_chain(
     return verify_rrs(tree, p, q, generator, without_replacement=False)
 
 
+# ---------------------------------------------------------------------------- SpecTr K-SEQ
+_KSEQ_TOL = 1e-12
+"""Residual entries above -_KSEQ_TOL count as non-negative (rounding); they are clamped to 0."""
+
+
+def _kseq_parts(p_row: torch.Tensor, q_row: torch.Tensor, k: int, rho: float) -> tuple[torch.Tensor, float, float]:
+    """K-SEQ quantities at rho for normalised float64 rows p_row, q_row ([vocab]):
+    m = min(q, p / rho) ([vocab], the per-draft acceptance mass), beta = sum(m) (probability
+    that one draft is accepted) and c = (1 - (1 - beta)^k) / beta (= k in the limit beta -> 0),
+    so that the accepted output has law m * c and the residual is p - m * c."""
+    m = torch.minimum(q_row, p_row / rho)  # [vocab]
+    beta = min(float(m.sum()), 1.0)
+    c = (1.0 - (1.0 - beta) ** k) / beta if beta > 0 else float(k)
+    return m, beta, c
+
+
+def kseq_rho(p_row: torch.Tensor, q_row: torch.Tensor, k: int) -> float:
+    """The smallest feasible rho in [1, k] of SpecTr K-SEQ for k i.i.d. drafts, for
+    normalised float64 rows p_row (target) and q_row (draft), both [vocab].
+
+    rho is feasible when the residual p - min(q, p / rho) * c(rho) is non-negative, with
+    beta(rho) = sum min(q, p / rho) and c = (1 - (1 - beta)^k) / beta. For a token with
+    q >= p / rho that reads c <= rho, i.e. h(rho) = g(rho) - 1 + (1 - beta)^k >= 0 with
+    g(rho) = sum min(rho q, p) = rho beta; for a token with q < p / rho it reads
+    c <= p / q, implied by c <= rho. g grows and beta shrinks with rho, so h is
+    non-decreasing and c(rho) non-decreasing: the feasible set is [1, rho'] (when c(1) is
+    below every ratio p/q, i.e. rho = 1 is feasible) or [rho*, k] (c(k) <= k always). rho*
+    is found exactly up to 1e-13: g is piecewise linear with breakpoints at the ratios p/q,
+    h is evaluated at every breakpoint in one vectorised pass, then bisected inside the
+    bracketing piece, where g = A + rho B. The acceptance probability 1 - (1 - beta)^k
+    falls as rho grows, so the smallest feasible rho is the best one."""
+    if k < 1:
+        raise ValueError(f"K-SEQ needs k >= 1 drafts, got {k}")
+    m, beta, c = _kseq_parts(p_row, q_row, k, 1.0)
+    if k == 1 or beta <= 0 or bool((p_row - m * c).min() >= -_KSEQ_TOL):
+        return 1.0
+    pos = q_row > 0
+    ratio = torch.full_like(q_row, float("inf"))
+    ratio[pos] = p_row[pos] / q_row[pos]  # [vocab]; tokens with q = 0 never enter g
+    low = pos & (ratio <= 1.0)
+    a0 = float(p_row[low].sum())  # g(rho) = a0 + rho b0 just above rho = 1
+    b0 = float(q_row[pos & ~low].sum())
+    inner = pos & (ratio > 1.0) & (ratio < k)
+    r_in, order = ratio[inner].sort()
+    a_at = a0 + p_row[inner][order].cumsum(0)  # A right of each breakpoint
+    b_at = b0 - q_row[inner][order].cumsum(0)  # B right of each breakpoint
+    # h at each breakpoint (g is continuous there; use the piece on its left).
+    a_left = torch.cat([torch.tensor([a0], dtype=a_at.dtype, device=a_at.device), a_at[:-1]])
+    b_left = torch.cat([torch.tensor([b0], dtype=b_at.dtype, device=b_at.device), b_at[:-1]])
+    g_left = a_left + r_in * b_left  # g at each breakpoint
+    ok = (g_left - 1.0 + (1.0 - g_left / r_in).clamp(min=0.0) ** k >= 0).nonzero()
+    if len(ok):  # rho* lies in the piece left of the first breakpoint where h >= 0
+        j = int(ok[0])
+        lo = float(r_in[j - 1]) if j > 0 else 1.0
+        hi, a, b = float(r_in[j]), float(a_left[j]), float(b_left[j])
+    else:  # in the last piece, up to rho = k (h(k) >= 0)
+        lo = float(r_in[-1]) if len(r_in) else 1.0
+        hi = float(k)
+        a, b = (float(a_at[-1]), float(b_at[-1])) if len(r_in) else (a0, b0)
+    for _ in range(200):
+        if hi - lo <= 1e-13 * hi:
+            break
+        mid = 0.5 * (lo + hi)
+        g = a + mid * b
+        if g - 1.0 + max(0.0, 1.0 - g / mid) ** k >= 0:  # h(mid)
+            hi = mid
+        else:
+            lo = mid
+    return hi
+
+
+def kseq_acceptance(p_row: torch.Tensor, q_row: torch.Tensor, k: int) -> float:
+    """Probability that K-SEQ with k i.i.d. drafts from q accepts one of them: 1 - (1 - beta)^k
+    at the smallest feasible rho. p_row, q_row: [vocab] (normalised here)."""
+    p_row = p_row.to(torch.float64) / p_row.sum()
+    q_row = q_row.to(torch.float64) / q_row.sum()
+    _, beta, _ = _kseq_parts(p_row, q_row, k, kseq_rho(p_row, q_row, k))
+    return 1.0 - (1.0 - beta) ** k
+
+
+def verify_kseq(
+    tree: TokenTree, p: torch.Tensor, q: torch.Tensor, generator: torch.Generator | None
+) -> VerifyResult:
+    """SpecTr K-SEQ (Sun et al. 2023) applied at every node over its children, which must be
+    k i.i.d. draws from q[row] (`sample_iid`). p, q: [n + 1, vocab] (rows normalised here).
+
+    At a row with k children: rho = `kseq_rho` (smallest feasible), m = min(q, p / rho),
+    beta = sum(m); try the children in node order, accepting x_i with probability
+    m(x_i) / q(x_i) = min(1, p(x_i) / (rho q(x_i))) and descending. One draft is accepted with
+    probability beta, so token x comes out accepted with probability
+    m(x) (1 - (1 - beta)^k) / beta; if all k are rejected (probability (1 - beta)^k) the
+    next token is sampled from the residual p - m (1 - (1 - beta)^k) / beta (normalised), which
+    makes the output law exactly p. With one child this is chain speculative sampling.
+
+    A child with q(x) = 0 cannot have been drawn from q: ValueError."""
+    n = len(tree)
+    _check_rows(p, n, "p")
+    _check_rows(q, n, "q")
+    dev = _device(generator)
+    u = _uniforms(n, generator)
+    path: list[int] = []
+    r = 0
+    while True:
+        kids = tree.children[r]
+        if not kids:  # leaf (or empty tree): bonus token from p at this row
+            return VerifyResult(tuple(path), _sample(p[r], u[n]))
+        pj = _normalised_row(p, r, dev, "p")  # [vocab] float64
+        qj = _normalised_row(q, r, dev, "q")  # [vocab] float64
+        m, _, c = _kseq_parts(pj, qj, len(kids), kseq_rho(pj, qj, len(kids)))
+        accepted = -1
+        for child in kids:
+            x = tree.tokens[child]
+            qx = float(qj[x])
+            if not qx > 0:
+                raise ValueError(
+                    f"node {child} (token {x}) has draft probability 0 at row {r}: K-SEQ needs children "
+                    f"drawn i.i.d. from q; use the deterministic rule for fixed candidates"
+                )
+            if u[child] < float(m[x]) / qx:
+                accepted = child
+                break
+        if accepted < 0:
+            residual = (pj - m * c).clamp_(min=0.0)  # [vocab]
+            if not bool(residual.sum() > 0):  # all rejected has probability 0 up to rounding
+                residual = pj
+            return VerifyResult(tuple(path), _sample(residual, u[n]))
+        path.append(accepted)
+        r = accepted + 1
+
+
 def verify(
     tree: TokenTree,
     p: torch.Tensor,
@@ -322,7 +456,8 @@ def verify(
     params.greedy); q: [n + 1, vocab] draft or None.
 
     greedy params -> `verify_greedy` on p.argmax(-1); q None or mode "deterministic" ->
-    `verify_deterministic`; "iid" / "without_replacement" -> `verify_rrs`. mode None with a
+    `verify_deterministic`; "iid" / "without_replacement" -> `verify_rrs`; "iid_kseq" ->
+    `verify_kseq`. mode None with a
     q is accepted only when no row has more than one child (then both sampling modes are the
     same rule); otherwise it raises ValueError. An empty tree is a plain decoding step."""
     if params.greedy:
@@ -333,6 +468,8 @@ def verify(
         return verify_rrs(tree, p, q, generator, without_replacement=False)
     if mode == "without_replacement":
         return verify_rrs(tree, p, q, generator, without_replacement=True)
+    if mode == "iid_kseq":
+        return verify_kseq(tree, p, q, generator)
     if mode is None:
         if all(len(kids) <= 1 for kids in tree.children):
             return verify_rrs(tree, p, q, generator, without_replacement=False)
@@ -340,4 +477,4 @@ def verify(
             "verify: a draft distribution q was given for a tree with sibling nodes but no sibling mode; "
             "pass mode='iid' or 'without_replacement' (how the children were drawn) or 'deterministic'"
         )
-    raise ValueError(f"verify: unknown sibling mode {mode!r}; expected 'deterministic', 'iid' or 'without_replacement'")
+    raise ValueError(f"verify: unknown sibling mode {mode!r}; expected 'deterministic', 'iid', 'without_replacement' or 'iid_kseq'")
