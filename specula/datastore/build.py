@@ -206,7 +206,9 @@ def tokenize_corpus(tokenizer: Any, files: list[tuple[Path, bool]], config: Buil
                 raise DatastoreError(f"the tokenizer produced an id >= {separator}, beyond the vocabulary it reports")
             n_docs += len(ids)
             if limit is not None and total + len(flat) >= limit:
-                chunks.append(flat[: limit - total].astype(dtype))
+                last = flat[: limit - total].astype(dtype)
+                last[-1] = separator  # the store always ends with a separator (see format.py)
+                chunks.append(last)
                 total = limit
                 break
             chunks.append(flat.astype(dtype))

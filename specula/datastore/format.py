@@ -14,7 +14,9 @@ Layout (all integers little-endian):
 
 The suffix order is the lexicographic order of the token-id sequences, a shorter sequence
 before any longer one it is a prefix of. `separator` is the largest value of `token_dtype`,
-an id no token has, so no query can match across two documents. The arrays carry CRC-32s in
+an id no token has, so no query can match across two documents. Every document is followed by
+the separator, so the token array ends with one: a query (which never contains the separator)
+differs from any suffix before running past the end, and readers may clip positions to n - 1. The arrays carry CRC-32s in
 the header, checked at load (about 30 ms per 100 MB) unless the caller opts out.
 """
 
@@ -197,6 +199,8 @@ def load_datastore(path: str | Path, *, expected_fingerprint: str | None = None,
     index = _memmap(path, header.index_dtype, index_at, n)
     if verify and (crc32(tokens) != header.tokens_crc32 or crc32(index) != header.index_crc32):
         raise DatastoreError(f"datastore {str(path)!r} is corrupt (array checksum mismatch); {_REBUILD}")
+    if n == 0 or int(tokens[-1]) != header.separator:
+        raise DatastoreError(f"datastore {str(path)!r} is corrupt (empty, or not ending with a separator); {_REBUILD}")
     return Datastore(path, header, tokens, index)
 
 

@@ -8,8 +8,9 @@
 
 All suffix-array searches of one query run together as one vectorised binary search (about
 log2(n) rounds of a few numpy calls), so a query costs microseconds to a few milliseconds
-whatever the datastore size. Arrays: `tokens` [n] unsigned ids, `index` [n] its suffix array
-(see `specula.datastore.format`).
+whatever the datastore size. Arrays: `tokens` [n] unsigned ids ending with the separator,
+`index` [n] its suffix array (see `specula.datastore.format`); contexts hold ids below the
+separator only.
 """
 
 from __future__ import annotations
@@ -51,19 +52,18 @@ class Prefixes:
     """Continuations sampled (the denominator of a node's frequency)."""
 
 
-def _compare(tokens: np.ndarray, starts: np.ndarray, patterns: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+def _compare(tokens: np.ndarray, starts: np.ndarray, patterns: np.ndarray, columns: np.ndarray) -> np.ndarray:
     """Sign of suffix(start)[:len] against pattern[:len] per row: -1 less, 0 equal, +1 greater.
 
-    starts [b] int64; patterns [b, w] int64; lengths [b] int64 (<= w). A suffix shorter than the
-    pattern compares as if padded with -1 (shorter sorts first, as in the suffix array)."""
-    n = len(tokens)
+    starts [b] int64; patterns [b, w] int64; columns [b, w] bool, True for the first `len`
+    columns of each row. Positions past the end read the final separator (see the module
+    docstring), which is exact because patterns never contain it."""
     width = patterns.shape[1]
-    pos = starts[:, None] + np.arange(width)  # [b, w]
-    window = np.where(pos < n, tokens[np.minimum(pos, n - 1)].astype(np.int64), -1)  # [b, w]
-    differ = (window != patterns) & (np.arange(width) < lengths[:, None])  # [b, w]
+    window = tokens[np.minimum(starts[:, None] + np.arange(width), len(tokens) - 1)].astype(np.int64)  # [b, w]
+    differ = (window != patterns) & columns  # [b, w]
     first = differ.argmax(axis=1)  # [b]
     rows = np.arange(len(starts))
-    return np.where(differ.any(axis=1), np.sign(window[rows, first] - patterns[rows, first]), 0)
+    return np.sign(window[rows, first] - patterns[rows, first]) * differ[rows, first]
 
 
 def suffix_ranges(tokens: np.ndarray, index: np.ndarray, patterns: np.ndarray,
@@ -74,7 +74,7 @@ def suffix_ranges(tokens: np.ndarray, index: np.ndarray, patterns: np.ndarray,
     2b simultaneous binary searches."""
     b = len(lengths)
     pats = np.concatenate([patterns, patterns])  # [2b, w]
-    lens = np.concatenate([lengths, lengths])  # [2b]
+    columns = np.arange(patterns.shape[1]) < np.concatenate([lengths, lengths])[:, None]  # [2b, w]
     upper = np.arange(2 * b) >= b  # rows b.. search the first suffix greater than the pattern
     lo = np.zeros(2 * b, dtype=np.int64)
     hi = np.full(2 * b, len(index), dtype=np.int64)
@@ -83,7 +83,7 @@ def suffix_ranges(tokens: np.ndarray, index: np.ndarray, patterns: np.ndarray,
         if len(active) == 0:
             break
         mid = (lo[active] + hi[active]) // 2
-        cmp = _compare(tokens, index[mid].astype(np.int64), pats[active], lens[active])
+        cmp = _compare(tokens, index[mid].astype(np.int64), pats[active], columns[active])
         right = (cmp < 0) | ((cmp == 0) & upper[active])
         lo[active] = np.where(right, mid + 1, lo[active])
         hi[active] = np.where(right, hi[active], mid)
@@ -126,9 +126,8 @@ def continuation_prefixes(tokens: np.ndarray, index: np.ndarray, match: Match, *
 
     A continuation stops at the datastore's end or at a document separator."""
     rows = sample_rows(match, max_matches)
-    n = len(tokens)
     pos = index[rows].astype(np.int64)[:, None] + match.length + np.arange(depth)  # [m, depth]
-    cont = np.where(pos < n, tokens[np.minimum(pos, n - 1)].astype(np.int64), -1)  # [m, depth]
+    cont = tokens[np.minimum(pos, len(tokens) - 1)].astype(np.int64)  # [m, depth]; past the end: separator
     cont[cont == separator] = -1
     valid = np.cumprod(cont >= 0, axis=1).astype(bool)  # [m, depth]: cut at the first stop
     base = separator + 1

@@ -59,7 +59,7 @@ def test_large_vocabulary_ids_round_trip(tmp_path, make_tokenizer):
 def test_max_tokens_truncates(tmp_path, corpus, make_tokenizer):
     report = build_datastore(make_tokenizer(96), [corpus], tmp_path / "ds.specds", BuildConfig(max_tokens=7, progress=False))
     store = load_datastore(report.path)
-    assert store.tokens.tolist() == [5, 6, 7, 8, 9, 5, 6]
+    assert store.tokens.tolist() == [5, 6, 7, 8, 9, 5, store.separator]  # always ends with a separator
     assert store.index.tolist() == brute_suffix_array(store.tokens)
 
 

@@ -111,7 +111,7 @@ def test_query_time_does_not_scan():
     import time
 
     rng = np.random.default_rng(0)
-    tokens = rng.integers(0, 500, 2_000_000).astype(np.uint16)
+    tokens = np.append(rng.integers(0, 500, 2_000_000), SEP).astype(np.uint16)
     index = suffix_array(tokens)
     seq_ctx = tokens[1000:1016].astype(np.int64)
     t0 = time.perf_counter()
