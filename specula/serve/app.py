@@ -311,13 +311,19 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _next_event(self, job: Job):
         """The job's next event; raises the job's APIError, or _ClientGone (cancelling the job)."""
+        poll = self.server.config.poll_seconds
         while True:
             try:
-                event = job.events.get(timeout=self.server.config.poll_seconds)
+                event = job.events.get(timeout=poll)
             except queue.Empty:
+                event = None
+            now = time.monotonic()
+            if event is None or now - self._checked >= poll:  # look at the socket every `poll` seconds
+                self._checked = now
                 if _client_gone(self.connection):
                     job.cancel()
-                    raise _ClientGone() from None
+                    raise _ClientGone()
+            if event is None:
                 continue
             if isinstance(event, APIError):
                 raise event
@@ -328,6 +334,7 @@ class _Handler(BaseHTTPRequestHandler):
         body = self._read_json()
         request = protocol.parse_request(endpoint, body, self.server.config.model_name)
         job = self.server.worker.submit(request)
+        self._checked = time.monotonic()
         try:
             started = self._next_event(job)
             assert isinstance(started, Started)

@@ -1,0 +1,120 @@
+"""Helpers for the server tests: a tiny word-level tokenizer with a chat template, servers on
+free loopback ports, raw HTTP and /metrics scraping."""
+
+from __future__ import annotations
+
+import copy
+import http.client
+import json
+import time
+from contextlib import contextmanager
+from typing import Iterator
+
+from tiny import VOCAB
+
+from specula.api import Specula
+from specula.drafters.base import DraftContext, Proposal, StepResult
+from specula.models.hf import HFCausalLM
+from specula.serve import ServerConfig, SpeculaServer, create_server
+
+MODEL = "tiny-qwen2"
+CHAT_TEMPLATE = (
+    "{% for m in messages %}w02 {{ m['content'] }} w03 {% endfor %}{% if add_generation_prompt %}w04{% endif %}"
+)
+EOS = 1
+
+
+def make_tokenizer():
+    """Word-level tokenizer over w00..w95 (w01 = EOS) with a chat template. Two-digit names:
+    no token is a prefix of another, so saved special tokens cannot split words."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.WordLevel({f"w{i:02d}": i for i in range(VOCAB)}, unk_token="w00"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.decoder = decoders.WordPiece(prefix="##")
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="w00", eos_token="w01")
+    tokenizer.chat_template = CHAT_TEMPLATE
+    return tokenizer
+
+
+class TestDrafter:
+    """Wraps a drafter: sleeps `delay` seconds per proposal (so a generation lasts long enough
+    to be cancelled) and raises when the context holds `boom_token` (an internal error)."""
+
+    __test__ = False
+
+    def __init__(self, inner, delay: float = 0.0, boom_token: int | None = None) -> None:
+        self.inner, self.delay, self.boom_token = inner, delay, boom_token
+        self.name = inner.name
+
+    def propose(self, ctx: DraftContext) -> Proposal:
+        if self.boom_token is not None and self.boom_token in ctx.tokens:
+            raise RuntimeError("boom")
+        time.sleep(self.delay)
+        return self.inner.propose(ctx)
+
+    def observe(self, step: StepResult) -> None:
+        self.inner.observe(step)
+
+    def reset(self) -> None:
+        self.inner.reset()
+
+
+def make_spec(target_model, tokenizer, method: str = "draft-model", draft_model=None) -> Specula:
+    """A `Specula` over private copies of the models (each server owns its weights)."""
+    draft = HFCausalLM(copy.deepcopy(draft_model)) if draft_model is not None else None
+    return Specula(HFCausalLM(copy.deepcopy(target_model)), tokenizer, method, draft)
+
+
+@contextmanager
+def running(spec: Specula, **config) -> Iterator[SpeculaServer]:
+    server = create_server(spec, ServerConfig(model_name=MODEL, port=0, **config)).start()
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+def chat_ids(tokenizer, messages) -> tuple[int, ...]:
+    from specula.models.loading import apply_chat_template
+
+    return tuple(apply_chat_template(tokenizer, messages))
+
+
+def text_ids(tokenizer, text: str) -> tuple[int, ...]:
+    return tuple(tokenizer.encode(text))
+
+
+def http_call(server: SpeculaServer, method: str, path: str, body=None, headers: dict | None = None,
+         raw: bytes | None = None) -> tuple[int, dict, dict | str]:
+    """One raw HTTP request; returns (status, headers, parsed JSON or text)."""
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
+    data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
+    hdrs = {"Content-Type": "application/json", **(headers or {})}
+    conn.request(method, path, body=data, headers=hdrs)
+    resp = conn.getresponse()
+    payload = resp.read().decode()
+    conn.close()
+    ctype = resp.getheader("Content-Type", "")
+    return resp.status, dict(resp.getheaders()), json.loads(payload) if "json" in ctype else payload
+
+
+def scrape(server: SpeculaServer) -> dict[tuple[str, tuple], float]:
+    """/metrics parsed by prometheus_client: {(sample name, sorted labels): value}."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    status, _, text = http_call(server, "GET", "/metrics")
+    assert status == 200
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+def wait_for(predicate, timeout: float = 10.0) -> None:
+    end = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > end:
+            raise AssertionError("condition not reached in time")
+        time.sleep(0.02)
+
+

@@ -1,0 +1,339 @@
+"""The OpenAI-compatible server over real HTTP, driven by the official `openai` client:
+responses equal offline decoding, streaming format, stop strings, errors, metrics, health."""
+
+from __future__ import annotations
+
+import json
+import socket
+
+import openai
+import pytest
+
+from serve_helpers import EOS, MODEL, chat_ids, http_call, make_spec, running, scrape, text_ids
+
+from specula.sampling import SamplingParams
+
+PROMPTS = ["w05 w06 w07", "w10 w11 w12 w10 w11", "w40 w03 w77 w08 w09 w30", "w02", "w60 w61 w62 w63 w64 w65 w66"]
+SPEC_KEYS = {"method", "steps", "drafted_tokens", "accepted_tokens", "mean_accepted_tokens", "acceptance_rate",
+             "tokens_per_s"}
+
+
+def check_speculation(sd: dict, completion_tokens: int) -> None:
+    assert SPEC_KEYS <= set(sd)
+    assert sd["method"] == "draft-model"
+    assert sd["steps"] >= 1 and sd["drafted_tokens"] >= 1
+    assert 0 <= sd["accepted_tokens"] <= sd["drafted_tokens"]
+    assert sd["acceptance_rate"] == pytest.approx(sd["accepted_tokens"] / sd["drafted_tokens"], abs=1e-4)
+    # Every step emits its accepted tokens plus one; the last step may be cut (EOS / max_tokens).
+    assert sd["steps"] <= completion_tokens <= sd["accepted_tokens"] + sd["steps"]
+    assert sd["mean_accepted_tokens"] >= 1.0
+
+
+def long_prompt(tokenizer, reference, words: int = 8) -> tuple[str, str]:
+    """A prompt whose greedy continuation has at least `words` words (no early EOS)."""
+    for prompt in PROMPTS:
+        full = reference(text_ids(tokenizer, prompt), 24)
+        if len(full.split()) >= words:
+            return prompt, full
+    raise AssertionError("no prompt with a long enough continuation")
+
+
+# --------------------------------------------------------------------------- completions & chat
+
+
+@pytest.mark.parametrize("prompt", PROMPTS)
+def test_completion_greedy_equals_offline(client, tokenizer, reference, prompt):
+    ids = text_ids(tokenizer, prompt)
+    out = client.completions.create(model=MODEL, prompt=prompt, max_tokens=24, temperature=0)
+    assert out.object == "text_completion" and out.id.startswith("cmpl-") and out.model == MODEL
+    assert isinstance(out.created, int)
+    choice = out.choices[0]
+    assert choice.index == 0 and choice.logprobs is None
+    assert choice.text == reference(ids, 24)
+    assert out.usage.prompt_tokens == len(ids)
+    assert out.usage.total_tokens == out.usage.prompt_tokens + out.usage.completion_tokens
+    expected = reference.tokens(ids, 24)
+    assert out.usage.completion_tokens == len(expected)
+    assert choice.finish_reason == ("stop" if expected[-1] == EOS else "length")
+    check_speculation(out.speculative_decoding, out.usage.completion_tokens)
+
+
+def test_completion_default_max_tokens_is_16_and_prompt_list(client, tokenizer, reference):
+    prompt, full = long_prompt(tokenizer, reference, words=16)
+    out = client.completions.create(model=MODEL, prompt=[prompt], temperature=0)
+    assert out.usage.completion_tokens == 16 and out.choices[0].finish_reason == "length"
+    assert out.choices[0].text == reference(text_ids(tokenizer, prompt), 16)
+    by_ids = client.completions.create(model=MODEL, prompt=list(text_ids(tokenizer, prompt)), temperature=0)
+    assert by_ids.choices[0].text == out.choices[0].text
+
+
+@pytest.mark.parametrize("content", ["w05 w06 w07", "w09 w09 w09 w20"])
+def test_chat_greedy_equals_offline(client, tokenizer, reference, content):
+    messages = [{"role": "system", "content": "w70"}, {"role": "user", "content": content}]
+    out = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=20, temperature=0)
+    assert out.object == "chat.completion" and out.id.startswith("chatcmpl-")
+    message = out.choices[0].message
+    assert message.role == "assistant"
+    ids = chat_ids(tokenizer, messages)
+    assert message.content == reference(ids, 20)
+    assert out.usage.prompt_tokens == len(ids)
+    check_speculation(out.speculative_decoding, out.usage.completion_tokens)
+
+
+def test_chat_default_max_tokens_fills_the_context(server, tokenizer, reference):
+    messages = [{"role": "user", "content": "w50 w51"}]
+    status, _, body = http_call(server, "POST", "/v1/chat/completions",
+                                {"model": MODEL, "messages": messages, "temperature": 0})
+    assert status == 200
+    n = body["usage"]["completion_tokens"]
+    room = server.worker.max_context - len(chat_ids(tokenizer, messages))
+    assert n <= min(room, server.config.chat_max_tokens)
+    assert body["choices"][0]["finish_reason"] == ("length" if n == min(room, 512) else "stop")
+    assert body["choices"][0]["message"]["content"] == reference(chat_ids(tokenizer, messages), n)
+
+
+def test_streaming_chat_equals_offline(client, tokenizer, reference):
+    messages = [{"role": "user", "content": "w05 w06 w07"}]
+    chunks = list(client.chat.completions.create(model=MODEL, messages=messages, max_tokens=20, temperature=0,
+                                                 stream=True, stream_options={"include_usage": True}))
+    assert {c.object for c in chunks} == {"chat.completion.chunk"}
+    assert len({c.id for c in chunks}) == 1 and chunks[0].id.startswith("chatcmpl-")
+    assert chunks[0].choices[0].delta.role == "assistant"
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == reference(chat_ids(tokenizer, messages), 20)
+    finishing, usage_chunk = chunks[-2], chunks[-1]
+    assert finishing.choices[0].finish_reason in ("stop", "length")
+    assert all(c.choices[0].finish_reason is None for c in chunks[:-2])
+    assert usage_chunk.choices == [] and usage_chunk.usage.completion_tokens >= 1
+    check_speculation(finishing.speculative_decoding, usage_chunk.usage.completion_tokens)
+    assert usage_chunk.speculative_decoding == finishing.speculative_decoding
+
+
+def test_streaming_completion_wire_format(server, tokenizer, reference):
+    """Raw SSE: `data: {json}` events, the last one `data: [DONE]`, OpenAI's chunk fields."""
+    status, headers, body = http_call(server, "POST", "/v1/completions",
+                                      {"model": MODEL, "prompt": "w05 w06 w07", "max_tokens": 12, "temperature": 0,
+                                       "stream": True})
+    assert status == 200 and headers["Content-Type"].startswith("text/event-stream")
+    events = [e for e in body.split("\n\n") if e]
+    assert all(e.startswith("data: ") for e in events)
+    assert events[-1] == "data: [DONE]"
+    chunks = [json.loads(e[len("data: "):]) for e in events[:-1]]
+    for c in chunks:
+        assert set(c) >= {"id", "object", "created", "model", "choices"}
+        assert c["object"] == "text_completion"
+        assert set(c["choices"][0]) == {"text", "index", "logprobs", "finish_reason"}
+    assert "".join(c["choices"][0]["text"] for c in chunks) == reference(text_ids(tokenizer, "w05 w06 w07"), 12)
+    assert "speculative_decoding" in chunks[-1] and chunks[-1]["choices"][0]["finish_reason"] in ("stop", "length")
+
+
+# --------------------------------------------------------------------------- stop strings
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_stop_strings_are_cut_from_the_text(client, tokenizer, reference, stream):
+    prompt, full = long_prompt(tokenizer, reference)
+    words = full.split()
+    # A stop string that spans a token boundary and ends inside a token ("wA wB" -> "wA w" + first char).
+    spanning = f"{words[3]} {words[4][:2]}"
+    missing = "w999"
+    for stop in ([spanning], spanning, [missing, f" {words[5]}"]):
+        stops = [stop] if isinstance(stop, str) else stop
+        cut = min(i for i in (full.find(s) for s in stops) if i >= 0) if any(s in full for s in stops) else None
+        kwargs = dict(model=MODEL, prompt=prompt, max_tokens=24, temperature=0, stop=stop)
+        if stream:
+            chunks = list(client.completions.create(stream=True, **kwargs))
+            text = "".join(c.choices[0].text for c in chunks)
+            finish = chunks[-1].choices[0].finish_reason
+        else:
+            out = client.completions.create(**kwargs)
+            text, finish = out.choices[0].text, out.choices[0].finish_reason
+        assert cut is not None
+        assert text == full[:cut], stop
+        assert finish == "stop"
+
+
+def test_stop_string_never_seen_changes_nothing(client, tokenizer, reference):
+    prompt, full = long_prompt(tokenizer, reference)
+    out = client.completions.create(model=MODEL, prompt=prompt, max_tokens=24, temperature=0, stop=["w999"])
+    assert out.choices[0].text == full
+
+
+# --------------------------------------------------------------------------- sampling
+
+
+def test_sampling_honours_default_temperature_top_p_and_seed(client, tokenizer, target_model, draft_model):
+    """No temperature = OpenAI's 1.0: the server's output equals offline sampling with the same seed."""
+    offline = make_spec(target_model, tokenizer, "draft-model", draft_model)
+    ids = list(text_ids(tokenizer, "w05 w06 w07"))
+    for extra, params in (({}, SamplingParams(temperature=1.0, seed=7, max_new_tokens=20)),
+                          ({"top_p": 0.6, "temperature": 0.8}, SamplingParams(temperature=0.8, top_p=0.6, seed=7,
+                                                                              max_new_tokens=20))):
+        out = client.completions.create(model=MODEL, prompt="w05 w06 w07", max_tokens=20, seed=7, **extra)
+        assert out.choices[0].text == offline.decoder.generate(ids, params).text
+    greedy = offline.decoder.generate(ids, SamplingParams(temperature=0.0, max_new_tokens=20)).text
+    sampled = {client.completions.create(model=MODEL, prompt="w05 w06 w07", max_tokens=20, seed=s).choices[0].text
+               for s in range(4)}
+    assert sampled != {greedy}  # temperature 1 really samples
+
+
+# --------------------------------------------------------------------------- models, health
+
+
+def test_models_and_health(server, client):
+    assert [m.id for m in client.models.list().data] == [MODEL]
+    assert client.models.retrieve(MODEL).id == MODEL
+    with pytest.raises(openai.NotFoundError):
+        client.models.retrieve("gpt-4")
+    status, _, body = http_call(server, "GET", "/health")
+    assert status == 200 and body["status"] == "ok" and body["model"] == MODEL and body["method"] == "draft-model"
+
+
+# --------------------------------------------------------------------------- errors
+
+
+def _err(server, method, path, body=None, raw=None, headers=None):
+    status, _, payload = http_call(server, method, path, body, headers, raw)
+    assert isinstance(payload, dict) and set(payload) == {"error"}, payload
+    assert set(payload["error"]) == {"message", "type", "param", "code"}
+    assert payload["error"]["message"]
+    return status, payload["error"]
+
+
+OK_COMPLETION = {"model": MODEL, "prompt": "w05 w06", "max_tokens": 4}
+OK_CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "w05"}], "max_tokens": 4}
+BAD_REQUESTS = [
+    # (path, body, status, param)
+    ("/v1/completions", {**OK_COMPLETION, "model": "gpt-4"}, 404, "model"),
+    ("/v1/chat/completions", {**OK_CHAT, "model": "gpt-4"}, 404, "model"),
+    ("/v1/completions", {"prompt": "w05"}, 400, "model"),
+    ("/v1/completions", {**OK_COMPLETION, "prompt": ""}, 400, "prompt"),
+    ("/v1/completions", {**OK_COMPLETION, "prompt": []}, 400, "prompt"),
+    ("/v1/completions", {**OK_COMPLETION, "prompt": "   "}, 400, "prompt"),  # no tokens
+    ("/v1/completions", {**OK_COMPLETION, "prompt": ["w05", "w06"]}, 400, "prompt"),
+    ("/v1/completions", {**OK_COMPLETION, "prompt": 5}, 400, "prompt"),
+    ("/v1/completions", {"model": MODEL}, 400, "prompt"),
+    ("/v1/chat/completions", {**OK_CHAT, "messages": []}, 400, "messages"),
+    ("/v1/chat/completions", {**OK_CHAT, "messages": "w05"}, 400, "messages"),
+    ("/v1/chat/completions", {**OK_CHAT, "messages": [{"content": "w05"}]}, 400, "messages[0].role"),
+    ("/v1/chat/completions", {**OK_CHAT, "messages": [{"role": "user", "content": 5}]}, 400, "messages[0].content"),
+    ("/v1/completions", {**OK_COMPLETION, "max_tokens": "5"}, 400, "max_tokens"),
+    ("/v1/completions", {**OK_COMPLETION, "max_tokens": 0}, 400, "max_tokens"),
+    ("/v1/completions", {**OK_COMPLETION, "max_tokens": 10_000}, 400, "max_tokens"),
+    ("/v1/chat/completions", {**OK_CHAT, "max_tokens": 300}, 400, "max_tokens"),
+    ("/v1/completions", {**OK_COMPLETION, "temperature": "hot"}, 400, "temperature"),
+    ("/v1/completions", {**OK_COMPLETION, "temperature": 3}, 400, "temperature"),
+    ("/v1/completions", {**OK_COMPLETION, "top_p": 0}, 400, "top_p"),
+    ("/v1/completions", {**OK_COMPLETION, "seed": 1.5}, 400, "seed"),
+    ("/v1/completions", {**OK_COMPLETION, "stream": "yes"}, 400, "stream"),
+    ("/v1/completions", {**OK_COMPLETION, "stop": 5}, 400, "stop"),
+    ("/v1/completions", {**OK_COMPLETION, "stop": ["a", "b", "c", "d", "e"]}, 400, "stop"),
+    ("/v1/completions", {**OK_COMPLETION, "n": 2}, 400, "n"),
+    ("/v1/chat/completions", {**OK_CHAT, "n": 3}, 400, "n"),
+    ("/v1/completions", {**OK_COMPLETION, "logprobs": 5}, 400, "logprobs"),
+    ("/v1/completions", {**OK_COMPLETION, "prompt": [5, 500]}, 400, "prompt"),
+    ("/v1/chat/completions", {**OK_CHAT, "stream_options": {"include_usage": True}}, 400, "stream_options"),
+]
+
+
+@pytest.mark.parametrize("path,body,status,param", BAD_REQUESTS)
+def test_bad_requests(server, path, body, status, param):
+    got, error = _err(server, "POST", path, body)
+    assert (got, error["param"]) == (status, param), error
+    assert error["type"] == "invalid_request_error"
+
+
+def test_context_length_error_names_the_limit(server):
+    status, error = _err(server, "POST", "/v1/completions", {**OK_COMPLETION, "max_tokens": 10_000})
+    assert status == 400 and error["code"] == "context_length_exceeded" and "256" in error["message"]
+
+
+@pytest.mark.parametrize("raw", [b"{not json", b"[1, 2]", b"", "{\"prompt\": \"\xe9\"}".encode("latin-1")])
+def test_malformed_json(server, raw):
+    status, error = _err(server, "POST", "/v1/completions", raw=raw)
+    assert status == 400 and error["code"] == "invalid_json"
+
+
+def test_routes_and_methods(server):
+    assert _err(server, "GET", "/v2/nothing")[0] == 404
+    assert _err(server, "POST", "/v1/embeddings", OK_COMPLETION)[0] == 404
+    status, _, _ = http_call(server, "GET", "/v1/completions")
+    assert status == 405
+    status, headers, body = http_call(server, "POST", "/v1/models", {})
+    assert status == 405 and headers["Allow"] == "GET" and body["error"]["code"] == "method_not_allowed"
+    assert _err(server, "DELETE", "/v1/chat/completions")[0] == 405
+
+
+def test_body_over_the_limit_is_413(server):
+    big = {**OK_COMPLETION, "prompt": "w05 " * 3000}
+    status, error = _err(server, "POST", "/v1/completions", big)
+    assert status == 413 and error["code"] == "request_too_large"
+    # With `Expect: 100-continue` the server refuses before the body is sent.
+    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: 100000\r\nExpect: 100-continue\r\n\r\n")
+        head = sock.recv(65536).decode()
+    assert head.startswith("HTTP/1.1 413"), head
+    # The server still answers afterwards.
+    assert http_call(server, "GET", "/health")[0] == 200
+
+
+def test_openai_client_raises_typed_errors(client):
+    with pytest.raises(openai.NotFoundError):
+        client.completions.create(model="gpt-4", prompt="w05")
+    with pytest.raises(openai.BadRequestError, match="n=2"):
+        client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "w05"}], n=2)
+    with pytest.raises(openai.BadRequestError, match="context length"):
+        client.completions.create(model=MODEL, prompt="w05", max_tokens=1000)
+
+
+# --------------------------------------------------------------------------- metrics
+
+
+def test_metrics_parse_and_counters_move(server, client):
+    before = scrape(server)
+    out = client.completions.create(model=MODEL, prompt="w10 w11 w12", max_tokens=16, temperature=0)
+    with pytest.raises(openai.NotFoundError):
+        client.completions.create(model="nope", prompt="w05")
+    after = scrape(server)
+    sd = out.speculative_decoding
+
+    def delta(name, **labels):
+        key = (name, tuple(sorted(labels.items())))
+        return after.get(key, 0.0) - before.get(key, 0.0)
+
+    assert delta("specula_requests_total", endpoint="/v1/completions", status="200") == 1
+    assert delta("specula_requests_total", endpoint="/v1/completions", status="404") == 1
+    assert delta("specula_drafted_tokens_total") == sd["drafted_tokens"]
+    assert delta("specula_accepted_tokens_total") == sd["accepted_tokens"]
+    assert delta("specula_verify_steps_total") == sd["steps"]
+    assert delta("specula_accepted_length_count") == sd["steps"]
+    assert delta("specula_accepted_length_sum") == sd["accepted_tokens"] + sd["steps"]
+    assert delta("specula_generated_tokens_total") == out.usage.completion_tokens
+    assert delta("specula_prompt_tokens_total") == out.usage.prompt_tokens
+    assert delta("specula_request_duration_seconds_count") == 1  # the 404 never reached the worker
+    assert after[("specula_tokens_per_second", ())] > 0
+    assert after[("specula_queue_depth", ())] == 0
+    assert after[("specula_accepted_length_bucket", (("le", "+Inf"),))] == after[("specula_accepted_length_count", ())]
+
+
+# --------------------------------------------------------------------------- API key
+
+
+def test_api_key(target_model, tokenizer, reference):
+    from openai import OpenAI
+
+    with running(make_spec(target_model, tokenizer, "prompt-lookup"), api_key="s3cret") as srv:
+        status, error = _err(srv, "POST", "/v1/completions", OK_COMPLETION)
+        assert status == 401 and error["code"] == "missing_api_key"
+        status, error = _err(srv, "POST", "/v1/completions", OK_COMPLETION, headers={"Authorization": "Bearer nope"})
+        assert status == 401 and error["code"] == "invalid_api_key"
+        assert _err(srv, "GET", "/v1/models", headers={"Authorization": "Basic s3cret"})[0] == 401
+        with pytest.raises(openai.AuthenticationError):
+            OpenAI(base_url=srv.url + "/v1", api_key="wrong", max_retries=0).models.list()
+        good = OpenAI(base_url=srv.url + "/v1", api_key="s3cret", max_retries=0, timeout=60)
+        out = good.completions.create(model=MODEL, prompt="w05 w06 w07", max_tokens=10, temperature=0)
+        assert out.choices[0].text == reference(text_ids(tokenizer, "w05 w06 w07"), 10)
+        assert out.speculative_decoding["method"] == "prompt-lookup"
+        assert http_call(srv, "GET", "/health")[0] == 200
+        assert http_call(srv, "GET", "/metrics")[0] == 200

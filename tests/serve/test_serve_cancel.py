@@ -1,0 +1,107 @@
+"""Many clients, one model: disconnects cancel generations, one request's failure leaves the
+others intact. The drafter is slowed (10 ms a step) and EOS is off, so a generation outlives the client."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import time
+
+import openai
+import pytest
+
+from serve_helpers import MODEL, TestDrafter, http_call, make_spec, running, scrape, text_ids, wait_for
+
+BOOM = 95  # a prompt holding this token makes the drafter raise
+LONG = 200  # tokens a cancelled request asked for (about 2 s of decoding)
+
+
+@pytest.fixture(scope="module")
+def slow_server(target_model, tokenizer):
+    spec = make_spec(target_model, tokenizer, "none")
+    spec.decoder.drafter = TestDrafter(spec.drafter, delay=0.01, boom_token=BOOM)
+    spec.decoder.eos_token_ids = frozenset()  # never stops by itself: only max_tokens or a cancel ends it
+    with running(spec) as srv:
+        yield srv
+
+
+def _open(server, body: dict) -> http.client.HTTPConnection:
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
+    conn.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
+    return conn
+
+
+def _metric(server, name: str, **labels) -> float:
+    return scrape(server).get((name, tuple(sorted(labels.items()))), 0.0)
+
+
+def _idle(server) -> bool:
+    m = scrape(server)
+    return m[("specula_requests_in_progress", ())] == 0 and m[("specula_queue_depth", ())] == 0
+
+
+def _body(stream: bool, max_tokens: int = LONG) -> dict:
+    return {"model": MODEL, "prompt": "w60 w61 w62", "max_tokens": max_tokens, "temperature": 0, "stream": stream}
+
+
+def test_streaming_client_disconnect_stops_generation(slow_server):
+    before = scrape(slow_server)
+    conn = _open(slow_server, _body(stream=True))
+    resp = conn.getresponse()
+    assert resp.status == 200
+    assert resp.fp.readline()  # the first chunk arrived: the generation runs
+    t0 = time.monotonic()
+    conn.sock.close()
+    conn.close()
+    wait_for(lambda: _metric(slow_server, "specula_requests_total", endpoint="/v1/completions", status="499")
+             > before.get(("specula_requests_total", (("endpoint", "/v1/completions"), ("status", "499"))), 0))
+    wait_for(lambda: _idle(slow_server))
+    stopped_after = time.monotonic() - t0
+    generated = _metric(slow_server, "specula_generated_tokens_total") - before[("specula_generated_tokens_total", ())]
+    assert generated < LONG / 2 and stopped_after < 1.5, (generated, stopped_after)
+
+
+def test_non_streaming_client_disconnect_stops_generation(slow_server):
+    before = scrape(slow_server)
+    conn = _open(slow_server, _body(stream=False))
+    wait_for(lambda: scrape(slow_server)[("specula_requests_in_progress", ())] == 1)
+    time.sleep(0.2)
+    conn.sock.close()
+    conn.close()
+    wait_for(lambda: _idle(slow_server))
+    after = scrape(slow_server)
+    generated = after[("specula_generated_tokens_total", ())] - before[("specula_generated_tokens_total", ())]
+    assert 0 < generated < LONG / 2
+    key = ("specula_requests_total", (("endpoint", "/v1/completions"), ("status", "499")))
+    assert after[key] == before.get(key, 0) + 1
+    assert after[("specula_drafted_tokens_total", ())] == before[("specula_drafted_tokens_total", ())]
+
+
+def test_queued_request_whose_client_left_never_runs(slow_server):
+    before = scrape(slow_server)
+    running_conn = _open(slow_server, _body(stream=True, max_tokens=60))
+    wait_for(lambda: scrape(slow_server)[("specula_requests_in_progress", ())] == 1)
+    queued = _open(slow_server, _body(stream=False))
+    wait_for(lambda: scrape(slow_server)[("specula_queue_depth", ())] == 1)
+    queued.sock.close()
+    queued.close()
+    resp = running_conn.getresponse()
+    assert resp.status == 200 and resp.read().decode().endswith("data: [DONE]\n\n")
+    wait_for(lambda: _idle(slow_server))
+    generated = scrape(slow_server)[("specula_generated_tokens_total", ())] - before[("specula_generated_tokens_total", ())]
+    assert generated == 60  # the first request only
+
+
+def test_internal_error_is_isolated(slow_server, tokenizer, reference):
+    from openai import OpenAI
+
+    client = OpenAI(base_url=slow_server.url + "/v1", api_key="x", max_retries=0, timeout=60)
+    status, _, body = http_call(slow_server, "POST", "/v1/completions",
+                                {"model": MODEL, "prompt": f"w05 w{BOOM}", "max_tokens": 4})
+    assert status == 500 and body["error"]["type"] == "server_error" and "boom" in body["error"]["message"]
+    with pytest.raises(openai.APIError, match="boom"):  # after the 200 headers: an in-stream error event
+        for _ in client.completions.create(model=MODEL, prompt=f"w05 w{BOOM}", max_tokens=4, stream=True):
+            pass
+    out = client.completions.create(model=MODEL, prompt="w05 w06 w07", max_tokens=8, temperature=0)
+    assert out.choices[0].text == reference(text_ids(tokenizer, "w05 w06 w07"), 8)
+    assert _metric(slow_server, "specula_requests_total", endpoint="/v1/completions", status="500") == 2

@@ -1,0 +1,95 @@
+"""`specula serve --target DIR` end to end: a tiny model saved to disk, the CLI in a subprocess
+on a free port, called with the openai client; plus the CLI's one-line errors (in process)."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import time
+
+import openai
+import pytest
+import torch
+
+from serve_helpers import EOS, chat_ids, text_ids
+from tiny import reference_greedy, tiny_model
+
+
+@pytest.fixture(scope="module")
+def llama():
+    # Llama: transformers maps its tokenizer to the saved tokenizer.json (Qwen2 would force its BPE class).
+    return tiny_model("llama", seed=4)
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory, llama, tokenizer):
+    path = tmp_path_factory.mktemp("tiny-chat-model")
+    llama.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+def _reference(model, tokenizer, ids, max_tokens: int) -> str:
+    with torch.inference_mode():
+        return tokenizer.decode(reference_greedy(model, list(ids), max_tokens, eos=EOS), skip_special_tokens=True)
+
+
+def _env() -> dict:
+    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+
+
+def _wait_listening(proc: subprocess.Popen, timeout: float = 60.0) -> str:
+    """The server's URL from its 'listening on' line (it binds before printing)."""
+    end = time.monotonic() + timeout
+    seen = []
+    while time.monotonic() < end:
+        line = proc.stderr.readline()
+        if not line:
+            if proc.poll() is not None:
+                break
+            continue
+        seen.append(line)
+        match = re.search(r"listening on (http://\S+)", line)
+        if match:
+            return match.group(1)
+    proc.kill()
+    raise AssertionError("server did not start:\n" + "".join(seen))
+
+
+def test_cli_serves_a_model_directory(model_dir, llama, tokenizer):
+    cmd = [sys.executable, "-m", "specula.cli", "serve", "--target", str(model_dir), "--method", "prompt-lookup",
+           "--port", "0", "--api-key", "k3y", "--served-model-name", "tiny"]
+    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=_env())
+    try:
+        url = _wait_listening(proc)
+        assert url.startswith("http://127.0.0.1:")
+        client = openai.OpenAI(base_url=url + "/v1", api_key="k3y", max_retries=0, timeout=60)
+        messages = [{"role": "user", "content": "w10 w11 w12 w10 w11"}]
+        chunks = list(client.chat.completions.create(model="tiny", messages=messages, max_tokens=12,
+                                                     temperature=0, stream=True))
+        text = "".join(c.choices[0].delta.content or "" for c in chunks)
+        assert text == _reference(llama, tokenizer, chat_ids(tokenizer, messages), 12)
+        assert chunks[-1].speculative_decoding["method"] == "prompt-lookup"
+        out = client.completions.create(model="tiny", prompt="w05 w06 w07", max_tokens=10, temperature=0)
+        assert out.choices[0].text == _reference(llama, tokenizer, text_ids(tokenizer, "w05 w06 w07"), 10)
+        with pytest.raises(openai.AuthenticationError):
+            openai.OpenAI(base_url=url + "/v1", api_key="bad", max_retries=0).models.list()
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--port", "70000"], "--port must be in 0..65535"),
+    (["--max-body-bytes", "10"], "--max-body-bytes must be at least 1024"),
+    (["--method", "nope"], "unknown method 'nope'"),
+    (["--api-key", ""], "--api-key is empty"),
+])
+def test_cli_bad_arguments_fail_in_one_line(model_dir, capsys, args, message):
+    from specula.cli import main
+
+    assert main(["serve", "--target", str(model_dir), *args]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error:") and message in err and len(err.splitlines()) == 1
