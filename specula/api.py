@@ -28,6 +28,9 @@ class LoadConfig:
     """Weights dtype: float32 or bfloat16."""
     attn_implementation: str = "sdpa"
     """transformers attention kernel: sdpa or eager."""
+    quantize: str = "none"
+    """none, or int8: batch-invariant int8 linear layers on CPU (fbgemm; see docs/cpu.md). Applies to
+    target and draft alike; the quantized model IS the target that decoding is lossless against."""
 
 
 class Specula:
@@ -89,8 +92,11 @@ def load_backend(spec: str, config: LoadConfig = LoadConfig(), name: str = "mode
     """Load a model (alias, local dir, .gguf file or cached hub id) as a backend + tokenizer."""
     from specula.models.loading import load_model
 
-    model, tokenizer = load_model(spec, dtype=config.dtype, attn_implementation=config.attn_implementation)
-    return HFCausalLM(model, name=f"{name} {spec}"), tokenizer
+    model, tokenizer = load_model(spec, dtype=config.dtype, attn_implementation=config.attn_implementation,
+                                  quantize=config.quantize)
+    backend = HFCausalLM(model, name=f"{name} {spec}")
+    backend.quantization = config.quantize  # part of the planner's cost-cache key
+    return backend, tokenizer
 
 
 def load(target: str, draft: str | None = None, method: str | None = None,

@@ -20,12 +20,21 @@ def add_model_args(parser: argparse.ArgumentParser, *, target_required: bool = T
     g.add_argument("--draft", default=None, help="draft model for draft-model methods (same tokenizer as the target)")
     g.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"), help="weights dtype (default float32)")
     g.add_argument("--attn", default="sdpa", choices=("sdpa", "eager"), help="attention implementation (default sdpa)")
+    add_quantize_arg(g)
+
+
+def add_quantize_arg(parser) -> None:
+    parser.add_argument("--quantize", default="none", choices=("none", "int8"),
+                        help="int8: batch-invariant int8 linear layers for target and draft on CPU (default none)")
 
 
 def add_method_args(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("method")
     g.add_argument("--num-draft-tokens", type=int, default=None, help="draft-model: tokens drafted per step (default 5)")
     g.add_argument("--max-tree-nodes", type=int, default=64, help="most tree nodes verified per step (default 64)")
+    g.add_argument("--cost-curve", metavar="JSON", default=None,
+                   help="planner: use this cost curve (cost_curve.json from `specula profile`, e.g. measured on "
+                        "another machine) instead of measuring the target here")
     g.add_argument("--adaptive", action="store_true",
                    help="draft-model: adaptive chain length (stop drafting by the planner's cost-derived rule)")
     g.add_argument("--datastore", metavar="FILE", default=None,
@@ -49,7 +58,7 @@ def add_sampling_args(parser: argparse.ArgumentParser) -> None:
 def load_config(args: argparse.Namespace) -> "LoadConfig":
     from specula.api import LoadConfig
 
-    return LoadConfig(dtype=args.dtype, attn_implementation=args.attn)
+    return LoadConfig(dtype=args.dtype, attn_implementation=args.attn, quantize=args.quantize)
 
 
 def drafter_options(args: argparse.Namespace, method: str) -> dict:
@@ -66,6 +75,26 @@ def drafter_options(args: argparse.Namespace, method: str) -> dict:
     elif method == "token-recycling":
         options["recycling_state"] = args.recycling_state
     return options
+
+
+def planner_from_args(args: argparse.Namespace):
+    """A HardwarePlanner on the cost curve given with --cost-curve, or None (measure here)."""
+    if not getattr(args, "cost_curve", None):
+        return None
+    import json
+
+    from specula.bench.profile import CostCurve
+    from specula.errors import ConfigError
+    from specula.planner import HardwarePlanner
+
+    try:
+        with open(args.cost_curve) as f:
+            data = json.load(f)
+        curve = CostCurve.from_dict(data.get("cost_curve", data))
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ConfigError(f"cannot read cost curve {args.cost_curve!r} ({exc}); "
+                          "give the cost_curve.json written by `specula profile`") from exc
+    return HardwarePlanner(curve=curve)
 
 
 def sampling_params(args: argparse.Namespace) -> "SamplingParams":

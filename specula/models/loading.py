@@ -159,14 +159,19 @@ def _torch_dtype(dtype: str | torch.dtype) -> torch.dtype:
 
 
 def load_model(
-    spec: str | ResolvedModel, *, dtype: str | torch.dtype = "float32", attn_implementation: str = "sdpa"
+    spec: str | ResolvedModel, *, dtype: str | torch.dtype = "float32", attn_implementation: str = "sdpa",
+    quantize: str = "none",
 ) -> tuple[Any, Any]:
     """Load `(model, tokenizer)` for a model spec (see `resolve`), offline.
 
     The model is in eval mode with gradients disabled (use it under `torch.inference_mode()`).
+    `quantize="int8"` swaps its linear layers for batch-invariant int8 ones (`specula.models.quantize`).
     Only local files are read; loading errors become `SpeculaError`s naming the spec."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from specula.models.quantize import check_quantize, quantize_model
+
+    check_quantize(quantize)
     resolved = spec if isinstance(spec, ResolvedModel) else resolve(spec)
     torch_dtype = _torch_dtype(dtype)
     kwargs: dict[str, Any] = {"local_files_only": True}
@@ -183,6 +188,7 @@ def load_model(
         raise SpeculaError(f"could not load model {resolved.spec!r} from {resolved.path}: {exc}") from exc
     model.eval()
     model.requires_grad_(False)
+    quantize_model(model, quantize)
     return model, tokenizer
 
 

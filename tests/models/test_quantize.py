@@ -1,0 +1,112 @@
+"""int8 quantization: batch invariance (the property lossless verification needs) and greedy equality."""
+
+import argparse
+import random
+import warnings
+
+import pytest
+import torch
+from torch import nn
+
+from tiny import perturbed_copy, reference_greedy, tiny_model
+from specula.api import LoadConfig
+from specula.commands.common import add_model_args, load_config
+from specula.drafters import make_drafter
+from specula.engine import SpeculativeDecoder
+from specula.errors import ConfigError
+from specula.models.hf import HFCausalLM
+from specula.models.quantize import RowInt8Linear, quantize_model
+from specula.sampling import SamplingParams
+from specula.tree import TokenTree
+
+
+def quantized_tiny(arch: str, seed: int = 0, **kwargs):
+    return quantize_model(tiny_model(arch, seed=seed, **kwargs), "int8")
+
+
+def rows_with_varied_ranges(n: int, width: int, seed: int = 0) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randn(n, width, generator=gen) * torch.logspace(-2, 2, n).unsqueeze(1)  # [n, width]
+
+
+@torch.inference_mode()
+def test_each_output_row_is_bit_identical_to_that_row_alone():
+    linear = nn.Linear(64, 48)
+    q = RowInt8Linear(linear)
+    x = rows_with_varied_ranges(9, 64)
+    x[4] = 0.0  # an all-zero row stays zero (plus bias)
+    full = q(x)  # [9, 48]
+    for i in range(len(x)):
+        assert torch.equal(full[i], q(x[i : i + 1])[0]), i
+        assert torch.equal(full[: i + 1], q(x[: i + 1]))  # every prefix too (verify 1..n tokens)
+    torch.testing.assert_close(full[4], linear.bias)
+    ref = linear(x)
+    assert ((full - ref).norm(dim=1) / ref.norm(dim=1)).max() < 0.03  # int8 error, per row
+
+
+@torch.inference_mode()
+def test_torch_ao_dynamic_quantization_is_not_batch_invariant():
+    """Why RowInt8Linear exists: quantize_dynamic uses one activation scale per input tensor."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ao = torch.ao.quantization.quantize_dynamic(nn.Sequential(nn.Linear(64, 48)), {nn.Linear}, dtype=torch.qint8)
+    x = rows_with_varied_ranges(9, 64)
+    assert not torch.equal(ao(x)[0], ao(x[:1])[0])
+
+
+def test_quantize_model_swaps_linear_layers_and_keeps_the_rest():
+    model = quantized_tiny("qwen2")
+    kinds = {type(m).__name__ for m in model.modules()}
+    assert "Linear" not in kinds and "RowInt8Linear" in kinds
+    assert isinstance(model.get_input_embeddings(), nn.Embedding)
+    assert HFCausalLM(model).vocab_size == 96  # lm_head.weight.shape still reads the logit width
+    gpt2 = quantized_tiny("gpt2")
+    assert "Conv1D" not in {type(m).__name__ for m in gpt2.modules()}
+    kept = quantize_model(tiny_model("llama"), "int8", skip=["lm_head"])
+    assert isinstance(kept.lm_head, nn.Linear) and isinstance(kept.model.layers[0].mlp.up_proj, RowInt8Linear)
+    untouched = tiny_model("llama")
+    assert quantize_model(untouched, "none").lm_head.__class__ is nn.Linear
+    with pytest.raises(ConfigError, match="choose one of: none, int8"):
+        quantize_model(tiny_model("llama"), "int4")
+
+
+@torch.inference_mode()
+def test_quantized_tree_logits_equal_causal_logits_over_each_path(arch):
+    model = quantized_tiny(arch)
+    lm = HFCausalLM(model)
+    rng = random.Random(0)
+    prompt = [rng.randrange(96) for _ in range(9)]
+    lm.append(prompt[:-1], logits="none")
+    parents = [-1] + [rng.randrange(-1, i) for i in range(1, 14)]
+    tree = TokenTree.empty().merge(TokenTree.build([rng.randrange(96) for _ in range(14)], parents))
+    logits = lm.forward_tree(prompt[-1], tree)  # [15, 96]
+    for i in range(-1, len(tree)):
+        path = [] if i < 0 else tree.tokens_of(tree.path_to(i))
+        causal = model(torch.tensor([prompt + path])).logits[0, -1]
+        torch.testing.assert_close(logits[i + 1], causal, atol=1e-4, rtol=1e-4)
+        assert logits[i + 1].argmax() == causal.argmax()
+
+
+@pytest.mark.parametrize("method", ["prompt-lookup", "draft-model"])
+def test_speculative_greedy_equals_plain_greedy_of_the_quantized_model(arch, method):
+    model = tiny_model(arch, seed=3)
+    draft = quantize_model(perturbed_copy(model, 0.05), "int8") if method == "draft-model" else None
+    quantize_model(model, "int8")
+    drafter = make_drafter(method, draft=HFCausalLM(draft) if draft is not None else None,
+                           num_draft_tokens=5 if method == "draft-model" else None)
+    dec = SpeculativeDecoder(HFCausalLM(model, "target"), drafter, eos_token_ids=[])
+    for prompt in ([5, 17, 33, 2, 5, 17, 40, 41, 42, 5, 17], [60, 61, 62, 63, 64, 60, 61]):
+        out = dec.generate(prompt, SamplingParams(max_new_tokens=32, ignore_eos=True))
+        assert out.token_ids == reference_greedy(model, prompt, 32), (arch, method, prompt)
+        if method == "draft-model":
+            assert out.stats.accepted_tokens > 0  # drafts were really verified several at a time
+
+
+def test_cli_option_reaches_load_config():
+    parser = argparse.ArgumentParser()
+    add_model_args(parser)
+    args = parser.parse_args(["--target", "x", "--quantize", "int8"])
+    assert load_config(args) == LoadConfig(quantize="int8")
+    assert parser.parse_args(["--target", "x"]).quantize == "none"
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--target", "x", "--quantize", "int4"])
