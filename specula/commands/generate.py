@@ -7,7 +7,8 @@ import json
 import sys
 
 from specula.commands.common import (
-    add_method_args, add_model_args, add_sampling_args, drafter_options, load_config, method_help, sampling_params,
+    add_method_args, add_model_args, add_sampling_args, drafter_options, load_config, method_help, planner_from_args,
+    sampling_params,
 )
 
 
@@ -33,8 +34,10 @@ def run(args: argparse.Namespace) -> int:
     params = sampling_params(args)  # validate everything before loading models
     method = args.method or "fusion"
     check_method(method)
+    planner = planner_from_args(args)
     spec = load(args.target, draft=args.draft, method=method, config=load_config(args),
-                engine=EngineConfig(max_tree_nodes=args.max_tree_nodes), **drafter_options(args, method))
+                engine=EngineConfig(max_tree_nodes=args.max_tree_nodes), planner=planner,
+                **drafter_options(args, method))
     ids = spec.encode(args.prompt, raw=args.raw)
     token_ids: list[int] = []
     text_parts: list[str] = []
@@ -49,8 +52,11 @@ def run(args: argparse.Namespace) -> int:
     baseline = None
     if args.compare and method != "none":
         baseline = SpeculativeDecoder(spec.target, make_drafter("none"), spec.tokenizer).generate(ids, params)
+    projection = spec.decoder.planner.projection() if spec.decoder.planner is not None else None
     if args.json:
         payload = {"text": "".join(text_parts), "token_ids": token_ids, "stats": stats.to_dict()}
+        if projection is not None:
+            payload["planner"] = projection
         if baseline is not None:
             payload["baseline"] = baseline.stats.to_dict()
             payload["speedup"] = round(stats.tokens_per_s / baseline.stats.tokens_per_s, 3)
@@ -59,6 +65,8 @@ def run(args: argparse.Namespace) -> int:
         return 0
     print()
     print(stats.summary(), file=sys.stderr)
+    if projection is not None:
+        print(f"planner: {projection}", file=sys.stderr)
     if baseline is not None:
         print(baseline.stats.summary(), file=sys.stderr)
         same = "identical" if baseline.token_ids == token_ids else "DIFFERENT"

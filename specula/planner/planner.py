@@ -114,6 +114,7 @@ class HardwarePlanner:
         self._backoff = 1
         self._planned_rate: float | None = None
         self.last_plan: dict = {}
+        self._projected = [0, 0.0, 0.0, 0]  # steps, expected tokens, expected seconds, nodes chosen
 
     # ------------------------------------------------------------------ per step
     def should_draft(self, ctx: DraftContext) -> bool:
@@ -134,13 +135,37 @@ class HardwarePlanner:
         tree = proposal.tree
         if len(tree) == 0:
             self._planned_rate = 1.0 / (draft_seconds + self.cost.verify_seconds(1))
+            self._project(0, 1.0, draft_seconds)
             return proposal, 1.0
         probs = self.estimate(proposal)
         order = tree.with_scores(probs).best_first_order()
         n, expected, rate = choose_size([probs[i] for i in order], draft_seconds, self.cost.verify_seconds)
         self.last_plan = {"candidates": len(tree), "chosen": n, "expected": expected, "rate": rate}
         self._planned_rate = rate
+        self._project(n, expected, draft_seconds)
         return proposal.restrict(sorted(order[:n])), expected
+
+    def _project(self, nodes: int, expected: float, draft_seconds: float) -> None:
+        p = self._projected
+        p[0] += 1
+        p[1] += expected
+        p[2] += draft_seconds + self.cost.verify_seconds(nodes + 1)
+        p[3] += nodes
+
+    def projection(self) -> dict:
+        """What the planner expected on this cost curve, summed over planned steps: mean tree
+        size, expected tokens per step and the projected speedup over plain decoding."""
+        steps, tokens, seconds, nodes = self._projected
+        if steps == 0:
+            return {"steps": 0}
+        plain_rate = 1.0 / self.cost.verify_seconds(1)
+        return {
+            "steps": steps,
+            "mean_tree_nodes": round(nodes / steps, 2),
+            "expected_tokens_per_step": round(tokens / steps, 3),
+            "projected_speedup": round((tokens / seconds) / plain_rate, 3),
+            "cost_curve_ratio_8": round(self.cost.curve.ratio(8), 3),
+        }
 
     def chain_stop_rule(self, source: str):
         """A stop rule for chain drafters (SpecDec++-style, thresholds derived from the cost model):
