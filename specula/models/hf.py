@@ -120,6 +120,35 @@ class HFCausalLM:
         self._pending = (root, tree)
         return out.logits[0]
 
+    @torch.inference_mode()
+    def forward_tree_incremental(self, tree: TokenTree) -> torch.Tensor:
+        """Grow the pending tree: `tree` must start with the pending tree's nodes (same tokens
+        and parents, in order); only the new nodes run, with the same tree attention as
+        `forward_tree`. Returns logits [len(tree) - len(pending), vocab] for the new nodes
+        (row i after new node i). A drafter expands its tree level by level this way, then
+        `commit`s the accepted path (or `[]`)."""
+        if self._pending is None:
+            raise RuntimeError("forward_tree_incremental() needs a pending tree: call forward_tree() first")
+        root, old = self._pending
+        start = len(old)
+        if tree.tokens[:start] != old.tokens or tree.parents[:start] != old.parents:
+            raise ValueError("forward_tree_incremental: the tree must extend the pending tree (same first nodes)")
+        if len(tree) == start:
+            return torch.empty((0, self.vocab_size), dtype=self.dtype, device=self.device)
+        self._check_room(len(tree) + 1)
+        prefix = len(self.tokens)
+        input_ids = torch.tensor([tree.tokens[start:]], dtype=torch.long, device=self.device)
+        positions = tree.position_offsets[start:] + prefix
+        out = self.model(
+            input_ids=input_ids,
+            attention_mask=self.tree_mask(tree)[:, :, start + 1 :],  # rows of the new nodes
+            position_ids=positions.unsqueeze(0).to(self.device),
+            past_key_values=self.cache,
+            use_cache=True,
+        )
+        self._pending = (root, tree)
+        return out.logits[0]
+
     def commit(self, path: Sequence[int]) -> None:
         """Keep prefix + root + the accepted `path` (node indices, root to leaf)."""
         if self._pending is None:
