@@ -1,0 +1,114 @@
+"""What the bench times: specula methods (a `SpeculativeDecoder` each) and peers, behind one
+small interface. Every call is timed the same way: wall clock around the whole generation
+(prefill included), after waiting for the accelerator."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Callable, Literal, Protocol, Sequence
+
+from specula.bench.machine import sync_device
+from specula.drafters import make_drafter
+from specula.engine import EngineConfig, SpeculativeDecoder
+from specula.errors import ConfigError
+from specula.models.hf import HFCausalLM
+from specula.sampling import SamplingParams
+from specula.stats import GenerationStats
+
+BASELINE = "none"
+"""The method every speedup and identity check is measured against (plain decoding, same loop)."""
+
+
+@dataclass
+class MethodOutput:
+    """One timed generation."""
+
+    token_ids: list[int]
+    """New tokens (prompt excluded, EOS kept when generation stopped on it)."""
+    seconds: float
+    """Wall time of the whole call, prefill included."""
+    stats: GenerationStats | None
+    """specula's counters (None for peers)."""
+
+
+class BenchMethod(Protocol):
+    """Something the bench can time on a prompt."""
+
+    name: str
+    kind: Literal["specula", "hf"]
+    lossless: bool
+    """Greedy output must equal plain decoding (a difference fails the bench)."""
+
+    def generate(self, prompt_ids: Sequence[int], params: SamplingParams) -> MethodOutput: ...
+
+    def memory_bytes(self) -> int | None: ...
+
+
+class SpeculaMethod:
+    """A drafter on the shared target, through the one decode loop."""
+
+    kind: Literal["specula"] = "specula"
+
+    def __init__(self, name: str, decoder: SpeculativeDecoder) -> None:
+        self.name = name
+        self.decoder = decoder
+        self.lossless = not bool(getattr(decoder.drafter, "lossy", False))
+
+    def generate(self, prompt_ids: Sequence[int], params: SamplingParams) -> MethodOutput:
+        device = self.decoder.target.device
+        sync_device(device)
+        t0 = time.perf_counter()
+        out = self.decoder.generate(prompt_ids, params)
+        sync_device(device)
+        return MethodOutput(list(out.token_ids), time.perf_counter() - t0, out.stats)
+
+    def memory_bytes(self) -> int | None:
+        """The drafter's `memory_bytes` (attribute or method), when it exposes one."""
+        value = getattr(self.decoder.drafter, "memory_bytes", None)
+        if callable(value):
+            value = value()
+        return None if value is None else int(value)
+
+
+def eos_ids(target: HFCausalLM, tokenizer) -> frozenset[int]:
+    """The end-of-sequence ids the decode loop stops on (model and tokenizer), used by every
+    method and peer alike."""
+    return SpeculativeDecoder(target, make_drafter(BASELINE), tokenizer).eos_token_ids
+
+
+def build_specula_methods(
+    names: Sequence[str],
+    target: HFCausalLM,
+    tokenizer,
+    draft: HFCausalLM | None = None,
+    options: Callable[[str], dict] = lambda name: {},
+    engine: EngineConfig = EngineConfig(),
+) -> list[SpeculaMethod]:
+    """One decoder per method name, all on the same target backend (and draft). `none` comes first
+    even when not named. The decoders get no tokenizer (no per-step text decoding inside the
+    timed call); they stop on the same EOS ids as a tokenizer-aware decoder would."""
+    ordered = [BASELINE, *(n for n in dict.fromkeys(names) if n != BASELINE)]
+    eos = eos_ids(target, tokenizer)
+    methods = []
+    for name in ordered:
+        drafter = make_drafter(name, target=target, draft=draft, **options(name))
+        decoder = SpeculativeDecoder(target, drafter, None, eos_token_ids=sorted(eos), config=engine)
+        methods.append(SpeculaMethod(name, decoder))
+    return methods
+
+
+def parse_method_list(value: str | None, has_draft: bool) -> list[str]:
+    """`--methods a,b,c` -> names (validated against the drafter registry); default:
+    none,prompt-lookup (+ draft-model with a draft)."""
+    from specula.drafters import check_method
+
+    if value is None:
+        names = [BASELINE, "prompt-lookup", *(["draft-model"] if has_draft else [])]
+    else:
+        names = [n.strip() for n in value.split(",") if n.strip()]
+        if not names:
+            raise ConfigError("--methods is empty; give comma-separated method names, e.g. none,prompt-lookup")
+    for name in names:
+        check_method(name)
+    return [BASELINE, *(n for n in dict.fromkeys(names) if n != BASELINE)]

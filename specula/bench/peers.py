@@ -1,0 +1,158 @@
+"""Hugging Face `model.generate` peers, run in the same process on the same model objects.
+
+    hf:greedy               plain greedy (or sampling) `generate`
+    hf:assisted             `assistant_model=draft` with the assistant's default schedule
+                            (transformers: 20 tokens, "constant", confidence threshold 0.4)
+    hf:assisted-heuristic   the same with num_assistant_tokens_schedule="heuristic"
+                            (state persists across calls, as in transformers)
+    hf:prompt-lookup        `prompt_lookup_num_tokens=10`
+
+Every peer gets an explicit `GenerationConfig`: the same max_new_tokens and EOS ids as the
+specula methods, and neutral processors (no repetition penalty), so a checkpoint's
+generation_config.json cannot change what is compared. Peers are not required to match plain
+decoding token for token (their identical fraction is reported anyway).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import time
+import warnings
+from typing import Iterator, Literal, Sequence
+
+import torch
+
+from specula.bench.machine import sync_device
+from specula.bench.methods import MethodOutput
+from specula.errors import ConfigError
+from specula.sampling import SamplingParams
+
+PEERS = ("hf:greedy", "hf:assisted", "hf:assisted-heuristic", "hf:prompt-lookup")
+"""All peer names, in report order."""
+NEEDS_DRAFT = frozenset({"hf:assisted", "hf:assisted-heuristic"})
+PROMPT_LOOKUP_TOKENS = 10
+"""`prompt_lookup_num_tokens` of hf:prompt-lookup."""
+HF_BASELINE = "hf:greedy"
+"""The peer `speedup_vs_hf` is measured against."""
+
+
+def parse_compare(value: str | None, has_draft: bool) -> list[str]:
+    """`--compare hf` -> every peer that applies (assisted ones need --draft); or a comma list
+    of peer names."""
+    if not value:
+        return []
+    names: list[str] = []
+    for item in (v.strip() for v in value.split(",")):
+        if not item:
+            continue
+        if item == "hf":
+            names.extend(p for p in PEERS if has_draft or p not in NEEDS_DRAFT)
+            continue
+        if item not in PEERS:
+            raise ConfigError(f"unknown peer {item!r} for --compare; use hf (all) or some of: {', '.join(PEERS)}")
+        if item in NEEDS_DRAFT and not has_draft:
+            raise ConfigError(f"peer {item} needs a draft model: pass --draft MODEL")
+        names.append(item)
+    return list(dict.fromkeys(names))
+
+
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    """Silence transformers' per-call advice (it would break the progress bar)."""
+    from transformers.utils import logging as hf_logging
+
+    level = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        hf_logging.set_verbosity(level)
+
+
+class HFPeer:
+    """One `model.generate` configuration."""
+
+    kind: Literal["hf"] = "hf"
+    lossless = False
+
+    def __init__(self, name: str, model, eos_token_ids: Sequence[int], assistant=None) -> None:
+        if name not in PEERS:
+            raise ConfigError(f"unknown peer {name!r}; choose from: {', '.join(PEERS)}")
+        if name in NEEDS_DRAFT and assistant is None:
+            raise ConfigError(f"peer {name} needs a draft model: pass --draft MODEL")
+        self.name = name
+        self.model = model
+        self.eos = sorted(int(e) for e in eos_token_ids)
+        self.assistant = assistant if name in NEEDS_DRAFT else None
+        # Each assisted peer keeps its own copy of the assistant's generation config (the heuristic
+        # schedule writes its state there), swapped in for its calls only.
+        self._assistant_config = None
+        if self.assistant is not None:
+            self._assistant_config = copy.deepcopy(self.assistant.generation_config)
+            if name == "hf:assisted-heuristic":
+                self._assistant_config.num_assistant_tokens_schedule = "heuristic"
+
+    def generation_config(self, params: SamplingParams):
+        """The explicit config: same budget and EOS rule as specula, neutral processors."""
+        from transformers import GenerationConfig
+
+        sampling = not params.greedy
+        cfg = GenerationConfig(
+            max_new_tokens=params.max_new_tokens,
+            min_new_tokens=0,
+            do_sample=sampling,
+            num_beams=1,
+            repetition_penalty=1.0,
+            no_repeat_ngram_size=0,
+            eos_token_id=[] if params.ignore_eos else list(self.eos),
+            pad_token_id=self.eos[0] if self.eos else None,
+        )
+        if sampling:
+            cfg.temperature = params.temperature
+            cfg.top_k = params.top_k  # 0 disables, as in specula
+            cfg.top_p = params.top_p
+            cfg.typical_p = 1.0
+            cfg.min_p = 0.0
+        if self.name == "hf:prompt-lookup":
+            cfg.prompt_lookup_num_tokens = PROMPT_LOOKUP_TOKENS
+        return cfg
+
+    @contextlib.contextmanager
+    def _assistant_state(self) -> Iterator[dict]:
+        if self.assistant is None:
+            yield {}
+            return
+        saved = self.assistant.generation_config
+        self.assistant.generation_config = self._assistant_config
+        try:
+            yield {"assistant_model": self.assistant}
+        finally:
+            self.assistant.generation_config = saved
+
+    def generate(self, prompt_ids: Sequence[int], params: SamplingParams) -> MethodOutput:
+        if params.stop:
+            raise ConfigError("Hugging Face peers do not take stop strings in the bench; drop --stop")
+        cfg = self.generation_config(params)
+        device = next(self.model.parameters()).device
+        input_ids = torch.tensor([list(prompt_ids)], dtype=torch.long, device=device)  # [1, prompt]
+        mask = torch.ones_like(input_ids)
+        if not params.greedy and params.seed is not None:
+            torch.manual_seed(params.seed)
+        with _quiet(), self._assistant_state() as extra, torch.inference_mode():
+            sync_device(device)
+            t0 = time.perf_counter()
+            out = self.model.generate(input_ids, attention_mask=mask, generation_config=cfg, **extra)  # [1, prompt + new]
+            sync_device(device)
+            seconds = time.perf_counter() - t0
+        return MethodOutput(out[0, input_ids.shape[1]:].tolist(), seconds, None)
+
+    def memory_bytes(self) -> int | None:
+        return None
+
+
+def build_peers(names: Sequence[str], model, eos_token_ids: Sequence[int], assistant=None) -> list[HFPeer]:
+    """Peers on the target's (and draft's) model objects."""
+    return [HFPeer(name, model, eos_token_ids, assistant) for name in names]

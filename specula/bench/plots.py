@@ -1,0 +1,126 @@
+"""PNG plots of a results document (matplotlib's Agg canvas; no pyplot, no global backend)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from specula.bench.methods import BASELINE
+from specula.bench.report import ordered
+from specula.paths import atomic_path
+
+SPEEDUP_PNG = "speedup_by_category.png"
+ACCEPTED_PNG = "accepted_lengths.png"
+COST_CURVE_PNG = "cost_curve.png"
+
+
+def _figure(width: float, height: float):
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(width, height), dpi=110, layout="constrained")
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def _save(fig, path: Path) -> Path:
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png")
+    return path
+
+
+def plot_speedup(doc: dict[str, Any], path: Path) -> Path | None:
+    """Grouped bars: speedup vs `none` per category (and overall), one bar per method."""
+    summary, categories = doc["summary"], doc["categories"]
+    methods = [m for m, e in ordered(doc) if m != BASELINE and e["speedup"] is not None]
+    if not methods:
+        return None
+    groups = ["overall", *[c for c in categories if any(c in summary[m]["by_category"] for m in methods)]]
+    fig = _figure(max(6.0, 1.1 * len(groups) * max(1, len(methods)) ** 0.5 + 2), 4.2)
+    ax = fig.add_subplot()
+    width = 0.8 / len(methods)
+    top = 1.0
+    for k, name in enumerate(methods):
+        entry = summary[name]
+        values = [entry["speedup"]] + [entry["by_category"].get(c, {}).get("speedup") for c in groups[1:]]
+        xs = [i - 0.4 + width * (k + 0.5) for i in range(len(groups))]
+        heights = [v if v is not None else 0.0 for v in values]
+        top = max(top, *heights)
+        bars = ax.bar(xs, heights, width, label=name, hatch="//" if entry["kind"] == "hf" else None,
+                      edgecolor="white", linewidth=0.5)
+        if len(methods) * len(groups) <= 40:
+            ax.bar_label(bars, labels=[f"{v:.2f}" if v is not None else "" for v in values], fontsize=7, padding=1)
+    ax.axhline(1.0, color="black", linestyle="--", linewidth=1, label=f"{BASELINE} (plain decoding)")
+    ax.set_xticks(range(len(groups)), groups, rotation=20 if len(groups) > 5 else 0)
+    ax.set_ylim(0, top * 1.15)
+    ax.set_ylabel(f"speedup vs {BASELINE} (tokens/s ratio)")
+    target = doc["config"].get("target")
+    ax.set_title(f"Speedup by category, {target}, {doc['prompts_done']} prompts", fontsize=10)
+    ax.legend(fontsize=8, ncols=min(3, len(methods) + 1), loc="upper left")
+    return _save(fig, path)
+
+
+def plot_accepted_lengths(doc: dict[str, Any], path: Path) -> Path | None:
+    """Per specula method: fraction of steps that emitted k tokens (accepted drafts + 1)."""
+    counts: dict[str, Counter] = {}
+    for run in doc["runs"]:
+        if run.get("accepted_lengths"):
+            counts.setdefault(run["method"], Counter()).update(run["accepted_lengths"])
+    methods = [m for m, _ in ordered(doc) if m in counts and m != BASELINE] or [m for m in counts]
+    if not methods:
+        return None
+    cols = min(3, len(methods))
+    rows = (len(methods) + cols - 1) // cols
+    fig = _figure(3.6 * cols + 0.4, 2.8 * rows + 0.4)
+    axes = fig.subplots(rows, cols, squeeze=False)
+    longest = max(max(counts[m]) for m in methods)
+    for idx, name in enumerate(methods):
+        ax = axes[idx // cols][idx % cols]
+        total = sum(counts[name].values())
+        ks = list(range(1, longest + 1))
+        ax.bar(ks, [counts[name].get(k, 0) / total for k in ks], color=f"C{idx}")
+        mean = sum(k * c for k, c in counts[name].items()) / total
+        ax.axvline(mean, color="black", linestyle="--", linewidth=1)
+        ax.set_title(f"{name}: mean {mean:.2f} over {total} steps", fontsize=9)
+        ax.set_xlabel("tokens per step (accepted + 1)", fontsize=8)
+        ax.set_ylabel("fraction of steps", fontsize=8)
+        ax.tick_params(labelsize=7)
+    for idx in range(len(methods), rows * cols):
+        axes[idx // cols][idx % cols].set_visible(False)
+    fig.suptitle("Accepted length per verification step", fontsize=10)
+    return _save(fig, path)
+
+
+def plot_cost_curve(curve: dict[str, Any], path: Path, title: str = "") -> Path:
+    """Latency ratio of an n-token verification pass to a plain step, with the linear reference."""
+    sizes, ratios, seconds = curve["sizes"], curve["ratio"], curve["seconds"]
+    fig = _figure(6.0, 4.0)
+    ax = fig.add_subplot()
+    ax.plot(sizes, ratios, marker="o", label="measured")
+    ax.plot(sizes, sizes, color="gray", linestyle=":", label="n plain steps (no batching gain)")
+    for n, r, s in zip(sizes, ratios, seconds):
+        ax.annotate(f"{1000 * s:.1f} ms", (n, r), textcoords="offset points", xytext=(4, -10), fontsize=7)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log", base=2)
+    ax.set_xticks(sizes, [str(n) for n in sizes])
+    top = max(ratios) * 1.5
+    ticks = [t for t in (1, 1.5, 2, 3, 4, 6, 8, 16, 32, 64) if t <= top]
+    ax.set_yticks(ticks, [f"{t:g}" for t in ticks])
+    ax.set_ylim(0.8, top)
+    ax.set_xlabel("tokens in the verification pass (root + draft nodes)")
+    ax.set_ylabel("latency / one plain decode step")
+    ax.grid(True, which="major", alpha=0.3)
+    ax.set_title(title or f"Target cost curve (context {curve['context']})", fontsize=10)
+    ax.legend(fontsize=8)
+    return _save(fig, path)
+
+
+def write_plots(out_dir: str | Path, doc: dict[str, Any]) -> list[Path]:
+    """Every plot the document has data for; returns the files written."""
+    out = Path(out_dir)
+    written = [plot_speedup(doc, out / SPEEDUP_PNG), plot_accepted_lengths(doc, out / ACCEPTED_PNG)]
+    if doc.get("cost_curve"):
+        title = f"Target cost curve: {doc['config'].get('target')} (context {doc['cost_curve']['context']})"
+        written.append(plot_cost_curve(doc["cost_curve"], out / COST_CURVE_PNG, title))
+    return [p for p in written if p is not None]

@@ -1,0 +1,175 @@
+"""results.json (the document) and report.md (its tables), both written atomically.
+
+The schema is documented in docs/bench.md; bump SCHEMA_VERSION when a key changes meaning.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Sequence
+
+from specula.bench.machine import machine_line
+from specula.bench.methods import BASELINE
+from specula.bench.peers import HF_BASELINE
+from specula.bench.summary import summarize
+from specula.paths import atomic_write_json, atomic_write_text
+
+SCHEMA_VERSION = 1
+RESULTS_FILE = "results.json"
+REPORT_FILE = "report.md"
+
+
+def now_iso() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def build_document(
+    header: dict[str, Any], runs: Sequence[dict[str, Any]], mismatches: Sequence[dict[str, Any]],
+    *, prompts_done: int, prompts_total: int, status: str,
+) -> dict[str, Any]:
+    """The results.json document. header: methods, categories, greedy, machine, config,
+    cost_curve, started_at (fixed for the run)."""
+    return {
+        "schema_version": SCHEMA_VERSION,
+        **header,
+        "status": status,
+        "prompts_done": prompts_done,
+        "prompts_total": prompts_total,
+        "updated_at": now_iso(),
+        "summary": summarize(runs, header["methods"], header["categories"]),
+        "mismatches": list(mismatches),
+        "runs": list(runs),
+    }
+
+
+def write_results(out_dir: str | Path, document: dict[str, Any]) -> Path:
+    # Compact JSON: the runs hold every output's token ids.
+    return atomic_write_json(Path(out_dir) / RESULTS_FILE, document, indent=None)
+
+
+# --------------------------------------------------------------------------- markdown
+
+
+def _num(value: float | int | None, fmt: str = "{:.2f}") -> str:
+    return "-" if value is None else fmt.format(value)
+
+
+def _x(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}x"
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{100 * value:.0f}%"
+
+
+def _bytes(value: int | None) -> str:
+    from specula.paths import format_bytes
+
+    return format_bytes(value) if value is not None else "-"
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return lines
+
+
+def _label(name: str, entry: dict[str, Any]) -> str:
+    return name if entry.get("lossless", True) or entry.get("kind") != "specula" else f"{name} (LOSSY)"
+
+
+def _split(entry: dict[str, Any]) -> str:
+    split = entry.get("time_split")
+    if not split:
+        return "-"
+    return f"{_pct(split['draft'])} / {_pct(split['verify'])} / {_pct(split['other'])}"
+
+
+def ordered(doc: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """(name, summary entry) in the run's method order (JSON files sort the summary's keys)."""
+    return [(m["name"], doc["summary"][m["name"]]) for m in doc["methods"] if m["name"] in doc["summary"]]
+
+
+def _matrix(entries: Sequence[tuple[str, dict[str, Any]]], categories: Sequence[str], key: str, fmt) -> list[str]:
+    rows = []
+    for name, entry in entries:
+        cells = [fmt(entry.get(key))]
+        cells += [fmt(entry["by_category"][c].get(key)) if c in entry["by_category"] else "-" for c in categories]
+        rows.append([_label(name, entry), *cells])
+    return _table(["method", "overall", *categories], rows)
+
+
+def render_markdown(doc: dict[str, Any]) -> str:
+    """report.md: setup, overall table, per-category tables, acceptance by depth, cost curve."""
+    cfg, categories = doc["config"], doc["categories"]
+    entries = ordered(doc)
+    sampling = "greedy (temperature 0)" if doc["greedy"] else (
+        f"sampling (temperature {cfg.get('temperature')}, top-k {cfg.get('top_k')}, top-p {cfg.get('top_p')})")
+    status = {"complete": "complete", "running": "running",
+              "interrupted": "INTERRUPTED: partial results"}.get(doc["status"], doc["status"])
+    lines = [
+        "# specula bench",
+        "",
+        f"- target `{cfg.get('target')}`" + (f", draft `{cfg['draft']}`" if cfg.get("draft") else "")
+        + f", {cfg.get('dtype')}, {cfg.get('attn')} attention",
+        f"- prompts: {cfg.get('prompts')}, {doc['prompts_done']} of {doc['prompts_total']} done ({status}); "
+        f"categories: {', '.join(categories)}",
+        f"- {sampling}, max {cfg.get('max_new_tokens')} new tokens, "
+        + ("EOS ignored (fixed budget)" if cfg.get("ignore_eos") else "stop at EOS")
+        + f", seed {cfg.get('seed')}",
+        f"- machine: {machine_line(doc['machine'])}",
+        f"- started {doc.get('started_at')}, updated {doc.get('updated_at')}",
+        "",
+        "Speedups are ratios of tokens/s (total new tokens / total seconds, prefill included) measured in the "
+        f"same run: against specula's plain decoding (`{BASELINE}`) and against `{HF_BASELINE}` "
+        "(Hugging Face `generate`). Methods are interleaved per prompt after one warm-up each.",
+        "",
+        "## Overall",
+        "",
+    ]
+    rows = []
+    for name, e in entries:
+        rows.append([
+            _label(name, e), _num(e["tokens_per_s"]), _x(e["speedup"]), _x(e["speedup_vs_hf"]),
+            _num(e["mean_accepted_tokens"]), _pct(e["identical_fraction"]), _num(e["draft_ms_per_step"]),
+            _split(e), _bytes(e["memory_bytes"]), str(e["outputs"]),
+        ])
+    lines += _table(["method", "tokens/s", f"speedup vs {BASELINE}", f"vs {HF_BASELINE}", "mean accepted",
+                     "identical", "draft ms/step", "time draft/verify/other", "drafter memory", "outputs"], rows)
+    lines += ["", f"## Speedup vs `{BASELINE}` by category", ""]
+    lines += _matrix(entries, categories, "speedup", _x)
+    if any(e["speedup_vs_hf"] is not None for _, e in entries):
+        lines += ["", f"## Speedup vs `{HF_BASELINE}` by category", ""]
+        lines += _matrix(entries, categories, "speedup_vs_hf", _x)
+    lines += ["", "## Tokens/s by category", ""]
+    lines += _matrix(entries, categories, "tokens_per_s", _num)
+    lines += ["", "## Mean accepted tokens by category", ""]
+    lines += _matrix(entries, categories, "mean_accepted_tokens", _num)
+    if doc["greedy"]:
+        lines += ["", "## Outputs identical to plain greedy decoding, by category", ""]
+        lines += _matrix(entries, categories, "identical_fraction", _pct)
+    depth_rows = [(n, e["acceptance_by_depth"]) for n, e in entries if e.get("acceptance_by_depth")]
+    if depth_rows:
+        depth = min(8, max(len(d) for _, d in depth_rows))
+        lines += ["", "## Acceptance by depth", "",
+                  "P(the node at depth d is accepted | the proposal reached depth d).", ""]
+        lines += _table(["method", *(f"d{d + 1}" for d in range(depth))],
+                        [[n, *(_pct(d[i]) if i < len(d) else "-" for i in range(depth))] for n, d in depth_rows])
+    curve = doc.get("cost_curve")
+    if curve:
+        lines += ["", f"## Target cost curve (context {curve['context']}, median of {curve['repeats']})", "",
+                  "Latency of one verification pass of n tokens (root + n-1 draft nodes) relative to a plain step.", ""]
+        lines += _table(["tokens", *map(str, curve["sizes"])],
+                        [["ms", *(f"{1000 * s:.1f}" for s in curve["seconds"])],
+                         ["ratio", *(f"{r:.2f}" for r in curve["ratio"])]])
+    if doc["mismatches"]:
+        lines += ["", "## Outputs that differ from plain decoding (lossless methods)", ""]
+        lines += _table(["method", "prompt", "category", "turn", "first different token", "logit gap"],
+                        [[m["method"], str(m["id"]), m["category"], str(m["turn"]), str(m["first_difference"]),
+                          _num(m.get("logit_gap"), "{:.3g}")] for m in doc["mismatches"]])
+    return "\n".join(lines) + "\n"
+
+
+def write_report(out_dir: str | Path, document: dict[str, Any]) -> Path:
+    return atomic_write_text(Path(out_dir) / REPORT_FILE, render_markdown(document))

@@ -1,0 +1,277 @@
+"""The benchmark loop: every method on prompt 1 (all turns), then prompt 2, ...
+
+Rules (also in docs/bench.md):
+- One warm-up generation per method (untimed) before the first timed prompt.
+- Methods are interleaved per prompt, their order rotated by one each prompt, so slow drifts
+  of the machine hit every method alike.
+- Multi-turn prompts (MT-bench): turn k is asked after the method's OWN answers to turns
+  1..k-1 (decoded text, chat-templated again), as Spec-Bench does.
+- Everyone stops at EOS (the same EOS ids) or after max_new_tokens; with `ignore_eos` every
+  method generates exactly max_new_tokens. tokens/s compares what each method produced.
+- Greedy runs: each output is compared token for token with `none`'s output for the same
+  prompt and turn; a lossless method that differs is a mismatch (the CLI exits 1).
+- results.json and report.md are rewritten atomically after every prompt; on Ctrl-C the
+  partial prompt is dropped and report.md and the plots are made from the prompts done.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import sys
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+
+from specula.bench.datasets import BenchPrompt, categories_of
+from specula.bench.methods import BASELINE, BenchMethod, MethodOutput
+from specula.bench.plots import write_plots
+from specula.bench.report import build_document, now_iso, write_report, write_results
+from specula.bench.summary import first_difference
+from specula.errors import ConfigError
+from specula.sampling import SamplingParams
+
+
+@dataclass(frozen=True)
+class BenchSettings:
+    """How the prompts are run."""
+
+    params: SamplingParams
+    """Sampling and token budget shared by every method; `seed` is the base of per-turn seeds."""
+    raw: bool = False
+    """Encode prompts as plain text (no chat template; turns joined by blank lines)."""
+    warmup_tokens: int = 32
+    """Token budget of each method's untimed warm-up generation (0: no warm-up)."""
+    progress: bool = True
+    """Show a progress bar (with ETA) over (prompt, method) runs on stderr."""
+
+
+@dataclass
+class BenchResult:
+    """What `run_bench` wrote."""
+
+    document: dict[str, Any]
+    """The final results.json content."""
+    out_dir: Path
+    files: list[Path]
+    """results.json, report.md and the plots."""
+
+    @property
+    def interrupted(self) -> bool:
+        return self.document["status"] == "interrupted"
+
+    @property
+    def mismatches(self) -> list[dict[str, Any]]:
+        return self.document["mismatches"]
+
+
+# --------------------------------------------------------------------------- prompts
+
+
+def conversation_ids(tokenizer, turns: Sequence[str], answers: Sequence[str], raw: bool = False) -> list[int]:
+    """Prompt ids for turn len(turns): the user turns interleaved with the model's answers to the
+    earlier ones. Chat template when the tokenizer has one (unless raw); else the texts joined by
+    blank lines."""
+    from specula.models.loading import apply_chat_template
+
+    if len(answers) != len(turns) - 1:
+        raise ValueError(f"{len(turns)} turns need {len(turns) - 1} earlier answers, got {len(answers)}")
+    if raw or not getattr(tokenizer, "chat_template", None):
+        parts = [text for k, turn in enumerate(turns) for text in (turn, *answers[k : k + 1])]
+        return list(tokenizer.encode("\n\n".join(parts)))
+    messages = []
+    for k, turn in enumerate(turns):
+        messages.append({"role": "user", "content": turn})
+        if k < len(answers):
+            messages.append({"role": "assistant", "content": answers[k]})
+    return apply_chat_template(tokenizer, messages)
+
+
+def turn_seed(seed: int | None, prompt_id: int | str, turn: int) -> int:
+    """Seed of one sampled generation, the same for every method (and across runs)."""
+    digest = hashlib.sha256(f"{seed}:{prompt_id}:{turn}".encode()).digest()
+    return int.from_bytes(digest[:4], "little")
+
+
+def run_conversation(method: BenchMethod, prompt: BenchPrompt, tokenizer,
+                     settings: BenchSettings) -> list[tuple[list[int], MethodOutput]]:
+    """All turns of one prompt with one method: [(prompt ids, output)] per turn."""
+    answers: list[str] = []
+    results = []
+    for turn in range(1, len(prompt.turns) + 1):
+        ids = conversation_ids(tokenizer, prompt.turns[:turn], answers, settings.raw)
+        params = replace(settings.params, seed=turn_seed(settings.params.seed, prompt.id, turn))
+        out = method.generate(ids, params)
+        answers.append(tokenizer.decode(out.token_ids, skip_special_tokens=True).strip())
+        results.append((ids, out))
+    return results
+
+
+# --------------------------------------------------------------------------- records
+
+
+def run_record(prompt: BenchPrompt, turn: int, method: BenchMethod, prompt_ids: Sequence[int],
+               out: MethodOutput, max_new_tokens: int, identical: bool | None) -> dict[str, Any]:
+    """One entry of results.json `runs` (schema in docs/bench.md)."""
+    stats = out.stats
+    record: dict[str, Any] = {
+        "id": prompt.id,
+        "category": prompt.category,
+        "source_category": prompt.source_category,
+        "turn": turn,
+        "method": method.name,
+        "kind": method.kind,
+        "prompt_tokens": len(prompt_ids),
+        "new_tokens": len(out.token_ids),
+        "seconds": round(out.seconds, 6),
+        "tokens_per_s": round(len(out.token_ids) / out.seconds, 3) if out.seconds > 0 else None,
+        "finish_reason": stats.finish_reason if stats else ("length" if len(out.token_ids) >= max_new_tokens else "stop"),
+        "identical": identical,
+        "token_sha1": hashlib.sha1(",".join(map(str, out.token_ids)).encode()).hexdigest(),
+        "token_ids": list(out.token_ids),
+        "memory_bytes": method.memory_bytes(),
+        "steps": None, "mean_accepted_tokens": None, "accepted_lengths": None, "drafted_tokens": None,
+        "accepted_tokens": None, "depth_drafted": None, "depth_accepted": None, "time": None,
+    }
+    if stats is not None:
+        other = max(0.0, out.seconds - stats.draft_seconds - stats.verify_seconds)
+        record.update({
+            "steps": stats.steps,
+            "mean_accepted_tokens": round(stats.mean_accepted_tokens, 4),
+            "accepted_lengths": list(stats.accepted_lengths),
+            "drafted_tokens": stats.drafted_tokens,
+            "accepted_tokens": stats.accepted_tokens,
+            "depth_drafted": list(stats.depth_drafted),
+            "depth_accepted": list(stats.depth_accepted),
+            "time": {"draft": round(stats.draft_seconds, 6), "verify": round(stats.verify_seconds, 6),
+                     "other": round(other, 6)},
+        })
+    return record
+
+
+@torch.inference_mode()
+def logit_gap(model, prompt_ids: Sequence[int], reference: Sequence[int], output: Sequence[int],
+              position: int) -> float | None:
+    """Plain full-forward logit of the reference token minus that of the method's token where they
+    first differ: a tiny gap means a near tie (float noise), a large one a bug."""
+    if position >= min(len(reference), len(output)):
+        return None
+    device = next(model.parameters()).device
+    ids = torch.tensor([[*prompt_ids, *reference[:position]]], dtype=torch.long, device=device)  # [1, L]
+    logits = model(ids).logits[0, -1].float()  # [vocab]
+    return float(logits[reference[position]] - logits[output[position]])
+
+
+def compare_prompt(
+    prompt: BenchPrompt, methods: Sequence[BenchMethod], outputs: dict[str, list[tuple[list[int], MethodOutput]]],
+    settings: BenchSettings, reference_model=None,
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Run records of one prompt (identity vs `none` for greedy runs) and the mismatches of
+    lossless methods."""
+    reference = outputs.get(BASELINE)
+    greedy = settings.params.greedy
+    records, mismatches = [], []
+    for method in methods:
+        for turn, (ids, out) in enumerate(outputs[method.name], start=1):
+            identical = None
+            if greedy and reference is not None:
+                ref_ids, ref_out = reference[turn - 1]
+                diff = first_difference(ref_out.token_ids, out.token_ids)
+                identical = diff is None
+                if diff is not None and method.lossless:
+                    gap = None
+                    if reference_model is not None and ids == ref_ids:
+                        gap = logit_gap(reference_model, ids, ref_out.token_ids, out.token_ids, diff)
+                    mismatches.append({
+                        "id": prompt.id, "category": prompt.category, "turn": turn, "method": method.name,
+                        "first_difference": diff, "same_prompt": ids == ref_ids,
+                        "logit_gap": None if gap is None else round(gap, 6),
+                    })
+            records.append(run_record(prompt, turn, method, ids, out, settings.params.max_new_tokens, identical))
+    return records, mismatches
+
+
+# --------------------------------------------------------------------------- the loop
+
+
+def _warm_up(methods: Sequence[BenchMethod], prompt: BenchPrompt, tokenizer, settings: BenchSettings) -> None:
+    if settings.warmup_tokens <= 0:
+        return
+    ids = conversation_ids(tokenizer, prompt.turns[:1], [], settings.raw)
+    params = replace(settings.params, max_new_tokens=min(settings.warmup_tokens, settings.params.max_new_tokens),
+                     seed=turn_seed(settings.params.seed, "warm-up", 1))
+    for method in methods:
+        method.generate(ids, params)
+
+
+def run_bench(
+    methods: Sequence[BenchMethod],
+    tokenizer,
+    prompts: Sequence[BenchPrompt],
+    settings: BenchSettings,
+    out_dir: str | Path,
+    header: dict[str, Any] | None = None,
+    reference_model=None,
+) -> BenchResult:
+    """Run every method on every prompt; write results.json + report.md after each prompt and
+    the plots at the end (also after Ctrl-C, which ends the run with status "interrupted").
+
+    header: machine / config / cost_curve entries for results.json. reference_model: the target's
+    HF model, used to diagnose mismatches (logit gap)."""
+    from tqdm import tqdm
+
+    if not prompts:
+        raise ConfigError("no prompts selected; check --prompts, --categories and --per-category")
+    names = [m.name for m in methods]
+    if BASELINE not in names:
+        raise ConfigError(f"the bench needs the baseline method {BASELINE!r} among the methods")
+    if len(set(names)) != len(names):
+        raise ConfigError(f"method names must be distinct, got {names}")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    head = {
+        "machine": {}, "config": {}, "cost_curve": None, **(header or {}),
+        "methods": [{"name": m.name, "kind": m.kind, "lossless": m.lossless} for m in methods],
+        "categories": categories_of(prompts),
+        "greedy": settings.params.greedy,
+        "started_at": now_iso(),
+    }
+    runs: list[dict[str, Any]] = []
+    mismatches: list[dict[str, Any]] = []
+    done = 0
+
+    def document(status: str) -> dict[str, Any]:
+        return build_document(head, runs, mismatches, prompts_done=done, prompts_total=len(prompts), status=status)
+
+    def save(status: str) -> tuple[dict[str, Any], list[Path]]:
+        doc = document(status)
+        return doc, [write_results(out, doc), write_report(out, doc)]
+
+    save("running")
+    bar = tqdm(total=len(prompts) * len(methods), unit="run", desc="bench", file=sys.stderr,
+               disable=not settings.progress, dynamic_ncols=True)
+    status = "failed"
+    try:
+        bar.set_postfix_str("warm-up")
+        _warm_up(methods, prompts[0], tokenizer, settings)
+        for index, prompt in enumerate(prompts):
+            shift = index % len(methods)
+            outputs: dict[str, list[tuple[list[int], MethodOutput]]] = {}
+            for method in [*methods[shift:], *methods[:shift]]:
+                bar.set_postfix_str(f"{prompt.category} #{prompt.id} {method.name}")
+                outputs[method.name] = run_conversation(method, prompt, tokenizer, settings)
+                bar.update(1)
+            records, bad = compare_prompt(prompt, methods, outputs, settings, reference_model)
+            runs.extend(records)
+            mismatches.extend(bad)
+            done += 1
+            save("running")
+        status = "complete"
+    except KeyboardInterrupt:
+        status = "interrupted"
+    finally:
+        bar.close()
+        doc, files = save(status)
+        files += write_plots(out, doc)
+    return BenchResult(doc, out, files)

@@ -1,0 +1,112 @@
+"""Aggregates of benchmark run records (pure functions over the `runs` of results.json).
+
+Rates are ratios of totals: tokens/s = total new tokens / total seconds; speedup = a method's
+tokens/s over the baseline's tokens/s on the same prompts; mean accepted tokens = total
+tokens per step over all steps (bonus token included: plain decoding = 1.00).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, Sequence
+
+from specula.bench.methods import BASELINE
+from specula.bench.peers import HF_BASELINE
+
+
+def _sum(values: Iterable[float | int | None]) -> float:
+    return sum(v for v in values if v is not None)
+
+
+def _ratio(num: float | None, den: float | None, digits: int = 4) -> float | None:
+    if num is None or not den:
+        return None
+    return round(num / den, digits)
+
+
+def _sum_lists(lists: Iterable[Sequence[int] | None]) -> list[int]:
+    total: list[int] = []
+    for values in lists:
+        for i, v in enumerate(values or ()):
+            if i == len(total):
+                total.append(0)
+            total[i] += v
+    return total
+
+
+def aggregate(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Totals and rates of a set of run records (one method; all prompts or one category)."""
+    new_tokens = int(_sum(r["new_tokens"] for r in runs))
+    seconds = _sum(r["seconds"] for r in runs)
+    stepped = [r for r in runs if r.get("steps") is not None]
+    steps = int(_sum(r["steps"] for r in stepped))
+    emitted = _sum(sum(r["accepted_lengths"]) for r in stepped)
+    drafted = _sum(r["drafted_tokens"] for r in stepped)
+    accepted = _sum(r["accepted_tokens"] for r in stepped)
+    depth_drafted = _sum_lists(r["depth_drafted"] for r in stepped)
+    depth_accepted = _sum_lists(r["depth_accepted"] for r in stepped)
+    identical = [r["identical"] for r in runs if r.get("identical") is not None]
+    timed = [r for r in stepped if r.get("time")]
+    draft_s = _sum(r["time"]["draft"] for r in timed)
+    verify_s = _sum(r["time"]["verify"] for r in timed)
+    timed_total = _sum(r["seconds"] for r in timed)
+    memory = [r["memory_bytes"] for r in runs if r.get("memory_bytes") is not None]
+    return {
+        "outputs": len(runs),
+        "prompts": len({r["id"] for r in runs}),
+        "new_tokens": new_tokens,
+        "seconds": round(seconds, 4),
+        "tokens_per_s": _ratio(new_tokens, seconds, 3) if runs else None,
+        "speedup": None,
+        "speedup_vs_hf": None,
+        "mean_accepted_tokens": _ratio(emitted, steps) if steps else None,
+        "acceptance_rate": _ratio(accepted, drafted) if stepped else None,
+        "acceptance_by_depth": [round(a / d, 4) if d else None for a, d in zip(depth_accepted, depth_drafted)]
+        if stepped else None,
+        "identical_fraction": round(sum(identical) / len(identical), 4) if identical else None,
+        "time_split": {
+            "draft": _ratio(draft_s, timed_total),
+            "verify": _ratio(verify_s, timed_total),
+            "other": _ratio(max(0.0, timed_total - draft_s - verify_s), timed_total),
+        } if timed and timed_total else None,
+        "draft_ms_per_step": round(1000 * draft_s / steps, 4) if timed and steps else None,
+        "memory_bytes": max(memory) if memory else None,
+    }
+
+
+def _set_speedups(entry: dict[str, Any], base: dict[str, Any] | None, hf: dict[str, Any] | None) -> None:
+    tps = entry["tokens_per_s"]
+    entry["speedup"] = _ratio(tps, base["tokens_per_s"]) if base else None
+    entry["speedup_vs_hf"] = _ratio(tps, hf["tokens_per_s"]) if hf else None
+
+
+def summarize(runs: Sequence[dict[str, Any]], methods: Sequence[dict[str, Any]],
+              categories: Sequence[str]) -> dict[str, dict[str, Any]]:
+    """`summary` of results.json: per method (in `methods` order), overall and by category.
+
+    methods: [{"name", "kind", "lossless"}]; speedups are against `none` and `hf:greedy`
+    on the same outputs' categories (None where the reference did not run)."""
+    summary: dict[str, dict[str, Any]] = {}
+    for method in methods:
+        name = method["name"]
+        mine = [r for r in runs if r["method"] == name]
+        entry = aggregate(mine)
+        entry["kind"] = method["kind"]
+        entry["lossless"] = method["lossless"]
+        entry["by_category"] = {c: aggregate([r for r in mine if r["category"] == c])
+                                for c in categories if any(r["category"] == c for r in mine)}
+        summary[name] = entry
+    base, hf = summary.get(BASELINE), summary.get(HF_BASELINE)
+    for entry in summary.values():
+        _set_speedups(entry, base, hf)
+        for category, sub in entry["by_category"].items():
+            _set_speedups(sub, base["by_category"].get(category) if base else None,
+                          hf["by_category"].get(category) if hf else None)
+    return summary
+
+
+def first_difference(reference: Sequence[int], output: Sequence[int]) -> int | None:
+    """Index of the first token where two outputs differ (a length difference counts); None if equal."""
+    for i, (a, b) in enumerate(zip(reference, output)):
+        if a != b:
+            return i
+    return None if len(reference) == len(output) else min(len(reference), len(output))

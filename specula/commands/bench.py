@@ -1,0 +1,169 @@
+"""`specula bench`: methods (and Hugging Face `generate` peers) side by side on Spec-Bench or a
+JSONL file; writes DIR/results.json, DIR/report.md and PNG plots. Exit 1 when a lossless
+method's greedy output differs from plain decoding (after writing the results), 130 on Ctrl-C
+(partial results kept)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from specula.commands.common import (
+    add_method_args, add_model_args, add_sampling_args, drafter_options, load_config, method_help, sampling_params,
+)
+from specula.errors import ConfigError
+
+
+def register(sub) -> None:
+    p = sub.add_parser(
+        "bench", help="benchmark methods against plain decoding and Hugging Face generate",
+        description="Run every method (and Hugging Face generate peers) on the same prompts in one process, "
+                    "interleaved per prompt; write DIR/results.json, DIR/report.md and plots. A greedy bench "
+                    "exits 1 if a lossless method's output differs from plain decoding.")
+    add_model_args(p)
+    g = p.add_argument_group("benchmark")
+    g.add_argument("--methods", default=None,
+                   help=method_help() + "; comma-separated (none always runs: it is the baseline). "
+                   "Default: none,prompt-lookup (+ draft-model with --draft)")
+    g.add_argument("--prompts", default="spec-bench",
+                   help="spec-bench (shipped, 480 prompts) or a JSONL file of {id, category, turns} (default spec-bench)")
+    g.add_argument("--per-category", type=int, default=None, help="prompts per category (seeded order; default all)")
+    g.add_argument("--categories", default=None,
+                   help="comma-separated categories (spec-bench: mt_bench,translation,summarization,qa,math_reasoning,rag)")
+    g.add_argument("--compare", default=None,
+                   help="hf: also time Hugging Face generate (hf:greedy, hf:prompt-lookup, and with --draft "
+                   "hf:assisted, hf:assisted-heuristic); or a comma list of those names")
+    g.add_argument("--out", required=True, help="output directory (results.json, report.md, *.png)")
+    g.add_argument("--profile-context", type=int, default=256,
+                   help="context length of the cost-curve measurement at the start (default 256)")
+    g.add_argument("--profile-repeats", type=int, default=3, help="cost-curve repeats per size; 0 skips it (default 3)")
+    g.add_argument("--warmup-tokens", type=int, default=32, help="tokens of each method's untimed warm-up (default 32)")
+    g.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_method_args(p)
+    add_sampling_args(p)
+    p.set_defaults(handler=run, seed=0)
+
+
+@dataclass(frozen=True)
+class BenchPlan:
+    """Everything validated before any model is loaded."""
+
+    methods: list[str]
+    peers: list[str]
+    prompts: list  # [BenchPrompt]
+    settings: object  # BenchSettings
+
+
+def plan(args: argparse.Namespace) -> BenchPlan:
+    """Validate the command line (fast, before loading models)."""
+    from specula.bench.datasets import load_prompts, select_prompts
+    from specula.bench.methods import parse_method_list
+    from specula.bench.peers import parse_compare
+    from specula.bench.runner import BenchSettings
+
+    if args.stop:
+        raise ConfigError("bench does not take --stop (every method must get the same budget); drop it")
+    if args.profile_repeats < 0 or args.warmup_tokens < 0:
+        raise ConfigError("--profile-repeats and --warmup-tokens must be >= 0")
+    params = sampling_params(args)
+    methods = parse_method_list(args.methods, args.draft is not None)
+    peers = parse_compare(args.compare, args.draft is not None)
+    categories = [c.strip() for c in args.categories.split(",") if c.strip()] if args.categories else None
+    prompts = select_prompts(load_prompts(args.prompts), args.per_category, categories, args.seed)
+    settings = BenchSettings(params, raw=args.raw, warmup_tokens=args.warmup_tokens, progress=not args.no_progress)
+    return BenchPlan(methods, peers, prompts, settings)
+
+
+def load_models(args: argparse.Namespace):
+    """(target backend, tokenizer, draft backend or None), loaded once for every method."""
+    from specula.api import load
+
+    spec = load(args.target, draft=args.draft, method="none", config=load_config(args))
+    return spec.target, spec.tokenizer, spec.draft
+
+
+def _config_record(args: argparse.Namespace, bench: BenchPlan, eos: list[int]) -> dict:
+    record = {k: v for k, v in vars(args).items() if k != "handler" and isinstance(v, (str, int, float, bool, list, type(None)))}
+    record.update({
+        "methods": bench.methods,
+        "peers": bench.peers,
+        "drafter_options": {m: {k: v for k, v in drafter_options(args, m).items() if v is not None} for m in bench.methods},
+        "prompt_ids": [p.id for p in bench.prompts],
+        "eos_token_ids": eos,
+        "argv": list(sys.argv),
+    })
+    return record
+
+
+def _cost_curve(args: argparse.Namespace, target) -> dict | None:
+    from specula.bench.profile import DEFAULT_SIZES, measure_cost_curve
+
+    if args.profile_repeats == 0:
+        return None
+    context = min(args.profile_context, target.max_context - max(DEFAULT_SIZES))
+    if context < 1:
+        print(f"note: the target's context window ({target.max_context}) is too short for the cost curve; skipped",
+              file=sys.stderr)
+        return None
+    if context < args.profile_context:
+        print(f"note: cost curve measured at context {context} (the target's window is {target.max_context})",
+              file=sys.stderr)
+    print(f"measuring the target's cost curve (context {context}, sizes {list(DEFAULT_SIZES)})...", file=sys.stderr)
+    return measure_cost_curve(target, DEFAULT_SIZES, context, args.profile_repeats).to_dict()
+
+
+def execute(args: argparse.Namespace, bench: BenchPlan, target, tokenizer, draft) -> int:
+    """Run a validated bench on loaded models; returns the exit code."""
+    from specula.bench.machine import machine_info
+    from specula.bench.methods import build_specula_methods, eos_ids
+    from specula.bench.peers import build_peers
+    from specula.bench.report import ordered
+    from specula.bench.runner import run_bench
+    from specula.engine import EngineConfig
+
+    engine = EngineConfig(max_tree_nodes=args.max_tree_nodes)
+    methods = build_specula_methods(bench.methods, target, tokenizer, draft,
+                                    lambda m: drafter_options(args, m), engine)
+    eos = sorted(eos_ids(target, tokenizer))
+    peers = build_peers(bench.peers, target.model, eos, draft.model if draft is not None else None)
+    header = {
+        "machine": machine_info(target.device),
+        "config": _config_record(args, bench, eos),
+        "cost_curve": _cost_curve(args, target),
+    }
+    result = run_bench([*methods, *peers], tokenizer, bench.prompts, bench.settings, Path(args.out), header,
+                       reference_model=target.model)
+    doc = result.document
+    for name, entry in ordered(doc):
+        parts = [f"{entry['tokens_per_s']:.2f} tok/s" if entry["tokens_per_s"] is not None else "no output"]
+        if entry["speedup"] is not None:
+            parts.append(f"{entry['speedup']:.2f}x vs none")
+        if entry["speedup_vs_hf"] is not None:
+            parts.append(f"{entry['speedup_vs_hf']:.2f}x vs hf:greedy")
+        if entry["mean_accepted_tokens"] is not None:
+            parts.append(f"mean accepted {entry['mean_accepted_tokens']:.2f}")
+        if entry["identical_fraction"] is not None:
+            parts.append(f"identical {entry['identical_fraction']:.0%}")
+        print(f"{name:>24}: " + ", ".join(parts))
+    print(f"wrote {', '.join(str(f) for f in result.files)}")
+    if result.interrupted:
+        print(f"interrupted: results for {doc['prompts_done']} of {doc['prompts_total']} prompts in {args.out}",
+              file=sys.stderr)
+        return 130
+    if result.mismatches:
+        m = result.mismatches[0]
+        gap = f", logit gap {m['logit_gap']:.3g}" if m.get("logit_gap") is not None else ""
+        print(f"error: {m['method']} output differs from plain decoding on prompt {m['id']} ({m['category']}, "
+              f"turn {m['turn']}, first different token at {m['first_difference']}{gap}); "
+              f"{len(result.mismatches)} output(s) differ in total, see {Path(args.out) / 'results.json'} mismatches",
+              file=sys.stderr)
+        return 1
+    return 0
+
+
+def run(args: argparse.Namespace) -> int:
+    bench = plan(args)
+    target, tokenizer, draft = load_models(args)
+    return execute(args, bench, target, tokenizer, draft)

@@ -1,0 +1,61 @@
+"""`specula profile`: the target's cost curve (forward latency against tokens verified per pass)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from specula.commands.common import add_quantize_arg
+from specula.errors import ConfigError
+
+
+def register(sub) -> None:
+    p = sub.add_parser(
+        "profile", help="measure the target's verification cost curve",
+        description="Median latency of one target pass verifying n tokens (the root + n-1 draft nodes) after a "
+                    "context of C tokens, for each n; writes DIR/cost_curve.json and DIR/cost_curve.png.")
+    p.add_argument("--target", required=True, help="target model (alias, local directory, .gguf file or cached hub id)")
+    p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"), help="weights dtype (default float32)")
+    p.add_argument("--attn", default="sdpa", choices=("sdpa", "eager"), help="attention implementation (default sdpa)")
+    add_quantize_arg(p)
+    p.add_argument("--context", type=int, default=512, help="tokens in the KV cache before each pass (default 512)")
+    p.add_argument("--sizes", default="1,2,4,8,16,32,64", help="tokens per pass, comma-separated (default 1,2,4,...,64)")
+    p.add_argument("--repeats", type=int, default=5, help="timed repeats per size after one warm-up (default 5)")
+    p.add_argument("--out", required=True, help="output directory")
+    p.set_defaults(handler=run)
+
+
+def parse_sizes(value: str) -> list[int]:
+    try:
+        sizes = [int(v) for v in value.split(",") if v.strip()]
+    except ValueError as exc:
+        raise ConfigError(f"--sizes must be comma-separated integers, got {value!r}") from exc
+    if not sizes or min(sizes) < 1:
+        raise ConfigError(f"--sizes must be integers >= 1, got {value!r}")
+    return sizes
+
+
+def run(args: argparse.Namespace) -> int:
+    from specula.api import LoadConfig, load_backend
+    from specula.bench.machine import machine_info
+    from specula.bench.plots import COST_CURVE_PNG, plot_cost_curve
+    from specula.bench.profile import measure_cost_curve
+    from specula.paths import atomic_write_json
+
+    sizes = parse_sizes(args.sizes)
+    if args.repeats < 1 or args.context < 1:
+        raise ConfigError("--repeats and --context must be >= 1")
+    target, _ = load_backend(args.target, LoadConfig(dtype=args.dtype, attn_implementation=args.attn,
+                                                       quantize=args.quantize), "target")
+    curve = measure_cost_curve(target, sizes, args.context, args.repeats)
+    out = Path(args.out)
+    payload = {**curve.to_dict(), "target": args.target, "dtype": args.dtype, "attn": args.attn,
+               "quantize": args.quantize,
+               "machine": machine_info(target.device)}
+    json_path = atomic_write_json(out / "cost_curve.json", payload)
+    png = plot_cost_curve(payload, out / COST_CURVE_PNG, f"Cost curve: {args.target} (context {args.context})")
+    print(f"{'tokens':>8} {'ms':>10} {'ratio':>7}")
+    for n, s, r in zip(payload["sizes"], payload["seconds"], payload["ratio"]):
+        print(f"{n:>8} {1000 * s:>10.2f} {r:>7.2f}")
+    print(f"wrote {json_path}, {png}")
+    return 0

@@ -1,0 +1,135 @@
+"""`specula bench` end to end on tiny models (loading monkeypatched): exit codes and messages."""
+
+from __future__ import annotations
+
+import json
+import sys
+import types
+
+import pytest
+
+import specula.commands.bench as bench_cmd
+import specula.drafters as drafters
+from specula.bench.datasets import load_prompts, select_prompts
+from specula.cli import main
+from specula.drafters.base import Proposal
+from tiny import VOCAB
+
+
+@pytest.fixture
+def tiny_models(monkeypatch, tiny_pair, chat_tokenizer):
+    """`specula bench` loads the tiny pair instead of real models."""
+    target, draft = tiny_pair
+    loaded = []
+
+    def load_models(args):
+        loaded.append(args.target)
+        return target, chat_tokenizer, (draft if args.draft else None)
+
+    monkeypatch.setattr(bench_cmd, "load_models", load_models)
+    return loaded
+
+
+class CorruptingDrafter:
+    """A buggy drafter: proposes nothing, but after its 3rd step overwrites the target's cached
+    last token with another one (as a drafter that shares the target's cache could)."""
+
+    name = "corrupt"
+
+    def __init__(self, target):
+        self.target = target
+        self.steps = 0
+
+    def propose(self, ctx):
+        return Proposal.empty()
+
+    def observe(self, step):
+        self.steps += 1
+        if self.steps == 3:
+            tokens = self.target.tokens
+            last = tokens[-1]
+            self.target.crop(len(tokens) - 1)
+            self.target.append([(last + 7) % VOCAB], logits="none")
+
+    def reset(self):
+        self.steps = 0
+
+
+@pytest.fixture
+def corrupt_method(monkeypatch):
+    module = types.ModuleType("specula_test_corrupt_drafter")
+    module.create = lambda *, target=None, draft=None, **options: CorruptingDrafter(target)
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    monkeypatch.setitem(drafters.MODULES, "corrupt", module.__name__)
+
+
+def test_bench_cli_end_to_end(tmp_path, prompts_file, tiny_models, capsys):
+    out = tmp_path / "run"
+    code = main(["bench", "--target", "tiny", "--draft", "tiny-draft", "--methods", "prompt-lookup,draft-model",
+                 "--prompts", str(prompts_file), "--per-category", "1", "--max-new-tokens", "8", "--compare", "hf",
+                 "--num-draft-tokens", "3", "--profile-repeats", "1", "--warmup-tokens", "2", "--no-progress",
+                 "--out", str(out)])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    assert tiny_models == ["tiny"]  # models loaded once
+    doc = json.loads((out / "results.json").read_text())
+    assert [m["name"] for m in doc["methods"]] == [
+        "none", "prompt-lookup", "draft-model", "hf:greedy", "hf:assisted", "hf:assisted-heuristic", "hf:prompt-lookup"]
+    assert doc["status"] == "complete" and doc["prompts_done"] == 2
+    assert doc["config"]["max_new_tokens"] == 8 and doc["config"]["seed"] == 0
+    assert doc["config"]["drafter_options"]["draft-model"] == {"num_draft_tokens": 3}
+    expected = select_prompts(load_prompts(str(prompts_file)), per_category=1, seed=0)
+    assert doc["config"]["prompt_ids"] == [p.id for p in expected]
+    assert doc["cost_curve"]["context"] == 192  # clamped to the tiny model's 256 positions - 64
+    assert doc["cost_curve"]["sizes"] == [1, 2, 4, 8, 16, 32, 64]
+    assert max(len(d) for d in (r["depth_drafted"] for r in doc["runs"] if r["method"] == "draft-model")) <= 3
+    for name in ("prompt-lookup", "draft-model"):
+        assert doc["summary"][name]["identical_fraction"] == 1.0
+    assert "prompt-lookup: " in captured.out and "x vs none" in captured.out
+    for name in ("report.md", "speedup_by_category.png", "accepted_lengths.png", "cost_curve.png"):
+        assert (out / name).stat().st_size > 0
+
+
+def test_lossless_mismatch_exits_1_naming_prompt_and_method(tmp_path, prompts_file, tiny_models, corrupt_method,
+                                                           capsys):
+    out = tmp_path / "bad"
+    code = main(["bench", "--target", "tiny", "--methods", "none,corrupt", "--prompts", str(prompts_file),
+                 "--categories", "beta", "--per-category", "1", "--max-new-tokens", "12", "--profile-repeats", "0",
+                 "--warmup-tokens", "0", "--no-progress", "--out", str(out)])
+    err = capsys.readouterr().err
+    assert code == 1
+    lines = [line for line in err.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1
+    assert "corrupt output differs from plain decoding on prompt b1 (beta, turn 1" in lines[0]
+    doc = json.loads((out / "results.json").read_text())  # results written before exiting
+    assert doc["status"] == "complete"
+    assert [(m["method"], m["id"]) for m in doc["mismatches"]] == [("corrupt", "b1")]
+    assert doc["mismatches"][0]["first_difference"] >= 3  # the corruption happens after step 3
+    assert doc["mismatches"][0]["logit_gap"] > 0  # the plain forward prefers the reference token
+    assert doc["summary"]["corrupt"]["identical_fraction"] == 0.0
+    assert (out / "report.md").exists()
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--methods", "none,warp-drive"], "unknown method 'warp-drive'"),
+    (["--stop", "x"], "bench does not take --stop"),
+    (["--compare", "hf:assisted"], "needs a draft model: pass --draft MODEL"),
+    (["--categories", "zeta"], "unknown category 'zeta'; choose from: alpha, beta"),
+    (["--per-category", "0"], "--per-category must be >= 1"),
+    (["--methods", "draft-model"], "needs a draft model"),
+])
+def test_bad_arguments_one_line_exit_2(tmp_path, prompts_file, tiny_models, argv, message, capsys):
+    code = main(["bench", "--target", "tiny", "--prompts", str(prompts_file), "--no-progress",
+                 "--profile-repeats", "0", "--out", str(tmp_path / "x"), *argv])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err.startswith("error: ") and message in err and err.count("\n") == 1
+
+
+def test_bad_prompt_file_names_the_line(tmp_path, tiny_models, capsys):
+    path = tmp_path / "p.jsonl"
+    path.write_text('{"id": 1, "turns": ["w5"]}\n{"id": 2, "turns": ["w6"}\n')
+    code = main(["bench", "--target", "tiny", "--prompts", str(path), "--out", str(tmp_path / "x")])
+    assert code == 2
+    assert "line 2: not valid JSON" in capsys.readouterr().err
+    assert tiny_models == []  # rejected before loading any model

@@ -1,0 +1,78 @@
+"""Cost curve: measurement shape on a tiny model, interpolation, the `specula profile` command."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from specula.bench.profile import CostCurve, measure_cost_curve
+from specula.errors import ConfigError
+from specula.models.hf import HFCausalLM
+from specula.tree import TokenTree
+from tiny import tiny_model
+
+
+def test_measure_shape_and_backend_left_clean():
+    backend = HFCausalLM(tiny_model("qwen2"))
+    curve = measure_cost_curve(backend, sizes=[8, 2, 4], context=16, repeats=2)
+    assert curve.sizes == (1, 2, 4, 8)  # 1 added, sorted
+    assert len(curve.seconds) == 4 and all(s > 0 for s in curve.seconds)
+    assert curve.context == 16 and curve.repeats == 2
+    assert curve.ratio(1) == 1.0
+    assert len(backend) == 0 and backend.cache_tensors() == []  # reset afterwards
+    data = curve.to_dict()
+    assert data["sizes"] == [1, 2, 4, 8] and data["ratio"][0] == 1.0 and len(data["seconds"]) == 4
+    assert CostCurve.from_dict(json.loads(json.dumps(data))).sizes == curve.sizes
+
+
+def test_measured_pass_is_a_real_verification():
+    """The timed pass is forward_tree over root + chain after `context` cached tokens: the cache
+    is back to exactly `context` tokens after each pass (checked by running one more step)."""
+    backend = HFCausalLM(tiny_model("llama"))
+    measure_cost_curve(backend, sizes=[3], context=10, repeats=1)
+    backend.append(list(range(5, 15)), logits="none")
+    logits = backend.forward_tree(20, TokenTree.empty())
+    full = backend.model(torch.tensor([[*range(5, 15), 20]])).logits[0, -1]
+    torch.testing.assert_close(logits[0], full, atol=1e-4, rtol=1e-4)
+
+
+def test_interpolation_and_extrapolation():
+    curve = CostCurve((1, 2, 4, 8), (0.010, 0.012, 0.016, 0.032), context=64)
+    assert curve.ratio(1) == 1.0
+    assert curve.ratio(3) == pytest.approx(1.4)  # halfway between 1.2 and 1.6
+    assert curve.latency(6) == pytest.approx(0.024)
+    assert curve.latency(16) == pytest.approx(0.032 + 8 * 0.004)  # last slope continued
+    assert curve.tree_ratio(3) == curve.ratio(4) == pytest.approx(1.6)
+    assert curve.latency(0.5) == 0.010
+
+
+def test_curve_validation():
+    with pytest.raises(ConfigError, match="start at 1"):
+        CostCurve((2, 4), (0.1, 0.2), context=8)
+    with pytest.raises(ConfigError, match="one positive latency per size"):
+        CostCurve((1, 2), (0.1,), context=8)
+    backend = HFCausalLM(tiny_model("gpt2"))  # 256 positions
+    with pytest.raises(ConfigError, match="exceeds the target's context window of 256"):
+        measure_cost_curve(backend, sizes=[64], context=200, repeats=1)
+    with pytest.raises(ConfigError, match="repeats must be >= 1"):
+        measure_cost_curve(backend, sizes=[2], context=8, repeats=0)
+
+
+def test_profile_command(tmp_path, monkeypatch, capsys):
+    import specula.api
+    from specula.cli import main
+
+    backend = HFCausalLM(tiny_model("qwen2"))
+    monkeypatch.setattr(specula.api, "load_backend", lambda spec, config, name="model": (backend, None))
+    code = main(["profile", "--target", "tiny", "--context", "32", "--sizes", "1,4,16", "--repeats", "1",
+                 "--out", str(tmp_path)])
+    assert code == 0
+    data = json.loads((tmp_path / "cost_curve.json").read_text())
+    assert data["sizes"] == [1, 4, 16] and data["context"] == 32 and data["target"] == "tiny"
+    assert len(data["seconds"]) == 3 and data["ratio"][0] == 1.0
+    assert {"cpu", "torch", "transformers", "torch_threads"} <= set(data["machine"])
+    assert (tmp_path / "cost_curve.png").stat().st_size > 1000
+    assert "ratio" in capsys.readouterr().out
+    assert main(["profile", "--target", "tiny", "--sizes", "1,x", "--out", str(tmp_path)]) == 2

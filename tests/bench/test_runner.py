@@ -1,0 +1,246 @@
+"""The bench loop on tiny models: conversations, records, identity, incremental writes."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+import pytest
+
+from specula.bench.datasets import BenchPrompt, load_prompts, select_prompts
+from specula.bench.methods import MethodOutput, build_specula_methods
+from specula.bench.peers import build_peers, parse_compare
+from specula.bench.runner import BenchSettings, conversation_ids, run_bench, run_conversation
+from specula.bench.summary import aggregate, first_difference, summarize
+from specula.errors import ConfigError
+from specula.models.loading import apply_chat_template
+from specula.sampling import SamplingParams
+from tiny import reference_greedy
+
+SUMMARY_KEYS = {"tokens_per_s", "speedup", "speedup_vs_hf", "mean_accepted_tokens", "identical_fraction",
+                "by_category", "acceptance_by_depth", "time_split", "draft_ms_per_step", "memory_bytes"}
+RUN_KEYS = {"id", "category", "turn", "method", "new_tokens", "seconds", "tokens_per_s", "mean_accepted_tokens",
+            "identical", "token_ids", "token_sha1", "accepted_lengths", "time", "finish_reason"}
+
+
+@dataclass
+class ScriptedMethod:
+    """A fake method: answers turn k with `answers[k]` and records the prompt ids it was given."""
+
+    name: str
+    answers: list[list[int]]
+    kind: str = "specula"
+    lossless: bool = True
+    seen: list[list[int]] = field(default_factory=list)
+    interrupt_on_call: int | None = None
+
+    def generate(self, prompt_ids, params):
+        self.seen.append(list(prompt_ids))
+        if self.interrupt_on_call is not None and len(self.seen) == self.interrupt_on_call:
+            raise KeyboardInterrupt
+        turn = sum(1 for _ in self.seen) - 1
+        return MethodOutput(self.answers[turn % len(self.answers)], 0.01, None)
+
+    def memory_bytes(self):
+        return None
+
+
+def test_conversation_ids(chat_tokenizer):
+    turns = ["w5 w6", "w7"]
+    first = conversation_ids(chat_tokenizer, turns[:1], [])
+    assert first == apply_chat_template(chat_tokenizer, "w5 w6") == chat_tokenizer.encode("w2 w5 w6 w4")
+    second = conversation_ids(chat_tokenizer, turns, ["w9 w10"])
+    assert second == chat_tokenizer.encode("w2 w5 w6 w3 w9 w10 w2 w7 w4")
+    assert conversation_ids(chat_tokenizer, turns, ["w9"], raw=True) == chat_tokenizer.encode("w5 w6 w9 w7")
+    with pytest.raises(ValueError):
+        conversation_ids(chat_tokenizer, turns, [])
+
+
+def test_second_turn_follows_each_methods_own_first_answer(chat_tokenizer):
+    prompt = BenchPrompt("q", "mt_bench", ("w5 w6", "w7 w8"), "writing")
+    settings = BenchSettings(SamplingParams(max_new_tokens=4), warmup_tokens=0, progress=False)
+    a = ScriptedMethod("a", [[11, 12], [13]])
+    b = ScriptedMethod("b", [[40, 41, 42], [43]])
+    for method in (a, b):
+        outputs = run_conversation(method, prompt, chat_tokenizer, settings)
+        assert len(outputs) == 2
+    assert a.seen[0] == b.seen[0]
+    assert a.seen[1] == chat_tokenizer.encode("w2 w5 w6 w3 w11 w12 w2 w7 w8 w4")
+    assert b.seen[1] == chat_tokenizer.encode("w2 w5 w6 w3 w40 w41 w42 w2 w7 w8 w4")
+
+
+def _bench_methods(tiny_pair, tokenizer, peers=("hf:greedy", "hf:assisted", "hf:prompt-lookup")):
+    target, draft = tiny_pair
+    methods = build_specula_methods(["prompt-lookup", "draft-model"], target, tokenizer, draft)
+    eos = sorted(methods[0].decoder.eos_token_ids)
+    return methods + build_peers(list(peers), target.model, eos, draft.model)
+
+
+def test_run_bench_writes_results_report_and_plots(tmp_path, tiny_pair, chat_tokenizer, prompts_file):
+    prompts = select_prompts(load_prompts(str(prompts_file)), per_category=2, seed=0)
+    methods = _bench_methods(tiny_pair, chat_tokenizer)
+    settings = BenchSettings(SamplingParams(max_new_tokens=10), warmup_tokens=4, progress=False)
+    cost = {"sizes": [1, 2], "seconds": [0.01, 0.012], "ratio": [1.0, 1.2], "context": 8, "repeats": 1}
+    result = run_bench(methods, chat_tokenizer, prompts, settings, tmp_path,
+                       {"config": {"target": "tiny"}, "cost_curve": cost}, reference_model=tiny_pair[0].model)
+    doc = json.loads((tmp_path / "results.json").read_text())
+    assert doc["status"] == "complete" and doc["prompts_done"] == doc["prompts_total"] == 4
+    assert {"summary", "runs", "machine", "config", "cost_curve", "methods", "categories", "mismatches"} <= set(doc)
+    names = ["none", "prompt-lookup", "draft-model", "hf:greedy", "hf:assisted", "hf:prompt-lookup"]
+    assert [m["name"] for m in doc["methods"]] == names and set(doc["summary"]) == set(names)
+    assert doc["categories"] == ["alpha", "beta"]
+    for name, entry in doc["summary"].items():
+        assert SUMMARY_KEYS <= set(entry), name
+        assert set(entry["by_category"]) == {"alpha", "beta"}
+        assert SUMMARY_KEYS - {"by_category"} <= set(entry["by_category"]["alpha"])
+        assert entry["tokens_per_s"] > 0
+    assert doc["summary"]["none"]["speedup"] == 1.0
+    assert doc["summary"]["hf:greedy"]["speedup_vs_hf"] == 1.0
+    assert doc["summary"]["none"]["mean_accepted_tokens"] == 1.0
+    # Lossless methods and HF greedy reproduce plain decoding exactly on these prompts.
+    for name in ("none", "prompt-lookup", "draft-model", "hf:greedy", "hf:assisted", "hf:prompt-lookup"):
+        assert doc["summary"][name]["identical_fraction"] == 1.0, name
+    assert doc["mismatches"] == [] and result.mismatches == []
+    assert doc["summary"]["draft-model"]["mean_accepted_tokens"] > 1.5  # the draft is a close copy
+    assert doc["summary"]["hf:assisted"]["mean_accepted_tokens"] is None
+    # One record per prompt, method and turn (a1 has two turns).
+    assert len(doc["runs"]) == len(names) * 5
+    for run in doc["runs"]:
+        assert RUN_KEYS <= set(run)
+    # Plain decoding equals an independent greedy reference (full recomputation, EOS id 1).
+    target = tiny_pair[0]
+    first = next(r for r in doc["runs"] if r["id"] == "b1" and r["method"] == "none")
+    ids = conversation_ids(chat_tokenizer, ["w20 w21 w22 w20 w21 w22 w20"], [])
+    assert first["token_ids"] == reference_greedy(target.model, ids, 10, eos=1)
+    report = (tmp_path / "report.md").read_text()
+    assert "## Overall" in report and "| prompt-lookup |" in report and "## Speedup vs `none` by category" in report
+    assert "| alpha" in report.replace("| method | overall | alpha", "| alpha")
+    for png in ("speedup_by_category.png", "accepted_lengths.png", "cost_curve.png"):
+        assert (tmp_path / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert sorted(p.name for p in result.files) == sorted(
+        ["results.json", "report.md", "speedup_by_category.png", "accepted_lengths.png", "cost_curve.png"])
+
+
+def test_interrupt_keeps_the_prompts_done(tmp_path, chat_tokenizer):
+    prompts = [BenchPrompt(i, "c", (f"w{5 + i} w6",), "c") for i in range(4)]
+    none = ScriptedMethod("none", [[7, 8]])
+    # Calls: 1 warm-up, then one per prompt: the 4th call is prompt 3 -> interrupted after 2 prompts.
+    other = ScriptedMethod("other", [[7, 8]], interrupt_on_call=4)
+    settings = BenchSettings(SamplingParams(max_new_tokens=4), warmup_tokens=2, progress=False)
+    result = run_bench([none, other], chat_tokenizer, prompts, settings, tmp_path)
+    assert result.interrupted
+    doc = json.loads((tmp_path / "results.json").read_text())
+    assert doc["status"] == "interrupted" and doc["prompts_done"] == 2 and doc["prompts_total"] == 4
+    assert sorted({r["id"] for r in doc["runs"]}) == [0, 1]
+    assert len(doc["runs"]) == 4  # 2 prompts x 2 methods: the interrupted prompt is dropped
+    assert "INTERRUPTED" in (tmp_path / "report.md").read_text()
+    assert (tmp_path / "speedup_by_category.png").exists()
+
+
+def test_results_are_written_after_each_prompt(tmp_path, chat_tokenizer, monkeypatch):
+    import specula.bench.runner as runner
+
+    seen: list[int] = []
+    real = runner.write_results
+
+    def spy(out_dir, document):
+        seen.append(document["prompts_done"])
+        return real(out_dir, document)
+
+    monkeypatch.setattr(runner, "write_results", spy)
+    prompts = [BenchPrompt(i, "c", ("w5 w6",), "c") for i in range(3)]
+    methods = [ScriptedMethod("none", [[7]]), ScriptedMethod("x", [[7]])]
+    run_bench(methods, chat_tokenizer, prompts, BenchSettings(SamplingParams(max_new_tokens=2), progress=False),
+              tmp_path)
+    assert seen == [0, 1, 2, 3, 3]  # start, after each prompt, final
+
+
+def test_mismatch_recorded_for_lossless_not_for_peers(tmp_path, chat_tokenizer):
+    prompts = [BenchPrompt("p", "c", ("w5 w6",), "c")]
+    methods = [ScriptedMethod("none", [[7, 8, 9]]), ScriptedMethod("bad", [[7, 9, 9]]),
+               ScriptedMethod("hf:greedy", [[7, 8, 10]], kind="hf", lossless=False)]
+    settings = BenchSettings(SamplingParams(max_new_tokens=3), warmup_tokens=0, progress=False)
+    result = run_bench(methods, chat_tokenizer, prompts, settings, tmp_path)
+    assert result.mismatches == [{"id": "p", "category": "c", "turn": 1, "method": "bad", "first_difference": 1,
+                                  "same_prompt": True, "logit_gap": None}]
+    summary = result.document["summary"]
+    assert summary["bad"]["identical_fraction"] == 0.0 and summary["hf:greedy"]["identical_fraction"] == 0.0
+    assert "Outputs that differ from plain decoding" in (tmp_path / "report.md").read_text()
+
+
+def test_sampled_runs_report_no_identity(tmp_path, tiny_pair, chat_tokenizer, prompts_file):
+    prompts = select_prompts(load_prompts(str(prompts_file)), per_category=1, seed=0)
+    target, _ = tiny_pair
+    methods = build_specula_methods(["prompt-lookup"], target, chat_tokenizer)
+    settings = BenchSettings(SamplingParams(temperature=0.8, max_new_tokens=6, seed=3), warmup_tokens=0,
+                             progress=False)
+    doc = run_bench(methods, chat_tokenizer, prompts, settings, tmp_path).document
+    assert doc["greedy"] is False
+    assert all(e["identical_fraction"] is None for e in doc["summary"].values())
+    assert all(r["identical"] is None for r in doc["runs"])
+    again = run_bench(methods, chat_tokenizer, prompts, settings, tmp_path / "again").document
+    assert [r["token_ids"] for r in again["runs"]] == [r["token_ids"] for r in doc["runs"]]  # seeded
+
+
+def test_run_bench_needs_the_baseline(tmp_path, chat_tokenizer):
+    prompts = [BenchPrompt(1, "c", ("w5",), "c")]
+    with pytest.raises(ConfigError, match="baseline method 'none'"):
+        run_bench([ScriptedMethod("x", [[5]])], chat_tokenizer, prompts,
+                  BenchSettings(SamplingParams(), progress=False), tmp_path)
+    with pytest.raises(ConfigError, match="no prompts selected"):
+        run_bench([ScriptedMethod("none", [[5]])], chat_tokenizer, [],
+                  BenchSettings(SamplingParams(), progress=False), tmp_path)
+
+
+def _record(method, category, new_tokens, seconds, lengths=None, identical=True, drafted=(), accepted=()):
+    return {
+        "id": f"{category}{len(lengths or [])}", "category": category, "method": method, "new_tokens": new_tokens,
+        "seconds": seconds, "identical": identical, "memory_bytes": None,
+        "steps": len(lengths) if lengths is not None else None, "accepted_lengths": lengths,
+        "drafted_tokens": sum(drafted) if lengths is not None else None,
+        "accepted_tokens": sum(accepted) if lengths is not None else None,
+        "depth_drafted": list(drafted) if lengths is not None else None,
+        "depth_accepted": list(accepted) if lengths is not None else None,
+        "time": {"draft": 0.1 * seconds, "verify": 0.6 * seconds, "other": 0.3 * seconds} if lengths else None,
+    }
+
+
+def test_summary_math_is_ratios_of_totals():
+    runs = [
+        _record("none", "a", 10, 1.0, [1] * 10), _record("none", "b", 30, 1.0, [1] * 30),
+        _record("fast", "a", 10, 0.5, [2, 3, 2, 3], drafted=[4, 3], accepted=[4, 2]),
+        _record("fast", "b", 30, 0.5, [1, 4, 5], drafted=[3, 2], accepted=[2, 1], identical=False),
+        _record("hf:greedy", "a", 8, 1.0), _record("hf:greedy", "b", 32, 1.0),
+    ]
+    methods = [{"name": n, "kind": "hf" if n.startswith("hf") else "specula", "lossless": True}
+               for n in ("none", "fast", "hf:greedy")]
+    summary = summarize(runs, methods, ["a", "b"])
+    fast = summary["fast"]
+    assert fast["tokens_per_s"] == 40.0 and summary["none"]["tokens_per_s"] == 20.0
+    assert fast["speedup"] == 2.0 and fast["speedup_vs_hf"] == 2.0
+    assert fast["by_category"]["a"]["speedup"] == 2.0 and fast["by_category"]["b"]["speedup"] == 2.0
+    assert fast["by_category"]["a"]["speedup_vs_hf"] == pytest.approx(20 / 8, abs=1e-4)
+    assert fast["mean_accepted_tokens"] == pytest.approx(20 / 7, abs=1e-4)  # 20 tokens over 7 steps
+    assert fast["acceptance_by_depth"] == [pytest.approx(6 / 7, abs=1e-4), pytest.approx(3 / 5)]
+    assert fast["identical_fraction"] == 0.5
+    assert fast["time_split"] == {"draft": 0.1, "verify": 0.6, "other": 0.3}
+    assert fast["draft_ms_per_step"] == pytest.approx(1000 * 0.1 / 7, abs=1e-3)
+    assert summary["hf:greedy"]["mean_accepted_tokens"] is None and summary["hf:greedy"]["time_split"] is None
+    assert aggregate([])["tokens_per_s"] is None
+
+
+def test_first_difference():
+    assert first_difference([1, 2, 3], [1, 2, 3]) is None
+    assert first_difference([1, 2, 3], [1, 5, 3]) == 1
+    assert first_difference([1, 2], [1, 2, 3]) == 2
+
+
+def test_parse_compare():
+    assert parse_compare("hf", has_draft=False) == ["hf:greedy", "hf:prompt-lookup"]
+    assert parse_compare("hf", has_draft=True) == ["hf:greedy", "hf:assisted", "hf:assisted-heuristic",
+                                                   "hf:prompt-lookup"]
+    assert parse_compare(None, has_draft=True) == []
+    with pytest.raises(ConfigError, match="needs a draft model"):
+        parse_compare("hf:assisted", has_draft=False)
+    with pytest.raises(ConfigError, match="unknown peer 'vllm'"):
+        parse_compare("vllm", has_draft=False)
