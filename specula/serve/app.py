@@ -195,7 +195,7 @@ class _Handler(BaseHTTPRequestHandler):
     def _dispatch(self, method: str) -> None:
         path = self._path()
         label = _route_label(path)
-        self._status = 0
+        self._status, self._label, self._recorded, self._t0 = 0, label, False, None
         try:
             if path.startswith("/v1/models/"):
                 route: tuple[str, Callable[[str], None]] | None = ("GET", self._model)
@@ -216,12 +216,22 @@ class _Handler(BaseHTTPRequestHandler):
         except _ClientGone:
             self.close_connection = True
             self._status = CLIENT_GONE
-        except (BrokenPipeError, ConnectionResetError):
+        except (BrokenPipeError, ConnectionResetError):  # a write failed: the client is gone
             self.close_connection = True
             self._status = CLIENT_GONE
         finally:
             if self._status:
-                self.server.metrics.record_request(label, self._status)
+                self._record(self._status)
+
+    def _record(self, status: int) -> None:
+        """Count the request once, before its last bytes go out (a client that reads the answer
+        and then scrapes /metrics sees it counted)."""
+        if self._recorded:
+            return
+        self._recorded, self._status = True, status
+        self.server.metrics.record_request(self._label, status)
+        if self._t0 is not None:
+            self.server.metrics.request_seconds.observe_many([time.perf_counter() - self._t0])
 
     def _authorize(self) -> None:
         key = self.server.config.api_key
@@ -245,8 +255,8 @@ class _Handler(BaseHTTPRequestHandler):
         if self.close_connection:
             self.send_header("Connection", "close")
         self.end_headers()
+        self._record(status)
         self.wfile.write(body)
-        self._status = status
 
     def _send_json(self, status: int, payload: dict[str, Any], headers: dict[str, str] | None = None) -> None:
         self._send(status, json.dumps(payload).encode(), "application/json", headers)
@@ -317,7 +327,7 @@ class _Handler(BaseHTTPRequestHandler):
                 event = job.events.get(timeout=poll)
             except queue.Empty:
                 event = None
-            now = time.monotonic()
+            now = time.perf_counter()
             if event is None or now - self._checked >= poll:  # look at the socket every `poll` seconds
                 self._checked = now
                 if _client_gone(self.connection):
@@ -330,11 +340,10 @@ class _Handler(BaseHTTPRequestHandler):
             return event
 
     def _generate(self, label: str, endpoint: protocol.Endpoint) -> None:
-        t0 = time.perf_counter()
         body = self._read_json()
         request = protocol.parse_request(endpoint, body, self.server.config.model_name)
         job = self.server.worker.submit(request)
-        self._checked = time.monotonic()
+        self._t0 = self._checked = time.perf_counter()
         try:
             started = self._next_event(job)
             assert isinstance(started, Started)
@@ -345,8 +354,6 @@ class _Handler(BaseHTTPRequestHandler):
         except (_ClientGone, BrokenPipeError, ConnectionResetError):
             job.cancel()
             raise
-        finally:
-            self.server.metrics.request_seconds.observe_many([time.perf_counter() - t0])
 
     def _complete(self, job: Job, request: GenerationRequest, started: Started) -> None:
         parts: list[str] = []
@@ -383,9 +390,12 @@ class _Handler(BaseHTTPRequestHandler):
                 if chunk.finished:
                     break
         except APIError as exc:  # failed after the headers went out: OpenAI's in-stream error event
-            self._event(exc.body())
-            self._end_stream()
             self._status = exc.status
+            try:
+                self._event(exc.body())
+                self._end_stream()
+            except (BrokenPipeError, ConnectionResetError):  # the client stopped reading at the error
+                self.close_connection = True
             return
         stats = chunk.stats
         finish = "stop" if trimmer.stopped else (stats.finish_reason or "length")
@@ -402,6 +412,7 @@ class _Handler(BaseHTTPRequestHandler):
         self._write_chunk(b"data: " + json.dumps(payload).encode() + b"\n\n")
 
     def _end_stream(self) -> None:
+        self._record(self._status)
         self._write_chunk(b"data: [DONE]\n\n")
         self.wfile.write(b"0\r\n\r\n")
         self.wfile.flush()

@@ -147,6 +147,9 @@ def parse_request(endpoint: Endpoint, body: Mapping[str, Any], served_model: str
     if not 0.0 < top_p <= 1.0:
         raise APIError(400, f"top_p must be in (0, 1], got {top_p}", param="top_p", code="invalid_value")
     top_k = _opt_int(body, "top_k", minimum=0)
+    seed = _opt_int(body, "seed")
+    if seed is not None and not -(2**63) <= seed < 2**64:
+        raise APIError(400, f"seed must fit in 64 bits, got {seed}", param="seed", code="invalid_value")
     stream = body.get("stream", False)
     if stream is None:
         stream = False
@@ -156,7 +159,7 @@ def parse_request(endpoint: Endpoint, body: Mapping[str, Any], served_model: str
         raise _type_error("user", "a string", body["user"])
     return GenerationRequest(
         endpoint=endpoint, model=model, prompt=prompt, messages=messages, max_tokens=max_tokens,
-        temperature=temperature, top_p=top_p, top_k=top_k or 0, seed=_opt_int(body, "seed"),
+        temperature=temperature, top_p=top_p, top_k=top_k or 0, seed=seed,
         stop=_stop(body), stream=stream, include_usage=_include_usage(body, stream),
     )
 

@@ -225,6 +225,7 @@ BAD_REQUESTS = [
     ("/v1/completions", {**OK_COMPLETION, "temperature": 3}, 400, "temperature"),
     ("/v1/completions", {**OK_COMPLETION, "top_p": 0}, 400, "top_p"),
     ("/v1/completions", {**OK_COMPLETION, "seed": 1.5}, 400, "seed"),
+    ("/v1/completions", {**OK_COMPLETION, "seed": 2**70}, 400, "seed"),
     ("/v1/completions", {**OK_COMPLETION, "stream": "yes"}, 400, "stream"),
     ("/v1/completions", {**OK_COMPLETION, "stop": 5}, 400, "stop"),
     ("/v1/completions", {**OK_COMPLETION, "stop": ["a", "b", "c", "d", "e"]}, 400, "stop"),

@@ -58,7 +58,7 @@ def test_streaming_client_disconnect_stops_generation(slow_server):
     wait_for(lambda: _idle(slow_server))
     stopped_after = time.monotonic() - t0
     generated = _metric(slow_server, "specula_generated_tokens_total") - before[("specula_generated_tokens_total", ())]
-    assert generated < LONG / 2 and stopped_after < 1.5, (generated, stopped_after)
+    assert generated < LONG / 2 and stopped_after < 5, (generated, stopped_after)
 
 
 def test_non_streaming_client_disconnect_stops_generation(slow_server):
@@ -104,4 +104,4 @@ def test_internal_error_is_isolated(slow_server, tokenizer, reference):
             pass
     out = client.completions.create(model=MODEL, prompt="w05 w06 w07", max_tokens=8, temperature=0)
     assert out.choices[0].text == reference(text_ids(tokenizer, "w05 w06 w07"), 8)
-    assert _metric(slow_server, "specula_requests_total", endpoint="/v1/completions", status="500") == 2
+    wait_for(lambda: _metric(slow_server, "specula_requests_total", endpoint="/v1/completions", status="500") == 2)
