@@ -37,6 +37,13 @@ def add_method_args(parser: argparse.ArgumentParser) -> None:
                         "another machine) instead of measuring the target here")
     g.add_argument("--adaptive", action="store_true",
                    help="draft-model: adaptive chain length (stop drafting by the planner's cost-derived rule)")
+    g.add_argument("--tree-sampling", default=None, choices=("deterministic", "iid", "without_replacement", "beam"),
+                   help="draft-tree: how siblings are drafted when sampling (default deterministic top-k)")
+    g.add_argument("--tree-verifier", default=None, choices=("rrs", "kseq"),
+                   help="draft-tree: rule for iid siblings, recursive rejection sampling or SpecTr K-SEQ (default rrs)")
+    g.add_argument("--tree-top-k", type=int, default=None, help="draft-tree: children per node and frontier size (default 4)")
+    g.add_argument("--tree-depth", type=int, default=None, help="draft-tree: levels drafted (default 5)")
+    g.add_argument("--tree-nodes", type=int, default=None, help="draft-tree: most nodes proposed (default 24)")
     g.add_argument("--datastore", metavar="FILE", default=None,
                    help="rest: datastore file built with `specula datastore build` (same tokenizer as the target)")
     g.add_argument("--recycling-state", metavar="FILE", default=None,
@@ -67,6 +74,9 @@ def drafter_options(args: argparse.Namespace, method: str) -> dict:
     if method == "draft-model":
         options["num_draft_tokens"] = args.num_draft_tokens
         options["adaptive"] = args.adaptive or None
+    elif method == "draft-tree":
+        options.update(tree_sampling=args.tree_sampling, tree_verifier=args.tree_verifier, tree_top_k=args.tree_top_k,
+                       tree_depth=args.tree_depth, tree_nodes=args.tree_nodes)
     elif method == "fusion":
         options.update(num_draft_tokens=args.num_draft_tokens, datastore=args.datastore,
                        recycling_state=args.recycling_state)

@@ -13,6 +13,7 @@ from specula.errors import ConfigError
 MODULES: dict[str, str] = {
     "none": "specula.drafters.none",
     "draft-model": "specula.drafters.draft_model",
+    "draft-tree": "specula.drafters.draft_tree",
     "prompt-lookup": "specula.drafters.prompt_lookup",
     "token-recycling": "specula.drafters.token_recycling",
     "rest": "specula.drafters.rest",

@@ -1,0 +1,338 @@
+"""`draft-tree`: a draft model expands a token tree level by level (EAGLE-2, DySpec, RSD).
+
+Each level runs the draft once over the new frontier nodes with tree attention in the
+draft's own KV cache (`HFCausalLM.forward_tree_incremental`): a node sees the committed
+prefix and its ancestors. After the step the draft cache keeps the committed prefix plus
+the accepted nodes it already ran (`observe`); the next step syncs by longest common
+prefix, like `draft-model`.
+
+How siblings are drafted (`tree_sampling`) and the acceptance rule that matches:
+
+* greedy requests (temperature 0), every mode: EAGLE-2 dynamic expansion. Each frontier node
+  gets the draft's top-k tokens as children; a node's score is the product of draft
+  probabilities along its path; the best k nodes of each level form the next frontier;
+  finally the best N nodes overall are kept (`TokenTree.top_node_indices`, ancestor-closed
+  as scores shrink along paths). Verified by the greedy rule: output = plain greedy.
+* ``deterministic`` (sampled requests): the same expansion on the draft's processed
+  distribution (the request's temperature / top-k / top-p); fixed candidates, verified by the
+  deterministic rule.
+* ``iid``: each expanded node gets k children drawn i.i.d. from its processed q; verified by
+  RRS with replacement, or SpecTr K-SEQ (`tree_verifier="kseq"`, sibling mode ``iid_kseq``).
+* ``without_replacement``: k children drawn without replacement (Gumbel-top-k); RRS without
+  replacement.
+* ``beam``: stochastic beam search (RSD-S; Kool et al. 2019): every beam node's children are
+  ranked by Gumbel-perturbed log path probability (truncated so that a child never beats its
+  parent), and the best k children over the whole level form the next beam. A node's kept
+  children are a prefix of its Gumbel-top-k order, i.e. draws without replacement; RRS
+  without replacement.
+
+Losslessness of the sampled modes rests on one rule, kept here: the number of children of a
+node is fixed before they are drawn, or (beam) depends only on Gumbel key values, which are
+independent of which token holds them given the earlier draws. Which nodes are expanded may
+depend on anything drawn before (path scores). So sampled trees are never pruned after
+drawing: the drafter stops drawing at the node budget instead. Scores of sampled nodes are
+path probabilities under q, for planners that size trees; a planner must not drop sampled
+siblings by these scores (only whole draw-order suffixes, chosen without looking at them).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields
+from typing import Literal, Sequence, get_args
+
+import torch
+
+from specula.drafters.base import DraftContext, Proposal, StepResult
+from specula.drafters.draft_model import common_prefix_length
+from specula.errors import ConfigError
+from specula.models.hf import HFCausalLM
+from specula.sampling import SamplingParams, probabilities
+from specula.tree import TokenTree
+from specula.verify import SiblingMode, sample_iid, sample_without_replacement
+
+TreeSampling = Literal["deterministic", "iid", "without_replacement", "beam"]
+TreeVerifier = Literal["rrs", "kseq"]
+
+
+@dataclass(frozen=True)
+class DraftTreeConfig:
+    """Draft-model tree settings."""
+
+    tree_sampling: TreeSampling = "deterministic"
+    """How siblings are drafted for sampled requests (greedy requests always expand the top-k)."""
+    tree_top_k: int = 4
+    """Children per expanded node, and frontier (beam) nodes kept per level."""
+    tree_depth: int = 5
+    """Deepest level drafted."""
+    tree_nodes: int = 24
+    """Most nodes proposed: deterministic trees keep the best N; sampled trees stop drawing at N."""
+    tree_verifier: TreeVerifier = "rrs"
+    """Acceptance rule for i.i.d. siblings: recursive rejection sampling or SpecTr K-SEQ."""
+
+    def __post_init__(self) -> None:
+        if self.tree_sampling not in get_args(TreeSampling):
+            raise ConfigError(f"tree_sampling must be one of {', '.join(get_args(TreeSampling))}, "
+                              f"got {self.tree_sampling!r}")
+        if self.tree_verifier not in get_args(TreeVerifier):
+            raise ConfigError(f"tree_verifier must be rrs or kseq, got {self.tree_verifier!r}")
+        if self.tree_verifier == "kseq" and self.tree_sampling != "iid":
+            raise ConfigError("tree_verifier kseq needs i.i.d. siblings: use --tree-sampling iid with --tree-verifier kseq")
+        for name in ("tree_top_k", "tree_depth", "tree_nodes"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
+
+    @property
+    def sibling_mode(self) -> SiblingMode:
+        """The verification mode of this configuration's sampled trees."""
+        if self.tree_sampling == "iid":
+            return "iid_kseq" if self.tree_verifier == "kseq" else "iid"
+        if self.tree_sampling in ("without_replacement", "beam"):
+            return "without_replacement"
+        return "deterministic"
+
+
+# ---------------------------------------------------------------------------- stochastic beam search
+def _log1mexp(a: torch.Tensor) -> torch.Tensor:
+    """log(1 - e^a) for a <= 0 (stable on both ends)."""
+    return torch.where(a > -0.6931, torch.log(-torch.expm1(a)), torch.log1p(-torch.exp(a)))
+
+
+def truncated_child_scores(parent: float, keys: torch.Tensor, top: float) -> torch.Tensor:
+    """Stochastic beam search: the perturbed scores of a node's children, conditioned on their
+    maximum being the parent's perturbed score (Kool et al. 2019, appendix B):
+    G = -log(e^-parent - e^-top + e^-key), computed stably. keys: [m] untruncated
+    perturbed scores (log path probability + Gumbel), top: their maximum over all children.
+    Monotone in the key, and the child with key == top gets exactly `parent`."""
+    v = parent - keys + _log1mexp(keys - top)  # [m]
+    return parent - v.clamp(min=0.0) - torch.log1p(torch.exp(-v.abs()))
+
+
+def _gumbel_keys(q: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """log q + Gumbel(0, 1) noise: [vocab] float64 (-inf where q = 0). Its descending order is a
+    sample without replacement from q (as in `specula.verify.sample_without_replacement`),
+    and unlike it we need the key values themselves for the beam selection."""
+    u = torch.rand(q.shape, generator=generator, dtype=torch.float64).clamp_(min=torch.finfo(torch.float64).tiny)
+    return q.to(torch.float64).log() - (-u.log()).log()
+
+
+# ---------------------------------------------------------------------------- the draft-side tree
+class _DraftSide:
+    """The tree the draft cache holds while drafting: first the committed tokens the cache
+    lacked (the first is the draft tree's root, the rest a chain ending at the proposal's
+    root), then the proposal nodes that were run (the expanded ones), in run order."""
+
+    def __init__(self, missing: Sequence[int]) -> None:
+        self.root = int(missing[0])
+        self.chain = len(missing) - 1
+        self.tokens: list[int] = [int(t) for t in missing[1:]]
+        self.parents: list[int] = list(range(-1, self.chain - 1))
+        self.base = self.chain - 1  # draft node the proposal's root children hang from
+        self.fed: dict[int, int] = {}  # proposal node -> draft node
+        self.child: dict[tuple[int, int], int] = {}  # (draft parent, token) -> first draft child
+
+    def add(self, node: int, token: int, parent: int) -> None:
+        par = self.base if parent < 0 else self.fed[parent]
+        index = len(self.tokens)
+        self.fed[node] = index
+        self.child.setdefault((par, token), index)
+        self.tokens.append(token)
+        self.parents.append(par)
+
+    def tree(self) -> TokenTree:
+        return TokenTree.build(self.tokens, self.parents)
+
+    def commit_path(self, accepted: Sequence[int]) -> list[int]:
+        """Draft nodes to keep: the chain, then the longest run of `accepted` tokens the draft ran."""
+        path = list(range(self.chain))
+        node = self.base
+        for tok in accepted:
+            nxt = self.child.get((node, int(tok)))
+            if nxt is None:
+                break
+            path.append(nxt)
+            node = nxt
+        return path
+
+
+# ---------------------------------------------------------------------------- the drafter
+class DraftTreeDrafter:
+    """Dynamic token trees from a smaller causal LM (see the module docstring)."""
+
+    name = "draft-tree"
+
+    def __init__(self, draft: HFCausalLM, config: DraftTreeConfig = DraftTreeConfig()) -> None:
+        self.draft = draft
+        self.config = config
+        self._side: _DraftSide | None = None
+
+    # ------------------------------------------------------------------ protocol
+    def propose(self, ctx: DraftContext) -> Proposal:
+        cfg = self.config
+        budget = min(cfg.tree_nodes, ctx.budget.max_nodes)
+        depth = min(cfg.tree_depth, ctx.budget.max_depth)
+        if budget <= 0 or depth <= 0:
+            return Proposal.empty()
+        root_logits = self._begin(ctx.tokens)
+        mode = "deterministic" if ctx.params.greedy else cfg.tree_sampling
+        if mode == "beam":
+            return self._beam(root_logits, ctx, budget, depth)
+        return self._expand(root_logits, ctx, budget, depth, mode)
+
+    def observe(self, step: StepResult) -> None:
+        self._finish(step.proposal.tree.tokens_of(step.path))
+
+    def reset(self) -> None:
+        self.draft.reset()
+        self._side = None
+
+    # ------------------------------------------------------------------ draft cache
+    def _begin(self, tokens: Sequence[int]) -> torch.Tensor:
+        """Sync the draft cache with the committed tokens and run the root (with any committed
+        tokens the cache lacks, as a chain): logits [vocab] after the root."""
+        self._finish(())
+        keep = min(common_prefix_length(self.draft.tokens, tokens), len(tokens) - 1)
+        self.draft.crop(keep)
+        missing = list(tokens[keep:])  # the last one is the root
+        self._side = _DraftSide(missing)
+        logits = self.draft.forward_tree(missing[0], TokenTree.chain(missing[1:]))  # [len(missing), vocab]
+        return logits[-1]
+
+    def _feed(self, nodes: Sequence[int], tokens: Sequence[int], parents: Sequence[int]) -> torch.Tensor:
+        """Run proposal nodes (their parents already ran) through the draft: logits [len(nodes), vocab]."""
+        side = self._side
+        assert side is not None
+        for node in nodes:
+            side.add(node, tokens[node], parents[node])
+        return self.draft.forward_tree_incremental(side.tree())
+
+    def _finish(self, accepted: Sequence[int]) -> None:
+        """Commit the drafted tree: keep the accepted tokens the draft already ran."""
+        if self._side is not None:
+            self.draft.commit(self._side.commit_path(accepted))
+            self._side = None
+
+    # ------------------------------------------------------------------ expansion
+    @staticmethod
+    def _distribution(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+        """[vocab] float32: the processed draft distribution; for greedy requests the plain
+        softmax (scores only: candidates are the top-k logits)."""
+        return torch.softmax(logits.float(), -1) if params.greedy else probabilities(logits, params)
+
+    def _expand(self, root_logits: torch.Tensor, ctx: DraftContext, budget: int, depth: int,
+                mode: str) -> Proposal:
+        """Top-k (deterministic) or sampled (iid / without_replacement) children per frontier
+        node; the best top_k nodes of each level by path score are expanded next."""
+        cfg, gen = self.config, ctx.generator
+        sampled = mode != "deterministic"
+        tokens: list[int] = []
+        parents: list[int] = []
+        scores: list[float] = []
+        q_rows: dict[int, torch.Tensor] = {}  # row -> q its children were drawn from
+        frontier = [(-1, root_logits, 1.0)]  # (node, logits after it, path probability)
+        for level in range(1, depth + 1):
+            new: list[int] = []
+            for node, logits, score in frontier:
+                q = self._distribution(logits, ctx.params)  # [vocab]
+                if sampled:
+                    k = min(cfg.tree_top_k, budget - len(tokens))  # fixed before drawing
+                    if k <= 0:
+                        break
+                    draw = sample_iid if mode == "iid" else sample_without_replacement
+                    kids = draw(q, k, gen).tolist()
+                    q_rows[node + 1] = q
+                else:
+                    support = int((q > 0).sum())
+                    kids = q.topk(min(cfg.tree_top_k, support)).indices.tolist()
+                probs = q[kids].tolist()
+                for tok, prob in zip(kids, probs):
+                    tokens.append(int(tok))
+                    parents.append(node)
+                    scores.append(score * prob)
+                    new.append(len(tokens) - 1)
+            if level == depth or not new or (sampled and len(tokens) >= budget):
+                break
+            chosen = self._frontier(new, tokens, parents, scores, dedupe=mode == "iid")
+            if not chosen:
+                break
+            logits = self._feed(chosen, tokens, parents)
+            frontier = [(c, logits[j], scores[c]) for j, c in enumerate(chosen)]
+        tree = TokenTree.build(tokens, parents, scores, self.name)
+        if not sampled:
+            return Proposal(tree.top_nodes(budget))
+        return Proposal(tree, self._stack(q_rows, len(tree), root_logits), self.config.sibling_mode)
+
+    def _frontier(self, new: list[int], tokens: list[int], parents: list[int], scores: list[float],
+                  dedupe: bool) -> list[int]:
+        """The best top_k of this level's nodes by path score (ties: node order), in node order.
+        With i.i.d. siblings a repeated token under the same parent stays a leaf (its subtree
+        would repeat its twin's)."""
+        seen: set[tuple[int, int]] = set()
+        chosen: list[int] = []
+        for i in sorted(new, key=lambda i: (-scores[i], i)):
+            if len(chosen) == self.config.tree_top_k or not scores[i] > 0:
+                break
+            key = (parents[i], tokens[i])
+            if dedupe and key in seen:
+                continue
+            seen.add(key)
+            chosen.append(i)
+        return sorted(chosen)
+
+    def _beam(self, root_logits: torch.Tensor, ctx: DraftContext, budget: int, depth: int) -> Proposal:
+        """Stochastic beam search of width top_k; children of a beam node in Gumbel order."""
+        width, gen = self.config.tree_top_k, ctx.generator
+        tokens: list[int] = []
+        parents: list[int] = []
+        scores: list[float] = []
+        q_rows: dict[int, torch.Tensor] = {}
+        beams = [(-1, root_logits, 0.0, 0.0)]  # (node, logits, perturbed score G, log path prob)
+        for level in range(1, depth + 1):
+            w = min(width, budget - len(tokens))  # fixed before drawing
+            if w <= 0:
+                break
+            candidates = []  # (G, beam, rank, token, log path prob)
+            dists = []
+            for b, (node, logits, g_parent, log_path) in enumerate(beams):
+                q = probabilities(logits, ctx.params)  # [vocab]
+                dists.append(q)
+                keys = log_path + _gumbel_keys(q, gen)  # [vocab]
+                top = keys.topk(min(w, int((q > 0).sum())))
+                g_child = truncated_child_scores(g_parent, top.values, float(top.values[0]))
+                log_q = q[top.indices].double().log()
+                for rank, (g, tok, lq) in enumerate(zip(g_child.tolist(), top.indices.tolist(), log_q.tolist())):
+                    candidates.append((g, b, rank, int(tok), log_path + lq))
+            chosen = sorted(sorted(candidates, key=lambda c: -c[0])[:w], key=lambda c: (c[1], c[2]))
+            new_beams = []
+            for g, b, _, tok, log_path in chosen:
+                node = beams[b][0]
+                tokens.append(tok)
+                parents.append(node)
+                scores.append(math.exp(log_path))
+                q_rows[node + 1] = dists[b]
+                new_beams.append((len(tokens) - 1, g, log_path))
+            if level == depth or len(tokens) >= budget:
+                break
+            logits = self._feed([n for n, _, _ in new_beams], tokens, parents)
+            beams = [(n, logits[j], g, lp) for j, (n, g, lp) in enumerate(new_beams)]
+        tree = TokenTree.build(tokens, parents, scores, self.name)
+        return Proposal(tree, self._stack(q_rows, len(tree), root_logits), "without_replacement")
+
+    @staticmethod
+    def _stack(q_rows: dict[int, torch.Tensor], n: int, like: torch.Tensor) -> torch.Tensor:
+        """q for the proposal: [n + 1, vocab], zeros in rows without children (unused)."""
+        q = torch.zeros((n + 1, like.shape[-1]), dtype=torch.float32)
+        for row, dist in q_rows.items():
+            q[row] = dist
+        return q
+
+
+def create(*, target=None, draft: HFCausalLM | None = None, **options) -> DraftTreeDrafter:
+    """options: DraftTreeConfig fields (tree_sampling, tree_top_k, tree_depth, tree_nodes, tree_verifier)."""
+    if draft is None:
+        raise ConfigError("method 'draft-tree' needs a draft model: pass --draft MODEL (same tokenizer as the target)")
+    known = {f.name for f in fields(DraftTreeConfig)}
+    unknown = sorted(set(options) - known)
+    if unknown:
+        raise ConfigError(f"method 'draft-tree' does not take {', '.join(unknown)}; its options are {', '.join(sorted(known))}")
+    return DraftTreeDrafter(draft, DraftTreeConfig(**options))

@@ -1,0 +1,247 @@
+"""`draft-tree`: greedy exactness for every mode, sampled proposals that satisfy their
+acceptance rule's assumptions (q rows, draw laws, budgets), an exact draft cache, seeded
+reproducibility, and the engine's output law at temperature > 0."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from test_verify import tv, tv_bound
+from tiny import perturbed_copy, reference_greedy, tiny_model
+from specula.drafters import make_drafter
+from specula.drafters.base import DraftBudget, DraftContext
+from specula.drafters.draft_tree import DraftTreeConfig, DraftTreeDrafter, truncated_child_scores
+from specula.engine import SpeculativeDecoder
+from specula.errors import ConfigError
+from specula.models.hf import HFCausalLM
+from specula.sampling import SamplingParams, make_generator, probabilities
+
+PROMPTS = [[5, 17, 33, 2, 5, 17, 40, 41, 42, 5, 17], [9]]
+MODES = {  # name -> drafter options
+    "deterministic": dict(tree_sampling="deterministic"),
+    "iid": dict(tree_sampling="iid"),
+    "iid_kseq": dict(tree_sampling="iid", tree_verifier="kseq"),
+    "without_replacement": dict(tree_sampling="without_replacement"),
+    "beam": dict(tree_sampling="beam"),
+}
+SAMPLED = ("iid", "iid_kseq", "without_replacement", "beam")
+
+
+def decoder(model, draft_model, **options) -> SpeculativeDecoder:
+    drafter = make_drafter("draft-tree", draft=HFCausalLM(draft_model, "draft"), **options)
+    return SpeculativeDecoder(HFCausalLM(model, "target"), drafter, eos_token_ids=[])
+
+
+def context(tokens, params: SamplingParams, seed: int = 0, nodes: int = 64, depth: int = 8) -> DraftContext:
+    return DraftContext(list(tokens), len(tokens), params, DraftBudget(nodes, depth), make_generator(seed))
+
+
+@torch.inference_mode()
+def draft_dist(model, ids: list[int], params: SamplingParams) -> torch.Tensor:
+    return probabilities(model(torch.tensor([ids])).logits[0, -1], params)  # [vocab]
+
+
+# ---------------------------------------------------------------------------- greedy
+def test_greedy_output_equals_plain_greedy_in_every_mode(arch):
+    model = tiny_model(arch, seed=3)
+    draft = perturbed_copy(model, 0.1)
+    for name, options in MODES.items():
+        dec = decoder(model, draft, **options)
+        for prompt in PROMPTS:
+            out = dec.generate(prompt, SamplingParams(max_new_tokens=24, ignore_eos=True))
+            assert out.token_ids == reference_greedy(model, prompt, 24), (arch, name, prompt)
+
+
+def test_top1_chain_from_the_target_itself_is_fully_accepted():
+    model = tiny_model("llama", seed=4)
+    dec = decoder(model, model, tree_top_k=1, tree_depth=4)
+    out = dec.generate(PROMPTS[0], SamplingParams(max_new_tokens=25, ignore_eos=True))
+    assert out.token_ids == reference_greedy(model, PROMPTS[0], 25)
+    assert out.stats.accepted_tokens == out.stats.drafted_tokens > 0
+    assert out.stats.steps == 5  # 5 tokens per step (4 drafts + bonus)
+
+
+def test_greedy_tree_is_eagle2_dynamic_expansion():
+    """Candidates are top-k children of the best-k nodes per level, scored by the product of
+    draft softmax probabilities along the path, and the best N are kept."""
+    draft = tiny_model("qwen2", seed=5)
+    drafter = DraftTreeDrafter(HFCausalLM(draft), DraftTreeConfig(tree_top_k=3, tree_depth=3, tree_nodes=7))
+    prompt = PROMPTS[0]
+    tree = drafter.propose(context(prompt, SamplingParams())).tree
+    assert len(tree) == 7 and tree.max_depth <= 3
+    soft = SamplingParams(temperature=1.0)
+    for i in range(len(tree)):
+        path = tree.tokens_of(tree.path_to(i))
+        expected = math.prod(float(draft_dist(draft, prompt + path[:j], soft)[path[j]]) for j in range(len(path)))
+        assert tree.scores[i] == pytest.approx(expected, rel=1e-4)
+        siblings = [tree.tokens[c] for c in tree.children[tree.parents[i] + 1]]
+        top = draft_dist(draft, prompt + path[:-1], soft).topk(3).indices.tolist()
+        assert set(siblings) <= set(top)
+    # Scores shrink along paths, so the best N form an ancestor-closed tree.
+    assert all(tree.scores[c] <= tree.scores[p] for c, p in enumerate(tree.parents) if p >= 0)
+
+
+# ---------------------------------------------------------------------------- sampled proposals
+@pytest.mark.parametrize("name", SAMPLED)
+def test_sampled_proposals_match_their_declared_scheme(name):
+    """q rows are the draft's processed distribution at each node's context; children have
+    q > 0, are distinct without replacement, never exceed k per node; budgets hold."""
+    draft = tiny_model("qwen2", seed=6)
+    drafter = DraftTreeDrafter(HFCausalLM(draft), DraftTreeConfig(**MODES[name], tree_top_k=3, tree_nodes=10))
+    params = SamplingParams(temperature=1.2, top_k=40)
+    prompt = PROMPTS[0]
+    for seed in range(3):
+        prop = drafter.propose(context(prompt, params, seed, nodes=9, depth=3))
+        tree = prop.tree
+        assert prop.sibling_mode == DraftTreeConfig(**MODES[name]).sibling_mode
+        assert 0 < len(tree) <= 9 and tree.max_depth <= 3
+        for row, kids in enumerate(tree.children):
+            if not kids:
+                continue
+            path = tree.tokens_of(tree.path_to(row - 1)) if row else []
+            torch.testing.assert_close(prop.q[row], draft_dist(draft, prompt + path, params), atol=1e-5, rtol=1e-4)
+            toks = [tree.tokens[c] for c in kids]
+            assert len(kids) <= 3 and all(float(prop.q[row, t]) > 0 for t in toks)
+            if name in ("without_replacement", "beam"):
+                assert len(set(toks)) == len(toks)
+        drafter._finish(())  # as observe() would: the draft cache drops the drafted tree
+
+
+def test_without_replacement_root_children_follow_the_sequential_law():
+    draft = tiny_model("llama", seed=7, vocab=8)
+    drafter = DraftTreeDrafter(HFCausalLM(draft), DraftTreeConfig(tree_sampling="without_replacement",
+                                                                 tree_top_k=2, tree_depth=1))
+    params = SamplingParams(temperature=1.5)
+    q = draft_dist(draft, [3, 5, 1], params).double()
+    exact = q[:, None] * q[None, :] / (1 - q[:, None])
+    exact.fill_diagonal_(0)
+    n = 1500
+    pairs = torch.empty(n, dtype=torch.long)
+    for s in range(n):
+        tree = drafter.propose(context([3, 5, 1], params, seed=s)).tree
+        pairs[s] = tree.tokens[0] * 8 + tree.tokens[1]
+        drafter._finish(())
+    assert tv(pairs, exact) < tv_bound(exact, n)
+
+
+def test_beam_children_are_a_gumbel_prefix_independent_of_their_count():
+    """Stochastic beam search keeps, under each beam node, a prefix of its Gumbel order whose
+    length depends on key values only, which are independent of the tokens holding them: the
+    first child of the best root child follows q at its context whatever its child count."""
+    draft = tiny_model("llama", seed=7, vocab=8)
+    drafter = DraftTreeDrafter(HFCausalLM(draft), DraftTreeConfig(tree_sampling="beam", tree_top_k=2, tree_depth=2))
+    params = SamplingParams(temperature=1.5)
+    groups: dict[tuple[int, int], list[int]] = {}
+    for s in range(800):
+        tree = drafter.propose(context([3, 5, 1], params, seed=s)).tree
+        drafter._finish(())
+        assert len(tree.children[0]) == 2 and sum(1 for d in tree.depth if d == 2) == 2  # width per level
+        best = tree.children[0][0]
+        kids = tree.children[best + 1]  # never empty: the best root child's best child keeps its score
+        groups.setdefault((tree.tokens[best], len(kids)), []).append(tree.tokens[kids[0]])
+    a = max(range(8), key=lambda t: len(groups.get((t, 1), [])) + len(groups.get((t, 2), [])))
+    q = draft_dist(draft, [3, 5, 1, a], params).double()
+    for count in (1, 2):
+        toks = groups.get((a, count), [])
+        assert len(toks) >= 80, (a, count, len(toks))  # the count really varies
+        assert tv(torch.tensor(toks), q) < tv_bound(q, len(toks)), count
+
+
+def test_truncated_gumbel_child_scores():
+    keys = torch.tensor([3.0, 1.5, -0.2, -4.0], dtype=torch.float64)
+    g = truncated_child_scores(0.7, keys, float(keys.max()))
+    assert float(g[0]) == pytest.approx(0.7)  # the best child inherits the parent's score
+    assert bool((g[1:] < g[:-1]).all()) and bool((g <= 0.7).all())
+    exact = -torch.log(math.exp(-0.7) - math.exp(-3.0) + torch.exp(-keys))
+    torch.testing.assert_close(g, exact)
+
+
+# ---------------------------------------------------------------------------- cache and seeds
+def test_draft_cache_stays_exact_across_steps():
+    model = tiny_model("qwen2", seed=3)
+    draft = perturbed_copy(model, 0.1)
+    draft_lm = HFCausalLM(draft, "draft")
+    drafter = make_drafter("draft-tree", draft=draft_lm, tree_sampling="without_replacement")
+    dec = SpeculativeDecoder(HFCausalLM(model, "target"), drafter, eos_token_ids=[])
+    out = dec.generate(PROMPTS[0], SamplingParams(temperature=1.0, max_new_tokens=30, seed=3, ignore_eos=True))
+    full = PROMPTS[0] + out.token_ids
+    assert draft_lm.tokens == full[: len(draft_lm.tokens)] and len(draft_lm.tokens) > len(PROMPTS[0])
+    with torch.inference_mode():
+        ref = draft(torch.tensor([draft_lm.tokens]), use_cache=True).past_key_values
+    for (k, v), layer in zip(draft_lm.cache_tensors(), ref.layers):
+        torch.testing.assert_close(k, layer.keys, atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(v, layer.values, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("name", ["deterministic", *SAMPLED])
+def test_sampling_is_reproducible_with_a_seed(name):
+    model = tiny_model("qwen2", seed=7)
+    dec = decoder(model, perturbed_copy(model, 0.3), **MODES[name])
+
+    def run(seed: int) -> list[int]:
+        return dec.generate(PROMPTS[0], SamplingParams(temperature=1.0, max_new_tokens=16, seed=seed,
+                                                       ignore_eos=True)).token_ids
+
+    assert run(123) == run(123)
+    assert len({tuple(run(s)) for s in range(4)}) > 1
+
+
+# ---------------------------------------------------------------------------- the output law
+def test_sampled_output_follows_the_target_distribution_in_every_mode():
+    """End to end through the loop on a vocabulary of 8 (temperature 1.5, depth-2 trees in the
+    first step): the first two tokens, pooled over all modes (one mode per seed), follow the
+    target's joint law; each mode's first token follows p."""
+    model = tiny_model("llama", seed=8, vocab=8)
+    draft = tiny_model("llama", seed=9, vocab=8)
+    prompt, temp = [3, 5, 1], 1.5
+    with torch.inference_mode():
+        p1 = torch.softmax(model(torch.tensor([prompt])).logits[0, -1] / temp, -1).double()
+        joint = torch.stack([
+            p1[a] * torch.softmax(model(torch.tensor([prompt + [a]])).logits[0, -1] / temp, -1) for a in range(8)
+        ]).flatten()  # [64]
+    names = list(MODES)
+    decoders = [decoder(model, draft, **MODES[n], tree_top_k=3, tree_depth=2, tree_nodes=8) for n in names]
+    trials = 2000
+    pairs = torch.empty(trials, dtype=torch.long)
+    for s in range(trials):
+        ids = decoders[s % len(names)].generate(
+            prompt, SamplingParams(temperature=temp, max_new_tokens=3, seed=s, ignore_eos=True)).token_ids
+        pairs[s] = ids[0] * 8 + ids[1]
+    assert tv(pairs, joint) < tv_bound(joint, trials, c=2.0)
+    assert tv(pairs, torch.roll(joint, 1)) > 0.3  # the check has power
+    for m, name in enumerate(names):
+        firsts = pairs[m :: len(names)] // 8
+        assert tv(firsts, p1) < tv_bound(p1, len(firsts)), name
+
+
+# ---------------------------------------------------------------------------- configuration
+def test_configuration_errors():
+    draft = HFCausalLM(tiny_model("llama"))
+    with pytest.raises(ConfigError, match="--draft"):
+        make_drafter("draft-tree")
+    with pytest.raises(ConfigError, match="kseq needs i.i.d."):
+        make_drafter("draft-tree", draft=draft, tree_sampling="beam", tree_verifier="kseq")
+    with pytest.raises(ConfigError, match="tree_sampling"):
+        make_drafter("draft-tree", draft=draft, tree_sampling="greedy")
+    with pytest.raises(ConfigError, match="tree_depth"):
+        make_drafter("draft-tree", draft=draft, tree_depth=0)
+    with pytest.raises(ConfigError, match="does not take num_draft_tokens"):
+        make_drafter("draft-tree", draft=draft, num_draft_tokens=3)
+    assert make_drafter("draft-tree", draft=draft).propose(
+        context([1, 2], SamplingParams(), nodes=0)).tree.tokens == ()
+
+
+def test_cli_options_reach_the_drafter():
+    from specula.cli import build_parser
+    from specula.commands.common import drafter_options
+
+    args = build_parser().parse_args(["generate", "--target", "x", "--prompt", "hi", "--method", "draft-tree",
+                                      "--tree-sampling", "iid", "--tree-verifier", "kseq", "--tree-top-k", "2",
+                                      "--tree-depth", "3", "--tree-nodes", "9"])
+    opts = drafter_options(args, "draft-tree")
+    assert opts == dict(tree_sampling="iid", tree_verifier="kseq", tree_top_k=2, tree_depth=3, tree_nodes=9)
+    config = make_drafter("draft-tree", draft=HFCausalLM(tiny_model("llama")), **opts).config
+    assert config.sibling_mode == "iid_kseq" and config.tree_nodes == 9
