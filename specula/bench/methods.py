@@ -9,7 +9,6 @@ from dataclasses import dataclass
 from typing import Callable, Literal, Protocol, Sequence
 
 from specula.bench.machine import sync_device
-from specula.drafters import make_drafter
 from specula.engine import EngineConfig, SpeculativeDecoder
 from specula.errors import ConfigError
 from specula.models.hf import HFCausalLM
@@ -54,6 +53,7 @@ class SpeculaMethod:
         self.name = name
         self.decoder = decoder
         self.lossless = not bool(getattr(decoder.drafter, "lossy", False))
+        self.planner = decoder.planner is not None
 
     def generate(self, prompt_ids: Sequence[int], params: SamplingParams) -> MethodOutput:
         device = self.decoder.target.device
@@ -71,12 +71,6 @@ class SpeculaMethod:
         return None if value is None else int(value)
 
 
-def eos_ids(target: HFCausalLM, tokenizer) -> frozenset[int]:
-    """The end-of-sequence ids the decode loop stops on (model and tokenizer), used by every
-    method and peer alike."""
-    return SpeculativeDecoder(target, make_drafter(BASELINE), tokenizer).eos_token_ids
-
-
 def build_specula_methods(
     names: Sequence[str],
     target: HFCausalLM,
@@ -84,16 +78,18 @@ def build_specula_methods(
     draft: HFCausalLM | None = None,
     options: Callable[[str], dict] = lambda name: {},
     engine: EngineConfig = EngineConfig(),
+    planner_for: Callable[[str], object] = lambda name: None,
 ) -> list[SpeculaMethod]:
-    """One decoder per method name, all on the same target backend (and draft). `none` comes first
-    even when not named. The decoders get no tokenizer (no per-step text decoding inside the
-    timed call); they stop on the same EOS ids as a tokenizer-aware decoder would."""
+    """One decoder per method name (built as `specula generate` builds it: `api.build_decoder`),
+    all on the same target backend (and draft). `none` comes first even when not named and
+    never gets a planner; `planner_for(name)` may give the others one (e.g. from --cost-curve)."""
+    from specula.api import build_decoder
+
     ordered = [BASELINE, *(n for n in dict.fromkeys(names) if n != BASELINE)]
-    eos = eos_ids(target, tokenizer)
     methods = []
     for name in ordered:
-        drafter = make_drafter(name, target=target, draft=draft, **options(name))
-        decoder = SpeculativeDecoder(target, drafter, None, eos_token_ids=sorted(eos), config=engine)
+        planner = None if name == BASELINE else planner_for(name)
+        decoder = build_decoder(name, target, tokenizer, draft, engine=engine, planner=planner, **options(name))
         methods.append(SpeculaMethod(name, decoder))
     return methods
 

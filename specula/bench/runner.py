@@ -232,7 +232,8 @@ def run_bench(
     out.mkdir(parents=True, exist_ok=True)
     head = {
         "machine": {}, "config": {}, "cost_curve": None, **(header or {}),
-        "methods": [{"name": m.name, "kind": m.kind, "lossless": m.lossless} for m in methods],
+        "methods": [{"name": m.name, "kind": m.kind, "lossless": m.lossless,
+                     "planner": bool(getattr(m, "planner", False))} for m in methods],
         "categories": categories_of(prompts),
         "greedy": settings.params.greedy,
         "started_at": now_iso(),

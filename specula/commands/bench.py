@@ -11,7 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from specula.commands.common import (
-    add_method_args, add_model_args, add_sampling_args, drafter_options, load_config, method_help, sampling_params,
+    add_method_args, add_model_args, add_sampling_args, drafter_options, load_config, method_help, planner_from_args,
+    sampling_params,
 )
 from specula.errors import ConfigError
 
@@ -117,16 +118,16 @@ def _cost_curve(args: argparse.Namespace, target) -> dict | None:
 def execute(args: argparse.Namespace, bench: BenchPlan, target, tokenizer, draft) -> int:
     """Run a validated bench on loaded models; returns the exit code."""
     from specula.bench.machine import machine_info
-    from specula.bench.methods import build_specula_methods, eos_ids
+    from specula.bench.methods import build_specula_methods
     from specula.bench.peers import build_peers
     from specula.bench.report import ordered
     from specula.bench.runner import run_bench
     from specula.engine import EngineConfig
 
     engine = EngineConfig(max_tree_nodes=args.max_tree_nodes)
-    methods = build_specula_methods(bench.methods, target, tokenizer, draft,
-                                    lambda m: drafter_options(args, m), engine)
-    eos = sorted(eos_ids(target, tokenizer))
+    methods = build_specula_methods(bench.methods, target, tokenizer, draft, lambda m: drafter_options(args, m),
+                                    engine, lambda m: planner_from_args(args))
+    eos = sorted(methods[0].decoder.eos_token_ids)
     peers = build_peers(bench.peers, target.model, eos, draft.model if draft is not None else None)
     header = {
         "machine": machine_info(target.device),
