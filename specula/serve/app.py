@@ -170,12 +170,12 @@ class _Handler(BaseHTTPRequestHandler):
 
     def handle_expect_100(self) -> bool:
         """Refuse an oversized body before the client sends it."""
+        self._begin()
         try:
             self._check_length()
         except APIError as exc:
             self.close_connection = True
-            self._send_error(exc, _route_label(self._path()))
-            self.server.metrics.record_request(_route_label(self._path()), exc.status)
+            self._send_error(exc)
             return False
         return super().handle_expect_100()
 
@@ -183,24 +183,27 @@ class _Handler(BaseHTTPRequestHandler):
         path = self.path.split("?", 1)[0]
         return path.rstrip("/") or "/"
 
-    def _routes(self) -> dict[str, tuple[str, Callable[[str], None]]]:
+    def _route(self, path: str) -> tuple[str, Callable[[], None]] | None:
+        """(allowed method, handler) of a path, or None."""
+        if path.startswith("/v1/models/"):
+            return "GET", self._model
         return {
-            "/v1/completions": ("POST", lambda label: self._generate(label, "completions")),
-            "/v1/chat/completions": ("POST", lambda label: self._generate(label, "chat")),
+            "/v1/completions": ("POST", lambda: self._generate("completions")),
+            "/v1/chat/completions": ("POST", lambda: self._generate("chat")),
             "/v1/models": ("GET", self._models),
             "/health": ("GET", self._health),
             "/metrics": ("GET", self._metrics),
-        }
+        }.get(path)
+
+    def _begin(self) -> None:
+        """Per-request state (a connection's handler serves many requests)."""
+        self._status, self._label, self._recorded, self._t0 = 0, _route_label(self._path()), False, None
 
     def _dispatch(self, method: str) -> None:
         path = self._path()
-        label = _route_label(path)
-        self._status, self._label, self._recorded, self._t0 = 0, label, False, None
+        self._begin()
         try:
-            if path.startswith("/v1/models/"):
-                route: tuple[str, Callable[[str], None]] | None = ("GET", self._model)
-            else:
-                route = self._routes().get(path)
+            route = self._route(path)
             if route is None:
                 raise APIError(404, f"Unknown route {method} {path}; routes: POST /v1/completions, "
                                     "POST /v1/chat/completions, GET /v1/models, GET /health, GET /metrics",
@@ -210,15 +213,21 @@ class _Handler(BaseHTTPRequestHandler):
                 raise APIError(405, f"{method} is not allowed on {path}; use {allowed}", code="method_not_allowed")
             if path.startswith("/v1/"):
                 self._authorize()
-            handler(label)
+            handler()
         except APIError as exc:
-            self._send_error(exc, label)
+            self._send_error(exc)
         except _ClientGone:
             self.close_connection = True
             self._status = CLIENT_GONE
         except (BrokenPipeError, ConnectionResetError):  # a write failed: the client is gone
             self.close_connection = True
             self._status = CLIENT_GONE
+        except Exception as exc:  # a bug must cost one request, never the connection thread's silence
+            log.exception("request %s %s failed", method, path)
+            self.close_connection = True
+            if not self._status:  # nothing sent yet: answer with OpenAI's error object
+                self._send_error(APIError(500, f"internal server error: {type(exc).__name__}: {exc}",
+                                          type="server_error", code="internal_error"))
         finally:
             if self._status:
                 self._record(self._status)
@@ -261,30 +270,30 @@ class _Handler(BaseHTTPRequestHandler):
     def _send_json(self, status: int, payload: dict[str, Any], headers: dict[str, str] | None = None) -> None:
         self._send(status, json.dumps(payload).encode(), "application/json", headers)
 
-    def _send_error(self, exc: APIError, label: str) -> None:
+    def _send_error(self, exc: APIError) -> None:
         headers = {}
         if exc.status == 405:
-            route = self._routes().get(self._path())
+            route = self._route(self._path())
             headers["Allow"] = route[0] if route else "GET"
         if exc.status == 401:
             headers["WWW-Authenticate"] = "Bearer"
         self._send_json(exc.status, exc.body(), headers)
 
     # ------------------------------------------------------------------ simple routes
-    def _health(self, label: str) -> None:
+    def _health(self) -> None:
         worker = self.server.worker
         self._send_json(200, {"status": "ok", "model": self.server.config.model_name,
                               "method": self.server.spec.method,
                               "queue_depth": int(self.server.metrics.queue_depth.value()),
                               "max_context": worker.max_context})
 
-    def _metrics(self, label: str) -> None:
+    def _metrics(self) -> None:
         self._send(200, self.server.metrics.render().encode(), METRICS_CONTENT_TYPE)
 
-    def _models(self, label: str) -> None:
+    def _models(self) -> None:
         self._send_json(200, protocol.models_body(self.server.config.model_name, self.server.created))
 
-    def _model(self, label: str) -> None:
+    def _model(self) -> None:
         name = self.path.split("?", 1)[0][len("/v1/models/"):]
         listed = protocol.models_body(self.server.config.model_name, self.server.created)["data"][0]
         if name != listed["id"]:
@@ -339,7 +348,7 @@ class _Handler(BaseHTTPRequestHandler):
                 raise event
             return event
 
-    def _generate(self, label: str, endpoint: protocol.Endpoint) -> None:
+    def _generate(self, endpoint: protocol.Endpoint) -> None:
         body = self._read_json()
         request = protocol.parse_request(endpoint, body, self.server.config.model_name)
         job = self.server.worker.submit(request)

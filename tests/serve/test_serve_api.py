@@ -266,6 +266,8 @@ def test_routes_and_methods(server):
 
 
 def test_body_over_the_limit_is_413(server):
+    key = ("specula_requests_total", (("endpoint", "/v1/completions"), ("status", "413")))
+    before = scrape(server).get(key, 0)
     big = {**OK_COMPLETION, "prompt": "w05 " * 3000}
     status, error = _err(server, "POST", "/v1/completions", big)
     assert status == 413 and error["code"] == "request_too_large"
@@ -275,8 +277,9 @@ def test_body_over_the_limit_is_413(server):
                      b"Content-Length: 100000\r\nExpect: 100-continue\r\n\r\n")
         head = sock.recv(65536).decode()
     assert head.startswith("HTTP/1.1 413"), head
-    # The server still answers afterwards.
+    # The server still answers afterwards, and counted both refusals.
     assert http_call(server, "GET", "/health")[0] == 200
+    assert scrape(server)[key] == before + 2
 
 
 def test_openai_client_raises_typed_errors(client):
