@@ -112,7 +112,8 @@ def render_markdown(doc: dict[str, Any]) -> str:
         "# specula bench",
         "",
         f"- target `{cfg.get('target')}`" + (f", draft `{cfg['draft']}`" if cfg.get("draft") else "")
-        + f", {cfg.get('dtype')}, {cfg.get('attn')} attention",
+        + f", {cfg.get('dtype')}" + (f" ({cfg['quantize']})" if cfg.get("quantize", "none") != "none" else "")
+        + f", {cfg.get('attn')} attention",
         f"- prompts: {cfg.get('prompts')}, {doc['prompts_done']} of {doc['prompts_total']} done ({status}); "
         f"categories: {', '.join(categories)}",
         f"- {sampling}, max {cfg.get('max_new_tokens')} new tokens, "

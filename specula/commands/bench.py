@@ -6,6 +6,8 @@ method's greedy output differs from plain decoding (after writing the results), 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import signal
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,6 +43,8 @@ def register(sub) -> None:
                    help="context length of the cost-curve measurement at the start (default 256)")
     g.add_argument("--profile-repeats", type=int, default=3, help="cost-curve repeats per size; 0 skips it (default 3)")
     g.add_argument("--warmup-tokens", type=int, default=32, help="tokens of each method's untimed warm-up (default 32)")
+    g.add_argument("--threads", type=int, default=None,
+                   help="torch CPU threads (default: torch's choice; recorded in results.json machine)")
     g.add_argument("--no-progress", action="store_true", help="no progress bar")
     add_method_args(p)
     add_sampling_args(p)
@@ -164,7 +168,37 @@ def execute(args: argparse.Namespace, bench: BenchPlan, target, tokenizer, draft
     return 0
 
 
+def set_threads(threads: int | None) -> None:
+    """`--threads`: torch's intra-op CPU threads for the whole run."""
+    if threads is None:
+        return
+    if threads < 1:
+        raise ConfigError(f"--threads must be >= 1, got {threads}")
+    import torch
+
+    torch.set_num_threads(threads)
+
+
+@contextlib.contextmanager
+def _sigterm_as_interrupt():
+    """`kill` / `timeout` (SIGTERM) end the bench like Ctrl-C: partial results and report kept."""
+    def handler(signum, frame):
+        raise KeyboardInterrupt
+
+    try:
+        previous = signal.signal(signal.SIGTERM, handler)
+    except ValueError:  # not the main thread: leave signals alone
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def run(args: argparse.Namespace) -> int:
     bench = plan(args)
+    set_threads(args.threads)
     target, tokenizer, draft = load_models(args)
-    return execute(args, bench, target, tokenizer, draft)
+    with _sigterm_as_interrupt():
+        return execute(args, bench, target, tokenizer, draft)

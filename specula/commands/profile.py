@@ -21,6 +21,7 @@ def register(sub) -> None:
     p.add_argument("--context", type=int, default=512, help="tokens in the KV cache before each pass (default 512)")
     p.add_argument("--sizes", default="1,2,4,8,16,32,64", help="tokens per pass, comma-separated (default 1,2,4,...,64)")
     p.add_argument("--repeats", type=int, default=5, help="timed repeats per size after one warm-up (default 5)")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     p.add_argument("--out", required=True, help="output directory")
     p.set_defaults(handler=run)
 
@@ -40,11 +41,13 @@ def run(args: argparse.Namespace) -> int:
     from specula.bench.machine import machine_info
     from specula.bench.plots import COST_CURVE_PNG, plot_cost_curve
     from specula.bench.profile import measure_cost_curve
+    from specula.commands.bench import set_threads
     from specula.paths import atomic_write_json
 
     sizes = parse_sizes(args.sizes)
     if args.repeats < 1 or args.context < 1:
         raise ConfigError("--repeats and --context must be >= 1")
+    set_threads(args.threads)
     target, _ = load_backend(args.target, LoadConfig(dtype=args.dtype, attn_implementation=args.attn,
                                                        quantize=args.quantize), "target")
     curve = measure_cost_curve(target, sizes, args.context, args.repeats)
