@@ -7,7 +7,9 @@ import logging
 import os
 import sys
 
-from specula.commands.common import add_method_args, add_model_args, drafter_options, load_config, method_help
+from specula.commands.common import (
+    add_method_args, add_model_args, drafter_options, load_config, method_help, planner_from_args,
+)
 
 
 def register(sub) -> None:
@@ -16,7 +18,7 @@ def register(sub) -> None:
         description="Serve /v1/completions, /v1/chat/completions (with stream), /v1/models, /health and /metrics. "
                     "Requests queue to one model; every response carries a speculative_decoding object.")
     add_model_args(p)
-    p.add_argument("--method", default=None, help=method_help() + " (default: draft-model with --draft, else prompt-lookup)")
+    p.add_argument("--method", default=None, help=method_help() + " (default: fusion = every available drafter, sized by the planner)")
     add_method_args(p)
     g = p.add_argument_group("server")
     g.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
@@ -41,11 +43,13 @@ def run(args: argparse.Namespace) -> int:
         model_name=args.served_model_name or args.target, host=args.host, port=args.port, api_key=args.api_key,
         max_body_bytes=args.max_body_bytes, chat_max_tokens=args.chat_max_tokens,
     )
-    method = args.method or ("draft-model" if args.draft else "prompt-lookup")
+    method = args.method or "fusion"
     check_method(method)
+    planner = planner_from_args(args)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s", stream=sys.stderr)
     spec = load(args.target, draft=args.draft, method=method, config=load_config(args),
-                engine=EngineConfig(max_tree_nodes=args.max_tree_nodes), **drafter_options(args, method))
+                engine=EngineConfig(max_tree_nodes=args.max_tree_nodes), planner=planner,
+                **drafter_options(args, method))
     server = create_server(spec, config)
     print(f"specula serve: {config.model_name} (method {method}) listening on {server.url}"
           f"{' (API key required)' if config.api_key else ''}", file=sys.stderr, flush=True)
