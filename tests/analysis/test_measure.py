@@ -1,0 +1,158 @@
+"""Measured acceptance: the closed forms and the Monte Carlo estimate equal exact enumeration
+and the real rules (`specula.verify`), every verifier stays below its bound, coarse-graining
+keeps the masses, and `specula analyze acceptance` runs end to end on tiny models."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from test_bounds import random_pair
+from tiny import tiny_model
+from specula.analysis.bounds import alpha_iid, alpha_without_replacement
+from specula.analysis.measure import (
+    AcceptanceConfig,
+    coarse_grain,
+    kseq_acceptance_curve,
+    position_metrics,
+    rrs_iid_acceptance,
+    rrs_wor_acceptance,
+    summarize,
+)
+from specula.errors import ConfigError
+from specula.sampling import make_generator
+from specula.tree import TokenTree
+from specula.verify import sample_iid, sample_without_replacement, verify_rrs
+
+
+def exact_rrs_wor_rejection(p: np.ndarray, q: np.ndarray, n: int) -> float:
+    """P(all n drafts drawn without replacement are rejected by RRS), by enumerating the
+    rejected tokens (small vocabularies)."""
+    if n == 0 or not q.sum() > 0:
+        return 1.0
+    p, q = p / p.sum(), q / q.sum()
+    total = 0.0
+    residual = np.maximum(p - q, 0.0)
+    nxt_p = residual / residual.sum() if residual.sum() > 0 else p
+    for x in np.flatnonzero(q > 0):
+        reject_x = q[x] - min(q[x], p[x])  # P(draw x and reject it)
+        if reject_x > 0:
+            q_next = q.copy()
+            q_next[x] = 0.0
+            total += reject_x * exact_rrs_wor_rejection(nxt_p, q_next, n - 1)
+    return total
+
+
+def test_rrs_with_replacement_closed_form_matches_the_rule():
+    rng = np.random.default_rng(0)
+    p, q = random_pair(rng, 6)
+    n, trials = 3, 4000
+    gen = make_generator(1)
+    pt, qt = torch.tensor(p), torch.tensor(q)
+    hits = 0
+    for _ in range(trials):
+        tree = TokenTree.build(sample_iid(qt, n, gen).tolist(), [-1] * n)
+        hits += len(verify_rrs(tree, pt.expand(n + 1, -1), qt.expand(n + 1, -1), gen, without_replacement=False).path) > 0
+    exact = rrs_iid_acceptance(p, q, n)[-1]
+    assert abs(hits / trials - exact) < 4 * math.sqrt(exact * (1 - exact) / trials) + 1e-9
+
+
+def test_rrs_without_replacement_estimate_matches_enumeration_and_the_rule():
+    rng = np.random.default_rng(1)
+    for _ in range(6):
+        p, q = random_pair(rng, 6)
+        mean, err = rrs_wor_acceptance(p, q, 4, np.random.default_rng(2), 400)
+        exact = np.array([1 - exact_rrs_wor_rejection(p, q, n) for n in range(1, 5)])
+        assert mean[0] == pytest.approx(exact[0], abs=1e-12)  # one draft: no sampling involved
+        assert (np.abs(mean - exact) <= 4 * err + 1e-9).all(), (mean, exact, err)
+    # And the enumeration is the rule itself: simulate verify_rrs on Gumbel-top-k siblings.
+    p, q = random_pair(np.random.default_rng(3), 5)
+    n, trials = 3, 4000
+    gen = make_generator(4)
+    pt, qt = torch.tensor(p), torch.tensor(q)
+    hits = sum(
+        len(verify_rrs(TokenTree.build(kids := sample_without_replacement(qt, n, gen).tolist(), [-1] * len(kids)),
+                       pt.expand(len(kids) + 1, -1), qt.expand(len(kids) + 1, -1), gen, without_replacement=True).path) > 0
+        for _ in range(trials)
+    )
+    exact = 1 - exact_rrs_wor_rejection(p, q, n)
+    assert abs(hits / trials - exact) < 4 * math.sqrt(exact * (1 - exact) / trials) + 1e-9
+
+
+def test_verifiers_stay_below_their_bounds():
+    rng = np.random.default_rng(5)
+    for _ in range(25):
+        p, q = random_pair(rng, int(rng.integers(2, 9)))
+        iid, wor = alpha_iid(p, q, 5), alpha_without_replacement(p, q, 5)
+        assert (rrs_iid_acceptance(p, q, 5) <= iid + 1e-9).all()
+        assert (kseq_acceptance_curve(p, q, 5) <= iid + 1e-9).all()
+        exact_wor = np.array([1 - exact_rrs_wor_rejection(p, q, n) for n in range(1, 6)])
+        assert (exact_wor <= wor + 1e-9).all()
+        overlap = np.minimum(p, q).sum()  # n = 1: every rule reaches 1 - TV
+        assert rrs_iid_acceptance(p, q, 1)[0] == pytest.approx(overlap) == kseq_acceptance_curve(p, q, 1)[0]
+
+
+def test_coarse_grain_keeps_mass_and_merges_only_a_small_tail():
+    rng = np.random.default_rng(6)
+    p = rng.dirichlet(np.ones(2000) * 0.05)
+    q = rng.dirichlet(np.ones(2000) * 0.05)
+    pc, qc = coarse_grain(p, q, 1e-3)
+    assert pc.sum() == pytest.approx(1.0) and qc.sum() == pytest.approx(1.0)
+    assert len(pc) < 2000 and pc[-1] <= 1e-3 and qc[-1] <= 1e-3
+    kept = np.sort(np.maximum(p, q))[::-1][: len(pc) - 1]  # the head holds the largest tokens
+    np.testing.assert_allclose(np.sort(np.maximum(pc[:-1], qc[:-1]))[::-1], kept)
+    full_p, full_q = coarse_grain(p, q, 0.0)
+    assert len(full_p) == int(((p > 0) | (q > 0)).sum())
+
+
+def test_summary_checks_and_position_metrics():
+    rng = np.random.default_rng(7)
+    config = AcceptanceConfig(temperatures=(0.7,), max_drafts=4, positions=3, trajectories=32)
+    records = []
+    for i in range(6):
+        p, q = random_pair(rng, 7)
+        metrics = position_metrics(p, q, 4, rng, 32)
+        records.append({"temperature": 0.7, "category": "ab"[i % 2], "prompt": i, "kept_tokens": 7,
+                        **{k: v.tolist() for k, v in metrics.items()}})
+    doc = summarize(records, config)
+    run = doc["runs"][0]
+    assert run["positions"] == 6 and set(run["categories"]) == {"a", "b"}
+    assert run["checks"]["without_replacement_bound_above_iid_bound"]
+    assert all(v["positions_above_bound"] == 0 for v in run["checks"]["verifiers"].values())
+    assert doc["config"]["max_drafts"] == 4
+    with pytest.raises(ConfigError, match="temperatures"):
+        AcceptanceConfig(temperatures=(0.0,))
+
+
+def test_analyze_acceptance_cli_end_to_end(tmp_path, tiny_tokenizer, capsys):
+    from specula.cli import main
+
+    dirs = []
+    for name, seed in (("target", 3), ("draft", 4)):
+        path = tmp_path / name
+        tiny_model("llama", seed=seed).save_pretrained(path)
+        tiny_tokenizer.save_pretrained(path)
+        dirs.append(str(path))
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("\n".join(json.dumps({"id": i, "category": c, "turns": [f"w{3 + i} w{9 + i} w{17 + i}"]})
+                                 for i, c in enumerate(["alpha", "beta"])) + "\n")
+    out = tmp_path / "out"
+    code = main(["analyze", "acceptance", "--target", dirs[0], "--draft", dirs[1], "--prompts", str(prompts),
+                 "--drafts", "3", "--temperature", "0.8", "1.2", "--positions", "4", "--trajectories", "16",
+                 "--out", str(out)])
+    assert code == 0
+    doc = json.loads((out / "results.json").read_text())
+    assert [r["temperature"] for r in doc["runs"]] == [0.8, 1.2]
+    for run in doc["runs"]:
+        assert set(run["categories"]) == {"alpha", "beta"} and 2 <= run["positions"] <= 8
+        assert len(run["overall"]["without_replacement"]) == 3
+        assert all(v["positions_above_bound"] == 0 for v in run["checks"]["verifiers"].values())
+    report = (out / "report.md").read_text()
+    assert "## T = 0.8" in report and "RRS without replacement" in report
+    assert (out / "acceptance.png").read_bytes()[:4] == b"\x89PNG"
+    assert main(["analyze", "acceptance", "--target", dirs[0], "--out", str(out)]) == 2
+    assert "needs a draft model" in capsys.readouterr().err
