@@ -56,8 +56,10 @@ def plot_speedup(doc: dict[str, Any], path: Path) -> Path | None:
     ax.set_ylim(0, top * 1.15)
     ax.set_ylabel(f"speedup vs {BASELINE} (tokens/s ratio)")
     target = doc["config"].get("target")
-    ax.set_title(f"Speedup by category, {target}, {doc['prompts_done']} prompts", fontsize=10)
-    ax.legend(fontsize=8, ncols=min(3, len(methods) + 1), loc="upper left")
+    ax.set_title(f"Speedup by category, {target}, {doc['prompts_done']} prompts (hatched: Hugging Face generate)",
+                 fontsize=10)
+    ax.legend(fontsize=8, ncols=min(4, len(methods) + 1), loc="upper center", bbox_to_anchor=(0.5, -0.12),
+              frameon=False)
     return _save(fig, path)
 
 
@@ -104,10 +106,11 @@ def plot_cost_curve(curve: dict[str, Any], path: Path, title: str = "") -> Path:
     ax.set_xscale("log", base=2)
     ax.set_yscale("log", base=2)
     ax.set_xticks(sizes, [str(n) for n in sizes])
-    top = max(ratios) * 1.5
-    ticks = [t for t in (1, 1.5, 2, 3, 4, 6, 8, 16, 32, 64) if t <= top]
+    low, top = min(1.0, min(ratios)) * 0.8, max(2.0, max(ratios)) * 1.4
+    ticks = [t for t in (0.25, 0.5, 0.75, 1, 1.5, 2, 3, 4, 6, 8, 16, 32, 64, 128) if low <= t <= top]
     ax.set_yticks(ticks, [f"{t:g}" for t in ticks])
-    ax.set_ylim(0.8, top)
+    ax.minorticks_off()
+    ax.set_ylim(low, top)
     ax.set_xlabel("tokens in the verification pass (root + draft nodes)")
     ax.set_ylabel("latency / one plain decode step")
     ax.grid(True, which="major", alpha=0.3)
