@@ -133,3 +133,16 @@ def test_bad_prompt_file_names_the_line(tmp_path, tiny_models, capsys):
     assert code == 2
     assert "line 2: not valid JSON" in capsys.readouterr().err
     assert tiny_models == []  # rejected before loading any model
+
+
+def test_sigterm_ends_the_bench_like_ctrl_c():
+    import os
+    import signal
+
+    before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(KeyboardInterrupt):
+        with bench_cmd._sigterm_as_interrupt():
+            os.kill(os.getpid(), signal.SIGTERM)  # the handler runs at the next bytecode
+            for _ in range(1000):
+                pass
+    assert signal.getsignal(signal.SIGTERM) is before
