@@ -18,14 +18,14 @@ Choices made here:
   of each child rank's acceptance for the planner to calibrate.
 - The matrix lives across requests: `reset()` keeps it. With `state_path` it is loaded at
   creation (refused for another vocabulary or tokenizer) and saved atomically at the start of
-  the next request and at interpreter exit, or on `save()`.
+  the next request and at interpreter exit (`save_states`), or on `save()`.
 """
 
 from __future__ import annotations
 
 import atexit
 import json
-import weakref
+import sys
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -156,7 +156,7 @@ class TokenRecyclingDrafter:
             path = Path(config.state_path)
             if path.exists():
                 self.load(path)
-            atexit.register(_save_at_exit, weakref.ref(self))
+            _WITH_STATE.add(self)
 
     # ------------------------------------------------------------------ drafting
     def propose(self, ctx: DraftContext) -> Proposal:
@@ -223,10 +223,27 @@ class TokenRecyclingDrafter:
         self.dirty = False
 
 
-def _save_at_exit(ref: "weakref.ref[TokenRecyclingDrafter]") -> None:
-    drafter = ref()
-    if drafter is not None and drafter.dirty:
-        drafter.save()
+_WITH_STATE: set[TokenRecyclingDrafter] = set()
+"""Drafters with a state file, kept alive until exit so that `save_states` can write them
+(a CLI run drops its drafter before the interpreter exits)."""
+
+
+def save_states() -> list[Path]:
+    """Save every drafter state with unsaved changes (registered with atexit); returns the paths.
+    A state that cannot be written is reported on stderr, not raised (this runs at exit)."""
+    saved = []
+    for drafter in list(_WITH_STATE):
+        if not drafter.dirty:
+            continue
+        try:
+            saved.append(drafter.save())
+        except OSError as exc:
+            print(f"warning: could not save the token-recycling state {drafter.config.state_path}: {exc}",
+                  file=sys.stderr)
+    return saved
+
+
+atexit.register(save_states)
 
 
 def create(*, target=None, draft=None, recycling_state: str | None = None, tokenizer=None,

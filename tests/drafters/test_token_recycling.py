@@ -187,6 +187,20 @@ def test_state_save_load_hot_start_is_lossless(tmp_path):
     assert out.stats.drafted_tokens > 0
 
 
+def test_exit_hook_saves_a_dropped_drafter(tmp_path):
+    from specula.drafters.token_recycling import save_states
+
+    state = tmp_path / "exit.npz"
+    drafter = TokenRecyclingDrafter(VOCAB, TokenRecyclingConfig(state_path=str(state)))
+    drafter.matrix[3] = np.arange(8)
+    drafter.dirty = True
+    del drafter  # as a CLI run does before the interpreter exits
+    assert state in save_states() and state.exists()
+    again = TokenRecyclingDrafter(VOCAB, TokenRecyclingConfig(state_path=str(state)))
+    assert again.matrix[3].tolist() == list(range(8)) and not again.dirty
+    assert state not in save_states()  # nothing new to write
+
+
 def test_hot_start_drafts_from_the_first_step(tmp_path):
     model = successor_model(VOCAB)
     target = HFCausalLM(model, "target")
