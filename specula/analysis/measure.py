@@ -170,6 +170,7 @@ def continuation_rows(target, draft, prompt_ids: Sequence[int], temperature: flo
     teacher-forced over it, the processed target and draft distributions predicting each
     continuation token: (tokens, p [m, vocab], q [m, vocab]) with m = len(tokens)."""
     from specula.drafters import make_drafter
+    from specula.drafters.draft_model import common_prefix_length
     from specula.engine import SpeculativeDecoder
     from specula.sampling import SamplingParams, probabilities
 
@@ -180,8 +181,9 @@ def continuation_rows(target, draft, prompt_ids: Sequence[int], temperature: flo
     start = len(prompt_ids) - 1  # row predicting cont[0]
     rows = []
     for model in (target, draft):
-        model.reset()
-        model.append(ids[:start], logits="none")
+        # Both caches hold (a prefix of) the prompt after sampling: keep it, run only the rest.
+        model.crop(min(common_prefix_length(model.tokens, ids), start))
+        model.append(ids[len(model.tokens) : start], logits="none")
         logits = model.append(ids[start:-1], logits="all")  # [m, vocab]
         model.reset()
         rows.append(probabilities(logits, params))

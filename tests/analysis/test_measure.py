@@ -156,3 +156,19 @@ def test_analyze_acceptance_cli_end_to_end(tmp_path, tiny_tokenizer, capsys):
     assert (out / "acceptance.png").read_bytes()[:4] == b"\x89PNG"
     assert main(["analyze", "acceptance", "--target", dirs[0], "--out", str(out)]) == 2
     assert "needs a draft model" in capsys.readouterr().err
+
+
+def test_continuation_rows_are_the_teacher_forced_distributions():
+    from specula.analysis.measure import continuation_rows
+    from specula.models.hf import HFCausalLM
+    from specula.sampling import SamplingParams, probabilities
+
+    target, draft = tiny_model("qwen2", seed=3), tiny_model("qwen2", seed=4)
+    prompt = [5, 17, 33, 2, 8]
+    tokens, p, q = continuation_rows(HFCausalLM(target), HFCausalLM(draft), prompt, 0.9, 6, seed=1)
+    assert 1 <= len(tokens) <= 6 and p.shape == q.shape == (len(tokens), 96)
+    params = SamplingParams(temperature=0.9)
+    with torch.inference_mode():
+        for model, rows in ((target, p), (draft, q)):
+            logits = model(torch.tensor([prompt + tokens])).logits[0, len(prompt) - 1 : -1]
+            torch.testing.assert_close(rows, probabilities(logits, params), atol=1e-5, rtol=1e-4)
