@@ -175,8 +175,9 @@ class TokenRecyclingDrafter:
     def observe(self, step: StepResult) -> None:
         tokens, rows = rows_to_write(step)
         inside = tokens < self.vocab_size
-        topk = step.logits[torch.as_tensor(rows[inside])].topk(self.config.top_k, dim=-1).indices  # [r, k]
-        self.matrix[tokens[inside]] = topk.to(torch.int32).cpu().numpy()
+        # top-k of every row, then pick (cheaper than gathering the rows of [n + 1, vocab] first)
+        topk = step.logits.topk(self.config.top_k, dim=-1).indices.to(torch.int32).cpu().numpy()  # [n + 1, k]
+        self.matrix[tokens[inside]] = topk[rows[inside]]
         self.dirty = True
 
     def reset(self) -> None:
