@@ -29,8 +29,10 @@ class LoadConfig:
     attn_implementation: str = "sdpa"
     """transformers attention kernel: sdpa or eager."""
     quantize: str = "none"
-    """none, or int8: batch-invariant int8 linear layers on CPU (fbgemm; see docs/cpu.md). Applies to
-    target and draft alike; the quantized model IS the target that decoding is lossless against."""
+    """none, or int8: int8 linear layers with per-row activation scales on CPU (fbgemm), for target and
+    draft alike. Experimental: the linears are bitwise batch invariant, but activation rounding amplifies
+    float noise from attention, so on real models speculative output can differ from plain decoding of
+    the same int8 model (measured in docs/cpu.md); use "none" where token-exact losslessness matters."""
 
 
 class Specula:

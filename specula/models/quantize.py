@@ -18,6 +18,12 @@ of the same quantized model. (It is also deprecated: importing `torch.ao.quantiz
   row is bit-identical to running that row alone (tested), which is what lossless tree
   verification needs.
 
+Limit (measured, docs/cpu.md): only the linears are batch invariant. Attention and norms stay
+float, whose tiny batch-size-dependent rounding (1e-5) can move an activation across an int8
+rounding boundary; that step is large (a row's absmax / 127), so on real models logits of a
+multi-token pass can differ from one-token passes by whole units and greedy speculative output
+can diverge from plain decoding of the same int8 model. Tiny test models do not show it.
+
 Embeddings and norms stay in the model's dtype; the output layer (`lm_head`) is quantized too
 unless listed in `skip` (it is a fifth of the FLOPs of Qwen2.5-1.5B).
 """
