@@ -195,7 +195,8 @@ class TokenRecyclingDrafter:
                 "top_k": self.config.top_k, "fingerprint": self.fingerprint}
         with atomic_file(path, "wb") as handle:
             np.savez(handle, matrix=self.matrix, meta=np.array(json.dumps(meta)))
-        self.dirty = False
+        if self.config.state_path is None or path == Path(self.config.state_path):
+            self.dirty = False  # a copy elsewhere leaves the configured state pending
         return path
 
     def load(self, path: str | Path) -> None:
