@@ -10,7 +10,7 @@
 #         License: Python Software Foundation License 2.0 (PSF-2.0).
 #         About 31 MB of source, ~10M tokens with the SmolLM2 tokenizer.
 #   text  English technical prose: (1) the English manual pages installed under /usr/share/man,
-#         sections 1, 5, 7 and 8, rendered to plain text with man(1) + col(1) (the Google Cloud
+#         sections 1, 5, 7 and 8, rendered to unwrapped plain text with man(1) + col(1) (the Google Cloud
 #         CLI's generated gcloud_* pages are left out: thousands of near-identical pages);
 #         (2) the Python documentation topics shipped in the stdlib (pydoc_data.topics, the text of
 #         `help("topic")`). Licenses: each manual page is under its package's own free license
@@ -70,7 +70,8 @@ build_text() {
   xargs -a "$work/pages.txt" -P "$(nproc)" -n 50 sh -c '
     for page; do
       base=$(basename "$page"); base=${base%.gz}
-      MANWIDTH=100 man -l "$page" 2>/dev/null | col -bx > "$0/$base.txt" || rm -f "$0/$base.txt"
+      # very wide pages (no hard line wrapping inside paragraphs), indentation dropped
+      MANWIDTH=1000 man -l "$page" 2>/dev/null | col -bx | sed -e "s/^ *//" > "$0/$base.txt" || rm -f "$0/$base.txt"
     done' "$work/man"
   "$python" - "$work/pydoc" <<'EOF'
 import pathlib, sys
