@@ -23,6 +23,7 @@ and moves it by at most about n * lump_mass for i.i.d. drafts.
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 from typing import Callable, Sequence
 
@@ -53,7 +54,7 @@ class AcceptanceConfig:
     """Seed of the continuations and of the Monte Carlo estimates."""
     lump_mass: float = 1e-4
     """Most mass (of p and of q) merged into one tail token per position."""
-    trajectories: int = 64
+    trajectories: int = 128
     """Monte Carlo trajectories per position for RRS without replacement."""
 
     def __post_init__(self) -> None:
@@ -106,7 +107,12 @@ def rrs_iid_acceptance(p: np.ndarray, q: np.ndarray, n_max: int) -> np.ndarray:
 def rrs_wor_acceptance(p: np.ndarray, q: np.ndarray, n_max: int, rng: np.random.Generator,
                        trajectories: int) -> tuple[np.ndarray, np.ndarray]:
     """P(one of n drafts without replacement is accepted by RRS), n = 1..n_max, by
-    Rao-Blackwellised Monte Carlo: (mean ``[n_max]``, standard error ``[n_max]``). n = 1 is exact."""
+    Rao-Blackwellised Monte Carlo: (mean ``[n_max]``, standard error ``[n_max]``). n = 1 is exact.
+
+    Each step's rejected tokens are drawn with uniforms stratified across the trajectories (a
+    Latin hypercube over the steps: every trajectory still follows the exact law, so the mean
+    is unbiased, but rare rejected tokens are neither missed nor over-drawn by chance). The
+    reported standard error is conservative (see the end of the function)."""
     m = trajectories
     pj = np.tile(p / p.sum(), (m, 1))  # [M, V]
     qj = np.tile(q / q.sum(), (m, 1))  # [M, V]
@@ -127,7 +133,8 @@ def rrs_wor_acceptance(p: np.ndarray, q: np.ndarray, n_max: int, rng: np.random.
             reject[j + 1 :] = reject[j]  # no further change possible
             break
         cdf = np.cumsum(over[live], axis=1)
-        u = rng.random(int(live.sum())) * cdf[:, -1]
+        strata = (rng.permutation(m) + rng.random(m)) / m  # Latin hypercube: one uniform per stratum
+        u = strata[live] * cdf[:, -1]
         x = np.minimum((cdf < u[:, None]).sum(1), pj.shape[1] - 1)  # rejected token per live trajectory
         residual = np.maximum(pj - qj, 0.0)
         res_mass = residual.sum(1, keepdims=True)
@@ -135,7 +142,10 @@ def rrs_wor_acceptance(p: np.ndarray, q: np.ndarray, n_max: int, rng: np.random.
         qj[rows[live], x] = 0.0
         q_mass = qj.sum(1, keepdims=True)
         qj = np.where(q_mass > 0, qj / np.where(q_mass > 0, q_mass, 1.0), qj)
-    return 1.0 - reject.mean(1), reject.std(1, ddof=1) / np.sqrt(m) if m > 1 else np.zeros(n_max)
+    # Owen (1997): Latin hypercube sampling never has more than M/(M-1) times the variance of
+    # i.i.d. sampling, so the i.i.d. standard error scaled by sqrt(M/(M-1)) is conservative.
+    stderr = reject.std(1, ddof=1) * math.sqrt(m / (m - 1)) / math.sqrt(m) if m > 1 else np.full(n_max, np.nan)
+    return 1.0 - reject.mean(1), stderr
 
 
 def kseq_acceptance_curve(p: np.ndarray, q: np.ndarray, n_max: int) -> np.ndarray:
@@ -210,7 +220,8 @@ def measure(target, draft, tokenizer, prompts, config: AcceptanceConfig,
                 p, q = coarse_grain(p_rows[pos].double().numpy(), q_rows[pos].double().numpy(), config.lump_mass)
                 metrics = position_metrics(p, q, config.max_drafts, rng, config.trajectories)
                 records.append({"temperature": temperature, "category": prompt.category, "prompt": prompt.id,
-                                 "kept_tokens": len(p), **{k: v.tolist() for k, v in metrics.items()}})
+                                "position": pos, "token": int(tokens[pos]), "kept_tokens": len(p),
+                                **{k: v.round(6).tolist() for k, v in metrics.items()}})
             progress(f"T={temperature:g} prompt {i + 1}/{len(prompts)} ({prompt.category}): {len(tokens)} positions")
     return summarize(records, config)
 
@@ -220,9 +231,10 @@ def _mean(rows: list[dict], key: str) -> list[float]:
 
 
 def summarize(records: list[dict], config: AcceptanceConfig) -> dict:
-    """Means per temperature (overall and per category) and the checks: does drafting without
-    replacement beat drafting with replacement, and does every verifier stay below its bound
-    (per position; RRS without replacement within 4 Monte Carlo standard errors)."""
+    """Means per temperature (overall and per category), the per-position records, and the
+    checks: does drafting without replacement beat drafting with replacement, and does every
+    verifier stay below its bound (per position; RRS without replacement within 4 Monte Carlo
+    standard errors)."""
     runs = []
     for temperature in config.temperatures:
         rows = [r for r in records if r["temperature"] == temperature]
@@ -251,6 +263,7 @@ def summarize(records: list[dict], config: AcceptanceConfig) -> dict:
             "mean_kept_tokens": round(float(np.mean([r["kept_tokens"] for r in rows])), 1),
             "overall": overall,
             "categories": categories,
+            "records": [{k: v for k, v in r.items() if k != "temperature"} for r in rows],
             "checks": {
                 "without_replacement_bound_above_iid_bound": bool(
                     np.all(np.array(overall["without_replacement"]) >= np.array(overall["iid"]) - 1e-9)),

@@ -32,8 +32,8 @@ def register(sub) -> None:
     a.add_argument("--seed", type=int, default=0, help="seed of the continuations and Monte Carlo (default 0)")
     a.add_argument("--lump-mass", type=float, default=1e-4,
                    help="per position, merge the tail tokens holding at most this mass of p and of q (default 1e-4)")
-    a.add_argument("--trajectories", type=int, default=64,
-                   help="Monte Carlo trajectories per position for RRS without replacement (default 64)")
+    a.add_argument("--trajectories", type=int, default=128,
+                   help="Monte Carlo trajectories per position for RRS without replacement (default 128)")
     a.add_argument("--out", required=True, help="output directory (results.json, report.md, acceptance.png)")
     a.set_defaults(handler=run)
 
