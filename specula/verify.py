@@ -42,6 +42,7 @@ from q, or draws without replacement from q (e.g. `sample_without_replacement`).
 __all__ = [
     "SiblingMode",
     "VerifyResult",
+    "gumbel_keys",
     "kseq_acceptance",
     "kseq_rho",
     "sample_iid",
@@ -154,14 +155,20 @@ def sample_without_replacement(q_row: torch.Tensor, k: int, generator: torch.Gen
     first i - 1 removed and renormalised). Returns LongTensor [min(k, |support of q|)] on
     q_row's device: tokens with q = 0 are never drawn. Pair with sibling mode
     "without_replacement"."""
-    q = q_row.to(device=_device(generator), dtype=torch.float64)  # [vocab]
-    k = min(int(k), int((q > 0).sum()))
+    k = min(int(k), int((q_row > 0).sum()))
     if k <= 0:
         return torch.empty(0, dtype=torch.long, device=q_row.device)
+    return gumbel_keys(q_row, generator).topk(k).indices.to(q_row.device)
+
+
+def gumbel_keys(q_row: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    """log q + Gumbel(0, 1) noise for q_row ([vocab], need not be normalised): float64
+    [vocab] on the generator's device, -inf where q = 0. Its descending order is a sample
+    without replacement from q; stochastic beam search also needs the key values."""
+    q = q_row.to(device=_device(generator), dtype=torch.float64)  # [vocab]
     u = torch.rand(q.shape, generator=generator, dtype=torch.float64, device=q.device)  # [vocab]
     u.clamp_(min=torch.finfo(torch.float64).tiny)
-    keys = q.log() - (-u.log()).log()  # log q + Gumbel(0, 1); -inf where q = 0
-    return keys.topk(k).indices.to(q_row.device)
+    return q.log() - (-u.log()).log()
 
 
 # ---------------------------------------------------------------------------- rules

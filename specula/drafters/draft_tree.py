@@ -49,7 +49,7 @@ from specula.errors import ConfigError
 from specula.models.hf import HFCausalLM
 from specula.sampling import SamplingParams, probabilities
 from specula.tree import TokenTree
-from specula.verify import SiblingMode, sample_iid, sample_without_replacement
+from specula.verify import SiblingMode, gumbel_keys, sample_iid, sample_without_replacement
 
 TreeSampling = Literal["deterministic", "iid", "without_replacement", "beam"]
 TreeVerifier = Literal["rrs", "kseq"]
@@ -106,14 +106,6 @@ def truncated_child_scores(parent: float, keys: torch.Tensor, top: float) -> tor
     Monotone in the key, and the child with key == top gets exactly `parent`."""
     v = parent - keys + _log1mexp(keys - top)  # [m]
     return parent - v.clamp(min=0.0) - torch.log1p(torch.exp(-v.abs()))
-
-
-def _gumbel_keys(q: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
-    """log q + Gumbel(0, 1) noise: [vocab] float64 (-inf where q = 0). Its descending order is a
-    sample without replacement from q (as in `specula.verify.sample_without_replacement`),
-    and unlike it we need the key values themselves for the beam selection."""
-    u = torch.rand(q.shape, generator=generator, dtype=torch.float64).clamp_(min=torch.finfo(torch.float64).tiny)
-    return q.to(torch.float64).log() - (-u.log()).log()
 
 
 # ---------------------------------------------------------------------------- the draft-side tree
@@ -296,7 +288,7 @@ class DraftTreeDrafter:
             for b, (node, logits, g_parent, log_path) in enumerate(beams):
                 q = probabilities(logits, ctx.params)  # [vocab]
                 dists.append(q)
-                keys = log_path + _gumbel_keys(q, gen)  # [vocab]
+                keys = log_path + gumbel_keys(q, gen)  # [vocab]: Gumbel-top-k order = draws w/o replacement
                 top = keys.topk(min(w, int((q > 0).sum())))
                 g_child = truncated_child_scores(g_parent, top.values, float(top.values[0]))
                 log_q = q[top.indices].double().log()

@@ -204,7 +204,7 @@ def test_sampled_output_follows_the_target_distribution_in_every_mode():
         ]).flatten()  # [64]
     names = list(MODES)
     decoders = [decoder(model, draft, **MODES[n], tree_top_k=3, tree_depth=2, tree_nodes=8) for n in names]
-    trials = 2000
+    trials = 1500
     pairs = torch.empty(trials, dtype=torch.long)
     for s in range(trials):
         ids = decoders[s % len(names)].generate(
