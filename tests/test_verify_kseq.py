@@ -53,10 +53,6 @@ def test_kseq_is_lossless_on_iid_trees():
     assert_lossless(simulate(kseq, "iid", 4 * N, seed=21), N)
 
 
-def test_kseq_chain_is_lossless():
-    assert_lossless(simulate(kseq, "chain", 4 * N, seed=22), N)
-
-
 def test_kseq_with_rho_fixed_at_one_is_detected(monkeypatch):
     """Planted wrong rule: rho = 1 even where it is infeasible (the negative residual is
     clamped), i.e. accepting too eagerly. The same check must fail."""
@@ -122,12 +118,15 @@ def test_empirical_root_acceptance_matches_the_formula():
 
 # ---------------------------------------------------------------------------- plumbing
 def test_dispatch_and_chain_equivalence():
-    gen_a, gen_b = make_generator(5), make_generator(5)
-    tree = TokenTree.chain([2, 1, 3])
-    rows = [0, 3, 2, 4]
-    a = verify(tree, P[rows], Q[rows], "iid_kseq", SamplingParams(temperature=1.0), gen_a)
-    b = verify_chain(tree, P[rows], Q[rows], gen_b)
-    assert a == b  # one child per node: K-SEQ is chain speculative sampling, same uniforms
+    """With one child per node K-SEQ is chain speculative sampling: same uniforms, same result,
+    on many random chains (so the chain rule's distribution tests cover this case)."""
+    gen, gen_a, gen_b = make_generator(4), make_generator(5), make_generator(5)
+    for _ in range(300):
+        toks = sample_iid(Q[0], 3, gen).tolist()
+        tree = TokenTree.chain(toks)
+        rows = [0] + [t + 1 for t in toks]
+        a = verify(tree, P[rows], Q[rows], "iid_kseq", SamplingParams(temperature=1.0), gen_a)
+        assert a == verify_chain(tree, P[rows], Q[rows], gen_b)
 
 
 def test_kseq_rejects_children_not_drawn_from_q():
