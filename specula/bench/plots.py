@@ -37,7 +37,7 @@ def plot_speedup(doc: dict[str, Any], path: Path) -> Path | None:
     if not methods:
         return None
     groups = ["overall", *[c for c in categories if any(c in summary[m]["by_category"] for m in methods)]]
-    fig = _figure(max(6.0, 1.1 * len(groups) * max(1, len(methods)) ** 0.5 + 2), 4.2)
+    fig = _figure(max(6.0, 0.9 * len(groups) * max(1, len(methods)) ** 0.5 + 2), 4.6)
     ax = fig.add_subplot()
     width = 0.8 / len(methods)
     top = 1.0
@@ -49,16 +49,18 @@ def plot_speedup(doc: dict[str, Any], path: Path) -> Path | None:
         top = max(top, *heights)
         bars = ax.bar(xs, heights, width, label=name, hatch="//" if entry["kind"] == "hf" else None,
                       edgecolor="white", linewidth=0.5)
-        if len(methods) * len(groups) <= 40:
-            ax.bar_label(bars, labels=[f"{v:.2f}" if v is not None else "" for v in values], fontsize=7, padding=1)
+        if len(methods) * len(groups) <= 60:
+            ax.bar_label(bars, labels=[f"{v:.2f}" if v is not None else "" for v in values], fontsize=7,
+                         padding=2, rotation=90 if len(methods) > 3 else 0,
+                         bbox={"boxstyle": "square,pad=0.05", "facecolor": "white", "edgecolor": "none", "alpha": 0.8})
     ax.axhline(1.0, color="black", linestyle="--", linewidth=1, label=f"{BASELINE} (plain decoding)")
     ax.set_xticks(range(len(groups)), groups, rotation=20 if len(groups) > 5 else 0)
-    ax.set_ylim(0, top * 1.15)
+    ax.set_ylim(0, top * (1.25 if len(methods) > 3 else 1.12))
     ax.set_ylabel(f"speedup vs {BASELINE} (tokens/s ratio)")
     target = doc["config"].get("target")
-    ax.set_title(f"Speedup by category, {target}, {doc['prompts_done']} prompts (hatched: Hugging Face generate)",
+    fig.suptitle(f"Speedup by category: {target}, {doc['prompts_done']} prompts (hatched: Hugging Face generate)",
                  fontsize=10)
-    ax.legend(fontsize=8, ncols=min(4, len(methods) + 1), loc="upper center", bbox_to_anchor=(0.5, -0.12),
+    ax.legend(fontsize=8, ncols=min(5, len(methods) + 1), loc="lower center", bbox_to_anchor=(0.5, 1.01),
               frameon=False)
     return _save(fig, path)
 
@@ -74,7 +76,7 @@ def plot_accepted_lengths(doc: dict[str, Any], path: Path) -> Path | None:
         return None
     cols = min(3, len(methods))
     rows = (len(methods) + cols - 1) // cols
-    fig = _figure(3.6 * cols + 0.4, 2.8 * rows + 0.4)
+    fig = _figure(max(5.5, 3.6 * cols + 0.4), 2.8 * rows + 0.5)
     axes = fig.subplots(rows, cols, squeeze=False)
     longest = max(max(counts[m]) for m in methods)
     for idx, name in enumerate(methods):
