@@ -133,6 +133,11 @@ class HardwarePlanner:
     def plan(self, proposal: Proposal, ctx: DraftContext, draft_seconds: float) -> tuple[Proposal, float]:
         """Keep the best-N ancestor-closed nodes; returns (proposal, predicted accepted tokens)."""
         tree = proposal.tree
+        if proposal.sibling_mode != "deterministic" and not tree.is_chain():
+            # Sampled siblings must be verified as drawn: dropping some of them by score would
+            # change the law the rule assumes (a chain may be cut: that is a stop rule).
+            self._planned_rate = None
+            return proposal, 1.0 + sum(self.estimate(proposal))
         if len(tree) == 0:
             self._planned_rate = 1.0 / (draft_seconds + self.cost.verify_seconds(1))
             self._project(0, 1.0, draft_seconds)

@@ -109,3 +109,13 @@ def test_adaptive_draft_model_is_lossless_and_drafts_less_on_a_steep_curve():
         assert out.token_ids == reference_greedy(model, [7, 8, 9, 10], 60)
         results[name] = out.stats.drafted_tokens / out.stats.steps
     assert results["steep"] < results["flat"]
+
+
+def test_sampled_sibling_trees_are_never_pruned():
+    planner = HardwarePlanner(curve=STEEP)
+    tree = TokenTree.build([5, 6, 7, 8], [-1, -1, 0, 0], scores=[0.5, 0.01, 0.2, 0.001], sources="draft-tree")
+    q = torch.full((5, 16), 1 / 16)
+    planned, expected = planner.plan(Proposal(tree, q, "without_replacement"), ctx(), 0.0)
+    assert planned.tree == tree and expected > 1.0
+    pruned, _ = planner.plan(Proposal(tree), ctx(), 0.0)  # deterministic candidates may be pruned
+    assert len(pruned.tree) < len(tree)
