@@ -21,6 +21,16 @@ def causal_logits(model, ids: list[int]) -> torch.Tensor:
     return model(torch.tensor([ids])).logits[0, -1]
 
 
+def assert_tree_logits_are_causal(model, prompt: list[int], tree: TokenTree, logits: torch.Tensor) -> None:
+    """logits [n+1, vocab]: row 0 equals the causal logits after the prompt, row i+1 those after
+    the prompt plus node i's root-to-node path."""
+    assert logits.shape == (len(tree) + 1, model.config.vocab_size)
+    torch.testing.assert_close(logits[0], causal_logits(model, prompt), atol=1e-4, rtol=1e-4)
+    for i in range(len(tree)):
+        path_tokens = tree.tokens_of(tree.path_to(i))
+        torch.testing.assert_close(logits[i + 1], causal_logits(model, prompt + path_tokens), atol=1e-4, rtol=1e-4)
+
+
 @pytest.mark.parametrize("attn", ["eager", "sdpa"])
 def test_tree_logits_equal_causal_logits_over_each_path(arch, attn):
     model = tiny_model(arch, attn)
@@ -31,11 +41,7 @@ def test_tree_logits_equal_causal_logits_over_each_path(arch, attn):
     tree = random_tree(rng, 14, 96)
     assert not tree.is_chain()
     logits = lm.forward_tree(prompt[-1], tree)
-    assert logits.shape == (len(tree) + 1, 96)
-    torch.testing.assert_close(logits[0], causal_logits(model, prompt), atol=1e-4, rtol=1e-4)
-    for i in range(len(tree)):
-        path_tokens = tree.tokens_of(tree.path_to(i))
-        torch.testing.assert_close(logits[i + 1], causal_logits(model, prompt + path_tokens), atol=1e-4, rtol=1e-4)
+    assert_tree_logits_are_causal(model, prompt, tree, logits)
 
 
 def test_cache_equals_plain_forward_after_any_sequence_of_steps(arch):

@@ -6,7 +6,7 @@ import random
 import pytest
 import torch
 
-from test_hf import causal_logits, random_tree
+from test_hf import assert_tree_logits_are_causal, random_tree
 from tiny import tiny_model
 from specula.models.hf import HFCausalLM
 from specula.tree import TokenTree
@@ -29,11 +29,7 @@ def test_incremental_tree_logits_equal_causal_logits(arch, attn):
     lm.append(prompt[:-1], logits="none")
     tree = random_tree(rng, 15, 96)
     logits = grow(lm, prompt[-1], tree, [0, 4, 9, 9])  # empty first step and an empty increment
-    assert logits.shape == (len(tree) + 1, 96)
-    torch.testing.assert_close(logits[0], causal_logits(model, prompt), atol=1e-4, rtol=1e-4)
-    for i in range(len(tree)):
-        path = tree.tokens_of(tree.path_to(i))
-        torch.testing.assert_close(logits[i + 1], causal_logits(model, prompt + path), atol=1e-4, rtol=1e-4)
+    assert_tree_logits_are_causal(model, prompt, tree, logits)
 
 
 def test_commit_after_incremental_growth_leaves_an_exact_cache(arch):
