@@ -26,13 +26,14 @@ class LoadConfig:
 
     dtype: str = "float32"
     """Weights dtype: float32 or bfloat16."""
-    attn_implementation: str = "sdpa"
-    """transformers attention kernel: sdpa or eager."""
+    attn_implementation: str = "auto"
+    """Attention kernel: sdpa, eager, batch_invariant (each query row computed alone, bitwise equal to a
+    one-token step), or auto = batch_invariant when quantize is int8, else sdpa."""
     quantize: str = "none"
     """none, or int8: int8 linear layers with per-row activation scales on CPU (fbgemm), for target and
-    draft alike. Experimental: the linears are bitwise batch invariant, but activation rounding amplifies
-    float noise from attention, so on real models speculative output can differ from plain decoding of
-    the same int8 model (measured in docs/cpu.md); use "none" where token-exact losslessness matters."""
+    draft alike. Lossless relative to the int8 model: its linears and (with attn auto) its attention are
+    bitwise batch invariant, so tree logits equal one-token logits bit for bit. It changes the model
+    itself (perplexity and agreement with float32 in docs/cpu.md)."""
 
 
 class Specula:

@@ -19,14 +19,23 @@ def add_model_args(parser: argparse.ArgumentParser, *, target_required: bool = T
                    help="target model: embedded alias (see `specula models list`), local directory, .gguf file or cached hub id")
     g.add_argument("--draft", default=None, help="draft model for draft-model methods (same tokenizer as the target)")
     g.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"), help="weights dtype (default float32)")
-    g.add_argument("--attn", default="sdpa", choices=("sdpa", "eager"), help="attention implementation (default sdpa)")
+    add_attn_arg(g)
     add_quantize_arg(g)
+
+
+def add_attn_arg(parser) -> None:
+    from specula.models.attention import ATTN_IMPLEMENTATIONS
+
+    parser.add_argument("--attn", default="auto", choices=ATTN_IMPLEMENTATIONS,
+                        help="attention implementation: batch_invariant computes every query row alone (bitwise "
+                             "equal to one-token steps); auto = batch_invariant with --quantize int8, else sdpa")
 
 
 def add_quantize_arg(parser) -> None:
     parser.add_argument("--quantize", default="none", choices=("none", "int8"),
-                        help="int8: int8 linear layers for target and draft on CPU, ~4x faster; experimental: not "
-                             "token-exact vs plain decoding on real models, see docs/cpu.md (default none)")
+                        help="int8: int8 linear layers (per-channel weights, per-row activations) for target and draft "
+                             "on CPU, ~4x faster decoding; speculative output stays identical to plain decoding of the "
+                             "int8 model, which itself differs slightly from float32 (docs/cpu.md) (default none)")
 
 
 def add_method_args(parser: argparse.ArgumentParser) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from specula.commands.common import add_quantize_arg
+from specula.commands.common import add_attn_arg, add_quantize_arg
 from specula.errors import ConfigError
 
 
@@ -16,7 +16,7 @@ def register(sub) -> None:
                     "context of C tokens, for each n; writes DIR/cost_curve.json and DIR/cost_curve.png.")
     p.add_argument("--target", required=True, help="target model (alias, local directory, .gguf file or cached hub id)")
     p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"), help="weights dtype (default float32)")
-    p.add_argument("--attn", default="sdpa", choices=("sdpa", "eager"), help="attention implementation (default sdpa)")
+    add_attn_arg(p)
     add_quantize_arg(p)
     p.add_argument("--context", type=int, default=512, help="tokens in the KV cache before each pass (default 512)")
     p.add_argument("--sizes", default="1,2,4,8,16,32,64", help="tokens per pass, comma-separated (default 1,2,4,...,64)")
@@ -52,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
                                                        quantize=args.quantize), "target")
     curve = measure_cost_curve(target, sizes, args.context, args.repeats)
     out = Path(args.out)
-    payload = {**curve.to_dict(), "target": args.target, "dtype": args.dtype, "attn": args.attn,
+    payload = {**curve.to_dict(), "target": args.target, "dtype": args.dtype, "attn": target.config._attn_implementation,
                "quantize": args.quantize,
                "machine": machine_info(target.device)}
     json_path = atomic_write_json(out / "cost_curve.json", payload)

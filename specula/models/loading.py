@@ -159,19 +159,22 @@ def _torch_dtype(dtype: str | torch.dtype) -> torch.dtype:
 
 
 def load_model(
-    spec: str | ResolvedModel, *, dtype: str | torch.dtype = "float32", attn_implementation: str = "sdpa",
+    spec: str | ResolvedModel, *, dtype: str | torch.dtype = "float32", attn_implementation: str = "auto",
     quantize: str = "none",
 ) -> tuple[Any, Any]:
     """Load `(model, tokenizer)` for a model spec (see `resolve`), offline.
 
     The model is in eval mode with gradients disabled (use it under `torch.inference_mode()`).
-    `quantize="int8"` swaps its linear layers for batch-invariant int8 ones (`specula.models.quantize`).
+    `quantize="int8"` swaps its linear layers for batch-invariant int8 ones (`specula.models.quantize`);
+    `attn_implementation="auto"` then picks batch-invariant attention (`specula.models.attention`).
     Only local files are read; loading errors become `SpeculaError`s naming the spec."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from specula.models.attention import transformers_name
     from specula.models.quantize import check_quantize, quantize_model
 
     check_quantize(quantize)
+    attn_name = transformers_name(attn_implementation, quantize)
     resolved = spec if isinstance(spec, ResolvedModel) else resolve(spec)
     torch_dtype = _torch_dtype(dtype)
     kwargs: dict[str, Any] = {"local_files_only": True}
@@ -179,7 +182,7 @@ def load_model(
         kwargs["gguf_file"] = str(resolved.gguf_file)
     try:
         model = AutoModelForCausalLM.from_pretrained(
-            str(resolved.path), dtype=torch_dtype, attn_implementation=attn_implementation, **kwargs
+            str(resolved.path), dtype=torch_dtype, attn_implementation=attn_name, **kwargs
         )
         tokenizer = AutoTokenizer.from_pretrained(str(resolved.path), **kwargs)
     except ImportError as exc:

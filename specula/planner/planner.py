@@ -77,6 +77,7 @@ def cost_cache_key(target, context: int) -> str:
         "torch": torch.__version__,
         "context_bucket": context,
         "quantize": getattr(target, "quantization", "none"),
+        "attention": getattr(cfg, "_attn_implementation", None),
     }
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]
 

@@ -15,13 +15,15 @@ from specula.drafters import make_drafter
 from specula.engine import SpeculativeDecoder
 from specula.errors import ConfigError
 from specula.models.hf import HFCausalLM
+from specula.models.attention import transformers_name
 from specula.models.quantize import RowInt8Linear, quantize_model
 from specula.sampling import SamplingParams
 from specula.tree import TokenTree
 
 
 def quantized_tiny(arch: str, seed: int = 0, **kwargs):
-    return quantize_model(tiny_model(arch, seed=seed, **kwargs), "int8")
+    """A tiny int8 model configured as users get it (`--quantize int8`: batch-invariant attention)."""
+    return quantize_model(tiny_model(arch, attn=transformers_name("batch_invariant"), seed=seed, **kwargs), "int8")
 
 
 def rows_with_varied_ranges(n: int, width: int, seed: int = 0) -> torch.Tensor:
@@ -89,7 +91,7 @@ def test_quantized_tree_logits_equal_causal_logits_over_each_path(arch):
 
 @pytest.mark.parametrize("method", ["prompt-lookup", "draft-model"])
 def test_speculative_greedy_equals_plain_greedy_of_the_quantized_model(arch, method):
-    model = tiny_model(arch, seed=3)
+    model = tiny_model(arch, attn=transformers_name("batch_invariant"), seed=3)
     draft = quantize_model(perturbed_copy(model, 0.05), "int8") if method == "draft-model" else None
     quantize_model(model, "int8")
     drafter = make_drafter(method, draft=HFCausalLM(draft) if draft is not None else None,

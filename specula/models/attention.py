@@ -1,0 +1,100 @@
+"""Batch-invariant attention: a query's output does not depend on the other queries in the pass.
+
+Tree verification is lossless only if the target computes, for every node, the same numbers
+a one-token decoding step would. Float kernels do not promise that: `sdpa` and eager attention
+reduce over the keys with a blocking that depends on how many queries and keys the pass has,
+and a masked-out key sits between the visible ones, so the same logits come out rounded
+differently (1e-6 in float32, harmless; amplified to whole units by int8 activation
+quantization, see docs/cpu.md).
+
+`batch_invariant_attention` computes each query row on its own: it gathers the keys the row may
+see (committed prefix, then its ancestors, in order) into a contiguous `[kv_heads, l, head_dim]`
+block and runs the same two matmuls and softmax a one-token step runs with the same `l`. A tree
+node at depth k after a prefix of P tokens therefore sees exactly the tensors, shapes and
+layouts that plain decoding sees at position P + k, so its output is bitwise the same. Together
+with row-independent linears (`quantize.RowInt8Linear`) and row-wise norms, tree logits equal
+one-token logits bit for bit (tests/models/test_attention.py). Float `F.linear` is not row
+independent (a 1-row GEMV and an 8-row GEMM round differently, ~1e-6), so in float32 this
+attention alone does not make the model bitwise invariant; float32 does not need it, because
+nothing downstream amplifies such noise.
+
+Registered with transformers' `AttentionInterface` and `AttentionMaskInterface` under
+`BATCH_INVARIANT`; select it with `attn_implementation="batch_invariant"` (specula's name) when
+loading. Cost: a Python loop over query rows (cheap for tree passes of a few dozen rows; a long
+prompt's prefill pays a few milliseconds per hundred tokens per layer).
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import AttentionInterface
+from transformers.masking_utils import AttentionMaskInterface, eager_mask
+
+BATCH_INVARIANT = "specula_batch_invariant"
+"""The name registered with transformers (users pass `batch_invariant`)."""
+
+ATTN_IMPLEMENTATIONS = ("auto", "sdpa", "eager", "batch_invariant")
+"""Values of `--attn` / `LoadConfig.attn_implementation`. `auto`: batch_invariant for an int8 model
+(whose activation rounding needs it to stay lossless), sdpa otherwise."""
+
+
+def visible_keys(mask: torch.Tensor | None, row: int, n_queries: int, n_keys: int) -> torch.Tensor:
+    """Indices (ascending) of the keys query `row` may attend to.
+
+    mask: None (causal), a bool `[n_queries, n_keys]` (True = allowed) or an additive float one (0 = allowed)."""
+    if mask is None:
+        return torch.arange(n_keys - n_queries + row + 1)
+    allowed = mask[row] if mask.dtype == torch.bool else mask[row] == 0  # [n_keys]
+    return allowed.nonzero().flatten()
+
+
+def batch_invariant_attention(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
+    """transformers attention function. query [b, H, n, d], key/value [b, Hkv, L, d],
+    attention_mask [b, 1, n, L] or None; returns ([b, n, H, d], None)."""
+    if dropout and module.training:
+        raise ValueError("batch_invariant attention is for inference: call model.eval()")
+    if kwargs.get("softcap") or getattr(module, "sinks", None) is not None:
+        raise ValueError("batch_invariant attention does not support logit soft-capping or attention sinks; "
+                         "use attn_implementation='sdpa'")
+    b, n_heads, n, d = query.shape
+    kv_heads, n_keys = key.shape[1], key.shape[2]
+    groups = n_heads // kv_heads
+    out = query.new_empty((b, n, n_heads, d))
+    for batch in range(b):
+        mask = None if attention_mask is None else attention_mask[batch, 0]  # [n, L]
+        for row in range(n):
+            index = visible_keys(mask, row, n, n_keys)
+            k = key[batch].index_select(1, index)  # [Hkv, l, d], contiguous
+            v = value[batch].index_select(1, index)  # [Hkv, l, d]
+            q = query[batch, :, row].reshape(kv_heads, groups, d)  # [Hkv, groups, d]
+            scores = torch.matmul(q, k.transpose(1, 2)) * scaling  # [Hkv, groups, l]
+            probs = torch.softmax(scores.float(), dim=-1).to(v.dtype)
+            out[batch, row] = torch.matmul(probs, v).reshape(n_heads, d)  # [H, d]
+    return out, None
+
+
+def register() -> None:
+    """Make `BATCH_INVARIANT` a valid `attn_implementation` (idempotent)."""
+    AttentionInterface.register(BATCH_INVARIANT, batch_invariant_attention)
+    AttentionMaskInterface.register(BATCH_INVARIANT, eager_mask)
+
+
+def resolve_attention(attn_implementation: str, quantize: str = "none") -> str:
+    """One of `ATTN_IMPLEMENTATIONS` with `auto` decided (see there); unknown names are refused."""
+    from specula.errors import ConfigError
+
+    if attn_implementation not in ATTN_IMPLEMENTATIONS:
+        raise ConfigError(f"unknown attention implementation {attn_implementation!r}; "
+                          f"choose one of: {', '.join(ATTN_IMPLEMENTATIONS)}")
+    if attn_implementation == "auto":
+        return "sdpa" if quantize == "none" else "batch_invariant"
+    return attn_implementation
+
+
+def transformers_name(attn_implementation: str, quantize: str = "none") -> str:
+    """The name to give transformers for `attn_implementation` (registering ours if needed)."""
+    attn_implementation = resolve_attention(attn_implementation, quantize)
+    if attn_implementation == "batch_invariant":
+        register()
+        return BATCH_INVARIANT
+    return attn_implementation
