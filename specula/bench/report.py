@@ -69,6 +69,13 @@ def _bytes(value: int | None) -> str:
     return format_bytes(value) if value is not None else "-"
 
 
+def _prediction(e: dict[str, Any] | None) -> str:
+    if not e or not e.get("predicted_mean_accepted_tokens") or not e.get("mean_accepted_tokens"):
+        return "-"
+    predicted, realized = e["predicted_mean_accepted_tokens"], e["mean_accepted_tokens"]
+    return f"{predicted:.2f} / {realized:.2f} ({100 * (predicted - realized) / realized:+.0f}%)"
+
+
 def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     lines += ["| " + " | ".join(row) + " |" for row in rows]
@@ -147,6 +154,14 @@ def render_markdown(doc: dict[str, Any]) -> str:
     lines += _matrix(entries, categories, "tokens_per_s", _num)
     lines += ["", "## Mean accepted tokens by category", ""]
     lines += _matrix(entries, categories, "mean_accepted_tokens", _num)
+    planned = [(n, e) for n, e in entries if e.get("predicted_mean_accepted_tokens")]
+    if planned:
+        lines += ["", "## Planner: predicted vs realized mean accepted tokens", "",
+                  "The planner's expected tokens per step (bonus included) for the trees it chose, against what the "
+                  "target accepted; cells are predicted / realized (error).", ""]
+        lines += _table(["method", "overall", *categories],
+                        [[n, _prediction(e), *(_prediction(e["by_category"].get(c)) for c in categories)]
+                         for n, e in planned])
     if doc["greedy"]:
         lines += ["", "## Outputs identical to plain greedy decoding, by category", ""]
         lines += _matrix(entries, categories, "identical_fraction", _pct)

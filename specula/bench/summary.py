@@ -50,6 +50,8 @@ def aggregate(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
     verify_s = _sum(r["time"]["verify"] for r in timed)
     timed_total = _sum(r["seconds"] for r in timed)
     memory = [r["memory_bytes"] for r in runs if r.get("memory_bytes") is not None]
+    planned = [r for r in stepped if r.get("predicted_accepted")]
+    planned_steps = _sum(r["steps"] for r in planned)
     return {
         "outputs": len(runs),
         "prompts": len({r["id"] for r in runs}),
@@ -59,6 +61,8 @@ def aggregate(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "speedup": None,
         "speedup_vs_hf": None,
         "mean_accepted_tokens": _ratio(emitted, steps) if steps else None,
+        "predicted_mean_accepted_tokens": _ratio(_sum(r["predicted_accepted"] for r in planned), planned_steps)
+        if planned_steps else None,
         "acceptance_rate": _ratio(accepted, drafted) if stepped else None,
         "acceptance_by_depth": [round(a / d, 4) if d else None for a, d in zip(depth_accepted, depth_drafted)]
         if stepped else None,

@@ -48,6 +48,26 @@ def visible_keys(mask: torch.Tensor | None, row: int, n_queries: int, n_keys: in
     return allowed.nonzero().flatten()
 
 
+class _RowIndexCache:
+    """`visible_keys` for every row of the last mask seen: every layer of a forward pass gets the
+    same mask object, so the indices are computed once per pass, not once per layer."""
+
+    def __init__(self) -> None:
+        self.key: tuple | None = None  # (mask object, batch, n_queries, n_keys); holding it keeps its id unique
+        self.rows: list[torch.Tensor] = []
+
+    def get(self, attention_mask: torch.Tensor | None, batch: int, n_queries: int, n_keys: int) -> list[torch.Tensor]:
+        key = (attention_mask, batch, n_queries, n_keys)
+        if self.key is None or self.key[0] is not attention_mask or self.key[1:] != key[1:]:
+            mask = None if attention_mask is None else attention_mask[batch, 0]  # [n, L]
+            self.key = key
+            self.rows = [visible_keys(mask, row, n_queries, n_keys) for row in range(n_queries)]
+        return self.rows
+
+
+_ROW_INDEX = _RowIndexCache()
+
+
 def batch_invariant_attention(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
     """transformers attention function. query [b, H, n, d], key/value [b, Hkv, L, d],
     attention_mask [b, 1, n, L] or None; returns ([b, n, H, d], None)."""
@@ -61,9 +81,7 @@ def batch_invariant_attention(module, query, key, value, attention_mask, scaling
     groups = n_heads // kv_heads
     out = query.new_empty((b, n, n_heads, d))
     for batch in range(b):
-        mask = None if attention_mask is None else attention_mask[batch, 0]  # [n, L]
-        for row in range(n):
-            index = visible_keys(mask, row, n, n_keys)
+        for row, index in enumerate(_ROW_INDEX.get(attention_mask, batch, n, n_keys)):
             k = key[batch].index_select(1, index)  # [Hkv, l, d], contiguous
             v = value[batch].index_select(1, index)  # [Hkv, l, d]
             q = query[batch, :, row].reshape(kv_heads, groups, d)  # [Hkv, groups, d]

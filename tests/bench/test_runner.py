@@ -192,8 +192,10 @@ def test_run_bench_needs_the_baseline(tmp_path, chat_tokenizer):
                   BenchSettings(SamplingParams(), progress=False), tmp_path)
 
 
-def _record(method, category, new_tokens, seconds, lengths=None, identical=True, drafted=(), accepted=()):
+def _record(method, category, new_tokens, seconds, lengths=None, identical=True, drafted=(), accepted=(),
+            predicted=None):
     return {
+        "predicted_accepted": predicted,
         "id": f"{category}{len(lengths or [])}", "category": category, "method": method, "new_tokens": new_tokens,
         "seconds": seconds, "identical": identical, "memory_bytes": None,
         "steps": len(lengths) if lengths is not None else None, "accepted_lengths": lengths,
@@ -208,8 +210,8 @@ def _record(method, category, new_tokens, seconds, lengths=None, identical=True,
 def test_summary_math_is_ratios_of_totals():
     runs = [
         _record("none", "a", 10, 1.0, [1] * 10), _record("none", "b", 30, 1.0, [1] * 30),
-        _record("fast", "a", 10, 0.5, [2, 3, 2, 3], drafted=[4, 3], accepted=[4, 2]),
-        _record("fast", "b", 30, 0.5, [1, 4, 5], drafted=[3, 2], accepted=[2, 1], identical=False),
+        _record("fast", "a", 10, 0.5, [2, 3, 2, 3], drafted=[4, 3], accepted=[4, 2], predicted=9.0),
+        _record("fast", "b", 30, 0.5, [1, 4, 5], drafted=[3, 2], accepted=[2, 1], identical=False, predicted=12.0),
         _record("hf:greedy", "a", 8, 1.0), _record("hf:greedy", "b", 32, 1.0),
     ]
     methods = [{"name": n, "kind": "hf" if n.startswith("hf") else "specula", "lossless": True}
@@ -223,6 +225,9 @@ def test_summary_math_is_ratios_of_totals():
     assert fast["mean_accepted_tokens"] == pytest.approx(20 / 7, abs=1e-4)  # 20 tokens over 7 steps
     assert fast["acceptance_by_depth"] == [pytest.approx(6 / 7, abs=1e-4), pytest.approx(3 / 5)]
     assert fast["identical_fraction"] == 0.5
+    assert fast["predicted_mean_accepted_tokens"] == pytest.approx(21 / 7, abs=1e-4)  # planner: 21 over 7 steps
+    assert fast["by_category"]["a"]["predicted_mean_accepted_tokens"] == 9 / 4
+    assert summary["none"]["predicted_mean_accepted_tokens"] is None
     assert fast["time_split"] == {"draft": 0.1, "verify": 0.6, "other": 0.3}
     assert fast["draft_ms_per_step"] == pytest.approx(1000 * 0.1 / 7, abs=1e-3)
     assert summary["hf:greedy"]["mean_accepted_tokens"] is None and summary["hf:greedy"]["time_split"] is None
