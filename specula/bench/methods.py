@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Callable, Literal, Protocol, Sequence
+from typing import Any, Callable, Literal, Protocol, Sequence
 
 from specula.bench.machine import sync_device
 from specula.engine import EngineConfig, SpeculativeDecoder
@@ -88,15 +88,43 @@ def build_specula_methods(
     ordered = [BASELINE, *(n for n in dict.fromkeys(names) if n != BASELINE)]
     methods = []
     for name in ordered:
-        planner = None if name == BASELINE else planner_for(name)
-        decoder = build_decoder(name, target, tokenizer, draft, engine=engine, planner=planner, **options(name))
+        base, overrides = split_method(name)
+        planner = None if name == BASELINE else planner_for(base)
+        decoder = build_decoder(base, target, tokenizer, draft, engine=engine, planner=planner,
+                                **{**options(base), **overrides})
         methods.append(SpeculaMethod(name, decoder))
     return methods
 
 
+def split_method(spec: str) -> tuple[str, dict[str, Any]]:
+    """A method entry of `--methods`: `name` or a variant `name:option=value:...` (options as the
+    drafter's keyword arguments, e.g. `draft-tree:tree_sampling=iid`, `draft-model:adaptive=true`)
+    -> (name, {option: value}); values parse as int, float, true/false, else stay strings."""
+    base, *parts = spec.split(":")
+    overrides: dict[str, Any] = {}
+    for part in parts:
+        key, sep, raw = part.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"method variant {spec!r}: write options as name:option=value, e.g. "
+                              "draft-tree:tree_sampling=iid")
+        overrides[key.strip()] = _parse_value(raw.strip())
+    return base.strip(), overrides
+
+
+def _parse_value(raw: str) -> Any:
+    if raw.lower() in ("true", "false"):
+        return raw.lower() == "true"
+    for kind in (int, float):
+        try:
+            return kind(raw)
+        except ValueError:
+            pass
+    return raw
+
+
 def parse_method_list(value: str | None, has_draft: bool) -> list[str]:
-    """`--methods a,b,c` -> names (validated against the drafter registry); default:
-    none,prompt-lookup (+ draft-model with a draft)."""
+    """`--methods a,b,c` -> names (validated against the drafter registry; variants
+    `name:option=value` allowed, see `split_method`); default: none,prompt-lookup (+ draft-model with a draft)."""
     from specula.drafters import check_method
 
     if value is None:
@@ -106,5 +134,8 @@ def parse_method_list(value: str | None, has_draft: bool) -> list[str]:
         if not names:
             raise ConfigError("--methods is empty; give comma-separated method names, e.g. none,prompt-lookup")
     for name in names:
-        check_method(name)
+        base, overrides = split_method(name)
+        check_method(base)
+        if base == BASELINE and overrides:
+            raise ConfigError(f"{name!r}: the baseline {BASELINE!r} takes no options")
     return [BASELINE, *(n for n in dict.fromkeys(names) if n != BASELINE)]

@@ -94,12 +94,20 @@ def _config_record(args: argparse.Namespace, bench: BenchPlan, eos: list[int]) -
     record.update({
         "methods": bench.methods,
         "peers": bench.peers,
-        "drafter_options": {m: {k: v for k, v in drafter_options(args, m).items() if v is not None} for m in bench.methods},
+        "drafter_options": {m: _method_options(args, m) for m in bench.methods},
         "prompt_ids": [p.id for p in bench.prompts],
         "eos_token_ids": eos,
         "argv": list(sys.argv),
     })
     return record
+
+
+def _method_options(args: argparse.Namespace, spec: str) -> dict:
+    """The options a method entry runs with: command-line options, then the variant's own."""
+    from specula.bench.methods import split_method
+
+    base, overrides = split_method(spec)
+    return {**{k: v for k, v in drafter_options(args, base).items() if v is not None}, **overrides}
 
 
 def _cost_curve(args: argparse.Namespace, target) -> dict | None:

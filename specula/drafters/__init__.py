@@ -39,7 +39,13 @@ def make_drafter(method: str, *, target=None, draft=None, tokenizer=None, **opti
     check_method(method)
     module = importlib.import_module(MODULES[method])
     options = {k: v for k, v in options.items() if v is not None}
-    if tokenizer is not None and "tokenizer" in inspect.signature(module.create).parameters:
+    accepted = inspect.signature(module.create).parameters
+    unknown = sorted(set(options) - set(accepted))
+    if unknown and not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in accepted.values()):
+        valid = sorted(n for n in accepted if n not in ("target", "draft", "tokenizer"))
+        raise ConfigError(f"method {method!r} does not take {', '.join(unknown)}; "
+                          f"its options are {', '.join(valid) or 'none'}")
+    if tokenizer is not None and "tokenizer" in accepted:
         options["tokenizer"] = tokenizer
     return module.create(target=target, draft=draft, **options)
 

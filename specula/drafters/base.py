@@ -9,11 +9,12 @@ the draft distributions `q` and how siblings were drawn), and afterwards observe
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Protocol, Sequence, runtime_checkable
+from dataclasses import dataclass, fields
+from typing import Any, Protocol, Sequence, TypeVar, runtime_checkable
 
 import torch
 
+from specula.errors import ConfigError
 from specula.sampling import SamplingParams
 from specula.tree import TokenTree
 from specula.verify import SiblingMode
@@ -102,3 +103,17 @@ class Drafter(Protocol):
     def observe(self, step: StepResult) -> None: ...
 
     def reset(self) -> None: ...
+
+
+_Config = TypeVar("_Config")
+
+
+def method_config(method: str, cls: type[_Config], options: dict[str, Any], **fixed: Any) -> _Config:
+    """`cls(**fixed, **options)` for a drafter's frozen config dataclass, refusing unknown options
+    with an error that names the method and its options (instead of a TypeError)."""
+    known = {f.name for f in fields(cls)} - set(fixed)
+    unknown = sorted(set(options) - known)
+    if unknown:
+        raise ConfigError(f"method {method!r} does not take {', '.join(unknown)}; its options are "
+                          f"{', '.join(sorted(known))}")
+    return cls(**fixed, **options)

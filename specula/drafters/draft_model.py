@@ -16,7 +16,7 @@ from typing import Callable
 
 import torch
 
-from specula.drafters.base import DraftContext, Proposal, StepResult
+from specula.drafters.base import DraftContext, Proposal, StepResult, method_config
 from specula.errors import ConfigError
 from specula.models.hf import HFCausalLM
 from specula.sampling import probabilities
@@ -133,4 +133,4 @@ def create(*, target=None, draft: HFCausalLM | None = None, **options) -> DraftM
     """options: DraftModelConfig fields (num_draft_tokens)."""
     if draft is None:
         raise ConfigError("method 'draft-model' needs a draft model: pass --draft MODEL (same tokenizer as the target)")
-    return DraftModelDrafter(draft, DraftModelConfig(**options))
+    return DraftModelDrafter(draft, method_config("draft-model", DraftModelConfig, options))

@@ -38,12 +38,12 @@ siblings by these scores (only whole draw-order suffixes, chosen without looking
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Literal, Sequence, get_args
 
 import torch
 
-from specula.drafters.base import DraftContext, Proposal, StepResult
+from specula.drafters.base import DraftContext, Proposal, StepResult, method_config
 from specula.drafters.draft_model import common_prefix_length
 from specula.errors import ConfigError
 from specula.models.hf import HFCausalLM
@@ -323,8 +323,4 @@ def create(*, target=None, draft: HFCausalLM | None = None, **options) -> DraftT
     """options: DraftTreeConfig fields (tree_sampling, tree_top_k, tree_depth, tree_nodes, tree_verifier)."""
     if draft is None:
         raise ConfigError("method 'draft-tree' needs a draft model: pass --draft MODEL (same tokenizer as the target)")
-    known = {f.name for f in fields(DraftTreeConfig)}
-    unknown = sorted(set(options) - known)
-    if unknown:
-        raise ConfigError(f"method 'draft-tree' does not take {', '.join(unknown)}; its options are {', '.join(sorted(known))}")
-    return DraftTreeDrafter(draft, DraftTreeConfig(**options))
+    return DraftTreeDrafter(draft, method_config("draft-tree", DraftTreeConfig, options))

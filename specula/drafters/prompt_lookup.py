@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from specula.drafters.base import DraftContext, Proposal, StepResult
+from specula.drafters.base import DraftContext, Proposal, StepResult, method_config
 from specula.errors import ConfigError
 from specula.tree import TokenTree
 
@@ -87,4 +87,4 @@ class PromptLookupDrafter:
 
 def create(*, target=None, draft=None, **options) -> PromptLookupDrafter:
     """options: PromptLookupConfig fields (max_ngram, min_ngram, num_pred_tokens, max_matches)."""
-    return PromptLookupDrafter(PromptLookupConfig(**options))
+    return PromptLookupDrafter(method_config("prompt-lookup", PromptLookupConfig, options))

@@ -17,7 +17,7 @@ import numpy as np
 from specula.datastore.format import Datastore, DatastoreError, load_datastore
 from specula.datastore.query import continuation_prefixes, longest_match, top_prefixes
 from specula.datastore.tokenizers import target_fingerprint
-from specula.drafters.base import DraftContext, Proposal, StepResult
+from specula.drafters.base import DraftContext, Proposal, StepResult, method_config
 from specula.errors import ConfigError
 from specula.tree import TokenTree
 
@@ -108,4 +108,4 @@ def create(*, target=None, draft=None, datastore: str | None = None, tokenizer=N
     if not datastore:
         raise ConfigError("method rest needs a datastore: pass --datastore FILE "
                           "(build one with `specula datastore build --tokenizer MODEL --from PATH --out FILE`)")
-    return RestDrafter(open_datastore(datastore, target, tokenizer, verify), RestConfig(**options))
+    return RestDrafter(open_datastore(datastore, target, tokenizer, verify), method_config("rest", RestConfig, options))

@@ -35,7 +35,7 @@ import numpy as np
 import torch
 
 from specula.datastore.tokenizers import target_fingerprint
-from specula.drafters.base import DraftContext, Proposal, StepResult
+from specula.drafters.base import DraftContext, Proposal, StepResult, method_config
 from specula.errors import ConfigError
 from specula.paths import atomic_file
 from specula.tree import TokenTree
@@ -259,5 +259,5 @@ def create(*, target=None, draft=None, recycling_state: str | None = None, token
             raise ConfigError("token-recycling needs the target model (or vocab_size) to size its matrix")
         vocab_size = target.vocab_size
     fingerprint = target_fingerprint(target, tokenizer) if recycling_state else None
-    config = TokenRecyclingConfig(state_path=recycling_state, **options)
+    config = method_config("token-recycling", TokenRecyclingConfig, options, state_path=recycling_state)
     return TokenRecyclingDrafter(vocab_size, config, fingerprint)

@@ -249,3 +249,25 @@ def test_parse_compare():
         parse_compare("hf:assisted", has_draft=False)
     with pytest.raises(ConfigError, match="unknown peer 'vllm'"):
         parse_compare("vllm", has_draft=False)
+
+
+def test_method_variants_parse_and_reach_the_drafter(tiny_pair, chat_tokenizer):
+    from specula.bench.methods import build_specula_methods, parse_method_list, split_method
+
+    assert split_method("draft-tree:tree_sampling=iid:tree_top_k=3") == ("draft-tree", {"tree_sampling": "iid",
+                                                                                          "tree_top_k": 3})
+    assert split_method("draft-model:adaptive=true") == ("draft-model", {"adaptive": True})
+    names = parse_method_list("draft-tree:tree_sampling=iid,draft-tree:tree_sampling=without_replacement", True)
+    assert names == ["none", "draft-tree:tree_sampling=iid", "draft-tree:tree_sampling=without_replacement"]
+    with pytest.raises(ConfigError, match="option=value"):
+        parse_method_list("draft-tree:iid", True)
+    with pytest.raises(ConfigError, match="unknown method 'nope'"):
+        parse_method_list("nope:x=1", True)
+    target, draft = tiny_pair
+    methods = build_specula_methods(names, target, chat_tokenizer, draft)
+    assert [m.name for m in methods] == names
+    assert [m.decoder.drafter.config.tree_sampling for m in methods[1:]] == ["iid", "without_replacement"]
+    with pytest.raises(ConfigError, match="does not take tree_colour"):
+        build_specula_methods(["draft-tree:tree_colour=red"], target, chat_tokenizer, draft)
+    with pytest.raises(ConfigError, match="method 'prompt-lookup' does not take colour"):
+        build_specula_methods(["prompt-lookup:colour=red"], target, chat_tokenizer, draft)
