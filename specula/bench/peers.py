@@ -26,6 +26,7 @@ import torch
 from specula.bench.machine import sync_device
 from specula.bench.methods import MethodOutput
 from specula.errors import ConfigError
+from specula.models.attention import causal_prefill
 from specula.sampling import SamplingParams
 
 PEERS = ("hf:greedy", "hf:assisted", "hf:assisted-heuristic", "hf:prompt-lookup")
@@ -144,7 +145,8 @@ class HFPeer:
         with _quiet(), self._assistant_state() as extra, torch.inference_mode():
             sync_device(device)
             t0 = time.perf_counter()
-            out = self.model.generate(input_ids, attention_mask=mask, generation_config=cfg, **extra)  # [1, prompt + new]
+            with causal_prefill():  # batch-invariant attention (int8): prefill and candidate checks on sdpa
+                out = self.model.generate(input_ids, attention_mask=mask, generation_config=cfg, **extra)  # [1, prompt + new]
             sync_device(device)
             seconds = time.perf_counter() - t0
         return MethodOutput(out[0, input_ids.shape[1]:].tolist(), seconds, None)

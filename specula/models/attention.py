@@ -20,14 +20,24 @@ nothing downstream amplifies such noise.
 
 Registered with transformers' `AttentionInterface` and `AttentionMaskInterface` under
 `BATCH_INVARIANT`; select it with `attn_implementation="batch_invariant"` (specula's name) when
-loading. Cost: a Python loop over query rows (cheap for tree passes of a few dozen rows; a long
-prompt's prefill pays a few milliseconds per hundred tokens per layer).
+loading. Cost: a Python loop over query rows, cheap for tree passes of a few dozen rows.
+
+Prompt prefill does not need the loop: every method prefills the same prompt through
+`HFCausalLM.append`, so its cache and logits are the same for plain and speculative decoding
+whatever kernel computes them. `append` runs inside `causal_prefill()`, where passes of several
+tokens go to sdpa; one-token passes always take the row loop (the loop with one row is what the
+tree rows must match).
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+from collections.abc import Iterator
+
 import torch
 from transformers import AttentionInterface
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, eager_mask
 
 BATCH_INVARIANT = "specula_batch_invariant"
@@ -36,6 +46,19 @@ BATCH_INVARIANT = "specula_batch_invariant"
 ATTN_IMPLEMENTATIONS = ("auto", "sdpa", "eager", "batch_invariant")
 """Values of `--attn` / `LoadConfig.attn_implementation`. `auto`: batch_invariant for an int8 model
 (whose activation rounding needs it to stay lossless), sdpa otherwise."""
+
+
+_PREFILL = contextvars.ContextVar("specula_causal_prefill", default=False)
+
+
+@contextlib.contextmanager
+def causal_prefill() -> Iterator[None]:
+    """Inside this block, multi-token passes are prefills that need no batch invariance (sdpa)."""
+    token = _PREFILL.set(True)
+    try:
+        yield
+    finally:
+        _PREFILL.reset(token)
 
 
 def visible_keys(mask: torch.Tensor | None, row: int, n_queries: int, n_keys: int) -> torch.Tensor:
@@ -77,6 +100,9 @@ def batch_invariant_attention(module, query, key, value, attention_mask, scaling
         raise ValueError("batch_invariant attention does not support logit soft-capping or attention sinks; "
                          "use attn_implementation='sdpa'")
     b, n_heads, n, d = query.shape
+    if n > 1 and _PREFILL.get():
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                      **kwargs)
     kv_heads, n_keys = key.shape[1], key.shape[2]
     groups = n_heads // kv_heads
     out = query.new_empty((b, n, n_heads, d))

@@ -20,6 +20,7 @@ from transformers import DynamicCache, PreTrainedModel
 from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 
 from specula.errors import ConfigError
+from specula.models.attention import causal_prefill
 from specula.tree import TokenTree
 
 
@@ -80,13 +81,14 @@ class HFCausalLM:
         input_ids = torch.tensor([ids], dtype=torch.long, device=self.device)
         positions = torch.arange(start, start + len(ids), device=self.device).unsqueeze(0)
         keep = 1 if logits != "all" else 0  # logits_to_keep=0 keeps all
-        out = self.model(
-            input_ids=input_ids,
-            position_ids=positions,
-            past_key_values=self.cache,
-            use_cache=True,
-            logits_to_keep=keep,
-        )
+        with causal_prefill():  # every method prefills alike: no batch invariance needed (models/attention.py)
+            out = self.model(
+                input_ids=input_ids,
+                position_ids=positions,
+                past_key_values=self.cache,
+                use_cache=True,
+                logits_to_keep=keep,
+            )
         self.tokens.extend(ids)
         if logits == "none":
             return None

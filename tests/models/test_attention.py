@@ -70,3 +70,18 @@ def test_auto_picks_batch_invariant_for_int8_only():
     assert load_config(parser.parse_args(["--target", "x"])).attn_implementation == "auto"
     assert load_config(parser.parse_args(["--target", "x", "--attn", "batch_invariant"])).attn_implementation \
         == "batch_invariant"
+
+
+def test_prefill_runs_on_sdpa_and_tree_passes_on_the_row_loop(monkeypatch):
+    import specula.models.attention as attention
+
+    calls = []
+    real = attention.sdpa_attention_forward
+    monkeypatch.setattr(attention, "sdpa_attention_forward", lambda *a, **k: calls.append(a[1].shape[2]) or real(*a, **k))
+    model = invariant_tiny("qwen2", "int8")
+    lm = HFCausalLM(model)
+    lm.append(list(range(2, 20)), logits="none")  # prefill: 18 tokens, 2 layers
+    assert calls == [18, 18]
+    lm.forward_tree(5, TokenTree.chain([6, 7, 8]))  # a 4-token tree pass stays batch invariant
+    lm.commit([0, 1, 2])
+    assert calls == [18, 18]
