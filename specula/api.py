@@ -88,6 +88,8 @@ def build_decoder(method: str, target: HFCausalLM, tokenizer=None, draft: HFCaus
         planner = HardwarePlanner(target)
     if planner is not None and hasattr(drafter, "set_stop_rule"):
         drafter.set_stop_rule(planner.chain_stop_rule("draft-model"))
+    if planner is not None and hasattr(drafter, "set_rate_estimator"):
+        drafter.set_rate_estimator(planner.proposal_rate)
     return SpeculativeDecoder(target, drafter, tokenizer, planner=planner, config=engine)
 
 

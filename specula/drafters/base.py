@@ -44,6 +44,9 @@ class DraftContext:
     """Size limits for this proposal."""
     generator: torch.Generator
     """The request's seeded random generator (for drafters that sample)."""
+    baseline_rate: float | None = None
+    """Tokens/s the proposal already on the table reaches without this drafter (fusion sets it for
+    the draft model, whose adaptive stop rule then drafts only while it beats that rate)."""
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,8 @@ from specula.sampling import probabilities
 from specula.tree import TokenTree
 
 
-StopRule = Callable[[list[float], float, float], bool]
+StopRule = Callable[[list[float], float, float, "float | None"], bool]
+"""rule(raw edge scores so far, seconds per draft token, seconds drafted so far, baseline tokens/s) -> stop?"""
 """rule(raw edge scores so far, seconds per draft token, drafting seconds so far) -> stop?"""
 
 
@@ -80,15 +81,18 @@ class DraftModelDrafter:
         k = min(self.config.num_draft_tokens, ctx.budget.max_depth, ctx.budget.max_nodes)
         if k <= 0:
             return Proposal.empty()
+        adaptive = self.config.adaptive and self.stop_rule is not None
+        self.position_probs = []
+        if adaptive and self._token_seconds is not None and self.stop_rule([], self._token_seconds, 0.0,
+                                                                          ctx.baseline_rate):
+            return Proposal.empty()  # not worth a draft pass this step (the cache catches up later)
         t_start = time.perf_counter()
         logits = self.sync(ctx.tokens)
         greedy = ctx.params.greedy or self.config.greedy_proposals
-        adaptive = self.config.adaptive and self.stop_rule is not None
         drafted: list[int] = []
         scores: list[float] = []
         edges: list[float] = []
         q_rows: list[torch.Tensor] = []
-        self.position_probs = []
         path_prob = 1.0
         for j in range(k):
             probs = torch.softmax(logits.float(), -1)  # [vocab]
@@ -108,7 +112,7 @@ class DraftModelDrafter:
             if j + 1 == k:
                 break
             if adaptive and self._token_seconds is not None and self.stop_rule(
-                edges, self._token_seconds, time.perf_counter() - t_start
+                edges, self._token_seconds, time.perf_counter() - t_start, ctx.baseline_rate
             ):
                 break
             t_tok = time.perf_counter()

@@ -1,8 +1,11 @@
 """`fusion`: every available drafter proposes; one tree goes to the target (RASD-style).
 
 Sub-drafters: the draft model (if given; greedy candidates), prompt lookup, REST (if a
-datastore is given) and token recycling. Their trees are merged by longest-prefix trie
-union. Where a draft model is present, a retrieval branch (any other source) that leaves
+datastore is given) and token recycling. The model-free ones propose first (about a
+millisecond); the draft model then drafts only while its next token is expected to beat
+the rate their tree already reaches (the planner's adaptive stop rule, consulted before the
+first draft pass too, so a step can skip the draft model entirely). The trees are merged by
+longest-prefix trie union. Where a draft model is present, a retrieval branch (any other source) that leaves
 the draft chain — hangs from the root or from a draft-chain node — is kept only if the
 draft gives its first token at least `rasd_min_prob` (RASD prunes the retrieval tree with
 the draft's probabilities; the paper's exact criterion could not be read, so this is our
@@ -14,7 +17,8 @@ whole tree at any temperature.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, replace
 
 from specula.drafters.base import DraftContext, Drafter, Proposal, StepResult
 from specula.drafters.draft_model import DraftModelConfig, DraftModelDrafter
@@ -55,16 +59,30 @@ class FusionDrafter:
         self.drafters = drafters
         self.config = config
         self.draft_model = next((d for d in drafters if isinstance(d, DraftModelDrafter)), None)
+        self.rate_of = None
 
     def set_stop_rule(self, rule) -> None:
         if self.draft_model is not None:
             self.draft_model.set_stop_rule(rule)
 
+    def set_rate_estimator(self, rate_of) -> None:
+        """rate_of(proposal, draft_seconds) -> expected tokens/s of the best tree within it (the planner's)."""
+        self.rate_of = rate_of
+
     def propose(self, ctx: DraftContext) -> Proposal:
-        tree = TokenTree.empty()
-        for drafter in self.drafters:  # the draft model first: shared prefixes keep its source
-            tree = tree.merge(drafter.propose(ctx).tree)
-        if self.draft_model is not None and self.draft_model.position_probs:
+        t0 = time.perf_counter()
+        cheap = TokenTree.empty()  # model-free drafters first: about a millisecond together
+        for drafter in self.drafters:
+            if drafter is not self.draft_model:
+                cheap = cheap.merge(drafter.propose(ctx).tree)
+        if self.draft_model is None:
+            return Proposal(cheap)
+        # The draft model costs a large fraction of a target step per token: it drafts only while
+        # its tokens beat the rate the retrieval tree already reaches (its adaptive stop rule).
+        baseline = self.rate_of(Proposal(cheap), time.perf_counter() - t0) if self.rate_of is not None else None
+        tree = self.draft_model.propose(replace(ctx, baseline_rate=baseline)).tree
+        tree = tree.merge(cheap)  # the draft chain first: shared prefixes keep its source
+        if self.draft_model.position_probs:
             tree = rasd_prune(tree, self.draft_model.name, self.draft_model.position_probs, self.config.rasd_min_prob)
         return Proposal(tree)
 

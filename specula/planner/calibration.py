@@ -51,6 +51,13 @@ class Calibrator:
         k = self.config.prior_strength
         return float((acc[b] + k * raw) / (trials[b] + k))
 
+    def mean(self, source: str, prior: float = 0.5) -> float:
+        """Estimated P(accept | parent accepted) of this source's nodes whatever their score
+        (`prior` smoothed in with `prior_strength` pseudo-trials)."""
+        acc, trials = self._tables(source)
+        k = self.config.prior_strength
+        return float((acc.sum() + k * prior) / (trials.sum() + k))
+
     def update(self, source: str, raw: float, accepted: bool) -> None:
         acc, trials = self._tables(source)
         b = self._bin(min(1.0, max(0.0, float(raw))))

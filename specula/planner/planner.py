@@ -3,7 +3,10 @@
     cost model      target latency against tokens verified (measured once per model +
                     dtype + threads + context bucket, cached on disk, then corrected
                     online from observed verify times)
-    calibration     raw drafter scores -> acceptance probabilities (learned online)
+    calibration     raw drafter scores -> acceptance probabilities (learned online, per
+                    source and score bin), times one global correction factor
+                    (realized / predicted extra tokens over recent steps) that removes the
+                    optimism of picking the nodes with the highest estimates
     selection       N* = argmax_N E(N) / (T_draft + T_verify(N + 1)), N = 0 = plain step
     back-off        when drafting steps realise fewer tokens/s than plain steps would,
                     skip drafting for 1, 2, 4, ... steps (probing again after each pause),
@@ -43,6 +46,10 @@ class PlannerConfig:
     """Longest run of plain steps before drafting is probed again."""
     backoff_tolerance: float = 0.02
     """Back off only when drafting steps are predicted this much slower than plain steps."""
+    bias_decay: float = 0.97
+    """Per-step decay of the realized / predicted sums behind the global bias correction."""
+    bias_prior: float = 2.0
+    """Pseudo-tokens (realized = predicted) the bias correction starts from."""
 
 
 class CostModel:
@@ -110,6 +117,8 @@ class HardwarePlanner:
             curve = load_or_measure_curve(target, config)
         self.cost = CostModel(curve, config.cost_correction)
         self.calibrator = Calibrator(config.calibration)
+        self._bias = [config.bias_prior, config.bias_prior]  # decayed sums: realized, predicted extra tokens
+        self._step_raw: float | None = None  # uncorrected predicted extra tokens of this step's tree
         self._rate: float | None = None
         self._skip = 0
         self._backoff = 1
@@ -124,12 +133,38 @@ class HardwarePlanner:
             return False
         return True
 
-    def estimate(self, proposal: Proposal) -> list[float]:
-        """Calibrated path probability of every node."""
+    @property
+    def bias(self) -> float:
+        """Global correction factor: realized / predicted extra tokens over recent steps."""
+        return self._bias[0] / self._bias[1]
+
+    def raw_estimate(self, proposal: Proposal) -> list[float]:
+        """Path probability of every node from the per-source calibration alone."""
         tree = proposal.tree
         edges = edge_scores(tree)
         probs = [self.calibrator.estimate(src, raw) for src, raw in zip(tree.sources, edges)]
         return path_probabilities(tree, probs)
+
+    def estimate(self, proposal: Proposal) -> list[float]:
+        """Calibrated path probability of every node (bias-corrected, at most 1)."""
+        bias = self.bias
+        return [min(1.0, bias * p) for p in self.raw_estimate(proposal)]
+
+    def _best(self, proposal: Proposal, draft_seconds: float) -> tuple[list[int], float, float, float]:
+        """(best-first node order, N, expected tokens, rate) of the best ancestor-closed tree;
+        also the uncorrected expected extra tokens of those N nodes."""
+        raw = self.raw_estimate(proposal)
+        bias = self.bias
+        probs = [min(1.0, bias * p) for p in raw]
+        order = proposal.tree.with_scores(probs).best_first_order()
+        n, expected, rate = choose_size([probs[i] for i in order], draft_seconds, self.cost.verify_seconds)
+        return order[:n], expected, rate, sum(raw[i] for i in order[:n])
+
+    def proposal_rate(self, proposal: Proposal, draft_seconds: float) -> float:
+        """Expected tokens/s of the best tree within `proposal` after `draft_seconds` of drafting."""
+        if len(proposal.tree) == 0:
+            return 1.0 / (draft_seconds + self.cost.verify_seconds(1))
+        return self._best(proposal, draft_seconds)[2]
 
     def plan(self, proposal: Proposal, ctx: DraftContext, draft_seconds: float) -> tuple[Proposal, float]:
         """Keep the best-N ancestor-closed nodes; returns (proposal, predicted accepted tokens)."""
@@ -138,18 +173,21 @@ class HardwarePlanner:
             # Sampled siblings must be verified as drawn: dropping some of them by score would
             # change the law the rule assumes (a chain may be cut: that is a stop rule).
             self._planned_rate = None
+            self._step_raw = sum(self.raw_estimate(proposal))
             return proposal, 1.0 + sum(self.estimate(proposal))
         if len(tree) == 0:
             self._planned_rate = 1.0 / (draft_seconds + self.cost.verify_seconds(1))
+            self._step_raw = None
             self._project(0, 1.0, draft_seconds)
             return proposal, 1.0
-        probs = self.estimate(proposal)
-        order = tree.with_scores(probs).best_first_order()
-        n, expected, rate = choose_size([probs[i] for i in order], draft_seconds, self.cost.verify_seconds)
-        self.last_plan = {"candidates": len(tree), "chosen": n, "expected": expected, "rate": rate}
+        chosen, expected, rate, raw = self._best(proposal, draft_seconds)
+        n = len(chosen)
+        self.last_plan = {"candidates": len(tree), "chosen": n, "expected": expected, "rate": rate,
+                          "bias": self.bias}
         self._planned_rate = rate
+        self._step_raw = raw if n else None
         self._project(n, expected, draft_seconds)
-        return proposal.restrict(sorted(order[:n])), expected
+        return proposal.restrict(sorted(chosen)), expected
 
     def _project(self, nodes: int, expected: float, draft_seconds: float) -> None:
         p = self._projected
@@ -176,12 +214,16 @@ class HardwarePlanner:
     def chain_stop_rule(self, source: str):
         """A stop rule for chain drafters (SpecDec++-style, thresholds derived from the cost model):
         rule(raw_edge_scores, draft_step_seconds, draft_seconds) -> True to stop drafting."""
-        def rule(raw_edges: list[float], draft_step_seconds: float, draft_seconds: float) -> bool:
+        def rule(raw_edges: list[float], draft_step_seconds: float, draft_seconds: float,
+                 baseline_rate: float | None = None) -> bool:
+            bias = self.bias
             probs, acc = [], 1.0
             for raw in raw_edges:
                 acc *= self.calibrator.estimate(source, raw)
-                probs.append(acc)
-            return not chain_should_extend(probs, draft_step_seconds, draft_seconds, self.cost.verify_seconds)
+                probs.append(min(1.0, bias * acc))
+            first = min(1.0, bias * self.calibrator.mean(source))
+            return not chain_should_extend(probs, draft_step_seconds, draft_seconds, self.cost.verify_seconds,
+                                           baseline_rate, first)
         return rule
 
     def observe(self, step: StepResult, draft_seconds: float, verify_seconds: float) -> None:
@@ -189,6 +231,11 @@ class HardwarePlanner:
         self.cost.observe(len(tree) + 1, verify_seconds)
         if len(tree) == 0 and draft_seconds == 0.0:
             return
+        if self._step_raw is not None:  # global bias: realized vs uncorrected predicted extra tokens
+            d = self.config.bias_decay
+            self._bias[0] = d * self._bias[0] + len(step.path)
+            self._bias[1] = d * self._bias[1] + self._step_raw
+            self._step_raw = None
         on_path = set(step.path)
         edges = edge_scores(tree)
         for i, par in enumerate(tree.parents):

@@ -54,17 +54,21 @@ def choose_size(
 
 def chain_should_extend(
     path_probs: Sequence[float], draft_step_seconds: float, draft_seconds: float,
-    verify_seconds: Callable[[int], float],
+    verify_seconds: Callable[[int], float], baseline_rate: float | None = None, first_gain: float = 1.0,
 ) -> bool:
     """SpecDec++-style stop rule for a chain, derived from the cost model: after k drafted
     tokens with path probabilities `path_probs` (P(first i all accepted)), draft one more only
     if its expected gain per extra second beats the step's current tokens per second.
 
-    The next token's path probability is unknown before drafting it; it is bounded by the
-    last one, so the rule uses path_probs[-1] as the optimistic estimate of the gain."""
+    The current rate is the chain's own, or `baseline_rate` when higher (what the rest of the
+    proposal already reaches without this drafter, e.g. retrieval trees in fusion). The next
+    token's path probability is unknown before drafting it; it is bounded by the last one, so
+    the rule uses path_probs[-1] as the optimistic estimate of the gain, and `first_gain` (the
+    drafter's mean acceptance) before the first token: with k = 0, False means "do not run the
+    drafter this step at all"."""
     k = len(path_probs)
     expected = 1.0 + sum(path_probs)
-    rate = expected / (draft_seconds + verify_seconds(k + 1))
-    gain = path_probs[-1] if path_probs else 1.0
+    rate = max(expected / (draft_seconds + verify_seconds(k + 1)), baseline_rate or 0.0)
+    gain = path_probs[-1] if path_probs else first_gain
     extra = draft_step_seconds + max(0.0, verify_seconds(k + 2) - verify_seconds(k + 1))
     return extra <= 0 or gain / extra >= rate

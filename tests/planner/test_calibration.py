@@ -32,3 +32,11 @@ def test_counts_decay_so_estimates_follow_drift():
     for _ in range(500):
         cal.update("s", 0.5, False)
     assert cal.estimate("s", 0.5) < 0.1
+
+
+def test_source_mean_is_the_smoothed_acceptance_over_all_bins():
+    cal = Calibrator(CalibrationConfig(prior_strength=4.0))
+    assert cal.mean("x", prior=0.5) == 0.5
+    for raw, accepted in [(0.1, False), (0.9, True), (0.5, True), (0.5, False)] * 25:
+        cal.update("x", raw, accepted)
+    assert cal.mean("x", prior=0.5) == pytest.approx((50 + 2) / (100 + 4))

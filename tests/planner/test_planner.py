@@ -119,3 +119,38 @@ def test_sampled_sibling_trees_are_never_pruned():
     assert planned.tree == tree and expected > 1.0
     pruned, _ = planner.plan(Proposal(tree), ctx(), 0.0)  # deterministic candidates may be pruned
     assert len(pruned.tree) < len(tree)
+
+
+def test_global_bias_correction_learns_the_planner_optimism():
+    """Nodes are accepted half as often as the per-source calibration says (e.g. the winner's
+    curse of picking the best-looking nodes): the correction factor converges to about 0.5 and
+    the predicted tokens per step follow the realized ones."""
+    planner = HardwarePlanner(curve=FLAT)
+    tree = TokenTree.chain([5, 6, 7, 8], [0.8, 0.64, 0.512, 0.4096], "prompt-lookup")
+    planner.calibrator.update = lambda *a, **k: None  # freeze per-source calibration: raw stays 0.8/edge
+    raw_extra = sum(planner.raw_estimate(Proposal(tree)))
+    predicted, realized = [], []
+    for step in range(200):
+        planned, expected = planner.plan(Proposal(tree), ctx(), 0.0)
+        accepted = 2 if step % 2 else 1  # mean 1.5 extra tokens, where raw predicts ~2.36
+        planner.observe(StepResult(3, planned, tuple(range(accepted)), 9, torch.zeros(5, 16)), 0.0, 1.0)
+        predicted.append(expected)
+        realized.append(1 + accepted)
+    assert planner.bias == pytest.approx(1.5 / raw_extra, rel=0.05)
+    late = slice(100, None)
+    assert sum(predicted[late]) / sum(realized[late]) == pytest.approx(1.0, abs=0.08)
+
+
+def test_fusion_skips_the_draft_model_when_retrieval_already_beats_it():
+    model = successor_model()
+    target = HFCausalLM(model, "target")
+    draft = HFCausalLM(perturbed_copy(model, 0.3), "draft")
+    drafter = make_drafter("fusion", target=target, draft=draft)
+    calls = []
+    drafter.set_stop_rule(lambda edges, step_s, draft_s, baseline: calls.append((len(edges), baseline)) or True)
+    drafter.set_rate_estimator(lambda proposal, seconds: 123.0)
+    drafter.draft_model._token_seconds = 0.01  # a measured draft step: the rule is consulted first
+    proposal = drafter.propose(ctx([3, 4, 5, 6, 3, 4, 5]))
+    assert calls == [(0, 123.0)]  # asked once, before any draft pass, with fusion's baseline rate
+    assert len(draft) == 0  # the draft model never ran
+    assert "draft-model" not in proposal.tree.sources and len(proposal.tree) > 0  # prompt lookup still proposed

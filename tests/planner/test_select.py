@@ -50,3 +50,16 @@ def test_chain_rule_stops_when_the_next_token_does_not_pay():
     assert not chain_should_extend([0.9, 0.5, 0.2, 0.05], 0.05, 0.3, steep)
     # A flat verify curve and free drafting: keep drafting while anything may be accepted.
     assert chain_should_extend([0.9, 0.5, 0.2, 0.05], 0.0, 0.0, linear_cost(1.0, 0.0))
+
+
+def test_chain_rule_before_the_first_token_weighs_the_drafter_against_the_baseline():
+    steep = linear_cost(1.0, 0.1)
+    # A cheap draft token with a typical acceptance pays against plain decoding ...
+    assert chain_should_extend([], 0.2, 0.0, steep, first_gain=0.7)
+    # ... an expensive one does not,
+    assert not chain_should_extend([], 0.9, 0.0, steep, first_gain=0.7)
+    # and a proposal already reaching 2.5 tokens/s (vs 0.7 / 0.3 s for the draft token) raises the bar.
+    assert not chain_should_extend([], 0.2, 0.0, steep, baseline_rate=2.5, first_gain=0.7)
+    # Once drafting, a baseline above the chain's own rate stops it earlier.
+    assert chain_should_extend([0.9, 0.8], 0.1, 0.2, steep)
+    assert not chain_should_extend([0.9, 0.8], 0.1, 0.2, steep, baseline_rate=5.0)
