@@ -66,6 +66,7 @@ class DraftModelDrafter:
         self.position_probs: list[torch.Tensor] = []
         """Softmax of the draft at the root and each drafted position but the last ([vocab] each)."""
         self._token_seconds: float | None = None
+        self._catch_up_seconds: float | None = None  # per token, for catch-ups of >= 16 tokens
 
     def set_stop_rule(self, rule: StopRule | None) -> None:
         """Install the planner's adaptive stop rule (used when config.adaptive)."""
@@ -75,7 +76,14 @@ class DraftModelDrafter:
         """Bring the draft cache to `tokens` (root included); logits [vocab] after the root."""
         keep = common_prefix_length(self.draft.tokens, tokens[:-1])
         self.draft.crop(keep)
-        return self.draft.append(tokens[keep:], logits="last")
+        t0 = time.perf_counter()
+        logits = self.draft.append(tokens[keep:], logits="last")
+        n = len(tokens) - keep
+        if n >= 16:  # a prefill-sized catch-up: learn its cost per token
+            per_token = (time.perf_counter() - t0) / n
+            c = self._catch_up_seconds
+            self._catch_up_seconds = per_token if c is None else 0.8 * c + 0.2 * per_token
+        return logits
 
     def propose(self, ctx: DraftContext) -> Proposal:
         k = min(self.config.num_draft_tokens, ctx.budget.max_depth, ctx.budget.max_nodes)
@@ -83,9 +91,13 @@ class DraftModelDrafter:
             return Proposal.empty()
         adaptive = self.config.adaptive and self.stop_rule is not None
         self.position_probs = []
-        if adaptive and self._token_seconds is not None and self.stop_rule([], self._token_seconds, 0.0,
-                                                                          ctx.baseline_rate):
-            return Proposal.empty()  # not worth a draft pass this step (the cache catches up later)
+        if adaptive and self._token_seconds is not None:
+            # The first draft token also pays for catching the draft cache up (the whole prompt on a
+            # request's first step): on hardware where that is dear, long prompts skip the draft model.
+            missing = len(ctx.tokens) - common_prefix_length(self.draft.tokens, ctx.tokens[:-1])
+            first = self._token_seconds + max(0, missing - 1) * (self._catch_up_seconds or 0.0)
+            if self.stop_rule([], first, 0.0, ctx.baseline_rate):
+                return Proposal.empty()  # not worth a draft pass this step (the cache catches up later)
         t_start = time.perf_counter()
         logits = self.sync(ctx.tokens)
         greedy = ctx.params.greedy or self.config.greedy_proposals

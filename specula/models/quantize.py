@@ -18,11 +18,12 @@ of the same quantized model. (It is also deprecated: importing `torch.ao.quantiz
   row is bit-identical to running that row alone (tested), which is what lossless tree
   verification needs.
 
-Limit (measured, docs/cpu.md): only the linears are batch invariant. Attention and norms stay
-float, whose tiny batch-size-dependent rounding (1e-5) can move an activation across an int8
-rounding boundary; that step is large (a row's absmax / 127), so on real models logits of a
-multi-token pass can differ from one-token passes by whole units and greedy speculative output
-can diverge from plain decoding of the same int8 model. Tiny test models do not show it.
+Only the linears are batch invariant here. Attention and norms stay float, whose tiny
+batch-size-dependent rounding (1e-6) could move an activation across an int8 rounding boundary
+(a whole step: a row's absmax / 127), so an int8 model also needs batch-invariant attention
+(`specula.models.attention`, chosen automatically by `attn_implementation="auto"`): with both,
+every tree row is bit for bit a one-token step, and speculative output equals plain decoding
+of the int8 model on real models too (docs/cpu.md).
 
 Embeddings and norms stay in the model's dtype; the output layer (`lm_head`) is quantized too
 unless listed in `skip` (it is a fifth of the FLOPs of Qwen2.5-1.5B).

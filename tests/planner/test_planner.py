@@ -154,3 +154,15 @@ def test_fusion_skips_the_draft_model_when_retrieval_already_beats_it():
     assert calls == [(0, 123.0)]  # asked once, before any draft pass, with fusion's baseline rate
     assert len(draft) == 0  # the draft model never ran
     assert "draft-model" not in proposal.tree.sources and len(proposal.tree) > 0  # prompt lookup still proposed
+
+
+def test_draft_model_weighs_its_cache_catch_up_before_drafting():
+    model = successor_model()
+    drafter = make_drafter("draft-model", draft=HFCausalLM(perturbed_copy(model, 0.3), "draft"), adaptive=True)
+    seen = []
+    drafter.set_stop_rule(lambda edges, step_s, draft_s, baseline: seen.append((len(edges), step_s)) or not edges)
+    drafter._token_seconds, drafter._catch_up_seconds = 0.01, 0.002
+    long_prompt = ctx(list(range(2, 60)))
+    assert len(drafter.propose(long_prompt).tree) == 0  # the rule said no before any draft pass
+    assert seen == [(0, pytest.approx(0.01 + 57 * 0.002))]  # 58 tokens to catch up: 57 beyond the first pass
+    assert len(drafter.draft) == 0
