@@ -17,19 +17,39 @@ PROMPTS = [
 ]
 
 
-@pytest.fixture(scope="module")
-def smollm2():
+def _load(config: LoadConfig):
     status = inst.state(QUICK_TARGET).status
     if status != inst.CONVERTED:
         pytest.skip(f"{QUICK_TARGET} is {status}; run `specula models install {QUICK_TARGET}`")
-    return load_backend(QUICK_TARGET, LoadConfig(), "target")
+    return load_backend(QUICK_TARGET, config, "target")
+
+
+@pytest.fixture(scope="module")
+def smollm2():
+    return _load(LoadConfig())
+
+
+@pytest.fixture(scope="module")
+def smollm2_int8():
+    return _load(LoadConfig(quantize="int8"))  # attention "auto": batch invariant
 
 
 @pytest.mark.parametrize("method", ["prompt-lookup", "token-recycling", "fusion"])
 def test_greedy_speculative_output_equals_plain_greedy(smollm2, method):
+    _assert_equal_to_plain(smollm2, method)
+
+
+@pytest.mark.parametrize("method", ["prompt-lookup", "token-recycling"])
+def test_int8_speculative_output_equals_plain_int8_greedy(smollm2_int8, method):
+    """The int8 model is the target: tree rows are bitwise one-token steps, so even activation
+    quantization (which amplifies float noise into whole int8 steps) cannot make them differ."""
+    _assert_equal_to_plain(smollm2_int8, method)
+
+
+def _assert_equal_to_plain(backend, method):
     from specula.models.loading import apply_chat_template
 
-    target, tokenizer = smollm2
+    target, tokenizer = backend
     params = SamplingParams(max_new_tokens=48)
     plain = build_decoder("none", target, tokenizer)
     spec = build_decoder(method, target, tokenizer)
