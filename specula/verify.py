@@ -27,7 +27,7 @@ on CPU one draw from a 150k vocabulary took ~4.6 ms against ~0.35 ms for cumsum 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Callable, Literal
 
 import torch
 
@@ -245,6 +245,36 @@ def verify_deterministic(
         r = accepted + 1
 
 
+RowRule = Callable[[int, torch.Tensor, torch.Tensor, list[int], list[float]], tuple[int, torch.Tensor | None]]
+"""rule(row, p_row, q_row, children, uniforms) -> (accepted child, None) or (-1, distribution of
+the next token); p_row and q_row are normalised float64 copies [vocab] the rule may modify."""
+
+
+def _walk(tree: TokenTree, p: torch.Tensor, q: torch.Tensor, generator: torch.Generator | None,
+          row_rule: RowRule) -> VerifyResult:
+    """The tree walk shared by the sampled-sibling rules: from the root, let `row_rule` accept
+    one child (descend) or reject them all (emit a sample of its residual); at a leaf emit the
+    bonus token from p. One uniform per node (u[c]) and one for the emitted token (u[n])."""
+    n = len(tree)
+    _check_rows(p, n, "p")
+    _check_rows(q, n, "q")
+    dev = _device(generator)
+    u = _uniforms(n, generator)
+    path: list[int] = []
+    r = 0
+    while True:
+        kids = tree.children[r]
+        if not kids:  # leaf (or empty tree): bonus token from p at this row
+            return VerifyResult(tuple(path), _sample(p[r], u[n]))
+        pj = _normalised_row(p, r, dev, "p")  # [vocab] float64
+        qj = _normalised_row(q, r, dev, "q")  # [vocab] float64
+        accepted, residual = row_rule(r, pj, qj, kids, u)
+        if accepted < 0:
+            return VerifyResult(tuple(path), _sample(residual, u[n]))
+        path.append(accepted)
+        r = accepted + 1
+
+
 def verify_rrs(
     tree: TokenTree,
     p: torch.Tensor,
@@ -269,20 +299,7 @@ def verify_rrs(
     duplicate sibling in without-replacement mode, or a deterministic candidate) and raises
     ValueError. If the residual max(0, p_j - q_j) has no mass (p_j == q_j up to rounding, so
     the rejection itself was a rounding artefact), p_j is kept as p_{j+1}."""
-    n = len(tree)
-    _check_rows(p, n, "p")
-    _check_rows(q, n, "q")
-    dev = _device(generator)
-    u = _uniforms(n, generator)
-    path: list[int] = []
-    r = 0
-    while True:
-        kids = tree.children[r]
-        if not kids:  # leaf (or empty tree): bonus token from p at this row
-            return VerifyResult(tuple(path), _sample(p[r], u[n]))
-        pj = _normalised_row(p, r, dev, "p")  # [vocab] float64
-        qj = _normalised_row(q, r, dev, "q")  # [vocab] float64
-        accepted = -1
+    def row_rule(r: int, pj: torch.Tensor, qj: torch.Tensor, kids: list[int], u: list[float]):
         for c in kids:
             x = tree.tokens[c]
             px, qx = float(pj[x]), float(qj[x])
@@ -294,8 +311,7 @@ def verify_rrs(
                     f"use the deterministic rule for fixed candidates"
                 )
             if u[c] < px / qx:  # min(1, .) is implicit: u < 1
-                accepted = c
-                break
+                return c, None
             pj = _residual(pj, qj)
             if without_replacement:
                 qj[x] = 0.0
@@ -303,10 +319,9 @@ def verify_rrs(
                 if bool(mass > 0):
                     qj.div_(mass)
                 # else q is exhausted: a further sibling raises above (it cannot have been drawn)
-        if accepted < 0:
-            return VerifyResult(tuple(path), _sample(pj, u[n]))
-        path.append(accepted)
-        r = accepted + 1
+        return -1, pj
+
+    return _walk(tree, p, q, generator, row_rule)
 
 
 def verify_chain(
@@ -416,21 +431,8 @@ def verify_kseq(
     makes the output law exactly p. With one child this is chain speculative sampling.
 
     A child with q(x) = 0 cannot have been drawn from q: ValueError."""
-    n = len(tree)
-    _check_rows(p, n, "p")
-    _check_rows(q, n, "q")
-    dev = _device(generator)
-    u = _uniforms(n, generator)
-    path: list[int] = []
-    r = 0
-    while True:
-        kids = tree.children[r]
-        if not kids:  # leaf (or empty tree): bonus token from p at this row
-            return VerifyResult(tuple(path), _sample(p[r], u[n]))
-        pj = _normalised_row(p, r, dev, "p")  # [vocab] float64
-        qj = _normalised_row(q, r, dev, "q")  # [vocab] float64
+    def row_rule(r: int, pj: torch.Tensor, qj: torch.Tensor, kids: list[int], u: list[float]):
         m, _, c = _kseq_parts(pj, qj, len(kids), kseq_rho(pj, qj, len(kids)))
-        accepted = -1
         for child in kids:
             x = tree.tokens[child]
             qx = float(qj[x])
@@ -440,15 +442,13 @@ def verify_kseq(
                     f"drawn i.i.d. from q; use the deterministic rule for fixed candidates"
                 )
             if u[child] < float(m[x]) / qx:
-                accepted = child
-                break
-        if accepted < 0:
-            residual = (pj - m * c).clamp_(min=0.0)  # [vocab]
-            if not bool(residual.sum() > 0):  # all rejected has probability 0 up to rounding
-                residual = pj
-            return VerifyResult(tuple(path), _sample(residual, u[n]))
-        path.append(accepted)
-        r = accepted + 1
+                return child, None
+        residual = (pj - m * c).clamp_(min=0.0)  # [vocab]
+        if not bool(residual.sum() > 0):  # all rejected has probability 0 up to rounding
+            residual = pj
+        return -1, residual
+
+    return _walk(tree, p, q, generator, row_rule)
 
 
 def verify(
