@@ -29,25 +29,37 @@ def main() -> None:
     ap.add_argument("--per-category", type=int, default=1)
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--limit", type=int, default=None, help="use only the first N selected prompts")
+    ap.add_argument("--draft", default=None, help="draft model (fusion then includes it)")
+    ap.add_argument("--quantize", default="none", choices=("none", "int8"))
+    ap.add_argument("--threads", type=int, default=None)
     args = ap.parse_args()
 
-    target, tokenizer = load_backend(args.target, LoadConfig(), "target")
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    config = LoadConfig(quantize=args.quantize)
+    target, tokenizer = load_backend(args.target, config, "target")
+    draft = load_backend(args.draft, config, "draft")[0] if args.draft else None
     measured = load_or_measure_curve(target, PlannerConfig())
     flat = CostCurve(measured.sizes, (measured.seconds[0],) * len(measured.sizes), measured.context)
     prompts = select_prompts(load_prompts(), args.per_category)[: args.limit]
     params = SamplingParams(max_new_tokens=args.max_new_tokens)
     plain = build_decoder("none", target, tokenizer)
+    references = {}
     report = {}
     for name, curve in (("measured", measured), ("flat", flat)):
         planner = HardwarePlanner(curve=curve)
-        decoder = build_decoder("fusion", target, tokenizer, planner=planner)
+        decoder = build_decoder("fusion", target, tokenizer, draft, planner=planner)
         tokens = steps = drafted = 0
         predicted = realised = 0.0
         identical = 0
         for prompt in prompts:
             ids = apply_chat_template(tokenizer, prompt.turns[0])
             out = decoder.generate(ids, params)
-            identical += out.token_ids == plain.generate(ids, params).token_ids
+            if prompt.id not in references:
+                references[prompt.id] = plain.generate(ids, params).token_ids
+            identical += out.token_ids == references[prompt.id]
             steps += out.stats.steps
             tokens += out.stats.new_tokens
             drafted += out.stats.drafted_tokens
