@@ -121,6 +121,39 @@ def plot_cost_curve(curve: dict[str, Any], path: Path, title: str = "") -> Path:
     return _save(fig, path)
 
 
+def plot_cost_curves(curves: dict[str, dict[str, Any]], path: Path, title: str = "") -> Path:
+    """Several options' cost curves side by side: absolute latency (left) and latency relative to
+    each option's own plain step (right). curves: label -> `CostCurve.to_dict()`-like dict."""
+    fig = _figure(10.0, 4.0)
+    left, right = fig.add_subplot(1, 2, 1), fig.add_subplot(1, 2, 2)
+    sizes_all = sorted({n for c in curves.values() for n in c["sizes"]})
+    for label, curve in curves.items():
+        ms = [1000 * s for s in curve["seconds"]]
+        left.plot(curve["sizes"], ms, marker="o", label=f"{label} ({ms[0]:.0f} ms/step)")
+        right.plot(curve["sizes"], curve["ratio"], marker="o", label=label)
+    right.plot(sizes_all, sizes_all, color="gray", linestyle=":", label="n plain steps")
+    for ax in (left, right):
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log", base=2)
+        ax.set_xticks(sizes_all, [str(n) for n in sizes_all])
+        ax.set_xlabel("tokens in the verification pass")
+        ax.grid(True, which="major", alpha=0.3)
+        ax.legend(fontsize=8)
+    left.set_ylabel("latency of one pass (ms)")
+    all_ms = [1000 * s for c in curves.values() for s in c["seconds"]]
+    ms_ticks = [t for t in (10, 25, 50, 100, 200, 400, 800, 1600, 3200, 6400) if min(all_ms) * 0.7 <= t <= max(all_ms) * 1.4]
+    left.set_yticks(ms_ticks, [f"{t:g}" for t in ms_ticks])
+    right.set_ylabel("latency / the option's plain decode step")
+    top = max(max(c["ratio"]) for c in curves.values()) * 1.4
+    ticks = [t for t in (0.5, 1, 1.5, 2, 3, 4, 8, 16, 32, 64) if t <= top]
+    right.set_yticks(ticks, [f"{t:g}" for t in ticks])
+    right.set_ylim(min(0.8, min(min(c["ratio"]) for c in curves.values()) * 0.9), top)
+    for ax in (left, right):
+        ax.minorticks_off()
+    fig.suptitle(title or "Cost curves", fontsize=10)
+    return _save(fig, path)
+
+
 def write_plots(out_dir: str | Path, doc: dict[str, Any]) -> list[Path]:
     """Every plot the document has data for; returns the files written."""
     out = Path(out_dir)

@@ -76,3 +76,14 @@ def test_profile_command(tmp_path, monkeypatch, capsys):
     assert (tmp_path / "cost_curve.png").stat().st_size > 1000
     assert "ratio" in capsys.readouterr().out
     assert main(["profile", "--target", "tiny", "--sizes", "1,x", "--out", str(tmp_path)]) == 2
+
+
+def test_cost_curves_of_several_options_plot_to_one_png(tmp_path):
+    from specula.bench.plots import plot_cost_curves
+
+    curves = {
+        "float32": {"sizes": [1, 2, 4, 8], "seconds": [0.4, 0.9, 0.9, 0.85], "ratio": [1.0, 2.25, 2.25, 2.12]},
+        "int8": {"sizes": [1, 2, 4, 8], "seconds": [0.08, 0.08, 0.09, 0.115], "ratio": [1.0, 1.01, 1.09, 1.39]},
+    }
+    path = plot_cost_curves(curves, tmp_path / "curves.png", "two options")
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 10_000
