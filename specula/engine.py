@@ -35,7 +35,8 @@ class Planner(Protocol):
 
     def plan(self, proposal: Proposal, ctx: DraftContext, draft_seconds: float) -> tuple[Proposal, float]: ...
 
-    def observe(self, step: StepResult, draft_seconds: float, verify_seconds: float) -> None: ...
+    def observe(self, step: StepResult, draft_seconds: float, verify_seconds: float,
+                overhead_seconds: float = 0.0) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -169,7 +170,7 @@ class SpeculativeDecoder:
             step = StepResult(tokens[-1], proposal, result.path, result.next_token, logits)
             drafter.observe(step)
             if planner is not None:
-                planner.observe(step, t1 - t0, t2 - t1)
+                planner.observe(step, t1 - t0, t2 - t1, time.perf_counter() - t3)
             t4 = time.perf_counter()
 
             stats.draft_seconds += (t1 - t0) + (t4 - t3)

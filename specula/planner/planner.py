@@ -50,6 +50,9 @@ class PlannerConfig:
     """Per-step decay of the realized / predicted sums behind the global bias correction."""
     bias_prior: float = 2.0
     """Pseudo-tokens (realized = predicted) the bias correction starts from."""
+    max_explore_gap: int = 64
+    """Longest run of steps on which the planner finds no node worth verifying before it verifies
+    the single best one anyway (1, 2, 4, ... steps apart), so its estimates keep learning."""
 
 
 class CostModel:
@@ -119,6 +122,9 @@ class HardwarePlanner:
         self.calibrator = Calibrator(config.calibration)
         self._bias = [config.bias_prior, config.bias_prior]  # decayed sums: realized, predicted extra tokens
         self._step_raw: float | None = None  # uncorrected predicted extra tokens of this step's tree
+        self._overhead: float | None = None  # EMA of the drafters' per-step observe time (seconds)
+        self._explore_gap = 1
+        self._explore_wait = 1
         self._rate: float | None = None
         self._skip = 0
         self._backoff = 1
@@ -150,21 +156,27 @@ class HardwarePlanner:
         bias = self.bias
         return [min(1.0, bias * p) for p in self.raw_estimate(proposal)]
 
-    def _best(self, proposal: Proposal, draft_seconds: float) -> tuple[list[int], float, float, float]:
-        """(best-first node order, N, expected tokens, rate) of the best ancestor-closed tree;
-        also the uncorrected expected extra tokens of those N nodes."""
+    def _drafting_seconds(self, draft_seconds: float) -> float:
+        """Seconds a drafting step costs besides verification: proposing plus the drafters'
+        bookkeeping after the step (e.g. token recycling's matrix update), learned online."""
+        return draft_seconds + (self._overhead or 0.0)
+
+    def _best(self, proposal: Proposal, draft_seconds: float) -> tuple[list[int], int, float, float, list[float]]:
+        """(best-first node order, N, expected tokens, rate, uncorrected path probabilities) of the
+        best ancestor-closed tree."""
         raw = self.raw_estimate(proposal)
         bias = self.bias
         probs = [min(1.0, bias * p) for p in raw]
         order = proposal.tree.with_scores(probs).best_first_order()
-        n, expected, rate = choose_size([probs[i] for i in order], draft_seconds, self.cost.verify_seconds)
-        return order[:n], expected, rate, sum(raw[i] for i in order[:n])
+        n, expected, rate = choose_size([probs[i] for i in order], self._drafting_seconds(draft_seconds),
+                                        self.cost.verify_seconds)
+        return order, n, expected, rate, raw
 
     def proposal_rate(self, proposal: Proposal, draft_seconds: float) -> float:
         """Expected tokens/s of the best tree within `proposal` after `draft_seconds` of drafting."""
         if len(proposal.tree) == 0:
-            return 1.0 / (draft_seconds + self.cost.verify_seconds(1))
-        return self._best(proposal, draft_seconds)[2]
+            return 1.0 / (self._drafting_seconds(draft_seconds) + self.cost.verify_seconds(1))
+        return self._best(proposal, draft_seconds)[3]
 
     def plan(self, proposal: Proposal, ctx: DraftContext, draft_seconds: float) -> tuple[Proposal, float]:
         """Keep the best-N ancestor-closed nodes; returns (proposal, predicted accepted tokens)."""
@@ -176,16 +188,29 @@ class HardwarePlanner:
             self._step_raw = sum(self.raw_estimate(proposal))
             return proposal, 1.0 + sum(self.estimate(proposal))
         if len(tree) == 0:
-            self._planned_rate = 1.0 / (draft_seconds + self.cost.verify_seconds(1))
+            self._planned_rate = 1.0 / (self._drafting_seconds(draft_seconds) + self.cost.verify_seconds(1))
             self._step_raw = None
             self._project(0, 1.0, draft_seconds)
             return proposal, 1.0
-        chosen, expected, rate, raw = self._best(proposal, draft_seconds)
-        n = len(chosen)
+        order, n, expected, rate, raw = self._best(proposal, draft_seconds)
+        explore = False
+        if n == 0:
+            # Nothing is worth verifying: after 1, 2, 4, ... such steps verify the best node anyway,
+            # or estimates that turned pessimistic could never be corrected.
+            self._explore_wait -= 1
+            if self._explore_wait <= 0:
+                explore, n = True, 1
+                expected = 1.0 + min(1.0, self.bias * raw[order[0]])
+                self._explore_gap = min(2 * self._explore_gap, self.config.max_explore_gap)
+                self._explore_wait = self._explore_gap
+        else:
+            self._explore_gap = max(1, self._explore_gap // 2)
+            self._explore_wait = min(self._explore_wait, self._explore_gap)
+        chosen = order[:n]
         self.last_plan = {"candidates": len(tree), "chosen": n, "expected": expected, "rate": rate,
-                          "bias": self.bias}
-        self._planned_rate = rate
-        self._step_raw = raw if n else None
+                          "bias": self.bias, "explore": explore}
+        self._planned_rate = None if explore else rate  # a probe says nothing about drafting's worth
+        self._step_raw = sum(raw[i] for i in chosen) if n else None
         self._project(n, expected, draft_seconds)
         return proposal.restrict(sorted(chosen)), expected
 
@@ -226,7 +251,12 @@ class HardwarePlanner:
                                            baseline_rate, first)
         return rule
 
-    def observe(self, step: StepResult, draft_seconds: float, verify_seconds: float) -> None:
+    def observe(self, step: StepResult, draft_seconds: float, verify_seconds: float,
+                overhead_seconds: float = 0.0) -> None:
+        """After a step: drafting and verify seconds, and the drafters' own observe time."""
+        if draft_seconds > 0.0 or len(step.proposal.tree):
+            o = self._overhead
+            self._overhead = overhead_seconds if o is None else 0.8 * o + 0.2 * overhead_seconds
         tree = step.proposal.tree
         self.cost.observe(len(tree) + 1, verify_seconds)
         if len(tree) == 0 and draft_seconds == 0.0:

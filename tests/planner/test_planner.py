@@ -166,3 +166,24 @@ def test_draft_model_weighs_its_cache_catch_up_before_drafting():
     assert len(drafter.propose(long_prompt).tree) == 0  # the rule said no before any draft pass
     assert seen == [(0, pytest.approx(0.01 + 57 * 0.002))]  # 58 tokens to catch up: 57 beyond the first pass
     assert len(drafter.draft) == 0
+
+
+def test_pessimistic_planner_probes_at_growing_gaps_and_recovers():
+    """A source whose estimate says 'never worth it' still gets its best node verified now and
+    then (1, 2, 4, ... steps apart); when those probes succeed the planner drafts again."""
+    planner = HardwarePlanner(curve=STEEP)
+    tree = TokenTree.chain([5, 6], [0.05, 0.0025], "prompt-lookup")  # raw 0.05 per edge: looks useless
+    probes = []
+    for step in range(40):
+        planned, _ = planner.plan(Proposal(tree), ctx(), 0.0)
+        if len(planned.tree):
+            probes.append(step)
+        planner.observe(StepResult(3, planned, (), 9, torch.zeros(len(planned.tree) + 1, 16)), 0.0, 1.0)
+    gaps = [b - a for a, b in zip(probes, probes[1:])]
+    assert len(probes) >= 4 and gaps == sorted(gaps) and gaps[-1] > gaps[0]  # probes thin out
+    for _ in range(60):  # now the first token is always accepted
+        planned, _ = planner.plan(Proposal(tree), ctx(), 0.0)
+        path = (0,) if len(planned.tree) else ()
+        planner.observe(StepResult(3, planned, path, 9, torch.zeros(len(planned.tree) + 1, 16)), 0.0, 1.0)
+    drafted = sum(len(planner.plan(Proposal(tree), ctx(), 0.0)[0].tree) > 0 for _ in range(10))
+    assert drafted == 10
