@@ -218,7 +218,7 @@ class HardwarePlanner:
         p = self._projected
         p[0] += 1
         p[1] += expected
-        p[2] += draft_seconds + self.cost.verify_seconds(nodes + 1)
+        p[2] += draft_seconds + self.cost.curve.latency(nodes + 1)  # on the curve as given (unscaled)
         p[3] += nodes
 
     def projection(self) -> dict:
@@ -227,7 +227,7 @@ class HardwarePlanner:
         steps, tokens, seconds, nodes = self._projected
         if steps == 0:
             return {"steps": 0}
-        plain_rate = 1.0 / self.cost.verify_seconds(1)
+        plain_rate = 1.0 / self.cost.curve.latency(1)  # the same unscaled curve as the steps' seconds
         return {
             "steps": steps,
             "mean_tree_nodes": round(nodes / steps, 2),

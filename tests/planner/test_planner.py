@@ -187,3 +187,18 @@ def test_pessimistic_planner_probes_at_growing_gaps_and_recovers():
         planner.observe(StepResult(3, planned, path, 9, torch.zeros(len(planned.tree) + 1, 16)), 0.0, 1.0)
     drafted = sum(len(planner.plan(Proposal(tree), ctx(), 0.0)[0].tree) > 0 for _ in range(10))
     assert drafted == 10
+
+
+def test_projection_is_measured_on_the_curve_as_given():
+    """Projected speedup = expected tokens per step when verifying costs one plain step (flat
+    curve, free drafting), even after observed step times rescaled the online cost model."""
+    planner = HardwarePlanner(curve=FLAT)
+    tree = TokenTree.chain([5, 6], [0.9, 0.81], "prompt-lookup")
+    planner.calibrator.update = lambda *a, **k: None
+    expected = []
+    for _ in range(20):
+        planned, e = planner.plan(Proposal(tree), ctx(), 0.0)
+        expected.append(e)
+        planner.observe(StepResult(3, planned, (0,), 9, torch.zeros(len(planned.tree) + 1, 16)), 0.0, 3.0)
+    assert planner.cost.scale > 2.0  # this "machine" is 3x slower than the curve
+    assert planner.projection()["projected_speedup"] == pytest.approx(sum(expected) / len(expected), rel=1e-3)
