@@ -172,6 +172,13 @@ class HardwarePlanner:
                                         self.cost.verify_seconds)
         return order, n, expected, rate, raw
 
+    def _one_node_can_pay(self, draft_seconds: float) -> bool:
+        """Could a one-node tree beat a plain step at all, were its node always accepted? Not
+        where a 2-token pass costs twice a 1-token one (e.g. a float32 GEMV -> GEMM jump on CPU):
+        probing there only costs time."""
+        spend = self._drafting_seconds(draft_seconds)
+        return 2.0 / (spend + self.cost.verify_seconds(2)) > 1.0 / (spend + self.cost.verify_seconds(1))
+
     def proposal_rate(self, proposal: Proposal, draft_seconds: float) -> float:
         """Expected tokens/s of the best tree within `proposal` after `draft_seconds` of drafting."""
         if len(proposal.tree) == 0:
@@ -198,7 +205,7 @@ class HardwarePlanner:
             # Nothing is worth verifying: after 1, 2, 4, ... such steps verify the best node anyway,
             # or estimates that turned pessimistic could never be corrected.
             self._explore_wait -= 1
-            if self._explore_wait <= 0:
+            if self._explore_wait <= 0 and self._one_node_can_pay(draft_seconds):
                 explore, n = True, 1
                 expected = 1.0 + min(1.0, self.bias * raw[order[0]])
                 self._explore_gap = min(2 * self._explore_gap, self.config.max_explore_gap)

@@ -202,3 +202,15 @@ def test_projection_is_measured_on_the_curve_as_given():
         planner.observe(StepResult(3, planned, (0,), 9, torch.zeros(len(planned.tree) + 1, 16)), 0.0, 3.0)
     assert planner.cost.scale > 2.0  # this "machine" is 3x slower than the curve
     assert planner.projection()["projected_speedup"] == pytest.approx(sum(expected) / len(expected), rel=1e-3)
+
+
+def test_no_probes_where_a_one_node_tree_can_never_pay():
+    jump = CostCurve((1, 2, 4, 8), (1.0, 2.3, 2.3, 2.2), 64)  # float32 CPU: 1 row GEMV, 2+ rows GEMM
+    planner = HardwarePlanner(curve=jump)
+    tree = TokenTree.chain([5, 6], [0.05, 0.0025], "prompt-lookup")
+    drafted = 0
+    for _ in range(40):
+        planned, _ = planner.plan(Proposal(tree), ctx(), 0.0)
+        drafted += len(planned.tree)
+        planner.observe(StepResult(3, planned, (), 9, torch.zeros(len(planned.tree) + 1, 16)), 0.0, 1.0)
+    assert drafted == 0
