@@ -81,6 +81,11 @@ class RestDrafter:
     def observe(self, step: StepResult) -> None:
         return None
 
+    @property
+    def memory_bytes(self) -> int:
+        """Bytes of the memory-mapped datastore (tokens + suffix array; pages load on demand)."""
+        return int(self.store.tokens.nbytes + self.store.index.nbytes)
+
     def reset(self) -> None:
         return None
 

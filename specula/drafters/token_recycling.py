@@ -172,6 +172,11 @@ class TokenRecyclingDrafter:
         # A row's top-k are distinct, so siblings are too; merge() still guarantees it (it dedups).
         return Proposal(TokenTree.empty().merge(tree))
 
+    @property
+    def memory_bytes(self) -> int:
+        """Bytes of the recycling matrix [vocab, k] (independent of context length)."""
+        return int(self.matrix.nbytes)
+
     def observe(self, step: StepResult) -> None:
         tokens, rows = rows_to_write(step)
         inside = tokens < self.vocab_size

@@ -133,3 +133,11 @@ def test_cli_routes_the_datastore_option():
     args = build_parser().parse_args(["generate", "--target", "x", "--method", "rest", "--datastore", "d.specds",
                                       "--prompt", "hi"])
     assert drafter_options(args, "rest")["datastore"] == "d.specds"
+
+
+def test_memory_footprint_is_the_mapped_datastore(successor_store):
+    store = open_datastore(str(successor_store))
+    drafter = RestDrafter(store)
+    n = len(store.tokens)
+    assert n > 0 and drafter.memory_bytes == store.tokens.nbytes + store.index.nbytes
+    assert drafter.memory_bytes >= 2 * n  # at least 1 byte per token id and per suffix-array entry

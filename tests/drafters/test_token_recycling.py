@@ -235,3 +235,10 @@ def test_reset_keeps_the_matrix_and_bad_config_is_refused():
         TokenRecyclingConfig(top_k=4)
     with pytest.raises(ConfigError, match="target model"):
         make_drafter("token-recycling")
+
+
+def test_memory_footprint_is_the_matrix_whatever_the_context():
+    drafter = TokenRecyclingDrafter(1000)
+    assert drafter.memory_bytes == 1000 * 8 * 4  # [vocab, k = 8] int32
+    drafter.matrix[5] = np.arange(8)
+    assert drafter.memory_bytes == 1000 * 8 * 4
