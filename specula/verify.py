@@ -195,6 +195,31 @@ def verify_greedy(tree: TokenTree, target_argmax: torch.Tensor) -> VerifyResult:
     return VerifyResult(tree.path_to(best), int(am[best + 1]))
 
 
+RowRule = Callable[[int, list[int], list[float], torch.device], tuple[int, torch.Tensor | None]]
+"""rule(row, children, uniforms, device) -> (accepted child, None) or (-1, distribution [vocab]
+of the next token, need not be normalised)."""
+
+
+def _walk(tree: TokenTree, p: torch.Tensor, generator: torch.Generator | None, row_rule: RowRule) -> VerifyResult:
+    """The tree walk every stochastic rule shares: from the root, let `row_rule` accept one child
+    (descend) or reject them all (emit a sample of the distribution it returns); at a leaf emit
+    the bonus token from p. One uniform per node (u[c]) and one for the emitted token (u[n])."""
+    n = len(tree)
+    dev = _device(generator)
+    u = _uniforms(n, generator)
+    path: list[int] = []
+    r = 0
+    while True:
+        kids = tree.children[r]
+        if not kids:  # leaf (or empty tree): bonus token from p at this row
+            return VerifyResult(tuple(path), _sample(p[r], u[n]))
+        accepted, residual = row_rule(r, kids, u, dev)
+        if accepted < 0:
+            return VerifyResult(tuple(path), _sample(residual, u[n]))
+        path.append(accepted)
+        r = accepted + 1
+
+
 def verify_deterministic(
     tree: TokenTree, p: torch.Tensor, generator: torch.Generator | None
 ) -> VerifyResult:
@@ -209,17 +234,10 @@ def verify_deterministic(
 
     Sibling tokens must be unique (ValueError otherwise): a duplicate would be tested
     against a P in which its token already has probability 0."""
-    n = len(tree)
-    _check_rows(p, n, "p")
+    _check_rows(p, len(tree), "p")
     _check_unique_siblings(tree)
-    dev = _device(generator)
-    u = _uniforms(n, generator)
-    path: list[int] = []
-    r = 0
-    while True:
-        kids = tree.children[r]
-        if not kids:  # leaf (or empty tree): bonus token from p at this row
-            return VerifyResult(tuple(path), _sample(p[r], u[n]))
+
+    def row_rule(r: int, kids: list[int], u: list[float], dev: torch.device):
         kid_tokens = [tree.tokens[c] for c in kids]
         rest_row = _row_copy(p, r, dev)  # [vocab] float64, P with the children's tokens zeroed
         vals = rest_row[kid_tokens].tolist()  # P(x_1..x_m)
@@ -234,45 +252,12 @@ def verify_deterministic(
         rest = float(rest_row.sum())
         if not rest + suffix[0] > 0:
             raise ValueError(f"p row {r} has no probability mass")
-        accepted = -1
         for j, c in enumerate(kids):
             if vals[j] > 0 and u[c] < vals[j] / (rest + suffix[j]):
-                accepted = c
-                break
-        if accepted < 0:
-            return VerifyResult(tuple(path), _sample(rest_row, u[n]))  # all children rejected
-        path.append(accepted)
-        r = accepted + 1
+                return c, None
+        return -1, rest_row  # all children rejected
 
-
-RowRule = Callable[[int, torch.Tensor, torch.Tensor, list[int], list[float]], tuple[int, torch.Tensor | None]]
-"""rule(row, p_row, q_row, children, uniforms) -> (accepted child, None) or (-1, distribution of
-the next token); p_row and q_row are normalised float64 copies [vocab] the rule may modify."""
-
-
-def _walk(tree: TokenTree, p: torch.Tensor, q: torch.Tensor, generator: torch.Generator | None,
-          row_rule: RowRule) -> VerifyResult:
-    """The tree walk shared by the sampled-sibling rules: from the root, let `row_rule` accept
-    one child (descend) or reject them all (emit a sample of its residual); at a leaf emit the
-    bonus token from p. One uniform per node (u[c]) and one for the emitted token (u[n])."""
-    n = len(tree)
-    _check_rows(p, n, "p")
-    _check_rows(q, n, "q")
-    dev = _device(generator)
-    u = _uniforms(n, generator)
-    path: list[int] = []
-    r = 0
-    while True:
-        kids = tree.children[r]
-        if not kids:  # leaf (or empty tree): bonus token from p at this row
-            return VerifyResult(tuple(path), _sample(p[r], u[n]))
-        pj = _normalised_row(p, r, dev, "p")  # [vocab] float64
-        qj = _normalised_row(q, r, dev, "q")  # [vocab] float64
-        accepted, residual = row_rule(r, pj, qj, kids, u)
-        if accepted < 0:
-            return VerifyResult(tuple(path), _sample(residual, u[n]))
-        path.append(accepted)
-        r = accepted + 1
+    return _walk(tree, p, generator, row_rule)
 
 
 def verify_rrs(
@@ -299,7 +284,12 @@ def verify_rrs(
     duplicate sibling in without-replacement mode, or a deterministic candidate) and raises
     ValueError. If the residual max(0, p_j - q_j) has no mass (p_j == q_j up to rounding, so
     the rejection itself was a rounding artefact), p_j is kept as p_{j+1}."""
-    def row_rule(r: int, pj: torch.Tensor, qj: torch.Tensor, kids: list[int], u: list[float]):
+    _check_rows(p, len(tree), "p")
+    _check_rows(q, len(tree), "q")
+
+    def row_rule(r: int, kids: list[int], u: list[float], dev: torch.device):
+        pj = _normalised_row(p, r, dev, "p")  # [vocab] float64
+        qj = _normalised_row(q, r, dev, "q")  # [vocab] float64
         for c in kids:
             x = tree.tokens[c]
             px, qx = float(pj[x]), float(qj[x])
@@ -321,7 +311,7 @@ def verify_rrs(
                 # else q is exhausted: a further sibling raises above (it cannot have been drawn)
         return -1, pj
 
-    return _walk(tree, p, q, generator, row_rule)
+    return _walk(tree, p, generator, row_rule)
 
 
 def verify_chain(
@@ -431,7 +421,12 @@ def verify_kseq(
     makes the output law exactly p. With one child this is chain speculative sampling.
 
     A child with q(x) = 0 cannot have been drawn from q: ValueError."""
-    def row_rule(r: int, pj: torch.Tensor, qj: torch.Tensor, kids: list[int], u: list[float]):
+    _check_rows(p, len(tree), "p")
+    _check_rows(q, len(tree), "q")
+
+    def row_rule(r: int, kids: list[int], u: list[float], dev: torch.device):
+        pj = _normalised_row(p, r, dev, "p")  # [vocab] float64
+        qj = _normalised_row(q, r, dev, "q")  # [vocab] float64
         m, _, c = _kseq_parts(pj, qj, len(kids), kseq_rho(pj, qj, len(kids)))
         for child in kids:
             x = tree.tokens[child]
@@ -448,7 +443,7 @@ def verify_kseq(
             residual = pj
         return -1, residual
 
-    return _walk(tree, p, q, generator, row_rule)
+    return _walk(tree, p, generator, row_rule)
 
 
 def verify(
