@@ -43,9 +43,10 @@ def first_prompts(tokenizer, n: int) -> list[list[int]]:
 
 
 def held_out_ids(tokenizer, limit: int = 1024) -> torch.Tensor:
-    import argparse as a, difflib, textwrap
+    import difflib
+    import textwrap
 
-    text = "\n\n".join(inspect.getdoc(m) for m in (a, difflib, textwrap))
+    text = "\n\n".join(inspect.getdoc(m) for m in (argparse, difflib, textwrap))
     return torch.tensor([tokenizer.encode(text)[:limit]])
 
 

@@ -151,10 +151,14 @@ class HardwarePlanner:
         probs = [self.calibrator.estimate(src, raw) for src, raw in zip(tree.sources, edges)]
         return path_probabilities(tree, probs)
 
+    def _corrected(self, probs: list[float]) -> list[float]:
+        """Probabilities from the per-source calibration times the global bias, at most 1."""
+        bias = self.bias
+        return [min(1.0, bias * p) for p in probs]
+
     def estimate(self, proposal: Proposal) -> list[float]:
         """Calibrated path probability of every node (bias-corrected, at most 1)."""
-        bias = self.bias
-        return [min(1.0, bias * p) for p in self.raw_estimate(proposal)]
+        return self._corrected(self.raw_estimate(proposal))
 
     def _drafting_seconds(self, draft_seconds: float) -> float:
         """Seconds a drafting step costs besides verification: proposing plus the drafters'
@@ -165,8 +169,7 @@ class HardwarePlanner:
         """(best-first node order, N, expected tokens, rate, uncorrected path probabilities) of the
         best ancestor-closed tree."""
         raw = self.raw_estimate(proposal)
-        bias = self.bias
-        probs = [min(1.0, bias * p) for p in raw]
+        probs = self._corrected(raw)
         order = proposal.tree.with_scores(probs).best_first_order()
         n, expected, rate = choose_size([probs[i] for i in order], self._drafting_seconds(draft_seconds),
                                         self.cost.verify_seconds)
@@ -207,7 +210,7 @@ class HardwarePlanner:
             self._explore_wait -= 1
             if self._explore_wait <= 0 and self._one_node_can_pay(draft_seconds):
                 explore, n = True, 1
-                expected = 1.0 + min(1.0, self.bias * raw[order[0]])
+                expected = 1.0 + self._corrected([raw[order[0]]])[0]
                 self._explore_gap = min(2 * self._explore_gap, self.config.max_explore_gap)
                 self._explore_wait = self._explore_gap
         else:
@@ -248,12 +251,11 @@ class HardwarePlanner:
         rule(raw_edge_scores, draft_step_seconds, draft_seconds) -> True to stop drafting."""
         def rule(raw_edges: list[float], draft_step_seconds: float, draft_seconds: float,
                  baseline_rate: float | None = None) -> bool:
-            bias = self.bias
-            probs, acc = [], 1.0
+            raw_paths, acc = [], 1.0
             for raw in raw_edges:
                 acc *= self.calibrator.estimate(source, raw)
-                probs.append(min(1.0, bias * acc))
-            first = min(1.0, bias * self.calibrator.mean(source))
+                raw_paths.append(acc)
+            *probs, first = self._corrected([*raw_paths, self.calibrator.mean(source)])
             return not chain_should_extend(probs, draft_step_seconds, draft_seconds, self.cost.verify_seconds,
                                            baseline_rate, first)
         return rule
@@ -261,9 +263,8 @@ class HardwarePlanner:
     def observe(self, step: StepResult, draft_seconds: float, verify_seconds: float,
                 overhead_seconds: float = 0.0) -> None:
         """After a step: drafting and verify seconds, and the drafters' own observe time."""
-        if draft_seconds > 0.0 or len(step.proposal.tree):
-            o = self._overhead
-            self._overhead = overhead_seconds if o is None else 0.8 * o + 0.2 * overhead_seconds
+        o = self._overhead
+        self._overhead = overhead_seconds if o is None else 0.8 * o + 0.2 * overhead_seconds
         tree = step.proposal.tree
         self.cost.observe(len(tree) + 1, verify_seconds)
         if len(tree) == 0 and draft_seconds == 0.0:
