@@ -31,6 +31,8 @@ from specula.verify import VerifyResult, verify, verify_greedy
 class Planner(Protocol):
     """Sizes proposals to the hardware (see `specula.planner.HardwarePlanner`)."""
 
+    def reset(self) -> None: ...
+
     def should_draft(self, ctx: DraftContext) -> bool: ...
 
     def plan(self, proposal: Proposal, ctx: DraftContext, draft_seconds: float) -> tuple[Proposal, float]: ...
@@ -135,6 +137,8 @@ class SpeculativeDecoder:
 
         target.reset()
         drafter.reset()
+        if self.planner is not None:
+            self.planner.reset()
         target.append(prompt[:-1], logits="none")
         stats.prefill_seconds = time.perf_counter() - t_start
 

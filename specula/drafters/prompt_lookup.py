@@ -2,7 +2,12 @@
 
 Find the longest suffix n-gram (n = max_ngram down to min_ngram) that occurred earlier in
 prompt + output; the continuations of its most recent matches form a trie. A node's score
-is the fraction of matches whose continuation passes through it.
+is the fraction of matches whose continuation passes through it, times
+n / (max_ngram + 1) for a suffix of n tokens matched. Edge scores (a node's score over its
+parent's, what the planner calibrates into acceptance estimates) are then: at the root's
+children, how long a suffix matched (the strongest sign that a copy follows) times the
+matches' agreement; deeper down, only the agreement, since once the first copied token is
+accepted the rest of the copy usually follows.
 """
 
 from __future__ import annotations
@@ -37,8 +42,9 @@ class PromptLookupConfig:
             raise ConfigError("num_pred_tokens and max_matches must be >= 1")
 
 
-def find_continuations(tokens: np.ndarray, cfg: PromptLookupConfig) -> list[np.ndarray]:
-    """Continuations (most recent match first) of the longest suffix n-gram seen before.
+def find_continuations(tokens: np.ndarray, cfg: PromptLookupConfig) -> tuple[int, list[np.ndarray]]:
+    """(n, continuations, most recent match first) of the longest suffix n-gram seen before
+    ((0, []) when none).
 
     tokens: [L] int64. Pure function."""
     length = len(tokens)
@@ -55,8 +61,8 @@ def find_continuations(tokens: np.ndarray, cfg: PromptLookupConfig) -> list[np.n
             if len(cont):
                 conts.append(cont)
         if conts:
-            return conts
-    return []
+            return n, conts
+    return 0, []
 
 
 class PromptLookupDrafter:
@@ -68,14 +74,16 @@ class PromptLookupDrafter:
         self.config = config
 
     def propose(self, ctx: DraftContext) -> Proposal:
-        conts = find_continuations(np.asarray(ctx.tokens, dtype=np.int64), self.config)
+        n, conts = find_continuations(np.asarray(ctx.tokens, dtype=np.int64), self.config)
         if not conts:
             return Proposal.empty()
         paths = [cont.tolist() for cont in conts]
         tree = TokenTree.from_paths(paths, source=self.name)
-        # Score = fraction of the matches whose continuation passes through the node.
+        # Score = fraction of the matches whose continuation passes through the node, times the
+        # matched suffix's weight (so only the root's children's edge scores carry it).
+        weight = n / (self.config.max_ngram + 1)
         counts = Counter(tuple(path[:k]) for path in paths for k in range(1, len(path) + 1))
-        scores = [counts[tuple(tree.tokens_of(tree.path_to(i)))] / len(paths) for i in range(len(tree))]
+        scores = [weight * counts[tuple(tree.tokens_of(tree.path_to(i)))] / len(paths) for i in range(len(tree))]
         return Proposal(tree.with_scores(scores))
 
     def observe(self, step: StepResult) -> None:

@@ -4,7 +4,10 @@ Each step: find the longest context suffix (16 down to 2 tokens) that occurs in 
 (suffix-array binary search), take the continuations (10 tokens) of up to 5000 of its
 occurrences, count every continuation prefix, and propose the 64 most frequent prefixes as a
 prefix-closed tree. A node's score is the fraction of sampled continuations that start with its
-prefix; siblings are deterministic (q is None). The datastore is built with
+prefix, times (m - 1) / m for a matched suffix of m tokens: the root's children's edge scores
+(what the planner calibrates into acceptance estimates) thus tell a 2-token match (weight 0.5)
+from a long one (towards 1), deeper edges only the continuations' agreement. Siblings are
+deterministic (q is None). The datastore is built with
 `specula datastore build` and must come from the target's tokenizer.
 """
 
@@ -74,8 +77,9 @@ class RestDrafter:
         new_index = np.full(len(prefixes.tokens), -1, dtype=np.int64)
         new_index[keep] = np.arange(len(keep))
         parents = np.where(prefixes.parents[keep] >= 0, new_index[prefixes.parents[keep]], -1)
+        weight = (match.length - 1) / match.length
         tree = TokenTree.build(prefixes.tokens[keep].tolist(), parents.tolist(),
-                               (prefixes.counts[keep] / prefixes.n_matches).tolist(), self.name)
+                               (weight * prefixes.counts[keep] / prefixes.n_matches).tolist(), self.name)
         return Proposal(tree)
 
     def observe(self, step: StepResult) -> None:

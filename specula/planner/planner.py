@@ -4,13 +4,15 @@
                     dtype + threads + context bucket, cached on disk, then corrected
                     online from observed verify times)
     calibration     raw drafter scores -> acceptance probabilities (learned online, per
-                    source and score bin), times one global correction factor
-                    (realized / predicted extra tokens over recent steps) that removes the
-                    optimism of picking the nodes with the highest estimates
+                    source and score bin), times a per-source correction factor (accepted /
+                    predicted nodes over recent steps, decaying with time) that removes the
+                    optimism of picking the nodes with the highest estimates and follows the
+                    text at hand (a source that copies well in summaries may not in answers)
     selection       N* = argmax_N E(N) / (T_draft + T_verify(N + 1)), N = 0 = plain step
-    back-off        when drafting steps realise fewer tokens/s than plain steps would,
-                    skip drafting for 1, 2, 4, ... steps (probing again after each pause),
-                    so drafting can never make decoding much slower than plain decoding
+    back-off        when drafting steps realise fewer tokens/s than plain steps would
+                    (measured, not predicted), skip drafting for 1, 2, 4, ... steps (probing
+                    again after each pause), so drafting cannot make decoding much slower
+                    than plain decoding
 """
 
 from __future__ import annotations
@@ -41,35 +43,51 @@ class PlannerConfig:
     cost_correction: float = 0.1
     """EMA weight of each observed verify time in the cost model's scale factor."""
     rate_ema: float = 0.2
-    """EMA weight of each drafting step's realised tokens/s (back-off signal)."""
+    """EMA weight of each drafting step's tokens/s (realised, or planned when it verified no
+    tree) in the back-off signal."""
     max_backoff: int = 64
     """Longest run of plain steps before drafting is probed again."""
     backoff_tolerance: float = 0.02
     """Back off only when drafting steps are predicted this much slower than plain steps."""
-    bias_decay: float = 0.97
-    """Per-step decay of the realized / predicted sums behind the global bias correction."""
+    bias_decay: float = 0.95
+    """Per-step decay (every step, drafted or not) of the accepted / predicted sums behind each
+    source's correction factor: evidence fades with time, so a pessimistic factor returns towards 1
+    and the source is tried again."""
     bias_prior: float = 2.0
-    """Pseudo-tokens (realized = predicted) the bias correction starts from."""
+    """Pseudo-nodes (accepted = predicted) each correction factor starts from."""
     max_explore_gap: int = 64
     """Longest run of steps on which the planner finds no node worth verifying before it verifies
     the single best one anyway (1, 2, 4, ... steps apart), so its estimates keep learning."""
 
 
 class CostModel:
-    """A measured cost curve, rescaled online by observed step times."""
+    """A measured cost curve, corrected online by observed step times.
+
+    Two corrections, both ratios observed / curve: one global `scale` (every observation; it
+    rescales sizes never verified yet, e.g. when the whole machine is slower than at start-up)
+    and one per pass size actually verified. The per-size one matters on CPUs, where the curve
+    is bumpy (a 3-token pass can cost more than a 4-token one) and a short start-up measurement
+    misses such bumps; it is the running mean of a size's first 1 / correction observations,
+    then an EMA (sizes not observed yet use the global scale)."""
 
     def __init__(self, curve, correction: float = 0.1) -> None:
         self.curve = curve
         self.correction = correction
         self.scale = 1.0
+        self._size_scale: dict[int, list[float]] = {}  # n_tokens -> [ratio, observations]
 
     def verify_seconds(self, n_tokens: int) -> float:
         """Predicted latency of one target pass over n tokens (root + n - 1 nodes)."""
-        return self.scale * self.curve.latency(n_tokens)
+        entry = self._size_scale.get(n_tokens)
+        return (entry[0] if entry is not None else self.scale) * self.curve.latency(n_tokens)
 
     def observe(self, n_tokens: int, seconds: float) -> None:
         ratio = seconds / max(self.curve.latency(n_tokens), 1e-9)
         self.scale = (1 - self.correction) * self.scale + self.correction * ratio
+        entry = self._size_scale.setdefault(n_tokens, [self.scale, 0.0])
+        entry[1] += 1.0
+        weight = max(self.correction, 1.0 / entry[1])
+        entry[0] = (1 - weight) * entry[0] + weight * ratio
 
 
 def cost_cache_key(target, context: int) -> str:
@@ -120,45 +138,57 @@ class HardwarePlanner:
             curve = load_or_measure_curve(target, config)
         self.cost = CostModel(curve, config.cost_correction)
         self.calibrator = Calibrator(config.calibration)
-        self._bias = [config.bias_prior, config.bias_prior]  # decayed sums: realized, predicted extra tokens
-        self._step_raw: float | None = None  # uncorrected predicted extra tokens of this step's tree
+        self._recent: dict[str, list[float]] = {}  # per source, decayed sums: accepted, predicted nodes
         self._overhead: float | None = None  # EMA of the drafters' per-step observe time (seconds)
         self._explore_gap = 1
         self._explore_wait = 1
         self._rate: float | None = None
         self._skip = 0
+        self._skipped = False  # this step is one of a back-off's plain steps (nothing to learn from it)
         self._backoff = 1
         self._planned_rate: float | None = None
         self.last_plan: dict = {}
         self._projected = [0, 0.0, 0.0, 0]  # steps, expected tokens, expected seconds, nodes chosen
 
+    def reset(self) -> None:
+        """Start a request: a back-off pause learned on the previous text ends (drafting may pay
+        on this one; the first drafting step judges afresh). Estimates, bias and timings carry over."""
+        self._skip, self._backoff, self._skipped, self._rate = 0, 1, False, None
+
     # ------------------------------------------------------------------ per step
     def should_draft(self, ctx: DraftContext) -> bool:
-        if self._skip > 0:
+        self._skipped = self._skip > 0
+        if self._skipped:
             self._skip -= 1
-            return False
-        return True
+        return not self._skipped
+
+    def bias_of(self, source: str) -> float:
+        """Correction factor of one source: accepted / predicted nodes over recent steps."""
+        accepted, predicted = self._recent.get(source, (0.0, 0.0))
+        k = self.config.bias_prior
+        return (accepted + k) / (predicted + k)
 
     @property
-    def bias(self) -> float:
-        """Global correction factor: realized / predicted extra tokens over recent steps."""
-        return self._bias[0] / self._bias[1]
+    def bias(self) -> dict[str, float]:
+        """Every source's correction factor (for reports)."""
+        return {source: round(self.bias_of(source), 4) for source in self._recent}
+
+    def _edge_probs(self, tree, corrected: bool = True) -> list[float]:
+        """Estimated P(node accepted | parent accepted): per-source calibration (times the source's
+        correction factor, at most 1)."""
+        edges = edge_scores(tree)
+        probs = [self.calibrator.estimate(src, raw) for src, raw in zip(tree.sources, edges)]
+        if corrected:
+            probs = [min(1.0, self.bias_of(src) * p) for src, p in zip(tree.sources, probs)]
+        return probs
 
     def raw_estimate(self, proposal: Proposal) -> list[float]:
         """Path probability of every node from the per-source calibration alone."""
-        tree = proposal.tree
-        edges = edge_scores(tree)
-        probs = [self.calibrator.estimate(src, raw) for src, raw in zip(tree.sources, edges)]
-        return path_probabilities(tree, probs)
-
-    def _corrected(self, probs: list[float]) -> list[float]:
-        """Probabilities from the per-source calibration times the global bias, at most 1."""
-        bias = self.bias
-        return [min(1.0, bias * p) for p in probs]
+        return path_probabilities(proposal.tree, self._edge_probs(proposal.tree, corrected=False))
 
     def estimate(self, proposal: Proposal) -> list[float]:
-        """Calibrated path probability of every node (bias-corrected, at most 1)."""
-        return self._corrected(self.raw_estimate(proposal))
+        """Calibrated path probability of every node (corrected per source)."""
+        return path_probabilities(proposal.tree, self._edge_probs(proposal.tree))
 
     def _drafting_seconds(self, draft_seconds: float) -> float:
         """Seconds a drafting step costs besides verification: proposing plus the drafters'
@@ -166,14 +196,13 @@ class HardwarePlanner:
         return draft_seconds + (self._overhead or 0.0)
 
     def _best(self, proposal: Proposal, draft_seconds: float) -> tuple[list[int], int, float, float, list[float]]:
-        """(best-first node order, N, expected tokens, rate, uncorrected path probabilities) of the
-        best ancestor-closed tree."""
-        raw = self.raw_estimate(proposal)
-        probs = self._corrected(raw)
+        """(best-first node order, N, expected tokens, rate, path probabilities) of the best
+        ancestor-closed tree."""
+        probs = self.estimate(proposal)
         order = proposal.tree.with_scores(probs).best_first_order()
         n, expected, rate = choose_size([probs[i] for i in order], self._drafting_seconds(draft_seconds),
                                         self.cost.verify_seconds)
-        return order, n, expected, rate, raw
+        return order, n, expected, rate, probs
 
     def _one_node_can_pay(self, draft_seconds: float) -> bool:
         """Could a one-node tree beat a plain step at all, were its node always accepted? Not
@@ -195,14 +224,15 @@ class HardwarePlanner:
             # Sampled siblings must be verified as drawn: dropping some of them by score would
             # change the law the rule assumes (a chain may be cut: that is a stop rule).
             self._planned_rate = None
-            self._step_raw = sum(self.raw_estimate(proposal))
             return proposal, 1.0 + sum(self.estimate(proposal))
         if len(tree) == 0:
-            self._planned_rate = 1.0 / (self._drafting_seconds(draft_seconds) + self.cost.verify_seconds(1))
-            self._step_raw = None
+            # Drafters that ran and found nothing cost their time (judged by the back-off); a step
+            # the back-off skipped says nothing about drafting's worth.
+            self._planned_rate = None if self._skipped else (
+                1.0 / (self._drafting_seconds(draft_seconds) + self.cost.verify_seconds(1)))
             self._project(0, 1.0, draft_seconds)
             return proposal, 1.0
-        order, n, expected, rate, raw = self._best(proposal, draft_seconds)
+        order, n, expected, rate, probs = self._best(proposal, draft_seconds)
         explore = False
         if n == 0:
             # Nothing is worth verifying: after 1, 2, 4, ... such steps verify the best node anyway,
@@ -210,7 +240,7 @@ class HardwarePlanner:
             self._explore_wait -= 1
             if self._explore_wait <= 0 and self._one_node_can_pay(draft_seconds):
                 explore, n = True, 1
-                expected = 1.0 + self._corrected([raw[order[0]]])[0]
+                expected = 1.0 + probs[order[0]]
                 self._explore_gap = min(2 * self._explore_gap, self.config.max_explore_gap)
                 self._explore_wait = self._explore_gap
         else:
@@ -220,7 +250,6 @@ class HardwarePlanner:
         self.last_plan = {"candidates": len(tree), "chosen": n, "expected": expected, "rate": rate,
                           "bias": self.bias, "explore": explore}
         self._planned_rate = None if explore else rate  # a probe says nothing about drafting's worth
-        self._step_raw = sum(raw[i] for i in chosen) if n else None
         self._project(n, expected, draft_seconds)
         return proposal.restrict(sorted(chosen)), expected
 
@@ -251,11 +280,12 @@ class HardwarePlanner:
         rule(raw_edge_scores, draft_step_seconds, draft_seconds) -> True to stop drafting."""
         def rule(raw_edges: list[float], draft_step_seconds: float, draft_seconds: float,
                  baseline_rate: float | None = None) -> bool:
-            raw_paths, acc = [], 1.0
+            bias = self.bias_of(source)
+            probs, acc = [], 1.0
             for raw in raw_edges:
-                acc *= self.calibrator.estimate(source, raw)
-                raw_paths.append(acc)
-            *probs, first = self._corrected([*raw_paths, self.calibrator.mean(source)])
+                acc *= min(1.0, bias * self.calibrator.estimate(source, raw))
+                probs.append(acc)
+            first = min(1.0, bias * self.calibrator.mean(source))
             return not chain_should_extend(probs, draft_step_seconds, draft_seconds, self.cost.verify_seconds,
                                            baseline_rate, first)
         return rule
@@ -267,29 +297,37 @@ class HardwarePlanner:
         self._overhead = overhead_seconds if o is None else 0.8 * o + 0.2 * overhead_seconds
         tree = step.proposal.tree
         self.cost.observe(len(tree) + 1, verify_seconds)
-        if len(tree) == 0 and draft_seconds == 0.0:
+        d = self.config.bias_decay
+        for sums in self._recent.values():  # evidence fades with time, drafted or not
+            sums[0] *= d
+            sums[1] *= d
+        if self._skipped or (len(tree) == 0 and draft_seconds == 0.0):
+            self._skipped = False
             return
-        if self._step_raw is not None:  # global bias: realized vs uncorrected predicted extra tokens
-            d = self.config.bias_decay
-            self._bias[0] = d * self._bias[0] + len(step.path)
-            self._bias[1] = d * self._bias[1] + self._step_raw
-            self._step_raw = None
         on_path = set(step.path)
         edges = edge_scores(tree)
+        predicted = self._edge_probs(tree, corrected=False)  # the factor divides what calibration alone says
         for i, par in enumerate(tree.parents):
-            if par < 0 or par in on_path:
+            if par < 0 or par in on_path:  # a trial: the node's parent was accepted
+                sums = self._recent.setdefault(tree.sources[i], [0.0, 0.0])
+                sums[0] += i in on_path
+                sums[1] += predicted[i]
                 self.calibrator.update(tree.sources[i], edges[i], i in on_path)
-        # Back-off: were drafting steps predicted (with calibrated estimates, draft time included)
-        # to beat plain steps? If not, pause drafting for 1, 2, 4, ... steps, then probe again.
+        # Back-off: do drafting steps beat plain steps? A step that verified a tree is judged by
+        # what it realised (tokens / its drafting + verify seconds), so a text on which every
+        # estimate is wrong still stops drafting after a few losses; one that found nothing worth
+        # verifying by its plan (plain step + drafting time). If drafting loses, pause it for
+        # 1, 2, 4, ... steps, then probe again.
         if self._planned_rate is None:
             return
-        a = self.config.rate_ema
         rate, self._planned_rate = self._planned_rate, None
+        if len(tree):
+            rate = (1 + len(step.path)) / (self._drafting_seconds(draft_seconds) + verify_seconds)
+        a = self.config.rate_ema
         self._rate = rate if self._rate is None else (1 - a) * self._rate + a * rate
         plain_rate = 1.0 / self.cost.verify_seconds(1)
         if self._rate < plain_rate * (1 - self.config.backoff_tolerance):
             self._skip = self._backoff
             self._backoff = min(2 * self._backoff, self.config.max_backoff)
-            self._rate = None  # the next probe is judged afresh
         else:
             self._backoff = max(1, self._backoff // 2)

@@ -107,6 +107,19 @@ def test_proposal_is_the_frequent_prefix_tree_within_budget(successor_store):
     assert drafter.propose(ctx([40, 41], max_depth=0)).tree.tokens == ()
 
 
+def test_root_edge_scores_grow_with_the_matched_suffix_length(successor_store):
+    from specula.planner.select import edge_scores
+
+    drafter = RestDrafter(open_datastore(str(successor_store)))
+
+    def root_edge(tokens):
+        tree = drafter.propose(ctx(tokens)).tree
+        return max(e for e, par in zip(edge_scores(tree), tree.parents) if par < 0)
+
+    short, long = root_edge([7, 40, 41]), root_edge([36, 37, 38, 39, 40, 41])  # "40 41" vs 6 tokens
+    assert short <= 0.5 < long <= 1.0
+
+
 def test_context_ids_beyond_the_datastore_vocabulary_are_ignored(successor_store):
     drafter = RestDrafter(open_datastore(str(successor_store)), RestConfig(max_nodes=8))
     assert len(drafter.propose(ctx([40, 41, 42, 200, 17, 18])).tree) > 0  # searched with [17, 18]

@@ -1,0 +1,36 @@
+import numpy as np
+import pytest
+
+from specula.drafters.base import DraftBudget, DraftContext
+from specula.drafters.prompt_lookup import PromptLookupConfig, PromptLookupDrafter, find_continuations
+from specula.planner.select import edge_scores
+from specula.sampling import SamplingParams, make_generator
+
+
+def ctx(tokens) -> DraftContext:
+    return DraftContext(list(tokens), 1, SamplingParams(), DraftBudget(64, 32), make_generator(0))
+
+
+def test_longest_suffix_wins_and_most_recent_match_comes_first():
+    tokens = np.array([1, 2, 3, 9, 7, 2, 3, 8, 5, 2, 3], dtype=np.int64)
+    n, conts = find_continuations(tokens, PromptLookupConfig(num_pred_tokens=2))
+    assert n == 2  # "2 3" matched twice; "5 2 3" never occurred before
+    assert [c.tolist() for c in conts] == [[8, 5], [9, 7]]
+    assert find_continuations(np.array([4, 5, 6], dtype=np.int64), PromptLookupConfig()) == (0, [])
+
+
+def test_edge_scores_carry_the_match_length_at_the_root_and_agreement_below():
+    drafter = PromptLookupDrafter(PromptLookupConfig(num_pred_tokens=3))
+    three = drafter.propose(ctx([5, 6, 7, 1, 2, 5, 6, 7])).tree  # 3-gram match, one continuation
+    one = drafter.propose(ctx([5, 6, 7, 1, 2, 9, 3, 7])).tree  # only "7" matches
+    assert three.tokens == (1, 2, 5) and one.tokens == (1, 2, 9)
+    assert edge_scores(three) == pytest.approx([0.75, 1.0, 1.0])
+    assert edge_scores(one) == pytest.approx([0.25, 1.0, 1.0])
+
+
+def test_disagreeing_matches_split_the_edge_score():
+    drafter = PromptLookupDrafter(PromptLookupConfig(num_pred_tokens=2, max_ngram=1))
+    tree = drafter.propose(ctx([7, 1, 2, 7, 1, 3, 7])).tree  # "7" -> "1 3" (recent), "1 2"
+    edges = dict(zip(tree.tokens, edge_scores(tree)))
+    assert edges[1] == pytest.approx(0.5)  # both continuations start with 1; weight 1 / 2
+    assert edges[3] == pytest.approx(0.5) and edges[2] == pytest.approx(0.5)
