@@ -35,19 +35,22 @@ def path_probabilities(tree: TokenTree, edge_probs: Sequence[float]) -> list[flo
 
 
 def choose_size(
-    ordered_probs: Sequence[float], draft_seconds: float, verify_seconds: Callable[[int], float]
+    ordered_probs: Sequence[float], draft_seconds: float, verify_seconds: Callable[[int], float],
+    min_gain: float = 0.0,
 ) -> tuple[int, float, float]:
     """Best number of nodes to verify.
 
     ordered_probs: path probabilities in best-first (ancestor-closed) order.
     verify_seconds(n): latency of a target pass over n tokens (root + n - 1 nodes).
+    min_gain: a tree is chosen only if its expected rate beats a plain step's by this fraction.
     Returns (N, expected accepted tokens incl. bonus, expected tokens per second)."""
-    best_n, best_e, best_rate = 0, 1.0, 1.0 / (draft_seconds + verify_seconds(1))
+    plain = 1.0 / (draft_seconds + verify_seconds(1))
+    best_n, best_e, best_rate = 0, 1.0, plain
     expected = 1.0
     for n, prob in enumerate(ordered_probs, start=1):
         expected += prob
         rate = expected / (draft_seconds + verify_seconds(n + 1))
-        if rate > best_rate:
+        if rate > best_rate and rate >= (1.0 + min_gain) * plain:
             best_n, best_e, best_rate = n, expected, rate
     return best_n, best_e, best_rate
 

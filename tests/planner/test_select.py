@@ -63,3 +63,16 @@ def test_chain_rule_before_the_first_token_weighs_the_drafter_against_the_baseli
     # Once drafting, a baseline above the chain's own rate stops it earlier.
     assert chain_should_extend([0.9, 0.8], 0.1, 0.2, steep)
     assert not chain_should_extend([0.9, 0.8], 0.1, 0.2, steep, baseline_rate=5.0)
+
+
+def test_min_gain_leaves_marginal_trees_unverified():
+    from specula.planner.select import choose_size
+
+    def cost(n):
+        return 1.0 + 0.1 * (n - 1)
+
+    # One node at 0.15: rate 1.15 / 1.1 = 1.045 plain steps, a 4.5% predicted gain.
+    assert choose_size([0.15], 0.0, cost)[0] == 1
+    n, expected, rate = choose_size([0.15], 0.0, cost, min_gain=0.1)
+    assert (n, expected, rate) == (0, 1.0, 1.0)  # plain step, at the plain rate
+    assert choose_size([0.5], 0.0, cost, min_gain=0.1)[0] == 1  # 1.36 plain steps: worth it
