@@ -7,6 +7,9 @@ on the cost curve measured here, once on a synthetic flat curve (verifying 64 to
 same as one). Outputs are checked identical to plain greedy. Prints, per curve: mean tree size,
 predicted vs realised mean accepted tokens, and the planner's projected speedup over plain
 decoding on that curve (the realised speed on this machine only makes sense for the measured one).
+On the flat curve the planner is told the verify times that curve predicts, not this machine's:
+its online cost corrections and its back-off (judged on realised tokens/s) then act as they
+would on such a machine instead of learning this CPU's steep curve back.
 """
 
 from __future__ import annotations
@@ -21,6 +24,16 @@ from specula.models.loading import apply_chat_template
 from specula.planner import HardwarePlanner
 from specula.planner.planner import PlannerConfig, load_or_measure_curve
 from specula.sampling import SamplingParams
+
+
+def simulated_verify_times(planner: HardwarePlanner, curve: CostCurve):
+    """planner.observe, fed the verify time `curve` predicts for each pass instead of the measured one."""
+    observe = planner.observe
+
+    def fake(step, draft_seconds, verify_seconds, overhead_seconds=0.0):
+        return observe(step, draft_seconds, curve.latency(len(step.proposal.tree) + 1), overhead_seconds)
+
+    return fake
 
 
 def main() -> None:
@@ -50,6 +63,8 @@ def main() -> None:
     report = {}
     for name, curve in (("measured", measured), ("flat", flat)):
         planner = HardwarePlanner(curve=curve)
+        if curve is flat:
+            planner.observe = simulated_verify_times(planner, curve)
         decoder = build_decoder("fusion", target, tokenizer, draft, planner=planner)
         tokens = steps = drafted = 0
         predicted = realised = 0.0

@@ -8,7 +8,8 @@
                     predicted nodes over recent steps, decaying with time) that removes the
                     optimism of picking the nodes with the highest estimates and follows the
                     text at hand (a source that copies well in summaries may not in answers)
-    selection       N* = argmax_N E(N) / (T_draft + T_verify(N + 1)), N = 0 = plain step
+    selection       N* = argmax_N E(N) / (T_draft + T_verify(N + 1)), N = 0 = plain step,
+                    chosen unless a tree's rate beats it by `min_gain`
     back-off        when drafting steps realise fewer tokens/s than plain steps would
                     (measured, not predicted), skip drafting for 1, 2, 4, ... steps (probing
                     again after each pause), so drafting cannot make decoding much slower
