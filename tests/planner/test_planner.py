@@ -254,6 +254,24 @@ def test_no_probes_where_a_one_node_tree_can_never_pay():
     assert drafted == 0
 
 
+def test_backoff_follows_realised_rates_when_estimates_are_wrong():
+    """The calibration keeps promising 0.9 per node (frozen here) but nothing is ever accepted:
+    the plan always looks good, the realised tokens/s do not, and drafting pauses anyway."""
+    planner = HardwarePlanner(curve=STEEP)
+    planner.calibrator.update = lambda *a, **k: None
+    tree = TokenTree.chain([5, 6, 7], [0.9, 0.81, 0.729], "prompt-lookup")
+    verified = 0
+    for _ in range(60):
+        planner._recent.clear()  # keep the per-source factor at 1: only the back-off can act
+        drafting = planner.should_draft(ctx())
+        planned, _ = planner.plan(Proposal(tree) if drafting else Proposal.empty(), ctx(), 1e-4)
+        verified += len(planned.tree) > 0
+        planner.observe(StepResult(3, planned, (), 9, torch.zeros(len(planned.tree) + 1, 16)), 1e-4,
+                        STEEP.latency(len(planned.tree) + 1))
+    assert planner.last_plan["chosen"] == 3  # every drafting step still plans the whole chain
+    assert verified < 15  # but most steps are plain
+
+
 def test_a_new_request_ends_the_back_off_pause():
     planner = HardwarePlanner(curve=STEEP)
     tree = TokenTree.chain([5], [0.01], "prompt-lookup")
