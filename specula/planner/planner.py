@@ -90,8 +90,8 @@ class CostModel:
     def observe(self, n_tokens: int, seconds: float) -> None:
         ratio = seconds / max(self.curve.latency(n_tokens), 1e-9)
         self.scale = (1 - self.correction) * self.scale + self.correction * ratio
-        entry = self._size_scale.setdefault(n_tokens, [self.scale, 0.0])
-        entry[1] += 1.0
+        entry = self._size_scale.setdefault(n_tokens, [0.0, 0.0])
+        entry[1] += 1.0  # the first observation has weight 1: the start value never counts
         weight = max(self.correction, 1.0 / entry[1])
         entry[0] = (1 - weight) * entry[0] + weight * ratio
 
@@ -210,6 +210,10 @@ class HardwarePlanner:
                                         self.cost.verify_seconds, self.config.min_gain)
         return order, n, expected, rate, probs
 
+    def _plain_rate(self, draft_seconds: float) -> float:
+        """Expected tokens/s of a plain step that still paid `draft_seconds` of drafting."""
+        return 1.0 / (self._drafting_seconds(draft_seconds) + self.cost.verify_seconds(1))
+
     def _one_node_can_pay(self, draft_seconds: float) -> bool:
         """Could a one-node tree beat a plain step at all, were its node always accepted? Not
         where a 2-token pass costs twice a 1-token one (e.g. a float32 GEMV -> GEMM jump on CPU):
@@ -220,7 +224,7 @@ class HardwarePlanner:
     def proposal_rate(self, proposal: Proposal, draft_seconds: float) -> float:
         """Expected tokens/s of the best tree within `proposal` after `draft_seconds` of drafting."""
         if len(proposal.tree) == 0:
-            return 1.0 / (self._drafting_seconds(draft_seconds) + self.cost.verify_seconds(1))
+            return self._plain_rate(draft_seconds)
         return self._best(proposal, draft_seconds)[3]
 
     def plan(self, proposal: Proposal, ctx: DraftContext, draft_seconds: float) -> tuple[Proposal, float]:
@@ -234,8 +238,7 @@ class HardwarePlanner:
         if len(tree) == 0:
             # Drafters that ran and found nothing cost their time (judged by the back-off); a step
             # the back-off skipped says nothing about drafting's worth.
-            self._planned_rate = None if self._skipped else (
-                1.0 / (self._drafting_seconds(draft_seconds) + self.cost.verify_seconds(1)))
+            self._planned_rate = None if self._skipped else self._plain_rate(draft_seconds)
             self._project(0, 1.0, draft_seconds)
             return proposal, 1.0
         order, n, expected, rate, probs = self._best(proposal, draft_seconds)
@@ -312,13 +315,13 @@ class HardwarePlanner:
             return
         on_path = set(step.path)
         edges = edge_scores(tree)
-        predicted = self._edge_probs(tree, corrected=False)  # the factor divides what calibration alone says
         for i, par in enumerate(tree.parents):
             if par < 0 or par in on_path:  # a trial: the node's parent was accepted
-                sums = self._recent.setdefault(tree.sources[i], [0.0, 0.0])
+                source = tree.sources[i]
+                sums = self._recent.setdefault(source, [0.0, 0.0])
                 sums[0] += i in on_path
-                sums[1] += predicted[i]
-                self.calibrator.update(tree.sources[i], edges[i], i in on_path)
+                sums[1] += self.calibrator.estimate(source, edges[i])  # the factor divides calibration alone
+                self.calibrator.update(source, edges[i], i in on_path)
         # Back-off: do drafting steps beat plain steps? A step that verified a tree is judged by
         # what it realised (tokens / its drafting + verify seconds), so a text on which every
         # estimate is wrong still stops drafting after a few losses; one that found nothing worth

@@ -21,6 +21,17 @@ def ctx(tokens=(1, 2, 3)) -> DraftContext:
     return DraftContext(list(tokens), 2, SamplingParams(), DraftBudget(64, 32), make_generator(0))
 
 
+def engine_step(planner, tree, draft_seconds, verify_seconds=STEEP.latency):
+    """One decode step driven as the engine drives the planner: should_draft, plan, observe, with
+    nothing accepted. A step the back-off skips proposes nothing. Returns (drafting, planned)."""
+    drafting = planner.should_draft(ctx())
+    seconds = draft_seconds if drafting else 1e-5
+    planned, _ = planner.plan(Proposal(tree) if drafting else Proposal.empty(), ctx(), seconds)
+    n = len(planned.tree)
+    planner.observe(StepResult(3, planned, (), 9, torch.zeros(n + 1, 16)), seconds, verify_seconds(n + 1))
+    return drafting, planned
+
+
 def wide_tree() -> TokenTree:
     # 4 chains of 8 tokens with decreasing confidence.
     paths = [[10 * b + i for i in range(8)] for b in range(4)]
@@ -73,12 +84,8 @@ def test_backoff_skips_drafting_when_it_does_not_pay_and_probes_again():
     planner = HardwarePlanner(curve=STEEP)
     tree = TokenTree.chain([5], [0.01], "prompt-lookup")
     skipped = 0
-    for _ in range(40):  # the engine's sequence: should_draft, plan, observe on every step
-        drafting = planner.should_draft(ctx())
-        skipped += not drafting
-        seconds = 0.5 if drafting else 1e-5  # slow drafting, useless tree
-        planned, _ = planner.plan(Proposal(tree) if drafting else Proposal.empty(), ctx(), seconds)
-        planner.observe(StepResult(3, planned, (), 9, torch.zeros(1, 16)), seconds, STEEP.latency(1))
+    for _ in range(40):  # drafting costs 5% of a step, the tree is useless
+        skipped += not engine_step(planner, tree, 0.05, lambda n: STEEP.latency(1))[0]
     # Back-off pauses of 1, 2, 4, 8, 16 plain steps between probes: the plain steps themselves must
     # not count as drafting that paid (they once halved the pause again at every probe).
     assert 30 < skipped < 40
@@ -263,11 +270,7 @@ def test_backoff_follows_realised_rates_when_estimates_are_wrong():
     verified = 0
     for _ in range(60):
         planner._recent.clear()  # keep the per-source factor at 1: only the back-off can act
-        drafting = planner.should_draft(ctx())
-        planned, _ = planner.plan(Proposal(tree) if drafting else Proposal.empty(), ctx(), 1e-4)
-        verified += len(planned.tree) > 0
-        planner.observe(StepResult(3, planned, (), 9, torch.zeros(len(planned.tree) + 1, 16)), 1e-4,
-                        STEEP.latency(len(planned.tree) + 1))
+        verified += len(engine_step(planner, tree, 1e-4)[1].tree) > 0
     assert planner.last_plan["chosen"] == 3  # every drafting step still plans the whole chain
     assert verified < 15  # but most steps are plain
 
@@ -277,13 +280,9 @@ def test_a_new_request_ends_the_back_off_pause():
     tree = TokenTree.chain([5], [0.01], "prompt-lookup")
     run = 0
     for _ in range(40):  # useless slow drafting: pauses of 1, 2, 4, ... plain steps
-        drafting = planner.should_draft(ctx())
-        run = 0 if drafting else run + 1
+        run = 0 if engine_step(planner, tree, 0.5, lambda n: STEEP.latency(1))[0] else run + 1
         if run == 3:  # inside a pause of at least 4 steps: one more is still due
             break
-        seconds = 0.5 if drafting else 1e-5
-        planned, _ = planner.plan(Proposal(tree) if drafting else Proposal.empty(), ctx(), seconds)
-        planner.observe(StepResult(3, planned, (), 9, torch.zeros(1, 16)), seconds, STEEP.latency(1))
     assert run == 3
     planner.reset()
     assert planner.should_draft(ctx())  # the next text is judged afresh
