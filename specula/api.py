@@ -34,6 +34,10 @@ class LoadConfig:
     draft alike. Lossless relative to the int8 model: its linears and (with attn auto) its attention are
     bitwise batch invariant, so tree logits equal one-token logits bit for bit. It changes the model
     itself (perplexity and agreement with float32 in docs/cpu.md)."""
+    linear_kernel: str = "auto"
+    """Float linear layers: onednn (weights prepacked once for oneDNN; on CPU several times cheaper for
+    the few rows decoding and verification pass, docs/cpu.md), aten (`F.linear`), or auto = onednn for a
+    float32 model on CPU without quantize, else aten."""
 
 
 class Specula:
@@ -98,7 +102,7 @@ def load_backend(spec: str, config: LoadConfig = LoadConfig(), name: str = "mode
     from specula.models.loading import load_model
 
     model, tokenizer = load_model(spec, dtype=config.dtype, attn_implementation=config.attn_implementation,
-                                  quantize=config.quantize)
+                                  quantize=config.quantize, linear_kernel=config.linear_kernel)
     backend = HFCausalLM(model, name=f"{name} {spec}")
     backend.quantization = config.quantize  # part of the planner's cost-cache key
     return backend, tokenizer

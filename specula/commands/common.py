@@ -21,6 +21,7 @@ def add_model_args(parser: argparse.ArgumentParser, *, target_required: bool = T
     g.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"), help="weights dtype (default float32)")
     add_attn_arg(g)
     add_quantize_arg(g)
+    add_linear_kernel_arg(g)
 
 
 def add_attn_arg(parser) -> None:
@@ -36,6 +37,13 @@ def add_quantize_arg(parser) -> None:
                         help="int8: int8 linear layers (per-channel weights, per-row activations) for target and draft "
                              "on CPU, ~4x faster decoding; speculative output stays identical to plain decoding of the "
                              "int8 model, which itself differs slightly from float32 (docs/cpu.md) (default none)")
+
+
+def add_linear_kernel_arg(parser) -> None:
+    parser.add_argument("--linear-kernel", default="auto", choices=("auto", "onednn", "aten"),
+                        help="float linear layers: onednn = weights prepacked for oneDNN (on CPU far cheaper for the "
+                             "few tokens a decoding or verification pass holds), aten = F.linear; auto = onednn for "
+                             "float32 on CPU without --quantize, else aten (default auto)")
 
 
 def add_method_args(parser: argparse.ArgumentParser) -> None:
@@ -75,7 +83,8 @@ def add_sampling_args(parser: argparse.ArgumentParser) -> None:
 def load_config(args: argparse.Namespace) -> "LoadConfig":
     from specula.api import LoadConfig
 
-    return LoadConfig(dtype=args.dtype, attn_implementation=args.attn, quantize=args.quantize)
+    return LoadConfig(dtype=args.dtype, attn_implementation=args.attn, quantize=args.quantize,
+                      linear_kernel=args.linear_kernel)
 
 
 def drafter_options(args: argparse.Namespace, method: str) -> dict:

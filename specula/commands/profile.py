@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from specula.commands.common import add_attn_arg, add_quantize_arg
+from specula.commands.common import add_attn_arg, add_linear_kernel_arg, add_quantize_arg
 from specula.errors import ConfigError
 
 
@@ -18,6 +18,7 @@ def register(sub) -> None:
     p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"), help="weights dtype (default float32)")
     add_attn_arg(p)
     add_quantize_arg(p)
+    add_linear_kernel_arg(p)
     p.add_argument("--context", type=int, default=512, help="tokens in the KV cache before each pass (default 512)")
     p.add_argument("--sizes", default="1,2,4,8,16,32,64", help="tokens per pass, comma-separated (default 1,2,4,...,64)")
     p.add_argument("--repeats", type=int, default=5, help="timed repeats per size after one warm-up (default 5)")
@@ -42,6 +43,7 @@ def run(args: argparse.Namespace) -> int:
     from specula.bench.plots import COST_CURVE_PNG, plot_cost_curve
     from specula.bench.profile import measure_cost_curve
     from specula.commands.bench import set_threads
+    from specula.models.prepack import linear_kernel_of
     from specula.paths import atomic_write_json
 
     sizes = parse_sizes(args.sizes)
@@ -49,11 +51,12 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("--repeats and --context must be >= 1")
     set_threads(args.threads)
     target, _ = load_backend(args.target, LoadConfig(dtype=args.dtype, attn_implementation=args.attn,
-                                                       quantize=args.quantize), "target")
+                                                       quantize=args.quantize,
+                                                       linear_kernel=args.linear_kernel), "target")
     curve = measure_cost_curve(target, sizes, args.context, args.repeats)
     out = Path(args.out)
     payload = {**curve.to_dict(), "target": args.target, "dtype": args.dtype, "attn": target.config._attn_implementation,
-               "quantize": args.quantize,
+               "quantize": args.quantize, "linear_kernel": linear_kernel_of(target.model),
                "machine": machine_info(target.device)}
     json_path = atomic_write_json(out / "cost_curve.json", payload)
     png = plot_cost_curve(payload, out / COST_CURVE_PNG, f"Cost curve: {args.target} (context {args.context})")

@@ -160,17 +160,20 @@ def _torch_dtype(dtype: str | torch.dtype) -> torch.dtype:
 
 def load_model(
     spec: str | ResolvedModel, *, dtype: str | torch.dtype = "float32", attn_implementation: str = "auto",
-    quantize: str = "none",
+    quantize: str = "none", linear_kernel: str = "auto",
 ) -> tuple[Any, Any]:
     """Load `(model, tokenizer)` for a model spec (see `resolve`), offline.
 
     The model is in eval mode with gradients disabled (use it under `torch.inference_mode()`).
     `quantize="int8"` swaps its linear layers for batch-invariant int8 ones (`specula.models.quantize`);
     `attn_implementation="auto"` then picks batch-invariant attention (`specula.models.attention`).
+    `linear_kernel="auto"` runs a float32 CPU model's linears through oneDNN with prepacked weights
+    (`specula.models.prepack`); "aten" keeps `F.linear`.
     Only local files are read; loading errors become `SpeculaError`s naming the spec."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from specula.models.attention import transformers_name
+    from specula.models.prepack import prepack_model, resolve_linear_kernel
     from specula.models.quantize import check_quantize, quantize_model
 
     check_quantize(quantize)
@@ -192,6 +195,8 @@ def load_model(
     model.eval()
     model.requires_grad_(False)
     quantize_model(model, quantize)
+    prepack_model(model, resolve_linear_kernel(linear_kernel, dtype=model.dtype, device=model.device.type,
+                                               quantize=quantize))
     return model, tokenizer
 
 

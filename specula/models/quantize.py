@@ -64,7 +64,7 @@ def per_channel_int8(weight: torch.Tensor) -> torch.Tensor:
         return torch.quantize_per_channel(w, scale.double(), zero, 0, torch.qint8)
 
 
-def _is_conv1d(module: nn.Module) -> bool:
+def is_conv1d(module: nn.Module) -> bool:
     """transformers' GPT-2 style `Conv1D`: a linear layer with its weight stored `[in, out]`."""
     return type(module).__name__ == "Conv1D" and hasattr(module, "nf") and module.weight.dim() == 2
 
@@ -75,7 +75,7 @@ class RowInt8Linear(nn.Module):
     def __init__(self, linear: nn.Module) -> None:
         super().__init__()
         weight = linear.weight.detach()
-        weight = weight.t() if _is_conv1d(linear) else weight  # [out, in]
+        weight = weight.t() if is_conv1d(linear) else weight  # [out, in]
         self.out_features, self.in_features = weight.shape
         if weight.device.type != "cpu":
             raise ConfigError("int8 quantization runs on CPU only; load the model on CPU or use --quantize none")
@@ -109,7 +109,7 @@ def quantize_model(model: nn.Module, option: str = "int8", *, skip: Iterable[str
         return model
     skipped = set(skip)
     targets = [(name, mod) for name, mod in model.named_modules()
-               if (isinstance(mod, nn.Linear) or _is_conv1d(mod)) and name not in skipped]
+               if (isinstance(mod, nn.Linear) or is_conv1d(mod)) and name not in skipped]
     for name, linear in targets:
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 import torch
 
 from specula.drafters.base import DraftContext, Proposal, StepResult
+from specula.models.prepack import linear_kernel_of
 from specula.planner.calibration import CalibrationConfig, Calibrator
 from specula.planner.select import chain_should_extend, choose_size, edge_scores, path_probabilities
 
@@ -112,6 +113,7 @@ def cost_cache_key(target, context: int) -> str:
         "context_bucket": context,
         "quantize": getattr(target, "quantization", "none"),
         "attention": getattr(cfg, "_attn_implementation", None),
+        "linear_kernel": linear_kernel_of(target.model),
     }
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]
 

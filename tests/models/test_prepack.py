@@ -1,0 +1,139 @@
+"""oneDNN prepacked float32 linears: same numbers as F.linear, same greedy output, chosen by `auto`."""
+
+import argparse
+import copy
+import random
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from tiny import perturbed_copy, reference_greedy, tiny_model
+from specula.api import LoadConfig
+from specula.commands.common import add_model_args, load_config
+from specula.drafters import make_drafter
+from specula.engine import SpeculativeDecoder
+from specula.errors import ConfigError
+from specula.models.hf import HFCausalLM
+from specula.models.loading import load_model
+from specula.models.prepack import (
+    MIN_ROWS,
+    OneDNNLinear,
+    linear_kernel_of,
+    onednn_available,
+    prepack_model,
+    resolve_linear_kernel,
+)
+from specula.planner.planner import cost_cache_key
+from specula.sampling import SamplingParams
+from specula.tree import TokenTree
+
+pytestmark = pytest.mark.skipif(not onednn_available(), reason="this PyTorch build has no oneDNN")
+
+
+def prepacked_tiny(arch: str, seed: int = 0):
+    return prepack_model(tiny_model(arch, seed=seed), "onednn")
+
+
+@torch.inference_mode()
+@pytest.mark.parametrize("bias", [True, False])
+def test_onednn_linear_matches_f_linear_for_every_row_count(bias):
+    linear = nn.Linear(64, 48, bias=bias)
+    packed = OneDNNLinear(linear)
+    x = torch.randn(20, 64)
+    for n in range(1, 21):  # below MIN_ROWS (padded), at it, above it
+        torch.testing.assert_close(packed(x[:n]), linear(x[:n]), atol=1e-5, rtol=1e-5)
+    batched = torch.randn(2, 3, 64)  # [batch, seq, in] as the model passes it
+    assert packed(batched).shape == (2, 3, 48)
+    torch.testing.assert_close(packed(batched), linear(batched), atol=1e-5, rtol=1e-5)
+    assert MIN_ROWS > 1 and packed(x[:1]).shape == (1, 48)  # padding rows never leak out
+
+
+def test_prepack_model_swaps_linears_and_keeps_embeddings():
+    model = prepacked_tiny("qwen2")
+    kinds = {type(m).__name__ for m in model.modules()}
+    assert "Linear" not in kinds and "OneDNNLinear" in kinds
+    assert isinstance(model.get_input_embeddings(), nn.Embedding)
+    assert model.get_input_embeddings().weight.device.type == "cpu"  # a tied embedding keeps its weights
+    assert HFCausalLM(model).vocab_size == 96  # lm_head.weight.shape still reads the logit width
+    assert linear_kernel_of(model) == "onednn"
+    gpt2 = prepacked_tiny("gpt2")  # GPT-2's Conv1D layers ([in, out] weights) too
+    assert "Conv1D" not in {type(m).__name__ for m in gpt2.modules()}
+    untouched = tiny_model("llama")
+    assert prepack_model(untouched, "aten") is untouched and linear_kernel_of(untouched) == "aten"
+    with pytest.raises(ConfigError, match="resolved kernel"):
+        prepack_model(tiny_model("llama"), "auto")
+
+
+@torch.inference_mode()
+def test_prepacked_model_logits_equal_the_original(arch):
+    original = tiny_model(arch, seed=2)
+    packed = prepack_model(copy.deepcopy(original), "onednn")
+    ids = torch.tensor([[random.Random(i).randrange(96) for i in range(17)]])
+    torch.testing.assert_close(packed(ids).logits, original(ids).logits, atol=1e-4, rtol=1e-4)
+
+
+@torch.inference_mode()
+def test_prepacked_tree_logits_equal_causal_logits_over_each_path(arch):
+    model = prepacked_tiny(arch)
+    lm = HFCausalLM(model)
+    rng = random.Random(0)
+    prompt = [rng.randrange(96) for _ in range(9)]
+    lm.append(prompt[:-1], logits="none")
+    parents = [-1] + [rng.randrange(-1, i) for i in range(1, 14)]
+    tree = TokenTree.empty().merge(TokenTree.build([rng.randrange(96) for _ in range(14)], parents))
+    logits = lm.forward_tree(prompt[-1], tree)  # [15, 96]
+    for i in range(-1, len(tree)):
+        path = [] if i < 0 else tree.tokens_of(tree.path_to(i))
+        causal = model(torch.tensor([prompt + path])).logits[0, -1]
+        torch.testing.assert_close(logits[i + 1], causal, atol=1e-4, rtol=1e-4)
+        assert logits[i + 1].argmax() == causal.argmax()
+
+
+@pytest.mark.parametrize("method", ["prompt-lookup", "draft-model"])
+def test_speculative_greedy_on_prepacked_models_equals_plain_greedy_of_the_original(arch, method):
+    original = tiny_model(arch, seed=3)
+    model = prepack_model(copy.deepcopy(original), "onednn")
+    draft = prepack_model(perturbed_copy(original, 0.05), "onednn") if method == "draft-model" else None
+    drafter = make_drafter(method, draft=HFCausalLM(draft) if draft is not None else None,
+                           num_draft_tokens=5 if method == "draft-model" else None)
+    dec = SpeculativeDecoder(HFCausalLM(model, "target"), drafter, eos_token_ids=[])
+    for prompt in ([5, 17, 33, 2, 5, 17, 40, 41, 42, 5, 17], [60, 61, 62, 63, 64, 60, 61]):
+        out = dec.generate(prompt, SamplingParams(max_new_tokens=32, ignore_eos=True))
+        assert out.token_ids == reference_greedy(original, prompt, 32), (arch, method, prompt)
+        if method == "draft-model":
+            assert out.stats.accepted_tokens > 0  # drafts were really verified several at a time
+
+
+def test_auto_picks_onednn_for_float32_cpu_only():
+    f32 = dict(dtype=torch.float32, device="cpu", quantize="none")
+    assert resolve_linear_kernel("auto", **f32) == "onednn"
+    assert resolve_linear_kernel("aten", **f32) == "aten"
+    assert resolve_linear_kernel("auto", **{**f32, "dtype": torch.bfloat16}) == "aten"
+    assert resolve_linear_kernel("auto", **{**f32, "quantize": "int8"}) == "aten"
+    assert resolve_linear_kernel("auto", **{**f32, "device": "cuda"}) == "aten"
+    with pytest.raises(ConfigError, match="--linear-kernel auto or aten"):
+        resolve_linear_kernel("onednn", **{**f32, "quantize": "int8"})
+    with pytest.raises(ConfigError, match="choose one of: auto, onednn, aten"):
+        resolve_linear_kernel("mkl", **f32)
+
+
+def test_load_model_prepacks_float32_by_default(tmp_path: Path, tiny_tokenizer):
+    tiny_model("llama").save_pretrained(tmp_path)
+    tiny_tokenizer.save_pretrained(tmp_path)
+    auto, _ = load_model(str(tmp_path))
+    aten, _ = load_model(str(tmp_path), linear_kernel="aten")
+    bf16, _ = load_model(str(tmp_path), dtype="bfloat16")
+    assert (linear_kernel_of(auto), linear_kernel_of(aten), linear_kernel_of(bf16)) == ("onednn", "aten", "aten")
+    # a cost curve measured with one kernel is never reused for the other
+    assert cost_cache_key(HFCausalLM(auto), 256) != cost_cache_key(HFCausalLM(aten), 256)
+
+
+def test_cli_option_reaches_load_config():
+    parser = argparse.ArgumentParser()
+    add_model_args(parser)
+    assert load_config(parser.parse_args(["--target", "x", "--linear-kernel", "aten"])) == LoadConfig(linear_kernel="aten")
+    assert parser.parse_args(["--target", "x"]).linear_kernel == "auto"
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--target", "x", "--linear-kernel", "mkl"])
