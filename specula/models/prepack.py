@@ -26,7 +26,7 @@ import torch
 from torch import nn
 
 from specula.errors import ConfigError
-from specula.models.quantize import is_conv1d
+from specula.models.quantize import is_conv1d, replace_linears
 
 LINEAR_KERNELS = ("auto", "onednn", "aten")
 """Values of `--linear-kernel` / `LoadConfig.linear_kernel`. `auto`: onednn for a float32 model on
@@ -103,9 +103,4 @@ def prepack_model(model: nn.Module, kernel: str) -> nn.Module:
         return model
     if kernel != "onednn":
         raise ConfigError(f"prepack_model takes a resolved kernel (onednn or aten), got {kernel!r}")
-    targets = [(name, mod) for name, mod in model.named_modules() if type(mod) is nn.Linear or is_conv1d(mod)]
-    for name, linear in targets:
-        parent_name, _, child = name.rpartition(".")
-        parent = model.get_submodule(parent_name) if parent_name else model
-        setattr(parent, child, OneDNNLinear(linear))
-    return model
+    return replace_linears(model, OneDNNLinear)

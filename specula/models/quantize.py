@@ -32,7 +32,7 @@ unless listed in `skip` (it is a fifth of the FLOPs of Qwen2.5-1.5B).
 from __future__ import annotations
 
 import warnings
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import torch
 from torch import nn
@@ -107,11 +107,17 @@ def quantize_model(model: nn.Module, option: str = "int8", *, skip: Iterable[str
     `"lm_head"`) for a `RowInt8Linear`; `"none"` changes nothing."""
     if check_quantize(option) == "none":
         return model
+    return replace_linears(model, RowInt8Linear, skip=skip)
+
+
+def replace_linears(model: nn.Module, make: Callable[[nn.Module], nn.Module], *, skip: Iterable[str] = ()) -> nn.Module:
+    """Replace every `nn.Linear` and transformers `Conv1D` of `model` (but those whose qualified name is
+    in `skip`) by `make(layer)`, in place; returns `model`."""
     skipped = set(skip)
     targets = [(name, mod) for name, mod in model.named_modules()
                if (isinstance(mod, nn.Linear) or is_conv1d(mod)) and name not in skipped]
     for name, linear in targets:
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
-        setattr(parent, child, RowInt8Linear(linear))
+        setattr(parent, child, make(linear))
     return model
