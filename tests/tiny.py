@@ -84,3 +84,26 @@ def successor_model(vocab: int = VOCAB, arch: str = "llama"):
         model.model.embed_tokens.weight.copy_(emb)
         model.lm_head.weight.copy_(torch.roll(emb, 1, dims=0))
     return model
+
+
+SPECULATIVE_PROMPTS = ([5, 17, 33, 2, 5, 17, 40, 41, 42, 5, 17], [60, 61, 62, 63, 64, 60, 61])
+"""Prompts with repeats (prompt lookup finds matches) and without."""
+
+
+def assert_speculative_greedy_equals_plain(model, method: str, reference, draft=None, max_new_tokens: int = 32) -> None:
+    """Speculative greedy decoding of `model` with `method` (a draft model: `draft`, 5 tokens a step)
+    outputs what plain greedy decoding of `reference` outputs, on each of SPECULATIVE_PROMPTS; with a
+    draft model, drafts were really accepted (several tokens verified at a time)."""
+    from specula.drafters import make_drafter
+    from specula.engine import SpeculativeDecoder
+    from specula.models.hf import HFCausalLM
+    from specula.sampling import SamplingParams
+
+    drafter = make_drafter(method, draft=HFCausalLM(draft) if draft is not None else None,
+                           num_draft_tokens=5 if draft is not None else None)
+    dec = SpeculativeDecoder(HFCausalLM(model, "target"), drafter, eos_token_ids=[])
+    for prompt in SPECULATIVE_PROMPTS:
+        out = dec.generate(prompt, SamplingParams(max_new_tokens=max_new_tokens, ignore_eos=True))
+        assert out.token_ids == reference_greedy(reference, prompt, max_new_tokens), (method, prompt)
+        if draft is not None:
+            assert out.stats.accepted_tokens > 0

@@ -180,6 +180,8 @@ def load_model(
     attn_name = transformers_name(attn_implementation, quantize)
     resolved = spec if isinstance(spec, ResolvedModel) else resolve(spec)
     torch_dtype = _torch_dtype(dtype)
+    # checked before the (slow) load; from_pretrained loads onto the CPU
+    kernel = resolve_linear_kernel(linear_kernel, dtype=torch_dtype, device="cpu", quantize=quantize)
     kwargs: dict[str, Any] = {"local_files_only": True}
     if resolved.gguf_file is not None:
         kwargs["gguf_file"] = str(resolved.gguf_file)
@@ -195,8 +197,7 @@ def load_model(
     model.eval()
     model.requires_grad_(False)
     quantize_model(model, quantize)
-    prepack_model(model, resolve_linear_kernel(linear_kernel, dtype=model.dtype, device=model.device.type,
-                                               quantize=quantize))
+    prepack_model(model, kernel)
     return model, tokenizer
 
 

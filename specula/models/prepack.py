@@ -26,7 +26,7 @@ import torch
 from torch import nn
 
 from specula.errors import ConfigError
-from specula.models.quantize import is_conv1d, replace_linears
+from specula.models.linears import linear_weight, replace_linears
 
 LINEAR_KERNELS = ("auto", "onednn", "aten")
 """Values of `--linear-kernel` / `LoadConfig.linear_kernel`. `auto`: onednn for a float32 model on
@@ -67,8 +67,7 @@ class OneDNNLinear(nn.Module):
 
     def __init__(self, linear: nn.Module) -> None:
         super().__init__()
-        weight = linear.weight.detach()
-        weight = weight.t() if is_conv1d(linear) else weight  # [out, in]
+        weight = linear_weight(linear)  # [out, in]
         if weight.dtype != torch.float32 or weight.device.type != "cpu":
             raise ConfigError("OneDNNLinear takes float32 CPU linears; use --linear-kernel aten for this model")
         self.out_features, self.in_features = weight.shape

@@ -32,12 +32,13 @@ unless listed in `skip` (it is a fifth of the FLOPs of Qwen2.5-1.5B).
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 
 import torch
 from torch import nn
 
 from specula.errors import ConfigError
+from specula.models.linears import linear_weight, replace_linears
 
 QUANTIZE_OPTIONS = ("none", "int8")
 """Values of `--quantize` / `LoadConfig.quantize`."""
@@ -64,18 +65,12 @@ def per_channel_int8(weight: torch.Tensor) -> torch.Tensor:
         return torch.quantize_per_channel(w, scale.double(), zero, 0, torch.qint8)
 
 
-def is_conv1d(module: nn.Module) -> bool:
-    """transformers' GPT-2 style `Conv1D`: a linear layer with its weight stored `[in, out]`."""
-    return type(module).__name__ == "Conv1D" and hasattr(module, "nf") and module.weight.dim() == 2
-
-
 class RowInt8Linear(nn.Module):
     """`nn.Linear` with int8 per-channel weights and int8 per-row dynamic activations (see module doc)."""
 
     def __init__(self, linear: nn.Module) -> None:
         super().__init__()
-        weight = linear.weight.detach()
-        weight = weight.t() if is_conv1d(linear) else weight  # [out, in]
+        weight = linear_weight(linear)  # [out, in]
         self.out_features, self.in_features = weight.shape
         if weight.device.type != "cpu":
             raise ConfigError("int8 quantization runs on CPU only; load the model on CPU or use --quantize none")
@@ -109,15 +104,3 @@ def quantize_model(model: nn.Module, option: str = "int8", *, skip: Iterable[str
         return model
     return replace_linears(model, RowInt8Linear, skip=skip)
 
-
-def replace_linears(model: nn.Module, make: Callable[[nn.Module], nn.Module], *, skip: Iterable[str] = ()) -> nn.Module:
-    """Replace every `nn.Linear` and transformers `Conv1D` of `model` (but those whose qualified name is
-    in `skip`) by `make(layer)`, in place; returns `model`."""
-    skipped = set(skip)
-    targets = [(name, mod) for name, mod in model.named_modules()
-               if (isinstance(mod, nn.Linear) or is_conv1d(mod)) and name not in skipped]
-    for name, linear in targets:
-        parent_name, _, child = name.rpartition(".")
-        parent = model.get_submodule(parent_name) if parent_name else model
-        setattr(parent, child, make(linear))
-    return model

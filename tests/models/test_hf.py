@@ -21,14 +21,16 @@ def causal_logits(model, ids: list[int]) -> torch.Tensor:
     return model(torch.tensor([ids])).logits[0, -1]
 
 
-def assert_tree_logits_are_causal(model, prompt: list[int], tree: TokenTree, logits: torch.Tensor) -> None:
+def assert_tree_logits_are_causal(model, prompt: list[int], tree: TokenTree, logits: torch.Tensor,
+                                  *, same_argmax: bool = False) -> None:
     """logits [n+1, vocab]: row 0 equals the causal logits after the prompt, row i+1 those after
-    the prompt plus node i's root-to-node path."""
+    the prompt plus node i's root-to-node path (and, with same_argmax, has the same argmax)."""
     assert logits.shape == (len(tree) + 1, model.config.vocab_size)
-    torch.testing.assert_close(logits[0], causal_logits(model, prompt), atol=1e-4, rtol=1e-4)
-    for i in range(len(tree)):
-        path_tokens = tree.tokens_of(tree.path_to(i))
-        torch.testing.assert_close(logits[i + 1], causal_logits(model, prompt + path_tokens), atol=1e-4, rtol=1e-4)
+    for row, path in enumerate([()] + [tree.path_to(i) for i in range(len(tree))]):
+        causal = causal_logits(model, prompt + tree.tokens_of(path))
+        torch.testing.assert_close(logits[row], causal, atol=1e-4, rtol=1e-4)
+        if same_argmax:  # what greedy verification reads
+            assert logits[row].argmax() == causal.argmax(), row
 
 
 @pytest.mark.parametrize("attn", ["eager", "sdpa"])

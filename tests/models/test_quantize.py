@@ -8,17 +8,14 @@ import pytest
 import torch
 from torch import nn
 
-from tiny import perturbed_copy, reference_greedy, tiny_model
+from test_hf import assert_tree_logits_are_causal, random_tree
+from tiny import assert_speculative_greedy_equals_plain, perturbed_copy, tiny_model
 from specula.api import LoadConfig
 from specula.commands.common import add_model_args, load_config
-from specula.drafters import make_drafter
-from specula.engine import SpeculativeDecoder
 from specula.errors import ConfigError
 from specula.models.hf import HFCausalLM
 from specula.models.attention import transformers_name
 from specula.models.quantize import RowInt8Linear, quantize_model
-from specula.sampling import SamplingParams
-from specula.tree import TokenTree
 
 
 def quantized_tiny(arch: str, seed: int = 0, **kwargs):
@@ -79,14 +76,8 @@ def test_quantized_tree_logits_equal_causal_logits_over_each_path(arch):
     rng = random.Random(0)
     prompt = [rng.randrange(96) for _ in range(9)]
     lm.append(prompt[:-1], logits="none")
-    parents = [-1] + [rng.randrange(-1, i) for i in range(1, 14)]
-    tree = TokenTree.empty().merge(TokenTree.build([rng.randrange(96) for _ in range(14)], parents))
-    logits = lm.forward_tree(prompt[-1], tree)  # [15, 96]
-    for i in range(-1, len(tree)):
-        path = [] if i < 0 else tree.tokens_of(tree.path_to(i))
-        causal = model(torch.tensor([prompt + path])).logits[0, -1]
-        torch.testing.assert_close(logits[i + 1], causal, atol=1e-4, rtol=1e-4)
-        assert logits[i + 1].argmax() == causal.argmax()
+    tree = random_tree(rng, 14, 96)
+    assert_tree_logits_are_causal(model, prompt, tree, lm.forward_tree(prompt[-1], tree), same_argmax=True)
 
 
 @pytest.mark.parametrize("method", ["prompt-lookup", "draft-model"])
@@ -94,14 +85,7 @@ def test_speculative_greedy_equals_plain_greedy_of_the_quantized_model(arch, met
     model = tiny_model(arch, attn=transformers_name("batch_invariant"), seed=3)
     draft = quantize_model(perturbed_copy(model, 0.05), "int8") if method == "draft-model" else None
     quantize_model(model, "int8")
-    drafter = make_drafter(method, draft=HFCausalLM(draft) if draft is not None else None,
-                           num_draft_tokens=5 if method == "draft-model" else None)
-    dec = SpeculativeDecoder(HFCausalLM(model, "target"), drafter, eos_token_ids=[])
-    for prompt in ([5, 17, 33, 2, 5, 17, 40, 41, 42, 5, 17], [60, 61, 62, 63, 64, 60, 61]):
-        out = dec.generate(prompt, SamplingParams(max_new_tokens=32, ignore_eos=True))
-        assert out.token_ids == reference_greedy(model, prompt, 32), (arch, method, prompt)
-        if method == "draft-model":
-            assert out.stats.accepted_tokens > 0  # drafts were really verified several at a time
+    assert_speculative_greedy_equals_plain(model, method, model, draft)
 
 
 def test_cli_option_reaches_load_config():

@@ -1,0 +1,32 @@
+"""Finding and replacing a model's linear layers (shared by the int8 and oneDNN swaps)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+import torch
+from torch import nn
+
+
+def is_conv1d(module: nn.Module) -> bool:
+    """transformers' GPT-2 style `Conv1D`: a linear layer with its weight stored `[in, out]`."""
+    return type(module).__name__ == "Conv1D" and hasattr(module, "nf") and module.weight.dim() == 2
+
+
+def linear_weight(layer: nn.Module) -> torch.Tensor:
+    """The weight of an `nn.Linear` or `Conv1D` as `[out, in]` (detached; a view, not a copy)."""
+    weight = layer.weight.detach()
+    return weight.t() if is_conv1d(layer) else weight  # [out, in]
+
+
+def replace_linears(model: nn.Module, make: Callable[[nn.Module], nn.Module], *, skip: Iterable[str] = ()) -> nn.Module:
+    """Replace every `nn.Linear` and transformers `Conv1D` of `model` (but those whose qualified name is
+    in `skip`) by `make(layer)`, in place; returns `model`."""
+    skipped = set(skip)
+    targets = [(name, mod) for name, mod in model.named_modules()
+               if (isinstance(mod, nn.Linear) or is_conv1d(mod)) and name not in skipped]
+    for name, linear in targets:
+        parent_name, _, child = name.rpartition(".")
+        parent = model.get_submodule(parent_name) if parent_name else model
+        setattr(parent, child, make(linear))
+    return model
