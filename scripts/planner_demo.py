@@ -19,10 +19,8 @@ import json
 
 from specula.api import LoadConfig, build_decoder, load_backend
 from specula.bench.datasets import load_prompts, select_prompts
-from specula.bench.profile import CostCurve
-from specula.models.loading import apply_chat_template
-from specula.planner import HardwarePlanner
-from specula.planner.planner import PlannerConfig, load_or_measure_curve
+from specula.models.loading import encode_prompt
+from specula.planner import CostCurve, HardwarePlanner, load_or_measure_curve
 from specula.sampling import SamplingParams
 
 
@@ -30,8 +28,8 @@ def simulated_verify_times(planner: HardwarePlanner, curve: CostCurve):
     """planner.observe, fed the verify time `curve` predicts for each pass instead of the measured one."""
     observe = planner.observe
 
-    def fake(step, draft_seconds, verify_seconds, overhead_seconds=0.0):
-        return observe(step, draft_seconds, curve.latency(len(step.proposal.tree) + 1), overhead_seconds)
+    def fake(step, state, draft_seconds, verify_seconds, overhead_seconds=0.0):
+        return observe(step, state, draft_seconds, curve.latency(len(step.proposal.tree) + 1), overhead_seconds)
 
     return fake
 
@@ -54,7 +52,7 @@ def main() -> None:
     config = LoadConfig(quantize=args.quantize)
     target, tokenizer = load_backend(args.target, config, "target")
     draft = load_backend(args.draft, config, "draft")[0] if args.draft else None
-    measured = load_or_measure_curve(target, PlannerConfig())
+    measured = load_or_measure_curve(target)
     flat = CostCurve(measured.sizes, (measured.seconds[0],) * len(measured.sizes), measured.context)
     prompts = select_prompts(load_prompts(), args.per_category)[: args.limit]
     params = SamplingParams(max_new_tokens=args.max_new_tokens)
@@ -69,8 +67,9 @@ def main() -> None:
         tokens = steps = drafted = 0
         predicted = realised = 0.0
         identical = 0
+        projected_tokens = projected_plain_steps = 0.0
         for prompt in prompts:
-            ids = apply_chat_template(tokenizer, prompt.turns[0])
+            ids = encode_prompt(tokenizer, prompt.turns[0])
             out = decoder.generate(ids, params)
             if prompt.id not in references:
                 references[prompt.id] = plain.generate(ids, params).token_ids
@@ -80,6 +79,11 @@ def main() -> None:
             drafted += out.stats.drafted_tokens
             predicted += out.stats.predicted_accepted
             realised += sum(out.stats.accepted_lengths)
+            projection = out.stats.planner
+            if projection and projection["steps"]:
+                expected = projection["steps"] * projection["expected_tokens_per_step"]
+                projected_tokens += expected
+                projected_plain_steps += expected / projection["projected_speedup"]
         report[name] = {
             "cost_ratio_8_tokens": round(curve.ratio(8), 2),
             "prompts": len(prompts),
@@ -87,7 +91,7 @@ def main() -> None:
             "mean_tree_nodes": round(drafted / steps, 2),
             "predicted_mean_accepted": round(predicted / steps, 3),
             "realised_mean_accepted": round(realised / steps, 3),
-            "projected_speedup_on_this_curve": planner.projection()["projected_speedup"],
+            "projected_speedup_on_this_curve": round(projected_tokens / projected_plain_steps, 3),
         }
     print(json.dumps(report, indent=2))
 

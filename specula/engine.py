@@ -1,44 +1,40 @@
-"""The one decode loop. Every method is a drafter (and an acceptance rule) plugged in here.
+"""The one decode loop. Every method is a set of drafters (and an acceptance rule) plugged in here.
 
-    committed tokens + KV cache
-      -> drafter.propose(ctx)        a Proposal (TokenTree [+ q])
-      -> planner(proposal, ctx)      sized to the hardware (identity until a planner is set)
-      -> target.forward_tree(tree)   logits for the root and every node
-      -> verify(...)                 accepted path + one next token (pure function)
-      -> target.commit(path)         cache = prefix + root + path
-      -> drafter.observe(step)
+    committed tokens + KV cache (the session's)
+      -> drafter.propose(ctx, state)   candidate trees (model-free drafters first; each later
+                                       drafter reads a cost view of the earlier ones' trees)
+      -> planner.plan(proposals)       merged and sized to the hardware
+      -> seq.forward_tree(root, tree)  logits for the root and every node
+      -> verify(...)                   accepted path + one next token (pure function)
+      -> seq.commit(path)              cache = prefix + root + path
+      -> drafter.observe(step), planner.observe(step)
 
 The root of each step is the last emitted token, not yet in the target's cache.
+
+Per-request state lives in a `Session`: the target's KV sequence, the tokens, the generator,
+the stats, the drafters' and the planner's per-request state, the text stream. `start()` makes
+one, `step(sessions)` advances each by one decode step, `finish()` frees it; `generate()` and
+`stream()` are the one-request loop over those. Sessions are independent: stepping A, then B,
+then A gives each exactly what it gets alone.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
-from typing import Iterator, Protocol, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any, Iterator, Sequence
 
 import torch
 
-from specula.drafters.base import DraftBudget, DraftContext, Drafter, Proposal, StepResult
+from specula.drafters.base import Drafter
 from specula.errors import ConfigError
-from specula.models.hf import HFCausalLM
-from specula.sampling import SamplingParams, make_generator, probabilities
+from specula.models.base import TargetModel, TargetSequence, check_context
+from specula.planner import HardwarePlanner, PlannerState, merge_proposals
+from specula.sampling import SamplingParams, TargetRows, make_generator, position_uniforms, request_seed
 from specula.stats import GenerationStats
-from specula.verify import VerifyResult, verify, verify_greedy
-
-
-
-class Planner(Protocol):
-    """Sizes proposals to the hardware (see `specula.planner.HardwarePlanner`)."""
-
-    def reset(self) -> None: ...
-
-    def should_draft(self, ctx: DraftContext) -> bool: ...
-
-    def plan(self, proposal: Proposal, ctx: DraftContext, draft_seconds: float) -> tuple[Proposal, float]: ...
-
-    def observe(self, step: StepResult, draft_seconds: float, verify_seconds: float,
-                overhead_seconds: float = 0.0) -> None: ...
+from specula.step import DraftBudget, DraftContext, Proposal, StepResult
+from specula.stopping import TextStream
+from specula.verify import VerifyResult, verify, verify_deterministic, verify_greedy
 
 
 @dataclass(frozen=True)
@@ -56,7 +52,7 @@ class GenerationOutput:
     token_ids: list[int]
     """New tokens only (the prompt excluded)."""
     text: str
-    """Decoded new tokens ("" when no tokenizer was given)."""
+    """Decoded new tokens, stop string excluded ("" when no tokenizer was given)."""
     stats: GenerationStats
     """Counters and timings."""
 
@@ -71,178 +67,225 @@ class StreamChunk:
     stats: GenerationStats | None = field(default=None, repr=False)
 
 
+@dataclass
+class Session:
+    """One generation request in flight (everything that belongs to it alone)."""
+
+    prompt: list[int]
+    """The prompt's token ids."""
+    params: SamplingParams
+    """Sampling parameters and limits of the request."""
+    seq: TargetSequence
+    """The target's KV cache of this request."""
+    generator: torch.Generator
+    """The request's random generator (seeded by params.seed): drafters that sample, and the rules
+    for sampled children."""
+    seed: int
+    """The request's sampling seed (params.seed, or a random one): seeds the per-position uniforms
+    that decide the target's tokens, so the same seed gives the same sample whatever is drafted."""
+    drafter_states: list[Any]
+    """Per-request state of each drafter (`Drafter.start()`), in drafter order."""
+    planner_state: PlannerState | None
+    """Per-request planner state (back-off, exploration), or None without a planner."""
+    text: TextStream
+    """Incremental text and stop strings."""
+    stats: GenerationStats = field(default_factory=GenerationStats)
+    tokens: list[int] = field(default_factory=list)
+    """Committed tokens + the root (the last emitted token)."""
+    generated: list[int] = field(default_factory=list)
+    """New tokens so far."""
+    finish_reason: str | None = None
+    """None while running; then "stop" (EOS, stop string) or "length" (max_new_tokens, window)."""
+    t_start: float = 0.0
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
 class SpeculativeDecoder:
-    """Target backend + drafter (+ planner) = lossless speculative generation."""
+    """Target backend + drafters (+ planner) = lossless speculative generation."""
 
     def __init__(
         self,
-        target: HFCausalLM,
-        drafter: Drafter,
+        target: TargetModel,
+        drafters: Drafter | Sequence[Drafter],
         tokenizer=None,
         *,
         eos_token_ids: Sequence[int] | None = None,
-        planner: Planner | None = None,
+        planner: HardwarePlanner | None = None,
         config: EngineConfig = EngineConfig(),
+        method: str | None = None,
     ) -> None:
         self.target = target
-        self.drafter = drafter
+        self.drafters: list[Drafter] = [drafters] if isinstance(drafters, Drafter) else list(drafters)
         self.tokenizer = tokenizer
         self.planner = planner
         self.config = config
-        if eos_token_ids is None:
-            eos_token_ids = _eos_ids(target.model, tokenizer)
-        self.eos_token_ids = frozenset(int(e) for e in eos_token_ids)
+        self.method = method or "+".join(d.name for d in self.drafters) or "none"
+        ids = target.eos_token_ids if eos_token_ids is None else eos_token_ids
+        self.eos_token_ids = frozenset(int(e) for e in ids)
 
-    # ------------------------------------------------------------------ public API
+    # ------------------------------------------------------------------ sessions
+    def start(self, prompt_ids: Sequence[int], params: SamplingParams = SamplingParams()) -> Session:
+        """A new request: checks the prompt against the context window (once), prefills it and
+        gives every drafter and the planner their per-request state."""
+        prompt = [int(t) for t in prompt_ids]
+        if not prompt:
+            raise ConfigError("the prompt is empty: give at least one token of text")
+        check_context(self.target, len(prompt) + 1, f"the prompt ({len(prompt)} tokens) plus one new token")
+        t_start = time.perf_counter()
+        seq = self.target.new_sequence()
+        seed = request_seed(params.seed)
+        session = Session(
+            prompt=prompt, params=params, seq=seq, generator=make_generator(seed), seed=seed,
+            drafter_states=[], planner_state=self.planner.new_state() if self.planner is not None else None,
+            text=TextStream(self.tokenizer, params.stop), tokens=list(prompt), t_start=t_start,
+        )
+        session.stats.method = self.method
+        session.stats.prompt_tokens = len(prompt)
+        try:
+            seq.prefill(prompt[:-1], logits="none")
+            session.drafter_states = [d.start() for d in self.drafters]
+        except BaseException:
+            self.finish(session)
+            raise
+        session.stats.prefill_seconds = time.perf_counter() - t_start
+        return session
+
+    def finish(self, session: Session) -> None:
+        """Free a session's caches and drafter state (idempotent); final stats are kept."""
+        for drafter, state in zip(self.drafters, session.drafter_states):
+            drafter.finish(state)
+        session.drafter_states = []
+        session.seq.release()
+        if session.finish_reason is None:
+            session.finish_reason = "cancelled"
+        if self.planner is not None and session.planner_state is not None:
+            session.stats.planner = self.planner.projection(session.planner_state)
+
+    def step(self, sessions: Sequence[Session]) -> list[StreamChunk]:
+        """Advance each running session by one decode step: the tokens and text each added (a
+        finished session gets an empty chunk)."""
+        return [self._step(s) if not s.finished else StreamChunk([], "", True, s.stats) for s in sessions]
+
+    # ------------------------------------------------------------------ one request
     def generate(self, prompt_ids: Sequence[int], params: SamplingParams = SamplingParams()) -> GenerationOutput:
         """Generate from token ids; returns the new tokens, their text and the stats."""
         tokens: list[int] = []
+        texts: list[str] = []
         stats = None
         for chunk in self.stream(prompt_ids, params):
             tokens.extend(chunk.token_ids)
+            texts.append(chunk.text)
             stats = chunk.stats
         assert stats is not None
-        return GenerationOutput(tokens, self._decode(tokens), stats)
+        return GenerationOutput(tokens, "".join(texts), stats)
 
     def stream(self, prompt_ids: Sequence[int], params: SamplingParams = SamplingParams()) -> Iterator[StreamChunk]:
-        """Yield one chunk per decode step (text deltas hold back incomplete characters)."""
-        shown = ""
-        emitted: list[int] = []
-        stats = GenerationStats()
-        for new in self._run(list(prompt_ids), params, stats):
-            emitted.extend(new)
-            text = self._decode(emitted)
-            # Hold back a trailing replacement character: a multi-byte character may be incomplete.
-            stable = text[:-1] if text.endswith("\ufffd") else text
-            delta = stable[len(shown) :] if stable.startswith(shown) else stable
-            shown = stable if stable.startswith(shown) else shown + delta
-            yield StreamChunk(new, delta)
-        final = self._decode(emitted)
-        yield StreamChunk([], final[len(shown) :] if final.startswith(shown) else "", True, stats)
+        """Yield one chunk per decode step; the last has `finished` and the final stats. Closing
+        the iterator early frees the session."""
+        session = self.start(prompt_ids, params)
+        try:
+            while not session.finished:
+                chunk = self._step(session)
+                if chunk.finished:
+                    self.finish(session)
+                yield chunk
+        finally:
+            self.finish(session)
 
-    # ------------------------------------------------------------------ the loop
-    def _run(self, prompt: list[int], params: SamplingParams, stats: GenerationStats) -> Iterator[list[int]]:
-        target, drafter = self.target, self.drafter
-        if not prompt:
-            raise ConfigError("the prompt is empty: give at least one token of text")
-        if len(prompt) + 1 > target.max_context:
-            raise ConfigError(
-                f"the prompt has {len(prompt)} tokens but the target's context window is {target.max_context}; "
-                "shorten the prompt"
-            )
-        stats.method = getattr(drafter, "name", type(drafter).__name__)
-        stats.prompt_tokens = len(prompt)
-        generator = make_generator(params.seed)
-        t_start = time.perf_counter()
+    # ------------------------------------------------------------------ the step
+    def _step(self, session: Session) -> StreamChunk:
+        target, planner, stats = self.target, self.planner, session.stats
+        params, tokens = session.params, session.tokens
+        remaining = params.max_new_tokens - len(session.generated)
+        room = target.max_context - len(tokens)  # the cache would hold len(tokens) + n nodes
+        budget = DraftBudget(max_nodes=max(0, min(self.config.max_tree_nodes, room)),
+                             max_depth=max(0, min(remaining - 1, room)))
+        ctx = DraftContext(tokens, len(session.prompt), params, budget, session.generator)
 
-        target.reset()
-        drafter.reset()
-        if self.planner is not None:
-            self.planner.reset()
-        target.append(prompt[:-1], logits="none")
-        stats.prefill_seconds = time.perf_counter() - t_start
+        t0 = time.perf_counter()
+        proposals: list[Proposal] = []
+        drafting = budget.max_nodes > 0 and budget.max_depth > 0
+        if drafting and planner is not None:
+            drafting = planner.should_draft(session.planner_state)
+        if drafting:
+            for drafter, state in zip(self.drafters, session.drafter_states):
+                view = planner.view(proposals, time.perf_counter() - t0) if planner is not None else None
+                proposals.append(drafter.propose(replace(ctx, cost=view), state))
+        if planner is not None:
+            proposal, predicted = planner.plan(proposals, budget, session.planner_state, time.perf_counter() - t0)
+            stats.predicted_accepted += predicted
+        else:
+            proposal = merge_proposals(proposals).limit(budget)
+        t1 = time.perf_counter()
 
-        tokens = list(prompt)  # committed + root
-        generated: list[int] = []
-        check_stop = bool(params.stop) and self.tokenizer is not None
-        while True:
-            remaining = params.max_new_tokens - len(generated)
-            room = target.max_context - len(tokens)  # cache would hold len(tokens) + n nodes
-            budget = DraftBudget(
-                max_nodes=max(0, min(self.config.max_tree_nodes, room)),
-                max_depth=max(0, min(remaining - 1, room)),
-            )
-            ctx = DraftContext(tokens, len(prompt), params, budget, generator)
+        logits = session.seq.forward_tree(tokens[-1], proposal.tree)  # [n + 1, vocab]
+        result = self._verify(proposal, logits, session)
+        t2 = time.perf_counter()
 
-            t0 = time.perf_counter()
-            planner = self.planner
-            drafting = budget.max_nodes > 0 and budget.max_depth > 0
-            if drafting and planner is not None:
-                drafting = planner.should_draft(ctx)
-            proposal = drafter.propose(ctx).limit(budget) if drafting else Proposal.empty()
-            if planner is not None:
-                proposal, predicted = planner.plan(proposal, ctx, time.perf_counter() - t0)
-                stats.predicted_accepted += predicted
-            t1 = time.perf_counter()
+        session.seq.commit(result.path)
+        t3 = time.perf_counter()
+        step = StepResult(tokens[-1], proposal, result.path, result.next_token, logits)
+        for drafter, state in zip(self.drafters, session.drafter_states):
+            drafter.observe(step, state)
+        if planner is not None:
+            planner.observe(step, session.planner_state, t1 - t0, t2 - t1, time.perf_counter() - t3)
+        t4 = time.perf_counter()
 
-            logits = target.forward_tree(tokens[-1], proposal.tree)  # [n+1, vocab]
-            result = self._verify(proposal, logits, params, generator)
-            t2 = time.perf_counter()
+        stats.draft_seconds += (t1 - t0) + (t4 - t3)
+        stats.verify_seconds += t2 - t1
+        stats.commit_seconds += t3 - t2
+        stats.record_step(proposal.tree.depth, proposal.tree.sources, result.path)
 
-            target.commit(result.path)
-            t3 = time.perf_counter()
-            step = StepResult(tokens[-1], proposal, result.path, result.next_token, logits)
-            drafter.observe(step)
-            if planner is not None:
-                planner.observe(step, t1 - t0, t2 - t1, time.perf_counter() - t3)
-            t4 = time.perf_counter()
+        new, reason = self._truncate([*step.accepted_tokens, result.next_token], session)
+        session.generated.extend(new)
+        tokens.extend(new)
+        if reason is None and len(tokens) >= target.max_context:
+            reason = "length"
+        text = session.text.feed(new, final=reason is not None)
+        stats.new_tokens = len(session.generated)
+        stats.seconds = time.perf_counter() - session.t_start
+        if reason is not None:
+            session.finish_reason = stats.finish_reason = reason
+        return StreamChunk(new, text, reason is not None, stats)
 
-            stats.draft_seconds += (t1 - t0) + (t4 - t3)
-            stats.verify_seconds += t2 - t1
-            stats.commit_seconds += t3 - t2
-            stats.record_step(proposal.tree.depth, proposal.tree.sources, result.path)
-
-            new = [*proposal.tree.tokens_of(result.path), result.next_token]
-            new, reason = self._truncate(new, generated, params, check_stop)
-            generated.extend(new)
-            tokens.extend(new)
-            stats.new_tokens = len(generated)
-            stats.seconds = time.perf_counter() - t_start
-            if reason is None and len(tokens) >= target.max_context:
-                reason = "length"
-            if reason is not None:
-                stats.finish_reason = reason
-            yield new
-            if reason is not None:
-                return
-
-    def _verify(
-        self, proposal: Proposal, logits: torch.Tensor, params: SamplingParams, generator: torch.Generator
-    ) -> VerifyResult:
+    @staticmethod
+    def _verify(proposal: Proposal, logits: torch.Tensor, session: Session) -> VerifyResult:
+        """The rule for how the tree was drafted: greedy; deterministic candidates sampled by
+        position (the output is that of plain sampling with the same seed); or, for children
+        sampled from q, recursive rejection sampling / K-SEQ with the request's generator."""
+        params, tree = session.params, proposal.tree
         if params.greedy:
-            return verify_greedy(proposal.tree, logits.argmax(-1))
-        p = probabilities(logits, params)  # [n+1, vocab]
+            return verify_greedy(tree, logits.argmax(-1))
+        p = TargetRows(logits, params)  # [n + 1, vocab], rows processed only where the rule looks
+        if not proposal.sampled:
+            uniforms = position_uniforms(session.seed, len(session.generated), tree.max_depth + 1)
+            return verify_deterministic(tree, p, uniforms)
         q = proposal.q
         if q is not None and q.shape[-1] != p.shape[-1]:
             q = _fit_vocab(q, p.shape[-1])
-        return verify(proposal.tree, p, q, proposal.sibling_mode, params, generator)
+        return verify(tree, p, q, proposal.sibling_mode, session.generator)
 
-    def _truncate(
-        self, new: list[int], generated: list[int], params: SamplingParams, check_stop: bool
-    ) -> tuple[list[int], str | None]:
+    def _truncate(self, new: list[int], session: Session) -> tuple[list[int], str | None]:
         """Cut the step's tokens at EOS, a stop string, or max_new_tokens."""
+        params = session.params
         reason = None
         if not params.ignore_eos:
             for i, tok in enumerate(new):
                 if tok in self.eos_token_ids:
                     new, reason = new[: i + 1], "stop"
                     break
-        limit = params.max_new_tokens - len(generated)
+        limit = params.max_new_tokens - len(session.generated)
         if len(new) > limit:
             new, reason = new[:limit], "length"
         elif len(new) == limit and reason is None:
             reason = "length"
-        if check_stop:
-            cut = self._stop_cut(generated, new, params.stop)
-            if cut is not None:
-                new, reason = new[:cut], "stop"
+        cut = session.text.stop_cut(new)
+        if cut is not None:
+            new, reason = new[:cut], "stop"
         return new, reason
-
-    def _stop_cut(self, generated: list[int], new: list[int], stops: tuple[str, ...]) -> int | None:
-        """Fewest of `new` tokens whose text (after `generated`) contains a stop string, or None."""
-        longest = max(len(s) for s in stops)
-        # Only the tail can contain a new match: the text of a bounded window of earlier tokens.
-        head = generated[-(longest + 8) :]
-        for k in range(1, len(new) + 1):
-            text = self._decode(head + new[:k])
-            if any(s in text for s in stops):
-                return k
-        return None
-
-    def _decode(self, ids: list[int]) -> str:
-        if self.tokenizer is None:
-            return ""
-        return self.tokenizer.decode(ids, skip_special_tokens=True)
 
 
 def _fit_vocab(q: torch.Tensor, vocab: int) -> torch.Tensor:
@@ -252,15 +295,3 @@ def _fit_vocab(q: torch.Tensor, vocab: int) -> torch.Tensor:
             raise ConfigError("the draft puts probability on token ids the target does not have")
         return q[..., :vocab]
     return torch.nn.functional.pad(q, (0, vocab - q.shape[-1]))
-
-
-def _eos_ids(model, tokenizer) -> list[int]:
-    ids: list[int] = []
-    gen_cfg = getattr(model, "generation_config", None)
-    for source in (getattr(gen_cfg, "eos_token_id", None), getattr(model.config, "eos_token_id", None)):
-        if source is None:
-            continue
-        ids.extend(source if isinstance(source, (list, tuple)) else [source])
-    if tokenizer is not None and tokenizer.eos_token_id is not None:
-        ids.append(tokenizer.eos_token_id)
-    return sorted(set(int(i) for i in ids))

@@ -1,12 +1,15 @@
-"""Sampling parameters and the processed target distribution `p`.
+"""Sampling parameters, the processed distributions `p` and `q`, and the draft samplers.
 
 Every acceptance rule preserves exactly the distribution returned by `probabilities`
 (temperature, then top-k, then top-p, as Hugging Face `generate` applies them).
-Temperature 0 means greedy decoding.
+Temperature 0 means greedy decoding. Drafters that sample draw their tree's children with
+`sample_iid` or `sample_without_replacement` (the sibling modes the rules in `verify` assume).
 """
 
 from __future__ import annotations
 
+import os
+import random
 from dataclasses import dataclass, field
 
 import torch
@@ -29,7 +32,8 @@ class SamplingParams:
     max_new_tokens: int = 128
     """Hard limit on generated tokens; never overshot, even mid-draft."""
     stop: tuple[str, ...] = field(default_factory=tuple)
-    """Stop strings: generation ends once the decoded output contains one (it is kept)."""
+    """Stop strings: generation ends once the decoded output contains one; as in OpenAI's API the
+    stop string and anything after it are not returned."""
     ignore_eos: bool = False
     """Keep generating past the end-of-sequence token (benchmarks with a fixed budget)."""
 
@@ -72,10 +76,90 @@ def probabilities(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     return logits.softmax(-1)
 
 
-def make_generator(seed: int | None) -> torch.Generator:
-    gen = torch.Generator()
+class TargetRows:
+    """The processed target distribution `p` of a tree, row by row on demand.
+
+    logits: [n + 1, vocab] raw target logits. `rows[r]` is `probabilities(logits[r], params)`
+    ([vocab] float32), computed the first time it is asked for: a sampling rule touches only the
+    rows on its path, and processing every row (a sort over the vocabulary for top-p) would cost
+    far more than verifying. `shape` and `dim()` are those of the full `[n + 1, vocab]` tensor."""
+
+    def __init__(self, logits: torch.Tensor, params: SamplingParams) -> None:
+        self.logits = logits
+        self.params = params
+        self._rows: dict[int, torch.Tensor] = {}
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.logits.shape
+
+    def dim(self) -> int:
+        return self.logits.dim()
+
+    def __len__(self) -> int:
+        return self.logits.shape[0]
+
+    def __getitem__(self, row: int) -> torch.Tensor:
+        row = int(row)
+        out = self._rows.get(row)
+        if out is None:
+            out = self._rows[row] = probabilities(self.logits[row], self.params)
+        return out
+
+
+def request_seed(seed: int | None) -> int:
+    """The seed a request samples with: its own, or a fresh random one."""
+    return int(seed) if seed is not None else int.from_bytes(os.urandom(8), "little")
+
+
+def position_uniforms(seed: int, start: int, n: int) -> list[float]:
+    """U[0, 1) for output positions start .. start + n - 1 of a request, each a function of (seed,
+    position) alone: the target's token at a position is the same whatever was drafted before it
+    (see `specula.verify.verify_deterministic`)."""
+    return [random.Random(f"specula:{seed}:{t}").random() for t in range(start, start + n)]
+
+
+def make_generator(seed: int | None, device: torch.device | str = "cpu") -> torch.Generator:
+    """The request's random generator on `device` (seeded, or from OS entropy when seed is None)."""
+    gen = torch.Generator(device=device)
     if seed is None:
         gen.seed()
     else:
         gen.manual_seed(int(seed))
     return gen
+
+
+# ---------------------------------------------------------------------------- draft samplers
+def _device(generator: torch.Generator | None) -> torch.device:
+    return generator.device if generator is not None else torch.device("cpu")
+
+
+def sample_iid(q_row: torch.Tensor, k: int, generator: torch.Generator | None) -> torch.Tensor:
+    """k i.i.d. draws from q_row ([vocab], need not be normalised) -> LongTensor [k]
+    (on q_row's device). Pair with sibling mode "iid"."""
+    if k <= 0:
+        return torch.empty(0, dtype=torch.long, device=q_row.device)
+    q = q_row.to(device=_device(generator), dtype=torch.float64)  # [vocab]
+    return torch.multinomial(q, k, replacement=True, generator=generator).to(q_row.device)
+
+
+def sample_without_replacement(q_row: torch.Tensor, k: int, generator: torch.Generator | None) -> torch.Tensor:
+    """k draws without replacement from q_row ([vocab]) by the Gumbel-top-k trick:
+    argtopk(log q + Gumbel), in draw order (the i-th token is distributed as q with the
+    first i - 1 removed and renormalised). Returns LongTensor [min(k, |support of q|)] on
+    q_row's device: tokens with q = 0 are never drawn. Pair with sibling mode
+    "without_replacement"."""
+    k = min(int(k), int((q_row > 0).sum()))
+    if k <= 0:
+        return torch.empty(0, dtype=torch.long, device=q_row.device)
+    return gumbel_keys(q_row, generator).topk(k).indices.to(q_row.device)
+
+
+def gumbel_keys(q_row: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    """log q + Gumbel(0, 1) noise for q_row ([vocab], need not be normalised): float64
+    [vocab] on the generator's device, -inf where q = 0. Its descending order is a sample
+    without replacement from q; stochastic beam search also needs the key values."""
+    q = q_row.to(device=_device(generator), dtype=torch.float64)  # [vocab]
+    u = torch.rand(q.shape, generator=generator, dtype=torch.float64, device=q.device)  # [vocab]
+    u.clamp_(min=torch.finfo(torch.float64).tiny)
+    return q.log() - (-u.log()).log()

@@ -41,7 +41,11 @@ class GenerationStats:
     """Wall time of the whole generation, prefill included."""
     prompt_tokens: int = 0
     finish_reason: str = ""
-    """"stop" (EOS or a stop string) or "length" (max_new_tokens or the context window)."""
+    """"stop" (EOS or a stop string), "length" (max_new_tokens or the context window), or
+    "cancelled" (the caller stopped the generation)."""
+    planner: dict[str, Any] | None = None
+    """The planner's projection for this request (mean tree size, expected tokens per step,
+    projected speedup), when a planner ran."""
 
     # ------------------------------------------------------------------ recording
     def record_step(self, depths: tuple[int, ...], sources: tuple[str, ...], path: tuple[int, ...]) -> None:
@@ -130,6 +134,7 @@ class GenerationStats:
                 "other": round(self.other_seconds, 4),
             },
             "finish_reason": self.finish_reason,
+            **({"planner": self.planner} if self.planner is not None else {}),
         }
 
     def summary(self) -> str:

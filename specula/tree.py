@@ -3,9 +3,12 @@
 A `TokenTree` is stored as flat arrays in topological order (a parent always comes
 before its children). Node `i` has token `tokens[i]`, parent `parents[i]` (`-1` means
 "child of the root", the root being the last emitted token, which the target runs
-together with the tree), a `score` (estimated probability that the node is reached and
-accepted, or a drafter's raw score before calibration) and a `source` label
-(`"draft-model"`, `"prompt-lookup"`, ...). A chain is a tree whose parents are `i - 1`.
+together with the tree), an *edge score* `edge_scores[i]` (the drafter's raw estimate of
+P(node accepted | parent accepted): a draft probability, a match frequency, a rank prior;
+the planner calibrates it) and a `source` label (`"draft-model"`, `"prompt-lookup"`, ...).
+A node's *path score* (`path_scores`, derived) is the product of edge scores along its path:
+the estimated probability that it is reached and accepted. A chain is a tree whose parents
+are `i - 1`.
 
 Row convention shared with the backends and `specula.verify`: a distribution tensor of
 shape `[n + 1, vocab]` has row `0` for the root and row `i + 1` for node `i`; the
@@ -17,9 +20,14 @@ from __future__ import annotations
 import heapq
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Iterable, Sequence
+from typing import Iterable, Literal, Sequence
 
 import torch
+
+SiblingMode = Literal["deterministic", "iid", "without_replacement", "iid_kseq"]
+"""How the children of one node were drafted: fixed candidates (one-hot q), i.i.d. draws
+from q, or draws without replacement from q (`sampling.sample_without_replacement`).
+"iid_kseq" is i.i.d. draws verified by SpecTr K-SEQ instead of recursive rejection sampling."""
 
 
 @dataclass(frozen=True)
@@ -30,17 +38,17 @@ class TokenTree:
     """Token id of each node."""
     parents: tuple[int, ...]
     """Parent node index of each node; -1 for children of the root."""
-    scores: tuple[float, ...]
-    """Per-node score: estimated probability of reaching and accepting the node."""
+    edge_scores: tuple[float, ...]
+    """Per-node edge score: the drafter's estimate of P(node accepted | parent accepted)."""
     sources: tuple[str, ...]
     """Which drafter proposed each node."""
 
     def __post_init__(self) -> None:
         n = len(self.tokens)
-        if not (len(self.parents) == len(self.scores) == len(self.sources) == n):
+        if not (len(self.parents) == len(self.edge_scores) == len(self.sources) == n):
             raise ValueError(
                 f"TokenTree arrays differ in length: tokens={n}, parents={len(self.parents)}, "
-                f"scores={len(self.scores)}, sources={len(self.sources)}"
+                f"edge_scores={len(self.edge_scores)}, sources={len(self.sources)}"
             )
         for i, par in enumerate(self.parents):
             if not -1 <= par < i:
@@ -56,38 +64,58 @@ class TokenTree:
         cls,
         tokens: Sequence[int],
         parents: Sequence[int],
-        scores: Sequence[float] | None = None,
+        edge_scores: Sequence[float] | None = None,
         sources: Sequence[str] | str = "unknown",
     ) -> "TokenTree":
         n = len(tokens)
-        if scores is None:
-            scores = [1.0] * n
+        if edge_scores is None:
+            edge_scores = [1.0] * n
         if isinstance(sources, str):
             sources = [sources] * n
         return cls(
             tuple(int(t) for t in tokens),
             tuple(int(p) for p in parents),
-            tuple(float(s) for s in scores),
+            tuple(float(s) for s in edge_scores),
             tuple(sources),
         )
 
     @classmethod
+    def from_subset(
+        cls,
+        tokens: Sequence[int],
+        parents: Sequence[int],
+        edge_scores: Sequence[float],
+        keep: Sequence[int],
+        source: str,
+    ) -> "TokenTree":
+        """The tree of the ancestor-closed, ascending node subset `keep` of a larger tree given as
+        arrays (`parents` index the full arrays, -1 = root): parents are renumbered."""
+        new_index = {old: new for new, old in enumerate(int(k) for k in keep)}
+        kept_parents = []
+        for k in keep:
+            par = int(parents[int(k)])
+            if par >= 0 and par not in new_index:
+                raise ValueError(f"from_subset: node {int(k)} kept without its parent {par}")
+            kept_parents.append(new_index[par] if par >= 0 else -1)
+        return cls.build([tokens[int(k)] for k in keep], kept_parents, [edge_scores[int(k)] for k in keep], source)
+
+    @classmethod
     def chain(
-        cls, tokens: Sequence[int], scores: Sequence[float] | None = None, source: str = "unknown"
+        cls, tokens: Sequence[int], edge_scores: Sequence[float] | None = None, source: str = "unknown"
     ) -> "TokenTree":
         """A chain: node i's parent is node i - 1."""
-        return cls.build(tokens, list(range(-1, len(tokens) - 1)), scores, source)
+        return cls.build(tokens, list(range(-1, len(tokens) - 1)), edge_scores, source)
 
     @classmethod
     def from_paths(
         cls,
         paths: Iterable[Sequence[int]],
-        scores: Iterable[Sequence[float]] | None = None,
+        edge_scores: Iterable[Sequence[float]] | None = None,
         source: str = "unknown",
     ) -> "TokenTree":
         """The trie of several token sequences (shared prefixes become shared nodes)."""
         tree = cls.empty()
-        score_list = list(scores) if scores is not None else None
+        score_list = list(edge_scores) if edge_scores is not None else None
         for k, path in enumerate(paths):
             sc = score_list[k] if score_list is not None else None
             tree = tree.merge(cls.chain(path, sc, source))
@@ -104,6 +132,15 @@ class TokenTree:
         for par in self.parents:
             d.append(1 if par < 0 else d[par] + 1)
         return tuple(d)
+
+    @cached_property
+    def path_scores(self) -> tuple[float, ...]:
+        """Product of edge scores along each node's path (P(reached and accepted) if the edge
+        scores are acceptance probabilities); shrinks along paths when edge scores are <= 1."""
+        out: list[float] = []
+        for par, edge in zip(self.parents, self.edge_scores):
+            out.append(edge * (out[par] if par >= 0 else 1.0))
+        return tuple(out)
 
     @cached_property
     def max_depth(self) -> int:
@@ -159,7 +196,7 @@ class TokenTree:
     # ------------------------------------------------------------------ operations
     def merge(self, other: "TokenTree") -> "TokenTree":
         """Trie union by longest prefix match. A node whose path already exists keeps the
-        higher score (and the first source); duplicate siblings in either tree are merged."""
+        higher edge score (and the first source); duplicate siblings in either tree are merged."""
         tokens: list[int] = []
         parents: list[int] = []
         scores: list[float] = []
@@ -167,7 +204,7 @@ class TokenTree:
         index: dict[tuple[int, int], int] = {}
         for tree in (self, other):
             remap: list[int] = []
-            for tok, par, score, src in zip(tree.tokens, tree.parents, tree.scores, tree.sources):
+            for tok, par, score, src in zip(tree.tokens, tree.parents, tree.edge_scores, tree.sources):
                 key = (remap[par] if par >= 0 else -1, tok)
                 j = index.get(key)
                 if j is None:
@@ -194,7 +231,7 @@ class TokenTree:
         return TokenTree(
             tuple(self.tokens[k] for k in kept),
             tuple(parents),
-            tuple(self.scores[k] for k in kept),
+            tuple(self.edge_scores[k] for k in kept),
             tuple(self.sources[k] for k in kept),
         )
 
@@ -209,32 +246,34 @@ class TokenTree:
                 keep.append(i)
         return self.subtree(keep)
 
-    def best_first_order(self) -> list[int]:
-        """All nodes in best-first order by score, ancestor-closed at every prefix: a node
-        becomes eligible once its parent is taken (expansion from the root with a heap)."""
-        heap = [(-self.scores[c], c) for c in self.children[0]]
+    def best_first_order(self, path_scores: Sequence[float] | None = None) -> list[int]:
+        """All nodes in best-first order by path score (`path_scores`, or the tree's own),
+        ancestor-closed at every prefix: a node becomes eligible once its parent is taken
+        (expansion from the root with a heap)."""
+        scores = self.path_scores if path_scores is None else path_scores
+        heap = [(-scores[c], c) for c in self.children[0]]
         heapq.heapify(heap)
         order: list[int] = []
         while heap:
             _, node = heapq.heappop(heap)
             order.append(node)
             for c in self.children[node + 1]:
-                heapq.heappush(heap, (-self.scores[c], c))
+                heapq.heappush(heap, (-scores[c], c))
         return order
 
     def top_node_indices(self, budget: int) -> list[int]:
-        """Indices (ascending) of the best `budget` nodes by score, ancestor-closed."""
+        """Indices (ascending) of the best `budget` nodes by path score, ancestor-closed."""
         if budget >= len(self):
             return list(range(len(self)))
         return sorted(self.best_first_order()[: max(budget, 0)])
 
     def top_nodes(self, budget: int) -> "TokenTree":
-        """The best `budget` nodes by score, ancestor-closed (see `top_node_indices`)."""
+        """The best `budget` nodes by path score, ancestor-closed (see `top_node_indices`)."""
         return self if budget >= len(self) else self.subtree(self.top_node_indices(budget))
 
     def truncate_depth(self, max_depth: int) -> "TokenTree":
         """Keep the nodes at depth <= max_depth."""
         return self.subtree(i for i, d in enumerate(self.depth) if d <= max_depth)
 
-    def with_scores(self, scores: Sequence[float]) -> "TokenTree":
-        return TokenTree(self.tokens, self.parents, tuple(float(s) for s in scores), self.sources)
+    def with_edge_scores(self, edge_scores: Sequence[float]) -> "TokenTree":
+        return TokenTree(self.tokens, self.parents, tuple(float(s) for s in edge_scores), self.sources)

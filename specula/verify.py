@@ -5,7 +5,8 @@ temperature / top-k / top-p, i.e. ``specula.sampling.probabilities``), and ``q``
 the *draft* distribution from which the drafter drew the tree's children.
 
 Row convention (shared with ``specula.tree``): ``p`` has shape ``[n + 1, vocab]`` for a tree
-of ``n`` nodes; row ``0`` is the target distribution at the root (the token after the last
+of ``n`` nodes (a tensor, or any `Rows` object that yields rows on demand, such as
+``specula.sampling.TargetRows``, which processes only the rows a rule touches); row ``0`` is the target distribution at the root (the token after the last
 emitted token) and row ``i + 1`` the target distribution after tree node ``i``. ``q``, when
 given, has the same shape; row ``r`` is the draft distribution from which the children of
 row ``r`` were drawn (rows of leaves are unused).
@@ -17,36 +18,28 @@ are distributed exactly as if sampled one at a time from ``p`` - provided the ch
 really were drawn by the scheme the rule assumes (see each function).
 
 Numerics: only the rows on the visited path are touched; each is copied once to float64
-on the generator's device (one row, never an ``[n + 1, vocab]`` copy). Randomness: one
-``torch.rand(n + 1)`` call with the caller's generator per verification - uniform ``i`` for
-node ``i``'s acceptance test, the last one for the final sample (inverse CDF; a zero-mass
-token is never picked). ``torch.multinomial`` (without replacement) is avoided on purpose:
+on the generator's device (one row, never an ``[n + 1, vocab]`` copy). Randomness: the
+rules for sampled children make one ``torch.rand(n + 1)`` call with the caller's generator per
+verification - uniform ``i`` for node ``i``'s acceptance test, the last one for the final sample
+(inverse CDF; a zero-mass token is never picked); the rule for deterministic candidates takes
+one uniform per depth (the engine seeds them by request and position). ``torch.multinomial`` (without replacement) is avoided on purpose:
 on CPU one draw from a 150k vocabulary took ~4.6 ms against ~0.35 ms for cumsum + searchsorted.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Literal
+from typing import Callable, Protocol, Sequence
 
 import torch
 
-from .sampling import SamplingParams
-from .tree import TokenTree
-
-SiblingMode = Literal["deterministic", "iid", "without_replacement", "iid_kseq"]
-"""How the children of one node were drafted: fixed candidates (one-hot q), i.i.d. draws
-from q, or draws without replacement from q (e.g. `sample_without_replacement`).
-"iid_kseq" is i.i.d. draws verified by SpecTr K-SEQ (`verify_kseq`) instead of RRS."""
+from specula.tree import SiblingMode, TokenTree
 
 __all__ = [
-    "SiblingMode",
+    "Rows",
     "VerifyResult",
-    "gumbel_keys",
     "kseq_acceptance",
     "kseq_rho",
-    "sample_iid",
-    "sample_without_replacement",
     "verify",
     "verify_chain",
     "verify_deterministic",
@@ -70,12 +63,23 @@ class VerifyResult:
         return [tree.tokens[i] for i in self.path] + [self.next_token]
 
 
+class Rows(Protocol):
+    """Row access to an ``[n + 1, vocab]`` distribution: a tensor, or a lazy row source."""
+
+    @property
+    def shape(self) -> torch.Size: ...
+
+    def dim(self) -> int: ...
+
+    def __getitem__(self, row: int) -> torch.Tensor: ...
+
+
 # ---------------------------------------------------------------------------- helpers
 def _device(generator: torch.Generator | None) -> torch.device:
     return generator.device if generator is not None else torch.device("cpu")
 
 
-def _check_rows(t: torch.Tensor, n: int, name: str) -> None:
+def _check_rows(t: Rows, n: int, name: str) -> None:
     # t: [n + 1, vocab]
     if t.dim() != 2 or t.shape[0] != n + 1:
         raise ValueError(f"{name} must have shape [n + 1, vocab] = [{n + 1}, vocab] for a tree of {n} nodes, got {tuple(t.shape)}")
@@ -87,12 +91,12 @@ def _uniforms(n: int, generator: torch.Generator | None) -> list[float]:
     return torch.rand(n + 1, generator=generator, dtype=torch.float64, device=_device(generator)).tolist()
 
 
-def _row_copy(t: torch.Tensor, r: int, device: torch.device) -> torch.Tensor:
+def _row_copy(t: Rows, r: int, device: torch.device) -> torch.Tensor:
     """Row r of t ([n + 1, vocab]) as a fresh float64 [vocab] tensor we may modify in place."""
     return t[r].to(device=device, dtype=torch.float64, copy=True)
 
 
-def _normalised_row(t: torch.Tensor, r: int, device: torch.device, name: str) -> torch.Tensor:
+def _normalised_row(t: Rows, r: int, device: torch.device, name: str) -> torch.Tensor:
     row = _row_copy(t, r, device)  # [vocab] float64
     mass = row.sum()
     if not bool(mass > 0):
@@ -139,38 +143,6 @@ def _check_unique_siblings(tree: TokenTree) -> None:
                 )
 
 
-# ---------------------------------------------------------------------------- draft sampling
-def sample_iid(q_row: torch.Tensor, k: int, generator: torch.Generator | None) -> torch.Tensor:
-    """k i.i.d. draws from q_row ([vocab], need not be normalised) -> LongTensor [k]
-    (on q_row's device). Pair with sibling mode "iid"."""
-    if k <= 0:
-        return torch.empty(0, dtype=torch.long, device=q_row.device)
-    q = q_row.to(device=_device(generator), dtype=torch.float64)  # [vocab]
-    return torch.multinomial(q, k, replacement=True, generator=generator).to(q_row.device)
-
-
-def sample_without_replacement(q_row: torch.Tensor, k: int, generator: torch.Generator | None) -> torch.Tensor:
-    """k draws without replacement from q_row ([vocab]) by the Gumbel-top-k trick:
-    argtopk(log q + Gumbel), in draw order (the i-th token is distributed as q with the
-    first i - 1 removed and renormalised). Returns LongTensor [min(k, |support of q|)] on
-    q_row's device: tokens with q = 0 are never drawn. Pair with sibling mode
-    "without_replacement"."""
-    k = min(int(k), int((q_row > 0).sum()))
-    if k <= 0:
-        return torch.empty(0, dtype=torch.long, device=q_row.device)
-    return gumbel_keys(q_row, generator).topk(k).indices.to(q_row.device)
-
-
-def gumbel_keys(q_row: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
-    """log q + Gumbel(0, 1) noise for q_row ([vocab], need not be normalised): float64
-    [vocab] on the generator's device, -inf where q = 0. Its descending order is a sample
-    without replacement from q; stochastic beam search also needs the key values."""
-    q = q_row.to(device=_device(generator), dtype=torch.float64)  # [vocab]
-    u = torch.rand(q.shape, generator=generator, dtype=torch.float64, device=q.device)  # [vocab]
-    u.clamp_(min=torch.finfo(torch.float64).tiny)
-    return q.log() - (-u.log()).log()
-
-
 # ---------------------------------------------------------------------------- rules
 def verify_greedy(tree: TokenTree, target_argmax: torch.Tensor) -> VerifyResult:
     """Greedy verification. target_argmax: [n + 1] long, argmax of the target at each row.
@@ -200,7 +172,7 @@ RowRule = Callable[[int, list[int], list[float], torch.device], tuple[int, torch
 of the next token, need not be normalised)."""
 
 
-def _walk(tree: TokenTree, p: torch.Tensor, generator: torch.Generator | None, row_rule: RowRule) -> VerifyResult:
+def _walk(tree: TokenTree, p: Rows, generator: torch.Generator | None, row_rule: RowRule) -> VerifyResult:
     """The tree walk every stochastic rule shares: from the root, let `row_rule` accept one child
     (descend) or reject them all (emit a sample of the distribution it returns); at a leaf emit
     the bonus token from p. One uniform per node (u[c]) and one for the emitted token (u[n])."""
@@ -220,49 +192,52 @@ def _walk(tree: TokenTree, p: torch.Tensor, generator: torch.Generator | None, r
         r = accepted + 1
 
 
+def target_token(p_row: torch.Tensor, u: float) -> int:
+    """The target's token for one row under the uniform u: inverse CDF of p_row ([vocab], need
+    not be normalised). With u ~ U[0, 1) this is an exact sample of p_row."""
+    return _sample(p_row, u)
+
+
 def verify_deterministic(
-    tree: TokenTree, p: torch.Tensor, generator: torch.Generator | None
+    tree: TokenTree, p: Rows, uniforms: Sequence[float] | torch.Generator | None
 ) -> VerifyResult:
     """Verification of deterministic candidates (one-hot q: retrieval, n-gram, recycling,
-    top-k drafts). p: [n + 1, vocab] target distributions (rows need not be normalised).
+    greedy or top-k model drafts). p: [n + 1, vocab] target distributions (rows need not be
+    normalised); uniforms: one U[0, 1) per depth - uniforms[d] decides the token at depth d
+    (d = 0: the token after the root) - or a generator to draw them from.
 
-    At a row with target distribution P and children x_1..x_m in node order: accept x_j
-    with probability P(x_j) / (current mass of P) and descend; otherwise set P(x_j) = 0
-    (the next child is tested against the renormalised residual). If no child is accepted,
-    the next token is sampled from the current P. This is recursive rejection sampling with
-    one-hot q, hence lossless for any fixed choice of children.
+    The walk: at a row of depth d the target's token is `target_token(p[row], uniforms[d])` (an
+    exact sample of p by inverse CDF); the child holding that token, if any, is accepted and the
+    walk descends; otherwise that token is emitted and the step ends (after a leaf, it is the
+    bonus token). Lossless: every emitted token is exactly what sampling p one position at a
+    time with the same uniforms would emit, so the output law is the target's whatever the tree.
+    As often accepted as recursive rejection sampling with one-hot q: a row's children are
+    accepted with probability sum_j p(x_j). And the output depends on the uniforms alone, not on
+    what was drafted: with uniforms seeded by (request seed, position), a sampled run returns
+    the same tokens as plain decoding with the same seed.
 
-    Sibling tokens must be unique (ValueError otherwise): a duplicate would be tested
-    against a P in which its token already has probability 0."""
+    Sibling tokens must be unique (ValueError otherwise): duplicates are a drafter bug (merge
+    them with `TokenTree.merge`)."""
     _check_rows(p, len(tree), "p")
     _check_unique_siblings(tree)
-
-    def row_rule(r: int, kids: list[int], u: list[float], dev: torch.device):
-        kid_tokens = [tree.tokens[c] for c in kids]
-        rest_row = _row_copy(p, r, dev)  # [vocab] float64, P with the children's tokens zeroed
-        vals = rest_row[kid_tokens].tolist()  # P(x_1..x_m)
-        rest_row[kid_tokens] = 0.0
-        # Mass of the current (residual) P before child j = rest + P(x_j) + ... + P(x_m): sums of
-        # non-negative terms only (no cancellation), so it is 0 iff every term is 0, and it equals
-        # P(x_j) exactly when nothing else is left - then the ratio is 1.0 and u < 1 accepts.
-        # Hence after any rejection the remaining mass is positive. One O(vocab) pass per row.
-        suffix = [0.0] * (len(kids) + 1)
-        for j in range(len(kids) - 1, -1, -1):
-            suffix[j] = vals[j] + suffix[j + 1]
-        rest = float(rest_row.sum())
-        if not rest + suffix[0] > 0:
-            raise ValueError(f"p row {r} has no probability mass")
-        for j, c in enumerate(kids):
-            if vals[j] > 0 and u[c] < vals[j] / (rest + suffix[j]):
-                return c, None
-        return -1, rest_row  # all children rejected
-
-    return _walk(tree, p, generator, row_rule)
+    if uniforms is None or isinstance(uniforms, torch.Generator):
+        uniforms = _uniforms(tree.max_depth, uniforms)
+    if len(uniforms) < tree.max_depth + 1:
+        raise ValueError(f"verify_deterministic needs {tree.max_depth + 1} uniforms (one per depth), got {len(uniforms)}")
+    path: list[int] = []
+    r, d = 0, 0
+    while True:
+        token = target_token(p[r], uniforms[d])
+        child = next((c for c in tree.children[r] if tree.tokens[c] == token), -1)
+        if child < 0:
+            return VerifyResult(tuple(path), token)
+        path.append(child)
+        r, d = child + 1, d + 1
 
 
 def verify_rrs(
     tree: TokenTree,
-    p: torch.Tensor,
+    p: Rows,
     q: torch.Tensor,
     generator: torch.Generator | None,
     *,
@@ -315,7 +290,7 @@ def verify_rrs(
 
 
 def verify_chain(
-    tree: TokenTree, p: torch.Tensor, q: torch.Tensor, generator: torch.Generator | None
+    tree: TokenTree, p: Rows, q: torch.Tensor, generator: torch.Generator | None
 ) -> VerifyResult:
     """Chain speculative sampling (Leviathan et al. 2023; Chen et al. 2023). tree must be a
     chain (node i's parent is i - 1) whose token i was drawn from q[i] ([n + 1, vocab]);
@@ -407,7 +382,7 @@ def kseq_acceptance(p_row: torch.Tensor, q_row: torch.Tensor, k: int) -> float:
 
 
 def verify_kseq(
-    tree: TokenTree, p: torch.Tensor, q: torch.Tensor, generator: torch.Generator | None
+    tree: TokenTree, p: Rows, q: torch.Tensor, generator: torch.Generator | None
 ) -> VerifyResult:
     """SpecTr K-SEQ (Sun et al. 2023) applied at every node over its children, which must be
     k i.i.d. draws from q[row] (`sample_iid`). p, q: [n + 1, vocab] (rows normalised here).
@@ -448,22 +423,19 @@ def verify_kseq(
 
 def verify(
     tree: TokenTree,
-    p: torch.Tensor,
+    p: Rows,
     q: torch.Tensor | None,
     mode: SiblingMode | None,
-    params: SamplingParams,
     generator: torch.Generator | None,
 ) -> VerifyResult:
-    """Pick the acceptance rule. p: [n + 1, vocab] target (probabilities, or logits when
-    params.greedy); q: [n + 1, vocab] draft or None.
+    """Pick the sampling rule for how the tree's children were drawn. p: [n + 1, vocab] target
+    probabilities (a tensor or a lazy `Rows`); q: [n + 1, vocab] draft distributions or None.
+    Greedy decoding does not come here: it is `verify_greedy` on the target's argmax.
 
-    greedy params -> `verify_greedy` on p.argmax(-1); q None or mode "deterministic" ->
-    `verify_deterministic`; "iid" / "without_replacement" -> `verify_rrs`; "iid_kseq" ->
-    `verify_kseq`. mode None with a
-    q is accepted only when no row has more than one child (then both sampling modes are the
-    same rule); otherwise it raises ValueError. An empty tree is a plain decoding step."""
-    if params.greedy:
-        return verify_greedy(tree, p.argmax(-1))
+    q None or mode "deterministic" -> `verify_deterministic`; "iid" / "without_replacement" ->
+    `verify_rrs`; "iid_kseq" -> `verify_kseq`. mode None with a q is accepted only when no row
+    has more than one child (then both sampling modes are the same rule); otherwise it raises
+    ValueError. An empty tree is a plain decoding step (one sample from p[0])."""
     if q is None or mode == "deterministic":
         return verify_deterministic(tree, p, generator)
     if mode == "iid":

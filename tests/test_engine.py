@@ -149,7 +149,11 @@ def test_stop_strings_cut_the_output(tiny_tokenizer):
     out = dec.generate(PROMPTS[0], SamplingParams(max_new_tokens=30, stop=(stop_text,)))
     assert out.token_ids == plain[: first + 1]
     assert out.stats.finish_reason == "stop"
-    assert out.text.endswith(stop_text)
+    # OpenAI's rule: the stop string and what follows it are not returned.
+    full = tiny_tokenizer.decode(plain[: first + 1], skip_special_tokens=True)
+    assert out.text == full[: full.index(stop_text)]
+    streamed = "".join(c.text for c in dec.stream(PROMPTS[0], SamplingParams(max_new_tokens=30, stop=(stop_text,))))
+    assert streamed == out.text
 
 
 def test_stream_yields_the_same_tokens_and_text_as_generate(tiny_tokenizer):

@@ -41,8 +41,8 @@ def test_merge_is_a_trie_union_with_duplicates_merged():
     assert m.tokens == (1, 2, 3, 4, 5, 6)
     assert m.parents == (-1, 0, 1, 1, -1, 2)
     assert m.sources[:3] == ("a", "a", "a") and m.sources[3:] == ("b", "b", "b")
-    # Scores of shared nodes are the max of both.
-    assert m.scores[0] == 1.0
+    # Edge scores of shared nodes are the max of both.
+    assert m.edge_scores[:3] == (1.0, 1.0, 1.0) and m.edge_scores[3] == 1.0
     # Duplicate siblings inside one tree are merged too.
     dup = TokenTree.build([7, 7, 8], [-1, -1, 1])
     merged = TokenTree.empty().merge(dup)
@@ -55,18 +55,23 @@ def test_merge_is_a_trie_union_with_duplicates_merged():
             assert tuple(src.tokens_of(src.path_to(i))) in paths
 
 
+def test_path_scores_are_products_of_edge_scores():
+    t = TokenTree.build([1, 2, 3, 4], [-1, 0, 1, -1], edge_scores=[0.5, 0.8, 0.25, 0.9])
+    assert t.path_scores == pytest.approx((0.5, 0.4, 0.1, 0.9))
+
+
 def test_top_nodes_is_ancestor_closed_and_best_first():
-    # A high-scoring node under a low-scoring parent is only taken after its parent.
-    t = TokenTree.build([1, 2, 3, 4], [-1, -1, 1, 0], scores=[0.9, 0.1, 0.95, 0.5])
+    # A node with a high edge score under a low-scoring parent is only taken after its parent,
+    # and by its path score (0.1 * 0.95).
+    t = TokenTree.build([1, 2, 3, 4], [-1, -1, 1, 0], edge_scores=[0.9, 0.1, 0.95, 0.5])
     top2 = t.top_nodes(2)
     assert top2.tokens == (1, 4)
     top3 = t.top_nodes(3)
     assert set(top3.tokens) == {1, 4, 2}
     for k in range(len(t) + 1):
-        sub = t.top_nodes(k)
-        assert len(sub) == k
-        for i, par in enumerate(sub.parents):
-            assert par < i
+        keep = set(t.top_node_indices(k))
+        assert len(keep) == k
+        assert all(t.parents[i] < 0 or t.parents[i] in keep for i in keep), keep
 
 
 def test_prune_removes_descendants_and_subtree_requires_closure():

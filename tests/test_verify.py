@@ -1,11 +1,10 @@
 """Acceptance rules: greedy exactness, losslessness (distribution tests), edge cases.
 
-The distribution tests simulate decoding on a small Markov "language": the target
-distribution after token t is P[t + 1] (P[0] at the start), the draft's is Q[t + 1]. Each
-step drafts a tree by the rule's own sampling scheme, verifies it, and decoding continues
-until two tokens are emitted; the empirical law of the first token and of the first two
-tokens jointly must match the exact target law P[0][a] * P[a + 1][b]. The bound shrinks
-with the number of trials, and a planted wrong rule must fail the same check.
+The distribution tests (helpers in `laws.py`) simulate decoding on a small Markov "language":
+each step drafts a tree by the rule's own sampling scheme, verifies it, and decoding continues
+until two tokens are emitted; the empirical law of the first token and of the first two tokens
+jointly must match the exact target law. The bound shrinks with the number of trials, and a
+planted wrong rule must fail the same check.
 """
 
 from __future__ import annotations
@@ -15,146 +14,18 @@ import math
 import pytest
 import torch
 
-from specula.sampling import SamplingParams, make_generator, probabilities
+from laws import EXACT_FIRST, N, P, Q, V, assert_detected, assert_lossless, draft_tree, rows_for, simulate, tv, tv_bound
+from specula.sampling import SamplingParams, TargetRows, make_generator, probabilities, sample_iid, sample_without_replacement
 from specula.tree import TokenTree
 from specula.verify import (
     VerifyResult,
     _residual,
-    sample_iid,
-    sample_without_replacement,
     verify,
     verify_chain,
     verify_deterministic,
     verify_greedy,
     verify_rrs,
 )
-
-V = 5
-# Row 0: start; row t + 1: after token t. Zeros in P; Q puts mass where P has none.
-P = torch.tensor(
-    [
-        [0.35, 0.25, 0.20, 0.20, 0.00],
-        [0.10, 0.50, 0.00, 0.15, 0.25],
-        [0.40, 0.05, 0.30, 0.25, 0.00],
-        [0.00, 0.20, 0.20, 0.10, 0.50],
-        [0.30, 0.30, 0.10, 0.00, 0.30],
-        [0.20, 0.20, 0.20, 0.20, 0.20],
-    ],
-    dtype=torch.float64,
-)
-Q = torch.tensor(
-    [
-        [0.05, 0.12, 0.45, 0.08, 0.30],
-        [0.30, 0.20, 0.30, 0.10, 0.10],
-        [0.10, 0.40, 0.10, 0.10, 0.30],
-        [0.25, 0.25, 0.25, 0.05, 0.20],
-        [0.05, 0.45, 0.20, 0.20, 0.10],
-        [0.40, 0.10, 0.10, 0.10, 0.30],
-    ],
-    dtype=torch.float64,
-)
-EXACT_FIRST = P[0]  # [V]
-EXACT_JOINT = P[0][:, None] * P[1:]  # [V, V]: P(first = a, second = b)
-
-
-# ---------------------------------------------------------------------------- simulation
-WIDTHS = {"iid": (3, 2), "wor": (3, 2), "det": (4, 2)}  # children at depth 1, per depth-1 node
-
-
-def draft_tree(ctx: int, scheme: str, gen: torch.Generator) -> TokenTree:
-    """Draft a depth-2 tree (or a chain of 3) after context row `ctx` of Q by the scheme's own
-    sampling: iid (sample_iid) | wor (sample_without_replacement) | det (fixed top-q tokens)
-    | chain (each token drawn from q after the previous one)."""
-    widths = WIDTHS.get(scheme, (1, 1))
-    tokens: list[int] = []
-    parents: list[int] = []
-
-    def children(row: int, k: int) -> list[int]:
-        if scheme == "iid":
-            return sample_iid(Q[row], k, gen).tolist()
-        if scheme == "wor":
-            return sample_without_replacement(Q[row], k, gen).tolist()
-        if scheme == "det":  # fixed candidates: the top-k tokens of q (may include p = 0 tokens)
-            return Q[row].topk(k).indices.tolist()
-        raise AssertionError(scheme)
-
-    if scheme == "chain":  # chain of 3, each token drawn from q after the previous one
-        row = ctx
-        for i in range(3):
-            tok = int(sample_iid(Q[row], 1, gen))
-            tokens.append(tok)
-            parents.append(i - 1)
-            row = tok + 1
-        return TokenTree.build(tokens, parents)
-    for tok in children(ctx, widths[0]):
-        tokens.append(tok)
-        parents.append(-1)
-    for node in range(len(tokens)):
-        for tok in children(tokens[node] + 1, widths[1]):
-            tokens.append(tok)
-            parents.append(node)
-    return TokenTree.build(tokens, parents)
-
-
-def rows_for(tree: TokenTree, ctx: int) -> list[int]:
-    return [ctx] + [t + 1 for t in tree.tokens]
-
-
-def simulate(rule, scheme: str, trials: int, seed: int) -> torch.Tensor:
-    """First two emitted tokens of `trials` decodes: LongTensor [trials, 2]."""
-    gen = make_generator(seed)
-    out = torch.empty((trials, 2), dtype=torch.long)
-    for t in range(trials):
-        emitted: list[int] = []
-        ctx = 0
-        while len(emitted) < 2:
-            tree = draft_tree(ctx, scheme, gen)
-            idx = rows_for(tree, ctx)
-            res = rule(tree, P[idx], Q[idx], gen)
-            emitted += res.tokens(tree)
-            ctx = emitted[-1] + 1
-        out[t] = torch.tensor(emitted[:2])
-    return out
-
-
-def tv(samples: torch.Tensor, exact: torch.Tensor) -> float:
-    """Total variation between the empirical law of `samples` (int codes) and `exact`."""
-    counts = torch.bincount(samples, minlength=exact.numel()).double()
-    return 0.5 * float((counts / counts.sum() - exact.flatten()).abs().sum())
-
-
-def tv_bound(exact: torch.Tensor, n: int, c: float = 4.0) -> float:
-    """c times the expected TV of n exact samples (sum sqrt(p(1-p)) / sqrt(2 pi n)): c' / sqrt(n)."""
-    e = exact.flatten()
-    return c * float((e * (1 - e)).sqrt().sum()) / math.sqrt(2 * math.pi * n)
-
-
-def law_checks(samples: torch.Tensor, n: int) -> dict[str, bool]:
-    """TV of first-token and joint laws at n and 4n trials against bounds ~ 1/sqrt(trials)."""
-    first = samples[:, 0]
-    joint = samples[:, 0] * V + samples[:, 1]
-    checks = {}
-    for m in (n, 4 * n):
-        checks[f"first@{m}"] = tv(first[:m], EXACT_FIRST) < tv_bound(EXACT_FIRST, m)
-        checks[f"joint@{m}"] = tv(joint[:m], EXACT_JOINT) < tv_bound(EXACT_JOINT, m)
-    return checks
-
-
-def assert_lossless(samples: torch.Tensor, n: int) -> None:
-    checks = law_checks(samples, n)
-    assert all(checks.values()), checks
-    # Tokens with target probability 0 are never emitted.
-    joint = torch.bincount(samples[:, 0] * V + samples[:, 1], minlength=V * V).view(V, V)
-    assert (joint[EXACT_JOINT == 0] == 0).all()
-
-
-def assert_detected(samples: torch.Tensor, n: int) -> None:
-    checks = law_checks(samples, n)
-    assert not checks[f"joint@{4 * n}"] or not checks[f"first@{4 * n}"], checks
-
-
-N = 2500  # checks at N and 4N trials
-
 
 # ---------------------------------------------------------------------------- planted wrong rules
 def wrong_rrs_correction_from_p(tree, p, q, gen):
@@ -246,7 +117,7 @@ def test_greedy_matches_plain_greedy_decoding():
     for _ in range(200):
         tree = draft_tree(0, "iid", gen)
         idx = rows_for(tree, 0)
-        res = verify(tree, P[idx], Q[idx], "iid", SamplingParams(temperature=0.0), gen)
+        res = verify_greedy(tree, P[idx].argmax(-1))
         emitted = res.tokens(tree)
         ctx = 0
         for tok in emitted:
@@ -291,14 +162,13 @@ def test_empty_tree_is_a_plain_sampling_step():
     gen = make_generator(5)
     empty = TokenTree.empty()
     p, q = P[:1], Q[:1]
-    params = SamplingParams(temperature=1.0)
     rules = {
-        "greedy": lambda: verify(empty, p, q, "iid", SamplingParams(temperature=0.0), gen),
+        "greedy": lambda: verify_greedy(empty, p.argmax(-1)),
         "deterministic": lambda: verify_deterministic(empty, p, gen),
         "iid": lambda: verify_rrs(empty, p, q, gen, without_replacement=False),
         "wor": lambda: verify_rrs(empty, p, q, gen, without_replacement=True),
         "chain": lambda: verify_chain(empty, p, q, gen),
-        "dispatch": lambda: verify(empty, p, None, None, params, gen),
+        "dispatch": lambda: verify(empty, p, None, None, gen),
     }
     assert rules["greedy"]() == VerifyResult((), 0)
     n = 4000
@@ -341,8 +211,7 @@ def test_seeded_reproducibility():
         for _ in range(50):
             tree = draft_tree(0, "wor", gen)
             idx = rows_for(tree, 0)
-            params = SamplingParams(temperature=1.0, seed=seed)
-            out.append(tuple(verify(tree, P[idx], Q[idx], "without_replacement", params, gen).tokens(tree)))
+            out.append(tuple(verify(tree, P[idx], Q[idx], "without_replacement", gen).tokens(tree)))
         return out
 
     assert run(11) == run(11)
@@ -361,7 +230,7 @@ def test_draft_equal_target_accepts_everything():
         for i in range(k):
             toks.append(int(sample_iid(p[i], 1, gen)))
         tree = TokenTree.chain(toks)
-        res = verify(tree, p, p.clone(), "iid", params, gen)
+        res = verify(tree, p, p.clone(), "iid", gen)
         assert res.path == tuple(range(k))
         assert verify_chain(tree, p, p, gen).path == tuple(range(k))
 
@@ -372,7 +241,7 @@ def test_deterministic_rejects_duplicate_siblings():
     with pytest.raises(ValueError, match="unique sibling"):
         verify_deterministic(tree, p, make_generator(0))
     with pytest.raises(ValueError, match="unique sibling"):
-        verify(tree, p, None, None, SamplingParams(temperature=1.0), make_generator(0))
+        verify(tree, p, None, None, make_generator(0))
 
 
 def test_chain_expected_accepted_length():
@@ -420,15 +289,34 @@ def test_dispatcher_modes_and_shape_errors():
     tree = TokenTree.build(tokens=[1, 2], parents=[-1, -1])
     p, q = P[[0, 2, 3]], Q[[0, 2, 3]]
     with pytest.raises(ValueError, match="sibling mode"):
-        verify(tree, p, q, None, SamplingParams(temperature=1.0), gen)
+        verify(tree, p, q, None, gen)
     with pytest.raises(ValueError, match="unknown sibling mode"):
-        verify(tree, p, q, "bogus", SamplingParams(temperature=1.0), gen)  # type: ignore[arg-type]
+        verify(tree, p, q, "bogus", gen)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="shape"):
         verify_rrs(tree, p[:2], q, gen, without_replacement=False)
     with pytest.raises(ValueError, match="chain"):
         verify_chain(tree, p, q, gen)
+    # A chain needs no sibling mode: both sampling modes are chain speculative sampling there.
     chain = TokenTree.chain([1])
-    assert isinstance(verify(chain, P[[0, 2]], Q[[0, 2]], None, SamplingParams(temperature=1.0), gen), VerifyResult)
+    for seed in range(20):
+        dispatched = verify(chain, P[[0, 2]], Q[[0, 2]], None, make_generator(seed))
+        assert dispatched == verify_chain(chain, P[[0, 2]], Q[[0, 2]], make_generator(seed))
+
+
+def test_rules_read_lazy_target_rows_as_tensors():
+    """`TargetRows` (the engine's p: rows processed on demand) gives the same results as the
+    processed tensor, and processes only the rows on the walked path."""
+    torch.manual_seed(1)
+    params = SamplingParams(temperature=0.8, top_p=0.9)
+    logits = torch.randn(5, 30) * 3  # [n + 1, vocab]
+    tree = TokenTree.build([3, 4, 5, 6], [-1, -1, 0, 2])
+    dense = probabilities(logits, params)
+    for seed in range(30):
+        lazy = TargetRows(logits, params)
+        assert verify_deterministic(tree, lazy, make_generator(seed)) == \
+            verify_deterministic(tree, dense, make_generator(seed))
+        path = verify_deterministic(tree, lazy, make_generator(seed)).path
+        assert len(lazy._rows) <= len(path) + 1
 
 
 def test_deterministic_certain_and_impossible_children():

@@ -1,5 +1,5 @@
 """SpecTr K-SEQ: the reconstructed formula is proven by the same distribution tests as the
-other rules (tests/test_verify.py's Markov simulation, reused), a planted wrong variant is
+other rules (the Markov simulation of tests/laws.py), a planted wrong variant is
 caught by them, and the smallest feasible rho is checked against a scan."""
 
 from __future__ import annotations
@@ -10,15 +10,14 @@ import numpy as np
 import pytest
 import torch
 
-from test_verify import N, P, Q, assert_detected, assert_lossless, simulate
-from specula.sampling import SamplingParams, make_generator
+from laws import N, P, Q, assert_detected, assert_lossless, random_pair, simulate
+from specula.sampling import make_generator, sample_iid
 from specula.tree import TokenTree
 from specula.verify import (
     VerifyResult,
     _kseq_parts,
     kseq_acceptance,
     kseq_rho,
-    sample_iid,
     verify,
     verify_chain,
     verify_kseq,
@@ -29,17 +28,10 @@ def kseq(tree, p, q, gen):
     return verify_kseq(tree, p, q, gen)
 
 
-def random_pair(rng: np.random.Generator, vocab: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Random p, q on `vocab` tokens, sometimes with zeros, in float64."""
-    p = torch.tensor(rng.dirichlet(np.ones(vocab) * rng.choice([0.1, 0.5, 2.0])))
-    q = torch.tensor(rng.dirichlet(np.ones(vocab) * rng.choice([0.1, 0.5, 2.0])))
-    if rng.random() < 0.3:
-        p[int(rng.integers(vocab))] = 0.0
-        p /= p.sum()
-    if rng.random() < 0.3:
-        q[int(rng.integers(vocab))] = 0.0
-        q /= q.sum()
-    return p, q
+def torch_pair(rng: np.random.Generator, vocab: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """`laws.random_pair` as float64 tensors."""
+    p, q = random_pair(rng, vocab)
+    return torch.from_numpy(p), torch.from_numpy(q)
 
 
 def min_residual(p: torch.Tensor, q: torch.Tensor, k: int, rho: float) -> float:
@@ -76,7 +68,7 @@ def test_smallest_feasible_rho_matches_a_scan():
     moved = 0
     for _ in range(150):
         vocab, k = int(rng.integers(2, 12)), int(rng.integers(1, 9))
-        p, q = random_pair(rng, vocab)
+        p, q = torch_pair(rng, vocab)
         rho = kseq_rho(p, q, k)
         assert 1.0 <= rho <= k
         assert min_residual(p, q, k, rho) >= -1e-12  # feasible
@@ -91,7 +83,7 @@ def test_smallest_feasible_rho_matches_a_scan():
 def test_kseq_acceptance_formula_and_single_draft():
     rng = np.random.default_rng(1)
     for _ in range(50):
-        p, q = random_pair(rng, 7)
+        p, q = torch_pair(rng, 7)
         # One draft: rho = 1 and acceptance is 1 - TV(p, q), as for chain speculative sampling.
         assert kseq_rho(p, q, 1) == 1.0
         assert kseq_acceptance(p, q, 1) == pytest.approx(float(torch.minimum(p, q).sum()), abs=1e-12)
@@ -125,7 +117,7 @@ def test_dispatch_and_chain_equivalence():
         toks = sample_iid(Q[0], 3, gen).tolist()
         tree = TokenTree.chain(toks)
         rows = [0] + [t + 1 for t in toks]
-        a = verify(tree, P[rows], Q[rows], "iid_kseq", SamplingParams(temperature=1.0), gen_a)
+        a = verify(tree, P[rows], Q[rows], "iid_kseq", gen_a)
         assert a == verify_chain(tree, P[rows], Q[rows], gen_b)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import random
 
 import torch
 from transformers import (
@@ -13,6 +14,8 @@ from transformers import (
     Qwen2Config,
     Qwen2ForCausalLM,
 )
+
+from specula.tree import TokenTree
 
 # Tiny models run far faster on one thread (and do not fight other processes for cores).
 torch.set_num_threads(1)
@@ -107,3 +110,38 @@ def assert_speculative_greedy_equals_plain(model, method: str, reference, draft=
         assert out.token_ids == reference_greedy(reference, prompt, max_new_tokens), (method, prompt)
         if draft is not None:
             assert out.stats.accepted_tokens > 0
+
+
+# ---------------------------------------------------------------------------- tree forwards
+def random_tree(rng: random.Random, n: int, vocab: int) -> TokenTree:
+    parents = [-1]
+    for i in range(1, n):
+        parents.append(rng.randrange(-1, i))
+    return TokenTree.empty().merge(TokenTree.build([rng.randrange(vocab) for _ in range(n)], parents))
+
+
+@torch.inference_mode()
+def causal_logits(model, ids: list[int]) -> torch.Tensor:
+    return model(torch.tensor([ids])).logits[0, -1]
+
+
+def assert_tree_logits_are_causal(model, prompt: list[int], tree: TokenTree, logits: torch.Tensor,
+                                  *, same_argmax: bool = False) -> None:
+    """logits [n+1, vocab]: row 0 equals the causal logits after the prompt, row i+1 those after
+    the prompt plus node i's root-to-node path (and, with same_argmax, has the same argmax)."""
+    assert logits.shape == (len(tree) + 1, model.config.vocab_size)
+    for row, path in enumerate([()] + [tree.path_to(i) for i in range(len(tree))]):
+        causal = causal_logits(model, prompt + tree.tokens_of(path))
+        torch.testing.assert_close(logits[row], causal, atol=1e-4, rtol=1e-4)
+        if same_argmax:  # what greedy verification reads
+            assert logits[row].argmax() == causal.argmax(), row
+
+
+def assert_cache_equals_plain_forward(model, seq, committed: list[int]) -> None:
+    """The sequence holds exactly `committed`, and its KV cache equals a plain causal forward's."""
+    assert seq.tokens == committed
+    with torch.inference_mode():
+        ref = model(torch.tensor([committed]), use_cache=True).past_key_values
+    for (k, v), layer in zip(seq.cache_tensors(), ref.layers):
+        torch.testing.assert_close(k, layer.keys, atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(v, layer.values, atol=1e-4, rtol=1e-4)

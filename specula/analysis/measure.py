@@ -180,7 +180,6 @@ def continuation_rows(target, draft, prompt_ids: Sequence[int], temperature: flo
     teacher-forced over it, the processed target and draft distributions predicting each
     continuation token: (tokens, p [m, vocab], q [m, vocab]) with m = len(tokens)."""
     from specula.drafters import make_drafter
-    from specula.drafters.draft_model import common_prefix_length
     from specula.engine import SpeculativeDecoder
     from specula.sampling import SamplingParams, probabilities
 
@@ -191,11 +190,10 @@ def continuation_rows(target, draft, prompt_ids: Sequence[int], temperature: flo
     start = len(prompt_ids) - 1  # row predicting cont[0]
     rows = []
     for model in (target, draft):
-        # Both caches hold (a prefix of) the prompt after sampling: keep it, run only the rest.
-        model.crop(min(common_prefix_length(model.tokens, ids), start))
-        model.append(ids[len(model.tokens) : start], logits="none")
-        logits = model.append(ids[start:-1], logits="all")  # [m, vocab]
-        model.reset()
+        seq = model.new_sequence()
+        seq.prefill(ids[:start], logits="none")
+        logits = seq.prefill(ids[start:-1], logits="all")  # [m, vocab]
+        seq.release()
         rows.append(probabilities(logits, params))
     vocab = min(rows[0].shape[-1], rows[1].shape[-1])
     if rows[1][:, vocab:].sum() > 0 or rows[0][:, vocab:].sum() > 0:
@@ -207,13 +205,13 @@ def measure(target, draft, tokenizer, prompts, config: AcceptanceConfig,
             progress: Callable[[str], None] = lambda _: None) -> dict:
     """Analyse every prompt (`specula.bench.datasets.BenchPrompt`, first turn) at every
     temperature; returns the results document (see `summarize`)."""
-    from specula.models.loading import apply_chat_template
+    from specula.models.loading import encode_prompt
 
     rng = np.random.default_rng(config.seed)
     records: list[dict] = []
     for temperature in config.temperatures:
         for i, prompt in enumerate(prompts):
-            ids = apply_chat_template(tokenizer, prompt.turns[0])
+            ids = encode_prompt(tokenizer, prompt.turns[0])
             tokens, p_rows, q_rows = continuation_rows(target, draft, ids, temperature, config.positions,
                                                        config.seed + i)
             for pos in range(len(tokens)):

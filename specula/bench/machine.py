@@ -18,14 +18,6 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine() or "unknown"
 
 
-def sync_device(device: Any) -> None:
-    """Wait for queued accelerator work (so wall-clock timings cover it); no-op on CPU."""
-    import torch
-
-    if device is not None and torch.device(device).type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def machine_info(device: Any = None) -> dict[str, Any]:
     """CPU, threads, accelerator and library versions (JSON-ready)."""
     import torch

@@ -8,10 +8,10 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Literal, Protocol, Sequence
 
-from specula.bench.machine import sync_device
+from specula.models.device import sync_device
 from specula.engine import EngineConfig, SpeculativeDecoder
 from specula.errors import ConfigError
-from specula.models.hf import HFCausalLM
+from specula.models.base import TargetModel
 from specula.sampling import SamplingParams
 from specula.stats import GenerationStats
 
@@ -52,7 +52,7 @@ class SpeculaMethod:
     def __init__(self, name: str, decoder: SpeculativeDecoder) -> None:
         self.name = name
         self.decoder = decoder
-        self.lossless = not bool(getattr(decoder.drafter, "lossy", False))
+        self.lossless = not any(getattr(d, "lossy", False) for d in decoder.drafters)
         self.planner = decoder.planner is not None
 
     def generate(self, prompt_ids: Sequence[int], params: SamplingParams) -> MethodOutput:
@@ -64,18 +64,17 @@ class SpeculaMethod:
         return MethodOutput(list(out.token_ids), time.perf_counter() - t0, out.stats)
 
     def memory_bytes(self) -> int | None:
-        """The drafter's `memory_bytes` (attribute or method), when it exposes one."""
-        value = getattr(self.decoder.drafter, "memory_bytes", None)
-        if callable(value):
-            value = value()
-        return None if value is None else int(value)
+        """The drafters' `memory_bytes` (attribute or method) summed, when any exposes one."""
+        values = [getattr(d, "memory_bytes", None) for d in self.decoder.drafters]
+        values = [int(v() if callable(v) else v) for v in values if v is not None]
+        return sum(values) if values else None
 
 
 def build_specula_methods(
     names: Sequence[str],
-    target: HFCausalLM,
+    target: TargetModel,
     tokenizer,
-    draft: HFCausalLM | None = None,
+    draft: TargetModel | None = None,
     options: Callable[[str], dict] = lambda name: {},
     engine: EngineConfig = EngineConfig(),
     planner_for: Callable[[str], object] = lambda name: None,

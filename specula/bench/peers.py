@@ -23,7 +23,7 @@ from typing import Iterator, Literal, Sequence
 
 import torch
 
-from specula.bench.machine import sync_device
+from specula.models.device import sync_device
 from specula.bench.methods import MethodOutput
 from specula.errors import ConfigError
 from specula.models.attention import causal_prefill

@@ -73,19 +73,19 @@ def conversation_ids(tokenizer, turns: Sequence[str], answers: Sequence[str], ra
     """Prompt ids for turn len(turns): the user turns interleaved with the model's answers to the
     earlier ones. Chat template when the tokenizer has one (unless raw); else the texts joined by
     blank lines."""
-    from specula.models.loading import apply_chat_template
+    from specula.models.loading import encode_prompt
 
     if len(answers) != len(turns) - 1:
         raise ValueError(f"{len(turns)} turns need {len(turns) - 1} earlier answers, got {len(answers)}")
     if raw or not getattr(tokenizer, "chat_template", None):
         parts = [text for k, turn in enumerate(turns) for text in (turn, *answers[k : k + 1])]
-        return list(tokenizer.encode("\n\n".join(parts)))
+        return encode_prompt(tokenizer, "\n\n".join(parts), raw=True)
     messages = []
     for k, turn in enumerate(turns):
         messages.append({"role": "user", "content": turn})
         if k < len(answers):
             messages.append({"role": "assistant", "content": answers[k]})
-    return apply_chat_template(tokenizer, messages)
+    return encode_prompt(tokenizer, messages)
 
 
 def turn_seed(seed: int | None, prompt_id: int | str, turn: int) -> int:

@@ -53,13 +53,11 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out).expanduser()
     out.mkdir(parents=True, exist_ok=True)
 
-    from specula.api import load_backend
-    from specula.models.loading import check_compatible
+    from specula.api import load_backend, load_draft
 
     t0 = time.perf_counter()
     target, tokenizer = load_backend(args.target, load_config(args), "target")
-    draft, draft_tokenizer = load_backend(args.draft, load_config(args), "draft")
-    check_compatible(tokenizer, draft_tokenizer, target.model, draft.model, target_name=args.target, draft_name=args.draft)
+    draft = load_draft(args.draft, tokenizer, target, load_config(args), target_name=args.target)
     document = measure(target, draft, tokenizer, prompts, config,
                        progress=lambda line: print(line, file=sys.stderr, flush=True))
     document["models"] = {"target": args.target, "draft": args.draft, "prompts": args.prompts,

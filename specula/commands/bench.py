@@ -111,7 +111,7 @@ def _method_options(args: argparse.Namespace, spec: str) -> dict:
 
 
 def _cost_curve(args: argparse.Namespace, target) -> dict | None:
-    from specula.bench.profile import DEFAULT_SIZES, measure_cost_curve
+    from specula.planner.cost import DEFAULT_SIZES, measure_cost_curve
 
     if args.profile_repeats == 0:
         return None
@@ -140,14 +140,15 @@ def execute(args: argparse.Namespace, bench: BenchPlan, target, tokenizer, draft
     methods = build_specula_methods(bench.methods, target, tokenizer, draft, lambda m: drafter_options(args, m),
                                     engine, lambda m: planner_from_args(args))
     eos = sorted(methods[0].decoder.eos_token_ids)
-    peers = build_peers(bench.peers, target.model, eos, draft.model if draft is not None else None)
+    peers = build_peers(bench.peers, target.reference_model(), eos,
+                        draft.reference_model() if draft is not None else None)
     header = {
         "machine": machine_info(target.device),
         "config": _config_record(args, bench, eos),
         "cost_curve": _cost_curve(args, target),
     }
     result = run_bench([*methods, *peers], tokenizer, bench.prompts, bench.settings, Path(args.out), header,
-                       reference_model=target.model)
+                       reference_model=target.reference_model())
     doc = result.document
     for name, entry in ordered(doc):
         parts = [f"{entry['tokens_per_s']:.2f} tok/s" if entry["tokens_per_s"] is not None else "no output"]

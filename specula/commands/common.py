@@ -110,20 +110,9 @@ def planner_from_args(args: argparse.Namespace):
     """A HardwarePlanner on the cost curve given with --cost-curve, or None (measure here)."""
     if not getattr(args, "cost_curve", None):
         return None
-    import json
+    from specula.planner import HardwarePlanner, read_cost_curve
 
-    from specula.bench.profile import CostCurve
-    from specula.errors import ConfigError
-    from specula.planner import HardwarePlanner
-
-    try:
-        with open(args.cost_curve) as f:
-            data = json.load(f)
-        curve = CostCurve.from_dict(data.get("cost_curve", data))
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise ConfigError(f"cannot read cost curve {args.cost_curve!r} ({exc}); "
-                          "give the cost_curve.json written by `specula profile`") from exc
-    return HardwarePlanner(curve=curve)
+    return HardwarePlanner(curve=read_cost_curve(args.cost_curve))
 
 
 def sampling_params(args: argparse.Namespace) -> "SamplingParams":

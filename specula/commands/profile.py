@@ -41,9 +41,8 @@ def run(args: argparse.Namespace) -> int:
     from specula.api import LoadConfig, load_backend
     from specula.bench.machine import machine_info
     from specula.bench.plots import COST_CURVE_PNG, plot_cost_curve
-    from specula.bench.profile import measure_cost_curve
+    from specula.planner.cost import measure_cost_curve
     from specula.commands.bench import set_threads
-    from specula.models.prepack import linear_kernel_of
     from specula.paths import atomic_write_json
 
     sizes = parse_sizes(args.sizes)
@@ -55,9 +54,10 @@ def run(args: argparse.Namespace) -> int:
                                                        linear_kernel=args.linear_kernel), "target")
     curve = measure_cost_curve(target, sizes, args.context, args.repeats)
     out = Path(args.out)
-    payload = {**curve.to_dict(), "target": args.target, "dtype": args.dtype, "attn": target.config._attn_implementation,
-               "quantize": args.quantize, "linear_kernel": linear_kernel_of(target.model),
-               "machine": machine_info(target.device)}
+    key = target.cost_key()
+    payload = {**curve.to_dict(), "target": args.target, "dtype": args.dtype, "attn": key.get("attention"),
+               "quantize": key.get("quantize", args.quantize), "linear_kernel": key.get("linear_kernel"),
+               "backend": key.get("backend"), "machine": machine_info(target.device)}
     json_path = atomic_write_json(out / "cost_curve.json", payload)
     png = plot_cost_curve(payload, out / COST_CURVE_PNG, f"Cost curve: {args.target} (context {args.context})")
     print(f"{'tokens':>8} {'ms':>10} {'ratio':>7}")

@@ -1,7 +1,9 @@
 """Drafters: one module per family, one protocol (`specula.drafters.base.Drafter`).
 
 Each drafter module defines `create(*, target, draft, **options) -> Drafter`; add a new
-method by adding its module to `MODULES`."""
+method by adding its module to `MODULES`. `fusion` is not a drafter of its own: it is every
+drafter that can run with the given models and files, whose trees the planner merges (RASD)
+and sizes every step."""
 
 from __future__ import annotations
 
@@ -17,26 +19,30 @@ MODULES: dict[str, str] = {
     "prompt-lookup": "specula.drafters.prompt_lookup",
     "token-recycling": "specula.drafters.token_recycling",
     "rest": "specula.drafters.rest",
-    "fusion": "specula.drafters.fusion",
 }
 """Method name (as in `--method`) -> module defining `create`."""
 
-METHODS = tuple(MODULES)
+FUSION = "fusion"
+"""Every available drafter at once (see `make_drafters`)."""
+
+METHODS = (*MODULES, FUSION)
 
 
 def check_method(method: str) -> None:
     """Raise a clear error for an unknown method name (before any model is loaded)."""
-    if method not in MODULES:
-        raise ConfigError(f"unknown method {method!r}; choose one of: {', '.join(MODULES)}")
+    if method not in MODULES and method != FUSION:
+        raise ConfigError(f"unknown method {method!r}; choose one of: {', '.join([*MODULES, FUSION])}")
 
 
 def make_drafter(method: str, *, target=None, draft=None, tokenizer=None, **options):
-    """Build the drafter (a `specula.drafters.base.Drafter`) for a method name.
+    """Build the drafter (a `specula.drafters.base.Drafter`) for one drafter family.
 
-    target / draft: `HFCausalLM` backends (draft only for methods that use a draft model);
-    tokenizer: the target's tokenizer, for drafters that check files against it;
+    target / draft: backends (`specula.models.base.TargetModel`; draft only for methods that use
+    a draft model); tokenizer: the target's tokenizer, for drafters that check files against it;
     options: method-specific settings (None values mean "the method's default")."""
     check_method(method)
+    if method == FUSION:
+        raise ConfigError("fusion is several drafters: build it with make_drafters('fusion', ...)")
     module = importlib.import_module(MODULES[method])
     options = {k: v for k, v in options.items() if v is not None}
     accepted = inspect.signature(module.create).parameters
@@ -50,4 +56,29 @@ def make_drafter(method: str, *, target=None, draft=None, tokenizer=None, **opti
     return module.create(target=target, draft=draft, **options)
 
 
-__all__ = ["METHODS", "MODULES", "check_method", "make_drafter"]
+def make_drafters(method: str, *, target=None, draft=None, tokenizer=None, datastore: str | None = None,
+                  recycling_state: str | None = None, num_draft_tokens: int | None = None, **options) -> list:
+    """The drafters of a method: one for a drafter family, several for `fusion`.
+
+    fusion = the model-free drafters first (prompt lookup, REST when a `datastore` is given, token
+    recycling), then the draft model when `draft` is given (greedy candidates, adaptive: it drafts
+    only while its next token beats the rate the others' trees already reach)."""
+    check_method(method)
+    if method != FUSION:
+        given = {"datastore": datastore, "recycling_state": recycling_state, "num_draft_tokens": num_draft_tokens}
+        return [make_drafter(method, target=target, draft=draft, tokenizer=tokenizer, **given, **options)]
+    if options:
+        raise ConfigError(f"method fusion does not take {', '.join(sorted(options))}; its options are "
+                          "datastore, num_draft_tokens, recycling_state")
+    drafters = [make_drafter("prompt-lookup")]
+    if datastore:
+        drafters.append(make_drafter("rest", target=target, datastore=datastore, tokenizer=tokenizer))
+    drafters.append(make_drafter("token-recycling", target=target, recycling_state=recycling_state,
+                                 tokenizer=tokenizer))
+    if draft is not None:
+        drafters.append(make_drafter("draft-model", draft=draft, num_draft_tokens=num_draft_tokens, adaptive=True,
+                                     greedy_proposals=True))
+    return drafters
+
+
+__all__ = ["FUSION", "METHODS", "MODULES", "check_method", "make_drafter", "make_drafters"]

@@ -1,31 +1,31 @@
 """`draft-model`: a smaller model with the same tokenizer drafts a chain of k tokens.
 
-The draft keeps its own KV cache. Before proposing it is synchronised with the committed
-tokens: the cache is cropped to the longest common prefix (this is the rollback of the
-previous step's rejected drafts) and the missing committed tokens are appended. Greedy
-requests draft the argmax (deterministic candidates); sampled requests draw each token
-from the draft's processed distribution q (same temperature / top-k / top-p as the
-target) and return q for the acceptance rule.
+Each request keeps its own draft KV cache (the drafter's per-request state). Before proposing
+it is synchronised with the committed tokens: the cache is cropped to the longest common prefix
+(this is the rollback of the previous step's rejected drafts) and the missing committed tokens
+are appended. Greedy requests draft the argmax (deterministic candidates); sampled requests
+draw each token from the draft's processed distribution q (same temperature / top-k / top-p as
+the target) and return q for the acceptance rule. Greedy proposals carry the draft's softmax
+rows as `q` too (not used by the rule; the planner prunes retrieval branches with them).
+
+Adaptive (SpecDec++-style): with a planner, the chain stops when the cost view says the next
+token does not pay, and a step skips the draft model entirely when even its first token
+(catching the cache up included) is not expected to beat what the other drafters' trees reach.
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 
 from specula.drafters.base import DraftContext, Proposal, StepResult, method_config
+from specula.ema import Ema
 from specula.errors import ConfigError
-from specula.models.hf import HFCausalLM
+from specula.models.base import TargetModel, TargetSequence, common_prefix_length, keep_common_prefix
 from specula.sampling import probabilities
 from specula.tree import TokenTree
-
-
-StopRule = Callable[[list[float], float, float, "float | None"], bool]
-"""rule(raw edge scores so far, seconds per draft token, seconds drafted so far, baseline tokens/s) -> stop?"""
-"""rule(raw edge scores so far, seconds per draft token, drafting seconds so far) -> stop?"""
 
 
 @dataclass(frozen=True)
@@ -38,6 +38,8 @@ class DraftModelConfig:
     """Stop drafting early by the planner's cost-derived rule (SpecDec++-style)."""
     greedy_proposals: bool = False
     """Always draft the argmax (deterministic candidates), also when the request samples."""
+    timing_ema: float = 0.2
+    """EMA weight of each measured draft-token time (and catch-up time per token)."""
 
     def __post_init__(self) -> None:
         if self.num_draft_tokens is None:
@@ -46,107 +48,83 @@ class DraftModelConfig:
             raise ConfigError(f"num_draft_tokens must be >= 1, got {self.num_draft_tokens}")
 
 
-def common_prefix_length(a, b) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
-
-
 class DraftModelDrafter:
     """Chain drafting with a smaller causal LM (SpS)."""
 
     name = "draft-model"
 
-    def __init__(self, draft: HFCausalLM, config: DraftModelConfig = DraftModelConfig()) -> None:
+    def __init__(self, draft: TargetModel, config: DraftModelConfig = DraftModelConfig()) -> None:
         self.draft = draft
         self.config = config
-        self.stop_rule: StopRule | None = None
-        self.position_probs: list[torch.Tensor] = []
-        """Softmax of the draft at the root and each drafted position but the last ([vocab] each)."""
-        self._token_seconds: float | None = None
-        self._catch_up_seconds: float | None = None  # per token, for catch-ups of >= 16 tokens
+        self._token_seconds = Ema(config.timing_ema)  # one draft token (a one-token pass)
+        self._catch_up_seconds = Ema(config.timing_ema)  # per token, for catch-ups of >= 16 tokens
 
-    def set_stop_rule(self, rule: StopRule | None) -> None:
-        """Install the planner's adaptive stop rule (used when config.adaptive)."""
-        self.stop_rule = rule
+    # ------------------------------------------------------------------ per request
+    def start(self) -> TargetSequence:
+        return self.draft.new_sequence()
 
-    def sync(self, tokens) -> torch.Tensor:
+    def finish(self, seq: TargetSequence) -> None:
+        seq.release()
+
+    def observe(self, step: StepResult, seq: TargetSequence) -> None:
+        return None  # rollback happens lazily in sync()
+
+    # ------------------------------------------------------------------ drafting
+    def sync(self, seq: TargetSequence, tokens) -> torch.Tensor:
         """Bring the draft cache to `tokens` (root included); logits [vocab] after the root."""
-        keep = common_prefix_length(self.draft.tokens, tokens[:-1])
-        self.draft.crop(keep)
+        keep = keep_common_prefix(seq, tokens[:-1])
         t0 = time.perf_counter()
-        logits = self.draft.append(tokens[keep:], logits="last")
+        logits = seq.prefill(tokens[keep:], logits="last")
         n = len(tokens) - keep
         if n >= 16:  # a prefill-sized catch-up: learn its cost per token
-            per_token = (time.perf_counter() - t0) / n
-            c = self._catch_up_seconds
-            self._catch_up_seconds = per_token if c is None else 0.8 * c + 0.2 * per_token
+            self._catch_up_seconds.update((time.perf_counter() - t0) / n)
         return logits
 
-    def propose(self, ctx: DraftContext) -> Proposal:
-        k = min(self.config.num_draft_tokens, ctx.budget.max_depth, ctx.budget.max_nodes)
+    def propose(self, ctx: DraftContext, seq: TargetSequence) -> Proposal:
+        room = self.draft.max_context - len(ctx.tokens) + 1  # the draft cache holds tokens + k - 1 drafts
+        k = min(self.config.num_draft_tokens, ctx.budget.max_depth, ctx.budget.max_nodes, room)
         if k <= 0:
             return Proposal.empty()
-        adaptive = self.config.adaptive and self.stop_rule is not None
-        self.position_probs = []
-        if adaptive and self._token_seconds is not None:
+        adaptive = self.config.adaptive and ctx.cost is not None
+        if adaptive and self._token_seconds.value is not None:
             # The first draft token also pays for catching the draft cache up (the whole prompt on a
             # request's first step): on hardware where that is dear, long prompts skip the draft model.
-            missing = len(ctx.tokens) - common_prefix_length(self.draft.tokens, ctx.tokens[:-1])
-            first = self._token_seconds + max(0, missing - 1) * (self._catch_up_seconds or 0.0)
-            if self.stop_rule([], first, 0.0, ctx.baseline_rate):
+            missing = len(ctx.tokens) - common_prefix_length(seq.tokens, ctx.tokens[:-1])
+            first = self._token_seconds.value + max(0, missing - 1) * self._catch_up_seconds.get()
+            if not ctx.cost.worth_drafting(self.name, first):
                 return Proposal.empty()  # not worth a draft pass this step (the cache catches up later)
         t_start = time.perf_counter()
-        logits = self.sync(ctx.tokens)
+        logits = self.sync(seq, ctx.tokens)
         greedy = ctx.params.greedy or self.config.greedy_proposals
         drafted: list[int] = []
-        scores: list[float] = []
         edges: list[float] = []
         q_rows: list[torch.Tensor] = []
-        path_prob = 1.0
         for j in range(k):
-            probs = torch.softmax(logits.float(), -1)  # [vocab]
-            self.position_probs.append(probs)
             if greedy:
-                token = int(probs.argmax())
-                prob = float(probs[token])
+                q = torch.softmax(logits.float(), -1)  # [vocab]
+                token = int(q.argmax())
             else:
                 q = probabilities(logits, ctx.params)  # [vocab]
                 token = int(torch.multinomial(q, 1, generator=ctx.generator))
-                prob = float(q[token])
-                q_rows.append(q)
-            path_prob *= prob
+            q_rows.append(q)
             drafted.append(token)
-            scores.append(path_prob)
-            edges.append(prob)
+            edges.append(float(q[token]))
             if j + 1 == k:
                 break
-            if adaptive and self._token_seconds is not None and self.stop_rule(
-                edges, self._token_seconds, time.perf_counter() - t_start, ctx.baseline_rate
+            if adaptive and self._token_seconds.value is not None and not ctx.cost.should_extend(
+                self.name, edges, self._token_seconds.value, time.perf_counter() - t_start
             ):
                 break
             t_tok = time.perf_counter()
-            logits = self.draft.append([token], logits="last")
-            step = time.perf_counter() - t_tok
-            self._token_seconds = step if self._token_seconds is None else 0.8 * self._token_seconds + 0.2 * step
-        tree = TokenTree.chain(drafted, scores, self.name)
-        if greedy:
-            return Proposal(tree)
-        q_all = torch.stack(q_rows + [torch.zeros_like(q_rows[0])])  # [k+1, vocab]; leaf row unused
-        return Proposal(tree, q_all, "iid")
-
-    def observe(self, step: StepResult) -> None:
-        return None  # rollback happens lazily in sync()
-
-    def reset(self) -> None:
-        self.draft.reset()
-        self.position_probs = []
+            logits = seq.prefill([token], logits="last")
+            self._token_seconds.update(time.perf_counter() - t_tok)
+        tree = TokenTree.chain(drafted, edges, self.name)
+        q_all = torch.stack(q_rows + [torch.zeros_like(q_rows[0])])  # [k + 1, vocab]; the leaf row is unused
+        return Proposal(tree, q_all, "deterministic" if greedy else "iid")
 
 
-def create(*, target=None, draft: HFCausalLM | None = None, **options) -> DraftModelDrafter:
-    """options: DraftModelConfig fields (num_draft_tokens)."""
+def create(*, target=None, draft: TargetModel | None = None, **options) -> DraftModelDrafter:
+    """options: DraftModelConfig fields (num_draft_tokens, adaptive, greedy_proposals)."""
     if draft is None:
         raise ConfigError("method 'draft-model' needs a draft model: pass --draft MODEL (same tokenizer as the target)")
     return DraftModelDrafter(draft, method_config("draft-model", DraftModelConfig, options))

@@ -1,9 +1,9 @@
 """`draft-tree`: a draft model expands a token tree level by level (EAGLE-2, DySpec, RSD).
 
 Each level runs the draft once over the new frontier nodes with tree attention in the
-draft's own KV cache (`HFCausalLM.forward_tree_incremental`): a node sees the committed
-prefix and its ancestors. After the step the draft cache keeps the committed prefix plus
-the accepted nodes it already ran (`observe`); the next step syncs by longest common
+request's own draft KV cache (`TargetSequence.forward_tree_incremental`): a node sees the
+committed prefix and its ancestors. After the step the draft cache keeps the committed prefix
+plus the accepted nodes it already ran (`observe`); the next step syncs by longest common
 prefix, like `draft-model`.
 
 How siblings are drafted (`tree_sampling`) and the acceptance rule that matches:
@@ -12,7 +12,7 @@ How siblings are drafted (`tree_sampling`) and the acceptance rule that matches:
   gets the draft's top-k tokens as children; a node's score is the product of draft
   probabilities along its path; the best k nodes of each level form the next frontier;
   finally the best N nodes overall are kept (`TokenTree.top_node_indices`, ancestor-closed
-  as scores shrink along paths). Verified by the greedy rule: output = plain greedy.
+  as path scores shrink along paths). Verified by the greedy rule: output = plain greedy.
 * ``deterministic`` (sampled requests): the same expansion on the draft's processed
   distribution (the request's temperature / top-k / top-p); fixed candidates, verified by the
   deterministic rule.
@@ -30,8 +30,8 @@ Losslessness of the sampled modes rests on one rule, kept here: the number of ch
 node is fixed before they are drawn, or (beam) depends only on Gumbel key values, which are
 independent of which token holds them given the earlier draws. Which nodes are expanded may
 depend on anything drawn before (path scores). So sampled trees are never pruned after
-drawing: the drafter stops drawing at the node budget instead. Scores of sampled nodes are
-path probabilities under q, for planners that size trees; a planner must not drop sampled
+drawing: the drafter stops drawing at the node budget instead. Edge scores of sampled nodes
+are their probabilities under q, for planners that size trees; a planner must not drop sampled
 siblings by these scores (only whole draw-order suffixes, chosen without looking at them).
 """
 
@@ -44,12 +44,10 @@ from typing import Literal, Sequence, get_args
 import torch
 
 from specula.drafters.base import DraftContext, Proposal, StepResult, method_config
-from specula.drafters.draft_model import common_prefix_length
 from specula.errors import ConfigError
-from specula.models.hf import HFCausalLM
-from specula.sampling import SamplingParams, probabilities
-from specula.tree import TokenTree
-from specula.verify import SiblingMode, gumbel_keys, sample_iid, sample_without_replacement
+from specula.models.base import TargetModel, TargetSequence, keep_common_prefix
+from specula.sampling import SamplingParams, gumbel_keys, probabilities, sample_iid, sample_without_replacement
+from specula.tree import SiblingMode, TokenTree
 
 TreeSampling = Literal["deterministic", "iid", "without_replacement", "beam"]
 TreeVerifier = Literal["rrs", "kseq"]
@@ -148,61 +146,69 @@ class _DraftSide:
 
 
 # ---------------------------------------------------------------------------- the drafter
+class _TreeState:
+    """One request's draft cache, and the tree it holds while a step is in flight."""
+
+    def __init__(self, seq: TargetSequence) -> None:
+        self.seq = seq
+        self.side: _DraftSide | None = None
+
+    def begin(self, tokens: Sequence[int]) -> torch.Tensor:
+        """Sync the draft cache with the committed tokens and run the root (with any committed
+        tokens the cache lacks, as a chain): logits [vocab] after the root."""
+        self.finish(())
+        keep = keep_common_prefix(self.seq, tokens, limit=len(tokens) - 1)
+        missing = list(tokens[keep:])  # the last one is the root
+        self.side = _DraftSide(missing)
+        logits = self.seq.forward_tree(missing[0], TokenTree.chain(missing[1:]))  # [len(missing), vocab]
+        return logits[-1]
+
+    def feed(self, nodes: Sequence[int], tokens: Sequence[int], parents: Sequence[int]) -> torch.Tensor:
+        """Run proposal nodes (their parents already ran) through the draft: logits [len(nodes), vocab]."""
+        side = self.side
+        assert side is not None
+        for node in nodes:
+            side.add(node, tokens[node], parents[node])
+        return self.seq.forward_tree_incremental(side.tree())
+
+    def finish(self, accepted: Sequence[int]) -> None:
+        """Commit the drafted tree: keep the accepted tokens the draft already ran."""
+        if self.side is not None:
+            self.seq.commit(self.side.commit_path(accepted))
+            self.side = None
+
+
 class DraftTreeDrafter:
     """Dynamic token trees from a smaller causal LM (see the module docstring)."""
 
     name = "draft-tree"
 
-    def __init__(self, draft: HFCausalLM, config: DraftTreeConfig = DraftTreeConfig()) -> None:
+    def __init__(self, draft: TargetModel, config: DraftTreeConfig = DraftTreeConfig()) -> None:
         self.draft = draft
         self.config = config
-        self._side: _DraftSide | None = None
 
     # ------------------------------------------------------------------ protocol
-    def propose(self, ctx: DraftContext) -> Proposal:
+    def start(self) -> _TreeState:
+        return _TreeState(self.draft.new_sequence())
+
+    def propose(self, ctx: DraftContext, state: _TreeState) -> Proposal:
         cfg = self.config
-        budget = min(cfg.tree_nodes, ctx.budget.max_nodes)
+        room = self.draft.max_context - len(ctx.tokens)  # the draft cache holds tokens + the nodes it ran
+        budget = min(cfg.tree_nodes, ctx.budget.max_nodes, room)
         depth = min(cfg.tree_depth, ctx.budget.max_depth)
         if budget <= 0 or depth <= 0:
             return Proposal.empty()
-        root_logits = self._begin(ctx.tokens)
+        root_logits = state.begin(ctx.tokens)
         mode = "deterministic" if ctx.params.greedy else cfg.tree_sampling
         if mode == "beam":
-            return self._beam(root_logits, ctx, budget, depth)
-        return self._expand(root_logits, ctx, budget, depth, mode)
+            return self._beam(state, root_logits, ctx, budget, depth)
+        return self._expand(state, root_logits, ctx, budget, depth, mode)
 
-    def observe(self, step: StepResult) -> None:
-        self._finish(step.proposal.tree.tokens_of(step.path))
+    def observe(self, step: StepResult, state: _TreeState) -> None:
+        state.finish(step.accepted_tokens)
 
-    def reset(self) -> None:
-        self.draft.reset()
-        self._side = None
-
-    # ------------------------------------------------------------------ draft cache
-    def _begin(self, tokens: Sequence[int]) -> torch.Tensor:
-        """Sync the draft cache with the committed tokens and run the root (with any committed
-        tokens the cache lacks, as a chain): logits [vocab] after the root."""
-        self._finish(())
-        keep = min(common_prefix_length(self.draft.tokens, tokens), len(tokens) - 1)
-        self.draft.crop(keep)
-        missing = list(tokens[keep:])  # the last one is the root
-        self._side = _DraftSide(missing)
-        logits = self.draft.forward_tree(missing[0], TokenTree.chain(missing[1:]))  # [len(missing), vocab]
-        return logits[-1]
-
-    def _feed(self, nodes: Sequence[int], tokens: Sequence[int], parents: Sequence[int]) -> torch.Tensor:
-        """Run proposal nodes (their parents already ran) through the draft: logits [len(nodes), vocab]."""
-        side = self._side
-        assert side is not None
-        for node in nodes:
-            side.add(node, tokens[node], parents[node])
-        return self.draft.forward_tree_incremental(side.tree())
-
-    def _finish(self, accepted: Sequence[int]) -> None:
-        """Commit the drafted tree: keep the accepted tokens the draft already ran."""
-        if self._side is not None:
-            self.draft.commit(self._side.commit_path(accepted))
-            self._side = None
+    def finish(self, state: _TreeState) -> None:
+        state.seq.release()
 
     # ------------------------------------------------------------------ expansion
     @staticmethod
@@ -211,7 +217,7 @@ class DraftTreeDrafter:
         softmax (scores only: candidates are the top-k logits)."""
         return torch.softmax(logits.float(), -1) if params.greedy else probabilities(logits, params)
 
-    def _expand(self, root_logits: torch.Tensor, ctx: DraftContext, budget: int, depth: int,
+    def _expand(self, state: _TreeState, root_logits: torch.Tensor, ctx: DraftContext, budget: int, depth: int,
                 mode: str) -> Proposal:
         """Top-k (deterministic) or sampled (iid / without_replacement) children per frontier
         node; the best top_k nodes of each level by path score are expanded next."""
@@ -219,7 +225,8 @@ class DraftTreeDrafter:
         sampled = mode != "deterministic"
         tokens: list[int] = []
         parents: list[int] = []
-        scores: list[float] = []
+        scores: list[float] = []  # path probabilities (to pick the frontier)
+        edges: list[float] = []
         q_rows: dict[int, torch.Tensor] = {}  # row -> q its children were drawn from
         frontier = [(-1, root_logits, 1.0)]  # (node, logits after it, path probability)
         for level in range(1, depth + 1):
@@ -241,15 +248,16 @@ class DraftTreeDrafter:
                     tokens.append(int(tok))
                     parents.append(node)
                     scores.append(score * prob)
+                    edges.append(prob)
                     new.append(len(tokens) - 1)
             if level == depth or not new or (sampled and len(tokens) >= budget):
                 break
             chosen = self._frontier(new, tokens, parents, scores, dedupe=mode == "iid")
             if not chosen:
                 break
-            logits = self._feed(chosen, tokens, parents)
+            logits = state.feed(chosen, tokens, parents)
             frontier = [(c, logits[j], scores[c]) for j, c in enumerate(chosen)]
-        tree = TokenTree.build(tokens, parents, scores, self.name)
+        tree = TokenTree.build(tokens, parents, edges, self.name)
         if not sampled:
             return Proposal(tree.top_nodes(budget))
         return Proposal(tree, self._stack(q_rows, len(tree), root_logits), self.config.sibling_mode)
@@ -271,12 +279,13 @@ class DraftTreeDrafter:
             chosen.append(i)
         return sorted(chosen)
 
-    def _beam(self, root_logits: torch.Tensor, ctx: DraftContext, budget: int, depth: int) -> Proposal:
+    def _beam(self, state: _TreeState, root_logits: torch.Tensor, ctx: DraftContext, budget: int,
+              depth: int) -> Proposal:
         """Stochastic beam search of width top_k; children of a beam node in Gumbel order."""
         width, gen = self.config.tree_top_k, ctx.generator
         tokens: list[int] = []
         parents: list[int] = []
-        scores: list[float] = []
+        edges: list[float] = []
         q_rows: dict[int, torch.Tensor] = {}
         beams = [(-1, root_logits, 0.0, 0.0)]  # (node, logits, perturbed score G, log path prob)
         for level in range(1, depth + 1):
@@ -293,21 +302,21 @@ class DraftTreeDrafter:
                 g_child = truncated_child_scores(g_parent, top.values, float(top.values[0]))
                 log_q = q[top.indices].double().log()
                 for rank, (g, tok, lq) in enumerate(zip(g_child.tolist(), top.indices.tolist(), log_q.tolist())):
-                    candidates.append((g, b, rank, int(tok), log_path + lq))
+                    candidates.append((g, b, rank, int(tok), log_path + lq, lq))
             chosen = sorted(sorted(candidates, key=lambda c: -c[0])[:w], key=lambda c: (c[1], c[2]))
             new_beams = []
-            for g, b, _, tok, log_path in chosen:
+            for g, b, _, tok, log_path, lq in chosen:
                 node = beams[b][0]
                 tokens.append(tok)
                 parents.append(node)
-                scores.append(math.exp(log_path))
+                edges.append(math.exp(lq))
                 q_rows[node + 1] = dists[b]
                 new_beams.append((len(tokens) - 1, g, log_path))
             if level == depth or len(tokens) >= budget:
                 break
-            logits = self._feed([n for n, _, _ in new_beams], tokens, parents)
+            logits = state.feed([n for n, _, _ in new_beams], tokens, parents)
             beams = [(n, logits[j], g, lp) for j, (n, g, lp) in enumerate(new_beams)]
-        tree = TokenTree.build(tokens, parents, scores, self.name)
+        tree = TokenTree.build(tokens, parents, edges, self.name)
         return Proposal(tree, self._stack(q_rows, len(tree), root_logits), "without_replacement")
 
     @staticmethod
@@ -319,7 +328,7 @@ class DraftTreeDrafter:
         return q
 
 
-def create(*, target=None, draft: HFCausalLM | None = None, **options) -> DraftTreeDrafter:
+def create(*, target=None, draft: TargetModel | None = None, **options) -> DraftTreeDrafter:
     """options: DraftTreeConfig fields (tree_sampling, tree_top_k, tree_depth, tree_nodes, tree_verifier)."""
     if draft is None:
         raise ConfigError("method 'draft-tree' needs a draft model: pass --draft MODEL (same tokenizer as the target)")

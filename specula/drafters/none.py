@@ -2,22 +2,16 @@
 
 from __future__ import annotations
 
-from specula.drafters.base import DraftContext, Proposal, StepResult
+from specula.drafters.base import DraftContext, Proposal, StatelessDrafter
 
 
-class NoDrafter:
+class NoDrafter(StatelessDrafter):
     """Proposes nothing: every step verifies only the root, i.e. plain decoding."""
 
     name = "none"
 
-    def propose(self, ctx: DraftContext) -> Proposal:
+    def propose(self, ctx: DraftContext, state: None = None) -> Proposal:
         return Proposal.empty()
-
-    def observe(self, step: StepResult) -> None:
-        return None
-
-    def reset(self) -> None:
-        return None
 
 
 def create(*, target=None, draft=None) -> NoDrafter:

@@ -1,13 +1,12 @@
 """`prompt-lookup`: propose what followed earlier occurrences of the context's suffix.
 
 Find the longest suffix n-gram (n = max_ngram down to min_ngram) that occurred earlier in
-prompt + output; the continuations of its most recent matches form a trie. A node's score
-is the fraction of matches whose continuation passes through it, times
-n / (max_ngram + 1) for a suffix of n tokens matched. Edge scores (a node's score over its
-parent's, what the planner calibrates into acceptance estimates) are then: at the root's
-children, how long a suffix matched (the strongest sign that a copy follows) times the
-matches' agreement; deeper down, only the agreement, since once the first copied token is
-accepted the rest of the copy usually follows.
+prompt + output; the continuations of its most recent matches form a trie. A node's edge
+score (what the planner calibrates into an acceptance estimate) is the fraction of the
+continuations through its parent that go on through it; at the root's children it is also
+multiplied by n / (max_ngram + 1) for a suffix of n tokens matched: how long a suffix matched is
+the strongest sign that a copy follows, while deeper down only the matches' agreement counts,
+since once the first copied token is accepted the rest of the copy usually follows.
 """
 
 from __future__ import annotations
@@ -17,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from specula.drafters.base import DraftContext, Proposal, StepResult, method_config
+from specula.drafters.base import DraftContext, Proposal, StatelessDrafter, method_config
 from specula.errors import ConfigError
 from specula.tree import TokenTree
 
@@ -65,7 +64,7 @@ def find_continuations(tokens: np.ndarray, cfg: PromptLookupConfig) -> tuple[int
     return 0, []
 
 
-class PromptLookupDrafter:
+class PromptLookupDrafter(StatelessDrafter):
     """Suffix n-gram matching over prompt + output; several matches form a tree."""
 
     name = "prompt-lookup"
@@ -73,24 +72,17 @@ class PromptLookupDrafter:
     def __init__(self, config: PromptLookupConfig = PromptLookupConfig()) -> None:
         self.config = config
 
-    def propose(self, ctx: DraftContext) -> Proposal:
+    def propose(self, ctx: DraftContext, state: None = None) -> Proposal:
         n, conts = find_continuations(np.asarray(ctx.tokens, dtype=np.int64), self.config)
         if not conts:
             return Proposal.empty()
         paths = [cont.tolist() for cont in conts]
         tree = TokenTree.from_paths(paths, source=self.name)
-        # Score = fraction of the matches whose continuation passes through the node, times the
-        # matched suffix's weight (so only the root's children's edge scores carry it).
-        weight = n / (self.config.max_ngram + 1)
-        counts = Counter(tuple(path[:k]) for path in paths for k in range(1, len(path) + 1))
-        scores = [weight * counts[tuple(tree.tokens_of(tree.path_to(i)))] / len(paths) for i in range(len(tree))]
-        return Proposal(tree.with_scores(scores))
-
-    def observe(self, step: StepResult) -> None:
-        return None
-
-    def reset(self) -> None:
-        return None
+        counts = Counter(tuple(path[:k]) for path in paths for k in range(0, len(path) + 1))
+        weight = n / (self.config.max_ngram + 1)  # the matched suffix's weight, on the root's children only
+        node_paths = [tuple(tree.tokens_of(tree.path_to(i))) for i in range(len(tree))]
+        edges = [counts[path] / counts[path[:-1]] * (weight if len(path) == 1 else 1.0) for path in node_paths]
+        return Proposal(tree.with_edge_scores(edges))
 
 
 def create(*, target=None, draft=None, **options) -> PromptLookupDrafter:

@@ -3,11 +3,11 @@
 Each step: find the longest context suffix (16 down to 2 tokens) that occurs in the datastore
 (suffix-array binary search), take the continuations (10 tokens) of up to 5000 of its
 occurrences, count every continuation prefix, and propose the 64 most frequent prefixes as a
-prefix-closed tree. A node's score is the fraction of sampled continuations that start with its
-prefix, times (m - 1) / m for a matched suffix of m tokens: the root's children's edge scores
-(what the planner calibrates into acceptance estimates) thus tell a 2-token match (weight 0.5)
-from a long one (towards 1), deeper edges only the continuations' agreement. Siblings are
-deterministic (q is None). The datastore is built with
+prefix-closed tree. A node's edge score (what the planner calibrates into an acceptance
+estimate) is the fraction of the continuations through its parent that go on through it; at
+the root's children it is also multiplied by (m - 1) / m for a matched suffix of m tokens, which
+tells a 2-token match (weight 0.5) from a long one (towards 1). Siblings are deterministic (q is
+None). The datastore is built with
 `specula datastore build` and must come from the target's tokenizer.
 """
 
@@ -20,7 +20,7 @@ import numpy as np
 from specula.datastore.format import Datastore, DatastoreError, load_datastore
 from specula.datastore.query import continuation_prefixes, longest_match, top_prefixes
 from specula.datastore.tokenizers import target_fingerprint
-from specula.drafters.base import DraftContext, Proposal, StepResult, method_config
+from specula.drafters.base import DraftContext, Proposal, StatelessDrafter, method_config
 from specula.errors import ConfigError
 from specula.tree import TokenTree
 
@@ -47,7 +47,7 @@ class RestConfig:
             raise ConfigError("continuation, max_matches and max_nodes must be >= 1")
 
 
-class RestDrafter:
+class RestDrafter(StatelessDrafter):
     """Proposes the most frequent continuations of the context in a datastore."""
 
     name = "rest"
@@ -56,7 +56,7 @@ class RestDrafter:
         self.store = store
         self.config = config
 
-    def propose(self, ctx: DraftContext) -> Proposal:
+    def propose(self, ctx: DraftContext, state: None = None) -> Proposal:
         cfg, store = self.config, self.store
         depth = min(cfg.continuation, ctx.budget.max_depth)
         budget = min(cfg.max_nodes, ctx.budget.max_nodes)
@@ -74,24 +74,18 @@ class RestDrafter:
         keep = top_prefixes(prefixes, budget)  # ascending = topological
         if len(keep) == 0:
             return Proposal.empty()
-        new_index = np.full(len(prefixes.tokens), -1, dtype=np.int64)
-        new_index[keep] = np.arange(len(keep))
-        parents = np.where(prefixes.parents[keep] >= 0, new_index[prefixes.parents[keep]], -1)
+        counts = prefixes.counts.astype(np.float64)
+        parent_counts = np.where(prefixes.parents >= 0, counts[np.maximum(prefixes.parents, 0)], prefixes.n_matches)
         weight = (match.length - 1) / match.length
-        tree = TokenTree.build(prefixes.tokens[keep].tolist(), parents.tolist(),
-                               (weight * prefixes.counts[keep] / prefixes.n_matches).tolist(), self.name)
+        edges = counts / parent_counts * np.where(prefixes.parents >= 0, 1.0, weight)
+        tree = TokenTree.from_subset(prefixes.tokens.tolist(), prefixes.parents.tolist(), edges.tolist(),
+                                     keep.tolist(), self.name)
         return Proposal(tree)
-
-    def observe(self, step: StepResult) -> None:
-        return None
 
     @property
     def memory_bytes(self) -> int:
         """Bytes of the memory-mapped datastore (tokens + suffix array; pages load on demand)."""
         return int(self.store.tokens.nbytes + self.store.index.nbytes)
-
-    def reset(self) -> None:
-        return None
 
 
 def open_datastore(path: str, target=None, tokenizer=None, verify: bool = True) -> Datastore:

@@ -14,11 +14,11 @@ Choices made here:
 - When one token occurs at several nodes of a step, the row written is the one from its deepest
   accepted occurrence, else the root, else its last occurrence in node order: rows written from
   the accepted path describe the text actually generated.
-- Node score = product along the path of a per-rank prior (`rank_prior`), a stand-in estimate
-  of each child rank's acceptance for the planner to calibrate.
-- The matrix lives across requests: `reset()` keeps it. With `state_path` it is loaded at
-  creation (refused for another vocabulary or tokenizer) and saved atomically at the start of
-  the next request and at interpreter exit (`save_states`), or on `save()`.
+- A node's edge score is a per-rank prior (`rank_prior`), a stand-in estimate of each child
+  rank's acceptance for the planner to calibrate.
+- The matrix is shared by every request (no per-request state). With `state_path` it is loaded
+  at creation (refused for another vocabulary or tokenizer) and saved atomically when a request
+  finishes and at interpreter exit (`save_states`), or on `save()`.
 """
 
 from __future__ import annotations
@@ -75,7 +75,7 @@ class TokenRecyclingConfig:
     top_k: int = 8
     """Next tokens kept per matrix row (the template uses ranks 0..7, so at least 8)."""
     rank_prior: tuple[float, ...] = (0.5, 0.15, 0.08, 0.05, 0.035, 0.025, 0.02, 0.015)
-    """Prior acceptance of the child of each rank; a node's score is the product along its path."""
+    """Prior acceptance of the child of each rank (a node's edge score)."""
     state_path: str | None = None
     """File the matrix is loaded from (if it exists) and saved to (hot start across processes)."""
 
@@ -93,17 +93,17 @@ class _Template:
     parents: np.ndarray  # [80] int64, -1 for first-level nodes
     ranks: np.ndarray  # [80] int64, rank of each node among its parent's row
     levels: tuple[slice, ...]  # node range of each level
-    scores: np.ndarray  # [80] float64, product of rank priors along the path
+    edge_scores: np.ndarray  # [80] float64, the rank prior of each node
 
 
 def _template(rank_prior: Sequence[float]) -> _Template:
     position = {path: i for i, path in enumerate(TEMPLATE)}
     parents = np.array([position[p[:-1]] if len(p) > 1 else -1 for p in TEMPLATE], dtype=np.int64)
     ranks = np.array([p[-1] for p in TEMPLATE], dtype=np.int64)
-    scores = np.array([np.prod([rank_prior[r] for r in p]) for p in TEMPLATE], dtype=np.float64)
+    edge_scores = np.array([rank_prior[p[-1]] for p in TEMPLATE], dtype=np.float64)
     bounds = np.cumsum([0, *(len(level) for level in TEMPLATE_LEVELS)])
     levels = tuple(slice(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:]))
-    return _Template(parents, ranks, levels, scores)
+    return _Template(parents, ranks, levels, edge_scores)
 
 
 def fill_template(matrix: np.ndarray, root: int, template: _Template) -> tuple[np.ndarray, np.ndarray]:
@@ -159,16 +159,16 @@ class TokenRecyclingDrafter:
             _WITH_STATE.add(self)
 
     # ------------------------------------------------------------------ drafting
-    def propose(self, ctx: DraftContext) -> Proposal:
+    def start(self) -> None:
+        return None
+
+    def propose(self, ctx: DraftContext, state: None = None) -> Proposal:
         tokens, valid = fill_template(self.matrix, int(ctx.tokens[-1]), self.template)
         keep = np.flatnonzero(valid)
         if len(keep) == 0:
             return Proposal.empty()
-        new_index = np.full(len(tokens), -1, dtype=np.int64)
-        new_index[keep] = np.arange(len(keep))
-        par = self.template.parents[keep]
-        parents = np.where(par >= 0, new_index[np.maximum(par, 0)], -1)
-        tree = TokenTree.build(tokens[keep].tolist(), parents.tolist(), self.template.scores[keep].tolist(), self.name)
+        tree = TokenTree.from_subset(tokens.tolist(), self.template.parents.tolist(),
+                                     self.template.edge_scores.tolist(), keep.tolist(), self.name)
         # A row's top-k are distinct, so siblings are too; merge() still guarantees it (it dedups).
         return Proposal(TokenTree.empty().merge(tree))
 
@@ -177,7 +177,7 @@ class TokenRecyclingDrafter:
         """Bytes of the recycling matrix [vocab, k] (independent of context length)."""
         return int(self.matrix.nbytes)
 
-    def observe(self, step: StepResult) -> None:
+    def observe(self, step: StepResult, state: None = None) -> None:
         tokens, rows = rows_to_write(step)
         inside = tokens < self.vocab_size
         # top-k of every row, then pick (cheaper than gathering the rows of [n + 1, vocab] first)
@@ -185,8 +185,8 @@ class TokenRecyclingDrafter:
         self.matrix[tokens[inside]] = topk[rows[inside]]
         self.dirty = True
 
-    def reset(self) -> None:
-        """Start a request: the matrix is kept (hot start); a pending state is saved."""
+    def finish(self, state: None = None) -> None:
+        """A request ended: the matrix is kept (hot start); a pending state file is saved."""
         if self.dirty and self.config.state_path is not None:
             self.save()
 

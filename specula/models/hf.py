@@ -1,10 +1,12 @@
-"""Backend for any Hugging Face `AutoModelForCausalLM`: a KV cache we control.
+"""Backend for any Hugging Face `AutoModelForCausalLM`: a KV cache we control, per sequence.
 
-The cache holds committed tokens only, except between `forward_tree` and `commit`.
-The last emitted token (the *root*) is not in the cache: `forward_tree(root, tree)` runs
-the root and every tree node in one forward pass with a 4D tree-attention mask (each
-node sees the committed prefix, the root and its own ancestors) and position ids
-`len(cache) + depth`. `commit(path)` then keeps exactly prefix + root + accepted path.
+`HFCausalLM` (the `TargetModel`) holds the model; each `HFSequence` (`new_sequence()`) holds one
+sequence's `DynamicCache` and the tokens it covers. The cache holds committed tokens only,
+except between `forward_tree` and `commit`. The last emitted token (the *root*) is not in the
+cache: `forward_tree(root, tree)` runs the root and every tree node in one forward pass with a
+4D tree-attention mask (each node sees the committed prefix, the root and its own ancestors)
+and position ids `len(cache) + depth`. `commit(path)` then keeps exactly prefix + root +
+accepted path.
 
 No forked modeling code: this relies on transformers passing a 4D float mask through
 unchanged (`masking_utils`: "If the mask is already 4D, simply return as-is"), which
@@ -13,7 +15,7 @@ holds for eager and sdpa attention.
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Sequence
 
 import torch
 from transformers import DynamicCache, PreTrainedModel
@@ -21,6 +23,7 @@ from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 
 from specula.errors import ConfigError
 from specula.models.attention import causal_prefill
+from specula.models.base import LogitsMode
 from specula.tree import TokenTree
 
 
@@ -33,70 +36,77 @@ def context_window(config) -> int:
     raise ConfigError(f"cannot tell the context window of {type(config).__name__}: set max_position_embeddings")
 
 
+def eos_ids_of(model: PreTrainedModel, tokenizer=None) -> frozenset[int]:
+    """End-of-sequence ids from the generation config, the model config and the tokenizer."""
+    ids: list[int] = []
+    gen_cfg = getattr(model, "generation_config", None)
+    for source in (getattr(gen_cfg, "eos_token_id", None), getattr(model.config, "eos_token_id", None)):
+        if source is None:
+            continue
+        ids.extend(source if isinstance(source, (list, tuple)) else [source])
+    if tokenizer is not None and getattr(tokenizer, "eos_token_id", None) is not None:
+        ids.append(tokenizer.eos_token_id)
+    return frozenset(int(i) for i in ids)
+
+
+def quantization_of(model: torch.nn.Module) -> str:
+    """"int8" when the model's linears were swapped for `RowInt8Linear`, else "none"."""
+    from specula.models.quantize import RowInt8Linear
+
+    return "int8" if any(isinstance(m, RowInt8Linear) for m in model.modules()) else "none"
+
+
 class HFCausalLM:
-    """A causal LM plus the KV cache of one sequence (batch size 1).
+    """A Hugging Face causal LM as a `TargetModel` (sequences: `new_sequence()`)."""
 
-    `tokens` mirrors exactly what the cache holds (committed tokens)."""
-
-    def __init__(self, model: PreTrainedModel, name: str = "model") -> None:
+    def __init__(self, model: PreTrainedModel, name: str = "model", *,
+                 eos_token_ids: Sequence[int] | None = None) -> None:
         self.model = model.eval()
         self.name = name
         self.config = model.config
         self.vocab_size: int = model.get_output_embeddings().weight.shape[0]
         self.max_context = context_window(model.config)
+        self.eos_token_ids = frozenset(int(e) for e in eos_token_ids) if eos_token_ids is not None \
+            else eos_ids_of(model)
         param = next(model.parameters())
         self.device, self.dtype = param.device, param.dtype
-        self._min = torch.finfo(self.dtype if self.dtype.is_floating_point else torch.float32).min
-        self.reset()
+        if not self.dtype.is_floating_point:  # quantized weights: activations stay float32
+            self.dtype = torch.float32
+        self._min = torch.finfo(self.dtype).min
 
-    # ------------------------------------------------------------------ state
-    def reset(self) -> None:
-        self.cache = DynamicCache(config=self.config)
-        self.tokens: list[int] = []
-        self._pending: tuple[int, TokenTree] | None = None  # (root, tree) run but not committed
+    # ------------------------------------------------------------------ TargetModel
+    def new_sequence(self) -> "HFSequence":
+        return HFSequence(self)
 
-    def __len__(self) -> int:
-        return len(self.tokens)
+    def cost_key(self) -> dict[str, Any]:
+        from specula.models.prepack import linear_kernel_of
 
-    def _check_room(self, extra: int) -> None:
-        if len(self.tokens) + extra > self.max_context:
-            raise ConfigError(
-                f"{self.name}: {len(self.tokens) + extra} tokens exceed the context window of "
-                f"{self.max_context}; shorten the prompt or lower max_new_tokens"
-            )
+        cfg = self.config
+        key = {
+            "model": str(getattr(cfg, "_name_or_path", "")) or self.name,
+            "arch": type(self.model).__name__,
+            "layers": getattr(cfg, "num_hidden_layers", None),
+            "hidden": getattr(cfg, "hidden_size", None),
+            "backend": "hf",
+            "dtype": str(self.dtype),
+            "device": str(self.device),
+            "threads": torch.get_num_threads(),
+            "torch": torch.__version__,
+            "quantize": quantization_of(self.model),
+            "attention": getattr(cfg, "_attn_implementation", None),
+            "linear_kernel": linear_kernel_of(self.model),
+        }
+        if self.device.type == "cuda":
+            key["gpu"] = torch.cuda.get_device_name(self.device)
+        return key
 
-    # ------------------------------------------------------------------ forward passes
-    @torch.inference_mode()
-    def append(self, ids: Sequence[int], logits: str = "last") -> torch.Tensor | None:
-        """Run `ids` causally after the cache and commit them.
+    def reference_model(self) -> PreTrainedModel:
+        return self.model
 
-        logits: "last" -> [vocab] for the last token, "all" -> [len(ids), vocab], "none" -> None."""
-        if self._pending is not None:
-            raise RuntimeError("append() while a tree is pending: commit() it first")
-        ids = list(ids)
-        if not ids:
-            return None
-        self._check_room(len(ids))
-        start = len(self.tokens)
-        input_ids = torch.tensor([ids], dtype=torch.long, device=self.device)
-        positions = torch.arange(start, start + len(ids), device=self.device).unsqueeze(0)
-        keep = 1 if logits != "all" else 0  # logits_to_keep=0 keeps all
-        with causal_prefill():  # every method prefills alike: no batch invariance needed (models/attention.py)
-            out = self.model(
-                input_ids=input_ids,
-                position_ids=positions,
-                past_key_values=self.cache,
-                use_cache=True,
-                logits_to_keep=keep,
-            )
-        self.tokens.extend(ids)
-        if logits == "none":
-            return None
-        return out.logits[0, -1] if logits == "last" else out.logits[0]
-
-    def tree_mask(self, tree: TokenTree) -> torch.Tensor:
+    # ------------------------------------------------------------------ one pass
+    def tree_mask(self, prefix: int, tree: TokenTree) -> torch.Tensor:
         """Additive float mask [1, 1, n+1, prefix + n+1]: 0 where attention is allowed."""
-        n, prefix = len(tree), len(self.tokens)
+        n = len(tree)
         allowed = torch.zeros((n + 1, prefix + n + 1), dtype=torch.bool)
         allowed[:, : prefix + 1] = True  # committed prefix and the root
         allowed[1:, prefix + 1 :] = tree.ancestor_mask
@@ -104,25 +114,73 @@ class HFCausalLM:
         return mask[None, None].to(self.device)
 
     @torch.inference_mode()
+    def run(self, cache: DynamicCache, ids: Sequence[int], positions: torch.Tensor,
+            mask: torch.Tensor | None, logits_to_keep: int = 0) -> torch.Tensor:
+        """One forward pass of `ids` at `positions` ([len(ids)] long) after `cache`, with an
+        additive 4D `mask` (None: causal); returns logits [kept rows, vocab]."""
+        input_ids = torch.tensor([list(ids)], dtype=torch.long, device=self.device)  # [1, n]
+        out = self.model(
+            input_ids=input_ids,
+            attention_mask=mask,
+            position_ids=positions.unsqueeze(0).to(self.device),
+            past_key_values=cache,
+            use_cache=True,
+            logits_to_keep=logits_to_keep,
+        )
+        return out.logits[0]
+
+
+class HFSequence:
+    """One sequence's KV cache on an `HFCausalLM` (see the module docstring).
+
+    `tokens` mirrors exactly what the cache holds (committed tokens)."""
+
+    def __init__(self, backend: HFCausalLM) -> None:
+        self.backend = backend
+        self.cache = DynamicCache(config=backend.config)
+        self._tokens: list[int] = []
+        self._pending: tuple[int, TokenTree] | None = None  # (root, tree) run but not committed
+
+    @property
+    def tokens(self) -> list[int]:
+        return self._tokens
+
+    def __len__(self) -> int:
+        return len(self._tokens)
+
+    def _assert_room(self, extra: int) -> None:
+        # The engine checks the context window once per request and sizes every step to fit;
+        # reaching this is a bug in the caller, not bad input.
+        if len(self._tokens) + extra > self.backend.max_context:
+            raise RuntimeError(f"{self.backend.name}: {len(self._tokens) + extra} tokens exceed the context "
+                               f"window of {self.backend.max_context}")
+
+    # ------------------------------------------------------------------ forward passes
+    def prefill(self, ids: Sequence[int], logits: LogitsMode = "last") -> torch.Tensor | None:
+        """Run `ids` causally after the cache and commit them.
+
+        logits: "last" -> [vocab] for the last token, "all" -> [len(ids), vocab], "none" -> None."""
+        if self._pending is not None:
+            raise RuntimeError("prefill() while a tree is pending: commit() it first")
+        ids = list(ids)
+        if not ids:
+            return None
+        self._assert_room(len(ids))
+        start = len(self._tokens)
+        positions = torch.arange(start, start + len(ids))
+        with causal_prefill():  # every method prefills alike: no batch invariance needed (models/attention.py)
+            out = self.backend.run(self.cache, ids, positions, None, logits_to_keep=0 if logits == "all" else 1)
+        self._tokens.extend(ids)
+        if logits == "none":
+            return None
+        return out[-1] if logits == "last" else out
+
     def forward_tree(self, root: int, tree: TokenTree) -> torch.Tensor:
         """Logits [n+1, vocab]: row 0 after the root, row i+1 after node i."""
         if self._pending is not None:
             raise RuntimeError("forward_tree() while a tree is pending: commit() it first")
-        self._check_room(len(tree) + 1)
-        prefix = len(self.tokens)
-        input_ids = torch.tensor([[root, *tree.tokens]], dtype=torch.long, device=self.device)
-        positions = torch.cat([torch.zeros(1, dtype=torch.long), tree.position_offsets]) + prefix
-        out = self.model(
-            input_ids=input_ids,
-            attention_mask=self.tree_mask(tree) if len(tree) else None,
-            position_ids=positions.unsqueeze(0).to(self.device),
-            past_key_values=self.cache,
-            use_cache=True,
-        )
-        self._pending = (root, tree)
-        return out.logits[0]
+        return self._run_rows(root, tree, 0)
 
-    @torch.inference_mode()
     def forward_tree_incremental(self, tree: TokenTree) -> torch.Tensor:
         """Grow the pending tree: `tree` must start with the pending tree's nodes (same tokens
         and parents, in order); only the new nodes run, with the same tree attention as
@@ -136,20 +194,20 @@ class HFCausalLM:
         if tree.tokens[:start] != old.tokens or tree.parents[:start] != old.parents:
             raise ValueError("forward_tree_incremental: the tree must extend the pending tree (same first nodes)")
         if len(tree) == start:
-            return torch.empty((0, self.vocab_size), dtype=self.dtype, device=self.device)
-        self._check_room(len(tree) + 1)
-        prefix = len(self.tokens)
-        input_ids = torch.tensor([tree.tokens[start:]], dtype=torch.long, device=self.device)
-        positions = tree.position_offsets[start:] + prefix
-        out = self.model(
-            input_ids=input_ids,
-            attention_mask=self.tree_mask(tree)[:, :, start + 1 :],  # rows of the new nodes
-            position_ids=positions.unsqueeze(0).to(self.device),
-            past_key_values=self.cache,
-            use_cache=True,
-        )
+            return torch.empty((0, self.backend.vocab_size), dtype=self.backend.dtype, device=self.backend.device)
+        return self._run_rows(root, tree, start + 1)
+
+    def _run_rows(self, root: int, tree: TokenTree, first_row: int) -> torch.Tensor:
+        """Run rows first_row.. of (root, tree) (row 0 = root, row i + 1 = node i) after the
+        cache, which already holds the rows before first_row; the tree becomes pending."""
+        self._assert_room(len(tree) + 1)
+        prefix = len(self._tokens)
+        ids = [root, *tree.tokens][first_row:]
+        positions = (torch.cat([torch.zeros(1, dtype=torch.long), tree.position_offsets]) + prefix)[first_row:]
+        mask = self.backend.tree_mask(prefix, tree)[:, :, first_row:] if len(tree) else None
+        logits = self.backend.run(self.cache, ids, positions, mask)
         self._pending = (root, tree)
-        return out.logits[0]
+        return logits
 
     def commit(self, path: Sequence[int]) -> None:
         """Keep prefix + root + the accepted `path` (node indices, root to leaf)."""
@@ -157,30 +215,31 @@ class HFCausalLM:
             raise RuntimeError("commit() without a pending forward_tree()")
         root, tree = self._pending
         self._pending = None
-        prefix = len(self.tokens)
+        prefix = len(self._tokens)
         path = list(path)
         n = len(tree)
         if path != list(range(len(path))):
-            index = torch.tensor([*range(prefix + 1), *(prefix + 1 + i for i in path)], device=self.device)
+            index = torch.tensor([*range(prefix + 1), *(prefix + 1 + i for i in path)], device=self.backend.device)
             for layer in self._layers():
                 layer.keys = layer.keys.index_select(-2, index)
                 layer.values = layer.values.index_select(-2, index)
         elif len(path) < n:
             self._crop_layers(n - len(path))
-        self.tokens.extend([root, *tree.tokens_of(path)])
+        self._tokens.extend([root, *tree.tokens_of(path)])
 
     def crop(self, length: int) -> None:
         """Roll the cache back to its first `length` tokens."""
         if self._pending is not None:
             raise RuntimeError("crop() while a tree is pending: commit() it first")
-        if not 0 <= length <= len(self.tokens):
-            raise ValueError(f"crop({length}) outside 0..{len(self.tokens)}")
-        self._crop_layers(len(self.tokens) - length)
-        del self.tokens[length:]
+        if not 0 <= length <= len(self._tokens):
+            raise ValueError(f"crop({length}) outside 0..{len(self._tokens)}")
+        self._crop_layers(len(self._tokens) - length)
+        del self._tokens[length:]
 
-    def rollback(self, n: int) -> None:
-        """Drop the last `n` committed tokens."""
-        self.crop(len(self.tokens) - n)
+    def release(self) -> None:
+        self.cache = DynamicCache(config=self.backend.config)
+        self._tokens = []
+        self._pending = None
 
     # ------------------------------------------------------------------ cache internals
     def _layers(self) -> list[DynamicLayer]:
@@ -188,7 +247,7 @@ class HFCausalLM:
         for layer in layers:
             if isinstance(layer, DynamicSlidingWindowLayer) or not isinstance(layer, DynamicLayer):
                 raise ConfigError(
-                    f"{self.name}: cache layer {type(layer).__name__} is not supported for tree decoding "
+                    f"{self.backend.name}: cache layer {type(layer).__name__} is not supported for tree decoding "
                     "(sliding-window caches cannot drop arbitrary positions); disable sliding window attention"
                 )
         return [layer for layer in layers if layer.is_initialized]

@@ -201,6 +201,46 @@ def load_model(
     return model, tokenizer
 
 
+@dataclass(frozen=True)
+class LoadConfig:
+    """How models are loaded."""
+
+    dtype: str = "float32"
+    """Weights dtype: float32 or bfloat16."""
+    attn_implementation: str = "auto"
+    """Attention kernel: sdpa, eager, batch_invariant (each query row computed alone, bitwise equal to a
+    one-token step), or auto = batch_invariant when quantize is int8, else sdpa."""
+    quantize: str = "none"
+    """none, or int8: int8 linear layers with per-row activation scales on CPU (fbgemm), for target and
+    draft alike. Lossless relative to the int8 model: its linears and (with attn auto) its attention are
+    bitwise batch invariant, so tree logits equal one-token logits bit for bit. It changes the model
+    itself (perplexity and agreement with float32 in docs/cpu.md)."""
+    linear_kernel: str = "auto"
+    """Float linear layers: onednn (weights prepacked once for oneDNN; on CPU several times cheaper for
+    the few rows decoding and verification pass, docs/cpu.md), aten (`F.linear`), or auto = onednn for a
+    float32 model on CPU without quantize, else aten."""
+
+
+def load_backend(spec: str, config: LoadConfig = LoadConfig(), name: str = "model") -> tuple[Any, Any]:
+    """Load a model (alias, local dir, .gguf file or cached hub id) as a backend
+    (`specula.models.base.TargetModel`) + its tokenizer. EOS ids: the model's and the tokenizer's."""
+    from specula.models.hf import HFCausalLM, eos_ids_of
+
+    model, tokenizer = load_model(spec, dtype=config.dtype, attn_implementation=config.attn_implementation,
+                                  quantize=config.quantize, linear_kernel=config.linear_kernel)
+    return HFCausalLM(model, name=f"{name} {spec}", eos_token_ids=eos_ids_of(model, tokenizer)), tokenizer
+
+
+def load_draft(spec: str, target_tokenizer: Any, target: Any, config: LoadConfig = LoadConfig(),
+               target_name: str | None = None) -> Any:
+    """Load a draft backend and check that it can propose tokens for `target` (same tokenizer,
+    `check_compatible`); raises `IncompatibleModelsError` naming the difference."""
+    draft, draft_tokenizer = load_backend(spec, config, "draft")
+    check_compatible(target_tokenizer, draft_tokenizer, target.reference_model(), draft.reference_model(),
+                     target_name=target_name or target.name, draft_name=spec)
+    return draft
+
+
 # --------------------------------------------------------------------------- compatibility
 
 
@@ -303,3 +343,20 @@ def apply_chat_template(tokenizer: Any, prompt: str | Sequence[Mapping[str, str]
                 raise ConfigError(f"chat messages must be {{'role': ..., 'content': ...}} mappings, got {message!r}")
     text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
     return list(tokenizer.encode(text, add_special_tokens=False))
+
+
+def encode_prompt(tokenizer: Any, prompt: str | Sequence[Mapping[str, str]] | Sequence[int], raw: bool = False) -> list[int]:
+    """Token ids of any prompt: text (chat template applied unless `raw`), chat messages, or token ids
+    (checked against nothing but being integers). The one place prompts become ids."""
+    if isinstance(prompt, str):
+        if not prompt.strip():
+            raise ConfigError("the prompt is empty: give some text")
+        return apply_chat_template(tokenizer, prompt, raw=raw)
+    prompt = list(prompt)
+    if not prompt:
+        raise ConfigError("the prompt is empty: give some text, at least one message, or token ids")
+    if isinstance(prompt[0], Mapping):
+        return apply_chat_template(tokenizer, prompt, raw=raw)
+    if not all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        raise ConfigError("a prompt list must hold token ids (integers) or chat messages ({'role', 'content'})")
+    return [int(t) for t in prompt]

@@ -1,10 +1,13 @@
-"""The hardware-aware planner: picks, each step, the tree that maximises expected tokens/s.
+"""The hardware-aware planner: merges the drafters' trees and keeps, each step, the tree that
+maximises expected tokens/s.
 
-    cost model      target latency against tokens verified (measured once per model +
-                    dtype + threads + context bucket, cached on disk, then corrected
-                    online from observed verify times)
-    calibration     raw drafter scores -> acceptance probabilities (learned online, per
-                    source and score bin), times a per-source correction factor (accepted /
+    cost model      target latency against tokens verified (measured once per backend
+                    `cost_key()` + context bucket, cached on disk, then corrected online from
+                    observed verify times; `specula.planner.cost`)
+    merge           trie union of the candidate trees, retrieval branches pruned with the
+                    draft model's probabilities (RASD; `specula.planner.merge`)
+    calibration     raw edge scores -> acceptance probabilities (learned online, per source
+                    and score bin), times a per-source correction factor (accepted /
                     predicted nodes over recent steps, decaying with time) that removes the
                     optimism of picking the nodes with the highest estimates and follows the
                     text at hand (a source that copies well in summaries may not in answers)
@@ -14,20 +17,26 @@
                     (measured, not predicted), skip drafting for 1, 2, 4, ... steps (probing
                     again after each pause), so drafting cannot make decoding much slower
                     than plain decoding
+
+What requests share (cost model, calibration, correction factors, the drafters' observe-time
+estimate) lives in `HardwarePlanner`; what belongs to one request (back-off, exploration
+pace, projection) in a `PlannerState` the engine keeps in the request's session.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Sequence
 
-import torch
-
-from specula.drafters.base import DraftContext, Proposal, StepResult
-from specula.models.prepack import linear_kernel_of
+from specula.ema import Ema
+from specula.models.base import TargetModel
 from specula.planner.calibration import CalibrationConfig, Calibrator
-from specula.planner.select import chain_should_extend, choose_size, edge_scores, path_probabilities
+from specula.planner.cost import DEFAULT_SIZES, CostCurve, CostModel, load_or_measure_curve
+from specula.planner.merge import merge_proposals
+from specula.planner.select import chain_should_extend, choose_size, path_probabilities
+from specula.step import DraftBudget, Proposal, StepResult
+from specula.tree import TokenTree
 
 
 @dataclass(frozen=True)
@@ -36,7 +45,7 @@ class PlannerConfig:
 
     calibration: CalibrationConfig = field(default_factory=CalibrationConfig)
     """Binning / smoothing of acceptance estimates."""
-    cost_sizes: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
+    cost_sizes: tuple[int, ...] = DEFAULT_SIZES
     """Pass sizes measured for the cost curve."""
     cost_context: int = 256
     """Context length (tokens in the cache) at which the cost curve is measured."""
@@ -47,6 +56,8 @@ class PlannerConfig:
     rate_ema: float = 0.2
     """EMA weight of each drafting step's tokens/s (realised, or planned when it verified no
     tree) in the back-off signal."""
+    overhead_ema: float = 0.2
+    """EMA weight of each step's drafter bookkeeping time (observe) in the drafting cost."""
     max_backoff: int = 64
     """Longest run of plain steps before drafting is probed again."""
     backoff_tolerance: float = 0.02
@@ -65,111 +76,98 @@ class PlannerConfig:
     max_explore_gap: int = 64
     """Longest run of steps on which the planner finds no node worth verifying before it verifies
     the single best one anyway (1, 2, 4, ... steps apart), so its estimates keep learning."""
+    rasd_min_prob: float = 0.02
+    """Draft probability below which a retrieval branch leaving the draft model's tree is pruned."""
 
 
-class CostModel:
-    """A measured cost curve, corrected online by observed step times.
+@dataclass
+class PlannerState:
+    """One request's planning state (kept in the engine's session)."""
 
-    Two corrections, both ratios observed / curve: one global `scale` (every observation; it
-    rescales sizes never verified yet, e.g. when the whole machine is slower than at start-up)
-    and one per pass size actually verified. The per-size one matters on CPUs, where the curve
-    is bumpy (a 3-token pass can cost more than a 4-token one) and a short start-up measurement
-    misses such bumps; it is the running mean of a size's first 1 / correction observations,
-    then an EMA (sizes not observed yet use the global scale)."""
+    skip: int = 0
+    """Plain steps left in the current back-off pause."""
+    backoff: int = 1
+    """Length of the next back-off pause."""
+    skipped: bool = False
+    """This step is one of a back-off's plain steps (nothing to learn from it)."""
+    rate: Ema | None = None
+    """Tokens/s of recent drafting steps (realised, or planned when nothing was verified)."""
+    planned_rate: float | None = None
+    """The plan's rate for the step in flight (None: a probe or a pause, which judge nothing)."""
+    explore_gap: int = 1
+    explore_wait: int = 1
+    projected: list[float] = field(default_factory=lambda: [0, 0.0, 0.0, 0])
+    """Steps, expected tokens, expected seconds (on the unscaled curve), nodes chosen."""
+    last_plan: dict = field(default_factory=dict)
 
-    def __init__(self, curve, correction: float = 0.1) -> None:
-        self.curve = curve
-        self.correction = correction
-        self.scale = 1.0
-        self._size_scale: dict[int, list[float]] = {}  # n_tokens -> [ratio, observations]
+
+class PlannerView:
+    """The planner's read-only `specula.step.CostView` for one drafter in one step."""
+
+    def __init__(self, planner: "HardwarePlanner", proposals: Sequence[Proposal], draft_seconds: float) -> None:
+        self._planner = planner
+        self._proposals = list(proposals)
+        self._draft_seconds = draft_seconds
 
     def verify_seconds(self, n_tokens: int) -> float:
-        """Predicted latency of one target pass over n tokens (root + n - 1 nodes)."""
-        entry = self._size_scale.get(n_tokens)
-        return (entry[0] if entry is not None else self.scale) * self.curve.latency(n_tokens)
+        return self._planner.cost.verify_seconds(n_tokens)
 
-    def observe(self, n_tokens: int, seconds: float) -> None:
-        ratio = seconds / max(self.curve.latency(n_tokens), 1e-9)
-        self.scale = (1 - self.correction) * self.scale + self.correction * ratio
-        entry = self._size_scale.setdefault(n_tokens, [0.0, 0.0])
-        entry[1] += 1.0  # the first observation has weight 1: the start value never counts
-        weight = max(self.correction, 1.0 / entry[1])
-        entry[0] = (1 - weight) * entry[0] + weight * ratio
+    @cached_property
+    def baseline_rate(self) -> float:
+        return self._planner.proposal_rate(merge_proposals(self._proposals), self._draft_seconds)
 
+    def _edge_probs(self, source: str, edge_scores: Sequence[float]) -> list[float]:
+        planner = self._planner
+        bias = planner.bias_of(source)
+        probs, acc = [], 1.0
+        for raw in edge_scores:
+            acc *= min(1.0, bias * planner.calibrator.estimate(source, raw))
+            probs.append(acc)
+        return probs
 
-def cost_cache_key(target, context: int) -> str:
-    """Cost curves are cached per model + backend + dtype + threads + context bucket."""
-    cfg = target.model.config
-    parts = {
-        "model": str(getattr(cfg, "_name_or_path", "")) or target.name,
-        "arch": type(target.model).__name__,
-        "layers": getattr(cfg, "num_hidden_layers", None),
-        "hidden": getattr(cfg, "hidden_size", None),
-        "backend": "hf",
-        "dtype": str(target.dtype),
-        "device": str(target.device),
-        "threads": torch.get_num_threads(),
-        "torch": torch.__version__,
-        "context_bucket": context,
-        "quantize": getattr(target, "quantization", "none"),
-        "attention": getattr(cfg, "_attn_implementation", None),
-        "linear_kernel": linear_kernel_of(target.model),
-    }
-    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]
+    def worth_drafting(self, source: str, seconds_per_token: float) -> bool:
+        planner = self._planner
+        first = min(1.0, planner.bias_of(source) * planner.calibrator.mean(source))
+        return chain_should_extend([], seconds_per_token, 0.0, self.verify_seconds, self.baseline_rate, first)
 
-
-def load_or_measure_curve(target, config: PlannerConfig, progress: bool = False):
-    """The target's cost curve from the on-disk cache, or measured now (and cached)."""
-    from specula.bench.profile import CostCurve, measure_cost_curve
-    from specula.paths import atomic_write_json, cache_dir
-
-    context = min(config.cost_context, target.max_context - max(config.cost_sizes) - 1)
-    path = cache_dir("cost") / f"{cost_cache_key(target, context)}.json"
-    if path.exists():
-        try:
-            return CostCurve.from_dict(json.loads(path.read_text()))
-        except (ValueError, KeyError, TypeError):
-            path.unlink(missing_ok=True)  # unreadable cache entry: measure again
-    curve = measure_cost_curve(target, config.cost_sizes, context=context, repeats=config.cost_repeats)
-    atomic_write_json(path, curve.to_dict())
-    return curve
+    def should_extend(self, source: str, edge_scores: Sequence[float], seconds_per_token: float,
+                      drafted_seconds: float) -> bool:
+        return chain_should_extend(self._edge_probs(source, edge_scores), seconds_per_token, drafted_seconds,
+                                   self.verify_seconds, self.baseline_rate)
 
 
 class HardwarePlanner:
-    """Sizes every proposal to this hardware; learns acceptance and timing online."""
+    """Merges and sizes every proposal to this hardware; learns acceptance and timing online."""
 
-    def __init__(self, target=None, config: PlannerConfig = PlannerConfig(), curve=None) -> None:
+    def __init__(self, target: TargetModel | None = None, config: PlannerConfig = PlannerConfig(),
+                 curve: CostCurve | None = None) -> None:
         self.config = config
         if curve is None:
             if target is None:
                 raise ValueError("HardwarePlanner needs a target backend or a measured cost curve")
-            curve = load_or_measure_curve(target, config)
+            curve = load_or_measure_curve(target, config.cost_sizes, config.cost_context, config.cost_repeats)
         self.cost = CostModel(curve, config.cost_correction)
         self.calibrator = Calibrator(config.calibration)
         self._recent: dict[str, list[float]] = {}  # per source, decayed sums: accepted, predicted nodes
-        self._overhead: float | None = None  # EMA of the drafters' per-step observe time (seconds)
-        self._explore_gap = 1
-        self._explore_wait = 1
-        self._rate: float | None = None
-        self._skip = 0
-        self._skipped = False  # this step is one of a back-off's plain steps (nothing to learn from it)
-        self._backoff = 1
-        self._planned_rate: float | None = None
-        self.last_plan: dict = {}
-        self._projected = [0, 0.0, 0.0, 0]  # steps, expected tokens, expected seconds, nodes chosen
+        self._overhead = Ema(config.overhead_ema)  # the drafters' per-step observe time (seconds)
 
-    def reset(self) -> None:
-        """Start a request: a back-off pause learned on the previous text ends (drafting may pay
-        on this one; the first drafting step judges afresh). Estimates, bias and timings carry over."""
-        self._skip, self._backoff, self._skipped, self._rate = 0, 1, False, None
+    # ------------------------------------------------------------------ per request
+    def new_state(self) -> PlannerState:
+        """A request's state: no back-off pause carried over (drafting may pay on this text; the
+        first drafting step judges afresh). Estimates, bias and timings are shared."""
+        return PlannerState()
 
-    # ------------------------------------------------------------------ per step
-    def should_draft(self, ctx: DraftContext) -> bool:
-        self._skipped = self._skip > 0
-        if self._skipped:
-            self._skip -= 1
-        return not self._skipped
+    def should_draft(self, state: PlannerState) -> bool:
+        state.skipped = state.skip > 0
+        if state.skipped:
+            state.skip -= 1
+        return not state.skipped
 
+    def view(self, proposals: Sequence[Proposal], draft_seconds: float) -> PlannerView:
+        """The cost view for the next drafter of a step, after `proposals` cost `draft_seconds`."""
+        return PlannerView(self, proposals, draft_seconds)
+
+    # ------------------------------------------------------------------ estimates
     def bias_of(self, source: str) -> float:
         """Correction factor of one source: accepted / predicted nodes over recent steps."""
         accepted, predicted = self._recent.get(source, (0.0, 0.0))
@@ -181,11 +179,10 @@ class HardwarePlanner:
         """Every source's correction factor (for reports)."""
         return {source: round(self.bias_of(source), 4) for source in self._recent}
 
-    def _edge_probs(self, tree, corrected: bool = True) -> list[float]:
+    def _edge_probs(self, tree: TokenTree, corrected: bool = True) -> list[float]:
         """Estimated P(node accepted | parent accepted): per-source calibration (times the source's
         correction factor, at most 1)."""
-        edges = edge_scores(tree)
-        probs = [self.calibrator.estimate(src, raw) for src, raw in zip(tree.sources, edges)]
+        probs = [self.calibrator.estimate(src, raw) for src, raw in zip(tree.sources, tree.edge_scores)]
         if corrected:
             probs = [min(1.0, self.bias_of(src) * p) for src, p in zip(tree.sources, probs)]
         return probs
@@ -201,13 +198,13 @@ class HardwarePlanner:
     def _drafting_seconds(self, draft_seconds: float) -> float:
         """Seconds a drafting step costs besides verification: proposing plus the drafters'
         bookkeeping after the step (e.g. token recycling's matrix update), learned online."""
-        return draft_seconds + (self._overhead or 0.0)
+        return draft_seconds + self._overhead.get()
 
     def _best(self, proposal: Proposal, draft_seconds: float) -> tuple[list[int], int, float, float, list[float]]:
         """(best-first node order, N, expected tokens, rate, path probabilities) of the best
         ancestor-closed tree."""
         probs = self.estimate(proposal)
-        order = proposal.tree.with_scores(probs).best_first_order()
+        order = proposal.tree.best_first_order(probs)
         n, expected, rate = choose_size([probs[i] for i in order], self._drafting_seconds(draft_seconds),
                                         self.cost.verify_seconds, self.config.min_gain)
         return order, n, expected, rate, probs
@@ -229,52 +226,57 @@ class HardwarePlanner:
             return self._plain_rate(draft_seconds)
         return self._best(proposal, draft_seconds)[3]
 
-    def plan(self, proposal: Proposal, ctx: DraftContext, draft_seconds: float) -> tuple[Proposal, float]:
-        """Keep the best-N ancestor-closed nodes; returns (proposal, predicted accepted tokens)."""
+    # ------------------------------------------------------------------ per step
+    def plan(self, proposals: Sequence[Proposal], budget: DraftBudget, state: PlannerState,
+             draft_seconds: float) -> tuple[Proposal, float]:
+        """Merge the step's proposals and keep the best-N ancestor-closed nodes within `budget`;
+        returns (proposal, predicted accepted tokens incl. bonus)."""
+        proposal = merge_proposals(proposals, self.config.rasd_min_prob).limit(budget)
         tree = proposal.tree
-        if proposal.sibling_mode != "deterministic" and not tree.is_chain():
+        if proposal.sampled and not tree.is_chain():
             # Sampled siblings must be verified as drawn: dropping some of them by score would
             # change the law the rule assumes (a chain may be cut: that is a stop rule).
-            self._planned_rate = None
+            state.planned_rate = None
             return proposal, 1.0 + sum(self.estimate(proposal))
         if len(tree) == 0:
             # Drafters that ran and found nothing cost their time (judged by the back-off); a step
             # the back-off skipped says nothing about drafting's worth.
-            self._planned_rate = None if self._skipped else self._plain_rate(draft_seconds)
-            self._project(0, 1.0, draft_seconds)
+            state.planned_rate = None if state.skipped else self._plain_rate(draft_seconds)
+            self._project(state, 0, 1.0, draft_seconds)
             return proposal, 1.0
         order, n, expected, rate, probs = self._best(proposal, draft_seconds)
         explore = False
         if n == 0:
             # Nothing is worth verifying: after 1, 2, 4, ... such steps verify the best node anyway,
             # or estimates that turned pessimistic could never be corrected.
-            self._explore_wait -= 1
-            if self._explore_wait <= 0 and self._one_node_can_pay(draft_seconds):
+            state.explore_wait -= 1
+            if state.explore_wait <= 0 and self._one_node_can_pay(draft_seconds):
                 explore, n = True, 1
                 expected = 1.0 + probs[order[0]]
-                self._explore_gap = min(2 * self._explore_gap, self.config.max_explore_gap)
-                self._explore_wait = self._explore_gap
+                state.explore_gap = min(2 * state.explore_gap, self.config.max_explore_gap)
+                state.explore_wait = state.explore_gap
         else:
-            self._explore_gap = max(1, self._explore_gap // 2)
-            self._explore_wait = min(self._explore_wait, self._explore_gap)
+            state.explore_gap = max(1, state.explore_gap // 2)
+            state.explore_wait = min(state.explore_wait, state.explore_gap)
         chosen = order[:n]
-        self.last_plan = {"candidates": len(tree), "chosen": n, "expected": expected, "rate": rate,
-                          "bias": self.bias, "explore": explore}
-        self._planned_rate = None if explore else rate  # a probe says nothing about drafting's worth
-        self._project(n, expected, draft_seconds)
+        state.last_plan = {"candidates": len(tree), "chosen": n, "expected": expected, "rate": rate,
+                           "bias": self.bias, "explore": explore}
+        state.planned_rate = None if explore else rate  # a probe says nothing about drafting's worth
+        self._project(state, n, expected, draft_seconds)
         return proposal.restrict(sorted(chosen)), expected
 
-    def _project(self, nodes: int, expected: float, draft_seconds: float) -> None:
-        p = self._projected
+    def _project(self, state: PlannerState, nodes: int, expected: float, draft_seconds: float) -> None:
+        p = state.projected
         p[0] += 1
         p[1] += expected
         p[2] += draft_seconds + self.cost.curve.latency(nodes + 1)  # on the curve as given (unscaled)
         p[3] += nodes
 
-    def projection(self) -> dict:
-        """What the planner expected on this cost curve, summed over planned steps: mean tree
-        size, expected tokens per step and the projected speedup over plain decoding."""
-        steps, tokens, seconds, nodes = self._projected
+    def projection(self, state: PlannerState) -> dict:
+        """What the planner expected for one request on this cost curve, summed over planned
+        steps: mean tree size, expected tokens per step and the projected speedup over plain
+        decoding."""
+        steps, tokens, seconds, nodes = state.projected
         if steps == 0:
             return {"steps": 0}
         plain_rate = 1.0 / self.cost.curve.latency(1)  # the same unscaled curve as the steps' seconds
@@ -286,59 +288,43 @@ class HardwarePlanner:
             "cost_curve_ratio_8": round(self.cost.curve.ratio(8), 3),
         }
 
-    def chain_stop_rule(self, source: str):
-        """A stop rule for chain drafters (SpecDec++-style, thresholds derived from the cost model):
-        rule(raw_edge_scores, draft_step_seconds, draft_seconds) -> True to stop drafting."""
-        def rule(raw_edges: list[float], draft_step_seconds: float, draft_seconds: float,
-                 baseline_rate: float | None = None) -> bool:
-            bias = self.bias_of(source)
-            probs, acc = [], 1.0
-            for raw in raw_edges:
-                acc *= min(1.0, bias * self.calibrator.estimate(source, raw))
-                probs.append(acc)
-            first = min(1.0, bias * self.calibrator.mean(source))
-            return not chain_should_extend(probs, draft_step_seconds, draft_seconds, self.cost.verify_seconds,
-                                           baseline_rate, first)
-        return rule
-
-    def observe(self, step: StepResult, draft_seconds: float, verify_seconds: float,
+    def observe(self, step: StepResult, state: PlannerState, draft_seconds: float, verify_seconds: float,
                 overhead_seconds: float = 0.0) -> None:
         """After a step: drafting and verify seconds, and the drafters' own observe time."""
-        o = self._overhead
-        self._overhead = overhead_seconds if o is None else 0.8 * o + 0.2 * overhead_seconds
+        self._overhead.update(overhead_seconds)
         tree = step.proposal.tree
         self.cost.observe(len(tree) + 1, verify_seconds)
         d = self.config.bias_decay
         for sums in self._recent.values():  # evidence fades with time, drafted or not
             sums[0] *= d
             sums[1] *= d
-        if self._skipped or (len(tree) == 0 and draft_seconds == 0.0):
-            self._skipped = False
+        if state.skipped or (len(tree) == 0 and draft_seconds == 0.0):
+            state.skipped = False
             return
         on_path = set(step.path)
-        edges = edge_scores(tree)
         for i, par in enumerate(tree.parents):
             if par < 0 or par in on_path:  # a trial: the node's parent was accepted
-                source = tree.sources[i]
+                source, raw = tree.sources[i], tree.edge_scores[i]
                 sums = self._recent.setdefault(source, [0.0, 0.0])
                 sums[0] += i in on_path
-                sums[1] += self.calibrator.estimate(source, edges[i])  # the factor divides calibration alone
-                self.calibrator.update(source, edges[i], i in on_path)
+                sums[1] += self.calibrator.estimate(source, raw)  # the factor divides calibration alone
+                self.calibrator.update(source, raw, i in on_path)
         # Back-off: do drafting steps beat plain steps? A step that verified a tree is judged by
         # what it realised (tokens / its drafting + verify seconds), so a text on which every
         # estimate is wrong still stops drafting after a few losses; one that found nothing worth
         # verifying by its plan (plain step + drafting time). If drafting loses, pause it for
         # 1, 2, 4, ... steps, then probe again.
-        if self._planned_rate is None:
+        if state.planned_rate is None:
             return
-        rate, self._planned_rate = self._planned_rate, None
+        rate, state.planned_rate = state.planned_rate, None
         if len(tree):
             rate = (1 + len(step.path)) / (self._drafting_seconds(draft_seconds) + verify_seconds)
-        a = self.config.rate_ema
-        self._rate = rate if self._rate is None else (1 - a) * self._rate + a * rate
+        if state.rate is None:
+            state.rate = Ema(self.config.rate_ema)
+        smoothed = state.rate.update(rate)
         plain_rate = 1.0 / self.cost.verify_seconds(1)
-        if self._rate < plain_rate * (1 - self.config.backoff_tolerance):
-            self._skip = self._backoff
-            self._backoff = min(2 * self._backoff, self.config.max_backoff)
+        if smoothed < plain_rate * (1 - self.config.backoff_tolerance):
+            state.skip = state.backoff
+            state.backoff = min(2 * state.backoff, self.config.max_backoff)
         else:
-            self._backoff = max(1, self._backoff // 2)
+            state.backoff = max(1, state.backoff // 2)

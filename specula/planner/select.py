@@ -13,19 +13,6 @@ from typing import Callable, Sequence
 from specula.tree import TokenTree
 
 
-def edge_scores(tree: TokenTree) -> list[float]:
-    """Per-edge raw scores from a drafter's path scores: score[i] / score[parent]
-    (children of the root keep their own score), clipped to [0, 1]."""
-    out = []
-    for i, par in enumerate(tree.parents):
-        s = tree.scores[i]
-        if par >= 0:
-            base = tree.scores[par]
-            s = s / base if base > 0 else 0.0
-        out.append(min(1.0, max(0.0, s)))
-    return out
-
-
 def path_probabilities(tree: TokenTree, edge_probs: Sequence[float]) -> list[float]:
     """P(node reached and accepted) = product of edge probabilities along its path."""
     probs: list[float] = []

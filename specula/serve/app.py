@@ -29,7 +29,7 @@ from specula.errors import ConfigError
 from specula.serve import protocol
 from specula.serve.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from specula.serve.metrics import ServerMetrics
-from specula.serve.protocol import APIError, GenerationRequest, ResponseIds, StopTrimmer
+from specula.serve.protocol import APIError, GenerationRequest, ResponseIds
 from specula.serve.worker import Job, Started, Worker
 
 log = logging.getLogger("specula.serve")
@@ -372,9 +372,8 @@ class _Handler(BaseHTTPRequestHandler):
             if chunk.finished:
                 break
         stats = chunk.stats
-        text, hit = protocol.cut_at_stop("".join(parts), request.stop)
-        finish = "stop" if hit else (stats.finish_reason or "length")
-        self._send_json(200, protocol.completion_body(ResponseIds.new(request), text, finish,
+        finish = stats.finish_reason or "length"
+        self._send_json(200, protocol.completion_body(ResponseIds.new(request), "".join(parts), finish,
                                                       started.prompt_tokens, stats.new_tokens, stats))
 
     def _stream(self, job: Job, request: GenerationRequest, started: Started) -> None:
@@ -385,17 +384,13 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self._status = 200
         ids = ResponseIds.new(request)
-        trimmer = StopTrimmer(request.stop)
         if request.endpoint == "chat":
             self._event(protocol.chunk_body(ids, "", first=True))
         try:
             while True:
                 chunk: StreamChunk = self._next_event(job)
-                delta = trimmer.feed(chunk.text)
-                if chunk.finished:
-                    delta += trimmer.flush()
-                if delta:
-                    self._event(protocol.chunk_body(ids, delta))
+                if chunk.text:  # stop strings are already cut by the engine
+                    self._event(protocol.chunk_body(ids, chunk.text))
                 if chunk.finished:
                     break
         except APIError as exc:  # failed after the headers went out: OpenAI's in-stream error event
@@ -407,7 +402,7 @@ class _Handler(BaseHTTPRequestHandler):
                 self.close_connection = True
             return
         stats = chunk.stats
-        finish = "stop" if trimmer.stopped else (stats.finish_reason or "length")
+        finish = stats.finish_reason or "length"
         self._event(protocol.chunk_body(ids, None, finish, stats=stats))
         if request.include_usage:
             self._event(protocol.usage_chunk_body(ids, started.prompt_tokens, stats.new_tokens, stats))

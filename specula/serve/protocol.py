@@ -279,44 +279,6 @@ def _include_usage(body: Mapping[str, Any], stream: bool) -> bool:
     return include
 
 
-# --------------------------------------------------------------------------- stop strings
-
-
-def cut_at_stop(text: str, stops: tuple[str, ...]) -> tuple[str, bool]:
-    """`text` up to (excluding) the earliest stop string, and whether one was found."""
-    cut = min((i for i in (text.find(s) for s in stops) if i >= 0), default=-1)
-    return (text, False) if cut < 0 else (text[:cut], True)
-
-
-class StopTrimmer:
-    """Streams text deltas with stop strings removed: text that might begin a stop string is
-    held back until it cannot, and nothing after a stop string is ever released."""
-
-    def __init__(self, stops: tuple[str, ...]) -> None:
-        self.stops = stops
-        self.pending = ""
-        self.stopped = False
-
-    def feed(self, delta: str) -> str:
-        """Text safe to send now."""
-        if self.stopped:
-            return ""
-        self.pending += delta
-        head, found = cut_at_stop(self.pending, self.stops)
-        if found:
-            self.stopped, self.pending = True, ""
-            return head
-        hold = max((k for s in self.stops for k in range(min(len(s) - 1, len(head)), 0, -1)
-                    if head.endswith(s[:k])), default=0)
-        out, self.pending = head[: len(head) - hold], head[len(head) - hold :]
-        return out
-
-    def flush(self) -> str:
-        """The held-back text once the generation is over (it ended without a stop string)."""
-        out, self.pending = ("" if self.stopped else self.pending), ""
-        return out
-
-
 # --------------------------------------------------------------------------- responses
 
 

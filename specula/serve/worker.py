@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from specula.api import Specula
 from specula.engine import StreamChunk
 from specula.errors import SpeculaError
-from specula.models.loading import apply_chat_template
+from specula.models.loading import encode_prompt
 from specula.sampling import SamplingParams
 from specula.serve.metrics import ServerMetrics
 from specula.serve.protocol import APIError, GenerationRequest
@@ -132,22 +132,20 @@ class Worker:
     def _prompt_ids(self, request: GenerationRequest) -> list[int]:
         """Token ids: chat messages through the chat template, completion text as is."""
         param = "messages" if request.endpoint == "chat" else "prompt"
-        if not isinstance(request.prompt, tuple):
-            text_or_messages = list(request.messages) if request.messages is not None else request.prompt
-            try:
-                ids = apply_chat_template(self.spec.tokenizer, text_or_messages, raw=request.messages is None)
-            except SpeculaError as exc:
-                raise APIError(400, str(exc), param=param, code="invalid_value") from exc
-            if not ids:
-                raise APIError(400, "the prompt is empty after tokenization: give some text", param=param,
-                               code="invalid_value")
-            return ids
+        source = list(request.messages) if request.messages is not None else request.prompt
+        try:
+            ids = encode_prompt(self.spec.tokenizer, source, raw=request.messages is None)
+        except SpeculaError as exc:
+            raise APIError(400, str(exc), param=param, code="invalid_value") from exc
+        if not ids:
+            raise APIError(400, "the prompt is empty after tokenization: give some text", param=param,
+                           code="invalid_value")
         vocab = self.spec.target.vocab_size
-        bad = [t for t in request.prompt if t >= vocab]
+        bad = [t for t in ids if t >= vocab]
         if bad:
             raise APIError(400, f"token id {bad[0]} is outside the model's vocabulary of {vocab}",
                            param="prompt", code="invalid_value")
-        return list(request.prompt)
+        return ids
 
     def _limit(self, request: GenerationRequest, prompt_tokens: int) -> int:
         """max_new_tokens for this request, or a 400 when it cannot fit the context window."""

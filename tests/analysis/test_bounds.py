@@ -8,6 +8,7 @@ import itertools
 import numpy as np
 import pytest
 
+from laws import random_pair
 from specula.analysis.bounds import (
     SCHEMES,
     alpha_coupling_lp,
@@ -21,17 +22,6 @@ from specula.analysis.bounds import (
 )
 
 CURVES = {"iid": alpha_iid, "without_replacement": alpha_without_replacement, "greedy": alpha_greedy}
-
-
-def random_pair(rng: np.random.Generator, vocab: int) -> tuple[np.ndarray, np.ndarray]:
-    """p, q with a mix of flat and peaked shapes, exact zeros and tiny (1e-12..1e-17) masses."""
-    p = rng.dirichlet(np.ones(vocab) * rng.choice([0.1, 0.5, 2.0]))
-    q = rng.dirichlet(np.ones(vocab) * rng.choice([0.1, 0.5, 2.0]))
-    if rng.random() < 0.3:
-        p[rng.integers(vocab)] = 0.0
-    if rng.random() < 0.3:
-        q[rng.integers(vocab)] = 0.0
-    return p / p.sum(), q / q.sum()
 
 
 def cases(seed: int, count: int, max_vocab: int = 6):

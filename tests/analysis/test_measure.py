@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from test_bounds import random_pair
+from laws import random_pair
 from tiny import tiny_model
 from specula.analysis.bounds import alpha_iid, alpha_without_replacement
 from specula.analysis.measure import (
@@ -26,7 +26,8 @@ from specula.analysis.measure import (
 from specula.errors import ConfigError
 from specula.sampling import make_generator
 from specula.tree import TokenTree
-from specula.verify import sample_iid, sample_without_replacement, verify_rrs
+from specula.sampling import sample_iid, sample_without_replacement
+from specula.verify import verify_rrs
 
 
 def exact_rrs_wor_rejection(p: np.ndarray, q: np.ndarray, n: int) -> float:

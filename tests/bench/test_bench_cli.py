@@ -31,28 +31,39 @@ def tiny_models(monkeypatch, tiny_pair, chat_tokenizer):
 
 
 class CorruptingDrafter:
-    """A buggy drafter: proposes nothing, but after its 3rd step overwrites the target's cached
-    last token with another one (as a drafter that shares the target's cache could)."""
+    """A buggy drafter: proposes nothing, but after its 3rd step overwrites the request's cached
+    last token with another one (as a drafter that got hold of the target's cache could). It
+    grabs the sequence the engine opened for the request just before calling `start()`."""
 
     name = "corrupt"
 
     def __init__(self, target):
-        self.target = target
-        self.steps = 0
+        self.opened = []
+        original = target.new_sequence
 
-    def propose(self, ctx):
+        def new_sequence():
+            seq = original()
+            self.opened.append(seq)
+            return seq
+
+        target.new_sequence = new_sequence  # the test's tiny backend (a fixture of its own)
+
+    def start(self):
+        return {"seq": self.opened[-1], "steps": 0}
+
+    def propose(self, ctx, state):
         return Proposal.empty()
 
-    def observe(self, step):
-        self.steps += 1
-        if self.steps == 3:
-            tokens = self.target.tokens
-            last = tokens[-1]
-            self.target.crop(len(tokens) - 1)
-            self.target.append([(last + 7) % VOCAB], logits="none")
+    def observe(self, step, state):
+        state["steps"] += 1
+        if state["steps"] == 3:
+            seq = state["seq"]
+            last = seq.tokens[-1]
+            seq.crop(len(seq.tokens) - 1)
+            seq.prefill([(last + 7) % VOCAB], logits="none")
 
-    def reset(self):
-        self.steps = 0
+    def finish(self, state):
+        return None
 
 
 @pytest.fixture

@@ -266,7 +266,7 @@ def test_method_variants_parse_and_reach_the_drafter(tiny_pair, chat_tokenizer):
     target, draft = tiny_pair
     methods = build_specula_methods(names, target, chat_tokenizer, draft)
     assert [m.name for m in methods] == names
-    assert [m.decoder.drafter.config.tree_sampling for m in methods[1:]] == ["iid", "without_replacement"]
+    assert [m.decoder.drafters[0].config.tree_sampling for m in methods[1:]] == ["iid", "without_replacement"]
     with pytest.raises(ConfigError, match="does not take tree_colour"):
         build_specula_methods(["draft-tree:tree_colour=red"], target, chat_tokenizer, draft)
     with pytest.raises(ConfigError, match="method 'prompt-lookup' does not take colour"):

@@ -9,8 +9,8 @@ import math
 import pytest
 import torch
 
-from test_verify import tv, tv_bound
-from tiny import perturbed_copy, reference_greedy, tiny_model
+from laws import tv, tv_bound
+from tiny import assert_cache_equals_plain_forward, perturbed_copy, reference_greedy, tiny_model
 from specula.drafters import make_drafter
 from specula.drafters.base import DraftBudget, DraftContext
 from specula.drafters.draft_tree import DraftTreeConfig, DraftTreeDrafter, truncated_child_scores
@@ -70,18 +70,18 @@ def test_greedy_tree_is_eagle2_dynamic_expansion():
     draft = tiny_model("qwen2", seed=5)
     drafter = DraftTreeDrafter(HFCausalLM(draft), DraftTreeConfig(tree_top_k=3, tree_depth=3, tree_nodes=7))
     prompt = PROMPTS[0]
-    tree = drafter.propose(context(prompt, SamplingParams())).tree
+    tree = drafter.propose(context(prompt, SamplingParams()), drafter.start()).tree
     assert len(tree) == 7 and tree.max_depth <= 3
     soft = SamplingParams(temperature=1.0)
     for i in range(len(tree)):
         path = tree.tokens_of(tree.path_to(i))
         expected = math.prod(float(draft_dist(draft, prompt + path[:j], soft)[path[j]]) for j in range(len(path)))
-        assert tree.scores[i] == pytest.approx(expected, rel=1e-4)
+        assert tree.path_scores[i] == pytest.approx(expected, rel=1e-4)
         siblings = [tree.tokens[c] for c in tree.children[tree.parents[i] + 1]]
         top = draft_dist(draft, prompt + path[:-1], soft).topk(3).indices.tolist()
         assert set(siblings) <= set(top)
-    # Scores shrink along paths, so the best N form an ancestor-closed tree.
-    assert all(tree.scores[c] <= tree.scores[p] for c, p in enumerate(tree.parents) if p >= 0)
+    # Path scores shrink along paths, so the best N form an ancestor-closed tree.
+    assert all(tree.path_scores[c] <= tree.path_scores[p] for c, p in enumerate(tree.parents) if p >= 0)
 
 
 # ---------------------------------------------------------------------------- sampled proposals
@@ -93,8 +93,9 @@ def test_sampled_proposals_match_their_declared_scheme(name):
     drafter = DraftTreeDrafter(HFCausalLM(draft), DraftTreeConfig(**MODES[name], tree_top_k=3, tree_nodes=10))
     params = SamplingParams(temperature=1.2, top_k=40)
     prompt = PROMPTS[0]
+    state = drafter.start()
     for seed in range(3):
-        prop = drafter.propose(context(prompt, params, seed, nodes=9, depth=3))
+        prop = drafter.propose(context(prompt, params, seed, nodes=9, depth=3), state)
         tree = prop.tree
         assert prop.sibling_mode == DraftTreeConfig(**MODES[name]).sibling_mode
         assert 0 < len(tree) <= 9 and tree.max_depth <= 3
@@ -107,7 +108,7 @@ def test_sampled_proposals_match_their_declared_scheme(name):
             assert len(kids) <= 3 and all(float(prop.q[row, t]) > 0 for t in toks)
             if name in ("without_replacement", "beam"):
                 assert len(set(toks)) == len(toks)
-        drafter._finish(())  # as observe() would: the draft cache drops the drafted tree
+        state.finish(())  # as observe() would: the draft cache drops the drafted tree
 
 
 def test_without_replacement_root_children_follow_the_sequential_law():
@@ -120,10 +121,11 @@ def test_without_replacement_root_children_follow_the_sequential_law():
     exact.fill_diagonal_(0)
     n = 1500
     pairs = torch.empty(n, dtype=torch.long)
+    state = drafter.start()
     for s in range(n):
-        tree = drafter.propose(context([3, 5, 1], params, seed=s)).tree
+        tree = drafter.propose(context([3, 5, 1], params, seed=s), state).tree
         pairs[s] = tree.tokens[0] * 8 + tree.tokens[1]
-        drafter._finish(())
+        state.finish(())
     assert tv(pairs, exact) < tv_bound(exact, n)
 
 
@@ -135,9 +137,10 @@ def test_beam_children_are_a_gumbel_prefix_independent_of_their_count():
     drafter = DraftTreeDrafter(HFCausalLM(draft), DraftTreeConfig(tree_sampling="beam", tree_top_k=2, tree_depth=2))
     params = SamplingParams(temperature=1.5)
     groups: dict[tuple[int, int], list[int]] = {}
+    state = drafter.start()
     for s in range(800):
-        tree = drafter.propose(context([3, 5, 1], params, seed=s)).tree
-        drafter._finish(())
+        tree = drafter.propose(context([3, 5, 1], params, seed=s), state).tree
+        state.finish(())
         assert len(tree.children[0]) == 2 and sum(1 for d in tree.depth if d == 2) == 2  # width per level
         best = tree.children[0][0]
         kids = tree.children[best + 1]  # never empty: the best root child's best child keeps its score
@@ -166,14 +169,15 @@ def test_draft_cache_stays_exact_across_steps():
     draft_lm = HFCausalLM(draft, "draft")
     drafter = make_drafter("draft-tree", draft=draft_lm, tree_sampling="without_replacement")
     dec = SpeculativeDecoder(HFCausalLM(model, "target"), drafter, eos_token_ids=[])
-    out = dec.generate(PROMPTS[0], SamplingParams(temperature=1.0, max_new_tokens=30, seed=3, ignore_eos=True))
-    full = PROMPTS[0] + out.token_ids
-    assert draft_lm.tokens == full[: len(draft_lm.tokens)] and len(draft_lm.tokens) > len(PROMPTS[0])
-    with torch.inference_mode():
-        ref = draft(torch.tensor([draft_lm.tokens]), use_cache=True).past_key_values
-    for (k, v), layer in zip(draft_lm.cache_tensors(), ref.layers):
-        torch.testing.assert_close(k, layer.keys, atol=1e-4, rtol=1e-4)
-        torch.testing.assert_close(v, layer.values, atol=1e-4, rtol=1e-4)
+    session = dec.start(PROMPTS[0], SamplingParams(temperature=1.0, max_new_tokens=30, seed=3, ignore_eos=True))
+    while not session.finished:
+        dec.step([session])
+        seq = session.drafter_states[0].seq  # the request's draft cache, before finish() frees it
+        full = PROMPTS[0] + session.generated
+        assert seq.tokens == full[: len(seq.tokens)] and len(seq.tokens) >= len(PROMPTS[0])
+        assert_cache_equals_plain_forward(draft, seq, list(seq.tokens))
+    dec.finish(session)
+    assert seq.tokens == []  # freed with the session
 
 
 @pytest.mark.parametrize("name", ["deterministic", *SAMPLED])
@@ -230,8 +234,8 @@ def test_configuration_errors():
         make_drafter("draft-tree", draft=draft, tree_depth=0)
     with pytest.raises(ConfigError, match="does not take num_draft_tokens"):
         make_drafter("draft-tree", draft=draft, num_draft_tokens=3)
-    assert make_drafter("draft-tree", draft=draft).propose(
-        context([1, 2], SamplingParams(), nodes=0)).tree.tokens == ()
+    drafter = make_drafter("draft-tree", draft=draft)
+    assert drafter.propose(context([1, 2], SamplingParams(), nodes=0), drafter.start()).tree.tokens == ()
 
 
 def test_cli_options_reach_the_drafter():

@@ -3,7 +3,6 @@ import pytest
 
 from specula.drafters.base import DraftBudget, DraftContext
 from specula.drafters.prompt_lookup import PromptLookupConfig, PromptLookupDrafter, find_continuations
-from specula.planner.select import edge_scores
 from specula.sampling import SamplingParams, make_generator
 
 
@@ -24,13 +23,13 @@ def test_edge_scores_carry_the_match_length_at_the_root_and_agreement_below():
     three = drafter.propose(ctx([5, 6, 7, 1, 2, 5, 6, 7])).tree  # 3-gram match, one continuation
     one = drafter.propose(ctx([5, 6, 7, 1, 2, 9, 3, 7])).tree  # only "7" matches
     assert three.tokens == (1, 2, 5) and one.tokens == (1, 2, 9)
-    assert edge_scores(three) == pytest.approx([0.75, 1.0, 1.0])
-    assert edge_scores(one) == pytest.approx([0.25, 1.0, 1.0])
+    assert three.edge_scores == pytest.approx([0.75, 1.0, 1.0])
+    assert one.edge_scores == pytest.approx([0.25, 1.0, 1.0])
 
 
 def test_disagreeing_matches_split_the_edge_score():
     drafter = PromptLookupDrafter(PromptLookupConfig(num_pred_tokens=2, max_ngram=1))
     tree = drafter.propose(ctx([7, 1, 2, 7, 1, 3, 7])).tree  # "7" -> "1 3" (recent), "1 2"
-    edges = dict(zip(tree.tokens, edge_scores(tree)))
+    edges = dict(zip(tree.tokens, tree.edge_scores))
     assert edges[1] == pytest.approx(0.5)  # both continuations start with 1; weight 1 / 2
     assert edges[3] == pytest.approx(0.5) and edges[2] == pytest.approx(0.5)

@@ -96,9 +96,9 @@ def test_proposal_is_the_frequent_prefix_tree_within_budget(successor_store):
     assert set(tree.sources) == {"rest"}
     assert tree.tokens[tree.children[0][0]] == 43  # the continuation the runs agree on
     for i, par in enumerate(tree.parents):
-        assert 0 < tree.scores[i] <= 1
+        assert 0 < tree.edge_scores[i] <= 1 and 0 < tree.path_scores[i] <= 1
         if par >= 0:
-            assert tree.scores[i] <= tree.scores[par]
+            assert tree.path_scores[i] <= tree.path_scores[par]
     for row in tree.children:  # deterministic siblings are distinct
         assert len({tree.tokens[c] for c in row}) == len(row)
     small = drafter.propose(ctx([40, 41, 42], max_nodes=5, max_depth=2)).tree
@@ -108,13 +108,11 @@ def test_proposal_is_the_frequent_prefix_tree_within_budget(successor_store):
 
 
 def test_root_edge_scores_grow_with_the_matched_suffix_length(successor_store):
-    from specula.planner.select import edge_scores
-
     drafter = RestDrafter(open_datastore(str(successor_store)))
 
     def root_edge(tokens):
         tree = drafter.propose(ctx(tokens)).tree
-        return max(e for e, par in zip(edge_scores(tree), tree.parents) if par < 0)
+        return max(e for e, par in zip(tree.edge_scores, tree.parents) if par < 0)
 
     short, long = root_edge([7, 40, 41]), root_edge([36, 37, 38, 39, 40, 41])  # "40 41" vs 6 tokens
     assert short <= 0.5 < long <= 1.0

@@ -32,15 +32,18 @@ class Recorder:
     def __init__(self, inner):
         self.inner, self.steps, self.name = inner, [], inner.name
 
-    def propose(self, c):
-        return self.inner.propose(c)
+    def start(self):
+        return self.inner.start()
 
-    def observe(self, step):
+    def propose(self, c, state=None):
+        return self.inner.propose(c, state)
+
+    def observe(self, step, state=None):
         self.steps.append(step)
-        self.inner.observe(step)
+        self.inner.observe(step, state)
 
-    def reset(self):
-        self.inner.reset()
+    def finish(self, state=None):
+        self.inner.finish(state)
 
 
 def test_template_shape():
@@ -71,7 +74,7 @@ def test_full_matrix_fills_all_80_nodes_from_the_right_rows():
     nodes = [i for i in range(len(tree)) if tree.tokens_of(tree.path_to(i)) == [a, b, m[b, 1]]]
     assert len(nodes) == 1
     assert set(tree.sources) == {"token-recycling"}
-    first = [tree.scores[c] for c in tree.children[0]]
+    first = [tree.edge_scores[c] for c in tree.children[0]]
     assert first == sorted(first, reverse=True)  # rank prior: lower rank, higher score
 
 
@@ -170,16 +173,20 @@ def test_state_save_load_hot_start_is_lossless(tmp_path):
     target = HFCausalLM(model, "target")
     first = make_drafter("token-recycling", target=target, recycling_state=str(state))
     dec = SpeculativeDecoder(target, first, eos_token_ids=[])
+    assert not state.exists()
     dec.generate(PROMPTS[0], greedy(30))
-    assert not state.exists()  # saved at the start of the next request or at exit
-    dec.generate(PROMPTS[1], greedy(5))  # reset() saves the state of the first request
-    assert state.exists() and stale_temps(state) == []
+    assert state.exists() and stale_temps(state) == []  # saved when the request finished
+    before = state.stat().st_mtime_ns
+    dec.generate(PROMPTS[1], greedy(5))
+    assert state.stat().st_mtime_ns >= before and not first.dirty
     first.save()
     assert state.stat().st_size < 4 * VOCAB * 8 + 4096
 
     second = make_drafter("token-recycling", target=target, recycling_state=str(state))
     assert np.array_equal(second.matrix, first.matrix)
-    assert len(second.propose(ctx(PROMPTS[2])).tree) > 0 or (first.matrix[PROMPTS[2][-1]] == -1).all()
+    root = int(np.flatnonzero((first.matrix >= 0).all(axis=1))[0])  # a written row: a hot start drafts
+    hot = second.propose(ctx([root]))
+    assert len(hot.tree) > 0 and hot.tree == first.propose(ctx([root])).tree
     dec2 = SpeculativeDecoder(target, second, eos_token_ids=[])
     for prompt in PROMPTS:
         out = dec2.generate(prompt, greedy(30))
@@ -226,10 +233,10 @@ def test_state_for_another_vocabulary_or_tokenizer_is_refused(tmp_path):
         TokenRecyclingDrafter(VOCAB, TokenRecyclingConfig(state_path=str(state)))
 
 
-def test_reset_keeps_the_matrix_and_bad_config_is_refused():
+def test_finishing_a_request_keeps_the_matrix_and_bad_config_is_refused():
     drafter = TokenRecyclingDrafter(20)
     drafter.matrix[3] = np.arange(8)
-    drafter.reset()
+    drafter.finish(drafter.start())
     assert drafter.matrix[3].tolist() == list(range(8))
     with pytest.raises(ConfigError, match="top_k >= 8"):
         TokenRecyclingConfig(top_k=4)

@@ -6,8 +6,7 @@ import random
 import pytest
 import torch
 
-from test_hf import assert_tree_logits_are_causal, random_tree
-from tiny import tiny_model
+from tiny import assert_tree_logits_are_causal, random_tree, tiny_model
 from specula.commands.common import add_model_args, load_config
 from specula.errors import ConfigError
 from specula.models.attention import BATCH_INVARIANT, resolve_attention, transformers_name
@@ -22,8 +21,8 @@ def invariant_tiny(arch: str, quantize: str = "none", seed: int = 0):
 
 def one_token_logits(model, prompt: list[int], path: list[int]) -> torch.Tensor:
     """Logits after prompt + path, computed the way plain decoding does: prefill, then one token per pass."""
-    lm = HFCausalLM(model)
-    lm.append(prompt[:-1], logits="none")
+    lm = HFCausalLM(model).new_sequence()
+    lm.prefill(prompt[:-1], logits="none")
     tokens = [prompt[-1], *path]
     for token in tokens[:-1]:
         lm.forward_tree(token, TokenTree.empty())
@@ -36,8 +35,8 @@ def test_batch_invariant_attention_computes_tree_attention(arch):
     assert model.config._attn_implementation == BATCH_INVARIANT
     rng = random.Random(1)
     prompt = [rng.randrange(96) for _ in range(11)]
-    lm = HFCausalLM(model)
-    lm.append(prompt[:-1], logits="none")
+    lm = HFCausalLM(model).new_sequence()
+    lm.prefill(prompt[:-1], logits="none")
     tree = random_tree(rng, 14, 96)
     assert not tree.is_chain()
     assert_tree_logits_are_causal(model, prompt, tree, lm.forward_tree(prompt[-1], tree))
@@ -50,8 +49,8 @@ def test_int8_tree_rows_are_bitwise_one_token_steps(arch):
     model = invariant_tiny(arch, "int8", seed=2)
     rng = random.Random(2)
     prompt = [rng.randrange(96) for _ in range(10)]
-    lm = HFCausalLM(model)
-    lm.append(prompt[:-1], logits="none")
+    lm = HFCausalLM(model).new_sequence()
+    lm.prefill(prompt[:-1], logits="none")
     tree = random_tree(rng, 12, 96)
     logits = lm.forward_tree(prompt[-1], tree)  # [13, 96]
     assert torch.equal(logits[0], one_token_logits(model, prompt, []))
@@ -79,8 +78,8 @@ def test_prefill_runs_on_sdpa_and_tree_passes_on_the_row_loop(monkeypatch):
     real = attention.sdpa_attention_forward
     monkeypatch.setattr(attention, "sdpa_attention_forward", lambda *a, **k: calls.append(a[1].shape[2]) or real(*a, **k))
     model = invariant_tiny("qwen2", "int8")
-    lm = HFCausalLM(model)
-    lm.append(list(range(2, 20)), logits="none")  # prefill: 18 tokens, 2 layers
+    lm = HFCausalLM(model).new_sequence()
+    lm.prefill(list(range(2, 20)), logits="none")  # prefill: 18 tokens, 2 layers
     assert calls == [18, 18]
     lm.forward_tree(5, TokenTree.chain([6, 7, 8]))  # a 4-token tree pass stays batch invariant
     lm.commit([0, 1, 2])

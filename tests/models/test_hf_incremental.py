@@ -1,4 +1,4 @@
-"""`HFCausalLM.forward_tree_incremental`: growing a pending tree level by level gives the same
+"""`HFSequence.forward_tree_incremental`: growing a pending tree level by level gives the same
 logits as causal forwards over each node's path, and commit leaves an exact cache."""
 
 import random
@@ -6,13 +6,12 @@ import random
 import pytest
 import torch
 
-from test_hf import assert_tree_logits_are_causal, random_tree
-from tiny import tiny_model
-from specula.models.hf import HFCausalLM
+from tiny import assert_cache_equals_plain_forward, assert_tree_logits_are_causal, random_tree, tiny_model
+from specula.models.hf import HFCausalLM, HFSequence
 from specula.tree import TokenTree
 
 
-def grow(lm: HFCausalLM, root: int, tree: TokenTree, cuts: list[int]) -> torch.Tensor:
+def grow(lm: HFSequence, root: int, tree: TokenTree, cuts: list[int]) -> torch.Tensor:
     """Run `tree` as forward_tree(root, first cuts[0] nodes) then increments; all logits."""
     rows = [lm.forward_tree(root, tree.subtree(range(cuts[0])))]
     for end in cuts[1:] + [len(tree)]:
@@ -23,10 +22,10 @@ def grow(lm: HFCausalLM, root: int, tree: TokenTree, cuts: list[int]) -> torch.T
 @pytest.mark.parametrize("attn", ["eager", "sdpa"])
 def test_incremental_tree_logits_equal_causal_logits(arch, attn):
     model = tiny_model(arch, attn)
-    lm = HFCausalLM(model)
+    lm = HFCausalLM(model).new_sequence()
     rng = random.Random(2)
     prompt = [rng.randrange(96) for _ in range(7)]
-    lm.append(prompt[:-1], logits="none")
+    lm.prefill(prompt[:-1], logits="none")
     tree = random_tree(rng, 15, 96)
     logits = grow(lm, prompt[-1], tree, [0, 4, 9, 9])  # empty first step and an empty increment
     assert_tree_logits_are_causal(model, prompt, tree, logits)
@@ -34,10 +33,10 @@ def test_incremental_tree_logits_equal_causal_logits(arch, attn):
 
 def test_commit_after_incremental_growth_leaves_an_exact_cache(arch):
     model = tiny_model(arch, "sdpa")
-    lm = HFCausalLM(model)
+    lm = HFCausalLM(model).new_sequence()
     rng = random.Random(3)
     committed = [rng.randrange(96) for _ in range(5)]
-    lm.append(committed, logits="none")
+    lm.prefill(committed, logits="none")
     for _ in range(6):
         root = rng.randrange(96)
         tree = random_tree(rng, rng.randrange(1, 12), 96)
@@ -45,17 +44,12 @@ def test_commit_after_incremental_growth_leaves_an_exact_cache(arch):
         path = tree.path_to(rng.randrange(len(tree))) if rng.random() < 0.8 else ()
         lm.commit(path)
         committed += [root, *tree.tokens_of(path)]
-        assert lm.tokens == committed
-        with torch.inference_mode():
-            ref = model(torch.tensor([committed]), use_cache=True).past_key_values
-        for (k, v), layer in zip(lm.cache_tensors(), ref.layers):
-            torch.testing.assert_close(k, layer.keys, atol=1e-4, rtol=1e-4)
-            torch.testing.assert_close(v, layer.values, atol=1e-4, rtol=1e-4)
+        assert_cache_equals_plain_forward(model, lm, committed)
 
 
 def test_incremental_growth_needs_a_pending_prefix_tree():
-    lm = HFCausalLM(tiny_model("llama"))
-    lm.append([1, 2, 3], logits="none")
+    lm = HFCausalLM(tiny_model("llama")).new_sequence()
+    lm.prefill([1, 2, 3], logits="none")
     with pytest.raises(RuntimeError, match="pending"):
         lm.forward_tree_incremental(TokenTree.chain([5]))
     lm.forward_tree(4, TokenTree.chain([5, 6]))

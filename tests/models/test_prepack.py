@@ -9,8 +9,7 @@ import pytest
 import torch
 from torch import nn
 
-from test_hf import assert_tree_logits_are_causal, random_tree
-from tiny import assert_speculative_greedy_equals_plain, perturbed_copy, tiny_model
+from tiny import assert_speculative_greedy_equals_plain, assert_tree_logits_are_causal, perturbed_copy, random_tree, tiny_model
 from specula.api import LoadConfig
 from specula.commands.common import add_model_args, load_config
 from specula.errors import ConfigError
@@ -24,7 +23,7 @@ from specula.models.prepack import (
     prepack_model,
     resolve_linear_kernel,
 )
-from specula.planner.planner import cost_cache_key
+from specula.planner.cost import cost_cache_key
 
 pytestmark = pytest.mark.skipif(not onednn_available(), reason="this PyTorch build has no oneDNN")
 
@@ -74,10 +73,10 @@ def test_prepacked_model_logits_equal_the_original(arch):
 @torch.inference_mode()
 def test_prepacked_tree_logits_equal_causal_logits_over_each_path(arch):
     model = prepacked_tiny(arch)
-    lm = HFCausalLM(model)
+    lm = HFCausalLM(model).new_sequence()
     rng = random.Random(0)
     prompt = [rng.randrange(96) for _ in range(9)]
-    lm.append(prompt[:-1], logits="none")
+    lm.prefill(prompt[:-1], logits="none")
     tree = random_tree(rng, 14, 96)
     assert_tree_logits_are_causal(model, prompt, tree, lm.forward_tree(prompt[-1], tree), same_argmax=True)
 

@@ -3,13 +3,12 @@ import random
 import pytest
 import torch
 
-from specula.bench.profile import CostCurve
-from specula.drafters import make_drafter
-from specula.drafters.base import DraftBudget, DraftContext, Proposal, StepResult
+from specula.drafters import make_drafter, make_drafters
 from specula.engine import SpeculativeDecoder
 from specula.models.hf import HFCausalLM
-from specula.planner import HardwarePlanner
+from specula.planner import CostCurve, HardwarePlanner
 from specula.sampling import SamplingParams, make_generator
+from specula.step import DraftBudget, DraftContext, Proposal, StepResult
 from specula.tree import TokenTree
 from tiny import perturbed_copy, reference_greedy, successor_model, tiny_model
 
@@ -17,58 +16,88 @@ FLAT = CostCurve((1, 2, 4, 8, 16, 32, 64, 128), (1.0,) * 8, 64)  # GPU-like
 STEEP = CostCurve((1, 2, 4, 8, 16, 32, 64, 128), (1.0, 1.17, 1.4, 2.0, 2.6, 4.0, 7.0, 13.0), 64)  # 2-core CPU
 
 
-def ctx(tokens=(1, 2, 3)) -> DraftContext:
-    return DraftContext(list(tokens), 2, SamplingParams(), DraftBudget(64, 32), make_generator(0))
+BUDGET = DraftBudget(64, 32)
 
 
-def engine_step(planner, tree, draft_seconds, verify_seconds=STEEP.latency):
-    """One decode step driven as the engine drives the planner: should_draft, plan, observe, with
-    nothing accepted. A step the back-off skips proposes nothing. Returns (drafting, planned)."""
-    drafting = planner.should_draft(ctx())
-    seconds = draft_seconds if drafting else 1e-5
-    planned, _ = planner.plan(Proposal(tree) if drafting else Proposal.empty(), ctx(), seconds)
-    n = len(planned.tree)
-    planner.observe(StepResult(3, planned, (), 9, torch.zeros(n + 1, 16)), seconds, verify_seconds(n + 1))
-    return drafting, planned
+def ctx(tokens=(1, 2, 3), cost=None) -> DraftContext:
+    return DraftContext(list(tokens), 2, SamplingParams(), BUDGET, make_generator(0), cost)
+
+
+class Driver:
+    """One request's planning, driven as the engine drives the planner (one shared planner,
+    one per-request state)."""
+
+    def __init__(self, planner: HardwarePlanner) -> None:
+        self.planner = planner
+        self.state = planner.new_state()
+
+    def plan(self, proposal: Proposal, draft_seconds: float = 0.0) -> tuple[Proposal, float]:
+        return self.planner.plan([proposal], BUDGET, self.state, draft_seconds)
+
+    def observe(self, planned: Proposal, path=(), draft_seconds: float = 0.0, verify_seconds: float = 1.0) -> None:
+        step = StepResult(3, planned, tuple(path), 9, torch.zeros(len(planned.tree) + 1, 16))
+        self.planner.observe(step, self.state, draft_seconds, verify_seconds)
+
+    def engine_step(self, tree, draft_seconds, verify_seconds=STEEP.latency):
+        """should_draft, plan, observe, with nothing accepted. A step the back-off skips proposes
+        nothing. Returns (drafting, planned)."""
+        drafting = self.planner.should_draft(self.state)
+        seconds = draft_seconds if drafting else 1e-5
+        planned, _ = self.plan(Proposal(tree) if drafting else Proposal.empty(), seconds)
+        self.observe(planned, (), seconds, verify_seconds(len(planned.tree) + 1))
+        return drafting, planned
+
+
+def chain(tokens, edge, source="prompt-lookup") -> TokenTree:
+    """A chain whose every edge score is `edge`."""
+    return TokenTree.chain(tokens, [edge] * len(tokens), source)
 
 
 def wide_tree() -> TokenTree:
     # 4 chains of 8 tokens with decreasing confidence.
     paths = [[10 * b + i for i in range(8)] for b in range(4)]
-    scores = [[(0.9 - 0.2 * b) ** (i + 1) for i in range(8)] for b in range(4)]
-    return TokenTree.from_paths(paths, scores, source="draft-model")
+    edges = [[0.9 - 0.2 * b] * 8 for b in range(4)]
+    return TokenTree.from_paths(paths, edges, source="draft-model")
 
 
 def test_flat_cost_curve_plans_bigger_trees_than_a_steep_one():
-    flat, steep = HardwarePlanner(curve=FLAT), HardwarePlanner(curve=STEEP)
+    flat, steep = Driver(HardwarePlanner(curve=FLAT)), Driver(HardwarePlanner(curve=STEEP))
     proposal = Proposal(wide_tree())
-    p_flat, e_flat = flat.plan(proposal, ctx(), 0.0)
-    p_steep, e_steep = steep.plan(proposal, ctx(), 0.0)
+    p_flat, e_flat = flat.plan(proposal)
+    p_steep, e_steep = steep.plan(proposal)
     assert len(p_flat.tree) > len(p_steep.tree) > 0
     assert e_flat > e_steep > 1.0
-    assert flat.last_plan["rate"] > steep.last_plan["rate"]
-    for planned in (p_flat.tree, p_steep.tree):  # ancestor-closed selections
-        assert all(par < i for i, par in enumerate(planned.parents))
+    assert flat.state.last_plan["rate"] > steep.state.last_plan["rate"]
+    # The kept nodes are the best ones by estimated path probability, ancestor-closed.
+    probs = flat.planner.estimate(proposal)
+    for planned in (p_flat.tree, p_steep.tree):
+        kept = {tuple(planned.tokens_of(planned.path_to(i))) for i in range(len(planned))}
+        paths = [tuple(proposal.tree.tokens_of(proposal.tree.path_to(i))) for i in range(len(proposal.tree))]
+        worst_kept = min(probs[i] for i, path in enumerate(paths) if path in kept)
+        best_dropped = max((probs[i] for i, path in enumerate(paths) if path not in kept), default=0.0)
+        assert worst_kept >= best_dropped
+        assert all(path[:-1] in kept for path in kept if len(path) > 1)
 
 
 def test_observe_calibrates_and_corrects_the_cost_scale():
     planner = HardwarePlanner(curve=STEEP)
-    tree = TokenTree.chain([5, 6, 7], [0.9, 0.81, 0.729], "prompt-lookup")
+    driver = Driver(planner)
+    tree = chain([5, 6, 7], 0.9)
     before = planner.calibrator.estimate("prompt-lookup", 0.9)
     for _ in range(50):  # the target never accepts the first node
-        planner.plan(Proposal(tree), ctx(), 0.0)
-        planner.observe(StepResult(3, Proposal(tree), (), 9, torch.zeros(4, 16)), 0.0, 2.0 * STEEP.latency(4))
+        driver.plan(Proposal(tree))
+        driver.observe(Proposal(tree), (), 0.0, 2.0 * STEEP.latency(4))
     assert planner.calibrator.estimate("prompt-lookup", 0.9) < 0.2 < before
     assert planner.cost.scale == pytest.approx(2.0, rel=0.05)
     # Such a source is no longer worth verifying: the planner takes plain steps.
-    planned, expected = planner.plan(Proposal(tree), ctx(), 0.0)
+    planned, expected = driver.plan(Proposal(tree))
     assert len(planned.tree) == 0 and expected == 1.0
 
 
 def test_cost_model_learns_a_bump_the_start_up_curve_missed():
     """On CPU a 3-token pass can cost more than a 4-token one; the start-up curve (sizes 1, 2, 4,
     ...) interpolates it. Observed step times correct each size on its own."""
-    from specula.planner.planner import CostModel
+    from specula.planner.cost import CostModel
 
     cost = CostModel(STEEP)
     true = {1: 1.0, 2: 1.17, 3: 1.9, 4: 1.4}  # 3 tokens: a slow kernel the curve cannot see
@@ -81,11 +110,11 @@ def test_cost_model_learns_a_bump_the_start_up_curve_missed():
 
 
 def test_backoff_skips_drafting_when_it_does_not_pay_and_probes_again():
-    planner = HardwarePlanner(curve=STEEP)
-    tree = TokenTree.chain([5], [0.01], "prompt-lookup")
+    driver = Driver(HardwarePlanner(curve=STEEP))
+    tree = chain([5], 0.01)
     skipped = 0
     for _ in range(40):  # drafting costs 5% of a step, the tree is useless
-        skipped += not engine_step(planner, tree, 0.05, lambda n: STEEP.latency(1))[0]
+        skipped += not driver.engine_step(tree, 0.05, lambda n: STEEP.latency(1))[0]
     # Back-off pauses of 1, 2, 4, 8, 16 plain steps between probes: the plain steps themselves must
     # not count as drafting that paid (they once halved the pause again at every probe).
     assert 30 < skipped < 40
@@ -96,10 +125,8 @@ def test_fusion_with_planner_is_lossless(curve):
     model = tiny_model("qwen2", seed=3)
     draft = HFCausalLM(perturbed_copy(model, 0.3), "draft")
     target = HFCausalLM(model, "target")
-    drafter = make_drafter("fusion", target=target, draft=draft)
-    planner = HardwarePlanner(curve=curve)
-    drafter.set_stop_rule(planner.chain_stop_rule("draft-model"))
-    dec = SpeculativeDecoder(target, drafter, eos_token_ids=[], planner=planner)
+    drafters = make_drafters("fusion", target=target, draft=draft)
+    dec = SpeculativeDecoder(target, drafters, eos_token_ids=[], planner=HardwarePlanner(curve=curve))
     for prompt in ([5, 17, 33, 2, 5, 17, 40, 41, 42, 5, 17], [60, 61, 62]):
         out = dec.generate(prompt, SamplingParams(max_new_tokens=40, ignore_eos=True))
         assert out.token_ids == reference_greedy(model, prompt, 40)
@@ -110,7 +137,7 @@ def test_fusion_on_a_copying_target_accepts_long_runs_and_predicts_them():
     model = successor_model()
     target = HFCausalLM(model, "target")
     planner = HardwarePlanner(curve=FLAT)
-    dec = SpeculativeDecoder(target, make_drafter("fusion", target=target), eos_token_ids=[], planner=planner)
+    dec = SpeculativeDecoder(target, make_drafters("fusion", target=target), eos_token_ids=[], planner=planner)
     prompt = list(range(10, 90)) + [20]
     out = dec.generate(prompt, SamplingParams(max_new_tokens=60, ignore_eos=True))
     assert out.token_ids == list(range(21, 81))
@@ -127,9 +154,7 @@ def test_adaptive_draft_model_is_lossless_and_drafts_less_on_a_steep_curve():
         target = HFCausalLM(model, "target")
         drafter = make_drafter("draft-model", target=target, draft=HFCausalLM(draft_model, "draft"),
                                adaptive=True, num_draft_tokens=10)
-        planner = HardwarePlanner(curve=curve)
-        drafter.set_stop_rule(planner.chain_stop_rule("draft-model"))
-        dec = SpeculativeDecoder(target, drafter, eos_token_ids=[], planner=planner)
+        dec = SpeculativeDecoder(target, drafter, eos_token_ids=[], planner=HardwarePlanner(curve=curve))
         out = dec.generate([7, 8, 9, 10], SamplingParams(max_new_tokens=60, ignore_eos=True))
         assert out.token_ids == reference_greedy(model, [7, 8, 9, 10], 60)
         results[name] = out.stats.drafted_tokens / out.stats.steps
@@ -137,12 +162,12 @@ def test_adaptive_draft_model_is_lossless_and_drafts_less_on_a_steep_curve():
 
 
 def test_sampled_sibling_trees_are_never_pruned():
-    planner = HardwarePlanner(curve=STEEP)
-    tree = TokenTree.build([5, 6, 7, 8], [-1, -1, 0, 0], scores=[0.5, 0.01, 0.2, 0.001], sources="draft-tree")
+    driver = Driver(HardwarePlanner(curve=STEEP))
+    tree = TokenTree.build([5, 6, 7, 8], [-1, -1, 0, 0], edge_scores=[0.5, 0.01, 0.4, 0.002], sources="draft-tree")
     q = torch.full((5, 16), 1 / 16)
-    planned, expected = planner.plan(Proposal(tree, q, "without_replacement"), ctx(), 0.0)
+    planned, expected = driver.plan(Proposal(tree, q, "without_replacement"))
     assert planned.tree == tree and expected > 1.0
-    pruned, _ = planner.plan(Proposal(tree), ctx(), 0.0)  # deterministic candidates may be pruned
+    pruned, _ = driver.plan(Proposal(tree))  # deterministic candidates may be pruned
     assert len(pruned.tree) < len(tree)
 
 
@@ -152,16 +177,17 @@ def test_per_source_correction_learns_the_planner_optimism():
     source's factor converges to about 0.5, another source's stays at 1, and the predicted
     tokens per step follow the realized ones."""
     planner = HardwarePlanner(curve=FLAT)
-    tree = TokenTree.chain([5, 6, 7, 8], [0.8, 0.64, 0.512, 0.4096], "prompt-lookup")
+    driver = Driver(planner)
+    tree = chain([5, 6, 7, 8], 0.8)
     planner.calibrator.update = lambda *a, **k: None  # freeze per-source calibration: 0.8 per edge
     rng = random.Random(0)
     predicted, realized = [], []
     for step in range(400):
-        planned, expected = planner.plan(Proposal(tree), ctx(), 0.0)
+        planned, expected = driver.plan(Proposal(tree))
         accepted = 0
         while accepted < len(planned.tree) and rng.random() < 0.4:  # each edge: 0.4, not 0.8
             accepted += 1
-        planner.observe(StepResult(3, planned, tuple(range(accepted)), 9, torch.zeros(5, 16)), 0.0, 1.0)
+        driver.observe(planned, tuple(range(accepted)))
         predicted.append(expected)
         realized.append(1 + accepted)
     assert planner.bias_of("prompt-lookup") == pytest.approx(0.5, abs=0.12)
@@ -172,65 +198,92 @@ def test_per_source_correction_learns_the_planner_optimism():
 
 def test_a_pessimistic_correction_fades_while_the_source_is_not_drafted():
     planner = HardwarePlanner(curve=STEEP)
-    tree = TokenTree.chain([5, 6], [0.9, 0.81], "prompt-lookup")
+    driver = Driver(planner)
+    tree = chain([5, 6], 0.9)
     for _ in range(10):  # confident nodes, never accepted
-        planned, _ = planner.plan(Proposal(tree), ctx(), 0.0)
-        planner.observe(StepResult(3, planned, (), 9, torch.zeros(len(planned.tree) + 1, 16)), 0.0, 1.0)
+        planned, _ = driver.plan(Proposal(tree))
+        driver.observe(planned)
     low = planner.bias_of("prompt-lookup")
     assert low < 0.5
     for _ in range(100):  # plain steps: nothing drafted, nothing learned, but time passes
-        planned, _ = planner.plan(Proposal.empty(), ctx(), 0.0)
-        planner.observe(StepResult(3, planned, (), 9, torch.zeros(1, 16)), 0.0, 1.0)
+        planned, _ = driver.plan(Proposal.empty())
+        driver.observe(planned)
     assert low < 0.9 < planner.bias_of("prompt-lookup") <= 1.0
 
 
+class RecordingView:
+    """A `CostView` that answers `worth` and records what the drafter asked."""
+
+    def __init__(self, worth: bool, baseline: float = 123.0) -> None:
+        self.worth, self.baseline_rate, self.calls = worth, baseline, []
+
+    def verify_seconds(self, n_tokens: int) -> float:
+        return 1.0
+
+    def worth_drafting(self, source: str, seconds_per_token: float) -> bool:
+        self.calls.append(("first", source, seconds_per_token))
+        return self.worth
+
+    def should_extend(self, source, edge_scores, seconds_per_token, drafted_seconds) -> bool:
+        self.calls.append(("extend", len(edge_scores)))
+        return True
+
+
 def test_fusion_skips_the_draft_model_when_retrieval_already_beats_it():
+    """In fusion the engine builds the draft model's cost view after the model-free drafters
+    proposed; the draft model asks it once, before any draft pass, and does not run."""
     model = successor_model()
     target = HFCausalLM(model, "target")
     draft = HFCausalLM(perturbed_copy(model, 0.3), "draft")
-    drafter = make_drafter("fusion", target=target, draft=draft)
-    calls = []
-    drafter.set_stop_rule(lambda edges, step_s, draft_s, baseline: calls.append((len(edges), baseline)) or True)
-    drafter.set_rate_estimator(lambda proposal, seconds: 123.0)
-    drafter.draft_model._token_seconds = 0.01  # a measured draft step: the rule is consulted first
-    proposal = drafter.propose(ctx([3, 4, 5, 6, 3, 4, 5]))
-    assert calls == [(0, 123.0)]  # asked once, before any draft pass, with fusion's baseline rate
-    assert len(draft) == 0  # the draft model never ran
-    assert "draft-model" not in proposal.tree.sources and len(proposal.tree) > 0  # prompt lookup still proposed
+    drafters = make_drafters("fusion", target=target, draft=draft)
+    assert [d.name for d in drafters] == ["prompt-lookup", "token-recycling", "draft-model"]
+    draft_model = drafters[-1]
+    draft_model._token_seconds.update(0.01)  # a measured draft step: the view is consulted first
+    state = draft_model.start()
+    view = RecordingView(worth=False)
+    proposal = draft_model.propose(ctx([3, 4, 5, 6, 3, 4, 5], cost=view), state)
+    assert view.calls == [("first", "draft-model", pytest.approx(0.01 + 6 * 0.0))]
+    assert len(proposal.tree) == 0 and len(state.tokens) == 0  # the draft model never ran
+    # Through the engine: the view the draft model reads covers prompt lookup's tree.
+    planner = HardwarePlanner(curve=STEEP)
+    views = []
+    real_view = planner.view
+    planner.view = lambda proposals, seconds: views.append([len(p.tree) for p in proposals]) or real_view(proposals, seconds)
+    dec = SpeculativeDecoder(target, drafters, eos_token_ids=[], planner=planner)
+    dec.generate([3, 4, 5, 6, 3, 4, 5], SamplingParams(max_new_tokens=3, ignore_eos=True))
+    assert views[0] == [] and views[2][0] > 0  # prompt lookup proposed before the draft model's view
 
 
 def test_draft_model_weighs_its_cache_catch_up_before_drafting():
     model = successor_model()
     drafter = make_drafter("draft-model", draft=HFCausalLM(perturbed_copy(model, 0.3), "draft"), adaptive=True)
-    seen = []
-    drafter.set_stop_rule(lambda edges, step_s, draft_s, baseline: seen.append((len(edges), step_s)) or not edges)
-    drafter._token_seconds, drafter._catch_up_seconds = 0.01, 0.002
-    long_prompt = ctx(list(range(2, 60)))
-    assert len(drafter.propose(long_prompt).tree) == 0  # the rule said no before any draft pass
-    assert seen == [(0, pytest.approx(0.01 + 57 * 0.002))]  # 58 tokens to catch up: 57 beyond the first pass
-    assert len(drafter.draft) == 0
+    drafter._token_seconds.update(0.01)
+    drafter._catch_up_seconds.update(0.002)
+    state = drafter.start()
+    view = RecordingView(worth=False)
+    assert len(drafter.propose(ctx(list(range(2, 60)), cost=view), state).tree) == 0  # no before any draft pass
+    assert view.calls == [("first", "draft-model", pytest.approx(0.01 + 57 * 0.002))]  # 58 to catch up: 57 beyond the first pass
+    assert len(state.tokens) == 0
 
 
 def test_pessimistic_planner_probes_at_growing_gaps_and_recovers():
     """A source whose estimate says 'never worth it' still gets its best node verified now and
     then (1, 2, 4, ... steps apart); when those probes succeed the planner drafts again."""
-    planner = HardwarePlanner(curve=STEEP)
-    tree = TokenTree.chain([5, 6], [0.05, 0.0025], "prompt-lookup")  # raw 0.05 per edge: looks useless
+    driver = Driver(HardwarePlanner(curve=STEEP))
+    tree = chain([5, 6], 0.05)  # raw 0.05 per edge: looks useless
     probes = []
     for step in range(40):
-        planned, _ = planner.plan(Proposal(tree), ctx(), 0.0)
+        planned, _ = driver.plan(Proposal(tree))
         if len(planned.tree):
             probes.append(step)
-        planner.observe(StepResult(3, planned, (), 9, torch.zeros(len(planned.tree) + 1, 16)), 0.0,
-                         STEEP.latency(len(planned.tree) + 1))
+        driver.observe(planned, (), 0.0, STEEP.latency(len(planned.tree) + 1))
     gaps = [b - a for a, b in zip(probes, probes[1:])]
     assert len(probes) >= 4 and gaps == sorted(gaps) and gaps[-1] > gaps[0]  # probes thin out
     for _ in range(200):  # now the first token is always accepted (probes 64 steps apart by now)
-        planned, _ = planner.plan(Proposal(tree), ctx(), 0.0)
+        planned, _ = driver.plan(Proposal(tree))
         path = (0,) if len(planned.tree) else ()
-        planner.observe(StepResult(3, planned, path, 9, torch.zeros(len(planned.tree) + 1, 16)), 0.0,
-                         STEEP.latency(len(planned.tree) + 1))
-    drafted = sum(len(planner.plan(Proposal(tree), ctx(), 0.0)[0].tree) > 0 for _ in range(10))
+        driver.observe(planned, path, 0.0, STEEP.latency(len(planned.tree) + 1))
+    drafted = sum(len(driver.plan(Proposal(tree))[0].tree) > 0 for _ in range(10))
     assert drafted == 10
 
 
@@ -238,26 +291,27 @@ def test_projection_is_measured_on_the_curve_as_given():
     """Projected speedup = expected tokens per step when verifying costs one plain step (flat
     curve, free drafting), even after observed step times rescaled the online cost model."""
     planner = HardwarePlanner(curve=FLAT)
-    tree = TokenTree.chain([5, 6], [0.9, 0.81], "prompt-lookup")
+    driver = Driver(planner)
+    tree = chain([5, 6], 0.9)
     planner.calibrator.update = lambda *a, **k: None
     expected = []
     for _ in range(20):
-        planned, e = planner.plan(Proposal(tree), ctx(), 0.0)
+        planned, e = driver.plan(Proposal(tree))
         expected.append(e)
-        planner.observe(StepResult(3, planned, (0,), 9, torch.zeros(len(planned.tree) + 1, 16)), 0.0, 3.0)
+        driver.observe(planned, (0,), 0.0, 3.0)
     assert planner.cost.scale > 2.0  # this "machine" is 3x slower than the curve
-    assert planner.projection()["projected_speedup"] == pytest.approx(sum(expected) / len(expected), rel=1e-3)
+    assert planner.projection(driver.state)["projected_speedup"] == pytest.approx(sum(expected) / len(expected), rel=1e-3)
 
 
 def test_no_probes_where_a_one_node_tree_can_never_pay():
     jump = CostCurve((1, 2, 4, 8), (1.0, 2.3, 2.3, 2.2), 64)  # float32 CPU: 1 row GEMV, 2+ rows GEMM
-    planner = HardwarePlanner(curve=jump)
-    tree = TokenTree.chain([5, 6], [0.05, 0.0025], "prompt-lookup")
+    driver = Driver(HardwarePlanner(curve=jump))
+    tree = chain([5, 6], 0.05)
     drafted = 0
     for _ in range(40):
-        planned, _ = planner.plan(Proposal(tree), ctx(), 0.0)
+        planned, _ = driver.plan(Proposal(tree))
         drafted += len(planned.tree)
-        planner.observe(StepResult(3, planned, (), 9, torch.zeros(len(planned.tree) + 1, 16)), 0.0, 1.0)
+        driver.observe(planned)
     assert drafted == 0
 
 
@@ -265,24 +319,26 @@ def test_backoff_follows_realised_rates_when_estimates_are_wrong():
     """The calibration keeps promising 0.9 per node (frozen here) but nothing is ever accepted:
     the plan always looks good, the realised tokens/s do not, and drafting pauses anyway."""
     planner = HardwarePlanner(curve=STEEP)
+    driver = Driver(planner)
     planner.calibrator.update = lambda *a, **k: None
-    tree = TokenTree.chain([5, 6, 7], [0.9, 0.81, 0.729], "prompt-lookup")
+    tree = chain([5, 6, 7], 0.9)
     verified = 0
     for _ in range(60):
         planner._recent.clear()  # keep the per-source factor at 1: only the back-off can act
-        verified += len(engine_step(planner, tree, 1e-4)[1].tree) > 0
-    assert planner.last_plan["chosen"] == 3  # every drafting step still plans the whole chain
+        verified += len(driver.engine_step(tree, 1e-4)[1].tree) > 0
+    assert driver.state.last_plan["chosen"] == 3  # every drafting step still plans the whole chain
     assert verified < 15  # but most steps are plain
 
 
 def test_a_new_request_ends_the_back_off_pause():
     planner = HardwarePlanner(curve=STEEP)
-    tree = TokenTree.chain([5], [0.01], "prompt-lookup")
+    driver = Driver(planner)
+    tree = chain([5], 0.01)
     run = 0
     for _ in range(40):  # useless slow drafting: pauses of 1, 2, 4, ... plain steps
-        run = 0 if engine_step(planner, tree, 0.5, lambda n: STEEP.latency(1))[0] else run + 1
+        run = 0 if driver.engine_step(tree, 0.5, lambda n: STEEP.latency(1))[0] else run + 1
         if run == 3:  # inside a pause of at least 4 steps: one more is still due
             break
     assert run == 3
-    planner.reset()
-    assert planner.should_draft(ctx())  # the next text is judged afresh
+    assert not planner.should_draft(driver.state)  # still paused for this request ...
+    assert planner.should_draft(planner.new_state())  # ... a new one is judged afresh

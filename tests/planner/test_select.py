@@ -1,6 +1,6 @@
 import pytest
 
-from specula.planner.select import chain_should_extend, choose_size, edge_scores, path_probabilities
+from specula.planner.select import chain_should_extend, choose_size, path_probabilities
 from specula.tree import TokenTree
 
 
@@ -28,15 +28,15 @@ def test_plain_step_when_nothing_beats_it():
     assert n_costly >= n_cheap
 
 
-def test_edge_scores_and_path_probabilities_round_trip():
-    tree = TokenTree.build([1, 2, 3, 4], [-1, 0, 1, 0], scores=[0.8, 0.4, 0.2, 0.6])
-    edges = edge_scores(tree)
-    assert edges == pytest.approx([0.8, 0.5, 0.5, 0.75])
-    assert path_probabilities(tree, edges) == pytest.approx(list(tree.scores))
+def test_path_probabilities_multiply_edges_along_paths():
+    tree = TokenTree.build([1, 2, 3, 4], [-1, 0, 1, 0])
+    edges = [0.8, 0.5, 0.5, 0.75]
+    assert path_probabilities(tree, edges) == pytest.approx([0.8, 0.4, 0.2, 0.6])
+    assert path_probabilities(tree.with_edge_scores(edges), edges) == pytest.approx(tree.with_edge_scores(edges).path_scores)
 
 
 def test_best_first_order_is_ancestor_closed_at_every_prefix():
-    tree = TokenTree.build([1, 2, 3, 4, 5], [-1, 0, -1, 2, 3], scores=[0.3, 0.25, 0.9, 0.85, 0.1])
+    tree = TokenTree.build([1, 2, 3, 4, 5], [-1, 0, -1, 2, 3], edge_scores=[0.3, 0.25 / 0.3, 0.9, 0.85 / 0.9, 0.1 / 0.85])
     order = tree.best_first_order()
     assert order == [2, 3, 0, 1, 4]
     for k in range(len(order) + 1):

@@ -48,23 +48,28 @@ class TestDrafter:
         self.inner, self.delay, self.boom_token = inner, delay, boom_token
         self.name = inner.name
 
-    def propose(self, ctx: DraftContext) -> Proposal:
+    def start(self):
+        return self.inner.start()
+
+    def propose(self, ctx: DraftContext, state=None) -> Proposal:
         if self.boom_token is not None and self.boom_token in ctx.tokens:
             raise RuntimeError("boom")
         time.sleep(self.delay)
-        return self.inner.propose(ctx)
+        return self.inner.propose(ctx, state)
 
-    def observe(self, step: StepResult) -> None:
-        self.inner.observe(step)
+    def observe(self, step: StepResult, state=None) -> None:
+        self.inner.observe(step, state)
 
-    def reset(self) -> None:
-        self.inner.reset()
+    def finish(self, state=None) -> None:
+        self.inner.finish(state)
 
 
 def make_spec(target_model, tokenizer, method: str = "draft-model", draft_model=None) -> Specula:
-    """A `Specula` over private copies of the models (each server owns its weights)."""
+    """A `Specula` over private copies of the models (each server owns its weights). No planner:
+    the trees are what the drafter proposes, whatever the timing, so seeded sampled outputs are
+    the same online and offline."""
     draft = HFCausalLM(copy.deepcopy(draft_model)) if draft_model is not None else None
-    return Specula(HFCausalLM(copy.deepcopy(target_model)), tokenizer, method, draft)
+    return Specula(HFCausalLM(copy.deepcopy(target_model)), tokenizer, method, draft, planner=False)
 
 
 @contextmanager

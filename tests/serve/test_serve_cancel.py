@@ -19,7 +19,7 @@ LONG = 200  # tokens a cancelled request asked for (about 2 s of decoding)
 @pytest.fixture(scope="module")
 def slow_server(target_model, tokenizer):
     spec = make_spec(target_model, tokenizer, "none")
-    spec.decoder.drafter = TestDrafter(spec.drafter, delay=0.01, boom_token=BOOM)
+    spec.decoder.drafters = [TestDrafter(d, delay=0.01, boom_token=BOOM) for d in spec.decoder.drafters]
     spec.decoder.eos_token_ids = frozenset()  # never stops by itself: only max_tokens or a cancel ends it
     with running(spec) as srv:
         yield srv

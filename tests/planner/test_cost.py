@@ -1,4 +1,5 @@
-"""Cost curve: measurement shape on a tiny model, interpolation, the `specula profile` command."""
+"""Cost curve: measurement shape on a tiny model, interpolation, the on-disk cache, the
+`specula profile` command."""
 
 from __future__ import annotations
 
@@ -7,9 +8,9 @@ import json
 import pytest
 import torch
 
-from specula.bench.profile import CostCurve, measure_cost_curve
 from specula.errors import ConfigError
 from specula.models.hf import HFCausalLM
+from specula.planner.cost import CostCurve, _timed_pass, load_or_measure_curve, measure_cost_curve
 from specula.tree import TokenTree
 from tiny import tiny_model
 
@@ -21,7 +22,6 @@ def test_measure_shape_and_backend_left_clean():
     assert len(curve.seconds) == 4 and all(s > 0 for s in curve.seconds)
     assert curve.context == 16 and curve.repeats == 2
     assert curve.ratio(1) == 1.0
-    assert len(backend) == 0 and backend.cache_tensors() == []  # reset afterwards
     data = curve.to_dict()
     assert data["sizes"] == [1, 2, 4, 8] and data["ratio"][0] == 1.0 and len(data["seconds"]) == 4
     assert CostCurve.from_dict(json.loads(json.dumps(data))).sizes == curve.sizes
@@ -30,12 +30,26 @@ def test_measure_shape_and_backend_left_clean():
 def test_measured_pass_is_a_real_verification():
     """The timed pass is forward_tree over root + chain after `context` cached tokens: the cache
     is back to exactly `context` tokens after each pass (checked by running one more step)."""
-    backend = HFCausalLM(tiny_model("llama"))
-    measure_cost_curve(backend, sizes=[3], context=10, repeats=1)
-    backend.append(list(range(5, 15)), logits="none")
-    logits = backend.forward_tree(20, TokenTree.empty())
-    full = backend.model(torch.tensor([[*range(5, 15), 20]])).logits[0, -1]
+    model = tiny_model("llama")
+    seq = HFCausalLM(model).new_sequence()
+    seq.prefill(list(range(5, 15)), logits="none")
+    assert _timed_pass(seq, "cpu", 3, TokenTree.chain([4, 5]), 10) > 0
+    assert seq.tokens == list(range(5, 15))
+    logits = seq.forward_tree(20, TokenTree.empty())
+    full = model(torch.tensor([[*range(5, 15), 20]])).logits[0, -1]
     torch.testing.assert_close(logits[0], full, atol=1e-4, rtol=1e-4)
+
+
+def test_curves_are_cached_per_backend_cost_key(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECULA_CACHE", str(tmp_path))
+    backend = HFCausalLM(tiny_model("qwen2"))
+    first = load_or_measure_curve(backend, sizes=(1, 2), context=8, repeats=1)
+    files = list((tmp_path / "cost").glob("*.json"))
+    assert len(files) == 1
+    assert load_or_measure_curve(backend, sizes=(1, 2), context=8, repeats=1) == first  # read back, not re-measured
+    other = HFCausalLM(tiny_model("qwen2", layers=3))  # another cost key: measured and cached apart
+    load_or_measure_curve(other, sizes=(1, 2), context=8, repeats=1)
+    assert len(list((tmp_path / "cost").glob("*.json"))) == 2
 
 
 def test_interpolation_and_extrapolation():

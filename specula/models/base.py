@@ -1,0 +1,126 @@
+"""The backend protocol: what the engine, drafters, planner, bench and server may ask of a model.
+
+A `TargetModel` holds what requests share (weights, kernels); each request gets its own
+`TargetSequence` (`new_sequence()`), the KV cache of one sequence. A sequence's cache holds
+exactly its committed tokens, except between `forward_tree` and `commit`:
+
+    seq.prefill(prompt[:-1])             cache = prompt without its last token (the first root)
+    logits = seq.forward_tree(root, tree)    root + every tree node in one pass, tree attention
+    seq.commit(path)                     cache = prefix + root + accepted path, nothing else
+
+Row convention (shared with `specula.tree` and `specula.verify`): `forward_tree` returns
+`[n + 1, vocab]` logits, row 0 after the root, row i + 1 after node i; a node sees the committed
+prefix, the root and its own ancestors, at position `len(prefix) + depth`.
+
+Draft models are backends too (a draft-model drafter keeps one `TargetSequence` per request).
+Nothing outside `specula.models` touches a backend's underlying model object.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal, Protocol, Sequence, runtime_checkable
+
+import torch
+
+from specula.errors import ConfigError
+from specula.tree import TokenTree
+
+LogitsMode = Literal["last", "all", "none"]
+"""What `prefill` returns: logits of the last token [vocab], of every token [n, vocab], or None."""
+
+
+@runtime_checkable
+class TargetSequence(Protocol):
+    """The KV cache of one sequence on a backend (one request's, or a drafter's)."""
+
+    @property
+    def tokens(self) -> list[int]:
+        """The committed tokens the cache holds, in order (read-only)."""
+        ...
+
+    def prefill(self, ids: Sequence[int], logits: LogitsMode = "last") -> torch.Tensor | None:
+        """Run `ids` causally after the cache and commit them."""
+        ...
+
+    def forward_tree(self, root: int, tree: TokenTree) -> torch.Tensor:
+        """Logits [n + 1, vocab] of the root and every node (tree attention); the tree is then
+        pending until `commit`."""
+        ...
+
+    def forward_tree_incremental(self, tree: TokenTree) -> torch.Tensor:
+        """Grow the pending tree (`tree` starts with its nodes): logits [new nodes, vocab]."""
+        ...
+
+    def commit(self, path: Sequence[int]) -> None:
+        """Keep prefix + root + the accepted `path` (node indices, root to deepest)."""
+        ...
+
+    def crop(self, length: int) -> None:
+        """Keep the first `length` committed tokens (rollback)."""
+        ...
+
+    def release(self) -> None:
+        """Free the cache now (the sequence must not be used again)."""
+        ...
+
+
+@runtime_checkable
+class TargetModel(Protocol):
+    """A model that verifies token trees (see the module docstring)."""
+
+    name: str
+    """Short name for messages."""
+    vocab_size: int
+    """Width of the logits (the output layer may be padded past the tokenizer)."""
+    max_context: int
+    """Most tokens one sequence may hold (prompt + generated)."""
+    eos_token_ids: frozenset[int]
+    """Token ids that end generation."""
+    device: torch.device
+    """Where the weights and caches live."""
+    dtype: torch.dtype
+    """Floating dtype of the activations."""
+
+    def new_sequence(self) -> TargetSequence:
+        """An empty KV cache for one sequence."""
+        ...
+
+    def cost_key(self) -> dict[str, Any]:
+        """What the latency of a forward pass depends on (model, backend, dtype, kernels,
+        quantization, threads, device): the planner caches cost curves under it."""
+        ...
+
+    def reference_model(self) -> Any:
+        """A Hugging Face model with these weights (for the bench's `generate` peers and
+        diagnostics), or None when the backend cannot give one."""
+        ...
+
+
+def check_context(model: TargetModel, n_tokens: int, what: str = "the prompt") -> None:
+    """The one context-window check: `n_tokens` must fit `model.max_context` (ConfigError naming
+    the fix otherwise). The engine calls it once per request, before prefill."""
+    if n_tokens > model.max_context:
+        raise ConfigError(
+            f"{what} needs {n_tokens} tokens but {model.name}'s context window is {model.max_context}; "
+            "shorten the prompt"
+        )
+
+
+def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
+    """Length of the longest common prefix of two token sequences."""
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+def keep_common_prefix(seq: TargetSequence, tokens: Sequence[int], limit: int | None = None) -> int:
+    """Roll `seq` back to its longest common prefix with `tokens` (at most `limit` tokens) and
+    return that length: the cache then needs `tokens[length:]` to catch up. This is how a draft
+    model's cache drops the previous step's rejected drafts."""
+    keep = common_prefix_length(seq.tokens, tokens)
+    if limit is not None:
+        keep = min(keep, limit)
+    seq.crop(keep)
+    return keep

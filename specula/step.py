@@ -1,0 +1,140 @@
+"""The types one decode step passes along, imported by drafters, planner and engine alike.
+
+    DraftContext  --drafters-->  Proposal(s)  --planner-->  Proposal  --target + rule-->  StepResult
+
+Drafters see a `DraftContext` (committed tokens, sampling parameters, a budget, the request's
+generator and, when a planner runs, a read-only `CostView`) and return a `Proposal`: a
+`TokenTree` whose nodes carry *edge* scores (the drafter's estimate of P(node accepted | parent
+accepted)) plus, for model drafters, the draft distributions `q` its children were drawn from.
+The planner merges the proposals and sizes the result; after verification every drafter
+observes the `StepResult`. Nothing in this module calls anything: it is data and protocols.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol, Sequence
+
+import torch
+
+from specula.sampling import SamplingParams
+from specula.tree import SiblingMode, TokenTree
+
+
+@dataclass(frozen=True)
+class DraftBudget:
+    """Limits the decode loop puts on one proposal."""
+
+    max_nodes: int
+    """Most tree nodes the target may verify this step (0 = plain step)."""
+    max_depth: int
+    """Deepest node worth drafting (remaining token budget - 1: the bonus token is always emitted)."""
+
+
+class CostView(Protocol):
+    """What a drafter may read of the planner's cost model while it drafts (read-only).
+
+    A drafter that decides mid-draft whether to go on (the draft-model chain) asks here instead
+    of calling the planner: the engine builds one view per drafter per step, after the drafters
+    before it have proposed, so `baseline_rate` covers their trees."""
+
+    def verify_seconds(self, n_tokens: int) -> float:
+        """Predicted latency of one target pass over `n_tokens` tokens (root included)."""
+        ...
+
+    @property
+    def baseline_rate(self) -> float:
+        """Expected tokens/s of the best tree within the proposals made so far this step (a
+        plain step's rate when there are none)."""
+        ...
+
+    def worth_drafting(self, source: str, seconds_per_token: float) -> bool:
+        """Whether a first token from `source` (costing `seconds_per_token`, catching up
+        included) is expected to beat `baseline_rate`."""
+        ...
+
+    def should_extend(self, source: str, edge_scores: Sequence[float], seconds_per_token: float,
+                      drafted_seconds: float) -> bool:
+        """Whether one more chain token from `source` pays, after drafting tokens with raw
+        edge scores `edge_scores` in `drafted_seconds` (SpecDec++-style stop rule)."""
+        ...
+
+
+@dataclass(frozen=True)
+class DraftContext:
+    """What a drafter sees when proposing."""
+
+    tokens: Sequence[int]
+    """All committed tokens, prompt first; the last one is the tree's root."""
+    prompt_len: int
+    """How many of `tokens` are the prompt."""
+    params: SamplingParams
+    """Sampling parameters of the request (drafters that sample use the same processing)."""
+    budget: DraftBudget
+    """Size limits for this proposal."""
+    generator: torch.Generator
+    """The request's seeded random generator (for drafters that sample)."""
+    cost: CostView | None = None
+    """The planner's read-only cost view, or None when no planner runs."""
+
+
+@dataclass(frozen=True)
+class Proposal:
+    """A drafter's proposal (or the planner's merged and sized one)."""
+
+    tree: TokenTree
+    """The proposed tree (may be empty: plain decoding step)."""
+    q: torch.Tensor | None = None
+    """[n + 1, vocab] draft distributions: row r is the distribution the children of row r were
+    drawn from (row 0 = root, row i + 1 = node i; rows without drafted children may be zero), or
+    None for model-free drafters. Verification uses it only when `sibling_mode` is not
+    "deterministic"; the planner also reads it to prune retrieval branches (RASD)."""
+    sibling_mode: SiblingMode = "deterministic"
+    """How siblings were drawn from q: deterministic (top-k / retrieval), iid, or without replacement."""
+
+    @classmethod
+    def empty(cls) -> "Proposal":
+        return cls(TokenTree.empty())
+
+    @property
+    def sampled(self) -> bool:
+        """Children were drawn at random from q: verify as drawn, never drop siblings by score."""
+        return self.sibling_mode != "deterministic"
+
+    def restrict(self, keep: Sequence[int]) -> "Proposal":
+        """Keep an ancestor-closed subset of nodes, with their q rows."""
+        keep = sorted(set(keep))
+        if len(keep) == len(self.tree):
+            return self
+        q = None if self.q is None else self.q[[0, *(k + 1 for k in keep)]]
+        return Proposal(self.tree.subtree(keep), q, self.sibling_mode)
+
+    def limit(self, budget: DraftBudget) -> "Proposal":
+        """Enforce the loop's budget: depth first, then the best nodes by path score."""
+        tree = self.tree
+        out = self.restrict([i for i, d in enumerate(tree.depth) if d <= budget.max_depth])
+        return out.restrict(out.tree.top_node_indices(max(budget.max_nodes, 0)))
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """One verified step, as drafters and the planner observe it."""
+
+    root: int
+    """The root token the tree hung from."""
+    proposal: Proposal
+    """What was verified (after the planner and the loop's budget)."""
+    path: tuple[int, ...]
+    """Accepted node indices, root to deepest."""
+    next_token: int
+    """Token emitted after the path (bonus or correction)."""
+    logits: torch.Tensor
+    """[n + 1, vocab] raw target logits at the root and every node."""
+    hidden: torch.Tensor | None = None
+    """[n + 1, hidden] the target's last hidden state at the root and every node, when a drafter
+    asked for hidden states (trained heads), else None."""
+
+    @property
+    def accepted_tokens(self) -> list[int]:
+        """The accepted draft tokens, root to deepest (the bonus token excluded)."""
+        return self.proposal.tree.tokens_of(self.path)

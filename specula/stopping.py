@@ -1,0 +1,90 @@
+"""Text of a generation as it streams: incremental decoding and stop strings (OpenAI's rule).
+
+As in OpenAI's API (and vLLM's default), a stop string ends the generation and neither it nor
+anything after it is returned; while streaming, text that might be the start of a stop string
+is held back until it cannot be.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+
+def cut_at_stop(text: str, stops: Sequence[str]) -> tuple[str, bool]:
+    """`text` up to (excluding) the earliest stop string, and whether one was found."""
+    cut = min((i for i in (text.find(s) for s in stops) if i >= 0), default=-1)
+    return (text, False) if cut < 0 else (text[:cut], True)
+
+
+class StopTrimmer:
+    """Streams text deltas with stop strings removed: text that might begin a stop string is
+    held back until it cannot, and nothing after a stop string is ever released."""
+
+    def __init__(self, stops: Sequence[str]) -> None:
+        self.stops = tuple(stops)
+        self.pending = ""
+        self.stopped = False
+
+    def feed(self, delta: str) -> str:
+        """Text safe to send now."""
+        if self.stopped:
+            return ""
+        self.pending += delta
+        head, found = cut_at_stop(self.pending, self.stops)
+        if found:
+            self.stopped, self.pending = True, ""
+            return head
+        hold = max((k for s in self.stops for k in range(min(len(s) - 1, len(head)), 0, -1)
+                    if head.endswith(s[:k])), default=0)
+        out, self.pending = head[: len(head) - hold], head[len(head) - hold :]
+        return out
+
+    def flush(self) -> str:
+        """The held-back text once the generation is over (it ended without a stop string)."""
+        out, self.pending = ("" if self.stopped else self.pending), ""
+        return out
+
+
+class TextStream:
+    """Decodes a growing list of token ids into text deltas, holding back a trailing incomplete
+    multi-byte character, and applies the stop strings (`StopTrimmer`)."""
+
+    def __init__(self, tokenizer, stops: Sequence[str] = ()) -> None:
+        self.tokenizer = tokenizer
+        self.ids: list[int] = []
+        self.shown = ""  # decoded text already passed to the trimmer
+        self.trimmer = StopTrimmer(stops) if stops and tokenizer is not None else None
+
+    def decode(self, ids: Sequence[int]) -> str:
+        if self.tokenizer is None:
+            return ""
+        return self.tokenizer.decode(list(ids), skip_special_tokens=True)
+
+    @property
+    def stopped(self) -> bool:
+        return self.trimmer is not None and self.trimmer.stopped
+
+    def stop_cut(self, new: Sequence[int]) -> int | None:
+        """Fewest of `new` tokens (about to be appended) whose text, after the tokens so far,
+        contains a stop string; None when none does."""
+        if self.trimmer is None:
+            return None
+        longest = max(len(s) for s in self.trimmer.stops)
+        head = self.ids[-(longest + 8) :]  # only the tail can contain a new match
+        for k in range(1, len(new) + 1):
+            text = self.decode([*head, *new[:k]])
+            if any(s in text for s in self.trimmer.stops):
+                return k
+        return None
+
+    def feed(self, new: Sequence[int], final: bool = False) -> str:
+        """Append tokens; the text delta safe to show (all of it when `final`)."""
+        self.ids.extend(int(t) for t in new)
+        text = self.decode(self.ids)
+        stable = text if final or not text.endswith("\ufffd") else text[:-1]
+        delta = stable[len(self.shown) :] if stable.startswith(self.shown) else ""
+        self.shown = stable if stable.startswith(self.shown) else self.shown
+        if self.trimmer is None:
+            return delta
+        out = self.trimmer.feed(delta)
+        return out + self.trimmer.flush() if final else out
