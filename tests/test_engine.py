@@ -189,3 +189,42 @@ def test_generation_stops_at_the_context_window():
     assert out.stats.finish_reason == "length"
     assert len(out.token_ids) <= 256 - 238
     assert out.token_ids == reference_greedy(model, list(range(1, 90)) * 2 + [5] * 60, len(out.token_ids))
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_two_sessions_interleaved_step_by_step_give_what_each_gives_alone(temperature):
+    """Per-request state lives in the session: stepping A, then B, then A ... on one target (and
+    one draft model, one recycling matrix) gives each exactly its output alone."""
+    from specula.api import build_decoder
+
+    model = tiny_model("qwen2", seed=3)
+    target, draft = HFCausalLM(model, "target"), HFCausalLM(perturbed_copy(model, 0.3), "draft")
+    params = [SamplingParams(temperature=temperature, seed=s, max_new_tokens=30, ignore_eos=True) for s in (1, 2)]
+    prompts = PROMPTS[:2]
+    for method in ("draft-model", "draft-tree", "fusion", "token-recycling"):
+        dec = build_decoder(method, target, None, draft, planner=False)  # the same trees whatever the timing
+        alone = [dec.generate(p, sp).token_ids for p, sp in zip(prompts, params)]
+        sessions = [dec.start(p, sp) for p, sp in zip(prompts, params)]
+        while not all(s.finished for s in sessions):
+            for s in sessions:
+                dec.step([s])
+        assert [s.generated for s in sessions] == alone, method
+        assert sum(s.stats.drafted_tokens for s in sessions) > 0, method
+        for s in sessions:
+            dec.finish(s)
+            assert s.seq.tokens == [] and s.drafter_states == []
+        if temperature == 0.0:
+            assert alone == [reference_greedy(model, p, 30) for p in prompts]
+
+
+def test_stopping_a_stream_early_frees_the_session():
+    model = tiny_model("llama", seed=2)
+    dec = decoder(model, "draft-model", model)
+    opened = []
+    real = dec.target.new_sequence
+    dec.target.new_sequence = lambda: opened.append(real()) or opened[-1]
+    stream = dec.stream(PROMPTS[0], greedy(40))
+    next(stream)
+    assert len(opened[0].tokens) > 0
+    stream.close()
+    assert opened[0].tokens == []

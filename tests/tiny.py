@@ -114,7 +114,8 @@ def assert_speculative_greedy_equals_plain(model, method: str, reference, draft=
 
 # ---------------------------------------------------------------------------- tree forwards
 def random_tree(rng: random.Random, n: int, vocab: int) -> TokenTree:
-    parents = [-1]
+    """A random tree of n nodes (duplicate siblings merged, so possibly fewer)."""
+    parents = [-1] if n else []
     for i in range(1, n):
         parents.append(rng.randrange(-1, i))
     return TokenTree.empty().merge(TokenTree.build([rng.randrange(vocab) for _ in range(n)], parents))

@@ -22,6 +22,13 @@ def add_model_args(parser: argparse.ArgumentParser, *, target_required: bool = T
     add_attn_arg(g)
     add_quantize_arg(g)
     add_linear_kernel_arg(g)
+    add_backend_arg(g)
+
+
+def add_backend_arg(parser) -> None:
+    parser.add_argument("--backend", default="hf", choices=("auto", "native", "hf"),
+                        help="native = specula's own Llama/Qwen2/Mistral decoder (static KV cache, low per-step "
+                             "overhead); hf = any Hugging Face causal LM (default); auto = native where supported")
 
 
 def add_attn_arg(parser) -> None:
@@ -84,7 +91,7 @@ def load_config(args: argparse.Namespace) -> "LoadConfig":
     from specula.api import LoadConfig
 
     return LoadConfig(dtype=args.dtype, attn_implementation=args.attn, quantize=args.quantize,
-                      linear_kernel=args.linear_kernel)
+                      linear_kernel=args.linear_kernel, backend=getattr(args, "backend", "hf"))
 
 
 def drafter_options(args: argparse.Namespace, method: str) -> dict:

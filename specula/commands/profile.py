@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from specula.commands.common import add_attn_arg, add_linear_kernel_arg, add_quantize_arg
+from specula.commands.common import add_attn_arg, add_backend_arg, add_linear_kernel_arg, add_quantize_arg
 from specula.errors import ConfigError
 
 
@@ -19,6 +19,7 @@ def register(sub) -> None:
     add_attn_arg(p)
     add_quantize_arg(p)
     add_linear_kernel_arg(p)
+    add_backend_arg(p)
     p.add_argument("--context", type=int, default=512, help="tokens in the KV cache before each pass (default 512)")
     p.add_argument("--sizes", default="1,2,4,8,16,32,64", help="tokens per pass, comma-separated (default 1,2,4,...,64)")
     p.add_argument("--repeats", type=int, default=5, help="timed repeats per size after one warm-up (default 5)")
@@ -50,8 +51,8 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("--repeats and --context must be >= 1")
     set_threads(args.threads)
     target, _ = load_backend(args.target, LoadConfig(dtype=args.dtype, attn_implementation=args.attn,
-                                                       quantize=args.quantize,
-                                                       linear_kernel=args.linear_kernel), "target")
+                                                       quantize=args.quantize, linear_kernel=args.linear_kernel,
+                                                       backend=args.backend), "target")
     curve = measure_cost_curve(target, sizes, args.context, args.repeats)
     out = Path(args.out)
     key = target.cost_key()

@@ -219,16 +219,86 @@ class LoadConfig:
     """Float linear layers: onednn (weights prepacked once for oneDNN; on CPU several times cheaper for
     the few rows decoding and verification pass, docs/cpu.md), aten (`F.linear`), or auto = onednn for a
     float32 model on CPU without quantize, else aten."""
+    backend: str = "hf"
+    """native (specula's own Llama / Qwen2 / Mistral decoder: static KV cache, fused projections, low
+    per-step overhead), hf (any Hugging Face causal LM), or auto = native where the architecture is
+    supported, else hf."""
+
+    def __post_init__(self) -> None:
+        if self.backend not in BACKENDS:
+            raise ConfigError(f"unknown backend {self.backend!r}; choose one of: {', '.join(BACKENDS)}")
+
+
+BACKENDS = ("auto", "native", "hf")
+"""Values of `--backend` / `LoadConfig.backend`."""
+
+
+def _architecture(resolved: ResolvedModel) -> str:
+    """The model class a spec loads as, read from its config alone (no weights)."""
+    from transformers import AutoConfig
+
+    kwargs: dict[str, Any] = {"local_files_only": True}
+    if resolved.gguf_file is not None:
+        kwargs["gguf_file"] = str(resolved.gguf_file)
+    try:
+        config = AutoConfig.from_pretrained(str(resolved.path), **kwargs)
+    except (OSError, ValueError, KeyError) as exc:
+        raise SpeculaError(f"could not read the config of {resolved.spec!r} from {resolved.path}: {exc}") from exc
+    return (getattr(config, "architectures", None) or [""])[0]
 
 
 def load_backend(spec: str, config: LoadConfig = LoadConfig(), name: str = "model") -> tuple[Any, Any]:
     """Load a model (alias, local dir, .gguf file or cached hub id) as a backend
-    (`specula.models.base.TargetModel`) + its tokenizer. EOS ids: the model's and the tokenizer's."""
-    from specula.models.hf import HFCausalLM, eos_ids_of
+    (`specula.models.base.TargetModel`) + its tokenizer. EOS ids: the model's and the tokenizer's.
 
-    model, tokenizer = load_model(spec, dtype=config.dtype, attn_implementation=config.attn_implementation,
-                                  quantize=config.quantize, linear_kernel=config.linear_kernel)
-    return HFCausalLM(model, name=f"{name} {spec}", eos_token_ids=eos_ids_of(model, tokenizer)), tokenizer
+    The native backend is built from the Hugging Face model's weights (q|k|v and gate|up fused),
+    then given the configured kernels; the Hugging Face model itself is dropped and reloaded only if
+    a caller asks for `reference_model()` (the bench's peers)."""
+    from specula.models.attention import resolve_attention
+    from specula.models.hf import HFCausalLM, eos_ids_of
+    from specula.models.native import ARCHITECTURES
+
+    resolved = spec if isinstance(spec, ResolvedModel) else resolve(spec)
+    backend = config.backend
+    if backend != "hf":
+        arch = _architecture(resolved)
+        if arch not in ARCHITECTURES:
+            if backend == "native":
+                raise ConfigError(f"--backend native runs {', '.join(ARCHITECTURES)}; {resolved.name} is "
+                                  f"{arch or 'another architecture'}: use --backend hf")
+            backend = "hf"
+    kwargs = dict(dtype=config.dtype, attn_implementation=config.attn_implementation, quantize=config.quantize,
+                  linear_kernel=config.linear_kernel)
+    if backend == "hf":
+        model, tokenizer = load_model(resolved, **kwargs)
+        return HFCausalLM(model, name=f"{name} {resolved.spec}", eos_token_ids=eos_ids_of(model, tokenizer)), tokenizer
+    return _load_native(resolved, config, name, kwargs, resolve_attention(config.attn_implementation, config.quantize))
+
+
+def _load_native(resolved: ResolvedModel, config: LoadConfig, name: str, kwargs: dict, attention: str):
+    import torch
+
+    from specula.models.hf import eos_ids_of
+    from specula.models.native import NativeCausalLM, NativeDecoder
+    from specula.models.prepack import prepack_model, resolve_linear_kernel
+    from specula.models.quantize import check_quantize, quantize_model
+
+    check_quantize(config.quantize)
+    kernel = resolve_linear_kernel(config.linear_kernel, dtype=_torch_dtype(config.dtype), device="cpu",
+                                   quantize=config.quantize)
+    model, tokenizer = load_model(resolved, dtype=config.dtype, attn_implementation="sdpa", quantize="none",
+                                  linear_kernel="aten")
+    eos = eos_ids_of(model, tokenizer)
+    model_id = str(getattr(model.config, "_name_or_path", "")) or resolved.name
+    with torch.no_grad():
+        decoder = NativeDecoder.from_hf(model)
+    del model  # the decoder holds what it needs; the peers' model is reloaded on demand
+    quantize_model(decoder, config.quantize)
+    decoder.invariant = attention == "batch_invariant"
+    prepack_model(decoder, kernel)
+    backend = NativeCausalLM(decoder, name=f"{name} {resolved.spec}", eos_token_ids=eos,
+                             reference=lambda: load_model(resolved, **kwargs)[0], model_id=model_id)
+    return backend, tokenizer
 
 
 def load_draft(spec: str, target_tokenizer: Any, target: Any, config: LoadConfig = LoadConfig(),

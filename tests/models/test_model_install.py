@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -18,7 +19,7 @@ CHUNKS = [b"GGUF" + b"a" * 1000, b"b" * 777, b"c" * 5]
 def test_registry_entries_are_consistent() -> None:
     for alias, model in EMBEDDED_MODELS.items():
         assert alias == model.alias == alias.lower()
-        assert len(model.sha256) == 64 and int(model.sha256, 16) >= 0
+        assert re.fullmatch(r"[0-9a-f]{64}", model.sha256), model.sha256  # a lower-case hex sha256
         assert model.role in ("target", "draft")
         assert len(model.parts) == len(set(model.files))
         assert model.requirements == tuple(f"{n}=={v}" for n, v in model.packages)

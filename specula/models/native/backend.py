@@ -1,0 +1,199 @@
+"""The native backend: `NativeDecoder` behind the `TargetModel` protocol.
+
+Each `NativeSequence` owns a static KV cache (`cache.KVCache`). A tree pass writes the root and
+every node at consecutive slots after the committed prefix and attends through a boolean mask
+over slots (prefix + the row's own ancestors); `commit` moves the accepted path's rows next to
+the root (a gather of the path only). The same decoder serves one-token decoding, prefills and
+trees, so plain and speculative decoding run the same code.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import torch
+
+from specula.models.base import LogitsMode
+from specula.models.native.cache import KVCache
+from specula.models.native.model import NativeDecoder, Segment
+from specula.tree import TokenTree
+
+
+class NativeCausalLM:
+    """A Llama / Qwen2 / Mistral model on specula's own decoder (a `TargetModel`)."""
+
+    def __init__(self, decoder: NativeDecoder, name: str = "model", *, eos_token_ids: Sequence[int] = (),
+                 reference: Callable[[], Any] | None = None, model_id: str = "") -> None:
+        self.decoder = decoder
+        self.name = name
+        cfg = decoder.cfg
+        self.config = cfg
+        self.vocab_size = cfg.vocab_size
+        self.max_context = cfg.max_position
+        self.eos_token_ids = frozenset(int(e) for e in eos_token_ids)
+        param = decoder.final_norm
+        self.device, self.dtype = param.device, param.dtype
+        self._reference = reference
+        self._reference_model = None
+        self._model_id = model_id
+
+    # ------------------------------------------------------------------ TargetModel
+    def new_sequence(self) -> "NativeSequence":
+        return NativeSequence(self)
+
+    def cost_key(self) -> dict[str, Any]:
+        from specula.models.hf import quantization_of
+        from specula.models.prepack import linear_kernel_of
+
+        cfg = self.config
+        key = {
+            "model": self._model_id or self.name,
+            "arch": cfg.architecture,
+            "layers": cfg.num_layers,
+            "hidden": cfg.hidden_size,
+            "backend": "native",
+            "dtype": str(self.dtype),
+            "device": str(self.device),
+            "threads": torch.get_num_threads(),
+            "torch": torch.__version__,
+            "quantize": quantization_of(self.decoder),
+            "attention": "batch_invariant" if self.decoder.invariant else "sdpa",
+            "linear_kernel": linear_kernel_of(self.decoder),
+        }
+        if self.device.type == "cuda":
+            key["gpu"] = torch.cuda.get_device_name(self.device)
+        return key
+
+    def reference_model(self) -> Any:
+        """The Hugging Face model of the same weights (loaded on first use, for peers)."""
+        if self._reference_model is None and self._reference is not None:
+            self._reference_model = self._reference()
+        return self._reference_model
+
+    # ------------------------------------------------------------------ one pass
+    def run(self, seq: "NativeSequence", ids: Sequence[int], positions: torch.Tensor, mask: torch.Tensor | None,
+            logit_rows: slice | None, prefill: bool = False) -> torch.Tensor | None:
+        """Run rows `ids` of one sequence at `positions` ([n] long) from slot len(seq.tokens) with
+        an attention `mask` ([n, start + n] bool, None for one row); logits [rows, V] or None."""
+        n = len(ids)
+        start = seq.slots
+        seq.cache.reserve(start + n, start)
+        tokens = torch.tensor(list(ids), dtype=torch.long, device=self.device)  # [n]
+        mask = None if mask is None else mask.to(self.device)
+        hidden = self.decoder(tokens, positions.to(self.device), [Segment(seq.cache, start, slice(0, n), mask, prefill)])
+        if logit_rows is None:
+            return None
+        return self.decoder.logits(hidden[logit_rows])
+
+
+def causal_mask(start: int, n: int) -> torch.Tensor:
+    """Bool [n, start + n]: row i sees slots 0 .. start + i."""
+    return torch.ones((n, start + n), dtype=torch.bool).tril(start)
+
+
+def tree_mask(start: int, tree: TokenTree) -> torch.Tensor:
+    """Bool [n + 1, start + n + 1]: every row sees the prefix and the root; node rows their ancestors."""
+    n = len(tree)
+    mask = torch.zeros((n + 1, start + n + 1), dtype=torch.bool)
+    mask[:, : start + 1] = True
+    mask[1:, start + 1 :] = tree.ancestor_mask
+    return mask
+
+
+class NativeSequence:
+    """One sequence's static KV cache on a `NativeCausalLM` (see the module docstring)."""
+
+    def __init__(self, backend: NativeCausalLM) -> None:
+        cfg = backend.config
+        self.backend = backend
+        self.cache = KVCache(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, dtype=backend.dtype,
+                             device=backend.device, max_capacity=backend.max_context)
+        self._tokens: list[int] = []
+        self._pending: tuple[int, TokenTree] | None = None
+
+    @property
+    def tokens(self) -> list[int]:
+        return self._tokens
+
+    @property
+    def slots(self) -> int:
+        """Slots in use: the committed tokens (+ the pending tree's rows while one is pending)."""
+        return len(self._tokens) + (len(self._pending[1]) + 1 if self._pending is not None else 0)
+
+    def _assert_room(self, extra: int) -> None:
+        if len(self._tokens) + extra > self.backend.max_context:
+            raise RuntimeError(f"{self.backend.name}: {len(self._tokens) + extra} tokens exceed the context "
+                               f"window of {self.backend.max_context}")
+
+    def prefill(self, ids: Sequence[int], logits: LogitsMode = "last") -> torch.Tensor | None:
+        if self._pending is not None:
+            raise RuntimeError("prefill() while a tree is pending: commit() it first")
+        ids = list(ids)
+        if not ids:
+            return None
+        self._assert_room(len(ids))
+        start, n = len(self._tokens), len(ids)
+        positions = torch.arange(start, start + n)
+        mask = None if n == 1 else causal_mask(start, n)
+        rows = {"last": slice(n - 1, n), "all": slice(0, n), "none": None}[logits]
+        out = self.backend.run(self, ids, positions, mask, rows, prefill=True)
+        self._tokens.extend(ids)
+        if out is None:
+            return None
+        return out[0] if logits == "last" else out
+
+    def forward_tree(self, root: int, tree: TokenTree) -> torch.Tensor:
+        """Logits [n + 1, vocab]: row 0 after the root, row i + 1 after node i."""
+        if self._pending is not None:
+            raise RuntimeError("forward_tree() while a tree is pending: commit() it first")
+        self._assert_room(len(tree) + 1)
+        start = len(self._tokens)
+        positions = torch.cat([torch.zeros(1, dtype=torch.long), tree.position_offsets]) + start
+        mask = tree_mask(start, tree) if len(tree) else None
+        out = self.backend.run(self, [root, *tree.tokens], positions, mask, slice(0, len(tree) + 1))
+        self._pending = (root, tree)
+        return out
+
+    def forward_tree_incremental(self, tree: TokenTree) -> torch.Tensor:
+        """Grow the pending tree (`tree` starts with its nodes): logits [new nodes, vocab]."""
+        if self._pending is None:
+            raise RuntimeError("forward_tree_incremental() needs a pending tree: call forward_tree() first")
+        root, old = self._pending
+        first = len(old)
+        if tree.tokens[:first] != old.tokens or tree.parents[:first] != old.parents:
+            raise ValueError("forward_tree_incremental: the tree must extend the pending tree (same first nodes)")
+        if len(tree) == first:
+            return torch.empty((0, self.backend.vocab_size), dtype=torch.float32, device=self.backend.device)
+        self._assert_room(len(tree) + 1)
+        start = len(self._tokens)
+        positions = tree.position_offsets[first:] + start
+        mask = tree_mask(start, tree)[first + 1 :]  # rows of the new nodes
+        out = self.backend.run(self, tree.tokens[first:], positions, mask, slice(0, len(tree) - first))
+        self._pending = (root, tree)
+        return out
+
+    def commit(self, path: Sequence[int]) -> None:
+        """Keep prefix + root + the accepted `path` (node indices, root to deepest)."""
+        if self._pending is None:
+            raise RuntimeError("commit() without a pending forward_tree()")
+        root, tree = self._pending
+        self._pending = None
+        path = list(path)
+        self.cache.keep(len(self._tokens), [0, *(i + 1 for i in path)])
+        self._tokens.extend([root, *tree.tokens_of(path)])
+
+    def crop(self, length: int) -> None:
+        if self._pending is not None:
+            raise RuntimeError("crop() while a tree is pending: commit() it first")
+        if not 0 <= length <= len(self._tokens):
+            raise ValueError(f"crop({length}) outside 0..{len(self._tokens)}")
+        del self._tokens[length:]  # the slots beyond are overwritten by the next pass
+
+    def release(self) -> None:
+        self.cache = KVCache(*self.cache.shape, dtype=self.cache.dtype, device=self.cache.device, capacity=0)
+        self._tokens = []
+        self._pending = None
+
+    def cache_tensors(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """(keys, values) per layer, each [1, G, len, D] (tests and tools)."""
+        return self.cache.tensors(len(self._tokens))

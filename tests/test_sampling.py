@@ -1,0 +1,57 @@
+"""`specula.sampling`: the processed target distribution against an independent reference
+(transformers' logits processors), lazy rows, and the per-position uniforms."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specula.sampling import SamplingParams, TargetRows, position_uniforms, probabilities, request_seed
+
+
+def hf_reference(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """What Hugging Face `generate` samples from: temperature, then top-k, then top-p warpers."""
+    from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+
+    warpers = LogitsProcessorList([TemperatureLogitsWarper(params.temperature)])
+    if params.top_k:
+        warpers.append(TopKLogitsWarper(params.top_k))
+    if params.top_p < 1.0:
+        warpers.append(TopPLogitsWarper(params.top_p))
+    scores = warpers(torch.zeros(logits.shape[0], 1, dtype=torch.long), logits.clone())
+    return torch.softmax(scores, -1)
+
+
+@pytest.mark.parametrize("temperature,top_k,top_p", [
+    (1.0, 0, 1.0), (0.7, 0, 1.0), (1.3, 5, 1.0), (0.9, 0, 0.8), (0.6, 20, 0.9), (2.0, 3, 0.5), (1.0, 0, 0.05),
+])
+def test_probabilities_match_transformers_logits_processors(temperature, top_k, top_p):
+    torch.manual_seed(0)
+    logits = torch.randn(6, 50) * 3  # [rows, vocab], no ties
+    params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p)
+    ours = probabilities(logits, params)
+    ref = hf_reference(logits, params)
+    torch.testing.assert_close(ours, ref, atol=1e-6, rtol=1e-5)
+    assert torch.equal(ours > 0, ref > 0)  # the same support, token for token
+
+
+def test_greedy_is_the_one_hot_argmax():
+    logits = torch.tensor([[0.1, 2.0, -1.0], [3.0, 0.0, 2.9]])
+    assert probabilities(logits, SamplingParams()).tolist() == [[0.0, 1.0, 0.0], [1.0, 0.0, 0.0]]
+
+
+def test_target_rows_are_processed_on_demand():
+    logits = torch.randn(4, 30)
+    params = SamplingParams(temperature=0.8, top_p=0.9)
+    rows = TargetRows(logits, params)
+    assert rows.shape == logits.shape and rows.dim() == 2 and len(rows) == 4
+    torch.testing.assert_close(rows[2], probabilities(logits[2], params))
+    assert list(rows._rows) == [2]  # nothing else computed
+
+
+def test_position_uniforms_depend_on_seed_and_position_only():
+    a = position_uniforms(7, 0, 10)
+    assert position_uniforms(7, 4, 3) == a[4:7]  # the same position, whatever the window
+    assert position_uniforms(8, 0, 10) != a
+    assert all(0.0 <= u < 1.0 for u in a) and len(set(a)) == 10
+    assert request_seed(5) == 5 and request_seed(None) != request_seed(None)
