@@ -30,11 +30,13 @@ from specula.drafters.base import Drafter
 from specula.errors import ConfigError
 from specula.models.base import TargetModel, TargetSequence, check_context
 from specula.planner import HardwarePlanner, PlannerState, merge_proposals
-from specula.sampling import SamplingParams, TargetRows, make_generator, position_uniforms, request_seed
+from specula.sampling import (
+    SamplingParams, TargetRows, make_generator, position_uniforms, probabilities, request_seed,
+)
 from specula.stats import GenerationStats
 from specula.step import DraftBudget, DraftContext, Proposal, StepResult
 from specula.stopping import TextStream
-from specula.verify import VerifyResult, verify, verify_deterministic, verify_greedy
+from specula.verify import VerifyResult, target_tokens, verify, verify_deterministic, verify_greedy
 
 
 @dataclass(frozen=True)
@@ -138,7 +140,7 @@ class SpeculativeDecoder:
         seq = self.target.new_sequence()
         seed = request_seed(params.seed)
         session = Session(
-            prompt=prompt, params=params, seq=seq, generator=make_generator(seed), seed=seed,
+            prompt=prompt, params=params, seq=seq, generator=make_generator(seed, self.target.device), seed=seed,
             drafter_states=[], planner_state=self.planner.new_state() if self.planner is not None else None,
             text=TextStream(self.tokenizer, params.stop), tokens=list(prompt), t_start=t_start,
         )
@@ -259,10 +261,13 @@ class SpeculativeDecoder:
         params, tree = session.params, proposal.tree
         if params.greedy:
             return verify_greedy(tree, logits.argmax(-1))
-        p = TargetRows(logits, params)  # [n + 1, vocab], rows processed only where the rule looks
         if not proposal.sampled:
             uniforms = position_uniforms(session.seed, len(session.generated), tree.max_depth + 1)
-            return verify_deterministic(tree, p, uniforms)
+            if logits.device.type != "cpu":  # every row at once on the device: one synchronisation
+                u = torch.tensor([uniforms[d] for d in (0, *tree.depth)], dtype=torch.float64, device=logits.device)
+                return verify_greedy(tree, target_tokens(probabilities(logits, params), u))
+            return verify_deterministic(tree, TargetRows(logits, params), uniforms)  # rows on the path only
+        p = TargetRows(logits, params)  # [n + 1, vocab], rows processed only where the rule looks
         q = proposal.q
         if q is not None and q.shape[-1] != p.shape[-1]:
             q = _fit_vocab(q, p.shape[-1])

@@ -334,3 +334,21 @@ def test_deterministic_certain_and_impossible_children():
     for _ in range(200):
         res = verify_deterministic(tree, p, gen)
         assert res.path == (1, 2) and res.next_token in (1, 3)
+
+
+def test_batched_target_tokens_give_the_deterministic_rule():
+    """The accelerator path (every row's inverse-CDF token at once, then greedy matching) returns
+    what the lazy walk returns, for the same uniforms."""
+    from specula.verify import target_tokens
+
+    torch.manual_seed(3)
+    gen = make_generator(4)
+    for _ in range(200):
+        tree = draft_tree(0, "det", gen)
+        idx = rows_for(tree, 0)
+        uniforms = torch.rand(tree.max_depth + 1, generator=gen, dtype=torch.float64).tolist()
+        by_row = torch.tensor([uniforms[d] for d in (0, *tree.depth)], dtype=torch.float64)
+        batched = verify_greedy(tree, target_tokens(P[idx], by_row))
+        assert batched == verify_deterministic(tree, P[idx], uniforms)
+    edge = torch.tensor([[0.0, 0.5, 0.5, 0.0]])  # u * mass rounding up: the last token with mass
+    assert target_tokens(edge, torch.tensor([1.0 - 1e-17], dtype=torch.float64)).tolist() == [2]

@@ -18,17 +18,24 @@ def add_model_args(parser: argparse.ArgumentParser, *, target_required: bool = T
     g.add_argument("--target", required=target_required,
                    help="target model: embedded alias (see `specula models list`), local directory, .gguf file or cached hub id")
     g.add_argument("--draft", default=None, help="draft model for draft-model methods (same tokenizer as the target)")
-    g.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"), help="weights dtype (default float32)")
+    add_device_args(g)
     add_attn_arg(g)
     add_quantize_arg(g)
     add_linear_kernel_arg(g)
     add_backend_arg(g)
 
 
+def add_device_args(parser) -> None:
+    parser.add_argument("--device", default="auto", metavar="auto|cpu|cuda|cuda:N",
+                        help="where the models run: auto = the first CUDA device PyTorch sees, else the CPU (default)")
+    parser.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"),
+                        help="weights dtype: auto = float32 on CPU (the model unchanged), bfloat16 on CUDA (default)")
+
+
 def add_backend_arg(parser) -> None:
-    parser.add_argument("--backend", default="hf", choices=("auto", "native", "hf"),
+    parser.add_argument("--backend", default="auto", choices=("auto", "native", "hf"),
                         help="native = specula's own Llama/Qwen2/Mistral decoder (static KV cache, low per-step "
-                             "overhead); hf = any Hugging Face causal LM (default); auto = native where supported")
+                             "overhead); hf = any Hugging Face causal LM; auto = native where supported (default)")
 
 
 def add_attn_arg(parser) -> None:
@@ -47,10 +54,11 @@ def add_quantize_arg(parser) -> None:
 
 
 def add_linear_kernel_arg(parser) -> None:
-    parser.add_argument("--linear-kernel", default="auto", choices=("auto", "onednn", "aten"),
-                        help="float linear layers: onednn = weights prepacked for oneDNN (on CPU far cheaper for the "
-                             "few tokens a decoding or verification pass holds), aten = F.linear; auto = onednn for "
-                             "float32 on CPU without --quantize, else aten (default auto)")
+    parser.add_argument("--linear-kernel", default="auto", choices=("auto", "specula", "onednn", "aten"),
+                        help="linear layers: specula = specula's own C kernels (native backend on CPU: near memory "
+                             "bandwidth for 1-16 rows, every row bitwise independent of the others), onednn = weights "
+                             "prepacked for oneDNN, aten = F.linear; auto = specula on the native backend where it runs, "
+                             "else onednn for float32 on CPU without --quantize, else aten (default auto)")
 
 
 def add_method_args(parser: argparse.ArgumentParser) -> None:
@@ -90,8 +98,11 @@ def add_sampling_args(parser: argparse.ArgumentParser) -> None:
 def load_config(args: argparse.Namespace) -> "LoadConfig":
     from specula.api import LoadConfig
 
-    return LoadConfig(dtype=args.dtype, attn_implementation=args.attn, quantize=args.quantize,
-                      linear_kernel=args.linear_kernel, backend=getattr(args, "backend", "hf"))
+    config = LoadConfig(dtype=args.dtype, attn_implementation=args.attn, quantize=args.quantize,
+                        linear_kernel=args.linear_kernel, backend=getattr(args, "backend", "auto"),
+                        device=getattr(args, "device", "auto"))
+    config.resolved()  # a bad --device / --dtype fails here, before any slow load
+    return config
 
 
 def drafter_options(args: argparse.Namespace, method: str) -> dict:

@@ -5,7 +5,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from specula.commands.common import add_attn_arg, add_backend_arg, add_linear_kernel_arg, add_quantize_arg
+from specula.commands.common import (
+    add_attn_arg, add_backend_arg, add_device_args, add_linear_kernel_arg, add_quantize_arg, load_config,
+)
 from specula.errors import ConfigError
 
 
@@ -15,7 +17,7 @@ def register(sub) -> None:
         description="Median latency of one target pass verifying n tokens (the root + n-1 draft nodes) after a "
                     "context of C tokens, for each n; writes DIR/cost_curve.json and DIR/cost_curve.png.")
     p.add_argument("--target", required=True, help="target model (alias, local directory, .gguf file or cached hub id)")
-    p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"), help="weights dtype (default float32)")
+    add_device_args(p)
     add_attn_arg(p)
     add_quantize_arg(p)
     add_linear_kernel_arg(p)
@@ -39,7 +41,7 @@ def parse_sizes(value: str) -> list[int]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from specula.api import LoadConfig, load_backend
+    from specula.api import load_backend
     from specula.bench.machine import machine_info
     from specula.bench.plots import COST_CURVE_PNG, plot_cost_curve
     from specula.planner.cost import measure_cost_curve
@@ -50,13 +52,12 @@ def run(args: argparse.Namespace) -> int:
     if args.repeats < 1 or args.context < 1:
         raise ConfigError("--repeats and --context must be >= 1")
     set_threads(args.threads)
-    target, _ = load_backend(args.target, LoadConfig(dtype=args.dtype, attn_implementation=args.attn,
-                                                       quantize=args.quantize, linear_kernel=args.linear_kernel,
-                                                       backend=args.backend), "target")
+    load_config(args)  # --device / --dtype checked before anything loads
+    target, _ = load_backend(args.target, load_config(args), "target")
     curve = measure_cost_curve(target, sizes, args.context, args.repeats)
     out = Path(args.out)
     key = target.cost_key()
-    payload = {**curve.to_dict(), "target": args.target, "dtype": args.dtype, "attn": key.get("attention"),
+    payload = {**curve.to_dict(), "target": args.target, "dtype": key.get("dtype"), "attn": key.get("attention"),
                "quantize": key.get("quantize", args.quantize), "linear_kernel": key.get("linear_kernel"),
                "backend": key.get("backend"), "machine": machine_info(target.device)}
     json_path = atomic_write_json(out / "cost_curve.json", payload)

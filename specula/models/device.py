@@ -1,4 +1,6 @@
-"""Devices: which one a model runs on, and waiting for it (timings must cover queued GPU work)."""
+"""Devices: which one a model runs on, its default dtype, and waiting for it (timings must cover
+queued GPU work). Every check here runs before any slow load, so a wrong `--device` or a dtype /
+kernel the device cannot run fails at once with the fix named."""
 
 from __future__ import annotations
 
@@ -6,8 +8,58 @@ from typing import Any
 
 import torch
 
+from specula.errors import ConfigError
+
+DEVICES = ("auto", "cpu", "cuda", "cuda:N")
+"""Values of `--device` / `LoadConfig.device` (N: a CUDA device index)."""
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+"""Values of `--dtype` / `LoadConfig.dtype`. auto: float32 on CPU, bfloat16 on CUDA."""
+
 
 def sync_device(device: Any) -> None:
     """Wait for queued accelerator work (so wall-clock timings cover it); no-op on CPU."""
     if device is not None and torch.device(device).type == "cuda":
         torch.cuda.synchronize(device)
+
+
+def resolve_device(option: str = "auto") -> torch.device:
+    """`auto` = the first CUDA device when PyTorch sees one, else the CPU; `cuda` / `cuda:N` must
+    exist (a `ConfigError` naming `--device cpu` otherwise)."""
+    option = (option or "auto").strip().lower()
+    if option == "auto":
+        return torch.device("cuda:0") if torch.cuda.is_available() else torch.device("cpu")
+    if option == "cpu":
+        return torch.device("cpu")
+    if option == "cuda" or option.startswith("cuda:"):
+        if not torch.cuda.is_available():
+            raise ConfigError(f"--device {option}: PyTorch sees no CUDA device here (torch.cuda.is_available() is "
+                              "False: no GPU, or a CPU-only torch build); use --device cpu")
+        index = 0
+        if option != "cuda":
+            try:
+                index = int(option.split(":", 1)[1])
+            except ValueError:
+                raise ConfigError(f"--device {option}: write cuda:N with N a device index, e.g. cuda:0") from None
+        count = torch.cuda.device_count()
+        if not 0 <= index < count:
+            raise ConfigError(f"--device {option}: there are {count} CUDA device(s) (cuda:0..cuda:{count - 1})")
+        return torch.device(f"cuda:{index}")
+    raise ConfigError(f"unknown device {option!r}; choose auto, cpu, cuda or cuda:N")
+
+
+def resolve_dtype(option: str, device: torch.device) -> torch.dtype:
+    """The weights dtype: `auto` = float32 on CPU (the model unchanged, and the fastest there),
+    bfloat16 on CUDA; float16 runs on CUDA only."""
+    if option not in DTYPES:
+        raise ConfigError(f"unknown dtype {option!r}; choose one of: {', '.join(DTYPES)}")
+    if option == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    if option == "float16" and device.type != "cuda":
+        raise ConfigError("--dtype float16 runs on CUDA; on CPU use float32 (default) or bfloat16")
+    return getattr(torch, option)
+
+
+def check_cpu_only(what: str, device: torch.device, fix: str) -> None:
+    """A `ConfigError` when a CPU-only option (`what`) meets a CUDA device."""
+    if device.type != "cpu":
+        raise ConfigError(f"{what} runs on CPU only, not on {device}; {fix}")

@@ -105,13 +105,14 @@ class HFCausalLM:
 
     # ------------------------------------------------------------------ one pass
     def tree_mask(self, prefix: int, tree: TokenTree) -> torch.Tensor:
-        """Additive float mask [1, 1, n+1, prefix + n+1]: 0 where attention is allowed."""
+        """Additive float mask [1, 1, n+1, prefix + n+1]: 0 where attention is allowed. Built on the
+        device (one small copy of the tree's ancestor mask, no synchronisation)."""
         n = len(tree)
-        allowed = torch.zeros((n + 1, prefix + n + 1), dtype=torch.bool)
-        allowed[:, : prefix + 1] = True  # committed prefix and the root
-        allowed[1:, prefix + 1 :] = tree.ancestor_mask
-        mask = torch.zeros(allowed.shape, dtype=self.dtype).masked_fill_(~allowed, self._min)
-        return mask[None, None].to(self.device)
+        mask = torch.zeros((n + 1, prefix + n + 1), dtype=self.dtype, device=self.device)
+        blocked = ~tree.ancestor_mask.to(self.device, non_blocking=True)  # [n, n]
+        mask[1:, prefix + 1 :].masked_fill_(blocked, self._min)
+        mask[0, prefix + 1 :] = self._min  # the root sees the prefix and itself only
+        return mask[None, None]
 
     @torch.inference_mode()
     def run(self, cache: DynamicCache, ids: Sequence[int], positions: torch.Tensor,

@@ -160,7 +160,7 @@ def _torch_dtype(dtype: str | torch.dtype) -> torch.dtype:
 
 def load_model(
     spec: str | ResolvedModel, *, dtype: str | torch.dtype = "float32", attn_implementation: str = "auto",
-    quantize: str = "none", linear_kernel: str = "auto",
+    quantize: str = "none", linear_kernel: str = "auto", device: str | torch.device = "cpu",
 ) -> tuple[Any, Any]:
     """Load `(model, tokenizer)` for a model spec (see `resolve`), offline.
 
@@ -169,22 +169,31 @@ def load_model(
     `attn_implementation="auto"` then picks batch-invariant attention (`specula.models.attention`).
     `linear_kernel="auto"` runs a float32 CPU model's linears through oneDNN with prepacked weights
     (`specula.models.prepack`); "aten" keeps `F.linear`.
+    `device` (a resolved `torch.device` or its name): weights are loaded straight onto it (no float32
+    copy on the host for a bfloat16 CUDA model).
     Only local files are read; loading errors become `SpeculaError`s naming the spec."""
+    import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from specula.models.attention import transformers_name
+    from specula.models.device import check_cpu_only
     from specula.models.prepack import prepack_model, resolve_linear_kernel
     from specula.models.quantize import check_quantize, quantize_model
 
+    device = torch.device(device)
     check_quantize(quantize)
+    if quantize != "none":
+        check_cpu_only(f"--quantize {quantize}", device, "use --quantize none (bfloat16 is the default on CUDA)")
     attn_name = transformers_name(attn_implementation, quantize)
     resolved = spec if isinstance(spec, ResolvedModel) else resolve(spec)
     torch_dtype = _torch_dtype(dtype)
-    # checked before the (slow) load; from_pretrained loads onto the CPU
-    kernel = resolve_linear_kernel(linear_kernel, dtype=torch_dtype, device="cpu", quantize=quantize)
+    # checked before the (slow) load
+    kernel = resolve_linear_kernel(linear_kernel, dtype=torch_dtype, device=device.type, quantize=quantize)
     kwargs: dict[str, Any] = {"local_files_only": True}
     if resolved.gguf_file is not None:
         kwargs["gguf_file"] = str(resolved.gguf_file)
+    if device.type != "cpu":
+        kwargs["device_map"] = {"": str(device)}
     try:
         model = AutoModelForCausalLM.from_pretrained(
             str(resolved.path), dtype=torch_dtype, attn_implementation=attn_name, **kwargs
@@ -205,8 +214,10 @@ def load_model(
 class LoadConfig:
     """How models are loaded."""
 
-    dtype: str = "float32"
-    """Weights dtype: float32 or bfloat16."""
+    dtype: str = "auto"
+    """Weights dtype: auto (float32 on CPU, bfloat16 on CUDA), float32, bfloat16, float16 (CUDA)."""
+    device: str = "auto"
+    """auto (the first CUDA device PyTorch sees, else the CPU), cpu, cuda or cuda:N."""
     attn_implementation: str = "auto"
     """Attention kernel: sdpa, eager, batch_invariant (each query row computed alone, bitwise equal to a
     one-token step), or auto = batch_invariant when quantize is int8, else sdpa."""
@@ -219,7 +230,7 @@ class LoadConfig:
     """Float linear layers: onednn (weights prepacked once for oneDNN; on CPU several times cheaper for
     the few rows decoding and verification pass, docs/cpu.md), aten (`F.linear`), or auto = onednn for a
     float32 model on CPU without quantize, else aten."""
-    backend: str = "hf"
+    backend: str = "auto"
     """native (specula's own Llama / Qwen2 / Mistral decoder: static KV cache, fused projections, low
     per-step overhead), hf (any Hugging Face causal LM), or auto = native where the architecture is
     supported, else hf."""
@@ -227,6 +238,13 @@ class LoadConfig:
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
             raise ConfigError(f"unknown backend {self.backend!r}; choose one of: {', '.join(BACKENDS)}")
+
+    def resolved(self) -> tuple["torch.device", "torch.dtype"]:
+        """(device, dtype) this config means on this machine (checked: a `ConfigError` names the fix)."""
+        from specula.models.device import resolve_device, resolve_dtype
+
+        device = resolve_device(self.device)
+        return device, resolve_dtype(self.dtype, device)
 
 
 BACKENDS = ("auto", "native", "hf")
@@ -258,6 +276,7 @@ def load_backend(spec: str, config: LoadConfig = LoadConfig(), name: str = "mode
     from specula.models.hf import HFCausalLM, eos_ids_of
     from specula.models.native import ARCHITECTURES
 
+    device, dtype = config.resolved()
     resolved = spec if isinstance(spec, ResolvedModel) else resolve(spec)
     backend = config.backend
     if backend != "hf":
@@ -267,8 +286,8 @@ def load_backend(spec: str, config: LoadConfig = LoadConfig(), name: str = "mode
                 raise ConfigError(f"--backend native runs {', '.join(ARCHITECTURES)}; {resolved.name} is "
                                   f"{arch or 'another architecture'}: use --backend hf")
             backend = "hf"
-    kwargs = dict(dtype=config.dtype, attn_implementation=config.attn_implementation, quantize=config.quantize,
-                  linear_kernel=config.linear_kernel)
+    kwargs = dict(dtype=dtype, attn_implementation=config.attn_implementation, quantize=config.quantize,
+                  linear_kernel="auto" if config.linear_kernel == "specula" else config.linear_kernel, device=device)
     if backend == "hf":
         model, tokenizer = load_model(resolved, **kwargs)
         return HFCausalLM(model, name=f"{name} {resolved.spec}", eos_token_ids=eos_ids_of(model, tokenizer)), tokenizer
@@ -278,24 +297,26 @@ def load_backend(spec: str, config: LoadConfig = LoadConfig(), name: str = "mode
 def _load_native(resolved: ResolvedModel, config: LoadConfig, name: str, kwargs: dict, attention: str):
     import torch
 
+    from specula.models.device import check_cpu_only
     from specula.models.hf import eos_ids_of
-    from specula.models.native import NativeCausalLM, NativeDecoder
-    from specula.models.prepack import prepack_model, resolve_linear_kernel
-    from specula.models.quantize import check_quantize, quantize_model
+    from specula.models.native import NativeCausalLM, NativeDecoder, configure
+    from specula.models.prepack import resolve_linear_kernel
+    from specula.models.quantize import check_quantize
 
+    device, dtype = kwargs["device"], kwargs["dtype"]
     check_quantize(config.quantize)
-    kernel = resolve_linear_kernel(config.linear_kernel, dtype=_torch_dtype(config.dtype), device="cpu",
-                                   quantize=config.quantize)
-    model, tokenizer = load_model(resolved, dtype=config.dtype, attn_implementation="sdpa", quantize="none",
-                                  linear_kernel="aten")
+    if config.quantize != "none":
+        check_cpu_only(f"--quantize {config.quantize}", device, "use --quantize none (bfloat16 is the default on CUDA)")
+    kernel = resolve_linear_kernel(config.linear_kernel, dtype=dtype, device=device.type, quantize=config.quantize,
+                                   native=True)
+    model, tokenizer = load_model(resolved, dtype=dtype, attn_implementation="sdpa", quantize="none",
+                                  linear_kernel="aten", device=device)
     eos = eos_ids_of(model, tokenizer)
     model_id = str(getattr(model.config, "_name_or_path", "")) or resolved.name
     with torch.no_grad():
         decoder = NativeDecoder.from_hf(model)
     del model  # the decoder holds what it needs; the peers' model is reloaded on demand
-    quantize_model(decoder, config.quantize)
-    decoder.invariant = attention == "batch_invariant"
-    prepack_model(decoder, kernel)
+    configure(decoder, kernel, config.quantize, attention)
     backend = NativeCausalLM(decoder, name=f"{name} {resolved.spec}", eos_token_ids=eos,
                              reference=lambda: load_model(resolved, **kwargs)[0], model_id=model_id)
     return backend, tokenizer

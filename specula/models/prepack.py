@@ -28,9 +28,11 @@ from torch import nn
 from specula.errors import ConfigError
 from specula.models.linears import linear_weight, replace_linears
 
-LINEAR_KERNELS = ("auto", "onednn", "aten")
-"""Values of `--linear-kernel` / `LoadConfig.linear_kernel`. `auto`: onednn for a float32 model on
-CPU when PyTorch has oneDNN, else aten (`F.linear`)."""
+LINEAR_KERNELS = ("auto", "specula", "onednn", "aten")
+"""Values of `--linear-kernel` / `LoadConfig.linear_kernel`. `specula`: specula's own C kernels
+(`specula.models.native.kernels`; native backend, CPU, AVX2). `auto`: specula on the native
+backend where they run, else onednn for a float32 model on CPU when PyTorch has oneDNN, else aten
+(`F.linear`)."""
 
 BATCH_HINT = 16
 """Rows the weight layout is tuned for; measured flat from 1 to 16 rows (1, 4, 16 and 64 tried)."""
@@ -46,13 +48,27 @@ def onednn_available() -> bool:
             and hasattr(torch.ops.mkldnn, "_linear_pointwise"))
 
 
-def resolve_linear_kernel(option: str, *, dtype: torch.dtype, device: str, quantize: str) -> str:
-    """The kernel `option` means for a model of this dtype / device / quantization (onednn or aten);
-    a `ConfigError` naming the fix when onednn is asked for and cannot run."""
+def resolve_linear_kernel(option: str, *, dtype: torch.dtype, device: str, quantize: str,
+                          native: bool = False) -> str:
+    """The kernel `option` means for a model of this dtype / device / quantization on this backend
+    (specula, onednn or aten); a `ConfigError` naming the fix when the one asked for cannot run."""
     if option not in LINEAR_KERNELS:
         raise ConfigError(f"unknown linear kernel {option!r}; choose one of: {', '.join(LINEAR_KERNELS)}")
+    from specula.models.native import kernels
+
+    own = dtype == torch.float32 and device == "cpu" and native
+    if option == "specula":
+        if not own:
+            raise ConfigError(f"--linear-kernel specula runs float32 models on CPU with --backend native (not "
+                              f"{str(dtype).removeprefix('torch.')} on {device}); use --linear-kernel auto")
+        reason = kernels.unavailable_reason()
+        if reason is not None:
+            raise ConfigError(f"--linear-kernel specula cannot run here: {reason}; use --linear-kernel onednn")
+        return option
     fits = dtype == torch.float32 and device == "cpu" and quantize == "none"
     if option == "auto":
+        if own and kernels.available():
+            return "specula"
         return "onednn" if fits and onednn_available() else "aten"
     if option == "onednn" and not fits:
         raise ConfigError("--linear-kernel onednn runs float32 models on CPU without --quantize; "
@@ -91,8 +107,15 @@ class OneDNNLinear(nn.Module):
 
 
 def linear_kernel_of(model: nn.Module) -> str:
-    """The linear kernel a loaded model runs: onednn if its linears were prepacked, else aten."""
-    return "onednn" if any(isinstance(m, OneDNNLinear) for m in model.modules()) else "aten"
+    """The linear kernel a loaded model runs: specula (its own C kernels), onednn (prepacked), or aten."""
+    from specula.models.native.kernels import KernelLinear
+
+    for m in model.modules():
+        if isinstance(m, KernelLinear):
+            return f"specula-{m.kind}"
+        if isinstance(m, OneDNNLinear):
+            return "onednn"
+    return "aten"
 
 
 def prepack_model(model: nn.Module, kernel: str) -> nn.Module:

@@ -15,27 +15,27 @@ from tiny import (assert_cache_equals_plain_forward, assert_tree_logits_are_caus
 from specula.api import build_decoder
 from specula.errors import ConfigError
 from specula.models.base import TargetModel, TargetSequence
-from specula.models.native import NativeCausalLM, NativeDecoder, supports
-from specula.models.prepack import prepack_model
-from specula.models.quantize import quantize_model
+from specula.models.native import NativeCausalLM, NativeDecoder, configure, kernels, supports
 from specula.sampling import SamplingParams
 from specula.tree import TokenTree
 
 NATIVE_ARCHES = ("llama", "qwen2")
+KERNELS = ["aten", "onednn", pytest.param("specula", marks=pytest.mark.skipif(
+    not kernels.available(), reason=f"specula's CPU kernels cannot run here: {kernels.unavailable_reason()}"))]
+"""aten / onednn: PyTorch ops; specula: the C kernels (CpuKernelOps)."""
 
 
-def native(model, *, kernel: str = "aten", quantize: str = "none", invariant: bool = False) -> NativeCausalLM:
-    decoder = NativeDecoder.from_hf(model)
-    quantize_model(decoder, quantize)
-    decoder.invariant = invariant
-    prepack_model(decoder, kernel)
+def native(model, *, kernel: str = "specula" if kernels.available() else "aten", quantize: str = "none",
+           invariant: bool = False) -> NativeCausalLM:
+    decoder = configure(NativeDecoder.from_hf(model), kernel, quantize, "batch_invariant" if invariant else "sdpa")
     return NativeCausalLM(decoder, "native", eos_token_ids=[1])
 
 
 @pytest.mark.parametrize("arch", NATIVE_ARCHES)
-def test_prefill_logits_equal_hugging_face(arch):
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_prefill_logits_equal_hugging_face(arch, kernel):
     model = tiny_model(arch, "eager", seed=2)
-    seq = native(model).new_sequence()
+    seq = native(model, kernel=kernel).new_sequence()
     assert isinstance(seq.backend, TargetModel) and isinstance(seq, TargetSequence)
     ids = list(range(3, 40))
     logits = seq.prefill(ids, logits="all")  # [n, vocab]
@@ -46,7 +46,7 @@ def test_prefill_logits_equal_hugging_face(arch):
 
 
 @pytest.mark.parametrize("arch", NATIVE_ARCHES)
-@pytest.mark.parametrize("kernel", ["aten", "onednn"])
+@pytest.mark.parametrize("kernel", KERNELS)
 def test_tree_logits_equal_causal_logits_over_each_path(arch, kernel):
     model = tiny_model(arch, seed=4)
     seq = native(model, kernel=kernel).new_sequence()
@@ -59,9 +59,10 @@ def test_tree_logits_equal_causal_logits_over_each_path(arch, kernel):
 
 
 @pytest.mark.parametrize("arch", NATIVE_ARCHES)
-def test_incremental_tree_logits_equal_causal_logits(arch):
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_incremental_tree_logits_equal_causal_logits(arch, kernel):
     model = tiny_model(arch, seed=6)
-    seq = native(model).new_sequence()
+    seq = native(model, kernel=kernel).new_sequence()
     rng = random.Random(7)
     prompt = [rng.randrange(96) for _ in range(6)]
     seq.prefill(prompt[:-1], logits="none")
@@ -73,9 +74,10 @@ def test_incremental_tree_logits_equal_causal_logits(arch):
 
 
 @pytest.mark.parametrize("arch", NATIVE_ARCHES)
-def test_cache_equals_plain_forward_after_any_sequence_of_steps(arch):
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_cache_equals_plain_forward_after_any_sequence_of_steps(arch, kernel):
     model = tiny_model(arch, seed=8)
-    seq = native(model).new_sequence()
+    seq = native(model, kernel=kernel).new_sequence()
     rng = random.Random(9)
     committed = [rng.randrange(96) for _ in range(5)]
     seq.prefill(committed, logits="none")
@@ -120,11 +122,17 @@ def test_greedy_speculative_output_equals_plain_greedy(arch, method):
     assert drafted > 0
 
 
-def test_int8_invariant_tree_rows_are_bitwise_one_token_steps():
-    """int8 linears (row invariant) + batch-invariant attention: every tree row is computed with
-    exactly the numbers a one-token decoding step uses, so tree logits equal them bit for bit."""
+@pytest.mark.parametrize("kernel,quantize,invariant", [
+    ("aten", "int8", True),  # fbgemm per-row int8 linears + PyTorch attention row by row
+    pytest.param("specula", "none", False, marks=KERNELS[-1].marks),  # C kernels, float32
+    pytest.param("specula", "int8", False, marks=KERNELS[-1].marks),  # C kernels, weight-only int8
+])
+def test_invariant_tree_rows_are_bitwise_one_token_steps(kernel, quantize, invariant):
+    """Row-invariant linears + batch-invariant attention: every tree row is computed with exactly
+    the numbers a one-token decoding step uses, so tree logits equal them bit for bit (with the C
+    kernels in float32 too: speculative output is plain decoding's, not only up to float noise)."""
     model = tiny_model("qwen2", seed=11)
-    backend = native(model, quantize="int8", invariant=True)
+    backend = native(model, kernel=kernel, quantize=quantize, invariant=invariant)
     rng = random.Random(12)
     prompt = [rng.randrange(96) for _ in range(9)]
     tree = random_tree(rng, 12, 96)
@@ -149,3 +157,31 @@ def test_unsupported_models_are_refused_with_the_fix_named():
 def test_cost_key_names_the_native_backend():
     key = native(tiny_model("llama"), kernel="onednn").cost_key()
     assert key["backend"] == "native" and key["linear_kernel"] == "onednn" and key["quantize"] == "none"
+
+
+@pytest.mark.skipif(not kernels.available(), reason="specula's CPU kernels cannot run here")
+@pytest.mark.parametrize("rows", [1, 2, 5, 6, 7, 13])
+def test_kernel_linear_matches_f_linear_and_rows_are_independent(rows):
+    from torch import nn
+
+    from specula.models.native.kernels import KernelLinear
+
+    torch.manual_seed(rows)
+    lin = nn.Linear(70, 37)  # odd sizes: padded blocks and tails
+    x = torch.randn(rows, 70)
+    for kind, tol in (("f32", 1e-5), ("w8", 2e-2)):
+        layer = KernelLinear(lin, kind)
+        y = layer(x)
+        torch.testing.assert_close(y, lin(x), atol=tol * 10, rtol=tol)
+        for r in range(rows):  # each row alone gives the same bits
+            assert torch.equal(layer(x[r : r + 1])[0], y[r]), (kind, r)
+    assert KernelLinear(lin, "w8").memory_bytes == 48 * 70  # int8, 37 outputs padded to 48
+
+
+def test_native_kernels_unavailable_is_a_clear_error(monkeypatch):
+    from specula.models.prepack import resolve_linear_kernel
+
+    monkeypatch.setattr(kernels, "unavailable_reason", lambda: "no C compiler (cc) was found; install gcc")
+    with pytest.raises(ConfigError, match="install gcc"):
+        resolve_linear_kernel("specula", dtype=torch.float32, device="cpu", quantize="none", native=True)
+    assert resolve_linear_kernel("auto", dtype=torch.float32, device="cpu", quantize="none", native=True) == "onednn"

@@ -16,4 +16,26 @@ def supports(model) -> bool:
     return True
 
 
-__all__ = ["ARCHITECTURES", "NativeCausalLM", "NativeConfig", "NativeDecoder", "NativeSequence", "supports"]
+def configure(decoder: NativeDecoder, kernel: str, quantize: str, attention: str) -> NativeDecoder:
+    """Give a decoder its kernels (in place): `kernel` "specula" = specula's C kernels for every
+    linear layer (float32, or weight-only int8 with `quantize="int8"`) and every other op
+    (row-invariant: tree rows are bitwise one-token steps); otherwise PyTorch ops with `kernel`'s
+    linears ("onednn" prepacked or "aten"), `quantize` ("int8": fbgemm per-row int8) and
+    batch-invariant attention when `attention` says so."""
+    from specula.models.native.kernels import apply_kernels
+    from specula.models.native.ops import CpuKernelOps
+    from specula.models.prepack import prepack_model
+    from specula.models.quantize import quantize_model
+
+    if kernel == "specula":
+        apply_kernels(decoder, "w8" if quantize == "int8" else "f32")
+        decoder.ops = CpuKernelOps()
+        return decoder
+    quantize_model(decoder, quantize)
+    decoder.invariant = attention == "batch_invariant"
+    prepack_model(decoder, kernel)
+    return decoder
+
+
+__all__ = ["ARCHITECTURES", "NativeCausalLM", "NativeConfig", "NativeDecoder", "NativeSequence", "configure",
+           "supports"]

@@ -195,5 +195,9 @@ class NativeSequence:
         self._pending = None
 
     def cache_tensors(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """(keys, values) per layer, each [1, G, len, D] (tests and tools)."""
-        return self.cache.tensors(len(self._tokens))
+        """(keys, values) per layer, each [1, G, len, D], keys in Hugging Face's rotate-half layout
+        (tests and tools; the cache itself holds them in pair layout, `model.rope_pairs_permutation`)."""
+        from specula.models.native.model import rope_pairs_permutation
+
+        back = torch.argsort(rope_pairs_permutation(self.backend.config.head_dim)).to(self.backend.device)
+        return [(k[..., back], v) for k, v in self.cache.tensors(len(self._tokens))]

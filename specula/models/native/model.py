@@ -1,8 +1,12 @@
 """A small Llama / Qwen2 / Mistral decoder in the style of gpt-fast's `model.py`.
 
-One config dataclass, fused projections (q|k|v and gate|up: one linear each), RoPE exactly as
-Hugging Face computes it (inverse frequencies from transformers' own rope initialisers, the
-rotate-half layout), RMSNorm in float32, tied or separate output head. The forward pass runs a
+One config dataclass, fused projections (q|k|v and gate|up: one linear each), RoPE with Hugging
+Face's frequencies (transformers' own rope initialisers) applied as one complex multiplication:
+the rows of the q and k projections are permuted at load so that each rotated pair (j, j + D/2)
+of Hugging Face's rotate-half layout sits side by side (j -> 2j, j + D/2 -> 2j + 1), which leaves
+every attention score unchanged (q and k get the same permutation); the cache holds keys in that
+layout (`cache_tensors` of a sequence permutes them back). RMSNorm is one fused op; tied or
+separate output head. The forward pass runs a
 flat list of token rows that may belong to several sequences (`Segment`s): every linear layer
 sees all rows at once, attention runs per segment against that segment's static KV cache
 (`cache.KVCache`), written by position. A segment's rows see the cached prefix and whatever its
@@ -20,11 +24,11 @@ from dataclasses import dataclass
 from typing import Iterable, Sequence
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from specula.errors import ConfigError
 from specula.models.native.cache import KVCache
+from specula.models.native.ops import TorchOps
 
 ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM")
 """Hugging Face architectures this model reproduces (others stay on the Hugging Face backend)."""
@@ -130,19 +134,10 @@ class Segment:
     needs no batch invariance (fast attention even in invariant mode)."""
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """RMSNorm as Hugging Face computes it: in float32, then back to x's dtype, times weight."""
-    dtype = x.dtype
-    xf = x.float()
-    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * xf.to(dtype)
-
-
-def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """RoPE, rotate-half layout. x: [T, heads, D]; cos, sin: [T, 1, D]."""
-    half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos + rotated * sin
+def rope_pairs_permutation(head_dim: int) -> torch.Tensor:
+    """perm [D]: new position 2j holds Hugging Face's dim j, 2j + 1 holds dim j + D/2."""
+    half = head_dim // 2
+    return torch.stack([torch.arange(half), torch.arange(half) + half], dim=1).flatten()
 
 
 class Layer(nn.Module):
@@ -160,56 +155,17 @@ class Layer(nn.Module):
         self.w_down = nn.Linear(cfg.intermediate_size, e, bias=cfg.mlp_bias)
 
     def attention(self, x: torch.Tensor, index: int, cos: torch.Tensor, sin: torch.Tensor,
-                  segments: Sequence[Segment], invariant: bool) -> torch.Tensor:
+                  segments: Sequence[Segment], ops, invariant: bool) -> torch.Tensor:
         """x: [T, E] normed input; returns the attention output [T, E] (before the residual)."""
         cfg = self.cfg
         t, h, g, d = x.shape[0], cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         qkv = self.wqkv(x)  # [T, (H + 2G) D]
-        q = qkv[:, : h * d].view(t, h, d)
-        k = qkv[:, h * d : (h + g) * d].view(t, g, d)
-        v = qkv[:, (h + g) * d :].view(t, g, d)
-        q, k = rotate(q, cos, sin), rotate(k, cos, sin)
-        out = q.new_empty((t, h, d))  # [T, H, D]
+        out = qkv.new_empty((t, h, d))  # [T, H, D]
         for seg in segments:
-            n = seg.rows.stop - seg.rows.start
-            keys, values = seg.cache.write(index, seg.start, k[seg.rows], v[seg.rows])  # [G, start + n, D]
-            if invariant and not (seg.prefill and n > 1):
-                out[seg.rows] = _attend_rows(q[seg.rows], keys, values, seg.mask, seg.start)
-            else:
-                mask = None if seg.mask is None else seg.mask[None]  # [1, n, S]
-                if seg.mask is None and n > 1:
-                    raise ValueError("a segment of several rows needs a mask (causal or tree)")
-                o = F.scaled_dot_product_attention(q[seg.rows].transpose(0, 1), keys, values, attn_mask=mask,
-                                                   enable_gqa=g != h)  # [H, n, D]
-                out[seg.rows] = o.transpose(0, 1)
+            rows = seg.rows
+            q = ops.rope_write(qkv[rows], cos[rows], sin[rows], seg.cache, index, seg.start, h, g, d)  # [n, H, D]
+            out[rows] = ops.attend(q, seg.cache, index, seg.start, seg.mask, invariant, seg.prefill)
         return self.wo(out.reshape(t, h * d))
-
-    def mlp(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.w_gate_up(x).chunk(2, dim=-1)  # [T, I] each
-        return self.w_down(F.silu(gate) * up)
-
-
-def _attend_rows(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None,
-                 start: int) -> torch.Tensor:
-    """Batch-invariant attention: each query row alone, over the contiguous block of the slots it
-    may see, with the same ops a one-row decoding step runs for that many keys; so a tree row is
-    bitwise a one-token step (what an int8 model, whose activation rounding amplifies float noise,
-    needs to stay lossless). q: [n, H, D]; keys, values: [G, S, D]; returns [n, H, D]."""
-    n, h, d = q.shape
-    g = keys.shape[0]
-    out = q.new_empty((n, h, d))
-    scale = d ** -0.5
-    for row in range(n):
-        if mask is None:
-            index = torch.arange(start + row + 1, device=keys.device)  # causal
-        else:
-            index = mask[row].nonzero().flatten()
-        k_row, v_row = keys.index_select(1, index), values.index_select(1, index)  # [G, l, D], contiguous
-        qr = q[row].reshape(g, h // g, d)  # [G, H / G, D]
-        scores = torch.matmul(qr, k_row.transpose(1, 2)) * scale  # [G, H / G, l]
-        probs = torch.softmax(scores.float(), dim=-1).to(v_row.dtype)
-        out[row] = torch.matmul(probs, v_row).reshape(h, d)
-    return out
 
 
 class NativeDecoder(nn.Module):
@@ -225,30 +181,34 @@ class NativeDecoder(nn.Module):
         self.register_buffer("inv_freq", inv_freq.float(), persistent=False)  # [D / 2]
         self.rope_scaling = rope_scaling
         self.invariant = False
-        """Batch-invariant attention (each row alone; see `_attend_rows`)."""
+        """Batch-invariant attention with the PyTorch ops (each row alone; `ops._attend_rows`)."""
+        self.ops = TorchOps()
+        """The per-layer ops: `TorchOps`, or `CpuKernelOps` (C kernels, row-invariant)."""
 
-    def rope(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, sin [T, 1, D] for positions [T] (float32 math, as transformers)."""
-        freqs = positions[:, None].float() * self.inv_freq[None, :]  # [T, D / 2]
-        emb = torch.cat((freqs, freqs), dim=-1)
-        cos, sin = emb.cos() * self.rope_scaling, emb.sin() * self.rope_scaling
-        return cos.to(dtype)[:, None], sin.to(dtype)[:, None]
+    def rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin [T, D / 2] of positions [T] times the inverse frequencies, times the attention
+        scaling (float32 math, as transformers)."""
+        angles = positions[:, None].float() * self.inv_freq[None, :]  # [T, D / 2]
+        return angles.cos() * self.rope_scaling, angles.sin() * self.rope_scaling
 
     @torch.inference_mode()
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, segments: Sequence[Segment],
                 skip: Iterable[tuple[int, str]] = ()) -> torch.Tensor:
         """tokens, positions: [T] long; returns the final-normed hidden states [T, E]."""
-        cfg = self.cfg
+        cfg, ops = self.cfg, self.ops
         skip = frozenset(skip)
+        eps = cfg.rms_norm_eps
         x = self.embed(tokens)  # [T, E]
-        cos, sin = self.rope(positions, x.dtype)
+        cos, sin = self.rope(positions)
+        delta = None  # the last sub-layer's output, not yet added to the residual stream
         for index, layer in enumerate(self.layers):
             if (index, "attn") not in skip:
-                x = x + layer.attention(rms_norm(x, layer.input_norm, cfg.rms_norm_eps), index, cos, sin, segments,
-                                        self.invariant)
+                x, h = ops.add_norm(x, delta, layer.input_norm, eps)
+                delta = layer.attention(h, index, cos, sin, segments, ops, self.invariant)
             if (index, "mlp") not in skip:
-                x = x + layer.mlp(rms_norm(x, layer.post_norm, cfg.rms_norm_eps))
-        return rms_norm(x, self.final_norm, cfg.rms_norm_eps)
+                x, h = ops.add_norm(x, delta, layer.post_norm, eps)
+                delta = layer.w_down(ops.silu_mul(layer.w_gate_up(h)))
+        return ops.add_norm(x, delta, self.final_norm, eps)[1]
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[rows, E] -> [rows, V] (float32 for the rules)."""
@@ -266,6 +226,7 @@ class NativeDecoder(nn.Module):
             native = cls(cfg, torch.zeros(cfg.head_dim // 2), scaling)
         native.inv_freq = inv_freq.float().to(param.device)
         inner = model.model
+        perm = rope_pairs_permutation(cfg.head_dim)
         with torch.no_grad():
             native.embed = inner.embed_tokens
             native.final_norm = inner.norm.weight
@@ -274,19 +235,28 @@ class NativeDecoder(nn.Module):
                 attn, mlp = src.self_attn, src.mlp
                 layer.input_norm = src.input_layernorm.weight
                 layer.post_norm = src.post_attention_layernorm.weight
-                layer.wqkv = _fused([attn.q_proj, attn.k_proj, attn.v_proj])
+                layer.wqkv = _fused([attn.q_proj, attn.k_proj, attn.v_proj],
+                                    _qk_rows(perm, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim))
                 layer.wo = attn.o_proj
                 layer.w_gate_up = _fused([mlp.gate_proj, mlp.up_proj])
                 layer.w_down = mlp.down_proj
         return native.eval().requires_grad_(False)
 
 
-def _fused(linears: Sequence[nn.Linear]) -> nn.Linear:
-    """One nn.Linear computing the concatenation of `linears`' outputs."""
+def _qk_rows(perm: torch.Tensor, heads: int, kv_heads: int, head_dim: int) -> torch.Tensor:
+    """Row order of the fused q|k|v weight: q and k heads in pair layout, v unchanged."""
+    qk = torch.cat([h * head_dim + perm for h in range(heads + kv_heads)])
+    return torch.cat([qk, torch.arange((heads + kv_heads) * head_dim, (heads + 2 * kv_heads) * head_dim)])
+
+
+def _fused(linears: Sequence[nn.Linear], rows: torch.Tensor | None = None) -> nn.Linear:
+    """One nn.Linear computing the concatenation of `linears`' outputs (its rows reordered by `rows`)."""
     first = linears[0]
     out = nn.Linear(first.in_features, sum(lin.out_features for lin in linears), bias=first.bias is not None,
                     device=first.weight.device, dtype=first.weight.dtype)
-    out.weight.copy_(torch.cat([lin.weight for lin in linears]))
+    weight = torch.cat([lin.weight for lin in linears])
+    out.weight.copy_(weight if rows is None else weight[rows])
     if first.bias is not None:
-        out.bias.copy_(torch.cat([lin.bias for lin in linears]))
+        bias = torch.cat([lin.bias for lin in linears])
+        out.bias.copy_(bias if rows is None else bias[rows])
     return out

@@ -1,0 +1,172 @@
+"""specula's own CPU kernels (`linear.c`, `ops.c`), compiled on first use and loaded with ctypes.
+
+Why: on the 2-core development CPU a decoding step streams the weights once, and what decides
+its time is how close the linear layers get to memory bandwidth for 1-16 rows. `F.linear`
+(MKL) and prepacked oneDNN reach half of it at best there, and neither is row invariant; these
+kernels stream column-blocked weights at close to bandwidth, and each output row is bitwise
+independent of the other rows in the call (see `linear.c`), so tree verification computes for
+every node exactly what a one-token step computes.
+
+`f32` keeps float32 weights (the model unchanged); `w8` is weight-only int8 with one scale per
+output channel (activations stay float32; a different, smaller model, used for self-drafts and
+`--quantize int8` on the native backend).
+
+The shared library is built with the system C compiler (`cc`, AVX2 + FMA + OpenMP) into
+`$SPECULA_CACHE/kernels/<hash>/`, atomically, once per source version and CPU; a machine without
+a compiler or AVX2 gets a clear `ConfigError` when these kernels are asked for (and `auto`
+falls back to oneDNN).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from specula.errors import ConfigError
+from specula.models.linears import linear_weight
+
+SOURCES = (Path(__file__).with_name("linear.c"), Path(__file__).with_name("ops.c"))
+FLAGS = ("-O3", "-mavx2", "-mfma", "-fopenmp", "-shared", "-fPIC")
+KINDS = ("f32", "w8")
+
+
+def _cpu_flags() -> set[str]:
+    try:
+        for line in Path("/proc/cpuinfo").read_text(errors="replace").splitlines():
+            if line.startswith("flags"):
+                return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+def unavailable_reason() -> str | None:
+    """Why these kernels cannot run here (None when they can)."""
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return f"they need an x86-64 CPU (this is {platform.machine()})"
+    if not {"avx2", "fma"} <= _cpu_flags():
+        return "they need a CPU with AVX2 and FMA"
+    if shutil.which(os.environ.get("CC", "cc")) is None:
+        return "they are compiled on first use and no C compiler (cc) was found; install gcc"
+    return None
+
+
+def available() -> bool:
+    return unavailable_reason() is None
+
+
+@functools.cache
+def library() -> ctypes.CDLL:
+    """The compiled kernels (built on first use, then cached on disk)."""
+    from specula.paths import cache_dir
+
+    reason = unavailable_reason()
+    if reason is not None:
+        raise ConfigError(f"specula's CPU kernels cannot run here: {reason}; use --linear-kernel onednn or aten")
+    source = b"".join(path.read_bytes() for path in SOURCES)
+    key = hashlib.sha256(source + " ".join(FLAGS).encode() + platform.processor().encode()).hexdigest()[:16]
+    target = cache_dir("kernels", key) / "libspecula_kernels.so"
+    if not target.exists():
+        target.parent.mkdir(parents=True, exist_ok=True)
+        print("compiling specula's CPU kernels (once, a few seconds)...", file=sys.stderr, flush=True)
+        fd, tmp = tempfile.mkstemp(prefix=".libspecula_kernels.", suffix=".so", dir=target.parent)
+        os.close(fd)
+        try:
+            cmd = [os.environ.get("CC", "cc"), *FLAGS, *(str(p) for p in SOURCES), "-o", tmp, "-lm"]
+            done = subprocess.run(cmd, capture_output=True, text=True)
+            if done.returncode != 0:
+                raise ConfigError(f"compiling specula's CPU kernels failed ({' '.join(cmd)}): "
+                                  f"{done.stderr.strip()[-500:]}; use --linear-kernel onednn")
+            os.chmod(tmp, 0o755)
+            os.replace(tmp, target)
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+    lib = ctypes.CDLL(str(target))
+    ptr, i32 = ctypes.c_void_p, ctypes.c_int
+    lib.specula_pack_f32.argtypes = [ptr, ptr, i32, i32]
+    lib.specula_pack_w8.argtypes = [ptr, ptr, i32, i32]
+    lib.specula_linear_f32.argtypes = [ptr, ptr, ptr, ptr, i32, i32, i32, i32]
+    lib.specula_linear_w8.argtypes = [ptr, ptr, ptr, ptr, ptr, i32, i32, i32, i32]
+    lib.specula_block.restype = i32
+    f32 = ctypes.c_float
+    lib.specula_add_rms_norm.argtypes = [ptr, ptr, ptr, f32, ptr, i32, i32]
+    lib.specula_rope_write.argtypes = [ptr, ptr, ptr, ptr, ptr, ptr, i32, i32, i32, i32, i32, i32]
+    lib.specula_attention.argtypes = [ptr, ptr, ptr, ptr, ptr, ptr, i32, i32, i32, i32, i32, i32, i32, f32, i32]
+    lib.specula_silu_mul.argtypes = [ptr, ptr, i32, i32]
+    return lib
+
+
+def _ptr(t: torch.Tensor | None) -> int | None:
+    return None if t is None else t.data_ptr()
+
+
+class KernelLinear(nn.Module):
+    """`nn.Linear` on specula's CPU kernels: float32 (`f32`) or weight-only int8 (`w8`) weights,
+    packed once; float32 activations; each output row bitwise independent of the others."""
+
+    def __init__(self, linear: nn.Module, kind: str = "f32") -> None:
+        super().__init__()
+        if kind not in KINDS:
+            raise ConfigError(f"unknown kernel kind {kind!r}; choose one of: {', '.join(KINDS)}")
+        lib = library()
+        weight = linear_weight(linear).float().contiguous()  # [out, in]
+        if weight.device.type != "cpu":
+            raise ConfigError("specula's CPU kernels run on CPU; use --device cpu or another --linear-kernel")
+        self.kind = kind
+        self.out_features, self.in_features = weight.shape
+        block = lib.specula_block()
+        padded = (self.out_features + block - 1) // block * block
+        if kind == "f32":
+            packed = torch.empty(padded * self.in_features, dtype=torch.float32)
+            lib.specula_pack_f32(weight.data_ptr(), packed.data_ptr(), self.in_features, self.out_features)
+            self.register_buffer("scale", None)
+        else:
+            scale = (weight.abs().amax(dim=1) / 127.0).clamp_min(1e-12)  # [out]
+            q = torch.round(weight / scale[:, None]).clamp_(-127, 127).to(torch.int8).contiguous()
+            packed = torch.empty(padded * self.in_features, dtype=torch.int8)
+            lib.specula_pack_w8(q.data_ptr(), packed.data_ptr(), self.in_features, self.out_features)
+            self.register_buffer("scale", scale.contiguous())
+        self.register_buffer("packed", packed)
+        bias = getattr(linear, "bias", None)
+        self.register_buffer("bias", None if bias is None else bias.detach().float().contiguous())
+        # Shape only (no storage): callers read `lm_head.weight.shape` for the logit width.
+        self.weight = torch.empty(self.out_features, self.in_features, device="meta")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [..., in]
+        rows = x.reshape(-1, self.in_features).float().contiguous()  # [n, in]
+        n = rows.shape[0]
+        out = torch.empty((n, self.out_features), dtype=torch.float32)  # [n, out]
+        lib, threads = library(), torch.get_num_threads()
+        if self.kind == "f32":
+            lib.specula_linear_f32(rows.data_ptr(), self.packed.data_ptr(), _ptr(self.bias), out.data_ptr(), n,
+                                   self.in_features, self.out_features, threads)
+        else:
+            lib.specula_linear_w8(rows.data_ptr(), self.packed.data_ptr(), self.scale.data_ptr(), _ptr(self.bias),
+                                  out.data_ptr(), n, self.in_features, self.out_features, threads)
+        return out.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
+
+    @property
+    def memory_bytes(self) -> int:
+        return self.packed.numel() * self.packed.element_size()
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, specula {self.kind}"
+
+
+def apply_kernels(model: nn.Module, kind: str, *, skip=()) -> nn.Module:
+    """Swap every linear layer of `model` for a `KernelLinear` of `kind` (in place)."""
+    from specula.models.linears import replace_linears
+
+    return replace_linears(model, lambda lin: KernelLinear(lin, kind), skip=skip)

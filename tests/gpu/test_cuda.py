@@ -1,0 +1,98 @@
+"""CUDA: the same promises as on CPU, on the GPU (skipped without one; CI has none).
+
+Tree logits equal causal logits, the cache equals a plain forward's, greedy speculative output
+equals plain greedy, and the sampled output law equals the target's, for the Hugging Face and the
+native backend, in float32 (exact to float tolerance) and bfloat16 (lossless up to near-ties)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from laws import tv, tv_bound
+from tiny import assert_tree_logits_are_causal, perturbed_copy, random_tree, tiny_model
+from specula.api import build_decoder
+from specula.models.hf import HFCausalLM
+from specula.models.native import NativeCausalLM, NativeDecoder, configure
+from specula.sampling import SamplingParams
+
+pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")]
+DEVICE = torch.device("cuda:0")
+
+
+def backend(kind: str, model):
+    model = model.to(DEVICE)
+    if kind == "hf":
+        return HFCausalLM(model, "hf", eos_token_ids=[])
+    decoder = configure(NativeDecoder.from_hf(model), "aten", "none", "sdpa")
+    return NativeCausalLM(decoder, "native", eos_token_ids=[])
+
+
+@pytest.mark.parametrize("kind", ["hf", "native"])
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_tree_logits_equal_causal_logits_on_cuda(kind, arch):
+    model = tiny_model(arch, seed=4)
+    reference = tiny_model(arch, seed=4)  # the same weights, on the CPU
+    seq = backend(kind, model).new_sequence()
+    rng = random.Random(5)
+    prompt = [rng.randrange(96) for _ in range(11)]
+    seq.prefill(prompt[:-1], logits="none")
+    tree = random_tree(rng, 16, 96)
+    logits = seq.forward_tree(prompt[-1], tree)
+    assert logits.device.type == "cuda"
+    assert_tree_logits_are_causal(reference, prompt, tree, logits.float().cpu())
+
+
+@pytest.mark.parametrize("kind", ["hf", "native"])
+def test_cache_equals_plain_forward_on_cuda(kind):
+    model = tiny_model("qwen2", seed=8)
+    seq = backend(kind, model).new_sequence()
+    rng = random.Random(9)
+    committed = [rng.randrange(96) for _ in range(5)]
+    seq.prefill(committed, logits="none")
+    for _ in range(10):
+        root = rng.randrange(96)
+        tree = random_tree(rng, rng.randrange(0, 10), 96)
+        seq.forward_tree(root, tree)
+        path = tree.path_to(rng.randrange(len(tree))) if len(tree) and rng.random() < 0.8 else ()
+        seq.commit(path)
+        committed += [root, *tree.tokens_of(path)]
+    assert seq.tokens == committed
+    with torch.inference_mode():
+        ref = model(torch.tensor([committed], device=DEVICE), use_cache=True).past_key_values
+    for (k, v), layer in zip(seq.cache_tensors(), ref.layers):
+        torch.testing.assert_close(k, layer.keys, atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(v, layer.values, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("kind", ["hf", "native"])
+@pytest.mark.parametrize("method", ["prompt-lookup", "token-recycling", "draft-model", "draft-tree", "fusion"])
+def test_greedy_speculative_output_equals_plain_greedy_on_cuda(kind, method):
+    model = tiny_model("llama", seed=3)
+    draft_model = perturbed_copy(model, 0.2)
+    target = backend(kind, model)
+    draft = backend(kind, draft_model) if method in ("draft-model", "draft-tree", "fusion") else None
+    plain = build_decoder("none", target)
+    dec = build_decoder(method, target, None, draft, planner=False)
+    for prompt in ([5, 17, 33, 2, 5, 17, 40, 41, 42, 5, 17], [60, 61, 62, 63]):
+        params = SamplingParams(max_new_tokens=30, ignore_eos=True)
+        assert dec.generate(prompt, params).token_ids == plain.generate(prompt, params).token_ids, (kind, method)
+
+
+@pytest.mark.parametrize("method", ["fusion", "draft-model"])
+def test_sampled_output_follows_the_target_law_on_cuda(method):
+    model = tiny_model("llama", seed=8, vocab=8)
+    prompt, temp, trials = [3, 5, 1, 3, 5], 1.5, 1000
+    with torch.inference_mode():
+        p1 = torch.softmax(model(torch.tensor([prompt])).logits[0, -1].double() / temp, -1)
+        rows = [torch.softmax(model(torch.tensor([prompt + [a]])).logits[0, -1].double() / temp, -1) for a in range(8)]
+    exact = (p1[:, None] * torch.stack(rows)).flatten()
+    draft_model = perturbed_copy(model, 0.3)
+    dec = build_decoder(method, backend("native", model), None, backend("native", draft_model), planner=False)
+    codes = torch.empty(trials, dtype=torch.long)
+    for s in range(trials):
+        ids = dec.generate(prompt, SamplingParams(temperature=temp, max_new_tokens=3, seed=s, ignore_eos=True)).token_ids
+        codes[s] = ids[0] * 8 + ids[1]
+    assert tv(codes, exact) < tv_bound(exact, trials, c=2.0)
