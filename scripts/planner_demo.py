@@ -1,13 +1,17 @@
-"""What the planner does on two cost curves: the target's measured one and a flat, GPU-like one.
+"""What the planner does on two cost curves: the target's measured one and another one (a flat,
+GPU-like curve, or one measured elsewhere with `specula profile`: `--cost-curve FILE`).
 
     python scripts/planner_demo.py --target smollm2-135m --per-category 1 --max-new-tokens 64
+    python scripts/planner_demo.py --target smollm2-135m --cost-curve cost_curve_qwen2.5-7b_native.json
 
 For each Spec-Bench prompt (first turn) it runs `fusion` twice on the same target: once planned
-on the cost curve measured here, once on a synthetic flat curve (verifying 64 tokens costs the
-same as one). Outputs are checked identical to plain greedy. Prints, per curve: mean tree size,
+on the cost curve measured here, once on the other curve (by default a synthetic flat one:
+verifying 64 tokens costs the same as one). The acceptance is this target's, measured here, so
+the second run projects what the planner would reach on a machine with that curve (a projection,
+not a measurement). Outputs are checked identical to plain greedy. Prints, per curve: mean tree size,
 predicted vs realised mean accepted tokens, and the planner's projected speedup over plain
 decoding on that curve (the realised speed on this machine only makes sense for the measured one).
-On the flat curve the planner is told the verify times that curve predicts, not this machine's:
+On the other curve the planner is told the verify times that curve predicts, not this machine's:
 its online cost corrections and its back-off (judged on realised tokens/s) then act as they
 would on such a machine instead of learning this CPU's steep curve back.
 """
@@ -43,6 +47,9 @@ def main() -> None:
     ap.add_argument("--draft", default=None, help="draft model (fusion then includes it)")
     ap.add_argument("--quantize", default="none", choices=("none", "int8"))
     ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--cost-curve", default=None, help="plan the second run on this curve (cost_curve.json) "
+                                                       "instead of a flat one")
+    ap.add_argument("--categories", default=None, help="comma-separated Spec-Bench groups (default: all)")
     args = ap.parse_args()
 
     if args.threads:
@@ -53,15 +60,22 @@ def main() -> None:
     target, tokenizer = load_backend(args.target, config, "target")
     draft = load_backend(args.draft, config, "draft")[0] if args.draft else None
     measured = load_or_measure_curve(target)
-    flat = CostCurve(measured.sizes, (measured.seconds[0],) * len(measured.sizes), measured.context)
-    prompts = select_prompts(load_prompts(), args.per_category)[: args.limit]
+    if args.cost_curve:
+        from specula.planner import read_cost_curve
+
+        other, other_name = read_cost_curve(args.cost_curve), args.cost_curve
+    else:
+        other = CostCurve(measured.sizes, (measured.seconds[0],) * len(measured.sizes), measured.context)
+        other_name = "flat"
+    categories = args.categories.split(",") if args.categories else None
+    prompts = select_prompts(load_prompts(), args.per_category, categories)[: args.limit]
     params = SamplingParams(max_new_tokens=args.max_new_tokens)
     plain = build_decoder("none", target, tokenizer)
     references = {}
     report = {}
-    for name, curve in (("measured", measured), ("flat", flat)):
+    for name, curve in (("measured", measured), (other_name, other)):
         planner = HardwarePlanner(curve=curve)
-        if curve is flat:
+        if curve is other:
             planner.observe = simulated_verify_times(planner, curve)
         decoder = build_decoder("fusion", target, tokenizer, draft, planner=planner)
         tokens = steps = drafted = 0

@@ -48,15 +48,12 @@ class CostView(Protocol):
         plain step's rate when there are none)."""
         ...
 
-    def worth_drafting(self, source: str, seconds_per_token: float) -> bool:
-        """Whether a first token from `source` (costing `seconds_per_token`, catching up
-        included) is expected to beat `baseline_rate`."""
-        ...
-
-    def should_extend(self, source: str, edge_scores: Sequence[float], seconds_per_token: float,
-                      drafted_seconds: float) -> bool:
-        """Whether one more chain token from `source` pays, after drafting tokens with raw
-        edge scores `edge_scores` in `drafted_seconds` (SpecDec++-style stop rule)."""
+    def plan_chain(self, source: str, edge_scores: Sequence[float], seconds_per_token: float, spent_seconds: float,
+                   max_more: int, one_time_seconds: float = 0.0, remaining_tokens: int = 1) -> int:
+        """How many more chain tokens from `source` are worth drafting (0: stop, or do not start),
+        after drafting tokens with raw edge scores `edge_scores` in `spent_seconds`, each further
+        one costing `seconds_per_token`; `one_time_seconds` is paid once before the first (a draft
+        cache catching up) and is spread over the `remaining_tokens` of the request."""
         ...
 
 

@@ -39,8 +39,11 @@ HF_BASELINE = "hf:greedy"
 
 
 def parse_compare(value: str | None, has_draft: bool) -> list[str]:
-    """`--compare hf` -> every peer that applies (assisted ones need --draft); or a comma list
-    of peer names."""
+    """`--compare hf` -> every Hugging Face peer that applies (assisted ones need --draft);
+    `llamacpp` / `llamacpp:prompt-lookup` -> llama.cpp peers (`specula.bench.llamacpp`); or a comma
+    list of peer names."""
+    from specula.bench.llamacpp import LLAMACPP_PEERS, check_available
+
     if not value:
         return []
     names: list[str] = []
@@ -50,8 +53,13 @@ def parse_compare(value: str | None, has_draft: bool) -> list[str]:
         if item == "hf":
             names.extend(p for p in PEERS if has_draft or p not in NEEDS_DRAFT)
             continue
+        if item in LLAMACPP_PEERS:
+            check_available()  # the install command, before any model loads
+            names.append(item)
+            continue
         if item not in PEERS:
-            raise ConfigError(f"unknown peer {item!r} for --compare; use hf (all) or some of: {', '.join(PEERS)}")
+            raise ConfigError(f"unknown peer {item!r} for --compare; use hf (all) or some of: "
+                              f"{', '.join([*PEERS, *LLAMACPP_PEERS])}")
         if item in NEEDS_DRAFT and not has_draft:
             raise ConfigError(f"peer {item} needs a draft model: pass --draft MODEL")
         names.append(item)

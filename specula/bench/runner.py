@@ -169,8 +169,8 @@ def compare_prompt(
     prompt: BenchPrompt, methods: Sequence[BenchMethod], outputs: dict[str, list[tuple[list[int], MethodOutput]]],
     settings: BenchSettings, reference_model=None,
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """Run records of one prompt (identity vs `none` for greedy runs) and the mismatches of
-    lossless methods."""
+    """Run records of one prompt (identity vs `none` for greedy runs) and the outputs of lossless
+    methods that differ from it (each with its logit gap, where the reference model is given)."""
     reference = outputs.get(BASELINE)
     greedy = settings.params.greedy
     records, mismatches = [], []

@@ -37,7 +37,8 @@ def register(sub) -> None:
                    help="comma-separated categories (spec-bench: mt_bench,translation,summarization,qa,math_reasoning,rag)")
     g.add_argument("--compare", default=None,
                    help="hf: also time Hugging Face generate (hf:greedy, hf:prompt-lookup, and with --draft "
-                   "hf:assisted, hf:assisted-heuristic); or a comma list of those names")
+                   "hf:assisted, hf:assisted-heuristic); llamacpp, llamacpp:prompt-lookup: llama.cpp on the target's "
+                   "GGUF (needs pip install 'specula[llamacpp]'); or a comma list of those names")
     g.add_argument("--out", required=True, help="output directory (results.json, report.md, *.png)")
     g.add_argument("--profile-context", type=int, default=256,
                    help="context length of the cost-curve measurement at the start (default 256)")
@@ -140,12 +141,18 @@ def execute(args: argparse.Namespace, bench: BenchPlan, target, tokenizer, draft
     methods = build_specula_methods(bench.methods, target, tokenizer, draft, lambda m: drafter_options(args, m),
                                     engine, lambda m: planner_from_args(args))
     eos = sorted(methods[0].decoder.eos_token_ids)
-    peers = build_peers(bench.peers, target.reference_model(), eos,
-                        draft.reference_model() if draft is not None else None)
+    from specula.bench.llamacpp import LLAMACPP_PEERS, build_llamacpp_peers
+
+    hf_names = [p for p in bench.peers if p not in LLAMACPP_PEERS]
+    peers = build_peers(hf_names, target.reference_model(), eos,
+                        draft.reference_model() if draft is not None else None) if hf_names else []
+    peers += build_llamacpp_peers([p for p in bench.peers if p in LLAMACPP_PEERS], args.target, eos, args.threads)
     header = {
         "machine": machine_info(target.device),
         "config": _config_record(args, bench, eos),
         "cost_curve": _cost_curve(args, target),
+        "backend": target.cost_key(),
+        "greedy_guarantee": target.greedy_guarantee,
     }
     result = run_bench([*methods, *peers], tokenizer, bench.prompts, bench.settings, Path(args.out), header,
                        reference_model=target.reference_model())
@@ -169,10 +176,14 @@ def execute(args: argparse.Namespace, bench: BenchPlan, target, tokenizer, draft
     if result.mismatches:
         m = result.mismatches[0]
         gap = f", logit gap {m['logit_gap']:.3g}" if m.get("logit_gap") is not None else ""
-        print(f"error: {m['method']} output differs from plain decoding on prompt {m['id']} ({m['category']}, "
-              f"turn {m['turn']}, first different token at {m['first_difference']}{gap}); "
-              f"{len(result.mismatches)} output(s) differ in total, see {Path(args.out) / 'results.json'} mismatches",
-              file=sys.stderr)
+        where = (f"{m['method']} output differs from plain decoding on prompt {m['id']} ({m['category']}, "
+                 f"turn {m['turn']}, first different token at {m['first_difference']}{gap}); "
+                 f"{len(result.mismatches)} output(s) differ in total, see {Path(args.out) / 'results.json'} mismatches")
+        if target.greedy_guarantee == "near-ties":  # expected in bfloat16: reported, not an error
+            print(f"note: {where}; {target.dtype} verification can flip near-tied tokens (guarantee "
+                  "'near-ties'); --dtype float32 restores identical outputs", file=sys.stderr)
+            return 0
+        print(f"error: {where}", file=sys.stderr)
         return 1
     return 0
 

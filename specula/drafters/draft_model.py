@@ -8,9 +8,12 @@ draw each token from the draft's processed distribution q (same temperature / to
 the target) and return q for the acceptance rule. Greedy proposals carry the draft's softmax
 rows as `q` too (not used by the rule; the planner prunes retrieval branches with them).
 
-Adaptive (SpecDec++-style): with a planner, the chain stops when the cost view says the next
-token does not pay, and a step skips the draft model entirely when even its first token
-(catching the cache up included) is not expected to beat what the other drafters' trees reach.
+Adaptive (SpecDec++-style, with lookahead): with a planner, the cost view says before the first
+token how long a chain is worth drafting (its expected tokens against drafting + verify time,
+catching the draft cache up included and spread over the request), so a step skips the draft
+model when no chain beats what the other drafters' trees reach, and after each token whether the
+rest still pays. A drafter the planner has no data on is assumed to be accepted often
+(`PlannerConfig.explore_prior`), so it is tried and its real acceptance learned.
 """
 
 from __future__ import annotations
@@ -80,18 +83,25 @@ class DraftModelDrafter:
             self._catch_up_seconds.update((time.perf_counter() - t0) / n)
         return logits
 
+    def _catch_up_estimate(self, seq: TargetSequence, tokens) -> float:
+        """Seconds to bring the draft cache to `tokens` before the first draft token can be drafted."""
+        missing = len(tokens) - common_prefix_length(seq.tokens, tokens[:-1])
+        per_token = self._catch_up_seconds.get(self._token_seconds.get() / 4)  # unmeasured: a prefill guess
+        return max(0, missing - 1) * per_token
+
     def propose(self, ctx: DraftContext, seq: TargetSequence) -> Proposal:
         room = self.draft.max_context - len(ctx.tokens) + 1  # the draft cache holds tokens + k - 1 drafts
         k = min(self.config.num_draft_tokens, ctx.budget.max_depth, ctx.budget.max_nodes, room)
         if k <= 0:
             return Proposal.empty()
-        adaptive = self.config.adaptive and ctx.cost is not None
-        if adaptive and self._token_seconds.value is not None:
-            # The first draft token also pays for catching the draft cache up (the whole prompt on a
-            # request's first step): on hardware where that is dear, long prompts skip the draft model.
-            missing = len(ctx.tokens) - common_prefix_length(seq.tokens, ctx.tokens[:-1])
-            first = self._token_seconds.value + max(0, missing - 1) * self._catch_up_seconds.get()
-            if not ctx.cost.worth_drafting(self.name, first):
+        # Adaptive (with a planner): the cost view says how many tokens are worth drafting, before the
+        # first (catching the draft cache up included, spread over the request) and after each one.
+        # Until a draft step has been timed, the chain runs in full once: that measures it.
+        adaptive = self.config.adaptive and ctx.cost is not None and self._token_seconds.value is not None
+        if adaptive:
+            k = ctx.cost.plan_chain(self.name, [], self._token_seconds.value, 0.0, k,
+                                    self._catch_up_estimate(seq, ctx.tokens), ctx.budget.max_depth + 1)
+            if k <= 0:
                 return Proposal.empty()  # not worth a draft pass this step (the cache catches up later)
         t_start = time.perf_counter()
         logits = self.sync(seq, ctx.tokens)
@@ -99,7 +109,7 @@ class DraftModelDrafter:
         drafted: list[int] = []
         edges: list[float] = []
         q_rows: list[torch.Tensor] = []
-        for j in range(k):
+        while True:
             if greedy:
                 q = torch.softmax(logits.float(), -1)  # [vocab]
                 token = int(q.argmax())
@@ -109,11 +119,10 @@ class DraftModelDrafter:
             q_rows.append(q)
             drafted.append(token)
             edges.append(float(q[token]))
-            if j + 1 == k:
+            if len(drafted) >= k:
                 break
-            if adaptive and self._token_seconds.value is not None and not ctx.cost.should_extend(
-                self.name, edges, self._token_seconds.value, time.perf_counter() - t_start
-            ):
+            if adaptive and ctx.cost.plan_chain(self.name, edges, self._token_seconds.value,
+                                                time.perf_counter() - t_start, k - len(drafted)) == 0:
                 break
             t_tok = time.perf_counter()
             logits = seq.prefill([token], logits="last")

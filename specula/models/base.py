@@ -26,6 +26,16 @@ from specula.errors import ConfigError
 from specula.tree import TokenTree
 
 LogitsMode = Literal["last", "all", "none"]
+
+GreedyGuarantee = Literal["bitwise", "float32", "near-ties"]
+"""How exactly a backend's tree rows reproduce one-token steps:
+"bitwise": every row is computed alone (row-invariant linears and attention): speculative greedy
+output is plain greedy output token for token, by construction;
+"float32": rows differ from one-token steps by float32 rounding (1e-6 relative), which has not
+changed a greedy token in any measurement; a difference is reported as a bug;
+"near-ties": bfloat16 / float16 rounding: where two tokens are within that precision the
+argmax can flip, so outputs can differ from plain decoding at such ties (and the bench reports
+the identical fraction instead of failing); float32 (`--dtype float32`) restores "float32"."""
 """What `prefill` returns: logits of the last token [vocab], of every token [n, vocab], or None."""
 
 
@@ -80,6 +90,9 @@ class TargetModel(Protocol):
     """Where the weights and caches live."""
     dtype: torch.dtype
     """Floating dtype of the activations."""
+    greedy_guarantee: "GreedyGuarantee"
+    """What "speculative greedy output = plain greedy output" means on this backend (see
+    `GreedyGuarantee`)."""
 
     def new_sequence(self) -> TargetSequence:
         """An empty KV cache for one sequence."""
@@ -94,6 +107,13 @@ class TargetModel(Protocol):
         """A Hugging Face model with these weights (for the bench's `generate` peers and
         diagnostics), or None when the backend cannot give one."""
         ...
+
+
+def guarantee_of(dtype: torch.dtype, batch_invariant: bool) -> GreedyGuarantee:
+    """The `GreedyGuarantee` of a backend running `dtype` with or without row-invariant kernels."""
+    if batch_invariant:
+        return "bitwise"
+    return "near-ties" if dtype in (torch.bfloat16, torch.float16) else "float32"
 
 
 def check_context(model: TargetModel, n_tokens: int, what: str = "the prompt") -> None:

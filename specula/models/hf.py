@@ -22,8 +22,8 @@ from transformers import DynamicCache, PreTrainedModel
 from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 
 from specula.errors import ConfigError
-from specula.models.attention import causal_prefill
-from specula.models.base import LogitsMode
+from specula.models.attention import BATCH_INVARIANT, causal_prefill
+from specula.models.base import LogitsMode, guarantee_of
 from specula.tree import TokenTree
 
 
@@ -73,6 +73,9 @@ class HFCausalLM:
         if not self.dtype.is_floating_point:  # quantized weights: activations stay float32
             self.dtype = torch.float32
         self._min = torch.finfo(self.dtype).min
+        invariant = quantization_of(model) == "int8" and getattr(self.config, "_attn_implementation", "") == \
+            BATCH_INVARIANT  # int8 row linears + row-by-row attention
+        self.greedy_guarantee = guarantee_of(self.dtype, invariant)
 
     # ------------------------------------------------------------------ TargetModel
     def new_sequence(self) -> "HFSequence":

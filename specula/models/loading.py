@@ -262,7 +262,13 @@ def _architecture(resolved: ResolvedModel) -> str:
         config = AutoConfig.from_pretrained(str(resolved.path), **kwargs)
     except (OSError, ValueError, KeyError) as exc:
         raise SpeculaError(f"could not read the config of {resolved.spec!r} from {resolved.path}: {exc}") from exc
-    return (getattr(config, "architectures", None) or [""])[0]
+    named = getattr(config, "architectures", None)
+    if named:
+        return named[0]
+    # A config read from a .gguf names no class: the one AutoModelForCausalLM builds for its model type.
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    return MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(getattr(config, "model_type", ""), "")
 
 
 def load_backend(spec: str, config: LoadConfig = LoadConfig(), name: str = "model") -> tuple[Any, Any]:

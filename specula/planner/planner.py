@@ -34,7 +34,7 @@ from specula.models.base import TargetModel
 from specula.planner.calibration import CalibrationConfig, Calibrator
 from specula.planner.cost import DEFAULT_SIZES, CostCurve, CostModel, load_or_measure_curve
 from specula.planner.merge import merge_proposals
-from specula.planner.select import chain_should_extend, choose_size, path_probabilities
+from specula.planner.select import chain_lookahead, choose_size, path_probabilities
 from specula.step import DraftBudget, Proposal, StepResult
 from specula.tree import TokenTree
 
@@ -78,6 +78,10 @@ class PlannerConfig:
     the single best one anyway (1, 2, 4, ... steps apart), so its estimates keep learning."""
     rasd_min_prob: float = 0.02
     """Draft probability below which a retrieval branch leaving the draft model's tree is pruned."""
+    explore_prior: float = 0.8
+    """Acceptance a chain drafter is assumed to have before the target has judged its tokens (with
+    `calibration.prior_strength` pseudo-trials): optimistic, so a drafter with no data is tried,
+    and its real acceptance and cost are learned within a few steps."""
 
 
 @dataclass
@@ -125,15 +129,18 @@ class PlannerView:
             probs.append(acc)
         return probs
 
-    def worth_drafting(self, source: str, seconds_per_token: float) -> bool:
+    def plan_chain(self, source: str, edge_scores: Sequence[float], seconds_per_token: float, spent_seconds: float,
+                   max_more: int, one_time_seconds: float = 0.0, remaining_tokens: int = 1) -> int:
         planner = self._planner
-        first = min(1.0, planner.bias_of(source) * planner.calibrator.mean(source))
-        return chain_should_extend([], seconds_per_token, 0.0, self.verify_seconds, self.baseline_rate, first)
-
-    def should_extend(self, source: str, edge_scores: Sequence[float], seconds_per_token: float,
-                      drafted_seconds: float) -> bool:
-        return chain_should_extend(self._edge_probs(source, edge_scores), seconds_per_token, drafted_seconds,
-                                   self.verify_seconds, self.baseline_rate)
+        path = self._edge_probs(source, edge_scores)
+        alpha = planner.expected_acceptance(source)
+        if not path and one_time_seconds > 0:  # a one-time cost, spread over the request's future steps
+            chain_tokens = sum(alpha ** i for i in range(max_more + 1))
+            one_time_seconds /= max(1.0, remaining_tokens / chain_tokens)
+        more, rate, _ = chain_lookahead(path, alpha, max_more, seconds_per_token, spent_seconds, self.verify_seconds,
+                                        one_time_seconds if not path else 0.0)
+        bar = self.baseline_rate * ((1.0 + planner.config.min_gain) if not path else 1.0)
+        return more if more > 0 and rate >= bar else 0
 
 
 class HardwarePlanner:
@@ -168,6 +175,11 @@ class HardwarePlanner:
         return PlannerView(self, proposals, draft_seconds)
 
     # ------------------------------------------------------------------ estimates
+    def expected_acceptance(self, source: str) -> float:
+        """P(next chain token of `source` accepted | the previous one was): its calibrated mean acceptance
+        (optimistic `explore_prior` until it has data), times its correction factor."""
+        return min(1.0, self.bias_of(source) * self.calibrator.mean(source, self.config.explore_prior))
+
     def bias_of(self, source: str) -> float:
         """Correction factor of one source: accepted / predicted nodes over recent steps."""
         accepted, predicted = self._recent.get(source, (0.0, 0.0))

@@ -42,23 +42,30 @@ def choose_size(
     return best_n, best_e, best_rate
 
 
-def chain_should_extend(
-    path_probs: Sequence[float], draft_step_seconds: float, draft_seconds: float,
-    verify_seconds: Callable[[int], float], baseline_rate: float | None = None, first_gain: float = 1.0,
-) -> bool:
-    """SpecDec++-style stop rule for a chain, derived from the cost model: after k drafted
-    tokens with path probabilities `path_probs` (P(first i all accepted)), draft one more only
-    if its expected gain per extra second beats the step's current tokens per second.
+def chain_lookahead(
+    path_probs: Sequence[float], alpha: float, max_more: int, token_seconds: float, spent_seconds: float,
+    verify_seconds: Callable[[int], float], one_time_seconds: float = 0.0,
+) -> tuple[int, float, float]:
+    """How many more tokens a chain should draft (SpecDec++ with lookahead, derived from the cost
+    model): after k drafted tokens with path probabilities `path_probs` (P(first i all accepted)),
+    in `spent_seconds`, drafting m more costs m * token_seconds (+ `one_time_seconds` once, when
+    m >= 1: e.g. a draft cache catching up) and each new token keeps the chain alive with
+    probability `alpha`. Expected tokens E(m) = 1 + sum(path_probs) + p_k (alpha + ... + alpha^m),
+    time T(m) = spent + m token_seconds + T_verify(k + m + 1).
 
-    The current rate is the chain's own, or `baseline_rate` when higher (what the rest of the
-    proposal already reaches without this drafter, e.g. retrieval trees in fusion). The next
-    token's path probability is unknown before drafting it; it is bounded by the last one, so
-    the rule uses path_probs[-1] as the optimistic estimate of the gain, and `first_gain` (the
-    drafter's mean acceptance) before the first token: with k = 0, False means "do not run the
-    drafter this step at all"."""
+    Returns (m*, rate(m*), rate(0)) with m* = argmax_m E(m) / T(m) over m = 0..max_more. Looking
+    ahead matters: one more token alone rarely pays for a draft pass (its gain is at most alpha),
+    while a run of them, accepted together once the first is, does."""
     k = len(path_probs)
     expected = 1.0 + sum(path_probs)
-    rate = max(expected / (draft_seconds + verify_seconds(k + 1)), baseline_rate or 0.0)
-    gain = path_probs[-1] if path_probs else first_gain
-    extra = draft_step_seconds + max(0.0, verify_seconds(k + 2) - verify_seconds(k + 1))
-    return extra <= 0 or gain / extra >= rate
+    last = path_probs[-1] if path_probs else 1.0
+    rate0 = expected / (spent_seconds + verify_seconds(k + 1))
+    best_m, best_rate = 0, rate0
+    gain, step = expected, last
+    for m in range(1, max_more + 1):
+        step *= alpha
+        gain += step
+        rate = gain / (spent_seconds + one_time_seconds + m * token_seconds + verify_seconds(k + m + 1))
+        if rate > best_rate:
+            best_m, best_rate = m, rate
+    return best_m, best_rate, rate0

@@ -15,6 +15,7 @@ from tiny import (assert_cache_equals_plain_forward, assert_tree_logits_are_caus
 from specula.api import build_decoder
 from specula.errors import ConfigError
 from specula.models.base import TargetModel, TargetSequence
+from specula.models.hf import HFCausalLM
 from specula.models.native import NativeCausalLM, NativeDecoder, configure, kernels, supports
 from specula.sampling import SamplingParams
 from specula.tree import TokenTree
@@ -185,3 +186,13 @@ def test_native_kernels_unavailable_is_a_clear_error(monkeypatch):
     with pytest.raises(ConfigError, match="install gcc"):
         resolve_linear_kernel("specula", dtype=torch.float32, device="cpu", quantize="none", native=True)
     assert resolve_linear_kernel("auto", dtype=torch.float32, device="cpu", quantize="none", native=True) == "onednn"
+
+
+def test_greedy_guarantee_of_each_backend_and_mode():
+    model = tiny_model("qwen2", seed=1)
+    assert HFCausalLM(model).greedy_guarantee == "float32"
+    assert native(model, kernel="aten").greedy_guarantee == "float32"
+    assert native(model, kernel="aten", quantize="int8", invariant=True).greedy_guarantee == "bitwise"
+    assert native(tiny_model("qwen2", seed=1).to(torch.bfloat16), kernel="aten").greedy_guarantee == "near-ties"
+    if kernels.available():
+        assert native(model, kernel="specula").greedy_guarantee == "bitwise"

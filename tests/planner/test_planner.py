@@ -212,21 +212,18 @@ def test_a_pessimistic_correction_fades_while_the_source_is_not_drafted():
 
 
 class RecordingView:
-    """A `CostView` that answers `worth` and records what the drafter asked."""
+    """A `CostView` that allows `more` chain tokens and records what the drafter asked."""
 
-    def __init__(self, worth: bool, baseline: float = 123.0) -> None:
-        self.worth, self.baseline_rate, self.calls = worth, baseline, []
+    def __init__(self, more: int, baseline: float = 123.0) -> None:
+        self.more, self.baseline_rate, self.calls = more, baseline, []
 
     def verify_seconds(self, n_tokens: int) -> float:
         return 1.0
 
-    def worth_drafting(self, source: str, seconds_per_token: float) -> bool:
-        self.calls.append(("first", source, seconds_per_token))
-        return self.worth
-
-    def should_extend(self, source, edge_scores, seconds_per_token, drafted_seconds) -> bool:
-        self.calls.append(("extend", len(edge_scores)))
-        return True
+    def plan_chain(self, source, edge_scores, seconds_per_token, spent_seconds, max_more, one_time_seconds=0.0,
+                   remaining_tokens=1) -> int:
+        self.calls.append((source, len(edge_scores), seconds_per_token, one_time_seconds))
+        return min(self.more, max_more)
 
 
 def test_fusion_skips_the_draft_model_when_retrieval_already_beats_it():
@@ -240,9 +237,9 @@ def test_fusion_skips_the_draft_model_when_retrieval_already_beats_it():
     draft_model = drafters[-1]
     draft_model._token_seconds.update(0.01)  # a measured draft step: the view is consulted first
     state = draft_model.start()
-    view = RecordingView(worth=False)
+    view = RecordingView(more=0)
     proposal = draft_model.propose(ctx([3, 4, 5, 6, 3, 4, 5], cost=view), state)
-    assert view.calls == [("first", "draft-model", pytest.approx(0.01 + 6 * 0.0))]
+    assert [call[:3] for call in view.calls] == [("draft-model", 0, 0.01)]  # once, before any draft pass
     assert len(proposal.tree) == 0 and len(state.tokens) == 0  # the draft model never ran
     # Through the engine: the view the draft model reads covers prompt lookup's tree.
     planner = HardwarePlanner(curve=STEEP)
@@ -260,10 +257,13 @@ def test_draft_model_weighs_its_cache_catch_up_before_drafting():
     drafter._token_seconds.update(0.01)
     drafter._catch_up_seconds.update(0.002)
     state = drafter.start()
-    view = RecordingView(worth=False)
+    view = RecordingView(more=0)
     assert len(drafter.propose(ctx(list(range(2, 60)), cost=view), state).tree) == 0  # no before any draft pass
-    assert view.calls == [("first", "draft-model", pytest.approx(0.01 + 57 * 0.002))]  # 58 to catch up: 57 beyond the first pass
+    assert view.calls == [("draft-model", 0, 0.01, pytest.approx(57 * 0.002))]  # 58 to catch up: 57 beyond the first pass
     assert len(state.tokens) == 0
+    # Allowed three tokens, the chain stops at three (the view is asked again after each).
+    view = RecordingView(more=3)
+    assert len(drafter.propose(ctx(list(range(2, 60)), cost=view), state).tree) == 3
 
 
 def test_pessimistic_planner_probes_at_growing_gaps_and_recovers():
@@ -342,3 +342,31 @@ def test_a_new_request_ends_the_back_off_pause():
     assert run == 3
     assert not planner.should_draft(driver.state)  # still paused for this request ...
     assert planner.should_draft(planner.new_state())  # ... a new one is judged afresh
+
+
+def test_an_untried_drafter_with_high_acceptance_and_moderate_cost_is_used_within_a_few_steps():
+    """Issue 17's failure: a draft model whose tokens cost 40% of a target step and are accepted
+    90% of the time was never judged worth a first token (one token alone does not pay, and a
+    drafter with no data had a 50% prior). With lookahead and an optimistic prior it is tried at
+    once, its acceptance is learned, and it keeps drafting long chains."""
+    curve = CostCurve((1, 2, 4, 8, 16), (1.0, 1.08, 1.16, 1.3, 1.6), 64)
+    planner = HardwarePlanner(curve=curve)
+    state = planner.new_state()
+    rng = random.Random(1)
+    drafted_steps, lengths = 0, []
+    for step in range(30):
+        view = planner.view([], 0.0)
+        more = view.plan_chain("draft-model", [], 0.4, 0.0, 12, 0.0, 200)
+        if more:
+            drafted_steps += 1
+            lengths.append(more)
+            tree = TokenTree.chain(list(range(10, 10 + more)), [0.95] * more, "draft-model")
+            accepted = 0
+            while accepted < more and rng.random() < 0.9:
+                accepted += 1
+            planned, _ = planner.plan([Proposal(tree)], BUDGET, state, 0.4 * more)
+            planner.observe(StepResult(3, planned, tuple(range(min(accepted, len(planned.tree)))), 9,
+                                       torch.zeros(len(planned.tree) + 1, 16)), state, 0.4 * more,
+                            curve.latency(len(planned.tree) + 1))
+    assert drafted_steps >= 25, drafted_steps  # used from the first steps on, and kept
+    assert sum(lengths[-10:]) / 10 >= 4  # once its acceptance is learned: chains, not single tokens

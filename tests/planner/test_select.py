@@ -1,6 +1,6 @@
 import pytest
 
-from specula.planner.select import chain_should_extend, choose_size, path_probabilities
+from specula.planner.select import chain_lookahead, choose_size, path_probabilities
 from specula.tree import TokenTree
 
 
@@ -44,25 +44,29 @@ def test_best_first_order_is_ancestor_closed_at_every_prefix():
         assert all(tree.parents[i] < 0 or tree.parents[i] in chosen for i in chosen)
 
 
-def test_chain_rule_stops_when_the_next_token_does_not_pay():
+def test_chain_lookahead_drafts_runs_that_pay_and_stops_when_they_do_not():
     steep = linear_cost(1.0, 0.5)
-    assert chain_should_extend([0.95], 0.05, 0.05, steep)
-    assert not chain_should_extend([0.9, 0.5, 0.2, 0.05], 0.05, 0.3, steep)
-    # A flat verify curve and free drafting: keep drafting while anything may be accepted.
-    assert chain_should_extend([0.9, 0.5, 0.2, 0.05], 0.0, 0.0, linear_cost(1.0, 0.0))
+    # Cheap tokens accepted 90% of the time: a long run pays.
+    m, rate, rate0 = chain_lookahead([], 0.9, 8, 0.05, 0.0, linear_cost(1.0, 0.05))
+    assert m == 8 and rate > rate0 == 1.0
+    # The same drafter on a steep verify curve: a short run at most.
+    assert chain_lookahead([], 0.9, 8, 0.05, 0.0, steep)[0] == 3
+    # Tokens that cost as much as a target step never pay.
+    assert chain_lookahead([], 0.9, 8, 1.0, 0.0, steep)[0] == 0
+    # Mid-chain: once the path is unlikely, stop.
+    assert chain_lookahead([0.9, 0.5, 0.2, 0.05], 0.3, 4, 0.05, 0.3, steep)[0] == 0
 
 
-def test_chain_rule_before_the_first_token_weighs_the_drafter_against_the_baseline():
-    steep = linear_cost(1.0, 0.1)
-    # A cheap draft token with a typical acceptance pays against plain decoding ...
-    assert chain_should_extend([], 0.2, 0.0, steep, first_gain=0.7)
-    # ... an expensive one does not,
-    assert not chain_should_extend([], 0.9, 0.0, steep, first_gain=0.7)
-    # and a proposal already reaching 2.5 tokens/s (vs 0.7 / 0.3 s for the draft token) raises the bar.
-    assert not chain_should_extend([], 0.2, 0.0, steep, baseline_rate=2.5, first_gain=0.7)
-    # Once drafting, a baseline above the chain's own rate stops it earlier.
-    assert chain_should_extend([0.9, 0.8], 0.1, 0.2, steep)
-    assert not chain_should_extend([0.9, 0.8], 0.1, 0.2, steep, baseline_rate=5.0)
+def test_lookahead_values_runs_and_one_time_costs():
+    """A draft token costing 40% of a plain step, accepted 90% of the time, on a flat-ish CPU curve:
+    a run of three is best (1.41 plain-step rates); a one-time cost of three plain steps (a draft
+    cache catching up a whole prompt) vetoes any run this step, which is why the planner's view
+    spreads it over the request's future steps."""
+    cpu = lambda n: 1.0 + 0.08 * (n - 1)  # noqa: E731
+    m, rate, rate0 = chain_lookahead([], 0.9, 12, 0.4, 0.0, cpu)
+    assert m == 3 and rate == pytest.approx(1.4094, abs=1e-3) and rate0 == 1.0
+    assert chain_lookahead([], 0.9, 12, 0.4, 0.0, cpu, one_time_seconds=3.0)[0] == 0
+    assert chain_lookahead([], 0.9, 12, 0.4, 0.0, cpu, one_time_seconds=3.0 / 20)[0] == 4  # longer, to spread it
 
 
 def test_min_gain_leaves_marginal_trees_unverified():

@@ -13,7 +13,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from specula.models.base import LogitsMode
+from specula.models.base import LogitsMode, guarantee_of
 from specula.models.native.cache import KVCache
 from specula.models.native.model import NativeDecoder, Segment
 from specula.tree import TokenTree
@@ -33,6 +33,11 @@ class NativeCausalLM:
         self.eos_token_ids = frozenset(int(e) for e in eos_token_ids)
         param = decoder.final_norm
         self.device, self.dtype = param.device, param.dtype
+        from specula.models.hf import quantization_of
+        from specula.models.native.ops import CpuKernelOps
+
+        invariant = isinstance(decoder.ops, CpuKernelOps) or (decoder.invariant and quantization_of(decoder) == "int8")
+        self.greedy_guarantee = guarantee_of(self.dtype, invariant)
         self._reference = reference
         self._reference_model = None
         self._model_id = model_id
