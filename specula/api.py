@@ -64,16 +64,22 @@ def build_decoder(method: str, target: TargetModel, tokenizer=None, draft: Targe
     return SpeculativeDecoder(target, drafters, tokenizer, planner=planner, config=engine, method=method)
 
 
-def load(target: str, draft: str | None = None, method: str | None = None,
-         config: LoadConfig = LoadConfig(), **drafter_options) -> Specula:
+def load(target: str, draft: str | None = "auto", method: str | None = None,
+         config: LoadConfig = LoadConfig(), draft_quantize: str | None = None, **drafter_options) -> Specula:
     """Load target (and draft) and build a `Specula`. The method defaults to `fusion` (every
-    available drafter, sized by the hardware-aware planner)."""
+    available drafter, sized by the hardware-aware planner). `draft`: a model spec, "self" (the
+    target's own weights, int8 unless `draft_quantize` says otherwise), "auto" (the default: "self"
+    for the draft methods when the target has >= 1B parameters and runs on CPU, else none) or
+    None / "none"."""
     from specula.drafters import check_method
+    from specula.models.loading import AUTO_DRAFT, auto_draft
 
     method = method or "fusion"
     check_method(method)
     target_lm, tokenizer = load_backend(target, config, "target")
+    if draft == AUTO_DRAFT:
+        draft = auto_draft(method, target_lm)
     draft_lm = None
-    if draft is not None:
-        draft_lm = load_draft(draft, tokenizer, target_lm, config, target_name=target)
+    if draft is not None and draft != "none":
+        draft_lm = load_draft(draft, tokenizer, target_lm, config, target_name=target, quantize=draft_quantize)
     return Specula(target_lm, tokenizer, method, draft_lm, **drafter_options)

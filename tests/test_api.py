@@ -54,3 +54,30 @@ def test_bad_method_and_empty_prompt_fail_clearly(model_dir):
     spec = specula.load(str(path), method="none")
     with pytest.raises(ConfigError, match="empty"):
         spec.generate("   ")
+
+
+def test_self_draft_reuses_the_target_weights_quantized_and_stays_lossless(model_dir, tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECULA_CACHE", str(tmp_path))
+    path, model = model_dir
+    spec = specula.load(str(path), draft="self", method="draft-model", num_draft_tokens=4)
+    assert spec.draft is not None and spec.draft.cost_key()["quantize"] == "int8"
+    assert spec.draft.weight_bytes < spec.target.weight_bytes  # int8 linears: a smaller copy
+    drafted = accepted = 0
+    for prompt in ([5, 17, 33, 2, 5, 17, 40, 41, 42, 5, 17], [9, 8, 7]):
+        out = spec.generate(prompt, max_new_tokens=30, ignore_eos=True)
+        assert out.token_ids == reference_greedy(model, prompt, 30)
+        drafted, accepted = drafted + out.stats.drafted_tokens, accepted + out.stats.accepted_tokens
+    assert accepted > drafted / 2  # the int8 copy agrees with its float32 self most of the time
+
+
+def test_auto_draft_is_off_for_small_targets_and_self_is_refused_unquantized(model_dir, tmp_path, monkeypatch):
+    from specula.models.loading import SELF_DRAFT_MIN_PARAMETERS, auto_draft
+
+    monkeypatch.setenv("SPECULA_CACHE", str(tmp_path))
+    path, _ = model_dir
+    spec = specula.load(str(path), method="fusion")  # draft="auto": a tiny target gets none
+    assert spec.draft is None and [d.name for d in spec.decoder.drafters] == ["prompt-lookup", "token-recycling"]
+    big = type("Big", (), {"num_parameters": SELF_DRAFT_MIN_PARAMETERS, "device": spec.target.device})()
+    assert auto_draft("fusion", big) == "self" and auto_draft("prompt-lookup", big) is None
+    with pytest.raises(ConfigError, match="--draft-quantize int8"):
+        specula.load(str(path), draft="self", draft_quantize="none", method="draft-model")

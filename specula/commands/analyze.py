@@ -7,7 +7,7 @@ import sys
 import time
 from pathlib import Path
 
-from specula.commands.common import add_model_args, load_config
+from specula.commands.common import add_model_args, explicit_draft, load_config
 
 
 def register(sub) -> None:
@@ -45,8 +45,9 @@ def run(args: argparse.Namespace) -> int:
     from specula.errors import ConfigError
     from specula.paths import atomic_write_json, atomic_write_text
 
-    if args.draft is None:
-        raise ConfigError("analyze acceptance needs a draft model: pass --draft MODEL (same tokenizer as the target)")
+    if not explicit_draft(args):
+        raise ConfigError("analyze acceptance needs a draft model: pass --draft MODEL (same tokenizer as the target) "
+                          "or --draft self")
     config = AcceptanceConfig(temperatures=tuple(args.temperature), max_drafts=args.drafts, positions=args.positions,
                               seed=args.seed, lump_mass=args.lump_mass, trajectories=args.trajectories)
     prompts = select_prompts(load_prompts(args.prompts), args.per_category, args.categories, args.seed)
@@ -57,7 +58,8 @@ def run(args: argparse.Namespace) -> int:
 
     t0 = time.perf_counter()
     target, tokenizer = load_backend(args.target, load_config(args), "target")
-    draft = load_draft(args.draft, tokenizer, target, load_config(args), target_name=args.target)
+    draft = load_draft(args.draft, tokenizer, target, load_config(args), target_name=args.target,
+                       quantize=args.draft_quantize)
     document = measure(target, draft, tokenizer, prompts, config,
                        progress=lambda line: print(line, file=sys.stderr, flush=True))
     document["models"] = {"target": args.target, "draft": args.draft, "prompts": args.prompts,

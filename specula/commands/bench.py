@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from specula.commands.common import (
-    add_method_args, add_model_args, add_sampling_args, drafter_options, load_config, method_help, planner_from_args,
+    add_method_args, add_model_args, add_sampling_args, drafter_options, explicit_draft, load_config, method_help,
+    planner_from_args,
     sampling_params,
 )
 from specula.errors import ConfigError
@@ -74,8 +75,8 @@ def plan(args: argparse.Namespace) -> BenchPlan:
     if args.profile_repeats < 0 or args.warmup_tokens < 0:
         raise ConfigError("--profile-repeats and --warmup-tokens must be >= 0")
     params = sampling_params(args)
-    methods = parse_method_list(args.methods, args.draft is not None)
-    peers = parse_compare(args.compare, args.draft is not None)
+    methods = parse_method_list(args.methods, explicit_draft(args))
+    peers = parse_compare(args.compare, explicit_draft(args))
     categories = [c.strip() for c in args.categories.split(",") if c.strip()] if args.categories else None
     prompts = select_prompts(load_prompts(args.prompts), args.per_category, categories, args.seed)
     settings = BenchSettings(params, raw=args.raw, warmup_tokens=args.warmup_tokens, progress=not args.no_progress)
@@ -86,7 +87,14 @@ def load_models(args: argparse.Namespace):
     """(target backend, tokenizer, draft backend or None), loaded once for every method."""
     from specula.api import load
 
-    spec = load(args.target, draft=args.draft, method="none", config=load_config(args))
+    from specula.bench.methods import parse_method_list, split_method
+    from specula.models.loading import DRAFT_METHODS
+
+    # `--draft auto` resolves as for the first method that drafts with a model (none: no draft).
+    method = next((m for m in (split_method(n)[0] for n in parse_method_list(args.methods, explicit_draft(args)))
+                   if m in DRAFT_METHODS), "none")
+    spec = load(args.target, draft=args.draft, method=method, config=load_config(args),
+                draft_quantize=args.draft_quantize)
     return spec.target, spec.tokenizer, spec.draft
 
 

@@ -17,7 +17,13 @@ def add_model_args(parser: argparse.ArgumentParser, *, target_required: bool = T
     g = parser.add_argument_group("models")
     g.add_argument("--target", required=target_required,
                    help="target model: embedded alias (see `specula models list`), local directory, .gguf file or cached hub id")
-    g.add_argument("--draft", default=None, help="draft model for draft-model methods (same tokenizer as the target)")
+    g.add_argument("--draft", default="auto",
+                   help="draft model (same tokenizer as the target); self = the target's own weights, int8 (no "
+                        "second conversion); none; auto = self for fusion and the draft methods when the target has "
+                        ">= 1B parameters and runs on CPU, else none (default)")
+    g.add_argument("--draft-quantize", default=None, choices=("none", "int8"),
+                   help="quantize the draft only (the target keeps its dtype and kernels): int8 = int8 weights and "
+                        "activations (default for --draft self), none (default for other drafts)")
     add_device_args(g)
     add_attn_arg(g)
     add_quantize_arg(g)
@@ -93,6 +99,11 @@ def add_sampling_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     g.add_argument("--ignore-eos", action="store_true", help="keep generating past end-of-sequence tokens")
     g.add_argument("--raw", action="store_true", help="do not apply the chat template to the prompt")
+
+
+def explicit_draft(args: argparse.Namespace) -> bool:
+    """A draft was named (`--draft MODEL` or `self`), not left to `auto` or turned off."""
+    return getattr(args, "draft", None) not in (None, "none", "auto")
 
 
 def load_config(args: argparse.Namespace) -> "LoadConfig":

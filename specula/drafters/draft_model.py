@@ -62,6 +62,11 @@ class DraftModelDrafter:
         self._token_seconds = Ema(config.timing_ema)  # one draft token (a one-token pass)
         self._catch_up_seconds = Ema(config.timing_ema)  # per token, for catch-ups of >= 16 tokens
 
+    @property
+    def memory_bytes(self) -> int:
+        """Bytes of the draft model's weights (its per-request KV caches come on top)."""
+        return self.draft.weight_bytes
+
     # ------------------------------------------------------------------ per request
     def start(self) -> TargetSequence:
         return self.draft.new_sequence()

@@ -187,6 +187,11 @@ class DraftTreeDrafter:
         self.draft = draft
         self.config = config
 
+    @property
+    def memory_bytes(self) -> int:
+        """Bytes of the draft model's weights (its per-request KV caches come on top)."""
+        return self.draft.weight_bytes
+
     # ------------------------------------------------------------------ protocol
     def start(self) -> _TreeState:
         return _TreeState(self.draft.new_sequence())

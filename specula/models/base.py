@@ -93,6 +93,13 @@ class TargetModel(Protocol):
     greedy_guarantee: "GreedyGuarantee"
     """What "speculative greedy output = plain greedy output" means on this backend (see
     `GreedyGuarantee`)."""
+    num_parameters: int
+    """Parameters of the model (its size, whatever the storage)."""
+
+    @property
+    def weight_bytes(self) -> int:
+        """Bytes its weights occupy as loaded (packed kernels, quantization included)."""
+        ...
 
     def new_sequence(self) -> TargetSequence:
         """An empty KV cache for one sequence."""

@@ -50,10 +50,17 @@ def eos_ids_of(model: PreTrainedModel, tokenizer=None) -> frozenset[int]:
 
 
 def quantization_of(model: torch.nn.Module) -> str:
-    """"int8" when the model's linears were swapped for `RowInt8Linear`, else "none"."""
+    """"int8" when the model's linears are int8 (`RowInt8Linear`, or specula's i8 kernels), "w8" for
+    weight-only int8 kernels, else "none"."""
+    from specula.models.native.kernels import KernelLinear
     from specula.models.quantize import RowInt8Linear
 
-    return "int8" if any(isinstance(m, RowInt8Linear) for m in model.modules()) else "none"
+    for m in model.modules():
+        if isinstance(m, RowInt8Linear) or (isinstance(m, KernelLinear) and m.kind == "i8"):
+            return "int8"
+        if isinstance(m, KernelLinear) and m.kind == "w8":
+            return "w8"
+    return "none"
 
 
 class HFCausalLM:
@@ -76,6 +83,13 @@ class HFCausalLM:
         invariant = quantization_of(model) == "int8" and getattr(self.config, "_attn_implementation", "") == \
             BATCH_INVARIANT  # int8 row linears + row-by-row attention
         self.greedy_guarantee = guarantee_of(self.dtype, invariant)
+        self.num_parameters = sum(p.numel() for p in model.parameters())
+
+    @property
+    def weight_bytes(self) -> int:
+        from specula.models.linears import weight_bytes
+
+        return weight_bytes(self.model)
 
     # ------------------------------------------------------------------ TargetModel
     def new_sequence(self) -> "HFSequence":

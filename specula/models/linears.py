@@ -30,3 +30,21 @@ def replace_linears(model: nn.Module, make: Callable[[nn.Module], nn.Module], *,
         parent = model.get_submodule(parent_name) if parent_name else model
         setattr(parent, child, make(linear))
     return model
+
+
+def weight_bytes(model: nn.Module) -> int:
+    """Bytes a model's weights occupy as loaded: packed kernels report their own (`memory_bytes`),
+    other modules their parameters and buffers (meta placeholders and shared tensors counted once)."""
+    seen: set[int] = set()
+    total = 0
+    for module in model.modules():
+        own = getattr(type(module), "memory_bytes", None)
+        if isinstance(own, property):
+            total += int(module.memory_bytes)
+            continue
+        for tensor in [*module.parameters(recurse=False), *module.buffers(recurse=False)]:
+            if tensor is None or tensor.device.type == "meta" or tensor.data_ptr() in seen:
+                continue
+            seen.add(tensor.data_ptr())
+            total += tensor.numel() * tensor.element_size()
+    return total

@@ -102,6 +102,11 @@ class OneDNNLinear(nn.Module):
         out = torch.ops.mkldnn._linear_pointwise(rows.contiguous(), self._packed, self.bias, "none", [], "")
         return out[:n].reshape(*x.shape[:-1], self.out_features)  # [..., out]
 
+    @property
+    def memory_bytes(self) -> int:
+        """Bytes of the weight (float32), as held in oneDNN's blocked layout."""
+        return 4 * self.in_features * self.out_features
+
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, oneDNN prepacked"
 

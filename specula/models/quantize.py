@@ -91,6 +91,11 @@ class RowInt8Linear(nn.Module):
             out = out + self.bias.float()
         return out.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
 
+    @property
+    def memory_bytes(self) -> int:
+        """Bytes of the packed int8 weight."""
+        return self.in_features * self.out_features
+
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, int8 per-row"
 

@@ -23,8 +23,10 @@ def tiny_models(monkeypatch, tiny_pair, chat_tokenizer):
     loaded = []
 
     def load_models(args):
-        loaded.append(args.target)
-        return target, chat_tokenizer, (draft if args.draft else None)
+        from specula.commands.common import explicit_draft
+
+        loaded.append(args.target)  # `--draft auto` on a tiny target: no draft
+        return target, chat_tokenizer, (draft if explicit_draft(args) else None)
 
     monkeypatch.setattr(bench_cmd, "load_models", load_models)
     return loaded

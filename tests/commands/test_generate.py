@@ -16,7 +16,7 @@ from specula.models.hf import HFCausalLM
 def tiny_load(monkeypatch, tiny_tokenizer):
     model = tiny_model("qwen2", seed=3)
 
-    def load(target, draft=None, method=None, config=None, **options):
+    def load(target, draft=None, method=None, config=None, draft_quantize=None, **options):
         return specula.api.Specula(HFCausalLM(model, "target"), tiny_tokenizer, method or "fusion", **options)
 
     monkeypatch.setattr(specula.api, "load", load)

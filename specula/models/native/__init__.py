@@ -28,7 +28,7 @@ def configure(decoder: NativeDecoder, kernel: str, quantize: str, attention: str
     from specula.models.quantize import quantize_model
 
     if kernel == "specula":
-        apply_kernels(decoder, "w8" if quantize == "int8" else "f32")
+        apply_kernels(decoder, {"none": "f32", "int8": "i8", "w8": "w8"}[quantize])
         decoder.ops = CpuKernelOps()
         return decoder
     quantize_model(decoder, quantize)

@@ -38,9 +38,16 @@ class NativeCausalLM:
 
         invariant = isinstance(decoder.ops, CpuKernelOps) or (decoder.invariant and quantization_of(decoder) == "int8")
         self.greedy_guarantee = guarantee_of(self.dtype, invariant)
+        self.num_parameters = decoder.num_parameters
         self._reference = reference
         self._reference_model = None
         self._model_id = model_id
+
+    @property
+    def weight_bytes(self) -> int:
+        from specula.models.linears import weight_bytes
+
+        return weight_bytes(self.decoder)
 
     # ------------------------------------------------------------------ TargetModel
     def new_sequence(self) -> "NativeSequence":

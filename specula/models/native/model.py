@@ -184,6 +184,8 @@ class NativeDecoder(nn.Module):
         """Batch-invariant attention with the PyTorch ops (each row alone; `ops._attend_rows`)."""
         self.ops = TorchOps()
         """The per-layer ops: `TorchOps`, or `CpuKernelOps` (C kernels, row-invariant)."""
+        self.num_parameters = 0
+        """Parameters of the model this decoder was built from (`from_hf`)."""
 
     def rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin [T, D / 2] of positions [T] times the inverse frequencies, times the attention
@@ -225,6 +227,7 @@ class NativeDecoder(nn.Module):
         with torch.device("meta"):
             native = cls(cfg, torch.zeros(cfg.head_dim // 2), scaling)
         native.inv_freq = inv_freq.float().to(param.device)
+        native.num_parameters = sum(p.numel() for p in model.parameters())
         inner = model.model
         perm = rope_pairs_permutation(cfg.head_dim)
         with torch.no_grad():
@@ -253,10 +256,10 @@ def _fused(linears: Sequence[nn.Linear], rows: torch.Tensor | None = None) -> nn
     """One nn.Linear computing the concatenation of `linears`' outputs (its rows reordered by `rows`)."""
     first = linears[0]
     out = nn.Linear(first.in_features, sum(lin.out_features for lin in linears), bias=first.bias is not None,
-                    device=first.weight.device, dtype=first.weight.dtype)
+                    device="meta")  # no random init: the weights are set below
     weight = torch.cat([lin.weight for lin in linears])
-    out.weight.copy_(weight if rows is None else weight[rows])
+    out.weight = nn.Parameter(weight if rows is None else weight[rows], requires_grad=False)
     if first.bias is not None:
         bias = torch.cat([lin.bias for lin in linears])
-        out.bias.copy_(bias if rows is None else bias[rows])
+        out.bias = nn.Parameter(bias if rows is None else bias[rows], requires_grad=False)
     return out

@@ -38,7 +38,7 @@ from specula.models.linears import linear_weight
 
 SOURCES = (Path(__file__).with_name("linear.c"), Path(__file__).with_name("ops.c"))
 FLAGS = ("-O3", "-mavx2", "-mfma", "-fopenmp", "-shared", "-fPIC")
-KINDS = ("f32", "w8")
+KINDS = ("f32", "w8", "i8")
 
 
 def _cpu_flags() -> set[str]:
@@ -95,10 +95,11 @@ def library() -> ctypes.CDLL:
                 os.unlink(tmp)
     lib = ctypes.CDLL(str(target))
     ptr, i32 = ctypes.c_void_p, ctypes.c_int
-    lib.specula_pack_f32.argtypes = [ptr, ptr, i32, i32]
-    lib.specula_pack_w8.argtypes = [ptr, ptr, i32, i32]
+    lib.specula_pack_f32.argtypes = [ptr, ptr, i32, i32, i32]
+    lib.specula_pack_i8.argtypes = [ptr, ptr, i32, i32, i32, i32]
     lib.specula_linear_f32.argtypes = [ptr, ptr, ptr, ptr, i32, i32, i32, i32]
     lib.specula_linear_w8.argtypes = [ptr, ptr, ptr, ptr, ptr, i32, i32, i32, i32]
+    lib.specula_linear_i8.argtypes = [ptr, ptr, ptr, ptr, ptr, i32, i32, i32, i32]
     lib.specula_block.restype = i32
     f32 = ctypes.c_float
     lib.specula_add_rms_norm.argtypes = [ptr, ptr, ptr, f32, ptr, i32, i32]
@@ -106,6 +107,22 @@ def library() -> ctypes.CDLL:
     lib.specula_attention.argtypes = [ptr, ptr, ptr, ptr, ptr, ptr, i32, i32, i32, i32, i32, i32, i32, f32, i32]
     lib.specula_silu_mul.argtypes = [ptr, ptr, i32, i32]
     return lib
+
+
+def pack(weight: torch.Tensor, block: int, quads: bool = False) -> torch.Tensor:
+    """The kernels' weight layout (see `linear.c`): weight [out, in] (float32 or int8) ->
+    [blocks][in][block] (f32, w8), or [blocks][in / 4][block][4] (i8, `quads`), flat; outputs are
+    padded to a multiple of `block` (and inputs of 4 for quads) with zeros."""
+    weight = weight.contiguous()
+    out, inp = weight.shape
+    padded_in = (inp + 3) // 4 * 4 if quads else inp
+    packed = torch.empty((out + block - 1) // block * block * padded_in, dtype=weight.dtype)
+    lib, threads = library(), torch.get_num_threads()
+    if weight.dtype == torch.float32:
+        lib.specula_pack_f32(weight.data_ptr(), packed.data_ptr(), inp, out, threads)
+    else:
+        lib.specula_pack_i8(weight.data_ptr(), packed.data_ptr(), inp, out, int(quads), threads)
+    return packed
 
 
 def _ptr(t: torch.Tensor | None) -> int | None:
@@ -126,17 +143,13 @@ class KernelLinear(nn.Module):
             raise ConfigError("specula's CPU kernels run on CPU; use --device cpu or another --linear-kernel")
         self.kind = kind
         self.out_features, self.in_features = weight.shape
-        block = lib.specula_block()
-        padded = (self.out_features + block - 1) // block * block
         if kind == "f32":
-            packed = torch.empty(padded * self.in_features, dtype=torch.float32)
-            lib.specula_pack_f32(weight.data_ptr(), packed.data_ptr(), self.in_features, self.out_features)
+            packed = pack(weight, lib.specula_block())
             self.register_buffer("scale", None)
         else:
             scale = (weight.abs().amax(dim=1) / 127.0).clamp_min(1e-12)  # [out]
-            q = torch.round(weight / scale[:, None]).clamp_(-127, 127).to(torch.int8).contiguous()
-            packed = torch.empty(padded * self.in_features, dtype=torch.int8)
-            lib.specula_pack_w8(q.data_ptr(), packed.data_ptr(), self.in_features, self.out_features)
+            q = torch.round(weight / scale[:, None]).clamp_(-127, 127).to(torch.int8)
+            packed = pack(q, lib.specula_block(), quads=kind == "i8")
             self.register_buffer("scale", scale.contiguous())
         self.register_buffer("packed", packed)
         bias = getattr(linear, "bias", None)
@@ -153,8 +166,9 @@ class KernelLinear(nn.Module):
             lib.specula_linear_f32(rows.data_ptr(), self.packed.data_ptr(), _ptr(self.bias), out.data_ptr(), n,
                                    self.in_features, self.out_features, threads)
         else:
-            lib.specula_linear_w8(rows.data_ptr(), self.packed.data_ptr(), self.scale.data_ptr(), _ptr(self.bias),
-                                  out.data_ptr(), n, self.in_features, self.out_features, threads)
+            fn = lib.specula_linear_w8 if self.kind == "w8" else lib.specula_linear_i8
+            fn(rows.data_ptr(), self.packed.data_ptr(), self.scale.data_ptr(), _ptr(self.bias), out.data_ptr(), n,
+               self.in_features, self.out_features, threads)
         return out.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
 
     @property

@@ -1,8 +1,9 @@
 /* specula's CPU linear kernels: y[M, out] = x[M, in] @ W^T (+ b) for the few rows (M = 1..64)
  * decoding and tree verification pass, streaming the weight once per group of MR = 6 rows.
  *
- * Weights are packed in column blocks of NB = 16 outputs, wp[block][i][16], so each block is one
- * contiguous stream (out is padded up to a multiple of 16 with zero columns); the rows of x are
+ * Weights are packed (by `kernels.pack`, in Python) in column blocks of NB = 16 outputs,
+ * wp[block][i][16], so each block is one contiguous stream (out is padded up to a multiple of 16
+ * with zero columns); the rows of x are
  * packed per group of 6 as xp[group][i][6], so one cache line feeds every row of a step of i. A
  * thread owns whole blocks; for each group it runs over i in order with up to 6 x 2 AVX2
  * accumulators, so every output element is the same chain of fused multiply-adds over
@@ -12,35 +13,56 @@
  *
  * f32: float weights.  w8: int8 weights with one float scale per output column (weight-only
  * quantization: activations stay float; y = scale * sum_i x_i * q_i, the same order again).
+ * i8: int8 weights (per output column scale) and int8 activations (one scale per row, the row's
+ * absolute maximum / 127): y = x_scale * w_scale * sum_i qx_i * qw_i, the sum exact in int32, so
+ * every row is its own again; 4 input values per byte lane group (AVX2 maddubs), i.e. a quarter
+ * of f32's weight bytes and about a third of w8's instructions.
  */
 #include <immintrin.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 #define NB 16
 #define MR 6
 
 int specula_block(void) { return NB; }
 
-void specula_pack_f32(const float *w, float *wp, int in, int out) {
+/* Pack w [out, in] into wp: [blocks][in][NB] (float32, `specula_pack_f32`), or for int8 with
+ * `quads` [blocks][in4 / 4][NB][4] (in4 = in rounded up to 4); padding columns / inputs are zero. */
+void specula_pack_f32(const float *w, float *wp, int in, int out, int threads) {
     int blocks = (out + NB - 1) / NB;
-    for (int bk = 0; bk < blocks; bk++)
-        for (int i = 0; i < in; i++)
-            for (int c = 0; c < NB; c++) {
-                int o = bk * NB + c;
-                wp[((size_t)bk * in + i) * NB + c] = o < out ? w[(size_t)o * in + i] : 0.0f;
+    #pragma omp parallel for schedule(static) num_threads(threads)
+    for (int bk = 0; bk < blocks; bk++) {
+        float *dst = wp + (size_t)bk * in * NB;
+        for (int c = 0; c < NB; c++) {
+            int o = bk * NB + c;
+            if (o >= out) {
+                for (int i = 0; i < in; i++) dst[(size_t)i * NB + c] = 0.0f;
+                continue;
             }
+            const float *row = w + (size_t)o * in;
+            for (int i = 0; i < in; i++) dst[(size_t)i * NB + c] = row[i];
+        }
+    }
 }
 
-void specula_pack_w8(const int8_t *w, int8_t *wp, int in, int out) {
-    int blocks = (out + NB - 1) / NB;
-    for (int bk = 0; bk < blocks; bk++)
-        for (int i = 0; i < in; i++)
-            for (int c = 0; c < NB; c++) {
-                int o = bk * NB + c;
-                wp[((size_t)bk * in + i) * NB + c] = o < out ? w[(size_t)o * in + i] : 0;
+void specula_pack_i8(const int8_t *w, int8_t *wp, int in, int out, int quads, int threads) {
+    int blocks = (out + NB - 1) / NB, in4 = quads ? (in + 3) / 4 * 4 : in;
+    #pragma omp parallel for schedule(static) num_threads(threads)
+    for (int bk = 0; bk < blocks; bk++) {
+        int8_t *dst = wp + (size_t)bk * in4 * NB;
+        for (int c = 0; c < NB; c++) {
+            int o = bk * NB + c;
+            const int8_t *row = w + (size_t)o * in;
+            for (int i = 0; i < in4; i++) {
+                size_t at = quads ? ((size_t)(i >> 2) * NB + c) * 4 + (i & 3) : (size_t)i * NB + c;
+                dst[at] = (o < out && i < in) ? row[i] : 0;
             }
+        }
+    }
 }
 
 /* x [M, in] -> [groups][in][MR] (zero rows pad the last group); free() the result. */
@@ -140,4 +162,77 @@ void specula_linear_w8(const float *x, const int8_t *wp, const float *scale, con
         }
     }
     free(xp);
+}
+
+
+/* ---------------------------------------------------------------------------------------------- i8 */
+/* Weights packed as wp[block][i / 4][16 columns][4] (`kernels.pack`): one 32-byte load holds
+ * 8 columns x 4 inputs; `in` is padded up to a multiple of 4 with zeros (in4). */
+/* Row r of x -> int8 xq[r][in4] (zero padded) and its scale xs[r] = max|x_r| / 127. */
+static void quantize_rows(const float *x, int8_t *xq, float *xs, int M, int in, int in4) {
+    for (int r = 0; r < M; r++) {
+        const float *xr = x + (size_t)r * in;
+        float amax = 0.0f;
+        for (int i = 0; i < in; i++) amax = fmaxf(amax, fabsf(xr[i]));
+        float scale = amax > 0.0f ? amax / 127.0f : 1.0f, inv = 1.0f / scale;
+        int8_t *q = xq + (size_t)r * in4;
+        for (int i = 0; i < in; i++) q[i] = (int8_t)lrintf(xr[i] * inv);
+        for (int i = in; i < in4; i++) q[i] = 0;
+        xs[r] = scale;
+    }
+}
+
+#define I8_BODY(MB)                                                                                  \
+    do {                                                                                             \
+        __m256i a[MR][2];                                                                            \
+        for (int m = 0; m < MB; m++) a[m][0] = a[m][1] = _mm256_setzero_si256();                     \
+        for (int iq = 0; iq < quads; iq++) {                                                         \
+            __m256i w0 = _mm256_loadu_si256((const __m256i *)(wb + (size_t)iq * NB * 4));            \
+            __m256i w1 = _mm256_loadu_si256((const __m256i *)(wb + (size_t)iq * NB * 4 + 32));       \
+            for (int m = 0; m < MB; m++) {                                                           \
+                int32_t four;                                                                        \
+                memcpy(&four, xq + (size_t)(m0 + m) * in4 + (size_t)iq * 4, 4);                      \
+                __m256i xv = _mm256_set1_epi32(four), ax = _mm256_sign_epi8(xv, xv);                 \
+                __m256i p0 = _mm256_maddubs_epi16(ax, _mm256_sign_epi8(w0, xv));                     \
+                __m256i p1 = _mm256_maddubs_epi16(ax, _mm256_sign_epi8(w1, xv));                     \
+                a[m][0] = _mm256_add_epi32(a[m][0], _mm256_madd_epi16(p0, ones));                    \
+                a[m][1] = _mm256_add_epi32(a[m][1], _mm256_madd_epi16(p1, ones));                    \
+            }                                                                                        \
+        }                                                                                            \
+        for (int m = 0; m < MB; m++) {                                                               \
+            int32_t tmp[NB];                                                                         \
+            _mm256_storeu_si256((__m256i *)tmp, a[m][0]);                                            \
+            _mm256_storeu_si256((__m256i *)(tmp + 8), a[m][1]);                                      \
+            float *ym = y + (size_t)(m0 + m) * out + o0;                                             \
+            for (int c = 0; c < nc; c++) {                                                           \
+                float v = (float)tmp[c] * xs[m0 + m] * wscale[o0 + c];                               \
+                ym[c] = b ? v + b[o0 + c] : v;                                                       \
+            }                                                                                        \
+        }                                                                                            \
+    } while (0)
+
+void specula_linear_i8(const float *x, const int8_t *wp, const float *wscale, const float *b, float *y, int M, int in,
+                       int out, int threads) {
+    int blocks = (out + NB - 1) / NB, quads = (in + 3) / 4, in4 = quads * 4;
+    int8_t *xq = malloc((size_t)M * in4);
+    float *xs = malloc((size_t)M * sizeof(float));
+    quantize_rows(x, xq, xs, M, in, in4);
+    const __m256i ones = _mm256_set1_epi16(1);
+    #pragma omp parallel for schedule(static) num_threads(threads)
+    for (int bk = 0; bk < blocks; bk++) {
+        const int8_t *wb = wp + (size_t)bk * quads * NB * 4;
+        int o0 = bk * NB, nc = out - o0 < NB ? out - o0 : NB;
+        for (int m0 = 0; m0 < M; m0 += MR) {
+            switch (M - m0 < MR ? M - m0 : MR) {
+                case 1: I8_BODY(1); break;
+                case 2: I8_BODY(2); break;
+                case 3: I8_BODY(3); break;
+                case 4: I8_BODY(4); break;
+                case 5: I8_BODY(5); break;
+                default: I8_BODY(6); break;
+            }
+        }
+    }
+    free(xq);
+    free(xs);
 }
