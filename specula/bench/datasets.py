@@ -29,7 +29,10 @@ from typing import Sequence
 from specula.errors import ConfigError
 
 SPEC_BENCH = "spec-bench"
-"""Name of the shipped prompt set (as given to `--prompts`)."""
+"""Name of the shipped Spec-Bench prompt set (as given to `--prompts`)."""
+EVERYDAY = "everyday"
+"""Name of the shipped set of 24 everyday prompts (chat, instructions, code, math) written for specula,
+so speed claims are checked on prompts that are not Spec-Bench (`specula/data/everyday/README.md`)."""
 
 SPEC_BENCH_GROUPS: dict[str, str] = {
     **{c: "mt_bench" for c in (
@@ -109,13 +112,17 @@ def parse_prompts(lines: Sequence[str], origin: str = "prompts", groups: dict[st
 
 
 def load_prompts(source: str = SPEC_BENCH) -> list[BenchPrompt]:
-    """The shipped Spec-Bench prompts (`"spec-bench"`) or those of a JSONL file."""
+    """The shipped Spec-Bench prompts (`"spec-bench"`), the shipped everyday prompts (`"everyday"`),
+    or those of a JSONL file."""
     if source == SPEC_BENCH:
         text = resources.files("specula").joinpath("data/spec_bench/question.jsonl").read_text(encoding="utf-8")
         return parse_prompts(text.splitlines(), "spec-bench question.jsonl", SPEC_BENCH_GROUPS)
+    if source == EVERYDAY:
+        text = resources.files("specula").joinpath("data/everyday/prompts.jsonl").read_text(encoding="utf-8")
+        return parse_prompts(text.splitlines(), "everyday prompts.jsonl")
     path = Path(source).expanduser()
     if not path.is_file():
-        raise ConfigError(f"prompts file {source!r} not found; pass --prompts spec-bench or a JSONL file")
+        raise ConfigError(f"prompts file {source!r} not found; pass --prompts spec-bench, everyday or a JSONL file")
     try:
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError as exc:

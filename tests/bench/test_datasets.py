@@ -84,10 +84,18 @@ def test_validation_errors_name_the_line(tmp_path, lines, message):
 
 
 def test_missing_file():
-    with pytest.raises(ConfigError, match="not found; pass --prompts spec-bench or a JSONL file"):
+    with pytest.raises(ConfigError, match="not found; pass --prompts spec-bench, everyday or a JSONL file"):
         load_prompts("/nonexistent/prompts.jsonl")
 
 
 def test_parse_prompts_groups_mapping():
     prompts = parse_prompts(['{"id": 1, "category": "writing", "turns": ["x"]}'], groups={"writing": "mt_bench"})
     assert prompts[0].category == "mt_bench" and prompts[0].source_category == "writing"
+
+
+def test_everyday_prompts_are_shipped():
+    prompts = load_prompts("everyday")
+    assert len(prompts) >= 20
+    assert {p.category for p in prompts} == {"chat", "instructions", "code", "math"}
+    assert all(p.turns and p.turns[0].strip() for p in prompts)
+    assert len({p.id for p in prompts}) == len(prompts)
