@@ -22,7 +22,7 @@ def register(sub) -> None:
                     "the acceptance of RRS with and without replacement and SpecTr K-SEQ; write results.json, "
                     "report.md and acceptance.png to --out.")
     add_model_args(a)
-    a.add_argument("--prompts", default="spec-bench", help="spec-bench (shipped) or a JSONL file (id, category, turns)")
+    a.add_argument("--prompts", default="spec-bench", help="spec-bench or everyday (shipped) or a JSONL file (id, category, turns)")
     a.add_argument("--per-category", type=int, default=1, help="prompts per category (default 1)")
     a.add_argument("--categories", nargs="+", default=None, help="only these categories")
     a.add_argument("--drafts", type=int, default=8, help="analyse n = 1..DRAFTS drafts (default 8)")

@@ -32,7 +32,7 @@ def register(sub) -> None:
                    help=method_help() + "; comma-separated (none always runs: it is the baseline). "
                    "Default: none,prompt-lookup (+ draft-model with --draft)")
     g.add_argument("--prompts", default="spec-bench",
-                   help="spec-bench (shipped, 480 prompts) or a JSONL file of {id, category, turns} (default spec-bench)")
+                   help="spec-bench (shipped, 480 prompts), everyday (shipped, 24 prompts: chat, instructions, code, math) or a JSONL file of {id, category, turns} (default spec-bench)")
     g.add_argument("--per-category", type=int, default=None, help="prompts per category (seeded order; default all)")
     g.add_argument("--categories", default=None,
                    help="comma-separated categories (spec-bench: mt_bench,translation,summarization,qa,math_reasoning,rag)")
