@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Iterator, Sequence
 
 from specula.drafters import make_drafters
+from specula.errors import ConfigError
 from specula.engine import EngineConfig, GenerationOutput, SpeculativeDecoder, StreamChunk
 from specula.models.base import TargetModel
 from specula.models.loading import LoadConfig, load_backend, load_draft
@@ -65,21 +66,28 @@ def build_decoder(method: str, target: TargetModel, tokenizer=None, draft: Targe
 
 
 def load(target: str, draft: str | None = "auto", method: str | None = None,
-         config: LoadConfig = LoadConfig(), draft_quantize: str | None = None, **drafter_options) -> Specula:
+         config: LoadConfig = LoadConfig(), draft_quantize: str | None = None, skip_layers: str | None = None,
+         **drafter_options) -> Specula:
     """Load target (and draft) and build a `Specula`. The method defaults to `fusion` (every
     available drafter, sized by the hardware-aware planner). `draft`: a model spec, "self" (the
     target's own weights, int8 unless `draft_quantize` says otherwise), "auto" (the default: "self"
-    for the draft methods when the target has >= 1B parameters and runs on CPU, else none) or
-    None / "none"."""
+    for the draft methods when the target has >= 1B parameters and runs on CPU, else none), "skip"
+    (the target itself with decoder sub-layers skipped, SWIFT; `skip_layers` fixes the set, else it
+    is searched on the fly) or None / "none"."""
     from specula.drafters import check_method
     from specula.models.loading import AUTO_DRAFT, auto_draft
+    from specula.models.skipping import SKIP_DRAFT
 
     method = method or "fusion"
     check_method(method)
+    if skip_layers is not None and draft != SKIP_DRAFT:
+        raise ConfigError("--skip-layers applies to --draft skip only (the target drafting with layers skipped); "
+                          "add --draft skip or drop --skip-layers")
     target_lm, tokenizer = load_backend(target, config, "target")
     if draft == AUTO_DRAFT:
         draft = auto_draft(method, target_lm)
     draft_lm = None
     if draft is not None and draft != "none":
-        draft_lm = load_draft(draft, tokenizer, target_lm, config, target_name=target, quantize=draft_quantize)
+        draft_lm = load_draft(draft, tokenizer, target_lm, config, target_name=target, quantize=draft_quantize,
+                              skip_layers=skip_layers)
     return Specula(target_lm, tokenizer, method, draft_lm, **drafter_options)

@@ -205,7 +205,7 @@ class SpeculativeDecoder:
         room = target.max_context - len(tokens)  # the cache would hold len(tokens) + n nodes
         budget = DraftBudget(max_nodes=max(0, min(self.config.max_tree_nodes, room)),
                              max_depth=max(0, min(remaining - 1, room)))
-        ctx = DraftContext(tokens, len(session.prompt), params, budget, session.generator)
+        ctx = DraftContext(tokens, len(session.prompt), params, budget, session.generator, target=session.seq)
 
         t0 = time.perf_counter()
         proposals: list[Proposal] = []

@@ -13,7 +13,7 @@ observes the `StepResult`. Nothing in this module calls anything: it is data and
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol, Sequence
+from typing import Any, Protocol, Sequence
 
 import torch
 
@@ -73,6 +73,9 @@ class DraftContext:
     """The request's seeded random generator (for drafters that sample)."""
     cost: CostView | None = None
     """The planner's read-only cost view, or None when no planner runs."""
+    target: Any = None
+    """The request's target sequence (a `TargetSequence`), for self-drafting drafters: they may
+    only call its `LayerSkipSequence` methods (scratch rows, never the committed state)."""
 
 
 @dataclass(frozen=True)

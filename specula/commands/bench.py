@@ -76,7 +76,7 @@ def plan(args: argparse.Namespace) -> BenchPlan:
         raise ConfigError("--profile-repeats and --warmup-tokens must be >= 0")
     params = sampling_params(args)
     methods = parse_method_list(args.methods, explicit_draft(args))
-    peers = parse_compare(args.compare, explicit_draft(args))
+    peers = parse_compare(args.compare, explicit_draft(args) and args.draft != "skip")  # skip: no model to assist
     categories = [c.strip() for c in args.categories.split(",") if c.strip()] if args.categories else None
     prompts = select_prompts(load_prompts(args.prompts), args.per_category, categories, args.seed)
     settings = BenchSettings(params, raw=args.raw, warmup_tokens=args.warmup_tokens, progress=not args.no_progress)
@@ -94,7 +94,7 @@ def load_models(args: argparse.Namespace):
     method = next((m for m in (split_method(n)[0] for n in parse_method_list(args.methods, explicit_draft(args)))
                    if m in DRAFT_METHODS), "none")
     spec = load(args.target, draft=args.draft, method=method, config=load_config(args),
-                draft_quantize=args.draft_quantize)
+                draft_quantize=args.draft_quantize, skip_layers=args.skip_layers)
     return spec.target, spec.tokenizer, spec.draft
 
 

@@ -36,7 +36,7 @@ def run(args: argparse.Namespace) -> int:
     check_method(method)
     planner = planner_from_args(args)
     spec = load(args.target, draft=args.draft, method=method, config=load_config(args),
-                draft_quantize=args.draft_quantize,
+                draft_quantize=args.draft_quantize, skip_layers=args.skip_layers,
                 engine=EngineConfig(max_tree_nodes=args.max_tree_nodes), planner=planner,
                 **drafter_options(args, method))
     ids = spec.encode(args.prompt, raw=args.raw)

@@ -48,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
     planner = planner_from_args(args)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s", stream=sys.stderr)
     spec = load(args.target, draft=args.draft, method=method, config=load_config(args),
-                draft_quantize=args.draft_quantize,
+                draft_quantize=args.draft_quantize, skip_layers=args.skip_layers,
                 engine=EngineConfig(max_tree_nodes=args.max_tree_nodes), planner=planner,
                 **drafter_options(args, method))
     server = create_server(spec, config)

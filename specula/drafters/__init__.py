@@ -19,6 +19,7 @@ MODULES: dict[str, str] = {
     "prompt-lookup": "specula.drafters.prompt_lookup",
     "token-recycling": "specula.drafters.token_recycling",
     "rest": "specula.drafters.rest",
+    "layer-skip": "specula.drafters.layer_skip",
 }
 """Method name (as in `--method`) -> module defining `create`."""
 
@@ -62,8 +63,22 @@ def make_drafters(method: str, *, target=None, draft=None, tokenizer=None, datas
 
     fusion = the model-free drafters first (prompt lookup, REST when a `datastore` is given, token
     recycling), then the draft model when `draft` is given (greedy candidates, adaptive: it drafts
-    only while its next token beats the rate the others' trees already reach)."""
+    only while its next token beats the rate the others' trees already reach), or the target itself
+    with layers skipped for `--draft skip` (`models.skipping.LayerSkipDraft`)."""
+    from specula.models.skipping import LayerSkipDraft
+
     check_method(method)
+    skipping = isinstance(draft, LayerSkipDraft)
+    if skipping and method == "draft-tree":
+        raise ConfigError("--draft skip drafts chains: use --method draft-model, layer-skip or fusion with it "
+                          "(draft-tree needs a draft model)")
+    if skipping or method == "layer-skip":
+        # `--draft skip`: the draft-model methods draft with the target itself, layers skipped.
+        skip_options = {"skip_layers": draft.skip_layers} if skipping else {}
+        if method in ("draft-model", "layer-skip"):
+            return [make_drafter("layer-skip", target=target, num_draft_tokens=num_draft_tokens,
+                                 **skip_options, **options)]
+        draft = None
     if method != FUSION:
         given = {"datastore": datastore, "recycling_state": recycling_state, "num_draft_tokens": num_draft_tokens}
         return [make_drafter(method, target=target, draft=draft, tokenizer=tokenizer, **given, **options)]
@@ -75,7 +90,10 @@ def make_drafters(method: str, *, target=None, draft=None, tokenizer=None, datas
         drafters.append(make_drafter("rest", target=target, datastore=datastore, tokenizer=tokenizer))
     drafters.append(make_drafter("token-recycling", target=target, recycling_state=recycling_state,
                                  tokenizer=tokenizer))
-    if draft is not None:
+    if skipping:
+        drafters.append(make_drafter("layer-skip", target=target, num_draft_tokens=num_draft_tokens,
+                                     **skip_options))
+    elif draft is not None:
         drafters.append(make_drafter("draft-model", draft=draft, num_draft_tokens=num_draft_tokens, adaptive=True,
                                      greedy_proposals=True))
     return drafters

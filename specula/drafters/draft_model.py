@@ -24,11 +24,10 @@ from dataclasses import dataclass
 import torch
 
 from specula.drafters.base import DraftContext, Proposal, StepResult, method_config
+from specula.drafters.chain import draft_chain
 from specula.ema import Ema
 from specula.errors import ConfigError
 from specula.models.base import TargetModel, TargetSequence, common_prefix_length, keep_common_prefix
-from specula.sampling import probabilities
-from specula.tree import TokenTree
 
 
 @dataclass(frozen=True)
@@ -110,31 +109,9 @@ class DraftModelDrafter:
                 return Proposal.empty()  # not worth a draft pass this step (the cache catches up later)
         t_start = time.perf_counter()
         logits = self.sync(seq, ctx.tokens)
-        greedy = ctx.params.greedy or self.config.greedy_proposals
-        drafted: list[int] = []
-        edges: list[float] = []
-        q_rows: list[torch.Tensor] = []
-        while True:
-            if greedy:
-                q = torch.softmax(logits.float(), -1)  # [vocab]
-                token = int(q.argmax())
-            else:
-                q = probabilities(logits, ctx.params)  # [vocab]
-                token = int(torch.multinomial(q, 1, generator=ctx.generator))
-            q_rows.append(q)
-            drafted.append(token)
-            edges.append(float(q[token]))
-            if len(drafted) >= k:
-                break
-            if adaptive and ctx.cost.plan_chain(self.name, edges, self._token_seconds.value,
-                                                time.perf_counter() - t_start, k - len(drafted)) == 0:
-                break
-            t_tok = time.perf_counter()
-            logits = seq.prefill([token], logits="last")
-            self._token_seconds.update(time.perf_counter() - t_tok)
-        tree = TokenTree.chain(drafted, edges, self.name)
-        q_all = torch.stack(q_rows + [torch.zeros_like(q_rows[0])])  # [k + 1, vocab]; the leaf row is unused
-        return Proposal(tree, q_all, "deterministic" if greedy else "iid")
+        return draft_chain(ctx, self.name, k, logits, lambda token: seq.prefill([token], logits="last"),
+                           self._token_seconds, t_start, greedy=ctx.params.greedy or self.config.greedy_proposals,
+                           adaptive=adaptive)
 
 
 def create(*, target=None, draft: TargetModel | None = None, **options) -> DraftModelDrafter:

@@ -26,6 +26,10 @@ from specula.errors import ConfigError
 from specula.tree import TokenTree
 
 LogitsMode = Literal["last", "all", "none"]
+"""What `prefill` returns: logits of the last token [vocab], of every token [n, vocab], or None."""
+
+SubLayer = tuple[int, str]
+"""A decoder sub-layer: (layer index, "attn" | "mlp")."""
 
 GreedyGuarantee = Literal["bitwise", "float32", "near-ties"]
 """How exactly a backend's tree rows reproduce one-token steps:
@@ -36,7 +40,6 @@ changed a greedy token in any measurement; a difference is reported as a bug;
 "near-ties": bfloat16 / float16 rounding: where two tokens are within that precision the
 argmax can flip, so outputs can differ from plain decoding at such ties (and the bench reports
 the identical fraction instead of failing); float32 (`--dtype float32`) restores "float32"."""
-"""What `prefill` returns: logits of the last token [vocab], of every token [n, vocab], or None."""
 
 
 @runtime_checkable
@@ -113,6 +116,29 @@ class TargetModel(Protocol):
     def reference_model(self) -> Any:
         """A Hugging Face model with these weights (for the bench's `generate` peers and
         diagnostics), or None when the backend cannot give one."""
+        ...
+
+
+@runtime_checkable
+class LayerSkipSequence(Protocol):
+    """A target sequence that can also run its model with decoder sub-layers skipped, as a draft
+    of itself (SWIFT), on the full model's cache of the committed prefix and without changing the
+    sequence: rows go to scratch slots the next `forward_tree` overwrites. The native backend
+    implements it; drafters reach it through `DraftContext.target`."""
+
+    @property
+    def num_layers(self) -> int:
+        """Decoder layers of the model."""
+        ...
+
+    def speculate(self, ids: Sequence[int], skip: Sequence[SubLayer] = (), offset: int = 0) -> torch.Tensor:
+        """Logits [n, vocab] of `ids` after the committed tokens and `offset` earlier drafted rows."""
+        ...
+
+    def replay(self, count: int, skip: Sequence[SubLayer] = (), trace: dict[SubLayer, float] | None = None,
+               end: int | None = None) -> torch.Tensor:
+        """Logits [count, vocab] of the `count` committed tokens before `end` (default: the last
+        ones) run again (teacher forcing); `trace` gets each sub-layer's turn of the stream."""
         ...
 
 

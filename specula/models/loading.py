@@ -347,17 +347,25 @@ def auto_draft(method: str, target: Any) -> str | None:
 
 
 def load_draft(spec: str, target_tokenizer: Any, target: Any, config: LoadConfig = LoadConfig(),
-               target_name: str | None = None, quantize: str | None = None) -> Any:
+               target_name: str | None = None, quantize: str | None = None, skip_layers: str | None = None) -> Any:
     """Load a draft backend and check that it can propose tokens for `target` (same tokenizer,
     `check_compatible`); raises `IncompatibleModelsError` naming the difference.
 
     `spec` "self" loads the target's own weights again (`target_name` is the target's spec; the
     converted cache is reused, nothing is converted twice), quantized by `quantize` (default int8:
     the draft needs no exactness, only speed and agreement). `quantize` applies to the draft only;
-    the target keeps its own dtype and kernels."""
+    the target keeps its own dtype and kernels. `spec` "skip" is the target itself with decoder
+    sub-layers skipped (`skipping.LayerSkipDraft`; `skip_layers` fixes the set, else it is searched)."""
     from dataclasses import replace
 
     from specula.models.quantize import check_quantize
+    from specula.models.skipping import SKIP_DRAFT, layer_skip_draft
+
+    if spec == SKIP_DRAFT:
+        return layer_skip_draft(target, skip_layers, quantize)
+    if skip_layers is not None:
+        raise ConfigError("--skip-layers applies to --draft skip only (the target drafting with layers skipped); "
+                          "add --draft skip or drop --skip-layers")
 
     if spec == SELF_DRAFT:
         if target_name is None:

@@ -16,7 +16,7 @@ from specula.models.hf import HFCausalLM
 def tiny_load(monkeypatch, tiny_tokenizer):
     model = tiny_model("qwen2", seed=3)
 
-    def load(target, draft=None, method=None, config=None, draft_quantize=None, **options):
+    def load(target, draft=None, method=None, config=None, draft_quantize=None, skip_layers=None, **options):
         return specula.api.Specula(HFCausalLM(model, "target"), tiny_tokenizer, method or "fusion", **options)
 
     monkeypatch.setattr(specula.api, "load", load)
@@ -44,3 +44,34 @@ def test_sampled_compare_does_not_call_another_draw_a_bug(tiny_load, capsys):
     assert payload["identical_to_plain"] is None and payload["speedup"] > 0
     code, out, _ = run(capsys, "--compare", "--json")
     assert json.loads(out)["identical_to_plain"] is True
+
+
+@pytest.fixture(scope="module")
+def skip_model_dir(tmp_path_factory, tiny_tokenizer):
+    """A tiny random 4-layer Qwen2 saved as a model directory (the native backend loads it)."""
+    from transformers import AutoTokenizer
+
+    path = tmp_path_factory.mktemp("tiny-qwen2-4")
+    tiny_tokenizer.save_pretrained(path)
+    vocab = max(AutoTokenizer.from_pretrained(path).get_vocab().values()) + 1
+    tiny_model("qwen2", seed=3, vocab=vocab, layers=4).save_pretrained(path)
+    return str(path)
+
+
+def run_skip(capsys, path: str, *extra: str) -> tuple[int, str]:
+    code = main(["generate", "--target", path, "--prompt", "w5 w17 w33 w5 w17 w40", "--raw", "--max-new-tokens", "16",
+                 "--ignore-eos", "--draft", "skip", *extra])
+    return code, capsys.readouterr().err
+
+
+def test_draft_skip_runs_lossless_and_bad_skip_sets_exit_2_naming_the_fix(skip_model_dir, capsys, tmp_path,
+                                                                          monkeypatch):
+    monkeypatch.setenv("SPECULA_CACHE", str(tmp_path))
+    code, err = run_skip(capsys, skip_model_dir, "--skip-layers", "attn:1-2", "--compare", "--method", "draft-model")
+    assert code == 0 and "output identical to plain decoding" in err
+    code, err = run_skip(capsys, skip_model_dir, "--skip-layers", "9")
+    assert code == 2 and "names layer 9, but the model has 4 layers" in err
+    code, err = run_skip(capsys, skip_model_dir, "--draft-quantize", "int8")
+    assert code == 2 and "drop --draft-quantize" in err
+    code, err = run_skip(capsys, skip_model_dir, "--backend", "hf")
+    assert code == 2 and "--draft skip needs the native backend" in err

@@ -9,11 +9,11 @@ trees, so plain and speculative decoding run the same code.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import torch
 
-from specula.models.base import LogitsMode, guarantee_of
+from specula.models.base import LogitsMode, SubLayer, guarantee_of
 from specula.models.native.cache import KVCache
 from specula.models.native.model import NativeDecoder, Segment
 from specula.tree import TokenTree
@@ -42,6 +42,21 @@ class NativeCausalLM:
         self._reference = reference
         self._reference_model = None
         self._model_id = model_id
+
+    layer_skipping = True
+    """Sequences implement `LayerSkipSequence` (drafting by the model itself with sub-layers skipped)."""
+
+    def layer_skip_cost(self, skip: Iterable[SubLayer]) -> float:
+        """Fraction of a one-token pass's weights that a pass with sub-layers `skip` skipped reads
+        (the embedding lookup aside): the draft's cost per token in target steps, before overheads."""
+        cfg = self.config
+        e, d = cfg.hidden_size, cfg.head_dim
+        attn = e * (cfg.num_heads + 2 * cfg.num_kv_heads) * d + cfg.num_heads * d * e
+        mlp = 3 * e * cfg.intermediate_size
+        head = e * cfg.vocab_size
+        total = cfg.num_layers * (attn + mlp) + head
+        skipped = sum(attn if kind == "attn" else mlp for _, kind in set(skip))
+        return (total - skipped) / total
 
     @property
     def weight_bytes(self) -> int:
@@ -84,15 +99,18 @@ class NativeCausalLM:
 
     # ------------------------------------------------------------------ one pass
     def run(self, seq: "NativeSequence", ids: Sequence[int], positions: torch.Tensor, mask: torch.Tensor | None,
-            logit_rows: slice | None, prefill: bool = False) -> torch.Tensor | None:
-        """Run rows `ids` of one sequence at `positions` ([n] long) from slot len(seq.tokens) with
-        an attention `mask` ([n, start + n] bool, None for one row); logits [rows, V] or None."""
+            logit_rows: slice | None, prefill: bool = False, *, start: int | None = None,
+            skip: frozenset = frozenset(), trace: dict | None = None) -> torch.Tensor | None:
+        """Run rows `ids` of one sequence at `positions` ([n] long) from slot `start` (default
+        seq.slots) with an attention `mask` ([n, start + n] bool, None for one row), sub-layers
+        `skip` skipped; logits [rows, V] or None."""
         n = len(ids)
-        start = seq.slots
+        start = seq.slots if start is None else start
         seq.cache.reserve(start + n, start)
         tokens = torch.tensor(list(ids), dtype=torch.long, device=self.device)  # [n]
         mask = None if mask is None else mask.to(self.device)
-        hidden = self.decoder(tokens, positions.to(self.device), [Segment(seq.cache, start, slice(0, n), mask, prefill)])
+        hidden = self.decoder(tokens, positions.to(self.device), [Segment(seq.cache, start, slice(0, n), mask, prefill)],
+                              skip=skip, trace=trace)
         if logit_rows is None:
             return None
         return self.decoder.logits(hidden[logit_rows])
@@ -193,6 +211,46 @@ class NativeSequence:
         path = list(path)
         self.cache.keep(len(self._tokens), [0, *(i + 1 for i in path)])
         self._tokens.extend([root, *tree.tokens_of(path)])
+
+    # ------------------------------------------------------------------ self-drafting (LayerSkipSequence)
+    @property
+    def num_layers(self) -> int:
+        return self.backend.config.num_layers
+
+    def speculate(self, ids: Sequence[int], skip: Iterable[SubLayer] = (), offset: int = 0) -> torch.Tensor:
+        """Logits [n, vocab] of `ids` continuing the committed tokens and the `offset` rows earlier
+        calls drafted, with sub-layers `skip` skipped. Rows go to scratch slots after the committed
+        prefix (only in the layers that run; the next `forward_tree` overwrites them); the committed
+        tokens and their cache are untouched."""
+        if self._pending is not None:
+            raise RuntimeError("speculate() while a tree is pending: commit() it first")
+        ids = list(ids)
+        self._assert_room(offset + len(ids) + 1)
+        start, n = len(self._tokens) + offset, len(ids)
+        mask = None if n == 1 else causal_mask(start, n)
+        return self.backend.run(self, ids, torch.arange(start, start + n), mask, slice(0, n), start=start,
+                                skip=frozenset(skip))
+
+    def replay(self, count: int, skip: Iterable[SubLayer] = (), trace: dict[SubLayer, float] | None = None,
+               end: int | None = None) -> torch.Tensor:
+        """Logits [count, vocab] of the `count` committed tokens before position `end` (default: the
+        last ones) run again with sub-layers `skip` skipped, each seeing the full model's cache
+        before them and the replayed rows before it (teacher forcing: row i predicts the token after
+        it). Scratch slots only, like `speculate`. `trace` receives each run sub-layer's turn of the
+        residual stream (`NativeDecoder.forward`)."""
+        if self._pending is not None:
+            raise RuntimeError("replay() while a tree is pending: commit() it first")
+        length = len(self._tokens)
+        end = length if end is None else end
+        if not 1 <= count <= end <= length:
+            raise ValueError(f"replay({count}, end={end}) outside the {length} committed tokens")
+        self._assert_room(count + 1)
+        first = end - count
+        mask = torch.zeros((count, length + count), dtype=torch.bool)
+        mask[:, :first] = True
+        mask[:, length:] = torch.ones((count, count), dtype=torch.bool).tril()
+        return self.backend.run(self, self._tokens[first:end], torch.arange(first, end), mask, slice(0, count),
+                                start=length, skip=frozenset(skip), trace=trace)
 
     def crop(self, length: int) -> None:
         if self._pending is not None:

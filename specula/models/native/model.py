@@ -195,8 +195,13 @@ class NativeDecoder(nn.Module):
 
     @torch.inference_mode()
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, segments: Sequence[Segment],
-                skip: Iterable[tuple[int, str]] = ()) -> torch.Tensor:
-        """tokens, positions: [T] long; returns the final-normed hidden states [T, E]."""
+                skip: Iterable[tuple[int, str]] = (), trace: dict[tuple[int, str], float] | None = None
+                ) -> torch.Tensor:
+        """tokens, positions: [T] long; returns the final-normed hidden states [T, E].
+
+        `trace`, if given, receives for every sub-layer run its change of direction of the residual
+        stream, mean over rows of 1 - cos(x, x + delta): near 0 for a sub-layer that barely turns
+        the stream (a good one to skip when drafting)."""
         cfg, ops = self.cfg, self.ops
         skip = frozenset(skip)
         eps = cfg.rms_norm_eps
@@ -207,9 +212,13 @@ class NativeDecoder(nn.Module):
             if (index, "attn") not in skip:
                 x, h = ops.add_norm(x, delta, layer.input_norm, eps)
                 delta = layer.attention(h, index, cos, sin, segments, ops, self.invariant)
+                if trace is not None:
+                    trace[(index, "attn")] = _turn(x, delta)
             if (index, "mlp") not in skip:
                 x, h = ops.add_norm(x, delta, layer.post_norm, eps)
                 delta = layer.w_down(ops.silu_mul(layer.w_gate_up(h)))
+                if trace is not None:
+                    trace[(index, "mlp")] = _turn(x, delta)
         return ops.add_norm(x, delta, self.final_norm, eps)[1]
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -244,6 +253,11 @@ class NativeDecoder(nn.Module):
                 layer.w_gate_up = _fused([mlp.gate_proj, mlp.up_proj])
                 layer.w_down = mlp.down_proj
         return native.eval().requires_grad_(False)
+
+
+def _turn(x: torch.Tensor, delta: torch.Tensor) -> float:
+    """Mean over rows of 1 - cos(x, x + delta); x, delta: [T, E]."""
+    return float((1 - torch.cosine_similarity(x.float(), (x + delta).float(), dim=-1)).mean())
 
 
 def _qk_rows(perm: torch.Tensor, heads: int, kv_heads: int, head_dim: int) -> torch.Tensor:

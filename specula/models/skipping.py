@@ -1,0 +1,93 @@
+"""Skip sets of decoder sub-layers (for drafting by the target itself, SWIFT): their syntax, and
+`--draft skip` (`LayerSkipDraft`), the draft that is the target with a skip set."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from specula.errors import ConfigError
+from specula.models.base import SubLayer
+
+KINDS = ("attn", "mlp")
+SKIP_DRAFT = "skip"
+"""`--draft skip`: the target drafts for itself with sub-layers skipped."""
+
+
+@dataclass(frozen=True)
+class LayerSkipDraft:
+    """`--draft skip`: the target itself, with decoder sub-layers skipped, is the draft (SWIFT).
+    It has no weights of its own; the draft-model methods and fusion draft with the `layer-skip`
+    drafter instead of a draft model."""
+
+    target: Any
+    """The target backend (its sequences implement `LayerSkipSequence`)."""
+    skip_layers: str | None = None
+    """A fixed skip set (`--skip-layers`), or None: searched on the fly."""
+    name: str = SKIP_DRAFT
+    weight_bytes: int = 0
+
+    def reference_model(self) -> None:
+        """No model of its own (Hugging Face's assisted peers need a draft model)."""
+        return None
+
+
+def layer_skip_draft(target: Any, skip_layers: str | None = None, quantize: str | None = None) -> LayerSkipDraft:
+    """`--draft skip` on a loaded target, checked: the backend can skip layers, `--draft-quantize`
+    is not given (the draft reads the target's weights), `skip_layers` names layers the model has."""
+    if not getattr(target, "layer_skipping", False):
+        raise ConfigError("--draft skip needs the native backend (Llama, Qwen2, Mistral models): use --backend "
+                          "native, or another --draft")
+    if quantize is not None:
+        raise ConfigError("--draft-quantize does not apply to --draft skip (the draft reads the target's own "
+                          "weights); drop --draft-quantize, or use --draft self --draft-quantize int8")
+    if skip_layers is not None:
+        parse_skip_layers(skip_layers, target.config.num_layers)
+    return LayerSkipDraft(target, skip_layers)
+
+
+def parse_skip_layers(spec: str, num_layers: int) -> frozenset[SubLayer]:
+    """"attn:14-26,mlp:5-12,3" -> {(14, "attn"), ..., (3, "attn"), (3, "mlp")}: comma-separated
+    layer numbers or ranges (0-based, inclusive), each optionally prefixed by attn: or mlp: (no
+    prefix: both sub-layers). A `ConfigError` names what is wrong and the model's layers."""
+    skip: set[SubLayer] = set()
+    for item in (part.strip() for part in spec.split(",")):
+        match = re.fullmatch(r"(?:(attn|mlp):)?(\d+)(?:-(\d+))?", item)
+        if match is None:
+            raise ConfigError(f"--skip-layers: cannot read {item!r}; write layers as 3, 5-9, attn:12-20 or "
+                              "mlp:4 separated by commas")
+        kinds = (match.group(1),) if match.group(1) else KINDS
+        first = int(match.group(2))
+        last = int(match.group(3)) if match.group(3) else first
+        if last < first:
+            raise ConfigError(f"--skip-layers: range {item!r} runs backwards; write {last}-{first}")
+        if last >= num_layers:
+            raise ConfigError(f"--skip-layers names layer {last}, but the model has {num_layers} layers "
+                              f"(0-{num_layers - 1}); name layers in that range")
+        skip.update((layer, kind) for layer in range(first, last + 1) for kind in kinds)
+    if len(skip) == 2 * num_layers:
+        raise ConfigError("--skip-layers skips every layer; leave some to draft with")
+    return frozenset(skip)
+
+
+def format_skip_layers(skip: Sequence[SubLayer] | frozenset[SubLayer]) -> str:
+    """The inverse of `parse_skip_layers` (ranges per sub-layer kind), "" for no skip."""
+    parts = []
+    for kind in KINDS:
+        layers = sorted(layer for layer, k in skip if k == kind)
+        ranges: list[str] = []
+        for layer in layers:
+            if ranges and int(ranges[-1].split("-")[-1]) == layer - 1:
+                ranges[-1] = f"{ranges[-1].split('-')[0]}-{layer}"
+            else:
+                ranges.append(str(layer))
+        parts.extend(f"{kind}:{r}" for r in ranges)
+    return ",".join(parts)
+
+
+def candidate_sublayers(num_layers: int) -> list[SubLayer]:
+    """What the search may skip: both sub-layers of layers 1 .. L-2 (SWIFT keeps the first and last)."""
+    return [(layer, kind) for layer in range(1, num_layers - 1) for kind in KINDS]
+
+

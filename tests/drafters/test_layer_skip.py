@@ -1,0 +1,265 @@
+"""`layer-skip` (SWIFT): the target drafts for itself with sub-layers skipped, on its own cache.
+
+Scratch rows (`speculate`, `replay`) give the logits a causal forward gives and leave the
+committed cache untouched; a skipped layer is exactly a model without it; greedy output equals
+plain greedy for fixed and searched skip sets, through the engine and `--draft skip` in fusion;
+the sampled law is the target's; the search finds sub-layers that change nothing and drops
+layer skipping where nothing pays; bad skip sets are refused with the fix named."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from laws import tv, tv_bound
+from tiny import assert_cache_equals_plain_forward, reference_greedy, tiny_model
+from specula.api import build_decoder
+from specula.drafters.layer_skip import LayerSkipConfig, SkipSearch, best_chain_rate, match_rate
+from specula.errors import ConfigError
+from specula.models.base import LayerSkipSequence
+from specula.models.native import NativeCausalLM, NativeDecoder, configure, kernels
+from specula.models.skipping import (LayerSkipDraft, candidate_sublayers, format_skip_layers, layer_skip_draft,
+                                     parse_skip_layers)
+from specula.planner import CostCurve, HardwarePlanner
+from specula.sampling import SamplingParams
+
+KERNEL = "specula" if kernels.available() else "aten"
+FLAT = CostCurve((1, 2, 4, 8, 16, 32, 64), (1e-3,) * 7, 64)  # verifying is free: drafting pays when accepted
+PROMPTS = ([5, 17, 33, 2, 5, 17, 40, 41, 42, 5, 17, 3, 4, 5, 6, 7, 8, 9, 10, 11], [60, 61, 62, 63])
+
+
+def native(model) -> NativeCausalLM:
+    return NativeCausalLM(configure(NativeDecoder.from_hf(model), KERNEL, "none", "sdpa"), "native", eos_token_ids=[1])
+
+
+def identity_layers(model, layers: tuple[int, ...]):
+    """A copy of `model` whose `layers` add nothing to the residual stream (zero output projections):
+    skipping them changes no logit."""
+    model = copy.deepcopy(model)
+    with torch.no_grad():
+        for i in layers:
+            model.model.layers[i].self_attn.o_proj.weight.zero_()
+            model.model.layers[i].mlp.down_proj.weight.zero_()
+    return model.eval()
+
+
+# ---------------------------------------------------------------------------- scratch rows
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_speculate_and_replay_without_skipping_are_causal_forwards_that_commit_nothing(arch):
+    model = tiny_model(arch, seed=2, layers=3)
+    seq = native(model).new_sequence()
+    assert isinstance(seq, LayerSkipSequence)
+    prompt = [5, 9, 13, 2, 7, 11, 3]
+    seq.prefill(prompt)
+    with torch.inference_mode():
+        full = model(torch.tensor([prompt + [20, 21, 22]])).logits[0]  # [10, V]: row i after token i
+    first = seq.speculate([20], ())
+    rest = seq.speculate([21, 22], (), offset=1)
+    torch.testing.assert_close(torch.cat([first, rest]), full[len(prompt):], atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(seq.replay(4, ()), full[3:7], atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(seq.replay(3, (), end=5), full[2:5], atol=1e-4, rtol=1e-4)
+    assert seq.tokens == prompt
+    assert_cache_equals_plain_forward(model, seq, prompt)
+
+
+def test_a_skipped_layer_is_the_model_without_that_layer():
+    model = tiny_model("llama", seed=4, layers=4)
+    pruned = copy.deepcopy(model)
+    pruned.model.layers = torch.nn.ModuleList([layer for i, layer in enumerate(model.model.layers) if i != 2])
+    pruned.config.num_hidden_layers = 3
+    for i, layer in enumerate(pruned.model.layers):
+        layer.self_attn.layer_idx = i
+    ids = [5, 9, 13, 2, 7, 11, 3, 8]
+    seq = native(model).new_sequence()
+    seq.prefill(ids)
+    with torch.inference_mode():
+        expected = pruned(torch.tensor([ids]), use_cache=False).logits[0].float()
+    torch.testing.assert_close(seq.replay(len(ids), [(2, "attn"), (2, "mlp")]), expected, atol=1e-4, rtol=1e-4)
+
+
+def test_scratch_rows_are_refused_while_a_tree_is_pending():
+    from specula.tree import TokenTree
+
+    seq = native(tiny_model("qwen2", layers=3)).new_sequence()
+    seq.prefill([1, 2, 3])
+    seq.forward_tree(4, TokenTree.chain([5], [1.0], "t"))
+    with pytest.raises(RuntimeError, match="pending"):
+        seq.speculate([6], ())
+    with pytest.raises(RuntimeError, match="pending"):
+        seq.replay(2, ())
+
+
+# ---------------------------------------------------------------------------- greedy equality
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+@pytest.mark.parametrize("skip_layers", [None, "1", "attn:1-2,mlp:3"])
+@pytest.mark.parametrize("planner", [False, "flat"])
+def test_greedy_output_equals_plain_greedy(arch, skip_layers, planner):
+    model = tiny_model(arch, seed=3, layers=5)
+    target = native(model)
+    dec = build_decoder("layer-skip", target, None, planner=HardwarePlanner(curve=FLAT) if planner else False,
+                        skip_layers=skip_layers)
+    drafted = 0
+    for prompt in PROMPTS:
+        out = dec.generate(prompt, SamplingParams(max_new_tokens=30, ignore_eos=True))
+        assert out.token_ids == reference_greedy(model, prompt, 30), (arch, skip_layers, prompt)
+        drafted += out.stats.drafted_tokens
+    if skip_layers is not None:
+        assert drafted > 0
+
+
+def test_the_search_finds_the_identity_layers_and_their_drafts_are_all_accepted():
+    """`--draft skip` with the draft-model method: the search finds the layers that change nothing;
+    the drafts are then the target's own tokens (every one accepted) and the output plain greedy's."""
+    model = identity_layers(tiny_model("qwen2", seed=5, layers=6), (2, 3))
+    target = native(model)
+    dec = build_decoder("draft-model", target, None, layer_skip_draft(target), planner=False)
+    accepted = drafted = 0
+    for prompt in PROMPTS:
+        out = dec.generate(prompt, SamplingParams(max_new_tokens=40, ignore_eos=True))
+        assert out.token_ids == reference_greedy(model, prompt, 40)
+        accepted += out.stats.accepted_tokens
+        drafted += out.stats.drafted_tokens
+    skip = dec.drafters[0].skip
+    assert skip and skip <= {(2, "attn"), (2, "mlp"), (3, "attn"), (3, "mlp")}, skip
+    assert drafted > 20 and accepted == drafted
+
+
+def test_fusion_with_draft_skip_adds_the_layer_skip_drafter_and_stays_lossless():
+    model = tiny_model("qwen2", seed=5, layers=6)
+    target = native(model)
+    dec = build_decoder("fusion", target, None, layer_skip_draft(target), planner=HardwarePlanner(curve=FLAT))
+    assert [d.name for d in dec.drafters] == ["prompt-lookup", "token-recycling", "layer-skip"]
+    for prompt in PROMPTS:
+        out = dec.generate(prompt, SamplingParams(max_new_tokens=40, ignore_eos=True))
+        assert out.token_ids == reference_greedy(model, prompt, 40)
+
+
+def test_draft_model_method_with_draft_skip_is_the_layer_skip_drafter_and_draft_tree_is_refused():
+    target = native(tiny_model("qwen2", layers=4))
+    draft = layer_skip_draft(target, "2")
+    dec = build_decoder("draft-model", target, None, draft, planner=False)
+    assert [d.name for d in dec.drafters] == ["layer-skip"] and dec.drafters[0].skip == {(2, "attn"), (2, "mlp")}
+    with pytest.raises(ConfigError, match="draft-tree needs a draft model"):
+        build_decoder("draft-tree", target, None, draft, planner=False)
+
+
+# ---------------------------------------------------------------------------- sampling law
+def test_sampled_output_follows_the_target_law():
+    """First two tokens at temperature 1.5 over an 8-token vocabulary: the target's exact law."""
+    vocab, temp, prompt, trials = 8, 1.5, [3, 5, 1, 3, 5], 1500
+    model = tiny_model("llama", seed=8, vocab=vocab, layers=3)
+    with torch.inference_mode():
+        p1 = torch.softmax(model(torch.tensor([prompt])).logits[0, -1].double() / temp, -1)
+        rows = [torch.softmax(model(torch.tensor([prompt + [a]])).logits[0, -1].double() / temp, -1)
+                for a in range(vocab)]
+    exact = (p1[:, None] * torch.stack(rows)).flatten()
+    dec = build_decoder("layer-skip", native(model), None, planner=False, skip_layers="mlp:1", stop_below=0.0)
+    codes = torch.empty(trials, dtype=torch.long)
+    accepted = 0
+    for s in range(trials):
+        out = dec.generate(prompt, SamplingParams(temperature=temp, max_new_tokens=3, seed=s, ignore_eos=True))
+        codes[s] = out.token_ids[0] * vocab + out.token_ids[1]
+        accepted += out.stats.accepted_tokens
+    assert accepted > trials // 10, accepted
+    assert tv(codes, exact) < tv_bound(exact, trials, c=2.0)
+    assert tv(codes, torch.roll(exact, 1)) > 3 * tv_bound(exact, trials, c=2.0)  # the check has power
+
+
+# ---------------------------------------------------------------------------- search
+class FakeSequence:
+    """A `LayerSkipSequence` whose skipped model agrees with the full one on a fraction of the
+    window that falls with the number of skipped sub-layers (`agreement(skip)`)."""
+
+    def __init__(self, agreement, num_layers: int = 10, vocab: int = 4) -> None:
+        self.agreement, self.num_layers, self.vocab = agreement, num_layers, vocab
+        self.replays: list[tuple[int, frozenset, int | None]] = []
+
+    def speculate(self, ids, skip=(), offset=0):
+        raise AssertionError("the search does not draft")
+
+    def replay(self, count, skip=(), trace=None, end=None):
+        self.replays.append((count, frozenset(skip), end))
+        if trace is not None:  # MLPs of high layers turn the stream least
+            trace.update({(layer, kind): (1.0 if kind == "attn" else 0.1) / (1 + layer)
+                          for layer in range(self.num_layers) for kind in ("attn", "mlp")})
+        right = round(self.agreement(frozenset(skip)) * count)
+        labels = torch.zeros(count, dtype=torch.long)
+        predicted = torch.where(torch.arange(count) < right, labels, labels + 1)
+        return torch.nn.functional.one_hot(predicted, self.vocab).float()
+
+
+def uniform_cost(num_layers: int):
+    return lambda skip: 1.0 - len(skip) / (2 * num_layers + 1)
+
+
+def run_search(seq, config=LayerSkipConfig(search_window=10), rounds: int = 40, verify=lambda n: 1.0):
+    search = SkipSearch(config, seq.num_layers, uniform_cost(seq.num_layers))
+    for _ in range(rounds):
+        search.advance(seq, 50, verify)
+    return search
+
+
+def test_search_opens_one_window_scores_the_ladder_on_it_and_keeps_the_best():
+    seq = FakeSequence(lambda skip: 1.0 if len(skip) <= 5 else 0.2)
+    search = SkipSearch(LayerSkipConfig(search_window=10, search_ratios=(0.2, 0.3, 0.5)), 10, uniform_cost(10))
+    for _ in range(4):  # importance replay + 3 ladder sets
+        search.advance(seq, 50, lambda n: 1.0)
+    count, full, end = seq.replays[0]
+    assert (count, full, end) == (10, frozenset(), None)
+    sizes = [len(skip) for _, skip, _ in seq.replays[1:]]
+    assert sizes == [3, 5, 8] and all(e == 50 for _, _, e in seq.replays[1:])  # the same window
+    assert len(search.best) == 5  # the largest set that still agrees fully
+    assert all(kind == "mlp" for _, kind in search.best)  # the sub-layers that turn the stream least per weight
+    assert all(1 <= layer <= 8 for layer, _ in search.best)  # never the first or last layer
+
+
+def test_search_ends_with_no_skip_set_when_nothing_beats_plain_decoding():
+    search = run_search(FakeSequence(lambda skip: 0.0 if skip else 1.0))
+    assert search.done and search.best == frozenset()
+
+
+def test_refinement_keeps_only_better_neighbours_and_stops_after_its_tolerance():
+    seq = FakeSequence(lambda skip: 1.0 if len(skip) <= 5 else 0.0)
+    search = run_search(seq, LayerSkipConfig(search_window=10, search_ratios=(0.2, 0.3), max_tolerance=3),
+                        rounds=200)
+    assert len(search.best) == 5 and search.done
+    assert search.tolerance == 3
+
+
+def test_chain_rate_and_match_rate():
+    assert best_chain_rate(0.0, 0.5, lambda n: 1.0, 8) == 1.0  # never worth drafting: plain decoding
+    assert best_chain_rate(0.9, 0.1, lambda n: 1.0, 8) > 3.0
+    assert best_chain_rate(0.9, 0.1, lambda n: 1.0, 8) > best_chain_rate(0.9, 0.5, lambda n: 1.0, 8)
+    logits = torch.eye(4)
+    assert match_rate(logits, [0, 1, 3, 3]) == 0.75
+
+
+# ---------------------------------------------------------------------------- skip sets
+def test_skip_layer_syntax_round_trips_and_bad_sets_name_the_fix():
+    skip = parse_skip_layers("attn:3-5,mlp:1,7", 8)
+    assert skip == {(3, "attn"), (4, "attn"), (5, "attn"), (1, "mlp"), (7, "attn"), (7, "mlp")}
+    assert parse_skip_layers(format_skip_layers(skip), 8) == skip
+    with pytest.raises(ConfigError, match="names layer 8, but the model has 8 layers"):
+        parse_skip_layers("2-8", 8)
+    with pytest.raises(ConfigError, match="cannot read 'ffn:2'"):
+        parse_skip_layers("ffn:2", 8)
+    with pytest.raises(ConfigError, match="runs backwards"):
+        parse_skip_layers("5-3", 8)
+    with pytest.raises(ConfigError, match="skips every layer"):
+        parse_skip_layers("0-1", 2)
+    assert candidate_sublayers(2) == [] and len(candidate_sublayers(5)) == 6
+
+
+def test_draft_skip_needs_the_native_backend_and_no_draft_quantize():
+    from specula.models.hf import HFCausalLM
+
+    model = tiny_model("qwen2", layers=3)
+    with pytest.raises(ConfigError, match="--backend native"):
+        layer_skip_draft(HFCausalLM(model))
+    with pytest.raises(ConfigError, match="drop --draft-quantize"):
+        layer_skip_draft(native(model), quantize="int8")
+    with pytest.raises(ConfigError, match="has 3 layers"):
+        layer_skip_draft(native(model), "7")
+    assert isinstance(layer_skip_draft(native(model), "1"), LayerSkipDraft)
