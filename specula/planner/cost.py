@@ -9,7 +9,8 @@ then `commit(())` and `crop` back to the prefix. n = 1 is a plain decode step, s
     CostCurve            measured medians per size (from `measure_cost_curve` or a JSON file)
     CostModel            the curve corrected online by observed step times
     load_or_measure      the curve from the on-disk cache (keyed by the backend's `cost_key()`),
-                         or measured now and cached
+                         re-timed on each load until every size has 5 samples (the median
+                         of the samples is the curve), or measured now and cached
 """
 
 from __future__ import annotations
@@ -106,6 +107,13 @@ def measure_cost_curve(
     `context`-token prefix, for each n in `sizes` (1 added if missing). One warm-up pass per
     size, then `repeats` rounds over all sizes (interleaved, so drifts in machine speed hit
     every size alike). Runs on a sequence of its own, released at the end."""
+    times = measure_pass_times(backend, sizes, context, repeats, seed)
+    return CostCurve(tuple(times), tuple(statistics.median(t) for t in times.values()), context, repeats)
+
+
+def measure_pass_times(backend: TargetModel, sizes: Sequence[int], context: int, repeats: int,
+                       seed: int = 0) -> dict[int, list[float]]:
+    """{n: [seconds of each round]} for `measure_cost_curve` (sizes ascending, 1 included)."""
     sizes = sorted({1, *(int(n) for n in sizes)})
     if sizes[0] < 1:
         raise ConfigError(f"sizes must be >= 1 (tokens per forward pass), got {sizes[0]}")
@@ -135,7 +143,7 @@ def measure_cost_curve(
                 times[n].append(_timed_pass(seq, backend.device, root, trees[n], context))
     finally:
         seq.release()
-    return CostCurve(tuple(sizes), tuple(statistics.median(times[n]) for n in sizes), context, repeats)
+    return times
 
 
 class CostModel:
@@ -175,21 +183,77 @@ def cost_cache_key(target: TargetModel, context: int) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
+VALIDATE_MAX_SIZE = 16
+"""Sizes up to this one are timed again when a cached curve is loaded, until each has
+`VALIDATE_SAMPLES` samples (larger trees are rare on the CPU and slow to time)."""
+VALIDATE_SAMPLES = 5
+"""Samples per size after which a cached curve is trusted without timing it again."""
+MAX_SAMPLES = 9
+"""Most recent samples kept per size."""
+
+
+def curve_from_samples(samples: dict[str, Any], context: int, repeats: int) -> CostCurve:
+    """The curve of a cache entry's samples: a plain step = the median of the step samples, size n =
+    that times the median of n's ratio samples (each taken against a plain step of the same round,
+    so a run on a busier machine shifts the step, not the shape)."""
+    step = statistics.median(samples["step"])
+    ratios = {int(n): statistics.median(r) for n, r in samples["ratio"].items() if r}
+    sizes = sorted({1, *ratios})
+    seconds = [step if n == 1 else step * max(ratios[n], 1e-6) for n in sizes]
+    return CostCurve(tuple(sizes), tuple(seconds), context, repeats)
+
+
+def _add_samples(samples: dict[str, Any], times: dict[int, list[float]]) -> None:
+    """Fold one measurement's rounds into a cache entry's samples (each size's ratio against the
+    plain step of its own round)."""
+    samples["step"] = (samples.get("step", []) + list(times[1]))[-MAX_SAMPLES:]
+    ratio = samples.setdefault("ratio", {})
+    for n, secs in times.items():
+        if n == 1:
+            continue
+        paired = [s / max(t1, 1e-12) for s, t1 in zip(secs, times[1])]
+        ratio[str(n)] = (ratio.get(str(n), []) + paired)[-MAX_SAMPLES:]
+
+
 def load_or_measure_curve(target: TargetModel, sizes: Sequence[int] = DEFAULT_SIZES, context: int = 256,
                           repeats: int = 2) -> CostCurve:
-    """The target's cost curve from the on-disk cache, or measured now (and cached atomically)."""
+    """The target's cost curve from the on-disk cache, or measured now (and cached atomically).
+
+    One measurement can be off (a busy moment, a cold cache): a cached curve is timed again on
+    each load (one round of the sizes up to `VALIDATE_MAX_SIZE`) until every such size has
+    `VALIDATE_SAMPLES` samples, and the curve is the median of the samples, so no single
+    measurement steers the planner for good. Within a run the `CostModel` corrects it further from
+    the verify times it observes."""
     from specula.paths import atomic_write_json, cache_dir
 
     context = max(1, min(context, target.max_context - max(sizes) - 1))
     path = cache_dir("cost") / f"{cost_cache_key(target, context)}.json"
+    samples: dict[str, Any] | None = None
     if path.exists():
         try:
-            return CostCurve.from_dict(json.loads(path.read_text()))
-        except (ValueError, KeyError, TypeError):
+            data = json.loads(path.read_text())
+            samples = data.get("samples") or _samples_of_curve(CostCurve.from_dict(data))
+            curve_from_samples(samples, context, repeats)  # readable?
+        except (ValueError, KeyError, TypeError, statistics.StatisticsError):
             path.unlink(missing_ok=True)  # unreadable cache entry: measure again
-    curve = measure_cost_curve(target, sizes, context=context, repeats=repeats)
-    atomic_write_json(path, curve.to_dict())
+            samples = None
+    if samples is None:
+        samples = {}
+        _add_samples(samples, measure_pass_times(target, sizes, context, repeats))
+    else:
+        stale = [n for n in sizes if 1 < n <= VALIDATE_MAX_SIZE
+                 and len(samples["ratio"].get(str(n), [])) < VALIDATE_SAMPLES]
+        if not stale:
+            return curve_from_samples(samples, context, repeats)
+        _add_samples(samples, measure_pass_times(target, stale, context, 1))
+    curve = curve_from_samples(samples, context, repeats)
+    atomic_write_json(path, {**curve.to_dict(), "samples": samples})
     return curve
+
+
+def _samples_of_curve(curve: CostCurve) -> dict[str, Any]:
+    """Samples standing for a curve cached without them (one sample per size)."""
+    return {"step": [curve.seconds[0]], "ratio": {str(n): [curve.ratio(n)] for n in curve.sizes[1:]}}
 
 
 def read_cost_curve(path: str) -> CostCurve:

@@ -46,10 +46,36 @@ def test_curves_are_cached_per_backend_cost_key(tmp_path, monkeypatch):
     first = load_or_measure_curve(backend, sizes=(1, 2), context=8, repeats=1)
     files = list((tmp_path / "cost").glob("*.json"))
     assert len(files) == 1
-    assert load_or_measure_curve(backend, sizes=(1, 2), context=8, repeats=1) == first  # read back, not re-measured
+    assert load_or_measure_curve(backend, sizes=(1, 2), context=8, repeats=1).sizes == first.sizes  # read back
     other = HFCausalLM(tiny_model("qwen2", layers=3))  # another cost key: measured and cached apart
     load_or_measure_curve(other, sizes=(1, 2), context=8, repeats=1)
     assert len(list((tmp_path / "cost").glob("*.json"))) == 2
+
+
+def test_one_bad_cached_measurement_is_outvoted_by_later_loads(tmp_path, monkeypatch):
+    """A curve cached from one bad measurement (verifying 8 tokens at 3x a step where it costs
+    1.2x) is timed again on the next loads; the curve is the median of the samples, so the bad
+    one stops counting, and once every size has enough samples loading times nothing."""
+    import specula.planner.cost as cost
+
+    monkeypatch.setenv("SPECULA_CACHE", str(tmp_path))
+    backend = HFCausalLM(tiny_model("qwen2"))
+    true_ratio = {1: 1.0, 2: 1.05, 8: 1.2}
+    calls: list[list[int]] = []
+
+    def fake_times(target, sizes, context, repeats, seed=0):
+        sizes = sorted({1, *sizes})
+        calls.append(sizes)
+        bad = not calls[:-1]  # the very first measurement is the bad one
+        return {n: [0.01 * (3.0 if bad and n == 8 else true_ratio[n])] * repeats for n in sizes}
+
+    monkeypatch.setattr(cost, "measure_pass_times", fake_times)
+    first = load_or_measure_curve(backend, sizes=(1, 2, 8), context=8, repeats=1)
+    assert first.ratio(8) == pytest.approx(3.0)
+    curves = [load_or_measure_curve(backend, sizes=(1, 2, 8), context=8, repeats=1) for _ in range(6)]
+    assert curves[1].ratio(8) == pytest.approx(1.2)  # three samples: the bad one is outvoted
+    assert len(calls) == 1 + cost.VALIDATE_SAMPLES - 1  # timed again until 5 samples per size ...
+    assert curves[-1].ratio(8) == pytest.approx(1.2) and curves[-1].ratio(2) == pytest.approx(1.05)  # ... then read
 
 
 def test_interpolation_and_extrapolation():
