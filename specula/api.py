@@ -70,12 +70,13 @@ def load(target: str, draft: str | None = "auto", method: str | None = None,
          **drafter_options) -> Specula:
     """Load target (and draft) and build a `Specula`. The method defaults to `fusion` (every
     available drafter, sized by the hardware-aware planner). `draft`: a model spec, "self" (the
-    target's own weights, int8 unless `draft_quantize` says otherwise), "auto" (the default: "self"
-    for the draft methods when the target has >= 1B parameters and runs on CPU, else none), "skip"
+    target's own weights, int8 unless `draft_quantize` says otherwise), "auto" (the default: for the
+    draft methods on CPU, targets of >= 1B parameters get their embedded companion draft when it is
+    installed, else "self", both int8 unless `draft_quantize` says otherwise; else none), "skip"
     (the target itself with decoder sub-layers skipped, SWIFT; `skip_layers` fixes the set, else it
     is searched on the fly) or None / "none"."""
     from specula.drafters import check_method
-    from specula.models.loading import AUTO_DRAFT, auto_draft
+    from specula.models.loading import AUTO_DRAFT, AUTO_DRAFT_QUANTIZE, auto_draft
     from specula.models.skipping import SKIP_DRAFT
 
     method = method or "fusion"
@@ -85,7 +86,8 @@ def load(target: str, draft: str | None = "auto", method: str | None = None,
                           "add --draft skip or drop --skip-layers")
     target_lm, tokenizer = load_backend(target, config, "target")
     if draft == AUTO_DRAFT:
-        draft = auto_draft(method, target_lm)
+        draft = auto_draft(method, target_lm, target)
+        draft_quantize = draft_quantize or (AUTO_DRAFT_QUANTIZE if draft is not None else None)
     draft_lm = None
     if draft is not None and draft != "none":
         draft_lm = load_draft(draft, tokenizer, target_lm, config, target_name=target, quantize=draft_quantize,

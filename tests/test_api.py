@@ -79,5 +79,11 @@ def test_auto_draft_is_off_for_small_targets_and_self_is_refused_unquantized(mod
     assert spec.draft is None and [d.name for d in spec.decoder.drafters] == ["prompt-lookup", "token-recycling"]
     big = type("Big", (), {"num_parameters": SELF_DRAFT_MIN_PARAMETERS, "device": spec.target.device})()
     assert auto_draft("fusion", big) == "self" and auto_draft("prompt-lookup", big) is None
+    # an embedded target with its companion draft installed drafts with the companion, else with itself
+    monkeypatch.setattr("specula.models.install.is_valid_conversion", lambda model, directory=None: True)
+    assert auto_draft("fusion", big, "qwen2.5-coder-1.5b") == "qwen2.5-coder-0.5b"
+    assert auto_draft("draft-model", big, str(path)) == "self"  # not embedded: no companion
+    monkeypatch.setattr("specula.models.install.is_valid_conversion", lambda model, directory=None: False)
+    assert auto_draft("fusion", big, "qwen2.5-coder-1.5b") == "self"
     with pytest.raises(ConfigError, match="--draft-quantize int8"):
         specula.load(str(path), draft="self", draft_quantize="none", method="draft-model")

@@ -40,6 +40,10 @@ def register(sub) -> None:
                    help="hf: also time Hugging Face generate (hf:greedy, hf:prompt-lookup, and with --draft "
                    "hf:assisted, hf:assisted-heuristic); llamacpp, llamacpp:prompt-lookup: llama.cpp on the target's "
                    "GGUF (needs pip install 'specula[llamacpp]'); or a comma list of those names")
+    g.add_argument("--assistant", default=None, metavar="MODEL",
+                   help="the model Hugging Face's assisted peers draft with (same tokenizer as the target; "
+                        "default: the --draft model), so specula's self-draft can be compared with HF assisted "
+                        "generation using a separate small model in one run")
     g.add_argument("--out", required=True, help="output directory (results.json, report.md, *.png)")
     g.add_argument("--profile-context", type=int, default=256,
                    help="context length of the cost-curve measurement at the start (default 256)")
@@ -76,7 +80,8 @@ def plan(args: argparse.Namespace) -> BenchPlan:
         raise ConfigError("--profile-repeats and --warmup-tokens must be >= 0")
     params = sampling_params(args)
     methods = parse_method_list(args.methods, explicit_draft(args))
-    peers = parse_compare(args.compare, explicit_draft(args) and args.draft != "skip")  # skip: no model to assist
+    # skip: no model to assist; --assistant: a model for the HF assisted peers only
+    peers = parse_compare(args.compare, bool(args.assistant) or (explicit_draft(args) and args.draft != "skip"))
     categories = [c.strip() for c in args.categories.split(",") if c.strip()] if args.categories else None
     prompts = select_prompts(load_prompts(args.prompts), args.per_category, categories, args.seed)
     settings = BenchSettings(params, raw=args.raw, warmup_tokens=args.warmup_tokens, progress=not args.no_progress)
@@ -96,6 +101,14 @@ def load_models(args: argparse.Namespace):
     spec = load(args.target, draft=args.draft, method=method, config=load_config(args),
                 draft_quantize=args.draft_quantize, skip_layers=args.skip_layers)
     return spec.target, spec.tokenizer, spec.draft
+
+
+def load_assistant(args: argparse.Namespace, target, tokenizer):
+    """`--assistant MODEL`: the HF assisted peers' model (checked against the target like a draft)."""
+    from specula.models.loading import load_draft
+
+    return load_draft(args.assistant, tokenizer, target, load_config(args), target_name=args.target,
+                      quantize=args.draft_quantize if args.assistant == "self" else None)
 
 
 def _config_record(args: argparse.Namespace, bench: BenchPlan, eos: list[int]) -> dict:
@@ -152,8 +165,9 @@ def execute(args: argparse.Namespace, bench: BenchPlan, target, tokenizer, draft
     from specula.bench.llamacpp import LLAMACPP_PEERS, build_llamacpp_peers
 
     hf_names = [p for p in bench.peers if p not in LLAMACPP_PEERS]
+    assistant = load_assistant(args, target, tokenizer) if args.assistant and hf_names else draft
     peers = build_peers(hf_names, target.reference_model(), eos,
-                        draft.reference_model() if draft is not None else None) if hf_names else []
+                        assistant.reference_model() if assistant is not None else None) if hf_names else []
     peers += build_llamacpp_peers([p for p in bench.peers if p in LLAMACPP_PEERS], args.target, eos, args.threads)
     header = {
         "machine": machine_info(target.device),

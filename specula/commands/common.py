@@ -20,14 +20,16 @@ def add_model_args(parser: argparse.ArgumentParser, *, target_required: bool = T
     g.add_argument("--draft", default="auto",
                    help="draft model (same tokenizer as the target); self = the target's own weights, int8 (no "
                         "second conversion); skip = the target itself with decoder sub-layers skipped (SWIFT, native "
-                        "backend, no extra weights); none; auto = self for fusion and the draft methods when the "
-                        "target has >= 1B parameters and runs on CPU, else none (default)")
+                        "backend, no extra weights); none; auto = for fusion and the draft methods on CPU, targets "
+                        "of >= 1B parameters draft with their embedded companion (qwen2.5-coder-1.5b: "
+                        "qwen2.5-coder-0.5b) when it is installed, else self, int8 either way; else none (default)")
     g.add_argument("--skip-layers", default=None, metavar="LAYERS",
                    help="with --draft skip: a fixed skip set instead of the on-the-fly search, as 0-based layers or "
                         "ranges, each optionally attn: or mlp: only, e.g. attn:14-26,mlp:5-12,3")
     g.add_argument("--draft-quantize", default=None, choices=("none", "int8"),
                    help="quantize the draft only (the target keeps its dtype and kernels): int8 = int8 weights and "
-                        "activations (default for --draft self), none (default for other drafts)")
+                        "activations (default for --draft self and for the draft --draft auto picks), none "
+                        "(default for a draft you name)")
     add_device_args(g)
     add_attn_arg(g)
     add_quantize_arg(g)

@@ -63,6 +63,9 @@ class EmbeddedModel:
     """Size of the complete GGUF file in bytes (a cheap first check before hashing)."""
     quantization: str
     """GGUF quantisation type of the weights, e.g. `"Q4_K_M"`."""
+    draft: str | None = None
+    """Alias of the embedded draft model `--draft auto` uses for this target when it is installed
+    (int8 by default; it shares the tokenizer), or None."""
 
     @property
     def packages(self) -> tuple[tuple[str, str], ...]:
@@ -127,6 +130,7 @@ QWEN25_CODER_15B = EmbeddedModel(
     gguf_filename="qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
     size_bytes=1_117_320_768,
     quantization="Q4_K_M",
+    draft="qwen2.5-coder-0.5b",
 )
 
 EMBEDDED_MODELS: dict[str, EmbeddedModel] = {

@@ -75,3 +75,21 @@ def test_draft_skip_runs_lossless_and_bad_skip_sets_exit_2_naming_the_fix(skip_m
     assert code == 2 and "drop --draft-quantize" in err
     code, err = run_skip(capsys, skip_model_dir, "--backend", "hf")
     assert code == 2 and "--draft skip needs the native backend" in err
+
+
+def test_backend_native_on_an_unsupported_architecture_exits_2_naming_backend_hf(tmp_path, tiny_tokenizer, capsys,
+                                                                               monkeypatch):
+    """A GPT-2 directory with --backend native: one-line error naming --backend hf, exit 2; auto falls back to hf."""
+    from transformers import AutoTokenizer
+
+    monkeypatch.setenv("SPECULA_CACHE", str(tmp_path / "cache"))
+    path = tmp_path / "tiny-gpt2"
+    tiny_tokenizer.save_pretrained(path)
+    vocab = max(AutoTokenizer.from_pretrained(path).get_vocab().values()) + 1
+    tiny_model("gpt2", seed=3, vocab=vocab).save_pretrained(path)
+    args = ["generate", "--target", str(path), "--prompt", "w5 w17", "--raw", "--max-new-tokens", "4", "--draft", "none"]
+    code = main([*args, "--backend", "native"])
+    err = capsys.readouterr().err
+    assert code == 2 and "--backend hf" in err
+    assert [line for line in err.splitlines() if line.startswith("error:")] == [err.strip().splitlines()[-1]]
+    assert main([*args, "--backend", "auto"]) == 0

@@ -149,6 +149,30 @@ def test_invariant_tree_rows_are_bitwise_one_token_steps(kernel, quantize, invar
         assert torch.equal(logits[row], step), row
 
 
+@pytest.mark.parametrize("arch", NATIVE_ARCHES)
+@pytest.mark.skipif(not kernels.available(), reason="specula's CPU kernels cannot run here")
+def test_compiled_kernels_and_eager_pytorch_agree(arch):
+    """The "compiled" path on CPU is specula's C kernels (CpuKernelOps; torch.compile measured slower,
+    docs/cpu.md); the eager path is PyTorch's ops (TorchOps). Same weights: tree logits agree to float
+    tolerance and greedy speculative output is the same token for token."""
+    model = tiny_model(arch, seed=5)
+    compiled, eager = native(model, kernel="specula"), native(model, kernel="aten")
+    assert type(compiled.decoder.ops).__name__ == "CpuKernelOps" and type(eager.decoder.ops).__name__ == "TorchOps"
+    rng = random.Random(6)
+    prompt = [rng.randrange(96) for _ in range(10)]
+    tree = random_tree(rng, 10, 96)
+    logits = []
+    for backend in (compiled, eager):
+        seq = backend.new_sequence()
+        seq.prefill(prompt[:-1], logits="none")
+        logits.append(seq.forward_tree(prompt[-1], tree))
+    torch.testing.assert_close(logits[0], logits[1], atol=1e-4, rtol=1e-4)
+    outs = [build_decoder("fusion", b, None, None, planner=False).generate(
+        [5, 17, 33, 2, 5, 17, 40], SamplingParams(max_new_tokens=24, ignore_eos=True)).token_ids
+        for b in (compiled, eager)]
+    assert outs[0] == outs[1] == reference_greedy(model, [5, 17, 33, 2, 5, 17, 40], 24)
+
+
 def test_unsupported_models_are_refused_with_the_fix_named():
     assert not supports(tiny_model("gpt2")) and supports(tiny_model("qwen2"))
     with pytest.raises(ConfigError, match="--backend hf"):
