@@ -13,8 +13,9 @@ The root of each step is the last emitted token, not yet in the target's cache.
 
 Per-request state lives in a `Session`: the target's KV sequence, the tokens, the generator,
 the stats, the drafters' and the planner's per-request state, the text stream. `start()` makes
-one, `step(sessions)` advances each by one decode step, `finish()` frees it; `generate()` and
-`stream()` are the one-request loop over those. Sessions are independent: stepping A, then B,
+one, `step(sessions)` advances each by one decode step (every running session's tree verified in
+one packed target pass where the backend batches: continuous batching), `finish()` frees it;
+`generate()` and `stream()` are the one-request loop over those. Sessions are independent: stepping A, then B,
 then A gives each exactly what it gets alone.
 """
 
@@ -28,7 +29,7 @@ import torch
 
 from specula.drafters.base import Drafter
 from specula.errors import ConfigError
-from specula.models.base import TargetModel, TargetSequence, check_context
+from specula.models.base import TargetModel, TargetSequence, check_context, forward_trees
 from specula.planner import HardwarePlanner, PlannerState, merge_proposals
 from specula.sampling import (
     SamplingParams, TargetRows, make_generator, position_uniforms, probabilities, request_seed,
@@ -167,9 +168,19 @@ class SpeculativeDecoder:
             session.stats.planner = self.planner.projection(session.planner_state)
 
     def step(self, sessions: Sequence[Session]) -> list[StreamChunk]:
-        """Advance each running session by one decode step: the tokens and text each added (a
-        finished session gets an empty chunk)."""
-        return [self._step(s) if not s.finished else StreamChunk([], "", True, s.stats) for s in sessions]
+        """Advance each running session by one decode step, verifying every running session's tree
+        in one target pass where the backend batches (`models.base.forward_trees`; else one pass
+        each): the tokens and text each added (a finished session gets an empty chunk). Sessions
+        may join and leave between steps; each gets exactly what it would alone (its own drafts,
+        rule, generator and cache)."""
+        running = [s for s in sessions if not s.finished]
+        planned = [self._plan(s) for s in running]
+        t1 = time.perf_counter()
+        logits = forward_trees(self.target, [(s.seq, s.tokens[-1], p[0].tree) for s, p in zip(running, planned)])
+        pass_seconds = time.perf_counter() - t1
+        chunks = {id(s): self._conclude(s, proposal, rows, draft_seconds, pass_seconds)
+                  for s, (proposal, draft_seconds), rows in zip(running, planned, logits)}
+        return [chunks[id(s)] if id(s) in chunks else StreamChunk([], "", True, s.stats) for s in sessions]
 
     # ------------------------------------------------------------------ one request
     def generate(self, prompt_ids: Sequence[int], params: SamplingParams = SamplingParams()) -> GenerationOutput:
@@ -199,6 +210,13 @@ class SpeculativeDecoder:
 
     # ------------------------------------------------------------------ the step
     def _step(self, session: Session) -> StreamChunk:
+        proposal, draft_seconds = self._plan(session)
+        t1 = time.perf_counter()
+        logits = session.seq.forward_tree(session.tokens[-1], proposal.tree)  # [n + 1, vocab]
+        return self._conclude(session, proposal, logits, draft_seconds, time.perf_counter() - t1)
+
+    def _plan(self, session: Session) -> tuple[Proposal, float]:
+        """Drafters propose, the planner merges and sizes: the step's proposal and drafting seconds."""
         target, planner, stats = self.target, self.planner, session.stats
         params, tokens = session.params, session.tokens
         remaining = params.max_new_tokens - len(session.generated)
@@ -221,11 +239,17 @@ class SpeculativeDecoder:
             stats.predicted_accepted += predicted
         else:
             proposal = merge_proposals(proposals).limit(budget)
-        t1 = time.perf_counter()
+        return proposal, time.perf_counter() - t0
 
-        logits = session.seq.forward_tree(tokens[-1], proposal.tree)  # [n + 1, vocab]
+    def _conclude(self, session: Session, proposal: Proposal, logits: torch.Tensor, draft_seconds: float,
+                  pass_seconds: float) -> StreamChunk:
+        """The rule accepts, the cache commits, drafters and planner observe; the step's chunk.
+        `logits` [n + 1, vocab] came from a pass of `pass_seconds`."""
+        target, planner, stats, tokens = self.target, self.planner, session.stats, session.tokens
+        t1 = time.perf_counter()
         result = self._verify(proposal, logits, session)
         t2 = time.perf_counter()
+        verify_seconds = pass_seconds + (t2 - t1)
 
         session.seq.commit(result.path)
         t3 = time.perf_counter()
@@ -233,11 +257,11 @@ class SpeculativeDecoder:
         for drafter, state in zip(self.drafters, session.drafter_states):
             drafter.observe(step, state)
         if planner is not None:
-            planner.observe(step, session.planner_state, t1 - t0, t2 - t1, time.perf_counter() - t3)
+            planner.observe(step, session.planner_state, draft_seconds, verify_seconds, time.perf_counter() - t3)
         t4 = time.perf_counter()
 
-        stats.draft_seconds += (t1 - t0) + (t4 - t3)
-        stats.verify_seconds += t2 - t1
+        stats.draft_seconds += draft_seconds + (t4 - t3)
+        stats.verify_seconds += verify_seconds
         stats.commit_seconds += t3 - t2
         stats.record_step(proposal.tree.depth, proposal.tree.sources, result.path)
 

@@ -120,6 +120,27 @@ class TargetModel(Protocol):
 
 
 @runtime_checkable
+class BatchedTargetModel(Protocol):
+    """A backend that verifies the trees of several sequences in one forward pass (continuous
+    batching): the rows of every sequence are packed, each attends only to its own cache through
+    its own tree mask. Each returned block is what that sequence's `forward_tree` would return
+    (bit for bit where the backend's rows are row invariant, `greedy_guarantee == "bitwise"`)."""
+
+    def forward_trees(self, items: Sequence[tuple[TargetSequence, int, TokenTree]]) -> list[torch.Tensor]:
+        """(sequence, root, tree) per sequence -> logits [n_i + 1, vocab] per sequence; every tree is
+        then pending on its sequence until `commit`."""
+        ...
+
+
+def forward_trees(target: TargetModel, items: Sequence[tuple[TargetSequence, int, TokenTree]]) -> list[torch.Tensor]:
+    """Verify several sequences' trees: one packed pass where the backend batches
+    (`BatchedTargetModel`), else one `forward_tree` per sequence."""
+    if len(items) > 1 and isinstance(target, BatchedTargetModel):
+        return target.forward_trees(items)
+    return [seq.forward_tree(root, tree) for seq, root, tree in items]
+
+
+@runtime_checkable
 class LayerSkipSequence(Protocol):
     """A target sequence that can also run its model with decoder sub-layers skipped, as a draft
     of itself (SWIFT), on the full model's cache of the committed prefix and without changing the

@@ -220,3 +220,41 @@ def test_greedy_guarantee_of_each_backend_and_mode():
     assert native(tiny_model("qwen2", seed=1).to(torch.bfloat16), kernel="aten").greedy_guarantee == "near-ties"
     if kernels.available():
         assert native(model, kernel="specula").greedy_guarantee == "bitwise"
+
+
+@pytest.mark.skipif(not kernels.available(), reason="specula's CPU kernels cannot run here")
+@pytest.mark.parametrize("method", ["prompt-lookup", "fusion"])
+def test_batched_step_gives_every_session_what_it_gets_alone(method, monkeypatch):
+    """Continuous batching: sessions joining and leaving, every step one packed pass for all running
+    sessions (one decoder call), and each session's output exactly its solo output (greedy and
+    seeded sampling)."""
+    model = tiny_model("qwen2", seed=3)
+    target = native(model, kernel="specula")
+    draft = native(perturbed_copy(model, 0.2), kernel="specula") if method == "fusion" else None
+    dec = build_decoder(method, target, None, draft, planner=False)
+    requests = [([5, 17, 33, 2, 5, 17, 40, 41, 42, 5, 17], SamplingParams(max_new_tokens=30, ignore_eos=True)),
+                ([60, 61, 62, 63], SamplingParams(max_new_tokens=12, ignore_eos=True)),
+                ([9, 8, 7, 9, 8], SamplingParams(max_new_tokens=25, ignore_eos=True, temperature=0.9, seed=4)),
+                ([70, 71, 70, 71, 70], SamplingParams(max_new_tokens=20, ignore_eos=True))]
+    alone = [dec.generate(prompt, params).token_ids for prompt, params in requests]
+    assert alone[0] == reference_greedy(model, requests[0][0], 30)
+
+    calls = []
+    forward = target.decoder.forward
+    monkeypatch.setattr(target.decoder, "forward", lambda *a, **k: calls.append(len(a[2])) or forward(*a, **k))
+    sessions = [dec.start(*requests[0]), dec.start(*requests[1])]
+    started = list(sessions)
+    steps = 0
+    while sessions:
+        calls.clear()
+        chunks = dec.step(sessions)
+        assert calls == [len(sessions)], calls  # one pass holds every running session's rows
+        for session, chunk in zip(list(sessions), chunks):
+            if chunk.finished:
+                dec.finish(session)
+                sessions.remove(session)
+        steps += 1
+        if steps == 3:  # later requests join a running batch
+            sessions += [dec.start(*requests[2]), dec.start(*requests[3])]
+            started += sessions[-2:]
+    assert [s.generated for s in started] == alone

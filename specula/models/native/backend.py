@@ -116,6 +116,29 @@ class NativeCausalLM:
         return self.decoder.logits(hidden[logit_rows])
 
 
+    def forward_trees(self, items: Sequence[tuple["NativeSequence", int, TokenTree]]) -> list[torch.Tensor]:
+        """Several sequences' trees in one pass (`BatchedTargetModel`): rows packed sequence after
+        sequence, one `Segment` each (its own cache, start slot and tree mask); logits split back."""
+        tokens: list[int] = []
+        positions, segments, bounds = [], [], []
+        for seq, root, tree in items:
+            if not isinstance(seq, NativeSequence) or seq.backend is not self:
+                raise ValueError("forward_trees: every sequence must belong to this backend")
+            start, first = seq.begin_tree(tree), len(tokens)
+            tokens.extend([root, *tree.tokens])
+            positions.append(torch.cat([torch.zeros(1, dtype=torch.long), tree.position_offsets]) + start)
+            mask = tree_mask(start, tree).to(self.device) if len(tree) else None
+            seq.cache.reserve(start + len(tree) + 1, start)
+            segments.append(Segment(seq.cache, start, slice(first, len(tokens)), mask))
+            bounds.append((first, len(tokens)))
+        ids = torch.tensor(tokens, dtype=torch.long, device=self.device)  # [T]
+        hidden = self.decoder(ids, torch.cat(positions).to(self.device), segments)  # [T, E]
+        logits = self.decoder.logits(hidden)  # [T, V]
+        for seq, root, tree in items:
+            seq.set_pending(root, tree)
+        return [logits[a:b] for a, b in bounds]
+
+
 def causal_mask(start: int, n: int) -> torch.Tensor:
     """Bool [n, start + n]: row i sees slots 0 .. start + i."""
     return torch.ones((n, start + n), dtype=torch.bool).tril(start)
@@ -172,12 +195,20 @@ class NativeSequence:
             return None
         return out[0] if logits == "last" else out
 
-    def forward_tree(self, root: int, tree: TokenTree) -> torch.Tensor:
-        """Logits [n + 1, vocab]: row 0 after the root, row i + 1 after node i."""
+    def begin_tree(self, tree: TokenTree) -> int:
+        """Check that a tree can be verified now (none pending, room in the window); its first slot."""
         if self._pending is not None:
             raise RuntimeError("forward_tree() while a tree is pending: commit() it first")
         self._assert_room(len(tree) + 1)
-        start = len(self._tokens)
+        return len(self._tokens)
+
+    def set_pending(self, root: int, tree: TokenTree) -> None:
+        """The tree just run (by `forward_tree` or a batched pass) waits for `commit`."""
+        self._pending = (root, tree)
+
+    def forward_tree(self, root: int, tree: TokenTree) -> torch.Tensor:
+        """Logits [n + 1, vocab]: row 0 after the root, row i + 1 after node i."""
+        start = self.begin_tree(tree)
         positions = torch.cat([torch.zeros(1, dtype=torch.long), tree.position_offsets]) + start
         mask = tree_mask(start, tree) if len(tree) else None
         out = self.backend.run(self, [root, *tree.tokens], positions, mask, slice(0, len(tree) + 1))
