@@ -16,7 +16,7 @@ def register(sub) -> None:
     p = sub.add_parser(
         "serve", help="serve the model over an OpenAI-compatible HTTP API",
         description="Serve /v1/completions, /v1/chat/completions (with stream), /v1/models, /health and /metrics. "
-                    "Requests queue to one model; every response carries a speculative_decoding object.")
+                    "Up to --max-batch-size requests are decoded at once (continuous batching); every response carries a speculative_decoding object.")
     add_model_args(p)
     p.add_argument("--method", default=None, help=method_help() + " (default: fusion = every available drafter, sized by the planner)")
     add_method_args(p)
@@ -28,6 +28,10 @@ def register(sub) -> None:
     g.add_argument("--max-body-bytes", type=int, default=1 << 20, help="largest request body (default 1 MiB)")
     g.add_argument("--chat-max-tokens", type=int, default=512,
                    help="max_tokens of chat requests that give none (default 512, capped by the context)")
+    g.add_argument("--max-batch-size", type=int, default=8,
+                   help="requests decoded at once, continuous batching (default 8; 1 = one at a time)")
+    g.add_argument("--max-queue", type=int, default=256,
+                   help="requests waiting for a place in the batch; more get 503 (default 256)")
     g.add_argument("--served-model-name", default=None,
                    help="model id clients send and /v1/models lists (default: the --target value)")
     p.set_defaults(handler=run)
@@ -42,6 +46,7 @@ def run(args: argparse.Namespace) -> int:
     config = ServerConfig(  # validate everything before loading models
         model_name=args.served_model_name or args.target, host=args.host, port=args.port, api_key=args.api_key,
         max_body_bytes=args.max_body_bytes, chat_max_tokens=args.chat_max_tokens,
+        max_batch_size=args.max_batch_size, max_queue=args.max_queue,
     )
     method = args.method or "fusion"
     check_method(method)

@@ -57,6 +57,9 @@ class ServerConfig:
     """Chat requests without max_tokens generate up to this many tokens (or the remaining context)."""
     max_queue: int = 256
     """Most generation requests waiting for the model (503 above)."""
+    max_batch_size: int = 8
+    """Most requests decoded at once (continuous batching: one packed target pass per step on
+    backends that batch); 1 = one request at a time."""
     poll_seconds: float = 0.05
     """How often a waiting request checks that its client is still connected."""
     socket_timeout: float = 120.0
@@ -69,6 +72,10 @@ class ServerConfig:
             raise ConfigError(f"--port must be in 0..65535, got {self.port}")
         if self.max_body_bytes < 1024:
             raise ConfigError(f"--max-body-bytes must be at least 1024, got {self.max_body_bytes}")
+        if self.max_batch_size < 1:
+            raise ConfigError(f"--max-batch-size must be at least 1, got {self.max_batch_size}")
+        if self.max_queue < 1:
+            raise ConfigError(f"--max-queue must be at least 1, got {self.max_queue}")
         if self.chat_max_tokens < 1:
             raise ConfigError(f"--chat-max-tokens must be positive, got {self.chat_max_tokens}")
         if self.api_key is not None and not self.api_key:
@@ -101,7 +108,7 @@ class SpeculaServer(ThreadingHTTPServer):
         self.metrics = ServerMetrics()
         self.created = protocol.now()
         self.worker = Worker(spec, self.metrics, chat_max_tokens=config.chat_max_tokens,
-                             max_queue=config.max_queue)
+                             max_queue=config.max_queue, max_batch_size=config.max_batch_size)
         if ":" in config.host:
             self.address_family = socket.AF_INET6
         self._thread: threading.Thread | None = None

@@ -12,6 +12,7 @@ from specula.stats import GenerationStats
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 ACCEPTED_LENGTH_BUCKETS = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 24, 32, 64)
+BATCH_SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 """Upper bounds of the accepted-length histogram (tokens per step, bonus included)."""
 LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 
@@ -154,7 +155,9 @@ class ServerMetrics:
         self.tokens_per_second = Gauge("specula_tokens_per_second",
                                        "Decoding speed of the last finished generation (tokens/s)")
         self.queue_depth = Gauge("specula_queue_depth", "Generation requests waiting for the model")
-        self.in_progress = Gauge("specula_requests_in_progress", "Generation requests being decoded (0 or 1)")
+        self.in_progress = Gauge("specula_requests_in_progress", "Generation requests being decoded (the batch)")
+        self.batch_size = Histogram("specula_batch_size", "Requests advanced by one decode step (continuous batching)",
+                                    BATCH_SIZE_BUCKETS)
 
     def record_request(self, endpoint: str, status: int) -> None:
         self.requests.inc(1, endpoint, str(status))
@@ -171,5 +174,5 @@ class ServerMetrics:
     def render(self) -> str:
         metrics = (self.requests, self.request_seconds, self.prompt_tokens, self.generated_tokens,
                    self.drafted_tokens, self.accepted_tokens, self.steps, self.accepted_length,
-                   self.generation_seconds, self.tokens_per_second, self.queue_depth, self.in_progress)
+                   self.generation_seconds, self.tokens_per_second, self.queue_depth, self.in_progress, self.batch_size)
         return "\n".join(line for m in metrics for line in m.render()) + "\n"

@@ -1,19 +1,23 @@
-"""One worker thread owns the model: requests queue up and run one at a time.
+"""One worker thread owns the model and decodes up to `max_batch_size` requests at once.
 
-The model, its KV cache and the tokenizer are touched by this thread only (the engine
-resets the target's cache on every generation, so requests never share state). An HTTP
-thread submits a `Job` and reads its `events` queue:
+Continuous batching: every loop admits queued requests while the batch has room (prefilling
+each), then advances every running request by one decode step in one call,
+`SpeculativeDecoder.step(sessions)`, which verifies all their trees in one packed target pass
+where the backend batches (the native backend does); a request that finishes, fails or is
+cancelled leaves the batch at once and frees its cache. Each request has its own session (KV
+cache, drafter and planner state, generator), so its output is what it would get alone. The model
+and the tokenizer are touched by this thread only. An HTTP thread submits a `Job` and reads its
+`events` queue:
 
     Started(prompt_tokens)  ->  StreamChunk ... StreamChunk(finished=True, stats)
     or an APIError at any point (bad prompt, context exceeded, internal error).
 
 Setting `job.cancelled` (the client went away) stops the generation at its next step;
-a job cancelled while queued never starts.
+a job cancelled while queued never starts. `max_batch_size=1` is the one-at-a-time server.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import queue
 import threading
@@ -21,7 +25,7 @@ import time
 from dataclasses import dataclass, field
 
 from specula.api import Specula
-from specula.engine import StreamChunk
+from specula.engine import Session, StreamChunk
 from specula.errors import SpeculaError
 from specula.models.loading import encode_prompt
 from specula.sampling import SamplingParams
@@ -60,14 +64,26 @@ class Job:
         self.cancelled.set()
 
 
+@dataclass
+class _Running:
+    """A job in the batch and its engine session."""
+
+    job: Job
+    session: Session
+    t0: float
+
+
 class Worker:
-    """The single thread that runs generations for every client."""
+    """The single thread that runs generations for every client, batched."""
 
     def __init__(self, spec: Specula, metrics: ServerMetrics, *, chat_max_tokens: int = 512,
-                 max_queue: int = 256) -> None:
+                 max_queue: int = 256, max_batch_size: int = 8) -> None:
+        if max_batch_size < 1:
+            raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
         self.spec = spec
         self.metrics = metrics
         self.chat_max_tokens = chat_max_tokens
+        self.max_batch_size = max_batch_size
         self._queue: "queue.Queue[Job | None]" = queue.Queue(maxsize=max_queue)
         self._thread = threading.Thread(target=self._loop, name="specula-worker", daemon=True)
         self._closed = False
@@ -108,26 +124,88 @@ class Worker:
 
     # ------------------------------------------------------------------ the thread
     def _loop(self) -> None:
-        while True:
-            job = self._queue.get()
-            if job is None:
-                return
-            self.metrics.queue_depth.add(-1)
-            if job.cancelled.is_set():
+        batch: list[_Running] = []
+        stopping = False
+        while batch or not stopping:
+            # admit: wait for work only when nothing runs, otherwise take what is queued now
+            while not stopping and len(batch) < self.max_batch_size:
+                try:
+                    job = self._queue.get() if not batch else self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if job is None:
+                    stopping = True
+                    break
+                self.metrics.queue_depth.add(-1)
+                if job.cancelled.is_set():
+                    continue
+                running = self._guard(job, lambda: self._start(job))
+                if running is not None:
+                    batch.append(running)
+            self.metrics.in_progress.set(len(batch))
+            if not batch:
                 continue
-            self.metrics.in_progress.set(1)
+            self.metrics.batch_size.observe_many([len(batch)])
             try:
-                self._run(job)
-            except APIError as exc:
-                job.events.put(exc)
-            except SpeculaError as exc:
-                job.events.put(APIError(400, str(exc), code="invalid_value"))
-            except Exception as exc:  # one request's failure must not stop the worker
-                log.exception("generation failed")
-                job.events.put(APIError(500, f"internal error while generating: {type(exc).__name__}: {exc}",
-                                        type="server_error", code="internal_error"))
-            finally:
+                chunks = self.spec.decoder.step([r.session for r in batch])
+            except Exception as exc:  # a failed pass fails the requests in it, never the worker
+                log.exception("decode step failed")
+                for r in batch:
+                    self._fail(r.job, exc)
+                    self.spec.decoder.finish(r.session)
+                batch = []
                 self.metrics.in_progress.set(0)
+                continue
+            batch = [r for r, chunk in zip(batch, chunks) if not self._deliver(r, chunk)]
+            self.metrics.in_progress.set(len(batch))
+        self.metrics.in_progress.set(0)
+
+    def _guard(self, job: Job, work):
+        """Run `work` for `job`; any error goes to the job's client as an API error (None)."""
+        try:
+            return work()
+        except Exception as exc:  # one request's failure must not stop the worker
+            self._fail(job, exc)
+            return None
+
+    def _fail(self, job: Job, exc: Exception) -> None:
+        if isinstance(exc, APIError):
+            job.events.put(exc)
+        elif isinstance(exc, SpeculaError):
+            job.events.put(APIError(400, str(exc), code="invalid_value"))
+        else:
+            log.error("generation failed: %s: %s", type(exc).__name__, exc)
+            job.events.put(APIError(500, f"internal error while generating: {type(exc).__name__}: {exc}",
+                                    type="server_error", code="internal_error"))
+
+    def _start(self, job: Job) -> _Running:
+        """Tokenize, check the limits, prefill: the job joins the batch."""
+        request = job.request
+        ids = self._prompt_ids(request)
+        max_tokens = self._limit(request, len(ids))
+        params = SamplingParams(max_new_tokens=max_tokens, **request.sampling())
+        self.metrics.prompt_tokens.inc(len(ids))
+        session = self.spec.decoder.start(ids, params)
+        job.events.put(Started(len(ids), max_tokens))
+        return _Running(job, session, time.perf_counter())
+
+    def _deliver(self, running: _Running, chunk: StreamChunk) -> bool:
+        """Send one step's chunk; True when the job leaves the batch (finished or cancelled)."""
+        job = running.job
+        job.generated_tokens += len(chunk.token_ids)
+        self.metrics.generated_tokens.inc(len(chunk.token_ids))
+        if chunk.finished:
+            self.spec.decoder.finish(running.session)
+            self.metrics.record_generation(chunk.stats)
+        job.events.put(chunk)
+        if chunk.finished:
+            return True
+        if job.cancelled.is_set():
+            self.spec.decoder.finish(running.session)
+            log.info("client gone: generation stopped after %d tokens (%.2fs)",
+                     job.generated_tokens, time.perf_counter() - running.t0)
+            return True
+        return False
 
     def _prompt_ids(self, request: GenerationRequest) -> list[int]:
         """Token ids: chat messages through the chat template, completion text as is."""
@@ -163,23 +241,3 @@ class Worker:
                                 f"prompt, {request.max_tokens} in the completion); reduce max_tokens to at most "
                                 f"{room} or shorten the prompt", param="max_tokens", code="context_length_exceeded")
         return request.max_tokens
-
-    def _run(self, job: Job) -> None:
-        request = job.request
-        ids = self._prompt_ids(request)
-        max_tokens = self._limit(request, len(ids))
-        params = SamplingParams(max_new_tokens=max_tokens, **request.sampling())
-        self.metrics.prompt_tokens.inc(len(ids))
-        job.events.put(Started(len(ids), max_tokens))
-        t0 = time.perf_counter()
-        with contextlib.closing(self.spec.decoder.stream(ids, params)) as stream:
-            for chunk in stream:
-                job.generated_tokens += len(chunk.token_ids)
-                self.metrics.generated_tokens.inc(len(chunk.token_ids))
-                if chunk.finished:
-                    self.metrics.record_generation(chunk.stats)
-                job.events.put(chunk)
-                if job.cancelled.is_set():
-                    log.info("client gone: generation stopped after %d tokens (%.2fs)",
-                             job.generated_tokens, time.perf_counter() - t0)
-                    return

@@ -25,6 +25,16 @@ def slow_server(target_model, tokenizer):
         yield srv
 
 
+@pytest.fixture(scope="module")
+def one_at_a_time_server(target_model, tokenizer):
+    """The same slow server with --max-batch-size 1: a second request waits in the queue."""
+    spec = make_spec(target_model, tokenizer, "none")
+    spec.decoder.drafters = [TestDrafter(d, delay=0.01, boom_token=BOOM) for d in spec.decoder.drafters]
+    spec.decoder.eos_token_ids = frozenset()
+    with running(spec, max_batch_size=1) as srv:
+        yield srv
+
+
 def _open(server, body: dict) -> http.client.HTTPConnection:
     conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
     conn.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
@@ -77,19 +87,38 @@ def test_non_streaming_client_disconnect_stops_generation(slow_server):
     assert after[("specula_drafted_tokens_total", ())] == before[("specula_drafted_tokens_total", ())]
 
 
-def test_queued_request_whose_client_left_never_runs(slow_server):
-    before = scrape(slow_server)
-    running_conn = _open(slow_server, _body(stream=True, max_tokens=60))
-    wait_for(lambda: scrape(slow_server)[("specula_requests_in_progress", ())] == 1)
-    queued = _open(slow_server, _body(stream=False))
-    wait_for(lambda: scrape(slow_server)[("specula_queue_depth", ())] == 1)
+def test_queued_request_whose_client_left_never_runs(one_at_a_time_server):
+    server = one_at_a_time_server
+    before = scrape(server)
+    running_conn = _open(server, _body(stream=True, max_tokens=60))
+    wait_for(lambda: scrape(server)[("specula_requests_in_progress", ())] == 1)
+    queued = _open(server, _body(stream=False))
+    wait_for(lambda: scrape(server)[("specula_queue_depth", ())] == 1)
     queued.sock.close()
     queued.close()
     resp = running_conn.getresponse()
     assert resp.status == 200 and resp.read().decode().endswith("data: [DONE]\n\n")
-    wait_for(lambda: _idle(slow_server))
-    generated = scrape(slow_server)[("specula_generated_tokens_total", ())] - before[("specula_generated_tokens_total", ())]
+    wait_for(lambda: _idle(server))
+    generated = scrape(server)[("specula_generated_tokens_total", ())] - before[("specula_generated_tokens_total", ())]
     assert generated == 60  # the first request only
+
+
+def test_concurrent_requests_share_the_batch_and_a_cancel_leaves_the_others(slow_server, tokenizer, reference):
+    """Continuous batching: a second request joins the running one (both in progress at once), the
+    first client leaves, the second still gets exactly its offline output."""
+    before = scrape(slow_server)
+    leaving = _open(slow_server, _body(stream=True, max_tokens=LONG))
+    wait_for(lambda: scrape(slow_server)[("specula_requests_in_progress", ())] == 1)
+    staying = _open(slow_server, {"model": MODEL, "prompt": "w05 w06 w07", "max_tokens": 8, "temperature": 0})
+    wait_for(lambda: scrape(slow_server)[("specula_requests_in_progress", ())] == 2)
+    leaving.sock.close()
+    leaving.close()
+    resp = staying.getresponse()
+    text = json.loads(resp.read())["choices"][0]["text"]
+    assert resp.status == 200 and text == reference(text_ids(tokenizer, "w05 w06 w07"), 8)
+    wait_for(lambda: _idle(slow_server))
+    after = scrape(slow_server)
+    assert after[("specula_batch_size_count", ())] > before.get(("specula_batch_size_count", ()), 0)
 
 
 def test_internal_error_is_isolated(slow_server, tokenizer, reference):
