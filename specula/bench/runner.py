@@ -147,7 +147,7 @@ def run_record(prompt: BenchPrompt, turn: int, method: BenchMethod, prompt_ids: 
             "depth_accepted": list(stats.depth_accepted),
             "predicted_accepted": round(stats.predicted_accepted, 4) if stats.predicted_accepted else None,
             "time": {"draft": round(stats.draft_seconds, 6), "verify": round(stats.verify_seconds, 6),
-                     "other": round(other, 6)},
+                     "other": round(other, 6), "prefill": round(stats.prefill_seconds, 6)},
         })
     return record
 

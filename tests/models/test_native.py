@@ -203,6 +203,33 @@ def test_kernel_linear_matches_f_linear_and_rows_are_independent(rows):
     assert KernelLinear(lin, "w8").memory_bytes == 48 * 70  # int8, 37 outputs padded to 48
 
 
+@pytest.mark.skipif(not kernels.available(), reason="specula's CPU kernels cannot run here")
+def test_long_prefills_run_as_one_gemm_and_stay_lossless(monkeypatch):
+    """float32 calls of >= GEMM_ROWS rows (long prompts) run as a BLAS GEMM on the unpacked weights:
+    equal to F.linear to float tolerance, logits equal Hugging Face's, and speculative output still
+    equals plain decoding (both prefill the same way; tree passes stay on the row-invariant kernels)."""
+    from torch import nn
+
+    from specula.models.native.kernels import KernelLinear
+
+    torch.manual_seed(0)
+    lin = nn.Linear(70, 37)
+    x = torch.randn(kernels.GEMM_ROWS + 3, 70)
+    torch.testing.assert_close(KernelLinear(lin, "f32")(x), lin(x), atol=1e-4, rtol=1e-5)
+    monkeypatch.setattr(kernels, "GEMM_ROWS", 8)  # the tiny model's prompts take the GEMM path
+    model = tiny_model("qwen2", "eager", seed=2)
+    target = native(model, kernel="specula")
+    ids = list(range(3, 40))
+    with torch.inference_mode():
+        ref = model(torch.tensor([ids])).logits[0]
+    torch.testing.assert_close(target.new_sequence().prefill(ids, logits="all"), ref, atol=1e-4, rtol=1e-4)
+    prompt = [5, 17, 33, 2, 5, 17, 40, 41, 42, 5, 17, 60, 61, 5, 17]
+    plain = build_decoder("none", target, None, None).generate(prompt, SamplingParams(max_new_tokens=30, ignore_eos=True))
+    spec = build_decoder("prompt-lookup", target, None, None, planner=False).generate(
+        prompt, SamplingParams(max_new_tokens=30, ignore_eos=True))
+    assert spec.token_ids == plain.token_ids and spec.stats.accepted_tokens > 0
+
+
 def test_native_kernels_unavailable_is_a_clear_error(monkeypatch):
     from specula.models.prepack import resolve_linear_kernel
 

@@ -1,0 +1,167 @@
+"""Load generator for `specula serve` (loopback only, bounded, stops by itself).
+
+Starts the server as a subprocess for each configuration, drives it with the official `openai`
+client at the given concurrencies over Spec-Bench prompts (first turns, streamed chat
+completions), and reports throughput, time to first token and inter-token latency percentiles,
+errors, and whether every greedy answer equals the one-at-a-time plain server's (the first
+configuration is the reference). Writes a JSON file and prints a Markdown table.
+
+    python scripts/serve_load.py --target smollm2-135m --requests 32 --concurrency 1,4,8 \
+        --configs "none:1,none:8,fusion:1,fusion:8" --max-tokens 64 --out runs/serve-load.json
+
+A configuration is METHOD:MAX_BATCH_SIZE.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def prompts(count: int) -> list[str]:
+    from specula.bench.datasets import load_prompts, select_prompts
+
+    chosen = select_prompts(load_prompts("spec-bench"), None, None, 0)
+    step = max(1, len(chosen) // count)
+    return [p.turns[0] for p in chosen[::step]][:count]
+
+
+def start_server(args, method: str, batch: int) -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    cmd = [sys.executable, "-m", "specula", "serve", "--target", args.target, "--method", method,
+           "--port", str(port), "--max-batch-size", str(batch), "--max-queue", "1024", "--draft", "none"]
+    env = dict(os.environ)
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 600
+    import urllib.request
+
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"server exited: {proc.stderr.read()[-2000:]}")
+        try:
+            with urllib.request.urlopen(url + "/health", timeout=2) as r:
+                if r.status == 200:
+                    return proc, url
+        except OSError:
+            time.sleep(1)
+    proc.kill()
+    raise SystemExit("server did not come up in 600 s")
+
+
+def one(client, model: str, prompt: str, max_tokens: int, temperature: float) -> dict:
+    t0 = time.perf_counter()
+    first, stamps, text, tokens = None, [], [], 0
+    stream = client.chat.completions.create(model=model, messages=[{"role": "user", "content": prompt}],
+                                            max_tokens=max_tokens, temperature=temperature, seed=0, stream=True,
+                                            stream_options={"include_usage": True})
+    for chunk in stream:
+        now = time.perf_counter()
+        if chunk.choices and chunk.choices[0].delta.content:
+            if first is None:
+                first = now - t0
+            stamps.append(now)
+            text.append(chunk.choices[0].delta.content)
+        if chunk.usage is not None:
+            tokens = chunk.usage.completion_tokens
+    total = time.perf_counter() - t0
+    per_token = (stamps[-1] - stamps[0]) / max(1, tokens - 1) if len(stamps) > 1 else None
+    return {"text": "".join(text), "tokens": tokens, "ttft": first, "seconds": total, "per_token": per_token}
+
+
+def pct(values: list[float], q: float) -> float | None:
+    values = sorted(v for v in values if v is not None)
+    if not values:
+        return None
+    return values[min(len(values) - 1, int(round(q * (len(values) - 1))))]
+
+
+def drive(url: str, model: str, items: list[str], concurrency: int, max_tokens: int, temperature: float) -> dict:
+    from openai import OpenAI
+
+    client = OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=600)
+    results: dict[int, dict] = {}
+    errors: list[str] = []
+
+    def run(i: int) -> None:
+        try:
+            results[i] = one(client, model, items[i], max_tokens, temperature)
+        except Exception as exc:  # counted and reported
+            errors.append(f"{i}: {type(exc).__name__}: {exc}")
+
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(concurrency) as pool:
+        list(pool.map(run, range(len(items))))
+    wall = time.perf_counter() - t0
+    tokens = sum(r["tokens"] for r in results.values())
+    return {
+        "concurrency": concurrency, "requests": len(items), "errors": errors, "wall_seconds": wall,
+        "tokens": tokens, "tokens_per_s": tokens / wall,
+        "ttft_p50": pct([r["ttft"] for r in results.values()], 0.5),
+        "ttft_p99": pct([r["ttft"] for r in results.values()], 0.99),
+        "per_token_p50": pct([r["per_token"] for r in results.values()], 0.5),
+        "per_token_p99": pct([r["per_token"] for r in results.values()], 0.99),
+        "texts": {i: r["text"] for i, r in results.items()},
+    }
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--target", default="smollm2-135m")
+    ap.add_argument("--configs", default="none:1,none:8,fusion:8", help="METHOD:MAX_BATCH_SIZE, comma-separated; "
+                    "the first is the reference for the equality check")
+    ap.add_argument("--concurrency", default="1,4,8")
+    ap.add_argument("--requests", type=int, default=24)
+    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--temperature", type=float, default=0.0)
+    ap.add_argument("--out", default="runs/serve-load.json")
+    args = ap.parse_args()
+    items = prompts(args.requests)
+    rows, reference = [], None
+    for config in args.configs.split(","):
+        method, batch = config.split(":")
+        proc, url = start_server(args, method, int(batch))
+        try:
+            for c in (int(x) for x in args.concurrency.split(",")):
+                print(f"{method} batch {batch} concurrency {c} ...", file=sys.stderr, flush=True)
+                r = drive(url, args.target, items, c, args.max_tokens, args.temperature)
+                if reference is None:
+                    reference = r["texts"]
+                r["identical_to_reference"] = (sum(r["texts"].get(i) == t for i, t in reference.items())
+                                               / len(reference)) if args.temperature == 0 else None
+                rows.append({"method": method, "max_batch_size": int(batch), **r})
+        finally:
+            proc.terminate()
+            proc.wait(30)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps({"args": vars(args), "rows": [{k: v for k, v in r.items() if k != "texts"}
+                                                                        for r in rows]}, indent=1))
+    print("| server | concurrency | tokens/s | TTFT p50 / p99 (s) | per-token p50 / p99 (ms) | errors | identical |")
+    print("|---|---|---|---|---|---|---|")
+    f = lambda v, k=1.0: "-" if v is None else f"{v * k:.2f}"  # noqa: E731
+    for r in rows:
+        same = "-" if r["identical_to_reference"] is None else f"{r['identical_to_reference']:.0%}"
+        print(f"| `{r['method']}` batch {r['max_batch_size']} | {r['concurrency']} | {r['tokens_per_s']:.1f} | "
+              f"{f(r['ttft_p50'])} / {f(r['ttft_p99'])} | {f(r['per_token_p50'], 1e3)} / {f(r['per_token_p99'], 1e3)} | "
+              f"{len(r['errors'])} | {same} |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
