@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import socket
 import statistics
 import subprocess
@@ -46,8 +45,7 @@ def start_server(args, method: str, batch: int) -> tuple[subprocess.Popen, str]:
     port = free_port()
     cmd = [sys.executable, "-m", "specula", "serve", "--target", args.target, "--method", method,
            "--port", str(port), "--max-batch-size", str(batch), "--max-queue", "1024", "--draft", "none"]
-    env = dict(os.environ)
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 600
     import urllib.request

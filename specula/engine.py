@@ -201,7 +201,7 @@ class SpeculativeDecoder:
         session = self.start(prompt_ids, params)
         try:
             while not session.finished:
-                chunk = self._step(session)
+                chunk = self.step([session])[0]
                 if chunk.finished:
                     self.finish(session)
                 yield chunk
@@ -209,12 +209,6 @@ class SpeculativeDecoder:
             self.finish(session)
 
     # ------------------------------------------------------------------ the step
-    def _step(self, session: Session) -> StreamChunk:
-        proposal, draft_seconds = self._plan(session)
-        t1 = time.perf_counter()
-        logits = session.seq.forward_tree(session.tokens[-1], proposal.tree)  # [n + 1, vocab]
-        return self._conclude(session, proposal, logits, draft_seconds, time.perf_counter() - t1)
-
     def _plan(self, session: Session) -> tuple[Proposal, float]:
         """Drafters propose, the planner merges and sizes: the step's proposal and drafting seconds."""
         target, planner, stats = self.target, self.planner, session.stats

@@ -139,9 +139,10 @@ class Worker:
                 self.metrics.queue_depth.add(-1)
                 if job.cancelled.is_set():
                     continue
-                running = self._guard(job, lambda: self._start(job))
-                if running is not None:
-                    batch.append(running)
+                try:
+                    batch.append(self._start(job))
+                except Exception as exc:  # one request's failure must not stop the worker
+                    self._fail(job, exc)
             self.metrics.in_progress.set(len(batch))
             if not batch:
                 continue
@@ -159,14 +160,6 @@ class Worker:
             batch = [r for r, chunk in zip(batch, chunks) if not self._deliver(r, chunk)]
             self.metrics.in_progress.set(len(batch))
         self.metrics.in_progress.set(0)
-
-    def _guard(self, job: Job, work):
-        """Run `work` for `job`; any error goes to the job's client as an API error (None)."""
-        try:
-            return work()
-        except Exception as exc:  # one request's failure must not stop the worker
-            self._fail(job, exc)
-            return None
 
     def _fail(self, job: Job, exc: Exception) -> None:
         if isinstance(exc, APIError):

@@ -208,12 +208,7 @@ class NativeSequence:
 
     def forward_tree(self, root: int, tree: TokenTree) -> torch.Tensor:
         """Logits [n + 1, vocab]: row 0 after the root, row i + 1 after node i."""
-        start = self.begin_tree(tree)
-        positions = torch.cat([torch.zeros(1, dtype=torch.long), tree.position_offsets]) + start
-        mask = tree_mask(start, tree) if len(tree) else None
-        out = self.backend.run(self, [root, *tree.tokens], positions, mask, slice(0, len(tree) + 1))
-        self._pending = (root, tree)
-        return out
+        return self.backend.forward_trees([(self, root, tree)])[0]
 
     def forward_tree_incremental(self, tree: TokenTree) -> torch.Tensor:
         """Grow the pending tree (`tree` starts with its nodes): logits [new nodes, vocab]."""
