@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import random
+from typing import Iterator
 
 import torch
 from transformers import (
@@ -146,3 +147,23 @@ def assert_cache_equals_plain_forward(model, seq, committed: list[int]) -> None:
     for (k, v), layer in zip(seq.cache_tensors(), ref.layers):
         torch.testing.assert_close(k, layer.keys, atol=1e-4, rtol=1e-4)
         torch.testing.assert_close(v, layer.values, atol=1e-4, rtol=1e-4)
+
+
+def random_steps(seq, rng: random.Random, steps: int, *, crop: bool = True) -> Iterator[list[int]]:
+    """Drive a target sequence the way the engine does, at random: prefill 5 tokens, then `steps`
+    tree passes of 0-9 nodes, each committing a random path (or none); with `crop`, every fourth
+    step also rolls back 0-2 tokens. Yields the committed tokens after each step."""
+    committed = [rng.randrange(VOCAB) for _ in range(5)]
+    seq.prefill(committed, logits="none")
+    for step in range(steps):
+        root = rng.randrange(VOCAB)
+        tree = random_tree(rng, rng.randrange(0, 10), VOCAB)
+        seq.forward_tree(root, tree)
+        path = tree.path_to(rng.randrange(len(tree))) if len(tree) and rng.random() < 0.8 else ()
+        seq.commit(path)
+        committed += [root, *tree.tokens_of(path)]
+        if crop and step % 4 == 3:  # occasionally roll back
+            drop = rng.randrange(0, 3)
+            seq.crop(len(committed) - drop)
+            committed = committed[: len(committed) - drop]
+        yield committed

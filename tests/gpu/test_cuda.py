@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from laws import tv, tv_bound
-from tiny import assert_tree_logits_are_causal, perturbed_copy, random_tree, tiny_model
+from tiny import assert_tree_logits_are_causal, perturbed_copy, random_steps, random_tree, tiny_model
 from specula.api import build_decoder
 from specula.models.hf import HFCausalLM
 from specula.models.native import NativeCausalLM, NativeDecoder, configure
@@ -49,16 +49,7 @@ def test_tree_logits_equal_causal_logits_on_cuda(kind, arch):
 def test_cache_equals_plain_forward_on_cuda(kind):
     model = tiny_model("qwen2", seed=8)
     seq = backend(kind, model).new_sequence()
-    rng = random.Random(9)
-    committed = [rng.randrange(96) for _ in range(5)]
-    seq.prefill(committed, logits="none")
-    for _ in range(10):
-        root = rng.randrange(96)
-        tree = random_tree(rng, rng.randrange(0, 10), 96)
-        seq.forward_tree(root, tree)
-        path = tree.path_to(rng.randrange(len(tree))) if len(tree) and rng.random() < 0.8 else ()
-        seq.commit(path)
-        committed += [root, *tree.tokens_of(path)]
+    *_, committed = random_steps(seq, random.Random(9), 10, crop=False)
     assert seq.tokens == committed
     with torch.inference_mode():
         ref = model(torch.tensor([committed], device=DEVICE), use_cache=True).past_key_values

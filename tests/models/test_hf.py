@@ -3,7 +3,7 @@ import random
 import pytest
 import torch
 
-from tiny import assert_cache_equals_plain_forward, assert_tree_logits_are_causal, random_tree, tiny_model
+from tiny import assert_cache_equals_plain_forward, assert_tree_logits_are_causal, random_steps, random_tree, tiny_model
 from specula.errors import ConfigError
 from specula.models.base import TargetModel, TargetSequence, check_context
 from specula.models.hf import HFCausalLM
@@ -26,20 +26,7 @@ def test_tree_logits_equal_causal_logits_over_each_path(arch, attn):
 def test_cache_equals_plain_forward_after_any_sequence_of_steps(arch):
     model = tiny_model(arch, "sdpa")
     lm = HFCausalLM(model).new_sequence()
-    rng = random.Random(1)
-    committed = [rng.randrange(96) for _ in range(5)]
-    lm.prefill(committed, logits="none")
-    for step in range(12):
-        root = rng.randrange(96)
-        tree = random_tree(rng, rng.randrange(0, 10), 96)
-        lm.forward_tree(root, tree)
-        path = tree.path_to(rng.randrange(len(tree))) if len(tree) and rng.random() < 0.8 else ()
-        lm.commit(path)
-        committed += [root, *tree.tokens_of(path)]
-        if step % 4 == 3:  # occasionally roll back
-            drop = rng.randrange(0, 3)
-            lm.crop(len(committed) - drop)
-            committed = committed[: len(committed) - drop]
+    for committed in random_steps(lm, random.Random(1), 12):
         assert_cache_equals_plain_forward(model, lm, committed)
 
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from tiny import (assert_cache_equals_plain_forward, assert_tree_logits_are_causal, causal_logits, perturbed_copy,
-                  random_tree, reference_greedy, tiny_model)
+                  random_steps, random_tree, reference_greedy, tiny_model)
 from specula.api import build_decoder
 from specula.errors import ConfigError
 from specula.models.base import TargetModel, TargetSequence
@@ -79,20 +79,7 @@ def test_incremental_tree_logits_equal_causal_logits(arch, kernel):
 def test_cache_equals_plain_forward_after_any_sequence_of_steps(arch, kernel):
     model = tiny_model(arch, seed=8)
     seq = native(model, kernel=kernel).new_sequence()
-    rng = random.Random(9)
-    committed = [rng.randrange(96) for _ in range(5)]
-    seq.prefill(committed, logits="none")
-    for step in range(14):
-        root = rng.randrange(96)
-        tree = random_tree(rng, rng.randrange(0, 10), 96)
-        seq.forward_tree(root, tree)
-        path = tree.path_to(rng.randrange(len(tree))) if len(tree) and rng.random() < 0.8 else ()
-        seq.commit(path)
-        committed += [root, *tree.tokens_of(path)]
-        if step % 4 == 3:
-            drop = rng.randrange(0, 3)
-            seq.crop(len(committed) - drop)
-            committed = committed[: len(committed) - drop]
+    for committed in random_steps(seq, random.Random(9), 14):
         assert_cache_equals_plain_forward(model, seq, committed)
 
 
