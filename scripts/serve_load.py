@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import socket
-import statistics
 import subprocess
 import sys
 import time

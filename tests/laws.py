@@ -15,7 +15,7 @@ import math
 import numpy as np
 import torch
 
-from specula.sampling import make_generator, sample_iid, sample_without_replacement
+from specula.sampling import SamplingParams, make_generator, sample_iid, sample_without_replacement
 from specula.tree import TokenTree
 
 V = 5
@@ -162,3 +162,25 @@ def joint_law_tv(samples: torch.Tensor, exact: torch.Tensor) -> tuple[float, flo
     """(TV of `samples` [trials] (int codes) against `exact`, the bound `tv_bound` gives for that many
     trials) - for end-to-end law tests on other languages than P."""
     return tv(samples, exact), tv_bound(exact, len(samples))
+
+
+# ---------------------------------------------------------------------------- end to end through the engine
+def exact_first_two(model, prompt: list[int], temperature: float) -> torch.Tensor:
+    """P(first = a, second = b) of plain sampling from a Hugging Face model: [V * V], a * V + b."""
+    with torch.inference_mode():
+        p1 = torch.softmax(model(torch.tensor([prompt])).logits[0, -1].double() / temperature, -1)
+        rows = [torch.softmax(model(torch.tensor([prompt + [a]])).logits[0, -1].double() / temperature, -1)
+                for a in range(p1.shape[-1])]
+    return (p1[:, None] * torch.stack(rows)).flatten()
+
+
+def sample_first_two(dec, prompt: list[int], temperature: float, vocab: int, trials: int) -> tuple[torch.Tensor, int]:
+    """Codes first * vocab + second of `trials` seeded generations by decoder `dec`, and the draft
+    tokens accepted along the way (to show drafts really were verified)."""
+    codes = torch.empty(trials, dtype=torch.long)
+    accepted = 0
+    for s in range(trials):
+        out = dec.generate(prompt, SamplingParams(temperature=temperature, max_new_tokens=3, seed=s, ignore_eos=True))
+        codes[s] = out.token_ids[0] * vocab + out.token_ids[1]
+        accepted += out.stats.accepted_tokens
+    return codes, accepted

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from laws import tv, tv_bound
+from laws import exact_first_two, sample_first_two, tv, tv_bound
 from tiny import perturbed_copy, tiny_model
 from specula.api import build_decoder
 from specula.models.hf import HFCausalLM
@@ -35,11 +35,7 @@ def models():
 @pytest.fixture(scope="module")
 def exact(models):
     """P(first = a, second = b) of plain sampling: [V * V]."""
-    model = models[0]
-    with torch.inference_mode():
-        p1 = torch.softmax(model(torch.tensor([PROMPT])).logits[0, -1].double() / TEMP, -1)
-        rows = [torch.softmax(model(torch.tensor([PROMPT + [a]])).logits[0, -1].double() / TEMP, -1) for a in range(V)]
-    return (p1[:, None] * torch.stack(rows)).flatten()
+    return exact_first_two(models[0], PROMPT, TEMP)
 
 
 @pytest.fixture(scope="module")
@@ -69,13 +65,7 @@ def decoder(models, method: str, datastore: str | None = None):
 
 def first_two(dec, trials: int = TRIALS) -> tuple[torch.Tensor, int]:
     """Codes first * V + second of `trials` seeded generations, and the draft tokens accepted."""
-    codes = torch.empty(trials, dtype=torch.long)
-    accepted = 0
-    for s in range(trials):
-        out = dec.generate(PROMPT, SamplingParams(temperature=TEMP, max_new_tokens=3, seed=s, ignore_eos=True))
-        codes[s] = out.token_ids[0] * V + out.token_ids[1]
-        accepted += out.stats.accepted_tokens
-    return codes, accepted
+    return sample_first_two(dec, PROMPT, TEMP, V, trials)
 
 
 @pytest.mark.parametrize("method", ["fusion", "prompt-lookup", "rest", "token-recycling", "draft-model"])

@@ -13,7 +13,7 @@ import copy
 import pytest
 import torch
 
-from laws import tv, tv_bound
+from laws import exact_first_two, sample_first_two, tv, tv_bound
 from tiny import assert_cache_equals_plain_forward, reference_greedy, tiny_model
 from specula.api import build_decoder
 from specula.drafters.layer_skip import LayerSkipConfig, SkipSearch, best_chain_rate, match_rate
@@ -150,18 +150,9 @@ def test_sampled_output_follows_the_target_law():
     """First two tokens at temperature 1.5 over an 8-token vocabulary: the target's exact law."""
     vocab, temp, prompt, trials = 8, 1.5, [3, 5, 1, 3, 5], 1500
     model = tiny_model("llama", seed=8, vocab=vocab, layers=3)
-    with torch.inference_mode():
-        p1 = torch.softmax(model(torch.tensor([prompt])).logits[0, -1].double() / temp, -1)
-        rows = [torch.softmax(model(torch.tensor([prompt + [a]])).logits[0, -1].double() / temp, -1)
-                for a in range(vocab)]
-    exact = (p1[:, None] * torch.stack(rows)).flatten()
+    exact = exact_first_two(model, prompt, temp)
     dec = build_decoder("layer-skip", native(model), None, planner=False, skip_layers="mlp:1", stop_below=0.0)
-    codes = torch.empty(trials, dtype=torch.long)
-    accepted = 0
-    for s in range(trials):
-        out = dec.generate(prompt, SamplingParams(temperature=temp, max_new_tokens=3, seed=s, ignore_eos=True))
-        codes[s] = out.token_ids[0] * vocab + out.token_ids[1]
-        accepted += out.stats.accepted_tokens
+    codes, accepted = sample_first_two(dec, prompt, temp, vocab, trials)
     assert accepted > trials // 10, accepted
     assert tv(codes, exact) < tv_bound(exact, trials, c=2.0)
     assert tv(codes, torch.roll(exact, 1)) > 3 * tv_bound(exact, trials, c=2.0)  # the check has power

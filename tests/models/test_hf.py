@@ -1,7 +1,6 @@
 import random
 
 import pytest
-import torch
 
 from tiny import assert_cache_equals_plain_forward, assert_tree_logits_are_causal, random_steps, random_tree, tiny_model
 from specula.errors import ConfigError
