@@ -3,7 +3,8 @@
     committed tokens + KV cache (the session's)
       -> drafter.propose(ctx, state)   candidate trees (model-free drafters first; each later
                                        drafter reads a cost view of the earlier ones' trees)
-      -> planner.plan(proposals)       merged and sized to the hardware
+      -> planner.plan_batch(...)       merged and sized to the hardware (one request: its best
+                                       tree; several: the batch's goodput, SmartSpec)
       -> seq.forward_tree(root, tree)  logits for the root and every node
       -> verify(...)                   accepted path + one next token (pure function)
       -> seq.commit(path)              cache = prefix + root + path
@@ -174,11 +175,13 @@ class SpeculativeDecoder:
         may join and leave between steps; each gets exactly what it would alone (its own drafts,
         rule, generator and cache)."""
         running = [s for s in sessions if not s.finished]
-        planned = [self._plan(s) for s in running]
+        planned = self._plan(running)
         t1 = time.perf_counter()
         logits = forward_trees(self.target, [(s.seq, s.tokens[-1], p[0].tree) for s, p in zip(running, planned)])
         pass_seconds = time.perf_counter() - t1
-        chunks = {id(s): self._conclude(s, proposal, rows, draft_seconds, pass_seconds)
+        if self.planner is not None and len(running) > 1:
+            self.planner.observe_batch(len(running), sum(len(p.tree) + 1 for p, _ in planned), pass_seconds)
+        chunks = {id(s): self._conclude(s, proposal, rows, draft_seconds, pass_seconds, batched=len(running) > 1)
                   for s, (proposal, draft_seconds), rows in zip(running, planned, logits)}
         return [chunks[id(s)] if id(s) in chunks else StreamChunk([], "", True, s.stats) for s in sessions]
 
@@ -209,9 +212,26 @@ class SpeculativeDecoder:
             self.finish(session)
 
     # ------------------------------------------------------------------ the step
-    def _plan(self, session: Session) -> tuple[Proposal, float]:
-        """Drafters propose, the planner merges and sizes: the step's proposal and drafting seconds."""
-        target, planner, stats = self.target, self.planner, session.stats
+    def _plan(self, sessions: Sequence[Session]) -> list[tuple[Proposal, float]]:
+        """Drafters propose for each session, the planner merges and sizes (across the batch):
+        each session's proposal and drafting seconds (its share of the planning included)."""
+        drafted = [self._draft(s, len(sessions)) for s in sessions]
+        t0 = time.perf_counter()
+        planner = self.planner
+        if planner is None:
+            plans = [(merge_proposals(proposals).limit(budget), 0.0) for proposals, budget, _ in drafted]
+        else:
+            plans = planner.plan_batch([(proposals, budget, s.planner_state, seconds)
+                                        for s, (proposals, budget, seconds) in zip(sessions, drafted)])
+            for s, (_, predicted) in zip(sessions, plans):
+                s.stats.predicted_accepted += predicted
+                s.stats.speculation_off_by_load = s.planner_state.off_by_load
+        share = (time.perf_counter() - t0) / max(1, len(sessions))
+        return [(proposal, seconds + share) for (proposal, _), (_, _, seconds) in zip(plans, drafted)]
+
+    def _draft(self, session: Session, batch_size: int) -> tuple[list[Proposal], DraftBudget, float]:
+        """The drafters' proposals for one session, its budget and the drafting seconds."""
+        target, planner = self.target, self.planner
         params, tokens = session.params, session.tokens
         remaining = params.max_new_tokens - len(session.generated)
         room = target.max_context - len(tokens)  # the cache would hold len(tokens) + n nodes
@@ -223,20 +243,15 @@ class SpeculativeDecoder:
         proposals: list[Proposal] = []
         drafting = budget.max_nodes > 0 and budget.max_depth > 0
         if drafting and planner is not None:
-            drafting = planner.should_draft(session.planner_state)
+            drafting = planner.should_draft(session.planner_state, batch_size)
         if drafting:
             for drafter, state in zip(self.drafters, session.drafter_states):
                 view = planner.view(proposals, time.perf_counter() - t0) if planner is not None else None
                 proposals.append(drafter.propose(replace(ctx, cost=view), state))
-        if planner is not None:
-            proposal, predicted = planner.plan(proposals, budget, session.planner_state, time.perf_counter() - t0)
-            stats.predicted_accepted += predicted
-        else:
-            proposal = merge_proposals(proposals).limit(budget)
-        return proposal, time.perf_counter() - t0
+        return proposals, budget, time.perf_counter() - t0
 
     def _conclude(self, session: Session, proposal: Proposal, logits: torch.Tensor, draft_seconds: float,
-                  pass_seconds: float) -> StreamChunk:
+                  pass_seconds: float, batched: bool = False) -> StreamChunk:
         """The rule accepts, the cache commits, drafters and planner observe; the step's chunk.
         `logits` [n + 1, vocab] came from a pass of `pass_seconds`."""
         target, planner, stats, tokens = self.target, self.planner, session.stats, session.tokens
@@ -251,7 +266,8 @@ class SpeculativeDecoder:
         for drafter, state in zip(self.drafters, session.drafter_states):
             drafter.observe(step, state)
         if planner is not None:
-            planner.observe(step, session.planner_state, draft_seconds, verify_seconds, time.perf_counter() - t3)
+            planner.observe(step, session.planner_state, draft_seconds, verify_seconds, time.perf_counter() - t3,
+                            batched=batched)
         t4 = time.perf_counter()
 
         stats.draft_seconds += draft_seconds + (t4 - t3)

@@ -43,6 +43,9 @@ class GenerationStats:
     finish_reason: str = ""
     """"stop" (EOS or a stop string), "length" (max_new_tokens or the context window), or
     "cancelled" (the caller stopped the generation)."""
+    speculation_off_by_load: int = 0
+    """Steps on which this request had a tree worth verifying alone but shared a batch at a load
+    where the goodput plan gave it no node (serving; 0 alone)."""
     planner: dict[str, Any] | None = None
     """The planner's projection for this request (mean tree size, expected tokens per step,
     projected speedup), when a planner ran."""
@@ -96,6 +99,7 @@ class GenerationStats:
         for name in (
             "new_tokens", "steps", "drafted_tokens", "accepted_tokens", "predicted_accepted",
             "prefill_seconds", "draft_seconds", "verify_seconds", "commit_seconds", "seconds", "prompt_tokens",
+            "speculation_off_by_load",
         ):
             setattr(out, name, getattr(self, name) + getattr(other, name))
         out.accepted_lengths = self.accepted_lengths + other.accepted_lengths
@@ -134,6 +138,7 @@ class GenerationStats:
                 "other": round(self.other_seconds, 4),
             },
             "finish_reason": self.finish_reason,
+            "speculation_off_by_load": self.speculation_off_by_load,
             **({"planner": self.planner} if self.planner is not None else {}),
         }
 

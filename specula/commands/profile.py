@@ -25,18 +25,21 @@ def register(sub) -> None:
     p.add_argument("--context", type=int, default=512, help="tokens in the KV cache before each pass (default 512)")
     p.add_argument("--sizes", default="1,2,4,8,16,32,64", help="tokens per pass, comma-separated (default 1,2,4,...,64)")
     p.add_argument("--repeats", type=int, default=5, help="timed repeats per size after one warm-up (default 5)")
+    p.add_argument("--batch-sizes", default=None,
+                   help="also time packed passes of b sequences (continuous batching), e.g. 1,2,4,8,16: "
+                        "latency against batch size and tokens per sequence, as the serving planner uses it")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     p.add_argument("--out", required=True, help="output directory")
     p.set_defaults(handler=run)
 
 
-def parse_sizes(value: str) -> list[int]:
+def parse_sizes(value: str, option: str = "--sizes") -> list[int]:
     try:
         sizes = [int(v) for v in value.split(",") if v.strip()]
     except ValueError as exc:
-        raise ConfigError(f"--sizes must be comma-separated integers, got {value!r}") from exc
+        raise ConfigError(f"{option} must be comma-separated integers, got {value!r}") from exc
     if not sizes or min(sizes) < 1:
-        raise ConfigError(f"--sizes must be integers >= 1, got {value!r}")
+        raise ConfigError(f"{option} must be integers >= 1, got {value!r}")
     return sizes
 
 
@@ -49,6 +52,7 @@ def run(args: argparse.Namespace) -> int:
     from specula.paths import atomic_write_json
 
     sizes = parse_sizes(args.sizes)
+    batch_sizes = parse_sizes(args.batch_sizes, "--batch-sizes") if args.batch_sizes else None
     if args.repeats < 1 or args.context < 1:
         raise ConfigError("--repeats and --context must be >= 1")
     set_threads(args.threads)
@@ -60,10 +64,23 @@ def run(args: argparse.Namespace) -> int:
     payload = {**curve.to_dict(), "target": args.target, "dtype": key.get("dtype"), "attn": key.get("attention"),
                "quantize": key.get("quantize", args.quantize), "linear_kernel": key.get("linear_kernel"),
                "backend": key.get("backend"), "machine": machine_info(target.device)}
+    if batch_sizes is not None:
+        from specula.planner.batch_cost import DEFAULT_BATCH_TOKENS, measure_batch_curve
+
+        tokens = [n for n in DEFAULT_BATCH_TOKENS if n <= max(sizes)]
+        payload["batch"] = measure_batch_curve(target, batch_sizes, tokens, min(args.context, 128),
+                                               args.repeats).to_dict()
     json_path = atomic_write_json(out / "cost_curve.json", payload)
     png = plot_cost_curve(payload, out / COST_CURVE_PNG, f"Cost curve: {args.target} (context {args.context})")
     print(f"{'tokens':>8} {'ms':>10} {'ratio':>7}")
     for n, s, r in zip(payload["sizes"], payload["seconds"], payload["ratio"]):
         print(f"{n:>8} {1000 * s:>10.2f} {r:>7.2f}")
+    if batch_sizes is not None:
+        batch = payload["batch"]
+        per_seq = [t // batch["batch_sizes"][0] for t in batch["totals"][0]]
+        print(f"\npacked passes (ms) of b sequences x n tokens each (context {batch['context']}):")
+        print(f"{'b':>4} " + " ".join(f"{'n=' + str(n):>9}" for n in per_seq) + f" {'ms/token at n=1':>16}")
+        for b, secs in zip(batch["batch_sizes"], batch["seconds"]):
+            print(f"{b:>4} " + " ".join(f"{1000 * s:>9.2f}" for s in secs) + f" {1000 * secs[0] / b:>16.2f}")
     print(f"wrote {json_path}, {png}")
     return 0

@@ -30,11 +30,12 @@ from functools import cached_property
 from typing import Sequence
 
 from specula.ema import Ema
-from specula.models.base import TargetModel
+from specula.models.base import BatchedTargetModel, TargetModel
+from specula.planner.batch_cost import DEFAULT_BATCH_SIZES, BatchCostCurve, load_or_measure_batch_curve
 from specula.planner.calibration import CalibrationConfig, Calibrator
 from specula.planner.cost import DEFAULT_SIZES, CostCurve, CostModel, load_or_measure_curve
 from specula.planner.merge import merge_proposals
-from specula.planner.select import chain_lookahead, choose_size, path_probabilities
+from specula.planner.select import chain_lookahead, choose_batch, choose_size, path_probabilities
 from specula.step import DraftBudget, Proposal, StepResult
 from specula.tree import TokenTree
 
@@ -82,6 +83,9 @@ class PlannerConfig:
     """Acceptance a chain drafter is assumed to have before the target has judged its tokens (with
     `calibration.prior_strength` pseudo-trials): optimistic, so a drafter with no data is tried,
     and its real acceptance and cost are learned within a few steps."""
+    load_probe_every: int = 8
+    """Under load, after two batch steps on which the goodput plan gave no session a node, drafting
+    is skipped at that batch size except on every this-many-th step (a probe: does it pay again?)."""
 
 
 @dataclass
@@ -100,6 +104,9 @@ class PlannerState:
     """The plan's rate for the step in flight (None: a probe or a pause, which judge nothing)."""
     explore_gap: int = 1
     explore_wait: int = 1
+    off_by_load: int = 0
+    """Steps on which this request had a tree worth verifying alone but the batch's goodput plan
+    gave it no node (speculation switched off by load)."""
     projected: list[float] = field(default_factory=lambda: [0, 0.0, 0.0, 0])
     """Steps, expected tokens, expected seconds (on the unscaled curve), nodes chosen."""
     last_plan: dict = field(default_factory=dict)
@@ -147,8 +154,14 @@ class HardwarePlanner:
     """Merges and sizes every proposal to this hardware; learns acceptance and timing online."""
 
     def __init__(self, target: TargetModel | None = None, config: PlannerConfig = PlannerConfig(),
-                 curve: CostCurve | None = None) -> None:
+                 curve: CostCurve | None = None, batch_curve: BatchCostCurve | None = None) -> None:
         self.config = config
+        self._target = target
+        self.batch_curve = batch_curve
+        """Latency of packed passes over several sequences (None until a batch needs it; see
+        `prepare_batch`)."""
+        self.batch_scale = 1.0  # observed / predicted packed-pass seconds (EMA)
+        self._batch_idle: dict[int, int] = {}  # batch size -> consecutive steps the plan gave no node
         if curve is None:
             if target is None:
                 raise ValueError("HardwarePlanner needs a target backend or a measured cost curve")
@@ -164,7 +177,12 @@ class HardwarePlanner:
         first drafting step judges afresh). Estimates, bias and timings are shared."""
         return PlannerState()
 
-    def should_draft(self, state: PlannerState) -> bool:
+    def should_draft(self, state: PlannerState, batch_size: int = 1) -> bool:
+        """Whether this request drafts this step: not during its back-off pause, nor under a load at
+        which drafts have stopped paying (except on probe steps)."""
+        idle = self._batch_idle.get(batch_size, 0) if batch_size > 1 else 0
+        if idle >= 2 and idle % self.config.load_probe_every:
+            return False
         state.skipped = state.skip > 0
         if state.skipped:
             state.skip -= 1
@@ -277,6 +295,82 @@ class HardwarePlanner:
         self._project(state, n, expected, draft_seconds)
         return proposal.restrict(sorted(chosen)), expected
 
+    # ------------------------------------------------------------------ batches (SmartSpec)
+    def prepare_batch(self, max_batch_size: int) -> None:
+        """Measure (or load from the cache) the packed-pass cost table up to `max_batch_size`
+        sequences, so that the first batched step does not stall on it (the server calls this at
+        start-up). Nothing to do for backends that do not pack sequences into one pass."""
+        if self.batch_curve is None and max_batch_size > 1 and isinstance(self._target, BatchedTargetModel):
+            sizes = [b for b in DEFAULT_BATCH_SIZES if b < max_batch_size] + [max_batch_size]
+            self.batch_curve = load_or_measure_batch_curve(self._target, sizes)
+
+    def batch_seconds(self, batch_size: int, total_tokens: int) -> float:
+        """Predicted latency of one packed pass (measured table times the online correction)."""
+        assert self.batch_curve is not None
+        return self.batch_scale * self.batch_curve.latency(batch_size, total_tokens)
+
+    def observe_batch(self, batch_size: int, total_tokens: int, seconds: float) -> None:
+        """A packed pass of `batch_size` sequences and `total_tokens` tokens took `seconds`."""
+        if self.batch_curve is not None and batch_size > 1:
+            ratio = seconds / max(self.batch_curve.latency(batch_size, total_tokens), 1e-9)
+            c = self.config.cost_correction
+            self.batch_scale = (1 - c) * self.batch_scale + c * ratio
+
+    def plan_batch(self, requests: Sequence[tuple[Sequence[Proposal], DraftBudget, PlannerState, float]]
+                   ) -> list[tuple[Proposal, float]]:
+        """Size every running request's tree for one packed pass (SmartSpec): each request's
+        candidates are merged as in `plan`, then nodes are taken across requests by estimated path
+        probability while the batch's expected accepted tokens per second grows, so a request gets
+        zero nodes when its drafts do not pay at the current load. `requests`: (proposals, budget,
+        state, drafting seconds) per request; returns (proposal, predicted accepted tokens incl.
+        bonus) per request. One request, or a backend that does not pack sequences, plans each
+        request alone (`plan`)."""
+        if len(requests) > 1 and self.batch_curve is None:
+            self.prepare_batch(len(requests))
+        if len(requests) == 1 or self.batch_curve is None:
+            return [self.plan(*request) for request in requests]
+        batch = len(requests)
+        merged: list[Proposal] = []
+        ordered: list[list[float]] = []
+        orders: list[list[int]] = []
+        fixed_tokens, fixed_expected, drafting = batch, float(batch), 0.0
+        for proposals, budget, state, draft_seconds in requests:
+            proposal = merge_proposals(proposals, self.config.rasd_min_prob).limit(budget)
+            state.planned_rate = None  # the back-off judges lone steps; under load the batch plan decides
+            drafting += self._drafting_seconds(draft_seconds) if len(proposal.tree) else draft_seconds
+            order: list[int] = []
+            probs: list[float] = []
+            if proposal.sampled and not proposal.tree.is_chain():  # verified as drawn (see `plan`)
+                fixed_tokens += len(proposal.tree)
+                fixed_expected += sum(self.estimate(proposal))
+            elif len(proposal.tree):
+                probs = self.estimate(proposal)
+                order = proposal.tree.best_first_order(probs)
+            merged.append(proposal)
+            orders.append(order)
+            ordered.append([probs[i] for i in order])
+        counts, expected, rate = choose_batch(ordered, fixed_tokens, fixed_expected, drafting,
+                                              lambda total: self.batch_seconds(batch, total), self.config.min_gain)
+        any_nodes = sum(counts) > 0 or fixed_tokens > batch
+        self._batch_idle[batch] = 0 if any_nodes else self._batch_idle.get(batch, 0) + 1
+        out: list[tuple[Proposal, float]] = []
+        for (_, _, state, draft_seconds), proposal, order, probs, n in zip(requests, merged, orders, ordered, counts):
+            if not order:  # nothing to size: empty, or a sampled tree verified whole
+                predicted = 1.0 + (sum(self.estimate(proposal)) if len(proposal.tree) else 0.0)
+                out.append((proposal, predicted))
+                self._project(state, len(proposal.tree), predicted, draft_seconds)
+                continue
+            alone = choose_size(probs, self._drafting_seconds(draft_seconds), self.cost.verify_seconds,
+                                self.config.min_gain)[0]
+            if n == 0 and alone > 0:
+                state.off_by_load += 1
+            predicted = 1.0 + sum(probs[:n])
+            state.last_plan = {"candidates": len(proposal.tree), "chosen": n, "expected": predicted,
+                               "batch": batch, "batch_rate": rate, "batch_expected": expected, "alone": alone}
+            self._project(state, n, predicted, draft_seconds)
+            out.append((proposal.restrict(sorted(order[:n])), predicted))
+        return out
+
     def _project(self, state: PlannerState, nodes: int, expected: float, draft_seconds: float) -> None:
         p = state.projected
         p[0] += 1
@@ -301,11 +395,13 @@ class HardwarePlanner:
         }
 
     def observe(self, step: StepResult, state: PlannerState, draft_seconds: float, verify_seconds: float,
-                overhead_seconds: float = 0.0) -> None:
-        """After a step: drafting and verify seconds, and the drafters' own observe time."""
+                overhead_seconds: float = 0.0, batched: bool = False) -> None:
+        """After a step: drafting and verify seconds, and the drafters' own observe time. A `batched`
+        step's verify time is the packed pass's (see `observe_batch`), not this tree's alone."""
         self._overhead.update(overhead_seconds)
         tree = step.proposal.tree
-        self.cost.observe(len(tree) + 1, verify_seconds)
+        if not batched:
+            self.cost.observe(len(tree) + 1, verify_seconds)
         d = self.config.bias_decay
         for sums in self._recent.values():  # evidence fades with time, drafted or not
             sums[0] *= d

@@ -69,3 +69,33 @@ def chain_lookahead(
         if rate > best_rate:
             best_m, best_rate = m, rate
     return best_m, best_rate, rate0
+
+
+def choose_batch(
+    ordered_probs: Sequence[Sequence[float]], fixed_tokens: int, fixed_expected: float, draft_seconds: float,
+    pass_seconds: Callable[[int], float], min_gain: float = 0.0,
+) -> tuple[list[int], float, float]:
+    """Every session's number of nodes in one packed pass, maximising the batch's goodput
+    (SmartSpec): expected accepted tokens of all sessions per second of the step.
+
+    ordered_probs[i]: session i's path probabilities in best-first (ancestor-closed, so
+    non-increasing) order. fixed_tokens: tokens in the pass whatever is chosen (every session's
+    root, and trees that must be verified as drawn); fixed_expected: their expected accepted
+    tokens (one per root, plus what the fixed trees add). pass_seconds(total): latency of the pass
+    with `total` tokens. Nodes are taken greedily by path probability across sessions (the best
+    prefix of each session's order), so a session whose next node is worth less than the pass
+    time it adds at this load gets zero. With one session and fixed_tokens = 1 this is
+    `choose_size`. Returns (nodes per session, expected tokens, expected tokens per second)."""
+    plain = fixed_expected / (draft_seconds + pass_seconds(fixed_tokens))
+    merged = sorted(((p, i) for i, probs in enumerate(ordered_probs) for p in probs), key=lambda item: -item[0])
+    best_k, best_e, best_rate = 0, fixed_expected, plain
+    expected = fixed_expected
+    for k, (prob, _) in enumerate(merged, start=1):
+        expected += prob
+        rate = expected / (draft_seconds + pass_seconds(fixed_tokens + k))
+        if rate > best_rate and rate >= (1.0 + min_gain) * plain:
+            best_k, best_e, best_rate = k, expected, rate
+    counts = [0] * len(ordered_probs)
+    for _, i in merged[:best_k]:
+        counts[i] += 1
+    return counts, best_e, best_rate

@@ -84,6 +84,10 @@ class Worker:
         self.metrics = metrics
         self.chat_max_tokens = chat_max_tokens
         self.max_batch_size = max_batch_size
+        planner = spec.decoder.planner
+        if planner is not None and max_batch_size > 1:
+            log.info("timing packed passes of up to %d sequences (cached after the first run)", max_batch_size)
+            planner.prepare_batch(max_batch_size)  # the goodput plan's cost table, before the first batch
         self._queue: "queue.Queue[Job | None]" = queue.Queue(maxsize=max_queue)
         self._thread = threading.Thread(target=self._loop, name="specula-worker", daemon=True)
         self._closed = False

@@ -116,6 +116,15 @@ def test_profile_command(tmp_path, monkeypatch, capsys):
     assert (tmp_path / "cost_curve.png").stat().st_size > 1000
     assert "ratio" in capsys.readouterr().out
     assert main(["profile", "--target", "tiny", "--sizes", "1,x", "--out", str(tmp_path)]) == 2
+    # the batch dimension: packed passes of b sequences x n tokens each
+    code = main(["profile", "--target", "tiny", "--context", "32", "--sizes", "1,4", "--repeats", "1",
+                 "--batch-sizes", "2,4", "--out", str(tmp_path)])
+    assert code == 0
+    batch = json.loads((tmp_path / "cost_curve.json").read_text())["batch"]
+    assert batch["batch_sizes"] == [1, 2, 4] and batch["totals"][2] == [4, 8, 16]
+    assert all(s > 0 for row in batch["seconds"] for s in row)
+    assert "packed passes" in capsys.readouterr().out
+    assert main(["profile", "--target", "tiny", "--batch-sizes", "0", "--out", str(tmp_path)]) == 2
 
 
 def test_cost_curves_of_several_options_plot_to_one_png(tmp_path):

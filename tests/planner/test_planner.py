@@ -7,6 +7,7 @@ from specula.drafters import make_drafter, make_drafters
 from specula.engine import SpeculativeDecoder
 from specula.models.hf import HFCausalLM
 from specula.planner import CostCurve, HardwarePlanner
+from specula.planner.batch_cost import BatchCostCurve
 from specula.sampling import SamplingParams, make_generator
 from specula.step import DraftBudget, DraftContext, Proposal, StepResult
 from specula.tree import TokenTree
@@ -370,3 +371,68 @@ def test_an_untried_drafter_with_high_acceptance_and_moderate_cost_is_used_withi
                             curve.latency(len(planned.tree) + 1))
     assert drafted_steps >= 25, drafted_steps  # used from the first steps on, and kept
     assert sum(lengths[-10:]) / 10 >= 4  # once its acceptance is learned: chains, not single tokens
+
+
+def batch_table(per_token: float) -> BatchCostCurve:
+    """A packed pass costs 1 + per_token * (total tokens - batch size) at every batch size."""
+    sizes = (1, 2, 4, 8)
+    totals = tuple(tuple(b * n for n in (1, 2, 4, 8)) for b in sizes)
+    return BatchCostCurve(sizes, totals, tuple(tuple(1.0 + per_token * (t - b) for t in row)
+                                               for b, row in zip(sizes, totals)), 64)
+
+
+def test_batch_plan_of_one_request_is_the_lone_plan():
+    lone, batched = Driver(HardwarePlanner(curve=STEEP)), Driver(HardwarePlanner(curve=STEEP, batch_curve=batch_table(0.5)))
+    proposal = Proposal(wide_tree())
+    planned, expected = lone.plan(proposal)
+    [(planned_b, expected_b)] = batched.planner.plan_batch([([proposal], BUDGET, batched.state, 0.0)])
+    assert planned_b.tree.tokens == planned.tree.tokens and planned_b.tree.parents == planned.tree.parents
+    assert expected_b == pytest.approx(expected)
+
+
+def test_batch_plan_switches_speculation_off_when_the_load_makes_it_lose():
+    """Four requests with the same wide tree: on a pass whose tokens are nearly free every request
+    drafts; on a compute-bound one (each token 0.3 of a full step) none does, although each would
+    alone on the steep single-sequence curve, and each such step is counted as switched off by load."""
+    proposal = Proposal(wide_tree())
+    for per_token, drafts in ((0.001, True), (0.3, False)):
+        planner = HardwarePlanner(curve=STEEP, batch_curve=batch_table(per_token))
+        states = [planner.new_state() for _ in range(4)]
+        plans = planner.plan_batch([([proposal], BUDGET, s, 0.0) for s in states])
+        assert all((len(p.tree) > 0) == drafts for p, _ in plans)
+        assert all(s.off_by_load == (0 if drafts else 1) for s in states)
+        if not drafts:
+            assert all(e == 1.0 for _, e in plans)
+            assert states[0].last_plan["alone"] > 0
+
+
+def test_under_a_load_where_drafts_lose_drafting_pauses_and_probes():
+    planner = HardwarePlanner(curve=STEEP, batch_curve=batch_table(1.0))
+    states = [planner.new_state() for _ in range(2)]
+    drafted = []
+    for _ in range(20):
+        drafting = [planner.should_draft(s, batch_size=2) for s in states]
+        drafted.append(drafting[0])
+        proposals = [[Proposal(wide_tree())] if d else [] for d in drafting]
+        planner.plan_batch([(p, BUDGET, s, 0.0) for p, s in zip(proposals, states)])
+    # two losing steps, then drafting only on every 8th step (probes)
+    assert drafted[:2] == [True, True] and drafted.count(True) == 4 and drafted[8] and drafted[16]
+    assert all(planner.should_draft(s, batch_size=1) for s in states)  # alone, drafting goes on
+
+
+@pytest.mark.parametrize("per_token", [0.001, 0.3])
+def test_batched_planning_is_lossless_per_session(per_token):
+    """Sessions advanced together with a goodput plan get exactly their plain greedy output."""
+    model = tiny_model("qwen2", seed=3)
+    target = HFCausalLM(model, "target")
+    draft = HFCausalLM(perturbed_copy(model, 0.3), "draft")
+    dec = SpeculativeDecoder(target, make_drafters("fusion", target=target, draft=draft), eos_token_ids=[],
+                             planner=HardwarePlanner(curve=STEEP, batch_curve=batch_table(per_token)))
+    prompts = [[5, 17, 33, 2, 5, 17, 40, 41, 42, 5, 17], [60, 61, 62], [9, 8, 7, 9, 8]]
+    sessions = [dec.start(p, SamplingParams(max_new_tokens=24, ignore_eos=True)) for p in prompts]
+    while not all(s.finished for s in sessions):
+        dec.step(sessions)
+    for prompt, session in zip(prompts, sessions):
+        assert session.generated == reference_greedy(model, prompt, 24)
+    drafted = sum(s.stats.drafted_tokens for s in sessions)
+    assert (drafted > 0) == (per_token < 0.01)

@@ -1,6 +1,8 @@
 import pytest
 
-from specula.planner.select import chain_lookahead, choose_size, path_probabilities
+import itertools
+
+from specula.planner.select import chain_lookahead, choose_batch, choose_size, path_probabilities
 from specula.tree import TokenTree
 
 
@@ -80,3 +82,39 @@ def test_min_gain_leaves_marginal_trees_unverified():
     n, expected, rate = choose_size([0.15], 0.0, cost, min_gain=0.1)
     assert (n, expected, rate) == (0, 1.0, 1.0)  # plain step, at the plain rate
     assert choose_size([0.5], 0.0, cost, min_gain=0.1)[0] == 1  # 1.36 plain steps: worth it
+
+
+def test_choose_batch_of_one_session_is_choose_size():
+    probs = [0.9, 0.8, 0.7, 0.5, 0.3, 0.2, 0.1, 0.05]
+    for per_token in (0.0, 0.2, 0.5, 2.0):
+        cost = linear_cost(1.0, per_token)
+        counts, expected, rate = choose_batch([probs], 1, 1.0, 0.3, cost, 0.1)
+        assert (counts[0], expected, rate) == pytest.approx(choose_size(probs, 0.3, cost, 0.1))
+
+
+def test_choose_batch_is_the_best_combination_of_prefixes():
+    """The greedy pick by path probability equals the brute-force optimum over every combination of
+    per-session prefixes (the batch's expected tokens / the pass's seconds)."""
+    sessions = [[0.9, 0.6, 0.3], [0.5, 0.45, 0.1], [0.2, 0.05]]
+    cost = lambda total: 1.0 + 0.12 * (total - 3) + 0.02 * (total - 3) ** 2  # noqa: E731  convex, CPU-like
+    counts, expected, rate = choose_batch(sessions, 3, 3.0, 0.0, cost)
+    best = max(itertools.product(*(range(len(s) + 1) for s in sessions)),
+               key=lambda c: (3 + sum(sum(s[:n]) for s, n in zip(sessions, c))) / cost(3 + sum(c)))
+    assert counts == list(best)
+    assert expected == pytest.approx(3 + sum(sum(s[:n]) for s, n in zip(sessions, counts)))
+    assert rate == pytest.approx(expected / cost(3 + sum(counts)))
+
+
+def test_choose_batch_gives_zero_to_sessions_whose_drafts_do_not_pay_under_load():
+    """SmartSpec: on a compute-bound pass (each token costs 5% of a full batch step) a session
+    with confident drafts keeps its nodes, one with poor drafts gets none; on a cheap pass both draft."""
+    good, poor = [0.95, 0.9, 0.85, 0.8], [0.04, 0.02]
+    steep = lambda total: 1.0 + 0.05 * (total - 8)  # noqa: E731
+    counts, _, _ = choose_batch([good, poor] + [[]] * 6, 8, 8.0, 0.0, steep)
+    assert counts[0] == 4 and counts[1] == 0
+    flat = lambda total: 1.0  # noqa: E731
+    counts, _, _ = choose_batch([good, poor] + [[]] * 6, 8, 8.0, 0.0, flat)
+    assert counts[:2] == [4, 2]
+    # A load at which nothing pays: every session gets zero (continuous batching without speculation).
+    counts, expected, _ = choose_batch([[0.3], [0.2]] + [[]] * 6, 8, 8.0, 0.0, steep)
+    assert counts == [0] * 8 and expected == 8.0
