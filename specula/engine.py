@@ -69,6 +69,9 @@ class StreamChunk:
     text: str
     finished: bool = False
     stats: GenerationStats | None = field(default=None, repr=False)
+    error: Exception | None = None
+    """Set (with `finished`) when this session's own drafting, rule or bookkeeping raised: the
+    session ends with finish_reason "error", the others in the step go on."""
 
 
 @dataclass
@@ -175,14 +178,24 @@ class SpeculativeDecoder:
         may join and leave between steps; each gets exactly what it would alone (its own drafts,
         rule, generator and cache)."""
         running = [s for s in sessions if not s.finished]
-        planned = self._plan(running)
+        failed: dict[int, Exception] = {}
+        planned = self._plan(running, failed)
+        running = [s for s in running if id(s) not in failed]
         t1 = time.perf_counter()
         logits = forward_trees(self.target, [(s.seq, s.tokens[-1], p[0].tree) for s, p in zip(running, planned)])
         pass_seconds = time.perf_counter() - t1
         if self.planner is not None and len(running) > 1:
             self.planner.observe_batch(len(running), sum(len(p.tree) + 1 for p, _ in planned), pass_seconds)
-        chunks = {id(s): self._conclude(s, proposal, rows, draft_seconds, pass_seconds, batched=len(running) > 1)
-                  for s, (proposal, draft_seconds), rows in zip(running, planned, logits)}
+        chunks: dict[int, StreamChunk] = {}
+        for s, (proposal, draft_seconds), rows in zip(running, planned, logits):
+            try:
+                chunks[id(s)] = self._conclude(s, proposal, rows, draft_seconds, pass_seconds, batched=len(running) > 1)
+            except Exception as exc:  # this session's rule or bookkeeping: it alone fails
+                failed[id(s)] = exc
+        for s in sessions:
+            if id(s) in failed:
+                s.finish_reason = s.stats.finish_reason = "error"
+                chunks[id(s)] = StreamChunk([], "", True, s.stats, error=failed[id(s)])
         return [chunks[id(s)] if id(s) in chunks else StreamChunk([], "", True, s.stats) for s in sessions]
 
     # ------------------------------------------------------------------ one request
@@ -205,6 +218,8 @@ class SpeculativeDecoder:
         try:
             while not session.finished:
                 chunk = self.step([session])[0]
+                if chunk.error is not None:
+                    raise chunk.error
                 if chunk.finished:
                     self.finish(session)
                 yield chunk
@@ -212,10 +227,17 @@ class SpeculativeDecoder:
             self.finish(session)
 
     # ------------------------------------------------------------------ the step
-    def _plan(self, sessions: Sequence[Session]) -> list[tuple[Proposal, float]]:
+    def _plan(self, sessions: Sequence[Session], failed: dict[int, Exception]) -> list[tuple[Proposal, float]]:
         """Drafters propose for each session, the planner merges and sizes (across the batch):
-        each session's proposal and drafting seconds (its share of the planning included)."""
-        drafted = [self._draft(s, len(sessions)) for s in sessions]
+        each session's proposal and drafting seconds (its share of the planning included). A
+        session whose drafters raise goes to `failed` and is left out."""
+        drafted = []
+        for s in sessions:
+            try:
+                drafted.append(self._draft(s, len(sessions)))
+            except Exception as exc:  # one request's drafter failing must not fail the others
+                failed[id(s)] = exc
+        sessions = [s for s in sessions if id(s) not in failed]
         t0 = time.perf_counter()
         planner = self.planner
         if planner is None:

@@ -31,7 +31,12 @@ def register(sub) -> None:
     g.add_argument("--max-batch-size", type=int, default=8,
                    help="requests decoded at once, continuous batching (default 8; 1 = one at a time)")
     g.add_argument("--max-queue", type=int, default=256,
-                   help="requests waiting for a place in the batch; more get 503 (default 256)")
+                   help="requests waiting for a place in the batch; more get 503 with Retry-After (default 256)")
+    g.add_argument("--request-timeout", type=float, default=600.0,
+                   help="seconds a generation request may take, queueing included; then 504 (default 600; 0 = none)")
+    g.add_argument("--shutdown-timeout", type=float, default=30.0,
+                   help="on SIGTERM / Ctrl-C: seconds in-flight requests get to finish before they are cancelled "
+                        "(default 30)")
     g.add_argument("--served-model-name", default=None,
                    help="model id clients send and /v1/models lists (default: the --target value)")
     p.set_defaults(handler=run)
@@ -47,6 +52,7 @@ def run(args: argparse.Namespace) -> int:
         model_name=args.served_model_name or args.target, host=args.host, port=args.port, api_key=args.api_key,
         max_body_bytes=args.max_body_bytes, chat_max_tokens=args.chat_max_tokens,
         max_batch_size=args.max_batch_size, max_queue=args.max_queue,
+        request_timeout=args.request_timeout or None, shutdown_timeout=args.shutdown_timeout,
     )
     method = args.method or "fusion"
     check_method(method)
@@ -59,9 +65,6 @@ def run(args: argparse.Namespace) -> int:
     server = create_server(spec, config)
     print(f"specula serve: {config.model_name} (method {method}) listening on {server.url}"
           f"{' (API key required)' if config.api_key else ''}", file=sys.stderr, flush=True)
-    try:
-        server.serve_forever()
-    finally:
-        server.server_close()
-        server.worker.close()
+    server.serve_forever()  # until SIGTERM / Ctrl-C, then a graceful shutdown
+    print("specula serve: stopped", file=sys.stderr, flush=True)
     return 0

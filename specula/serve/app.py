@@ -1,27 +1,34 @@
-"""The HTTP server: OpenAI-compatible routes on the standard library's threading HTTP server.
+"""The HTTP server: OpenAI-compatible routes on FastAPI, served by uvicorn (as vLLM and SGLang do).
 
     server = create_server(spec, ServerConfig(model_name="smollm2-135m", port=8000))
-    server.serve_forever()          # or server.start() for a background thread; server.close()
+    server.serve_forever()          # SIGTERM / Ctrl-C: graceful shutdown, then returns
+    server.start(); ...; server.close()   # or in a background thread (tests, notebooks)
 
-Each connection gets a thread (HTTP/1.1 keep-alive); generations go through the one
-`Worker`. Streaming answers are server-sent events over chunked transfer encoding, ending
-with `data: [DONE]`. While a request waits for its tokens, its thread watches the socket:
-a client that hangs up cancels its generation (queued or running).
+Generations go through the one `Worker` thread (continuous batching); an HTTP handler submits a
+`Job` and awaits its events, woken from the worker thread. Streaming answers are server-sent
+events ending with `data: [DONE]`. A client that hangs up cancels its generation (queued or
+running), and only its own. Graceful shutdown: stop accepting, let in-flight requests finish
+within `shutdown_timeout` seconds, cancel what is left, stop the worker, exit 0.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import hmac
 import json
 import logging
 import queue
-import select
+import signal
 import socket
 import threading
 import time
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Callable
+from typing import Any, AsyncIterator, Awaitable, Callable
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from specula.api import Specula
 from specula.engine import StreamChunk
@@ -33,10 +40,19 @@ from specula.serve.protocol import APIError, GenerationRequest, ResponseIds
 from specula.serve.worker import Job, Started, Worker
 
 log = logging.getLogger("specula.serve")
-access_log = logging.getLogger("specula.serve.access")
 
 CLIENT_GONE = 499
 """Status recorded in metrics for a request whose client hung up (nginx's convention)."""
+
+ROUTES = {
+    "/v1/completions": "POST",
+    "/v1/chat/completions": "POST",
+    "/v1/models": "GET",
+    "/v1/models/{model}": "GET",
+    "/health": "GET",
+    "/metrics": "GET",
+}
+"""Every route and its method (also the `endpoint` label of the request counter)."""
 
 
 @dataclass(frozen=True)
@@ -56,14 +72,21 @@ class ServerConfig:
     chat_max_tokens: int = 512
     """Chat requests without max_tokens generate up to this many tokens (or the remaining context)."""
     max_queue: int = 256
-    """Most generation requests waiting for the model (503 above)."""
+    """Most generation requests waiting for the model (503 with Retry-After above)."""
     max_batch_size: int = 8
     """Most requests decoded at once (continuous batching: one packed target pass per step on
     backends that batch); 1 = one request at a time."""
+    request_timeout: float | None = 600.0
+    """Seconds a generation request may take from arrival to its last token, queueing included
+    (504 after that; None = no limit)."""
+    shutdown_timeout: float = 30.0
+    """On SIGTERM / Ctrl-C: seconds in-flight requests get to finish before they are cancelled."""
     poll_seconds: float = 0.05
-    """How often a waiting request checks that its client is still connected."""
-    socket_timeout: float = 120.0
-    """Seconds a connection may stay silent while a request is being read (and idle keep-alive)."""
+    """How often a waiting non-streamed request checks that its client is still connected."""
+    keep_alive_seconds: float = 5.0
+    """Seconds an idle keep-alive connection stays open."""
+    retry_after_seconds: int = 1
+    """`Retry-After` of a 503 answered because the queue is full or the server is stopping."""
 
     def __post_init__(self) -> None:
         if not self.model_name:
@@ -80,66 +103,112 @@ class ServerConfig:
             raise ConfigError(f"--chat-max-tokens must be positive, got {self.chat_max_tokens}")
         if self.api_key is not None and not self.api_key:
             raise ConfigError("--api-key is empty; give a key or leave the option out")
+        if self.request_timeout is not None and self.request_timeout <= 0:
+            raise ConfigError(f"--request-timeout must be positive (seconds), got {self.request_timeout}")
+        if self.shutdown_timeout < 0:
+            raise ConfigError(f"--shutdown-timeout must be >= 0 seconds, got {self.shutdown_timeout}")
 
 
 class _ClientGone(Exception):
     """The client closed its connection."""
 
 
-def _client_gone(sock: socket.socket) -> bool:
-    """True when the peer closed the connection (readable with nothing to read, or reset)."""
-    try:
-        readable, _, _ = select.select([sock], [], [], 0)
-        if not readable:
-            return False
-        return sock.recv(1, socket.MSG_PEEK) == b""
-    except (OSError, ValueError):
-        return True
+class _Uvicorn:
+    """uvicorn's server with signals handled by specula (graceful shutdown, exit status 0)."""
+
+    def __new__(cls, config):  # a subclass made on first use: uvicorn is imported lazily
+        import uvicorn
+
+        class Server(uvicorn.Server):
+            @contextlib.contextmanager
+            def capture_signals(self):  # uvicorn would re-raise SIGTERM after shutdown (exit 143)
+                yield
+
+        return Server(config)
 
 
-class SpeculaServer(ThreadingHTTPServer):
-    """The threading HTTP server plus the worker, metrics and config the handlers share."""
-
-    daemon_threads = True
+class SpeculaServer:
+    """The FastAPI app, the uvicorn server on a bound socket, the worker, metrics and config."""
 
     def __init__(self, spec: Specula, config: ServerConfig) -> None:
+        import uvicorn
+
         self.spec = spec
         self.config = config
         self.metrics = ServerMetrics()
         self.created = protocol.now()
-        self.worker = Worker(spec, self.metrics, chat_max_tokens=config.chat_max_tokens,
-                             max_queue=config.max_queue, max_batch_size=config.max_batch_size)
-        if ":" in config.host:
-            self.address_family = socket.AF_INET6
-        self._thread: threading.Thread | None = None
+        family = socket.AF_INET6 if ":" in config.host else socket.AF_INET
+        self._socket = socket.socket(family, socket.SOCK_STREAM)
+        self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
-            super().__init__((config.host, config.port), _Handler)
+            self._socket.bind((config.host, config.port))
+            self._socket.listen(2048)  # connections wait in the backlog until uvicorn runs
         except OSError as exc:
-            self.worker.close()
+            self._socket.close()
             raise ConfigError(f"cannot listen on {config.host}:{config.port} ({exc.strerror}); "
                               "choose another --port or --host") from exc
+        self.worker = Worker(spec, self.metrics, chat_max_tokens=config.chat_max_tokens, max_queue=config.max_queue,
+                             max_batch_size=config.max_batch_size, request_timeout=config.request_timeout)
+        self.app = build_app(self)
+        self._uvicorn = _Uvicorn(uvicorn.Config(
+            self.app, log_config=None, access_log=False, lifespan="off", http="h11",
+            timeout_keep_alive=int(max(1, config.keep_alive_seconds)),
+            timeout_graceful_shutdown=config.shutdown_timeout))
+        self._thread: threading.Thread | None = None
 
     @property
     def port(self) -> int:
-        return self.server_address[1]
+        return self._socket.getsockname()[1]
 
     @property
     def url(self) -> str:
         host = self.config.host
         return f"http://{'[' + host + ']' if ':' in host else host}:{self.port}"
 
+    def serve_forever(self) -> None:
+        """Serve in this (main) thread until SIGTERM or SIGINT, then shut down gracefully: stop
+        accepting, give in-flight requests `shutdown_timeout` seconds, cancel the rest, stop the
+        worker. A second signal forces the exit."""
+        def on_signal(signum, frame) -> None:
+            if self._uvicorn.should_exit:
+                self._uvicorn.force_exit = True
+            log.info("%s: shutting down (in-flight requests get %gs)", signal.Signals(signum).name,
+                     self.config.shutdown_timeout)
+            self.worker.stop_accepting()
+            self._uvicorn.should_exit = True
+
+        previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+        try:
+            self._uvicorn.run(sockets=[self._socket])
+        finally:
+            for s, handler in previous.items():
+                signal.signal(s, handler)
+            self._release()
+
     def start(self) -> "SpeculaServer":
         """Serve from a background thread (tests, notebooks); `close()` stops it."""
-        self._thread = threading.Thread(target=self.serve_forever, name="specula-http", daemon=True)
+        self._thread = threading.Thread(target=self._uvicorn.run, kwargs={"sockets": [self._socket]},
+                                        name="specula-http", daemon=True)
         self._thread.start()
+        deadline = time.monotonic() + 30
+        while not self._uvicorn.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError("the HTTP server did not start")
+            time.sleep(0.01)
         return self
 
     def close(self) -> None:
+        """Graceful shutdown of a background server (as on SIGTERM)."""
+        self.worker.stop_accepting()
         if self._thread is not None:
-            self.shutdown()
+            self._uvicorn.should_exit = True
             self._thread.join()
-        self.server_close()
+            self._thread = None
+        self._release()
+
+    def _release(self) -> None:
         self.worker.close()
+        self._socket.close()
 
 
 def create_server(spec: Specula, config: ServerConfig) -> SpeculaServer:
@@ -147,292 +216,234 @@ def create_server(spec: Specula, config: ServerConfig) -> SpeculaServer:
     return SpeculaServer(spec, config)
 
 
-class _Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-    server_version = "specula"
-    server: SpeculaServer
+# --------------------------------------------------------------------------- the app
 
-    # ------------------------------------------------------------------ plumbing
-    def setup(self) -> None:
-        self.timeout = self.server.config.socket_timeout
-        super().setup()
 
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 (BaseHTTPRequestHandler's name)
-        access_log.info("%s %s", self.address_string(), format % args)
+def _route_label(request: Request) -> str:
+    """The `endpoint` label of a request (unknown paths share one label)."""
+    route = request.scope.get("route")
+    path = getattr(route, "path", None)
+    return path if path in ROUTES else "other"
 
-    def do_GET(self) -> None:
-        self._dispatch("GET")
 
-    def do_POST(self) -> None:
-        self._dispatch("POST")
+def _error_response(exc: APIError, request: Request) -> JSONResponse:
+    headers: dict[str, str] = {}
+    if exc.status == 405:
+        headers["Allow"] = ROUTES.get(_route_label(request), "GET")
+    if exc.status == 401:
+        headers["WWW-Authenticate"] = "Bearer"
+    if exc.status == 503:
+        headers["Retry-After"] = str(request.app.state.server.config.retry_after_seconds)
+    return JSONResponse(exc.body(), status_code=exc.status, headers=headers)
 
-    def do_PUT(self) -> None:
-        self._dispatch("PUT")
 
-    def do_PATCH(self) -> None:
-        self._dispatch("PATCH")
+def _record(request: Request, status: int) -> None:
+    request.app.state.server.metrics.record_request(_route_label(request), status)
 
-    def do_DELETE(self) -> None:
-        self._dispatch("DELETE")
 
-    def handle_expect_100(self) -> bool:
-        """Refuse an oversized body before the client sends it."""
-        self._begin()
-        try:
-            self._check_length()
-        except APIError as exc:
-            self.close_connection = True
-            self._send_error(exc)
-            return False
-        return super().handle_expect_100()
+def build_app(server: SpeculaServer) -> FastAPI:
+    """The FastAPI application of a server (routes, errors as OpenAI error objects)."""
+    app = FastAPI(title="specula", docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.server = server
 
-    def _path(self) -> str:
-        path = self.path.split("?", 1)[0]
-        return path.rstrip("/") or "/"
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        path = request.url.path.rstrip("/") or "/"
+        if exc.status_code == 405:
+            error = APIError(405, f"{request.method} is not allowed on {path}; use {ROUTES[_route_label(request)]}",
+                             code="method_not_allowed")
+        elif exc.status_code == 404:
+            error = APIError(404, f"Unknown route {request.method} {path}; routes: POST /v1/completions, "
+                                  "POST /v1/chat/completions, GET /v1/models, GET /health, GET /metrics",
+                             code="unknown_url")
+        else:
+            error = APIError(exc.status_code, str(exc.detail), code="invalid_request")
+        _record(request, error.status)
+        return _error_response(error, request)
 
-    def _route(self, path: str) -> tuple[str, Callable[[], None]] | None:
-        """(allowed method, handler) of a path, or None."""
-        if path.startswith("/v1/models/"):
-            return "GET", self._model
-        return {
-            "/v1/completions": ("POST", lambda: self._generate("completions")),
-            "/v1/chat/completions": ("POST", lambda: self._generate("chat")),
-            "/v1/models": ("GET", self._models),
-            "/health": ("GET", self._health),
-            "/metrics": ("GET", self._metrics),
-        }.get(path)
+    def guarded(handler: Callable[[Request], Awaitable[Response]], authorize: bool) -> Callable:
+        """A route: API key, errors as OpenAI error objects, every request counted once."""
+        async def route(request: Request) -> Response:
+            try:
+                if authorize:
+                    _authorize(server.config.api_key, request)
+                response = await handler(request)
+            except APIError as exc:
+                response = _error_response(exc, request)
+            except _ClientGone:
+                _record(request, CLIENT_GONE)
+                return Response(status_code=CLIENT_GONE)  # nobody reads it
+            except Exception as exc:  # a bug must cost one request, never the server
+                log.exception("request %s %s failed", request.method, request.url.path)
+                response = _error_response(APIError(500, f"internal server error: {type(exc).__name__}: {exc}",
+                                                    type="server_error", code="internal_error"), request)
+            if not isinstance(response, StreamingResponse):  # a stream counts itself at its end
+                _record(request, response.status_code)
+            return response
+        return route
 
-    def _begin(self) -> None:
-        """Per-request state (a connection's handler serves many requests)."""
-        self._status, self._label, self._recorded, self._t0 = 0, _route_label(self._path()), False, None
+    async def health(request: Request) -> Response:
+        return JSONResponse({"status": "ok", "model": server.config.model_name, "method": server.spec.method,
+                             "queue_depth": int(server.worker.queue_depth), "max_context": server.worker.max_context,
+                             "max_batch_size": server.config.max_batch_size})
 
-    def _dispatch(self, method: str) -> None:
-        path = self._path()
-        self._begin()
-        try:
-            route = self._route(path)
-            if route is None:
-                raise APIError(404, f"Unknown route {method} {path}; routes: POST /v1/completions, "
-                                    "POST /v1/chat/completions, GET /v1/models, GET /health, GET /metrics",
-                               code="unknown_url")
-            allowed, handler = route
-            if method != allowed:
-                raise APIError(405, f"{method} is not allowed on {path}; use {allowed}", code="method_not_allowed")
-            if path.startswith("/v1/"):
-                self._authorize()
-            handler()
-        except APIError as exc:
-            self._send_error(exc)
-        except _ClientGone:
-            self.close_connection = True
-            self._status = CLIENT_GONE
-        except (BrokenPipeError, ConnectionResetError):  # a write failed: the client is gone
-            self.close_connection = True
-            self._status = CLIENT_GONE
-        except Exception as exc:  # a bug must cost one request, never the connection thread's silence
-            log.exception("request %s %s failed", method, path)
-            self.close_connection = True
-            if not self._status:  # nothing sent yet: answer with OpenAI's error object
-                self._send_error(APIError(500, f"internal server error: {type(exc).__name__}: {exc}",
-                                          type="server_error", code="internal_error"))
-        finally:
-            if self._status:
-                self._record(self._status)
+    async def metrics(request: Request) -> Response:
+        return Response(server.metrics.render(), media_type=METRICS_CONTENT_TYPE)
 
-    def _record(self, status: int) -> None:
-        """Count the request once, before its last bytes go out (a client that reads the answer
-        and then scrapes /metrics sees it counted)."""
-        if self._recorded:
-            return
-        self._recorded, self._status = True, status
-        self.server.metrics.record_request(self._label, status)
-        if self._t0 is not None:
-            self.server.metrics.request_seconds.observe_many([time.perf_counter() - self._t0])
+    async def models(request: Request) -> Response:
+        return JSONResponse(protocol.models_body(server.config.model_name, server.created))
 
-    def _authorize(self) -> None:
-        key = self.server.config.api_key
-        if key is None:
-            return
-        header = self.headers.get("Authorization", "")
-        scheme, _, given = header.partition(" ")
-        if not header:
-            raise APIError(401, "You didn't provide an API key; send it as 'Authorization: Bearer <key>'",
-                           code="missing_api_key")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), key.encode()):
-            raise APIError(401, "Incorrect API key provided", code="invalid_api_key")
-
-    # ------------------------------------------------------------------ responses
-    def _send(self, status: int, body: bytes, content_type: str, headers: dict[str, str] | None = None) -> None:
-        self.send_response(status)
-        self.send_header("Content-Type", content_type)
-        self.send_header("Content-Length", str(len(body)))
-        for name, value in (headers or {}).items():
-            self.send_header(name, value)
-        if self.close_connection:
-            self.send_header("Connection", "close")
-        self.end_headers()
-        self._record(status)
-        self.wfile.write(body)
-
-    def _send_json(self, status: int, payload: dict[str, Any], headers: dict[str, str] | None = None) -> None:
-        self._send(status, json.dumps(payload).encode(), "application/json", headers)
-
-    def _send_error(self, exc: APIError) -> None:
-        headers = {}
-        if exc.status == 405:
-            route = self._route(self._path())
-            headers["Allow"] = route[0] if route else "GET"
-        if exc.status == 401:
-            headers["WWW-Authenticate"] = "Bearer"
-        self._send_json(exc.status, exc.body(), headers)
-
-    # ------------------------------------------------------------------ simple routes
-    def _health(self) -> None:
-        worker = self.server.worker
-        self._send_json(200, {"status": "ok", "model": self.server.config.model_name,
-                              "method": self.server.spec.method,
-                              "queue_depth": int(self.server.metrics.queue_depth.value()),
-                              "max_context": worker.max_context})
-
-    def _metrics(self) -> None:
-        self._send(200, self.server.metrics.render().encode(), METRICS_CONTENT_TYPE)
-
-    def _models(self) -> None:
-        self._send_json(200, protocol.models_body(self.server.config.model_name, self.server.created))
-
-    def _model(self) -> None:
-        name = self.path.split("?", 1)[0][len("/v1/models/"):]
-        listed = protocol.models_body(self.server.config.model_name, self.server.created)["data"][0]
+    async def model(request: Request) -> Response:
+        name = request.path_params["model"]
+        listed = protocol.models_body(server.config.model_name, server.created)["data"][0]
         if name != listed["id"]:
             raise APIError(404, f"The model '{name}' does not exist", param="model", code="model_not_found")
-        self._send_json(200, listed)
+        return JSONResponse(listed)
 
-    # ------------------------------------------------------------------ generation
-    def _check_length(self) -> int:
-        if "chunked" in self.headers.get("Transfer-Encoding", "").lower():
-            raise APIError(411, "chunked request bodies are not supported; send Content-Length",
-                           code="length_required")
-        raw = self.headers.get("Content-Length")
-        if raw is None:
-            return 0
+    def generation(endpoint: protocol.Endpoint) -> Callable[[Request], Awaitable[Response]]:
+        async def generate(request: Request) -> Response:
+            return await _generate(server, request, endpoint)
+        return generate
+
+    handlers = {
+        "/v1/completions": generation("completions"),
+        "/v1/chat/completions": generation("chat"),
+        "/v1/models": models,
+        "/v1/models/{model}": model,
+        "/health": health,
+        "/metrics": metrics,
+    }
+    for path, method in ROUTES.items():
+        app.add_api_route(path, guarded(handlers[path], authorize=path.startswith("/v1/")), methods=[method],
+                          include_in_schema=False)
+    return app
+
+
+def _authorize(key: str | None, request: Request) -> None:
+    if key is None:
+        return
+    header = request.headers.get("authorization", "")
+    scheme, _, given = header.partition(" ")
+    if not header:
+        raise APIError(401, "You didn't provide an API key; send it as 'Authorization: Bearer <key>'",
+                       code="missing_api_key")
+    if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), key.encode()):
+        raise APIError(401, "Incorrect API key provided", code="invalid_api_key")
+
+
+async def _read_json(request: Request, limit: int) -> dict[str, Any]:
+    """The body as a JSON object; 411 for chunked bodies, 413 above `limit` (refused before the body
+    is read, so a client sending `Expect: 100-continue` never sends it)."""
+    if "chunked" in request.headers.get("transfer-encoding", "").lower():
+        raise APIError(411, "chunked request bodies are not supported; send Content-Length", code="length_required")
+    raw = request.headers.get("content-length")
+    if raw is not None:
         try:
             length = int(raw)
         except ValueError:
             length = -1
         if length < 0:
             raise APIError(400, f"invalid Content-Length {raw!r}", code="invalid_request")
-        limit = self.server.config.max_body_bytes
         if length > limit:
             raise APIError(413, f"the request body has {length} bytes; this server accepts at most {limit} "
                                 "(--max-body-bytes)", code="request_too_large")
-        return length
+    return protocol.parse_json_body(await request.body())
 
-    def _read_json(self) -> dict[str, Any]:
-        try:
-            length = self._check_length()
-        except APIError:
-            self.close_connection = True  # the body is left unread
-            raise
-        return protocol.parse_json_body(self.rfile.read(length) if length else b"")
 
-    def _next_event(self, job: Job):
-        """The job's next event; raises the job's APIError, or _ClientGone (cancelling the job)."""
-        poll = self.server.config.poll_seconds
+class _Wakeup:
+    """Wakes an asyncio task from the worker thread (the job's `notify`)."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.get_running_loop()
+        self.flag = asyncio.Event()
+
+    def notify(self) -> None:
+        with contextlib.suppress(RuntimeError):  # the loop is gone (server stopped): nobody waits
+            self.loop.call_soon_threadsafe(self.flag.set)
+
+    async def next_event(self, job: Job, request: Request | None, poll: float):
+        """The job's next event; raises the job's APIError, or _ClientGone (cancelling the job) when
+        `request`'s client is gone (checked every `poll` seconds)."""
         while True:
             try:
-                event = job.events.get(timeout=poll)
+                event = job.events.get_nowait()
             except queue.Empty:
-                event = None
-            now = time.perf_counter()
-            if event is None or now - self._checked >= poll:  # look at the socket every `poll` seconds
-                self._checked = now
-                if _client_gone(self.connection):
+                if request is not None and await request.is_disconnected():
                     job.cancel()
-                    raise _ClientGone()
-            if event is None:
+                    raise _ClientGone() from None
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(self.flag.wait(), poll)
+                self.flag.clear()
                 continue
             if isinstance(event, APIError):
                 raise event
             return event
 
-    def _generate(self, endpoint: protocol.Endpoint) -> None:
-        body = self._read_json()
-        request = protocol.parse_request(endpoint, body, self.server.config.model_name)
-        job = self.server.worker.submit(request)
-        self._t0 = self._checked = time.perf_counter()
-        try:
-            started = self._next_event(job)
-            assert isinstance(started, Started)
-            if request.stream:
-                self._stream(job, request, started)
-            else:
-                self._complete(job, request, started)
-        except (_ClientGone, BrokenPipeError, ConnectionResetError):
-            job.cancel()
-            raise
 
-    def _complete(self, job: Job, request: GenerationRequest, started: Started) -> None:
-        parts: list[str] = []
-        while True:
-            chunk: StreamChunk = self._next_event(job)
-            parts.append(chunk.text)
-            if chunk.finished:
-                break
-        stats = chunk.stats
-        finish = stats.finish_reason or "length"
-        self._send_json(200, protocol.completion_body(ResponseIds.new(request), "".join(parts), finish,
-                                                      started.prompt_tokens, stats.new_tokens, stats))
+async def _generate(server: SpeculaServer, request: Request, endpoint: protocol.Endpoint) -> Response:
+    body = await _read_json(request, server.config.max_body_bytes)
+    gen = protocol.parse_request(endpoint, body, server.config.model_name)
+    wake = _Wakeup()
+    job = server.worker.submit(gen, notify=wake.notify)
+    t0 = time.perf_counter()
+    poll = server.config.poll_seconds
+    try:
+        started = await wake.next_event(job, request, poll)
+        assert isinstance(started, Started)
+        if not gen.stream:
+            parts: list[str] = []
+            while True:
+                chunk: StreamChunk = await wake.next_event(job, request, poll)
+                parts.append(chunk.text)
+                if chunk.finished:
+                    break
+            stats = chunk.stats
+            server.metrics.request_seconds.observe(time.perf_counter() - t0)
+            return JSONResponse(protocol.completion_body(ResponseIds.new(gen), "".join(parts),
+                                                         stats.finish_reason or "length", started.prompt_tokens,
+                                                         stats.new_tokens, stats))
+    except BaseException:  # an error, the client gone, or the task cancelled (shutdown)
+        job.cancel()
+        raise
+    return StreamingResponse(_stream(server, request, job, gen, started, wake, t0), media_type="text/event-stream",
+                             headers={"Cache-Control": "no-cache"})
 
-    def _stream(self, job: Job, request: GenerationRequest, started: Started) -> None:
-        self.send_response(200)
-        self.send_header("Content-Type", "text/event-stream; charset=utf-8")
-        self.send_header("Cache-Control", "no-cache")
-        self.send_header("Transfer-Encoding", "chunked")
-        self.end_headers()
-        self._status = 200
-        ids = ResponseIds.new(request)
-        if request.endpoint == "chat":
-            self._event(protocol.chunk_body(ids, "", first=True))
+
+def _sse(payload: dict[str, Any] | str) -> bytes:
+    data = payload if isinstance(payload, str) else json.dumps(payload)
+    return b"data: " + data.encode() + b"\n\n"
+
+
+async def _stream(server: SpeculaServer, request: Request, job: Job, gen: GenerationRequest, started: Started,
+                  wake: _Wakeup, t0: float) -> AsyncIterator[bytes]:
+    """The server-sent events of a streamed generation. Starlette cancels this generator when the
+    client disconnects; the `finally` then cancels the job. Counted in metrics before `[DONE]`."""
+    ids = ResponseIds.new(gen)
+    status: int | None = None  # set once counted
+    try:
+        if gen.endpoint == "chat":
+            yield _sse(protocol.chunk_body(ids, "", first=True))
         try:
             while True:
-                chunk: StreamChunk = self._next_event(job)
+                chunk: StreamChunk = await wake.next_event(job, None, server.config.poll_seconds)
                 if chunk.text:  # stop strings are already cut by the engine
-                    self._event(protocol.chunk_body(ids, chunk.text))
+                    yield _sse(protocol.chunk_body(ids, chunk.text))
                 if chunk.finished:
                     break
         except APIError as exc:  # failed after the headers went out: OpenAI's in-stream error event
-            self._status = exc.status
-            try:
-                self._event(exc.body())
-                self._end_stream()
-            except (BrokenPipeError, ConnectionResetError):  # the client stopped reading at the error
-                self.close_connection = True
-            return
-        stats = chunk.stats
-        finish = stats.finish_reason or "length"
-        self._event(protocol.chunk_body(ids, None, finish, stats=stats))
-        if request.include_usage:
-            self._event(protocol.usage_chunk_body(ids, started.prompt_tokens, stats.new_tokens, stats))
-        self._end_stream()
-
-    def _write_chunk(self, data: bytes) -> None:
-        self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
-        self.wfile.flush()
-
-    def _event(self, payload: dict[str, Any]) -> None:
-        self._write_chunk(b"data: " + json.dumps(payload).encode() + b"\n\n")
-
-    def _end_stream(self) -> None:
-        self._record(self._status)
-        self._write_chunk(b"data: [DONE]\n\n")
-        self.wfile.write(b"0\r\n\r\n")
-        self.wfile.flush()
-
-
-def _route_label(path: str) -> str:
-    """The `endpoint` label of a path (unknown paths share one label)."""
-    if path in ("/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics"):
-        return path
-    if path.startswith("/v1/models/"):
-        return "/v1/models/{model}"
-    return "other"
+            status = exc.status
+            _record(request, status)
+            yield _sse(exc.body())
+        else:
+            stats = chunk.stats
+            yield _sse(protocol.chunk_body(ids, None, stats.finish_reason or "length", stats=stats))
+            if gen.include_usage:
+                yield _sse(protocol.usage_chunk_body(ids, started.prompt_tokens, stats.new_tokens, stats))
+            status = 200
+            server.metrics.request_seconds.observe(time.perf_counter() - t0)
+            _record(request, status)
+        yield _sse("[DONE]")
+    finally:
+        job.cancel()  # no-op for a finished job; stops a running one whose client left
+        if status is None:
+            _record(request, CLIENT_GONE)

@@ -24,6 +24,9 @@ Endpoint = Literal["completions", "chat"]
 MAX_STOP_STRINGS = 4
 """OpenAI accepts at most four stop sequences."""
 
+CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
+"""Message roles OpenAI's chat API accepts (any other is a 400, as there)."""
+
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16
 """OpenAI's default `max_tokens` for /v1/completions."""
 
@@ -245,6 +248,10 @@ def _messages(body: Mapping[str, Any]) -> tuple[dict[str, str], ...]:
         role = message.get("role")
         if not isinstance(role, str) or not role:
             raise _type_error(f"messages[{i}].role", "a non-empty string", role)
+        if role not in CHAT_ROLES:
+            raise APIError(400, f"Invalid value for 'messages[{i}].role': {role!r}; supported roles are "
+                                f"{', '.join(repr(r) for r in CHAT_ROLES)}", param=f"messages[{i}].role",
+                           code="invalid_value")
         out.append({"role": role, "content": _content(message, i)})
     return tuple(out)
 

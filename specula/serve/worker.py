@@ -13,7 +13,8 @@ and the tokenizer are touched by this thread only. An HTTP thread submits a `Job
     or an APIError at any point (bad prompt, context exceeded, internal error).
 
 Setting `job.cancelled` (the client went away) stops the generation at its next step;
-a job cancelled while queued never starts. `max_batch_size=1` is the one-at-a-time server.
+a job cancelled while queued never starts; a job past its deadline (`request_timeout`) gets a 504
+and leaves the batch. `max_batch_size=1` is the one-at-a-time server.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import queue
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import Callable
 
 from specula.api import Specula
 from specula.engine import Session, StreamChunk
@@ -59,9 +61,22 @@ class Job:
     """Set by the HTTP thread when the client is gone."""
     generated_tokens: int = 0
     """Tokens generated so far (for metrics and tests)."""
+    t_submit: float = field(default_factory=time.perf_counter)
+    """When the request reached the worker's queue."""
+    deadline: float | None = None
+    """perf_counter time after which the request is answered 504 (None: no limit)."""
+    t_last_token: float | None = None
+    """When the request's latest tokens went out (None before the first)."""
+    notify: Callable[[], None] | None = None
+    """Called (from the worker thread) after each event: wakes an asyncio reader."""
 
     def cancel(self) -> None:
         self.cancelled.set()
+
+    def put(self, event: Event) -> None:
+        self.events.put(event)
+        if self.notify is not None:
+            self.notify()
 
 
 @dataclass
@@ -77,13 +92,15 @@ class Worker:
     """The single thread that runs generations for every client, batched."""
 
     def __init__(self, spec: Specula, metrics: ServerMetrics, *, chat_max_tokens: int = 512,
-                 max_queue: int = 256, max_batch_size: int = 8) -> None:
+                 max_queue: int = 256, max_batch_size: int = 8, request_timeout: float | None = None) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
         self.spec = spec
         self.metrics = metrics
         self.chat_max_tokens = chat_max_tokens
         self.max_batch_size = max_batch_size
+        self.request_timeout = request_timeout
+        self._goodput: float | None = None  # EMA of the batch's tokens per step-second
         planner = spec.decoder.planner
         if planner is not None and max_batch_size > 1:
             log.info("timing packed passes of up to %d sequences (cached after the first run)", max_batch_size)
@@ -97,19 +114,30 @@ class Worker:
     def max_context(self) -> int:
         return self.spec.target.max_context
 
-    def submit(self, request: GenerationRequest) -> Job:
+    def submit(self, request: GenerationRequest, notify: Callable[[], None] | None = None) -> Job:
         """Queue a request (503 when the queue is full or the server is stopping)."""
         if self._closed:
             raise APIError(503, "the server is shutting down; retry on another server", type="server_error",
                            code="server_shutting_down")
-        job = Job(request)
+        job = Job(request, notify=notify)
+        if self.request_timeout is not None:
+            job.deadline = job.t_submit + self.request_timeout
         try:
             self._queue.put_nowait(job)
         except queue.Full:
             raise APIError(503, f"the server has {self._queue.maxsize} requests waiting; retry later",
                            type="server_error", code="server_overloaded") from None
-        self.metrics.queue_depth.add(1)
+        self.metrics.queue_depth.inc()
         return job
+
+    @property
+    def queue_depth(self) -> int:
+        """Requests waiting for the model."""
+        return self._queue.qsize()
+
+    def stop_accepting(self) -> None:
+        """New requests get 503 from now on; queued and running ones go on (graceful shutdown)."""
+        self._closed = True
 
     def close(self, timeout: float = 10.0) -> None:
         """Finish the current job, drop the queued ones, stop the thread."""
@@ -120,9 +148,9 @@ class Worker:
             except queue.Empty:
                 break
             if job is not None:
-                self.metrics.queue_depth.add(-1)
-                job.events.put(APIError(503, "the server is shutting down", type="server_error",
-                                        code="server_shutting_down"))
+                self.metrics.queue_depth.dec()
+                job.put(APIError(503, "the server is shutting down", type="server_error",
+                                 code="server_shutting_down"))
         self._queue.put(None)
         self._thread.join(timeout)
 
@@ -140,8 +168,11 @@ class Worker:
                 if job is None:
                     stopping = True
                     break
-                self.metrics.queue_depth.add(-1)
+                self.metrics.queue_depth.dec()
                 if job.cancelled.is_set():
+                    continue
+                if self._expired(job):
+                    self._fail(job, self._timeout_error())
                     continue
                 try:
                     batch.append(self._start(job))
@@ -150,7 +181,8 @@ class Worker:
             self.metrics.in_progress.set(len(batch))
             if not batch:
                 continue
-            self.metrics.batch_size.observe_many([len(batch)])
+            self.metrics.batch_size.observe(len(batch))
+            t0 = time.perf_counter()
             try:
                 chunks = self.spec.decoder.step([r.session for r in batch])
             except Exception as exc:  # a failed pass fails the requests in it, never the worker
@@ -161,19 +193,33 @@ class Worker:
                 batch = []
                 self.metrics.in_progress.set(0)
                 continue
+            self._observe_goodput(sum(len(c.token_ids) for c in chunks), time.perf_counter() - t0)
             batch = [r for r, chunk in zip(batch, chunks) if not self._deliver(r, chunk)]
             self.metrics.in_progress.set(len(batch))
         self.metrics.in_progress.set(0)
 
+    def _expired(self, job: Job) -> bool:
+        return job.deadline is not None and time.perf_counter() > job.deadline
+
+    def _timeout_error(self) -> APIError:
+        return APIError(504, f"the request did not finish within the server's --request-timeout of "
+                             f"{self.request_timeout:g} s; ask for fewer tokens or retry when the server is less busy",
+                        type="server_error", code="timeout")
+
+    def _observe_goodput(self, tokens: int, seconds: float) -> None:
+        rate = tokens / max(seconds, 1e-9)
+        self._goodput = rate if self._goodput is None else 0.8 * self._goodput + 0.2 * rate
+        self.metrics.goodput.set(self._goodput)
+
     def _fail(self, job: Job, exc: Exception) -> None:
         if isinstance(exc, APIError):
-            job.events.put(exc)
+            job.put(exc)
         elif isinstance(exc, SpeculaError):
-            job.events.put(APIError(400, str(exc), code="invalid_value"))
+            job.put(APIError(400, str(exc), code="invalid_value"))
         else:
             log.error("generation failed: %s: %s", type(exc).__name__, exc)
-            job.events.put(APIError(500, f"internal error while generating: {type(exc).__name__}: {exc}",
-                                    type="server_error", code="internal_error"))
+            job.put(APIError(500, f"internal error while generating: {type(exc).__name__}: {exc}",
+                             type="server_error", code="internal_error"))
 
     def _start(self, job: Job) -> _Running:
         """Tokenize, check the limits, prefill: the job joins the batch."""
@@ -183,24 +229,40 @@ class Worker:
         params = SamplingParams(max_new_tokens=max_tokens, **request.sampling())
         self.metrics.prompt_tokens.inc(len(ids))
         session = self.spec.decoder.start(ids, params)
-        job.events.put(Started(len(ids), max_tokens))
+        job.put(Started(len(ids), max_tokens))
         return _Running(job, session, time.perf_counter())
 
     def _deliver(self, running: _Running, chunk: StreamChunk) -> bool:
         """Send one step's chunk; True when the job leaves the batch (finished or cancelled)."""
         job = running.job
-        job.generated_tokens += len(chunk.token_ids)
-        self.metrics.generated_tokens.inc(len(chunk.token_ids))
+        if chunk.error is not None:
+            self.spec.decoder.finish(running.session)
+            self._fail(job, chunk.error)
+            return True
+        n = len(chunk.token_ids)
+        job.generated_tokens += n
+        self.metrics.generated_tokens.inc(n)
+        if n:
+            now = time.perf_counter()
+            if job.t_last_token is None:
+                self.metrics.time_to_first_token.observe(now - job.t_submit)
+            else:
+                self.metrics.inter_token_latency.observe((now - job.t_last_token) / n)
+            job.t_last_token = now
         if chunk.finished:
             self.spec.decoder.finish(running.session)
             self.metrics.record_generation(chunk.stats)
-        job.events.put(chunk)
+        job.put(chunk)
         if chunk.finished:
             return True
         if job.cancelled.is_set():
             self.spec.decoder.finish(running.session)
             log.info("client gone: generation stopped after %d tokens (%.2fs)",
                      job.generated_tokens, time.perf_counter() - running.t0)
+            return True
+        if self._expired(job):
+            self.spec.decoder.finish(running.session)
+            self._fail(job, self._timeout_error())
             return True
         return False
 

@@ -92,7 +92,7 @@ def text_ids(tokenizer, text: str) -> tuple[int, ...]:
 
 
 def http_call(server: SpeculaServer, method: str, path: str, body=None, headers: dict | None = None,
-         raw: bytes | None = None) -> tuple[int, dict, dict | str]:
+         raw: bytes | None = None) -> tuple[int, "http.client.HTTPMessage", dict | str]:
     """One raw HTTP request; returns (status, headers, parsed JSON or text)."""
     conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
     data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
@@ -102,7 +102,7 @@ def http_call(server: SpeculaServer, method: str, path: str, body=None, headers:
     payload = resp.read().decode()
     conn.close()
     ctype = resp.getheader("Content-Type", "")
-    return resp.status, dict(resp.getheaders()), json.loads(payload) if "json" in ctype else payload
+    return resp.status, resp.headers, json.loads(payload) if "json" in ctype else payload  # headers: case-insensitive
 
 
 def scrape(server: SpeculaServer) -> dict[tuple[str, tuple], float]:

@@ -217,6 +217,7 @@ BAD_REQUESTS = [
     ("/v1/chat/completions", {**OK_CHAT, "messages": "w05"}, 400, "messages"),
     ("/v1/chat/completions", {**OK_CHAT, "messages": [{"content": "w05"}]}, 400, "messages[0].role"),
     ("/v1/chat/completions", {**OK_CHAT, "messages": [{"role": "user", "content": 5}]}, 400, "messages[0].content"),
+    ("/v1/chat/completions", {**OK_CHAT, "messages": [{"role": "wizard", "content": "w05"}]}, 400, "messages[0].role"),
     ("/v1/completions", {**OK_COMPLETION, "max_tokens": "5"}, 400, "max_tokens"),
     ("/v1/completions", {**OK_COMPLETION, "max_tokens": 0}, 400, "max_tokens"),
     ("/v1/completions", {**OK_COMPLETION, "max_tokens": 10_000}, 400, "max_tokens"),

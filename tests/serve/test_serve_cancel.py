@@ -10,6 +10,8 @@ import time
 import openai
 import pytest
 
+from tiny import reference_greedy
+
 from serve_helpers import MODEL, TestDrafter, http_call, make_spec, running, scrape, text_ids, wait_for
 
 BOOM = 95  # a prompt holding this token makes the drafter raise
@@ -134,3 +136,67 @@ def test_internal_error_is_isolated(slow_server, tokenizer, reference):
     out = client.completions.create(model=MODEL, prompt="w05 w06 w07", max_tokens=8, temperature=0)
     assert out.choices[0].text == reference(text_ids(tokenizer, "w05 w06 w07"), 8)
     wait_for(lambda: _metric(slow_server, "specula_requests_total", endpoint="/v1/completions", status="500") == 2)
+
+
+def test_an_exception_in_one_session_fails_only_that_request_while_the_batch_goes_on(slow_server, tokenizer,
+                                                                                     target_model):
+    """A request whose drafter raises joins a running batch: it gets a 500, the other request in the
+    same batch still gets exactly its offline output."""
+    expected = reference_greedy(target_model, list(text_ids(tokenizer, "w60 w61 w62")), 60)  # EOS is off here
+    assert BOOM not in expected  # only the other request raises
+    staying = _open(slow_server, {"model": MODEL, "prompt": "w60 w61 w62", "max_tokens": 60, "temperature": 0})
+    wait_for(lambda: scrape(slow_server)[("specula_requests_in_progress", ())] == 1)
+    status, _, body = http_call(slow_server, "POST", "/v1/completions",
+                                {"model": MODEL, "prompt": f"w09 w{BOOM}", "max_tokens": 4})
+    assert status == 500 and "boom" in body["error"]["message"]
+    assert scrape(slow_server)[("specula_requests_in_progress", ())] == 1  # the other one still runs
+    resp = staying.getresponse()
+    assert resp.status == 200
+    assert json.loads(resp.read())["choices"][0]["text"] == tokenizer.decode(expected, skip_special_tokens=True)
+
+
+def test_a_full_queue_answers_503_with_retry_after(target_model, tokenizer):
+    spec = make_spec(target_model, tokenizer, "none")
+    spec.decoder.drafters = [TestDrafter(d, delay=0.01) for d in spec.decoder.drafters]
+    spec.decoder.eos_token_ids = frozenset()
+    with running(spec, max_batch_size=1, max_queue=1) as server:
+        first = _open(server, _body(stream=True, max_tokens=60))
+        wait_for(lambda: scrape(server)[("specula_requests_in_progress", ())] == 1)
+        second = _open(server, _body(stream=False, max_tokens=4))
+        wait_for(lambda: scrape(server)[("specula_queue_depth", ())] == 1)
+        status, headers, body = http_call(server, "POST", "/v1/completions", _body(stream=False, max_tokens=4))
+        assert status == 503 and headers["Retry-After"] == "1" and body["error"]["code"] == "server_overloaded"
+        assert first.getresponse().status == 200 and second.getresponse().status == 200  # the others are served
+
+
+def test_a_request_past_its_timeout_gets_504_and_leaves_the_batch(target_model, tokenizer):
+    spec = make_spec(target_model, tokenizer, "none")
+    spec.decoder.drafters = [TestDrafter(d, delay=0.01) for d in spec.decoder.drafters]
+    spec.decoder.eos_token_ids = frozenset()
+    with running(spec, request_timeout=0.5) as server:
+        t0 = time.monotonic()
+        status, _, body = http_call(server, "POST", "/v1/completions", _body(stream=False, max_tokens=LONG))
+        assert status == 504 and body["error"]["code"] == "timeout" and "--request-timeout" in body["error"]["message"]
+        assert time.monotonic() - t0 < 5
+        wait_for(lambda: _idle(server))
+        status, _, body = http_call(server, "POST", "/v1/completions", _body(stream=False, max_tokens=4))
+        assert status == 200 and body["usage"]["completion_tokens"] == 4  # short requests still fit
+
+
+def test_serving_metrics_latency_goodput_and_batch(slow_server):
+    before = scrape(slow_server)
+    conns = [_open(slow_server, {"model": MODEL, "prompt": f"w{10 + i} w20", "max_tokens": 12, "temperature": 0})
+             for i in range(3)]
+    assert all(c.getresponse().status == 200 for c in conns)
+    wait_for(lambda: _idle(slow_server))
+    after = scrape(slow_server)
+
+    def delta(name):
+        return after.get((name, ()), 0.0) - before.get((name, ()), 0.0)
+
+    assert delta("specula_time_to_first_token_seconds_count") == 3
+    assert delta("specula_inter_token_latency_seconds_count") > 0
+    assert delta("specula_request_drafted_tokens_count") == 3 and delta("specula_request_accepted_tokens_count") == 3
+    assert after[("specula_goodput_tokens_per_second", ())] > 0
+    assert ("specula_speculation_off_by_load_total", ()) in after
+    assert delta("specula_batch_size_sum") > delta("specula_batch_size_count")  # some steps held > 1 request

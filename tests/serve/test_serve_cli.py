@@ -93,3 +93,67 @@ def test_cli_bad_arguments_fail_in_one_line(model_dir, capsys, args, message):
     assert main(["serve", "--target", str(model_dir), *args]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error:") and message in err and len(err.splitlines()) == 1
+
+
+SLOW_SERVER = """
+import sys
+sys.path[:0] = {paths!r}
+from serve_helpers import MODEL, TestDrafter, make_spec, make_tokenizer
+from tiny import tiny_model
+from specula.serve import ServerConfig, create_server
+spec = make_spec(tiny_model("qwen2", seed=3), make_tokenizer(), "none")
+spec.decoder.drafters = [TestDrafter(d, delay=0.02) for d in spec.decoder.drafters]
+spec.decoder.eos_token_ids = frozenset()
+server = create_server(spec, ServerConfig(model_name=MODEL, port=0, shutdown_timeout={deadline}))
+print("listening on " + server.url, file=sys.stderr, flush=True)
+server.serve_forever()
+print("exited cleanly", file=sys.stderr, flush=True)
+"""
+
+
+def _slow_server_process(deadline: float) -> tuple[subprocess.Popen, str]:
+    here = os.path.dirname(os.path.abspath(__file__))
+    code = SLOW_SERVER.format(paths=[here, os.path.dirname(here)], deadline=deadline)
+    proc = subprocess.Popen([sys.executable, "-c", code], stderr=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                            text=True, env=_env())
+    return proc, _wait_listening(proc)
+
+
+@pytest.mark.parametrize("deadline,finishes", [(30.0, True), (0.5, False)])
+def test_sigterm_shuts_down_gracefully(deadline, finishes):
+    """SIGTERM with a streamed generation in flight (about 2 s left): the server stops accepting at
+    once, the stream finishes within the deadline (or is cut at it), and the process exits 0."""
+    import http.client
+    import json
+    import signal
+
+    proc, url = _slow_server_process(deadline)
+    try:
+        port = int(url.rsplit(":", 1)[1])
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+        conn.request("POST", "/v1/completions", json.dumps({"model": "tiny-qwen2", "prompt": "w60 w61", "max_tokens": 100,
+                                                            "temperature": 0, "stream": True,
+                                                            "stream_options": {"include_usage": True}}),
+                     {"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        assert resp.status == 200 and resp.readline()  # generating
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        time.sleep(0.3)
+        with pytest.raises(OSError):  # no longer accepting
+            http.client.HTTPConnection("127.0.0.1", port, timeout=5).request("GET", "/health")
+        try:
+            body = resp.read().decode()
+        except http.client.IncompleteRead as exc:  # cut at the deadline
+            body = exc.partial.decode()
+        events = [line for line in body.splitlines() if line.startswith("data: {")]
+        assert body.endswith("data: [DONE]\n\n") == finishes
+        if finishes:  # every token arrived
+            assert json.loads(events[-1][len("data: "):])["usage"]["completion_tokens"] == 100
+        assert proc.wait(timeout=60) == 0
+        assert time.monotonic() - t0 < deadline + 10
+        assert "exited cleanly" in proc.stderr.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
