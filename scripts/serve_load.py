@@ -3,8 +3,10 @@
 Starts the server as a subprocess for each configuration, drives it with the official `openai`
 client at the given concurrencies over Spec-Bench prompts (first turns, streamed chat
 completions), and reports throughput, time to first token and inter-token latency percentiles,
-errors, and whether every greedy answer equals the one-at-a-time plain server's (the first
-configuration is the reference). Writes a JSON file and prints a Markdown table.
+errors, and whether every greedy answer equals plain decoding's (the first configuration,
+`none:1` by default: plain decoding one request at a time, is the reference), plus from the
+server's /metrics the mean batch size and the request-steps on which speculation was switched off
+by load. Writes a JSON file and prints a Markdown table.
 
     python scripts/serve_load.py --target smollm2-135m --requests 32 --concurrency 1,4,8 \
         --configs "none:1,none:8,fusion:1,fusion:8" --max-tokens 64 --out runs/serve-load.json
@@ -89,6 +91,17 @@ def pct(values: list[float], q: float) -> float | None:
     return values[min(len(values) - 1, int(round(q * (len(values) - 1))))]
 
 
+def scrape(url: str) -> dict[str, float]:
+    """Unlabelled samples of the server's /metrics."""
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(url + "/metrics", timeout=30) as r:
+        text = r.read().decode()
+    return {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples if not s.labels}
+
+
 def drive(url: str, model: str, items: list[str], concurrency: int, max_tokens: int, temperature: float) -> dict:
     from openai import OpenAI
 
@@ -137,7 +150,14 @@ def main() -> int:
         try:
             for c in (int(x) for x in args.concurrency.split(",")):
                 print(f"{method} batch {batch} concurrency {c} ...", file=sys.stderr, flush=True)
+                before = scrape(url)
                 r = drive(url, args.target, items, c, args.max_tokens, args.temperature)
+                after = scrape(url)
+                delta = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
+                r["mean_batch_size"] = delta["specula_batch_size_sum"] / max(1.0, delta["specula_batch_size_count"])
+                r["speculation_off_by_load"] = delta.get("specula_speculation_off_by_load_total", 0.0)
+                r["drafted_tokens"] = delta.get("specula_drafted_tokens_total", 0.0)
+                r["accepted_tokens"] = delta.get("specula_accepted_tokens_total", 0.0)
                 if reference is None:
                     reference = r["texts"]
                 r["identical_to_reference"] = (sum(r["texts"].get(i) == t for i, t in reference.items())
@@ -149,14 +169,16 @@ def main() -> int:
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps({"args": vars(args), "rows": [{k: v for k, v in r.items() if k != "texts"}
                                                                         for r in rows]}, indent=1))
-    print("| server | concurrency | tokens/s | TTFT p50 / p99 (s) | per-token p50 / p99 (ms) | errors | identical |")
-    print("|---|---|---|---|---|---|---|")
+    print("| server | concurrency | tokens/s | TTFT p50 / p99 (s) | per-token p50 / p99 (ms) | mean batch | "
+          "accepted / drafted | off by load | errors | identical |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     f = lambda v, k=1.0: "-" if v is None else f"{v * k:.2f}"  # noqa: E731
     for r in rows:
         same = "-" if r["identical_to_reference"] is None else f"{r['identical_to_reference']:.0%}"
         print(f"| `{r['method']}` batch {r['max_batch_size']} | {r['concurrency']} | {r['tokens_per_s']:.1f} | "
               f"{f(r['ttft_p50'])} / {f(r['ttft_p99'])} | {f(r['per_token_p50'], 1e3)} / {f(r['per_token_p99'], 1e3)} | "
-              f"{len(r['errors'])} | {same} |")
+              f"{r['mean_batch_size']:.1f} | {r['accepted_tokens']:.0f} / {r['drafted_tokens']:.0f} | "
+              f"{r['speculation_off_by_load']:.0f} | {len(r['errors'])} | {same} |")
     return 0
 
 

@@ -7,8 +7,8 @@ bookkeeping follow B. So the model is measured as a table: for each batch size b
 sequences verifying n tokens each (b * n tokens in all), and read as
 
     latency(b, total)   piecewise-linear in `total` on each measured b (extended with the last
-                        segment's slope), linear in b between measured batch sizes, the largest
-                        measured b carrying on beyond it.
+                        segment's slope), linear in b between measured batch sizes; beyond the
+                        largest measured b, as several such batches side by side.
 
     measure_batch_curve       time it (`specula profile --batch-sizes`)
     load_or_measure_batch_curve   the same, cached on disk per backend `cost_key()`
@@ -75,7 +75,10 @@ class BatchCostCurve:
         """Seconds for one pass of `batch` sequences and `total` tokens in all."""
         sizes = self.batch_sizes
         row = lambda i: _interpolate(self.totals[i], self.seconds[i], total)  # noqa: E731
-        if batch >= sizes[-1]:
+        if batch > sizes[-1]:  # beyond the table: as that many largest batches side by side
+            scale = batch / sizes[-1]
+            return scale * _interpolate(self.totals[-1], self.seconds[-1], total / scale)
+        if batch == sizes[-1]:
             return row(len(sizes) - 1)
         i = bisect.bisect_left(sizes, batch)
         if sizes[i] == batch:

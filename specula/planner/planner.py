@@ -84,8 +84,8 @@ class PlannerConfig:
     `calibration.prior_strength` pseudo-trials): optimistic, so a drafter with no data is tried,
     and its real acceptance and cost are learned within a few steps."""
     load_probe_every: int = 8
-    """Under load, after two batch steps on which the goodput plan gave no session a node, drafting
-    is skipped at that batch size except on every this-many-th step (a probe: does it pay again?)."""
+    """Under load, after two batch steps on which the goodput plan gave a request no node, that
+    request skips drafting except on every this-many-th step (a probe: does it pay again?)."""
 
 
 @dataclass
@@ -107,6 +107,8 @@ class PlannerState:
     off_by_load: int = 0
     """Steps on which this request had a tree worth verifying alone but the batch's goodput plan
     gave it no node (speculation switched off by load)."""
+    load_idle: int = 0
+    """Consecutive batch steps on which the goodput plan gave this request no node."""
     projected: list[float] = field(default_factory=lambda: [0, 0.0, 0.0, 0])
     """Steps, expected tokens, expected seconds (on the unscaled curve), nodes chosen."""
     last_plan: dict = field(default_factory=dict)
@@ -161,7 +163,6 @@ class HardwarePlanner:
         """Latency of packed passes over several sequences (None until a batch needs it; see
         `prepare_batch`)."""
         self.batch_scale = 1.0  # observed / predicted packed-pass seconds (EMA)
-        self._batch_idle: dict[int, int] = {}  # batch size -> consecutive steps the plan gave no node
         if curve is None:
             if target is None:
                 raise ValueError("HardwarePlanner needs a target backend or a measured cost curve")
@@ -178,10 +179,12 @@ class HardwarePlanner:
         return PlannerState()
 
     def should_draft(self, state: PlannerState, batch_size: int = 1) -> bool:
-        """Whether this request drafts this step: not during its back-off pause, nor under a load at
-        which drafts have stopped paying (except on probe steps)."""
-        idle = self._batch_idle.get(batch_size, 0) if batch_size > 1 else 0
-        if idle >= 2 and idle % self.config.load_probe_every:
+        """Whether this request drafts this step: not during its back-off pause, nor while it shares
+        a batch at a load where its drafts have stopped paying (except on probe steps)."""
+        if batch_size == 1:
+            state.load_idle = 0
+        elif state.load_idle >= 2 and state.load_idle % self.config.load_probe_every:
+            state.load_idle += 1  # no drafts, no node: still idle
             return False
         state.skipped = state.skip > 0
         if state.skipped:
@@ -326,7 +329,7 @@ class HardwarePlanner:
         bonus) per request. One request, or a backend that does not pack sequences, plans each
         request alone (`plan`)."""
         if len(requests) > 1 and self.batch_curve is None:
-            self.prepare_batch(len(requests))
+            self.prepare_batch(max(len(requests), DEFAULT_BATCH_SIZES[-1]))
         if len(requests) == 1 or self.batch_curve is None:
             return [self.plan(*request) for request in requests]
         batch = len(requests)
@@ -351,10 +354,11 @@ class HardwarePlanner:
             ordered.append([probs[i] for i in order])
         counts, expected, rate = choose_batch(ordered, fixed_tokens, fixed_expected, drafting,
                                               lambda total: self.batch_seconds(batch, total), self.config.min_gain)
-        any_nodes = sum(counts) > 0 or fixed_tokens > batch
-        self._batch_idle[batch] = 0 if any_nodes else self._batch_idle.get(batch, 0) + 1
         out: list[tuple[Proposal, float]] = []
-        for (_, _, state, draft_seconds), proposal, order, probs, n in zip(requests, merged, orders, ordered, counts):
+        for (proposals, _, state, draft_seconds), proposal, order, probs, n in zip(requests, merged, orders, ordered,
+                                                                                  counts):
+            if proposals:  # it drafted (a request that skipped drafting counted its idle step already)
+                state.load_idle = 0 if n or len(proposal.tree) and not order else state.load_idle + 1
             if not order:  # nothing to size: empty, or a sampled tree verified whole
                 predicted = 1.0 + (sum(self.estimate(proposal)) if len(proposal.tree) else 0.0)
                 out.append((proposal, predicted))

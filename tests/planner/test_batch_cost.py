@@ -21,7 +21,7 @@ def test_latency_interpolates_in_tokens_and_batch_size():
     assert CURVE.latency(2, 6) == pytest.approx(2.1)  # between totals 4 and 8
     assert CURVE.latency(4, 20) == pytest.approx(4.4 + 0.2 * 4)  # beyond: the last slope
     assert CURVE.latency(3, 8) == pytest.approx(0.5 * 2.5 + 0.5 * 2.8)  # between batch sizes 2 and 4
-    assert CURVE.latency(9, 16) == pytest.approx(4.4)  # beyond the largest batch: its row
+    assert CURVE.latency(8, 32) == pytest.approx(2 * 4.4)  # beyond the largest batch: two of them side by side
     assert BatchCostCurve.from_dict(json.loads(json.dumps(CURVE.to_dict()))) == CURVE
 
 

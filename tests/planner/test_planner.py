@@ -407,17 +407,22 @@ def test_batch_plan_switches_speculation_off_when_the_load_makes_it_lose():
 
 
 def test_under_a_load_where_drafts_lose_drafting_pauses_and_probes():
-    planner = HardwarePlanner(curve=STEEP, batch_curve=batch_table(1.0))
-    states = [planner.new_state() for _ in range(2)]
+    """A request whose drafts the batch plan keeps refusing stops drafting after two such steps and
+    probes every 8th step; a request in the same batch whose drafts pay keeps drafting."""
+    planner = HardwarePlanner(curve=STEEP, batch_curve=batch_table(0.3))
+    poor, good = planner.new_state(), planner.new_state()
     drafted = []
     for _ in range(20):
-        drafting = [planner.should_draft(s, batch_size=2) for s in states]
-        drafted.append(drafting[0])
-        proposals = [[Proposal(wide_tree())] if d else [] for d in drafting]
-        planner.plan_batch([(p, BUDGET, s, 0.0) for p, s in zip(proposals, states)])
-    # two losing steps, then drafting only on every 8th step (probes)
-    assert drafted[:2] == [True, True] and drafted.count(True) == 4 and drafted[8] and drafted[16]
-    assert all(planner.should_draft(s, batch_size=1) for s in states)  # alone, drafting goes on
+        drafting = [planner.should_draft(s, batch_size=2) for s in (poor, good)]
+        drafted.append(drafting)
+        proposals = [[Proposal(chain([5, 6], 0.02, "prompt-lookup"))] if drafting[0] else [],
+                     [Proposal(chain([7, 8, 9], 0.99, "draft-model"))] if drafting[1] else []]
+        plans = planner.plan_batch([(p, BUDGET, s, 0.0) for p, s in zip(proposals, (poor, good))])
+        assert len(plans[0][0].tree) == 0
+    poor_drafted = [d[0] for d in drafted]
+    assert poor_drafted[:2] == [True, True] and poor_drafted.count(True) == 4 and poor_drafted[8] and poor_drafted[16]
+    assert all(d[1] for d in drafted)  # the confident one drafts every step
+    assert planner.should_draft(poor, batch_size=1)  # alone again, drafting resumes at once
 
 
 @pytest.mark.parametrize("per_token", [0.001, 0.3])

@@ -86,6 +86,8 @@ def test_cli_serves_a_model_directory(model_dir, llama, tokenizer):
     (["--max-body-bytes", "10"], "--max-body-bytes must be at least 1024"),
     (["--method", "nope"], "unknown method 'nope'"),
     (["--api-key", ""], "--api-key is empty"),
+    (["--request-timeout", "-1"], "--request-timeout must be positive"),
+    (["--shutdown-timeout", "-1"], "--shutdown-timeout must be >= 0"),
 ])
 def test_cli_bad_arguments_fail_in_one_line(model_dir, capsys, args, message):
     from specula.cli import main
