@@ -77,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"{n:>8} {1000 * s:>10.2f} {r:>7.2f}")
     if batch_sizes is not None:
         batch = payload["batch"]
-        per_seq = [t // batch["batch_sizes"][0] for t in batch["totals"][0]]
+        per_seq = batch["totals"][0]  # the b = 1 row: tokens per sequence
         print(f"\npacked passes (ms) of b sequences x n tokens each (context {batch['context']}):")
         print(f"{'b':>4} " + " ".join(f"{'n=' + str(n):>9}" for n in per_seq) + f" {'ms/token at n=1':>16}")
         for b, secs in zip(batch["batch_sizes"], batch["seconds"]):

@@ -336,6 +336,7 @@ class HardwarePlanner:
         merged: list[Proposal] = []
         ordered: list[list[float]] = []
         orders: list[list[int]] = []
+        whole: list[float] = []  # per request: expected accepted tokens of a tree verified whole (bonus incl.)
         fixed_tokens, fixed_expected, drafting = batch, float(batch), 0.0
         for proposals, budget, state, draft_seconds in requests:
             proposal = merge_proposals(proposals, self.config.rasd_min_prob).limit(budget)
@@ -343,9 +344,11 @@ class HardwarePlanner:
             drafting += self._drafting_seconds(draft_seconds) if len(proposal.tree) else draft_seconds
             order: list[int] = []
             probs: list[float] = []
+            whole.append(1.0)
             if proposal.sampled and not proposal.tree.is_chain():  # verified as drawn (see `plan`)
+                whole[-1] += sum(self.estimate(proposal))
                 fixed_tokens += len(proposal.tree)
-                fixed_expected += sum(self.estimate(proposal))
+                fixed_expected += whole[-1] - 1.0
             elif len(proposal.tree):
                 probs = self.estimate(proposal)
                 order = proposal.tree.best_first_order(probs)
@@ -355,12 +358,11 @@ class HardwarePlanner:
         counts, expected, rate = choose_batch(ordered, fixed_tokens, fixed_expected, drafting,
                                               lambda total: self.batch_seconds(batch, total), self.config.min_gain)
         out: list[tuple[Proposal, float]] = []
-        for (proposals, _, state, draft_seconds), proposal, order, probs, n in zip(requests, merged, orders, ordered,
-                                                                                  counts):
+        for (proposals, _, state, draft_seconds), proposal, order, probs, n, predicted in zip(
+                requests, merged, orders, ordered, counts, whole):
             if proposals:  # it drafted (a request that skipped drafting counted its idle step already)
                 state.load_idle = 0 if n or len(proposal.tree) and not order else state.load_idle + 1
             if not order:  # nothing to size: empty, or a sampled tree verified whole
-                predicted = 1.0 + (sum(self.estimate(proposal)) if len(proposal.tree) else 0.0)
                 out.append((proposal, predicted))
                 self._project(state, len(proposal.tree), predicted, draft_seconds)
                 continue

@@ -26,6 +26,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Awaitable, Callable
 
+import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -113,26 +114,18 @@ class _ClientGone(Exception):
     """The client closed its connection."""
 
 
-class _Uvicorn:
+class _Uvicorn(uvicorn.Server):
     """uvicorn's server with signals handled by specula (graceful shutdown, exit status 0)."""
 
-    def __new__(cls, config):  # a subclass made on first use: uvicorn is imported lazily
-        import uvicorn
-
-        class Server(uvicorn.Server):
-            @contextlib.contextmanager
-            def capture_signals(self):  # uvicorn would re-raise SIGTERM after shutdown (exit 143)
-                yield
-
-        return Server(config)
+    @contextlib.contextmanager
+    def capture_signals(self):  # uvicorn would re-raise SIGTERM after shutdown (exit 143)
+        yield
 
 
 class SpeculaServer:
     """The FastAPI app, the uvicorn server on a bound socket, the worker, metrics and config."""
 
     def __init__(self, spec: Specula, config: ServerConfig) -> None:
-        import uvicorn
-
         self.spec = spec
         self.config = config
         self.metrics = ServerMetrics()

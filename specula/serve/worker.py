@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from specula.api import Specula
+from specula.ema import Ema
 from specula.engine import Session, StreamChunk
 from specula.errors import SpeculaError
 from specula.models.loading import encode_prompt
@@ -100,12 +101,13 @@ class Worker:
         self.chat_max_tokens = chat_max_tokens
         self.max_batch_size = max_batch_size
         self.request_timeout = request_timeout
-        self._goodput: float | None = None  # EMA of the batch's tokens per step-second
+        self._goodput = Ema(0.2)  # the batch's tokens per step-second
         planner = spec.decoder.planner
         if planner is not None and max_batch_size > 1:
             log.info("timing packed passes of up to %d sequences (cached after the first run)", max_batch_size)
             planner.prepare_batch(max_batch_size)  # the goodput plan's cost table, before the first batch
         self._queue: "queue.Queue[Job | None]" = queue.Queue(maxsize=max_queue)
+        metrics.queue_depth.set_function(lambda: self.queue_depth)
         self._thread = threading.Thread(target=self._loop, name="specula-worker", daemon=True)
         self._closed = False
         self._thread.start()
@@ -127,13 +129,13 @@ class Worker:
         except queue.Full:
             raise APIError(503, f"the server has {self._queue.maxsize} requests waiting; retry later",
                            type="server_error", code="server_overloaded") from None
-        self.metrics.queue_depth.inc()
         return job
 
     @property
     def queue_depth(self) -> int:
-        """Requests waiting for the model."""
-        return self._queue.qsize()
+        """Requests waiting for the model (the stop sentinel of `close` aside)."""
+        with self._queue.mutex:
+            return sum(job is not None for job in self._queue.queue)
 
     def stop_accepting(self) -> None:
         """New requests get 503 from now on; queued and running ones go on (graceful shutdown)."""
@@ -148,7 +150,6 @@ class Worker:
             except queue.Empty:
                 break
             if job is not None:
-                self.metrics.queue_depth.dec()
                 job.put(APIError(503, "the server is shutting down", type="server_error",
                                  code="server_shutting_down"))
         self._queue.put(None)
@@ -168,7 +169,6 @@ class Worker:
                 if job is None:
                     stopping = True
                     break
-                self.metrics.queue_depth.dec()
                 if job.cancelled.is_set():
                     continue
                 if self._expired(job):
@@ -207,9 +207,7 @@ class Worker:
                         type="server_error", code="timeout")
 
     def _observe_goodput(self, tokens: int, seconds: float) -> None:
-        rate = tokens / max(seconds, 1e-9)
-        self._goodput = rate if self._goodput is None else 0.8 * self._goodput + 0.2 * rate
-        self.metrics.goodput.set(self._goodput)
+        self.metrics.goodput.set(self._goodput.update(tokens / max(seconds, 1e-9)))
 
     def _fail(self, job: Job, exc: Exception) -> None:
         if isinstance(exc, APIError):
