@@ -92,4 +92,12 @@ def load(target: str, draft: str | None = "auto", method: str | None = None,
     if draft is not None and draft != "none":
         draft_lm = load_draft(draft, tokenizer, target_lm, config, target_name=target, quantize=draft_quantize,
                               skip_layers=skip_layers)
+    if method in ("eagle", "medusa", "hydra", "fusion") and drafter_options.get("head") is None:
+        from specula.drafters.heads.shipped import default_head
+
+        found = default_head(target, "eagle" if method == "fusion" else method)
+        if found is not None or method != "fusion":
+            drafter_options["head"] = found
+    if drafter_options.get("head") is not None:
+        drafter_options.setdefault("target_name", target)
     return Specula(target_lm, tokenizer, method, draft_lm, **drafter_options)

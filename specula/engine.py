@@ -28,7 +28,7 @@ from typing import Any, Iterator, Sequence
 
 import torch
 
-from specula.drafters.base import Drafter
+from specula.drafters.base import Drafter, FeatureDrafter
 from specula.errors import ConfigError
 from specula.models.base import TargetModel, TargetSequence, check_context, forward_trees
 from specula.planner import HardwarePlanner, PlannerState, merge_proposals
@@ -132,6 +132,8 @@ class SpeculativeDecoder:
         self.method = method or "+".join(d.name for d in self.drafters) or "none"
         ids = target.eos_token_ids if eos_token_ids is None else eos_token_ids
         self.eos_token_ids = frozenset(int(e) for e in ids)
+        self.hidden = any(isinstance(d, FeatureDrafter) and d.needs_hidden for d in self.drafters)
+        """Some drafter learns from the target's hidden states: passes return them (no extra pass)."""
 
     # ------------------------------------------------------------------ sessions
     def start(self, prompt_ids: Sequence[int], params: SamplingParams = SamplingParams()) -> Session:
@@ -152,8 +154,15 @@ class SpeculativeDecoder:
         session.stats.method = self.method
         session.stats.prompt_tokens = len(prompt)
         try:
-            seq.prefill(prompt[:-1], logits="none")
+            if self.hidden:
+                _, hidden = seq.prefill(prompt[:-1], logits="none", hidden=True)  # hidden: [len(prompt) - 1, E]
+            else:
+                seq.prefill(prompt[:-1], logits="none")
             session.drafter_states = [d.start() for d in self.drafters]
+            if self.hidden:
+                for drafter, state in zip(self.drafters, session.drafter_states):
+                    if isinstance(drafter, FeatureDrafter) and drafter.needs_hidden:
+                        drafter.observe_prompt(prompt, hidden, state)
         except BaseException:
             self.finish(session)
             raise
@@ -182,14 +191,17 @@ class SpeculativeDecoder:
         planned = self._plan(running, failed)
         running = [s for s in running if id(s) not in failed]
         t1 = time.perf_counter()
-        logits = forward_trees(self.target, [(s.seq, s.tokens[-1], p[0].tree) for s, p in zip(running, planned)])
+        outs = forward_trees(self.target, [(s.seq, s.tokens[-1], p[0].tree) for s, p in zip(running, planned)],
+                             hidden=self.hidden)
         pass_seconds = time.perf_counter() - t1
         if self.planner is not None and len(running) > 1:
             self.planner.observe_batch(len(running), sum(len(p.tree) + 1 for p, _ in planned), pass_seconds)
         chunks: dict[int, StreamChunk] = {}
-        for s, (proposal, draft_seconds), rows in zip(running, planned, logits):
+        for s, (proposal, draft_seconds), out in zip(running, planned, outs):
+            rows, hidden = out if self.hidden else (out, None)
             try:
-                chunks[id(s)] = self._conclude(s, proposal, rows, draft_seconds, pass_seconds, batched=len(running) > 1)
+                chunks[id(s)] = self._conclude(s, proposal, rows, draft_seconds, pass_seconds, batched=len(running) > 1,
+                                               hidden=hidden)
             except Exception as exc:  # this session's rule or bookkeeping: it alone fails
                 failed[id(s)] = exc
         for s in sessions:
@@ -273,9 +285,10 @@ class SpeculativeDecoder:
         return proposals, budget, time.perf_counter() - t0
 
     def _conclude(self, session: Session, proposal: Proposal, logits: torch.Tensor, draft_seconds: float,
-                  pass_seconds: float, batched: bool = False) -> StreamChunk:
+                  pass_seconds: float, batched: bool = False, hidden: torch.Tensor | None = None) -> StreamChunk:
         """The rule accepts, the cache commits, drafters and planner observe; the step's chunk.
-        `logits` [n + 1, vocab] came from a pass of `pass_seconds`."""
+        `logits` [n + 1, vocab] (and `hidden` [n + 1, E] when a drafter asked) came from a pass of
+        `pass_seconds`."""
         target, planner, stats, tokens = self.target, self.planner, session.stats, session.tokens
         t1 = time.perf_counter()
         result = self._verify(proposal, logits, session)
@@ -284,7 +297,7 @@ class SpeculativeDecoder:
 
         session.seq.commit(result.path)
         t3 = time.perf_counter()
-        step = StepResult(tokens[-1], proposal, result.path, result.next_token, logits)
+        step = StepResult(tokens[-1], proposal, result.path, result.next_token, logits, hidden)
         for drafter, state in zip(self.drafters, session.drafter_states):
             drafter.observe(step, state)
         if planner is not None:

@@ -15,3 +15,8 @@ class ModelNotFoundError(SpeculaError):
 
 class IncompatibleModelsError(SpeculaError):
     """Draft and target disagree on tokenizer / vocabulary."""
+
+
+class HeadFileError(SpeculaError):
+    """A trained head file that cannot be used: missing, truncated, corrupted, or made for another
+    target or vocabulary."""

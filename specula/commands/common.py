@@ -91,6 +91,9 @@ def add_method_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--tree-nodes", type=int, default=None, help="draft-tree: most nodes proposed (default 24)")
     g.add_argument("--datastore", metavar="FILE", default=None,
                    help="rest: datastore file built with `specula datastore build` (same tokenizer as the target)")
+    g.add_argument("--head", metavar="FILE", default=None,
+                   help="eagle / medusa / hydra (and fusion): a trained head file (`specula train`); default: the "
+                        "head installed for the target by `specula models install`, if any")
     g.add_argument("--recycling-state", metavar="FILE", default=None,
                    help="token-recycling: matrix file loaded at start if present and saved after each request (hot start)")
 
@@ -131,14 +134,29 @@ def drafter_options(args: argparse.Namespace, method: str) -> dict:
     elif method == "draft-tree":
         options.update(tree_sampling=args.tree_sampling, tree_verifier=args.tree_verifier, tree_top_k=args.tree_top_k,
                        tree_depth=args.tree_depth, tree_nodes=args.tree_nodes)
+    elif method in ("eagle", "medusa", "hydra"):
+        options.update(head=_head(args, method), target_name=args.target, tree_sampling=args.tree_sampling, tree_verifier=args.tree_verifier,
+                       tree_top_k=args.tree_top_k, tree_depth=args.tree_depth, tree_nodes=args.tree_nodes)
     elif method == "fusion":
         options.update(num_draft_tokens=args.num_draft_tokens, datastore=args.datastore,
-                       recycling_state=args.recycling_state)
+                       recycling_state=args.recycling_state, head=_head(args, "eagle"), target_name=args.target)
     elif method == "rest":
         options["datastore"] = args.datastore
     elif method == "token-recycling":
         options["recycling_state"] = args.recycling_state
     return options
+
+
+def _head(args: argparse.Namespace, kind: str):
+    """--head, else the head of `kind` installed for the target (`specula models install`), else None."""
+    if getattr(args, "head", None):
+        from specula.drafters.heads.file import read_head
+
+        read_head(args.head)  # a bad file fails here, before any model is loaded
+        return args.head
+    from specula.drafters.heads.shipped import default_head
+
+    return default_head(getattr(args, "target", None), kind)
 
 
 def planner_from_args(args: argparse.Namespace):

@@ -106,6 +106,10 @@ def install_models(args: argparse.Namespace) -> int:
         start = time.perf_counter()
         result = install(alias, progress=progress)
         total = time.perf_counter() - start
+        from specula.drafters.heads.shipped import install_heads
+
+        for head in install_heads(alias):
+            print(f"{alias}: trained head {head.stem} verified and installed at {head}")
         if not (result.pip_ran or result.assembled or result.converted):
             print(f"{alias}: already installed at {result.model_dir}")
             continue

@@ -20,6 +20,9 @@ MODULES: dict[str, str] = {
     "token-recycling": "specula.drafters.token_recycling",
     "rest": "specula.drafters.rest",
     "layer-skip": "specula.drafters.layer_skip",
+    "eagle": "specula.drafters.eagle",
+    "medusa": "specula.drafters.medusa",
+    "hydra": "specula.drafters.hydra",
 }
 """Method name (as in `--method`) -> module defining `create`."""
 
@@ -58,8 +61,12 @@ def make_drafter(method: str, *, target=None, draft=None, tokenizer=None, **opti
 
 
 def make_drafters(method: str, *, target=None, draft=None, tokenizer=None, datastore: str | None = None,
-                  recycling_state: str | None = None, num_draft_tokens: int | None = None, **options) -> list:
+                  recycling_state: str | None = None, num_draft_tokens: int | None = None, head=None,
+                  target_name: str | None = None, **options) -> list:
     """The drafters of a method: one for a drafter family, several for `fusion`.
+
+    `head`: a trained head file (or loaded head) for eagle / medusa / hydra; fusion adds it as one
+    more drafter (whatever its kind) when given.
 
     fusion = the model-free drafters first (prompt lookup, REST when a `datastore` is given, token
     recycling), then the draft model when `draft` is given (greedy candidates, adaptive: it drafts
@@ -80,16 +87,22 @@ def make_drafters(method: str, *, target=None, draft=None, tokenizer=None, datas
                                  **skip_options, **options)]
         draft = None
     if method != FUSION:
-        given = {"datastore": datastore, "recycling_state": recycling_state, "num_draft_tokens": num_draft_tokens}
+        given = {"datastore": datastore, "recycling_state": recycling_state, "num_draft_tokens": num_draft_tokens,
+                 "head": head, "target_name": target_name if head is not None else None}
         return [make_drafter(method, target=target, draft=draft, tokenizer=tokenizer, **given, **options)]
     if options:
         raise ConfigError(f"method fusion does not take {', '.join(sorted(options))}; its options are "
-                          "datastore, num_draft_tokens, recycling_state")
+                          "datastore, head, num_draft_tokens, recycling_state")
     drafters = [make_drafter("prompt-lookup")]
     if datastore:
         drafters.append(make_drafter("rest", target=target, datastore=datastore, tokenizer=tokenizer))
     drafters.append(make_drafter("token-recycling", target=target, recycling_state=recycling_state,
                                  tokenizer=tokenizer))
+    if head is not None:
+        from specula.drafters.heads.runtime import TrainedHead, read_kind
+
+        kind = head.kind if isinstance(head, TrainedHead) else read_kind(head)
+        drafters.append(make_drafter(kind, target=target, head=head, target_name=target_name))
     if skipping:
         drafters.append(make_drafter("layer-skip", target=target, num_draft_tokens=num_draft_tokens,
                                      **skip_options))

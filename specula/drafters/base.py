@@ -18,7 +18,7 @@ from typing import Any, Protocol, TypeVar, runtime_checkable
 from specula.errors import ConfigError
 from specula.step import DraftBudget, DraftContext, Proposal, StepResult
 
-__all__ = ["DraftBudget", "DraftContext", "Drafter", "Proposal", "StepResult", "method_config"]
+__all__ = ["DraftBudget", "DraftContext", "Drafter", "FeatureDrafter", "Proposal", "StepResult", "method_config"]
 
 
 @runtime_checkable
@@ -42,6 +42,21 @@ class Drafter(Protocol):
 
     def finish(self, state: Any) -> None:
         """The request ended: free its state (e.g. the draft model's KV cache)."""
+        ...
+
+
+@runtime_checkable
+class FeatureDrafter(Protocol):
+    """A drafter that reads the target's hidden states (trained heads): when `needs_hidden`, the
+    engine asks the target's passes for them (same pass, `models.base.FeatureModel`), hands it the
+    prompt's after prefill (`observe_prompt`) and every step's in `StepResult.hidden`."""
+
+    needs_hidden: bool
+    """True when this drafter wants hidden states now."""
+
+    def observe_prompt(self, prompt: list[int], hidden: Any, state: Any) -> None:
+        """The prompt was prefilled: `hidden` [len(prompt) - 1, E] are the target's last hidden states
+        of every prompt token but the last (the first step's root)."""
         ...
 
 

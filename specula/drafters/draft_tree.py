@@ -177,6 +177,17 @@ class _TreeState:
             self.seq.commit(self.side.commit_path(accepted))
             self.side = None
 
+    vocab_index = None
+    """Token id of each logit index ([V_draft] long), or None: logit index = token id."""
+
+    @staticmethod
+    def token_ids(indices: Sequence[int]) -> list[int]:
+        """Logit indices -> token ids (a draft model predicts over the target's vocabulary)."""
+        return [int(i) for i in indices]
+
+    def release(self) -> None:
+        self.seq.release()
+
 
 class DraftTreeDrafter:
     """Dynamic token trees from a smaller causal LM (see the module docstring)."""
@@ -192,18 +203,30 @@ class DraftTreeDrafter:
         """Bytes of the draft model's weights (its per-request KV caches come on top)."""
         return self.draft.weight_bytes
 
+    @property
+    def max_context(self) -> int:
+        """Most tokens the drafting state can hold (committed tokens + the nodes it ran)."""
+        return self.draft.max_context
+
+    @property
+    def vocab_size(self) -> int:
+        """Width of the proposal's q rows (the target's token ids)."""
+        return self.draft.vocab_size
+
     # ------------------------------------------------------------------ protocol
     def start(self) -> _TreeState:
         return _TreeState(self.draft.new_sequence())
 
     def propose(self, ctx: DraftContext, state: _TreeState) -> Proposal:
         cfg = self.config
-        room = self.draft.max_context - len(ctx.tokens)  # the draft cache holds tokens + the nodes it ran
+        room = self.max_context - len(ctx.tokens)  # the draft cache holds tokens + the nodes it ran
         budget = min(cfg.tree_nodes, ctx.budget.max_nodes, room)
         depth = min(cfg.tree_depth, ctx.budget.max_depth)
         if budget <= 0 or depth <= 0:
             return Proposal.empty()
         root_logits = state.begin(ctx.tokens)
+        if root_logits is None:  # nothing to draft from yet
+            return Proposal.empty()
         mode = "deterministic" if ctx.params.greedy else cfg.tree_sampling
         if mode == "beam":
             return self._beam(state, root_logits, ctx, budget, depth)
@@ -213,7 +236,7 @@ class DraftTreeDrafter:
         state.finish(step.accepted_tokens)
 
     def finish(self, state: _TreeState) -> None:
-        state.seq.release()
+        state.release()
 
     # ------------------------------------------------------------------ expansion
     @staticmethod
@@ -249,7 +272,7 @@ class DraftTreeDrafter:
                     support = int((q > 0).sum())
                     kids = q.topk(min(cfg.tree_top_k, support)).indices.tolist()
                 probs = q[kids].tolist()
-                for tok, prob in zip(kids, probs):
+                for tok, prob in zip(state.token_ids(kids), probs):
                     tokens.append(int(tok))
                     parents.append(node)
                     scores.append(score * prob)
@@ -265,7 +288,7 @@ class DraftTreeDrafter:
         tree = TokenTree.build(tokens, parents, edges, self.name)
         if not sampled:
             return Proposal(tree.top_nodes(budget))
-        return Proposal(tree, self._stack(q_rows, len(tree), root_logits), self.config.sibling_mode)
+        return Proposal(tree, self._stack(q_rows, len(tree), state), self.config.sibling_mode)
 
     def _frontier(self, new: list[int], tokens: list[int], parents: list[int], scores: list[float],
                   dedupe: bool) -> list[int]:
@@ -306,7 +329,8 @@ class DraftTreeDrafter:
                 top = keys.topk(min(w, int((q > 0).sum())))
                 g_child = truncated_child_scores(g_parent, top.values, float(top.values[0]))
                 log_q = q[top.indices].double().log()
-                for rank, (g, tok, lq) in enumerate(zip(g_child.tolist(), top.indices.tolist(), log_q.tolist())):
+                kids = state.token_ids(top.indices.tolist())
+                for rank, (g, tok, lq) in enumerate(zip(g_child.tolist(), kids, log_q.tolist())):
                     candidates.append((g, b, rank, int(tok), log_path + lq, lq))
             chosen = sorted(sorted(candidates, key=lambda c: -c[0])[:w], key=lambda c: (c[1], c[2]))
             new_beams = []
@@ -322,14 +346,18 @@ class DraftTreeDrafter:
             logits = state.feed([n for n, _, _ in new_beams], tokens, parents)
             beams = [(n, logits[j], g, lp) for j, (n, g, lp) in enumerate(new_beams)]
         tree = TokenTree.build(tokens, parents, edges, self.name)
-        return Proposal(tree, self._stack(q_rows, len(tree), root_logits), "without_replacement")
+        return Proposal(tree, self._stack(q_rows, len(tree), state), "without_replacement")
 
-    @staticmethod
-    def _stack(q_rows: dict[int, torch.Tensor], n: int, like: torch.Tensor) -> torch.Tensor:
-        """q for the proposal: [n + 1, vocab], zeros in rows without children (unused)."""
-        q = torch.zeros((n + 1, like.shape[-1]), dtype=torch.float32)
+    def _stack(self, q_rows: dict[int, torch.Tensor], n: int, state) -> torch.Tensor:
+        """q for the proposal: [n + 1, vocab] over the target's token ids (a reduced draft
+        vocabulary's rows scattered back, zero elsewhere), zeros in rows without children."""
+        width = max(self.vocab_size, *(len(d) for d in q_rows.values())) if q_rows else self.vocab_size
+        q = torch.zeros((n + 1, width), dtype=torch.float32)
         for row, dist in q_rows.items():
-            q[row] = dist
+            if state.vocab_index is None:
+                q[row, : len(dist)] = dist.float()
+            else:
+                q[row, state.vocab_index] = dist.float()
         return q
 
 

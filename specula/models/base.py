@@ -51,13 +51,15 @@ class TargetSequence(Protocol):
         """The committed tokens the cache holds, in order (read-only)."""
         ...
 
-    def prefill(self, ids: Sequence[int], logits: LogitsMode = "last") -> torch.Tensor | None:
-        """Run `ids` causally after the cache and commit them."""
+    def prefill(self, ids: Sequence[int], logits: LogitsMode = "last", hidden: bool = False) -> Any:
+        """Run `ids` causally after the cache and commit them. With `hidden` (backends that are
+        `FeatureModel`s): `(logits, hidden [len(ids), E])`, the last hidden state of every row (the
+        final-normed features the output head reads), from the same pass."""
         ...
 
-    def forward_tree(self, root: int, tree: TokenTree) -> torch.Tensor:
+    def forward_tree(self, root: int, tree: TokenTree, hidden: bool = False) -> Any:
         """Logits [n + 1, vocab] of the root and every node (tree attention); the tree is then
-        pending until `commit`."""
+        pending until `commit`. With `hidden`: `(logits, hidden [n + 1, E])` from the same pass."""
         ...
 
     def forward_tree_incremental(self, tree: TokenTree) -> torch.Tensor:
@@ -120,24 +122,50 @@ class TargetModel(Protocol):
 
 
 @runtime_checkable
+class FeatureModel(Protocol):
+    """A backend whose passes can also return the last hidden state of each row (`hidden=True` on
+    `prefill`, `forward_tree`, `forward_trees`) and that shares its token embedding and output head,
+    read-only: what trained drafters (EAGLE, Medusa, Hydra heads) need, without reaching into the
+    model object."""
+
+    hidden_size: int
+    """E: width of the hidden states."""
+
+    def embed_tokens(self, ids: torch.Tensor) -> torch.Tensor:
+        """Input embeddings [n, E] of token ids [n] (long)."""
+        ...
+
+    def output_rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """Rows [k, E] of the output head for token ids [k]: logits of those tokens = hidden @ rows.T."""
+        ...
+
+
+@runtime_checkable
 class BatchedTargetModel(Protocol):
     """A backend that verifies the trees of several sequences in one forward pass (continuous
     batching): the rows of every sequence are packed, each attends only to its own cache through
     its own tree mask. Each returned block is what that sequence's `forward_tree` would return
     (bit for bit where the backend's rows are row invariant, `greedy_guarantee == "bitwise"`)."""
 
-    def forward_trees(self, items: Sequence[tuple[TargetSequence, int, TokenTree]]) -> list[torch.Tensor]:
-        """(sequence, root, tree) per sequence -> logits [n_i + 1, vocab] per sequence; every tree is
-        then pending on its sequence until `commit`."""
+    def forward_trees(self, items: Sequence[tuple[TargetSequence, int, TokenTree]], hidden: bool = False) -> list:
+        """(sequence, root, tree) per sequence -> logits [n_i + 1, vocab] per sequence (with `hidden`:
+        `(logits, hidden [n_i + 1, E])` each); every tree is then pending on its sequence until
+        `commit`."""
         ...
 
 
-def forward_trees(target: TargetModel, items: Sequence[tuple[TargetSequence, int, TokenTree]]) -> list[torch.Tensor]:
+def forward_trees(target: TargetModel, items: Sequence[tuple[TargetSequence, int, TokenTree]],
+                  hidden: bool = False) -> list:
     """Verify several sequences' trees: one packed pass where the backend batches
-    (`BatchedTargetModel`), else one `forward_tree` per sequence."""
+    (`BatchedTargetModel`), else one `forward_tree` per sequence. With `hidden` (a `FeatureModel`
+    backend), each item's result is `(logits, hidden states)`."""
+    if hidden and not isinstance(target, FeatureModel):
+        raise ConfigError(f"{target.name} cannot return hidden states (trained drafters need them): "
+                          "use the native or hf backend")
     if len(items) > 1 and isinstance(target, BatchedTargetModel):
-        return target.forward_trees(items)
-    return [seq.forward_tree(root, tree) for seq, root, tree in items]
+        return target.forward_trees(items, hidden=hidden) if hidden else target.forward_trees(items)
+    return [seq.forward_tree(root, tree, hidden=True) if hidden else seq.forward_tree(root, tree)
+            for seq, root, tree in items]
 
 
 @runtime_checkable

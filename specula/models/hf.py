@@ -133,9 +133,10 @@ class HFCausalLM:
 
     @torch.inference_mode()
     def run(self, cache: DynamicCache, ids: Sequence[int], positions: torch.Tensor,
-            mask: torch.Tensor | None, logits_to_keep: int = 0) -> torch.Tensor:
+            mask: torch.Tensor | None, logits_to_keep: int = 0, hidden: bool = False) -> Any:
         """One forward pass of `ids` at `positions` ([len(ids)] long) after `cache`, with an
-        additive 4D `mask` (None: causal); returns logits [kept rows, vocab]."""
+        additive 4D `mask` (None: causal); returns logits [kept rows, vocab] (with `hidden`:
+        (logits, last hidden states [n, E]), the final-normed features the output head reads)."""
         input_ids = torch.tensor([list(ids)], dtype=torch.long, device=self.device)  # [1, n]
         out = self.model(
             input_ids=input_ids,
@@ -144,8 +145,30 @@ class HFCausalLM:
             past_key_values=cache,
             use_cache=True,
             logits_to_keep=logits_to_keep,
+            output_hidden_states=hidden,
         )
-        return out.logits[0]
+        return (out.logits[0], out.hidden_states[-1][0]) if hidden else out.logits[0]
+
+    # ------------------------------------------------------------------ FeatureModel
+    @property
+    def hidden_size(self) -> int:
+        return int(self.config.hidden_size)
+
+    def embed_tokens(self, ids: torch.Tensor) -> torch.Tensor:
+        """[n] long -> [n, E] input embeddings."""
+        with torch.inference_mode():
+            return self.model.get_input_embeddings()(ids.to(self.device))
+
+    def output_rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """[k] long -> [k, E] rows of the output head."""
+        from specula.models.linears import linear_weight
+
+        head = self.model.get_output_embeddings()
+        if head.weight.device.type == "meta":  # a packed kernel: read it back through the head
+            with torch.inference_mode():
+                eye = torch.eye(self.hidden_size, dtype=self.dtype, device=self.device)
+                return head(eye).t()[ids.to(self.device)]
+        return linear_weight(head)[ids.to(self.device)]
 
 
 class HFSequence:
@@ -174,7 +197,7 @@ class HFSequence:
                                f"window of {self.backend.max_context}")
 
     # ------------------------------------------------------------------ forward passes
-    def prefill(self, ids: Sequence[int], logits: LogitsMode = "last") -> torch.Tensor | None:
+    def prefill(self, ids: Sequence[int], logits: LogitsMode = "last", hidden: bool = False) -> Any:
         """Run `ids` causally after the cache and commit them.
 
         logits: "last" -> [vocab] for the last token, "all" -> [len(ids), vocab], "none" -> None."""
@@ -182,22 +205,25 @@ class HFSequence:
             raise RuntimeError("prefill() while a tree is pending: commit() it first")
         ids = list(ids)
         if not ids:
-            return None
+            empty = torch.empty((0, self.backend.hidden_size), dtype=self.backend.dtype, device=self.backend.device)
+            return (None, empty) if hidden else None
         self._assert_room(len(ids))
         start = len(self._tokens)
         positions = torch.arange(start, start + len(ids))
         with causal_prefill():  # every method prefills alike: no batch invariance needed (models/attention.py)
-            out = self.backend.run(self.cache, ids, positions, None, logits_to_keep=0 if logits == "all" else 1)
+            out = self.backend.run(self.cache, ids, positions, None, logits_to_keep=0 if logits == "all" else 1,
+                                   hidden=hidden)
         self._tokens.extend(ids)
-        if logits == "none":
-            return None
-        return out[-1] if logits == "last" else out
+        out, states = out if hidden else (out, None)
+        out = None if logits == "none" else out[-1] if logits == "last" else out
+        return (out, states) if hidden else out
 
-    def forward_tree(self, root: int, tree: TokenTree) -> torch.Tensor:
-        """Logits [n+1, vocab]: row 0 after the root, row i+1 after node i."""
+    def forward_tree(self, root: int, tree: TokenTree, hidden: bool = False) -> Any:
+        """Logits [n+1, vocab]: row 0 after the root, row i+1 after node i (with `hidden`:
+        (logits, hidden states [n + 1, E]))."""
         if self._pending is not None:
             raise RuntimeError("forward_tree() while a tree is pending: commit() it first")
-        return self._run_rows(root, tree, 0)
+        return self._run_rows(root, tree, 0, hidden)
 
     def forward_tree_incremental(self, tree: TokenTree) -> torch.Tensor:
         """Grow the pending tree: `tree` must start with the pending tree's nodes (same tokens
@@ -215,7 +241,7 @@ class HFSequence:
             return torch.empty((0, self.backend.vocab_size), dtype=self.backend.dtype, device=self.backend.device)
         return self._run_rows(root, tree, start + 1)
 
-    def _run_rows(self, root: int, tree: TokenTree, first_row: int) -> torch.Tensor:
+    def _run_rows(self, root: int, tree: TokenTree, first_row: int, hidden: bool = False) -> Any:
         """Run rows first_row.. of (root, tree) (row 0 = root, row i + 1 = node i) after the
         cache, which already holds the rows before first_row; the tree becomes pending."""
         self._assert_room(len(tree) + 1)
@@ -223,9 +249,9 @@ class HFSequence:
         ids = [root, *tree.tokens][first_row:]
         positions = (torch.cat([torch.zeros(1, dtype=torch.long), tree.position_offsets]) + prefix)[first_row:]
         mask = self.backend.tree_mask(prefix, tree)[:, :, first_row:] if len(tree) else None
-        logits = self.backend.run(self.cache, ids, positions, mask)
+        out = self.backend.run(self.cache, ids, positions, mask, hidden=hidden)
         self._pending = (root, tree)
-        return logits
+        return out
 
     def commit(self, path: Sequence[int]) -> None:
         """Keep prefix + root + the accepted `path` (node indices, root to leaf)."""

@@ -98,27 +98,47 @@ class NativeCausalLM:
         return self._reference_model
 
     # ------------------------------------------------------------------ one pass
+    # ------------------------------------------------------------------ FeatureModel
+    @property
+    def hidden_size(self) -> int:
+        return self.config.hidden_size
+
+    def embed_tokens(self, ids: torch.Tensor) -> torch.Tensor:
+        """[n] long -> [n, E] input embeddings."""
+        with torch.inference_mode():
+            return self.decoder.embed(ids.to(self.device))
+
+    def output_rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """[k] long -> [k, E] rows of the output head (the embedding when tied; otherwise read back
+        through the head itself, whatever its kernel: head(I) = W^T)."""
+        ids = ids.to(self.device)
+        with torch.inference_mode():
+            if self.config.tie_embeddings:
+                return self.decoder.embed.weight[ids]
+            eye = torch.eye(self.hidden_size, dtype=self.dtype, device=self.device)  # [E, E]
+            return self.decoder.lm_head(eye).t()[ids]  # [k, E]
+
     def run(self, seq: "NativeSequence", ids: Sequence[int], positions: torch.Tensor, mask: torch.Tensor | None,
             logit_rows: slice | None, prefill: bool = False, *, start: int | None = None,
-            skip: frozenset = frozenset(), trace: dict | None = None) -> torch.Tensor | None:
+            skip: frozenset = frozenset(), trace: dict | None = None, hidden: bool = False) -> Any:
         """Run rows `ids` of one sequence at `positions` ([n] long) from slot `start` (default
         seq.slots) with an attention `mask` ([n, start + n] bool, None for one row), sub-layers
-        `skip` skipped; logits [rows, V] or None."""
+        `skip` skipped; logits [rows, V] or None (with `hidden`: (logits, hidden states [n, E]))."""
         n = len(ids)
         start = seq.slots if start is None else start
         seq.cache.reserve(start + n, start)
         tokens = torch.tensor(list(ids), dtype=torch.long, device=self.device)  # [n]
         mask = None if mask is None else mask.to(self.device)
-        hidden = self.decoder(tokens, positions.to(self.device), [Segment(seq.cache, start, slice(0, n), mask, prefill)],
-                              skip=skip, trace=trace)
-        if logit_rows is None:
-            return None
-        return self.decoder.logits(hidden[logit_rows])
+        states = self.decoder(tokens, positions.to(self.device), [Segment(seq.cache, start, slice(0, n), mask, prefill)],
+                              skip=skip, trace=trace)  # [n, E]
+        logits = None if logit_rows is None else self.decoder.logits(states[logit_rows])
+        return (logits, states) if hidden else logits
 
 
-    def forward_trees(self, items: Sequence[tuple["NativeSequence", int, TokenTree]]) -> list[torch.Tensor]:
+    def forward_trees(self, items: Sequence[tuple["NativeSequence", int, TokenTree]], hidden: bool = False) -> list:
         """Several sequences' trees in one pass (`BatchedTargetModel`): rows packed sequence after
-        sequence, one `Segment` each (its own cache, start slot and tree mask); logits split back."""
+        sequence, one `Segment` each (its own cache, start slot and tree mask); logits split back
+        (with `hidden`: (logits, hidden states) per sequence)."""
         tokens: list[int] = []
         positions, segments, bounds = [], [], []
         for seq, root, tree in items:
@@ -132,10 +152,12 @@ class NativeCausalLM:
             segments.append(Segment(seq.cache, start, slice(first, len(tokens)), mask))
             bounds.append((first, len(tokens)))
         ids = torch.tensor(tokens, dtype=torch.long, device=self.device)  # [T]
-        hidden = self.decoder(ids, torch.cat(positions).to(self.device), segments)  # [T, E]
-        logits = self.decoder.logits(hidden)  # [T, V]
+        states = self.decoder(ids, torch.cat(positions).to(self.device), segments)  # [T, E]
+        logits = self.decoder.logits(states)  # [T, V]
         for seq, root, tree in items:
             seq.set_pending(root, tree)
+        if hidden:
+            return [(logits[a:b], states[a:b]) for a, b in bounds]
         return [logits[a:b] for a, b in bounds]
 
 
@@ -178,22 +200,24 @@ class NativeSequence:
             raise RuntimeError(f"{self.backend.name}: {len(self._tokens) + extra} tokens exceed the context "
                                f"window of {self.backend.max_context}")
 
-    def prefill(self, ids: Sequence[int], logits: LogitsMode = "last") -> torch.Tensor | None:
+    def prefill(self, ids: Sequence[int], logits: LogitsMode = "last", hidden: bool = False) -> Any:
         if self._pending is not None:
             raise RuntimeError("prefill() while a tree is pending: commit() it first")
         ids = list(ids)
         if not ids:
-            return None
+            empty = torch.empty((0, self.backend.hidden_size), dtype=self.backend.dtype, device=self.backend.device)
+            return (None, empty) if hidden else None
         self._assert_room(len(ids))
         start, n = len(self._tokens), len(ids)
         positions = torch.arange(start, start + n)
         mask = None if n == 1 else causal_mask(start, n)
         rows = {"last": slice(n - 1, n), "all": slice(0, n), "none": None}[logits]
-        out = self.backend.run(self, ids, positions, mask, rows, prefill=True)
+        out = self.backend.run(self, ids, positions, mask, rows, prefill=True, hidden=hidden)
         self._tokens.extend(ids)
-        if out is None:
-            return None
-        return out[0] if logits == "last" else out
+        out, states = out if hidden else (out, None)
+        if out is not None and logits == "last":
+            out = out[0]
+        return (out, states) if hidden else out
 
     def begin_tree(self, tree: TokenTree) -> int:
         """Check that a tree can be verified now (none pending, room in the window); its first slot."""
@@ -206,9 +230,10 @@ class NativeSequence:
         """The tree just run (by `forward_tree` or a batched pass) waits for `commit`."""
         self._pending = (root, tree)
 
-    def forward_tree(self, root: int, tree: TokenTree) -> torch.Tensor:
-        """Logits [n + 1, vocab]: row 0 after the root, row i + 1 after node i."""
-        return self.backend.forward_trees([(self, root, tree)])[0]
+    def forward_tree(self, root: int, tree: TokenTree, hidden: bool = False) -> Any:
+        """Logits [n + 1, vocab]: row 0 after the root, row i + 1 after node i (with `hidden`:
+        (logits, hidden states [n + 1, E]))."""
+        return self.backend.forward_trees([(self, root, tree)], hidden=hidden)[0]
 
     def forward_tree_incremental(self, tree: TokenTree) -> torch.Tensor:
         """Grow the pending tree (`tree` starts with its nodes): logits [new nodes, vocab]."""

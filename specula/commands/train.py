@@ -1,0 +1,72 @@
+"""`specula train`: train a drafter head (EAGLE, Medusa, Hydra) for a target by self-distillation.
+
+    specula train --target smollm2-135m --kind eagle --out heads/smollm2
+    specula generate --target smollm2-135m --method eagle --head heads/smollm2/eagle.safetensors "Hi"
+
+The target answers the prompts of --data (JSONL: {"prompt": ...} or {"turns": [...]}; default:
+specula's own training prompts) greedily, its features are cached, the head is trained on the
+target's own distributions with a progress bar, checkpoints are atomic and a second run with the
+same settings resumes; the end prints the held-out acceptance. See docs/training.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from specula.commands.common import (add_attn_arg, add_backend_arg, add_device_args, add_linear_kernel_arg,
+                                     add_quantize_arg, load_config)
+
+
+def register(sub) -> None:
+    p = sub.add_parser("train", help="train a drafter head (eagle, medusa, hydra) for a target",
+                       description="Self-distillation: the target writes the answers, the head learns the target's "
+                                   "own next-token distributions from its cached hidden states.")
+    p.add_argument("--target", required=True, metavar="MODEL", help="the target model (alias, directory, .gguf)")
+    p.add_argument("--kind", choices=("eagle", "medusa", "hydra"), default="eagle", help="head to train (default eagle)")
+    p.add_argument("--data", nargs="+", default=None, metavar="FILE",
+                   help="JSONL prompt files (default: specula/data/training/prompts.jsonl); never a benchmark's prompts")
+    p.add_argument("--out", required=True, metavar="DIR", help="directory for KIND.safetensors, checkpoint.pt, report.json")
+    p.add_argument("--epochs", type=float, default=4.0)
+    p.add_argument("--draft-vocab", type=int, default=8192, metavar="N",
+                   help="reduced draft vocabulary: the corpus's N most frequent tokens (default 8192)")
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--batch-size", type=int, default=8, metavar="N", help="chunks per step (default 8)")
+    p.add_argument("--seq-len", type=int, default=256, metavar="N", help="pairs per chunk (default 256)")
+    p.add_argument("--ttt-steps", type=int, default=2, metavar="N",
+                   help="eagle: training-time-test steps (1 = plain teacher forcing; default 2)")
+    p.add_argument("--num-offsets", type=int, default=4, metavar="K", help="medusa / hydra: heads (default 4)")
+    p.add_argument("--max-new-tokens", type=int, default=160, metavar="N", help="answer length per prompt (default 160)")
+    p.add_argument("--max-minutes", type=float, default=None, metavar="M",
+                   help="stop training after M minutes (checkpointed; rerun to go on)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    add_device_args(p)
+    add_backend_arg(p)
+    add_attn_arg(p)
+    add_quantize_arg(p)
+    add_linear_kernel_arg(p)
+    p.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from specula.models.loading import load_backend
+    from specula.training.corpus import CorpusConfig
+    from specula.training.run import print_report, run_training
+    from specula.training.trainer import TrainConfig
+
+    config = TrainConfig(kind=args.kind, draft_vocab=args.draft_vocab, epochs=args.epochs, lr=args.lr,
+                         batch_size=args.batch_size, seq_len=args.seq_len, ttt_steps=args.ttt_steps,
+                         num_offsets=args.num_offsets, seed=args.seed)
+    corpus = CorpusConfig(max_new_tokens=args.max_new_tokens)
+    target, tokenizer = load_backend(args.target, load_config(args), name="target")
+    report = run_training(target, tokenizer, args.target, Path(args.out), config, args.data or (), corpus,
+                          quiet=args.quiet, max_minutes=args.max_minutes)
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        print_report(report)
+    return 0

@@ -1,0 +1,130 @@
+"""The head file: one safetensors file, checked before anything is loaded.
+
+Tensors: the head's parameters and `d2t` ([V_draft] long: draft token -> target token id, the
+exact mapping back from the reduced vocabulary). Metadata key `specula_head`: JSON with the
+format version, the `HeadConfig`, the target it was trained for (name, logit width, hidden size,
+and a fingerprint: a few values of its output head, so another model of the same shape is
+refused) and the training record (data, steps, time, held-out acceptance). Writes are atomic.
+
+A file that is missing, truncated, not a head, or made for another target raises `HeadFileError`
+with one line naming the fix (the CLI exits 2); nothing is loaded in that case.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from specula.drafters.heads.config import HeadConfig
+from specula.errors import HeadFileError
+
+FORMAT = 1
+META_KEY = "specula_head"
+FINGERPRINT_IDS = tuple(range(0, 64, 8))
+"""Output-head rows sampled for the fingerprint (their first 8 values each)."""
+
+
+@dataclass
+class HeadFile:
+    """A head's weights and what it was made for."""
+
+    config: HeadConfig
+    state: dict[str, torch.Tensor]
+    """Parameters of the head module (float)."""
+    d2t: torch.Tensor
+    """[V_draft] long: target token id of each draft token."""
+    target: dict[str, Any]
+    """name, vocab_size, hidden_size, fingerprint."""
+    training: dict[str, Any] = field(default_factory=dict)
+    """How it was trained (free-form: data, steps, seconds, acceptance)."""
+
+
+def fingerprint(target) -> list[float]:
+    """A few values of the target's output head (`FeatureModel.output_rows`)."""
+    ids = torch.tensor([i for i in FINGERPRINT_IDS if i < target.vocab_size])
+    return [round(float(v), 5) for v in target.output_rows(ids)[:, :8].float().flatten()]
+
+
+def target_record(target, name: str) -> dict[str, Any]:
+    return {"name": name, "vocab_size": int(target.vocab_size), "hidden_size": int(target.hidden_size),
+            "fingerprint": fingerprint(target)}
+
+
+def save_head(path: str | os.PathLike, head: HeadFile, dtype: torch.dtype = torch.float32) -> Path:
+    """Write atomically (a temporary sibling renamed over `path`)."""
+    from safetensors.torch import save_file
+
+    from specula.paths import atomic_path
+
+    meta = {"format": FORMAT, "config": head.config.to_dict(), "target": head.target, "training": head.training}
+    tensors = {f"head.{k}": v.detach().to(dtype).contiguous() for k, v in head.state.items()}
+    tensors["d2t"] = head.d2t.to(torch.long).contiguous()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_path(path) as tmp:
+        save_file(tensors, str(tmp), metadata={META_KEY: json.dumps(meta)})
+    return path
+
+
+def _fix(path: Path) -> str:
+    return (f"re-create it with `specula train` (or `specula models install` for a shipped head), or pass "
+            f"another --head than {path}")
+
+
+def read_head(path: str | os.PathLike) -> HeadFile:
+    """Read and check a head file on its own (format, shapes, mapping); `HeadFileError` otherwise."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    path = Path(path)
+    if not path.is_file():
+        raise HeadFileError(f"head file {path} does not exist; {_fix(path)}")
+    try:
+        with open(path, "rb") as f:
+            n = int.from_bytes(f.read(8), "little")
+            header = json.loads(f.read(n)) if 0 < n < 100_000_000 else None
+        tensors = load_file(str(path))
+    except (SafetensorError, OSError, ValueError, UnicodeDecodeError) as exc:
+        raise HeadFileError(f"head file {path} is truncated or corrupted ({str(exc).splitlines()[0][:80]}); "
+                            f"{_fix(path)}") from None
+    meta_text = (header or {}).get("__metadata__", {}).get(META_KEY)
+    if meta_text is None:
+        raise HeadFileError(f"{path} is a safetensors file but not a specula head (no '{META_KEY}' metadata); {_fix(path)}")
+    try:
+        meta = json.loads(meta_text)
+        if meta.get("format") != FORMAT:
+            raise HeadFileError(f"{path} has head format {meta.get('format')}, this specula reads {FORMAT}; {_fix(path)}")
+        config = HeadConfig.from_dict(meta["config"])
+        target = dict(meta["target"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise HeadFileError(f"{path} has unreadable head metadata ({exc}); {_fix(path)}") from None
+    d2t = tensors.pop("d2t", None)
+    if d2t is None or d2t.dim() != 1 or len(d2t) != config.draft_vocab:
+        raise HeadFileError(f"{path}: its draft vocabulary mapping is missing or not {config.draft_vocab} long; {_fix(path)}")
+    if int(d2t.min()) < 0 or int(d2t.max()) >= config.target_vocab or len(set(d2t.tolist())) != len(d2t):
+        raise HeadFileError(f"{path}: its draft vocabulary maps outside 0..{config.target_vocab - 1} or twice; {_fix(path)}")
+    state = {k.removeprefix("head."): v for k, v in tensors.items() if k.startswith("head.")}
+    return HeadFile(config, state, d2t, target, meta.get("training", {}))
+
+
+def check_target(head: HeadFile, target, path: str | os.PathLike, target_name: str) -> None:
+    """The head was made for this target: same logit width, hidden size and output head."""
+    made = head.target
+    fix = f"train one for it with `specula train --target {target_name}` or pass the head made for {made.get('name')}"
+    if made.get("vocab_size") != target.vocab_size or head.config.target_vocab != target.vocab_size:
+        raise HeadFileError(f"head {path} was made for {made.get('name')} (vocabulary {made.get('vocab_size')}), "
+                            f"not {target_name} (vocabulary {target.vocab_size}); {fix}")
+    if made.get("hidden_size") != target.hidden_size:
+        raise HeadFileError(f"head {path} was made for {made.get('name')} (hidden size {made.get('hidden_size')}), "
+                            f"not {target_name} (hidden size {target.hidden_size}); {fix}")
+    ours = torch.tensor(fingerprint(target))
+    theirs = torch.tensor(made.get("fingerprint", []), dtype=torch.float32)
+    scale = float(ours.abs().max().clamp_min(1e-6))
+    if ours.shape != theirs.shape or float((ours - theirs).abs().max()) > 0.02 * scale:
+        raise HeadFileError(f"head {path} was made for {made.get('name')}, whose output head differs from "
+                            f"{target_name}'s; {fix}")

@@ -1,0 +1,281 @@
+"""A loaded head bound to its target, and the per-request drafting states of each kind.
+
+`TrainedHead` = the head module + the draft vocabulary mapping (`d2t`) + the target's output rows
+of that vocabulary (`lm_rows`, [V_draft, E]) + the target's embedding (through
+`FeatureModel.embed_tokens`). Each kind has a per-request state with the interface the
+`draft-tree` expansion drives (`begin(tokens)` -> logits after the root, `feed(nodes, ...)` ->
+logits after those nodes, `finish(accepted)`), in the head's draft vocabulary; `token_ids` maps an
+index of those logits to the target's token id.
+
+Features arrive from the engine: the prompt's after prefill (`add_features`), then every step's
+root and accepted nodes. Position i's feature f_i is the target's last hidden state after token
+x_i, which the target's head turns into x_{i+1}.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Sequence
+
+import torch
+
+from specula.drafters.heads.config import HeadConfig
+from specula.drafters.heads.eagle import EagleHead
+from specula.drafters.heads.file import HeadFile, check_target, read_head
+from specula.drafters.heads.medusa import HydraHeads, MedusaHeads
+from specula.errors import HeadFileError
+from specula.tree import TokenTree
+
+MODULES = {"eagle": EagleHead, "medusa": MedusaHeads, "hydra": HydraHeads}
+
+
+def build_module(config: HeadConfig) -> torch.nn.Module:
+    return MODULES[config.kind](config)
+
+
+class TrainedHead:
+    """A head module bound to its target (see the module docstring)."""
+
+    def __init__(self, module: torch.nn.Module, d2t: torch.Tensor, target, file: HeadFile | None = None) -> None:
+        self.module = module.eval().requires_grad_(False)
+        self.config: HeadConfig = module.cfg
+        self.target = target
+        self.file = file
+        self.d2t = d2t.to(torch.long)  # [V_draft]
+        dtype = next(module.parameters()).dtype
+        self.lm_rows = target.output_rows(self.d2t).to(dtype).clone()  # [V_draft, E]
+        self.dtype = dtype
+
+    @property
+    def kind(self) -> str:
+        return self.config.kind
+
+    @property
+    def memory_bytes(self) -> int:
+        params = sum(p.numel() * p.element_size() for p in self.module.parameters())
+        return params + self.lm_rows.numel() * self.lm_rows.element_size()
+
+    def logits(self, feat: torch.Tensor) -> torch.Tensor:
+        """[..., E] -> [..., V_draft] float32."""
+        return (feat.to(self.dtype) @ self.lm_rows.t()).float()
+
+    def embed(self, ids: Sequence[int]) -> torch.Tensor:
+        """[n] token ids -> [n, E] target embeddings (in the head's dtype)."""
+        return self.target.embed_tokens(torch.tensor(list(ids), dtype=torch.long)).to(self.dtype)
+
+    def token_ids(self, indices: Sequence[int]) -> list[int]:
+        """Draft-vocabulary indices -> target token ids (the exact mapping back)."""
+        return self.d2t[list(indices)].tolist()
+
+    def new_state(self) -> "HeadState":
+        return {"eagle": EagleState, "medusa": MedusaState, "hydra": HydraState}[self.kind](self)
+
+
+def read_kind(path: str | os.PathLike) -> str:
+    """The kind of a head file (read and checked on its own)."""
+    return read_head(path).config.kind
+
+
+def load_head(path: str | os.PathLike, target, target_name: str) -> TrainedHead:
+    """Read, check against `target`, build: a `HeadFileError` (one line, the fix named) for a
+    missing, corrupted, mismatched or other-target file; nothing is loaded then."""
+    file = read_head(path)
+    check_target(file, target, path, target_name)
+    module = build_module(file.config)
+    try:
+        module.load_state_dict(file.state, strict=True)
+    except RuntimeError as exc:
+        first = str(exc).splitlines()[0] if str(exc) else "shape mismatch"
+        raise HeadFileError(f"head {path} does not fit its own config ({first[:120]}); re-create it with "
+                            "`specula train`") from None
+    return TrainedHead(module.to(target.device), file.d2t, target, file)
+
+
+# ---------------------------------------------------------------------------- per-request states
+class HeadState:
+    """Features of the committed tokens the head has not consumed yet; tree bookkeeping."""
+
+    def __init__(self, head: TrainedHead) -> None:
+        self.head = head
+        self.pending: list[torch.Tensor] = []  # features f_i for positions start, start + 1, ...
+        self.start = 0  # position of pending[0]
+        self.depth: dict[int, int] = {}  # proposal node -> depth (1 = child of the root)
+
+    @property
+    def known(self) -> int:
+        """Positions whose feature arrived: 0 .. known - 1."""
+        return self.start + len(self.pending)
+
+    def add_features(self, hidden: torch.Tensor) -> None:
+        """hidden [m, E]: features of the next m committed positions."""
+        self.pending.extend(hidden.to(self.head.dtype).unbind(0))
+
+    def observe(self, hidden: torch.Tensor, path: Sequence[int]) -> None:
+        """A verified step: keep the root's and the accepted nodes' features (rows 0, path + 1)."""
+        self.add_features(hidden[[0, *(i + 1 for i in path)]])
+
+    def token_ids(self, indices: Sequence[int]) -> list[int]:
+        return self.head.token_ids(indices)
+
+    @property
+    def vocab_index(self) -> torch.Tensor:
+        """[V_draft] long: the target token id of each logit index."""
+        return self.head.d2t
+
+    def finish(self, accepted: Sequence[int]) -> None:
+        self.depth = {}
+
+    def release(self) -> None:
+        self.pending = []
+
+    def _depths(self, nodes: Sequence[int], parents: Sequence[int]) -> list[int]:
+        for node in nodes:
+            par = parents[node]
+            self.depth[node] = 1 if par < 0 else self.depth[par] + 1
+        return [self.depth[n] for n in nodes]
+
+    def _note_children(self, nodes: Sequence[int], parents: Sequence[int]) -> None:
+        """Record depths of nodes fed (their parents are fed or the root)."""
+        self._depths(nodes, parents)
+
+
+class EagleState(HeadState):
+    """The head's own KV cache over the committed pairs, plus scratch rows for the tree."""
+
+    def __init__(self, head: TrainedHead) -> None:
+        super().__init__(head)
+        self.kv: tuple[torch.Tensor, torch.Tensor] | None = None  # [1, G, fed, D] each
+        self.fed = 0  # pairs (f_i, x_{i+1}) in the cache: i = 0 .. fed - 1
+        self.last: torch.Tensor | None = None  # output of the last committed pair [E]
+        self.tree_kv: tuple[torch.Tensor, torch.Tensor] | None = None
+        self.rows: dict[int, int] = {}  # proposal node -> scratch row
+        self.out: dict[int, torch.Tensor] = {}  # proposal node (-1: root) -> predicted feature [E]
+        self.ancestors: list[list[int]] = []  # scratch row -> scratch rows it sees (itself included)
+
+    @torch.inference_mode()
+    def begin(self, tokens: Sequence[int]) -> torch.Tensor | None:
+        """Feed the new committed pairs (the last one is (f_before_root, root)): logits [V_draft]
+        after the root, or None when the root has no feature before it (a one-token prompt)."""
+        root_pos = len(tokens) - 1
+        if self.known < root_pos:
+            raise RuntimeError(f"eagle head: features for {self.known} positions, the root is at {root_pos}")
+        new = root_pos - self.fed  # pairs fed..root_pos - 1
+        if new > 0:
+            assert self.start == self.fed
+            feats = torch.stack(self.pending[:new])[None]  # [1, new, E]
+            emb = self.head.embed(tokens[self.fed + 1: root_pos + 1])[None]  # [1, new, E]
+            pos = torch.arange(self.fed, root_pos)[None]
+            out, (k, v) = self.head.module(emb, feats, pos, self.kv)
+            self.kv = (k, v) if self.kv is None else (torch.cat([self.kv[0], k], 2), torch.cat([self.kv[1], v], 2))
+            self.fed, self.last = root_pos, out[0, -1]
+            del self.pending[:new]
+            self.start += new
+        if self.last is None:
+            return None
+        self.tree_kv, self.rows, self.ancestors, self.depth = None, {}, [], {}
+        self.out = {-1: self.last}
+        return self.head.logits(self.last)
+
+    @torch.inference_mode()
+    def feed(self, nodes: Sequence[int], tokens: Sequence[int], parents: Sequence[int]) -> torch.Tensor:
+        """Run proposal nodes (children of the root or of fed nodes): logits [len(nodes), V_draft]."""
+        depths = self._depths(nodes, parents)
+        first = len(self.ancestors)
+        for j, node in enumerate(nodes):
+            par = parents[node]
+            self.ancestors.append(([] if par < 0 else self.ancestors[self.rows[par]]) + [first + j])
+            self.rows[node] = first + j
+        feats = torch.stack([self.out[parents[n]] for n in nodes])[None]  # [1, m, E]
+        emb = self.head.embed([tokens[n] for n in nodes])[None]
+        pos = torch.tensor([self.fed - 1 + d for d in depths])[None]
+        m, total = len(nodes), first + len(nodes)
+        mask = torch.zeros((m, self.fed + total), dtype=torch.bool)
+        mask[:, : self.fed] = True
+        for j in range(m):
+            mask[j, [self.fed + r for r in self.ancestors[first + j]]] = True
+        past = self.kv
+        if self.tree_kv is not None:
+            past = (torch.cat([past[0], self.tree_kv[0]], 2), torch.cat([past[1], self.tree_kv[1]], 2))
+        out, (k, v) = self.head.module(emb, feats, pos, past, mask[None])
+        self.tree_kv = (k, v) if self.tree_kv is None else (torch.cat([self.tree_kv[0], k], 2),
+                                                             torch.cat([self.tree_kv[1], v], 2))
+        for j, node in enumerate(nodes):
+            self.out[node] = out[0, j]
+        return self.head.logits(out[0])
+
+    def finish(self, accepted: Sequence[int]) -> None:
+        self.tree_kv, self.rows, self.out, self.ancestors, self.depth = None, {}, {}, [], {}
+
+    def release(self) -> None:
+        super().release()
+        self.kv = None
+
+
+class MedusaState(HeadState):
+    """Only the last committed feature matters: every head reads it."""
+
+    def __init__(self, head: TrainedHead) -> None:
+        super().__init__(head)
+        self.levels: torch.Tensor | None = None  # [K, V_draft] logits of each level this step
+
+    @torch.inference_mode()
+    def begin(self, tokens: Sequence[int]) -> torch.Tensor | None:
+        root_pos = len(tokens) - 1
+        if root_pos < 1 or self.known < root_pos:
+            return None
+        feat = self.pending[root_pos - 1 - self.start]  # f before the root
+        keep = root_pos - 1 - self.start
+        del self.pending[:keep]
+        self.start += keep
+        self.levels = self.head.logits(self.head.module(feat))  # [K, V_draft]
+        self.depth = {}
+        return self.levels[0]
+
+    def feed(self, nodes: Sequence[int], tokens: Sequence[int], parents: Sequence[int]) -> torch.Tensor:
+        depths = self._depths(nodes, parents)
+        return self.levels[depths]  # node at depth d: its children come from head d
+
+
+class HydraState(HeadState):
+    """Head d sees the feature before the root, the root and the node's d ancestors' tokens."""
+
+    @torch.inference_mode()
+    def begin(self, tokens: Sequence[int]) -> torch.Tensor | None:
+        root_pos = len(tokens) - 1
+        if root_pos < 1 or self.known < root_pos:
+            return None
+        self.feat = self.pending[root_pos - 1 - self.start]
+        keep = root_pos - 1 - self.start
+        del self.pending[:keep]
+        self.start += keep
+        self.path_emb = {-1: self.head.embed([tokens[-1]])}  # node -> embeddings [d + 1, E] root..node
+        self.depth = {}
+        return self.head.logits(self.head.module.forward_one(0, self.feat, self.path_emb[-1]))
+
+    @torch.inference_mode()
+    def feed(self, nodes: Sequence[int], tokens: Sequence[int], parents: Sequence[int]) -> torch.Tensor:
+        depths = self._depths(nodes, parents)
+        outs = []
+        for node, d in zip(nodes, depths):
+            embs = torch.cat([self.path_emb[parents[node]], self.head.embed([tokens[node]])])  # [d + 1, E]
+            self.path_emb[node] = embs
+            outs.append(self.head.module.forward_one(d, self.feat, embs))
+        return self.head.logits(torch.stack(outs))
+
+
+def head_config(kind: str, target, draft_vocab: int, num_offsets: int = 4) -> HeadConfig:
+    """The default shape of a new head for `target`: an eagle layer of 64-wide heads (a quarter of
+    the width on tiny models) and an MLP of 8/3 E (Llama's ratio); Medusa / Hydra: `num_offsets`."""
+    e = int(target.hidden_size)
+    d = 64 if e % 64 == 0 else max(2, e // 4)
+    return HeadConfig(kind=kind, hidden_size=e, target_vocab=int(target.vocab_size), draft_vocab=draft_vocab,
+                      num_heads=e // d, num_kv_heads=e // d, head_dim=d,
+                      intermediate_size=max(1, round(8 * e / 3 / 64) * 64 if e >= 96 else 2 * e),
+                      num_offsets=num_offsets)
+
+
+def new_head(kind: str, target, d2t: torch.Tensor, seed: int = 0, num_offsets: int = 4) -> TrainedHead:
+    """A freshly initialised head (deterministic in `seed`) over draft vocabulary `d2t`."""
+    module = build_module(head_config(kind, target, len(d2t), num_offsets))
+    module.reset_parameters(torch.Generator().manual_seed(seed))
+    return TrainedHead(module.to(target.device), d2t, target)

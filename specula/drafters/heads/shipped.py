@@ -1,0 +1,80 @@
+"""Heads shipped with specula for the embedded models, installed like the models themselves.
+
+The files live in the package (`specula/data/heads/`, float16 safetensors, trained by
+`specula train` on specula's own prompts: docs/training.md). `specula models install ALIAS`
+verifies each against its sha256 here and copies it into $SPECULA_CACHE/heads/ALIAS/KIND.safetensors
+(atomically); `--method eagle` / `medusa` / `hydra` and `fusion` then find it with no flag.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from specula.errors import HeadFileError
+from specula.paths import atomic_path, cache_dir
+
+PACKAGE_DIR = Path(__file__).resolve().parents[2] / "data" / "heads"
+
+
+@dataclass(frozen=True)
+class ShippedHead:
+    alias: str
+    """Embedded model the head was trained for."""
+    kind: str
+    """eagle, medusa or hydra."""
+    file: str
+    """File name under specula/data/heads/."""
+    sha256: str
+    """Checksum verified at install."""
+
+
+SHIPPED: tuple[ShippedHead, ...] = ()
+"""Every shipped head (filled in as heads are trained and committed)."""
+
+
+def installed_path(alias: str, kind: str) -> Path:
+    return cache_dir("heads", alias, f"{kind}.safetensors")
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def install_heads(alias: str) -> list[Path]:
+    """Verify and install the shipped heads of `alias` (none: []); already-installed, verified
+    files are kept."""
+    paths = []
+    for shipped in (s for s in SHIPPED if s.alias == alias):
+        dest = installed_path(alias, shipped.kind)
+        if dest.is_file() and _sha256(dest) == shipped.sha256:
+            paths.append(dest)
+            continue
+        src = PACKAGE_DIR / shipped.file
+        if not src.is_file() or _sha256(src) != shipped.sha256:
+            raise HeadFileError(f"the shipped head {src} is missing or does not match its sha256; reinstall specula "
+                                "(pip install --force-reinstall specula) or train one with `specula train`")
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        with atomic_path(dest) as tmp:
+            shutil.copyfile(src, tmp)
+        paths.append(dest)
+    return paths
+
+
+def default_head(target_spec: str | None, kind: str) -> Path | None:
+    """The installed head of `kind` for an embedded model alias, or None."""
+    if not target_spec:
+        return None
+    from specula.models.registry import get_embedded
+
+    model = get_embedded(target_spec)
+    if model is None:
+        return None
+    path = installed_path(model.alias, kind)
+    return path if path.is_file() else None

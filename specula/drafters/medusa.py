@@ -1,0 +1,9 @@
+"""`medusa`: a trained medusa head drafting dynamic trees (see `specula.drafters.trained`)."""
+
+from specula.drafters.trained import create_head_drafter
+
+
+def create(*, target=None, draft=None, head=None, target_name=None, **options):
+    """options: DraftTreeConfig fields (tree_top_k, tree_depth, tree_nodes, tree_sampling, tree_verifier);
+    head: the head file (`specula train` / `specula models install`)."""
+    return create_head_drafter("medusa", target=target, head=head, target_name=target_name, **options)

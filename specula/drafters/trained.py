@@ -1,0 +1,85 @@
+"""`eagle`, `medusa`, `hydra`: drafters that are trained heads on the target's hidden states.
+
+They are the `draft-tree` drafter with a head instead of a draft model: the same EAGLE-2
+dynamic expansion (top-k children per frontier node, path scores = products of the head's
+probabilities, the best top-k nodes per level expanded, the best N kept; SafeAILab/EAGLE
+`eagle/model/cnets1.py` `topK_genrate`), the same sampled sibling modes and rules. What differs
+is the per-request state (`heads.runtime`): the head reads the target's features, which the
+engine passes from the verification pass itself (`FeatureDrafter`); the head predicts over its
+reduced draft vocabulary, mapped back to the target's token ids exactly (`d2t`). Losslessness
+does not depend on the head: the target verifies every node with the request's rule.
+
+The head file comes from `specula train` or `specula models install` (shipped heads); see
+`heads.file` for its checks.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, fields
+
+from specula.drafters.base import StepResult, method_config
+from specula.drafters.draft_tree import DraftTreeConfig, DraftTreeDrafter
+from specula.drafters.heads.runtime import HeadState, TrainedHead, load_head
+from specula.errors import ConfigError
+
+DEFAULTS = {"eagle": dict(tree_top_k=8, tree_depth=6, tree_nodes=48),
+            "medusa": dict(tree_top_k=4, tree_depth=4, tree_nodes=32),
+            "hydra": dict(tree_top_k=4, tree_depth=4, tree_nodes=32)}
+"""Tree shape per kind (EAGLE-2 uses top-k 10, depth 5-6, 60 nodes on a GPU; the planner cuts
+what does not pay on this hardware)."""
+
+
+class TrainedHeadDrafter(DraftTreeDrafter):
+    """Dynamic trees from a trained head (see the module docstring)."""
+
+    needs_hidden = True
+
+    def __init__(self, head: TrainedHead, config: DraftTreeConfig) -> None:
+        super().__init__(None, config)
+        self.head = head
+        self.name = head.kind
+        if head.kind != "eagle":  # head i drafts level i + 1: no deeper level exists
+            self.config = DraftTreeConfig(**{**{f.name: getattr(config, f.name) for f in fields(config)},
+                                             "tree_depth": min(config.tree_depth, head.config.num_offsets)})
+
+    @property
+    def memory_bytes(self) -> int:
+        return self.head.memory_bytes
+
+    @property
+    def max_context(self) -> int:
+        return self.head.target.max_context
+
+    @property
+    def vocab_size(self) -> int:
+        return self.head.target.vocab_size
+
+    def start(self) -> HeadState:
+        return self.head.new_state()
+
+    def observe_prompt(self, prompt, hidden, state: HeadState) -> None:
+        state.add_features(hidden)
+
+    def observe(self, step: StepResult, state: HeadState) -> None:
+        if step.hidden is None:
+            raise RuntimeError(f"{self.name}: the step carries no hidden states (the engine must ask for them)")
+        state.finish(step.accepted_tokens)
+        state.observe(step.hidden, step.path)
+
+
+def create_head_drafter(kind: str, *, target=None, head: str | os.PathLike | TrainedHead | None = None,
+                        target_name: str | None = None, **options) -> TrainedHeadDrafter:
+    """options: DraftTreeConfig fields; `head`: a head file (or a loaded `TrainedHead`)."""
+    if target is None:
+        raise ConfigError(f"method {kind!r} needs the target model")
+    if head is None:
+        raise ConfigError(f"method {kind!r} needs a trained head for this target: install the shipped one with "
+                          f"`specula models install MODEL` or train one with `specula train --kind {kind}`, "
+                          "then pass --head FILE")
+    if not isinstance(head, TrainedHead):
+        head = load_head(head, target, target_name or target.name)
+    if head.kind != kind:
+        raise ConfigError(f"--method {kind} got a {head.kind} head; use --method {head.kind} or a {kind} head")
+    merged = {**DEFAULTS[kind], **options}
+    return TrainedHeadDrafter(head, method_config(kind, DraftTreeConfig, merged))

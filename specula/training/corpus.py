@@ -1,0 +1,141 @@
+"""The self-distillation corpus: the target's own greedy answers to prompts we wrote.
+
+A head must predict what the target will accept, so its training text is what the target
+itself generates (Medusa-2 / EAGLE "self-distillation"), not a dataset's answers. Prompts come
+from JSONL files (`{"turns": [...]}` or `{"prompt": ...}` per line, the shipped
+`specula/data/training/prompts.jsonl` by default); answers are generated greedily, many
+requests at once through the engine's batched step (plain decoding, no drafting).
+
+The corpus is cached as JSONL (one `{"id", "prompt_ids", "output_ids"}` per line) under a key of
+the target, the prompt files and the generation settings. Generation appends to a `.partial`
+file as sequences finish, so an interrupted run resumes where it stopped; the final file
+appears (atomic rename) only when every prompt is done.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterable, Sequence
+
+from specula.errors import ConfigError
+
+DEFAULT_PROMPTS = Path(__file__).resolve().parents[1] / "data" / "training" / "prompts.jsonl"
+"""Prompts written for specula's shipped heads (scripts/make_training_prompts.py); no benchmark's."""
+
+
+@dataclass(frozen=True)
+class CorpusConfig:
+    """How the self-distillation corpus is generated."""
+
+    max_new_tokens: int = 160
+    """Tokens the target writes per prompt (greedy)."""
+    batch_size: int = 16
+    """Requests generated at once (one packed pass per step on batching backends)."""
+    max_prompt_tokens: int = 768
+    """Prompts longer than this (in tokens) are cut from the left (their end is kept)."""
+
+
+@dataclass(frozen=True)
+class Sequence_:
+    """One corpus entry: prompt and the target's greedy answer."""
+
+    id: str
+    prompt_ids: list[int]
+    output_ids: list[int]
+
+    @property
+    def ids(self) -> list[int]:
+        return [*self.prompt_ids, *self.output_ids]
+
+
+def read_prompts(files: Iterable[str | os.PathLike]) -> list[tuple[str, str]]:
+    """(id, first turn text) of every prompt in the JSONL files; a ConfigError names a bad line."""
+    out: list[tuple[str, str]] = []
+    for file in files:
+        path = Path(file)
+        if not path.is_file():
+            raise ConfigError(f"training data {path} does not exist: pass JSONL prompt files with --data")
+        for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise ConfigError(f"{path}:{n}: not JSON ({exc.msg}); each line must be an object with "
+                                  "'turns' or 'prompt'") from None
+            text = row.get("prompt") if isinstance(row, dict) else None
+            if text is None and isinstance(row, dict) and row.get("turns"):
+                text = row["turns"][0]
+            if not isinstance(text, str) or not text.strip():
+                raise ConfigError(f"{path}:{n}: no prompt text; give 'prompt': str or 'turns': [str, ...]")
+            out.append((f"{path.stem}:{row.get('id', n)}", text))
+    if not out:
+        raise ConfigError("the training data holds no prompts")
+    return out
+
+
+def corpus_key(target_key: dict, files: Sequence[str | os.PathLike], config: CorpusConfig) -> str:
+    """A short hash of what the corpus depends on."""
+    h = hashlib.sha256(json.dumps({"target": target_key, "config": config.__dict__}, sort_keys=True).encode())
+    for file in files:
+        h.update(Path(file).read_bytes())
+    return h.hexdigest()[:16]
+
+
+def load_corpus(path: Path) -> list[Sequence_]:
+    rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    return [Sequence_(r["id"], r["prompt_ids"], r["output_ids"]) for r in rows]
+
+
+def generate_corpus(target, tokenizer, prompts: Sequence[tuple[str, str]], out: Path,
+                    config: CorpusConfig = CorpusConfig(), progress: Callable[[int], None] | None = None
+                    ) -> list[Sequence_]:
+    """The target's greedy answers to `prompts`, cached at `out` (resumed from `out.partial`)."""
+    from specula.engine import SpeculativeDecoder
+    from specula.models.loading import encode_prompt
+    from specula.sampling import SamplingParams
+
+    if out.is_file():
+        return load_corpus(out)
+    partial = out.with_name(out.name + ".partial")
+    done: dict[str, Sequence_] = {}
+    if partial.is_file():
+        lines = partial.read_text(encoding="utf-8").splitlines(keepends=True)
+        good = [ln for ln in lines if ln.endswith("\n")]  # a line cut by a kill is dropped
+        for line in good:
+            r = json.loads(line)
+            done[r["id"]] = Sequence_(r["id"], r["prompt_ids"], r["output_ids"])
+        partial.write_text("".join(good), encoding="utf-8")
+    if progress is not None and done:
+        progress(len(done))
+    todo = [(pid, text) for pid, text in prompts if pid not in done]
+    decoder = SpeculativeDecoder(target, [], tokenizer)
+    params = SamplingParams(max_new_tokens=config.max_new_tokens)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    running: list[tuple[str, list[int], object]] = []
+    with partial.open("a", encoding="utf-8") as sink:
+        while todo or running:
+            while todo and len(running) < config.batch_size:
+                pid, text = todo.pop(0)
+                ids = encode_prompt(tokenizer, text)[-config.max_prompt_tokens:]
+                running.append((pid, ids, decoder.start(ids, params)))
+            decoder.step([s for _, _, s in running])
+            still = []
+            for pid, ids, session in running:
+                if session.finished:
+                    decoder.finish(session)
+                    seq = Sequence_(pid, ids, list(session.generated))
+                    done[pid] = seq
+                    sink.write(json.dumps({"id": pid, "prompt_ids": ids, "output_ids": seq.output_ids}) + "\n")
+                    sink.flush()
+                    if progress is not None:
+                        progress(1)
+                else:
+                    still.append((pid, ids, session))
+            running = still
+    os.replace(partial, out)
+    return [done[pid] for pid, _ in prompts]

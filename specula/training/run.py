@@ -1,0 +1,120 @@
+"""`specula train` end to end: corpus -> features -> draft vocabulary -> head -> checked head file.
+
+    specula train --target smollm2-135m --kind eagle --out heads/smollm2
+
+Writes OUT/<kind>.safetensors (the head, atomically: `drafters.heads.file`), OUT/checkpoint.pt
+(resumable) and OUT/report.json (what was trained on, how long each stage took, the held-out
+acceptance before and after). The corpus and the features are cached under
+$SPECULA_CACHE/training/ by what they depend on, so a second run (another kind, more epochs)
+starts at the head.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Sequence
+
+import torch
+
+from specula.errors import ConfigError
+from specula.training.corpus import DEFAULT_PROMPTS, CorpusConfig, corpus_key, generate_corpus, read_prompts
+from specula.training.features import coverage, draft_vocabulary, extract_features
+from specula.training.trainer import TrainConfig, train_head
+
+
+def target_identity(target) -> dict:
+    """What the target's outputs depend on (not the machine's threads or kernels)."""
+    key = target.cost_key()
+    return {k: key.get(k) for k in ("model", "arch", "layers", "hidden", "dtype", "quantize")}
+
+
+def _bar(total: int, desc: str, quiet: bool):
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc=desc, unit="seq" if "corpus" in desc or "features" in desc else "step",
+                disable=quiet, dynamic_ncols=True)
+
+
+def run_training(target, tokenizer, target_name: str, out: Path, config: TrainConfig,
+                 data: Sequence[str | os.PathLike] = (), corpus: CorpusConfig = CorpusConfig(), *,
+                 quiet: bool = False, max_minutes: float | None = None) -> dict:
+    """Train one head for `target`; returns the report (also written to OUT/report.json)."""
+    from specula.drafters.heads.file import HeadFile, save_head, target_record
+    from specula.drafters.heads.runtime import new_head
+    from specula.models.base import FeatureModel
+    from specula.paths import atomic_write_json, cache_dir
+
+    if not isinstance(target, FeatureModel):
+        raise ConfigError(f"{target_name} cannot return hidden states; train with --backend native or hf")
+    files = [Path(f) for f in data] or [DEFAULT_PROMPTS]
+    prompts = read_prompts(files)
+    out.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(config.seed)
+    key = corpus_key(target_identity(target), files, corpus)
+    times = {}
+
+    t = time.perf_counter()
+    with _bar(len(prompts), "corpus (target answers)", quiet) as bar:
+        seqs = generate_corpus(target, tokenizer, prompts, cache_dir("training", f"corpus-{key}.jsonl"), corpus,
+                               progress=bar.update)
+    times["corpus_seconds"] = round(time.perf_counter() - t, 1)
+    t = time.perf_counter()
+    with _bar(len(seqs), "features (target hidden states)", quiet) as bar:
+        fs = extract_features(target, seqs, cache_dir("training", f"features-{key}.safetensors"), progress=bar.update)
+    times["features_seconds"] = round(time.perf_counter() - t, 1)
+
+    d2t = draft_vocabulary(fs, config.draft_vocab, target.vocab_size, sorted(target.eos_token_ids))
+    head = new_head(config.kind, target, d2t, seed=config.seed, num_offsets=config.num_offsets)
+    losses: list[float] = []
+    with _bar(0, f"training {config.kind}", quiet) as bar:
+        def progress(n: int, loss: float) -> None:
+            losses.append(loss)
+            bar.update(n)
+            bar.set_postfix(loss=f"{loss:.3f}")
+
+        record = _train_with_total(head, fs, config, out, progress, bar, max_minutes)
+    report = {
+        "target": target_name, "kind": config.kind, "data": [str(f) for f in files], "prompts": len(prompts),
+        "corpus": {"sequences": len(seqs), "answer_tokens": sum(len(s.output_ids) for s in seqs),
+                   "prompt_tokens": sum(len(s.prompt_ids) for s in seqs), **asdict(corpus)},
+        "draft_vocab": len(d2t), "draft_vocab_coverage": round(coverage(fs, d2t), 4),
+        "threads": torch.get_num_threads(), **times, "training": record,
+    }
+    path = save_head(out / f"{config.kind}.safetensors",
+                     HeadFile(head.config, head.module.state_dict(), d2t, target_record(target, target_name),
+                              {k: report[k] for k in ("data", "draft_vocab_coverage")} | {
+                                  "steps": record["steps"], "seconds": record["seconds"],
+                                  "heldout": record["heldout_after"], "config": record["config"]}))
+    report["head"] = str(path)
+    atomic_write_json(out / "report.json", report)
+    return report
+
+
+def _train_with_total(head, fs, config, out, progress, bar, max_minutes):
+    """`train_head` with the bar's total set once the step count is known."""
+    from specula.training import trainer
+
+    train_seqs, _ = trainer.split(fs, config.holdout, config.seed)
+    per_epoch = max(1, -(-len(trainer.chunks(fs, train_seqs, config.seq_len)) // config.batch_size))
+    bar.total = max(1, round(config.epochs * per_epoch))
+    bar.refresh()
+    return train_head(head, fs, config, out, progress=progress,
+                      max_seconds=None if max_minutes is None else max_minutes * 60)
+
+
+def print_report(report: dict) -> None:
+    rec = report["training"]
+    after, before = rec.get("heldout_after") or {}, rec.get("heldout_before") or {}
+    print(f"trained {report['kind']} head for {report['target']}: {rec['steps']}/{rec['total_steps']} steps in "
+          f"{rec['seconds']:.0f} s (corpus {report['corpus_seconds']:.0f} s, features {report['features_seconds']:.0f} s)")
+    print(f"draft vocabulary {report['draft_vocab']} tokens ({100 * report['draft_vocab_coverage']:.1f}% of the corpus)")
+    if after:
+        print(f"held-out greedy chain acceptance: mean accepted {before.get('mean_accepted_chain', '-')} -> "
+              f"{after['mean_accepted_chain']} per step over {after['positions']} positions; "
+              f"by depth {after['accept_rate_by_depth']}")
+    print(f"head: {report['head']}")
+    print(json.dumps({"report": str(Path(report['head']).with_name('report.json'))}))

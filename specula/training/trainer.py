@@ -1,0 +1,324 @@
+"""Training a head by self-distillation on cached target features.
+
+Every target is the target's own distribution: the head's logits over its draft vocabulary are
+trained towards softmax(lm_rows @ f) of the feature the target itself computed at the predicted
+position (soft cross-entropy over the draft vocabulary, the target's logits restricted to it as in
+EAGLE-3), so the head learns what the target will accept, not the text. EAGLE heads add EAGLE-1's
+feature regression (smooth L1 towards the next feature, `feature_loss`) and uniform noise on the
+input features (`noise`, EAGLE-1: U(-0.1, 0.1) at 512 tokens); `ttt_steps` > 1 adds EAGLE-3's
+training-time test (after SafeAILab/EAGLE `eagle/traineagle3/cnets.py`): step j feeds the head its
+own (detached) output features of step j - 1, and each row attends to the true pairs of its
+committed context plus its own earlier-step rows only, exactly what it sees at depth j while
+drafting; step j's loss weighs `ttt_decay ** j`.
+
+Medusa head k on f_t learns p(x_{t+2+k}) = softmax(lm_rows @ f_{t+1+k}); Hydra head k also gets
+the embeddings of x_{t+1} .. x_{t+1+k} (teacher forcing).
+
+Determinism: one seed fixes the initialisation, the held-out split, the batch order and the noise;
+checkpoints (model, optimizer, step, the generator's state) are written atomically every
+`checkpoint_every` steps, and a run resumes from one bit for bit.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+from specula.drafters.heads.config import HeadKind
+from specula.drafters.heads.runtime import TrainedHead
+from specula.errors import ConfigError
+from specula.training.features import FeatureSet
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """How a head is trained."""
+
+    kind: HeadKind = "eagle"
+    """eagle, medusa or hydra."""
+    draft_vocab: int = 8192
+    """Size of the reduced draft vocabulary (the corpus's most frequent tokens)."""
+    epochs: float = 4.0
+    """Passes over the training sequences (fractions allowed)."""
+    seq_len: int = 256
+    """Pairs per training chunk (sequences are cut into chunks of this length)."""
+    batch_size: int = 8
+    """Chunks per optimizer step."""
+    lr: float = 1e-3
+    """Peak learning rate (AdamW, betas 0.9 / 0.95, linear warm-up then cosine decay to 10%)."""
+    warmup_steps: int = 50
+    """Linear warm-up steps."""
+    grad_clip: float = 0.5
+    """Gradient norm clip."""
+    ttt_steps: int = 2
+    """eagle: training-time-test steps (1 = plain teacher forcing, EAGLE-1)."""
+    ttt_decay: float = 0.8
+    """eagle: loss weight of step j is ttt_decay ** j."""
+    feature_loss: float = 1.0
+    """eagle: weight of the smooth-L1 feature regression next to the cross-entropy."""
+    noise: float = 0.1
+    """eagle: half-width of the uniform noise on input features at 512 tokens (scaled by 512 / seq_len)."""
+    num_offsets: int = 4
+    """medusa / hydra: heads (draft depth)."""
+    holdout: float = 0.05
+    """Fraction of sequences held out for the acceptance report."""
+    eval_depth: int = 5
+    """Deepest draft level in the held-out report."""
+    seed: int = 0
+    """Seeds initialisation, split, batch order and noise."""
+    checkpoint_every: int = 100
+    """Optimizer steps between checkpoints."""
+
+    def __post_init__(self) -> None:
+        for name in ("seq_len", "batch_size", "ttt_steps", "num_offsets", "eval_depth", "checkpoint_every",
+                     "draft_vocab"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if not self.epochs > 0 or not self.lr > 0:
+            raise ConfigError("epochs and lr must be > 0")
+        if not 0 <= self.holdout < 1:
+            raise ConfigError(f"holdout must be in [0, 1), got {self.holdout}")
+
+
+# ---------------------------------------------------------------------------- data
+def split(fs: FeatureSet, holdout: float, seed: int) -> tuple[list[int], list[int]]:
+    """(train, held-out) sequence indices, deterministic in seed."""
+    order = torch.randperm(len(fs), generator=torch.Generator().manual_seed(seed)).tolist()
+    n_eval = max(1, round(holdout * len(fs))) if holdout > 0 and len(fs) > 1 else 0
+    return sorted(order[n_eval:]), sorted(order[:n_eval])
+
+
+def chunks(fs: FeatureSet, seqs: list[int], seq_len: int) -> list[tuple[int, int, int]]:
+    """(sequence, first row, rows) pieces of at most seq_len + 1 rows (>= 3)."""
+    out = []
+    for s in seqs:
+        n = int(fs.starts[s + 1] - fs.starts[s])
+        for a in range(0, n - 2, seq_len):
+            out.append((s, a, min(seq_len + 1, n - a)))
+    return out
+
+
+def batch(fs: FeatureSet, pieces: list[tuple[int, int, int]], embed: Callable) -> dict[str, torch.Tensor]:
+    """Padded tensors: tokens [B, T + 1], feats [B, T + 1, E] (float32), emb [B, T + 1, E],
+    valid [B, T + 1] (row exists), output [B, T + 1] (row is the target's own answer)."""
+    t1 = max(rows for _, _, rows in pieces)
+    e = fs.features.shape[1]
+    tokens = torch.zeros((len(pieces), t1), dtype=torch.long)
+    feats = torch.zeros((len(pieces), t1, e))
+    valid = torch.zeros((len(pieces), t1), dtype=torch.bool)
+    output = torch.zeros((len(pieces), t1), dtype=torch.bool)
+    for b, (s, a, rows) in enumerate(pieces):
+        toks, fe, plen = fs.sequence(s)
+        tokens[b, :rows] = toks[a:a + rows]
+        feats[b, :rows] = fe[a:a + rows].float()
+        valid[b, :rows] = True
+        output[b, :rows] = torch.arange(a, a + rows) >= plen
+    return {"tokens": tokens, "feats": feats, "emb": embed(tokens), "valid": valid, "output": output}
+
+
+# ---------------------------------------------------------------------------- losses
+def ttt_mask(t: int, j: int) -> torch.Tensor:
+    """Bool [T, (j + 1) T]: step j's row i sees step-0 rows <= i - j and step-k rows i - j + k
+    (k = 1 .. j; its own is k = j): the keys a depth-j draft row sees at inference."""
+    blocks = [torch.ones((t, t), dtype=torch.bool).tril(-j)]
+    for k in range(1, j + 1):
+        blocks.append(torch.eye(t, dtype=torch.bool).roll(k - j, dims=1).tril(k - j) if k < j
+                      else torch.eye(t, dtype=torch.bool))
+    mask = torch.cat(blocks, dim=1)
+    mask[:j, :] = False
+    mask[torch.arange(min(j, t)), j * t + torch.arange(min(j, t))] = True  # rows without context see themselves
+    return mask
+
+
+def soft_ce(logits: torch.Tensor, p: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Mean over masked rows of -sum p log softmax(logits); logits, p: [..., V], mask: [...]."""
+    ce = -(p * F.log_softmax(logits.float(), -1)).sum(-1)
+    return (ce * mask).sum() / mask.sum().clamp_min(1)
+
+
+def eagle_outputs(head: TrainedHead, b: dict, steps: int, noise: float, gen: torch.Generator | None
+                  ) -> list[torch.Tensor]:
+    """Predicted features [B, T, E] of each training-time-test step (step 0: teacher forcing)."""
+    module = head.module
+    emb, feats = b["emb"][:, 1:], b["feats"][:, :-1]  # pair i = (f_i, x_{i+1})
+    bsz, t, _ = emb.shape
+    if noise > 0 and gen is not None:
+        feats = feats + (torch.rand(feats.shape, generator=gen) - 0.5) * 2 * noise
+    pos = torch.arange(t)[None].expand(bsz, t)
+    outs, keys, values = [], None, None
+    inp = feats
+    for j in range(steps):
+        mask = ttt_mask(t, j)[None] if j else None
+        out, (k, v) = module(emb, inp, pos, None if keys is None else (keys, values), mask)
+        keys = k if keys is None else torch.cat([keys, k], 2)
+        values = v if values is None else torch.cat([values, v], 2)
+        outs.append(out)
+        inp = torch.cat([torch.zeros_like(out[:, :1]), out[:, :-1].detach()], dim=1)  # step j+1 feeds g_{i-1}
+    return outs
+
+
+def loss_of(head: TrainedHead, b: dict, cfg: TrainConfig, gen: torch.Generator | None) -> torch.Tensor:
+    """The batch's training loss (see the module docstring)."""
+    feats, valid = b["feats"], b["valid"]
+    if cfg.kind == "eagle":
+        target = feats[:, 1:]  # [B, T, E]: f_{i+1}
+        p = torch.softmax(head.logits(target), -1)  # [B, T, V_draft]
+        noise = cfg.noise * 512 / cfg.seq_len
+        total = torch.zeros(())
+        for j, out in enumerate(eagle_outputs(head, b, cfg.ttt_steps, noise, gen)):
+            mask = valid[:, 1:].clone()
+            mask[:, :j] = False
+            loss = soft_ce(head.logits(out), p, mask)
+            if cfg.feature_loss > 0:
+                l1 = F.smooth_l1_loss(out, target, reduction="none").mean(-1)
+                loss = loss + cfg.feature_loss * (l1 * mask).sum() / mask.sum().clamp_min(1)
+            total = total + cfg.ttt_decay ** j * loss
+        return total
+    total = torch.zeros(())
+    for k, out, mask in offset_outputs(head, b):
+        p = torch.softmax(head.logits(feats[:, 1 + k:]), -1)
+        total = total + soft_ce(head.logits(out), p, mask)
+    return total
+
+
+def offset_outputs(head: TrainedHead, b: dict):
+    """Medusa / Hydra: (k, predicted features [B, T - k, E] of x_{t+2+k} from f_t, valid rows)."""
+    feats, emb, valid = b["feats"], b["emb"], b["valid"]
+    t1 = feats.shape[1]
+    module = head.module
+    for k in range(head.config.num_offsets):
+        n = t1 - 1 - k  # rows t = 0 .. n - 1 have x_{t+1+k} and f_{t+1+k}
+        if n <= 0:
+            break
+        f = feats[:, :n]
+        if head.kind == "medusa":
+            out = module(f, range(k, k + 1))[..., 0, :]
+        else:
+            embs = torch.stack([emb[:, 1 + m: 1 + m + n] for m in range(k + 1)], dim=2)  # [B, n, k + 1, E]
+            out = module.forward_one(k, f, embs)
+        yield k, out, valid[:, 1 + k: 1 + k + n]
+
+
+# ---------------------------------------------------------------------------- held-out report
+@torch.no_grad()
+def acceptance_report(head: TrainedHead, fs: FeatureSet, seqs: list[int], cfg: TrainConfig, embed: Callable
+                      ) -> dict:
+    """Greedy chain acceptance on held-out sequences, on the target's own answers: from every root
+    pair c, the depth-d draft (its ancestors the true tokens) must equal x_{c+d+1} for d = 1 ..;
+    mean accepted = 1 + mean run of leading matches (depth <= eval_depth), plus top-1 accuracy per
+    depth. Teacher forcing along the answer is what greedy verification accepts, because the
+    answer is the target's greedy output."""
+    depth = cfg.eval_depth
+    runs, hits, counts = [], [0] * depth, [0] * depth
+    for piece in chunks(fs, seqs, cfg.seq_len):
+        b = batch(fs, [piece], embed)
+        tok, out_mask = b["tokens"][0], b["output"][0]
+        t = tok.shape[0] - 1  # pairs
+        preds = torch.full((depth, t), -1, dtype=torch.long)  # preds[d - 1, c]: token for x_{c+d+1}
+        if head.kind == "eagle":
+            for j, out in enumerate(eagle_outputs(head, b, min(depth, t), 0.0, None)):
+                idx = head.logits(out[0]).argmax(-1)  # [T]: row i of step j -> x_{i+2}, root pair i - j
+                preds[j, : t - j] = head.d2t[idx[j:]]
+        else:
+            for k, out, _ in offset_outputs(head, b):
+                if k < depth:
+                    preds[k, : out.shape[1]] = head.d2t[head.logits(out[0]).argmax(-1)]
+        for c in range(t - 1):
+            if not bool(out_mask[c + 2]):
+                continue
+            run = 0
+            for d in range(1, depth + 1):
+                pos = c + d + 1
+                if pos > t or not bool(out_mask[pos]):
+                    break
+                ok = int(preds[d - 1, c]) == int(tok[pos])
+                if run == d - 1:
+                    counts[d - 1] += 1
+                    hits[d - 1] += ok
+                if not ok:
+                    break
+                run += 1
+            runs.append(run)
+    n = max(1, len(runs))
+    return {"positions": len(runs), "mean_accepted_chain": round(1 + sum(runs) / n, 3),
+            "accept_rate_by_depth": [round(h / c, 3) if c else None for h, c in zip(hits, counts)]}
+
+
+# ---------------------------------------------------------------------------- the loop
+def train_head(head: TrainedHead, fs: FeatureSet, cfg: TrainConfig, out_dir: Path, *,
+               progress: Callable[[int, float], None] | None = None, max_seconds: float | None = None
+               ) -> dict:
+    """Train `head` in place (resuming from out_dir/checkpoint.pt when it matches `cfg`); returns
+    the training record (steps, seconds, losses, held-out acceptance before and after)."""
+    from specula.paths import atomic_path
+
+    module = head.module.train().requires_grad_(True)
+    embed = lambda tokens: head.target.embed_tokens(tokens.flatten()).float().view(*tokens.shape, -1).clone()  # noqa: E731
+    train_seqs, eval_seqs = split(fs, cfg.holdout, cfg.seed)
+    pieces = chunks(fs, train_seqs, cfg.seq_len)
+    per_epoch = max(1, math.ceil(len(pieces) / cfg.batch_size))
+    total_steps = max(1, round(cfg.epochs * per_epoch))
+    opt = torch.optim.AdamW(module.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.0)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / cfg.warmup_steps) * (
+        0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, s / total_steps)))))
+    gen = torch.Generator().manual_seed(cfg.seed + 1)
+    step, losses, seconds = 0, [], 0.0
+    ckpt = out_dir / "checkpoint.pt"
+    key = asdict(cfg)
+    if ckpt.is_file():
+        state = torch.load(ckpt, weights_only=False)
+        if state.get("config") == key and torch.equal(state["d2t"], head.d2t):
+            module.load_state_dict(state["module"])
+            opt.load_state_dict(state["optimizer"])
+            sched.load_state_dict(state["scheduler"])
+            gen.set_state(state["generator"])
+            step, losses, seconds = state["step"], state["losses"], state["seconds"]
+    module.eval()
+    before = acceptance_report(head, fs, eval_seqs, cfg, embed) if step == 0 and eval_seqs else None
+    module.train()
+    if progress is not None and step:
+        progress(step, losses[-1] if losses else float("nan"))
+    t0 = time.perf_counter() - seconds
+
+    def save() -> None:
+        with atomic_path(ckpt) as tmp:
+            torch.save({"config": key, "d2t": head.d2t, "module": module.state_dict(), "optimizer": opt.state_dict(),
+                        "scheduler": sched.state_dict(), "generator": gen.get_state(), "step": step,
+                        "losses": losses, "seconds": time.perf_counter() - t0}, tmp)
+
+    stopped_early = False
+    while step < total_steps:
+        epoch, at = divmod(step, per_epoch)
+        order = torch.randperm(len(pieces), generator=torch.Generator().manual_seed(cfg.seed * 1000 + epoch)).tolist()
+        group = [pieces[i] for i in order[at * cfg.batch_size:(at + 1) * cfg.batch_size]]
+        if not group:
+            step += 1
+            continue
+        loss = loss_of(head, batch(fs, group, embed), cfg, gen)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(module.parameters(), cfg.grad_clip)
+        opt.step()
+        sched.step()
+        step += 1
+        losses.append(round(loss.item(), 5))
+        if progress is not None:
+            progress(1, losses[-1])
+        if step % cfg.checkpoint_every == 0 or step == total_steps:
+            save()
+        if max_seconds is not None and time.perf_counter() - t0 > max_seconds:
+            save()
+            stopped_early = True
+            break
+    module.eval().requires_grad_(False)
+    after = acceptance_report(head, fs, eval_seqs, cfg, embed) if eval_seqs else None
+    return {"steps": step, "total_steps": total_steps, "seconds": round(time.perf_counter() - t0, 1),
+            "stopped_by_time_budget": stopped_early, "first_losses": losses[:5], "last_losses": losses[-5:],
+            "train_sequences": len(train_seqs), "heldout_sequences": len(eval_seqs),
+            "heldout_before": before, "heldout_after": after, "config": key}

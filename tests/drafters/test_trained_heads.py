@@ -1,0 +1,189 @@
+"""Trained heads (`eagle`, `medusa`, `hydra`): greedy output equals plain greedy decoding on every
+backend and in packed batches, sampled output follows the target's exact law, the drafting
+state computes exactly what training computes, and bad head files are refused in one line."""
+
+from __future__ import annotations
+
+import random
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from laws import exact_first_two, sample_first_two, tv, tv_bound
+from tiny import reference_greedy, tiny_model
+from specula.api import build_decoder
+from specula.drafters.heads.file import HeadFile, read_head, save_head, target_record
+from specula.drafters.heads.runtime import load_head, new_head
+from specula.engine import SpeculativeDecoder
+from specula.errors import HeadFileError
+from specula.models.hf import HFCausalLM
+from specula.models.native import NativeCausalLM, NativeDecoder, configure
+from specula.planner import CostCurve, HardwarePlanner
+from specula.sampling import SamplingParams
+
+KINDS = ("eagle", "medusa", "hydra")
+FLAT = CostCurve((1, 2, 4, 8, 16, 32, 64), (1e-3,) * 7, 64)
+
+
+def native(model):
+    return NativeCausalLM(configure(NativeDecoder.from_hf(model), "onednn", "none", "sdpa"), "native",
+                          eos_token_ids=[])
+
+
+def oracle_d2t(vocab: int) -> torch.Tensor:
+    """A reduced draft vocabulary: every other token id (the mapping back must be exact)."""
+    return torch.arange(0, vocab, 2)
+
+
+@pytest.mark.parametrize("backend", ["native", "hf"])
+@pytest.mark.parametrize("kind", KINDS)
+def test_greedy_output_equals_plain_greedy(kind, backend):
+    model = tiny_model("qwen2" if backend == "hf" else "llama", "eager", seed=4)
+    target = native(model) if backend == "native" else HFCausalLM(model, "hf", eos_token_ids=[])
+    head = new_head(kind, target, oracle_d2t(model.config.vocab_size), seed=1)
+    dec = build_decoder(kind, target, None, head=head, planner=False)
+    rng = random.Random(2)
+    for _ in range(3):
+        prompt = [rng.randrange(2, 96) for _ in range(rng.randrange(1, 9))]
+        out = dec.generate(prompt, SamplingParams(max_new_tokens=30, ignore_eos=True))
+        assert out.token_ids == reference_greedy(model, prompt, 30), (kind, prompt)
+        assert out.stats.drafted_tokens > 0 or len(prompt) == 1
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_head_that_knows_the_target_is_accepted_and_batches_stay_exact(kind):
+    """A head trained briefly on the target's own text drafts tokens the target accepts; two
+    sessions stepped together in packed passes each equal plain greedy."""
+    from specula.training.corpus import Sequence_
+    from specula.training.features import extract_features
+    from specula.training.trainer import TrainConfig, train_head
+
+    model = tiny_model("llama", "eager", seed=6)
+    target = native(model)
+    rng = random.Random(0)
+    corpus = []
+    for i in range(12):
+        p = [rng.randrange(2, 96) for _ in range(5)]
+        corpus.append(Sequence_(str(i), p, reference_greedy(model, p, 40)))
+    import tempfile
+    from pathlib import Path
+
+    with tempfile.TemporaryDirectory() as d:
+        fs = extract_features(target, corpus, Path(d) / "f.safetensors")
+        head = new_head(kind, target, torch.arange(96), seed=0)
+        train_head(head, fs, TrainConfig(kind=kind, epochs=60, seq_len=48, batch_size=4, holdout=0.0, lr=3e-3),
+                   Path(d))
+    dec = build_decoder(kind, target, None, head=head, planner=False)
+    sessions = [dec.start(c.prompt_ids, SamplingParams(max_new_tokens=40, ignore_eos=True)) for c in corpus[:2]]
+    while not all(s.finished for s in sessions):
+        dec.step(sessions)
+    for s, c in zip(sessions, corpus[:2]):
+        assert s.generated == c.output_ids
+        assert s.stats.accepted_tokens > 0, kind
+
+
+def test_drafting_state_computes_what_training_computes():
+    """The eagle state's root row and depth-1/2 rows equal the training-time-test forward's."""
+    from specula.training.corpus import Sequence_
+    from specula.training.features import extract_features
+    from specula.training.trainer import batch, eagle_outputs
+    import tempfile
+    from pathlib import Path
+
+    model = tiny_model("llama", "eager", seed=3)
+    target = native(model)
+    seq = Sequence_("0", [5, 9, 22], reference_greedy(model, [5, 9, 22], 12))
+    with tempfile.TemporaryDirectory() as d:
+        fs = extract_features(target, [seq], Path(d) / "f.safetensors")
+    head = new_head("eagle", target, oracle_d2t(96), seed=5)
+    toks, feats, _ = fs.sequence(0)
+    embed = lambda t: target.embed_tokens(t.flatten()).float().view(*t.shape, -1)  # noqa: E731
+    outs = eagle_outputs(head, batch(fs, [(0, 0, 12)], embed), 3, 0.0, None)
+    state = head.new_state()
+    state.add_features(feats[:5].float())
+    state.begin(toks[:6].tolist())  # root x_5, root pair (f_4, x_5)
+    assert torch.allclose(state.last, outs[0][0, 4], atol=1e-5)
+    state.feed([0], [int(toks[6])], [-1])
+    assert torch.allclose(state.out[0], outs[1][0, 5], atol=1e-5)
+    state.feed([1], [int(toks[6]), int(toks[7])], [-1, 0])
+    assert torch.allclose(state.out[1], outs[2][0, 6], atol=1e-5)
+
+
+# ---------------------------------------------------------------------------- sampling laws
+V = 8
+TEMP = 1.5
+PROMPT = [3, 5, 1, 3, 5]
+TRIALS = 1500
+
+
+@pytest.fixture(scope="module")
+def law_model():
+    return tiny_model("llama", seed=8, vocab=V)
+
+
+@pytest.mark.parametrize("kind,sampling", [("eagle", "deterministic"), ("eagle", "iid"), ("hydra", "without_replacement"),
+                                           ("medusa", "iid")])
+def test_sampled_output_follows_the_target_law(law_model, kind, sampling):
+    target = HFCausalLM(law_model, "target")
+    head = new_head(kind, target, torch.tensor([0, 1, 2, 3, 5, 6]), seed=2)  # q is 0 on tokens 4 and 7
+    dec = build_decoder(kind, target, None, head=head, planner=HardwarePlanner(curve=FLAT), tree_sampling=sampling,
+                        tree_top_k=3, tree_depth=2)
+    exact = exact_first_two(law_model, PROMPT, TEMP)
+    codes, accepted = sample_first_two(dec, PROMPT, TEMP, V, TRIALS)
+    assert accepted > TRIALS // 10, accepted
+    assert tv(codes, exact) < tv_bound(exact, TRIALS, c=2.0)
+    assert tv(codes, torch.roll(exact, 1)) > 3 * tv_bound(exact, TRIALS, c=2.0)
+
+
+# ---------------------------------------------------------------------------- head files
+@pytest.fixture()
+def saved(tmp_path):
+    model = tiny_model("llama", "eager", seed=4)
+    target = native(model)
+    head = new_head("eagle", target, oracle_d2t(96), seed=1)
+    path = save_head(tmp_path / "eagle.safetensors",
+                     HeadFile(head.config, head.module.state_dict(), head.d2t, target_record(target, "tiny")))
+    return model, target, head, path
+
+
+def test_a_saved_head_loads_back_identically(saved):
+    _, target, head, path = saved
+    loaded = load_head(path, target, "tiny")
+    for name, tensor in head.module.state_dict().items():
+        assert torch.equal(loaded.module.state_dict()[name], tensor)
+    assert torch.equal(loaded.d2t, head.d2t)
+
+
+def test_bad_head_files_are_refused_with_the_fix(saved, tmp_path):
+    model, target, _, path = saved
+    data = path.read_bytes()
+    (tmp_path / "cut.safetensors").write_bytes(data[: len(data) // 2])
+    with pytest.raises(HeadFileError, match="truncated or corrupted.*specula train"):
+        read_head(tmp_path / "cut.safetensors")
+    with pytest.raises(HeadFileError, match="does not exist"):
+        read_head(tmp_path / "none.safetensors")
+    from safetensors.torch import save_file
+
+    save_file({"x": torch.zeros(2)}, str(tmp_path / "plain.safetensors"))
+    with pytest.raises(HeadFileError, match="not a specula head"):
+        read_head(tmp_path / "plain.safetensors")
+    other = native(tiny_model("llama", "eager", seed=9))  # same shape, other weights
+    with pytest.raises(HeadFileError, match="output head differs"):
+        load_head(path, other, "other")
+    wider = native(tiny_model("llama", "eager", seed=4, vocab=128))
+    with pytest.raises(HeadFileError, match="vocabulary 96.*vocabulary 128"):
+        load_head(path, wider, "wider")
+
+
+def test_cli_refuses_a_corrupted_head_in_one_line_with_exit_2(saved, tmp_path):
+    _, _, _, path = saved
+    data = path.read_bytes()
+    bad = tmp_path / "bad.safetensors"
+    bad.write_bytes(data[:100])
+    proc = subprocess.run([sys.executable, "-m", "specula", "generate", "--target", str(tmp_path / "missing-model"),
+                           "--method", "eagle", "--head", str(bad), "--prompt", "hi"], capture_output=True, text=True)
+    assert proc.returncode == 2
+    assert proc.stderr.count("\n") == 1 and proc.stderr.startswith("error: ")
+    assert "truncated or corrupted" in proc.stderr and "specula train" in proc.stderr  # before the model load
