@@ -16,7 +16,7 @@ The head file comes from `specula train` or `specula models install` (shipped he
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, fields
+from dataclasses import fields
 
 from specula.drafters.base import StepResult, method_config
 from specula.drafters.draft_tree import DraftTreeConfig, DraftTreeDrafter

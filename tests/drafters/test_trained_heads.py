@@ -16,7 +16,6 @@ from tiny import reference_greedy, tiny_model
 from specula.api import build_decoder
 from specula.drafters.heads.file import HeadFile, read_head, save_head, target_record
 from specula.drafters.heads.runtime import load_head, new_head
-from specula.engine import SpeculativeDecoder
 from specula.errors import HeadFileError
 from specula.models.hf import HFCausalLM
 from specula.models.native import NativeCausalLM, NativeDecoder, configure

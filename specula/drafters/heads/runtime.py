@@ -24,7 +24,6 @@ from specula.drafters.heads.eagle import EagleHead
 from specula.drafters.heads.file import HeadFile, check_target, read_head
 from specula.drafters.heads.medusa import HydraHeads, MedusaHeads
 from specula.errors import HeadFileError
-from specula.tree import TokenTree
 
 MODULES = {"eagle": EagleHead, "medusa": MedusaHeads, "hydra": HydraHeads}
 
@@ -133,10 +132,6 @@ class HeadState:
             par = parents[node]
             self.depth[node] = 1 if par < 0 else self.depth[par] + 1
         return [self.depth[n] for n in nodes]
-
-    def _note_children(self, nodes: Sequence[int], parents: Sequence[int]) -> None:
-        """Record depths of nodes fed (their parents are fed or the root)."""
-        self._depths(nodes, parents)
 
 
 class EagleState(HeadState):
