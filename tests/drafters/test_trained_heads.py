@@ -87,7 +87,8 @@ def test_drafting_state_computes_what_training_computes():
     """The eagle state's root row and depth-1/2 rows equal the training-time-test forward's."""
     from specula.training.corpus import Sequence_
     from specula.training.features import extract_features
-    from specula.training.trainer import batch, eagle_outputs
+    from specula.drafters.heads.losses import eagle_outputs
+    from specula.training.trainer import batch
     import tempfile
     from pathlib import Path
 

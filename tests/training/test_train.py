@@ -17,7 +17,8 @@ from specula.drafters.heads.runtime import new_head
 from specula.models.native import NativeCausalLM, NativeDecoder, configure
 from specula.training.corpus import Sequence_
 from specula.training.features import coverage, draft_vocabulary, extract_features
-from specula.training.trainer import TrainConfig, batch, chunks, loss_of, split, train_head, ttt_mask
+from specula.drafters.heads.losses import loss_of, ttt_mask
+from specula.training.trainer import TrainConfig, batch, chunks, loss_config, split, train_head
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +43,7 @@ def embed_of(target):
 def test_a_training_step_lowers_the_loss(setup, kind):
     target, fs = setup
     head = new_head(kind, target, draft_vocabulary(fs, 48, 96), seed=0)
-    cfg = TrainConfig(kind=kind, seq_len=32, noise=0.0)
+    cfg = loss_config(TrainConfig(kind=kind, seq_len=32, noise=0.0))
     b = batch(fs, chunks(fs, list(range(4)), 32)[:4], embed_of(target))
     module = head.module.train().requires_grad_(True)
     opt = torch.optim.AdamW(module.parameters(), lr=1e-3)

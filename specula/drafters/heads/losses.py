@@ -1,0 +1,116 @@
+"""The losses of head training, shared by `specula train` and online distillation.
+
+Self-distillation: every target is the target's own distribution, softmax(lm_rows @ f) of the
+feature the target computed at the predicted position, restricted to the draft vocabulary (as
+EAGLE-3 restricts the target's logits). EAGLE adds EAGLE-1's smooth-L1 feature regression and
+EAGLE-3's training-time test (`ttt_mask`, `eagle_outputs`); Medusa / Hydra heads learn each
+offset (`offset_outputs`).
+
+A batch is a dict of padded tensors: tokens [B, T + 1] long, feats [B, T + 1, E], emb
+[B, T + 1, E], valid [B, T + 1] bool (the row exists).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from specula.drafters.heads.runtime import TrainedHead
+
+
+@dataclass(frozen=True)
+class LossConfig:
+    """The loss's knobs (a `TrainConfig` carries the same names)."""
+
+    ttt_steps: int = 2
+    """eagle: training-time-test steps (1 = teacher forcing only)."""
+    ttt_decay: float = 0.8
+    """eagle: weight of step j is ttt_decay ** j."""
+    feature_loss: float = 1.0
+    """eagle: weight of the smooth-L1 feature regression."""
+    noise: float = 0.0
+    """eagle: half-width of the uniform noise added to input features."""
+
+
+def ttt_mask(t: int, j: int) -> torch.Tensor:
+    """Bool [T, (j + 1) T]: step j's row i sees step-0 rows <= i - j and step-k rows i - j + k
+    (k = 1 .. j; its own is k = j): the keys a depth-j draft row sees at inference."""
+    blocks = [torch.ones((t, t), dtype=torch.bool).tril(-j)]
+    for k in range(1, j + 1):
+        blocks.append(torch.eye(t, dtype=torch.bool).roll(k - j, dims=1).tril(k - j) if k < j
+                      else torch.eye(t, dtype=torch.bool))
+    mask = torch.cat(blocks, dim=1)
+    mask[:j, :] = False
+    mask[torch.arange(min(j, t)), j * t + torch.arange(min(j, t))] = True  # rows without context see themselves
+    return mask
+
+
+def soft_ce(logits: torch.Tensor, p: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Mean over masked rows of -sum p log softmax(logits); logits, p: [..., V], mask: [...]."""
+    ce = -(p * F.log_softmax(logits.float(), -1)).sum(-1)
+    return (ce * mask).sum() / mask.sum().clamp_min(1)
+
+
+def eagle_outputs(head: TrainedHead, b: dict, steps: int, noise: float, gen: torch.Generator | None
+                  ) -> list[torch.Tensor]:
+    """Predicted features [B, T, E] of each training-time-test step (step 0: teacher forcing)."""
+    module = head.module
+    emb, feats = b["emb"][:, 1:], b["feats"][:, :-1]  # pair i = (f_i, x_{i+1})
+    bsz, t, _ = emb.shape
+    if noise > 0 and gen is not None:
+        feats = feats + (torch.rand(feats.shape, generator=gen) - 0.5) * 2 * noise
+    pos = torch.arange(t)[None].expand(bsz, t)
+    outs, keys, values = [], None, None
+    inp = feats
+    for j in range(steps):
+        mask = ttt_mask(t, j)[None] if j else None
+        out, (k, v) = module(emb, inp, pos, None if keys is None else (keys, values), mask)
+        keys = k if keys is None else torch.cat([keys, k], 2)
+        values = v if values is None else torch.cat([values, v], 2)
+        outs.append(out)
+        inp = torch.cat([torch.zeros_like(out[:, :1]), out[:, :-1].detach()], dim=1)  # step j+1 feeds g_{i-1}
+    return outs
+
+
+def loss_of(head: TrainedHead, b: dict, cfg: LossConfig, gen: torch.Generator | None) -> torch.Tensor:
+    """The batch's loss (see the module docstring); `gen` draws the feature noise (None: none)."""
+    feats, valid = b["feats"], b["valid"]
+    if head.kind == "eagle":
+        target = feats[:, 1:]  # [B, T, E]: f_{i+1}
+        p = torch.softmax(head.logits(target), -1)  # [B, T, V_draft]
+        noise = cfg.noise
+        total = torch.zeros(())
+        for j, out in enumerate(eagle_outputs(head, b, cfg.ttt_steps, noise, gen)):
+            mask = valid[:, 1:].clone()
+            mask[:, :j] = False
+            loss = soft_ce(head.logits(out), p, mask)
+            if cfg.feature_loss > 0:
+                l1 = F.smooth_l1_loss(out, target, reduction="none").mean(-1)
+                loss = loss + cfg.feature_loss * (l1 * mask).sum() / mask.sum().clamp_min(1)
+            total = total + cfg.ttt_decay ** j * loss
+        return total
+    total = torch.zeros(())
+    for k, out, mask in offset_outputs(head, b):
+        p = torch.softmax(head.logits(feats[:, 1 + k:]), -1)
+        total = total + soft_ce(head.logits(out), p, mask)
+    return total
+
+
+def offset_outputs(head: TrainedHead, b: dict):
+    """Medusa / Hydra: (k, predicted features [B, T - k, E] of x_{t+2+k} from f_t, valid rows)."""
+    feats, emb, valid = b["feats"], b["emb"], b["valid"]
+    t1 = feats.shape[1]
+    module = head.module
+    for k in range(head.config.num_offsets):
+        n = t1 - 1 - k  # rows t = 0 .. n - 1 have x_{t+1+k} and f_{t+1+k}
+        if n <= 0:
+            break
+        f = feats[:, :n]
+        if head.kind == "medusa":
+            out = module(f, range(k, k + 1))[..., 0, :]
+        else:
+            embs = torch.stack([emb[:, 1 + m: 1 + m + n] for m in range(k + 1)], dim=2)  # [B, n, k + 1, E]
+            out = module.forward_one(k, f, embs)
+        yield k, out, valid[:, 1 + k: 1 + k + n]
