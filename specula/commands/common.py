@@ -94,6 +94,9 @@ def add_method_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--head", metavar="FILE", default=None,
                    help="eagle / medusa / hydra (and fusion): a trained head file (`specula train`); default: the "
                         "head installed for the target by `specula models install`, if any")
+    g.add_argument("--online-distill", action="store_true",
+                   help="eagle / medusa / hydra (and fusion's head): keep training the head on the requests it serves "
+                        "(OSD: replay buffer, small learning rate); output is unchanged, acceptance adapts")
     g.add_argument("--recycling-state", metavar="FILE", default=None,
                    help="token-recycling: matrix file loaded at start if present and saved after each request (hot start)")
 
@@ -135,11 +138,13 @@ def drafter_options(args: argparse.Namespace, method: str) -> dict:
         options.update(tree_sampling=args.tree_sampling, tree_verifier=args.tree_verifier, tree_top_k=args.tree_top_k,
                        tree_depth=args.tree_depth, tree_nodes=args.tree_nodes)
     elif method in ("eagle", "medusa", "hydra"):
-        options.update(head=_head(args, method), target_name=args.target, tree_sampling=args.tree_sampling, tree_verifier=args.tree_verifier,
+        options.update(head=_head(args, method), target_name=args.target, online_distill=args.online_distill or None,
+                       tree_sampling=args.tree_sampling, tree_verifier=args.tree_verifier,
                        tree_top_k=args.tree_top_k, tree_depth=args.tree_depth, tree_nodes=args.tree_nodes)
     elif method == "fusion":
         options.update(num_draft_tokens=args.num_draft_tokens, datastore=args.datastore,
-                       recycling_state=args.recycling_state, head=_head(args, "eagle"), target_name=args.target)
+                       recycling_state=args.recycling_state, head=_head(args, "eagle"), target_name=args.target,
+                       online_distill=args.online_distill or None)
     elif method == "rest":
         options["datastore"] = args.datastore
     elif method == "token-recycling":

@@ -62,7 +62,7 @@ def make_drafter(method: str, *, target=None, draft=None, tokenizer=None, **opti
 
 def make_drafters(method: str, *, target=None, draft=None, tokenizer=None, datastore: str | None = None,
                   recycling_state: str | None = None, num_draft_tokens: int | None = None, head=None,
-                  target_name: str | None = None, **options) -> list:
+                  target_name: str | None = None, online_distill: bool | None = None, **options) -> list:
     """The drafters of a method: one for a drafter family, several for `fusion`.
 
     `head`: a trained head file (or loaded head) for eagle / medusa / hydra; fusion adds it as one
@@ -88,11 +88,14 @@ def make_drafters(method: str, *, target=None, draft=None, tokenizer=None, datas
         draft = None
     if method != FUSION:
         given = {"datastore": datastore, "recycling_state": recycling_state, "num_draft_tokens": num_draft_tokens,
-                 "head": head, "target_name": target_name if head is not None else None}
+                 "head": head, "target_name": target_name if head is not None else None,
+                 "online_distill": online_distill}
         return [make_drafter(method, target=target, draft=draft, tokenizer=tokenizer, **given, **options)]
     if options:
         raise ConfigError(f"method fusion does not take {', '.join(sorted(options))}; its options are "
-                          "datastore, head, num_draft_tokens, recycling_state")
+                          "datastore, head, num_draft_tokens, online_distill, recycling_state")
+    if online_distill and head is None:
+        raise ConfigError("--online-distill trains a head: give fusion one with --head FILE (or install the shipped one)")
     drafters = [make_drafter("prompt-lookup")]
     if datastore:
         drafters.append(make_drafter("rest", target=target, datastore=datastore, tokenizer=tokenizer))
@@ -102,7 +105,8 @@ def make_drafters(method: str, *, target=None, draft=None, tokenizer=None, datas
         from specula.drafters.heads.runtime import TrainedHead, read_kind
 
         kind = head.kind if isinstance(head, TrainedHead) else read_kind(head)
-        drafters.append(make_drafter(kind, target=target, head=head, target_name=target_name))
+        drafters.append(make_drafter(kind, target=target, head=head, target_name=target_name,
+                                     online_distill=online_distill))
     if skipping:
         drafters.append(make_drafter("layer-skip", target=target, num_draft_tokens=num_draft_tokens,
                                      **skip_options))

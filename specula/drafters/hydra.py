@@ -3,7 +3,8 @@
 from specula.drafters.trained import create_head_drafter
 
 
-def create(*, target=None, draft=None, head=None, target_name=None, **options):
+def create(*, target=None, draft=None, head=None, target_name=None, online_distill=False, **options):
     """options: DraftTreeConfig fields (tree_top_k, tree_depth, tree_nodes, tree_sampling, tree_verifier);
-    head: the head file (`specula train` / `specula models install`)."""
-    return create_head_drafter("hydra", target=target, head=head, target_name=target_name, **options)
+    head: the head file (`specula train` / `specula models install`); online_distill: keep training it (OSD)."""
+    return create_head_drafter("hydra", target=target, head=head, target_name=target_name,
+                               online_distill=online_distill, **options)

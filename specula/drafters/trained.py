@@ -20,6 +20,7 @@ from dataclasses import fields
 
 from specula.drafters.base import StepResult, method_config
 from specula.drafters.draft_tree import DraftTreeConfig, DraftTreeDrafter
+from specula.drafters.heads.online import OnlineDistillConfig, OnlineDistiller
 from specula.drafters.heads.runtime import HeadState, TrainedHead, load_head
 from specula.errors import ConfigError
 
@@ -35,10 +36,12 @@ class TrainedHeadDrafter(DraftTreeDrafter):
 
     needs_hidden = True
 
-    def __init__(self, head: TrainedHead, config: DraftTreeConfig) -> None:
+    def __init__(self, head: TrainedHead, config: DraftTreeConfig, online: OnlineDistiller | None = None) -> None:
         super().__init__(None, config)
         self.head = head
         self.name = head.kind
+        self.online = online
+        """Online distillation (`--online-distill`): the head learns from every finished request."""
         if head.kind != "eagle":  # head i drafts level i + 1: no deeper level exists
             self.config = DraftTreeConfig(**{**{f.name: getattr(config, f.name) for f in fields(config)},
                                              "tree_depth": min(config.tree_depth, head.config.num_offsets)})
@@ -56,9 +59,14 @@ class TrainedHeadDrafter(DraftTreeDrafter):
         return self.head.target.vocab_size
 
     def start(self) -> HeadState:
-        return self.head.new_state()
+        state = self.head.new_state()
+        if self.online is not None:
+            state.history = ([], [])
+        return state
 
     def observe_prompt(self, prompt, hidden, state: HeadState) -> None:
+        if state.history is not None:
+            state.history[0].extend(prompt)
         state.add_features(hidden)
 
     def observe(self, step: StepResult, state: HeadState) -> None:
@@ -66,11 +74,22 @@ class TrainedHeadDrafter(DraftTreeDrafter):
             raise RuntimeError(f"{self.name}: the step carries no hidden states (the engine must ask for them)")
         state.finish(step.accepted_tokens)
         state.observe(step.hidden, step.path)
+        if state.history is not None:
+            state.history[0].extend([*step.accepted_tokens, step.next_token])
+
+    def finish(self, state: HeadState) -> None:
+        if self.online is not None and state.history is not None:
+            tokens, features = state.history
+            state.history = None
+            self.online.add(tokens, features)
+        state.release()
 
 
 def create_head_drafter(kind: str, *, target=None, head: str | os.PathLike | TrainedHead | None = None,
-                        target_name: str | None = None, **options) -> TrainedHeadDrafter:
-    """options: DraftTreeConfig fields; `head`: a head file (or a loaded `TrainedHead`)."""
+                        target_name: str | None = None, online_distill: bool = False,
+                        online_lr: float | None = None, **options) -> TrainedHeadDrafter:
+    """options: DraftTreeConfig fields; `head`: a head file (or a loaded `TrainedHead`);
+    `online_distill`: keep training the head on what is served (OSD), at `online_lr`."""
     if target is None:
         raise ConfigError(f"method {kind!r} needs the target model")
     if head is None:
@@ -82,4 +101,7 @@ def create_head_drafter(kind: str, *, target=None, head: str | os.PathLike | Tra
     if head.kind != kind:
         raise ConfigError(f"--method {kind} got a {head.kind} head; use --method {head.kind} or a {kind} head")
     merged = {**DEFAULTS[kind], **options}
-    return TrainedHeadDrafter(head, method_config(kind, DraftTreeConfig, merged))
+    online = None
+    if online_distill:
+        online = OnlineDistiller(head, OnlineDistillConfig(**({} if online_lr is None else {"lr": online_lr})))
+    return TrainedHeadDrafter(head, method_config(kind, DraftTreeConfig, merged), online)

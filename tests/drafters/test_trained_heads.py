@@ -187,3 +187,21 @@ def test_cli_refuses_a_corrupted_head_in_one_line_with_exit_2(saved, tmp_path):
     assert proc.returncode == 2
     assert proc.stderr.count("\n") == 1 and proc.stderr.startswith("error: ")
     assert "truncated or corrupted" in proc.stderr and "specula train" in proc.stderr  # before the model load
+
+
+def test_online_distillation_updates_the_head_and_never_changes_the_output():
+    model = tiny_model("llama", "eager", seed=6)
+    target = native(model)
+    head = new_head("eagle", target, torch.arange(96), seed=0)
+    before = {k: v.clone() for k, v in head.module.state_dict().items()}
+    dec = build_decoder("eagle", target, None, head=head, planner=False, online_distill=True)
+    drafter = dec.drafters[0]
+    rng = random.Random(3)
+    for _ in range(3):
+        prompt = [rng.randrange(2, 96) for _ in range(6)]
+        out = dec.generate(prompt, SamplingParams(max_new_tokens=24, ignore_eos=True))
+        assert out.token_ids == reference_greedy(model, prompt, 24)
+    assert drafter.online.updates == 3 and len(drafter.online.buffer) == 3
+    assert drafter.online.buffer[0][0].shape[0] == drafter.online.buffer[0][1].shape[0] == 6 + 24 - 1
+    assert any(not torch.equal(v, head.module.state_dict()[k]) for k, v in before.items())
+    assert not head.module.training and not any(p.requires_grad for p in head.module.parameters())

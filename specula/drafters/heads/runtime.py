@@ -99,6 +99,8 @@ class HeadState:
         self.pending: list[torch.Tensor] = []  # features f_i for positions start, start + 1, ...
         self.start = 0  # position of pending[0]
         self.depth: dict[int, int] = {}  # proposal node -> depth (1 = child of the root)
+        self.history: tuple[list[int], list[torch.Tensor]] | None = None
+        """(committed tokens, their features) when the request is recorded (online distillation)."""
 
     @property
     def known(self) -> int:
@@ -107,7 +109,10 @@ class HeadState:
 
     def add_features(self, hidden: torch.Tensor) -> None:
         """hidden [m, E]: features of the next m committed positions."""
-        self.pending.extend(hidden.to(self.head.dtype).unbind(0))
+        rows = hidden.to(self.head.dtype).unbind(0)
+        self.pending.extend(rows)
+        if self.history is not None:
+            self.history[1].extend(rows)
 
     def observe(self, hidden: torch.Tensor, path: Sequence[int]) -> None:
         """A verified step: keep the root's and the accepted nodes' features (rows 0, path + 1)."""
