@@ -83,12 +83,12 @@ def add_method_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--adaptive", action="store_true",
                    help="draft-model: adaptive chain length (stop drafting by the planner's cost-derived rule)")
     g.add_argument("--tree-sampling", default=None, choices=("deterministic", "iid", "without_replacement", "beam"),
-                   help="draft-tree: how siblings are drafted when sampling (default deterministic top-k)")
+                   help="draft-tree, eagle, medusa, hydra: how siblings are drafted when sampling (default deterministic top-k)")
     g.add_argument("--tree-verifier", default=None, choices=("rrs", "kseq"),
                    help="draft-tree: rule for iid siblings, recursive rejection sampling or SpecTr K-SEQ (default rrs)")
-    g.add_argument("--tree-top-k", type=int, default=None, help="draft-tree: children per node and frontier size (default 4)")
-    g.add_argument("--tree-depth", type=int, default=None, help="draft-tree: levels drafted (default 5)")
-    g.add_argument("--tree-nodes", type=int, default=None, help="draft-tree: most nodes proposed (default 24)")
+    g.add_argument("--tree-top-k", type=int, default=None, help="draft-tree, eagle, medusa, hydra: children per node and frontier size (default 4; eagle 8)")
+    g.add_argument("--tree-depth", type=int, default=None, help="draft-tree, eagle, medusa, hydra: levels drafted (default 5; eagle 6, medusa / hydra 4)")
+    g.add_argument("--tree-nodes", type=int, default=None, help="draft-tree, eagle, medusa, hydra: most nodes proposed (default 24; eagle 48, medusa / hydra 32)")
     g.add_argument("--datastore", metavar="FILE", default=None,
                    help="rest: datastore file built with `specula datastore build` (same tokenizer as the target)")
     g.add_argument("--head", metavar="FILE", default=None,

@@ -29,7 +29,7 @@ from specula.training.trainer import TrainConfig, train_head
 def target_identity(target) -> dict:
     """What the target's outputs depend on (not the machine's threads or kernels)."""
     key = target.cost_key()
-    return {k: key.get(k) for k in ("model", "arch", "layers", "hidden", "dtype", "quantize")}
+    return {k: key.get(k) for k in ("model", "dtype", "quantize")}
 
 
 def _bar(total: int, desc: str, quiet: bool):

@@ -205,3 +205,29 @@ def test_online_distillation_updates_the_head_and_never_changes_the_output():
     assert drafter.online.buffer[0][0].shape[0] == drafter.online.buffer[0][1].shape[0] == 6 + 24 - 1
     assert any(not torch.equal(v, head.module.state_dict()[k]) for k, v in before.items())
     assert not head.module.training and not any(p.requires_grad for p in head.module.parameters())
+
+
+def test_shipped_heads_install_checked_by_sha256(saved, tmp_path, monkeypatch):
+    import hashlib
+
+    from specula.drafters.heads import shipped
+
+    _, _, _, path = saved
+    package = tmp_path / "pkg"
+    package.mkdir()
+    (package / "tiny-eagle.safetensors").write_bytes(path.read_bytes())
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    monkeypatch.setenv("SPECULA_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(shipped, "PACKAGE_DIR", package)
+    monkeypatch.setattr(shipped, "SHIPPED", (shipped.ShippedHead("smollm2-135m", "eagle", "tiny-eagle.safetensors",
+                                                                  digest),))
+    assert shipped.default_head("smollm2-135m", "eagle") is None
+    [installed] = shipped.install_heads("smollm2-135m")
+    assert installed.read_bytes() == path.read_bytes()
+    assert shipped.default_head("smollm2-135m", "eagle") == installed
+    assert shipped.default_head("smollm2-135m", "medusa") is None and shipped.install_heads("qwen2.5-coder-1.5b") == []
+    installed.unlink()
+    (package / "tiny-eagle.safetensors").write_bytes(path.read_bytes()[:-10])  # corrupted in the package
+    with pytest.raises(HeadFileError, match="sha256"):
+        shipped.install_heads("smollm2-135m")
+    assert not installed.exists()

@@ -31,8 +31,12 @@ class ShippedHead:
     """Checksum verified at install."""
 
 
-SHIPPED: tuple[ShippedHead, ...] = ()
-"""Every shipped head (filled in as heads are trained and committed)."""
+SHIPPED: tuple[ShippedHead, ...] = (
+    # specula train --target smollm2-135m --kind eagle --epochs 10 (docs/training.md); float16
+    ShippedHead("smollm2-135m", "eagle", "smollm2-135m-eagle.safetensors",
+                "5a5201e50bf9740e1169686c06d85fb62a242ae23f28abbc0ca751d8cbd9ffe2"),
+)
+"""Every shipped head."""
 
 
 def installed_path(alias: str, kind: str) -> Path:
