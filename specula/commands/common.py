@@ -161,7 +161,8 @@ def _head(args: argparse.Namespace, kind: str):
         return args.head
     from specula.drafters.heads.shipped import default_head
 
-    return default_head(getattr(args, "target", None), kind)
+    found = default_head(getattr(args, "target", None), kind)
+    return None if found is None else str(found)
 
 
 def planner_from_args(args: argparse.Namespace):
