@@ -45,6 +45,7 @@ def main() -> None:
     ap.add_argument("--target", default="smollm2-135m")
     ap.add_argument("--head", required=True)
     ap.add_argument("--max-new-tokens", type=int, default=96)
+    ap.add_argument("--prompts", type=int, default=len(PROMPTS), help="use the first N prompts")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
 
@@ -59,11 +60,11 @@ def main() -> None:
     target, tok = load_backend(args.target, LoadConfig(), "target")
     plain = build_decoder("none", target, tok)
     runs = {name: build_decoder("eagle", target, tok, head=load_head(args.head, target, args.target),
-                                online_distill=online)
+                                online_distill=online, planner=False)
             for name, online in (("offline", False), ("online-distill", True))}
     params = SamplingParams(max_new_tokens=args.max_new_tokens)
     rows = []
-    for i, text in enumerate(PROMPTS):
+    for i, text in enumerate(PROMPTS[: args.prompts]):
         ids = encode_prompt(tok, text)
         ref = plain.generate(ids, params).token_ids
         row = {"prompt": i}

@@ -49,8 +49,10 @@ def test_load_with_the_model_as_its_own_draft_uses_every_drafter(model_dir, tmp_
 
 def test_bad_method_and_empty_prompt_fail_clearly(model_dir):
     path, _ = model_dir
-    with pytest.raises(ConfigError, match="unknown method 'medusa'"):
-        specula.load(str(path), method="medusa")
+    with pytest.raises(ConfigError, match="unknown method 'lookahead'"):
+        specula.load(str(path), method="lookahead")
+    with pytest.raises(ConfigError, match="medusa.*needs a trained head.*specula train"):
+        specula.load(str(path), method="medusa")  # no head installed for a local model
     spec = specula.load(str(path), method="none")
     with pytest.raises(ConfigError, match="empty"):
         spec.generate("   ")

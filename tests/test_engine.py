@@ -177,7 +177,7 @@ def test_bad_input_gives_clear_errors():
     with pytest.raises(ConfigError, match="context window"):
         dec.generate(list(range(50)) * 6, greedy(5))
     with pytest.raises(ConfigError, match="unknown method"):
-        make_drafter("medusa")
+        make_drafter("lookahead")
     with pytest.raises(ConfigError, match="--draft"):
         make_drafter("draft-model")
 

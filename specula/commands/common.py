@@ -143,7 +143,7 @@ def drafter_options(args: argparse.Namespace, method: str) -> dict:
                        tree_top_k=args.tree_top_k, tree_depth=args.tree_depth, tree_nodes=args.tree_nodes)
     elif method == "fusion":
         options.update(num_draft_tokens=args.num_draft_tokens, datastore=args.datastore,
-                       recycling_state=args.recycling_state, head=_head(args, "eagle"), target_name=args.target,
+                       recycling_state=args.recycling_state, head=_head(args, None), target_name=args.target,
                        online_distill=args.online_distill or None)
     elif method == "rest":
         options["datastore"] = args.datastore
@@ -152,13 +152,15 @@ def drafter_options(args: argparse.Namespace, method: str) -> dict:
     return options
 
 
-def _head(args: argparse.Namespace, kind: str):
+def _head(args: argparse.Namespace, kind: str | None):
     """--head, else the head of `kind` installed for the target (`specula models install`), else None."""
     if getattr(args, "head", None):
         from specula.drafters.heads.file import read_head
 
         read_head(args.head)  # a bad file fails here, before any model is loaded
         return args.head
+    if kind is None:
+        return None
     from specula.drafters.heads.shipped import default_head
 
     found = default_head(getattr(args, "target", None), kind)
