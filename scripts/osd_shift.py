@@ -60,7 +60,7 @@ def main() -> None:
     target, tok = load_backend(args.target, LoadConfig(), "target")
     plain = build_decoder("none", target, tok)
     runs = {name: build_decoder("eagle", target, tok, head=load_head(args.head, target, args.target),
-                                online_distill=online, planner=False)
+                                online_distill=online, planner=False, tree_nodes=16, tree_depth=4)
             for name, online in (("offline", False), ("online-distill", True))}
     params = SamplingParams(max_new_tokens=args.max_new_tokens)
     rows = []
