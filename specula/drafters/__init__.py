@@ -102,9 +102,11 @@ def make_drafters(method: str, *, target=None, draft=None, tokenizer=None, datas
     drafters.append(make_drafter("token-recycling", target=target, recycling_state=recycling_state,
                                  tokenizer=tokenizer))
     if head is not None:
-        from specula.drafters.heads.runtime import TrainedHead, read_kind
+        from specula.drafters.heads.runtime import TrainedHead, load_head
 
-        kind = head.kind if isinstance(head, TrainedHead) else read_kind(head)
+        if not isinstance(head, TrainedHead):  # read once: its kind names the drafter
+            head = load_head(head, target, target_name or target.name)
+        kind = head.kind
         drafters.append(make_drafter(kind, target=target, head=head, target_name=target_name,
                                      online_distill=online_distill))
     if skipping:

@@ -96,11 +96,9 @@ def run_training(target, tokenizer, target_name: str, out: Path, config: TrainCo
 
 def _train_with_total(head, fs, config, out, progress, bar, max_minutes):
     """`train_head` with the bar's total set once the step count is known."""
-    from specula.training import trainer
+    from specula.training.trainer import step_counts
 
-    train_seqs, _ = trainer.split(fs, config.holdout, config.seed)
-    per_epoch = max(1, -(-len(trainer.chunks(fs, train_seqs, config.seq_len)) // config.batch_size))
-    bar.total = max(1, round(config.epochs * per_epoch))
+    bar.total = step_counts(fs, config)[1]
     bar.refresh()
     return train_head(head, fs, config, out, progress=progress,
                       max_seconds=None if max_minutes is None else max_minutes * 60)

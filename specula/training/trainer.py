@@ -122,6 +122,13 @@ def batch(fs: FeatureSet, pieces: list[tuple[int, int, int]], embed: Callable) -
     return {"tokens": tokens, "feats": feats, "emb": embed(tokens), "valid": valid, "output": output}
 
 
+def step_counts(fs: FeatureSet, cfg: TrainConfig) -> tuple[int, int]:
+    """(optimizer steps per epoch, total steps) of a run."""
+    pieces = chunks(fs, split(fs, cfg.holdout, cfg.seed)[0], cfg.seq_len)
+    per_epoch = max(1, math.ceil(len(pieces) / cfg.batch_size))
+    return per_epoch, max(1, round(cfg.epochs * per_epoch))
+
+
 def loss_config(cfg: TrainConfig) -> LossConfig:
     """The loss knobs of a training run (EAGLE's noise scaled by 512 / seq_len, as EAGLE-1)."""
     return LossConfig(ttt_steps=cfg.ttt_steps, ttt_decay=cfg.ttt_decay, feature_loss=cfg.feature_loss,
@@ -182,11 +189,10 @@ def train_head(head: TrainedHead, fs: FeatureSet, cfg: TrainConfig, out_dir: Pat
     from specula.paths import atomic_path
 
     module = head.module.train().requires_grad_(True)
-    embed = lambda tokens: head.target.embed_tokens(tokens.flatten()).float().view(*tokens.shape, -1).clone()  # noqa: E731
+    embed = head.embed
     train_seqs, eval_seqs = split(fs, cfg.holdout, cfg.seed)
     pieces = chunks(fs, train_seqs, cfg.seq_len)
-    per_epoch = max(1, math.ceil(len(pieces) / cfg.batch_size))
-    total_steps = max(1, round(cfg.epochs * per_epoch))
+    per_epoch, total_steps = step_counts(fs, cfg)
     opt = torch.optim.AdamW(module.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.0)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / cfg.warmup_steps) * (
         0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, s / total_steps)))))

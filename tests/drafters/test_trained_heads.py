@@ -99,8 +99,7 @@ def test_drafting_state_computes_what_training_computes():
         fs = extract_features(target, [seq], Path(d) / "f.safetensors")
     head = new_head("eagle", target, oracle_d2t(96), seed=5)
     toks, feats, _ = fs.sequence(0)
-    embed = lambda t: target.embed_tokens(t.flatten()).float().view(*t.shape, -1)  # noqa: E731
-    outs = eagle_outputs(head, batch(fs, [(0, 0, 12)], embed), 3, 0.0, None)
+    outs = eagle_outputs(head, batch(fs, [(0, 0, 12)], head.embed), 3, 0.0, None)
     state = head.new_state()
     state.add_features(feats[:5].float())
     state.begin(toks[:6].tolist())  # root x_5, root pair (f_4, x_5)

@@ -35,16 +35,12 @@ def setup(tmp_path_factory):
     return target, fs
 
 
-def embed_of(target):
-    return lambda t: target.embed_tokens(t.flatten()).float().view(*t.shape, -1).clone()
-
-
 @pytest.mark.parametrize("kind", ["eagle", "medusa", "hydra"])
 def test_a_training_step_lowers_the_loss(setup, kind):
     target, fs = setup
     head = new_head(kind, target, draft_vocabulary(fs, 48, 96), seed=0)
     cfg = loss_config(TrainConfig(kind=kind, seq_len=32, noise=0.0))
-    b = batch(fs, chunks(fs, list(range(4)), 32)[:4], embed_of(target))
+    b = batch(fs, chunks(fs, list(range(4)), 32)[:4], head.embed)
     module = head.module.train().requires_grad_(True)
     opt = torch.optim.AdamW(module.parameters(), lr=1e-3)
     before = loss_of(head, b, cfg, None).item()

@@ -85,8 +85,7 @@ class OnlineDistiller:
                 valid = torch.zeros((len(windows), t1), dtype=torch.bool)
                 for b, (t, f) in enumerate(windows):
                     tokens[b, :len(t)], feats[b, :len(t)], valid[b, :len(t)] = t, f.float(), True
-                emb = head.target.embed_tokens(tokens.flatten()).float().view(*tokens.shape, -1).clone()
-                batch = {"tokens": tokens, "feats": feats.to(head.dtype), "emb": emb.to(head.dtype), "valid": valid}
+                batch = {"tokens": tokens, "feats": feats.to(head.dtype), "emb": head.embed(tokens), "valid": valid}
                 loss = loss_of(head, batch, LossConfig(), None)
                 self.optimizer.zero_grad(set_to_none=True)
                 loss.backward()

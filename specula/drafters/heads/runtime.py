@@ -58,9 +58,12 @@ class TrainedHead:
         """[..., E] -> [..., V_draft] float32."""
         return (feat.to(self.dtype) @ self.lm_rows.t()).float()
 
-    def embed(self, ids: Sequence[int]) -> torch.Tensor:
-        """[n] token ids -> [n, E] target embeddings (in the head's dtype)."""
-        return self.target.embed_tokens(torch.tensor(list(ids), dtype=torch.long)).to(self.dtype)
+    def embed(self, ids: Sequence[int] | torch.Tensor) -> torch.Tensor:
+        """Token ids [...] (a list or a long tensor of any shape) -> target embeddings [..., E] in the
+        head's dtype (a normal tensor, usable in autograd)."""
+        ids = ids if isinstance(ids, torch.Tensor) else torch.tensor(list(ids), dtype=torch.long)
+        flat = self.target.embed_tokens(ids.flatten()).to(self.dtype)  # [n, E]
+        return flat.view(*ids.shape, -1).clone()
 
     def token_ids(self, indices: Sequence[int]) -> list[int]:
         """Draft-vocabulary indices -> target token ids (the exact mapping back)."""
@@ -68,11 +71,6 @@ class TrainedHead:
 
     def new_state(self) -> "HeadState":
         return {"eagle": EagleState, "medusa": MedusaState, "hydra": HydraState}[self.kind](self)
-
-
-def read_kind(path: str | os.PathLike) -> str:
-    """The kind of a head file (read and checked on its own)."""
-    return read_head(path).config.kind
 
 
 def load_head(path: str | os.PathLike, target, target_name: str) -> TrainedHead:
@@ -120,6 +118,17 @@ class HeadState:
 
     def token_ids(self, indices: Sequence[int]) -> list[int]:
         return self.head.token_ids(indices)
+
+    def feature_before_root(self, tokens: Sequence[int]) -> torch.Tensor | None:
+        """Medusa / Hydra: f of the token before the root (earlier pending features dropped), or
+        None when there is none yet (a one-token prompt)."""
+        root_pos = len(tokens) - 1
+        if root_pos < 1 or self.known < root_pos:
+            return None
+        keep = root_pos - 1 - self.start
+        del self.pending[:keep]
+        self.start += keep
+        return self.pending[0]
 
     @property
     def vocab_index(self) -> torch.Tensor:
@@ -220,13 +229,9 @@ class MedusaState(HeadState):
 
     @torch.inference_mode()
     def begin(self, tokens: Sequence[int]) -> torch.Tensor | None:
-        root_pos = len(tokens) - 1
-        if root_pos < 1 or self.known < root_pos:
+        feat = self.feature_before_root(tokens)
+        if feat is None:
             return None
-        feat = self.pending[root_pos - 1 - self.start]  # f before the root
-        keep = root_pos - 1 - self.start
-        del self.pending[:keep]
-        self.start += keep
         self.levels = self.head.logits(self.head.module(feat))  # [K, V_draft]
         self.depth = {}
         return self.levels[0]
@@ -241,13 +246,9 @@ class HydraState(HeadState):
 
     @torch.inference_mode()
     def begin(self, tokens: Sequence[int]) -> torch.Tensor | None:
-        root_pos = len(tokens) - 1
-        if root_pos < 1 or self.known < root_pos:
+        self.feat = self.feature_before_root(tokens)
+        if self.feat is None:
             return None
-        self.feat = self.pending[root_pos - 1 - self.start]
-        keep = root_pos - 1 - self.start
-        del self.pending[:keep]
-        self.start += keep
         self.path_emb = {-1: self.head.embed([tokens[-1]])}  # node -> embeddings [d + 1, E] root..node
         self.depth = {}
         return self.head.logits(self.head.module.forward_one(0, self.feat, self.path_emb[-1]))
