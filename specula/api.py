@@ -55,12 +55,12 @@ def build_decoder(method: str, target: TargetModel, tokenizer=None, draft: Targe
     to share one (e.g. a planner built on a given cost curve), or `planner=False` to verify what
     the drafters propose as it is (within the engine's budget: research runs and tests that
     need the same trees whatever the timing)."""
+    from specula.planner import HardwarePlanner, PassThroughPlanner
+
     drafters = make_drafters(method, target=target, draft=draft, tokenizer=tokenizer, **drafter_options)
     if planner is False or method == "none":
-        planner = None
+        planner = PassThroughPlanner()
     elif planner is None:
-        from specula.planner import HardwarePlanner
-
         planner = HardwarePlanner(target)
     return SpeculativeDecoder(target, drafters, tokenizer, planner=planner, config=engine, method=method)
 

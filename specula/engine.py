@@ -3,12 +3,14 @@
     committed tokens + KV cache (the session's)
       -> drafter.propose(ctx, state)   candidate trees (model-free drafters first; each later
                                        drafter reads a cost view of the earlier ones' trees)
-      -> planner.plan_batch(...)       merged and sized to the hardware (one request: its best
-                                       tree; several: the batch's goodput, SmartSpec)
+      -> planner.plan(requests)        merged and sized to the hardware (one request: its best
+                                       tree; several: the batch's goodput, SmartSpec); a
+                                       `Plan` value per session
+      -> planner.observe_pass(...)     what the target pass cost
       -> seq.forward_tree(root, tree)  logits for the root and every node
       -> verify(...)                   accepted path + one next token (pure function)
       -> seq.commit(path)              cache = prefix + root + path
-      -> drafter.observe(step), planner.observe(step)
+      -> drafter.observe(step), planner.observe(plan, step)
 
 The root of each step is the last emitted token, not yet in the target's cache.
 
@@ -31,7 +33,7 @@ import torch
 from specula.drafters.base import Drafter, FeatureDrafter
 from specula.errors import ConfigError
 from specula.models.base import TargetModel, TargetSequence, check_context, forward_trees
-from specula.planner import HardwarePlanner, PlannerState, merge_proposals
+from specula.planner import PassThroughPlanner, Plan, Planner, PlanRequest, StepTiming
 from specula.sampling import (
     SamplingParams, TargetRows, make_generator, position_uniforms, probabilities, request_seed,
 )
@@ -92,8 +94,8 @@ class Session:
     that decide the target's tokens, so the same seed gives the same sample whatever is drafted."""
     drafter_states: list[Any]
     """Per-request state of each drafter (`Drafter.start()`), in drafter order."""
-    planner_state: PlannerState | None
-    """Per-request planner state (back-off, exploration), or None without a planner."""
+    planner_state: Any
+    """Per-request planner state (back-off, exploration; None for the pass-through planner)."""
     text: TextStream
     """Incremental text and stop strings."""
     stats: GenerationStats = field(default_factory=GenerationStats)
@@ -111,7 +113,7 @@ class Session:
 
 
 class SpeculativeDecoder:
-    """Target backend + drafters (+ planner) = lossless speculative generation."""
+    """Target backend + drafters + planner = lossless speculative generation."""
 
     def __init__(
         self,
@@ -120,14 +122,15 @@ class SpeculativeDecoder:
         tokenizer=None,
         *,
         eos_token_ids: Sequence[int] | None = None,
-        planner: HardwarePlanner | None = None,
+        planner: Planner | None = None,
         config: EngineConfig = EngineConfig(),
         method: str | None = None,
     ) -> None:
         self.target = target
         self.drafters: list[Drafter] = [drafters] if isinstance(drafters, Drafter) else list(drafters)
         self.tokenizer = tokenizer
-        self.planner = planner
+        self.planner: Planner = planner if planner is not None else PassThroughPlanner()
+        """Merges and sizes the proposals (`PassThroughPlanner` when none is given: merge + budget)."""
         self.config = config
         self.method = method or "+".join(d.name for d in self.drafters) or "none"
         ids = target.eos_token_ids if eos_token_ids is None else eos_token_ids
@@ -148,7 +151,7 @@ class SpeculativeDecoder:
         seed = request_seed(params.seed)
         session = Session(
             prompt=prompt, params=params, seq=seq, generator=make_generator(seed, self.target.device), seed=seed,
-            drafter_states=[], planner_state=self.planner.new_state() if self.planner is not None else None,
+            drafter_states=[], planner_state=self.planner.new_state(),
             text=TextStream(self.tokenizer, params.stop), tokens=list(prompt), t_start=t_start,
         )
         session.stats.method = self.method
@@ -177,8 +180,8 @@ class SpeculativeDecoder:
         session.seq.release()
         if session.finish_reason is None:
             session.finish_reason = "cancelled"
-        if self.planner is not None and session.planner_state is not None:
-            session.stats.planner = self.planner.projection(session.planner_state)
+        if session.stats.planner is None:
+            session.stats.planner = self.planner.summary(session.planner_state)
 
     def step(self, sessions: Sequence[Session]) -> list[StreamChunk]:
         """Advance each running session by one decode step, verifying every running session's tree
@@ -191,17 +194,15 @@ class SpeculativeDecoder:
         planned = self._plan(running, failed)
         running = [s for s in running if id(s) not in failed]
         t1 = time.perf_counter()
-        outs = forward_trees(self.target, [(s.seq, s.tokens[-1], p[0].tree) for s, p in zip(running, planned)],
-                             hidden=self.hidden)
+        outs = forward_trees(self.target, [(s.seq, s.tokens[-1], plan.proposal.tree) for s, (plan, _) in
+                                           zip(running, planned)], hidden=self.hidden)
         pass_seconds = time.perf_counter() - t1
-        if self.planner is not None and len(running) > 1:
-            self.planner.observe_batch(len(running), sum(len(p.tree) + 1 for p, _ in planned), pass_seconds)
+        self.planner.observe_pass([plan for plan, _ in planned], pass_seconds)
         chunks: dict[int, StreamChunk] = {}
-        for s, (proposal, draft_seconds), out in zip(running, planned, outs):
+        for s, (plan, draft_seconds), out in zip(running, planned, outs):
             rows, hidden = out if self.hidden else (out, None)
             try:
-                chunks[id(s)] = self._conclude(s, proposal, rows, draft_seconds, pass_seconds, batched=len(running) > 1,
-                                               hidden=hidden)
+                chunks[id(s)] = self._conclude(s, plan, rows, draft_seconds, pass_seconds, hidden=hidden)
             except Exception as exc:  # this session's rule or bookkeeping: it alone fails
                 failed[id(s)] = exc
         for s in sessions:
@@ -239,32 +240,28 @@ class SpeculativeDecoder:
             self.finish(session)
 
     # ------------------------------------------------------------------ the step
-    def _plan(self, sessions: Sequence[Session], failed: dict[int, Exception]) -> list[tuple[Proposal, float]]:
+    def _plan(self, sessions: Sequence[Session], failed: dict[int, Exception]) -> list[tuple[Plan, float]]:
         """Drafters propose for each session, the planner merges and sizes (across the batch):
-        each session's proposal and drafting seconds (its share of the planning included). A
-        session whose drafters raise goes to `failed` and is left out."""
-        drafted = []
+        each session's plan and drafting seconds (its share of the planning included). A session
+        whose drafters raise goes to `failed` and is left out."""
+        requests = []
         for s in sessions:
             try:
-                drafted.append(self._draft(s, len(sessions)))
+                requests.append(self._draft(s, len(sessions)))
             except Exception as exc:  # one request's drafter failing must not fail the others
                 failed[id(s)] = exc
         sessions = [s for s in sessions if id(s) not in failed]
         t0 = time.perf_counter()
-        planner = self.planner
-        if planner is None:
-            plans = [(merge_proposals(proposals).limit(budget), 0.0) for proposals, budget, _ in drafted]
-        else:
-            plans = planner.plan_batch([(proposals, budget, s.planner_state, seconds)
-                                        for s, (proposals, budget, seconds) in zip(sessions, drafted)])
-            for s, (_, predicted) in zip(sessions, plans):
-                s.stats.predicted_accepted += predicted
-                s.stats.speculation_off_by_load = s.planner_state.off_by_load
+        plans = self.planner.plan(requests)
+        for s, plan in zip(sessions, plans):
+            if plan.predicted is not None:
+                s.stats.predicted_accepted += plan.predicted
+            s.stats.speculation_off_by_load += plan.off_by_load
         share = (time.perf_counter() - t0) / max(1, len(sessions))
-        return [(proposal, seconds + share) for (proposal, _), (_, _, seconds) in zip(plans, drafted)]
+        return [(plan, r.draft_seconds + share) for plan, r in zip(plans, requests)]
 
-    def _draft(self, session: Session, batch_size: int) -> tuple[list[Proposal], DraftBudget, float]:
-        """The drafters' proposals for one session, its budget and the drafting seconds."""
+    def _draft(self, session: Session, batch_size: int) -> PlanRequest:
+        """The drafters' proposals for one session, with its budget and the drafting seconds."""
         target, planner = self.target, self.planner
         params, tokens = session.params, session.tokens
         remaining = params.max_new_tokens - len(session.generated)
@@ -275,21 +272,21 @@ class SpeculativeDecoder:
 
         t0 = time.perf_counter()
         proposals: list[Proposal] = []
-        drafting = budget.max_nodes > 0 and budget.max_depth > 0
-        if drafting and planner is not None:
-            drafting = planner.should_draft(session.planner_state, batch_size)
+        drafting = budget.max_nodes > 0 and budget.max_depth > 0 and planner.should_draft(session.planner_state,
+                                                                                           batch_size)
         if drafting:
             for drafter, state in zip(self.drafters, session.drafter_states):
-                view = planner.view(proposals, time.perf_counter() - t0) if planner is not None else None
+                view = planner.view(proposals, time.perf_counter() - t0)
                 proposals.append(drafter.propose(replace(ctx, cost=view), state))
-        return proposals, budget, time.perf_counter() - t0
+        return PlanRequest(proposals, budget, session.planner_state, time.perf_counter() - t0, drafting)
 
-    def _conclude(self, session: Session, proposal: Proposal, logits: torch.Tensor, draft_seconds: float,
-                  pass_seconds: float, batched: bool = False, hidden: torch.Tensor | None = None) -> StreamChunk:
+    def _conclude(self, session: Session, plan: Plan, logits: torch.Tensor, draft_seconds: float,
+                  pass_seconds: float, hidden: torch.Tensor | None = None) -> StreamChunk:
         """The rule accepts, the cache commits, drafters and planner observe; the step's chunk.
         `logits` [n + 1, vocab] (and `hidden` [n + 1, E] when a drafter asked) came from a pass of
         `pass_seconds`."""
         target, planner, stats, tokens = self.target, self.planner, session.stats, session.tokens
+        proposal = plan.proposal
         t1 = time.perf_counter()
         result = self._verify(proposal, logits, session)
         t2 = time.perf_counter()
@@ -297,12 +294,12 @@ class SpeculativeDecoder:
 
         session.seq.commit(result.path)
         t3 = time.perf_counter()
-        step = StepResult(tokens[-1], proposal, result.path, result.next_token, logits, hidden)
+        step = StepResult(tokens[-1], proposal, result.path, result.next_token, logits, hidden,
+                          idle=plan.idle_by_load)
         for drafter, state in zip(self.drafters, session.drafter_states):
             drafter.observe(step, state)
-        if planner is not None:
-            planner.observe(step, session.planner_state, draft_seconds, verify_seconds, time.perf_counter() - t3,
-                            batched=batched)
+        planner.observe(plan, step, session.planner_state,
+                        StepTiming(draft_seconds, verify_seconds, time.perf_counter() - t3))
         t4 = time.perf_counter()
 
         stats.draft_seconds += draft_seconds + (t4 - t3)

@@ -133,6 +133,10 @@ class StepResult:
     hidden: torch.Tensor | None = None
     """[n + 1, hidden] the target's last hidden state at the root and every node, when a drafter
     asked for hidden states (trained heads), else None."""
+    idle: bool = False
+    """A batch step on which this request drafted nothing (its drafts do not pay at this load):
+    drafters that only learn from steps (token recycling's matrix) skip it, so speculation costs
+    nothing where the batch plan switched it off."""
 
     @property
     def accepted_tokens(self) -> list[int]:

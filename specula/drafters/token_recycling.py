@@ -178,6 +178,8 @@ class TokenRecyclingDrafter:
         return int(self.matrix.nbytes)
 
     def observe(self, step: StepResult, state: None = None) -> None:
+        if step.idle:  # a batch step on which this request drafted nothing: no bookkeeping
+            return
         tokens, rows = rows_to_write(step)
         inside = tokens < self.vocab_size
         # top-k of every row, then pick (cheaper than gathering the rows of [n + 1, vocab] first)

@@ -1,6 +1,7 @@
 """Hardware-aware planning: cost model, merge of candidate trees, calibrated acceptance, tree
-sizing (ALGORITHMS.md §4)."""
+sizing (ALGORITHMS.md §4), behind the `Planner` protocol (`specula.planner.base`)."""
 
+from specula.planner.base import PassThroughPlanner, Plan, Planner, PlanRequest, StepTiming
 from specula.planner.calibration import Calibrator, CalibrationConfig
 from specula.planner.cost import CostCurve, CostModel, load_or_measure_curve, measure_cost_curve, read_cost_curve
 from specula.planner.merge import merge_proposals, rasd_prune
@@ -8,7 +9,8 @@ from specula.planner.planner import HardwarePlanner, PlannerConfig, PlannerState
 from specula.planner.select import chain_lookahead, choose_size, path_probabilities
 
 __all__ = [
-    "Calibrator", "CalibrationConfig", "CostCurve", "CostModel", "HardwarePlanner", "PlannerConfig",
-    "PlannerState", "PlannerView", "chain_lookahead", "choose_size", "load_or_measure_curve",
-    "measure_cost_curve", "merge_proposals", "path_probabilities", "rasd_prune", "read_cost_curve",
+    "Calibrator", "CalibrationConfig", "CostCurve", "CostModel", "HardwarePlanner", "PassThroughPlanner", "Plan",
+    "PlanRequest", "Planner", "PlannerConfig", "PlannerState", "PlannerView", "StepTiming", "chain_lookahead",
+    "choose_size", "load_or_measure_curve", "measure_cost_curve", "merge_proposals", "path_probabilities",
+    "rasd_prune", "read_cost_curve",
 ]

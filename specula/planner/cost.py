@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import statistics
 import time
 from dataclasses import dataclass
@@ -100,20 +101,69 @@ def _timed_pass(seq: TargetSequence, device, root: int, tree: TokenTree, context
     return elapsed
 
 
+@dataclass(frozen=True)
+class TimingConfig:
+    """How start-up timing makes sure it measures the machine, not its warm-up or a busy moment."""
+
+    stable_passes: int = 3
+    """Warm-up ends when this many consecutive plain steps agree within `stable_spread`."""
+    stable_spread: float = 0.10
+    """Largest (max - min) / min among those plain steps for the timing to count as stable."""
+    max_warmup_passes: int = 40
+    """Most warm-up plain steps (after one pass of each size) before timing starts anyway."""
+    busy_cores: float = 0.3
+    """A round during which other processes kept more cores than this busy is discarded."""
+    max_round_factor: int = 3
+    """At most `repeats` * this many rounds are tried to get `repeats` quiet ones."""
+
+
+@dataclass(frozen=True)
+class PassTimes:
+    """Seconds of each kept round per size, and how the timing went."""
+
+    times: dict[int, list[float]]
+    """{n: [seconds of each kept round]}, sizes ascending, 1 included."""
+    warmup_passes: int = 0
+    """Plain steps run before timing until they were stable (after one pass of each size)."""
+    stable: bool = True
+    """Whether the warm-up reached `TimingConfig.stable_passes` agreeing plain steps."""
+    discarded: int = 0
+    """Rounds thrown away because other processes were busy during them."""
+    busy: bool = False
+    """Every round was busy: the least busy ones were kept (the curve may read slow)."""
+    seconds: float = 0.0
+    """Wall time the measurement took."""
+
+    @property
+    def spread(self) -> float:
+        """(max - min) / median of the kept plain-step times: how steady the machine was."""
+        steps = self.times.get(1) or [1.0]
+        return (max(steps) - min(steps)) / max(statistics.median(steps), 1e-12)
+
+
 def measure_cost_curve(
     backend: TargetModel, sizes: Sequence[int] = DEFAULT_SIZES, context: int = 256, repeats: int = 3, seed: int = 0
 ) -> CostCurve:
     """Median latency of one verification pass of n tokens (root + chain of n-1 nodes) after a
-    `context`-token prefix, for each n in `sizes` (1 added if missing). One warm-up pass per
-    size, then `repeats` rounds over all sizes (interleaved, so drifts in machine speed hit
-    every size alike). Runs on a sequence of its own, released at the end."""
-    times = measure_pass_times(backend, sizes, context, repeats, seed)
+    `context`-token prefix, for each n in `sizes` (1 added if missing). Warmed up until plain
+    steps are stable, then `repeats` quiet rounds over all sizes (interleaved, so drifts in machine
+    speed hit every size alike). Runs on a sequence of its own, released at the end."""
+    times = measure_pass_times(backend, sizes, context, repeats, seed).times
     return CostCurve(tuple(times), tuple(statistics.median(t) for t in times.values()), context, repeats)
 
 
 def measure_pass_times(backend: TargetModel, sizes: Sequence[int], context: int, repeats: int,
-                       seed: int = 0) -> dict[int, list[float]]:
-    """{n: [seconds of each round]} for `measure_cost_curve` (sizes ascending, 1 included)."""
+                       seed: int = 0, config: TimingConfig = TimingConfig()) -> PassTimes:
+    """Time `repeats` rounds of one pass per size (sizes ascending, 1 included).
+
+    First one pass of each size (kernels compiled, weights paged in), then plain steps until
+    `config.stable_passes` in a row agree within `config.stable_spread` (a cold process reads up to
+    1.5x slow for a while). A round during which other processes kept more than
+    `config.busy_cores` cores busy is discarded and run again (up to `repeats *
+    config.max_round_factor` rounds); if every round was busy the least busy are kept and the
+    result says so."""
+    from specula.planner.machine import LoadProbe
+
     sizes = sorted({1, *(int(n) for n in sizes)})
     if sizes[0] < 1:
         raise ConfigError(f"sizes must be >= 1 (tokens per forward pass), got {sizes[0]}")
@@ -131,49 +181,104 @@ def measure_pass_times(backend: TargetModel, sizes: Sequence[int], context: int,
     prefix, root, chain = ids[:context], ids[context], ids[context + 1 :]
     trees = {n: TokenTree.chain(chain[: n - 1], source="profile") for n in sizes}
 
+    t_start = time.perf_counter()
     seq = backend.new_sequence()
-    times: dict[int, list[float]] = {n: [] for n in sizes}
+    rounds: list[tuple[float, dict[int, float]]] = []  # (other processes' cores, seconds per size)
+    warmup, stable = 0, False
     try:
         seq.prefill(prefix, logits="none")
         # commit(()) keeps prefix + root: each pass crops back to the `context`-token prefix.
         for n in sizes:
             _timed_pass(seq, backend.device, root, trees[n], context)  # warm-up
-        for _ in range(repeats):
-            for n in sizes:
-                times[n].append(_timed_pass(seq, backend.device, root, trees[n], context))
+        recent: list[float] = []
+        while warmup < config.max_warmup_passes:
+            recent = (recent + [_timed_pass(seq, backend.device, root, trees[1], context)])[-config.stable_passes:]
+            warmup += 1
+            if len(recent) == config.stable_passes and max(recent) <= (1 + config.stable_spread) * min(recent):
+                stable = True
+                break
+        for _ in range(repeats * config.max_round_factor):
+            probe = LoadProbe.start()
+            secs = {n: _timed_pass(seq, backend.device, root, trees[n], context) for n in sizes}
+            others = probe.others()
+            rounds.append((others if others is not None else 0.0, secs))
+            if sum(load <= config.busy_cores for load, _ in rounds) >= repeats:
+                break
     finally:
         seq.release()
-    return times
+    quiet = [r for r in rounds if r[0] <= config.busy_cores]
+    busy = len(quiet) < repeats
+    kept = sorted(rounds, key=lambda r: r[0])[:repeats] if busy else quiet[:repeats]
+    times = {n: [secs[n] for _, secs in kept] for n in sizes}
+    return PassTimes(times, warmup, stable, len(rounds) - len(kept), busy, time.perf_counter() - t_start)
 
 
 class CostModel:
-    """A measured cost curve, corrected online by observed step times.
+    """The cost curve as a prior, corrected by the passes this run times.
 
-    Two corrections, both ratios observed / curve: one global `scale` (every observation; it
-    rescales sizes never verified yet, e.g. when the whole machine is slower than at start-up)
-    and one per pass size actually verified. The per-size one matters on CPUs, where the curve
-    is bumpy (a 3-token pass can cost more than a 4-token one) and a short start-up measurement
-    misses such bumps; it is the running mean of a size's first 1 / correction observations,
-    then an EMA (sizes not observed yet use the global scale)."""
+    Decisions follow what the run observes, not a cached or start-up measurement (which can read
+    1.5x slow on a busy or cold machine, and, trusted, kept the planner from ever trying the passes
+    it believed too expensive):
 
-    def __init__(self, curve: CostCurve, correction: float = 0.1) -> None:
+    - each pass size keeps the ratios observed / prior of its last `window` passes; its estimate
+      is the prior times their median (one noisy pass cannot flip a choice);
+    - a size not timed yet takes the ratio of the nearest size that was (in log size), so one
+      observed size corrects its neighbours at once; before any observation the ratio is 1;
+    - `verify_seconds` (what decisions read) is optimistic for multi-token passes this run has
+      rarely timed: the estimate times 1 - `explore` / (1 + passes timed in the size's octave),
+      so a pessimistic prior gets tried, and corrected, within a few steps instead of ruling a
+      size out for good; the optimism fades as the octave is observed. `estimate` is the
+      unbiased figure (back-off, reports)."""
+
+    def __init__(self, curve: CostCurve, explore: float = 0.4, window: int = 9) -> None:
         self.curve = curve
-        self.correction = correction
-        self.scale = 1.0
-        self._size_scale: dict[int, list[float]] = {}  # n_tokens -> [ratio, observations]
+        self.explore = explore
+        self.window = window
+        self._ratios: dict[int, list[float]] = {}  # n_tokens -> last `window` observed / prior ratios
+        self._octave_counts: dict[int, int] = {}  # octave of n -> passes observed
+
+    @staticmethod
+    def _octave(n_tokens: int) -> int:
+        return max(0, int(n_tokens - 1).bit_length())  # 1 -> 0, 2 -> 1, 3-4 -> 2, 5-8 -> 3, ...
+
+    def ratio(self, n_tokens: int) -> float:
+        """Observed / prior latency for passes of `n_tokens` (its own median, else the nearest
+        observed size's, else 1)."""
+        own = self._ratios.get(n_tokens)
+        if own:
+            return statistics.median(own)
+        if not self._ratios:
+            return 1.0
+        distance = lambda m: abs(math.log(m) - math.log(n_tokens))  # noqa: E731
+        nearest = min(distance(m) for m in self._ratios)
+        return statistics.median([statistics.median(r) for m, r in self._ratios.items() if distance(m) == nearest])
+
+    @property
+    def scale(self) -> float:
+        """Median observed / prior ratio over every size observed (1 before any observation)."""
+        recent = [x for r in self._ratios.values() for x in r]
+        return statistics.median(recent) if recent else 1.0
+
+    def observations(self, n_tokens: int) -> int:
+        """Passes observed in the octave of `n_tokens`."""
+        return self._octave_counts.get(self._octave(n_tokens), 0)
+
+    def estimate(self, n_tokens: int) -> float:
+        """Best estimate of one target pass over n tokens (root + n - 1 nodes)."""
+        return self.ratio(n_tokens) * self.curve.latency(n_tokens)
 
     def verify_seconds(self, n_tokens: int) -> float:
-        """Predicted latency of one target pass over n tokens (root + n - 1 nodes)."""
-        entry = self._size_scale.get(n_tokens)
-        return (entry[0] if entry is not None else self.scale) * self.curve.latency(n_tokens)
+        """What decisions use: `estimate`, optimistic for multi-token passes rarely observed yet."""
+        seconds = self.estimate(n_tokens)
+        if n_tokens > 1:  # never below a plain step: a pass over more tokens does not cost less
+            seconds = max(seconds * (1.0 - self.explore / (1.0 + self.observations(n_tokens))), self.estimate(1))
+        return seconds
 
     def observe(self, n_tokens: int, seconds: float) -> None:
-        ratio = seconds / max(self.curve.latency(n_tokens), 1e-9)
-        self.scale = (1 - self.correction) * self.scale + self.correction * ratio
-        entry = self._size_scale.setdefault(n_tokens, [0.0, 0.0])
-        entry[1] += 1.0  # the first observation has weight 1: the start value never counts
-        weight = max(self.correction, 1.0 / entry[1])
-        entry[0] = (1 - weight) * entry[0] + weight * ratio
+        ratio = seconds / max(self.curve.latency(n_tokens), 1e-12)
+        self._ratios[n_tokens] = (self._ratios.get(n_tokens, []) + [ratio])[-self.window:]
+        octave = self._octave(n_tokens)
+        self._octave_counts[octave] = self._octave_counts.get(octave, 0) + 1
 
 
 def cost_cache_key(target: TargetModel, context: int) -> str:
@@ -216,14 +321,14 @@ def _add_samples(samples: dict[str, Any], times: dict[int, list[float]]) -> None
 
 
 def load_or_measure_curve(target: TargetModel, sizes: Sequence[int] = DEFAULT_SIZES, context: int = 256,
-                          repeats: int = 2) -> CostCurve:
+                          repeats: int = 2, report: bool = True) -> CostCurve:
     """The target's cost curve from the on-disk cache, or measured now (and cached atomically).
 
-    One measurement can be off (a busy moment, a cold cache): a cached curve is timed again on
-    each load (one round of the sizes up to `VALIDATE_MAX_SIZE`) until every such size has
-    `VALIDATE_SAMPLES` samples, and the curve is the median of the samples, so no single
-    measurement steers the planner for good. Within a run the `CostModel` corrects it further from
-    the verify times it observes."""
+    The curve is a prior: the planner's `CostModel` corrects it from the passes each run times.
+    One measurement can still be off (a busy moment, a cold cache): a cached curve is timed again
+    on each load (one round of the sizes up to `VALIDATE_MAX_SIZE`) until every such size has
+    `VALIDATE_SAMPLES` samples, and the curve is the median of the samples. `report`: say on stderr
+    where the curve came from and how steady the timing was."""
     from specula.paths import atomic_write_json, cache_dir
 
     context = max(1, min(context, target.max_context - max(sizes) - 1))
@@ -237,18 +342,45 @@ def load_or_measure_curve(target: TargetModel, sizes: Sequence[int] = DEFAULT_SI
         except (ValueError, KeyError, TypeError, statistics.StatisticsError):
             path.unlink(missing_ok=True)  # unreadable cache entry: measure again
             samples = None
+    timing: PassTimes | None = None
     if samples is None:
         samples = {}
-        _add_samples(samples, measure_pass_times(target, sizes, context, repeats))
+        timing = measure_pass_times(target, sizes, context, repeats)
+        _add_samples(samples, timing.times)
     else:
         stale = [n for n in sizes if 1 < n <= VALIDATE_MAX_SIZE
                  and len(samples["ratio"].get(str(n), [])) < VALIDATE_SAMPLES]
         if not stale:
-            return curve_from_samples(samples, context, repeats)
-        _add_samples(samples, measure_pass_times(target, stale, context, 1))
+            curve = curve_from_samples(samples, context, repeats)
+            if report:
+                _report(curve, samples, None, path)
+            return curve
+        timing = measure_pass_times(target, stale, context, 1)
+        if not timing.busy:  # a busy round would only add noise to the cached samples
+            _add_samples(samples, timing.times)
     curve = curve_from_samples(samples, context, repeats)
     atomic_write_json(path, {**curve.to_dict(), "samples": samples})
+    if report:
+        _report(curve, samples, timing, path)
     return curve
+
+
+def _report(curve: CostCurve, samples: dict[str, Any], timing: PassTimes | None, path) -> None:
+    """One line on stderr: where the cost curve came from, how steady its timing was, its shape."""
+    import sys
+
+    shape = ", ".join(f"{n}: {curve.ratio(n):.2f}" for n in curve.sizes[1:5])
+    fewest = min((len(r) for r in samples.get("ratio", {}).values()), default=0)
+    if timing is None:
+        how = f"from the cache ({fewest}+ samples per size, {path})"
+    else:
+        busy = f"; {timing.discarded} round(s) discarded, machine busy" if timing.discarded else ""
+        busy += "; every round was busy: read as a rough prior" if timing.busy else ""
+        warm = f"{timing.warmup_passes} warm-up steps" + ("" if timing.stable else " (never stable)")
+        how = (f"timed now in {timing.seconds:.1f} s ({warm}, plain step {1e3 * curve.seconds[0]:.1f} ms, "
+               f"spread {100 * timing.spread:.0f}%{busy}; cached, {fewest} samples per size)")
+    print(f"specula: cost curve {how}; tokens per pass -> cost in plain steps {{{shape}}}; "
+          "a prior that this run's timed passes correct", file=sys.stderr)
 
 
 def _samples_of_curve(curve: CostCurve) -> dict[str, Any]:

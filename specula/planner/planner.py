@@ -1,9 +1,11 @@
 """The hardware-aware planner: merges the drafters' trees and keeps, each step, the tree that
 maximises expected tokens/s.
 
-    cost model      target latency against tokens verified (measured once per backend
-                    `cost_key()` + context bucket, cached on disk, then corrected online from
-                    observed verify times; `specula.planner.cost`)
+    cost model      target latency against tokens verified: a prior (measured once per backend
+                    `cost_key()` + context bucket, cached on disk) that the passes this run times
+                    correct within a few steps, optimistic for sizes rarely timed yet so a
+                    pessimistic prior is tried and corrected instead of trusted
+                    (`specula.planner.cost.CostModel`)
     merge           trie union of the candidate trees, retrieval branches pruned with the
                     draft model's probabilities (RASD; `specula.planner.merge`)
     calibration     raw edge scores -> acceptance probabilities (learned online, per source
@@ -20,7 +22,8 @@ maximises expected tokens/s.
 
 What requests share (cost model, calibration, correction factors, the drafters' observe-time
 estimate) lives in `HardwarePlanner`; what belongs to one request (back-off, exploration
-pace, projection) in a `PlannerState` the engine keeps in the request's session.
+pace, projection) in a `PlannerState` the engine keeps in the request's session. Each step's
+decision is a `Plan` value the engine hands back to `observe` (`specula.planner.base`).
 """
 
 from __future__ import annotations
@@ -33,10 +36,11 @@ from specula.ema import Ema
 from specula.models.base import BatchedTargetModel, TargetModel
 from specula.planner.batch_cost import DEFAULT_BATCH_SIZES, BatchCostCurve, load_or_measure_batch_curve
 from specula.planner.calibration import CalibrationConfig, Calibrator
+from specula.planner.base import Plan, PlanRequest, StepTiming
 from specula.planner.cost import DEFAULT_SIZES, CostCurve, CostModel, load_or_measure_curve
 from specula.planner.merge import merge_proposals
 from specula.planner.select import chain_lookahead, choose_batch, choose_size, path_probabilities
-from specula.step import DraftBudget, Proposal, StepResult
+from specula.step import Proposal, StepResult
 from specula.tree import TokenTree
 
 
@@ -53,7 +57,13 @@ class PlannerConfig:
     cost_repeats: int = 2
     """Timed repeats per size at start-up."""
     cost_correction: float = 0.1
-    """EMA weight of each observed verify time in the cost model's scale factor."""
+    """EMA weight of each observed packed pass in the packed-pass table's correction factor."""
+    cost_explore: float = 0.4
+    """Optimism of the cost model for multi-token passes this run has not timed yet: their estimate
+    is cut by this fraction, shrinking as 1 / (1 + passes timed in the size's octave), so a prior
+    that reads too slow is tried and corrected rather than trusted (`CostModel`)."""
+    cost_window: int = 9
+    """Passes per size whose median ratio to the prior gives the cost model's correction."""
     rate_ema: float = 0.2
     """EMA weight of each drafting step's tokens/s (realised, or planned when it verified no
     tree) in the back-off signal."""
@@ -89,6 +99,25 @@ class PlannerConfig:
 
 
 @dataclass
+class Projection:
+    """What the planner expected for one request, summed over its planned steps."""
+
+    steps: int = 0
+    tokens: float = 0.0
+    """Expected accepted tokens."""
+    seconds: float = 0.0
+    """Expected seconds on the prior cost curve (drafting + verification)."""
+    nodes: int = 0
+    """Tree nodes chosen."""
+
+    def add(self, nodes: int, tokens: float, seconds: float) -> None:
+        self.steps += 1
+        self.tokens += tokens
+        self.seconds += seconds
+        self.nodes += nodes
+
+
+@dataclass
 class PlannerState:
     """One request's planning state (kept in the engine's session)."""
 
@@ -96,22 +125,13 @@ class PlannerState:
     """Plain steps left in the current back-off pause."""
     backoff: int = 1
     """Length of the next back-off pause."""
-    skipped: bool = False
-    """This step is one of a back-off's plain steps (nothing to learn from it)."""
     rate: Ema | None = None
     """Tokens/s of recent drafting steps (realised, or planned when nothing was verified)."""
-    planned_rate: float | None = None
-    """The plan's rate for the step in flight (None: a probe or a pause, which judge nothing)."""
     explore_gap: int = 1
     explore_wait: int = 1
-    off_by_load: int = 0
-    """Steps on which this request had a tree worth verifying alone but the batch's goodput plan
-    gave it no node (speculation switched off by load)."""
     load_idle: int = 0
     """Consecutive batch steps on which the goodput plan gave this request no node."""
-    projected: list[float] = field(default_factory=lambda: [0, 0.0, 0.0, 0])
-    """Steps, expected tokens, expected seconds (on the unscaled curve), nodes chosen."""
-    last_plan: dict = field(default_factory=dict)
+    projected: Projection = field(default_factory=Projection)
 
 
 class PlannerView:
@@ -129,7 +149,7 @@ class PlannerView:
     def baseline_rate(self) -> float:
         return self._planner.proposal_rate(merge_proposals(self._proposals), self._draft_seconds)
 
-    def _edge_probs(self, source: str, edge_scores: Sequence[float]) -> list[float]:
+    def _path_probs(self, source: str, edge_scores: Sequence[float]) -> list[float]:
         planner = self._planner
         bias = planner.bias_of(source)
         probs, acc = [], 1.0
@@ -141,7 +161,7 @@ class PlannerView:
     def plan_chain(self, source: str, edge_scores: Sequence[float], seconds_per_token: float, spent_seconds: float,
                    max_more: int, one_time_seconds: float = 0.0, remaining_tokens: int = 1) -> int:
         planner = self._planner
-        path = self._edge_probs(source, edge_scores)
+        path = self._path_probs(source, edge_scores)
         alpha = planner.expected_acceptance(source)
         if not path and one_time_seconds > 0:  # a one-time cost, spread over the request's future steps
             chain_tokens = sum(alpha ** i for i in range(max_more + 1))
@@ -162,12 +182,13 @@ class HardwarePlanner:
         self.batch_curve = batch_curve
         """Latency of packed passes over several sequences (None until a batch needs it; see
         `prepare_batch`)."""
-        self.batch_scale = 1.0  # observed / predicted packed-pass seconds (EMA)
+        self.batch_scale = Ema(config.cost_correction, 1.0)
+        """Observed / predicted packed-pass seconds (the table, measured on this machine, is the prior)."""
         if curve is None:
             if target is None:
                 raise ValueError("HardwarePlanner needs a target backend or a measured cost curve")
             curve = load_or_measure_curve(target, config.cost_sizes, config.cost_context, config.cost_repeats)
-        self.cost = CostModel(curve, config.cost_correction)
+        self.cost = CostModel(curve, config.cost_explore, config.cost_window)
         self.calibrator = Calibrator(config.calibration)
         self._recent: dict[str, list[float]] = {}  # per source, decayed sums: accepted, predicted nodes
         self._overhead = Ema(config.overhead_ema)  # the drafters' per-step observe time (seconds)
@@ -186,14 +207,17 @@ class HardwarePlanner:
         elif state.load_idle >= 2 and state.load_idle % self.config.load_probe_every:
             state.load_idle += 1  # no drafts, no node: still idle
             return False
-        state.skipped = state.skip > 0
-        if state.skipped:
+        if state.skip > 0:
             state.skip -= 1
-        return not state.skipped
+            return False
+        return True
 
     def view(self, proposals: Sequence[Proposal], draft_seconds: float) -> PlannerView:
         """The cost view for the next drafter of a step, after `proposals` cost `draft_seconds`."""
         return PlannerView(self, proposals, draft_seconds)
+
+    def summary(self, state: PlannerState) -> dict:
+        return self.projection(state)
 
     # ------------------------------------------------------------------ estimates
     def expected_acceptance(self, source: str) -> float:
@@ -212,35 +236,20 @@ class HardwarePlanner:
         """Every source's correction factor (for reports)."""
         return {source: round(self.bias_of(source), 4) for source in self._recent}
 
-    def _edge_probs(self, tree: TokenTree, corrected: bool = True) -> list[float]:
-        """Estimated P(node accepted | parent accepted): per-source calibration (times the source's
-        correction factor, at most 1)."""
-        probs = [self.calibrator.estimate(src, raw) for src, raw in zip(tree.sources, tree.edge_scores)]
-        if corrected:
-            probs = [min(1.0, self.bias_of(src) * p) for src, p in zip(tree.sources, probs)]
-        return probs
-
-    def raw_estimate(self, proposal: Proposal) -> list[float]:
-        """Path probability of every node from the per-source calibration alone."""
-        return path_probabilities(proposal.tree, self._edge_probs(proposal.tree, corrected=False))
+    def _node_acceptance(self, tree: TokenTree) -> list[float]:
+        """Estimated P(node accepted | parent accepted) of every node: per-source calibration times
+        the source's correction factor (at most 1)."""
+        return [min(1.0, self.bias_of(src) * self.calibrator.estimate(src, raw))
+                for src, raw in zip(tree.sources, tree.edge_scores)]
 
     def estimate(self, proposal: Proposal) -> list[float]:
         """Calibrated path probability of every node (corrected per source)."""
-        return path_probabilities(proposal.tree, self._edge_probs(proposal.tree))
+        return path_probabilities(proposal.tree, self._node_acceptance(proposal.tree))
 
     def _drafting_seconds(self, draft_seconds: float) -> float:
         """Seconds a drafting step costs besides verification: proposing plus the drafters'
         bookkeeping after the step (e.g. token recycling's matrix update), learned online."""
         return draft_seconds + self._overhead.get()
-
-    def _best(self, proposal: Proposal, draft_seconds: float) -> tuple[list[int], int, float, float, list[float]]:
-        """(best-first node order, N, expected tokens, rate, path probabilities) of the best
-        ancestor-closed tree."""
-        probs = self.estimate(proposal)
-        order = proposal.tree.best_first_order(probs)
-        n, expected, rate = choose_size([probs[i] for i in order], self._drafting_seconds(draft_seconds),
-                                        self.cost.verify_seconds, self.config.min_gain)
-        return order, n, expected, rate, probs
 
     def _plain_rate(self, draft_seconds: float) -> float:
         """Expected tokens/s of a plain step that still paid `draft_seconds` of drafting."""
@@ -257,46 +266,102 @@ class HardwarePlanner:
         """Expected tokens/s of the best tree within `proposal` after `draft_seconds` of drafting."""
         if len(proposal.tree) == 0:
             return self._plain_rate(draft_seconds)
-        return self._best(proposal, draft_seconds)[3]
+        probs = self.estimate(proposal)
+        order = proposal.tree.best_first_order(probs)
+        return choose_size([probs[i] for i in order], self._drafting_seconds(draft_seconds),
+                           self.cost.verify_seconds, self.config.min_gain)[2]
 
     # ------------------------------------------------------------------ per step
-    def plan(self, proposals: Sequence[Proposal], budget: DraftBudget, state: PlannerState,
-             draft_seconds: float) -> tuple[Proposal, float]:
-        """Merge the step's proposals and keep the best-N ancestor-closed nodes within `budget`;
-        returns (proposal, predicted accepted tokens incl. bonus)."""
-        proposal = merge_proposals(proposals, self.config.rasd_min_prob).limit(budget)
-        tree = proposal.tree
-        if proposal.sampled and not tree.is_chain():
-            # Sampled siblings must be verified as drawn: dropping some of them by score would
-            # change the law the rule assumes (a chain may be cut: that is a stop rule).
-            state.planned_rate = None
-            return proposal, 1.0 + sum(self.estimate(proposal))
-        if len(tree) == 0:
-            # Drafters that ran and found nothing cost their time (judged by the back-off); a step
-            # the back-off skipped says nothing about drafting's worth.
-            state.planned_rate = None if state.skipped else self._plain_rate(draft_seconds)
-            self._project(state, 0, 1.0, draft_seconds)
-            return proposal, 1.0
-        order, n, expected, rate, probs = self._best(proposal, draft_seconds)
+    def plan(self, requests: Sequence[PlanRequest]) -> list[Plan]:
+        """Merge each request's proposals and size every tree for the pass that verifies them: one
+        request alone, its best ancestor-closed tree (`choose_size`); several packed into one pass,
+        nodes taken across requests by estimated path probability while the batch's expected tokens
+        per second grows (SmartSpec goodput), so a request gets no node when its drafts do not pay
+        at the current load. A backend that does not pack sequences verifies (and plans) each
+        request alone."""
+        if len(requests) > 1 and self.batch_curve is None:
+            self.prepare_batch(max(len(requests), DEFAULT_BATCH_SIZES[-1]))
+        if len(requests) > 1 and self.batch_curve is not None:
+            return self._plan_pass(requests)
+        return [plan for request in requests for plan in self._plan_pass([request])]
+
+    def _plan_pass(self, requests: Sequence[PlanRequest]) -> list[Plan]:
+        """Plans for the requests verified in one target pass."""
+        batch = len(requests)
+        pass_seconds = (self.cost.verify_seconds if batch == 1
+                        else lambda total: self.batch_seconds(batch, total))
+        merged: list[Proposal] = []
+        ordered: list[list[float]] = []  # per request: path probabilities, best first
+        orders: list[list[int]] = []
+        whole: list[float] = []  # per request: expected tokens of a tree verified whole (bonus incl.)
+        fixed_tokens, fixed_expected, drafting = batch, float(batch), 0.0
+        for r in requests:
+            proposal = merge_proposals(r.proposals, self.config.rasd_min_prob).limit(r.budget) if r.drafted \
+                else Proposal.empty()
+            drafting += self._drafting_seconds(r.draft_seconds) if len(proposal.tree) else r.draft_seconds
+            order: list[int] = []
+            probs: list[float] = []
+            whole.append(1.0)
+            if proposal.sampled and not proposal.tree.is_chain():
+                # Sampled siblings must be verified as drawn: dropping some of them by score would
+                # change the law the rule assumes (a chain may be cut: that is a stop rule).
+                whole[-1] += sum(self.estimate(proposal))
+                fixed_tokens += len(proposal.tree)
+                fixed_expected += whole[-1] - 1.0
+            elif len(proposal.tree):
+                probs = self.estimate(proposal)
+                order = proposal.tree.best_first_order(probs)
+            merged.append(proposal)
+            orders.append(order)
+            ordered.append([probs[i] for i in order])
+        counts, _, rate = choose_batch(ordered, fixed_tokens, fixed_expected, drafting, pass_seconds,
+                                       self.config.min_gain)
+        plans = []
+        for r, proposal, order, probs, n, verified_whole in zip(requests, merged, orders, ordered, counts, whole):
+            if batch == 1:
+                plan = self._lone(r, proposal, order, probs, n, verified_whole, rate)
+            else:
+                plan = self._batched(r, proposal, order, probs, n, verified_whole, batch)
+            r.state.projected.add(plan.nodes, plan.predicted, r.draft_seconds + self.cost.curve.latency(plan.nodes + 1))
+            plans.append(plan)
+        return plans
+
+    def _lone(self, r: PlanRequest, proposal: Proposal, order: list[int], probs: list[float], n: int,
+              verified_whole: float, rate: float) -> Plan:
+        """One request's plan for a pass of its own: the back-off judges it by `rate`; after 1, 2, 4,
+        ... steps on which no node was worth verifying the best one is verified anyway (a probe),
+        or estimates that turned pessimistic could never be corrected."""
+        state, candidates = r.state, len(proposal.tree)
+        if not order:  # nothing to size: empty (a drafting step that found nothing: judged), or verified whole
+            judged = r.drafted and candidates == 0
+            return Plan(proposal, verified_whole, self._plain_rate(r.draft_seconds) if judged else None,
+                        candidates, drafted=r.drafted)
         explore = False
         if n == 0:
-            # Nothing is worth verifying: after 1, 2, 4, ... such steps verify the best node anyway,
-            # or estimates that turned pessimistic could never be corrected.
             state.explore_wait -= 1
-            if state.explore_wait <= 0 and self._one_node_can_pay(draft_seconds):
+            if state.explore_wait <= 0 and self._one_node_can_pay(r.draft_seconds):
                 explore, n = True, 1
-                expected = 1.0 + probs[order[0]]
                 state.explore_gap = min(2 * state.explore_gap, self.config.max_explore_gap)
                 state.explore_wait = state.explore_gap
         else:
             state.explore_gap = max(1, state.explore_gap // 2)
             state.explore_wait = min(state.explore_wait, state.explore_gap)
-        chosen = order[:n]
-        state.last_plan = {"candidates": len(tree), "chosen": n, "expected": expected, "rate": rate,
-                           "bias": self.bias, "explore": explore}
-        state.planned_rate = None if explore else rate  # a probe says nothing about drafting's worth
-        self._project(state, n, expected, draft_seconds)
-        return proposal.restrict(sorted(chosen)), expected
+        return Plan(proposal.restrict(sorted(order[:n])), 1.0 + sum(probs[:n]), None if explore else rate,
+                    candidates, explore, drafted=r.drafted)
+
+    def _batched(self, r: PlanRequest, proposal: Proposal, order: list[int], probs: list[float], n: int,
+                 verified_whole: float, batch: int) -> Plan:
+        """One request's share of a packed pass: a request whose drafts the goodput plan refuses twice
+        in a row stops drafting (probing every `load_probe_every`-th step)."""
+        state = r.state
+        if r.drafted:  # a request that did not draft counted its idle step in `should_draft`
+            state.load_idle = 0 if n or len(proposal.tree) and not order else state.load_idle + 1
+        if not order:
+            return Plan(proposal, verified_whole, None, len(proposal.tree), batch=batch, drafted=r.drafted)
+        alone = choose_size(probs, self._drafting_seconds(r.draft_seconds), self.cost.verify_seconds,
+                            self.config.min_gain)[0]
+        return Plan(proposal.restrict(sorted(order[:n])), 1.0 + sum(probs[:n]), None, len(proposal.tree),
+                    batch=batch, alone=alone, drafted=r.drafted, off_by_load=n == 0 and alone > 0)
 
     # ------------------------------------------------------------------ batches (SmartSpec)
     def prepare_batch(self, max_batch_size: int) -> None:
@@ -310,111 +375,26 @@ class HardwarePlanner:
     def batch_seconds(self, batch_size: int, total_tokens: int) -> float:
         """Predicted latency of one packed pass (measured table times the online correction)."""
         assert self.batch_curve is not None
-        return self.batch_scale * self.batch_curve.latency(batch_size, total_tokens)
+        return self.batch_scale.get() * self.batch_curve.latency(batch_size, total_tokens)
 
-    def observe_batch(self, batch_size: int, total_tokens: int, seconds: float) -> None:
-        """A packed pass of `batch_size` sequences and `total_tokens` tokens took `seconds`."""
-        if self.batch_curve is not None and batch_size > 1:
-            ratio = seconds / max(self.batch_curve.latency(batch_size, total_tokens), 1e-9)
-            c = self.config.cost_correction
-            self.batch_scale = (1 - c) * self.batch_scale + c * ratio
+    # ------------------------------------------------------------------ after the step
+    def observe_pass(self, plans: Sequence[Plan], seconds: float) -> None:
+        """The target pass over `plans` took `seconds`: a lone pass corrects the cost model of its
+        size, a packed one the packed-pass table."""
+        total = sum(plan.nodes + 1 for plan in plans)
+        if len(plans) == 1:
+            self.cost.observe(total, seconds)
+        elif self.batch_curve is not None:
+            self.batch_scale.update(seconds / max(self.batch_curve.latency(len(plans), total), 1e-12))
 
-    def plan_batch(self, requests: Sequence[tuple[Sequence[Proposal], DraftBudget, PlannerState, float]]
-                   ) -> list[tuple[Proposal, float]]:
-        """Size every running request's tree for one packed pass (SmartSpec): each request's
-        candidates are merged as in `plan`, then nodes are taken across requests by estimated path
-        probability while the batch's expected accepted tokens per second grows, so a request gets
-        zero nodes when its drafts do not pay at the current load. `requests`: (proposals, budget,
-        state, drafting seconds) per request; returns (proposal, predicted accepted tokens incl.
-        bonus) per request. One request, or a backend that does not pack sequences, plans each
-        request alone (`plan`)."""
-        if len(requests) > 1 and self.batch_curve is None:
-            self.prepare_batch(max(len(requests), DEFAULT_BATCH_SIZES[-1]))
-        if len(requests) == 1 or self.batch_curve is None:
-            return [self.plan(*request) for request in requests]
-        batch = len(requests)
-        merged: list[Proposal] = []
-        ordered: list[list[float]] = []
-        orders: list[list[int]] = []
-        whole: list[float] = []  # per request: expected accepted tokens of a tree verified whole (bonus incl.)
-        fixed_tokens, fixed_expected, drafting = batch, float(batch), 0.0
-        for proposals, budget, state, draft_seconds in requests:
-            proposal = merge_proposals(proposals, self.config.rasd_min_prob).limit(budget)
-            state.planned_rate = None  # the back-off judges lone steps; under load the batch plan decides
-            drafting += self._drafting_seconds(draft_seconds) if len(proposal.tree) else draft_seconds
-            order: list[int] = []
-            probs: list[float] = []
-            whole.append(1.0)
-            if proposal.sampled and not proposal.tree.is_chain():  # verified as drawn (see `plan`)
-                whole[-1] += sum(self.estimate(proposal))
-                fixed_tokens += len(proposal.tree)
-                fixed_expected += whole[-1] - 1.0
-            elif len(proposal.tree):
-                probs = self.estimate(proposal)
-                order = proposal.tree.best_first_order(probs)
-            merged.append(proposal)
-            orders.append(order)
-            ordered.append([probs[i] for i in order])
-        counts, expected, rate = choose_batch(ordered, fixed_tokens, fixed_expected, drafting,
-                                              lambda total: self.batch_seconds(batch, total), self.config.min_gain)
-        out: list[tuple[Proposal, float]] = []
-        for (proposals, _, state, draft_seconds), proposal, order, probs, n, predicted in zip(
-                requests, merged, orders, ordered, counts, whole):
-            if proposals:  # it drafted (a request that skipped drafting counted its idle step already)
-                state.load_idle = 0 if n or len(proposal.tree) and not order else state.load_idle + 1
-            if not order:  # nothing to size: empty, or a sampled tree verified whole
-                out.append((proposal, predicted))
-                self._project(state, len(proposal.tree), predicted, draft_seconds)
-                continue
-            alone = choose_size(probs, self._drafting_seconds(draft_seconds), self.cost.verify_seconds,
-                                self.config.min_gain)[0]
-            if n == 0 and alone > 0:
-                state.off_by_load += 1
-            predicted = 1.0 + sum(probs[:n])
-            state.last_plan = {"candidates": len(proposal.tree), "chosen": n, "expected": predicted,
-                               "batch": batch, "batch_rate": rate, "batch_expected": expected, "alone": alone}
-            self._project(state, n, predicted, draft_seconds)
-            out.append((proposal.restrict(sorted(order[:n])), predicted))
-        return out
-
-    def _project(self, state: PlannerState, nodes: int, expected: float, draft_seconds: float) -> None:
-        p = state.projected
-        p[0] += 1
-        p[1] += expected
-        p[2] += draft_seconds + self.cost.curve.latency(nodes + 1)  # on the curve as given (unscaled)
-        p[3] += nodes
-
-    def projection(self, state: PlannerState) -> dict:
-        """What the planner expected for one request on this cost curve, summed over planned
-        steps: mean tree size, expected tokens per step and the projected speedup over plain
-        decoding."""
-        steps, tokens, seconds, nodes = state.projected
-        if steps == 0:
-            return {"steps": 0}
-        plain_rate = 1.0 / self.cost.curve.latency(1)  # the same unscaled curve as the steps' seconds
-        return {
-            "steps": steps,
-            "mean_tree_nodes": round(nodes / steps, 2),
-            "expected_tokens_per_step": round(tokens / steps, 3),
-            "projected_speedup": round((tokens / seconds) / plain_rate, 3),
-            "cost_curve_ratio_8": round(self.cost.curve.ratio(8), 3),
-        }
-
-    def observe(self, step: StepResult, state: PlannerState, draft_seconds: float, verify_seconds: float,
-                overhead_seconds: float = 0.0, batched: bool = False) -> None:
-        """After a step: drafting and verify seconds, and the drafters' own observe time. A `batched`
-        step's verify time is the packed pass's (see `observe_batch`), not this tree's alone."""
-        self._overhead.update(overhead_seconds)
+    def observe(self, plan: Plan, step: StepResult, state: PlannerState, timing: StepTiming) -> None:
+        """Learn acceptance from the step; the back-off judges the drafting steps by what they realised."""
+        self._overhead.update(timing.overhead_seconds)
         tree = step.proposal.tree
-        if not batched:
-            self.cost.observe(len(tree) + 1, verify_seconds)
         d = self.config.bias_decay
         for sums in self._recent.values():  # evidence fades with time, drafted or not
             sums[0] *= d
             sums[1] *= d
-        if state.skipped or (len(tree) == 0 and draft_seconds == 0.0):
-            state.skipped = False
-            return
         on_path = set(step.path)
         for i, par in enumerate(tree.parents):
             if par < 0 or par in on_path:  # a trial: the node's parent was accepted
@@ -423,22 +403,37 @@ class HardwarePlanner:
                 sums[0] += i in on_path
                 sums[1] += self.calibrator.estimate(source, raw)  # the factor divides calibration alone
                 self.calibrator.update(source, raw, i in on_path)
-        # Back-off: do drafting steps beat plain steps? A step that verified a tree is judged by
-        # what it realised (tokens / its drafting + verify seconds), so a text on which every
-        # estimate is wrong still stops drafting after a few losses; one that found nothing worth
-        # verifying by its plan (plain step + drafting time). If drafting loses, pause it for
-        # 1, 2, 4, ... steps, then probe again.
-        if state.planned_rate is None:
+        # Back-off: do drafting steps beat plain steps? Each judged step counts what it realised
+        # (tokens / its drafting + verify seconds; a step that found nothing worth verifying paid its
+        # drafting for a plain step), so a text on which every estimate is wrong still stops
+        # drafting after a few losses. If drafting loses, pause it for 1, 2, 4, ... steps, then
+        # probe again.
+        if plan.rate is None:
             return
-        rate, state.planned_rate = state.planned_rate, None
-        if len(tree):
-            rate = (1 + len(step.path)) / (self._drafting_seconds(draft_seconds) + verify_seconds)
+        rate = (1 + len(step.path)) / (self._drafting_seconds(timing.draft_seconds) + timing.verify_seconds)
         if state.rate is None:
             state.rate = Ema(self.config.rate_ema)
         smoothed = state.rate.update(rate)
-        plain_rate = 1.0 / self.cost.verify_seconds(1)
+        plain_rate = 1.0 / self.cost.estimate(1)
         if smoothed < plain_rate * (1 - self.config.backoff_tolerance):
             state.skip = state.backoff
             state.backoff = min(2 * state.backoff, self.config.max_backoff)
         else:
             state.backoff = max(1, state.backoff // 2)
+
+    def projection(self, state: PlannerState) -> dict:
+        """What the planner expected for one request on the prior cost curve, summed over planned
+        steps: mean tree size, expected tokens per step and the projected speedup over plain
+        decoding; and how this run's timed passes corrected the curve."""
+        p = state.projected
+        if p.steps == 0:
+            return {"steps": 0}
+        plain_rate = 1.0 / self.cost.curve.latency(1)  # the same prior curve as the steps' seconds
+        return {
+            "steps": p.steps,
+            "mean_tree_nodes": round(p.nodes / p.steps, 2),
+            "expected_tokens_per_step": round(p.tokens / p.steps, 3),
+            "projected_speedup": round((p.tokens / p.seconds) / plain_rate, 3),
+            "cost_curve_ratio_8": round(self.cost.curve.ratio(8), 3),
+            "observed_ratio_8": round(self.cost.estimate(8) / self.cost.estimate(1), 3),
+        }

@@ -102,10 +102,9 @@ class Worker:
         self.max_batch_size = max_batch_size
         self.request_timeout = request_timeout
         self._goodput = Ema(0.2)  # the batch's tokens per step-second
-        planner = spec.decoder.planner
-        if planner is not None and max_batch_size > 1:
+        if max_batch_size > 1:
             log.info("timing packed passes of up to %d sequences (cached after the first run)", max_batch_size)
-            planner.prepare_batch(max_batch_size)  # the goodput plan's cost table, before the first batch
+            spec.decoder.planner.prepare_batch(max_batch_size)  # the goodput plan's cost table, before the first batch
         self._queue: "queue.Queue[Job | None]" = queue.Queue(maxsize=max_queue)
         metrics.queue_depth.set_function(lambda: self.queue_depth)
         self._thread = threading.Thread(target=self._loop, name="specula-worker", daemon=True)

@@ -67,7 +67,7 @@ def test_one_bad_cached_measurement_is_outvoted_by_later_loads(tmp_path, monkeyp
         sizes = sorted({1, *sizes})
         calls.append(sizes)
         bad = not calls[:-1]  # the very first measurement is the bad one
-        return {n: [0.01 * (3.0 if bad and n == 8 else true_ratio[n])] * repeats for n in sizes}
+        return cost.PassTimes({n: [0.01 * (3.0 if bad and n == 8 else true_ratio[n])] * repeats for n in sizes})
 
     monkeypatch.setattr(cost, "measure_pass_times", fake_times)
     first = load_or_measure_curve(backend, sizes=(1, 2, 8), context=8, repeats=1)

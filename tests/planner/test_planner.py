@@ -1,4 +1,5 @@
 import random
+from dataclasses import replace
 
 import pytest
 import torch
@@ -6,7 +7,7 @@ import torch
 from specula.drafters import make_drafter, make_drafters
 from specula.engine import SpeculativeDecoder
 from specula.models.hf import HFCausalLM
-from specula.planner import CostCurve, HardwarePlanner
+from specula.planner import CostCurve, HardwarePlanner, PassThroughPlanner, Plan, PlanRequest, StepTiming
 from specula.planner.batch_cost import BatchCostCurve
 from specula.sampling import SamplingParams, make_generator
 from specula.step import DraftBudget, DraftContext, Proposal, StepResult
@@ -31,20 +32,26 @@ class Driver:
     def __init__(self, planner: HardwarePlanner) -> None:
         self.planner = planner
         self.state = planner.new_state()
+        self.last: Plan | None = None
 
-    def plan(self, proposal: Proposal, draft_seconds: float = 0.0) -> tuple[Proposal, float]:
-        return self.planner.plan([proposal], BUDGET, self.state, draft_seconds)
+    def plan(self, proposal: Proposal, draft_seconds: float = 0.0, drafted: bool = True) -> tuple[Proposal, float]:
+        [self.last] = self.planner.plan([PlanRequest([proposal] if drafted else [], BUDGET, self.state,
+                                                     draft_seconds, drafted)])
+        return self.last.proposal, self.last.predicted
 
     def observe(self, planned: Proposal, path=(), draft_seconds: float = 0.0, verify_seconds: float = 1.0) -> None:
+        """Observe the step that verified `planned` (the last plan's tree, or another one to force it)."""
+        plan = replace(self.last, proposal=planned)
         step = StepResult(3, planned, tuple(path), 9, torch.zeros(len(planned.tree) + 1, 16))
-        self.planner.observe(step, self.state, draft_seconds, verify_seconds)
+        self.planner.observe_pass([plan], verify_seconds)
+        self.planner.observe(plan, step, self.state, StepTiming(draft_seconds, verify_seconds))
 
     def engine_step(self, tree, draft_seconds, verify_seconds=STEEP.latency):
         """should_draft, plan, observe, with nothing accepted. A step the back-off skips proposes
         nothing. Returns (drafting, planned)."""
         drafting = self.planner.should_draft(self.state)
         seconds = draft_seconds if drafting else 1e-5
-        planned, _ = self.plan(Proposal(tree) if drafting else Proposal.empty(), seconds)
+        planned, _ = self.plan(Proposal(tree) if drafting else Proposal.empty(), seconds, drafting)
         self.observe(planned, (), seconds, verify_seconds(len(planned.tree) + 1))
         return drafting, planned
 
@@ -68,7 +75,7 @@ def test_flat_cost_curve_plans_bigger_trees_than_a_steep_one():
     p_steep, e_steep = steep.plan(proposal)
     assert len(p_flat.tree) > len(p_steep.tree) > 0
     assert e_flat > e_steep > 1.0
-    assert flat.state.last_plan["rate"] > steep.state.last_plan["rate"]
+    assert flat.last.rate > steep.last.rate
     # The kept nodes are the best ones by estimated path probability, ancestor-closed.
     probs = flat.planner.estimate(proposal)
     for planned in (p_flat.tree, p_steep.tree):
@@ -92,7 +99,9 @@ def test_observe_calibrates_and_corrects_the_cost_scale():
     assert planner.cost.scale == pytest.approx(2.0, rel=0.05)
     # Such a source is no longer worth verifying: the planner takes plain steps.
     planned, expected = driver.plan(Proposal(tree))
-    assert len(planned.tree) == 0 and expected == 1.0
+    assert driver.last.explore or (len(planned.tree) == 0 and expected == 1.0)  # at most a probe
+    planned = [driver.plan(Proposal(tree))[0] for _ in range(8)]
+    assert sum(len(p.tree) > 0 for p in planned) <= 1
 
 
 def test_cost_model_learns_a_bump_the_start_up_curve_missed():
@@ -107,7 +116,7 @@ def test_cost_model_learns_a_bump_the_start_up_curve_missed():
             cost.observe(n, seconds)
     for n, seconds in true.items():
         assert cost.verify_seconds(n) == pytest.approx(seconds, rel=0.02)
-    assert cost.verify_seconds(8) == pytest.approx(cost.scale * STEEP.latency(8))  # unseen size: global scale
+    assert cost.estimate(8) == pytest.approx(cost.ratio(4) * STEEP.latency(8))  # unseen size: the nearest seen
 
 
 def test_backoff_skips_drafting_when_it_does_not_pay_and_probes_again():
@@ -163,7 +172,9 @@ def test_adaptive_draft_model_is_lossless_and_drafts_less_on_a_steep_curve():
 
 
 def test_sampled_sibling_trees_are_never_pruned():
-    driver = Driver(HardwarePlanner(curve=STEEP))
+    from specula.planner import PlannerConfig
+
+    driver = Driver(HardwarePlanner(curve=STEEP, config=PlannerConfig(cost_explore=0.0)))
     tree = TokenTree.build([5, 6, 7, 8], [-1, -1, 0, 0], edge_scores=[0.5, 0.01, 0.4, 0.002], sources="draft-tree")
     q = torch.full((5, 16), 1 / 16)
     planned, expected = driver.plan(Proposal(tree, q, "without_replacement"))
@@ -305,15 +316,17 @@ def test_projection_is_measured_on_the_curve_as_given():
 
 
 def test_no_probes_where_a_one_node_tree_can_never_pay():
+    """Where a 2-token pass costs 2.3 plain steps, a one-node tree can never pay: once the run has
+    timed such passes (the prior alone is not trusted: a few are tried) probing stops for good."""
     jump = CostCurve((1, 2, 4, 8), (1.0, 2.3, 2.3, 2.2), 64)  # float32 CPU: 1 row GEMV, 2+ rows GEMM
     driver = Driver(HardwarePlanner(curve=jump))
     tree = chain([5, 6], 0.05)
-    drafted = 0
-    for _ in range(40):
+    drafted = []
+    for _ in range(60):
         planned, _ = driver.plan(Proposal(tree))
-        drafted += len(planned.tree)
-        driver.observe(planned)
-    assert drafted == 0
+        drafted.append(len(planned.tree))
+        driver.observe(planned, (), 0.0, jump.latency(len(planned.tree) + 1))
+    assert sum(drafted) <= 4 and sum(drafted[20:]) == 0
 
 
 def test_backoff_follows_realised_rates_when_estimates_are_wrong():
@@ -323,11 +336,14 @@ def test_backoff_follows_realised_rates_when_estimates_are_wrong():
     driver = Driver(planner)
     planner.calibrator.update = lambda *a, **k: None
     tree = chain([5, 6, 7], 0.9)
-    verified = 0
+    verified, planned = 0, []
     for _ in range(60):
         planner._recent.clear()  # keep the per-source factor at 1: only the back-off can act
-        verified += len(driver.engine_step(tree, 1e-4)[1].tree) > 0
-    assert driver.state.last_plan["chosen"] == 3  # every drafting step still plans the whole chain
+        drafting, plan = driver.engine_step(tree, 1e-4)
+        verified += len(plan.tree) > 0
+        if drafting:
+            planned.append(len(plan.tree))
+    assert set(planned) == {3}  # every drafting step still plans the whole chain
     assert verified < 15  # but most steps are plain
 
 
@@ -365,10 +381,13 @@ def test_an_untried_drafter_with_high_acceptance_and_moderate_cost_is_used_withi
             accepted = 0
             while accepted < more and rng.random() < 0.9:
                 accepted += 1
-            planned, _ = planner.plan([Proposal(tree)], BUDGET, state, 0.4 * more)
-            planner.observe(StepResult(3, planned, tuple(range(min(accepted, len(planned.tree)))), 9,
-                                       torch.zeros(len(planned.tree) + 1, 16)), state, 0.4 * more,
-                            curve.latency(len(planned.tree) + 1))
+            [plan] = planner.plan([PlanRequest([Proposal(tree)], BUDGET, state, 0.4 * more)])
+            planned = plan.proposal
+            seconds = curve.latency(len(planned.tree) + 1)
+            planner.observe_pass([plan], seconds)
+            planner.observe(plan, StepResult(3, planned, tuple(range(min(accepted, len(planned.tree)))), 9,
+                                             torch.zeros(len(planned.tree) + 1, 16)), state,
+                            StepTiming(0.4 * more, seconds))
     assert drafted_steps >= 25, drafted_steps  # used from the first steps on, and kept
     assert sum(lengths[-10:]) / 10 >= 4  # once its acceptance is learned: chains, not single tokens
 
@@ -385,7 +404,8 @@ def test_batch_plan_of_one_request_is_the_lone_plan():
     lone, batched = Driver(HardwarePlanner(curve=STEEP)), Driver(HardwarePlanner(curve=STEEP, batch_curve=batch_table(0.5)))
     proposal = Proposal(wide_tree())
     planned, expected = lone.plan(proposal)
-    [(planned_b, expected_b)] = batched.planner.plan_batch([([proposal], BUDGET, batched.state, 0.0)])
+    [plan_b] = batched.planner.plan([PlanRequest([proposal], BUDGET, batched.state, 0.0)])
+    planned_b, expected_b = plan_b.proposal, plan_b.predicted
     assert planned_b.tree.tokens == planned.tree.tokens and planned_b.tree.parents == planned.tree.parents
     assert expected_b == pytest.approx(expected)
 
@@ -398,12 +418,12 @@ def test_batch_plan_switches_speculation_off_when_the_load_makes_it_lose():
     for per_token, drafts in ((0.001, True), (0.3, False)):
         planner = HardwarePlanner(curve=STEEP, batch_curve=batch_table(per_token))
         states = [planner.new_state() for _ in range(4)]
-        plans = planner.plan_batch([([proposal], BUDGET, s, 0.0) for s in states])
-        assert all((len(p.tree) > 0) == drafts for p, _ in plans)
-        assert all(s.off_by_load == (0 if drafts else 1) for s in states)
+        plans = planner.plan([PlanRequest([proposal], BUDGET, s, 0.0) for s in states])
+        assert all((p.nodes > 0) == drafts for p in plans)
+        assert all(p.off_by_load == (not drafts) for p in plans)
         if not drafts:
-            assert all(e == 1.0 for _, e in plans)
-            assert states[0].last_plan["alone"] > 0
+            assert all(p.predicted == 1.0 for p in plans)
+            assert plans[0].alone > 0
 
 
 def test_under_a_load_where_drafts_lose_drafting_pauses_and_probes():
@@ -417,8 +437,8 @@ def test_under_a_load_where_drafts_lose_drafting_pauses_and_probes():
         drafted.append(drafting)
         proposals = [[Proposal(chain([5, 6], 0.02, "prompt-lookup"))] if drafting[0] else [],
                      [Proposal(chain([7, 8, 9], 0.99, "draft-model"))] if drafting[1] else []]
-        plans = planner.plan_batch([(p, BUDGET, s, 0.0) for p, s in zip(proposals, (poor, good))])
-        assert len(plans[0][0].tree) == 0
+        plans = planner.plan([PlanRequest(p, BUDGET, s, 0.0, d) for p, s, d in zip(proposals, (poor, good), drafting)])
+        assert plans[0].nodes == 0
     poor_drafted = [d[0] for d in drafted]
     assert poor_drafted[:2] == [True, True] and poor_drafted.count(True) == 4 and poor_drafted[8] and poor_drafted[16]
     assert all(d[1] for d in drafted)  # the confident one drafts every step
