@@ -228,3 +228,67 @@ def test_stopping_a_stream_early_frees_the_session():
     assert len(opened[0].tokens) > 0
     stream.close()
     assert opened[0].tokens == []
+
+
+class FailingDrafter:
+    """A drafter that raises when it proposes for the request whose prompt starts with `poison`."""
+
+    name = "failing"
+
+    def __init__(self, poison: int) -> None:
+        self.poison = poison
+
+    def start(self):
+        return {}
+
+    def propose(self, ctx, state):
+        if ctx.tokens[0] == self.poison and len(ctx.tokens) > ctx.prompt_len + 2:
+            raise RuntimeError("drafter broke")
+        from specula.step import Proposal
+
+        return Proposal.empty()
+
+    def observe(self, step, state):
+        return None
+
+    def finish(self, state):
+        return None
+
+
+def test_one_sessions_drafter_raising_fails_that_session_only():
+    """Inside step([a, b]) a's drafter raises: a ends with finish_reason "error" and the exception,
+    b goes on and still gets exactly its solo output."""
+    from specula.drafters import make_drafters
+
+    model = tiny_model("qwen2", seed=3)
+    target = HFCausalLM(model, "target")
+    drafters = [*make_drafters("prompt-lookup", target=target), FailingDrafter(poison=PROMPTS[0][0])]
+    dec = SpeculativeDecoder(target, drafters, eos_token_ids=[])
+    solo = dec.generate(PROMPTS[1], greedy(20)).token_ids
+    a, b = dec.start(PROMPTS[0], greedy(20)), dec.start(PROMPTS[1], greedy(20))
+    errors = []
+    while not b.finished:
+        for session, chunk in zip((a, b), dec.step([a, b])):
+            if chunk.error is not None:
+                errors.append((session is a, str(chunk.error)))
+    assert errors == [(True, "drafter broke")]
+    assert a.finish_reason == "error" and b.finish_reason == "length"
+    assert b.generated == solo == reference_greedy(model, PROMPTS[1], 20)
+
+
+def test_pass_through_planner_gives_the_output_of_the_full_planner():
+    """Greedy: the pass-through planner (merge + budget) and the hardware planner verify different
+    trees, and both give exactly plain greedy decoding."""
+    from specula.api import build_decoder
+    from specula.planner import CostCurve, HardwarePlanner, PassThroughPlanner
+
+    model = tiny_model("qwen2", seed=3)
+    target, draft = HFCausalLM(model, "target"), HFCausalLM(perturbed_copy(model, 0.3), "draft")
+    curve = CostCurve((1, 2, 4, 8, 16, 32, 64), (1.0, 1.17, 1.4, 2.0, 2.6, 4.0, 7.0), 64)
+    passthrough = build_decoder("fusion", target, None, draft, planner=False)
+    planned = build_decoder("fusion", target, None, draft, planner=HardwarePlanner(curve=curve))
+    assert isinstance(passthrough.planner, PassThroughPlanner)
+    for prompt in PROMPTS:
+        outs = [dec.generate(prompt, greedy(30)) for dec in (passthrough, planned)]
+        assert outs[0].token_ids == outs[1].token_ids == reference_greedy(model, prompt, 30)
+        assert outs[0].stats.planner is None and outs[1].stats.planner["steps"] > 0

@@ -222,8 +222,9 @@ class CostModel:
 
     - each pass size keeps the ratios observed / prior of its last `window` passes; its estimate
       is the prior times their median (one noisy pass cannot flip a choice);
-    - a size not timed yet takes the ratio of the nearest size that was (in log size), so one
-      observed size corrects its neighbours at once; before any observation the ratio is 1;
+    - a multi-token size not timed yet takes the ratio of the nearest multi-token size that was
+      (in log size), so one observed size corrects its neighbours at once, else the plain step's
+      ratio (the machine's speed); before any observation the ratio is 1;
     - `verify_seconds` (what decisions read) is optimistic for multi-token passes this run has
       rarely timed: the estimate times 1 - `explore` / (1 + passes timed in the size's octave),
       so a pessimistic prior gets tried, and corrected, within a few steps instead of ruling a
@@ -242,16 +243,19 @@ class CostModel:
         return max(0, int(n_tokens - 1).bit_length())  # 1 -> 0, 2 -> 1, 3-4 -> 2, 5-8 -> 3, ...
 
     def ratio(self, n_tokens: int) -> float:
-        """Observed / prior latency for passes of `n_tokens` (its own median, else the nearest
-        observed size's, else 1)."""
+        """Observed / prior latency for passes of `n_tokens`: its own median; for a multi-token size
+        not timed yet the nearest timed multi-token size's (the curve's shape), else the plain
+        step's (the machine's speed); 1 before anything was timed. A plain step is judged by plain
+        steps alone (the prior's ratios, not its step, are what a busy start-up gets wrong)."""
         own = self._ratios.get(n_tokens)
         if own:
             return statistics.median(own)
-        if not self._ratios:
-            return 1.0
+        multi = [m for m in self._ratios if m > 1]
+        if n_tokens == 1 or not multi:
+            return statistics.median(self._ratios[1]) if 1 in self._ratios else 1.0
         distance = lambda m: abs(math.log(m) - math.log(n_tokens))  # noqa: E731
-        nearest = min(distance(m) for m in self._ratios)
-        return statistics.median([statistics.median(r) for m, r in self._ratios.items() if distance(m) == nearest])
+        nearest = min(distance(m) for m in multi)
+        return statistics.median([statistics.median(self._ratios[m]) for m in multi if distance(m) == nearest])
 
     @property
     def scale(self) -> float:

@@ -411,9 +411,11 @@ class HardwarePlanner:
         if plan.rate is None:
             return
         rate = (1 + len(step.path)) / (self._drafting_seconds(timing.draft_seconds) + timing.verify_seconds)
-        if state.rate is None:
-            state.rate = Ema(self.config.rate_ema)
-        smoothed = state.rate.update(rate)
+        if state.rate is None:  # the plan's prediction counts as one step: one unlucky first step pauses nothing
+            state.rate = Ema(self.config.rate_ema, 0.5 * (plan.rate + rate))
+            smoothed = state.rate.get()
+        else:
+            smoothed = state.rate.update(rate)
         plain_rate = 1.0 / self.cost.estimate(1)
         if smoothed < plain_rate * (1 - self.config.backoff_tolerance):
             state.skip = state.backoff

@@ -461,3 +461,34 @@ def test_batched_planning_is_lossless_per_session(per_token):
         assert session.generated == reference_greedy(model, prompt, 24)
     drafted = sum(s.stats.drafted_tokens for s in sessions)
     assert (drafted > 0) == (per_token < 0.01)
+
+
+def test_a_request_idle_by_load_does_no_drafter_work():
+    """Under a load where drafts never pay, a request idle in the batch neither proposes (but on
+    probe steps) nor updates token recycling's matrix (its steps come with `idle`)."""
+    import specula.drafters.token_recycling as recycling
+
+    model = tiny_model("qwen2", seed=3)
+    target = HFCausalLM(model, "target")
+    drafters = make_drafters("token-recycling", target=target)
+    proposes, writes = [], []
+    real_propose, real_rows = drafters[0].propose, recycling.rows_to_write
+    drafters[0].propose = lambda ctx, state: proposes.append(1) or real_propose(ctx, state)
+    planner = HardwarePlanner(curve=STEEP, batch_curve=batch_table(0.3))
+    dec = SpeculativeDecoder(target, drafters, eos_token_ids=[], planner=planner)
+    prompts = [[5, 17, 33, 2, 5, 17], [60, 61, 62]]
+    sessions = [dec.start(p, SamplingParams(max_new_tokens=40, ignore_eos=True)) for p in prompts]
+    try:
+        recycling.rows_to_write = lambda step: writes.append(step.idle) or real_rows(step)
+        steps = 0
+        while not all(s.finished for s in sessions):
+            dec.step(sessions)
+            steps += 1
+    finally:
+        recycling.rows_to_write = real_rows
+    assert steps == 40
+    # two drafting steps each before the plan idles them, then a probe every 8th step
+    assert len(proposes) <= 2 * (2 + 40 // 8 + 1)
+    assert len(writes) == len(proposes) and not any(writes)  # bookkeeping only on drafting steps
+    for prompt, session in zip(prompts, sessions):
+        assert session.generated == reference_greedy(model, prompt, 40)
