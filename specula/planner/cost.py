@@ -115,6 +115,10 @@ class TimingConfig:
     """A round during which other processes kept more cores than this busy is discarded."""
     max_round_factor: int = 3
     """At most `repeats` * this many rounds are tried to get `repeats` quiet ones."""
+    max_ratio: float = 4.0
+    """Sizes above the first one whose pass costs more than this many plain steps are not timed
+    (such passes cannot pay here; the curve extends its last slope), which keeps start-up short
+    on CPUs where 64 tokens cost 12 steps."""
 
 
 @dataclass(frozen=True)
@@ -197,9 +201,15 @@ def measure_pass_times(backend: TargetModel, sizes: Sequence[int], context: int,
             if len(recent) == config.stable_passes and max(recent) <= (1 + config.stable_spread) * min(recent):
                 stable = True
                 break
+        step = statistics.median(recent)
         for _ in range(repeats * config.max_round_factor):
             probe = LoadProbe.start()
-            secs = {n: _timed_pass(seq, backend.device, root, trees[n], context) for n in sizes}
+            secs: dict[int, float] = {}
+            for n in sizes:
+                secs[n] = _timed_pass(seq, backend.device, root, trees[n], context)
+                if not rounds and secs[n] > config.max_ratio * step and n < sizes[-1]:
+                    sizes = sizes[: sizes.index(n) + 1]  # larger passes cost even more: not worth timing
+                    break
             others = probe.others()
             rounds.append((others if others is not None else 0.0, secs))
             if sum(load <= config.busy_cores for load, _ in rounds) >= repeats:
@@ -352,8 +362,8 @@ def load_or_measure_curve(target: TargetModel, sizes: Sequence[int] = DEFAULT_SI
         timing = measure_pass_times(target, sizes, context, repeats)
         _add_samples(samples, timing.times)
     else:
-        stale = [n for n in sizes if 1 < n <= VALIDATE_MAX_SIZE
-                 and len(samples["ratio"].get(str(n), [])) < VALIDATE_SAMPLES]
+        stale = [n for n in sizes if 1 < n <= VALIDATE_MAX_SIZE and str(n) in samples["ratio"]
+                 and len(samples["ratio"][str(n)]) < VALIDATE_SAMPLES]
         if not stale:
             curve = curve_from_samples(samples, context, repeats)
             if report:

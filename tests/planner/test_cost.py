@@ -136,3 +136,76 @@ def test_cost_curves_of_several_options_plot_to_one_png(tmp_path):
     }
     path = plot_cost_curves(curves, tmp_path / "curves.png", "two options")
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 10_000
+
+
+class FakeSequence:
+    """A sequence whose passes 'take' the given seconds per size (recorded, not slept)."""
+
+    def __init__(self, seconds_of):
+        self.seconds_of, self.sizes = seconds_of, []
+
+    def prefill(self, ids, logits="none"):
+        return None
+
+    def forward_tree(self, root, tree):
+        self.sizes.append(len(tree) + 1)
+
+    def commit(self, path):
+        return None
+
+    def crop(self, n):
+        return None
+
+    def release(self):
+        return None
+
+
+def fake_timing(monkeypatch, seconds_of, loads=()):
+    """measure_pass_times on a fake backend: each pass takes seconds_of(n, index); other processes'
+    load per round from `loads`."""
+    import specula.planner.cost as cost
+    import specula.planner.machine as machine
+
+    seq = FakeSequence(seconds_of)
+    backend = type("B", (), {"max_context": 4096, "vocab_size": 50, "device": "cpu",
+                             "new_sequence": lambda self: seq})()
+    monkeypatch.setattr(cost, "_timed_pass", lambda s, device, root, tree, context:
+                        (s.forward_tree(root, tree), seconds_of(len(tree) + 1, len(s.sizes)))[1])
+    load_iter = iter(loads)
+    monkeypatch.setattr(machine.LoadProbe, "others", lambda self: next(load_iter, 0.0))
+    return backend, seq
+
+
+def test_start_up_timing_warms_up_until_plain_steps_agree(monkeypatch):
+    """A cold process: the first plain steps read 1.6x, 1.4x, 1.2x slow; timing starts once three
+    agree within 10%, so the curve's step is the warm one."""
+    from specula.planner.cost import measure_pass_times
+
+    cold = [1.6, 1.4, 1.2, 1.05]
+    backend, seq = fake_timing(monkeypatch, lambda n, i: (cold[i - 3] if 3 <= i < 7 else 1.0) * (0.1 if n == 1 else 0.12))
+    timing = measure_pass_times(backend, (1, 2, 4), context=8, repeats=2)
+    assert timing.stable and timing.warmup_passes >= 5
+    assert timing.times[1] == [0.1, 0.1] and timing.times[4] == [0.12, 0.12]
+
+
+def test_start_up_timing_discards_rounds_taken_while_the_machine_is_busy(monkeypatch):
+    from specula.planner.cost import measure_pass_times
+
+    def seconds_of(n, i):
+        return 0.1 * (1.0 if n == 1 else 1.1)
+
+    backend, seq = fake_timing(monkeypatch, seconds_of, loads=[1.0, 0.0, 1.2, 0.0])
+    timing = measure_pass_times(backend, (1, 2), context=8, repeats=2)
+    assert timing.discarded == 2 and not timing.busy
+    backend, seq = fake_timing(monkeypatch, seconds_of, loads=[1.0] * 10)
+    timing = measure_pass_times(backend, (1, 2), context=8, repeats=2)
+    assert timing.busy and len(timing.times[1]) == 2  # every round busy: the least busy kept, and said so
+
+
+def test_start_up_timing_stops_at_sizes_that_cannot_pay(monkeypatch):
+    from specula.planner.cost import measure_pass_times
+
+    backend, seq = fake_timing(monkeypatch, lambda n, i: 0.1 * max(1.0, n / 4))  # 32 tokens: 8 steps
+    timing = measure_pass_times(backend, (1, 2, 4, 8, 16, 32, 64), context=8, repeats=2)
+    assert sorted(timing.times) == [1, 2, 4, 8, 16, 32]  # 32 costs 8 steps: 64 is never timed
+    assert max(seq.sizes) == 64  # (only its single warm-up pass)

@@ -1,0 +1,91 @@
+"""`specula cache`: what specula keeps under $SPECULA_CACHE, and clearing what it measured.
+
+    specula cache info [--json]
+    specula cache clear [--measured] [--kernels] [--drafts] [--training] [--all]
+
+What is kept is a cache, never a behaviour switch: every entry is rebuilt when missing, and the
+measured cost curves are priors that each run corrects from the passes it times.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+from dataclasses import dataclass
+
+from specula.paths import cache_dir, format_bytes
+
+
+@dataclass(frozen=True)
+class CacheKind:
+    """One folder of the cache."""
+
+    folder: str
+    """Folder under the cache root."""
+    flag: str | None
+    """`specula cache clear` option that removes it (None: only by hand; models are not re-downloadable here)."""
+    what: str
+    """What it holds."""
+
+
+KINDS = (
+    CacheKind("models", None, "converted models (safetensors + config + tokenizer), from `specula models install`"),
+    CacheKind("gguf", None, "the assembled, sha256-verified GGUF files the models are converted from"),
+    CacheKind("heads", None, "shipped trained heads, installed with their model"),
+    CacheKind("cost", "measured", "measured cost curves and packed-pass tables (priors of the planner), per backend"),
+    CacheKind("kernels", "kernels", "specula's compiled C kernels, per CPU and compiler"),
+    CacheKind("drafts", "drafts", "prepared (quantized, packed) draft models"),
+    CacheKind("training", "training", "`specula train` corpora and features"),
+    CacheKind("locks", None, "install locks (empty when nothing installs)"),
+)
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "cache", help="show what specula keeps on disk and clear what it measured",
+        description=f"specula keeps converted models and derived state under {cache_dir()} "
+                    "($SPECULA_CACHE moves it). Every entry but the models is rebuilt when missing.",
+    )
+    sub = parser.add_subparsers(dest="cache_command", metavar="ACTION", parser_class=type(parser))
+    sub.required = True
+    info = sub.add_parser("info", help="what is kept, and its size")
+    info.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    info.set_defaults(handler=show)
+    clear = sub.add_parser("clear", help="remove derived state (default: --measured)")
+    for kind in KINDS:
+        if kind.flag:
+            clear.add_argument(f"--{kind.flag}", action="store_true", help=f"remove {kind.what}")
+    clear.add_argument("--all", action="store_true", help="every derived entry above (never the models)")
+    clear.set_defaults(handler=clear_cache)
+
+
+def _size(path) -> int:
+    if not path.exists():
+        return 0
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file() and not p.is_symlink())
+
+
+def show(args: argparse.Namespace) -> int:
+    rows = [{"folder": str(cache_dir(k.folder)), "bytes": _size(cache_dir(k.folder)), "what": k.what,
+             "clear_with": f"--{k.flag}" if k.flag else None} for k in KINDS]
+    if args.json:
+        print(json.dumps({"root": str(cache_dir()), "entries": rows}, indent=1))
+        return 0
+    print(f"cache root: {cache_dir()}  ($SPECULA_CACHE)")
+    for row, kind in zip(rows, KINDS):
+        clear = f"specula cache clear {row['clear_with']}" if row["clear_with"] else "kept"
+        print(f"  {kind.folder + '/':11} {format_bytes(row['bytes']):>10}  {kind.what}  [{clear}]")
+    return 0
+
+
+def clear_cache(args: argparse.Namespace) -> int:
+    chosen = [k for k in KINDS if k.flag and (args.all or getattr(args, k.flag))]
+    if not chosen:
+        chosen = [k for k in KINDS if k.flag == "measured"]
+    for kind in chosen:
+        path = cache_dir(kind.folder)
+        size = _size(path)
+        shutil.rmtree(path, ignore_errors=True)
+        print(f"removed {path} ({format_bytes(size)}): {kind.what}")
+    return 0
