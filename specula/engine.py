@@ -197,7 +197,6 @@ class SpeculativeDecoder:
         outs = forward_trees(self.target, [(s.seq, s.tokens[-1], plan.proposal.tree) for s, (plan, _) in
                                            zip(running, planned)], hidden=self.hidden)
         pass_seconds = time.perf_counter() - t1
-        self.planner.observe_pass([plan for plan, _ in planned], pass_seconds)
         chunks: dict[int, StreamChunk] = {}
         for s, (plan, draft_seconds), out in zip(running, planned, outs):
             rows, hidden = out if self.hidden else (out, None)
@@ -205,6 +204,9 @@ class SpeculativeDecoder:
                 chunks[id(s)] = self._conclude(s, plan, rows, draft_seconds, pass_seconds, hidden=hidden)
             except Exception as exc:  # this session's rule or bookkeeping: it alone fails
                 failed[id(s)] = exc
+        self.planner.observe_pass([plan for plan, _ in planned], pass_seconds,
+                                  [len(chunks[id(s)].token_ids) if id(s) in chunks else 0 for s in running],
+                                  sum(seconds for _, seconds in planned))
         for s in sessions:
             if id(s) in failed:
                 s.finish_reason = s.stats.finish_reason = "error"

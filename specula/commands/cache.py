@@ -1,7 +1,7 @@
 """`specula cache`: what specula keeps under $SPECULA_CACHE, and clearing what it measured.
 
     specula cache info [--json]
-    specula cache clear [--measured] [--kernels] [--drafts] [--training] [--all]
+    specula cache clear [--measured] [--kernels] [--prepared] [--training] [--all]
 
 What is kept is a cache, never a behaviour switch: every entry is rebuilt when missing, and the
 measured cost curves are priors that each run corrects from the passes it times.
@@ -35,7 +35,7 @@ KINDS = (
     CacheKind("heads", None, "shipped trained heads, installed with their model"),
     CacheKind("cost", "measured", "measured cost curves and packed-pass tables (priors of the planner), per backend"),
     CacheKind("kernels", "kernels", "specula's compiled C kernels, per CPU and compiler"),
-    CacheKind("drafts", "drafts", "prepared (quantized, packed) draft models"),
+    CacheKind("prepared", "prepared", "models prepared for specula's kernels (fused, quantized, packed), memory-mapped by later loads"),
     CacheKind("training", "training", "`specula train` corpora and features"),
     CacheKind("locks", None, "install locks (empty when nothing installs)"),
 )

@@ -104,8 +104,10 @@ class Planner(Protocol):
         """Get ready to plan batches of up to `max_batch_size` sessions (a server calls this at start-up)."""
         ...
 
-    def observe_pass(self, plans: Sequence[Plan], seconds: float) -> None:
-        """The target pass that verified `plans` (one per session in it) took `seconds`."""
+    def observe_pass(self, plans: Sequence[Plan], seconds: float, emitted: Sequence[int] = (),
+                     draft_seconds: float = 0.0) -> None:
+        """The target pass that verified `plans` (one per session in it) took `seconds`; it emitted
+        `emitted` tokens per session after `draft_seconds` of drafting in all (the step's goodput)."""
         ...
 
     def observe(self, plan: Plan, step: StepResult, state: Any, timing: StepTiming) -> None:
@@ -140,7 +142,8 @@ class PassThroughPlanner:
     def prepare_batch(self, max_batch_size: int) -> None:
         return None
 
-    def observe_pass(self, plans: Sequence[Plan], seconds: float) -> None:
+    def observe_pass(self, plans: Sequence[Plan], seconds: float, emitted: Sequence[int] = (),
+                     draft_seconds: float = 0.0) -> None:
         return None
 
     def observe(self, plan: Plan, step: StepResult, state: None, timing: StepTiming) -> None:

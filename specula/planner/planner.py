@@ -118,6 +118,21 @@ class Projection:
 
 
 @dataclass
+class BatchBackoff:
+    """Under load (one per batch size): do the batch's drafting steps realise more tokens per second
+    than its plain steps? If not, nobody in a batch of that size drafts for 1, 2, 4, ... steps."""
+
+    drafting: Ema
+    """Tokens per second (drafting + pass) of batch steps on which some request drafted."""
+    plain: Ema
+    """Tokens per second of batch steps on which nobody drafted (the table's prediction until one is seen)."""
+    skip: int = 0
+    """Batch steps left in the current pause."""
+    pause: int = 1
+    """Length of the next pause."""
+
+
+@dataclass
 class PlannerState:
     """One request's planning state (kept in the engine's session)."""
 
@@ -192,6 +207,7 @@ class HardwarePlanner:
         self.calibrator = Calibrator(config.calibration)
         self._recent: dict[str, list[float]] = {}  # per source, decayed sums: accepted, predicted nodes
         self._overhead = Ema(config.overhead_ema)  # the drafters' per-step observe time (seconds)
+        self._batch_backoff: dict[int, BatchBackoff] = {}  # per batch size
 
     # ------------------------------------------------------------------ per request
     def new_state(self) -> PlannerState:
@@ -202,8 +218,11 @@ class HardwarePlanner:
     def should_draft(self, state: PlannerState, batch_size: int = 1) -> bool:
         """Whether this request drafts this step: not during its back-off pause, nor while it shares
         a batch at a load where its drafts have stopped paying (except on probe steps)."""
+        backoff = self._batch_backoff.get(batch_size)
         if batch_size == 1:
             state.load_idle = 0
+        elif backoff is not None and backoff.skip > 0:
+            return False  # drafting loses at this load: the whole batch pauses it
         elif state.load_idle >= 2 and state.load_idle % self.config.load_probe_every:
             state.load_idle += 1  # no drafts, no node: still idle
             return False
@@ -378,14 +397,39 @@ class HardwarePlanner:
         return self.batch_scale.get() * self.batch_curve.latency(batch_size, total_tokens)
 
     # ------------------------------------------------------------------ after the step
-    def observe_pass(self, plans: Sequence[Plan], seconds: float) -> None:
+    def observe_pass(self, plans: Sequence[Plan], seconds: float, emitted: Sequence[int] = (),
+                     draft_seconds: float = 0.0) -> None:
         """The target pass over `plans` took `seconds`: a lone pass corrects the cost model of its
-        size, a packed one the packed-pass table."""
+        size, a packed one the packed-pass table and the batch's back-off (drafting judged by the
+        tokens per second the batch realised, like a lone request's back-off)."""
         total = sum(plan.nodes + 1 for plan in plans)
         if len(plans) == 1:
             self.cost.observe(total, seconds)
-        elif self.batch_curve is not None:
-            self.batch_scale.update(seconds / max(self.batch_curve.latency(len(plans), total), 1e-12))
+            return
+        if self.batch_curve is None:
+            return
+        batch = len(plans)
+        self.batch_scale.update(seconds / max(self.batch_curve.latency(batch, total), 1e-12))
+        if not emitted:
+            return
+        backoff = self._batch_backoff.get(batch)
+        if backoff is None:
+            plain = batch / self.batch_seconds(batch, batch)
+            backoff = self._batch_backoff[batch] = BatchBackoff(Ema(self.config.rate_ema, plain),
+                                                                Ema(self.config.rate_ema, plain))
+        goodput = sum(emitted) / max(seconds + draft_seconds, 1e-12)
+        if backoff.skip > 0:
+            backoff.skip -= 1
+            backoff.plain.update(goodput)
+            return
+        if not any(plan.drafted for plan in plans):
+            backoff.plain.update(goodput)
+            return
+        if backoff.drafting.update(goodput) < backoff.plain.get() * (1 - self.config.backoff_tolerance):
+            backoff.skip = backoff.pause
+            backoff.pause = min(2 * backoff.pause, self.config.max_backoff)
+        else:
+            backoff.pause = max(1, backoff.pause // 2)
 
     def observe(self, plan: Plan, step: StepResult, state: PlannerState, timing: StepTiming) -> None:
         """Learn acceptance from the step; the back-off judges the drafting steps by what they realised."""

@@ -16,7 +16,7 @@ def test_clear_removes_measured_state_and_keeps_models(tmp_path, monkeypatch, ca
     assert main(["cache", "info", "--json"]) == 0
     info = json.loads(capsys.readouterr().out)
     sizes = {e["folder"].rsplit("/", 1)[-1]: e["bytes"] for e in info["entries"]}
-    assert sizes["cost"] == 10 and sizes["models"] == 10 and sizes["drafts"] == 0
+    assert sizes["cost"] == 10 and sizes["models"] == 10 and sizes["prepared"] == 0
     assert main(["cache", "clear"]) == 0  # default: the measured state
     assert not (tmp_path / "cost").exists()
     assert (tmp_path / "kernels" / "k" / "lib.so").exists() and (tmp_path / "models" / "m" / "model.safetensors").exists()

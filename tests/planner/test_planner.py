@@ -492,3 +492,22 @@ def test_a_request_idle_by_load_does_no_drafter_work():
     assert len(writes) == len(proposes) and not any(writes)  # bookkeeping only on drafting steps
     for prompt, session in zip(prompts, sessions):
         assert session.generated == reference_greedy(model, prompt, 40)
+
+
+def test_under_load_the_batch_stops_drafting_when_its_drafting_steps_realise_less():
+    """The packed-pass table says extra tokens are nearly free, but the passes this run times say
+    each costs 0.3 of a pass and nothing is accepted: the batch's drafting steps realise fewer
+    tokens per second than its plain ones, so the whole batch pauses drafting (1, 2, 4, ... steps)."""
+    planner = HardwarePlanner(curve=STEEP, batch_curve=batch_table(0.001))
+    states = [planner.new_state() for _ in range(4)]
+    drafted_steps = 0
+    for _ in range(60):
+        drafting = [planner.should_draft(s, batch_size=4) for s in states]
+        drafted_steps += any(drafting)
+        proposals = [[Proposal(chain([5, 6, 7], 0.9, "draft-model"))] if d else [] for d in drafting]
+        plans = planner.plan([PlanRequest(p, BUDGET, s, 0.01 if d else 0.0, d)
+                              for p, s, d in zip(proposals, states, drafting)])
+        total = sum(plan.nodes + 1 for plan in plans)
+        seconds = 1.0 + 0.3 * (total - 4)  # what the passes really cost
+        planner.observe_pass(plans, seconds, [1] * 4, 0.01 * sum(drafting))  # nothing accepted
+    assert drafted_steps < 20

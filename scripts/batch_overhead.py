@@ -1,0 +1,73 @@
+"""What speculation costs under load, in process (no HTTP): B sessions stepped together through
+`decoder.step(sessions)` (one packed pass per step, as the server's worker does), plain decoding
+(`none`) against a method on the same target, repeats interleaved. Prints each repeat's tokens/s
+ratio and min / median / max, and, with --profile, where the method's step time goes.
+
+    python scripts/batch_overhead.py --target smollm2-135m --batch 8 --max-new-tokens 48 --repeats 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import pstats
+import statistics
+import sys
+import time
+
+
+def run_batch(decoder, prompts, params) -> tuple[int, float, int]:
+    """(new tokens, seconds, drafted tokens) of one batch run to completion."""
+    t0 = time.perf_counter()
+    sessions = [decoder.start(p, params) for p in prompts]
+    while not all(s.finished for s in sessions):
+        decoder.step(sessions)
+    seconds = time.perf_counter() - t0
+    for s in sessions:
+        decoder.finish(s)
+    return sum(len(s.generated) for s in sessions), seconds, sum(s.stats.drafted_tokens for s in sessions)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--target", default="smollm2-135m")
+    p.add_argument("--method", default="fusion")
+    p.add_argument("--draft", default="none")
+    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--max-new-tokens", type=int, default=48)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--profile", action="store_true", help="cProfile one batch run of the method")
+    args = p.parse_args()
+
+    from specula.api import build_decoder, load
+    from specula.bench.datasets import load_prompts, select_prompts
+    from specula.sampling import SamplingParams
+
+    spec = load(args.target, draft=args.draft, method=args.method)
+    plain = build_decoder("none", spec.target, spec.tokenizer)
+    chosen = select_prompts(load_prompts("spec-bench"), None, None, 0)
+    step = max(1, len(chosen) // args.batch)
+    prompts = [spec.encode(q.turns[0]) for q in chosen[::step][: args.batch]]
+    params = SamplingParams(max_new_tokens=args.max_new_tokens)
+    spec.decoder.planner.prepare_batch(args.batch)
+    run_batch(plain, prompts[:2], SamplingParams(max_new_tokens=4))  # warm-up
+    ratios = []
+    for r in range(args.repeats):
+        n0, s0, _ = run_batch(plain, prompts, params)
+        n1, s1, drafted = run_batch(spec.decoder, prompts, params)
+        ratios.append((n1 / s1) / (n0 / s0))
+        print(f"repeat {r + 1}: none {n0 / s0:.1f} tok/s, {args.method} {n1 / s1:.1f} tok/s "
+              f"({drafted} drafted): {ratios[-1]:.2f}x", flush=True)
+    print(f"{args.method} / none at batch {args.batch}: min {min(ratios):.2f}x, median "
+          f"{statistics.median(ratios):.2f}x, max {max(ratios):.2f}x")
+    if args.profile:
+        prof = cProfile.Profile()
+        prof.enable()
+        run_batch(spec.decoder, prompts, params)
+        prof.disable()
+        pstats.Stats(prof, stream=sys.stdout).sort_stats("cumulative").print_stats(25)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
