@@ -56,8 +56,6 @@ class PlannerConfig:
     """Context length (tokens in the cache) at which the cost curve is measured."""
     cost_repeats: int = 2
     """Timed repeats per size at start-up."""
-    cost_correction: float = 0.1
-    """EMA weight of each observed packed pass in the packed-pass table's correction factor."""
     cost_explore: float = 0.4
     """Optimism of the cost model for multi-token passes this run has not timed yet: their estimate
     is cut by this fraction, shrinking as 1 / (1 + passes timed in the size's octave), so a prior
@@ -197,8 +195,9 @@ class HardwarePlanner:
         self.batch_curve = batch_curve
         """Latency of packed passes over several sequences (None until a batch needs it; see
         `prepare_batch`)."""
-        self.batch_scale = Ema(config.cost_correction, 1.0)
-        """Observed / predicted packed-pass seconds (the table, measured on this machine, is the prior)."""
+        self._batch_costs: dict[int, CostModel] = {}
+        """Per batch size: the table's row as a prior, corrected by this run's packed passes like the
+        lone cost model (a plain batched step judged by plain ones; no optimism under load)."""
         if curve is None:
             if target is None:
                 raise ValueError("HardwarePlanner needs a target backend or a measured cost curve")
@@ -391,10 +390,16 @@ class HardwarePlanner:
             sizes = [b for b in DEFAULT_BATCH_SIZES if b < max_batch_size] + [max_batch_size]
             self.batch_curve = load_or_measure_batch_curve(self._target, sizes)
 
-    def batch_seconds(self, batch_size: int, total_tokens: int) -> float:
-        """Predicted latency of one packed pass (measured table times the online correction)."""
+    def _batch_cost(self, batch_size: int) -> CostModel:
         assert self.batch_curve is not None
-        return self.batch_scale.get() * self.batch_curve.latency(batch_size, total_tokens)
+        if batch_size not in self._batch_costs:
+            self._batch_costs[batch_size] = CostModel(self.batch_curve.row_curve(batch_size), 0.0,
+                                                      self.config.cost_window)
+        return self._batch_costs[batch_size]
+
+    def batch_seconds(self, batch_size: int, total_tokens: int) -> float:
+        """Predicted latency of one packed pass: the measured table (a prior) corrected by this run."""
+        return self._batch_cost(batch_size).estimate(total_tokens - batch_size + 1)
 
     # ------------------------------------------------------------------ after the step
     def observe_pass(self, plans: Sequence[Plan], seconds: float, emitted: Sequence[int] = (),
@@ -409,7 +414,7 @@ class HardwarePlanner:
         if self.batch_curve is None:
             return
         batch = len(plans)
-        self.batch_scale.update(seconds / max(self.batch_curve.latency(batch, total), 1e-12))
+        self._batch_cost(batch).observe(total - batch + 1, seconds)
         if not emitted:
             return
         backoff = self._batch_backoff.get(batch)
