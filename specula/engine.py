@@ -138,6 +138,11 @@ class SpeculativeDecoder:
         self.hidden = any(isinstance(d, FeatureDrafter) and d.needs_hidden for d in self.drafters)
         """Some drafter learns from the target's hidden states: passes return them (no extra pass)."""
 
+    @property
+    def planned(self) -> bool:
+        """Whether a planner sizes the trees (False: the pass-through planner, merge + budget)."""
+        return not isinstance(self.planner, PassThroughPlanner)
+
     # ------------------------------------------------------------------ sessions
     def start(self, prompt_ids: Sequence[int], params: SamplingParams = SamplingParams()) -> Session:
         """A new request: checks the prompt against the context window (once), prefills it and

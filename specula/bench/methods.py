@@ -11,7 +11,6 @@ from typing import Any, Callable, Literal, Protocol, Sequence
 from specula.models.device import sync_device
 from specula.engine import EngineConfig, SpeculativeDecoder
 from specula.errors import ConfigError
-from specula.planner import PassThroughPlanner
 from specula.models.base import TargetModel
 from specula.sampling import SamplingParams
 from specula.stats import GenerationStats
@@ -54,7 +53,7 @@ class SpeculaMethod:
         self.name = name
         self.decoder = decoder
         self.lossless = not any(getattr(d, "lossy", False) for d in decoder.drafters)
-        self.planner = not isinstance(decoder.planner, PassThroughPlanner)
+        self.planner = decoder.planned
 
     def generate(self, prompt_ids: Sequence[int], params: SamplingParams) -> MethodOutput:
         device = self.decoder.target.device
