@@ -192,8 +192,13 @@ def measure_pass_times(backend: TargetModel, sizes: Sequence[int], context: int,
     try:
         seq.prefill(prefix, logits="none")
         # commit(()) keeps prefix + root: each pass crops back to the `context`-token prefix.
-        for n in sizes:
-            _timed_pass(seq, backend.device, root, trees[n], context)  # warm-up
+        first = 0.0
+        for n in sizes:  # warm-up, one pass each, ascending
+            seconds = _timed_pass(seq, backend.device, root, trees[n], context)
+            first = first or seconds
+            if n > 1 and seconds > 2 * config.max_ratio * first and n < sizes[-1]:
+                sizes = sizes[: sizes.index(n) + 1]  # far beyond paying even cold: larger sizes not timed
+                break
         recent: list[float] = []
         while warmup < config.max_warmup_passes:
             recent = (recent + [_timed_pass(seq, backend.device, root, trees[1], context)])[-config.stable_passes:]
