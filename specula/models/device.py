@@ -4,6 +4,7 @@ kernel the device cannot run fails at once with the fix named."""
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import torch
@@ -63,3 +64,22 @@ def check_cpu_only(what: str, device: torch.device, fix: str) -> None:
     """A `ConfigError` when a CPU-only option (`what`) meets a CUDA device."""
     if device.type != "cpu":
         raise ConfigError(f"{what} runs on CPU only, not on {device}; {fix}")
+
+
+_CUDA_GRAPHS: bool | None = None
+
+
+def set_cuda_graphs(enabled: bool | None) -> None:
+    """The process-wide default of the native backend's CUDA-graph path (`--cuda-graphs` /
+    `--no-cuda-graphs`); None = back to the environment's (`cuda_graphs_wanted`). Read when a
+    backend is built."""
+    global _CUDA_GRAPHS
+    _CUDA_GRAPHS = enabled
+
+
+def cuda_graphs_wanted() -> bool:
+    """Whether native backends on CUDA capture their passes in CUDA graphs: as set by
+    `set_cuda_graphs`, else `SPECULA_CUDA_GRAPHS` (0 / false / off turn it off), else yes."""
+    if _CUDA_GRAPHS is not None:
+        return _CUDA_GRAPHS
+    return os.environ.get("SPECULA_CUDA_GRAPHS", "1").strip().lower() not in ("0", "false", "off", "no")
