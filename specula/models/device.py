@@ -83,3 +83,9 @@ def cuda_graphs_wanted() -> bool:
     if _CUDA_GRAPHS is not None:
         return _CUDA_GRAPHS
     return os.environ.get("SPECULA_CUDA_GRAPHS", "1").strip().lower() not in ("0", "false", "off", "no")
+
+
+def cuda_graphs_compile() -> bool:
+    """`SPECULA_CUDA_GRAPHS=compile`: the captured passes' element-wise ops fused by torch.compile
+    (faster steps, a compilation at start-up; docs/gpu.md)."""
+    return os.environ.get("SPECULA_CUDA_GRAPHS", "").strip().lower() == "compile"

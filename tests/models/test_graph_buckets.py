@@ -109,7 +109,7 @@ def test_graph_path_tree_and_chain_logits_equal_the_eager_path(arch, compile_ops
         for tree in (random_tree(rng, n, 96), TokenTree.chain([rng.randrange(96) for _ in range(n)])):
             root = rng.randrange(96)
             a, b = seq_e.forward_tree(root, tree), seq_f.forward_tree(root, tree)
-            torch.testing.assert_close(b, a, atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(b, a, atol=1e-4, rtol=1e-4)
             path = tree.path_to(0) if len(tree) else ()
             seq_e.commit(path)
             seq_f.commit(path)
@@ -124,8 +124,8 @@ def test_prefills_incremental_trees_and_scratch_drafts_on_the_graph_path():
         backend.seq = backend.new_sequence()
         backend.out = [backend.seq.prefill(prompt[:7], logits="all"),  # a graph pass (8 rows)
                        backend.seq.prefill(prompt[7:], logits="last")]
-    torch.testing.assert_close(fixed.out[0], eager.out[0], atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(fixed.out[1], eager.out[1], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(fixed.out[0], eager.out[0], atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(fixed.out[1], eager.out[1], atol=1e-4, rtol=1e-4)
     tree = TokenTree.build([5, 6, 7, 8], [-1, 0, 0, 2])
     grown = TokenTree.build([5, 6, 7, 8, 9, 10, 11], [-1, 0, 0, 2, 1, 4, 3])
     for backend in (eager, fixed):
@@ -136,7 +136,7 @@ def test_prefills_incremental_trees_and_scratch_drafts_on_the_graph_path():
         backend.out.append(backend.seq.speculate([14], offset=2))  # sees the two scratch rows
         backend.out.append(backend.seq.replay(3))
     for a, b in zip(eager.out, fixed.out):
-        torch.testing.assert_close(b, a, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(b, a, atol=1e-4, rtol=1e-4)
     assert fixed.graphs.stats["passes"] >= 6
 
 

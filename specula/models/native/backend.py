@@ -59,13 +59,15 @@ class NativeCausalLM:
 
     # ------------------------------------------------------------------ CUDA graphs
     def set_cuda_graphs(self, enabled: bool | None = None, *, capture: bool | None = None,
-                        compile_ops: bool = False) -> None:
+                        compile_ops: bool | None = None, attention: str = "matmul") -> None:
         """Turn the graph path on or off for sequences created from now on. None = the default: on
         for a CUDA device unless turned off (`--no-cuda-graphs`, `SPECULA_CUDA_GRAPHS=0`:
         `device.cuda_graphs_wanted`) or the decoder cannot run it (`graphs.graph_unsupported`; then
         asking for it explicitly is a `ConfigError`). `capture=False` runs the same fixed-shape passes
-        without capturing them (any device: tests); `compile_ops` fuses their element-wise ops."""
-        from specula.models.device import cuda_graphs_wanted
+        without capturing them (any device: tests); `compile_ops` fuses their element-wise ops
+        with torch.compile (None: `SPECULA_CUDA_GRAPHS=compile` says);
+        `attention`: "matmul" (default) or "sdpa" inside the passes (`graphs.attend_matmul`)."""
+        from specula.models.device import cuda_graphs_compile, cuda_graphs_wanted
 
         explicit = enabled is not None
         if enabled is None:
@@ -80,9 +82,10 @@ class NativeCausalLM:
             self.graphs = None
             return
         capture = True if capture is None else capture
+        compile_ops = cuda_graphs_compile() if compile_ops is None else compile_ops
         if capture and self.device.type != "cuda":
             raise ConfigError(f"{self.name}: CUDA graphs need a CUDA device, not {self.device}; use --no-cuda-graphs")
-        self.graphs = GraphRunner(self.decoder, capture=capture, compile_ops=compile_ops)
+        self.graphs = GraphRunner(self.decoder, capture=capture, compile_ops=compile_ops, attention=attention)
 
     @property
     def cuda_graphs(self) -> bool:

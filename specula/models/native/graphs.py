@@ -185,6 +185,10 @@ class PassOps:
         else:
             self.add_norm, self.rope_qkv, self.silu_mul = _add_norm, _rope_qkv, _silu_mul
 
+    def rotation(self, cos: torch.Tensor, sin: torch.Tensor) -> tuple:
+        """What `rope_qkv` takes after qkv: cos + i sin once per pass (eager), or cos, sin (compiled)."""
+        return (cos, sin) if self.compiled else (torch.complex(cos, sin)[:, None],)
+
 
 def _add_norm(x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor, eps: float):
     """(x + delta, rms_norm(x + delta) * weight); as `TorchOps.add_norm`."""
@@ -198,11 +202,12 @@ def _silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     return F.silu(gate) * up
 
 
-def _rope_qkv(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, heads: int, kv_heads: int, d: int):
-    """q [n, H, D], k, v [n, G, D] of qkv [n, (H + 2G) D], q and k rotated: `TorchOps.rope_write`'s math."""
+def _rope_qkv(qkv: torch.Tensor, rot: torch.Tensor, heads: int, kv_heads: int, d: int):
+    """q [n, H, D], k, v [n, G, D] of qkv [n, (H + 2G) D], q and k rotated by rot = cos + i sin
+    [n, 1, D / 2]: `TorchOps.rope_write`'s math."""
     n = qkv.shape[0]
     pairs = torch.view_as_complex(qkv[:, : (heads + kv_heads) * d].float().reshape(n, heads + kv_heads, d // 2, 2))
-    qk = torch.view_as_real(pairs * torch.complex(cos, sin)[:, None]).reshape(n, heads + kv_heads, d).to(qkv.dtype)
+    qk = torch.view_as_real(pairs * rot).reshape(n, heads + kv_heads, d).to(qkv.dtype)
     return qk[:, :heads], qk[:, heads:], qkv[:, (heads + kv_heads) * d:].reshape(n, kv_heads, d)
 
 
@@ -216,7 +221,7 @@ def _rope_qkv_real(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, head
     return qk[:, :heads], qk[:, heads:], qkv[:, (heads + kv_heads) * d:].reshape(n, kv_heads, d)
 
 
-def attend_with_bias(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+def attend_sdpa(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
     """`ops._attend` with the mask given as the additive bias [per * n, S] it becomes inside SDPA
     (0 where a row may attend, -inf elsewhere), built once per pass instead of once per layer.
     q: [n, H, D]; keys, values: [G, S, D]; returns [n, H, D]."""
@@ -224,8 +229,49 @@ def attend_with_bias(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, 
     g = keys.shape[0]
     per = h // g
     qg = q.reshape(n, g, per, d).permute(1, 2, 0, 3).reshape(1, g, per * n, d)  # [1, G, per * n, D]
-    o = F.scaled_dot_product_attention(qg, keys[None], values[None], attn_mask=bias)  # [1, G, per * n, D]
+    o = F.scaled_dot_product_attention(qg, keys[None], values[None], attn_mask=bias.to(q.dtype))  # [1, G, per * n, D]
     return o.reshape(g, per, n, d).permute(2, 0, 1, 3).reshape(n, h, d)
+
+
+def attend_matmul(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias: torch.Tensor,
+                  out_dtype: bool = False) -> torch.Tensor:
+    """Attention as two batched matrix products over the window (the graph path's default): the
+    fused SDPA kernels run one thread block per KV head and query tile, so a pass of a few rows
+    keeps 2-4 of the H100's 132 SMs busy (measured: 36 us a layer in float32 for one row over 256
+    keys), where cuBLAS spreads the S keys over the whole chip. Scores and softmax in float32 (with
+    `out_dtype`, bfloat16 / float16 products accumulate into float32 directly; else the operands are
+    upcast), probabilities in the model's dtype for the product with the values, as SDPA does.
+    q: [n, H, D]; keys, values: [G, S, D]; bias: float32 [per * n, S]; returns [n, H, D]."""
+    n, h, d = q.shape
+    g = keys.shape[0]
+    per = h // g
+    qg = q.reshape(n, g, per, d).permute(1, 2, 0, 3).reshape(g, per * n, d)  # [G, per * n, D]
+    kt = keys.transpose(1, 2)  # [G, D, S]
+    scale = d ** -0.5
+    if q.dtype == torch.float32:
+        scores = torch.baddbmm(bias, qg, kt, alpha=scale)  # [G, per * n, S]
+    elif out_dtype:
+        scores = torch.baddbmm(bias, qg, kt, alpha=scale, out_dtype=torch.float32)
+    else:
+        scores = torch.baddbmm(bias, qg.float(), kt.float(), alpha=scale)
+    probs = torch.softmax(scores, dim=-1).to(values.dtype)
+    o = torch.bmm(probs, values)  # [G, per * n, D]
+    return o.reshape(g, per, n, d).permute(2, 0, 1, 3).reshape(n, h, d)
+
+
+def _probe_out_dtype(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether baddbmm takes out_dtype=float32 for `dtype` operands here (CUDA, recent PyTorch)."""
+    if device.type != "cuda" or dtype == torch.float32:
+        return False
+    try:
+        a = torch.randn(2, 3, 8, device=device, dtype=dtype)
+        b = torch.randn(2, 8, 5, device=device, dtype=dtype)
+        bias = torch.zeros(3, 5, device=device)
+        got = torch.baddbmm(bias, a, b, alpha=0.5, out_dtype=torch.float32)
+        want = torch.baddbmm(bias, a.float(), b.float(), alpha=0.5)
+        return got.dtype == torch.float32 and bool(torch.allclose(got, want, atol=1e-2, rtol=1e-2))
+    except (RuntimeError, TypeError):
+        return False
 
 
 def static_forward(decoder, cache: KVCache, inputs: StaticInputs, consts: dict, ops: PassOps) -> torch.Tensor:
@@ -243,18 +289,19 @@ def static_forward(decoder, cache: KVCache, inputs: StaticInputs, consts: dict, 
     rel = cols - prefix  # [S]
     visible = (inputs.local.index_select(1, rel.clamp(0, w - 1)) & ((rel >= 0) & (rel < w))) | (rel < 0)  # [B, S]
     per = h // g
-    bias = torch.zeros((per * b, s), dtype=decoder.final_norm.dtype, device=cols.device)
+    bias = torch.zeros((per * b, s), dtype=torch.float32, device=cols.device)
     bias = bias.masked_fill(~visible.repeat(per, 1), float("-inf"))  # [per * B, S], row p * B + i: row i
 
     x = decoder.embed(tokens)  # [B, E]
-    cos, sin = decoder.rope(positions)
+    rotation = ops.rotation(*decoder.rope(positions))
+    attend = consts["attend"]
     delta = None
     for index, layer in enumerate(decoder.layers):
         x, hn = ops.add_norm(x, delta, layer.input_norm, eps)
-        q, k, v = ops.rope_qkv(layer.wqkv(hn), cos, sin, h, g, d)
+        q, k, v = ops.rope_qkv(layer.wqkv(hn), *rotation, h, g, d)
         cache.k[index].index_copy_(1, slots, k.transpose(0, 1))
         cache.v[index].index_copy_(1, slots, v.transpose(0, 1))
-        out = attend_with_bias(q, cache.k[index, :, :s], cache.v[index, :, :s], bias)
+        out = attend(q, cache.k[index, :, :s], cache.v[index, :, :s], bias)
         delta = layer.wo(out.reshape(b, h * d))
         x, hn = ops.add_norm(x, delta, layer.post_norm, eps)
         delta = layer.w_down(ops.silu_mul(layer.w_gate_up(hn)))
@@ -267,7 +314,8 @@ class CapturedPass:
     def __init__(self, runner: "GraphRunner", cache: KVCache, bucket: int, window: int, context: int) -> None:
         device = runner.device
         self.inputs = StaticInputs(bucket, window, device)
-        self.consts = {"rows": torch.arange(bucket, device=device), "cols": torch.arange(context, device=device)}
+        self.consts = {"rows": torch.arange(bucket, device=device), "cols": torch.arange(context, device=device),
+                       "attend": runner.attend}
         self.cache_ref = weakref.ref(cache)
         self.graph: torch.cuda.CUDAGraph | None = None
         self.hidden: torch.Tensor | None = None  # [B, E]: the graph's output
@@ -310,7 +358,7 @@ class GraphRunner:
     passes eagerly (CPU tests)."""
 
     def __init__(self, decoder, *, buckets: Sequence[int] = ROW_BUCKETS, capture: bool = True,
-                 compile_ops: bool = False, warmup: int = 2) -> None:
+                 compile_ops: bool = False, attention: str = "matmul", warmup: int = 2) -> None:
         self.decoder = decoder
         self.device = decoder.final_norm.device
         self.dtype = decoder.final_norm.dtype
@@ -320,6 +368,14 @@ class GraphRunner:
         self.capture = capture
         self.pool = torch.cuda.graph_pool_handle() if capture else None
         self.ops = PassOps(compile_ops)
+        if attention == "matmul":
+            out_dtype = _probe_out_dtype(self.device, self.dtype)
+            self.attend = lambda q, k, v, bias: attend_matmul(q, k, v, bias, out_dtype)
+        elif attention == "sdpa":
+            self.attend = attend_sdpa
+        else:
+            raise ValueError(f"attention must be matmul or sdpa, not {attention!r}")
+        self.attention = attention
         self.warmup = warmup
         self._free: list[KVCache] = []
         self.stats = {"captures": 0, "replays": 0, "passes": 0}
