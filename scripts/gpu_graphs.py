@@ -281,8 +281,10 @@ def hf_peers(model, shape, dtype_name, prompt, n, reference=None) -> None:
     reduce-overhead); prompt lookup (dynamic and static)."""
     ids = torch.tensor([prompt], device=DEVICE)
     peers = [("hf:generate", {}), ("hf:static+compile", {"cache_implementation": "static"}),
-             ("hf:prompt-lookup", {"prompt_lookup_num_tokens": 10}),
-             ("hf:prompt-lookup+static", {"prompt_lookup_num_tokens": 10, "cache_implementation": "static"})]
+             ("hf:prompt-lookup", {"prompt_lookup_num_tokens": 10})]
+    # prompt lookup with the static cache is left out: its candidates write past the static cache
+    # (sized for max_new_tokens): an IndexError on CPU, a device-side assert on CUDA that breaks the
+    # process (measured with transformers 5.24 on an H100)
     for name, extra in peers:
         try:
             kwargs = dict(max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=0, **extra)
