@@ -33,11 +33,16 @@ The same passes run uncaptured with `capture=False` (the CPU tests: bucketing, p
 checked without a GPU). `compile_ops=True` fuses the element-wise ops (add + RMSNorm, RoPE, SiLU
 product) with `torch.compile` inside the captured pass (`docs/gpu.md` has the measurements).
 
-Exactness: the pass computes what the eager pass computes, row by row, with the same ops; what
-differs is the shape (B rows instead of n, S keys instead of start + n, masked), which changes
-the kernels' reduction order and so the rounding. float32: tree and chain logits equal the eager
-pass's to float32 rounding (tested), greedy output equals plain greedy decoding (guarantee
-"float32" unchanged); bfloat16: a draw of the same model up to rounding ("near-ties").
+Attention inside a captured pass is two batched matrix products over the window
+(`attend_matmul`), not SDPA: SDPA's fused kernels give a pass of a few rows one thread block per
+KV head and query tile, 2-4 of the H100's 132 SMs (`attention="sdpa"` keeps them, for comparison).
+
+Exactness: a row computes what an eager row computes with the same element-wise ops; the shapes
+differ (B rows instead of n, S keys instead of start + n, masked) and attention is computed by
+matrix products, which changes the reduction order and so the rounding. float32: tree and chain
+logits equal the eager pass's to float32 rounding (tested), greedy output equals plain greedy
+decoding (guarantee "float32" unchanged); bfloat16 / float16: a draw of the same model up to
+rounding ("near-ties"). A replay equals the same fixed-shape pass run eagerly bit for bit (tested).
 
 Shapes: B rows of a captured pass, S slots of its window, W columns of its local mask, H query
 heads, G KV heads, D head dim, E hidden size.
@@ -172,9 +177,10 @@ class StaticInputs:
 
 
 class PassOps:
-    """The element-wise ops of a captured pass: the eager ones (`TorchOps`' math), or, with
-    `compiled`, the SiLU product and RoPE (as real arithmetic on the pairs) fused by `torch.compile`
-    (dynamic shapes: one compilation serves every bucket)."""
+    """The element-wise ops of a captured pass: the eager ones (`TorchOps`' math, so a row computes
+    exactly what an eager row computes), or, with `compiled`, the same functions fused by
+    `torch.compile` (add + RMSNorm into one kernel, the SiLU product, RoPE as real arithmetic on
+    the pairs; dynamic shapes: one compilation serves every bucket)."""
 
     def __init__(self, compiled: bool = False) -> None:
         self.compiled = compiled
@@ -184,27 +190,22 @@ class PassOps:
             config = torch._dynamo.config  # a target and a draft of other widths and dtypes recompile
             name = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"
             setattr(config, name, max(getattr(config, name), 64))
+            self.add_norm = torch.compile(_add_norm, fullgraph=True, dynamic=True)
             self.rope_qkv = torch.compile(_rope_qkv_real, fullgraph=True, dynamic=True)
             self.silu_mul = torch.compile(_silu_mul, fullgraph=True, dynamic=True)
         else:
-            self.rope_qkv, self.silu_mul = _rope_qkv, _silu_mul
+            self.add_norm, self.rope_qkv, self.silu_mul = _add_norm, _rope_qkv, _silu_mul
 
     def rotation(self, cos: torch.Tensor, sin: torch.Tensor) -> tuple:
         """What `rope_qkv` takes after qkv: cos + i sin once per pass (eager), or cos, sin (compiled)."""
         return (cos, sin) if self.compiled else (torch.complex(cos, sin)[:, None],)
 
 
-def _norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    return torch.rms_norm(x, (x.shape[-1],), weight, eps)
-
-
-def _residual(x: torch.Tensor, inp: torch.Tensor, linear: torch.nn.Module) -> torch.Tensor:
-    """x + linear(inp), as one GEMM with the add in its epilogue (addmm) for a bias-free nn.Linear:
-    a kernel less per sub-layer. float32: the same sum (the product is float32 either way);
-    bfloat16: the product is not rounded to bfloat16 before the add (one rounding instead of two)."""
-    if type(linear) is torch.nn.Linear and linear.bias is None:
-        return torch.addmm(x, inp, linear.weight.t())
-    return x + linear(inp)
+def _add_norm(x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor, eps: float):
+    """(x + delta, rms_norm(x + delta) * weight); as `TorchOps.add_norm`."""
+    if delta is not None:
+        x = x + delta
+    return x, torch.rms_norm(x, (x.shape[-1],), weight, eps)
 
 
 def _silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
@@ -302,17 +303,20 @@ def static_forward(decoder, cache: KVCache, inputs: StaticInputs, consts: dict, 
     bias = torch.zeros((per * b, s), dtype=torch.float32, device=cols.device)
     bias = bias.masked_fill(~visible.repeat(per, 1), float("-inf"))  # [per * B, S], row p * B + i: row i
 
-    x = decoder.embed(tokens)  # [B, E]: the residual stream
+    x = decoder.embed(tokens)  # [B, E]
     rotation = ops.rotation(*decoder.rope(positions))
     attend = consts["attend"]
+    delta = None
     for index, layer in enumerate(decoder.layers):
-        q, k, v = ops.rope_qkv(layer.wqkv(_norm(x, layer.input_norm, eps)), *rotation, h, g, d)
+        x, hn = ops.add_norm(x, delta, layer.input_norm, eps)
+        q, k, v = ops.rope_qkv(layer.wqkv(hn), *rotation, h, g, d)
         cache.k[index].index_copy_(1, slots, k.transpose(0, 1))
         cache.v[index].index_copy_(1, slots, v.transpose(0, 1))
-        out = attend(q, cache.k[index, :, :s], cache.v[index, :, :s], bias)  # [B, H, D]
-        x = _residual(x, out.reshape(b, h * d), layer.wo)
-        x = _residual(x, ops.silu_mul(layer.w_gate_up(_norm(x, layer.post_norm, eps))), layer.w_down)
-    return _norm(x, decoder.final_norm, eps)
+        out = attend(q, cache.k[index, :, :s], cache.v[index, :, :s], bias)
+        delta = layer.wo(out.reshape(b, h * d))
+        x, hn = ops.add_norm(x, delta, layer.post_norm, eps)
+        delta = layer.w_down(ops.silu_mul(layer.w_gate_up(hn)))
+    return ops.add_norm(x, delta, decoder.final_norm, eps)[1]
 
 
 class CapturedPass:

@@ -20,7 +20,6 @@ Shapes: T rows in a pass, H query heads, G KV heads, D head dim, E hidden size, 
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
@@ -28,6 +27,7 @@ import torch
 from torch import nn
 
 from specula.errors import ConfigError
+from specula.models.device import sdpa_without_cudnn
 from specula.models.native.cache import KVCache
 from specula.models.native.ops import TorchOps
 
@@ -203,7 +203,7 @@ class NativeDecoder(nn.Module):
         `trace`, if given, receives for every sub-layer run its change of direction of the residual
         stream, mean over rows of 1 - cos(x, x + delta): near 0 for a sub-layer that barely turns
         the stream (a good one to skip when drafting)."""
-        with _sdpa_without_cudnn(tokens.device):
+        with sdpa_without_cudnn(tokens.device):
             return self._forward(tokens, positions, segments, frozenset(skip), trace)
 
     def _forward(self, tokens, positions, segments, skip, trace) -> torch.Tensor:
@@ -257,18 +257,6 @@ class NativeDecoder(nn.Module):
                 layer.w_gate_up = _fused([mlp.gate_proj, mlp.up_proj])
                 layer.w_down = mlp.down_proj
         return native.eval().requires_grad_(False)
-
-
-def _sdpa_without_cudnn(device: torch.device):
-    """On CUDA, SDPA without its cuDNN kernel: PyTorch picks cuDNN attention for bfloat16 / float16
-    on Hopper, and cuDNN builds an execution plan for every new key length, which a decoding step
-    changes each time (measured on an H100, SmolLM2-135M bfloat16: 32.9 ms a step, 17.1 ms without
-    cuDNN; float32, which cuDNN does not run, 19.0 ms). A no-op on the CPU."""
-    if device.type != "cuda":
-        return contextlib.nullcontext()
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])
 
 
 def _turn(x: torch.Tensor, delta: torch.Tensor) -> float:
