@@ -42,6 +42,9 @@ def add_device_args(parser) -> None:
                         help="where the models run: auto = the first CUDA device PyTorch sees, else the CPU (default)")
     parser.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"),
                         help="weights dtype: auto = float32 on CPU (the model unchanged), bfloat16 on CUDA (default)")
+    parser.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=None,
+                        help="native backend on CUDA: run passes of up to 64 tokens as captured CUDA graphs (default on; "
+                             "--no-cuda-graphs runs every pass eagerly)")
 
 
 def add_backend_arg(parser) -> None:
@@ -125,6 +128,10 @@ def load_config(args: argparse.Namespace) -> "LoadConfig":
                         linear_kernel=args.linear_kernel, backend=getattr(args, "backend", "auto"),
                         device=getattr(args, "device", "auto"))
     config.resolved()  # a bad --device / --dtype fails here, before any slow load
+    if getattr(args, "cuda_graphs", None) is not None:
+        from specula.models.device import set_cuda_graphs
+
+        set_cuda_graphs(args.cuda_graphs)  # read by the native backends built from here on
     return config
 
 

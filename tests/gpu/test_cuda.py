@@ -2,7 +2,8 @@
 
 Tree logits equal causal logits, the cache equals a plain forward's, greedy speculative output
 equals plain greedy, and the sampled output law equals the target's, for the Hugging Face and the
-native backend, in float32 (exact to float tolerance) and bfloat16 (lossless up to near-ties)."""
+native backend, in float32 (exact to float tolerance) and bfloat16 (lossless up to near-ties). The
+native backend runs on its default CUDA-graph path ("native") and eagerly ("native-eager")."""
 
 from __future__ import annotations
 
@@ -27,10 +28,10 @@ def backend(kind: str, model):
     if kind == "hf":
         return HFCausalLM(model, "hf", eos_token_ids=[])
     decoder = configure(NativeDecoder.from_hf(model), "aten", "none", "sdpa")
-    return NativeCausalLM(decoder, "native", eos_token_ids=[])
+    return NativeCausalLM(decoder, kind, eos_token_ids=[], cuda_graphs=None if kind == "native" else False)
 
 
-@pytest.mark.parametrize("kind", ["hf", "native"])
+@pytest.mark.parametrize("kind", ["hf", "native", "native-eager"])
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
 def test_tree_logits_equal_causal_logits_on_cuda(kind, arch):
     model = tiny_model(arch, seed=4)
@@ -45,7 +46,7 @@ def test_tree_logits_equal_causal_logits_on_cuda(kind, arch):
     assert_tree_logits_are_causal(reference, prompt, tree, logits.float().cpu())
 
 
-@pytest.mark.parametrize("kind", ["hf", "native"])
+@pytest.mark.parametrize("kind", ["hf", "native", "native-eager"])
 def test_cache_equals_plain_forward_on_cuda(kind):
     model = tiny_model("qwen2", seed=8)
     seq = backend(kind, model).new_sequence()
@@ -58,7 +59,7 @@ def test_cache_equals_plain_forward_on_cuda(kind):
         torch.testing.assert_close(v, layer.values, atol=1e-4, rtol=1e-4)
 
 
-@pytest.mark.parametrize("kind", ["hf", "native"])
+@pytest.mark.parametrize("kind", ["hf", "native", "native-eager"])
 @pytest.mark.parametrize("method", ["prompt-lookup", "token-recycling", "draft-model", "draft-tree", "fusion"])
 def test_greedy_speculative_output_equals_plain_greedy_on_cuda(kind, method):
     model = tiny_model("llama", seed=3)

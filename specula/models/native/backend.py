@@ -5,16 +5,26 @@ every node at consecutive slots after the committed prefix and attends through a
 over slots (prefix + the row's own ancestors); `commit` moves the accepted path's rows next to
 the root (a gather of the path only). The same decoder serves one-token decoding, prefills and
 trees, so plain and speculative decoding run the same code.
+
+On CUDA, passes of up to 64 rows run as captured CUDA graphs by default (`graphs.py`: row
+buckets, a fixed attention window, the cache written inside the graph); `cuda_graphs=False`
+(`--no-cuda-graphs`) keeps every pass eager. Longer prefills, packed multi-sequence passes,
+passes with sub-layers skipped or traced, and decoders the graph path cannot run
+(`graphs.graph_unsupported`) stay eager.
 """
 
 from __future__ import annotations
 
+import weakref
 from typing import Any, Callable, Iterable, Sequence
 
+import numpy as np
 import torch
 
+from specula.errors import ConfigError
 from specula.models.base import LogitsMode, SubLayer, guarantee_of
 from specula.models.native.cache import KVCache
+from specula.models.native.graphs import GraphRunner, graph_unsupported
 from specula.models.native.model import NativeDecoder, Segment
 from specula.tree import TokenTree
 
@@ -23,7 +33,8 @@ class NativeCausalLM:
     """A Llama / Qwen2 / Mistral model on specula's own decoder (a `TargetModel`)."""
 
     def __init__(self, decoder: NativeDecoder, name: str = "model", *, eos_token_ids: Sequence[int] = (),
-                 reference: Callable[[], Any] | None = None, model_id: str = "") -> None:
+                 reference: Callable[[], Any] | None = None, model_id: str = "",
+                 cuda_graphs: bool | None = None) -> None:
         self.decoder = decoder
         self.name = name
         cfg = decoder.cfg
@@ -42,6 +53,49 @@ class NativeCausalLM:
         self._reference = reference
         self._reference_model = None
         self._model_id = model_id
+        self.graphs: GraphRunner | None = None
+        """The CUDA-graph path (`graphs.GraphRunner`), or None: every pass eager."""
+        self.set_cuda_graphs(cuda_graphs)
+
+    # ------------------------------------------------------------------ CUDA graphs
+    def set_cuda_graphs(self, enabled: bool | None = None, *, capture: bool | None = None,
+                        compile_ops: bool | None = None, attention: str = "matmul") -> None:
+        """Turn the graph path on or off for sequences created from now on. None = the default: on
+        for a CUDA device unless turned off (`--no-cuda-graphs`, `SPECULA_CUDA_GRAPHS=0`:
+        `device.cuda_graphs_wanted`) or the decoder cannot run it (`graphs.graph_unsupported`; then
+        asking for it explicitly is a `ConfigError`). `capture=False` runs the same fixed-shape passes
+        without capturing them (any device: tests); `compile_ops` fuses their element-wise ops
+        with torch.compile (None: `SPECULA_CUDA_GRAPHS=compile` says);
+        `attention`: "matmul" (default) or "sdpa" inside the passes (`graphs.attend_matmul`)."""
+        from specula.models.device import cuda_graphs_compile, cuda_graphs_wanted
+
+        explicit = enabled is not None
+        if enabled is None:
+            enabled = self.device.type == "cuda" and cuda_graphs_wanted()
+        if not enabled:
+            self.graphs = None
+            return
+        why = graph_unsupported(self.decoder)
+        if why is not None:
+            if explicit:
+                raise ConfigError(f"{self.name}: CUDA graphs cannot run this decoder: {why}; use --no-cuda-graphs")
+            self.graphs = None
+            return
+        capture = True if capture is None else capture
+        compile_ops = cuda_graphs_compile() if compile_ops is None else compile_ops
+        if capture and self.device.type != "cuda":
+            raise ConfigError(f"{self.name}: CUDA graphs need a CUDA device, not {self.device}; use --no-cuda-graphs")
+        self.graphs = GraphRunner(self.decoder, capture=capture, compile_ops=compile_ops, attention=attention)
+
+    @property
+    def cuda_graphs(self) -> bool:
+        """Whether passes are captured and replayed (not merely run at the graph path's shapes)."""
+        return self.graphs is not None and self.graphs.capture
+
+    def padded_tokens(self, n: int) -> int:
+        """Rows a pass of n tokens really costs: its bucket on the graph path (1, 2, 4, ..., 64), else
+        n (the planner's cost model rounds tree sizes with it)."""
+        return n if self.graphs is None else self.graphs.padded(n)
 
     layer_skipping = True
     """Sequences implement `LayerSkipSequence` (drafting by the model itself with sub-layers skipped)."""
@@ -86,6 +140,7 @@ class NativeCausalLM:
             "quantize": quantization_of(self.decoder),
             "attention": "batch_invariant" if self.decoder.invariant else "sdpa",
             "linear_kernel": linear_kernel_of(self.decoder),
+            "cuda_graphs": self.cuda_graphs,
         }
         if self.device.type == "cuda":
             key["gpu"] = torch.cuda.get_device_name(self.device)
@@ -120,25 +175,53 @@ class NativeCausalLM:
 
     def run(self, seq: "NativeSequence", ids: Sequence[int], positions: torch.Tensor, mask: torch.Tensor | None,
             logit_rows: slice | None, prefill: bool = False, *, start: int | None = None,
-            skip: frozenset = frozenset(), trace: dict | None = None, hidden: bool = False) -> Any:
+            skip: frozenset = frozenset(), trace: dict | None = None, hidden: bool = False,
+            prefix: int | None = None) -> Any:
         """Run rows `ids` of one sequence at `positions` ([n] long) from slot `start` (default
         seq.slots) with an attention `mask` ([n, start + n] bool, None for one row), sub-layers
-        `skip` skipped; logits [rows, V] or None (with `hidden`: (logits, hidden states [n, E]))."""
+        `skip` skipped; logits [rows, V] or None (with `hidden`: (logits, hidden states [n, E])).
+        `prefix` (default: the committed tokens): slots every row sees (mask[:, :prefix] is all
+        True), which the graph path needs to know."""
         n = len(ids)
         start = seq.slots if start is None else start
-        seq.cache.reserve(start + n, start)
-        tokens = torch.tensor(list(ids), dtype=torch.long, device=self.device)  # [n]
-        mask = None if mask is None else mask.to(self.device)
-        states = self.decoder(tokens, positions.to(self.device), [Segment(seq.cache, start, slice(0, n), mask, prefill)],
-                              skip=skip, trace=trace)  # [n, E]
+        states = None
+        if self.graphs is not None and not skip and trace is None:
+            if mask is None:  # one row that sees every slot up to its own
+                prefix, local = start, np.ones((1, 1), dtype=bool)
+            else:
+                prefix = len(seq.tokens) if prefix is None else prefix
+                local = mask[:, prefix:]
+            states = self._graph_pass(seq, ids, positions, start, prefix, local)
+        if states is None:
+            seq.cache.reserve(start + n, start)
+            tokens = torch.tensor(list(ids), dtype=torch.long, device=self.device)  # [n]
+            mask = None if mask is None else mask.to(self.device)
+            states = self.decoder(tokens, positions.to(self.device),
+                                  [Segment(seq.cache, start, slice(0, n), mask, prefill)], skip=skip, trace=trace)  # [n, E]
         logits = None if logit_rows is None else self.decoder.logits(states[logit_rows])
         return (logits, states) if hidden else logits
 
+    def _graph_pass(self, seq: "NativeSequence", ids: Sequence[int], positions: Any, start: int, prefix: int,
+                    local: Any) -> torch.Tensor | None:
+        """Hidden states [n, E] of the pass on the graph path, or None when it must run eagerly
+        (a shape beyond the buckets, or a cache from before the graph path was turned on)."""
+        graphs = self.graphs
+        if seq.cache.owner is not graphs:
+            return None
+        shape = graphs.plan(len(ids), start, prefix, self.max_context)
+        if shape is None:
+            return None
+        return graphs.run(seq.cache, shape, ids, positions, start, prefix, local)
 
     def forward_trees(self, items: Sequence[tuple["NativeSequence", int, TokenTree]], hidden: bool = False) -> list:
         """Several sequences' trees in one pass (`BatchedTargetModel`): rows packed sequence after
         sequence, one `Segment` each (its own cache, start slot and tree mask); logits split back
-        (with `hidden`: (logits, hidden states) per sequence)."""
+        (with `hidden`: (logits, hidden states) per sequence). One sequence runs on the graph path
+        where it is on; packed passes of several run eagerly."""
+        if len(items) == 1 and self.graphs is not None:
+            out = self._graph_tree(*items[0], hidden=hidden)
+            if out is not None:
+                return [out]
         tokens: list[int] = []
         positions, segments, bounds = [], [], []
         for seq, root, tree in items:
@@ -161,6 +244,25 @@ class NativeCausalLM:
         return [logits[a:b] for a, b in bounds]
 
 
+    def _graph_tree(self, seq: "NativeSequence", root: int, tree: TokenTree, hidden: bool) -> Any:
+        """One sequence's tree on the graph path (the mask's local block built directly), or None."""
+        if not isinstance(seq, NativeSequence) or seq.backend is not self:
+            raise ValueError("forward_trees: every sequence must belong to this backend")
+        start = seq.begin_tree(tree)
+        n = len(tree) + 1
+        local = np.zeros((n, n), dtype=bool)  # slot start + j, j = 0 the root
+        local[:, 0] = True
+        if n > 1:
+            local[1:, 1:] = tree.ancestor_mask.numpy()
+        positions = [start, *(start + d for d in tree.depth)]
+        states = self._graph_pass(seq, [root, *tree.tokens], positions, start, start, local)
+        if states is None:
+            return None
+        logits = self.decoder.logits(states)  # [n, V]
+        seq.set_pending(root, tree)
+        return (logits, states) if hidden else logits
+
+
 def causal_mask(start: int, n: int) -> torch.Tensor:
     """Bool [n, start + n]: row i sees slots 0 .. start + i."""
     return torch.ones((n, start + n), dtype=torch.bool).tril(start)
@@ -181,8 +283,13 @@ class NativeSequence:
     def __init__(self, backend: NativeCausalLM) -> None:
         cfg = backend.config
         self.backend = backend
-        self.cache = KVCache(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, dtype=backend.dtype,
-                             device=backend.device, max_capacity=backend.max_context)
+        self._give_back = None
+        if backend.graphs is not None:  # a pooled cache, its graphs with it; back to the pool when released
+            self.cache = backend.graphs.take_cache(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, backend.max_context)
+            self._give_back = weakref.finalize(self, backend.graphs.give_back, self.cache)
+        else:
+            self.cache = KVCache(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, dtype=backend.dtype,
+                                 device=backend.device, max_capacity=backend.max_context)
         self._tokens: list[int] = []
         self._pending: tuple[int, TokenTree] | None = None
 
@@ -301,7 +408,7 @@ class NativeSequence:
         mask[:, :first] = True
         mask[:, length:] = torch.ones((count, count), dtype=torch.bool).tril()
         return self.backend.run(self, self._tokens[first:end], torch.arange(first, end), mask, slice(0, count),
-                                start=length, skip=frozenset(skip), trace=trace)
+                                start=length, skip=frozenset(skip), trace=trace, prefix=first)
 
     def crop(self, length: int) -> None:
         if self._pending is not None:
@@ -311,6 +418,8 @@ class NativeSequence:
         del self._tokens[length:]  # the slots beyond are overwritten by the next pass
 
     def release(self) -> None:
+        if self._give_back is not None:
+            self._give_back()  # once: the cache (and its graphs) returns to the backend's pool
         self.cache = KVCache(*self.cache.shape, dtype=self.cache.dtype, device=self.cache.device, capacity=0)
         self._tokens = []
         self._pending = None

@@ -6,6 +6,11 @@ ever reallocated per step: the capacity grows by doubling (a copy, amortised) wh
 outgrows it, up to the model's context window. Committing a tree's accepted path moves the
 path's rows next to the root (`keep`): a gather of at most the path's length, no copy when the
 path is a prefix of the tree's rows (a chain).
+
+A cache made for the CUDA-graph path (`zero=True`, `graphs.GraphRunner`) starts zeroed (a captured
+pass attends over a fixed window of slots with the unwritten ones masked out, and a masked slot
+must not hold NaN bit patterns) and carries the graphs captured on its buffers (`graphs`), which
+are dropped whenever the buffers are reallocated.
 """
 
 from __future__ import annotations
@@ -19,10 +24,16 @@ class KVCache:
     """Keys and values of one sequence (see the module docstring)."""
 
     def __init__(self, layers: int, kv_heads: int, head_dim: int, *, dtype: torch.dtype, device: torch.device,
-                 capacity: int = 256, max_capacity: int | None = None) -> None:
+                 capacity: int = 256, max_capacity: int | None = None, zero: bool = False) -> None:
         self.shape = (layers, kv_heads, head_dim)
         self.dtype, self.device = dtype, device
         self.max_capacity = max_capacity
+        self.zero = zero
+        """Allocate zeroed buffers (the graph path's caches)."""
+        self.owner = None
+        """The `graphs.GraphRunner` whose pool this cache belongs to (None: an eager-only cache)."""
+        self.graphs: dict = {}
+        """Graphs captured on these buffers, by (rows, context window); emptied on reallocation."""
         self.k = self.v = torch.empty(0)
         self._allocate(capacity)
 
@@ -34,12 +45,14 @@ class KVCache:
         layers, g, d = self.shape
         if self.max_capacity is not None:
             capacity = min(capacity, self.max_capacity)
-        k = torch.empty((layers, g, capacity, d), dtype=self.dtype, device=self.device)  # [L, G, C, D]
-        v = torch.empty_like(k)
+        new = torch.zeros if self.zero else torch.empty
+        k = new((layers, g, capacity, d), dtype=self.dtype, device=self.device)  # [L, G, C, D]
+        v = new((layers, g, capacity, d), dtype=self.dtype, device=self.device)
         if keep:
             k[:, :, :keep] = self.k[:, :, :keep]
             v[:, :, :keep] = self.v[:, :, :keep]
         self.k, self.v = k, v
+        self.graphs = {}  # captured on the old buffers
 
     def reserve(self, length: int, used: int) -> None:
         """Make room for `length` slots (the first `used` are kept)."""

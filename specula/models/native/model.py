@@ -27,6 +27,7 @@ import torch
 from torch import nn
 
 from specula.errors import ConfigError
+from specula.models.device import sdpa_without_cudnn
 from specula.models.native.cache import KVCache
 from specula.models.native.ops import TorchOps
 
@@ -202,8 +203,11 @@ class NativeDecoder(nn.Module):
         `trace`, if given, receives for every sub-layer run its change of direction of the residual
         stream, mean over rows of 1 - cos(x, x + delta): near 0 for a sub-layer that barely turns
         the stream (a good one to skip when drafting)."""
+        with sdpa_without_cudnn(tokens.device):
+            return self._forward(tokens, positions, segments, frozenset(skip), trace)
+
+    def _forward(self, tokens, positions, segments, skip, trace) -> torch.Tensor:
         cfg, ops = self.cfg, self.ops
-        skip = frozenset(skip)
         eps = cfg.rms_norm_eps
         x = self.embed(tokens)  # [T, E]
         cos, sin = self.rope(positions)
