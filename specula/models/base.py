@@ -115,6 +115,11 @@ class TargetModel(Protocol):
         quantization, threads, device): the planner caches cost curves under it."""
         ...
 
+    def padded_tokens(self, n: int) -> int:
+        """Rows a pass of n tokens really costs (a captured graph's bucket on CUDA; else n): the
+        planner prices a tree at its bucket."""
+        ...
+
     def reference_model(self) -> Any:
         """A Hugging Face model with these weights (for the bench's `generate` peers and
         diagnostics), or None when the backend cannot give one."""

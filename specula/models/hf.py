@@ -95,6 +95,9 @@ class HFCausalLM:
     def new_sequence(self) -> "HFSequence":
         return HFSequence(self)
 
+    def padded_tokens(self, n: int) -> int:
+        return n
+
     def cost_key(self) -> dict[str, Any]:
         from specula.models.prepack import linear_kernel_of
 

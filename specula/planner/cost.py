@@ -21,7 +21,7 @@ import math
 import statistics
 import time
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -246,10 +246,13 @@ class CostModel:
       size out for good; the optimism fades as the octave is observed. `estimate` is the
       unbiased figure (back-off, reports)."""
 
-    def __init__(self, curve: CostCurve, explore: float = 0.4, window: int = 9) -> None:
+    def __init__(self, curve: CostCurve, explore: float = 0.4, window: int = 9,
+                 padded: Callable[[int], int] | None = None) -> None:
         self.curve = curve
         self.explore = explore
         self.window = window
+        self._padded = padded or (lambda n: n)
+        """Rows a pass of n tokens really costs (the backend's `padded_tokens`: CUDA graph buckets)."""
         self._ratios: dict[int, list[float]] = {}  # n_tokens -> last `window` observed / prior ratios
         self._octave_counts: dict[int, int] = {}  # octave of n -> passes observed
 
@@ -283,7 +286,8 @@ class CostModel:
         return self._octave_counts.get(self._octave(n_tokens), 0)
 
     def estimate(self, n_tokens: int) -> float:
-        """Best estimate of one target pass over n tokens (root + n - 1 nodes)."""
+        """Best estimate of one target pass over n tokens (root + n - 1 nodes), at its padded size."""
+        n_tokens = self._padded(n_tokens)
         return self.ratio(n_tokens) * self.curve.latency(n_tokens)
 
     def verify_seconds(self, n_tokens: int) -> float:
@@ -294,6 +298,7 @@ class CostModel:
         return seconds
 
     def observe(self, n_tokens: int, seconds: float) -> None:
+        n_tokens = self._padded(n_tokens)
         ratio = seconds / max(self.curve.latency(n_tokens), 1e-12)
         self._ratios[n_tokens] = (self._ratios.get(n_tokens, []) + [ratio])[-self.window:]
         octave = self._octave(n_tokens)

@@ -202,7 +202,8 @@ class HardwarePlanner:
             if target is None:
                 raise ValueError("HardwarePlanner needs a target backend or a measured cost curve")
             curve = load_or_measure_curve(target, config.cost_sizes, config.cost_context, config.cost_repeats)
-        self.cost = CostModel(curve, config.cost_explore, config.cost_window)
+        self.cost = CostModel(curve, config.cost_explore, config.cost_window,
+                              target.padded_tokens if target is not None else None)
         self.calibrator = Calibrator(config.calibration)
         self._recent: dict[str, list[float]] = {}  # per source, decayed sums: accepted, predicted nodes
         self._overhead = Ema(config.overhead_ema)  # the drafters' per-step observe time (seconds)

@@ -120,3 +120,13 @@ def test_one_outlier_pass_does_not_move_the_estimate():
     for seconds in (1.1, 1.1, 1.1, 3.3, 1.1):  # one pass 3x slow (a context switch)
         cost.observe(4, seconds)
     assert cost.estimate(4) == pytest.approx(1.1)
+
+
+def test_a_pass_is_priced_and_learned_at_its_padded_size():
+    """On the CUDA graph path a pass of n tokens runs its bucket (1, 2, 4, ..., 64): 5 tokens cost
+    what 8 do, and timing a 6-token pass teaches the price of the whole bucket."""
+    bucket = lambda n: 1 << max(0, n - 1).bit_length()  # noqa: E731
+    cost = CostModel(TRUE, padded=bucket)
+    assert cost.estimate(5) == cost.estimate(8) == pytest.approx(TRUE.latency(8))
+    cost.observe(6, 2.0 * TRUE.latency(8))
+    assert cost.estimate(7) == pytest.approx(2.0 * TRUE.latency(8))
