@@ -262,7 +262,8 @@ def load_or_prepare(resolved: ResolvedModel, key: dict[str, Any], *, quantize: s
                     prepare, mode: str = "on", label: str | None = None,
                     ) -> tuple[NativeDecoder, dict[str, Any], Outcome]:
     """The prepared decoder for `resolved`: from its entry when valid, else `prepare()` ->
-    (decoder, extra marker facts) and, unless `mode` is "off", written as the entry.
+    (decoder, extra marker facts) and, unless `mode` is "off", written as the entry and mapped
+    back from it (so the first run holds one copy of the weights, as later runs do).
 
     Returns (decoder, marker facts (eos ids, model id, ...), outcome): hit, built, rebuilt (the entry
     was unusable), unsaved (writing failed, e.g. a full disk: noted on stderr, the load goes on),
@@ -283,7 +284,8 @@ def load_or_prepare(resolved: ResolvedModel, key: dict[str, Any], *, quantize: s
         print(f"note: the prepared {label} ({path}) is unusable: {reason}; preparing it again",
               file=sys.stderr, flush=True)
     else:
-        print(f"preparing {label} for specula's kernels ({quantize}, once; cached in {path})...",
+        weights = "float32" if quantize == "none" else quantize
+        print(f"preparing {label} for specula's kernels ({weights}; once, cached in {path})...",
               file=sys.stderr, flush=True)
     start = time.perf_counter()
     decoder, extra = prepare()
@@ -296,4 +298,13 @@ def load_or_prepare(resolved: ResolvedModel, key: dict[str, Any], *, quantize: s
         return decoder, extra, "unsaved"
     if not saved:
         return decoder, extra, "unsupported"
-    return decoder, extra, "rebuilt" if existed else "built"
+    outcome: Outcome = "rebuilt" if existed else "built"
+    try:  # the entry just written, memory-mapped: its pages are in the page cache already, and the
+        # prepared copy in this process's own memory is freed (a second copy of every weight)
+        mapped, marker = load_entry(path, key)
+    except StaleEntry as exc:
+        print(f"note: the prepared {label} just written to {path} cannot be read back ({exc}); using it from memory",
+              file=sys.stderr, flush=True)
+        return decoder, extra, outcome
+    del decoder
+    return mapped, marker, outcome
