@@ -181,11 +181,19 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
 """The files a Hugging Face tokenizer is read from (the chat template, which does not change ids, aside)."""
 
 
-def same_tokenizer_files(a: ResolvedModel, b: ResolvedModel) -> bool:
+def _resolved_or_none(spec: str) -> ResolvedModel | None:
+    try:
+        return resolve(spec)
+    except SpeculaError:
+        return None
+
+
+def same_tokenizer_files(a: ResolvedModel | None, b: ResolvedModel | None) -> bool:
     """Whether two model directories hold byte-identical tokenizer files (then their tokenizers map
     ids and special tokens identically and one loaded tokenizer serves both). False for GGUF files
-    (their tokenizer is inside the weights file) and when either directory has none of the files."""
-    if a.gguf_file is not None or b.gguf_file is not None:
+    (their tokenizer is inside the weights file), when either directory has none of the files, and
+    for a missing model (None)."""
+    if a is None or b is None or a.gguf_file is not None or b.gguf_file is not None:
         return False
     if a.path == b.path:
         return True
@@ -563,7 +571,7 @@ def load_draft(spec: str, target_tokenizer: Any, target: Any, config: LoadConfig
     if quantize is not None:
         config = replace(config, quantize=check_quantize(quantize))
     resolved = resolve(spec)
-    shared = target_name is not None and same_tokenizer_files(resolve(target_name), resolved)
+    shared = target_name is not None and same_tokenizer_files(_resolved_or_none(target_name), resolved)
     draft, draft_tokenizer = load_backend(resolved, config, "draft", tokenizer=target_tokenizer if shared else None,
                                           report=report)
     check_compatible(target_tokenizer, draft_tokenizer, target_name=target_name or target.name, draft_name=spec,
