@@ -1,12 +1,13 @@
 """A disk cache of prepared models: a native decoder with its weights already fused, quantized and
-packed for specula's CPU kernels, so a second load is a memory map instead of minutes of work.
+packed for specula's CPU kernels, so a second load is a memory map instead of seconds of copying,
+quantizing and reordering.
 
 Why: preparing a model for the kernels (`native.NativeDecoder.from_hf`, then `native.configure`)
 reads every float32 weight, concatenates the fused projections, quantizes (int8 drafts,
 `--quantize int8`) and reorders each weight into the kernels' blocked layout. On the 2-core
-development machine that took ~13 s for Qwen2.5-Coder-1.5B in float32 and ~10 s for the int8
-0.5B draft, on every run, with the float32 weights, their fused copies and the packed result
-alive at once (docs/cache.md). A prepared entry holds the result as one file that
+development machine that took ~13 s for Qwen2.5-Coder-1.5B in float32 (3 s fusing, 10 s packing)
+and ~9 s for the int8 0.5B draft, on every run, with the float32 weights, their fused copies and
+the packed result alive at once (docs/cache.md). A prepared entry holds the result as one file that
 `torch.load(mmap=True)` maps without copying: pages are read on first use and, being file-backed,
 can be shared with other processes and dropped by the kernel under memory pressure.
 
