@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from specula.errors import ConfigError
-from specula.paths import atomic_dir, cache_dir, remove_stale_temps
+from specula.paths import atomic_dir, cache_dir, file_lock, remove_stale_temps
 
 if TYPE_CHECKING:
     import torch
@@ -276,6 +276,17 @@ def load_or_prepare(resolved: ResolvedModel, key: dict[str, Any], *, quantize: s
     path = entry_dir(resolved, quantize=quantize, kernel=kernel)
     label = label or resolved.name
     try:
+        decoder, marker = load_entry(path, key)
+        return decoder, marker, "hit"
+    except StaleEntry:
+        pass
+    with file_lock(f"prepared-{path.name}"):  # a process preparing the same entry finishes first
+        return _prepare_locked(path, key, quantize, prepare, label)
+
+
+def _prepare_locked(path: Path, key: dict[str, Any], quantize: str, prepare, label: str,
+                    ) -> tuple[NativeDecoder, dict[str, Any], Outcome]:
+    try:  # again: another process may have written it while this one waited for the lock
         decoder, marker = load_entry(path, key)
         return decoder, marker, "hit"
     except StaleEntry as exc:

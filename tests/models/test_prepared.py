@@ -239,3 +239,22 @@ def test_load_reports_times_and_skips_an_unused_draft(model_dirs, cache, monkeyp
     spec = specula.load(str(target_dir), draft=str(draft_dir), draft_quantize="int8", method="draft-model")
     assert spec.draft is not None and len(drafts) == 1 and spec.load_report.draft_seconds > 0
     assert (spec.load_report.target_prepared, spec.load_report.draft_prepared) == ("hit", "built")
+
+
+def test_a_load_that_waited_for_another_writer_uses_its_entry(model_dirs, cache, monkeypatch):
+    """Two first loads at once: the second waits for the first's lock, then finds the entry written."""
+    path = model_dirs[1]
+    _load(path)
+    real, calls = prepared.load_entry, []
+
+    def absent_at_first(*args):
+        calls.append(args)
+        if len(calls) == 1:  # as seen before the other process finished writing
+            raise prepared.StaleEntry("absent")
+        return real(*args)
+
+    monkeypatch.setattr(prepared, "load_entry", absent_at_first)
+    _no_preparing(monkeypatch)
+    _, _, report = _load(path)
+    assert report["prepared"] == "hit" and len(calls) == 2
+    assert (prepared.cache_dir("locks") / f"prepared-{_entry(path).name}.lock").is_file()
