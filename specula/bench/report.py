@@ -205,7 +205,9 @@ def _load_lines(doc: dict[str, Any]) -> list[str]:
             state = load.get(prepared) if prepared else None
             return f"{label} {seconds:.1f} s" + (f" [prepared: {state}]" if state else "")
 
-        split = [p for p in (part("target", "target_s", "target_prepared"), part("draft", "draft_s", "draft_prepared"),
+        drafted = load.get("draft_s") or load.get("draft_prepared")  # no draft model: no draft part
+        split = [p for p in (part("target", "target_s", "target_prepared"),
+                             part("draft", "draft_s", "draft_prepared") if drafted else None,
                              part("other", "other_s"), part("cost curve", "cost_curve_s")) if p]
         total = load.get("total_s")
         head = f"{total:.1f} s" if total is not None else "-"
