@@ -14,10 +14,10 @@ from specula.drafters import make_drafters
 from specula.errors import ConfigError
 from specula.engine import EngineConfig, GenerationOutput, SpeculativeDecoder, StreamChunk
 from specula.models.base import TargetModel
-from specula.models.loading import LoadConfig, load_backend, load_draft
+from specula.models.loading import LoadConfig, LoadReport, load_backend, load_draft
 from specula.sampling import SamplingParams
 
-__all__ = ["LoadConfig", "Specula", "build_decoder", "load", "load_backend", "load_draft"]
+__all__ = ["LoadConfig", "LoadReport", "Specula", "build_decoder", "load", "load_backend", "load_draft"]
 
 Prompt = str | Sequence[dict] | Sequence[int]
 
@@ -31,6 +31,8 @@ class Specula:
         self.draft = draft
         self.tokenizer = tokenizer
         self.method = method
+        self.load_report: LoadReport | None = None
+        """Load time and peak memory, when built by `load`."""
         self.decoder = build_decoder(method, target, tokenizer, draft, engine=engine, planner=planner,
                                      **drafter_options)
 
@@ -74,24 +76,37 @@ def load(target: str, draft: str | None = "auto", method: str | None = None,
     draft methods on CPU, targets of >= 1B parameters get their embedded companion draft when it is
     installed, else "self", both int8 unless `draft_quantize` says otherwise; else none), "skip"
     (the target itself with decoder sub-layers skipped, SWIFT; `skip_layers` fixes the set, else it
-    is searched on the fly) or None / "none"."""
+    is searched on the fly) or None / "none". A draft model is loaded only for the methods that
+    draft with one (`DRAFT_METHODS`: fusion, draft-model, draft-tree); others ignore `draft`.
+    The returned object's `load_report` says how long the target, the draft and the rest took."""
+    import time
+
     from specula.drafters import check_method
-    from specula.models.loading import AUTO_DRAFT, AUTO_DRAFT_QUANTIZE, auto_draft
+    from specula.models.loading import (
+        AUTO_DRAFT, AUTO_DRAFT_QUANTIZE, DRAFT_METHODS, auto_draft, peak_rss_bytes, process_age_seconds,
+    )
     from specula.models.skipping import SKIP_DRAFT
 
+    start = time.perf_counter()
     method = method or "fusion"
     check_method(method)
     if skip_layers is not None and draft != SKIP_DRAFT:
         raise ConfigError("--skip-layers applies to --draft skip only (the target drafting with layers skipped); "
                           "add --draft skip or drop --skip-layers")
-    target_lm, tokenizer = load_backend(target, config, "target")
+    if draft not in (None, "none", AUTO_DRAFT, SKIP_DRAFT) and method not in DRAFT_METHODS:
+        draft = None  # this method drafts without a draft model: loading one would only cost time and memory
+    target_report: dict = {}
+    target_lm, tokenizer = load_backend(target, config, "target", report=target_report)
     if draft == AUTO_DRAFT:
         draft = auto_draft(method, target_lm, target)
         draft_quantize = draft_quantize or (AUTO_DRAFT_QUANTIZE if draft is not None else None)
     draft_lm = None
+    draft_report: dict = {}
     if draft is not None and draft != "none":
+        draft_start = time.perf_counter()
         draft_lm = load_draft(draft, tokenizer, target_lm, config, target_name=target, quantize=draft_quantize,
-                              skip_layers=skip_layers)
+                              skip_layers=skip_layers, report=draft_report)
+        draft_report["seconds"] = time.perf_counter() - draft_start  # the compatibility check included
     if method in ("eagle", "medusa", "hydra") and drafter_options.get("head") is None:
         # fusion takes a head only when given one (--head): the shipped SmolLM2 head does not pay
         # on this CPU yet (README, docs/training.md) and fusion must never be slower than plain
@@ -100,4 +115,10 @@ def load(target: str, draft: str | None = "auto", method: str | None = None,
         drafter_options["head"] = default_head(target, method)
     if drafter_options.get("head") is not None:
         drafter_options.setdefault("target_name", target)
-    return Specula(target_lm, tokenizer, method, draft_lm, **drafter_options)
+    spec = Specula(target_lm, tokenizer, method, draft_lm, **drafter_options)
+    total = time.perf_counter() - start
+    target_s, draft_s = target_report.get("seconds", 0.0), draft_report.get("seconds", 0.0)
+    spec.load_report = LoadReport(target_s, draft_s, max(0.0, total - target_s - draft_s), total, peak_rss_bytes(),
+                                  target_report.get("prepared"), draft_report.get("prepared"),
+                                  process_age_seconds())
+    return spec

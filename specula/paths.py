@@ -166,6 +166,25 @@ def atomic_dir(target: str | os.PathLike[str]) -> Iterator[Path]:
     _fsync_dir(target.parent)
 
 
+@contextlib.contextmanager
+def file_lock(name: str) -> Iterator[None]:
+    """Hold the exclusive lock `<cache>/locks/<name>.lock` (`flock`) for the block: processes that
+    write the same cache entry take turns (so sweeping temporaries is safe). Not POSIX: no lock."""
+    lock = cache_dir("locks", f"{name}.lock")
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        import fcntl
+    except ImportError:
+        yield
+        return
+    with open(lock, "a+b") as handle:
+        fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+
+
 def stale_temps(target: str | os.PathLike[str]) -> list[Path]:
     """Temporaries that atomic writers left for `target` (e.g. after a crash or kill -9)."""
     target = Path(target)

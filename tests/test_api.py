@@ -47,7 +47,8 @@ def test_load_with_the_model_as_its_own_draft_uses_every_drafter(model_dir, tmp_
     assert out.token_ids == reference_greedy(model, [9, 8, 7], 30)
 
 
-def test_bad_method_and_empty_prompt_fail_clearly(model_dir):
+def test_bad_method_and_empty_prompt_fail_clearly(model_dir, tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECULA_CACHE", str(tmp_path))  # prepared models and cost curves stay here
     path, _ = model_dir
     with pytest.raises(ConfigError, match="unknown method 'lookahead'"):
         specula.load(str(path), method="lookahead")

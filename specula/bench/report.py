@@ -126,6 +126,7 @@ def render_markdown(doc: dict[str, Any]) -> str:
         + ("EOS ignored (fixed budget)" if cfg.get("ignore_eos") else "stop at EOS")
         + f", seed {cfg.get('seed')}",
         f"- machine: {machine_line(doc['machine'])}",
+        *_load_lines(doc),
         f"- started {doc.get('started_at')}, updated {doc.get('updated_at')}",
         "",
         "Speedups are ratios of tokens/s (total new tokens / total seconds, prefill included) measured in the "
@@ -187,6 +188,38 @@ def render_markdown(doc: dict[str, Any]) -> str:
                         [[m["method"], str(m["id"]), m["category"], str(m["turn"]), str(m["first_difference"]),
                           _num(m.get("logit_gap"), "{:.3g}")] for m in doc["mismatches"]])
     return "\n".join(lines) + "\n"
+
+
+def _load_lines(doc: dict[str, Any]) -> list[str]:
+    """"- load: 3.1 s (target 1.9 s [prepared: hit], draft 0.6 s [hit], other 0.6 s, cost curve 4.0 s);
+    peak RSS 9.1 GiB after loading, 9.4 GiB so far" (nothing for results without a load record)."""
+    load, peak = doc.get("load"), doc.get("peak_rss_bytes")
+    if not load and peak is None:
+        return []
+    parts = []
+    if load:
+        def part(label: str, key: str, prepared: str | None = None) -> str | None:
+            seconds = load.get(key)
+            if seconds is None:
+                return None
+            state = load.get(prepared) if prepared else None
+            return f"{label} {seconds:.1f} s" + (f" [prepared: {state}]" if state else "")
+
+        drafted = load.get("draft_s") or load.get("draft_prepared")  # no draft model: no draft part
+        split = [p for p in (part("target", "target_s", "target_prepared"),
+                             part("draft", "draft_s", "draft_prepared") if drafted else None,
+                             part("other", "other_s"), part("cost curve", "cost_curve_s")) if p]
+        total = load.get("total_s")
+        head = f"{total:.1f} s" if total is not None else "-"
+        parts.append(f"load: {head}" + (f" ({', '.join(split)})" if split else ""))
+    memory = []
+    if load and load.get("peak_rss_bytes") is not None:
+        memory.append(f"{_bytes(load['peak_rss_bytes'])} after loading")
+    if peak is not None:
+        memory.append(f"{_bytes(peak)} for the whole run")
+    if memory:
+        parts.append("peak RSS " + ", ".join(memory))
+    return [f"- {'; '.join(parts)}"]
 
 
 def _backend_line(doc: dict[str, Any], cfg: dict[str, Any]) -> str:

@@ -165,12 +165,18 @@ def logit_gap(model, prompt_ids: Sequence[int], reference: Sequence[int], output
     return float(logits[reference[position]] - logits[output[position]])
 
 
+def _is_loader(reference) -> bool:
+    """A zero-argument function that loads the reference model (not a model: modules are callable too)."""
+    return callable(reference) and not isinstance(reference, torch.nn.Module)
+
+
 def compare_prompt(
     prompt: BenchPrompt, methods: Sequence[BenchMethod], outputs: dict[str, list[tuple[list[int], MethodOutput]]],
     settings: BenchSettings, reference_model=None,
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Run records of one prompt (identity vs `none` for greedy runs) and the outputs of lossless
-    methods that differ from it (each with its logit gap, where the reference model is given)."""
+    methods that differ from it (each with its logit gap, where the reference model is given: a
+    model, or a zero-argument function returning one, called only when a mismatch needs it)."""
     reference = outputs.get(BASELINE)
     greedy = settings.params.greedy
     records, mismatches = [], []
@@ -184,7 +190,8 @@ def compare_prompt(
                 if diff is not None and method.lossless:
                     gap = None
                     if reference_model is not None and ids == ref_ids:
-                        gap = logit_gap(reference_model, ids, ref_out.token_ids, out.token_ids, diff)
+                        model = reference_model() if _is_loader(reference_model) else reference_model
+                        gap = logit_gap(model, ids, ref_out.token_ids, out.token_ids, diff) if model is not None else None
                     mismatches.append({
                         "id": prompt.id, "category": prompt.category, "turn": turn, "method": method.name,
                         "first_difference": diff, "same_prompt": ids == ref_ids,
@@ -219,8 +226,12 @@ def run_bench(
     """Run every method on every prompt; write results.json + report.md after each prompt and
     the plots at the end (also after Ctrl-C, which ends the run with status "interrupted").
 
-    header: machine / config / cost_curve entries for results.json. reference_model: the target's
-    HF model, used to diagnose mismatches (logit gap)."""
+    header: machine / config / cost_curve / load entries for results.json. reference_model: the target's
+    HF model, or a zero-argument function loading it (called at the first mismatch only), used to
+    diagnose mismatches (logit gap). results.json's `peak_rss_bytes` is the process's peak resident
+    size when it was written (models and every run so far)."""
+    from specula.models.loading import peak_rss_bytes
+
     from tqdm import tqdm
 
     if not prompts:
@@ -245,6 +256,7 @@ def run_bench(
     done = 0
 
     def document(status: str) -> dict[str, Any]:
+        head["peak_rss_bytes"] = peak_rss_bytes()
         return build_document(head, runs, mismatches, prompts_done=done, prompts_total=len(prompts), status=status)
 
     def save(status: str) -> tuple[dict[str, Any], list[Path]]:

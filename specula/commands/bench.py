@@ -89,18 +89,22 @@ def plan(args: argparse.Namespace) -> BenchPlan:
 
 
 def load_models(args: argparse.Namespace):
-    """(target backend, tokenizer, draft backend or None), loaded once for every method."""
+    """(target backend, tokenizer, draft backend or None, `LoadReport`), loaded once for every method."""
     from specula.api import load
 
     from specula.bench.methods import parse_method_list, split_method
+    from specula.bench.peers import NEEDS_DRAFT, parse_compare
     from specula.models.loading import DRAFT_METHODS
 
     # `--draft auto` resolves as for the first method that drafts with a model (none: no draft).
     method = next((m for m in (split_method(n)[0] for n in parse_method_list(args.methods, explicit_draft(args)))
                    if m in DRAFT_METHODS), "none")
+    if method == "none" and explicit_draft(args) and not args.assistant and args.draft != "skip" \
+            and NEEDS_DRAFT & set(parse_compare(args.compare, True)):
+        method = "draft-model"  # no method drafts with the model, but Hugging Face's assisted peers do
     spec = load(args.target, draft=args.draft, method=method, config=load_config(args),
                 draft_quantize=args.draft_quantize, skip_layers=args.skip_layers)
-    return spec.target, spec.tokenizer, spec.draft
+    return spec.target, spec.tokenizer, spec.draft, spec.load_report
 
 
 def load_assistant(args: argparse.Namespace, target, tokenizer):
@@ -149,8 +153,13 @@ def _cost_curve(args: argparse.Namespace, target) -> dict | None:
     return measure_cost_curve(target, DEFAULT_SIZES, context, args.profile_repeats).to_dict()
 
 
-def execute(args: argparse.Namespace, bench: BenchPlan, target, tokenizer, draft) -> int:
-    """Run a validated bench on loaded models; returns the exit code."""
+def execute(args: argparse.Namespace, bench: BenchPlan, target, tokenizer, draft, load: dict | None = None,
+            load_line: str | None = None) -> int:
+    """Run a validated bench on loaded models; returns the exit code. `load`: how long loading took
+    and the peak memory after it (`LoadReport.to_dict()`), recorded in results.json; `load_line`,
+    its summary, printed before the runs start."""
+    import time
+
     from specula.bench.machine import machine_info
     from specula.bench.methods import build_specula_methods
     from specula.bench.peers import build_peers
@@ -169,15 +178,25 @@ def execute(args: argparse.Namespace, bench: BenchPlan, target, tokenizer, draft
     peers = build_peers(hf_names, target.reference_model(), eos,
                         assistant.reference_model() if assistant is not None else None) if hf_names else []
     peers += build_llamacpp_peers([p for p in bench.peers if p in LLAMACPP_PEERS], args.target, eos, args.threads)
+    if load_line:
+        print(load_line, file=sys.stderr)
+    curve_start = time.perf_counter()
+    cost_curve = _cost_curve(args, target)
+    load = dict(load or {})
+    if cost_curve is not None:
+        load["cost_curve_s"] = round(time.perf_counter() - curve_start, 3)
     header = {
         "machine": machine_info(target.device),
         "config": _config_record(args, bench, eos),
-        "cost_curve": _cost_curve(args, target),
+        "cost_curve": cost_curve,
         "backend": target.cost_key(),
         "greedy_guarantee": target.greedy_guarantee,
+        "load": load,
     }
+    # The reference model (the Hugging Face model of the target's weights) is loaded only if an output
+    # differs from plain decoding, to measure the logit gap there.
     result = run_bench([*methods, *peers], tokenizer, bench.prompts, bench.settings, Path(args.out), header,
-                       reference_model=target.reference_model())
+                       reference_model=target.reference_model)
     doc = result.document
     for name, entry in ordered(doc):
         parts = [f"{entry['tokens_per_s']:.2f} tok/s" if entry["tokens_per_s"] is not None else "no output"]
@@ -241,6 +260,16 @@ def _sigterm_as_interrupt():
 def run(args: argparse.Namespace) -> int:
     bench = plan(args)
     set_threads(args.threads)
-    target, tokenizer, draft = load_models(args)
+    import time
+
+    from specula.models.loading import peak_rss_bytes
+
+    start = time.perf_counter()
+    target, tokenizer, draft, *report = load_models(args)
+    if report and report[0] is not None:
+        load, line = report[0].to_dict(), report[0].summary()
+    else:  # a loader without a report: the time and memory as seen from here
+        load = {"total_s": round(time.perf_counter() - start, 3), "peak_rss_bytes": peak_rss_bytes()}
+        line = None
     with _sigterm_as_interrupt():
-        return execute(args, bench, target, tokenizer, draft)
+        return execute(args, bench, target, tokenizer, draft, load, line)

@@ -35,6 +35,14 @@ def add_model_args(parser: argparse.ArgumentParser, *, target_required: bool = T
     add_quantize_arg(g)
     add_linear_kernel_arg(g)
     add_backend_arg(g)
+    add_prepared_cache_arg(g)
+
+
+def add_prepared_cache_arg(parser) -> None:
+    parser.add_argument("--prepared-cache", default="on", choices=("on", "off"),
+                        help="on = a model prepared for specula's CPU kernels (fused, quantized, packed) is written "
+                             "once under $SPECULA_CACHE/prepared and memory-mapped by later runs (docs/cache.md); "
+                             "off = prepare it in memory on every run (default on)")
 
 
 def add_device_args(parser) -> None:
@@ -126,7 +134,7 @@ def load_config(args: argparse.Namespace) -> "LoadConfig":
 
     config = LoadConfig(dtype=args.dtype, attn_implementation=args.attn, quantize=args.quantize,
                         linear_kernel=args.linear_kernel, backend=getattr(args, "backend", "auto"),
-                        device=getattr(args, "device", "auto"))
+                        device=getattr(args, "device", "auto"), prepared_cache=getattr(args, "prepared_cache", "on"))
     config.resolved()  # a bad --device / --dtype fails here, before any slow load
     if getattr(args, "cuda_graphs", None) is not None:
         from specula.models.device import set_cuda_graphs

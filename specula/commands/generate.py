@@ -30,6 +30,7 @@ def run(args: argparse.Namespace) -> int:
     from specula.api import build_decoder, load
     from specula.drafters import check_method
     from specula.engine import EngineConfig
+    from specula.models.loading import process_age_seconds
 
     params = sampling_params(args)  # validate everything before loading models
     method = args.method or "fusion"
@@ -43,7 +44,10 @@ def run(args: argparse.Namespace) -> int:
     token_ids: list[int] = []
     text_parts: list[str] = []
     stats = None
+    first_token_s = None
     for chunk in spec.decoder.stream(ids, params):
+        if first_token_s is None and chunk.token_ids:
+            first_token_s = process_age_seconds()
         token_ids.extend(chunk.token_ids)
         text_parts.append(chunk.text)
         stats = chunk.stats
@@ -54,7 +58,9 @@ def run(args: argparse.Namespace) -> int:
     if args.compare and method != "none":
         baseline = build_decoder("none", spec.target, spec.tokenizer, engine=spec.decoder.config).generate(ids, params)
     if args.json:
-        payload = {"text": "".join(text_parts), "token_ids": token_ids, "stats": stats.to_dict()}
+        payload = {"text": "".join(text_parts), "token_ids": token_ids, "stats": stats.to_dict(),
+                   "load": {**(spec.load_report.to_dict() if spec.load_report else {}),
+                            "first_token_process_s": _round(first_token_s)}}
         if baseline is not None:
             payload["baseline"] = baseline.stats.to_dict()
             payload["speedup"] = round(stats.tokens_per_s / baseline.stats.tokens_per_s, 3)
@@ -63,6 +69,9 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(payload))
         return 0
     print()
+    first = f"; first token {first_token_s:.1f} s after start" if first_token_s is not None else ""
+    if spec.load_report is not None:
+        print(spec.load_report.summary() + first, file=sys.stderr)
     print(stats.summary(), file=sys.stderr)
     if stats.planner is not None:
         print(f"planner: {stats.planner}", file=sys.stderr)
@@ -80,3 +89,7 @@ def compare_verdict(identical: bool, params) -> str:
         return "output identical to plain decoding" if identical else "output DIFFERENT to plain decoding"
     return ("sampled run: a draw from the same distribution as plain decoding "
             f"(with the same seed the texts {'happen to match' if identical else 'differ, as they may'})")
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 3)

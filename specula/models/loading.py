@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import os
 import re
+import sys
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -158,9 +160,59 @@ def _torch_dtype(dtype: str | torch.dtype) -> torch.dtype:
     return getattr(torch, dtype)
 
 
+def load_tokenizer(spec: str | ResolvedModel) -> Any:
+    """The tokenizer of a model spec (see `resolve`), offline; loading errors become `SpeculaError`s."""
+    from transformers import AutoTokenizer
+
+    resolved = spec if isinstance(spec, ResolvedModel) else resolve(spec)
+    kwargs: dict[str, Any] = {"local_files_only": True}
+    if resolved.gguf_file is not None:
+        kwargs["gguf_file"] = str(resolved.gguf_file)
+    try:
+        return AutoTokenizer.from_pretrained(str(resolved.path), **kwargs)
+    except ImportError as exc:
+        raise SpeculaError(f"loading {resolved.name} needs a missing package: {exc}") from exc
+    except (OSError, ValueError, KeyError) as exc:
+        raise SpeculaError(f"could not load the tokenizer of {resolved.spec!r} from {resolved.path}: {exc}") from exc
+
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
+                   "vocab.json", "merges.txt", "tokenizer.model", "vocab.txt")
+"""The files a Hugging Face tokenizer is read from (the chat template, which does not change ids, aside)."""
+
+
+def _resolved_or_none(spec: str) -> ResolvedModel | None:
+    try:
+        return resolve(spec)
+    except SpeculaError:
+        return None
+
+
+def same_tokenizer_files(a: ResolvedModel | None, b: ResolvedModel | None) -> bool:
+    """Whether two model directories hold byte-identical tokenizer files (then their tokenizers map
+    ids and special tokens identically and one loaded tokenizer serves both). False for GGUF files
+    (their tokenizer is inside the weights file), when either directory has none of the files, and
+    for a missing model (None)."""
+    if a is None or b is None or a.gguf_file is not None or b.gguf_file is not None:
+        return False
+    if a.path == b.path:
+        return True
+    found = False
+    for name in TOKENIZER_FILES:
+        fa, fb = a.path / name, b.path / name
+        if fa.is_file() != fb.is_file():
+            return False
+        if not fa.is_file():
+            continue
+        if fa.stat().st_size != fb.stat().st_size or fa.read_bytes() != fb.read_bytes():
+            return False
+        found = True
+    return found
+
+
 def load_model(
     spec: str | ResolvedModel, *, dtype: str | torch.dtype = "float32", attn_implementation: str = "auto",
-    quantize: str = "none", linear_kernel: str = "auto", device: str | torch.device = "cpu",
+    quantize: str = "none", linear_kernel: str = "auto", device: str | torch.device = "cpu", tokenizer: Any = None,
 ) -> tuple[Any, Any]:
     """Load `(model, tokenizer)` for a model spec (see `resolve`), offline.
 
@@ -171,9 +223,11 @@ def load_model(
     (`specula.models.prepack`); "aten" keeps `F.linear`.
     `device` (a resolved `torch.device` or its name): weights are loaded straight onto it (no float32
     copy on the host for a bfloat16 CUDA model).
+    `tokenizer`: an already loaded tokenizer to return instead of loading the model's (one known to
+    be the same, see `same_tokenizer_files`).
     Only local files are read; loading errors become `SpeculaError`s naming the spec."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
     from specula.models.attention import transformers_name
     from specula.models.device import check_cpu_only
@@ -198,11 +252,12 @@ def load_model(
         model = AutoModelForCausalLM.from_pretrained(
             str(resolved.path), dtype=torch_dtype, attn_implementation=attn_name, **kwargs
         )
-        tokenizer = AutoTokenizer.from_pretrained(str(resolved.path), **kwargs)
     except ImportError as exc:
         raise SpeculaError(f"loading {resolved.name} needs a missing package: {exc}") from exc
     except (OSError, ValueError, KeyError) as exc:
         raise SpeculaError(f"could not load model {resolved.spec!r} from {resolved.path}: {exc}") from exc
+    if tokenizer is None:
+        tokenizer = load_tokenizer(resolved)
     model.eval()
     model.requires_grad_(False)
     quantize_model(model, quantize)
@@ -234,10 +289,17 @@ class LoadConfig:
     """native (specula's own Llama / Qwen2 / Mistral decoder: static KV cache, fused projections, low
     per-step overhead), hf (any Hugging Face causal LM), or auto = native where the architecture is
     supported, else hf."""
+    prepared_cache: str = "on"
+    """on: a model prepared for specula's CPU kernels (fused, quantized, packed: the native backend's
+    default on CPU) is written once under `$SPECULA_CACHE/prepared` and memory-mapped by later loads
+    (`specula.models.prepared`, docs/cache.md); off: prepare it in memory on every load."""
 
     def __post_init__(self) -> None:
+        from specula.models.prepared import check_prepared_cache
+
         if self.backend not in BACKENDS:
             raise ConfigError(f"unknown backend {self.backend!r}; choose one of: {', '.join(BACKENDS)}")
+        check_prepared_cache(self.prepared_cache)
 
     def resolved(self) -> tuple["torch.device", "torch.dtype"]:
         """(device, dtype) this config means on this machine (checked: a `ConfigError` names the fix)."""
@@ -271,17 +333,25 @@ def _architecture(resolved: ResolvedModel) -> str:
     return MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(getattr(config, "model_type", ""), "")
 
 
-def load_backend(spec: str, config: LoadConfig = LoadConfig(), name: str = "model") -> tuple[Any, Any]:
+def load_backend(spec: str | ResolvedModel, config: LoadConfig = LoadConfig(), name: str = "model", *,
+                 tokenizer: Any = None, report: dict[str, Any] | None = None) -> tuple[Any, Any]:
     """Load a model (alias, local dir, .gguf file or cached hub id) as a backend
     (`specula.models.base.TargetModel`) + its tokenizer. EOS ids: the model's and the tokenizer's.
 
     The native backend is built from the Hugging Face model's weights (q|k|v and gate|up fused),
     then given the configured kernels; the Hugging Face model itself is dropped and reloaded only if
-    a caller asks for `reference_model()` (the bench's peers)."""
+    a caller asks for `reference_model()` (the bench's peers). A model prepared for specula's CPU
+    kernels is cached on disk and memory-mapped by the next load (`config.prepared_cache`,
+    `specula.models.prepared`).
+
+    `tokenizer`: a loaded tokenizer known to be this model's (`same_tokenizer_files`), returned
+    instead of loading it again. `report`, if given, receives `seconds` (this load) and `prepared`
+    (the prepared cache's outcome: hit, built, rebuilt, unsaved, off; None when not used)."""
     from specula.models.attention import resolve_attention
     from specula.models.hf import HFCausalLM, eos_ids_of
     from specula.models.native import ARCHITECTURES
 
+    start = time.perf_counter()
     device, dtype = config.resolved()
     resolved = spec if isinstance(spec, ResolvedModel) else resolve(spec)
     backend = config.backend
@@ -294,13 +364,22 @@ def load_backend(spec: str, config: LoadConfig = LoadConfig(), name: str = "mode
             backend = "hf"
     kwargs = dict(dtype=dtype, attn_implementation=config.attn_implementation, quantize=config.quantize,
                   linear_kernel="auto" if config.linear_kernel == "specula" else config.linear_kernel, device=device)
+    outcome = None
     if backend == "hf":
-        model, tokenizer = load_model(resolved, **kwargs)
-        return HFCausalLM(model, name=f"{name} {resolved.spec}", eos_token_ids=eos_ids_of(model, tokenizer)), tokenizer
-    return _load_native(resolved, config, name, kwargs, resolve_attention(config.attn_implementation, config.quantize))
+        model, tokenizer = load_model(resolved, **kwargs, tokenizer=tokenizer)
+        loaded = HFCausalLM(model, name=f"{name} {resolved.spec}", eos_token_ids=eos_ids_of(model, tokenizer))
+    else:
+        loaded, tokenizer, outcome = _load_native(resolved, config, name, kwargs,
+                                                  resolve_attention(config.attn_implementation, config.quantize),
+                                                  tokenizer)
+    if report is not None:
+        report.update(seconds=time.perf_counter() - start, prepared=outcome)
+    return loaded, tokenizer
 
 
-def _load_native(resolved: ResolvedModel, config: LoadConfig, name: str, kwargs: dict, attention: str):
+def _load_native(resolved: ResolvedModel, config: LoadConfig, name: str, kwargs: dict, attention: str,
+                 tokenizer: Any = None) -> tuple[Any, Any, str | None]:
+    """(backend, tokenizer, prepared-cache outcome or None when the kernels are not specula's)."""
     import torch
 
     from specula.models.device import check_cpu_only
@@ -315,17 +394,109 @@ def _load_native(resolved: ResolvedModel, config: LoadConfig, name: str, kwargs:
         check_cpu_only(f"--quantize {config.quantize}", device, "use --quantize none (bfloat16 is the default on CUDA)")
     kernel = resolve_linear_kernel(config.linear_kernel, dtype=dtype, device=device.type, quantize=config.quantize,
                                    native=True)
-    model, tokenizer = load_model(resolved, dtype=dtype, attn_implementation="sdpa", quantize="none",
-                                  linear_kernel="aten", device=device)
-    eos = eos_ids_of(model, tokenizer)
-    model_id = str(getattr(model.config, "_name_or_path", "")) or resolved.name
-    with torch.no_grad():
-        decoder = NativeDecoder.from_hf(model)
-    del model  # the decoder holds what it needs; the peers' model is reloaded on demand
-    configure(decoder, kernel, config.quantize, attention)
-    backend = NativeCausalLM(decoder, name=f"{name} {resolved.spec}", eos_token_ids=eos,
-                             reference=lambda: load_model(resolved, **kwargs)[0], model_id=model_id)
-    return backend, tokenizer
+
+    def prepare() -> tuple[Any, dict[str, Any]]:
+        nonlocal tokenizer
+        model, tokenizer = load_model(resolved, dtype=dtype, attn_implementation="sdpa", quantize="none",
+                                      linear_kernel="aten", device=device, tokenizer=tokenizer)
+        facts = {"eos_token_ids": sorted(eos_ids_of(model, tokenizer)),
+                 "model_id": str(getattr(model.config, "_name_or_path", "")) or resolved.name}
+        with torch.no_grad():
+            decoder = NativeDecoder.from_hf(model)
+        del model  # the decoder holds what it needs; the peers' model is reloaded on demand
+        configure(decoder, kernel, config.quantize, attention)
+        return decoder, facts
+
+    outcome = None
+    if kernel == "specula":
+        from specula.models.prepared import load_or_prepare, prepared_key
+
+        key = prepared_key(resolved, dtype=str(dtype), quantize=config.quantize, kernel=kernel)
+        decoder, facts, outcome = load_or_prepare(
+            resolved, key, quantize=config.quantize, kernel=kernel, prepare=prepare, mode=config.prepared_cache,
+            label=f"{resolved.name} ({name})")
+        if tokenizer is None:
+            tokenizer = load_tokenizer(resolved)
+    else:
+        decoder, facts = prepare()
+    reference_kwargs = {**kwargs, "tokenizer": tokenizer}
+    backend = NativeCausalLM(decoder, name=f"{name} {resolved.spec}", eos_token_ids=facts["eos_token_ids"],
+                             reference=lambda: load_model(resolved, **reference_kwargs)[0],
+                             model_id=facts["model_id"])
+    return backend, tokenizer, outcome
+
+
+def peak_rss_bytes() -> int | None:
+    """This process's peak resident set size so far (`getrusage` ru_maxrss), in bytes; None where
+    the platform does not report it."""
+    try:
+        import resource
+    except ImportError:  # not POSIX
+        return None
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(peak) if sys.platform == "darwin" else int(peak) * 1024  # Linux reports KiB
+
+
+def process_age_seconds() -> float | None:
+    """Seconds since this process started (Linux `/proc`; None elsewhere): the wait a user saw,
+    interpreter start-up and imports included."""
+    try:
+        stat = Path("/proc/self/stat").read_text()
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+        ticks = os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, AttributeError):
+        return None
+    fields = stat[stat.rindex(")") + 2:].split()  # after "pid (comm) "
+    return max(0.0, uptime - int(fields[19]) / ticks)  # field 22 of stat: start time in clock ticks
+
+
+@dataclass(frozen=True)
+class LoadReport:
+    """Where the time of `api.load` went, and the memory it left behind (`specula generate` prints
+    it, the bench records it)."""
+
+    target_seconds: float
+    """Loading the target backend (and its tokenizer)."""
+    draft_seconds: float
+    """Loading the draft backend (0 without a draft model)."""
+    other_seconds: float
+    """Everything else `load` did: choosing the draft, the trained head, the drafters, the planner
+    (whose cost curve is read from its cache, or timed on the first run with this target)."""
+    total_seconds: float
+    """The whole `load` call."""
+    peak_rss_bytes: int | None
+    """The process's peak resident set size when loading ended (ru_maxrss: file-backed pages of
+    memory-mapped weights count too)."""
+    target_prepared: str | None = None
+    """The prepared-model cache's outcome for the target (`specula.models.prepared`): hit, built,
+    rebuilt, unsaved, off; None when the target's kernels are not cached."""
+    draft_prepared: str | None = None
+    """The same for the draft; None also without a draft model."""
+    process_seconds: float | None = None
+    """Seconds since the process started when loading ended (interpreter and imports included)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"target_s": round(self.target_seconds, 3), "draft_s": round(self.draft_seconds, 3),
+                "other_s": round(self.other_seconds, 3), "total_s": round(self.total_seconds, 3),
+                "process_s": None if self.process_seconds is None else round(self.process_seconds, 3),
+                "peak_rss_bytes": self.peak_rss_bytes, "target_prepared": self.target_prepared,
+                "draft_prepared": self.draft_prepared}
+
+    def summary(self) -> str:
+        """One line: 'loaded in 3.2 s (target 1.9 s [prepared: hit], draft 0.6 s [hit], other 0.7 s); ...'."""
+        from specula.paths import format_bytes
+
+        def part(label: str, seconds: float, prepared: str | None) -> str:
+            return f"{label} {seconds:.1f} s" + (f" [prepared: {prepared}]" if prepared else "")
+
+        parts = [part("target", self.target_seconds, self.target_prepared)]
+        if self.draft_seconds or self.draft_prepared:
+            parts.append(part("draft", self.draft_seconds, self.draft_prepared))
+        parts.append(f"other {self.other_seconds:.1f} s")
+        line = f"loaded in {self.total_seconds:.1f} s ({', '.join(parts)})"
+        if self.process_seconds is not None:
+            line += f", {self.process_seconds:.1f} s since start"
+        return line + f"; peak RSS {format_bytes(self.peak_rss_bytes)}"
 
 
 SELF_DRAFT = "self"
@@ -363,9 +534,13 @@ def auto_draft(method: str, target: Any, target_name: str | None = None) -> str 
 
 
 def load_draft(spec: str, target_tokenizer: Any, target: Any, config: LoadConfig = LoadConfig(),
-               target_name: str | None = None, quantize: str | None = None, skip_layers: str | None = None) -> Any:
+               target_name: str | None = None, quantize: str | None = None, skip_layers: str | None = None,
+               report: dict[str, Any] | None = None) -> Any:
     """Load a draft backend and check that it can propose tokens for `target` (same tokenizer,
-    `check_compatible`); raises `IncompatibleModelsError` naming the difference.
+    `check_compatible`: vocabularies, special tokens, and the logit widths of the two backends; no
+    Hugging Face model is loaded for it); raises `IncompatibleModelsError` naming the difference. A
+    draft whose tokenizer files are byte-identical to the target's (`same_tokenizer_files`) shares
+    the target's loaded tokenizer. `report`: as for `load_backend`.
 
     `spec` "self" loads the target's own weights again (`target_name` is the target's spec; the
     converted cache is reused, nothing is converted twice), quantized by `quantize` (default int8:
@@ -390,13 +565,17 @@ def load_draft(spec: str, target_tokenizer: Any, target: Any, config: LoadConfig
         if quantize == "none":
             raise ConfigError("--draft self with --draft-quantize none would draft with the target itself; "
                               "use --draft-quantize int8 (or another --draft model)")
-        draft, _ = load_backend(target_name, replace(config, quantize=quantize), "self-draft")
+        draft, _ = load_backend(target_name, replace(config, quantize=quantize), "self-draft",
+                                tokenizer=target_tokenizer, report=report)
         return draft
     if quantize is not None:
         config = replace(config, quantize=check_quantize(quantize))
-    draft, draft_tokenizer = load_backend(spec, config, "draft")
-    check_compatible(target_tokenizer, draft_tokenizer, target.reference_model(), draft.reference_model(),
-                     target_name=target_name or target.name, draft_name=spec)
+    resolved = resolve(spec)
+    shared = target_name is not None and same_tokenizer_files(_resolved_or_none(target_name), resolved)
+    draft, draft_tokenizer = load_backend(resolved, config, "draft", tokenizer=target_tokenizer if shared else None,
+                                          report=report)
+    check_compatible(target_tokenizer, draft_tokenizer, target_name=target_name or target.name, draft_name=spec,
+                     target_logits=target.vocab_size, draft_logits=draft.vocab_size)
     return draft
 
 
@@ -438,22 +617,26 @@ def check_compatible(
     *,
     target_name: str | None = None,
     draft_name: str | None = None,
+    target_logits: int | None = None,
+    draft_logits: int | None = None,
 ) -> VocabCheck:
     """Check that a draft can propose tokens for a target; raise `IncompatibleModelsError` if not.
 
     Required: the token<->id maps agree on every id both tokenizers have (one may have extra ids
     at the end, e.g. added special tokens), the bos/eos/pad ids are equal, and each model's output
     layer covers the shared range (output layers are often padded past the tokenizer, e.g. Qwen2.5's
-    151936 logits for 151665 tokens; that padding is allowed to differ)."""
+    151936 logits for 151665 tokens; that padding is allowed to differ). The output widths are
+    `target_logits` / `draft_logits` when given (a backend's `vocab_size`), else read off the models.
+    One tokenizer object passed as both is compatible with itself (its vocabulary is not compared)."""
     t_name = _label(target_tokenizer, target_model, target_name, "target")
     d_name = _label(draft_tokenizer, draft_model, draft_name, "draft")
     pair = f"target {t_name} and draft {d_name}"
     t_ids = _id_to_token(target_tokenizer.get_vocab())
-    d_ids = _id_to_token(draft_tokenizer.get_vocab())
+    d_ids = t_ids if draft_tokenizer is target_tokenizer else _id_to_token(draft_tokenizer.get_vocab())
     t_size = max(t_ids, default=-1) + 1
     d_size = max(d_ids, default=-1) + 1
     shared = min(t_size, d_size)
-    differing = [i for i in range(shared) if t_ids.get(i) != d_ids.get(i)]
+    differing = [] if d_ids is t_ids else [i for i in range(shared) if t_ids.get(i) != d_ids.get(i)]
     if differing:
         examples = ", ".join(f"id {i}: {t_ids.get(i)!r} vs {d_ids.get(i)!r}" for i in differing[:3])
         raise IncompatibleModelsError(
@@ -467,7 +650,8 @@ def check_compatible(
             special.append(f"{attr.removesuffix('_token_id')} {t_val} vs {d_val}")
     if special:
         raise IncompatibleModelsError(f"{pair} have different special tokens ({'; '.join(special)})")
-    t_logits, d_logits = _logit_width(target_model), _logit_width(draft_model)
+    t_logits = target_logits if target_logits is not None else _logit_width(target_model)
+    d_logits = draft_logits if draft_logits is not None else _logit_width(draft_model)
     for name, width, tokens in ((t_name, t_logits, t_size), (d_name, d_logits, d_size)):
         if width is not None and width < min(tokens, shared):
             raise IncompatibleModelsError(

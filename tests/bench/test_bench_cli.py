@@ -101,6 +101,33 @@ def test_bench_cli_end_to_end(tmp_path, prompts_file, tiny_models, capsys):
     assert "prompt-lookup: " in captured.out and "x vs none" in captured.out
     for name in ("report.md", "speedup_by_category.png", "accepted_lengths.png", "cost_curve.png"):
         assert (out / name).stat().st_size > 0
+    # load time and peak memory: the loader here gives no report, so as measured around it
+    load = doc["load"]
+    assert load["total_s"] >= 0 and load["peak_rss_bytes"] > 10 * 2**20 and load["cost_curve_s"] > 0
+    assert doc["peak_rss_bytes"] >= load["peak_rss_bytes"]
+    report = (out / "report.md").read_text()
+    assert "- load: " in report and "cost curve" in report and "peak RSS" in report and "for the whole run" in report
+
+
+def test_bench_records_the_load_report(tmp_path, prompts_file, tiny_pair, chat_tokenizer, monkeypatch, capsys):
+    from specula.models.loading import LoadReport
+
+    report = LoadReport(target_seconds=1.5, draft_seconds=0.25, other_seconds=0.5, total_seconds=2.25,
+                        peak_rss_bytes=3 * 2**30, target_prepared="hit", draft_prepared="built", process_seconds=4.0)
+    monkeypatch.setattr(bench_cmd, "load_models", lambda args: (tiny_pair[0], chat_tokenizer, tiny_pair[1], report))
+    out = tmp_path / "run"
+    code = main(["bench", "--target", "tiny", "--draft", "tiny-draft", "--methods", "draft-model", "--prompts",
+                 str(prompts_file), "--per-category", "1", "--max-new-tokens", "4", "--profile-repeats", "0",
+                 "--warmup-tokens", "0", "--no-progress", "--out", str(out)])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    doc = json.loads((out / "results.json").read_text())
+    assert doc["load"] == report.to_dict()
+    assert doc["load"]["target_prepared"] == "hit" and doc["load"]["draft_s"] == 0.25
+    assert "loaded in 2.2 s (target 1.5 s [prepared: hit], draft 0.2 s [prepared: built]" in captured.err
+    line = next(l for l in (out / "report.md").read_text().splitlines() if l.startswith("- load: "))
+    assert line.startswith("- load: 2.2 s (target 1.5 s [prepared: hit], draft 0.2 s [prepared: built], other 0.5 s)")
+    assert "peak RSS 3.0 GiB after loading" in line
 
 
 def test_lossless_mismatch_exits_1_naming_prompt_and_method(tmp_path, prompts_file, tiny_models, corrupt_method,

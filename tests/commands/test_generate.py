@@ -69,6 +69,12 @@ def test_draft_skip_runs_lossless_and_bad_skip_sets_exit_2_naming_the_fix(skip_m
     monkeypatch.setenv("SPECULA_CACHE", str(tmp_path))
     code, err = run_skip(capsys, skip_model_dir, "--skip-layers", "attn:1-2", "--compare", "--method", "draft-model")
     assert code == 0 and "output identical to plain decoding" in err
+    assert "loaded in " in err and "[prepared: built]" in err and "first token " in err and "peak RSS" in err
+    code = main(["generate", "--target", skip_model_dir, "--prompt", "w5 w17", "--raw", "--max-new-tokens", "4",
+                 "--draft", "none", "--json"])
+    load = json.loads(capsys.readouterr().out)["load"]
+    assert code == 0 and load["target_prepared"] == "hit"  # prepared by the first run, memory-mapped now
+    assert load["total_s"] > 0 and load["peak_rss_bytes"] > 0 and load["first_token_process_s"] > 0
     code, err = run_skip(capsys, skip_model_dir, "--skip-layers", "9")
     assert code == 2 and "names layer 9, but the model has 4 layers" in err
     code, err = run_skip(capsys, skip_model_dir, "--draft-quantize", "int8")

@@ -84,3 +84,23 @@ def test_disk_usage_and_format_bytes(tmp_path: Path) -> None:
     assert paths.format_bytes(1536) == "1.5 KiB"
     assert paths.format_bytes(12) == "12 B"
     assert paths.format_bytes(None) == "-"
+
+
+def test_file_lock_makes_writers_take_turns(cache: Path) -> None:
+    import threading
+    import time
+
+    order: list[str] = []
+
+    def second() -> None:
+        with paths.file_lock("entry"):
+            order.append("second")
+
+    with paths.file_lock("entry"):
+        thread = threading.Thread(target=second)
+        thread.start()
+        time.sleep(0.2)
+        order.append("first done")
+    thread.join(5)
+    assert order == ["first done", "second"]
+    assert (cache / "locks" / "entry.lock").is_file()

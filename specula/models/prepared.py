@@ -1,0 +1,322 @@
+"""A disk cache of prepared models: a native decoder with its weights already fused, quantized and
+packed for specula's CPU kernels, so a second load is a memory map instead of seconds of copying,
+quantizing and reordering.
+
+Why: preparing a model for the kernels (`native.NativeDecoder.from_hf`, then `native.configure`)
+reads every float32 weight, concatenates the fused projections, quantizes (int8 drafts,
+`--quantize int8`) and reorders each weight into the kernels' blocked layout. On the 2-core
+development machine that took ~13 s for Qwen2.5-Coder-1.5B in float32 (3 s fusing, 10 s packing)
+and ~9 s for the int8 0.5B draft, on every run, with the float32 weights, their fused copies and
+the packed result alive at once (docs/cache.md). A prepared entry holds the result as one file that
+`torch.load(mmap=True)` maps without copying: pages are read on first use and, being file-backed,
+can be shared with other processes and dropped by the kernel under memory pressure.
+
+Layout: `$SPECULA_CACHE/prepared/<model>-<where>.<quantize>-<kernel>/` with `weights.pt` (the
+decoder's state dict plus the rotary frequencies) and `prepared.json`, written last, holding the
+key, the decoder's shape, the packed linears' kinds and the weights file's size and mtime. One
+entry per model, quantization and kernel: a key that no longer matches (model files replaced,
+specula's kernel or decoder code changed, another torch) is rebuilt in place, so old entries do
+not pile up.
+
+The key holds everything that changes the prepared weights: the model files' identity (name, size,
+mtime of every file the model directory holds), dtype, quantization, kernel, a hash of the code
+that prepares them (decoder, kernels, this module's format version) and the torch version. An
+entry whose marker is missing or unreadable, whose key differs, whose weights file has another
+size or mtime than recorded, or that torch cannot load is rebuilt (with a note on stderr); a
+half-written entry never appears under the final name (`paths.atomic_dir`).
+
+Only decoders whose linears all run on specula's kernels (`--backend native`, `--linear-kernel
+auto|specula`) are cached; the oneDNN and fbgemm layouts are opaque objects without a stable file
+format, and those loads stay as they were.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+import json
+import os
+import pickle
+import sys
+import time
+import zipfile
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from specula.errors import ConfigError
+from specula.paths import atomic_dir, cache_dir, file_lock, remove_stale_temps
+
+if TYPE_CHECKING:
+    import torch
+
+    from specula.models.loading import ResolvedModel
+    from specula.models.native import NativeDecoder
+
+PREPARED_FORMAT = 1
+"""Bump when the entry layout changes: older entries then no longer match and are rebuilt."""
+WEIGHTS = "weights.pt"
+MARKER = "prepared.json"
+PREPARED_CACHE = ("on", "off")
+"""Values of `--prepared-cache` / `LoadConfig.prepared_cache`: on = use (and write) an entry for every
+model prepared for specula's kernels; off = prepare in memory on every load, read and write nothing."""
+_ROPE_KEY = "__inv_freq__"
+_CODE_FILES = ("native/__init__.py", "native/model.py", "native/kernels/__init__.py", "native/kernels/linear.c")
+"""The code that decides the prepared weights (relative to `specula/models`): hashed into the key."""
+
+Outcome = Literal["hit", "built", "rebuilt", "unsaved", "off", "unsupported"]
+
+
+def check_prepared_cache(option: str) -> str:
+    """`option` if it is a known `--prepared-cache` value, else a `ConfigError` naming the choices."""
+    if option not in PREPARED_CACHE:
+        raise ConfigError(f"unknown prepared-cache mode {option!r}; choose one of: {', '.join(PREPARED_CACHE)}")
+    return option
+
+
+def prepared_root() -> Path:
+    """`$SPECULA_CACHE/prepared`: every prepared entry lives under it."""
+    return cache_dir("prepared")
+
+
+@functools.cache
+def code_hash() -> str:
+    """Hash of the source files that decide how weights are fused, quantized and packed."""
+    base = Path(__file__).resolve().parent
+    digest = hashlib.sha256(f"format {PREPARED_FORMAT}".encode())
+    for rel in _CODE_FILES:
+        path = base / rel
+        digest.update(rel.encode())
+        digest.update(path.read_bytes() if path.is_file() else b"<missing>")
+    return digest.hexdigest()[:16]
+
+
+def _stat(path: Path) -> dict[str, int]:
+    st = path.stat()
+    return {"size": st.st_size, "mtime_ns": st.st_mtime_ns}
+
+
+def source_identity(resolved: ResolvedModel) -> dict[str, Any]:
+    """What identifies the model's files: the GGUF file for a GGUF, else every regular file of the
+    model directory (weights, config, generation config, tokenizer), each by size and mtime."""
+    if resolved.gguf_file is not None:
+        return {"path": str(resolved.gguf_file), "files": {resolved.gguf_file.name: _stat(resolved.gguf_file)}}
+    files = {p.name: _stat(p) for p in sorted(resolved.path.iterdir()) if p.is_file() and not p.name.startswith(".")}
+    return {"path": str(resolved.path), "files": files}
+
+
+def prepared_key(resolved: ResolvedModel, *, dtype: str, quantize: str, kernel: str) -> dict[str, Any]:
+    """Everything that changes a prepared model (see the module docstring)."""
+    import torch
+
+    return {
+        "format": PREPARED_FORMAT,
+        "source": source_identity(resolved),
+        "dtype": str(dtype).removeprefix("torch."),
+        "quantize": quantize,
+        "kernel": kernel,
+        "code": code_hash(),
+        "torch": str(torch.__version__),
+    }
+
+
+def entry_dir(resolved: ResolvedModel, *, quantize: str, kernel: str) -> Path:
+    """The entry of this model, quantization and kernel (one per combination; see the module doc)."""
+    where = hashlib.sha256(str(resolved.gguf_file or resolved.path).encode()).hexdigest()[:8]
+    name = "".join(c if c.isalnum() or c in "._-" else "_" for c in resolved.name)
+    return prepared_root() / f"{name}-{where}.{quantize}-{kernel}"
+
+
+# --------------------------------------------------------------------------- what a decoder holds
+
+
+def _kernel_linears(decoder: torch.nn.Module) -> dict[str, dict[str, Any]] | None:
+    """{qualified name: kind and shape} of the decoder's kernel linears, or None when some module
+    is not one a prepared entry can hold (another kernel, unexpected layers)."""
+    from torch import nn
+
+    from specula.models.native.kernels import KernelLinear
+    from specula.models.native.model import Layer, NativeDecoder
+
+    linears: dict[str, dict[str, Any]] = {}
+    for name, module in decoder.named_modules():
+        if isinstance(module, KernelLinear):
+            linears[name] = {"kind": module.kind, "in": module.in_features, "out": module.out_features}
+        elif not isinstance(module, (NativeDecoder, Layer, nn.ModuleList, nn.Embedding)):
+            return None
+    return linears or None
+
+
+def cacheable(decoder: torch.nn.Module) -> bool:
+    """Whether `decoder` can be written as a prepared entry (every linear on specula's kernels)."""
+    from specula.models.native.ops import CpuKernelOps
+
+    return isinstance(getattr(decoder, "ops", None), CpuKernelOps) and _kernel_linears(decoder) is not None
+
+
+def _kernel_shell(kind: str, in_features: int, out_features: int, buffers: dict[str, torch.Tensor | None]):
+    """A `KernelLinear` around already packed buffers (the attributes its constructor sets, no packing)."""
+    import torch
+    from torch import nn
+
+    from specula.models.native.kernels import KernelLinear
+
+    shell = KernelLinear.__new__(KernelLinear)
+    nn.Module.__init__(shell)
+    shell.kind = kind
+    shell.out_features, shell.in_features = out_features, in_features
+    for name in ("scale", "packed", "bias"):
+        shell.register_buffer(name, buffers.get(name))
+    shell.weight = torch.empty(out_features, in_features, device="meta")
+    return shell
+
+
+def save_entry(path: Path, decoder: NativeDecoder, key: dict[str, Any], extra: dict[str, Any]) -> bool:
+    """Write `decoder` (prepared, every linear a `KernelLinear`) as the entry at `path`, atomically;
+    `extra` (eos ids, model id, build time...) goes into the marker. False when the decoder is not
+    cacheable (nothing written)."""
+    import torch
+
+    linears = _kernel_linears(decoder)
+    if linears is None or not cacheable(decoder):
+        return False
+    state = dict(decoder.state_dict())
+    state[_ROPE_KEY] = decoder.inv_freq
+    remove_stale_temps(path)
+    with atomic_dir(path) as tmp:
+        weights = tmp / WEIGHTS
+        torch.save(state, weights)
+        with open(weights, "rb+") as handle:
+            os.fsync(handle.fileno())
+        buffers = {name: sorted(k.rsplit(".", 1)[1] for k in state if k.rsplit(".", 1)[0] == name) for name in linears}
+        marker = {
+            "format": PREPARED_FORMAT,
+            "key": key,
+            "config": dataclasses.asdict(decoder.cfg),
+            "rope_scaling": float(decoder.rope_scaling),
+            "num_parameters": int(decoder.num_parameters),
+            "invariant": bool(decoder.invariant),
+            "linears": {name: {**info, "buffers": buffers[name]} for name, info in linears.items()},
+            "weights": _stat(weights),
+            "created_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            **extra,
+        }
+        (tmp / MARKER).write_text(json.dumps(marker, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+    return True
+
+
+class StaleEntry(Exception):
+    """A prepared entry that cannot be used (the message says why); it is rebuilt."""
+
+
+def read_marker(path: Path) -> dict[str, Any] | None:
+    """The parsed marker of the entry at `path`, or None when absent or unreadable."""
+    try:
+        data = json.loads((path / MARKER).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def load_entry(path: Path, key: dict[str, Any]) -> tuple[NativeDecoder, dict[str, Any]]:
+    """The decoder stored at `path` (weights memory-mapped) and its marker; `StaleEntry` when the
+    entry is absent, for another key, incomplete or damaged."""
+    import torch
+
+    from specula.models.native import NativeConfig, NativeDecoder
+    from specula.models.native.ops import CpuKernelOps
+
+    if not path.is_dir():
+        raise StaleEntry("absent")
+    marker = read_marker(path)
+    if marker is None:
+        raise StaleEntry("its marker is missing or unreadable")
+    if marker.get("format") != PREPARED_FORMAT or marker.get("key") != key:
+        raise StaleEntry("it was prepared from other files, code or settings")
+    weights = path / WEIGHTS
+    if not weights.is_file() or _stat(weights) != marker.get("weights"):
+        raise StaleEntry(f"{WEIGHTS} is missing or was modified after it was written")
+    try:
+        state = torch.load(weights, mmap=True, weights_only=True, map_location="cpu")
+        cfg = NativeConfig(**marker["config"])
+        inv_freq = state.pop(_ROPE_KEY)
+        with torch.device("meta"):
+            decoder = NativeDecoder(cfg, torch.zeros(cfg.head_dim // 2), float(marker["rope_scaling"]))
+        for name, info in marker["linears"].items():
+            parent_name, _, child = name.rpartition(".")
+            parent = decoder.get_submodule(parent_name) if parent_name else decoder
+            buffers = {b: torch.empty(state[f"{name}.{b}"].shape, dtype=state[f"{name}.{b}"].dtype, device="meta")
+                       for b in info["buffers"]}
+            setattr(parent, child, _kernel_shell(info["kind"], int(info["in"]), int(info["out"]), buffers))
+        decoder.load_state_dict(state, strict=True, assign=True)
+    except (RuntimeError, OSError, EOFError, KeyError, TypeError, ValueError, pickle.UnpicklingError,
+            zipfile.BadZipFile) as exc:
+        raise StaleEntry(f"it could not be read ({type(exc).__name__}: {str(exc)[:200]})") from exc
+    decoder.inv_freq = inv_freq
+    decoder.num_parameters = int(marker["num_parameters"])
+    decoder.invariant = bool(marker["invariant"])
+    decoder.ops = CpuKernelOps()
+    return decoder.eval().requires_grad_(False), marker
+
+
+def load_or_prepare(resolved: ResolvedModel, key: dict[str, Any], *, quantize: str, kernel: str,
+                    prepare, mode: str = "on", label: str | None = None,
+                    ) -> tuple[NativeDecoder, dict[str, Any], Outcome]:
+    """The prepared decoder for `resolved`: from its entry when valid, else `prepare()` ->
+    (decoder, extra marker facts) and, unless `mode` is "off", written as the entry and mapped
+    back from it (so the first run holds one copy of the weights, as later runs do).
+
+    Returns (decoder, marker facts (eos ids, model id, ...), outcome): hit, built, rebuilt (the entry
+    was unusable), unsaved (writing failed, e.g. a full disk: noted on stderr, the load goes on),
+    off, or unsupported (the decoder's kernels have no entry format)."""
+    check_prepared_cache(mode)
+    if mode == "off":
+        decoder, extra = prepare()
+        return decoder, extra, "off"
+    path = entry_dir(resolved, quantize=quantize, kernel=kernel)
+    label = label or resolved.name
+    try:
+        decoder, marker = load_entry(path, key)
+        return decoder, marker, "hit"
+    except StaleEntry:
+        pass
+    with file_lock(f"prepared-{path.name}"):  # a process preparing the same entry finishes first
+        return _prepare_locked(path, key, quantize, prepare, label)
+
+
+def _prepare_locked(path: Path, key: dict[str, Any], quantize: str, prepare, label: str,
+                    ) -> tuple[NativeDecoder, dict[str, Any], Outcome]:
+    try:  # again: another process may have written it while this one waited for the lock
+        decoder, marker = load_entry(path, key)
+        return decoder, marker, "hit"
+    except StaleEntry as exc:
+        reason = str(exc)
+    existed = reason != "absent"
+    if existed:
+        print(f"note: the prepared {label} ({path}) is unusable: {reason}; preparing it again",
+              file=sys.stderr, flush=True)
+    else:
+        weights = "float32" if quantize == "none" else quantize
+        print(f"preparing {label} for specula's kernels ({weights}; once, cached in {path})...",
+              file=sys.stderr, flush=True)
+    start = time.perf_counter()
+    decoder, extra = prepare()
+    extra = {**extra, "prepare_seconds": round(time.perf_counter() - start, 3)}
+    try:
+        saved = save_entry(path, decoder, key, extra)
+    except OSError as exc:
+        print(f"note: could not write the prepared {label} to {path} ({exc}); it is prepared again next time",
+              file=sys.stderr, flush=True)
+        return decoder, extra, "unsaved"
+    if not saved:
+        return decoder, extra, "unsupported"
+    outcome: Outcome = "rebuilt" if existed else "built"
+    try:  # the entry just written, memory-mapped: its pages are in the page cache already, and the
+        # prepared copy in this process's own memory is freed (a second copy of every weight)
+        mapped, marker = load_entry(path, key)
+    except StaleEntry as exc:
+        print(f"note: the prepared {label} just written to {path} cannot be read back ({exc}); using it from memory",
+              file=sys.stderr, flush=True)
+        return decoder, extra, outcome
+    del decoder
+    return mapped, marker, outcome
