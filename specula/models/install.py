@@ -558,22 +558,11 @@ def convert(model: EmbeddedModel, gguf: Path, *, progress: bool = True, converte
 # --------------------------------------------------------------------------- state and install
 
 
-@contextlib.contextmanager
-def _install_lock(alias: str) -> Iterator[None]:
+def _install_lock(alias: str):
     """Serialise installs of one alias across processes (so sweeping temporaries is safe)."""
-    lock = cache_dir("locks", f"{alias}.lock")
-    lock.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        import fcntl
-    except ImportError:  # not POSIX: no cross-process lock
-        yield
-        return
-    with open(lock, "a+b") as handle:
-        fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+    from specula.paths import file_lock
+
+    return file_lock(alias)
 
 
 def _package_bytes(model: EmbeddedModel) -> int:
