@@ -6,11 +6,11 @@
       -> planner.plan(requests)        merged and sized to the hardware (one request: its best
                                        tree; several: the batch's goodput, SmartSpec); a
                                        `Plan` value per session
-      -> planner.observe_pass(...)     what the target pass cost
       -> seq.forward_tree(root, tree)  logits for the root and every node
       -> verify(...)                   accepted path + one next token (pure function)
       -> seq.commit(path)              cache = prefix + root + path
       -> drafter.observe(step), planner.observe(plan, step)
+      -> planner.observe_pass(...)     what the target pass cost and emitted (every session)
 
 The root of each step is the last emitted token, not yet in the target's cache.
 

@@ -42,8 +42,9 @@ class Plan:
     predicted: float | None = None
     """Expected accepted tokens, the bonus token included (None: no estimate, no planner)."""
     rate: float | None = None
-    """Expected tokens/s the back-off judges this step against (None: the step judges nothing:
-    a pause, a probe, a tree verified as drawn, a batch step)."""
+    """Expected tokens/s of the plan when the back-off judges this step by what it realises (the
+    first judged step of a request counts it as a sample); None: the step judges nothing (a
+    pause, a probe, a tree verified as drawn, a batch step)."""
     candidates: int = 0
     """Nodes in the merged candidate tree before sizing."""
     explore: bool = False

@@ -254,6 +254,7 @@ class CostModel:
         self._padded = padded or (lambda n: n)
         """Rows a pass of n tokens really costs (the backend's `padded_tokens`: CUDA graph buckets)."""
         self._ratios: dict[int, list[float]] = {}  # n_tokens -> last `window` observed / prior ratios
+        self._medians: dict[int, float] = {}  # n_tokens -> median of its ratios (read on every plan)
         self._octave_counts: dict[int, int] = {}  # octave of n -> passes observed
 
     @staticmethod
@@ -265,15 +266,15 @@ class CostModel:
         not timed yet the nearest timed multi-token size's (the curve's shape), else the plain
         step's (the machine's speed); 1 before anything was timed. A plain step is judged by plain
         steps alone (the prior's ratios, not its step, are what a busy start-up gets wrong)."""
-        own = self._ratios.get(n_tokens)
-        if own:
-            return statistics.median(own)
-        multi = [m for m in self._ratios if m > 1]
+        medians = self._medians
+        if n_tokens in medians:
+            return medians[n_tokens]
+        multi = [m for m in medians if m > 1]
         if n_tokens == 1 or not multi:
-            return statistics.median(self._ratios[1]) if 1 in self._ratios else 1.0
+            return medians.get(1, 1.0)
         distance = lambda m: abs(math.log(m) - math.log(n_tokens))  # noqa: E731
         nearest = min(distance(m) for m in multi)
-        return statistics.median([statistics.median(self._ratios[m]) for m in multi if distance(m) == nearest])
+        return statistics.median([medians[m] for m in multi if distance(m) == nearest])
 
     @property
     def scale(self) -> float:
@@ -301,6 +302,7 @@ class CostModel:
         n_tokens = self._padded(n_tokens)
         ratio = seconds / max(self.curve.latency(n_tokens), 1e-12)
         self._ratios[n_tokens] = (self._ratios.get(n_tokens, []) + [ratio])[-self.window:]
+        self._medians[n_tokens] = statistics.median(self._ratios[n_tokens])
         octave = self._octave(n_tokens)
         self._octave_counts[octave] = self._octave_counts.get(octave, 0) + 1
 

@@ -63,8 +63,7 @@ class PlannerConfig:
     cost_window: int = 9
     """Passes per size whose median ratio to the prior gives the cost model's correction."""
     rate_ema: float = 0.2
-    """EMA weight of each drafting step's tokens/s (realised, or planned when it verified no
-    tree) in the back-off signal."""
+    """EMA weight of each judged drafting step's realised tokens/s in the back-off signal."""
     overhead_ema: float = 0.2
     """EMA weight of each step's drafter bookkeeping time (observe) in the drafting cost."""
     max_backoff: int = 64
@@ -234,9 +233,6 @@ class HardwarePlanner:
     def view(self, proposals: Sequence[Proposal], draft_seconds: float) -> PlannerView:
         """The cost view for the next drafter of a step, after `proposals` cost `draft_seconds`."""
         return PlannerView(self, proposals, draft_seconds)
-
-    def summary(self, state: PlannerState) -> dict:
-        return self.projection(state)
 
     # ------------------------------------------------------------------ estimates
     def expected_acceptance(self, source: str) -> float:
@@ -473,7 +469,7 @@ class HardwarePlanner:
         else:
             state.backoff = max(1, state.backoff // 2)
 
-    def projection(self, state: PlannerState) -> dict:
+    def summary(self, state: PlannerState) -> dict:
         """What the planner expected for one request on the prior cost curve, summed over planned
         steps: mean tree size, expected tokens per step and the projected speedup over plain
         decoding; and how this run's timed passes corrected the curve."""

@@ -312,7 +312,7 @@ def test_projection_is_measured_on_the_curve_as_given():
         expected.append(e)
         driver.observe(planned, (0,), 0.0, 3.0)
     assert planner.cost.scale > 2.0  # this "machine" is 3x slower than the curve
-    assert planner.projection(driver.state)["projected_speedup"] == pytest.approx(sum(expected) / len(expected), rel=1e-3)
+    assert planner.summary(driver.state)["projected_speedup"] == pytest.approx(sum(expected) / len(expected), rel=1e-3)
 
 
 def test_no_probes_where_a_one_node_tree_can_never_pay():
