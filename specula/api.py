@@ -8,25 +8,41 @@
 
 from __future__ import annotations
 
-from typing import Iterator, Sequence
+from typing import Iterator, Literal, Sequence
 
 from specula.drafters import make_drafters
 from specula.errors import ConfigError
-from specula.engine import EngineConfig, GenerationOutput, SpeculativeDecoder, StreamChunk
+from specula.engine import EngineConfig, GenerationOutput, Session, SpeculativeDecoder, StreamChunk
 from specula.models.base import TargetModel
 from specula.models.loading import LoadConfig, LoadReport, load_backend, load_draft
+from specula.planner import Planner
 from specula.sampling import SamplingParams
 
-__all__ = ["LoadConfig", "LoadReport", "Specula", "build_decoder", "load", "load_backend", "load_draft"]
+__all__ = [
+    "EngineConfig", "GenerationOutput", "LoadConfig", "LoadReport", "PlannerChoice", "SamplingParams", "Session",
+    "Specula", "StreamChunk", "build_decoder", "load", "load_backend", "load_draft",
+]
 
 Prompt = str | Sequence[dict] | Sequence[int]
 
+PlannerChoice = Planner | Literal["hardware", "none"]
+"""How a decoder's trees are merged and sized: "hardware" (a `HardwarePlanner` on the target: the
+default), "none" (the pass-through planner: the drafters' trees as proposed, within the engine's
+budget), or a planner to share (e.g. one built on a given cost curve). The old spellings still
+work: None means "hardware", False means "none"."""
+
 
 class Specula:
-    """A target (and optional draft) with one method: `generate` / `stream` text or ids."""
+    """A target (and optional draft) with one method: `generate` / `stream` text or ids, or drive
+    requests step by step through sessions (`start`, `step`, `finish`: what a server batches).
+
+    Every call taking a prompt takes text (the chat template applied unless `raw`), chat messages
+    or token ids, and either `SamplingParams` fields as keywords (max_new_tokens, temperature, ...)
+    or a ready `params=SamplingParams(...)`."""
 
     def __init__(self, target: TargetModel, tokenizer, method: str = "none", draft: TargetModel | None = None,
-                 *, engine: EngineConfig = EngineConfig(), planner=None, **drafter_options) -> None:
+                 *, engine: EngineConfig = EngineConfig(), planner: PlannerChoice | None = "hardware",
+                 **drafter_options) -> None:
         self.target = target
         self.draft = draft
         self.tokenizer = tokenizer
@@ -35,36 +51,112 @@ class Specula:
         """Load time and peak memory, when built by `load`."""
         self.decoder = build_decoder(method, target, tokenizer, draft, engine=engine, planner=planner,
                                      **drafter_options)
+        """The decode loop (internal: callers use the methods below)."""
 
+    # ------------------------------------------------------------------ facts
+    @property
+    def eos_token_ids(self) -> frozenset[int]:
+        """Token ids that end a generation (unless `ignore_eos`)."""
+        return self.decoder.eos_token_ids
+
+    @property
+    def engine_config(self) -> EngineConfig:
+        """The decode loop's limits."""
+        return self.decoder.config
+
+    @property
+    def planned(self) -> bool:
+        """Whether a planner sizes the trees (False: the drafters' trees as proposed)."""
+        return self.decoder.planned
+
+    @property
+    def lossless(self) -> bool:
+        """Whether greedy output must equal plain decoding (no drafter is lossy)."""
+        return not any(getattr(d, "lossy", False) for d in self.decoder.drafters)
+
+    def drafter_memory_bytes(self) -> int | None:
+        """The drafters' memory (`memory_bytes`, attribute or method) summed; None when none says."""
+        values = [getattr(d, "memory_bytes", None) for d in self.decoder.drafters]
+        values = [int(v() if callable(v) else v) for v in values if v is not None]
+        return sum(values) if values else None
+
+    def baseline(self) -> "Specula":
+        """Plain decoding (method none) on the same target, tokenizer and engine limits: what
+        `--compare` measures against."""
+        return Specula(self.target, self.tokenizer, "none", engine=self.engine_config)
+
+    # ------------------------------------------------------------------ one request
     def encode(self, prompt: Prompt, raw: bool = False) -> list[int]:
         """Token ids of a prompt: text (chat template applied unless raw), messages, or ids."""
         from specula.models.loading import encode_prompt
 
         return encode_prompt(self.tokenizer, prompt, raw=raw)
 
-    def generate(self, prompt: Prompt, *, raw: bool = False, **sampling) -> GenerationOutput:
+    def generate(self, prompt: Prompt, *, raw: bool = False, params: SamplingParams | None = None,
+                 **sampling) -> GenerationOutput:
         """Generate; keyword arguments are `SamplingParams` fields (max_new_tokens, temperature, ...)."""
-        return self.decoder.generate(self.encode(prompt, raw), SamplingParams(**sampling))
+        return self.decoder.generate(self.encode(prompt, raw), _params(params, sampling))
 
-    def stream(self, prompt: Prompt, *, raw: bool = False, **sampling) -> Iterator[StreamChunk]:
-        return self.decoder.stream(self.encode(prompt, raw), SamplingParams(**sampling))
+    def stream(self, prompt: Prompt, *, raw: bool = False, params: SamplingParams | None = None,
+               **sampling) -> Iterator[StreamChunk]:
+        """One chunk per decode step; the last has `finished` and the final stats."""
+        return self.decoder.stream(self.encode(prompt, raw), _params(params, sampling))
+
+    # ------------------------------------------------------------------ sessions
+    def start(self, prompt: Prompt, *, raw: bool = False, params: SamplingParams | None = None,
+              **sampling) -> Session:
+        """A new request, prefilled and ready to step (the prompt is checked against the context
+        window). Free it with `finish` once done, failed or abandoned."""
+        return self.decoder.start(self.encode(prompt, raw), _params(params, sampling))
+
+    def step(self, sessions: Sequence[Session]) -> list[StreamChunk]:
+        """Advance every running session by one decode step (their trees verified in one packed
+        target pass where the backend batches): one chunk per session, in order. A chunk with
+        `error` set ends its session alone; a finished session gets an empty chunk."""
+        return self.decoder.step(sessions)
+
+    def finish(self, session: Session) -> None:
+        """Free a session's caches and drafter state (idempotent); its final stats are kept."""
+        self.decoder.finish(session)
+
+    def prepare_batch(self, max_batch_size: int) -> None:
+        """Get ready to step up to `max_batch_size` sessions together (the planner times packed
+        passes once, cached); a server calls this at start-up."""
+        self.decoder.planner.prepare_batch(max_batch_size)
+
+
+def _params(params: SamplingParams | None, sampling: dict) -> SamplingParams:
+    """The request's sampling parameters: `params` as given, or built from keyword fields."""
+    if params is None:
+        return SamplingParams(**sampling)
+    if sampling:
+        raise ConfigError(f"give either params= or sampling keywords ({', '.join(sorted(sampling))}), not both")
+    return params
 
 
 def build_decoder(method: str, target: TargetModel, tokenizer=None, draft: TargetModel | None = None, *,
-                  engine: EngineConfig = EngineConfig(), planner=None, **drafter_options) -> SpeculativeDecoder:
-    """The decoder for a method: its drafters, and the hardware-aware planner that merges and
-    sizes their trees every step (every method but `none`, which drafts nothing). Pass `planner`
-    to share one (e.g. a planner built on a given cost curve), or `planner=False` to verify what
-    the drafters propose as it is (within the engine's budget: research runs and tests that
-    need the same trees whatever the timing)."""
+                  engine: EngineConfig = EngineConfig(), planner: PlannerChoice | None = "hardware",
+                  **drafter_options) -> SpeculativeDecoder:
+    """The decoder for a method: its drafters, and the planner that merges and sizes their trees
+    every step (`PlannerChoice`: the hardware-aware planner by default; method `none` drafts
+    nothing and never gets one). "none" verifies what the drafters propose as it is (within the
+    engine's budget: research runs and tests that need the same trees whatever the timing)."""
+    drafters = make_drafters(method, target=target, draft=draft, tokenizer=tokenizer, **drafter_options)
+    planner = resolve_planner("none" if method == "none" else planner, target)
+    return SpeculativeDecoder(target, drafters, tokenizer, planner=planner, config=engine, method=method)
+
+
+def resolve_planner(choice: PlannerChoice | None | Literal[False], target: TargetModel) -> Planner:
+    """The planner a `PlannerChoice` names (None: "hardware", False: "none", the old spellings)."""
     from specula.planner import HardwarePlanner, PassThroughPlanner
 
-    drafters = make_drafters(method, target=target, draft=draft, tokenizer=tokenizer, **drafter_options)
-    if planner is False or method == "none":
-        planner = PassThroughPlanner()
-    elif planner is None:
-        planner = HardwarePlanner(target)
-    return SpeculativeDecoder(target, drafters, tokenizer, planner=planner, config=engine, method=method)
+    if choice is None or (isinstance(choice, str) and choice == "hardware"):
+        return HardwarePlanner(target)
+    if choice is False or (isinstance(choice, str) and choice == "none"):
+        return PassThroughPlanner()
+    if isinstance(choice, (str, bool)):
+        raise ConfigError(f"planner {choice!r}: give \"hardware\", \"none\" or a Planner")
+    return choice
 
 
 def load(target: str, draft: str | None = "auto", method: str | None = None,

@@ -90,3 +90,56 @@ def test_auto_draft_is_off_for_small_targets_and_self_is_refused_unquantized(mod
     assert auto_draft("fusion", big, "qwen2.5-coder-1.5b") == "self"
     with pytest.raises(ConfigError, match="--draft-quantize int8"):
         specula.load(str(path), draft="self", draft_quantize="none", method="draft-model")
+
+
+# ---------------------------------------------------------------------------- the session calls
+@pytest.fixture(scope="module")
+def tiny_spec():
+    from specula.models.hf import HFCausalLM
+
+    model = tiny_model("qwen2", seed=5)
+    return specula.Specula(HFCausalLM(model), None, "prompt-lookup", planner="none"), model
+
+
+def test_sessions_stepped_together_give_what_generate_gives_alone(tiny_spec):
+    """`start` / `step` / `finish` on the facade: two requests stepped in one batch, each gets
+    exactly its own `generate` output (greedy = plain greedy, sampled = the same seeded draw)."""
+    spec, model = tiny_spec
+    prompts = [[5, 17, 33, 2, 5, 17, 40, 5, 17], [9, 8, 7, 9, 8]]
+    params = [specula.SamplingParams(max_new_tokens=12, ignore_eos=True),
+              specula.SamplingParams(max_new_tokens=12, ignore_eos=True, temperature=0.8, seed=3)]
+    sessions = [spec.start(p, params=q) for p, q in zip(prompts, params)]
+    assert all(isinstance(s, specula.Session) for s in sessions)
+    got: list[list[int]] = [[], []]
+    while not all(s.finished for s in sessions):
+        for out, chunk in zip(got, spec.step(sessions)):
+            assert isinstance(chunk, specula.StreamChunk) and chunk.error is None
+            out.extend(chunk.token_ids)
+    for s in sessions:
+        spec.finish(s)
+        spec.finish(s)  # idempotent
+    assert got[0] == reference_greedy(model, prompts[0], 12)
+    assert got[1] == spec.generate(prompts[1], params=params[1]).token_ids
+    assert spec.generate(prompts[1], max_new_tokens=12, ignore_eos=True, temperature=0.8, seed=3).token_ids == got[1]
+
+
+def test_facade_facts_baseline_and_planner_spellings(tiny_spec):
+    from specula.planner import HardwarePlanner, PassThroughPlanner
+
+    spec, model = tiny_spec
+    assert spec.eos_token_ids == spec.target.eos_token_ids and isinstance(spec.engine_config, specula.EngineConfig)
+    assert spec.lossless and not spec.planned and spec.drafter_memory_bytes() is None
+    spec.prepare_batch(2)  # the pass-through planner has nothing to time
+    plain = spec.baseline()
+    assert plain.method == "none" and plain.target is spec.target and plain.engine_config == spec.engine_config
+    assert plain.generate([9, 8, 7], max_new_tokens=6, ignore_eos=True).token_ids == reference_greedy(model, [9, 8, 7], 6)
+    with pytest.raises(ConfigError, match="either params= or sampling keywords"):
+        spec.generate([9, 8, 7], params=specula.SamplingParams(), max_new_tokens=3)
+    for choice, kind in (("hardware", HardwarePlanner), (None, HardwarePlanner), ("none", PassThroughPlanner),
+                         (False, PassThroughPlanner)):  # None / False: the old spellings
+        assert type(specula.build_decoder("prompt-lookup", spec.target, planner=choice).planner) is kind
+    shared = PassThroughPlanner()
+    assert specula.build_decoder("prompt-lookup", spec.target, planner=shared).planner is shared
+    assert type(specula.build_decoder("none", spec.target, planner="hardware").planner) is PassThroughPlanner
+    with pytest.raises(ConfigError, match="planner 'fast'"):
+        specula.build_decoder("prompt-lookup", spec.target, planner="fast")

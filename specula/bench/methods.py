@@ -1,4 +1,4 @@
-"""What the bench times: specula methods (a `SpeculativeDecoder` each) and peers, behind one
+"""What the bench times: specula methods (a `Specula` each, on the shared target) and peers, behind one
 small interface. Every call is timed the same way: wall clock around the whole generation
 (prefill included), after waiting for the accelerator."""
 
@@ -8,9 +8,9 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Literal, Protocol, Sequence
 
-from specula.models.device import sync_device
-from specula.engine import EngineConfig, SpeculativeDecoder
+from specula.api import EngineConfig, Specula
 from specula.errors import ConfigError
+from specula.models.device import sync_device
 from specula.models.base import TargetModel
 from specula.sampling import SamplingParams
 from specula.stats import GenerationStats
@@ -49,25 +49,23 @@ class SpeculaMethod:
 
     kind: Literal["specula"] = "specula"
 
-    def __init__(self, name: str, decoder: SpeculativeDecoder) -> None:
+    def __init__(self, name: str, spec: Specula) -> None:
         self.name = name
-        self.decoder = decoder
-        self.lossless = not any(getattr(d, "lossy", False) for d in decoder.drafters)
-        self.planner = decoder.planned
+        self.spec = spec
+        self.lossless = spec.lossless
+        self.planner = spec.planned
 
     def generate(self, prompt_ids: Sequence[int], params: SamplingParams) -> MethodOutput:
-        device = self.decoder.target.device
+        device = self.spec.target.device
         sync_device(device)
         t0 = time.perf_counter()
-        out = self.decoder.generate(prompt_ids, params)
+        out = self.spec.generate(list(prompt_ids), params=params)
         sync_device(device)
         return MethodOutput(list(out.token_ids), time.perf_counter() - t0, out.stats)
 
     def memory_bytes(self) -> int | None:
         """The drafters' `memory_bytes` (attribute or method) summed, when any exposes one."""
-        values = [getattr(d, "memory_bytes", None) for d in self.decoder.drafters]
-        values = [int(v() if callable(v) else v) for v in values if v is not None]
-        return sum(values) if values else None
+        return self.spec.drafter_memory_bytes()
 
 
 def build_specula_methods(
@@ -79,19 +77,17 @@ def build_specula_methods(
     engine: EngineConfig = EngineConfig(),
     planner_for: Callable[[str], object] = lambda name: None,
 ) -> list[SpeculaMethod]:
-    """One decoder per method name (built as `specula generate` builds it: `api.build_decoder`),
-    all on the same target backend (and draft). `none` comes first even when not named and
-    never gets a planner; `planner_for(name)` may give the others one (e.g. from --cost-curve)."""
-    from specula.api import build_decoder
-
+    """One `Specula` per method name (built as `specula generate` builds it), all on the same
+    target backend (and draft). `none` comes first even when not named and never gets a planner;
+    `planner_for(name)` may give the others one (e.g. from --cost-curve; None: the default)."""
     ordered = [BASELINE, *(n for n in dict.fromkeys(names) if n != BASELINE)]
     methods = []
     for name in ordered:
         base, overrides = split_method(name)
         planner = None if name == BASELINE else planner_for(base)
-        decoder = build_decoder(base, target, tokenizer, draft, engine=engine, planner=planner,
-                                **{**options(base), **overrides})
-        methods.append(SpeculaMethod(name, decoder))
+        spec = Specula(target, tokenizer, base, draft, engine=engine, planner=planner,
+                       **{**options(base), **overrides})
+        methods.append(SpeculaMethod(name, spec))
     return methods
 
 

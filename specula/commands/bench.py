@@ -165,12 +165,12 @@ def execute(args: argparse.Namespace, bench: BenchPlan, target, tokenizer, draft
     from specula.bench.peers import build_peers
     from specula.bench.report import ordered
     from specula.bench.runner import run_bench
-    from specula.engine import EngineConfig
+    from specula.api import EngineConfig
 
     engine = EngineConfig(max_tree_nodes=args.max_tree_nodes)
     methods = build_specula_methods(bench.methods, target, tokenizer, draft, lambda m: drafter_options(args, m),
                                     engine, lambda m: planner_from_args(args))
-    eos = sorted(methods[0].decoder.eos_token_ids)
+    eos = sorted(methods[0].spec.eos_token_ids)
     from specula.bench.llamacpp import LLAMACPP_PEERS, build_llamacpp_peers
 
     hf_names = [p for p in bench.peers if p not in LLAMACPP_PEERS]

@@ -27,9 +27,8 @@ def register(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from specula.api import build_decoder, load
+    from specula.api import EngineConfig, load
     from specula.drafters import check_method
-    from specula.engine import EngineConfig
     from specula.models.loading import process_age_seconds
 
     params = sampling_params(args)  # validate everything before loading models
@@ -45,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
     text_parts: list[str] = []
     stats = None
     first_token_s = None
-    for chunk in spec.decoder.stream(ids, params):
+    for chunk in spec.stream(ids, params=params):
         if first_token_s is None and chunk.token_ids:
             first_token_s = process_age_seconds()
         token_ids.extend(chunk.token_ids)
@@ -56,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
             sys.stdout.flush()
     baseline = None
     if args.compare and method != "none":
-        baseline = build_decoder("none", spec.target, spec.tokenizer, engine=spec.decoder.config).generate(ids, params)
+        baseline = spec.baseline().generate(ids, params=params)
     if args.json:
         payload = {"text": "".join(text_parts), "token_ids": token_ids, "stats": stats.to_dict(),
                    "load": {**(spec.load_report.to_dict() if spec.load_report else {}),

@@ -45,7 +45,7 @@ def register(sub) -> None:
 def run(args: argparse.Namespace) -> int:
     from specula.api import load
     from specula.drafters import check_method
-    from specula.engine import EngineConfig
+    from specula.api import EngineConfig
     from specula.serve import ServerConfig, create_server
 
     config = ServerConfig(  # validate everything before loading models

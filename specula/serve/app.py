@@ -31,8 +31,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from specula.api import Specula
-from specula.engine import StreamChunk
+from specula.api import Specula, StreamChunk
 from specula.errors import ConfigError
 from specula.serve import protocol
 from specula.serve.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE

@@ -2,7 +2,7 @@
 
 Continuous batching: every loop admits queued requests while the batch has room (prefilling
 each), then advances every running request by one decode step in one call,
-`SpeculativeDecoder.step(sessions)`, which verifies all their trees in one packed target pass
+`Specula.step(sessions)`, which verifies all their trees in one packed target pass
 where the backend batches (the native backend does); a request that finishes, fails or is
 cancelled leaves the batch at once and frees its cache. Each request has its own session (KV
 cache, drafter and planner state, generator), so its output is what it would get alone. The model
@@ -26,9 +26,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from specula.api import Specula
+from specula.api import Session, Specula, StreamChunk
 from specula.ema import Ema
-from specula.engine import Session, StreamChunk
 from specula.errors import SpeculaError
 from specula.models.loading import encode_prompt
 from specula.sampling import SamplingParams
@@ -104,7 +103,7 @@ class Worker:
         self._goodput = Ema(0.2)  # the batch's tokens per step-second
         if max_batch_size > 1:
             log.info("timing packed passes of up to %d sequences (cached after the first run)", max_batch_size)
-            spec.decoder.planner.prepare_batch(max_batch_size)  # the goodput plan's cost table, before the first batch
+            spec.prepare_batch(max_batch_size)  # the goodput plan's cost table, before the first batch
         self._queue: "queue.Queue[Job | None]" = queue.Queue(maxsize=max_queue)
         metrics.queue_depth.set_function(lambda: self.queue_depth)
         self._thread = threading.Thread(target=self._loop, name="specula-worker", daemon=True)
@@ -183,12 +182,12 @@ class Worker:
             self.metrics.batch_size.observe(len(batch))
             t0 = time.perf_counter()
             try:
-                chunks = self.spec.decoder.step([r.session for r in batch])
+                chunks = self.spec.step([r.session for r in batch])
             except Exception as exc:  # a failed pass fails the requests in it, never the worker
                 log.exception("decode step failed")
                 for r in batch:
                     self._fail(r.job, exc)
-                    self.spec.decoder.finish(r.session)
+                    self.spec.finish(r.session)
                 batch = []
                 self.metrics.in_progress.set(0)
                 continue
@@ -225,7 +224,7 @@ class Worker:
         max_tokens = self._limit(request, len(ids))
         params = SamplingParams(max_new_tokens=max_tokens, **request.sampling())
         self.metrics.prompt_tokens.inc(len(ids))
-        session = self.spec.decoder.start(ids, params)
+        session = self.spec.start(ids, params=params)
         job.put(Started(len(ids), max_tokens))
         return _Running(job, session, time.perf_counter())
 
@@ -233,7 +232,7 @@ class Worker:
         """Send one step's chunk; True when the job leaves the batch (finished or cancelled)."""
         job = running.job
         if chunk.error is not None:
-            self.spec.decoder.finish(running.session)
+            self.spec.finish(running.session)
             self._fail(job, chunk.error)
             return True
         n = len(chunk.token_ids)
@@ -247,18 +246,18 @@ class Worker:
                 self.metrics.inter_token_latency.observe((now - job.t_last_token) / n)
             job.t_last_token = now
         if chunk.finished:
-            self.spec.decoder.finish(running.session)
+            self.spec.finish(running.session)
             self.metrics.record_generation(chunk.stats)
         job.put(chunk)
         if chunk.finished:
             return True
         if job.cancelled.is_set():
-            self.spec.decoder.finish(running.session)
+            self.spec.finish(running.session)
             log.info("client gone: generation stopped after %d tokens (%.2fs)",
                      job.generated_tokens, time.perf_counter() - running.t0)
             return True
         if self._expired(job):
-            self.spec.decoder.finish(running.session)
+            self.spec.finish(running.session)
             self._fail(job, self._timeout_error())
             return True
         return False

@@ -72,7 +72,7 @@ def test_second_turn_follows_each_methods_own_first_answer(chat_tokenizer):
 def _bench_methods(tiny_pair, tokenizer, peers=("hf:greedy", "hf:assisted", "hf:prompt-lookup")):
     target, draft = tiny_pair
     methods = build_specula_methods(["prompt-lookup", "draft-model"], target, tokenizer, draft)
-    eos = sorted(methods[0].decoder.eos_token_ids)
+    eos = sorted(methods[0].spec.eos_token_ids)
     return methods + build_peers(list(peers), target.model, eos, draft.model)
 
 
@@ -266,7 +266,7 @@ def test_method_variants_parse_and_reach_the_drafter(tiny_pair, chat_tokenizer):
     target, draft = tiny_pair
     methods = build_specula_methods(names, target, chat_tokenizer, draft)
     assert [m.name for m in methods] == names
-    assert [m.decoder.drafters[0].config.tree_sampling for m in methods[1:]] == ["iid", "without_replacement"]
+    assert [m.spec.decoder.drafters[0].config.tree_sampling for m in methods[1:]] == ["iid", "without_replacement"]
     with pytest.raises(ConfigError, match="does not take tree_colour"):
         build_specula_methods(["draft-tree:tree_colour=red"], target, chat_tokenizer, draft)
     with pytest.raises(ConfigError, match="method 'prompt-lookup' does not take colour"):
