@@ -7,7 +7,7 @@
                                        tree; several: the batch's goodput, SmartSpec); a
                                        `Plan` value per session
       -> seq.forward_tree(root, tree)  logits for the root and every node
-      -> verify(...)                   accepted path + one next token (pure function)
+      -> verify_step(...)              accepted path + one next token (pure function)
       -> seq.commit(path)              cache = prefix + root + path
       -> drafter.observe(step), planner.observe(plan, step)
       -> planner.observe_pass(...)     what the target pass cost and emitted (every session)
@@ -34,13 +34,11 @@ from specula.drafters.base import Drafter, FeatureDrafter
 from specula.errors import ConfigError
 from specula.models.base import TargetModel, TargetSequence, check_context, forward_trees
 from specula.planner import PassThroughPlanner, Plan, Planner, PlanRequest, StepTiming
-from specula.sampling import (
-    SamplingParams, TargetRows, make_generator, position_uniforms, probabilities, request_seed,
-)
+from specula.sampling import SamplingParams, make_generator, request_seed
 from specula.stats import GenerationStats
 from specula.step import DraftBudget, DraftContext, Proposal, StepResult
 from specula.stopping import TextStream
-from specula.verify import VerifyResult, target_tokens, verify, verify_deterministic, verify_greedy
+from specula.verify import verify_step
 
 
 @dataclass(frozen=True)
@@ -295,7 +293,8 @@ class SpeculativeDecoder:
         target, planner, stats, tokens = self.target, self.planner, session.stats, session.tokens
         proposal = plan.proposal
         t1 = time.perf_counter()
-        result = self._verify(proposal, logits, session)
+        result = verify_step(proposal.tree, logits, session.params, q=proposal.q, mode=proposal.sibling_mode,
+                             seed=session.seed, position=len(session.generated), generator=session.generator)
         t2 = time.perf_counter()
         verify_seconds = pass_seconds + (t2 - t1)
 
@@ -326,26 +325,6 @@ class SpeculativeDecoder:
             session.finish_reason = stats.finish_reason = reason
         return StreamChunk(new, text, reason is not None, stats)
 
-    @staticmethod
-    def _verify(proposal: Proposal, logits: torch.Tensor, session: Session) -> VerifyResult:
-        """The rule for how the tree was drafted: greedy; deterministic candidates sampled by
-        position (the output is that of plain sampling with the same seed); or, for children
-        sampled from q, recursive rejection sampling / K-SEQ with the request's generator."""
-        params, tree = session.params, proposal.tree
-        if params.greedy:
-            return verify_greedy(tree, logits.argmax(-1))
-        if not proposal.sampled:
-            uniforms = position_uniforms(session.seed, len(session.generated), tree.max_depth + 1)
-            if logits.device.type != "cpu":  # every row at once on the device: one synchronisation
-                u = torch.tensor([uniforms[d] for d in (0, *tree.depth)], dtype=torch.float64, device=logits.device)
-                return verify_greedy(tree, target_tokens(probabilities(logits, params), u))
-            return verify_deterministic(tree, TargetRows(logits, params), uniforms)  # rows on the path only
-        p = TargetRows(logits, params)  # [n + 1, vocab], rows processed only where the rule looks
-        q = proposal.q
-        if q is not None and q.shape[-1] != p.shape[-1]:
-            q = _fit_vocab(q, p.shape[-1])
-        return verify(tree, p, q, proposal.sibling_mode, session.generator)
-
     def _truncate(self, new: list[int], session: Session) -> tuple[list[int], str | None]:
         """Cut the step's tokens at EOS, a stop string, or max_new_tokens."""
         params = session.params
@@ -365,11 +344,3 @@ class SpeculativeDecoder:
             new, reason = new[:cut], "stop"
         return new, reason
 
-
-def _fit_vocab(q: torch.Tensor, vocab: int) -> torch.Tensor:
-    """Pad (with zeros) or cut the draft's vocabulary axis to the target's."""
-    if q.shape[-1] > vocab:
-        if q[..., vocab:].sum() > 0:
-            raise ConfigError("the draft puts probability on token ids the target does not have")
-        return q[..., :vocab]
-    return torch.nn.functional.pad(q, (0, vocab - q.shape[-1]))

@@ -271,9 +271,5 @@ class TokenTree:
         """The best `budget` nodes by path score, ancestor-closed (see `top_node_indices`)."""
         return self if budget >= len(self) else self.subtree(self.top_node_indices(budget))
 
-    def truncate_depth(self, max_depth: int) -> "TokenTree":
-        """Keep the nodes at depth <= max_depth."""
-        return self.subtree(i for i, d in enumerate(self.depth) if d <= max_depth)
-
     def with_edge_scores(self, edge_scores: Sequence[float]) -> "TokenTree":
         return TokenTree(self.tokens, self.parents, tuple(float(s) for s in edge_scores), self.sources)

@@ -22,8 +22,13 @@ on the generator's device (one row, never an ``[n + 1, vocab]`` copy). Randomnes
 rules for sampled children make one ``torch.rand(n + 1)`` call with the caller's generator per
 verification - uniform ``i`` for node ``i``'s acceptance test, the last one for the final sample
 (inverse CDF; a zero-mass token is never picked); the rule for deterministic candidates takes
-one uniform per depth (the engine seeds them by request and position). ``torch.multinomial`` (without replacement) is avoided on purpose:
+one uniform per depth (`verify_step` seeds them by request and position). ``torch.multinomial`` (without replacement) is avoided on purpose:
 on CPU one draw from a 150k vocabulary took ~4.6 ms against ~0.35 ms for cumsum + searchsorted.
+
+`verify_step` is the one entry of the decode loop: from the target's logits of a step and the
+request's sampling parameters it picks the rule (greedy; deterministic candidates; children
+sampled from q, by how they were drawn) and where it runs (the rows on the path on CPU, every
+row at once on an accelerator).
 """
 
 from __future__ import annotations
@@ -33,6 +38,8 @@ from typing import Callable, Protocol, Sequence
 
 import torch
 
+from specula.errors import ConfigError
+from specula.sampling import SamplingParams, TargetRows, position_uniforms, probabilities
 from specula.tree import SiblingMode, TokenTree
 
 __all__ = [
@@ -40,12 +47,13 @@ __all__ = [
     "VerifyResult",
     "kseq_acceptance",
     "kseq_rho",
-    "verify",
-    "verify_chain",
+    "target_token",
+    "target_tokens",
     "verify_deterministic",
     "verify_greedy",
     "verify_kseq",
     "verify_rrs",
+    "verify_step",
 ]
 
 
@@ -301,18 +309,6 @@ def verify_rrs(
     return _walk(tree, p, generator, row_rule)
 
 
-def verify_chain(
-    tree: TokenTree, p: Rows, q: torch.Tensor, generator: torch.Generator | None
-) -> VerifyResult:
-    """Chain speculative sampling (Leviathan et al. 2023; Chen et al. 2023). tree must be a
-    chain (node i's parent is i - 1) whose token i was drawn from q[i] ([n + 1, vocab]);
-    p: [n + 1, vocab]. Accept x_i w.p. min(1, p(x_i)/q(x_i)); at the first rejection emit a
-    sample of norm(max(0, p - q)); if all are accepted emit a bonus sample from p[n]."""
-    if not tree.is_chain():
-        raise ValueError("verify_chain needs a chain (node i's parent must be i - 1); use verify_rrs for trees")
-    return verify_rrs(tree, p, q, generator, without_replacement=False)
-
-
 # ---------------------------------------------------------------------------- SpecTr K-SEQ
 _KSEQ_TOL = 1e-12
 """Residual entries above -_KSEQ_TOL count as non-negative (rounding); they are clamped to 0."""
@@ -433,34 +429,60 @@ def verify_kseq(
     return _walk(tree, p, generator, row_rule)
 
 
-def verify(
+# ---------------------------------------------------------------------------- the step
+def verify_step(
     tree: TokenTree,
-    p: Rows,
-    q: torch.Tensor | None,
-    mode: SiblingMode | None,
-    generator: torch.Generator | None,
+    logits: torch.Tensor,
+    params: SamplingParams,
+    *,
+    q: torch.Tensor | None = None,
+    mode: SiblingMode = "deterministic",
+    seed: int = 0,
+    position: int = 0,
+    generator: torch.Generator | None = None,
 ) -> VerifyResult:
-    """Pick the sampling rule for how the tree's children were drawn. p: [n + 1, vocab] target
-    probabilities (a tensor or a lazy `Rows`); q: [n + 1, vocab] draft distributions or None.
-    Greedy decoding does not come here: it is `verify_greedy` on the target's argmax.
+    """One decode step's verification: the rule for how the tree was drafted, applied to the
+    target's logits. logits: [n + 1, vocab] raw target logits (row 0 at the root, row i + 1
+    after node i); p is `probabilities(logits, params)`, processed only where a rule looks.
 
-    q None or mode "deterministic" -> `verify_deterministic`; "iid" / "without_replacement" ->
-    `verify_rrs`; "iid_kseq" -> `verify_kseq`. mode None with a q is accepted only when no row
-    has more than one child (then both sampling modes are the same rule); otherwise it raises
-    ValueError. An empty tree is a plain decoding step (one sample from p[0])."""
-    if q is None or mode == "deterministic":
-        return verify_deterministic(tree, p, generator)
-    if mode == "iid":
-        return verify_rrs(tree, p, q, generator, without_replacement=False)
-    if mode == "without_replacement":
-        return verify_rrs(tree, p, q, generator, without_replacement=True)
+    - greedy (`params.greedy`): `verify_greedy` on the argmax of every row; q and mode unused.
+    - deterministic candidates (mode "deterministic": retrieval, n-grams, recycling, top-k
+      model drafts): `verify_deterministic` with one uniform per output position,
+      `position_uniforms(seed, position + d)` at depth d (`position` = tokens generated before
+      this step), so the output is exactly plain sampling with the same seed whatever was
+      drafted. On an accelerator every row's token is computed at once (`target_tokens`, one
+      host synchronisation), then matched greedily: the same tokens for the same uniforms.
+    - children sampled from q ([n + 1, vocab'], its vocabulary axis padded or cut to the
+      target's): "iid" / "without_replacement" -> `verify_rrs`, "iid_kseq" -> `verify_kseq`,
+      with the request's `generator`.
+
+    An empty tree is a plain decoding step. A sampled mode without q, or an unknown mode, raises
+    ValueError."""
+    if params.greedy:
+        return verify_greedy(tree, logits.argmax(-1))
+    if mode == "deterministic":
+        uniforms = position_uniforms(seed, position, tree.max_depth + 1)
+        if logits.device.type != "cpu":  # every row at once on the device: one synchronisation
+            by_row = torch.tensor([uniforms[d] for d in (0, *tree.depth)], dtype=torch.float64, device=logits.device)
+            return verify_greedy(tree, target_tokens(probabilities(logits, params), by_row))
+        return verify_deterministic(tree, TargetRows(logits, params), uniforms)  # rows on the path only
+    if mode not in ("iid", "without_replacement", "iid_kseq"):
+        raise ValueError(f"verify_step: unknown sibling mode {mode!r}; expected 'deterministic', 'iid', "
+                         "'without_replacement' or 'iid_kseq'")
+    if q is None:
+        raise ValueError(f"verify_step: children sampled ({mode!r}) need the draft distributions q they were drawn from")
+    p = TargetRows(logits, params)  # [n + 1, vocab], rows processed only where the rule looks
+    if q.shape[-1] != p.shape[-1]:
+        q = _fit_vocab(q, p.shape[-1])
     if mode == "iid_kseq":
         return verify_kseq(tree, p, q, generator)
-    if mode is None:
-        if all(len(kids) <= 1 for kids in tree.children):
-            return verify_rrs(tree, p, q, generator, without_replacement=False)
-        raise ValueError(
-            "verify: a draft distribution q was given for a tree with sibling nodes but no sibling mode; "
-            "pass mode='iid' or 'without_replacement' (how the children were drawn) or 'deterministic'"
-        )
-    raise ValueError(f"verify: unknown sibling mode {mode!r}; expected 'deterministic', 'iid', 'without_replacement' or 'iid_kseq'")
+    return verify_rrs(tree, p, q, generator, without_replacement=mode == "without_replacement")
+
+
+def _fit_vocab(q: torch.Tensor, vocab: int) -> torch.Tensor:
+    """Pad (with zeros) or cut the draft's vocabulary axis ([..., vocab']) to the target's."""
+    if q.shape[-1] > vocab:
+        if q[..., vocab:].sum() > 0:
+            raise ConfigError("the draft puts probability on token ids the target does not have")
+        return q[..., :vocab]
+    return torch.nn.functional.pad(q, (0, vocab - q.shape[-1]))

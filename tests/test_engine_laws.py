@@ -80,10 +80,10 @@ def test_sampled_output_follows_the_target_law(models, exact, datastore, method)
 def test_planted_engine_bug_reusing_one_uniform_for_every_position_is_detected(models, exact, monkeypatch):
     """Deterministic candidates are decided by one uniform per output position; an engine that
     handed the same uniform to every depth correlates consecutive tokens."""
-    import specula.engine as engine
+    import specula.verify as verify
 
-    real = engine.position_uniforms
-    monkeypatch.setattr(engine, "position_uniforms", lambda seed, start, n: real(seed, start, 1) * n)
+    real = verify.position_uniforms
+    monkeypatch.setattr(verify, "position_uniforms", lambda seed, start, n: real(seed, start, 1) * n)
     codes, accepted = first_two(decoder(models, "fusion"))
     assert accepted > 0
     assert tv(codes, exact) > tv_bound(exact, TRIALS, c=2.0)
@@ -92,15 +92,15 @@ def test_planted_engine_bug_reusing_one_uniform_for_every_position_is_detected(m
 def test_planted_engine_bug_misaligned_q_rows_is_detected(models, exact, monkeypatch):
     """A sampled draft-model chain whose first token is checked against the q row of the next
     position (rows off by one) breaks the law."""
-    import specula.engine as engine
+    import specula.verify as verify
 
-    real = engine.verify
+    real = verify.verify_rrs
 
-    def misaligned(tree, p, q, mode, generator):
+    def misaligned(tree, p, q, generator, *, without_replacement):
         rows = [1 if len(tree) > 1 else 0, *range(1, len(tree) + 1)]  # the root's children read row 1
-        return real(tree, p, q[rows], mode, generator)
+        return real(tree, p, q[rows], generator, without_replacement=without_replacement)
 
-    monkeypatch.setattr(engine, "verify", misaligned)
+    monkeypatch.setattr(verify, "verify_rrs", misaligned)
     codes, accepted = first_two(decoder(models, "draft-model"))
     assert tv(codes, exact) > tv_bound(exact, TRIALS, c=2.0)
 

@@ -80,4 +80,4 @@ def test_prune_removes_descendants_and_subtree_requires_closure():
     assert sorted(pruned.tokens) == [1, 4, 5]
     with pytest.raises(ValueError, match="ancestor-closed"):
         t.subtree([2])
-    assert t.truncate_depth(1).tokens == (1, 5)
+    assert t.subtree(i for i, d in enumerate(t.depth) if d <= 1).tokens == (1, 5)  # the roots

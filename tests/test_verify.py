@@ -15,17 +15,29 @@ import pytest
 import torch
 
 from laws import EXACT_FIRST, N, P, Q, V, assert_detected, assert_lossless, draft_tree, rows_for, simulate, tv, tv_bound
-from specula.sampling import SamplingParams, TargetRows, make_generator, probabilities, sample_iid, sample_without_replacement
+from specula.sampling import (
+    SamplingParams, TargetRows, make_generator, position_uniforms, probabilities, sample_iid, sample_without_replacement,
+)
 from specula.tree import TokenTree
 from specula.verify import (
     VerifyResult,
     _residual,
-    verify,
-    verify_chain,
+    target_token,
     verify_deterministic,
     verify_greedy,
+    verify_kseq,
     verify_rrs,
+    verify_step,
 )
+
+SAMPLE = SamplingParams(temperature=1.0)
+"""Plain softmax: `verify_step` on log P samples from P."""
+
+
+def chain_sampling(tree, p, q, gen):
+    """Chain speculative sampling (Leviathan et al. 2023; Chen et al. 2023): RRS with one child per node."""
+    assert tree.is_chain()
+    return verify_rrs(tree, p, q, gen, without_replacement=False)
 
 # ---------------------------------------------------------------------------- planted wrong rules
 def wrong_rrs_correction_from_p(tree, p, q, gen):
@@ -151,7 +163,7 @@ def test_iid_rule_on_without_replacement_draws_is_detected():
 
 
 def test_chain_speculative_sampling_is_lossless():
-    assert_lossless(simulate(lambda t, p, q, g: verify_chain(t, p, q, g), "chain", 4 * N, seed=4), N)
+    assert_lossless(simulate(chain_sampling, "chain", 4 * N, seed=4), N)
 
 
 def test_chain_correction_from_p_is_detected():
@@ -167,8 +179,8 @@ def test_empty_tree_is_a_plain_sampling_step():
         "deterministic": lambda: verify_deterministic(empty, p, gen),
         "iid": lambda: verify_rrs(empty, p, q, gen, without_replacement=False),
         "wor": lambda: verify_rrs(empty, p, q, gen, without_replacement=True),
-        "chain": lambda: verify_chain(empty, p, q, gen),
-        "dispatch": lambda: verify(empty, p, None, None, gen),
+        "chain": lambda: chain_sampling(empty, p, q, gen),
+        "step": lambda: verify_step(empty, p.log(), SAMPLE, seed=int(torch.randint(2**62, (1,), generator=gen))),
     }
     assert rules["greedy"]() == VerifyResult((), 0)
     n = 4000
@@ -211,7 +223,7 @@ def test_seeded_reproducibility():
         for _ in range(50):
             tree = draft_tree(0, "wor", gen)
             idx = rows_for(tree, 0)
-            out.append(tuple(verify(tree, P[idx], Q[idx], "without_replacement", gen).tokens(tree)))
+            out.append(tuple(verify_rrs(tree, P[idx], Q[idx], gen, without_replacement=True).tokens(tree)))
         return out
 
     assert run(11) == run(11)
@@ -230,9 +242,9 @@ def test_draft_equal_target_accepts_everything():
         for i in range(k):
             toks.append(int(sample_iid(p[i], 1, gen)))
         tree = TokenTree.chain(toks)
-        res = verify(tree, p, p.clone(), "iid", gen)
+        res = verify_step(tree, logits, params, q=p.clone(), mode="iid", generator=gen)
         assert res.path == tuple(range(k))
-        assert verify_chain(tree, p, p, gen).path == tuple(range(k))
+        assert chain_sampling(tree, p, p, gen).path == tuple(range(k))
 
 
 def test_deterministic_rejects_duplicate_siblings():
@@ -241,7 +253,7 @@ def test_deterministic_rejects_duplicate_siblings():
     with pytest.raises(ValueError, match="unique sibling"):
         verify_deterministic(tree, p, make_generator(0))
     with pytest.raises(ValueError, match="unique sibling"):
-        verify(tree, p, None, None, make_generator(0))
+        verify_step(tree, p.log(), SAMPLE, seed=0)
 
 
 def test_chain_expected_accepted_length():
@@ -254,7 +266,7 @@ def test_chain_expected_accepted_length():
     emitted = torch.empty(n)
     for t in range(n):
         tree = TokenTree.chain(sample_iid(q, k, gen).tolist())
-        res = verify_chain(tree, p.expand(k + 1, -1), q.expand(k + 1, -1), gen)
+        res = chain_sampling(tree, p.expand(k + 1, -1), q.expand(k + 1, -1), gen)
         emitted[t] = len(res.path) + 1
     expected = (1 - alpha ** (k + 1)) / (1 - alpha)
     stderr = float(emitted.std()) / math.sqrt(n)
@@ -284,23 +296,56 @@ def test_rrs_rejects_children_not_drawn_from_q():
     assert res == VerifyResult((), 0)
 
 
-def test_dispatcher_modes_and_shape_errors():
+def test_verify_step_modes_and_shape_errors():
     gen = make_generator(10)
     tree = TokenTree.build(tokens=[1, 2], parents=[-1, -1])
     p, q = P[[0, 2, 3]], Q[[0, 2, 3]]
-    with pytest.raises(ValueError, match="sibling mode"):
-        verify(tree, p, q, None, gen)
     with pytest.raises(ValueError, match="unknown sibling mode"):
-        verify(tree, p, q, "bogus", gen)  # type: ignore[arg-type]
+        verify_step(tree, p.log(), SAMPLE, q=q, mode="bogus", generator=gen)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="need the draft distributions q"):
+        verify_step(tree, p.log(), SAMPLE, mode="iid", generator=gen)
     with pytest.raises(ValueError, match="shape"):
         verify_rrs(tree, p[:2], q, gen, without_replacement=False)
-    with pytest.raises(ValueError, match="chain"):
-        verify_chain(tree, p, q, gen)
-    # A chain needs no sibling mode: both sampling modes are chain speculative sampling there.
-    chain = TokenTree.chain([1])
-    for seed in range(20):
-        dispatched = verify(chain, P[[0, 2]], Q[[0, 2]], None, make_generator(seed))
-        assert dispatched == verify_chain(chain, P[[0, 2]], Q[[0, 2]], make_generator(seed))
+    with pytest.raises(ValueError, match="shape"):
+        verify_step(tree, p.log(), SAMPLE, q=q[:2], mode="iid", generator=gen)
+
+
+def test_verify_step_dispatch():
+    """`verify_step` is the one entry of the loop: greedy is the argmax walk; deterministic
+    candidates give plain sampling with the same seed (one uniform per output position); sampled
+    children go to RRS (i.i.d. / without replacement) or K-SEQ by mode, with the same generator
+    draws; a draft vocabulary narrower or wider than the target's is fitted to it."""
+    torch.manual_seed(5)
+    params = SamplingParams(temperature=0.9, top_k=40)
+    gen = make_generator(14)
+    for trial in range(60):
+        logits = torch.randn(7, 50) * 3  # [n + 1, vocab]
+        tree = TokenTree.build([3, 4, 5, 6, 7, 8], [-1, -1, 0, 0, 2, 4])
+        q = torch.softmax(torch.randn(7, 50), -1)
+        greedy = verify_step(tree, logits, SamplingParams(), q=q, mode="iid", generator=gen)
+        assert greedy == verify_greedy(tree, logits.argmax(-1))
+        seed, position = trial, trial % 5
+        det = verify_step(tree, logits, params, seed=seed, position=position)
+        uniforms = position_uniforms(seed, position, tree.max_depth + 1)
+        assert det == verify_deterministic(tree, probabilities(logits, params), uniforms)
+        plain = [target_token(probabilities(logits[0 if d == 0 else det.path[d - 1] + 1], params), uniforms[d])
+                 for d in range(len(det.path) + 1)]  # plain sampling along the accepted path, same seed
+        assert det.tokens(tree) == plain
+        p = TargetRows(logits, params)
+        for mode, rule in (("iid", lambda g: verify_rrs(tree, p, q, g, without_replacement=False)),
+                           ("without_replacement", lambda g: verify_rrs(tree, p, q, g, without_replacement=True)),
+                           ("iid_kseq", lambda g: verify_kseq(tree, p, q, g))):
+            assert verify_step(tree, logits, params, q=q, mode=mode, generator=make_generator(trial)) == \
+                rule(make_generator(trial)), mode
+        narrow = verify_step(tree, logits, params, q=q[:, :45] / q[:, :45].sum(-1, keepdim=True), mode="iid",
+                             generator=make_generator(trial))
+        padded = torch.nn.functional.pad(q[:, :45] / q[:, :45].sum(-1, keepdim=True), (0, 5))
+        assert narrow == verify_rrs(tree, p, padded, make_generator(trial), without_replacement=False)
+        wide = torch.nn.functional.pad(q, (0, 3))  # extra ids with no mass are cut
+        assert verify_step(tree, logits, params, q=wide, mode="iid", generator=make_generator(trial)) == \
+            verify_rrs(tree, p, q, make_generator(trial), without_replacement=False)
+    with pytest.raises(Exception, match="token ids the target does not have"):
+        verify_step(tree, logits, params, q=torch.ones(7, 53), mode="iid", generator=gen)
 
 
 def test_rules_read_lazy_target_rows_as_tensors():

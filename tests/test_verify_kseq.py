@@ -18,9 +18,8 @@ from specula.verify import (
     _kseq_parts,
     kseq_acceptance,
     kseq_rho,
-    verify,
-    verify_chain,
     verify_kseq,
+    verify_rrs,
 )
 
 
@@ -109,7 +108,7 @@ def test_empirical_root_acceptance_matches_the_formula():
 
 
 # ---------------------------------------------------------------------------- plumbing
-def test_dispatch_and_chain_equivalence():
+def test_chain_equivalence():
     """With one child per node K-SEQ is chain speculative sampling: same uniforms, same result,
     on many random chains (so the chain rule's distribution tests cover this case)."""
     gen, gen_a, gen_b = make_generator(4), make_generator(5), make_generator(5)
@@ -117,8 +116,8 @@ def test_dispatch_and_chain_equivalence():
         toks = sample_iid(Q[0], 3, gen).tolist()
         tree = TokenTree.chain(toks)
         rows = [0] + [t + 1 for t in toks]
-        a = verify(tree, P[rows], Q[rows], "iid_kseq", gen_a)
-        assert a == verify_chain(tree, P[rows], Q[rows], gen_b)
+        a = verify_kseq(tree, P[rows], Q[rows], gen_a)
+        assert a == verify_rrs(tree, P[rows], Q[rows], gen_b, without_replacement=False)
 
 
 def test_kseq_rejects_children_not_drawn_from_q():
