@@ -88,3 +88,19 @@ def test_sampled_output_follows_the_target_law_on_cuda(method):
         ids = dec.generate(prompt, SamplingParams(temperature=temp, max_new_tokens=3, seed=s, ignore_eos=True)).token_ids
         codes[s] = ids[0] * 8 + ids[1]
     assert tv(codes, exact) < tv_bound(exact, trials, c=2.0)
+
+
+def test_verify_step_on_the_device_takes_the_tokens_the_cpu_walk_takes():
+    """Deterministic candidates on an accelerator: every row's token at once (`target_tokens`),
+    then the greedy match; the same path and token as the lazy walk on the CPU."""
+    from specula.tree import TokenTree
+    from specula.verify import verify_step
+
+    torch.manual_seed(6)
+    params = SamplingParams(temperature=0.8, top_p=0.9)
+    tree = TokenTree.build([3, 4, 5, 6, 7], [-1, -1, 0, 2, 2])
+    for seed in range(100):
+        logits = torch.randn(6, 40) * 3  # [n + 1, vocab]
+        logits[:, [3, 5, 6]] += 3  # drafted tokens likely enough to be accepted
+        on_cpu = verify_step(tree, logits, params, seed=seed, position=seed % 7)
+        assert verify_step(tree, logits.to(DEVICE), params, seed=seed, position=seed % 7) == on_cpu
