@@ -49,7 +49,7 @@ def main() -> int:
     step = max(1, len(chosen) // args.batch)
     prompts = [spec.encode(q.turns[0]) for q in chosen[::step][: args.batch]]
     params = SamplingParams(max_new_tokens=args.max_new_tokens)
-    spec.decoder.planner.prepare_batch(args.batch)
+    spec.prepare_batch(args.batch)
     run_batch(plain, prompts[:2], SamplingParams(max_new_tokens=4))  # warm-up
     ratios = []
     for r in range(args.repeats):
