@@ -30,7 +30,7 @@ from specula.api import Specula
 from specula.ema import Ema
 from specula.engine import Session, StreamChunk
 from specula.errors import SpeculaError
-from specula.models.loading import encode_prompt
+from specula.prompts import encode_prompt
 from specula.sampling import SamplingParams
 from specula.serve.metrics import ServerMetrics
 from specula.serve.protocol import APIError, GenerationRequest
