@@ -45,7 +45,9 @@ def run(args: argparse.Namespace) -> int:
     from specula.errors import ConfigError
     from specula.paths import atomic_write_json, atomic_write_text
 
-    if not explicit_draft(args) or args.draft == "skip":
+    from specula.models.skipping import SKIP_DRAFT
+
+    if not explicit_draft(args) or args.draft == SKIP_DRAFT:
         raise ConfigError("analyze acceptance needs a draft model: pass --draft MODEL (same tokenizer as the target) "
                           "or --draft self")
     config = AcceptanceConfig(temperatures=tuple(args.temperature), max_drafts=args.drafts, positions=args.positions,
