@@ -11,7 +11,6 @@ from __future__ import annotations
 from typing import Iterator, Sequence
 
 from specula.drafters import make_drafters
-from specula.errors import ConfigError
 from specula.engine import EngineConfig, GenerationOutput, SpeculativeDecoder, StreamChunk
 from specula.methods import PLAIN
 from specula.models.base import TargetModel
@@ -86,13 +85,11 @@ def load(target: str, draft: str | None = "auto", method: str | None = None,
     from specula.draft_choice import AUTO_DRAFT, AUTO_DRAFT_QUANTIZE, auto_draft
     from specula.methods import DEFAULT_METHOD, default_head, get_method
     from specula.models.loading import peak_rss_bytes, process_age_seconds
-    from specula.models.skipping import SKIP_DRAFT, check_draft_skip
+    from specula.models.skipping import SKIP_DRAFT, check_draft_skip, check_skip_layers
 
     start = time.perf_counter()
     row = get_method(method or DEFAULT_METHOD)
-    if skip_layers is not None and draft != SKIP_DRAFT:
-        raise ConfigError("--skip-layers applies to --draft skip only (the target drafting with layers skipped); "
-                          "add --draft skip or drop --skip-layers")
+    check_skip_layers(draft, skip_layers)
     if draft not in (None, "none", AUTO_DRAFT, SKIP_DRAFT) and row.draft_model == "no":
         draft = None  # this method drafts without a draft model: loading one would only cost time and memory
     target_report: dict = {}

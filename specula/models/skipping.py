@@ -14,6 +14,13 @@ SKIP_DRAFT = "skip"
 """`--draft skip`: the target drafts for itself with sub-layers skipped (no draft model is loaded)."""
 
 
+def check_skip_layers(draft: str | None, skip_layers: str | None) -> None:
+    """`--skip-layers` is given with `--draft skip` only (the one place this is checked)."""
+    if skip_layers is not None and draft != SKIP_DRAFT:
+        raise ConfigError("--skip-layers applies to --draft skip only (the target drafting with layers skipped); "
+                          "add --draft skip or drop --skip-layers")
+
+
 def check_draft_skip(target: TargetModel, skip_layers: str | None = None, quantize: str | None = None) -> None:
     """`--draft skip` on a loaded target, checked: the backend can skip layers, `--draft-quantize`
     is not given (the draft reads the target's weights), `skip_layers` names layers the model has."""
