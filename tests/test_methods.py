@@ -88,6 +88,13 @@ def test_moved_names_fail_naming_their_new_home():
         specula.drafters.MODULES  # noqa: B018
     with pytest.raises(AttributeError, match="use specula.models.loading.load_tokenizer"):
         specula.datastore.load_tokenizer  # noqa: B018
+    import specula.models.loading
+    import specula.models.skipping
+
+    with pytest.raises(AttributeError, match="use specula.draft_choice.auto_draft"):
+        specula.models.loading.auto_draft  # noqa: B018
+    with pytest.raises(AttributeError, match="use draft_skip=True"):
+        specula.models.skipping.LayerSkipDraft  # noqa: B018
 
 
 def test_method_names_are_written_only_in_the_table_and_the_drafters():

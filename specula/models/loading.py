@@ -632,3 +632,14 @@ def check_compatible(
                 f"{pair}: {name} has {width} logits, fewer than the {shared} ids of the shared vocabulary"
             )
     return VocabCheck(shared, t_size, d_size, t_logits, d_logits)
+
+
+_MOVED = {"DRAFT_METHODS": "specula.methods (MethodSpec.draft_model)", "auto_draft": "specula.draft_choice.auto_draft",
+          "AUTO_DRAFT": "specula.draft_choice.AUTO_DRAFT", "AUTO_DRAFT_QUANTIZE": "specula.draft_choice.AUTO_DRAFT_QUANTIZE",
+          "SELF_DRAFT_MIN_PARAMETERS": "specula.draft_choice.SELF_DRAFT_MIN_PARAMETERS"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _MOVED:
+        raise AttributeError(f"specula.models.loading.{name} moved: use {_MOVED[name]}")
+    raise AttributeError(f"module 'specula.models.loading' has no attribute {name!r}")

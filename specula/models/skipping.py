@@ -78,3 +78,13 @@ def candidate_sublayers(num_layers: int) -> list[SubLayer]:
     return [(layer, kind) for layer in range(1, num_layers - 1) for kind in KINDS]
 
 
+
+
+_MOVED = {"LayerSkipDraft": "draft_skip=True (specula.drafters.make_drafters; api.load(draft='skip'))",
+          "layer_skip_draft": "specula.models.skipping.check_draft_skip"}
+
+
+def __getattr__(name: str):
+    if name in _MOVED:
+        raise AttributeError(f"specula.models.skipping.{name} is gone: use {_MOVED[name]}")
+    raise AttributeError(f"module 'specula.models.skipping' has no attribute {name!r}")
