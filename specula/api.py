@@ -13,6 +13,7 @@ from typing import Iterator, Literal, Sequence
 from specula.drafters import make_drafters
 from specula.errors import ConfigError
 from specula.engine import EngineConfig, GenerationOutput, Session, SpeculativeDecoder, StreamChunk
+from specula.methods import PLAIN
 from specula.models.base import TargetModel
 from specula.models.loading import LoadConfig, LoadReport, load_backend, load_draft
 from specula.planner import Planner
@@ -40,7 +41,7 @@ class Specula:
     or token ids, and either `SamplingParams` fields as keywords (max_new_tokens, temperature, ...)
     or a ready `params=SamplingParams(...)`."""
 
-    def __init__(self, target: TargetModel, tokenizer, method: str = "none", draft: TargetModel | None = None,
+    def __init__(self, target: TargetModel, tokenizer, method: str = PLAIN, draft: TargetModel | None = None,
                  *, engine: EngineConfig = EngineConfig(), planner: PlannerChoice | None = "hardware",
                  **drafter_options) -> None:
         self.target = target
@@ -83,12 +84,12 @@ class Specula:
     def baseline(self) -> "Specula":
         """Plain decoding (method none) on the same target, tokenizer and engine limits: what
         `--compare` measures against."""
-        return Specula(self.target, self.tokenizer, "none", engine=self.engine_config)
+        return Specula(self.target, self.tokenizer, PLAIN, engine=self.engine_config)
 
     # ------------------------------------------------------------------ one request
     def encode(self, prompt: Prompt, raw: bool = False) -> list[int]:
         """Token ids of a prompt: text (chat template applied unless raw), messages, or ids."""
-        from specula.models.loading import encode_prompt
+        from specula.prompts import encode_prompt
 
         return encode_prompt(self.tokenizer, prompt, raw=raw)
 
@@ -142,7 +143,7 @@ def build_decoder(method: str, target: TargetModel, tokenizer=None, draft: Targe
     nothing and never gets one). "none" verifies what the drafters propose as it is (within the
     engine's budget: research runs and tests that need the same trees whatever the timing)."""
     drafters = make_drafters(method, target=target, draft=draft, tokenizer=tokenizer, **drafter_options)
-    planner = resolve_planner("none" if method == "none" else planner, target)
+    planner = resolve_planner("none" if method == PLAIN else planner, target)
     return SpeculativeDecoder(target, drafters, tokenizer, planner=planner, config=engine, method=method)
 
 
@@ -169,45 +170,42 @@ def load(target: str, draft: str | None = "auto", method: str | None = None,
     installed, else "self", both int8 unless `draft_quantize` says otherwise; else none), "skip"
     (the target itself with decoder sub-layers skipped, SWIFT; `skip_layers` fixes the set, else it
     is searched on the fly) or None / "none". A draft model is loaded only for the methods that
-    draft with one (`DRAFT_METHODS`: fusion, draft-model, draft-tree); others ignore `draft`.
+    draft with one (`MethodSpec.draft_model`: fusion, draft-model, draft-tree); others ignore `draft`.
+    A method with a trained head gets the head installed for the target unless `head` is given.
     The returned object's `load_report` says how long the target, the draft and the rest took."""
     import time
 
-    from specula.drafters import check_method
-    from specula.models.loading import (
-        AUTO_DRAFT, AUTO_DRAFT_QUANTIZE, DRAFT_METHODS, auto_draft, peak_rss_bytes, process_age_seconds,
-    )
-    from specula.models.skipping import SKIP_DRAFT
+    from specula.draft_choice import AUTO_DRAFT, AUTO_DRAFT_QUANTIZE, auto_draft
+    from specula.methods import DEFAULT_METHOD, default_head, get_method
+    from specula.models.loading import peak_rss_bytes, process_age_seconds
+    from specula.models.skipping import SKIP_DRAFT, check_draft_skip, check_skip_layers
 
     start = time.perf_counter()
-    method = method or "fusion"
-    check_method(method)
-    if skip_layers is not None and draft != SKIP_DRAFT:
-        raise ConfigError("--skip-layers applies to --draft skip only (the target drafting with layers skipped); "
-                          "add --draft skip or drop --skip-layers")
-    if draft not in (None, "none", AUTO_DRAFT, SKIP_DRAFT) and method not in DRAFT_METHODS:
+    row = get_method(method or DEFAULT_METHOD)
+    check_skip_layers(draft, skip_layers)
+    if draft not in (None, "none", AUTO_DRAFT, SKIP_DRAFT) and row.draft_model == "no":
         draft = None  # this method drafts without a draft model: loading one would only cost time and memory
     target_report: dict = {}
     target_lm, tokenizer = load_backend(target, config, "target", report=target_report)
     if draft == AUTO_DRAFT:
-        draft = auto_draft(method, target_lm, target)
+        draft = auto_draft(row, target_lm, target)
         draft_quantize = draft_quantize or (AUTO_DRAFT_QUANTIZE if draft is not None else None)
+    if draft == SKIP_DRAFT:  # no draft model: the target drafts for itself
+        check_draft_skip(target_lm, skip_layers, draft_quantize)
+        drafter_options.update(draft_skip=True, skip_layers=skip_layers)
+        draft = None
     draft_lm = None
     draft_report: dict = {}
     if draft is not None and draft != "none":
         draft_start = time.perf_counter()
         draft_lm = load_draft(draft, tokenizer, target_lm, config, target_name=target, quantize=draft_quantize,
-                              skip_layers=skip_layers, report=draft_report)
+                              report=draft_report)
         draft_report["seconds"] = time.perf_counter() - draft_start  # the compatibility check included
-    if method in ("eagle", "medusa", "hydra") and drafter_options.get("head") is None:
-        # fusion takes a head only when given one (--head): the shipped SmolLM2 head does not pay
-        # on this CPU yet (README, docs/training.md) and fusion must never be slower than plain
-        from specula.drafters.heads.shipped import default_head
-
-        drafter_options["head"] = default_head(target, method)
+    if drafter_options.get("head") is None and row.head is not None:
+        drafter_options["head"] = default_head(row, target)
     if drafter_options.get("head") is not None:
         drafter_options.setdefault("target_name", target)
-    spec = Specula(target_lm, tokenizer, method, draft_lm, **drafter_options)
+    spec = Specula(target_lm, tokenizer, row.name, draft_lm, **drafter_options)
     total = time.perf_counter() - start
     target_s, draft_s = target_report.get("seconds", 0.0), draft_report.get("seconds", 0.0)
     spec.load_report = LoadReport(target_s, draft_s, max(0.0, total - target_s - draft_s), total, peak_rss_bytes(),

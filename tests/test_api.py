@@ -74,7 +74,7 @@ def test_self_draft_reuses_the_target_weights_quantized_and_stays_lossless(model
 
 
 def test_auto_draft_is_off_for_small_targets_and_self_is_refused_unquantized(model_dir, tmp_path, monkeypatch):
-    from specula.models.loading import SELF_DRAFT_MIN_PARAMETERS, auto_draft
+    from specula.draft_choice import SELF_DRAFT_MIN_PARAMETERS, auto_draft
 
     monkeypatch.setenv("SPECULA_CACHE", str(tmp_path))
     path, _ = model_dir

@@ -179,12 +179,12 @@ def continuation_rows(target, draft, prompt_ids: Sequence[int], temperature: flo
     speculative sampling, which is lossless: an exact sample of the target, only faster) and,
     teacher-forced over it, the processed target and draft distributions predicting each
     continuation token: (tokens, p [m, vocab], q [m, vocab]) with m = len(tokens)."""
-    from specula.drafters import make_drafter
+    from specula.drafters.draft_model import DraftModelDrafter
     from specula.engine import SpeculativeDecoder
     from specula.sampling import SamplingParams, probabilities
 
     params = SamplingParams(temperature=temperature, seed=seed, max_new_tokens=positions)
-    sampler = SpeculativeDecoder(target, make_drafter("draft-model", draft=draft), eos_token_ids=None)
+    sampler = SpeculativeDecoder(target, DraftModelDrafter(draft), eos_token_ids=None)
     cont = sampler.generate(prompt_ids, params).token_ids
     ids = list(prompt_ids) + cont
     start = len(prompt_ids) - 1  # row predicting cont[0]
@@ -205,7 +205,7 @@ def measure(target, draft, tokenizer, prompts, config: AcceptanceConfig,
             progress: Callable[[str], None] = lambda _: None) -> dict:
     """Analyse every prompt (`specula.bench.datasets.BenchPrompt`, first turn) at every
     temperature; returns the results document (see `summarize`)."""
-    from specula.models.loading import encode_prompt
+    from specula.prompts import encode_prompt
 
     rng = np.random.default_rng(config.seed)
     records: list[dict] = []

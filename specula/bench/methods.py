@@ -11,11 +11,12 @@ from typing import Any, Callable, Literal, Protocol, Sequence
 from specula.api import EngineConfig, Specula
 from specula.errors import ConfigError
 from specula.models.device import sync_device
+from specula.methods import PLAIN, bench_defaults, get_method, methods_taking
 from specula.models.base import TargetModel
 from specula.sampling import SamplingParams
 from specula.stats import GenerationStats
 
-BASELINE = "none"
+BASELINE = PLAIN
 """The method every speedup and identity check is measured against (plain decoding, same loop)."""
 
 
@@ -101,7 +102,7 @@ def split_method(spec: str) -> tuple[str, dict[str, Any]]:
         key, sep, raw = part.partition("=")
         if not sep or not key.strip():
             raise ConfigError(f"method variant {spec!r}: write options as name:option=value, e.g. "
-                              "draft-tree:tree_sampling=iid")
+                              f"{methods_taking('tree_sampling')[0]}:tree_sampling=iid")
         overrides[key.strip()] = _parse_value(raw.strip())
     return base.strip(), overrides
 
@@ -118,19 +119,18 @@ def _parse_value(raw: str) -> Any:
 
 
 def parse_method_list(value: str | None, has_draft: bool) -> list[str]:
-    """`--methods a,b,c` -> names (validated against the drafter registry; variants
-    `name:option=value` allowed, see `split_method`); default: none,prompt-lookup (+ draft-model with a draft)."""
-    from specula.drafters import check_method
-
+    """`--methods a,b,c` -> names (validated against the method table; variants
+    `name:option=value` allowed, see `split_method`); default: the table's `bench_default` methods
+    (none, prompt-lookup, + draft-model with a draft)."""
     if value is None:
-        names = [BASELINE, "prompt-lookup", *(["draft-model"] if has_draft else [])]
+        names = bench_defaults(has_draft)
     else:
         names = [n.strip() for n in value.split(",") if n.strip()]
         if not names:
             raise ConfigError("--methods is empty; give comma-separated method names, e.g. none,prompt-lookup")
     for name in names:
         base, overrides = split_method(name)
-        check_method(base)
+        get_method(base)
         if base == BASELINE and overrides:
             raise ConfigError(f"{name!r}: the baseline {BASELINE!r} takes no options")
     return [BASELINE, *(n for n in dict.fromkeys(names) if n != BASELINE)]

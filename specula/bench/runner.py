@@ -73,7 +73,7 @@ def conversation_ids(tokenizer, turns: Sequence[str], answers: Sequence[str], ra
     """Prompt ids for turn len(turns): the user turns interleaved with the model's answers to the
     earlier ones. Chat template when the tokenizer has one (unless raw); else the texts joined by
     blank lines."""
-    from specula.models.loading import encode_prompt
+    from specula.prompts import encode_prompt
 
     if len(answers) != len(turns) - 1:
         raise ValueError(f"{len(turns)} turns need {len(turns) - 1} earlier answers, got {len(answers)}")

@@ -45,9 +45,12 @@ def run(args: argparse.Namespace) -> int:
     from specula.errors import ConfigError
     from specula.paths import atomic_write_json, atomic_write_text
 
-    if not explicit_draft(args) or args.draft == "skip":
+    from specula.models.skipping import SKIP_DRAFT, check_skip_layers
+
+    if not explicit_draft(args) or args.draft == SKIP_DRAFT:
         raise ConfigError("analyze acceptance needs a draft model: pass --draft MODEL (same tokenizer as the target) "
                           "or --draft self")
+    check_skip_layers(args.draft, args.skip_layers)
     config = AcceptanceConfig(temperatures=tuple(args.temperature), max_drafts=args.drafts, positions=args.positions,
                               seed=args.seed, lump_mass=args.lump_mass, trajectories=args.trajectories)
     prompts = select_prompts(load_prompts(args.prompts), args.per_category, args.categories, args.seed)
@@ -59,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     target, tokenizer = load_backend(args.target, load_config(args), "target")
     draft = load_draft(args.draft, tokenizer, target, load_config(args), target_name=args.target,
-                       quantize=args.draft_quantize, skip_layers=args.skip_layers)
+                       quantize=args.draft_quantize)
     document = measure(target, draft, tokenizer, prompts, config,
                        progress=lambda line: print(line, file=sys.stderr, flush=True))
     document["models"] = {"target": args.target, "draft": args.draft, "prompts": args.prompts,

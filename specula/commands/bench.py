@@ -14,10 +14,20 @@ from pathlib import Path
 
 from specula.commands.common import (
     add_method_args, add_model_args, add_sampling_args, drafter_options, explicit_draft, load_config, method_help,
-    planner_from_args,
-    sampling_params,
+    planner_from_args, sampling_params,
 )
 from specula.errors import ConfigError
+from specula.methods import PLAIN
+from specula.models.skipping import SKIP_DRAFT
+
+
+def default_methods_help() -> str:
+    """The bench's default method list, as help text (`methods.bench_defaults`)."""
+    from specula.methods import bench_defaults
+
+    plain, with_draft = bench_defaults(False), bench_defaults(True)
+    extra = [name for name in with_draft if name not in plain]
+    return ",".join(plain) + (f" (+ {', '.join(extra)} with --draft)" if extra else "")
 
 
 def register(sub) -> None:
@@ -29,8 +39,8 @@ def register(sub) -> None:
     add_model_args(p)
     g = p.add_argument_group("benchmark")
     g.add_argument("--methods", default=None,
-                   help=method_help() + "; comma-separated (none always runs: it is the baseline). "
-                   "Default: none,prompt-lookup (+ draft-model with --draft)")
+                   help=method_help() + f"; comma-separated ({PLAIN} always runs: it is the baseline). "
+                   f"Default: {default_methods_help()}")
     g.add_argument("--prompts", default="spec-bench",
                    help="spec-bench (shipped, 480 prompts), everyday (shipped, 24 prompts: chat, instructions, code, math) or a JSONL file of {id, category, turns} (default spec-bench)")
     g.add_argument("--per-category", type=int, default=None, help="prompts per category (seeded order; default all)")
@@ -81,7 +91,7 @@ def plan(args: argparse.Namespace) -> BenchPlan:
     params = sampling_params(args)
     methods = parse_method_list(args.methods, explicit_draft(args))
     # skip: no model to assist; --assistant: a model for the HF assisted peers only
-    peers = parse_compare(args.compare, bool(args.assistant) or (explicit_draft(args) and args.draft != "skip"))
+    peers = parse_compare(args.compare, bool(args.assistant) or (explicit_draft(args) and args.draft != SKIP_DRAFT))
     categories = [c.strip() for c in args.categories.split(",") if c.strip()] if args.categories else None
     prompts = select_prompts(load_prompts(args.prompts), args.per_category, categories, args.seed)
     settings = BenchSettings(params, raw=args.raw, warmup_tokens=args.warmup_tokens, progress=not args.no_progress)
@@ -94,14 +104,15 @@ def load_models(args: argparse.Namespace):
 
     from specula.bench.methods import parse_method_list, split_method
     from specula.bench.peers import NEEDS_DRAFT, parse_compare
-    from specula.models.loading import DRAFT_METHODS
+    from specula.methods import first_drafting_with_model, get_method
 
     # `--draft auto` resolves as for the first method that drafts with a model (none: no draft).
     method = next((m for m in (split_method(n)[0] for n in parse_method_list(args.methods, explicit_draft(args)))
-                   if m in DRAFT_METHODS), "none")
-    if method == "none" and explicit_draft(args) and not args.assistant and args.draft != "skip" \
+                   if get_method(m).draft_model != "no"), PLAIN)
+    if method == PLAIN and explicit_draft(args) and not args.assistant and args.draft != SKIP_DRAFT \
             and NEEDS_DRAFT & set(parse_compare(args.compare, True)):
-        method = "draft-model"  # no method drafts with the model, but Hugging Face's assisted peers do
+        # no method drafts with the model, but Hugging Face's assisted peers do: load it as a draft method would
+        method = first_drafting_with_model().name
     spec = load(args.target, draft=args.draft, method=method, config=load_config(args),
                 draft_quantize=args.draft_quantize, skip_layers=args.skip_layers)
     return spec.target, spec.tokenizer, spec.draft, spec.load_report
@@ -168,8 +179,11 @@ def execute(args: argparse.Namespace, bench: BenchPlan, target, tokenizer, draft
     from specula.api import EngineConfig
 
     engine = EngineConfig(max_tree_nodes=args.max_tree_nodes)
-    methods = build_specula_methods(bench.methods, target, tokenizer, draft, lambda m: drafter_options(args, m),
-                                    engine, lambda m: planner_from_args(args))
+    # --draft skip: no draft model was loaded; every method gets it as an option (`make_drafters`)
+    draft_skip = {"draft_skip": True, "skip_layers": args.skip_layers} if args.draft == SKIP_DRAFT else {}
+    methods = build_specula_methods(bench.methods, target, tokenizer, draft,
+                                    lambda m: {**drafter_options(args, m), **draft_skip}, engine,
+                                    lambda m: planner_from_args(args))
     eos = sorted(methods[0].spec.eos_token_ids)
     from specula.bench.llamacpp import LLAMACPP_PEERS, build_llamacpp_peers
 

@@ -6,7 +6,7 @@ import argparse
 
 from typing import TYPE_CHECKING
 
-from specula.drafters import METHODS
+from specula.methods import DEFAULT_METHOD, METHODS, default_head, get_method, methods_taking
 
 if TYPE_CHECKING:  # keep `specula --help` and `specula models` free of torch imports
     from specula.api import LoadConfig
@@ -20,7 +20,8 @@ def add_model_args(parser: argparse.ArgumentParser, *, target_required: bool = T
     g.add_argument("--draft", default="auto",
                    help="draft model (same tokenizer as the target); self = the target's own weights, int8 (no "
                         "second conversion); skip = the target itself with decoder sub-layers skipped (SWIFT, native "
-                        "backend, no extra weights); none; auto = for fusion and the draft methods on CPU, targets "
+                        "backend, no extra weights); none; auto = for "
+                        f"{', '.join(spec.name for spec in METHODS.values() if spec.auto_draft)} on CPU, targets "
                         "of >= 1B parameters draft with their embedded companion (qwen2.5-coder-1.5b: "
                         "qwen2.5-coder-0.5b) when it is installed, else self, int8 either way; else none (default)")
     g.add_argument("--skip-layers", default=None, metavar="LAYERS",
@@ -84,32 +85,47 @@ def add_linear_kernel_arg(parser) -> None:
                              "else onednn for float32 on CPU without --quantize, else aten (default auto)")
 
 
+def _taking(option: str) -> str:
+    """"draft-tree, eagle, ..." : the methods a method flag applies to (from the method table)."""
+    return ", ".join(methods_taking(option))
+
+
 def add_method_args(parser: argparse.ArgumentParser) -> None:
+    """The method's flags. A flag named like an option in a method's row (`MethodSpec.options`) is
+    that option (`drafter_options`); each flag's help names the methods that take it."""
     g = parser.add_argument_group("method")
-    g.add_argument("--num-draft-tokens", type=int, default=None, help="draft-model: tokens drafted per step (default 5)")
+    g.add_argument("--num-draft-tokens", type=int, default=None,
+                   help=f"{_taking('num_draft_tokens')}: tokens drafted per step (default 5; 12 with layers skipped)")
     g.add_argument("--max-tree-nodes", type=int, default=64, help="most tree nodes verified per step (default 64)")
     g.add_argument("--cost-curve", metavar="JSON", default=None,
                    help="planner: use this cost curve (cost_curve.json from `specula profile`, e.g. measured on "
                         "another machine) instead of measuring the target here")
     g.add_argument("--adaptive", action="store_true",
-                   help="draft-model: adaptive chain length (stop drafting by the planner's cost-derived rule)")
+                   help=f"{_taking('adaptive')}: adaptive chain length (stop drafting by the planner's cost-derived rule)")
     g.add_argument("--tree-sampling", default=None, choices=("deterministic", "iid", "without_replacement", "beam"),
-                   help="draft-tree, eagle, medusa, hydra: how siblings are drafted when sampling (default deterministic top-k)")
+                   help=f"{_taking('tree_sampling')}: how siblings are drafted when sampling (default deterministic top-k)")
     g.add_argument("--tree-verifier", default=None, choices=("rrs", "kseq"),
-                   help="draft-tree: rule for iid siblings, recursive rejection sampling or SpecTr K-SEQ (default rrs)")
-    g.add_argument("--tree-top-k", type=int, default=None, help="draft-tree, eagle, medusa, hydra: children per node and frontier size (default 4; eagle 8)")
-    g.add_argument("--tree-depth", type=int, default=None, help="draft-tree, eagle, medusa, hydra: levels drafted (default 5; eagle 6, medusa / hydra 4)")
-    g.add_argument("--tree-nodes", type=int, default=None, help="draft-tree, eagle, medusa, hydra: most nodes proposed (default 24; eagle 48, medusa / hydra 32)")
+                   help=f"{_taking('tree_verifier')}: rule for iid siblings, recursive rejection sampling or SpecTr "
+                        "K-SEQ (default rrs)")
+    g.add_argument("--tree-top-k", type=int, default=None,
+                   help=f"{_taking('tree_top_k')}: children per node and frontier size (default 4; eagle 8)")
+    g.add_argument("--tree-depth", type=int, default=None,
+                   help=f"{_taking('tree_depth')}: levels drafted (default 5; eagle 6, medusa / hydra 4)")
+    g.add_argument("--tree-nodes", type=int, default=None,
+                   help=f"{_taking('tree_nodes')}: most nodes proposed (default 24; eagle 48, medusa / hydra 32)")
     g.add_argument("--datastore", metavar="FILE", default=None,
-                   help="rest: datastore file built with `specula datastore build` (same tokenizer as the target)")
+                   help=f"{_taking('datastore')}: datastore file built with `specula datastore build` (same tokenizer "
+                        "as the target)")
     g.add_argument("--head", metavar="FILE", default=None,
-                   help="eagle / medusa / hydra (and fusion): a trained head file (`specula train`); default: the "
-                        "head installed for the target by `specula models install`, if any")
+                   help=f"{_taking('head')} (and {DEFAULT_METHOD}): a trained head file (`specula train`); default: "
+                        "the head installed for the target by `specula models install`, if any")
     g.add_argument("--online-distill", action="store_true",
-                   help="eagle / medusa / hydra (and fusion's head): keep training the head on the requests it serves "
-                        "(OSD: replay buffer, small learning rate); output is unchanged, acceptance adapts")
+                   help=f"{_taking('online_distill')} (and {DEFAULT_METHOD}'s head): keep training the head on the "
+                        "requests it serves (OSD: replay buffer, small learning rate); output is unchanged, "
+                        "acceptance adapts")
     g.add_argument("--recycling-state", metavar="FILE", default=None,
-                   help="token-recycling: matrix file loaded at start if present and saved after each request (hot start)")
+                   help=f"{_taking('recycling_state')}: matrix file loaded at start if present and saved after each "
+                        "request (hot start)")
 
 
 def add_sampling_args(parser: argparse.ArgumentParser) -> None:
@@ -144,42 +160,23 @@ def load_config(args: argparse.Namespace) -> "LoadConfig":
 
 
 def drafter_options(args: argparse.Namespace, method: str) -> dict:
-    """Method-specific options from the command line (only those the method takes)."""
+    """The options a method takes (its row's `MethodSpec.cli_options`) from the command line: the flags
+    of the same name (`target_name` is `--target`; a switch left off is None: the method's default),
+    `--head` checked before any model is loaded, else the head installed for the target
+    (`methods.default_head`)."""
+    spec = get_method(method)
     options: dict = {}
-    if method == "draft-model":
-        options["num_draft_tokens"] = args.num_draft_tokens
-        options["adaptive"] = args.adaptive or None
-    elif method == "draft-tree":
-        options.update(tree_sampling=args.tree_sampling, tree_verifier=args.tree_verifier, tree_top_k=args.tree_top_k,
-                       tree_depth=args.tree_depth, tree_nodes=args.tree_nodes)
-    elif method in ("eagle", "medusa", "hydra"):
-        options.update(head=_head(args, method), target_name=args.target, online_distill=args.online_distill or None,
-                       tree_sampling=args.tree_sampling, tree_verifier=args.tree_verifier,
-                       tree_top_k=args.tree_top_k, tree_depth=args.tree_depth, tree_nodes=args.tree_nodes)
-    elif method == "fusion":
-        options.update(num_draft_tokens=args.num_draft_tokens, datastore=args.datastore,
-                       recycling_state=args.recycling_state, head=_head(args, None), target_name=args.target,
-                       online_distill=args.online_distill or None)
-    elif method == "rest":
-        options["datastore"] = args.datastore
-    elif method == "token-recycling":
-        options["recycling_state"] = args.recycling_state
-    return options
-
-
-def _head(args: argparse.Namespace, kind: str | None):
-    """--head, else the head of `kind` installed for the target (`specula models install`), else None."""
-    if getattr(args, "head", None):
+    for name in spec.cli_options():
+        value = args.target if name == "target_name" else getattr(args, name)
+        options[name] = None if value is False else value
+    if options.get("head"):
         from specula.drafters.heads.file import read_head
 
-        read_head(args.head)  # a bad file fails here, before any model is loaded
-        return args.head
-    if kind is None:
-        return None
-    from specula.drafters.heads.shipped import default_head
-
-    found = default_head(getattr(args, "target", None), kind)
-    return None if found is None else str(found)
+        read_head(options["head"])  # a bad file fails here, before any model is loaded
+    elif "head" in options:
+        found = default_head(spec, getattr(args, "target", None))
+        options["head"] = None if found is None else str(found)
+    return options
 
 
 def planner_from_args(args: argparse.Namespace):
@@ -200,5 +197,9 @@ def sampling_params(args: argparse.Namespace) -> "SamplingParams":
     )
 
 
-def method_help() -> str:
-    return "decoding method: " + ", ".join(METHODS)
+def method_help(default: bool = False) -> str:
+    """`--method`'s help: the names in the table (with `default`: and the default method)."""
+    names = "decoding method: " + ", ".join(METHODS)
+    if not default:
+        return names
+    return names + f" (default: {DEFAULT_METHOD} = {METHODS[DEFAULT_METHOD].summary})"

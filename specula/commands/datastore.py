@@ -54,7 +54,7 @@ def register(sub) -> None:
 
 def run_build(args: argparse.Namespace) -> int:
     from specula.datastore.build import DEFAULT_EXTENSIONS, BuildConfig, build_datastore
-    from specula.datastore.tokenizers import load_tokenizer
+    from specula.models.loading import load_tokenizer
     from specula.paths import format_bytes
 
     exts = tuple(e if e.startswith(".") else f".{e}" for e in args.ext) if args.ext else DEFAULT_EXTENSIONS

@@ -10,30 +10,30 @@ from specula.commands.common import (
     add_method_args, add_model_args, add_sampling_args, drafter_options, load_config, method_help, planner_from_args,
     sampling_params,
 )
+from specula.methods import PLAIN
 
 
 def register(sub) -> None:
     p = sub.add_parser("generate", help="generate text from one prompt with speculative decoding",
                        description="Generate from one prompt. Greedy output is identical to plain decoding.")
     add_model_args(p)
-    p.add_argument("--method", default=None, help=method_help() + " (default: fusion = every available drafter, sized by the planner)")
+    p.add_argument("--method", default=None, help=method_help(default=True))
     p.add_argument("--prompt", required=True, help="prompt text (the chat template is applied unless --raw)")
     add_method_args(p)
     add_sampling_args(p)
     p.add_argument("--compare", action="store_true",
-                   help="also run plain decoding (method none) on the same prompt and print the speedup")
+                   help=f"also run plain decoding (method {PLAIN}) on the same prompt and print the speedup")
     p.add_argument("--json", action="store_true", help="print one JSON object (text, token_ids, stats)")
     p.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from specula.api import EngineConfig, load
-    from specula.drafters import check_method
+    from specula.methods import DEFAULT_METHOD, get_method
     from specula.models.loading import process_age_seconds
 
     params = sampling_params(args)  # validate everything before loading models
-    method = args.method or "fusion"
-    check_method(method)
+    method = get_method(args.method or DEFAULT_METHOD).name
     planner = planner_from_args(args)
     spec = load(args.target, draft=args.draft, method=method, config=load_config(args),
                 draft_quantize=args.draft_quantize, skip_layers=args.skip_layers,
@@ -54,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
             sys.stdout.write(chunk.text)
             sys.stdout.flush()
     baseline = None
-    if args.compare and method != "none":
+    if args.compare and method != PLAIN:
         baseline = spec.baseline().generate(ids, params=params)
     if args.json:
         payload = {"text": "".join(text_parts), "token_ids": token_ids, "stats": stats.to_dict(),

@@ -18,7 +18,7 @@ def register(sub) -> None:
         description="Serve /v1/completions, /v1/chat/completions (with stream), /v1/models, /health and /metrics. "
                     "Up to --max-batch-size requests are decoded at once (continuous batching); every response carries a speculative_decoding object.")
     add_model_args(p)
-    p.add_argument("--method", default=None, help=method_help() + " (default: fusion = every available drafter, sized by the planner)")
+    p.add_argument("--method", default=None, help=method_help(default=True))
     add_method_args(p)
     g = p.add_argument_group("server")
     g.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
@@ -44,8 +44,8 @@ def register(sub) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from specula.api import load
-    from specula.drafters import check_method
     from specula.api import EngineConfig
+    from specula.methods import DEFAULT_METHOD, get_method
     from specula.serve import ServerConfig, create_server
 
     config = ServerConfig(  # validate everything before loading models
@@ -54,8 +54,7 @@ def run(args: argparse.Namespace) -> int:
         max_batch_size=args.max_batch_size, max_queue=args.max_queue,
         request_timeout=args.request_timeout or None, shutdown_timeout=args.shutdown_timeout,
     )
-    method = args.method or "fusion"
-    check_method(method)
+    method = get_method(args.method or DEFAULT_METHOD).name
     planner = planner_from_args(args)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s", stream=sys.stderr)
     spec = load(args.target, draft=args.draft, method=method, config=load_config(args),

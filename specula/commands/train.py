@@ -16,14 +16,18 @@ import json
 
 from specula.commands.common import (add_attn_arg, add_backend_arg, add_device_args, add_linear_kernel_arg,
                                      add_quantize_arg, load_config)
+from specula.methods import METHODS
+
+HEAD_KINDS = tuple(spec.head for spec in METHODS.values() if spec.head is not None)
+"""What `--kind` trains: the head kinds of the method table (`HeadKind`)."""
 
 
 def register(sub) -> None:
-    p = sub.add_parser("train", help="train a drafter head (eagle, medusa, hydra) for a target",
+    p = sub.add_parser("train", help=f"train a drafter head ({', '.join(HEAD_KINDS)}) for a target",
                        description="Self-distillation: the target writes the answers, the head learns the target's "
                                    "own next-token distributions from its cached hidden states.")
     p.add_argument("--target", required=True, metavar="MODEL", help="the target model (alias, directory, .gguf)")
-    p.add_argument("--kind", choices=("eagle", "medusa", "hydra"), default="eagle", help="head to train (default eagle)")
+    p.add_argument("--kind", choices=HEAD_KINDS, default=HEAD_KINDS[0], help=f"head to train (default {HEAD_KINDS[0]})")
     p.add_argument("--data", nargs="+", default=None, metavar="FILE",
                    help="JSONL prompt files (default: specula/data/training/prompts.jsonl); never a benchmark's prompts")
     p.add_argument("--out", required=True, metavar="DIR", help="directory for KIND.safetensors, checkpoint.pt, report.json")

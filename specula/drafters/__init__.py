@@ -1,121 +1,118 @@
 """Drafters: one module per family, one protocol (`specula.drafters.base.Drafter`).
 
-Each drafter module defines `create(*, target, draft, **options) -> Drafter`; add a new
-method by adding its module to `MODULES`. `fusion` is not a drafter of its own: it is every
-drafter that can run with the given models and files, whose trees the planner merges (RASD)
-and sizes every step."""
+Each drafter module defines `create(*, target, draft, **options) -> Drafter`; the method table
+(`specula.methods.METHODS`) names the module of each method. `fusion` is not a drafter of its own:
+it is its members' drafters, each when what it needs is given, whose trees the planner merges
+(RASD) and sizes every step."""
 
 from __future__ import annotations
 
-import importlib
 import inspect
+from typing import TYPE_CHECKING, Any
 
 from specula.errors import ConfigError
+from specula.methods import BUILT_IN, METHODS, MethodSpec, get_method, layer_skipper, or_list
 
-MODULES: dict[str, str] = {
-    "none": "specula.drafters.none",
-    "draft-model": "specula.drafters.draft_model",
-    "draft-tree": "specula.drafters.draft_tree",
-    "prompt-lookup": "specula.drafters.prompt_lookup",
-    "token-recycling": "specula.drafters.token_recycling",
-    "rest": "specula.drafters.rest",
-    "layer-skip": "specula.drafters.layer_skip",
-    "eagle": "specula.drafters.eagle",
-    "medusa": "specula.drafters.medusa",
-    "hydra": "specula.drafters.hydra",
-}
-"""Method name (as in `--method`) -> module defining `create`."""
-
-FUSION = "fusion"
-"""Every available drafter at once (see `make_drafters`)."""
-
-METHODS = (*MODULES, FUSION)
+if TYPE_CHECKING:  # importing a drafter package module (e.g. heads.config) must not import torch
+    from specula.models.base import TargetModel
 
 
-def check_method(method: str) -> None:
-    """Raise a clear error for an unknown method name (before any model is loaded)."""
-    if method not in MODULES and method != FUSION:
-        raise ConfigError(f"unknown method {method!r}; choose one of: {', '.join([*MODULES, FUSION])}")
+def make_drafter(method: str | MethodSpec, *, target: TargetModel | None = None, draft: TargetModel | None = None,
+                 tokenizer: Any = None, **options: Any):
+    """Build the drafter (a `specula.drafters.base.Drafter`) of one drafter family.
 
-
-def make_drafter(method: str, *, target=None, draft=None, tokenizer=None, **options):
-    """Build the drafter (a `specula.drafters.base.Drafter`) for one drafter family.
-
-    target / draft: backends (`specula.models.base.TargetModel`; draft only for methods that use
-    a draft model); tokenizer: the target's tokenizer, for drafters that check files against it;
-    options: method-specific settings (None values mean "the method's default")."""
-    check_method(method)
-    if method == FUSION:
-        raise ConfigError("fusion is several drafters: build it with make_drafters('fusion', ...)")
-    module = importlib.import_module(MODULES[method])
+    target / draft: backends (draft only for methods that use a draft model); tokenizer: the
+    target's tokenizer, for drafters that check files against it; options: method-specific
+    settings (None values mean "the method's default")."""
+    spec = get_method(method)
+    module = spec.drafter_module()
     options = {k: v for k, v in options.items() if v is not None}
     accepted = inspect.signature(module.create).parameters
     unknown = sorted(set(options) - set(accepted))
     if unknown and not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in accepted.values()):
-        valid = sorted(n for n in accepted if n not in ("target", "draft", "tokenizer"))
-        raise ConfigError(f"method {method!r} does not take {', '.join(unknown)}; "
+        valid = sorted(n for n in accepted if n not in BUILT_IN)
+        raise ConfigError(f"method {spec.name!r} does not take {', '.join(unknown)}; "
                           f"its options are {', '.join(valid) or 'none'}")
     if tokenizer is not None and "tokenizer" in accepted:
         options["tokenizer"] = tokenizer
     return module.create(target=target, draft=draft, **options)
 
 
-def make_drafters(method: str, *, target=None, draft=None, tokenizer=None, datastore: str | None = None,
-                  recycling_state: str | None = None, num_draft_tokens: int | None = None, head=None,
-                  target_name: str | None = None, online_distill: bool | None = None, **options) -> list:
-    """The drafters of a method: one for a drafter family, several for `fusion`.
+def make_drafters(method: str | MethodSpec, *, target: TargetModel | None = None, draft: TargetModel | None = None,
+                  tokenizer: Any = None, draft_skip: bool = False, **options: Any) -> list:
+    """The drafters of a method (`specula.methods.METHODS`): one for a drafter family, its members'
+    for `fusion`.
 
-    `head`: a trained head file (or loaded head) for eagle / medusa / hydra; fusion adds it as one
-    more drafter (whatever its kind) when given.
+    `draft_skip` (`--draft skip`): the target drafts for itself with decoder sub-layers skipped
+    (option `skip_layers` fixes the set, else it is searched); what that means for the method is
+    its row's `draft_skip`: its drafter is the layer-skipping one, fusion's layer-skip member joins,
+    it is refused, or ignored.
 
-    fusion = the model-free drafters first (prompt lookup, REST when a `datastore` is given, token
-    recycling), then the draft model when `draft` is given (greedy candidates, adaptive: it drafts
-    only while its next token beats the rate the others' trees already reach), or the target itself
-    with layers skipped for `--draft skip` (`models.skipping.LayerSkipDraft`)."""
-    from specula.models.skipping import LayerSkipDraft
+    fusion = its members in order, each when what it needs is given: the model-free drafters
+    (prompt lookup, REST when a `datastore` is given, token recycling), the trained head when a
+    `head` is given (the member of its kind), then the target itself with layers skipped for
+    `draft_skip`, or the draft model when `draft` is given (greedy candidates, adaptive: it drafts
+    only while its next token beats the rate the others' trees already reach)."""
+    spec = get_method(method)
+    if draft_skip and draft is not None:
+        raise ConfigError("--draft skip drafts with the target itself: give a draft model or draft_skip, not both")
+    if spec.members:
+        return _fusion(spec, target, draft, tokenizer, draft_skip, options)
+    if draft_skip:
+        if spec.draft_skip == "refused":
+            takers = [s.name for s in METHODS.values() if s.draft_skip == "drafts"]
+            raise ConfigError(f"--draft skip drafts chains: use --method {or_list(takers)} with it "
+                              f"({spec.name} needs a draft model)")
+        if spec.draft_skip == "drafts":
+            spec = layer_skipper()
+        else:
+            options.pop("skip_layers", None)  # ignored: the method drafts without a draft model
+    return [make_drafter(spec, target=target, draft=draft, tokenizer=tokenizer, **options)]
 
-    check_method(method)
-    skipping = isinstance(draft, LayerSkipDraft)
-    if skipping and method == "draft-tree":
-        raise ConfigError("--draft skip drafts chains: use --method draft-model, layer-skip or fusion with it "
-                          "(draft-tree needs a draft model)")
-    if skipping or method == "layer-skip":
-        # `--draft skip`: the draft-model methods draft with the target itself, layers skipped.
-        skip_options = {"skip_layers": draft.skip_layers} if skipping else {}
-        if method in ("draft-model", "layer-skip"):
-            return [make_drafter("layer-skip", target=target, num_draft_tokens=num_draft_tokens,
-                                 **skip_options, **options)]
-        draft = None
-    if method != FUSION:
-        given = {"datastore": datastore, "recycling_state": recycling_state, "num_draft_tokens": num_draft_tokens,
-                 "head": head, "target_name": target_name if head is not None else None,
-                 "online_distill": online_distill}
-        return [make_drafter(method, target=target, draft=draft, tokenizer=tokenizer, **given, **options)]
-    if options:
-        raise ConfigError(f"method fusion does not take {', '.join(sorted(options))}; its options are "
-                          "datastore, head, num_draft_tokens, online_distill, recycling_state")
-    if online_distill and head is None:
-        raise ConfigError("--online-distill trains a head: give fusion one with --head FILE (or install the shipped one)")
-    drafters = [make_drafter("prompt-lookup")]
-    if datastore:
-        drafters.append(make_drafter("rest", target=target, datastore=datastore, tokenizer=tokenizer))
-    drafters.append(make_drafter("token-recycling", target=target, recycling_state=recycling_state,
-                                 tokenizer=tokenizer))
+
+def _fusion(spec: MethodSpec, target: TargetModel | None, draft: TargetModel | None, tokenizer: Any,
+            draft_skip: bool, options: dict[str, Any]) -> list:
+    """Every member of a fused method whose needs are given (see `make_drafters`)."""
+    accepted = spec.accepted_options()
+    unknown = sorted(set(options) - set(accepted))
+    if unknown:
+        raise ConfigError(f"method {spec.name} does not take {', '.join(unknown)}; its options are "
+                          f"{', '.join(accepted)}")
+    head = options.get("head")
+    if options.get("online_distill") and head is None:
+        raise ConfigError(f"--online-distill trains a head: give {spec.name} one with --head FILE "
+                          "(or install the shipped one)")
     if head is not None:
         from specula.drafters.heads.runtime import TrainedHead, load_head
 
-        if not isinstance(head, TrainedHead):  # read once: its kind names the drafter
-            head = load_head(head, target, target_name or target.name)
-        kind = head.kind
-        drafters.append(make_drafter(kind, target=target, head=head, target_name=target_name,
-                                     online_distill=online_distill))
-    if skipping:
-        drafters.append(make_drafter("layer-skip", target=target, num_draft_tokens=num_draft_tokens,
-                                     **skip_options))
-    elif draft is not None:
-        drafters.append(make_drafter("draft-model", draft=draft, num_draft_tokens=num_draft_tokens, adaptive=True,
-                                     greedy_proposals=True))
+        if not isinstance(head, TrainedHead):  # read once: its kind names the member
+            head = load_head(head, target, options.get("target_name") or target.name)
+    given = {**options, "head": head}
+    drafters = []
+    for member in spec.members:
+        member_spec = get_method(member.method)
+        if member_spec.draft_model == "required" and draft is None:
+            continue
+        if member_spec.layer_skipping and not draft_skip:
+            continue
+        if member_spec.datastore and not given.get("datastore"):
+            continue
+        if member_spec.head is not None and (head is None or head.kind != member_spec.head):
+            continue
+        forwarded = {name: given.get(name) for name in member.forwards}
+        drafters.append(make_drafter(member_spec, target=target, draft=draft, tokenizer=tokenizer,
+                                     **forwarded, **dict(member.fixed)))
     return drafters
 
 
-__all__ = ["FUSION", "METHODS", "MODULES", "check_method", "make_drafter", "make_drafters"]
+_MOVED = {"MODULES": "specula.methods.METHODS (each row's module)", "METHODS": "specula.methods.METHODS",
+          "FUSION": "specula.methods.DEFAULT_METHOD", "check_method": "specula.methods.get_method"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _MOVED:
+        raise AttributeError(f"specula.drafters.{name} moved: use {_MOVED[name]}")
+    raise AttributeError(f"module 'specula.drafters' has no attribute {name!r}")
+
+
+__all__ = ["make_drafter", "make_drafters"]

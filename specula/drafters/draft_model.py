@@ -114,6 +114,10 @@ class DraftModelDrafter:
                            adaptive=adaptive)
 
 
+CONFIG = DraftModelConfig
+"""The options `create` takes besides its keywords (`specula.methods`)."""
+
+
 def create(*, target=None, draft: TargetModel | None = None, **options) -> DraftModelDrafter:
     """options: DraftModelConfig fields (num_draft_tokens, adaptive, greedy_proposals)."""
     if draft is None:

@@ -361,6 +361,10 @@ class DraftTreeDrafter:
         return q
 
 
+CONFIG = DraftTreeConfig
+"""The options `create` takes besides its keywords (`specula.methods`)."""
+
+
 def create(*, target=None, draft: TargetModel | None = None, **options) -> DraftTreeDrafter:
     """options: DraftTreeConfig fields (tree_sampling, tree_top_k, tree_depth, tree_nodes, tree_verifier)."""
     if draft is None:

@@ -44,7 +44,7 @@ from specula.drafters.base import DraftContext, Proposal, StepResult, method_con
 from specula.drafters.chain import draft_chain
 from specula.ema import Ema
 from specula.errors import ConfigError
-from specula.models.base import LayerSkipSequence, SubLayer
+from specula.models.base import LayerSkippingModel, LayerSkipSequence, SubLayer
 from specula.models.skipping import candidate_sublayers, format_skip_layers, parse_skip_layers
 
 @dataclass(frozen=True)
@@ -218,9 +218,9 @@ class LayerSkipDrafter:
     memory_bytes = 0
     """No weights of its own: the draft reads the target's."""
 
-    def __init__(self, target, config: LayerSkipConfig = LayerSkipConfig()) -> None:
+    def __init__(self, target: LayerSkippingModel, config: LayerSkipConfig = LayerSkipConfig()) -> None:
         self.config = config
-        num_layers = target.config.num_layers
+        num_layers = target.num_layers
         self.search = SkipSearch(config, num_layers, target.layer_skip_cost)
         if config.skip_layers is not None:
             self.search.best = parse_skip_layers(config.skip_layers, num_layers)
@@ -290,9 +290,13 @@ class LayerSkipDrafter:
         return lambda n: ctx.cost.verify_seconds(n) / one
 
 
-def create(*, target=None, draft=None, **options) -> LayerSkipDrafter:
+CONFIG = LayerSkipConfig
+"""The options `create` takes besides its keywords (`specula.methods`)."""
+
+
+def create(*, target: LayerSkippingModel | None = None, draft=None, **options) -> LayerSkipDrafter:
     """options: LayerSkipConfig fields (skip_layers, num_draft_tokens, stop_below, search_window, ...)."""
-    if target is None or not getattr(target, "layer_skipping", False):
+    if not isinstance(target, LayerSkippingModel):
         raise ConfigError("layer-skip drafting needs a backend that can skip layers: use --backend native "
                           "(Llama, Qwen2, Mistral models)")
-    return LayerSkipDrafter(target, method_config("layer-skip", LayerSkipConfig, options))
+    return LayerSkipDrafter(target, method_config(LayerSkipDrafter.name, LayerSkipConfig, options))

@@ -1,6 +1,6 @@
 """`medusa`: a trained medusa head drafting dynamic trees (see `specula.drafters.trained`)."""
 
-from specula.drafters.trained import create_head_drafter
+from specula.drafters.trained import CONFIG, create_head_drafter  # noqa: F401  (CONFIG: its options)
 
 
 def create(*, target=None, draft=None, head=None, target_name=None, online_distill=False, **options):

@@ -85,6 +85,10 @@ class PromptLookupDrafter(StatelessDrafter):
         return Proposal(tree.with_edge_scores(edges))
 
 
+CONFIG = PromptLookupConfig
+"""The options `create` takes besides its keywords (`specula.methods`)."""
+
+
 def create(*, target=None, draft=None, **options) -> PromptLookupDrafter:
     """options: PromptLookupConfig fields (max_ngram, min_ngram, num_pred_tokens, max_matches)."""
     return PromptLookupDrafter(method_config("prompt-lookup", PromptLookupConfig, options))

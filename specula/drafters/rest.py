@@ -19,7 +19,7 @@ import numpy as np
 
 from specula.datastore.format import Datastore, DatastoreError, load_datastore
 from specula.datastore.query import continuation_prefixes, longest_match, top_prefixes
-from specula.datastore.tokenizers import target_fingerprint
+from specula.datastore.tokenizers import tokenizer_fingerprint
 from specula.drafters.base import DraftContext, Proposal, StatelessDrafter, method_config
 from specula.errors import ConfigError
 from specula.tree import TokenTree
@@ -89,10 +89,9 @@ class RestDrafter(StatelessDrafter):
 
 
 def open_datastore(path: str, target=None, tokenizer=None, verify: bool = True) -> Datastore:
-    """Load a datastore for a target: its tokenizer fingerprint must match the target's tokenizer
-    (`tokenizer` when given, else the one saved beside the target's weights), and its ids must
-    fit the target's vocabulary."""
-    expected = target_fingerprint(target, tokenizer) if (target is not None or tokenizer is not None) else None
+    """Load a datastore for a target: its tokenizer fingerprint must match the target's `tokenizer`
+    (when given; `api` and the CLI always give it), and its ids must fit the target's vocabulary."""
+    expected = tokenizer_fingerprint(tokenizer) if tokenizer is not None else None
     store = load_datastore(path, expected_fingerprint=expected, verify=verify)
     width = getattr(target, "vocab_size", None)
     if width is not None and store.vocab_size > width:
@@ -103,10 +102,14 @@ def open_datastore(path: str, target=None, tokenizer=None, verify: bool = True) 
     return store
 
 
+CONFIG = RestConfig
+"""The options `create` takes besides its keywords (`specula.methods`)."""
+
+
 def create(*, target=None, draft=None, datastore: str | None = None, tokenizer=None, verify: bool = True,
            **options) -> RestDrafter:
     """datastore: path of a file from `specula datastore build` (required); tokenizer: the target's
-    tokenizer for the compatibility check (default: the one beside the target's weights);
+    tokenizer for the compatibility check (without it only the vocabulary size is checked);
     options: RestConfig fields."""
     if not datastore:
         raise ConfigError("method rest needs a datastore: pass --datastore FILE "

@@ -34,7 +34,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from specula.datastore.tokenizers import target_fingerprint
+from specula.datastore.tokenizers import tokenizer_fingerprint
 from specula.drafters.base import DraftContext, Proposal, StepResult, method_config
 from specula.errors import ConfigError
 from specula.paths import atomic_file
@@ -255,6 +255,10 @@ def save_states() -> list[Path]:
 atexit.register(save_states)
 
 
+CONFIG = TokenRecyclingConfig
+"""The options `create` takes besides its keywords (`specula.methods`)."""
+
+
 def create(*, target=None, draft=None, recycling_state: str | None = None, tokenizer=None,
            vocab_size: int | None = None, **options) -> TokenRecyclingDrafter:
     """recycling_state: state file for hot starts (loaded if present, saved after requests);
@@ -265,6 +269,6 @@ def create(*, target=None, draft=None, recycling_state: str | None = None, token
         if target is None:
             raise ConfigError("token-recycling needs the target model (or vocab_size) to size its matrix")
         vocab_size = target.vocab_size
-    fingerprint = target_fingerprint(target, tokenizer) if recycling_state else None
+    fingerprint = tokenizer_fingerprint(tokenizer) if recycling_state and tokenizer is not None else None
     config = method_config("token-recycling", TokenRecyclingConfig, options, state_path=recycling_state)
     return TokenRecyclingDrafter(vocab_size, config, fingerprint)

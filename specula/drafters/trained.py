@@ -85,6 +85,10 @@ class TrainedHeadDrafter(DraftTreeDrafter):
         state.release()
 
 
+CONFIG = DraftTreeConfig
+"""The options a head drafter takes besides its keywords (`specula.methods`)."""
+
+
 def create_head_drafter(kind: str, *, target=None, head: str | os.PathLike | TrainedHead | None = None,
                         target_name: str | None = None, online_distill: bool = False,
                         online_lr: float | None = None, **options) -> TrainedHeadDrafter:

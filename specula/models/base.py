@@ -18,7 +18,7 @@ Nothing outside `specula.models` touches a backend's underlying model object.
 
 from __future__ import annotations
 
-from typing import Any, Literal, Protocol, Sequence, runtime_checkable
+from typing import Any, Iterable, Literal, Protocol, Sequence, runtime_checkable
 
 import torch
 
@@ -174,11 +174,28 @@ def forward_trees(target: TargetModel, items: Sequence[tuple[TargetSequence, int
 
 
 @runtime_checkable
+class LayerSkippingModel(Protocol):
+    """A backend that can run its own model with decoder sub-layers skipped, as a draft of itself
+    (SWIFT, `--draft skip`, the `layer-skip` method): its sequences are `LayerSkipSequence`s. The
+    native backend implements it."""
+
+    @property
+    def num_layers(self) -> int:
+        """Decoder layers of the model (skip sets name layers 0 .. num_layers - 1)."""
+        ...
+
+    def layer_skip_cost(self, skip: Iterable[SubLayer]) -> float:
+        """Fraction of a one-token pass's weights that a pass with sub-layers `skip` skipped reads:
+        the draft's cost per token in target steps, before overheads."""
+        ...
+
+
+@runtime_checkable
 class LayerSkipSequence(Protocol):
     """A target sequence that can also run its model with decoder sub-layers skipped, as a draft
     of itself (SWIFT), on the full model's cache of the committed prefix and without changing the
-    sequence: rows go to scratch slots the next `forward_tree` overwrites. The native backend
-    implements it; drafters reach it through `DraftContext.target`."""
+    sequence: rows go to scratch slots the next `forward_tree` overwrites. The sequences of a
+    `LayerSkippingModel` implement it; drafters reach it through `DraftContext.target`."""
 
     @property
     def num_layers(self) -> int:

@@ -15,13 +15,14 @@ import os
 import re
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from specula.errors import ConfigError, IncompatibleModelsError, ModelNotFoundError, SpeculaError
 from specula.models.registry import EMBEDDED_MODELS, EmbeddedModel, get_embedded
+from specula.prompts import apply_chat_template, encode_prompt  # noqa: F401  (re-exported: their old home)
 
 if TYPE_CHECKING:
     import torch
@@ -161,9 +162,15 @@ def _torch_dtype(dtype: str | torch.dtype) -> torch.dtype:
 
 
 def load_tokenizer(spec: str | ResolvedModel) -> Any:
-    """The tokenizer of a model spec (see `resolve`), offline; loading errors become `SpeculaError`s."""
+    """The tokenizer of a model spec (see `resolve`), or of a directory holding only tokenizer files,
+    offline; loading errors become `SpeculaError`s."""
     from transformers import AutoTokenizer
 
+    if not isinstance(spec, ResolvedModel):
+        directory = Path(spec).expanduser()
+        if directory.is_dir() and not (directory / "config.json").is_file() and any(
+                (directory / name).is_file() for name in TOKENIZER_FILES):
+            spec = ResolvedModel(spec, "directory", directory.resolve())
     resolved = spec if isinstance(spec, ResolvedModel) else resolve(spec)
     kwargs: dict[str, Any] = {"local_files_only": True}
     if resolved.gguf_file is not None:
@@ -501,40 +508,10 @@ class LoadReport:
 
 SELF_DRAFT = "self"
 """`--draft self`: the target's own weights as the draft, quantized (`--draft-quantize`, int8 by default)."""
-AUTO_DRAFT = "auto"
-"""`--draft auto` (the default): the target's embedded companion draft, else `self`, where a draft
-can pay (see `auto_draft`), else none."""
-SELF_DRAFT_MIN_PARAMETERS = 1_000_000_000
-"""Targets from this size get a model draft by default: below it, a draft token costs too large a
-share of a target step on CPU (measured: SmolLM2-135M int8 12 ms against 24 ms float32)."""
-DRAFT_METHODS = ("fusion", "draft-model", "draft-tree")
-AUTO_DRAFT_QUANTIZE = "int8"
-"""How `--draft auto` quantizes the draft it picks (a draft needs speed and agreement, not exactness)."""
-
-
-def auto_draft(method: str, target: Any, target_name: str | None = None) -> str | None:
-    """What `--draft auto` means for `method` on a loaded target, on CPU, for targets of >= 1B
-    parameters: the embedded draft registered for the target (`EmbeddedModel.draft`) when it is
-    installed, else `self`; None otherwise. Measured on Qwen2.5-Coder-1.5B (4 prompts off
-    Spec-Bench, 64 tokens, 2 threads): the 0.5B int8 draft 1.79x plain decoding with 5-token chains
-    (1.76x in `fusion`), the int8 self-draft 1.52x (1.26x in `fusion`): its token costs 0.33 of a
-    target step against ~0.1 for the 0.5B, and its higher agreement does not make up for it."""
-    from specula.models.install import is_valid_conversion
-    from specula.models.registry import get_embedded
-
-    if method not in DRAFT_METHODS or target.device.type != "cpu":
-        return None
-    if target.num_parameters < SELF_DRAFT_MIN_PARAMETERS:
-        return None
-    embedded = get_embedded(target_name) if target_name else None
-    companion = get_embedded(embedded.draft) if embedded is not None and embedded.draft else None
-    if companion is not None and is_valid_conversion(companion):
-        return companion.alias
-    return SELF_DRAFT
 
 
 def load_draft(spec: str, target_tokenizer: Any, target: Any, config: LoadConfig = LoadConfig(),
-               target_name: str | None = None, quantize: str | None = None, skip_layers: str | None = None,
+               target_name: str | None = None, quantize: str | None = None,
                report: dict[str, Any] | None = None) -> Any:
     """Load a draft backend and check that it can propose tokens for `target` (same tokenizer,
     `check_compatible`: vocabularies, special tokens, and the logit widths of the two backends; no
@@ -545,19 +522,16 @@ def load_draft(spec: str, target_tokenizer: Any, target: Any, config: LoadConfig
     `spec` "self" loads the target's own weights again (`target_name` is the target's spec; the
     converted cache is reused, nothing is converted twice), quantized by `quantize` (default int8:
     the draft needs no exactness, only speed and agreement). `quantize` applies to the draft only;
-    the target keeps its own dtype and kernels. `spec` "skip" is the target itself with decoder
-    sub-layers skipped (`skipping.LayerSkipDraft`; `skip_layers` fixes the set, else it is searched)."""
+    the target keeps its own dtype and kernels. (`--draft skip` loads no draft: the target drafts
+    for itself, `models.skipping.check_draft_skip`.)"""
     from dataclasses import replace
 
     from specula.models.quantize import check_quantize
-    from specula.models.skipping import SKIP_DRAFT, layer_skip_draft
+    from specula.models.skipping import SKIP_DRAFT
 
     if spec == SKIP_DRAFT:
-        return layer_skip_draft(target, skip_layers, quantize)
-    if skip_layers is not None:
-        raise ConfigError("--skip-layers applies to --draft skip only (the target drafting with layers skipped); "
-                          "add --draft skip or drop --skip-layers")
-
+        raise ConfigError("--draft skip is the target itself with layers skipped, not a draft model to load: "
+                          "pass draft='skip' to specula.api.load")
     if spec == SELF_DRAFT:
         if target_name is None:
             raise ConfigError("a self-draft needs the target's model name")
@@ -660,46 +634,12 @@ def check_compatible(
     return VocabCheck(shared, t_size, d_size, t_logits, d_logits)
 
 
-# --------------------------------------------------------------------------- prompts
+_MOVED = {"DRAFT_METHODS": "specula.methods (MethodSpec.draft_model)", "auto_draft": "specula.draft_choice.auto_draft",
+          "AUTO_DRAFT": "specula.draft_choice.AUTO_DRAFT", "AUTO_DRAFT_QUANTIZE": "specula.draft_choice.AUTO_DRAFT_QUANTIZE",
+          "SELF_DRAFT_MIN_PARAMETERS": "specula.draft_choice.SELF_DRAFT_MIN_PARAMETERS"}
 
 
-def apply_chat_template(tokenizer: Any, prompt: str | Sequence[Mapping[str, str]], raw: bool = False) -> list[int]:
-    """Token ids for a prompt.
-
-    A string is wrapped as one user message in the tokenizer's chat template (with the
-    generation prompt) when the tokenizer has one, unless `raw`; without a template, or with
-    `raw=True`, the string is encoded as is (with the tokenizer's usual special tokens). A list
-    of `{"role", "content"}` messages always goes through the chat template."""
-    has_template = bool(getattr(tokenizer, "chat_template", None))
-    if isinstance(prompt, str):
-        if raw or not has_template:
-            return list(tokenizer.encode(prompt))
-        messages: list[Mapping[str, str]] = [{"role": "user", "content": prompt}]
-    else:
-        messages = list(prompt)
-        if raw:
-            raise ConfigError("a raw prompt must be a string, not a list of chat messages")
-        if not has_template:
-            raise ConfigError("this tokenizer has no chat template; pass the prompt as a string (raw text)")
-        for message in messages:
-            if not isinstance(message, Mapping) or "role" not in message or "content" not in message:
-                raise ConfigError(f"chat messages must be {{'role': ..., 'content': ...}} mappings, got {message!r}")
-    text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-    return list(tokenizer.encode(text, add_special_tokens=False))
-
-
-def encode_prompt(tokenizer: Any, prompt: str | Sequence[Mapping[str, str]] | Sequence[int], raw: bool = False) -> list[int]:
-    """Token ids of any prompt: text (chat template applied unless `raw`), chat messages, or token ids
-    (checked against nothing but being integers). The one place prompts become ids."""
-    if isinstance(prompt, str):
-        if not prompt.strip():
-            raise ConfigError("the prompt is empty: give some text")
-        return apply_chat_template(tokenizer, prompt, raw=raw)
-    prompt = list(prompt)
-    if not prompt:
-        raise ConfigError("the prompt is empty: give some text, at least one message, or token ids")
-    if isinstance(prompt[0], Mapping):
-        return apply_chat_template(tokenizer, prompt, raw=raw)
-    if not all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
-        raise ConfigError("a prompt list must hold token ids (integers) or chat messages ({'role', 'content'})")
-    return [int(t) for t in prompt]
+def __getattr__(name: str) -> Any:
+    if name in _MOVED:
+        raise AttributeError(f"specula.models.loading.{name} moved: use {_MOVED[name]}")
+    raise AttributeError(f"module 'specula.models.loading' has no attribute {name!r}")

@@ -1,50 +1,37 @@
 """Skip sets of decoder sub-layers (for drafting by the target itself, SWIFT): their syntax, and
-`--draft skip` (`LayerSkipDraft`), the draft that is the target with a skip set."""
+the checks of `--draft skip` (the target, a `LayerSkippingModel`, drafts for itself)."""
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Sequence
 
 from specula.errors import ConfigError
-from specula.models.base import SubLayer
+from specula.models.base import LayerSkippingModel, SubLayer, TargetModel
 
 KINDS = ("attn", "mlp")
 SKIP_DRAFT = "skip"
-"""`--draft skip`: the target drafts for itself with sub-layers skipped."""
+"""`--draft skip`: the target drafts for itself with sub-layers skipped (no draft model is loaded)."""
 
 
-@dataclass(frozen=True)
-class LayerSkipDraft:
-    """`--draft skip`: the target itself, with decoder sub-layers skipped, is the draft (SWIFT).
-    It has no weights of its own; the draft-model methods and fusion draft with the `layer-skip`
-    drafter instead of a draft model."""
-
-    target: Any
-    """The target backend (its sequences implement `LayerSkipSequence`)."""
-    skip_layers: str | None = None
-    """A fixed skip set (`--skip-layers`), or None: searched on the fly."""
-    name: str = SKIP_DRAFT
-    weight_bytes: int = 0
-
-    def reference_model(self) -> None:
-        """No model of its own (Hugging Face's assisted peers need a draft model)."""
-        return None
+def check_skip_layers(draft: str | None, skip_layers: str | None) -> None:
+    """`--skip-layers` is given with `--draft skip` only (the one place this is checked)."""
+    if skip_layers is not None and draft != SKIP_DRAFT:
+        raise ConfigError("--skip-layers applies to --draft skip only (the target drafting with layers skipped); "
+                          "add --draft skip or drop --skip-layers")
 
 
-def layer_skip_draft(target: Any, skip_layers: str | None = None, quantize: str | None = None) -> LayerSkipDraft:
+def check_draft_skip(target: TargetModel, skip_layers: str | None = None, quantize: str | None = None) -> None:
     """`--draft skip` on a loaded target, checked: the backend can skip layers, `--draft-quantize`
     is not given (the draft reads the target's weights), `skip_layers` names layers the model has."""
-    if not getattr(target, "layer_skipping", False):
+    if not isinstance(target, LayerSkippingModel):
         raise ConfigError("--draft skip needs the native backend (Llama, Qwen2, Mistral models): use --backend "
                           "native, or another --draft")
     if quantize is not None:
         raise ConfigError("--draft-quantize does not apply to --draft skip (the draft reads the target's own "
                           "weights); drop --draft-quantize, or use --draft self --draft-quantize int8")
     if skip_layers is not None:
-        parse_skip_layers(skip_layers, target.config.num_layers)
-    return LayerSkipDraft(target, skip_layers)
+        parse_skip_layers(skip_layers, target.num_layers)
 
 
 def parse_skip_layers(spec: str, num_layers: int) -> frozenset[SubLayer]:
@@ -91,3 +78,13 @@ def candidate_sublayers(num_layers: int) -> list[SubLayer]:
     return [(layer, kind) for layer in range(1, num_layers - 1) for kind in KINDS]
 
 
+
+
+_MOVED = {"LayerSkipDraft": "draft_skip=True (specula.drafters.make_drafters; api.load(draft='skip'))",
+          "layer_skip_draft": "specula.models.skipping.check_draft_skip"}
+
+
+def __getattr__(name: str):
+    if name in _MOVED:
+        raise AttributeError(f"specula.models.skipping.{name} is gone: use {_MOVED[name]}")
+    raise AttributeError(f"module 'specula.models.skipping' has no attribute {name!r}")

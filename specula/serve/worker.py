@@ -29,7 +29,7 @@ from typing import Callable
 from specula.api import Session, Specula, StreamChunk
 from specula.ema import Ema
 from specula.errors import SpeculaError
-from specula.models.loading import encode_prompt
+from specula.prompts import encode_prompt
 from specula.sampling import SamplingParams
 from specula.serve.metrics import ServerMetrics
 from specula.serve.protocol import APIError, GenerationRequest

@@ -96,7 +96,7 @@ def generate_corpus(target, tokenizer, prompts: Sequence[tuple[str, str]], out: 
                     ) -> list[Sequence_]:
     """The target's greedy answers to `prompts`, cached at `out` (resumed from `out.partial`)."""
     from specula.engine import SpeculativeDecoder
-    from specula.models.loading import encode_prompt
+    from specula.prompts import encode_prompt
     from specula.sampling import SamplingParams
 
     if out.is_file():

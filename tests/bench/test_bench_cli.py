@@ -9,10 +9,10 @@ import types
 import pytest
 
 import specula.commands.bench as bench_cmd
-import specula.drafters as drafters
 from specula.bench.datasets import load_prompts, select_prompts
 from specula.cli import main
 from specula.drafters.base import Proposal
+from specula.methods import METHODS, MethodSpec
 from tiny import VOCAB
 
 
@@ -73,7 +73,7 @@ def corrupt_method(monkeypatch):
     module = types.ModuleType("specula_test_corrupt_drafter")
     module.create = lambda *, target=None, draft=None, **options: CorruptingDrafter(target)
     monkeypatch.setitem(sys.modules, module.__name__, module)
-    monkeypatch.setitem(drafters.MODULES, "corrupt", module.__name__)
+    monkeypatch.setitem(METHODS, "corrupt", MethodSpec("corrupt", "a drafter that corrupts the cache", module.__name__))
 
 
 def test_bench_cli_end_to_end(tmp_path, prompts_file, tiny_models, capsys):

@@ -18,10 +18,9 @@ from tiny import assert_cache_equals_plain_forward, reference_greedy, tiny_model
 from specula.api import build_decoder
 from specula.drafters.layer_skip import LayerSkipConfig, SkipSearch, best_chain_rate, match_rate
 from specula.errors import ConfigError
-from specula.models.base import LayerSkipSequence
+from specula.models.base import LayerSkippingModel, LayerSkipSequence
 from specula.models.native import NativeCausalLM, NativeDecoder, configure, kernels
-from specula.models.skipping import (LayerSkipDraft, candidate_sublayers, format_skip_layers, layer_skip_draft,
-                                     parse_skip_layers)
+from specula.models.skipping import candidate_sublayers, check_draft_skip, format_skip_layers, parse_skip_layers
 from specula.planner import CostCurve, HardwarePlanner
 from specula.sampling import SamplingParams
 
@@ -116,7 +115,7 @@ def test_the_search_finds_the_identity_layers_and_their_drafts_are_all_accepted(
     target = native(model)
     # search_fraction 1: the search advances every step, so what it finds does not depend on how fast
     # this machine runs the replays (at the default 10% time share the test was timing-dependent)
-    dec = build_decoder("draft-model", target, None, layer_skip_draft(target), planner=False, search_fraction=1.0)
+    dec = build_decoder("draft-model", target, None, draft_skip=True, planner=False, search_fraction=1.0)
     accepted = drafted = 0
     for prompt in PROMPTS:
         out = dec.generate(prompt, SamplingParams(max_new_tokens=40, ignore_eos=True))
@@ -131,7 +130,7 @@ def test_the_search_finds_the_identity_layers_and_their_drafts_are_all_accepted(
 def test_fusion_with_draft_skip_adds_the_layer_skip_drafter_and_stays_lossless():
     model = tiny_model("qwen2", seed=5, layers=6)
     target = native(model)
-    dec = build_decoder("fusion", target, None, layer_skip_draft(target), planner=HardwarePlanner(curve=FLAT))
+    dec = build_decoder("fusion", target, None, draft_skip=True, planner=HardwarePlanner(curve=FLAT))
     assert [d.name for d in dec.drafters] == ["prompt-lookup", "token-recycling", "layer-skip"]
     for prompt in PROMPTS:
         out = dec.generate(prompt, SamplingParams(max_new_tokens=40, ignore_eos=True))
@@ -140,11 +139,14 @@ def test_fusion_with_draft_skip_adds_the_layer_skip_drafter_and_stays_lossless()
 
 def test_draft_model_method_with_draft_skip_is_the_layer_skip_drafter_and_draft_tree_is_refused():
     target = native(tiny_model("qwen2", layers=4))
-    draft = layer_skip_draft(target, "2")
-    dec = build_decoder("draft-model", target, None, draft, planner=False)
+    dec = build_decoder("draft-model", target, None, draft_skip=True, skip_layers="2", planner=False)
     assert [d.name for d in dec.drafters] == ["layer-skip"] and dec.drafters[0].skip == {(2, "attn"), (2, "mlp")}
-    with pytest.raises(ConfigError, match="draft-tree needs a draft model"):
-        build_decoder("draft-tree", target, None, draft, planner=False)
+    with pytest.raises(ConfigError, match="use --method draft-model, layer-skip or fusion with it "
+                                          r"\(draft-tree needs a draft model\)"):
+        build_decoder("draft-tree", target, None, draft_skip=True, skip_layers="2", planner=False)
+    # methods that draft without a draft model ignore it (and its skip set)
+    dec = build_decoder("prompt-lookup", target, None, draft_skip=True, skip_layers="2", planner=False)
+    assert [d.name for d in dec.drafters] == ["prompt-lookup"]
 
 
 # ---------------------------------------------------------------------------- sampling law
@@ -250,9 +252,10 @@ def test_draft_skip_needs_the_native_backend_and_no_draft_quantize():
 
     model = tiny_model("qwen2", layers=3)
     with pytest.raises(ConfigError, match="--backend native"):
-        layer_skip_draft(HFCausalLM(model))
+        check_draft_skip(HFCausalLM(model))
     with pytest.raises(ConfigError, match="drop --draft-quantize"):
-        layer_skip_draft(native(model), quantize="int8")
+        check_draft_skip(native(model), quantize="int8")
     with pytest.raises(ConfigError, match="has 3 layers"):
-        layer_skip_draft(native(model), "7")
-    assert isinstance(layer_skip_draft(native(model), "1"), LayerSkipDraft)
+        check_draft_skip(native(model), "7")
+    check_draft_skip(native(model), "1")
+    assert isinstance(native(model), LayerSkippingModel) and not isinstance(HFCausalLM(model), LayerSkippingModel)

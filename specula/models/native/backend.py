@@ -30,7 +30,8 @@ from specula.tree import TokenTree
 
 
 class NativeCausalLM:
-    """A Llama / Qwen2 / Mistral model on specula's own decoder (a `TargetModel`)."""
+    """A Llama / Qwen2 / Mistral model on specula's own decoder (a `TargetModel`, a `FeatureModel` and
+    a `LayerSkippingModel`)."""
 
     def __init__(self, decoder: NativeDecoder, name: str = "model", *, eos_token_ids: Sequence[int] = (),
                  reference: Callable[[], Any] | None = None, model_id: str = "",
@@ -97,8 +98,11 @@ class NativeCausalLM:
         n (the planner's cost model rounds tree sizes with it)."""
         return n if self.graphs is None else self.graphs.padded(n)
 
-    layer_skipping = True
-    """Sequences implement `LayerSkipSequence` (drafting by the model itself with sub-layers skipped)."""
+    # ------------------------------------------------------------------ LayerSkippingModel
+    @property
+    def num_layers(self) -> int:
+        """Decoder layers of the model."""
+        return self.config.num_layers
 
     def layer_skip_cost(self, skip: Iterable[SubLayer]) -> float:
         """Fraction of a one-token pass's weights that a pass with sub-layers `skip` skipped reads

@@ -1,0 +1,224 @@
+"""The table of methods: one frozen `MethodSpec` row per decoding method.
+
+A row says what the method needs (a draft model, a trained head and its kind, a datastore, the
+target's hidden states, a target that skips layers), which options the command line exposes for
+it (`--method` options of the same name; `api.load` accepts every option its drafter's `create`
+takes), how its drafters are built (its module's `create`, or its members' for `fusion`), what
+`--draft auto` and `--draft skip` mean for it, and its default trained head. The CLI, `api.load`,
+`specula.drafters.make_drafters`, the bench and `specula train` read this table; method names
+appear nowhere else (the drafter modules aside).
+
+Adding a method: a drafter module defining `create(*, target, draft, **options)` (and `CONFIG`,
+the frozen dataclass of its options), and one row in `METHODS`.
+
+Importing this module imports no drafter (and no torch): `specula --help` reads the table.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from dataclasses import dataclass, fields
+from pathlib import Path
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, Literal
+
+from specula.errors import ConfigError
+
+if TYPE_CHECKING:
+    from specula.drafters.heads.config import HeadKind
+
+DraftUse = Literal["no", "required", "optional"]
+"""How a method uses a draft model: not at all, it cannot draft without one, or as one more drafter."""
+
+DraftSkip = Literal["ignored", "refused", "drafts"]
+"""What `--draft skip` (the target drafting for itself with decoder sub-layers skipped) means for a
+method: ignored (it drafts without a draft model), refused (a `ConfigError` naming the methods
+that take it), drafts (its drafter is the layer-skipping method's; fusion: that member joins)."""
+
+BUILT_IN = ("target", "draft", "tokenizer")
+"""Keywords of every drafter module's `create` that are inputs, not options."""
+
+
+@dataclass(frozen=True)
+class Member:
+    """A method inside `fusion`: joins when what it needs is given (`MethodSpec` needs)."""
+
+    method: str
+    """The member's method name (a row of `METHODS`)."""
+    forwards: tuple[str, ...] = ()
+    """Options of the fused method handed to this member (each an option its `create` takes)."""
+    fixed: tuple[tuple[str, Any], ...] = ()
+    """Options the member always gets inside fusion (option, value)."""
+
+
+@dataclass(frozen=True)
+class MethodSpec:
+    """One decoding method: a drafter family, or several at once (`members`)."""
+
+    name: str
+    """As `--method`, `api.load(method=...)` and the bench's `--methods` spell it."""
+    summary: str
+    """One line for help texts and reports."""
+    module: str | None = None
+    """The drafter module: its `create(*, target, draft, [tokenizer,] **options)` builds the one
+    drafter of this method, and its `CONFIG` is the frozen dataclass of its options. None for a
+    method made of other methods' drafters (`members`)."""
+    members: tuple[Member, ...] = ()
+    """For `fusion`: the methods whose drafters run together (in this order), each when what it
+    needs is given; the planner merges their trees."""
+    options: tuple[str, ...] = ()
+    """The options the command line exposes for it (flags of the same name,
+    `commands.common.add_method_args`; `target_name` is `--target`): each a keyword of its module's
+    `create` or a field of its `CONFIG` (tests/test_methods.py checks). With `members`: derived,
+    see `cli_options`."""
+    draft_model: DraftUse = "no"
+    """Whether it drafts with a draft model (`--draft MODEL`); "no": a draft named for it is not
+    even loaded."""
+    auto_draft: bool = False
+    """`--draft auto` may pick a draft model for it (`draft_choice.auto_draft`); else auto is none."""
+    draft_skip: DraftSkip = "ignored"
+    """What `--draft skip` means for it (`DraftSkip`)."""
+    head: "HeadKind | None" = None
+    """The kind of trained head it drafts with (eagle, medusa, hydra); default `--head`: the head of
+    that kind installed for the target (`default_head`)."""
+    datastore: bool = False
+    """It drafts from a datastore file (`--datastore`, built by `specula datastore build`)."""
+    features: bool = False
+    """It reads the target's hidden states (a `models.base.FeatureModel` backend)."""
+    layer_skipping: bool = False
+    """It runs the target with sub-layers skipped (a `models.base.LayerSkippingModel` backend)."""
+    bench_default: bool = False
+    """The bench runs it when `--methods` is not given (with a draft model only if it needs one)."""
+
+    def drafter_module(self) -> ModuleType:
+        """The drafter module (imported on first use)."""
+        if self.module is None:
+            raise ConfigError(f"{self.name} is several drafters: build it with make_drafters({self.name!r}, ...)")
+        return importlib.import_module(self.module)
+
+    def cli_options(self) -> tuple[str, ...]:
+        """The options the command line gives it: its `options`; for a fused method, the options it
+        forwards that the command line exposes for the member."""
+        if not self.members:
+            return self.options
+        return tuple(dict.fromkeys(name for m in self.members for name in m.forwards
+                                   if name in get_method(m.method).options))
+
+    def accepted_options(self) -> tuple[str, ...]:
+        """Every option its drafters take (what `api.load` and `make_drafters` accept), sorted."""
+        if self.members:
+            return tuple(sorted({name for m in self.members for name in m.forwards}))
+        module = self.drafter_module()
+        names = {n for n, p in inspect.signature(module.create).parameters.items()
+                 if p.kind is inspect.Parameter.KEYWORD_ONLY and n not in BUILT_IN}
+        config = getattr(module, "CONFIG", None)
+        if config is not None:
+            names.update(f.name for f in fields(config))
+        return tuple(sorted(names))
+
+
+PLAIN = "none"
+"""Plain decoding (nothing drafted): the bench's baseline and `--compare`'s reference."""
+DEFAULT_METHOD = "fusion"
+"""The method `generate`, `serve` and `api.load` use when none is named."""
+
+_HEAD_FORWARDS = ("head", "target_name", "online_distill")
+_TREE_OPTIONS = ("tree_sampling", "tree_verifier", "tree_top_k", "tree_depth", "tree_nodes")
+_HEAD_OPTIONS = ("head", "target_name", "online_distill", *_TREE_OPTIONS)
+
+_FUSION_MEMBERS = (
+    Member("prompt-lookup"),
+    Member("rest", forwards=("datastore",)),
+    Member("token-recycling", forwards=("recycling_state",)),
+    Member("eagle", forwards=_HEAD_FORWARDS),
+    Member("medusa", forwards=_HEAD_FORWARDS),
+    Member("hydra", forwards=_HEAD_FORWARDS),
+    Member("layer-skip", forwards=("num_draft_tokens", "skip_layers")),
+    Member("draft-model", forwards=("num_draft_tokens",), fixed=(("adaptive", True), ("greedy_proposals", True))),
+)
+
+METHODS: dict[str, MethodSpec] = {spec.name: spec for spec in (
+    MethodSpec(PLAIN, "plain decoding: the target alone, one token per step", "specula.drafters.none",
+               bench_default=True),
+    MethodSpec("draft-model", "a chain drafted by a small draft model (--draft)", "specula.drafters.draft_model",
+               options=("num_draft_tokens", "adaptive"), draft_model="required", auto_draft=True,
+               draft_skip="drafts", bench_default=True),
+    MethodSpec("draft-tree", "a tree drafted by a small draft model (top-k or sampled siblings)",
+               "specula.drafters.draft_tree", options=_TREE_OPTIONS, draft_model="required", auto_draft=True,
+               draft_skip="refused"),
+    MethodSpec("prompt-lookup", "n-gram matches in the prompt and the text so far",
+               "specula.drafters.prompt_lookup", bench_default=True),
+    MethodSpec("token-recycling", "an adjacency matrix of the target's past candidate tokens",
+               "specula.drafters.token_recycling", options=("recycling_state",)),
+    MethodSpec("rest", "retrieval from a datastore of text (--datastore)", "specula.drafters.rest",
+               options=("datastore",), datastore=True),
+    MethodSpec("layer-skip", "the target itself with decoder sub-layers skipped (SWIFT)",
+               "specula.drafters.layer_skip", options=("num_draft_tokens",), draft_skip="drafts",
+               layer_skipping=True),
+    MethodSpec("eagle", "an EAGLE head over the target's features", "specula.drafters.eagle",
+               options=_HEAD_OPTIONS, head="eagle", features=True),
+    MethodSpec("medusa", "Medusa heads over the target's features", "specula.drafters.medusa",
+               options=_HEAD_OPTIONS, head="medusa", features=True),
+    MethodSpec("hydra", "Hydra heads over the target's features", "specula.drafters.hydra",
+               options=_HEAD_OPTIONS, head="hydra", features=True),
+    MethodSpec(DEFAULT_METHOD, "every drafter available, trees merged and sized by the planner",
+               members=_FUSION_MEMBERS, draft_model="optional", auto_draft=True, draft_skip="drafts"),
+)}
+"""Every method, in help order."""
+
+
+def get_method(name: str | MethodSpec) -> MethodSpec:
+    """The row of a method name (a row is returned as is); a `ConfigError` lists the names for an
+    unknown one (before any model is loaded)."""
+    if isinstance(name, MethodSpec):
+        return name
+    spec = METHODS.get(name)
+    if spec is None:
+        raise ConfigError(f"unknown method {name!r}; choose one of: {', '.join(METHODS)}")
+    return spec
+
+
+def methods_taking(option: str) -> list[str]:
+    """Names of the methods whose command-line options include `option` (for help texts)."""
+    return [spec.name for spec in METHODS.values() if option in spec.options and not spec.members]
+
+
+def layer_skipper() -> MethodSpec:
+    """The method that drafts with the target's own layers skipped (what `--draft skip` drafts with)."""
+    return next(spec for spec in METHODS.values() if spec.layer_skipping)
+
+
+def first_drafting_with_model() -> MethodSpec:
+    """The first method that cannot draft without a draft model (one that makes `api.load` load it)."""
+    return next(spec for spec in METHODS.values() if spec.draft_model == "required")
+
+
+def bench_defaults(has_draft: bool) -> list[str]:
+    """The methods the bench runs when `--methods` is not given: the `bench_default` rows, those that
+    need a draft model last and only `has_draft`."""
+    rows = [spec for spec in METHODS.values() if spec.bench_default]
+    return ([spec.name for spec in rows if spec.draft_model != "required"]
+            + [spec.name for spec in rows if spec.draft_model == "required" and has_draft])
+
+
+def default_head(method: str | MethodSpec, target_name: str | None) -> Path | None:
+    """`--head`'s default for a method: the head of its kind installed for the target
+    (`specula models install`), or None. Fusion takes a head only when given one (`--head`): the
+    shipped SmolLM2 head does not pay on a CPU yet (README, docs/training.md) and fusion must never
+    be slower than plain decoding."""
+    spec = get_method(method)
+    if spec.head is None:
+        return None
+    from specula.drafters.heads.shipped import default_head as installed_head
+
+    return installed_head(target_name, spec.head)
+
+
+def or_list(names: list[str]) -> str:
+    """"a, b or c"."""
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} or {names[-1]}"
+
+
+__all__ = ["DEFAULT_METHOD", "METHODS", "PLAIN", "Member", "MethodSpec", "bench_defaults", "default_head", "first_drafting_with_model",
+           "get_method", "layer_skipper", "methods_taking", "or_list"]

@@ -1,0 +1,112 @@
+"""The method table (`specula.methods`): every row is consistent with its drafter module, every
+reader takes what it needs from it, and method names are written nowhere else."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+from typing import get_args
+
+import pytest
+
+import specula
+from specula.drafters.heads.config import HeadKind
+from specula.errors import ConfigError
+from specula.methods import DEFAULT_METHOD, METHODS, PLAIN, bench_defaults, get_method, layer_skipper, methods_taking
+
+PACKAGE = Path(specula.__file__).parent
+
+
+def test_every_row_names_a_module_whose_create_takes_its_options():
+    for spec in METHODS.values():
+        assert (spec.module is None) == bool(spec.members), spec.name
+        if spec.members:
+            continue
+        module = spec.drafter_module()
+        assert callable(module.create), spec.name
+        assert set(spec.options) <= set(spec.accepted_options()), spec.name
+
+
+def test_fusion_members_are_rows_and_get_only_options_they_take():
+    fusion = get_method(DEFAULT_METHOD)
+    assert fusion.members
+    for member in fusion.members:
+        spec = get_method(member.method)
+        assert not spec.members
+        assert set(member.forwards) | {k for k, _ in member.fixed} <= set(spec.accepted_options()), member
+    # the command line gives fusion what it forwards and the members expose (not --skip-layers: load takes it)
+    assert set(fusion.cli_options()) == {"datastore", "recycling_state", "head", "target_name", "online_distill",
+                                         "num_draft_tokens"}
+    assert "skip_layers" in fusion.accepted_options()
+
+
+def test_unknown_names_are_refused_with_the_list():
+    with pytest.raises(ConfigError, match="unknown method 'lookahead'; choose one of: none, draft-model"):
+        get_method("lookahead")
+    assert get_method(METHODS[PLAIN]) is METHODS[PLAIN]
+
+
+def test_facts_the_readers_take_from_the_table():
+    assert {spec.head for spec in METHODS.values() if spec.head} == set(get_args(HeadKind))
+    assert all(spec.features for spec in METHODS.values() if spec.head)
+    assert layer_skipper().name == "layer-skip"
+    assert [s.name for s in METHODS.values() if s.draft_model != "no"] == ["draft-model", "draft-tree", "fusion"]
+    assert [s.name for s in METHODS.values() if s.auto_draft] == ["draft-model", "draft-tree", "fusion"]
+    assert bench_defaults(False) == ["none", "prompt-lookup"]
+    assert bench_defaults(True) == ["none", "prompt-lookup", "draft-model"]
+    assert methods_taking("tree_top_k") == ["draft-tree", "eagle", "medusa", "hydra"]
+
+
+def test_every_command_line_option_is_a_flag_of_the_same_name():
+    from specula.cli import build_parser
+    from specula.commands.common import drafter_options
+
+    args = build_parser().parse_args(["generate", "--target", "x", "--prompt", "hi"])
+    for spec in METHODS.values():
+        for name in spec.cli_options():
+            assert name == "target_name" or hasattr(args, name), (spec.name, name)
+        options = drafter_options(args, spec.name)
+        assert set(options) == set(spec.cli_options())
+        assert all(v is None for k, v in options.items() if k != "target_name"), spec.name  # nothing given
+    train = build_parser().parse_args(["train", "--target", "x", "--out", "o"])
+    assert train.kind == "eagle"
+
+
+def test_the_table_imports_no_drafter_and_no_torch():
+    code = ("import sys, specula.methods; "
+            "assert not {'torch', 'specula.drafters'} & set(sys.modules), 'torch or a drafter imported'")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=PACKAGE.parent)
+
+
+def test_moved_names_fail_naming_their_new_home():
+    import specula.datastore
+    import specula.drafters
+
+    with pytest.raises(AttributeError, match="use specula.methods"):
+        specula.drafters.MODULES  # noqa: B018
+    with pytest.raises(AttributeError, match="use specula.models.loading.load_tokenizer"):
+        specula.datastore.load_tokenizer  # noqa: B018
+    import specula.models.loading
+    import specula.models.skipping
+
+    with pytest.raises(AttributeError, match="use specula.draft_choice.auto_draft"):
+        specula.models.loading.auto_draft  # noqa: B018
+    with pytest.raises(AttributeError, match="use draft_skip=True"):
+        specula.models.skipping.LayerSkipDraft  # noqa: B018
+
+
+def test_method_names_are_written_only_in_the_table_and_the_drafters():
+    """Outside `methods.py` and the drafter packages (and training, which names head kinds), a method
+    name is read from the table. "none" is left out: it also means no quantization, no draft, ..."""
+    allowed = (PACKAGE / "methods.py", PACKAGE / "drafters", PACKAGE / "training")
+    names = set(METHODS) - {PLAIN}
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if any(path == a or a in path.parents for a in allowed):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Constant) and node.value in names:
+                found.append(f"{path.relative_to(PACKAGE)}:{node.lineno} {node.value!r}")
+    assert not found, found
