@@ -139,6 +139,27 @@ def assert_tree_logits_are_causal(model, prompt: list[int], tree: TokenTree, log
             assert logits[row].argmax() == causal.argmax(), row
 
 
+def check_random_tree(model, seq, seed: int, prompt_len: int, nodes: int, *, cuts: tuple[int, ...] = (),
+                      same_argmax: bool = False) -> TokenTree:
+    """The tree-forward law on one random case: prefill a random prompt of `prompt_len` tokens but
+    its last (the root) into the target sequence `seq`, run a random tree of `nodes` nodes (with
+    `cuts`: `forward_tree` of its first cuts[0] nodes, then `forward_tree_incremental` to each
+    further cut and to the whole tree) and assert every row equals `model`'s causal logits over
+    that row's path (`assert_tree_logits_are_causal`). Returns the tree (left pending on `seq`)."""
+    rng = random.Random(seed)
+    prompt = [rng.randrange(VOCAB) for _ in range(prompt_len)]
+    seq.prefill(prompt[:-1], logits="none")
+    tree = random_tree(rng, nodes, VOCAB)
+    if not cuts:
+        logits = seq.forward_tree(prompt[-1], tree)
+    else:
+        rows = [seq.forward_tree(prompt[-1], tree.subtree(range(cuts[0])))]
+        rows += [seq.forward_tree_incremental(tree.subtree(range(end))) for end in (*cuts[1:], len(tree))]
+        logits = torch.cat(rows)
+    assert_tree_logits_are_causal(model, prompt, tree, logits, same_argmax=same_argmax)
+    return tree
+
+
 def assert_cache_equals_plain_forward(model, seq, committed: list[int]) -> None:
     """The sequence holds exactly `committed`, and its KV cache equals a plain causal forward's."""
     assert seq.tokens == committed

@@ -6,7 +6,7 @@ import random
 import pytest
 import torch
 
-from tiny import assert_tree_logits_are_causal, random_tree, tiny_model
+from tiny import check_random_tree, random_tree, tiny_model
 from specula.commands.common import add_model_args, load_config
 from specula.errors import ConfigError
 from specula.models.attention import BATCH_INVARIANT, resolve_attention, transformers_name
@@ -33,13 +33,8 @@ def one_token_logits(model, prompt: list[int], path: list[int]) -> torch.Tensor:
 def test_batch_invariant_attention_computes_tree_attention(arch):
     model = invariant_tiny(arch)
     assert model.config._attn_implementation == BATCH_INVARIANT
-    rng = random.Random(1)
-    prompt = [rng.randrange(96) for _ in range(11)]
-    lm = HFCausalLM(model).new_sequence()
-    lm.prefill(prompt[:-1], logits="none")
-    tree = random_tree(rng, 14, 96)
+    tree = check_random_tree(model, HFCausalLM(model).new_sequence(), 1, 11, 14)
     assert not tree.is_chain()
-    assert_tree_logits_are_causal(model, prompt, tree, lm.forward_tree(prompt[-1], tree))
 
 
 @torch.inference_mode()

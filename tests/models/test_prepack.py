@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch import nn
 
-from tiny import assert_speculative_greedy_equals_plain, assert_tree_logits_are_causal, perturbed_copy, random_tree, tiny_model
+from tiny import assert_speculative_greedy_equals_plain, check_random_tree, perturbed_copy, tiny_model
 from specula.api import LoadConfig
 from specula.commands.common import add_model_args, load_config
 from specula.errors import ConfigError
@@ -73,12 +73,7 @@ def test_prepacked_model_logits_equal_the_original(arch):
 @torch.inference_mode()
 def test_prepacked_tree_logits_equal_causal_logits_over_each_path(arch):
     model = prepacked_tiny(arch)
-    lm = HFCausalLM(model).new_sequence()
-    rng = random.Random(0)
-    prompt = [rng.randrange(96) for _ in range(9)]
-    lm.prefill(prompt[:-1], logits="none")
-    tree = random_tree(rng, 14, 96)
-    assert_tree_logits_are_causal(model, prompt, tree, lm.forward_tree(prompt[-1], tree), same_argmax=True)
+    check_random_tree(model, HFCausalLM(model).new_sequence(), 0, 9, 14, same_argmax=True)
 
 
 @pytest.mark.parametrize("method", ["prompt-lookup", "draft-model"])
