@@ -24,6 +24,8 @@ from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 from specula.errors import ConfigError
 from specula.models.attention import BATCH_INVARIANT, causal_prefill
 from specula.models.base import LogitsMode, guarantee_of
+from specula.models.cost_key import cost_key_of
+from specula.models.linears import quantization_of
 from specula.models.sequence import TreeSequence
 from specula.tree import TokenTree
 
@@ -48,20 +50,6 @@ def eos_ids_of(model: PreTrainedModel, tokenizer=None) -> frozenset[int]:
     if tokenizer is not None and getattr(tokenizer, "eos_token_id", None) is not None:
         ids.append(tokenizer.eos_token_id)
     return frozenset(int(i) for i in ids)
-
-
-def quantization_of(model: torch.nn.Module) -> str:
-    """"int8" when the model's linears are int8 (`RowInt8Linear`, or specula's i8 kernels), "w8" for
-    weight-only int8 kernels, else "none"."""
-    from specula.models.native.kernels import KernelLinear
-    from specula.models.quantize import RowInt8Linear
-
-    for m in model.modules():
-        if isinstance(m, RowInt8Linear) or (isinstance(m, KernelLinear) and m.kind == "i8"):
-            return "int8"
-        if isinstance(m, KernelLinear) and m.kind == "w8":
-            return "w8"
-    return "none"
 
 
 class HFCausalLM:
@@ -100,26 +88,11 @@ class HFCausalLM:
         return n
 
     def cost_key(self) -> dict[str, Any]:
-        from specula.models.prepack import linear_kernel_of
-
         cfg = self.config
-        key = {
-            "model": str(getattr(cfg, "_name_or_path", "")) or self.name,
-            "arch": type(self.model).__name__,
-            "layers": getattr(cfg, "num_hidden_layers", None),
-            "hidden": getattr(cfg, "hidden_size", None),
-            "backend": "hf",
-            "dtype": str(self.dtype),
-            "device": str(self.device),
-            "threads": torch.get_num_threads(),
-            "torch": torch.__version__,
-            "quantize": quantization_of(self.model),
-            "attention": getattr(cfg, "_attn_implementation", None),
-            "linear_kernel": linear_kernel_of(self.model),
-        }
-        if self.device.type == "cuda":
-            key["gpu"] = torch.cuda.get_device_name(self.device)
-        return key
+        return cost_key_of(self.model, model=str(getattr(cfg, "_name_or_path", "")) or self.name,
+                           arch=type(self.model).__name__, layers=getattr(cfg, "num_hidden_layers", None),
+                           hidden=getattr(cfg, "hidden_size", None), backend="hf", dtype=self.dtype,
+                           device=self.device, attention=getattr(cfg, "_attn_implementation", None))
 
     def reference_model(self) -> PreTrainedModel:
         return self.model

@@ -23,6 +23,8 @@ import torch
 
 from specula.errors import ConfigError
 from specula.models.base import LogitsMode, SubLayer, guarantee_of
+from specula.models.cost_key import cost_key_of
+from specula.models.linears import quantization_of
 from specula.models.native.cache import KVCache
 from specula.models.native.graphs import GraphRunner, graph_unsupported
 from specula.models.native.model import NativeDecoder, Segment
@@ -45,7 +47,6 @@ class NativeCausalLM:
         self.eos_token_ids = frozenset(int(e) for e in eos_token_ids)
         param = decoder.final_norm
         self.device, self.dtype = param.device, param.dtype
-        from specula.models.hf import quantization_of
         from specula.models.native.ops import CpuKernelOps
 
         invariant = isinstance(decoder.ops, CpuKernelOps) or (decoder.invariant and quantization_of(decoder) == "int8")
@@ -124,28 +125,11 @@ class NativeCausalLM:
         return NativeSequence(self)
 
     def cost_key(self) -> dict[str, Any]:
-        from specula.models.hf import quantization_of
-        from specula.models.prepack import linear_kernel_of
-
         cfg = self.config
-        key = {
-            "model": self._model_id or self.name,
-            "arch": cfg.architecture,
-            "layers": cfg.num_layers,
-            "hidden": cfg.hidden_size,
-            "backend": "native",
-            "dtype": str(self.dtype),
-            "device": str(self.device),
-            "threads": torch.get_num_threads(),
-            "torch": torch.__version__,
-            "quantize": quantization_of(self.decoder),
-            "attention": "batch_invariant" if self.decoder.invariant else "sdpa",
-            "linear_kernel": linear_kernel_of(self.decoder),
-            "cuda_graphs": self.cuda_graphs,
-        }
-        if self.device.type == "cuda":
-            key["gpu"] = torch.cuda.get_device_name(self.device)
-        return key
+        return cost_key_of(self.decoder, model=self._model_id or self.name, arch=cfg.architecture,
+                           layers=cfg.num_layers, hidden=cfg.hidden_size, backend="native", dtype=self.dtype,
+                           device=self.device, attention="batch_invariant" if self.decoder.invariant else "sdpa",
+                           cuda_graphs=self.cuda_graphs)
 
     def reference_model(self) -> Any:
         """The Hugging Face model of the same weights (loaded on first use, for peers)."""

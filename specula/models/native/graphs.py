@@ -456,7 +456,7 @@ def graph_unsupported(decoder) -> str | None:
         return f"its ops are {getattr(decoder.ops, 'name', type(decoder.ops).__name__)}, not PyTorch's"
     if decoder.invariant:
         return "batch-invariant attention computes each row alone (data-dependent shapes)"
-    from specula.models.hf import quantization_of
+    from specula.models.linears import quantization_of
 
     if quantization_of(decoder) != "none":
         return "quantized linears run on the CPU only"
