@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import copy
 import random
-from typing import Iterator
+from typing import Iterator, Sequence
 
 import torch
 from transformers import (
@@ -23,6 +23,30 @@ torch.set_num_threads(1)
 
 VOCAB = 96
 ARCHES = ("llama", "qwen2", "gpt2")
+
+
+def word_tokenizer(words: Sequence[str] | int, *, decoder: bool = False, chat_template: str | None = None,
+                   name: str | None = None, **special: str):
+    """A word-level fast tokenizer, built offline (the one builder the tests share): ids follow
+    `words` (a list, or n for w0 .. w{n-1}), a word not in it maps to the first, whitespace splits.
+    `decoder`: decode through a WordPiece decoder (words joined by spaces); `special`: special
+    tokens as `PreTrainedTokenizerFast` takes them (`eos_token="w1"`, ...). A declared special
+    token becomes an added token, which matches inside words ("w10" -> "w1" "0"): declare none
+    where such words occur, or name the words so that none is a prefix of another (w00 .. w95)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    words = [f"w{i}" for i in range(words)] if isinstance(words, int) else list(words)
+    backend = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token=words[0]))
+    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    if decoder:
+        backend.decoder = decoders.WordPiece(prefix="##")
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, **special)
+    if chat_template is not None:
+        tokenizer.chat_template = chat_template
+    if name is not None:
+        tokenizer.name_or_path = name
+    return tokenizer
 
 
 def tiny_model(arch: str = "qwen2", attn: str = "sdpa", seed: int = 0, vocab: int = VOCAB, layers: int = 2):

@@ -1,13 +1,11 @@
 """Batch-invariant attention: correct attention, and tree rows bitwise equal to one-token steps."""
 
-import argparse
 import random
 
 import pytest
 import torch
 
 from tiny import check_random_tree, random_tree, tiny_model
-from specula.commands.common import add_model_args, load_config
 from specula.errors import ConfigError
 from specula.models.attention import BATCH_INVARIANT, resolve_attention, transformers_name
 from specula.models.hf import HFCausalLM
@@ -59,11 +57,6 @@ def test_auto_picks_batch_invariant_for_int8_only():
     assert resolve_attention("eager", "int8") == "eager"  # an explicit choice is kept
     with pytest.raises(ConfigError, match="choose one of: auto, sdpa, eager, batch_invariant"):
         resolve_attention("flash", "none")
-    parser = argparse.ArgumentParser()
-    add_model_args(parser)
-    assert load_config(parser.parse_args(["--target", "x"])).attn_implementation == "auto"
-    assert load_config(parser.parse_args(["--target", "x", "--attn", "batch_invariant"])).attn_implementation \
-        == "batch_invariant"
 
 
 def test_prefill_runs_on_sdpa_and_tree_passes_on_the_row_loop(monkeypatch):

@@ -1,6 +1,5 @@
 """oneDNN prepacked float32 linears: same numbers as F.linear, same greedy output, chosen by `auto`."""
 
-import argparse
 import copy
 import random
 from pathlib import Path
@@ -10,8 +9,6 @@ import torch
 from torch import nn
 
 from tiny import assert_speculative_greedy_equals_plain, check_random_tree, perturbed_copy, tiny_model
-from specula.api import LoadConfig
-from specula.commands.common import add_model_args, load_config
 from specula.errors import ConfigError
 from specula.models.hf import HFCausalLM
 from specula.models.loading import load_model
@@ -106,12 +103,3 @@ def test_load_model_prepacks_float32_by_default(tmp_path: Path, tiny_tokenizer):
     assert (linear_kernel_of(auto), linear_kernel_of(aten), linear_kernel_of(bf16)) == ("onednn", "aten", "aten")
     # a cost curve measured with one kernel is never reused for the other
     assert cost_cache_key(HFCausalLM(auto), 256) != cost_cache_key(HFCausalLM(aten), 256)
-
-
-def test_cli_option_reaches_load_config():
-    parser = argparse.ArgumentParser()
-    add_model_args(parser)
-    assert load_config(parser.parse_args(["--target", "x", "--linear-kernel", "aten"])) == LoadConfig(linear_kernel="aten")
-    assert parser.parse_args(["--target", "x"]).linear_kernel == "auto"
-    with pytest.raises(SystemExit):
-        parser.parse_args(["--target", "x", "--linear-kernel", "mkl"])

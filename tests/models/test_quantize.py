@@ -1,6 +1,5 @@
 """int8 quantization: batch invariance (the property lossless verification needs) and greedy equality."""
 
-import argparse
 import warnings
 
 import pytest
@@ -8,8 +7,6 @@ import torch
 from torch import nn
 
 from tiny import assert_speculative_greedy_equals_plain, check_random_tree, perturbed_copy, tiny_model
-from specula.api import LoadConfig
-from specula.commands.common import add_model_args, load_config
 from specula.errors import ConfigError
 from specula.models.hf import HFCausalLM
 from specula.models.attention import transformers_name
@@ -79,13 +76,3 @@ def test_speculative_greedy_equals_plain_greedy_of_the_quantized_model(arch, met
     draft = quantize_model(perturbed_copy(model, 0.05), "int8") if method == "draft-model" else None
     quantize_model(model, "int8")
     assert_speculative_greedy_equals_plain(model, method, model, draft)
-
-
-def test_cli_option_reaches_load_config():
-    parser = argparse.ArgumentParser()
-    add_model_args(parser)
-    args = parser.parse_args(["--target", "x", "--quantize", "int8"])
-    assert load_config(args) == LoadConfig(quantize="int8")
-    assert parser.parse_args(["--target", "x"]).quantize == "none"
-    with pytest.raises(SystemExit):
-        parser.parse_args(["--target", "x", "--quantize", "int4"])
