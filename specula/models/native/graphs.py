@@ -1,7 +1,7 @@
 """CUDA graphs for the native decoder: every pass of up to 64 rows runs as a fixed-shape pass,
 captured once with `torch.cuda.CUDAGraph` and replayed with new inputs.
 
-A GPU step of a small or mid-sized model is launch-bound (ALGORITHMS.md section 7): a pass is
+A GPU step of a small or mid-sized model is launch-bound (docs/algorithms.md section 7): a pass is
 hundreds of small kernels, each launched from Python. A captured pass replays all of them with one
 call. Captures need fixed shapes and fixed addresses, so a pass is brought to a few shapes:
 
