@@ -154,6 +154,8 @@ class HFSequence(TreeSequence):
 
     `tokens` mirrors exactly what the cache holds (committed tokens)."""
 
+    backend: HFCausalLM
+
     def __init__(self, backend: HFCausalLM) -> None:
         super().__init__(backend)
         self.cache = DynamicCache(config=backend.config)

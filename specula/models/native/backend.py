@@ -271,6 +271,7 @@ class NativeSequence(TreeSequence):
     """One sequence's static KV cache on a `NativeCausalLM` (see the module docstring); the
     pending-tree handshake is `TreeSequence`'s, this class runs the passes and moves the rows."""
 
+    backend: NativeCausalLM
     logits_dtype = torch.float32  # NativeDecoder.logits
 
     def __init__(self, backend: NativeCausalLM) -> None:
