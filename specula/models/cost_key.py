@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import torch
 from torch import nn
+
+from specula.models.linears import quantization_of
+from specula.models.prepack import linear_kernel_of
 
 BackendName = Literal["hf", "native"]
 
@@ -52,7 +55,7 @@ class CostKey:
     gpu: str | None = None
     """The GPU's name on CUDA; None (left out of the key) elsewhere."""
 
-    OPTIONAL = ("cuda_graphs", "gpu")
+    OPTIONAL: ClassVar[tuple[str, ...]] = ("cuda_graphs", "gpu")
     """Fields left out of `as_dict` when None (keys taken before they existed stay the same)."""
 
     def as_dict(self) -> dict[str, Any]:
@@ -70,9 +73,6 @@ def cost_key_of(weights: nn.Module, *, model: str, arch: str, layers: int | None
     """A backend's `cost_key()`: what it says about itself, plus what the schema reads the same way
     for every backend (the kernels and quantization of the module holding the `weights`, torch's
     threads and version, the GPU's name)."""
-    from specula.models.linears import quantization_of
-    from specula.models.prepack import linear_kernel_of
-
     return CostKey(
         model=model, arch=arch, layers=layers, hidden=hidden, backend=backend, dtype=str(dtype), device=str(device),
         threads=torch.get_num_threads(), torch=torch.__version__, quantize=quantization_of(weights),
