@@ -13,12 +13,15 @@ observes the `StepResult`. Nothing in this module calls anything: it is data and
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Protocol, Sequence
 
 import torch
 
 from specula.sampling import SamplingParams
 from specula.tree import SiblingMode, TokenTree
+
+if TYPE_CHECKING:
+    from specula.models.base import TargetSequence
 
 
 @dataclass(frozen=True)
@@ -73,8 +76,8 @@ class DraftContext:
     """The request's seeded random generator (for drafters that sample)."""
     cost: CostView | None = None
     """The planner's read-only cost view, or None when no planner runs."""
-    target: Any = None
-    """The request's target sequence (a `TargetSequence`), for self-drafting drafters: they may
+    target: TargetSequence | None = None
+    """The request's target sequence, for self-drafting drafters: they may
     only call its `LayerSkipSequence` methods (scratch rows, never the committed state)."""
 
 

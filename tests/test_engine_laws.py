@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from laws import exact_first_two, sample_first_two, tv, tv_bound
-from tiny import perturbed_copy, tiny_model
+from tiny import perturbed_copy, tiny_model, word_tokenizer
 from specula.api import build_decoder
 from specula.models.hf import HFCausalLM
 from specula.planner import CostCurve, HardwarePlanner
@@ -41,14 +41,9 @@ def exact(models):
 @pytest.fixture(scope="module")
 def datastore(tmp_path_factory):
     """A REST datastore over the 8 tokens (every bigram many times)."""
-    from tokenizers import Tokenizer, models as tok_models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
     from specula.datastore.build import BuildConfig, build_datastore
 
-    tok = Tokenizer(tok_models.WordLevel({f"w{i}": i for i in range(V)}, unk_token="w0"))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=tok)
+    tokenizer = word_tokenizer(V)
     root = tmp_path_factory.mktemp("laws")
     rng = np.random.default_rng(0)
     (root / "c.txt").write_text(" ".join(f"w{i}" for i in rng.integers(0, V, 4000)))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import copy
 import random
-from typing import Iterator
+from typing import Iterator, Sequence
 
 import torch
 from transformers import (
@@ -23,6 +23,30 @@ torch.set_num_threads(1)
 
 VOCAB = 96
 ARCHES = ("llama", "qwen2", "gpt2")
+
+
+def word_tokenizer(words: Sequence[str] | int, *, decoder: bool = False, chat_template: str | None = None,
+                   name: str | None = None, **special: str):
+    """A word-level fast tokenizer, built offline (the one builder the tests share): ids follow
+    `words` (a list, or n for w0 .. w{n-1}), a word not in it maps to the first, whitespace splits.
+    `decoder`: decode through a WordPiece decoder (words joined by spaces); `special`: special
+    tokens as `PreTrainedTokenizerFast` takes them (`eos_token="w1"`, ...). A declared special
+    token becomes an added token, which matches inside words ("w10" -> "w1" "0"): declare none
+    where such words occur, or name the words so that none is a prefix of another (w00 .. w95)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    words = [f"w{i}" for i in range(words)] if isinstance(words, int) else list(words)
+    backend = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token=words[0]))
+    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    if decoder:
+        backend.decoder = decoders.WordPiece(prefix="##")
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, **special)
+    if chat_template is not None:
+        tokenizer.chat_template = chat_template
+    if name is not None:
+        tokenizer.name_or_path = name
+    return tokenizer
 
 
 def tiny_model(arch: str = "qwen2", attn: str = "sdpa", seed: int = 0, vocab: int = VOCAB, layers: int = 2):
@@ -137,6 +161,27 @@ def assert_tree_logits_are_causal(model, prompt: list[int], tree: TokenTree, log
         torch.testing.assert_close(logits[row], causal, atol=1e-4, rtol=1e-4)
         if same_argmax:  # what greedy verification reads
             assert logits[row].argmax() == causal.argmax(), row
+
+
+def check_random_tree(model, seq, seed: int, prompt_len: int, nodes: int, *, cuts: tuple[int, ...] = (),
+                      same_argmax: bool = False) -> TokenTree:
+    """The tree-forward law on one random case: prefill a random prompt of `prompt_len` tokens but
+    its last (the root) into the target sequence `seq`, run a random tree of `nodes` nodes (with
+    `cuts`: `forward_tree` of its first cuts[0] nodes, then `forward_tree_incremental` to each
+    further cut and to the whole tree) and assert every row equals `model`'s causal logits over
+    that row's path (`assert_tree_logits_are_causal`). Returns the tree (left pending on `seq`)."""
+    rng = random.Random(seed)
+    prompt = [rng.randrange(VOCAB) for _ in range(prompt_len)]
+    seq.prefill(prompt[:-1], logits="none")
+    tree = random_tree(rng, nodes, VOCAB)
+    if not cuts:
+        logits = seq.forward_tree(prompt[-1], tree)
+    else:
+        rows = [seq.forward_tree(prompt[-1], tree.subtree(range(cuts[0])))]
+        rows += [seq.forward_tree_incremental(tree.subtree(range(end))) for end in (*cuts[1:], len(tree))]
+        logits = torch.cat(rows)
+    assert_tree_logits_are_causal(model, prompt, tree, logits, same_argmax=same_argmax)
+    return tree
 
 
 def assert_cache_equals_plain_forward(model, seq, committed: list[int]) -> None:

@@ -49,7 +49,7 @@ def _ranks(prefix: tuple[int, ...], n: int) -> list[tuple[int, ...]]:
     return [(*prefix, r) for r in range(n)]
 
 
-# The paper's 80-node template (ALGORITHMS.md section 3): each node is its path of child ranks.
+# The paper's 80-node template (docs/algorithms.md section 3): each node is its path of child ranks.
 TEMPLATE_LEVELS: tuple[tuple[tuple[int, ...], ...], ...] = (
     tuple(_ranks((), 8)),
     tuple(_ranks((0,), 8) + _ranks((1,), 4) + _ranks((2,), 3) + _ranks((3,), 2)

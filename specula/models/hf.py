@@ -24,6 +24,9 @@ from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 from specula.errors import ConfigError
 from specula.models.attention import BATCH_INVARIANT, causal_prefill
 from specula.models.base import LogitsMode, guarantee_of
+from specula.models.cost_key import cost_key_of
+from specula.models.linears import quantization_of
+from specula.models.sequence import TreeSequence
 from specula.tree import TokenTree
 
 
@@ -47,20 +50,6 @@ def eos_ids_of(model: PreTrainedModel, tokenizer=None) -> frozenset[int]:
     if tokenizer is not None and getattr(tokenizer, "eos_token_id", None) is not None:
         ids.append(tokenizer.eos_token_id)
     return frozenset(int(i) for i in ids)
-
-
-def quantization_of(model: torch.nn.Module) -> str:
-    """"int8" when the model's linears are int8 (`RowInt8Linear`, or specula's i8 kernels), "w8" for
-    weight-only int8 kernels, else "none"."""
-    from specula.models.native.kernels import KernelLinear
-    from specula.models.quantize import RowInt8Linear
-
-    for m in model.modules():
-        if isinstance(m, RowInt8Linear) or (isinstance(m, KernelLinear) and m.kind == "i8"):
-            return "int8"
-        if isinstance(m, KernelLinear) and m.kind == "w8":
-            return "w8"
-    return "none"
 
 
 class HFCausalLM:
@@ -99,26 +88,11 @@ class HFCausalLM:
         return n
 
     def cost_key(self) -> dict[str, Any]:
-        from specula.models.prepack import linear_kernel_of
-
         cfg = self.config
-        key = {
-            "model": str(getattr(cfg, "_name_or_path", "")) or self.name,
-            "arch": type(self.model).__name__,
-            "layers": getattr(cfg, "num_hidden_layers", None),
-            "hidden": getattr(cfg, "hidden_size", None),
-            "backend": "hf",
-            "dtype": str(self.dtype),
-            "device": str(self.device),
-            "threads": torch.get_num_threads(),
-            "torch": torch.__version__,
-            "quantize": quantization_of(self.model),
-            "attention": getattr(cfg, "_attn_implementation", None),
-            "linear_kernel": linear_kernel_of(self.model),
-        }
-        if self.device.type == "cuda":
-            key["gpu"] = torch.cuda.get_device_name(self.device)
-        return key
+        return cost_key_of(self.model, model=str(getattr(cfg, "_name_or_path", "")) or self.name,
+                           arch=type(self.model).__name__, layers=getattr(cfg, "num_hidden_layers", None),
+                           hidden=getattr(cfg, "hidden_size", None), backend="hf", dtype=self.dtype,
+                           device=self.device, attention=getattr(cfg, "_attn_implementation", None))
 
     def reference_model(self) -> PreTrainedModel:
         return self.model
@@ -174,119 +148,62 @@ class HFCausalLM:
         return linear_weight(head)[ids.to(self.device)]
 
 
-class HFSequence:
-    """One sequence's KV cache on an `HFCausalLM` (see the module docstring).
+class HFSequence(TreeSequence):
+    """One sequence's `DynamicCache` on an `HFCausalLM` (see the module docstring); the pending-tree
+    handshake is `TreeSequence`'s, this class runs the passes and edits the cache.
 
     `tokens` mirrors exactly what the cache holds (committed tokens)."""
 
-    def __init__(self, backend: HFCausalLM) -> None:
-        self.backend = backend
-        self.cache = DynamicCache(config=backend.config)
-        self._tokens: list[int] = []
-        self._pending: tuple[int, TokenTree] | None = None  # (root, tree) run but not committed
+    backend: HFCausalLM
 
-    @property
-    def tokens(self) -> list[int]:
-        return self._tokens
+    def __init__(self, backend: HFCausalLM) -> None:
+        super().__init__(backend)
+        self.cache = DynamicCache(config=backend.config)
 
     def __len__(self) -> int:
         return len(self._tokens)
 
-    def _assert_room(self, extra: int) -> None:
-        # The engine checks the context window once per request and sizes every step to fit;
-        # reaching this is a bug in the caller, not bad input.
-        if len(self._tokens) + extra > self.backend.max_context:
-            raise RuntimeError(f"{self.backend.name}: {len(self._tokens) + extra} tokens exceed the context "
-                               f"window of {self.backend.max_context}")
-
     # ------------------------------------------------------------------ forward passes
-    def prefill(self, ids: Sequence[int], logits: LogitsMode = "last", hidden: bool = False) -> Any:
-        """Run `ids` causally after the cache and commit them.
-
-        logits: "last" -> [vocab] for the last token, "all" -> [len(ids), vocab], "none" -> None."""
-        if self._pending is not None:
-            raise RuntimeError("prefill() while a tree is pending: commit() it first")
-        ids = list(ids)
-        if not ids:
-            empty = torch.empty((0, self.backend.hidden_size), dtype=self.backend.dtype, device=self.backend.device)
-            return (None, empty) if hidden else None
-        self._assert_room(len(ids))
+    def _prefill_rows(self, ids: list[int], logits: LogitsMode, hidden: bool) -> Any:
         start = len(self._tokens)
         positions = torch.arange(start, start + len(ids))
         with causal_prefill():  # every method prefills alike: no batch invariance needed (models/attention.py)
             out = self.backend.run(self.cache, ids, positions, None, logits_to_keep=0 if logits == "all" else 1,
                                    hidden=hidden)
-        self._tokens.extend(ids)
         out, states = out if hidden else (out, None)
         out = None if logits == "none" else out[-1] if logits == "last" else out
         return (out, states) if hidden else out
 
-    def forward_tree(self, root: int, tree: TokenTree, hidden: bool = False) -> Any:
-        """Logits [n+1, vocab]: row 0 after the root, row i+1 after node i (with `hidden`:
-        (logits, hidden states [n + 1, E]))."""
-        if self._pending is not None:
-            raise RuntimeError("forward_tree() while a tree is pending: commit() it first")
+    def _tree_rows(self, root: int, tree: TokenTree, hidden: bool) -> Any:
         return self._run_rows(root, tree, 0, hidden)
 
-    def forward_tree_incremental(self, tree: TokenTree) -> torch.Tensor:
-        """Grow the pending tree: `tree` must start with the pending tree's nodes (same tokens
-        and parents, in order); only the new nodes run, with the same tree attention as
-        `forward_tree`. Returns logits [len(tree) - len(pending), vocab] for the new nodes
-        (row i after new node i). A drafter expands its tree level by level this way, then
-        `commit`s the accepted path (or `[]`)."""
-        if self._pending is None:
-            raise RuntimeError("forward_tree_incremental() needs a pending tree: call forward_tree() first")
-        root, old = self._pending
-        start = len(old)
-        if tree.tokens[:start] != old.tokens or tree.parents[:start] != old.parents:
-            raise ValueError("forward_tree_incremental: the tree must extend the pending tree (same first nodes)")
-        if len(tree) == start:
-            return torch.empty((0, self.backend.vocab_size), dtype=self.backend.dtype, device=self.backend.device)
-        return self._run_rows(root, tree, start + 1)
+    def _grow_rows(self, root: int, tree: TokenTree, first: int) -> torch.Tensor:
+        return self._run_rows(root, tree, first + 1)
 
     def _run_rows(self, root: int, tree: TokenTree, first_row: int, hidden: bool = False) -> Any:
         """Run rows first_row.. of (root, tree) (row 0 = root, row i + 1 = node i) after the
-        cache, which already holds the rows before first_row; the tree becomes pending."""
-        self._assert_room(len(tree) + 1)
+        cache, which already holds the rows before first_row."""
         prefix = len(self._tokens)
         ids = [root, *tree.tokens][first_row:]
         positions = (torch.cat([torch.zeros(1, dtype=torch.long), tree.position_offsets]) + prefix)[first_row:]
         mask = self.backend.tree_mask(prefix, tree)[:, :, first_row:] if len(tree) else None
-        out = self.backend.run(self.cache, ids, positions, mask, hidden=hidden)
-        self._pending = (root, tree)
-        return out
+        return self.backend.run(self.cache, ids, positions, mask, hidden=hidden)
 
-    def commit(self, path: Sequence[int]) -> None:
-        """Keep prefix + root + the accepted `path` (node indices, root to leaf)."""
-        if self._pending is None:
-            raise RuntimeError("commit() without a pending forward_tree()")
-        root, tree = self._pending
-        self._pending = None
-        prefix = len(self._tokens)
-        path = list(path)
-        n = len(tree)
-        if path != list(range(len(path))):
+    # ------------------------------------------------------------------ cache edits
+    def _keep_rows(self, prefix: int, tree: TokenTree, path: list[int]) -> None:
+        if path != list(range(len(path))):  # a branch: gather its rows after the root
             index = torch.tensor([*range(prefix + 1), *(prefix + 1 + i for i in path)], device=self.backend.device)
             for layer in self._layers():
                 layer.keys = layer.keys.index_select(-2, index)
                 layer.values = layer.values.index_select(-2, index)
-        elif len(path) < n:
-            self._crop_layers(n - len(path))
-        self._tokens.extend([root, *tree.tokens_of(path)])
+        elif len(path) < len(tree):  # the first nodes: drop the rows after them
+            self._crop_layers(len(tree) - len(path))
 
-    def crop(self, length: int) -> None:
-        """Roll the cache back to its first `length` tokens."""
-        if self._pending is not None:
-            raise RuntimeError("crop() while a tree is pending: commit() it first")
-        if not 0 <= length <= len(self._tokens):
-            raise ValueError(f"crop({length}) outside 0..{len(self._tokens)}")
+    def _drop_rows(self, length: int) -> None:
         self._crop_layers(len(self._tokens) - length)
-        del self._tokens[length:]
 
-    def release(self) -> None:
+    def _free(self) -> None:
         self.cache = DynamicCache(config=self.backend.config)
-        self._tokens = []
-        self._pending = None
 
     # ------------------------------------------------------------------ cache internals
     def _layers(self) -> list[DynamicLayer]:

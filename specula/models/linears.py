@@ -48,3 +48,17 @@ def weight_bytes(model: nn.Module) -> int:
             seen.add(tensor.data_ptr())
             total += tensor.numel() * tensor.element_size()
     return total
+
+
+def quantization_of(model: torch.nn.Module) -> str:
+    """"int8" when the model's linears are int8 (`RowInt8Linear`, or specula's i8 kernels), "w8" for
+    weight-only int8 kernels, else "none"."""
+    from specula.models.native.kernels import KernelLinear
+    from specula.models.quantize import RowInt8Linear
+
+    for m in model.modules():
+        if isinstance(m, RowInt8Linear) or (isinstance(m, KernelLinear) and m.kind == "i8"):
+            return "int8"
+        if isinstance(m, KernelLinear) and m.kind == "w8":
+            return "w8"
+    return "none"

@@ -26,6 +26,9 @@ from specula.prompts import apply_chat_template, encode_prompt  # noqa: F401  (r
 
 if TYPE_CHECKING:
     import torch
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+    from specula.models.base import TargetModel
 
 Kind = Literal["embedded", "directory", "gguf", "hub"]
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
@@ -161,7 +164,7 @@ def _torch_dtype(dtype: str | torch.dtype) -> torch.dtype:
     return getattr(torch, dtype)
 
 
-def load_tokenizer(spec: str | ResolvedModel) -> Any:
+def load_tokenizer(spec: str | ResolvedModel) -> PreTrainedTokenizerBase:
     """The tokenizer of a model spec (see `resolve`), or of a directory holding only tokenizer files,
     offline; loading errors become `SpeculaError`s."""
     from transformers import AutoTokenizer
@@ -219,8 +222,9 @@ def same_tokenizer_files(a: ResolvedModel | None, b: ResolvedModel | None) -> bo
 
 def load_model(
     spec: str | ResolvedModel, *, dtype: str | torch.dtype = "float32", attn_implementation: str = "auto",
-    quantize: str = "none", linear_kernel: str = "auto", device: str | torch.device = "cpu", tokenizer: Any = None,
-) -> tuple[Any, Any]:
+    quantize: str = "none", linear_kernel: str = "auto", device: str | torch.device = "cpu",
+    tokenizer: PreTrainedTokenizerBase | None = None,
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """Load `(model, tokenizer)` for a model spec (see `resolve`), offline.
 
     The model is in eval mode with gradients disabled (use it under `torch.inference_mode()`).
@@ -341,7 +345,8 @@ def _architecture(resolved: ResolvedModel) -> str:
 
 
 def load_backend(spec: str | ResolvedModel, config: LoadConfig = LoadConfig(), name: str = "model", *,
-                 tokenizer: Any = None, report: dict[str, Any] | None = None) -> tuple[Any, Any]:
+                 tokenizer: PreTrainedTokenizerBase | None = None, report: dict[str, Any] | None = None,
+                 ) -> tuple[TargetModel, PreTrainedTokenizerBase]:
     """Load a model (alias, local dir, .gguf file or cached hub id) as a backend
     (`specula.models.base.TargetModel`) + its tokenizer. EOS ids: the model's and the tokenizer's.
 
@@ -385,7 +390,8 @@ def load_backend(spec: str | ResolvedModel, config: LoadConfig = LoadConfig(), n
 
 
 def _load_native(resolved: ResolvedModel, config: LoadConfig, name: str, kwargs: dict, attention: str,
-                 tokenizer: Any = None) -> tuple[Any, Any, str | None]:
+                 tokenizer: PreTrainedTokenizerBase | None = None,
+                 ) -> tuple[TargetModel, PreTrainedTokenizerBase, str | None]:
     """(backend, tokenizer, prepared-cache outcome or None when the kernels are not specula's)."""
     import torch
 

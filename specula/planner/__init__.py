@@ -1,5 +1,5 @@
 """Hardware-aware planning: cost model, merge of candidate trees, calibrated acceptance, tree
-sizing (ALGORITHMS.md §4), behind the `Planner` protocol (`specula.planner.base`)."""
+sizing (docs/algorithms.md §4), behind the `Planner` protocol (`specula.planner.base`)."""
 
 from specula.planner.base import PassThroughPlanner, Plan, Planner, PlanRequest, StepTiming
 from specula.planner.calibration import Calibrator, CalibrationConfig

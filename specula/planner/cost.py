@@ -146,13 +146,15 @@ class PassTimes:
 
 
 def measure_cost_curve(
-    backend: TargetModel, sizes: Sequence[int] = DEFAULT_SIZES, context: int = 256, repeats: int = 3, seed: int = 0
+    backend: TargetModel, sizes: Sequence[int] = DEFAULT_SIZES, context: int = 256, repeats: int = 3, seed: int = 0,
+    config: TimingConfig | None = None,
 ) -> CostCurve:
     """Median latency of one verification pass of n tokens (root + chain of n-1 nodes) after a
     `context`-token prefix, for each n in `sizes` (1 added if missing). Warmed up until plain
     steps are stable, then `repeats` quiet rounds over all sizes (interleaved, so drifts in machine
-    speed hit every size alike). Runs on a sequence of its own, released at the end."""
-    times = measure_pass_times(backend, sizes, context, repeats, seed).times
+    speed hit every size alike). Runs on a sequence of its own, released at the end. `config`:
+    how the timing guards against warm-up and busy moments (default `TimingConfig()`)."""
+    times = measure_pass_times(backend, sizes, context, repeats, seed, config or TimingConfig()).times
     return CostCurve(tuple(times), tuple(statistics.median(t) for t in times.values()), context, repeats)
 
 

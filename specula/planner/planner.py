@@ -251,7 +251,7 @@ class HardwarePlanner:
         """Every source's correction factor (for reports)."""
         return {source: round(self.bias_of(source), 4) for source in self._recent}
 
-    def _node_acceptance(self, tree: TokenTree) -> list[float]:
+    def _edge_acceptance(self, tree: TokenTree) -> list[float]:
         """Estimated P(node accepted | parent accepted) of every node: per-source calibration times
         the source's correction factor (at most 1)."""
         return [min(1.0, self.bias_of(src) * self.calibrator.estimate(src, raw))
@@ -259,7 +259,7 @@ class HardwarePlanner:
 
     def estimate(self, proposal: Proposal) -> list[float]:
         """Calibrated path probability of every node (corrected per source)."""
-        return path_probabilities(proposal.tree, self._node_acceptance(proposal.tree))
+        return path_probabilities(proposal.tree, self._edge_acceptance(proposal.tree))
 
     def _drafting_seconds(self, draft_seconds: float) -> float:
         """Seconds a drafting step costs besides verification: proposing plus the drafters'

@@ -40,15 +40,19 @@ class CorpusConfig:
 
 
 @dataclass(frozen=True)
-class Sequence_:
+class CorpusEntry:
     """One corpus entry: prompt and the target's greedy answer."""
 
     id: str
+    """The prompt's id in its file."""
     prompt_ids: list[int]
+    """The prompt as the target reads it (chat template applied, cut to `max_prompt_tokens`)."""
     output_ids: list[int]
+    """The target's greedy answer."""
 
     @property
     def ids(self) -> list[int]:
+        """Prompt then answer: the token sequence the target's features are taken over."""
         return [*self.prompt_ids, *self.output_ids]
 
 
@@ -86,14 +90,14 @@ def corpus_key(target_key: dict, files: Sequence[str | os.PathLike], config: Cor
     return h.hexdigest()[:16]
 
 
-def load_corpus(path: Path) -> list[Sequence_]:
+def load_corpus(path: Path) -> list[CorpusEntry]:
     rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
-    return [Sequence_(r["id"], r["prompt_ids"], r["output_ids"]) for r in rows]
+    return [CorpusEntry(r["id"], r["prompt_ids"], r["output_ids"]) for r in rows]
 
 
 def generate_corpus(target, tokenizer, prompts: Sequence[tuple[str, str]], out: Path,
                     config: CorpusConfig = CorpusConfig(), progress: Callable[[int], None] | None = None
-                    ) -> list[Sequence_]:
+                    ) -> list[CorpusEntry]:
     """The target's greedy answers to `prompts`, cached at `out` (resumed from `out.partial`)."""
     from specula.engine import SpeculativeDecoder
     from specula.prompts import encode_prompt
@@ -102,13 +106,13 @@ def generate_corpus(target, tokenizer, prompts: Sequence[tuple[str, str]], out: 
     if out.is_file():
         return load_corpus(out)
     partial = out.with_name(out.name + ".partial")
-    done: dict[str, Sequence_] = {}
+    done: dict[str, CorpusEntry] = {}
     if partial.is_file():
         lines = partial.read_text(encoding="utf-8").splitlines(keepends=True)
         good = [ln for ln in lines if ln.endswith("\n")]  # a line cut by a kill is dropped
         for line in good:
             r = json.loads(line)
-            done[r["id"]] = Sequence_(r["id"], r["prompt_ids"], r["output_ids"])
+            done[r["id"]] = CorpusEntry(r["id"], r["prompt_ids"], r["output_ids"])
         partial.write_text("".join(good), encoding="utf-8")
     if progress is not None and done:
         progress(len(done))
@@ -128,7 +132,7 @@ def generate_corpus(target, tokenizer, prompts: Sequence[tuple[str, str]], out: 
             for pid, ids, session in running:
                 if session.finished:
                     decoder.finish(session)
-                    seq = Sequence_(pid, ids, list(session.generated))
+                    seq = CorpusEntry(pid, ids, list(session.generated))
                     done[pid] = seq
                     sink.write(json.dumps({"id": pid, "prompt_ids": ids, "output_ids": seq.output_ids}) + "\n")
                     sink.flush()

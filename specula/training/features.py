@@ -15,7 +15,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from specula.training.corpus import Sequence_
+from specula.training.corpus import CorpusEntry
 
 
 @dataclass
@@ -36,7 +36,7 @@ class FeatureSet:
         return self.tokens[a:b], self.features[a:b], int(self.prompt_lens[s])
 
 
-def extract_features(target, corpus: Sequence[Sequence_], out: Path,
+def extract_features(target, corpus: Sequence[CorpusEntry], out: Path,
                      progress: Callable[[int], None] | None = None) -> FeatureSet:
     """Features of every corpus sequence, cached at `out` (reused when present)."""
     from safetensors.torch import load_file, save_file

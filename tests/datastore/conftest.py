@@ -6,17 +6,7 @@ import json
 
 import pytest
 
-
-def _word_tokenizer(n_words: int):
-    """Word-level tokenizer over n_words tokens named w0.. (offline, any vocabulary size)."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    tok = Tokenizer(models.WordLevel({f"w{i}": i for i in range(n_words)}, unk_token="w0"))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    # No special tokens declared: transformers would make them added tokens, which match inside
-    # words ("w10" -> "w1" "0").
-    return PreTrainedTokenizerFast(tokenizer_object=tok)
+from tiny import word_tokenizer
 
 
 def words(ids) -> str:
@@ -25,8 +15,9 @@ def words(ids) -> str:
 
 @pytest.fixture(scope="session")
 def make_tokenizer():
-    """Factory: make_tokenizer(n_words) -> word-level tokenizer over w0..w{n-1}."""
-    return _word_tokenizer
+    """Factory: make_tokenizer(n_words) -> word-level tokenizer over w0..w{n-1} (no special tokens:
+    they would match inside words)."""
+    return word_tokenizer
 
 
 @pytest.fixture

@@ -106,6 +106,7 @@ def test_many_matches_are_sampled_evenly():
     assert prefixes.counts[0] >= 495  # "1" follows nearly every match (not those at the end)
 
 
+@pytest.mark.perf
 def test_query_time_does_not_scan():
     """A 2M-token store answers in well under the cost of a linear scan (budget: 20 ms on a slow CI)."""
     import time

@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from tiny import VOCAB, reference_greedy, successor_model, tiny_model
+from tiny import VOCAB, reference_greedy, successor_model, tiny_model, word_tokenizer
 from specula.datastore.build import BuildConfig, build_datastore
 from specula.datastore.format import DatastoreError
 from specula.drafters import make_drafter
@@ -13,22 +13,13 @@ from specula.models.hf import HFCausalLM
 from specula.sampling import SamplingParams, make_generator
 
 
-def word_tokenizer(n_words: int = VOCAB):
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    tok = Tokenizer(models.WordLevel({f"w{i}": i for i in range(n_words)}, unk_token="w0"))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    return PreTrainedTokenizerFast(tokenizer_object=tok)
-
-
 def words(ids) -> str:
     return " ".join(f"w{i}" for i in ids)
 
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    return word_tokenizer()
+    return word_tokenizer(VOCAB)
 
 
 @pytest.fixture(scope="module")

@@ -55,7 +55,7 @@ def test_greedy_output_equals_plain_greedy(kind, backend):
 def test_a_head_that_knows_the_target_is_accepted_and_batches_stay_exact(kind):
     """A head trained briefly on the target's own text drafts tokens the target accepts; two
     sessions stepped together in packed passes each equal plain greedy."""
-    from specula.training.corpus import Sequence_
+    from specula.training.corpus import CorpusEntry
     from specula.training.features import extract_features
     from specula.training.trainer import TrainConfig, train_head
 
@@ -65,7 +65,7 @@ def test_a_head_that_knows_the_target_is_accepted_and_batches_stay_exact(kind):
     corpus = []
     for i in range(12):
         p = [rng.randrange(2, 96) for _ in range(5)]
-        corpus.append(Sequence_(str(i), p, reference_greedy(model, p, 40)))
+        corpus.append(CorpusEntry(str(i), p, reference_greedy(model, p, 40)))
     import tempfile
     from pathlib import Path
 
@@ -85,7 +85,7 @@ def test_a_head_that_knows_the_target_is_accepted_and_batches_stay_exact(kind):
 
 def test_drafting_state_computes_what_training_computes():
     """The eagle state's root row and depth-1/2 rows equal the training-time-test forward's."""
-    from specula.training.corpus import Sequence_
+    from specula.training.corpus import CorpusEntry
     from specula.training.features import extract_features
     from specula.drafters.heads.losses import eagle_outputs
     from specula.training.trainer import batch
@@ -94,7 +94,7 @@ def test_drafting_state_computes_what_training_computes():
 
     model = tiny_model("llama", "eager", seed=3)
     target = native(model)
-    seq = Sequence_("0", [5, 9, 22], reference_greedy(model, [5, 9, 22], 12))
+    seq = CorpusEntry("0", [5, 9, 22], reference_greedy(model, [5, 9, 22], 12))
     with tempfile.TemporaryDirectory() as d:
         fs = extract_features(target, [seq], Path(d) / "f.safetensors")
     head = new_head("eagle", target, oracle_d2t(96), seed=5)

@@ -223,15 +223,10 @@ def tiny_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def word_tokenizer(words: list[str], *, eos: str = "<eos>", pad: str = "<pad>", bos: str | None = None,
                    name: str = "tiny"):
-    """A WordLevel fast tokenizer whose ids follow `words` order (built offline)."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
+    """`tiny.word_tokenizer` over `words` with the special tokens the compatibility checks read."""
+    import tiny
 
-    backend = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token=words[0]))
-    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    kwargs = {"eos_token": eos, "pad_token": pad, "unk_token": words[0]}
+    special = {"eos_token": eos, "pad_token": pad, "unk_token": words[0]}
     if bos is not None:
-        kwargs["bos_token"] = bos
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, **kwargs)
-    tokenizer.name_or_path = name
-    return tokenizer
+        special["bos_token"] = bos
+    return tiny.word_tokenizer(words, name=name, **special)

@@ -1,13 +1,11 @@
 """Batch-invariant attention: correct attention, and tree rows bitwise equal to one-token steps."""
 
-import argparse
 import random
 
 import pytest
 import torch
 
-from tiny import assert_tree_logits_are_causal, random_tree, tiny_model
-from specula.commands.common import add_model_args, load_config
+from tiny import check_random_tree, random_tree, tiny_model
 from specula.errors import ConfigError
 from specula.models.attention import BATCH_INVARIANT, resolve_attention, transformers_name
 from specula.models.hf import HFCausalLM
@@ -33,13 +31,8 @@ def one_token_logits(model, prompt: list[int], path: list[int]) -> torch.Tensor:
 def test_batch_invariant_attention_computes_tree_attention(arch):
     model = invariant_tiny(arch)
     assert model.config._attn_implementation == BATCH_INVARIANT
-    rng = random.Random(1)
-    prompt = [rng.randrange(96) for _ in range(11)]
-    lm = HFCausalLM(model).new_sequence()
-    lm.prefill(prompt[:-1], logits="none")
-    tree = random_tree(rng, 14, 96)
+    tree = check_random_tree(model, HFCausalLM(model).new_sequence(), 1, 11, 14)
     assert not tree.is_chain()
-    assert_tree_logits_are_causal(model, prompt, tree, lm.forward_tree(prompt[-1], tree))
 
 
 @torch.inference_mode()
@@ -64,11 +57,6 @@ def test_auto_picks_batch_invariant_for_int8_only():
     assert resolve_attention("eager", "int8") == "eager"  # an explicit choice is kept
     with pytest.raises(ConfigError, match="choose one of: auto, sdpa, eager, batch_invariant"):
         resolve_attention("flash", "none")
-    parser = argparse.ArgumentParser()
-    add_model_args(parser)
-    assert load_config(parser.parse_args(["--target", "x"])).attn_implementation == "auto"
-    assert load_config(parser.parse_args(["--target", "x", "--attn", "batch_invariant"])).attn_implementation \
-        == "batch_invariant"
 
 
 def test_prefill_runs_on_sdpa_and_tree_passes_on_the_row_loop(monkeypatch):

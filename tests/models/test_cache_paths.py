@@ -88,18 +88,21 @@ def test_disk_usage_and_format_bytes(tmp_path: Path) -> None:
 
 def test_file_lock_makes_writers_take_turns(cache: Path) -> None:
     import threading
-    import time
 
     order: list[str] = []
+    trying = threading.Event()
 
     def second() -> None:
+        trying.set()
         with paths.file_lock("entry"):
             order.append("second")
 
     with paths.file_lock("entry"):
         thread = threading.Thread(target=second)
         thread.start()
-        time.sleep(0.2)
+        assert trying.wait(5)
+        thread.join(0.2)
+        assert thread.is_alive()  # blocked on the lock the first writer holds
         order.append("first done")
     thread.join(5)
     assert order == ["first done", "second"]

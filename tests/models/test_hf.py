@@ -1,8 +1,12 @@
+"""The Hugging Face backend: tree logits (in one pass or grown incrementally) equal causal logits,
+the cache equals a plain forward's after any steps (incremental growth included), and sequences
+of one backend are independent. The pending-tree guards both backends share: test_sequence.py."""
+
 import random
 
 import pytest
 
-from tiny import assert_cache_equals_plain_forward, assert_tree_logits_are_causal, random_steps, random_tree, tiny_model
+from tiny import assert_cache_equals_plain_forward, check_random_tree, random_steps, random_tree, tiny_model
 from specula.errors import ConfigError
 from specula.models.base import TargetModel, TargetSequence, check_context
 from specula.models.hf import HFCausalLM
@@ -12,20 +16,39 @@ from specula.tree import TokenTree
 @pytest.mark.parametrize("attn", ["eager", "sdpa"])
 def test_tree_logits_equal_causal_logits_over_each_path(arch, attn):
     model = tiny_model(arch, attn)
-    lm = HFCausalLM(model).new_sequence()
-    rng = random.Random(0)
-    prompt = [rng.randrange(96) for _ in range(9)]
-    lm.prefill(prompt[:-1], logits="none")
-    tree = random_tree(rng, 14, 96)
+    tree = check_random_tree(model, HFCausalLM(model).new_sequence(), 0, 9, 14)
     assert not tree.is_chain()
-    logits = lm.forward_tree(prompt[-1], tree)
-    assert_tree_logits_are_causal(model, prompt, tree, logits)
+
+
+@pytest.mark.parametrize("attn", ["eager", "sdpa"])
+def test_incremental_tree_logits_equal_causal_logits(arch, attn):
+    model = tiny_model(arch, attn)
+    # an empty first step and an empty increment
+    check_random_tree(model, HFCausalLM(model).new_sequence(), 2, 7, 15, cuts=(0, 4, 9, 9))
 
 
 def test_cache_equals_plain_forward_after_any_sequence_of_steps(arch):
     model = tiny_model(arch, "sdpa")
     lm = HFCausalLM(model).new_sequence()
     for committed in random_steps(lm, random.Random(1), 12):
+        assert_cache_equals_plain_forward(model, lm, committed)
+
+
+def test_commit_after_incremental_growth_leaves_an_exact_cache(arch):
+    model = tiny_model(arch, "sdpa")
+    lm = HFCausalLM(model).new_sequence()
+    rng = random.Random(3)
+    committed = [rng.randrange(96) for _ in range(5)]
+    lm.prefill(committed, logits="none")
+    for _ in range(6):
+        root = rng.randrange(96)
+        tree = random_tree(rng, rng.randrange(1, 12), 96)
+        cut = rng.randrange(len(tree) + 1)
+        lm.forward_tree(root, tree.subtree(range(cut)))
+        lm.forward_tree_incremental(tree)
+        path = tree.path_to(rng.randrange(len(tree))) if rng.random() < 0.8 else ()
+        lm.commit(path)
+        committed += [root, *tree.tokens_of(path)]
         assert_cache_equals_plain_forward(model, lm, committed)
 
 
@@ -38,16 +61,6 @@ def test_context_window_is_enforced_with_a_clear_error():
     with pytest.raises(RuntimeError, match="context window of 256"):
         seq.prefill(list(range(257)), logits="none")
     assert seq.tokens == []
-
-
-def test_pending_tree_must_be_committed_before_more_work():
-    lm = HFCausalLM(tiny_model("llama")).new_sequence()
-    lm.prefill([1, 2, 3], logits="none")
-    lm.forward_tree(4, TokenTree.chain([5, 6]))
-    with pytest.raises(RuntimeError, match="pending"):
-        lm.prefill([7])
-    lm.commit([0])
-    assert lm.tokens == [1, 2, 3, 4, 5]
 
 
 def test_sequences_of_one_backend_are_independent():

@@ -10,8 +10,8 @@ import random
 import pytest
 import torch
 
-from tiny import (assert_cache_equals_plain_forward, assert_tree_logits_are_causal, causal_logits, perturbed_copy,
-                  random_steps, random_tree, reference_greedy, tiny_model)
+from tiny import (assert_cache_equals_plain_forward, causal_logits, check_random_tree, perturbed_copy, random_steps,
+                  random_tree, reference_greedy, tiny_model)
 from specula.api import build_decoder
 from specula.errors import ConfigError
 from specula.models.base import TargetModel, TargetSequence
@@ -50,28 +50,15 @@ def test_prefill_logits_equal_hugging_face(arch, kernel):
 @pytest.mark.parametrize("kernel", KERNELS)
 def test_tree_logits_equal_causal_logits_over_each_path(arch, kernel):
     model = tiny_model(arch, seed=4)
-    seq = native(model, kernel=kernel).new_sequence()
-    rng = random.Random(5)
-    prompt = [rng.randrange(96) for _ in range(11)]
-    seq.prefill(prompt[:-1], logits="none")
-    tree = random_tree(rng, 16, 96)
+    tree = check_random_tree(model, native(model, kernel=kernel).new_sequence(), 5, 11, 16, same_argmax=True)
     assert not tree.is_chain()
-    assert_tree_logits_are_causal(model, prompt, tree, seq.forward_tree(prompt[-1], tree), same_argmax=True)
 
 
 @pytest.mark.parametrize("arch", NATIVE_ARCHES)
 @pytest.mark.parametrize("kernel", KERNELS)
 def test_incremental_tree_logits_equal_causal_logits(arch, kernel):
     model = tiny_model(arch, seed=6)
-    seq = native(model, kernel=kernel).new_sequence()
-    rng = random.Random(7)
-    prompt = [rng.randrange(96) for _ in range(6)]
-    seq.prefill(prompt[:-1], logits="none")
-    tree = random_tree(rng, 12, 96)
-    rows = [seq.forward_tree(prompt[-1], tree.subtree(range(3)))]
-    for end in (3, 8, 12):
-        rows.append(seq.forward_tree_incremental(tree.subtree(range(end))))
-    assert_tree_logits_are_causal(model, prompt, tree, torch.cat(rows))
+    check_random_tree(model, native(model, kernel=kernel).new_sequence(), 7, 6, 12, cuts=(3, 3, 8))
 
 
 @pytest.mark.parametrize("arch", NATIVE_ARCHES)

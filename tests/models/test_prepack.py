@@ -1,6 +1,5 @@
 """oneDNN prepacked float32 linears: same numbers as F.linear, same greedy output, chosen by `auto`."""
 
-import argparse
 import copy
 import random
 from pathlib import Path
@@ -9,9 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from tiny import assert_speculative_greedy_equals_plain, assert_tree_logits_are_causal, perturbed_copy, random_tree, tiny_model
-from specula.api import LoadConfig
-from specula.commands.common import add_model_args, load_config
+from tiny import assert_speculative_greedy_equals_plain, check_random_tree, perturbed_copy, tiny_model
 from specula.errors import ConfigError
 from specula.models.hf import HFCausalLM
 from specula.models.loading import load_model
@@ -73,12 +70,7 @@ def test_prepacked_model_logits_equal_the_original(arch):
 @torch.inference_mode()
 def test_prepacked_tree_logits_equal_causal_logits_over_each_path(arch):
     model = prepacked_tiny(arch)
-    lm = HFCausalLM(model).new_sequence()
-    rng = random.Random(0)
-    prompt = [rng.randrange(96) for _ in range(9)]
-    lm.prefill(prompt[:-1], logits="none")
-    tree = random_tree(rng, 14, 96)
-    assert_tree_logits_are_causal(model, prompt, tree, lm.forward_tree(prompt[-1], tree), same_argmax=True)
+    check_random_tree(model, HFCausalLM(model).new_sequence(), 0, 9, 14, same_argmax=True)
 
 
 @pytest.mark.parametrize("method", ["prompt-lookup", "draft-model"])
@@ -111,12 +103,3 @@ def test_load_model_prepacks_float32_by_default(tmp_path: Path, tiny_tokenizer):
     assert (linear_kernel_of(auto), linear_kernel_of(aten), linear_kernel_of(bf16)) == ("onednn", "aten", "aten")
     # a cost curve measured with one kernel is never reused for the other
     assert cost_cache_key(HFCausalLM(auto), 256) != cost_cache_key(HFCausalLM(aten), 256)
-
-
-def test_cli_option_reaches_load_config():
-    parser = argparse.ArgumentParser()
-    add_model_args(parser)
-    assert load_config(parser.parse_args(["--target", "x", "--linear-kernel", "aten"])) == LoadConfig(linear_kernel="aten")
-    assert parser.parse_args(["--target", "x"]).linear_kernel == "auto"
-    with pytest.raises(SystemExit):
-        parser.parse_args(["--target", "x", "--linear-kernel", "mkl"])

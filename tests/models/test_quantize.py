@@ -1,16 +1,12 @@
 """int8 quantization: batch invariance (the property lossless verification needs) and greedy equality."""
 
-import argparse
-import random
 import warnings
 
 import pytest
 import torch
 from torch import nn
 
-from tiny import assert_speculative_greedy_equals_plain, assert_tree_logits_are_causal, perturbed_copy, random_tree, tiny_model
-from specula.api import LoadConfig
-from specula.commands.common import add_model_args, load_config
+from tiny import assert_speculative_greedy_equals_plain, check_random_tree, perturbed_copy, tiny_model
 from specula.errors import ConfigError
 from specula.models.hf import HFCausalLM
 from specula.models.attention import transformers_name
@@ -71,12 +67,7 @@ def test_quantize_model_swaps_linear_layers_and_keeps_the_rest():
 @torch.inference_mode()
 def test_quantized_tree_logits_equal_causal_logits_over_each_path(arch):
     model = quantized_tiny(arch)
-    lm = HFCausalLM(model).new_sequence()
-    rng = random.Random(0)
-    prompt = [rng.randrange(96) for _ in range(9)]
-    lm.prefill(prompt[:-1], logits="none")
-    tree = random_tree(rng, 14, 96)
-    assert_tree_logits_are_causal(model, prompt, tree, lm.forward_tree(prompt[-1], tree), same_argmax=True)
+    check_random_tree(model, HFCausalLM(model).new_sequence(), 0, 9, 14, same_argmax=True)
 
 
 @pytest.mark.parametrize("method", ["prompt-lookup", "draft-model"])
@@ -85,13 +76,3 @@ def test_speculative_greedy_equals_plain_greedy_of_the_quantized_model(arch, met
     draft = quantize_model(perturbed_copy(model, 0.05), "int8") if method == "draft-model" else None
     quantize_model(model, "int8")
     assert_speculative_greedy_equals_plain(model, method, model, draft)
-
-
-def test_cli_option_reaches_load_config():
-    parser = argparse.ArgumentParser()
-    add_model_args(parser)
-    args = parser.parse_args(["--target", "x", "--quantize", "int8"])
-    assert load_config(args) == LoadConfig(quantize="int8")
-    assert parser.parse_args(["--target", "x"]).quantize == "none"
-    with pytest.raises(SystemExit):
-        parser.parse_args(["--target", "x", "--quantize", "int4"])

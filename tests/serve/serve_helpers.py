@@ -10,7 +10,7 @@ import time
 from contextlib import contextmanager
 from typing import Iterator
 
-from tiny import VOCAB
+from tiny import VOCAB, word_tokenizer
 
 from specula.api import Specula
 from specula.drafters.base import DraftContext, Proposal, StepResult
@@ -27,15 +27,8 @@ EOS = 1
 def make_tokenizer():
     """Word-level tokenizer over w00..w95 (w01 = EOS) with a chat template. Two-digit names:
     no token is a prefix of another, so saved special tokens cannot split words."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    tok = Tokenizer(models.WordLevel({f"w{i:02d}": i for i in range(VOCAB)}, unk_token="w00"))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tok.decoder = decoders.WordPiece(prefix="##")
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="w00", eos_token="w01")
-    tokenizer.chat_template = CHAT_TEMPLATE
-    return tokenizer
+    return word_tokenizer([f"w{i:02d}" for i in range(VOCAB)], decoder=True, chat_template=CHAT_TEMPLATE,
+                          unk_token="w00", eos_token="w01")
 
 
 class TestDrafter:

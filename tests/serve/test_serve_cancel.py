@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import http.client
 import json
-import time
 
 import openai
 import pytest
@@ -62,22 +61,20 @@ def test_streaming_client_disconnect_stops_generation(slow_server):
     resp = conn.getresponse()
     assert resp.status == 200
     assert resp.fp.readline()  # the first chunk arrived: the generation runs
-    t0 = time.monotonic()
     conn.sock.close()
     conn.close()
     wait_for(lambda: _metric(slow_server, "specula_requests_total", endpoint="/v1/completions", status="499")
              > before.get(("specula_requests_total", (("endpoint", "/v1/completions"), ("status", "499"))), 0))
     wait_for(lambda: _idle(slow_server))
-    stopped_after = time.monotonic() - t0
     generated = _metric(slow_server, "specula_generated_tokens_total") - before[("specula_generated_tokens_total", ())]
-    assert generated < LONG / 2 and stopped_after < 5, (generated, stopped_after)
+    assert generated < LONG / 2, generated  # stopped early: counted in tokens, not seconds
 
 
 def test_non_streaming_client_disconnect_stops_generation(slow_server):
     before = scrape(slow_server)
     conn = _open(slow_server, _body(stream=False))
-    wait_for(lambda: scrape(slow_server)[("specula_requests_in_progress", ())] == 1)
-    time.sleep(0.2)
+    wait_for(lambda: _metric(slow_server, "specula_generated_tokens_total")
+             > before[("specula_generated_tokens_total", ())])  # it has generated: the disconnect cuts it short
     conn.sock.close()
     conn.close()
     wait_for(lambda: _idle(slow_server))
@@ -175,11 +172,10 @@ def test_a_request_past_its_timeout_gets_504_and_leaves_the_batch(target_model, 
     spec.decoder.drafters = [TestDrafter(d, delay=0.01) for d in spec.decoder.drafters]
     spec.decoder.eos_token_ids = frozenset()
     with running(spec, request_timeout=0.5) as server:
-        t0 = time.monotonic()
         status, _, body = http_call(server, "POST", "/v1/completions", _body(stream=False, max_tokens=LONG))
         assert status == 504 and body["error"]["code"] == "timeout" and "--request-timeout" in body["error"]["message"]
-        assert time.monotonic() - t0 < 5
         wait_for(lambda: _idle(server))
+        assert _metric(server, "specula_generated_tokens_total") < LONG  # cut at the timeout, not run to the end
         status, _, body = http_call(server, "POST", "/v1/completions", _body(stream=False, max_tokens=4))
         assert status == 200 and body["usage"]["completion_tokens"] == 4  # short requests still fit
 

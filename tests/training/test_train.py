@@ -15,7 +15,7 @@ import torch
 from tiny import reference_greedy, tiny_model
 from specula.drafters.heads.runtime import new_head
 from specula.models.native import NativeCausalLM, NativeDecoder, configure
-from specula.training.corpus import Sequence_
+from specula.training.corpus import CorpusEntry
 from specula.training.features import coverage, draft_vocabulary, extract_features
 from specula.drafters.heads.losses import loss_of, ttt_mask
 from specula.training.trainer import TrainConfig, batch, chunks, loss_config, split, train_head
@@ -30,7 +30,7 @@ def setup(tmp_path_factory):
     corpus = []
     for i in range(10):
         p = [rng.randrange(2, 96) for _ in range(6)]
-        corpus.append(Sequence_(str(i), p, reference_greedy(model, p, 30)))
+        corpus.append(CorpusEntry(str(i), p, reference_greedy(model, p, 30)))
     fs = extract_features(target, corpus, tmp_path_factory.mktemp("f") / "f.safetensors")
     return target, fs
 

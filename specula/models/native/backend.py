@@ -23,9 +23,12 @@ import torch
 
 from specula.errors import ConfigError
 from specula.models.base import LogitsMode, SubLayer, guarantee_of
+from specula.models.cost_key import cost_key_of
+from specula.models.linears import quantization_of
 from specula.models.native.cache import KVCache
 from specula.models.native.graphs import GraphRunner, graph_unsupported
 from specula.models.native.model import NativeDecoder, Segment
+from specula.models.sequence import TreeSequence
 from specula.tree import TokenTree
 
 
@@ -45,7 +48,6 @@ class NativeCausalLM:
         self.eos_token_ids = frozenset(int(e) for e in eos_token_ids)
         param = decoder.final_norm
         self.device, self.dtype = param.device, param.dtype
-        from specula.models.hf import quantization_of
         from specula.models.native.ops import CpuKernelOps
 
         invariant = isinstance(decoder.ops, CpuKernelOps) or (decoder.invariant and quantization_of(decoder) == "int8")
@@ -127,28 +129,11 @@ class NativeCausalLM:
         return NativeSequence(self)
 
     def cost_key(self) -> dict[str, Any]:
-        from specula.models.hf import quantization_of
-        from specula.models.prepack import linear_kernel_of
-
         cfg = self.config
-        key = {
-            "model": self._model_id or self.name,
-            "arch": cfg.architecture,
-            "layers": cfg.num_layers,
-            "hidden": cfg.hidden_size,
-            "backend": "native",
-            "dtype": str(self.dtype),
-            "device": str(self.device),
-            "threads": torch.get_num_threads(),
-            "torch": torch.__version__,
-            "quantize": quantization_of(self.decoder),
-            "attention": "batch_invariant" if self.decoder.invariant else "sdpa",
-            "linear_kernel": linear_kernel_of(self.decoder),
-            "cuda_graphs": self.cuda_graphs,
-        }
-        if self.device.type == "cuda":
-            key["gpu"] = torch.cuda.get_device_name(self.device)
-        return key
+        return cost_key_of(self.decoder, model=self._model_id or self.name, arch=cfg.architecture,
+                           layers=cfg.num_layers, hidden=cfg.hidden_size, backend="native", dtype=self.dtype,
+                           device=self.device, attention="batch_invariant" if self.decoder.invariant else "sdpa",
+                           cuda_graphs=self.cuda_graphs)
 
     def reference_model(self) -> Any:
         """The Hugging Face model of the same weights (loaded on first use, for peers)."""
@@ -218,7 +203,20 @@ class NativeCausalLM:
         return graphs.run(seq.cache, shape, ids, positions, start, prefix, local)
 
     def forward_trees(self, items: Sequence[tuple["NativeSequence", int, TokenTree]], hidden: bool = False) -> list:
-        """Several sequences' trees in one pass (`BatchedTargetModel`): rows packed sequence after
+        """Several sequences' trees in one pass (`BatchedTargetModel`): each sequence's handshake
+        (`TreeSequence.begin_tree` before, `set_pending` after) around `tree_pass`."""
+        for seq, _, _ in items:
+            if not isinstance(seq, NativeSequence) or seq.backend is not self:
+                raise ValueError("forward_trees: every sequence must belong to this backend")
+        for seq, _, tree in items:
+            seq.begin_tree(tree)
+        out = self.tree_pass(items, hidden)
+        for seq, root, tree in items:
+            seq.set_pending(root, tree)
+        return out
+
+    def tree_pass(self, items: Sequence[tuple["NativeSequence", int, TokenTree]], hidden: bool = False) -> list:
+        """The pass of `forward_trees` (handshake done by the caller): rows packed sequence after
         sequence, one `Segment` each (its own cache, start slot and tree mask); logits split back
         (with `hidden`: (logits, hidden states) per sequence). One sequence runs on the graph path
         where it is on; packed passes of several run eagerly."""
@@ -229,9 +227,7 @@ class NativeCausalLM:
         tokens: list[int] = []
         positions, segments, bounds = [], [], []
         for seq, root, tree in items:
-            if not isinstance(seq, NativeSequence) or seq.backend is not self:
-                raise ValueError("forward_trees: every sequence must belong to this backend")
-            start, first = seq.begin_tree(tree), len(tokens)
+            start, first = len(seq.tokens), len(tokens)
             tokens.extend([root, *tree.tokens])
             positions.append(torch.cat([torch.zeros(1, dtype=torch.long), tree.position_offsets]) + start)
             mask = tree_mask(start, tree).to(self.device) if len(tree) else None
@@ -241,18 +237,13 @@ class NativeCausalLM:
         ids = torch.tensor(tokens, dtype=torch.long, device=self.device)  # [T]
         states = self.decoder(ids, torch.cat(positions).to(self.device), segments)  # [T, E]
         logits = self.decoder.logits(states)  # [T, V]
-        for seq, root, tree in items:
-            seq.set_pending(root, tree)
         if hidden:
             return [(logits[a:b], states[a:b]) for a, b in bounds]
         return [logits[a:b] for a, b in bounds]
 
-
     def _graph_tree(self, seq: "NativeSequence", root: int, tree: TokenTree, hidden: bool) -> Any:
         """One sequence's tree on the graph path (the mask's local block built directly), or None."""
-        if not isinstance(seq, NativeSequence) or seq.backend is not self:
-            raise ValueError("forward_trees: every sequence must belong to this backend")
-        start = seq.begin_tree(tree)
+        start = len(seq.tokens)
         n = len(tree) + 1
         local = np.zeros((n, n), dtype=bool)  # slot start + j, j = 0 the root
         local[:, 0] = True
@@ -263,7 +254,6 @@ class NativeCausalLM:
         if states is None:
             return None
         logits = self.decoder.logits(states)  # [n, V]
-        seq.set_pending(root, tree)
         return (logits, states) if hidden else logits
 
 
@@ -281,12 +271,16 @@ def tree_mask(start: int, tree: TokenTree) -> torch.Tensor:
     return mask
 
 
-class NativeSequence:
-    """One sequence's static KV cache on a `NativeCausalLM` (see the module docstring)."""
+class NativeSequence(TreeSequence):
+    """One sequence's static KV cache on a `NativeCausalLM` (see the module docstring); the
+    pending-tree handshake is `TreeSequence`'s, this class runs the passes and moves the rows."""
+
+    backend: NativeCausalLM
+    logits_dtype = torch.float32  # NativeDecoder.logits
 
     def __init__(self, backend: NativeCausalLM) -> None:
+        super().__init__(backend)
         cfg = backend.config
-        self.backend = backend
         self._give_back = None
         if backend.graphs is not None:  # a pooled cache, its graphs with it; back to the pool when released
             self.cache = backend.graphs.take_cache(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, backend.max_context)
@@ -294,85 +288,42 @@ class NativeSequence:
         else:
             self.cache = KVCache(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, dtype=backend.dtype,
                                  device=backend.device, max_capacity=backend.max_context)
-        self._tokens: list[int] = []
-        self._pending: tuple[int, TokenTree] | None = None
-
-    @property
-    def tokens(self) -> list[int]:
-        return self._tokens
 
     @property
     def slots(self) -> int:
         """Slots in use: the committed tokens (+ the pending tree's rows while one is pending)."""
         return len(self._tokens) + (len(self._pending[1]) + 1 if self._pending is not None else 0)
 
-    def _assert_room(self, extra: int) -> None:
-        if len(self._tokens) + extra > self.backend.max_context:
-            raise RuntimeError(f"{self.backend.name}: {len(self._tokens) + extra} tokens exceed the context "
-                               f"window of {self.backend.max_context}")
-
-    def prefill(self, ids: Sequence[int], logits: LogitsMode = "last", hidden: bool = False) -> Any:
-        if self._pending is not None:
-            raise RuntimeError("prefill() while a tree is pending: commit() it first")
-        ids = list(ids)
-        if not ids:
-            empty = torch.empty((0, self.backend.hidden_size), dtype=self.backend.dtype, device=self.backend.device)
-            return (None, empty) if hidden else None
-        self._assert_room(len(ids))
+    def _prefill_rows(self, ids: list[int], logits: LogitsMode, hidden: bool) -> Any:
         start, n = len(self._tokens), len(ids)
         positions = torch.arange(start, start + n)
         mask = None if n == 1 else causal_mask(start, n)
         rows = {"last": slice(n - 1, n), "all": slice(0, n), "none": None}[logits]
         out = self.backend.run(self, ids, positions, mask, rows, prefill=True, hidden=hidden)
-        self._tokens.extend(ids)
         out, states = out if hidden else (out, None)
         if out is not None and logits == "last":
             out = out[0]
         return (out, states) if hidden else out
 
-    def begin_tree(self, tree: TokenTree) -> int:
-        """Check that a tree can be verified now (none pending, room in the window); its first slot."""
-        if self._pending is not None:
-            raise RuntimeError("forward_tree() while a tree is pending: commit() it first")
-        self._assert_room(len(tree) + 1)
-        return len(self._tokens)
+    def _tree_rows(self, root: int, tree: TokenTree, hidden: bool) -> Any:
+        return self.backend.tree_pass([(self, root, tree)], hidden=hidden)[0]
 
-    def set_pending(self, root: int, tree: TokenTree) -> None:
-        """The tree just run (by `forward_tree` or a batched pass) waits for `commit`."""
-        self._pending = (root, tree)
-
-    def forward_tree(self, root: int, tree: TokenTree, hidden: bool = False) -> Any:
-        """Logits [n + 1, vocab]: row 0 after the root, row i + 1 after node i (with `hidden`:
-        (logits, hidden states [n + 1, E]))."""
-        return self.backend.forward_trees([(self, root, tree)], hidden=hidden)[0]
-
-    def forward_tree_incremental(self, tree: TokenTree) -> torch.Tensor:
-        """Grow the pending tree (`tree` starts with its nodes): logits [new nodes, vocab]."""
-        if self._pending is None:
-            raise RuntimeError("forward_tree_incremental() needs a pending tree: call forward_tree() first")
-        root, old = self._pending
-        first = len(old)
-        if tree.tokens[:first] != old.tokens or tree.parents[:first] != old.parents:
-            raise ValueError("forward_tree_incremental: the tree must extend the pending tree (same first nodes)")
-        if len(tree) == first:
-            return torch.empty((0, self.backend.vocab_size), dtype=torch.float32, device=self.backend.device)
-        self._assert_room(len(tree) + 1)
+    def _grow_rows(self, root: int, tree: TokenTree, first: int) -> torch.Tensor:
         start = len(self._tokens)
         positions = tree.position_offsets[first:] + start
         mask = tree_mask(start, tree)[first + 1 :]  # rows of the new nodes
-        out = self.backend.run(self, tree.tokens[first:], positions, mask, slice(0, len(tree) - first))
-        self._pending = (root, tree)
-        return out
+        return self.backend.run(self, tree.tokens[first:], positions, mask, slice(0, len(tree) - first))
 
-    def commit(self, path: Sequence[int]) -> None:
-        """Keep prefix + root + the accepted `path` (node indices, root to deepest)."""
-        if self._pending is None:
-            raise RuntimeError("commit() without a pending forward_tree()")
-        root, tree = self._pending
-        self._pending = None
-        path = list(path)
-        self.cache.keep(len(self._tokens), [0, *(i + 1 for i in path)])
-        self._tokens.extend([root, *tree.tokens_of(path)])
+    def _keep_rows(self, prefix: int, tree: TokenTree, path: list[int]) -> None:
+        self.cache.keep(prefix, [0, *(i + 1 for i in path)])
+
+    def _drop_rows(self, length: int) -> None:
+        pass  # the slots beyond are overwritten by the next pass
+
+    def _free(self) -> None:
+        if self._give_back is not None:
+            self._give_back()  # once: the cache (and its graphs) returns to the backend's pool
+        self.cache = KVCache(*self.cache.shape, dtype=self.cache.dtype, device=self.cache.device, capacity=0)
 
     # ------------------------------------------------------------------ self-drafting (LayerSkipSequence)
     @property
@@ -413,20 +364,6 @@ class NativeSequence:
         mask[:, length:] = torch.ones((count, count), dtype=torch.bool).tril()
         return self.backend.run(self, self._tokens[first:end], torch.arange(first, end), mask, slice(0, count),
                                 start=length, skip=frozenset(skip), trace=trace, prefix=first)
-
-    def crop(self, length: int) -> None:
-        if self._pending is not None:
-            raise RuntimeError("crop() while a tree is pending: commit() it first")
-        if not 0 <= length <= len(self._tokens):
-            raise ValueError(f"crop({length}) outside 0..{len(self._tokens)}")
-        del self._tokens[length:]  # the slots beyond are overwritten by the next pass
-
-    def release(self) -> None:
-        if self._give_back is not None:
-            self._give_back()  # once: the cache (and its graphs) returns to the backend's pool
-        self.cache = KVCache(*self.cache.shape, dtype=self.cache.dtype, device=self.cache.device, capacity=0)
-        self._tokens = []
-        self._pending = None
 
     def cache_tensors(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """(keys, values) per layer, each [1, G, len, D], keys in Hugging Face's rotate-half layout

@@ -1,7 +1,7 @@
 """CUDA graphs for the native decoder: every pass of up to 64 rows runs as a fixed-shape pass,
 captured once with `torch.cuda.CUDAGraph` and replayed with new inputs.
 
-A GPU step of a small or mid-sized model is launch-bound (ALGORITHMS.md section 7): a pass is
+A GPU step of a small or mid-sized model is launch-bound (docs/algorithms.md section 7): a pass is
 hundreds of small kernels, each launched from Python. A captured pass replays all of them with one
 call. Captures need fixed shapes and fixed addresses, so a pass is brought to a few shapes:
 
@@ -456,7 +456,7 @@ def graph_unsupported(decoder) -> str | None:
         return f"its ops are {getattr(decoder.ops, 'name', type(decoder.ops).__name__)}, not PyTorch's"
     if decoder.invariant:
         return "batch-invariant attention computes each row alone (data-dependent shapes)"
-    from specula.models.hf import quantization_of
+    from specula.models.linears import quantization_of
 
     if quantization_of(decoder) != "none":
         return "quantized linears run on the CPU only"
