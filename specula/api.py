@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Iterator, Literal, Sequence
 
 from specula.drafters import make_drafters
+from specula.constraints import Constraint, as_constraint
 from specula.errors import ConfigError
 from specula.engine import EngineConfig, GenerationOutput, Session, SpeculativeDecoder, StreamChunk
 from specula.methods import PLAIN
@@ -94,21 +95,24 @@ class Specula:
         return encode_prompt(self.tokenizer, prompt, raw=raw)
 
     def generate(self, prompt: Prompt, *, raw: bool = False, params: SamplingParams | None = None,
-                 **sampling) -> GenerationOutput:
-        """Generate; keyword arguments are `SamplingParams` fields (max_new_tokens, temperature, ...)."""
-        return self.decoder.generate(self.encode(prompt, raw), _params(params, sampling))
+                 constraint: Constraint | dict | str | None = None, **sampling) -> GenerationOutput:
+        """Generate; keyword arguments are `SamplingParams` fields (max_new_tokens, temperature, ...).
+        `constraint`: the output must match it (`specula.constraints.Constraint`; a dict is a JSON
+        schema, "json" any JSON object): the target's distribution is masked to it, so greedy output
+        is constrained plain greedy decoding's, and tokens it forces are drafted for free."""
+        return self.decoder.generate(self.encode(prompt, raw), _params(params, sampling), as_constraint(constraint))
 
     def stream(self, prompt: Prompt, *, raw: bool = False, params: SamplingParams | None = None,
-               **sampling) -> Iterator[StreamChunk]:
+               constraint: Constraint | dict | str | None = None, **sampling) -> Iterator[StreamChunk]:
         """One chunk per decode step; the last has `finished` and the final stats."""
-        return self.decoder.stream(self.encode(prompt, raw), _params(params, sampling))
+        return self.decoder.stream(self.encode(prompt, raw), _params(params, sampling), as_constraint(constraint))
 
     # ------------------------------------------------------------------ sessions
     def start(self, prompt: Prompt, *, raw: bool = False, params: SamplingParams | None = None,
-              **sampling) -> Session:
+              constraint: Constraint | dict | str | None = None, **sampling) -> Session:
         """A new request, prefilled and ready to step (the prompt is checked against the context
         window). Free it with `finish` once done, failed or abandoned."""
-        return self.decoder.start(self.encode(prompt, raw), _params(params, sampling))
+        return self.decoder.start(self.encode(prompt, raw), _params(params, sampling), as_constraint(constraint))
 
     def step(self, sessions: Sequence[Session]) -> list[StreamChunk]:
         """Advance every running session by one decode step (their trees verified in one packed

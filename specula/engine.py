@@ -30,7 +30,10 @@ from typing import Any, Iterator, Sequence
 
 import torch
 
+from specula.constraints import Constraint, GrammarState
+from specula.constraints.drafting import constrained_proposals
 from specula.drafters.base import Drafter, FeatureDrafter
+from specula.drafters.none import NoDrafter
 from specula.errors import ConfigError
 from specula.models.base import TargetModel, TargetSequence, check_context, forward_trees
 from specula.planner import PassThroughPlanner, Plan, Planner, PlanRequest, StepTiming
@@ -102,7 +105,11 @@ class Session:
     generated: list[int] = field(default_factory=list)
     """New tokens so far."""
     finish_reason: str | None = None
-    """None while running; then "stop" (EOS, stop string) or "length" (max_new_tokens, window)."""
+    """None while running; then "stop" (EOS, stop string, a complete grammar match) or "length"
+    (max_new_tokens, window)."""
+    grammar: GrammarState | None = None
+    """The request's constraint state (None: unconstrained): the target's distribution is masked
+    to it, drafts it forbids are dropped, tokens it forces are drafted for free."""
     t_start: float = 0.0
 
     @property
@@ -135,6 +142,9 @@ class SpeculativeDecoder:
         self.eos_token_ids = frozenset(int(e) for e in ids)
         self.hidden = any(isinstance(d, FeatureDrafter) and d.needs_hidden for d in self.drafters)
         """Some drafter learns from the target's hidden states: passes return them (no extra pass)."""
+        self.forced_drafts = any(not isinstance(d, NoDrafter) for d in self.drafters)
+        """Draft the tokens a request's grammar forces (every method that drafts; plain decoding
+        stays one token per step)."""
 
     @property
     def planned(self) -> bool:
@@ -142,20 +152,27 @@ class SpeculativeDecoder:
         return not isinstance(self.planner, PassThroughPlanner)
 
     # ------------------------------------------------------------------ sessions
-    def start(self, prompt_ids: Sequence[int], params: SamplingParams = SamplingParams()) -> Session:
-        """A new request: checks the prompt against the context window (once), prefills it and
-        gives every drafter and the planner their per-request state."""
+    def start(self, prompt_ids: Sequence[int], params: SamplingParams = SamplingParams(),
+              constraint: Constraint | None = None) -> Session:
+        """A new request: checks the prompt against the context window (once), compiles its
+        constraint (ConstraintError when it cannot), prefills it and gives every drafter and the
+        planner their per-request state."""
         prompt = [int(t) for t in prompt_ids]
         if not prompt:
             raise ConfigError("the prompt is empty: give at least one token of text")
         check_context(self.target, len(prompt) + 1, f"the prompt ({len(prompt)} tokens) plus one new token")
+        grammar = None
+        if constraint is not None:
+            if self.tokenizer is None:
+                raise ConfigError("a constraint needs the target's tokenizer: build the decoder with one")
+            grammar = GrammarState(constraint, self.tokenizer, self.target.vocab_size, sorted(self.eos_token_ids))
         t_start = time.perf_counter()
         seq = self.target.new_sequence()
         seed = request_seed(params.seed)
         session = Session(
             prompt=prompt, params=params, seq=seq, generator=make_generator(seed, self.target.device), seed=seed,
             drafter_states=[], planner_state=self.planner.new_state(),
-            text=TextStream(self.tokenizer, params.stop), tokens=list(prompt), t_start=t_start,
+            text=TextStream(self.tokenizer, params.stop), tokens=list(prompt), t_start=t_start, grammar=grammar,
         )
         session.stats.method = self.method
         session.stats.prompt_tokens = len(prompt)
@@ -217,22 +234,25 @@ class SpeculativeDecoder:
         return [chunks[id(s)] if id(s) in chunks else StreamChunk([], "", True, s.stats) for s in sessions]
 
     # ------------------------------------------------------------------ one request
-    def generate(self, prompt_ids: Sequence[int], params: SamplingParams = SamplingParams()) -> GenerationOutput:
-        """Generate from token ids; returns the new tokens, their text and the stats."""
+    def generate(self, prompt_ids: Sequence[int], params: SamplingParams = SamplingParams(),
+                 constraint: Constraint | None = None) -> GenerationOutput:
+        """Generate from token ids (matching `constraint` when given); returns the new tokens,
+        their text and the stats."""
         tokens: list[int] = []
         texts: list[str] = []
         stats = None
-        for chunk in self.stream(prompt_ids, params):
+        for chunk in self.stream(prompt_ids, params, constraint):
             tokens.extend(chunk.token_ids)
             texts.append(chunk.text)
             stats = chunk.stats
         assert stats is not None
         return GenerationOutput(tokens, "".join(texts), stats)
 
-    def stream(self, prompt_ids: Sequence[int], params: SamplingParams = SamplingParams()) -> Iterator[StreamChunk]:
+    def stream(self, prompt_ids: Sequence[int], params: SamplingParams = SamplingParams(),
+               constraint: Constraint | None = None) -> Iterator[StreamChunk]:
         """Yield one chunk per decode step; the last has `finished` and the final stats. Closing
         the iterator early frees the session."""
-        session = self.start(prompt_ids, params)
+        session = self.start(prompt_ids, params, constraint)
         try:
             while not session.finished:
                 chunk = self.step([session])[0]
@@ -283,6 +303,9 @@ class SpeculativeDecoder:
             for drafter, state in zip(self.drafters, session.drafter_states):
                 view = planner.view(proposals, time.perf_counter() - t0)
                 proposals.append(drafter.propose(replace(ctx, cost=view), state))
+        if session.grammar is not None:
+            proposals = constrained_proposals(session.grammar, proposals, budget, self.forced_drafts)
+            drafting = drafting or bool(proposals)  # a forced chain is verified even while drafting pauses
         return PlanRequest(proposals, budget, session.planner_state, time.perf_counter() - t0, drafting)
 
     def _conclude(self, session: Session, plan: Plan, logits: torch.Tensor, draft_seconds: float,
@@ -293,7 +316,12 @@ class SpeculativeDecoder:
         target, planner, stats, tokens = self.target, self.planner, session.stats, session.tokens
         proposal = plan.proposal
         t1 = time.perf_counter()
-        result = verify_step(proposal.tree, logits, session.params, q=proposal.q, mode=proposal.sibling_mode,
+        if session.grammar is not None:  # the constrained law: forbidden tokens at -inf, row by row
+            masked = session.grammar.masked(logits, proposal.tree)
+            logits_p = masked if logits.device.type == "cpu" else masked.full()
+        else:
+            logits_p = logits
+        result = verify_step(proposal.tree, logits_p, session.params, q=proposal.q, mode=proposal.sibling_mode,
                              seed=session.seed, position=len(session.generated), generator=session.generator)
         t2 = time.perf_counter()
         verify_seconds = pass_seconds + (t2 - t1)
@@ -314,6 +342,10 @@ class SpeculativeDecoder:
         stats.record_step(proposal.tree.depth, proposal.tree.sources, result.path)
 
         new, reason = self._truncate([*step.accepted_tokens, result.next_token], session)
+        if session.grammar is not None:
+            new = session.grammar.commit(new)
+            if session.grammar.ended:
+                reason = "stop"  # EOS after a complete match: also where EOS is otherwise ignored
         session.generated.extend(new)
         tokens.extend(new)
         if reason is None and len(tokens) >= target.max_context:

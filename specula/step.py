@@ -24,6 +24,11 @@ if TYPE_CHECKING:
     from specula.models.base import TargetSequence
 
 
+FORCED_SOURCE = "grammar"
+"""Source of the nodes a request's grammar forces (the only token it allows): certain under the
+constrained target, so the planner prices them at acceptance 1 (`specula.constraints`)."""
+
+
 @dataclass(frozen=True)
 class DraftBudget:
     """Limits the decode loop puts on one proposal."""

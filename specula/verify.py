@@ -443,7 +443,9 @@ def verify_step(
 ) -> VerifyResult:
     """One decode step's verification: the rule for how the tree was drafted, applied to the
     target's logits. logits: [n + 1, vocab] raw target logits (row 0 at the root, row i + 1
-    after node i); p is `probabilities(logits, params)`, processed only where a rule looks.
+    after node i), or a row source shaped like them (a request's grammar masks rows lazily:
+    `specula.constraints.MaskedLogits`, whose `argmax` covers the rows a greedy walk reaches); p
+    is `probabilities(logits, params)`, processed only where a rule looks.
 
     - greedy (`params.greedy`): `verify_greedy` on the argmax of every row; q and mode unused.
     - deterministic candidates (mode "deterministic": retrieval, n-grams, recycling, top-k

@@ -24,7 +24,43 @@ def register(sub) -> None:
     p.add_argument("--compare", action="store_true",
                    help=f"also run plain decoding (method {PLAIN}) on the same prompt and print the speedup")
     p.add_argument("--json", action="store_true", help="print one JSON object (text, token_ids, stats)")
+    add_constraint_args(p)
     p.set_defaults(handler=run)
+
+
+def add_constraint_args(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("structured output (docs/structured.md)").add_mutually_exclusive_group()
+    g.add_argument("--json-object", action="store_true",
+                   help="the output is one JSON object (any keys and values)")
+    g.add_argument("--json-schema", metavar="FILE",
+                   help="the output is JSON valid under the JSON schema in FILE")
+    g.add_argument("--regex", metavar="RE", help="the whole output matches the regular expression RE (Rust syntax)")
+    g.add_argument("--grammar", metavar="FILE",
+                   help="the output follows the context-free grammar in FILE (Lark as llguidance reads it, or GBNF)")
+
+
+def constraint_from_args(args: argparse.Namespace):
+    """The `Constraint` the flags ask for (None: unconstrained); a file that cannot be read is a
+    ConfigError naming it."""
+    from specula.constraints import Constraint
+    from specula.errors import ConfigError
+
+    def read(path: str, what: str) -> str:
+        try:
+            with open(path, encoding="utf-8") as f:
+                return f.read()
+        except OSError as exc:
+            raise ConfigError(f"cannot read the {what} file {path}: {exc.strerror}") from None
+
+    if args.json_object:
+        return Constraint.json()
+    if args.json_schema:
+        return Constraint.json_schema(read(args.json_schema, "JSON schema"))
+    if args.regex is not None:
+        return Constraint.regex(args.regex)
+    if args.grammar:
+        return Constraint.grammar(read(args.grammar, "grammar"))
+    return None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -33,6 +69,9 @@ def run(args: argparse.Namespace) -> int:
     from specula.models.loading import process_age_seconds
 
     params = sampling_params(args)  # validate everything before loading models
+    constraint = constraint_from_args(args)
+    if constraint is not None:
+        constraint.grammar_text()  # a schema, regex or grammar the library cannot compile fails here, in one line
     method = get_method(args.method or DEFAULT_METHOD).name
     planner = planner_from_args(args)
     spec = load(args.target, draft=args.draft, method=method, config=load_config(args),
@@ -44,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
     text_parts: list[str] = []
     stats = None
     first_token_s = None
-    for chunk in spec.stream(ids, params=params):
+    for chunk in spec.stream(ids, params=params, constraint=constraint):
         if first_token_s is None and chunk.token_ids:
             first_token_s = process_age_seconds()
         token_ids.extend(chunk.token_ids)
@@ -55,7 +94,7 @@ def run(args: argparse.Namespace) -> int:
             sys.stdout.flush()
     baseline = None
     if args.compare and method != PLAIN:
-        baseline = spec.baseline().generate(ids, params=params)
+        baseline = spec.baseline().generate(ids, params=params, constraint=constraint)
     if args.json:
         payload = {"text": "".join(text_parts), "token_ids": token_ids, "stats": stats.to_dict(),
                    "load": {**(spec.load_report.to_dict() if spec.load_report else {}),

@@ -40,7 +40,7 @@ from specula.planner.base import Plan, PlanRequest, StepTiming
 from specula.planner.cost import DEFAULT_SIZES, CostCurve, CostModel, load_or_measure_curve
 from specula.planner.merge import merge_proposals
 from specula.planner.select import chain_lookahead, choose_batch, choose_size, path_probabilities
-from specula.step import Proposal, StepResult
+from specula.step import FORCED_SOURCE, Proposal, StepResult
 from specula.tree import TokenTree
 
 
@@ -253,8 +253,8 @@ class HardwarePlanner:
 
     def _edge_acceptance(self, tree: TokenTree) -> list[float]:
         """Estimated P(node accepted | parent accepted) of every node: per-source calibration times
-        the source's correction factor (at most 1)."""
-        return [min(1.0, self.bias_of(src) * self.calibrator.estimate(src, raw))
+        the source's correction factor (at most 1); 1 for a token the request's grammar forces."""
+        return [1.0 if src == FORCED_SOURCE else min(1.0, self.bias_of(src) * self.calibrator.estimate(src, raw))
                 for src, raw in zip(tree.sources, tree.edge_scores)]
 
     def estimate(self, proposal: Proposal) -> list[float]:

@@ -17,6 +17,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Literal, Mapping
 
+from specula.constraints import Constraint, ConstraintError
 from specula.stats import GenerationStats
 
 Endpoint = Literal["completions", "chat"]
@@ -78,6 +79,8 @@ class GenerationRequest:
     """Answer as server-sent events."""
     include_usage: bool = False
     """stream_options.include_usage: one more chunk with `choices: []` and the usage."""
+    constraint: Constraint | None = None
+    """response_format json_object / json_schema: the output matches it (None: free text)."""
 
     def sampling(self) -> dict[str, Any]:
         """`SamplingParams` fields, except max_new_tokens (which needs the prompt length)."""
@@ -97,7 +100,6 @@ _UNSUPPORTED: dict[str, tuple[Any, ...]] = {
     "frequency_penalty": (None, 0, 0.0),
     "tools": (None, []),
     "functions": (None, []),
-    "response_format": (None, {"type": "text"}),
 }
 
 
@@ -164,7 +166,20 @@ def parse_request(endpoint: Endpoint, body: Mapping[str, Any], served_model: str
         endpoint=endpoint, model=model, prompt=prompt, messages=messages, max_tokens=max_tokens,
         temperature=temperature, top_p=top_p, top_k=top_k or 0, seed=seed,
         stop=_stop(body), stream=stream, include_usage=_include_usage(body, stream),
+        constraint=_response_format(body),
     )
+
+
+def _response_format(body: Mapping[str, Any]) -> Constraint | None:
+    """OpenAI's response_format: text, json_object or json_schema (its schema compiled here: a
+    schema the grammar library cannot compile is a 400 with the library's reason)."""
+    try:
+        constraint = Constraint.from_response_format(body.get("response_format"))
+        if constraint is not None:
+            constraint.grammar_text()
+    except ConstraintError as exc:
+        raise APIError(400, str(exc), param="response_format", code="invalid_value") from None
+    return constraint
 
 
 def _type_error(param: str, expected: str, value: Any) -> APIError:

@@ -224,7 +224,7 @@ class Worker:
         max_tokens = self._limit(request, len(ids))
         params = SamplingParams(max_new_tokens=max_tokens, **request.sampling())
         self.metrics.prompt_tokens.inc(len(ids))
-        session = self.spec.start(ids, params=params)
+        session = self.spec.start(ids, params=params, constraint=request.constraint)
         job.put(Started(len(ids), max_tokens))
         return _Running(job, session, time.perf_counter())
 

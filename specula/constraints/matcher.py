@@ -1,0 +1,251 @@
+"""One request's grammar state, advanced over committed tokens only, and what it tells a step.
+
+    GrammarState(constraint, tokenizer, vocab)
+      .forced(max_n)          tokens the grammar alone decides from here (exactly one allowed)
+      .allowed_tree(tree)     the nodes whose path the grammar allows (drafts it forbids go)
+      .masked(logits, tree)   the target's logits with forbidden tokens at -inf, row by row
+      .commit(tokens)         the step's emitted tokens (the only call that moves the state)
+
+The state moves only in `commit`; everything else consumes a path's tokens on the llguidance
+matcher and rolls them back before returning, so after any step the matcher equals a fresh one fed
+the committed tokens.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from typing import Any, Sequence
+
+import torch
+
+from specula.constraints.spec import Constraint, ConstraintError
+from specula.tree import TokenTree
+
+_TOKENIZERS: "weakref.WeakKeyDictionary[Any, dict[tuple, Any]]" = weakref.WeakKeyDictionary()
+_LOCK = threading.Lock()
+
+
+
+def grammar_tokenizer(tokenizer, vocab: int, eos_token_ids: Sequence[int] = ()):
+    """llguidance's view of a Hugging Face fast tokenizer for logits of width `vocab`, ending a
+    complete match with any of `eos_token_ids` (default: the tokenizer's EOS). Built once per
+    tokenizer: about 0.3 s for SmolLM2, 1.5 s for Qwen."""
+    import llguidance.hf
+
+    key = (vocab, tuple(sorted(int(e) for e in eos_token_ids)))
+    with _LOCK:
+        per_vocab = _TOKENIZERS.setdefault(tokenizer, {})
+        llt = per_vocab.get(key)
+        if llt is None:
+            try:
+                llt = per_vocab[key] = llguidance.hf.from_tokenizer(tokenizer, n_vocab=vocab,
+                                                                    eos_token=list(key[1]) or None)
+            except ValueError as exc:
+                raise ConstraintError(f"constraints need a fast (tokenizer.json) byte-level or byte-fallback "
+                                      f"tokenizer; this one cannot be used: {exc}") from None
+        return llt
+
+
+def check_constraint(constraint: Constraint, tokenizer, vocab: int, eos_token_ids: Sequence[int] = ()) -> str:
+    """The grammar text of `constraint` checked against the tokenizer: ConstraintError (with the
+    library's reason) when it cannot be compiled."""
+    from llguidance import LLMatcher
+
+    grammar = constraint.grammar_text()
+    is_error, messages = LLMatcher.validate_grammar_with_warnings(
+        grammar, grammar_tokenizer(tokenizer, vocab, eos_token_ids))
+    if is_error:
+        raise ConstraintError(f"cannot compile the {constraint.label}: {' '.join(' '.join(messages).split())}")
+    return grammar
+
+
+def unpack_bitmask(bitmask: bytes, vocab: int) -> torch.Tensor:
+    """llguidance's bitmask (32 tokens per int32, low bit first) -> bool [vocab]."""
+    words = torch.frombuffer(bytearray(bitmask), dtype=torch.int32)  # [ceil(vocab / 32)]
+    bits = (words[:, None] >> torch.arange(32, dtype=torch.int32)) & 1  # [words, 32]
+    return bits.flatten()[:vocab].bool()
+
+
+class GrammarState:
+    """The grammar matcher of one request (see the module docstring)."""
+
+    def __init__(self, constraint: Constraint, tokenizer, vocab: int, eos_token_ids: Sequence[int] = ()) -> None:
+        from llguidance import LLMatcher
+
+        self.constraint = constraint
+        self.vocab = vocab
+        llt = grammar_tokenizer(tokenizer, vocab, eos_token_ids)
+        self._matcher = LLMatcher(llt, check_constraint(constraint, tokenizer, vocab, eos_token_ids))
+        if self._matcher.is_error():
+            raise ConstraintError(f"cannot compile the {constraint.label}: {self._matcher.get_error()}")
+        self.eos_token_ids = frozenset(int(e) for e in eos_token_ids)
+        self.committed = 0
+        """Tokens committed so far."""
+        self.ended = False
+        """An end-of-sequence token was committed: the output is over (what follows it in a step,
+        kept only when EOS is ignored, is cut)."""
+        self.mask_seconds = 0.0
+        """Time spent computing masks (reported as the constraint's overhead)."""
+
+    # ------------------------------------------------------------------ the committed state
+    def commit(self, tokens: Sequence[int]) -> list[int]:
+        """Advance over a step's emitted tokens (every one the grammar allowed: the target's
+        distribution was masked); returns those that belong to the output: all of them, or up to
+        the end-of-sequence token that closed a complete match (`ended`). A token the grammar
+        refuses is a bug of the caller: RuntimeError."""
+        kept: list[int] = []
+        for tok in (int(t) for t in tokens):
+            if self.ended:
+                break
+            kept.append(tok)
+            if self._matcher.is_stopped():  # a complete match allows only EOS, and it ends the output
+                self.ended = True
+                break
+            if not self._matcher.consume_token(tok):
+                raise RuntimeError(f"the grammar refused committed token {tok}: {self._matcher.get_error()}")
+            self.committed += 1
+            self.ended = tok in self.eos_token_ids
+        return kept
+
+    @property
+    def finished(self) -> bool:
+        """The grammar is complete and allows nothing more but the end of the sequence."""
+        return self._matcher.is_stopped()
+
+    @property
+    def accepting(self) -> bool:
+        """The output so far is a complete match (it may still go on)."""
+        return self._matcher.is_accepting()
+
+    def mask(self) -> torch.Tensor:
+        """bool [vocab]: the tokens allowed next."""
+        import time
+
+        t0 = time.perf_counter()
+        out = unpack_bitmask(self._matcher.compute_bitmask(), self.vocab)
+        self.mask_seconds += time.perf_counter() - t0
+        return out
+
+    def state_bitmask(self) -> bytes:
+        """The raw next-token bitmask (tests compare states with it)."""
+        return self._matcher.compute_bitmask()
+
+    # ------------------------------------------------------------------ scratch walks
+    def _enter(self, tokens: Sequence[int]) -> bool:
+        """Consume a path's tokens (to be undone with `_leave(len(tokens))`); False (nothing
+        consumed) when the grammar refuses one of them."""
+        tokens = [int(t) for t in tokens]
+        if not tokens:
+            return True
+        if self._matcher.validate_tokens(tokens) != len(tokens):
+            return False
+        if not self._matcher.consume_tokens(tokens):
+            raise RuntimeError(f"the grammar refused tokens it had validated: {self._matcher.get_error()}")
+        return True
+
+    def _leave(self, n: int) -> None:
+        if n and not self._matcher.rollback(n):
+            raise RuntimeError(f"the grammar could not roll back {n} tokens: {self._matcher.get_error()}")
+
+    def forced(self, max_n: int) -> list[int]:
+        """Up to `max_n` tokens the grammar alone decides from here: at each, exactly one token is
+        allowed, so the masked target emits it with probability 1 (an EOS the grammar forces ends
+        the chain)."""
+        out: list[int] = []
+        while len(out) < max_n and not self._matcher.is_stopped():
+            allowed = self.mask().nonzero()
+            if allowed.numel() != 1 or not self._matcher.consume_token(int(allowed[0])):
+                break
+            out.append(int(allowed[0]))
+        self._leave(len(out))
+        return out
+
+    def allowed_tree(self, tree: TokenTree) -> list[int]:
+        """The nodes (ascending, ancestor-closed) whose every token on the path from the root the
+        grammar allows."""
+        keep: list[int] = []
+        ok = [False] * len(tree)
+        for i, par in enumerate(tree.parents):
+            if par >= 0 and not ok[par]:
+                continue
+            path = tree.tokens_of(tree.path_to(i))
+            if self._enter(path):
+                self._leave(len(path))
+                ok[i] = True
+                keep.append(i)
+        return keep
+
+    def masked(self, logits: torch.Tensor, tree: TokenTree) -> "MaskedLogits":
+        """logits [n + 1, vocab] of a tree's pass, with each row masked by the grammar state at its
+        node (lazily: rules touch few rows)."""
+        return MaskedLogits(self, logits, tree)
+
+
+class MaskedLogits:
+    """A tree's target logits with the grammar applied: `rows[r]` is logits[r] with the tokens
+    the grammar forbids after node r - 1 at -inf ([vocab]); `argmax(-1)` is the masked argmax of
+    every row a greedy walk can reach (-1 elsewhere: no child matches it). Shaped like the
+    `[n + 1, vocab]` tensor for the rules (`specula.verify.Rows`)."""
+
+    def __init__(self, state: GrammarState, logits: torch.Tensor, tree: TokenTree) -> None:
+        self.state = state
+        self.logits = logits  # [n + 1, vocab]
+        self.tree = tree
+        self._rows: dict[int, torch.Tensor] = {}
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.logits.shape
+
+    @property
+    def device(self) -> torch.device:
+        return self.logits.device
+
+    def dim(self) -> int:
+        return self.logits.dim()
+
+    def __len__(self) -> int:
+        return self.logits.shape[0]
+
+    def _path(self, row: int) -> list[int]:
+        return self.tree.tokens_of(self.tree.path_to(row - 1)) if row > 0 else []
+
+    def __getitem__(self, row: int) -> torch.Tensor:
+        row = int(row)
+        out = self._rows.get(row)
+        if out is None:
+            path = self._path(row)
+            if not self.state._enter(path):
+                raise ValueError(f"row {row} hangs from a path the grammar forbids: prune the tree first")
+            try:
+                allowed = self.state.mask().to(self.logits.device)  # [vocab] bool
+            finally:
+                self.state._leave(len(path))
+            out = self._rows[row] = self.logits[row].masked_fill(~allowed, float("-inf"))
+        return out
+
+    def full(self) -> torch.Tensor:
+        """Every row masked: [n + 1, vocab] (for rules that take all rows at once on a device)."""
+        return torch.stack([self[r] for r in range(len(self))])
+
+    def _row_argmax(self, row: int) -> int:
+        """The masked argmax of one row (torch's tie rule: the first index). The whole mask is
+        computed (tens of microseconds): llguidance's `validate_tokens` accepts some tokens its
+        mask excludes, and the mask is what defines the constrained law."""
+        return int(self[row].argmax())
+
+    def argmax(self, dim: int = -1) -> torch.Tensor:
+        """LongTensor [n + 1]: the masked argmax of the root's row and of every row whose node a
+        greedy walk accepts; -1 in the rows no walk reaches (what they hold cannot matter)."""
+        if dim not in (-1, 1):
+            raise ValueError("MaskedLogits.argmax works along the vocabulary (dim=-1)")
+        tree = self.tree
+        am = [-1] * (len(tree) + 1)
+        am[0] = self._row_argmax(0)
+        accepted = [False] * len(tree)
+        for i, (tok, par) in enumerate(zip(tree.tokens, tree.parents)):
+            if (par < 0 or accepted[par]) and tok == am[par + 1]:
+                accepted[i] = True
+                am[i + 1] = self._row_argmax(i + 1)
+        return torch.tensor(am, dtype=torch.long)

@@ -1,0 +1,162 @@
+"""End to end: constrained greedy output equals constrained plain greedy decoding token for token
+for every method, the sampled law under a mask is the masked target law (and a rule that ignores
+the mask fails the check), forced tokens are drafted and accepted."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from grammar_kit import VOCAB
+from laws import tv, tv_bound
+from tiny import perturbed_copy, tiny_model
+from specula.api import build_decoder
+from specula.constraints import Constraint, grammar_tokenizer
+from specula.models.hf import HFCausalLM
+from specula.planner import CostCurve, HardwarePlanner
+from specula.sampling import SamplingParams
+
+SCHEMA = {"type": "object", "properties": {"name": {"enum": ["ab", "cd", "abc"]},
+                                           "age": {"type": "integer", "minimum": 0, "maximum": 999},
+                                           "tags": {"type": "array", "items": {"enum": ["x", "yz"]}, "maxItems": 3}},
+          "required": ["name", "age", "tags"], "additionalProperties": False}
+FLAT = CostCurve((1, 2, 4, 8, 16, 32, 64), (1e-3,) * 7, 64)  # verifying is free: the planner keeps what may pay
+EOS = 1
+
+
+@pytest.fixture(scope="module")
+def models():
+    model = tiny_model("llama", seed=3, vocab=VOCAB)
+    return model, perturbed_copy(model, 0.3)
+
+
+def reference(model, tokenizer, constraint: Constraint, prompt: list[int], max_new_tokens: int) -> list[int]:
+    """Constrained plain greedy decoding by full recomputation and a fresh llguidance matcher."""
+    from llguidance import LLMatcher
+
+    from specula.constraints.matcher import unpack_bitmask
+
+    matcher = LLMatcher(grammar_tokenizer(tokenizer, VOCAB, [EOS]), constraint.grammar_text())
+    ids, out = list(prompt), []
+    with torch.inference_mode():
+        for _ in range(max_new_tokens):
+            logits = model(torch.tensor([ids])).logits[0, -1]
+            allowed = unpack_bitmask(matcher.compute_bitmask(), VOCAB)
+            tok = int(logits.masked_fill(~allowed, float("-inf")).argmax())
+            out.append(tok)
+            ids.append(tok)
+            if tok == EOS:
+                break
+            assert matcher.consume_token(tok)
+    return out
+
+
+def decoder(models, tokenizer, method: str, planner="none"):
+    model, draft = models
+    uses_draft = method in ("draft-model", "draft-tree", "fusion")
+    options = {"num_draft_tokens": 4} if method in ("draft-model", "fusion") else {}
+    return build_decoder(method, HFCausalLM(model, "target"), tokenizer,
+                         HFCausalLM(draft, "draft") if uses_draft else None, planner=planner, **options)
+
+
+PROMPTS = ('{"name": "abc", "age": 12, "tags": ["x"]} {"name": "ab', "list people:")
+CONSTRAINTS = {
+    "schema": Constraint.json_schema(SCHEMA),
+    "regex": Constraint.regex(r"[a-c]{2,6}-(x|yz)+\."),
+    "grammar": Constraint.grammar('start: item ("," item)* "."\nitem: "ab" | "cd" | /[0-9]{1,3}/'),
+}
+
+
+@pytest.mark.parametrize("method", ["none", "prompt-lookup", "token-recycling", "draft-model", "draft-tree", "fusion"])
+def test_constrained_greedy_equals_constrained_plain_greedy(models, json_tokenizer, method):
+    for kind, constraint in CONSTRAINTS.items():
+        for planner in ("none", HardwarePlanner(curve=FLAT)):
+            dec = decoder(models, json_tokenizer, method, planner)
+            for text in PROMPTS:
+                prompt = json_tokenizer.encode(text, add_special_tokens=False)
+                out = dec.generate(prompt, SamplingParams(max_new_tokens=40), constraint)
+                assert out.token_ids == reference(models[0], json_tokenizer, constraint, prompt, 40), (method, kind)
+                if kind == "schema" and out.stats.finish_reason == "stop":
+                    value = json.loads(out.text)
+                    assert set(value) == {"name", "age", "tags"} and value["name"] in ("ab", "cd", "abc")
+
+
+def test_forced_tokens_are_drafted_accepted_and_priced_as_certain(models, json_tokenizer):
+    prompt = json_tokenizer.encode(PROMPTS[1], add_special_tokens=False)
+    dec = decoder(models, json_tokenizer, "prompt-lookup", HardwarePlanner(curve=FLAT))
+    out = dec.generate(prompt, SamplingParams(max_new_tokens=40), CONSTRAINTS["schema"])
+    assert out.stats.source_accepted["grammar"] >= 6  # keys, quotes, separators
+    assert out.stats.source_accepted["grammar"] == out.stats.source_drafted["grammar"]
+    assert out.stats.steps < len(out.token_ids)
+    plain = decoder(models, json_tokenizer, "none").generate(prompt, SamplingParams(max_new_tokens=40),
+                                                              CONSTRAINTS["schema"])
+    assert plain.stats.steps == len(plain.token_ids)  # plain decoding stays one token a step
+    assert plain.token_ids == out.token_ids
+
+
+# ---------------------------------------------------------------------------- the sampled law
+LAW = Constraint.regex(r"(a|b|c|ab)(b|c|d)[a-d]*")
+TEMP = 1.5
+TRIALS = 1500
+
+
+def exact_masked_first_two(model, tokenizer, prompt: list[int]) -> torch.Tensor:
+    """P(first = a, second = b) of constrained plain sampling: [VOCAB * VOCAB]."""
+    from llguidance import LLMatcher
+
+    from specula.constraints.matcher import unpack_bitmask
+
+    matcher = LLMatcher(grammar_tokenizer(tokenizer, VOCAB, [EOS]), LAW.grammar_text())
+
+    def masked_p(ids):
+        with torch.inference_mode():
+            logits = model(torch.tensor([ids])).logits[0, -1].double()
+        allowed = unpack_bitmask(matcher.compute_bitmask(), VOCAB)
+        return torch.softmax(logits.masked_fill(~allowed, float("-inf")) / TEMP, -1)
+
+    p1 = masked_p(prompt)
+    joint = torch.zeros(VOCAB, VOCAB, dtype=torch.float64)
+    for a in p1.nonzero().flatten().tolist():
+        assert matcher.consume_token(a)
+        joint[a] = p1[a] * masked_p(prompt + [a])
+        matcher.rollback(1)
+    return joint.flatten()
+
+
+def sample_codes(dec, prompt, trials=TRIALS):
+    codes = torch.empty(trials, dtype=torch.long)
+    accepted = 0
+    for s in range(trials):
+        out = dec.generate(prompt, SamplingParams(temperature=TEMP, max_new_tokens=3, seed=s, ignore_eos=True), LAW)
+        codes[s] = out.token_ids[0] * VOCAB + out.token_ids[1]
+        accepted += out.stats.accepted_tokens
+    return codes, accepted
+
+
+@pytest.fixture(scope="module")
+def law_prompt(json_tokenizer):
+    return json_tokenizer.encode("abcdabcdab", add_special_tokens=False)  # prompt lookup proposes "cd"
+
+
+@pytest.fixture(scope="module")
+def exact(models, json_tokenizer, law_prompt):
+    return exact_masked_first_two(models[0], json_tokenizer, law_prompt)
+
+
+@pytest.mark.parametrize("method", ["fusion", "draft-model"])
+def test_sampled_output_follows_the_masked_target_law(models, json_tokenizer, law_prompt, exact, method):
+    codes, accepted = sample_codes(decoder(models, json_tokenizer, method, HardwarePlanner(curve=FLAT)), law_prompt)
+    # the draft model samples from its unmasked q: few of its draws are allowed (verified as drawn)
+    assert accepted > (TRIALS // 10 if method == "fusion" else 0), accepted
+    assert tv(codes, exact) < tv_bound(exact, TRIALS, c=2.0), method
+    assert exact[codes].min() > 0  # nothing the grammar forbids is ever emitted
+
+
+def test_planted_rule_that_ignores_the_mask_is_detected(models, json_tokenizer, law_prompt, exact, monkeypatch):
+    import specula.constraints.matcher as matcher
+
+    monkeypatch.setattr(matcher.MaskedLogits, "__getitem__", lambda self, row: self.logits[int(row)])
+    codes, _ = sample_codes(decoder(models, json_tokenizer, "fusion", HardwarePlanner(curve=FLAT)), law_prompt, 600)
+    assert tv(codes, exact) > tv_bound(exact, 600, c=2.0)

@@ -1,0 +1,45 @@
+"""A tiny byte-level tokenizer that llguidance reads (JSON characters, a few merges), for the
+constraint tests (the word-level test tokenizers carry no bytes a grammar could match)."""
+
+from __future__ import annotations
+
+JSON_CHARS = list('{}[]":, abcdefghijklmnopqrstuvwxyz0123456789-.') + ["\n"]
+JSON_MERGES = [('{', '"'), ('"', ':'), ('"', ','), ('"', '}'), ('n', 'a'), ('na', 'm'), ('nam', 'e'), ('a', 'g'),
+               ('ag', 'e'), (' ', '"'), ('":', ' ')]
+VOCAB = 64
+"""Logit width of the tiny models paired with the tokenizer (its 60 tokens and 4 unused ids)."""
+
+
+def _byte_chars() -> dict[int, str]:
+    """GPT-2's byte -> printable character table (byte-level BPE vocabularies are written in it)."""
+    bs = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    cs = list(bs)
+    extra = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + extra)
+            extra += 1
+    return dict(zip(bs, map(chr, cs)))
+
+
+def byte_level_tokenizer(chars: list[str], merges: list[tuple[str, str]]):
+    """A byte-level BPE fast tokenizer: ids 0 <s>, 1 </s> (EOS), then `chars`, then the merges."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    table = _byte_chars()
+
+    def enc(text: str) -> str:
+        return "".join(table[b] for b in text.encode())
+
+    vocab = {"<s>": 0, "</s>": 1}
+    for c in chars:
+        vocab[enc(c)] = len(vocab)
+    merges = [(enc(a), enc(b)) for a, b in merges]
+    for a, b in merges:
+        vocab[a + b] = len(vocab)
+    tok = Tokenizer(models.BPE(vocab, merges))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>")
