@@ -154,9 +154,11 @@ def test_sampled_output_follows_the_masked_target_law(models, json_tokenizer, la
     assert exact[codes].min() > 0  # nothing the grammar forbids is ever emitted
 
 
-def test_planted_rule_that_ignores_the_mask_is_detected(models, json_tokenizer, law_prompt, exact, monkeypatch):
+def test_planted_rule_that_ignores_the_mask_is_detected(models, json_tokenizer, law_prompt, monkeypatch):
+    """A rule fed unmasked rows emits tokens the grammar forbids: the grammar state refuses the
+    commit loudly (the step fails) instead of returning text outside the constraint."""
     import specula.constraints.matcher as matcher
 
     monkeypatch.setattr(matcher.MaskedLogits, "__getitem__", lambda self, row: self.logits[int(row)])
-    codes, _ = sample_codes(decoder(models, json_tokenizer, "fusion", HardwarePlanner(curve=FLAT)), law_prompt, 600)
-    assert tv(codes, exact) > tv_bound(exact, 600, c=2.0)
+    with pytest.raises(RuntimeError, match="grammar refused"):
+        sample_codes(decoder(models, json_tokenizer, "fusion", HardwarePlanner(curve=FLAT)), law_prompt, 200)
