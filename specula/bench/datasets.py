@@ -34,6 +34,10 @@ EVERYDAY = "everyday"
 """Name of the shipped set of 24 everyday prompts (chat, instructions, code, math) written for specula,
 so speed claims are checked on prompts that are not Spec-Bench (`specula/data/everyday/README.md`)."""
 
+STRUCTURED = "structured"
+"""Name of the shipped set of structured-output prompts written for specula: each asks for JSON and
+carries the JSON schema its output is constrained to (`specula/data/structured/README.md`)."""
+
 SPEC_BENCH_GROUPS: dict[str, str] = {
     **{c: "mt_bench" for c in (
         "writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities",
@@ -62,6 +66,15 @@ class BenchPrompt:
     """User messages; turn k > 1 follows the model's own answers to turns 1..k-1."""
     source_category: str
     """The category as written in the file."""
+    schema: dict | None = None
+    """A JSON schema every turn's output is constrained to (the row's optional `schema`), or None."""
+
+    @property
+    def constraint(self):
+        """The `Constraint` of `schema` (None: free text)."""
+        from specula.constraints import Constraint
+
+        return None if self.schema is None else Constraint.json_schema(self.schema)
 
 
 def _parse_line(text: str, lineno: int, origin: str) -> dict:
@@ -90,7 +103,10 @@ def _prompt_from_row(row: dict, lineno: int, origin: str, groups: dict[str, str]
     if not isinstance(category, str) or not category.strip():
         raise ConfigError(f"{where}: 'category' must be a non-empty string")
     group = groups.get(category, category) if groups is not None else category
-    return BenchPrompt(pid, group, tuple(turns), category)
+    schema = row.get("schema")
+    if schema is not None and not isinstance(schema, dict):
+        raise ConfigError(f"{where}: 'schema' must be a JSON schema object (or absent)")
+    return BenchPrompt(pid, group, tuple(turns), category, schema)
 
 
 def parse_prompts(lines: Sequence[str], origin: str = "prompts", groups: dict[str, str] | None = None) -> list[BenchPrompt]:
@@ -117,12 +133,13 @@ def load_prompts(source: str = SPEC_BENCH) -> list[BenchPrompt]:
     if source == SPEC_BENCH:
         text = resources.files("specula").joinpath("data/spec_bench/question.jsonl").read_text(encoding="utf-8")
         return parse_prompts(text.splitlines(), "spec-bench question.jsonl", SPEC_BENCH_GROUPS)
-    if source == EVERYDAY:
-        text = resources.files("specula").joinpath("data/everyday/prompts.jsonl").read_text(encoding="utf-8")
-        return parse_prompts(text.splitlines(), "everyday prompts.jsonl")
+    if source in (EVERYDAY, STRUCTURED):
+        text = resources.files("specula").joinpath(f"data/{source}/prompts.jsonl").read_text(encoding="utf-8")
+        return parse_prompts(text.splitlines(), f"{source} prompts.jsonl")
     path = Path(source).expanduser()
     if not path.is_file():
-        raise ConfigError(f"prompts file {source!r} not found; pass --prompts spec-bench, everyday or a JSONL file")
+        raise ConfigError(f"prompts file {source!r} not found; pass --prompts spec-bench, everyday, structured "
+                          "or a JSONL file")
     try:
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError as exc:

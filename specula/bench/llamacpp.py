@@ -80,7 +80,10 @@ class LlamaCppPeer:
         self.llm = Llama(model_path=str(gguf), n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads,
                          verbose=False, **kwargs)
 
-    def generate(self, prompt_ids: Sequence[int], params: SamplingParams) -> MethodOutput:
+    def generate(self, prompt_ids: Sequence[int], params: SamplingParams, constraint=None) -> MethodOutput:
+        if constraint is not None:
+            raise ConfigError("the llama.cpp peers do not take constraints in the bench; drop --compare llamacpp "
+                              "for --prompts structured")
         if params.stop:
             raise ConfigError("llama.cpp peers do not take stop strings in the bench; drop --stop")
         llm = self.llm

@@ -40,7 +40,9 @@ class BenchMethod(Protocol):
     lossless: bool
     """Greedy output must equal plain decoding (a difference fails the bench)."""
 
-    def generate(self, prompt_ids: Sequence[int], params: SamplingParams) -> MethodOutput: ...
+    def generate(self, prompt_ids: Sequence[int], params: SamplingParams, constraint=None) -> MethodOutput:
+        """Generate (matching `constraint`, a `specula.constraints.Constraint`, when given)."""
+        ...
 
     def memory_bytes(self) -> int | None: ...
 
@@ -56,11 +58,11 @@ class SpeculaMethod:
         self.lossless = spec.lossless
         self.planner = spec.planned
 
-    def generate(self, prompt_ids: Sequence[int], params: SamplingParams) -> MethodOutput:
+    def generate(self, prompt_ids: Sequence[int], params: SamplingParams, constraint=None) -> MethodOutput:
         device = self.spec.target.device
         sync_device(device)
         t0 = time.perf_counter()
-        out = self.spec.generate(list(prompt_ids), params=params)
+        out = self.spec.generate(list(prompt_ids), params=params, constraint=constraint)
         sync_device(device)
         return MethodOutput(list(out.token_ids), time.perf_counter() - t0, out.stats)
 

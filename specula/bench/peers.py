@@ -22,6 +22,7 @@ import warnings
 from typing import Iterator, Literal, Sequence
 
 import torch
+from transformers import LogitsProcessorList
 
 from specula.models.device import sync_device
 from specula.bench.methods import MethodOutput
@@ -87,7 +88,9 @@ class HFPeer:
     kind: Literal["hf"] = "hf"
     lossless = False
 
-    def __init__(self, name: str, model, eos_token_ids: Sequence[int], assistant=None) -> None:
+    def __init__(self, name: str, model, eos_token_ids: Sequence[int], assistant=None, tokenizer=None) -> None:
+        self.tokenizer = tokenizer
+        """The target's tokenizer, for prompts with a constraint (llguidance reads it)."""
         if name not in PEERS:
             raise ConfigError(f"unknown peer {name!r}; choose from: {', '.join(PEERS)}")
         if name in NEEDS_DRAFT and assistant is None:
@@ -141,10 +144,17 @@ class HFPeer:
         finally:
             self.assistant.generation_config = saved
 
-    def generate(self, prompt_ids: Sequence[int], params: SamplingParams) -> MethodOutput:
+    def generate(self, prompt_ids: Sequence[int], params: SamplingParams, constraint=None) -> MethodOutput:
         if params.stop:
             raise ConfigError("Hugging Face peers do not take stop strings in the bench; drop --stop")
         cfg = self.generation_config(params)
+        if constraint is not None:
+            if self.tokenizer is None:
+                raise ConfigError("a constrained Hugging Face peer needs the target's tokenizer")
+            extra_processors = {"logits_processor": LogitsProcessorList(
+                [GrammarLogitsProcessor(constraint, self.tokenizer, len(prompt_ids), self.eos)])}
+        else:
+            extra_processors = {}
         device = next(self.model.parameters()).device
         input_ids = torch.tensor([list(prompt_ids)], dtype=torch.long, device=device)  # [1, prompt]
         mask = torch.ones_like(input_ids)
@@ -154,7 +164,8 @@ class HFPeer:
             sync_device(device)
             t0 = time.perf_counter()
             with causal_prefill():  # batch-invariant attention (int8): prefill and candidate checks on sdpa
-                out = self.model.generate(input_ids, attention_mask=mask, generation_config=cfg, **extra)  # [1, prompt + new]
+                out = self.model.generate(input_ids, attention_mask=mask, generation_config=cfg, **extra,
+                                          **extra_processors)  # [1, prompt + new]
             sync_device(device)
             seconds = time.perf_counter() - t0
         return MethodOutput(out[0, input_ids.shape[1]:].tolist(), seconds, None)
@@ -163,6 +174,42 @@ class HFPeer:
         return None
 
 
-def build_peers(names: Sequence[str], model, eos_token_ids: Sequence[int], assistant=None) -> list[HFPeer]:
-    """Peers on the target's (and draft's) model objects."""
-    return [HFPeer(name, model, eos_token_ids, assistant) for name in names]
+class GrammarLogitsProcessor:
+    """The constraint as a Hugging Face logits processor (llguidance's matcher, the same grammar
+    specula masks with): forbidden tokens at -inf. It re-syncs the matcher to the ids it is
+    called with (rolling back what they no longer hold), so assisted generation, which scores
+    candidate positions that may be rejected, gets the mask of each position."""
+
+    def __init__(self, constraint, tokenizer, prompt_len: int, eos_token_ids: Sequence[int]) -> None:
+        self.constraint, self.tokenizer, self.prompt_len = constraint, tokenizer, prompt_len
+        self.eos = list(eos_token_ids)
+        self._matcher = None
+        self._consumed: list[int] = []
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        from llguidance import LLMatcher
+
+        from specula.constraints import grammar_tokenizer
+        from specula.constraints.matcher import unpack_bitmask
+
+        vocab = scores.shape[-1]
+        if self._matcher is None:
+            self._matcher = LLMatcher(grammar_tokenizer(self.tokenizer, vocab, self.eos), self.constraint.grammar_text())
+        ids = input_ids[0, self.prompt_len:].tolist()
+        common = 0
+        while common < min(len(ids), len(self._consumed)) and ids[common] == self._consumed[common]:
+            common += 1
+        if len(self._consumed) > common:
+            self._matcher.rollback(len(self._consumed) - common)
+            del self._consumed[common:]
+        for tok in ids[common:]:
+            if self._matcher.is_stopped() or not self._matcher.consume_token(tok):
+                break
+            self._consumed.append(tok)
+        allowed = unpack_bitmask(self._matcher.compute_bitmask(), vocab).to(scores.device)  # [vocab]
+        return scores.masked_fill(~allowed, float("-inf"))
+
+
+def build_peers(names: Sequence[str], model, eos_token_ids: Sequence[int], assistant=None, tokenizer=None) -> list[HFPeer]:
+    """Peers on the target's (and draft's) model objects (`tokenizer`: for constrained prompts)."""
+    return [HFPeer(name, model, eos_token_ids, assistant, tokenizer) for name in names]

@@ -17,6 +17,7 @@ Rules (also in docs/bench.md):
 from __future__ import annotations
 
 import hashlib
+import json
 import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -102,7 +103,7 @@ def run_conversation(method: BenchMethod, prompt: BenchPrompt, tokenizer,
     for turn in range(1, len(prompt.turns) + 1):
         ids = conversation_ids(tokenizer, prompt.turns[:turn], answers, settings.raw)
         params = replace(settings.params, seed=turn_seed(settings.params.seed, prompt.id, turn))
-        out = method.generate(ids, params)
+        out = method.generate(ids, params, prompt.constraint)
         answers.append(tokenizer.decode(out.token_ids, skip_special_tokens=True).strip())
         results.append((ids, out))
     return results
@@ -111,8 +112,21 @@ def run_conversation(method: BenchMethod, prompt: BenchPrompt, tokenizer,
 # --------------------------------------------------------------------------- records
 
 
+def schema_valid(prompt: BenchPrompt, out: MethodOutput, tokenizer) -> bool | None:
+    """Whether the output of a prompt with a schema parses as JSON valid under it (None: no schema)."""
+    if prompt.schema is None or tokenizer is None:
+        return None
+    import jsonschema
+
+    try:
+        jsonschema.validate(json.loads(tokenizer.decode(out.token_ids, skip_special_tokens=True)), prompt.schema)
+    except (json.JSONDecodeError, jsonschema.ValidationError):
+        return False
+    return True
+
+
 def run_record(prompt: BenchPrompt, turn: int, method: BenchMethod, prompt_ids: Sequence[int],
-               out: MethodOutput, max_new_tokens: int, identical: bool | None) -> dict[str, Any]:
+               out: MethodOutput, max_new_tokens: int, identical: bool | None, tokenizer=None) -> dict[str, Any]:
     """One entry of results.json `runs` (schema in docs/bench.md)."""
     stats = out.stats
     record: dict[str, Any] = {
@@ -128,6 +142,7 @@ def run_record(prompt: BenchPrompt, turn: int, method: BenchMethod, prompt_ids: 
         "tokens_per_s": round(len(out.token_ids) / out.seconds, 3) if out.seconds > 0 else None,
         "finish_reason": stats.finish_reason if stats else ("length" if len(out.token_ids) >= max_new_tokens else "stop"),
         "identical": identical,
+        "schema_valid": schema_valid(prompt, out, tokenizer),
         "token_sha1": hashlib.sha1(",".join(map(str, out.token_ids)).encode()).hexdigest(),
         "token_ids": list(out.token_ids),
         "memory_bytes": method.memory_bytes(),
@@ -172,7 +187,7 @@ def _is_loader(reference) -> bool:
 
 def compare_prompt(
     prompt: BenchPrompt, methods: Sequence[BenchMethod], outputs: dict[str, list[tuple[list[int], MethodOutput]]],
-    settings: BenchSettings, reference_model=None,
+    settings: BenchSettings, reference_model=None, tokenizer=None,
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Run records of one prompt (identity vs `none` for greedy runs) and the outputs of lossless
     methods that differ from it (each with its logit gap, where the reference model is given: a
@@ -197,7 +212,7 @@ def compare_prompt(
                         "first_difference": diff, "same_prompt": ids == ref_ids,
                         "logit_gap": None if gap is None else round(gap, 6),
                     })
-            records.append(run_record(prompt, turn, method, ids, out, settings.params.max_new_tokens, identical))
+            records.append(run_record(prompt, turn, method, ids, out, settings.params.max_new_tokens, identical, tokenizer))
     return records, mismatches
 
 
@@ -277,7 +292,7 @@ def run_bench(
                 bar.set_postfix_str(f"{prompt.category} #{prompt.id} {method.name}")
                 outputs[method.name] = run_conversation(method, prompt, tokenizer, settings)
                 bar.update(1)
-            records, bad = compare_prompt(prompt, methods, outputs, settings, reference_model)
+            records, bad = compare_prompt(prompt, methods, outputs, settings, reference_model, tokenizer)
             runs.extend(records)
             mismatches.extend(bad)
             done += 1

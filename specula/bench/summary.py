@@ -67,6 +67,7 @@ def aggregate(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "acceptance_by_depth": [round(a / d, 4) if d else None for a, d in zip(depth_accepted, depth_drafted)]
         if stepped else None,
         "identical_fraction": round(sum(identical) / len(identical), 4) if identical else None,
+        "schema_valid_fraction": _fraction([r.get("schema_valid") for r in runs]),
         "time_split": {
             "draft": _ratio(draft_s, timed_total),
             "verify": _ratio(verify_s, timed_total),
@@ -114,3 +115,9 @@ def first_difference(reference: Sequence[int], output: Sequence[int]) -> int | N
         if a != b:
             return i
     return None if len(reference) == len(output) else min(len(reference), len(output))
+
+
+def _fraction(flags) -> float | None:
+    """Share of True among the flags that are not None (None when all are)."""
+    known = [bool(f) for f in flags if f is not None]
+    return round(sum(known) / len(known), 4) if known else None

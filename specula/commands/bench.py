@@ -190,7 +190,7 @@ def execute(args: argparse.Namespace, bench: BenchPlan, target, tokenizer, draft
     hf_names = [p for p in bench.peers if p not in LLAMACPP_PEERS]
     assistant = load_assistant(args, target, tokenizer) if args.assistant and hf_names else draft
     peers = build_peers(hf_names, target.reference_model(), eos,
-                        assistant.reference_model() if assistant is not None else None) if hf_names else []
+                        assistant.reference_model() if assistant is not None else None, tokenizer) if hf_names else []
     peers += build_llamacpp_peers([p for p in bench.peers if p in LLAMACPP_PEERS], args.target, eos, args.threads)
     if load_line:
         print(load_line, file=sys.stderr)
@@ -222,6 +222,8 @@ def execute(args: argparse.Namespace, bench: BenchPlan, target, tokenizer, draft
             parts.append(f"mean accepted {entry['mean_accepted_tokens']:.2f}")
         if entry["identical_fraction"] is not None:
             parts.append(f"identical {entry['identical_fraction']:.0%}")
+        if entry.get("schema_valid_fraction") is not None:
+            parts.append(f"schema-valid {entry['schema_valid_fraction']:.0%}")
         print(f"{name:>24}: " + ", ".join(parts))
     print(f"wrote {', '.join(str(f) for f in result.files)}")
     if result.interrupted:

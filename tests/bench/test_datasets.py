@@ -84,7 +84,7 @@ def test_validation_errors_name_the_line(tmp_path, lines, message):
 
 
 def test_missing_file():
-    with pytest.raises(ConfigError, match="not found; pass --prompts spec-bench, everyday or a JSONL file"):
+    with pytest.raises(ConfigError, match="not found; pass --prompts spec-bench, everyday, structured or a JSONL file"):
         load_prompts("/nonexistent/prompts.jsonl")
 
 
@@ -99,3 +99,17 @@ def test_everyday_prompts_are_shipped():
     assert {p.category for p in prompts} == {"chat", "instructions", "code", "math"}
     assert all(p.turns and p.turns[0].strip() for p in prompts)
     assert len({p.id for p in prompts}) == len(prompts)
+
+
+def test_structured_prompts_carry_schemas_that_compile():
+    prompts = load_prompts("structured")
+    assert len(prompts) >= 24
+    assert {p.category for p in prompts} == {"extraction", "function_call", "records", "nested", "classification"}
+    for p in prompts:
+        assert p.schema is not None
+        p.constraint.grammar_text()  # every schema compiles
+
+
+def test_a_schema_must_be_an_object():
+    with pytest.raises(ConfigError, match="'schema' must be a JSON schema object"):
+        parse_prompts(['{"id": 1, "turns": ["x"], "schema": "string"}'])

@@ -34,7 +34,7 @@ class ScriptedMethod:
     seen: list[list[int]] = field(default_factory=list)
     interrupt_on_call: int | None = None
 
-    def generate(self, prompt_ids, params):
+    def generate(self, prompt_ids, params, constraint=None):
         self.seen.append(list(prompt_ids))
         if self.interrupt_on_call is not None and len(self.seen) == self.interrupt_on_call:
             raise KeyboardInterrupt
@@ -271,3 +271,21 @@ def test_method_variants_parse_and_reach_the_drafter(tiny_pair, chat_tokenizer):
         build_specula_methods(["draft-tree:tree_colour=red"], target, chat_tokenizer, draft)
     with pytest.raises(ConfigError, match="method 'prompt-lookup' does not take colour"):
         build_specula_methods(["prompt-lookup:colour=red"], target, chat_tokenizer, draft)
+
+
+def test_schema_valid_checks_each_output_against_its_prompts_schema():
+    from specula.bench.datasets import BenchPrompt
+    from specula.bench.methods import MethodOutput
+    from specula.bench.runner import schema_valid
+
+    class Chars:
+        def decode(self, ids, skip_special_tokens=True):
+            return "".join(map(chr, ids))
+
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+    prompt = BenchPrompt("p", "c", ("x",), "c", schema)
+    out = lambda text: MethodOutput([ord(c) for c in text], 1.0, None)
+    assert schema_valid(prompt, out('{"a": 3}'), Chars()) is True
+    assert schema_valid(prompt, out('{"a": "3"}'), Chars()) is False  # valid JSON, wrong type
+    assert schema_valid(prompt, out('{"a": 3'), Chars()) is False  # cut short
+    assert schema_valid(BenchPrompt("p", "c", ("x",), "c"), out("free text"), Chars()) is None

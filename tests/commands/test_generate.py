@@ -99,3 +99,41 @@ def test_backend_native_on_an_unsupported_architecture_exits_2_naming_backend_hf
     assert code == 2 and "--backend hf" in err
     assert [line for line in err.splitlines() if line.startswith("error:")] == [err.strip().splitlines()[-1]]
     assert main([*args, "--backend", "auto"]) == 0
+
+
+@pytest.fixture
+def json_load(monkeypatch):
+    from grammar_kit import JSON_CHARS, JSON_MERGES, VOCAB, byte_level_tokenizer
+
+    model = tiny_model("llama", seed=3, vocab=VOCAB)
+    tokenizer = byte_level_tokenizer(JSON_CHARS, JSON_MERGES)
+
+    def load(target, draft=None, method=None, config=None, draft_quantize=None, skip_layers=None, **options):
+        return specula.api.Specula(HFCausalLM(model, "target"), tokenizer, method or "fusion", **options)
+
+    monkeypatch.setattr(specula.api, "load", load)
+
+
+def test_json_schema_output_is_valid_and_identical_to_constrained_plain(json_load, capsys, tmp_path):
+    schema = {"type": "object", "properties": {"name": {"enum": ["ab", "cd"]}, "n": {"type": "integer", "maximum": 99,
+                                                                                    "minimum": 0}},
+              "required": ["name", "n"], "additionalProperties": False}
+    path = tmp_path / "s.json"
+    path.write_text(json.dumps(schema))
+    code = main(["generate", "--target", "tiny", "--prompt", '{"name": "ab', "--raw", "--max-new-tokens", "40",
+                 "--json-schema", str(path), "--compare", "--json"])
+    payload = json.loads(capsys.readouterr().out)
+    assert code == 0 and payload["identical_to_plain"] is True
+    value = json.loads(payload["text"])
+    assert set(value) == {"name", "n"}
+
+
+@pytest.mark.parametrize("flags, words", [
+    (["--regex", "a(b"], "cannot compile the regex"),
+    (["--grammar", "/nonexistent.lark"], "cannot read the grammar file"),
+    (["--json-schema", "/nonexistent.json"], "cannot read the JSON schema file"),
+])
+def test_bad_constraints_exit_2_with_one_line(json_load, capsys, flags, words):
+    code = main(["generate", "--target", "tiny", "--prompt", "x", "--raw", *flags])
+    err = capsys.readouterr().err
+    assert code == 2 and words in err and len(err.strip().splitlines()) == 1

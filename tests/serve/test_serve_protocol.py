@@ -23,3 +23,27 @@ def test_bool_is_not_an_integer():
     with pytest.raises(APIError) as err:
         parse_request("completions", {"model": "m", "prompt": "hi", "max_tokens": True}, "m")
     assert err.value.status == 400 and err.value.param == "max_tokens"
+
+
+def test_response_format_becomes_the_request_constraint():
+    from specula.constraints import Constraint
+
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+    assert parse_request("chat", body, "m").constraint is None
+    assert parse_request("chat", {**body, "response_format": {"type": "text"}}, "m").constraint is None
+    assert parse_request("chat", {**body, "response_format": {"type": "json_object"}}, "m").constraint == Constraint.json()
+    rf = {"type": "json_schema", "json_schema": {"name": "a", "schema": schema}}
+    assert parse_request("chat", {**body, "response_format": rf}, "m").constraint == Constraint.json_schema(schema)
+
+
+@pytest.mark.parametrize("rf, words", [
+    ({"type": "json_schema", "json_schema": {"name": "a", "schema": {"type": "objekt"}}}, "objekt"),
+    ({"type": "json_schema", "json_schema": {"name": "a"}}, "schema"),
+    ({"type": "yaml"}, "json_object"),
+])
+def test_a_response_format_that_cannot_compile_is_a_400_with_the_reason(rf, words):
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "response_format": rf}
+    with pytest.raises(APIError) as err:
+        parse_request("chat", body, "m")
+    assert err.value.status == 400 and words in str(err.value) and err.value.param == "response_format"
