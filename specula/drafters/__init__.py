@@ -83,10 +83,13 @@ def _fusion(spec: MethodSpec, target: TargetModel | None, draft: TargetModel | N
         raise ConfigError(f"--online-distill trains a head: give {spec.name} one with --head FILE "
                           "(or install the shipped one)")
     if head is not None:
+        import torch
+
         from specula.drafters.heads.runtime import TrainedHead, load_head
 
         if not isinstance(head, TrainedHead):  # read once: its kind names the member
-            head = load_head(head, target, options.get("target_name") or target.name)
+            head = load_head(head, target, options.get("target_name") or target.name,
+                             torch.float32 if options.get("online_distill") else None)  # OSD trains it
     given = {**options, "head": head}
     drafters = []
     for member in spec.members:

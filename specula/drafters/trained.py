@@ -18,6 +18,8 @@ from __future__ import annotations
 import os
 from dataclasses import fields
 
+import torch
+
 from specula.drafters.base import StepResult, method_config
 from specula.drafters.draft_tree import DraftTreeConfig, DraftTreeDrafter
 from specula.drafters.heads.online import OnlineDistillConfig, OnlineDistiller
@@ -101,7 +103,7 @@ def create_head_drafter(kind: str, *, target=None, head: str | os.PathLike | Tra
                           f"`specula models install MODEL` or train one with `specula train --kind {kind}`, "
                           "then pass --head FILE")
     if not isinstance(head, TrainedHead):
-        head = load_head(head, target, target_name or target.name)
+        head = load_head(head, target, target_name or target.name, torch.float32 if online_distill else None)
     if head.kind != kind:
         raise ConfigError(f"--method {kind} got a {head.kind} head; use --method {head.kind} or a {kind} head")
     merged = {**DEFAULTS[kind], **options}

@@ -15,7 +15,7 @@ from laws import exact_first_two, sample_first_two, tv, tv_bound
 from tiny import reference_greedy, tiny_model
 from specula.api import build_decoder
 from specula.drafters.heads.file import HeadFile, read_head, save_head, target_record
-from specula.drafters.heads.runtime import load_head, new_head
+from specula.drafters.heads.runtime import drafting_dtype, load_head, new_head
 from specula.errors import HeadFileError
 from specula.models.hf import HFCausalLM
 from specula.models.native import NativeCausalLM, NativeDecoder, configure
@@ -49,6 +49,23 @@ def test_greedy_output_equals_plain_greedy(kind, backend):
         out = dec.generate(prompt, SamplingParams(max_new_tokens=30, ignore_eos=True))
         assert out.token_ids == reference_greedy(model, prompt, 30), (kind, prompt)
         assert out.stats.drafted_tokens > 0 or len(prompt) == 1
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_bfloat16_head_drafts_and_output_stays_plain_greedy(kind):
+    """The drafting dtype on an AVX512-BF16 CPU: a draft needs no exactness, the output does."""
+    from specula.drafters.heads.runtime import TrainedHead
+
+    model = tiny_model("llama", "eager", seed=4)
+    target = native(model)
+    fresh = new_head(kind, target, oracle_d2t(model.config.vocab_size), seed=1)
+    head = TrainedHead(fresh.module.to(torch.bfloat16), fresh.d2t, target)
+    assert head.lm_rows.dtype == torch.bfloat16
+    dec = build_decoder(kind, target, None, head=head, planner=False)
+    prompt = [5, 17, 9, 33, 5, 17]
+    out = dec.generate(prompt, SamplingParams(max_new_tokens=24, ignore_eos=True))
+    assert out.token_ids == reference_greedy(model, prompt, 24)
+    assert out.stats.drafted_tokens > 0
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -110,6 +127,65 @@ def test_drafting_state_computes_what_training_computes():
     assert torch.allclose(state.out[1], outs[2][0, 6], atol=1e-5)
 
 
+def test_head_kv_cache_equals_a_from_scratch_forward_after_random_commits():
+    """Steps of random trees and random commits: every drafted node's predicted feature equals a
+    from-scratch causal head forward over the committed pairs and the node's own ancestor chain
+    (the cache written by position holds exactly the committed prefix; scratch rows of rejected
+    branches never leak into later steps)."""
+    model = tiny_model("llama", "eager", seed=7)
+    target = native(model)
+    rng = random.Random(11)
+    text = [rng.randrange(2, 96) for _ in range(90)]
+    seq = target.new_sequence()
+    _, feats = seq.prefill(text, logits="none", hidden=True)  # [90, E]: f_i after token x_i
+    seq.release()
+    head = new_head("eagle", target, oracle_d2t(96), seed=9)
+    module = head.module
+
+    def scratch(chain_tokens: list[int], chain_feats: list[torch.Tensor]) -> torch.Tensor:
+        """Causal forward over pairs (feature, next token) from position 0: the last row's output."""
+        emb = head.embed(chain_tokens)[None]
+        out, _ = module(emb, torch.stack(chain_feats)[None], torch.arange(len(chain_tokens))[None])
+        return out[0, -1]
+
+    state = head.new_state()
+    root = 3
+    state.add_features(feats[:root])
+    compared = 0
+    with torch.inference_mode():
+        while root < 80:
+            state.begin(text[: root + 1])
+            committed_feats = [feats[i] for i in range(root)]  # f_0 .. f_{root-1}
+            committed_toks = text[1: root + 1]  # x_1 .. x_root
+            assert torch.allclose(state.last, scratch(committed_toks, committed_feats), atol=1e-5)
+            parents: list[int] = []
+            tokens: list[int] = []
+            frontier = [-1]
+            for _ in range(rng.randrange(1, 4)):  # levels, each one head pass over its frontier
+                level = []
+                for par in frontier:
+                    for _ in range(rng.randrange(1, 3)):
+                        parents.append(par)
+                        tokens.append(rng.randrange(2, 96))
+                        level.append(len(tokens) - 1)
+                state.feed(level, tokens, parents)
+                frontier = level
+            for node in range(len(tokens)):
+                chain = [node]
+                while parents[chain[-1]] >= 0:
+                    chain.append(parents[chain[-1]])
+                chain.reverse()  # root's child .. node
+                chain_feats = committed_feats + [state.out[parents[n]] for n in chain]
+                chain_toks = committed_toks + [tokens[n] for n in chain]
+                assert torch.allclose(state.out[node], scratch(chain_toks, chain_feats), atol=1e-5), (root, node)
+                compared += 1
+            state.finish([])
+            accepted = rng.randrange(0, 4)  # the engine hands the root's and accepted nodes' features
+            state.add_features(feats[root: root + accepted + 1])
+            root += accepted + 1
+    assert compared > 20
+
+
 # ---------------------------------------------------------------------------- sampling laws
 V = 8
 TEMP = 1.5
@@ -149,10 +225,14 @@ def saved(tmp_path):
 
 def test_a_saved_head_loads_back_identically(saved):
     _, target, head, path = saved
-    loaded = load_head(path, target, "tiny")
+    loaded = load_head(path, target, "tiny", torch.float32)
     for name, tensor in head.module.state_dict().items():
         assert torch.equal(loaded.module.state_dict()[name], tensor)
     assert torch.equal(loaded.d2t, head.d2t)
+    drafting = load_head(path, target, "tiny")  # the drafting dtype: bfloat16 where the CPU has AVX512-BF16
+    assert drafting.dtype == drafting_dtype("cpu") and drafting.lm_rows.dtype == drafting.dtype
+    for name, tensor in head.module.state_dict().items():
+        assert torch.equal(drafting.module.state_dict()[name], tensor.to(drafting.dtype))
 
 
 def test_bad_head_files_are_refused_with_the_fix(saved, tmp_path):

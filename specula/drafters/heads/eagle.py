@@ -25,6 +25,33 @@ KV = tuple[torch.Tensor, torch.Tensor]
 """(keys, values), each [B, G, T, D]."""
 
 
+class KVBuffer:
+    """One sequence's head KV cache, written in place by position: rows [0, n) are what later rows
+    attend to; a write past the end grows the buffer (doubling, one copy), never a per-pass concat."""
+
+    def __init__(self, groups: int, head_dim: int, dtype: torch.dtype, device: torch.device | str,
+                 capacity: int = 256) -> None:
+        self.keys = torch.zeros((1, groups, capacity, head_dim), dtype=dtype, device=device)  # [1, G, cap, D]
+        self.values = torch.zeros_like(self.keys)
+
+    @property
+    def capacity(self) -> int:
+        return self.keys.shape[2]
+
+    def write(self, at: int, k: torch.Tensor, v: torch.Tensor) -> KV:
+        """Store k, v [1, G, T, D] at rows at .. at + T - 1; returns views of rows 0 .. at + T - 1."""
+        end = at + k.shape[2]
+        if end > self.capacity:
+            cap = max(end, 2 * self.capacity)
+            grown = torch.zeros((*self.keys.shape[:2], cap, self.keys.shape[3]), dtype=self.keys.dtype,
+                                device=self.keys.device)
+            self.keys = torch.cat([self.keys, grown[:, :, self.capacity:]], 2)
+            self.values = torch.cat([self.values, grown[:, :, self.capacity:]], 2)
+        self.keys[:, :, at:end] = k
+        self.values[:, :, at:end] = v
+        return self.keys[:, :, :end], self.values[:, :, :end]
+
+
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """[..., E] -> [..., E] (float32 statistics, as Llama)."""
     var = x.float().pow(2).mean(-1, keepdim=True)
@@ -65,11 +92,14 @@ class EagleHead(nn.Module):
             self.post_norm.fill_(1.0)
 
     def forward(self, emb: torch.Tensor, feat: torch.Tensor, positions: torch.Tensor, past: KV | None = None,
-                mask: torch.Tensor | None = None) -> tuple[torch.Tensor, KV]:
+                mask: torch.Tensor | None = None, cache: KVBuffer | None = None, at: int = 0
+                ) -> tuple[torch.Tensor, KV]:
         """emb, feat: [B, T, E]; positions: [B, T] long; past: the cached (keys, values) [B, G, P, D]
-        the rows attend to (None: none); mask: bool [B or 1, T, P + T] (True = may attend; None =
-        causal over the T rows with every cached slot visible). Returns the predicted features
-        [B, T, E] and these rows' (keys, values) [B, G, T, D] (RoPE applied)."""
+        the rows attend to (None: none); or, drafting, `cache` (B = 1): these rows are written at
+        rows at .. at + T - 1 and attend rows 0 .. at + T - 1 of it (P = at); mask: bool
+        [B or 1, T, P + T] (True = may attend; None = causal over the T rows with every cached slot
+        visible). Returns the predicted features [B, T, E] and these rows' (keys, values)
+        [B, G, T, D] (RoPE applied)."""
         cfg = self.cfg
         b, t, _ = emb.shape
         h, g, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
@@ -84,13 +114,17 @@ class EagleHead(nn.Module):
         sin = torch.cat([angles.sin(), angles.sin()], -1)[:, None].to(q.dtype)
         q = q * cos + rotate_half(q) * sin
         k = k * cos + rotate_half(k) * sin
-        keys, values = (k, v) if past is None else (torch.cat([past[0], k], 2), torch.cat([past[1], v], 2))
+        if cache is not None:
+            keys, values = cache.write(at, k, v)
+        else:
+            keys, values = (k, v) if past is None else (torch.cat([past[0], k], 2), torch.cat([past[1], v], 2))
         if mask is None:
             p = keys.shape[2] - t
             mask = torch.ones((t, p + t), dtype=torch.bool, device=x.device).tril(p)[None]
         rep = h // g
-        att = F.scaled_dot_product_attention(q, keys.repeat_interleave(rep, 1), values.repeat_interleave(rep, 1),
-                                             attn_mask=mask[:, None])  # [B, H, T, D]
+        if rep > 1:
+            keys, values = keys.repeat_interleave(rep, 1), values.repeat_interleave(rep, 1)
+        att = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask[:, None])  # [B, H, T, D]
         x = x + self.wo(att.transpose(1, 2).reshape(b, t, h * d))
         gate, up = self.w_gate_up(rms_norm(x, self.post_norm, cfg.rms_norm_eps)).chunk(2, dim=-1)
         x = x + self.w_down(F.silu(gate) * up)

@@ -20,7 +20,7 @@ from typing import Sequence
 import torch
 
 from specula.drafters.heads.config import HeadConfig
-from specula.drafters.heads.eagle import EagleHead
+from specula.drafters.heads.eagle import EagleHead, KVBuffer
 from specula.drafters.heads.file import HeadFile, check_target, read_head
 from specula.drafters.heads.medusa import HydraHeads, MedusaHeads
 from specula.errors import HeadFileError
@@ -73,9 +73,22 @@ class TrainedHead:
         return {"eagle": EagleState, "medusa": MedusaState, "hydra": HydraState}[self.kind](self)
 
 
-def load_head(path: str | os.PathLike, target, target_name: str) -> TrainedHead:
+def drafting_dtype(device: torch.device | str) -> torch.dtype:
+    """The dtype a head drafts in: bfloat16 on a CPU with AVX512-BF16 (oneDNN's `vdpbf16ps` passes:
+    about twice as fast as float32 here, and a draft needs no exactness: the target verifies every
+    token), else float32 (an AVX2-only CPU would emulate bfloat16 slower than float32; CUDA keeps
+    float32 too, its head passes are launch-bound)."""
+    if torch.device(device).type != "cpu":
+        return torch.float32
+    from specula.models.native.kernels import cpu_flags
+
+    return torch.bfloat16 if "avx512_bf16" in cpu_flags() else torch.float32
+
+
+def load_head(path: str | os.PathLike, target, target_name: str, dtype: torch.dtype | None = None) -> TrainedHead:
     """Read, check against `target`, build: a `HeadFileError` (one line, the fix named) for a
-    missing, corrupted, mismatched or other-target file; nothing is loaded then."""
+    missing, corrupted, mismatched or other-target file; nothing is loaded then. `dtype`: the
+    weights' dtype while drafting (None: `drafting_dtype`; float32 for a head that keeps learning)."""
     file = read_head(path)
     check_target(file, target, path, target_name)
     module = build_module(file.config)
@@ -85,7 +98,7 @@ def load_head(path: str | os.PathLike, target, target_name: str) -> TrainedHead:
         first = str(exc).splitlines()[0] if str(exc) else "shape mismatch"
         raise HeadFileError(f"head {path} does not fit its own config ({first[:120]}); re-create it with "
                             "`specula train`") from None
-    return TrainedHead(module.to(target.device), file.d2t, target, file)
+    return TrainedHead(module.to(target.device, dtype or drafting_dtype(target.device)), file.d2t, target, file)
 
 
 # ---------------------------------------------------------------------------- per-request states
@@ -149,15 +162,16 @@ class HeadState:
 
 
 class EagleState(HeadState):
-    """The head's own KV cache over the committed pairs, plus scratch rows for the tree."""
+    """The head's own KV cache (`KVBuffer`, written by position): rows 0 .. fed - 1 hold the
+    committed pairs, the rows after them this step's tree (scratch: the next step overwrites them)."""
 
     def __init__(self, head: TrainedHead) -> None:
         super().__init__(head)
-        self.kv: tuple[torch.Tensor, torch.Tensor] | None = None  # [1, G, fed, D] each
+        cfg = head.config
+        self.cache = KVBuffer(cfg.num_kv_heads, cfg.head_dim, head.dtype, head.target.device)
         self.fed = 0  # pairs (f_i, x_{i+1}) in the cache: i = 0 .. fed - 1
         self.last: torch.Tensor | None = None  # output of the last committed pair [E]
-        self.tree_kv: tuple[torch.Tensor, torch.Tensor] | None = None
-        self.rows: dict[int, int] = {}  # proposal node -> scratch row
+        self.rows: dict[int, int] = {}  # proposal node -> scratch row (cache row fed + row)
         self.out: dict[int, torch.Tensor] = {}  # proposal node (-1: root) -> predicted feature [E]
         self.ancestors: list[list[int]] = []  # scratch row -> scratch rows it sees (itself included)
 
@@ -174,50 +188,41 @@ class EagleState(HeadState):
             feats = torch.stack(self.pending[:new])[None]  # [1, new, E]
             emb = self.head.embed(tokens[self.fed + 1: root_pos + 1])[None]  # [1, new, E]
             pos = torch.arange(self.fed, root_pos)[None]
-            out, (k, v) = self.head.module(emb, feats, pos, self.kv)
-            self.kv = (k, v) if self.kv is None else (torch.cat([self.kv[0], k], 2), torch.cat([self.kv[1], v], 2))
+            out, _ = self.head.module(emb, feats, pos, cache=self.cache, at=self.fed)
             self.fed, self.last = root_pos, out[0, -1]
             del self.pending[:new]
             self.start += new
         if self.last is None:
             return None
-        self.tree_kv, self.rows, self.ancestors, self.depth = None, {}, [], {}
+        self.rows, self.ancestors, self.depth = {}, [], {}
         self.out = {-1: self.last}
         return self.head.logits(self.last)
 
     @torch.inference_mode()
     def feed(self, nodes: Sequence[int], tokens: Sequence[int], parents: Sequence[int]) -> torch.Tensor:
-        """Run proposal nodes (children of the root or of fed nodes): logits [len(nodes), V_draft]."""
+        """Run proposal nodes (children of the root or of fed nodes) in one head pass over the
+        frontier, against the committed rows and their own ancestors: logits [len(nodes), V_draft]."""
         depths = self._depths(nodes, parents)
         first = len(self.ancestors)
+        m, total = len(nodes), first + len(nodes)
+        mask = torch.zeros((m, self.fed + total), dtype=torch.bool)  # [m, fed + scratch rows]
+        mask[:, : self.fed] = True
         for j, node in enumerate(nodes):
             par = parents[node]
-            self.ancestors.append(([] if par < 0 else self.ancestors[self.rows[par]]) + [first + j])
+            seen = ([] if par < 0 else self.ancestors[self.rows[par]]) + [first + j]
+            self.ancestors.append(seen)
             self.rows[node] = first + j
+            mask[j, [self.fed + r for r in seen]] = True
         feats = torch.stack([self.out[parents[n]] for n in nodes])[None]  # [1, m, E]
         emb = self.head.embed([tokens[n] for n in nodes])[None]
         pos = torch.tensor([self.fed - 1 + d for d in depths])[None]
-        m, total = len(nodes), first + len(nodes)
-        mask = torch.zeros((m, self.fed + total), dtype=torch.bool)
-        mask[:, : self.fed] = True
-        for j in range(m):
-            mask[j, [self.fed + r for r in self.ancestors[first + j]]] = True
-        past = self.kv
-        if self.tree_kv is not None:
-            past = (torch.cat([past[0], self.tree_kv[0]], 2), torch.cat([past[1], self.tree_kv[1]], 2))
-        out, (k, v) = self.head.module(emb, feats, pos, past, mask[None])
-        self.tree_kv = (k, v) if self.tree_kv is None else (torch.cat([self.tree_kv[0], k], 2),
-                                                             torch.cat([self.tree_kv[1], v], 2))
+        out, _ = self.head.module(emb, feats, pos, mask=mask[None], cache=self.cache, at=self.fed + first)
         for j, node in enumerate(nodes):
             self.out[node] = out[0, j]
         return self.head.logits(out[0])
 
     def finish(self, accepted: Sequence[int]) -> None:
-        self.tree_kv, self.rows, self.out, self.ancestors, self.depth = None, {}, {}, [], {}
-
-    def release(self) -> None:
-        super().release()
-        self.kv = None
+        self.rows, self.out, self.ancestors, self.depth = {}, {}, [], {}
 
 
 class MedusaState(HeadState):

@@ -57,6 +57,11 @@ def _cpu_flags() -> set[str]:
     return set()
 
 
+def cpu_flags() -> frozenset[str]:
+    """The CPU's feature flags as /proc/cpuinfo lists them (empty where it cannot be read)."""
+    return frozenset(_cpu_flags())
+
+
 def unavailable_reason() -> str | None:
     """Why these kernels cannot run here (None when they can)."""
     if platform.machine().lower() not in ("x86_64", "amd64"):
