@@ -306,6 +306,7 @@ class SpeculativeDecoder:
         if session.grammar is not None:
             proposals = constrained_proposals(session.grammar, proposals, budget, self.forced_drafts)
             drafting = drafting or bool(proposals)  # a forced chain is verified even while drafting pauses
+        session.stats.proposed_tokens += sum(len(p.tree) for p in proposals)
         return PlanRequest(proposals, budget, session.planner_state, time.perf_counter() - t0, drafting)
 
     def _conclude(self, session: Session, plan: Plan, logits: torch.Tensor, draft_seconds: float,

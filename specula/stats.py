@@ -31,6 +31,8 @@ class GenerationStats:
     """Nodes sent to the target, by drafter source."""
     source_accepted: Counter = field(default_factory=Counter)
     """Accepted nodes, by drafter source."""
+    proposed_tokens: int = 0
+    """Nodes the drafters proposed, summed over steps, before the planner cut what does not pay."""
     predicted_accepted: float = 0.0
     """Sum over steps of the planner's predicted accepted tokens (incl. bonus), when known."""
     prefill_seconds: float = 0.0
@@ -93,11 +95,22 @@ class GenerationStats:
             self.seconds - self.prefill_seconds - self.draft_seconds - self.verify_seconds - self.commit_seconds,
         )
 
+    def draft_cost(self, plain_step_seconds: float | None = None) -> dict[str, float | None]:
+        """What drafting cost, as a fraction of one plain target step (`plain_step_seconds`; default
+        the planner's estimate for this run, None when no planner ran): per step and per proposed
+        node (`per_token`, the figure a drafter's own loop is judged by)."""
+        plain = plain_step_seconds or (self.planner or {}).get("plain_step_seconds")
+        if not plain or not self.steps:
+            return {"per_step": None, "per_token": None}
+        return {"per_step": round(self.draft_seconds / self.steps / plain, 4),
+                "per_token": round(self.draft_seconds / self.proposed_tokens / plain, 4) if self.proposed_tokens
+                else None}
+
     def merge(self, other: "GenerationStats") -> "GenerationStats":
         """Sum of two stats (for multi-turn prompts and aggregates)."""
         out = GenerationStats(method=self.method)
         for name in (
-            "new_tokens", "steps", "drafted_tokens", "accepted_tokens", "predicted_accepted",
+            "new_tokens", "steps", "drafted_tokens", "proposed_tokens", "accepted_tokens", "predicted_accepted",
             "prefill_seconds", "draft_seconds", "verify_seconds", "commit_seconds", "seconds", "prompt_tokens",
             "speculation_off_by_load",
         ):
@@ -123,6 +136,7 @@ class GenerationStats:
             "tokens_per_s": round(self.tokens_per_s, 3),
             "seconds": round(self.seconds, 4),
             "drafted_tokens": self.drafted_tokens,
+            "proposed_tokens": self.proposed_tokens,
             "accepted_tokens": self.accepted_tokens,
             "acceptance_rate": round(self.acceptance_rate, 4),
             "acceptance_by_depth": [round(a, 4) for a in self.acceptance_by_depth],
@@ -137,6 +151,7 @@ class GenerationStats:
                 "commit": round(self.commit_seconds, 4),
                 "other": round(self.other_seconds, 4),
             },
+            "draft_cost_of_plain_step": self.draft_cost(),
             "finish_reason": self.finish_reason,
             "speculation_off_by_load": self.speculation_off_by_load,
             **({"planner": self.planner} if self.planner is not None else {}),

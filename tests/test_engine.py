@@ -97,6 +97,18 @@ def test_prompt_lookup_accepts_copied_text():
     assert out.token_ids == reference_greedy(model, prompt, 19)
     # 10 copied tokens + bonus per step: two steps.
     assert out.stats.steps == 2 and out.stats.mean_accepted_tokens > 9
+    assert out.stats.proposed_tokens >= out.stats.drafted_tokens > 0
+
+
+def test_draft_cost_is_reported_as_a_fraction_of_a_plain_step():
+    from specula.stats import GenerationStats
+
+    stats = GenerationStats(steps=10, proposed_tokens=40, draft_seconds=0.02,
+                            planner={"plain_step_seconds": 0.01})
+    assert stats.draft_cost() == {"per_step": 0.2, "per_token": 0.05}
+    assert stats.draft_cost(0.02) == {"per_step": 0.1, "per_token": 0.025}
+    assert GenerationStats(steps=3).draft_cost() == {"per_step": None, "per_token": None}  # no planner, no step
+    assert stats.to_dict()["draft_cost_of_plain_step"]["per_token"] == 0.05
 
 
 def test_sampling_is_reproducible_with_a_seed_and_varies_without():

@@ -141,10 +141,12 @@ def render_markdown(doc: dict[str, Any]) -> str:
         rows.append([
             _label(name, e), _num(e["tokens_per_s"]), _x(e["speedup"]), _x(e["speedup_vs_hf"]),
             _num(e["mean_accepted_tokens"]), _pct(e["identical_fraction"]), _num(e["draft_ms_per_step"]),
-            _split(e), _bytes(e["memory_bytes"]), str(e["outputs"]),
+            _num(e.get("draft_fraction_of_plain_step_per_token"), "{:.3f}"), _split(e), _bytes(e["memory_bytes"]),
+            str(e["outputs"]),
         ])
     lines += _table(["method", "tokens/s", f"speedup vs {BASELINE}", f"vs {HF_BASELINE}", "mean accepted",
-                     "identical", "draft ms/step", "time draft/verify/other", "drafter memory", "outputs"], rows)
+                     "identical", "draft ms/step", "draft per token / plain step", "time draft/verify/other",
+                     "drafter memory", "outputs"], rows)
     lines += ["", f"## Speedup vs `{BASELINE}` by category", ""]
     lines += _matrix(entries, categories, "speedup", _x)
     if any(e["speedup_vs_hf"] is not None for _, e in entries):

@@ -147,6 +147,7 @@ def run_record(prompt: BenchPrompt, turn: int, method: BenchMethod, prompt_ids: 
         "token_ids": list(out.token_ids),
         "memory_bytes": method.memory_bytes(),
         "steps": None, "mean_accepted_tokens": None, "accepted_lengths": None, "drafted_tokens": None,
+        "proposed_tokens": None,
         "accepted_tokens": None, "depth_drafted": None, "depth_accepted": None, "time": None,
         "predicted_accepted": None,
     }
@@ -157,6 +158,7 @@ def run_record(prompt: BenchPrompt, turn: int, method: BenchMethod, prompt_ids: 
             "mean_accepted_tokens": round(stats.mean_accepted_tokens, 4),
             "accepted_lengths": list(stats.accepted_lengths),
             "drafted_tokens": stats.drafted_tokens,
+            "proposed_tokens": stats.proposed_tokens,
             "accepted_tokens": stats.accepted_tokens,
             "depth_drafted": list(stats.depth_drafted),
             "depth_accepted": list(stats.depth_accepted),

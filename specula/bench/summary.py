@@ -41,6 +41,7 @@ def aggregate(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
     steps = int(_sum(r["steps"] for r in stepped))
     emitted = _sum(sum(r["accepted_lengths"]) for r in stepped)
     drafted = _sum(r["drafted_tokens"] for r in stepped)
+    proposed = _sum(r.get("proposed_tokens") for r in stepped)
     accepted = _sum(r["accepted_tokens"] for r in stepped)
     depth_drafted = _sum_lists(r["depth_drafted"] for r in stepped)
     depth_accepted = _sum_lists(r["depth_accepted"] for r in stepped)
@@ -74,6 +75,10 @@ def aggregate(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
             "other": _ratio(max(0.0, timed_total - draft_s - verify_s), timed_total),
         } if timed and timed_total else None,
         "draft_ms_per_step": round(1000 * draft_s / steps, 4) if timed and steps else None,
+        "verify_ms_per_step": round(1000 * verify_s / steps, 4) if timed and steps else None,
+        "draft_ms_per_proposed_token": _ratio(1000 * draft_s, proposed) if timed and proposed else None,
+        "draft_fraction_of_plain_step": None,
+        "draft_fraction_of_plain_step_per_token": None,
         "memory_bytes": max(memory) if memory else None,
     }
 
@@ -82,6 +87,9 @@ def _set_speedups(entry: dict[str, Any], base: dict[str, Any] | None, hf: dict[s
     tps = entry["tokens_per_s"]
     entry["speedup"] = _ratio(tps, base["tokens_per_s"]) if base else None
     entry["speedup_vs_hf"] = _ratio(tps, hf["tokens_per_s"]) if hf else None
+    plain_step = base.get("verify_ms_per_step") if base else None  # one plain target step, same prompts
+    entry["draft_fraction_of_plain_step"] = _ratio(entry.get("draft_ms_per_step"), plain_step)
+    entry["draft_fraction_of_plain_step_per_token"] = _ratio(entry.get("draft_ms_per_proposed_token"), plain_step)
 
 
 def summarize(runs: Sequence[dict[str, Any]], methods: Sequence[dict[str, Any]],

@@ -482,6 +482,7 @@ class HardwarePlanner:
             "mean_tree_nodes": round(p.nodes / p.steps, 2),
             "expected_tokens_per_step": round(p.tokens / p.steps, 3),
             "projected_speedup": round((p.tokens / p.seconds) / plain_rate, 3),
+            "plain_step_seconds": round(self.cost.estimate(1), 6),
             "cost_curve_ratio_8": round(self.cost.curve.ratio(8), 3),
             "observed_ratio_8": round(self.cost.estimate(8) / self.cost.estimate(1), 3),
         }

@@ -200,6 +200,7 @@ def _record(method, category, new_tokens, seconds, lengths=None, identical=True,
         "seconds": seconds, "identical": identical, "memory_bytes": None,
         "steps": len(lengths) if lengths is not None else None, "accepted_lengths": lengths,
         "drafted_tokens": sum(drafted) if lengths is not None else None,
+        "proposed_tokens": 2 * sum(drafted) if lengths is not None else None,
         "accepted_tokens": sum(accepted) if lengths is not None else None,
         "depth_drafted": list(drafted) if lengths is not None else None,
         "depth_accepted": list(accepted) if lengths is not None else None,
@@ -230,6 +231,12 @@ def test_summary_math_is_ratios_of_totals():
     assert summary["none"]["predicted_mean_accepted_tokens"] is None
     assert fast["time_split"] == {"draft": 0.1, "verify": 0.6, "other": 0.3}
     assert fast["draft_ms_per_step"] == pytest.approx(1000 * 0.1 / 7, abs=1e-3)
+    # drafting against one plain step (the baseline's verify time per step: 0.6 * 2 s over 40 steps)
+    plain_ms = 1000 * 0.6 * 2.0 / 40
+    assert summary["none"]["verify_ms_per_step"] == pytest.approx(plain_ms)
+    assert fast["draft_fraction_of_plain_step"] == pytest.approx(1000 * 0.1 / 7 / plain_ms, abs=1e-3)
+    assert fast["draft_fraction_of_plain_step_per_token"] == pytest.approx(1000 * 0.1 / 24 / plain_ms, abs=1e-3)
+    assert summary["hf:greedy"]["draft_fraction_of_plain_step"] is None
     assert summary["hf:greedy"]["mean_accepted_tokens"] is None and summary["hf:greedy"]["time_split"] is None
     assert aggregate([])["tokens_per_s"] is None
 
