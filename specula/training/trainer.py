@@ -141,11 +141,15 @@ def acceptance_report(head: TrainedHead, fs: FeatureSet, seqs: list[int], cfg: T
                       ) -> dict:
     """Greedy chain acceptance on held-out sequences, on the target's own answers: from every root
     pair c, the depth-d draft (its ancestors the true tokens) must equal x_{c+d+1} for d = 1 ..;
-    mean accepted = 1 + mean run of leading matches (depth <= eval_depth), plus top-1 accuracy per
-    depth. Teacher forcing along the answer is what greedy verification accepts, because the
-    answer is the target's greedy output."""
+    `mean_accepted_chain` = 1 + mean run of leading matches over every root (depth <= eval_depth),
+    plus top-1 accuracy per depth. Teacher forcing along the answer is what greedy verification
+    accepts, because the answer is the target's greedy output. `mean_accepted_walk` is what a
+    greedy decode with a depth-`eval_depth` chain sees: its roots are only the positions a step
+    starts at (the first answer token, then each step's bonus token), so a long accepted run counts
+    once, not once per position inside it (the every-root mean reads higher on the same text)."""
     depth = cfg.eval_depth
     runs, hits, counts = [], [0] * depth, [0] * depth
+    walk_steps, walk_tokens = 0, 0
     for piece in chunks(fs, seqs, cfg.seq_len):
         b = batch(fs, [piece], embed)
         tok, out_mask = b["tokens"][0], b["output"][0]
@@ -159,6 +163,7 @@ def acceptance_report(head: TrainedHead, fs: FeatureSet, seqs: list[int], cfg: T
             for k, out, _ in offset_outputs(head, b):
                 if k < depth:
                     preds[k, : out.shape[1]] = head.d2t[head.logits(out[0]).argmax(-1)]
+        by_root: dict[int, int] = {}
         for c in range(t - 1):
             if not bool(out_mask[c + 2]):
                 continue
@@ -175,8 +180,14 @@ def acceptance_report(head: TrainedHead, fs: FeatureSet, seqs: list[int], cfg: T
                     break
                 run += 1
             runs.append(run)
+            by_root[c] = run
+        c = next((c for c in sorted(by_root) if bool(out_mask[c + 1])), None)  # root = an answer token
+        while c is not None and c in by_root:
+            walk_steps, walk_tokens = walk_steps + 1, walk_tokens + 1 + by_root[c]
+            c += 1 + by_root[c]
     n = max(1, len(runs))
     return {"positions": len(runs), "mean_accepted_chain": round(1 + sum(runs) / n, 3),
+            "mean_accepted_walk": round(walk_tokens / max(1, walk_steps), 3),
             "accept_rate_by_depth": [round(h / c, 3) if c else None for h, c in zip(hits, counts)]}
 
 
