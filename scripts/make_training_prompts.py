@@ -55,9 +55,9 @@ CHAT = ["I'm feeling stressed about my exams next week. Any advice?", "Can you s
         "Give me a recipe for a simple vegetable soup.", "Help me organise my week: I have work, a gym habit and a course to study for."]
 
 CODE = ["Write a Python function that checks whether a string is a palindrome.", "Write a Python function to compute the n-th Fibonacci number iteratively.",
-        "Write a Python function that merges two sorted lists into one sorted list.", "Write a Python class for a simple bank account with deposit and withdraw methods.",
+        "Write a Python function that interleaves two lists element by element.", "Write a Python class for a simple bank account with deposit and withdraw methods.",
         "Write a Python function that counts the words in a text file.", "Write a function in JavaScript that removes duplicates from an array.",
-        "Write a SQL query that returns the ten customers with the highest total order value.", "Write a Python function that flattens a nested list.",
+        "Write a SQL query that lists the products that have never been ordered.", "Write a Python function that flattens a nested list.",
         "Write a bash script that backs up a directory into a dated tar.gz file.", "Explain what a Python decorator is, with an example.",
         "Write a Python function that returns the prime numbers below n using the sieve of Eratosthenes.",
         "Write a C function that reverses a string in place.", "Write a Python function that parses a CSV line and handles quoted fields.",

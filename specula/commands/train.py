@@ -58,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from specula.models.loading import load_backend
-    from specula.training.corpus import CorpusConfig
+    from specula.training.corpus import DEFAULT_PROMPTS, CorpusConfig, read_prompts
     from specula.training.run import print_report, run_training
     from specula.training.trainer import TrainConfig
 
@@ -66,6 +66,7 @@ def run(args: argparse.Namespace) -> int:
                          batch_size=args.batch_size, seq_len=args.seq_len, ttt_steps=args.ttt_steps,
                          num_offsets=args.num_offsets, seed=args.seed)
     corpus = CorpusConfig(max_new_tokens=args.max_new_tokens)
+    read_prompts(args.data or [DEFAULT_PROMPTS])  # bad or benchmark prompts fail here, before the slow load
     target, tokenizer = load_backend(args.target, load_config(args), name="target")
     report = run_training(target, tokenizer, args.target, Path(args.out), config, args.data or (), corpus,
                           quiet=args.quiet, max_minutes=args.max_minutes)

@@ -57,29 +57,55 @@ class CorpusEntry:
 
 
 def read_prompts(files: Iterable[str | os.PathLike]) -> list[tuple[str, str]]:
-    """(id, first turn text) of every prompt in the JSONL files; a ConfigError names a bad line."""
+    """(id, first turn text) of every prompt in the JSONL files; a ConfigError names a bad line,
+    or a line holding a benchmark's prompt (`contamination`: a head never trains on what it is
+    measured on)."""
     out: list[tuple[str, str]] = []
     for file in files:
         path = Path(file)
         if not path.is_file():
             raise ConfigError(f"training data {path} does not exist: pass JSONL prompt files with --data")
-        for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise ConfigError(f"{path}:{n}: not JSON ({exc.msg}); each line must be an object with "
-                                  "'turns' or 'prompt'") from None
-            text = row.get("prompt") if isinstance(row, dict) else None
-            if text is None and isinstance(row, dict) and row.get("turns"):
-                text = row["turns"][0]
-            if not isinstance(text, str) or not text.strip():
-                raise ConfigError(f"{path}:{n}: no prompt text; give 'prompt': str or 'turns': [str, ...]")
-            out.append((f"{path.stem}:{row.get('id', n)}", text))
+        rows = list(_read_rows(path))
+        refuse_benchmark_prompts(path, rows)
+        out += [(f"{path.stem}:{rid}", turns[0]) for _, rid, turns in rows]
     if not out:
         raise ConfigError("the training data holds no prompts")
     return out
+
+
+def _read_rows(path: Path) -> Iterable[tuple[int, str, list[str]]]:
+    """(line number, id, turns) of every prompt line of a JSONL file."""
+    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"{path}:{n}: not JSON ({exc.msg}); each line must be an object with "
+                              "'turns' or 'prompt'") from None
+        turns = None
+        if isinstance(row, dict):
+            turns = [row["prompt"]] if row.get("prompt") is not None else row.get("turns")
+        if not isinstance(turns, list) or not turns or not all(isinstance(t, str) for t in turns) \
+                or not turns[0].strip():
+            raise ConfigError(f"{path}:{n}: no prompt text; give 'prompt': str or 'turns': [str, ...]")
+        yield n, str(row.get("id", n)), turns
+
+
+def refuse_benchmark_prompts(path: Path, rows: Sequence[tuple[int, str, list[str]]]) -> None:
+    """ConfigError naming the first line of `path` whose prompt (any turn) is a benchmark's."""
+    from specula.training.contamination import default_index, find_contaminated
+
+    where = [(n, t) for n, _, turns in rows for t in turns]
+    matches = find_contaminated([t for _, t in where])
+    if not matches:
+        return
+    lines = sorted({where[m.index][0] for m in matches})
+    first = matches[0]
+    more = f" (and {len(lines) - 1} more line{'s' * (len(lines) > 2)})" if len(lines) > 1 else ""
+    how = "is" if first.kind == "exact" else f"shares a {default_index().rule.shingle_words}-word passage with"
+    raise ConfigError(f"{path}:{where[first.index][0]}: this prompt {how} {first.prompt.label}{more}; a head must not "
+                      "train on a benchmark's prompts: remove those lines from the file (or pass other --data)")
 
 
 def corpus_key(target_key: dict, files: Sequence[str | os.PathLike], config: CorpusConfig) -> str:
