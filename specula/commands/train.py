@@ -30,6 +30,9 @@ def register(sub) -> None:
     p.add_argument("--kind", choices=HEAD_KINDS, default=HEAD_KINDS[0], help=f"head to train (default {HEAD_KINDS[0]})")
     p.add_argument("--data", nargs="+", default=None, metavar="FILE",
                    help="JSONL prompt files (default: specula/data/training/prompts.jsonl); never a benchmark's prompts")
+    p.add_argument("--eval-data", nargs="*", default=None, metavar="FILE",
+                   help="prompt files of another source for the held-out report (default: the everyday set; "
+                        "none: skip)")
     p.add_argument("--out", required=True, metavar="DIR", help="directory for KIND.safetensors, checkpoint.pt, report.json")
     p.add_argument("--epochs", type=float, default=4.0)
     p.add_argument("--draft-vocab", type=int, default=8192, metavar="N",
@@ -69,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
     read_prompts(args.data or [DEFAULT_PROMPTS])  # bad or benchmark prompts fail here, before the slow load
     target, tokenizer = load_backend(args.target, load_config(args), name="target")
     report = run_training(target, tokenizer, args.target, Path(args.out), config, args.data or (), corpus,
-                          quiet=args.quiet, max_minutes=args.max_minutes)
+                          quiet=args.quiet, max_minutes=args.max_minutes, eval_data=args.eval_data)
     if args.json:
         print(json.dumps(report, indent=2))
     else:

@@ -23,6 +23,10 @@ from typing import Callable, Iterable, Sequence
 
 from specula.errors import ConfigError
 
+EVAL_PROMPTS = Path(__file__).resolve().parents[1] / "data" / "everyday" / "prompts.jsonl"
+"""The held-out report's default prompts: the everyday set (chat, instructions, code, math written
+for evaluation), a different source from any training prompts, which may not contain them."""
+
 DEFAULT_PROMPTS = Path(__file__).resolve().parents[1] / "data" / "training" / "prompts.jsonl"
 """Prompts written for specula's shipped heads (scripts/make_training_prompts.py); no benchmark's."""
 
@@ -56,17 +60,18 @@ class CorpusEntry:
         return [*self.prompt_ids, *self.output_ids]
 
 
-def read_prompts(files: Iterable[str | os.PathLike]) -> list[tuple[str, str]]:
+def read_prompts(files: Iterable[str | os.PathLike], training: bool = True) -> list[tuple[str, str]]:
     """(id, first turn text) of every prompt in the JSONL files; a ConfigError names a bad line,
-    or a line holding a benchmark's prompt (`contamination`: a head never trains on what it is
-    measured on)."""
+    or, for training data, a line holding a benchmark's prompt (`contamination`: a head never
+    trains on what it is measured on; `training=False` reads evaluation prompts, which may be)."""
     out: list[tuple[str, str]] = []
     for file in files:
         path = Path(file)
         if not path.is_file():
             raise ConfigError(f"training data {path} does not exist: pass JSONL prompt files with --data")
         rows = list(_read_rows(path))
-        refuse_benchmark_prompts(path, rows)
+        if training:
+            refuse_benchmark_prompts(path, rows)
         out += [(f"{path.stem}:{rid}", turns[0]) for _, rid, turns in rows]
     if not out:
         raise ConfigError("the training data holds no prompts")

@@ -21,9 +21,10 @@ from typing import Sequence
 import torch
 
 from specula.errors import ConfigError
-from specula.training.corpus import DEFAULT_PROMPTS, CorpusConfig, corpus_key, generate_corpus, read_prompts
+from specula.training.corpus import (DEFAULT_PROMPTS, EVAL_PROMPTS, CorpusConfig, corpus_key, generate_corpus,
+                                     read_prompts)
 from specula.training.features import coverage, draft_vocabulary, extract_features
-from specula.training.trainer import TrainConfig, train_head
+from specula.training.trainer import TrainConfig, acceptance_report, train_head
 
 
 def target_identity(target) -> dict:
@@ -41,8 +42,13 @@ def _bar(total: int, desc: str, quiet: bool):
 
 def run_training(target, tokenizer, target_name: str, out: Path, config: TrainConfig,
                  data: Sequence[str | os.PathLike] = (), corpus: CorpusConfig = CorpusConfig(), *,
-                 quiet: bool = False, max_minutes: float | None = None) -> dict:
-    """Train one head for `target`; returns the report (also written to OUT/report.json)."""
+                 quiet: bool = False, max_minutes: float | None = None,
+                 eval_data: Sequence[str | os.PathLike] | None = None) -> dict:
+    """Train one head for `target`; returns the report (also written to OUT/report.json).
+    `eval_data`: prompt files of another source than the training prompts (default the everyday
+    set; () for none): the target answers them too and the report gives the head's acceptance on
+    them, the figure that predicts what the engine sees (a split of the training prompts reads
+    higher when they share templates)."""
     from specula.drafters.heads.file import HeadFile, save_head, target_record
     from specula.drafters.heads.runtime import new_head
     from specula.models.base import FeatureModel
@@ -55,6 +61,12 @@ def run_training(target, tokenizer, target_name: str, out: Path, config: TrainCo
     out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(config.seed)
     key = corpus_key(target_identity(target), files, corpus)
+    eval_files = [Path(f) for f in (eval_data if eval_data is not None else [EVAL_PROMPTS])]
+    eval_prompts = read_prompts(eval_files, training=False) if eval_files else []
+    shared = {text for _, text in eval_prompts} & {text for _, text in prompts}
+    if shared:
+        raise ConfigError(f"{len(shared)} evaluation prompt(s) are also training prompts (e.g. {next(iter(shared))[:60]!r}); "
+                          "held-out acceptance must come from prompts the head never trained on: pass other --eval-data")
     times = {}
 
     t = time.perf_counter()
@@ -67,8 +79,20 @@ def run_training(target, tokenizer, target_name: str, out: Path, config: TrainCo
         fs = extract_features(target, seqs, cache_dir("training", f"features-{key}.safetensors"), progress=bar.update)
     times["features_seconds"] = round(time.perf_counter() - t, 1)
 
+    eval_fs = None
+    if eval_prompts:
+        t = time.perf_counter()
+        eval_key = corpus_key(target_identity(target), eval_files, corpus)
+        with _bar(len(eval_prompts), "evaluation answers (other source)", quiet) as bar:
+            eval_seqs = generate_corpus(target, tokenizer, eval_prompts,
+                                        cache_dir("training", f"corpus-{eval_key}.jsonl"), corpus, progress=bar.update)
+        eval_fs = extract_features(target, eval_seqs, cache_dir("training", f"features-{eval_key}.safetensors"))
+        times["evaluation_data_seconds"] = round(time.perf_counter() - t, 1)
+
     d2t = draft_vocabulary(fs, config.draft_vocab, target.vocab_size, sorted(target.eos_token_ids))
     head = new_head(config.kind, target, d2t, seed=config.seed, num_offsets=config.num_offsets)
+    every = list(range(len(eval_fs))) if eval_fs is not None else []
+    other_before = acceptance_report(head, eval_fs, every, config, head.embed) if every else None
     losses: list[float] = []
     with _bar(0, f"training {config.kind}", quiet) as bar:
         def progress(n: int, loss: float) -> None:
@@ -77,6 +101,9 @@ def run_training(target, tokenizer, target_name: str, out: Path, config: TrainCo
             bar.set_postfix(loss=f"{loss:.3f}")
 
         record = _train_with_total(head, fs, config, out, progress, bar, max_minutes)
+    record["other_source"] = {
+        "data": [str(f) for f in eval_files], "sequences": len(every), "before": other_before,
+        "after": acceptance_report(head, eval_fs, every, config, head.embed) if every else None}
     report = {
         "target": target_name, "kind": config.kind, "data": [str(f) for f in files], "prompts": len(prompts),
         "corpus": {"sequences": len(seqs), "answer_tokens": sum(len(s.output_ids) for s in seqs),
@@ -88,7 +115,9 @@ def run_training(target, tokenizer, target_name: str, out: Path, config: TrainCo
                      HeadFile(head.config, head.module.state_dict(), d2t, target_record(target, target_name),
                               {k: report[k] for k in ("data", "draft_vocab_coverage")} | {
                                   "steps": record["steps"], "seconds": record["seconds"],
-                                  "heldout": record["heldout_after"], "config": record["config"]}))
+                                  "heldout": record["heldout_after"],
+                                  "heldout_other_source": record["other_source"]["after"],
+                                  "config": record["config"]}))
     report["head"] = str(path)
     atomic_write_json(out / "report.json", report)
     return report
@@ -111,8 +140,14 @@ def print_report(report: dict) -> None:
           f"{rec['seconds']:.0f} s (corpus {report['corpus_seconds']:.0f} s, features {report['features_seconds']:.0f} s)")
     print(f"draft vocabulary {report['draft_vocab']} tokens ({100 * report['draft_vocab_coverage']:.1f}% of the corpus)")
     if after:
-        print(f"held-out greedy chain acceptance: mean accepted {before.get('mean_accepted_chain', '-')} -> "
-              f"{after['mean_accepted_chain']} per step over {after['positions']} positions; "
-              f"by depth {after['accept_rate_by_depth']}")
+        print(f"held-out greedy chain acceptance (split of the training prompts): mean accepted "
+              f"{before.get('mean_accepted_chain', '-')} -> {after['mean_accepted_chain']} per root, "
+              f"{after.get('mean_accepted_walk', '-')} per decode step; by depth {after['accept_rate_by_depth']}")
+    other = rec.get("other_source") or {}
+    if other.get("after"):
+        o_before, o_after = other["before"] or {}, other["after"]
+        print(f"held-out greedy chain acceptance (other source: {', '.join(Path(f).name for f in other['data'])}, "
+              f"{other['sequences']} sequences): mean accepted {o_before.get('mean_accepted_walk', '-')} -> "
+              f"{o_after['mean_accepted_walk']} per decode step; by depth {o_after['accept_rate_by_depth']}")
     print(f"head: {report['head']}")
     print(json.dumps({"report": str(Path(report['head']).with_name('report.json'))}))

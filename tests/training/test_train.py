@@ -109,12 +109,23 @@ def test_train_command_writes_a_head_that_generate_uses(tmp_path, monkeypatch, t
     data = tmp_path / "prompts.jsonl"
     data.write_text("".join(json.dumps({"prompt": " ".join(f"w{(i * 7 + k) % 90 + 2}" for k in range(6))}) + "\n"
                             for i in range(8)))
+    other = tmp_path / "other.jsonl"  # the held-out report's prompts: another source than the training data
+    other.write_text("".join(json.dumps({"prompt": f"w{i + 40} w{i + 3} w{i + 60}"}) + "\n" for i in range(3)))
     code = main(["train", "--target", str(path), "--kind", "eagle", "--data", str(data), "--out", str(tmp_path / "h"),
-                 "--epochs", "2", "--draft-vocab", "64", "--max-new-tokens", "24", "--seq-len", "16", "--quiet"])
+                 "--epochs", "2", "--draft-vocab", "64", "--max-new-tokens", "24", "--seq-len", "16", "--quiet",
+                 "--eval-data", str(other)])
     out = capsys.readouterr().out
-    assert code == 0 and "held-out greedy chain acceptance" in out
+    assert code == 0 and "held-out greedy chain acceptance (other source: other.jsonl, 3 sequences)" in out
     report = json.loads((tmp_path / "h" / "report.json").read_text())
     assert report["corpus"]["sequences"] == 8 and report["training"]["steps"] > 0
+    other_source = report["training"]["other_source"]
+    assert other_source["sequences"] == 3 and other_source["after"]["positions"] > 0
+    assert other_source["after"]["mean_accepted_walk"] >= 1.0
+    # evaluation prompts that are also training prompts are refused: the figure would not be held out
+    code = main(["train", "--target", str(path), "--kind", "eagle", "--data", str(data), "--out", str(tmp_path / "h2"),
+                 "--epochs", "1", "--draft-vocab", "64", "--max-new-tokens", "8", "--quiet", "--eval-data", str(data)])
+    err = capsys.readouterr().err
+    assert code == 2 and "also training prompts" in err and len(err.strip().splitlines()) == 1
     head = tmp_path / "h" / "eagle.safetensors"
     code = main(["generate", "--target", str(path), "--method", "eagle", "--head", str(head), "--prompt",
                  "w5 w9 w13", "--raw", "--max-new-tokens", "12", "--ignore-eos", "--json"])
