@@ -127,6 +127,19 @@ def test_drafting_state_computes_what_training_computes():
     assert torch.allclose(state.out[1], outs[2][0, 6], atol=1e-5)
 
 
+def test_head_kv_buffer_grows_and_keeps_what_was_written():
+    from specula.drafters.heads.eagle import KVBuffer
+
+    buf = KVBuffer(2, 3, torch.float32, "cpu", capacity=4)
+    keys = torch.randn(1, 2, 11, 3)
+    values = torch.randn(1, 2, 11, 3)
+    buf.write(0, keys[:, :, :3], values[:, :, :3])
+    k, v = buf.write(3, keys[:, :, 3:10], values[:, :, 3:10])  # past the capacity: grows
+    assert buf.capacity >= 10 and torch.equal(k, keys[:, :, :10]) and torch.equal(v, values[:, :, :10])
+    k, v = buf.write(5, keys[:, :, 10:], values[:, :, 10:])  # overwrite in place (scratch rows), views to row 6
+    assert torch.equal(k, torch.cat([keys[:, :, :5], keys[:, :, 10:]], 2)) and v.shape[2] == 6
+
+
 def test_head_kv_cache_equals_a_from_scratch_forward_after_random_commits():
     """Steps of random trees and random commits: every drafted node's predicted feature equals a
     from-scratch causal head forward over the committed pairs and the node's own ancestor chain
@@ -139,6 +152,8 @@ def test_head_kv_cache_equals_a_from_scratch_forward_after_random_commits():
     seq = target.new_sequence()
     _, feats = seq.prefill(text, logits="none", hidden=True)  # [90, E]: f_i after token x_i
     seq.release()
+    from specula.drafters.heads.eagle import KVBuffer
+
     head = new_head("eagle", target, oracle_d2t(96), seed=9)
     module = head.module
 
@@ -149,6 +164,7 @@ def test_head_kv_cache_equals_a_from_scratch_forward_after_random_commits():
         return out[0, -1]
 
     state = head.new_state()
+    state.cache = KVBuffer(state.cache.keys.shape[1], state.cache.keys.shape[3], head.dtype, "cpu", capacity=8)
     root = 3
     state.add_features(feats[:root])
     compared = 0

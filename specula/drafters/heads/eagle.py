@@ -40,13 +40,12 @@ class KVBuffer:
 
     def write(self, at: int, k: torch.Tensor, v: torch.Tensor) -> KV:
         """Store k, v [1, G, T, D] at rows at .. at + T - 1; returns views of rows 0 .. at + T - 1."""
-        end = at + k.shape[2]
-        if end > self.capacity:
-            cap = max(end, 2 * self.capacity)
-            grown = torch.zeros((*self.keys.shape[:2], cap, self.keys.shape[3]), dtype=self.keys.dtype,
-                                device=self.keys.device)
-            self.keys = torch.cat([self.keys, grown[:, :, self.capacity:]], 2)
-            self.values = torch.cat([self.values, grown[:, :, self.capacity:]], 2)
+        end, old = at + k.shape[2], self.capacity
+        if end > old:
+            extra = torch.zeros((*self.keys.shape[:2], max(end, 2 * old) - old, self.keys.shape[3]),
+                                dtype=self.keys.dtype, device=self.keys.device)
+            self.keys = torch.cat([self.keys, extra], 2)
+            self.values = torch.cat([self.values, extra], 2)
         self.keys[:, :, at:end] = k
         self.values[:, :, at:end] = v
         return self.keys[:, :, :end], self.values[:, :, :end]
