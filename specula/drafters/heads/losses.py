@@ -61,6 +61,7 @@ def eagle_outputs(head: TrainedHead, b: dict, steps: int, noise: float, gen: tor
     bsz, t, _ = emb.shape
     if noise > 0 and gen is not None:
         feats = feats + (torch.rand(feats.shape, generator=gen) - 0.5) * 2 * noise
+    feats = feats.to(head.dtype)  # a drafting head may be bfloat16 (`runtime.drafting_dtype`)
     pos = torch.arange(t)[None].expand(bsz, t)
     outs, keys, values = [], None, None
     inp = feats
@@ -100,7 +101,7 @@ def loss_of(head: TrainedHead, b: dict, cfg: LossConfig, gen: torch.Generator | 
 
 def offset_outputs(head: TrainedHead, b: dict):
     """Medusa / Hydra: (k, predicted features [B, T - k, E] of x_{t+2+k} from f_t, valid rows)."""
-    feats, emb, valid = b["feats"], b["emb"], b["valid"]
+    feats, emb, valid = b["feats"].to(head.dtype), b["emb"], b["valid"]
     t1 = feats.shape[1]
     module = head.module
     for k in range(head.config.num_offsets):
