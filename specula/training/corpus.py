@@ -19,9 +19,13 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Callable, Iterable, Sequence
 
 from specula.errors import ConfigError
+
+if TYPE_CHECKING:
+    from specula.engine import Session
+    from specula.sampling import SamplingParams
 
 EVAL_PROMPTS = Path(__file__).resolve().parents[1] / "data" / "everyday" / "prompts.jsonl"
 """The held-out report's default prompts: the everyday set (chat, instructions, code, math written
@@ -121,6 +125,41 @@ def corpus_key(target_key: dict, files: Sequence[str | os.PathLike], config: Cor
     return h.hexdigest()[:16]
 
 
+def complete_lines(partial: Path) -> list[str]:
+    """The whole lines of an append-only `.partial` file, which is rewritten to hold only them (a
+    line cut by a kill is dropped)."""
+    lines = [ln for ln in partial.read_text(encoding="utf-8").splitlines(keepends=True) if ln.endswith("\n")]
+    partial.write_text("".join(lines), encoding="utf-8")
+    return lines
+
+
+def generate_batched(decoder, jobs: Iterable[tuple[str, list[int], "SamplingParams"]], batch_size: int,
+                     on_done: Callable[[str, "Session"], None]) -> None:
+    """Run `jobs` (id, prompt ids, params; drawn lazily) through the engine's batched step,
+    `batch_size` sessions at a time; `on_done(id, session)` as each finishes (its caches freed)."""
+    pending = iter(jobs)
+    running: list[tuple[str, Session]] = []
+    exhausted = False
+    while not exhausted or running:
+        while not exhausted and len(running) < batch_size:
+            job = next(pending, None)
+            if job is None:
+                exhausted = True
+            else:
+                running.append((job[0], decoder.start(job[1], job[2])))
+        if not running:
+            break
+        decoder.step([s for _, s in running])
+        still = []
+        for jid, session in running:
+            if session.finished:
+                decoder.finish(session)
+                on_done(jid, session)
+            else:
+                still.append((jid, session))
+        running = still
+
+
 def load_corpus(path: Path) -> list[CorpusEntry]:
     rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
     return [CorpusEntry(r["id"], r["prompt_ids"], r["output_ids"]) for r in rows]
@@ -139,38 +178,25 @@ def generate_corpus(target, tokenizer, prompts: Sequence[tuple[str, str]], out: 
     partial = out.with_name(out.name + ".partial")
     done: dict[str, CorpusEntry] = {}
     if partial.is_file():
-        lines = partial.read_text(encoding="utf-8").splitlines(keepends=True)
-        good = [ln for ln in lines if ln.endswith("\n")]  # a line cut by a kill is dropped
-        for line in good:
+        for line in complete_lines(partial):
             r = json.loads(line)
             done[r["id"]] = CorpusEntry(r["id"], r["prompt_ids"], r["output_ids"])
-        partial.write_text("".join(good), encoding="utf-8")
     if progress is not None and done:
         progress(len(done))
-    todo = [(pid, text) for pid, text in prompts if pid not in done]
     decoder = SpeculativeDecoder(target, [], tokenizer)
     params = SamplingParams(max_new_tokens=config.max_new_tokens)
+    jobs = ((pid, encode_prompt(tokenizer, text)[-config.max_prompt_tokens:], params)
+            for pid, text in prompts if pid not in done)
     out.parent.mkdir(parents=True, exist_ok=True)
-    running: list[tuple[str, list[int], object]] = []
     with partial.open("a", encoding="utf-8") as sink:
-        while todo or running:
-            while todo and len(running) < config.batch_size:
-                pid, text = todo.pop(0)
-                ids = encode_prompt(tokenizer, text)[-config.max_prompt_tokens:]
-                running.append((pid, ids, decoder.start(ids, params)))
-            decoder.step([s for _, _, s in running])
-            still = []
-            for pid, ids, session in running:
-                if session.finished:
-                    decoder.finish(session)
-                    seq = CorpusEntry(pid, ids, list(session.generated))
-                    done[pid] = seq
-                    sink.write(json.dumps({"id": pid, "prompt_ids": ids, "output_ids": seq.output_ids}) + "\n")
-                    sink.flush()
-                    if progress is not None:
-                        progress(1)
-                else:
-                    still.append((pid, ids, session))
-            running = still
+        def record(pid: str, session: Session) -> None:
+            seq = CorpusEntry(pid, list(session.prompt), list(session.generated))
+            done[pid] = seq
+            sink.write(json.dumps({"id": pid, "prompt_ids": seq.prompt_ids, "output_ids": seq.output_ids}) + "\n")
+            sink.flush()
+            if progress is not None:
+                progress(1)
+
+        generate_batched(decoder, jobs, config.batch_size, record)
     os.replace(partial, out)
     return [done[pid] for pid, _ in prompts]

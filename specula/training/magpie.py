@@ -30,6 +30,7 @@ from typing import Callable, Sequence
 
 from specula.errors import ConfigError
 from specula.training.contamination import BenchmarkIndex, default_index, find_contaminated, normalise, shingles
+from specula.training.corpus import complete_lines, generate_batched
 
 SENTINEL = "SPECULAMAGPIESENTINEL"
 """A user message no template alters: rendered, then cut at, to find the user-turn prefix."""
@@ -201,11 +202,10 @@ def _resume(partial: Path, key: str) -> dict[str, dict]:
     if not partial.is_file():
         partial.write_text(json.dumps({"settings": key}) + "\n", encoding="utf-8")
         return {}
-    lines = [ln for ln in partial.read_text(encoding="utf-8").splitlines(keepends=True) if ln.endswith("\n")]
+    lines = complete_lines(partial)
     if not lines or json.loads(lines[0]).get("settings") != key:
         raise ConfigError(f"{partial} was written with other settings (target, template or sampling): delete it "
                           "or rerun with the same settings")
-    partial.write_text("".join(lines), encoding="utf-8")
     rows = (json.loads(ln) for ln in lines[1:])
     return {r["id"]: r for r in rows}
 
@@ -221,34 +221,25 @@ def generate_user_turns(target, tokenizer, turn: UserTurn, partial: Path, config
     if progress is not None and done:
         progress(len(done))
     ids = [f"m{i:06d}" for i in range(config.count)]
-    todo = [(i, pid) for i, pid in enumerate(ids) if pid not in done]
     eos = set(target.eos_token_ids) | set(turn.end_ids)
     decoder = SpeculativeDecoder(target, [], tokenizer, eos_token_ids=sorted(eos))
     specials = set(getattr(tokenizer, "all_special_ids", ()) or ()) | eos
-    running: list[tuple[str, object]] = []
+    jobs = ((pid, list(turn.prefix_ids),
+             SamplingParams(temperature=config.temperature, top_p=config.top_p, seed=config.seed + i,
+                            max_new_tokens=config.max_new_tokens, stop=(turn.end,) if turn.end else ()))
+            for i, pid in enumerate(ids) if pid not in done)
     with partial.open("a", encoding="utf-8") as sink:
-        while todo or running:
-            while todo and len(running) < config.batch_size:
-                i, pid = todo.pop(0)
-                params = SamplingParams(temperature=config.temperature, top_p=config.top_p, seed=config.seed + i,
-                                        max_new_tokens=config.max_new_tokens, stop=(turn.end,) if turn.end else ())
-                running.append((pid, decoder.start(list(turn.prefix_ids), params)))
-            decoder.step([s for _, s in running])
-            still = []
-            for pid, session in running:
-                if not session.finished:
-                    still.append((pid, session))
-                    continue
-                decoder.finish(session)
-                tokens = [t for t in session.generated if t not in specials]
-                text = clean(tokenizer.decode(tokens, skip_special_tokens=True), turn.end)
-                row = {"id": pid, "text": text, "ended": session.finish_reason == "stop"}
-                done[pid] = row
-                sink.write(json.dumps(row, ensure_ascii=False) + "\n")
-                sink.flush()
-                if progress is not None:
-                    progress(1)
-            running = still
+        def record(pid: str, session) -> None:
+            tokens = [t for t in session.generated if t not in specials]
+            text = clean(tokenizer.decode(tokens, skip_special_tokens=True), turn.end)
+            row = {"id": pid, "text": text, "ended": session.finish_reason == "stop"}
+            done[pid] = row
+            sink.write(json.dumps(row, ensure_ascii=False) + "\n")
+            sink.flush()
+            if progress is not None:
+                progress(1)
+
+        generate_batched(decoder, jobs, config.batch_size, record)
     return [done[pid] for pid in ids]
 
 
