@@ -35,7 +35,7 @@ from specula.constraints.drafting import constrained_proposals
 from specula.drafters.base import Drafter, FeatureDrafter
 from specula.drafters.none import NoDrafter
 from specula.errors import ConfigError
-from specula.models.base import TargetModel, TargetSequence, check_context, forward_trees
+from specula.models.base import FeatureRequest, TargetModel, TargetSequence, check_context, forward_trees
 from specula.planner import PassThroughPlanner, Plan, Planner, PlanRequest, StepTiming
 from specula.sampling import SamplingParams, make_generator, request_seed
 from specula.stats import GenerationStats
@@ -140,8 +140,9 @@ class SpeculativeDecoder:
         self.method = method or "+".join(d.name for d in self.drafters) or "none"
         ids = target.eos_token_ids if eos_token_ids is None else eos_token_ids
         self.eos_token_ids = frozenset(int(e) for e in ids)
-        self.hidden = any(isinstance(d, FeatureDrafter) and d.needs_hidden for d in self.drafters)
-        """Some drafter learns from the target's hidden states: passes return them (no extra pass)."""
+        self.hidden: FeatureRequest = feature_request(self.drafters)
+        """What the target's passes return for the drafters that read hidden states (no extra pass);
+        False: none does."""
         self.forced_drafts = any(not isinstance(d, NoDrafter) for d in self.drafters)
         """Draft the tokens a request's grammar forces (every method that drafts; plain decoding
         stays one token per step)."""
@@ -178,7 +179,7 @@ class SpeculativeDecoder:
         session.stats.prompt_tokens = len(prompt)
         try:
             if self.hidden:
-                _, hidden = seq.prefill(prompt[:-1], logits="none", hidden=True)  # hidden: [len(prompt) - 1, E]
+                _, hidden = seq.prefill(prompt[:-1], logits="none", hidden=self.hidden)  # [len(prompt) - 1, k E]
             else:
                 seq.prefill(prompt[:-1], logits="none")
             session.drafter_states = [d.start() for d in self.drafters]
@@ -377,3 +378,12 @@ class SpeculativeDecoder:
             new, reason = new[:cut], "stop"
         return new, reason
 
+
+def feature_request(drafters) -> FeatureRequest:
+    """The one `FeatureRequest` of an engine's drafters (False: none reads hidden states); a
+    ConfigError when two ask for different features (one pass returns one set)."""
+    asked = {d.feature_request for d in drafters if isinstance(d, FeatureDrafter) and d.needs_hidden}
+    if len(asked) > 1:
+        raise ConfigError(f"the drafters read different target features ({', '.join(sorted(map(str, asked)))}): "
+                          "use heads of one kind together (eagle3 heads read layer inputs, the others the last state)")
+    return asked.pop() if asked else False

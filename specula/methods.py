@@ -80,7 +80,7 @@ class MethodSpec:
     draft_skip: DraftSkip = "ignored"
     """What `--draft skip` means for it (`DraftSkip`)."""
     head: "HeadKind | None" = None
-    """The kind of trained head it drafts with (eagle, medusa, hydra); default `--head`: the head of
+    """The kind of trained head it drafts with (eagle, eagle3, medusa, hydra); default `--head`: the head of
     that kind installed for the target (`default_head`)."""
     datastore: bool = False
     """It drafts from a datastore file (`--datastore`, built by `specula datastore build`)."""
@@ -132,6 +132,7 @@ _FUSION_MEMBERS = (
     Member("rest", forwards=("datastore",)),
     Member("token-recycling", forwards=("recycling_state",)),
     Member("eagle", forwards=_HEAD_FORWARDS),
+    Member("eagle3", forwards=_HEAD_FORWARDS),
     Member("medusa", forwards=_HEAD_FORWARDS),
     Member("hydra", forwards=_HEAD_FORWARDS),
     Member("layer-skip", forwards=("num_draft_tokens", "skip_layers")),
@@ -158,6 +159,8 @@ METHODS: dict[str, MethodSpec] = {spec.name: spec for spec in (
                layer_skipping=True),
     MethodSpec("eagle", "an EAGLE head over the target's features", "specula.drafters.eagle",
                options=_HEAD_OPTIONS, head="eagle", features=True),
+    MethodSpec("eagle3", "an EAGLE-3 head over three depths of the target's features", "specula.drafters.eagle3",
+               options=_HEAD_OPTIONS, head="eagle3", features=True),
     MethodSpec("medusa", "Medusa heads over the target's features", "specula.drafters.medusa",
                options=_HEAD_OPTIONS, head="medusa", features=True),
     MethodSpec("hydra", "Hydra heads over the target's features", "specula.drafters.hydra",

@@ -56,7 +56,7 @@ def test_facts_the_readers_take_from_the_table():
     assert [s.name for s in METHODS.values() if s.auto_draft] == ["draft-model", "draft-tree", "fusion"]
     assert bench_defaults(False) == ["none", "prompt-lookup"]
     assert bench_defaults(True) == ["none", "prompt-lookup", "draft-model"]
-    assert methods_taking("tree_top_k") == ["draft-tree", "eagle", "medusa", "hydra"]
+    assert methods_taking("tree_top_k") == ["draft-tree", "eagle", "eagle3", "medusa", "hydra"]
 
 
 def test_every_command_line_option_is_a_flag_of_the_same_name():

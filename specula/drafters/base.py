@@ -49,14 +49,18 @@ class Drafter(Protocol):
 class FeatureDrafter(Protocol):
     """A drafter that reads the target's hidden states (trained heads): when `needs_hidden`, the
     engine asks the target's passes for them (same pass, `models.base.FeatureModel`), hands it the
-    prompt's after prefill (`observe_prompt`) and every step's in `StepResult.hidden`."""
+    prompt's after prefill (`observe_prompt`) and every step's in `StepResult.hidden`. The drafters
+    of one engine must ask for the same features (one pass returns one set)."""
 
     needs_hidden: bool
     """True when this drafter wants hidden states now."""
+    feature_request: Any
+    """Which (`models.base.FeatureRequest`): True = the last hidden state [n, E]; a tuple of layer
+    indices = the inputs of those layers [n, k E] (EAGLE-3)."""
 
     def observe_prompt(self, prompt: list[int], hidden: Any, state: Any) -> None:
-        """The prompt was prefilled: `hidden` [len(prompt) - 1, E] are the target's last hidden states
-        of every prompt token but the last (the first step's root)."""
+        """The prompt was prefilled: `hidden` [len(prompt) - 1, k E] are the target's features (as
+        `feature_request` asked) of every prompt token but the last (the first step's root)."""
         ...
 
 

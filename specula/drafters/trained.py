@@ -1,4 +1,4 @@
-"""`eagle`, `medusa`, `hydra`: drafters that are trained heads on the target's hidden states.
+"""`eagle`, `eagle3`, `medusa`, `hydra`: drafters that are trained heads on the target's hidden states.
 
 They are the `draft-tree` drafter with a head instead of a draft model: the same EAGLE-2
 dynamic expansion (top-k children per frontier node, path scores = products of the head's
@@ -22,11 +22,13 @@ import torch
 
 from specula.drafters.base import StepResult, method_config
 from specula.drafters.draft_tree import DraftTreeConfig, DraftTreeDrafter
+from specula.drafters.heads.config import AUTOREGRESSIVE
 from specula.drafters.heads.online import OnlineDistillConfig, OnlineDistiller
 from specula.drafters.heads.runtime import HeadState, TrainedHead, load_head
 from specula.errors import ConfigError
 
 DEFAULTS = {"eagle": dict(tree_top_k=8, tree_depth=6, tree_nodes=48),
+            "eagle3": dict(tree_top_k=8, tree_depth=6, tree_nodes=48),
             "medusa": dict(tree_top_k=4, tree_depth=4, tree_nodes=32),
             "hydra": dict(tree_top_k=4, tree_depth=4, tree_nodes=32)}
 """Tree shape per kind (EAGLE-2 uses top-k 10, depth 5-6, 60 nodes on a GPU; the planner cuts
@@ -44,7 +46,9 @@ class TrainedHeadDrafter(DraftTreeDrafter):
         self.name = head.kind
         self.online = online
         """Online distillation (`--online-distill`): the head learns from every finished request."""
-        if head.kind != "eagle":  # head i drafts level i + 1: no deeper level exists
+        self.feature_request = head.feature_request
+        """The target features the head reads (`models.base.FeatureRequest`)."""
+        if head.kind not in AUTOREGRESSIVE:  # head i drafts level i + 1: no deeper level exists
             self.config = DraftTreeConfig(**{**{f.name: getattr(config, f.name) for f in fields(config)},
                                              "tree_depth": min(config.tree_depth, head.config.num_offsets)})
 
@@ -108,6 +112,9 @@ def create_head_drafter(kind: str, *, target=None, head: str | os.PathLike | Tra
         raise ConfigError(f"--method {kind} got a {head.kind} head; use --method {head.kind} or a {kind} head")
     merged = {**DEFAULTS[kind], **options}
     online = None
+    if online_distill and kind == "eagle3":
+        raise ConfigError("--online-distill trains eagle, medusa and hydra heads; an eagle3 head learns offline only "
+                          "(`specula train --kind eagle3`): drop --online-distill")
     if online_distill:
         online = OnlineDistiller(head, OnlineDistillConfig(**({} if online_lr is None else {"lr": online_lr})))
     return TrainedHeadDrafter(head, method_config(kind, DraftTreeConfig, merged), online)

@@ -18,7 +18,7 @@ Nothing outside `specula.models` touches a backend's underlying model object.
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Literal, Protocol, Sequence, runtime_checkable
+from typing import Any, Iterable, Literal, Protocol, Sequence, Union, runtime_checkable
 
 import torch
 
@@ -51,15 +51,15 @@ class TargetSequence(Protocol):
         """The committed tokens the cache holds, in order (read-only)."""
         ...
 
-    def prefill(self, ids: Sequence[int], logits: LogitsMode = "last", hidden: bool = False) -> Any:
-        """Run `ids` causally after the cache and commit them. With `hidden` (backends that are
-        `FeatureModel`s): `(logits, hidden [len(ids), E])`, the last hidden state of every row (the
-        final-normed features the output head reads), from the same pass."""
+    def prefill(self, ids: Sequence[int], logits: LogitsMode = "last", hidden: FeatureRequest = False) -> Any:
+        """Run `ids` causally after the cache and commit them. With `hidden` (a `FeatureRequest`, on
+        backends that are `FeatureModel`s): `(logits, hidden [len(ids), k E])` from the same pass
+        (True: the last hidden state of every row, the final-normed features the output head reads)."""
         ...
 
-    def forward_tree(self, root: int, tree: TokenTree, hidden: bool = False) -> Any:
+    def forward_tree(self, root: int, tree: TokenTree, hidden: FeatureRequest = False) -> Any:
         """Logits [n + 1, vocab] of the root and every node (tree attention); the tree is then
-        pending until `commit`. With `hidden`: `(logits, hidden [n + 1, E])` from the same pass."""
+        pending until `commit`. With `hidden`: `(logits, hidden [n + 1, k E])` from the same pass."""
         ...
 
     def forward_tree_incremental(self, tree: TokenTree) -> torch.Tensor:
@@ -126,15 +126,37 @@ class TargetModel(Protocol):
         ...
 
 
+FeatureRequest = Union[bool, tuple[int, ...]]
+"""What a pass returns next to its logits (`hidden=` on `prefill`, `forward_tree`, `forward_trees`):
+False nothing; True the last hidden state of every row [n, E] (final-normed: what the output head
+reads); a tuple of layer indices 0 .. num_layers the residual stream entering each of those
+decoder layers (index num_layers = the final-normed state), concatenated in that order [n, k E]
+(EAGLE-3's features: the inputs of layers 2, N / 2 and N - 3)."""
+
+
+def feature_layers(hidden: FeatureRequest, num_layers: int) -> tuple[int, ...]:
+    """The layer indices a (true) `FeatureRequest` asks for (True = (num_layers,)); the one place a
+    request is checked: a ConfigError names a layer the model does not have."""
+    layers = (num_layers,) if hidden is True else tuple(int(i) for i in hidden)
+    bad = [i for i in layers if not 0 <= i <= num_layers]
+    if not layers or bad:
+        raise ConfigError(f"hidden-state features of layers {list(layers)} asked of a {num_layers}-layer model: "
+                          f"layer indices must be in 0..{num_layers} ({num_layers} = the final-normed state); "
+                          "the head was trained for a model of another depth: use one trained for this target")
+    return layers
+
+
 @runtime_checkable
 class FeatureModel(Protocol):
-    """A backend whose passes can also return the last hidden state of each row (`hidden=True` on
-    `prefill`, `forward_tree`, `forward_trees`) and that shares its token embedding and output head,
-    read-only: what trained drafters (EAGLE, Medusa, Hydra heads) need, without reaching into the
-    model object."""
+    """A backend whose passes can also return hidden states of each row (`hidden=` a
+    `FeatureRequest` on `prefill`, `forward_tree`, `forward_trees`: the last one, or the inputs of
+    chosen layers) and that shares its token embedding and output head, read-only: what trained
+    drafters (EAGLE, EAGLE-3, Medusa, Hydra heads) need, without reaching into the model object."""
 
     hidden_size: int
     """E: width of the hidden states."""
+    num_layers: int
+    """N: decoder layers (a `FeatureRequest` names layers 0 .. N)."""
 
     def embed_tokens(self, ids: torch.Tensor) -> torch.Tensor:
         """Input embeddings [n, E] of token ids [n] (long)."""
@@ -152,15 +174,15 @@ class BatchedTargetModel(Protocol):
     its own tree mask. Each returned block is what that sequence's `forward_tree` would return
     (bit for bit where the backend's rows are row invariant, `greedy_guarantee == "bitwise"`)."""
 
-    def forward_trees(self, items: Sequence[tuple[TargetSequence, int, TokenTree]], hidden: bool = False) -> list:
+    def forward_trees(self, items: Sequence[tuple[TargetSequence, int, TokenTree]], hidden: FeatureRequest = False) -> list:
         """(sequence, root, tree) per sequence -> logits [n_i + 1, vocab] per sequence (with `hidden`:
-        `(logits, hidden [n_i + 1, E])` each); every tree is then pending on its sequence until
+        `(logits, hidden [n_i + 1, k E])` each); every tree is then pending on its sequence until
         `commit`."""
         ...
 
 
 def forward_trees(target: TargetModel, items: Sequence[tuple[TargetSequence, int, TokenTree]],
-                  hidden: bool = False) -> list:
+                  hidden: FeatureRequest = False) -> list:
     """Verify several sequences' trees: one packed pass where the backend batches
     (`BatchedTargetModel`), else one `forward_tree` per sequence. With `hidden` (a `FeatureModel`
     backend), each item's result is `(logits, hidden states)`."""
@@ -169,7 +191,7 @@ def forward_trees(target: TargetModel, items: Sequence[tuple[TargetSequence, int
                           "use the native or hf backend")
     if len(items) > 1 and isinstance(target, BatchedTargetModel):
         return target.forward_trees(items, hidden=hidden) if hidden else target.forward_trees(items)
-    return [seq.forward_tree(root, tree, hidden=True) if hidden else seq.forward_tree(root, tree)
+    return [seq.forward_tree(root, tree, hidden=hidden) if hidden else seq.forward_tree(root, tree)
             for seq, root, tree in items]
 
 

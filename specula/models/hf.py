@@ -23,7 +23,7 @@ from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 
 from specula.errors import ConfigError
 from specula.models.attention import BATCH_INVARIANT, causal_prefill
-from specula.models.base import LogitsMode, guarantee_of
+from specula.models.base import FeatureRequest, LogitsMode, feature_layers, guarantee_of
 from specula.models.cost_key import cost_key_of
 from specula.models.linears import quantization_of
 from specula.models.sequence import TreeSequence
@@ -110,10 +110,11 @@ class HFCausalLM:
 
     @torch.inference_mode()
     def run(self, cache: DynamicCache, ids: Sequence[int], positions: torch.Tensor,
-            mask: torch.Tensor | None, logits_to_keep: int = 0, hidden: bool = False) -> Any:
+            mask: torch.Tensor | None, logits_to_keep: int = 0, hidden: FeatureRequest = False) -> Any:
         """One forward pass of `ids` at `positions` ([len(ids)] long) after `cache`, with an
-        additive 4D `mask` (None: causal); returns logits [kept rows, vocab] (with `hidden`:
-        (logits, last hidden states [n, E]), the final-normed features the output head reads)."""
+        additive 4D `mask` (None: causal); returns logits [kept rows, vocab] (with `hidden`, a
+        `FeatureRequest`: (logits, features [n, k E]); True = the last hidden states, the
+        final-normed features the output head reads)."""
         input_ids = torch.tensor([list(ids)], dtype=torch.long, device=self.device)  # [1, n]
         out = self.model(
             input_ids=input_ids,
@@ -124,7 +125,15 @@ class HFCausalLM:
             logits_to_keep=logits_to_keep,
             output_hidden_states=hidden,
         )
-        return (out.logits[0], out.hidden_states[-1][0]) if hidden else out.logits[0]
+        if not hidden:
+            return out.logits[0]
+        states = out.hidden_states  # N + 1: the input of each layer, then the final-normed output
+        layers = feature_layers(hidden, len(states) - 1)
+        return out.logits[0], torch.cat([states[i][0] for i in layers], dim=-1)
+
+    @property
+    def num_layers(self) -> int:
+        return int(self.config.num_hidden_layers)
 
     # ------------------------------------------------------------------ FeatureModel
     @property
@@ -164,7 +173,7 @@ class HFSequence(TreeSequence):
         return len(self._tokens)
 
     # ------------------------------------------------------------------ forward passes
-    def _prefill_rows(self, ids: list[int], logits: LogitsMode, hidden: bool) -> Any:
+    def _prefill_rows(self, ids: list[int], logits: LogitsMode, hidden: FeatureRequest) -> Any:
         start = len(self._tokens)
         positions = torch.arange(start, start + len(ids))
         with causal_prefill():  # every method prefills alike: no batch invariance needed (models/attention.py)
@@ -174,13 +183,13 @@ class HFSequence(TreeSequence):
         out = None if logits == "none" else out[-1] if logits == "last" else out
         return (out, states) if hidden else out
 
-    def _tree_rows(self, root: int, tree: TokenTree, hidden: bool) -> Any:
+    def _tree_rows(self, root: int, tree: TokenTree, hidden: FeatureRequest) -> Any:
         return self._run_rows(root, tree, 0, hidden)
 
     def _grow_rows(self, root: int, tree: TokenTree, first: int) -> torch.Tensor:
         return self._run_rows(root, tree, first + 1)
 
-    def _run_rows(self, root: int, tree: TokenTree, first_row: int, hidden: bool = False) -> Any:
+    def _run_rows(self, root: int, tree: TokenTree, first_row: int, hidden: FeatureRequest = False) -> Any:
         """Run rows first_row.. of (root, tree) (row 0 = root, row i + 1 = node i) after the
         cache, which already holds the rows before first_row."""
         prefix = len(self._tokens)

@@ -23,7 +23,7 @@ from typing import Any, Sequence
 
 import torch
 
-from specula.models.base import LogitsMode
+from specula.models.base import FeatureRequest, LogitsMode, feature_layers
 from specula.tree import TokenTree
 
 
@@ -61,7 +61,7 @@ class TreeSequence(ABC):
                                f"window of {self.backend.max_context}")
 
     # ------------------------------------------------------------------ TargetSequence
-    def prefill(self, ids: Sequence[int], logits: LogitsMode = "last", hidden: bool = False) -> Any:
+    def prefill(self, ids: Sequence[int], logits: LogitsMode = "last", hidden: FeatureRequest = False) -> Any:
         """Run `ids` causally after the cache and commit them.
 
         logits: "last" -> [vocab] for the last token, "all" -> [len(ids), vocab], "none" -> None;
@@ -69,7 +69,8 @@ class TreeSequence(ABC):
         self._assert_idle("prefill")
         ids = list(ids)
         if not ids:
-            empty = torch.empty((0, self.backend.hidden_size), dtype=self.backend.dtype, device=self.backend.device)
+            width = self.backend.hidden_size * (len(feature_layers(hidden, self.backend.num_layers)) if hidden else 1)
+            empty = torch.empty((0, width), dtype=self.backend.dtype, device=self.backend.device)
             return (None, empty) if hidden else None
         self._assert_room(len(ids))
         out = self._prefill_rows(ids, logits, hidden)
@@ -87,7 +88,7 @@ class TreeSequence(ABC):
         """The tree just run (by `forward_tree`, an increment or a batched pass) waits for `commit`."""
         self._pending = (root, tree)
 
-    def forward_tree(self, root: int, tree: TokenTree, hidden: bool = False) -> Any:
+    def forward_tree(self, root: int, tree: TokenTree, hidden: FeatureRequest = False) -> Any:
         """Logits [n + 1, vocab]: row 0 after the root, row i + 1 after node i (with `hidden`:
         (logits, hidden states [n + 1, E])); the tree is then pending until `commit`."""
         self.begin_tree(tree)
@@ -141,12 +142,12 @@ class TreeSequence(ABC):
 
     # ------------------------------------------------------------------ the backend's tensor work
     @abstractmethod
-    def _prefill_rows(self, ids: list[int], logits: LogitsMode, hidden: bool) -> Any:
+    def _prefill_rows(self, ids: list[int], logits: LogitsMode, hidden: FeatureRequest) -> Any:
         """Run `ids` (non-empty, room checked) causally after the committed tokens; what `prefill`
         returns (the logits `logits` asks for, with `hidden` as `(logits, hidden [n, E])`)."""
 
     @abstractmethod
-    def _tree_rows(self, root: int, tree: TokenTree, hidden: bool) -> Any:
+    def _tree_rows(self, root: int, tree: TokenTree, hidden: FeatureRequest) -> Any:
         """Run the root and every node of `tree` after the committed tokens (room checked): logits
         [n + 1, vocab] (with `hidden`: `(logits, hidden [n + 1, E])`)."""
 

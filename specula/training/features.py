@@ -1,10 +1,11 @@
 """The target's features over the corpus, computed once and cached (later epochs cost only the head).
 
-For every corpus sequence (prompt + the target's answer) one causal prefill with `hidden=True`
+For every corpus sequence (prompt + the target's answer) one causal prefill with `hidden=`
 (`models.base.FeatureModel`): the last hidden state of every position, the same features the
-engine hands a head while generating. Stored as one safetensors file: `tokens` [N] long,
-`features` [N, E] float16, `starts` [S + 1] long (sequence s is rows starts[s] .. starts[s+1]),
-`prompt_lens` [S] long; written atomically.
+engine hands a head while generating, and for an eagle3 head the inputs of its feature layers
+from the same pass. Stored as one safetensors file: `tokens` [N] long, `features` [N, E] float16,
+`starts` [S + 1] long (sequence s is rows starts[s] .. starts[s+1]), `prompt_lens` [S] long, and
+with layers `inputs` [N, k E] float16 and `layers` [k] long; written atomically.
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ class FeatureSet:
     features: torch.Tensor  # [N, E] float16
     starts: torch.Tensor  # [S + 1] long
     prompt_lens: torch.Tensor  # [S] long
+    inputs: torch.Tensor | None = None  # [N, k E] float16: the inputs of `layers` (eagle3), else None
+    layers: tuple[int, ...] = ()
 
     def __len__(self) -> int:
         return len(self.starts) - 1
@@ -35,34 +38,50 @@ class FeatureSet:
         a, b = int(self.starts[s]), int(self.starts[s + 1])
         return self.tokens[a:b], self.features[a:b], int(self.prompt_lens[s])
 
+    def layer_inputs(self, s: int) -> torch.Tensor:
+        """[n, k E]: the inputs of `layers` over sequence s."""
+        a, b = int(self.starts[s]), int(self.starts[s + 1])
+        return self.inputs[a:b]
+
 
 def extract_features(target, corpus: Sequence[CorpusEntry], out: Path,
-                     progress: Callable[[int], None] | None = None) -> FeatureSet:
-    """Features of every corpus sequence, cached at `out` (reused when present)."""
+                     progress: Callable[[int], None] | None = None, layers: Sequence[int] = ()) -> FeatureSet:
+    """Features of every corpus sequence (with `layers`, also the inputs of those layers, from the
+    same pass), cached at `out` (reused when present; the caller keys the path by the layers)."""
     from safetensors.torch import load_file, save_file
 
     from specula.paths import atomic_path
 
+    layers = tuple(layers)
     if out.is_file():
         t = load_file(str(out))
-        return FeatureSet(t["tokens"], t["features"], t["starts"], t["prompt_lens"])
-    tokens, feats, starts, plens = [], [], [0], []
+        return FeatureSet(t["tokens"], t["features"], t["starts"], t["prompt_lens"], t.get("inputs"),
+                          tuple(t["layers"].tolist()) if "layers" in t else ())
+    request = (*layers, target.num_layers) if layers else True
+    e = target.hidden_size
+    tokens, feats, inputs, starts, plens = [], [], [], [0], []
     for entry in corpus:
         ids = entry.ids[: target.max_context]
         seq = target.new_sequence()
-        _, hidden = seq.prefill(ids, logits="none", hidden=True)  # [n, E]
+        _, hidden = seq.prefill(ids, logits="none", hidden=request)  # [n, (k + 1) E]: layer inputs, then the last state
         seq.release()
+        hidden = hidden.to(torch.float16).cpu()
         tokens.append(torch.tensor(ids, dtype=torch.long))
-        feats.append(hidden.to(torch.float16).cpu().clone())
+        feats.append(hidden[:, -e:].clone())
+        if layers:
+            inputs.append(hidden[:, :-e].clone())
         starts.append(starts[-1] + len(ids))
         plens.append(min(len(entry.prompt_ids), len(ids)))
         if progress is not None:
             progress(1)
-    fs = FeatureSet(torch.cat(tokens), torch.cat(feats), torch.tensor(starts), torch.tensor(plens))
+    fs = FeatureSet(torch.cat(tokens), torch.cat(feats), torch.tensor(starts), torch.tensor(plens),
+                    torch.cat(inputs) if layers else None, layers)
+    tensors = {"tokens": fs.tokens, "features": fs.features, "starts": fs.starts, "prompt_lens": fs.prompt_lens}
+    if layers:
+        tensors |= {"inputs": fs.inputs, "layers": torch.tensor(layers, dtype=torch.long)}
     out.parent.mkdir(parents=True, exist_ok=True)
     with atomic_path(out) as tmp:
-        save_file({"tokens": fs.tokens, "features": fs.features, "starts": fs.starts, "prompt_lens": fs.prompt_lens},
-                  str(tmp))
+        save_file(tensors, str(tmp))
     return fs
 
 

@@ -193,7 +193,10 @@ def manifest_path(out: Path) -> Path:
 
 
 def _settings_key(target_name: str, turn: UserTurn, config: MagpieConfig) -> str:
-    blob = json.dumps({"target": target_name, "prefix": turn.prefix, "config": asdict(config)}, sort_keys=True)
+    """What a raw row depends on: not `count` (request i is seeded with seed + i), so a run stopped
+    early can be finished with a smaller count, or a partial grown with a larger one."""
+    settings = {k: v for k, v in asdict(config).items() if k != "count"}
+    blob = json.dumps({"target": target_name, "prefix": turn.prefix, "config": settings}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 

@@ -50,6 +50,7 @@ def run_training(target, tokenizer, target_name: str, out: Path, config: TrainCo
     them, the figure that predicts what the engine sees (a split of the training prompts reads
     higher when they share templates)."""
     from specula.drafters.heads.file import HeadFile, save_head, target_record
+    from specula.drafters.heads.config import eagle3_layers
     from specula.drafters.heads.runtime import new_head
     from specula.models.base import FeatureModel
     from specula.paths import atomic_write_json, cache_dir
@@ -68,6 +69,8 @@ def run_training(target, tokenizer, target_name: str, out: Path, config: TrainCo
         raise ConfigError(f"{len(shared)} evaluation prompt(s) are also training prompts (e.g. {next(iter(shared))[:60]!r}); "
                           "held-out acceptance must come from prompts the head never trained on: pass other --eval-data")
     times = {}
+    layers = eagle3_layers(target.num_layers) if config.kind == "eagle3" else ()  # the depths an eagle3 head fuses
+    suffix = "" if not layers else "-layers" + "_".join(map(str, layers))  # features with inputs: their own file
 
     t = time.perf_counter()
     with _bar(len(prompts), "corpus (target answers)", quiet) as bar:
@@ -76,7 +79,8 @@ def run_training(target, tokenizer, target_name: str, out: Path, config: TrainCo
     times["corpus_seconds"] = round(time.perf_counter() - t, 1)
     t = time.perf_counter()
     with _bar(len(seqs), "features (target hidden states)", quiet) as bar:
-        fs = extract_features(target, seqs, cache_dir("training", f"features-{key}.safetensors"), progress=bar.update)
+        fs = extract_features(target, seqs, cache_dir("training", f"features-{key}{suffix}.safetensors"),
+                              progress=bar.update, layers=layers)
     times["features_seconds"] = round(time.perf_counter() - t, 1)
 
     eval_fs = None
@@ -86,7 +90,8 @@ def run_training(target, tokenizer, target_name: str, out: Path, config: TrainCo
         with _bar(len(eval_prompts), "evaluation answers (other source)", quiet) as bar:
             eval_seqs = generate_corpus(target, tokenizer, eval_prompts,
                                         cache_dir("training", f"corpus-{eval_key}.jsonl"), corpus, progress=bar.update)
-        eval_fs = extract_features(target, eval_seqs, cache_dir("training", f"features-{eval_key}.safetensors"))
+        eval_fs = extract_features(target, eval_seqs, cache_dir("training", f"features-{eval_key}{suffix}.safetensors"),
+                                   layers=layers)
         times["evaluation_data_seconds"] = round(time.perf_counter() - t, 1)
 
     d2t = draft_vocabulary(fs, config.draft_vocab, target.vocab_size, sorted(target.eos_token_ids))

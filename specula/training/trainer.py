@@ -29,7 +29,7 @@ from typing import Callable
 
 import torch
 
-from specula.drafters.heads.config import HeadKind
+from specula.drafters.heads.config import AUTOREGRESSIVE, HeadKind
 from specula.drafters.heads.losses import LossConfig, eagle_outputs, loss_of, offset_outputs
 from specula.drafters.heads.runtime import TrainedHead
 from specula.errors import ConfigError
@@ -41,7 +41,7 @@ class TrainConfig:
     """How a head is trained."""
 
     kind: HeadKind = "eagle"
-    """eagle, medusa or hydra."""
+    """eagle, eagle3, medusa or hydra."""
     draft_vocab: int = 8192
     """Size of the reduced draft vocabulary (the corpus's most frequent tokens)."""
     epochs: float = 4.0
@@ -106,20 +106,25 @@ def chunks(fs: FeatureSet, seqs: list[int], seq_len: int) -> list[tuple[int, int
 
 def batch(fs: FeatureSet, pieces: list[tuple[int, int, int]], embed: Callable) -> dict[str, torch.Tensor]:
     """Padded tensors: tokens [B, T + 1], feats [B, T + 1, E] (float32), emb [B, T + 1, E],
-    valid [B, T + 1] (row exists), output [B, T + 1] (row is the target's own answer)."""
+    valid [B, T + 1] (row exists), output [B, T + 1] (row is the target's own answer); with layer
+    features (eagle3) inputs [B, T + 1, k E] (float32)."""
     t1 = max(rows for _, _, rows in pieces)
     e = fs.features.shape[1]
     tokens = torch.zeros((len(pieces), t1), dtype=torch.long)
     feats = torch.zeros((len(pieces), t1, e))
     valid = torch.zeros((len(pieces), t1), dtype=torch.bool)
     output = torch.zeros((len(pieces), t1), dtype=torch.bool)
+    inputs = None if fs.inputs is None else torch.zeros((len(pieces), t1, fs.inputs.shape[1]))
     for b, (s, a, rows) in enumerate(pieces):
         toks, fe, plen = fs.sequence(s)
         tokens[b, :rows] = toks[a:a + rows]
         feats[b, :rows] = fe[a:a + rows].float()
         valid[b, :rows] = True
         output[b, :rows] = torch.arange(a, a + rows) >= plen
-    return {"tokens": tokens, "feats": feats, "emb": embed(tokens), "valid": valid, "output": output}
+        if inputs is not None:
+            inputs[b, :rows] = fs.layer_inputs(s)[a:a + rows].float()
+    out = {"tokens": tokens, "feats": feats, "emb": embed(tokens), "valid": valid, "output": output}
+    return out if inputs is None else out | {"inputs": inputs}
 
 
 def step_counts(fs: FeatureSet, cfg: TrainConfig) -> tuple[int, int]:
@@ -155,7 +160,7 @@ def acceptance_report(head: TrainedHead, fs: FeatureSet, seqs: list[int], cfg: T
         tok, out_mask = b["tokens"][0], b["output"][0]
         t = tok.shape[0] - 1  # pairs
         preds = torch.full((depth, t), -1, dtype=torch.long)  # preds[d - 1, c]: token for x_{c+d+1}
-        if head.kind == "eagle":
+        if head.kind in AUTOREGRESSIVE:
             for j, out in enumerate(eagle_outputs(head, b, min(depth, t), 0.0, None)):
                 idx = head.logits(out[0]).argmax(-1)  # [T]: row i of step j -> x_{i+2}, root pair i - j
                 preds[j, : t - j] = head.d2t[idx[j:]]

@@ -1,4 +1,4 @@
-"""Trained heads (`eagle`, `medusa`, `hydra`): greedy output equals plain greedy decoding on every
+"""Trained heads (`eagle`, `eagle3`, `medusa`, `hydra`): greedy output equals plain greedy decoding on every
 backend and in packed batches, sampled output follows the target's exact law, the drafting
 state computes exactly what training computes, and bad head files are refused in one line."""
 
@@ -22,7 +22,7 @@ from specula.models.native import NativeCausalLM, NativeDecoder, configure
 from specula.planner import CostCurve, HardwarePlanner
 from specula.sampling import SamplingParams
 
-KINDS = ("eagle", "medusa", "hydra")
+KINDS = ("eagle", "eagle3", "medusa", "hydra")
 FLAT = CostCurve((1, 2, 4, 8, 16, 32, 64), (1e-3,) * 7, 64)
 
 
@@ -87,8 +87,8 @@ def test_a_head_that_knows_the_target_is_accepted_and_batches_stay_exact(kind):
     from pathlib import Path
 
     with tempfile.TemporaryDirectory() as d:
-        fs = extract_features(target, corpus, Path(d) / "f.safetensors")
         head = new_head(kind, target, torch.arange(96), seed=0)
+        fs = extract_features(target, corpus, Path(d) / "f.safetensors", layers=head.config.feature_layers)
         train_head(head, fs, TrainConfig(kind=kind, epochs=60, seq_len=48, batch_size=4, holdout=0.0, lr=3e-3),
                    Path(d))
     dec = build_decoder(kind, target, None, head=head, planner=False)
@@ -100,8 +100,10 @@ def test_a_head_that_knows_the_target_is_accepted_and_batches_stay_exact(kind):
         assert s.stats.accepted_tokens > 0, kind
 
 
-def test_drafting_state_computes_what_training_computes():
-    """The eagle state's root row and depth-1/2 rows equal the training-time-test forward's."""
+@pytest.mark.parametrize("kind", ["eagle", "eagle3"])
+def test_drafting_state_computes_what_training_computes(kind):
+    """The eagle state's root row and depth-1/2 rows equal the training-time-test forward's (eagle3:
+    the state fuses the target's layer inputs as training does)."""
     from specula.training.corpus import CorpusEntry
     from specula.training.features import extract_features
     from specula.drafters.heads.losses import eagle_outputs
@@ -112,10 +114,13 @@ def test_drafting_state_computes_what_training_computes():
     model = tiny_model("llama", "eager", seed=3)
     target = native(model)
     seq = CorpusEntry("0", [5, 9, 22], reference_greedy(model, [5, 9, 22], 12))
+    head = new_head(kind, target, oracle_d2t(96), seed=5)
     with tempfile.TemporaryDirectory() as d:
-        fs = extract_features(target, [seq], Path(d) / "f.safetensors")
-    head = new_head("eagle", target, oracle_d2t(96), seed=5)
+        fs = extract_features(target, [seq], Path(d) / "f.safetensors", layers=head.config.feature_layers)
     toks, feats, _ = fs.sequence(0)
+    if kind == "eagle3":
+        assert fs.layers == head.config.feature_layers == (0, 1)
+        feats = fs.layer_inputs(0)  # [n, 2 E]: what the engine hands an eagle3 head
     outs = eagle_outputs(head, batch(fs, [(0, 0, 12)], head.embed), 3, 0.0, None)
     state = head.new_state()
     state.add_features(feats[:5].float())
@@ -140,7 +145,8 @@ def test_head_kv_buffer_grows_and_keeps_what_was_written():
     assert torch.equal(k, torch.cat([keys[:, :, :5], keys[:, :, 10:]], 2)) and v.shape[2] == 6
 
 
-def test_head_kv_cache_equals_a_from_scratch_forward_after_random_commits():
+@pytest.mark.parametrize("kind", ["eagle", "eagle3"])
+def test_head_kv_cache_equals_a_from_scratch_forward_after_random_commits(kind):
     """Steps of random trees and random commits: every drafted node's predicted feature equals a
     from-scratch causal head forward over the committed pairs and the node's own ancestor chain
     (the cache written by position holds exactly the committed prefix; scratch rows of rejected
@@ -150,12 +156,13 @@ def test_head_kv_cache_equals_a_from_scratch_forward_after_random_commits():
     rng = random.Random(11)
     text = [rng.randrange(2, 96) for _ in range(90)]
     seq = target.new_sequence()
-    _, feats = seq.prefill(text, logits="none", hidden=True)  # [90, E]: f_i after token x_i
-    seq.release()
     from specula.drafters.heads.eagle import KVBuffer
 
-    head = new_head("eagle", target, oracle_d2t(96), seed=9)
+    head = new_head(kind, target, oracle_d2t(96), seed=9)
+    _, feats = seq.prefill(text, logits="none", hidden=head.feature_request)  # [90, k E]: f_i after token x_i
+    seq.release()
     module = head.module
+    fused = module.fuse_features(feats)  # [90, E]: the feature each committed pair carries
 
     def scratch(chain_tokens: list[int], chain_feats: list[torch.Tensor]) -> torch.Tensor:
         """Causal forward over pairs (feature, next token) from position 0: the last row's output."""
@@ -171,7 +178,7 @@ def test_head_kv_cache_equals_a_from_scratch_forward_after_random_commits():
     with torch.inference_mode():
         while root < 80:
             state.begin(text[: root + 1])
-            committed_feats = [feats[i] for i in range(root)]  # f_0 .. f_{root-1}
+            committed_feats = [fused[i] for i in range(root)]  # f_0 .. f_{root-1}
             committed_toks = text[1: root + 1]  # x_1 .. x_root
             assert torch.allclose(state.last, scratch(committed_toks, committed_feats), atol=1e-5)
             parents: list[int] = []
@@ -215,7 +222,7 @@ def law_model():
 
 
 @pytest.mark.parametrize("kind,sampling", [("eagle", "deterministic"), ("eagle", "iid"), ("hydra", "without_replacement"),
-                                           ("medusa", "iid")])
+                                           ("medusa", "iid"), ("eagle3", "iid")])
 def test_sampled_output_follows_the_target_law(law_model, kind, sampling):
     target = HFCausalLM(law_model, "target")
     head = new_head(kind, target, torch.tensor([0, 1, 2, 3, 5, 6]), seed=2)  # q is 0 on tokens 4 and 7
@@ -326,3 +333,33 @@ def test_shipped_heads_install_checked_by_sha256(saved, tmp_path, monkeypatch):
     with pytest.raises(HeadFileError, match="sha256"):
         shipped.install_heads("smollm2-135m")
     assert not installed.exists()
+
+
+def test_an_eagle3_head_file_keeps_its_feature_layers(tmp_path):
+    model = tiny_model("llama", "eager", seed=4, layers=4)
+    target = native(model)
+    head = new_head("eagle3", target, oracle_d2t(96), seed=1)
+    assert head.config.feature_layers == (1, 2) and head.feature_request == (1, 2)
+    path = save_head(tmp_path / "eagle3.safetensors",
+                     HeadFile(head.config, head.module.state_dict(), head.d2t, target_record(target, "tiny")))
+    loaded = load_head(path, target, "tiny", torch.float32)
+    assert loaded.config == head.config
+    for name, tensor in head.module.state_dict().items():
+        assert torch.equal(loaded.module.state_dict()[name], tensor)
+
+
+def test_eagle3_refuses_online_distillation_and_mixed_feature_requests():
+    from specula.engine import feature_request
+    from specula.errors import ConfigError
+
+    model = tiny_model("llama", "eager", seed=4)
+    target = native(model)
+    eagle3 = new_head("eagle3", target, oracle_d2t(96), seed=1)
+    with pytest.raises(ConfigError, match="drop --online-distill"):
+        build_decoder("eagle3", target, None, head=eagle3, planner=False, online_distill=True)
+    eagle = new_head("eagle", target, oracle_d2t(96), seed=1)
+    drafters = [build_decoder(k, target, None, head=h, planner=False).drafters[0]
+                for k, h in (("eagle", eagle), ("eagle3", eagle3))]
+    assert feature_request(drafters[:1]) is True and feature_request(drafters[1:]) == (0, 1)
+    with pytest.raises(ConfigError, match="different target features"):
+        feature_request(drafters)

@@ -15,8 +15,8 @@ from specula.models.hf import HFCausalLM
 from specula.models.native import NativeCausalLM, NativeDecoder, configure
 
 
-def _backend(kind: str, arch: str, tie: bool = False):
-    model = tiny_model(arch, "eager", seed=3)
+def _backend(kind: str, arch: str, tie: bool = False, layers: int = 2):
+    model = tiny_model(arch, "eager", seed=3, layers=layers)
     if tie:
         model.config.tie_word_embeddings = True
         model.lm_head.weight = model.model.embed_tokens.weight
@@ -81,3 +81,54 @@ def test_packed_pass_returns_each_sequences_hidden_states():
         alone.append(seq.forward_tree(root, tree, hidden=True))
     for (pl, ph), (al, ah) in zip(packed, alone):
         assert torch.allclose(ph, ah, atol=1e-5) and torch.allclose(pl, al, atol=1e-4)
+
+
+@pytest.mark.parametrize("kind", ["native", "hf"])
+def test_layer_features_are_the_inputs_of_those_layers(kind):
+    """A tuple request (EAGLE-3's features) returns the residual stream entering each named layer,
+    concatenated in the order asked (N = the final-normed state), on prefill, trees and packed
+    batches: what a causal Hugging Face forward gives as hidden_states[i]."""
+    backend, model = _backend(kind, "llama", layers=4)
+    assert backend.num_layers == 4
+    layers = (3, 0, 4, 2)
+    rng = random.Random(5)
+    vocab = model.config.vocab_size
+    prompt = [rng.randrange(2, vocab) for _ in range(8)]
+
+    def reference(ids):  # [len(ids), 4 E]
+        with torch.no_grad():
+            states = model(torch.tensor([ids]), output_hidden_states=True).hidden_states
+        return torch.cat([states[i][0] for i in layers], -1)
+
+    seq = backend.new_sequence()
+    logits, feats = seq.prefill(prompt[:-1], logits="all", hidden=layers)
+    assert feats.shape == (7, 4 * backend.hidden_size)
+    assert torch.allclose(feats, reference(prompt[:-1]), atol=1e-4)
+    e = backend.hidden_size
+    final = feats[:, 2 * e: 3 * e]  # layer 4 = the final-normed state: it gives the logits
+    assert torch.allclose(final.float() @ backend.output_rows(torch.arange(vocab)).t().float(), logits, atol=1e-4)
+    tree = random_tree(rng, 6, vocab)
+    _, feats = seq.forward_tree(prompt[-1], tree, hidden=layers)
+    for i in range(len(tree)):
+        path = [prompt[-1], *tree.tokens_of(tree.path_to(i))]
+        assert torch.allclose(feats[i + 1], reference(prompt[:-1] + path)[-1], atol=1e-4)
+    seq.commit([])
+    empty = backend.new_sequence().prefill([], logits="none", hidden=layers)[1]
+    assert empty.shape == (0, 4 * e)
+    if kind == "native":
+        other = backend.new_sequence()
+        other.prefill(prompt[:5], logits="none")
+        tree2 = random_tree(rng, 3, vocab)
+        seq.crop(len(seq.tokens))
+        packed = forward_trees(backend, [(seq, 7, tree), (other, 9, tree2)], hidden=layers)
+        for (s, root, t), (_, f) in zip([(seq, 7, tree), (other, 9, tree2)], packed):
+            ref = reference([*s.tokens, root])[-1]
+            assert torch.allclose(f[0], ref, atol=1e-4)
+
+
+def test_a_layer_the_model_lacks_is_refused_by_name():
+    from specula.errors import ConfigError
+
+    backend, _ = _backend("native", "llama")
+    with pytest.raises(ConfigError, match="layers \\[0, 5\\].*0..2"):
+        backend.new_sequence().prefill([3, 4], logits="none", hidden=(0, 5))

@@ -123,6 +123,20 @@ def test_synthesise_writes_prompts_and_manifest_and_resumes_to_the_same_file(tin
     synthesise(tiny_target, chatml_tokenizer, "tiny", resumed, config, LOOSE)
     assert resumed.read_text() == out.read_text()
 
+    # a run of 10 stopped after 3, finished with a count of 6: the first 6 requests of the full run
+    from dataclasses import replace
+
+    smaller = tmp_path / "d" / "prompts.jsonl"
+    smaller.parent.mkdir()
+    seen.clear()
+    with pytest.raises(KeyboardInterrupt):
+        generate_user_turns(tiny_target, chatml_tokenizer, turn, smaller.with_name("prompts.jsonl.partial"), config,
+                            _settings_key("tiny", turn, config), stop_after_three)
+    part = synthesise(tiny_target, chatml_tokenizer, "tiny", smaller, replace(config, count=6), LOOSE)
+    assert part["sources"][0]["generated"] == 6
+    assert smaller.read_text().splitlines() == [line for line in out.read_text().splitlines()
+                                                if json.loads(line)["id"] < "m000006"]
+
     with pytest.raises(ConfigError, match="exists"):
         synthesise(tiny_target, chatml_tokenizer, "tiny", out, config, LOOSE)
     other = tmp_path / "c" / "p.jsonl"

@@ -32,12 +32,28 @@ def setup(tmp_path_factory):
         p = [rng.randrange(2, 96) for _ in range(6)]
         corpus.append(CorpusEntry(str(i), p, reference_greedy(model, p, 30)))
     fs = extract_features(target, corpus, tmp_path_factory.mktemp("f") / "f.safetensors")
-    return target, fs
+    layered = extract_features(target, corpus, tmp_path_factory.mktemp("f") / "f.safetensors", layers=(0, 1))
+    return target, fs, layered
 
 
-@pytest.mark.parametrize("kind", ["eagle", "medusa", "hydra"])
+def test_layer_features_are_cached_with_the_last_state(setup, tmp_path):
+    """eagle3's features: the inputs of its layers next to the final-normed state (the distilled
+    distribution), the same final state as a plain extraction, and read back from the cache."""
+    target, fs, layered = setup
+    assert layered.layers == (0, 1) and layered.inputs.shape == (len(fs.tokens), 2 * target.hidden_size)
+    assert torch.equal(layered.features, fs.features) and torch.equal(layered.tokens, fs.tokens)
+    path = tmp_path / "f.safetensors"
+    first = extract_features(target, [CorpusEntry("a", [5, 6, 7], [8, 9])], path, layers=(0, 1))
+    cached = extract_features(target, [], path, layers=(0, 1))  # read back, not recomputed
+    assert cached.layers == (0, 1) and torch.equal(cached.inputs, first.inputs) and cached.inputs.shape == (5, 64)
+    emb = target.embed_tokens(fs.tokens[:5])  # layer 0's input is the token embedding
+    assert torch.allclose(layered.inputs[:5, : target.hidden_size].float(), emb.float(), atol=1e-2)
+
+
+@pytest.mark.parametrize("kind", ["eagle", "eagle3", "medusa", "hydra"])
 def test_a_training_step_lowers_the_loss(setup, kind):
-    target, fs = setup
+    target, plain, layered = setup
+    fs = layered if kind == "eagle3" else plain
     head = new_head(kind, target, draft_vocabulary(fs, 48, 96), seed=0)
     cfg = loss_config(TrainConfig(kind=kind, seq_len=32, noise=0.0))
     b = batch(fs, chunks(fs, list(range(4)), 32)[:4], head.embed)
@@ -59,7 +75,7 @@ def _train(target, fs, out: Path, cfg: TrainConfig, max_seconds=None):
 
 
 def test_training_is_deterministic_and_resumes_to_the_same_weights(setup, tmp_path):
-    target, fs = setup
+    target, fs, _ = setup
     cfg = TrainConfig(kind="eagle", epochs=3, seq_len=16, batch_size=3, checkpoint_every=2, holdout=0.2)
     a, rec_a = _train(target, fs, tmp_path / "a", cfg)
     b, rec_b = _train(target, fs, tmp_path / "b", cfg)
@@ -78,7 +94,7 @@ def test_training_is_deterministic_and_resumes_to_the_same_weights(setup, tmp_pa
 
 
 def test_held_out_split_and_vocabulary(setup):
-    _, fs = setup
+    _, fs, _ = setup
     train, held = split(fs, 0.2, 0)
     assert sorted(train + held) == list(range(len(fs))) and len(held) == 2
     d2t = draft_vocabulary(fs, 20, 96, always=[1])
@@ -133,3 +149,32 @@ def test_train_command_writes_a_head_that_generate_uses(tmp_path, monkeypatch, t
     assert code == 0
     ids = list(tiny_tokenizer.encode("w5 w9 w13"))
     assert payload["token_ids"] == reference_greedy(model, ids, 12)
+
+
+def test_train_command_trains_an_eagle3_head_that_generate_uses(tmp_path, monkeypatch, tiny_tokenizer, capsys):
+    """`--kind eagle3`: features of EAGLE-3's depths (on a 4-layer model: the inputs of layers 1, 2
+    and 2 -> 1, 2), a head file that records them, and `--method eagle3` output = plain greedy."""
+    from specula.cli import main
+    from specula.drafters.heads.file import read_head
+
+    monkeypatch.setenv("SPECULA_CACHE", str(tmp_path / "cache"))
+    path = tmp_path / "tiny4"
+    tiny_tokenizer.save_pretrained(path)
+    model = tiny_model("llama", seed=3, layers=4)
+    model.save_pretrained(path)
+    data = tmp_path / "prompts.jsonl"
+    data.write_text("".join(json.dumps({"prompt": " ".join(f"w{(i * 5 + k) % 90 + 2}" for k in range(5))}) + "\n"
+                            for i in range(6)))
+    code = main(["train", "--target", str(path), "--kind", "eagle3", "--data", str(data), "--out", str(tmp_path / "h"),
+                 "--epochs", "2", "--draft-vocab", "64", "--max-new-tokens", "16", "--seq-len", "16", "--quiet",
+                 "--eval-data"])
+    assert code == 0
+    head = read_head(tmp_path / "h" / "eagle3.safetensors")
+    assert head.config.kind == "eagle3" and head.config.feature_layers == (1, 2)
+    assert any(p.name.endswith("-layers1_2.safetensors") for p in (tmp_path / "cache" / "training").iterdir())
+    capsys.readouterr()
+    code = main(["generate", "--target", str(path), "--method", "eagle3", "--head", str(tmp_path / "h" / "eagle3.safetensors"),
+                 "--prompt", "w5 w9 w13", "--raw", "--max-new-tokens", "12", "--ignore-eos", "--json"])
+    payload = json.loads(capsys.readouterr().out)
+    assert code == 0
+    assert payload["token_ids"] == reference_greedy(model, list(tiny_tokenizer.encode("w5 w9 w13")), 12)

@@ -7,6 +7,16 @@ post-attention norm kept; there is no final norm: the output is a predicted *fin
 feature and the target's own output head turns it into logits. Pair i of a sequence is
 (feature f_i, token x_{i+1}) at position i; its output predicts f_{i+1}, hence x_{i+2}.
 
+EAGLE-3 (`eagle3`, after SafeAILab/EAGLE `eagle/traineagle3/cnets.py` and SpecForge's
+`LlamaForCausalLMEagle3`): the feature is the target's inputs of three layers (low, middle,
+high), concatenated and fused by `fuse` (3E -> E, no bias); embedding and feature are RMS-normed
+before `fc` (its input_layernorm and hidden_norm); the layer's output is no longer a
+predicted target feature (no feature regression): it is RMS-normed (`final_norm`) before the
+output head, and fed back un-normed as the feature of the next draft level. Our choices against
+the official head: the same `fc` over [embedding ; feature] instead of its input norms and
+2E-wide attention input, and the target's own output rows of the draft vocabulary instead of a
+trained output layer (a head file stays small: no [V_draft, E] matrix stored).
+
 The target's embedding and output head are shared, frozen, and not stored in the head file; the
 head keeps the output rows of its draft vocabulary (`lm_rows`, [V_draft, E], from the target at
 load time). One `forward` serves training (batch, causal or training-time-test masks) and drafting
@@ -75,6 +85,11 @@ class EagleHead(nn.Module):
         self.post_norm = nn.Parameter(torch.ones(e))
         self.w_gate_up = nn.Linear(e, 2 * cfg.intermediate_size, bias=False)
         self.w_down = nn.Linear(cfg.intermediate_size, e, bias=False)
+        if cfg.feature_layers:  # eagle3
+            self.fuse = nn.Linear(len(cfg.feature_layers) * e, e, bias=False)
+            self.embed_norm = nn.Parameter(torch.ones(e))  # EAGLE-3's input_layernorm
+            self.feature_norm = nn.Parameter(torch.ones(e))  # EAGLE-3's hidden_norm
+            self.final_norm = nn.Parameter(torch.ones(e))
         inv = 1.0 / (cfg.rope_theta ** (torch.arange(0, d, 2, dtype=torch.float32) / d))
         self.register_buffer("inv_freq", inv, persistent=False)  # [D / 2]
 
@@ -89,6 +104,22 @@ class EagleHead(nn.Module):
             e = self.cfg.hidden_size
             self.fc.weight[:, e:] += torch.eye(e)
             self.post_norm.fill_(1.0)
+            if self.cfg.feature_layers:
+                k = len(self.cfg.feature_layers)  # fuse starts as the mean of the layers' inputs
+                self.fuse.weight.copy_(torch.eye(e).repeat(1, k) / k)
+                self.fuse.weight.add_(torch.randn(self.fuse.weight.shape, generator=generator) * 0.02)
+                for norm in (self.embed_norm, self.feature_norm, self.final_norm):
+                    norm.fill_(1.0)
+
+    def fuse_features(self, inputs: torch.Tensor) -> torch.Tensor:
+        """eagle3: the target's layer inputs [..., k E] -> the feature [..., E] (identity for eagle,
+        whose feature is the target's final-normed state itself)."""
+        return self.fuse(inputs) if self.cfg.feature_layers else inputs
+
+    def output_states(self, out: torch.Tensor) -> torch.Tensor:
+        """The head's output [..., E] -> the state the output head reads: RMS-normed for eagle3, as
+        is for eagle (its output already predicts a final-normed feature)."""
+        return rms_norm(out, self.final_norm, self.cfg.rms_norm_eps) if self.cfg.feature_layers else out
 
     def forward(self, emb: torch.Tensor, feat: torch.Tensor, positions: torch.Tensor, past: KV | None = None,
                 mask: torch.Tensor | None = None, cache: KVBuffer | None = None, at: int = 0
@@ -102,6 +133,9 @@ class EagleHead(nn.Module):
         cfg = self.cfg
         b, t, _ = emb.shape
         h, g, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        if cfg.feature_layers:  # eagle3: both inputs normed (fused target features and the head's own outputs)
+            emb = rms_norm(emb, self.embed_norm, cfg.rms_norm_eps)
+            feat = rms_norm(feat, self.feature_norm, cfg.rms_norm_eps)
         x = self.fc(torch.cat([emb, feat], dim=-1))  # [B, T, E]
         qkv = self.wqkv(x)  # [B, T, (H + 2G) D]
         q, k, v = qkv.split([h * d, g * d, g * d], dim=-1)

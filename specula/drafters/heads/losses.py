@@ -6,7 +6,12 @@ EAGLE-3 restricts the target's logits). EAGLE adds EAGLE-1's smooth-L1 feature r
 EAGLE-3's training-time test (`ttt_mask`, `eagle_outputs`); Medusa / Hydra heads learn each
 offset (`offset_outputs`).
 
-A batch is a dict of padded tensors: tokens [B, T + 1] long, feats [B, T + 1, E], emb
+EAGLE-3 (`eagle3`) reads the target's layer inputs (`inputs`, fused by the head) and has no
+feature regression: its output is not a target feature.
+
+A batch is a dict of padded tensors: tokens [B, T + 1] long, feats [B, T + 1, E] (the target's
+final-normed features: the distributions distilled, and the input of eagle / medusa / hydra),
+inputs [B, T + 1, k E] (eagle3 only: the target's inputs of its feature layers), emb
 [B, T + 1, E], valid [B, T + 1] bool (the row exists).
 """
 
@@ -17,6 +22,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from specula.drafters.heads.config import AUTOREGRESSIVE
 from specula.drafters.heads.runtime import TrainedHead
 
 
@@ -55,13 +61,15 @@ def soft_ce(logits: torch.Tensor, p: torch.Tensor, mask: torch.Tensor) -> torch.
 
 def eagle_outputs(head: TrainedHead, b: dict, steps: int, noise: float, gen: torch.Generator | None
                   ) -> list[torch.Tensor]:
-    """Predicted features [B, T, E] of each training-time-test step (step 0: teacher forcing)."""
+    """The head's outputs [B, T, E] of each training-time-test step (step 0: teacher forcing); the
+    input feature of pair i is f_i (eagle) or the fusion of the target's layer inputs at i (eagle3)."""
     module = head.module
-    emb, feats = b["emb"][:, 1:], b["feats"][:, :-1]  # pair i = (f_i, x_{i+1})
+    eagle3 = head.kind == "eagle3"
+    emb, feats = b["emb"][:, 1:], b["inputs" if eagle3 else "feats"][:, :-1]  # pair i = (f_i, x_{i+1})
     bsz, t, _ = emb.shape
-    if noise > 0 and gen is not None:
+    if noise > 0 and gen is not None and not eagle3:  # EAGLE-1's noise; EAGLE-3 has none
         feats = feats + (torch.rand(feats.shape, generator=gen) - 0.5) * 2 * noise
-    feats = feats.to(head.dtype)  # a drafting head may be bfloat16 (`runtime.drafting_dtype`)
+    feats = module.fuse_features(feats.to(head.dtype))  # a drafting head may be bfloat16 (`runtime.drafting_dtype`)
     pos = torch.arange(t)[None].expand(bsz, t)
     outs, keys, values = [], None, None
     inp = feats
@@ -78,23 +86,22 @@ def eagle_outputs(head: TrainedHead, b: dict, steps: int, noise: float, gen: tor
 def loss_of(head: TrainedHead, b: dict, cfg: LossConfig, gen: torch.Generator | None) -> torch.Tensor:
     """The batch's loss (see the module docstring); `gen` draws the feature noise (None: none)."""
     feats, valid = b["feats"], b["valid"]
-    if head.kind == "eagle":
+    if head.kind in AUTOREGRESSIVE:
         target = feats[:, 1:]  # [B, T, E]: f_{i+1}
-        p = torch.softmax(head.logits(target), -1)  # [B, T, V_draft]
-        noise = cfg.noise
+        p = torch.softmax(head.target_logits(target), -1)  # [B, T, V_draft]
         total = torch.zeros(())
-        for j, out in enumerate(eagle_outputs(head, b, cfg.ttt_steps, noise, gen)):
+        for j, out in enumerate(eagle_outputs(head, b, cfg.ttt_steps, cfg.noise, gen)):
             mask = valid[:, 1:].clone()
             mask[:, :j] = False
             loss = soft_ce(head.logits(out), p, mask)
-            if cfg.feature_loss > 0:
+            if cfg.feature_loss > 0 and head.kind == "eagle":
                 l1 = F.smooth_l1_loss(out, target, reduction="none").mean(-1)
                 loss = loss + cfg.feature_loss * (l1 * mask).sum() / mask.sum().clamp_min(1)
             total = total + cfg.ttt_decay ** j * loss
         return total
     total = torch.zeros(())
     for k, out, mask in offset_outputs(head, b):
-        p = torch.softmax(head.logits(feats[:, 1 + k:]), -1)
+        p = torch.softmax(head.target_logits(feats[:, 1 + k:]), -1)
         total = total + soft_ce(head.logits(out), p, mask)
     return total
 

@@ -19,13 +19,13 @@ from typing import Sequence
 
 import torch
 
-from specula.drafters.heads.config import HeadConfig
+from specula.drafters.heads.config import HeadConfig, eagle3_layers
 from specula.drafters.heads.eagle import EagleHead, KVBuffer
 from specula.drafters.heads.file import HeadFile, check_target, read_head
 from specula.drafters.heads.medusa import HydraHeads, MedusaHeads
 from specula.errors import HeadFileError
 
-MODULES = {"eagle": EagleHead, "medusa": MedusaHeads, "hydra": HydraHeads}
+MODULES = {"eagle": EagleHead, "eagle3": EagleHead, "medusa": MedusaHeads, "hydra": HydraHeads}
 
 
 def build_module(config: HeadConfig) -> torch.nn.Module:
@@ -54,8 +54,21 @@ class TrainedHead:
         params = sum(p.numel() * p.element_size() for p in self.module.parameters())
         return params + self.lm_rows.numel() * self.lm_rows.element_size()
 
-    def logits(self, feat: torch.Tensor) -> torch.Tensor:
-        """[..., E] -> [..., V_draft] float32."""
+    @property
+    def feature_request(self):
+        """What it reads from the target's passes (`models.base.FeatureRequest`): the inputs of its
+        feature layers (eagle3), else the last hidden state (True)."""
+        return self.config.feature_layers or True
+
+    def logits(self, out: torch.Tensor) -> torch.Tensor:
+        """The head's output [..., E] -> logits [..., V_draft] float32 (eagle3 norms it first)."""
+        if self.kind == "eagle3":
+            out = self.module.output_states(out)
+        return self.target_logits(out)
+
+    def target_logits(self, feat: torch.Tensor) -> torch.Tensor:
+        """A final-normed target feature [..., E] -> the target's logits over the draft vocabulary
+        [..., V_draft] float32 (what the losses distil)."""
         return (feat.to(self.dtype) @ self.lm_rows.t()).float()
 
     def embed(self, ids: Sequence[int] | torch.Tensor) -> torch.Tensor:
@@ -70,7 +83,7 @@ class TrainedHead:
         return self.d2t[list(indices)].tolist()
 
     def new_state(self) -> "HeadState":
-        return {"eagle": EagleState, "medusa": MedusaState, "hydra": HydraState}[self.kind](self)
+        return {"eagle": EagleState, "eagle3": EagleState, "medusa": MedusaState, "hydra": HydraState}[self.kind](self)
 
 
 def drafting_dtype(device: torch.device | str) -> torch.dtype:
@@ -119,7 +132,8 @@ class HeadState:
         return self.start + len(self.pending)
 
     def add_features(self, hidden: torch.Tensor) -> None:
-        """hidden [m, E]: features of the next m committed positions."""
+        """hidden [m, E] (eagle3: [m, k E], the layer inputs it fuses): features of the next m
+        committed positions."""
         rows = hidden.to(self.head.dtype).unbind(0)
         self.pending.extend(rows)
         if self.history is not None:
@@ -185,7 +199,7 @@ class EagleState(HeadState):
         new = root_pos - self.fed  # pairs fed..root_pos - 1
         if new > 0:
             assert self.start == self.fed
-            feats = torch.stack(self.pending[:new])[None]  # [1, new, E]
+            feats = self.head.module.fuse_features(torch.stack(self.pending[:new]))[None]  # [1, new, E]
             emb = self.head.embed(tokens[self.fed + 1: root_pos + 1])[None]  # [1, new, E]
             pos = torch.arange(self.fed, root_pos)[None]
             out, _ = self.head.module(emb, feats, pos, cache=self.cache, at=self.fed)
@@ -271,10 +285,13 @@ class HydraState(HeadState):
 
 def head_config(kind: str, target, draft_vocab: int, num_offsets: int = 4) -> HeadConfig:
     """The default shape of a new head for `target`: an eagle layer of 64-wide heads (a quarter of
-    the width on tiny models) and an MLP of 8/3 E (Llama's ratio); Medusa / Hydra: `num_offsets`."""
+    the width on tiny models) and an MLP of 8/3 E (Llama's ratio); eagle3 reads EAGLE-3's three
+    depths (`eagle3_layers`); Medusa / Hydra: `num_offsets`."""
     e = int(target.hidden_size)
     d = 64 if e % 64 == 0 else max(2, e // 4)
+    layers = eagle3_layers(int(target.num_layers)) if kind == "eagle3" else ()
     return HeadConfig(kind=kind, hidden_size=e, target_vocab=int(target.vocab_size), draft_vocab=draft_vocab,
+                      feature_layers=layers,
                       num_heads=e // d, num_kv_heads=e // d, head_dim=d,
                       intermediate_size=max(1, round(8 * e / 3 / 64) * 64 if e >= 96 else 2 * e),
                       num_offsets=num_offsets)

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from specula.errors import ConfigError
-from specula.models.base import LogitsMode, SubLayer, guarantee_of
+from specula.models.base import FeatureRequest, LogitsMode, SubLayer, feature_layers, guarantee_of
 from specula.models.cost_key import cost_key_of
 from specula.models.linears import quantization_of
 from specula.models.native.cache import KVCache
@@ -164,17 +164,19 @@ class NativeCausalLM:
 
     def run(self, seq: "NativeSequence", ids: Sequence[int], positions: torch.Tensor, mask: torch.Tensor | None,
             logit_rows: slice | None, prefill: bool = False, *, start: int | None = None,
-            skip: frozenset = frozenset(), trace: dict | None = None, hidden: bool = False,
+            skip: frozenset = frozenset(), trace: dict | None = None, hidden: FeatureRequest = False,
             prefix: int | None = None) -> Any:
         """Run rows `ids` of one sequence at `positions` ([n] long) from slot `start` (default
         seq.slots) with an attention `mask` ([n, start + n] bool, None for one row), sub-layers
-        `skip` skipped; logits [rows, V] or None (with `hidden`: (logits, hidden states [n, E])).
-        `prefix` (default: the committed tokens): slots every row sees (mask[:, :prefix] is all
-        True), which the graph path needs to know."""
+        `skip` skipped; logits [rows, V] or None (with `hidden`, a `FeatureRequest`: (logits,
+        features [n, k E])). `prefix` (default: the committed tokens): slots every row sees
+        (mask[:, :prefix] is all True), which the graph path needs to know. Features of inner
+        layers run eagerly (the graph path returns the final states only)."""
         n = len(ids)
         start = seq.slots if start is None else start
-        states = None
-        if self.graphs is not None and not skip and trace is None:
+        taps = self._taps(hidden)
+        states = features = None
+        if self.graphs is not None and not skip and trace is None and not taps:
             if mask is None:  # one row that sees every slot up to its own
                 prefix, local = start, np.ones((1, 1), dtype=bool)
             else:
@@ -185,10 +187,20 @@ class NativeCausalLM:
             seq.cache.reserve(start + n, start)
             tokens = torch.tensor(list(ids), dtype=torch.long, device=self.device)  # [n]
             mask = None if mask is None else mask.to(self.device)
-            states = self.decoder(tokens, positions.to(self.device),
-                                  [Segment(seq.cache, start, slice(0, n), mask, prefill)], skip=skip, trace=trace)  # [n, E]
+            out = self.decoder(tokens, positions.to(self.device),
+                               [Segment(seq.cache, start, slice(0, n), mask, prefill)], skip=skip, trace=trace,
+                               taps=taps)
+            states, features = out if taps else (out, None)  # [n, E], [n, k E]
         logits = None if logit_rows is None else self.decoder.logits(states[logit_rows])
-        return (logits, states) if hidden else logits
+        return (logits, states if features is None else features) if hidden else logits
+
+    def _taps(self, hidden: FeatureRequest) -> tuple[int, ...]:
+        """The layers a pass must tap for `hidden`: () when only the final states are wanted (the
+        pass returns them anyway)."""
+        if not hidden:
+            return ()
+        layers = feature_layers(hidden, self.config.num_layers)
+        return () if layers == (self.config.num_layers,) else layers
 
     def _graph_pass(self, seq: "NativeSequence", ids: Sequence[int], positions: Any, start: int, prefix: int,
                     local: Any) -> torch.Tensor | None:
@@ -202,7 +214,8 @@ class NativeCausalLM:
             return None
         return graphs.run(seq.cache, shape, ids, positions, start, prefix, local)
 
-    def forward_trees(self, items: Sequence[tuple["NativeSequence", int, TokenTree]], hidden: bool = False) -> list:
+    def forward_trees(self, items: Sequence[tuple["NativeSequence", int, TokenTree]],
+                      hidden: FeatureRequest = False) -> list:
         """Several sequences' trees in one pass (`BatchedTargetModel`): each sequence's handshake
         (`TreeSequence.begin_tree` before, `set_pending` after) around `tree_pass`."""
         for seq, _, _ in items:
@@ -215,12 +228,14 @@ class NativeCausalLM:
             seq.set_pending(root, tree)
         return out
 
-    def tree_pass(self, items: Sequence[tuple["NativeSequence", int, TokenTree]], hidden: bool = False) -> list:
+    def tree_pass(self, items: Sequence[tuple["NativeSequence", int, TokenTree]], hidden: FeatureRequest = False
+                  ) -> list:
         """The pass of `forward_trees` (handshake done by the caller): rows packed sequence after
         sequence, one `Segment` each (its own cache, start slot and tree mask); logits split back
-        (with `hidden`: (logits, hidden states) per sequence). One sequence runs on the graph path
-        where it is on; packed passes of several run eagerly."""
-        if len(items) == 1 and self.graphs is not None:
+        (with `hidden`: (logits, features) per sequence). One sequence runs on the graph path
+        where it is on (final states only); packed passes of several run eagerly."""
+        taps = self._taps(hidden)
+        if len(items) == 1 and self.graphs is not None and not taps:
             out = self._graph_tree(*items[0], hidden=hidden)
             if out is not None:
                 return [out]
@@ -235,13 +250,14 @@ class NativeCausalLM:
             segments.append(Segment(seq.cache, start, slice(first, len(tokens)), mask))
             bounds.append((first, len(tokens)))
         ids = torch.tensor(tokens, dtype=torch.long, device=self.device)  # [T]
-        states = self.decoder(ids, torch.cat(positions).to(self.device), segments)  # [T, E]
+        out = self.decoder(ids, torch.cat(positions).to(self.device), segments, taps=taps)
+        states, features = out if taps else (out, out)  # [T, E], [T, k E]
         logits = self.decoder.logits(states)  # [T, V]
         if hidden:
-            return [(logits[a:b], states[a:b]) for a, b in bounds]
+            return [(logits[a:b], features[a:b]) for a, b in bounds]
         return [logits[a:b] for a, b in bounds]
 
-    def _graph_tree(self, seq: "NativeSequence", root: int, tree: TokenTree, hidden: bool) -> Any:
+    def _graph_tree(self, seq: "NativeSequence", root: int, tree: TokenTree, hidden: FeatureRequest) -> Any:
         """One sequence's tree on the graph path (the mask's local block built directly), or None."""
         start = len(seq.tokens)
         n = len(tree) + 1
@@ -294,7 +310,7 @@ class NativeSequence(TreeSequence):
         """Slots in use: the committed tokens (+ the pending tree's rows while one is pending)."""
         return len(self._tokens) + (len(self._pending[1]) + 1 if self._pending is not None else 0)
 
-    def _prefill_rows(self, ids: list[int], logits: LogitsMode, hidden: bool) -> Any:
+    def _prefill_rows(self, ids: list[int], logits: LogitsMode, hidden: FeatureRequest) -> Any:
         start, n = len(self._tokens), len(ids)
         positions = torch.arange(start, start + n)
         mask = None if n == 1 else causal_mask(start, n)
@@ -305,7 +321,7 @@ class NativeSequence(TreeSequence):
             out = out[0]
         return (out, states) if hidden else out
 
-    def _tree_rows(self, root: int, tree: TokenTree, hidden: bool) -> Any:
+    def _tree_rows(self, root: int, tree: TokenTree, hidden: FeatureRequest) -> Any:
         return self.backend.tree_pass([(self, root, tree)], hidden=hidden)[0]
 
     def _grow_rows(self, root: int, tree: TokenTree, first: int) -> torch.Tensor:

@@ -21,7 +21,7 @@ Shapes: T rows in a pass, H query heads, G KV heads, D head dim, E hidden size, 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable, Sequence
+from typing import Any, Iterable, Sequence
 
 import torch
 from torch import nn
@@ -196,23 +196,29 @@ class NativeDecoder(nn.Module):
 
     @torch.inference_mode()
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, segments: Sequence[Segment],
-                skip: Iterable[tuple[int, str]] = (), trace: dict[tuple[int, str], float] | None = None
-                ) -> torch.Tensor:
-        """tokens, positions: [T] long; returns the final-normed hidden states [T, E].
+                skip: Iterable[tuple[int, str]] = (), trace: dict[tuple[int, str], float] | None = None,
+                taps: Sequence[int] = ()) -> Any:
+        """tokens, positions: [T] long; returns the final-normed hidden states [T, E], or with `taps`
+        (layer indices 0 .. N, N = the final-normed state; `models.base.FeatureRequest`)
+        (final-normed states [T, E], the residual stream entering each tapped layer, concatenated in
+        `taps` order [T, len(taps) E]).
 
         `trace`, if given, receives for every sub-layer run its change of direction of the residual
         stream, mean over rows of 1 - cos(x, x + delta): near 0 for a sub-layer that barely turns
         the stream (a good one to skip when drafting)."""
         with sdpa_without_cudnn(tokens.device):
-            return self._forward(tokens, positions, segments, frozenset(skip), trace)
+            return self._forward(tokens, positions, segments, frozenset(skip), trace, tuple(taps))
 
-    def _forward(self, tokens, positions, segments, skip, trace) -> torch.Tensor:
+    def _forward(self, tokens, positions, segments, skip, trace, taps) -> Any:
         cfg, ops = self.cfg, self.ops
         eps = cfg.rms_norm_eps
         x = self.embed(tokens)  # [T, E]
         cos, sin = self.rope(positions)
         delta = None  # the last sub-layer's output, not yet added to the residual stream
+        tapped: dict[int, torch.Tensor] = {}  # layer -> its input [T, E] (copies: add_norm may write x in place)
         for index, layer in enumerate(self.layers):
+            if index in taps:
+                tapped[index] = (x if delta is None else x + delta).clone()
             if (index, "attn") not in skip:
                 x, h = ops.add_norm(x, delta, layer.input_norm, eps)
                 delta = layer.attention(h, index, cos, sin, segments, ops, self.invariant)
@@ -223,7 +229,11 @@ class NativeDecoder(nn.Module):
                 delta = layer.w_down(ops.silu_mul(layer.w_gate_up(h)))
                 if trace is not None:
                     trace[(index, "mlp")] = _turn(x, delta)
-        return ops.add_norm(x, delta, self.final_norm, eps)[1]
+        final = ops.add_norm(x, delta, self.final_norm, eps)[1]
+        if not taps:
+            return final
+        tapped[len(self.layers)] = final
+        return final, torch.cat([tapped[i] for i in taps], dim=-1)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[rows, E] -> [rows, V] (float32 for the rules)."""
