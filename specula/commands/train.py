@@ -46,6 +46,9 @@ def register(sub) -> None:
     p.add_argument("--max-new-tokens", type=int, default=160, metavar="N", help="answer length per prompt (default 160)")
     p.add_argument("--max-minutes", type=float, default=None, metavar="M",
                    help="stop training after M minutes (checkpointed; rerun to go on)")
+    p.add_argument("--max-sequences", type=int, default=0, metavar="N",
+                   help="train on N of the corpus's training sequences (a seeded subset; default 0 = all): "
+                        "data-size studies reuse one cached corpus")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
@@ -67,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
 
     config = TrainConfig(kind=args.kind, draft_vocab=args.draft_vocab, epochs=args.epochs, lr=args.lr,
                          batch_size=args.batch_size, seq_len=args.seq_len, ttt_steps=args.ttt_steps,
-                         num_offsets=args.num_offsets, seed=args.seed)
+                         num_offsets=args.num_offsets, seed=args.seed, max_sequences=args.max_sequences)
     corpus = CorpusConfig(max_new_tokens=args.max_new_tokens)
     read_prompts(args.data or [DEFAULT_PROMPTS])  # bad or benchmark prompts fail here, before the slow load
     target, tokenizer = load_backend(args.target, load_config(args), name="target")

@@ -68,6 +68,9 @@ class TrainConfig:
     """medusa / hydra: heads (draft depth)."""
     holdout: float = 0.05
     """Fraction of sequences held out for the acceptance report."""
+    max_sequences: int = 0
+    """Train on at most this many of the training sequences (a seeded random subset; the held-out
+    split is unchanged): data-size studies reuse one cached corpus. 0 = all."""
     eval_depth: int = 5
     """Deepest draft level in the held-out report."""
     seed: int = 0
@@ -82,16 +85,20 @@ class TrainConfig:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
         if not self.epochs > 0 or not self.lr > 0:
             raise ConfigError("epochs and lr must be > 0")
+        if self.max_sequences < 0:
+            raise ConfigError(f"max_sequences must be >= 0 (0 = all), got {self.max_sequences}")
         if not 0 <= self.holdout < 1:
             raise ConfigError(f"holdout must be in [0, 1), got {self.holdout}")
 
 
 # ---------------------------------------------------------------------------- data
-def split(fs: FeatureSet, holdout: float, seed: int) -> tuple[list[int], list[int]]:
-    """(train, held-out) sequence indices, deterministic in seed."""
+def split(fs: FeatureSet, holdout: float, seed: int, max_sequences: int = 0) -> tuple[list[int], list[int]]:
+    """(train, held-out) sequence indices, deterministic in seed; the training part cut to the first
+    `max_sequences` of the same permutation (0: all), so a smaller set is a subset of a larger one."""
     order = torch.randperm(len(fs), generator=torch.Generator().manual_seed(seed)).tolist()
     n_eval = max(1, round(holdout * len(fs))) if holdout > 0 and len(fs) > 1 else 0
-    return sorted(order[n_eval:]), sorted(order[:n_eval])
+    train = order[n_eval:][: max_sequences or None]
+    return sorted(train), sorted(order[:n_eval])
 
 
 def chunks(fs: FeatureSet, seqs: list[int], seq_len: int) -> list[tuple[int, int, int]]:
@@ -129,7 +136,7 @@ def batch(fs: FeatureSet, pieces: list[tuple[int, int, int]], embed: Callable) -
 
 def step_counts(fs: FeatureSet, cfg: TrainConfig) -> tuple[int, int]:
     """(optimizer steps per epoch, total steps) of a run."""
-    pieces = chunks(fs, split(fs, cfg.holdout, cfg.seed)[0], cfg.seq_len)
+    pieces = chunks(fs, split(fs, cfg.holdout, cfg.seed, cfg.max_sequences)[0], cfg.seq_len)
     per_epoch = max(1, math.ceil(len(pieces) / cfg.batch_size))
     return per_epoch, max(1, round(cfg.epochs * per_epoch))
 
@@ -206,7 +213,7 @@ def train_head(head: TrainedHead, fs: FeatureSet, cfg: TrainConfig, out_dir: Pat
 
     module = head.module.train().requires_grad_(True)
     embed = head.embed
-    train_seqs, eval_seqs = split(fs, cfg.holdout, cfg.seed)
+    train_seqs, eval_seqs = split(fs, cfg.holdout, cfg.seed, cfg.max_sequences)
     pieces = chunks(fs, train_seqs, cfg.seq_len)
     per_epoch, total_steps = step_counts(fs, cfg)
     opt = torch.optim.AdamW(module.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.0)

@@ -97,6 +97,10 @@ def test_held_out_split_and_vocabulary(setup):
     _, fs, _ = setup
     train, held = split(fs, 0.2, 0)
     assert sorted(train + held) == list(range(len(fs))) and len(held) == 2
+    small, held_small = split(fs, 0.2, 0, max_sequences=3)
+    middle, _ = split(fs, 0.2, 0, max_sequences=5)
+    assert held_small == held and len(small) == 3 and set(small) <= set(middle) <= set(train)  # nested subsets
+    assert split(fs, 0.2, 0, max_sequences=50)[0] == train
     d2t = draft_vocabulary(fs, 20, 96, always=[1])
     assert len(d2t) == 20 and 1 in d2t.tolist() and d2t.tolist() == sorted(d2t.tolist())
     assert 0 < coverage(fs, d2t) < 1 and coverage(fs, torch.arange(96)) == 1.0
