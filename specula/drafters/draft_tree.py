@@ -26,6 +26,13 @@ How siblings are drafted (`tree_sampling`) and the acceptance rule that matches:
   children are a prefix of its Gumbel-top-k order, i.e. draws without replacement; RRS
   without replacement.
 
+With a planner (`ctx.cost`), expansion reads its cost view: once a drafting pass has been
+timed, the drafter asks `plan_chain` before its first pass whether drafting pays at all this step
+(a head or draft model that the target seldom agrees with, or that costs too much of a step, then
+drafts nothing: the method can never be slower than not drafting by much more than its timing
+probe), and before each further level whether one more level along the best path pays. Which
+levels are run depends only on what was drafted before, so the sampled modes stay lossless.
+
 Losslessness of the sampled modes rests on one rule, kept here: the number of children of a
 node is fixed before they are drawn, or (beam) depends only on Gumbel key values, which are
 independent of which token holds them given the earlier draws. Which nodes are expanded may
@@ -38,12 +45,14 @@ siblings by these scores (only whole draw-order suffixes, chosen without looking
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass
 from typing import Literal, Sequence, get_args
 
 import torch
 
 from specula.drafters.base import DraftContext, Proposal, StepResult, method_config
+from specula.ema import Ema
 from specula.errors import ConfigError
 from specula.models.base import TargetModel, TargetSequence, keep_common_prefix
 from specula.sampling import SamplingParams, gumbel_keys, probabilities, sample_iid, sample_without_replacement
@@ -67,6 +76,9 @@ class DraftTreeConfig:
     """Most nodes proposed: deterministic trees keep the best N; sampled trees stop drawing at N."""
     tree_verifier: TreeVerifier = "rrs"
     """Acceptance rule for i.i.d. siblings: recursive rejection sampling or SpecTr K-SEQ."""
+    adaptive: bool = True
+    """With a planner: draft only while its cost view says drafting pays (before the first pass,
+    and before each level); False drafts the configured tree every step."""
 
     def __post_init__(self) -> None:
         if self.tree_sampling not in get_args(TreeSampling):
@@ -189,6 +201,10 @@ class _TreeState:
         self.seq.release()
 
 
+PROBE_EVERY = 16
+"""While the cost view says drafting does not pay, one step in this many drafts anyway (a probe)."""
+
+
 class DraftTreeDrafter:
     """Dynamic token trees from a smaller causal LM (see the module docstring)."""
 
@@ -197,6 +213,12 @@ class DraftTreeDrafter:
     def __init__(self, draft: TargetModel, config: DraftTreeConfig = DraftTreeConfig()) -> None:
         self.draft = draft
         self.config = config
+        self._level_seconds = Ema(0.2)
+        """Seconds of one level's drafting pass over its frontier (the root's pass may carry a
+        prompt's catch-up, so it is not timed): what the cost view prices a level at."""
+        self._skipped = 0
+        """Steps in a row the cost view said drafting does not pay; every `PROBE_EVERY`-th drafts
+        anyway, so acceptance estimates made on other text can recover."""
 
     @property
     def memory_bytes(self) -> int:
@@ -224,13 +246,30 @@ class DraftTreeDrafter:
         depth = min(cfg.tree_depth, ctx.budget.max_depth)
         if budget <= 0 or depth <= 0:
             return Proposal.empty()
+        # Until a pass has been timed the tree is drafted in full once: that measures it.
+        adaptive = cfg.adaptive and ctx.cost is not None and self._level_seconds.value is not None
+        if adaptive and ctx.cost.plan_chain(self.name, [], self._level_seconds.value, 0.0, depth) <= 0:
+            self._skipped += 1
+            if self._skipped % PROBE_EVERY:
+                return Proposal.empty()  # not worth a drafting pass this step (the state catches up later)
+        else:
+            self._skipped = 0
+        t0 = time.perf_counter()
         root_logits = state.begin(ctx.tokens)
         if root_logits is None:  # nothing to draft from yet
             return Proposal.empty()
         mode = "deterministic" if ctx.params.greedy else cfg.tree_sampling
         if mode == "beam":
             return self._beam(state, root_logits, ctx, budget, depth)
-        return self._expand(state, root_logits, ctx, budget, depth, mode)
+        return self._expand(state, root_logits, ctx, budget, depth, mode, t0 if adaptive else None)
+
+    def _level_pays(self, ctx: DraftContext, best_path: list[float], levels_left: int, t0: float | None) -> bool:
+        """Whether the cost view says one more level along the best path (edge probabilities
+        `best_path`) pays, `t0` being when drafting began (None: not adaptive, always)."""
+        if t0 is None:
+            return True
+        return ctx.cost.plan_chain(self.name, best_path, self._level_seconds.value, time.perf_counter() - t0,
+                                   levels_left) > 0
 
     def observe(self, step: StepResult, state: _TreeState) -> None:
         state.finish(step.accepted_tokens)
@@ -246,9 +285,10 @@ class DraftTreeDrafter:
         return torch.softmax(logits.float(), -1) if params.greedy else probabilities(logits, params)
 
     def _expand(self, state: _TreeState, root_logits: torch.Tensor, ctx: DraftContext, budget: int, depth: int,
-                mode: str) -> Proposal:
+                mode: str, t0: float | None = None) -> Proposal:
         """Top-k (deterministic) or sampled (iid / without_replacement) children per frontier
-        node; the best top_k nodes of each level by path score are expanded next."""
+        node; the best top_k nodes of each level by path score are expanded next, while the cost
+        view says a level more pays (`t0`: when drafting began; None: no cost view)."""
         cfg, gen = self.config, ctx.generator
         sampled = mode != "deterministic"
         tokens: list[int] = []
@@ -281,14 +321,26 @@ class DraftTreeDrafter:
             if level == depth or not new or (sampled and len(tokens) >= budget):
                 break
             chosen = self._frontier(new, tokens, parents, scores, dedupe=mode == "iid")
-            if not chosen:
+            if not chosen or not self._level_pays(ctx, self._path_edges(max(new, key=lambda i: scores[i]), parents,
+                                                                        edges), depth - level, t0):
                 break
+            t_level = time.perf_counter()
             logits = state.feed(chosen, tokens, parents)
+            self._level_seconds.update(time.perf_counter() - t_level)
             frontier = [(c, logits[j], scores[c]) for j, c in enumerate(chosen)]
         tree = TokenTree.build(tokens, parents, edges, self.name)
         if not sampled:
             return Proposal(tree.top_nodes(budget))
         return Proposal(tree, self._stack(q_rows, len(tree), state), self.config.sibling_mode)
+
+    @staticmethod
+    def _path_edges(node: int, parents: list[int], edges: list[float]) -> list[float]:
+        """Edge probabilities from the root's child down to `node`."""
+        path = []
+        while node >= 0:
+            path.append(edges[node])
+            node = parents[node]
+        return path[::-1]
 
     def _frontier(self, new: list[int], tokens: list[int], parents: list[int], scores: list[float],
                   dedupe: bool) -> list[int]:

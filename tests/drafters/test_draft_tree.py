@@ -222,6 +222,56 @@ def test_sampled_output_follows_the_target_distribution_in_every_mode():
 
 
 # ---------------------------------------------------------------------------- configuration
+class _CostView:
+    """A planner's cost view under which drafting pays up to depth `pays` (and records the asks)."""
+
+    def __init__(self, pays: int) -> None:
+        self.pays = pays
+        self.asks: list[tuple[list[float], int]] = []
+
+    def plan_chain(self, source, edge_scores, seconds_per_token, spent_seconds, max_more, *rest) -> int:
+        self.asks.append((list(edge_scores), max_more))
+        return max(0, min(self.pays - len(edge_scores), max_more))
+
+
+def test_expansion_reads_the_cost_view():
+    """Once a level's pass is timed, the drafter asks the cost view before drafting and before each
+    level: nothing pays -> no drafting pass at all (but a probe every PROBE_EVERY steps); one
+    level more pays -> the tree stops one level later; output stays plain greedy under a planner."""
+    from dataclasses import replace
+
+    from specula.drafters.draft_tree import PROBE_EVERY
+
+    model = tiny_model("llama", seed=3)
+    drafter = DraftTreeDrafter(HFCausalLM(perturbed_copy(model, 0.1), "draft"),
+                               DraftTreeConfig(tree_top_k=2, tree_depth=4))
+    state = drafter.start()
+    greedy = SamplingParams()
+    ctx = context(PROMPTS[0], greedy)
+    first = drafter.propose(replace(ctx, cost=_CostView(0)), state)  # untimed: drafted in full, timed
+    assert max(first.tree.depth) == 4 and drafter._level_seconds.value is not None
+    state.finish([])
+    never = _CostView(0)
+    runs = []
+    for i in range(PROBE_EVERY):
+        prop = drafter.propose(replace(ctx, cost=never), state)
+        runs.append(len(prop.tree))
+        state.finish([])
+    assert runs[:-1] == [0] * (PROBE_EVERY - 1) and runs[-1] > 0  # the probe drafts
+    assert never.asks[0] == ([], 4)
+    some = _CostView(2)
+    prop = drafter.propose(replace(ctx, cost=some), state)
+    assert max(prop.tree.depth) == 2  # levels 1 (the root's pass) and 2 (one level pass): then 0 more pay
+    assert [len(edges) for edges, _ in some.asks] == [0, 1, 2]  # before drafting, then along the best path
+    state.finish([])
+    from specula.planner import CostCurve, HardwarePlanner
+
+    dec = SpeculativeDecoder(HFCausalLM(model, "target"), drafter, eos_token_ids=[],
+                             planner=HardwarePlanner(curve=CostCurve((1, 2, 4, 8, 16, 32, 64), (1e-3,) * 7, 64)))
+    out = dec.generate(PROMPTS[0], SamplingParams(max_new_tokens=24, ignore_eos=True))
+    assert out.token_ids == reference_greedy(model, PROMPTS[0], 24)
+
+
 def test_configuration_errors():
     draft = HFCausalLM(tiny_model("llama"))
     with pytest.raises(ConfigError, match="--draft"):
