@@ -131,8 +131,8 @@ _FUSION_MEMBERS = (
     Member("prompt-lookup"),
     Member("rest", forwards=("datastore",)),
     Member("token-recycling", forwards=("recycling_state",)),
-    Member("eagle", forwards=_HEAD_FORWARDS),
     Member("eagle3", forwards=_HEAD_FORWARDS),
+    Member("eagle", forwards=_HEAD_FORWARDS),
     Member("medusa", forwards=_HEAD_FORWARDS),
     Member("hydra", forwards=_HEAD_FORWARDS),
     Member("layer-skip", forwards=("num_draft_tokens", "skip_layers")),
@@ -205,17 +205,25 @@ def bench_defaults(has_draft: bool) -> list[str]:
             + [spec.name for spec in rows if spec.draft_model == "required" and has_draft])
 
 
+NO_HEAD = "none"
+"""`--head none` (a bench variant `fusion:head=none`): no trained head, not even the installed one."""
+
+
 def default_head(method: str | MethodSpec, target_name: str | None) -> Path | None:
     """`--head`'s default for a method: the head of its kind installed for the target
-    (`specula models install`), or None. Fusion takes a head only when given one (`--head`): the
-    shipped SmolLM2 head does not pay on a CPU yet (README, docs/training.md) and fusion must never
-    be slower than plain decoding."""
+    (`specula models install`), or None; for a fused method, the installed head of its first head
+    member that has one (eagle3 before eagle). A head in `fusion` cannot make it much slower: tree
+    expansion reads the planner's cost view and drafts nothing while the head does not pay
+    (`drafters/draft_tree.py`)."""
     spec = get_method(method)
-    if spec.head is None:
-        return None
+    kinds = [spec.head] if spec.head is not None else [get_method(m.method).head for m in spec.members]
     from specula.drafters.heads.shipped import default_head as installed_head
 
-    return installed_head(target_name, spec.head)
+    for kind in kinds:
+        found = None if kind is None else installed_head(target_name, kind)
+        if found is not None:
+            return found
+    return None
 
 
 def or_list(names: list[str]) -> str:
@@ -223,5 +231,5 @@ def or_list(names: list[str]) -> str:
     return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} or {names[-1]}"
 
 
-__all__ = ["DEFAULT_METHOD", "METHODS", "PLAIN", "Member", "MethodSpec", "bench_defaults", "default_head", "first_drafting_with_model",
+__all__ = ["DEFAULT_METHOD", "METHODS", "NO_HEAD", "PLAIN", "Member", "MethodSpec", "bench_defaults", "default_head", "first_drafting_with_model",
            "get_method", "layer_skipper", "methods_taking", "or_list"]

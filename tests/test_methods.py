@@ -110,3 +110,32 @@ def test_method_names_are_written_only_in_the_table_and_the_drafters():
             if isinstance(node, ast.Constant) and node.value in names:
                 found.append(f"{path.relative_to(PACKAGE)}:{node.lineno} {node.value!r}")
     assert not found, found
+
+
+def test_default_head_is_the_installed_one_and_fusion_prefers_eagle3(tmp_path, monkeypatch):
+    from specula.methods import NO_HEAD, default_head
+    from specula.drafters.heads.shipped import installed_path
+
+    monkeypatch.setenv("SPECULA_CACHE", str(tmp_path))
+    assert default_head("fusion", "smollm2-135m") is None and default_head("eagle", "smollm2-135m") is None
+    eagle = installed_path("smollm2-135m", "eagle")
+    eagle.parent.mkdir(parents=True, exist_ok=True)
+    eagle.write_bytes(b"x")
+    assert default_head("fusion", "smollm2-135m") == eagle == default_head("eagle", "smollm2-135m")
+    eagle3 = installed_path("smollm2-135m", "eagle3")
+    eagle3.write_bytes(b"x")
+    assert default_head("fusion", "smollm2-135m") == eagle3 and default_head("eagle", "smollm2-135m") == eagle
+    assert default_head("prompt-lookup", "smollm2-135m") is None and default_head("fusion", "not-embedded") is None
+    assert NO_HEAD == "none"
+
+
+def test_head_none_means_no_head():
+    from tiny import tiny_model
+    from specula.drafters import make_drafters
+    from specula.models.hf import HFCausalLM
+
+    target = HFCausalLM(tiny_model("llama", seed=1), "t")
+    names = [d.name for d in make_drafters("fusion", target=target, head="none")]
+    assert names and not {"eagle", "eagle3", "medusa", "hydra"} & set(names)
+    with pytest.raises(ConfigError, match="needs a trained head"):
+        make_drafters("eagle", target=target, head="none")

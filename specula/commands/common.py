@@ -6,7 +6,7 @@ import argparse
 
 from typing import TYPE_CHECKING
 
-from specula.methods import DEFAULT_METHOD, METHODS, default_head, get_method, methods_taking
+from specula.methods import DEFAULT_METHOD, METHODS, NO_HEAD, default_head, get_method, methods_taking
 
 if TYPE_CHECKING:  # keep `specula --help` and `specula models` free of torch imports
     from specula.api import LoadConfig
@@ -118,7 +118,8 @@ def add_method_args(parser: argparse.ArgumentParser) -> None:
                         "as the target)")
     g.add_argument("--head", metavar="FILE", default=None,
                    help=f"{_taking('head')} (and {DEFAULT_METHOD}): a trained head file (`specula train`); default: "
-                        "the head installed for the target by `specula models install`, if any")
+                        f"the head installed for the target by `specula models install`, if any ({DEFAULT_METHOD}: "
+                        f"eagle3's before eagle's); `{NO_HEAD}`: no head")
     g.add_argument("--online-distill", action="store_true",
                    help=f"{_taking('online_distill')} (and {DEFAULT_METHOD}'s head): keep training the head on the "
                         "requests it serves (OSD: replay buffer, small learning rate); output is unchanged, "
@@ -169,7 +170,9 @@ def drafter_options(args: argparse.Namespace, method: str) -> dict:
     for name in spec.cli_options():
         value = args.target if name == "target_name" else getattr(args, name)
         options[name] = None if value is False else value
-    if options.get("head"):
+    if options.get("head") == NO_HEAD:
+        pass  # no head, not even the installed one (make_drafters reads it as None)
+    elif options.get("head"):
         from specula.drafters.heads.file import read_head
 
         read_head(options["head"])  # a bad file fails here, before any model is loaded

@@ -11,7 +11,7 @@ import inspect
 from typing import TYPE_CHECKING, Any
 
 from specula.errors import ConfigError
-from specula.methods import BUILT_IN, METHODS, MethodSpec, get_method, layer_skipper, or_list
+from specula.methods import BUILT_IN, METHODS, NO_HEAD, MethodSpec, get_method, layer_skipper, or_list
 
 if TYPE_CHECKING:  # importing a drafter package module (e.g. heads.config) must not import torch
     from specula.models.base import TargetModel
@@ -78,7 +78,7 @@ def _fusion(spec: MethodSpec, target: TargetModel | None, draft: TargetModel | N
     if unknown:
         raise ConfigError(f"method {spec.name} does not take {', '.join(unknown)}; its options are "
                           f"{', '.join(accepted)}")
-    head = options.get("head")
+    head = None if options.get("head") == NO_HEAD else options.get("head")
     if options.get("online_distill") and head is None:
         raise ConfigError(f"--online-distill trains a head: give {spec.name} one with --head FILE "
                           "(or install the shipped one)")
