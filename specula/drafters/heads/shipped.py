@@ -3,7 +3,8 @@
 The files live in the package (`specula/data/heads/`, float16 safetensors, trained by
 `specula train` on specula's own prompts: docs/training.md). `specula models install ALIAS`
 verifies each against its sha256 here and copies it into $SPECULA_CACHE/heads/ALIAS/KIND.safetensors
-(atomically); `--method eagle` / `medusa` / `hydra` and `fusion` then find it with no flag.
+(atomically); `--method eagle` / `eagle3` / `medusa` / `hydra` and `fusion` (eagle3's first) then
+find it with no flag.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ class ShippedHead:
     alias: str
     """Embedded model the head was trained for."""
     kind: str
-    """eagle, medusa or hydra."""
+    """eagle, eagle3, medusa or hydra."""
     file: str
     """File name under specula/data/heads/."""
     sha256: str
@@ -35,6 +36,10 @@ SHIPPED: tuple[ShippedHead, ...] = (
     # specula train --target smollm2-135m --kind eagle --epochs 10 (docs/training.md); float16
     ShippedHead("smollm2-135m", "eagle", "smollm2-135m-eagle.safetensors",
                 "5a5201e50bf9740e1169686c06d85fb62a242ae23f28abbc0ca751d8cbd9ffe2"),
+    # specula train --target smollm2-135m --kind eagle3 --data runs/magpie/smollm2.jsonl --max-new-tokens 128
+    #   --epochs 3 (2,034 Magpie prompts written by the target; docs/training.md); float16
+    ShippedHead("smollm2-135m", "eagle3", "smollm2-135m-eagle3.safetensors",
+                "d64e5b3185417f4d0d8ec4ed0b187a4cac5e5eb160e12087ed261f04d0167ecd"),
 )
 """Every shipped head."""
 
