@@ -211,19 +211,17 @@ NO_HEAD = "none"
 
 def default_head(method: str | MethodSpec, target_name: str | None) -> Path | None:
     """`--head`'s default for a method: the head of its kind installed for the target
-    (`specula models install`), or None; for a fused method, the installed head of its first head
-    member that has one (eagle3 before eagle). A head in `fusion` cannot make it much slower: tree
-    expansion reads the planner's cost view and drafts nothing while the head does not pay
-    (`drafters/draft_tree.py`)."""
+    (`specula models install`), or None. Fusion takes a head only when given one (`--head`):
+    measured on SmolLM2 with the installed eagle3 head, fusion with it ran 0.97x (Spec-Bench) and
+    1.00x (everyday set) of fusion without it (docs/training.md), although tree expansion reads
+    the planner's cost view and drafts nothing on most steps where the head does not pay; fusion
+    must never be slower than it can be."""
     spec = get_method(method)
-    kinds = [spec.head] if spec.head is not None else [get_method(m.method).head for m in spec.members]
+    if spec.head is None:
+        return None
     from specula.drafters.heads.shipped import default_head as installed_head
 
-    for kind in kinds:
-        found = None if kind is None else installed_head(target_name, kind)
-        if found is not None:
-            return found
-    return None
+    return installed_head(target_name, spec.head)
 
 
 def or_list(names: list[str]) -> str:

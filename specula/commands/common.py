@@ -119,7 +119,7 @@ def add_method_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--head", metavar="FILE", default=None,
                    help=f"{_taking('head')} (and {DEFAULT_METHOD}): a trained head file (`specula train`); default: "
                         f"the head installed for the target by `specula models install`, if any ({DEFAULT_METHOD}: "
-                        f"eagle3's before eagle's); `{NO_HEAD}`: no head")
+                        f"none unless given); `{NO_HEAD}`: no head")
     g.add_argument("--online-distill", action="store_true",
                    help=f"{_taking('online_distill')} (and {DEFAULT_METHOD}'s head): keep training the head on the "
                         "requests it serves (OSD: replay buffer, small learning rate); output is unchanged, "

@@ -3,8 +3,8 @@
 The files live in the package (`specula/data/heads/`, float16 safetensors, trained by
 `specula train` on specula's own prompts: docs/training.md). `specula models install ALIAS`
 verifies each against its sha256 here and copies it into $SPECULA_CACHE/heads/ALIAS/KIND.safetensors
-(atomically); `--method eagle` / `eagle3` / `medusa` / `hydra` and `fusion` (eagle3's first) then
-find it with no flag.
+(atomically); `--method eagle` / `eagle3` / `medusa` / `hydra` then find it with no flag
+(`fusion` takes a head only with `--head`).
 """
 
 from __future__ import annotations
