@@ -54,6 +54,8 @@ def make_drafters(method: str | MethodSpec, *, target: TargetModel | None = None
     `draft_skip`, or the draft model when `draft` is given (greedy candidates, adaptive: it drafts
     only while its next token beats the rate the others' trees already reach)."""
     spec = get_method(method)
+    if options.get("head") == NO_HEAD:  # `--head none`: no head, not even the installed one
+        options["head"] = None
     if draft_skip and draft is not None:
         raise ConfigError("--draft skip drafts with the target itself: give a draft model or draft_skip, not both")
     if spec.members:
@@ -78,7 +80,7 @@ def _fusion(spec: MethodSpec, target: TargetModel | None, draft: TargetModel | N
     if unknown:
         raise ConfigError(f"method {spec.name} does not take {', '.join(unknown)}; its options are "
                           f"{', '.join(accepted)}")
-    head = None if options.get("head") == NO_HEAD else options.get("head")
+    head = options.get("head")
     if options.get("online_distill") and head is None:
         raise ConfigError(f"--online-distill trains a head: give {spec.name} one with --head FILE "
                           "(or install the shipped one)")

@@ -263,13 +263,14 @@ class DraftTreeDrafter:
             return self._beam(state, root_logits, ctx, budget, depth)
         return self._expand(state, root_logits, ctx, budget, depth, mode, t0 if adaptive else None)
 
-    def _level_pays(self, ctx: DraftContext, best_path: list[float], levels_left: int, t0: float | None) -> bool:
-        """Whether the cost view says one more level along the best path (edge probabilities
-        `best_path`) pays, `t0` being when drafting began (None: not adaptive, always)."""
+    def _level_pays(self, ctx: DraftContext, best: int, parents: list[int], edges: list[float], levels_left: int,
+                    t0: float | None) -> bool:
+        """Whether the cost view says one more level along the path to node `best` pays, `t0` being
+        when drafting began (None: not adaptive, always)."""
         if t0 is None:
             return True
-        return ctx.cost.plan_chain(self.name, best_path, self._level_seconds.value, time.perf_counter() - t0,
-                                   levels_left) > 0
+        return ctx.cost.plan_chain(self.name, self._path_edges(best, parents, edges), self._level_seconds.value,
+                                   time.perf_counter() - t0, levels_left) > 0
 
     def observe(self, step: StepResult, state: _TreeState) -> None:
         state.finish(step.accepted_tokens)
@@ -321,8 +322,8 @@ class DraftTreeDrafter:
             if level == depth or not new or (sampled and len(tokens) >= budget):
                 break
             chosen = self._frontier(new, tokens, parents, scores, dedupe=mode == "iid")
-            if not chosen or not self._level_pays(ctx, self._path_edges(max(new, key=lambda i: scores[i]), parents,
-                                                                        edges), depth - level, t0):
+            best = max(new, key=lambda i: scores[i])
+            if not chosen or not self._level_pays(ctx, best, parents, edges, depth - level, t0):
                 break
             t_level = time.perf_counter()
             logits = state.feed(chosen, tokens, parents)

@@ -102,7 +102,7 @@ def create_head_drafter(kind: str, *, target=None, head: str | os.PathLike | Tra
     `online_distill`: keep training the head on what is served (OSD), at `online_lr`."""
     if target is None:
         raise ConfigError(f"method {kind!r} needs the target model")
-    if head is None or head == "none":  # methods.NO_HEAD
+    if head is None:
         raise ConfigError(f"method {kind!r} needs a trained head for this target: install the shipped one with "
                           f"`specula models install MODEL` or train one with `specula train --kind {kind}`, "
                           "then pass --head FILE")

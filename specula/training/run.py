@@ -50,7 +50,7 @@ def run_training(target, tokenizer, target_name: str, out: Path, config: TrainCo
     them, the figure that predicts what the engine sees (a split of the training prompts reads
     higher when they share templates)."""
     from specula.drafters.heads.file import HeadFile, save_head, target_record
-    from specula.drafters.heads.config import eagle3_layers
+    from specula.drafters.heads.config import feature_layers_of
     from specula.drafters.heads.runtime import new_head
     from specula.models.base import FeatureModel
     from specula.paths import atomic_write_json, cache_dir
@@ -69,7 +69,7 @@ def run_training(target, tokenizer, target_name: str, out: Path, config: TrainCo
         raise ConfigError(f"{len(shared)} evaluation prompt(s) are also training prompts (e.g. {next(iter(shared))[:60]!r}); "
                           "held-out acceptance must come from prompts the head never trained on: pass other --eval-data")
     times = {}
-    layers = eagle3_layers(target.num_layers) if config.kind == "eagle3" else ()  # the depths an eagle3 head fuses
+    layers = feature_layers_of(config.kind, target.num_layers)  # the depths an eagle3 head fuses; else ()
     suffix = "" if not layers else "-layers" + "_".join(map(str, layers))  # features with inputs: their own file
 
     t = time.perf_counter()

@@ -82,3 +82,9 @@ def eagle3_layers(num_layers: int) -> tuple[int, ...]:
     on shallow models (the tiny test models)."""
     picks = (min(2, num_layers - 1), num_layers // 2, max(0, num_layers - 3))
     return tuple(sorted(set(picks)))
+
+
+def feature_layers_of(kind: str, num_layers: int) -> tuple[int, ...]:
+    """The target layers whose inputs a new head of `kind` reads (eagle3: `eagle3_layers`); () for
+    the kinds that read the final-normed state."""
+    return eagle3_layers(num_layers) if kind == "eagle3" else ()

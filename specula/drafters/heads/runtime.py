@@ -19,7 +19,7 @@ from typing import Sequence
 
 import torch
 
-from specula.drafters.heads.config import HeadConfig, eagle3_layers
+from specula.drafters.heads.config import HeadConfig, feature_layers_of
 from specula.drafters.heads.eagle import EagleHead, KVBuffer
 from specula.drafters.heads.file import HeadFile, check_target, read_head
 from specula.drafters.heads.medusa import HydraHeads, MedusaHeads
@@ -286,10 +286,10 @@ class HydraState(HeadState):
 def head_config(kind: str, target, draft_vocab: int, num_offsets: int = 4) -> HeadConfig:
     """The default shape of a new head for `target`: an eagle layer of 64-wide heads (a quarter of
     the width on tiny models) and an MLP of 8/3 E (Llama's ratio); eagle3 reads EAGLE-3's three
-    depths (`eagle3_layers`); Medusa / Hydra: `num_offsets`."""
+    depths (`feature_layers_of`); Medusa / Hydra: `num_offsets`."""
     e = int(target.hidden_size)
     d = 64 if e % 64 == 0 else max(2, e // 4)
-    layers = eagle3_layers(int(target.num_layers)) if kind == "eagle3" else ()
+    layers = feature_layers_of(kind, int(target.num_layers))
     return HeadConfig(kind=kind, hidden_size=e, target_vocab=int(target.vocab_size), draft_vocab=draft_vocab,
                       feature_layers=layers,
                       num_heads=e // d, num_kv_heads=e // d, head_dim=d,
