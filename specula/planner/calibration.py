@@ -5,6 +5,13 @@ accepted, one trial in the bin of (source, raw edge score); accepted if the node
 accepted path. Each bin's estimate is a Beta-smoothed frequency whose prior mean is the raw
 score itself (a draft probability is already a decent estimate), so fresh bins fall back to
 the drafter's own belief and learn from there.
+
+Beside the bins, each source's *best children* (the node its parent's highest-scored child of
+that source) are counted on their own: a chain that drafts one level more extends its path by
+the best child, so that, not the mean over every sibling of a wide tree, is what a level more is
+worth (`mean(best=True)`). A top-8 head tree verified whole has seven unlikely siblings per
+level; their mean acceptance (~0.27 for SmolLM2's head) once told the cost view that no chain
+pays while its best children were accepted about half the time.
 """
 
 from __future__ import annotations
@@ -33,6 +40,7 @@ class Calibrator:
         self.config = config
         self._acc: dict[str, np.ndarray] = {}
         self._trials: dict[str, np.ndarray] = {}
+        self._best: dict[str, list[float]] = {}  # per source: [accepted, trials] of best children
 
     def _bin(self, raw: float) -> int:
         return min(self.config.bins - 1, max(0, int(raw * self.config.bins)))
@@ -51,14 +59,19 @@ class Calibrator:
         k = self.config.prior_strength
         return float((acc[b] + k * raw) / (trials[b] + k))
 
-    def mean(self, source: str, prior: float = 0.5) -> float:
-        """Estimated P(accept | parent accepted) of this source's nodes whatever their score
-        (`prior` smoothed in with `prior_strength` pseudo-trials)."""
-        acc, trials = self._tables(source)
+    def mean(self, source: str, prior: float = 0.5, best: bool = False) -> float:
+        """Estimated P(accept | parent accepted) of this source's nodes whatever their score, or
+        (`best`) of its best children only (`prior` smoothed in with `prior_strength` pseudo-trials)."""
         k = self.config.prior_strength
+        if best:
+            accepted, trials = self._best.get(source, (0.0, 0.0))
+            return float((accepted + k * prior) / (trials + k))
+        acc, trials = self._tables(source)
         return float((acc.sum() + k * prior) / (trials.sum() + k))
 
-    def update(self, source: str, raw: float, accepted: bool) -> None:
+    def update(self, source: str, raw: float, accepted: bool, best: bool = False) -> None:
+        """One trial of a node with this raw score; `best`: the node was its parent's best-scored
+        child of this source (counted again among the best children)."""
         acc, trials = self._tables(source)
         b = self._bin(min(1.0, max(0.0, float(raw))))
         acc[b] += float(accepted)
@@ -66,6 +79,13 @@ class Calibrator:
         if trials[b] > self.config.max_trials:
             acc[b] *= 0.5
             trials[b] *= 0.5
+        if best:
+            sums = self._best.setdefault(source, [0.0, 0.0])
+            sums[0] += float(accepted)
+            sums[1] += 1.0
+            if sums[1] > self.config.max_trials:
+                sums[0] *= 0.5
+                sums[1] *= 0.5
 
     def table(self) -> dict[str, list[dict]]:
         """Per source: bin range, trials and estimate (for reports)."""

@@ -39,7 +39,7 @@ from specula.planner.calibration import CalibrationConfig, Calibrator
 from specula.planner.base import Plan, PlanRequest, StepTiming
 from specula.planner.cost import DEFAULT_SIZES, CostCurve, CostModel, load_or_measure_curve
 from specula.planner.merge import merge_proposals
-from specula.planner.select import chain_lookahead, choose_batch, choose_size, path_probabilities
+from specula.planner.select import best_children, chain_lookahead, choose_batch, choose_size, path_probabilities
 from specula.step import FORCED_SOURCE, Proposal, StepResult
 from specula.tree import TokenTree
 
@@ -236,9 +236,10 @@ class HardwarePlanner:
 
     # ------------------------------------------------------------------ estimates
     def expected_acceptance(self, source: str) -> float:
-        """P(next chain token of `source` accepted | the previous one was): its calibrated mean acceptance
-        (optimistic `explore_prior` until it has data), times its correction factor."""
-        return min(1.0, self.bias_of(source) * self.calibrator.mean(source, self.config.explore_prior))
+        """P(next chain token of `source` accepted | the previous one was): the calibrated acceptance of
+        its best children, the nodes a chain extends by (optimistic `explore_prior` until it has
+        data), times its correction factor."""
+        return min(1.0, self.bias_of(source) * self.calibrator.mean(source, self.config.explore_prior, best=True))
 
     def bias_of(self, source: str) -> float:
         """Correction factor of one source: accepted / predicted nodes over recent steps."""
@@ -442,13 +443,14 @@ class HardwarePlanner:
             sums[0] *= d
             sums[1] *= d
         on_path = set(step.path)
+        best = best_children(tree)
         for i, par in enumerate(tree.parents):
             if par < 0 or par in on_path:  # a trial: the node's parent was accepted
                 source, raw = tree.sources[i], tree.edge_scores[i]
                 sums = self._recent.setdefault(source, [0.0, 0.0])
                 sums[0] += i in on_path
                 sums[1] += self.calibrator.estimate(source, raw)  # the factor divides calibration alone
-                self.calibrator.update(source, raw, i in on_path)
+                self.calibrator.update(source, raw, i in on_path, best=i in best)
         # Back-off: do drafting steps beat plain steps? Each judged step counts what it realised
         # (tokens / its drafting + verify seconds; a step that found nothing worth verifying paid its
         # drafting for a plain step), so a text on which every estimate is wrong still stops

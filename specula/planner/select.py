@@ -21,6 +21,17 @@ def path_probabilities(tree: TokenTree, edge_probs: Sequence[float]) -> list[flo
     return probs
 
 
+def best_children(tree: TokenTree) -> set[int]:
+    """Nodes that are their parent's highest-scored child among the children of their own source
+    (ties: the first): what a chain of that source would have extended the parent by."""
+    best: dict[tuple[int, str], int] = {}
+    for i, (par, source, raw) in enumerate(zip(tree.parents, tree.sources, tree.edge_scores)):
+        j = best.get((par, source))
+        if j is None or raw > tree.edge_scores[j]:
+            best[(par, source)] = i
+    return set(best.values())
+
+
 def choose_size(
     ordered_probs: Sequence[float], draft_seconds: float, verify_seconds: Callable[[int], float],
     min_gain: float = 0.0,

@@ -15,7 +15,8 @@ from laws import exact_first_two, sample_first_two, tv, tv_bound
 from tiny import reference_greedy, tiny_model
 from specula.api import build_decoder
 from specula.drafters.heads.file import HeadFile, read_head, save_head, target_record
-from specula.drafters.heads.runtime import drafting_dtype, load_head, new_head
+from specula.drafters.heads.runtime import drafting_dtype, drafting_kernel, load_head, new_head
+from specula.models.native.kernels import KernelLinear
 from specula.errors import HeadFileError
 from specula.models.hf import HFCausalLM
 from specula.models.native import NativeCausalLM, NativeDecoder, configure
@@ -61,6 +62,34 @@ def test_a_bfloat16_head_drafts_and_output_stays_plain_greedy(kind):
     fresh = new_head(kind, target, oracle_d2t(model.config.vocab_size), seed=1)
     head = TrainedHead(fresh.module.to(torch.bfloat16), fresh.d2t, target)
     assert head.lm_rows.dtype == torch.bfloat16
+    dec = build_decoder(kind, target, None, head=head, planner=False)
+    prompt = [5, 17, 9, 33, 5, 17]
+    out = dec.generate(prompt, SamplingParams(max_new_tokens=24, ignore_eos=True))
+    assert out.token_ids == reference_greedy(model, prompt, 24)
+    assert out.stats.drafted_tokens > 0
+
+
+@pytest.mark.skipif(drafting_kernel("cpu") is None, reason="specula's CPU kernels do not run here")
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_head_drafting_on_int8_kernels_stays_close_and_output_stays_plain_greedy(kind):
+    """The CPU drafting kernel: every linear layer (and the output rows) int8, eagle3's fuse with
+    float activations; its logits track the float head's, and the output is plain greedy."""
+    import copy
+
+    from specula.drafters.heads.runtime import TrainedHead
+
+    model = tiny_model("llama", "eager", seed=4)
+    target = native(model)
+    fresh = new_head(kind, target, oracle_d2t(model.config.vocab_size), seed=1)
+    head = TrainedHead(copy.deepcopy(fresh.module), fresh.d2t, target, kernel="i8")
+    assert head.kernel == "i8" and head.lm_rows is None
+    assert not any(isinstance(m, torch.nn.Linear) for m in head.module.modules())
+    if kind == "eagle3":
+        assert head.module.fuse.kind == "w8"
+    feat = torch.randn(5, head.config.hidden_size)  # [5, E]
+    exact, drafted = fresh.target_logits(feat), head.target_logits(feat)  # [5, V_draft]
+    assert torch.allclose(drafted, exact, atol=0.05 * float(exact.abs().max()))
+    assert (drafted.argmax(-1) == exact.argmax(-1)).float().mean() >= 0.8
     dec = build_decoder(kind, target, None, head=head, planner=False)
     prompt = [5, 17, 9, 33, 5, 17]
     out = dec.generate(prompt, SamplingParams(max_new_tokens=24, ignore_eos=True))
@@ -252,10 +281,14 @@ def test_a_saved_head_loads_back_identically(saved):
     for name, tensor in head.module.state_dict().items():
         assert torch.equal(loaded.module.state_dict()[name], tensor)
     assert torch.equal(loaded.d2t, head.d2t)
-    drafting = load_head(path, target, "tiny")  # the drafting dtype: bfloat16 where the CPU has AVX512-BF16
-    assert drafting.dtype == drafting_dtype("cpu") and drafting.lm_rows.dtype == drafting.dtype
-    for name, tensor in head.module.state_dict().items():
-        assert torch.equal(drafting.module.state_dict()[name], tensor.to(drafting.dtype))
+    drafting = load_head(path, target, "tiny")  # drafting only: on specula's int8 kernels where they run
+    if drafting_kernel("cpu") is not None:
+        assert drafting.kernel == "i8" and drafting.lm_rows is None
+        assert all(isinstance(m, KernelLinear) for m in (drafting.module.fc, drafting.module.wqkv, drafting.module.w_down))
+    else:
+        assert drafting.dtype == drafting_dtype("cpu") and drafting.lm_rows.dtype == drafting.dtype
+        for name, tensor in head.module.state_dict().items():
+            assert torch.equal(drafting.module.state_dict()[name], tensor.to(drafting.dtype))
 
 
 def test_bad_head_files_are_refused_with_the_fix(saved, tmp_path):

@@ -40,3 +40,15 @@ def test_source_mean_is_the_smoothed_acceptance_over_all_bins():
     for raw, accepted in [(0.1, False), (0.9, True), (0.5, True), (0.5, False)] * 25:
         cal.update("x", raw, accepted)
     assert cal.mean("x", prior=0.5) == pytest.approx((50 + 2) / (100 + 4))
+
+
+def test_best_children_are_counted_on_their_own():
+    """A wide tree's unlikely siblings pull the mean down; the best children keep their own rate."""
+    cal = Calibrator(CalibrationConfig(prior_strength=1.0))
+    for _ in range(200):  # below max_trials: no decay
+        cal.update("head", 0.6, True, best=True)  # the best child: accepted
+        for _ in range(7):
+            cal.update("head", 0.05, False)  # its siblings: never
+    assert cal.mean("head") < 0.15
+    assert cal.mean("head", best=True) > 0.99
+    assert Calibrator().mean("fresh", prior=0.8, best=True) == pytest.approx(0.8)

@@ -511,3 +511,32 @@ def test_under_load_the_batch_stops_drafting_when_its_drafting_steps_realise_les
         seconds = 1.0 + 0.3 * (total - 4)  # what the passes really cost
         planner.observe_pass(plans, seconds, [1] * 4, 0.01 * sum(drafting))  # nothing accepted
     assert drafted_steps < 20
+
+
+def test_best_children_are_each_parents_top_scored_child_per_source():
+    from specula.planner.select import best_children
+
+    # root -> a (0.6, head), b (0.3, head), c (0.9, prompt-lookup); a -> d (0.2), e (0.7)
+    tree = TokenTree.build([1, 2, 3, 4, 5], [-1, -1, -1, 0, 0], [0.6, 0.3, 0.9, 0.2, 0.7],
+                           ["head", "head", "prompt-lookup", "head", "head"])
+    assert best_children(tree) == {0, 2, 4}
+
+
+def test_a_wide_tree_whose_best_children_are_accepted_keeps_chains_worth_drafting():
+    """The chain lookahead prices a level more by the source's best children: seven rejected
+    siblings per level must not make a source whose top child is always accepted look worthless."""
+    planner = HardwarePlanner(curve=STEEP)
+    driver = Driver(planner)
+    tokens, parents, edges = [], [], []
+    for level in range(3):  # top child of each level on the path, 7 siblings beside it
+        par = -1 if level == 0 else 8 * (level - 1)
+        for k in range(8):
+            tokens.append(100 * level + k)
+            parents.append(par)
+            edges.append(0.6 if k == 0 else 0.05)
+    tree = TokenTree.build(tokens, parents, edges, "eagle3")
+    for _ in range(30):
+        driver.plan(Proposal(tree))
+        driver.observe(Proposal(tree), (0, 8, 16))
+    assert planner.calibrator.mean("eagle3") < 0.25
+    assert planner.expected_acceptance("eagle3") > 0.8
