@@ -40,7 +40,7 @@ class Calibrator:
         self.config = config
         self._acc: dict[str, np.ndarray] = {}
         self._trials: dict[str, np.ndarray] = {}
-        self._best: dict[str, list[float]] = {}  # per source: [accepted, trials] of best children
+        self._best: dict[str, np.ndarray] = {}  # per source: [accepted, trials] of best children
 
     def _bin(self, raw: float) -> int:
         return min(self.config.bins - 1, max(0, int(raw * self.config.bins)))
@@ -64,7 +64,7 @@ class Calibrator:
         (`best`) of its best children only (`prior` smoothed in with `prior_strength` pseudo-trials)."""
         k = self.config.prior_strength
         if best:
-            accepted, trials = self._best.get(source, (0.0, 0.0))
+            accepted, trials = self._best.get(source, np.zeros(2))
             return float((accepted + k * prior) / (trials + k))
         acc, trials = self._tables(source)
         return float((acc.sum() + k * prior) / (trials.sum() + k))
@@ -73,19 +73,18 @@ class Calibrator:
         """One trial of a node with this raw score; `best`: the node was its parent's best-scored
         child of this source (counted again among the best children)."""
         acc, trials = self._tables(source)
-        b = self._bin(min(1.0, max(0.0, float(raw))))
-        acc[b] += float(accepted)
-        trials[b] += 1.0
-        if trials[b] > self.config.max_trials:
-            acc[b] *= 0.5
-            trials[b] *= 0.5
+        self._count(acc, trials, self._bin(min(1.0, max(0.0, float(raw)))), accepted)
         if best:
-            sums = self._best.setdefault(source, [0.0, 0.0])
-            sums[0] += float(accepted)
-            sums[1] += 1.0
-            if sums[1] > self.config.max_trials:
-                sums[0] *= 0.5
-                sums[1] *= 0.5
+            sums = self._best.setdefault(source, np.zeros(2))  # [accepted, trials]
+            self._count(sums[:1], sums[1:], 0, accepted)
+
+    def _count(self, acc: np.ndarray, trials: np.ndarray, i: int, accepted: bool) -> None:
+        """One trial in slot i; counts are halved past `max_trials`, so estimates follow drift."""
+        acc[i] += float(accepted)
+        trials[i] += 1.0
+        if trials[i] > self.config.max_trials:
+            acc[i] *= 0.5
+            trials[i] *= 0.5
 
     def table(self) -> dict[str, list[dict]]:
         """Per source: bin range, trials and estimate (for reports)."""

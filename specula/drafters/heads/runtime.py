@@ -64,7 +64,7 @@ class TrainedHead:
         if self.config.feature_layers:
             self.module.fuse = KernelLinear(self.module.fuse, "w8")
         apply_kernels(self.module, kind, skip=("fuse",))
-        rows = torch.nn.Linear(self.config.hidden_size, len(self.d2t), bias=False)
+        rows = torch.nn.Linear(self.config.hidden_size, len(self.d2t), bias=False, device="meta")  # no init
         rows.weight = torch.nn.Parameter(self.lm_rows, requires_grad=False)
         self._lm = KernelLinear(rows, kind)
         self.lm_rows = None  # packed into `_lm`: no second copy kept
@@ -122,10 +122,10 @@ DRAFTING_KERNEL = "i8"
 def drafting_kernel(device: torch.device | str) -> str | None:
     """The CPU kernel a head drafts on: `i8` (int8 weights and activations, `TrainedHead._use_kernel`)
     wherever specula's CPU kernels run; None elsewhere (CUDA, whose head passes are launch-bound; a
-    CPU without AVX2 or a C compiler). On SmolLM2's head (2 threads) a one-row level costs 0.6 ms
-    against 2.9 ms in bfloat16 torch and 4.6 ms in float32, and greedy 5-token chains accept 1.69
-    tokens per step against 1.72 in float32: a draft needs no exactness, the target verifies
-    every token."""
+    CPU without AVX2 or a C compiler). On SmolLM2's eagle3 head (2 threads) a one-row level costs
+    0.57 ms against 2.88 ms in bfloat16 torch and 5.13 ms in float32, and greedy 5-token chains
+    accept as much (1.670 tokens per step against 1.671 in float32; `scripts/head_kernels.py`): a
+    draft needs no exactness, the target verifies every token."""
     if torch.device(device).type != "cpu":
         return None
     from specula.models.native.kernels import available
@@ -160,9 +160,8 @@ def load_head(path: str | os.PathLike, target, target_name: str, dtype: torch.dt
         raise HeadFileError(f"head {path} does not fit its own config ({first[:120]}); re-create it with "
                             "`specula train`") from None
     kernel = drafting_kernel(target.device) if dtype is None else None
-    if kernel is not None:
-        return TrainedHead(module.to(target.device, torch.float32), file.d2t, target, file, kernel=kernel)
-    return TrainedHead(module.to(target.device, dtype or drafting_dtype(target.device)), file.d2t, target, file)
+    dtype = torch.float32 if kernel is not None else dtype or drafting_dtype(target.device)
+    return TrainedHead(module.to(target.device, dtype), file.d2t, target, file, kernel=kernel)
 
 
 # ---------------------------------------------------------------------------- per-request states
