@@ -41,7 +41,12 @@ class TokenTree:
     edge_scores: tuple[float, ...]
     """Per-node edge score: the drafter's estimate of P(node accepted | parent accepted)."""
     sources: tuple[str, ...]
-    """Which drafter proposed each node."""
+    """Which drafter proposed each node (the first one, where several did)."""
+    credits: tuple[tuple[tuple[str, float], ...], ...] = ()
+    """Per node, every drafter that proposed it with its own edge score, `(source, score)` in merge
+    order (the first is `sources[i]`); empty (the usual case) when each node has one proposer:
+    then `proposers(i)` is `((sources[i], edge_scores[i]),)`. Set by `merge` where two sources
+    propose one node, so the planner can estimate and credit each of them (`proposers`)."""
 
     def __post_init__(self) -> None:
         n = len(self.tokens)
@@ -50,6 +55,8 @@ class TokenTree:
                 f"TokenTree arrays differ in length: tokens={n}, parents={len(self.parents)}, "
                 f"edge_scores={len(self.edge_scores)}, sources={len(self.sources)}"
             )
+        if self.credits and len(self.credits) != n:
+            raise ValueError(f"TokenTree credits has {len(self.credits)} entries for {n} nodes")
         for i, par in enumerate(self.parents):
             if not -1 <= par < i:
                 raise ValueError(f"TokenTree node {i} has parent {par}: parents must be -1 or an earlier node")
@@ -190,21 +197,30 @@ class TokenTree:
     def tokens_of(self, nodes: Sequence[int]) -> list[int]:
         return [self.tokens[i] for i in nodes]
 
+    def proposers(self, node: int) -> tuple[tuple[str, float], ...]:
+        """Every drafter that proposed `node`, with its own edge score: `(source, score)` pairs,
+        the first being `sources[node]` (see `credits`)."""
+        if self.credits:
+            return self.credits[node]
+        return ((self.sources[node], self.edge_scores[node]),)
+
     def is_chain(self) -> bool:
         return all(par == i - 1 for i, par in enumerate(self.parents))
 
     # ------------------------------------------------------------------ operations
     def merge(self, other: "TokenTree") -> "TokenTree":
         """Trie union by longest prefix match. A node whose path already exists keeps the
-        higher edge score (and the first source); duplicate siblings in either tree are merged."""
+        higher edge score and the first source, and every source that proposed it is credited
+        with its own score (`credits`); duplicate siblings in either tree are merged."""
         tokens: list[int] = []
         parents: list[int] = []
         scores: list[float] = []
         sources: list[str] = []
+        credits: list[dict[str, float]] = []  # per node: source -> its own (highest) edge score
         index: dict[tuple[int, int], int] = {}
         for tree in (self, other):
             remap: list[int] = []
-            for tok, par, score, src in zip(tree.tokens, tree.parents, tree.edge_scores, tree.sources):
+            for i, (tok, par, score) in enumerate(zip(tree.tokens, tree.parents, tree.edge_scores)):
                 key = (remap[par] if par >= 0 else -1, tok)
                 j = index.get(key)
                 if j is None:
@@ -212,11 +228,16 @@ class TokenTree:
                     tokens.append(tok)
                     parents.append(key[0])
                     scores.append(score)
-                    sources.append(src)
+                    sources.append(tree.sources[i])
+                    credits.append(dict(tree.proposers(i)))
                 else:
                     scores[j] = max(scores[j], score)
+                    for src, raw in tree.proposers(i):
+                        credits[j][src] = max(credits[j].get(src, raw), raw)
                 remap.append(j)
-        return TokenTree(tuple(tokens), tuple(parents), tuple(scores), tuple(sources))
+        shared = any(len(c) > 1 for c in credits)
+        return TokenTree(tuple(tokens), tuple(parents), tuple(scores), tuple(sources),
+                         tuple(tuple(c.items()) for c in credits) if shared else ())
 
     def subtree(self, keep: Iterable[int]) -> "TokenTree":
         """Keep the given nodes (must be ancestor-closed), preserving their order."""
@@ -233,6 +254,7 @@ class TokenTree:
             tuple(parents),
             tuple(self.edge_scores[k] for k in kept),
             tuple(self.sources[k] for k in kept),
+            tuple(self.credits[k] for k in kept) if self.credits else (),
         )
 
     def prune(self, drop: Iterable[int]) -> "TokenTree":
@@ -272,4 +294,5 @@ class TokenTree:
         return self if budget >= len(self) else self.subtree(self.top_node_indices(budget))
 
     def with_edge_scores(self, edge_scores: Sequence[float]) -> "TokenTree":
-        return TokenTree(self.tokens, self.parents, tuple(float(s) for s in edge_scores), self.sources)
+        """The same tree with new edge scores (the proposers' own scores in `credits` are kept)."""
+        return TokenTree(self.tokens, self.parents, tuple(float(s) for s in edge_scores), self.sources, self.credits)

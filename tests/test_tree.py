@@ -55,6 +55,26 @@ def test_merge_is_a_trie_union_with_duplicates_merged():
             assert tuple(src.tokens_of(src.path_to(i))) in paths
 
 
+def test_merge_credits_every_source_of_a_shared_node_with_its_own_score():
+    a = TokenTree.chain([1, 2, 3], [0.9, 0.5, 0.2], "a")
+    b = TokenTree.chain([1, 2, 4], [0.3, 0.8, 0.7], "b")
+    m = a.merge(b)
+    assert m.sources == ("a", "a", "a", "b") and m.edge_scores == (0.9, 0.8, 0.2, 0.7)
+    assert m.proposers(0) == (("a", 0.9), ("b", 0.3)) and m.proposers(1) == (("a", 0.5), ("b", 0.8))
+    assert m.proposers(2) == (("a", 0.2),) and m.proposers(3) == (("b", 0.7),)
+    # a later merge keeps the credits, a subtree carries them, new edge scores leave them
+    m3 = m.merge(TokenTree.chain([1], [0.4], "c"))
+    assert m3.proposers(0) == (("a", 0.9), ("b", 0.3), ("c", 0.4))
+    sub = m.subtree([0, 1, 3])
+    assert sub.proposers(1) == (("a", 0.5), ("b", 0.8)) and sub.proposers(2) == (("b", 0.7),)
+    assert m.with_edge_scores([1.0] * 4).proposers(1) == (("a", 0.5), ("b", 0.8))
+    # one source's duplicate nodes are one proposer (its highest score); no credits are stored
+    same = TokenTree.from_paths([[1, 2], [1, 3]], [[0.4, 0.5], [0.6, 0.5]], source="a")
+    assert same.credits == () and same.proposers(0) == (("a", 0.6),)
+    with pytest.raises(ValueError, match="credits"):
+        TokenTree((1,), (-1,), (1.0,), ("a",), ((("a", 1.0),), (("a", 1.0),)))
+
+
 def test_path_scores_are_products_of_edge_scores():
     t = TokenTree.build([1, 2, 3, 4], [-1, 0, 1, -1], edge_scores=[0.5, 0.8, 0.25, 0.9])
     assert t.path_scores == pytest.approx((0.5, 0.4, 0.1, 0.9))

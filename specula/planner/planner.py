@@ -162,11 +162,9 @@ class PlannerView:
         return self._planner.proposal_rate(merge_proposals(self._proposals), self._draft_seconds)
 
     def _path_probs(self, source: str, edge_scores: Sequence[float]) -> list[float]:
-        planner = self._planner
-        bias = planner.bias_of(source)
         probs, acc = [], 1.0
         for raw in edge_scores:
-            acc *= min(1.0, bias * planner.calibrator.estimate(source, raw))
+            acc *= self._planner._source_acceptance(source, raw)
             probs.append(acc)
         return probs
 
@@ -254,9 +252,14 @@ class HardwarePlanner:
 
     def _edge_acceptance(self, tree: TokenTree) -> list[float]:
         """Estimated P(node accepted | parent accepted) of every node: per-source calibration times
-        the source's correction factor (at most 1); 1 for a token the request's grammar forces."""
-        return [1.0 if src == FORCED_SOURCE else min(1.0, self.bias_of(src) * self.calibrator.estimate(src, raw))
-                for src, raw in zip(tree.sources, tree.edge_scores)]
+        the source's correction factor (at most 1), the highest over the sources that proposed the
+        node (each with its own score); 1 for a token the request's grammar forces."""
+        return [max(self._source_acceptance(src, raw) for src, raw in tree.proposers(i)) for i in range(len(tree))]
+
+    def _source_acceptance(self, source: str, raw: float) -> float:
+        if source == FORCED_SOURCE:
+            return 1.0
+        return min(1.0, self.bias_of(source) * self.calibrator.estimate(source, raw))
 
     def estimate(self, proposal: Proposal) -> list[float]:
         """Calibrated path probability of every node (corrected per source)."""
@@ -446,11 +449,11 @@ class HardwarePlanner:
         best = best_children(tree)
         for i, par in enumerate(tree.parents):
             if par < 0 or par in on_path:  # a trial: the node's parent was accepted
-                source, raw = tree.sources[i], tree.edge_scores[i]
-                sums = self._recent.setdefault(source, [0.0, 0.0])
-                sums[0] += i in on_path
-                sums[1] += self.calibrator.estimate(source, raw)  # the factor divides calibration alone
-                self.calibrator.update(source, raw, i in on_path, best=i in best)
+                for source, raw in tree.proposers(i):  # every source that proposed it, on its own score
+                    sums = self._recent.setdefault(source, [0.0, 0.0])
+                    sums[0] += i in on_path
+                    sums[1] += self.calibrator.estimate(source, raw)  # the factor divides calibration alone
+                    self.calibrator.update(source, raw, i in on_path, best=(i, source) in best)
         # Back-off: do drafting steps beat plain steps? Each judged step counts what it realised
         # (tokens / its drafting + verify seconds; a step that found nothing worth verifying paid its
         # drafting for a plain step), so a text on which every estimate is wrong still stops

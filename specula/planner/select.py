@@ -21,15 +21,17 @@ def path_probabilities(tree: TokenTree, edge_probs: Sequence[float]) -> list[flo
     return probs
 
 
-def best_children(tree: TokenTree) -> set[int]:
-    """Nodes that are their parent's highest-scored child among the children of their own source
-    (ties: the first): what a chain of that source would have extended the parent by."""
-    best: dict[tuple[int, str], int] = {}
-    for i, (par, source, raw) in enumerate(zip(tree.parents, tree.sources, tree.edge_scores)):
-        j = best.get((par, source))
-        if j is None or raw > tree.edge_scores[j]:
-            best[(par, source)] = i
-    return set(best.values())
+def best_children(tree: TokenTree) -> set[tuple[int, str]]:
+    """(node, source) pairs where the node is its parent's highest-scored child among the children
+    that source proposed, by that source's own score (ties: the first): what a chain of that source
+    would have extended the parent by. A node several sources proposed counts for each of them."""
+    best: dict[tuple[int, str], tuple[int, float]] = {}
+    for i, par in enumerate(tree.parents):
+        for source, raw in tree.proposers(i):
+            top = best.get((par, source))
+            if top is None or raw > top[1]:
+                best[(par, source)] = (i, raw)
+    return {(i, source) for (_, source), (i, _) in best.items()}
 
 
 def choose_size(

@@ -519,7 +519,11 @@ def test_best_children_are_each_parents_top_scored_child_per_source():
     # root -> a (0.6, head), b (0.3, head), c (0.9, prompt-lookup); a -> d (0.2), e (0.7)
     tree = TokenTree.build([1, 2, 3, 4, 5], [-1, -1, -1, 0, 0], [0.6, 0.3, 0.9, 0.2, 0.7],
                            ["head", "head", "prompt-lookup", "head", "head"])
-    assert best_children(tree) == {0, 2, 4}
+    assert best_children(tree) == {(0, "head"), (2, "prompt-lookup"), (4, "head")}
+    # a node two sources propose is judged among each source's children on that source's own score
+    shared = tree.merge(TokenTree.build([2], [-1], [0.95], "prompt-lookup"))  # b, now also prompt lookup's top
+    assert shared.proposers(1) == (("head", 0.3), ("prompt-lookup", 0.95))
+    assert best_children(shared) == {(0, "head"), (1, "prompt-lookup"), (4, "head")}
 
 
 def test_a_wide_tree_whose_best_children_are_accepted_keeps_chains_worth_drafting():
@@ -540,3 +544,27 @@ def test_a_wide_tree_whose_best_children_are_accepted_keeps_chains_worth_draftin
         driver.observe(Proposal(tree), (0, 8, 16))
     assert planner.calibrator.mean("eagle3") < 0.25
     assert planner.expected_acceptance("eagle3") > 0.8
+
+
+def test_a_node_two_sources_propose_is_estimated_by_the_better_and_credited_to_both():
+    """Fusion's merged tree keeps one source label per node; the planner still estimates a shared
+    node by its better proposer and credits every proposer with the outcome on its own score, so a
+    head whose accepted tokens prompt lookup also found is not judged on its rejected nodes alone."""
+    planner = HardwarePlanner(curve=STEEP)
+    driver = Driver(planner)
+    lookup = TokenTree.chain([5, 6, 7], [0.2] * 3, "prompt-lookup")
+    head = TokenTree.build([5, 6, 7, 9, 8], [-1, 0, 1, -1, 0], [0.6, 0.6, 0.6, 0.3, 0.3], "eagle3")
+    merged = lookup.merge(head)  # 5, 6, 7 keep prompt lookup's label; 9 and 8 are the head's alone
+    assert merged.sources == ("prompt-lookup",) * 3 + ("eagle3",) * 2
+    assert merged.proposers(0) == (("prompt-lookup", 0.2), ("eagle3", 0.6))
+    est = planner._edge_acceptance(merged)
+    assert est[0] == pytest.approx(planner._source_acceptance("eagle3", 0.6))
+    assert est[0] > planner._source_acceptance("prompt-lookup", 0.2)
+    for _ in range(40):  # the shared chain is always accepted, the head's own siblings never
+        driver.plan(Proposal(merged))
+        driver.observe(Proposal(merged), (0, 1, 2))
+    # both sources learned from the shared chain: the head's best children (the chain) were accepted
+    assert planner.calibrator.mean("prompt-lookup", best=True) > 0.9
+    assert planner.calibrator.mean("eagle3", best=True) > 0.9
+    assert planner.calibrator.mean("eagle3") < 0.7  # its rejected siblings count in the all-node mean
+    assert planner.expected_acceptance("eagle3") > 0.9
