@@ -35,6 +35,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-new-tokens", type=int, default=defaults.max_new_tokens, metavar="N")
     p.add_argument("--batch-size", type=int, default=defaults.batch_size, metavar="N")
     p.add_argument("--seed", type=int, default=defaults.seed)
+    p.add_argument("--system", metavar="TEXT", help="a system message steering the requests (e.g. math problems); "
+                   "default: the template's own system turn")
     p.add_argument("--min-words", type=int, default=filters.min_words)
     p.add_argument("--max-words", type=int, default=filters.max_words)
     p.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -55,7 +57,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         config = MagpieConfig(count=args.count, temperature=args.temperature, top_p=args.top_p,
-                              max_new_tokens=args.max_new_tokens, batch_size=args.batch_size, seed=args.seed)
+                              max_new_tokens=args.max_new_tokens, batch_size=args.batch_size, seed=args.seed,
+                              system=args.system)
         target, tokenizer = load_backend(args.target, load_config(args), name="target")
         with tqdm(total=config.count, desc="magpie (user turns)", unit="msg", disable=args.quiet) as bar:
             manifest = synthesise(target, tokenizer, args.target, Path(args.out), config,

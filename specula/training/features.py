@@ -85,6 +85,19 @@ def extract_features(target, corpus: Sequence[CorpusEntry], out: Path,
     return fs
 
 
+def concat_features(sets: Sequence[FeatureSet]) -> FeatureSet:
+    """One feature set of several (their sequences in order): a corpus cached per data file."""
+    if len(sets) == 1:
+        return sets[0]
+    if len({fs.layers for fs in sets}) != 1:
+        raise ValueError("feature sets of different layers cannot be joined")
+    offsets = torch.tensor([0] + [int(fs.starts[-1]) for fs in sets[:-1]]).cumsum(0)
+    starts = torch.cat([sets[0].starts[:1]] + [fs.starts[1:] + off for fs, off in zip(sets, offsets)])
+    inputs = torch.cat([fs.inputs for fs in sets]) if sets[0].inputs is not None else None
+    return FeatureSet(torch.cat([fs.tokens for fs in sets]), torch.cat([fs.features for fs in sets]), starts,
+                      torch.cat([fs.prompt_lens for fs in sets]), inputs, sets[0].layers)
+
+
 def draft_vocabulary(fs: FeatureSet, size: int, target_vocab: int, always: Sequence[int] = ()) -> torch.Tensor:
     """d2t [size] long, sorted: the `size` most frequent tokens of the corpus (EAGLE-3's reduced
     vocabulary), plus `always` (e.g. EOS ids); the whole vocabulary when size >= target_vocab."""

@@ -55,6 +55,10 @@ class MagpieConfig:
     """Requests generated at once (one packed pass per step on batching backends)."""
     seed: int = 0
     """Request i samples with seed `seed + i`: a run (and a resumed run) is reproducible."""
+    system: str | None = None
+    """A system message that steers what users ask (Magpie's task-specific system prompts, e.g.
+    math problems to solve step by step); None keeps the template's own (default) system turn.
+    It only steers the synthesis: the target answers the kept prompts under its default template."""
 
 
 @dataclass(frozen=True)
@@ -91,13 +95,18 @@ class UserTurn:
     """The end-of-turn token when `end` is one token (generation stops at it), else ()."""
 
 
-def user_turn(tokenizer) -> UserTurn:
+def user_turn(tokenizer, system: str | None = None) -> UserTurn:
     """The user-turn prefix and end-of-turn marker of the tokenizer's chat template: a one-message
-    conversation with a sentinel user message, rendered and cut at the sentinel."""
+    conversation (after a `system` message, if given) with a sentinel user message, rendered and cut
+    at the sentinel."""
     if not getattr(tokenizer, "chat_template", None):
         raise ConfigError("magpie needs a chat template: use an instruct (chat) model whose tokenizer has one")
-    text = tokenizer.apply_chat_template([{"role": "user", "content": SENTINEL}], tokenize=False,
-                                         add_generation_prompt=False)
+    messages = [{"role": "user", "content": SENTINEL}]
+    if system is not None:
+        if not system.strip():
+            raise ConfigError("the magpie system message is empty: give it text, or leave it out")
+        messages.insert(0, {"role": "system", "content": system})
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=False)
     if text.count(SENTINEL) != 1:
         raise ConfigError(f"the chat template renders a user message {text.count(SENTINEL)} times, not once; "
                           "magpie needs a template that places the user message once")
@@ -257,7 +266,7 @@ def synthesise(target, tokenizer, target_name: str, out: str | os.PathLike, conf
         raise ConfigError(f"{out} exists: delete it or choose another output file")
     if config.count <= 0:
         raise ConfigError(f"count must be a positive number of prompts, got {config.count}")
-    turn = user_turn(tokenizer)
+    turn = user_turn(tokenizer, config.system)
     out.parent.mkdir(parents=True, exist_ok=True)
     partial = out.with_name(out.name + ".partial")
     rows = generate_user_turns(target, tokenizer, turn, partial, config, _settings_key(target_name, turn, config),

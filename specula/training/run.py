@@ -5,8 +5,9 @@
 Writes OUT/<kind>.safetensors (the head, atomically: `drafters.heads.file`), OUT/checkpoint.pt
 (resumable) and OUT/report.json (what was trained on, how long each stage took, the held-out
 acceptance before and after). The corpus and the features are cached under
-$SPECULA_CACHE/training/ by what they depend on, so a second run (another kind, more epochs)
-starts at the head.
+$SPECULA_CACHE/training/ by what they depend on, one cache per data file, so a second run (another
+kind, more epochs) starts at the head, and a run with one more data file generates only that
+file's sequences.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import torch
 from specula.errors import ConfigError
 from specula.training.corpus import (DEFAULT_PROMPTS, EVAL_PROMPTS, CorpusConfig, corpus_key, generate_corpus,
                                      read_prompts)
-from specula.training.features import coverage, draft_vocabulary, extract_features
+from specula.training.features import FeatureSet, concat_features, coverage, draft_vocabulary, extract_features
 from specula.training.trainer import TrainConfig, acceptance_report, train_head
 
 
@@ -53,45 +54,35 @@ def run_training(target, tokenizer, target_name: str, out: Path, config: TrainCo
     from specula.drafters.heads.config import feature_layers_of
     from specula.drafters.heads.runtime import new_head
     from specula.models.base import FeatureModel
-    from specula.paths import atomic_write_json, cache_dir
+    from specula.paths import atomic_write_json
 
     if not isinstance(target, FeatureModel):
         raise ConfigError(f"{target_name} cannot return hidden states; train with --backend native or hf")
     files = [Path(f) for f in data] or [DEFAULT_PROMPTS]
-    prompts = read_prompts(files)
+    per_file = [(f, read_prompts([f])) for f in files]
+    prompts = [p for _, file_prompts in per_file for p in file_prompts]
     out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(config.seed)
-    key = corpus_key(target_identity(target), files, corpus)
     eval_files = [Path(f) for f in (eval_data if eval_data is not None else [EVAL_PROMPTS])]
-    eval_prompts = read_prompts(eval_files, training=False) if eval_files else []
+    eval_per_file = [(f, read_prompts([f], training=False)) for f in eval_files]
+    eval_prompts = [p for _, file_prompts in eval_per_file for p in file_prompts]
     shared = {text for _, text in eval_prompts} & {text for _, text in prompts}
     if shared:
         raise ConfigError(f"{len(shared)} evaluation prompt(s) are also training prompts (e.g. {next(iter(shared))[:60]!r}); "
                           "held-out acceptance must come from prompts the head never trained on: pass other --eval-data")
     times = {}
     layers = feature_layers_of(config.kind, target.num_layers)  # the depths an eagle3 head fuses; else ()
-    suffix = "" if not layers else "-layers" + "_".join(map(str, layers))  # features with inputs: their own file
 
     t = time.perf_counter()
-    with _bar(len(prompts), "corpus (target answers)", quiet) as bar:
-        seqs = generate_corpus(target, tokenizer, prompts, cache_dir("training", f"corpus-{key}.jsonl"), corpus,
-                               progress=bar.update)
-    times["corpus_seconds"] = round(time.perf_counter() - t, 1)
-    t = time.perf_counter()
-    with _bar(len(seqs), "features (target hidden states)", quiet) as bar:
-        fs = extract_features(target, seqs, cache_dir("training", f"features-{key}{suffix}.safetensors"),
-                              progress=bar.update, layers=layers)
-    times["features_seconds"] = round(time.perf_counter() - t, 1)
+    seqs, fs = _corpus_and_features(target, tokenizer, per_file, corpus, layers, times,
+                                    None if quiet else "corpus (target answers)")
+    times["corpus_seconds"] = round(time.perf_counter() - t - times["features_seconds"], 1)
 
     eval_fs = None
     if eval_prompts:
         t = time.perf_counter()
-        eval_key = corpus_key(target_identity(target), eval_files, corpus)
-        with _bar(len(eval_prompts), "evaluation answers (other source)", quiet) as bar:
-            eval_seqs = generate_corpus(target, tokenizer, eval_prompts,
-                                        cache_dir("training", f"corpus-{eval_key}.jsonl"), corpus, progress=bar.update)
-        eval_fs = extract_features(target, eval_seqs, cache_dir("training", f"features-{eval_key}{suffix}.safetensors"),
-                                   layers=layers)
+        _, eval_fs = _corpus_and_features(target, tokenizer, eval_per_file, corpus, layers, {},
+                                          None if quiet else "evaluation answers (other source)")
         times["evaluation_data_seconds"] = round(time.perf_counter() - t, 1)
 
     d2t = draft_vocabulary(fs, config.draft_vocab, target.vocab_size, sorted(target.eos_token_ids))
@@ -126,6 +117,36 @@ def run_training(target, tokenizer, target_name: str, out: Path, config: TrainCo
     report["head"] = str(path)
     atomic_write_json(out / "report.json", report)
     return report
+
+
+def _corpus_and_features(target, tokenizer, per_file: Sequence[tuple[Path, list[tuple[str, str]]]],
+                         corpus: CorpusConfig, layers: tuple[int, ...], times: dict,
+                         label: str | None) -> tuple[list, FeatureSet]:
+    """The target's answers to every file's prompts ((file, prompts) pairs) and their features,
+    each file cached on its own (keyed by the target, the generation settings and that file's
+    bytes), so adding a file to the data generates only its sequences. Progress bars under `label`
+    (None: none); sets times["features_seconds"]."""
+    from specula.paths import cache_dir
+
+    identity = target_identity(target)
+    suffix = "" if not layers else "-layers" + "_".join(map(str, layers))  # features with inputs: their own file
+    keyed = [(prompts, corpus_key(identity, [f], corpus)) for f, prompts in per_file]
+    seqs, sets = [], []
+    with _bar(sum(len(p) for p, _ in keyed), label or "", label is None) as bar:
+        for prompts, key in keyed:
+            before = bar.n
+            seqs.append(generate_corpus(target, tokenizer, prompts, cache_dir("training", f"corpus-{key}.jsonl"),
+                                        corpus, progress=bar.update))
+            bar.update(len(prompts) - (bar.n - before))  # a cached file reports nothing
+    t = time.perf_counter()
+    with _bar(sum(len(s) for s in seqs), "features (target hidden states)", label is None) as bar:
+        for (_, key), file_seqs in zip(keyed, seqs):
+            before = bar.n
+            sets.append(extract_features(target, file_seqs, cache_dir("training", f"features-{key}{suffix}.safetensors"),
+                                         progress=bar.update, layers=layers))
+            bar.update(len(file_seqs) - (bar.n - before))
+    times["features_seconds"] = round(time.perf_counter() - t, 1)
+    return [s for file_seqs in seqs for s in file_seqs], concat_features(sets)
 
 
 def _train_with_total(head, fs, config, out, progress, bar, max_minutes):

@@ -39,6 +39,14 @@ def test_user_turn_prefix_is_cut_from_the_chat_template(chatml_tokenizer):
     assert turn.prefix_ids[-2:] == (1, 4)  # <|im_start|> user: the model's next words are the user's
 
 
+def test_user_turn_after_a_steering_system_message(chatml_tokenizer):
+    turn = user_turn(chatml_tokenizer, "Users ask a02 a03.")
+    assert turn.prefix == "<|im_start|>system\nUsers ask a02 a03.<|im_end|>\n<|im_start|>user\n"
+    assert turn.end == "<|im_end|>"
+    with pytest.raises(ConfigError, match="system message is empty"):
+        user_turn(chatml_tokenizer, "  ")
+
+
 def test_user_turn_refuses_a_tokenizer_without_a_template():
     with pytest.raises(ConfigError, match="needs a chat template"):
         user_turn(word_tokenizer(8))

@@ -16,7 +16,7 @@ from tiny import reference_greedy, tiny_model
 from specula.drafters.heads.runtime import new_head
 from specula.models.native import NativeCausalLM, NativeDecoder, configure
 from specula.training.corpus import CorpusEntry
-from specula.training.features import coverage, draft_vocabulary, extract_features
+from specula.training.features import concat_features, coverage, draft_vocabulary, extract_features
 from specula.drafters.heads.losses import loss_of, ttt_mask
 from specula.training.trainer import TrainConfig, batch, chunks, loss_config, split, train_head
 
@@ -48,6 +48,24 @@ def test_layer_features_are_cached_with_the_last_state(setup, tmp_path):
     assert cached.layers == (0, 1) and torch.equal(cached.inputs, first.inputs) and cached.inputs.shape == (5, 64)
     emb = target.embed_tokens(fs.tokens[:5])  # layer 0's input is the token embedding
     assert torch.allclose(layered.inputs[:5, : target.hidden_size].float(), emb.float(), atol=1e-2)
+
+
+def test_feature_sets_of_two_files_join_into_the_set_of_both(setup, tmp_path):
+    """A corpus cached per data file is joined into the features one extraction of it all gives."""
+    target, _, _ = setup
+    rng = random.Random(1)
+    corpus = [CorpusEntry(str(i), [rng.randrange(2, 96) for _ in range(3 + i)], [rng.randrange(2, 96) for _ in range(4)])
+              for i in range(5)]
+    whole = extract_features(target, corpus, tmp_path / "all.safetensors", layers=(0, 1))
+    parts = [extract_features(target, corpus[:2], tmp_path / "a.safetensors", layers=(0, 1)),
+             extract_features(target, corpus[2:], tmp_path / "b.safetensors", layers=(0, 1))]
+    joined = concat_features(parts)
+    assert len(joined) == 5 and joined.layers == (0, 1)
+    for name in ("tokens", "starts", "prompt_lens"):
+        assert torch.equal(getattr(joined, name), getattr(whole, name)), name
+    assert torch.allclose(joined.features.float(), whole.features.float(), atol=1e-2)
+    assert torch.allclose(joined.inputs.float(), whole.inputs.float(), atol=1e-2)
+    assert torch.equal(joined.sequence(3)[0], whole.sequence(3)[0])
 
 
 @pytest.mark.parametrize("kind", ["eagle", "eagle3", "medusa", "hydra"])
@@ -182,3 +200,17 @@ def test_train_command_trains_an_eagle3_head_that_generate_uses(tmp_path, monkey
     payload = json.loads(capsys.readouterr().out)
     assert code == 0
     assert payload["token_ids"] == reference_greedy(model, list(tiny_tokenizer.encode("w5 w9 w13")), 12)
+    # one more data file: only its sequences are generated and extracted, the first file's caches are reused
+    cache = tmp_path / "cache" / "training"
+    before = {p.name: p.stat().st_mtime_ns for p in cache.iterdir()}
+    more = tmp_path / "more.jsonl"
+    more.write_text("".join(json.dumps({"prompt": f"w{i + 11} w{i + 30} w{i + 7} w{i + 50}"}) + "\n" for i in range(4)))
+    code = main(["train", "--target", str(path), "--kind", "eagle3", "--data", str(data), str(more),
+                 "--out", str(tmp_path / "h2"), "--epochs", "1", "--draft-vocab", "64", "--max-new-tokens", "16",
+                 "--seq-len", "16", "--quiet", "--eval-data"])
+    assert code == 0
+    after = {p.name: p.stat().st_mtime_ns for p in cache.iterdir()}
+    assert all(after[name] == mtime for name, mtime in before.items())  # untouched
+    assert sorted(n.split("-")[0] for n in set(after) - set(before)) == ["corpus", "features"]
+    report = json.loads((tmp_path / "h2" / "report.json").read_text())
+    assert report["corpus"]["sequences"] == 10 and report["prompts"] == 10

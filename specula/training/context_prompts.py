@@ -1,0 +1,80 @@
+"""Long-context training prompts built from the target's own answers: summaries, key points,
+simplification and questions over several documents.
+
+Magpie prompts are short (a user message of up to ~120 words), while much of what users send a
+deployed model carries a passage: a text to summarise, documents to answer from. A head trained
+only on short prompts has never read positions past a few hundred tokens nor copied from a long
+context. `compose` turns the target's own answers to earlier training prompts (the corpus
+`specula train` caches) into such prompts: an instruction we wrote around one passage, or up to
+`max_documents` passages as numbered documents with the question that produced one of them. No
+dataset's text enters: the passages are the target's, the instructions are ours, and every
+prompt still passes `specula train`'s benchmark check.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from dataclasses import dataclass
+from typing import Sequence
+
+ONE_PASSAGE = {
+    "summary": "Summarize the following text in two or three sentences.\n\n{a}",
+    "key_points": "What are the main points of the text below? Answer with a short list.\n\n{a}",
+    "simplify": "Rewrite this text in simpler words, for someone new to the topic:\n\n{a}",
+    "title": "Give the text below a short title, then say in one sentence what it is about.\n\n{a}",
+}
+"""Instructions around one passage (`{a}`), by task name."""
+
+DOCUMENTS = "Answer the question using the documents below.\n\n{documents}\n\nQuestion: {question}"
+"""Several passages as numbered documents, then the question whose answer is one of them."""
+
+TASKS = (*ONE_PASSAGE, "documents")
+"""Every task, in the order `compose` cycles through them."""
+
+
+@dataclass(frozen=True)
+class Passage:
+    """One answer of the target, as text, with the prompt it answered."""
+
+    question: str
+    """The prompt the target answered."""
+    text: str
+    """The answer (cut back to its last full sentence when the answer was cut off)."""
+
+
+def clean_passage(text: str, finished: bool, min_words: int = 40) -> str | None:
+    """The answer as a passage: cut to its last full sentence when unfinished; None if under
+    `min_words` words after that (too short to be a context worth reading)."""
+    text = text.strip()
+    if not finished:
+        ends = [m.end() for m in re.finditer(r"[.!?](?=\s|$)", text)]
+        text = text[: ends[-1]] if ends else ""
+    return text if len(text.split()) >= min_words else None
+
+
+def compose(passages: Sequence[Passage], count: int, seed: int = 0, max_documents: int = 4) -> list[dict]:
+    """`count` prompts `{"id", "prompt", "task"}`, cycling through `TASKS`: a one-passage task wraps
+    one passage (each passage used once per round), `documents` lists 2..`max_documents` distinct
+    passages in random order and asks the question that produced one of them. Deterministic given
+    `seed`."""
+    if len(passages) < max(2, max_documents):
+        raise ValueError(f"composing needs at least {max(2, max_documents)} passages, got {len(passages)}")
+    rng = random.Random(seed)
+    order = list(range(len(passages)))
+    rng.shuffle(order)
+    out = []
+    for i in range(count):
+        task = TASKS[i % len(TASKS)]
+        main = passages[order[i % len(order)]]
+        if task == "documents":
+            others = rng.sample([p for j, p in enumerate(passages) if j != order[i % len(order)]],
+                                rng.randint(1, max_documents - 1))
+            docs = [main, *others]
+            rng.shuffle(docs)
+            listed = "\n\n".join(f"Document {k}:\n{d.text}" for k, d in enumerate(docs, 1))
+            prompt = DOCUMENTS.format(documents=listed, question=main.question)
+        else:
+            prompt = ONE_PASSAGE[task].format(a=main.text)
+        out.append({"id": f"c{i:06d}", "prompt": prompt, "task": task})
+    return out

@@ -1,0 +1,42 @@
+"""Long-context prompts composed from the target's answers: every task, the passages inside,
+the question of a documents prompt answered by one of its documents, deterministic by seed."""
+
+from __future__ import annotations
+
+import pytest
+
+from specula.training.context_prompts import TASKS, Passage, clean_passage, compose
+
+
+def passages(n: int) -> list[Passage]:
+    return [Passage(f"Question number {i}?", " ".join(f"word{i}x{k}" for k in range(45)) + ".") for i in range(n)]
+
+
+def test_clean_passage_cuts_an_unfinished_answer_to_its_last_sentence():
+    text = "One two three. " * 20 + "and then it was cut"
+    cut = clean_passage(text, finished=False)
+    assert cut.endswith("three.") and "cut" not in cut
+    assert clean_passage(text, finished=True) == text.strip()
+    assert clean_passage("Too short. Really.", finished=True) is None
+    assert clean_passage("no sentence end at all " * 20, finished=False) is None
+
+
+def test_compose_cycles_tasks_and_holds_the_passages():
+    ps = passages(10)
+    rows = compose(ps, 20, seed=3)
+    assert [r["task"] for r in rows] == [TASKS[i % len(TASKS)] for i in range(20)]
+    assert len({r["id"] for r in rows}) == 20
+    for r in rows:
+        inside = [p for p in ps if p.text in r["prompt"]]
+        if r["task"] == "documents":
+            assert 2 <= len(inside) <= 4 and r["prompt"].count("Document ") == len(inside)
+            question = r["prompt"].rsplit("Question: ", 1)[1]
+            assert question in {p.question for p in inside}  # one of its documents answers it
+        else:
+            assert len(inside) == 1
+    assert compose(ps, 20, seed=3) == rows and compose(ps, 20, seed=4) != rows
+
+
+def test_compose_needs_enough_passages():
+    with pytest.raises(ValueError, match="at least 4 passages"):
+        compose(passages(3), 5)
