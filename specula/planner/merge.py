@@ -3,7 +3,9 @@
 Proposals whose children are deterministic candidates (retrieval, n-gram, recycling, top-k or
 greedy model drafts) merge by longest-prefix trie union (`TokenTree.merge`); model proposals
 (those that carry draft distributions `q`) go first, so a node both propose keeps the model's
-source. Where a model proposal is present, a retrieval branch (a node from a proposal without
+source label; every proposer of a node stays credited with its own score (`TokenTree.credits`),
+and the planner estimates the node by its better proposer and calibrates each of them on the
+outcome. Where a model proposal is present, a retrieval branch (a node from a proposal without
 `q`) that leaves the model's tree - hangs from the root or from one of the model's nodes - is
 kept only if the model gives its token at least `min_prob` at that point: RASD prunes the
 retrieval tree with the draft's probabilities (the paper's exact criterion could not be read,

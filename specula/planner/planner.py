@@ -164,7 +164,7 @@ class PlannerView:
     def _path_probs(self, source: str, edge_scores: Sequence[float]) -> list[float]:
         probs, acc = [], 1.0
         for raw in edge_scores:
-            acc *= self._planner._source_acceptance(source, raw)
+            acc *= self._planner.source_acceptance(source, raw)
             probs.append(acc)
         return probs
 
@@ -254,9 +254,11 @@ class HardwarePlanner:
         """Estimated P(node accepted | parent accepted) of every node: per-source calibration times
         the source's correction factor (at most 1), the highest over the sources that proposed the
         node (each with its own score); 1 for a token the request's grammar forces."""
-        return [max(self._source_acceptance(src, raw) for src, raw in tree.proposers(i)) for i in range(len(tree))]
+        return [max(self.source_acceptance(src, raw) for src, raw in tree.proposers(i)) for i in range(len(tree))]
 
-    def _source_acceptance(self, source: str, raw: float) -> float:
+    def source_acceptance(self, source: str, raw: float) -> float:
+        """Estimated P(accept | parent accepted) of one source's node with raw edge score `raw`:
+        its calibration times its correction factor (at most 1); 1 for a grammar-forced token."""
         if source == FORCED_SOURCE:
             return 1.0
         return min(1.0, self.bias_of(source) * self.calibrator.estimate(source, raw))

@@ -37,7 +37,7 @@ def target_identity(target) -> dict:
 def _bar(total: int, desc: str, quiet: bool):
     from tqdm import tqdm
 
-    return tqdm(total=total, desc=desc, unit="seq" if "corpus" in desc or "features" in desc else "step",
+    return tqdm(total=total, desc=desc, unit="step" if desc.startswith("training") else "seq",
                 disable=quiet, dynamic_ncols=True)
 
 

@@ -558,8 +558,8 @@ def test_a_node_two_sources_propose_is_estimated_by_the_better_and_credited_to_b
     assert merged.sources == ("prompt-lookup",) * 3 + ("eagle3",) * 2
     assert merged.proposers(0) == (("prompt-lookup", 0.2), ("eagle3", 0.6))
     est = planner._edge_acceptance(merged)
-    assert est[0] == pytest.approx(planner._source_acceptance("eagle3", 0.6))
-    assert est[0] > planner._source_acceptance("prompt-lookup", 0.2)
+    assert est[0] == pytest.approx(planner.source_acceptance("eagle3", 0.6))
+    assert est[0] > planner.source_acceptance("prompt-lookup", 0.2)
     for _ in range(40):  # the shared chain is always accepted, the head's own siblings never
         driver.plan(Proposal(merged))
         driver.observe(Proposal(merged), (0, 1, 2))

@@ -36,10 +36,12 @@ SHIPPED: tuple[ShippedHead, ...] = (
     # specula train --target smollm2-135m --kind eagle --epochs 10 (docs/training.md); float16
     ShippedHead("smollm2-135m", "eagle", "smollm2-135m-eagle.safetensors",
                 "5a5201e50bf9740e1169686c06d85fb62a242ae23f28abbc0ca751d8cbd9ffe2"),
-    # specula train --target smollm2-135m --kind eagle3 --data runs/magpie/smollm2.jsonl --max-new-tokens 128
-    #   --epochs 3 (2,034 Magpie prompts written by the target; docs/training.md); float16
+    # specula train --target smollm2-135m --kind eagle3 --data runs/magpie/smollm2.jsonl
+    #   runs/magpie/smollm2-math.jsonl runs/magpie/smollm2-context.jsonl --max-new-tokens 128 --epochs 3
+    #   (3,213 prompts: 2,034 Magpie, 479 steered Magpie math, 700 long-context prompts built from the
+    #   target's answers; docs/training.md); float16
     ShippedHead("smollm2-135m", "eagle3", "smollm2-135m-eagle3.safetensors",
-                "d64e5b3185417f4d0d8ec4ed0b187a4cac5e5eb160e12087ed261f04d0167ecd"),
+                "65704209569c01eaaeed04d73c390a241c6f28dccf5e98568b0b5df43168e11f"),
 )
 """Every shipped head."""
 
