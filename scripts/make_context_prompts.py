@@ -21,8 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from specula.commands.common import (add_attn_arg, add_backend_arg, add_device_args, add_linear_kernel_arg,  # noqa: E402
-                                     add_quantize_arg, load_config)
+from specula.commands.common import add_load_args, load_config  # noqa: E402
 from specula.errors import SpeculaError  # noqa: E402
 
 
@@ -38,19 +37,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-documents", type=int, default=4, metavar="N", help="most documents in one prompt (default 4)")
     p.add_argument("--min-words", type=int, default=40, help="shortest passage, in words (default 40)")
     p.add_argument("--seed", type=int, default=0)
-    add_device_args(p)
-    add_backend_arg(p)
-    add_attn_arg(p)
-    add_quantize_arg(p)
-    add_linear_kernel_arg(p)
+    add_load_args(p)
     args = p.parse_args(argv)
 
     from specula.models.loading import load_backend
-    from specula.paths import atomic_path, atomic_write_json, cache_dir
+    from specula.paths import atomic_path, atomic_write_json
     from specula.training.contamination import find_contaminated
     from specula.training.context_prompts import Passage, clean_passage, compose
-    from specula.training.corpus import CorpusConfig, corpus_key, generate_corpus, read_prompts
-    from specula.training.run import target_identity
+    from specula.training.corpus import CorpusConfig, generate_corpus, read_prompts
+    from specula.training.run import cache_paths
 
     out = Path(args.out)
     if out.exists():  # before the slow load
@@ -64,8 +59,7 @@ def main(argv: list[str] | None = None) -> int:
         passages, dropped = [], 0
         for path, prompts in per_file:
             text_of = dict(prompts)
-            cache = cache_dir("training", f"corpus-{corpus_key(target_identity(target), [path], config)}.jsonl")
-            for entry in generate_corpus(target, tokenizer, prompts, cache, config):
+            for entry in generate_corpus(target, tokenizer, prompts, cache_paths(target, path, config)[0], config):
                 finished = bool(entry.output_ids) and entry.output_ids[-1] in eos
                 text = clean_passage(tokenizer.decode(entry.output_ids, skip_special_tokens=True), finished,
                                      args.min_words)

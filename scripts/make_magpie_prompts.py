@@ -18,8 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from specula.commands.common import (add_attn_arg, add_backend_arg, add_device_args, add_linear_kernel_arg,  # noqa: E402
-                                     add_quantize_arg, load_config)
+from specula.commands.common import add_load_args, load_config  # noqa: E402
 from specula.errors import SpeculaError  # noqa: E402
 from specula.training.magpie import FilterConfig, MagpieConfig, manifest_path  # noqa: E402
 
@@ -40,11 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--min-words", type=int, default=filters.min_words)
     p.add_argument("--max-words", type=int, default=filters.max_words)
     p.add_argument("--quiet", action="store_true", help="no progress bar")
-    add_device_args(p)
-    add_backend_arg(p)
-    add_attn_arg(p)
-    add_quantize_arg(p)
-    add_linear_kernel_arg(p)
+    add_load_args(p)
     args = p.parse_args(argv)
 
     from tqdm import tqdm

@@ -214,8 +214,9 @@ def default_head(method: str | MethodSpec, target_name: str | None) -> Path | No
     (`specula models install`), or None. Fusion takes a head only when given one (`--head`):
     measured on SmolLM2 with the installed eagle3 head (3,213 training prompts, int8 drafting,
     three runs, medians), fusion with it ran 1.10x of fusion without it on the everyday set but
-    0.97x on Spec-Bench (docs/training.md), although tree expansion reads the planner's cost view and drafts nothing
-    on most steps where the head does not pay; fusion must never be slower than it can be."""
+    0.97x on Spec-Bench (docs/training.md), although tree expansion reads the planner's cost view
+    and drafts nothing on most steps where the head does not pay; fusion must never be slower than
+    it can be."""
     spec = get_method(method)
     if spec.head is None:
         return None

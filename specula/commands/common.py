@@ -31,12 +31,18 @@ def add_model_args(parser: argparse.ArgumentParser, *, target_required: bool = T
                    help="quantize the draft only (the target keeps its dtype and kernels): int8 = int8 weights and "
                         "activations (default for --draft self and for the draft --draft auto picks), none "
                         "(default for a draft you name)")
-    add_device_args(g)
-    add_attn_arg(g)
-    add_quantize_arg(g)
-    add_linear_kernel_arg(g)
-    add_backend_arg(g)
+    add_load_args(g)
     add_prepared_cache_arg(g)
+
+
+def add_load_args(parser) -> None:
+    """How a model is loaded and run (what `load_config` reads besides the model names): device and
+    dtype, attention, quantization, linear kernels, backend."""
+    add_device_args(parser)
+    add_attn_arg(parser)
+    add_quantize_arg(parser)
+    add_linear_kernel_arg(parser)
+    add_backend_arg(parser)
 
 
 def add_prepared_cache_arg(parser) -> None:

@@ -5,9 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from specula.commands.common import (
-    add_attn_arg, add_backend_arg, add_device_args, add_linear_kernel_arg, add_quantize_arg, load_config,
-)
+from specula.commands.common import add_load_args, load_config
 from specula.errors import ConfigError
 
 
@@ -17,11 +15,7 @@ def register(sub) -> None:
         description="Median latency of one target pass verifying n tokens (the root + n-1 draft nodes) after a "
                     "context of C tokens, for each n; writes DIR/cost_curve.json and DIR/cost_curve.png.")
     p.add_argument("--target", required=True, help="target model (alias, local directory, .gguf file or cached hub id)")
-    add_device_args(p)
-    add_attn_arg(p)
-    add_quantize_arg(p)
-    add_linear_kernel_arg(p)
-    add_backend_arg(p)
+    add_load_args(p)
     p.add_argument("--context", type=int, default=512, help="tokens in the KV cache before each pass (default 512)")
     p.add_argument("--sizes", default="1,2,4,8,16,32,64", help="tokens per pass, comma-separated (default 1,2,4,...,64)")
     p.add_argument("--repeats", type=int, default=5, help="timed repeats per size after one warm-up (default 5)")

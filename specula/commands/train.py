@@ -14,8 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from specula.commands.common import (add_attn_arg, add_backend_arg, add_device_args, add_linear_kernel_arg,
-                                     add_quantize_arg, load_config)
+from specula.commands.common import add_load_args, load_config
 from specula.methods import METHODS
 
 HEAD_KINDS = tuple(spec.head for spec in METHODS.values() if spec.head is not None)
@@ -52,11 +51,7 @@ def register(sub) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
-    add_device_args(p)
-    add_backend_arg(p)
-    add_attn_arg(p)
-    add_quantize_arg(p)
-    add_linear_kernel_arg(p)
+    add_load_args(p)
     p.set_defaults(handler=run)
 
 

@@ -168,13 +168,17 @@ def load_corpus(path: Path) -> list[CorpusEntry]:
 def generate_corpus(target, tokenizer, prompts: Sequence[tuple[str, str]], out: Path,
                     config: CorpusConfig = CorpusConfig(), progress: Callable[[int], None] | None = None
                     ) -> list[CorpusEntry]:
-    """The target's greedy answers to `prompts`, cached at `out` (resumed from `out.partial`)."""
+    """The target's greedy answers to `prompts`, cached at `out` (resumed from `out.partial`);
+    `progress(n)` as sequences are done, cached or resumed ones included."""
     from specula.engine import SpeculativeDecoder
     from specula.prompts import encode_prompt
     from specula.sampling import SamplingParams
 
     if out.is_file():
-        return load_corpus(out)
+        cached = load_corpus(out)
+        if progress is not None:
+            progress(len(cached))
+        return cached
     partial = out.with_name(out.name + ".partial")
     done: dict[str, CorpusEntry] = {}
     if partial.is_file():

@@ -47,7 +47,8 @@ class FeatureSet:
 def extract_features(target, corpus: Sequence[CorpusEntry], out: Path,
                      progress: Callable[[int], None] | None = None, layers: Sequence[int] = ()) -> FeatureSet:
     """Features of every corpus sequence (with `layers`, also the inputs of those layers, from the
-    same pass), cached at `out` (reused when present; the caller keys the path by the layers)."""
+    same pass), cached at `out` (reused when present; the caller keys the path by the layers);
+    `progress(n)` as sequences are done, a cached file's all at once."""
     from safetensors.torch import load_file, save_file
 
     from specula.paths import atomic_path
@@ -55,6 +56,8 @@ def extract_features(target, corpus: Sequence[CorpusEntry], out: Path,
     layers = tuple(layers)
     if out.is_file():
         t = load_file(str(out))
+        if progress is not None:
+            progress(len(t["starts"]) - 1)
         return FeatureSet(t["tokens"], t["features"], t["starts"], t["prompt_lens"], t.get("inputs"),
                           tuple(t["layers"].tolist()) if "layers" in t else ())
     request = (*layers, target.num_layers) if layers else True

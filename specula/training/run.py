@@ -74,15 +74,16 @@ def run_training(target, tokenizer, target_name: str, out: Path, config: TrainCo
     layers = feature_layers_of(config.kind, target.num_layers)  # the depths an eagle3 head fuses; else ()
 
     t = time.perf_counter()
-    seqs, fs = _corpus_and_features(target, tokenizer, per_file, corpus, layers, times,
-                                    None if quiet else "corpus (target answers)")
-    times["corpus_seconds"] = round(time.perf_counter() - t - times["features_seconds"], 1)
+    seqs, fs, features_seconds = _corpus_and_features(target, tokenizer, per_file, corpus, layers,
+                                                      None if quiet else "corpus (target answers)")
+    times["corpus_seconds"] = round(time.perf_counter() - t - features_seconds, 1)
+    times["features_seconds"] = round(features_seconds, 1)
 
     eval_fs = None
     if eval_prompts:
         t = time.perf_counter()
-        _, eval_fs = _corpus_and_features(target, tokenizer, eval_per_file, corpus, layers, {},
-                                          None if quiet else "evaluation answers (other source)")
+        _, eval_fs, _ = _corpus_and_features(target, tokenizer, eval_per_file, corpus, layers,
+                                             None if quiet else "evaluation answers (other source)")
         times["evaluation_data_seconds"] = round(time.perf_counter() - t, 1)
 
     d2t = draft_vocabulary(fs, config.draft_vocab, target.vocab_size, sorted(target.eos_token_ids))
@@ -119,34 +120,33 @@ def run_training(target, tokenizer, target_name: str, out: Path, config: TrainCo
     return report
 
 
-def _corpus_and_features(target, tokenizer, per_file: Sequence[tuple[Path, list[tuple[str, str]]]],
-                         corpus: CorpusConfig, layers: tuple[int, ...], times: dict,
-                         label: str | None) -> tuple[list, FeatureSet]:
-    """The target's answers to every file's prompts ((file, prompts) pairs) and their features,
-    each file cached on its own (keyed by the target, the generation settings and that file's
-    bytes), so adding a file to the data generates only its sequences. Progress bars under `label`
-    (None: none); sets times["features_seconds"]."""
+def cache_paths(target, file: Path, corpus: CorpusConfig, layers: tuple[int, ...] = ()) -> tuple[Path, Path]:
+    """(answers, features) cache files of one prompt file, keyed by the target, the generation
+    settings and the file's bytes (features with `layers`' inputs have their own file);
+    `specula train` and the scripts that reuse its answers read the same paths."""
     from specula.paths import cache_dir
 
-    identity = target_identity(target)
-    suffix = "" if not layers else "-layers" + "_".join(map(str, layers))  # features with inputs: their own file
-    keyed = [(prompts, corpus_key(identity, [f], corpus)) for f, prompts in per_file]
+    key = corpus_key(target_identity(target), [file], corpus)
+    suffix = "" if not layers else "-layers" + "_".join(map(str, layers))
+    return cache_dir("training", f"corpus-{key}.jsonl"), cache_dir("training", f"features-{key}{suffix}.safetensors")
+
+
+def _corpus_and_features(target, tokenizer, per_file: Sequence[tuple[Path, list[tuple[str, str]]]],
+                         corpus: CorpusConfig, layers: tuple[int, ...],
+                         label: str | None) -> tuple[list, FeatureSet, float]:
+    """The target's answers to every file's prompts ((file, prompts) pairs), their features, and the
+    seconds the features took; each file cached on its own (`cache_paths`), so adding a file to the
+    data generates only its sequences. Progress bars under `label` (None: none)."""
+    paths = [cache_paths(target, file, corpus, layers) for file, _ in per_file]
     seqs, sets = [], []
-    with _bar(sum(len(p) for p, _ in keyed), label or "", label is None) as bar:
-        for prompts, key in keyed:
-            before = bar.n
-            seqs.append(generate_corpus(target, tokenizer, prompts, cache_dir("training", f"corpus-{key}.jsonl"),
-                                        corpus, progress=bar.update))
-            bar.update(len(prompts) - (bar.n - before))  # a cached file reports nothing
+    with _bar(sum(len(p) for _, p in per_file), label or "", label is None) as bar:
+        for (_, prompts), (answers, _) in zip(per_file, paths):
+            seqs.append(generate_corpus(target, tokenizer, prompts, answers, corpus, progress=bar.update))
     t = time.perf_counter()
     with _bar(sum(len(s) for s in seqs), "features (target hidden states)", label is None) as bar:
-        for (_, key), file_seqs in zip(keyed, seqs):
-            before = bar.n
-            sets.append(extract_features(target, file_seqs, cache_dir("training", f"features-{key}{suffix}.safetensors"),
-                                         progress=bar.update, layers=layers))
-            bar.update(len(file_seqs) - (bar.n - before))
-    times["features_seconds"] = round(time.perf_counter() - t, 1)
-    return [s for file_seqs in seqs for s in file_seqs], concat_features(sets)
+        for file_seqs, (_, features) in zip(seqs, paths):
+            sets.append(extract_features(target, file_seqs, features, progress=bar.update, layers=layers))
+    return [s for file_seqs in seqs for s in file_seqs], concat_features(sets), time.perf_counter() - t
 
 
 def _train_with_total(head, fs, config, out, progress, bar, max_minutes):

@@ -44,7 +44,9 @@ def test_layer_features_are_cached_with_the_last_state(setup, tmp_path):
     assert torch.equal(layered.features, fs.features) and torch.equal(layered.tokens, fs.tokens)
     path = tmp_path / "f.safetensors"
     first = extract_features(target, [CorpusEntry("a", [5, 6, 7], [8, 9])], path, layers=(0, 1))
-    cached = extract_features(target, [], path, layers=(0, 1))  # read back, not recomputed
+    counted = []
+    cached = extract_features(target, [], path, layers=(0, 1), progress=counted.append)  # read back, not recomputed
+    assert counted == [1]  # a cached file still reports its sequences to the progress bar
     assert cached.layers == (0, 1) and torch.equal(cached.inputs, first.inputs) and cached.inputs.shape == (5, 64)
     emb = target.embed_tokens(fs.tokens[:5])  # layer 0's input is the token embedding
     assert torch.allclose(layered.inputs[:5, : target.hidden_size].float(), emb.float(), atol=1e-2)
