@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -258,3 +259,24 @@ def test_a_load_that_waited_for_another_writer_uses_its_entry(model_dirs, cache,
     _, _, report = _load(path)
     assert report["prepared"] == "hit" and len(calls) == 2
     assert (prepared.cache_dir("locks") / f"prepared-{_entry(path).name}.lock").is_file()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="page residency is read on Linux only")
+def test_a_hit_reads_evicted_weights_while_loading(model_dirs, cache, monkeypatch, capsys):
+    from specula.models import page_cache
+
+    path = model_dirs[1]
+    _load(path)
+    weights = _entry(path) / prepared.WEIGHTS
+    fd = os.open(weights, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)  # as after a reboot or a large job in between
+    finally:
+        os.close(fd)
+    evicted = not page_cache.resident_pages(weights).all()
+    monkeypatch.setattr(prepared, "_NOTE_BYTES", 1)
+    _, _, report = _load(path)
+    assert report["prepared"] == "hit"
+    assert page_cache.resident_pages(weights).all()  # in memory before any forward pass
+    if evicted:
+        assert "from storage" in capsys.readouterr().err
