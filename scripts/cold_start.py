@@ -10,7 +10,9 @@ mean accepted tokens and mean tree size, then min / median / max; writes JSON.
 the fresh cache, then its multi-token ratios are multiplied by F and given enough samples that
 nothing re-times them (what a busy machine's start-up timing, cached, looked like), so the run
 starts from a prior F times too slow. `--busy` runs a CPU-bound process beside each run's start
-(its first 60 s), the "another process was working on the machine" case.
+(its first 60 s), the "another process was working on the machine" case. `--evict` keeps the
+prepared models (a user's second session) but drops every cached model file from the page cache
+before each run, as a reboot or a large job in between does (Linux: `posix_fadvise` DONTNEED).
 """
 
 from __future__ import annotations
@@ -29,10 +31,10 @@ README_PROMPT = "Write a Python function that checks whether a string is a palin
 KEEP = ("models", "gguf", "heads")  # what a fresh cache holds: the converted models (and shipped heads)
 
 
-def fresh_cache(source: Path, into: Path) -> None:
-    """`into` holds links to the converted models of `source` and nothing else."""
+def fresh_cache(source: Path, into: Path, keep: tuple[str, ...] = KEEP) -> None:
+    """`into` holds links to the `keep` folders of `source` (the converted models) and nothing else."""
     into.mkdir(parents=True, exist_ok=True)
-    for name in KEEP:
+    for name in keep:
         if (source / name).exists():
             (into / name).symlink_to(source / name)
 
@@ -58,6 +60,21 @@ for path in cache_dir("cost").glob("*.json"):
     path.write_text(json.dumps(data))
 """
     subprocess.run([sys.executable, "-c", code], env=env, check=True)
+
+
+def evict(root: Path, folders: tuple[str, ...]) -> int:
+    """Drop every file under `root`/`folders` from the page cache; returns the bytes covered."""
+    covered = 0
+    for folder in folders:
+        for path in (root / folder).rglob("*"):
+            if path.is_file():
+                fd = os.open(path, os.O_RDONLY)
+                try:
+                    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+                finally:
+                    os.close(fd)
+                covered += path.stat().st_size
+    return covered
 
 
 def busy_process(seconds: float) -> subprocess.Popen:
@@ -87,7 +104,8 @@ def one_run(args, env: dict) -> dict:
         "tokens_per_s": stats["tokens_per_s"], "plain_tokens_per_s": out["baseline"]["tokens_per_s"],
         "mean_accepted": stats["mean_accepted_tokens"], "mean_tree_nodes": planner.get("mean_tree_nodes"),
         "drafted": stats["drafted_tokens"], "steps": stats["steps"], "wall_seconds": round(wall, 1),
-        "cost_curve": curve_line,
+        "prefill_seconds": stats["time"]["prefill"], "plain_prefill_seconds": out["baseline"]["time"]["prefill"],
+        "load_seconds": out["load"].get("total_s"), "cost_curve": curve_line,
     }
 
 
@@ -100,6 +118,8 @@ def main() -> int:
     p.add_argument("--pessimistic", type=float, default=None, metavar="F",
                    help="start each run from a cached cost curve whose multi-token ratios are F times too slow")
     p.add_argument("--busy", action="store_true", help="run a CPU-bound process beside each run's first 60 s")
+    p.add_argument("--evict", action="store_true",
+                   help="keep the prepared models and drop every cached model file from the page cache before each run")
     p.add_argument("--out", default=None, help="folder for results.json")
     p.add_argument("extra", nargs="*", help="more `specula generate` options (after --)")
     args = p.parse_args()
@@ -110,7 +130,10 @@ def main() -> int:
     runs = []
     for i in range(args.runs):
         with tempfile.TemporaryDirectory(prefix="specula-cold-") as tmp:
-            fresh_cache(source, Path(tmp))
+            keep = KEEP + ("prepared",) if args.evict else KEEP
+            fresh_cache(source, Path(tmp), keep)
+            if args.evict:
+                print(f"evicted {evict(source, keep) / 1e9:.1f} GB from the page cache", flush=True)
             env = {**os.environ, "SPECULA_CACHE": tmp}
             if args.pessimistic:
                 make_pessimistic(env, args.target, args.pessimistic)
@@ -118,7 +141,8 @@ def main() -> int:
         runs.append(run)
         print(f"run {i + 1}: {run['speedup']:.2f}x (plain {run['plain_tokens_per_s']:.2f} tok/s), mean accepted "
               f"{run['mean_accepted']:.2f}, mean tree {run['mean_tree_nodes']} nodes, identical {run['identical']}, "
-              f"{run['wall_seconds']} s", flush=True)
+              f"{run['wall_seconds']} s; prefill {run['prefill_seconds']} s (plain {run['plain_prefill_seconds']} s), "
+              f"load {run['load_seconds']} s", flush=True)
         print(f"    {run['cost_curve']}", flush=True)
     speedups = [r["speedup"] for r in runs]
     summary = {"min": min(speedups), "median": statistics.median(speedups), "max": max(speedups),
