@@ -17,6 +17,9 @@
  * absolute maximum / 127): y = x_scale * w_scale * sum_i qx_i * qw_i, the sum exact in int32, so
  * every row is its own again; 4 input values per byte lane group (AVX2 maddubs), i.e. a quarter
  * of f32's weight bytes and about a third of w8's instructions.
+ *
+ * Threads: the column blocks of a call are the items of `specula_parallel` (pool.c), which a busy
+ * machine cannot stall; packing (once, at load) uses OpenMP.
  */
 #include <immintrin.h>
 #include <stddef.h>
@@ -27,6 +30,8 @@
 
 #define NB 16
 #define MR 6
+
+void specula_parallel(int threads, int items, void (*fn)(void *ctx, int item), void *ctx);  /* pool.c */
 
 int specula_block(void) { return NB; }
 
@@ -130,37 +135,58 @@ static inline void store_rows(__m256 a[MR][2], float *y, const float *scale, con
     w0 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q));                                                \
     w1 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(q, 8)))
 
+/* One call's operands, shared by the items (column blocks) `specula_parallel` hands out. */
+struct linear_job {
+    const float *xp;       /* f32 / w8: x packed per group of MR rows */
+    const int8_t *xq;      /* i8: x quantized per row, in4 wide */
+    const float *xs;       /* i8: the rows' scales */
+    const void *wp;
+    const float *scale;    /* w8 / i8: per output column */
+    const float *b;
+    float *y;
+    int M, in, out, groups, quads, in4;
+};
+
+static void f32_block(void *p, int bk) {
+    const struct linear_job *j = p;
+    const float *b = j->b, *wb = (const float *)j->wp + (size_t)bk * j->in * NB;
+    float *y = j->y;
+    int M = j->M, in = j->in, out = j->out, o0 = bk * NB, nc = out - o0 < NB ? out - o0 : NB;
+    for (int gr = 0; gr < j->groups; gr++) {
+        int m0 = gr * MR;
+        const float *xg = j->xp + (size_t)gr * in * MR;
+        SWITCH_ROWS(LOAD_F32, NULL)
+    }
+}
+
+static void w8_block(void *p, int bk) {
+    const struct linear_job *j = p;
+    const float *b = j->b, *scale = j->scale;
+    const int8_t *wb = (const int8_t *)j->wp + (size_t)bk * j->in * NB;
+    float *y = j->y;
+    int M = j->M, in = j->in, out = j->out, o0 = bk * NB, nc = out - o0 < NB ? out - o0 : NB;
+    for (int gr = 0; gr < j->groups; gr++) {
+        int m0 = gr * MR;
+        const float *xg = j->xp + (size_t)gr * in * MR;
+        SWITCH_ROWS(LOAD_W8, scale)
+    }
+}
+
 void specula_linear_f32(const float *x, const float *wp, const float *b, float *y, int M, int in, int out,
                         int threads) {
-    int blocks = (out + NB - 1) / NB, groups = (M + MR - 1) / MR;
     float *xp = pack_rows(x, M, in);
-    #pragma omp parallel for schedule(static) num_threads(threads)
-    for (int bk = 0; bk < blocks; bk++) {
-        const float *wb = wp + (size_t)bk * in * NB;
-        int o0 = bk * NB, nc = out - o0 < NB ? out - o0 : NB;
-        for (int gr = 0; gr < groups; gr++) {
-            int m0 = gr * MR;
-            const float *xg = xp + (size_t)gr * in * MR;
-            SWITCH_ROWS(LOAD_F32, NULL)
-        }
-    }
+    struct linear_job job = {.xp = xp, .wp = wp, .b = b, .y = y, .M = M, .in = in, .out = out,
+                             .groups = (M + MR - 1) / MR};
+    specula_parallel(threads, (out + NB - 1) / NB, f32_block, &job);
     free(xp);
 }
 
 void specula_linear_w8(const float *x, const int8_t *wp, const float *scale, const float *b, float *y, int M, int in,
                        int out, int threads) {
-    int blocks = (out + NB - 1) / NB, groups = (M + MR - 1) / MR;
     float *xp = pack_rows(x, M, in);
-    #pragma omp parallel for schedule(static) num_threads(threads)
-    for (int bk = 0; bk < blocks; bk++) {
-        const int8_t *wb = wp + (size_t)bk * in * NB;
-        int o0 = bk * NB, nc = out - o0 < NB ? out - o0 : NB;
-        for (int gr = 0; gr < groups; gr++) {
-            int m0 = gr * MR;
-            const float *xg = xp + (size_t)gr * in * MR;
-            SWITCH_ROWS(LOAD_W8, scale)
-        }
-    }
+    struct linear_job job = {.xp = xp, .wp = wp, .scale = scale, .b = b, .y = y, .M = M, .in = in, .out = out,
+                             .groups = (M + MR - 1) / MR};
+    specula_parallel(threads, (out + NB - 1) / NB, w8_block, &job);
     free(xp);
 }
 
@@ -211,28 +237,35 @@ static void quantize_rows(const float *x, int8_t *xq, float *xs, int M, int in, 
         }                                                                                            \
     } while (0)
 
+static void i8_block(void *p, int bk) {
+    const struct linear_job *j = p;
+    const __m256i ones = _mm256_set1_epi16(1);
+    const float *b = j->b, *wscale = j->scale, *xs = j->xs;
+    const int8_t *xq = j->xq;
+    int M = j->M, out = j->out, quads = j->quads, in4 = j->in4, o0 = bk * NB, nc = out - o0 < NB ? out - o0 : NB;
+    const int8_t *wb = (const int8_t *)j->wp + (size_t)bk * quads * NB * 4;
+    float *y = j->y;
+    for (int m0 = 0; m0 < M; m0 += MR) {
+        switch (M - m0 < MR ? M - m0 : MR) {
+            case 1: I8_BODY(1); break;
+            case 2: I8_BODY(2); break;
+            case 3: I8_BODY(3); break;
+            case 4: I8_BODY(4); break;
+            case 5: I8_BODY(5); break;
+            default: I8_BODY(6); break;
+        }
+    }
+}
+
 void specula_linear_i8(const float *x, const int8_t *wp, const float *wscale, const float *b, float *y, int M, int in,
                        int out, int threads) {
-    int blocks = (out + NB - 1) / NB, quads = (in + 3) / 4, in4 = quads * 4;
+    int quads = (in + 3) / 4, in4 = quads * 4;
     int8_t *xq = malloc((size_t)M * in4);
     float *xs = malloc((size_t)M * sizeof(float));
     quantize_rows(x, xq, xs, M, in, in4);
-    const __m256i ones = _mm256_set1_epi16(1);
-    #pragma omp parallel for schedule(static) num_threads(threads)
-    for (int bk = 0; bk < blocks; bk++) {
-        const int8_t *wb = wp + (size_t)bk * quads * NB * 4;
-        int o0 = bk * NB, nc = out - o0 < NB ? out - o0 : NB;
-        for (int m0 = 0; m0 < M; m0 += MR) {
-            switch (M - m0 < MR ? M - m0 : MR) {
-                case 1: I8_BODY(1); break;
-                case 2: I8_BODY(2); break;
-                case 3: I8_BODY(3); break;
-                case 4: I8_BODY(4); break;
-                case 5: I8_BODY(5); break;
-                default: I8_BODY(6); break;
-            }
-        }
-    }
+    struct linear_job job = {.xq = xq, .xs = xs, .wp = wp, .scale = wscale, .b = b, .y = y, .M = M, .in = in,
+                             .out = out, .quads = quads, .in4 = in4};
+    specula_parallel(threads, (out + NB - 1) / NB, i8_block, &job);
     free(xq);
     free(xs);
 }

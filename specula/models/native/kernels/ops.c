@@ -12,6 +12,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+void specula_parallel(int threads, int items, void (*fn)(void *ctx, int item), void *ctx);  /* pool.c */
+
 /* x += delta (when given), then out = x * rsqrt(mean(x^2) + eps) * w, row by row. */
 void specula_add_rms_norm(float *x, const float *delta, const float *w, float eps, float *out, int n, int e) {
     for (int r = 0; r < n; r++) {
@@ -77,13 +79,23 @@ static inline float dot(const float *a, const float *b, int d) {
 
 /* out [n, H, D]: for row r and head h (KV group h / (H / G)), softmax over the slots the row may see
  * of q . k * scale, times v. Visible slots: mask [n, slots] (nonzero = visible) or, without a
- * mask, slots 0 .. start + r (causal). scores: scratch [threads, slots]. */
-void specula_attention(const float *q, const float *k_cache, const float *v_cache, const uint8_t *mask, float *out,
-                       float *scores, int n, int heads, int kv_heads, int d, int cap, int slots, int start,
-                       float scale, int threads) {
-    int per = heads / kv_heads;
-    #pragma omp parallel for schedule(static) num_threads(threads)
-    for (int job = 0; job < n * heads; job++) {
+ * mask, slots 0 .. start + r (causal). scores: scratch [n * H, slots]. Items of `specula_parallel`:
+ * one (row, head) each. */
+struct attention_job {
+    const float *q, *k_cache, *v_cache;
+    const uint8_t *mask;
+    float *out, *scores;
+    int heads, per, d, cap, slots, start;
+    float scale;
+};
+
+static void attention_item(void *p, int job) {
+    const struct attention_job *a = p;
+    const float *q = a->q, *k_cache = a->k_cache, *v_cache = a->v_cache;
+    const uint8_t *mask = a->mask;
+    float *out = a->out, *scores = a->scores, scale = a->scale;
+    int heads = a->heads, per = a->per, d = a->d, cap = a->cap, slots = a->slots, start = a->start;
+    {
         int r = job / heads, h = job % heads, g = h / per;
         float *sc = scores + (size_t)job * slots;
         const float *qr = q + ((size_t)r * heads + h) * d;
@@ -115,6 +127,14 @@ void specula_attention(const float *q, const float *k_cache, const float *v_cach
         float inv = 1.0f / total;
         for (int i = 0; i < vecs; i++) _mm256_storeu_ps(o + 8 * i, _mm256_mul_ps(acc[i], _mm256_set1_ps(inv)));
     }
+}
+
+void specula_attention(const float *q, const float *k_cache, const float *v_cache, const uint8_t *mask, float *out,
+                       float *scores, int n, int heads, int kv_heads, int d, int cap, int slots, int start,
+                       float scale, int threads) {
+    struct attention_job job = {q, k_cache, v_cache, mask, out, scores, heads, heads / kv_heads, d, cap, slots,
+                                start, scale};
+    specula_parallel(threads, n * heads, attention_item, &job);
 }
 
 /* out [n, I] = silu(gate) * up for gu [n, 2I] = gate | up. */
