@@ -72,6 +72,8 @@ def unavailable_reason() -> str | None:
     """Why these kernels cannot run here (None when they can)."""
     if platform.machine().lower() not in ("x86_64", "amd64"):
         return f"they need an x86-64 CPU (this is {platform.machine()})"
+    if not sys.platform.startswith("linux"):
+        return f"their thread pool needs Linux (this is {sys.platform})"
     if not {"avx2", "fma"} <= _cpu_flags():
         return "they need a CPU with AVX2 and FMA"
     if shutil.which(os.environ.get("CC", "cc")) is None:
