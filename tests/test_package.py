@@ -1,0 +1,32 @@
+"""Importing specula: the OpenMP spin setting (`specula.GOMP_SPINCOUNT`) is applied only when torch
+is not loaded yet and the user chose no OpenMP wait setting."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+
+def _spincount(code: str, **env: str) -> str:
+    clean = {k: v for k, v in os.environ.items() if k not in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY")}
+    done = subprocess.run([sys.executable, "-c", code + "\nimport os; print(os.environ.get('GOMP_SPINCOUNT'))"],
+                          env={**clean, **env}, capture_output=True, text=True, check=True)
+    return done.stdout.strip().splitlines()[-1]
+
+
+def test_specula_first_sets_the_short_spin():
+    import specula
+
+    assert _spincount("import specula") == specula.GOMP_SPINCOUNT
+
+
+@pytest.mark.parametrize("code, env, expected", [
+    ("import torch, specula", {}, "None"),  # too late: torch's OpenMP read its settings already
+    ("import specula", {"GOMP_SPINCOUNT": "123"}, "123"),  # the user's choice stands
+    ("import specula", {"OMP_WAIT_POLICY": "active"}, "None"),
+])
+def test_the_users_setting_or_a_loaded_torch_is_left_alone(code, env, expected):
+    assert _spincount(code, **env) == expected
