@@ -10,7 +10,7 @@ mean accepted tokens and mean tree size, then min / median / max; writes JSON.
 the fresh cache, then its multi-token ratios are multiplied by F and given enough samples that
 nothing re-times them (what a busy machine's start-up timing, cached, looked like), so the run
 starts from a prior F times too slow. `--busy` runs a CPU-bound process beside each run's start
-(its first 60 s), the "another process was working on the machine" case. `--evict` keeps the
+(its first 60 s, or `--busy-seconds`), the "another process was working on the machine" case. `--evict` keeps the
 prepared models (a user's second session) but drops every cached model file from the page cache
 before each run, as a reboot or a large job in between does (Linux: `posix_fadvise` DONTNEED).
 """
@@ -86,7 +86,7 @@ def busy_process(seconds: float) -> subprocess.Popen:
 def one_run(args, env: dict) -> dict:
     cmd = [sys.executable, "-m", "specula", "generate", "--target", args.target, "--prompt", args.prompt,
            "--max-new-tokens", str(args.max_new_tokens), "--compare", "--json", *args.extra]
-    busy = busy_process(60) if args.busy else None
+    busy = busy_process(args.busy_seconds) if args.busy else None
     t0 = time.perf_counter()
     try:
         done = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
@@ -118,6 +118,8 @@ def main() -> int:
     p.add_argument("--pessimistic", type=float, default=None, metavar="F",
                    help="start each run from a cached cost curve whose multi-token ratios are F times too slow")
     p.add_argument("--busy", action="store_true", help="run a CPU-bound process beside each run's first 60 s")
+    p.add_argument("--busy-seconds", type=float, default=60.0, metavar="S",
+                   help="how long --busy's process runs (default 60; longer covers the generation too)")
     p.add_argument("--evict", action="store_true",
                    help="keep the prepared models and drop every cached model file from the page cache before each run")
     p.add_argument("--out", default=None, help="folder for results.json")
