@@ -10,9 +10,10 @@ mean accepted tokens and mean tree size, then min / median / max; writes JSON.
 the fresh cache, then its multi-token ratios are multiplied by F and given enough samples that
 nothing re-times them (what a busy machine's start-up timing, cached, looked like), so the run
 starts from a prior F times too slow. `--busy` runs a CPU-bound process beside each run's start
-(its first 60 s, or `--busy-seconds`), the "another process was working on the machine" case. `--evict` keeps the
-prepared models (a user's second session) but drops every cached model file from the page cache
-before each run, as a reboot or a large job in between does (Linux: `posix_fadvise` DONTNEED).
+(its first 60 s, or `--busy-seconds`), the "another process was working on the machine" case.
+`--evict` keeps the prepared models (a user's second session) but drops every cached model file
+from the page cache before each run, as a reboot or a large job in between does (Linux:
+`posix_fadvise` DONTNEED).
 """
 
 from __future__ import annotations

@@ -2,7 +2,9 @@
 200-token context, per n: the kernels' cost curve in a few seconds, for A/B runs of kernel changes
 (run it from two checkouts in turn). Nothing is cached: the model is prepared in memory
 (`--prepared-cache off`), so checkouts with different kernel code do not rebuild each other's
-prepared entries.
+prepared entries. Unlike `specula profile` (the planner's cost curve), it keeps every pass: the
+profile discards rounds timed while other processes work, and a busy machine is one of the cases
+this script compares.
 
     python scripts/pass_latency.py --target smollm2-135m --sizes 1,4,8,16 --threads 2
 """
@@ -20,11 +22,6 @@ from specula.models.loading import LoadConfig, load_backend
 from specula.tree import TokenTree
 
 
-def chain(n: int) -> TokenTree:
-    """A chain of n - 1 draft nodes below the root."""
-    return TokenTree.build([7] * (n - 1), list(range(-1, n - 2)), [0.5] * (n - 1), "chain")
-
-
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--target", default="smollm2-135m")
@@ -38,7 +35,7 @@ def main() -> None:
     for n in (int(s) for s in args.sizes.split(",")):
         seq = target.new_sequence()
         seq.prefill(list(range(100, 300)), logits="last")
-        tree, times = chain(n), []
+        tree, times = TokenTree.chain([7] * (n - 1), source="chain"), []
         for _ in range(args.passes):
             t0 = time.perf_counter()
             seq.forward_tree(5, tree)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import mmap
 import os
 import sys
@@ -30,7 +31,8 @@ _CHUNK = 64 << 20
 """Bytes per read: large enough for full-speed sequential reads, small enough to keep resident."""
 
 
-def _libc():
+@functools.cache
+def _libc() -> ctypes.CDLL:
     lib = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
     lib.mmap.restype = ctypes.c_void_p
     lib.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]

@@ -147,30 +147,24 @@ struct linear_job {
     int M, in, out, groups, quads, in4;
 };
 
-static void f32_block(void *p, int bk) {
-    const struct linear_job *j = p;
-    const float *b = j->b, *wb = (const float *)j->wp + (size_t)bk * j->in * NB;
-    float *y = j->y;
-    int M = j->M, in = j->in, out = j->out, o0 = bk * NB, nc = out - o0 < NB ? out - o0 : NB;
-    for (int gr = 0; gr < j->groups; gr++) {
-        int m0 = gr * MR;
-        const float *xg = j->xp + (size_t)gr * in * MR;
-        SWITCH_ROWS(LOAD_F32, NULL)
+/* The item function of one weight kind: every row group of the call over column block `bk`. */
+#define GROUP_BLOCK_FN(NAME, WTYPE, LOAD, SCALE)                                                     \
+    static void NAME(void *arg, int bk) {                                                            \
+        const struct linear_job *j = arg;                                                            \
+        const float *b = j->b, *scale = j->scale;                                                    \
+        const WTYPE *wb = (const WTYPE *)j->wp + (size_t)bk * j->in * NB;                            \
+        float *y = j->y;                                                                             \
+        int M = j->M, in = j->in, out = j->out, o0 = bk * NB, nc = out - o0 < NB ? out - o0 : NB;    \
+        (void)scale;                                                                                 \
+        for (int gr = 0; gr < j->groups; gr++) {                                                     \
+            int m0 = gr * MR;                                                                        \
+            const float *xg = j->xp + (size_t)gr * in * MR;                                          \
+            SWITCH_ROWS(LOAD, SCALE)                                                                 \
+        }                                                                                            \
     }
-}
 
-static void w8_block(void *p, int bk) {
-    const struct linear_job *j = p;
-    const float *b = j->b, *scale = j->scale;
-    const int8_t *wb = (const int8_t *)j->wp + (size_t)bk * j->in * NB;
-    float *y = j->y;
-    int M = j->M, in = j->in, out = j->out, o0 = bk * NB, nc = out - o0 < NB ? out - o0 : NB;
-    for (int gr = 0; gr < j->groups; gr++) {
-        int m0 = gr * MR;
-        const float *xg = j->xp + (size_t)gr * in * MR;
-        SWITCH_ROWS(LOAD_W8, scale)
-    }
-}
+GROUP_BLOCK_FN(f32_block, float, LOAD_F32, NULL)
+GROUP_BLOCK_FN(w8_block, int8_t, LOAD_W8, scale)
 
 void specula_linear_f32(const float *x, const float *wp, const float *b, float *y, int M, int in, int out,
                         int threads) {

@@ -89,44 +89,42 @@ struct attention_job {
     float scale;
 };
 
-static void attention_item(void *p, int job) {
-    const struct attention_job *a = p;
+static void attention_item(void *arg, int job) {
+    const struct attention_job *a = arg;
     const float *q = a->q, *k_cache = a->k_cache, *v_cache = a->v_cache;
     const uint8_t *mask = a->mask;
     float *out = a->out, *scores = a->scores, scale = a->scale;
     int heads = a->heads, per = a->per, d = a->d, cap = a->cap, slots = a->slots, start = a->start;
-    {
-        int r = job / heads, h = job % heads, g = h / per;
-        float *sc = scores + (size_t)job * slots;
-        const float *qr = q + ((size_t)r * heads + h) * d;
-        const float *kg = k_cache + (size_t)g * cap * d, *vg = v_cache + (size_t)g * cap * d;
-        const uint8_t *m = mask ? mask + (size_t)r * slots : NULL;
-        int limit = mask ? slots : start + r + 1;
-        float best = -INFINITY;
-        for (int j = 0; j < limit; j++) {
-            if (m && !m[j]) continue;
-            sc[j] = dot(qr, kg + (size_t)j * d, d) * scale;
-            if (sc[j] > best) best = sc[j];
-        }
-        float total = 0.0f;
-        for (int j = 0; j < limit; j++) {
-            if (m && !m[j]) continue;
-            sc[j] = expf(sc[j] - best);
-            total += sc[j];
-        }
-        float *o = out + ((size_t)r * heads + h) * d;
-        __m256 acc[32];  /* D <= 256 */
-        int vecs = d / 8;
-        for (int i = 0; i < vecs; i++) acc[i] = _mm256_setzero_ps();
-        for (int j = 0; j < limit; j++) {
-            if (m && !m[j]) continue;
-            __m256 p = _mm256_set1_ps(sc[j]);
-            const float *vj = vg + (size_t)j * d;
-            for (int i = 0; i < vecs; i++) acc[i] = _mm256_fmadd_ps(p, _mm256_loadu_ps(vj + 8 * i), acc[i]);
-        }
-        float inv = 1.0f / total;
-        for (int i = 0; i < vecs; i++) _mm256_storeu_ps(o + 8 * i, _mm256_mul_ps(acc[i], _mm256_set1_ps(inv)));
+    int r = job / heads, h = job % heads, g = h / per;
+    float *sc = scores + (size_t)job * slots;
+    const float *qr = q + ((size_t)r * heads + h) * d;
+    const float *kg = k_cache + (size_t)g * cap * d, *vg = v_cache + (size_t)g * cap * d;
+    const uint8_t *m = mask ? mask + (size_t)r * slots : NULL;
+    int limit = mask ? slots : start + r + 1;
+    float best = -INFINITY;
+    for (int j = 0; j < limit; j++) {
+        if (m && !m[j]) continue;
+        sc[j] = dot(qr, kg + (size_t)j * d, d) * scale;
+        if (sc[j] > best) best = sc[j];
     }
+    float total = 0.0f;
+    for (int j = 0; j < limit; j++) {
+        if (m && !m[j]) continue;
+        sc[j] = expf(sc[j] - best);
+        total += sc[j];
+    }
+    float *o = out + ((size_t)r * heads + h) * d;
+    __m256 acc[32];  /* D <= 256 */
+    int vecs = d / 8;
+    for (int i = 0; i < vecs; i++) acc[i] = _mm256_setzero_ps();
+    for (int j = 0; j < limit; j++) {
+        if (m && !m[j]) continue;
+        __m256 p = _mm256_set1_ps(sc[j]);
+        const float *vj = vg + (size_t)j * d;
+        for (int i = 0; i < vecs; i++) acc[i] = _mm256_fmadd_ps(p, _mm256_loadu_ps(vj + 8 * i), acc[i]);
+    }
+    float inv = 1.0f / total;
+    for (int i = 0; i < vecs; i++) _mm256_storeu_ps(o + 8 * i, _mm256_mul_ps(acc[i], _mm256_set1_ps(inv)));
 }
 
 void specula_attention(const float *q, const float *k_cache, const float *v_cache, const uint8_t *mask, float *out,

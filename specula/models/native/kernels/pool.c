@@ -15,15 +15,16 @@
  * in the same order, so the kernels stay bitwise row invariant.
  *
  * Items are claimed in contiguous chunks (about 4 per thread: a few atomics per call, and weight
- * blocks streamed in order). Protocol: `next` packs (generation << 32 | next unclaimed item). A job is published by writing
- * its descriptor, then `next` = (gen, 0), then `posted` = gen (the workers' futex word). A worker
- * claims items k .. by a compare-exchange on `next` that succeeds only while the generation is still
- * gen and k < items, so it never takes an item of a later job, and a job cannot end (nor its
- * descriptor change) while a claimed item is unfinished. When every item is done the caller closes
- * the generation (next = (gen, UINT32_MAX)) before it writes another descriptor, so a claim that
- * succeeds was made while the descriptor the worker read (after seeing `posted` = gen) was that
- * job's, item count included. Calls from several threads at once are not shared: a call that finds the pool
- * busy runs alone (serially). After fork() the child starts without workers (pthread_atfork).
+ * blocks streamed in order). Protocol: `next` packs (generation << 32 | next unclaimed item). A
+ * job is published by writing its descriptor, then `next` = (gen, 0), then `posted` = gen (the
+ * workers' futex word). A worker claims items k .. by a compare-exchange on `next` that succeeds
+ * only while the generation is still gen and k < items, so it never takes an item of a later job,
+ * and a job cannot end (nor its descriptor change) while a claimed item is unfinished. When every
+ * item is done the caller closes the generation (next = (gen, UINT32_MAX)) before it writes
+ * another descriptor, so a claim that succeeds was made while the descriptor the worker read
+ * (after seeing `posted` = gen) was that job's, item count included. Calls from several threads at
+ * once are not shared: a call that finds the pool busy runs alone (serially). After fork() the
+ * child starts without workers (pthread_atfork).
  */
 #define _GNU_SOURCE
 #include <immintrin.h>
@@ -39,9 +40,9 @@
 typedef void (*specula_item_fn)(void *ctx, int item);
 
 #define MAX_WORKERS 63
-#define WORKER_SPINS 20000  /* pause loops (~0.5 ms) a worker polls for the next call before sleeping on the futex */
-#define CALLER_SPINS 2000
-#define CHUNKS_PER_THREAD 4  /* pause loops before the caller yields its core while a claimed item runs */
+#define WORKER_SPINS 20000   /* pause loops (~0.5 ms) a worker polls for the next call, then sleeps on the futex */
+#define CALLER_SPINS 2000    /* pause loops before the caller yields its core while a claimed item runs */
+#define CHUNKS_PER_THREAD 4  /* claims per thread and call (see chunk_size) */
 
 static _Atomic uint64_t next_item;           /* (gen << 32) | next unclaimed item */
 static _Atomic uint32_t posted;              /* the last generation published (futex word) */
