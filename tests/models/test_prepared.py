@@ -280,3 +280,10 @@ def test_a_hit_reads_evicted_weights_while_loading(model_dirs, cache, monkeypatc
     assert page_cache.resident_pages(weights).all()  # in memory before any forward pass
     if evicted:
         assert "from storage" in capsys.readouterr().err
+
+
+def test_the_key_hashes_the_packing_code_and_not_the_kernels():
+    base = Path(prepared.__file__).resolve().parent
+    assert all((base / rel).is_file() for rel in prepared._CODE_FILES)  # a renamed file would hash as "<missing>"
+    assert "native/kernels/pack.c" in prepared._CODE_FILES and "native/kernels/layout.h" in prepared._CODE_FILES
+    assert not any(rel.endswith(("linear.c", "ops.c", "pool.c")) for rel in prepared._CODE_FILES)

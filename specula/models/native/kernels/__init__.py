@@ -42,7 +42,8 @@ from torch import nn
 from specula.errors import ConfigError
 from specula.models.linears import linear_weight
 
-SOURCES = tuple(Path(__file__).with_name(name) for name in ("linear.c", "ops.c", "pool.c"))
+SOURCES = tuple(Path(__file__).with_name(name) for name in ("linear.c", "pack.c", "ops.c", "pool.c"))
+HEADERS = (Path(__file__).with_name("layout.h"),)
 FLAGS = ("-O3", "-mavx2", "-mfma", "-fopenmp", "-shared", "-fPIC")
 KINDS = ("f32", "w8", "i8")
 GEMM_ROWS = 128
@@ -93,7 +94,7 @@ def library() -> ctypes.CDLL:
     reason = unavailable_reason()
     if reason is not None:
         raise ConfigError(f"specula's CPU kernels cannot run here: {reason}; use --linear-kernel onednn or aten")
-    source = b"".join(path.read_bytes() for path in SOURCES)
+    source = b"".join(path.read_bytes() for path in SOURCES + HEADERS)
     key = hashlib.sha256(source + " ".join(FLAGS).encode() + platform.processor().encode()).hexdigest()[:16]
     target = cache_dir("kernels", key) / "libspecula_kernels.so"
     if not target.exists():

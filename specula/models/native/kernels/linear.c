@@ -1,7 +1,7 @@
 /* specula's CPU linear kernels: y[M, out] = x[M, in] @ W^T (+ b) for the few rows (M = 1..64)
  * decoding and tree verification pass, streaming the weight once per group of MR = 6 rows.
  *
- * Weights are packed (by `kernels.pack`, in Python) in column blocks of NB = 16 outputs,
+ * Weights are packed (by `kernels.pack`, through pack.c) in column blocks of NB = 16 outputs,
  * wp[block][i][16], so each block is one contiguous stream (out is padded up to a multiple of 16
  * with zero columns); the rows of x are
  * packed per group of 6 as xp[group][i][6], so one cache line feeds every row of a step of i. A
@@ -28,47 +28,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define NB 16
+#include "layout.h"
+
 #define MR 6
 
 void specula_parallel(int threads, int items, void (*fn)(void *ctx, int item), void *ctx);  /* pool.c */
-
-int specula_block(void) { return NB; }
-
-/* Pack w [out, in] into wp: [blocks][in][NB] (float32, `specula_pack_f32`), or for int8 with
- * `quads` [blocks][in4 / 4][NB][4] (in4 = in rounded up to 4); padding columns / inputs are zero. */
-void specula_pack_f32(const float *w, float *wp, int in, int out, int threads) {
-    int blocks = (out + NB - 1) / NB;
-    #pragma omp parallel for schedule(static) num_threads(threads)
-    for (int bk = 0; bk < blocks; bk++) {
-        float *dst = wp + (size_t)bk * in * NB;
-        for (int c = 0; c < NB; c++) {
-            int o = bk * NB + c;
-            if (o >= out) {
-                for (int i = 0; i < in; i++) dst[(size_t)i * NB + c] = 0.0f;
-                continue;
-            }
-            const float *row = w + (size_t)o * in;
-            for (int i = 0; i < in; i++) dst[(size_t)i * NB + c] = row[i];
-        }
-    }
-}
-
-void specula_pack_i8(const int8_t *w, int8_t *wp, int in, int out, int quads, int threads) {
-    int blocks = (out + NB - 1) / NB, in4 = quads ? (in + 3) / 4 * 4 : in;
-    #pragma omp parallel for schedule(static) num_threads(threads)
-    for (int bk = 0; bk < blocks; bk++) {
-        int8_t *dst = wp + (size_t)bk * in4 * NB;
-        for (int c = 0; c < NB; c++) {
-            int o = bk * NB + c;
-            const int8_t *row = w + (size_t)o * in;
-            for (int i = 0; i < in4; i++) {
-                size_t at = quads ? ((size_t)(i >> 2) * NB + c) * 4 + (i & 3) : (size_t)i * NB + c;
-                dst[at] = (o < out && i < in) ? row[i] : 0;
-            }
-        }
-    }
-}
 
 /* x [M, in] -> [groups][in][MR] (zero rows pad the last group); free() the result. */
 static float *pack_rows(const float *x, int M, int in) {

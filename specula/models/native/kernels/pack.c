@@ -1,0 +1,45 @@
+/* Weight packing for linear.c's kernels (layout.h). Its own file because it alone decides the
+ * bytes of a prepared entry (`models.prepared` hashes this file and layout.h into the entry's key),
+ * so a change to the kernels that read the layout does not invalidate users' prepared models. */
+#include <stddef.h>
+#include <stdint.h>
+
+#include "layout.h"
+
+int specula_block(void) { return NB; }
+
+/* Pack w [out, in] into wp: [blocks][in][NB] (float32, `specula_pack_f32`), or for int8 with
+ * `quads` [blocks][in4 / 4][NB][4] (in4 = in rounded up to 4); padding columns / inputs are zero. */
+void specula_pack_f32(const float *w, float *wp, int in, int out, int threads) {
+    int blocks = (out + NB - 1) / NB;
+    #pragma omp parallel for schedule(static) num_threads(threads)
+    for (int bk = 0; bk < blocks; bk++) {
+        float *dst = wp + (size_t)bk * in * NB;
+        for (int c = 0; c < NB; c++) {
+            int o = bk * NB + c;
+            if (o >= out) {
+                for (int i = 0; i < in; i++) dst[(size_t)i * NB + c] = 0.0f;
+                continue;
+            }
+            const float *row = w + (size_t)o * in;
+            for (int i = 0; i < in; i++) dst[(size_t)i * NB + c] = row[i];
+        }
+    }
+}
+
+void specula_pack_i8(const int8_t *w, int8_t *wp, int in, int out, int quads, int threads) {
+    int blocks = (out + NB - 1) / NB, in4 = quads ? (in + 3) / 4 * 4 : in;
+    #pragma omp parallel for schedule(static) num_threads(threads)
+    for (int bk = 0; bk < blocks; bk++) {
+        int8_t *dst = wp + (size_t)bk * in4 * NB;
+        for (int c = 0; c < NB; c++) {
+            int o = bk * NB + c;
+            const int8_t *row = w + (size_t)o * in;
+            for (int i = 0; i < in4; i++) {
+                size_t at = quads ? ((size_t)(i >> 2) * NB + c) * 4 + (i & 3) : (size_t)i * NB + c;
+                dst[at] = (o < out && i < in) ? row[i] : 0;
+            }
+        }
+    }
+}
+
