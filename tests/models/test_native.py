@@ -159,7 +159,7 @@ def test_cost_key_names_the_native_backend():
 
 
 @pytest.mark.skipif(not kernels.available(), reason="specula's CPU kernels cannot run here")
-@pytest.mark.parametrize("rows", [1, 2, 5, 6, 7, 13])
+@pytest.mark.parametrize("rows", [1, 2, 5, 6, 7, 13, 17])
 def test_kernel_linear_matches_f_linear_and_rows_are_independent(rows):
     from torch import nn
 

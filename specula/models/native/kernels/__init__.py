@@ -42,9 +42,13 @@ from torch import nn
 from specula.errors import ConfigError
 from specula.models.linears import linear_weight
 
-SOURCES = tuple(Path(__file__).with_name(name) for name in ("linear.c", "pack.c", "ops.c", "pool.c"))
-HEADERS = (Path(__file__).with_name("layout.h"),)
-FLAGS = ("-O3", "-mavx2", "-mfma", "-fopenmp", "-shared", "-fPIC")
+SOURCES = tuple(Path(__file__).with_name(name) for name in ("linear.c", "linear_avx512.c", "pack.c", "ops.c", "pool.c"))
+HEADERS = tuple(Path(__file__).with_name(name) for name in ("layout.h", "linear.h"))
+FLAGS = ("-O3", "-mavx2", "-mfma", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC")
+"""`-ffp-contract=off`: the compiler fuses no multiply-add of its own, so the AVX2 and AVX-512
+variants (whose loops it vectorises differently) round every scaling and bias step alike."""
+ISA_ENV = "SPECULA_KERNEL_ISA"
+"""`auto` (default: AVX-512 VNNI where the CPU has it) or `avx2`: which variant of the kernels runs."""
 KINDS = ("f32", "w8", "i8")
 GEMM_ROWS = 128
 """float32 calls with at least this many rows (long prompt prefills; tree verification passes hold at
@@ -127,7 +131,30 @@ def library() -> ctypes.CDLL:
     lib.specula_attention.argtypes = [ptr, ptr, ptr, ptr, ptr, ptr, i32, i32, i32, i32, i32, i32, i32, f32, i32]
     lib.specula_silu_mul.argtypes = [ptr, ptr, i32, i32]
     lib.specula_pool_workers.restype = i32
+    lib.specula_set_isa.argtypes = [i32]
+    lib.specula_set_isa.restype = i32
+    lib.specula_isa.restype = i32
+    choice = os.environ.get(ISA_ENV, "auto").strip().lower() or "auto"
+    if choice not in ("auto", "avx2"):
+        raise ConfigError(f"{ISA_ENV}={choice!r} is not a kernel ISA; use auto or avx2")
+    lib.specula_set_isa(0 if choice == "avx2" else 1)
     return lib
+
+
+def isa() -> str:
+    """Which variant of the kernels runs: "avx512" (AVX-512 F/BW/VNNI, chosen where the CPU has it)
+    or "avx2"."""
+    return "avx512" if library().specula_isa() else "avx2"
+
+
+def set_isa(name: str) -> str:
+    """Run the "avx2" or the "avx512" variant from now on (for A/B runs and the tests that prove
+    both compute the same bits); "avx512" on a CPU without it stays on AVX2. Returns the variant
+    in force."""
+    if name not in ("avx2", "avx512"):
+        raise ConfigError(f"unknown kernel ISA {name!r}; choose avx2 or avx512")
+    library().specula_set_isa(int(name == "avx512"))
+    return isa()
 
 
 def pack(weight: torch.Tensor, block: int, quads: bool = False) -> torch.Tensor:

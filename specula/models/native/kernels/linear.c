@@ -29,36 +29,23 @@
 #include <string.h>
 
 #include "layout.h"
+#include "linear.h"
 
 #define MR 6
 
-void specula_parallel(int threads, int items, void (*fn)(void *ctx, int item), void *ctx);  /* pool.c */
+void specula_parallel(int threads, int items, specula_item_fn fn, void *ctx);  /* pool.c */
 
-/* x [M, in] -> [groups][in][MR] (zero rows pad the last group); free() the result. */
-static float *pack_rows(const float *x, int M, int in) {
-    int groups = (M + MR - 1) / MR;
-    float *xp = malloc((size_t)groups * in * MR * sizeof(float));
+/* x [M, in] -> [groups][in][mr] (zero rows pad the last group); free() the result. */
+static float *pack_rows(const float *x, int M, int in, int mr) {
+    int groups = (M + mr - 1) / mr;
+    float *xp = malloc((size_t)groups * in * mr * sizeof(float));
     for (int gr = 0; gr < groups; gr++)
         for (int i = 0; i < in; i++)
-            for (int m = 0; m < MR; m++) {
-                int r = gr * MR + m;
-                xp[((size_t)gr * in + i) * MR + m] = r < M ? x[(size_t)r * in + i] : 0.0f;
+            for (int m = 0; m < mr; m++) {
+                int r = gr * mr + m;
+                xp[((size_t)gr * in + i) * mr + m] = r < M ? x[(size_t)r * in + i] : 0.0f;
             }
     return xp;
-}
-
-static inline void store_rows(__m256 a[MR][2], float *y, const float *scale, const float *b, int m0, int mb,
-                              int o0, int nc, int out) {
-    for (int m = 0; m < mb; m++) {
-        float tmp[NB];
-        _mm256_storeu_ps(tmp, a[m][0]);
-        _mm256_storeu_ps(tmp + 8, a[m][1]);
-        float *ym = y + (size_t)(m0 + m) * out + o0;
-        for (int c = 0; c < nc; c++) {
-            float v = scale ? tmp[c] * scale[o0 + c] : tmp[c];
-            ym[c] = b ? v + b[o0 + c] : v;
-        }
-    }
 }
 
 /* One block of 16 columns for the MB rows of a group; MB is a compile-time constant at every use
@@ -77,7 +64,12 @@ static inline void store_rows(__m256 a[MR][2], float *y, const float *scale, con
                 a[m][1] = _mm256_fmadd_ps(w1, xv, a[m][1]);                                          \
             }                                                                                        \
         }                                                                                            \
-        store_rows(a, y, SCALE, b, m0, MB, o0, nc, out);                                             \
+        float acc[MR][NB];                                                                           \
+        for (int m = 0; m < MB; m++) {                                                               \
+            _mm256_storeu_ps(acc[m], a[m][0]);                                                       \
+            _mm256_storeu_ps(acc[m] + 8, a[m][1]);                                                   \
+        }                                                                                            \
+        store_rows(acc, y, SCALE, b, m0, MB, o0, nc, out);                                           \
     } while (0)
 
 #define SWITCH_ROWS(LOAD, SCALE)                                                                     \
@@ -99,17 +91,6 @@ static inline void store_rows(__m256 a[MR][2], float *y, const float *scale, con
     w0 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q));                                                \
     w1 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(q, 8)))
 
-/* One call's operands, shared by the items (column blocks) `specula_parallel` hands out. */
-struct linear_job {
-    const float *xp;       /* f32 / w8: x packed per group of MR rows */
-    const int8_t *xq;      /* i8: x quantized per row, in4 wide */
-    const float *xs;       /* i8: the rows' scales */
-    const void *wp;
-    const float *scale;    /* w8 / i8: per output column */
-    const float *b;
-    float *y;
-    int M, in, out, groups, quads, in4;
-};
 
 /* The item function of one weight kind: every row group of the call over column block `bk`. */
 #define GROUP_BLOCK_FN(NAME, WTYPE, LOAD, SCALE)                                                     \
@@ -130,22 +111,26 @@ struct linear_job {
 GROUP_BLOCK_FN(f32_block, float, LOAD_F32, NULL)
 GROUP_BLOCK_FN(w8_block, int8_t, LOAD_W8, scale)
 
+/* One f32 or w8 call: the AVX-512 item (groups of MRZ rows, one zmm of 16 columns per row) where it
+ * runs and the call has more rows than one AVX2 group holds, else the AVX2 item. */
+static void linear_float(const float *x, const void *wp, const float *scale, const float *b, float *y, int M, int in,
+                         int out, int threads, specula_item_fn avx2_fn, specula_item_fn avx512_fn) {
+    int wide = M > MR && specula_isa(), mr = wide ? MRZ : MR;
+    float *xp = pack_rows(x, M, in, mr);
+    struct linear_job job = {.xp = xp, .wp = wp, .scale = scale, .b = b, .y = y, .M = M, .in = in, .out = out,
+                             .groups = (M + mr - 1) / mr};
+    specula_parallel(threads, (out + NB - 1) / NB, wide ? avx512_fn : avx2_fn, &job);
+    free(xp);
+}
+
 void specula_linear_f32(const float *x, const float *wp, const float *b, float *y, int M, int in, int out,
                         int threads) {
-    float *xp = pack_rows(x, M, in);
-    struct linear_job job = {.xp = xp, .wp = wp, .b = b, .y = y, .M = M, .in = in, .out = out,
-                             .groups = (M + MR - 1) / MR};
-    specula_parallel(threads, (out + NB - 1) / NB, f32_block, &job);
-    free(xp);
+    linear_float(x, wp, NULL, b, y, M, in, out, threads, f32_block, specula_f32_block_avx512);
 }
 
 void specula_linear_w8(const float *x, const int8_t *wp, const float *scale, const float *b, float *y, int M, int in,
                        int out, int threads) {
-    float *xp = pack_rows(x, M, in);
-    struct linear_job job = {.xp = xp, .wp = wp, .scale = scale, .b = b, .y = y, .M = M, .in = in, .out = out,
-                             .groups = (M + MR - 1) / MR};
-    specula_parallel(threads, (out + NB - 1) / NB, w8_block, &job);
-    free(xp);
+    linear_float(x, wp, scale, b, y, M, in, out, threads, w8_block, specula_w8_block_avx512);
 }
 
 
@@ -221,9 +206,11 @@ void specula_linear_i8(const float *x, const int8_t *wp, const float *wscale, co
     int8_t *xq = malloc((size_t)M * in4);
     float *xs = malloc((size_t)M * sizeof(float));
     quantize_rows(x, xq, xs, M, in, in4);
+    int vnni = specula_isa();
+    if (vnni) specula_offset_rows(xq, (long)M * in4);
     struct linear_job job = {.xq = xq, .xs = xs, .wp = wp, .scale = wscale, .b = b, .y = y, .M = M, .in = in,
                              .out = out, .quads = quads, .in4 = in4};
-    specula_parallel(threads, (out + NB - 1) / NB, i8_block, &job);
+    specula_parallel(threads, (out + NB - 1) / NB, vnni ? specula_i8_block_vnni : i8_block, &job);
     free(xq);
     free(xs);
 }

@@ -1,0 +1,142 @@
+/* AVX-512 variants of linear.c's kernels, chosen at run time (`specula_isa`): the CPU flags are
+ * read when the library loads, and `specula_set_isa(0)` keeps the AVX2 code (tests compare the two).
+ *
+ * f32 / w8 with more than 6 rows: one zmm holds a column block (16 outputs), so a group of up to
+ * MRZ = 16 rows keeps one accumulator per row in the 32 registers and streams the block once,
+ * where AVX2 splits 8 rows into groups of 6 and 2 (the 2-row group runs at the FMA latency, not its
+ * throughput). Every output is the same chain of fused multiply-adds over i = 0, 1, ... as in
+ * linear.c (a lane of a zmm rounds as a lane of a ymm), so the bits do not depend on the variant.
+ *
+ * i8 with VNNI: `vpdpbusd` multiplies unsigned by signed bytes and adds each group of 4 into an
+ * int32 lane, exactly (no int16 saturation step as in AVX2's maddubs). The activations are
+ * offset to u = q + 128 (0..255) and the weights' column sums are accumulated beside the rows
+ * (`vpdpbusd` by ones), so sum_i q_i w_i = sum_i u_i w_i - 128 sum_i w_i: the same int32 as the
+ * AVX2 kernel, then the same float scaling, so every output is bit for bit what linear.c
+ * computes. One 64-byte load holds 16 columns x 4 inputs (the i8 layout, layout.h); a group of
+ * up to 16 rows shares it (32 zmm registers: 16 row sums, the column sums, the weights). */
+#include <immintrin.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "layout.h"
+#include "linear.h"
+
+#define MRV 16
+
+static int isa = -1;  /* -1: not decided yet; 0: AVX2; 1: AVX-512 F/BW/VNNI */
+
+static int cpu_has_avx512(void) {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512vnni");
+}
+
+/* level 0: AVX2 only; 1: AVX-512 where the CPU has it. Returns the level in force. */
+int specula_set_isa(int level) {
+    isa = level > 0 && cpu_has_avx512();
+    return isa;
+}
+
+int specula_isa(void) {
+    if (isa < 0) isa = cpu_has_avx512();
+    return isa;
+}
+
+/* q -> q + 128 as an unsigned byte (flip of the sign bit), in place. */
+void specula_offset_rows(int8_t *xq, long n) {
+    for (long k = 0; k < n; k++) xq[k] = (int8_t)((uint8_t)xq[k] ^ 0x80u);
+}
+
+/* f32 / w8: rows m0 .. m0 + MB of the group at xg over the column block at wb. LOAD(i) yields w. */
+#define ZMM_BODY(MB, LOAD, SCALE)                                                                    \
+    do {                                                                                             \
+        __m512 a[MB];                                                                                \
+        for (int m = 0; m < MB; m++) a[m] = _mm512_setzero_ps();                                     \
+        for (int i = 0; i < in; i++) {                                                               \
+            __m512 w;                                                                                \
+            LOAD(i);                                                                                 \
+            const float *xi = xg + (size_t)i * MRZ;                                                  \
+            for (int m = 0; m < MB; m++) a[m] = _mm512_fmadd_ps(w, _mm512_set1_ps(xi[m]), a[m]);     \
+        }                                                                                            \
+        float acc[MB][NB];                                                                           \
+        for (int m = 0; m < MB; m++) _mm512_storeu_ps(acc[m], a[m]);                                 \
+        store_rows(acc, y, SCALE, b, m0, MB, o0, nc, out);                                           \
+    } while (0)
+
+#define ZMM_LOAD_F32(i) w = _mm512_loadu_ps(wb + (size_t)(i) * NB)
+#define ZMM_LOAD_W8(i) w = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(wb + (size_t)(i) * NB))))
+
+#define ZMM_CASE(MB, LOAD, SCALE) case MB: ZMM_BODY(MB, LOAD, SCALE); break;
+
+#define ZMM_BLOCK_FN(NAME, WTYPE, LOAD, SCALE)                                                       \
+    __attribute__((target("avx512f,avx512bw")))                                                      \
+    void NAME(void *arg, int bk) {                                                                   \
+        const struct linear_job *j = arg;                                                            \
+        const float *b = j->b, *scale = j->scale;                                                    \
+        const WTYPE *wb = (const WTYPE *)j->wp + (size_t)bk * j->in * NB;                            \
+        float *y = j->y;                                                                             \
+        int M = j->M, in = j->in, out = j->out, o0 = bk * NB, nc = out - o0 < NB ? out - o0 : NB;    \
+        (void)scale;                                                                                 \
+        for (int gr = 0; gr < j->groups; gr++) {                                                     \
+            int m0 = gr * MRZ;                                                                       \
+            const float *xg = j->xp + (size_t)gr * in * MRZ;                                         \
+            switch (M - m0 < MRZ ? M - m0 : MRZ) {                                                   \
+                ZMM_CASE(1, LOAD, SCALE) ZMM_CASE(2, LOAD, SCALE) ZMM_CASE(3, LOAD, SCALE)           \
+                ZMM_CASE(4, LOAD, SCALE) ZMM_CASE(5, LOAD, SCALE) ZMM_CASE(6, LOAD, SCALE)           \
+                ZMM_CASE(7, LOAD, SCALE) ZMM_CASE(8, LOAD, SCALE) ZMM_CASE(9, LOAD, SCALE)           \
+                ZMM_CASE(10, LOAD, SCALE) ZMM_CASE(11, LOAD, SCALE) ZMM_CASE(12, LOAD, SCALE)        \
+                ZMM_CASE(13, LOAD, SCALE) ZMM_CASE(14, LOAD, SCALE) ZMM_CASE(15, LOAD, SCALE)        \
+                default: ZMM_BODY(16, LOAD, SCALE); break;                                           \
+            }                                                                                        \
+        }                                                                                            \
+    }
+
+ZMM_BLOCK_FN(specula_f32_block_avx512, float, ZMM_LOAD_F32, NULL)
+ZMM_BLOCK_FN(specula_w8_block_avx512, int8_t, ZMM_LOAD_W8, scale)
+
+/* i8: rows m0 .. m0 + MB over the column block at wb (u = q + 128, minus 128 x the column sums). */
+#define VNNI_BODY(MB)                                                                                \
+    do {                                                                                             \
+        __m512i a[MB], colsum = _mm512_setzero_si512();                                              \
+        for (int m = 0; m < MB; m++) a[m] = _mm512_setzero_si512();                                  \
+        for (int iq = 0; iq < quads; iq++) {                                                         \
+            __m512i w = _mm512_loadu_si512((const void *)(wb + (size_t)iq * NB * 4));                \
+            colsum = _mm512_dpbusd_epi32(colsum, ones, w);                                           \
+            for (int m = 0; m < MB; m++) {                                                           \
+                int32_t four;                                                                        \
+                memcpy(&four, xq + (size_t)(m0 + m) * in4 + (size_t)iq * 4, 4);                      \
+                a[m] = _mm512_dpbusd_epi32(a[m], _mm512_set1_epi32(four), w);                        \
+            }                                                                                        \
+        }                                                                                            \
+        __m512i offset = _mm512_slli_epi32(colsum, 7);                                               \
+        int32_t acc[MB][NB];                                                                         \
+        for (int m = 0; m < MB; m++) _mm512_storeu_si512((void *)acc[m], _mm512_sub_epi32(a[m], offset)); \
+        for (int m = 0; m < MB; m++) {                                                               \
+            float *ym = y + (size_t)(m0 + m) * out + o0;                                             \
+            for (int c = 0; c < nc; c++) {                                                           \
+                float v = (float)acc[m][c] * xs[m0 + m] * wscale[o0 + c];                            \
+                ym[c] = b ? v + b[o0 + c] : v;                                                       \
+            }                                                                                        \
+        }                                                                                            \
+    } while (0)
+
+#define VNNI_CASE(MB) case MB: VNNI_BODY(MB); break;
+
+__attribute__((target("avx512f,avx512bw,avx512vnni")))
+void specula_i8_block_vnni(void *p, int bk) {
+    const struct linear_job *j = p;
+    const __m512i ones = _mm512_set1_epi8(1);
+    const float *b = j->b, *wscale = j->scale, *xs = j->xs;
+    const int8_t *xq = j->xq;
+    int M = j->M, out = j->out, quads = j->quads, in4 = j->in4, o0 = bk * NB, nc = out - o0 < NB ? out - o0 : NB;
+    const int8_t *wb = (const int8_t *)j->wp + (size_t)bk * quads * NB * 4;
+    float *y = j->y;
+    for (int m0 = 0; m0 < M; m0 += MRV) {
+        switch (M - m0 < MRV ? M - m0 : MRV) {
+            VNNI_CASE(1) VNNI_CASE(2) VNNI_CASE(3) VNNI_CASE(4) VNNI_CASE(5) VNNI_CASE(6) VNNI_CASE(7)
+            VNNI_CASE(8) VNNI_CASE(9) VNNI_CASE(10) VNNI_CASE(11) VNNI_CASE(12) VNNI_CASE(13) VNNI_CASE(14)
+            VNNI_CASE(15) default: VNNI_BODY(16); break;
+        }
+    }
+}

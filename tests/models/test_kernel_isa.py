@@ -1,0 +1,86 @@
+"""The kernels' AVX-512 variants (`kernels/linear_avx512.c`): the same bits as the AVX2 code for
+every kind, row count and shape, so a tree pass (many rows, AVX-512) and a one-token step (one row,
+AVX2) still compute every row alike; the variant is chosen by the CPU flags or SPECULA_KERNEL_ISA."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from torch import nn
+
+from specula.errors import ConfigError
+from specula.models.native import kernels
+
+pytestmark = pytest.mark.skipif(not kernels.available(), reason="specula's CPU kernels cannot run here")
+
+HAS_AVX512 = {"avx512f", "avx512bw", "avx512_vnni"} <= kernels.cpu_flags()
+needs_avx512 = pytest.mark.skipif(not HAS_AVX512, reason="this CPU has no AVX-512 F/BW/VNNI")
+
+
+@pytest.fixture
+def isa():
+    before = kernels.isa()
+    yield kernels.set_isa
+    kernels.set_isa(before)
+
+
+@needs_avx512
+@pytest.mark.parametrize("kind", kernels.KINDS)
+@pytest.mark.parametrize("shape,bias", [((70, 37), True), ((300, 515), False), ((1537, 16), True), ((3, 9), False)])
+def test_avx512_computes_the_bits_of_avx2(isa, kind, shape, bias):
+    torch.manual_seed(shape[0] + shape[1])
+    layer = kernels.KernelLinear(nn.Linear(*shape, bias=bias), kind)
+    for rows in (1, 2, 5, 6, 7, 8, 15, 16, 17, 33, 65):
+        x = torch.randn(rows, shape[0]) * 2  # [rows, in]
+        assert isa("avx2") == "avx2"
+        want = layer(x)
+        assert isa("avx512") == "avx512"
+        got = layer(x)
+        assert torch.equal(got, want), (kind, shape, rows, (got - want).abs().max())
+        # each row alone (one row runs the AVX2 item even here) gives the same bits as in the call
+        for r in (0, rows // 2, rows - 1):
+            assert torch.equal(layer(x[r : r + 1])[0], got[r]), (kind, rows, r)
+
+
+@needs_avx512
+def test_vnni_int8_is_the_exact_integer_dot_product(isa):
+    """Activation and weight values at the int8 extremes (+-127, 0): the VNNI kernel's offset
+    (u = q + 128, minus 128 x the column sums) must give sum(q_x * q_w) exactly."""
+    isa("avx512")
+    out_features, in_features = 32, 64
+    q = torch.tensor([127, -127, 0, 1, -1, 64, -64, 3], dtype=torch.float32)
+    weight = q.repeat(out_features * in_features // len(q)).reshape(out_features, in_features)
+    weight[::2] *= -1  # mixed signs across columns
+    layer = kernels.KernelLinear(_with_weight(weight), "i8")
+    x = torch.stack([q.roll(k).repeat(in_features // len(q)) for k in range(9)])  # [9, 64], max |x| = 127
+    exact = (x.double() @ weight.double().T)  # integers: every scale is 1
+    got = layer(x)
+    assert torch.equal(got.double(), exact), (got.double() - exact).abs().max()
+
+
+def _with_weight(weight: torch.Tensor) -> nn.Linear:
+    lin = nn.Linear(weight.shape[1], weight.shape[0], bias=False)
+    with torch.no_grad():
+        lin.weight.copy_(weight)
+    return lin
+
+
+@pytest.mark.parametrize("value,want", [("avx2", "avx2"), ("auto", "avx512" if HAS_AVX512 else "avx2"), ("sse", None)])
+def test_the_environment_picks_the_variant(value, want):
+    code = "from specula.models.native import kernels; print(kernels.isa())"
+    env = {**os.environ, kernels.ISA_ENV: value}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    if want is None:
+        assert done.returncode != 0 and f"{kernels.ISA_ENV}='sse' is not a kernel ISA; use auto or avx2" in done.stderr
+    else:
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.split()[-1] == want
+
+
+def test_an_unknown_variant_is_refused():
+    with pytest.raises(ConfigError, match="unknown kernel ISA 'avx1024'"):
+        kernels.set_isa("avx1024")
