@@ -48,7 +48,7 @@ class CostKey:
     attention: str | None
     """The attention implementation."""
     linear_kernel: str
-    """The linears' kernel (`prepack.linear_kernel_of`: "aten", "onednn", "specula-<kind>")."""
+    """The linears' kernel (`prepack.linear_kernel_of`: "aten", "onednn", "specula-<kind>-<isa>-<build>")."""
     cuda_graphs: bool | None = None
     """Whether passes replay captured CUDA graphs; None (left out of the key) where the backend
     has no graph path."""

@@ -112,12 +112,15 @@ class OneDNNLinear(nn.Module):
 
 
 def linear_kernel_of(model: nn.Module) -> str:
-    """The linear kernel a loaded model runs: specula (its own C kernels), onednn (prepacked), or aten."""
+    """The linear kernel a loaded model runs: specula's own C kernels ("specula-<kind>-<isa>-<build>":
+    a cost curve timed with other kernel code or another instruction set is not this one's), onednn
+    (prepacked), or aten."""
+    from specula.models.native import kernels
     from specula.models.native.kernels import KernelLinear
 
     for m in model.modules():
         if isinstance(m, KernelLinear):
-            return f"specula-{m.kind}"
+            return f"specula-{m.kind}-{kernels.isa()}-{kernels.build_key()[:8]}"
         if isinstance(m, OneDNNLinear):
             return "onednn"
     return "aten"

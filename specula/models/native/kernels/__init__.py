@@ -91,6 +91,14 @@ def available() -> bool:
 
 
 @functools.cache
+def build_key() -> str:
+    """Hash of the kernels' sources, flags and CPU: names the compiled library (and, in part, the
+    cost curves timed with it: `prepack.linear_kernel_of`)."""
+    source = b"".join(path.read_bytes() for path in SOURCES + HEADERS)
+    return hashlib.sha256(source + " ".join(FLAGS).encode() + platform.processor().encode()).hexdigest()[:16]
+
+
+@functools.cache
 def library() -> ctypes.CDLL:
     """The compiled kernels (built on first use, then cached on disk)."""
     from specula.paths import cache_dir
@@ -98,9 +106,7 @@ def library() -> ctypes.CDLL:
     reason = unavailable_reason()
     if reason is not None:
         raise ConfigError(f"specula's CPU kernels cannot run here: {reason}; use --linear-kernel onednn or aten")
-    source = b"".join(path.read_bytes() for path in SOURCES + HEADERS)
-    key = hashlib.sha256(source + " ".join(FLAGS).encode() + platform.processor().encode()).hexdigest()[:16]
-    target = cache_dir("kernels", key) / "libspecula_kernels.so"
+    target = cache_dir("kernels", build_key()) / "libspecula_kernels.so"
     if not target.exists():
         target.parent.mkdir(parents=True, exist_ok=True)
         print("compiling specula's CPU kernels (once, a few seconds)...", file=sys.stderr, flush=True)
