@@ -77,6 +77,69 @@ static inline float dot(const float *a, const float *b, int d) {
     return s;
 }
 
+/* e^x in each lane (Cephes' expf: range reduction by ln 2 in two parts, a degree-5 polynomial, the
+ * exponent added as bits; within 2 ulp for x in [-87, 88], clamped outside). One vector function for
+ * every element (tails are padded, never computed by other code), so a value's bits depend on the
+ * value alone, not on its position or its neighbours: rows stay bitwise one-token steps. */
+static inline __m256 exp8(__m256 x) {
+    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.3f)), _mm256_set1_ps(88.3f));
+    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 y = _mm256_set1_ps(1.9875691500e-4f);
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.3981999507e-3f));
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(8.3334519073e-3f));
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(4.1665795894e-2f));
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.6666665459e-1f));
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(5.0000001201e-1f));
+    y = _mm256_fmadd_ps(y, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
+}
+
+/* v[j] = e^(v[j] - shift) for j < n (the last partial 8 through a padded copy). */
+static inline void exp_shifted(float *v, int n, float shift) {
+    __m256 s = _mm256_set1_ps(shift);
+    int j = 0;
+    for (; j + 8 <= n; j += 8) _mm256_storeu_ps(v + j, exp8(_mm256_sub_ps(_mm256_loadu_ps(v + j), s)));
+    if (j < n) {
+        float tail[8];
+        for (int k = 0; k < 8; k++) tail[k] = j + k < n ? v[j + k] : shift;
+        _mm256_storeu_ps(tail, exp8(_mm256_sub_ps(_mm256_loadu_ps(tail), s)));
+        for (int k = 0; j + k < n; k++) v[j + k] = tail[k];
+    }
+}
+
+/* out[k] = dot(a, b + k * d, d) for the 8 rows b .. b + 7d (d a multiple of 8), each computed with
+ * `dot`'s arithmetic exactly (the same 8-lane FMA chain over i, then lanes 0..7 added in order), so a
+ * slot's score does not depend on which slots are computed beside it. */
+static inline void dot8(const float *a, const float *b, int d, float *out) {
+    __m256 acc[8];
+    for (int k = 0; k < 8; k++) acc[k] = _mm256_setzero_ps();
+    for (int i = 0; i < d; i += 8) {
+        __m256 av = _mm256_loadu_ps(a + i);
+        for (int k = 0; k < 8; k++) acc[k] = _mm256_fmadd_ps(av, _mm256_loadu_ps(b + (size_t)k * d + i), acc[k]);
+    }
+    /* transpose: lanes[l] holds lane l of every slot's accumulator */
+    __m256 t0 = _mm256_unpacklo_ps(acc[0], acc[1]), t1 = _mm256_unpackhi_ps(acc[0], acc[1]);
+    __m256 t2 = _mm256_unpacklo_ps(acc[2], acc[3]), t3 = _mm256_unpackhi_ps(acc[2], acc[3]);
+    __m256 t4 = _mm256_unpacklo_ps(acc[4], acc[5]), t5 = _mm256_unpackhi_ps(acc[4], acc[5]);
+    __m256 t6 = _mm256_unpacklo_ps(acc[6], acc[7]), t7 = _mm256_unpackhi_ps(acc[6], acc[7]);
+    __m256 u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xEE);
+    __m256 u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xEE);
+    __m256 u4 = _mm256_shuffle_ps(t4, t6, 0x44), u5 = _mm256_shuffle_ps(t4, t6, 0xEE);
+    __m256 u6 = _mm256_shuffle_ps(t5, t7, 0x44), u7 = _mm256_shuffle_ps(t5, t7, 0xEE);
+    __m256 lanes[8] = {
+        _mm256_permute2f128_ps(u0, u4, 0x20), _mm256_permute2f128_ps(u1, u5, 0x20),
+        _mm256_permute2f128_ps(u2, u6, 0x20), _mm256_permute2f128_ps(u3, u7, 0x20),
+        _mm256_permute2f128_ps(u0, u4, 0x31), _mm256_permute2f128_ps(u1, u5, 0x31),
+        _mm256_permute2f128_ps(u2, u6, 0x31), _mm256_permute2f128_ps(u3, u7, 0x31)};
+    __m256 s = _mm256_setzero_ps();
+    for (int l = 0; l < 8; l++) s = _mm256_add_ps(s, lanes[l]);
+    _mm256_storeu_ps(out, s);
+}
+
 /* out [n, H, D]: for row r and head h (KV group h / (H / G)), softmax over the slots the row may see
  * of q . k * scale, times v. Visible slots: mask [n, slots] (nonzero = visible) or, without a
  * mask, slots 0 .. start + r (causal). scores: scratch [n * H, slots]. Items of `specula_parallel`:
@@ -100,24 +163,26 @@ static void attention_item(void *arg, int job) {
     const float *qr = q + ((size_t)r * heads + h) * d;
     const float *kg = k_cache + (size_t)g * cap * d, *vg = v_cache + (size_t)g * cap * d;
     const uint8_t *m = mask ? mask + (size_t)r * slots : NULL;
-    int limit = mask ? slots : start + r + 1;
+    int limit = mask ? slots : start + r + 1, j = 0;
+    /* q . k for every slot below limit, 8 at a time (masked slots too: their scores are never read) */
+    if (d % 8 == 0)
+        for (; j + 8 <= limit; j += 8) dot8(qr, kg + (size_t)j * d, d, sc + j);
+    for (; j < limit; j++) sc[j] = dot(qr, kg + (size_t)j * d, d);
     float best = -INFINITY;
-    for (int j = 0; j < limit; j++) {
+    for (j = 0; j < limit; j++) {
         if (m && !m[j]) continue;
-        sc[j] = dot(qr, kg + (size_t)j * d, d) * scale;
+        sc[j] *= scale;
         if (sc[j] > best) best = sc[j];
     }
+    exp_shifted(sc, limit, best);
     float total = 0.0f;
-    for (int j = 0; j < limit; j++) {
-        if (m && !m[j]) continue;
-        sc[j] = expf(sc[j] - best);
-        total += sc[j];
-    }
+    for (j = 0; j < limit; j++)
+        if (!m || m[j]) total += sc[j];
     float *o = out + ((size_t)r * heads + h) * d;
     __m256 acc[32];  /* D <= 256 */
     int vecs = d / 8;
     for (int i = 0; i < vecs; i++) acc[i] = _mm256_setzero_ps();
-    for (int j = 0; j < limit; j++) {
+    for (j = 0; j < limit; j++) {
         if (m && !m[j]) continue;
         __m256 p = _mm256_set1_ps(sc[j]);
         const float *vj = vg + (size_t)j * d;
@@ -135,11 +200,32 @@ void specula_attention(const float *q, const float *k_cache, const float *v_cach
     specula_parallel(threads, n * heads, attention_item, &job);
 }
 
-/* out [n, I] = silu(gate) * up for gu [n, 2I] = gate | up. */
+/* out [n, I] = silu(gate) * up for gu [n, 2I] = gate | up (e^-g by `exp8`, element by element). */
 void specula_silu_mul(const float *gu, float *out, int n, int inter) {
+    const __m256 one = _mm256_set1_ps(1.0f), zero = _mm256_setzero_ps();
     for (int r = 0; r < n; r++) {
         const float *g = gu + (size_t)r * 2 * inter, *u = g + inter;
         float *o = out + (size_t)r * inter;
-        for (int i = 0; i < inter; i++) o[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+        for (int i = 0; i < inter; i += 8) {
+            __m256 gv, uv;
+            float gt[8], ut[8], ot[8];
+            int full = i + 8 <= inter;
+            if (full) {
+                gv = _mm256_loadu_ps(g + i);
+                uv = _mm256_loadu_ps(u + i);
+            } else {
+                for (int k = 0; k < 8; k++) gt[k] = i + k < inter ? g[i + k] : 0.0f, ut[k] = i + k < inter ? u[i + k] : 0.0f;
+                gv = _mm256_loadu_ps(gt);
+                uv = _mm256_loadu_ps(ut);
+            }
+            __m256 sig = _mm256_div_ps(gv, _mm256_add_ps(one, exp8(_mm256_sub_ps(zero, gv))));
+            __m256 ov = _mm256_mul_ps(sig, uv);
+            if (full) {
+                _mm256_storeu_ps(o + i, ov);
+            } else {
+                _mm256_storeu_ps(ot, ov);
+                for (int k = 0; i + k < inter; k++) o[i + k] = ot[k];
+            }
+        }
     }
 }
