@@ -213,6 +213,17 @@ def test_native_kernels_unavailable_is_a_clear_error(monkeypatch):
     assert resolve_linear_kernel("auto", dtype=torch.float32, device="cpu", quantize="none", native=True) == "onednn"
 
 
+@pytest.mark.skipif(not kernels.available(), reason="specula's CPU kernels cannot run here")
+@pytest.mark.parametrize("change", [{"head_dim": 12}, {"head_dim": 264}, {"num_heads": 65, "num_kv_heads": 1}])
+def test_attention_kernel_limits_are_refused_with_the_fix_named(change):
+    import dataclasses
+
+    decoder = NativeDecoder.from_hf(tiny_model("qwen2"))
+    decoder.cfg = dataclasses.replace(decoder.cfg, **change)
+    with pytest.raises(ConfigError, match="use --linear-kernel onednn"):
+        configure(decoder, "specula", "none", "sdpa")
+
+
 def test_greedy_guarantee_of_each_backend_and_mode():
     model = tiny_model("qwen2", seed=1)
     assert HFCausalLM(model).greedy_guarantee == "float32"

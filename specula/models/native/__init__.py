@@ -1,14 +1,13 @@
 """specula's own decoder for Llama / Qwen2 / Mistral models (static KV cache, fused projections),
 behind the same `TargetModel` protocol as the Hugging Face backend (`--backend auto|native|hf`)."""
 
+from specula.errors import ConfigError
 from specula.models.native.backend import NativeCausalLM, NativeSequence
 from specula.models.native.model import ARCHITECTURES, NativeConfig, NativeDecoder
 
 
 def supports(model) -> bool:
     """Whether the native decoder reproduces this Hugging Face model."""
-    from specula.errors import ConfigError
-
     try:
         NativeConfig.from_hf(model.config, type(model).__name__)
     except ConfigError:
@@ -28,6 +27,11 @@ def configure(decoder: NativeDecoder, kernel: str, quantize: str, attention: str
     from specula.models.quantize import quantize_model
 
     if kernel == "specula":
+        cfg = decoder.cfg
+        if cfg.head_dim > 256 or cfg.head_dim % 8 or cfg.num_heads // cfg.num_kv_heads > 64:
+            raise ConfigError(f"specula's attention kernel takes head_dim <= 256 in multiples of 8 and at most 64 "
+                              f"query heads per KV head (this model: head_dim {cfg.head_dim}, "
+                              f"{cfg.num_heads // cfg.num_kv_heads} per KV head); use --linear-kernel onednn")
         apply_kernels(decoder, {"none": "f32", "int8": "i8", "w8": "w8"}[quantize])
         decoder.ops = CpuKernelOps()
         return decoder

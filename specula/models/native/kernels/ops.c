@@ -152,44 +152,68 @@ struct attention_job {
     float scale;
 };
 
+#define SLOT_BLOCK 32  /* slots whose values stay in L1 while every head of the group reads them */
+
+/* One row r and KV group g: the `per` query heads of the group read each block of keys and values
+ * once between them (from L1), where one head an item read the group's whole cache `per` times.
+ * Each head's arithmetic is what it was alone: dot8 / dot per slot, its own exp and total, and its
+ * value sum over the visible slots in increasing order (the accumulators kept in `out` between
+ * blocks), so the bits do not change with the grouping. */
 static void attention_item(void *arg, int job) {
     const struct attention_job *a = arg;
     const float *q = a->q, *k_cache = a->k_cache, *v_cache = a->v_cache;
     const uint8_t *mask = a->mask;
     float *out = a->out, *scores = a->scores, scale = a->scale;
     int heads = a->heads, per = a->per, d = a->d, cap = a->cap, slots = a->slots, start = a->start;
-    int r = job / heads, h = job % heads, g = h / per;
-    float *sc = scores + (size_t)job * slots;
-    const float *qr = q + ((size_t)r * heads + h) * d;
+    int kv_heads = heads / per, r = job / kv_heads, g = job % kv_heads, h0 = g * per;
     const float *kg = k_cache + (size_t)g * cap * d, *vg = v_cache + (size_t)g * cap * d;
     const uint8_t *m = mask ? mask + (size_t)r * slots : NULL;
-    int limit = mask ? slots : start + r + 1, j = 0;
+    int limit = mask ? slots : start + r + 1, j = 0, vecs = d / 8;
+    /* scores [per][slots] of this row's heads h0 .. h0 + per - 1 */
+    float *sc0 = scores + ((size_t)r * heads + h0) * slots;
+    const float *q0 = q + ((size_t)r * heads + h0) * d;
     /* q . k for every slot below limit, 8 at a time (masked slots too: their scores are never read) */
     if (d % 8 == 0)
-        for (; j + 8 <= limit; j += 8) dot8(qr, kg + (size_t)j * d, d, sc + j);
-    for (; j < limit; j++) sc[j] = dot(qr, kg + (size_t)j * d, d);
-    float best = -INFINITY;
-    for (j = 0; j < limit; j++) {
-        if (m && !m[j]) continue;
-        sc[j] *= scale;
-        if (sc[j] > best) best = sc[j];
+        for (; j + 8 <= limit; j += 8)
+            for (int hh = 0; hh < per; hh++) dot8(q0 + (size_t)hh * d, kg + (size_t)j * d, d, sc0 + (size_t)hh * slots + j);
+    for (; j < limit; j++)
+        for (int hh = 0; hh < per; hh++) sc0[(size_t)hh * slots + j] = dot(q0 + (size_t)hh * d, kg + (size_t)j * d, d);
+    float totals[64];  /* per <= 64 */
+    for (int hh = 0; hh < per; hh++) {
+        float *sc = sc0 + (size_t)hh * slots, best = -INFINITY, total = 0.0f;
+        for (j = 0; j < limit; j++) {
+            if (m && !m[j]) continue;
+            sc[j] *= scale;
+            if (sc[j] > best) best = sc[j];
+        }
+        exp_shifted(sc, limit, best);
+        for (j = 0; j < limit; j++)
+            if (!m || m[j]) total += sc[j];
+        totals[hh] = total;
+        float *o = out + ((size_t)r * heads + h0 + hh) * d;
+        for (int i = 0; i < d; i++) o[i] = 0.0f;
     }
-    exp_shifted(sc, limit, best);
-    float total = 0.0f;
-    for (j = 0; j < limit; j++)
-        if (!m || m[j]) total += sc[j];
-    float *o = out + ((size_t)r * heads + h) * d;
-    __m256 acc[32];  /* D <= 256 */
-    int vecs = d / 8;
-    for (int i = 0; i < vecs; i++) acc[i] = _mm256_setzero_ps();
-    for (j = 0; j < limit; j++) {
-        if (m && !m[j]) continue;
-        __m256 p = _mm256_set1_ps(sc[j]);
-        const float *vj = vg + (size_t)j * d;
-        for (int i = 0; i < vecs; i++) acc[i] = _mm256_fmadd_ps(p, _mm256_loadu_ps(vj + 8 * i), acc[i]);
+    for (int j0 = 0; j0 < limit; j0 += SLOT_BLOCK) {
+        int j1 = j0 + SLOT_BLOCK < limit ? j0 + SLOT_BLOCK : limit;
+        for (int hh = 0; hh < per; hh++) {
+            const float *sc = sc0 + (size_t)hh * slots;
+            float *o = out + ((size_t)r * heads + h0 + hh) * d;
+            __m256 acc[32];  /* D <= 256 */
+            for (int i = 0; i < vecs; i++) acc[i] = _mm256_loadu_ps(o + 8 * i);
+            for (j = j0; j < j1; j++) {
+                if (m && !m[j]) continue;
+                __m256 p = _mm256_set1_ps(sc[j]);
+                const float *vj = vg + (size_t)j * d;
+                for (int i = 0; i < vecs; i++) acc[i] = _mm256_fmadd_ps(p, _mm256_loadu_ps(vj + 8 * i), acc[i]);
+            }
+            for (int i = 0; i < vecs; i++) _mm256_storeu_ps(o + 8 * i, acc[i]);
+        }
     }
-    float inv = 1.0f / total;
-    for (int i = 0; i < vecs; i++) _mm256_storeu_ps(o + 8 * i, _mm256_mul_ps(acc[i], _mm256_set1_ps(inv)));
+    for (int hh = 0; hh < per; hh++) {
+        float *o = out + ((size_t)r * heads + h0 + hh) * d;
+        __m256 inv = _mm256_set1_ps(1.0f / totals[hh]);
+        for (int i = 0; i < vecs; i++) _mm256_storeu_ps(o + 8 * i, _mm256_mul_ps(_mm256_loadu_ps(o + 8 * i), inv));
+    }
 }
 
 void specula_attention(const float *q, const float *k_cache, const float *v_cache, const uint8_t *mask, float *out,
@@ -197,7 +221,7 @@ void specula_attention(const float *q, const float *k_cache, const float *v_cach
                        float scale, int threads) {
     struct attention_job job = {q, k_cache, v_cache, mask, out, scores, heads, heads / kv_heads, d, cap, slots,
                                 start, scale};
-    specula_parallel(threads, n * heads, attention_item, &job);
+    specula_parallel(threads, n * kv_heads, attention_item, &job);
 }
 
 /* out [n, I] = silu(gate) * up for gu [n, 2I] = gate | up (e^-g by `exp8`, element by element). */
