@@ -7,11 +7,16 @@ profile discards rounds timed while other processes work, and a busy machine is 
 this script compares.
 
     python scripts/pass_latency.py --target smollm2-135m --sizes 1,4,8,16 --threads 2
+
+`--breakdown` adds, per size, the mean ms per pass inside each C kernel (linear, attention, norms,
+RoPE, SiLU; the rest is Python and torch glue), timed by wrapping the library's functions;
+`--context N` sets the tokens before the pass (attention grows with it).
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import statistics
 import time
 
@@ -19,7 +24,24 @@ import specula  # noqa: F401  (before torch: its OpenMP spin setting)
 import torch
 
 from specula.models.loading import LoadConfig, load_backend
+from specula.models.native import kernels
 from specula.tree import TokenTree
+
+KERNEL_CALLS = ("specula_linear_f32", "specula_linear_w8", "specula_linear_i8", "specula_attention",
+                "specula_add_rms_norm", "specula_rope_write", "specula_silu_mul")
+
+
+def time_kernels() -> collections.Counter:
+    """Wrap the kernel library's functions so each call adds its seconds to the returned counter."""
+    lib, spent = kernels.library(), collections.Counter()
+    for name in KERNEL_CALLS:
+        def timed(*args, fn=getattr(lib, name), name=name):
+            t0 = time.perf_counter()
+            result = fn(*args)
+            spent[name.removeprefix("specula_")] += time.perf_counter() - t0
+            return result
+        setattr(lib, name, timed)
+    return spent
 
 
 def main() -> None:
@@ -28,20 +50,29 @@ def main() -> None:
     p.add_argument("--sizes", default="1,4,8,16", help="tokens per pass, comma-separated")
     p.add_argument("--passes", type=int, default=20, help="timed passes per size")
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--context", type=int, default=200, help="tokens in the cache before each pass")
+    p.add_argument("--breakdown", action="store_true", help="also the ms per pass inside each C kernel")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     target, _ = load_backend(args.target, LoadConfig(prepared_cache="off"), "target")
+    spent = time_kernels() if args.breakdown else None
     medians = []
     for n in (int(s) for s in args.sizes.split(",")):
         seq = target.new_sequence()
-        seq.prefill(list(range(100, 300)), logits="last")
+        seq.prefill([100 + i % 1000 for i in range(args.context)], logits="last")
         tree, times = TokenTree.chain([7] * (n - 1), source="chain"), []
+        if spent is not None:
+            spent.clear()
         for _ in range(args.passes):
             t0 = time.perf_counter()
             seq.forward_tree(5, tree)
             times.append(time.perf_counter() - t0)
             seq.commit([])
         medians.append(f"n={n}: {statistics.median(times) * 1e3:.1f} ms")
+        if spent is not None:
+            inside = " ".join(f"{name} {sec / args.passes * 1e3:.2f}" for name, sec in spent.most_common())
+            other = (sum(times) - sum(spent.values())) / args.passes * 1e3
+            print(f"n={n}: {statistics.mean(times) * 1e3:.1f} ms mean; {inside}; other {other:.2f}")
     print(" ".join(medians))
 
 
