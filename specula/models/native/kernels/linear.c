@@ -92,24 +92,8 @@ static float *pack_rows(const float *x, int M, int in, int mr) {
     w1 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(q, 8)))
 
 
-/* The item function of one weight kind: every row group of the call over column block `bk`. */
-#define GROUP_BLOCK_FN(NAME, WTYPE, LOAD, SCALE)                                                     \
-    static void NAME(void *arg, int bk) {                                                            \
-        const struct linear_job *j = arg;                                                            \
-        const float *b = j->b, *scale = j->scale;                                                    \
-        const WTYPE *wb = (const WTYPE *)j->wp + (size_t)bk * j->in * NB;                            \
-        float *y = j->y;                                                                             \
-        int M = j->M, in = j->in, out = j->out, o0 = bk * NB, nc = out - o0 < NB ? out - o0 : NB;    \
-        (void)scale;                                                                                 \
-        for (int gr = 0; gr < j->groups; gr++) {                                                     \
-            int m0 = gr * MR;                                                                        \
-            const float *xg = j->xp + (size_t)gr * in * MR;                                          \
-            SWITCH_ROWS(LOAD, SCALE)                                                                 \
-        }                                                                                            \
-    }
-
-GROUP_BLOCK_FN(f32_block, float, LOAD_F32, NULL)
-GROUP_BLOCK_FN(w8_block, int8_t, LOAD_W8, scale)
+static FLOAT_BLOCK_ITEM(f32_block, float, MR, SWITCH_ROWS, LOAD_F32, NULL)
+static FLOAT_BLOCK_ITEM(w8_block, int8_t, MR, SWITCH_ROWS, LOAD_W8, scale)
 
 /* One f32 or w8 call: the AVX-512 item (groups of MRZ rows, one zmm of 16 columns per row) where it
  * runs and the call has more rows than one AVX2 group holds, else the AVX2 item. */
@@ -180,25 +164,17 @@ static void quantize_rows(const float *x, int8_t *xq, float *xs, int M, int in, 
         }                                                                                            \
     } while (0)
 
-static void i8_block(void *p, int bk) {
-    const struct linear_job *j = p;
-    const __m256i ones = _mm256_set1_epi16(1);
-    const float *b = j->b, *wscale = j->scale, *xs = j->xs;
-    const int8_t *xq = j->xq;
-    int M = j->M, out = j->out, quads = j->quads, in4 = j->in4, o0 = bk * NB, nc = out - o0 < NB ? out - o0 : NB;
-    const int8_t *wb = (const int8_t *)j->wp + (size_t)bk * quads * NB * 4;
-    float *y = j->y;
-    for (int m0 = 0; m0 < M; m0 += MR) {
-        switch (M - m0 < MR ? M - m0 : MR) {
-            case 1: I8_BODY(1); break;
-            case 2: I8_BODY(2); break;
-            case 3: I8_BODY(3); break;
-            case 4: I8_BODY(4); break;
-            case 5: I8_BODY(5); break;
-            default: I8_BODY(6); break;
-        }
+#define I8_SWITCH()                                                                                  \
+    switch (M - m0 < MR ? M - m0 : MR) {                                                             \
+        case 1: I8_BODY(1); break;                                                                   \
+        case 2: I8_BODY(2); break;                                                                   \
+        case 3: I8_BODY(3); break;                                                                   \
+        case 4: I8_BODY(4); break;                                                                   \
+        case 5: I8_BODY(5); break;                                                                   \
+        default: I8_BODY(6); break;                                                                  \
     }
-}
+
+static INT8_BLOCK_ITEM(i8_block, const __m256i ones = _mm256_set1_epi16(1), MR, I8_SWITCH)
 
 void specula_linear_i8(const float *x, const int8_t *wp, const float *wscale, const float *b, float *y, int M, int in,
                        int out, int threads) {

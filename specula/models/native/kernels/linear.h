@@ -41,6 +41,39 @@ static inline void store_rows(float acc[][NB], float *y, const float *scale, con
     }
 }
 
+/* The item function of one float-activation weight kind (f32, w8) for a group size GROUP: every row
+ * group of the call over column block `bk`, the group's rows run by SWITCH(LOAD, SCALE) (which
+ * reads m0, xg, in, wb, y, b, o0, nc, out, M). Both variants' items (linear.c, linear_avx512.c). */
+#define FLOAT_BLOCK_ITEM(NAME, WTYPE, GROUP, SWITCH, LOAD, SCALE)                                    \
+    void NAME(void *arg, int bk) {                                                                   \
+        const struct linear_job *j = arg;                                                            \
+        const float *b = j->b, *scale = j->scale;                                                    \
+        const WTYPE *wb = (const WTYPE *)j->wp + (size_t)bk * j->in * NB;                            \
+        float *y = j->y;                                                                             \
+        int M = j->M, in = j->in, out = j->out, o0 = bk * NB, nc = out - o0 < NB ? out - o0 : NB;    \
+        (void)scale;                                                                                 \
+        for (int gr = 0; gr < j->groups; gr++) {                                                     \
+            int m0 = gr * GROUP;                                                                     \
+            const float *xg = j->xp + (size_t)gr * in * GROUP;                                       \
+            SWITCH(LOAD, SCALE)                                                                      \
+        }                                                                                            \
+    }
+
+/* The same for i8 (int8 weights and activations): ONES declares the constant its body needs,
+ * SWITCH() runs the group's rows (reads m0, quads, in4, xq, xs, wb, wscale, ones, y, b, o0, nc, out, M). */
+#define INT8_BLOCK_ITEM(NAME, ONES, GROUP, SWITCH)                                                   \
+    void NAME(void *arg, int bk) {                                                                   \
+        const struct linear_job *j = arg;                                                            \
+        ONES;                                                                                        \
+        const float *b = j->b, *wscale = j->scale, *xs = j->xs;                                      \
+        const int8_t *xq = j->xq;                                                                    \
+        int M = j->M, out = j->out, quads = j->quads, in4 = j->in4, o0 = bk * NB;                    \
+        int nc = out - o0 < NB ? out - o0 : NB;                                                      \
+        const int8_t *wb = (const int8_t *)j->wp + (size_t)bk * quads * NB * 4;                      \
+        float *y = j->y;                                                                             \
+        for (int m0 = 0; m0 < M; m0 += GROUP) SWITCH()                                               \
+    }
+
 /* linear_avx512.c: f32 / w8 over one column block, rows packed per group of MRZ. */
 void specula_f32_block_avx512(void *job, int bk);
 void specula_w8_block_avx512(void *job, int bk);

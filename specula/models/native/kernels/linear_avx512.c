@@ -69,31 +69,20 @@ void specula_offset_rows(int8_t *xq, long n) {
 
 #define ZMM_CASE(MB, LOAD, SCALE) case MB: ZMM_BODY(MB, LOAD, SCALE); break;
 
-#define ZMM_BLOCK_FN(NAME, WTYPE, LOAD, SCALE)                                                       \
-    __attribute__((target("avx512f,avx512bw")))                                                      \
-    void NAME(void *arg, int bk) {                                                                   \
-        const struct linear_job *j = arg;                                                            \
-        const float *b = j->b, *scale = j->scale;                                                    \
-        const WTYPE *wb = (const WTYPE *)j->wp + (size_t)bk * j->in * NB;                            \
-        float *y = j->y;                                                                             \
-        int M = j->M, in = j->in, out = j->out, o0 = bk * NB, nc = out - o0 < NB ? out - o0 : NB;    \
-        (void)scale;                                                                                 \
-        for (int gr = 0; gr < j->groups; gr++) {                                                     \
-            int m0 = gr * MRZ;                                                                       \
-            const float *xg = j->xp + (size_t)gr * in * MRZ;                                         \
-            switch (M - m0 < MRZ ? M - m0 : MRZ) {                                                   \
-                ZMM_CASE(1, LOAD, SCALE) ZMM_CASE(2, LOAD, SCALE) ZMM_CASE(3, LOAD, SCALE)           \
-                ZMM_CASE(4, LOAD, SCALE) ZMM_CASE(5, LOAD, SCALE) ZMM_CASE(6, LOAD, SCALE)           \
-                ZMM_CASE(7, LOAD, SCALE) ZMM_CASE(8, LOAD, SCALE) ZMM_CASE(9, LOAD, SCALE)           \
-                ZMM_CASE(10, LOAD, SCALE) ZMM_CASE(11, LOAD, SCALE) ZMM_CASE(12, LOAD, SCALE)        \
-                ZMM_CASE(13, LOAD, SCALE) ZMM_CASE(14, LOAD, SCALE) ZMM_CASE(15, LOAD, SCALE)        \
-                default: ZMM_BODY(16, LOAD, SCALE); break;                                           \
-            }                                                                                        \
-        }                                                                                            \
+#define ZMM_SWITCH(LOAD, SCALE)                                                                      \
+    switch (M - m0 < MRZ ? M - m0 : MRZ) {                                                           \
+        ZMM_CASE(1, LOAD, SCALE) ZMM_CASE(2, LOAD, SCALE) ZMM_CASE(3, LOAD, SCALE)                   \
+        ZMM_CASE(4, LOAD, SCALE) ZMM_CASE(5, LOAD, SCALE) ZMM_CASE(6, LOAD, SCALE)                   \
+        ZMM_CASE(7, LOAD, SCALE) ZMM_CASE(8, LOAD, SCALE) ZMM_CASE(9, LOAD, SCALE)                   \
+        ZMM_CASE(10, LOAD, SCALE) ZMM_CASE(11, LOAD, SCALE) ZMM_CASE(12, LOAD, SCALE)                \
+        ZMM_CASE(13, LOAD, SCALE) ZMM_CASE(14, LOAD, SCALE) ZMM_CASE(15, LOAD, SCALE)                \
+        default: ZMM_BODY(16, LOAD, SCALE); break;                                                   \
     }
 
-ZMM_BLOCK_FN(specula_f32_block_avx512, float, ZMM_LOAD_F32, NULL)
-ZMM_BLOCK_FN(specula_w8_block_avx512, int8_t, ZMM_LOAD_W8, scale)
+__attribute__((target("avx512f,avx512bw")))
+FLOAT_BLOCK_ITEM(specula_f32_block_avx512, float, MRZ, ZMM_SWITCH, ZMM_LOAD_F32, NULL)
+__attribute__((target("avx512f,avx512bw")))
+FLOAT_BLOCK_ITEM(specula_w8_block_avx512, int8_t, MRZ, ZMM_SWITCH, ZMM_LOAD_W8, scale)
 
 /* i8: rows m0 .. m0 + MB over the column block at wb (u = q + 128, minus 128 x the column sums). */
 #define VNNI_BODY(MB)                                                                                \
@@ -123,20 +112,12 @@ ZMM_BLOCK_FN(specula_w8_block_avx512, int8_t, ZMM_LOAD_W8, scale)
 
 #define VNNI_CASE(MB) case MB: VNNI_BODY(MB); break;
 
-__attribute__((target("avx512f,avx512bw,avx512vnni")))
-void specula_i8_block_vnni(void *p, int bk) {
-    const struct linear_job *j = p;
-    const __m512i ones = _mm512_set1_epi8(1);
-    const float *b = j->b, *wscale = j->scale, *xs = j->xs;
-    const int8_t *xq = j->xq;
-    int M = j->M, out = j->out, quads = j->quads, in4 = j->in4, o0 = bk * NB, nc = out - o0 < NB ? out - o0 : NB;
-    const int8_t *wb = (const int8_t *)j->wp + (size_t)bk * quads * NB * 4;
-    float *y = j->y;
-    for (int m0 = 0; m0 < M; m0 += MRV) {
-        switch (M - m0 < MRV ? M - m0 : MRV) {
-            VNNI_CASE(1) VNNI_CASE(2) VNNI_CASE(3) VNNI_CASE(4) VNNI_CASE(5) VNNI_CASE(6) VNNI_CASE(7)
-            VNNI_CASE(8) VNNI_CASE(9) VNNI_CASE(10) VNNI_CASE(11) VNNI_CASE(12) VNNI_CASE(13) VNNI_CASE(14)
-            VNNI_CASE(15) default: VNNI_BODY(16); break;
-        }
+#define VNNI_SWITCH()                                                                                \
+    switch (M - m0 < MRV ? M - m0 : MRV) {                                                           \
+        VNNI_CASE(1) VNNI_CASE(2) VNNI_CASE(3) VNNI_CASE(4) VNNI_CASE(5) VNNI_CASE(6) VNNI_CASE(7)   \
+        VNNI_CASE(8) VNNI_CASE(9) VNNI_CASE(10) VNNI_CASE(11) VNNI_CASE(12) VNNI_CASE(13)            \
+        VNNI_CASE(14) VNNI_CASE(15) default: VNNI_BODY(16); break;                                   \
     }
-}
+
+__attribute__((target("avx512f,avx512bw,avx512vnni")))
+INT8_BLOCK_ITEM(specula_i8_block_vnni, const __m512i ones = _mm512_set1_epi8(1), MRV, VNNI_SWITCH)
