@@ -48,7 +48,8 @@ FLAGS = ("-O3", "-mavx2", "-mfma", "-ffp-contract=off", "-fopenmp", "-shared", "
 """`-ffp-contract=off`: the compiler fuses no multiply-add of its own, so the AVX2 and AVX-512
 variants (whose loops it vectorises differently) round every scaling and bias step alike."""
 ISA_ENV = "SPECULA_KERNEL_ISA"
-"""`auto` (default: AVX-512 VNNI where the CPU has it) or `avx2`: which variant of the kernels runs."""
+"""`auto` (default: AVX-512 where the CPU has F/BW/VNNI, else AVX2), `avx2`, or `avx512` (an error
+on a CPU without it): which variant of the kernels runs."""
 KINDS = ("f32", "w8", "i8")
 GEMM_ROWS = 128
 """float32 calls with at least this many rows (long prompt prefills; tree verification passes hold at
@@ -141,9 +142,10 @@ def library() -> ctypes.CDLL:
     lib.specula_set_isa.restype = i32
     lib.specula_isa.restype = i32
     choice = os.environ.get(ISA_ENV, "auto").strip().lower() or "auto"
-    if choice not in ("auto", "avx2"):
-        raise ConfigError(f"{ISA_ENV}={choice!r} is not a kernel ISA; use auto or avx2")
-    lib.specula_set_isa(0 if choice == "avx2" else 1)
+    if choice not in ("auto", "avx2", "avx512"):
+        raise ConfigError(f"{ISA_ENV}={choice!r} is not a kernel ISA; use auto, avx2 or avx512")
+    if lib.specula_set_isa(0 if choice == "avx2" else 1) == 0 and choice == "avx512":
+        raise ConfigError(f"{ISA_ENV}=avx512 but this CPU lacks AVX-512 F/BW/VNNI; use auto or avx2")
     return lib
 
 
