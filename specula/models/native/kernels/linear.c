@@ -121,16 +121,18 @@ void specula_linear_w8(const float *x, const int8_t *wp, const float *scale, con
 /* ---------------------------------------------------------------------------------------------- i8 */
 /* Weights packed as wp[block][i / 4][16 columns][4] (`kernels.pack`): one 32-byte load holds
  * 8 columns x 4 inputs; `in` is padded up to a multiple of 4 with zeros (in4). */
-/* Row r of x -> int8 xq[r][in4] (zero padded) and its scale xs[r] = max|x_r| / 127. */
-static void quantize_rows(const float *x, int8_t *xq, float *xs, int M, int in, int in4) {
+/* Row r of x -> int8 xq[r][in4] (zero padded) and its scale xs[r] = max|x_r| / 127; with `offset`
+ * (the VNNI kernel) each q is stored as q + 128, an unsigned byte (its sign bit flipped). */
+static void quantize_rows(const float *x, int8_t *xq, float *xs, int M, int in, int in4, int offset) {
+    uint8_t flip = offset ? 0x80u : 0u;
     for (int r = 0; r < M; r++) {
         const float *xr = x + (size_t)r * in;
         float amax = 0.0f;
         for (int i = 0; i < in; i++) amax = fmaxf(amax, fabsf(xr[i]));
         float scale = amax > 0.0f ? amax / 127.0f : 1.0f, inv = 1.0f / scale;
         int8_t *q = xq + (size_t)r * in4;
-        for (int i = 0; i < in; i++) q[i] = (int8_t)lrintf(xr[i] * inv);
-        for (int i = in; i < in4; i++) q[i] = 0;
+        for (int i = 0; i < in; i++) q[i] = (int8_t)((uint8_t)(int8_t)lrintf(xr[i] * inv) ^ flip);
+        for (int i = in; i < in4; i++) q[i] = (int8_t)flip;
         xs[r] = scale;
     }
 }
@@ -152,16 +154,12 @@ static void quantize_rows(const float *x, int8_t *xq, float *xs, int M, int in, 
                 a[m][1] = _mm256_add_epi32(a[m][1], _mm256_madd_epi16(p1, ones));                    \
             }                                                                                        \
         }                                                                                            \
+        int32_t acc[MR][NB];                                                                         \
         for (int m = 0; m < MB; m++) {                                                               \
-            int32_t tmp[NB];                                                                         \
-            _mm256_storeu_si256((__m256i *)tmp, a[m][0]);                                            \
-            _mm256_storeu_si256((__m256i *)(tmp + 8), a[m][1]);                                      \
-            float *ym = y + (size_t)(m0 + m) * out + o0;                                             \
-            for (int c = 0; c < nc; c++) {                                                           \
-                float v = (float)tmp[c] * xs[m0 + m] * wscale[o0 + c];                               \
-                ym[c] = b ? v + b[o0 + c] : v;                                                       \
-            }                                                                                        \
+            _mm256_storeu_si256((__m256i *)acc[m], a[m][0]);                                         \
+            _mm256_storeu_si256((__m256i *)(acc[m] + 8), a[m][1]);                                   \
         }                                                                                            \
+        store_int_rows(acc, y, xs, wscale, b, m0, MB, o0, nc, out);                                  \
     } while (0)
 
 #define I8_SWITCH()                                                                                  \
@@ -181,9 +179,8 @@ void specula_linear_i8(const float *x, const int8_t *wp, const float *wscale, co
     int quads = (in + 3) / 4, in4 = quads * 4;
     int8_t *xq = malloc((size_t)M * in4);
     float *xs = malloc((size_t)M * sizeof(float));
-    quantize_rows(x, xq, xs, M, in, in4);
     int vnni = specula_isa();
-    if (vnni) specula_offset_rows(xq, (long)M * in4);
+    quantize_rows(x, xq, xs, M, in, in4, vnni);
     struct linear_job job = {.xq = xq, .xs = xs, .wp = wp, .scale = wscale, .b = b, .y = y, .M = M, .in = in,
                              .out = out, .quads = quads, .in4 = in4};
     specula_parallel(threads, (out + NB - 1) / NB, vnni ? specula_i8_block_vnni : i8_block, &job);

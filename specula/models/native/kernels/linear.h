@@ -41,6 +41,19 @@ static inline void store_rows(float acc[][NB], float *y, const float *scale, con
     }
 }
 
+/* The same for the exact int32 sums of i8 (row scale x column scale, plus the bias): one place, so
+ * the AVX2 and VNNI kernels round alike. */
+static inline void store_int_rows(int32_t acc[][NB], float *y, const float *xs, const float *wscale, const float *b,
+                                  int m0, int mb, int o0, int nc, int out) {
+    for (int m = 0; m < mb; m++) {
+        float *ym = y + (size_t)(m0 + m) * out + o0;
+        for (int c = 0; c < nc; c++) {
+            float v = (float)acc[m][c] * xs[m0 + m] * wscale[o0 + c];
+            ym[c] = b ? v + b[o0 + c] : v;
+        }
+    }
+}
+
 /* The item function of one float-activation weight kind (f32, w8) for a group size GROUP: every row
  * group of the call over column block `bk`, the group's rows run by SWITCH(LOAD, SCALE) (which
  * reads m0, xg, in, wb, y, b, o0, nc, out, M). Both variants' items (linear.c, linear_avx512.c). */
@@ -79,8 +92,7 @@ void specula_f32_block_avx512(void *job, int bk);
 void specula_w8_block_avx512(void *job, int bk);
 
 /* linear_avx512.c: i8 over one column block with VNNI (`vpdpbusd`), every row group of the call;
- * needs j->xq offset by 128 (`specula_offset_rows`). */
+ * needs j->xq offset by 128 (linear.c's quantize_rows with `offset`). */
 void specula_i8_block_vnni(void *job, int bk);
-void specula_offset_rows(int8_t *xq, long n);
 
 #endif

@@ -43,11 +43,6 @@ int specula_isa(void) {
     return isa;
 }
 
-/* q -> q + 128 as an unsigned byte (flip of the sign bit), in place. */
-void specula_offset_rows(int8_t *xq, long n) {
-    for (long k = 0; k < n; k++) xq[k] = (int8_t)((uint8_t)xq[k] ^ 0x80u);
-}
-
 /* f32 / w8: rows m0 .. m0 + MB of the group at xg over the column block at wb. LOAD(i) yields w. */
 #define ZMM_BODY(MB, LOAD, SCALE)                                                                    \
     do {                                                                                             \
@@ -101,13 +96,7 @@ FLOAT_BLOCK_ITEM(specula_w8_block_avx512, int8_t, MRZ, ZMM_SWITCH, ZMM_LOAD_W8, 
         __m512i offset = _mm512_slli_epi32(colsum, 7);                                               \
         int32_t acc[MB][NB];                                                                         \
         for (int m = 0; m < MB; m++) _mm512_storeu_si512((void *)acc[m], _mm512_sub_epi32(a[m], offset)); \
-        for (int m = 0; m < MB; m++) {                                                               \
-            float *ym = y + (size_t)(m0 + m) * out + o0;                                             \
-            for (int c = 0; c < nc; c++) {                                                           \
-                float v = (float)acc[m][c] * xs[m0 + m] * wscale[o0 + c];                            \
-                ym[c] = b ? v + b[o0 + c] : v;                                                       \
-            }                                                                                        \
-        }                                                                                            \
+        store_int_rows(acc, y, xs, wscale, b, m0, MB, o0, nc, out);                                  \
     } while (0)
 
 #define VNNI_CASE(MB) case MB: VNNI_BODY(MB); break;

@@ -172,10 +172,10 @@ static void attention_item(void *arg, int job) {
     /* scores [per][slots] of this row's heads h0 .. h0 + per - 1 */
     float *sc0 = scores + ((size_t)r * heads + h0) * slots;
     const float *q0 = q + ((size_t)r * heads + h0) * d;
-    /* q . k for every slot below limit, 8 at a time (masked slots too: their scores are never read) */
-    if (d % 8 == 0)
-        for (; j + 8 <= limit; j += 8)
-            for (int hh = 0; hh < per; hh++) dot8(q0 + (size_t)hh * d, kg + (size_t)j * d, d, sc0 + (size_t)hh * slots + j);
+    /* q . k for every slot below limit, 8 at a time (masked slots too: their scores are never read);
+     * d is a multiple of 8 (checked where the kernels are configured, `models.native.configure`) */
+    for (; j + 8 <= limit; j += 8)
+        for (int hh = 0; hh < per; hh++) dot8(q0 + (size_t)hh * d, kg + (size_t)j * d, d, sc0 + (size_t)hh * slots + j);
     for (; j < limit; j++)
         for (int hh = 0; hh < per; hh++) sc0[(size_t)hh * slots + j] = dot(q0 + (size_t)hh * d, kg + (size_t)j * d, d);
     float totals[64];  /* per <= 64 */
