@@ -55,3 +55,19 @@ def test_position_uniforms_depend_on_seed_and_position_only():
     assert position_uniforms(8, 0, 10) != a
     assert all(0.0 <= u < 1.0 for u in a) and len(set(a)) == 10
     assert request_seed(5) == 5 and request_seed(None) != request_seed(None)
+
+
+@pytest.mark.parametrize("scale,top_p", [(6.0, 0.9), (6.0, 0.5), (0.05, 0.9), (0.5, 0.95)])
+def test_top_p_over_a_large_vocabulary_matches_transformers(scale, top_p):
+    """A 49k vocabulary as the real models': peaked rows (the nucleus is within the first
+    NUCLEUS_FIRST_K ranked tokens) and near-flat ones (ranking must widen to the vocabulary)."""
+    from specula.sampling import NUCLEUS_FIRST_K, nucleus
+
+    torch.manual_seed(1)
+    logits = torch.randn(3, 49152) * scale
+    params = SamplingParams(temperature=1.0, top_p=top_p)
+    ours, ref = probabilities(logits, params), hf_reference(logits, params)
+    assert torch.equal(ours > 0, ref > 0)
+    torch.testing.assert_close(ours, ref, atol=1e-6, rtol=1e-5)
+    kept = nucleus(logits.softmax(-1), top_p).sum(-1)
+    assert bool((kept < NUCLEUS_FIRST_K).all()) == (scale > 1)  # both paths are exercised
