@@ -48,6 +48,9 @@ def register(sub) -> None:
     p.add_argument("--max-sequences", type=int, default=0, metavar="N",
                    help="train on N of the corpus's training sequences (a seeded subset; default 0 = all): "
                         "data-size studies reuse one cached corpus")
+    p.add_argument("--precision", choices=("auto", "float32", "bfloat16"), default="auto",
+                   help="matrix products while training: bfloat16 autocast (float32 weights and losses) or "
+                        "float32; auto = bfloat16 on CUDA and on CPUs with AVX512-BF16 (default auto)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
@@ -65,7 +68,8 @@ def run(args: argparse.Namespace) -> int:
 
     config = TrainConfig(kind=args.kind, draft_vocab=args.draft_vocab, epochs=args.epochs, lr=args.lr,
                          batch_size=args.batch_size, seq_len=args.seq_len, ttt_steps=args.ttt_steps,
-                         num_offsets=args.num_offsets, seed=args.seed, max_sequences=args.max_sequences)
+                         num_offsets=args.num_offsets, seed=args.seed, max_sequences=args.max_sequences,
+                         precision=args.precision)
     corpus = CorpusConfig(max_new_tokens=args.max_new_tokens)
     read_prompts(args.data or [DEFAULT_PROMPTS])  # bad or benchmark prompts fail here, before the slow load
     target, tokenizer = load_backend(args.target, load_config(args), name="target")

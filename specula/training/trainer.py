@@ -77,6 +77,11 @@ class TrainConfig:
     """Seeds initialisation, split, batch order and noise."""
     checkpoint_every: int = 100
     """Optimizer steps between checkpoints."""
+    precision: str = "auto"
+    """Matrix products of the training passes: "bfloat16" (autocast; weights, optimizer state and
+    the losses stay float32), "float32", or "auto" = bfloat16 on CUDA and on CPUs with AVX512-BF16
+    (a SmolLM2 eagle3 step 2.4x faster than in float32 on the 2-core Zen 4 machine), else float32
+    (a CPU without bfloat16 units would emulate it, slower)."""
 
     def __post_init__(self) -> None:
         for name in ("seq_len", "batch_size", "ttt_steps", "num_offsets", "eval_depth", "checkpoint_every",
@@ -89,6 +94,20 @@ class TrainConfig:
             raise ConfigError(f"max_sequences must be >= 0 (0 = all), got {self.max_sequences}")
         if not 0 <= self.holdout < 1:
             raise ConfigError(f"holdout must be in [0, 1), got {self.holdout}")
+        if self.precision not in PRECISIONS:
+            raise ConfigError(f"precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
+
+
+PRECISIONS = ("auto", "float32", "bfloat16")
+
+
+def autocast_dtype(precision: str, device: torch.device) -> torch.dtype | None:
+    """The dtype training passes autocast to (None: float32 throughout); see `TrainConfig.precision`."""
+    if precision == "auto":
+        from specula.models.native.kernels import cpu_flags
+
+        precision = "bfloat16" if device.type == "cuda" or "avx512_bf16" in cpu_flags() else "float32"
+    return torch.bfloat16 if precision == "bfloat16" else None
 
 
 # ---------------------------------------------------------------------------- data
@@ -213,6 +232,8 @@ def train_head(head: TrainedHead, fs: FeatureSet, cfg: TrainConfig, out_dir: Pat
 
     module = head.module.train().requires_grad_(True)
     embed = head.embed
+    device = next(module.parameters()).device
+    amp = autocast_dtype(cfg.precision, device)
     train_seqs, eval_seqs = split(fs, cfg.holdout, cfg.seed, cfg.max_sequences)
     pieces = chunks(fs, train_seqs, cfg.seq_len)
     per_epoch, total_steps = step_counts(fs, cfg)
@@ -252,7 +273,8 @@ def train_head(head: TrainedHead, fs: FeatureSet, cfg: TrainConfig, out_dir: Pat
         if not group:
             step += 1
             continue
-        loss = loss_of(head, batch(fs, group, embed), loss_config(cfg), gen)
+        with torch.autocast(device.type, dtype=amp or torch.bfloat16, enabled=amp is not None):
+            loss = loss_of(head, batch(fs, group, embed), loss_config(cfg), gen)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(module.parameters(), cfg.grad_clip)
@@ -273,4 +295,5 @@ def train_head(head: TrainedHead, fs: FeatureSet, cfg: TrainConfig, out_dir: Pat
     return {"steps": step, "total_steps": total_steps, "seconds": round(time.perf_counter() - t0, 1),
             "stopped_by_time_budget": stopped_early, "first_losses": losses[:5], "last_losses": losses[-5:],
             "train_sequences": len(train_seqs), "heldout_sequences": len(eval_seqs),
-            "heldout_before": before, "heldout_after": after, "config": key}
+            "heldout_before": before, "heldout_after": after, "config": key,
+            "autocast": None if amp is None else str(amp).removeprefix("torch.")}

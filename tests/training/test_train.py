@@ -14,6 +14,7 @@ import torch
 
 from tiny import reference_greedy, tiny_model
 from specula.drafters.heads.runtime import new_head
+from specula.errors import ConfigError
 from specula.models.native import NativeCausalLM, NativeDecoder, configure
 from specula.training.corpus import CorpusEntry
 from specula.training.features import concat_features, coverage, draft_vocabulary, extract_features
@@ -94,10 +95,13 @@ def _train(target, fs, out: Path, cfg: TrainConfig, max_seconds=None):
     return head, record
 
 
-def test_training_is_deterministic_and_resumes_to_the_same_weights(setup, tmp_path):
+@pytest.mark.parametrize("precision", ["float32", "bfloat16"])
+def test_training_is_deterministic_and_resumes_to_the_same_weights(setup, tmp_path, precision):
     target, fs, _ = setup
-    cfg = TrainConfig(kind="eagle", epochs=3, seq_len=16, batch_size=3, checkpoint_every=2, holdout=0.2)
+    cfg = TrainConfig(kind="eagle", epochs=3, seq_len=16, batch_size=3, checkpoint_every=2, holdout=0.2,
+                      precision=precision)
     a, rec_a = _train(target, fs, tmp_path / "a", cfg)
+    assert rec_a["autocast"] == (None if precision == "float32" else "bfloat16")
     b, rec_b = _train(target, fs, tmp_path / "b", cfg)
     assert rec_a["last_losses"] == rec_b["last_losses"]
     for name, t in a.module.state_dict().items():
@@ -111,6 +115,33 @@ def test_training_is_deterministic_and_resumes_to_the_same_weights(setup, tmp_pa
         assert torch.equal(t, c.module.state_dict()[name]), name
     other, _ = _train(target, fs, tmp_path / "d", TrainConfig(**{**cfg.__dict__, "seed": 1}))
     assert not torch.equal(other.module.fc.weight, a.module.fc.weight)
+
+
+def test_bfloat16_autocast_trains_the_same_head_up_to_rounding(setup, tmp_path):
+    """Autocast changes the products' rounding, not what is learned: the same losses to ~1%,
+    other bits; float32 weights either way."""
+    target, _, layered = setup
+    cfg = TrainConfig(kind="eagle3", epochs=2, seq_len=16, batch_size=3, holdout=0.2, precision="float32")
+    f32, rec32 = _train(target, layered, tmp_path / "f32", cfg)
+    b16, rec16 = _train(target, layered, tmp_path / "b16", TrainConfig(**{**cfg.__dict__, "precision": "bfloat16"}))
+    assert rec32["last_losses"] != rec16["last_losses"]
+    assert rec16["last_losses"] == pytest.approx(rec32["last_losses"], rel=0.02)
+    assert all(t.dtype == torch.float32 for t in b16.module.state_dict().values())
+
+
+def test_precision_auto_is_bfloat16_on_cuda_or_a_cpu_with_bfloat16_units(monkeypatch):
+    import specula.models.native.kernels as kernels
+    from specula.training.trainer import autocast_dtype
+
+    monkeypatch.setattr(kernels, "cpu_flags", lambda: frozenset({"avx2", "avx512_bf16"}))
+    assert autocast_dtype("auto", torch.device("cpu")) is torch.bfloat16
+    monkeypatch.setattr(kernels, "cpu_flags", lambda: frozenset({"avx2"}))
+    assert autocast_dtype("auto", torch.device("cpu")) is None
+    assert autocast_dtype("auto", torch.device("cuda")) is torch.bfloat16
+    assert autocast_dtype("bfloat16", torch.device("cpu")) is torch.bfloat16
+    assert autocast_dtype("float32", torch.device("cuda")) is None
+    with pytest.raises(ConfigError, match="precision must be one of auto, float32, bfloat16"):
+        TrainConfig(precision="fp16")
 
 
 def test_held_out_split_and_vocabulary(setup):
