@@ -175,11 +175,14 @@ def test_head_kv_buffer_grows_and_keeps_what_was_written():
 
 
 @pytest.mark.parametrize("kind", ["eagle", "eagle3"])
-def test_head_kv_cache_equals_a_from_scratch_forward_after_random_commits(kind):
+@pytest.mark.parametrize("window", [None, 7])
+def test_head_kv_cache_equals_a_from_scratch_forward_after_random_commits(kind, window):
     """Steps of random trees and random commits: every drafted node's predicted feature equals a
     from-scratch causal head forward over the committed pairs and the node's own ancestor chain
     (the cache written by position holds exactly the committed prefix; scratch rows of rejected
-    branches never leak into later steps)."""
+    branches never leak into later steps). With a sliding window (`TrainedHead.window`) the
+    committed pairs are the last `window` ones, and a first catch-up longer than the window
+    computes only those."""
     model = tiny_model("llama", "eager", seed=7)
     target = native(model)
     rng = random.Random(11)
@@ -188,28 +191,32 @@ def test_head_kv_cache_equals_a_from_scratch_forward_after_random_commits(kind):
     from specula.drafters.heads.eagle import KVBuffer
 
     head = new_head(kind, target, oracle_d2t(96), seed=9)
+    head.window = window
     _, feats = seq.prefill(text, logits="none", hidden=head.feature_request)  # [90, k E]: f_i after token x_i
     seq.release()
     module = head.module
     fused = module.fuse_features(feats)  # [90, E]: the feature each committed pair carries
 
-    def scratch(chain_tokens: list[int], chain_feats: list[torch.Tensor]) -> torch.Tensor:
-        """Causal forward over pairs (feature, next token) from position 0: the last row's output."""
+    def scratch(chain_tokens: list[int], chain_feats: list[torch.Tensor], start: int = 0) -> torch.Tensor:
+        """Causal forward over pairs (feature, next token) from position `start`: the last row's output."""
         emb = head.embed(chain_tokens)[None]
-        out, _ = module(emb, torch.stack(chain_feats)[None], torch.arange(len(chain_tokens))[None])
+        out, _ = module(emb, torch.stack(chain_feats)[None], torch.arange(start, start + len(chain_tokens))[None])
         return out[0, -1]
 
     state = head.new_state()
     state.cache = KVBuffer(state.cache.keys.shape[1], state.cache.keys.shape[3], head.dtype, "cpu", capacity=8)
-    root = 3
+    root = 3 if window is None else 20  # a first catch-up longer than the window
     state.add_features(feats[:root])
     compared = 0
     with torch.inference_mode():
         while root < 80:
             state.begin(text[: root + 1])
-            committed_feats = [fused[i] for i in range(root)]  # f_0 .. f_{root-1}
-            committed_toks = text[1: root + 1]  # x_1 .. x_root
-            assert torch.allclose(state.last, scratch(committed_toks, committed_feats), atol=1e-5)
+            if window is not None and compared == 0:  # the pairs before the window were never run
+                assert not state.cache.keys[:, :, : root - window].any() and state.cache.keys[:, :, root - 1].any()
+            lo = 0 if window is None else max(0, root - window)  # the committed pairs a row sees
+            committed_feats = [fused[i] for i in range(lo, root)]  # f_lo .. f_{root-1}
+            committed_toks = text[lo + 1: root + 1]  # x_{lo+1} .. x_root
+            assert torch.allclose(state.last, scratch(committed_toks, committed_feats, lo), atol=1e-5)
             parents: list[int] = []
             tokens: list[int] = []
             frontier = [-1]
@@ -229,7 +236,7 @@ def test_head_kv_cache_equals_a_from_scratch_forward_after_random_commits(kind):
                 chain.reverse()  # root's child .. node
                 chain_feats = committed_feats + [state.out[parents[n]] for n in chain]
                 chain_toks = committed_toks + [tokens[n] for n in chain]
-                assert torch.allclose(state.out[node], scratch(chain_toks, chain_feats), atol=1e-5), (root, node)
+                assert torch.allclose(state.out[node], scratch(chain_toks, chain_feats, lo), atol=1e-5), (root, node)
                 compared += 1
             state.finish([])
             accepted = rng.randrange(0, 4)  # the engine hands the root's and accepted nodes' features
@@ -296,6 +303,18 @@ def test_a_saved_head_loads_back_identically(saved):
         assert drafting.dtype == drafting_dtype("cpu") and drafting.lm_rows.dtype == drafting.dtype
         for name, tensor in head.module.state_dict().items():
             assert torch.equal(drafting.module.state_dict()[name], tensor.to(drafting.dtype))
+
+
+def test_a_head_drafts_within_the_context_it_was_trained_on(saved, tmp_path):
+    """`specula train` records its chunk length (`seq_len`); the head attends to that many committed
+    pairs while drafting. A file without it (trained elsewhere) attends to every pair."""
+    _, target, head, path = saved
+    assert load_head(path, target, "tiny").window is None
+    trained = save_head(tmp_path / "trained.safetensors",
+                        HeadFile(head.config, head.module.state_dict(), head.d2t, target_record(target, "tiny"),
+                                 {"config": {"seq_len": 32}}))
+    loaded = load_head(trained, target, "tiny")
+    assert loaded.window == 32 and loaded.new_state().window == 32
 
 
 def test_bad_head_files_are_refused_with_the_fix(saved, tmp_path):

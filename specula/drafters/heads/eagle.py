@@ -122,13 +122,13 @@ class EagleHead(nn.Module):
         return rms_norm(out, self.final_norm, self.cfg.rms_norm_eps) if self.cfg.feature_layers else out
 
     def forward(self, emb: torch.Tensor, feat: torch.Tensor, positions: torch.Tensor, past: KV | None = None,
-                mask: torch.Tensor | None = None, cache: KVBuffer | None = None, at: int = 0
+                mask: torch.Tensor | None = None, cache: KVBuffer | None = None, at: int = 0, lo: int = 0
                 ) -> tuple[torch.Tensor, KV]:
         """emb, feat: [B, T, E]; positions: [B, T] long; past: the cached (keys, values) [B, G, P, D]
         the rows attend to (None: none); or, drafting, `cache` (B = 1): these rows are written at
-        rows at .. at + T - 1 and attend rows 0 .. at + T - 1 of it (P = at); mask: bool
-        [B or 1, T, P + T] (True = may attend; None = causal over the T rows with every cached slot
-        visible). Returns the predicted features [B, T, E] and these rows' (keys, values)
+        rows at .. at + T - 1 and attend rows lo .. at + T - 1 of it (P = at - lo: a sliding
+        window leaves the rows below `lo` out); mask: bool [B or 1, T, P + T] (True = may attend;
+        None = causal over the T rows with every cached slot visible). Returns the predicted features [B, T, E] and these rows' (keys, values)
         [B, G, T, D] (RoPE applied)."""
         cfg = self.cfg
         b, t, _ = emb.shape
@@ -149,6 +149,7 @@ class EagleHead(nn.Module):
         k = k * cos + rotate_half(k) * sin
         if cache is not None:
             keys, values = cache.write(at, k, v)
+            keys, values = keys[:, :, lo:], values[:, :, lo:]
         else:
             keys, values = (k, v) if past is None else (torch.cat([past[0], k], 2), torch.cat([past[1], v], 2))
         if mask is None:
