@@ -123,9 +123,9 @@ PLAIN = "none"
 DEFAULT_METHOD = "fusion"
 """The method `generate`, `serve` and `api.load` use when none is named."""
 
-_HEAD_FORWARDS = ("head", "target_name", "online_distill")
+_HEAD_FORWARDS = ("head", "target_name", "online_distill", "head_window")
 _TREE_OPTIONS = ("tree_sampling", "tree_verifier", "tree_top_k", "tree_depth", "tree_nodes")
-_HEAD_OPTIONS = ("head", "target_name", "online_distill", *_TREE_OPTIONS)
+_HEAD_OPTIONS = (*_HEAD_FORWARDS, *_TREE_OPTIONS)
 
 _FUSION_MEMBERS = (
     Member("prompt-lookup"),

@@ -97,9 +97,15 @@ CONFIG = DraftTreeConfig
 
 def create_head_drafter(kind: str, *, target=None, head: str | os.PathLike | TrainedHead | None = None,
                         target_name: str | None = None, online_distill: bool = False,
-                        online_lr: float | None = None, **options) -> TrainedHeadDrafter:
+                        online_lr: float | None = None, head_window: int | None = None,
+                        **options) -> TrainedHeadDrafter:
     """options: DraftTreeConfig fields; `head`: a head file (or a loaded `TrainedHead`);
-    `online_distill`: keep training the head on what is served (OSD), at `online_lr`."""
+    `online_distill`: keep training the head on what is served (OSD), at `online_lr`;
+    `head_window`: committed pairs an eagle / eagle3 head attends to (None: the context it was
+    trained on, `TrainedHead.window`; 0: every pair)."""
+    if head_window is not None and (isinstance(head_window, bool) or not isinstance(head_window, int)
+                                    or head_window < 0):
+        raise ConfigError(f"head_window must be an integer >= 0 (0 = the whole context), got {head_window!r}")
     if target is None:
         raise ConfigError(f"method {kind!r} needs the target model")
     if head is None:
@@ -110,6 +116,8 @@ def create_head_drafter(kind: str, *, target=None, head: str | os.PathLike | Tra
         head = load_head(head, target, target_name or target.name, torch.float32 if online_distill else None)
     if head.kind != kind:
         raise ConfigError(f"--method {kind} got a {head.kind} head; use --method {head.kind} or a {kind} head")
+    if head_window is not None:
+        head.window = head_window or None
     merged = {**DEFAULTS[kind], **options}
     online = None
     if online_distill and kind == "eagle3":

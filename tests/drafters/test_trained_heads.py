@@ -17,7 +17,7 @@ from specula.api import build_decoder
 from specula.drafters.heads.file import HeadFile, read_head, save_head, target_record
 from specula.drafters.heads.runtime import drafting_dtype, drafting_kernel, load_head, new_head
 from specula.models.native.kernels import KernelLinear
-from specula.errors import HeadFileError
+from specula.errors import ConfigError, HeadFileError
 from specula.models.hf import HFCausalLM
 from specula.models.native import NativeCausalLM, NativeDecoder, configure
 from specula.planner import CostCurve, HardwarePlanner
@@ -315,6 +315,13 @@ def test_a_head_drafts_within_the_context_it_was_trained_on(saved, tmp_path):
                                  {"config": {"seq_len": 32}}))
     loaded = load_head(trained, target, "tiny")
     assert loaded.window == 32 and loaded.new_state().window == 32
+    from specula.drafters.trained import create_head_drafter
+
+    assert create_head_drafter("eagle", target=target, head=trained).head.window == 32
+    assert create_head_drafter("eagle", target=target, head=trained, head_window=0).head.window is None  # all
+    assert create_head_drafter("eagle", target=target, head=trained, head_window=8).head.window == 8
+    with pytest.raises(ConfigError, match="head_window must be an integer >= 0"):
+        create_head_drafter("eagle", target=target, head=trained, head_window=-1)
 
 
 def test_bad_head_files_are_refused_with_the_fix(saved, tmp_path):

@@ -69,6 +69,19 @@ def test_the_shipped_training_prompts_pass():
     assert len(read_prompts([DEFAULT_PROMPTS])) == len(rows)
 
 
+def test_the_shipped_heads_training_data_passes_and_has_a_manifest_per_file():
+    """The prompt files a shipped head was trained on (specula/data/training/<target>/): no
+    benchmark prompt, and each file's manifest names it, its sources and their licences."""
+    files = sorted(DEFAULT_PROMPTS.parent.glob("*/*.jsonl"))
+    assert files
+    for f in files:
+        texts = [r["prompt"] for r in map(json.loads, f.read_text().splitlines())]
+        assert find_contaminated(texts, default_index()) == [], f
+        manifest = json.loads(f.with_name(f.stem + ".manifest.json").read_text())
+        assert manifest["file"] == f.name and manifest["prompts"] == len(texts) == len(read_prompts([f]))
+        assert all(src["licence"] for src in manifest["sources"])
+
+
 def test_read_prompts_refuses_a_file_with_a_benchmark_prompt(tmp_path):
     data = tmp_path / "mine.jsonl"
     q = spec_bench(300)["turns"][0]
