@@ -126,6 +126,9 @@ def add_method_args(parser: argparse.ArgumentParser) -> None:
                    help=f"{_taking('head')} (and {DEFAULT_METHOD}): a trained head file (`specula train`); default: "
                         f"the head installed for the target by `specula models install`, if any ({DEFAULT_METHOD}: "
                         f"none unless given); `{NO_HEAD}`: no head")
+    g.add_argument("--head-window", type=int, default=None, metavar="N",
+                   help=f"{_taking('head_window')} (and {DEFAULT_METHOD}'s head): committed tokens the head attends "
+                        "to while drafting (default: the context it was trained on, from its file; 0: all)")
     g.add_argument("--online-distill", action="store_true",
                    help=f"{_taking('online_distill')} (and {DEFAULT_METHOD}'s head): keep training the head on the "
                         "requests it serves (OSD: replay buffer, small learning rate); output is unchanged, "
