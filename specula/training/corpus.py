@@ -176,9 +176,13 @@ def generate_corpus(target, tokenizer, prompts: Sequence[tuple[str, str]], out: 
 
     if out.is_file():
         cached = load_corpus(out)
+        if len(cached) != len(prompts):
+            raise ConfigError(f"{out} holds {len(cached)} answers for {len(prompts)} prompts: delete it and run again")
         if progress is not None:
             progress(len(cached))
-        return cached
+        # The cache is keyed by the file's bytes, the ids carry its name: the same file under another
+        # name reads the same answers, in the same order, under its own ids.
+        return [CorpusEntry(pid, e.prompt_ids, e.output_ids) for (pid, _), e in zip(prompts, cached)]
     partial = out.with_name(out.name + ".partial")
     done: dict[str, CorpusEntry] = {}
     if partial.is_file():

@@ -247,3 +247,24 @@ def test_train_command_trains_an_eagle3_head_that_generate_uses(tmp_path, monkey
     assert sorted(n.split("-")[0] for n in set(after) - set(before)) == ["corpus", "features"]
     report = json.loads((tmp_path / "h2" / "report.json").read_text())
     assert report["corpus"]["sequences"] == 10 and report["prompts"] == 10
+
+
+def test_a_renamed_prompt_file_reads_the_cached_answers_under_its_own_ids(setup, tmp_path, tiny_tokenizer):
+    """The corpus cache is keyed by a file's bytes; the prompts' ids carry the file's name. A copy
+    under another name gets the same answers, in order, with its own ids (the context-prompt
+    script maps answers to prompts by id)."""
+    from specula.training.corpus import CorpusConfig, generate_corpus, read_prompts
+
+    target = setup[0]
+    a = tmp_path / "a.jsonl"
+    a.write_text("".join(json.dumps({"id": f"p{i}", "prompt": f"w{i + 5} w{i + 9} w{i + 20}"}) + "\n" for i in range(4)))
+    b = tmp_path / "b.jsonl"
+    b.write_bytes(a.read_bytes())
+    cache = tmp_path / "corpus.jsonl"
+    config = CorpusConfig(max_new_tokens=5)
+    first = generate_corpus(target, tiny_tokenizer, read_prompts([a]), cache, config)
+    again = generate_corpus(target, tiny_tokenizer, read_prompts([b]), cache, config)
+    assert [e.id for e in again] == [pid for pid, _ in read_prompts([b])] != [e.id for e in first]
+    assert [e.output_ids for e in again] == [e.output_ids for e in first]
+    with pytest.raises(ConfigError, match="holds 4 answers for 3 prompts"):
+        generate_corpus(target, tiny_tokenizer, read_prompts([b])[:3], cache, config)
