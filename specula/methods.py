@@ -211,18 +211,22 @@ NO_HEAD = "none"
 
 def default_head(method: str | MethodSpec, target_name: str | None) -> Path | None:
     """`--head`'s default for a method: the head of its kind installed for the target
-    (`specula models install`), or None. Fusion takes a head only when given one (`--head`):
-    measured on SmolLM2 with the installed eagle3 head (3,213 training prompts, int8 drafting,
-    three runs, medians), fusion with it ran 1.10x of fusion without it on the everyday set but
-    0.97x on Spec-Bench (docs/training.md), although tree expansion reads the planner's cost view
-    and drafts nothing on most steps where the head does not pay; fusion must never be slower than
-    it can be."""
+    (`specula models install`), or None; for `fusion`, the first installed head of its members'
+    kinds (eagle3 first). Measured on SmolLM2 with the shipped eagle3 head (4,592 training prompts,
+    docs/training.md): fusion with it ran 1.11 / 1.13 / 1.16x of fusion without it on the
+    everyday set (three runs) and 0.98x / 1.00x / 1.01x on Spec-Bench (three runs), where prompt
+    lookup finds most of what is accepted and the planner's cost view keeps the head from drafting
+    where it does not pay."""
     spec = get_method(method)
-    if spec.head is None:
-        return None
+    kinds = [spec.head] if spec.head is not None else [
+        get_method(m.method).head for m in spec.members if get_method(m.method).head is not None]
     from specula.drafters.heads.shipped import default_head as installed_head
 
-    return installed_head(target_name, spec.head)
+    for kind in kinds:
+        found = installed_head(target_name, kind)
+        if found is not None:
+            return found
+    return None
 
 
 def or_list(names: list[str]) -> str:

@@ -123,7 +123,9 @@ def test_default_head_is_the_installed_one_of_the_methods_kind(tmp_path, monkeyp
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(b"x")
         assert default_head(kind, "smollm2-135m") == path
-    assert default_head("fusion", "smollm2-135m") is None  # measured not to pay yet: only with --head
+    assert default_head("fusion", "smollm2-135m") == installed_path("smollm2-135m", "eagle3")  # eagle3 first
+    installed_path("smollm2-135m", "eagle3").unlink()
+    assert default_head("fusion", "smollm2-135m") == installed_path("smollm2-135m", "eagle")
     assert default_head("prompt-lookup", "smollm2-135m") is None and default_head("eagle", "not-embedded") is None
 
 

@@ -125,7 +125,7 @@ def add_method_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--head", metavar="FILE", default=None,
                    help=f"{_taking('head')} (and {DEFAULT_METHOD}): a trained head file (`specula train`); default: "
                         f"the head installed for the target by `specula models install`, if any ({DEFAULT_METHOD}: "
-                        f"none unless given); `{NO_HEAD}`: no head")
+                        f"its members' kinds, eagle3 first); `{NO_HEAD}`: no head")
     g.add_argument("--head-window", type=int, default=None, metavar="N",
                    help=f"{_taking('head_window')} (and {DEFAULT_METHOD}'s head): committed tokens the head attends "
                         "to while drafting (default: the context it was trained on, from its file; 0: all)")

@@ -4,7 +4,7 @@ The files live in the package (`specula/data/heads/`, float16 safetensors, train
 `specula train` on specula's own prompts: docs/training.md). `specula models install ALIAS`
 verifies each against its sha256 here and copies it into $SPECULA_CACHE/heads/ALIAS/KIND.safetensors
 (atomically); `--method eagle` / `eagle3` / `medusa` / `hydra` then find it with no flag
-(`fusion` takes a head only with `--head`).
+(and `fusion` takes the installed eagle3 head, else the eagle one; `--head none`: none).
 """
 
 from __future__ import annotations
@@ -36,12 +36,12 @@ SHIPPED: tuple[ShippedHead, ...] = (
     # specula train --target smollm2-135m --kind eagle --epochs 10 (docs/training.md); float16
     ShippedHead("smollm2-135m", "eagle", "smollm2-135m-eagle.safetensors",
                 "5a5201e50bf9740e1169686c06d85fb62a242ae23f28abbc0ca751d8cbd9ffe2"),
-    # specula train --target smollm2-135m --kind eagle3 --data runs/magpie/smollm2.jsonl
-    #   runs/magpie/smollm2-math.jsonl runs/magpie/smollm2-context.jsonl --max-new-tokens 128 --epochs 3
-    #   (3,213 prompts: 2,034 Magpie, 479 steered Magpie math, 700 long-context prompts built from the
-    #   target's answers; docs/training.md); float16
+    # D=specula/data/training/smollm2-135m; specula train --target smollm2-135m --kind eagle3
+    #   --data $D/magpie-{general,math,code,writing,explain,howto}.jsonl $D/context.jsonl
+    #   --max-new-tokens 128 --epochs 3 (4,592 prompts written by the model, answered by it; bfloat16
+    #   autocast; docs/training.md "The eagle3 head on 4,592 prompts"); float16
     ShippedHead("smollm2-135m", "eagle3", "smollm2-135m-eagle3.safetensors",
-                "65704209569c01eaaeed04d73c390a241c6f28dccf5e98568b0b5df43168e11f"),
+                "de4bf4ef7d618372aa33e073d62e4d5478dccc8166fc09cbecdb1c29bb7f24d1"),
 )
 """Every shipped head."""
 
