@@ -33,7 +33,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--top-p", type=float, default=defaults.top_p)
     p.add_argument("--max-new-tokens", type=int, default=defaults.max_new_tokens, metavar="N")
     p.add_argument("--batch-size", type=int, default=defaults.batch_size, metavar="N")
-    p.add_argument("--seed", type=int, default=defaults.seed)
+    p.add_argument("--seed", type=int, default=defaults.seed,
+                   help="request i samples with seed + i: two files with the same --system need seeds at least "
+                        "--count apart, or they repeat each other's prompts (seeds 10 and 20 gave 99%% the same)")
     p.add_argument("--system", metavar="TEXT", help="a system message steering the requests (e.g. math problems); "
                    "default: the template's own system turn")
     p.add_argument("--min-words", type=int, default=filters.min_words)
