@@ -205,7 +205,7 @@ def load(target: str, draft: str | None = "auto", method: str | None = None,
         draft_lm = load_draft(draft, tokenizer, target_lm, config, target_name=target, quantize=draft_quantize,
                               report=draft_report)
         draft_report["seconds"] = time.perf_counter() - draft_start  # the compatibility check included
-    if drafter_options.get("head") is None and (row.head is not None or "head" in row.accepted_options()):
+    if drafter_options.get("head") is None and "head" in row.accepted_options():  # a head method, or fusion
         drafter_options["head"] = default_head(row, target)
     if drafter_options.get("head") is not None:
         drafter_options.setdefault("target_name", target)

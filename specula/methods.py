@@ -219,7 +219,7 @@ def default_head(method: str | MethodSpec, target_name: str | None) -> Path | No
     where it does not pay."""
     spec = get_method(method)
     kinds = [spec.head] if spec.head is not None else [
-        get_method(m.method).head for m in spec.members if get_method(m.method).head is not None]
+        kind for kind in (get_method(m.method).head for m in spec.members) if kind is not None]
     from specula.drafters.heads.shipped import default_head as installed_head
 
     for kind in kinds:

@@ -104,9 +104,9 @@ PRECISIONS = ("auto", "float32", "bfloat16")
 def autocast_dtype(precision: str, device: torch.device) -> torch.dtype | None:
     """The dtype training passes autocast to (None: float32 throughout); see `TrainConfig.precision`."""
     if precision == "auto":
-        from specula.models.native.kernels import cpu_flags
+        from specula.models.native.kernels import cpu_has_bf16
 
-        precision = "bfloat16" if device.type == "cuda" or "avx512_bf16" in cpu_flags() else "float32"
+        precision = "bfloat16" if device.type == "cuda" or cpu_has_bf16() else "float32"
     return torch.bfloat16 if precision == "bfloat16" else None
 
 

@@ -148,9 +148,9 @@ def drafting_dtype(device: torch.device | str) -> torch.dtype:
     launch-bound)."""
     if torch.device(device).type != "cpu":
         return torch.float32
-    from specula.models.native.kernels import cpu_flags
+    from specula.models.native.kernels import cpu_has_bf16
 
-    return torch.bfloat16 if "avx512_bf16" in cpu_flags() else torch.float32
+    return torch.bfloat16 if cpu_has_bf16() else torch.float32
 
 
 def load_head(path: str | os.PathLike, target, target_name: str, dtype: torch.dtype | None = None) -> TrainedHead:
