@@ -23,6 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from specula.commands.common import add_load_args, load_config  # noqa: E402
 from specula.errors import SpeculaError  # noqa: E402
+from specula.training.context_prompts import DEFAULT_TASKS, TASKS  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -36,6 +37,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="answer length, as given to `specula train` (its corpus cache is reused; default 160)")
     p.add_argument("--max-documents", type=int, default=4, metavar="N", help="most documents in one prompt (default 4)")
     p.add_argument("--min-words", type=int, default=40, help="shortest passage, in words (default 40)")
+    p.add_argument("--tasks", default=",".join(DEFAULT_TASKS), metavar="T1,T2",
+                   help=f"tasks to cycle through, of {', '.join(TASKS)} (default {','.join(DEFAULT_TASKS)})")
     p.add_argument("--seed", type=int, default=0)
     add_load_args(p)
     args = p.parse_args(argv)
@@ -50,6 +53,11 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     if out.exists():  # before the slow load
         print(f"error: {out} exists: delete it or choose another output file", file=sys.stderr)
+        return 2
+    tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
+    unknown = [t for t in tasks if t not in TASKS]
+    if unknown or not tasks:
+        print(f"error: --tasks {args.tasks!r}: choose from {', '.join(TASKS)}", file=sys.stderr)
         return 2
     try:
         per_file = [(Path(f), read_prompts([f])) for f in args.sources]
@@ -67,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
                     dropped += 1
                 else:
                     passages.append(Passage(text_of[entry.id], text))
-        rows = compose(passages, args.count, args.seed, args.max_documents)
+        rows = compose(passages, args.count, args.seed, args.max_documents, tasks)
     except (SpeculaError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -82,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
                      "composed": len(rows), "dropped_benchmark": len(flagged),
                      "tasks": dict(Counter(r["task"] for r in kept))}],
         "settings": {"max_new_tokens": args.max_new_tokens, "max_documents": args.max_documents,
-                     "min_words": args.min_words, "seed": args.seed},
+                     "min_words": args.min_words, "seed": args.seed, "tasks": tasks},
     }
     out.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_json(out.with_name(f"{out.stem}.manifest.json"), manifest)

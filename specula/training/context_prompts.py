@@ -1,5 +1,5 @@
 """Long-context training prompts built from the target's own answers: summaries, key points,
-simplification and questions over several documents.
+simplification, titles, translation, proofreading and questions over several documents.
 
 Magpie prompts are short (a user message of up to ~120 words), while much of what users send a
 deployed model carries a passage: a text to summarise, documents to answer from. A head trained
@@ -23,14 +23,24 @@ ONE_PASSAGE = {
     "key_points": "What are the main points of the text below? Answer with a short list.\n\n{a}",
     "simplify": "Rewrite this text in simpler words, for someone new to the topic:\n\n{a}",
     "title": "Give the text below a short title, then say in one sentence what it is about.\n\n{a}",
+    "translate": "Translate the following text into {language}.\n\n{a}",
+    "proofread": "Correct any spelling or grammar mistakes in the text below and return the whole corrected text.\n\n{a}",
 }
-"""Instructions around one passage (`{a}`), by task name."""
+"""Instructions around one passage (`{a}`), by task name. `translate` and `proofread` are the
+copy-heavy ones: a small target answers them by repeating much of the passage, which is what a head
+has to learn to follow (prompt lookup copies such answers; a head that cannot is idle there)."""
+
+LANGUAGES = ("French", "Spanish", "German", "Italian", "Portuguese")
+"""Languages a `translate` prompt asks for (drawn per prompt)."""
 
 DOCUMENTS = "Answer the question using the documents below.\n\n{documents}\n\nQuestion: {question}"
 """Several passages as numbered documents, then the question whose answer is one of them."""
 
 TASKS = (*ONE_PASSAGE, "documents")
-"""Every task, in the order `compose` cycles through them."""
+"""Every task."""
+
+DEFAULT_TASKS = ("summary", "key_points", "simplify", "title", "documents")
+"""The tasks `compose` cycles through by default (those of the shipped head's `context.jsonl`)."""
 
 
 @dataclass(frozen=True)
@@ -53,11 +63,16 @@ def clean_passage(text: str, finished: bool, min_words: int = 40) -> str | None:
     return text if len(text.split()) >= min_words else None
 
 
-def compose(passages: Sequence[Passage], count: int, seed: int = 0, max_documents: int = 4) -> list[dict]:
-    """`count` prompts `{"id", "prompt", "task"}`, cycling through `TASKS`: a one-passage task wraps
-    one passage (each passage used once per round), `documents` lists 2..`max_documents` distinct
-    passages in random order and asks the question that produced one of them. Deterministic given
-    `seed`."""
+def compose(passages: Sequence[Passage], count: int, seed: int = 0, max_documents: int = 4,
+            tasks: Sequence[str] = DEFAULT_TASKS) -> list[dict]:
+    """`count` prompts `{"id", "prompt", "task"}`, cycling through `tasks` (names in `TASKS`): a
+    one-passage task wraps one passage (each passage used once per round; `translate` names a
+    language drawn from `LANGUAGES`), `documents` lists 2..`max_documents` distinct passages in
+    random order and asks the question that produced one of them. Deterministic given `seed`."""
+    unknown = [t for t in tasks if t not in TASKS]
+    if unknown or not tasks:
+        raise ValueError(f"{'unknown context task(s) ' + ', '.join(unknown) if unknown else 'no context task given'}"
+                         f"; the tasks are {', '.join(TASKS)}")
     if len(passages) < max(2, max_documents):
         raise ValueError(f"composing needs at least {max(2, max_documents)} passages, got {len(passages)}")
     rng = random.Random(seed)
@@ -65,7 +80,7 @@ def compose(passages: Sequence[Passage], count: int, seed: int = 0, max_document
     rng.shuffle(order)
     out = []
     for i in range(count):
-        task = TASKS[i % len(TASKS)]
+        task = tasks[i % len(tasks)]
         main = passages[order[i % len(order)]]
         if task == "documents":
             others = rng.sample([p for j, p in enumerate(passages) if j != order[i % len(order)]],
@@ -74,6 +89,8 @@ def compose(passages: Sequence[Passage], count: int, seed: int = 0, max_document
             rng.shuffle(docs)
             listed = "\n\n".join(f"Document {k}:\n{d.text}" for k, d in enumerate(docs, 1))
             prompt = DOCUMENTS.format(documents=listed, question=main.question)
+        elif task == "translate":
+            prompt = ONE_PASSAGE[task].format(a=main.text, language=rng.choice(LANGUAGES))
         else:
             prompt = ONE_PASSAGE[task].format(a=main.text)
         out.append({"id": f"c{i:06d}", "prompt": prompt, "task": task})

@@ -121,12 +121,17 @@ def split(fs: FeatureSet, holdout: float, seed: int, max_sequences: int = 0) -> 
 
 
 def chunks(fs: FeatureSet, seqs: list[int], seq_len: int) -> list[tuple[int, int, int]]:
-    """(sequence, first row, rows) pieces of at most seq_len + 1 rows (>= 3)."""
+    """(sequence, first row, rows) pieces of at most seq_len + 1 rows (>= 3), consecutive pieces
+    sharing one row, so every pair is in exactly one piece. Cut from the end: the last piece ends at
+    the sequence's last row, so the answer (at the end) is read with the seq_len pairs before it, as
+    the drafting window reads it; cut from the start, an answer after a long prompt lost the
+    passage it copies from to a piece boundary."""
     out = []
     for s in seqs:
         n = int(fs.starts[s + 1] - fs.starts[s])
-        for a in range(0, n - 2, seq_len):
-            out.append((s, a, min(seq_len + 1, n - a)))
+        for end in reversed(range(n, 2, -seq_len)):
+            a = max(0, end - seq_len - 1)
+            out.append((s, a, end - a))
     return out
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from specula.training.context_prompts import TASKS, Passage, clean_passage, compose
+from specula.training.context_prompts import DEFAULT_TASKS, LANGUAGES, TASKS, Passage, clean_passage, compose
 
 
 def passages(n: int) -> list[Passage]:
@@ -24,7 +24,7 @@ def test_clean_passage_cuts_an_unfinished_answer_to_its_last_sentence():
 def test_compose_cycles_tasks_and_holds_the_passages():
     ps = passages(10)
     rows = compose(ps, 20, seed=3)
-    assert [r["task"] for r in rows] == [TASKS[i % len(TASKS)] for i in range(20)]
+    assert [r["task"] for r in rows] == [DEFAULT_TASKS[i % len(DEFAULT_TASKS)] for i in range(20)]
     assert len({r["id"] for r in rows}) == 20
     for r in rows:
         inside = [p for p in ps if p.text in r["prompt"]]
@@ -40,3 +40,22 @@ def test_compose_cycles_tasks_and_holds_the_passages():
 def test_compose_needs_enough_passages():
     with pytest.raises(ValueError, match="at least 4 passages"):
         compose(passages(3), 5)
+
+
+def test_compose_takes_the_copy_heavy_tasks_on_request():
+    ps = passages(10)
+    rows = compose(ps, 21, seed=3, tasks=TASKS)
+    assert [r["task"] for r in rows] == [TASKS[i % len(TASKS)] for i in range(21)]
+    assert {"translate", "proofread"} <= set(DEFAULT_TASKS) ^ set(TASKS)
+    translated = [r["prompt"] for r in rows if r["task"] == "translate"]
+    assert len(translated) == 3
+    for prompt in translated:
+        language = prompt.split("into ", 1)[1].split(".", 1)[0]
+        assert language in LANGUAGES and sum(p.text in prompt for p in ps) == 1
+
+
+def test_compose_refuses_unknown_tasks():
+    with pytest.raises(ValueError, match="unknown context task.*poem.*the tasks are summary"):
+        compose(passages(10), 5, tasks=("summary", "poem"))
+    with pytest.raises(ValueError, match="no context task given"):
+        compose(passages(10), 5, tasks=())

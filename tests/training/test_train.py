@@ -17,7 +17,7 @@ from specula.drafters.heads.runtime import new_head
 from specula.errors import ConfigError
 from specula.models.native import NativeCausalLM, NativeDecoder, configure
 from specula.training.corpus import CorpusEntry
-from specula.training.features import concat_features, coverage, draft_vocabulary, extract_features
+from specula.training.features import FeatureSet, concat_features, coverage, draft_vocabulary, extract_features
 from specula.drafters.heads.losses import loss_of, ttt_mask
 from specula.training.trainer import TrainConfig, batch, chunks, loss_config, split, train_head
 
@@ -69,6 +69,21 @@ def test_feature_sets_of_two_files_join_into_the_set_of_both(setup, tmp_path):
     assert torch.allclose(joined.features.float(), whole.features.float(), atol=1e-2)
     assert torch.allclose(joined.inputs.float(), whole.inputs.float(), atol=1e-2)
     assert torch.equal(joined.sequence(3)[0], whole.sequence(3)[0])
+
+
+@pytest.mark.parametrize("n", [3, 4, 17, 18, 19, 40, 41])
+def test_chunks_cover_every_pair_once_and_end_at_the_answer(n):
+    fs = FeatureSet(torch.zeros(n + 5, dtype=torch.long), torch.zeros((n + 5, 2)), torch.tensor([0, 5, n + 5]),
+                    torch.tensor([1, n - 2]))
+    pieces = chunks(fs, [0, 1], seq_len=8)
+    pairs = [(a + i, a + i + 1) for s, a, rows in pieces if s == 1 for i in range(rows - 1)]
+    every = [(i, i + 1) for i in range(n - 1)]
+    assert sorted(pairs) == every[len(every) - len(pairs):]  # each pair of sequence 1 once, the last ones
+    assert len(pairs) >= n - 2  # at most the first pair is left out (a one-pair piece teaches nothing)
+    mine = [(a, rows) for s, a, rows in pieces if s == 1]
+    assert all(3 <= rows <= 9 for _, rows in mine)
+    assert mine[-1][0] + mine[-1][1] == n and mine[-1][1] == min(n, 9)  # the last piece ends at the end, full
+    assert [a for a, _ in mine] == sorted(a for a, _ in mine)
 
 
 @pytest.mark.parametrize("kind", ["eagle", "eagle3", "medusa", "hydra"])
