@@ -212,9 +212,9 @@ NO_HEAD = "none"
 def default_head(method: str | MethodSpec, target_name: str | None) -> Path | None:
     """`--head`'s default for a method: the head of its kind installed for the target
     (`specula models install`), or None; for `fusion`, the first installed head of its members'
-    kinds (eagle3 first). Measured on SmolLM2 with the shipped eagle3 head (4,592 training prompts,
-    docs/training.md): fusion with it ran 1.11 / 1.13 / 1.16x of fusion without it on the
-    everyday set (three runs) and 0.98x / 1.00x / 1.01x on Spec-Bench (three runs), where prompt
+    kinds (eagle3 first). Measured on SmolLM2 with the shipped eagle3 head (10,265 training prompts,
+    docs/training.md): fusion with it ran 1.17 / 1.20 / 1.21x of fusion without it on the
+    everyday set (three runs) and 1.01 / 1.02 / 1.03x on Spec-Bench (three runs), where prompt
     lookup finds most of what is accepted and the planner's cost view keeps the head from drafting
     where it does not pay."""
     spec = get_method(method)

@@ -38,10 +38,12 @@ SHIPPED: tuple[ShippedHead, ...] = (
                 "5a5201e50bf9740e1169686c06d85fb62a242ae23f28abbc0ca751d8cbd9ffe2"),
     # D=specula/data/training/smollm2-135m; specula train --target smollm2-135m --kind eagle3
     #   --data $D/magpie-{general,math,code,writing,explain,howto}.jsonl $D/context.jsonl
-    #   --max-new-tokens 128 --epochs 3 (4,592 prompts written by the model, answered by it; bfloat16
-    #   autocast; docs/training.md "The eagle3 head on 4,592 prompts"); float16
+    #          $D/magpie2-{general,math,code,writing,explain,howto}.jsonl $D/context2.jsonl $D/context-copy.jsonl
+    #   --max-new-tokens 128 --epochs 3 (10,265 prompts written by the model or built from its
+    #   answers, answered by it; bfloat16 autocast; docs/training.md "The eagle3 head on 10,265
+    #   prompts"); float16
     ShippedHead("smollm2-135m", "eagle3", "smollm2-135m-eagle3.safetensors",
-                "de4bf4ef7d618372aa33e073d62e4d5478dccc8166fc09cbecdb1c29bb7f24d1"),
+                "59f0bc646a8ca7d9b84c901081a9811ab2ea672bd6a319c9a15b5d7dbdd848f0"),
 )
 """Every shipped head."""
 
