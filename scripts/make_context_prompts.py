@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from specula.commands.common import add_load_args, load_config  # noqa: E402
 from specula.errors import SpeculaError  # noqa: E402
-from specula.training.context_prompts import DEFAULT_TASKS, TASKS  # noqa: E402
+from specula.training.context_prompts import DEFAULT_TASKS, TASKS, check_tasks  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -55,9 +55,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {out} exists: delete it or choose another output file", file=sys.stderr)
         return 2
     tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
-    unknown = [t for t in tasks if t not in TASKS]
-    if unknown or not tasks:
-        print(f"error: --tasks {args.tasks!r}: choose from {', '.join(TASKS)}", file=sys.stderr)
+    try:
+        check_tasks(tasks)  # before the slow load
+    except ValueError as exc:
+        print(f"error: --tasks {args.tasks!r}: {exc}", file=sys.stderr)
         return 2
     try:
         per_file = [(Path(f), read_prompts([f])) for f in args.sources]

@@ -63,16 +63,21 @@ def clean_passage(text: str, finished: bool, min_words: int = 40) -> str | None:
     return text if len(text.split()) >= min_words else None
 
 
+def check_tasks(tasks: Sequence[str]) -> None:
+    """A ValueError naming the problem unless `tasks` is a non-empty list of names in `TASKS`."""
+    unknown = [t for t in tasks if t not in TASKS]
+    if unknown or not tasks:
+        raise ValueError(f"{'unknown context task(s) ' + ', '.join(unknown) if unknown else 'no context task given'}"
+                         f"; the tasks are {', '.join(TASKS)}")
+
+
 def compose(passages: Sequence[Passage], count: int, seed: int = 0, max_documents: int = 4,
             tasks: Sequence[str] = DEFAULT_TASKS) -> list[dict]:
     """`count` prompts `{"id", "prompt", "task"}`, cycling through `tasks` (names in `TASKS`): a
     one-passage task wraps one passage (each passage used once per round; `translate` names a
     language drawn from `LANGUAGES`), `documents` lists 2..`max_documents` distinct passages in
     random order and asks the question that produced one of them. Deterministic given `seed`."""
-    unknown = [t for t in tasks if t not in TASKS]
-    if unknown or not tasks:
-        raise ValueError(f"{'unknown context task(s) ' + ', '.join(unknown) if unknown else 'no context task given'}"
-                         f"; the tasks are {', '.join(TASKS)}")
+    check_tasks(tasks)
     if len(passages) < max(2, max_documents):
         raise ValueError(f"composing needs at least {max(2, max_documents)} passages, got {len(passages)}")
     rng = random.Random(seed)
