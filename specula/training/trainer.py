@@ -122,10 +122,10 @@ def split(fs: FeatureSet, holdout: float, seed: int, max_sequences: int = 0) -> 
 
 def chunks(fs: FeatureSet, seqs: list[int], seq_len: int) -> list[tuple[int, int, int]]:
     """(sequence, first row, rows) pieces of at most seq_len + 1 rows (>= 3), consecutive pieces
-    sharing one row, so every pair is in exactly one piece (but a lone first pair, left out). Cut from the end: the last piece ends at
-    the sequence's last row, so the answer (at the end) is read with the seq_len pairs before it, as
-    the drafting window reads it; cut from the start, an answer after a long prompt lost the
-    passage it copies from to a piece boundary."""
+    sharing one row, so every pair is in exactly one piece (a lone first pair is left out). Cut
+    from the end: the last piece ends at the sequence's last row, so the answer (at the end) is
+    read with the seq_len pairs before it, as the drafting window reads it; cut from the start, an
+    answer after a long prompt lost the passage it copies from to a piece boundary."""
     out = []
     for s in seqs:
         n = int(fs.starts[s + 1] - fs.starts[s])
