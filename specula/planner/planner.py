@@ -12,13 +12,18 @@ maximises expected tokens/s.
                     and score bin), times a per-source correction factor (accepted /
                     predicted nodes over recent steps, decaying with time) that removes the
                     optimism of picking the nodes with the highest estimates and follows the
-                    text at hand (a source that copies well in summaries may not in answers)
+                    text at hand (a source that copies well in summaries may not in answers);
+                    in a merged tree, a node that several sources proposed, or one whose
+                    sibling another source proposed, gets a factor learned for its source in
+                    that sibling context instead (`select.sibling_contexts`: siblings exclude
+                    each other, so where sources disagree each is less likely than alone)
     selection       N* = argmax_N E(N) / (T_draft + T_verify(N + 1)), N = 0 = plain step,
                     chosen unless a tree's rate beats it by `min_gain`
     back-off        when drafting steps realise fewer tokens/s than plain steps would
                     (measured, not predicted), skip drafting for 1, 2, 4, ... steps (probing
                     again after each pause), so drafting cannot make decoding much slower
-                    than plain decoding
+                    than plain decoding; a step after the prefill or a pause is judged at most
+                    at the drafting time of steady steps (a head's catch-up is not its cost)
 
 What requests share (cost model, calibration, correction factors, the drafters' observe-time
 estimate) lives in `HardwarePlanner`; what belongs to one request (back-off, exploration
@@ -39,7 +44,8 @@ from specula.planner.calibration import CalibrationConfig, Calibrator
 from specula.planner.base import Plan, PlanRequest, StepTiming
 from specula.planner.cost import DEFAULT_SIZES, CostCurve, CostModel, load_or_measure_curve
 from specula.planner.merge import merge_proposals
-from specula.planner.select import best_children, chain_lookahead, choose_batch, choose_size, path_probabilities
+from specula.planner.select import (best_children, chain_lookahead, choose_batch, choose_size, path_probabilities,
+                                    sibling_contexts)
 from specula.step import FORCED_SOURCE, Proposal, StepResult
 from specula.tree import TokenTree
 
@@ -139,6 +145,10 @@ class PlannerState:
     """Length of the next back-off pause."""
     rate: Ema | None = None
     """Tokens/s of recent drafting steps (realised, or planned when nothing was verified)."""
+    resumed: bool = True
+    """The next drafting step follows the prefill or a pause: its drafting may include the
+    drafters' catch-up over the tokens committed meanwhile (a head's cache), which the back-off
+    does not count as that step's cost."""
     explore_gap: int = 1
     explore_wait: int = 1
     load_idle: int = 0
@@ -203,7 +213,9 @@ class HardwarePlanner:
                               target.padded_tokens if target is not None else None)
         self.calibrator = Calibrator(config.calibration)
         self._recent: dict[str, list[float]] = {}  # per source, decayed sums: accepted, predicted nodes
+        self._context: dict[tuple[str, str], list[float]] = {}  # per (source, sibling context): decayed sums
         self._overhead = Ema(config.overhead_ema)  # the drafters' per-step observe time (seconds)
+        self._steady_draft = Ema(config.overhead_ema)  # drafting seconds of steps right after a drafting step
         self._batch_backoff: dict[int, BatchBackoff] = {}  # per batch size
 
     # ------------------------------------------------------------------ per request
@@ -222,9 +234,11 @@ class HardwarePlanner:
             return False  # drafting loses at this load: the whole batch pauses it
         elif state.load_idle >= 2 and state.load_idle % self.config.load_probe_every:
             state.load_idle += 1  # no drafts, no node: still idle
+            state.resumed = True
             return False
         if state.skip > 0:
             state.skip -= 1
+            state.resumed = True
             return False
         return True
 
@@ -250,11 +264,29 @@ class HardwarePlanner:
         """Every source's correction factor (for reports)."""
         return {source: round(self.bias_of(source), 4) for source in self._recent}
 
+    def context_factor(self, source: str, context: str) -> float:
+        """Correction factor of one source's nodes in one sibling context (`select.sibling_contexts`):
+        accepted / estimated over recent steps, the estimate being the source's own (its factor
+        included). Per source: a copy that token recycling contests keeps its odds, a recycled
+        token that a copy contests loses them."""
+        accepted, predicted = self._context.get((source, context), (0.0, 0.0))
+        k = self.config.bias_prior
+        return (accepted + k) / (predicted + k)
+
+    def _source_estimates(self, tree: TokenTree) -> list[tuple[float, str]]:
+        """Per node, its sources' estimate of P(accepted | parent accepted) and the source it is
+        from: calibration times the source's correction factor (at most 1), the highest over the
+        sources that proposed the node (each with its own score); 1 for a token the request's
+        grammar forces."""
+        return [max((self.source_acceptance(src, raw), src) for src, raw in tree.proposers(i))
+                for i in range(len(tree))]
+
     def _edge_acceptance(self, tree: TokenTree) -> list[float]:
-        """Estimated P(node accepted | parent accepted) of every node: per-source calibration times
-        the source's correction factor (at most 1), the highest over the sources that proposed the
-        node (each with its own score); 1 for a token the request's grammar forces."""
-        return [max(self.source_acceptance(src, raw) for src, raw in tree.proposers(i)) for i in range(len(tree))]
+        """Estimated P(node accepted | parent accepted) of every node: its sources' estimate, times
+        the factor of that source in the node's sibling context where it has one (at most 1; a
+        forced token stays at 1)."""
+        return [est if context is None or est >= 1.0 else min(1.0, self.context_factor(src, context) * est)
+                for (est, src), context in zip(self._source_estimates(tree), sibling_contexts(tree))]
 
     def source_acceptance(self, source: str, raw: float) -> float:
         """Estimated P(accept | parent accepted) of one source's node with raw edge score `raw`:
@@ -444,26 +476,49 @@ class HardwarePlanner:
         self._overhead.update(timing.overhead_seconds)
         tree = step.proposal.tree
         d = self.config.bias_decay
-        for sums in self._recent.values():  # evidence fades with time, drafted or not
+        for sums in (*self._recent.values(), *self._context.values()):  # evidence fades with time, drafted or not
             sums[0] *= d
             sums[1] *= d
         on_path = set(step.path)
         best = best_children(tree)
+        contexts = sibling_contexts(tree)
+        estimates = self._source_estimates(tree) if any(contexts) else []
         for i, par in enumerate(tree.parents):
             if par < 0 or par in on_path:  # a trial: the node's parent was accepted
+                accepted = i in on_path
+                if contexts[i] is not None:  # its context's factor learns; the sources' only alone
+                    est, src = estimates[i]
+                    sums = self._context.setdefault((src, contexts[i]), [0.0, 0.0])
+                    sums[0] += accepted
+                    sums[1] += est
                 for source, raw in tree.proposers(i):  # every source that proposed it, on its own score
-                    sums = self._recent.setdefault(source, [0.0, 0.0])
-                    sums[0] += i in on_path
-                    sums[1] += self.calibrator.estimate(source, raw)  # the factor divides calibration alone
-                    self.calibrator.update(source, raw, i in on_path, best=(i, source) in best)
+                    if contexts[i] is None:
+                        sums = self._recent.setdefault(source, [0.0, 0.0])
+                        sums[0] += accepted
+                        sums[1] += self.calibrator.estimate(source, raw)  # the factor divides calibration alone
+                    self.calibrator.update(source, raw, accepted, best=(i, source) in best)
         # Back-off: do drafting steps beat plain steps? Each judged step counts what it realised
         # (tokens / its drafting + verify seconds; a step that found nothing worth verifying paid its
         # drafting for a plain step), so a text on which every estimate is wrong still stops
         # drafting after a few losses. If drafting loses, pause it for 1, 2, 4, ... steps, then
         # probe again.
+        # A step after the prefill or a pause may carry the drafters' catch-up over the tokens
+        # committed meanwhile (a head's cache: 1.7 plain steps over a prompt, SmolLM2): judged at
+        # that cost, the probe after every pause lost and doubled the next pause. It is judged
+        # at most at the drafting time of steps that follow a drafting step (not before one was
+        # seen).
+        resumed, drafted = state.resumed and plan.drafted, timing.draft_seconds
+        if plan.drafted:
+            state.resumed = False
+            if not resumed:
+                self._steady_draft.update(drafted)
+        if resumed:
+            if self._steady_draft.value is None:
+                return
+            drafted = min(drafted, self._steady_draft.value)
         if plan.rate is None:
             return
-        rate = (1 + len(step.path)) / (self._drafting_seconds(timing.draft_seconds) + timing.verify_seconds)
+        rate = (1 + len(step.path)) / (self._drafting_seconds(drafted) + timing.verify_seconds)
         if state.rate is None:  # the plan's prediction counts as one step: one unlucky first step pauses nothing
             state.rate = Ema(self.config.rate_ema, 0.5 * (plan.rate + rate))
             smoothed = state.rate.get()

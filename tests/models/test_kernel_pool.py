@@ -76,3 +76,23 @@ def test_a_forked_child_computes_the_same(threads):
     os.close(read)
     os.waitpid(pid, 0)
     assert answer == b"1"
+
+
+@pytest.mark.parametrize("first, env, warned", [
+    ("torch", {}, True),  # torch's OpenMP read its spin before specula could set it
+    ("specula", {}, False),  # specula set GOMP_SPINCOUNT before torch loaded
+    ("torch", {"GOMP_SPINCOUNT": "10000"}, False),  # the user chose
+])
+def test_the_backend_says_when_torch_came_first_and_kept_its_openmp_spin(first, env, warned):
+    import subprocess
+    import sys
+
+    code = (f"import {first}\nimport specula\nfrom specula.models.native.kernels import openmp_spin_warning\n"
+            "print(openmp_spin_warning(2))\nprint(openmp_spin_warning(1))")
+    clean = {k: v for k, v in os.environ.items() if k not in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY")}
+    out = subprocess.run([sys.executable, "-c", code], env={**clean, **env}, capture_output=True, text=True,
+                         check=True).stdout.splitlines()
+    assert (out[0] != "None") == warned
+    if warned:
+        assert "GOMP_SPINCOUNT=10000" in out[0] and "import specula before torch" in out[0]
+    assert out[1] == "None"  # one thread: no pool helper to take a core from

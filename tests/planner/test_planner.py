@@ -568,3 +568,46 @@ def test_a_node_two_sources_propose_is_estimated_by_the_better_and_credited_to_b
     assert planner.calibrator.mean("eagle3", best=True) > 0.9
     assert planner.calibrator.mean("eagle3") < 0.7  # its rejected siblings count in the all-node mean
     assert planner.expected_acceptance("eagle3") > 0.9
+
+
+def test_disagreeing_sources_are_estimated_by_their_context_not_their_average():
+    """Source "a" is right 80% of the time alone, 40% when "b" proposes another next token (that
+    "b" is never right). Calibration per source learns a's average (60%); the estimates the planner
+    sizes trees by must be 80% alone and 40% contested (once, siblings from two sources summed to
+    1.03-1.12 where 0.68-0.78 was realised, and fusion's trees were predicted 16% too high)."""
+    from specula.planner.merge import merge_proposals
+
+    planner = HardwarePlanner(curve=FLAT)
+    driver = Driver(planner)
+    alone = Proposal(chain([5], 0.6, "a"))
+    contested = merge_proposals([alone, Proposal(chain([7], 0.6, "b"))])
+    five = contested.tree.tokens.index(5)
+    for i in range(200):
+        proposal, right = (alone, i % 10 < 8) if i % 2 else (contested, i % 10 < 4)
+        driver.plan(proposal)
+        path = ((0 if proposal is alone else five),) if right else ()
+        driver.observe(proposal, path)
+    assert planner.calibrator.estimate("a", 0.6) == pytest.approx(0.6, abs=0.1)  # the average
+    estimate = planner._edge_acceptance
+    assert estimate(alone.tree)[0] == pytest.approx(0.8, abs=0.1)
+    assert estimate(contested.tree)[five] == pytest.approx(0.4, abs=0.1)
+    assert estimate(contested.tree)[1 - five] < 0.15
+
+
+def test_a_catch_up_after_the_prefill_or_a_pause_is_not_judged_as_drafting_cost():
+    """A drafter whose every node is accepted, drafting for 0.1 of a step, except right after the
+    prefill or a pause, when it first catches up over the tokens committed meanwhile (3 steps, a
+    head's cache over a prompt). Judged at that cost, the first step paused drafting and every
+    probe after a pause paused it again for twice as long; now it drafts all along."""
+    planner = HardwarePlanner(curve=STEEP)
+    driver = Driver(planner)
+    tree = chain([5, 6, 7], 0.9)
+    drafted, resumed = 0, True
+    for _ in range(60):
+        drafting = planner.should_draft(driver.state)
+        seconds = (3.0 if resumed else 0.1) if drafting else 1e-5
+        resumed = not drafting
+        planned, _ = driver.plan(Proposal(tree) if drafting else Proposal.empty(), seconds, drafting)
+        driver.observe(planned, tuple(range(len(planned.tree))), seconds, STEEP.latency(len(planned.tree) + 1))
+        drafted += drafting
+    assert drafted == 60

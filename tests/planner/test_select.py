@@ -2,7 +2,8 @@ import pytest
 
 import itertools
 
-from specula.planner.select import chain_lookahead, choose_batch, choose_size, path_probabilities
+from specula.planner.select import (AGREED, CONTESTED, chain_lookahead, choose_batch, choose_size, path_probabilities,
+                                    sibling_contexts)
 from specula.tree import TokenTree
 
 
@@ -118,3 +119,19 @@ def test_choose_batch_gives_zero_to_sessions_whose_drafts_do_not_pay_under_load(
     # A load at which nothing pays: every session gets zero (continuous batching without speculation).
     counts, expected, _ = choose_batch([[0.3], [0.2]] + [[]] * 6, 8, 8.0, 0.0, steep)
     assert counts == [0] * 8 and expected == 8.0
+
+
+def test_sibling_contexts_mark_agreeing_and_disagreeing_sources():
+    # "a" drafts 5 -> 6 and a sibling 8; "b" drafts 5 and 7 at the root, 9 under 6.
+    a = TokenTree.from_paths([[5, 6], [8]], [[0.6, 0.5], [0.2]], source="a")
+    b = TokenTree.from_paths([[5, 6, 9], [7]], [[0.7, 0.4, 0.3], [0.3]], source="b")
+    merged = a.merge(b)
+    context = {tuple(merged.tokens_of(merged.path_to(i))): c for i, c in enumerate(sibling_contexts(merged))}
+    assert context == {
+        (5,): AGREED, (5, 6): AGREED,  # both proposed them
+        (8,): CONTESTED,  # a's alone, while "b" proposed its siblings 5 and 7
+        (7,): CONTESTED,
+        (5, 6, 9): None,  # no sibling: the source's own calibration holds
+    }
+    # One source's tree, siblings or not: no context (what its calibration was learned on).
+    assert sibling_contexts(a) == [None] * len(a)

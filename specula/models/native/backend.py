@@ -15,6 +15,7 @@ passes with sub-layers skipped or traced, and decoders the graph path cannot run
 
 from __future__ import annotations
 
+import warnings
 import weakref
 from typing import Any, Callable, Iterable, Sequence
 
@@ -51,6 +52,12 @@ class NativeCausalLM:
         from specula.models.native.ops import CpuKernelOps
 
         invariant = isinstance(decoder.ops, CpuKernelOps) or (decoder.invariant and quantization_of(decoder) == "int8")
+        if isinstance(decoder.ops, CpuKernelOps):
+            from specula.models.native.kernels import openmp_spin_warning
+
+            spin = openmp_spin_warning()
+            if spin is not None:
+                warnings.warn(spin, RuntimeWarning, stacklevel=2)
         self.greedy_guarantee = guarantee_of(self.dtype, invariant)
         self.num_parameters = decoder.num_parameters
         self._reference = reference

@@ -98,6 +98,23 @@ def available() -> bool:
 
 
 @functools.cache
+def openmp_spin_warning(threads: int | None = None) -> str | None:
+    """Why this process's kernel calls may run slow, or None: torch was imported before specula
+    with neither `GOMP_SPINCOUNT` nor `OMP_WAIT_POLICY` set (`specula.OPENMP_SPIN_UNSET`), so
+    torch's OpenMP workers spin libgomp's default ~300,000 rounds after each parallel torch op on
+    the core the pool's helper needs (`specula.GOMP_SPINCOUNT`). Measured on the 2-core machine
+    (SmolLM2 with its eagle3 head, everyday prompts): a 2-token tree pass right after the head
+    drafted took 1.34x a plain step against 1.08x with specula imported first, a 5+ token one
+    1.74x against 1.36x. Nothing to say with one thread (`threads`, default torch's)."""
+    import specula
+
+    if not specula.OPENMP_SPIN_UNSET or (threads if threads is not None else torch.get_num_threads()) < 2:
+        return None
+    return ("torch was imported before specula, so torch's OpenMP workers keep their default spin and take the "
+            "cores specula's CPU kernels need (tree passes measured 25-30% slower); import specula before torch, "
+            "or set GOMP_SPINCOUNT=10000 in the environment before starting Python")
+
+
 def build_key() -> str:
     """Hash of the kernels' sources, flags and CPU: names the compiled library (and, in part, the
     cost curves timed with it: `prepack.linear_kernel_of`)."""
