@@ -574,7 +574,7 @@ def test_disagreeing_sources_are_estimated_by_their_context_not_their_average():
     """Source "a" is right 80% of the time alone, 40% when "b" proposes another next token (that
     "b" is never right). Calibration per source learns a's average (60%); the estimates the planner
     sizes trees by must be 80% alone and 40% contested (once, siblings from two sources summed to
-    1.03-1.12 where 0.68-0.78 was realised, and fusion's trees were predicted 16% too high)."""
+    0.86-1.07 where 0.60-0.72 was realised, and fusion's trees were predicted 14-18% too high)."""
     from specula.planner.merge import merge_proposals
 
     planner = HardwarePlanner(curve=FLAT)
