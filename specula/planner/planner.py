@@ -283,8 +283,8 @@ class HardwarePlanner:
 
     def _edge_acceptance(self, tree: TokenTree) -> list[float]:
         """Estimated P(node accepted | parent accepted) of every node: its sources' estimate, times
-        the factor of that source in the node's sibling context where it has one (at most 1; a
-        forced token stays at 1)."""
+        the factor of that source in the node's sibling context where it has one (at most 1). An
+        estimate of 1 stays: a token the grammar forces (or one already capped at 1)."""
         return [est if context is None or est >= 1.0 else min(1.0, self.context_factor(src, context) * est)
                 for (est, src), context in zip(self._source_estimates(tree), sibling_contexts(tree))]
 

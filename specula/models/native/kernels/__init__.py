@@ -97,7 +97,6 @@ def available() -> bool:
     return unavailable_reason() is None
 
 
-@functools.cache
 def openmp_spin_warning(threads: int | None = None) -> str | None:
     """Why this process's kernel calls may run slow, or None: torch was imported before specula
     with neither `GOMP_SPINCOUNT` nor `OMP_WAIT_POLICY` set (`specula.OPENMP_SPIN_UNSET`), so
@@ -115,6 +114,7 @@ def openmp_spin_warning(threads: int | None = None) -> str | None:
             "or set GOMP_SPINCOUNT=10000 in the environment before starting Python")
 
 
+@functools.cache
 def build_key() -> str:
     """Hash of the kernels' sources, flags and CPU: names the compiled library (and, in part, the
     cost curves timed with it: `prepack.linear_kernel_of`)."""
