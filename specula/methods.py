@@ -50,6 +50,12 @@ class Member:
     """Options of the fused method handed to this member (each an option its `create` takes)."""
     fixed: tuple[tuple[str, Any], ...] = ()
     """Options the member always gets inside fusion (option, value)."""
+    without_head: bool = False
+    """Joins only when no trained head does (token recycling: with SmolLM2's eagle3 head, fusion
+    without it ran 1.28 / 1.44 / 1.45x plain decoding on the everyday prompts and 1.26 / 1.27 /
+    1.31x on Spec-Bench, against 1.30 / 1.32 / 1.33x and 1.18 / 1.25 / 1.25x with it: the head
+    already drafts the continuations recycling would, and its ~56-node trees cost verification,
+    planning and a table update every step; docs/training.md)."""
 
 
 @dataclass(frozen=True)
@@ -130,7 +136,7 @@ _HEAD_OPTIONS = (*_HEAD_FORWARDS, *_TREE_OPTIONS)
 _FUSION_MEMBERS = (
     Member("prompt-lookup"),
     Member("rest", forwards=("datastore",)),
-    Member("token-recycling", forwards=("recycling_state",)),
+    Member("token-recycling", forwards=("recycling_state",), without_head=True),
     Member("eagle3", forwards=_HEAD_FORWARDS),
     Member("eagle", forwards=_HEAD_FORWARDS),
     Member("medusa", forwards=_HEAD_FORWARDS),

@@ -139,3 +139,20 @@ def test_head_none_means_no_head():
     assert names and not {"eagle", "eagle3", "medusa", "hydra"} & set(names)
     with pytest.raises(ConfigError, match="needs a trained head"):
         make_drafters("eagle", target=target, head="none")
+
+
+def test_fusion_leaves_token_recycling_out_when_a_head_joins():
+    """With a trained head, token recycling's candidates are the head's done worse, at a cost
+    (measured: docs/training.md); without one it stays."""
+    import torch
+    from tiny import tiny_model
+    from specula.drafters import make_drafters
+    from specula.drafters.heads.runtime import new_head
+    from specula.models.hf import HFCausalLM
+
+    target = HFCausalLM(tiny_model("llama", seed=1), "t")
+    alone = [d.name for d in make_drafters("fusion", target=target, head="none")]
+    head = new_head("eagle3", target, torch.arange(target.vocab_size))
+    with_head = [d.name for d in make_drafters("fusion", target=target, head=head)]
+    assert alone == ["prompt-lookup", "token-recycling"]
+    assert with_head == ["prompt-lookup", "eagle3"]

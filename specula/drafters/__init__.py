@@ -49,8 +49,8 @@ def make_drafters(method: str | MethodSpec, *, target: TargetModel | None = None
     it is refused, or ignored.
 
     fusion = its members in order, each when what it needs is given: the model-free drafters
-    (prompt lookup, REST when a `datastore` is given, token recycling), the trained head when a
-    `head` is given (the member of its kind), then the target itself with layers skipped for
+    (prompt lookup, REST when a `datastore` is given, token recycling unless a head is given), the
+    trained head when a `head` is given (the member of its kind), then the target itself with layers skipped for
     `draft_skip`, or the draft model when `draft` is given (greedy candidates, adaptive: it drafts
     only while its next token beats the rate the others' trees already reach)."""
     spec = get_method(method)
@@ -103,6 +103,8 @@ def _fusion(spec: MethodSpec, target: TargetModel | None, draft: TargetModel | N
         if member_spec.datastore and not given.get("datastore"):
             continue
         if member_spec.head is not None and (head is None or head.kind != member_spec.head):
+            continue
+        if member.without_head and head is not None:
             continue
         forwarded = {name: given.get(name) for name in member.forwards}
         drafters.append(make_drafter(member_spec, target=target, draft=draft, tokenizer=tokenizer,
