@@ -219,10 +219,10 @@ def default_head(method: str | MethodSpec, target_name: str | None) -> Path | No
     """`--head`'s default for a method: the head of its kind installed for the target
     (`specula models install`), or None; for `fusion`, the first installed head of its members'
     kinds (eagle3 first). Measured on SmolLM2 with the shipped eagle3 head (10,265 training prompts,
-    docs/training.md): fusion with it ran 1.17 / 1.20 / 1.21x of fusion without it on the
-    everyday set (three runs) and 1.01 / 1.02 / 1.03x on Spec-Bench (three runs), where prompt
-    lookup finds most of what is accepted and the planner's cost view keeps the head from drafting
-    where it does not pay."""
+    docs/training.md): fusion with it (token recycling then left out) ran 1.28 / 1.28 / 1.33x of
+    fusion without it on the everyday set (three runs) and 1.04 / 1.04 / 1.05x on Spec-Bench
+    (three runs), where prompt lookup finds most of what is accepted and the planner's cost view
+    keeps the head from drafting where it does not pay."""
     spec = get_method(method)
     kinds = [spec.head] if spec.head is not None else [
         kind for kind in (get_method(m.method).head for m in spec.members) if kind is not None]
