@@ -15,10 +15,11 @@ passes of 4-8 tokens took 31.5 / 44.6 ms with the default spin and 26-27 / 37-40
 tokens against 1.28-1.38 s (3-6%, within this machine's run-to-run spread; `OMP_WAIT_POLICY=passive`
 made it 38% slower)."""
 
-OPENMP_SPIN_UNSET = "torch" in _sys.modules and not {"GOMP_SPINCOUNT", "OMP_WAIT_POLICY"} & set(_os.environ)
+_spin_unset = not {"GOMP_SPINCOUNT", "OMP_WAIT_POLICY"} & set(_os.environ)
+OPENMP_SPIN_UNSET = "torch" in _sys.modules and _spin_unset
 """Whether torch was imported before specula with neither variable set: its OpenMP workers then
 keep libgomp's default spin (read once, when torch loads), and the native CPU backend warns
 (`models.native.kernels.openmp_spin_warning`)."""
 
-if "torch" not in _sys.modules and not {"GOMP_SPINCOUNT", "OMP_WAIT_POLICY"} & set(_os.environ):
+if "torch" not in _sys.modules and _spin_unset:
     _os.environ["GOMP_SPINCOUNT"] = GOMP_SPINCOUNT
