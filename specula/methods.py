@@ -222,14 +222,16 @@ def default_head(method: str | MethodSpec, target_name: str | None) -> Path | No
     docs/training.md): fusion with it (token recycling then left out) ran 1.28 / 1.28 / 1.33x of
     fusion without it on the everyday set (three runs) and 1.04 / 1.04 / 1.05x on Spec-Bench
     (three runs), where prompt lookup finds most of what is accepted and the planner's cost view
-    keeps the head from drafting where it does not pay."""
+    keeps the head from drafting where it does not pay. A shipped head measured not to pay in
+    `fusion` (`ShippedHead.in_fusion`: Qwen2.5-Coder-1.5B's, beside its 0.5B companion draft) is
+    left out of it unless given with `--head`."""
     spec = get_method(method)
     kinds = [spec.head] if spec.head is not None else [
         kind for kind in (get_method(m.method).head for m in spec.members) if kind is not None]
     from specula.drafters.heads.shipped import default_head as installed_head
 
     for kind in kinds:
-        found = installed_head(target_name, kind)
+        found = installed_head(target_name, kind, fusion=spec.head is None)
         if found is not None:
             return found
     return None

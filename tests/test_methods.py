@@ -127,6 +127,15 @@ def test_default_head_is_the_installed_one_of_the_methods_kind(tmp_path, monkeyp
     installed_path("smollm2-135m", "eagle3").unlink()
     assert default_head("fusion", "smollm2-135m") == installed_path("smollm2-135m", "eagle")
     assert default_head("prompt-lookup", "smollm2-135m") is None and default_head("eagle", "not-embedded") is None
+    # a shipped head measured not to pay in fusion is used by its own method only
+    path = installed_path("qwen2.5-coder-1.5b", "eagle3")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(b"x")
+    assert default_head("eagle3", "qwen2.5-coder-1.5b") == path and default_head("fusion", "qwen2.5-coder-1.5b") is None
+    path = installed_path("qwen2.5-coder-0.5b", "eagle3")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(b"x")
+    assert default_head("fusion", "qwen2.5-coder-0.5b") == path
 
 
 def test_head_none_means_no_head():

@@ -31,7 +31,7 @@ def register(sub) -> None:
                    help="JSONL prompt files (default: specula/data/training/prompts.jsonl); never a benchmark's prompts")
     p.add_argument("--eval-data", nargs="*", default=None, metavar="FILE",
                    help="prompt files of another source for the held-out report (default: the everyday set; "
-                        "none: skip)")
+                        "'none' or no file: skip)")
     p.add_argument("--out", required=True, metavar="DIR", help="directory for KIND.safetensors, checkpoint.pt, report.json")
     p.add_argument("--epochs", type=float, default=4.0)
     p.add_argument("--draft-vocab", type=int, default=8192, metavar="N",
@@ -42,6 +42,11 @@ def register(sub) -> None:
     p.add_argument("--ttt-steps", type=int, default=2, metavar="N",
                    help="eagle: training-time-test steps (1 = plain teacher forcing; default 2)")
     p.add_argument("--num-offsets", type=int, default=4, metavar="K", help="medusa / hydra: heads (default 4)")
+    p.add_argument("--intermediate-size", type=int, default=0, metavar="N",
+                   help="eagle / eagle3: MLP width of the head's layer (default 0 = 8/3 of the target's hidden size)")
+    p.add_argument("--num-kv-heads", type=int, default=0, metavar="N",
+                   help="eagle / eagle3: key/value heads of the head's attention, dividing its query heads "
+                        "(hidden size / 64) (default 0 = one per query head)")
     p.add_argument("--max-new-tokens", type=int, default=160, metavar="N", help="answer length per prompt (default 160)")
     p.add_argument("--max-minutes", type=float, default=None, metavar="M",
                    help="stop training after M minutes (checkpointed; rerun to go on)")
@@ -69,12 +74,14 @@ def run(args: argparse.Namespace) -> int:
     config = TrainConfig(kind=args.kind, draft_vocab=args.draft_vocab, epochs=args.epochs, lr=args.lr,
                          batch_size=args.batch_size, seq_len=args.seq_len, ttt_steps=args.ttt_steps,
                          num_offsets=args.num_offsets, seed=args.seed, max_sequences=args.max_sequences,
-                         precision=args.precision)
+                         precision=args.precision, intermediate_size=args.intermediate_size,
+                         num_kv_heads=args.num_kv_heads)
     corpus = CorpusConfig(max_new_tokens=args.max_new_tokens)
     read_prompts(args.data or [DEFAULT_PROMPTS])  # bad or benchmark prompts fail here, before the slow load
     target, tokenizer = load_backend(args.target, load_config(args), name="target")
     report = run_training(target, tokenizer, args.target, Path(args.out), config, args.data or (), corpus,
-                          quiet=args.quiet, max_minutes=args.max_minutes, eval_data=args.eval_data)
+                          quiet=args.quiet, max_minutes=args.max_minutes,
+                          eval_data=[] if args.eval_data == ["none"] else args.eval_data)
     if args.json:
         print(json.dumps(report, indent=2))
     else:

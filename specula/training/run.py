@@ -87,7 +87,8 @@ def run_training(target, tokenizer, target_name: str, out: Path, config: TrainCo
         times["evaluation_data_seconds"] = round(time.perf_counter() - t, 1)
 
     d2t = draft_vocabulary(fs, config.draft_vocab, target.vocab_size, sorted(target.eos_token_ids))
-    head = new_head(config.kind, target, d2t, seed=config.seed, num_offsets=config.num_offsets)
+    head = new_head(config.kind, target, d2t, seed=config.seed, num_offsets=config.num_offsets,
+                    intermediate_size=config.intermediate_size, num_kv_heads=config.num_kv_heads)
     every = list(range(len(eval_fs))) if eval_fs is not None else []
     other_before = acceptance_report(head, eval_fs, every, config, head.embed) if every else None
     losses: list[float] = []

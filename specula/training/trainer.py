@@ -66,6 +66,12 @@ class TrainConfig:
     """eagle: half-width of the uniform noise on input features at 512 tokens (scaled by 512 / seq_len)."""
     num_offsets: int = 4
     """medusa / hydra: heads (draft depth)."""
+    intermediate_size: int = 0
+    """eagle / eagle3: MLP width of the head's decoder layer (0 = 8/3 of the hidden size, Llama's
+    ratio); narrower keeps a wide target's head small."""
+    num_kv_heads: int = 0
+    """eagle / eagle3: key/value heads of its attention (0 = one per query head); fewer (grouped
+    queries) keep a wide target's head small."""
     holdout: float = 0.05
     """Fraction of sequences held out for the acceptance report."""
     max_sequences: int = 0
@@ -88,6 +94,9 @@ class TrainConfig:
                      "draft_vocab"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("intermediate_size", "num_kv_heads"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{name} must be >= 0 (0 = the default shape), got {getattr(self, name)}")
         if not self.epochs > 0 or not self.lr > 0:
             raise ConfigError("epochs and lr must be > 0")
         if self.max_sequences < 0:

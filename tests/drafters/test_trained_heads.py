@@ -401,6 +401,18 @@ def test_shipped_heads_install_checked_by_sha256(saved, tmp_path, monkeypatch):
     assert not installed.exists()
 
 
+def test_every_shipped_head_is_in_the_package_within_the_size_limit():
+    import hashlib
+
+    from specula.drafters.heads import shipped
+
+    for head in shipped.SHIPPED:
+        path = shipped.PACKAGE_DIR / head.file
+        assert path.stat().st_size <= shipped.MAX_SHIPPED_BYTES, head
+        assert hashlib.sha256(path.read_bytes()).hexdigest() == head.sha256, head
+        assert read_head(path).config.kind == head.kind
+
+
 def test_an_eagle3_head_file_keeps_its_feature_layers(tmp_path):
     model = tiny_model("llama", "eager", seed=4, layers=4)
     target = native(model)
@@ -412,6 +424,51 @@ def test_an_eagle3_head_file_keeps_its_feature_layers(tmp_path):
     assert loaded.config == head.config
     for name, tensor in head.module.state_dict().items():
         assert torch.equal(loaded.module.state_dict()[name], tensor)
+
+
+def test_a_narrow_grouped_query_head_saved_as_int8_stays_close_and_output_stays_plain_greedy(tmp_path):
+    """A wide target's head is kept small by a narrower MLP, fewer key/value heads and int8 rows
+    (format 2): reading gives floats within about half a step of each row's scale, and the target still
+    decides every token."""
+    from safetensors import safe_open
+    from safetensors.torch import load_file, save_file
+
+    from specula.drafters.heads.file import INT8_FORMAT, META_KEY
+
+    model = tiny_model("llama", "eager", seed=4)
+    target = native(model)
+    head = new_head("eagle3", target, oracle_d2t(96), seed=1, intermediate_size=24, num_kv_heads=2)
+    cfg = head.config
+    assert (cfg.intermediate_size, cfg.num_kv_heads, cfg.num_heads) == (24, 2, 4)
+    assert head.module.w_down.weight.shape == (32, 24)
+    assert head.module.wqkv.weight.shape == ((4 + 2 * 2) * cfg.head_dim, 32)
+    record = HeadFile(cfg, head.module.state_dict(), head.d2t, target_record(target, "tiny"))
+    path = save_head(tmp_path / "int8.safetensors", record, dtype=torch.int8)
+    with safe_open(str(path), "pt") as f:
+        assert f.get_slice("head.fuse.weight").get_dtype() == "I8" and '"format": 2' in f.metadata()[META_KEY]
+        assert f.get_slice("head.post_norm").get_dtype() == "F16"
+    assert INT8_FORMAT == 2
+    loaded = read_head(path)
+    for name, w in head.module.state_dict().items():
+        got = loaded.state[name]
+        assert got.dtype == (torch.float32 if w.dim() == 2 else torch.float16) and got.shape == w.shape
+        step = (w.abs().amax(dim=1, keepdim=True) / 127) if w.dim() == 2 else w.abs().max() * 2 ** -10
+        assert bool(((got.float() - w).abs() <= 0.6 * step + 1e-6).all()), name  # half a step + float16 scale
+    assert not torch.equal(loaded.state["fuse.weight"], head.module.state_dict()["fuse.weight"])  # really rounded
+    dec = build_decoder("eagle3", target, None, head=load_head(path, target, "tiny", torch.float32), planner=False)
+    rng = random.Random(5)
+    for _ in range(3):
+        prompt = [rng.randrange(2, 96) for _ in range(rng.randrange(2, 9))]
+        out = dec.generate(prompt, SamplingParams(max_new_tokens=24, ignore_eos=True))
+        assert out.token_ids == reference_greedy(model, prompt, 24), prompt
+        assert out.stats.drafted_tokens > 0
+    tensors = load_file(str(path))
+    with safe_open(str(path), "pt") as f:
+        meta = f.metadata()
+    del tensors["scale.fuse.weight"]
+    save_file(tensors, str(tmp_path / "noscale.safetensors"), metadata=meta)
+    with pytest.raises(HeadFileError, match="int8 matrix has no scale"):
+        read_head(tmp_path / "noscale.safetensors")
 
 
 def test_eagle3_refuses_online_distillation_and_mixed_feature_requests():

@@ -255,13 +255,16 @@ def test_train_command_trains_an_eagle3_head_that_generate_uses(tmp_path, monkey
     more.write_text("".join(json.dumps({"prompt": f"w{i + 11} w{i + 30} w{i + 7} w{i + 50}"}) + "\n" for i in range(4)))
     code = main(["train", "--target", str(path), "--kind", "eagle3", "--data", str(data), str(more),
                  "--out", str(tmp_path / "h2"), "--epochs", "1", "--draft-vocab", "64", "--max-new-tokens", "16",
-                 "--seq-len", "16", "--quiet", "--eval-data"])
+                 "--seq-len", "16", "--quiet", "--eval-data", "none", "--intermediate-size", "24", "--num-kv-heads", "2"])
     assert code == 0
+    narrow = read_head(tmp_path / "h2" / "eagle3.safetensors").config
+    assert (narrow.intermediate_size, narrow.num_kv_heads) == (24, 2)
     after = {p.name: p.stat().st_mtime_ns for p in cache.iterdir()}
     assert all(after[name] == mtime for name, mtime in before.items())  # untouched
     assert sorted(n.split("-")[0] for n in set(after) - set(before)) == ["corpus", "features"]
     report = json.loads((tmp_path / "h2" / "report.json").read_text())
     assert report["corpus"]["sequences"] == 10 and report["prompts"] == 10
+    assert report["training"]["other_source"]["sequences"] == 0  # --eval-data none: no other-source report
 
 
 def test_a_renamed_prompt_file_reads_the_cached_answers_under_its_own_ids(setup, tmp_path, tiny_tokenizer):

@@ -1,7 +1,11 @@
 """The head file: one safetensors file, checked before anything is loaded.
 
 Tensors: the head's parameters and `d2t` ([V_draft] long: draft token -> target token id, the
-exact mapping back from the reduced vocabulary). Metadata key `specula_head`: JSON with the
+exact mapping back from the reduced vocabulary). Parameters are float (float32 as trained,
+float16 as shipped) or, in format 2, matrices as int8 with one float16 scale per row under
+`scale.<name>` (symmetric, row maximum -> 127; a head only drafts, so this costs no exactness:
+`save_head(dtype=torch.int8)`, used where float16 would exceed the shipped size limit); reading
+gives float tensors either way (int8 matrices as float32). Metadata key `specula_head`: JSON with the
 format version, the `HeadConfig`, the target it was trained for (name, logit width, hidden size,
 and a fingerprint: a few values of its output head, so another model of the same shape is
 refused) and the training record (data, steps, time, held-out acceptance). Writes are atomic.
@@ -24,6 +28,10 @@ from specula.drafters.heads.config import HeadConfig
 from specula.errors import HeadFileError
 
 FORMAT = 1
+INT8_FORMAT = 2
+"""Files holding int8 matrices (`scale.` tensors); an older specula refuses them by this number
+instead of loading int8 values as weights."""
+READ_FORMATS = (FORMAT, INT8_FORMAT)
 META_KEY = "specula_head"
 FINGERPRINT_IDS = tuple(range(0, 64, 8))
 """Output-head rows sampled for the fingerprint (their first 8 values each)."""
@@ -55,15 +63,32 @@ def target_record(target, name: str) -> dict[str, Any]:
             "fingerprint": fingerprint(target)}
 
 
+def quantize_rows(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """[R, C] float -> ([R, C] int8, [R] float16 scales): symmetric per row, row maximum -> 127."""
+    scale = (w.detach().float().abs().amax(dim=1) / 127.0).clamp_min(1e-12)  # [R]
+    q = torch.round(w.detach().float() / scale[:, None]).clamp_(-127, 127).to(torch.int8)
+    return q, scale.to(torch.float16)
+
+
 def save_head(path: str | os.PathLike, head: HeadFile, dtype: torch.dtype = torch.float32) -> Path:
-    """Write atomically (a temporary sibling renamed over `path`)."""
+    """Write atomically (a temporary sibling renamed over `path`). `dtype`: of the parameters;
+    torch.int8 stores every matrix as int8 rows with float16 scales (format 2) and the rest
+    (norms, biases) as float16."""
     from safetensors.torch import save_file
 
     from specula.paths import atomic_path
 
-    meta = {"format": FORMAT, "config": head.config.to_dict(), "target": head.target, "training": head.training}
-    tensors = {f"head.{k}": v.detach().to(dtype).contiguous() for k, v in head.state.items()}
+    int8 = dtype == torch.int8
+    tensors = {}
+    for k, v in head.state.items():
+        if int8 and v.dim() == 2:
+            tensors[f"head.{k}"], tensors[f"scale.{k}"] = quantize_rows(v)
+        else:
+            tensors[f"head.{k}"] = v.detach().to(torch.float16 if int8 else dtype)
+    tensors = {k: v.contiguous() for k, v in tensors.items()}
     tensors["d2t"] = head.d2t.to(torch.long).contiguous()
+    meta = {"format": INT8_FORMAT if int8 else FORMAT, "config": head.config.to_dict(), "target": head.target,
+            "training": head.training}
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     with atomic_path(path) as tmp:
@@ -97,8 +122,9 @@ def read_head(path: str | os.PathLike) -> HeadFile:
         raise HeadFileError(f"{path} is a safetensors file but not a specula head (no '{META_KEY}' metadata); {_fix(path)}")
     try:
         meta = json.loads(meta_text)
-        if meta.get("format") != FORMAT:
-            raise HeadFileError(f"{path} has head format {meta.get('format')}, this specula reads {FORMAT}; {_fix(path)}")
+        if meta.get("format") not in READ_FORMATS:
+            raise HeadFileError(f"{path} has head format {meta.get('format')}, this specula reads "
+                                f"{' and '.join(map(str, READ_FORMATS))}; {_fix(path)}")
         config = HeadConfig.from_dict(meta["config"])
         target = dict(meta["target"])
     except (KeyError, TypeError, ValueError) as exc:
@@ -109,6 +135,13 @@ def read_head(path: str | os.PathLike) -> HeadFile:
     if int(d2t.min()) < 0 or int(d2t.max()) >= config.target_vocab or len(set(d2t.tolist())) != len(d2t):
         raise HeadFileError(f"{path}: its draft vocabulary maps outside 0..{config.target_vocab - 1} or twice; {_fix(path)}")
     state = {k.removeprefix("head."): v for k, v in tensors.items() if k.startswith("head.")}
+    for name, scale in ((k.removeprefix("scale."), v) for k, v in tensors.items() if k.startswith("scale.")):
+        w = state.get(name)
+        if w is None or w.dtype != torch.int8 or scale.shape != w.shape[:1]:
+            raise HeadFileError(f"{path}: its scale for {name} has no int8 matrix of {len(scale)} rows; {_fix(path)}")
+        state[name] = w.float() * scale.float()[:, None]
+    if any(v.dtype == torch.int8 for v in state.values()):
+        raise HeadFileError(f"{path}: an int8 matrix has no scale; {_fix(path)}")
     return HeadFile(config, state, d2t, target, meta.get("training", {}))
 
 

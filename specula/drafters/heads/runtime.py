@@ -362,22 +362,26 @@ class HydraState(HeadState):
         return self.head.logits(torch.stack(outs))
 
 
-def head_config(kind: str, target, draft_vocab: int, num_offsets: int = 4) -> HeadConfig:
+def head_config(kind: str, target, draft_vocab: int, num_offsets: int = 4, intermediate_size: int = 0,
+                num_kv_heads: int = 0) -> HeadConfig:
     """The default shape of a new head for `target`: an eagle layer of 64-wide heads (a quarter of
-    the width on tiny models) and an MLP of 8/3 E (Llama's ratio); eagle3 reads EAGLE-3's three
-    depths (`feature_layers_of`); Medusa / Hydra: `num_offsets`."""
+    the width on tiny models), one key/value head per query head and an MLP of 8/3 E (Llama's
+    ratio), unless `num_kv_heads` / `intermediate_size` (> 0) say otherwise; eagle3 reads
+    EAGLE-3's three depths (`feature_layers_of`); Medusa / Hydra: `num_offsets`."""
     e = int(target.hidden_size)
     d = 64 if e % 64 == 0 else max(2, e // 4)
     layers = feature_layers_of(kind, int(target.num_layers))
     return HeadConfig(kind=kind, hidden_size=e, target_vocab=int(target.vocab_size), draft_vocab=draft_vocab,
                       feature_layers=layers,
-                      num_heads=e // d, num_kv_heads=e // d, head_dim=d,
-                      intermediate_size=max(1, round(8 * e / 3 / 64) * 64 if e >= 96 else 2 * e),
+                      num_heads=e // d, num_kv_heads=num_kv_heads or e // d, head_dim=d,
+                      intermediate_size=intermediate_size or max(1, round(8 * e / 3 / 64) * 64 if e >= 96 else 2 * e),
                       num_offsets=num_offsets)
 
 
-def new_head(kind: str, target, d2t: torch.Tensor, seed: int = 0, num_offsets: int = 4) -> TrainedHead:
-    """A freshly initialised head (deterministic in `seed`) over draft vocabulary `d2t`."""
-    module = build_module(head_config(kind, target, len(d2t), num_offsets))
+def new_head(kind: str, target, d2t: torch.Tensor, seed: int = 0, num_offsets: int = 4, intermediate_size: int = 0,
+             num_kv_heads: int = 0) -> TrainedHead:
+    """A freshly initialised head (deterministic in `seed`) over draft vocabulary `d2t`; shape
+    arguments as `head_config`."""
+    module = build_module(head_config(kind, target, len(d2t), num_offsets, intermediate_size, num_kv_heads))
     module.reset_parameters(torch.Generator().manual_seed(seed))
     return TrainedHead(module.to(target.device), d2t, target)

@@ -18,6 +18,9 @@ from specula.errors import HeadFileError
 from specula.paths import atomic_path, cache_dir
 
 PACKAGE_DIR = Path(__file__).resolve().parents[2] / "data" / "heads"
+MAX_SHIPPED_BYTES = 30_000_000
+"""A shipped head file is at most this big (float16, or int8 matrices where float16 is bigger:
+scripts/ship_head.py)."""
 
 
 @dataclass(frozen=True)
@@ -30,6 +33,9 @@ class ShippedHead:
     """File name under specula/data/heads/."""
     sha256: str
     """Checksum verified at install."""
+    in_fusion: bool = True
+    """Whether `fusion` takes it without `--head` (measured: fusion with it against fusion without,
+    same runs; docs/training.md). `--method eagle3` and `--head FILE` use it either way."""
 
 
 SHIPPED: tuple[ShippedHead, ...] = (
@@ -44,6 +50,20 @@ SHIPPED: tuple[ShippedHead, ...] = (
     #   prompts"); float16
     ShippedHead("smollm2-135m", "eagle3", "smollm2-135m-eagle3.safetensors",
                 "59f0bc646a8ca7d9b84c901081a9811ab2ea672bd6a319c9a15b5d7dbdd848f0"),
+    # D=specula/data/training/smollm2-135m; specula train --target qwen2.5-coder-0.5b --kind eagle3
+    #   --dtype bfloat16 --data $D/magpie-{code,math,explain,howto,writing}.jsonl $D/magpie2-code.jsonl
+    #   --max-new-tokens 128 --epochs 3 (2,213 prompts, answered by Qwen2.5-Coder-0.5B; docs/training.md
+    #   "Heads for the Qwen pair"); float16
+    ShippedHead("qwen2.5-coder-0.5b", "eagle3", "qwen2.5-coder-0.5b-eagle3.safetensors",
+                "888083f0177bc9b283241ab3da133bc505caafc61059bad84f3ec3d5ab24e8ca"),
+    # specula train --target qwen2.5-coder-1.5b --kind eagle3 --dtype bfloat16 --intermediate-size 2048
+    #   --num-kv-heads 4 --data $D/magpie-{code,math,explain}.jsonl --max-new-tokens 128 --epochs 3
+    #   (1,260 prompts, answered by Qwen2.5-Coder-1.5B); int8 matrices (float16 would be 53 MB)
+    # Not in fusion: beside the 0.5B companion draft it gave 0.97x / 1.05x of fusion without it on
+    # the everyday set and 1.45x against 2.24x plain decoding on the README's palindrome prompt
+    # (the companion drafts 6+ accepted tokens a step there; docs/training.md).
+    ShippedHead("qwen2.5-coder-1.5b", "eagle3", "qwen2.5-coder-1.5b-eagle3.safetensors",
+                "bd5f92e98c41690f364e812af48338fde3517098965235cbe9a317e4ee7905be", in_fusion=False),
 )
 """Every shipped head."""
 
@@ -80,14 +100,17 @@ def install_heads(alias: str) -> list[Path]:
     return paths
 
 
-def default_head(target_spec: str | None, kind: str) -> Path | None:
-    """The installed head of `kind` for an embedded model alias, or None."""
+def default_head(target_spec: str | None, kind: str, fusion: bool = False) -> Path | None:
+    """The installed head of `kind` for an embedded model alias, or None; `fusion`: only a head
+    `fusion` takes by default (`ShippedHead.in_fusion`)."""
     if not target_spec:
         return None
     from specula.models.registry import get_embedded
 
     model = get_embedded(target_spec)
     if model is None:
+        return None
+    if fusion and any(s.alias == model.alias and s.kind == kind and not s.in_fusion for s in SHIPPED):
         return None
     path = installed_path(model.alias, kind)
     return path if path.is_file() else None
