@@ -63,6 +63,25 @@ def test_tied_native_output_rows_are_the_embedding():
     assert torch.equal(backend.output_rows(ids), model.model.embed_tokens.weight[ids])
 
 
+@pytest.mark.parametrize("kernel,quantize", [("specula", "none"), ("specula", "int8"), ("onednn", "none"),
+                                             ("aten", "none"), ("aten", "int8")])
+def test_untied_native_output_rows_are_the_output_heads_rows(kernel, quantize):
+    """Read from the head's own storage where it has one (a packed kernel's rows, a plain weight),
+    else through the head: the rows it computes logits with."""
+    from specula.models.native import kernels
+
+    if kernel == "specula" and not kernels.available():
+        pytest.skip("specula's CPU kernels cannot run here")
+    model = tiny_model("qwen2", "eager", seed=3, layers=2)
+    assert not model.config.tie_word_embeddings
+    backend = NativeCausalLM(configure(NativeDecoder.from_hf(model), kernel, quantize, "sdpa"), "native")
+    ids = torch.tensor([0, 9, 3, 9])
+    eye = torch.eye(backend.hidden_size)
+    with torch.inference_mode():
+        through_head = backend.decoder.lm_head(eye).t()[ids]  # [k, E]
+    assert torch.allclose(backend.output_rows(ids), through_head, atol=1e-6)
+
+
 def test_packed_pass_returns_each_sequences_hidden_states():
     backend, model = _backend("native", "qwen2")
     rng = random.Random(1)

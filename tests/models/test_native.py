@@ -178,6 +178,24 @@ def test_kernel_linear_matches_f_linear_and_rows_are_independent(rows):
 
 
 @pytest.mark.skipif(not kernels.available(), reason="specula's CPU kernels cannot run here")
+@pytest.mark.parametrize("kind", ["f32", "w8", "i8"])
+def test_kernel_linear_reads_back_chosen_weight_rows_as_it_computes_with_them(kind):
+    """`weight_rows` reads rows out of the packed layout (odd sizes: padded blocks, i8 quads): the
+    same values a pass over the identity gives (head(I) = W^T), without computing every row."""
+    from torch import nn
+
+    from specula.models.native.kernels import KernelLinear
+
+    torch.manual_seed(3)
+    lin = nn.Linear(37, 53, bias=False)
+    layer = KernelLinear(lin, kind)
+    ids = torch.tensor([52, 0, 17, 16, 5, 17])
+    assert torch.equal(layer.weight_rows(ids), layer(torch.eye(37)).t()[ids])
+    torch.testing.assert_close(layer.weight_rows(ids), lin.weight[ids].detach(), atol=0 if kind == "f32" else 1e-3,
+                               rtol=0 if kind == "f32" else 1e-2)
+
+
+@pytest.mark.skipif(not kernels.available(), reason="specula's CPU kernels cannot run here")
 def test_long_prefills_run_as_one_gemm_and_stay_lossless(monkeypatch):
     """float32 calls of >= GEMM_ROWS rows (long prompts) run as a BLAS GEMM on the unpacked weights:
     equal to F.linear to float tolerance, logits equal Hugging Face's, and speculative output still

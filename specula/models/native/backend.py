@@ -160,14 +160,20 @@ class NativeCausalLM:
             return self.decoder.embed(ids.to(self.device))
 
     def output_rows(self, ids: torch.Tensor) -> torch.Tensor:
-        """[k] long -> [k, E] rows of the output head (the embedding when tied; otherwise read back
-        through the head itself, whatever its kernel: head(I) = W^T)."""
+        """[k] long -> [k, E] rows of the output head: the embedding when tied, else the head's own
+        rows (a kernel's, `KernelLinear.weight_rows`, or a plain weight's); a head of another kind is
+        read back through itself (head(I) = W^T: a pass over every row)."""
         ids = ids.to(self.device)
         with torch.inference_mode():
             if self.config.tie_embeddings:
                 return self.decoder.embed.weight[ids]
+            head = self.decoder.lm_head
+            if hasattr(head, "weight_rows"):
+                return head.weight_rows(ids).to(self.dtype)
+            if isinstance(head, torch.nn.Linear) and head.weight.device.type != "meta":
+                return head.weight[ids]
             eye = torch.eye(self.hidden_size, dtype=self.dtype, device=self.device)  # [E, E]
-            return self.decoder.lm_head(eye).t()[ids]  # [k, E]
+            return head(eye).t()[ids]  # [k, E]
 
     def run(self, seq: "NativeSequence", ids: Sequence[int], positions: torch.Tensor, mask: torch.Tensor | None,
             logit_rows: slice | None, prefill: bool = False, *, start: int | None = None,

@@ -261,6 +261,23 @@ class KernelLinear(nn.Module):
         out = rows @ wt[:, : self.out_features]  # [n, out]
         return out if self.bias is None else out.add_(self.bias)
 
+    def weight_rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """[k] long -> [k, in] float32: the weight rows (output features) `ids` as the kernel holds them
+        (int8 kinds: dequantized), read out of the packed layout without unpacking the rest (a
+        152k-row output head read back whole took 4 s and 1 GB)."""
+        ids = ids.to(torch.long).cpu()
+        block = library().specula_block()
+        blocks = self.packed.numel() // (self.in_features * block)
+        b, c = ids // block, ids % block  # [k] block of each row, column within it
+        if self.kind == "i8":  # [blocks][in / 4][block][4]
+            padded = self.packed.numel() // (blocks * block)
+            grid = self.packed.view(blocks, padded // 4, block, 4)
+            rows = grid[b, :, c, :].reshape(len(ids), padded)[:, : self.in_features]  # [k, in]
+        else:  # [blocks][in][block]
+            rows = self.packed.view(blocks, self.in_features, block)[b, :, c]  # [k, in]
+        rows = rows.float()
+        return rows if self.scale is None else rows * self.scale[ids][:, None]
+
     @property
     def memory_bytes(self) -> int:
         return self.packed.numel() * self.packed.element_size()
