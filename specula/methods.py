@@ -133,16 +133,23 @@ _HEAD_FORWARDS = ("head", "target_name", "online_distill", "head_window")
 _TREE_OPTIONS = ("tree_sampling", "tree_verifier", "tree_top_k", "tree_depth", "tree_nodes")
 _HEAD_OPTIONS = (*_HEAD_FORWARDS, *_TREE_OPTIONS)
 
+# Order matters: each drafter's chain is valued beside the trees of those before it (the planner's
+# cost view), so the model drafters (layer skipping, the draft model), the costliest and, where
+# there is one, the strongest, draft before the trained heads: a cheap head then adds nodes where
+# their chain leaves room. The other way round, a head's tree that merely looked as good as the
+# draft model's chain kept the draft model from drafting at all, and its acceptance was never
+# learned again (README main job, Qwen2.5-Coder-1.5B with its head in fusion: 14.5 tok/s with the
+# head first, 20.6 with the draft model first, 17.7 without the head; one run each, warm).
 _FUSION_MEMBERS = (
     Member("prompt-lookup"),
     Member("rest", forwards=("datastore",)),
     Member("token-recycling", forwards=("recycling_state",), without_head=True),
+    Member("layer-skip", forwards=("num_draft_tokens", "skip_layers")),
+    Member("draft-model", forwards=("num_draft_tokens",), fixed=(("adaptive", True), ("greedy_proposals", True))),
     Member("eagle3", forwards=_HEAD_FORWARDS),
     Member("eagle", forwards=_HEAD_FORWARDS),
     Member("medusa", forwards=_HEAD_FORWARDS),
     Member("hydra", forwards=_HEAD_FORWARDS),
-    Member("layer-skip", forwards=("num_draft_tokens", "skip_layers")),
-    Member("draft-model", forwards=("num_draft_tokens",), fixed=(("adaptive", True), ("greedy_proposals", True))),
 )
 
 METHODS: dict[str, MethodSpec] = {spec.name: spec for spec in (
@@ -222,16 +229,18 @@ def default_head(method: str | MethodSpec, target_name: str | None) -> Path | No
     docs/training.md): fusion with it (token recycling then left out) ran 1.28 / 1.28 / 1.33x of
     fusion without it on the everyday set (three runs) and 1.04 / 1.04 / 1.05x on Spec-Bench
     (three runs), where prompt lookup finds most of what is accepted and the planner's cost view
-    keeps the head from drafting where it does not pay. A shipped head measured not to pay in
-    `fusion` (`ShippedHead.in_fusion`: Qwen2.5-Coder-1.5B's, beside its 0.5B companion draft) is
-    left out of it unless given with `--head`."""
+    keeps the head from drafting where it does not pay. Beside a draft model (Qwen2.5-Coder-1.5B's
+    head with its 0.5B companion) the head drafts after it and its chains are valued by what they
+    add to the draft model's (`planner.select.chain_lookahead`): fusion with it ran 1.04 / 1.02x of
+    fusion without it on the everyday set and 1.01 / 1.01x on Spec-Bench (two runs each,
+    docs/training.md)."""
     spec = get_method(method)
     kinds = [spec.head] if spec.head is not None else [
         kind for kind in (get_method(m.method).head for m in spec.members) if kind is not None]
     from specula.drafters.heads.shipped import default_head as installed_head
 
     for kind in kinds:
-        found = installed_head(target_name, kind, fusion=spec.head is None)
+        found = installed_head(target_name, kind)
         if found is not None:
             return found
     return None

@@ -61,7 +61,9 @@ class CostView(Protocol):
         """How many more chain tokens from `source` are worth drafting (0: stop, or do not start),
         after drafting tokens with raw edge scores `edge_scores` in `spent_seconds`, each further
         one costing `seconds_per_token`; `one_time_seconds` is paid once before the first (a draft
-        cache catching up) and is spread over the `remaining_tokens` of the request."""
+        cache catching up) and is spread over the `remaining_tokens` of the request. The chain is
+        valued by what it adds to the tree of the proposals made before it this step, not against
+        that tree (`planner.select.chain_lookahead`)."""
         ...
 
 

@@ -19,6 +19,12 @@ maximises expected tokens/s.
                     each other, so where sources disagree each is less likely than alone)
     selection       N* = argmax_N E(N) / (T_draft + T_verify(N + 1)), N = 0 = plain step,
                     chosen unless a tree's rate beats it by `min_gain`
+    drafting        a drafter that decides while it drafts (a chain's length, a tree's depth) asks
+                    the cost view (`PlannerView.plan_chain`): its chain is valued by what it adds
+                    to the tree the drafters before it proposed this step (siblings exclude each
+                    other: where the chain's first token and their root children together exceed
+                    probability 1, their nodes count for the mass the chain leaves them),
+                    `select.chain_lookahead`
     back-off        when drafting steps realise fewer tokens/s than plain steps would
                     (measured, not predicted), skip drafting for 1, 2, 4, ... steps (probing
                     again after each pause), so drafting cannot make decoding much slower
@@ -163,13 +169,36 @@ class PlannerView:
         self._planner = planner
         self._proposals = list(proposals)
         self._draft_seconds = draft_seconds
+        self._costs = [0.0]  # [n]: the cost model's latency of an n-token pass, filled on demand
 
     def verify_seconds(self, n_tokens: int) -> float:
-        return self._planner.cost.verify_seconds(n_tokens)
+        table = self._costs
+        while len(table) <= n_tokens:
+            table.append(self._planner.cost.verify_seconds(len(table)))
+        return table[n_tokens]
 
     @cached_property
     def baseline_rate(self) -> float:
-        return self._planner.proposal_rate(merge_proposals(self._proposals), self._draft_seconds)
+        return self._planner.proposal_rate(self._merged, self._draft_seconds)
+
+    @cached_property
+    def _merged(self) -> Proposal:
+        return merge_proposals(self._proposals)
+
+    @cached_property
+    def _beside(self) -> tuple[list[float], float]:
+        """The tree a further drafter's chain joins: path probabilities of the nodes proposed so far
+        this step, best first, as many as are worth verifying without the chain (beside a chain
+        fewer are), and the sum of those of the root children among them."""
+        tree = self._merged.tree
+        if len(tree) == 0:
+            return [], 0.0
+        planner = self._planner
+        probs = planner.estimate(self._merged)
+        order = sorted(range(len(tree)), key=lambda i: -probs[i])
+        n = choose_size([probs[i] for i in order], planner.drafting_seconds(self._draft_seconds),
+                        self.verify_seconds)[0]
+        return [probs[i] for i in order[:n]], sum(probs[i] for i in order[:n] if tree.parents[i] < 0)
 
     def _path_probs(self, source: str, edge_scores: Sequence[float]) -> list[float]:
         probs, acc = [], 1.0
@@ -180,16 +209,22 @@ class PlannerView:
 
     def plan_chain(self, source: str, edge_scores: Sequence[float], seconds_per_token: float, spent_seconds: float,
                    max_more: int, one_time_seconds: float = 0.0, remaining_tokens: int = 1) -> int:
+        """A chain is valued beside the nodes the drafters before it proposed (`select.chain_lookahead`):
+        before its first token it must beat their tree by `min_gain`, after it drafts on while more
+        tokens beat stopping."""
         planner = self._planner
         path = self._path_probs(source, edge_scores)
         alpha = planner.expected_acceptance(source)
         if not path and one_time_seconds > 0:  # a one-time cost, spread over the request's future steps
             chain_tokens = sum(alpha ** i for i in range(max_more + 1))
             one_time_seconds /= max(1.0, remaining_tokens / chain_tokens)
+        beside, beside_root = self._beside
         more, rate, _ = chain_lookahead(path, alpha, max_more, seconds_per_token, spent_seconds, self.verify_seconds,
-                                        one_time_seconds if not path else 0.0)
-        bar = self.baseline_rate * ((1.0 + planner.config.min_gain) if not path else 1.0)
-        return more if more > 0 and rate >= bar else 0
+                                        one_time_seconds if not path else 0.0, beside, beside_root,
+                                        planner.drafting_seconds(self._draft_seconds))
+        if path:
+            return more
+        return more if more > 0 and rate >= self.baseline_rate * (1.0 + planner.config.min_gain) else 0
 
 
 class HardwarePlanner:
@@ -299,20 +334,20 @@ class HardwarePlanner:
         """Calibrated path probability of every node (corrected per source)."""
         return path_probabilities(proposal.tree, self._edge_acceptance(proposal.tree))
 
-    def _drafting_seconds(self, draft_seconds: float) -> float:
+    def drafting_seconds(self, draft_seconds: float) -> float:
         """Seconds a drafting step costs besides verification: proposing plus the drafters'
         bookkeeping after the step (e.g. token recycling's matrix update), learned online."""
         return draft_seconds + self._overhead.get()
 
     def _plain_rate(self, draft_seconds: float) -> float:
         """Expected tokens/s of a plain step that still paid `draft_seconds` of drafting."""
-        return 1.0 / (self._drafting_seconds(draft_seconds) + self.cost.verify_seconds(1))
+        return 1.0 / (self.drafting_seconds(draft_seconds) + self.cost.verify_seconds(1))
 
     def _one_node_can_pay(self, draft_seconds: float) -> bool:
         """Could a one-node tree beat a plain step at all, were its node always accepted? Not
         where a 2-token pass costs twice a 1-token one (e.g. a float32 GEMV -> GEMM jump on CPU):
         probing there only costs time."""
-        spend = self._drafting_seconds(draft_seconds)
+        spend = self.drafting_seconds(draft_seconds)
         return 2.0 / (spend + self.cost.verify_seconds(2)) > 1.0 / (spend + self.cost.verify_seconds(1))
 
     def proposal_rate(self, proposal: Proposal, draft_seconds: float) -> float:
@@ -321,7 +356,7 @@ class HardwarePlanner:
             return self._plain_rate(draft_seconds)
         probs = self.estimate(proposal)
         order = proposal.tree.best_first_order(probs)
-        return choose_size([probs[i] for i in order], self._drafting_seconds(draft_seconds),
+        return choose_size([probs[i] for i in order], self.drafting_seconds(draft_seconds),
                            self.cost.verify_seconds, self.config.min_gain)[2]
 
     # ------------------------------------------------------------------ per step
@@ -351,7 +386,7 @@ class HardwarePlanner:
         for r in requests:
             proposal = merge_proposals(r.proposals, self.config.rasd_min_prob).limit(r.budget) if r.drafted \
                 else Proposal.empty()
-            drafting += self._drafting_seconds(r.draft_seconds) if len(proposal.tree) else r.draft_seconds
+            drafting += self.drafting_seconds(r.draft_seconds) if len(proposal.tree) else r.draft_seconds
             order: list[int] = []
             probs: list[float] = []
             whole.append(1.0)
@@ -411,7 +446,7 @@ class HardwarePlanner:
             state.load_idle = 0 if n or len(proposal.tree) and not order else state.load_idle + 1
         if not order:
             return Plan(proposal, verified_whole, None, len(proposal.tree), batch=batch, drafted=r.drafted)
-        alone = choose_size(probs, self._drafting_seconds(r.draft_seconds), self.cost.verify_seconds,
+        alone = choose_size(probs, self.drafting_seconds(r.draft_seconds), self.cost.verify_seconds,
                             self.config.min_gain)[0]
         return Plan(proposal.restrict(sorted(order[:n])), 1.0 + sum(probs[:n]), None, len(proposal.tree),
                     batch=batch, alone=alone, drafted=r.drafted, off_by_load=n == 0 and alone > 0)
@@ -518,7 +553,7 @@ class HardwarePlanner:
             drafted = min(drafted, self._steady_draft.value)
         if plan.rate is None:
             return
-        rate = (1 + len(step.path)) / (self._drafting_seconds(drafted) + timing.verify_seconds)
+        rate = (1 + len(step.path)) / (self.drafting_seconds(drafted) + timing.verify_seconds)
         if state.rate is None:  # the plan's prediction counts as one step: one unlucky first step pauses nothing
             state.rate = Ema(self.config.rate_ema, 0.5 * (plan.rate + rate))
             smoothed = state.rate.get()

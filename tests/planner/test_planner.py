@@ -263,6 +263,30 @@ def test_fusion_skips_the_draft_model_when_retrieval_already_beats_it():
     assert views[0] == [] and views[2][0] > 0  # prompt lookup proposed before the draft model's view
 
 
+def test_a_chain_is_valued_beside_the_tree_proposed_before_it():
+    """The cost view values a chain by what it adds to the tree the drafters before it proposed:
+    a cheap chain accepted half the time, which alone rates below a head's tree, is drafted beside
+    it (judged against that tree, as before, it was not, and the two together beat either)."""
+    from specula.planner import PlannerConfig
+    from specula.planner.select import chain_lookahead
+
+    curve = CostCurve((1, 2, 4, 8, 16), (1.0, 1.08, 1.19, 1.45, 1.58), 64)
+    planner = HardwarePlanner(curve=curve, config=PlannerConfig(cost_explore=0.0, explore_prior=0.5))
+    head = Proposal(TokenTree.chain([5, 6, 7, 8], [0.5, 0.8, 0.75, 2 / 3], "eagle3"))
+    view = planner.view([head], 0.0)
+    alpha = planner.expected_acceptance("draft-model")
+    assert alpha == pytest.approx(0.5)
+    alone = chain_lookahead([], alpha, 8, 0.02, 0.0, view.verify_seconds)[1]
+    assert alone < view.baseline_rate  # alone, the chain rates below the head's tree
+    more = view.plan_chain("draft-model", [], 0.02, 0.0, 8)
+    assert more >= 1
+    # Once drafted, the chain goes on while more tokens beat stopping (its own first token counted).
+    assert view.plan_chain("draft-model", [0.9], 0.02, 0.02, 7) >= 1
+    # With nothing proposed before it, the same chain is judged against a plain step, as always.
+    assert planner.view([], 0.0).plan_chain("draft-model", [], 0.02, 0.0, 8) >= 1
+    assert planner.view([], 0.0).plan_chain("draft-model", [], 0.9, 0.0, 8) == 0  # a token costs a step
+
+
 def test_draft_model_weighs_its_cache_catch_up_before_drafting():
     model = successor_model()
     drafter = make_drafter("draft-model", draft=HFCausalLM(perturbed_copy(model, 0.3), "draft"), adaptive=True)

@@ -2,8 +2,9 @@ import pytest
 
 import itertools
 
-from specula.planner.select import (AGREED, CONTESTED, chain_lookahead, choose_batch, choose_size, path_probabilities,
-                                    sibling_contexts)
+from specula.planner.cost import CostCurve
+from specula.planner.select import (AGREED, CONTESTED, chain_lookahead, choose_batch, choose_size, joint_rate,
+                                    path_probabilities, sibling_contexts)
 from specula.tree import TokenTree
 
 
@@ -58,6 +59,36 @@ def test_chain_lookahead_drafts_runs_that_pay_and_stops_when_they_do_not():
     assert chain_lookahead([], 0.9, 8, 1.0, 0.0, steep)[0] == 0
     # Mid-chain: once the path is unlikely, stop.
     assert chain_lookahead([0.9, 0.5, 0.2, 0.05], 0.3, 4, 0.05, 0.3, steep)[0] == 0
+
+
+def test_a_chain_is_valued_by_what_it_adds_to_the_tree_it_joins():
+    """Beside another drafter's tree (path probabilities 0.5, 0.4, 0.3, 0.2: 1.91 plain-step rates),
+    a cheap chain accepted half the time is worth drafting: alone it rates only 1.5, below that
+    tree, but the two together rate 2.21 (siblings: 0.5 + 0.5 of root mass, nothing to scale)."""
+    cpu = CostCurve((1, 2, 4, 8, 16), (1.0, 1.08, 1.19, 1.45, 1.58), 64).latency
+    costs = [0.0] + [cpu(n) for n in range(1, 40)]
+    beside = [0.5, 0.4, 0.3, 0.2]
+    assert joint_rate([], beside, 0.5, 0.0, costs) == pytest.approx(1.9124, abs=1e-3)
+    m, rate, rate0 = chain_lookahead([], 0.5, 8, 0.02, 0.0, cpu)
+    assert rate == pytest.approx(1.5) and rate < joint_rate([], beside, 0.5, 0.0, costs)  # alone: worse than the tree
+    m, rate, rate0 = chain_lookahead([], 0.5, 8, 0.02, 0.0, cpu, beside=beside, beside_root=0.5)
+    assert m == 2 and rate == pytest.approx(2.2105, abs=1e-3) and rate0 == pytest.approx(1.9124, abs=1e-3)
+    # The others' drafting time counts against every option alike.
+    assert chain_lookahead([], 0.5, 8, 0.02, 0.0, cpu, beside=beside, beside_root=0.5, beside_seconds=0.5)[2] < rate0
+
+
+def test_beside_a_sure_token_a_chain_that_is_no_surer_is_not_drafted():
+    """Siblings exclude each other: the others' root children already sum to 0.99, so a chain
+    whose first token is accepted 80% of the time could only take their place (their nodes are
+    scaled to the 0.2 it leaves them), and drafting it costs time."""
+    cpu = CostCurve((1, 2, 4, 8, 16), (1.0, 1.08, 1.19, 1.45, 1.58), 64).latency
+    costs = [0.0] + [cpu(n) for n in range(1, 40)]
+    sure = [0.99, 0.9, 0.8]
+    m, rate, rate0 = chain_lookahead([], 0.8, 8, 0.1, 0.0, cpu, beside=sure, beside_root=0.99)
+    assert m == 0 and rate == rate0 == pytest.approx(joint_rate([], sure, 0.99, 0.0, costs))
+    # The joint tree at a first-token probability of 0.8: the others' nodes count 0.2 / 0.99 each.
+    expected = 1 + 0.8 + 0.8 ** 2 + (0.2 / 0.99) * 0.99
+    assert joint_rate([0.8, 0.8 ** 2], sure, 0.99, 0.0, costs) >= expected / (0.0 + cpu(4))
 
 
 def test_lookahead_values_runs_and_one_time_costs():

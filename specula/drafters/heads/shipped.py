@@ -33,9 +33,6 @@ class ShippedHead:
     """File name under specula/data/heads/."""
     sha256: str
     """Checksum verified at install."""
-    in_fusion: bool = True
-    """Whether `fusion` takes it without `--head` (measured: fusion with it against fusion without,
-    same runs; docs/training.md). `--method eagle3` and `--head FILE` use it either way."""
 
 
 SHIPPED: tuple[ShippedHead, ...] = (
@@ -59,11 +56,8 @@ SHIPPED: tuple[ShippedHead, ...] = (
     # specula train --target qwen2.5-coder-1.5b --kind eagle3 --dtype bfloat16 --intermediate-size 2048
     #   --num-kv-heads 4 --data $D/magpie-{code,math,explain}.jsonl --max-new-tokens 128 --epochs 3
     #   (1,260 prompts, answered by Qwen2.5-Coder-1.5B); int8 matrices (float16 would be 53 MB)
-    # Not in fusion: beside the 0.5B companion draft it gave 0.97x / 1.05x of fusion without it on
-    # the everyday set and 1.45x against 2.24x plain decoding on the README's palindrome prompt
-    # (the companion drafts 6+ accepted tokens a step there; docs/training.md).
     ShippedHead("qwen2.5-coder-1.5b", "eagle3", "qwen2.5-coder-1.5b-eagle3.safetensors",
-                "bd5f92e98c41690f364e812af48338fde3517098965235cbe9a317e4ee7905be", in_fusion=False),
+                "bd5f92e98c41690f364e812af48338fde3517098965235cbe9a317e4ee7905be"),
 )
 """Every shipped head."""
 
@@ -100,17 +94,14 @@ def install_heads(alias: str) -> list[Path]:
     return paths
 
 
-def default_head(target_spec: str | None, kind: str, fusion: bool = False) -> Path | None:
-    """The installed head of `kind` for an embedded model alias, or None; `fusion`: only a head
-    `fusion` takes by default (`ShippedHead.in_fusion`)."""
+def default_head(target_spec: str | None, kind: str) -> Path | None:
+    """The installed head of `kind` for an embedded model alias, or None."""
     if not target_spec:
         return None
     from specula.models.registry import get_embedded
 
     model = get_embedded(target_spec)
     if model is None:
-        return None
-    if fusion and any(s.alias == model.alias and s.kind == kind and not s.in_fusion for s in SHIPPED):
         return None
     path = installed_path(model.alias, kind)
     return path if path.is_file() else None
