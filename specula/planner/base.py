@@ -57,6 +57,11 @@ class Plan:
     """Whether the drafters ran this step (copied from the request)."""
     off_by_load: bool = False
     """Under load: this session had a tree worth verifying alone but the batch plan gave it no node."""
+    contexts: tuple[str | None, ...] | None = None
+    """Per verified node, its sibling context in the merged tree it was chosen from
+    (`planner.select.sibling_contexts`), the context its estimate was corrected for; None: read
+    it from the verified tree. A node whose contesting sibling was cut is still contested: another
+    drafter disagreed with it."""
 
     @property
     def nodes(self) -> int:

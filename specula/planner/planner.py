@@ -16,7 +16,9 @@ maximises expected tokens/s.
                     in a merged tree, a node that several sources proposed, or one whose
                     sibling another source proposed, gets a factor learned for its source in
                     that sibling context instead (`select.sibling_contexts`: siblings exclude
-                    each other, so where sources disagree each is less likely than alone)
+                    each other, so where sources disagree each is less likely than alone); the
+                    context is the merged tree's, carried by the plan to `observe`, so a node whose
+                    contesting sibling was cut is still learned as contested
     selection       N* = argmax_N E(N) / (T_draft + T_verify(N + 1)), N = 0 = plain step,
                     chosen unless a tree's rate beats it by `min_gain`
     drafting        a drafter that decides while it drafts (a chain's length, a tree's depth) asks
@@ -39,7 +41,7 @@ decision is a `Plan` value the engine hands back to `observe` (`specula.planner.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Sequence
 
@@ -316,12 +318,14 @@ class HardwarePlanner:
         return [max((self.source_acceptance(src, raw), src) for src, raw in tree.proposers(i))
                 for i in range(len(tree))]
 
-    def _edge_acceptance(self, tree: TokenTree) -> list[float]:
+    def _edge_acceptance(self, tree: TokenTree, contexts: Sequence[str | None] | None = None) -> list[float]:
         """Estimated P(node accepted | parent accepted) of every node: its sources' estimate, times
-        the factor of that source in the node's sibling context where it has one (at most 1). An
-        estimate of 1 stays: a token the grammar forces (or one already capped at 1)."""
+        the factor of that source in the node's sibling context (`contexts`, default the tree's own)
+        where it has one (at most 1). An estimate of 1 stays: a token the grammar forces (or one
+        already capped at 1)."""
+        contexts = sibling_contexts(tree) if contexts is None else contexts
         return [est if context is None or est >= 1.0 else min(1.0, self.context_factor(src, context) * est)
-                for (est, src), context in zip(self._source_estimates(tree), sibling_contexts(tree))]
+                for (est, src), context in zip(self._source_estimates(tree), contexts)]
 
     def source_acceptance(self, source: str, raw: float) -> float:
         """Estimated P(accept | parent accepted) of one source's node with raw edge score `raw`:
@@ -332,7 +336,12 @@ class HardwarePlanner:
 
     def estimate(self, proposal: Proposal) -> list[float]:
         """Calibrated path probability of every node (corrected per source)."""
-        return path_probabilities(proposal.tree, self._edge_acceptance(proposal.tree))
+        return self._estimate(proposal)[0]
+
+    def _estimate(self, proposal: Proposal) -> tuple[list[float], list[str | None]]:
+        """`estimate`, and every node's sibling context it was corrected for."""
+        contexts = sibling_contexts(proposal.tree)
+        return path_probabilities(proposal.tree, self._edge_acceptance(proposal.tree, contexts)), contexts
 
     def drafting_seconds(self, draft_seconds: float) -> float:
         """Seconds a drafting step costs besides verification: proposing plus the drafters'
@@ -381,6 +390,7 @@ class HardwarePlanner:
         merged: list[Proposal] = []
         ordered: list[list[float]] = []  # per request: path probabilities, best first
         orders: list[list[int]] = []
+        contexts: list[list[str | None]] = []  # per request: every merged node's sibling context
         whole: list[float] = []  # per request: expected tokens of a tree verified whole (bonus incl.)
         fixed_tokens, fixed_expected, drafting = batch, float(batch), 0.0
         for r in requests:
@@ -389,27 +399,33 @@ class HardwarePlanner:
             drafting += self.drafting_seconds(r.draft_seconds) if len(proposal.tree) else r.draft_seconds
             order: list[int] = []
             probs: list[float] = []
+            context: list[str | None] = []
             whole.append(1.0)
             if proposal.sampled and not proposal.tree.is_chain():
                 # Sampled siblings must be verified as drawn: dropping some of them by score would
                 # change the law the rule assumes (a chain may be cut: that is a stop rule).
-                whole[-1] += sum(self.estimate(proposal))
+                drawn, context = self._estimate(proposal)
+                whole[-1] += sum(drawn)
                 fixed_tokens += len(proposal.tree)
                 fixed_expected += whole[-1] - 1.0
             elif len(proposal.tree):
-                probs = self.estimate(proposal)
+                probs, context = self._estimate(proposal)
                 order = proposal.tree.best_first_order(probs)
             merged.append(proposal)
             orders.append(order)
+            contexts.append(context)
             ordered.append([probs[i] for i in order])
         counts, _, rate = choose_batch(ordered, fixed_tokens, fixed_expected, drafting, pass_seconds,
                                        self.config.min_gain)
         plans = []
-        for r, proposal, order, probs, n, verified_whole in zip(requests, merged, orders, ordered, counts, whole):
+        for r, proposal, order, probs, context, n, verified_whole in zip(requests, merged, orders, ordered, contexts,
+                                                                         counts, whole):
             if batch == 1:
                 plan = self._lone(r, proposal, order, probs, n, verified_whole, rate)
             else:
                 plan = self._batched(r, proposal, order, probs, n, verified_whole, batch)
+            kept = range(len(proposal.tree)) if not order else sorted(order[:plan.nodes])
+            plan = replace(plan, contexts=tuple(context[i] for i in kept) if context else None)
             r.state.projected.add(plan.nodes, plan.predicted, r.draft_seconds + self.cost.curve.latency(plan.nodes + 1))
             plans.append(plan)
         return plans
@@ -516,7 +532,7 @@ class HardwarePlanner:
             sums[1] *= d
         on_path = set(step.path)
         best = best_children(tree)
-        contexts = sibling_contexts(tree)
+        contexts = plan.contexts if plan.contexts is not None else sibling_contexts(tree)
         estimates = self._source_estimates(tree) if any(contexts) else []
         for i, par in enumerate(tree.parents):
             if par < 0 or par in on_path:  # a trial: the node's parent was accepted

@@ -41,7 +41,8 @@ class Driver:
 
     def observe(self, planned: Proposal, path=(), draft_seconds: float = 0.0, verify_seconds: float = 1.0) -> None:
         """Observe the step that verified `planned` (the last plan's tree, or another one to force it)."""
-        plan = replace(self.last, proposal=planned)
+        plan = replace(self.last, proposal=planned,
+                       contexts=self.last.contexts if planned is self.last.proposal else None)
         step = StepResult(3, planned, tuple(path), 9, torch.zeros(len(planned.tree) + 1, 16))
         self.planner.observe_pass([plan], verify_seconds)
         self.planner.observe(plan, step, self.state, StepTiming(draft_seconds, verify_seconds))
@@ -616,6 +617,26 @@ def test_disagreeing_sources_are_estimated_by_their_context_not_their_average():
     assert estimate(alone.tree)[0] == pytest.approx(0.8, abs=0.1)
     assert estimate(contested.tree)[five] == pytest.approx(0.4, abs=0.1)
     assert estimate(contested.tree)[1 - five] < 0.15
+
+
+def test_a_node_whose_contesting_sibling_was_cut_is_learned_as_contested():
+    """"b" proposes another next token than "a"; the plan verifies only a's node (b's is not worth
+    a place). a's node was estimated as contested, and its outcome teaches the contested factor,
+    not a's own: another drafter disagreed with it whether or not that sibling was verified."""
+    from specula.planner import PlannerConfig
+    from specula.planner.merge import merge_proposals
+    from specula.planner.select import CONTESTED
+
+    planner = HardwarePlanner(curve=STEEP, config=PlannerConfig(cost_explore=0.0))
+    driver = Driver(planner)
+    merged = merge_proposals([Proposal(chain([5], 0.9, "a")), Proposal(chain([7], 0.02, "b"))])
+    for _ in range(5):
+        planned, _ = driver.plan(merged)
+        assert list(planned.tree.tokens) == [5] and driver.last.contexts == (CONTESTED,)
+        driver.observe(planned, ())  # rejected
+    assert planner._context[("a", CONTESTED)][1] > 0  # what it learned from: predicted nodes
+    assert planner._recent.get("a", [0.0, 0.0])[1] == 0.0  # a's own factor: nothing
+    assert planner.context_factor("a", CONTESTED) < 1.0 and planner.bias_of("a") == 1.0
 
 
 def test_a_catch_up_after_the_prefill_or_a_pause_is_not_judged_as_drafting_cost():
