@@ -55,10 +55,22 @@ def check_quantize(option: str) -> str:
     return option
 
 
+def row_scales(w: torch.Tensor) -> torch.Tensor:
+    """[R, C] float -> [R] float32: symmetric int8 scales, each row's maximum -> 127."""
+    return (w.detach().float().abs().amax(dim=1) / 127.0).clamp_min(_TINY)
+
+
+def quantize_rows(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """[R, C] float -> ([R, C] int8, [R] float32 scales `row_scales`): w ~= q * scale[:, None]."""
+    scale = row_scales(w)  # [R]
+    q = torch.round(w.detach().float() / scale[:, None]).clamp_(-127, 127).to(torch.int8)
+    return q, scale
+
+
 def per_channel_int8(weight: torch.Tensor) -> torch.Tensor:
     """Symmetric per-output-channel int8 quantization of a `[out, in]` weight (a qint8 tensor)."""
     w = weight.detach().float()  # [out, in]
-    scale = (w.abs().amax(dim=1) / 127.0).clamp_min(_TINY)  # [out]
+    scale = row_scales(w)  # [out]
     zero = torch.zeros(w.shape[0], dtype=torch.long)
     with warnings.catch_warnings():  # quantized-tensor creation warns it is deprecated; fbgemm packing needs it
         warnings.filterwarnings("ignore", message=".*quantized tensor creation.*", category=UserWarning)

@@ -63,26 +63,21 @@ def target_record(target, name: str) -> dict[str, Any]:
             "fingerprint": fingerprint(target)}
 
 
-def quantize_rows(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """[R, C] float -> ([R, C] int8, [R] float16 scales): symmetric per row, row maximum -> 127."""
-    scale = (w.detach().float().abs().amax(dim=1) / 127.0).clamp_min(1e-12)  # [R]
-    q = torch.round(w.detach().float() / scale[:, None]).clamp_(-127, 127).to(torch.int8)
-    return q, scale.to(torch.float16)
-
-
 def save_head(path: str | os.PathLike, head: HeadFile, dtype: torch.dtype = torch.float32) -> Path:
     """Write atomically (a temporary sibling renamed over `path`). `dtype`: of the parameters;
     torch.int8 stores every matrix as int8 rows with float16 scales (format 2) and the rest
     (norms, biases) as float16."""
     from safetensors.torch import save_file
 
+    from specula.models.quantize import quantize_rows
     from specula.paths import atomic_path
 
     int8 = dtype == torch.int8
     tensors = {}
     for k, v in head.state.items():
         if int8 and v.dim() == 2:
-            tensors[f"head.{k}"], tensors[f"scale.{k}"] = quantize_rows(v)
+            q, scale = quantize_rows(v)  # [R, C] int8, [R]
+            tensors[f"head.{k}"], tensors[f"scale.{k}"] = q, scale.to(torch.float16)
         else:
             tensors[f"head.{k}"] = v.detach().to(torch.float16 if int8 else dtype)
     tensors = {k: v.contiguous() for k, v in tensors.items()}

@@ -226,8 +226,9 @@ class KernelLinear(nn.Module):
             packed = pack(weight, lib.specula_block())
             self.register_buffer("scale", None)
         else:
-            scale = (weight.abs().amax(dim=1) / 127.0).clamp_min(1e-12)  # [out]
-            q = torch.round(weight / scale[:, None]).clamp_(-127, 127).to(torch.int8)
+            from specula.models.quantize import quantize_rows
+
+            q, scale = quantize_rows(weight)  # [out, in] int8, [out]
             packed = pack(q, lib.specula_block(), quads=kind == "i8")
             self.register_buffer("scale", scale.contiguous())
         self.register_buffer("packed", packed)
