@@ -56,6 +56,10 @@ def register(sub) -> None:
     p.add_argument("--precision", choices=("auto", "float32", "bfloat16"), default="auto",
                    help="matrix products while training: bfloat16 autocast (float32 weights and losses) or "
                         "float32; auto = bfloat16 on CUDA and on CPUs with AVX512-BF16 (default auto)")
+    p.add_argument("--padded-rows", type=int, default=None, metavar="N",
+                   help="answers and features in padded batches of up to N prompts through the Hugging Face "
+                        "model (--backend hf): the fast path on a GPU, where it is the default (512); "
+                        "0 = the engine's batched step (the CPU default)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
@@ -67,7 +71,8 @@ def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from specula.models.loading import load_backend
-    from specula.training.corpus import DEFAULT_PROMPTS, CorpusConfig, read_prompts
+    from specula.errors import ConfigError
+    from specula.training.corpus import DEFAULT_PROMPTS, CorpusConfig, PaddedConfig, read_prompts
     from specula.training.run import print_report, run_training
     from specula.training.trainer import TrainConfig
 
@@ -77,11 +82,15 @@ def run(args: argparse.Namespace) -> int:
                          precision=args.precision, intermediate_size=args.intermediate_size,
                          num_kv_heads=args.num_kv_heads)
     corpus = CorpusConfig(max_new_tokens=args.max_new_tokens)
+    if args.padded_rows is not None and args.padded_rows < 0:
+        raise ConfigError(f"--padded-rows must be >= 0 (0 = the engine's batched step), got {args.padded_rows}")
+    padded = None if not args.padded_rows else PaddedConfig(max_rows=args.padded_rows)
     read_prompts(args.data or [DEFAULT_PROMPTS])  # bad or benchmark prompts fail here, before the slow load
     target, tokenizer = load_backend(args.target, load_config(args), name="target")
     report = run_training(target, tokenizer, args.target, Path(args.out), config, args.data or (), corpus,
                           quiet=args.quiet, max_minutes=args.max_minutes,
-                          eval_data=[] if args.eval_data == ["none"] else args.eval_data)
+                          eval_data=[] if args.eval_data == ["none"] else args.eval_data, padded=padded,
+                          auto_padded=args.padded_rows is None)
     if args.json:
         print(json.dumps(report, indent=2))
     else:

@@ -48,6 +48,19 @@ class CorpusConfig:
 
 
 @dataclass(frozen=True)
+class PaddedConfig:
+    """Padded batches through a Hugging Face model (`training.padded`): the GPU path of the corpus
+    and its features. Not part of the cache key: the answers are the target's greedy ones either way."""
+
+    max_rows: int = 512
+    """Prompts answered at once (left-padded, one forward per new token for all of them)."""
+    max_tokens: int = 524_288
+    """Padded tokens per batch (rows x longest prompt + answer): bounds the KV cache's memory."""
+    feature_tokens: int = 65_536
+    """Padded tokens per feature pass (rows x longest sequence): bounds the hidden states' memory."""
+
+
+@dataclass(frozen=True)
 class CorpusEntry:
     """One corpus entry: prompt and the target's greedy answer."""
 
@@ -166,23 +179,32 @@ def load_corpus(path: Path) -> list[CorpusEntry]:
 
 
 def generate_corpus(target, tokenizer, prompts: Sequence[tuple[str, str]], out: Path,
-                    config: CorpusConfig = CorpusConfig(), progress: Callable[[int], None] | None = None
-                    ) -> list[CorpusEntry]:
+                    config: CorpusConfig = CorpusConfig(), progress: Callable[[int], None] | None = None,
+                    padded: PaddedConfig | None = None) -> list[CorpusEntry]:
     """The target's greedy answers to `prompts`, cached at `out` (resumed from `out.partial`);
-    `progress(n)` as sequences are done, cached or resumed ones included."""
-    from specula.engine import SpeculativeDecoder
+    `progress(n)` as sequences are done, cached or resumed ones included. `padded`: generate in
+    padded batches through the target's Hugging Face model (`training.padded`, the GPU path) when
+    it has one; the engine's batched step otherwise."""
+    from specula.paths import atomic_path
     from specula.prompts import encode_prompt
-    from specula.sampling import SamplingParams
+    from specula.training.padded import generate_padded, padded_model
 
     if out.is_file():
         cached = load_corpus(out)
         if len(cached) != len(prompts):
             raise ConfigError(f"{out} holds {len(cached)} answers for {len(prompts)} prompts: delete it and run again")
+        # The cache is keyed by the file's bytes, the ids carry its name: the same file under another
+        # name reads the same answers under its own ids. Entries are matched to prompts by their
+        # prompt's tokens, not by position: files written before they were put in prompt order hold
+        # them in the order the answers finished.
+        answers = {tuple(e.prompt_ids): e.output_ids for e in cached}
+        encoded = [encode_prompt(tokenizer, text)[-config.max_prompt_tokens:] for _, text in prompts]
+        missing = next((pid for (pid, _), ids in zip(prompts, encoded) if tuple(ids) not in answers), None)
+        if missing is not None:
+            raise ConfigError(f"{out} holds no answer to prompt {missing}: delete it and run again")
         if progress is not None:
             progress(len(cached))
-        # The cache is keyed by the file's bytes, the ids carry its name: the same file under another
-        # name reads the same answers, in the same order, under its own ids.
-        return [CorpusEntry(pid, e.prompt_ids, e.output_ids) for (pid, _), e in zip(prompts, cached)]
+        return [CorpusEntry(pid, ids, answers[tuple(ids)]) for (pid, _), ids in zip(prompts, encoded)]
     partial = out.with_name(out.name + ".partial")
     done: dict[str, CorpusEntry] = {}
     if partial.is_file():
@@ -191,20 +213,30 @@ def generate_corpus(target, tokenizer, prompts: Sequence[tuple[str, str]], out: 
             done[r["id"]] = CorpusEntry(r["id"], r["prompt_ids"], r["output_ids"])
     if progress is not None and done:
         progress(len(done))
-    decoder = SpeculativeDecoder(target, [], tokenizer)
-    params = SamplingParams(max_new_tokens=config.max_new_tokens)
-    jobs = ((pid, encode_prompt(tokenizer, text)[-config.max_prompt_tokens:], params)
-            for pid, text in prompts if pid not in done)
+    jobs = ((pid, encode_prompt(tokenizer, text)[-config.max_prompt_tokens:]) for pid, text in prompts if pid not in done)
+    model = padded_model(target) if padded is not None else None
     out.parent.mkdir(parents=True, exist_ok=True)
     with partial.open("a", encoding="utf-8") as sink:
-        def record(pid: str, session: Session) -> None:
-            seq = CorpusEntry(pid, list(session.prompt), list(session.generated))
-            done[pid] = seq
-            sink.write(json.dumps({"id": pid, "prompt_ids": seq.prompt_ids, "output_ids": seq.output_ids}) + "\n")
+        def record(pid: str, prompt_ids: list[int], output_ids: list[int]) -> None:
+            done[pid] = CorpusEntry(pid, list(prompt_ids), list(output_ids))
+            sink.write(json.dumps({"id": pid, "prompt_ids": list(prompt_ids), "output_ids": list(output_ids)}) + "\n")
             sink.flush()
             if progress is not None:
                 progress(1)
 
-        generate_batched(decoder, jobs, config.batch_size, record)
-    os.replace(partial, out)
-    return [done[pid] for pid, _ in prompts]
+        if model is not None:
+            generate_padded(model, list(jobs), config.max_new_tokens, target.eos_token_ids, padded.max_rows,
+                            padded.max_tokens, record)
+        else:
+            from specula.engine import SpeculativeDecoder
+            from specula.sampling import SamplingParams
+
+            params = SamplingParams(max_new_tokens=config.max_new_tokens)
+            generate_batched(SpeculativeDecoder(target, [], tokenizer), ((pid, ids, params) for pid, ids in jobs),
+                             config.batch_size, lambda pid, s: record(pid, s.prompt, s.generated))
+    ordered = [done[pid] for pid, _ in prompts]
+    with atomic_path(out) as tmp:  # in prompt order (the partial file holds them as they finished)
+        tmp.write_text("".join(json.dumps({"id": e.id, "prompt_ids": e.prompt_ids, "output_ids": e.output_ids}) + "\n"
+                               for e in ordered), encoding="utf-8")
+    partial.unlink()
+    return ordered

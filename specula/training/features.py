@@ -12,11 +12,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable, Iterator, Sequence
 
 import torch
 
-from specula.training.corpus import CorpusEntry
+from specula.training.corpus import CorpusEntry, PaddedConfig
 
 
 @dataclass
@@ -45,10 +45,12 @@ class FeatureSet:
 
 
 def extract_features(target, corpus: Sequence[CorpusEntry], out: Path,
-                     progress: Callable[[int], None] | None = None, layers: Sequence[int] = ()) -> FeatureSet:
+                     progress: Callable[[int], None] | None = None, layers: Sequence[int] = (),
+                     padded: PaddedConfig | None = None) -> FeatureSet:
     """Features of every corpus sequence (with `layers`, also the inputs of those layers, from the
     same pass), cached at `out` (reused when present; the caller keys the path by the layers);
-    `progress(n)` as sequences are done, a cached file's all at once."""
+    `progress(n)` as sequences are done, a cached file's all at once. `padded`: right-padded
+    batched passes through the target's Hugging Face model (`training.padded`) when it has one."""
     from safetensors.torch import load_file, save_file
 
     from specula.paths import atomic_path
@@ -60,15 +62,10 @@ def extract_features(target, corpus: Sequence[CorpusEntry], out: Path,
             progress(len(t["starts"]) - 1)
         return FeatureSet(t["tokens"], t["features"], t["starts"], t["prompt_lens"], t.get("inputs"),
                           tuple(t["layers"].tolist()) if "layers" in t else ())
-    request = (*layers, target.num_layers) if layers else True
     e = target.hidden_size
     tokens, feats, inputs, starts, plens = [], [], [], [0], []
-    for entry in corpus:
+    for entry, hidden in zip(corpus, _hidden_rows(target, corpus, layers, padded)):  # [n, (k + 1) E] float16
         ids = entry.ids[: target.max_context]
-        seq = target.new_sequence()
-        _, hidden = seq.prefill(ids, logits="none", hidden=request)  # [n, (k + 1) E]: layer inputs, then the last state
-        seq.release()
-        hidden = hidden.to(torch.float16).cpu()
         tokens.append(torch.tensor(ids, dtype=torch.long))
         feats.append(hidden[:, -e:].clone())
         if layers:
@@ -86,6 +83,31 @@ def extract_features(target, corpus: Sequence[CorpusEntry], out: Path,
     with atomic_path(out) as tmp:
         save_file(tensors, str(tmp))
     return fs
+
+
+def _hidden_rows(target, corpus: Sequence[CorpusEntry], layers: tuple[int, ...],
+                 padded: PaddedConfig | None) -> Iterator[torch.Tensor]:
+    """[n, (k + 1) E] float16 CPU rows of each sequence in order: the inputs of `layers`, then the
+    final-normed state; one prefill per sequence, or padded batches (`training.padded`)."""
+    from specula.training.padded import feature_rows_padded, length_batches, padded_model
+
+    request = (*layers, target.num_layers) if layers else True
+    seqs = [entry.ids[: target.max_context] for entry in corpus]
+    model = padded_model(target) if padded is not None else None
+    if model is None:
+        for ids in seqs:
+            seq = target.new_sequence()
+            _, hidden = seq.prefill(ids, logits="none", hidden=request)
+            seq.release()
+            yield hidden.to(torch.float16).cpu()
+        return
+    ready: dict[int, torch.Tensor] = {}
+    batches = iter(length_batches([len(s) for s in seqs], len(seqs), padded.feature_tokens))
+    for s in range(len(seqs)):  # batches run longest first; rows are handed out in corpus order
+        while s not in ready:
+            group = next(batches)
+            ready.update(zip(group, feature_rows_padded(model, [seqs[i] for i in group], (*layers, target.num_layers))))
+        yield ready.pop(s)
 
 
 def concat_features(sets: Sequence[FeatureSet]) -> FeatureSet:

@@ -22,8 +22,9 @@ from typing import Sequence
 import torch
 
 from specula.errors import ConfigError
-from specula.training.corpus import (DEFAULT_PROMPTS, EVAL_PROMPTS, CorpusConfig, corpus_key, generate_corpus,
-                                     read_prompts)
+from specula.training.corpus import (DEFAULT_PROMPTS, EVAL_PROMPTS, CorpusConfig, PaddedConfig, corpus_key,
+                                     generate_corpus, read_prompts)
+from specula.training.padded import padded_model
 from specula.training.features import FeatureSet, concat_features, coverage, draft_vocabulary, extract_features
 from specula.training.trainer import TrainConfig, acceptance_report, train_head
 
@@ -44,12 +45,15 @@ def _bar(total: int, desc: str, quiet: bool):
 def run_training(target, tokenizer, target_name: str, out: Path, config: TrainConfig,
                  data: Sequence[str | os.PathLike] = (), corpus: CorpusConfig = CorpusConfig(), *,
                  quiet: bool = False, max_minutes: float | None = None,
-                 eval_data: Sequence[str | os.PathLike] | None = None) -> dict:
+                 eval_data: Sequence[str | os.PathLike] | None = None, padded: PaddedConfig | None = None,
+                 auto_padded: bool = True) -> dict:
     """Train one head for `target`; returns the report (also written to OUT/report.json).
     `eval_data`: prompt files of another source than the training prompts (default the everyday
     set; () for none): the target answers them too and the report gives the head's acceptance on
     them, the figure that predicts what the engine sees (a split of the training prompts reads
-    higher when they share templates)."""
+    higher when they share templates). `padded`: answers and features in padded batches through the
+    target's Hugging Face model (`training.padded`); `auto_padded`: take them with the default
+    `PaddedConfig` when none is given and the target is a Hugging Face model on CUDA."""
     from specula.drafters.heads.file import HeadFile, save_head, target_record
     from specula.drafters.heads.config import feature_layers_of
     from specula.drafters.heads.runtime import new_head
@@ -74,8 +78,13 @@ def run_training(target, tokenizer, target_name: str, out: Path, config: TrainCo
     layers = feature_layers_of(config.kind, target.num_layers)  # the depths an eagle3 head fuses; else ()
 
     t = time.perf_counter()
+    if padded is not None and padded_model(target) is None:
+        raise ConfigError("padded batches run through a Hugging Face model: load the target with --backend hf "
+                          "(or leave --padded-rows out)")
+    if padded is None and auto_padded and padded_model(target) is not None and target.device.type == "cuda":
+        padded = PaddedConfig()
     seqs, fs, features_seconds = _corpus_and_features(target, tokenizer, per_file, corpus, layers,
-                                                      None if quiet else "corpus (target answers)")
+                                                      None if quiet else "corpus (target answers)", padded)
     times["corpus_seconds"] = round(time.perf_counter() - t - features_seconds, 1)
     times["features_seconds"] = round(features_seconds, 1)
 
@@ -83,7 +92,7 @@ def run_training(target, tokenizer, target_name: str, out: Path, config: TrainCo
     if eval_prompts:
         t = time.perf_counter()
         _, eval_fs, _ = _corpus_and_features(target, tokenizer, eval_per_file, corpus, layers,
-                                             None if quiet else "evaluation answers (other source)")
+                                             None if quiet else "evaluation answers (other source)", padded)
         times["evaluation_data_seconds"] = round(time.perf_counter() - t, 1)
 
     d2t = draft_vocabulary(fs, config.draft_vocab, target.vocab_size, sorted(target.eos_token_ids))
@@ -107,10 +116,12 @@ def run_training(target, tokenizer, target_name: str, out: Path, config: TrainCo
         "corpus": {"sequences": len(seqs), "answer_tokens": sum(len(s.output_ids) for s in seqs),
                    "prompt_tokens": sum(len(s.prompt_ids) for s in seqs), **asdict(corpus)},
         "draft_vocab": len(d2t), "draft_vocab_coverage": round(coverage(fs, d2t), 4),
-        "threads": torch.get_num_threads(), **times, "training": record,
+        "threads": torch.get_num_threads(), "device": str(getattr(target, "device", "cpu")),
+        "padded_batches": asdict(padded) if padded is not None else None, **times, "training": record,
     }
+    state = {k: v.detach().cpu() for k, v in head.module.state_dict().items()}
     path = save_head(out / f"{config.kind}.safetensors",
-                     HeadFile(head.config, head.module.state_dict(), d2t, target_record(target, target_name),
+                     HeadFile(head.config, state, d2t, target_record(target, target_name),
                               {k: report[k] for k in ("data", "draft_vocab_coverage")} | {
                                   "steps": record["steps"], "seconds": record["seconds"],
                                   "heldout": record["heldout_after"],
@@ -134,7 +145,7 @@ def cache_paths(target, file: Path, corpus: CorpusConfig, layers: tuple[int, ...
 
 def _corpus_and_features(target, tokenizer, per_file: Sequence[tuple[Path, list[tuple[str, str]]]],
                          corpus: CorpusConfig, layers: tuple[int, ...],
-                         label: str | None) -> tuple[list, FeatureSet, float]:
+                         label: str | None, padded: PaddedConfig | None = None) -> tuple[list, FeatureSet, float]:
     """The target's answers to every file's prompts ((file, prompts) pairs), their features, and the
     seconds the features took; each file cached on its own (`cache_paths`), so adding a file to the
     data generates only its sequences. Progress bars under `label` (None: none)."""
@@ -142,11 +153,11 @@ def _corpus_and_features(target, tokenizer, per_file: Sequence[tuple[Path, list[
     seqs, sets = [], []
     with _bar(sum(len(p) for _, p in per_file), label or "", label is None) as bar:
         for (_, prompts), (answers, _) in zip(per_file, paths):
-            seqs.append(generate_corpus(target, tokenizer, prompts, answers, corpus, progress=bar.update))
+            seqs.append(generate_corpus(target, tokenizer, prompts, answers, corpus, progress=bar.update, padded=padded))
     t = time.perf_counter()
     with _bar(sum(len(s) for s in seqs), "features (target hidden states)", label is None) as bar:
         for file_seqs, (_, features) in zip(seqs, paths):
-            sets.append(extract_features(target, file_seqs, features, progress=bar.update, layers=layers))
+            sets.append(extract_features(target, file_seqs, features, progress=bar.update, layers=layers, padded=padded))
     return [s for file_seqs in seqs for s in file_seqs], concat_features(sets), time.perf_counter() - t
 
 

@@ -144,27 +144,30 @@ def chunks(fs: FeatureSet, seqs: list[int], seq_len: int) -> list[tuple[int, int
     return out
 
 
-def batch(fs: FeatureSet, pieces: list[tuple[int, int, int]], embed: Callable) -> dict[str, torch.Tensor]:
-    """Padded tensors: tokens [B, T + 1], feats [B, T + 1, E] (float32), emb [B, T + 1, E],
+def batch(fs: FeatureSet, pieces: list[tuple[int, int, int]], embed: Callable,
+          device: torch.device | str = "cpu") -> dict[str, torch.Tensor]:
+    """Padded tensors on `device`: tokens [B, T + 1], feats [B, T + 1, E] (float32), emb [B, T + 1, E],
     valid [B, T + 1] (row exists), output [B, T + 1] (row is the target's own answer); with layer
-    features (eagle3) inputs [B, T + 1, k E] (float32)."""
+    features (eagle3) inputs [B, T + 1, k E] (float32). Gathered on the CPU in the cache's float16
+    and widened on `device` (half the bytes copied to a GPU)."""
     t1 = max(rows for _, _, rows in pieces)
     e = fs.features.shape[1]
     tokens = torch.zeros((len(pieces), t1), dtype=torch.long)
-    feats = torch.zeros((len(pieces), t1, e))
+    feats = torch.zeros((len(pieces), t1, e), dtype=fs.features.dtype)
     valid = torch.zeros((len(pieces), t1), dtype=torch.bool)
     output = torch.zeros((len(pieces), t1), dtype=torch.bool)
-    inputs = None if fs.inputs is None else torch.zeros((len(pieces), t1, fs.inputs.shape[1]))
+    inputs = None if fs.inputs is None else torch.zeros((len(pieces), t1, fs.inputs.shape[1]), dtype=fs.inputs.dtype)
     for b, (s, a, rows) in enumerate(pieces):
         toks, fe, plen = fs.sequence(s)
         tokens[b, :rows] = toks[a:a + rows]
-        feats[b, :rows] = fe[a:a + rows].float()
+        feats[b, :rows] = fe[a:a + rows]
         valid[b, :rows] = True
         output[b, :rows] = torch.arange(a, a + rows) >= plen
         if inputs is not None:
-            inputs[b, :rows] = fs.layer_inputs(s)[a:a + rows].float()
-    out = {"tokens": tokens, "feats": feats, "emb": embed(tokens), "valid": valid, "output": output}
-    return out if inputs is None else out | {"inputs": inputs}
+            inputs[b, :rows] = fs.layer_inputs(s)[a:a + rows]
+    out = {"tokens": tokens.to(device), "feats": feats.to(device).float(), "emb": embed(tokens).to(device),
+           "valid": valid.to(device), "output": output.to(device)}
+    return out if inputs is None else out | {"inputs": inputs.to(device).float()}
 
 
 def step_counts(fs: FeatureSet, cfg: TrainConfig) -> tuple[int, int]:
@@ -195,19 +198,20 @@ def acceptance_report(head: TrainedHead, fs: FeatureSet, seqs: list[int], cfg: T
     depth = cfg.eval_depth
     runs, hits, counts = [], [0] * depth, [0] * depth
     walk_steps, walk_tokens = 0, 0
+    device = head.lm_rows.device if head.lm_rows is not None else torch.device("cpu")
     for piece in chunks(fs, seqs, cfg.seq_len):
-        b = batch(fs, [piece], embed)
-        tok, out_mask = b["tokens"][0], b["output"][0]
+        b = batch(fs, [piece], embed, device)
+        tok, out_mask = b["tokens"][0].cpu(), b["output"][0].cpu()
         t = tok.shape[0] - 1  # pairs
         preds = torch.full((depth, t), -1, dtype=torch.long)  # preds[d - 1, c]: token for x_{c+d+1}
         if head.kind in AUTOREGRESSIVE:
             for j, out in enumerate(eagle_outputs(head, b, min(depth, t), 0.0, None)):
-                idx = head.logits(out[0]).argmax(-1)  # [T]: row i of step j -> x_{i+2}, root pair i - j
+                idx = head.logits(out[0]).argmax(-1).cpu()  # [T]: row i of step j -> x_{i+2}, root pair i - j
                 preds[j, : t - j] = head.d2t[idx[j:]]
         else:
             for k, out, _ in offset_outputs(head, b):
                 if k < depth:
-                    preds[k, : out.shape[1]] = head.d2t[head.logits(out[0]).argmax(-1)]
+                    preds[k, : out.shape[1]] = head.d2t[head.logits(out[0]).argmax(-1).cpu()]
         by_root: dict[int, int] = {}
         for c in range(t - 1):
             if not bool(out_mask[c + 2]):
@@ -288,7 +292,7 @@ def train_head(head: TrainedHead, fs: FeatureSet, cfg: TrainConfig, out_dir: Pat
             step += 1
             continue
         with torch.autocast(device.type, dtype=amp or torch.bfloat16, enabled=amp is not None):
-            loss = loss_of(head, batch(fs, group, embed), loss_config(cfg), gen)
+            loss = loss_of(head, batch(fs, group, embed, device), loss_config(cfg), gen)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(module.parameters(), cfg.grad_clip)

@@ -68,13 +68,13 @@ def eagle_outputs(head: TrainedHead, b: dict, steps: int, noise: float, gen: tor
     emb, feats = b["emb"][:, 1:], b["inputs" if eagle3 else "feats"][:, :-1]  # pair i = (f_i, x_{i+1})
     bsz, t, _ = emb.shape
     if noise > 0 and gen is not None and not eagle3:  # EAGLE-1's noise; EAGLE-3 has none
-        feats = feats + (torch.rand(feats.shape, generator=gen) - 0.5) * 2 * noise
+        feats = feats + ((torch.rand(feats.shape, generator=gen) - 0.5) * 2 * noise).to(feats.device)
     feats = module.fuse_features(feats.to(head.dtype))  # a drafting head may be bfloat16 (`runtime.drafting_dtype`)
-    pos = torch.arange(t)[None].expand(bsz, t)
+    pos = torch.arange(t, device=emb.device)[None].expand(bsz, t)
     outs, keys, values = [], None, None
     inp = feats
     for j in range(steps):
-        mask = ttt_mask(t, j)[None] if j else None
+        mask = ttt_mask(t, j).to(emb.device)[None] if j else None
         out, (k, v) = module(emb, inp, pos, None if keys is None else (keys, values), mask)
         keys = k if keys is None else torch.cat([keys, k], 2)
         values = v if values is None else torch.cat([values, v], 2)
@@ -89,7 +89,7 @@ def loss_of(head: TrainedHead, b: dict, cfg: LossConfig, gen: torch.Generator | 
     if head.kind in AUTOREGRESSIVE:
         target = feats[:, 1:]  # [B, T, E]: f_{i+1}
         p = torch.softmax(head.target_logits(target), -1)  # [B, T, V_draft]
-        total = torch.zeros(())
+        total = torch.zeros((), device=feats.device)
         for j, out in enumerate(eagle_outputs(head, b, cfg.ttt_steps, cfg.noise, gen)):
             mask = valid[:, 1:].clone()
             mask[:, :j] = False
@@ -99,7 +99,7 @@ def loss_of(head: TrainedHead, b: dict, cfg: LossConfig, gen: torch.Generator | 
                 loss = loss + cfg.feature_loss * (l1 * mask).sum() / mask.sum().clamp_min(1)
             total = total + cfg.ttt_decay ** j * loss
         return total
-    total = torch.zeros(())
+    total = torch.zeros((), device=feats.device)
     for k, out, mask in offset_outputs(head, b):
         p = torch.softmax(head.target_logits(feats[:, 1 + k:]), -1)
         total = total + soft_ce(head.logits(out), p, mask)
