@@ -293,3 +293,31 @@ def synthesise(target, tokenizer, target_name: str, out: str | os.PathLike, conf
                                for pid, text in kept), encoding="utf-8")
     partial.unlink()
     return manifest
+
+
+def drop_repeats(path: str | os.PathLike, earlier: Sequence[str | os.PathLike],
+                 filters: FilterConfig = FilterConfig()) -> dict:
+    """Remove from the prompt file `path` every prompt that repeats one of the `earlier` files
+    (normalised exact, or a near duplicate by `filter_prompts`' shingle rule), so a new round of
+    Magpie prompts adds only new ones; rewrites `path` and its manifest atomically (the counts
+    under "repeats_of_earlier_files") and returns the manifest."""
+    from specula.paths import atomic_path, atomic_write_json
+    from specula.training.corpus import read_prompts
+
+    path = Path(path)
+    rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    old = [(f"old:{i}", text, True) for i, (_, text) in enumerate(read_prompts([Path(f) for f in earlier]))]
+    new = [(f"new:{i}", row["prompt"], True) for i, row in enumerate(rows)]
+    kept, dropped = filter_prompts(old + new, filters, default_index())
+    keep = {int(pid.split(":")[1]) for pid, _ in kept if pid.startswith("new:")}
+    manifest_file = manifest_path(path)
+    manifest = json.loads(manifest_file.read_text(encoding="utf-8")) if manifest_file.is_file() else {"file": path.name}
+    manifest["repeats_of_earlier_files"] = {
+        "files": [Path(f).name for f in earlier], "dropped": len(rows) - len(keep),
+        "duplicate_or_near": {k: v for k, v in dropped.items() if k in ("duplicate", "near_duplicate")}}
+    manifest["prompts"] = len(keep)
+    atomic_write_json(manifest_file, manifest)
+    with atomic_path(path) as tmp:
+        tmp.write_text("".join(json.dumps(row, ensure_ascii=False) + "\n" for i, row in enumerate(rows) if i in keep),
+                       encoding="utf-8")
+    return manifest

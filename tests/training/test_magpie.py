@@ -152,3 +152,25 @@ def test_synthesise_writes_prompts_and_manifest_and_resumes_to_the_same_file(tin
     other.with_name("p.jsonl.partial").write_text(json.dumps({"settings": "something else"}) + "\n")
     with pytest.raises(ConfigError, match="other settings"):
         synthesise(tiny_target, chatml_tokenizer, "tiny", other, config, LOOSE)
+
+
+def test_drop_repeats_removes_prompts_an_earlier_file_holds(tmp_path):
+    """A new round keeps only prompts no earlier file holds, exactly or nearly; the manifest counts
+    what was dropped and the prompt count follows."""
+    from specula.training.magpie import drop_repeats
+
+    earlier = tmp_path / "old.jsonl"
+    earlier.write_text("".join(json.dumps({"id": f"o{i}", "prompt": t}) + "\n" for i, t in enumerate([
+        "How do I bake a loaf of sourdough bread at home with a simple starter?",
+        "Write a short poem about the autumn rain falling on a quiet city street at night."])))
+    new = tmp_path / "new.jsonl"
+    texts = ["how do I bake a loaf of sourdough bread at home with a simple starter?",  # exact after normalising
+             "Write a short poem about the autumn rain falling on a quiet city street at night, please.",  # near
+             "Explain the difference between a list and a tuple in Python with a small example."]
+    new.write_text("".join(json.dumps({"id": f"n{i}", "prompt": t, "source": "magpie:x"}) + "\n" for i, t in enumerate(texts)))
+    manifest_path(new).write_text(json.dumps({"file": "new.jsonl", "prompts": 3}))
+    manifest = drop_repeats(new, [earlier])
+    assert [json.loads(line)["id"] for line in new.read_text().splitlines()] == ["n2"]
+    assert manifest["prompts"] == 1 and manifest["repeats_of_earlier_files"]["dropped"] == 2
+    assert manifest["repeats_of_earlier_files"]["duplicate_or_near"] == {"duplicate": 1, "near_duplicate": 1}
+    assert json.loads(manifest_path(new).read_text()) == manifest
