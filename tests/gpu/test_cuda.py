@@ -104,3 +104,27 @@ def test_verify_step_on_the_device_takes_the_tokens_the_cpu_walk_takes():
         logits[:, [3, 5, 6]] += 3  # drafted tokens likely enough to be accepted
         on_cpu = verify_step(tree, logits, params, seed=seed, position=seed % 7)
         assert verify_step(tree, logits.to(DEVICE), params, seed=seed, position=seed % 7) == on_cpu
+
+
+@pytest.mark.parametrize("kind", ["hf", "native", "native-eager"])
+@pytest.mark.parametrize("head_kind", ["eagle", "eagle3", "medusa", "hydra"])
+def test_trained_heads_draft_on_cuda_and_greedy_output_equals_plain_greedy(kind, head_kind):
+    """A head on the device (its KV cache, positions and tree masks there) drafts, and the output
+    is plain greedy."""
+    from specula.drafters.heads.runtime import new_head
+
+    model = tiny_model("llama", seed=4)
+    reference = tiny_model("llama", seed=4)
+    target = backend(kind, model)
+    head = new_head(head_kind, target, torch.arange(0, 96, 2), seed=1)
+    dec = build_decoder(head_kind, target, None, head=head, planner=False)
+    rng = random.Random(2)
+    for _ in range(3):
+        prompt = [rng.randrange(2, 96) for _ in range(rng.randrange(2, 9))]
+        out = dec.generate(prompt, SamplingParams(max_new_tokens=30, ignore_eos=True))
+        with torch.inference_mode():
+            ids = list(prompt)
+            for _ in range(30):
+                ids.append(int(reference(torch.tensor([ids])).logits[0, -1].argmax()))
+        assert out.token_ids == ids[len(prompt):], (kind, head_kind, prompt)
+        assert out.stats.drafted_tokens > 0

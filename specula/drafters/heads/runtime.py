@@ -277,8 +277,9 @@ class EagleState(HeadState):
             lo = max(self.first, a - w + 1) if w else 0  # the oldest key any of these rows sees
             feats = self.head.module.fuse_features(torch.stack(self.pending[:new]))[None]  # [1, new, E]
             emb = self.head.embed(tokens[a + 1: root_pos + 1])[None]  # [1, new, E]
-            pos = torch.arange(a, root_pos)[None]
-            mask = None if not w else window_mask(torch.arange(a, root_pos), lo, root_pos, w)[None]
+            device = self.cache.keys.device
+            pos = torch.arange(a, root_pos, device=device)[None]
+            mask = None if not w else window_mask(torch.arange(a, root_pos), lo, root_pos, w).to(device)[None]
             out, _ = self.head.module(emb, feats, pos, mask=mask, cache=self.cache, at=a, lo=lo)
             self.fed, self.last = root_pos, out[0, -1]
             del self.pending[:new]
@@ -308,8 +309,10 @@ class EagleState(HeadState):
             mask[j, [seen_fed + r for r in seen]] = True
         feats = torch.stack([self.out[parents[n]] for n in nodes])[None]  # [1, m, E]
         emb = self.head.embed([tokens[n] for n in nodes])[None]
-        pos = torch.tensor([self.fed - 1 + d for d in depths])[None]
-        out, _ = self.head.module(emb, feats, pos, mask=mask[None], cache=self.cache, at=self.fed + first, lo=lo)
+        device = self.cache.keys.device
+        pos = torch.tensor([self.fed - 1 + d for d in depths], device=device)[None]
+        out, _ = self.head.module(emb, feats, pos, mask=mask.to(device)[None], cache=self.cache, at=self.fed + first,
+                                  lo=lo)
         for j, node in enumerate(nodes):
             self.out[node] = out[0, j]
         return self.head.logits(out[0])
