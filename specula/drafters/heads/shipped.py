@@ -40,13 +40,15 @@ SHIPPED: tuple[ShippedHead, ...] = (
     ShippedHead("smollm2-135m", "eagle", "smollm2-135m-eagle.safetensors",
                 "5a5201e50bf9740e1169686c06d85fb62a242ae23f28abbc0ca751d8cbd9ffe2"),
     # D=specula/data/training/smollm2-135m; specula train --target smollm2-135m --kind eagle3
+    #   --backend hf --device cuda --dtype float32 --padded-rows 2048 --batch-size 64 --ttt-steps 3
     #   --data $D/magpie-{general,math,code,writing,explain,howto}.jsonl $D/context.jsonl
     #          $D/magpie2-{general,math,code,writing,explain,howto}.jsonl $D/context2.jsonl $D/context-copy.jsonl
-    #   --max-new-tokens 128 --epochs 3 (10,265 prompts written by the model or built from its
-    #   answers, answered by it; bfloat16 autocast; docs/training.md "The eagle3 head on 10,265
+    #          $D/context3.jsonl $D/magpie3-{code,explain,general,howto,math,writing}.jsonl $D/magpie4-general.jsonl
+    #   --max-new-tokens 128 --epochs 3 (31,040 prompts written by the model or built from its
+    #   answers, answered by it; trained on an H200; docs/training.md "The eagle3 head on 31,040
     #   prompts"); float16
     ShippedHead("smollm2-135m", "eagle3", "smollm2-135m-eagle3.safetensors",
-                "59f0bc646a8ca7d9b84c901081a9811ab2ea672bd6a319c9a15b5d7dbdd848f0"),
+                "5004a1ed7d671bb0452f28d574b42ff0bc77440c021f7f16c8289d8f030623a4"),
     # D=specula/data/training/smollm2-135m; specula train --target qwen2.5-coder-0.5b --kind eagle3
     #   --dtype bfloat16 --data $D/magpie-{code,math,explain,howto,writing}.jsonl $D/magpie2-code.jsonl
     #   --max-new-tokens 128 --epochs 3 (2,213 prompts, answered by Qwen2.5-Coder-0.5B; docs/training.md
