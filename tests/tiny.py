@@ -212,3 +212,18 @@ def random_steps(seq, rng: random.Random, steps: int, *, crop: bool = True) -> I
             seq.crop(len(committed) - drop)
             committed = committed[: len(committed) - drop]
         yield committed
+
+
+def saved_training_setup(tmp_path, tokenizer, *, layers: int = 2, prompts: int = 6, stride: int = 5, words: int = 5):
+    """A tiny Llama saved as a model directory (tokenizer included) and a JSONL prompt file of
+    `prompts` word prompts, for `specula train` commands: (directory, model, data file)."""
+    import json
+
+    path = tmp_path / f"tiny{layers}"
+    tokenizer.save_pretrained(path)
+    model = tiny_model("llama", seed=3, layers=layers)
+    model.save_pretrained(path)
+    data = tmp_path / "prompts.jsonl"
+    data.write_text("".join(json.dumps({"prompt": " ".join(f"w{(i * stride + k) % 90 + 2}" for k in range(words))}) + "\n"
+                            for i in range(prompts)))
+    return path, model, data

@@ -10,7 +10,7 @@ import random
 import pytest
 import torch
 
-from tiny import reference_greedy, tiny_model
+from tiny import reference_greedy, saved_training_setup, tiny_model
 from specula.models.hf import HFCausalLM
 from specula.training.corpus import CorpusEntry, PaddedConfig
 from specula.training.features import extract_features
@@ -39,13 +39,7 @@ def test_train_command_on_cuda_writes_a_head_that_drafts_on_the_cpu(tmp_path, mo
     from specula.drafters.heads.file import read_head
 
     monkeypatch.setenv("SPECULA_CACHE", str(tmp_path / "cache"))
-    path = tmp_path / "tiny4"
-    tiny_tokenizer.save_pretrained(path)
-    model = tiny_model("llama", seed=3, layers=4)
-    model.save_pretrained(path)
-    data = tmp_path / "prompts.jsonl"
-    data.write_text("".join(json.dumps({"prompt": " ".join(f"w{(i * 5 + k) % 90 + 2}" for k in range(5))}) + "\n"
-                            for i in range(12)))
+    path, model, data = saved_training_setup(tmp_path, tiny_tokenizer, layers=4, prompts=12)
     code = main(["train", "--target", str(path), "--kind", "eagle3", "--data", str(data), "--out", str(tmp_path / "h"),
                  "--epochs", "2", "--draft-vocab", "64", "--max-new-tokens", "16", "--seq-len", "16", "--quiet",
                  "--eval-data", "--device", "cuda", "--backend", "hf", "--dtype", "float32", "--json"])

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tiny import reference_greedy, tiny_model
+from tiny import reference_greedy, saved_training_setup, tiny_model
 from specula.drafters.heads.runtime import new_head
 from specula.errors import ConfigError
 from specula.models.native import NativeCausalLM, NativeDecoder, configure
@@ -188,13 +188,7 @@ def test_train_command_writes_a_head_that_generate_uses(tmp_path, monkeypatch, t
     from specula.cli import main
 
     monkeypatch.setenv("SPECULA_CACHE", str(tmp_path / "cache"))
-    path = tmp_path / "tiny"
-    tiny_tokenizer.save_pretrained(path)
-    model = tiny_model("llama", seed=3)
-    model.save_pretrained(path)
-    data = tmp_path / "prompts.jsonl"
-    data.write_text("".join(json.dumps({"prompt": " ".join(f"w{(i * 7 + k) % 90 + 2}" for k in range(6))}) + "\n"
-                            for i in range(8)))
+    path, model, data = saved_training_setup(tmp_path, tiny_tokenizer, prompts=8, stride=7, words=6)
     other = tmp_path / "other.jsonl"  # the held-out report's prompts: another source than the training data
     other.write_text("".join(json.dumps({"prompt": f"w{i + 40} w{i + 3} w{i + 60}"}) + "\n" for i in range(3)))
     code = main(["train", "--target", str(path), "--kind", "eagle", "--data", str(data), "--out", str(tmp_path / "h"),
@@ -228,13 +222,7 @@ def test_train_command_trains_an_eagle3_head_that_generate_uses(tmp_path, monkey
     from specula.drafters.heads.file import read_head
 
     monkeypatch.setenv("SPECULA_CACHE", str(tmp_path / "cache"))
-    path = tmp_path / "tiny4"
-    tiny_tokenizer.save_pretrained(path)
-    model = tiny_model("llama", seed=3, layers=4)
-    model.save_pretrained(path)
-    data = tmp_path / "prompts.jsonl"
-    data.write_text("".join(json.dumps({"prompt": " ".join(f"w{(i * 5 + k) % 90 + 2}" for k in range(5))}) + "\n"
-                            for i in range(6)))
+    path, model, data = saved_training_setup(tmp_path, tiny_tokenizer, layers=4)
     code = main(["train", "--target", str(path), "--kind", "eagle3", "--data", str(data), "--out", str(tmp_path / "h"),
                  "--epochs", "2", "--draft-vocab", "64", "--max-new-tokens", "16", "--seq-len", "16", "--quiet",
                  "--eval-data"])
