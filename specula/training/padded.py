@@ -1,14 +1,16 @@
 """The corpus's answers and features in padded batches through a Hugging Face model: the GPU path.
 
 The engine's batched step (`corpus.generate_batched`) prefills every request on its own and
-decodes a packed batch per step: right on a CPU, where passes cost their arithmetic, but on a GPU
-each pass costs its kernel launches whatever its size, and 30,000 one-at-a-time prefills and
-per-sequence feature passes take most of an hour. Here many prompts run as one rectangular
-batch instead: left-padded greedy decoding (`greedy_padded`, one forward per new token for the
-whole batch) and right-padded causal feature passes (`feature_rows_padded`, no mask needed:
-padding after a row is never attended by it). Same tokens and features as the one-at-a-time
-path up to float rounding (a near-tie can flip, as between any two batch shapes); tests compare
-them on tiny models. `specula train` takes this path for a Hugging Face backend on CUDA.
+decodes a packed batch per step, and features are taken one sequence per pass: right on a CPU,
+where passes cost their arithmetic, but on a GPU a pass costs its kernel launches whatever its
+size, and a corpus of 30,000 prompts is 30,000 prefills and 30,000 feature passes. Here many
+prompts run as one rectangular batch instead: left-padded greedy decoding (`greedy_padded`, one
+forward per new token for the whole batch) and right-padded causal feature passes
+(`feature_rows_padded`, no mask needed: padding after a row is never attended by it). Same
+tokens and features as the one-at-a-time path up to float rounding (a near-tie can flip, as
+between any two batch shapes); tests compare them on tiny models, and 16 of 16 SmolLM2 answers
+of 128 tokens matched the engine's. `specula train` takes this path for a Hugging Face backend
+on CUDA (on an H200: 20,775 SmolLM2 answers in 105 s, features of 31,040 sequences in 107 s).
 
 Shapes: B rows of a batch, L the longest prompt (or sequence), E the hidden size, k the layers
 asked for.
