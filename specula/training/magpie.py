@@ -308,13 +308,15 @@ def drop_repeats(path: str | os.PathLike, earlier: Sequence[str | os.PathLike],
     rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
     old = [(f"old:{i}", text, True) for i, (_, text) in enumerate(read_prompts([Path(f) for f in earlier]))]
     new = [(f"new:{i}", row["prompt"], True) for i, row in enumerate(rows)]
-    kept, dropped = filter_prompts(old + new, filters, default_index())
+    index = default_index()
+    _, among_old = filter_prompts(old, filters, index)  # the earlier files' own repeats: not this file's
+    kept, dropped = filter_prompts(old + new, filters, index)  # in order: old rows are decided as above
     keep = {int(pid.split(":")[1]) for pid, _ in kept if pid.startswith("new:")}
     manifest_file = manifest_path(path)
     manifest = json.loads(manifest_file.read_text(encoding="utf-8")) if manifest_file.is_file() else {"file": path.name}
     manifest["repeats_of_earlier_files"] = {
         "files": [Path(f).name for f in earlier], "dropped": len(rows) - len(keep),
-        "duplicate_or_near": {k: v for k, v in dropped.items() if k in ("duplicate", "near_duplicate")}}
+        "duplicate_or_near": {k: dropped[k] - among_old[k] for k in ("duplicate", "near_duplicate")}}
     manifest["prompts"] = len(keep)
     atomic_write_json(manifest_file, manifest)
     with atomic_path(path) as tmp:

@@ -162,7 +162,8 @@ def test_drop_repeats_removes_prompts_an_earlier_file_holds(tmp_path):
     earlier = tmp_path / "old.jsonl"
     earlier.write_text("".join(json.dumps({"id": f"o{i}", "prompt": t}) + "\n" for i, t in enumerate([
         "How do I bake a loaf of sourdough bread at home with a simple starter?",
-        "Write a short poem about the autumn rain falling on a quiet city street at night."])))
+        "Write a short poem about the autumn rain falling on a quiet city street at night.",
+        "How do I bake a loaf of sourdough bread at home with a simple starter?"])))  # a repeat among the earlier
     new = tmp_path / "new.jsonl"
     texts = ["how do I bake a loaf of sourdough bread at home with a simple starter?",  # exact after normalising
              "Write a short poem about the autumn rain falling on a quiet city street at night, please.",  # near
@@ -172,5 +173,6 @@ def test_drop_repeats_removes_prompts_an_earlier_file_holds(tmp_path):
     manifest = drop_repeats(new, [earlier])
     assert [json.loads(line)["id"] for line in new.read_text().splitlines()] == ["n2"]
     assert manifest["prompts"] == 1 and manifest["repeats_of_earlier_files"]["dropped"] == 2
+    # counted over the new file's prompts only, not the earlier files' repeats of each other
     assert manifest["repeats_of_earlier_files"]["duplicate_or_near"] == {"duplicate": 1, "near_duplicate": 1}
     assert json.loads(manifest_path(new).read_text()) == manifest
