@@ -174,8 +174,17 @@ def generate_batched(decoder, jobs: Iterable[tuple[str, list[int], "SamplingPara
 
 
 def load_corpus(path: Path) -> list[CorpusEntry]:
-    rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
-    return [CorpusEntry(r["id"], r["prompt_ids"], r["output_ids"]) for r in rows]
+    return [_from_line(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def _to_line(e: CorpusEntry) -> str:
+    """One line of a corpus file (or of its `.partial`)."""
+    return json.dumps({"id": e.id, "prompt_ids": e.prompt_ids, "output_ids": e.output_ids}) + "\n"
+
+
+def _from_line(line: str) -> CorpusEntry:
+    r = json.loads(line)
+    return CorpusEntry(r["id"], r["prompt_ids"], r["output_ids"])
 
 
 def generate_corpus(target, tokenizer, prompts: Sequence[tuple[str, str]], out: Path,
@@ -209,8 +218,8 @@ def generate_corpus(target, tokenizer, prompts: Sequence[tuple[str, str]], out: 
     done: dict[str, CorpusEntry] = {}
     if partial.is_file():
         for line in complete_lines(partial):
-            r = json.loads(line)
-            done[r["id"]] = CorpusEntry(r["id"], r["prompt_ids"], r["output_ids"])
+            entry = _from_line(line)
+            done[entry.id] = entry
     if progress is not None and done:
         progress(len(done))
     jobs = ((pid, encode_prompt(tokenizer, text)[-config.max_prompt_tokens:]) for pid, text in prompts if pid not in done)
@@ -218,8 +227,8 @@ def generate_corpus(target, tokenizer, prompts: Sequence[tuple[str, str]], out: 
     out.parent.mkdir(parents=True, exist_ok=True)
     with partial.open("a", encoding="utf-8") as sink:
         def record(pid: str, prompt_ids: list[int], output_ids: list[int]) -> None:
-            done[pid] = CorpusEntry(pid, list(prompt_ids), list(output_ids))
-            sink.write(json.dumps({"id": pid, "prompt_ids": list(prompt_ids), "output_ids": list(output_ids)}) + "\n")
+            done[pid] = entry = CorpusEntry(pid, list(prompt_ids), list(output_ids))
+            sink.write(_to_line(entry))
             sink.flush()
             if progress is not None:
                 progress(1)
@@ -236,7 +245,6 @@ def generate_corpus(target, tokenizer, prompts: Sequence[tuple[str, str]], out: 
                              config.batch_size, lambda pid, s: record(pid, s.prompt, s.generated))
     ordered = [done[pid] for pid, _ in prompts]
     with atomic_path(out) as tmp:  # in prompt order (the partial file holds them as they finished)
-        tmp.write_text("".join(json.dumps({"id": e.id, "prompt_ids": e.prompt_ids, "output_ids": e.output_ids}) + "\n"
-                               for e in ordered), encoding="utf-8")
+        tmp.write_text("".join(_to_line(e) for e in ordered), encoding="utf-8")
     partial.unlink()
     return ordered
