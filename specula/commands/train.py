@@ -84,13 +84,12 @@ def run(args: argparse.Namespace) -> int:
     corpus = CorpusConfig(max_new_tokens=args.max_new_tokens)
     if args.padded_rows is not None and args.padded_rows < 0:
         raise ConfigError(f"--padded-rows must be >= 0 (0 = the engine's batched step), got {args.padded_rows}")
-    padded = None if not args.padded_rows else PaddedConfig(max_rows=args.padded_rows)
+    padded = "auto" if args.padded_rows is None else PaddedConfig(max_rows=args.padded_rows) if args.padded_rows else None
     read_prompts(args.data or [DEFAULT_PROMPTS])  # bad or benchmark prompts fail here, before the slow load
     target, tokenizer = load_backend(args.target, load_config(args), name="target")
     report = run_training(target, tokenizer, args.target, Path(args.out), config, args.data or (), corpus,
                           quiet=args.quiet, max_minutes=args.max_minutes,
-                          eval_data=[] if args.eval_data == ["none"] else args.eval_data, padded=padded,
-                          auto_padded=args.padded_rows is None)
+                          eval_data=[] if args.eval_data == ["none"] else args.eval_data, padded=padded)
     if args.json:
         print(json.dumps(report, indent=2))
     else:

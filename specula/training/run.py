@@ -17,7 +17,7 @@ import os
 import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import Sequence
+from typing import Literal, Sequence
 
 import torch
 
@@ -45,15 +45,15 @@ def _bar(total: int, desc: str, quiet: bool):
 def run_training(target, tokenizer, target_name: str, out: Path, config: TrainConfig,
                  data: Sequence[str | os.PathLike] = (), corpus: CorpusConfig = CorpusConfig(), *,
                  quiet: bool = False, max_minutes: float | None = None,
-                 eval_data: Sequence[str | os.PathLike] | None = None, padded: PaddedConfig | None = None,
-                 auto_padded: bool = True) -> dict:
+                 eval_data: Sequence[str | os.PathLike] | None = None,
+                 padded: PaddedConfig | Literal["auto"] | None = "auto") -> dict:
     """Train one head for `target`; returns the report (also written to OUT/report.json).
     `eval_data`: prompt files of another source than the training prompts (default the everyday
     set; () for none): the target answers them too and the report gives the head's acceptance on
     them, the figure that predicts what the engine sees (a split of the training prompts reads
     higher when they share templates). `padded`: answers and features in padded batches through the
-    target's Hugging Face model (`training.padded`); `auto_padded`: take them with the default
-    `PaddedConfig` when none is given and the target is a Hugging Face model on CUDA."""
+    target's Hugging Face model (`training.padded`); "auto" = with the default `PaddedConfig` for a
+    Hugging Face model on CUDA, else the engine's path (None)."""
     from specula.drafters.heads.file import HeadFile, save_head, target_record
     from specula.drafters.heads.config import feature_layers_of
     from specula.drafters.heads.runtime import new_head
@@ -78,11 +78,12 @@ def run_training(target, tokenizer, target_name: str, out: Path, config: TrainCo
     layers = feature_layers_of(config.kind, target.num_layers)  # the depths an eagle3 head fuses; else ()
 
     t = time.perf_counter()
-    if padded is not None and padded_model(target) is None:
+    model = padded_model(target)
+    if padded == "auto":
+        padded = PaddedConfig() if model is not None and target.device.type == "cuda" else None
+    elif padded is not None and model is None:
         raise ConfigError("padded batches run through a Hugging Face model: load the target with --backend hf "
                           "(or leave --padded-rows out)")
-    if padded is None and auto_padded and padded_model(target) is not None and target.device.type == "cuda":
-        padded = PaddedConfig()
     seqs, fs, features_seconds = _corpus_and_features(target, tokenizer, per_file, corpus, layers,
                                                       None if quiet else "corpus (target answers)", padded)
     times["corpus_seconds"] = round(time.perf_counter() - t - features_seconds, 1)
