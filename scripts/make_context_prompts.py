@@ -36,6 +36,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-new-tokens", type=int, default=160, metavar="N",
                    help="answer length, as given to `specula train` (its corpus cache is reused; default 160)")
     p.add_argument("--max-documents", type=int, default=4, metavar="N", help="most documents in one prompt (default 4)")
+    p.add_argument("--min-documents", type=int, default=2, metavar="N", help="fewest documents in one prompt (default 2)")
+    p.add_argument("--passages", default="1", metavar="LO[-HI]",
+                   help="passages in the text of a one-passage task, e.g. 4-8 for article-length texts (default 1)")
     p.add_argument("--min-words", type=int, default=40, help="shortest passage, in words (default 40)")
     p.add_argument("--tasks", default=",".join(DEFAULT_TASKS), metavar="T1,T2",
                    help=f"tasks to cycle through, of {', '.join(TASKS)} (default {','.join(DEFAULT_TASKS)})")
@@ -55,6 +58,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {out} exists: delete it or choose another output file", file=sys.stderr)
         return 2
     tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
+    try:
+        lo, _, hi = args.passages.partition("-")
+        text_passages = (int(lo), int(hi or lo))
+    except ValueError:
+        print(f"error: --passages {args.passages!r}: give a count or a range, e.g. 1 or 4-8", file=sys.stderr)
+        return 2
     try:
         check_tasks(tasks)  # before the slow load
     except ValueError as exc:
@@ -76,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
                     dropped += 1
                 else:
                     passages.append(Passage(text_of[entry.id], text))
-        rows = compose(passages, args.count, args.seed, args.max_documents, tasks)
+        rows = compose(passages, args.count, args.seed, args.max_documents, tasks, args.min_documents, text_passages)
     except (SpeculaError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -91,6 +100,7 @@ def main(argv: list[str] | None = None) -> int:
                      "composed": len(rows), "dropped_benchmark": len(flagged),
                      "tasks": dict(Counter(r["task"] for r in kept))}],
         "settings": {"max_new_tokens": args.max_new_tokens, "max_documents": args.max_documents,
+                     "min_documents": args.min_documents, "passages_per_text": list(text_passages),
                      "min_words": args.min_words, "seed": args.seed, "tasks": tasks},
     }
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -48,6 +48,9 @@ def register(sub) -> None:
                    help="eagle / eagle3: key/value heads of the head's attention, dividing its query heads "
                         "(hidden size / 64) (default 0 = one per query head)")
     p.add_argument("--max-new-tokens", type=int, default=160, metavar="N", help="answer length per prompt (default 160)")
+    p.add_argument("--max-prompt-tokens", type=int, default=768, metavar="N",
+                   help="prompts longer than N tokens are cut from the left, their end kept (default 768); raise it "
+                        "for long-context prompts (documents, articles to summarise)")
     p.add_argument("--max-minutes", type=float, default=None, metavar="M",
                    help="stop training after M minutes (checkpointed; rerun to go on)")
     p.add_argument("--max-sequences", type=int, default=0, metavar="N",
@@ -60,6 +63,10 @@ def register(sub) -> None:
                    help="answers and features in padded batches of up to N prompts through the Hugging Face "
                         "model (--backend hf): the fast path on a GPU, where it is the default (512); "
                         "0 = the engine's batched step (the CPU default)")
+    p.add_argument("--init-head", default=None, metavar="FILE|installed",
+                   help="start from this head (fine-tuning: its weights, shape and draft vocabulary; 'installed' = "
+                        "the head of --kind that `specula models install` put in place for --target), e.g. the "
+                        "shipped head on prompts like yours; --seq-len sets the context it learns to attend to")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
@@ -81,15 +88,26 @@ def run(args: argparse.Namespace) -> int:
                          num_offsets=args.num_offsets, seed=args.seed, max_sequences=args.max_sequences,
                          precision=args.precision, intermediate_size=args.intermediate_size,
                          num_kv_heads=args.num_kv_heads)
-    corpus = CorpusConfig(max_new_tokens=args.max_new_tokens)
+    if args.max_prompt_tokens < 1:
+        raise ConfigError(f"--max-prompt-tokens must be >= 1, got {args.max_prompt_tokens}")
+    corpus = CorpusConfig(max_new_tokens=args.max_new_tokens, max_prompt_tokens=args.max_prompt_tokens)
     if args.padded_rows is not None and args.padded_rows < 0:
         raise ConfigError(f"--padded-rows must be >= 0 (0 = the engine's batched step), got {args.padded_rows}")
     padded = "auto" if args.padded_rows is None else PaddedConfig(max_rows=args.padded_rows) if args.padded_rows else None
     read_prompts(args.data or [DEFAULT_PROMPTS])  # bad or benchmark prompts fail here, before the slow load
+    init_head = args.init_head
+    if init_head == "installed":
+        from specula.drafters.heads.shipped import default_head
+
+        init_head = default_head(args.target, args.kind)
+        if init_head is None:
+            raise ConfigError(f"--init-head installed: no {args.kind} head is installed for {args.target}; install "
+                              f"one with `specula models install {args.target}` or pass a head file")
     target, tokenizer = load_backend(args.target, load_config(args), name="target")
     report = run_training(target, tokenizer, args.target, Path(args.out), config, args.data or (), corpus,
                           quiet=args.quiet, max_minutes=args.max_minutes,
-                          eval_data=[] if args.eval_data == ["none"] else args.eval_data, padded=padded)
+                          eval_data=[] if args.eval_data == ["none"] else args.eval_data, padded=padded,
+                          init_head=init_head)
     if args.json:
         print(json.dumps(report, indent=2))
     else:

@@ -72,14 +72,24 @@ def check_tasks(tasks: Sequence[str]) -> None:
 
 
 def compose(passages: Sequence[Passage], count: int, seed: int = 0, max_documents: int = 4,
-            tasks: Sequence[str] = DEFAULT_TASKS) -> list[dict]:
+            tasks: Sequence[str] = DEFAULT_TASKS, min_documents: int = 2,
+            text_passages: tuple[int, int] = (1, 1)) -> list[dict]:
     """`count` prompts `{"id", "prompt", "task"}`, cycling through `tasks` (names in `TASKS`): a
-    one-passage task wraps one passage (each passage used once per round; `translate` names a
-    language drawn from `LANGUAGES`), `documents` lists 2..`max_documents` distinct passages in
-    random order and asks the question that produced one of them. Deterministic given `seed`."""
+    one-passage task wraps one text (each passage leads one per round; `translate` names a
+    language drawn from `LANGUAGES`), `documents` lists `min_documents`..`max_documents` distinct
+    passages in random order and asks the question that produced one of them. A text is one
+    passage, or with `text_passages` = (lo, hi) the leading passage and lo - 1 .. hi - 1 others as
+    paragraphs: long texts, of the length users paste (an article to summarise is 500-1,000
+    tokens, a passage of 128-token answers a fifth of that). Deterministic given `seed` (the
+    defaults draw what they drew before these options existed)."""
     check_tasks(tasks)
-    if len(passages) < max(2, max_documents):
-        raise ValueError(f"composing needs at least {max(2, max_documents)} passages, got {len(passages)}")
+    lo, hi = text_passages
+    if not 2 <= min_documents <= max(2, max_documents) or not 1 <= lo <= hi:
+        raise ValueError(f"documents per prompt {min_documents}..{max_documents} and passages per text {lo}..{hi} "
+                         "must be ranges of at least 2 and 1")
+    need = max(2, max_documents, hi)
+    if len(passages) < need:
+        raise ValueError(f"composing needs at least {need} passages, got {len(passages)}")
     rng = random.Random(seed)
     order = list(range(len(passages)))
     rng.shuffle(order)
@@ -89,14 +99,20 @@ def compose(passages: Sequence[Passage], count: int, seed: int = 0, max_document
         main = passages[order[i % len(order)]]
         if task == "documents":
             others = rng.sample([p for j, p in enumerate(passages) if j != order[i % len(order)]],
-                                rng.randint(1, max_documents - 1))
+                                rng.randint(min_documents - 1, max_documents - 1))
             docs = [main, *others]
             rng.shuffle(docs)
             listed = "\n\n".join(f"Document {k}:\n{d.text}" for k, d in enumerate(docs, 1))
             prompt = DOCUMENTS.format(documents=listed, question=main.question)
-        elif task == "translate":
-            prompt = ONE_PASSAGE[task].format(a=main.text, language=rng.choice(LANGUAGES))
         else:
-            prompt = ONE_PASSAGE[task].format(a=main.text)
+            text = main.text
+            if hi > 1:
+                more = rng.sample([p for j, p in enumerate(passages) if j != order[i % len(order)]],
+                                  rng.randint(lo - 1, hi - 1))
+                text = "\n\n".join(p.text for p in [main, *more])
+            if task == "translate":
+                prompt = ONE_PASSAGE[task].format(a=text, language=rng.choice(LANGUAGES))
+            else:
+                prompt = ONE_PASSAGE[task].format(a=text)
         out.append({"id": f"c{i:06d}", "prompt": prompt, "task": task})
     return out

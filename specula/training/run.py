@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Literal, Sequence
 
@@ -46,17 +46,20 @@ def run_training(target, tokenizer, target_name: str, out: Path, config: TrainCo
                  data: Sequence[str | os.PathLike] = (), corpus: CorpusConfig = CorpusConfig(), *,
                  quiet: bool = False, max_minutes: float | None = None,
                  eval_data: Sequence[str | os.PathLike] | None = None,
-                 padded: PaddedConfig | Literal["auto"] | None = "auto") -> dict:
+                 padded: PaddedConfig | Literal["auto"] | None = "auto",
+                 init_head: str | os.PathLike | None = None) -> dict:
     """Train one head for `target`; returns the report (also written to OUT/report.json).
     `eval_data`: prompt files of another source than the training prompts (default the everyday
     set; () for none): the target answers them too and the report gives the head's acceptance on
     them, the figure that predicts what the engine sees (a split of the training prompts reads
     higher when they share templates). `padded`: answers and features in padded batches through the
     target's Hugging Face model (`training.padded`); "auto" = with the default `PaddedConfig` for a
-    Hugging Face model on CUDA, else the engine's path (None)."""
+    Hugging Face model on CUDA, else the engine's path (None). `init_head`: a head file for this
+    target to start from (fine-tuning, `initial_head`): its weights, shape and draft vocabulary."""
     from specula.drafters.heads.file import HeadFile, save_head, target_record
     from specula.drafters.heads.config import feature_layers_of
     from specula.drafters.heads.runtime import new_head
+    from specula.models.install import sha256_file
     from specula.models.base import FeatureModel
     from specula.paths import atomic_write_json
 
@@ -74,6 +77,7 @@ def run_training(target, tokenizer, target_name: str, out: Path, config: TrainCo
     if shared:
         raise ConfigError(f"{len(shared)} evaluation prompt(s) are also training prompts (e.g. {next(iter(shared))[:60]!r}); "
                           "held-out acceptance must come from prompts the head never trained on: pass other --eval-data")
+    start = None if init_head is None else initial_head(init_head, target, target_name, config)  # before the slow part
     times = {}
     layers = feature_layers_of(config.kind, target.num_layers)  # the depths an eagle3 head fuses; else ()
 
@@ -96,9 +100,13 @@ def run_training(target, tokenizer, target_name: str, out: Path, config: TrainCo
                                              None if quiet else "evaluation answers (other source)", padded)
         times["evaluation_data_seconds"] = round(time.perf_counter() - t, 1)
 
-    d2t = draft_vocabulary(fs, config.draft_vocab, target.vocab_size, sorted(target.eos_token_ids))
-    head = new_head(config.kind, target, d2t, seed=config.seed, num_offsets=config.num_offsets,
-                    intermediate_size=config.intermediate_size, num_kv_heads=config.num_kv_heads)
+    if start is not None:
+        head, d2t = start, start.d2t
+    else:
+        d2t = draft_vocabulary(fs, config.draft_vocab, target.vocab_size, sorted(target.eos_token_ids))
+        head = new_head(config.kind, target, d2t, seed=config.seed, num_offsets=config.num_offsets,
+                        intermediate_size=config.intermediate_size, num_kv_heads=config.num_kv_heads)
+    started_from = None if init_head is None else {"path": str(init_head), "sha256": sha256_file(Path(init_head))}
     every = list(range(len(eval_fs))) if eval_fs is not None else []
     other_before = acceptance_report(head, eval_fs, every, config, head.embed) if every else None
     losses: list[float] = []
@@ -118,7 +126,8 @@ def run_training(target, tokenizer, target_name: str, out: Path, config: TrainCo
                    "prompt_tokens": sum(len(s.prompt_ids) for s in seqs), **asdict(corpus)},
         "draft_vocab": len(d2t), "draft_vocab_coverage": round(coverage(fs, d2t), 4),
         "threads": torch.get_num_threads(), "device": str(getattr(target, "device", "cpu")),
-        "padded_batches": asdict(padded) if padded is not None else None, **times, "training": record,
+        "padded_batches": asdict(padded) if padded is not None else None, "init_head": started_from, **times,
+        "training": record,
     }
     state = {k: v.detach().cpu() for k, v in head.module.state_dict().items()}
     path = save_head(out / f"{config.kind}.safetensors",
@@ -127,10 +136,29 @@ def run_training(target, tokenizer, target_name: str, out: Path, config: TrainCo
                                   "steps": record["steps"], "seconds": record["seconds"],
                                   "heldout": record["heldout_after"],
                                   "heldout_other_source": record["other_source"]["after"],
-                                  "config": record["config"]}))
+                                  "config": record["config"], "init_head": started_from}))
     report["head"] = str(path)
     atomic_write_json(out / "report.json", report)
     return report
+
+
+def initial_head(path: str | os.PathLike, target, target_name: str, config: TrainConfig):
+    """The head a fine-tuning run starts from: `path` read and checked against the target like a head
+    to draft with (a `HeadFileError` naming the fix for a missing, corrupted or other-target file),
+    in float32 for training. Its kind must be `config.kind`; its shape and draft vocabulary are
+    kept (the weights fit nothing else), so a `config` that asks for another width is refused (a
+    medusa / hydra head keeps its own number of offsets whatever `config.num_offsets` says)."""
+    from specula.drafters.heads.runtime import load_head
+
+    head = load_head(path, target, target_name, torch.float32)
+    if head.config.kind != config.kind:
+        raise ConfigError(f"--init-head {path} is a {head.config.kind} head; train it with --kind {head.config.kind}")
+    for name in ("intermediate_size", "num_kv_heads"):  # 0: not asked for
+        wanted, has = getattr(config, name), getattr(head.config, name)
+        if wanted and wanted != has:
+            raise ConfigError(f"--init-head {path} has {name} {has}, not {wanted}: its shape is kept when "
+                              f"fine-tuning; drop --{name.replace('_', '-')}")
+    return head
 
 
 def cache_paths(target, file: Path, corpus: CorpusConfig, layers: tuple[int, ...] = ()) -> tuple[Path, Path]:
@@ -144,17 +172,34 @@ def cache_paths(target, file: Path, corpus: CorpusConfig, layers: tuple[int, ...
     return cache_dir("training", f"corpus-{key}.jsonl"), cache_dir("training", f"features-{key}{suffix}.safetensors")
 
 
+def file_corpus(tokenizer, prompts: Sequence[tuple[str, str]], corpus: CorpusConfig) -> CorpusConfig:
+    """The settings one file's answers depend on: a prompt limit that cuts none of its prompts, nor
+    would the default limit, reads as the default (the answers are the same), so raising
+    `max_prompt_tokens` for a file of long prompts keeps the cached answers and features of the
+    files beside it."""
+    from specula.prompts import encode_prompt
+
+    default = CorpusConfig.max_prompt_tokens
+    if corpus.max_prompt_tokens == default:
+        return corpus
+    limit = min(corpus.max_prompt_tokens, default)
+    if any(len(encode_prompt(tokenizer, text)) > limit for _, text in prompts):
+        return corpus
+    return replace(corpus, max_prompt_tokens=default)
+
+
 def _corpus_and_features(target, tokenizer, per_file: Sequence[tuple[Path, list[tuple[str, str]]]],
                          corpus: CorpusConfig, layers: tuple[int, ...],
                          label: str | None, padded: PaddedConfig | None = None) -> tuple[list, FeatureSet, float]:
     """The target's answers to every file's prompts ((file, prompts) pairs), their features, and the
     seconds the features took; each file cached on its own (`cache_paths`), so adding a file to the
     data generates only its sequences. Progress bars under `label` (None: none)."""
-    paths = [cache_paths(target, file, corpus, layers) for file, _ in per_file]
+    configs = [file_corpus(tokenizer, prompts, corpus) for _, prompts in per_file]
+    paths = [cache_paths(target, file, config, layers) for (file, _), config in zip(per_file, configs)]
     seqs, sets = [], []
     with _bar(sum(len(p) for _, p in per_file), label or "", label is None) as bar:
-        for (_, prompts), (answers, _) in zip(per_file, paths):
-            seqs.append(generate_corpus(target, tokenizer, prompts, answers, corpus, progress=bar.update, padded=padded))
+        for (_, prompts), (answers, _), config in zip(per_file, paths, configs):
+            seqs.append(generate_corpus(target, tokenizer, prompts, answers, config, progress=bar.update, padded=padded))
     t = time.perf_counter()
     with _bar(sum(len(s) for s in seqs), "features (target hidden states)", label is None) as bar:
         for file_seqs, (_, features) in zip(seqs, paths):

@@ -3,6 +3,9 @@ the question of a documents prompt answered by one of its documents, determinist
 
 from __future__ import annotations
 
+import hashlib
+import json
+
 import pytest
 
 from specula.training.context_prompts import DEFAULT_TASKS, LANGUAGES, TASKS, Passage, clean_passage, compose
@@ -59,3 +62,24 @@ def test_compose_refuses_unknown_tasks():
         compose(passages(10), 5, tasks=("summary", "poem"))
     with pytest.raises(ValueError, match="no context task given"):
         compose(passages(10), 5, tasks=())
+
+
+def test_compose_makes_long_texts_and_many_documents_on_request():
+    ps = passages(12)
+    rows = compose(ps, 30, seed=5, max_documents=8, min_documents=5, text_passages=(3, 5))
+    for r in rows:
+        inside = [p for p in ps if p.text in r["prompt"]]
+        if r["task"] == "documents":
+            assert 5 <= len(inside) <= 8 and r["prompt"].count("Document ") == len(inside)
+        else:
+            assert 3 <= len(inside) <= 5 and r["prompt"].count("\n\n") == len(inside)  # instruction + paragraphs
+    assert {len([p for p in ps if p.text in r["prompt"]]) for r in rows if r["task"] != "documents"} == {3, 4, 5}
+    # the defaults compose what they composed before the options existed (digest taken then), so a
+    # committed prompt file is rebuilt from its manifest's settings
+    made = compose(ps, 14, seed=5, tasks=TASKS)
+    assert hashlib.sha256(json.dumps(made).encode()).hexdigest() == \
+        "8897569ec390eb70aeced443f76604602d17931e97713004ce26cf0a3cc3482e"
+    with pytest.raises(ValueError, match="passages per text 3..2"):
+        compose(ps, 5, text_passages=(3, 2))
+    with pytest.raises(ValueError, match="at least 13 passages"):
+        compose(ps, 5, text_passages=(1, 13))

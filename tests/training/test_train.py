@@ -274,3 +274,70 @@ def test_a_renamed_prompt_file_reads_the_cached_answers_under_its_own_ids(setup,
     assert [e.output_ids for e in again] == [e.output_ids for e in first]
     with pytest.raises(ConfigError, match="holds 4 answers for 3 prompts"):
         generate_corpus(target, tiny_tokenizer, read_prompts([b])[:3], cache, config)
+
+
+def test_init_head_fine_tunes_a_head_from_its_weights_and_vocabulary(tmp_path, monkeypatch, tiny_tokenizer, capsys):
+    """`--init-head`: training starts from the file's weights (the held-out acceptance before the
+    fine-tuning run is the first run's after, on the same split), keeps its draft vocabulary and
+    shape, records where it started, and learns the context `--seq-len` gives (the drafting
+    window); its output is plain greedy's. A head of another kind or width is refused in one line."""
+    from specula.cli import main
+    from specula.drafters.heads.file import read_head
+    from specula.models.install import sha256_file
+
+    monkeypatch.setenv("SPECULA_CACHE", str(tmp_path / "cache"))
+    path, model, data = saved_training_setup(tmp_path, tiny_tokenizer, layers=4, prompts=8, stride=7, words=6)
+    common = ["--target", str(path), "--kind", "eagle3", "--data", str(data), "--max-new-tokens", "16", "--quiet",
+              "--eval-data", "none", "--draft-vocab", "64", "--intermediate-size", "24"]
+    assert main(["train", *common, "--out", str(tmp_path / "a"), "--epochs", "2", "--seq-len", "16"]) == 0
+    first = tmp_path / "a" / "eagle3.safetensors"
+    assert main(["train", *common, "--out", str(tmp_path / "b"), "--epochs", "1", "--seq-len", "16", "--lr", "1e-4",
+                 "--init-head", str(first)]) == 0
+    a = json.loads((tmp_path / "a" / "report.json").read_text())
+    b = json.loads((tmp_path / "b" / "report.json").read_text())
+    assert b["training"]["heldout_before"] == a["training"]["heldout_after"]
+    assert b["init_head"] == {"path": str(first), "sha256": sha256_file(first)}
+    tuned, base = read_head(tmp_path / "b" / "eagle3.safetensors"), read_head(first)
+    assert torch.equal(tuned.d2t, base.d2t) and tuned.config == base.config
+    assert tuned.training["init_head"]["sha256"] == b["init_head"]["sha256"]
+    assert any(not torch.equal(tuned.state[k], base.state[k]) for k in base.state)  # it trained
+    # a longer context: the head's window follows --seq-len
+    assert main(["train", *common, "--out", str(tmp_path / "c"), "--epochs", "1", "--seq-len", "32",
+                 "--init-head", str(first)]) == 0
+    assert read_head(tmp_path / "c" / "eagle3.safetensors").training["config"]["seq_len"] == 32
+    capsys.readouterr()
+    code = main(["generate", "--target", str(path), "--method", "eagle3", "--head", str(tmp_path / "c" / "eagle3.safetensors"),
+                 "--prompt", "w5 w9 w13", "--raw", "--max-new-tokens", "12", "--ignore-eos", "--json"])
+    assert code == 0
+    assert json.loads(capsys.readouterr().out)["token_ids"] == reference_greedy(model, list(tiny_tokenizer.encode("w5 w9 w13")), 12)
+    for extra, message in ((["--kind", "eagle"], "is a eagle3 head; train it with --kind eagle3"),
+                           (["--intermediate-size", "32"], "has intermediate_size 24, not 32")):
+        code = main(["train", *common, *extra, "--out", str(tmp_path / "d"), "--epochs", "1", "--init-head", str(first)])
+        err = capsys.readouterr().err
+        assert code == 2 and message in err and len(err.strip().splitlines()) == 1
+    code = main(["train", *common, "--out", str(tmp_path / "d"), "--init-head", "installed"])
+    err = capsys.readouterr().err
+    assert code == 2 and "no eagle3 head is installed" in err
+
+
+def test_a_raised_prompt_limit_keeps_the_cache_key_of_files_it_does_not_cut(tiny_tokenizer):
+    """`--max-prompt-tokens`: a file whose prompts fit under the default limit and the new one reads
+    the default settings (same cached answers); a file with a prompt the default cuts gets its own."""
+    from dataclasses import replace
+
+    from specula.prompts import encode_prompt
+    from specula.training.corpus import CorpusConfig
+    from specula.training.run import file_corpus
+
+    short = [("a", "w5 w9 w13"), ("b", "w7 w8")]
+    long_text = " ".join(f"w{i % 90 + 2}" for i in range(40))
+    default = CorpusConfig(max_new_tokens=8)
+    cut = replace(default, max_prompt_tokens=len(encode_prompt(tiny_tokenizer, long_text)) - 1)  # cuts the long one
+    raised = replace(default, max_prompt_tokens=4096)
+    assert file_corpus(tiny_tokenizer, short, raised) == default
+    assert file_corpus(tiny_tokenizer, short, default) == default
+    assert file_corpus(tiny_tokenizer, short + [("c", long_text)], cut) == cut
+    article = " ".join(f"w{i % 90 + 2}" for i in range(default.max_prompt_tokens + 10))  # the default cuts it
+    assert file_corpus(tiny_tokenizer, short + [("d", article)], raised) == raised
+    lowered = replace(default, max_prompt_tokens=2)  # cuts even the short prompts: its own answers
+    assert file_corpus(tiny_tokenizer, short, lowered) == lowered
