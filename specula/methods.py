@@ -129,7 +129,7 @@ PLAIN = "none"
 DEFAULT_METHOD = "fusion"
 """The method `generate`, `serve` and `api.load` use when none is named."""
 
-_HEAD_FORWARDS = ("head", "target_name", "online_distill", "head_window")
+_HEAD_FORWARDS = ("head", "target_name", "online_distill", "head_window", "head_context_vocab")
 _TREE_OPTIONS = ("tree_sampling", "tree_verifier", "tree_top_k", "tree_depth", "tree_nodes")
 _HEAD_OPTIONS = (*_HEAD_FORWARDS, *_TREE_OPTIONS)
 

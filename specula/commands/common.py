@@ -129,6 +129,10 @@ def add_method_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--head-window", type=int, default=None, metavar="N",
                    help=f"{_taking('head_window')} (and {DEFAULT_METHOD}'s head): committed tokens the head attends "
                         "to while drafting (default: the context it was trained on, from its file; 0: all)")
+    g.add_argument("--head-context-vocab", type=int, default=None, metavar="N",
+                   help=f"{_taking('head_context_vocab')} (and {DEFAULT_METHOD}'s head): most tokens outside the head's "
+                        "draft vocabulary that a request's prompt and output add to what the head can draft (names, "
+                        "numbers, foreign words it would copy; default 1024; 0: none)")
     g.add_argument("--online-distill", action="store_true",
                    help=f"{_taking('online_distill')} (and {DEFAULT_METHOD}'s head): keep training the head on the "
                         "requests it serves (OSD: replay buffer, small learning rate); output is unchanged, "

@@ -74,12 +74,14 @@ class TrainedHeadDrafter(DraftTreeDrafter):
         if state.history is not None:
             state.history[0].extend(prompt)
         state.add_features(hidden)
+        state.add_context(prompt)
 
     def observe(self, step: StepResult, state: HeadState) -> None:
         if step.hidden is None:
             raise RuntimeError(f"{self.name}: the step carries no hidden states (the engine must ask for them)")
         state.finish(step.accepted_tokens)
         state.observe(step.hidden, step.path)
+        state.add_context([*step.accepted_tokens, step.next_token])
         if state.history is not None:
             state.history[0].extend([*step.accepted_tokens, step.next_token])
 
@@ -98,14 +100,16 @@ CONFIG = DraftTreeConfig
 def create_head_drafter(kind: str, *, target=None, head: str | os.PathLike | TrainedHead | None = None,
                         target_name: str | None = None, online_distill: bool = False,
                         online_lr: float | None = None, head_window: int | None = None,
-                        **options) -> TrainedHeadDrafter:
+                        head_context_vocab: int | None = None, **options) -> TrainedHeadDrafter:
     """options: DraftTreeConfig fields; `head`: a head file (or a loaded `TrainedHead`);
     `online_distill`: keep training the head on what is served (OSD), at `online_lr`;
     `head_window`: committed pairs an eagle / eagle3 head attends to (None: the context it was
-    trained on, `TrainedHead.window`; 0: every pair)."""
-    if head_window is not None and (isinstance(head_window, bool) or not isinstance(head_window, int)
-                                    or head_window < 0):
-        raise ConfigError(f"head_window must be an integer >= 0 (0 = the whole context), got {head_window!r}")
+    trained on, `TrainedHead.window`; 0: every pair); `head_context_vocab`: most tokens outside the
+    draft vocabulary a request's prompt and output add to the head's output (None: the default,
+    `runtime.DEFAULT_CONTEXT_VOCAB`; 0: none)."""
+    for name, value in (("head_window", head_window), ("head_context_vocab", head_context_vocab)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+            raise ConfigError(f"{name} must be an integer >= 0, got {value!r}")
     if target is None:
         raise ConfigError(f"method {kind!r} needs the target model")
     if head is None:
@@ -118,6 +122,8 @@ def create_head_drafter(kind: str, *, target=None, head: str | os.PathLike | Tra
         raise ConfigError(f"--method {kind} got a {head.kind} head; use --method {head.kind} or a {kind} head")
     if head_window is not None:
         head.window = head_window or None
+    if head_context_vocab is not None:
+        head.context_vocab = head_context_vocab
     merged = {**DEFAULTS[kind], **options}
     online = None
     if online_distill and kind == "eagle3":

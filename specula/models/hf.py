@@ -150,7 +150,9 @@ class HFCausalLM:
         from specula.models.linears import linear_weight
 
         head = self.model.get_output_embeddings()
-        if head.weight.device.type == "meta":  # a packed kernel: read it back through the head
+        if head.weight.device.type == "meta" and getattr(self.model.config, "tie_word_embeddings", False):
+            return self.model.get_input_embeddings().weight[ids.to(self.device)]  # tied: the same rows, unpacked
+        if head.weight.device.type == "meta":  # a packed kernel: read it back through the head (a pass over every row)
             with torch.inference_mode():
                 eye = torch.eye(self.hidden_size, dtype=self.dtype, device=self.device)
                 return head(eye).t()[ids.to(self.device)]

@@ -16,6 +16,7 @@ from tiny import reference_greedy, tiny_model
 from specula.api import build_decoder
 from specula.drafters.heads.file import HeadFile, read_head, save_head, target_record
 from specula.drafters.heads.runtime import drafting_dtype, drafting_kernel, load_head, new_head
+from specula.drafters.trained import create_head_drafter
 from specula.models.native.kernels import KernelLinear
 from specula.errors import ConfigError, HeadFileError
 from specula.models.hf import HFCausalLM
@@ -245,6 +246,48 @@ def test_head_kv_cache_equals_a_from_scratch_forward_after_random_commits(kind, 
     assert compared > 20
 
 
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_requests_context_adds_the_tokens_its_draft_vocabulary_lacks(kind):
+    """The context vocabulary: a request's tokens outside the draft vocabulary (first come, at most
+    `context_vocab`, none twice) are scored with the target's own output rows by the head's hidden
+    state, mapped back exactly, and scattered into q; greedy output stays plain greedy."""
+    model = tiny_model("llama", "eager", seed=4)
+    target = native(model)
+    head = new_head(kind, target, oracle_d2t(model.config.vocab_size), seed=1)  # even ids only
+    v = len(head.d2t)
+    state = head.new_state()
+    state.add_context([3, 4, 5, 3, 7, 6])
+    assert state.extra == [3, 5, 7]
+    assert torch.equal(state.extra_rows, target.output_rows(torch.tensor([3, 5, 7])).float())
+    assert state.vocab_index.tolist() == [*head.d2t.tolist(), 3, 5, 7]
+    assert state.token_ids([0, v, v + 2]) == [0, 3, 7]
+    state.add_context([9, 5, 11])
+    assert state.extra == [3, 5, 7, 9, 11]
+    out = torch.randn(2, head.config.hidden_size)  # [2, E] the head's output
+    logits = state.logits(out)  # [2, V_draft + 5]
+    normed = head.module.output_states(out) if kind == "eagle3" else out
+    assert logits.shape == (2, v + 5)
+    assert torch.allclose(logits[:, :v], head.logits(out))
+    assert torch.allclose(logits[:, v:], normed.float() @ target.output_rows(torch.tensor([3, 5, 7, 9, 11])).float().t())
+    head.context_vocab = 2
+    capped = head.new_state()
+    capped.add_context([3, 5, 7])
+    capped.add_context([9])
+    assert capped.extra == [3, 5]
+    head.context_vocab = 0
+    off = head.new_state()
+    off.add_context([3, 5])
+    assert off.extra == [] and off.logits(out).shape == (2, v) and off.vocab_index is head.d2t
+    head.context_vocab = 1024
+    dec = build_decoder(kind, target, None, head=head, planner=False)
+    prompt = [3, 5, 7, 9, 11, 3, 5, 7]  # every prompt token outside the draft vocabulary
+    out = dec.generate(prompt, SamplingParams(max_new_tokens=24, ignore_eos=True))
+    assert out.token_ids == reference_greedy(model, prompt, 24)
+    with pytest.raises(ConfigError, match="head_context_vocab must be an integer >= 0"):
+        create_head_drafter(kind, target=target, head=head, head_context_vocab=-1)
+    assert create_head_drafter(kind, target=target, head=head, head_context_vocab=0).head.context_vocab == 0
+
+
 # ---------------------------------------------------------------------------- sampling laws
 V = 8
 TEMP = 1.5
@@ -257,22 +300,24 @@ def law_model():
     return tiny_model("llama", seed=8, vocab=V)
 
 
-@pytest.mark.parametrize("kind,sampling,kernel", [("eagle", "deterministic", None), ("eagle", "iid", None),
-                                                  ("hydra", "without_replacement", None), ("medusa", "iid", None),
-                                                  ("eagle3", "iid", None), ("eagle3", "iid", "i8")])
-def test_sampled_output_follows_the_target_law(law_model, kind, sampling, kernel):
+@pytest.mark.parametrize("kind,sampling,kernel,prompt", [
+    ("eagle", "deterministic", None, PROMPT), ("eagle", "iid", None, PROMPT),
+    ("hydra", "without_replacement", None, PROMPT), ("medusa", "iid", None, PROMPT), ("eagle3", "iid", None, PROMPT),
+    ("eagle3", "iid", "i8", PROMPT),
+    ("eagle", "iid", None, [4, 5, 7, 3, 4])])  # tokens 4 and 7 join the head's output from the prompt
+def test_sampled_output_follows_the_target_law(law_model, kind, sampling, kernel, prompt):
     from specula.drafters.heads.runtime import TrainedHead
 
     if kernel is not None and drafting_kernel("cpu") is None:
         pytest.skip("specula's CPU kernels do not run here")
     target = HFCausalLM(law_model, "target")
-    head = new_head(kind, target, torch.tensor([0, 1, 2, 3, 5, 6]), seed=2)  # q is 0 on tokens 4 and 7
+    head = new_head(kind, target, torch.tensor([0, 1, 2, 3, 5, 6]), seed=2)  # draft vocabulary without 4 and 7
     if kernel is not None:  # q = what the int8 head's logits give, the distribution children are drawn from
         head = TrainedHead(head.module, head.d2t, target, kernel=kernel)
     dec = build_decoder(kind, target, None, head=head, planner=HardwarePlanner(curve=FLAT), tree_sampling=sampling,
                         tree_top_k=3, tree_depth=2, adaptive=False)  # every step drafts: the rule is exercised
-    exact = exact_first_two(law_model, PROMPT, TEMP)
-    codes, accepted = sample_first_two(dec, PROMPT, TEMP, V, TRIALS)
+    exact = exact_first_two(law_model, prompt, TEMP)
+    codes, accepted = sample_first_two(dec, prompt, TEMP, V, TRIALS)
     assert accepted > TRIALS // 10, accepted
     assert tv(codes, exact) < tv_bound(exact, TRIALS, c=2.0)
     assert tv(codes, torch.roll(exact, 1)) > 3 * tv_bound(exact, TRIALS, c=2.0)

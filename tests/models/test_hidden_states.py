@@ -63,6 +63,20 @@ def test_tied_native_output_rows_are_the_embedding():
     assert torch.equal(backend.output_rows(ids), model.model.embed_tokens.weight[ids])
 
 
+@pytest.mark.parametrize("tie", [False, True])
+def test_hf_output_rows_of_a_prepacked_head_are_its_rows(tie):
+    """A Hugging Face model whose linears oneDNN prepacked (its head's weight on the meta device):
+    the rows are the tied embedding's where the head is tied (no pass), else read through the head."""
+    from specula.models.prepack import prepack_model
+
+    backend, model = _backend("hf", "qwen2", tie=tie)
+    ids = torch.tensor([0, 9, 3, 9])
+    expected = model.lm_head.weight[ids].detach().clone()
+    prepack_model(model, "onednn")
+    assert model.get_output_embeddings().weight.device.type == "meta"
+    assert torch.allclose(backend.output_rows(ids), expected, atol=1e-6)
+
+
 @pytest.mark.parametrize("kernel,quantize", [("specula", "none"), ("specula", "int8"), ("onednn", "none"),
                                              ("aten", "none"), ("aten", "int8")])
 def test_untied_native_output_rows_are_the_output_heads_rows(kernel, quantize):

@@ -54,6 +54,10 @@ class TrainedHead:
         learned on, and a long prompt costs a catch-up pass over `window` rows, not over the
         whole prompt (SmolLM2's eagle3 head: 50 ms for a 750-token prompt in float32, about three
         plain target steps; 17 ms for 256 rows)."""
+        self.context_vocab = DEFAULT_CONTEXT_VOCAB
+        """Most target tokens outside the draft vocabulary a request's context adds to the head's
+        output while drafting (`HeadState.add_context`; 0: none): see `DEFAULT_CONTEXT_VOCAB`."""
+        self._in_vocab: torch.Tensor | None = None  # [V_target] bool: in the draft vocabulary (built on first use)
         self.kernel: str | None = None
         """The CPU kernel its linear layers draft on (`drafting_kernel`), or None: torch's, trainable."""
         self._lm: torch.nn.Module | None = None  # the output rows as a kernel linear, when `kernel` is set
@@ -95,11 +99,24 @@ class TrainedHead:
         feature layers (eagle3), else the last hidden state (True)."""
         return self.config.feature_layers or True
 
-    def logits(self, out: torch.Tensor) -> torch.Tensor:
-        """The head's output [..., E] -> logits [..., V_draft] float32 (eagle3 norms it first)."""
+    def logits(self, out: torch.Tensor, extra_rows: torch.Tensor | None = None) -> torch.Tensor:
+        """The head's output [..., E] -> logits [..., V_draft] float32 (eagle3 norms it first), or
+        [..., V_draft + X] with `extra_rows` [X, E] (float32 target output rows of X more tokens,
+        `HeadState.add_context`) scored by the same hidden state."""
         if self.kind == "eagle3":
             out = self.module.output_states(out)
-        return self.target_logits(out)
+        logits = self.target_logits(out)
+        if extra_rows is None:
+            return logits
+        return torch.cat([logits, out.float() @ extra_rows.t()], dim=-1)
+
+    def in_draft_vocab(self) -> torch.Tensor:
+        """[V_target] bool: which target tokens the draft vocabulary holds."""
+        if self._in_vocab is None:
+            mask = torch.zeros(int(self.config.target_vocab), dtype=torch.bool)
+            mask[self.d2t.cpu()] = True
+            self._in_vocab = mask
+        return self._in_vocab
 
     def target_logits(self, feat: torch.Tensor) -> torch.Tensor:
         """A final-normed target feature [..., E] -> the target's logits over the draft vocabulary
@@ -122,6 +139,13 @@ class TrainedHead:
     def new_state(self) -> "HeadState":
         return {"eagle": EagleState, "eagle3": EagleState, "medusa": MedusaState, "hydra": HydraState}[self.kind](self)
 
+
+DEFAULT_CONTEXT_VOCAB = 1024
+"""Tokens outside the draft vocabulary that a request's prompt and output add to a head's output
+rows (the target's own rows for them, scored by the head's hidden state like the others). A draft
+vocabulary of the corpus's 8,192 most frequent tokens holds 92-96% of SmolLM2's tokens in chat,
+code and math answers but 82% in news summaries and 69% in translations (names, numbers, foreign
+words, mostly copied from the prompt): a chain stops at every token the head cannot name."""
 
 DRAFTING_KERNEL = "i8"
 """The kernel a head drafts on where specula's CPU kernels run (`drafting_kernel`)."""
@@ -183,6 +207,12 @@ class HeadState:
         self.depth: dict[int, int] = {}  # proposal node -> depth (1 = child of the root)
         self.history: tuple[list[int], list[torch.Tensor]] | None = None
         """(committed tokens, their features) when the request is recorded (online distillation)."""
+        self.extra: list[int] = []
+        """Target ids of this request's context vocabulary: its tokens outside the draft vocabulary
+        (`add_context`); logit index V_draft + i is extra[i]."""
+        self.extra_rows: torch.Tensor | None = None  # [len(extra), E] float32: their output rows
+        self._extra_set: set[int] = set()
+        self._index: torch.Tensor | None = None  # [V_draft + len(extra)] long, built on demand
 
     @property
     def known(self) -> int:
@@ -201,8 +231,34 @@ class HeadState:
         """A verified step: keep the root's and the accepted nodes' features (rows 0, path + 1)."""
         self.add_features(hidden[[0, *(i + 1 for i in path)]])
 
+    def add_context(self, tokens: Sequence[int]) -> None:
+        """Tokens of the request (its prompt, then what it commits): those outside the draft vocabulary
+        join this request's head output, up to `head.context_vocab` of them (first come)."""
+        room = self.head.context_vocab - len(self.extra)
+        if room <= 0 or not tokens:
+            return
+        in_vocab = self.head.in_draft_vocab()
+        ids = torch.tensor(list(tokens), dtype=torch.long)
+        ids = ids[(ids >= 0) & (ids < len(in_vocab))]
+        new = [t for t in dict.fromkeys(ids[~in_vocab[ids]].tolist()) if t not in self._extra_set]
+        if not new:
+            return
+        new = new[:room]
+        rows = self.head.target.output_rows(torch.tensor(new, dtype=torch.long)).float()  # [k, E]
+        self.extra.extend(new)
+        self._extra_set.update(new)
+        self.extra_rows = rows if self.extra_rows is None else torch.cat([self.extra_rows, rows])
+        self._index = None
+
+    def logits(self, out: torch.Tensor) -> torch.Tensor:
+        """The head's output [..., E] -> logits over the draft vocabulary and this request's context
+        vocabulary [..., V_draft + len(extra)]."""
+        return self.head.logits(out, self.extra_rows)
+
     def token_ids(self, indices: Sequence[int]) -> list[int]:
-        return self.head.token_ids(indices)
+        if not self.extra:
+            return self.head.token_ids(indices)
+        return self.vocab_index[list(indices)].tolist()
 
     def feature_before_root(self, tokens: Sequence[int]) -> torch.Tensor | None:
         """Medusa / Hydra: f of the token before the root (earlier pending features dropped), or
@@ -217,8 +273,13 @@ class HeadState:
 
     @property
     def vocab_index(self) -> torch.Tensor:
-        """[V_draft] long: the target token id of each logit index."""
-        return self.head.d2t
+        """[V_draft + len(extra)] long: the target token id of each logit index."""
+        if not self.extra:
+            return self.head.d2t
+        if self._index is None:
+            self._index = torch.cat([self.head.d2t, torch.tensor(self.extra, dtype=torch.long,
+                                                                 device=self.head.d2t.device)])
+        return self._index
 
     def finish(self, accepted: Sequence[int]) -> None:
         self.depth = {}
@@ -288,7 +349,7 @@ class EagleState(HeadState):
             return None
         self.rows, self.ancestors, self.depth = {}, [], {}
         self.out = {-1: self.last}
-        return self.head.logits(self.last)
+        return self.logits(self.last)
 
     @torch.inference_mode()
     def feed(self, nodes: Sequence[int], tokens: Sequence[int], parents: Sequence[int]) -> torch.Tensor:
@@ -315,7 +376,7 @@ class EagleState(HeadState):
                                   lo=lo)
         for j, node in enumerate(nodes):
             self.out[node] = out[0, j]
-        return self.head.logits(out[0])
+        return self.logits(out[0])
 
     def finish(self, accepted: Sequence[int]) -> None:
         self.rows, self.out, self.ancestors, self.depth = {}, {}, [], {}
@@ -333,7 +394,7 @@ class MedusaState(HeadState):
         feat = self.feature_before_root(tokens)
         if feat is None:
             return None
-        self.levels = self.head.logits(self.head.module(feat))  # [K, V_draft]
+        self.levels = self.logits(self.head.module(feat))  # [K, V_draft]
         self.depth = {}
         return self.levels[0]
 
@@ -352,7 +413,7 @@ class HydraState(HeadState):
             return None
         self.path_emb = {-1: self.head.embed([tokens[-1]])}  # node -> embeddings [d + 1, E] root..node
         self.depth = {}
-        return self.head.logits(self.head.module.forward_one(0, self.feat, self.path_emb[-1]))
+        return self.logits(self.head.module.forward_one(0, self.feat, self.path_emb[-1]))
 
     @torch.inference_mode()
     def feed(self, nodes: Sequence[int], tokens: Sequence[int], parents: Sequence[int]) -> torch.Tensor:
@@ -362,7 +423,7 @@ class HydraState(HeadState):
             embs = torch.cat([self.path_emb[parents[node]], self.head.embed([tokens[node]])])  # [d + 1, E]
             self.path_emb[node] = embs
             outs.append(self.head.module.forward_one(d, self.feat, embs))
-        return self.head.logits(torch.stack(outs))
+        return self.logits(torch.stack(outs))
 
 
 def head_config(kind: str, target, draft_vocab: int, num_offsets: int = 4, intermediate_size: int = 0,
