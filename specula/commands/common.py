@@ -132,7 +132,7 @@ def add_method_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--head-context-vocab", type=int, default=None, metavar="N",
                    help=f"{_taking('head_context_vocab')} (and {DEFAULT_METHOD}'s head): most tokens outside the head's "
                         "draft vocabulary that a request's prompt and output add to what the head can draft (names, "
-                        "numbers, foreign words it would copy; default 1024; 0: none)")
+                        "numbers, foreign words it would copy; default 0: none; e.g. 1024)")
     g.add_argument("--online-distill", action="store_true",
                    help=f"{_taking('online_distill')} (and {DEFAULT_METHOD}'s head): keep training the head on the "
                         "requests it serves (OSD: replay buffer, small learning rate); output is unchanged, "

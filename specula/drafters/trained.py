@@ -106,7 +106,7 @@ def create_head_drafter(kind: str, *, target=None, head: str | os.PathLike | Tra
     `head_window`: committed pairs an eagle / eagle3 head attends to (None: the context it was
     trained on, `TrainedHead.window`; 0: every pair); `head_context_vocab`: most tokens outside the
     draft vocabulary a request's prompt and output add to the head's output (None: the default,
-    `runtime.DEFAULT_CONTEXT_VOCAB`; 0: none)."""
+    `runtime.DEFAULT_CONTEXT_VOCAB`, none; 0: none)."""
     for name, value in (("head_window", head_window), ("head_context_vocab", head_context_vocab)):
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
             raise ConfigError(f"{name} must be an integer >= 0, got {value!r}")

@@ -255,6 +255,10 @@ def test_a_requests_context_adds_the_tokens_its_draft_vocabulary_lacks(kind):
     target = native(model)
     head = new_head(kind, target, oracle_d2t(model.config.vocab_size), seed=1)  # even ids only
     v = len(head.d2t)
+    off = head.new_state()  # the default: no context vocabulary
+    off.add_context([3, 5])
+    assert off.extra == [] and off.vocab_index is head.d2t
+    head.context_vocab = 1024
     state = head.new_state()
     state.add_context([3, 4, 5, 3, 7, 6])
     assert state.extra == [3, 5, 7]
@@ -277,7 +281,7 @@ def test_a_requests_context_adds_the_tokens_its_draft_vocabulary_lacks(kind):
     head.context_vocab = 0
     off = head.new_state()
     off.add_context([3, 5])
-    assert off.extra == [] and off.logits(out).shape == (2, v) and off.vocab_index is head.d2t
+    assert off.extra == [] and off.logits(out).shape == (2, v)
     head.context_vocab = 1024
     dec = build_decoder(kind, target, None, head=head, planner=False)
     prompt = [3, 5, 7, 9, 11, 3, 5, 7]  # every prompt token outside the draft vocabulary
@@ -314,6 +318,7 @@ def test_sampled_output_follows_the_target_law(law_model, kind, sampling, kernel
     head = new_head(kind, target, torch.tensor([0, 1, 2, 3, 5, 6]), seed=2)  # draft vocabulary without 4 and 7
     if kernel is not None:  # q = what the int8 head's logits give, the distribution children are drawn from
         head = TrainedHead(head.module, head.d2t, target, kernel=kernel)
+    head.context_vocab = 16  # the request's tokens outside the draft vocabulary join q (4 and 7 in the last case)
     dec = build_decoder(kind, target, None, head=head, planner=HardwarePlanner(curve=FLAT), tree_sampling=sampling,
                         tree_top_k=3, tree_depth=2, adaptive=False)  # every step drafts: the rule is exercised
     exact = exact_first_two(law_model, prompt, TEMP)

@@ -140,12 +140,16 @@ class TrainedHead:
         return {"eagle": EagleState, "eagle3": EagleState, "medusa": MedusaState, "hydra": HydraState}[self.kind](self)
 
 
-DEFAULT_CONTEXT_VOCAB = 1024
+DEFAULT_CONTEXT_VOCAB = 0
 """Tokens outside the draft vocabulary that a request's prompt and output add to a head's output
-rows (the target's own rows for them, scored by the head's hidden state like the others). A draft
-vocabulary of the corpus's 8,192 most frequent tokens holds 92-96% of SmolLM2's tokens in chat,
-code and math answers but 82% in news summaries and 69% in translations (names, numbers, foreign
-words, mostly copied from the prompt): a chain stops at every token the head cannot name."""
+rows (the target's own rows for them, scored by the head's hidden state like the others;
+`--head-context-vocab N`). A draft vocabulary of the corpus's 8,192 most frequent tokens holds
+92-98% of SmolLM2's tokens in chat, code and math answers but 82% in news summaries and 69% in
+translations (names, numbers, foreign words, mostly copied from the prompt): a chain stops at every
+token the head cannot name. Off by default: with N = 1024 SmolLM2's head accepted more wherever
+every drafted node was verified, but under the planner `eagle3` ran 1.00x of itself without it on
+Spec-Bench and on the everyday set, and `fusion` 0.95x on the everyday set (docs/training.md,
+"Long contexts and the draft vocabulary")."""
 
 DRAFTING_KERNEL = "i8"
 """The kernel a head drafts on where specula's CPU kernels run (`drafting_kernel`)."""
