@@ -107,9 +107,10 @@ def create_head_drafter(kind: str, *, target=None, head: str | os.PathLike | Tra
     trained on, `TrainedHead.window`; 0: every pair); `head_context_vocab`: most tokens outside the
     draft vocabulary a request's prompt and output add to the head's output (None: the default,
     `runtime.DEFAULT_CONTEXT_VOCAB`, none; 0: none)."""
-    for name, value in (("head_window", head_window), ("head_context_vocab", head_context_vocab)):
+    for name, value, zero in (("head_window", head_window, "the whole context"),
+                              ("head_context_vocab", head_context_vocab, "none")):
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
-            raise ConfigError(f"{name} must be an integer >= 0, got {value!r}")
+            raise ConfigError(f"{name} must be an integer >= 0 (0 = {zero}), got {value!r}")
     if target is None:
         raise ConfigError(f"method {kind!r} needs the target model")
     if head is None:
