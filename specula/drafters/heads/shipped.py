@@ -56,10 +56,12 @@ SHIPPED: tuple[ShippedHead, ...] = (
     ShippedHead("qwen2.5-coder-0.5b", "eagle3", "qwen2.5-coder-0.5b-eagle3.safetensors",
                 "888083f0177bc9b283241ab3da133bc505caafc61059bad84f3ec3d5ab24e8ca"),
     # specula train --target qwen2.5-coder-1.5b --kind eagle3 --dtype bfloat16 --intermediate-size 2048
-    #   --num-kv-heads 4 --data $D/magpie-{code,math,explain}.jsonl --max-new-tokens 128 --epochs 3
-    #   (1,260 prompts, answered by Qwen2.5-Coder-1.5B); int8 matrices (float16 would be 53 MB)
+    #   --num-kv-heads 4 --data $D/magpie-{code,math,explain,howto,writing}.jsonl
+    #   $D/magpie2-{code,math,explain}.jsonl --max-new-tokens 128 --epochs 3 (3,103 prompts, answered
+    #   by Qwen2.5-Coder-1.5B; docs/training.md "The 1.5B head on 3,103 prompts"); int8 matrices
+    #   (float16 would be 53 MB)
     ShippedHead("qwen2.5-coder-1.5b", "eagle3", "qwen2.5-coder-1.5b-eagle3.safetensors",
-                "bd5f92e98c41690f364e812af48338fde3517098965235cbe9a317e4ee7905be"),
+                "141298156f33f18e824e0496bece1bbc1d53136e6ba5b17b50b43ef90034bf0e"),
 )
 """Every shipped head."""
 
