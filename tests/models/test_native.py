@@ -196,26 +196,31 @@ def test_kernel_linear_reads_back_chosen_weight_rows_as_it_computes_with_them(ki
 
 
 @pytest.mark.skipif(not kernels.available(), reason="specula's CPU kernels cannot run here")
-def test_long_prefills_run_as_one_gemm_and_stay_lossless(monkeypatch):
-    """float32 calls of >= GEMM_ROWS rows (long prompts) run as a BLAS GEMM on the unpacked weights:
-    equal to F.linear to float tolerance, logits equal Hugging Face's, and speculative output still
-    equals plain decoding (both prefill the same way; tree passes stay on the row-invariant kernels)."""
+def test_long_prefills_run_on_the_row_invariant_kernels(isa):
+    """float32 calls of many rows (long prompts) run on the kernels, like tree passes: every row of a
+    200-row call is bitwise the row alone (AVX-512 items then take panels of column blocks), a long
+    prefill's logits equal Hugging Face's, and speculative output equals plain decoding."""
     from torch import nn
 
     from specula.models.native.kernels import KernelLinear
 
     torch.manual_seed(0)
-    lin = nn.Linear(70, 37)
-    x = torch.randn(kernels.GEMM_ROWS + 3, 70)
-    torch.testing.assert_close(KernelLinear(lin, "f32")(x), lin(x), atol=1e-4, rtol=1e-5)
-    monkeypatch.setattr(kernels, "GEMM_ROWS", 8)  # the tiny model's prompts take the GEMM path
+    lin = nn.Linear(70, 300)  # 19 column blocks: panels of 4 with 2 threads
+    layer = KernelLinear(lin, "f32")
+    x = torch.randn(200, 70)
+    for variant in ("avx2", "avx512"):
+        isa(variant)
+        got = layer(x)
+        torch.testing.assert_close(got, lin(x), atol=1e-4, rtol=1e-5)
+        for r in (0, 63, 64, 199):
+            assert torch.equal(layer(x[r : r + 1])[0], got[r]), (variant, r)
     model = tiny_model("qwen2", "eager", seed=2)
     target = native(model, kernel="specula")
-    ids = list(range(3, 40))
+    ids = [(7 * k + 3) % 60 for k in range(140)]  # 140 rows, within the tiny vocabulary
     with torch.inference_mode():
         ref = model(torch.tensor([ids])).logits[0]
     torch.testing.assert_close(target.new_sequence().prefill(ids, logits="all"), ref, atol=1e-4, rtol=1e-4)
-    prompt = [5, 17, 33, 2, 5, 17, 40, 41, 42, 5, 17, 60, 61, 5, 17]
+    prompt = [5, 17, 33, 2, 5, 17, 40, 41, 42, 5, 17, 60, 61, 5, 17] * 6
     plain = build_decoder("none", target, None, None).generate(prompt, SamplingParams(max_new_tokens=30, ignore_eos=True))
     spec = build_decoder("prompt-lookup", target, None, None, planner=False).generate(
         prompt, SamplingParams(max_new_tokens=30, ignore_eos=True))

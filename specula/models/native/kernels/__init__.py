@@ -51,12 +51,6 @@ ISA_ENV = "SPECULA_KERNEL_ISA"
 """`auto` (default: AVX-512 where the CPU has F/BW/VNNI, else AVX2), `avx2`, or `avx512` (an error
 on a CPU without it): which variant of the kernels runs."""
 KINDS = ("f32", "w8", "i8")
-GEMM_ROWS = 128
-"""float32 calls with at least this many rows (long prompt prefills; tree verification passes hold at
-most 65) run as one BLAS GEMM on the weights unpacked per call: the C kernels are built for 1-16 rows
-and reach about half of BLAS's throughput on big matrices (a Qwen2.5-1.5B prefill ran ~2.3x slower
-than Hugging Face's on a 2,000-token prompt). A prefill runs the same for plain and speculative
-decoding, so it needs no row invariance: speculative output stays plain decoding's bit for bit."""
 
 
 def _cpu_flags() -> set[str]:
@@ -240,8 +234,6 @@ class KernelLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [..., in]
         rows = x.reshape(-1, self.in_features).float().contiguous()  # [n, in]
         n = rows.shape[0]
-        if self.kind == "f32" and n >= GEMM_ROWS:
-            return self._gemm(rows).to(x.dtype).reshape(*x.shape[:-1], self.out_features)
         out = torch.empty((n, self.out_features), dtype=torch.float32)  # [n, out]
         lib, threads = library(), torch.get_num_threads()
         if self.kind == "f32":
@@ -252,15 +244,6 @@ class KernelLinear(nn.Module):
             fn(rows.data_ptr(), self.packed.data_ptr(), self.scale.data_ptr(), _ptr(self.bias), out.data_ptr(), n,
                self.in_features, self.out_features, threads)
         return out.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
-
-    def _gemm(self, rows: torch.Tensor) -> torch.Tensor:
-        """rows [n, in] @ W^T as one BLAS call: the packed [blocks][in][NB] weights are unpacked to
-        W^T [in, blocks * NB] for this call only (no second copy kept)."""
-        block = library().specula_block()
-        blocks = self.packed.numel() // (self.in_features * block)
-        wt = self.packed.view(blocks, self.in_features, block).permute(1, 0, 2).reshape(self.in_features, -1)
-        out = rows @ wt[:, : self.out_features]  # [n, out]
-        return out if self.bias is None else out.add_(self.bias)
 
     def weight_rows(self, ids: torch.Tensor) -> torch.Tensor:
         """[k] long -> [k, in] float32: the weight rows (output features) `ids` as the kernel holds them

@@ -19,7 +19,8 @@
  * of f32's weight bytes and about a third of w8's instructions.
  *
  * Threads: the column blocks of a call are the items of `specula_parallel` (pool.c), which a busy
- * machine cannot stall; packing (once, at load) uses OpenMP.
+ * machine cannot stall (f32 / w8 with many rows: panels of blocks, `panel_blocks` in linear.h);
+ * packing (once, at load) uses OpenMP.
  */
 #include <immintrin.h>
 #include <stddef.h>
@@ -101,9 +102,10 @@ static void linear_float(const float *x, const void *wp, const float *scale, con
                          int out, int threads, specula_item_fn avx2_fn, specula_item_fn avx512_fn) {
     int wide = M > MR && specula_isa(), mr = wide ? MRZ : MR;
     float *xp = pack_rows(x, M, in, mr);
+    int panel = panel_blocks(M, out, threads), blocks = (out + NB - 1) / NB;
     struct linear_job job = {.xp = xp, .wp = wp, .scale = scale, .b = b, .y = y, .M = M, .in = in, .out = out,
-                             .groups = (M + mr - 1) / mr};
-    specula_parallel(threads, (out + NB - 1) / NB, wide ? avx512_fn : avx2_fn, &job);
+                             .groups = (M + mr - 1) / mr, .panel = panel};
+    specula_parallel(threads, (blocks + panel - 1) / panel, wide ? avx512_fn : avx2_fn, &job);
     free(xp);
 }
 

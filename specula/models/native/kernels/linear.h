@@ -21,6 +21,7 @@ struct linear_job {
     const float *b;
     float *y;
     int M, in, out, groups, quads, in4;
+    int panel;             /* f32 / w8: column blocks per item (`panel_blocks`) */
 };
 
 /* 1 when the AVX-512 variants run (the CPU has AVX-512 F/BW/VNNI and `specula_set_isa` did not
@@ -54,21 +55,39 @@ static inline void store_int_rows(int32_t acc[][NB], float *y, const float *xs, 
     }
 }
 
+/* Column blocks per item of a float-activation call: 1 for the few rows of decoding and
+ * verification (every block its own item, the most parallel), more for a prompt's many rows, so a
+ * group of rows (GROUP x in floats) is read from L2 for PANEL blocks in turn instead of coming back
+ * from L3 for each block (a 1.5B target's prefill re-read its activations once per 16 outputs).
+ * The blocks' weights (PANEL x in x NB) stay in L2 across the groups. Each output is still the same
+ * chain of FMAs over i = 0, 1, ..., so the bits do not depend on the panel. */
+#define PANEL_ROWS 64   /* from this many rows on, items take PANEL blocks */
+#define PANEL 4
+static inline int panel_blocks(int M, int out, int threads) {
+    int blocks = (out + NB - 1) / NB;
+    if (M < PANEL_ROWS || blocks < PANEL * (threads > 1 ? threads : 1)) return 1;
+    return PANEL;
+}
+
 /* The item function of one float-activation weight kind (f32, w8) for a group size GROUP: every row
  * group of the call over column block `bk`, the group's rows run by SWITCH(LOAD, SCALE) (which
  * reads m0, xg, in, wb, y, b, o0, nc, out, M). Both variants' items (linear.c, linear_avx512.c). */
 #define FLOAT_BLOCK_ITEM(NAME, WTYPE, GROUP, SWITCH, LOAD, SCALE)                                    \
-    void NAME(void *arg, int bk) {                                                                   \
+    void NAME(void *arg, int item) {                                                                 \
         const struct linear_job *j = arg;                                                            \
         const float *b = j->b, *scale = j->scale;                                                    \
-        const WTYPE *wb = (const WTYPE *)j->wp + (size_t)bk * j->in * NB;                            \
         float *y = j->y;                                                                             \
-        int M = j->M, in = j->in, out = j->out, o0 = bk * NB, nc = out - o0 < NB ? out - o0 : NB;    \
+        int M = j->M, in = j->in, out = j->out, blocks = (out + NB - 1) / NB;                        \
+        int bk0 = item * j->panel, bk1 = bk0 + j->panel < blocks ? bk0 + j->panel : blocks;          \
         (void)scale;                                                                                 \
         for (int gr = 0; gr < j->groups; gr++) {                                                     \
             int m0 = gr * GROUP;                                                                     \
             const float *xg = j->xp + (size_t)gr * in * GROUP;                                       \
-            SWITCH(LOAD, SCALE)                                                                      \
+            for (int bk = bk0; bk < bk1; bk++) {                                                     \
+                const WTYPE *wb = (const WTYPE *)j->wp + (size_t)bk * in * NB;                       \
+                int o0 = bk * NB, nc = out - o0 < NB ? out - o0 : NB;                                \
+                SWITCH(LOAD, SCALE)                                                                  \
+            }                                                                                        \
         }                                                                                            \
     }
 
