@@ -81,9 +81,10 @@ class TrainedHeadDrafter(DraftTreeDrafter):
             raise RuntimeError(f"{self.name}: the step carries no hidden states (the engine must ask for them)")
         state.finish(step.accepted_tokens)
         state.observe(step.hidden, step.path)
-        state.add_context([*step.accepted_tokens, step.next_token])
+        committed = [*step.accepted_tokens, step.next_token]
+        state.add_context(committed)
         if state.history is not None:
-            state.history[0].extend([*step.accepted_tokens, step.next_token])
+            state.history[0].extend(committed)
 
     def finish(self, state: HeadState) -> None:
         if self.online is not None and state.history is not None:

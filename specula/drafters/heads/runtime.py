@@ -260,8 +260,7 @@ class HeadState:
         return self.head.logits(out, self.extra_rows)
 
     def token_ids(self, indices: Sequence[int]) -> list[int]:
-        if not self.extra:
-            return self.head.token_ids(indices)
+        """Logit indices (draft vocabulary, then this request's context vocabulary) -> target ids."""
         return self.vocab_index[list(indices)].tolist()
 
     def feature_before_root(self, tokens: Sequence[int]) -> torch.Tensor | None:
