@@ -195,11 +195,89 @@ def test_kernel_linear_reads_back_chosen_weight_rows_as_it_computes_with_them(ki
                                rtol=0 if kind == "f32" else 1e-2)
 
 
+def kernel_attention(q, k, v, mask, start, threads=2):
+    """`specula_attention` on q [n, H, D] over caches k, v [G, cap, D]: mask [n, start + n] (bool) or
+    None (causal: row r sees slots 0 .. start + r). Returns out [n, H, D]."""
+    n, heads, d = q.shape
+    slots = start + n
+    out = torch.empty_like(q)
+    scores = torch.empty(n * heads * slots)
+    kernels.library().specula_attention(q.data_ptr(), k.data_ptr(), v.data_ptr(),
+                                        None if mask is None else mask.contiguous().data_ptr(), out.data_ptr(),
+                                        scores.data_ptr(), n, heads, k.shape[0], d, k.shape[1], slots, start,
+                                        d ** -0.5, threads)
+    return out
+
+
+def random_parents(rng: random.Random, n: int) -> list[int]:
+    """A random tree of n nodes in topological order: parents[i] < i, or -1 for a child of the root."""
+    return [rng.randrange(-1, i) for i in range(n)]
+
+
+def tree_mask(parents: list[int], start: int) -> torch.Tensor:
+    """Bool [n, start + n]: node i sees the prefix, its ancestors and itself."""
+    n = len(parents)
+    mask = torch.zeros(n, start + n, dtype=torch.bool)
+    mask[:, :start] = True
+    for i in range(n):
+        j = i
+        while j >= 0:
+            mask[i, start + j] = True
+            j = parents[j]
+    return mask
+
+
+@pytest.mark.skipif(not kernels.available(), reason="specula's CPU kernels cannot run here")
+@pytest.mark.parametrize("heads,kv_heads,d", [(9, 3, 64), (14, 2, 64), (12, 2, 128), (4, 4, 80), (8, 1, 8)])
+@pytest.mark.parametrize("start,n", [(0, 1), (0, 7), (37, 1), (37, 16), (300, 9)])
+def test_kernel_attention_is_softmax_attention(heads, kv_heads, d, start, n):
+    """The attention kernel computes softmax(q . k / sqrt(d)) v over each row's visible slots, causal
+    and under a tree mask, for grouped heads of any multiple of 8 dims (32-dim blocks and tails)."""
+    torch.manual_seed(start + n + d)
+    rng = random.Random(start * 31 + n)
+    cap = start + n + 5
+    q = torch.randn(n, heads, d)
+    k, v = torch.randn(kv_heads, cap, d) * 2, torch.randn(kv_heads, cap, d)
+    causal = torch.ones(n, start + n, dtype=torch.bool).tril(start)
+    for mask in (None, tree_mask(random_parents(rng, n), start)):
+        seen = causal if mask is None else mask
+        kk = k[:, : start + n].repeat_interleave(heads // kv_heads, 0).double()  # [H, slots, D]
+        vv = v[:, : start + n].repeat_interleave(heads // kv_heads, 0).double()
+        logits = torch.einsum("nhd,hsd->nhs", q.double(), kk) * d ** -0.5
+        logits = logits.masked_fill(~seen[:, None, :], float("-inf"))
+        expected = torch.einsum("nhs,hsd->nhd", logits.softmax(-1), vv).float()
+        torch.testing.assert_close(kernel_attention(q, k, v, mask, start), expected, atol=2e-5, rtol=1e-4)
+
+
+@pytest.mark.skipif(not kernels.available(), reason="specula's CPU kernels cannot run here")
+@pytest.mark.parametrize("heads,kv_heads,d,start", [(9, 3, 64, 37), (14, 2, 64, 203), (12, 2, 128, 64), (6, 3, 24, 9)])
+def test_kernel_attention_tree_rows_are_bitwise_one_token_rows(heads, kv_heads, d, start):
+    """A tree row, its ancestors in scattered slots and computed beside other rows and heads (item
+    groupings of 1 and 2 threads), gives the bits of the one-token step of the same tokens: the
+    ancestors in consecutive slots, the row alone and causal."""
+    torch.manual_seed(start)
+    rng = random.Random(start)
+    n = 13
+    parents = random_parents(rng, n)
+    q = torch.randn(n, heads, d)
+    k, v = torch.randn(kv_heads, start + n, d), torch.randn(kv_heads, start + n, d)
+    mask = tree_mask(parents, start)
+    rows = [kernel_attention(q, k, v, mask, start, threads) for threads in (1, 2)]
+    assert torch.equal(rows[0], rows[1])
+    for i in range(n):
+        path = [j for j in range(i + 1) if mask[i, start + j]]  # ancestors then i, in slot order
+        kk, vv = k[:, : start + len(path)].clone(), v[:, : start + len(path)].clone()
+        kk[:, start:], vv[:, start:] = k[:, [start + j for j in path]], v[:, [start + j for j in path]]
+        one = kernel_attention(q[i : i + 1].clone(), kk, vv, None, start + len(path) - 1)
+        assert torch.equal(rows[0][i], one[0]), i
+
+
 @pytest.mark.skipif(not kernels.available(), reason="specula's CPU kernels cannot run here")
 def test_long_prefills_run_on_the_row_invariant_kernels(isa):
     """float32 calls of many rows (long prompts) run on the kernels, like tree passes: every row of a
     200-row call is bitwise the row alone (AVX-512 items then take panels of column blocks), a long
-    prefill's logits equal Hugging Face's, and speculative output equals plain decoding."""
+    prefill's logits equal Hugging Face's and, bit for bit, the one-token steps of the same tokens
+    (its attention is the decoding kernel's too), and speculative output equals plain decoding."""
     from torch import nn
 
     from specula.models.native.kernels import KernelLinear
@@ -219,7 +297,12 @@ def test_long_prefills_run_on_the_row_invariant_kernels(isa):
     ids = [(7 * k + 3) % 60 for k in range(140)]  # 140 rows, within the tiny vocabulary
     with torch.inference_mode():
         ref = model(torch.tensor([ids])).logits[0]
-    torch.testing.assert_close(target.new_sequence().prefill(ids, logits="all"), ref, atol=1e-4, rtol=1e-4)
+    logits = target.new_sequence().prefill(ids, logits="all")
+    torch.testing.assert_close(logits, ref, atol=1e-4, rtol=1e-4)
+    stepped = target.new_sequence()  # the prompt's last rows one token at a time: the same bits
+    stepped.prefill(ids[:136], logits="none")
+    for row in range(136, 140):
+        assert torch.equal(stepped.prefill([ids[row]], logits="last"), logits[row]), row
     prompt = [5, 17, 33, 2, 5, 17, 40, 41, 42, 5, 17, 60, 61, 5, 17] * 6
     plain = build_decoder("none", target, None, None).generate(prompt, SamplingParams(max_new_tokens=30, ignore_eos=True))
     spec = build_decoder("prompt-lookup", target, None, None, planner=False).generate(

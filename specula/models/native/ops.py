@@ -11,6 +11,8 @@ Shapes: T rows, H query heads, G KV heads, D head dim, E hidden, I MLP width.
 
 from __future__ import annotations
 
+import threading
+
 import torch
 import torch.nn.functional as F
 
@@ -95,6 +97,11 @@ def _attend_rows(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask
     return out
 
 
+SCORES_SCRATCH = 1 << 23
+"""Floats of attention scores one kernel call may fill (32 MiB): a long prompt's causal attention
+runs in chunks of rows within it."""
+
+
 class CpuKernelOps:
     """specula's C kernels (CPU, float32): row-invariant by construction (see `kernels/ops.c`)."""
 
@@ -104,6 +111,7 @@ class CpuKernelOps:
         from specula.models.native.kernels import library
 
         self.lib = library()
+        self._scratch = threading.local()
 
     def add_norm(self, x, delta, weight, eps):
         x = x.contiguous()
@@ -123,17 +131,28 @@ class CpuKernelOps:
 
     def attend(self, q, cache, layer, start, mask, invariant, prefill):
         n, heads, d = q.shape
-        if prefill and n > 1:  # a prompt: the same for every method, no invariance needed; fused SDPA
-            return _attend(q, cache.k[layer, :, : start + n], cache.v[layer, :, : start + n], mask)
-        slots = start + n
         out = torch.empty_like(q)
-        threads = torch.get_num_threads()
-        scores = torch.empty(n * heads * slots, dtype=torch.float32)
+        if prefill:  # a prompt's rows see the slots up to their own: the kernel's causal rule, no mask read
+            mask = None
+        # a causal call runs in chunks of rows whose scores fit SCORES_SCRATCH (long prompts)
+        step = n if mask is not None else max(1, SCORES_SCRATCH // (heads * (start + n)))
         mask_ptr = None if mask is None else mask.contiguous().data_ptr()  # bool: one byte per slot
-        self.lib.specula_attention(q.data_ptr(), cache.k[layer].data_ptr(), cache.v[layer].data_ptr(), mask_ptr,
-                                   out.data_ptr(), scores.data_ptr(), n, heads, cache.shape[1], d, cache.capacity,
-                                   slots, start, d ** -0.5, threads)
+        for r0 in range(0, n, step):
+            r1 = min(n, r0 + step)
+            scores = self._scores((r1 - r0) * heads * (start + r1))
+            self.lib.specula_attention(q[r0].data_ptr(), cache.k[layer].data_ptr(), cache.v[layer].data_ptr(),
+                                       mask_ptr, out[r0].data_ptr(), scores.data_ptr(), r1 - r0, heads,
+                                       cache.shape[1], d, cache.capacity, start + r1, start + r0, d ** -0.5,
+                                       torch.get_num_threads())
         return out
+
+    def _scores(self, size: int) -> torch.Tensor:
+        """This thread's attention scratch of at least `size` floats, kept between calls (a new buffer
+        for a long context's scores at every layer is new pages for the OS to map and clear)."""
+        buf = getattr(self._scratch, "scores", None)
+        if buf is None or buf.numel() < size:
+            buf = self._scratch.scores = torch.empty(size, dtype=torch.float32)
+        return buf
 
     def silu_mul(self, gate_up):
         n, width = gate_up.shape

@@ -67,14 +67,10 @@ void specula_rope_write(const float *qkv, const float *cos_, const float *sin_, 
 
 static inline float dot(const float *a, const float *b, int d) {
     __m256 acc = _mm256_setzero_ps();
-    int i = 0;
-    for (; i + 8 <= d; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc);
-    float lanes[8];
-    _mm256_storeu_ps(lanes, acc);
-    float s = 0.0f;
-    for (int k = 0; k < 8; k++) s += lanes[k];
-    for (; i < d; i++) s += a[i] * b[i];
-    return s;
+    for (int i = 0; i < d; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc);
+    float l[8];
+    _mm256_storeu_ps(l, acc);
+    return ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
 }
 
 /* e^x in each lane (Cephes' expf: range reduction by ln 2 in two parts, a degree-5 polynomial, the
@@ -111,117 +107,208 @@ static inline void exp_shifted(float *v, int n, float shift) {
     }
 }
 
-/* out[k] = dot(a, b + k * d, d) for the 8 rows b .. b + 7d (d a multiple of 8), each computed with
- * `dot`'s arithmetic exactly (the same 8-lane FMA chain over i, then lanes 0..7 added in order), so a
- * slot's score does not depend on which slots are computed beside it. */
-static inline void dot8(const float *a, const float *b, int d, float *out) {
-    __m256 acc[8];
-    for (int k = 0; k < 8; k++) acc[k] = _mm256_setzero_ps();
+/* The 8 sums of the lanes of 8 accumulators, each added as ((l0 + l1) + (l2 + l3)) + ((l4 + l5) +
+ * (l6 + l7)), exactly as `dot` adds its lanes: a score does not depend on the scores computed beside
+ * it. */
+static inline __m256 hsum8(const __m256 acc[8]) {
+    __m256 h01 = _mm256_hadd_ps(acc[0], acc[1]), h23 = _mm256_hadd_ps(acc[2], acc[3]);
+    __m256 h45 = _mm256_hadd_ps(acc[4], acc[5]), h67 = _mm256_hadd_ps(acc[6], acc[7]);
+    __m256 lo = _mm256_hadd_ps(h01, h23), hi = _mm256_hadd_ps(h45, h67);
+    return _mm256_add_ps(_mm256_permute2f128_ps(lo, hi, 0x20), _mm256_permute2f128_ps(lo, hi, 0x31));
+}
+
+/* out[4k + s] = q[k] . b_s for nq <= 3 queries and the 4 keys b_s = b + s * d (d a multiple of 8):
+ * the queries share each key load, 12 accumulators in flight; every score is `dot`'s arithmetic
+ * exactly, so it does not depend on the queries or keys computed beside it. */
+static inline __attribute__((always_inline)) void dot_block(const float *const *q, int nq, const float *b, int d,
+                                                            float *out) {
+    __m256 acc[16], qv[3];
+    for (int k = 0; k < 16; k++) acc[k] = _mm256_setzero_ps();
     for (int i = 0; i < d; i += 8) {
-        __m256 av = _mm256_loadu_ps(a + i);
-        for (int k = 0; k < 8; k++) acc[k] = _mm256_fmadd_ps(av, _mm256_loadu_ps(b + (size_t)k * d + i), acc[k]);
+        for (int k = 0; k < nq; k++) qv[k] = _mm256_loadu_ps(q[k] + i);
+        for (int s = 0; s < 4; s++) {
+            __m256 kv = _mm256_loadu_ps(b + (size_t)s * d + i);
+            for (int k = 0; k < nq; k++) acc[4 * k + s] = _mm256_fmadd_ps(qv[k], kv, acc[4 * k + s]);
+        }
     }
-    /* transpose: lanes[l] holds lane l of every slot's accumulator */
-    __m256 t0 = _mm256_unpacklo_ps(acc[0], acc[1]), t1 = _mm256_unpackhi_ps(acc[0], acc[1]);
-    __m256 t2 = _mm256_unpacklo_ps(acc[2], acc[3]), t3 = _mm256_unpackhi_ps(acc[2], acc[3]);
-    __m256 t4 = _mm256_unpacklo_ps(acc[4], acc[5]), t5 = _mm256_unpackhi_ps(acc[4], acc[5]);
-    __m256 t6 = _mm256_unpacklo_ps(acc[6], acc[7]), t7 = _mm256_unpackhi_ps(acc[6], acc[7]);
-    __m256 u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xEE);
-    __m256 u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xEE);
-    __m256 u4 = _mm256_shuffle_ps(t4, t6, 0x44), u5 = _mm256_shuffle_ps(t4, t6, 0xEE);
-    __m256 u6 = _mm256_shuffle_ps(t5, t7, 0x44), u7 = _mm256_shuffle_ps(t5, t7, 0xEE);
-    __m256 lanes[8] = {
-        _mm256_permute2f128_ps(u0, u4, 0x20), _mm256_permute2f128_ps(u1, u5, 0x20),
-        _mm256_permute2f128_ps(u2, u6, 0x20), _mm256_permute2f128_ps(u3, u7, 0x20),
-        _mm256_permute2f128_ps(u0, u4, 0x31), _mm256_permute2f128_ps(u1, u5, 0x31),
-        _mm256_permute2f128_ps(u2, u6, 0x31), _mm256_permute2f128_ps(u3, u7, 0x31)};
-    __m256 s = _mm256_setzero_ps();
-    for (int l = 0; l < 8; l++) s = _mm256_add_ps(s, lanes[l]);
-    _mm256_storeu_ps(out, s);
+    _mm256_storeu_ps(out, hsum8(acc));
+    if (nq == 3) _mm256_storeu_ps(out + 8, hsum8(acc + 8));
+}
+
+/* o[k][i .. i + 8w - 1] += sum over slots j0 .. j1 - 1 of p[k][j] * v_j[i .. i + 8w - 1] for nq <= 3
+ * queries and w <= 4 vectors of dims (value rows v_j = v + j * d), the queries sharing each value
+ * load; each query's sum runs over the slots in increasing order, whatever is computed beside it. */
+static inline __attribute__((always_inline)) void weigh_block(const float *const *p, float *const *o, int nq, int w,
+                                                              int i, const float *v, int d, int j0, int j1) {
+    __m256 acc[3][4], vv[4];
+    for (int k = 0; k < nq; k++)
+        for (int c = 0; c < w; c++) acc[k][c] = _mm256_loadu_ps(o[k] + i + 8 * c);
+    for (int j = j0; j < j1; j++) {
+        const float *vj = v + (size_t)j * d + i;
+        for (int c = 0; c < w; c++) vv[c] = _mm256_loadu_ps(vj + 8 * c);
+        for (int k = 0; k < nq; k++) {
+            __m256 pk = _mm256_set1_ps(p[k][j]);
+            for (int c = 0; c < w; c++) acc[k][c] = _mm256_fmadd_ps(pk, vv[c], acc[k][c]);
+        }
+    }
+    for (int k = 0; k < nq; k++)
+        for (int c = 0; c < w; c++) _mm256_storeu_ps(o[k] + i + 8 * c, acc[k][c]);
+}
+
+/* weigh_block over every dim (32 at a time, then 8 at a time) for nq <= 3 queries. */
+static void weigh(const float *const *p, float *const *o, int nq, const float *v, int d, int j0, int j1) {
+    for (int i = 0; i + 32 <= d; i += 32) {
+        if (nq == 3) weigh_block(p, o, 3, 4, i, v, d, j0, j1);
+        else if (nq == 2) weigh_block(p, o, 2, 4, i, v, d, j0, j1);
+        else weigh_block(p, o, 1, 4, i, v, d, j0, j1);
+    }
+    for (int i = d / 32 * 32; i < d; i += 8) weigh_block(p, o, nq, 1, i, v, d, j0, j1);
+}
+
+/* The number of leading slots a mask row shows (all of them below `limit` without a mask). */
+static inline int visible_prefix(const uint8_t *m, int limit) {
+    if (!m) return limit;
+    int j = 0;
+    for (; j + 32 <= limit; j += 32) {
+        __m256i v = _mm256_loadu_si256((const __m256i *)(m + j));
+        unsigned hidden = (unsigned)_mm256_movemask_epi8(_mm256_cmpeq_epi8(v, _mm256_setzero_si256()));
+        if (hidden) return j + __builtin_ctz(hidden);
+    }
+    while (j < limit && m[j]) j++;
+    return j;
+}
+
+/* One query's softmax weights in place over sc[0 .. limit): scaled, shifted by the visible maximum,
+ * exponentiated. Returns their total over the visible slots (slots 0 .. prefix - 1, then those of
+ * prefix .. limit - 1 that m shows), added as a function of the visible values in visible order
+ * alone: the v-th visible value goes to lane v % 8 of an 8-lane sum, the lanes are added 0..7. So a
+ * tree row, whose ancestors sit in scattered slots, adds the same numbers in the same order as the
+ * one-token step of the same tokens. */
+static float softmax_weights(float *sc, const uint8_t *m, int limit, int prefix, float scale) {
+    const __m256 sv = _mm256_set1_ps(scale);
+    int j = 0;
+    for (; j + 8 <= limit; j += 8) _mm256_storeu_ps(sc + j, _mm256_mul_ps(_mm256_loadu_ps(sc + j), sv));
+    for (; j < limit; j++) sc[j] *= scale;
+    __m256 best8 = _mm256_set1_ps(-INFINITY);
+    for (j = 0; j + 8 <= prefix; j += 8) best8 = _mm256_max_ps(best8, _mm256_loadu_ps(sc + j));
+    float lanes[8], best = -INFINITY;
+    _mm256_storeu_ps(lanes, best8);
+    for (int l = 0; l < 8; l++) best = lanes[l] > best ? lanes[l] : best;
+    for (int k = j; k < limit; k++)
+        if ((k < prefix || m[k]) && sc[k] > best) best = sc[k];
+    exp_shifted(sc, limit, best);
+    __m256 acc = _mm256_setzero_ps();
+    for (j = 0; j + 8 <= prefix; j += 8) acc = _mm256_add_ps(acc, _mm256_loadu_ps(sc + j));
+    float stage[8];
+    int lane = 0;
+    for (; j < limit; j++) {
+        if (j >= prefix && !m[j]) continue;
+        stage[lane++] = sc[j];
+        if (lane == 8) acc = _mm256_add_ps(acc, _mm256_loadu_ps(stage)), lane = 0;
+    }
+    if (lane) {
+        for (int l = lane; l < 8; l++) stage[l] = 0.0f;
+        acc = _mm256_add_ps(acc, _mm256_loadu_ps(stage));
+    }
+    _mm256_storeu_ps(lanes, acc);
+    float total = 0.0f;
+    for (int l = 0; l < 8; l++) total += lanes[l];
+    return total;
 }
 
 /* out [n, H, D]: for row r and head h (KV group h / (H / G)), softmax over the slots the row may see
  * of q . k * scale, times v. Visible slots: mask [n, slots] (nonzero = visible) or, without a
  * mask, slots 0 .. start + r (causal). scores: scratch [n * H, slots]. Items of `specula_parallel`:
- * one (row, head) each. */
+ * a KV group and `rows` consecutive rows each. */
 struct attention_job {
     const float *q, *k_cache, *v_cache;
     const uint8_t *mask;
     float *out, *scores;
-    int heads, per, d, cap, slots, start;
+    int n, heads, per, d, cap, slots, start, rows;
     float scale;
 };
 
-#define SLOT_BLOCK 32  /* slots whose values stay in L1 while every head of the group reads them */
+#define MAX_QUERIES 256  /* query heads of one item (rows x H / G; `rows` is kept within it) */
+#define SLOT_BLOCK 32    /* value rows that stay in L1 while every query of the item reads them */
 
-/* One row r and KV group g: the `per` query heads of the group read each block of keys and values
- * once between them (from L1), where one head an item read the group's whole cache `per` times.
- * Each head's arithmetic is what it was alone: dot8 / dot per slot, its own exp and total, and its
- * value sum over the visible slots in increasing order (the accumulators kept in `out` between
- * blocks), so the bits do not change with the grouping. */
-static void attention_item(void *arg, int job) {
+/* One item: KV group g and rows r0 .. r1 - 1, i.e. the `per` query heads of the group in each row,
+ * which read each block of keys and values once between them (three queries share each load
+ * in registers). Every query's arithmetic is what it is alone: each score by `dot`'s arithmetic, its
+ * own softmax and total (`softmax_weights`), and its value sum over its visible slots in
+ * increasing order (accumulators kept in `out` between blocks); so the bits do not change with
+ * the grouping, the rows beside it or the slots its visible values sit in. */
+static void attention_item(void *arg, int item) {
     const struct attention_job *a = arg;
-    const float *q = a->q, *k_cache = a->k_cache, *v_cache = a->v_cache;
-    const uint8_t *mask = a->mask;
-    float *out = a->out, *scores = a->scores, scale = a->scale;
-    int heads = a->heads, per = a->per, d = a->d, cap = a->cap, slots = a->slots, start = a->start;
-    int kv_heads = heads / per, r = job / kv_heads, g = job % kv_heads, h0 = g * per;
-    const float *kg = k_cache + (size_t)g * cap * d, *vg = v_cache + (size_t)g * cap * d;
-    const uint8_t *m = mask ? mask + (size_t)r * slots : NULL;
-    int limit = mask ? slots : start + r + 1, j = 0, vecs = d / 8;
-    /* scores [per][slots] of this row's heads h0 .. h0 + per - 1 */
-    float *sc0 = scores + ((size_t)r * heads + h0) * slots;
-    const float *q0 = q + ((size_t)r * heads + h0) * d;
-    /* q . k for every slot below limit, 8 at a time (masked slots too: their scores are never read);
-     * d is a multiple of 8 (checked where the kernels are configured, `models.native.configure`) */
-    for (; j + 8 <= limit; j += 8)
-        for (int hh = 0; hh < per; hh++) dot8(q0 + (size_t)hh * d, kg + (size_t)j * d, d, sc0 + (size_t)hh * slots + j);
-    for (; j < limit; j++)
-        for (int hh = 0; hh < per; hh++) sc0[(size_t)hh * slots + j] = dot(q0 + (size_t)hh * d, kg + (size_t)j * d, d);
-    float totals[64];  /* per <= 64 */
-    for (int hh = 0; hh < per; hh++) {
-        float *sc = sc0 + (size_t)hh * slots, best = -INFINITY, total = 0.0f;
-        for (j = 0; j < limit; j++) {
-            if (m && !m[j]) continue;
-            sc[j] *= scale;
-            if (sc[j] > best) best = sc[j];
-        }
-        exp_shifted(sc, limit, best);
-        for (j = 0; j < limit; j++)
-            if (!m || m[j]) total += sc[j];
-        totals[hh] = total;
-        float *o = out + ((size_t)r * heads + h0 + hh) * d;
-        for (int i = 0; i < d; i++) o[i] = 0.0f;
+    const int heads = a->heads, per = a->per, d = a->d, slots = a->slots, start = a->start;
+    const int kv_heads = heads / per, g = item % kv_heads, r0 = (item / kv_heads) * a->rows;
+    const int r1 = r0 + a->rows < a->n ? r0 + a->rows : a->n, nq = (r1 - r0) * per;
+    const float *kg = a->k_cache + (size_t)g * a->cap * d, *vg = a->v_cache + (size_t)g * a->cap * d;
+    const float *qs[MAX_QUERIES];
+    float *ps[MAX_QUERIES], *os[MAX_QUERIES];
+    const uint8_t *ms[MAX_QUERIES];
+    int limits[MAX_QUERIES], prefixes[MAX_QUERIES], lmax = 0, pmin = slots;
+    for (int t = 0; t < nq; t++) {
+        int r = r0 + t / per, h = g * per + t % per;
+        qs[t] = a->q + ((size_t)r * heads + h) * d;
+        ps[t] = a->scores + ((size_t)r * heads + h) * slots;
+        os[t] = a->out + ((size_t)r * heads + h) * d;
+        ms[t] = a->mask ? a->mask + (size_t)r * slots : NULL;
+        limits[t] = a->mask ? slots : start + r + 1;
+        prefixes[t] = t % per ? prefixes[t - 1] : visible_prefix(ms[t], limits[t]);
+        lmax = limits[t] > lmax ? limits[t] : lmax;
+        pmin = prefixes[t] < pmin ? prefixes[t] : pmin;
     }
-    for (int j0 = 0; j0 < limit; j0 += SLOT_BLOCK) {
-        int j1 = j0 + SLOT_BLOCK < limit ? j0 + SLOT_BLOCK : limit;
-        for (int hh = 0; hh < per; hh++) {
-            const float *sc = sc0 + (size_t)hh * slots;
-            float *o = out + ((size_t)r * heads + h0 + hh) * d;
-            __m256 acc[32];  /* D <= 256 */
-            for (int i = 0; i < vecs; i++) acc[i] = _mm256_loadu_ps(o + 8 * i);
-            for (j = j0; j < j1; j++) {
-                if (m && !m[j]) continue;
-                __m256 p = _mm256_set1_ps(sc[j]);
-                const float *vj = vg + (size_t)j * d;
-                for (int i = 0; i < vecs; i++) acc[i] = _mm256_fmadd_ps(p, _mm256_loadu_ps(vj + 8 * i), acc[i]);
-            }
-            for (int i = 0; i < vecs; i++) _mm256_storeu_ps(o + 8 * i, acc[i]);
+    /* scores for slots 0 .. lmax - 1 (those a query does not see are computed and never read; every
+     * slot below start + n holds a key of this call or an earlier one) */
+    int j = 0;
+    for (; j + 4 <= lmax; j += 4) {
+        const float *kb = kg + (size_t)j * d;
+        for (int t = 0; t < nq; t += 3) {
+            float s[16];
+            int m = nq - t < 3 ? nq - t : 3;
+            if (m == 3) dot_block(qs + t, 3, kb, d, s);
+            else if (m == 2) dot_block(qs + t, 2, kb, d, s);
+            else dot_block(qs + t, 1, kb, d, s);
+            for (int k = 0; k < m; k++)
+                for (int c = 0; c < 4; c++) ps[t + k][j + c] = s[4 * k + c];
         }
     }
-    for (int hh = 0; hh < per; hh++) {
-        float *o = out + ((size_t)r * heads + h0 + hh) * d;
-        __m256 inv = _mm256_set1_ps(1.0f / totals[hh]);
-        for (int i = 0; i < vecs; i++) _mm256_storeu_ps(o + 8 * i, _mm256_mul_ps(_mm256_loadu_ps(o + 8 * i), inv));
+    for (; j < lmax; j++)
+        for (int t = 0; t < nq; t++) ps[t][j] = dot(qs[t], kg + (size_t)j * d, d);
+    float totals[MAX_QUERIES];
+    for (int t = 0; t < nq; t++) {
+        totals[t] = softmax_weights(ps[t], ms[t], limits[t], prefixes[t], a->scale);
+        for (int i = 0; i < d; i++) os[t][i] = 0.0f;
+    }
+    /* slots every query sees (0 .. pmin - 1), a block at a time, three queries per value load */
+    for (int j0 = 0; j0 < pmin; j0 += SLOT_BLOCK) {
+        int j1 = j0 + SLOT_BLOCK < pmin ? j0 + SLOT_BLOCK : pmin;
+        for (int t = 0; t < nq; t += 3)
+            weigh((const float *const *)ps + t, os + t, nq - t < 3 ? nq - t : 3, vg, d, j0, j1);
+    }
+    /* then each query's own visible slots from pmin on, in increasing order, a run of them a call */
+    for (int t = 0; t < nq; t++) {
+        for (j = pmin; j < limits[t];) {
+            int e = j;
+            while (e < limits[t] && (e < prefixes[t] || ms[t][e])) e++;
+            if (e > j) weigh((const float *const *)ps + t, os + t, 1, vg, d, j, e);
+            j = e + 1;  /* past the hidden slot that ended the run */
+        }
+        __m256 inv = _mm256_set1_ps(1.0f / totals[t]);
+        for (int i = 0; i < d; i += 8) _mm256_storeu_ps(os[t] + i, _mm256_mul_ps(_mm256_loadu_ps(os[t] + i), inv));
     }
 }
 
 void specula_attention(const float *q, const float *k_cache, const float *v_cache, const uint8_t *mask, float *out,
                        float *scores, int n, int heads, int kv_heads, int d, int cap, int slots, int start,
                        float scale, int threads) {
-    struct attention_job job = {q, k_cache, v_cache, mask, out, scores, heads, heads / kv_heads, d, cap, slots,
-                                start, scale};
-    specula_parallel(threads, n * kv_heads, attention_item, &job);
+    int per = heads / kv_heads, chunks = (2 * threads + kv_heads - 1) / kv_heads;
+    if (chunks > n) chunks = n;
+    int rows = (n + chunks - 1) / chunks;
+    if (rows * per > MAX_QUERIES) rows = MAX_QUERIES / per;
+    struct attention_job job = {q, k_cache, v_cache, mask, out, scores, n, heads, per, d, cap, slots, start, rows,
+                                scale};
+    specula_parallel(threads, kv_heads * ((n + rows - 1) / rows), attention_item, &job);
 }
 
 /* out [n, I] = silu(gate) * up for gu [n, 2I] = gate | up (e^-g by `exp8`, element by element). */
