@@ -115,8 +115,9 @@ class CpuKernelOps:
 
     def add_norm(self, x, delta, weight, eps):
         x = x.contiguous()
+        delta = None if delta is None else delta.contiguous()  # bound: a temporary would be freed before the call
         out = torch.empty_like(x)
-        self.lib.specula_add_rms_norm(x.data_ptr(), None if delta is None else delta.contiguous().data_ptr(),
+        self.lib.specula_add_rms_norm(x.data_ptr(), None if delta is None else delta.data_ptr(),
                                       weight.data_ptr(), eps, out.data_ptr(), x.shape[0], x.shape[1])
         return x, out
 
@@ -136,7 +137,8 @@ class CpuKernelOps:
             mask = None
         # a causal call runs in chunks of rows whose scores fit SCORES_SCRATCH (long prompts)
         step = n if mask is not None else max(1, SCORES_SCRATCH // (heads * (start + n)))
-        mask_ptr = None if mask is None else mask.contiguous().data_ptr()  # bool: one byte per slot
+        mask = None if mask is None else mask.contiguous()  # bool, one byte per slot; bound for the calls
+        mask_ptr = None if mask is None else mask.data_ptr()
         for r0 in range(0, n, step):
             r1 = min(n, r0 + step)
             scores = self._scores((r1 - r0) * heads * (start + r1))
@@ -156,6 +158,7 @@ class CpuKernelOps:
 
     def silu_mul(self, gate_up):
         n, width = gate_up.shape
+        gate_up = gate_up.contiguous()
         out = torch.empty((n, width // 2), dtype=torch.float32)
-        self.lib.specula_silu_mul(gate_up.contiguous().data_ptr(), out.data_ptr(), n, width // 2)
+        self.lib.specula_silu_mul(gate_up.data_ptr(), out.data_ptr(), n, width // 2)
         return out
