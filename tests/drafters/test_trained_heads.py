@@ -175,9 +175,46 @@ def test_head_kv_buffer_grows_and_keeps_what_was_written():
     assert torch.equal(k, torch.cat([keys[:, :, :5], keys[:, :, 10:]], 2)) and v.shape[2] == 6
 
 
+@pytest.mark.skipif(drafting_kernel("cpu") is None, reason="specula's CPU kernels do not run here")
+def test_a_head_drafting_on_the_kernels_attends_as_sdpa_does():
+    """The head's attention on the target's kernel (`attention_kernel`, set by kernel drafting) equals
+    SDPA's within float tolerance: against its cache with a tree mask, with a sliding window's
+    leading hidden keys, and causal without a mask; grouped KV heads too."""
+    from specula.drafters.heads.eagle import KVBuffer
+    from specula.models.native.ops import kernel_attention
+
+    target = native(tiny_model("llama", "eager", seed=4))
+    for kv_heads in (0, 2):
+        head = new_head("eagle3", target, oracle_d2t(96), seed=3, num_kv_heads=kv_heads)
+        module, cfg = head.module, head.config
+        assert cfg.head_dim % 8 == 0
+        e, t, p = cfg.hidden_size, 5, 12
+        torch.manual_seed(kv_heads)
+        emb, feats = torch.randn(1, p + t, e), torch.randn(1, p + t, e)
+        tree = torch.ones(1, t, p + t, dtype=torch.bool)
+        tree[0, :, p:] = torch.tensor([[1, 0, 0, 0, 0], [1, 1, 0, 0, 0], [1, 0, 1, 0, 0], [1, 0, 1, 1, 0],
+                                       [1, 1, 0, 0, 1]], dtype=torch.bool)
+        window = tree.clone()
+        window[0, :, :4] = False  # keys before the window
+        outs = []
+        for kernel in (None, kernel_attention):
+            module.attention_kernel = kernel
+            cache = KVBuffer(cfg.num_kv_heads, cfg.head_dim, head.dtype, "cpu", capacity=8)
+            with torch.inference_mode():
+                module(emb[:, :p], feats[:, :p], torch.arange(p)[None], cache=cache, at=0)  # causal, grows the cache
+                got = [module(emb[:, p:], feats[:, p:], torch.arange(p, p + t)[None], mask=m, cache=cache, at=p)[0]
+                       for m in (tree, window, None)]
+                got.append(module(emb, feats, torch.arange(p + t)[None])[0])  # no cache: keys of this pass
+            outs.append(got)
+        for sdpa, kern in zip(*outs):
+            torch.testing.assert_close(kern, sdpa, atol=1e-5, rtol=1e-5)
+
+
 @pytest.mark.parametrize("kind", ["eagle", "eagle3"])
 @pytest.mark.parametrize("window", [None, 7])
-def test_head_kv_cache_equals_a_from_scratch_forward_after_random_commits(kind, window):
+@pytest.mark.parametrize("attention", ["sdpa", pytest.param("kernel", marks=pytest.mark.skipif(
+    drafting_kernel("cpu") is None, reason="specula's CPU kernels do not run here"))])
+def test_head_kv_cache_equals_a_from_scratch_forward_after_random_commits(kind, window, attention):
     """Steps of random trees and random commits: every drafted node's predicted feature equals a
     from-scratch causal head forward over the committed pairs and the node's own ancestor chain
     (the cache written by position holds exactly the committed prefix; scratch rows of rejected
@@ -196,6 +233,10 @@ def test_head_kv_cache_equals_a_from_scratch_forward_after_random_commits(kind, 
     _, feats = seq.prefill(text, logits="none", hidden=head.feature_request)  # [90, k E]: f_i after token x_i
     seq.release()
     module = head.module
+    if attention == "kernel":  # what a head drafting on the CPU kernels attends with (float linears here)
+        from specula.models.native.ops import kernel_attention
+
+        module.attention_kernel = kernel_attention
     fused = module.fuse_features(feats)  # [90, E]: the feature each committed pair carries
 
     def scratch(chain_tokens: list[int], chain_feats: list[torch.Tensor], start: int = 0) -> torch.Tensor:

@@ -196,17 +196,15 @@ def test_kernel_linear_reads_back_chosen_weight_rows_as_it_computes_with_them(ki
 
 
 def kernel_attention(q, k, v, mask, start, threads=2):
-    """`specula_attention` on q [n, H, D] over caches k, v [G, cap, D]: mask [n, start + n] (bool) or
-    None (causal: row r sees slots 0 .. start + r). Returns out [n, H, D]."""
-    n, heads, d = q.shape
-    slots = start + n
-    out = torch.empty_like(q)
-    scores = torch.empty(n * heads * slots)
-    kernels.library().specula_attention(q.data_ptr(), k.data_ptr(), v.data_ptr(),
-                                        None if mask is None else mask.contiguous().data_ptr(), out.data_ptr(),
-                                        scores.data_ptr(), n, heads, k.shape[0], d, k.shape[1], slots, start,
-                                        d ** -0.5, threads)
-    return out
+    """`ops.kernel_attention` with torch's thread count set to `threads` for the call."""
+    from specula.models.native.ops import kernel_attention as attend
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        return attend(q, k, v, mask, start)
+    finally:
+        torch.set_num_threads(before)
 
 
 def random_parents(rng: random.Random, n: int) -> list[int]:

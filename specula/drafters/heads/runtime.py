@@ -68,14 +68,20 @@ class TrainedHead:
         """Draft on specula's CPU kernels (`models.native.kernels`, kind `i8`: int8 weights and
         activations): every linear layer of the head and the output rows; eagle3's `fuse` keeps float
         activations (kind `w8`): it reads the target's raw residual stream, whose few huge channels
-        would leave the others a handful of int8 levels. Drafting only: the head cannot train after."""
+        would leave the others a handful of int8 levels; an eagle layer's attention runs on the
+        target's attention kernel (`models.native.ops.kernel_attention`) where its shapes fit. Drafting
+        only: the head cannot train after."""
         from specula.models.native.kernels import KernelLinear, apply_kernels
+        from specula.models.native.ops import kernel_attention, kernel_attention_fits
 
         if self.dtype != torch.float32:
             raise ValueError(f"kernel drafting takes a float32 head, got {self.dtype}")
         if self.config.feature_layers:
             self.module.fuse = KernelLinear(self.module.fuse, "w8")
         apply_kernels(self.module, kind, skip=("fuse",))
+        cfg = self.config
+        if self.kind in ("eagle", "eagle3") and kernel_attention_fits(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim):
+            self.module.attention_kernel = kernel_attention
         rows = torch.nn.Linear(self.config.hidden_size, len(self.d2t), bias=False, device="meta")  # no init
         rows.weight = torch.nn.Parameter(self.lm_rows, requires_grad=False)
         self._lm = KernelLinear(rows, kind)

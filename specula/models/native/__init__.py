@@ -22,13 +22,13 @@ def configure(decoder: NativeDecoder, kernel: str, quantize: str, attention: str
     linears ("onednn" prepacked or "aten"), `quantize` ("int8": fbgemm per-row int8) and
     batch-invariant attention when `attention` says so."""
     from specula.models.native.kernels import apply_kernels
-    from specula.models.native.ops import CpuKernelOps
+    from specula.models.native.ops import CpuKernelOps, kernel_attention_fits
     from specula.models.prepack import prepack_model
     from specula.models.quantize import quantize_model
 
     if kernel == "specula":
         cfg = decoder.cfg
-        if cfg.head_dim > 256 or cfg.head_dim % 8 or cfg.num_heads // cfg.num_kv_heads > 64:
+        if not kernel_attention_fits(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim):
             raise ConfigError(f"specula's attention kernel takes head_dim <= 256 in multiples of 8 and at most 64 "
                               f"query heads per KV head (this model: head_dim {cfg.head_dim}, "
                               f"{cfg.num_heads // cfg.num_kv_heads} per KV head); use --linear-kernel onednn")

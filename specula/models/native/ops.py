@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from specula.models.native.cache import KVCache
+from specula.models.native.kernels import library
 
 
 class TorchOps:
@@ -97,6 +98,35 @@ def _attend_rows(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask
     return out
 
 
+def kernel_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None, start: int,
+                     out: torch.Tensor | None = None, scores: torch.Tensor | None = None) -> torch.Tensor:
+    """Attention of n rows on specula's C kernel (`kernels/ops.c`, float32, CPU). q [n, H, D]
+    (contiguous); keys, values [G, >= start + n, D] with unit stride along D and D between slots
+    (the group stride is free: a cache's [G, capacity, D] or a view of its later slots); the rows
+    see slots 0 .. start + n - 1 through mask [n, start + n] (bool) or, None, causally (row r sees
+    slots 0 .. start + r). Writes and returns out [n, H, D]; `scores`: a float scratch of at least
+    n * H * (start + n) (None: allocated)."""
+    n, heads, d = q.shape
+    slots = start + n
+    if keys.stride()[1:] != (d, 1) or values.stride() != keys.stride():
+        raise ValueError(f"kernel_attention: keys and values need strides (*, {d}, 1), got {tuple(keys.stride())} "
+                         f"and {tuple(values.stride())}")
+    out = torch.empty_like(q) if out is None else out
+    scores = torch.empty(n * heads * slots, dtype=torch.float32) if scores is None else scores
+    mask = None if mask is None else mask.contiguous()  # bool, one byte per slot; bound for the call
+    library().specula_attention(q.data_ptr(), keys.data_ptr(), values.data_ptr(),
+                                None if mask is None else mask.data_ptr(), out.data_ptr(), scores.data_ptr(), n,
+                                heads, keys.shape[0], d, keys.stride(0) // d, slots, start, d ** -0.5,
+                                torch.get_num_threads())
+    return out
+
+
+def kernel_attention_fits(heads: int, kv_heads: int, head_dim: int) -> bool:
+    """Whether the attention kernel takes these shapes (head_dim a multiple of 8 up to 256, at most 64
+    query heads per KV head); `models.native.configure` refuses a model outside them."""
+    return head_dim % 8 == 0 and head_dim <= 256 and heads % kv_heads == 0 and heads // kv_heads <= 64
+
+
 SCORES_SCRATCH = 1 << 23
 """Floats of attention scores one kernel call may fill (32 MiB): a long prompt's causal attention
 runs in chunks of rows within it."""
@@ -108,8 +138,6 @@ class CpuKernelOps:
     name = "cpu-kernels"
 
     def __init__(self) -> None:
-        from specula.models.native.kernels import library
-
         self.lib = library()
         self._scratch = threading.local()
 
@@ -137,15 +165,10 @@ class CpuKernelOps:
             mask = None
         # a causal call runs in chunks of rows whose scores fit SCORES_SCRATCH (long prompts)
         step = n if mask is not None else max(1, SCORES_SCRATCH // (heads * (start + n)))
-        mask = None if mask is None else mask.contiguous()  # bool, one byte per slot; bound for the calls
-        mask_ptr = None if mask is None else mask.data_ptr()
         for r0 in range(0, n, step):
             r1 = min(n, r0 + step)
-            scores = self._scores((r1 - r0) * heads * (start + r1))
-            self.lib.specula_attention(q[r0].data_ptr(), cache.k[layer].data_ptr(), cache.v[layer].data_ptr(),
-                                       mask_ptr, out[r0].data_ptr(), scores.data_ptr(), r1 - r0, heads,
-                                       cache.shape[1], d, cache.capacity, start + r1, start + r0, d ** -0.5,
-                                       torch.get_num_threads())
+            kernel_attention(q[r0:r1], cache.k[layer], cache.v[layer], mask, start + r0, out[r0:r1],
+                             self._scores((r1 - r0) * heads * (start + r1)))
         return out
 
     def _scores(self, size: int) -> torch.Tensor:
