@@ -248,6 +248,19 @@ def test_kernel_attention_is_softmax_attention(heads, kv_heads, d, start, n):
 
 
 @pytest.mark.skipif(not kernels.available(), reason="specula's CPU kernels cannot run here")
+def test_kernel_attention_refuses_layouts_it_would_misread():
+    from specula.models.native.ops import kernel_attention as attend
+
+    q, k, v = torch.randn(3, 4, 16), torch.randn(2, 10, 16), torch.randn(2, 10, 16)
+    assert attend(q, k, v, None, 2).shape == (3, 4, 16)
+    strided_q = q.transpose(0, 1).contiguous().transpose(0, 1)  # the same values, not row-major
+    strided_k = k.transpose(1, 2).contiguous().transpose(1, 2)
+    for args in ((strided_q, k, v), (q, strided_k, v), (q.double(), k, v), (q, k, v[:, :, :8].contiguous())):
+        with pytest.raises(ValueError, match="kernel_attention"):
+            attend(*args, None, 2)
+
+
+@pytest.mark.skipif(not kernels.available(), reason="specula's CPU kernels cannot run here")
 @pytest.mark.parametrize("heads,kv_heads,d,start", [(9, 3, 64, 37), (14, 2, 64, 203), (12, 2, 128, 64), (6, 3, 24, 9)])
 def test_kernel_attention_tree_rows_are_bitwise_one_token_rows(heads, kv_heads, d, start):
     """A tree row, its ancestors in scattered slots and computed beside other rows and heads (item

@@ -108,10 +108,13 @@ def kernel_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, 
     n * H * (start + n) (None: allocated)."""
     n, heads, d = q.shape
     slots = start + n
+    out = torch.empty_like(q) if out is None else out
     if keys.stride()[1:] != (d, 1) or values.stride() != keys.stride():
         raise ValueError(f"kernel_attention: keys and values need strides (*, {d}, 1), got {tuple(keys.stride())} "
                          f"and {tuple(values.stride())}")
-    out = torch.empty_like(q) if out is None else out
+    if not (q.is_contiguous() and out.is_contiguous()) or {q.dtype, out.dtype, keys.dtype, values.dtype} != {
+            torch.float32}:
+        raise ValueError("kernel_attention: q and out must be contiguous and everything float32")
     scores = torch.empty(n * heads * slots, dtype=torch.float32) if scores is None else scores
     mask = None if mask is None else mask.contiguous()  # bool, one byte per slot; bound for the call
     library().specula_attention(q.data_ptr(), keys.data_ptr(), values.data_ptr(),
