@@ -55,7 +55,12 @@ class Member:
     without it ran 1.28 / 1.44 / 1.45x plain decoding on the everyday prompts and 1.26 / 1.27 /
     1.31x on Spec-Bench, against 1.30 / 1.32 / 1.33x and 1.18 / 1.25 / 1.25x with it: the head
     already drafts the continuations recycling would, and its ~56-node trees cost verification,
-    planning and a table update every step; docs/training.md)."""
+    planning and a table update every step; docs/training.md). Measured again on 2026-11-26 with
+    the session-49 kernels (one run each, `runs/s49/tr_bench.sh`): recycling added beside the head
+    took `fusion` from 1.46x to 1.29x plain decoding on Spec-Bench and from 1.45x to 1.32x on the
+    everyday prompts. Translation is where the head does worse than recycling: on three German
+    passages of ours `fusion` accepted 2.26-2.77 tokens a step with the head, 2.95-3.16 with
+    recycling instead (`runs/s49/translate_src.py`)."""
 
 
 @dataclass(frozen=True)
