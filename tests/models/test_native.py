@@ -258,6 +258,10 @@ def test_kernel_attention_refuses_layouts_it_would_misread():
     for args in ((strided_q, k, v), (q, strided_k, v), (q.double(), k, v), (q, k, v[:, :, :8].contiguous())):
         with pytest.raises(ValueError, match="kernel_attention"):
             attend(*args, None, 2)
+    with pytest.raises(ValueError, match="mask must be"):
+        attend(q, k, v, torch.ones(3, 4, dtype=torch.bool), 2)
+    with pytest.raises(ValueError, match="scores scratch"):
+        attend(q, k, v, None, 2, scores=torch.empty(3 * 4 * 5 - 1))
 
 
 @pytest.mark.skipif(not kernels.available(), reason="specula's CPU kernels cannot run here")

@@ -80,7 +80,7 @@ class TrainedHead:
             self.module.fuse = KernelLinear(self.module.fuse, "w8")
         apply_kernels(self.module, kind, skip=("fuse",))
         cfg = self.config
-        if self.kind in ("eagle", "eagle3") and kernel_attention_fits(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim):
+        if isinstance(self.module, EagleHead) and kernel_attention_fits(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim):
             self.module.attention_kernel = kernel_attention
         rows = torch.nn.Linear(self.config.hidden_size, len(self.d2t), bias=False, device="meta")  # no init
         rows.weight = torch.nn.Parameter(self.lm_rows, requires_grad=False)

@@ -115,7 +115,11 @@ def kernel_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, 
     if not (q.is_contiguous() and out.is_contiguous()) or {q.dtype, out.dtype, keys.dtype, values.dtype} != {
             torch.float32}:
         raise ValueError("kernel_attention: q and out must be contiguous and everything float32")
+    if mask is not None and tuple(mask.shape) != (n, slots):
+        raise ValueError(f"kernel_attention: mask must be [{n}, {slots}], got {tuple(mask.shape)}")
     scores = torch.empty(n * heads * slots, dtype=torch.float32) if scores is None else scores
+    if scores.numel() < n * heads * slots:
+        raise ValueError(f"kernel_attention: scores scratch of {scores.numel()} floats, {n * heads * slots} needed")
     mask = None if mask is None else mask.contiguous()  # bool, one byte per slot; bound for the call
     library().specula_attention(q.data_ptr(), keys.data_ptr(), values.data_ptr(),
                                 None if mask is None else mask.data_ptr(), out.data_ptr(), scores.data_ptr(), n,
