@@ -53,6 +53,10 @@ def register(sub) -> None:
                         "for long-context prompts (documents, articles to summarise)")
     p.add_argument("--max-minutes", type=float, default=None, metavar="M",
                    help="stop training after M minutes (checkpointed; rerun to go on)")
+    p.add_argument("--time-budget", type=float, default=None, metavar="M",
+                   help="the whole command ends within M minutes (answers, features, training, reports): after "
+                        "the answers and features a short probe times the training steps and the epochs are cut "
+                        "so the full learning-rate schedule fits, e.g. on a GPU lent for a fixed time")
     p.add_argument("--max-sequences", type=int, default=0, metavar="N",
                    help="train on N of the corpus's training sequences (a seeded subset; default 0 = all): "
                         "data-size studies reuse one cached corpus")
@@ -75,6 +79,7 @@ def register(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    import time
     from pathlib import Path
 
     from specula.models.loading import load_backend
@@ -83,6 +88,11 @@ def run(args: argparse.Namespace) -> int:
     from specula.training.run import print_report, run_training
     from specula.training.trainer import TrainConfig
 
+    deadline = None
+    if args.time_budget is not None:
+        if not args.time_budget > 0:
+            raise ConfigError(f"--time-budget must be > 0 minutes, got {args.time_budget}")
+        deadline = time.monotonic() + 60 * args.time_budget
     config = TrainConfig(kind=args.kind, draft_vocab=args.draft_vocab, epochs=args.epochs, lr=args.lr,
                          batch_size=args.batch_size, seq_len=args.seq_len, ttt_steps=args.ttt_steps,
                          num_offsets=args.num_offsets, seed=args.seed, max_sequences=args.max_sequences,
@@ -105,7 +115,7 @@ def run(args: argparse.Namespace) -> int:
                               f"one with `specula models install {args.target}` or pass a head file")
     target, tokenizer = load_backend(args.target, load_config(args), name="target")
     report = run_training(target, tokenizer, args.target, Path(args.out), config, args.data or (), corpus,
-                          quiet=args.quiet, max_minutes=args.max_minutes,
+                          quiet=args.quiet, max_minutes=args.max_minutes, deadline=deadline,
                           eval_data=[] if args.eval_data == ["none"] else args.eval_data, padded=padded,
                           init_head=init_head)
     if args.json:

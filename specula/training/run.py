@@ -44,7 +44,7 @@ def _bar(total: int, desc: str, quiet: bool):
 
 def run_training(target, tokenizer, target_name: str, out: Path, config: TrainConfig,
                  data: Sequence[str | os.PathLike] = (), corpus: CorpusConfig = CorpusConfig(), *,
-                 quiet: bool = False, max_minutes: float | None = None,
+                 quiet: bool = False, max_minutes: float | None = None, deadline: float | None = None,
                  eval_data: Sequence[str | os.PathLike] | None = None,
                  padded: PaddedConfig | Literal["auto"] | None = "auto",
                  init_head: str | os.PathLike | None = None) -> dict:
@@ -55,7 +55,9 @@ def run_training(target, tokenizer, target_name: str, out: Path, config: TrainCo
     higher when they share templates). `padded`: answers and features in padded batches through the
     target's Hugging Face model (`training.padded`); "auto" = with the default `PaddedConfig` for a
     Hugging Face model on CUDA, else the engine's path (None). `init_head`: a head file for this
-    target to start from (fine-tuning, `initial_head`): its weights, shape and draft vocabulary."""
+    target to start from (fine-tuning, `initial_head`): its weights, shape and draft vocabulary.
+    `deadline` (`time.monotonic()` seconds): the run ends by then; after the answers and features,
+    the epochs are cut so the whole training schedule and the reports fit (`_fit_to_deadline`)."""
     from specula.drafters.heads.file import HeadFile, save_head, target_record
     from specula.drafters.heads.config import feature_layers_of
     from specula.drafters.heads.runtime import new_head
@@ -116,7 +118,13 @@ def run_training(target, tokenizer, target_name: str, out: Path, config: TrainCo
             bar.update(n)
             bar.set_postfix(loss=f"{loss:.3f}")
 
-        record = _train_with_total(head, fs, config, out, progress, bar, max_minutes)
+        budget = stop_at = None
+        if deadline is not None:
+            config, budget = _fit_to_deadline(head, fs, config, deadline, len(every))
+            stop_at = time.monotonic() + budget["seconds_for_training"]
+        record = _train_with_total(head, fs, config, out, progress, bar, max_minutes, stop_at)
+    if budget is not None:
+        record["time_budget"] = budget
     record["other_source"] = {
         "data": [str(f) for f in eval_files], "sequences": len(every), "before": other_before,
         "after": acceptance_report(head, eval_fs, every, config, head.embed) if every else None}
@@ -207,14 +215,53 @@ def _corpus_and_features(target, tokenizer, per_file: Sequence[tuple[Path, list[
     return [s for file_seqs in seqs for s in file_seqs], concat_features(sets), time.perf_counter() - t
 
 
-def _train_with_total(head, fs, config, out, progress, bar, max_minutes):
-    """`train_head` with the bar's total set once the step count is known."""
+def _train_with_total(head, fs, config, out, progress, bar, max_minutes, stop_at=None):
+    """`train_head` with the bar's total set once the step count is known; it stops after
+    `max_minutes`, and at `stop_at` (`time.monotonic()`) at the latest."""
     from specula.training.trainer import step_counts
 
     bar.total = step_counts(fs, config)[1]
     bar.refresh()
-    return train_head(head, fs, config, out, progress=progress,
-                      max_seconds=None if max_minutes is None else max_minutes * 60)
+    limits = [] if max_minutes is None else [max_minutes * 60]
+    if stop_at is not None:
+        limits.append(max(0.0, stop_at - time.monotonic()))
+    return train_head(head, fs, config, out, progress=progress, max_seconds=min(limits) if limits else None)
+
+
+PROBE_SECONDS = 10.0
+"""How long `--time-budget` times real training steps before it sizes the run."""
+KEEP_SECONDS = 20.0
+"""What `--time-budget` keeps back beside the held-out reports: saving the head and the report."""
+
+
+def _fit_to_deadline(head, fs, config: TrainConfig, deadline: float, other_sequences: int) -> tuple[TrainConfig, dict]:
+    """`config` with its epochs cut so that training and the held-out reports after it end before
+    `deadline` (`time.monotonic()`), and the record of how: a probe times the optimizer steps on
+    this machine (`probe_steps_per_second`), one held-out report on a few sequences times the
+    reports. Too little time for 20 steps (or the whole run, if shorter) is an error; the answers
+    and features are cached by then, so a rerun with a larger budget starts at training."""
+    from specula.training.trainer import fit_epochs, probe_steps_per_second, split, step_counts
+
+    per_epoch, total = step_counts(fs, config)
+    rate = probe_steps_per_second(head, fs, config, min(PROBE_SECONDS, max(1.0, 0.1 * (deadline - time.monotonic()))))
+    heldout = split(fs, config.holdout, config.seed, config.max_sequences)[1]
+    t = time.monotonic()
+    sample = heldout[:20]
+    if sample:
+        acceptance_report(head, fs, sample, config, head.embed)
+    # the held-out report runs before and after training, the other source's after it
+    report_seconds = (time.monotonic() - t) / max(1, len(sample)) * (2 * len(heldout) + other_sequences)
+    left = deadline - time.monotonic() - report_seconds - KEEP_SECONDS
+    epochs = fit_epochs(config.epochs, per_epoch, rate, left)
+    steps = round(epochs * per_epoch)
+    if steps < min(20, total):
+        raise ConfigError(f"--time-budget leaves {max(left, 0):.0f} s to train, {steps} optimizer steps at the measured "
+                          f"{rate:.2f} steps/s: too few; the answers and features are cached now, so the same "
+                          "command with a larger --time-budget starts at training")
+    fitted = replace(config, epochs=round(epochs, 3)) if epochs < config.epochs else config
+    return fitted, {"probe_steps_per_second": round(rate, 2), "seconds_for_training": round(left, 1),
+                    "reports_seconds_estimate": round(report_seconds, 1), "epochs_asked": config.epochs,
+                    "epochs": fitted.epochs}
 
 
 def print_report(report: dict) -> None:
@@ -233,5 +280,9 @@ def print_report(report: dict) -> None:
         print(f"held-out greedy chain acceptance (other source: {', '.join(Path(f).name for f in other['data'])}, "
               f"{other['sequences']} sequences): mean accepted {o_before.get('mean_accepted_walk', '-')} -> "
               f"{o_after['mean_accepted_walk']} per decode step; by depth {o_after['accept_rate_by_depth']}")
+    budget = rec.get("time_budget")
+    if budget:
+        print(f"time budget: {budget['epochs']} of {budget['epochs_asked']} epochs fit at the probed "
+              f"{budget['probe_steps_per_second']} steps/s")
     print(f"head: {report['head']}")
     print(json.dumps({"report": str(Path(report['head']).with_name('report.json'))}))

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Callable
 
@@ -238,6 +238,33 @@ def acceptance_report(head: TrainedHead, fs: FeatureSet, seqs: list[int], cfg: T
     return {"positions": len(runs), "mean_accepted_chain": round(1 + sum(runs) / n, 3),
             "mean_accepted_walk": round(walk_tokens / max(1, walk_steps), 3),
             "accept_rate_by_depth": [round(h / c, 3) if c else None for h, c in zip(hits, counts)]}
+
+
+# ---------------------------------------------------------------------------- a time budget
+def fit_epochs(epochs: float, per_epoch: int, steps_per_second: float, seconds: float) -> float:
+    """The epochs, at most `epochs`, whose whole learning-rate schedule runs in `seconds` at the
+    measured `steps_per_second`, with a 5% margin (0 when no time is left). Cutting the epochs, not
+    stopping part-way, keeps the cosine decay: a run stopped early ends at a high learning rate."""
+    if seconds <= 0 or steps_per_second <= 0:
+        return 0.0
+    return min(epochs, 0.95 * steps_per_second * seconds / per_epoch)
+
+
+def probe_steps_per_second(head: TrainedHead, fs: FeatureSet, cfg: TrainConfig, seconds: float) -> float:
+    """Optimizer steps per second of `head` on `fs` under `cfg`, timed over `seconds` of real steps
+    (the first ones included, so a little low) in a scratch directory; the head's weights are
+    restored afterwards."""
+    import tempfile
+
+    saved = {k: v.detach().clone() for k, v in head.module.state_dict().items()}
+    try:
+        with tempfile.TemporaryDirectory(prefix="specula-probe-") as scratch:
+            rec = train_head(head, fs, replace(cfg, holdout=0.0, checkpoint_every=10**9), Path(scratch),
+                             max_seconds=seconds)
+    finally:
+        head.module.load_state_dict(saved)
+        head.module.eval().requires_grad_(False)
+    return rec["steps"] / max(rec["seconds"], 1e-6)
 
 
 # ---------------------------------------------------------------------------- the loop

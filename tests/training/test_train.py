@@ -341,3 +341,62 @@ def test_a_raised_prompt_limit_keeps_the_cache_key_of_files_it_does_not_cut(tiny
     assert file_corpus(tiny_tokenizer, short + [("d", article)], raised) == raised
     lowered = replace(default, max_prompt_tokens=2)  # cuts even the short prompts: its own answers
     assert file_corpus(tiny_tokenizer, short, lowered) == lowered
+
+
+def test_fit_epochs_cuts_the_schedule_to_the_time_left_and_never_lengthens_it():
+    from specula.training.trainer import fit_epochs
+
+    assert fit_epochs(3.0, 100, 10.0, 10.0) == pytest.approx(0.95)  # 95 of 300 steps fit in 10 s
+    assert fit_epochs(3.0, 100, 10.0, 1e6) == 3.0
+    assert fit_epochs(3.0, 100, 10.0, -5.0) == 0.0 and fit_epochs(3.0, 100, 0.0, 10.0) == 0.0
+
+
+def test_the_probe_restores_the_head_it_timed(setup):
+    from specula.training.trainer import probe_steps_per_second
+
+    target, fs, _ = setup
+    cfg = TrainConfig(kind="eagle", epochs=3, seq_len=16, batch_size=3)
+    head = new_head("eagle", target, draft_vocabulary(fs, 64, 96), seed=0)
+    before = {k: v.clone() for k, v in head.module.state_dict().items()}
+    assert probe_steps_per_second(head, fs, cfg, 0.5) > 0
+    for name, t in head.module.state_dict().items():
+        assert torch.equal(t, before[name]), name
+
+
+def test_a_deadline_cuts_the_epochs_to_fit_or_refuses_to_start(setup, monkeypatch):
+    import time
+
+    import specula.training.trainer as trainer
+    from specula.training.run import KEEP_SECONDS, _fit_to_deadline
+    from specula.training.trainer import step_counts
+
+    target, fs, _ = setup
+    cfg = TrainConfig(kind="eagle", epochs=3, seq_len=16, batch_size=3, holdout=0.2)
+    per_epoch, total = step_counts(fs, cfg)
+    assert total >= 20  # so the refusal below is the 20-step floor, not the whole run
+    head = new_head("eagle", target, draft_vocabulary(fs, 64, 96), seed=0)
+    # a rate at which 2.5 of the 3 epochs fit in the 30 s left after what is kept back
+    monkeypatch.setattr(trainer, "probe_steps_per_second", lambda *a: 2.5 * per_epoch / (0.95 * 30))
+    fitted, record = _fit_to_deadline(head, fs, cfg, time.monotonic() + KEEP_SECONDS + 30, 0)
+    assert 2.3 < fitted.epochs < 2.5 + 1e-9 and record["epochs_asked"] == 3 and record["epochs"] == fitted.epochs
+    monkeypatch.setattr(trainer, "probe_steps_per_second", lambda *a: 1000.0)
+    fitted, _ = _fit_to_deadline(head, fs, cfg, time.monotonic() + KEEP_SECONDS + 30, 0)
+    assert fitted == cfg  # never more epochs than asked
+    monkeypatch.setattr(trainer, "probe_steps_per_second", lambda *a: 0.1)
+    with pytest.raises(ConfigError, match="larger --time-budget"):
+        _fit_to_deadline(head, fs, cfg, time.monotonic() + KEEP_SECONDS + 30, 0)
+
+
+def test_train_command_with_a_time_budget_records_how_it_fit(tmp_path, monkeypatch, tiny_tokenizer, capsys):
+    from specula.cli import main
+
+    monkeypatch.setenv("SPECULA_CACHE", str(tmp_path / "cache"))
+    path, _, data = saved_training_setup(tmp_path, tiny_tokenizer, prompts=6, stride=7, words=6)
+    args = ["train", "--target", str(path), "--kind", "eagle", "--data", str(data), "--epochs", "2",
+            "--draft-vocab", "64", "--max-new-tokens", "16", "--seq-len", "16", "--quiet", "--eval-data", "none"]
+    assert main([*args, "--out", str(tmp_path / "h0"), "--time-budget", "0"]) == 2
+    assert "--time-budget must be > 0" in capsys.readouterr().err
+    assert main([*args, "--out", str(tmp_path / "h"), "--time-budget", "30"]) == 0
+    assert "time budget: 2.0 of 2.0 epochs fit" in capsys.readouterr().out
+    budget = json.loads((tmp_path / "h" / "report.json").read_text())["training"]["time_budget"]
+    assert budget["epochs"] == 2.0 and budget["probe_steps_per_second"] > 0
