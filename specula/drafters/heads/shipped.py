@@ -49,12 +49,13 @@ SHIPPED: tuple[ShippedHead, ...] = (
     #   prompts"); float16
     ShippedHead("smollm2-135m", "eagle3", "smollm2-135m-eagle3.safetensors",
                 "5004a1ed7d671bb0452f28d574b42ff0bc77440c021f7f16c8289d8f030623a4"),
-    # D=specula/data/training/smollm2-135m; specula train --target qwen2.5-coder-0.5b --kind eagle3
-    #   --dtype bfloat16 --data $D/magpie-{code,math,explain,howto,writing}.jsonl $D/magpie2-code.jsonl
-    #   --max-new-tokens 128 --epochs 3 (2,213 prompts, answered by Qwen2.5-Coder-0.5B; docs/training.md
-    #   "Heads for the Qwen pair"); float16
+    # specula train --target qwen2.5-coder-0.5b --kind eagle3 --backend hf --device cuda --dtype bfloat16
+    #   --padded-rows 2048 --batch-size 64 --ttt-steps 3 --max-new-tokens 128 --epochs 3
+    #   --data $(ls $D/{magpie,context}*.jsonl | grep -v context-long) (the 31,040 prompts of SmolLM2's
+    #   head, answered by Qwen2.5-Coder-0.5B; trained on an H100; docs/training.md "The 0.5B head on
+    #   31,040 prompts"); float16
     ShippedHead("qwen2.5-coder-0.5b", "eagle3", "qwen2.5-coder-0.5b-eagle3.safetensors",
-                "888083f0177bc9b283241ab3da133bc505caafc61059bad84f3ec3d5ab24e8ca"),
+                "c0febddbb9c9aeae336735c7bd88254932fa399ac9f0cc23696d4663762fd834"),
     # specula train --target qwen2.5-coder-1.5b --kind eagle3 --dtype bfloat16 --intermediate-size 2048
     #   --num-kv-heads 4 --data $D/magpie-{code,math,explain,howto,writing}.jsonl
     #   $D/magpie2-{code,math,explain}.jsonl --max-new-tokens 128 --epochs 3 (3,103 prompts, answered
