@@ -9,14 +9,18 @@
 #   TARGET=qwen2.5-coder-0.5b MINUTES=8.5 FILES="..." EXTRA="--kind eagle3 ..." bash scripts/gpu_head_job.sh
 #
 # The answers and features are cached per prompt file: a second call on the same warm machine
-# with the same FILES starts at training.
+# with the same FILES starts at training. ANSWERS=DIR (carried corpus.partNN files of an earlier
+# session's $OUT) puts those answers in the cache first; EXTRA="--stop-after answers" makes only
+# the answers (a target too big to answer, featurise and train in one session's device time).
+# The training is stopped 30 s before MINUTES run out, so the packing always happens.
 set -u
 : "${TARGET:?alias of an embedded target}" "${FILES:?prompt files}" "${OUT:?output folder}"
 T0=$(date +%s)
 export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site:$PWD TQDM_MININTERVAL=${TQDM_MININTERVAL:-15}
 exec > >(tee -a "$OUT/log.txt") 2>&1
 echo "[job] $(date) on $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null)"; df -h / | tail -1
-G=$HOME/.cache/specula/gguf/$TARGET.gguf
+CACHE=${SPECULA_CACHE:-$HOME/.cache/specula}
+G=$CACHE/gguf/$TARGET.gguf
 mkdir -p "$(dirname "$G")" specula/data/heads
 [ -f "$G" ] || cat /tmp/parts/part.* > "$G"
 python3 - "$TARGET" <<'PY' || exit 1
@@ -30,9 +34,14 @@ if verified_gguf(get_embedded(sys.argv[1]), rehash=True) is None:
 r = install(sys.argv[1], progress=False)
 print(f"[job] model ready in {time.time() - t:.1f} s (converted: {r.converted})")
 PY
+C=$CACHE/training
+if [ -n "${ANSWERS:-}" ]; then
+    mkdir -p "$C" && cat "$ANSWERS"/corpus.part* | xz -d | tar -x -C "$C" && echo "[job] answers from $ANSWERS: $(ls "$C" | wc -l) files"
+fi
 LEFT=$(python3 -c "print(${MINUTES:-8.5} - ($(date +%s) - $T0) / 60)")
-python3 -m specula train --target "$TARGET" --backend hf --device "${DEVICE:-cuda}" --time-budget "$LEFT" \
-    --data $FILES ${EXTRA:-} --out /tmp/head-job
+HARD=$(python3 -c "print(max(1, int(${MINUTES:-8.5} * 60 - ($(date +%s) - $T0) - 30)))")
+timeout --signal=INT "$HARD" python3 -m specula train --target "$TARGET" --backend hf --device "${DEVICE:-cuda}" \
+    --time-budget "$LEFT" --data $FILES ${EXTRA:-} --out /tmp/head-job
 echo "[job] train rc $? at +$(( $(date +%s) - T0 )) s"
 cp /tmp/head-job/report.json "$OUT/" 2>/dev/null
 for f in /tmp/head-job/*.safetensors; do
@@ -40,6 +49,6 @@ for f in /tmp/head-job/*.safetensors; do
     python3 scripts/ship_head.py "$f" "$TARGET" | tee "$OUT/ship.txt"
     split -b 15M -d "specula/data/heads/$TARGET-$(basename "$f")" "$OUT/head.part"
 done
-(cd "$HOME/.cache/specula/training" && ls corpus-* | tar -cf - -T -) | xz -T0 -6 > /tmp/corpus.tar.xz
+(cd "$C" && ls corpus-* | tar -cf - -T -) | xz -T0 -6 > /tmp/corpus.tar.xz
 split -b 15M -d /tmp/corpus.tar.xz "$OUT/corpus.part"
 ls -la "$OUT"; echo "[job] end at +$(( $(date +%s) - T0 )) s"

@@ -57,6 +57,9 @@ def register(sub) -> None:
                    help="the whole command ends within M minutes (answers, features, training, reports): after "
                         "the answers and features a short probe times the training steps and the epochs are cut "
                         "so the full learning-rate schedule fits, e.g. on a GPU lent for a fixed time")
+    p.add_argument("--stop-after", choices=("answers", "features"), default=None,
+                   help="end once the answers (or also the features) of --data are cached: the same command "
+                        "without it goes on from them (e.g. answers on a GPU lent now, training on one lent later)")
     p.add_argument("--max-sequences", type=int, default=0, metavar="N",
                    help="train on N of the corpus's training sequences (a seeded subset; default 0 = all): "
                         "data-size studies reuse one cached corpus")
@@ -117,7 +120,7 @@ def run(args: argparse.Namespace) -> int:
     report = run_training(target, tokenizer, args.target, Path(args.out), config, args.data or (), corpus,
                           quiet=args.quiet, max_minutes=args.max_minutes, deadline=deadline,
                           eval_data=[] if args.eval_data == ["none"] else args.eval_data, padded=padded,
-                          init_head=init_head)
+                          init_head=init_head, stop_after=args.stop_after)
     if args.json:
         print(json.dumps(report, indent=2))
     else:

@@ -47,7 +47,8 @@ def run_training(target, tokenizer, target_name: str, out: Path, config: TrainCo
                  quiet: bool = False, max_minutes: float | None = None, deadline: float | None = None,
                  eval_data: Sequence[str | os.PathLike] | None = None,
                  padded: PaddedConfig | Literal["auto"] | None = "auto",
-                 init_head: str | os.PathLike | None = None) -> dict:
+                 init_head: str | os.PathLike | None = None,
+                 stop_after: Literal["answers", "features"] | None = None) -> dict:
     """Train one head for `target`; returns the report (also written to OUT/report.json).
     `eval_data`: prompt files of another source than the training prompts (default the everyday
     set; () for none): the target answers them too and the report gives the head's acceptance on
@@ -57,7 +58,10 @@ def run_training(target, tokenizer, target_name: str, out: Path, config: TrainCo
     Hugging Face model on CUDA, else the engine's path (None). `init_head`: a head file for this
     target to start from (fine-tuning, `initial_head`): its weights, shape and draft vocabulary.
     `deadline` (`time.monotonic()` seconds): the run ends by then; after the answers and features,
-    the epochs are cut so the whole training schedule and the reports fit (`_fit_to_deadline`)."""
+    the epochs are cut so the whole training schedule and the reports fit (`_fit_to_deadline`).
+    `stop_after`: end once the training prompts' answers (or also their features) are cached; the
+    report says what was made, and the same call without it goes on from the cache (a GPU lent
+    twice: answers in one session, carried back, features and training in the next)."""
     from specula.drafters.heads.file import HeadFile, save_head, target_record
     from specula.drafters.heads.config import feature_layers_of
     from specula.drafters.heads.runtime import new_head
@@ -91,9 +95,17 @@ def run_training(target, tokenizer, target_name: str, out: Path, config: TrainCo
         raise ConfigError("padded batches run through a Hugging Face model: load the target with --backend hf "
                           "(or leave --padded-rows out)")
     seqs, fs, features_seconds = _corpus_and_features(target, tokenizer, per_file, corpus, layers,
-                                                      None if quiet else "corpus (target answers)", padded)
+                                                      None if quiet else "corpus (target answers)", padded,
+                                                      features=stop_after != "answers")
     times["corpus_seconds"] = round(time.perf_counter() - t - features_seconds, 1)
     times["features_seconds"] = round(features_seconds, 1)
+    if stop_after is not None:
+        report = {"target": target_name, "kind": config.kind, "data": [str(f) for f in files], "prompts": len(prompts),
+                  "corpus": {"sequences": len(seqs), "answer_tokens": sum(len(s.output_ids) for s in seqs),
+                             "prompt_tokens": sum(len(s.prompt_ids) for s in seqs), **asdict(corpus)},
+                  "device": str(getattr(target, "device", "cpu")), "stopped_after": stop_after, **times}
+        atomic_write_json(out / "report.json", report)
+        return report
 
     eval_fs = None
     if eval_prompts:
@@ -198,16 +210,20 @@ def file_corpus(tokenizer, prompts: Sequence[tuple[str, str]], corpus: CorpusCon
 
 def _corpus_and_features(target, tokenizer, per_file: Sequence[tuple[Path, list[tuple[str, str]]]],
                          corpus: CorpusConfig, layers: tuple[int, ...],
-                         label: str | None, padded: PaddedConfig | None = None) -> tuple[list, FeatureSet, float]:
-    """The target's answers to every file's prompts ((file, prompts) pairs), their features, and the
-    seconds the features took; each file cached on its own (`cache_paths`), so adding a file to the
-    data generates only its sequences. Progress bars under `label` (None: none)."""
+                         label: str | None, padded: PaddedConfig | None = None, features: bool = True
+                         ) -> tuple[list, FeatureSet | None, float]:
+    """The target's answers to every file's prompts ((file, prompts) pairs), their features (None
+    when `features` is false), and the seconds the features took; each file cached on its own
+    (`cache_paths`), so adding a file to the data generates only its sequences. Progress bars under
+    `label` (None: none)."""
     configs = [file_corpus(tokenizer, prompts, corpus) for _, prompts in per_file]
     paths = [cache_paths(target, file, config, layers) for (file, _), config in zip(per_file, configs)]
     seqs, sets = [], []
     with _bar(sum(len(p) for _, p in per_file), label or "", label is None) as bar:
         for (_, prompts), (answers, _), config in zip(per_file, paths, configs):
             seqs.append(generate_corpus(target, tokenizer, prompts, answers, config, progress=bar.update, padded=padded))
+    if not features:
+        return [s for file_seqs in seqs for s in file_seqs], None, 0.0
     t = time.perf_counter()
     with _bar(sum(len(s) for s in seqs), "features (target hidden states)", label is None) as bar:
         for file_seqs, (_, features) in zip(seqs, paths):
@@ -265,6 +281,12 @@ def _fit_to_deadline(head, fs, config: TrainConfig, deadline: float, other_seque
 
 
 def print_report(report: dict) -> None:
+    if report.get("stopped_after"):
+        c = report["corpus"]
+        print(f"stopped after the {report['stopped_after']}: {c['sequences']} sequences ({c['answer_tokens']} answer "
+              f"tokens) cached in {report['corpus_seconds'] + report['features_seconds']:.0f} s; the same command "
+              "without --stop-after goes on from them")
+        return
     rec = report["training"]
     after, before = rec.get("heldout_after") or {}, rec.get("heldout_before") or {}
     print(f"trained {report['kind']} head for {report['target']}: {rec['steps']}/{rec['total_steps']} steps in "

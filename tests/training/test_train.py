@@ -400,3 +400,29 @@ def test_train_command_with_a_time_budget_records_how_it_fit(tmp_path, monkeypat
     assert "time budget: 2.0 of 2.0 epochs fit" in capsys.readouterr().out
     budget = json.loads((tmp_path / "h" / "report.json").read_text())["training"]["time_budget"]
     assert budget["epochs"] == 2.0 and budget["probe_steps_per_second"] > 0
+
+
+def test_stop_after_answers_caches_them_and_the_same_command_goes_on(tmp_path, monkeypatch, tiny_tokenizer, capsys):
+    from specula.cli import main
+
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("SPECULA_CACHE", str(cache))
+    path, _, data = saved_training_setup(tmp_path, tiny_tokenizer, prompts=6, stride=7, words=6)
+    args = ["train", "--target", str(path), "--kind", "eagle3", "--data", str(data), "--epochs", "1",
+            "--draft-vocab", "64", "--max-new-tokens", "16", "--seq-len", "16", "--quiet", "--eval-data", "none",
+            "--out", str(tmp_path / "h")]
+    assert main([*args, "--stop-after", "answers"]) == 0
+    assert "stopped after the answers: 6 sequences" in capsys.readouterr().out
+    report = json.loads((tmp_path / "h" / "report.json").read_text())
+    assert report["stopped_after"] == "answers" and report["corpus"]["sequences"] == 6
+    answers = list((cache / "training").glob("corpus-*.jsonl"))
+    assert len(answers) == 1 and not list((cache / "training").glob("features-*"))
+    assert not (tmp_path / "h" / "eagle3.safetensors").exists()
+    written, stamp = answers[0].read_bytes(), answers[0].stat().st_mtime_ns
+    assert main([*args, "--stop-after", "features"]) == 0
+    assert len(list((cache / "training").glob("features-*"))) == 1
+    assert main(args) == 0  # goes on from the cached answers and features
+    assert answers[0].read_bytes() == written and answers[0].stat().st_mtime_ns == stamp  # read, not rewritten
+    report = json.loads((tmp_path / "h" / "report.json").read_text())
+    assert "stopped_after" not in report and report["training"]["steps"] > 0
+    assert (tmp_path / "h" / "eagle3.safetensors").is_file()
