@@ -54,9 +54,10 @@ def register(sub) -> None:
     p.add_argument("--max-minutes", type=float, default=None, metavar="M",
                    help="stop training after M minutes (checkpointed; rerun to go on)")
     p.add_argument("--time-budget", type=float, default=None, metavar="M",
-                   help="the whole command ends within M minutes (answers, features, training, reports): after "
-                        "the answers and features a short probe times the training steps and the epochs are cut "
-                        "so the full learning-rate schedule fits, e.g. on a GPU lent for a fixed time")
+                   help="end within M minutes of the start: after the answers and features (not cut: when they "
+                        "leave too little time, the command ends there with an error, their cache kept) a short "
+                        "probe times the training steps and the epochs are cut so the full learning-rate schedule "
+                        "and the reports fit, e.g. on a GPU lent for a fixed time")
     p.add_argument("--stop-after", choices=("answers", "features"), default=None,
                    help="end once the answers (or also the features) of --data are cached: the same command "
                         "without it goes on from them (e.g. answers on a GPU lent now, training on one lent later)")
