@@ -38,8 +38,8 @@ C=$CACHE/training
 if [ -n "${ANSWERS:-}" ]; then
     mkdir -p "$C" && cat "$ANSWERS"/corpus.part* | xz -d | tar -x -C "$C" && echo "[job] answers from $ANSWERS: $(ls "$C" | wc -l) files"
 fi
-LEFT=$(python3 -c "print(${MINUTES:-8.5} - ($(date +%s) - $T0) / 60)")
-HARD=$(python3 -c "print(max(1, int(${MINUTES:-8.5} * 60 - ($(date +%s) - $T0) - 30)))")
+# minutes left for specula train's budget, and seconds until the training is stopped for the packing
+read -r LEFT HARD < <(python3 -c "left = ${MINUTES:-8.5} * 60 - ($(date +%s) - $T0); print(left / 60, max(1, int(left - 30)))")
 timeout --signal=INT "$HARD" python3 -m specula train --target "$TARGET" --backend hf --device "${DEVICE:-cuda}" \
     --time-budget "$LEFT" --data $FILES ${EXTRA:-} --out /tmp/head-job
 echo "[job] train rc $? at +$(( $(date +%s) - T0 )) s"

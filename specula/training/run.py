@@ -99,11 +99,11 @@ def run_training(target, tokenizer, target_name: str, out: Path, config: TrainCo
                                                       features=stop_after != "answers")
     times["corpus_seconds"] = round(time.perf_counter() - t - features_seconds, 1)
     times["features_seconds"] = round(features_seconds, 1)
+    made = {"target": target_name, "kind": config.kind, "data": [str(f) for f in files], "prompts": len(prompts),
+            "corpus": {"sequences": len(seqs), "answer_tokens": sum(len(s.output_ids) for s in seqs),
+                       "prompt_tokens": sum(len(s.prompt_ids) for s in seqs), **asdict(corpus)}}  # what any report opens with
     if stop_after is not None:
-        report = {"target": target_name, "kind": config.kind, "data": [str(f) for f in files], "prompts": len(prompts),
-                  "corpus": {"sequences": len(seqs), "answer_tokens": sum(len(s.output_ids) for s in seqs),
-                             "prompt_tokens": sum(len(s.prompt_ids) for s in seqs), **asdict(corpus)},
-                  "device": str(getattr(target, "device", "cpu")), "stopped_after": stop_after, **times}
+        report = {**made, "device": str(getattr(target, "device", "cpu")), "stopped_after": stop_after, **times}
         atomic_write_json(out / "report.json", report)
         return report
 
@@ -141,10 +141,7 @@ def run_training(target, tokenizer, target_name: str, out: Path, config: TrainCo
         "data": [str(f) for f in eval_files], "sequences": len(every), "before": other_before,
         "after": acceptance_report(head, eval_fs, every, config, head.embed) if every else None}
     report = {
-        "target": target_name, "kind": config.kind, "data": [str(f) for f in files], "prompts": len(prompts),
-        "corpus": {"sequences": len(seqs), "answer_tokens": sum(len(s.output_ids) for s in seqs),
-                   "prompt_tokens": sum(len(s.prompt_ids) for s in seqs), **asdict(corpus)},
-        "draft_vocab": len(d2t), "draft_vocab_coverage": round(coverage(fs, d2t), 4),
+        **made, "draft_vocab": len(d2t), "draft_vocab_coverage": round(coverage(fs, d2t), 4),
         "threads": torch.get_num_threads(), "device": str(getattr(target, "device", "cpu")),
         "padded_batches": asdict(padded) if padded is not None else None, "init_head": started_from, **times,
         "training": record,
