@@ -61,6 +61,14 @@ def register(sub) -> None:
     p.add_argument("--stop-after", choices=("answers", "features"), default=None,
                    help="end once the answers (or also the features) of --data are cached: the same command "
                         "without it goes on from them (e.g. answers on a GPU lent now, training on one lent later)")
+    p.add_argument("--answers", nargs="+", default=None, metavar="PATH",
+                   help="answers to the --data prompts written earlier instead of the target's: corpus files as "
+                        "specula train caches them ($SPECULA_CACHE/training/corpus-*.jsonl) or folders of them, e.g. "
+                        "a smaller model's with the target's tokenizer (cheaper; the head learns the target's "
+                        "predictions over that text); the target only takes its features over them")
+    p.add_argument("--no-feature-cache", dest="cache_features", action="store_false",
+                   help="keep the features in memory only, not in $SPECULA_CACHE/training (a one-off run on a machine "
+                        "lent for a fixed time: a 1.5B target's features of 30,000 sequences are ~66 GB to write)")
     p.add_argument("--max-sequences", type=int, default=0, metavar="N",
                    help="train on N of the corpus's training sequences (a seeded subset; default 0 = all): "
                         "data-size studies reuse one cached corpus")
@@ -121,7 +129,8 @@ def run(args: argparse.Namespace) -> int:
     report = run_training(target, tokenizer, args.target, Path(args.out), config, args.data or (), corpus,
                           quiet=args.quiet, max_minutes=args.max_minutes, deadline=deadline,
                           eval_data=[] if args.eval_data == ["none"] else args.eval_data, padded=padded,
-                          init_head=init_head, stop_after=args.stop_after)
+                          init_head=init_head, stop_after=args.stop_after, answers=args.answers,
+                          cache_features=args.cache_features)
     if args.json:
         print(json.dumps(report, indent=2))
     else:

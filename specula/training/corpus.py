@@ -187,6 +187,55 @@ def _from_line(line: str) -> CorpusEntry:
     return CorpusEntry(r["id"], r["prompt_ids"], r["output_ids"])
 
 
+def match_answers(tokenizer, prompts: Sequence[tuple[str, str]], answers: dict[tuple[int, ...], list[int]],
+                  config: CorpusConfig, missing: str) -> list[CorpusEntry]:
+    """The corpus of `prompts` ((id, text)) from `answers` (answer ids by prompt ids): each prompt
+    encoded as the target reads it (`max_prompt_tokens`) and looked up; a prompt without an answer
+    is a `ConfigError` of `missing` formatted with its id."""
+    from specula.prompts import encode_prompt
+
+    encoded = [encode_prompt(tokenizer, text)[-config.max_prompt_tokens:] for _, text in prompts]
+    absent = next((pid for (pid, _), ids in zip(prompts, encoded) if tuple(ids) not in answers), None)
+    if absent is not None:
+        raise ConfigError(missing.format(absent))
+    return [CorpusEntry(pid, ids, list(answers[tuple(ids)])) for (pid, _), ids in zip(prompts, encoded)]
+
+
+def read_answers(paths: Iterable[str | os.PathLike], vocab_size: int) -> tuple[dict[tuple[int, ...], list[int]], str]:
+    """Answers written earlier, e.g. by a smaller model with the target's tokenizer: corpus files
+    as `specula train` caches them (`corpus-*.jsonl` under $SPECULA_CACHE/training/), or folders of
+    them. Returns (answer ids by prompt ids, a short hash of the files' bytes for the features'
+    cache key). A missing path, a file of other lines, or ids outside the target's vocabulary (another
+    tokenizer's answers) is a `ConfigError`."""
+    files: list[Path] = []
+    for path in map(Path, paths):
+        if path.is_dir():
+            files += sorted(path.glob("corpus-*.jsonl"))
+        elif path.is_file():
+            files.append(path)
+        else:
+            raise ConfigError(f"--answers {path}: no such file or folder")
+    if not files:
+        raise ConfigError(f"--answers {' '.join(map(str, paths))}: no corpus-*.jsonl files there")
+    table: dict[tuple[int, ...], list[int]] = {}
+    h = hashlib.sha256()
+    for file in files:
+        data = file.read_bytes()
+        h.update(data)
+        for n, line in enumerate(data.decode("utf-8").splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                entry = _from_line(line)
+            except (ValueError, KeyError, TypeError) as e:
+                raise ConfigError(f"{file}:{n}: not a corpus line ({{\"id\", \"prompt_ids\", \"output_ids\"}}): {e}") from None
+            if any(not 0 <= t < vocab_size for t in (*entry.prompt_ids, *entry.output_ids)):
+                raise ConfigError(f"{file}:{n}: token ids outside the target's vocabulary of {vocab_size}: answers "
+                                  "from a model with another tokenizer cannot be used")
+            table[tuple(entry.prompt_ids)] = entry.output_ids
+    return table, h.hexdigest()[:16]
+
+
 def generate_corpus(target, tokenizer, prompts: Sequence[tuple[str, str]], out: Path,
                     config: CorpusConfig = CorpusConfig(), progress: Callable[[int], None] | None = None,
                     padded: PaddedConfig | None = None) -> list[CorpusEntry]:
@@ -206,14 +255,11 @@ def generate_corpus(target, tokenizer, prompts: Sequence[tuple[str, str]], out: 
         # name reads the same answers under its own ids. Entries are matched to prompts by their
         # prompt's tokens, not by position: files written before they were put in prompt order hold
         # them in the order the answers finished.
-        answers = {tuple(e.prompt_ids): e.output_ids for e in cached}
-        encoded = [encode_prompt(tokenizer, text)[-config.max_prompt_tokens:] for _, text in prompts]
-        missing = next((pid for (pid, _), ids in zip(prompts, encoded) if tuple(ids) not in answers), None)
-        if missing is not None:
-            raise ConfigError(f"{out} holds no answer to prompt {missing}: delete it and run again")
+        entries = match_answers(tokenizer, prompts, {tuple(e.prompt_ids): e.output_ids for e in cached}, config,
+                                f"{out} holds no answer to prompt {{}}: delete it and run again")
         if progress is not None:
             progress(len(cached))
-        return [CorpusEntry(pid, ids, answers[tuple(ids)]) for (pid, _), ids in zip(prompts, encoded)]
+        return entries
     partial = out.with_name(out.name + ".partial")
     done: dict[str, CorpusEntry] = {}
     if partial.is_file():

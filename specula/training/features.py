@@ -11,6 +11,8 @@ with layers `inputs` [N, k E] float16 and `layers` [k] long; written atomically.
 from __future__ import annotations
 
 from dataclasses import dataclass
+import shutil
+import sys
 from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
@@ -46,11 +48,13 @@ class FeatureSet:
 
 def extract_features(target, corpus: Sequence[CorpusEntry], out: Path,
                      progress: Callable[[int], None] | None = None, layers: Sequence[int] = (),
-                     padded: PaddedConfig | None = None) -> FeatureSet:
+                     padded: PaddedConfig | None = None, write: bool = True) -> FeatureSet:
     """Features of every corpus sequence (with `layers`, also the inputs of those layers, from the
     same pass), cached at `out` (reused when present; the caller keys the path by the layers);
     `progress(n)` as sequences are done, a cached file's all at once. `padded`: right-padded
-    batched passes through the target's Hugging Face model (`training.padded`) when it has one."""
+    batched passes through the target's Hugging Face model (`training.padded`) when it has one.
+    `write`: False keeps new features in memory only (a one-off run where writing tens of GB costs
+    more than it saves); they are not written either when the cache's disk lacks room."""
     from safetensors.torch import load_file, save_file
 
     from specula.paths import atomic_path
@@ -63,26 +67,41 @@ def extract_features(target, corpus: Sequence[CorpusEntry], out: Path,
         return FeatureSet(t["tokens"], t["features"], t["starts"], t["prompt_lens"], t.get("inputs"),
                           tuple(t["layers"].tolist()) if "layers" in t else ())
     e = target.hidden_size
-    tokens, feats, inputs, starts, plens = [], [], [], [0], []
-    for entry, hidden in zip(corpus, _hidden_rows(target, corpus, layers, padded)):  # [n, (k + 1) E] float16
-        ids = entry.ids[: target.max_context]
-        tokens.append(torch.tensor(ids, dtype=torch.long))
-        feats.append(hidden[:, -e:].clone())
-        if layers:
-            inputs.append(hidden[:, :-e].clone())
-        starts.append(starts[-1] + len(ids))
-        plens.append(min(len(entry.prompt_ids), len(ids)))
+    seqs = [entry.ids[: target.max_context] for entry in corpus]
+    starts = torch.tensor([0, *(len(ids) for ids in seqs)]).cumsum(0)  # [S + 1]
+    n = int(starts[-1])
+    # filled in place (no list of pieces joined at the end: a corpus's features can be half the RAM)
+    feats = torch.empty((n, e), dtype=torch.float16)  # [N, E]
+    inputs = torch.empty((n, len(layers) * e), dtype=torch.float16) if layers else None  # [N, k E]
+    for s, hidden in enumerate(_hidden_rows(target, corpus, layers, padded)):  # [n_s, (k + 1) E] float16
+        a, b = int(starts[s]), int(starts[s + 1])
+        feats[a:b] = hidden[:, -e:]
+        if inputs is not None:
+            inputs[a:b] = hidden[:, :-e]
         if progress is not None:
             progress(1)
-    fs = FeatureSet(torch.cat(tokens), torch.cat(feats), torch.tensor(starts), torch.tensor(plens),
-                    torch.cat(inputs) if layers else None, layers)
+    fs = FeatureSet(torch.tensor([t for ids in seqs for t in ids], dtype=torch.long), feats, starts,
+                    torch.tensor([min(len(entry.prompt_ids), len(ids)) for entry, ids in zip(corpus, seqs)]),
+                    inputs, layers)
     tensors = {"tokens": fs.tokens, "features": fs.features, "starts": fs.starts, "prompt_lens": fs.prompt_lens}
     if layers:
         tensors |= {"inputs": fs.inputs, "layers": torch.tensor(layers, dtype=torch.long)}
+    if not write:
+        return fs
+    size = sum(t.numel() * t.element_size() for t in tensors.values())
     out.parent.mkdir(parents=True, exist_ok=True)
+    free = shutil.disk_usage(out.parent).free
+    if size > free - KEEP_FREE_BYTES:
+        print(f"features of {len(corpus)} sequences ({size / 2**30:.1f} GiB) not cached: {out.parent} has "
+              f"{free / 2**30:.1f} GiB free; they are kept in memory for this run", file=sys.stderr)
+        return fs
     with atomic_path(out) as tmp:
         save_file(tensors, str(tmp))
     return fs
+
+
+KEEP_FREE_BYTES = 2 * 2**30
+"""Disk space the features cache leaves free: a corpus's features that would use it stay in memory only."""
 
 
 def _hidden_rows(target, corpus: Sequence[CorpusEntry], layers: tuple[int, ...],
@@ -110,17 +129,29 @@ def _hidden_rows(target, corpus: Sequence[CorpusEntry], layers: tuple[int, ...],
         yield ready.pop(s)
 
 
-def concat_features(sets: Sequence[FeatureSet]) -> FeatureSet:
-    """One feature set of several (their sequences in order): a corpus cached per data file."""
+def concat_features(sets: list[FeatureSet]) -> FeatureSet:
+    """One feature set of several (their sequences in order): a corpus cached per data file. The
+    parts are copied into the whole one at a time and dropped from `sets` (it ends empty), so at
+    most the whole plus one part is held: a 30,000-sequence corpus of a 1.5B target is 66 GB."""
     if len(sets) == 1:
-        return sets[0]
+        return sets.pop()
     if len({fs.layers for fs in sets}) != 1:
         raise ValueError("feature sets of different layers cannot be joined")
-    offsets = torch.tensor([0] + [int(fs.starts[-1]) for fs in sets[:-1]]).cumsum(0)
+    lengths = [int(fs.starts[-1]) for fs in sets]
+    offsets = torch.tensor([0] + lengths[:-1]).cumsum(0)
     starts = torch.cat([sets[0].starts[:1]] + [fs.starts[1:] + off for fs, off in zip(sets, offsets)])
-    inputs = torch.cat([fs.inputs for fs in sets]) if sets[0].inputs is not None else None
-    return FeatureSet(torch.cat([fs.tokens for fs in sets]), torch.cat([fs.features for fs in sets]), starts,
-                      torch.cat([fs.prompt_lens for fs in sets]), inputs, sets[0].layers)
+    tokens = torch.cat([fs.tokens for fs in sets])
+    prompt_lens = torch.cat([fs.prompt_lens for fs in sets])
+    first, layers = sets[0], sets[0].layers
+    feats = torch.empty((sum(lengths), first.features.shape[1]), dtype=first.features.dtype)  # [N, E]
+    inputs = None if first.inputs is None else torch.empty((sum(lengths), first.inputs.shape[1]), dtype=first.inputs.dtype)
+    for off, n in zip(offsets.tolist(), lengths):
+        fs = sets.pop(0)
+        feats[off:off + n] = fs.features
+        if inputs is not None:
+            inputs[off:off + n] = fs.inputs
+        del fs
+    return FeatureSet(tokens, feats, starts, prompt_lens, inputs, layers)
 
 
 def draft_vocabulary(fs: FeatureSet, size: int, target_vocab: int, always: Sequence[int] = ()) -> torch.Tensor:

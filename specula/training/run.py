@@ -23,7 +23,7 @@ import torch
 
 from specula.errors import ConfigError
 from specula.training.corpus import (DEFAULT_PROMPTS, EVAL_PROMPTS, CorpusConfig, PaddedConfig, corpus_key,
-                                     generate_corpus, read_prompts)
+                                     generate_corpus, match_answers, read_answers, read_prompts)
 from specula.training.padded import padded_model
 from specula.training.features import FeatureSet, concat_features, coverage, draft_vocabulary, extract_features
 from specula.training.trainer import TrainConfig, acceptance_report, train_head
@@ -48,7 +48,8 @@ def run_training(target, tokenizer, target_name: str, out: Path, config: TrainCo
                  eval_data: Sequence[str | os.PathLike] | None = None,
                  padded: PaddedConfig | Literal["auto"] | None = "auto",
                  init_head: str | os.PathLike | None = None,
-                 stop_after: Literal["answers", "features"] | None = None) -> dict:
+                 stop_after: Literal["answers", "features"] | None = None,
+                 answers: Sequence[str | os.PathLike] | None = None, cache_features: bool = True) -> dict:
     """Train one head for `target`; returns the report (also written to OUT/report.json).
     `eval_data`: prompt files of another source than the training prompts (default the everyday
     set; () for none): the target answers them too and the report gives the head's acceptance on
@@ -61,7 +62,11 @@ def run_training(target, tokenizer, target_name: str, out: Path, config: TrainCo
     the epochs are cut so the whole training schedule and the reports fit (`_fit_to_deadline`).
     `stop_after`: end once the training prompts' answers (or also their features) are cached; the
     report says what was made, and the same call without it goes on from the cache (a GPU lent
-    twice: answers in one session, carried back, features and training in the next)."""
+    twice: answers in one session, carried back, features and training in the next). `answers`:
+    corpus files (or folders of them) holding answers to the training prompts written earlier, e.g.
+    by a smaller model with the target's tokenizer (`corpus.read_answers`): the target then only
+    takes its features over them; the held-out reports still use the target's own answers.
+    `cache_features`: False keeps the features in memory only (`extract_features`' `write`)."""
     from specula.drafters.heads.file import HeadFile, save_head, target_record
     from specula.drafters.heads.config import feature_layers_of
     from specula.drafters.heads.runtime import new_head
@@ -83,7 +88,12 @@ def run_training(target, tokenizer, target_name: str, out: Path, config: TrainCo
     if shared:
         raise ConfigError(f"{len(shared)} evaluation prompt(s) are also training prompts (e.g. {next(iter(shared))[:60]!r}); "
                           "held-out acceptance must come from prompts the head never trained on: pass other --eval-data")
-    start = None if init_head is None else initial_head(init_head, target, target_name, config)  # before the slow part
+    if answers is not None and stop_after == "answers":
+        raise ConfigError("--stop-after answers makes the target's answers; with --answers there are none to make")
+    if not cache_features and stop_after == "features":
+        raise ConfigError("--stop-after features caches the features; --no-feature-cache keeps them in memory only")
+    given = None if answers is None else read_answers(answers, target.vocab_size)  # (table, hash): before the slow part
+    start = None if init_head is None else initial_head(init_head, target, target_name, config)
     times = {}
     layers = feature_layers_of(config.kind, target.num_layers)  # the depths an eagle3 head fuses; else ()
 
@@ -96,12 +106,15 @@ def run_training(target, tokenizer, target_name: str, out: Path, config: TrainCo
                           "(or leave --padded-rows out)")
     seqs, fs, features_seconds = _corpus_and_features(target, tokenizer, per_file, corpus, layers,
                                                       None if quiet else "corpus (target answers)", padded,
-                                                      features=stop_after != "answers")
+                                                      features=stop_after != "answers", answers=given,
+                                                      write=cache_features)
     times["corpus_seconds"] = round(time.perf_counter() - t - features_seconds, 1)
     times["features_seconds"] = round(features_seconds, 1)
     made = {"target": target_name, "kind": config.kind, "data": [str(f) for f in files], "prompts": len(prompts),
             "corpus": {"sequences": len(seqs), "answer_tokens": sum(len(s.output_ids) for s in seqs),
-                       "prompt_tokens": sum(len(s.prompt_ids) for s in seqs), **asdict(corpus)}}  # what any report opens with
+                       "prompt_tokens": sum(len(s.prompt_ids) for s in seqs), **asdict(corpus),
+                       "answers_by": "target" if answers is None else {"files": [str(f) for f in answers],
+                                                                        "sha256_16": given[1]}}}  # what any report opens with
     if stop_after is not None:
         report = {**made, "device": str(getattr(target, "device", "cpu")), "stopped_after": stop_after, **times}
         atomic_write_json(out / "report.json", report)
@@ -178,15 +191,19 @@ def initial_head(path: str | os.PathLike, target, target_name: str, config: Trai
     return head
 
 
-def cache_paths(target, file: Path, corpus: CorpusConfig, layers: tuple[int, ...] = ()) -> tuple[Path, Path]:
+def cache_paths(target, file: Path, corpus: CorpusConfig, layers: tuple[int, ...] = (),
+                answers: str | None = None) -> tuple[Path, Path]:
     """(answers, features) cache files of one prompt file, keyed by the target, the generation
-    settings and the file's bytes (features with `layers`' inputs have their own file);
+    settings and the file's bytes (features with `layers`' inputs have their own file; features
+    over answers given with `--answers` are keyed by those files' hash `answers` too);
     `specula train` and the scripts that reuse its answers read the same paths."""
     from specula.paths import cache_dir
 
-    key = corpus_key(target_identity(target), [file], corpus)
+    identity = target_identity(target)
+    key = corpus_key(identity, [file], corpus)
+    fkey = key if answers is None else corpus_key(identity | {"answers": answers}, [file], corpus)
     suffix = "" if not layers else "-layers" + "_".join(map(str, layers))
-    return cache_dir("training", f"corpus-{key}.jsonl"), cache_dir("training", f"features-{key}{suffix}.safetensors")
+    return cache_dir("training", f"corpus-{key}.jsonl"), cache_dir("training", f"features-{fkey}{suffix}.safetensors")
 
 
 def file_corpus(tokenizer, prompts: Sequence[tuple[str, str]], corpus: CorpusConfig) -> CorpusConfig:
@@ -207,24 +224,36 @@ def file_corpus(tokenizer, prompts: Sequence[tuple[str, str]], corpus: CorpusCon
 
 def _corpus_and_features(target, tokenizer, per_file: Sequence[tuple[Path, list[tuple[str, str]]]],
                          corpus: CorpusConfig, layers: tuple[int, ...],
-                         label: str | None, padded: PaddedConfig | None = None, features: bool = True
+                         label: str | None, padded: PaddedConfig | None = None, features: bool = True,
+                         answers: tuple[dict, str] | None = None, write: bool = True
                          ) -> tuple[list, FeatureSet | None, float]:
     """The target's answers to every file's prompts ((file, prompts) pairs), their features (None
     when `features` is false), and the seconds the features took; each file cached on its own
-    (`cache_paths`), so adding a file to the data generates only its sequences. Progress bars under
-    `label` (None: none)."""
+    (`cache_paths`), so adding a file to the data generates only its sequences. `answers`: (answer
+    ids by prompt ids, their hash) from `corpus.read_answers`, used instead of the target's. `write`:
+    False keeps new features in memory only. Progress bars under `label` (None: none)."""
     configs = [file_corpus(tokenizer, prompts, corpus) for _, prompts in per_file]
-    paths = [cache_paths(target, file, config, layers) for (file, _), config in zip(per_file, configs)]
+    paths = [cache_paths(target, file, config, layers, None if answers is None else answers[1])
+             for (file, _), config in zip(per_file, configs)]
     seqs, sets = [], []
     with _bar(sum(len(p) for _, p in per_file), label or "", label is None) as bar:
-        for (_, prompts), (answers, _), config in zip(per_file, paths, configs):
-            seqs.append(generate_corpus(target, tokenizer, prompts, answers, config, progress=bar.update, padded=padded))
+        for (file, prompts), (cached, _), config in zip(per_file, paths, configs):
+            if answers is None:
+                seqs.append(generate_corpus(target, tokenizer, prompts, cached, config, progress=bar.update,
+                                            padded=padded))
+            else:
+                seqs.append(match_answers(tokenizer, prompts, answers[0], config,
+                                          f"--answers hold no answer to prompt {{}} of {file} (its prompts cut at "
+                                          f"another --max-prompt-tokens than {config.max_prompt_tokens}?): pass "
+                                          "the corpus files made for these prompts"))
+                bar.update(len(prompts))
     if not features:
         return [s for file_seqs in seqs for s in file_seqs], None, 0.0
     t = time.perf_counter()
     with _bar(sum(len(s) for s in seqs), "features (target hidden states)", label is None) as bar:
         for file_seqs, (_, features) in zip(seqs, paths):
-            sets.append(extract_features(target, file_seqs, features, progress=bar.update, layers=layers, padded=padded))
+            sets.append(extract_features(target, file_seqs, features, progress=bar.update, layers=layers, padded=padded,
+                                         write=write))
     return [s for file_seqs in seqs for s in file_seqs], concat_features(sets), time.perf_counter() - t
 
 

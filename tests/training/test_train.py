@@ -63,12 +63,34 @@ def test_feature_sets_of_two_files_join_into_the_set_of_both(setup, tmp_path):
     parts = [extract_features(target, corpus[:2], tmp_path / "a.safetensors", layers=(0, 1)),
              extract_features(target, corpus[2:], tmp_path / "b.safetensors", layers=(0, 1))]
     joined = concat_features(parts)
+    assert parts == []  # each part is dropped once copied: the whole plus one part at most
     assert len(joined) == 5 and joined.layers == (0, 1)
     for name in ("tokens", "starts", "prompt_lens"):
         assert torch.equal(getattr(joined, name), getattr(whole, name)), name
     assert torch.allclose(joined.features.float(), whole.features.float(), atol=1e-2)
     assert torch.allclose(joined.inputs.float(), whole.inputs.float(), atol=1e-2)
     assert torch.equal(joined.sequence(3)[0], whole.sequence(3)[0])
+
+
+def test_features_too_big_for_the_disk_stay_in_memory(setup, tmp_path, monkeypatch, capsys):
+    """Features that would leave the cache's disk nearly full are returned but not written, with
+    a line saying so; the next run computes them again."""
+    import shutil
+    from collections import namedtuple
+
+    from specula.training import features
+
+    target, _, _ = setup
+    corpus = [CorpusEntry(str(i), [2 + i, 3, 4], [5, 6]) for i in range(3)]
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(0, 0, features.KEEP_FREE_BYTES + 100))
+    fs = extract_features(target, corpus, tmp_path / "f.safetensors", layers=(0, 1))
+    assert len(fs) == 3 and fs.inputs.shape == (15, 2 * target.hidden_size)
+    assert not (tmp_path / "f.safetensors").exists()
+    assert "not cached" in capsys.readouterr().err
+    monkeypatch.undo()
+    again = extract_features(target, corpus, tmp_path / "f.safetensors", layers=(0, 1))
+    assert (tmp_path / "f.safetensors").is_file() and torch.equal(again.tokens, fs.tokens)
 
 
 @pytest.mark.parametrize("n", [3, 4, 17, 18, 19, 40, 41])
@@ -419,6 +441,9 @@ def test_stop_after_answers_caches_them_and_the_same_command_goes_on(tmp_path, m
     assert len(answers) == 1 and not list((cache / "training").glob("features-*"))
     assert not (tmp_path / "h" / "eagle3.safetensors").exists()
     written, stamp = answers[0].read_bytes(), answers[0].stat().st_mtime_ns
+    assert main([*args, "--stop-after", "features", "--no-feature-cache"]) == 2  # nothing would be kept
+    assert main([*args, "--no-feature-cache", "--out", str(tmp_path / "once")]) == 0  # trains, writes no features
+    assert (tmp_path / "once" / "eagle3.safetensors").is_file() and not list((cache / "training").glob("features-*"))
     assert main([*args, "--stop-after", "features"]) == 0
     assert len(list((cache / "training").glob("features-*"))) == 1
     assert main(args) == 0  # goes on from the cached answers and features
@@ -426,3 +451,45 @@ def test_stop_after_answers_caches_them_and_the_same_command_goes_on(tmp_path, m
     report = json.loads((tmp_path / "h" / "report.json").read_text())
     assert "stopped_after" not in report and report["training"]["steps"] > 0
     assert (tmp_path / "h" / "eagle3.safetensors").is_file()
+
+
+def test_answers_of_another_model_train_the_target_on_that_text(tmp_path, monkeypatch, tiny_tokenizer, capsys):
+    """`--answers`: the corpus files a model with the same tokenizer cached (here a 2-layer sibling)
+    stand in for the target's answers: the target writes none, takes its features over that text
+    (a features cache of its own, keyed by those files), and says where its answers came from."""
+    from specula.cli import main
+    from specula.training.corpus import load_corpus
+
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("SPECULA_CACHE", str(cache))
+    small, _, data = saved_training_setup(tmp_path, tiny_tokenizer, layers=2, prompts=6, stride=7, words=6)
+    target, _, _ = saved_training_setup(tmp_path, tiny_tokenizer, layers=4, prompts=6, stride=7, words=6)
+    common = ["--kind", "eagle3", "--data", str(data), "--epochs", "1", "--draft-vocab", "64", "--max-new-tokens", "16",
+              "--seq-len", "16", "--quiet", "--eval-data", "none"]
+    assert main(["train", "--target", str(small), *common, "--out", str(tmp_path / "a"), "--stop-after", "answers"]) == 0
+    given = tmp_path / "given"
+    given.mkdir()
+    (written,) = (cache / "training").glob("corpus-*.jsonl")
+    written.rename(given / written.name)  # the answers carried to another machine
+    capsys.readouterr()
+    assert main(["train", "--target", str(target), *common, "--out", str(tmp_path / "b"), "--answers", str(given)]) == 0
+    report = json.loads((tmp_path / "b" / "report.json").read_text())
+    small_answers = load_corpus(given / written.name)
+    assert report["corpus"]["answer_tokens"] == sum(len(e.output_ids) for e in small_answers)
+    assert report["corpus"]["answers_by"]["files"] == [str(given)]
+    assert not list((cache / "training").glob("corpus-*"))  # the target answered nothing
+    assert len(list((cache / "training").glob("features-*"))) == 1
+    assert (tmp_path / "b" / "eagle3.safetensors").is_file()
+    # a prompt the files hold no answer to, and answers of another vocabulary: one-line errors, exit 2
+    more = tmp_path / "more.jsonl"
+    more.write_text(data.read_text() + json.dumps({"prompt": "w3 w4 w5"}) + "\n")
+    capsys.readouterr()
+    assert main(["train", "--target", str(target), *common, "--data", str(more), "--out", str(tmp_path / "c"),
+                 "--answers", str(given)]) == 2
+    assert "hold no answer to prompt" in capsys.readouterr().err
+    alien = tmp_path / "alien.jsonl"
+    alien.write_text(json.dumps({"id": "x", "prompt_ids": [1, 2], "output_ids": [10 ** 6]}) + "\n")
+    assert main(["train", "--target", str(target), *common, "--out", str(tmp_path / "c"), "--answers", str(alien)]) == 2
+    assert "another tokenizer" in capsys.readouterr().err
+    assert main(["train", "--target", str(target), *common, "--out", str(tmp_path / "c"), "--answers", str(given),
+                 "--stop-after", "answers"]) == 2
