@@ -251,9 +251,10 @@ def fit_epochs(epochs: float, per_epoch: int, steps_per_second: float, seconds: 
 
 
 def probe_steps_per_second(head: TrainedHead, fs: FeatureSet, cfg: TrainConfig, seconds: float) -> float:
-    """Optimizer steps per second of `head` on `fs` under `cfg`, timed over `seconds` of real steps
-    (the first ones included, so a little low) in a scratch directory; the head's weights are
-    restored afterwards."""
+    """Optimizer steps per second of `head` on `fs` under `cfg` over a whole run: real steps for
+    `seconds` in a scratch directory, timed after their first `WARM_STEPS` (setting up kernels and
+    memory is paid once, not per step), with the cost of a checkpoint every `checkpoint_every`
+    steps added (the probe's own final checkpoint, timed); the head's weights are restored."""
     import tempfile
 
     saved = {k: v.detach().clone() for k, v in head.module.state_dict().items()}
@@ -264,10 +265,17 @@ def probe_steps_per_second(head: TrainedHead, fs: FeatureSet, cfg: TrainConfig, 
     finally:
         head.module.load_state_dict(saved)
         head.module.eval().requires_grad_(False)
-    return rec["steps"] / max(rec["seconds"], 1e-6)
+    steady = rec["steady_steps_per_second"]
+    if not steady:  # too few steps to time past the first ones
+        return rec["steps"] / max(rec["seconds"], 1e-6)
+    return 1.0 / (1.0 / steady + (rec["checkpoint_seconds"] or 0.0) / cfg.checkpoint_every)
 
 
 # ---------------------------------------------------------------------------- the loop
+WARM_STEPS = 5
+"""Steps a run takes before its steady rate is timed (the first ones set up kernels and memory)."""
+
+
 def train_head(head: TrainedHead, fs: FeatureSet, cfg: TrainConfig, out_dir: Path, *,
                progress: Callable[[int, float], None] | None = None, max_seconds: float | None = None
                ) -> dict:
@@ -303,12 +311,16 @@ def train_head(head: TrainedHead, fs: FeatureSet, cfg: TrainConfig, out_dir: Pat
     if progress is not None and step:
         progress(step, losses[-1] if losses else float("nan"))
     t0 = time.perf_counter() - seconds
+    begun, warm, last, save_seconds = step, None, None, None  # the steady rate: from the WARM_STEPS-th step on
 
     def save() -> None:
+        nonlocal save_seconds
+        t = time.perf_counter()
         with atomic_path(ckpt) as tmp:
             torch.save({"config": key, "d2t": head.d2t, "module": module.state_dict(), "optimizer": opt.state_dict(),
                         "scheduler": sched.state_dict(), "generator": gen.get_state(), "step": step,
                         "losses": losses, "seconds": time.perf_counter() - t0}, tmp)
+        save_seconds = time.perf_counter() - t
 
     stopped_early = False
     while step < total_steps:
@@ -327,6 +339,9 @@ def train_head(head: TrainedHead, fs: FeatureSet, cfg: TrainConfig, out_dir: Pat
         sched.step()
         step += 1
         losses.append(round(loss.item(), 5))
+        last = time.perf_counter()
+        if step - begun == WARM_STEPS:
+            warm = last
         if progress is not None:
             progress(1, losses[-1])
         if step % cfg.checkpoint_every == 0 or step == total_steps:
@@ -339,6 +354,9 @@ def train_head(head: TrainedHead, fs: FeatureSet, cfg: TrainConfig, out_dir: Pat
     after = acceptance_report(head, fs, eval_seqs, cfg, embed) if eval_seqs else None
     return {"steps": step, "total_steps": total_steps, "seconds": round(time.perf_counter() - t0, 1),
             "stopped_by_time_budget": stopped_early, "first_losses": losses[:5], "last_losses": losses[-5:],
+            "steady_steps_per_second": None if warm is None or last <= warm else
+            round((step - begun - WARM_STEPS) / (last - warm), 3),
+            "checkpoint_seconds": None if save_seconds is None else round(save_seconds, 3),
             "train_sequences": len(train_seqs), "heldout_sequences": len(eval_seqs),
             "heldout_before": before, "heldout_after": after, "config": key,
             "autocast": None if amp is None else str(amp).removeprefix("torch.")}

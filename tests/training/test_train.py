@@ -385,6 +385,30 @@ def test_the_probe_restores_the_head_it_timed(setup):
         assert torch.equal(t, before[name]), name
 
 
+def test_the_probe_times_steady_steps_not_the_first_ones(setup, monkeypatch):
+    """A first step that sets things up (here a 0.6 s sleep) is paid once per run, so the probe's
+    rate leaves it out: it reads well above the run's plain steps / seconds."""
+    import time
+
+    from specula.training import trainer
+
+    target, fs, _ = setup
+    cfg = TrainConfig(kind="eagle", epochs=50, seq_len=16, batch_size=3)
+    head = new_head("eagle", target, draft_vocabulary(fs, 64, 96), seed=0)
+    real, calls = trainer.loss_of, []
+
+    def slow_first(*args):
+        calls.append(1)
+        if len(calls) == 1:
+            time.sleep(0.6)
+        return real(*args)
+
+    monkeypatch.setattr(trainer, "loss_of", slow_first)
+    rate = trainer.probe_steps_per_second(head, fs, cfg, 1.5)
+    naive = len(calls) / 1.5  # at most: the run took at least 1.5 s
+    assert len(calls) > trainer.WARM_STEPS + 2 and rate > 1.2 * naive
+
+
 def test_a_deadline_cuts_the_epochs_to_fit_or_refuses_to_start(setup, monkeypatch):
     import time
 
