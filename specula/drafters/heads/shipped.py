@@ -56,13 +56,14 @@ SHIPPED: tuple[ShippedHead, ...] = (
     #   31,040 prompts"); float16
     ShippedHead("qwen2.5-coder-0.5b", "eagle3", "qwen2.5-coder-0.5b-eagle3.safetensors",
                 "c0febddbb9c9aeae336735c7bd88254932fa399ac9f0cc23696d4663762fd834"),
-    # specula train --target qwen2.5-coder-1.5b --kind eagle3 --dtype bfloat16 --intermediate-size 2048
-    #   --num-kv-heads 4 --data $D/magpie-{code,math,explain,howto,writing}.jsonl
-    #   $D/magpie2-{code,math,explain}.jsonl --max-new-tokens 128 --epochs 3 (3,103 prompts, answered
-    #   by Qwen2.5-Coder-1.5B; docs/training.md "The 1.5B head on 3,103 prompts"); int8 matrices
-    #   (float16 would be 53 MB)
+    # specula train --target qwen2.5-coder-1.5b --kind eagle3 --backend hf --device cuda --dtype bfloat16
+    #   --intermediate-size 2048 --num-kv-heads 4 --padded-rows 2048 --batch-size 64 --ttt-steps 3
+    #   --max-new-tokens 128 --epochs 3 --time-budget 8.1 --no-feature-cache --answers <the 0.5B's answers>
+    #   --data $(ls $D/{magpie,context}*.jsonl | grep -v context-long) (the 31,040 prompts of SmolLM2's
+    #   head, answered by Qwen2.5-Coder-0.5B, the same tokenizer; 2.24 of 3 epochs fit; trained on an
+    #   H100; docs/training.md "The 1.5B head on 31,040 prompts"); int8 matrices (float16 would be 53 MB)
     ShippedHead("qwen2.5-coder-1.5b", "eagle3", "qwen2.5-coder-1.5b-eagle3.safetensors",
-                "141298156f33f18e824e0496bece1bbc1d53136e6ba5b17b50b43ef90034bf0e"),
+                "924f7e3cb23761f7b46aeaae382f9e81d6af9ef33027fae204865538b9962ffa"),
 )
 """Every shipped head."""
 
