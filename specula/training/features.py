@@ -10,9 +10,9 @@ with layers `inputs` [N, k E] float16 and `layers` [k] long; written atomically.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 import shutil
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
