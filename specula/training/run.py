@@ -145,7 +145,7 @@ def run_training(target, tokenizer, target_name: str, out: Path, config: TrainCo
 
         budget = stop_at = None
         if deadline is not None:
-            config, budget = _fit_to_deadline(head, fs, config, deadline, len(every))
+            config, budget = _fit_to_deadline(head, fs, config, deadline, len(every), cache_features)
             stop_at = time.monotonic() + budget["seconds_for_training"]
         record = _train_with_total(head, fs, config, out, progress, bar, max_minutes, stop_at)
     if budget is not None:
@@ -276,12 +276,14 @@ KEEP_SECONDS = 20.0
 """What `--time-budget` keeps back beside the held-out reports: saving the head and the report."""
 
 
-def _fit_to_deadline(head, fs, config: TrainConfig, deadline: float, other_sequences: int) -> tuple[TrainConfig, dict]:
+def _fit_to_deadline(head, fs, config: TrainConfig, deadline: float, other_sequences: int,
+                     features_cached: bool = True) -> tuple[TrainConfig, dict]:
     """`config` with its epochs cut so that training and the held-out reports after it end before
     `deadline` (`time.monotonic()`), and the record of how: a probe times the optimizer steps on
     this machine (`probe_steps_per_second`), one held-out report on a few sequences times the
     reports. Too little time for 20 steps (or the whole run, if shorter) is an error; the answers
-    and features are cached by then, so a rerun with a larger budget starts at training."""
+    and features are cached by then, so a rerun with a larger budget starts at training (at the
+    features when `features_cached` is false: `--no-feature-cache` kept them in memory only)."""
     from specula.training.trainer import fit_epochs, probe_steps_per_second, split, step_counts
 
     per_epoch, total = step_counts(fs, config)
@@ -297,9 +299,11 @@ def _fit_to_deadline(head, fs, config: TrainConfig, deadline: float, other_seque
     epochs = fit_epochs(config.epochs, per_epoch, rate, left)
     steps = round(epochs * per_epoch)
     if steps < min(20, total):
+        kept = ("the answers and features are cached now, so the same command with a larger --time-budget starts "
+                "at training") if features_cached else ("the answers are cached now (the features, kept in memory by "
+                "--no-feature-cache, are not), so the same command with a larger --time-budget starts at the features")
         raise ConfigError(f"--time-budget leaves {max(left, 0):.0f} s to train, {steps} optimizer steps at the measured "
-                          f"{rate:.2f} steps/s: too few; the answers and features are cached now, so the same "
-                          "command with a larger --time-budget starts at training")
+                          f"{rate:.2f} steps/s: too few; {kept}")
     fitted = replace(config, epochs=round(epochs, 3)) if epochs < config.epochs else config
     return fitted, {"probe_steps_per_second": round(rate, 2), "seconds_for_training": round(left, 1),
                     "reports_seconds_estimate": round(report_seconds, 1), "epochs_asked": config.epochs,

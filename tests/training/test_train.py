@@ -431,6 +431,8 @@ def test_a_deadline_cuts_the_epochs_to_fit_or_refuses_to_start(setup, monkeypatc
     monkeypatch.setattr(trainer, "probe_steps_per_second", lambda *a: 0.1)
     with pytest.raises(ConfigError, match="larger --time-budget"):
         _fit_to_deadline(head, fs, cfg, time.monotonic() + KEEP_SECONDS + 30, 0)
+    with pytest.raises(ConfigError, match="features, kept in memory by --no-feature-cache, are not"):
+        _fit_to_deadline(head, fs, cfg, time.monotonic() + KEEP_SECONDS + 30, 0, features_cached=False)
 
 
 def test_train_command_with_a_time_budget_records_how_it_fit(tmp_path, monkeypatch, tiny_tokenizer, capsys):
