@@ -57,6 +57,7 @@ static float *pack_rows(const float *x, int M, int in, int mr) {
         for (int m = 0; m < MB; m++) a[m][0] = a[m][1] = _mm256_setzero_ps();                        \
         for (int i = 0; i < in; i++) {                                                               \
             __m256 w0, w1;                                                                           \
+            PREFETCH_W(wb, (size_t)(i) * NB * sizeof(*wb));                                          \
             LOAD(i);                                                                                 \
             const float *xi = xg + (size_t)i * MR;                                                   \
             for (int m = 0; m < MB; m++) {                                                           \
@@ -144,6 +145,7 @@ static void quantize_rows(const float *x, int8_t *xq, float *xs, int M, int in, 
         __m256i a[MR][2];                                                                            \
         for (int m = 0; m < MB; m++) a[m][0] = a[m][1] = _mm256_setzero_si256();                     \
         for (int iq = 0; iq < quads; iq++) {                                                         \
+            PREFETCH_W(wb, (size_t)iq * NB * 4);                                                     \
             __m256i w0 = _mm256_loadu_si256((const __m256i *)(wb + (size_t)iq * NB * 4));            \
             __m256i w1 = _mm256_loadu_si256((const __m256i *)(wb + (size_t)iq * NB * 4 + 32));       \
             for (int m = 0; m < MB; m++) {                                                           \

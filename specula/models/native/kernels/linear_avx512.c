@@ -50,6 +50,7 @@ int specula_isa(void) {
         for (int m = 0; m < MB; m++) a[m] = _mm512_setzero_ps();                                     \
         for (int i = 0; i < in; i++) {                                                               \
             __m512 w;                                                                                \
+            PREFETCH_W(wb, (size_t)(i) * NB * sizeof(*wb));                                          \
             LOAD(i);                                                                                 \
             const float *xi = xg + (size_t)i * MRZ;                                                  \
             for (int m = 0; m < MB; m++) a[m] = _mm512_fmadd_ps(w, _mm512_set1_ps(xi[m]), a[m]);     \
@@ -85,6 +86,7 @@ FLOAT_BLOCK_ITEM(specula_w8_block_avx512, int8_t, MRZ, ZMM_SWITCH, ZMM_LOAD_W8, 
         __m512i a[MB], colsum = _mm512_setzero_si512();                                              \
         for (int m = 0; m < MB; m++) a[m] = _mm512_setzero_si512();                                  \
         for (int iq = 0; iq < quads; iq++) {                                                         \
+            PREFETCH_W(wb, (size_t)iq * NB * 4);                                                     \
             __m512i w = _mm512_loadu_si512((const void *)(wb + (size_t)iq * NB * 4));                \
             colsum = _mm512_dpbusd_epi32(colsum, ones, w);                                           \
             for (int m = 0; m < MB; m++) {                                                           \
