@@ -281,7 +281,7 @@ class DraftTreeDrafter:
     # ------------------------------------------------------------------ expansion
     @staticmethod
     def _distribution(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
-        """[vocab] float32: the processed draft distribution; for greedy requests the plain
+        """[..., vocab] float32: the processed draft distribution; for greedy requests the plain
         softmax (scores only: candidates are the top-k logits)."""
         return torch.softmax(logits.float(), -1) if params.greedy else probabilities(logits, params)
 
@@ -297,28 +297,36 @@ class DraftTreeDrafter:
         scores: list[float] = []  # path probabilities (to pick the frontier)
         edges: list[float] = []
         q_rows: dict[int, torch.Tensor] = {}  # row -> q its children were drawn from
-        frontier = [(-1, root_logits, 1.0)]  # (node, logits after it, path probability)
+        nodes, level_logits = [-1], root_logits[None]  # the frontier and the logits after each [F, vocab]
         for level in range(1, depth + 1):
             new: list[int] = []
-            for node, logits, score in frontier:
-                q = self._distribution(logits, ctx.params)  # [vocab]
-                if sampled:
-                    k = min(cfg.tree_top_k, budget - len(tokens))  # fixed before drawing
-                    if k <= 0:
+            q = self._distribution(level_logits, ctx.params)  # [F, vocab]
+            if sampled:
+                picks = []
+                for f, node in enumerate(nodes):
+                    k = min(cfg.tree_top_k, budget - len(tokens) - sum(len(kids) for _, kids, _ in picks))
+                    if k <= 0:  # fixed before drawing
                         break
                     draw = sample_iid if mode == "iid" else sample_without_replacement
-                    kids = draw(q, k, gen).tolist()
-                    q_rows[node + 1] = q
-                else:
-                    support = int((q > 0).sum())
-                    kids = q.topk(min(cfg.tree_top_k, support)).indices.tolist()
-                probs = q[kids].tolist()
-                for tok, prob in zip(state.token_ids(kids), probs):
+                    kids = draw(q[f], k, gen).tolist()
+                    q_rows[node + 1] = q[f]
+                    picks.append((node, kids, q[f][kids].tolist()))
+            else:  # one top-k over the whole frontier; a row keeps no more children than it has support
+                support = (q > 0).sum(-1).tolist()
+                top = q.topk(min(cfg.tree_top_k, q.shape[-1]), dim=-1)
+                probs, idx = top.values.tolist(), top.indices.tolist()
+                picks = [(node, idx[f][:support[f]], probs[f][:support[f]]) for f, node in enumerate(nodes)]
+            ids = state.token_ids([i for _, kids, _ in picks for i in kids])
+            at = 0
+            for node, kids, probs in picks:
+                score = 1.0 if node < 0 else scores[node]
+                for tok, prob in zip(ids[at:at + len(kids)], probs):
                     tokens.append(int(tok))
                     parents.append(node)
                     scores.append(score * prob)
                     edges.append(prob)
                     new.append(len(tokens) - 1)
+                at += len(kids)
             if level == depth or not new or (sampled and len(tokens) >= budget):
                 break
             chosen = self._frontier(new, tokens, parents, scores, dedupe=mode == "iid")
@@ -326,9 +334,9 @@ class DraftTreeDrafter:
             if not chosen or not self._level_pays(ctx, best, parents, edges, depth - level, t0):
                 break
             t_level = time.perf_counter()
-            logits = state.feed(chosen, tokens, parents)
+            level_logits = state.feed(chosen, tokens, parents)  # [len(chosen), vocab]
             self._level_seconds.update(time.perf_counter() - t_level)
-            frontier = [(c, logits[j], scores[c]) for j, c in enumerate(chosen)]
+            nodes = chosen
         tree = TokenTree.build(tokens, parents, edges, self.name)
         if not sampled:
             return Proposal(tree.top_nodes(budget))
