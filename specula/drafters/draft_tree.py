@@ -302,15 +302,16 @@ class DraftTreeDrafter:
             new: list[int] = []
             q = self._distribution(level_logits, ctx.params)  # [F, vocab]
             if sampled:
-                picks = []
+                picks, drawn = [], 0
                 for f, node in enumerate(nodes):
-                    k = min(cfg.tree_top_k, budget - len(tokens) - sum(len(kids) for _, kids, _ in picks))
+                    k = min(cfg.tree_top_k, budget - len(tokens) - drawn)
                     if k <= 0:  # fixed before drawing
                         break
                     draw = sample_iid if mode == "iid" else sample_without_replacement
                     kids = draw(q[f], k, gen).tolist()
                     q_rows[node + 1] = q[f]
                     picks.append((node, kids, q[f][kids].tolist()))
+                    drawn += len(kids)
             else:  # one top-k over the whole frontier; a row keeps no more children than it has support
                 support = (q > 0).sum(-1).tolist()
                 top = q.topk(min(cfg.tree_top_k, q.shape[-1]), dim=-1)
