@@ -300,15 +300,22 @@ class SpeculativeDecoder:
         proposals: list[Proposal] = []
         drafting = budget.max_nodes > 0 and budget.max_depth > 0 and planner.should_draft(session.planner_state,
                                                                                            batch_size)
+        spent: list[tuple[str, float]] = []  # (drafter, seconds) of those that proposed nodes
         if drafting:
+            held = planner.held(session.planner_state)
             for drafter, state in zip(self.drafters, session.drafter_states):
-                view = planner.view(proposals, time.perf_counter() - t0)
-                proposals.append(drafter.propose(replace(ctx, cost=view), state))
+                if drafter.name in held:  # measured to add less than it costs beside the others
+                    continue
+                t1 = time.perf_counter()
+                proposal = drafter.propose(replace(ctx, cost=planner.view(proposals, t1 - t0)), state)
+                proposals.append(proposal)
+                if len(proposal.tree):
+                    spent.append((drafter.name, time.perf_counter() - t1))
         if session.grammar is not None:
             proposals = constrained_proposals(session.grammar, proposals, budget, self.forced_drafts)
             drafting = drafting or bool(proposals)  # a forced chain is verified even while drafting pauses
         session.stats.proposed_tokens += sum(len(p.tree) for p in proposals)
-        return PlanRequest(proposals, budget, session.planner_state, time.perf_counter() - t0, drafting)
+        return PlanRequest(proposals, budget, session.planner_state, time.perf_counter() - t0, drafting, tuple(spent))
 
     def _conclude(self, session: Session, plan: Plan, logits: torch.Tensor, draft_seconds: float,
                   pass_seconds: float, hidden: torch.Tensor | None = None) -> StreamChunk:

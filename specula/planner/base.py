@@ -31,6 +31,8 @@ class PlanRequest:
     """Seconds the drafters took this step."""
     drafted: bool = True
     """Whether the drafters ran (False: the planner paused drafting, or the budget had no room)."""
+    drafter_seconds: tuple[tuple[str, float], ...] = ()
+    """(drafter name, seconds) of every drafter that proposed a node this step, in drafting order."""
 
 
 @dataclass(frozen=True)
@@ -57,6 +59,9 @@ class Plan:
     """Whether the drafters ran this step (copied from the request)."""
     off_by_load: bool = False
     """Under load: this session had a tree worth verifying alone but the batch plan gave it no node."""
+    drafter_seconds: tuple[tuple[str, float], ...] = ()
+    """(drafter name, seconds) of every drafter that proposed a node (copied from the request): what
+    each cost, for the planner's measure of what it adds beside the others."""
     contexts: tuple[str | None, ...] | None = None
     """Per verified node, its sibling context in the merged tree it was chosen from
     (`planner.select.sibling_contexts`), the context its estimate was corrected for; None: read
@@ -97,6 +102,11 @@ class Planner(Protocol):
         """Whether this request's drafters run this step."""
         ...
 
+    def held(self, state: Any) -> frozenset[str]:
+        """The drafters (by name) that sit this step out, decided by `should_draft` (measured to add less
+        than they cost beside the others)."""
+        ...
+
     def view(self, proposals: Sequence[Proposal], draft_seconds: float) -> CostView | None:
         """The read-only cost view for the next drafter (None: drafters decide alone)."""
         ...
@@ -134,6 +144,9 @@ class PassThroughPlanner:
 
     def should_draft(self, state: None, batch_size: int = 1) -> bool:
         return True
+
+    def held(self, state: None) -> frozenset[str]:
+        return frozenset()
 
     def view(self, proposals: Sequence[Proposal], draft_seconds: float) -> None:
         return None

@@ -27,6 +27,17 @@ maximises expected tokens/s.
                     other: where the chain's first token and their root children together exceed
                     probability 1, their nodes count for the mass the chain leaves them),
                     `select.chain_lookahead`
+    hold-back       what each costly drafter adds beside the others is measured, not modelled: after
+                    a step, the tokens accepted and the seconds spent (its drafting + the cost
+                    model's pass) against the same step without its nodes (the accepted path cut
+                    at its first node no other drafter proposed, its drafting time and those
+                    nodes' share of the pass taken off); a drafter whose recent steps realised
+                    fewer tokens/s with it than without sits out 1, 2, 4, ... steps of a request,
+                    drafting again after each pause (a probe, judged afresh). Correlated drafters
+                    are what this is for: on prose a trained head already proposes most of what a
+                    draft model would, at a fifth of its cost; on code the draft model's long
+                    chains pay. Evidence counts only from steps where no costlier drafter drafted
+                    beside it (two that propose alike would each look idle, and both be held)
     back-off        when drafting steps realise fewer tokens/s than plain steps would
                     (measured, not predicted), skip drafting for 1, 2, 4, ... steps (probing
                     again after each pause), so drafting cannot make decoding much slower
@@ -107,6 +118,15 @@ class PlannerConfig:
     load_probe_every: int = 8
     """Under load, after two batch steps on which the goodput plan gave a request no node, that
     request skips drafting except on every this-many-th step (a probe: does it pay again?)."""
+    hold_decay: float = 0.7
+    """Weight a drafter's earlier hold-back evidence keeps each time it drafts a new step (its
+    tokens and seconds with and without it, `HardwarePlanner.adds_beside`): about the last
+    three of its steps decide, so the evidence follows the text at hand."""
+    hold_min_cost: float = 0.02
+    """A drafter whose steady drafting time stays under this fraction of a plain step is never held
+    back (prompt lookup, retrieval: little to save, and their hits come in bursts)."""
+    max_hold: int = 16
+    """Longest run of a request's steps a drafter sits out before it drafts again (a probe)."""
 
 
 @dataclass
@@ -144,6 +164,16 @@ class BatchBackoff:
 
 
 @dataclass
+class HoldBack:
+    """One drafter held back in one request."""
+
+    wait: int = 0
+    """Steps left in the current hold."""
+    pause: int = 1
+    """Length of the next hold (doubling after each probe that still does not pay)."""
+
+
+@dataclass
 class PlannerState:
     """One request's planning state (kept in the engine's session)."""
 
@@ -161,6 +191,17 @@ class PlannerState:
     explore_wait: int = 1
     load_idle: int = 0
     """Consecutive batch steps on which the goodput plan gave this request no node."""
+    holds: dict[str, HoldBack] = field(default_factory=dict)
+    """Per drafter measured not to pay beside the others: its hold-back schedule."""
+    held: frozenset[str] = frozenset()
+    """The drafters that sit this step out (set by `should_draft`)."""
+    probing: frozenset[str] = frozenset()
+    """The drafters that draft this step although measured not to pay: probes, judged afresh."""
+    held_steps: dict[str, int] = field(default_factory=dict)
+    """Per drafter: the steps it sat out (for the request's summary)."""
+    last_drafted: frozenset[str] = frozenset()
+    """The drafters that proposed nodes on this request's previous step (their drafting time then
+    had no catch-up in it)."""
     projected: Projection = field(default_factory=Projection)
 
 
@@ -254,6 +295,8 @@ class HardwarePlanner:
         self._overhead = Ema(config.overhead_ema)  # the drafters' per-step observe time (seconds)
         self._steady_draft = Ema(config.overhead_ema)  # drafting seconds of steps right after a drafting step
         self._batch_backoff: dict[int, BatchBackoff] = {}  # per batch size
+        self._beside: dict[str, list[float]] = {}  # per drafter, decayed sums: tokens, seconds with it; without
+        self._steady_seconds: dict[str, Ema] = {}  # per drafter: drafting seconds of a step right after one
 
     # ------------------------------------------------------------------ per request
     def new_state(self) -> PlannerState:
@@ -277,7 +320,49 @@ class HardwarePlanner:
             state.skip -= 1
             state.resumed = True
             return False
+        state.held = self._hold(state)
         return True
+
+    def held(self, state: PlannerState) -> frozenset[str]:
+        return state.held
+
+    def _hold(self, state: PlannerState) -> frozenset[str]:
+        """The drafters that sit this step out: those measured to add less than they cost beside the
+        others (`adds_beside`), except on probe steps (after 1, 2, 4, ... held steps)."""
+        held, probing = [], []
+        for name in self._beside:
+            if self.adds_beside(name):
+                state.holds.pop(name, None)
+                continue
+            # found out on this request's last step: held at once; else (a new request) probed first
+            hold = state.holds.setdefault(name, HoldBack(wait=int(name in state.last_drafted)))
+            if hold.wait > 0:
+                hold.wait -= 1
+                held.append(name)
+                state.held_steps[name] = state.held_steps.get(name, 0) + 1
+            else:  # a probe: it drafts this step; if it still does not pay, it sits out longer
+                hold.wait = hold.pause
+                hold.pause = min(2 * hold.pause, self.config.max_hold)
+                probing.append(name)
+        state.probing = frozenset(probing)
+        return frozenset(held)
+
+    def is_cheap(self, name: str) -> bool:
+        """Whether drafter `name` is known to draft in under `hold_min_cost` of a plain step (never held
+        back: little to save, and the hits of prompt lookup or retrieval come in bursts)."""
+        steady = self._steady_seconds.get(name)
+        return steady is not None and steady.value is not None and \
+            steady.value < self.config.hold_min_cost * self.cost.estimate(1)
+
+    def adds_beside(self, name: str) -> bool:
+        """Whether drafter `name` realised at least as many tokens/s on its recent steps as the same
+        steps would have without its nodes and its drafting time (True: no evidence yet, or it costs
+        under `hold_min_cost` of a plain step)."""
+        sums = self._beside.get(name)
+        if sums is None or self.is_cheap(name):
+            return True
+        tokens, seconds, tokens_without, seconds_without = sums
+        return tokens * seconds_without >= tokens_without * seconds
 
     def view(self, proposals: Sequence[Proposal], draft_seconds: float) -> PlannerView:
         """The cost view for the next drafter of a step, after `proposals` cost `draft_seconds`."""
@@ -425,7 +510,8 @@ class HardwarePlanner:
             else:
                 plan = self._batched(r, proposal, order, probs, n, verified_whole, batch)
             kept = range(len(proposal.tree)) if not order else sorted(order[:plan.nodes])
-            plan = replace(plan, contexts=tuple(context[i] for i in kept) if context else None)
+            plan = replace(plan, contexts=tuple(context[i] for i in kept) if context else None,
+                           drafter_seconds=tuple(r.drafter_seconds))
             r.state.projected.add(plan.nodes, plan.predicted, r.draft_seconds + self.cost.curve.latency(plan.nodes + 1))
             plans.append(plan)
         return plans
@@ -548,6 +634,8 @@ class HardwarePlanner:
                         sums[0] += accepted
                         sums[1] += self.calibrator.estimate(source, raw)  # the factor divides calibration alone
                     self.calibrator.update(source, raw, accepted, best=(i, source) in best)
+        if plan.batch == 1:
+            self._observe_beside(plan, step, state, timing)
         # Back-off: do drafting steps beat plain steps? Each judged step counts what it realised
         # (tokens / its drafting + verify seconds; a step that found nothing worth verifying paid its
         # drafting for a plain step), so a text on which every estimate is wrong still stops
@@ -582,6 +670,43 @@ class HardwarePlanner:
         else:
             state.backoff = max(1, state.backoff // 2)
 
+    def _observe_beside(self, plan: Plan, step: StepResult, state: PlannerState, timing: StepTiming) -> None:
+        """Hold-back evidence of one lone step: per drafter that proposed nodes, the step's tokens and
+        seconds with it, and without it (the accepted path cut at its first node no other drafter
+        proposed; its drafting seconds and its nodes' share of the pass taken off). A drafter's
+        seconds after a step it did not draft on may carry a catch-up (a draft cache or a head's
+        over the tokens committed meanwhile, or the prompt): they count at most at its steady
+        drafting time, and not at all before that is known."""
+        spent = dict(plan.drafter_seconds)
+        last, state.last_drafted = state.last_drafted, frozenset(spent)
+        counted: dict[str, float] = {}
+        for name, seconds in spent.items():
+            steady = self._steady_seconds.setdefault(name, Ema(self.config.overhead_ema))
+            if name in last:
+                steady.update(seconds)
+            if steady.value is not None:
+                counted[name] = min(seconds, steady.value)
+        if not counted:
+            return
+        tree, path = step.proposal.tree, step.path
+        n = len(tree)
+        # drafting besides the timed drafters (planning, drafters that proposed nothing), their time, bookkeeping
+        seconds = (max(0.0, timing.draft_seconds - sum(spent.values())) + sum(counted.values())
+                   + sum(seconds for name, seconds in spent.items() if name not in counted) + self._overhead.get())
+        with_it = seconds + self.cost.verify_seconds(n + 1)
+        d = self.config.hold_decay
+        for name, own in counted.items():
+            if any(other != name and steady > own for other, steady in counted.items()):
+                continue  # a costlier drafter drafted beside it: two that propose alike would each look idle
+            alone = [all(source == name for source, _ in tree.proposers(i)) for i in range(n)]
+            kept = next((k for k, i in enumerate(path) if alone[i]), len(path))
+            without = seconds - own + self.cost.verify_seconds(n - sum(alone) + 1)
+            sums = self._beside.setdefault(name, [0.0, 0.0, 0.0, 0.0])
+            if name in state.probing:  # a probe judges afresh: the text may have changed since it paused
+                sums[:] = [0.0, 0.0, 0.0, 0.0]
+            for k, value in enumerate((1 + len(path), with_it, 1 + kept, without)):
+                sums[k] = d * sums[k] + value
+
     def summary(self, state: PlannerState) -> dict:
         """What the planner expected for one request on the prior cost curve, summed over planned
         steps: mean tree size, expected tokens per step and the projected speedup over plain
@@ -598,4 +723,5 @@ class HardwarePlanner:
             "plain_step_seconds": round(self.cost.estimate(1), 6),
             "cost_curve_ratio_8": round(self.cost.curve.ratio(8), 3),
             "observed_ratio_8": round(self.cost.estimate(8) / self.cost.estimate(1), 3),
+            **({"held_steps": dict(state.held_steps)} if state.held_steps else {}),
         }

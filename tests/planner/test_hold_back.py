@@ -1,0 +1,153 @@
+"""The planner's hold-back: a costly drafter measured to add less than it costs beside the others
+sits out steps of a request, probing again at growing gaps (`HardwarePlanner.adds_beside`)."""
+
+import time
+
+import torch
+
+from specula.drafters import make_drafter
+from specula.engine import SpeculativeDecoder
+from specula.models.hf import HFCausalLM
+from specula.planner import CostCurve, HardwarePlanner, PlanRequest, StepTiming
+from specula.sampling import SamplingParams
+from specula.step import DraftBudget, Proposal, StepResult
+from specula.tree import TokenTree
+from tiny import reference_greedy, successor_model
+
+STEEP = CostCurve((1, 2, 4, 8, 16, 32, 64, 128), (1.0, 1.17, 1.4, 2.0, 2.6, 4.0, 7.0, 13.0), 64)
+BUDGET = DraftBudget(64, 32)
+
+
+def run_step(planner: HardwarePlanner, state, drafts, accepted) -> frozenset[str]:
+    """One engine step: the drafters the planner holds back sit out, the others propose (`drafts`:
+    (name, tree, seconds) in drafting order), the planner sizes the merged tree and the target
+    accepts the longest prefix of `accepted` the verified tree holds. Returns the held drafters."""
+    assert planner.should_draft(state)
+    held = planner.held(state)
+    ran = [(name, tree, seconds) for name, tree, seconds in drafts if name not in held]
+    spent = tuple((name, seconds) for name, _, seconds in ran)
+    draft_seconds = sum(seconds for *_, seconds in ran)
+    [plan] = planner.plan([PlanRequest([Proposal(tree) for _, tree, _ in ran], BUDGET, state, draft_seconds,
+                                       True, spent)])
+    tree = plan.proposal.tree
+    path, parent = [], -1
+    for token in accepted:
+        child = next((i for i in range(len(tree)) if tree.parents[i] == parent and tree.tokens[i] == token), None)
+        if child is None:
+            break
+        path.append(child)
+        parent = child
+    verify = STEEP.latency(len(tree) + 1)
+    planner.observe_pass([plan], verify)
+    planner.observe(plan, StepResult(3, plan.proposal, tuple(path), 9, torch.zeros(len(tree) + 1, 16)), state,
+                    StepTiming(draft_seconds, verify))
+    return held
+
+
+def chain(tokens, source, edge=0.8) -> TokenTree:
+    return TokenTree.chain(tokens, [edge] * len(tokens), source)
+
+
+PROSE = [5, 6, 7]
+"""What the target accepts on prose: the head's chain; the draft model's fourth token is rejected."""
+CODE = [5, 6, 7, 8, 9, 10, 11, 12]
+"""On code: the draft model's whole chain."""
+
+
+def drafts(draft_seconds=0.15):
+    return [("draft-model", chain(CODE, "draft-model", 0.9), draft_seconds), ("eagle3", chain(PROSE, "eagle3"), 0.05)]
+
+
+def test_a_costly_drafter_that_adds_nothing_beside_a_head_sits_out_and_probes_at_growing_gaps():
+    planner = HardwarePlanner(curve=STEEP)
+    state = planner.new_state()
+    drafted = [step for step in range(60) if "draft-model" not in run_step(planner, state, drafts(), PROSE)]
+    gaps = [b - a for a, b in zip(drafted, drafted[1:])]
+    assert drafted[:3] == [0, 1, 3]  # two steps measure it (the first one's time is not steady yet), then it sits out
+    assert gaps == sorted(gaps) and max(gaps) == planner.config.max_hold + 1  # pauses of 1, 1, 2, 4, ..., 16
+    assert len(drafted) <= 9
+    assert planner.summary(state)["held_steps"] == {"draft-model": 60 - len(drafted)}
+    assert not planner.adds_beside("draft-model") and "eagle3" not in state.holds  # the head drafts every step
+
+
+def test_a_costly_drafter_whose_chain_runs_past_the_head_keeps_drafting():
+    planner = HardwarePlanner(curve=STEEP)
+    state = planner.new_state()
+    assert not any(run_step(planner, state, drafts(), CODE) for _ in range(40))
+    assert planner.adds_beside("draft-model")
+
+
+def test_a_held_drafter_drafts_again_once_a_probe_finds_it_pays():
+    """Prose, then code: after the first probe on code the draft model drafts every step again."""
+    planner = HardwarePlanner(curve=STEEP)
+    state = planner.new_state()
+    for _ in range(40):
+        run_step(planner, state, drafts(), PROSE)
+    held = [("draft-model" in run_step(planner, state, drafts(), CODE)) for _ in range(40)]
+    first = held.index(False)  # the probe
+    assert first <= planner.config.max_hold and not any(held[first:])
+
+
+def test_a_cheap_drafter_is_never_held_back_even_when_it_adds_nothing():
+    planner = HardwarePlanner(curve=STEEP)
+    state = planner.new_state()
+    cheap = [("prompt-lookup", chain(PROSE, "prompt-lookup", 0.5), 0.001), ("eagle3", chain(PROSE, "eagle3"), 0.05)]
+    held = [run_step(planner, state, cheap, PROSE) for _ in range(30)]
+    assert not any("prompt-lookup" in h for h in held) and planner.adds_beside("prompt-lookup")
+    assert sum("eagle3" in h for h in held) > 15  # the head, dearer and as redundant, sits out
+
+
+def test_a_catch_up_is_not_counted_as_the_drafters_cost():
+    """The draft model's first step carries its prefill of the prompt (20 plain steps here), and the
+    step after each pause a catch-up: neither is its cost; on code it drafts all along."""
+    planner = HardwarePlanner(curve=STEEP)
+    state = planner.new_state()
+    assert not run_step(planner, state, drafts(draft_seconds=20.0), CODE)
+    assert not any(run_step(planner, state, drafts(), CODE) for _ in range(20))
+
+
+def test_a_new_request_probes_a_held_drafter_at_once():
+    planner = HardwarePlanner(curve=STEEP)
+    state = planner.new_state()
+    for _ in range(30):
+        run_step(planner, state, drafts(), PROSE)
+    assert not run_step(planner, planner.new_state(), drafts(), CODE)  # another request: drafts on its first step
+
+
+class SlowTwin:
+    """A drafter proposing exactly what prompt lookup does, after sleeping: it adds nothing beside
+    prompt lookup and costs more than prompt lookup."""
+
+    name = "slow-twin"
+
+    def __init__(self, seconds: float) -> None:
+        self.inner, self.seconds, self.calls = make_drafter("prompt-lookup"), seconds, 0
+
+    def start(self):
+        return self.inner.start()
+
+    def propose(self, ctx, state):
+        self.calls += 1
+        time.sleep(self.seconds)
+        tree = self.inner.propose(ctx, state).tree
+        return Proposal(TokenTree.build(tree.tokens, tree.parents, tree.edge_scores, self.name))
+
+    def observe(self, step, state):
+        self.inner.observe(step, state)
+
+    def finish(self, state):
+        self.inner.finish(state)
+
+
+def test_through_the_engine_a_slow_redundant_drafter_is_held_back_and_the_output_is_unchanged():
+    model = successor_model()
+    target = HFCausalLM(model, "target")
+    curve = CostCurve(STEEP.sizes, tuple(0.001 * s for s in STEEP.seconds), 64)  # a 1 ms plain step
+    planner = HardwarePlanner(curve=curve)
+    twin = SlowTwin(0.0005)  # less than a pass (drafting still pays: no back-off), 2% of one or more
+    dec = SpeculativeDecoder(target, [make_drafter("prompt-lookup"), twin], eos_token_ids=[], planner=planner)
+    prompt = list(range(2, 90))  # the target counts on: 90 .. 95, 0, 1, then the prompt again, copied
+    out = dec.generate(prompt, SamplingParams(max_new_tokens=200, ignore_eos=True))
+    assert out.token_ids == reference_greedy(model, prompt, 200)
+    held = out.stats.planner["held_steps"]["slow-twin"]
+    assert held >= 5 and twin.calls + held <= out.stats.steps
