@@ -696,7 +696,7 @@ class HardwarePlanner:
         with_it = seconds + self.cost.verify_seconds(n + 1)
         d = self.config.hold_decay
         for name, own in counted.items():
-            if any(other != name and steady > own for other, steady in counted.items()):
+            if any(other != name and cost > own for other, cost in counted.items()):
                 continue  # a costlier drafter drafted beside it: two that propose alike would each look idle
             alone = [all(source == name for source, _ in tree.proposers(i)) for i in range(n)]
             kept = next((k for k, i in enumerate(path) if alone[i]), len(path))
