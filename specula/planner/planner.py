@@ -295,7 +295,7 @@ class HardwarePlanner:
         self._overhead = Ema(config.overhead_ema)  # the drafters' per-step observe time (seconds)
         self._steady_draft = Ema(config.overhead_ema)  # drafting seconds of steps right after a drafting step
         self._batch_backoff: dict[int, BatchBackoff] = {}  # per batch size
-        self._beside: dict[str, list[float]] = {}  # per drafter, decayed sums: tokens, seconds with it; without
+        self._evidence: dict[str, list[float]] = {}  # hold-back, per drafter, decayed sums: tokens, seconds with it; without
         self._steady_seconds: dict[str, Ema] = {}  # per drafter: drafting seconds of a step right after one
 
     # ------------------------------------------------------------------ per request
@@ -330,7 +330,7 @@ class HardwarePlanner:
         """The drafters that sit this step out: those measured to add less than they cost beside the
         others (`adds_beside`), except on probe steps (after 1, 2, 4, ... held steps)."""
         held, probing = [], []
-        for name in self._beside:
+        for name in self._evidence:
             if self.adds_beside(name):
                 state.holds.pop(name, None)
                 continue
@@ -358,7 +358,7 @@ class HardwarePlanner:
         """Whether drafter `name` realised at least as many tokens/s on its recent steps as the same
         steps would have without its nodes and its drafting time (True: no evidence yet, or it costs
         under `hold_min_cost` of a plain step)."""
-        sums = self._beside.get(name)
+        sums = self._evidence.get(name)
         if sums is None or self.is_cheap(name):
             return True
         tokens, seconds, tokens_without, seconds_without = sums
@@ -690,9 +690,10 @@ class HardwarePlanner:
             return
         tree, path = step.proposal.tree, step.path
         n = len(tree)
-        # drafting besides the timed drafters (planning, drafters that proposed nothing), their time, bookkeeping
-        seconds = (max(0.0, timing.draft_seconds - sum(spent.values())) + sum(counted.values())
-                   + sum(seconds for name, seconds in spent.items() if name not in counted) + self._overhead.get())
+        # the step's drafting (planning and drafters that proposed nothing included; each timed drafter
+        # at its counted seconds) and bookkeeping
+        seconds = (max(0.0, timing.draft_seconds - sum(spent.values()))
+                   + sum(counted.get(name, raw) for name, raw in spent.items()) + self._overhead.get())
         with_it = seconds + self.cost.verify_seconds(n + 1)
         d = self.config.hold_decay
         for name, own in counted.items():
@@ -701,7 +702,7 @@ class HardwarePlanner:
             alone = [all(source == name for source, _ in tree.proposers(i)) for i in range(n)]
             kept = next((k for k, i in enumerate(path) if alone[i]), len(path))
             without = seconds - own + self.cost.verify_seconds(n - sum(alone) + 1)
-            sums = self._beside.setdefault(name, [0.0, 0.0, 0.0, 0.0])
+            sums = self._evidence.setdefault(name, [0.0, 0.0, 0.0, 0.0])
             if name in state.probing:  # a probe judges afresh: the text may have changed since it paused
                 sums[:] = [0.0, 0.0, 0.0, 0.0]
             for k, value in enumerate((1 + len(path), with_it, 1 + kept, without)):
