@@ -280,10 +280,24 @@ class DraftTreeDrafter:
 
     # ------------------------------------------------------------------ expansion
     @staticmethod
-    def _distribution(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
-        """[..., vocab] float32: the processed draft distribution; for greedy requests the plain
-        softmax (scores only: candidates are the top-k logits)."""
-        return torch.softmax(logits.float(), -1) if params.greedy else probabilities(logits, params)
+    def _top_children(logits: torch.Tensor, params: SamplingParams, k: int) -> tuple[list[list[float]], list[list[int]]]:
+        """Per frontier row of logits [F, vocab], its k best children: (probabilities, indices), best
+        first, without the children outside the row's support. Greedy requests score by the plain
+        softmax, computed for the k picks only (their logits less the row's logsumexp: no [F, vocab]
+        distribution is built); sampled requests by the processed distribution (temperature, top-k,
+        top-p), whose support may hold fewer than k tokens."""
+        if params.greedy:
+            logits = logits.float()
+            top = logits.topk(k, dim=-1)
+            values = (top.values - logits.logsumexp(-1, keepdim=True)).exp()  # [F, k]
+        else:
+            top = probabilities(logits, params).topk(k, dim=-1)
+            values = top.values
+        probs, idx = values.tolist(), top.indices.tolist()
+        for f, row in enumerate(probs):  # best first: a zero ends the row's support
+            keep = next((j for j, p in enumerate(row) if not p > 0), len(row))
+            probs[f], idx[f] = row[:keep], idx[f][:keep]
+        return probs, idx
 
     def _expand(self, state: _TreeState, root_logits: torch.Tensor, ctx: DraftContext, budget: int, depth: int,
                 mode: str, t0: float | None = None) -> Proposal:
@@ -300,8 +314,8 @@ class DraftTreeDrafter:
         nodes, level_logits = [-1], root_logits[None]  # the frontier and the logits after each [F, vocab]
         for level in range(1, depth + 1):
             new: list[int] = []
-            q = self._distribution(level_logits, ctx.params)  # [F, vocab]
             if sampled:
+                q = probabilities(level_logits, ctx.params)  # [F, vocab]
                 picks, drawn = [], 0
                 for f, node in enumerate(nodes):
                     k = min(cfg.tree_top_k, budget - len(tokens) - drawn)
@@ -313,10 +327,8 @@ class DraftTreeDrafter:
                     picks.append((node, kids, q[f][kids].tolist()))
                     drawn += len(kids)
             else:  # one top-k over the whole frontier; a row keeps no more children than it has support
-                support = (q > 0).sum(-1).tolist()
-                top = q.topk(min(cfg.tree_top_k, q.shape[-1]), dim=-1)
-                probs, idx = top.values.tolist(), top.indices.tolist()
-                picks = [(node, idx[f][:support[f]], probs[f][:support[f]]) for f, node in enumerate(nodes)]
+                probs, idx = self._top_children(level_logits, ctx.params, min(cfg.tree_top_k, level_logits.shape[-1]))
+                picks = [(node, idx[f], probs[f]) for f, node in enumerate(nodes)]
             ids = state.token_ids([i for _, kids, _ in picks for i in kids])
             at = 0
             for node, kids, probs in picks:

@@ -84,6 +84,22 @@ def test_greedy_tree_is_eagle2_dynamic_expansion():
     assert all(tree.path_scores[c] <= tree.path_scores[p] for c, p in enumerate(tree.parents) if p >= 0)
 
 
+def test_top_children_score_by_softmax_and_stop_at_the_support():
+    """A frontier's children: greedy requests score the top-k logits by the full softmax (computed for
+    the picks only); a sampled request's processed distribution may hold fewer than k tokens, and a
+    row then keeps only those."""
+    logits = torch.randn(3, 50, generator=torch.Generator().manual_seed(0))  # [F, vocab]
+    probs, idx = DraftTreeDrafter._top_children(logits, SamplingParams(), 4)
+    top = torch.softmax(logits, -1).topk(4, dim=-1)
+    assert idx == top.indices.tolist()
+    assert torch.allclose(torch.tensor(probs), top.values, rtol=1e-5)
+    narrow = SamplingParams(temperature=0.7, top_k=2)
+    probs, idx = DraftTreeDrafter._top_children(logits, narrow, 4)
+    expected = probabilities(logits, narrow).topk(2, dim=-1)
+    assert idx == expected.indices.tolist() and all(len(row) == 2 for row in probs)
+    assert torch.allclose(torch.tensor(probs), expected.values)
+
+
 # ---------------------------------------------------------------------------- sampled proposals
 @pytest.mark.parametrize("name", SAMPLED)
 def test_sampled_proposals_match_their_declared_scheme(name):

@@ -371,20 +371,23 @@ class EagleState(HeadState):
         seen_fed = self.fed - lo
         mask = torch.zeros((m, seen_fed + total), dtype=torch.bool)  # [m, committed keys + scratch rows]
         mask[:, :seen_fed] = True
+        at_row: list[int] = []  # (row, scratch key) pairs each node sees: its ancestors and itself
+        at_key: list[int] = []
         for j, node in enumerate(nodes):
             par = parents[node]
             seen = ([] if par < 0 else self.ancestors[self.rows[par]]) + [first + j]
             self.ancestors.append(seen)
             self.rows[node] = first + j
-            mask[j, [seen_fed + r for r in seen]] = True
+            at_row += [j] * len(seen)
+            at_key += seen
+        mask[at_row, [seen_fed + r for r in at_key]] = True
         feats = torch.stack([self.out[parents[n]] for n in nodes])[None]  # [1, m, E]
         emb = self.head.embed([tokens[n] for n in nodes])[None]
         device = self.cache.keys.device
         pos = torch.tensor([self.fed - 1 + d for d in depths], device=device)[None]
         out, _ = self.head.module(emb, feats, pos, mask=mask.to(device)[None], cache=self.cache, at=self.fed + first,
                                   lo=lo)
-        for j, node in enumerate(nodes):
-            self.out[node] = out[0, j]
+        self.out.update(zip(nodes, out[0].unbind(0)))
         return self.logits(out[0])
 
     def finish(self, accepted: Sequence[int]) -> None:
