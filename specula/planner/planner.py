@@ -63,6 +63,7 @@ from specula.planner.calibration import CalibrationConfig, Calibrator
 from specula.planner.base import Plan, PlanRequest, StepTiming
 from specula.planner.cost import DEFAULT_SIZES, CostCurve, CostModel, load_or_measure_curve
 from specula.planner.merge import merge_proposals
+from specula.planner.pause import Pause
 from specula.planner.select import (best_children, chain_lookahead, choose_batch, choose_size, path_probabilities,
                                     sibling_contexts)
 from specula.step import FORCED_SOURCE, Proposal, StepResult
@@ -157,30 +158,16 @@ class BatchBackoff:
     """Tokens per second (drafting + pass) of batch steps on which some request drafted."""
     plain: Ema
     """Tokens per second of batch steps on which nobody drafted (the table's prediction until one is seen)."""
-    skip: int = 0
-    """Batch steps left in the current pause."""
-    pause: int = 1
-    """Length of the next pause."""
-
-
-@dataclass
-class HoldBack:
-    """One drafter held back in one request."""
-
-    wait: int = 0
-    """Steps left in the current hold."""
-    pause: int = 1
-    """Length of the next hold (doubling after each probe that still does not pay)."""
+    pause: Pause = field(default_factory=Pause)
+    """Batch steps sat out (1, 2, 4, ... after each loss)."""
 
 
 @dataclass
 class PlannerState:
     """One request's planning state (kept in the engine's session)."""
 
-    skip: int = 0
-    """Plain steps left in the current back-off pause."""
-    backoff: int = 1
-    """Length of the next back-off pause."""
+    backoff: Pause = field(default_factory=Pause)
+    """Plain steps left in the current back-off pause, and the length of the next."""
     rate: Ema | None = None
     """Tokens/s of recent drafting steps (realised, or planned when nothing was verified)."""
     resumed: bool = True
@@ -191,8 +178,9 @@ class PlannerState:
     explore_wait: int = 1
     load_idle: int = 0
     """Consecutive batch steps on which the goodput plan gave this request no node."""
-    holds: dict[str, HoldBack] = field(default_factory=dict)
-    """Per drafter measured not to pay beside the others: its hold-back schedule."""
+    holds: dict[str, Pause] = field(default_factory=dict)
+    """Per drafter measured not to pay beside the others: its hold-back schedule (the next hold doubling
+    after each probe that still does not pay)."""
     held: frozenset[str] = frozenset()
     """The drafters that sit this step out (set by `should_draft`)."""
     probing: frozenset[str] = frozenset()
@@ -310,14 +298,13 @@ class HardwarePlanner:
         backoff = self._batch_backoff.get(batch_size)
         if batch_size == 1:
             state.load_idle = 0
-        elif backoff is not None and backoff.skip > 0:
+        elif backoff is not None and backoff.pause.left > 0:
             return False  # drafting loses at this load: the whole batch pauses it
         elif state.load_idle >= 2 and state.load_idle % self.config.load_probe_every:
             state.load_idle += 1  # no drafts, no node: still idle
             state.resumed = True
             return False
-        if state.skip > 0:
-            state.skip -= 1
+        if state.backoff.waiting():
             state.resumed = True
             return False
         state.held = self._hold(state)
@@ -335,14 +322,12 @@ class HardwarePlanner:
                 state.holds.pop(name, None)
                 continue
             # found out on this request's last step: held at once; else (a new request) probed first
-            hold = state.holds.setdefault(name, HoldBack(wait=int(name in state.last_drafted)))
-            if hold.wait > 0:
-                hold.wait -= 1
+            hold = state.holds.setdefault(name, Pause(left=int(name in state.last_drafted)))
+            if hold.waiting():
                 held.append(name)
                 state.held_steps[name] = state.held_steps.get(name, 0) + 1
             else:  # a probe: it drafts this step; if it still does not pay, it sits out longer
-                hold.wait = hold.pause
-                hold.pause = min(2 * hold.pause, self.config.max_hold)
+                hold.lose(self.config.max_hold)
                 probing.append(name)
         state.probing = frozenset(probing)
         return frozenset(held)
@@ -595,18 +580,16 @@ class HardwarePlanner:
             backoff = self._batch_backoff[batch] = BatchBackoff(Ema(self.config.rate_ema, plain),
                                                                 Ema(self.config.rate_ema, plain))
         goodput = sum(emitted) / max(seconds + draft_seconds, 1e-12)
-        if backoff.skip > 0:
-            backoff.skip -= 1
+        if backoff.pause.waiting():
             backoff.plain.update(goodput)
             return
         if not any(plan.drafted for plan in plans):
             backoff.plain.update(goodput)
             return
         if backoff.drafting.update(goodput) < backoff.plain.get() * (1 - self.config.backoff_tolerance):
-            backoff.skip = backoff.pause
-            backoff.pause = min(2 * backoff.pause, self.config.max_backoff)
+            backoff.pause.lose(self.config.max_backoff)
         else:
-            backoff.pause = max(1, backoff.pause // 2)
+            backoff.pause.win()
 
     def observe(self, plan: Plan, step: StepResult, state: PlannerState, timing: StepTiming) -> None:
         """Learn acceptance from the step; the back-off judges the drafting steps by what they realised."""
@@ -665,10 +648,9 @@ class HardwarePlanner:
             smoothed = state.rate.update(rate)
         plain_rate = 1.0 / self.cost.estimate(1)
         if smoothed < plain_rate * (1 - self.config.backoff_tolerance):
-            state.skip = state.backoff
-            state.backoff = min(2 * state.backoff, self.config.max_backoff)
+            state.backoff.lose(self.config.max_backoff)
         else:
-            state.backoff = max(1, state.backoff // 2)
+            state.backoff.win()
 
     def _observe_beside(self, plan: Plan, step: StepResult, state: PlannerState, timing: StepTiming) -> None:
         """Hold-back evidence of one lone step: per drafter that proposed nodes, the step's tokens and
