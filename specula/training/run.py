@@ -26,7 +26,7 @@ from specula.training.corpus import (DEFAULT_PROMPTS, EVAL_PROMPTS, CorpusConfig
                                      generate_corpus, match_answers, read_answers, read_prompts)
 from specula.training.padded import padded_model
 from specula.training.features import FeatureSet, concat_features, coverage, draft_vocabulary, extract_features
-from specula.training.trainer import TrainConfig, acceptance_report, train_head
+from specula.training.trainer import TrainConfig, acceptance_report, step_counts, train_head
 
 
 def target_identity(target) -> dict:
@@ -143,12 +143,14 @@ def run_training(target, tokenizer, target_name: str, out: Path, config: TrainCo
             bar.update(n)
             bar.set_postfix(loss=f"{loss:.3f}")
 
-        budget = stop_at = None
+        budget = stop_at = most = None
         if deadline is not None:
+            most = step_counts(fs, config)[1]
             config, budget = _fit_to_deadline(head, fs, config, deadline, len(every), cache_features)
             stop_at = time.monotonic() + budget["seconds_for_training"]
-        record = _train_with_total(head, fs, config, out, progress, bar, max_minutes, stop_at)
+        record = _train_with_total(head, fs, config, out, progress, bar, max_minutes, stop_at, most)
     if budget is not None:
+        budget["epochs_run"] = round(record["steps"] / step_counts(fs, config)[0], 3)
         record["time_budget"] = budget
     record["other_source"] = {
         "data": [str(f) for f in eval_files], "sequences": len(every), "before": other_before,
@@ -257,17 +259,21 @@ def _corpus_and_features(target, tokenizer, per_file: Sequence[tuple[Path, list[
     return [s for file_seqs in seqs for s in file_seqs], concat_features(sets), time.perf_counter() - t
 
 
-def _train_with_total(head, fs, config, out, progress, bar, max_minutes, stop_at=None):
-    """`train_head` with the bar's total set once the step count is known; it stops after
-    `max_minutes`, and at `stop_at` (`time.monotonic()`) at the latest."""
-    from specula.training.trainer import step_counts
+def _train_with_total(head, fs, config, out, progress, bar, max_minutes, stop_at=None, most_steps=None):
+    """`train_head` with the bar's total set once the step count is known (and again when a re-fit
+    changes it); it stops after `max_minutes`, and at `stop_at` (`time.monotonic()`) at the latest,
+    to which its schedule is re-fitted (up to `most_steps`, the epochs asked) as it learns its rate."""
 
-    bar.total = step_counts(fs, config)[1]
-    bar.refresh()
+    def set_total(n: int) -> None:
+        bar.total = n
+        bar.refresh()
+
+    set_total(step_counts(fs, config)[1])
     limits = [] if max_minutes is None else [max_minutes * 60]
     if stop_at is not None:
         limits.append(max(0.0, stop_at - time.monotonic()))
-    return train_head(head, fs, config, out, progress=progress, max_seconds=min(limits) if limits else None)
+    return train_head(head, fs, config, out, progress=progress, max_seconds=min(limits) if limits else None,
+                      until=stop_at, most_steps=most_steps, on_total=set_total)
 
 
 PROBE_SECONDS = 10.0
@@ -284,7 +290,7 @@ def _fit_to_deadline(head, fs, config: TrainConfig, deadline: float, other_seque
     reports. Too little time for 20 steps (or the whole run, if shorter) is an error; the answers
     and features are cached by then, so a rerun with a larger budget starts at training (at the
     features when `features_cached` is false: `--no-feature-cache` kept them in memory only)."""
-    from specula.training.trainer import fit_epochs, probe_steps_per_second, split, step_counts
+    from specula.training.trainer import fit_epochs, probe_steps_per_second, split
 
     per_epoch, total = step_counts(fs, config)
     rate = probe_steps_per_second(head, fs, config, min(PROBE_SECONDS, max(1.0, 0.1 * (deadline - time.monotonic()))))

@@ -276,11 +276,30 @@ WARM_STEPS = 5
 """Steps a run takes before its steady rate is timed (the first ones set up kernels and memory)."""
 
 
+def refit_total(step: int, steps_per_second: float, seconds_left: float, most: int) -> int:
+    """The schedule's length for a run at `step` that goes on at `steps_per_second` and must end in
+    `seconds_left`: the steps that fit (with `fit_epochs`' 5% margin), at least one more, at most
+    `most` (the epochs asked)."""
+    fits = step + math.floor(0.95 * steps_per_second * max(0.0, seconds_left))
+    return max(step + 1, min(most, fits))
+
+
+REFIT_EVERY = 20
+"""Steps between two re-fits of a time-bounded schedule (`train_head`'s `until`)."""
+
+
 def train_head(head: TrainedHead, fs: FeatureSet, cfg: TrainConfig, out_dir: Path, *,
-               progress: Callable[[int, float], None] | None = None, max_seconds: float | None = None
-               ) -> dict:
+               progress: Callable[[int, float], None] | None = None, max_seconds: float | None = None,
+               until: float | None = None, most_steps: int | None = None,
+               on_total: Callable[[int], None] | None = None) -> dict:
     """Train `head` in place (resuming from out_dir/checkpoint.pt when it matches `cfg`); returns
-    the training record (steps, seconds, losses, held-out acceptance before and after)."""
+    the training record (steps, seconds, losses, held-out acceptance before and after).
+
+    `until` (`time.monotonic()`): the schedule is re-fitted to end by then every `REFIT_EVERY` steps
+    from the run's own steady rate (`refit_total`; at most `most_steps`, default the steps of `cfg`),
+    so a probe that misjudged the rate neither cuts the run short nor leaves it at a high learning
+    rate; the learning rate follows the cosine over the re-fitted length (flat early, so a re-fit
+    moves it little). `on_total(n)` hears each new length."""
     from specula.paths import atomic_path
 
     module = head.module.train().requires_grad_(True)
@@ -290,9 +309,11 @@ def train_head(head: TrainedHead, fs: FeatureSet, cfg: TrainConfig, out_dir: Pat
     train_seqs, eval_seqs = split(fs, cfg.holdout, cfg.seed, cfg.max_sequences)
     pieces = chunks(fs, train_seqs, cfg.seq_len)
     per_epoch, total_steps = step_counts(fs, cfg)
+    most = max(total_steps, most_steps or 0)
+    plan = [total_steps]  # the schedule's length, re-fitted when `until` is given
     opt = torch.optim.AdamW(module.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.0)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / cfg.warmup_steps) * (
-        0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, s / total_steps)))))
+        0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, s / plan[0])))))
     gen = torch.Generator().manual_seed(cfg.seed + 1)
     step, losses, seconds = 0, [], 0.0
     ckpt = out_dir / "checkpoint.pt"
@@ -305,6 +326,7 @@ def train_head(head: TrainedHead, fs: FeatureSet, cfg: TrainConfig, out_dir: Pat
             sched.load_state_dict(state["scheduler"])
             gen.set_state(state["generator"])
             step, losses, seconds = state["step"], state["losses"], state["seconds"]
+            plan[0] = state.get("total_steps", total_steps)
     module.eval()
     before = acceptance_report(head, fs, eval_seqs, cfg, embed) if step == 0 and eval_seqs else None
     module.train()
@@ -319,11 +341,11 @@ def train_head(head: TrainedHead, fs: FeatureSet, cfg: TrainConfig, out_dir: Pat
         with atomic_path(ckpt) as tmp:
             torch.save({"config": key, "d2t": head.d2t, "module": module.state_dict(), "optimizer": opt.state_dict(),
                         "scheduler": sched.state_dict(), "generator": gen.get_state(), "step": step,
-                        "losses": losses, "seconds": time.perf_counter() - t0}, tmp)
+                        "losses": losses, "seconds": time.perf_counter() - t0, "total_steps": plan[0]}, tmp)
         save_seconds = time.perf_counter() - t
 
-    stopped_early = False
-    while step < total_steps:
+    stopped_early, refits = False, []
+    while step < plan[0]:
         epoch, at = divmod(step, per_epoch)
         order = torch.randperm(len(pieces), generator=torch.Generator().manual_seed(cfg.seed * 1000 + epoch)).tolist()
         group = [pieces[i] for i in order[at * cfg.batch_size:(at + 1) * cfg.batch_size]]
@@ -344,7 +366,17 @@ def train_head(head: TrainedHead, fs: FeatureSet, cfg: TrainConfig, out_dir: Pat
             warm = last
         if progress is not None:
             progress(1, losses[-1])
-        if step % cfg.checkpoint_every == 0 or step == total_steps:
+        if until is not None and warm is not None and last > warm and (step - begun - WARM_STEPS) % REFIT_EVERY == 0:
+            rate = (step - begun - WARM_STEPS) / (last - warm)
+            if save_seconds is not None:  # a checkpoint every checkpoint_every steps
+                rate = 1.0 / (1.0 / rate + save_seconds / cfg.checkpoint_every)
+            fitted = refit_total(step, rate, until - time.monotonic(), most)
+            if fitted != plan[0]:
+                plan[0] = fitted
+                refits.append((step, fitted))
+                if on_total is not None:
+                    on_total(fitted)
+        if step % cfg.checkpoint_every == 0 or step == plan[0]:
             save()
         if max_seconds is not None and time.perf_counter() - t0 > max_seconds:
             save()
@@ -352,7 +384,8 @@ def train_head(head: TrainedHead, fs: FeatureSet, cfg: TrainConfig, out_dir: Pat
             break
     module.eval().requires_grad_(False)
     after = acceptance_report(head, fs, eval_seqs, cfg, embed) if eval_seqs else None
-    return {"steps": step, "total_steps": total_steps, "seconds": round(time.perf_counter() - t0, 1),
+    return {"steps": step, "total_steps": plan[0], "seconds": round(time.perf_counter() - t0, 1),
+            "refits": [list(r) for r in refits],
             "stopped_by_time_budget": stopped_early, "first_losses": losses[:5], "last_losses": losses[-5:],
             "steady_steps_per_second": None if warm is None or last <= warm else
             round((step - begun - WARM_STEPS) / (last - warm), 3),

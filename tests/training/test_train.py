@@ -409,6 +409,41 @@ def test_the_probe_times_steady_steps_not_the_first_ones(setup, monkeypatch):
     assert len(calls) > trainer.WARM_STEPS + 2 and rate > 1.2 * naive
 
 
+def test_refit_total_fits_the_time_left_within_the_epochs_asked():
+    from specula.training.trainer import refit_total
+
+    assert refit_total(40, 10.0, 10.0, 1000) == 40 + 95  # 95 more steps fit in 10 s (5% margin)
+    assert refit_total(40, 10.0, 1e6, 300) == 300  # never more than the epochs asked
+    assert refit_total(40, 10.0, -3.0, 300) == 41  # out of time: the schedule ends at the next step
+
+
+def test_a_time_bounded_run_refits_its_schedule_from_its_own_rate(setup, tmp_path):
+    """A probe that misjudged the rate sized the schedule: with `until`, the run lengthens it when
+    time is left (up to the epochs asked) and shortens it, ending its cosine, when none is."""
+    import math
+    import time
+    from dataclasses import replace
+
+    from specula.training.trainer import REFIT_EVERY, WARM_STEPS, step_counts
+
+    target, fs, _ = setup
+    per_epoch = step_counts(fs, TrainConfig(kind="eagle", seq_len=16, batch_size=3, holdout=0.0))[0]
+    first = math.ceil((WARM_STEPS + REFIT_EVERY + 5) / per_epoch)  # long enough to reach a re-fit
+    short = TrainConfig(kind="eagle", epochs=first, seq_len=16, batch_size=3, holdout=0.0)
+    asked = step_counts(fs, replace(short, epochs=first + 3))[1]
+    head = new_head("eagle", target, draft_vocabulary(fs, 64, 96), seed=0)
+    totals = []
+    rec = train_head(head, fs, short, tmp_path / "long", until=time.monotonic() + 600, most_steps=asked,
+                     on_total=totals.append)
+    assert step_counts(fs, short)[1] < asked
+    assert rec["steps"] == rec["total_steps"] == asked and totals[-1] == asked and rec["refits"]
+    head = new_head("eagle", target, draft_vocabulary(fs, 64, 96), seed=0)
+    long = replace(short, epochs=first + 10)
+    rec = train_head(head, fs, long, tmp_path / "short", until=time.monotonic())
+    assert rec["steps"] == rec["total_steps"] == WARM_STEPS + REFIT_EVERY + 1 < step_counts(fs, long)[1]
+    assert not rec["stopped_by_time_budget"]  # it ended its schedule, not cut it
+
+
 def test_a_deadline_cuts_the_epochs_to_fit_or_refuses_to_start(setup, monkeypatch):
     import time
 
