@@ -642,7 +642,13 @@ class HardwarePlanner:
             return
         rate = (1 + len(step.path)) / (self.drafting_seconds(drafted) + timing.verify_seconds)
         if state.rate is None:  # the plan's prediction counts as one step: one unlucky first step pauses nothing
-            state.rate = Ema(self.config.rate_ema, 0.5 * (plan.rate + rate))
+            prior = plan.rate
+            if resumed and plan.predicted is not None:  # predicted at the drafting time it is judged at:
+                # the plan's rate paid the catch-up (a draft model's prefill over the prompt), so on a
+                # new request after others it read below plain and one unlucky first step paused drafting
+                verify = self.cost.verify_seconds(len(plan.proposal.tree) + 1)
+                prior = plan.predicted / (self.drafting_seconds(drafted) + verify)
+            state.rate = Ema(self.config.rate_ema, 0.5 * (prior + rate))
             smoothed = state.rate.get()
         else:
             smoothed = state.rate.update(rate)

@@ -639,6 +639,29 @@ def test_a_node_whose_contesting_sibling_was_cut_is_learned_as_contested():
     assert planner.context_factor("a", CONTESTED) < 1.0 and planner.bias_of("a") == 1.0
 
 
+def test_a_new_requests_unlucky_first_step_is_judged_without_its_catch_up():
+    """A drafter whose nodes are accepted drafts for 0.1 of a step, after a catch-up of 3 steps on a
+    request's first step (a draft model's prefill over the prompt). A second request's first step
+    accepts nothing: its plan's rate paid the catch-up and read below plain, and judged against that
+    the one unlucky step paused drafting (seen on the 1.5B with its 0.5B draft). Its prior is the
+    plan at the drafting time the step is judged at, so the request drafts on."""
+    planner = HardwarePlanner(curve=STEEP)
+    tree = chain([5, 6, 7], 0.9)
+    first, resumed = Driver(planner), True
+    for _ in range(10):  # the first request teaches the steady drafting time
+        drafting = planner.should_draft(first.state)
+        seconds = (3.0 if resumed else 0.1) if drafting else 1e-5
+        resumed = not drafting
+        planned, _ = first.plan(Proposal(tree) if drafting else Proposal.empty(), seconds, drafting)
+        first.observe(planned, tuple(range(len(planned.tree))), seconds, STEEP.latency(len(planned.tree) + 1))
+    second = Driver(planner)
+    assert planner.should_draft(second.state)
+    planned, _ = second.plan(Proposal(tree), 3.0)
+    assert len(planned.tree) > 0 and second.last.rate < 1.0 / STEEP.latency(1)  # the plan paid the catch-up
+    second.observe(planned, (), 3.0, STEEP.latency(len(planned.tree) + 1))  # nothing accepted
+    assert planner.should_draft(second.state)
+
+
 def test_a_catch_up_after_the_prefill_or_a_pause_is_not_judged_as_drafting_cost():
     """A drafter whose every node is accepted, drafting for 0.1 of a step, except right after the
     prefill or a pause, when it first catches up over the tokens committed meanwhile (3 steps, a
