@@ -145,12 +145,12 @@ def run_training(target, tokenizer, target_name: str, out: Path, config: TrainCo
 
         budget = stop_at = most = None
         if deadline is not None:
-            most = step_counts(fs, config)[1]
+            per_epoch, most = step_counts(fs, config)
             config, budget = _fit_to_deadline(head, fs, config, deadline, len(every), cache_features)
             stop_at = time.monotonic() + budget["seconds_for_training"]
         record = _train_with_total(head, fs, config, out, progress, bar, max_minutes, stop_at, most)
     if budget is not None:
-        budget["epochs_run"] = round(record["steps"] / step_counts(fs, config)[0], 3)
+        budget["epochs_run"] = round(record["steps"] / per_epoch, 3)
         record["time_budget"] = budget
     record["other_source"] = {
         "data": [str(f) for f in eval_files], "sequences": len(every), "before": other_before,

@@ -241,13 +241,22 @@ def acceptance_report(head: TrainedHead, fs: FeatureSet, seqs: list[int], cfg: T
 
 
 # ---------------------------------------------------------------------------- a time budget
+FIT_MARGIN = 0.95
+"""Share of the time left a fitted schedule plans to use (`fit_epochs`, `refit_total`)."""
+
+
+def with_checkpoints(steps_per_second: float, checkpoint_seconds: float | None, every: int) -> float:
+    """A steady rate of optimizer steps with a checkpoint's cost added every `every` steps."""
+    return 1.0 / (1.0 / steps_per_second + (checkpoint_seconds or 0.0) / every)
+
+
 def fit_epochs(epochs: float, per_epoch: int, steps_per_second: float, seconds: float) -> float:
     """The epochs, at most `epochs`, whose whole learning-rate schedule runs in `seconds` at the
     measured `steps_per_second`, with a 5% margin (0 when no time is left). Cutting the epochs, not
     stopping part-way, keeps the cosine decay: a run stopped early ends at a high learning rate."""
     if seconds <= 0 or steps_per_second <= 0:
         return 0.0
-    return min(epochs, 0.95 * steps_per_second * seconds / per_epoch)
+    return min(epochs, FIT_MARGIN * steps_per_second * seconds / per_epoch)
 
 
 def probe_steps_per_second(head: TrainedHead, fs: FeatureSet, cfg: TrainConfig, seconds: float) -> float:
@@ -268,7 +277,7 @@ def probe_steps_per_second(head: TrainedHead, fs: FeatureSet, cfg: TrainConfig, 
     steady = rec["steady_steps_per_second"]
     if not steady:  # too few steps to time past the first ones
         return rec["steps"] / max(rec["seconds"], 1e-6)
-    return 1.0 / (1.0 / steady + (rec["checkpoint_seconds"] or 0.0) / cfg.checkpoint_every)
+    return with_checkpoints(steady, rec["checkpoint_seconds"], cfg.checkpoint_every)
 
 
 # ---------------------------------------------------------------------------- the loop
@@ -278,9 +287,9 @@ WARM_STEPS = 5
 
 def refit_total(step: int, steps_per_second: float, seconds_left: float, most: int) -> int:
     """The schedule's length for a run at `step` that goes on at `steps_per_second` and must end in
-    `seconds_left`: the steps that fit (with `fit_epochs`' 5% margin), at least one more, at most
+    `seconds_left`: the steps that fit (`FIT_MARGIN` of the time), at least one more, at most
     `most` (the epochs asked)."""
-    fits = step + math.floor(0.95 * steps_per_second * max(0.0, seconds_left))
+    fits = step + math.floor(FIT_MARGIN * steps_per_second * max(0.0, seconds_left))
     return max(step + 1, min(most, fits))
 
 
@@ -309,11 +318,10 @@ def train_head(head: TrainedHead, fs: FeatureSet, cfg: TrainConfig, out_dir: Pat
     train_seqs, eval_seqs = split(fs, cfg.holdout, cfg.seed, cfg.max_sequences)
     pieces = chunks(fs, train_seqs, cfg.seq_len)
     per_epoch, total_steps = step_counts(fs, cfg)
-    most = max(total_steps, most_steps or 0)
-    plan = [total_steps]  # the schedule's length, re-fitted when `until` is given
+    most = max(total_steps, most_steps or 0)  # total_steps: re-fitted when `until` is given
     opt = torch.optim.AdamW(module.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.0)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / cfg.warmup_steps) * (
-        0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, s / plan[0])))))
+        0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, s / total_steps)))))
     gen = torch.Generator().manual_seed(cfg.seed + 1)
     step, losses, seconds = 0, [], 0.0
     ckpt = out_dir / "checkpoint.pt"
@@ -326,7 +334,7 @@ def train_head(head: TrainedHead, fs: FeatureSet, cfg: TrainConfig, out_dir: Pat
             sched.load_state_dict(state["scheduler"])
             gen.set_state(state["generator"])
             step, losses, seconds = state["step"], state["losses"], state["seconds"]
-            plan[0] = state.get("total_steps", total_steps)
+            total_steps = state.get("total_steps", total_steps)
     module.eval()
     before = acceptance_report(head, fs, eval_seqs, cfg, embed) if step == 0 and eval_seqs else None
     module.train()
@@ -341,11 +349,11 @@ def train_head(head: TrainedHead, fs: FeatureSet, cfg: TrainConfig, out_dir: Pat
         with atomic_path(ckpt) as tmp:
             torch.save({"config": key, "d2t": head.d2t, "module": module.state_dict(), "optimizer": opt.state_dict(),
                         "scheduler": sched.state_dict(), "generator": gen.get_state(), "step": step,
-                        "losses": losses, "seconds": time.perf_counter() - t0, "total_steps": plan[0]}, tmp)
+                        "losses": losses, "seconds": time.perf_counter() - t0, "total_steps": total_steps}, tmp)
         save_seconds = time.perf_counter() - t
 
     stopped_early, refits = False, []
-    while step < plan[0]:
+    while step < total_steps:
         epoch, at = divmod(step, per_epoch)
         order = torch.randperm(len(pieces), generator=torch.Generator().manual_seed(cfg.seed * 1000 + epoch)).tolist()
         group = [pieces[i] for i in order[at * cfg.batch_size:(at + 1) * cfg.batch_size]]
@@ -367,16 +375,14 @@ def train_head(head: TrainedHead, fs: FeatureSet, cfg: TrainConfig, out_dir: Pat
         if progress is not None:
             progress(1, losses[-1])
         if until is not None and warm is not None and last > warm and (step - begun - WARM_STEPS) % REFIT_EVERY == 0:
-            rate = (step - begun - WARM_STEPS) / (last - warm)
-            if save_seconds is not None:  # a checkpoint every checkpoint_every steps
-                rate = 1.0 / (1.0 / rate + save_seconds / cfg.checkpoint_every)
+            rate = with_checkpoints((step - begun - WARM_STEPS) / (last - warm), save_seconds, cfg.checkpoint_every)
             fitted = refit_total(step, rate, until - time.monotonic(), most)
-            if fitted != plan[0]:
-                plan[0] = fitted
+            if fitted != total_steps:
+                total_steps = fitted
                 refits.append((step, fitted))
                 if on_total is not None:
                     on_total(fitted)
-        if step % cfg.checkpoint_every == 0 or step == plan[0]:
+        if step % cfg.checkpoint_every == 0 or step == total_steps:
             save()
         if max_seconds is not None and time.perf_counter() - t0 > max_seconds:
             save()
@@ -384,7 +390,7 @@ def train_head(head: TrainedHead, fs: FeatureSet, cfg: TrainConfig, out_dir: Pat
             break
     module.eval().requires_grad_(False)
     after = acceptance_report(head, fs, eval_seqs, cfg, embed) if eval_seqs else None
-    return {"steps": step, "total_steps": plan[0], "seconds": round(time.perf_counter() - t0, 1),
+    return {"steps": step, "total_steps": total_steps, "seconds": round(time.perf_counter() - t0, 1),
             "refits": [list(r) for r in refits],
             "stopped_by_time_budget": stopped_early, "first_losses": losses[:5], "last_losses": losses[-5:],
             "steady_steps_per_second": None if warm is None or last <= warm else
