@@ -44,10 +44,11 @@ siblings by these scores (only whole draw-order suffixes, chosen without looking
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from dataclasses import dataclass
-from typing import Literal, Sequence, get_args
+from typing import Callable, Literal, Sequence, get_args
 
 import torch
 
@@ -201,6 +202,15 @@ class _TreeState:
         self.seq.release()
 
 
+@functools.cache
+def _kernel_top_k() -> Callable[[torch.Tensor, int], tuple[torch.Tensor, torch.Tensor]] | None:
+    """specula's C top-k with softmax probabilities (`models.native.kernels.top_k_probs`) where its CPU
+    kernels run, else None (torch's topk and logsumexp then)."""
+    from specula.models.native import kernels
+
+    return kernels.top_k_probs if kernels.available() else None
+
+
 PROBE_EVERY = 16
 """While the cost view says drafting does not pay, one step in this many drafts anyway (a probe)."""
 
@@ -284,16 +294,20 @@ class DraftTreeDrafter:
         """Per frontier row of logits [F, vocab], its k best children: (probabilities, indices), best
         first, without the children outside the row's support. Greedy requests score by the plain
         softmax, computed for the k picks only (their logits less the row's logsumexp: no [F, vocab]
-        distribution is built); sampled requests by the processed distribution (temperature, top-k,
-        top-p), whose support may hold fewer than k tokens."""
-        if params.greedy:
+        distribution is built; on CPU in one C pass per row where specula's kernels run); sampled
+        requests by the processed distribution (temperature, top-k, top-p), whose support may hold
+        fewer than k tokens."""
+        c_top_k = _kernel_top_k() if params.greedy and logits.device.type == "cpu" else None
+        if c_top_k is not None:
+            values, indices = c_top_k(logits.float(), k)  # [F, k] each
+        elif params.greedy:
             logits = logits.float()
             top = logits.topk(k, dim=-1)
-            values = (top.values - logits.logsumexp(-1, keepdim=True)).exp()  # [F, k]
+            values, indices = (top.values - logits.logsumexp(-1, keepdim=True)).exp(), top.indices  # [F, k]
         else:
             top = probabilities(logits, params).topk(k, dim=-1)
-            values = top.values
-        probs, idx = values.tolist(), top.indices.tolist()
+            values, indices = top.values, top.indices
+        probs, idx = values.tolist(), indices.tolist()
         for f, row in enumerate(probs):  # best first: a zero ends the row's support
             keep = next((j for j, p in enumerate(row) if not p > 0), len(row))
             probs[f], idx[f] = row[:keep], idx[f][:keep]

@@ -175,44 +175,57 @@ def test_head_kv_buffer_grows_and_keeps_what_was_written():
     assert torch.equal(k, torch.cat([keys[:, :, :5], keys[:, :, 10:]], 2)) and v.shape[2] == 6
 
 
+def kernel_pass_of(module):
+    """A `KernelHeadPass` over a copy of `module` whose linear layers are float32 kernels (the same
+    weights: its results track the module's within float rounding)."""
+    import copy
+
+    from specula.drafters.heads.kernel_pass import KernelHeadPass
+    from specula.models.native.kernels import apply_kernels
+
+    return KernelHeadPass(apply_kernels(copy.deepcopy(module), "f32"))
+
+
 @pytest.mark.skipif(drafting_kernel("cpu") is None, reason="specula's CPU kernels do not run here")
-def test_a_head_drafting_on_the_kernels_attends_as_sdpa_does():
-    """The head's attention on the target's kernel (`attention_kernel`, set by kernel drafting) equals
-    SDPA's within float tolerance: against its cache with a tree mask, with a sliding window's
-    leading hidden keys, and causal without a mask; grouped KV heads too."""
+@pytest.mark.parametrize("kind", ["eagle", "eagle3"])
+def test_the_kernel_pass_computes_the_heads_forward(kind):
+    """The drafting pass as direct kernel calls (`KernelHeadPass`) equals the module's forward within
+    float tolerance, outputs and output states: a causal catch-up that grows the cache, then rows
+    against it with a tree mask, with a sliding window's leading hidden keys, and causally; grouped KV
+    heads too. Its cache rows are the module's."""
     from specula.drafters.heads.eagle import KVBuffer
-    from specula.models.native.ops import kernel_attention
 
     target = native(tiny_model("llama", "eager", seed=4))
     for kv_heads in (0, 2):
-        head = new_head("eagle3", target, oracle_d2t(96), seed=3, num_kv_heads=kv_heads)
+        head = new_head(kind, target, oracle_d2t(96), seed=3, num_kv_heads=kv_heads)
         module, cfg = head.module, head.config
-        assert cfg.head_dim % 8 == 0
+        run = kernel_pass_of(module)
         e, t, p = cfg.hidden_size, 5, 12
         torch.manual_seed(kv_heads)
-        emb, feats = torch.randn(1, p + t, e), torch.randn(1, p + t, e)
-        tree = torch.ones(1, t, p + t, dtype=torch.bool)
-        tree[0, :, p:] = torch.tensor([[1, 0, 0, 0, 0], [1, 1, 0, 0, 0], [1, 0, 1, 0, 0], [1, 0, 1, 1, 0],
-                                       [1, 1, 0, 0, 1]], dtype=torch.bool)
+        emb, feats = torch.randn(p + t, e), torch.randn(p + t, e)
+        tree = torch.ones(t, p + t, dtype=torch.bool)
+        tree[:, p:] = torch.tensor([[1, 0, 0, 0, 0], [1, 1, 0, 0, 0], [1, 0, 1, 0, 0], [1, 0, 1, 1, 0],
+                                    [1, 1, 0, 0, 1]], dtype=torch.bool)
         window = tree.clone()
-        window[0, :, :4] = False  # keys before the window
-        outs = []
-        for kernel in (None, kernel_attention):
-            module.attention_kernel = kernel
-            cache = KVBuffer(cfg.num_kv_heads, cfg.head_dim, head.dtype, "cpu", capacity=8)
-            with torch.inference_mode():
-                module(emb[:, :p], feats[:, :p], torch.arange(p)[None], cache=cache, at=0)  # causal, grows the cache
-                got = [module(emb[:, p:], feats[:, p:], torch.arange(p, p + t)[None], mask=m, cache=cache, at=p)[0]
-                       for m in (tree, window, None)]
-                got.append(module(emb, feats, torch.arange(p + t)[None])[0])  # no cache: keys of this pass
-            outs.append(got)
-        for sdpa, kern in zip(*outs):
-            torch.testing.assert_close(kern, sdpa, atol=1e-5, rtol=1e-5)
+        window[:, :4] = False  # keys before the window
+        caches = [KVBuffer(cfg.num_kv_heads, cfg.head_dim, head.dtype, "cpu", capacity=8) for _ in range(2)]
+        with torch.inference_mode():
+            want, _ = module(emb[None, :p], feats[None, :p], torch.arange(p)[None], cache=caches[0], at=0)
+            got, states = run(emb[:p], feats[:p], torch.arange(p), None, caches[1], 0, 0)
+            torch.testing.assert_close(got, want[0], atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(states, module.output_states(want[0]) if kind == "eagle3" else want[0])
+            torch.testing.assert_close(caches[1].keys[:, :, :p], caches[0].keys[:, :, :p], atol=1e-5, rtol=1e-5)
+            for mask, lo in ((tree, 0), (window[:, 4:], 4), (None, 0)):
+                rows = torch.arange(p, p + t)
+                want, _ = module(emb[None, p:], feats[None, p:], rows[None], mask=None if mask is None else mask[None],
+                                 cache=caches[0], at=p, lo=lo)
+                got, _ = run(emb[p:], feats[p:], rows, mask, caches[1], p, lo)
+                torch.testing.assert_close(got, want[0], atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize("kind", ["eagle", "eagle3"])
 @pytest.mark.parametrize("window", [None, 7])
-@pytest.mark.parametrize("attention", ["sdpa", pytest.param("kernel", marks=pytest.mark.skipif(
+@pytest.mark.parametrize("attention", ["sdpa", pytest.param("kernel pass", marks=pytest.mark.skipif(
     drafting_kernel("cpu") is None, reason="specula's CPU kernels do not run here"))])
 def test_head_kv_cache_equals_a_from_scratch_forward_after_random_commits(kind, window, attention):
     """Steps of random trees and random commits: every drafted node's predicted feature equals a
@@ -233,10 +246,8 @@ def test_head_kv_cache_equals_a_from_scratch_forward_after_random_commits(kind, 
     _, feats = seq.prefill(text, logits="none", hidden=head.feature_request)  # [90, k E]: f_i after token x_i
     seq.release()
     module = head.module
-    if attention == "kernel":  # what a head drafting on the CPU kernels attends with (float linears here)
-        from specula.models.native.ops import kernel_attention
-
-        module.attention_kernel = kernel_attention
+    if attention == "kernel pass":  # how a head drafting on the CPU kernels runs its layer (float kernels here)
+        head.kernel_pass = kernel_pass_of(module)
     fused = module.fuse_features(feats)  # [90, E]: the feature each committed pair carries
 
     def scratch(chain_tokens: list[int], chain_feats: list[torch.Tensor], start: int = 0) -> torch.Tensor:

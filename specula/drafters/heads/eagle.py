@@ -20,14 +20,12 @@ trained output layer (a head file stays small: no [V_draft, E] matrix stored).
 The target's embedding and output head are shared, frozen, and not stored in the head file; the
 head keeps the output rows of its draft vocabulary (`lm_rows`, [V_draft, E], from the target at
 load time). One `forward` serves training (batch, causal or training-time-test masks) and drafting
-(one sequence against its head KV cache, tree masks); there is no second implementation, except
-that a head drafting on specula's CPU kernels attends on the target's attention kernel
-(`attention_kernel`: SDPA's CPU path cost 0.26 ms a call there, most of a head pass).
+(one sequence against its head KV cache, tree masks); a head drafting on specula's CPU kernels
+runs the same layer as direct kernel calls instead (`kernel_pass.KernelHeadPass`, held to this
+forward by the tests).
 """
 
 from __future__ import annotations
-
-from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -52,14 +50,19 @@ class KVBuffer:
     def capacity(self) -> int:
         return self.keys.shape[2]
 
-    def write(self, at: int, k: torch.Tensor, v: torch.Tensor) -> KV:
-        """Store k, v [1, G, T, D] at rows at .. at + T - 1; returns views of rows 0 .. at + T - 1."""
-        end, old = at + k.shape[2], self.capacity
+    def reserve(self, end: int) -> None:
+        """Make room for rows 0 .. end - 1 (growing by doubling, the rows kept)."""
+        old = self.capacity
         if end > old:
             extra = torch.zeros((*self.keys.shape[:2], max(end, 2 * old) - old, self.keys.shape[3]),
                                 dtype=self.keys.dtype, device=self.keys.device)
             self.keys = torch.cat([self.keys, extra], 2)
             self.values = torch.cat([self.values, extra], 2)
+
+    def write(self, at: int, k: torch.Tensor, v: torch.Tensor) -> KV:
+        """Store k, v [1, G, T, D] at rows at .. at + T - 1; returns views of rows 0 .. at + T - 1."""
+        end = at + k.shape[2]
+        self.reserve(end)
         self.keys[:, :, at:end] = k
         self.values[:, :, at:end] = v
         return self.keys[:, :, :end], self.values[:, :, :end]
@@ -96,9 +99,6 @@ class EagleHead(nn.Module):
             self.final_norm = nn.Parameter(torch.ones(e))
         inv = 1.0 / (cfg.rope_theta ** (torch.arange(0, d, 2, dtype=torch.float32) / d))
         self.register_buffer("inv_freq", inv, persistent=False)  # [D / 2]
-        self.attention_kernel: Callable | None = None
-        """Drafting on specula's CPU kernels (`TrainedHead._use_kernel`): the attention of one
-        sequence's rows outside autograd (`models.native.ops.kernel_attention`); None: SDPA."""
 
     def reset_parameters(self, generator: torch.Generator) -> None:
         """Small normal weights (std 0.02); fc starts as the feature's identity (the first guess of
@@ -160,21 +160,13 @@ class EagleHead(nn.Module):
         else:
             keys, values = (k, v) if past is None else (torch.cat([past[0], k], 2), torch.cat([past[1], v], 2))
         p = keys.shape[2] - t
-        if self.attention_kernel is not None and b == 1 and not torch.is_grad_enabled():
-            rows = q[0].transpose(0, 1).contiguous()  # [T, H, D]
-            kk, vv = keys[0], values[0]  # [G, P + T, D]: the cache's rows as they lie, or this pass's keys
-            if kk.stride()[1:] != (d, 1) or vv.stride() != kk.stride():
-                kk, vv = kk.contiguous(), vv.contiguous()
-            att = self.attention_kernel(rows, kk, vv, None if mask is None else mask[0], p)  # [T, H, D]
-            x = x + self.wo(att.reshape(1, t, h * d))
-        else:
-            if mask is None:
-                mask = torch.ones((t, p + t), dtype=torch.bool, device=x.device).tril(p)[None]
-            rep = h // g
-            if rep > 1:
-                keys, values = keys.repeat_interleave(rep, 1), values.repeat_interleave(rep, 1)
-            att = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask[:, None])  # [B, H, T, D]
-            x = x + self.wo(att.transpose(1, 2).reshape(b, t, h * d))
+        if mask is None:
+            mask = torch.ones((t, p + t), dtype=torch.bool, device=x.device).tril(p)[None]
+        rep = h // g
+        if rep > 1:
+            keys, values = keys.repeat_interleave(rep, 1), values.repeat_interleave(rep, 1)
+        att = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask[:, None])  # [B, H, T, D]
+        x = x + self.wo(att.transpose(1, 2).reshape(b, t, h * d))
         gate, up = self.w_gate_up(rms_norm(x, self.post_norm, cfg.rms_norm_eps)).chunk(2, dim=-1)
         x = x + self.w_down(F.silu(gate) * up)
         return x, (k, v)

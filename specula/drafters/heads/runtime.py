@@ -22,6 +22,7 @@ import torch
 from specula.drafters.heads.config import HeadConfig, feature_layers_of
 from specula.drafters.heads.eagle import EagleHead, KVBuffer
 from specula.drafters.heads.file import HeadFile, check_target, read_head
+from specula.drafters.heads.kernel_pass import KernelHeadPass, kernel_pass_fits
 from specula.drafters.heads.medusa import HydraHeads, MedusaHeads
 from specula.errors import HeadFileError
 
@@ -61,6 +62,9 @@ class TrainedHead:
         self.kernel: str | None = None
         """The CPU kernel its linear layers draft on (`drafting_kernel`), or None: torch's, trainable."""
         self._lm: torch.nn.Module | None = None  # the output rows as a kernel linear, when `kernel` is set
+        self.kernel_pass: KernelHeadPass | None = None
+        """An eagle / eagle3 layer's drafting pass as direct kernel calls (`kernel_pass`), set with
+        `kernel` where its shapes fit; None: the module's forward."""
         if kernel is not None:
             self._use_kernel(kernel)
 
@@ -68,20 +72,18 @@ class TrainedHead:
         """Draft on specula's CPU kernels (`models.native.kernels`, kind `i8`: int8 weights and
         activations): every linear layer of the head and the output rows; eagle3's `fuse` keeps float
         activations (kind `w8`): it reads the target's raw residual stream, whose few huge channels
-        would leave the others a handful of int8 levels; an eagle layer's attention runs on the
-        target's attention kernel (`models.native.ops.kernel_attention`) where its shapes fit. Drafting
-        only: the head cannot train after."""
+        would leave the others a handful of int8 levels; an eagle layer drafts through
+        `KernelHeadPass` (every op a kernel call) where its shapes fit. Drafting only: the head
+        cannot train after."""
         from specula.models.native.kernels import KernelLinear, apply_kernels
-        from specula.models.native.ops import kernel_attention, kernel_attention_fits
 
         if self.dtype != torch.float32:
             raise ValueError(f"kernel drafting takes a float32 head, got {self.dtype}")
         if self.config.feature_layers:
             self.module.fuse = KernelLinear(self.module.fuse, "w8")
         apply_kernels(self.module, kind, skip=("fuse",))
-        cfg = self.config
-        if isinstance(self.module, EagleHead) and kernel_attention_fits(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim):
-            self.module.attention_kernel = kernel_attention
+        if kernel_pass_fits(self.module):
+            self.kernel_pass = KernelHeadPass(self.module)
         rows = torch.nn.Linear(self.config.hidden_size, len(self.d2t), bias=False, device="meta")  # no init
         rows.weight = torch.nn.Parameter(self.lm_rows, requires_grad=False)
         self._lm = KernelLinear(rows, kind)
@@ -109,12 +111,14 @@ class TrainedHead:
         """The head's output [..., E] -> logits [..., V_draft] float32 (eagle3 norms it first), or
         [..., V_draft + X] with `extra_rows` [X, E] (float32 target output rows of X more tokens,
         `HeadState.add_context`) scored by the same hidden state."""
-        if self.kind == "eagle3":
-            out = self.module.output_states(out)
-        logits = self.target_logits(out)
+        return self.state_logits(self.module.output_states(out) if self.kind == "eagle3" else out, extra_rows)
+
+    def state_logits(self, states: torch.Tensor, extra_rows: torch.Tensor | None = None) -> torch.Tensor:
+        """`logits` of the states the output rows read (eagle3: the output already normed)."""
+        logits = self.target_logits(states)
         if extra_rows is None:
             return logits
-        return torch.cat([logits, out.float() @ extra_rows.t()], dim=-1)
+        return torch.cat([logits, states.float() @ extra_rows.t()], dim=-1)
 
     def in_draft_vocab(self) -> torch.Tensor:
         """[V_target] bool: which target tokens the draft vocabulary holds."""
@@ -260,9 +264,12 @@ class HeadState:
         self.extra_rows = rows if self.extra_rows is None else torch.cat([self.extra_rows, rows])
         self._index = None
 
-    def logits(self, out: torch.Tensor) -> torch.Tensor:
+    def logits(self, out: torch.Tensor, states: torch.Tensor | None = None) -> torch.Tensor:
         """The head's output [..., E] -> logits over the draft vocabulary and this request's context
-        vocabulary [..., V_draft + len(extra)]."""
+        vocabulary [..., V_draft + len(extra)]; `states`: its output states when a kernel pass gave
+        them (`TrainedHead.state_logits`)."""
+        if states is not None:
+            return self.head.state_logits(states, self.extra_rows)
         return self.head.logits(out, self.extra_rows)
 
     def token_ids(self, indices: Sequence[int]) -> list[int]:
@@ -322,6 +329,7 @@ class EagleState(HeadState):
         self.window = head.window  # keys a row attends to (None: every committed pair)
         self.first = 0  # rows first .. fed - 1 were computed (a window skips the ones before)
         self.last: torch.Tensor | None = None  # output of the last committed pair [E]
+        self.last_states: torch.Tensor | None = None  # its output states [E] when a kernel pass ran it
         self.rows: dict[int, int] = {}  # proposal node -> scratch row (cache row fed + row)
         self.out: dict[int, torch.Tensor] = {}  # proposal node (-1: root) -> predicted feature [E]
         self.ancestors: list[list[int]] = []  # scratch row -> scratch rows it sees (itself included)
@@ -350,15 +358,27 @@ class EagleState(HeadState):
             device = self.cache.keys.device
             pos = torch.arange(a, root_pos, device=device)[None]
             mask = None if not w else window_mask(torch.arange(a, root_pos), lo, root_pos, w).to(device)[None]
-            out, _ = self.head.module(emb, feats, pos, mask=mask, cache=self.cache, at=a, lo=lo)
-            self.fed, self.last = root_pos, out[0, -1]
+            out, states = self._run(emb, feats, pos, mask, a, lo)  # [new, E] each (states: kernel pass only)
+            self.fed, self.last = root_pos, out[-1]
+            self.last_states = None if states is None else states[-1]
             del self.pending[:new]
             self.start += new
         if self.last is None:
             return None
         self.rows, self.ancestors, self.depth = {}, [], {}
         self.out = {-1: self.last}
-        return self.logits(self.last)
+        return self.logits(self.last, self.last_states)
+
+    def _run(self, emb: torch.Tensor, feats: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor | None, at: int,
+             lo: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """One head pass of this sequence's rows (emb, feats [1, T, E], pos [1, T], mask [1, T, P + T]
+        or None) written at cache rows at ..: (out [T, E], output states [T, E] from the kernel pass,
+        else None)."""
+        run = self.head.kernel_pass
+        if run is not None:
+            return run(emb[0], feats[0], pos[0], None if mask is None else mask[0], self.cache, at, lo)
+        out, _ = self.head.module(emb, feats, pos, mask=mask, cache=self.cache, at=at, lo=lo)
+        return out[0], None
 
     @torch.inference_mode()
     def feed(self, nodes: Sequence[int], tokens: Sequence[int], parents: Sequence[int]) -> torch.Tensor:
@@ -385,10 +405,9 @@ class EagleState(HeadState):
         emb = self.head.embed([tokens[n] for n in nodes])[None]
         device = self.cache.keys.device
         pos = torch.tensor([self.fed - 1 + d for d in depths], device=device)[None]
-        out, _ = self.head.module(emb, feats, pos, mask=mask.to(device)[None], cache=self.cache, at=self.fed + first,
-                                  lo=lo)
-        self.out.update(zip(nodes, out[0].unbind(0)))
-        return self.logits(out[0])
+        out, states = self._run(emb, feats, pos, mask.to(device)[None], self.fed + first, lo)
+        self.out.update(zip(nodes, out.unbind(0)))
+        return self.logits(out, states)
 
     def finish(self, accepted: Sequence[int]) -> None:
         self.rows, self.out, self.ancestors, self.depth = {}, {}, [], {}

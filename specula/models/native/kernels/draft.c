@@ -1,0 +1,141 @@
+/* Ops of the drafting loop on CPU: an EAGLE head's input rows and its RoPE layout, and the top-k
+ * children of a frontier's logits. A draft needs no exactness (the target verifies every token),
+ * so nothing here is bound to the decoder's bitwise rules; what these save is the glue between
+ * kernel calls: small torch ops after a kernel call wait for the core the pool's helper still
+ * polls (`pool.c`), several hundred microseconds a level on the 2-core machine.
+ *
+ * Layouts (float32, row-major): emb, feat [n, E]; out [n, 2E]; qkv [n, (H + 2G) * D] with q and k
+ * heads in rotate-half layout (dims j and j + D / 2 rotate together, as Llama's reference code);
+ * caches [G, cap, D]; logits [n, V].
+ */
+#include <immintrin.h>
+#include <math.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "vmath.h"
+
+/* x * rsqrt(mean(x^2) + eps) * w for one row of e (w NULL: x copied unchanged). */
+static void norm_row(const float *x, const float *w, float eps, float *out, int e) {
+    if (!w) {
+        for (int i = 0; i < e; i++) out[i] = x[i];
+        return;
+    }
+    __m256 acc = _mm256_setzero_ps();
+    int i = 0;
+    for (; i + 8 <= e; i += 8) {
+        __m256 v = _mm256_loadu_ps(x + i);
+        acc = _mm256_fmadd_ps(v, v, acc);
+    }
+    float lanes[8];
+    _mm256_storeu_ps(lanes, acc);
+    float ss = 0.0f;
+    for (int k = 0; k < 8; k++) ss += lanes[k];
+    for (; i < e; i++) ss += x[i] * x[i];
+    float scale = 1.0f / sqrtf(ss / (float)e + eps);
+    for (int j = 0; j < e; j++) out[j] = x[j] * scale * w[j];
+}
+
+/* out [n, 2E] = [norm(emb) * w_emb ; norm(feat) * w_feat] row by row (EAGLE-3's input norms ahead
+ * of fc); a NULL weight copies its half unnormed (EAGLE's plain concatenation). */
+void specula_head_input(const float *emb, const float *feat, const float *w_emb, const float *w_feat, float eps,
+                        float *out, int n, int e) {
+    for (int r = 0; r < n; r++) {
+        norm_row(emb + (size_t)r * e, w_emb, eps, out + (size_t)r * 2 * e, e);
+        norm_row(feat + (size_t)r * e, w_feat, eps, out + (size_t)r * 2 * e + e, e);
+    }
+}
+
+/* RoPE in rotate-half layout: rotate the q and k heads of each row by (cos, sin) [n, D / 2] of the
+ * row's position (dims j and j + D / 2 as a pair), write q to q_out [n, H, D], and k, v to slots
+ * start + r of the caches [G, cap, D]. */
+void specula_rope_write_half(const float *qkv, const float *cos_, const float *sin_, float *q_out, float *k_cache,
+                             float *v_cache, int n, int heads, int kv_heads, int d, int cap, int start) {
+    int half = d / 2, width = (heads + 2 * kv_heads) * d;
+    for (int r = 0; r < n; r++) {
+        const float *row = qkv + (size_t)r * width;
+        const float *c = cos_ + (size_t)r * half, *s = sin_ + (size_t)r * half;
+        for (int h = 0; h < heads + kv_heads; h++) {
+            const float *src = row + (size_t)h * d;
+            float *dst = h < heads ? q_out + ((size_t)r * heads + h) * d
+                                   : k_cache + ((size_t)(h - heads) * cap + start + r) * d;
+            for (int j = 0; j < half; j++) {
+                float a = src[j], b = src[j + half];
+                dst[j] = a * c[j] - b * s[j];
+                dst[j + half] = b * c[j] + a * s[j];
+            }
+        }
+        for (int g = 0; g < kv_heads; g++) {
+            const float *src = row + (size_t)(heads + kv_heads + g) * d;
+            float *dst = v_cache + ((size_t)g * cap + start + r) * d;
+            for (int j = 0; j < d; j++) dst[j] = src[j];
+        }
+    }
+}
+
+/* Insert (value, index) into the k best so far, best first (ties: the lower index first). */
+static void insert_best(float *vals, int64_t *idx, int *have, int k, float v, int64_t j) {
+    int pos = *have < k ? *have : k - 1;
+    if (*have == k && !(v > vals[k - 1])) return;
+    while (pos > 0 && v > vals[pos - 1]) {
+        vals[pos] = vals[pos - 1];
+        idx[pos] = idx[pos - 1];
+        pos--;
+    }
+    vals[pos] = v;
+    idx[pos] = j;
+    if (*have < k) (*have)++;
+}
+
+/* For each row of logits [n, v]: its k (<= v) largest logits, best first (ties: lower index first),
+ * as indices idx [n, k] and softmax probabilities prob [n, k] (e^(l - logsumexp(row))). NaN logits
+ * are never picked. */
+void specula_topk_probs(const float *logits, int n, int v, int k, int64_t *idx, float *prob) {
+    for (int r = 0; r < n; r++) {
+        const float *row = logits + (size_t)r * v;
+        float *vals = prob + (size_t)r * k;
+        int64_t *ids = idx + (size_t)r * k;
+        int have = 0;
+        __m256 vmax = _mm256_set1_ps(-INFINITY);
+        int j = 0;
+        for (; j + 8 <= v; j += 8) {
+            __m256 x = _mm256_loadu_ps(row + j);
+            vmax = _mm256_max_ps(vmax, x);
+            float bar = have == k ? vals[k - 1] : -INFINITY;
+            int hits = _mm256_movemask_ps(_mm256_cmp_ps(x, _mm256_set1_ps(bar), _CMP_GT_OQ));
+            if (have < k) hits = 0xff;
+            while (hits) {
+                int lane = __builtin_ctz(hits);
+                hits &= hits - 1;
+                float val = row[j + lane];
+                if (val == val) insert_best(vals, ids, &have, k, val, j + lane);
+            }
+        }
+        float lanes[8], top = -INFINITY;
+        _mm256_storeu_ps(lanes, vmax);
+        for (int l = 0; l < 8; l++) top = lanes[l] > top ? lanes[l] : top;
+        for (; j < v; j++) {
+            float val = row[j];
+            if (val == val) {
+                top = val > top ? val : top;
+                insert_best(vals, ids, &have, k, val, j);
+            }
+        }
+        for (int l = have; l < k; l++) vals[l] = -INFINITY, ids[l] = 0;
+        /* the total: sum of e^(l - top) over the row, 8 lanes, the tail padded with -inf (e^-inf = 0) */
+        __m256 shift = _mm256_set1_ps(top), acc = _mm256_setzero_ps();
+        for (j = 0; j + 8 <= v; j += 8) {
+            __m256 x = _mm256_loadu_ps(row + j);
+            __m256 e = exp8(_mm256_sub_ps(x, shift));
+            acc = _mm256_add_ps(acc, _mm256_and_ps(e, _mm256_cmp_ps(x, x, _CMP_ORD_Q)));  /* NaN lanes add 0 */
+        }
+        float total = 0.0f;
+        _mm256_storeu_ps(lanes, acc);
+        for (int l = 0; l < 8; l++) total += lanes[l];
+        for (; j < v; j++) {
+            float val = row[j];
+            if (val == val) total += expf(val - top);
+        }
+        for (int l = 0; l < k; l++) vals[l] = vals[l] == -INFINITY ? 0.0f : expf(vals[l] - top) / total;
+    }
+}

@@ -1,0 +1,39 @@
+"""The drafting loop's C ops (`kernels/draft.c`): each row's top-k children with their softmax
+probabilities, as torch's topk and logsumexp give them."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specula.models.native import kernels
+
+pytestmark = pytest.mark.skipif(not kernels.available(), reason="specula's CPU kernels cannot run here")
+
+
+@pytest.mark.parametrize("rows,vocab,k", [(1, 8192, 8), (8, 8192, 8), (3, 13, 5), (2, 7, 7), (2, 151936, 4), (4, 20, 1)])
+def test_top_k_probs_equals_torchs_topk_and_softmax(rows, vocab, k):
+    torch.manual_seed(rows * vocab + k)
+    logits = torch.randn(rows, vocab) * 4  # [n, V]
+    probs, idx = kernels.top_k_probs(logits, k)
+    top = logits.topk(k, dim=-1)
+    assert torch.equal(idx, top.indices)
+    want = (top.values - logits.logsumexp(-1, keepdim=True)).exp()
+    torch.testing.assert_close(probs, want, rtol=5e-5, atol=1e-8)
+
+
+def test_top_k_probs_breaks_ties_by_the_lower_index_and_never_picks_nan():
+    logits = torch.zeros(2, 16)
+    logits[0, 9] = 2.0
+    logits[1, :3] = float("nan")
+    probs, idx = kernels.top_k_probs(logits, 4)
+    assert idx.tolist() == [[9, 0, 1, 2], [3, 4, 5, 6]]
+    torch.testing.assert_close(probs[1], torch.full((4,), 1 / 13))  # the 13 non-NaN logits share the mass
+    assert probs[0, 0] > probs[0, 1] == probs[0, 3]
+
+
+def test_top_k_probs_refuses_a_k_beyond_the_row_and_other_dtypes():
+    with pytest.raises(ValueError, match="k <= 5"):
+        kernels.top_k_probs(torch.zeros(1, 5), 6)
+    with pytest.raises(ValueError, match="float32"):
+        kernels.top_k_probs(torch.zeros(1, 5, dtype=torch.float64), 2)
