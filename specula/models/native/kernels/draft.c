@@ -15,25 +15,13 @@
 
 #include "vmath.h"
 
-/* x * rsqrt(mean(x^2) + eps) * w for one row of e (w NULL: x copied unchanged). */
+/* rms_norm_row, or (w NULL) x copied unchanged. */
 static void norm_row(const float *x, const float *w, float eps, float *out, int e) {
     if (!w) {
         for (int i = 0; i < e; i++) out[i] = x[i];
         return;
     }
-    __m256 acc = _mm256_setzero_ps();
-    int i = 0;
-    for (; i + 8 <= e; i += 8) {
-        __m256 v = _mm256_loadu_ps(x + i);
-        acc = _mm256_fmadd_ps(v, v, acc);
-    }
-    float lanes[8];
-    _mm256_storeu_ps(lanes, acc);
-    float ss = 0.0f;
-    for (int k = 0; k < 8; k++) ss += lanes[k];
-    for (; i < e; i++) ss += x[i] * x[i];
-    float scale = 1.0f / sqrtf(ss / (float)e + eps);
-    for (int j = 0; j < e; j++) out[j] = x[j] * scale * w[j];
+    rms_norm_row(x, w, eps, out, e);
 }
 
 /* out [n, 2E] = [norm(emb) * w_emb ; norm(feat) * w_feat] row by row (EAGLE-3's input norms ahead

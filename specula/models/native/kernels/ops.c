@@ -24,20 +24,7 @@ void specula_add_rms_norm(float *x, const float *delta, const float *w, float ep
             const float *dr = delta + (size_t)r * e;
             for (int i = 0; i < e; i++) xr[i] += dr[i];
         }
-        __m256 acc = _mm256_setzero_ps();
-        int i = 0;
-        for (; i + 8 <= e; i += 8) {
-            __m256 v = _mm256_loadu_ps(xr + i);
-            acc = _mm256_fmadd_ps(v, v, acc);
-        }
-        float lanes[8];
-        _mm256_storeu_ps(lanes, acc);
-        float ss = 0.0f;
-        for (int k = 0; k < 8; k++) ss += lanes[k];
-        for (; i < e; i++) ss += xr[i] * xr[i];
-        float scale = 1.0f / sqrtf(ss / (float)e + eps);
-        float *orow = out + (size_t)r * e;
-        for (int j = 0; j < e; j++) orow[j] = xr[j] * scale * w[j];
+        rms_norm_row(xr, w, eps, out + (size_t)r * e, e);
     }
 }
 

@@ -2,6 +2,25 @@
 #ifndef SPECULA_VMATH_H
 #define SPECULA_VMATH_H
 #include <immintrin.h>
+#include <math.h>
+
+/* out = x * rsqrt(mean(x^2) + eps) * w for one row of e floats (the squares summed in 8 lanes,
+ * the lanes added in order, the tail after them). */
+static inline void rms_norm_row(const float *x, const float *w, float eps, float *out, int e) {
+    __m256 acc = _mm256_setzero_ps();
+    int i = 0;
+    for (; i + 8 <= e; i += 8) {
+        __m256 v = _mm256_loadu_ps(x + i);
+        acc = _mm256_fmadd_ps(v, v, acc);
+    }
+    float lanes[8];
+    _mm256_storeu_ps(lanes, acc);
+    float ss = 0.0f;
+    for (int k = 0; k < 8; k++) ss += lanes[k];
+    for (; i < e; i++) ss += x[i] * x[i];
+    float scale = 1.0f / sqrtf(ss / (float)e + eps);
+    for (int j = 0; j < e; j++) out[j] = x[j] * scale * w[j];
+}
 
 /* e^x in each lane (Cephes' expf: range reduction by ln 2 in two parts, a degree-5 polynomial, the
  * exponent added as bits; within 2 ulp for x in [-87, 88], clamped outside). One vector function for
