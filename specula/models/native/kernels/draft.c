@@ -1,4 +1,4 @@
-/* Ops of the drafting loop on CPU: an EAGLE head's input rows and its RoPE layout, and the top-k
+/* Ops of the drafting loop on CPU: an EAGLE head's input rows (its RoPE is `ops.c`'s rotate-half variant), and the top-k
  * children of a frontier's logits. A draft needs no exactness (the target verifies every token),
  * so nothing here is bound to the decoder's bitwise rules; what these save is the glue between
  * kernel calls: small torch ops after a kernel call wait for the core the pool's helper still
@@ -31,33 +31,6 @@ void specula_head_input(const float *emb, const float *feat, const float *w_emb,
     for (int r = 0; r < n; r++) {
         norm_row(emb + (size_t)r * e, w_emb, eps, out + (size_t)r * 2 * e, e);
         norm_row(feat + (size_t)r * e, w_feat, eps, out + (size_t)r * 2 * e + e, e);
-    }
-}
-
-/* RoPE in rotate-half layout: rotate the q and k heads of each row by (cos, sin) [n, D / 2] of the
- * row's position (dims j and j + D / 2 as a pair), write q to q_out [n, H, D], and k, v to slots
- * start + r of the caches [G, cap, D]. */
-void specula_rope_write_half(const float *qkv, const float *cos_, const float *sin_, float *q_out, float *k_cache,
-                             float *v_cache, int n, int heads, int kv_heads, int d, int cap, int start) {
-    int half = d / 2, width = (heads + 2 * kv_heads) * d;
-    for (int r = 0; r < n; r++) {
-        const float *row = qkv + (size_t)r * width;
-        const float *c = cos_ + (size_t)r * half, *s = sin_ + (size_t)r * half;
-        for (int h = 0; h < heads + kv_heads; h++) {
-            const float *src = row + (size_t)h * d;
-            float *dst = h < heads ? q_out + ((size_t)r * heads + h) * d
-                                   : k_cache + ((size_t)(h - heads) * cap + start + r) * d;
-            for (int j = 0; j < half; j++) {
-                float a = src[j], b = src[j + half];
-                dst[j] = a * c[j] - b * s[j];
-                dst[j + half] = b * c[j] + a * s[j];
-            }
-        }
-        for (int g = 0; g < kv_heads; g++) {
-            const float *src = row + (size_t)(heads + kv_heads + g) * d;
-            float *dst = v_cache + ((size_t)g * cap + start + r) * d;
-            for (int j = 0; j < d; j++) dst[j] = src[j];
-        }
     }
 }
 

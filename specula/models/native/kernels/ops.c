@@ -29,9 +29,10 @@ void specula_add_rms_norm(float *x, const float *delta, const float *w, float ep
 }
 
 /* Rotate the q and k heads of each row by (cos, sin) [n, D / 2] of the row's position, write q to
- * q_out [n, H, D], and k, v to slots start + r of the layer's caches [G, cap, D]. */
-void specula_rope_write(const float *qkv, const float *cos_, const float *sin_, float *q_out, float *k_cache,
-                        float *v_cache, int n, int heads, int kv_heads, int d, int cap, int start) {
+ * q_out [n, H, D], and k, v to slots start + r of the layer's caches [G, cap, D]. Pair j is dims
+ * (2j, 2j + 1) (the decoder's pair layout) or, `halves`, (j, j + D / 2) (rotate-half layout). */
+static void rope_write_rows(const float *qkv, const float *cos_, const float *sin_, float *q_out, float *k_cache,
+                            float *v_cache, int n, int heads, int kv_heads, int d, int cap, int start, int halves) {
     int half = d / 2, width = (heads + 2 * kv_heads) * d;
     for (int r = 0; r < n; r++) {
         const float *row = qkv + (size_t)r * width;
@@ -41,9 +42,10 @@ void specula_rope_write(const float *qkv, const float *cos_, const float *sin_, 
             float *dst = h < heads ? q_out + ((size_t)r * heads + h) * d
                                    : k_cache + ((size_t)(h - heads) * cap + start + r) * d;
             for (int j = 0; j < half; j++) {
-                float a = src[2 * j], b = src[2 * j + 1];
-                dst[2 * j] = a * c[j] - b * s[j];
-                dst[2 * j + 1] = a * s[j] + b * c[j];
+                int i0 = halves ? j : 2 * j, i1 = halves ? j + half : 2 * j + 1;
+                float a = src[i0], b = src[i1];
+                dst[i0] = a * c[j] - b * s[j];
+                dst[i1] = a * s[j] + b * c[j];
             }
         }
         for (int g = 0; g < kv_heads; g++) {
@@ -52,6 +54,18 @@ void specula_rope_write(const float *qkv, const float *cos_, const float *sin_, 
             for (int j = 0; j < d; j++) dst[j] = src[j];
         }
     }
+}
+
+/* The decoder's RoPE + cache write (pair layout). */
+void specula_rope_write(const float *qkv, const float *cos_, const float *sin_, float *q_out, float *k_cache,
+                        float *v_cache, int n, int heads, int kv_heads, int d, int cap, int start) {
+    rope_write_rows(qkv, cos_, sin_, q_out, k_cache, v_cache, n, heads, kv_heads, d, cap, start, 0);
+}
+
+/* The same in rotate-half layout (an EAGLE head's q and k, as Llama's reference code lays them out). */
+void specula_rope_write_half(const float *qkv, const float *cos_, const float *sin_, float *q_out, float *k_cache,
+                             float *v_cache, int n, int heads, int kv_heads, int d, int cap, int start) {
+    rope_write_rows(qkv, cos_, sin_, q_out, k_cache, v_cache, n, heads, kv_heads, d, cap, start, 1);
 }
 
 static inline float dot(const float *a, const float *b, int d) {
