@@ -15,6 +15,8 @@ Shapes: T rows, E hidden, H query heads, G KV heads, D head dim, I MLP width, P 
 
 from __future__ import annotations
 
+import threading
+
 import torch
 
 from specula.drafters.heads.eagle import EagleHead, KVBuffer
@@ -47,7 +49,7 @@ class KernelHeadPass:
         cfg = module.cfg
         self.eps = float(cfg.rms_norm_eps)
         self.eagle3 = bool(cfg.feature_layers)
-        self._scores = torch.empty(0, dtype=torch.float32)  # attention scratch, grown on demand
+        self._scratch = threading.local()  # each thread's attention scores, grown on demand (a head serves many requests)
 
     @torch.inference_mode()
     def __call__(self, emb: torch.Tensor, feat: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor | None,
@@ -73,10 +75,8 @@ class KernelHeadPass:
         lib.specula_rope_write_half(qkv.data_ptr(), cos.data_ptr(), sin.data_ptr(), q.data_ptr(), keys.data_ptr(),
                                     values.data_ptr(), t, h, g, d, cache.capacity, at)
         seen = at - lo  # cached keys these rows may see (P)
-        need = t * h * (seen + t)
-        if self._scores.numel() < need:
-            self._scores = torch.empty(max(need, 2 * self._scores.numel()))
-        att = kernel_attention(q, keys[:, lo:], values[:, lo:], mask, seen, torch.empty((t, h, d)), self._scores)
+        att = kernel_attention(q, keys[:, lo:], values[:, lo:], mask, seen, torch.empty((t, h, d)),
+                               self._scores(t * h * (seen + t)))
         o = m.wo.into(att.view(t, h * d), torch.empty((t, e)))  # [T, E]
         normed = torch.empty((t, e))
         lib.specula_add_rms_norm(x.data_ptr(), o.data_ptr(), m.post_norm.data_ptr(), self.eps, normed.data_ptr(), t, e)
@@ -91,3 +91,10 @@ class KernelHeadPass:
         else:  # eagle: the output is the predicted final-normed feature itself
             states = x.add_(down)
         return x, states
+
+    def _scores(self, size: int) -> torch.Tensor:
+        """This thread's attention scratch of at least `size` floats."""
+        buf = getattr(self._scratch, "scores", None)
+        if buf is None or buf.numel() < size:
+            buf = self._scratch.scores = torch.empty(max(size, 2 * (0 if buf is None else buf.numel())))
+        return buf
