@@ -264,12 +264,9 @@ class HeadState:
         self.extra_rows = rows if self.extra_rows is None else torch.cat([self.extra_rows, rows])
         self._index = None
 
-    def logits(self, out: torch.Tensor, states: torch.Tensor | None = None) -> torch.Tensor:
+    def logits(self, out: torch.Tensor) -> torch.Tensor:
         """The head's output [..., E] -> logits over the draft vocabulary and this request's context
-        vocabulary [..., V_draft + len(extra)]; `states`: its output states when a kernel pass gave
-        them (`TrainedHead.state_logits`)."""
-        if states is not None:
-            return self.head.state_logits(states, self.extra_rows)
+        vocabulary [..., V_draft + len(extra)]."""
         return self.head.logits(out, self.extra_rows)
 
     def token_ids(self, indices: Sequence[int]) -> list[int]:
@@ -329,7 +326,7 @@ class EagleState(HeadState):
         self.window = head.window  # keys a row attends to (None: every committed pair)
         self.first = 0  # rows first .. fed - 1 were computed (a window skips the ones before)
         self.last: torch.Tensor | None = None  # output of the last committed pair [E]
-        self.last_states: torch.Tensor | None = None  # its output states [E] when a kernel pass ran it
+        self.last_states: torch.Tensor | None = None  # its output states [E] (what the output rows read)
         self.rows: dict[int, int] = {}  # proposal node -> scratch row (cache row fed + row)
         self.out: dict[int, torch.Tensor] = {}  # proposal node (-1: root) -> predicted feature [E]
         self.ancestors: list[list[int]] = []  # scratch row -> scratch rows it sees (itself included)
@@ -358,27 +355,26 @@ class EagleState(HeadState):
             device = self.cache.keys.device
             pos = torch.arange(a, root_pos, device=device)[None]
             mask = None if not w else window_mask(torch.arange(a, root_pos), lo, root_pos, w).to(device)[None]
-            out, states = self._run(emb, feats, pos, mask, a, lo)  # [new, E] each (states: kernel pass only)
-            self.fed, self.last = root_pos, out[-1]
-            self.last_states = None if states is None else states[-1]
+            out, states = self._run(emb, feats, pos, mask, a, lo)  # [new, E] each
+            self.fed, self.last, self.last_states = root_pos, out[-1], states[-1]
             del self.pending[:new]
             self.start += new
         if self.last is None:
             return None
         self.rows, self.ancestors, self.depth = {}, [], {}
         self.out = {-1: self.last}
-        return self.logits(self.last, self.last_states)
+        return self.head.state_logits(self.last_states, self.extra_rows)
 
     def _run(self, emb: torch.Tensor, feats: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor | None, at: int,
-             lo: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+             lo: int) -> tuple[torch.Tensor, torch.Tensor]:
         """One head pass of this sequence's rows (emb, feats [1, T, E], pos [1, T], mask [1, T, P + T]
-        or None) written at cache rows at ..: (out [T, E], output states [T, E] from the kernel pass,
-        else None)."""
+        or None) written at cache rows at ..: (out [T, E], its output states [T, E]), on the kernel
+        pass where the head has one, else the module's forward."""
         run = self.head.kernel_pass
         if run is not None:
             return run(emb[0], feats[0], pos[0], None if mask is None else mask[0], self.cache, at, lo)
         out, _ = self.head.module(emb, feats, pos, mask=mask, cache=self.cache, at=at, lo=lo)
-        return out[0], None
+        return out[0], self.head.module.output_states(out[0])
 
     @torch.inference_mode()
     def feed(self, nodes: Sequence[int], tokens: Sequence[int], parents: Sequence[int]) -> torch.Tensor:
@@ -407,7 +403,7 @@ class EagleState(HeadState):
         pos = torch.tensor([self.fed - 1 + d for d in depths], device=device)[None]
         out, states = self._run(emb, feats, pos, mask.to(device)[None], self.fed + first, lo)
         self.out.update(zip(nodes, out.unbind(0)))
-        return self.logits(out, states)
+        return self.head.state_logits(states, self.extra_rows)
 
     def finish(self, accepted: Sequence[int]) -> None:
         self.rows, self.out, self.ancestors, self.depth = {}, {}, [], {}
