@@ -97,27 +97,39 @@ static float *pack_rows(const float *x, int M, int in, int mr) {
 static FLOAT_BLOCK_ITEM(f32_block, float, MR, SWITCH_ROWS, LOAD_F32, NULL)
 static FLOAT_BLOCK_ITEM(w8_block, int8_t, MR, SWITCH_ROWS, LOAD_W8, scale)
 
-/* One f32 or w8 call: the AVX-512 item (groups of MRZ rows, one zmm of 16 columns per row) where it
- * runs and the call has more rows than one AVX2 group holds, else the AVX2 item. */
+/* One f32 or w8 call: the AVX-512 items (groups of MRZ rows, one zmm of 16 columns per row) where
+ * they run and the call has more rows than one AVX2 group holds, else the AVX2 item. AVX-512 reads
+ * the rows of a decoding or verification call where they lie in x: packing them cost more than
+ * it saved (150 calls over SmolLM2-sized [1536, 576] f32 weights, 2 threads, medians of two runs:
+ * 8 / 24 rows 27.1, 25.4 / 39.8, 38.7 ms packed -> 25.2, 23.5 / 37.0, 35.3 read where they lie; 16
+ * rows within noise); a prompt's rows (PANEL_ROWS or more, panels of blocks) are packed per group,
+ * which its 16-row groups read faster (256 rows: 294 ms packed, 320 where they lie). Which rows are read
+ * how never changes a sum: every output is the same FMA chain over i either way. y must not overlap x
+ * (no caller passes one over the other). */
 static void linear_float(const float *x, const void *wp, const float *scale, const float *b, float *y, int M, int in,
-                         int out, int threads, specula_item_fn avx2_fn, specula_item_fn avx512_fn) {
+                         int out, int threads, specula_item_fn avx2_fn, specula_item_fn avx512_block_fn,
+                         specula_item_fn avx512_panel_fn) {
     int wide = M > MR && specula_isa(), mr = wide ? MRZ : MR;
-    float *xp = pack_rows(x, M, in, mr);
+    int direct = wide && M < PANEL_ROWS;
+    float *xp = direct ? (float *)x : pack_rows(x, M, in, mr);
     int panel = panel_blocks(M, out, threads), blocks = (out + NB - 1) / NB;
     struct linear_job job = {.xp = xp, .wp = wp, .scale = scale, .b = b, .y = y, .M = M, .in = in, .out = out,
                              .groups = (M + mr - 1) / mr, .panel = panel};
-    specula_parallel(threads, (blocks + panel - 1) / panel, wide ? avx512_fn : avx2_fn, &job);
-    free(xp);
+    specula_item_fn fn = !wide ? avx2_fn : direct ? avx512_block_fn : avx512_panel_fn;
+    specula_parallel(threads, (blocks + panel - 1) / panel, fn, &job);
+    if (!direct) free(xp);
 }
 
 void specula_linear_f32(const float *x, const float *wp, const float *b, float *y, int M, int in, int out,
                         int threads) {
-    linear_float(x, wp, NULL, b, y, M, in, out, threads, f32_block, specula_f32_block_avx512);
+    linear_float(x, wp, NULL, b, y, M, in, out, threads, f32_block, specula_f32_block_avx512,
+                 specula_f32_panel_avx512);
 }
 
 void specula_linear_w8(const float *x, const int8_t *wp, const float *scale, const float *b, float *y, int M, int in,
                        int out, int threads) {
-    linear_float(x, wp, scale, b, y, M, in, out, threads, w8_block, specula_w8_block_avx512);
+    linear_float(x, wp, scale, b, y, M, in, out, threads, w8_block, specula_w8_block_avx512,
+                 specula_w8_panel_avx512);
 }
 
 

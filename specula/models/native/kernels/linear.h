@@ -13,7 +13,7 @@ typedef void (*specula_item_fn)(void *ctx, int item);
 
 /* One call's operands, shared by the items (column blocks) `specula_parallel` hands out. */
 struct linear_job {
-    const float *xp;       /* f32 / w8: x packed per group of MR rows */
+    const float *xp;       /* f32 / w8: x packed per group of MR rows, or x itself [M][in] (AVX-512 blocks) */
     const int8_t *xq;      /* i8: x quantized per row, in4 wide (AVX-512: offset by 128, as uint8) */
     const float *xs;       /* i8: the rows' scales */
     const void *wp;
@@ -120,9 +120,12 @@ static inline int panel_blocks(int M, int out, int threads) {
         for (int m0 = 0; m0 < M; m0 += GROUP) SWITCH()                                               \
     }
 
-/* linear_avx512.c: f32 / w8 over one column block, rows packed per group of MRZ. */
+/* linear_avx512.c: f32 / w8 over one column block (item) with the rows where they lie in x (calls of
+ * fewer than PANEL_ROWS rows), or over a panel of blocks with the rows packed per group of MRZ. */
 void specula_f32_block_avx512(void *job, int bk);
 void specula_w8_block_avx512(void *job, int bk);
+void specula_f32_panel_avx512(void *job, int item);
+void specula_w8_panel_avx512(void *job, int item);
 
 /* linear_avx512.c: i8 over one column block with VNNI (`vpdpbusd`), every row group of the call;
  * needs j->xq offset by 128 (linear.c's quantize_rows with `offset`). */
