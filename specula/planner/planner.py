@@ -128,12 +128,6 @@ class PlannerConfig:
     back (prompt lookup, retrieval: little to save, and their hits come in bursts)."""
     max_hold: int = 16
     """Longest run of a request's steps a drafter sits out before it drafts again (a probe)."""
-    first_trial: int = 2
-    """Steps the costliest drafter drafts in a request before its first trial: a step it sits out
-    although it pays by the evidence so far, so that the steps without it are measured too
-    (`HardwarePlanner.adds_beside`); the gaps between trials then double up to `max_trial`."""
-    max_trial: int = 32
-    """Longest gap between two trials of a drafter that keeps paying."""
 
 
 @dataclass
@@ -191,11 +185,8 @@ class PlannerState:
     """The drafters that sit this step out (set by `should_draft`)."""
     probing: frozenset[str] = frozenset()
     """The drafters that draft this step although measured not to pay: probes, judged afresh."""
-    trials: dict[str, Pause] = field(default_factory=dict)
-    """Per drafter that pays beside the others: steps left before its next trial (a step it sits
-    out, so the steps without it are measured), and the gap after it (doubling)."""
     held_steps: dict[str, int] = field(default_factory=dict)
-    """Per drafter: the steps it sat out, trials included (for the request's summary)."""
+    """Per drafter: the steps it sat out (for the request's summary)."""
     last_drafted: frozenset[str] = frozenset()
     """The drafters that proposed nodes on this request's previous step (their drafting time then
     had no catch-up in it)."""
@@ -293,7 +284,6 @@ class HardwarePlanner:
         self._steady_draft = Ema(config.overhead_ema)  # drafting seconds of steps right after a drafting step
         self._batch_backoff: dict[int, BatchBackoff] = {}  # per batch size
         self._evidence: dict[str, list[float]] = {}  # hold-back, per drafter, decayed sums: tokens, seconds with it; without
-        self._measured_without: dict[str, list[float]] = {}  # per drafter, decayed sums: tokens, seconds of steps it sat out
         self._steady_seconds: dict[str, Ema] = {}  # per drafter: drafting seconds of a step right after one
 
     # ------------------------------------------------------------------ per request
@@ -325,47 +315,22 @@ class HardwarePlanner:
 
     def _hold(self, state: PlannerState) -> frozenset[str]:
         """The drafters that sit this step out: those measured to add less than they cost beside the
-        others (`adds_beside`), except on probe steps (after 1, 2, 4, ... held steps); and the
-        costliest drafter on its trial steps, though it pays (`first_trial`). While the costliest
-        sits out, nothing else does: the others were held for what they add beside it."""
+        others (`adds_beside`), except on probe steps (after 1, 2, 4, ... held steps)."""
         held, probing = [], []
-        costliest = self._costliest()
         for name in self._evidence:
             if self.adds_beside(name):
                 state.holds.pop(name, None)
-                if name == costliest:
-                    first = self.config.first_trial
-                    trial = state.trials.setdefault(name, Pause(left=first, next=2 * first))
-                    if not trial.waiting():
-                        trial.lose(self.config.max_trial)
-                        held.append(name)
                 continue
             # found out on this request's last step: held at once; else (a new request) probed first
             hold = state.holds.setdefault(name, Pause(left=int(name in state.last_drafted)))
             if hold.waiting():
                 held.append(name)
+                state.held_steps[name] = state.held_steps.get(name, 0) + 1
             else:  # a probe: it drafts this step; if it still does not pay, it sits out longer
                 hold.lose(self.config.max_hold)
                 probing.append(name)
-        if costliest in held:
-            held = [costliest]
-        for name in held:
-            state.held_steps[name] = state.held_steps.get(name, 0) + 1
         state.probing = frozenset(probing)
         return frozenset(held)
-
-    def _costliest(self) -> str | None:
-        """The drafter that has trials: the one with the longest steady drafting time, where two or
-        more timed drafters cost over `hold_min_cost` of a plain step (a costly drafter after it may
-        draft less beside it, so its modelled steps without it undercount, `adds_beside`); None
-        otherwise (beside prompt lookup alone the model holds, and a lone drafter is judged against
-        plain steps by the back-off)."""
-        costly = [(steady.value, name) for name, steady in self._steady_seconds.items()
-                  if steady.value is not None and not self.is_cheap(name)]
-        if len(costly) < 2:
-            return None
-        name = max(costly)[1]
-        return name if name in self._evidence else None
 
     def is_cheap(self, name: str) -> bool:
         """Whether drafter `name` is known to draft in under `hold_min_cost` of a plain step (never held
@@ -375,21 +340,13 @@ class HardwarePlanner:
             steady.value < self.config.hold_min_cost * self.cost.estimate(1)
 
     def adds_beside(self, name: str) -> bool:
-        """Whether drafter `name` realised at least as many tokens/s on its recent steps as the steps
-        without it: the steps it sat out (held or on trial) once some are measured, else the same
-        steps as it drafted, without its nodes and its drafting time (True: no evidence yet, or it
-        costs under `hold_min_cost` of a plain step). Measured beats modelled: a drafter that
-        drafts after it is valued beside its chain (a trained head after the draft model) proposes
-        less than it would alone, so the modelled steps without it undercount the others (on
-        Qwen2.5-Coder-1.5B's chat prompts the draft model was never held and `fusion` ran below
-        its head alone)."""
+        """Whether drafter `name` realised at least as many tokens/s on its recent steps as the same
+        steps would have without its nodes and its drafting time (True: no evidence yet, or it costs
+        under `hold_min_cost` of a plain step)."""
         sums = self._evidence.get(name)
         if sums is None or self.is_cheap(name):
             return True
         tokens, seconds, tokens_without, seconds_without = sums
-        measured = self._measured_without.get(name)
-        if measured is not None:
-            tokens_without, seconds_without = measured
         return tokens * seconds_without >= tokens_without * seconds
 
     def view(self, proposals: Sequence[Proposal], draft_seconds: float) -> PlannerView:
@@ -717,6 +674,8 @@ class HardwarePlanner:
                 steady.update(seconds)
             if steady.value is not None:
                 counted[name] = min(seconds, steady.value)
+        if not counted:
+            return
         tree, path = step.proposal.tree, step.path
         n = len(tree)
         # the step's drafting (planning and drafters that proposed nothing included; each timed drafter
@@ -725,13 +684,6 @@ class HardwarePlanner:
                    + sum(counted.get(name, raw) for name, raw in spent.items()) + self._overhead.get())
         with_it = seconds + self.cost.verify_seconds(n + 1)
         d = self.config.hold_decay
-        for name in state.held:  # a step without it, measured
-            if name in self._evidence:
-                sums = self._measured_without.setdefault(name, [0.0, 0.0])
-                sums[0] = d * sums[0] + 1 + len(path)
-                sums[1] = d * sums[1] + with_it
-        if not counted:
-            return
         for name, own in counted.items():
             if any(other != name and cost > own for other, cost in counted.items()):
                 continue  # a costlier drafter drafted beside it: two that propose alike would each look idle
