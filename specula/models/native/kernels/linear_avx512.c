@@ -84,10 +84,66 @@ __attribute__((target("avx512f,avx512bw")))
 FLOAT_BLOCK_ITEM(specula_f32_block_avx512, float, MRZ, ZMM_SWITCH_ROWS, ZMM_LOAD_F32, NULL)
 __attribute__((target("avx512f,avx512bw")))
 FLOAT_BLOCK_ITEM(specula_w8_block_avx512, int8_t, MRZ, ZMM_SWITCH_ROWS, ZMM_LOAD_W8, scale)
+/* A prompt's panels: each group of rows runs over the panel's blocks in chunks of KC inputs, so the
+ * group's packed chunk (KC x MRZ floats, 8 KB) stays in L1 while the panel's blocks stream past it,
+ * where a whole group (36-573 KB) came back from L2 for every block. Between chunks a block's
+ * accumulators wait in `acc` (stored and reloaded exactly), so every output is still the one FMA
+ * chain over i = 0, 1, ... of the other items. */
+#define KC 128
+#define ZMM_CHUNK_BODY(MB, LOAD, SCALE)                                                              \
+    do {                                                                                             \
+        __m512 a[MB];                                                                                \
+        for (int m = 0; m < MB; m++) a[m] = c0 ? _mm512_load_ps(acc[m]) : _mm512_setzero_ps();       \
+        for (int i = c0; i < c1; i++) {                                                              \
+            __m512 w;                                                                                \
+            PREFETCH_W(wb, (size_t)(i) * NB * sizeof(*wb));                                          \
+            LOAD(i);                                                                                 \
+            for (int m = 0; m < MB; m++) a[m] = _mm512_fmadd_ps(w, _mm512_set1_ps(ZMM_X_PACKED(i, m)), a[m]); \
+        }                                                                                            \
+        for (int m = 0; m < MB; m++) _mm512_store_ps(acc[m], a[m]);                                  \
+        if (c1 == in) store_rows(acc, y, SCALE, b, m0, MB, o0, nc, out);                             \
+    } while (0)
+
+#define ZMM_CHUNK_CASE(MB, LOAD, SCALE) case MB: ZMM_CHUNK_BODY(MB, LOAD, SCALE); break;
+
+#define PANEL_ITEM(NAME, WTYPE, LOAD, SCALE)                                                         \
+    void NAME(void *arg, int item) {                                                                 \
+        const struct linear_job *j = arg;                                                            \
+        const float *b = j->b, *scale = j->scale;                                                    \
+        float *y = j->y;                                                                             \
+        int M = j->M, in = j->in, out = j->out, blocks = (out + NB - 1) / NB;                        \
+        int bk0 = item * j->panel, bk1 = bk0 + j->panel < blocks ? bk0 + j->panel : blocks;          \
+        float panel_acc[PANEL][MRZ][NB] __attribute__((aligned(64)));                                \
+        (void)scale;                                                                                 \
+        for (int gr = 0; gr < j->groups; gr++) {                                                     \
+            int m0 = gr * MRZ;                                                                       \
+            const float *xg = j->xp + (size_t)gr * in * MRZ;                                         \
+            for (int c0 = 0; c0 < in; c0 += KC) {                                                    \
+                int c1 = in - c0 < KC ? in : c0 + KC;                                                \
+                for (int bk = bk0; bk < bk1; bk++) {                                                 \
+                    const WTYPE *wb = (const WTYPE *)j->wp + (size_t)bk * in * NB;                   \
+                    int o0 = bk * NB, nc = out - o0 < NB ? out - o0 : NB;                            \
+                    float(*acc)[NB] = panel_acc[bk - bk0];                                           \
+                    switch (M - m0 < MRZ ? M - m0 : MRZ) {                                           \
+                        ZMM_CHUNK_CASE(1, LOAD, SCALE) ZMM_CHUNK_CASE(2, LOAD, SCALE)                \
+                        ZMM_CHUNK_CASE(3, LOAD, SCALE) ZMM_CHUNK_CASE(4, LOAD, SCALE)                \
+                        ZMM_CHUNK_CASE(5, LOAD, SCALE) ZMM_CHUNK_CASE(6, LOAD, SCALE)                \
+                        ZMM_CHUNK_CASE(7, LOAD, SCALE) ZMM_CHUNK_CASE(8, LOAD, SCALE)                \
+                        ZMM_CHUNK_CASE(9, LOAD, SCALE) ZMM_CHUNK_CASE(10, LOAD, SCALE)               \
+                        ZMM_CHUNK_CASE(11, LOAD, SCALE) ZMM_CHUNK_CASE(12, LOAD, SCALE)              \
+                        ZMM_CHUNK_CASE(13, LOAD, SCALE) ZMM_CHUNK_CASE(14, LOAD, SCALE)              \
+                        ZMM_CHUNK_CASE(15, LOAD, SCALE)                                              \
+                        default: ZMM_CHUNK_BODY(16, LOAD, SCALE); break;                             \
+                    }                                                                                \
+                }                                                                                    \
+            }                                                                                        \
+        }                                                                                            \
+    }
+
 __attribute__((target("avx512f,avx512bw")))
-FLOAT_BLOCK_ITEM(specula_f32_panel_avx512, float, MRZ, ZMM_SWITCH_PACKED, ZMM_LOAD_F32, NULL)
+PANEL_ITEM(specula_f32_panel_avx512, float, ZMM_LOAD_F32, NULL)
 __attribute__((target("avx512f,avx512bw")))
-FLOAT_BLOCK_ITEM(specula_w8_panel_avx512, int8_t, MRZ, ZMM_SWITCH_PACKED, ZMM_LOAD_W8, scale)
+PANEL_ITEM(specula_w8_panel_avx512, int8_t, ZMM_LOAD_W8, scale)
 
 /* i8: rows m0 .. m0 + MB over the column block at wb (u = q + 128, minus 128 x the column sums). */
 #define VNNI_BODY(MB)                                                                                \
