@@ -85,7 +85,8 @@ static inline int panel_blocks(int M, int out, int threads) {
 
 /* The item function of one float-activation weight kind (f32, w8) for a group size GROUP: every row
  * group of the call over column block `bk`, the group's rows run by SWITCH(LOAD, SCALE) (which
- * reads m0, xg, in, wb, y, b, o0, nc, out, M). Both variants' items (linear.c, linear_avx512.c). */
+ * reads m0, xg, in, wb, y, b, o0, nc, out, M). The AVX2 items (linear.c) and AVX-512's blocks for
+ * rows where they lie (linear_avx512.c; its prompt panels run in chunks of inputs, `PANEL_ITEM`). */
 #define FLOAT_BLOCK_ITEM(NAME, WTYPE, GROUP, SWITCH, LOAD, SCALE)                                    \
     void NAME(void *arg, int item) {                                                                 \
         const struct linear_job *j = arg;                                                            \
