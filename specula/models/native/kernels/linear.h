@@ -83,18 +83,23 @@ static inline int panel_blocks(int M, int out, int threads) {
     return PANEL;
 }
 
+/* What a float-activation item (`arg`, `item`) reads of its job: the operands, and its column blocks
+ * bk0 .. bk1 (a panel of them, or one). */
+#define FLOAT_ITEM_OPERANDS                                                                          \
+    const struct linear_job *j = arg;                                                                \
+    const float *b = j->b, *scale = j->scale;                                                        \
+    float *y = j->y;                                                                                 \
+    int M = j->M, in = j->in, out = j->out, blocks = (out + NB - 1) / NB;                            \
+    int bk0 = item * j->panel, bk1 = bk0 + j->panel < blocks ? bk0 + j->panel : blocks;              \
+    (void)scale;
+
 /* The item function of one float-activation weight kind (f32, w8) for a group size GROUP: every row
  * group of the call over column block `bk`, the group's rows run by SWITCH(LOAD, SCALE) (which
  * reads m0, xg, in, wb, y, b, o0, nc, out, M). The AVX2 items (linear.c) and AVX-512's blocks for
  * rows where they lie (linear_avx512.c; its prompt panels run in chunks of inputs, `PANEL_ITEM`). */
 #define FLOAT_BLOCK_ITEM(NAME, WTYPE, GROUP, SWITCH, LOAD, SCALE)                                    \
     void NAME(void *arg, int item) {                                                                 \
-        const struct linear_job *j = arg;                                                            \
-        const float *b = j->b, *scale = j->scale;                                                    \
-        float *y = j->y;                                                                             \
-        int M = j->M, in = j->in, out = j->out, blocks = (out + NB - 1) / NB;                        \
-        int bk0 = item * j->panel, bk1 = bk0 + j->panel < blocks ? bk0 + j->panel : blocks;          \
-        (void)scale;                                                                                 \
+        FLOAT_ITEM_OPERANDS                                                                          \
         for (int gr = 0; gr < j->groups; gr++) {                                                     \
             int m0 = gr * GROUP;                                                                     \
             const float *xg = j->xp + (size_t)gr * in * GROUP;                                       \

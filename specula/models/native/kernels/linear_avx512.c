@@ -108,13 +108,8 @@ FLOAT_BLOCK_ITEM(specula_w8_block_avx512, int8_t, MRZ, ZMM_SWITCH_ROWS, ZMM_LOAD
 
 #define PANEL_ITEM(NAME, WTYPE, LOAD, SCALE)                                                         \
     void NAME(void *arg, int item) {                                                                 \
-        const struct linear_job *j = arg;                                                            \
-        const float *b = j->b, *scale = j->scale;                                                    \
-        float *y = j->y;                                                                             \
-        int M = j->M, in = j->in, out = j->out, blocks = (out + NB - 1) / NB;                        \
-        int bk0 = item * j->panel, bk1 = bk0 + j->panel < blocks ? bk0 + j->panel : blocks;          \
+        FLOAT_ITEM_OPERANDS                                                                          \
         float panel_acc[PANEL][MRZ][NB] __attribute__((aligned(64)));                                \
-        (void)scale;                                                                                 \
         for (int gr = 0; gr < j->groups; gr++) {                                                     \
             int m0 = gr * MRZ;                                                                       \
             const float *xg = j->xp + (size_t)gr * in * MRZ;                                         \
