@@ -103,9 +103,10 @@ static FLOAT_BLOCK_ITEM(w8_block, int8_t, MR, SWITCH_ROWS, LOAD_W8, scale)
  * it saved (150 calls over SmolLM2-sized [1536, 576] f32 weights, 2 threads, medians of two runs:
  * 8 / 24 rows 27.1, 25.4 / 39.8, 38.7 ms packed -> 25.2, 23.5 / 37.0, 35.3 read where they lie; 16
  * rows within noise); a prompt's rows (PANEL_ROWS or more, panels of blocks) are packed per group,
- * which its 16-row groups read faster (256 rows: 294 ms packed, 320 where they lie). Which rows are read
- * how never changes a sum: every output is the same FMA chain over i either way. y must not overlap x
- * (no caller passes one over the other). */
+ * which its 16-row groups read faster (256 rows: 294 ms packed, 320 where they lie; 269 packed and
+ * run in chunks of inputs, `PANEL_ITEM`). Which rows are read how never changes a sum: every output
+ * is the same FMA chain over i either way. y must not overlap x (no caller passes one over the
+ * other). */
 static void linear_float(const float *x, const void *wp, const float *scale, const float *b, float *y, int M, int in,
                          int out, int threads, specula_item_fn avx2_fn, specula_item_fn avx512_block_fn,
                          specula_item_fn avx512_panel_fn) {

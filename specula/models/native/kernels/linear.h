@@ -127,7 +127,8 @@ static inline int panel_blocks(int M, int out, int threads) {
     }
 
 /* linear_avx512.c: f32 / w8 over one column block (item) with the rows where they lie in x (calls of
- * fewer than PANEL_ROWS rows), or over a panel of blocks with the rows packed per group of MRZ. */
+ * fewer than PANEL_ROWS rows), or over a panel of blocks with the rows packed per group of MRZ (in
+ * chunks of inputs). */
 void specula_f32_block_avx512(void *job, int bk);
 void specula_w8_block_avx512(void *job, int bk);
 void specula_f32_panel_avx512(void *job, int item);

@@ -43,12 +43,10 @@ int specula_isa(void) {
     return isa;
 }
 
-/* f32 / w8: rows m0 .. m0 + MB of the group at xg over the column block at wb. LOAD(i) yields w;
- * X(i, m) reads row m's input i: rows where they lie (`in` apart, ZMM_X_ROWS: decoding and
- * verification, no packed copy) or packed per group (ZMM_X_PACKED: prompts, see linear_float). */
-#define ZMM_X_ROWS(i, m) xg[(size_t)(m) * in + (i)]
-#define ZMM_X_PACKED(i, m) xg[(size_t)(i) * MRZ + (m)]
-#define ZMM_BODY(MB, LOAD, SCALE, X)                                                                 \
+/* f32 / w8: rows m0 .. m0 + MB of a decoding or verification call over the column block at wb, the
+ * rows read where they lie in x (the group's first at xg, `in` apart: no packed copy, see
+ * linear_float). LOAD(i) yields w. */
+#define ZMM_BODY(MB, LOAD, SCALE)                                                                    \
     do {                                                                                             \
         __m512 a[MB];                                                                                \
         for (int m = 0; m < MB; m++) a[m] = _mm512_setzero_ps();                                     \
@@ -56,7 +54,7 @@ int specula_isa(void) {
             __m512 w;                                                                                \
             PREFETCH_W(wb, (size_t)(i) * NB * sizeof(*wb));                                          \
             LOAD(i);                                                                                 \
-            for (int m = 0; m < MB; m++) a[m] = _mm512_fmadd_ps(w, _mm512_set1_ps(X(i, m)), a[m]);   \
+            for (int m = 0; m < MB; m++) a[m] = _mm512_fmadd_ps(w, _mm512_set1_ps(xg[(size_t)m * in + i]), a[m]); \
         }                                                                                            \
         float acc[MB][NB];                                                                           \
         for (int m = 0; m < MB; m++) _mm512_storeu_ps(acc[m], a[m]);                                 \
@@ -66,26 +64,25 @@ int specula_isa(void) {
 #define ZMM_LOAD_F32(i) w = _mm512_loadu_ps(wb + (size_t)(i) * NB)
 #define ZMM_LOAD_W8(i) w = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(wb + (size_t)(i) * NB))))
 
-#define ZMM_CASE(MB, LOAD, SCALE, X) case MB: ZMM_BODY(MB, LOAD, SCALE, X); break;
+#define ZMM_CASE(MB, LOAD, SCALE) case MB: ZMM_BODY(MB, LOAD, SCALE); break;
 
-#define ZMM_SWITCH_X(LOAD, SCALE, X)                                                                 \
+#define ZMM_SWITCH(LOAD, SCALE)                                                                      \
     switch (M - m0 < MRZ ? M - m0 : MRZ) {                                                           \
-        ZMM_CASE(1, LOAD, SCALE, X) ZMM_CASE(2, LOAD, SCALE, X) ZMM_CASE(3, LOAD, SCALE, X)          \
-        ZMM_CASE(4, LOAD, SCALE, X) ZMM_CASE(5, LOAD, SCALE, X) ZMM_CASE(6, LOAD, SCALE, X)          \
-        ZMM_CASE(7, LOAD, SCALE, X) ZMM_CASE(8, LOAD, SCALE, X) ZMM_CASE(9, LOAD, SCALE, X)          \
-        ZMM_CASE(10, LOAD, SCALE, X) ZMM_CASE(11, LOAD, SCALE, X) ZMM_CASE(12, LOAD, SCALE, X)       \
-        ZMM_CASE(13, LOAD, SCALE, X) ZMM_CASE(14, LOAD, SCALE, X) ZMM_CASE(15, LOAD, SCALE, X)       \
-        default: ZMM_BODY(16, LOAD, SCALE, X); break;                                                \
+        ZMM_CASE(1, LOAD, SCALE) ZMM_CASE(2, LOAD, SCALE) ZMM_CASE(3, LOAD, SCALE)                   \
+        ZMM_CASE(4, LOAD, SCALE) ZMM_CASE(5, LOAD, SCALE) ZMM_CASE(6, LOAD, SCALE)                   \
+        ZMM_CASE(7, LOAD, SCALE) ZMM_CASE(8, LOAD, SCALE) ZMM_CASE(9, LOAD, SCALE)                   \
+        ZMM_CASE(10, LOAD, SCALE) ZMM_CASE(11, LOAD, SCALE) ZMM_CASE(12, LOAD, SCALE)                \
+        ZMM_CASE(13, LOAD, SCALE) ZMM_CASE(14, LOAD, SCALE) ZMM_CASE(15, LOAD, SCALE)                \
+        default: ZMM_BODY(16, LOAD, SCALE); break;                                                   \
     }
-#define ZMM_SWITCH_ROWS(LOAD, SCALE) ZMM_SWITCH_X(LOAD, SCALE, ZMM_X_ROWS)
-#define ZMM_SWITCH_PACKED(LOAD, SCALE) ZMM_SWITCH_X(LOAD, SCALE, ZMM_X_PACKED)
 
 __attribute__((target("avx512f,avx512bw")))
-FLOAT_BLOCK_ITEM(specula_f32_block_avx512, float, MRZ, ZMM_SWITCH_ROWS, ZMM_LOAD_F32, NULL)
+FLOAT_BLOCK_ITEM(specula_f32_block_avx512, float, MRZ, ZMM_SWITCH, ZMM_LOAD_F32, NULL)
 __attribute__((target("avx512f,avx512bw")))
-FLOAT_BLOCK_ITEM(specula_w8_block_avx512, int8_t, MRZ, ZMM_SWITCH_ROWS, ZMM_LOAD_W8, scale)
+FLOAT_BLOCK_ITEM(specula_w8_block_avx512, int8_t, MRZ, ZMM_SWITCH, ZMM_LOAD_W8, scale)
+
 /* A prompt's panels: each group of rows runs over the panel's blocks in chunks of KC inputs, so the
- * group's packed chunk (KC x MRZ floats, 8 KB) stays in L1 while the panel's blocks stream past it,
+ * group's packed chunk (xg[i][MRZ] for KC inputs i, 8 KB) stays in L1 while the panel's blocks stream past it,
  * where a whole group (36-573 KB) came back from L2 for every block. Between chunks a block's
  * accumulators wait in `acc` (stored and reloaded exactly), so every output is still the one FMA
  * chain over i = 0, 1, ... of the other items. */
@@ -98,7 +95,7 @@ FLOAT_BLOCK_ITEM(specula_w8_block_avx512, int8_t, MRZ, ZMM_SWITCH_ROWS, ZMM_LOAD
             __m512 w;                                                                                \
             PREFETCH_W(wb, (size_t)(i) * NB * sizeof(*wb));                                          \
             LOAD(i);                                                                                 \
-            for (int m = 0; m < MB; m++) a[m] = _mm512_fmadd_ps(w, _mm512_set1_ps(ZMM_X_PACKED(i, m)), a[m]); \
+            for (int m = 0; m < MB; m++) a[m] = _mm512_fmadd_ps(w, _mm512_set1_ps(xg[(size_t)i * MRZ + m]), a[m]); \
         }                                                                                            \
         for (int m = 0; m < MB; m++) _mm512_store_ps(acc[m], a[m]);                                  \
         if (c1 == in) store_rows(acc, y, SCALE, b, m0, MB, o0, nc, out);                             \
