@@ -1,6 +1,6 @@
-/* Ops of the drafting loop on CPU: an EAGLE head's input rows (its RoPE is `ops.c`'s rotate-half variant), and the top-k
- * children of a frontier's logits. A draft needs no exactness (the target verifies every token),
- * so nothing here is bound to the decoder's bitwise rules; what these save is the glue between
+/* Ops of the drafting loop on CPU: an EAGLE head's input rows (its RoPE is `ops.c`'s rotate-half
+ * variant), and the top-k children of a frontier's logits. A draft needs no exactness (the target
+ * verifies every token), so nothing here is bound to the decoder's bitwise rules; what these save is the glue between
  * kernel calls: small torch ops after a kernel call wait for the core the pool's helper still
  * polls (`pool.c`), several hundred microseconds a level on the 2-core machine.
  *

@@ -112,13 +112,13 @@ static void linear_float(const float *x, const void *wp, const float *scale, con
                          specula_item_fn avx512_panel_fn) {
     int wide = M > MR && specula_isa(), mr = wide ? MRZ : MR;
     int direct = wide && M < PANEL_ROWS;
-    float *xp = direct ? (float *)x : pack_rows(x, M, in, mr);
+    float *packed = direct ? NULL : pack_rows(x, M, in, mr);
     int panel = panel_blocks(M, out, threads), blocks = (out + NB - 1) / NB;
-    struct linear_job job = {.xp = xp, .wp = wp, .scale = scale, .b = b, .y = y, .M = M, .in = in, .out = out,
-                             .groups = (M + mr - 1) / mr, .panel = panel};
+    struct linear_job job = {.xp = direct ? x : packed, .wp = wp, .scale = scale, .b = b, .y = y, .M = M, .in = in,
+                             .out = out, .groups = (M + mr - 1) / mr, .panel = panel};
     specula_item_fn fn = !wide ? avx2_fn : direct ? avx512_block_fn : avx512_panel_fn;
     specula_parallel(threads, (blocks + panel - 1) / panel, fn, &job);
-    if (!direct) free(xp);
+    free(packed);
 }
 
 void specula_linear_f32(const float *x, const float *wp, const float *b, float *y, int M, int in, int out,
