@@ -1,8 +1,8 @@
 /* Ops of the drafting loop on CPU: an EAGLE head's input rows (its RoPE is `ops.c`'s rotate-half
  * variant), and the top-k children of a frontier's logits. A draft needs no exactness (the target
- * verifies every token), so nothing here is bound to the decoder's bitwise rules; what these save is the glue between
- * kernel calls: small torch ops after a kernel call wait for the core the pool's helper still
- * polls (`pool.c`), several hundred microseconds a level on the 2-core machine.
+ * verifies every token), so nothing here is bound to the decoder's bitwise rules; what these save
+ * is the glue between kernel calls: small torch ops after a kernel call wait for the core the
+ * pool's helper still polls (`pool.c`), several hundred microseconds a level on the 2-core machine.
  *
  * Layouts (float32, row-major): emb, feat [n, E]; out [n, 2E]; qkv [n, (H + 2G) * D] with q and k
  * heads in rotate-half layout (dims j and j + D / 2 rotate together, as Llama's reference code);

@@ -64,17 +64,20 @@ int specula_isa(void) {
 #define ZMM_LOAD_F32(i) w = _mm512_loadu_ps(wb + (size_t)(i) * NB)
 #define ZMM_LOAD_W8(i) w = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(wb + (size_t)(i) * NB))))
 
-#define ZMM_CASE(MB, LOAD, SCALE) case MB: ZMM_BODY(MB, LOAD, SCALE); break;
-
-#define ZMM_SWITCH(LOAD, SCALE)                                                                      \
+/* The group's row count (M - m0, at most MRZ) as a constant for BODY(MB, LOAD, SCALE), so its
+ * accumulators stay in registers: ZMM_BODY for rows where they lie, ZMM_CHUNK_BODY for panels. */
+#define ZMM_CASE(BODY, MB, LOAD, SCALE) case MB: BODY(MB, LOAD, SCALE); break;
+#define ZMM_ROWS_SWITCH(BODY, LOAD, SCALE)                                                           \
     switch (M - m0 < MRZ ? M - m0 : MRZ) {                                                           \
-        ZMM_CASE(1, LOAD, SCALE) ZMM_CASE(2, LOAD, SCALE) ZMM_CASE(3, LOAD, SCALE)                   \
-        ZMM_CASE(4, LOAD, SCALE) ZMM_CASE(5, LOAD, SCALE) ZMM_CASE(6, LOAD, SCALE)                   \
-        ZMM_CASE(7, LOAD, SCALE) ZMM_CASE(8, LOAD, SCALE) ZMM_CASE(9, LOAD, SCALE)                   \
-        ZMM_CASE(10, LOAD, SCALE) ZMM_CASE(11, LOAD, SCALE) ZMM_CASE(12, LOAD, SCALE)                \
-        ZMM_CASE(13, LOAD, SCALE) ZMM_CASE(14, LOAD, SCALE) ZMM_CASE(15, LOAD, SCALE)                \
-        default: ZMM_BODY(16, LOAD, SCALE); break;                                                   \
+        ZMM_CASE(BODY, 1, LOAD, SCALE) ZMM_CASE(BODY, 2, LOAD, SCALE) ZMM_CASE(BODY, 3, LOAD, SCALE) \
+        ZMM_CASE(BODY, 4, LOAD, SCALE) ZMM_CASE(BODY, 5, LOAD, SCALE) ZMM_CASE(BODY, 6, LOAD, SCALE) \
+        ZMM_CASE(BODY, 7, LOAD, SCALE) ZMM_CASE(BODY, 8, LOAD, SCALE) ZMM_CASE(BODY, 9, LOAD, SCALE) \
+        ZMM_CASE(BODY, 10, LOAD, SCALE) ZMM_CASE(BODY, 11, LOAD, SCALE)                              \
+        ZMM_CASE(BODY, 12, LOAD, SCALE) ZMM_CASE(BODY, 13, LOAD, SCALE)                              \
+        ZMM_CASE(BODY, 14, LOAD, SCALE) ZMM_CASE(BODY, 15, LOAD, SCALE)                              \
+        default: BODY(16, LOAD, SCALE); break;                                                       \
     }
+#define ZMM_SWITCH(LOAD, SCALE) ZMM_ROWS_SWITCH(ZMM_BODY, LOAD, SCALE)
 
 __attribute__((target("avx512f,avx512bw")))
 FLOAT_BLOCK_ITEM(specula_f32_block_avx512, float, MRZ, ZMM_SWITCH, ZMM_LOAD_F32, NULL)
@@ -82,8 +85,8 @@ __attribute__((target("avx512f,avx512bw")))
 FLOAT_BLOCK_ITEM(specula_w8_block_avx512, int8_t, MRZ, ZMM_SWITCH, ZMM_LOAD_W8, scale)
 
 /* A prompt's panels: each group of rows runs over the panel's blocks in chunks of KC inputs, so the
- * group's packed chunk (xg[i][MRZ] for KC inputs i, 8 KB) stays in L1 while the panel's blocks stream past it,
- * where a whole group (36-573 KB) came back from L2 for every block. Between chunks a block's
+ * group's packed chunk (xg[i][MRZ] for KC inputs i, 8 KB) stays in L1 while the panel's blocks
+ * stream past it, where a whole group (36-573 KB) came back from L2 for every block. Between chunks a block's
  * accumulators wait in `acc` (stored and reloaded exactly), so every output is still the one FMA
  * chain over i = 0, 1, ... of the other items. */
 #define KC 128
@@ -101,8 +104,6 @@ FLOAT_BLOCK_ITEM(specula_w8_block_avx512, int8_t, MRZ, ZMM_SWITCH, ZMM_LOAD_W8, 
         if (c1 == in) store_rows(acc, y, SCALE, b, m0, MB, o0, nc, out);                             \
     } while (0)
 
-#define ZMM_CHUNK_CASE(MB, LOAD, SCALE) case MB: ZMM_CHUNK_BODY(MB, LOAD, SCALE); break;
-
 #define PANEL_ITEM(NAME, WTYPE, LOAD, SCALE)                                                         \
     void NAME(void *arg, int item) {                                                                 \
         FLOAT_ITEM_OPERANDS                                                                          \
@@ -116,17 +117,7 @@ FLOAT_BLOCK_ITEM(specula_w8_block_avx512, int8_t, MRZ, ZMM_SWITCH, ZMM_LOAD_W8, 
                     const WTYPE *wb = (const WTYPE *)j->wp + (size_t)bk * in * NB;                   \
                     int o0 = bk * NB, nc = out - o0 < NB ? out - o0 : NB;                            \
                     float(*acc)[NB] = panel_acc[bk - bk0];                                           \
-                    switch (M - m0 < MRZ ? M - m0 : MRZ) {                                           \
-                        ZMM_CHUNK_CASE(1, LOAD, SCALE) ZMM_CHUNK_CASE(2, LOAD, SCALE)                \
-                        ZMM_CHUNK_CASE(3, LOAD, SCALE) ZMM_CHUNK_CASE(4, LOAD, SCALE)                \
-                        ZMM_CHUNK_CASE(5, LOAD, SCALE) ZMM_CHUNK_CASE(6, LOAD, SCALE)                \
-                        ZMM_CHUNK_CASE(7, LOAD, SCALE) ZMM_CHUNK_CASE(8, LOAD, SCALE)                \
-                        ZMM_CHUNK_CASE(9, LOAD, SCALE) ZMM_CHUNK_CASE(10, LOAD, SCALE)               \
-                        ZMM_CHUNK_CASE(11, LOAD, SCALE) ZMM_CHUNK_CASE(12, LOAD, SCALE)              \
-                        ZMM_CHUNK_CASE(13, LOAD, SCALE) ZMM_CHUNK_CASE(14, LOAD, SCALE)              \
-                        ZMM_CHUNK_CASE(15, LOAD, SCALE)                                              \
-                        default: ZMM_CHUNK_BODY(16, LOAD, SCALE); break;                             \
-                    }                                                                                \
+                    ZMM_ROWS_SWITCH(ZMM_CHUNK_BODY, LOAD, SCALE)                             \
                 }                                                                                    \
             }                                                                                        \
         }                                                                                            \
