@@ -29,7 +29,8 @@ def main() -> None:
     args = parser.parse_args()
     summaries = [json.loads((Path(d) / "results.json").read_text())["summary"] for d in args.runs]
     names = [name for name in summaries[0] if all(name in s for s in summaries)]
-    header = "| method | vs none | mean accepted | draft / plain step per proposed token | identical |"
+    header = ("| method | vs none | mean accepted | per drafting step | draft / plain step per proposed token "
+              "| identical |")
     if args.over:
         header = header.replace(" | identical", f" | vs {args.over} | identical")
     print(f"{len(summaries)} runs: min / median / max\n")
@@ -38,6 +39,8 @@ def main() -> None:
     for name in names:
         rows = [s[name] for s in summaries]
         cells = [spread([r["speedup"] for r in rows]) + "x", spread([r["mean_accepted_tokens"] for r in rows])]
+        drafting = [r.get("mean_accepted_per_drafting_step") for r in rows]
+        cells.append(spread(drafting) if all(v is not None for v in drafting) else "-")
         per_token = [r.get("draft_fraction_of_plain_step_per_token") for r in rows]
         cells.append(spread([v for v in per_token if v is not None], 3) if any(per_token) else "-")
         if args.over:

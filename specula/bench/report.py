@@ -140,12 +140,13 @@ def render_markdown(doc: dict[str, Any]) -> str:
     for name, e in entries:
         rows.append([
             _label(name, e), _num(e["tokens_per_s"]), _x(e["speedup"]), _x(e["speedup_vs_hf"]),
-            _num(e["mean_accepted_tokens"]), _pct(e["identical_fraction"]), _num(e["draft_ms_per_step"]),
+            _num(e["mean_accepted_tokens"]), _num(e.get("mean_accepted_per_drafting_step")),
+            _pct(e["identical_fraction"]), _num(e["draft_ms_per_step"]),
             _num(e.get("draft_fraction_of_plain_step_per_token"), "{:.3f}"), _split(e), _bytes(e["memory_bytes"]),
             str(e["outputs"]),
         ])
     lines += _table(["method", "tokens/s", f"speedup vs {BASELINE}", f"vs {HF_BASELINE}", "mean accepted",
-                     "identical", "draft ms/step", "draft per token / plain step", "time draft/verify/other",
+                     "per drafting step", "identical", "draft ms/step", "draft per token / plain step", "time draft/verify/other",
                      "drafter memory", "outputs"], rows)
     lines += ["", f"## Speedup vs `{BASELINE}` by category", ""]
     lines += _matrix(entries, categories, "speedup", _x)
@@ -156,6 +157,13 @@ def render_markdown(doc: dict[str, Any]) -> str:
     lines += _matrix(entries, categories, "tokens_per_s", _num)
     lines += ["", "## Mean accepted tokens by category", ""]
     lines += _matrix(entries, categories, "mean_accepted_tokens", _num)
+    if any(e.get("mean_accepted_per_drafting_step") for _, e in entries):
+        lines += ["", "## Mean accepted tokens per drafting step by category", "",
+                  "Tokens per step on the steps that verified a draft; the planner's plain steps (no tree paid, "
+                  "or drafting paused) are left out (`drafting_step_fraction` in results.json). EAGLE's tau "
+                  "drafts on every step, so on text where the planner declines to draft this reads above it.",
+                  ""]
+        lines += _matrix(entries, categories, "mean_accepted_per_drafting_step", _num)
     planned = [(n, e) for n, e in entries if e.get("predicted_mean_accepted_tokens")]
     if planned:
         lines += ["", "## Planner: predicted vs realized mean accepted tokens", "",

@@ -241,6 +241,18 @@ def test_summary_math_is_ratios_of_totals():
     assert aggregate([])["tokens_per_s"] is None
 
 
+def test_tokens_per_drafting_step_leave_out_the_plain_steps():
+    """A step with no verified node emits one token; tau per drafting step counts the others only."""
+    runs = [_record("paused", "a", 9, 1.0, [1, 3, 1, 4], drafted=[2, 2, 1], accepted=[2, 2, 1])]
+    entry = aggregate(runs)
+    assert entry["mean_accepted_tokens"] == 9 / 4
+    assert entry["mean_accepted_per_drafting_step"] == 3.5  # (9 - 2 plain tokens) over 2 drafting steps
+    assert entry["drafting_step_fraction"] == 0.5
+    every = aggregate([_record("fast", "a", 10, 0.5, [2, 3, 2, 3], drafted=[4, 3], accepted=[4, 2])])
+    assert every["mean_accepted_per_drafting_step"] == every["mean_accepted_tokens"] == 2.5
+    assert aggregate([_record("none", "a", 10, 1.0, [1] * 10)])["mean_accepted_per_drafting_step"] is None
+
+
 def test_first_difference():
     assert first_difference([1, 2, 3], [1, 2, 3]) is None
     assert first_difference([1, 2, 3], [1, 5, 3]) == 1
