@@ -146,8 +146,8 @@ def render_markdown(doc: dict[str, Any]) -> str:
             str(e["outputs"]),
         ])
     lines += _table(["method", "tokens/s", f"speedup vs {BASELINE}", f"vs {HF_BASELINE}", "mean accepted",
-                     "per drafting step", "identical", "draft ms/step", "draft per token / plain step", "time draft/verify/other",
-                     "drafter memory", "outputs"], rows)
+                     "per drafting step", "identical", "draft ms/step", "draft per token / plain step",
+                     "time draft/verify/other", "drafter memory", "outputs"], rows)
     lines += ["", f"## Speedup vs `{BASELINE}` by category", ""]
     lines += _matrix(entries, categories, "speedup", _x)
     if any(e["speedup_vs_hf"] is not None for _, e in entries):
