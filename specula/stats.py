@@ -75,6 +75,16 @@ class GenerationStats:
         return sum(self.accepted_lengths) / len(self.accepted_lengths) if self.accepted_lengths else 0.0
 
     @property
+    def drafting_steps(self) -> int:
+        """Steps that verified a draft (a tree of at least one node)."""
+        return self.depth_drafted[0] if self.depth_drafted else 0
+
+    @property
+    def mean_accepted_per_drafting_step(self) -> float | None:
+        """Mean tokens per step over the drafting steps alone (None when no step drafted)."""
+        return tokens_per_drafting_step(sum(self.accepted_lengths), self.steps, self.drafting_steps)
+
+    @property
     def tokens_per_s(self) -> float:
         return self.new_tokens / self.seconds if self.seconds > 0 else 0.0
 
@@ -130,6 +140,9 @@ class GenerationStats:
             "prompt_tokens": self.prompt_tokens,
             "steps": self.steps,
             "mean_accepted_tokens": round(self.mean_accepted_tokens, 4),
+            "mean_accepted_per_drafting_step": (
+                round(self.mean_accepted_per_drafting_step, 4) if self.drafting_steps else None
+            ),
             "predicted_mean_accepted_tokens": (
                 round(self.predicted_accepted / self.steps, 4) if self.predicted_accepted and self.steps else None
             ),
@@ -161,11 +174,21 @@ class GenerationStats:
         """One line for humans."""
         return (
             f"[{self.method}] {self.new_tokens} tokens in {self.seconds:.2f}s ({self.tokens_per_s:.2f} tok/s), "
-            f"{self.steps} steps, mean accepted {self.mean_accepted_tokens:.2f}, "
+            f"{self.steps} steps, mean accepted {self.mean_accepted_tokens:.2f}"
+            + (f" ({self.mean_accepted_per_drafting_step:.2f} per drafting step)"
+               if 0 < self.drafting_steps < self.steps else "") + ", "
             f"acceptance {self.acceptance_rate:.1%} of {self.drafted_tokens} drafted; "
             f"time draft {self.draft_seconds:.2f}s verify {self.verify_seconds:.2f}s "
             f"commit {self.commit_seconds:.2f}s prefill {self.prefill_seconds:.2f}s"
         )
+
+
+def tokens_per_drafting_step(emitted: float, steps: int, drafting_steps: int) -> float | None:
+    """Mean tokens per step over the steps that verified a draft: `emitted` tokens over `steps`, of
+    which `steps - drafting_steps` were plain steps of one token each (the planner found no tree
+    worth verifying, or drafting was paused). EAGLE's tau drafts on every step, so where the planner
+    declines to draft this reads above it. None when no step drafted."""
+    return (emitted - (steps - drafting_steps)) / drafting_steps if drafting_steps else None
 
 
 def _grow(values: list[int], size: int) -> None:

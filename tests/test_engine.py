@@ -111,6 +111,19 @@ def test_draft_cost_is_reported_as_a_fraction_of_a_plain_step():
     assert stats.to_dict()["draft_cost_of_plain_step"]["per_token"] == 0.05
 
 
+def test_tokens_per_drafting_step_leave_out_plain_steps():
+    from specula.stats import GenerationStats
+
+    stats = GenerationStats()
+    for depths, path in (((), ()), ((1, 2), (0, 1)), ((), ()), ((1,), ())):  # plain, 3 tokens, plain, 1 token
+        stats.record_step(depths, ("x",) * len(depths), path)
+    assert stats.steps == 4 and stats.drafting_steps == 2 and stats.mean_accepted_tokens == 1.5
+    assert stats.mean_accepted_per_drafting_step == 2.0  # (6 tokens - 2 plain) over 2 drafting steps
+    assert "(2.00 per drafting step)" in stats.summary()
+    assert stats.to_dict()["mean_accepted_per_drafting_step"] == 2.0
+    assert GenerationStats().mean_accepted_per_drafting_step is None
+
+
 def test_sampling_is_reproducible_with_a_seed_and_varies_without():
     model = tiny_model("qwen2", seed=7)
     draft = perturbed_copy(model, 0.3)

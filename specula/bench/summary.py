@@ -11,6 +11,7 @@ from typing import Any, Iterable, Sequence
 
 from specula.bench.methods import BASELINE
 from specula.bench.peers import HF_BASELINE
+from specula.stats import tokens_per_drafting_step
 
 
 def _sum(values: Iterable[float | int | None]) -> float:
@@ -46,6 +47,7 @@ def aggregate(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
     depth_drafted = _sum_lists(r["depth_drafted"] for r in stepped)
     depth_accepted = _sum_lists(r["depth_accepted"] for r in stepped)
     drafting_steps = int(depth_drafted[0]) if depth_drafted else 0  # steps whose verified tree had a node
+    per_drafting = tokens_per_drafting_step(emitted, steps, drafting_steps)
     identical = [r["identical"] for r in runs if r.get("identical") is not None]
     timed = [r for r in stepped if r.get("time")]
     draft_s = _sum(r["time"]["draft"] for r in timed)
@@ -63,10 +65,7 @@ def aggregate(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "speedup": None,
         "speedup_vs_hf": None,
         "mean_accepted_tokens": _ratio(emitted, steps) if steps else None,
-        # tokens per step on the steps that verified a draft: the planner's plain steps (no tree paid,
-        # or drafting paused) emit one token each and are left out; EAGLE's tau drafts on every step
-        "mean_accepted_per_drafting_step": _ratio(emitted - (steps - drafting_steps), drafting_steps)
-        if drafting_steps else None,
+        "mean_accepted_per_drafting_step": None if per_drafting is None else round(per_drafting, 4),
         "drafting_step_fraction": _ratio(drafting_steps, steps) if steps else None,
         "predicted_mean_accepted_tokens": _ratio(_sum(r["predicted_accepted"] for r in planned), planned_steps)
         if planned_steps else None,
