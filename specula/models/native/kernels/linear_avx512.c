@@ -86,9 +86,9 @@ FLOAT_BLOCK_ITEM(specula_w8_block_avx512, int8_t, MRZ, ZMM_SWITCH, ZMM_LOAD_W8, 
 
 /* A prompt's panels: each group of rows runs over the panel's blocks in chunks of KC inputs, so the
  * group's packed chunk (xg[i][MRZ] for KC inputs i, 8 KB) stays in L1 while the panel's blocks
- * stream past it, where a whole group (36-573 KB) came back from L2 for every block. Between chunks a block's
- * accumulators wait in `acc` (stored and reloaded exactly), so every output is still the one FMA
- * chain over i = 0, 1, ... of the other items. */
+ * stream past it, where a whole group (36-573 KB) came back from L2 for every block. Between
+ * chunks a block's accumulators wait in `acc` (stored and reloaded exactly), so every output is
+ * still the one FMA chain over i = 0, 1, ... of the other items. */
 #define KC 128
 #define ZMM_CHUNK_BODY(MB, LOAD, SCALE)                                                              \
     do {                                                                                             \
@@ -117,7 +117,7 @@ FLOAT_BLOCK_ITEM(specula_w8_block_avx512, int8_t, MRZ, ZMM_SWITCH, ZMM_LOAD_W8, 
                     const WTYPE *wb = (const WTYPE *)j->wp + (size_t)bk * in * NB;                   \
                     int o0 = bk * NB, nc = out - o0 < NB ? out - o0 : NB;                            \
                     float(*acc)[NB] = panel_acc[bk - bk0];                                           \
-                    ZMM_ROWS_SWITCH(ZMM_CHUNK_BODY, LOAD, SCALE)                             \
+                    ZMM_ROWS_SWITCH(ZMM_CHUNK_BODY, LOAD, SCALE)                                     \
                 }                                                                                    \
             }                                                                                        \
         }                                                                                            \
