@@ -40,7 +40,8 @@ maximises expected tokens/s.
                     beside it (two that propose alike would each look idle, and both be held)
     back-off        when drafting steps realise fewer tokens/s than plain steps would
                     (measured, not predicted), skip drafting for 1, 2, 4, ... steps (probing
-                    again after each pause), so drafting cannot make decoding much slower
+                    again after each pause: a probe is judged afresh by what it realises, not
+                    through the losses before the pause), so drafting cannot make decoding much slower
                     than plain decoding; a step after the prefill or a pause is judged at most
                     at the drafting time of steady steps (a head's catch-up is not its cost)
 
@@ -650,6 +651,13 @@ class HardwarePlanner:
                 prior = plan.predicted / (self.drafting_seconds(drafted) + verify)
             state.rate = Ema(self.config.rate_ema, 0.5 * (prior + rate))
             smoothed = state.rate.get()
+        elif resumed:  # a probe after a pause: judged afresh by what it realised. Through the average of
+            # the losses that paused drafting even a winning probe read below plain and doubled the
+            # pause, so a request whose first drafts missed seldom drafted again (measured: an MT-bench
+            # prompt on SmolLM2 drafted 8 of 63 steps where every step pays 1.68 tokens). Its prediction
+            # does not count here: where the estimates are wrong every probe would win on it
+            state.rate = Ema(self.config.rate_ema, rate)
+            smoothed = rate
         else:
             smoothed = state.rate.update(rate)
         plain_rate = 1.0 / self.cost.estimate(1)

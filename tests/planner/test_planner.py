@@ -372,6 +372,33 @@ def test_backoff_follows_realised_rates_when_estimates_are_wrong():
     assert verified < 15  # but most steps are plain
 
 
+def test_a_probe_after_a_pause_is_judged_afresh_so_drafting_resumes_once_it_pays():
+    """Nothing is accepted on a request's first drafting steps, so drafting pauses; then the first
+    node of every chain is (2 tokens in 1.45 plain steps: drafting pays 1.38x). Judged through the
+    average of the losses before the pause, each winning probe read below plain and doubled the
+    pause (an MT-bench prompt on SmolLM2 drafted 8 of 63 steps); judged afresh, the first probe
+    after the text turned resumes drafting on every step."""
+    planner = HardwarePlanner(curve=STEEP)
+    driver = Driver(planner)
+    planner.calibrator.update = lambda *a, **k: None  # estimates frozen: only the back-off acts
+    tree = chain([5, 6, 7], 0.9)
+
+    def step(path):
+        planner._recent.clear()
+        drafting = planner.should_draft(driver.state)
+        seconds = 0.05 if drafting else 1e-5
+        planned, _ = driver.plan(Proposal(tree) if drafting else Proposal.empty(), seconds, drafting)
+        driver.observe(planned, path if planned.tree else (), seconds, STEEP.latency(len(planned.tree) + 1))
+        return drafting
+
+    losing = [step(()) for _ in range(12)]
+    assert not all(losing[4:])  # the misses paused drafting
+    paying = [step((0,)) for _ in range(60)]
+    first = paying.index(True)
+    assert first <= 16  # the pause in progress ends, then the probe
+    assert all(paying[first:])  # the winning probe resumed drafting for good
+
+
 def test_a_new_request_ends_the_back_off_pause():
     planner = HardwarePlanner(curve=STEEP)
     driver = Driver(planner)
