@@ -16,6 +16,7 @@ then `commit(())` and `crop` back to the prefix. n = 1 is a plain decode step, s
 from __future__ import annotations
 
 import bisect
+import collections
 import hashlib
 import json
 import math
@@ -244,22 +245,34 @@ class CostModel:
       (in log size), so one observed size corrects its neighbours at once, else the plain step's
       ratio (the machine's speed); before any observation the ratio is 1;
     - `verify_seconds` (what decisions read) is optimistic for multi-token passes this run has
-      rarely timed: the estimate times 1 - `explore` / (1 + passes timed in the size's octave),
-      so a pessimistic prior gets tried, and corrected, within a few steps instead of ruling a
-      size out for good; the optimism fades as the octave is observed. `estimate` is the
-      unbiased figure (back-off, reports)."""
+      rarely timed lately: the estimate times 1 - `explore` / (1 + passes timed in the size's
+      octave within the last `horizon` passes), so a pessimistic prior gets tried, and corrected,
+      within a few steps instead of ruling a size out for good; the optimism fades as the octave
+      is observed, and returns when it has not been for a while. `estimate` is the unbiased
+      figure (back-off, reports);
+    - a multi-token size's passes count for `horizon` passes of the run: a size timed only while
+      the machine was slow (the first passes of a fresh process, another program busy) and not
+      chosen since would otherwise keep that price for good, and the planner, believing it, would
+      never verify it again (measured, SmolLM2 on this CPU from a fresh cache: 8-token passes
+      priced at 1.7 plain steps all run long after they cost 1.1). Past the horizon the size
+      takes its neighbours' recent ratio and is tried again. Plain steps keep their last `window`
+      passes whatever their age: while drafting pays they are rare, and they are what every tree
+      is weighed against."""
 
     def __init__(self, curve: CostCurve, explore: float = 0.4, window: int = 9,
-                 padded: Callable[[int], int] | None = None) -> None:
+                 padded: Callable[[int], int] | None = None, horizon: int = 64) -> None:
         self.curve = curve
         self.explore = explore
         self.window = window
+        self.horizon = horizon
         self._padded = padded or (lambda n: n)
         """Rows a pass of n tokens really costs (the backend's `padded_tokens`: CUDA graph buckets)."""
-        self._ratios: dict[int, list[float]] = {}  # n_tokens -> last `window` observed / prior ratios
-        self._medians: dict[int, float] = {}  # n_tokens -> median of its ratios (read on every plan)
-        self._octave_counts: dict[int, int] = {}  # octave of n -> passes observed
-        self._multi: list[int] = []  # the multi-token sizes with a median, ascending
+        self._passes = 0  # passes observed so far (the clock of the horizon)
+        self._ratios: dict[int, list[tuple[int, float]]] = {}  # n_tokens -> last `window` (pass, observed / prior)
+        self._medians: dict[int, float] = {}  # n_tokens -> median of its recent ratios (read on every plan)
+        self._recent: collections.deque[tuple[int, int]] = collections.deque()  # (pass, octave) within the horizon
+        self._octave_counts: dict[int, int] = {}  # octave of n -> passes observed within the horizon
+        self._multi: list[int] = []  # the multi-token sizes with a recent median, ascending
         self._seconds: dict[tuple[int, bool], float] = {}
         """(n_tokens, optimistic) -> `estimate` / `verify_seconds`, until the next observation (a
         step asks hundreds of times: fusion's merged trees cost 0.5 ms of planning a step without it)."""
@@ -288,7 +301,7 @@ class CostModel:
     @property
     def scale(self) -> float:
         """Median observed / prior ratio over every size observed (1 before any observation)."""
-        recent = [x for r in self._ratios.values() for x in r]
+        recent = [x for r in self._ratios.values() for _, x in r]
         return statistics.median(recent) if recent else 1.0
 
     def observations(self, n_tokens: int) -> int:
@@ -316,14 +329,22 @@ class CostModel:
 
     def observe(self, n_tokens: int, seconds: float) -> None:
         self._seconds.clear()
+        self._passes += 1
         n_tokens = self._padded(n_tokens)
         ratio = seconds / max(self.curve.latency(n_tokens), 1e-12)
-        self._ratios[n_tokens] = (self._ratios.get(n_tokens, []) + [ratio])[-self.window:]
-        self._medians[n_tokens] = statistics.median(self._ratios[n_tokens])
-        if n_tokens > 1 and n_tokens not in self._multi:
-            bisect.insort(self._multi, n_tokens)
+        self._ratios[n_tokens] = (self._ratios.get(n_tokens, []) + [(self._passes, ratio)])[-self.window:]
         octave = self._octave(n_tokens)
+        self._recent.append((self._passes, octave))
         self._octave_counts[octave] = self._octave_counts.get(octave, 0) + 1
+        oldest = self._passes - self.horizon  # passes at or before it are past the horizon
+        while self._recent and self._recent[0][0] <= oldest:
+            self._octave_counts[self._recent.popleft()[1]] -= 1
+        self._medians = {}
+        for n, timed in self._ratios.items():
+            recent = [r for at, r in timed if n == 1 or at > oldest]
+            if recent:
+                self._medians[n] = statistics.median(recent)
+        self._multi = sorted(n for n in self._medians if n > 1)
 
 
 def cost_cache_key(target: TargetModel, context: int) -> str:

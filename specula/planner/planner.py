@@ -89,6 +89,10 @@ class PlannerConfig:
     that reads too slow is tried and corrected rather than trusted (`CostModel`)."""
     cost_window: int = 9
     """Passes per size whose median ratio to the prior gives the cost model's correction."""
+    cost_horizon: int = 64
+    """Passes of the run after which a multi-token size's timings no longer count: a size timed
+    only while the machine was slow is then priced by its neighbours' recent passes and tried again
+    (`CostModel`)."""
     rate_ema: float = 0.2
     """EMA weight of each judged drafting step's realised tokens/s in the back-off signal."""
     overhead_ema: float = 0.2
@@ -277,7 +281,7 @@ class HardwarePlanner:
                 raise ValueError("HardwarePlanner needs a target backend or a measured cost curve")
             curve = load_or_measure_curve(target, config.cost_sizes, config.cost_context, config.cost_repeats)
         self.cost = CostModel(curve, config.cost_explore, config.cost_window,
-                              target.padded_tokens if target is not None else None)
+                              target.padded_tokens if target is not None else None, config.cost_horizon)
         self.calibrator = Calibrator(config.calibration)
         self._recent: dict[str, list[float]] = {}  # per source, decayed sums: accepted, predicted nodes
         self._context: dict[tuple[str, str], list[float]] = {}  # per (source, sibling context): decayed sums
@@ -552,7 +556,7 @@ class HardwarePlanner:
         assert self.batch_curve is not None
         if batch_size not in self._batch_costs:
             self._batch_costs[batch_size] = CostModel(self.batch_curve.row_curve(batch_size), 0.0,
-                                                      self.config.cost_window)
+                                                      self.config.cost_window, horizon=self.config.cost_horizon)
         return self._batch_costs[batch_size]
 
     def batch_seconds(self, batch_size: int, total_tokens: int) -> float:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import random
 import statistics
+from typing import Callable
 
 import pytest
 import torch
@@ -28,10 +29,11 @@ def scaled(curve: CostCurve, factor: float) -> CostCurve:
 
 
 def chain_steps(planner: HardwarePlanner, steps: int, *, accept: float, token_cost: float, seed: int = 0,
-                noise: float = 0.0, max_more: int = 12) -> list[int]:
+                noise: float = 0.0, max_more: int = 12, slow: Callable[[int, int], float] = lambda step, n: 1.0) -> list[int]:
     """A draft-model-like chain drafter through the planner's cost view (SpecDec++ stop rule): each
     token costs `token_cost` plain steps and is accepted with probability `accept` once its parent
-    was. Pass times follow TRUE, times uniform noise of +-`noise`. Returns the nodes verified per step."""
+    was. Pass times follow TRUE, times uniform noise of +-`noise`, times `slow(step, tokens)`. Returns
+    the nodes verified per step."""
     rng, timing_noise = random.Random(seed), random.Random(seed + 1000)
     state = planner.new_state()
     verified = []
@@ -44,7 +46,7 @@ def chain_steps(planner: HardwarePlanner, steps: int, *, accept: float, token_co
         accepted = 0
         while accepted < n and rng.random() < accept:
             accepted += 1
-        seconds = TRUE.latency(n + 1) * (1 + timing_noise.uniform(-noise, noise))
+        seconds = TRUE.latency(n + 1) * (1 + timing_noise.uniform(-noise, noise)) * slow(len(verified), n + 1)
         step = StepResult(3, plan.proposal, tuple(range(accepted)), 9, torch.zeros(n + 1, 4))
         planner.observe_pass([plan], seconds)
         planner.observe(plan, step, state, StepTiming(token_cost * more, seconds))
@@ -113,6 +115,33 @@ def test_unobserved_sizes_take_the_nearest_observed_ratio_and_optimism_fades():
         optimistic.append(cost.verify_seconds(4) / cost.estimate(4))
     assert optimistic == sorted(optimistic) and optimistic[-1] > 0.94  # the optimism fades as 4 is timed
     assert cost.verify_seconds(2) >= cost.estimate(1)  # never below a plain step
+
+
+def test_a_size_timed_only_while_the_machine_was_slow_is_priced_again_from_recent_passes():
+    """The first passes of a fresh process run slow; a size timed only then, and not chosen since,
+    kept that price for good (and so was never chosen again). Past the horizon it takes its
+    neighbours' recent price, and its octave is tried again (optimism back)."""
+    cost = CostModel(TRUE, explore=0.4, horizon=64)
+    for _ in range(10):  # slow start: 8-token passes (and plain steps) 1.5x their true time
+        cost.observe(1, 1.5 * TRUE.latency(1))
+        cost.observe(8, 1.5 * TRUE.latency(8))
+    assert cost.estimate(8) == pytest.approx(1.5 * TRUE.latency(8))
+    for _ in range(40):  # then the machine runs at its speed; the planner verifies 4-token trees
+        cost.observe(1, TRUE.latency(1))
+        cost.observe(4, TRUE.latency(4))
+    assert cost.estimate(8) == pytest.approx(TRUE.latency(8), rel=0.01)  # from 4's recent ratio
+    # octave 5-8 not timed lately: optimistic again (never below a plain step)
+    assert cost.verify_seconds(8) == pytest.approx(max(0.6 * TRUE.latency(8), TRUE.latency(1)), rel=0.01)
+    assert cost.estimate(1) == pytest.approx(TRUE.latency(1))  # plain steps: their last passes, whatever their age
+
+
+def test_a_slow_start_does_not_shorten_the_chains_for_good():
+    """A fresh process whose first 12 passes run 1.6x slow (caches cold, kernels warming): once the
+    machine is at speed, the chains are as long as those of a planner that never saw the slow start."""
+    at_speed = chain_steps(HardwarePlanner(curve=TRUE), 400, accept=0.85, token_cost=0.1, seed=7)
+    slow_start = chain_steps(HardwarePlanner(curve=TRUE), 400, accept=0.85, token_cost=0.1, seed=7,
+                             slow=lambda step, n: 1.6 if step < 12 else 1.0)
+    assert statistics.mean(slow_start[200:]) == pytest.approx(statistics.mean(at_speed[200:]), rel=0.1)
 
 
 def test_one_outlier_pass_does_not_move_the_estimate():
