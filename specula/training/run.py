@@ -280,6 +280,11 @@ PROBE_SECONDS = 10.0
 """How long `--time-budget` times real training steps before it sizes the run."""
 KEEP_SECONDS = 20.0
 """What `--time-budget` keeps back beside the held-out reports: saving the head and the report."""
+REPORT_SHARE = 0.2
+"""Most of the time left that `--time-budget` gives the held-out reports (before and after
+training): past it they read a seeded share of the held-out split (`TrainConfig.report_sequences`).
+On a GPU lent for a fixed time the reports over a 1.5B target's 1,552 held-out sequences once
+took all that was left after the features, and no head was trained."""
 
 
 def _fit_to_deadline(head, fs, config: TrainConfig, deadline: float, other_sequences: int,
@@ -287,7 +292,9 @@ def _fit_to_deadline(head, fs, config: TrainConfig, deadline: float, other_seque
     """`config` with its epochs cut so that training and the held-out reports after it end before
     `deadline` (`time.monotonic()`), and the record of how: a probe times the optimizer steps on
     this machine (`probe_steps_per_second`), one held-out report on a few sequences times the
-    reports. Too little time for 20 steps (or the whole run, if shorter) is an error; the answers
+    reports; where reports over the whole held-out split would take more than `REPORT_SHARE` of the
+    time left they read its first N sequences (at least 20), N fitted to that share
+    (`TrainConfig.report_sequences`). Too little time for 20 steps (or the whole run, if shorter) is an error; the answers
     and features are cached by then, so a rerun with a larger budget starts at training (at the
     features when `features_cached` is false: `--no-feature-cache` kept them in memory only)."""
     from specula.training.trainer import fit_epochs, probe_steps_per_second, split
@@ -300,8 +307,15 @@ def _fit_to_deadline(head, fs, config: TrainConfig, deadline: float, other_seque
     if sample:
         acceptance_report(head, fs, sample, config, head.embed)
     # the held-out report runs before and after training, the other source's after it
-    report_seconds = (time.monotonic() - t) / max(1, len(sample)) * (2 * len(heldout) + other_sequences)
-    left = deadline - time.monotonic() - report_seconds - KEEP_SECONDS
+    per_sequence = (time.monotonic() - t) / max(1, len(sample))
+    available = deadline - time.monotonic() - KEEP_SECONDS
+    reported = len(heldout)
+    if heldout and per_sequence * (2 * reported + other_sequences) > REPORT_SHARE * available:
+        fit = int((REPORT_SHARE * available / max(per_sequence, 1e-9) - other_sequences) / 2)
+        reported = min(len(heldout), max(min(20, len(heldout)), fit))
+        config = replace(config, report_sequences=reported)
+    report_seconds = per_sequence * (2 * reported + other_sequences)
+    left = available - report_seconds
     epochs = fit_epochs(config.epochs, per_epoch, rate, left)
     steps = round(epochs * per_epoch)
     if steps < min(20, total):
@@ -312,7 +326,8 @@ def _fit_to_deadline(head, fs, config: TrainConfig, deadline: float, other_seque
                           f"{rate:.2f} steps/s: too few; {kept}")
     fitted = replace(config, epochs=round(epochs, 3)) if epochs < config.epochs else config
     return fitted, {"probe_steps_per_second": round(rate, 2), "seconds_for_training": round(left, 1),
-                    "reports_seconds_estimate": round(report_seconds, 1), "epochs_asked": config.epochs,
+                    "reports_seconds_estimate": round(report_seconds, 1), "report_sequences": reported,
+                    "heldout_sequences": len(heldout), "epochs_asked": config.epochs,
                     "epochs": fitted.epochs}
 
 
@@ -342,5 +357,8 @@ def print_report(report: dict) -> None:
     if budget:
         print(f"time budget: {budget['epochs']} of {budget['epochs_asked']} epochs fit at the probed "
               f"{budget['probe_steps_per_second']} steps/s")
+        if budget.get("report_sequences", budget.get("heldout_sequences")) != budget.get("heldout_sequences"):
+            print(f"time budget: the held-out reports read {budget['report_sequences']} of the "
+                  f"{budget['heldout_sequences']} held-out sequences")
     print(f"head: {report['head']}")
     print(json.dumps({"report": str(Path(report['head']).with_name('report.json'))}))

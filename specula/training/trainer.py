@@ -74,6 +74,11 @@ class TrainConfig:
     queries) keep a wide target's head small."""
     holdout: float = 0.05
     """Fraction of sequences held out for the acceptance report."""
+    report_sequences: int = 0
+    """Held-out sequences the acceptance reports read: the first N of the held-out split, which is
+    a seeded random draw (0 = all of it). The split, and so the training data, stays the same.
+    `--time-budget` lowers it when reports over the whole split would take too much of the time
+    left (`training.run.REPORT_SHARE`)."""
     max_sequences: int = 0
     """Train on at most this many of the training sequences (a seeded random subset; the held-out
     split is unchanged): data-size studies reuse one cached corpus. 0 = all."""
@@ -99,6 +104,8 @@ class TrainConfig:
                 raise ConfigError(f"{name} must be >= 0 (0 = the default shape), got {getattr(self, name)}")
         if not self.epochs > 0 or not self.lr > 0:
             raise ConfigError("epochs and lr must be > 0")
+        if self.report_sequences < 0:
+            raise ConfigError(f"report_sequences must be >= 0 (0 = the whole held-out split), got {self.report_sequences}")
         if self.max_sequences < 0:
             raise ConfigError(f"max_sequences must be >= 0 (0 = all), got {self.max_sequences}")
         if not 0 <= self.holdout < 1:
@@ -316,6 +323,7 @@ def train_head(head: TrainedHead, fs: FeatureSet, cfg: TrainConfig, out_dir: Pat
     device = next(module.parameters()).device
     amp = autocast_dtype(cfg.precision, device)
     train_seqs, eval_seqs = split(fs, cfg.holdout, cfg.seed, cfg.max_sequences)
+    eval_seqs = eval_seqs[:cfg.report_sequences or None]  # the reports' share of the held-out split
     pieces = chunks(fs, train_seqs, cfg.seq_len)
     per_epoch, total_steps = step_counts(fs, cfg)
     most = max(total_steps, most_steps or 0)  # total_steps: re-fitted when `until` is given

@@ -470,6 +470,42 @@ def test_a_deadline_cuts_the_epochs_to_fit_or_refuses_to_start(setup, monkeypatc
         _fit_to_deadline(head, fs, cfg, time.monotonic() + KEEP_SECONDS + 30, 0, features_cached=False)
 
 
+def test_a_deadline_shrinks_the_held_out_reports_before_it_refuses_to_train(tmp_path, monkeypatch):
+    """Reports over the whole held-out split would leave too little time to train (a 1.5B target's
+    1,552 held-out sequences on a GPU lent for a fixed time): they read a seeded share of it instead,
+    at most `REPORT_SHARE` of the time left, and the head is trained."""
+    import time
+    from dataclasses import replace
+
+    import specula.training.run as run
+    import specula.training.trainer as trainer
+    from specula.training.run import KEEP_SECONDS, _fit_to_deadline
+
+    model = tiny_model("llama", "eager", seed=3)
+    target = NativeCausalLM(configure(NativeDecoder.from_hf(model), "onednn", "none", "sdpa"), "native",
+                            eos_token_ids=[])
+    rng = random.Random(1)
+    corpus = [CorpusEntry(str(i), p, reference_greedy(model, p, 12))
+              for i, p in enumerate([rng.randrange(2, 96) for _ in range(6)] for _ in range(60))]
+    fs = extract_features(target, corpus, tmp_path / "f.safetensors")
+    cfg = TrainConfig(kind="eagle", epochs=50, seq_len=16, batch_size=3, holdout=0.5)  # 30 held out
+    head = new_head("eagle", target, draft_vocabulary(fs, 64, 96), seed=0)
+    monkeypatch.setattr(run, "acceptance_report", lambda head, fs, seqs, *a: time.sleep(0.05 * len(seqs)))
+    monkeypatch.setattr(trainer, "probe_steps_per_second", lambda *a: 15.0)
+    # about 4 s left after timing 20 reported sequences: both reports over all 30 would take 3 s,
+    # leaving 1 s (15 steps: too few); over 20 of them 2 s, leaving 2 s (30 steps)
+    fitted, record = _fit_to_deadline(head, fs, cfg, time.monotonic() + KEEP_SECONDS + 5, 0)
+    assert fitted.report_sequences == record["report_sequences"] == 20 and record["heldout_sequences"] == 30
+    assert 20 <= round(fitted.epochs * trainer.step_counts(fs, cfg)[0]) <= 40
+    # the reports read the first N of the held-out split; the training split is unchanged
+    whole = train_head(new_head("eagle", target, draft_vocabulary(fs, 64, 96), seed=0), fs,
+                       replace(cfg, epochs=0.05), tmp_path / "whole")
+    part = train_head(new_head("eagle", target, draft_vocabulary(fs, 64, 96), seed=0), fs,
+                      replace(cfg, epochs=0.05, report_sequences=4), tmp_path / "part")
+    assert (whole["heldout_sequences"], part["heldout_sequences"]) == (30, 4)
+    assert whole["train_sequences"] == part["train_sequences"] == 30
+
+
 def test_train_command_with_a_time_budget_records_how_it_fit(tmp_path, monkeypatch, tiny_tokenizer, capsys):
     from specula.cli import main
 
