@@ -27,12 +27,17 @@ from specula.drafters.heads.online import OnlineDistillConfig, OnlineDistiller
 from specula.drafters.heads.runtime import HeadState, TrainedHead, load_head
 from specula.errors import ConfigError
 
-DEFAULTS = {"eagle": dict(tree_top_k=8, tree_depth=6, tree_nodes=48),
-            "eagle3": dict(tree_top_k=8, tree_depth=6, tree_nodes=48),
+DEFAULTS = {"eagle": dict(tree_top_k=4, tree_depth=6, tree_nodes=48),
+            "eagle3": dict(tree_top_k=4, tree_depth=6, tree_nodes=48),
             "medusa": dict(tree_top_k=4, tree_depth=4, tree_nodes=32),
             "hydra": dict(tree_top_k=4, tree_depth=4, tree_nodes=32)}
 """Tree shape per kind (EAGLE-2 uses top-k 10, depth 5-6, 60 nodes on a GPU; the planner cuts
-what does not pay on this hardware)."""
+what does not pay on this hardware). Top-4, not 8, for eagle / eagle3: a level's head pass over a
+frontier of 8 rows costs 0.97 ms against 0.78 for 4 (SmolLM2 on the 2-core CPU), a non-best child
+is accepted 2-5% of the time once its parent was, and the planner verified trees of 6-7 nodes
+either way; `eagle3` on SmolLM2, fresh processes, three rounds each: Spec-Bench (3 a group)
+1.27 / 1.30 / 1.27x with 8 against 1.31 / 1.34 / 1.32x with 4, the everyday set 1.82 / 1.95 / 1.77x
+against 1.88 / 1.91 / 1.79x (docs/training.md, session 61)."""
 
 
 class TrainedHeadDrafter(DraftTreeDrafter):
