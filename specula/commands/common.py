@@ -114,7 +114,7 @@ def add_method_args(parser: argparse.ArgumentParser) -> None:
                    help=f"{_taking('tree_verifier')}: rule for iid siblings, recursive rejection sampling or SpecTr "
                         "K-SEQ (default rrs)")
     g.add_argument("--tree-top-k", type=int, default=None,
-                   help=f"{_taking('tree_top_k')}: children per node and frontier size (default 4; eagle 8)")
+                   help=f"{_taking('tree_top_k')}: children per node and frontier size (default 4)")
     g.add_argument("--tree-depth", type=int, default=None,
                    help=f"{_taking('tree_depth')}: levels drafted (default 5; eagle 6, medusa / hydra 4)")
     g.add_argument("--tree-nodes", type=int, default=None,
