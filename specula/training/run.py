@@ -293,7 +293,7 @@ def _fit_to_deadline(head, fs, config: TrainConfig, deadline: float, other_seque
     `deadline` (`time.monotonic()`), and the record of how: a probe times the optimizer steps on
     this machine (`probe_steps_per_second`), one held-out report on a few sequences times the
     reports; where reports over the whole held-out split would take more than `REPORT_SHARE` of the
-    time left they read its first N sequences (at least 20), N fitted to that share
+    time left they read a seeded draw of N of its sequences (at least 20), N fitted to that share
     (`TrainConfig.report_sequences`). Too little time for 20 steps (or the whole run, if shorter) is an error; the answers
     and features are cached by then, so a rerun with a larger budget starts at training (at the
     features when `features_cached` is false: `--no-feature-cache` kept them in memory only)."""

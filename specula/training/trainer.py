@@ -75,8 +75,8 @@ class TrainConfig:
     holdout: float = 0.05
     """Fraction of sequences held out for the acceptance report."""
     report_sequences: int = 0
-    """Held-out sequences the acceptance reports read: the first N of the held-out split, which is
-    a seeded random draw (0 = all of it). The split, and so the training data, stays the same.
+    """Held-out sequences the acceptance reports read: a seeded draw of N of the held-out split
+    (0 = all of it). The split, and so the training data, stays the same.
     `--time-budget` lowers it when reports over the whole split would take too much of the time
     left (`training.run.REPORT_SHARE`)."""
     max_sequences: int = 0
@@ -323,7 +323,9 @@ def train_head(head: TrainedHead, fs: FeatureSet, cfg: TrainConfig, out_dir: Pat
     device = next(module.parameters()).device
     amp = autocast_dtype(cfg.precision, device)
     train_seqs, eval_seqs = split(fs, cfg.holdout, cfg.seed, cfg.max_sequences)
-    eval_seqs = eval_seqs[:cfg.report_sequences or None]  # the reports' share of the held-out split
+    if 0 < cfg.report_sequences < len(eval_seqs):  # the reports' share: a seeded draw (the split is in corpus order)
+        pick = torch.randperm(len(eval_seqs), generator=torch.Generator().manual_seed(cfg.seed + 2))
+        eval_seqs = sorted(eval_seqs[i] for i in pick[:cfg.report_sequences].tolist())
     pieces = chunks(fs, train_seqs, cfg.seq_len)
     per_epoch, total_steps = step_counts(fs, cfg)
     most = max(total_steps, most_steps or 0)  # total_steps: re-fitted when `until` is given

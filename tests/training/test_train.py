@@ -497,7 +497,7 @@ def test_a_deadline_shrinks_the_held_out_reports_before_it_refuses_to_train(tmp_
     fitted, record = _fit_to_deadline(head, fs, cfg, time.monotonic() + KEEP_SECONDS + 5, 0)
     assert fitted.report_sequences == record["report_sequences"] == 20 and record["heldout_sequences"] == 30
     assert 20 <= round(fitted.epochs * trainer.step_counts(fs, cfg)[0]) <= 40
-    # the reports read the first N of the held-out split; the training split is unchanged
+    # the reports read a draw of N of the held-out split; the training split is unchanged
     whole = train_head(new_head("eagle", target, draft_vocabulary(fs, 64, 96), seed=0), fs,
                        replace(cfg, epochs=0.05), tmp_path / "whole")
     part = train_head(new_head("eagle", target, draft_vocabulary(fs, 64, 96), seed=0), fs,
