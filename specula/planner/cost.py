@@ -270,7 +270,7 @@ class CostModel:
         self._passes = 0  # passes observed so far (the clock of the horizon)
         self._ratios: dict[int, list[tuple[int, float]]] = {}  # n_tokens -> last `window` (pass, observed / prior)
         self._medians: dict[int, float] = {}  # n_tokens -> median of its recent ratios (read on every plan)
-        self._recent: collections.deque[tuple[int, int]] = collections.deque()  # (pass, octave) within the horizon
+        self._recent: collections.deque[tuple[int, int]] = collections.deque()  # (pass, n_tokens) within the horizon
         self._octave_counts: dict[int, int] = {}  # octave of n -> passes observed within the horizon
         self._multi: list[int] = []  # the multi-token sizes with a recent median, ascending
         self._seconds: dict[tuple[int, bool], float] = {}
@@ -334,17 +334,24 @@ class CostModel:
         ratio = seconds / max(self.curve.latency(n_tokens), 1e-12)
         self._ratios[n_tokens] = (self._ratios.get(n_tokens, []) + [(self._passes, ratio)])[-self.window:]
         octave = self._octave(n_tokens)
-        self._recent.append((self._passes, octave))
+        self._recent.append((self._passes, n_tokens))
         self._octave_counts[octave] = self._octave_counts.get(octave, 0) + 1
         oldest = self._passes - self.horizon  # passes at or before it are past the horizon
-        while self._recent and self._recent[0][0] <= oldest:
-            self._octave_counts[self._recent.popleft()[1]] -= 1
-        self._medians = {}
-        for n, timed in self._ratios.items():
-            recent = [r for at, r in timed if n == 1 or at > oldest]
-            if recent:
-                self._medians[n] = statistics.median(recent)
-        self._multi = sorted(n for n in self._medians if n > 1)
+        self._refresh(n_tokens, oldest)
+        while self._recent and self._recent[0][0] <= oldest:  # only the sizes whose passes expired change
+            _, expired = self._recent.popleft()
+            self._octave_counts[self._octave(expired)] -= 1
+            self._refresh(expired, oldest)
+
+    def _refresh(self, n_tokens: int, oldest: int) -> None:
+        """The median of one size's passes after `oldest` (a plain step's: all it kept), or none."""
+        recent = [r for at, r in self._ratios[n_tokens] if n_tokens == 1 or at > oldest]
+        if recent:
+            self._medians[n_tokens] = statistics.median(recent)
+            if n_tokens > 1 and n_tokens not in self._multi:
+                bisect.insort(self._multi, n_tokens)
+        elif self._medians.pop(n_tokens, None) is not None and n_tokens > 1:
+            self._multi.remove(n_tokens)
 
 
 def cost_cache_key(target: TargetModel, context: int) -> str:
