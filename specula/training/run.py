@@ -357,7 +357,7 @@ def print_report(report: dict) -> None:
     if budget:
         print(f"time budget: {budget['epochs']} of {budget['epochs_asked']} epochs fit at the probed "
               f"{budget['probe_steps_per_second']} steps/s")
-        if budget.get("report_sequences", budget.get("heldout_sequences")) != budget.get("heldout_sequences"):
+        if budget.get("report_sequences", 0) < budget.get("heldout_sequences", 0):
             print(f"time budget: the held-out reports read {budget['report_sequences']} of the "
                   f"{budget['heldout_sequences']} held-out sequences")
     print(f"head: {report['head']}")
