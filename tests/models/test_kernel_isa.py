@@ -1,6 +1,6 @@
 """The kernels' AVX-512 variants (`kernels/linear_avx512.c`): the same bits as the AVX2 code for
-every kind, row count and shape, so a tree pass (many rows, AVX-512) and a one-token step (one row,
-AVX2) still compute every row alike; the variant is chosen by the CPU flags or SPECULA_KERNEL_ISA."""
+every kind, row count and shape, so a tree pass (many rows) and a one-token step (one row) compute
+every row alike whichever items run them; the variant is chosen by the CPU flags or SPECULA_KERNEL_ISA."""
 
 from __future__ import annotations
 
@@ -23,18 +23,20 @@ needs_avx512 = pytest.mark.skipif(not HAS_AVX512, reason="this CPU has no AVX-51
 
 @needs_avx512
 @pytest.mark.parametrize("kind", kernels.KINDS)
-@pytest.mark.parametrize("shape,bias", [((70, 37), True), ((300, 515), False), ((1537, 16), True), ((3, 9), False)])
+@pytest.mark.parametrize("shape,bias", [((70, 37), True), ((300, 515), False), ((1537, 16), True), ((3, 9), False),
+                                        ((64, 1000), True), ((40, 667), False)])
 def test_avx512_computes_the_bits_of_avx2(isa, kind, shape, bias):
     torch.manual_seed(shape[0] + shape[1])
     layer = kernels.KernelLinear(nn.Linear(*shape, bias=bias), kind)
-    for rows in (1, 2, 5, 6, 7, 8, 15, 16, 17, 33, 65, 200):  # 65, 200: items take panels of blocks
+    # 1-14: items of 4, 3 or 2 column blocks (a last item of fewer: 1000 and 667 outputs); 65, 200: panels
+    for rows in (1, 2, 3, 5, 6, 7, 8, 9, 10, 12, 14, 15, 16, 17, 33, 65, 200):
         x = torch.randn(rows, shape[0]) * 2  # [rows, in]
         assert isa("avx2") == "avx2"
         want = layer(x)
         assert isa("avx512") == "avx512"
         got = layer(x)
         assert torch.equal(got, want), (kind, shape, rows, (got - want).abs().max())
-        # each row alone (one row runs the AVX2 item even here) gives the same bits as in the call
+        # each row alone gives the same bits as in the call
         for r in (0, rows // 2, rows - 1):
             assert torch.equal(layer(x[r : r + 1])[0], got[r]), (kind, rows, r)
 

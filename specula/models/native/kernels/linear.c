@@ -97,8 +97,12 @@ static float *pack_rows(const float *x, int M, int in, int mr) {
 static FLOAT_BLOCK_ITEM(f32_block, float, MR, SWITCH_ROWS, LOAD_F32, NULL)
 static FLOAT_BLOCK_ITEM(w8_block, int8_t, MR, SWITCH_ROWS, LOAD_W8, scale)
 
-/* One f32 or w8 call: the AVX-512 items (groups of MRZ rows, one zmm of 16 columns per row) where
- * they run and the call has more rows than one AVX2 group holds, else the AVX2 item. AVX-512 reads
+/* One f32 or w8 call. Where AVX-512 runs: an f32 call of up to MULTI_ROWS rows (a decoding step, a tree
+ * of up to 13 nodes) takes items of several column blocks (`multi_blocks`, `MULTI_ITEM` in
+ * linear_avx512.c; SmolLM2 passes after 256 tokens, the two in turn in one process, 1 / 9 / 12 / 14
+ * tokens 23.4 / 34.9 / 37.0 / 38.9 ms -> 21.2 / 26.3 / 32.5 / 32.0, Qwen2.5-Coder-1.5B 203 / 226 /
+ * 289 / 307 -> 194 / 216 / 238 / 258); more rows run groups of MRZ rows, one zmm of 16 columns per
+ * row; without AVX-512, the AVX2 items. AVX-512 reads
  * the rows of a decoding or verification call where they lie in x: packing them cost more than
  * it saved (150 calls over SmolLM2-sized [1536, 576] f32 weights, 2 threads, medians of two runs:
  * 8 / 24 rows 27.1, 25.4 / 39.8, 38.7 ms packed -> 25.2, 23.5 / 37.0, 35.3 read where they lie; 16
@@ -109,7 +113,14 @@ static FLOAT_BLOCK_ITEM(w8_block, int8_t, MR, SWITCH_ROWS, LOAD_W8, scale)
  * other). */
 static void linear_float(const float *x, const void *wp, const float *scale, const float *b, float *y, int M, int in,
                          int out, int threads, specula_item_fn avx2_fn, specula_item_fn avx512_block_fn,
-                         specula_item_fn avx512_panel_fn) {
+                         specula_item_fn avx512_panel_fn, specula_item_fn avx512_multi_fn) {
+    if (avx512_multi_fn && M <= MULTI_ROWS && specula_isa()) {  /* f32 decoding and small trees */
+        int kb = multi_blocks(M, out, threads), blocks = (out + NB - 1) / NB;
+        struct linear_job job = {.xp = x, .wp = wp, .scale = scale, .b = b, .y = y, .M = M, .in = in, .out = out,
+                                 .groups = 1, .panel = kb};
+        specula_parallel(threads, (blocks + kb - 1) / kb, avx512_multi_fn, &job);
+        return;
+    }
     int wide = M > MR && specula_isa(), mr = wide ? MRZ : MR;
     int direct = wide && M < PANEL_ROWS;
     float *packed = direct ? NULL : pack_rows(x, M, in, mr);
@@ -124,13 +135,13 @@ static void linear_float(const float *x, const void *wp, const float *scale, con
 void specula_linear_f32(const float *x, const float *wp, const float *b, float *y, int M, int in, int out,
                         int threads) {
     linear_float(x, wp, NULL, b, y, M, in, out, threads, f32_block, specula_f32_block_avx512,
-                 specula_f32_panel_avx512);
+                 specula_f32_panel_avx512, specula_f32_multi_avx512);
 }
 
 void specula_linear_w8(const float *x, const int8_t *wp, const float *scale, const float *b, float *y, int M, int in,
                        int out, int threads) {
     linear_float(x, wp, scale, b, y, M, in, out, threads, w8_block, specula_w8_block_avx512,
-                 specula_w8_panel_avx512);
+                 specula_w8_panel_avx512, NULL);
 }
 
 

@@ -76,6 +76,17 @@ static inline void store_int_rows(int32_t acc[][NB], float *y, const float *xs, 
  * The blocks' weights (PANEL x in x NB) stay in L2 across the groups. Each output is still the same
  * chain of FMAs over i = 0, 1, ..., so the bits do not depend on the panel. */
 #define PANEL_ROWS 64   /* from this many rows on, items take PANEL blocks */
+#define MULTI_ROWS 14   /* up to this many rows, the AVX-512 f32 items take several blocks (multi_blocks) */
+
+/* Column blocks per item of an AVX-512 call of up to MULTI_ROWS rows: as many as the registers
+ * hold beside the rows' accumulators (4 up to 6 rows, 3 up to 9, 2 up to 14), fewer where the call
+ * would otherwise leave a thread under four items (a model's narrow projections). */
+static inline int multi_blocks(int M, int out, int threads) {
+    int blocks = (out + NB - 1) / NB, kb = M <= 6 ? 4 : M <= 9 ? 3 : 2;
+    int least = 4 * (threads > 1 ? threads : 1);
+    while (kb > 1 && (blocks + kb - 1) / kb < least) kb--;
+    return kb;
+}
 #define PANEL 4
 static inline int panel_blocks(int M, int out, int threads) {
     int blocks = (out + NB - 1) / NB;
@@ -132,6 +143,8 @@ static inline int panel_blocks(int M, int out, int threads) {
 void specula_f32_block_avx512(void *job, int bk);
 void specula_w8_block_avx512(void *job, int bk);
 void specula_f32_panel_avx512(void *job, int item);
+/* linear_avx512.c: f32 calls of up to MULTI_ROWS rows, `multi_blocks` column blocks per item. */
+void specula_f32_multi_avx512(void *job, int item);
 void specula_w8_panel_avx512(void *job, int item);
 
 /* linear_avx512.c: i8 over one column block with VNNI (`vpdpbusd`), every row group of the call;

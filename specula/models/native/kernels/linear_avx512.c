@@ -1,9 +1,11 @@
 /* AVX-512 variants of linear.c's kernels, chosen at run time (`specula_isa`): the CPU flags are
  * read when the library loads, and `specula_set_isa(0)` keeps the AVX2 code (tests compare the two).
  *
- * f32 / w8 with more than 6 rows: one zmm holds a column block (16 outputs), so a group of up to
- * MRZ = 16 rows keeps one accumulator per row in the 32 registers and streams the block once,
- * where AVX2 splits 8 rows into groups of 6 and 2 (the 2-row group runs at the FMA latency, not its
+ * f32 / w8: one zmm holds a column block (16 outputs). f32 calls of up to MULTI_ROWS rows (decoding,
+ * small trees) run items of 2-4 blocks, every row over all of them at once (`MULTI_ITEM`: more weight
+ * streams in flight, one broadcast per row and step for all the blocks); larger calls run groups of
+ * up to MRZ = 16 rows, one accumulator per row in the 32 registers, streaming a block once, where
+ * AVX2 splits 8 rows into groups of 6 and 2 (the 2-row group runs at the FMA latency, not its
  * throughput). Every output is the same chain of fused multiply-adds over i = 0, 1, ... as in
  * linear.c (a lane of a zmm rounds as a lane of a ymm), so the bits do not depend on the variant.
  *
@@ -83,6 +85,73 @@ __attribute__((target("avx512f,avx512bw")))
 FLOAT_BLOCK_ITEM(specula_f32_block_avx512, float, MRZ, ZMM_SWITCH, ZMM_LOAD_F32, NULL)
 __attribute__((target("avx512f,avx512bw")))
 FLOAT_BLOCK_ITEM(specula_w8_block_avx512, int8_t, MRZ, ZMM_SWITCH, ZMM_LOAD_W8, scale)
+
+/* f32 decoding and verification calls of up to MULTI_ROWS rows: an item is KB adjacent column
+ * blocks (`multi_blocks`), every row of the call over all KB at once. Each step of i loads KB weight
+ * vectors from KB streams and broadcasts each row's x_i once for KB FMAs, so a core keeps KB lines
+ * in flight where one block kept one: a stack of SmolLM2-sized [1536, 576] f32 weights, 2 threads
+ * (Zen 4, a C harness), 1 / 4 / 9 / 12 rows 17.0-17.6 / 17.7-17.9 / 22.6-22.8 / 23.6-24.2 ms one
+ * block at a time, 15.9-16.2 / 17.2 (4 blocks) / 19.1-19.2 / 20.4-20.6 ms (2 blocks). KB x MB
+ * accumulators, KB weights and the broadcast fit the 32 registers (4 x 6, 3 x 9, 2 x 14). Every
+ * output is still the one FMA chain over i = 0, 1, ..., so the bits are those of the other items. */
+#define ZMM_MULTI_BODY(KB, MB, LOAD, SCALE)                                                          \
+    do {                                                                                             \
+        __m512 a[KB][MB];                                                                            \
+        for (int k = 0; k < KB; k++)                                                                 \
+            for (int m = 0; m < MB; m++) a[k][m] = _mm512_setzero_ps();                              \
+        for (int i = 0; i < in; i++) {                                                               \
+            __m512 w[KB];                                                                            \
+            for (int k = 0; k < KB; k++) {                                                           \
+                PREFETCH_W(wb + (size_t)k * in * NB, (size_t)(i) * NB * sizeof(*wb));                \
+                LOAD(w[k], wb + (size_t)k * in * NB, i);                                             \
+            }                                                                                        \
+            for (int m = 0; m < MB; m++) {                                                           \
+                __m512 xm = _mm512_set1_ps(xg[(size_t)m * in + i]);                                  \
+                for (int k = 0; k < KB; k++) a[k][m] = _mm512_fmadd_ps(w[k], xm, a[k][m]);           \
+            }                                                                                        \
+        }                                                                                            \
+        for (int k = 0; k < KB; k++) {                                                               \
+            float acc[MB][NB];                                                                       \
+            int ok = o0 + k * NB, nk = out - ok < NB ? out - ok : NB;                                \
+            for (int m = 0; m < MB; m++) _mm512_storeu_ps(acc[m], a[k][m]);                          \
+            store_rows(acc, y, SCALE, b, 0, MB, ok, nk, out);                                        \
+        }                                                                                            \
+    } while (0)
+
+#define ZMM_LD_F32(dst, base, i) dst = _mm512_loadu_ps((base) + (size_t)(i) * NB)
+
+#define MC(KB, MB, LOAD, SCALE) case MB: ZMM_MULTI_BODY(KB, MB, LOAD, SCALE); break;
+#define MULTI_SWITCH6(KB, LOAD, SCALE) \
+    MC(KB, 1, LOAD, SCALE) MC(KB, 2, LOAD, SCALE) MC(KB, 3, LOAD, SCALE) MC(KB, 4, LOAD, SCALE) \
+    MC(KB, 5, LOAD, SCALE) MC(KB, 6, LOAD, SCALE)
+#define MULTI_SWITCH9(KB, LOAD, SCALE) \
+    MULTI_SWITCH6(KB, LOAD, SCALE) MC(KB, 7, LOAD, SCALE) MC(KB, 8, LOAD, SCALE) MC(KB, 9, LOAD, SCALE)
+#define MULTI_SWITCH14(KB, LOAD, SCALE) \
+    MULTI_SWITCH9(KB, LOAD, SCALE) MC(KB, 10, LOAD, SCALE) MC(KB, 11, LOAD, SCALE) MC(KB, 12, LOAD, SCALE) \
+    MC(KB, 13, LOAD, SCALE) MC(KB, 14, LOAD, SCALE)
+
+/* One item: blocks bk0 .. bk1 (KB of them, fewer at the end), all M rows (M <= MULTI_ROWS). A lone
+ * block at the end runs the one-block item. */
+#define MULTI_ITEM(NAME, WTYPE, LOAD, BLOCK_FN, SCALE)                                               \
+    void NAME(void *arg, int item) {                                                                 \
+        FLOAT_ITEM_OPERANDS                                                                          \
+        const float *xg = j->xp;                                                                     \
+        const WTYPE *wb = (const WTYPE *)j->wp + (size_t)bk0 * in * NB;                              \
+        int o0 = bk0 * NB;                                                                           \
+        switch (bk1 - bk0) {                                                                         \
+            case 4: switch (M) { MULTI_SWITCH6(4, LOAD, SCALE) } break;                              \
+            case 3: switch (M) { MULTI_SWITCH9(3, LOAD, SCALE) } break;                              \
+            case 2: switch (M) { MULTI_SWITCH14(2, LOAD, SCALE) } break;                             \
+            default: {                                                                               \
+                struct linear_job one = *j;                                                          \
+                one.panel = 1;                                                                       \
+                BLOCK_FN(&one, bk0);                                                                 \
+            }                                                                                        \
+        }                                                                                            \
+    }
+
+__attribute__((target("avx512f,avx512bw")))
+MULTI_ITEM(specula_f32_multi_avx512, float, ZMM_LD_F32, specula_f32_block_avx512, NULL)
 
 /* A prompt's panels: each group of rows runs over the panel's blocks in chunks of KC inputs, so the
  * group's packed chunk (xg[i][MRZ] for KC inputs i, 8 KB) stays in L1 while the panel's blocks
