@@ -45,26 +45,44 @@ int specula_isa(void) {
     return isa;
 }
 
-/* f32 / w8: rows m0 .. m0 + MB of a decoding or verification call over the column block at wb, the
- * rows read where they lie in x (the group's first at xg, `in` apart: no packed copy, see
- * linear_float). LOAD(i) yields w. */
-#define ZMM_BODY(MB, LOAD, SCALE)                                                                    \
+/* f32 / w8: rows m0 .. m0 + MB of a decoding or verification call over KB adjacent column blocks
+ * from wb (o0 the first's first output), the rows read where they lie in x (the group's first at
+ * xg, `in` apart: no packed copy, see linear_float). LOAD(dst, base, i) yields step i of the block
+ * at base. Each step of i loads KB weight vectors from KB streams and broadcasts each row's x_i
+ * once for KB FMAs, so a core keeps KB lines in flight where one block kept one (`MULTI_ITEM`, f32
+ * calls of up to MULTI_ROWS rows): a stack of SmolLM2-sized [1536, 576] f32 weights, 2 threads (Zen
+ * 4, a C harness), 1 / 4 / 9 / 12 rows 17.0-17.6 / 17.7-17.9 / 22.6-22.8 / 23.6-24.2 ms one block at
+ * a time, 15.9-16.2 / 17.2 (4 blocks) / 19.1-19.2 / 20.4-20.6 ms (2 blocks). KB x MB accumulators,
+ * KB weights and the broadcast fit the 32 registers (4 x 6, 3 x 9, 2 x 14, 1 x 16). Every output is
+ * the one FMA chain over i = 0, 1, ..., whatever KB, so the bits are those of the other items. */
+#define ZMM_MULTI_BODY(KB, MB, LOAD, SCALE)                                                          \
     do {                                                                                             \
-        __m512 a[MB];                                                                                \
-        for (int m = 0; m < MB; m++) a[m] = _mm512_setzero_ps();                                     \
+        __m512 a[KB][MB];                                                                            \
+        for (int k = 0; k < KB; k++)                                                                 \
+            for (int m = 0; m < MB; m++) a[k][m] = _mm512_setzero_ps();                              \
         for (int i = 0; i < in; i++) {                                                               \
-            __m512 w;                                                                                \
-            PREFETCH_W(wb, (size_t)(i) * NB * sizeof(*wb));                                          \
-            LOAD(i);                                                                                 \
-            for (int m = 0; m < MB; m++) a[m] = _mm512_fmadd_ps(w, _mm512_set1_ps(xg[(size_t)m * in + i]), a[m]); \
+            __m512 w[KB];                                                                            \
+            for (int k = 0; k < KB; k++) {                                                           \
+                PREFETCH_W(wb + (size_t)k * in * NB, (size_t)(i) * NB * sizeof(*wb));                \
+                LOAD(w[k], wb + (size_t)k * in * NB, i);                                             \
+            }                                                                                        \
+            for (int m = 0; m < MB; m++) {                                                           \
+                __m512 xm = _mm512_set1_ps(xg[(size_t)m * in + i]);                                  \
+                for (int k = 0; k < KB; k++) a[k][m] = _mm512_fmadd_ps(w[k], xm, a[k][m]);           \
+            }                                                                                        \
         }                                                                                            \
-        float acc[MB][NB];                                                                           \
-        for (int m = 0; m < MB; m++) _mm512_storeu_ps(acc[m], a[m]);                                 \
-        store_rows(acc, y, SCALE, b, m0, MB, o0, nc, out);                                           \
+        for (int k = 0; k < KB; k++) {                                                               \
+            float acc[MB][NB];                                                                       \
+            int ok = o0 + k * NB, nk = out - ok < NB ? out - ok : NB;                                \
+            for (int m = 0; m < MB; m++) _mm512_storeu_ps(acc[m], a[k][m]);                          \
+            store_rows(acc, y, SCALE, b, m0, MB, ok, nk, out);                                       \
+        }                                                                                            \
     } while (0)
+#define ZMM_BODY(MB, LOAD, SCALE) ZMM_MULTI_BODY(1, MB, LOAD, SCALE)
 
-#define ZMM_LOAD_F32(i) w = _mm512_loadu_ps(wb + (size_t)(i) * NB)
-#define ZMM_LOAD_W8(i) w = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(wb + (size_t)(i) * NB))))
+#define ZMM_LOAD_F32(dst, base, i) dst = _mm512_loadu_ps((base) + (size_t)(i) * NB)
+#define ZMM_LOAD_W8(dst, base, i) \
+    dst = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)((base) + (size_t)(i) * NB))))
 
 /* The group's row count (M - m0, at most MRZ) as a constant for BODY(MB, LOAD, SCALE), so its
  * accumulators stay in registers: ZMM_BODY for rows where they lie, ZMM_CHUNK_BODY for panels. */
@@ -86,40 +104,6 @@ FLOAT_BLOCK_ITEM(specula_f32_block_avx512, float, MRZ, ZMM_SWITCH, ZMM_LOAD_F32,
 __attribute__((target("avx512f,avx512bw")))
 FLOAT_BLOCK_ITEM(specula_w8_block_avx512, int8_t, MRZ, ZMM_SWITCH, ZMM_LOAD_W8, scale)
 
-/* f32 decoding and verification calls of up to MULTI_ROWS rows: an item is KB adjacent column
- * blocks (`multi_blocks`), every row of the call over all KB at once. Each step of i loads KB weight
- * vectors from KB streams and broadcasts each row's x_i once for KB FMAs, so a core keeps KB lines
- * in flight where one block kept one: a stack of SmolLM2-sized [1536, 576] f32 weights, 2 threads
- * (Zen 4, a C harness), 1 / 4 / 9 / 12 rows 17.0-17.6 / 17.7-17.9 / 22.6-22.8 / 23.6-24.2 ms one
- * block at a time, 15.9-16.2 / 17.2 (4 blocks) / 19.1-19.2 / 20.4-20.6 ms (2 blocks). KB x MB
- * accumulators, KB weights and the broadcast fit the 32 registers (4 x 6, 3 x 9, 2 x 14). Every
- * output is still the one FMA chain over i = 0, 1, ..., so the bits are those of the other items. */
-#define ZMM_MULTI_BODY(KB, MB, LOAD, SCALE)                                                          \
-    do {                                                                                             \
-        __m512 a[KB][MB];                                                                            \
-        for (int k = 0; k < KB; k++)                                                                 \
-            for (int m = 0; m < MB; m++) a[k][m] = _mm512_setzero_ps();                              \
-        for (int i = 0; i < in; i++) {                                                               \
-            __m512 w[KB];                                                                            \
-            for (int k = 0; k < KB; k++) {                                                           \
-                PREFETCH_W(wb + (size_t)k * in * NB, (size_t)(i) * NB * sizeof(*wb));                \
-                LOAD(w[k], wb + (size_t)k * in * NB, i);                                             \
-            }                                                                                        \
-            for (int m = 0; m < MB; m++) {                                                           \
-                __m512 xm = _mm512_set1_ps(xg[(size_t)m * in + i]);                                  \
-                for (int k = 0; k < KB; k++) a[k][m] = _mm512_fmadd_ps(w[k], xm, a[k][m]);           \
-            }                                                                                        \
-        }                                                                                            \
-        for (int k = 0; k < KB; k++) {                                                               \
-            float acc[MB][NB];                                                                       \
-            int ok = o0 + k * NB, nk = out - ok < NB ? out - ok : NB;                                \
-            for (int m = 0; m < MB; m++) _mm512_storeu_ps(acc[m], a[k][m]);                          \
-            store_rows(acc, y, SCALE, b, 0, MB, ok, nk, out);                                        \
-        }                                                                                            \
-    } while (0)
-
-#define ZMM_LD_F32(dst, base, i) dst = _mm512_loadu_ps((base) + (size_t)(i) * NB)
-
 #define MC(KB, MB, LOAD, SCALE) case MB: ZMM_MULTI_BODY(KB, MB, LOAD, SCALE); break;
 #define MULTI_SWITCH6(KB, LOAD, SCALE) \
     MC(KB, 1, LOAD, SCALE) MC(KB, 2, LOAD, SCALE) MC(KB, 3, LOAD, SCALE) MC(KB, 4, LOAD, SCALE) \
@@ -130,14 +114,15 @@ FLOAT_BLOCK_ITEM(specula_w8_block_avx512, int8_t, MRZ, ZMM_SWITCH, ZMM_LOAD_W8, 
     MULTI_SWITCH9(KB, LOAD, SCALE) MC(KB, 10, LOAD, SCALE) MC(KB, 11, LOAD, SCALE) MC(KB, 12, LOAD, SCALE) \
     MC(KB, 13, LOAD, SCALE) MC(KB, 14, LOAD, SCALE)
 
-/* One item: blocks bk0 .. bk1 (KB of them, fewer at the end), all M rows (M <= MULTI_ROWS). A lone
- * block at the end runs the one-block item. */
+/* f32 calls of up to MULTI_ROWS rows (decoding, small trees): one item is blocks bk0 .. bk1 (KB =
+ * `multi_blocks` of them, fewer at the end), all M rows at once. A lone block at the end runs the
+ * one-block item. */
 #define MULTI_ITEM(NAME, WTYPE, LOAD, BLOCK_FN, SCALE)                                               \
     void NAME(void *arg, int item) {                                                                 \
         FLOAT_ITEM_OPERANDS                                                                          \
         const float *xg = j->xp;                                                                     \
         const WTYPE *wb = (const WTYPE *)j->wp + (size_t)bk0 * in * NB;                              \
-        int o0 = bk0 * NB;                                                                           \
+        int o0 = bk0 * NB, m0 = 0;                                                                   \
         switch (bk1 - bk0) {                                                                         \
             case 4: switch (M) { MULTI_SWITCH6(4, LOAD, SCALE) } break;                              \
             case 3: switch (M) { MULTI_SWITCH9(3, LOAD, SCALE) } break;                              \
@@ -151,7 +136,7 @@ FLOAT_BLOCK_ITEM(specula_w8_block_avx512, int8_t, MRZ, ZMM_SWITCH, ZMM_LOAD_W8, 
     }
 
 __attribute__((target("avx512f,avx512bw")))
-MULTI_ITEM(specula_f32_multi_avx512, float, ZMM_LD_F32, specula_f32_block_avx512, NULL)
+MULTI_ITEM(specula_f32_multi_avx512, float, ZMM_LOAD_F32, specula_f32_block_avx512, NULL)
 
 /* A prompt's panels: each group of rows runs over the panel's blocks in chunks of KC inputs, so the
  * group's packed chunk (xg[i][MRZ] for KC inputs i, 8 KB) stays in L1 while the panel's blocks
@@ -166,7 +151,7 @@ MULTI_ITEM(specula_f32_multi_avx512, float, ZMM_LD_F32, specula_f32_block_avx512
         for (int i = c0; i < c1; i++) {                                                              \
             __m512 w;                                                                                \
             PREFETCH_W(wb, (size_t)(i) * NB * sizeof(*wb));                                          \
-            LOAD(i);                                                                                 \
+            LOAD(w, wb, i);                                                                          \
             for (int m = 0; m < MB; m++) a[m] = _mm512_fmadd_ps(w, _mm512_set1_ps(xg[(size_t)i * MRZ + m]), a[m]); \
         }                                                                                            \
         for (int m = 0; m < MB; m++) _mm512_store_ps(acc[m], a[m]);                                  \
