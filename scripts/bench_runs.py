@@ -29,8 +29,8 @@ def main() -> None:
     args = parser.parse_args()
     summaries = [json.loads((Path(d) / "results.json").read_text())["summary"] for d in args.runs]
     names = [name for name in summaries[0] if all(name in s for s in summaries)]
-    header = ("| method | vs none | mean accepted | per drafting step | draft / plain step per proposed token "
-              "| identical |")
+    header = ("| method | vs none | mean accepted | per drafting step | steps paused by the back-off "
+              "| draft / plain step per proposed token | identical |")
     if args.over:
         header = header.replace(" | identical", f" | vs {args.over} | identical")
     print(f"{len(summaries)} runs: min / median / max\n")
@@ -41,6 +41,9 @@ def main() -> None:
         cells = [spread([r["speedup"] for r in rows]) + "x", spread([r["mean_accepted_tokens"] for r in rows])]
         drafting = [r.get("mean_accepted_per_drafting_step") for r in rows]
         cells.append(spread(drafting) if all(v is not None for v in drafting) else "-")
+        paused = [r.get("paused_step_fraction") for r in rows]
+        cells.append(" / ".join(f"{v:.0%}" for v in (min(paused), statistics.median(paused), max(paused)))
+                     if all(v is not None for v in paused) else "-")
         per_token = [r.get("draft_fraction_of_plain_step_per_token") for r in rows]
         cells.append(spread([v for v in per_token if v is not None], 3) if any(per_token) else "-")
         if args.over:

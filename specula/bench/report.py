@@ -164,6 +164,14 @@ def render_markdown(doc: dict[str, Any]) -> str:
                   "drafts on every step, so on text where the planner declines to draft this reads above it.",
                   ""]
         lines += _matrix(entries, categories, "mean_accepted_per_drafting_step", _num)
+    if any(e.get("paused_step_fraction") for _, e in entries):
+        lines += ["", "## Steps paused by the back-off by category", "",
+                  "The share of steps a request sat out in the planner's back-off pause (its drafting steps had "
+                  "realised less than plain steps on this text; probes after 1, 2, 4, ... steps). The other plain "
+                  "steps are the planner's: no tree paid. On text where drafting pays about what it costs, which "
+                  "way the first steps fall moves this share, and the speed, from run to run.",
+                  ""]
+        lines += _matrix(entries, categories, "paused_step_fraction", _pct)
     planned = [(n, e) for n, e in entries if e.get("predicted_mean_accepted_tokens")]
     if planned:
         lines += ["", "## Planner: predicted vs realized mean accepted tokens", "",

@@ -219,10 +219,12 @@ def execute(args: argparse.Namespace, bench: BenchPlan, target, tokenizer, draft
         if entry["speedup_vs_hf"] is not None:
             parts.append(f"{entry['speedup_vs_hf']:.2f}x vs hf:greedy")
         if entry["mean_accepted_tokens"] is not None:
-            drafting = entry.get("mean_accepted_per_drafting_step")
+            drafting, paused = entry.get("mean_accepted_per_drafting_step"), entry.get("paused_step_fraction")
+            notes = [f"{drafting:.2f} per drafting step"] if drafting is not None \
+                and entry.get("drafting_step_fraction", 1) < 1 else []
+            notes += [f"{paused:.0%} of steps paused by the back-off"] if paused else []
             parts.append(f"mean accepted {entry['mean_accepted_tokens']:.2f}"
-                         + (f" ({drafting:.2f} per drafting step)" if drafting is not None
-                            and entry.get("drafting_step_fraction", 1) < 1 else ""))
+                         + (f" ({', '.join(notes)})" if notes else ""))
         if entry["identical_fraction"] is not None:
             parts.append(f"identical {entry['identical_fraction']:.0%}")
         if entry.get("schema_valid_fraction") is not None:

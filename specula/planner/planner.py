@@ -192,6 +192,8 @@ class PlannerState:
     """The drafters that draft this step although measured not to pay: probes, judged afresh."""
     held_steps: dict[str, int] = field(default_factory=dict)
     """Per drafter: the steps it sat out (for the request's summary)."""
+    paused_steps: int = 0
+    """Steps this request sat out in a back-off pause (for the request's summary)."""
     last_drafted: frozenset[str] = frozenset()
     """The drafters that proposed nodes on this request's previous step (their drafting time then
     had no catch-up in it)."""
@@ -311,6 +313,7 @@ class HardwarePlanner:
             return False
         if state.backoff.waiting():
             state.resumed = True
+            state.paused_steps += 1
             return False
         state.held = self._hold(state)
         return True
@@ -714,7 +717,7 @@ class HardwarePlanner:
         decoding; and how this run's timed passes corrected the curve."""
         p = state.projected
         if p.steps == 0:
-            return {"steps": 0}
+            return {"steps": 0, "paused_steps": state.paused_steps}
         plain_rate = 1.0 / self.cost.curve.latency(1)  # the same prior curve as the steps' seconds
         return {
             "steps": p.steps,
@@ -724,5 +727,6 @@ class HardwarePlanner:
             "plain_step_seconds": round(self.cost.estimate(1), 6),
             "cost_curve_ratio_8": round(self.cost.curve.ratio(8), 3),
             "observed_ratio_8": round(self.cost.estimate(8) / self.cost.estimate(1), 3),
+            "paused_steps": state.paused_steps,
             **({"held_steps": dict(state.held_steps)} if state.held_steps else {}),
         }

@@ -18,9 +18,10 @@ from specula.sampling import SamplingParams
 from tiny import reference_greedy
 
 SUMMARY_KEYS = {"tokens_per_s", "speedup", "speedup_vs_hf", "mean_accepted_tokens", "identical_fraction",
-                "by_category", "acceptance_by_depth", "time_split", "draft_ms_per_step", "memory_bytes"}
+                "by_category", "acceptance_by_depth", "time_split", "draft_ms_per_step", "memory_bytes",
+                "paused_step_fraction"}
 RUN_KEYS = {"id", "category", "turn", "method", "new_tokens", "seconds", "tokens_per_s", "mean_accepted_tokens",
-            "identical", "token_ids", "token_sha1", "accepted_lengths", "time", "finish_reason"}
+            "identical", "token_ids", "token_sha1", "accepted_lengths", "time", "finish_reason", "paused_steps"}
 
 
 @dataclass
@@ -107,6 +108,10 @@ def test_run_bench_writes_results_report_and_plots(tmp_path, tiny_pair, chat_tok
     assert len(doc["runs"]) == len(names) * 5
     for run in doc["runs"]:
         assert RUN_KEYS <= set(run)
+        # the planner's back-off counts the steps it paused; peers and plain decoding have none
+        planned = run["method"] in ("prompt-lookup", "draft-model")
+        assert (isinstance(run["paused_steps"], int) and 0 <= run["paused_steps"] < run["steps"]) if planned \
+            else run["paused_steps"] is None
     # Plain decoding equals an independent greedy reference (full recomputation, EOS id 1).
     target = tiny_pair[0]
     first = next(r for r in doc["runs"] if r["id"] == "b1" and r["method"] == "none")
@@ -251,6 +256,33 @@ def test_tokens_per_drafting_step_leave_out_the_plain_steps():
     every = aggregate([_record("fast", "a", 10, 0.5, [2, 3, 2, 3], drafted=[4, 3], accepted=[4, 2])])
     assert every["mean_accepted_per_drafting_step"] == every["mean_accepted_tokens"] == 2.5
     assert aggregate([_record("none", "a", 10, 1.0, [1] * 10)])["mean_accepted_per_drafting_step"] is None
+
+
+def test_paused_steps_add_up_over_the_requests_a_back_off_judged():
+    """The share of steps sat out in a back-off pause: paused over steps of the requests whose planner
+    counted them (peers and unplanned methods count none, and are left out, not read as zero)."""
+    runs = [dict(_record("eagle3", "a", 9, 1.0, [1, 3, 1, 4], drafted=[2, 2, 1], accepted=[2, 2, 1]), paused_steps=1),
+            dict(_record("eagle3", "b", 8, 1.0, [1] * 6 + [2], drafted=[1], accepted=[1]), paused_steps=5)]
+    entry = aggregate(runs)
+    assert entry["paused_step_fraction"] == pytest.approx(6 / 11, abs=1e-4)
+    assert aggregate(runs[:1])["paused_step_fraction"] == 0.25
+    assert aggregate([_record("none", "a", 10, 1.0, [1] * 10)])["paused_step_fraction"] is None
+    summary = summarize(runs, [{"name": "eagle3", "kind": "specula", "lossless": True}], ["a", "b"])
+    assert summary["eagle3"]["by_category"]["b"]["paused_step_fraction"] == pytest.approx(5 / 7, abs=1e-4)
+
+
+def test_the_report_shows_the_paused_share_by_category_when_a_back_off_paused():
+    from specula.bench.report import build_document, render_markdown
+
+    methods = [{"name": n, "kind": "specula", "lossless": True} for n in ("none", "eagle3")]
+    runs = [_record("none", "a", 9, 1.0, [1] * 9),
+            dict(_record("eagle3", "a", 9, 0.5, [1, 3, 1, 4], drafted=[2, 2, 1], accepted=[2, 2, 1]), paused_steps=1)]
+    head = {"methods": methods, "categories": ["a"], "greedy": True, "machine": {}, "config": {}, "cost_curve": None}
+    report = render_markdown(build_document(head, runs, [], prompts_done=1, prompts_total=1, status="complete"))
+    assert "## Steps paused by the back-off by category" in report and "| eagle3 | 25% | 25% |" in report
+    runs[1]["paused_steps"] = 0
+    report = render_markdown(build_document(head, runs, [], prompts_done=1, prompts_total=1, status="complete"))
+    assert "paused by the back-off" not in report
 
 
 def test_first_difference():

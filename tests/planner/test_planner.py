@@ -400,6 +400,16 @@ def test_a_probe_after_a_pause_is_judged_afresh_so_drafting_resumes_once_it_pays
     assert all(paying[first:])  # the winning probe resumed drafting for good
 
 
+def test_the_request_summary_counts_the_steps_sat_out_in_back_off_pauses():
+    planner = HardwarePlanner(curve=STEEP)
+    driver = Driver(planner)
+    tree = chain([5], 0.01)
+    skipped = sum(not driver.engine_step(tree, 0.05, lambda n: STEEP.latency(1))[0] for _ in range(40))
+    assert skipped > 20  # useless slow drafting: most steps paused
+    assert planner.summary(driver.state)["paused_steps"] == skipped
+    assert planner.new_state().paused_steps == 0
+
+
 def test_a_new_request_ends_the_back_off_pause():
     planner = HardwarePlanner(curve=STEEP)
     driver = Driver(planner)
