@@ -17,9 +17,9 @@ import statistics
 from pathlib import Path
 
 
-def spread(values: list[float], digits: int = 2) -> str:
-    """"min / median / max" of `values`."""
-    return " / ".join(f"{v:.{digits}f}" for v in (min(values), statistics.median(values), max(values)))
+def spread(values: list[float], spec: str = ".2f") -> str:
+    """"min / median / max" of `values`, each formatted by `spec` (".3f", ".0%", ...)."""
+    return " / ".join(format(v, spec) for v in (min(values), statistics.median(values), max(values)))
 
 
 def main() -> None:
@@ -42,10 +42,9 @@ def main() -> None:
         drafting = [r.get("mean_accepted_per_drafting_step") for r in rows]
         cells.append(spread(drafting) if all(v is not None for v in drafting) else "-")
         paused = [r.get("paused_step_fraction") for r in rows]
-        cells.append(" / ".join(f"{v:.0%}" for v in (min(paused), statistics.median(paused), max(paused)))
-                     if all(v is not None for v in paused) else "-")
+        cells.append(spread(paused, ".0%") if all(v is not None for v in paused) else "-")
         per_token = [r.get("draft_fraction_of_plain_step_per_token") for r in rows]
-        cells.append(spread([v for v in per_token if v is not None], 3) if any(per_token) else "-")
+        cells.append(spread([v for v in per_token if v is not None], ".3f") if any(per_token) else "-")
         if args.over:
             cells.append(spread([s[name]["tokens_per_s"] / s[args.over]["tokens_per_s"] for s in summaries]) + "x")
         cells.append(f"{min(r['identical_fraction'] for r in rows):.0%}")

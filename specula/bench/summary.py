@@ -56,6 +56,7 @@ def aggregate(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
     memory = [r["memory_bytes"] for r in runs if r.get("memory_bytes") is not None]
     planned = [r for r in stepped if r.get("predicted_accepted")]
     judged = [r for r in stepped if r.get("paused_steps") is not None]  # requests a planner with a back-off ran
+    judged_steps = _sum(r["steps"] for r in judged)
     planned_steps = _sum(r["steps"] for r in planned)
     return {
         "outputs": len(runs),
@@ -68,8 +69,7 @@ def aggregate(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "mean_accepted_tokens": _ratio(emitted, steps) if steps else None,
         "mean_accepted_per_drafting_step": None if per_drafting is None else round(per_drafting, 4),
         "drafting_step_fraction": _ratio(drafting_steps, steps) if steps else None,
-        "paused_step_fraction": _ratio(_sum(r["paused_steps"] for r in judged), _sum(r["steps"] for r in judged))
-        if judged and _sum(r["steps"] for r in judged) else None,
+        "paused_step_fraction": _ratio(_sum(r["paused_steps"] for r in judged), judged_steps) if judged_steps else None,
         "predicted_mean_accepted_tokens": _ratio(_sum(r["predicted_accepted"] for r in planned), planned_steps)
         if planned_steps else None,
         "acceptance_rate": _ratio(accepted, drafted) if stepped else None,
