@@ -35,7 +35,8 @@ def register(sub) -> None:
     p.add_argument("--out", required=True, metavar="DIR", help="directory for KIND.safetensors, checkpoint.pt, report.json")
     p.add_argument("--epochs", type=float, default=4.0)
     p.add_argument("--draft-vocab", type=int, default=8192, metavar="N",
-                   help="reduced draft vocabulary: the corpus's N most frequent tokens (default 8192)")
+                   help="reduced draft vocabulary: the corpus's N most frequent tokens (default 8192); with --init-head, "
+                        "an N above the head's own extends it (its tokens kept, the corpus's most frequent others added)")
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--batch-size", type=int, default=8, metavar="N", help="chunks per step (default 8)")
     p.add_argument("--seq-len", type=int, default=256, metavar="N", help="pairs per chunk (default 256)")
@@ -81,7 +82,8 @@ def register(sub) -> None:
                         "model (--backend hf): the fast path on a GPU, where it is the default (512); "
                         "0 = the engine's batched step (the CPU default)")
     p.add_argument("--init-head", default=None, metavar="FILE|installed",
-                   help="start from this head (fine-tuning: its weights, shape and draft vocabulary; 'installed' = "
+                   help="start from this head (fine-tuning: its weights, shape and draft vocabulary, which a larger "
+                        "--draft-vocab extends; 'installed' = "
                         "the head of --kind that `specula models install` put in place for --target), e.g. the "
                         "shipped head on prompts like yours; --seq-len sets the context it learns to attend to")
     p.add_argument("--seed", type=int, default=0)

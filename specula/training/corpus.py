@@ -78,8 +78,8 @@ class CorpusEntry:
 
 
 def read_prompts(files: Iterable[str | os.PathLike], training: bool = True) -> list[tuple[str, str]]:
-    """(id, first turn text) of every prompt in the JSONL files; a ConfigError names a bad line,
-    or, for training data, a line holding a benchmark's prompt (`contamination`: a head never
+    """(id, first turn text) of every prompt in the JSONL files; a ConfigError names a bad line, an
+    id given twice in one file, or, for training data, a line holding a benchmark's prompt (`contamination`: a head never
     trains on what it is measured on; `training=False` reads evaluation prompts, which may be)."""
     out: list[tuple[str, str]] = []
     for file in files:
@@ -87,6 +87,11 @@ def read_prompts(files: Iterable[str | os.PathLike], training: bool = True) -> l
         if not path.is_file():
             raise ConfigError(f"training data {path} does not exist: pass JSONL prompt files with --data")
         rows = list(_read_rows(path))
+        first: dict[str, int] = {}
+        for n, rid, _ in rows:
+            if first.setdefault(rid, n) != n:
+                raise ConfigError(f"{path}:{n}: id {rid!r} is also the id of line {first[rid]}; give each prompt "
+                                  "of a file its own id (answers are cached and matched by id)")
         if training:
             refuse_benchmark_prompts(path, rows)
         out += [(f"{path.stem}:{rid}", turns[0]) for _, rid, turns in rows]

@@ -165,6 +165,21 @@ def draft_vocabulary(fs: FeatureSet, size: int, target_vocab: int, always: Seque
     return top.sort().values
 
 
+def extend_vocabulary(d2t: torch.Tensor, fs: FeatureSet, size: int, target_vocab: int) -> torch.Tensor:
+    """d2t [<= size] long, sorted: every token of `d2t` (a head's draft vocabulary, kept whole) and the
+    corpus's most frequent tokens outside it, up to `size` in all (tokens the corpus never holds are
+    not added; the whole vocabulary when size >= target_vocab); `d2t` itself when it already holds
+    `size` tokens or more."""
+    if len(d2t) >= size:
+        return d2t
+    if size >= target_vocab:
+        return torch.arange(target_vocab)
+    counts = torch.bincount(fs.tokens, minlength=target_vocab).double()
+    counts[d2t] = 0.0
+    room = min(size - len(d2t), int((counts > 0).sum()))
+    return torch.cat([d2t, counts.topk(room).indices]).sort().values
+
+
 def coverage(fs: FeatureSet, d2t: torch.Tensor) -> float:
     """Fraction of corpus tokens inside the draft vocabulary."""
     inside = torch.zeros(int(max(fs.tokens.max(), d2t.max())) + 1, dtype=torch.bool)

@@ -25,7 +25,9 @@ from specula.errors import ConfigError
 from specula.training.corpus import (DEFAULT_PROMPTS, EVAL_PROMPTS, CorpusConfig, PaddedConfig, corpus_key,
                                      generate_corpus, match_answers, read_answers, read_prompts)
 from specula.training.padded import padded_model
-from specula.training.features import FeatureSet, concat_features, coverage, draft_vocabulary, extract_features
+from specula.training.features import (
+    FeatureSet, concat_features, coverage, draft_vocabulary, extend_vocabulary, extract_features,
+)
 from specula.training.trainer import TrainConfig, acceptance_report, step_counts, train_head
 
 
@@ -58,7 +60,8 @@ def run_training(target, tokenizer, target_name: str, out: Path, config: TrainCo
     target's Hugging Face model (`training.padded`); "auto" = with the default `PaddedConfig` for a
     Hugging Face model on CUDA, else the engine's path (None). `init_head`: a head file for this
     target to start from (fine-tuning, `initial_head`): its weights, shape and draft vocabulary.
-    `deadline` (`time.monotonic()` seconds): the run ends by then; after the answers and features,
+    A `config.draft_vocab` above the head's own extends its draft vocabulary (`extend_vocabulary`,
+    `widened_head`). `deadline` (`time.monotonic()` seconds): the run ends by then; after the answers and features,
     the epochs are cut so the whole training schedule and the reports fit (`_fit_to_deadline`).
     `stop_after`: end once the training prompts' answers (or also their features) are cached; the
     report says what was made, and the same call without it goes on from the cache (a GPU lent
@@ -128,7 +131,9 @@ def run_training(target, tokenizer, target_name: str, out: Path, config: TrainCo
         times["evaluation_data_seconds"] = round(time.perf_counter() - t, 1)
 
     if start is not None:
-        head, d2t = start, start.d2t
+        head, d2t = start, extend_vocabulary(start.d2t, fs, config.draft_vocab, target.vocab_size)
+        if len(d2t) > len(start.d2t):  # the head's output rows are the target's: more of them need no new weights
+            head = widened_head(start, d2t, target)
     else:
         d2t = draft_vocabulary(fs, config.draft_vocab, target.vocab_size, sorted(target.eos_token_ids))
         head = new_head(config.kind, target, d2t, seed=config.seed, num_offsets=config.num_offsets,
@@ -177,8 +182,8 @@ def run_training(target, tokenizer, target_name: str, out: Path, config: TrainCo
 def initial_head(path: str | os.PathLike, target, target_name: str, config: TrainConfig):
     """The head a fine-tuning run starts from: `path` read and checked against the target like a head
     to draft with (a `HeadFileError` naming the fix for a missing, corrupted or other-target file),
-    in float32 for training. Its kind must be `config.kind`; its shape and draft vocabulary are
-    kept (the weights fit nothing else), so a `config` that asks for another width is refused (a
+    in float32 for training. Its kind must be `config.kind`; its shape is kept (the weights fit
+    nothing else; its draft vocabulary may grow, `widened_head`), so a `config` that asks for another width is refused (a
     medusa / hydra head keeps its own number of offsets whatever `config.num_offsets` says)."""
     from specula.drafters.heads.runtime import load_head
 
@@ -191,6 +196,17 @@ def initial_head(path: str | os.PathLike, target, target_name: str, config: Trai
             raise ConfigError(f"--init-head {path} has {name} {has}, not {wanted}: its shape is kept when "
                               f"fine-tuning; drop --{name.replace('_', '-')}")
     return head
+
+
+def widened_head(head, d2t: torch.Tensor, target):
+    """`head` over the larger draft vocabulary `d2t` (a superset of its own): the same module (its
+    config's `draft_vocab` updated); every head kind scores its draft vocabulary with the target's
+    own output rows, so the new tokens' rows come from the target and no weight is added."""
+    from specula.drafters.heads.runtime import TrainedHead
+
+    module = head.module
+    module.cfg = replace(module.cfg, draft_vocab=len(d2t))
+    return TrainedHead(module, d2t, target, head.file)
 
 
 def cache_paths(target, file: Path, corpus: CorpusConfig, layers: tuple[int, ...] = (),

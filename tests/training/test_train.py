@@ -17,7 +17,9 @@ from specula.drafters.heads.runtime import new_head
 from specula.errors import ConfigError
 from specula.models.native import NativeCausalLM, NativeDecoder, configure
 from specula.training.corpus import CorpusEntry
-from specula.training.features import FeatureSet, concat_features, coverage, draft_vocabulary, extract_features
+from specula.training.features import (
+    FeatureSet, concat_features, coverage, draft_vocabulary, extend_vocabulary, extract_features,
+)
 from specula.drafters.heads.losses import loss_of, ttt_mask
 from specula.training.trainer import TrainConfig, batch, chunks, loss_config, split, train_head
 
@@ -194,6 +196,17 @@ def test_held_out_split_and_vocabulary(setup):
     assert 0 < coverage(fs, d2t) < 1 and coverage(fs, torch.arange(96)) == 1.0
 
 
+def test_an_extended_vocabulary_keeps_the_head_tokens_and_adds_the_most_frequent_others():
+    tokens = torch.tensor([5] * 9 + [7] * 6 + [3] * 4 + [8] * 2 + [2])  # 5 > 7 > 3 > 8 > 2 by count
+    fs = FeatureSet(tokens, torch.zeros(len(tokens), 4), torch.tensor([0, len(tokens)]), torch.tensor([1]))
+    head = torch.tensor([2, 3])  # a rare token the head holds stays in
+    assert extend_vocabulary(head, fs, 4, 16).tolist() == [2, 3, 5, 7]
+    assert extend_vocabulary(head, fs, 2, 16) is head  # no larger: the head's own
+    assert extend_vocabulary(head, fs, 1, 16) is head  # never shrunk
+    assert extend_vocabulary(head, fs, 9, 16).tolist() == [2, 3, 5, 7, 8]  # only tokens the corpus holds
+    assert extend_vocabulary(head, fs, 16, 16).tolist() == list(range(16))
+
+
 def test_training_time_test_mask_shows_what_drafting_shows():
     """Step j, row i = a depth-j draft row over root pair i - j: it sees true pairs <= i - j and
     its ancestors at steps 1..j-1 (positions i - j + k), itself at step j."""
@@ -298,11 +311,25 @@ def test_a_renamed_prompt_file_reads_the_cached_answers_under_its_own_ids(setup,
         generate_corpus(target, tiny_tokenizer, read_prompts([b])[:3], cache, config)
 
 
+def test_a_prompt_file_with_an_id_given_twice_is_refused_naming_both_lines(tmp_path):
+    from specula.training.corpus import read_prompts
+
+    data = tmp_path / "p.jsonl"
+    data.write_text("".join(json.dumps({"id": i, "prompt": f"w{n}"}) + "\n" for n, i in enumerate(["a", "b", "a"])))
+    with pytest.raises(ConfigError, match=r"p.jsonl:3: id 'a' is also the id of line 1"):
+        read_prompts([data])
+    one, two = tmp_path / "one.jsonl", tmp_path / "two.jsonl"  # the same id in two files: fine
+    one.write_text(json.dumps({"id": "a", "prompt": "w5"}) + "\n")
+    two.write_text(json.dumps({"id": "a", "prompt": "w9"}) + "\n")
+    assert read_prompts([one, two]) == [("one:a", "w5"), ("two:a", "w9")]
+
+
 def test_init_head_fine_tunes_a_head_from_its_weights_and_vocabulary(tmp_path, monkeypatch, tiny_tokenizer, capsys):
     """`--init-head`: training starts from the file's weights (the held-out acceptance before the
     fine-tuning run is the first run's after, on the same split), keeps its draft vocabulary and
     shape, records where it started, and learns the context `--seq-len` gives (the drafting
-    window); its output is plain greedy's. A head of another kind or width is refused in one line."""
+    window); its output is plain greedy's. A head of another kind or width is refused in one line;
+    a larger `--draft-vocab` widens its vocabulary."""
     from specula.cli import main
     from specula.drafters.heads.file import read_head
     from specula.models.install import sha256_file
@@ -340,6 +367,20 @@ def test_init_head_fine_tunes_a_head_from_its_weights_and_vocabulary(tmp_path, m
     code = main(["train", *common, "--out", str(tmp_path / "d"), "--init-head", "installed"])
     err = capsys.readouterr().err
     assert code == 2 and "no eagle3 head is installed" in err
+    # a larger --draft-vocab widens the head's vocabulary: its tokens kept, no weight added; output unchanged
+    wide = [*common[:-4], "--draft-vocab", "80", "--intermediate-size", "24"]
+    assert main(["train", *wide, "--out", str(tmp_path / "e"), "--epochs", "1", "--seq-len", "16",
+                 "--init-head", str(first)]) == 0
+    widened = read_head(tmp_path / "e" / "eagle3.safetensors")
+    assert len(base.d2t) < len(widened.d2t) == widened.config.draft_vocab <= 80
+    assert set(base.d2t.tolist()) < set(widened.d2t.tolist())
+    assert {k: v.shape for k, v in widened.state.items()} == {k: v.shape for k, v in base.state.items()}
+    assert json.loads((tmp_path / "e" / "report.json").read_text())["draft_vocab"] == len(widened.d2t)
+    capsys.readouterr()
+    code = main(["generate", "--target", str(path), "--method", "eagle3", "--head", str(tmp_path / "e" / "eagle3.safetensors"),
+                 "--prompt", "w5 w9 w13", "--raw", "--max-new-tokens", "12", "--ignore-eos", "--json"])
+    assert code == 0
+    assert json.loads(capsys.readouterr().out)["token_ids"] == reference_greedy(model, list(tiny_tokenizer.encode("w5 w9 w13")), 12)
 
 
 def test_a_raised_prompt_limit_keeps_the_cache_key_of_files_it_does_not_cut(tiny_tokenizer):
