@@ -46,9 +46,14 @@ SHIPPED: tuple[ShippedHead, ...] = (
     #          $D/context3.jsonl $D/magpie3-{code,explain,general,howto,math,writing}.jsonl $D/magpie4-general.jsonl
     #   --max-new-tokens 128 --epochs 3 (31,040 prompts written by the model or built from its
     #   answers, answered by it; trained on an H200; docs/training.md "The eagle3 head on 31,040
-    #   prompts"); float16
+    #   prompts"), then fine-tuned on the CPU: specula train --target smollm2-135m --kind eagle3
+    #   --init-head <that head> --draft-vocab 16384 --data $D/translate.jsonl $D/replay-general.jsonl
+    #   $D/replay-magpie4.jsonl --max-new-tokens 128 --epochs 2 --lr 2e-4 --ttt-steps 3 --batch-size 8
+    #   (1,758 prompts: translations SmolLM2 mostly copies, and earlier prompts replayed; its draft
+    #   vocabulary grown to the 12,324 tokens the corpora hold; docs/training.md "A head that copies
+    #   what it is asked to translate"); float16
     ShippedHead("smollm2-135m", "eagle3", "smollm2-135m-eagle3.safetensors",
-                "5004a1ed7d671bb0452f28d574b42ff0bc77440c021f7f16c8289d8f030623a4"),
+                "512ca3a6e7119516252daca340126365afe98fd1f13a758d83f72ab4096d6567"),
     # specula train --target qwen2.5-coder-0.5b --kind eagle3 --backend hf --device cuda --dtype bfloat16
     #   --padded-rows 2048 --batch-size 64 --ttt-steps 3 --max-new-tokens 128 --epochs 3
     #   --data $(ls $D/{magpie,context}*.jsonl | grep -v context-long) (the 31,040 prompts of SmolLM2's
