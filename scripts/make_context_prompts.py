@@ -47,10 +47,9 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
 
     from specula.models.loading import load_backend
-    from specula.paths import atomic_path, atomic_write_json
     from specula.training.contamination import find_contaminated
     from specula.training.context_prompts import Passage, clean_passage, compose
-    from specula.training.corpus import CorpusConfig, generate_corpus, read_prompts
+    from specula.training.corpus import CorpusConfig, generate_corpus, read_prompts, write_prompt_file
     from specula.training.run import cache_paths
 
     out = Path(args.out)
@@ -103,11 +102,8 @@ def main(argv: list[str] | None = None) -> int:
                      "min_documents": args.min_documents, "passages_per_text": list(text_passages),
                      "min_words": args.min_words, "seed": args.seed, "tasks": tasks},
     }
-    out.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_json(out.with_name(f"{out.stem}.manifest.json"), manifest)
-    with atomic_path(out) as tmp:
-        tmp.write_text("".join(json.dumps({"id": r["id"], "prompt": r["prompt"], "source": f"{source}:{r['task']}"},
-                                          ensure_ascii=False) + "\n" for r in kept), encoding="utf-8")
+    write_prompt_file(out, [{"id": r["id"], "prompt": r["prompt"], "source": f"{source}:{r['task']}"} for r in kept],
+                      manifest)
     print(json.dumps(manifest["sources"], indent=2))
     print(f"{len(kept)} prompts -> {out}")
     return 0

@@ -118,9 +118,8 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
 
     from specula.models.loading import load_backend
-    from specula.paths import atomic_path, atomic_write_json
     from specula.training.contamination import find_contaminated
-    from specula.training.corpus import CorpusConfig, generate_corpus, read_prompts
+    from specula.training.corpus import CorpusConfig, generate_corpus, read_prompts, write_prompt_file
     from specula.training.run import cache_paths
 
     out = Path(args.out)
@@ -133,9 +132,14 @@ def main(argv: list[str] | None = None) -> int:
     if sources.exists() and sources.read_text(encoding="utf-8") != text:
         print(f"error: {sources} holds other requests: delete it or choose another output file", file=sys.stderr)
         return 2
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with atomic_path(sources) as tmp:
-        tmp.write_text(text, encoding="utf-8")
+    write_prompt_file(sources, asked, {
+        "file": sources.name, "prompts": len(asked),
+        "sources": [{"source": "translation-source", "built_from": ["scripts/make_training_prompts.py (TOPICS)"],
+                     "licence": "requests written for specula (topics of scripts/make_training_prompts.py)",
+                     "languages": dict(Counter(r["source"].rsplit("-", 1)[1] for r in asked)),
+                     "note": f"not SmolLM2 training prompts: the requests {args.source_model} answered (greedy, "
+                             f"{args.max_new_tokens} new tokens) to write the sentences of {out.name}"}],
+        "settings": {"script": "scripts/make_translation_prompts.py", "seed": args.seed, "requests": len(asked)}})
     lang_of = {f"{sources.stem}:{r['id']}": r["source"].rsplit("-", 1)[1] for r in asked}
     try:
         model, tokenizer = load_backend(args.source_model, load_config(args), name="source model")
@@ -153,14 +157,6 @@ def main(argv: list[str] | None = None) -> int:
     flagged = {m.index for m in find_contaminated([r["prompt"] for r in rows])}
     kept = [r for i, r in enumerate(rows) if i not in flagged]
     languages = Counter(r["lang"] for r in kept)
-    atomic_write_json(sources.with_name(f"{sources.stem}.manifest.json"), {
-        "file": sources.name, "prompts": len(asked),
-        "sources": [{"source": "translation-source", "built_from": ["scripts/make_training_prompts.py (TOPICS)"],
-                     "licence": "requests written for specula (topics of scripts/make_training_prompts.py)",
-                     "languages": dict(Counter(r["source"].rsplit("-", 1)[1] for r in asked)),
-                     "note": f"not SmolLM2 training prompts: the requests {args.source_model} answered (greedy, "
-                             f"{args.max_new_tokens} new tokens) to write the sentences of {out.name}"}],
-        "settings": {"script": "scripts/make_translation_prompts.py", "seed": args.seed, "requests": len(asked)}})
     manifest = {
         "file": out.name, "prompts": len(kept),
         "sources": [{"source": "translation", "built_from": [sources.name],
@@ -171,10 +167,8 @@ def main(argv: list[str] | None = None) -> int:
         "settings": {"script": "scripts/make_translation_prompts.py", "source_model": args.source_model,
                      "max_new_tokens": args.max_new_tokens, "seed": args.seed},
     }
-    atomic_write_json(out.with_name(f"{out.stem}.manifest.json"), manifest)
-    with atomic_path(out) as tmp:
-        tmp.write_text("".join(json.dumps({"id": r["id"], "prompt": r["prompt"], "source": f"s65-translate-{r['lang']}"},
-                                          ensure_ascii=False) + "\n" for r in kept), encoding="utf-8")
+    write_prompt_file(out, [{"id": r["id"], "prompt": r["prompt"], "source": f"s65-translate-{r['lang']}"}
+                            for r in kept], manifest)
     print(json.dumps(manifest["sources"], indent=2))
     print(f"{len(kept)} prompts -> {out}")
     return 0

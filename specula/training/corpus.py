@@ -100,6 +100,17 @@ def read_prompts(files: Iterable[str | os.PathLike], training: bool = True) -> l
     return out
 
 
+def write_prompt_file(out: Path, rows: Sequence[dict], manifest: dict) -> None:
+    """A prompt file the scripts compose (rows {"id", "prompt", "source"}, one JSON line each) and
+    its OUT_STEM.manifest.json, each written atomically (the manifest first)."""
+    from specula.paths import atomic_path, atomic_write_json
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(out.with_name(f"{out.stem}.manifest.json"), manifest)
+    with atomic_path(out) as tmp:
+        tmp.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
+
+
 def _read_rows(path: Path) -> Iterable[tuple[int, str, list[str]]]:
     """(line number, id, turns) of every prompt line of a JSONL file."""
     for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):

@@ -324,6 +324,17 @@ def test_a_prompt_file_with_an_id_given_twice_is_refused_naming_both_lines(tmp_p
     assert read_prompts([one, two]) == [("one:a", "w5"), ("two:a", "w9")]
 
 
+def test_a_composed_prompt_file_is_written_with_its_manifest_and_reads_back(tmp_path):
+    from specula.training.corpus import read_prompts, write_prompt_file
+
+    out = tmp_path / "made" / "t.jsonl"
+    rows = [{"id": "t0", "prompt": "Übersetze: w5 w9", "source": "x:de"}, {"id": "t1", "prompt": "w7", "source": "x:fr"}]
+    write_prompt_file(out, rows, {"file": out.name, "prompts": 2})
+    assert read_prompts([out]) == [("t:t0", "Übersetze: w5 w9"), ("t:t1", "w7")]
+    assert json.loads((tmp_path / "made" / "t.manifest.json").read_text()) == {"file": "t.jsonl", "prompts": 2}
+    assert [json.loads(line) for line in out.read_text(encoding="utf-8").splitlines()] == rows
+
+
 def test_init_head_fine_tunes_a_head_from_its_weights_and_vocabulary(tmp_path, monkeypatch, tiny_tokenizer, capsys):
     """`--init-head`: training starts from the file's weights (the held-out acceptance before the
     fine-tuning run is the first run's after, on the same split), keeps its draft vocabulary and
