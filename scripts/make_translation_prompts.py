@@ -106,6 +106,14 @@ def compose(pool: list[tuple[str, str]], seed: int) -> list[dict]:
     return rows
 
 
+def holds(path: Path, rows: list[dict]) -> bool:
+    """Whether the JSONL file `path` holds exactly `rows` (a file of other lines, or not JSON, does not)."""
+    try:
+        return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()] == rows
+    except json.JSONDecodeError:
+        return False
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--source-model", required=True, metavar="MODEL", help="the multilingual model that writes the sentences")
@@ -128,19 +136,18 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {out} exists: delete it or choose another output file", file=sys.stderr)
         return 2
     asked = requests(args.requests, args.seed)
-    text = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in asked)
-    if sources.exists() and sources.read_text(encoding="utf-8") != text:
+    if sources.exists() and not holds(sources, asked):
         print(f"error: {sources} holds other requests: delete it or choose another output file", file=sys.stderr)
         return 2
+    lang_of = {f"{sources.stem}:{r['id']}": r["source"].rsplit("-", 1)[1] for r in asked}
     write_prompt_file(sources, asked, {
         "file": sources.name, "prompts": len(asked),
         "sources": [{"source": "translation-source", "built_from": ["scripts/make_training_prompts.py (TOPICS)"],
                      "licence": "requests written for specula (topics of scripts/make_training_prompts.py)",
-                     "languages": dict(Counter(r["source"].rsplit("-", 1)[1] for r in asked)),
+                     "languages": dict(Counter(lang_of.values())),
                      "note": f"not SmolLM2 training prompts: the requests {args.source_model} answered (greedy, "
                              f"{args.max_new_tokens} new tokens) to write the sentences of {out.name}"}],
         "settings": {"script": "scripts/make_translation_prompts.py", "seed": args.seed, "requests": len(asked)}})
-    lang_of = {f"{sources.stem}:{r['id']}": r["source"].rsplit("-", 1)[1] for r in asked}
     try:
         model, tokenizer = load_backend(args.source_model, load_config(args), name="source model")
         config = CorpusConfig(max_new_tokens=args.max_new_tokens)
