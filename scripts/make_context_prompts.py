@@ -7,7 +7,15 @@ docs/training.md).
 
 The target's greedy answers to the --from prompts come from the corpus cache `specula train`
 writes (same target and --max-new-tokens: nothing is generated again), or are generated and
-cached. Writes OUT (JSONL {"id", "prompt", "source"}) and <stem>.manifest.json (sources, licence,
+cached. With --passages-from DIR --passage-model MODEL the passages are another model's stored
+answers instead (DIR holds `specula train`'s answer caches, corpus-*.jsonl, of MODEL, e.g.
+data/answers/qwen2.5-coder-1.5b's corpus.part00 unpacked; answers holding code are skipped): text
+the target did not write, which its head cannot guess and has to copy.
+
+    tar -xJf data/answers/qwen2.5-coder-1.5b/corpus.part00 -C /tmp/q15ans   # into an empty folder
+    python3 scripts/make_context_prompts.py --target smollm2-135m --passages-from /tmp/q15ans \
+        --passage-model qwen2.5-coder-1.5b --passage-tokenizer qwen2.5-coder-0.5b --max-new-tokens 128 --passages 4-7 --tasks summary,key_points,title \
+        --count 600 --out runs/docs.jsonl Writes OUT (JSONL {"id", "prompt", "source"}) and <stem>.manifest.json (sources, licence,
 counts per task, passages dropped); prompts a benchmark check flags are dropped and counted.
 """
 
@@ -29,8 +37,14 @@ from specula.training.context_prompts import DEFAULT_TASKS, TASKS, check_tasks  
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--target", required=True, metavar="MODEL", help="the model whose answers become passages")
-    p.add_argument("--from", dest="sources", required=True, action="append", metavar="FILE",
-                   help="training prompt files whose answers are the passages (repeatable)")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--from", dest="sources", action="append", metavar="FILE",
+                     help="training prompt files whose answers are the passages (repeatable)")
+    src.add_argument("--passages-from", metavar="DIR",
+                     help="another model's stored answers (corpus-*.jsonl) as the passages; with --passage-model")
+    p.add_argument("--passage-model", metavar="MODEL", help="the model whose answers --passages-from holds (named in the manifest)")
+    p.add_argument("--passage-tokenizer", metavar="MODEL",
+                   help="an installed model with --passage-model's tokenizer, to decode its answers (default: --passage-model)")
     p.add_argument("--out", required=True, metavar="FILE", help="the prompt file to write (JSONL)")
     p.add_argument("--count", type=int, default=800, help="prompts to compose (default 800)")
     p.add_argument("--max-new-tokens", type=int, default=160, metavar="N",
@@ -57,6 +71,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {out} exists: delete it or choose another output file", file=sys.stderr)
         return 2
     tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
+    if args.passages_from is not None and (args.passage_model is None or "documents" in tasks):
+        print("error: --passages-from needs --passage-model MODEL (whose answers it holds) and one-passage tasks only "
+              "(not documents: the stored answers' questions are not kept)", file=sys.stderr)
+        return 2
     try:
         lo, _, hi = args.passages.partition("-")
         text_passages = (int(lo), int(hi or lo))
@@ -69,11 +87,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: --tasks {args.tasks!r}: {exc}", file=sys.stderr)
         return 2
     try:
-        per_file = [(Path(f), read_prompts([f])) for f in args.sources]
-        target, tokenizer = load_backend(args.target, load_config(args), name="target")
-        config = CorpusConfig(max_new_tokens=args.max_new_tokens)
-        eos = set(target.eos_token_ids)
-        passages, dropped = [], 0
+        passages, dropped, with_code = [], 0, 0
+        per_file = [(Path(f), read_prompts([f])) for f in args.sources or []]
+        if args.passages_from is not None:
+            passages, dropped, with_code = stored_passages(Path(args.passages_from),
+                                                           args.passage_tokenizer or args.passage_model,
+                                                           args.max_new_tokens, args.min_words)
+        else:
+            target, tokenizer = load_backend(args.target, load_config(args), name="target")
+            config = CorpusConfig(max_new_tokens=args.max_new_tokens)
+            eos = set(target.eos_token_ids)
         for path, prompts in per_file:
             text_of = dict(prompts)
             for entry in generate_corpus(target, tokenizer, prompts, cache_paths(target, path, config)[0], config):
@@ -90,12 +113,14 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     flagged = {m.index for m in find_contaminated([r["prompt"] for r in rows])}
     kept = [r for i, r in enumerate(rows) if i not in flagged]
-    source = f"context:{args.target}"
+    writer = args.passage_model or args.target
+    source = f"context:{writer}"
     manifest = {
         "file": out.name, "prompts": len(kept),
-        "sources": [{"source": source, "built_from": [str(f) for f, _ in per_file],
-                     "licence": f"passages generated by {args.target} (licence of the model); instructions written "
+        "sources": [{"source": source, "built_from": [str(f) for f, _ in per_file] or [args.passages_from],
+                     "licence": f"passages generated by {writer} (licence of the model); instructions written "
                                 "for specula", "passages": len(passages), "passages_dropped_short": dropped,
+                     **({"passages_dropped_code": with_code} if args.passages_from is not None else {}),
                      "composed": len(rows), "dropped_benchmark": len(flagged),
                      "tasks": dict(Counter(r["task"] for r in kept))}],
         "settings": {"max_new_tokens": args.max_new_tokens, "max_documents": args.max_documents,
@@ -107,6 +132,33 @@ def main(argv: list[str] | None = None) -> int:
     print(json.dumps(manifest["sources"], indent=2))
     print(f"{len(kept)} prompts -> {out}")
     return 0
+
+
+def stored_passages(directory: Path, tokenizer_model: str, max_new_tokens: int, min_words: int
+                    ) -> tuple[list, int, int]:
+    """Passages from the answer caches in `directory` (every corpus-*.jsonl, in name order):
+    (passages, dropped as short, dropped as holding code). An answer of `max_new_tokens` tokens was
+    cut off (cut back to its last full sentence); one with a code fence is not prose to summarise."""
+    from specula.models.loading import load_tokenizer
+    from specula.training.context_prompts import Passage, prose_passage
+    from specula.training.corpus import load_corpus
+
+    files = sorted(directory.glob("corpus-*.jsonl"))
+    if not files:
+        raise ValueError(f"{directory} holds no corpus-*.jsonl answer caches: unpack the answers there first")
+    tokenizer = load_tokenizer(tokenizer_model)
+    passages, short, code = [], 0, 0
+    for path in files:
+        for entry in load_corpus(path):
+            text = tokenizer.decode(entry.output_ids, skip_special_tokens=True)
+            passage = prose_passage(text, len(entry.output_ids) < max_new_tokens, min_words)
+            if passage is not None:
+                passages.append(Passage("", passage))
+            elif "```" in text:
+                code += 1
+            else:
+                short += 1
+    return passages, short, code
 
 
 if __name__ == "__main__":

@@ -63,6 +63,24 @@ def clean_passage(text: str, finished: bool, min_words: int = 40) -> str | None:
     return text if len(text.split()) >= min_words else None
 
 
+OPENER = re.compile(r"^(Sure|Certainly|Of course|Absolutely|Great|Yes)\b[^.!?:\n]*[.!?:]\s*")
+"""An assistant's opening line ("Sure, I can help you plan the event!"), left out of a passage."""
+
+
+def prose_passage(text: str, finished: bool, min_words: int = 40) -> str | None:
+    """Another model's answer as a passage to summarise (`clean_passage`'s cut, then: None when it
+    holds a code fence, its assistant opener and a list item cut after its number removed; None if
+    under `min_words` words after that). Such passages are text the target did not write, which its
+    head cannot guess and has to copy."""
+    if "```" in text:
+        return None
+    text = clean_passage(text, finished, min_words)
+    if text is None:
+        return None
+    text = re.sub(r"\n+\s*\d+\.$", "", OPENER.sub("", text)).strip()
+    return text if len(text.split()) >= min_words else None
+
+
 def check_tasks(tasks: Sequence[str]) -> None:
     """A ValueError naming the problem unless `tasks` is a non-empty list of names in `TASKS`."""
     unknown = [t for t in tasks if t not in TASKS]

@@ -8,7 +8,8 @@ import json
 
 import pytest
 
-from specula.training.context_prompts import DEFAULT_TASKS, LANGUAGES, TASKS, Passage, clean_passage, compose
+from specula.training.context_prompts import (DEFAULT_TASKS, LANGUAGES, TASKS, Passage, clean_passage, compose,
+                                               prose_passage)
 
 
 def passages(n: int) -> list[Passage]:
@@ -22,6 +23,19 @@ def test_clean_passage_cuts_an_unfinished_answer_to_its_last_sentence():
     assert clean_passage(text, finished=True) == text.strip()
     assert clean_passage("Too short. Really.", finished=True) is None
     assert clean_passage("no sentence end at all " * 20, finished=False) is None
+
+
+def test_prose_passage_keeps_another_models_prose_only():
+    body = " ".join(["The harbour town grew around its fish market."] * 6)
+    # the assistant's opener goes, and a list item cut after its number
+    assert prose_passage(f"Sure, I can help you with that!\n\n{body}\n\n2.", True, min_words=20) == body
+    assert prose_passage(f"Certainly: {body}", True, min_words=20) == body
+    # code is not a text to summarise
+    assert prose_passage(f"{body}\n\n```python\nprint(1)\n```", True, min_words=20) is None
+    # an unfinished answer is cut back to its last sentence, then measured
+    assert prose_passage(f"{body} And then the", False, min_words=20) == body
+    assert prose_passage(f"Sure! {body}", True, min_words=50) is None  # 48 words once the opener is gone
+    assert prose_passage("Yesterday the market opened early. " * 8, True, min_words=20).startswith("Yesterday")
 
 
 def test_compose_cycles_tasks_and_holds_the_passages():
