@@ -12,11 +12,14 @@ answers instead (DIR holds `specula train`'s answer caches, corpus-*.jsonl, of M
 data/answers/qwen2.5-coder-1.5b's corpus.part00 unpacked; answers holding code are skipped): text
 the target did not write, which its head cannot guess and has to copy.
 
-    tar -xJf data/answers/qwen2.5-coder-1.5b/corpus.part00 -C /tmp/q15ans   # into an empty folder
+    mkdir -p /tmp/q15ans && tar -xJf data/answers/qwen2.5-coder-1.5b/corpus.part00 -C /tmp/q15ans
     python3 scripts/make_context_prompts.py --target smollm2-135m --passages-from /tmp/q15ans \
-        --passage-model qwen2.5-coder-1.5b --passage-tokenizer qwen2.5-coder-0.5b --max-new-tokens 128 --passages 4-7 --tasks summary,key_points,title \
-        --count 600 --out runs/docs.jsonl Writes OUT (JSONL {"id", "prompt", "source"}) and <stem>.manifest.json (sources, licence,
-counts per task, passages dropped); prompts a benchmark check flags are dropped and counted.
+        --passage-model qwen2.5-coder-1.5b --passage-tokenizer qwen2.5-coder-0.5b --max-new-tokens 128 \
+        --passages 4-7 --tasks summary,key_points,summary,title --count 600 --seed 66 \
+        --out specula/data/training/smollm2-135m/context-qwen.jsonl
+
+Writes OUT (JSONL {"id", "prompt", "source"}) and <stem>.manifest.json (sources, licence, counts
+per task, passages dropped); prompts a benchmark check flags are dropped and counted.
 """
 
 from __future__ import annotations
