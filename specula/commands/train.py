@@ -40,6 +40,9 @@ def register(sub) -> None:
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--batch-size", type=int, default=8, metavar="N", help="chunks per step (default 8)")
     p.add_argument("--seq-len", type=int, default=256, metavar="N", help="pairs per chunk (default 256)")
+    p.add_argument("--length-groups", action="store_true",
+                   help="batch chunks of like length together (each epoch still sees every chunk once): "
+                        "far fewer padded rows on mixed data at a long --seq-len")
     p.add_argument("--ttt-steps", type=int, default=2, metavar="N",
                    help="eagle: training-time-test steps (1 = plain teacher forcing; default 2)")
     p.add_argument("--num-offsets", type=int, default=4, metavar="K", help="medusa / hydra: heads (default 4)")
@@ -112,7 +115,7 @@ def run(args: argparse.Namespace) -> int:
                          batch_size=args.batch_size, seq_len=args.seq_len, ttt_steps=args.ttt_steps,
                          num_offsets=args.num_offsets, seed=args.seed, max_sequences=args.max_sequences,
                          precision=args.precision, intermediate_size=args.intermediate_size,
-                         num_kv_heads=args.num_kv_heads)
+                         num_kv_heads=args.num_kv_heads, length_groups=args.length_groups)
     if args.max_prompt_tokens < 1:
         raise ConfigError(f"--max-prompt-tokens must be >= 1, got {args.max_prompt_tokens}")
     corpus = CorpusConfig(max_new_tokens=args.max_new_tokens, max_prompt_tokens=args.max_prompt_tokens)

@@ -21,7 +21,8 @@ from specula.training.features import (
     FeatureSet, concat_features, coverage, draft_vocabulary, extend_vocabulary, extract_features,
 )
 from specula.drafters.heads.losses import loss_of, ttt_mask
-from specula.training.trainer import TrainConfig, batch, chunks, loss_config, split, train_head
+from specula.training.trainer import (LENGTH_WINDOW, TrainConfig, batch, batch_order, chunks, loss_config, split,
+                                      train_head)
 
 
 @pytest.fixture(scope="module")
@@ -134,11 +135,30 @@ def _train(target, fs, out: Path, cfg: TrainConfig, max_seconds=None):
     return head, record
 
 
-@pytest.mark.parametrize("precision", ["float32", "bfloat16"])
-def test_training_is_deterministic_and_resumes_to_the_same_weights(setup, tmp_path, precision):
+def test_length_groups_batch_like_lengths_and_see_every_piece_once_an_epoch():
+    rng = random.Random(3)
+    lengths = [rng.choice([20, 300, 1025]) + rng.randrange(5) for _ in range(8 * LENGTH_WINDOW * 3 + 5)]
+    plain = batch_order(lengths, 8, 0, 0)
+    grouped = batch_order(lengths, 8, 0, 0, length_groups=True)
+    assert plain == torch.randperm(len(lengths), generator=torch.Generator().manual_seed(0)).tolist()  # as before
+    assert sorted(grouped) == list(range(len(lengths)))  # every piece once
+    assert grouped == batch_order(lengths, 8, 0, 0, length_groups=True)  # the same epoch, the same order (resume)
+    assert grouped != batch_order(lengths, 8, 0, 1, length_groups=True)
+
+    def padded(order):  # rows a run pads its batches to
+        return sum(8 * max(lengths[i] for i in order[at:at + 8]) for at in range(0, len(order), 8))
+    assert padded(grouped) < 0.6 * padded(plain)
+    assert grouped[-5:] == sorted(plain[-5:], key=lambda i: lengths[i])  # the short last window's batch stays last
+    # batches are shuffled across the epoch, not left in ascending length
+    firsts = [lengths[grouped[at]] for at in range(0, len(grouped) - 5, 8)]
+    assert firsts != sorted(firsts)
+
+
+@pytest.mark.parametrize("precision,length_groups", [("float32", False), ("bfloat16", False), ("float32", True)])
+def test_training_is_deterministic_and_resumes_to_the_same_weights(setup, tmp_path, precision, length_groups):
     target, fs, _ = setup
     cfg = TrainConfig(kind="eagle", epochs=3, seq_len=16, batch_size=3, checkpoint_every=2, holdout=0.2,
-                      precision=precision)
+                      precision=precision, length_groups=length_groups)
     a, rec_a = _train(target, fs, tmp_path / "a", cfg)
     assert rec_a["autocast"] == (None if precision == "float32" else "bfloat16")
     b, rec_b = _train(target, fs, tmp_path / "b", cfg)
