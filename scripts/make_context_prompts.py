@@ -8,12 +8,11 @@ docs/training.md).
 The target's greedy answers to the --from prompts come from the corpus cache `specula train`
 writes (same target and --max-new-tokens: nothing is generated again), or are generated and
 cached. With --passages-from DIR --passage-model MODEL the passages are another model's stored
-answers instead (DIR holds `specula train`'s answer caches, corpus-*.jsonl, of MODEL, e.g.
-data/answers/qwen2.5-coder-1.5b's corpus.part00 unpacked; answers holding code are skipped): text
-the target did not write, which its head cannot guess and has to copy.
+answers instead (DIR holds `specula train`'s answer caches of MODEL, corpus-*.jsonl or the
+corpus.part* tars of them that data/answers/ stores; answers holding code are skipped): text the
+target did not write, which its head cannot guess and has to copy.
 
-    mkdir -p /tmp/q15ans && tar -xJf data/answers/qwen2.5-coder-1.5b/corpus.part00 -C /tmp/q15ans
-    python3 scripts/make_context_prompts.py --target smollm2-135m --passages-from /tmp/q15ans \
+    python3 scripts/make_context_prompts.py --target smollm2-135m --passages-from data/answers/qwen2.5-coder-1.5b \
         --passage-model qwen2.5-coder-1.5b --passage-tokenizer qwen2.5-coder-0.5b --max-new-tokens 128 \
         --passages 4-7 --tasks summary,key_points,summary,title --count 600 --seed 66 \
         --out specula/data/training/smollm2-135m/context-qwen.jsonl
@@ -44,7 +43,8 @@ def main(argv: list[str] | None = None) -> int:
     src.add_argument("--from", dest="sources", action="append", metavar="FILE",
                      help="training prompt files whose answers are the passages (repeatable)")
     src.add_argument("--passages-from", metavar="DIR",
-                     help="another model's stored answers (corpus-*.jsonl) as the passages; with --passage-model")
+                     help="another model's stored answers (corpus-*.jsonl, or corpus.part* tars of them) as the passages; "
+                          "with --passage-model")
     p.add_argument("--passage-model", metavar="MODEL", help="the model whose answers --passages-from holds (named in the manifest)")
     p.add_argument("--passage-tokenizer", metavar="MODEL",
                    help="an installed model with --passage-model's tokenizer, to decode its answers (default: --passage-model)")
@@ -137,22 +137,36 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def corpus_texts(directory: Path) -> dict[str, str]:
+    """The answer caches in `directory` by file name: its corpus-*.jsonl files, or those inside
+    its corpus.part* xz tars as `data/answers/` stores them (read in memory, nothing unpacked)."""
+    import tarfile
+
+    texts = {f.name: f.read_text(encoding="utf-8") for f in directory.glob("corpus-*.jsonl")}
+    for part in sorted(directory.glob("corpus.part*")):
+        with tarfile.open(part, "r:xz") as tar:
+            for member in tar.getmembers():
+                if member.isfile() and Path(member.name).name.startswith("corpus-"):
+                    texts[Path(member.name).name] = tar.extractfile(member).read().decode("utf-8")
+    if not texts:
+        raise ValueError(f"{directory} holds no answer caches (corpus-*.jsonl, or corpus.part* tars of them)")
+    return texts
+
+
 def stored_passages(directory: Path, tokenizer_model: str, max_new_tokens: int, min_words: int
                     ) -> tuple[list, int, int]:
-    """Passages from the answer caches in `directory` (every corpus-*.jsonl, in name order):
+    """Passages from the answer caches in `directory` (`corpus_texts`, in name order):
     (passages, dropped as short, dropped as holding code). An answer of `max_new_tokens` tokens was
     cut off (cut back to its last full sentence); one with a code fence is not prose to summarise."""
     from specula.models.loading import load_tokenizer
     from specula.training.context_prompts import Passage, prose_passage
-    from specula.training.corpus import load_corpus
+    from specula.training.corpus import _from_line
 
-    files = sorted(directory.glob("corpus-*.jsonl"))
-    if not files:
-        raise ValueError(f"{directory} holds no corpus-*.jsonl answer caches: unpack the answers there first")
+    texts = corpus_texts(directory)
     tokenizer = load_tokenizer(tokenizer_model)
     passages, short, code = [], 0, 0
-    for path in files:
-        for entry in load_corpus(path):
+    for name in sorted(texts):
+        for entry in map(_from_line, filter(str.strip, texts[name].splitlines())):
             text = tokenizer.decode(entry.output_ids, skip_special_tokens=True)
             passage = prose_passage(text, len(entry.output_ids) < max_new_tokens, min_words)
             if passage is not None:
