@@ -21,7 +21,7 @@ exec > >(tee -a "$OUT/log.txt") 2>&1
 echo "[job] $(date) on $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null)"; df -h / | tail -1
 CACHE=${SPECULA_CACHE:-$HOME/.cache/specula}
 G=$CACHE/gguf/$TARGET.gguf
-mkdir -p "$(dirname "$G")" specula/data/heads
+mkdir -p "$(dirname "$G")"
 if [ ! -f "$G" ] && compgen -G "/tmp/parts/part.*" > /dev/null; then  # carried parts: whole, or no file
     cat /tmp/parts/part.* > "$G.partial" && mv "$G.partial" "$G"
 fi
@@ -48,8 +48,8 @@ echo "[job] train rc $? at +$(( $(date +%s) - T0 )) s"
 cp /tmp/head-job/report.json "$OUT/" 2>/dev/null
 for f in /tmp/head-job/*.safetensors; do
     [ -f "$f" ] || continue
-    python3 scripts/ship_head.py "$f" "$TARGET" | tee "$OUT/ship.txt"
-    split -b 15M -d "specula/data/heads/$TARGET-$(basename "$f")" "$OUT/head.part"
+    python3 scripts/ship_head.py "$f" "$TARGET" --out /tmp/head-ship | tee "$OUT/ship.txt"  # not the package's files
+    split -b 15M -d "/tmp/head-ship/$TARGET-$(basename "$f")" "$OUT/head.part"
 done
 (cd "$C" && ls corpus-* | tar -cf - -T -) | xz -T0 -6 > /tmp/corpus.tar.xz
 split -b 15M -d /tmp/corpus.tar.xz "$OUT/corpus.part"

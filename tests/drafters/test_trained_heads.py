@@ -503,6 +503,31 @@ def test_shipped_heads_install_checked_by_sha256(saved, tmp_path, monkeypatch):
     assert not installed.exists()
 
 
+def test_ship_head_fits_the_limit_and_never_leaves_a_half_written_file(saved, tmp_path, monkeypatch):
+    import hashlib
+
+    from specula.drafters.heads import shipped
+
+    _, _, _, path = saved
+    out = tmp_path / "ship"
+    entry, dest = shipped.ship_head(path, "tiny", out)  # float16 fits
+    assert dest == out / "tiny-eagle.safetensors"
+    assert entry == shipped.ShippedHead("tiny", "eagle", dest.name, hashlib.sha256(dest.read_bytes()).hexdigest())
+    assert all(v.dtype == torch.float16 for v in read_head(dest).state.values())
+    f16 = dest.stat().st_size
+    monkeypatch.setattr(shipped, "MAX_SHIPPED_BYTES", f16 - 1)  # float16 over the limit: int8 matrices
+    entry8, dest8 = shipped.ship_head(path, "tiny", out)
+    assert dest8 == dest and dest.stat().st_size < f16 and entry8.sha256 != entry.sha256
+    assert read_head(dest).config.kind == "eagle"
+    kept = dest.read_bytes()
+    monkeypatch.setattr(shipped, "MAX_SHIPPED_BYTES", 1000)  # too big even as int8: the shipped file stays
+    with pytest.raises(HeadFileError, match="even with int8"):
+        shipped.ship_head(path, "tiny", out)
+    with pytest.raises(HeadFileError, match="trained for 'tiny', not 'smollm2-135m'"):
+        shipped.ship_head(path, "smollm2-135m", out)
+    assert dest.read_bytes() == kept and [p.name for p in out.iterdir()] == [dest.name]
+
+
 def test_every_shipped_head_is_in_the_package_within_the_size_limit():
     import hashlib
 

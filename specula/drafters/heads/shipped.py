@@ -10,7 +10,9 @@ verifies each against its sha256 here and copies it into $SPECULA_CACHE/heads/AL
 from __future__ import annotations
 
 import hashlib
+import os
 import shutil
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -103,6 +105,40 @@ def install_heads(alias: str) -> list[Path]:
             shutil.copyfile(src, tmp)
         paths.append(dest)
     return paths
+
+
+def ship_head(src: str | os.PathLike, alias: str, out_dir: str | os.PathLike | None = None
+              ) -> tuple[ShippedHead, Path]:
+    """Write the trained head file `src` as the shipped head of `alias`: out_dir (default the
+    package's `PACKAGE_DIR`) / ALIAS-KIND.safetensors, float16, or with int8 matrices (per-row
+    float16 scales, head file format 2) where float16 would exceed `MAX_SHIPPED_BYTES`. The file
+    is sized in a temporary sibling and renamed into place, so a head too big even as int8 raises
+    `HeadFileError` and leaves the file already there as it was; a head made for another target
+    is refused the same way. Returns the `ShippedHead` entry for `SHIPPED` and the file written."""
+    import torch
+
+    from specula.drafters.heads.file import read_head, save_head
+
+    head = read_head(src)
+    made_for = head.target.get("name")
+    if made_for != alias:
+        raise HeadFileError(f"{src} was trained for {made_for!r}, not {alias!r}: ship it as {made_for!r} or train "
+                            f"one with `specula train --target {alias}`")
+    out = Path(out_dir) if out_dir is not None else PACKAGE_DIR
+    out.mkdir(parents=True, exist_ok=True)
+    dest = out / f"{alias}-{head.config.kind}.safetensors"
+    with tempfile.TemporaryDirectory(dir=out, prefix=".ship-") as tmp:
+        trial = Path(tmp) / dest.name
+        for dtype in (torch.float16, torch.int8):
+            save_head(trial, head, dtype=dtype)
+            size = trial.stat().st_size
+            if size <= MAX_SHIPPED_BYTES:
+                break
+        else:
+            raise HeadFileError(f"{src} takes {size} bytes even with int8 matrices, over {MAX_SHIPPED_BYTES}: train "
+                                "a narrower head (--intermediate-size, --num-kv-heads) or a smaller --draft-vocab")
+        os.replace(trial, dest)
+    return ShippedHead(alias, head.config.kind, dest.name, _sha256(dest)), dest
 
 
 def default_head(target_spec: str | None, kind: str) -> Path | None:
