@@ -45,6 +45,11 @@ def register(sub) -> None:
                         "far fewer padded rows on mixed data at a long --seq-len")
     p.add_argument("--ttt-steps", type=int, default=2, metavar="N",
                    help="eagle: training-time-test steps (1 = plain teacher forcing; default 2)")
+    p.add_argument("--topk-loss", type=float, default=0.0, metavar="W",
+                   help="weight of HASS's top-k distillation term beside the cross-entropy (default 0 = off; HASS "
+                        "fine-tunes a trained head with 1 at a low --lr)")
+    p.add_argument("--topk-loss-k", type=int, default=10, metavar="K",
+                   help="target tokens the top-k term reads (default 10)")
     p.add_argument("--num-offsets", type=int, default=4, metavar="K", help="medusa / hydra: heads (default 4)")
     p.add_argument("--intermediate-size", type=int, default=0, metavar="N",
                    help="eagle / eagle3: MLP width of the head's layer (default 0 = 8/3 of the target's hidden size)")
@@ -115,7 +120,8 @@ def run(args: argparse.Namespace) -> int:
                          batch_size=args.batch_size, seq_len=args.seq_len, ttt_steps=args.ttt_steps,
                          num_offsets=args.num_offsets, seed=args.seed, max_sequences=args.max_sequences,
                          precision=args.precision, intermediate_size=args.intermediate_size,
-                         num_kv_heads=args.num_kv_heads, length_groups=args.length_groups)
+                         num_kv_heads=args.num_kv_heads, length_groups=args.length_groups,
+                         topk_loss=args.topk_loss, topk_loss_k=args.topk_loss_k)
     if args.max_prompt_tokens < 1:
         raise ConfigError(f"--max-prompt-tokens must be >= 1, got {args.max_prompt_tokens}")
     corpus = CorpusConfig(max_new_tokens=args.max_new_tokens, max_prompt_tokens=args.max_prompt_tokens)

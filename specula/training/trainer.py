@@ -64,6 +64,12 @@ class TrainConfig:
     """eagle: weight of the smooth-L1 feature regression next to the cross-entropy."""
     noise: float = 0.1
     """eagle: half-width of the uniform noise on input features at 512 tokens (scaled by 512 / seq_len)."""
+    topk_loss: float = 0.0
+    """Weight of HASS's top-k distillation term beside the cross-entropy (`losses.topk_ce`: the
+    cross-entropy over the target's `topk_loss_k` likeliest tokens; HASS fine-tunes a trained head
+    with 1.0 at a low learning rate); 0 = off."""
+    topk_loss_k: int = 10
+    """Tokens the top-k term reads (HASS: 10)."""
     num_offsets: int = 4
     """medusa / hydra: heads (draft depth)."""
     intermediate_size: int = 0
@@ -101,7 +107,7 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         for name in ("seq_len", "batch_size", "ttt_steps", "num_offsets", "eval_depth", "checkpoint_every",
-                     "draft_vocab"):
+                     "draft_vocab", "topk_loss_k"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
         for name in ("intermediate_size", "num_kv_heads"):
@@ -109,6 +115,8 @@ class TrainConfig:
                 raise ConfigError(f"{name} must be >= 0 (0 = the default shape), got {getattr(self, name)}")
         if not self.epochs > 0 or not self.lr > 0:
             raise ConfigError("epochs and lr must be > 0")
+        if not self.topk_loss >= 0:
+            raise ConfigError(f"topk_loss must be >= 0 (0 = off), got {self.topk_loss}")
         if self.report_sequences < 0:
             raise ConfigError(f"report_sequences must be >= 0 (0 = the whole held-out split), got {self.report_sequences}")
         if self.max_sequences < 0:
@@ -214,7 +222,7 @@ def step_counts(fs: FeatureSet, cfg: TrainConfig) -> tuple[int, int]:
 def loss_config(cfg: TrainConfig) -> LossConfig:
     """The loss knobs of a training run (EAGLE's noise scaled by 512 / seq_len, as EAGLE-1)."""
     return LossConfig(ttt_steps=cfg.ttt_steps, ttt_decay=cfg.ttt_decay, feature_loss=cfg.feature_loss,
-                      noise=cfg.noise * 512 / cfg.seq_len)
+                      noise=cfg.noise * 512 / cfg.seq_len, topk=cfg.topk_loss_k, topk_weight=cfg.topk_loss)
 
 
 # ---------------------------------------------------------------------------- held-out report

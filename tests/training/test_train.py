@@ -20,7 +20,7 @@ from specula.training.corpus import CorpusEntry
 from specula.training.features import (
     FeatureSet, concat_features, coverage, draft_vocabulary, extend_vocabulary, extract_features,
 )
-from specula.drafters.heads.losses import loss_of, ttt_mask
+from specula.drafters.heads.losses import LossConfig, distill, loss_of, soft_ce, topk_ce, ttt_mask
 from specula.training.trainer import (LENGTH_WINDOW, TrainConfig, batch, batch_order, chunks, loss_config, split,
                                       train_head)
 
@@ -111,22 +111,49 @@ def test_chunks_cover_every_pair_once_and_end_at_the_answer(n):
     assert [a for a, _ in mine] == sorted(a for a, _ in mine)
 
 
-@pytest.mark.parametrize("kind", ["eagle", "eagle3", "medusa", "hydra"])
-def test_a_training_step_lowers_the_loss(setup, kind):
+@pytest.mark.parametrize("kind,topk_loss", [("eagle", 0.0), ("eagle3", 0.0), ("eagle3", 1.0), ("medusa", 0.0),
+                                             ("hydra", 1.0)])
+def test_a_training_step_lowers_the_loss(setup, kind, topk_loss):
     target, plain, layered = setup
     fs = layered if kind == "eagle3" else plain
     head = new_head(kind, target, draft_vocabulary(fs, 48, 96), seed=0)
-    cfg = loss_config(TrainConfig(kind=kind, seq_len=32, noise=0.0))
+    cfg = loss_config(TrainConfig(kind=kind, seq_len=32, noise=0.0, topk_loss=topk_loss))
     b = batch(fs, chunks(fs, list(range(4)), 32)[:4], head.embed)
     module = head.module.train().requires_grad_(True)
     opt = torch.optim.AdamW(module.parameters(), lr=1e-3)
     before = loss_of(head, b, cfg, None).item()
+    if topk_loss:  # the top-k term is in the loss the trainer steps on
+        assert before > loss_of(head, b, loss_config(TrainConfig(kind=kind, seq_len=32, noise=0.0)), None).item()
     for _ in range(3):
         loss = loss_of(head, b, cfg, None)
         opt.zero_grad()
         loss.backward()
         opt.step()
     assert loss_of(head, b, cfg, None).item() < before
+
+
+def test_the_top_k_term_reads_only_the_targets_likeliest_tokens():
+    """HASS's top-k distillation: the cross-entropy over the k tokens p ranks highest, added to
+    the full one with its weight; all V tokens give the full cross-entropy back."""
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.randn((2, 3, 6), generator=gen)  # [B, T, V]
+    p = torch.softmax(3 * torch.randn((2, 3, 6), generator=gen), -1)
+    mask = torch.tensor([[True, True, False], [True, False, False]])
+    logq = torch.log_softmax(logits, -1)
+    rows = [(b, t) for b in range(2) for t in range(3) if mask[b, t]]
+    by_hand = sum(-sum(p[b, t, x] * logq[b, t, x] for x in p[b, t].argsort(descending=True)[:2]) for b, t in rows)
+    assert torch.allclose(topk_ce(logits, p, mask, 2), by_hand / len(rows))
+    assert torch.allclose(topk_ce(logits, p, mask, 6), soft_ce(logits, p, mask))
+    assert topk_ce(logits, p, mask, 2) < soft_ce(logits, p, mask)
+    assert torch.equal(distill(logits, p, mask, LossConfig()), soft_ce(logits, p, mask))  # off by default
+    assert torch.allclose(distill(logits, p, mask, LossConfig(topk=2, topk_weight=0.5)),
+                          soft_ce(logits, p, mask) + 0.5 * by_hand / len(rows))
+    cfg = loss_config(TrainConfig(topk_loss=1.0, topk_loss_k=4))
+    assert (cfg.topk, cfg.topk_weight) == (4, 1.0)
+    with pytest.raises(ConfigError, match="topk_loss must be >= 0"):
+        TrainConfig(topk_loss=-1.0)
+    with pytest.raises(ConfigError, match="topk_loss_k must be >= 1"):
+        TrainConfig(topk_loss_k=0)
 
 
 def _train(target, fs, out: Path, cfg: TrainConfig, max_seconds=None):

@@ -6,6 +6,11 @@ EAGLE-3 restricts the target's logits). EAGLE adds EAGLE-1's smooth-L1 feature r
 EAGLE-3's training-time test (`ttt_mask`, `eagle_outputs`); Medusa / Hydra heads learn each
 offset (`offset_outputs`).
 
+HASS's harmonized objective distillation (Zhang et al., ICLR 2025; HArmonizedSS/HASS
+`train/main_hass.py`, `compute_loss`) adds `topk_weight` x the same cross-entropy over the target's
+`topk` most likely tokens only (`topk_ce`): a drafting tree keeps the head's few best children, so
+ranking the target's top tokens right matters more than the tail. Off by default.
+
 EAGLE-3 (`eagle3`) reads the target's layer inputs (`inputs`, fused by the head) and has no
 feature regression: its output is not a target feature.
 
@@ -38,6 +43,10 @@ class LossConfig:
     """eagle: weight of the smooth-L1 feature regression."""
     noise: float = 0.0
     """eagle: half-width of the uniform noise added to input features."""
+    topk: int = 10
+    """Tokens of the target's distribution the top-k term reads (HASS: 10)."""
+    topk_weight: float = 0.0
+    """Weight of the top-k term beside the full cross-entropy (HASS fine-tunes with 1.0; 0 = off)."""
 
 
 def ttt_mask(t: int, j: int) -> torch.Tensor:
@@ -57,6 +66,22 @@ def soft_ce(logits: torch.Tensor, p: torch.Tensor, mask: torch.Tensor) -> torch.
     """Mean over masked rows of -sum p log softmax(logits); logits, p: [..., V], mask: [...]."""
     ce = -(p * F.log_softmax(logits.float(), -1)).sum(-1)
     return (ce * mask).sum() / mask.sum().clamp_min(1)
+
+
+def topk_ce(logits: torch.Tensor, p: torch.Tensor, mask: torch.Tensor, k: int) -> torch.Tensor:
+    """Mean over masked rows of -sum over the k tokens p ranks highest of p log softmax(logits)
+    (HASS's top-k distillation loss); logits, p: [..., V], mask: [...]."""
+    top = p.topk(min(k, p.shape[-1]), dim=-1).indices  # [..., k]
+    ce = -(p.gather(-1, top) * F.log_softmax(logits.float(), -1).gather(-1, top)).sum(-1)
+    return (ce * mask).sum() / mask.sum().clamp_min(1)
+
+
+def distill(logits: torch.Tensor, p: torch.Tensor, mask: torch.Tensor, cfg: LossConfig) -> torch.Tensor:
+    """The distillation term of one output: `soft_ce`, plus `cfg.topk_weight` x `topk_ce`."""
+    loss = soft_ce(logits, p, mask)
+    if cfg.topk_weight > 0:
+        loss = loss + cfg.topk_weight * topk_ce(logits, p, mask, cfg.topk)
+    return loss
 
 
 def eagle_outputs(head: TrainedHead, b: dict, steps: int, noise: float, gen: torch.Generator | None
@@ -93,7 +118,7 @@ def loss_of(head: TrainedHead, b: dict, cfg: LossConfig, gen: torch.Generator | 
         for j, out in enumerate(eagle_outputs(head, b, cfg.ttt_steps, cfg.noise, gen)):
             mask = valid[:, 1:].clone()
             mask[:, :j] = False
-            loss = soft_ce(head.logits(out), p, mask)
+            loss = distill(head.logits(out), p, mask, cfg)
             if cfg.feature_loss > 0 and head.kind == "eagle":
                 l1 = F.smooth_l1_loss(out, target, reduction="none").mean(-1)
                 loss = loss + cfg.feature_loss * (l1 * mask).sum() / mask.sum().clamp_min(1)
@@ -102,7 +127,7 @@ def loss_of(head: TrainedHead, b: dict, cfg: LossConfig, gen: torch.Generator | 
     total = torch.zeros((), device=feats.device)
     for k, out, mask in offset_outputs(head, b):
         p = torch.softmax(head.target_logits(feats[:, 1 + k:]), -1)
-        total = total + soft_ce(head.logits(out), p, mask)
+        total = total + distill(head.logits(out), p, mask, cfg)
     return total
 
 
