@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 from dataclasses import asdict, replace
 from pathlib import Path
@@ -289,7 +290,8 @@ def _train_with_total(head, fs, config, out, progress, bar, max_minutes, stop_at
     if stop_at is not None:
         limits.append(max(0.0, stop_at - time.monotonic()))
     return train_head(head, fs, config, out, progress=progress, max_seconds=min(limits) if limits else None,
-                      until=stop_at, most_steps=most_steps, on_total=set_total)
+                      until=stop_at, most_steps=most_steps, on_total=set_total,
+                      on_note=lambda line: print(f"note: {line}", file=sys.stderr, flush=True))
 
 
 PROBE_SECONDS = 10.0

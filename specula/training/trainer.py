@@ -339,12 +339,22 @@ REFIT_EVERY = 20
 """Steps between two re-fits of a time-bounded schedule (`train_head`'s `until`)."""
 
 
+def checkpoint_changes(saved: dict, cfg: TrainConfig) -> dict[str, list]:
+    """The settings of a checkpoint (`asdict` of the config it was written with) that differ from
+    `cfg`: {field: [saved, now]}. A field the checkpoint lacks (written before the option existed)
+    counts at its default, which trains as the code before it did, so such a run still resumes."""
+    now, defaults = asdict(cfg), asdict(TrainConfig())
+    return {k: [saved.get(k, defaults[k]), v] for k, v in now.items() if saved.get(k, defaults[k]) != v}
+
+
 def train_head(head: TrainedHead, fs: FeatureSet, cfg: TrainConfig, out_dir: Path, *,
                progress: Callable[[int, float], None] | None = None, max_seconds: float | None = None,
                until: float | None = None, most_steps: int | None = None,
-               on_total: Callable[[int], None] | None = None) -> dict:
+               on_total: Callable[[int], None] | None = None, on_note: Callable[[str], None] | None = None) -> dict:
     """Train `head` in place (resuming from out_dir/checkpoint.pt when it matches `cfg`); returns
-    the training record (steps, seconds, losses, held-out acceptance before and after).
+    the training record (steps, seconds, losses, held-out acceptance before and after). A
+    checkpoint written with other settings is not resumed: the run starts afresh and replaces it,
+    `on_note` hears a line naming what differs, and the record keeps it (`checkpoint_ignored`).
 
     `until` (`time.monotonic()`): the schedule is re-fitted to end by then every `REFIT_EVERY` steps
     from the run's own steady rate (`refit_total`; at most `most_steps`, default the steps of `cfg`),
@@ -371,9 +381,19 @@ def train_head(head: TrainedHead, fs: FeatureSet, cfg: TrainConfig, out_dir: Pat
     step, losses, seconds = 0, [], 0.0
     ckpt = out_dir / "checkpoint.pt"
     key = asdict(cfg)
+    ignored = None
     if ckpt.is_file():
         state = torch.load(ckpt, weights_only=False)
-        if state.get("config") == key and torch.equal(state["d2t"], head.d2t):
+        changes = checkpoint_changes(state.get("config") or {}, cfg)
+        if not torch.equal(state["d2t"], head.d2t):
+            changes["draft_vocab"] = [f"{len(state['d2t'])} tokens", f"{len(head.d2t)} tokens (another vocabulary)"]
+        if changes:
+            ignored = changes
+            if on_note is not None:
+                said = ", ".join(f"{k} {a} -> {b}" for k, (a, b) in changes.items())
+                on_note(f"{ckpt} was written with other settings ({said}): not resumed; training starts afresh "
+                        "and replaces it (another --out keeps it)")
+        else:
             module.load_state_dict(state["module"])
             opt.load_state_dict(state["optimizer"])
             sched.load_state_dict(state["scheduler"])
@@ -444,5 +464,5 @@ def train_head(head: TrainedHead, fs: FeatureSet, cfg: TrainConfig, out_dir: Pat
             round((step - begun - WARM_STEPS) / (last - warm), 3),
             "checkpoint_seconds": None if save_seconds is None else round(save_seconds, 3),
             "train_sequences": len(train_seqs), "heldout_sequences": len(eval_seqs),
-            "heldout_before": before, "heldout_after": after, "config": key,
+            "heldout_before": before, "heldout_after": after, "config": key, "checkpoint_ignored": ignored,
             "autocast": None if amp is None else str(amp).removeprefix("torch.")}

@@ -203,6 +203,36 @@ def test_training_is_deterministic_and_resumes_to_the_same_weights(setup, tmp_pa
     assert not torch.equal(other.module.fc.weight, a.module.fc.weight)
 
 
+def test_a_checkpoint_of_other_settings_is_named_and_not_resumed_and_an_older_one_resumes(setup, tmp_path):
+    """Rerunning with another setting starts afresh and says which setting differs; a checkpoint
+    written before an option existed (its config lacks the field, at its default) still resumes."""
+    target, fs, _ = setup
+    cfg = TrainConfig(kind="eagle", epochs=3, seq_len=16, batch_size=3, checkpoint_every=2, holdout=0.2,
+                      precision="float32")
+    full, rec_full = _train(target, fs, tmp_path / "full", cfg)
+    _, partial = _train(target, fs, tmp_path / "c", cfg, max_seconds=0.0)
+    assert partial["steps"] < rec_full["steps"] and partial["checkpoint_ignored"] is None
+    ckpt = tmp_path / "c" / "checkpoint.pt"
+    state = torch.load(ckpt, weights_only=False)
+    del state["config"]["topk_loss"], state["config"]["topk_loss_k"]  # as written before --topk-loss existed
+    torch.save(state, ckpt)
+    notes = []
+    head = new_head("eagle", target, draft_vocabulary(fs, 64, 96), seed=cfg.seed)
+    rec = train_head(head, fs, cfg, tmp_path / "c", on_note=notes.append)
+    assert notes == [] and rec["checkpoint_ignored"] is None and rec["heldout_before"] is None  # resumed
+    assert torch.equal(head.module.fc.weight, full.module.fc.weight)
+    other = TrainConfig(**{**cfg.__dict__, "lr": 5e-4})
+    head = new_head("eagle", target, draft_vocabulary(fs, 64, 96), seed=cfg.seed)
+    rec = train_head(head, fs, other, tmp_path / "c", on_note=notes.append)
+    assert rec["checkpoint_ignored"] == {"lr": [cfg.lr, 5e-4]} and rec["heldout_before"] is not None  # afresh
+    assert len(notes) == 1 and "lr 0.001 -> 0.0005" in notes[0] and "not resumed" in notes[0]
+    assert torch.load(ckpt, weights_only=False)["config"]["lr"] == 5e-4  # replaced by this run's
+    # a head of another draft vocabulary never takes the checkpoint either
+    head = new_head("eagle", target, draft_vocabulary(fs, 32, 96), seed=cfg.seed)
+    rec = train_head(head, fs, other, tmp_path / "c", on_note=notes.append)
+    assert set(rec["checkpoint_ignored"]) == {"draft_vocab"} and "another vocabulary" in notes[-1]
+
+
 def test_bfloat16_autocast_trains_the_same_head_up_to_rounding(setup, tmp_path):
     """Autocast changes the products' rounding, not what is learned: the same losses to ~1%,
     other bits; float32 weights either way."""
