@@ -347,13 +347,24 @@ def checkpoint_changes(saved: dict, cfg: TrainConfig) -> dict[str, list]:
     return {k: [saved.get(k, defaults[k]), v] for k, v in now.items() if saved.get(k, defaults[k]) != v}
 
 
+def data_fingerprint(fs: FeatureSet) -> str:
+    """What a checkpoint was trained on: a hash of the corpus's tokens, sequence bounds and prompt
+    lengths (a run on other data never resumes it)."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for t in (fs.tokens, fs.starts, fs.prompt_lens):
+        h.update(t.to(torch.long).contiguous().numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
 def train_head(head: TrainedHead, fs: FeatureSet, cfg: TrainConfig, out_dir: Path, *,
                progress: Callable[[int, float], None] | None = None, max_seconds: float | None = None,
                until: float | None = None, most_steps: int | None = None,
                on_total: Callable[[int], None] | None = None, on_note: Callable[[str], None] | None = None) -> dict:
     """Train `head` in place (resuming from out_dir/checkpoint.pt when it matches `cfg`); returns
     the training record (steps, seconds, losses, held-out acceptance before and after). A
-    checkpoint written with other settings is not resumed: the run starts afresh and replaces it,
+    checkpoint written with other settings, or on other data (`data_fingerprint`), is not resumed: the run starts afresh and replaces it,
     `on_note` hears a line naming what differs, and the record keeps it (`checkpoint_ignored`).
 
     `until` (`time.monotonic()`): the schedule is re-fitted to end by then every `REFIT_EVERY` steps
@@ -380,13 +391,15 @@ def train_head(head: TrainedHead, fs: FeatureSet, cfg: TrainConfig, out_dir: Pat
     gen = torch.Generator().manual_seed(cfg.seed + 1)
     step, losses, seconds = 0, [], 0.0
     ckpt = out_dir / "checkpoint.pt"
-    key = asdict(cfg)
+    key, data = asdict(cfg), data_fingerprint(fs)
     ignored = None
     if ckpt.is_file():
         state = torch.load(ckpt, weights_only=False)
         changes = checkpoint_changes(state.get("config") or {}, cfg)
         if not torch.equal(state["d2t"], head.d2t):
             changes["draft_vocab"] = [f"{len(state['d2t'])} tokens", f"{len(head.d2t)} tokens (another vocabulary)"]
+        if state.get("data", data) != data:  # a checkpoint of before the fingerprint: taken on trust, as then
+            changes["data"] = [state["data"], f"{data} (other prompts or answers)"]
         if changes:
             ignored = changes
             if on_note is not None:
@@ -412,7 +425,8 @@ def train_head(head: TrainedHead, fs: FeatureSet, cfg: TrainConfig, out_dir: Pat
         nonlocal save_seconds
         t = time.perf_counter()
         with atomic_path(ckpt) as tmp:
-            torch.save({"config": key, "d2t": head.d2t, "module": module.state_dict(), "optimizer": opt.state_dict(),
+            torch.save({"config": key, "data": data, "d2t": head.d2t, "module": module.state_dict(),
+                        "optimizer": opt.state_dict(),
                         "scheduler": sched.state_dict(), "generator": gen.get_state(), "step": step,
                         "losses": losses, "seconds": time.perf_counter() - t0, "total_steps": total_steps}, tmp)
         save_seconds = time.perf_counter() - t
