@@ -149,7 +149,7 @@ def run_record(prompt: BenchPrompt, turn: int, method: BenchMethod, prompt_ids: 
         "steps": None, "mean_accepted_tokens": None, "accepted_lengths": None, "drafted_tokens": None,
         "proposed_tokens": None,
         "accepted_tokens": None, "depth_drafted": None, "depth_accepted": None, "time": None,
-        "predicted_accepted": None, "paused_steps": None,
+        "predicted_accepted": None, "paused_steps": None, "held_steps": None,
     }
     if stats is not None:
         other = max(0.0, out.seconds - stats.draft_seconds - stats.verify_seconds)
@@ -164,6 +164,9 @@ def run_record(prompt: BenchPrompt, turn: int, method: BenchMethod, prompt_ids: 
             "depth_accepted": list(stats.depth_accepted),
             "predicted_accepted": round(stats.predicted_accepted, 4) if stats.predicted_accepted else None,
             "paused_steps": (stats.planner or {}).get("paused_steps"),
+            # steps each costly drafter sat out in the hold-back ({} where none did; None: no planner judged)
+            "held_steps": None if "paused_steps" not in (stats.planner or {})
+            else dict(stats.planner.get("held_steps", {})),
             "time": {"draft": round(stats.draft_seconds, 6), "verify": round(stats.verify_seconds, 6),
                      "other": round(other, 6), "prefill": round(stats.prefill_seconds, 6)},
         })

@@ -70,6 +70,7 @@ def aggregate(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "mean_accepted_per_drafting_step": None if per_drafting is None else round(per_drafting, 4),
         "drafting_step_fraction": _ratio(drafting_steps, steps) if steps else None,
         "paused_step_fraction": _ratio(_sum(r["paused_steps"] for r in judged), judged_steps) if judged_steps else None,
+        "held_step_fraction": _held_fractions(stepped),
         "predicted_mean_accepted_tokens": _ratio(_sum(r["predicted_accepted"] for r in planned), planned_steps)
         if planned_steps else None,
         "acceptance_rate": _ratio(accepted, drafted) if stepped else None,
@@ -137,3 +138,17 @@ def _fraction(flags) -> float | None:
     """Share of True among the flags that are not None (None when all are)."""
     known = [bool(f) for f in flags if f is not None]
     return round(sum(known) / len(known), 4) if known else None
+
+
+def _held_fractions(runs: list[dict]) -> dict[str, float] | None:
+    """Per drafter, the share of steps it sat out in the planner's hold-back, over the requests whose
+    planner counted them (`held_steps`); None where no such request ran; drafters never held left out."""
+    judged = [r for r in runs if r.get("held_steps") is not None]
+    steps = _sum(r["steps"] for r in judged)
+    if not steps:
+        return None
+    held: dict[str, int] = {}
+    for r in judged:
+        for name, n in r["held_steps"].items():
+            held[name] = held.get(name, 0) + n
+    return {name: _ratio(n, steps) for name, n in sorted(held.items()) if n}

@@ -112,6 +112,7 @@ def test_run_bench_writes_results_report_and_plots(tmp_path, tiny_pair, chat_tok
         planned = run["method"] in ("prompt-lookup", "draft-model")
         assert (isinstance(run["paused_steps"], int) and 0 <= run["paused_steps"] < run["steps"]) if planned \
             else run["paused_steps"] is None
+        assert isinstance(run["held_steps"], dict) if planned else run["held_steps"] is None
     # Plain decoding equals an independent greedy reference (full recomputation, EOS id 1).
     target = tiny_pair[0]
     first = next(r for r in doc["runs"] if r["id"] == "b1" and r["method"] == "none")
@@ -269,6 +270,18 @@ def test_paused_steps_add_up_over_the_requests_a_back_off_judged():
     assert aggregate([_record("none", "a", 10, 1.0, [1] * 10)])["paused_step_fraction"] is None
     summary = summarize(runs, [{"name": "eagle3", "kind": "specula", "lossless": True}], ["a", "b"])
     assert summary["eagle3"]["by_category"]["b"]["paused_step_fraction"] == pytest.approx(5 / 7, abs=1e-4)
+
+
+def test_held_steps_add_up_per_drafter_over_the_requests_a_planner_judged():
+    """The share of steps each costly drafter sat out in the hold-back, over the requests whose
+    planner counted them; a drafter never held is left out, and methods without a planner give None."""
+    runs = [dict(_record("fusion", "a", 9, 1.0, [1, 3, 1, 4], drafted=[2, 2, 1], accepted=[2, 2, 1]),
+                 paused_steps=0, held_steps={"eagle3": 2, "draft-model": 0}),
+            dict(_record("fusion", "b", 8, 1.0, [1] * 6 + [2], drafted=[1], accepted=[1]), paused_steps=0,
+                 held_steps={})]
+    assert aggregate(runs)["held_step_fraction"] == {"eagle3": pytest.approx(2 / 11, abs=1e-4)}
+    assert aggregate(runs[1:])["held_step_fraction"] == {}
+    assert aggregate([_record("none", "a", 10, 1.0, [1] * 10)])["held_step_fraction"] is None
 
 
 def test_the_report_shows_the_paused_share_by_category_when_a_back_off_paused():
