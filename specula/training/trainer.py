@@ -426,9 +426,9 @@ def train_head(head: TrainedHead, fs: FeatureSet, cfg: TrainConfig, out_dir: Pat
         t = time.perf_counter()
         with atomic_path(ckpt) as tmp:
             torch.save({"config": key, "data": data, "d2t": head.d2t, "module": module.state_dict(),
-                        "optimizer": opt.state_dict(),
-                        "scheduler": sched.state_dict(), "generator": gen.get_state(), "step": step,
-                        "losses": losses, "seconds": time.perf_counter() - t0, "total_steps": total_steps}, tmp)
+                        "optimizer": opt.state_dict(), "scheduler": sched.state_dict(), "generator": gen.get_state(),
+                        "step": step, "losses": losses, "seconds": time.perf_counter() - t0,
+                        "total_steps": total_steps}, tmp)
         save_seconds = time.perf_counter() - t
 
     stopped_early, refits = False, []

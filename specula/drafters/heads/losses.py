@@ -62,26 +62,38 @@ def ttt_mask(t: int, j: int) -> torch.Tensor:
     return mask
 
 
+def _row_ce(p: torch.Tensor, logq: torch.Tensor, k: int | None = None) -> torch.Tensor:
+    """Per row, -sum p log q over the vocabulary, or over the k tokens p ranks highest; p, logq:
+    [..., V] -> [...]."""
+    if k is None:
+        return -(p * logq).sum(-1)
+    top = p.topk(min(k, p.shape[-1]), dim=-1).indices  # [..., k]
+    return -(p.gather(-1, top) * logq.gather(-1, top)).sum(-1)
+
+
+def _masked_mean(rows: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    return (rows * mask).sum() / mask.sum().clamp_min(1)
+
+
 def soft_ce(logits: torch.Tensor, p: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Mean over masked rows of -sum p log softmax(logits); logits, p: [..., V], mask: [...]."""
-    ce = -(p * F.log_softmax(logits.float(), -1)).sum(-1)
-    return (ce * mask).sum() / mask.sum().clamp_min(1)
+    return _masked_mean(_row_ce(p, F.log_softmax(logits.float(), -1)), mask)
 
 
 def topk_ce(logits: torch.Tensor, p: torch.Tensor, mask: torch.Tensor, k: int) -> torch.Tensor:
     """Mean over masked rows of -sum over the k tokens p ranks highest of p log softmax(logits)
     (HASS's top-k distillation loss); logits, p: [..., V], mask: [...]."""
-    top = p.topk(min(k, p.shape[-1]), dim=-1).indices  # [..., k]
-    ce = -(p.gather(-1, top) * F.log_softmax(logits.float(), -1).gather(-1, top)).sum(-1)
-    return (ce * mask).sum() / mask.sum().clamp_min(1)
+    return _masked_mean(_row_ce(p, F.log_softmax(logits.float(), -1), k), mask)
 
 
 def distill(logits: torch.Tensor, p: torch.Tensor, mask: torch.Tensor, cfg: LossConfig) -> torch.Tensor:
-    """The distillation term of one output: `soft_ce`, plus `cfg.topk_weight` x `topk_ce`."""
-    loss = soft_ce(logits, p, mask)
+    """The distillation term of one output: `soft_ce`, plus `cfg.topk_weight` x `topk_ce` (one
+    log-softmax for both)."""
+    logq = F.log_softmax(logits.float(), -1)  # [..., V]
+    rows = _row_ce(p, logq)
     if cfg.topk_weight > 0:
-        loss = loss + cfg.topk_weight * topk_ce(logits, p, mask, cfg.topk)
-    return loss
+        rows = rows + cfg.topk_weight * _row_ce(p, logq, cfg.topk)
+    return _masked_mean(rows, mask)
 
 
 def eagle_outputs(head: TrainedHead, b: dict, steps: int, noise: float, gen: torch.Generator | None
