@@ -68,9 +68,15 @@ SHIPPED: tuple[ShippedHead, ...] = (
     #   --max-new-tokens 128 --epochs 3 --time-budget 8.1 --no-feature-cache --answers <the 0.5B's answers>
     #   --data $(ls $D/{magpie,context}*.jsonl | grep -v context-long) (the 31,040 prompts of SmolLM2's
     #   head, answered by Qwen2.5-Coder-0.5B, the same tokenizer; 2.24 of 3 epochs fit; trained on an
-    #   H100; docs/training.md "The 1.5B head on 31,040 prompts"); int8 matrices (float16 would be 53 MB)
+    #   H100; docs/training.md "The 1.5B head on 31,040 prompts"), then fine-tuned on the CPU:
+    #   specula train --target qwen2.5-coder-1.5b --kind eagle3 --init-head <that head> --draft-vocab 16384
+    #   --data $D/translate.jsonl $D/replay-general.jsonl $D/replay-magpie4.jsonl --answers <the 1.5B's own
+    #   answers: data/answers/qwen2.5-coder-1.5b unpacked, and its answers to translate.jsonl>
+    #   --max-new-tokens 128 --epochs 2 --lr 2e-4 --ttt-steps 3 --batch-size 8 --time-budget 60 (1,758
+    #   prompts; docs/training.md "The 1.5B's head fine-tuned on translations it answered"); int8
+    #   matrices (float16 would be 53 MB)
     ShippedHead("qwen2.5-coder-1.5b", "eagle3", "qwen2.5-coder-1.5b-eagle3.safetensors",
-                "924f7e3cb23761f7b46aeaae382f9e81d6af9ef33027fae204865538b9962ffa"),
+                "00ec40edf48e9b075cfec724e858c118357d9a597df4be957b858e04c93f1984"),
 )
 """Every shipped head."""
 
