@@ -21,6 +21,7 @@ checkpoints (model, optimizer, step, the generator's state) are written atomical
 
 from __future__ import annotations
 
+import hashlib
 import math
 import time
 from dataclasses import asdict, dataclass, replace
@@ -350,8 +351,6 @@ def checkpoint_changes(saved: dict, cfg: TrainConfig) -> dict[str, list]:
 def data_fingerprint(fs: FeatureSet) -> str:
     """What a checkpoint was trained on: a hash of the corpus's tokens, sequence bounds and prompt
     lengths (a run on other data never resumes it)."""
-    import hashlib
-
     h = hashlib.sha256()
     for t in (fs.tokens, fs.starts, fs.prompt_lens):
         h.update(t.to(torch.long).contiguous().numpy().tobytes())
@@ -364,8 +363,9 @@ def train_head(head: TrainedHead, fs: FeatureSet, cfg: TrainConfig, out_dir: Pat
                on_total: Callable[[int], None] | None = None, on_note: Callable[[str], None] | None = None) -> dict:
     """Train `head` in place (resuming from out_dir/checkpoint.pt when it matches `cfg`); returns
     the training record (steps, seconds, losses, held-out acceptance before and after). A
-    checkpoint written with other settings, or on other data (`data_fingerprint`), is not resumed: the run starts afresh and replaces it,
-    `on_note` hears a line naming what differs, and the record keeps it (`checkpoint_ignored`).
+    checkpoint written with other settings, or on other data (`data_fingerprint`), is not resumed:
+    the run starts afresh and replaces it, `on_note` hears a line naming what differs, and the
+    record keeps it (`checkpoint_ignored`).
 
     `until` (`time.monotonic()`): the schedule is re-fitted to end by then every `REFIT_EVERY` steps
     from the run's own steady rate (`refit_total`; at most `most_steps`, default the steps of `cfg`),
