@@ -53,9 +53,12 @@ SHIPPED: tuple[ShippedHead, ...] = (
     #   $D/replay-magpie4.jsonl --max-new-tokens 128 --epochs 2 --lr 2e-4 --ttt-steps 3 --batch-size 8
     #   (1,758 prompts: translations SmolLM2 mostly copies, and earlier prompts replayed; its draft
     #   vocabulary grown to the 12,324 tokens the corpora hold; docs/training.md "A head that copies
-    #   what it is asked to translate"); float16
+    #   what it is asked to translate"), then fine-tuned again: the same command with --init-head
+    #   installed, $D/questions.jsonl before the three files and --max-prompt-tokens 1536 (2,747
+    #   prompts, 989 of them short factual questions; 13,831 tokens; docs/training.md "Short factual
+    #   questions"); float16
     ShippedHead("smollm2-135m", "eagle3", "smollm2-135m-eagle3.safetensors",
-                "512ca3a6e7119516252daca340126365afe98fd1f13a758d83f72ab4096d6567"),
+                "dfcd821d962ad9ebb36746e4efda5468cfc4a23d4d528c7f9617c91a405e7c4a"),
     # specula train --target qwen2.5-coder-0.5b --kind eagle3 --backend hf --device cuda --dtype bfloat16
     #   --padded-rows 2048 --batch-size 64 --ttt-steps 3 --max-new-tokens 128 --epochs 3
     #   --data $(ls $D/{magpie,context}*.jsonl | grep -v context-long) (the 31,040 prompts of SmolLM2's
