@@ -28,8 +28,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from make_training_prompts import TOPICS  # noqa: E402
-from make_translation_prompts import holds  # noqa: E402
-from specula.commands.common import add_load_args, load_config  # noqa: E402
+from source_requests import source_answers, sources_path, unflagged  # noqa: E402
+from specula.commands.common import add_load_args  # noqa: E402
 from specula.errors import SpeculaError  # noqa: E402
 
 FACT_TOPICS = [
@@ -126,48 +126,35 @@ def main(argv: list[str] | None = None) -> int:
     add_load_args(p)
     args = p.parse_args(argv)
 
-    from specula.models.loading import load_backend
-    from specula.training.contamination import find_contaminated
-    from specula.training.corpus import CorpusConfig, generate_corpus, read_prompts, write_prompt_file
-    from specula.training.run import cache_paths
+    from specula.training.corpus import write_prompt_file
 
     out = Path(args.out)
-    sources = out.with_name(f"{out.stem}-sources.jsonl")
-    if out.exists():  # before the slow load
-        print(f"error: {out} exists: delete it or choose another output file", file=sys.stderr)
-        return 2
     asked = requests(args.requests, args.seed)
-    if sources.exists() and not holds(sources, asked):
-        print(f"error: {sources} holds other requests: delete it or choose another output file", file=sys.stderr)
-        return 2
-    write_prompt_file(sources, asked, {
-        "file": sources.name, "prompts": len(asked),
-        "sources": [{"source": "question-source",
-                     "built_from": ["scripts/make_question_prompts.py (FACT_TOPICS)", "scripts/make_training_prompts.py (TOPICS)"],
-                     "licence": "requests written for specula",
-                     "note": f"not training prompts: the requests {args.source_model} answered (greedy, "
-                             f"{args.max_new_tokens} new tokens) to write the questions of {out.name}"}],
-        "settings": {"script": "scripts/make_question_prompts.py", "seed": args.seed, "requests": len(asked)}})
     try:
-        model, tokenizer = load_backend(args.source_model, load_config(args), name="source model")
-        config = CorpusConfig(max_new_tokens=args.max_new_tokens)
+        sources = sources_path(out, asked)  # before the slow load
         seen: set[str] = set()
         pool: list[str] = []
-        for entry in generate_corpus(model, tokenizer, read_prompts([sources]), cache_paths(model, sources, config)[0],
-                                     config):
-            pool += questions(tokenizer.decode(entry.output_ids, skip_special_tokens=True), seen)
+        for _, text in source_answers(args, sources, asked, {
+                "file": sources.name, "prompts": len(asked),
+                "sources": [{"source": "question-source",
+                             "built_from": ["scripts/make_question_prompts.py (FACT_TOPICS)",
+                                            "scripts/make_training_prompts.py (TOPICS)"],
+                             "licence": "requests written for specula",
+                             "note": f"not training prompts: the requests {args.source_model} answered (greedy, "
+                                     f"{args.max_new_tokens} new tokens) to write the questions of {out.name}"}],
+                "settings": {"script": "scripts/make_question_prompts.py", "seed": args.seed, "requests": len(asked)}}):
+            pool += questions(text, seen)
     except SpeculaError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     rows = compose(pool, args.seed)
-    flagged = {m.index for m in find_contaminated([r["prompt"] for r in rows])}
-    kept = [r for i, r in enumerate(rows) if i not in flagged]
+    kept, flagged = unflagged(rows)
     manifest = {
         "file": out.name, "prompts": len(kept),
         "sources": [{"source": "questions", "built_from": [sources.name],
                      "licence": f"questions written by {args.source_model} on requests written for specula; "
                                 "instructions written for specula",
-                     "requests": len(asked), "composed": len(rows), "dropped_benchmark": len(flagged),
+                     "requests": len(asked), "composed": len(rows), "dropped_benchmark": flagged,
                      "forms": dict(Counter(r["form"] for r in kept))}],
         "settings": {"script": "scripts/make_question_prompts.py", "source_model": args.source_model,
                      "max_new_tokens": args.max_new_tokens, "seed": args.seed},

@@ -6,7 +6,7 @@ translated into English (docs/training.md, "A head that copies what it is asked 
         --out specula/data/training/smollm2-135m/translate.jsonl
 
 Writes OUT_STEM-sources.jsonl (the requests: "Schreibe zwei kurze Sätze ... über TOPIC", in the
-three languages; labelled `s65-...`, the round that made them), has the source model answer them greedily (the corpus cache `specula train`
+three languages; labelled `s65-...` or `--label`, the round that made them), has the source model answer them greedily (the corpus cache `specula train`
 writes: an earlier `specula train --target MODEL --data SOURCES --max-new-tokens N --stop-after
 answers` is reused), splits the answers into sentences (list marks and quotes stripped; sentences of
 6-45 words in the language asked for, no phrase of three words repeated, each once), and writes OUT
@@ -29,7 +29,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from make_training_prompts import TOPICS  # noqa: E402
-from specula.commands.common import add_load_args, load_config  # noqa: E402
+from source_requests import source_answers, sources_path, unflagged  # noqa: E402
+from specula.commands.common import add_load_args  # noqa: E402
 from specula.errors import SpeculaError  # noqa: E402
 
 REQUESTS = {
@@ -58,8 +59,8 @@ INSTRUCTIONS = ["Translate {L} to English: {s}", "Translate {L} to English: {s}"
 half of the German prompts take the first."""
 
 
-def requests(count: int, seed: int) -> list[dict]:
-    """`count` source requests, languages by `SHARES`, topics drawn from TOPICS."""
+def requests(count: int, seed: int, label: str = "s65") -> list[dict]:
+    """`count` source requests, languages by `SHARES`, topics drawn from TOPICS, sources labelled `label`."""
     rng = random.Random(seed)
     rows = []
     for i in range(count):
@@ -67,7 +68,7 @@ def requests(count: int, seed: int) -> list[dict]:
         lang = next(name for name, bound in SHARES if r < bound)
         t, u = rng.choice(TOPICS), rng.choice(TOPICS)
         rows.append({"id": f"src{i:05d}", "prompt": rng.choice(REQUESTS[lang]).format(t=t, u=u),
-                     "source": f"s65-source-{lang}"})
+                     "source": f"{label}-source-{lang}"})
     return rows
 
 
@@ -106,14 +107,6 @@ def compose(pool: list[tuple[str, str]], seed: int) -> list[dict]:
     return rows
 
 
-def holds(path: Path, rows: list[dict]) -> bool:
-    """Whether the JSONL file `path` holds exactly `rows` (a file of other lines, or not JSON, does not)."""
-    try:
-        return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()] == rows
-    except json.JSONDecodeError:
-        return False
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--source-model", required=True, metavar="MODEL", help="the multilingual model that writes the sentences")
@@ -122,59 +115,51 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-new-tokens", type=int, default=96, metavar="N",
                    help="the source model's answer length, as given to `specula train` (its corpus cache is reused; default 96)")
     p.add_argument("--seed", type=int, default=65)
+    p.add_argument("--label", default="s65", help="the round named in every prompt's source (default s65, the first)")
+    p.add_argument("--exclude", nargs="*", default=[], metavar="FILE",
+                   help="prompt files of earlier rounds: a sentence any of their prompts holds is left out")
     add_load_args(p)
     args = p.parse_args(argv)
 
-    from specula.models.loading import load_backend
-    from specula.training.contamination import find_contaminated
-    from specula.training.corpus import CorpusConfig, generate_corpus, read_prompts, write_prompt_file
-    from specula.training.run import cache_paths
+    from specula.training.corpus import read_prompts, write_prompt_file
 
     out = Path(args.out)
-    sources = out.with_name(f"{out.stem}-sources.jsonl")
-    if out.exists():  # before the slow load
-        print(f"error: {out} exists: delete it or choose another output file", file=sys.stderr)
-        return 2
-    asked = requests(args.requests, args.seed)
-    if sources.exists() and not holds(sources, asked):
-        print(f"error: {sources} holds other requests: delete it or choose another output file", file=sys.stderr)
-        return 2
-    lang_of = {f"{sources.stem}:{r['id']}": r["source"].rsplit("-", 1)[1] for r in asked}
-    write_prompt_file(sources, asked, {
-        "file": sources.name, "prompts": len(asked),
-        "sources": [{"source": "translation-source", "built_from": ["scripts/make_training_prompts.py (TOPICS)"],
-                     "licence": "requests written for specula (topics of scripts/make_training_prompts.py)",
-                     "languages": dict(Counter(lang_of.values())),
-                     "note": f"not SmolLM2 training prompts: the requests {args.source_model} answered (greedy, "
-                             f"{args.max_new_tokens} new tokens) to write the sentences of {out.name}"}],
-        "settings": {"script": "scripts/make_translation_prompts.py", "seed": args.seed, "requests": len(asked)}})
+    asked = requests(args.requests, args.seed, args.label)
     try:
-        model, tokenizer = load_backend(args.source_model, load_config(args), name="source model")
-        config = CorpusConfig(max_new_tokens=args.max_new_tokens)
+        sources = sources_path(out, asked)  # before the slow load
+        lang_of = {f"{sources.stem}:{r['id']}": r["source"].rsplit("-", 1)[1] for r in asked}
         seen: set[str] = set()
         pool = []
-        for entry in generate_corpus(model, tokenizer, read_prompts([sources]), cache_paths(model, sources, config)[0],
-                                     config):
-            lang = lang_of[entry.id]
-            pool += [(lang, s) for s in sentences(tokenizer.decode(entry.output_ids, skip_special_tokens=True), lang, seen)]
+        for prompt_id, text in source_answers(args, sources, asked, {
+                "file": sources.name, "prompts": len(asked),
+                "sources": [{"source": "translation-source", "built_from": ["scripts/make_training_prompts.py (TOPICS)"],
+                             "licence": "requests written for specula (topics of scripts/make_training_prompts.py)",
+                             "languages": dict(Counter(lang_of.values())),
+                             "note": f"not SmolLM2 training prompts: the requests {args.source_model} answered (greedy, "
+                                     f"{args.max_new_tokens} new tokens) to write the sentences of {out.name}"}],
+                "settings": {"script": "scripts/make_translation_prompts.py", "seed": args.seed, "requests": len(asked)}}):
+            lang = lang_of[prompt_id]
+            pool += [(lang, s) for s in sentences(text, lang, seen)]
     except SpeculaError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    rows = compose(pool, args.seed)
-    flagged = {m.index for m in find_contaminated([r["prompt"] for r in rows])}
-    kept = [r for i, r in enumerate(rows) if i not in flagged]
+    earlier = "\n".join(text for _, text in read_prompts(args.exclude)) if args.exclude else ""
+    repeated = sum(1 for _, sentence in pool if sentence in earlier)
+    rows = compose([(lang, sentence) for lang, sentence in pool if sentence not in earlier], args.seed)
+    kept, flagged = unflagged(rows)
     languages = Counter(r["lang"] for r in kept)
     manifest = {
         "file": out.name, "prompts": len(kept),
         "sources": [{"source": "translation", "built_from": [sources.name],
                      "licence": f"sentences written by {args.source_model} on requests written for specula; "
                                 "instructions written for specula",
-                     "requests": len(asked), "composed": len(rows), "dropped_benchmark": len(flagged),
+                     "requests": len(asked), "composed": len(rows), "dropped_benchmark": flagged,
+                     "dropped_earlier_rounds": repeated, "earlier_rounds": [Path(f).name for f in args.exclude],
                      "languages": dict(languages)}],
         "settings": {"script": "scripts/make_translation_prompts.py", "source_model": args.source_model,
                      "max_new_tokens": args.max_new_tokens, "seed": args.seed},
     }
-    write_prompt_file(out, [{"id": r["id"], "prompt": r["prompt"], "source": f"s65-translate-{r['lang']}"}
+    write_prompt_file(out, [{"id": r["id"], "prompt": r["prompt"], "source": f"{args.label}-translate-{r['lang']}"}
                             for r in kept], manifest)
     print(json.dumps(manifest["sources"], indent=2))
     print(f"{len(kept)} prompts -> {out}")
