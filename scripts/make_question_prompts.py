@@ -17,7 +17,6 @@ read; prompts a benchmark check flags are dropped and counted.
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import re
 import sys
@@ -28,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from make_training_prompts import TOPICS  # noqa: E402
-from source_requests import source_answers, sources_path, unflagged  # noqa: E402
+from source_requests import source_answers, sources_path, unflagged, write_made  # noqa: E402
 from specula.commands.common import add_load_args  # noqa: E402
 from specula.errors import SpeculaError  # noqa: E402
 
@@ -126,8 +125,6 @@ def main(argv: list[str] | None = None) -> int:
     add_load_args(p)
     args = p.parse_args(argv)
 
-    from specula.training.corpus import write_prompt_file
-
     out = Path(args.out)
     asked = requests(args.requests, args.seed)
     try:
@@ -149,20 +146,13 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     rows = compose(pool, args.seed)
     kept, flagged = unflagged(rows)
-    manifest = {
-        "file": out.name, "prompts": len(kept),
-        "sources": [{"source": "questions", "built_from": [sources.name],
-                     "licence": f"questions written by {args.source_model} on requests written for specula; "
-                                "instructions written for specula",
-                     "requests": len(asked), "composed": len(rows), "dropped_benchmark": flagged,
-                     "forms": dict(Counter(r["form"] for r in kept))}],
-        "settings": {"script": "scripts/make_question_prompts.py", "source_model": args.source_model,
-                     "max_new_tokens": args.max_new_tokens, "seed": args.seed},
-    }
-    write_prompt_file(out, [{"id": r["id"], "prompt": r["prompt"], "source": f"s69-question-{r['form']}"}
-                            for r in kept], manifest)
-    print(json.dumps(manifest["sources"], indent=2))
-    print(f"{len(kept)} prompts -> {out}")
+    entry = {"source": "questions", "built_from": [sources.name],
+             "licence": f"questions written by {args.source_model} on requests written for specula; "
+                         "instructions written for specula",
+             "requests": len(asked), "composed": len(rows), "dropped_benchmark": flagged,
+             "forms": dict(Counter(r["form"] for r in kept))}
+    write_made(out, args, "scripts/make_question_prompts.py", entry,
+               [{"id": r["id"], "prompt": r["prompt"], "source": f"s69-question-{r['form']}"} for r in kept])
     return 0
 
 

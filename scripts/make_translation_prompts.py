@@ -18,7 +18,6 @@ prompts a benchmark check flags are dropped and counted.
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import re
 import sys
@@ -29,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from make_training_prompts import TOPICS  # noqa: E402
-from source_requests import source_answers, sources_path, unflagged  # noqa: E402
+from source_requests import source_answers, sources_path, unflagged, write_made  # noqa: E402
 from specula.commands.common import add_load_args  # noqa: E402
 from specula.errors import SpeculaError  # noqa: E402
 
@@ -121,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     add_load_args(p)
     args = p.parse_args(argv)
 
-    from specula.training.corpus import read_prompts, write_prompt_file
+    from specula.training.corpus import read_prompts
 
     out = Path(args.out)
     asked = requests(args.requests, args.seed, args.label)
@@ -148,21 +147,14 @@ def main(argv: list[str] | None = None) -> int:
     rows = compose([(lang, sentence) for lang, sentence in pool if sentence not in earlier], args.seed)
     kept, flagged = unflagged(rows)
     languages = Counter(r["lang"] for r in kept)
-    manifest = {
-        "file": out.name, "prompts": len(kept),
-        "sources": [{"source": "translation", "built_from": [sources.name],
-                     "licence": f"sentences written by {args.source_model} on requests written for specula; "
-                                "instructions written for specula",
-                     "requests": len(asked), "composed": len(rows), "dropped_benchmark": flagged,
-                     "dropped_earlier_rounds": repeated, "earlier_rounds": [Path(f).name for f in args.exclude],
-                     "languages": dict(languages)}],
-        "settings": {"script": "scripts/make_translation_prompts.py", "source_model": args.source_model,
-                     "max_new_tokens": args.max_new_tokens, "seed": args.seed},
-    }
-    write_prompt_file(out, [{"id": r["id"], "prompt": r["prompt"], "source": f"{args.label}-translate-{r['lang']}"}
-                            for r in kept], manifest)
-    print(json.dumps(manifest["sources"], indent=2))
-    print(f"{len(kept)} prompts -> {out}")
+    entry = {"source": "translation", "built_from": [sources.name],
+             "licence": f"sentences written by {args.source_model} on requests written for specula; "
+                         "instructions written for specula",
+             "requests": len(asked), "composed": len(rows), "dropped_benchmark": flagged,
+             "dropped_earlier_rounds": repeated, "earlier_rounds": [Path(f).name for f in args.exclude],
+             "languages": dict(languages)}
+    write_made(out, args, "scripts/make_translation_prompts.py", entry,
+               [{"id": r["id"], "prompt": r["prompt"], "source": f"{args.label}-translate-{r['lang']}"} for r in kept])
     return 0
 
 

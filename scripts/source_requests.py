@@ -58,3 +58,16 @@ def unflagged(rows: list[dict]) -> tuple[list[dict], int]:
 
     flagged = {m.index for m in find_contaminated([r["prompt"] for r in rows])}
     return [r for i, r in enumerate(rows) if i not in flagged], len(flagged)
+
+
+def write_made(out: Path, args, script: str, entry: dict, rows: list[dict]) -> None:
+    """Write the prompts made (`rows`: {"id", "prompt", "source"}) to `out` with their manifest
+    (`entry`: the source's licence and counts; the settings read from `args`), and print both."""
+    from specula.training.corpus import write_prompt_file
+
+    manifest = {"file": out.name, "prompts": len(rows), "sources": [entry],
+                "settings": {"script": script, "source_model": args.source_model,
+                             "max_new_tokens": args.max_new_tokens, "seed": args.seed}}
+    write_prompt_file(out, rows, manifest)
+    print(json.dumps(manifest["sources"], indent=2))
+    print(f"{len(rows)} prompts -> {out}")
