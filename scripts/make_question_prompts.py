@@ -27,10 +27,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from make_training_prompts import TOPICS  # noqa: E402
-from source_requests import source_answers, sources_path, unflagged, write_made  # noqa: E402
-from specula.commands.common import add_load_args  # noqa: E402
+from source_requests import add_request_args, source_answers, sources_path, unflagged, write_made  # noqa: E402
 from specula.errors import SpeculaError  # noqa: E402
 
+SCRIPT = "scripts/make_question_prompts.py"
 FACT_TOPICS = [
     "the Olympic Games", "World War II", "the Beatles", "the river Nile", "Shakespeare's plays", "the Moon landing",
     "the FIFA World Cup", "films of the 1990s", "American presidents", "Nobel Prize winners", "the periodic table",
@@ -71,7 +71,8 @@ def requests(count: int, seed: int) -> list[dict]:
     rows = []
     for i in range(count):
         topic = rng.choice(FACT_TOPICS) if rng.random() < 2 / 3 else rng.choice(TOPICS)
-        rows.append({"id": f"q{i:05d}", "prompt": rng.choice(REQUESTS).format(t=topic, k=rng.choice(ANSWER_KINDS)), "source": "s69-question-source"})
+        prompt = rng.choice(REQUESTS).format(t=topic, k=rng.choice(ANSWER_KINDS))
+        rows.append({"id": f"q{i:05d}", "prompt": prompt, "source": "s69-question-source"})
     return rows
 
 
@@ -116,13 +117,7 @@ def compose(pool: list[str], seed: int) -> list[dict]:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--source-model", required=True, metavar="MODEL", help="the model that writes the questions")
-    p.add_argument("--requests", type=int, default=1500, metavar="N", help="requests, one question each (default 1500)")
-    p.add_argument("--out", required=True, metavar="FILE", help="the prompt file to write (JSONL)")
-    p.add_argument("--max-new-tokens", type=int, default=48, metavar="N",
-                   help="the source model's answer length, as given to `specula train` (its corpus cache is reused; default 48)")
-    p.add_argument("--seed", type=int, default=69)
-    add_load_args(p)
+    add_request_args(p, writes="the questions", requests=1500, max_new_tokens=48, seed=69)
     args = p.parse_args(argv)
 
     out = Path(args.out)
@@ -131,15 +126,12 @@ def main(argv: list[str] | None = None) -> int:
         sources = sources_path(out, asked)  # before the slow load
         seen: set[str] = set()
         pool: list[str] = []
-        for _, text in source_answers(args, sources, asked, {
-                "file": sources.name, "prompts": len(asked),
-                "sources": [{"source": "question-source",
-                             "built_from": ["scripts/make_question_prompts.py (FACT_TOPICS)",
-                                            "scripts/make_training_prompts.py (TOPICS)"],
-                             "licence": "requests written for specula",
-                             "note": f"not training prompts: the requests {args.source_model} answered (greedy, "
-                                     f"{args.max_new_tokens} new tokens) to write the questions of {out.name}"}],
-                "settings": {"script": "scripts/make_question_prompts.py", "seed": args.seed, "requests": len(asked)}}):
+        for _, text in source_answers(args, sources, asked, SCRIPT, {
+                "source": "question-source",
+                "built_from": [f"{SCRIPT} (FACT_TOPICS)", "scripts/make_training_prompts.py (TOPICS)"],
+                "licence": "requests written for specula",
+                "note": f"not training prompts: the requests {args.source_model} answered (greedy, "
+                        f"{args.max_new_tokens} new tokens) to write the questions of {out.name}"}):
             pool += questions(text, seen)
     except SpeculaError as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -151,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
                          "instructions written for specula",
              "requests": len(asked), "composed": len(rows), "dropped_benchmark": flagged,
              "forms": dict(Counter(r["form"] for r in kept))}
-    write_made(out, args, "scripts/make_question_prompts.py", entry,
+    write_made(out, args, SCRIPT, entry,
                [{"id": r["id"], "prompt": r["prompt"], "source": f"s69-question-{r['form']}"} for r in kept])
     return 0
 

@@ -28,10 +28,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from make_training_prompts import TOPICS  # noqa: E402
-from source_requests import source_answers, sources_path, unflagged, write_made  # noqa: E402
-from specula.commands.common import add_load_args  # noqa: E402
+from source_requests import add_request_args, source_answers, sources_path, unflagged, write_made  # noqa: E402
 from specula.errors import SpeculaError  # noqa: E402
 
+SCRIPT = "scripts/make_translation_prompts.py"
 REQUESTS = {
     "de": ["Schreibe zwei kurze Sätze für einen deutschen Nachrichtenartikel über {t}. Antworte nur auf Deutsch.",
            "Schreibe einen kurzen Absatz auf Deutsch über {t}, wie in einer Zeitung.",
@@ -108,16 +108,10 @@ def compose(pool: list[tuple[str, str]], seed: int) -> list[dict]:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--source-model", required=True, metavar="MODEL", help="the multilingual model that writes the sentences")
-    p.add_argument("--requests", type=int, default=700, metavar="N", help="source requests (default 700)")
-    p.add_argument("--out", required=True, metavar="FILE", help="the prompt file to write (JSONL)")
-    p.add_argument("--max-new-tokens", type=int, default=96, metavar="N",
-                   help="the source model's answer length, as given to `specula train` (its corpus cache is reused; default 96)")
-    p.add_argument("--seed", type=int, default=65)
+    add_request_args(p, writes="the sentences (multilingual)", requests=700, max_new_tokens=96, seed=65)
     p.add_argument("--label", default="s65", help="the round named in every prompt's source (default s65, the first)")
     p.add_argument("--exclude", nargs="*", default=[], metavar="FILE",
                    help="prompt files of earlier rounds: a sentence any of their prompts holds is left out")
-    add_load_args(p)
     args = p.parse_args(argv)
 
     from specula.training.corpus import read_prompts
@@ -129,22 +123,21 @@ def main(argv: list[str] | None = None) -> int:
         lang_of = {f"{sources.stem}:{r['id']}": r["source"].rsplit("-", 1)[1] for r in asked}
         seen: set[str] = set()
         pool = []
-        for prompt_id, text in source_answers(args, sources, asked, {
-                "file": sources.name, "prompts": len(asked),
-                "sources": [{"source": "translation-source", "built_from": ["scripts/make_training_prompts.py (TOPICS)"],
-                             "licence": "requests written for specula (topics of scripts/make_training_prompts.py)",
-                             "languages": dict(Counter(lang_of.values())),
-                             "note": f"not SmolLM2 training prompts: the requests {args.source_model} answered (greedy, "
-                                     f"{args.max_new_tokens} new tokens) to write the sentences of {out.name}"}],
-                "settings": {"script": "scripts/make_translation_prompts.py", "seed": args.seed, "requests": len(asked)}}):
+        for prompt_id, text in source_answers(args, sources, asked, SCRIPT, {
+                "source": "translation-source", "built_from": ["scripts/make_training_prompts.py (TOPICS)"],
+                "licence": "requests written for specula (topics of scripts/make_training_prompts.py)",
+                "languages": dict(Counter(lang_of.values())),
+                "note": f"not SmolLM2 training prompts: the requests {args.source_model} answered (greedy, "
+                        f"{args.max_new_tokens} new tokens) to write the sentences of {out.name}"}):
             lang = lang_of[prompt_id]
             pool += [(lang, s) for s in sentences(text, lang, seen)]
     except SpeculaError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     earlier = "\n".join(text for _, text in read_prompts(args.exclude)) if args.exclude else ""
-    repeated = sum(1 for _, sentence in pool if sentence in earlier)
-    rows = compose([(lang, sentence) for lang, sentence in pool if sentence not in earlier], args.seed)
+    fresh = [(lang, sentence) for lang, sentence in pool if sentence not in earlier]
+    repeated = len(pool) - len(fresh)
+    rows = compose(fresh, args.seed)
     kept, flagged = unflagged(rows)
     languages = Counter(r["lang"] for r in kept)
     entry = {"source": "translation", "built_from": [sources.name],
@@ -153,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
              "requests": len(asked), "composed": len(rows), "dropped_benchmark": flagged,
              "dropped_earlier_rounds": repeated, "earlier_rounds": [Path(f).name for f in args.exclude],
              "languages": dict(languages)}
-    write_made(out, args, "scripts/make_translation_prompts.py", entry,
+    write_made(out, args, SCRIPT, entry,
                [{"id": r["id"], "prompt": r["prompt"], "source": f"{args.label}-translate-{r['lang']}"} for r in kept])
     return 0
 

@@ -13,7 +13,7 @@ from typing import Iterator
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from specula.commands.common import load_config  # noqa: E402
+from specula.commands.common import add_load_args, load_config  # noqa: E402
 from specula.errors import ConfigError  # noqa: E402
 
 
@@ -36,15 +36,30 @@ def sources_path(out: Path, asked: list[dict]) -> Path:
     return sources
 
 
-def source_answers(args, sources: Path, asked: list[dict], manifest: dict) -> Iterator[tuple[str, str]]:
-    """Write the requests (`asked`, with `manifest`) to `sources`, load `args.source_model` and yield
-    (prompt id as the corpus names it, answer text) for every request, answered greedily in
-    `args.max_new_tokens` tokens."""
+def add_request_args(parser, *, writes: str, requests: int, max_new_tokens: int, seed: int) -> None:
+    """The options every such script takes (the ones `source_answers` and `write_made` read), with
+    its own defaults; `writes`: what the source model writes (for --source-model's help)."""
+    parser.add_argument("--source-model", required=True, metavar="MODEL", help=f"the model that writes {writes}")
+    parser.add_argument("--requests", type=int, default=requests, metavar="N",
+                        help=f"requests to the source model (default {requests})")
+    parser.add_argument("--out", required=True, metavar="FILE", help="the prompt file to write (JSONL)")
+    parser.add_argument("--max-new-tokens", type=int, default=max_new_tokens, metavar="N",
+                        help="the source model's answer length, as given to `specula train` (its corpus cache is "
+                             f"reused; default {max_new_tokens})")
+    parser.add_argument("--seed", type=int, default=seed)
+    add_load_args(parser)
+
+
+def source_answers(args, sources: Path, asked: list[dict], script: str, entry: dict) -> Iterator[tuple[str, str]]:
+    """Write the requests (`asked`) to `sources` with their manifest (`entry`: the requests' source,
+    licence and counts), load `args.source_model` and yield (prompt id as the corpus names it,
+    answer text) for every request, answered greedily in `args.max_new_tokens` tokens."""
     from specula.models.loading import load_backend
     from specula.training.corpus import CorpusConfig, generate_corpus, read_prompts, write_prompt_file
     from specula.training.run import cache_paths
 
-    write_prompt_file(sources, asked, manifest)
+    write_prompt_file(sources, asked, {"file": sources.name, "prompts": len(asked), "sources": [entry],
+                                       "settings": {"script": script, "seed": args.seed, "requests": len(asked)}})
     model, tokenizer = load_backend(args.source_model, load_config(args), name="source model")
     config = CorpusConfig(max_new_tokens=args.max_new_tokens)
     for entry in generate_corpus(model, tokenizer, read_prompts([sources]), cache_paths(model, sources, config)[0],
