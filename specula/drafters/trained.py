@@ -136,6 +136,10 @@ def create_head_drafter(kind: str, *, target=None, head: str | os.PathLike | Tra
     if online_distill and kind == "eagle3":
         raise ConfigError("--online-distill trains eagle, medusa and hydra heads; an eagle3 head learns offline only "
                           "(`specula train --kind eagle3`): drop --online-distill")
+    if online_distill and head.config.copy_ngram:
+        raise ConfigError("--online-distill trains on short windows of a request, which leave a copy hint no text to "
+                          "match; a head with copy hints learns offline only (`specula train --copy-ngram`): drop "
+                          "--online-distill")
     if online_distill:
         online = OnlineDistiller(head, OnlineDistillConfig(**({} if online_lr is None else {"lr": online_lr})))
     return TrainedHeadDrafter(head, method_config(kind, DraftTreeConfig, merged), online)

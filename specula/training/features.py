@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import shutil
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
@@ -31,6 +31,7 @@ class FeatureSet:
     prompt_lens: torch.Tensor  # [S] long
     inputs: torch.Tensor | None = None  # [N, k E] float16: the inputs of `layers` (eagle3), else None
     layers: tuple[int, ...] = ()
+    _hints: dict = field(default_factory=dict, repr=False, compare=False)  # (s, n) -> `copy_hints`
 
     def __len__(self) -> int:
         return len(self.starts) - 1
@@ -39,6 +40,17 @@ class FeatureSet:
         """(tokens [n], features [n, E], prompt length) of sequence s."""
         a, b = int(self.starts[s]), int(self.starts[s + 1])
         return self.tokens[a:b], self.features[a:b], int(self.prompt_lens[s])
+
+    def copy_hints(self, s: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(hint tokens [len], match lengths [len]) long of sequence s's positions (`heads.copy`),
+        computed once per sequence and n."""
+        key = (s, n)
+        if key not in self._hints:
+            from specula.drafters.heads.copy import sequence_hints
+
+            hints, lengths = sequence_hints(self.sequence(s)[0].tolist(), n)
+            self._hints[key] = (torch.tensor(hints, dtype=torch.long), torch.tensor(lengths, dtype=torch.long))
+        return self._hints[key]
 
     def layer_inputs(self, s: int) -> torch.Tensor:
         """[n, k E]: the inputs of `layers` over sequence s."""

@@ -138,7 +138,8 @@ def run_training(target, tokenizer, target_name: str, out: Path, config: TrainCo
     else:
         d2t = draft_vocabulary(fs, config.draft_vocab, target.vocab_size, sorted(target.eos_token_ids))
         head = new_head(config.kind, target, d2t, seed=config.seed, num_offsets=config.num_offsets,
-                        intermediate_size=config.intermediate_size, num_kv_heads=config.num_kv_heads)
+                        intermediate_size=config.intermediate_size, num_kv_heads=config.num_kv_heads,
+                        copy_ngram=config.copy_ngram)
     started_from = None if init_head is None else {"path": str(init_head), "sha256": sha256_file(Path(init_head))}
     every = list(range(len(eval_fs))) if eval_fs is not None else []
     other_before = acceptance_report(head, eval_fs, every, config, head.embed) if every else None
@@ -191,12 +192,28 @@ def initial_head(path: str | os.PathLike, target, target_name: str, config: Trai
     head = load_head(path, target, target_name, torch.float32)
     if head.config.kind != config.kind:
         raise ConfigError(f"--init-head {path} is a {head.config.kind} head; train it with --kind {head.config.kind}")
-    for name in ("intermediate_size", "num_kv_heads"):  # 0: not asked for
+    for name in ("intermediate_size", "num_kv_heads", "copy_ngram"):  # 0: not asked for
         wanted, has = getattr(config, name), getattr(head.config, name)
+        if name == "copy_ngram" and wanted and not has:
+            return with_copy_hints(head, wanted, target)
         if wanted and wanted != has:
             raise ConfigError(f"--init-head {path} has {name} {has}, not {wanted}: its shape is kept when "
                               f"fine-tuning; drop --{name.replace('_', '-')}")
     return head
+
+
+def with_copy_hints(head, n: int, target):
+    """`head` (eagle / eagle3, no copy hints) reading copy hints of up to `n` tokens: its weights
+    kept, the new ones at zero, so it drafts exactly as before until it learns them."""
+    from specula.drafters.heads.runtime import TrainedHead, build_module
+
+    if head.config.kind not in ("eagle", "eagle3"):
+        raise ConfigError(f"--copy-ngram is read by eagle / eagle3 heads; the --init-head is a {head.config.kind} head")
+    module = build_module(replace(head.config, copy_ngram=n))
+    missing, unexpected = module.load_state_dict(head.module.state_dict(), strict=False)
+    assert not unexpected and set(missing) == {"copy_proj.weight", "copy_len"}, (missing, unexpected)
+    module.reset_copy()
+    return TrainedHead(module.to(head.dtype), head.d2t, target, head.file)
 
 
 def widened_head(head, d2t: torch.Tensor, target):

@@ -79,6 +79,9 @@ class TrainConfig:
     num_kv_heads: int = 0
     """eagle / eagle3: key/value heads of its attention (0 = one per query head); fewer (grouped
     queries) keep a wide target's head small."""
+    copy_ngram: int = 0
+    """eagle / eagle3: the head reads copy hints matching up to this many tokens (`HeadConfig.copy_ngram`;
+    0 = none). A fine-tuned head without them gains them at zero weight (`training.run.initial_head`)."""
     holdout: float = 0.05
     """Fraction of sequences held out for the acceptance report."""
     report_sequences: int = 0
@@ -111,7 +114,7 @@ class TrainConfig:
                      "draft_vocab", "topk_loss_k"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("intermediate_size", "num_kv_heads"):
+        for name in ("intermediate_size", "num_kv_heads", "copy_ngram"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name} must be >= 0 (0 = the default shape), got {getattr(self, name)}")
         if not self.epochs > 0 or not self.lr > 0:
@@ -166,11 +169,13 @@ def chunks(fs: FeatureSet, seqs: list[int], seq_len: int) -> list[tuple[int, int
 
 
 def batch(fs: FeatureSet, pieces: list[tuple[int, int, int]], embed: Callable,
-          device: torch.device | str = "cpu") -> dict[str, torch.Tensor]:
+          device: torch.device | str = "cpu", copy_ngram: int = 0) -> dict[str, torch.Tensor]:
     """Padded tensors on `device`: tokens [B, T + 1], feats [B, T + 1, E] (float32), emb [B, T + 1, E],
     valid [B, T + 1] (row exists), output [B, T + 1] (row is the target's own answer); with layer
-    features (eagle3) inputs [B, T + 1, k E] (float32). Gathered on the CPU in the cache's float16
-    and widened on `device` (half the bytes copied to a GPU)."""
+    features (eagle3) inputs [B, T + 1, k E] (float32); with `copy_ngram` > 0 each row's copy hint
+    over its whole sequence, hint_emb [B, T + 1, E] and hint_len [B, T + 1] (`FeatureSet.copy_hints`).
+    Gathered on the CPU in the cache's float16 and widened on `device` (half the bytes copied to a
+    GPU)."""
     t1 = max(rows for _, _, rows in pieces)
     e = fs.features.shape[1]
     tokens = torch.zeros((len(pieces), t1), dtype=torch.long)
@@ -188,6 +193,13 @@ def batch(fs: FeatureSet, pieces: list[tuple[int, int, int]], embed: Callable,
             inputs[b, :rows] = fs.layer_inputs(s)[a:a + rows]
     out = {"tokens": tokens.to(device), "feats": feats.to(device).float(), "emb": embed(tokens).to(device),
            "valid": valid.to(device), "output": output.to(device)}
+    if copy_ngram:
+        hints = torch.zeros((len(pieces), t1), dtype=torch.long)
+        lengths = torch.zeros((len(pieces), t1), dtype=torch.long)
+        for b, (s, a, rows) in enumerate(pieces):
+            h, n = fs.copy_hints(s, copy_ngram)
+            hints[b, :rows], lengths[b, :rows] = h[a:a + rows], n[a:a + rows]
+        out |= {"hint_emb": embed(hints).to(device), "hint_len": lengths.to(device)}
     return out if inputs is None else out | {"inputs": inputs.to(device).float()}
 
 
@@ -243,7 +255,7 @@ def acceptance_report(head: TrainedHead, fs: FeatureSet, seqs: list[int], cfg: T
     walk_steps, walk_tokens = 0, 0
     device = head.lm_rows.device if head.lm_rows is not None else torch.device("cpu")
     for piece in chunks(fs, seqs, cfg.seq_len):
-        b = batch(fs, [piece], embed, device)
+        b = batch(fs, [piece], embed, device, head.config.copy_ngram)
         tok, out_mask = b["tokens"][0].cpu(), b["output"][0].cpu()
         t = tok.shape[0] - 1  # pairs
         preds = torch.full((depth, t), -1, dtype=torch.long)  # preds[d - 1, c]: token for x_{c+d+1}
@@ -442,7 +454,7 @@ def train_head(head: TrainedHead, fs: FeatureSet, cfg: TrainConfig, out_dir: Pat
             step += 1
             continue
         with torch.autocast(device.type, dtype=amp or torch.bfloat16, enabled=amp is not None):
-            loss = loss_of(head, batch(fs, group, embed, device), loss_config(cfg), gen)
+            loss = loss_of(head, batch(fs, group, embed, device, head.config.copy_ngram), loss_config(cfg), gen)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(module.parameters(), cfg.grad_clip)

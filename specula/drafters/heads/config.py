@@ -45,6 +45,11 @@ class HeadConfig:
     num_offsets: int = 4
     """medusa / hydra: heads, head i predicting the token i + 1 steps after the root (deepest draft
     level); eagle / eagle3 draft autoregressively and ignore it."""
+    copy_ngram: int = 0
+    """eagle / eagle3: each pair also reads its copy hint (`heads.copy`: the token that followed the
+    latest earlier occurrence of the 1 .. N tokens ending at its own, at any distance, and the
+    match's length), added to its residual stream by `copy_proj` and `copy_len`; 0 = none (every
+    head trained before this field)."""
 
     def __post_init__(self) -> None:
         if self.kind not in HEAD_KINDS:
@@ -60,6 +65,11 @@ class HeadConfig:
                                      or self.num_heads % self.num_kv_heads or self.intermediate_size < 1):
             raise ConfigError(f"an {self.kind} head needs num_heads (a multiple of num_kv_heads), num_kv_heads, an even "
                               "head_dim and intermediate_size")
+        from specula.drafters.heads.copy import MAX_COPY_NGRAM
+
+        if not 0 <= self.copy_ngram <= MAX_COPY_NGRAM or (self.copy_ngram and self.kind not in AUTOREGRESSIVE):
+            raise ConfigError(f"copy_ngram must be in 0..{MAX_COPY_NGRAM} and is read by eagle / eagle3 heads only; got "
+                              f"{self.copy_ngram} for kind {self.kind!r}")
         if self.kind in ("medusa", "hydra") and self.num_offsets < 1:
             raise ConfigError(f"num_offsets must be >= 1, got {self.num_offsets}")
 

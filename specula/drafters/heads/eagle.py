@@ -17,6 +17,12 @@ the official head: the same `fc` over [embedding ; feature] instead of its input
 2E-wide attention input, and the target's own output rows of the draft vocabulary instead of a
 trained output layer (a head file stays small: no [V_draft, E] matrix stored).
 
+Copy hints (ours, `HeadConfig.copy_ngram`): a pair may also read the token prompt lookup would
+propose after it (`heads.copy`: the continuation of the latest earlier match of its last 1 .. N
+tokens, at any distance) and the match's length; `copy_term` adds them to the residual stream after
+`fc` (weights that start at zero). The head's attention sees only its window of pairs, so a phrase
+copied from further back was out of its reach; the hint hands it what to copy and it learns when.
+
 The target's embedding and output head are shared, frozen, and not stored in the head file; the
 head keeps the output rows of its draft vocabulary (`lm_rows`, [V_draft, E], from the target at
 load time). One `forward` serves training (batch, causal or training-time-test masks) and drafting
@@ -97,6 +103,10 @@ class EagleHead(nn.Module):
             self.embed_norm = nn.Parameter(torch.ones(e))  # EAGLE-3's input_layernorm
             self.feature_norm = nn.Parameter(torch.ones(e))  # EAGLE-3's hidden_norm
             self.final_norm = nn.Parameter(torch.ones(e))
+        if cfg.copy_ngram:  # the copy hint (`heads.copy`): zero at first, so a head given one drafts as before
+            self.copy_proj = nn.Linear(e, e, bias=False)
+            self.copy_len = nn.Parameter(torch.zeros(cfg.copy_ngram + 1, e))
+            self.reset_copy()
         inv = 1.0 / (cfg.rope_theta ** (torch.arange(0, d, 2, dtype=torch.float32) / d))
         self.register_buffer("inv_freq", inv, persistent=False)  # [D / 2]
 
@@ -117,6 +127,22 @@ class EagleHead(nn.Module):
                 self.fuse.weight.add_(torch.randn(self.fuse.weight.shape, generator=generator) * 0.02)
                 for norm in (self.embed_norm, self.feature_norm, self.final_norm):
                     norm.fill_(1.0)
+        if self.cfg.copy_ngram:
+            self.reset_copy()
+
+    def reset_copy(self) -> None:
+        """The copy hint's weights at zero: the head computes what it did without them."""
+        with torch.no_grad():
+            self.copy_proj.weight.zero_()
+            self.copy_len.zero_()
+
+    def copy_term(self, hint_emb: torch.Tensor, hint_len: torch.Tensor) -> torch.Tensor:
+        """What the copy hints add to the residual stream after `fc`: hint_emb [..., E] (the target's
+        embeddings of the hint tokens), hint_len [...] long (0: no hint) -> [..., E]."""
+        if self.cfg.feature_layers:
+            hint_emb = rms_norm(hint_emb, self.embed_norm, self.cfg.rms_norm_eps)
+        has = (hint_len > 0).to(hint_emb.dtype)[..., None]
+        return self.copy_proj(hint_emb * has) + self.copy_len[hint_len].to(hint_emb.dtype)
 
     def fuse_features(self, inputs: torch.Tensor) -> torch.Tensor:
         """eagle3: the target's layer inputs [..., k E] -> the feature [..., E] (identity for eagle,
@@ -129,14 +155,15 @@ class EagleHead(nn.Module):
         return rms_norm(out, self.final_norm, self.cfg.rms_norm_eps) if self.cfg.feature_layers else out
 
     def forward(self, emb: torch.Tensor, feat: torch.Tensor, positions: torch.Tensor, past: KV | None = None,
-                mask: torch.Tensor | None = None, cache: KVBuffer | None = None, at: int = 0, lo: int = 0
-                ) -> tuple[torch.Tensor, KV]:
+                mask: torch.Tensor | None = None, cache: KVBuffer | None = None, at: int = 0, lo: int = 0,
+                copy: torch.Tensor | None = None) -> tuple[torch.Tensor, KV]:
         """emb, feat: [B, T, E]; positions: [B, T] long; past: the cached (keys, values) [B, G, P, D]
         the rows attend to (None: none); or, drafting, `cache` (B = 1): these rows are written at
         rows at .. at + T - 1 and attend rows lo .. at + T - 1 of it (P = at - lo: a sliding
         window leaves the rows below `lo` out); mask: bool [B or 1, T, P + T] (True = may attend;
-        None = causal over the T rows with every cached slot visible). Returns the predicted features [B, T, E] and these rows' (keys, values)
-        [B, G, T, D] (RoPE applied)."""
+        None = causal over the T rows with every cached slot visible); copy: the rows' `copy_term` [B, T, E]
+        (a head with `copy_ngram`; None: none). Returns the predicted features [B, T, E] and these
+        rows' (keys, values) [B, G, T, D] (RoPE applied)."""
         cfg = self.cfg
         b, t, _ = emb.shape
         h, g, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
@@ -144,6 +171,8 @@ class EagleHead(nn.Module):
             emb = rms_norm(emb, self.embed_norm, cfg.rms_norm_eps)
             feat = rms_norm(feat, self.feature_norm, cfg.rms_norm_eps)
         x = self.fc(torch.cat([emb, feat], dim=-1))  # [B, T, E]
+        if copy is not None:
+            x = x + copy
         qkv = self.wqkv(x)  # [B, T, (H + 2G) D]
         q, k, v = qkv.split([h * d, g * d, g * d], dim=-1)
         q = q.view(b, t, h, d).transpose(1, 2)  # [B, H, T, D]

@@ -53,10 +53,10 @@ class KernelHeadPass:
 
     @torch.inference_mode()
     def __call__(self, emb: torch.Tensor, feat: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor | None,
-                 cache: KVBuffer, at: int, lo: int) -> tuple[torch.Tensor, torch.Tensor]:
+                 cache: KVBuffer, at: int, lo: int, copy: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """emb, feat: [T, E] float32 (eagle3: feat already fused); positions: [T] long; the rows are
         written at cache rows at .. at + T - 1 and see rows lo .. at + T - 1 through mask [T, P + T]
-        (P = at - lo; None: causal). Returns (out [T, E]: the layer's output, fed back as the next
+        (P = at - lo; None: causal); copy: the rows' `EagleHead.copy_term` [T, E] or None. Returns (out [T, E]: the layer's output, fed back as the next
         level's feature; states [T, E]: what the output rows read, `EagleHead.output_states(out)`)."""
         m, cfg, lib = self.module, self.module.cfg, self.lib
         t, e = emb.shape
@@ -66,6 +66,8 @@ class KernelHeadPass:
         lib.specula_head_input(emb.data_ptr(), feat.data_ptr(), m.embed_norm.data_ptr() if self.eagle3 else None,
                                m.feature_norm.data_ptr() if self.eagle3 else None, self.eps, joined.data_ptr(), t, e)
         x = m.fc.into(joined, torch.empty((t, e)))  # [T, E]: the residual stream
+        if copy is not None:
+            x.add_(copy)
         qkv = m.wqkv.into(x, torch.empty((t, (h + 2 * g) * d)))  # [T, (H + 2G) D]
         angles = positions.float()[:, None] * m.inv_freq  # [T, D / 2]
         cos, sin = angles.cos(), angles.sin()

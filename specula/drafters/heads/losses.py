@@ -17,7 +17,9 @@ feature regression: its output is not a target feature.
 A batch is a dict of padded tensors: tokens [B, T + 1] long, feats [B, T + 1, E] (the target's
 final-normed features: the distributions distilled, and the input of eagle / medusa / hydra),
 inputs [B, T + 1, k E] (eagle3 only: the target's inputs of its feature layers), emb
-[B, T + 1, E], valid [B, T + 1] bool (the row exists).
+[B, T + 1, E], valid [B, T + 1] bool (the row exists); for a head with copy hints (`copy_ngram`),
+hint_emb [B, T + 1, E] and hint_len [B, T + 1] long: row r's copy hint, over the whole sequence
+before it (`heads.copy.sequence_hints`).
 """
 
 from __future__ import annotations
@@ -108,11 +110,17 @@ def eagle_outputs(head: TrainedHead, b: dict, steps: int, noise: float, gen: tor
         feats = feats + ((torch.rand(feats.shape, generator=gen) - 0.5) * 2 * noise).to(feats.device)
     feats = module.fuse_features(feats.to(head.dtype))  # a drafting head may be bfloat16 (`runtime.drafting_dtype`)
     pos = torch.arange(t, device=emb.device)[None].expand(bsz, t)
+    copy = None
+    if head.config.copy_ngram:  # the same hints at every step: a depth-j row's token and text are pair i's
+        if "hint_len" not in b:
+            raise ValueError("a head with copy hints needs the batch's hint_emb and hint_len (trainer.batch with "
+                             "copy_ngram)")
+        copy = module.copy_term(b["hint_emb"][:, 1:].to(head.dtype), b["hint_len"][:, 1:])  # [B, T, E]
     outs, keys, values = [], None, None
     inp = feats
     for j in range(steps):
         mask = ttt_mask(t, j).to(emb.device)[None] if j else None
-        out, (k, v) = module(emb, inp, pos, None if keys is None else (keys, values), mask)
+        out, (k, v) = module(emb, inp, pos, None if keys is None else (keys, values), mask, copy=copy)
         keys = k if keys is None else torch.cat([keys, k], 2)
         values = v if values is None else torch.cat([values, v], 2)
         outs.append(out)

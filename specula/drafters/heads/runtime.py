@@ -20,6 +20,7 @@ from typing import Sequence
 import torch
 
 from specula.drafters.heads.config import HeadConfig, feature_layers_of
+from specula.drafters.heads.copy import CopyIndex
 from specula.drafters.heads.eagle import EagleHead, KVBuffer
 from specula.drafters.heads.file import HeadFile, check_target, read_head
 from specula.drafters.heads.kernel_pass import KernelHeadPass, kernel_pass_fits
@@ -330,6 +331,8 @@ class EagleState(HeadState):
         self.rows: dict[int, int] = {}  # proposal node -> scratch row (cache row fed + row)
         self.out: dict[int, torch.Tensor] = {}  # proposal node (-1: root) -> predicted feature [E]
         self.ancestors: list[list[int]] = []  # scratch row -> scratch rows it sees (itself included)
+        self.copy = CopyIndex(cfg.copy_ngram) if cfg.copy_ngram else None  # the committed tokens, for copy hints
+        self.paths: dict[int, list[int]] = {}  # proposal node -> its path's tokens (root's child .. itself)
 
     @torch.inference_mode()
     def begin(self, tokens: Sequence[int]) -> torch.Tensor | None:
@@ -338,6 +341,8 @@ class EagleState(HeadState):
         root_pos = len(tokens) - 1
         if self.known < root_pos:
             raise RuntimeError(f"eagle head: features for {self.known} positions, the root is at {root_pos}")
+        if self.copy is not None:
+            self.copy.extend(tokens[len(self.copy.tokens):])
         new = root_pos - self.fed  # pairs fed..root_pos - 1
         if new > 0:
             assert self.start == self.fed
@@ -355,25 +360,32 @@ class EagleState(HeadState):
             device = self.cache.keys.device
             pos = torch.arange(a, root_pos, device=device)[None]
             mask = None if not w else window_mask(torch.arange(a, root_pos), lo, root_pos, w).to(device)[None]
-            out, states = self._run(emb, feats, pos, mask, a, lo)  # [new, E] each
+            copy = None if self.copy is None else self._copy_term(*self.copy.committed_hints(a + 1, root_pos + 1))
+            out, states = self._run(emb, feats, pos, mask, a, lo, copy)  # [new, E] each
             self.fed, self.last, self.last_states = root_pos, out[-1], states[-1]
             del self.pending[:new]
             self.start += new
         if self.last is None:
             return None
-        self.rows, self.ancestors, self.depth = {}, [], {}
+        self.rows, self.ancestors, self.depth, self.paths = {}, [], {}, {}
         self.out = {-1: self.last}
         return self.head.state_logits(self.last_states, self.extra_rows)
 
+    def _copy_term(self, hints: list[int], lengths: list[int]) -> torch.Tensor:
+        """The copy hints' term [1, T, E] (`EagleHead.copy_term`)."""
+        lengths = torch.tensor(lengths, dtype=torch.long, device=self.cache.keys.device)
+        return self.head.module.copy_term(self.head.embed(hints), lengths)[None]
+
     def _run(self, emb: torch.Tensor, feats: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor | None, at: int,
-             lo: int) -> tuple[torch.Tensor, torch.Tensor]:
+             lo: int, copy: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """One head pass of this sequence's rows (emb, feats [1, T, E], pos [1, T], mask [1, T, P + T]
-        or None) written at cache rows at ..: (out [T, E], its output states [T, E]), on the kernel
-        pass where the head has one, else the module's forward."""
+        or None, copy [1, T, E] or None) written at cache rows at ..: (out [T, E], its output states
+        [T, E]), on the kernel pass where the head has one, else the module's forward."""
         run = self.head.kernel_pass
         if run is not None:
-            return run(emb[0], feats[0], pos[0], None if mask is None else mask[0], self.cache, at, lo)
-        out, _ = self.head.module(emb, feats, pos, mask=mask, cache=self.cache, at=at, lo=lo)
+            return run(emb[0], feats[0], pos[0], None if mask is None else mask[0], self.cache, at, lo,
+                       None if copy is None else copy[0])
+        out, _ = self.head.module(emb, feats, pos, mask=mask, cache=self.cache, at=at, lo=lo, copy=copy)
         return out[0], self.head.module.output_states(out[0])
 
     @torch.inference_mode()
@@ -401,12 +413,22 @@ class EagleState(HeadState):
         emb = self.head.embed([tokens[n] for n in nodes])[None]
         device = self.cache.keys.device
         pos = torch.tensor([self.fed - 1 + d for d in depths], device=device)[None]
-        out, states = self._run(emb, feats, pos, mask.to(device)[None], self.fed + first, lo)
+        copy = None
+        if self.copy is not None:
+            hints, lengths = [], []
+            for node in nodes:
+                par = parents[node]
+                path = self.paths[node] = ([] if par < 0 else self.paths[par]) + [tokens[node]]
+                hint, n = self.copy.path_hint(path)
+                hints.append(hint)
+                lengths.append(n)
+            copy = self._copy_term(hints, lengths)
+        out, states = self._run(emb, feats, pos, mask.to(device)[None], self.fed + first, lo, copy)
         self.out.update(zip(nodes, out.unbind(0)))
         return self.head.state_logits(states, self.extra_rows)
 
     def finish(self, accepted: Sequence[int]) -> None:
-        self.rows, self.out, self.ancestors, self.depth = {}, {}, [], {}
+        self.rows, self.out, self.ancestors, self.depth, self.paths = {}, {}, [], {}, {}
 
 
 class MedusaState(HeadState):
@@ -454,11 +476,12 @@ class HydraState(HeadState):
 
 
 def head_config(kind: str, target, draft_vocab: int, num_offsets: int = 4, intermediate_size: int = 0,
-                num_kv_heads: int = 0) -> HeadConfig:
+                num_kv_heads: int = 0, copy_ngram: int = 0) -> HeadConfig:
     """The default shape of a new head for `target`: an eagle layer of 64-wide heads (a quarter of
     the width on tiny models), one key/value head per query head and an MLP of 8/3 E (Llama's
     ratio), unless `num_kv_heads` / `intermediate_size` (> 0) say otherwise; eagle3 reads
-    EAGLE-3's three depths (`feature_layers_of`); Medusa / Hydra: `num_offsets`."""
+    EAGLE-3's three depths (`feature_layers_of`); Medusa / Hydra: `num_offsets`; eagle / eagle3 read
+    copy hints of up to `copy_ngram` tokens (0: none)."""
     e = int(target.hidden_size)
     d = 64 if e % 64 == 0 else max(2, e // 4)
     layers = feature_layers_of(kind, int(target.num_layers))
@@ -466,13 +489,14 @@ def head_config(kind: str, target, draft_vocab: int, num_offsets: int = 4, inter
                       feature_layers=layers,
                       num_heads=e // d, num_kv_heads=num_kv_heads or e // d, head_dim=d,
                       intermediate_size=intermediate_size or max(1, round(8 * e / 3 / 64) * 64 if e >= 96 else 2 * e),
-                      num_offsets=num_offsets)
+                      num_offsets=num_offsets, copy_ngram=copy_ngram)
 
 
 def new_head(kind: str, target, d2t: torch.Tensor, seed: int = 0, num_offsets: int = 4, intermediate_size: int = 0,
-             num_kv_heads: int = 0) -> TrainedHead:
+             num_kv_heads: int = 0, copy_ngram: int = 0) -> TrainedHead:
     """A freshly initialised head (deterministic in `seed`) over draft vocabulary `d2t`; shape
     arguments as `head_config`."""
-    module = build_module(head_config(kind, target, len(d2t), num_offsets, intermediate_size, num_kv_heads))
+    module = build_module(head_config(kind, target, len(d2t), num_offsets, intermediate_size, num_kv_heads,
+                                      copy_ngram))
     module.reset_parameters(torch.Generator().manual_seed(seed))
     return TrainedHead(module.to(target.device), d2t, target)
