@@ -56,9 +56,11 @@ SHIPPED: tuple[ShippedHead, ...] = (
     #   what it is asked to translate"), then fine-tuned again: the same command with --init-head
     #   installed, $D/questions.jsonl before the three files and --max-prompt-tokens 1536 (2,747
     #   prompts, 989 of them short factual questions; 13,831 tokens; docs/training.md "Short factual
-    #   questions"); float16
+    #   questions"), then fine-tuned again: the same command with --copy-ngram 3, $D/context-qwen.jsonl
+    #   after translate.jsonl and --time-budget 40 (3,347 prompts; copy hints learned from zero;
+    #   docs/training.md "Copy hints"); float16
     ShippedHead("smollm2-135m", "eagle3", "smollm2-135m-eagle3.safetensors",
-                "dfcd821d962ad9ebb36746e4efda5468cfc4a23d4d528c7f9617c91a405e7c4a"),
+                "5434b72d287858cd9f022ecea805087e74de489544edda14625fed3946f93740"),
     # specula train --target qwen2.5-coder-0.5b --kind eagle3 --backend hf --device cuda --dtype bfloat16
     #   --padded-rows 2048 --batch-size 64 --ttt-steps 3 --max-new-tokens 128 --epochs 3
     #   --data $(ls $D/{magpie,context}*.jsonl | grep -v context-long) (the 31,040 prompts of SmolLM2's
