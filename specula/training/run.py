@@ -194,11 +194,11 @@ def initial_head(path: str | os.PathLike, target, target_name: str, config: Trai
         raise ConfigError(f"--init-head {path} is a {head.config.kind} head; train it with --kind {head.config.kind}")
     for name in ("intermediate_size", "num_kv_heads", "copy_ngram"):  # 0: not asked for
         wanted, has = getattr(config, name), getattr(head.config, name)
-        if name == "copy_ngram" and wanted and not has:
-            return with_copy_hints(head, wanted, target)
-        if wanted and wanted != has:
+        if wanted and wanted != has and not (name == "copy_ngram" and not has):
             raise ConfigError(f"--init-head {path} has {name} {has}, not {wanted}: its shape is kept when "
                               f"fine-tuning; drop --{name.replace('_', '-')}")
+    if config.copy_ngram and not head.config.copy_ngram:  # the one part of the shape a fine-tune may add
+        return with_copy_hints(head, config.copy_ngram, target)
     return head
 
 
@@ -207,9 +207,7 @@ def with_copy_hints(head, n: int, target):
     kept, the new ones at zero, so it drafts exactly as before until it learns them."""
     from specula.drafters.heads.runtime import TrainedHead, build_module
 
-    if head.config.kind not in ("eagle", "eagle3"):
-        raise ConfigError(f"--copy-ngram is read by eagle / eagle3 heads; the --init-head is a {head.config.kind} head")
-    module = build_module(replace(head.config, copy_ngram=n))
+    module = build_module(replace(head.config, copy_ngram=n))  # HeadConfig refuses a kind that reads no hints
     missing, unexpected = module.load_state_dict(head.module.state_dict(), strict=False)
     assert not unexpected and set(missing) == {"copy_proj.weight", "copy_len"}, (missing, unexpected)
     module.reset_copy()

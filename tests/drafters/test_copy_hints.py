@@ -186,3 +186,8 @@ def test_a_head_gains_copy_hints_at_zero_weight_and_drafts_as_before(tmp_path):
         initial_head(hinted, target, "tiny", TrainConfig(kind="eagle3", copy_ngram=2))
     with pytest.raises(ConfigError, match="eagle / eagle3"):
         new_head("medusa", target, torch.arange(96), copy_ngram=2)
+    medusa = new_head("medusa", target, torch.arange(96))
+    medusa_path = save_head(tmp_path / "m.safetensors", HeadFile(medusa.config, medusa.module.state_dict(), medusa.d2t,
+                                                                 target_record(target, "tiny")))
+    with pytest.raises(ConfigError, match="eagle / eagle3"):
+        initial_head(medusa_path, target, "tiny", TrainConfig(kind="medusa", copy_ngram=2))

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Literal, get_args
 
+from specula.drafters.heads.copy import MAX_COPY_NGRAM
 from specula.errors import ConfigError
 
 HeadKind = Literal["eagle", "eagle3", "medusa", "hydra"]
@@ -65,8 +66,6 @@ class HeadConfig:
                                      or self.num_heads % self.num_kv_heads or self.intermediate_size < 1):
             raise ConfigError(f"an {self.kind} head needs num_heads (a multiple of num_kv_heads), num_kv_heads, an even "
                               "head_dim and intermediate_size")
-        from specula.drafters.heads.copy import MAX_COPY_NGRAM
-
         if not 0 <= self.copy_ngram <= MAX_COPY_NGRAM or (self.copy_ngram and self.kind not in AUTOREGRESSIVE):
             raise ConfigError(f"copy_ngram must be in 0..{MAX_COPY_NGRAM} and is read by eagle / eagle3 heads only; got "
                               f"{self.copy_ngram} for kind {self.kind!r}")
