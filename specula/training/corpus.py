@@ -217,11 +217,20 @@ def match_answers(tokenizer, prompts: Sequence[tuple[str, str]], answers: dict[t
     return [CorpusEntry(pid, ids, list(answers[tuple(ids)])) for (pid, _), ids in zip(prompts, encoded)]
 
 
+def answers_hash(entries: Sequence[CorpusEntry]) -> str:
+    """A short hash of a file's corpus taken from `--answers` (its prompt and answer ids, in order):
+    the features' cache key, so a file's features depend on the answers it took and on no other."""
+    h = hashlib.sha256()
+    for entry in entries:
+        h.update(json.dumps([entry.prompt_ids, entry.output_ids]).encode())
+    return h.hexdigest()[:16]
+
+
 def read_answers(paths: Iterable[str | os.PathLike], vocab_size: int) -> tuple[dict[tuple[int, ...], list[int]], str]:
     """Answers written earlier, e.g. by a smaller model with the target's tokenizer: corpus files
     as `specula train` caches them (`corpus-*.jsonl` under $SPECULA_CACHE/training/), or folders of
-    them. Returns (answer ids by prompt ids, a short hash of the files' bytes for the features'
-    cache key). A missing path, a file of other lines, or ids outside the target's vocabulary (another
+    them. Returns (answer ids by prompt ids, a short hash of the files' bytes, which the report
+    records). A missing path, a file of other lines, or ids outside the target's vocabulary (another
     tokenizer's answers) is a `ConfigError`."""
     files: list[Path] = []
     for path in map(Path, paths):

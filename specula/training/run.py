@@ -23,8 +23,8 @@ from typing import Literal, Sequence
 import torch
 
 from specula.errors import ConfigError
-from specula.training.corpus import (DEFAULT_PROMPTS, EVAL_PROMPTS, CorpusConfig, PaddedConfig, corpus_key,
-                                     generate_corpus, match_answers, read_answers, read_prompts)
+from specula.training.corpus import (DEFAULT_PROMPTS, EVAL_PROMPTS, CorpusConfig, PaddedConfig, answers_hash,
+                                     corpus_key, generate_corpus, match_answers, read_answers, read_prompts)
 from specula.training.padded import padded_model
 from specula.training.features import (
     FeatureSet, concat_features, coverage, draft_vocabulary, extend_vocabulary, extract_features,
@@ -264,11 +264,12 @@ def _corpus_and_features(target, tokenizer, per_file: Sequence[tuple[Path, list[
     """The target's answers to every file's prompts ((file, prompts) pairs), their features (None
     when `features` is false), and the seconds the features took; each file cached on its own
     (`cache_paths`), so adding a file to the data generates only its sequences. `answers`: (answer
-    ids by prompt ids, their hash) from `corpus.read_answers`, used instead of the target's. `write`:
+    ids by prompt ids, their hash) from `corpus.read_answers`, used instead of the target's; a file's
+    features are then keyed by the answers it took (`answers_hash`), so adding a corpus file to
+    `--answers` keeps the cached features of the files it does not answer. `write`:
     False keeps new features in memory only. Progress bars under `label` (None: none)."""
     configs = [file_corpus(tokenizer, prompts, corpus) for _, prompts in per_file]
-    paths = [cache_paths(target, file, config, layers, None if answers is None else answers[1])
-             for (file, _), config in zip(per_file, configs)]
+    paths = [cache_paths(target, file, config, layers) for (file, _), config in zip(per_file, configs)]
     seqs, sets = [], []
     with _bar(sum(len(p) for _, p in per_file), label or "", label is None) as bar:
         for (file, prompts), (cached, _), config in zip(per_file, paths, configs):
@@ -283,6 +284,9 @@ def _corpus_and_features(target, tokenizer, per_file: Sequence[tuple[Path, list[
                 bar.update(len(prompts))
     if not features:
         return [s for file_seqs in seqs for s in file_seqs], None, 0.0
+    if answers is not None:  # each file's features keyed by the answers it took, not by all of --answers
+        paths = [cache_paths(target, file, config, layers, answers_hash(file_seqs))
+                 for (file, _), config, file_seqs in zip(per_file, configs, seqs)]
     t = time.perf_counter()
     with _bar(sum(len(s) for s in seqs), "features (target hidden states)", label is None) as bar:
         for file_seqs, (_, features) in zip(seqs, paths):

@@ -687,7 +687,8 @@ def test_stop_after_answers_caches_them_and_the_same_command_goes_on(tmp_path, m
 def test_answers_of_another_model_train_the_target_on_that_text(tmp_path, monkeypatch, tiny_tokenizer, capsys):
     """`--answers`: the corpus files a model with the same tokenizer cached (here a 2-layer sibling)
     stand in for the target's answers: the target writes none, takes its features over that text
-    (a features cache of its own, keyed by those files), and says where its answers came from."""
+    (a features cache of its own, keyed by the answers each file took), and says where its answers
+    came from."""
     from specula.cli import main
     from specula.training.corpus import load_corpus
 
@@ -711,6 +712,21 @@ def test_answers_of_another_model_train_the_target_on_that_text(tmp_path, monkey
     assert not list((cache / "training").glob("corpus-*"))  # the target answered nothing
     assert len(list((cache / "training").glob("features-*"))) == 1
     assert (tmp_path / "b" / "eagle3.safetensors").is_file()
+    # a corpus file of other prompts added to --answers: this file's features are read, not remade
+    (features,) = (cache / "training").glob("features-*")
+    stamp = features.stat().st_mtime_ns
+    other = tmp_path / "other.jsonl"
+    other.write_text(json.dumps({"id": "y", "prompt_ids": [1, 2, 3], "output_ids": [4, 5]}) + "\n")
+    assert main(["train", "--target", str(target), *common, "--out", str(tmp_path / "d"),
+                 "--answers", str(given), str(other)]) == 0
+    assert list((cache / "training").glob("features-*")) == [features] and features.stat().st_mtime_ns == stamp
+    # other answers to the same prompts: features of their own
+    lines = (given / written.name).read_text().splitlines()
+    first = json.loads(lines[0])
+    first["output_ids"][0] = (first["output_ids"][0] + 1) % 64
+    (given / written.name).write_text("\n".join([json.dumps(first), *lines[1:]]) + "\n")
+    assert main(["train", "--target", str(target), *common, "--out", str(tmp_path / "e"), "--answers", str(given)]) == 0
+    assert len(list((cache / "training").glob("features-*"))) == 2
     # a prompt the files hold no answer to, and answers of another vocabulary: one-line errors, exit 2
     more = tmp_path / "more.jsonl"
     more.write_text(data.read_text() + json.dumps({"prompt": "w3 w4 w5"}) + "\n")
