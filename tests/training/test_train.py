@@ -650,7 +650,7 @@ def test_train_command_with_a_time_budget_records_how_it_fit(tmp_path, monkeypat
     assert main([*args, "--out", str(tmp_path / "h0"), "--time-budget", "0"]) == 2
     assert "--time-budget must be > 0" in capsys.readouterr().err
     assert main([*args, "--out", str(tmp_path / "h"), "--time-budget", "30"]) == 0
-    assert "time budget: 2.0 of 2.0 epochs fit" in capsys.readouterr().out
+    assert "time budget: 2.0 of 2.0 epochs run (the probe's" in capsys.readouterr().out
     budget = json.loads((tmp_path / "h" / "report.json").read_text())["training"]["time_budget"]
     assert budget["epochs"] == 2.0 and budget["probe_steps_per_second"] > 0
 
