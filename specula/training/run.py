@@ -392,7 +392,7 @@ def print_report(report: dict) -> None:
               f"{o_after['mean_accepted_walk']} per decode step; by depth {o_after['accept_rate_by_depth']}")
     budget = rec.get("time_budget")
     if budget:
-        print(f"time budget: {budget.get('epochs_run', budget['epochs'])} of {budget['epochs_asked']} epochs run "
+        print(f"time budget: {budget['epochs_run']} of {budget['epochs_asked']} epochs run "
               f"(the probe's {budget['probe_steps_per_second']} steps/s fit {budget['epochs']}; the schedule is "
               "re-fitted as the rate is learned)")
         if budget.get("report_sequences", 0) < budget.get("heldout_sequences", 0):
