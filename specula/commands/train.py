@@ -61,6 +61,9 @@ def register(sub) -> None:
                         "match of the 1 .. N tokens ending at its own, at any distance (what prompt lookup finds), "
                         "and learns how far to trust it; with --init-head a head without hints gains them at zero "
                         "(default 0 = none)")
+    p.add_argument("--copy-lr-scale", type=float, default=1.0, metavar="X",
+                   help="learning rate of the copy hints' gains (a vector per match length) over --lr (default 1): they start at zero and "
+                        "must grow to the head's scale before it follows a hint")
     p.add_argument("--max-new-tokens", type=int, default=160, metavar="N", help="answer length per prompt (default 160)")
     p.add_argument("--max-prompt-tokens", type=int, default=768, metavar="N",
                    help="prompts longer than N tokens are cut from the left, their end kept (default 768); raise it "
@@ -125,7 +128,8 @@ def run(args: argparse.Namespace) -> int:
                          batch_size=args.batch_size, seq_len=args.seq_len, ttt_steps=args.ttt_steps,
                          num_offsets=args.num_offsets, seed=args.seed, max_sequences=args.max_sequences,
                          precision=args.precision, intermediate_size=args.intermediate_size,
-                         num_kv_heads=args.num_kv_heads, copy_ngram=args.copy_ngram, length_groups=args.length_groups,
+                         num_kv_heads=args.num_kv_heads, copy_ngram=args.copy_ngram, copy_lr_scale=args.copy_lr_scale,
+                         length_groups=args.length_groups,
                          topk_loss=args.topk_loss, topk_loss_k=args.topk_loss_k)
     if args.max_prompt_tokens < 1:
         raise ConfigError(f"--max-prompt-tokens must be >= 1, got {args.max_prompt_tokens}")

@@ -209,7 +209,7 @@ def with_copy_hints(head, n: int, target):
 
     module = build_module(replace(head.config, copy_ngram=n))  # HeadConfig refuses a kind that reads no hints
     missing, unexpected = module.load_state_dict(head.module.state_dict(), strict=False)
-    assert not unexpected and set(missing) == {"copy_proj.weight", "copy_len"}, (missing, unexpected)
+    assert not unexpected and set(missing) == {"copy_proj.weight", "copy_len", "copy_gain"}, (missing, unexpected)
     module.reset_copy()
     return TrainedHead(module.to(head.dtype), head.d2t, target, head.file)
 

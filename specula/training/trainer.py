@@ -82,6 +82,13 @@ class TrainConfig:
     copy_ngram: int = 0
     """eagle / eagle3: the head reads copy hints matching up to this many tokens (`HeadConfig.copy_ngram`;
     0 = none). A fine-tuned head without them gains them at zero weight (`training.run.initial_head`)."""
+    copy_lr_scale: float = 1.0
+    """Learning rate of the copy hints' vectors (`copy_gain`, `copy_len`: one per match length) over
+    `lr`. They start at zero and must grow to the residual stream's scale before the head follows a
+    hint, while AdamW moves a weight by about the learning rate a step: at `lr` 2e-4 a fine-tune's 700
+    steps left the hint's weights near 0.03 and the head ignored hints that were right where it was
+    wrong (docs/training.md, "Copy hints that were never learned"). The hint's projection
+    (`copy_proj`, a matrix) keeps `lr`: at 30 times it, its noise swamped the head."""
     holdout: float = 0.05
     """Fraction of sequences held out for the acceptance report."""
     report_sequences: int = 0
@@ -119,6 +126,8 @@ class TrainConfig:
                 raise ConfigError(f"{name} must be >= 0 (0 = the default shape), got {getattr(self, name)}")
         if not self.epochs > 0 or not self.lr > 0:
             raise ConfigError("epochs and lr must be > 0")
+        if not self.copy_lr_scale > 0:
+            raise ConfigError(f"copy_lr_scale must be > 0, got {self.copy_lr_scale}")
         if not self.topk_loss >= 0:
             raise ConfigError(f"topk_loss must be >= 0 (0 = off), got {self.topk_loss}")
         if self.report_sequences < 0:
@@ -369,6 +378,19 @@ def data_fingerprint(fs: FeatureSet) -> str:
     return h.hexdigest()[:16]
 
 
+COPY_VECTORS = ("copy_gain", "copy_len")
+"""A head module's copy-hint vectors (`EagleHead.copy_term`), trained at `TrainConfig.copy_lr_scale`."""
+
+
+def param_groups(module: torch.nn.Module, cfg: TrainConfig) -> list[dict]:
+    """AdamW's parameter groups: the copy hints' vectors at `lr` x `copy_lr_scale`, the rest at `lr`
+    (the schedule scales each group's own rate)."""
+    copy, rest = [], []
+    for name, param in module.named_parameters():
+        (copy if name in COPY_VECTORS else rest).append(param)
+    return [{"params": rest, "lr": cfg.lr}] + ([{"params": copy, "lr": cfg.lr * cfg.copy_lr_scale}] if copy else [])
+
+
 def train_head(head: TrainedHead, fs: FeatureSet, cfg: TrainConfig, out_dir: Path, *,
                progress: Callable[[int, float], None] | None = None, max_seconds: float | None = None,
                until: float | None = None, most_steps: int | None = None,
@@ -397,7 +419,7 @@ def train_head(head: TrainedHead, fs: FeatureSet, cfg: TrainConfig, out_dir: Pat
     pieces = chunks(fs, train_seqs, cfg.seq_len)
     per_epoch, total_steps = step_counts(fs, cfg)
     most = max(total_steps, most_steps or 0)  # total_steps: re-fitted when `until` is given
-    opt = torch.optim.AdamW(module.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.0)
+    opt = torch.optim.AdamW(param_groups(module, cfg), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.0)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / cfg.warmup_steps) * (
         0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, s / total_steps)))))
     gen = torch.Generator().manual_seed(cfg.seed + 1)
@@ -412,6 +434,9 @@ def train_head(head: TrainedHead, fs: FeatureSet, cfg: TrainConfig, out_dir: Pat
             changes["draft_vocab"] = [f"{len(state['d2t'])} tokens", f"{len(head.d2t)} tokens (another vocabulary)"]
         if state.get("data", data) != data:  # a checkpoint of before the fingerprint: taken on trust, as then
             changes["data"] = [state["data"], f"{data} (other prompts or answers)"]
+        if (set(state["module"]) != set(module.state_dict())
+                or len(state["optimizer"]["param_groups"]) != len(opt.param_groups)):
+            changes["weights"] = ["another head's (an older specula's)", "this head's"]
         if changes:
             ignored = changes
             if on_note is not None:

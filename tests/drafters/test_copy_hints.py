@@ -191,3 +191,26 @@ def test_a_head_gains_copy_hints_at_zero_weight_and_drafts_as_before(tmp_path):
                                                                  target_record(target, "tiny")))
     with pytest.raises(ConfigError, match="eagle / eagle3"):
         initial_head(medusa_path, target, "tiny", TrainConfig(kind="medusa", copy_ngram=2))
+
+
+def test_a_head_file_of_before_the_copy_gain_loads_with_it_at_zero(tmp_path):
+    """A copy-hint head saved before `EagleHead.copy_gain` existed loads with the gain at zero, which is
+    what it computed; one that has the gain reads it back."""
+    from specula.drafters.heads.file import HeadFile, save_head, target_record
+    from specula.drafters.heads.runtime import load_head
+
+    model = tiny_model("llama", "eager", seed=4)
+    target = native(model)
+    head = new_head("eagle3", target, torch.arange(0, 96, 2), seed=2, copy_ngram=2)
+    with torch.no_grad():
+        head.module.copy_proj.weight.normal_(0, 0.02)
+    old = {k: v for k, v in head.module.state_dict().items() if k != "copy_gain"}
+    path = save_head(tmp_path / "old.safetensors", HeadFile(head.config, old, head.d2t, target_record(target, "tiny")))
+    loaded = load_head(path, target, "tiny", torch.float32)
+    assert not loaded.module.copy_gain.any()
+    assert torch.equal(loaded.module.copy_proj.weight, head.module.copy_proj.weight)
+    with torch.no_grad():
+        head.module.copy_gain.fill_(0.5)
+    path = save_head(tmp_path / "new.safetensors", HeadFile(head.config, head.module.state_dict(), head.d2t,
+                                                            target_record(target, "tiny")))
+    assert torch.equal(load_head(path, target, "tiny", torch.float32).module.copy_gain, head.module.copy_gain)

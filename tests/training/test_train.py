@@ -22,7 +22,7 @@ from specula.training.features import (
 )
 from specula.drafters.heads.losses import LossConfig, distill, loss_of, soft_ce, topk_ce, ttt_mask
 from specula.training.trainer import (LENGTH_WINDOW, TrainConfig, batch, batch_order, chunks, loss_config, split,
-                                      train_head)
+                                      step_counts, train_head)
 
 
 @pytest.fixture(scope="module")
@@ -160,6 +160,50 @@ def _train(target, fs, out: Path, cfg: TrainConfig, max_seconds=None):
     head = new_head(cfg.kind, target, draft_vocabulary(fs, 64, 96), seed=cfg.seed)
     record = train_head(head, fs, cfg, out, max_seconds=max_seconds)
     return head, record
+
+
+@pytest.mark.parametrize("scale", [1.0, 25.0])
+def test_the_copy_hints_weights_learn_at_their_own_rate(setup, tmp_path, scale):
+    """`copy_lr_scale` sets the copy hints' learning rate over `lr`, the rest of the head keeps `lr`:
+    AdamW's first step moves a weight by its group's rate (sign of the gradient), so after one step
+    the largest move of the hint's vectors (`copy_gain`, `copy_len`) is `scale` times that of
+    `wqkv` and of the hint's projection `copy_proj`."""
+    target, _, layered = setup
+    head = new_head("eagle3", target, draft_vocabulary(layered, 64, 96), seed=0, copy_ngram=3)
+    before = {n: p.detach().clone() for n, p in head.module.named_parameters()}
+    probe = TrainConfig(kind="eagle3", seq_len=16, batch_size=4, holdout=0.0)
+    per_epoch, _ = step_counts(layered, probe)
+    cfg = TrainConfig(kind="eagle3", seq_len=16, batch_size=4, holdout=0.0, lr=1e-3, warmup_steps=1,
+                      copy_ngram=3, copy_lr_scale=scale, epochs=1 / per_epoch, precision="float32")
+    assert train_head(head, layered, cfg, tmp_path / "c")["steps"] == 1
+    moved = {n: float((p.detach() - before[n]).abs().max()) for n, p in head.module.named_parameters()}
+    assert moved["wqkv.weight"] == pytest.approx(1e-3, rel=0.05)
+    assert moved["copy_proj.weight"] == pytest.approx(1e-3, rel=0.05)
+    assert moved["copy_gain"] == pytest.approx(scale * 1e-3, rel=0.05)
+    assert moved["copy_len"] == pytest.approx(scale * 1e-3, rel=0.05)
+    with pytest.raises(ConfigError, match="copy_lr_scale must be > 0"):
+        TrainConfig(copy_lr_scale=0)
+
+
+def test_a_copy_hint_checkpoint_of_before_the_gains_is_named_and_not_resumed(setup, tmp_path):
+    """A checkpoint of a copy-hint head written before `copy_gain` (its weights lack the gain, its
+    optimizer one parameter group) cannot resume into today's head: the run starts afresh and says so."""
+    target, _, layered = setup
+    cfg = TrainConfig(kind="eagle3", seq_len=16, batch_size=4, holdout=0.2, epochs=2, checkpoint_every=1,
+                      copy_ngram=3, precision="float32")
+    d2t = draft_vocabulary(layered, 64, 96)
+    train_head(new_head("eagle3", target, d2t, seed=0, copy_ngram=3), layered, cfg, tmp_path / "c", max_seconds=0.0)
+    ckpt = tmp_path / "c" / "checkpoint.pt"
+    state = torch.load(ckpt, weights_only=False)
+    del state["module"]["copy_gain"]
+    groups = state["optimizer"]["param_groups"]
+    groups[0]["params"] += groups.pop()["params"]
+    torch.save(state, ckpt)
+    notes = []
+    rec = train_head(new_head("eagle3", target, d2t, seed=0, copy_ngram=3), layered, cfg, tmp_path / "c",
+                     on_note=notes.append)
+    assert "weights" in rec["checkpoint_ignored"] and "not resumed" in notes[0]
+    assert rec["heldout_before"] is not None  # afresh
 
 
 def test_length_groups_batch_like_lengths_and_see_every_piece_once_an_epoch():

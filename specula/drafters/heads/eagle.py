@@ -106,6 +106,7 @@ class EagleHead(nn.Module):
         if cfg.copy_ngram:  # the copy hint (`heads.copy`): zero at first, so a head given one drafts as before
             self.copy_proj = nn.Linear(e, e, bias=False)
             self.copy_len = nn.Parameter(torch.zeros(cfg.copy_ngram + 1, e))
+            self.copy_gain = nn.Parameter(torch.zeros(cfg.copy_ngram + 1, e))  # per match length, on the hint itself
             self.reset_copy()
         inv = 1.0 / (cfg.rope_theta ** (torch.arange(0, d, 2, dtype=torch.float32) / d))
         self.register_buffer("inv_freq", inv, persistent=False)  # [D / 2]
@@ -135,14 +136,20 @@ class EagleHead(nn.Module):
         with torch.no_grad():
             self.copy_proj.weight.zero_()
             self.copy_len.zero_()
+            self.copy_gain.zero_()
 
     def copy_term(self, hint_emb: torch.Tensor, hint_len: torch.Tensor) -> torch.Tensor:
         """What the copy hints add to the residual stream after `fc`: hint_emb [..., E] (the target's
-        embeddings of the hint tokens), hint_len [...] long (0: no hint) -> [..., E]."""
+        embeddings of the hint tokens), hint_len [...] long (0: no hint) -> [..., E]. Three terms:
+        a projection of the hint's embedding, the embedding itself times a gain per match length
+        (`copy_gain`: where the output rows are the embeddings, as in tied models, this carries the
+        hint to its own logit directly, a few weights to learn instead of a matrix), and a bias per
+        match length (`copy_len`)."""
         if self.cfg.feature_layers:
             hint_emb = rms_norm(hint_emb, self.embed_norm, self.cfg.rms_norm_eps)
-        has = (hint_len > 0).to(hint_emb.dtype)[..., None]
-        return self.copy_proj(hint_emb * has) + self.copy_len[hint_len].to(hint_emb.dtype)
+        hint_emb = hint_emb * (hint_len > 0).to(hint_emb.dtype)[..., None]
+        return (self.copy_proj(hint_emb) + self.copy_gain[hint_len].to(hint_emb.dtype) * hint_emb
+                + self.copy_len[hint_len].to(hint_emb.dtype))
 
     def fuse_features(self, inputs: torch.Tensor) -> torch.Tensor:
         """eagle3: the target's layer inputs [..., k E] -> the feature [..., E] (identity for eagle,

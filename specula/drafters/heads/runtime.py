@@ -200,8 +200,11 @@ def load_head(path: str | os.PathLike, target, target_name: str, dtype: torch.dt
     file = read_head(path)
     check_target(file, target, path, target_name)
     module = build_module(file.config)
+    state = file.state
+    if file.config.copy_ngram and "copy_gain" not in state:  # a head of before `copy_gain`: zero is what it computed
+        state = state | {"copy_gain": torch.zeros_like(module.copy_gain)}
     try:
-        module.load_state_dict(file.state, strict=True)
+        module.load_state_dict(state, strict=True)
     except RuntimeError as exc:
         first = str(exc).splitlines()[0] if str(exc) else "shape mismatch"
         raise HeadFileError(f"head {path} does not fit its own config ({first[:120]}); re-create it with "
