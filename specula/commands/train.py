@@ -61,8 +61,8 @@ def register(sub) -> None:
                         "match of the 1 .. N tokens ending at its own, at any distance (what prompt lookup finds), "
                         "and learns how far to trust it; with --init-head a head without hints gains them at zero "
                         "(default 0 = none)")
-    p.add_argument("--copy-lr-scale", type=float, default=1.0, metavar="X",
-                   help="learning rate of the copy hints' gains (a vector per match length) over --lr (default 1): they start at zero and "
+    p.add_argument("--copy-lr-scale", type=float, default=30.0, metavar="X",
+                   help="learning rate of the copy hints' gains (a vector per match length) over --lr (default 30): they start at zero and "
                         "must grow to the head's scale before it follows a hint")
     p.add_argument("--max-new-tokens", type=int, default=160, metavar="N", help="answer length per prompt (default 160)")
     p.add_argument("--max-prompt-tokens", type=int, default=768, metavar="N",

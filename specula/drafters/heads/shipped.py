@@ -57,7 +57,8 @@ SHIPPED: tuple[ShippedHead, ...] = (
     #   installed, $D/questions.jsonl before the three files and --max-prompt-tokens 1536 (2,747
     #   prompts, 989 of them short factual questions; 13,831 tokens; docs/training.md "Short factual
     #   questions"), then fine-tuned again: the same command with --copy-ngram 3, $D/context-qwen.jsonl
-    #   after translate.jsonl and --time-budget 40 (3,347 prompts; copy hints learned from zero;
+    #   after translate.jsonl and --time-budget 40 (3,347 prompts; copy hints learned from zero, by
+    #   session 70's code: no copy_gain, the hint's weights at --lr, as --copy-lr-scale 1 does now;
     #   docs/training.md "Copy hints"); float16
     ShippedHead("smollm2-135m", "eagle3", "smollm2-135m-eagle3.safetensors",
                 "5434b72d287858cd9f022ecea805087e74de489544edda14625fed3946f93740"),
@@ -78,10 +79,14 @@ SHIPPED: tuple[ShippedHead, ...] = (
     #   --data $D/translate.jsonl $D/replay-general.jsonl $D/replay-magpie4.jsonl --answers <the 1.5B's own
     #   answers: data/answers/qwen2.5-coder-1.5b unpacked, and its answers to translate.jsonl>
     #   --max-new-tokens 128 --epochs 2 --lr 2e-4 --ttt-steps 3 --batch-size 8 --time-budget 60 (1,758
-    #   prompts; docs/training.md "The 1.5B's head fine-tuned on translations it answered"); int8
-    #   matrices (float16 would be 53 MB)
+    #   prompts; docs/training.md "The 1.5B's head fine-tuned on translations it answered"), then
+    #   fine-tuned again from that head: the same command with --init-head installed --copy-ngram 3
+    #   --copy-lr-scale 30, /tmp/ctxq400.jsonl (the first 400 lines of $D/context-qwen.jsonl) before
+    #   the three files, its answers (`--stop-after answers`) added to --answers, --max-prompt-tokens
+    #   1536 --length-groups --time-budget 42 (2,158 prompts; copy hints with their gains;
+    #   docs/training.md "Copy hints that were never learned"); int8 matrices (float16 would be 53 MB)
     ShippedHead("qwen2.5-coder-1.5b", "eagle3", "qwen2.5-coder-1.5b-eagle3.safetensors",
-                "00ec40edf48e9b075cfec724e858c118357d9a597df4be957b858e04c93f1984"),
+                "0d5f9527d61d61eacd111e7c48752de31bf1745320ce5f5ce403b0a81be76925"),
 )
 """Every shipped head."""
 
