@@ -269,11 +269,11 @@ def _corpus_and_features(target, tokenizer, per_file: Sequence[tuple[Path, list[
     `--answers` keeps the cached features of the files it does not answer. `write`:
     False keeps new features in memory only. Progress bars under `label` (None: none)."""
     configs = [file_corpus(tokenizer, prompts, corpus) for _, prompts in per_file]
-    paths = [cache_paths(target, file, config, layers) for (file, _), config in zip(per_file, configs)]
     seqs, sets = [], []
     with _bar(sum(len(p) for _, p in per_file), label or "", label is None) as bar:
-        for (file, prompts), (cached, _), config in zip(per_file, paths, configs):
+        for (file, prompts), config in zip(per_file, configs):
             if answers is None:
+                cached, _ = cache_paths(target, file, config, layers)
                 seqs.append(generate_corpus(target, tokenizer, prompts, cached, config, progress=bar.update,
                                             padded=padded))
             else:
@@ -284,12 +284,12 @@ def _corpus_and_features(target, tokenizer, per_file: Sequence[tuple[Path, list[
                 bar.update(len(prompts))
     if not features:
         return [s for file_seqs in seqs for s in file_seqs], None, 0.0
-    if answers is not None:  # each file's features keyed by the answers it took, not by all of --answers
-        paths = [cache_paths(target, file, config, layers, answers_hash(file_seqs))
-                 for (file, _), config, file_seqs in zip(per_file, configs, seqs)]
+    # with --answers each file's features are keyed by the answers it took, not by all of --answers
+    paths = [cache_paths(target, file, config, layers, None if answers is None else answers_hash(file_seqs))[1]
+             for (file, _), config, file_seqs in zip(per_file, configs, seqs)]
     t = time.perf_counter()
     with _bar(sum(len(s) for s in seqs), "features (target hidden states)", label is None) as bar:
-        for file_seqs, (_, features) in zip(seqs, paths):
+        for file_seqs, features in zip(seqs, paths):
             sets.append(extract_features(target, file_seqs, features, progress=bar.update, layers=layers, padded=padded,
                                          write=write))
     return [s for file_seqs in seqs for s in file_seqs], concat_features(sets), time.perf_counter() - t
