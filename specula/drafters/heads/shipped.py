@@ -58,10 +58,12 @@ SHIPPED: tuple[ShippedHead, ...] = (
     #   prompts, 989 of them short factual questions; 13,831 tokens; docs/training.md "Short factual
     #   questions"), then fine-tuned again: the same command with --copy-ngram 3, $D/context-qwen.jsonl
     #   after translate.jsonl and --time-budget 40 (3,347 prompts; copy hints learned from zero, by
-    #   session 70's code: no copy_gain, the hint's weights at --lr, as --copy-lr-scale 1 does now;
-    #   docs/training.md "Copy hints"); float16
+    #   session 70's code: no copy_gain, the hint's weights at --lr; docs/training.md "Copy hints"),
+    #   then fine-tuned again: the same command with --copy-lr-scale 30 (the default now; the hint's
+    #   gain learned at 30 times --lr; docs/training.md "SmolLM2's copy hints with their gain");
+    #   float16
     ShippedHead("smollm2-135m", "eagle3", "smollm2-135m-eagle3.safetensors",
-                "5434b72d287858cd9f022ecea805087e74de489544edda14625fed3946f93740"),
+                "7ad1f97521764aa5fe75a5fd2171c5290bb93367a01c05704f28f9f42c283ce2"),
     # specula train --target qwen2.5-coder-0.5b --kind eagle3 --backend hf --device cuda --dtype bfloat16
     #   --padded-rows 2048 --batch-size 64 --ttt-steps 3 --max-new-tokens 128 --epochs 3
     #   --data $(ls $D/{magpie,context}*.jsonl | grep -v context-long) (the 31,040 prompts of SmolLM2's
