@@ -62,8 +62,9 @@ def register(sub) -> None:
                         "and learns how far to trust it; with --init-head a head without hints gains them at zero "
                         "(default 0 = none)")
     p.add_argument("--copy-lr-scale", type=float, default=30.0, metavar="X",
-                   help="learning rate of the copy hints' gains (a vector per match length) over --lr (default 30): they start at zero and "
-                        "must grow to the head's scale before it follows a hint")
+                   help="learning rate of the copy hints' vectors (a gain and a bias per match length) over --lr (default 30): they "
+                        "start at zero and must grow to the head's scale before it follows a hint; their projection "
+                        "matrix keeps --lr")
     p.add_argument("--max-new-tokens", type=int, default=160, metavar="N", help="answer length per prompt (default 160)")
     p.add_argument("--max-prompt-tokens", type=int, default=768, metavar="N",
                    help="prompts longer than N tokens are cut from the left, their end kept (default 768); raise it "
