@@ -97,6 +97,10 @@ static float *pack_rows(const float *x, int M, int in, int mr) {
 static FLOAT_BLOCK_ITEM(f32_block, float, MR, SWITCH_ROWS, LOAD_F32, NULL)
 static FLOAT_BLOCK_ITEM(w8_block, int8_t, MR, SWITCH_ROWS, LOAD_W8, scale)
 
+/* Runs of the rows of an AVX-512 call whose rows are read where they lie: one up to MRZ + 1 rows, else
+ * runs of at most MRZ, as even as can be (`specula_f32_block_avx512`). */
+static int direct_groups(int M) { return M <= MRZ + 1 ? 1 : (M + MRZ - 1) / MRZ; }
+
 /* One f32 or w8 call. Where AVX-512 runs: an f32 call of up to MULTI_ROWS rows (a decoding step, a tree
  * of up to 13 nodes) takes items of several column blocks (`multi_blocks`, `MULTI_ITEM` in
  * linear_avx512.c; SmolLM2 passes after 256 tokens, the two in turn in one process, 1 / 9 / 12 / 14
@@ -126,7 +130,7 @@ static void linear_float(const float *x, const void *wp, const float *scale, con
     float *packed = direct ? NULL : pack_rows(x, M, in, mr);
     int panel = panel_blocks(M, out, threads), blocks = (out + NB - 1) / NB;
     struct linear_job job = {.xp = direct ? x : packed, .wp = wp, .scale = scale, .b = b, .y = y, .M = M, .in = in,
-                             .out = out, .groups = (M + mr - 1) / mr, .panel = panel};
+                             .out = out, .groups = direct ? direct_groups(M) : (M + mr - 1) / mr, .panel = panel};
     specula_item_fn fn = !wide ? avx2_fn : direct ? avx512_block_fn : avx512_panel_fn;
     specula_parallel(threads, (blocks + panel - 1) / panel, fn, &job);
     free(packed);
@@ -190,8 +194,8 @@ static void quantize_rows(const float *x, int8_t *xq, float *xs, int M, int in, 
         store_int_rows(acc, y, xs, wscale, b, m0, MB, o0, nc, out);                                  \
     } while (0)
 
-#define I8_SWITCH()                                                                                  \
-    switch (M - m0 < MR ? M - m0 : MR) {                                                             \
+#define I8_SWITCH(ROWS)                                                                              \
+    switch (ROWS) {                                                                                  \
         case 1: I8_BODY(1); break;                                                                   \
         case 2: I8_BODY(2); break;                                                                   \
         case 3: I8_BODY(3); break;                                                                   \

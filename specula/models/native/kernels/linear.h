@@ -122,8 +122,18 @@ static inline int panel_blocks(int M, int out, int threads) {
         }                                                                                            \
     }
 
+/* Group `gr` of M rows split into `groups` runs as even as can be: its first row m0 and its mb rows
+ * (runs of GROUP and a remainder left a run of a few rows, whose few accumulator chains wait on the
+ * latency of their multiply-adds instead of filling the units' throughput). */
+static inline void even_group(int gr, int M, int groups, int *m0, int *mb) {
+    int lo = (int)((long)gr * M / groups), hi = (int)((long)(gr + 1) * M / groups);
+    *m0 = lo;
+    *mb = hi - lo;
+}
+
 /* The same for i8 (int8 weights and activations): ONES declares the constant its body needs,
- * SWITCH() runs the group's rows (reads m0, quads, in4, xq, xs, wb, wscale, ones, y, b, o0, nc, out, M). */
+ * SWITCH(ROWS) runs the group's ROWS rows (reads m0, quads, in4, xq, xs, wb, wscale, ones, y, b, o0,
+ * nc, out); the call's rows run in even groups of at most GROUP (`even_group`). */
 #define INT8_BLOCK_ITEM(NAME, ONES, GROUP, SWITCH)                                                   \
     void NAME(void *arg, int bk) {                                                                   \
         const struct linear_job *j = arg;                                                            \
@@ -134,7 +144,12 @@ static inline int panel_blocks(int M, int out, int threads) {
         int nc = out - o0 < NB ? out - o0 : NB;                                                      \
         const int8_t *wb = (const int8_t *)j->wp + (size_t)bk * quads * NB * 4;                      \
         float *y = j->y;                                                                             \
-        for (int m0 = 0; m0 < M; m0 += GROUP) SWITCH()                                               \
+        int groups = (M + GROUP - 1) / GROUP;                                                        \
+        for (int gr = 0; gr < groups; gr++) {                                                        \
+            int m0, mb;                                                                              \
+            even_group(gr, M, groups, &m0, &mb);                                                     \
+            SWITCH(mb)                                                                               \
+        }                                                                                            \
     }
 
 /* linear_avx512.c: f32 / w8 over one column block (item) with the rows where they lie in x (calls of

@@ -84,11 +84,12 @@ int specula_isa(void) {
 #define ZMM_LOAD_W8(dst, base, i) \
     dst = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)((base) + (size_t)(i) * NB))))
 
-/* The group's row count (M - m0, at most MRZ) as a constant for BODY(MB, LOAD, SCALE), so its
+/* The group's row count (ROWS, at most MRZ) as a constant for BODY(MB, LOAD, SCALE), so its
  * accumulators stay in registers: ZMM_BODY for rows where they lie, ZMM_CHUNK_BODY for panels. */
 #define ZMM_CASE(BODY, MB, LOAD, SCALE) case MB: BODY(MB, LOAD, SCALE); break;
-#define ZMM_ROWS_SWITCH(BODY, LOAD, SCALE)                                                           \
-    switch (M - m0 < MRZ ? M - m0 : MRZ) {                                                           \
+#define ZMM_ROWS_SWITCH(BODY, LOAD, SCALE) ZMM_ROWS_SWITCH_N(BODY, M - m0 < MRZ ? M - m0 : MRZ, LOAD, SCALE)
+#define ZMM_ROWS_SWITCH_N(BODY, ROWS, LOAD, SCALE)                                                   \
+    switch (ROWS) {                                                                                  \
         ZMM_CASE(BODY, 1, LOAD, SCALE) ZMM_CASE(BODY, 2, LOAD, SCALE) ZMM_CASE(BODY, 3, LOAD, SCALE) \
         ZMM_CASE(BODY, 4, LOAD, SCALE) ZMM_CASE(BODY, 5, LOAD, SCALE) ZMM_CASE(BODY, 6, LOAD, SCALE) \
         ZMM_CASE(BODY, 7, LOAD, SCALE) ZMM_CASE(BODY, 8, LOAD, SCALE) ZMM_CASE(BODY, 9, LOAD, SCALE) \
@@ -97,12 +98,39 @@ int specula_isa(void) {
         ZMM_CASE(BODY, 14, LOAD, SCALE) ZMM_CASE(BODY, 15, LOAD, SCALE)                              \
         default: BODY(16, LOAD, SCALE); break;                                                       \
     }
-#define ZMM_SWITCH(LOAD, SCALE) ZMM_ROWS_SWITCH(ZMM_BODY, LOAD, SCALE)
+
+/* Rows where they lie (calls of MULTI_ROWS + 1 .. PANEL_ROWS - 1 rows, and a lone block's item of a
+ * smaller call): the call's rows in `groups` runs as even as can be (`even_group`), each run over the
+ * block; 17 rows (a 16-node tree and its root) run as one (`direct_groups`). Runs of MRZ and a
+ * remainder left a run of a few rows on the FMA latency: one layer of Qwen2.5-Coder-1.5B's shapes
+ * (its four projections, 2 threads, `runs/s74/kbench.py`) took 4.1 ms for 16 rows and 5.4 for 17 or
+ * 18 as 16 + 1 and 16 + 2; now 3.8-4.1 for 17 in one run, 4.9 for 18 as 9 + 9, 5.3 for 20 against
+ * 5.6 (24-48 rows within 4% either way). A run of 18 or more kept 1.5-2.5 times slower: the compiler
+ * spilled its accumulators. Each row is still its own accumulator over i = 0, 1, ..., so which rows
+ * share a run changes no bit. */
+
+#define EVEN_BLOCK_ITEM(NAME, WTYPE, LOAD, SCALE)                                                    \
+    void NAME(void *arg, int item) {                                                                 \
+        FLOAT_ITEM_OPERANDS                                                                          \
+        for (int gr = 0; gr < j->groups; gr++) {                                                     \
+            int m0, mb;                                                                              \
+            even_group(gr, M, j->groups, &m0, &mb);                                                  \
+            const float *xg = j->xp + (size_t)m0 * in;                                               \
+            for (int bk = bk0; bk < bk1; bk++) {                                                     \
+                const WTYPE *wb = (const WTYPE *)j->wp + (size_t)bk * in * NB;                       \
+                int o0 = bk * NB, nc = out - o0 < NB ? out - o0 : NB;                                \
+                if (mb == MRZ + 1)                                                                   \
+                    ZMM_BODY(17, LOAD, SCALE);                                                       \
+                else                                                                                 \
+                    ZMM_ROWS_SWITCH_N(ZMM_BODY, mb, LOAD, SCALE)                                     \
+            }                                                                                        \
+        }                                                                                            \
+    }
 
 __attribute__((target("avx512f,avx512bw")))
-FLOAT_BLOCK_ITEM(specula_f32_block_avx512, float, MRZ, ZMM_SWITCH, ZMM_LOAD_F32, NULL)
+EVEN_BLOCK_ITEM(specula_f32_block_avx512, float, ZMM_LOAD_F32, NULL)
 __attribute__((target("avx512f,avx512bw")))
-FLOAT_BLOCK_ITEM(specula_w8_block_avx512, int8_t, MRZ, ZMM_SWITCH, ZMM_LOAD_W8, scale)
+EVEN_BLOCK_ITEM(specula_w8_block_avx512, int8_t, ZMM_LOAD_W8, scale)
 
 #define MC(KB, MB, LOAD, SCALE) case MB: ZMM_MULTI_BODY(KB, MB, LOAD, SCALE); break;
 #define MULTI_SWITCH6(KB, LOAD, SCALE) \
@@ -205,8 +233,8 @@ PANEL_ITEM(specula_w8_panel_avx512, int8_t, ZMM_LOAD_W8, scale)
 
 #define VNNI_CASE(MB) case MB: VNNI_BODY(MB); break;
 
-#define VNNI_SWITCH()                                                                                \
-    switch (M - m0 < MRV ? M - m0 : MRV) {                                                           \
+#define VNNI_SWITCH(ROWS)                                                                            \
+    switch (ROWS) {                                                                                  \
         VNNI_CASE(1) VNNI_CASE(2) VNNI_CASE(3) VNNI_CASE(4) VNNI_CASE(5) VNNI_CASE(6) VNNI_CASE(7)   \
         VNNI_CASE(8) VNNI_CASE(9) VNNI_CASE(10) VNNI_CASE(11) VNNI_CASE(12) VNNI_CASE(13)            \
         VNNI_CASE(14) VNNI_CASE(15) default: VNNI_BODY(16); break;                                   \
