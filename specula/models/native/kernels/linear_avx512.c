@@ -3,8 +3,8 @@
  *
  * f32 / w8: one zmm holds a column block (16 outputs). f32 calls of up to MULTI_ROWS rows (decoding,
  * small trees) run items of 2-4 blocks, every row over all of them at once (`MULTI_ITEM`: more weight
- * streams in flight, one broadcast per row and step for all the blocks); larger calls run groups of
- * up to MRZ = 16 rows, one accumulator per row in the 32 registers, streaming a block once, where
+ * streams in flight, one broadcast per row and step for all the blocks); larger calls run even groups
+ * of up to MRZ = 16 rows (17 as one), one accumulator per row in the 32 registers, where
  * AVX2 splits 8 rows into groups of 6 and 2 (the 2-row group runs at the FMA latency, not its
  * throughput). Every output is the same chain of fused multiply-adds over i = 0, 1, ... as in
  * linear.c (a lane of a zmm rounds as a lane of a ymm), so the bits do not depend on the variant.
