@@ -75,7 +75,7 @@ static float *pack_rows(const float *x, int M, int in, int mr) {
     } while (0)
 
 #define SWITCH_ROWS(LOAD, SCALE)                                                                     \
-    switch (M - m0 < MR ? M - m0 : MR) {                                                             \
+    switch (mb) {                                                                                    \
         case 1: BLOCK_BODY(1, LOAD, SCALE); break;                                                   \
         case 2: BLOCK_BODY(2, LOAD, SCALE); break;                                                   \
         case 3: BLOCK_BODY(3, LOAD, SCALE); break;                                                   \
@@ -94,12 +94,13 @@ static float *pack_rows(const float *x, int M, int in, int mr) {
     w1 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(q, 8)))
 
 
-static FLOAT_BLOCK_ITEM(f32_block, float, MR, SWITCH_ROWS, LOAD_F32, NULL)
-static FLOAT_BLOCK_ITEM(w8_block, int8_t, MR, SWITCH_ROWS, LOAD_W8, scale)
+/* Group gr of the rows packed per MR (`pack_rows`). */
+#define PACKED_GROUP(gr)                                                                             \
+    int m0 = (gr) * MR, mb = M - m0 < MR ? M - m0 : MR;                                              \
+    const float *xg = j->xp + (size_t)(gr) * in * MR;
 
-/* Runs of the rows of an AVX-512 call whose rows are read where they lie: one up to MRZ + 1 rows, else
- * runs of at most MRZ, as even as can be (`specula_f32_block_avx512`). */
-static int direct_groups(int M) { return M <= MRZ + 1 ? 1 : (M + MRZ - 1) / MRZ; }
+static FLOAT_BLOCK_ITEM(f32_block, float, PACKED_GROUP, SWITCH_ROWS, LOAD_F32, NULL)
+static FLOAT_BLOCK_ITEM(w8_block, int8_t, PACKED_GROUP, SWITCH_ROWS, LOAD_W8, scale)
 
 /* One f32 or w8 call. Where AVX-512 runs: an f32 call of up to MULTI_ROWS rows (a decoding step, a tree
  * of up to 13 nodes) takes items of several column blocks (`multi_blocks`, `MULTI_ITEM` in

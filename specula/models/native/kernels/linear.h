@@ -104,16 +104,16 @@ static inline int panel_blocks(int M, int out, int threads) {
     int bk0 = item * j->panel, bk1 = bk0 + j->panel < blocks ? bk0 + j->panel : blocks;              \
     (void)scale;
 
-/* The item function of one float-activation weight kind (f32, w8) for a group size GROUP: every row
- * group of the call over column block `bk`, the group's rows run by SWITCH(LOAD, SCALE) (which
- * reads m0, xg, in, wb, y, b, o0, nc, out, M). The AVX2 items (linear.c) and AVX-512's blocks for
- * rows where they lie (linear_avx512.c; its prompt panels run in chunks of inputs, `PANEL_ITEM`). */
-#define FLOAT_BLOCK_ITEM(NAME, WTYPE, GROUP, SWITCH, LOAD, SCALE)                                    \
+/* The item function of one float-activation weight kind (f32, w8): every row group of the call over
+ * column block `bk`. PLACE(gr) declares group gr's first row m0, its row count mb and its rows' x
+ * (xg); SWITCH(LOAD, SCALE) runs them (reads m0, mb, xg, in, wb, y, b, o0, nc, out). The AVX2 items
+ * (linear.c: groups of MR packed rows) and AVX-512's blocks for rows where they lie (linear_avx512.c:
+ * even groups; its prompt panels run in chunks of inputs, `PANEL_ITEM`). */
+#define FLOAT_BLOCK_ITEM(NAME, WTYPE, PLACE, SWITCH, LOAD, SCALE)                                    \
     void NAME(void *arg, int item) {                                                                 \
         FLOAT_ITEM_OPERANDS                                                                          \
         for (int gr = 0; gr < j->groups; gr++) {                                                     \
-            int m0 = gr * GROUP;                                                                     \
-            const float *xg = j->xp + (size_t)gr * in * GROUP;                                       \
+            PLACE(gr)                                                                                \
             for (int bk = bk0; bk < bk1; bk++) {                                                     \
                 const WTYPE *wb = (const WTYPE *)j->wp + (size_t)bk * in * NB;                       \
                 int o0 = bk * NB, nc = out - o0 < NB ? out - o0 : NB;                                \
@@ -130,6 +130,12 @@ static inline void even_group(int gr, int M, int groups, int *m0, int *mb) {
     *m0 = lo;
     *mb = hi - lo;
 }
+
+/* Up to this many rows an AVX-512 f32 / w8 call whose rows are read where they lie runs them as one
+ * group (a 16-node tree and its root: its accumulators, the weight and the broadcast fit the 32
+ * registers; a group of 18 spilled them); more rows run in even groups of at most MRZ. */
+#define DIRECT_ONE_GROUP 17
+static inline int direct_groups(int M) { return M <= DIRECT_ONE_GROUP ? 1 : (M + MRZ - 1) / MRZ; }
 
 /* The same for i8 (int8 weights and activations): ONES declares the constant its body needs,
  * SWITCH(ROWS) runs the group's ROWS rows (reads m0, quads, in4, xq, xs, wb, wscale, ones, y, b, o0,

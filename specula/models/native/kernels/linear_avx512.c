@@ -101,36 +101,30 @@ int specula_isa(void) {
 
 /* Rows where they lie (calls of MULTI_ROWS + 1 .. PANEL_ROWS - 1 rows, and a lone block's item of a
  * smaller call): the call's rows in `groups` runs as even as can be (`even_group`), each run over the
- * block; 17 rows (a 16-node tree and its root) run as one (`direct_groups`). Runs of MRZ and a
- * remainder left a run of a few rows on the FMA latency: one layer of Qwen2.5-Coder-1.5B's shapes
+ * block; up to DIRECT_ONE_GROUP = 17 rows (a 16-node tree and its root) run as one (`direct_groups`).
+ * Runs of MRZ and a remainder left a run of a few rows on the FMA latency: one layer of Qwen2.5-Coder-1.5B's shapes
  * (its four projections, 2 threads, `runs/s74/kbench.py`) took 4.1 ms for 16 rows and 5.4 for 17 or
  * 18 as 16 + 1 and 16 + 2; now 3.8-4.1 for 17 in one run, 4.9 for 18 as 9 + 9, 5.3 for 20 against
  * 5.6 (24-48 rows within 4% either way). A run of 18 or more kept 1.5-2.5 times slower: the compiler
  * spilled its accumulators. Each row is still its own accumulator over i = 0, 1, ..., so which rows
  * share a run changes no bit. */
 
-#define EVEN_BLOCK_ITEM(NAME, WTYPE, LOAD, SCALE)                                                    \
-    void NAME(void *arg, int item) {                                                                 \
-        FLOAT_ITEM_OPERANDS                                                                          \
-        for (int gr = 0; gr < j->groups; gr++) {                                                     \
-            int m0, mb;                                                                              \
-            even_group(gr, M, j->groups, &m0, &mb);                                                  \
-            const float *xg = j->xp + (size_t)m0 * in;                                               \
-            for (int bk = bk0; bk < bk1; bk++) {                                                     \
-                const WTYPE *wb = (const WTYPE *)j->wp + (size_t)bk * in * NB;                       \
-                int o0 = bk * NB, nc = out - o0 < NB ? out - o0 : NB;                                \
-                if (mb == MRZ + 1)                                                                   \
-                    ZMM_BODY(17, LOAD, SCALE);                                                       \
-                else                                                                                 \
-                    ZMM_ROWS_SWITCH_N(ZMM_BODY, mb, LOAD, SCALE)                                     \
-            }                                                                                        \
-        }                                                                                            \
+/* Group gr of the call's rows as they lie in x, the groups as even as can be. */
+#define EVEN_GROUP(gr)                                                                               \
+    int m0, mb;                                                                                      \
+    even_group((gr), M, j->groups, &m0, &mb);                                                        \
+    const float *xg = j->xp + (size_t)m0 * in;
+
+#define ZMM_DIRECT_SWITCH(LOAD, SCALE)                                                               \
+    switch (mb) {                                                                                    \
+        ZMM_CASE(ZMM_BODY, DIRECT_ONE_GROUP, LOAD, SCALE)                                            \
+        default: ZMM_ROWS_SWITCH_N(ZMM_BODY, mb, LOAD, SCALE)                                        \
     }
 
 __attribute__((target("avx512f,avx512bw")))
-EVEN_BLOCK_ITEM(specula_f32_block_avx512, float, ZMM_LOAD_F32, NULL)
+FLOAT_BLOCK_ITEM(specula_f32_block_avx512, float, EVEN_GROUP, ZMM_DIRECT_SWITCH, ZMM_LOAD_F32, NULL)
 __attribute__((target("avx512f,avx512bw")))
-EVEN_BLOCK_ITEM(specula_w8_block_avx512, int8_t, ZMM_LOAD_W8, scale)
+FLOAT_BLOCK_ITEM(specula_w8_block_avx512, int8_t, EVEN_GROUP, ZMM_DIRECT_SWITCH, ZMM_LOAD_W8, scale)
 
 #define MC(KB, MB, LOAD, SCALE) case MB: ZMM_MULTI_BODY(KB, MB, LOAD, SCALE); break;
 #define MULTI_SWITCH6(KB, LOAD, SCALE) \
