@@ -98,6 +98,10 @@ def register(sub) -> None:
                    help="answers and features in padded batches of up to N prompts through the Hugging Face "
                         "model (--backend hf): the fast path on a GPU, where it is the default (512); "
                         "0 = the engine's batched step (the CPU default)")
+    p.add_argument("--vocab-from", nargs="+", default=None, metavar="PATH",
+                   help="rank the draft vocabulary by the tokens of these corpus files (or folders of them, as "
+                        "--answers: prompts and answers) instead of the training sequences'; e.g. with --init-head and a "
+                        "larger --draft-vocab, the tokens the target writes across its whole corpus")
     p.add_argument("--init-head", default=None, metavar="FILE|installed",
                    help="start from this head (fine-tuning: its weights, shape and draft vocabulary, which a larger "
                         "--draft-vocab extends; 'installed' = "
@@ -152,7 +156,7 @@ def run(args: argparse.Namespace) -> int:
                           quiet=args.quiet, max_minutes=args.max_minutes, deadline=deadline,
                           eval_data=[] if args.eval_data == ["none"] else args.eval_data, padded=padded,
                           init_head=init_head, stop_after=args.stop_after, answers=args.answers,
-                          cache_features=args.cache_features)
+                          cache_features=args.cache_features, vocab_from=args.vocab_from)
     if args.json:
         print(json.dumps(report, indent=2))
     else:

@@ -166,30 +166,44 @@ def concat_features(sets: list[FeatureSet]) -> FeatureSet:
     return FeatureSet(tokens, feats, starts, prompt_lens, inputs, layers)
 
 
-def draft_vocabulary(fs: FeatureSet, size: int, target_vocab: int, always: Sequence[int] = ()) -> torch.Tensor:
+def token_counts(tokens: torch.Tensor, target_vocab: int) -> torch.Tensor:
+    """[V] float64: how often each token id occurs in `tokens` (a corpus's ids, flat)."""
+    return torch.bincount(tokens, minlength=target_vocab).double()
+
+
+def _most_frequent(counts: torch.Tensor, k: int) -> torch.Tensor:
+    """The k ids of highest count, ties broken by the lower id (so a vocabulary is the same on every
+    machine and torch version)."""
+    return torch.sort(-counts, stable=True).indices[:k]
+
+
+def draft_vocabulary(fs: FeatureSet, size: int, target_vocab: int, always: Sequence[int] = (),
+                     counts: torch.Tensor | None = None) -> torch.Tensor:
     """d2t [size] long, sorted: the `size` most frequent tokens of the corpus (EAGLE-3's reduced
-    vocabulary), plus `always` (e.g. EOS ids); the whole vocabulary when size >= target_vocab."""
+    vocabulary), plus `always` (e.g. EOS ids); the whole vocabulary when size >= target_vocab.
+    `counts` [V]: rank by these token counts (`token_counts` of another corpus, `--vocab-from`)
+    instead of the feature set's tokens."""
     if size >= target_vocab:
         return torch.arange(target_vocab)
-    counts = torch.bincount(fs.tokens, minlength=target_vocab).double()
+    counts = (token_counts(fs.tokens, target_vocab) if counts is None else counts.double()).clone()
     counts[list(always)] = float("inf")
-    top = counts.topk(size).indices
-    return top.sort().values
+    return _most_frequent(counts, size).sort().values
 
 
-def extend_vocabulary(d2t: torch.Tensor, fs: FeatureSet, size: int, target_vocab: int) -> torch.Tensor:
+def extend_vocabulary(d2t: torch.Tensor, fs: FeatureSet, size: int, target_vocab: int,
+                      counts: torch.Tensor | None = None) -> torch.Tensor:
     """d2t [<= size] long, sorted: every token of `d2t` (a head's draft vocabulary, kept whole) and the
     corpus's most frequent tokens outside it, up to `size` in all (tokens the corpus never holds are
     not added; the whole vocabulary when size >= target_vocab); `d2t` itself when it already holds
-    `size` tokens or more."""
+    `size` tokens or more. `counts` [V]: rank by these token counts instead of the feature set's."""
     if len(d2t) >= size:
         return d2t
     if size >= target_vocab:
         return torch.arange(target_vocab)
-    counts = torch.bincount(fs.tokens, minlength=target_vocab).double()
+    counts = (token_counts(fs.tokens, target_vocab) if counts is None else counts.double()).clone()
     counts[d2t] = 0.0
     room = min(size - len(d2t), int((counts > 0).sum()))
-    return torch.cat([d2t, counts.topk(room).indices]).sort().values
+    return torch.cat([d2t, _most_frequent(counts, room)]).sort().values
 
 
 def coverage(fs: FeatureSet, d2t: torch.Tensor) -> float:

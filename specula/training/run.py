@@ -27,7 +27,7 @@ from specula.training.corpus import (DEFAULT_PROMPTS, EVAL_PROMPTS, CorpusConfig
                                      corpus_key, generate_corpus, match_answers, read_answers, read_prompts)
 from specula.training.padded import padded_model
 from specula.training.features import (
-    FeatureSet, concat_features, coverage, draft_vocabulary, extend_vocabulary, extract_features,
+    FeatureSet, concat_features, coverage, draft_vocabulary, extend_vocabulary, extract_features, token_counts,
 )
 from specula.training.trainer import TrainConfig, acceptance_report, step_counts, train_head
 
@@ -52,7 +52,8 @@ def run_training(target, tokenizer, target_name: str, out: Path, config: TrainCo
                  padded: PaddedConfig | Literal["auto"] | None = "auto",
                  init_head: str | os.PathLike | None = None,
                  stop_after: Literal["answers", "features"] | None = None,
-                 answers: Sequence[str | os.PathLike] | None = None, cache_features: bool = True) -> dict:
+                 answers: Sequence[str | os.PathLike] | None = None, cache_features: bool = True,
+                 vocab_from: Sequence[str | os.PathLike] | None = None) -> dict:
     """Train one head for `target`; returns the report (also written to OUT/report.json).
     `eval_data`: prompt files of another source than the training prompts (default the everyday
     set; () for none): the target answers them too and the report gives the head's acceptance on
@@ -70,7 +71,10 @@ def run_training(target, tokenizer, target_name: str, out: Path, config: TrainCo
     corpus files (or folders of them) holding answers to the training prompts written earlier, e.g.
     by a smaller model with the target's tokenizer (`corpus.read_answers`): the target then only
     takes its features over them; the held-out reports still use the target's own answers.
-    `cache_features`: False keeps the features in memory only (`extract_features`' `write`)."""
+    `cache_features`: False keeps the features in memory only (`extract_features`' `write`).
+    `vocab_from`: corpus files (or folders, as `answers`) whose tokens, prompts and answers, rank the
+    draft vocabulary instead of the training sequences' (a fine-tune on a few thousand sequences
+    extending a head's vocabulary by the tokens the target writes across a large corpus)."""
     from specula.drafters.heads.file import HeadFile, save_head, target_record
     from specula.drafters.heads.config import feature_layers_of
     from specula.drafters.heads.runtime import new_head
@@ -97,6 +101,7 @@ def run_training(target, tokenizer, target_name: str, out: Path, config: TrainCo
     if not cache_features and stop_after == "features":
         raise ConfigError("--stop-after features caches the features; --no-feature-cache keeps them in memory only")
     given = None if answers is None else read_answers(answers, target.vocab_size)  # (table, hash): before the slow part
+    ranked = None if not vocab_from else read_answers(vocab_from, target.vocab_size)
     start = None if init_head is None else initial_head(init_head, target, target_name, config)
     times = {}
     layers = feature_layers_of(config.kind, target.num_layers)  # the depths an eagle3 head fuses; else ()
@@ -131,12 +136,18 @@ def run_training(target, tokenizer, target_name: str, out: Path, config: TrainCo
                                              None if quiet else "evaluation answers (other source)", padded)
         times["evaluation_data_seconds"] = round(time.perf_counter() - t, 1)
 
+    counts = None
+    if ranked is not None:
+        table, vocab_hash = ranked
+        flat = [t for prompt_ids, answer_ids in table.items() for t in (*prompt_ids, *answer_ids)]
+        counts = token_counts(torch.tensor(flat, dtype=torch.long), target.vocab_size)
+        made["vocab_from"] = {"files": [str(f) for f in vocab_from], "sha256_16": vocab_hash, "tokens": len(flat)}
     if start is not None:
-        head, d2t = start, extend_vocabulary(start.d2t, fs, config.draft_vocab, target.vocab_size)
+        head, d2t = start, extend_vocabulary(start.d2t, fs, config.draft_vocab, target.vocab_size, counts)
         if len(d2t) > len(start.d2t):  # the head's output rows are the target's: more of them need no new weights
             head = widened_head(start, d2t, target)
     else:
-        d2t = draft_vocabulary(fs, config.draft_vocab, target.vocab_size, sorted(target.eos_token_ids))
+        d2t = draft_vocabulary(fs, config.draft_vocab, target.vocab_size, sorted(target.eos_token_ids), counts)
         head = new_head(config.kind, target, d2t, seed=config.seed, num_offsets=config.num_offsets,
                         intermediate_size=config.intermediate_size, num_kv_heads=config.num_kv_heads,
                         copy_ngram=config.copy_ngram)

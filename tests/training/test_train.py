@@ -18,7 +18,7 @@ from specula.errors import ConfigError
 from specula.models.native import NativeCausalLM, NativeDecoder, configure
 from specula.training.corpus import CorpusEntry
 from specula.training.features import (
-    FeatureSet, concat_features, coverage, draft_vocabulary, extend_vocabulary, extract_features,
+    FeatureSet, concat_features, coverage, draft_vocabulary, extend_vocabulary, extract_features, token_counts,
 )
 from specula.drafters.heads.losses import LossConfig, distill, loss_of, soft_ce, topk_ce, ttt_mask
 from specula.training.trainer import (LENGTH_WINDOW, TrainConfig, batch, batch_order, chunks, loss_config, split,
@@ -331,6 +331,43 @@ def test_an_extended_vocabulary_keeps_the_head_tokens_and_adds_the_most_frequent
     assert extend_vocabulary(head, fs, 1, 16) is head  # never shrunk
     assert extend_vocabulary(head, fs, 9, 16).tolist() == [2, 3, 5, 7, 8]  # only tokens the corpus holds
     assert extend_vocabulary(head, fs, 16, 16).tolist() == list(range(16))
+
+
+def test_vocabulary_counts_from_another_corpus_rank_the_tokens_and_ties_go_to_the_lower_id():
+    tokens = torch.tensor([5] * 9 + [7] * 6 + [3] * 4 + [8] * 2 + [2])
+    fs = FeatureSet(tokens, torch.zeros(len(tokens), 4), torch.tensor([0, len(tokens)]), torch.tensor([1]))
+    other = token_counts(torch.tensor([11] * 5 + [12] * 5 + [9] * 5 + [4] * 2 + [13]), 16)  # 9, 11, 12 tie
+    assert other[11] == 5 and other.sum() == 18
+    assert draft_vocabulary(fs, 3, 16, counts=other).tolist() == [9, 11, 12]
+    assert draft_vocabulary(fs, 2, 16, counts=other).tolist() == [9, 11]  # the tie's lower ids
+    assert draft_vocabulary(fs, 3, 16, always=[1], counts=other).tolist() == [1, 9, 11]
+    head = torch.tensor([2, 11])
+    assert extend_vocabulary(head, fs, 4, 16, counts=other).tolist() == [2, 9, 11, 12]
+    assert extend_vocabulary(head, fs, 9, 16, counts=other).tolist() == [2, 4, 9, 11, 12, 13]  # what `other` holds
+    assert extend_vocabulary(head, fs, 4, 16).tolist() == [2, 5, 7, 11]  # without counts: the feature set's
+    ties = FeatureSet(torch.tensor([6, 4, 6, 4]), torch.zeros(4, 4), torch.tensor([0, 4]), torch.tensor([1]))
+    assert draft_vocabulary(ties, 1, 16).tolist() == [4]
+
+
+def test_vocab_from_ranks_a_new_heads_vocabulary_by_another_corpus(tmp_path, monkeypatch, tiny_tokenizer):
+    """`--vocab-from FILE`: the draft vocabulary is the file's most frequent tokens (prompts and
+    answers, EOS always in), not the training sequences'; the report names the file."""
+    from specula.cli import main
+    from specula.drafters.heads.file import read_head
+
+    monkeypatch.setenv("SPECULA_CACHE", str(tmp_path / "cache"))
+    path, model, data = saved_training_setup(tmp_path, tiny_tokenizer, layers=4, prompts=8, stride=7, words=6)
+    ranked = list(range(40, 60))
+    corpus = tmp_path / "other.jsonl"
+    lines = [{"id": f"x{i}", "prompt_ids": ranked[i:10], "output_ids": ranked[10:] * (i + 1)} for i in range(3)]
+    corpus.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    assert main(["train", "--target", str(path), "--kind", "eagle3", "--data", str(data), "--max-new-tokens", "8",
+                 "--quiet", "--eval-data", "none", "--draft-vocab", "21", "--intermediate-size", "24", "--epochs", "1",
+                 "--vocab-from", str(corpus), "--out", str(tmp_path / "v")]) == 0
+    d2t = read_head(tmp_path / "v" / "eagle3.safetensors").d2t.tolist()
+    assert set(ranked) < set(d2t) and len(d2t) == 21  # the 20 ranked tokens and an EOS id
+    report = json.loads((tmp_path / "v" / "report.json").read_text())
+    assert report["vocab_from"]["files"] == [str(corpus)] and report["vocab_from"]["tokens"] == (10 + 9 + 8) + 10 * (1 + 2 + 3)
 
 
 def test_training_time_test_mask_shows_what_drafting_shows():
