@@ -33,7 +33,9 @@ def register(sub) -> None:
                    help="prompt files of another source for the held-out report (default: the everyday set; "
                         "'none' or no file: skip)")
     p.add_argument("--out", required=True, metavar="DIR", help="directory for KIND.safetensors, checkpoint.pt, report.json")
-    p.add_argument("--epochs", type=float, default=4.0)
+    p.add_argument("--epochs", type=float, default=4.0,
+                   help="passes over the training sequences (default 4); 0 = no training: the starting head "
+                        "(--init-head) written out as it is, e.g. with its draft vocabulary extended")
     p.add_argument("--draft-vocab", type=int, default=8192, metavar="N",
                    help="reduced draft vocabulary: the corpus's N most frequent tokens (default 8192); with --init-head, "
                         "an N above the head's own extends it (its tokens kept, the corpus's most frequent others added)")

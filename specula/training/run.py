@@ -162,7 +162,7 @@ def run_training(target, tokenizer, target_name: str, out: Path, config: TrainCo
             bar.set_postfix(loss=f"{loss:.3f}")
 
         budget = stop_at = most = None
-        if deadline is not None:
+        if deadline is not None and config.epochs > 0:  # nothing to fit (or probe) without training
             per_epoch, most = step_counts(fs, config)
             config, budget = _fit_to_deadline(head, fs, config, deadline, len(every), cache_features)
             stop_at = time.monotonic() + budget["seconds_for_training"]

@@ -46,7 +46,8 @@ class TrainConfig:
     draft_vocab: int = 8192
     """Size of the reduced draft vocabulary (the corpus's most frequent tokens)."""
     epochs: float = 4.0
-    """Passes over the training sequences (fractions allowed)."""
+    """Passes over the training sequences (fractions allowed); 0 = none: the starting head is written
+    out as it is (with `--init-head`: e.g. its draft vocabulary extended), with the held-out reports."""
     seq_len: int = 256
     """Pairs per training chunk (sequences are cut into chunks of this length)."""
     batch_size: int = 8
@@ -125,8 +126,8 @@ class TrainConfig:
         for name in ("intermediate_size", "num_kv_heads", "copy_ngram"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name} must be >= 0 (0 = the default shape), got {getattr(self, name)}")
-        if not self.epochs > 0 or not self.lr > 0:
-            raise ConfigError("epochs and lr must be > 0")
+        if not self.epochs >= 0 or not self.lr > 0:
+            raise ConfigError("epochs must be >= 0 and lr > 0")
         if not self.copy_lr_scale > 0:
             raise ConfigError(f"copy_lr_scale must be > 0, got {self.copy_lr_scale}")
         if not self.topk_loss >= 0:
@@ -239,7 +240,7 @@ def step_counts(fs: FeatureSet, cfg: TrainConfig) -> tuple[int, int]:
     """(optimizer steps per epoch, total steps) of a run."""
     pieces = chunks(fs, split(fs, cfg.holdout, cfg.seed, cfg.max_sequences)[0], cfg.seq_len)
     per_epoch = max(1, math.ceil(len(pieces) / cfg.batch_size))
-    return per_epoch, max(1, round(cfg.epochs * per_epoch))
+    return per_epoch, max(1, round(cfg.epochs * per_epoch)) if cfg.epochs > 0 else 0
 
 
 def loss_config(cfg: TrainConfig) -> LossConfig:
@@ -422,7 +423,7 @@ def train_head(head: TrainedHead, fs: FeatureSet, cfg: TrainConfig, out_dir: Pat
     most = max(total_steps, most_steps or 0)  # total_steps: re-fitted when `until` is given
     opt = torch.optim.AdamW(param_groups(module, cfg), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.0)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / cfg.warmup_steps) * (
-        0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, s / total_steps)))))
+        0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, s / max(1, total_steps))))))
     gen = torch.Generator().manual_seed(cfg.seed + 1)
     step, losses, seconds = 0, [], 0.0
     ckpt = out_dir / "checkpoint.pt"

@@ -368,6 +368,16 @@ def test_vocab_from_ranks_a_new_heads_vocabulary_by_another_corpus(tmp_path, mon
     assert set(ranked) < set(d2t) and len(d2t) == 21  # the 20 ranked tokens and an EOS id
     report = json.loads((tmp_path / "v" / "report.json").read_text())
     assert report["vocab_from"]["files"] == [str(corpus)] and report["vocab_from"]["tokens"] == (10 + 9 + 8) + 10 * (1 + 2 + 3)
+    # --epochs 0: that head written out untrained, its vocabulary extended by another corpus's tokens
+    more = tmp_path / "more.jsonl"
+    more.write_text(json.dumps({"id": "y", "prompt_ids": [61, 62], "output_ids": [63] * 5 + [64] * 3}) + "\n")
+    assert main(["train", "--target", str(path), "--kind", "eagle3", "--data", str(data), "--max-new-tokens", "8",
+                 "--quiet", "--eval-data", "none", "--draft-vocab", "23", "--epochs", "0", "--init-head",
+                 str(tmp_path / "v" / "eagle3.safetensors"), "--vocab-from", str(more), "--out", str(tmp_path / "w")]) == 0
+    start, wide = read_head(tmp_path / "v" / "eagle3.safetensors"), read_head(tmp_path / "w" / "eagle3.safetensors")
+    assert sorted(wide.d2t.tolist()) == sorted(d2t + [63, 64]) and wide.config.draft_vocab == 23
+    assert all(torch.equal(wide.state[k], start.state[k]) for k in start.state)  # not trained
+    assert json.loads((tmp_path / "w" / "report.json").read_text())["training"]["steps"] == 0
 
 
 def test_training_time_test_mask_shows_what_drafting_shows():
