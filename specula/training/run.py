@@ -388,7 +388,8 @@ def print_report(report: dict) -> None:
         return
     rec = report["training"]
     after, before = rec.get("heldout_after") or {}, rec.get("heldout_before") or {}
-    print(f"trained {report['kind']} head for {report['target']}: {rec['steps']}/{rec['total_steps']} steps in "
+    done = "wrote" if rec["total_steps"] == 0 else "trained"  # --epochs 0: the starting head, untrained
+    print(f"{done} {report['kind']} head for {report['target']}: {rec['steps']}/{rec['total_steps']} steps in "
           f"{rec['seconds']:.0f} s (corpus {report['corpus_seconds']:.0f} s, features {report['features_seconds']:.0f} s)")
     print(f"draft vocabulary {report['draft_vocab']} tokens ({100 * report['draft_vocab_coverage']:.1f}% of the corpus)")
     if after:
