@@ -86,9 +86,13 @@ SHIPPED: tuple[ShippedHead, ...] = (
     #   --copy-lr-scale 30, /tmp/ctxq400.jsonl (the first 400 lines of $D/context-qwen.jsonl) before
     #   the three files, its answers (`--stop-after answers`) added to --answers, --max-prompt-tokens
     #   1536 --length-groups --time-budget 42 (2,158 prompts; copy hints with their gains;
-    #   docs/training.md "Copy hints that were never learned"); int8 matrices (float16 would be 53 MB)
+    #   docs/training.md "Copy hints that were never learned"); then its draft vocabulary extended from
+    #   16,384 to 32,768 tokens, not trained further: the same command with --init-head installed
+    #   --draft-vocab 32768 --vocab-from /tmp/ans15 (data/answers/qwen2.5-coder-1.5b unpacked: the tokens
+    #   the 1.5B writes across its 31,040 answers and their prompts) --epochs 0 (runs/s75/v32.sh;
+    #   docs/training.md "The 1.5B's draft vocabulary doubled"); int8 matrices (float16 would be 53 MB)
     ShippedHead("qwen2.5-coder-1.5b", "eagle3", "qwen2.5-coder-1.5b-eagle3.safetensors",
-                "0d5f9527d61d61eacd111e7c48752de31bf1745320ce5f5ce403b0a81be76925"),
+                "4640c97577744683c0101101eefb82e873302f0bbb9e9c0e0528f658c3bd4084"),
 )
 """Every shipped head."""
 
