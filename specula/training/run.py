@@ -101,7 +101,9 @@ def run_training(target, tokenizer, target_name: str, out: Path, config: TrainCo
     if not cache_features and stop_after == "features":
         raise ConfigError("--stop-after features caches the features; --no-feature-cache keeps them in memory only")
     given = None if answers is None else read_answers(answers, target.vocab_size)  # (table, hash): before the slow part
-    ranked = None if not vocab_from else read_answers(vocab_from, target.vocab_size)
+    ranked = None if not vocab_from else read_answers(vocab_from, target.vocab_size, "--vocab-from")
+    if config.epochs == 0 and init_head is None:
+        raise ConfigError("--epochs 0 writes out the --init-head head untrained; give --init-head (or epochs > 0)")
     start = None if init_head is None else initial_head(init_head, target, target_name, config)
     times = {}
     layers = feature_layers_of(config.kind, target.num_layers)  # the depths an eagle3 head fuses; else ()

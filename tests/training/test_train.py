@@ -349,7 +349,7 @@ def test_vocabulary_counts_from_another_corpus_rank_the_tokens_and_ties_go_to_th
     assert draft_vocabulary(ties, 1, 16).tolist() == [4]
 
 
-def test_vocab_from_ranks_a_new_heads_vocabulary_by_another_corpus(tmp_path, monkeypatch, tiny_tokenizer):
+def test_vocab_from_ranks_a_new_heads_vocabulary_by_another_corpus(tmp_path, monkeypatch, tiny_tokenizer, capsys):
     """`--vocab-from FILE`: the draft vocabulary is the file's most frequent tokens (prompts and
     answers, EOS always in), not the training sequences'; the report names the file."""
     from specula.cli import main
@@ -378,6 +378,13 @@ def test_vocab_from_ranks_a_new_heads_vocabulary_by_another_corpus(tmp_path, mon
     assert sorted(wide.d2t.tolist()) == sorted(d2t + [63, 64]) and wide.config.draft_vocab == 23
     assert all(torch.equal(wide.state[k], start.state[k]) for k in start.state)  # not trained
     assert json.loads((tmp_path / "w" / "report.json").read_text())["training"]["steps"] == 0
+    common = ["train", "--target", str(path), "--kind", "eagle3", "--data", str(data), "--quiet", "--out", str(tmp_path / "x")]
+    for extra, message in ((["--vocab-from", str(tmp_path / "nowhere")], "--vocab-from "),
+                           (["--epochs", "0"], "--epochs 0 writes out the --init-head head untrained")):
+        capsys.readouterr()
+        assert main([*common, *extra]) == 2
+        err = capsys.readouterr().err
+        assert message in err and len(err.strip().splitlines()) == 1
 
 
 def test_training_time_test_mask_shows_what_drafting_shows():
