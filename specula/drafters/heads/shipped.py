@@ -89,8 +89,8 @@ SHIPPED: tuple[ShippedHead, ...] = (
     #   docs/training.md "Copy hints that were never learned"); then its draft vocabulary extended from
     #   16,384 to 32,768 tokens, not trained further: the same command with --init-head installed
     #   --draft-vocab 32768 --vocab-from /tmp/ans15 (data/answers/qwen2.5-coder-1.5b unpacked: the tokens
-    #   the 1.5B writes across its 31,040 answers and their prompts) --epochs 0 (runs/s75/v32.sh;
-    #   docs/training.md "The 1.5B's draft vocabulary doubled"); int8 matrices (float16 would be 53 MB)
+    #   the 1.5B writes across its 31,040 answers and their prompts) --epochs 0 (docs/training.md
+    #   "The 1.5B's draft vocabulary doubled"); int8 matrices (float16 would be 53 MB)
     ShippedHead("qwen2.5-coder-1.5b", "eagle3", "qwen2.5-coder-1.5b-eagle3.safetensors",
                 "4640c97577744683c0101101eefb82e873302f0bbb9e9c0e0528f658c3bd4084"),
 )
