@@ -171,6 +171,12 @@ def token_counts(tokens: torch.Tensor, target_vocab: int) -> torch.Tensor:
     return torch.bincount(tokens, minlength=target_vocab).double()
 
 
+def _ranking(fs: FeatureSet, target_vocab: int, counts: torch.Tensor | None) -> torch.Tensor:
+    """[V] float64 counts a vocabulary is ranked by, a copy the caller may change: `counts` if
+    given, else the feature set's own tokens'."""
+    return token_counts(fs.tokens, target_vocab) if counts is None else counts.double().clone()
+
+
 def _most_frequent(counts: torch.Tensor, k: int) -> torch.Tensor:
     """The k ids of highest count, ties broken by the lower id (so a vocabulary is the same on every
     machine and torch version)."""
@@ -185,7 +191,7 @@ def draft_vocabulary(fs: FeatureSet, size: int, target_vocab: int, always: Seque
     instead of the feature set's tokens."""
     if size >= target_vocab:
         return torch.arange(target_vocab)
-    counts = (token_counts(fs.tokens, target_vocab) if counts is None else counts.double()).clone()
+    counts = _ranking(fs, target_vocab, counts)
     counts[list(always)] = float("inf")
     return _most_frequent(counts, size).sort().values
 
@@ -200,7 +206,7 @@ def extend_vocabulary(d2t: torch.Tensor, fs: FeatureSet, size: int, target_vocab
         return d2t
     if size >= target_vocab:
         return torch.arange(target_vocab)
-    counts = (token_counts(fs.tokens, target_vocab) if counts is None else counts.double()).clone()
+    counts = _ranking(fs, target_vocab, counts)
     counts[d2t] = 0.0
     room = min(size - len(d2t), int((counts > 0).sum()))
     return torch.cat([d2t, _most_frequent(counts, room)]).sort().values
