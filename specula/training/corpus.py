@@ -17,13 +17,15 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterable, Sequence
 
 from specula.errors import ConfigError
 
 if TYPE_CHECKING:
+    import torch
+
     from specula.engine import Session
     from specula.sampling import SamplingParams
 
@@ -57,7 +59,21 @@ class PaddedConfig:
     max_tokens: int = 524_288
     """Padded tokens per batch (rows x longest prompt + answer): bounds the KV cache's memory."""
     feature_tokens: int = 65_536
-    """Padded tokens per feature pass (rows x longest sequence): bounds the hidden states' memory."""
+    """Padded tokens per feature pass (rows x longest sequence): bounds the hidden states' memory.
+    On a CPU at most `CPU_FEATURE_TOKENS` (`on`)."""
+
+    def on(self, device: torch.device) -> PaddedConfig:
+        """These settings as `device` runs them: on a CPU, feature passes of at most
+        `CPU_FEATURE_TOKENS` padded tokens."""
+        if device.type != "cpu":
+            return self
+        return replace(self, feature_tokens=min(self.feature_tokens, CPU_FEATURE_TOKENS))
+
+
+CPU_FEATURE_TOKENS = 1024
+"""Padded tokens per feature pass on a CPU: a pass of about a thousand tokens keeps the bfloat16
+matrix units busy (Qwen2.5-Coder-1.5B: 376 tokens/s at 1,024 against 297 at 4,096 on 2 cores with
+AMX), where a GPU-sized pass of 65,536 spends its time on padded attention."""
 
 
 @dataclass(frozen=True)

@@ -85,7 +85,7 @@ def extract_features(target, corpus: Sequence[CorpusEntry], out: Path,
     # filled in place (no list of pieces joined at the end: a corpus's features can be half the RAM)
     feats = torch.empty((n, e), dtype=torch.float16)  # [N, E]
     inputs = torch.empty((n, len(layers) * e), dtype=torch.float16) if layers else None  # [N, k E]
-    for s, hidden in enumerate(_hidden_rows(target, corpus, layers, padded)):  # [n_s, (k + 1) E] float16
+    for s, hidden in _hidden_rows(target, corpus, layers, padded):  # [n_s, (k + 1) E] float16
         a, b = int(starts[s]), int(starts[s + 1])
         feats[a:b] = hidden[:, -e:]
         if inputs is not None:
@@ -117,28 +117,24 @@ KEEP_FREE_BYTES = 2 * 2**30
 
 
 def _hidden_rows(target, corpus: Sequence[CorpusEntry], layers: tuple[int, ...],
-                 padded: PaddedConfig | None) -> Iterator[torch.Tensor]:
-    """[n, (k + 1) E] float16 CPU rows of each sequence in order: the inputs of `layers`, then the
-    final-normed state; one prefill per sequence, or padded batches (`training.padded`)."""
+                 padded: PaddedConfig | None) -> Iterator[tuple[int, torch.Tensor]]:
+    """(s, [n_s, (k + 1) E] float16 CPU rows of sequence s): the inputs of `layers`, then the
+    final-normed state; one prefill per sequence in order, or padded batches (`training.padded`,
+    longest first), each sequence handed out as its batch is done."""
     from specula.training.padded import feature_rows_padded, length_batches, padded_model
 
     request = (*layers, target.num_layers) if layers else True
     seqs = [entry.ids[: target.max_context] for entry in corpus]
     model = padded_model(target) if padded is not None else None
     if model is None:
-        for ids in seqs:
+        for s, ids in enumerate(seqs):
             seq = target.new_sequence()
             _, hidden = seq.prefill(ids, logits="none", hidden=request)
             seq.release()
-            yield hidden.to(torch.float16).cpu()
+            yield s, hidden.to(torch.float16).cpu()
         return
-    ready: dict[int, torch.Tensor] = {}
-    batches = iter(length_batches([len(s) for s in seqs], len(seqs), padded.feature_tokens))
-    for s in range(len(seqs)):  # batches run longest first; rows are handed out in corpus order
-        while s not in ready:
-            group = next(batches)
-            ready.update(zip(group, feature_rows_padded(model, [seqs[i] for i in group], (*layers, target.num_layers))))
-        yield ready.pop(s)
+    for group in length_batches([len(s) for s in seqs], len(seqs), padded.feature_tokens):
+        yield from zip(group, feature_rows_padded(model, [seqs[i] for i in group], (*layers, target.num_layers)))
 
 
 def concat_features(sets: list[FeatureSet]) -> FeatureSet:

@@ -115,6 +115,7 @@ def run_training(target, tokenizer, target_name: str, out: Path, config: TrainCo
     elif padded is not None and model is None:
         raise ConfigError("padded batches run through a Hugging Face model: load the target with --backend hf "
                           "(or leave --padded-rows out)")
+    padded = None if padded is None else padded.on(target.device)
     seqs, fs, features_seconds = _corpus_and_features(target, tokenizer, per_file, corpus, layers,
                                                       None if quiet else "corpus (target answers)", padded,
                                                       features=stop_after != "answers", answers=given,

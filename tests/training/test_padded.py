@@ -15,7 +15,8 @@ from tiny import reference_greedy, tiny_model
 from specula.errors import ConfigError
 from specula.models.hf import HFCausalLM
 from specula.models.native import NativeCausalLM, NativeDecoder, configure
-from specula.training.corpus import CorpusConfig, CorpusEntry, PaddedConfig, generate_corpus, read_prompts
+from specula.training.corpus import (CPU_FEATURE_TOKENS, CorpusConfig, CorpusEntry, PaddedConfig, generate_corpus,
+                                     read_prompts)
 from specula.training.features import extract_features
 from specula.training.padded import greedy_padded, length_batches, padded_model
 
@@ -89,6 +90,36 @@ def test_padded_batches_need_a_hugging_face_model(tmp_path, tiny_tokenizer):
     with pytest.raises(ConfigError, match="--backend hf"):
         run_training(native, tiny_tokenizer, "tiny", tmp_path / "h", TrainConfig(), [data], eval_data=[],
                      padded=PaddedConfig())
+
+
+def test_feature_passes_on_a_cpu_are_cut_to_the_cpu_size(tmp_path, tiny_tokenizer, monkeypatch):
+    """A GPU-sized feature pass (65,536 padded tokens) spends a CPU's time on padded attention:
+    `specula train` hands the corpus a CPU's size there, and leaves a smaller one or a GPU's alone."""
+    import specula.training.run as run
+    from specula.training.trainer import TrainConfig
+
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert PaddedConfig().on(cpu).feature_tokens == CPU_FEATURE_TOKENS < PaddedConfig().feature_tokens
+    assert PaddedConfig(feature_tokens=256).on(cpu).feature_tokens == 256
+    assert PaddedConfig().on(cuda) == PaddedConfig()
+    assert PaddedConfig(max_rows=7).on(cpu).max_rows == 7
+
+    seen = []
+
+    class Stop(Exception):
+        pass
+
+    def corpus_and_features(*args, **kwargs):
+        seen.append(args[6])  # (target, tokenizer, per_file, corpus, layers, label, padded, ...)
+        raise Stop  # before any pass: only the settings handed on are checked
+
+    monkeypatch.setattr(run, "_corpus_and_features", corpus_and_features)
+    data = tmp_path / "p.jsonl"
+    data.write_text(json.dumps({"prompt": "w5 w6"}) + "\n")
+    with pytest.raises(Stop):
+        run.run_training(HFCausalLM(tiny_model("llama", seed=3), "hf"), tiny_tokenizer, "tiny", tmp_path / "h",
+                         TrainConfig(), [data], eval_data=[], padded=PaddedConfig(max_rows=5))
+    assert seen == [PaddedConfig(max_rows=5, feature_tokens=CPU_FEATURE_TOKENS)]
 
 
 def test_cached_answers_are_matched_to_prompts_by_their_tokens(tmp_path, tiny_tokenizer):
