@@ -98,8 +98,8 @@ def feature_rows_padded(model, seqs: Sequence[Sequence[int]], states_of: Sequenc
     ids = torch.zeros((b, width), dtype=torch.long)  # [B, L]
     for i, s in enumerate(seqs):
         ids[i, : len(s)] = torch.tensor(list(s), dtype=torch.long)
-    # the decoder without its output layer: a vocabulary-wide product per pass (even of one row) cost a
-    # CPU twice the whole pass of a 900-token sequence in bfloat16
+    # the decoder without its output layer: its vocabulary-wide product, even of one row a pass, took about
+    # half of a CPU's bfloat16 pass over a long sequence (py-spy, session 76)
     out = model.base_model(input_ids=ids.to(device), output_hidden_states=True, use_cache=False)
     rows = torch.cat([out.hidden_states[i] for i in states_of], -1).to(torch.float16).cpu()  # [B, L, k E]
     return [rows[i, : len(s)].clone() for i, s in enumerate(seqs)]  # compact: the padded batch is freed

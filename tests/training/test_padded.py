@@ -93,8 +93,9 @@ def test_padded_batches_need_a_hugging_face_model(tmp_path, tiny_tokenizer):
 
 
 def test_feature_passes_on_a_cpu_are_cut_to_the_cpu_size(tmp_path, tiny_tokenizer, monkeypatch):
-    """A GPU-sized feature pass (65,536 padded tokens) spends a CPU's time on padded attention:
-    `specula train` hands the corpus a CPU's size there, and leaves a smaller one or a GPU's alone."""
+    """A GPU-sized feature pass (65,536 padded tokens) runs slower on a CPU than passes of about a
+    thousand: `specula train` hands the corpus a CPU's size there, and leaves a smaller one or a GPU's
+    alone."""
     import specula.training.run as run
     from specula.training.trainer import TrainConfig
 
