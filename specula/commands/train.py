@@ -78,7 +78,8 @@ def register(sub) -> None:
                         "leave too little time, the command ends there with an error, their cache kept) a short "
                         "probe times the training steps and the epochs are cut so the full learning-rate schedule "
                         "and the reports fit (over a share of the held-out split when the whole would take more "
-                        "than a fifth of the time left), e.g. on a GPU lent for a fixed time")
+                        "than a fifth of the time left), e.g. on a GPU lent for a fixed time; rerun after a stop, "
+                        "the same command resumes its checkpoint with the schedule of its first fit")
     p.add_argument("--stop-after", choices=("answers", "features"), default=None,
                    help="end once the answers (or also the features) of --data are cached: the same command "
                         "without it goes on from them (e.g. answers on a GPU lent now, training on one lent later)")

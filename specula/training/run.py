@@ -29,7 +29,7 @@ from specula.training.padded import padded_model
 from specula.training.features import (
     FeatureSet, concat_features, coverage, draft_vocabulary, extend_vocabulary, extract_features, token_counts,
 )
-from specula.training.trainer import TrainConfig, acceptance_report, step_counts, train_head
+from specula.training.trainer import TrainConfig, acceptance_report, checkpoint_changes, step_counts, train_head
 
 
 def target_identity(target) -> dict:
@@ -168,6 +168,11 @@ def run_training(target, tokenizer, target_name: str, out: Path, config: TrainCo
         if deadline is not None and config.epochs > 0:  # nothing to fit (or probe) without training
             per_epoch, most = step_counts(fs, config)
             config, budget = _fit_to_deadline(head, fs, config, deadline, len(every), cache_features)
+            resumed = budgeted_checkpoint(out, config)
+            if resumed is not None:  # this run's own checkpoint: its schedule, re-fitted to this deadline as it goes
+                config = resumed
+                budget |= {"resumed_epochs": resumed.epochs,
+                           "report_sequences": resumed.report_sequences or budget["heldout_sequences"]}
             stop_at = time.monotonic() + budget["seconds_for_training"]
         record = _train_with_total(head, fs, config, out, progress, bar, max_minutes, stop_at, most)
     if budget is not None:
@@ -338,6 +343,25 @@ On a GPU lent for a fixed time the reports over a 1.5B target's 1,552 held-out s
 took all that was left after the features, and no head was trained."""
 
 
+FITTED_BY_BUDGET = ("epochs", "report_sequences")
+"""The settings `--time-budget` fits anew at each start (`_fit_to_deadline`)."""
+
+
+def budgeted_checkpoint(out: Path, config: TrainConfig) -> TrainConfig | None:
+    """The settings of OUT/checkpoint.pt where they differ from `config` in what a time budget fits
+    (`FITTED_BY_BUDGET`) and in nothing else, else None: a run under `--time-budget` that was stopped
+    is then resumed by its own command, where its fit, made anew, would read as other settings and
+    start afresh over the checkpoint."""
+    ckpt = out / "checkpoint.pt"
+    if not ckpt.is_file():
+        return None
+    saved = torch.load(ckpt, map_location="cpu", weights_only=False, mmap=True).get("config") or {}
+    changes = checkpoint_changes(saved, config)
+    if not changes or set(changes) - set(FITTED_BY_BUDGET):
+        return None
+    return replace(config, **{k: was for k, (was, _) in changes.items()})
+
+
 def _fit_to_deadline(head, fs, config: TrainConfig, deadline: float, other_sequences: int,
                      features_cached: bool = True) -> tuple[TrainConfig, dict]:
     """`config` with its epochs cut so that training and the held-out reports after it end before
@@ -410,6 +434,9 @@ def print_report(report: dict) -> None:
         print(f"time budget: {budget['epochs_run']} of {budget['epochs_asked']} epochs run "
               f"(the probe's {budget['probe_steps_per_second']} steps/s fit {budget['epochs']}; the schedule is "
               "re-fitted as the rate is learned)")
+        if "resumed_epochs" in budget:
+            print(f"time budget: resumed the run's checkpoint with the schedule of its first fit, "
+                  f"{budget['resumed_epochs']} epochs (this start's fit: {budget['epochs']})")
         if budget.get("report_sequences", 0) < budget.get("heldout_sequences", 0):
             print(f"time budget: the held-out reports read {budget['report_sequences']} of the "
                   f"{budget['heldout_sequences']} held-out sequences")

@@ -753,6 +753,59 @@ def test_train_command_with_a_time_budget_records_how_it_fit(tmp_path, monkeypat
     assert budget["epochs"] == 2.0 and budget["probe_steps_per_second"] > 0
 
 
+def test_a_run_under_a_time_budget_resumes_its_own_checkpoint(setup, tmp_path):
+    """The budget fits the epochs (and the held-out report's size) anew at each start; a checkpoint
+    that differs from the new fit in those alone is the same run's, and it is resumed with its own
+    schedule. One of other settings still starts afresh."""
+    from dataclasses import replace
+
+    from specula.training.run import budgeted_checkpoint
+
+    target, fs, _ = setup
+    cfg = TrainConfig(kind="eagle", epochs=2, seq_len=16, batch_size=3, holdout=0.2, checkpoint_every=2)
+    first = replace(cfg, epochs=0.6, report_sequences=1)  # what the first start's budget fitted
+    assert budgeted_checkpoint(tmp_path / "h", cfg) is None  # no checkpoint yet
+    train_head(new_head("eagle", target, draft_vocabulary(fs, 64, 96), seed=0), fs, first, tmp_path / "h")
+    again = replace(cfg, epochs=0.9)  # this start's fit
+    assert budgeted_checkpoint(tmp_path / "h", again) == first
+    assert budgeted_checkpoint(tmp_path / "h", first) is None  # the same settings: resumed as they are
+    assert budgeted_checkpoint(tmp_path / "h", replace(again, lr=cfg.lr / 2)) is None  # other settings
+    assert budgeted_checkpoint(tmp_path / "h", replace(again, seed=1)) is None
+
+
+def test_the_train_command_under_a_time_budget_resumes_its_own_run(tmp_path, monkeypatch, tiny_tokenizer, capsys):
+    """Rerun after a stop, the same `specula train --time-budget` command fits other epochs than its
+    first start did; it resumes the checkpoint with the first fit's schedule instead of starting afresh."""
+    from dataclasses import replace
+
+    import specula.training.run as run
+    from specula.cli import main
+
+    monkeypatch.setenv("SPECULA_CACHE", str(tmp_path / "cache"))
+    path, _, data = saved_training_setup(tmp_path, tiny_tokenizer, prompts=6, stride=7, words=6)
+    args = ["train", "--target", str(path), "--kind", "eagle", "--data", str(data), "--epochs", "2",
+            "--draft-vocab", "64", "--max-new-tokens", "16", "--seq-len", "16", "--quiet", "--eval-data", "none",
+            "--out", str(tmp_path / "h"), "--time-budget", "30"]
+    real, fits = run._fit_to_deadline, iter([1.0, 1.5])  # what each start's probe fits
+
+    def fit(*a, **k):
+        config, budget = real(*a, **k)
+        epochs = next(fits)
+        return replace(config, epochs=epochs), budget | {"epochs": epochs}
+
+    monkeypatch.setattr(run, "_fit_to_deadline", fit)
+    assert main(args) == 0
+    first = json.loads((tmp_path / "h" / "report.json").read_text())["training"]
+    capsys.readouterr()
+    assert main(args) == 0
+    out, err = capsys.readouterr()
+    again = json.loads((tmp_path / "h" / "report.json").read_text())["training"]
+    assert "not resumed" not in err and "resumed the run's checkpoint with the schedule of its first fit, 1.0" in out
+    assert again["time_budget"]["resumed_epochs"] == 1.0 and again["config"]["epochs"] == 1.0
+    assert again["checkpoint_ignored"] is None and again["first_losses"] == first["first_losses"]
+    assert again["steps"] >= first["steps"]
+
+
 def test_stop_after_answers_caches_them_and_the_same_command_goes_on(tmp_path, monkeypatch, tiny_tokenizer, capsys):
     from specula.cli import main
 
