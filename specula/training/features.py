@@ -10,6 +10,7 @@ with layers `inputs` [N, k E] float16 and `layers` [k] long; written atomically.
 
 from __future__ import annotations
 
+import bisect
 import shutil
 import sys
 from dataclasses import dataclass, field
@@ -21,15 +22,52 @@ import torch
 from specula.training.corpus import CorpusEntry, PaddedConfig
 
 
+class Rows:
+    """Row tensors of one width ([n_i, D] each, in order) read as one [N, D] (N = sum n_i) without
+    joining them: the corpus of several data files keeps each file's features where `load_file`
+    put them (safetensors, 0.8 here, maps the file: the system pages rows in as batches read them and can drop
+    them again), where a joined copy held them all in memory (8.5 GB for two files of the 1.5B's,
+    on top of the target). A slice within one part is a view of it; one across parts, a copy."""
+
+    def __init__(self, parts: Sequence[torch.Tensor]):
+        if not parts:
+            raise ValueError("Rows reads one part at least")
+        if len({(p.shape[1:], p.dtype) for p in parts}) != 1:
+            raise ValueError("rows of different widths or dtypes cannot be read as one")
+        self.parts = list(parts)
+        self.ends = torch.tensor([len(p) for p in parts]).cumsum(0).tolist()  # [parts]: each part's end row
+
+    @property
+    def shape(self) -> torch.Size:
+        return torch.Size((self.ends[-1], *self.parts[0].shape[1:]))
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.parts[0].dtype
+
+    def __len__(self) -> int:
+        return self.ends[-1]
+
+    def __getitem__(self, rows: slice) -> torch.Tensor:
+        a, b, step = rows.indices(len(self))
+        if step != 1:
+            raise IndexError("Rows reads contiguous slices only")
+        i = bisect.bisect_right(self.ends, a)
+        start = self.ends[i - 1] if i else 0
+        if i == len(self.parts) or b <= self.ends[i]:
+            return self.parts[min(i, len(self.parts) - 1)][a - start:max(a, b) - start]
+        return torch.cat([self.parts[i][a - start:], self[self.ends[i]:b]])
+
+
 @dataclass
 class FeatureSet:
     """Tokens and target features of a corpus (see the module docstring)."""
 
     tokens: torch.Tensor  # [N] long
-    features: torch.Tensor  # [N, E] float16
+    features: torch.Tensor | Rows  # [N, E] float16
     starts: torch.Tensor  # [S + 1] long
     prompt_lens: torch.Tensor  # [S] long
-    inputs: torch.Tensor | None = None  # [N, k E] float16: the inputs of `layers` (eagle3), else None
+    inputs: torch.Tensor | Rows | None = None  # [N, k E] float16: the inputs of `layers` (eagle3), else None
     layers: tuple[int, ...] = ()
     _hints: dict = field(default_factory=dict, repr=False, compare=False)  # (s, n) -> `copy_hints`
 
@@ -139,8 +177,8 @@ def _hidden_rows(target, corpus: Sequence[CorpusEntry], layers: tuple[int, ...],
 
 def concat_features(sets: list[FeatureSet]) -> FeatureSet:
     """One feature set of several (their sequences in order): a corpus cached per data file. The
-    parts are copied into the whole one at a time and dropped from `sets` (it ends empty), so at
-    most the whole plus one part is held: a 30,000-sequence corpus of a 1.5B target is 66 GB."""
+    features and layer inputs stay in their parts (`Rows`: no joined copy); the parts are taken out
+    of `sets` (it ends empty)."""
     if len(sets) == 1:
         return sets.pop()
     if len({fs.layers for fs in sets}) != 1:
@@ -150,16 +188,15 @@ def concat_features(sets: list[FeatureSet]) -> FeatureSet:
     starts = torch.cat([sets[0].starts[:1]] + [fs.starts[1:] + off for fs, off in zip(sets, offsets)])
     tokens = torch.cat([fs.tokens for fs in sets])
     prompt_lens = torch.cat([fs.prompt_lens for fs in sets])
-    first, layers = sets[0], sets[0].layers
-    feats = torch.empty((sum(lengths), first.features.shape[1]), dtype=first.features.dtype)  # [N, E]
-    inputs = None if first.inputs is None else torch.empty((sum(lengths), first.inputs.shape[1]), dtype=first.inputs.dtype)
-    for off, n in zip(offsets.tolist(), lengths):
-        fs = sets.pop(0)
-        feats[off:off + n] = fs.features
-        if inputs is not None:
-            inputs[off:off + n] = fs.inputs
-        del fs
-    return FeatureSet(tokens, feats, starts, prompt_lens, inputs, layers)
+    parts = [sets.pop(0) for _ in range(len(sets))]
+    feats = Rows([p for fs in parts for p in _parts(fs.features)])
+    inputs = None if parts[0].inputs is None else Rows([p for fs in parts for p in _parts(fs.inputs)])
+    return FeatureSet(tokens, feats, starts, prompt_lens, inputs, parts[0].layers)
+
+
+def _parts(rows: torch.Tensor | Rows) -> list[torch.Tensor]:
+    """The row tensors `rows` is made of (itself when a tensor)."""
+    return rows.parts if isinstance(rows, Rows) else [rows]
 
 
 def token_counts(tokens: torch.Tensor, target_vocab: int) -> torch.Tensor:

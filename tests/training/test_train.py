@@ -18,7 +18,7 @@ from specula.errors import ConfigError
 from specula.models.native import NativeCausalLM, NativeDecoder, configure
 from specula.training.corpus import CorpusEntry
 from specula.training.features import (
-    FeatureSet, concat_features, coverage, draft_vocabulary, extend_vocabulary, extract_features, token_counts,
+    FeatureSet, Rows, concat_features, coverage, draft_vocabulary, extend_vocabulary, extract_features, token_counts,
 )
 from specula.drafters.heads.losses import LossConfig, distill, loss_of, soft_ce, topk_ce, ttt_mask
 from specula.training.trainer import (LENGTH_WINDOW, TrainConfig, batch, batch_order, chunks, loss_config, split,
@@ -65,14 +65,38 @@ def test_feature_sets_of_two_files_join_into_the_set_of_both(setup, tmp_path):
     whole = extract_features(target, corpus, tmp_path / "all.safetensors", layers=(0, 1))
     parts = [extract_features(target, corpus[:2], tmp_path / "a.safetensors", layers=(0, 1)),
              extract_features(target, corpus[2:], tmp_path / "b.safetensors", layers=(0, 1))]
+    first_rows = parts[0].features
     joined = concat_features(parts)
-    assert parts == []  # each part is dropped once copied: the whole plus one part at most
+    assert parts == []  # taken out of the list
     assert len(joined) == 5 and joined.layers == (0, 1)
     for name in ("tokens", "starts", "prompt_lens"):
         assert torch.equal(getattr(joined, name), getattr(whole, name)), name
-    assert torch.allclose(joined.features.float(), whole.features.float(), atol=1e-2)
-    assert torch.allclose(joined.inputs.float(), whole.inputs.float(), atol=1e-2)
-    assert torch.equal(joined.sequence(3)[0], whole.sequence(3)[0])
+    assert joined.features.shape == whole.features.shape and joined.inputs.shape == whole.inputs.shape
+    assert torch.allclose(joined.features[:].float(), whole.features.float(), atol=1e-2)
+    assert torch.allclose(joined.inputs[:].float(), whole.inputs.float(), atol=1e-2)
+    for s in range(5):
+        toks, feats, plen = joined.sequence(s)
+        assert torch.equal(toks, whole.sequence(s)[0]) and plen == whole.sequence(s)[2]
+        assert torch.allclose(feats.float(), whole.sequence(s)[1].float(), atol=1e-2)
+        assert torch.allclose(joined.layer_inputs(s).float(), whole.layer_inputs(s).float(), atol=1e-2)
+    # the parts are read in place, not copied into a joined tensor
+    assert joined.sequence(0)[1].data_ptr() == first_rows.data_ptr()
+
+
+def test_rows_read_several_tensors_as_one():
+    """`Rows` slices like the joined tensor: views within a part, copies across parts, empty ends."""
+    parts = [torch.arange(6.0).reshape(3, 2), torch.arange(6.0, 8.0).reshape(1, 2), torch.arange(8.0, 14.0).reshape(3, 2)]
+    rows, whole = Rows(parts), torch.cat(parts)
+    assert rows.shape == whole.shape and rows.dtype == whole.dtype and len(rows) == 7
+    for a in range(8):
+        for b in range(a, 8):
+            assert torch.equal(rows[a:b], whole[a:b]), (a, b)
+    assert torch.equal(rows[:], whole) and torch.equal(rows[-2:], whole[-2:])
+    assert rows[4:6].data_ptr() == parts[2][0:2].data_ptr()  # within a part: a view
+    with pytest.raises(ValueError, match="widths or dtypes"):
+        Rows([torch.zeros(2, 2), torch.zeros(2, 3)])
+    with pytest.raises(IndexError, match="contiguous"):
+        rows[::2]
 
 
 def test_features_too_big_for_the_disk_stay_in_memory(setup, tmp_path, monkeypatch, capsys):
