@@ -124,6 +124,7 @@ def run(args: argparse.Namespace) -> int:
     from specula.models.loading import load_backend
     from specula.errors import ConfigError
     from specula.training.corpus import DEFAULT_PROMPTS, CorpusConfig, PaddedConfig, read_prompts
+    from specula.training.heap import return_freed_memory
     from specula.training.run import print_report, run_training
     from specula.training.trainer import TrainConfig
 
@@ -154,6 +155,7 @@ def run(args: argparse.Namespace) -> int:
         if init_head is None:
             raise ConfigError(f"--init-head installed: no {args.kind} head is installed for {args.target}; install "
                               f"one with `specula models install {args.target}` or pass a head file")
+    return_freed_memory()  # this process's heap would keep every step's freed blocks (`training.heap`)
     target, tokenizer = load_backend(args.target, load_config(args), name="target")
     report = run_training(target, tokenizer, args.target, Path(args.out), config, args.data or (), corpus,
                           quiet=args.quiet, max_minutes=args.max_minutes, deadline=deadline,
