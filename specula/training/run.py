@@ -29,7 +29,7 @@ from specula.training.padded import padded_model
 from specula.training.features import (
     FeatureSet, concat_features, coverage, draft_vocabulary, extend_vocabulary, extract_features, token_counts,
 )
-from specula.training.trainer import TrainConfig, acceptance_report, checkpoint_changes, step_counts, train_head
+from specula.training.trainer import TrainConfig, acceptance_report, resume_changes, step_counts, train_head
 
 
 def target_identity(target) -> dict:
@@ -168,7 +168,7 @@ def run_training(target, tokenizer, target_name: str, out: Path, config: TrainCo
         if deadline is not None and config.epochs > 0:  # nothing to fit (or probe) without training
             per_epoch, most = step_counts(fs, config)
             config, budget = _fit_to_deadline(head, fs, config, deadline, len(every), cache_features)
-            resumed = budgeted_checkpoint(out, config)
+            resumed = budgeted_checkpoint(out, config, head, fs)
             if resumed is not None:  # this run's own checkpoint: its schedule, re-fitted to this deadline as it goes
                 config = resumed
                 budget |= {"resumed_epochs": resumed.epochs,
@@ -347,16 +347,15 @@ FITTED_BY_BUDGET = ("epochs", "report_sequences")
 """The settings `--time-budget` fits anew at each start (`_fit_to_deadline`)."""
 
 
-def budgeted_checkpoint(out: Path, config: TrainConfig) -> TrainConfig | None:
-    """The settings of OUT/checkpoint.pt where they differ from `config` in what a time budget fits
-    (`FITTED_BY_BUDGET`) and in nothing else, else None: a run under `--time-budget` that was stopped
-    is then resumed by its own command, where its fit, made anew, would read as other settings and
-    start afresh over the checkpoint."""
+def budgeted_checkpoint(out: Path, config: TrainConfig, head, fs: FeatureSet) -> TrainConfig | None:
+    """The settings of OUT/checkpoint.pt where it differs from a run of `head` on `fs` with `config`
+    (`resume_changes`) in what a time budget fits (`FITTED_BY_BUDGET`) and in nothing else, else
+    None: a run under `--time-budget` that was stopped is then resumed by its own command, where its
+    fit, made anew, would read as other settings and start afresh over the checkpoint."""
     ckpt = out / "checkpoint.pt"
     if not ckpt.is_file():
         return None
-    saved = torch.load(ckpt, map_location="cpu", weights_only=False, mmap=True).get("config") or {}
-    changes = checkpoint_changes(saved, config)
+    changes = resume_changes(torch.load(ckpt, map_location="cpu", weights_only=False, mmap=True), config, head, fs)
     if not changes or set(changes) - set(FITTED_BY_BUDGET):
         return None
     return replace(config, **{k: was for k, (was, _) in changes.items()})

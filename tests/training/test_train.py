@@ -788,13 +788,19 @@ def test_a_run_under_a_time_budget_resumes_its_own_checkpoint(setup, tmp_path):
     target, fs, _ = setup
     cfg = TrainConfig(kind="eagle", epochs=2, seq_len=16, batch_size=3, holdout=0.2, checkpoint_every=2)
     first = replace(cfg, epochs=0.6, report_sequences=1)  # what the first start's budget fitted
-    assert budgeted_checkpoint(tmp_path / "h", cfg) is None  # no checkpoint yet
-    train_head(new_head("eagle", target, draft_vocabulary(fs, 64, 96), seed=0), fs, first, tmp_path / "h")
+    head = new_head("eagle", target, draft_vocabulary(fs, 64, 96), seed=0)
+    assert budgeted_checkpoint(tmp_path / "h", cfg, head, fs) is None  # no checkpoint yet
+    train_head(head, fs, first, tmp_path / "h")
+    head = new_head("eagle", target, draft_vocabulary(fs, 64, 96), seed=0)  # the rerun's
     again = replace(cfg, epochs=0.9)  # this start's fit
-    assert budgeted_checkpoint(tmp_path / "h", again) == first
-    assert budgeted_checkpoint(tmp_path / "h", first) is None  # the same settings: resumed as they are
-    assert budgeted_checkpoint(tmp_path / "h", replace(again, lr=cfg.lr / 2)) is None  # other settings
-    assert budgeted_checkpoint(tmp_path / "h", replace(again, seed=1)) is None
+    assert budgeted_checkpoint(tmp_path / "h", again, head, fs) == first
+    assert budgeted_checkpoint(tmp_path / "h", first, head, fs) is None  # the same settings: resumed as they are
+    assert budgeted_checkpoint(tmp_path / "h", replace(again, lr=cfg.lr / 2), head, fs) is None  # other settings
+    assert budgeted_checkpoint(tmp_path / "h", replace(again, seed=1), head, fs) is None
+    # other data or another vocabulary start afresh, so the fit is this start's, not the checkpoint's
+    assert budgeted_checkpoint(tmp_path / "h", again, head, concat_features([fs, fs])) is None
+    other = new_head("eagle", target, draft_vocabulary(fs, 32, 96), seed=0)
+    assert budgeted_checkpoint(tmp_path / "h", again, other, fs) is None
 
 
 def test_the_train_command_under_a_time_budget_resumes_its_own_run(tmp_path, monkeypatch, tiny_tokenizer, capsys):
