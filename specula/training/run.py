@@ -29,7 +29,9 @@ from specula.training.padded import padded_model
 from specula.training.features import (
     FeatureSet, concat_features, coverage, draft_vocabulary, extend_vocabulary, extract_features, token_counts,
 )
-from specula.training.trainer import TrainConfig, acceptance_report, resume_changes, step_counts, train_head
+from specula.training.trainer import (
+    TrainConfig, acceptance_report, data_fingerprint, resume_changes, step_counts, train_head,
+)
 
 
 def target_identity(target) -> dict:
@@ -355,7 +357,8 @@ def budgeted_checkpoint(out: Path, config: TrainConfig, head, fs: FeatureSet) ->
     ckpt = out / "checkpoint.pt"
     if not ckpt.is_file():
         return None
-    changes = resume_changes(torch.load(ckpt, map_location="cpu", weights_only=False, mmap=True), config, head, fs)
+    state = torch.load(ckpt, map_location="cpu", weights_only=False, mmap=True)
+    changes = resume_changes(state, config, head, data_fingerprint(fs))
     if not changes or set(changes) - set(FITTED_BY_BUDGET):
         return None
     return replace(config, **{k: was for k, (was, _) in changes.items()})

@@ -371,14 +371,14 @@ def checkpoint_changes(saved: dict, cfg: TrainConfig) -> dict[str, list]:
     return {k: [saved.get(k, defaults[k]), v] for k, v in now.items() if saved.get(k, defaults[k]) != v}
 
 
-def resume_changes(state: dict, cfg: TrainConfig, head: TrainedHead, fs: FeatureSet) -> dict[str, list]:
-    """What keeps a run of `head` on `fs` with `cfg` from resuming the checkpoint `state`:
-    {what: [the checkpoint's, the run's]} over the settings (`checkpoint_changes`), the draft
-    vocabulary, the data (`data_fingerprint`) and the weights' shapes; empty = the same run's."""
+def resume_changes(state: dict, cfg: TrainConfig, head: TrainedHead, data: str) -> dict[str, list]:
+    """What keeps a run of `head` with `cfg` on the data of fingerprint `data` (`data_fingerprint`,
+    computed once by the caller) from resuming the checkpoint `state`: {what: [the checkpoint's,
+    the run's]} over the settings (`checkpoint_changes`), the draft vocabulary, the data and the
+    weights' shapes; empty = the same run's."""
     changes = checkpoint_changes(state.get("config") or {}, cfg)
     if not torch.equal(state["d2t"], head.d2t):
         changes["draft_vocab"] = [f"{len(state['d2t'])} tokens", f"{len(head.d2t)} tokens (another vocabulary)"]
-    data = data_fingerprint(fs)
     if state.get("data", data) != data:  # a checkpoint of before the fingerprint: taken on trust, as then
         changes["data"] = [state["data"], f"{data} (other prompts or answers)"]
     if (set(state["module"]) != set(head.module.state_dict())
@@ -447,7 +447,7 @@ def train_head(head: TrainedHead, fs: FeatureSet, cfg: TrainConfig, out_dir: Pat
     ignored = None
     if ckpt.is_file():
         state = torch.load(ckpt, weights_only=False)
-        changes = resume_changes(state, cfg, head, fs)
+        changes = resume_changes(state, cfg, head, data)
         if changes:
             ignored = changes
             if on_note is not None:
