@@ -82,16 +82,33 @@ def build_specula_methods(
 ) -> list[SpeculaMethod]:
     """One `Specula` per method name (built as `specula generate` builds it), all on the same
     target backend (and draft). `none` comes first even when not named and never gets a planner;
-    `planner_for(name)` may give the others one (e.g. from --cost-curve; None: the default)."""
+    `planner_for(name)` may give the others one (e.g. from --cost-curve; None: the default).
+    A variant `name:draft=none` runs without the draft model (`fusion:draft=none`: every other
+    member, the trained head included, beside `fusion` with it in the same run)."""
     ordered = [BASELINE, *(n for n in dict.fromkeys(names) if n != BASELINE)]
     methods = []
     for name in ordered:
         base, overrides = split_method(name)
+        own_draft = _variant_draft(name, overrides.pop(DRAFT_OPTION, None), draft)
         planner = None if name == BASELINE else planner_for(base)
-        spec = Specula(target, tokenizer, base, draft, engine=engine, planner=planner,
+        spec = Specula(target, tokenizer, base, own_draft, engine=engine, planner=planner,
                        **{**options(base), **overrides})
         methods.append(SpeculaMethod(name, spec))
     return methods
+
+
+DRAFT_OPTION = "draft"
+"""The variant option that takes a method's draft model away (`draft=none`), not a drafter option."""
+
+
+def _variant_draft(name: str, value: Any, draft: TargetModel | None) -> TargetModel | None:
+    """The draft model a variant runs with: the shared one, or none for `draft=none`."""
+    if value is None:
+        return draft
+    if str(value).lower() != "none":
+        raise ConfigError(f"method variant {name!r}: {DRAFT_OPTION}= takes only none (the draft model is "
+                          f"chosen for the whole run with --draft)")
+    return None
 
 
 def split_method(spec: str) -> tuple[str, dict[str, Any]]:
@@ -133,6 +150,7 @@ def parse_method_list(value: str | None, has_draft: bool) -> list[str]:
     for name in names:
         base, overrides = split_method(name)
         get_method(base)
+        _variant_draft(name, overrides.get(DRAFT_OPTION), None)
         if base == BASELINE and overrides:
             raise ConfigError(f"{name!r}: the baseline {BASELINE!r} takes no options")
     return [BASELINE, *(n for n in dict.fromkeys(names) if n != BASELINE)]

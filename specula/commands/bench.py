@@ -102,13 +102,14 @@ def load_models(args: argparse.Namespace):
     """(target backend, tokenizer, draft backend or None, `LoadReport`), loaded once for every method."""
     from specula.api import load
 
-    from specula.bench.methods import parse_method_list, split_method
+    from specula.bench.methods import DRAFT_OPTION, parse_method_list, split_method
     from specula.bench.peers import NEEDS_DRAFT, parse_compare
     from specula.methods import first_drafting_with_model, get_method
 
     # `--draft auto` resolves as for the first method that drafts with a model (none: no draft).
-    method = next((m for m in (split_method(n)[0] for n in parse_method_list(args.methods, explicit_draft(args)))
-                   if get_method(m).draft_model != "no"), PLAIN)
+    entries = [split_method(n) for n in parse_method_list(args.methods, explicit_draft(args))]
+    method = next((m for m, overrides in entries
+                   if get_method(m).draft_model != "no" and overrides.get(DRAFT_OPTION) is None), PLAIN)
     if method == PLAIN and explicit_draft(args) and not args.assistant and args.draft != SKIP_DRAFT \
             and NEEDS_DRAFT & set(parse_compare(args.compare, True)):
         # no method drafts with the model, but Hugging Face's assisted peers do: load it as a draft method would

@@ -337,6 +337,21 @@ def test_method_variants_parse_and_reach_the_drafter(tiny_pair, chat_tokenizer):
         build_specula_methods(["prompt-lookup:colour=red"], target, chat_tokenizer, draft)
 
 
+def test_a_draft_none_variant_runs_without_the_draft_model(tiny_pair, chat_tokenizer):
+    from specula.bench.methods import build_specula_methods, parse_method_list
+    from specula.drafters.draft_model import DraftModelDrafter
+
+    target, draft = tiny_pair
+    names = parse_method_list("fusion,fusion:draft=none", True)
+    methods = build_specula_methods(names, target, chat_tokenizer, draft)
+    kinds = {m.name: [type(d) for d in m.spec.decoder.drafters] for m in methods}
+    assert DraftModelDrafter in kinds["fusion"]
+    assert DraftModelDrafter not in kinds["fusion:draft=none"] and kinds["fusion:draft=none"]
+    assert methods[2].spec.draft is None and methods[1].spec.draft is draft
+    with pytest.raises(ConfigError, match="takes only none"):
+        parse_method_list("fusion:draft=qwen2.5-coder-0.5b", True)
+
+
 def test_schema_valid_checks_each_output_against_its_prompts_schema():
     from specula.bench.datasets import BenchPrompt
     from specula.bench.methods import MethodOutput
