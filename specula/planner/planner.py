@@ -33,7 +33,8 @@ maximises expected tokens/s.
                     at its first node no other drafter proposed, its drafting time and those
                     nodes' share of the pass taken off); a drafter whose recent steps realised
                     fewer tokens/s with it than without sits out 1, 2, 4, ... steps of a request,
-                    drafting again after each pause (a probe, judged afresh). Correlated drafters
+                    drafting again after each pause (a probe, judged afresh; one that a costlier
+                    drafter kept from being judged drafts again the next step). Correlated drafters
                     are what this is for: on prose a trained head already proposes most of what a
                     draft model would, at a fifth of its cost; on code the draft model's long
                     chains pay. Evidence counts only from steps where no costlier drafter drafted
@@ -334,9 +335,8 @@ class HardwarePlanner:
             if hold.waiting():
                 held.append(name)
                 state.held_steps[name] = state.held_steps.get(name, 0) + 1
-            else:  # a probe: it drafts this step; if it still does not pay, it sits out longer
-                hold.lose(self.config.max_hold)
-                probing.append(name)
+            else:  # a probe: it drafts this step; judged by it, it sits out longer if it still does not
+                probing.append(name)  # pay (`_observe_beside`), and probes again if it could not be judged
         state.probing = frozenset(probing)
         return frozenset(held)
 
@@ -690,7 +690,7 @@ class HardwarePlanner:
             if steady.value is not None:
                 counted[name] = min(seconds, steady.value)
         if not counted:
-            return
+            return  # nothing judged: a probe drafts again next step
         tree, path = step.proposal.tree, step.path
         n = len(tree)
         # the step's drafting (planning and drafters that proposed nothing included; each timed drafter
@@ -701,7 +701,12 @@ class HardwarePlanner:
         d = self.config.hold_decay
         for name, own in counted.items():
             if any(other != name and cost > own for other, cost in counted.items()):
-                continue  # a costlier drafter drafted beside it: two that propose alike would each look idle
+                # a costlier drafter drafted beside it: two that propose alike would each look idle.
+                # A probe is not judged here (nor lost): the evidence that held it is older than this
+                # step, and judged by it a cheap head beside a draft model that drafts on every step
+                # sat out most steps after one unlucky step alone (Qwen2.5-Coder-1.5B, everyday set:
+                # held on 6-15 of a request's 10-22 steps)
+                continue
             alone = [all(source == name for source, _ in tree.proposers(i)) for i in range(n)]
             kept = next((k for k, i in enumerate(path) if alone[i]), len(path))
             without = seconds - own + self.cost.verify_seconds(n - sum(alone) + 1)
@@ -710,6 +715,8 @@ class HardwarePlanner:
                 sums[:] = [0.0, 0.0, 0.0, 0.0]
             for k, value in enumerate((1 + len(path), with_it, 1 + kept, without)):
                 sums[k] = d * sums[k] + value
+            if name in state.probing and not self.adds_beside(name):
+                state.holds[name].lose(self.config.max_hold)  # it still does not pay: a longer pause
 
     def summary(self, state: PlannerState) -> dict:
         """What the planner expected for one request on the prior cost curve, summed over planned

@@ -97,6 +97,23 @@ def test_a_cheap_drafter_is_never_held_back_even_when_it_adds_nothing():
     assert sum("eagle3" in h for h in held) > 15  # the head, dearer and as redundant, sits out
 
 
+def test_a_held_head_probed_beside_a_costlier_drafter_is_not_judged_by_older_evidence():
+    """The head is held where prompt lookup already proposes its chain; then the draft model drafts
+    on every step (code, its chain pays). Beside it the head's probes cannot be judged (two that
+    propose alike would each look idle), so they do not lengthen its pause: it drafts again."""
+    planner = HardwarePlanner(curve=STEEP)
+    state = planner.new_state()
+    lookup = ("prompt-lookup", chain(PROSE, "prompt-lookup", 0.5), 0.001)
+    held = [run_step(planner, state, [lookup, ("eagle3", chain(PROSE, "eagle3"), 0.05)], PROSE) for _ in range(30)]
+    assert sum("eagle3" in h for h in held) > 15 and not planner.adds_beside("eagle3")
+    beside = [lookup, *drafts()]
+    held = [run_step(planner, state, beside, CODE) for _ in range(40)]
+    assert not any("draft-model" in h for h in held)
+    first = next(k for k, h in enumerate(held) if "eagle3" not in h)  # its pause from before runs out
+    assert first <= planner.config.max_hold and not any("eagle3" in h for h in held[first:])
+    assert not planner.adds_beside("eagle3")  # no step judged it: the old evidence stands, unused
+
+
 def test_a_catch_up_is_not_counted_as_the_drafters_cost():
     """The draft model's first step carries its prefill of the prompt (20 plain steps here), and the
     step after each pause a catch-up: neither is its cost; on code it drafts all along."""
