@@ -144,9 +144,12 @@ _HEAD_OPTIONS = (*_HEAD_FORWARDS, *_TREE_OPTIONS)
 # their chain leaves room. The other way round, a head's tree that merely looked as good as the
 # draft model's chain kept the draft model from drafting at all, and its acceptance was never
 # learned again (README main job, Qwen2.5-Coder-1.5B with its head in fusion: 14.5 tok/s with the
-# head first, 20.6 with the draft model first, 17.7 without the head; one run each, warm). Whether the
-# draft model drafts at all beside the head is measured, not modelled: the planner holds it back on
-# steps of a request where it was measured to add less than it costs (`HardwarePlanner.adds_beside`).
+# head first, 20.6 with the draft model first, 17.7 without the head; one run each, warm; measured again
+# in session 79, one process, interleaved: 2.70x head first against 2.94x, mean accepted 4.4 against
+# 7.4, where prose ran 2-4% faster head first: docs/training.md, "The draft model beside the head,
+# measured again"). Whether the draft model drafts at all beside the head is measured, not modelled:
+# the planner holds it back on steps of a request where it was measured to add less than it costs
+# (`HardwarePlanner.adds_beside`).
 _FUSION_MEMBERS = (
     Member("prompt-lookup"),
     Member("rest", forwards=("datastore",)),
