@@ -33,8 +33,9 @@ maximises expected tokens/s.
                     at its first node no other drafter proposed, its drafting time and those
                     nodes' share of the pass taken off); a drafter whose recent steps realised
                     fewer tokens/s with it than without sits out 1, 2, 4, ... steps of a request,
-                    drafting again after each pause (a probe, judged afresh; one that a costlier
-                    drafter kept from being judged drafts again the next step). Correlated drafters
+                    drafting again after each pause (a probe, judged afresh; one that was not
+                    judged, because a costlier drafter drafted beside it, it proposed nothing or
+                    the step was batched, drafts again the next step). Correlated drafters
                     are what this is for: on prose a trained head already proposes most of what a
                     draft model would, at a fifth of its cost; on code the draft model's long
                     chains pay. Evidence counts only from steps where no costlier drafter drafted
@@ -702,8 +703,9 @@ class HardwarePlanner:
         for name, own in counted.items():
             if any(other != name and cost > own for other, cost in counted.items()):
                 # a costlier drafter drafted beside it: two that propose alike would each look idle.
-                # A probe is not judged here (nor lost): the evidence that held it is older than this
-                # step, and judged by it a cheap head beside a draft model that drafts on every step
+                # A probe is not judged here (nor lost), as one that proposed nothing is not: the
+                # evidence that held it is older than this step, and judged by it a cheap head beside
+                # a draft model that drafts on every step (where the head mostly proposes nothing)
                 # sat out most steps after one unlucky step alone (Qwen2.5-Coder-1.5B, everyday set:
                 # held on 6-15 of a request's 10-22 steps)
                 continue
