@@ -166,7 +166,7 @@ def resolve_planner(choice: PlannerChoice | None | Literal[False], target: Targe
 
 def load(target: str, draft: str | None = "auto", method: str | None = None,
          config: LoadConfig = LoadConfig(), draft_quantize: str | None = None, skip_layers: str | None = None,
-         **drafter_options) -> Specula:
+         draft_vocab: str | int = "auto", **drafter_options) -> Specula:
     """Load target (and draft) and build a `Specula`. The method defaults to `fusion` (every
     available drafter, sized by the hardware-aware planner). `draft`: a model spec, "self" (the
     target's own weights, int8 unless `draft_quantize` says otherwise), "auto" (the default: for the
@@ -176,7 +176,10 @@ def load(target: str, draft: str | None = "auto", method: str | None = None,
     is searched on the fly) or None / "none". A draft model is loaded only for the methods that
     draft with one (`MethodSpec.draft_model`: fusion, draft-model, draft-tree); others ignore `draft`.
     A method with a trained head gets the head installed for the target unless `head` is given.
-    The returned object's `load_report` says how long the target, the draft and the rest took."""
+    `draft_vocab` (`models.draft_vocab`): "auto" (a large-vocabulary draft scores only the 32k most
+    frequent tokens where a ranking ships for its tokenizer; outputs unchanged), "full", or a
+    number of tokens. The returned object's `load_report` says how long the target, the draft and
+    the rest took."""
     import time
 
     from specula.draft_choice import AUTO_DRAFT, AUTO_DRAFT_QUANTIZE, auto_draft
@@ -184,9 +187,12 @@ def load(target: str, draft: str | None = "auto", method: str | None = None,
     from specula.models.loading import peak_rss_bytes, process_age_seconds
     from specula.models.skipping import SKIP_DRAFT, check_draft_skip, check_skip_layers
 
+    from specula.models.draft_vocab import check_draft_vocab
+
     start = time.perf_counter()
     row = get_method(method or DEFAULT_METHOD)
     check_skip_layers(draft, skip_layers)
+    draft_vocab = check_draft_vocab(draft_vocab)
     if draft not in (None, "none", AUTO_DRAFT, SKIP_DRAFT) and row.draft_model == "no":
         draft = None  # this method drafts without a draft model: loading one would only cost time and memory
     target_report: dict = {}
@@ -203,7 +209,7 @@ def load(target: str, draft: str | None = "auto", method: str | None = None,
     if draft is not None and draft != "none":
         draft_start = time.perf_counter()
         draft_lm = load_draft(draft, tokenizer, target_lm, config, target_name=target, quantize=draft_quantize,
-                              report=draft_report)
+                              report=draft_report, vocab=draft_vocab)
         draft_report["seconds"] = time.perf_counter() - draft_start  # the compatibility check included
     if drafter_options.get("head") is None and "head" in row.accepted_options():  # a head method, or fusion
         drafter_options["head"] = default_head(row, target)
@@ -214,5 +220,5 @@ def load(target: str, draft: str | None = "auto", method: str | None = None,
     target_s, draft_s = target_report.get("seconds", 0.0), draft_report.get("seconds", 0.0)
     spec.load_report = LoadReport(target_s, draft_s, max(0.0, total - target_s - draft_s), total, peak_rss_bytes(),
                                   target_report.get("prepared"), draft_report.get("prepared"),
-                                  process_age_seconds())
+                                  process_age_seconds(), draft_report.get("vocab"))
     return spec

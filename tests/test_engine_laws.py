@@ -122,3 +122,19 @@ def test_deterministic_candidates_sample_what_plain_decoding_samples_with_the_sa
             assert out.token_ids == plain.generate(PROMPT, params).token_ids, (method, seed)
             accepted += out.stats.accepted_tokens
         assert accepted > 0, method
+
+
+def test_sampled_output_with_a_cut_draft_vocabulary_follows_the_target_law(models, exact):
+    """A draft that scores 5 of the 8 tokens (`models.draft_vocab`, FR-Spec) samples from q with no
+    mass on the other 3: the output law is still the target's, and drafts are accepted."""
+    import copy
+
+    from specula.models.draft_vocab import restrict_output
+
+    model, draft = models
+    cut = HFCausalLM(copy.deepcopy(draft), "draft")
+    restrict_output(cut, torch.tensor([0, 2, 3, 5, 6]))
+    dec = build_decoder("draft-model", HFCausalLM(model, "target"), None, cut, planner=HardwarePlanner(curve=FLAT))
+    codes, accepted = first_two(dec)
+    assert accepted > TRIALS // 10, accepted
+    assert tv(codes, exact) < tv_bound(exact, TRIALS, c=2.0)

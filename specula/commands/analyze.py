@@ -62,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     target, tokenizer = load_backend(args.target, load_config(args), "target")
     draft = load_draft(args.draft, tokenizer, target, load_config(args), target_name=args.target,
-                       quantize=args.draft_quantize)
+                       quantize=args.draft_quantize, vocab=args.draft_vocab)
     document = measure(target, draft, tokenizer, prompts, config,
                        progress=lambda line: print(line, file=sys.stderr, flush=True))
     document["models"] = {"target": args.target, "draft": args.draft, "prompts": args.prompts,

@@ -115,7 +115,8 @@ def load_models(args: argparse.Namespace):
         # no method drafts with the model, but Hugging Face's assisted peers do: load it as a draft method would
         method = first_drafting_with_model().name
     spec = load(args.target, draft=args.draft, method=method, config=load_config(args),
-                draft_quantize=args.draft_quantize, skip_layers=args.skip_layers)
+                draft_quantize=args.draft_quantize, skip_layers=args.skip_layers,
+                draft_vocab=args.draft_vocab)
     return spec.target, spec.tokenizer, spec.draft, spec.load_report
 
 

@@ -31,6 +31,11 @@ def add_model_args(parser: argparse.ArgumentParser, *, target_required: bool = T
                    help="quantize the draft only (the target keeps its dtype and kernels): int8 = int8 weights and "
                         "activations (default for --draft self and for the draft --draft auto picks), none "
                         "(default for a draft you name)")
+    g.add_argument("--draft-vocab", default="auto", metavar="auto|full|N",
+                   help="tokens the draft model scores (FR-Spec; outputs unchanged, the target verifies over its "
+                        "whole vocabulary): auto = the 32768 most frequent where a token ranking ships for the "
+                        "tokenizer (Qwen2.5) and the draft runs on the native backend (default); full = every "
+                        "token; N = the N most frequent")
     add_load_args(g)
     add_prepared_cache_arg(g)
 

@@ -76,6 +76,7 @@ def run(args: argparse.Namespace) -> int:
     planner = planner_from_args(args)
     spec = load(args.target, draft=args.draft, method=method, config=load_config(args),
                 draft_quantize=args.draft_quantize, skip_layers=args.skip_layers,
+                draft_vocab=args.draft_vocab,
                 engine=EngineConfig(max_tree_nodes=args.max_tree_nodes), planner=planner,
                 **drafter_options(args, method))
     ids = spec.encode(args.prompt, raw=args.raw)

@@ -59,6 +59,7 @@ def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s", stream=sys.stderr)
     spec = load(args.target, draft=args.draft, method=method, config=load_config(args),
                 draft_quantize=args.draft_quantize, skip_layers=args.skip_layers,
+                draft_vocab=args.draft_vocab,
                 engine=EngineConfig(max_tree_nodes=args.max_tree_nodes), planner=planner,
                 **drafter_options(args, method))
     server = create_server(spec, config)

@@ -145,6 +145,14 @@ class HFCausalLM:
         with torch.inference_mode():
             return self.model.get_input_embeddings()(ids.to(self.device))
 
+    def output_layer(self) -> torch.nn.Module:
+        """The output head ([.., E] -> [.., V] logits)."""
+        return self.model.get_output_embeddings()
+
+    def set_output_layer(self, layer: torch.nn.Module) -> None:
+        """Replace the output head (`models.draft_vocab`: a draft's head over its draft vocabulary)."""
+        self.model.set_output_embeddings(layer)
+
     def output_rows(self, ids: torch.Tensor) -> torch.Tensor:
         """[k] long -> [k, E] rows of the output head."""
         from specula.models.linears import linear_weight
@@ -152,6 +160,8 @@ class HFCausalLM:
         head = self.model.get_output_embeddings()
         if head.weight.device.type == "meta" and getattr(self.model.config, "tie_word_embeddings", False):
             return self.model.get_input_embeddings().weight[ids.to(self.device)]  # tied: the same rows, unpacked
+        if hasattr(head, "weight_rows"):  # a head that reads its own rows back (a draft vocabulary's refuses)
+            return head.weight_rows(ids.to(torch.long))
         if head.weight.device.type == "meta":  # a packed kernel: read it back through the head (a pass over every row)
             with torch.inference_mode():
                 eye = torch.eye(self.hidden_size, dtype=self.dtype, device=self.device)

@@ -487,13 +487,16 @@ class LoadReport:
     """The same for the draft; None also without a draft model."""
     process_seconds: float | None = None
     """Seconds since the process started when loading ended (interpreter and imports included)."""
+    draft_vocab: dict[str, Any] | None = None
+    """The draft's cut output layer (`models.draft_vocab.apply_draft_vocab`: size, of, ranking), or
+    None (every token scored, or no draft model)."""
 
     def to_dict(self) -> dict[str, Any]:
         return {"target_s": round(self.target_seconds, 3), "draft_s": round(self.draft_seconds, 3),
                 "other_s": round(self.other_seconds, 3), "total_s": round(self.total_seconds, 3),
                 "process_s": None if self.process_seconds is None else round(self.process_seconds, 3),
                 "peak_rss_bytes": self.peak_rss_bytes, "target_prepared": self.target_prepared,
-                "draft_prepared": self.draft_prepared}
+                "draft_prepared": self.draft_prepared, "draft_vocab": self.draft_vocab}
 
     def summary(self) -> str:
         """One line: 'loaded in 3.2 s (target 1.9 s [prepared: hit], draft 0.6 s [hit], other 0.7 s); ...'."""
@@ -505,6 +508,8 @@ class LoadReport:
         parts = [part("target", self.target_seconds, self.target_prepared)]
         if self.draft_seconds or self.draft_prepared:
             parts.append(part("draft", self.draft_seconds, self.draft_prepared))
+            if self.draft_vocab:
+                parts[-1] += f" [vocabulary: {self.draft_vocab['size']} of {self.draft_vocab['of']} tokens]"
         parts.append(f"other {self.other_seconds:.1f} s")
         line = f"loaded in {self.total_seconds:.1f} s ({', '.join(parts)})"
         if self.process_seconds is not None:
@@ -518,7 +523,7 @@ SELF_DRAFT = "self"
 
 def load_draft(spec: str, target_tokenizer: Any, target: Any, config: LoadConfig = LoadConfig(),
                target_name: str | None = None, quantize: str | None = None,
-               report: dict[str, Any] | None = None) -> Any:
+               report: dict[str, Any] | None = None, vocab: Any = "auto") -> Any:
     """Load a draft backend and check that it can propose tokens for `target` (same tokenizer,
     `check_compatible`: vocabularies, special tokens, and the logit widths of the two backends; no
     Hugging Face model is loaded for it); raises `IncompatibleModelsError` naming the difference. A
@@ -529,8 +534,15 @@ def load_draft(spec: str, target_tokenizer: Any, target: Any, config: LoadConfig
     converted cache is reused, nothing is converted twice), quantized by `quantize` (default int8:
     the draft needs no exactness, only speed and agreement). `quantize` applies to the draft only;
     the target keeps its own dtype and kernels. (`--draft skip` loads no draft: the target drafts
-    for itself, `models.skipping.check_draft_skip`.)"""
+    for itself, `models.skipping.check_draft_skip`.)
+
+    `vocab` (`models.draft_vocab`): "auto" (default) scores only the 32k most frequent tokens where a
+    ranking ships for the tokenizer and the vocabulary is large (the draft's output layer cut to
+    those rows, FR-Spec; outputs unchanged), "full" every token, or a number of tokens; what was
+    done goes to `report["vocab"]`."""
     from dataclasses import replace
+
+    from specula.models.draft_vocab import check_draft_vocab
 
     from specula.models.quantize import check_quantize
     from specula.models.skipping import SKIP_DRAFT
@@ -538,6 +550,7 @@ def load_draft(spec: str, target_tokenizer: Any, target: Any, config: LoadConfig
     if spec == SKIP_DRAFT:
         raise ConfigError("--draft skip is the target itself with layers skipped, not a draft model to load: "
                           "pass draft='skip' to specula.api.load")
+    vocab = check_draft_vocab(vocab)  # a bad value fails here, before any slow load
     if spec == SELF_DRAFT:
         if target_name is None:
             raise ConfigError("a self-draft needs the target's model name")
@@ -547,7 +560,7 @@ def load_draft(spec: str, target_tokenizer: Any, target: Any, config: LoadConfig
                               "use --draft-quantize int8 (or another --draft model)")
         draft, _ = load_backend(target_name, replace(config, quantize=quantize), "self-draft",
                                 tokenizer=target_tokenizer, report=report)
-        return draft
+        return _cut_vocab(draft, target_tokenizer, target, vocab, report)
     if quantize is not None:
         config = replace(config, quantize=check_quantize(quantize))
     resolved = resolve(spec)
@@ -556,6 +569,16 @@ def load_draft(spec: str, target_tokenizer: Any, target: Any, config: LoadConfig
                                           report=report)
     check_compatible(target_tokenizer, draft_tokenizer, target_name=target_name or target.name, draft_name=spec,
                      target_logits=target.vocab_size, draft_logits=draft.vocab_size)
+    return _cut_vocab(draft, target_tokenizer, target, vocab, report)
+
+
+def _cut_vocab(draft: Any, tokenizer: Any, target: Any, vocab: Any, report: dict[str, Any] | None) -> Any:
+    """`draft` with its output layer cut to its draft vocabulary (`models.draft_vocab`), noted in `report`."""
+    from specula.models.draft_vocab import apply_draft_vocab
+
+    done = apply_draft_vocab(draft, tokenizer, vocab, always=getattr(target, "eos_token_ids", ()))
+    if report is not None and done is not None:
+        report["vocab"] = done
     return draft
 
 

@@ -108,6 +108,12 @@ class RowInt8Linear(nn.Module):
         """Bytes of the packed int8 weight."""
         return self.in_features * self.out_features
 
+    def dequantized_rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """[k] long -> [k, in] float32: the weight rows (output features) `ids` dequantized, exactly as
+        packed (quantized again per row, they give back the same int8 rows)."""
+        weight = torch.ops.quantized.linear_unpack(self._packed)[0]  # [out, in] qint8, per channel
+        return weight.dequantize()[ids.to(torch.long).cpu()]
+
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, int8 per-row"
 

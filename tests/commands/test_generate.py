@@ -16,7 +16,7 @@ from specula.models.hf import HFCausalLM
 def tiny_load(monkeypatch, tiny_tokenizer):
     model = tiny_model("qwen2", seed=3)
 
-    def load(target, draft=None, method=None, config=None, draft_quantize=None, skip_layers=None, **options):
+    def load(target, draft=None, method=None, config=None, draft_quantize=None, skip_layers=None, draft_vocab=None, **options):
         return specula.api.Specula(HFCausalLM(model, "target"), tiny_tokenizer, method or "fusion", **options)
 
     monkeypatch.setattr(specula.api, "load", load)
@@ -108,7 +108,7 @@ def json_load(monkeypatch):
     model = tiny_model("llama", seed=3, vocab=VOCAB)
     tokenizer = byte_level_tokenizer(JSON_CHARS, JSON_MERGES)
 
-    def load(target, draft=None, method=None, config=None, draft_quantize=None, skip_layers=None, **options):
+    def load(target, draft=None, method=None, config=None, draft_quantize=None, skip_layers=None, draft_vocab=None, **options):
         return specula.api.Specula(HFCausalLM(model, "target"), tokenizer, method or "fusion", **options)
 
     monkeypatch.setattr(specula.api, "load", load)
@@ -137,3 +137,16 @@ def test_bad_constraints_exit_2_with_one_line(json_load, capsys, flags, words):
     code = main(["generate", "--target", "tiny", "--prompt", "x", "--raw", *flags])
     err = capsys.readouterr().err
     assert code == 2 and words in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_bad_draft_vocab_exits_2_naming_the_choices_before_loading(tmp_path, capsys, monkeypatch):
+    """`--draft-vocab lots`: one-line error naming auto, full or a number, exit 2; no model is loaded."""
+    import specula.api as api
+
+    monkeypatch.setenv("SPECULA_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(api, "load_backend", lambda *a, **k: pytest.fail("a model was loaded"))
+    code = main(["generate", "--target", str(tmp_path / "nowhere"), "--prompt", "w5", "--raw", "--max-new-tokens", "2",
+                 "--draft-vocab", "lots"])
+    err = capsys.readouterr().err
+    assert code == 2 and "auto, full, or a number of tokens" in err
+    assert [line for line in err.splitlines() if line.startswith("error:")] == [err.strip().splitlines()[-1]]

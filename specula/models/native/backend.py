@@ -159,6 +159,14 @@ class NativeCausalLM:
         with torch.inference_mode():
             return self.decoder.embed(ids.to(self.device))
 
+    def output_layer(self) -> torch.nn.Module:
+        """The output head ([.., E] -> [.., V] logits)."""
+        return self.decoder.lm_head
+
+    def set_output_layer(self, layer: torch.nn.Module) -> None:
+        """Replace the output head (`models.draft_vocab`: a draft's head over its draft vocabulary)."""
+        self.decoder.lm_head = layer
+
     def output_rows(self, ids: torch.Tensor) -> torch.Tensor:
         """[k] long -> [k, E] rows of the output head: the embedding when tied, else the head's own
         rows (a kernel's, `KernelLinear.weight_rows`, or a plain weight's); a head of another kind is
