@@ -149,6 +149,11 @@ class HFCausalLM:
         """The output head ([.., E] -> [.., V] logits)."""
         return self.model.get_output_embeddings()
 
+    @property
+    def tied_output(self) -> bool:
+        """Whether the output head's rows are the input embedding's (`output_rows` reads those)."""
+        return bool(getattr(self.model.config, "tie_word_embeddings", False))
+
     def set_output_layer(self, layer: torch.nn.Module) -> None:
         """Replace the output head (`models.draft_vocab`: a draft's head over its draft vocabulary)."""
         self.model.set_output_embeddings(layer)

@@ -60,6 +60,15 @@ class TreeSequence(ABC):
             raise RuntimeError(f"{self.backend.name}: {len(self._tokens) + extra} tokens exceed the context "
                                f"window of {self.backend.max_context}")
 
+    def _show_output(self, ids: Sequence[int]) -> None:
+        """Hand the tokens this sequence reads to an output layer that scores a draft vocabulary
+        (`models.draft_vocab.SubsetOutput.see`: a draft then also scores the rare tokens of its
+        context, the names a summary or an answer copies)."""
+        layer = getattr(self.backend, "output_layer", None)
+        see = getattr(layer(), "see", None) if layer is not None else None
+        if see is not None:
+            see(ids)
+
     # ------------------------------------------------------------------ TargetSequence
     def prefill(self, ids: Sequence[int], logits: LogitsMode = "last", hidden: FeatureRequest = False) -> Any:
         """Run `ids` causally after the cache and commit them.
@@ -73,6 +82,7 @@ class TreeSequence(ABC):
             empty = torch.empty((0, width), dtype=self.backend.dtype, device=self.backend.device)
             return (None, empty) if hidden else None
         self._assert_room(len(ids))
+        self._show_output(ids)
         out = self._prefill_rows(ids, logits, hidden)
         self._tokens.extend(ids)
         return out
@@ -92,6 +102,7 @@ class TreeSequence(ABC):
         """Logits [n + 1, vocab]: row 0 after the root, row i + 1 after node i (with `hidden`:
         (logits, hidden states [n + 1, E])); the tree is then pending until `commit`."""
         self.begin_tree(tree)
+        self._show_output([root])
         out = self._tree_rows(root, tree, hidden)
         self.set_pending(root, tree)
         return out

@@ -163,6 +163,11 @@ class NativeCausalLM:
         """The output head ([.., E] -> [.., V] logits)."""
         return self.decoder.lm_head
 
+    @property
+    def tied_output(self) -> bool:
+        """Whether the output head's rows are the input embedding's (`output_rows` reads those)."""
+        return bool(self.config.tie_embeddings)
+
     def set_output_layer(self, layer: torch.nn.Module) -> None:
         """Replace the output head (`models.draft_vocab`: a draft's head over its draft vocabulary)."""
         self.decoder.lm_head = layer
