@@ -143,9 +143,10 @@ class SubsetOutput(nn.Module):
     `MAX_CONTEXT_TOKENS`, float32, read by `reader`); every other logit is -inf."""
 
     def __init__(self, rows: nn.Module, ids: torch.Tensor, vocab_size: int,
-                 reader: Callable[[torch.Tensor], torch.Tensor] | None = None) -> None:
+                 reader: Callable[[torch.Tensor], torch.Tensor] | None = None, source: nn.Module | None = None) -> None:
         super().__init__()
         self.rows = rows
+        self.source = source  # the full head where `reader` reads it (untied): kept, and counted as weights
         self.register_buffer("ids", ids.to(torch.long))  # [k], sorted
         self.out_features, self.in_features = vocab_size, int(rows.in_features)
         # Shape only (no storage): callers read `lm_head.weight.shape` for the logit width.
@@ -219,7 +220,7 @@ def restrict_output(model: Any, ids: torch.Tensor) -> None:
         reader = _row_reader(model, head)
         rows = reader(ids)  # [k, E], the head's rows as it holds them
         model.set_output_layer(SubsetOutput(_rows_like(head, rows), ids.to(rows.device), int(model.vocab_size),
-                                            reader))
+                                            reader, None if model.tied_output else head))
 
 
 def _row_reader(model: Any, head: nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
