@@ -185,9 +185,8 @@ def load(target: str, draft: str | None = "auto", method: str | None = None,
     from specula.draft_choice import AUTO_DRAFT, AUTO_DRAFT_QUANTIZE, auto_draft
     from specula.methods import DEFAULT_METHOD, default_head, get_method
     from specula.models.loading import peak_rss_bytes, process_age_seconds
-    from specula.models.skipping import SKIP_DRAFT, check_draft_skip, check_skip_layers
-
     from specula.models.draft_vocab import check_draft_vocab
+    from specula.models.skipping import SKIP_DRAFT, check_draft_skip, check_skip_layers
 
     start = time.perf_counter()
     row = get_method(method or DEFAULT_METHOD)

@@ -543,7 +543,6 @@ def load_draft(spec: str, target_tokenizer: Any, target: Any, config: LoadConfig
     from dataclasses import replace
 
     from specula.models.draft_vocab import check_draft_vocab
-
     from specula.models.quantize import check_quantize
     from specula.models.skipping import SKIP_DRAFT
 
