@@ -219,8 +219,26 @@ def restrict_output(model: Any, ids: torch.Tensor) -> None:
         head = model.output_layer()
         reader = _row_reader(model, head)
         rows = reader(ids)  # [k, E], the head's rows as it holds them
+        # rare rows: from the embedding where the head holds the embedding's rows, up to quantization (the
+        # full head can go), else from the full head, kept (and counted) for that
+        shared = model.tied_output or _holds_embedding(model, reader)
         model.set_output_layer(SubsetOutput(_rows_like(head, rows), ids.to(rows.device), int(model.vocab_size),
-                                            reader, None if model.tied_output else head))
+                                            model.embed_tokens if shared else reader, None if shared else head))
+
+
+def _holds_embedding(model: Any, reader: Callable[[torch.Tensor], torch.Tensor], sample: int = 64) -> bool:
+    """Whether the output head's rows are the input embedding's, up to quantization, on `sample` rows
+    spread over the vocabulary (cosine >= 0.99 and norms within 2% on every one): a model converted
+    untied from tied weights. The GGUFs of Qwen2.5-Coder-0.5B and -1.5B carry both, quantized apart
+    (cosine 0.9985 on the 0.5B); a draft needs no exactness, so its rare rows may come from the
+    embedding and its full int8 head (136 MB) can go."""
+    n = int(model.vocab_size)
+    ids = torch.linspace(0, n - 1, min(sample, n)).long()  # [s]
+    head = reader(ids).float().cpu()  # [s, E]
+    embed = model.embed_tokens(ids).float().cpu()  # [s, E]
+    cos = torch.nn.functional.cosine_similarity(head, embed, dim=1)  # [s]
+    ratio = head.norm(dim=1) / embed.norm(dim=1).clamp_min(1e-12)  # [s]
+    return bool((cos >= 0.99).all() and ((ratio - 1).abs() <= 0.02).all())
 
 
 def _row_reader(model: Any, head: nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:

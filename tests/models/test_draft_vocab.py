@@ -91,6 +91,26 @@ def test_a_cut_head_scores_the_rare_tokens_its_sequences_read_from_then_on():
     assert len(cut.decoder.lm_head.context_ids) == 2
 
 
+@pytest.mark.parametrize("kernel,quantize", KINDS)
+def test_an_untied_head_that_holds_the_embeddings_rows_lets_the_full_head_go(kernel, quantize):
+    """Converted untied from tied weights (its head the embedding, quantized apart): rare rows come
+    from the embedding and the full head is dropped; a head of other rows is kept to read them from."""
+    model = tiny_model("qwen2", "eager", seed=3)
+    with torch.no_grad():
+        emb = model.model.embed_tokens.weight
+        model.lm_head.weight.copy_(emb + 1e-3 * emb.abs().amax(dim=1, keepdim=True) * torch.randn(emb.shape))
+    full, cut = native(copy.deepcopy(model), kernel, quantize), native(copy.deepcopy(model), kernel, quantize)
+    assert not cut.tied_output
+    restrict_output(cut, torch.arange(0, 50))
+    assert cut.decoder.lm_head.source is None and cut.weight_bytes < full.weight_bytes
+    prompt = [3, 70, 71, 4]
+    got, expected = logits_of(cut, prompt), logits_of(full, prompt)
+    assert torch.allclose(got[:, [70, 71]], expected[:, [70, 71]], rtol=0.05, atol=0.05)
+    other = native(tiny_model("qwen2", "eager", seed=3), kernel, quantize)  # a head of its own rows
+    restrict_output(other, torch.arange(0, 50))
+    assert other.decoder.lm_head.source is not None
+
+
 def test_a_cut_head_adds_context_tokens_up_to_its_limit(monkeypatch):
     from specula.models import draft_vocab as dv
 
