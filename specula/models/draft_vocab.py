@@ -243,23 +243,17 @@ def _holds_embedding(model: Any, reader: Callable[[torch.Tensor], torch.Tensor],
 
 def _row_reader(model: Any, head: nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
     """Reads rows [k, E] of `model`'s full output head for ids [k], also after the head is cut: the
-    embedding's where they are tied (the full head can go), else `head`'s own (it is kept for that).
-    fbgemm int8 rows are read dequantized (`output_rows` reads them through the head, activation
-    quantization included, and quantized again they would not give back the same int8 rows)."""
+    embedding's where they are tied (the full head can go), else `head`'s own (`linears.head_rows`;
+    it is kept for that). fbgemm int8 rows are read dequantized (`head_rows` reads them through the
+    head, activation quantization included, and quantized again they would not give back the same
+    int8 rows)."""
+    from specula.models.linears import head_rows
+
     if hasattr(head, "dequantized_rows"):
         return head.dequantized_rows
     if model.tied_output:
         return model.output_rows
-    if hasattr(head, "weight_rows"):
-        return head.weight_rows
-    if type(head) is nn.Linear and head.weight.device.type != "meta":
-        return lambda ids: head.weight[ids.to(head.weight.device)]
-
-    def through_head(ids: torch.Tensor) -> torch.Tensor:  # a packed head without a row reader: head(I) = W^T
-        with torch.inference_mode():
-            eye = torch.eye(head.in_features, dtype=model.dtype, device=model.device)  # [E, E]
-            return head(eye).t()[ids.to(model.device)].clone()
-    return through_head
+    return lambda ids: head_rows(head, ids, model.dtype, model.device)
 
 
 def apply_draft_vocab(draft: Any, tokenizer: Any, option: Any = AUTO, always: Any = ()) -> dict | None:

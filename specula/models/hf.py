@@ -160,18 +160,12 @@ class HFCausalLM:
 
     def output_rows(self, ids: torch.Tensor) -> torch.Tensor:
         """[k] long -> [k, E] rows of the output head."""
-        from specula.models.linears import linear_weight
+        from specula.models.linears import head_rows
 
         head = self.model.get_output_embeddings()
         if head.weight.device.type == "meta" and getattr(self.model.config, "tie_word_embeddings", False):
             return self.model.get_input_embeddings().weight[ids.to(self.device)]  # tied: the same rows, unpacked
-        if hasattr(head, "weight_rows"):  # a head that reads its own rows back (a draft vocabulary's refuses)
-            return head.weight_rows(ids.to(torch.long))
-        if head.weight.device.type == "meta":  # a packed kernel: read it back through the head (a pass over every row)
-            with torch.inference_mode():
-                eye = torch.eye(self.hidden_size, dtype=self.dtype, device=self.device)
-                return head(eye).t()[ids.to(self.device)]
-        return linear_weight(head)[ids.to(self.device)]
+        return head_rows(head, ids, self.dtype, self.device)  # a draft vocabulary's head refuses (`weight_rows`)
 
 
 class HFSequence(TreeSequence):

@@ -19,6 +19,19 @@ def linear_weight(layer: nn.Module) -> torch.Tensor:
     return weight.t() if is_conv1d(layer) else weight  # [out, in]
 
 
+def head_rows(head: nn.Module, ids: torch.Tensor, dtype: torch.dtype, device: torch.device | str) -> torch.Tensor:
+    """[k] long -> [k, in] rows of an output head, the rows it computes logits with: a packed kernel's
+    own (`weight_rows`, as the kernel gives them), a plain weight's, else read back through the head
+    (head(I) = W^T: a pass over every row, in `dtype` on `device`)."""
+    if hasattr(head, "weight_rows"):
+        return head.weight_rows(ids.to(torch.long))
+    if head.weight.device.type != "meta":
+        return linear_weight(head)[ids.to(head.weight.device)]
+    with torch.inference_mode():
+        eye = torch.eye(int(head.in_features), dtype=dtype, device=device)  # [E, E]
+        return head(eye).t()[ids.to(device)]  # [k, E]
+
+
 def replace_linears(model: nn.Module, make: Callable[[nn.Module], nn.Module], *, skip: Iterable[str] = ()) -> nn.Module:
     """Replace every `nn.Linear` and transformers `Conv1D` of `model` (but those whose qualified name is
     in `skip`) by `make(layer)`, in place; returns `model`."""

@@ -176,17 +176,13 @@ class NativeCausalLM:
         """[k] long -> [k, E] rows of the output head: the embedding when tied, else the head's own
         rows (a kernel's, `KernelLinear.weight_rows`, or a plain weight's); a head of another kind is
         read back through itself (head(I) = W^T: a pass over every row)."""
+        from specula.models.linears import head_rows
+
         ids = ids.to(self.device)
         with torch.inference_mode():
             if self.config.tie_embeddings:
                 return self.decoder.embed.weight[ids]
-            head = self.decoder.lm_head
-            if hasattr(head, "weight_rows"):
-                return head.weight_rows(ids).to(self.dtype)
-            if isinstance(head, torch.nn.Linear) and head.weight.device.type != "meta":
-                return head.weight[ids]
-            eye = torch.eye(self.hidden_size, dtype=self.dtype, device=self.device)  # [E, E]
-            return head(eye).t()[ids]  # [k, E]
+            return head_rows(self.decoder.lm_head, ids, self.dtype, self.device).to(self.dtype)  # [k, E]
 
     def run(self, seq: "NativeSequence", ids: Sequence[int], positions: torch.Tensor, mask: torch.Tensor | None,
             logit_rows: slice | None, prefill: bool = False, *, start: int | None = None,
