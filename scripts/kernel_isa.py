@@ -1,6 +1,7 @@
 """The linear kernels' AVX2 and AVX-512 variants side by side, in one process: median ms of one call
 per row count over a stack of layers holding as many weights as SmolLM2-135M (150 x [1536, 576]),
-each variant timed in turn for every row count, and the ratio. Both variants compute the same bits
+each variant timed in turn for every row count, and the ratio; on a CPU with AMX-INT8, the i8 kind
+on AMX tiles too (calls of 10 rows or more). The variants compute the same bits
 (tests/models/test_kernel_isa.py); this says what each costs.
 
     python scripts/kernel_isa.py --kinds f32,w8,i8 --rows 1,2,4,6,8,12,16,24,32
@@ -29,14 +30,16 @@ def main() -> None:
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
+    amx = kernels.set_isa("amx") == "amx"
     if kernels.set_isa("avx512") != "avx512":
         raise SystemExit("this CPU has no AVX-512 F/BW/VNNI: only the AVX2 variant runs here")
     for kind in args.kinds.split(","):
+        variants = ("avx2", "avx512", "amx") if amx and kind == "i8" else ("avx2", "avx512")
         layers = [kernels.KernelLinear(nn.Linear(576, 1536, bias=False), kind) for _ in range(args.layers)]
         for rows in (int(r) for r in args.rows.split(",")):
             x = torch.randn(rows, 576)  # [rows, in]
             ms = {}
-            for isa in ("avx2", "avx512"):
+            for isa in variants:
                 kernels.set_isa(isa)
                 times = []
                 for _ in range(args.repeats):
@@ -45,8 +48,9 @@ def main() -> None:
                         layer(x)
                     times.append(time.perf_counter() - t0)
                 ms[isa] = statistics.median(times) * 1e3
+            with_amx = f"  amx {ms['amx']:7.2f} ms  avx512/amx {ms['avx512'] / ms['amx']:.2f}" if "amx" in ms else ""
             print(f"{kind} rows={rows:3d}: avx2 {ms['avx2']:7.2f} ms  avx512 {ms['avx512']:7.2f} ms  "
-                  f"avx2/avx512 {ms['avx2'] / ms['avx512']:.2f}")
+                  f"avx2/avx512 {ms['avx2'] / ms['avx512']:.2f}{with_amx}")
 
 
 if __name__ == "__main__":

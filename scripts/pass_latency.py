@@ -10,7 +10,9 @@ this script compares.
 
 `--breakdown` adds, per size, the mean ms per pass inside each C kernel (linear, attention, norms,
 RoPE, SiLU; the rest is Python and torch glue), timed by wrapping the library's functions;
-`--context N` sets the tokens before the pass (attention grows with it).
+`--context N` sets the tokens before the pass (attention grows with it); `--quantize int8` times the
+int8 model; `--isa avx512,amx` times each size under each kernel variant in turn, in one process
+(`SPECULA_KERNEL_ISA`'s values; the variants compute the same bits).
 """
 
 from __future__ import annotations
@@ -52,12 +54,18 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--context", type=int, default=200, help="tokens in the cache before each pass")
     p.add_argument("--breakdown", action="store_true", help="also the ms per pass inside each C kernel")
+    p.add_argument("--quantize", default="none", choices=("none", "int8"), help="the target's weights")
+    p.add_argument("--isa", default="", help="kernel variants to time in turn per size (e.g. avx512,amx); "
+                                              "default: the one in force")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
-    target, _ = load_backend(args.target, LoadConfig(prepared_cache="off"), "target")
+    target, _ = load_backend(args.target, LoadConfig(prepared_cache="off", quantize=args.quantize), "target")
     spent = time_kernels() if args.breakdown else None
     medians = []
-    for n in (int(s) for s in args.sizes.split(",")):
+    variants = [v for v in args.isa.split(",") if v] or [kernels.isa()]
+    for n, isa in ((int(s), v) for s in args.sizes.split(",") for v in variants):
+        if kernels.set_isa(isa) != isa:
+            raise SystemExit(f"error: this machine cannot run the {isa} kernels; drop it from --isa")
         seq = target.new_sequence()
         seq.prefill([100 + i % 1000 for i in range(args.context)], logits="last")
         tree, times = TokenTree.chain([7] * (n - 1), source="chain"), []
@@ -68,11 +76,13 @@ def main() -> None:
             seq.forward_tree(5, tree)
             times.append(time.perf_counter() - t0)
             seq.commit([])
-        medians.append(f"n={n}: {statistics.median(times) * 1e3:.1f} ms")
+        label = f"n={n}" + (f" {isa}" if len(variants) > 1 else "")
+        medians.append(f"{label}: {statistics.median(times) * 1e3:.1f} ms")
+        seq.release()
         if spent is not None:
             inside = " ".join(f"{name} {sec / args.passes * 1e3:.2f}" for name, sec in spent.most_common())
             other = (sum(times) - sum(spent.values())) / args.passes * 1e3
-            print(f"n={n}: {statistics.mean(times) * 1e3:.1f} ms mean; {inside}; other {other:.2f}")
+            print(f"{label}: {statistics.mean(times) * 1e3:.1f} ms mean; {inside}; other {other:.2f}")
     print(" ".join(medians))
 
 

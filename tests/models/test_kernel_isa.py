@@ -21,6 +21,20 @@ HAS_AVX512 = {"avx512f", "avx512bw", "avx512_vnni"} <= kernels.cpu_flags()
 needs_avx512 = pytest.mark.skipif(not HAS_AVX512, reason="this CPU has no AVX-512 F/BW/VNNI")
 
 
+def _has_amx() -> bool:
+    if not (HAS_AVX512 and {"amx_tile", "amx_int8"} <= kernels.cpu_flags()):
+        return False
+    before = kernels.isa()
+    try:
+        return kernels.set_isa("amx") == "amx"  # the OS grants the tile state too
+    finally:
+        kernels.set_isa(before)
+
+
+HAS_AMX = kernels.available() and _has_amx()
+needs_amx = pytest.mark.skipif(not HAS_AMX, reason="this CPU or OS offers no AMX-INT8")
+
+
 @needs_avx512
 @pytest.mark.parametrize("kind", kernels.KINDS)
 @pytest.mark.parametrize("shape,bias", [((70, 37), True), ((300, 515), False), ((1537, 16), True), ((3, 9), False),
@@ -59,6 +73,40 @@ def test_vnni_int8_is_the_exact_integer_dot_product(isa):
     assert torch.equal(got.double(), exact), (got.double() - exact).abs().max()
 
 
+@needs_amx
+@pytest.mark.parametrize("shape,bias", [((64, 1000), True), ((128, 48), False), ((576, 17), True), ((70, 37), True)])
+def test_amx_computes_the_bits_of_vnni_and_avx2(isa, shape, bias):
+    """int8 calls of AMX_ROWS (10) rows or more whose inputs are a multiple of 64 run on AMX tiles
+    (pairs of column blocks, a lone last block, chunks of 128 rows, rows padded to tiles of 16); 70
+    inputs stay on VNNI. Every output is the bits of the other variants, and of its row alone."""
+    torch.manual_seed(shape[0] * 7 + shape[1])
+    layer = kernels.KernelLinear(nn.Linear(*shape, bias=bias), "i8")
+    for rows in (1, 9, 10, 15, 16, 17, 31, 32, 33, 48, 127, 129, 300):
+        x = torch.randn(rows, shape[0]) * 3  # [rows, in]
+        want = {name: (isa(name), layer(x))[1] for name in ("avx2", "avx512")}
+        assert isa("amx") == "amx"
+        got = layer(x)
+        for name, value in want.items():
+            assert torch.equal(got, value), (name, shape, rows, (got - value).abs().max())
+        for r in (0, rows // 2, rows - 1):
+            assert torch.equal(layer(x[r : r + 1])[0], got[r]), (shape, rows, r)
+
+
+@needs_amx
+def test_amx_int8_is_the_exact_integer_dot_product(isa):
+    """Values at the int8 extremes: the tiles' signed-by-signed sums are sum(q_x * q_w) exactly."""
+    isa("amx")
+    out_features, in_features = 48, 128
+    q = torch.tensor([127, -127, 0, 1, -1, 64, -64, 3], dtype=torch.float32)
+    weight = q.repeat(out_features * in_features // len(q)).reshape(out_features, in_features)
+    weight[::2] *= -1
+    layer = kernels.KernelLinear(_with_weight(weight), "i8")
+    x = torch.stack([q.roll(k).repeat(in_features // len(q)) for k in range(20)])  # [20, 128], max |x| = 127
+    exact = x.double() @ weight.double().T
+    got = layer(x)
+    assert torch.equal(got.double(), exact), (got.double() - exact).abs().max()
+
+
 def _with_weight(weight: torch.Tensor) -> nn.Linear:
     lin = nn.Linear(weight.shape[1], weight.shape[0], bias=False)
     with torch.no_grad():
@@ -67,14 +115,17 @@ def _with_weight(weight: torch.Tensor) -> nn.Linear:
 
 
 @pytest.mark.parametrize("value,want", [
-    ("avx2", "avx2"), ("auto", "avx512" if HAS_AVX512 else "avx2"),
+    ("avx2", "avx2"), ("auto", "amx" if HAS_AMX else "avx512" if HAS_AVX512 else "avx2"),
     ("avx512", "avx512" if HAS_AVX512 else "lacks AVX-512 F/BW/VNNI; use auto or avx2"),
-    ("sse", "'sse' is not a kernel ISA; use auto, avx2 or avx512")])
+    ("amx", "amx" if HAS_AMX else "AMX_INT8 not offered" if HAS_AVX512 else "lacks AVX-512 F/BW/VNNI"),
+    ("sse", "'sse' is not a kernel ISA; use auto, avx2, avx512 or amx")])
 def test_the_environment_picks_the_variant(value, want):
     code = "from specula.models.native import kernels; print(kernels.isa())"
     env = {**os.environ, kernels.ISA_ENV: value}
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
-    if want not in ("avx2", "avx512"):
+    if want == "AMX_INT8 not offered":  # AVX-512 without AMX: the CPU or the OS
+        assert done.returncode != 0 and ("lacks AMX-INT8" in done.stderr or "tile state" in done.stderr), done.stderr
+    elif want not in kernels.ISAS:
         assert done.returncode != 0 and want in done.stderr, done.stderr
     else:
         assert done.returncode == 0, done.stderr
@@ -82,5 +133,5 @@ def test_the_environment_picks_the_variant(value, want):
 
 
 def test_an_unknown_variant_is_refused():
-    with pytest.raises(ConfigError, match="unknown kernel ISA 'avx1024'"):
+    with pytest.raises(ConfigError, match="unknown kernel ISA 'avx1024'; choose avx2, avx512 or amx"):
         kernels.set_isa("avx1024")

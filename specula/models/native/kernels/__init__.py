@@ -42,15 +42,18 @@ from torch import nn
 from specula.errors import ConfigError
 from specula.models.linears import linear_weight
 
-SOURCES = tuple(Path(__file__).with_name(name) for name in ("linear.c", "linear_avx512.c", "pack.c", "ops.c", "draft.c",
-                                                               "pool.c"))
+SOURCES = tuple(Path(__file__).with_name(name) for name in ("linear.c", "linear_avx512.c", "linear_amx.c", "pack.c",
+                                                               "ops.c", "draft.c", "pool.c"))
 HEADERS = tuple(Path(__file__).with_name(name) for name in ("layout.h", "linear.h", "vmath.h"))
 FLAGS = ("-O3", "-mavx2", "-mfma", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC")
 """`-ffp-contract=off`: the compiler fuses no multiply-add of its own, so the AVX2 and AVX-512
 variants (whose loops it vectorises differently) round every scaling and bias step alike."""
 ISA_ENV = "SPECULA_KERNEL_ISA"
-"""`auto` (default: AVX-512 where the CPU has F/BW/VNNI, else AVX2), `avx2`, or `avx512` (an error
-on a CPU without it): which variant of the kernels runs."""
+"""`auto` (default: AMX where the CPU has AMX-INT8 and the OS grants it, else AVX-512 where the CPU
+has F/BW/VNNI, else AVX2), `avx2`, `avx512` (no AMX), or `amx` (an error where either is missing):
+which variant of the kernels runs. AMX runs only int8 calls of many rows (`linear_amx.c`); every
+variant computes the same bits."""
+ISAS = ("avx2", "avx512", "amx")
 KINDS = ("f32", "w8", "i8")
 
 
@@ -163,26 +166,36 @@ def library() -> ctypes.CDLL:
     lib.specula_set_isa.restype = i32
     lib.specula_isa.restype = i32
     choice = os.environ.get(ISA_ENV, "auto").strip().lower() or "auto"
-    if choice not in ("auto", "avx2", "avx512"):
-        raise ConfigError(f"{ISA_ENV}={choice!r} is not a kernel ISA; use auto, avx2 or avx512")
-    if lib.specula_set_isa(0 if choice == "avx2" else 1) == 0 and choice == "avx512":
-        raise ConfigError(f"{ISA_ENV}=avx512 but this CPU lacks AVX-512 F/BW/VNNI; use auto or avx2")
+    if choice not in ("auto", *ISAS):
+        raise ConfigError(f"{ISA_ENV}={choice!r} is not a kernel ISA; use auto, avx2, avx512 or amx")
+    level = lib.specula_set_isa(2 if choice == "auto" else ISAS.index(choice))
+    if choice != "auto" and level < ISAS.index(choice):
+        raise ConfigError(f"{ISA_ENV}={choice} but {_missing(choice)}; use auto or avx2")
     return lib
 
 
+def _missing(name: str) -> str:
+    """Why the variant `name` cannot run here."""
+    if name == "avx512" or not {"avx512f", "avx512bw", "avx512_vnni"} <= _cpu_flags():
+        return "this CPU lacks AVX-512 F/BW/VNNI"
+    if not {"amx_tile", "amx_int8"} <= _cpu_flags():
+        return "this CPU lacks AMX-INT8"
+    return "the OS did not grant this process the AMX tile state (Linux 5.16 or later grants it)"
+
+
 def isa() -> str:
-    """Which variant of the kernels runs: "avx512" (AVX-512 F/BW/VNNI, chosen where the CPU has it)
-    or "avx2"."""
-    return "avx512" if library().specula_isa() else "avx2"
+    """Which variant of the kernels runs: "amx" (AVX-512, and int8 calls of many rows on AMX tiles),
+    "avx512" (AVX-512 F/BW/VNNI), or "avx2"; the most the CPU has unless `SPECULA_KERNEL_ISA` says."""
+    return ISAS[library().specula_isa()]
 
 
 def set_isa(name: str) -> str:
-    """Run the "avx2" or the "avx512" variant from now on (for A/B runs and the tests that prove
-    both compute the same bits); "avx512" on a CPU without it stays on AVX2. Returns the variant
-    in force."""
-    if name not in ("avx2", "avx512"):
-        raise ConfigError(f"unknown kernel ISA {name!r}; choose avx2 or avx512")
-    library().specula_set_isa(int(name == "avx512"))
+    """Run the "avx2", "avx512" or "amx" variant from now on (for A/B runs and the tests that prove
+    they compute the same bits); a variant the CPU lacks falls back to the next one down. Returns the
+    variant in force."""
+    if name not in ISAS:
+        raise ConfigError(f"unknown kernel ISA {name!r}; choose avx2, avx512 or amx")
+    library().specula_set_isa(ISAS.index(name))
     return isa()
 
 

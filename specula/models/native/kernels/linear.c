@@ -209,14 +209,19 @@ static INT8_BLOCK_ITEM(i8_block, const __m256i ones = _mm256_set1_epi16(1), MR, 
 
 void specula_linear_i8(const float *x, const int8_t *wp, const float *wscale, const float *b, float *y, int M, int in,
                        int out, int threads) {
-    int quads = (in + 3) / 4, in4 = quads * 4;
-    int8_t *xq = malloc((size_t)M * in4);
+    int quads = (in + 3) / 4, in4 = quads * 4, level = specula_isa(), blocks = (out + NB - 1) / NB;
+    int amx = level == 2 && M >= AMX_ROWS && in4 % 64 == 0;
+    int rows = amx ? (M + 15) / 16 * 16 : M;  /* AMX: whole tiles of 16 rows, the padding zeros */
+    int8_t *xq = malloc((size_t)rows * in4);
     float *xs = malloc((size_t)M * sizeof(float));
-    int vnni = specula_isa();
-    quantize_rows(x, xq, xs, M, in, in4, vnni);
+    quantize_rows(x, xq, xs, M, in, in4, level == 1 || (level == 2 && !amx));
+    if (rows > M) memset(xq + (size_t)M * in4, 0, (size_t)(rows - M) * in4);
     struct linear_job job = {.xq = xq, .xs = xs, .wp = wp, .scale = wscale, .b = b, .y = y, .M = M, .in = in,
-                             .out = out, .quads = quads, .in4 = in4};
-    specula_parallel(threads, (out + NB - 1) / NB, vnni ? specula_i8_block_vnni : i8_block, &job);
+                             .out = out, .quads = quads, .in4 = in4, .groups = rows / 16};
+    if (amx)
+        specula_parallel(threads, (rows + AMX_CHUNK - 1) / AMX_CHUNK * ((blocks + 1) / 2), specula_i8_block_amx, &job);
+    else
+        specula_parallel(threads, blocks, level ? specula_i8_block_vnni : i8_block, &job);
     free(xq);
     free(xs);
 }

@@ -24,9 +24,18 @@ struct linear_job {
     int panel;             /* f32 / w8: column blocks per item (`panel_blocks`) */
 };
 
-/* 1 when the AVX-512 variants run (the CPU has AVX-512 F/BW/VNNI and `specula_set_isa` did not
- * ask for AVX2), else 0. */
+/* 0 when the AVX2 code runs; 1 when the AVX-512 variants run (the CPU has AVX-512 F/BW/VNNI and
+ * `specula_set_isa` did not ask for AVX2); 2 when, besides, i8 calls of AMX_ROWS rows or more run
+ * on AMX tiles (linear_amx.c). */
 int specula_isa(void);
+
+/* linear_amx.c: whether this process may run AMX-INT8 (asked of the OS once), and i8 over a pair of
+ * column blocks (item), every row group of the call, on AMX tiles; needs j->xq without the VNNI
+ * offset, its rows padded with zeros to j->groups x 16, and in4 a multiple of 64. */
+int specula_amx_request(void);
+void specula_i8_block_amx(void *job, int item);
+#define AMX_ROWS 10   /* from this many rows on (fewer: 0.8-1.0x VNNI's speed, 10-12 rows 1.1-1.3x, 16 rows 1.4-1.8x) */
+#define AMX_CHUNK 128 /* rows per item (linear_amx.c), a multiple of 32 */
 
 /* Rows m0 .. m0 + mb of the finished sums acc[m][NB] (times the column scales, plus the bias) into y.
  * The accumulators are copied to `acc` after the loop over i (never passed by address: that made

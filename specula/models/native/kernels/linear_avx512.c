@@ -26,7 +26,7 @@
 
 #define MRV 16
 
-static int isa = -1;  /* -1: not decided yet; 0: AVX2; 1: AVX-512 F/BW/VNNI */
+static int isa = -1;  /* -1: not decided yet; 0: AVX2; 1: AVX-512 F/BW/VNNI; 2: that and AMX-INT8 */
 
 static int cpu_has_avx512(void) {
     __builtin_cpu_init();
@@ -34,14 +34,16 @@ static int cpu_has_avx512(void) {
            __builtin_cpu_supports("avx512vnni");
 }
 
-/* level 0: AVX2 only; 1: AVX-512 where the CPU has it. Returns the level in force. */
+/* level 0: AVX2 only; 1: AVX-512 where the CPU has it; 2: AVX-512 and, for i8 calls of many rows,
+ * AMX where the CPU and the OS allow it (linear_amx.c). Returns the level in force. */
 int specula_set_isa(int level) {
     isa = level > 0 && cpu_has_avx512();
+    if (isa && level > 1 && specula_amx_request()) isa = 2;
     return isa;
 }
 
 int specula_isa(void) {
-    if (isa < 0) isa = cpu_has_avx512();
+    if (isa < 0) specula_set_isa(2);
     return isa;
 }
 
