@@ -125,6 +125,7 @@ def test_the_environment_picks_the_variant(value, want):
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
     if want == "AMX_INT8 not offered":  # AVX-512 without AMX: the CPU or the OS
         assert done.returncode != 0 and ("lacks AMX-INT8" in done.stderr or "tile state" in done.stderr), done.stderr
+        assert "use auto or avx512" in done.stderr, done.stderr
     elif want not in kernels.ISAS:
         assert done.returncode != 0 and want in done.stderr, done.stderr
     else:

@@ -170,7 +170,8 @@ def library() -> ctypes.CDLL:
         raise ConfigError(f"{ISA_ENV}={choice!r} is not a kernel ISA; use auto, avx2, avx512 or amx")
     level = lib.specula_set_isa(2 if choice == "auto" else ISAS.index(choice))
     if choice != "auto" and level < ISAS.index(choice):
-        raise ConfigError(f"{ISA_ENV}={choice} but {_missing(choice)}; use auto or avx2")
+        fallback = "avx512" if choice == "amx" and ISAS[level] == "avx512" else "avx2"
+        raise ConfigError(f"{ISA_ENV}={choice} but {_missing(choice)}; use auto or {fallback}")
     return lib
 
 
