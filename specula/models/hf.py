@@ -163,7 +163,7 @@ class HFCausalLM:
         from specula.models.linears import head_rows
 
         head = self.model.get_output_embeddings()
-        if head.weight.device.type == "meta" and getattr(self.model.config, "tie_word_embeddings", False):
+        if head.weight.device.type == "meta" and self.tied_output:
             return self.model.get_input_embeddings().weight[ids.to(self.device)]  # tied: the same rows, unpacked
         return head_rows(head, ids, self.dtype, self.device)  # a draft vocabulary's head refuses (`weight_rows`)
 

@@ -214,7 +214,7 @@ void specula_linear_i8(const float *x, const int8_t *wp, const float *wscale, co
     int rows = amx ? (M + 15) / 16 * 16 : M;  /* AMX: whole tiles of 16 rows, the padding zeros */
     int8_t *xq = malloc((size_t)rows * in4);
     float *xs = malloc((size_t)M * sizeof(float));
-    quantize_rows(x, xq, xs, M, in, in4, level == 1 || (level == 2 && !amx));
+    quantize_rows(x, xq, xs, M, in, in4, level && !amx);  /* VNNI's offset */
     if (rows > M) memset(xq + (size_t)M * in4, 0, (size_t)(rows - M) * in4);
     struct linear_job job = {.xq = xq, .xs = xs, .wp = wp, .scale = wscale, .b = b, .y = y, .M = M, .in = in,
                              .out = out, .quads = quads, .in4 = in4, .groups = rows / 16};

@@ -29,9 +29,10 @@ struct linear_job {
  * on AMX tiles (linear_amx.c). */
 int specula_isa(void);
 
-/* linear_amx.c: whether this process may run AMX-INT8 (asked of the OS once), and i8 over a pair of
- * column blocks (item), every row group of the call, on AMX tiles; needs j->xq without the VNNI
- * offset, its rows padded with zeros to j->groups x 16, and in4 a multiple of 64. */
+/* linear_amx.c: whether this process may run AMX-INT8 (asked of the OS once), and i8 on AMX tiles
+ * over a pair of column blocks and a chunk of AMX_CHUNK rows (item: chunk x pairs + pair); needs
+ * j->xq without the VNNI offset, its rows padded with zeros to j->groups x 16, and in4 a multiple
+ * of 64. */
 int specula_amx_request(void);
 void specula_i8_block_amx(void *job, int item);
 #define AMX_ROWS 10   /* from this many rows on (fewer: 0.8-1.0x VNNI's speed, 10-12 rows 1.1-1.3x, 16 rows 1.4-1.8x) */

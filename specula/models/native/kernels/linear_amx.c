@@ -18,8 +18,9 @@
  * AMX_CHUNK rows, the items of a chunk in a row (the pool hands a thread neighbouring items), so
  * the chunk's activations stay in the core's L2 while the weights stream past (the 0.5B's
  * prefill of 800 tokens, 2 threads, two runs each: its linears 0.86-0.89 s with every row in one
- * item, 0.78-0.82 s in chunks of 128; 1.51-1.54 s on VNNI). A thread configures the tiles at the start of each item and releases them at
- * its end (the pool's threads run other kernels between items). */
+ * item, 0.78-0.82 s in chunks of 128; 1.51-1.54 s on VNNI). A thread configures the tiles at the
+ * start of each item and releases them at its end (the pool's threads run other kernels between
+ * items). */
 #define _GNU_SOURCE
 #include <cpuid.h>
 #include <immintrin.h>
