@@ -8,8 +8,10 @@ this script compares.
 
     python scripts/pass_latency.py --target smollm2-135m --sizes 1,4,8,16 --threads 2
 
-`--breakdown` adds, per size, the mean ms per pass inside each C kernel (linear, attention, norms,
-RoPE, SiLU; the rest is Python and torch glue), timed by wrapping the library's functions;
+`--breakdown` adds, per size, the mean ms per pass inside each C kernel called from Python (linear,
+attention, norms, RoPE, SiLU; the rest is Python and torch glue), timed by wrapping the library's
+functions; passes of up to 64 tokens run their layers in one C call (`decoder_pass`,
+`models/native/fused.py`), so `--python-layers` runs them from Python to see each kernel;
 `--context N` sets the tokens before the pass (attention grows with it); `--quantize int8` times the
 int8 model; `--isa avx512,amx` times each size under each kernel variant in turn, in one process
 (`SPECULA_KERNEL_ISA`'s values; the variants compute the same bits).
@@ -29,8 +31,8 @@ from specula.models.loading import LoadConfig, load_backend
 from specula.models.native import kernels
 from specula.tree import TokenTree
 
-KERNEL_CALLS = ("specula_linear_f32", "specula_linear_w8", "specula_linear_i8", "specula_attention",
-                "specula_add_rms_norm", "specula_rope_write", "specula_silu_mul")
+KERNEL_CALLS = ("specula_decoder_pass", "specula_linear_f32", "specula_linear_w8", "specula_linear_i8",
+                "specula_attention", "specula_add_rms_norm", "specula_rope_write", "specula_silu_mul")
 
 
 def time_kernels() -> collections.Counter:
@@ -55,11 +57,17 @@ def main() -> None:
     p.add_argument("--context", type=int, default=200, help="tokens in the cache before each pass")
     p.add_argument("--breakdown", action="store_true", help="also the ms per pass inside each C kernel")
     p.add_argument("--quantize", default="none", choices=("none", "int8"), help="the target's weights")
+    p.add_argument("--python-layers", action="store_true",
+                   help="run the layers from Python, one kernel call per op (the path before the C loop)")
     p.add_argument("--isa", default="", help="kernel variants to time in turn per size (e.g. avx512,amx); "
                                               "default: the one in force")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     target, _ = load_backend(args.target, LoadConfig(prepared_cache="off", quantize=args.quantize), "target")
+    if args.python_layers:
+        from specula.models.native.fused import FusedLayers
+
+        FusedLayers.of = staticmethod(lambda decoder: None)
     spent = time_kernels() if args.breakdown else None
     medians = []
     variants = [v for v in args.isa.split(",") if v] or [kernels.isa()]

@@ -214,6 +214,9 @@ class NativeDecoder(nn.Module):
         eps = cfg.rms_norm_eps
         x = self.embed(tokens)  # [T, E]
         cos, sin = self.rope(positions)
+        fused = self._c_loop(segments, len(tokens), trace)
+        if fused is not None:  # the same kernel calls from C, without the glue between them
+            return fused.run(x, cos, sin, segments[0], taps, skip)
         delta = None  # the last sub-layer's output, not yet added to the residual stream
         tapped: dict[int, torch.Tensor] = {}  # layer -> its input [T, E] (copies: add_norm may write x in place)
         for index, layer in enumerate(self.layers):
@@ -234,6 +237,21 @@ class NativeDecoder(nn.Module):
             return final
         tapped[len(self.layers)] = final
         return final, torch.cat([tapped[i] for i in taps], dim=-1)
+
+    def _c_loop(self, segments: Sequence[Segment], n: int, trace) -> Any:
+        """The C loop over the layers (`fused.FusedLayers`) where it runs this pass: specula's CPU
+        kernels, one sequence, at most `fused.MAX_ROWS` rows, not traced; else None."""
+        if trace is not None or len(segments) != 1 or self.embed.weight.dtype != torch.float32:
+            return None
+        from specula.models.native.fused import FusedLayers
+
+        seg = segments[0]
+        if (seg.rows.start or 0) != 0 or seg.rows.stop != n:
+            return None
+        mask = None if seg.prefill else seg.mask
+        if not FusedLayers.takes(n, seg.start, self.cfg.num_heads, mask):
+            return None
+        return FusedLayers.of(self)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[rows, E] -> [rows, V] (float32 for the rules)."""

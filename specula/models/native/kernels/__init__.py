@@ -1,4 +1,4 @@
-"""specula's own CPU kernels (`linear.c`, `ops.c`, `draft.c`), compiled on first use and loaded with ctypes.
+"""specula's own CPU kernels (`linear.c`, `ops.c`, `draft.c`, `layers.c`), compiled on first use and loaded with ctypes.
 
 Why: on the 2-core development CPU a decoding step streams the weights once, and what decides
 its time is how close the linear layers get to memory bandwidth for 1-16 rows. `F.linear`
@@ -43,7 +43,7 @@ from specula.errors import ConfigError
 from specula.models.linears import linear_weight
 
 SOURCES = tuple(Path(__file__).with_name(name) for name in ("linear.c", "linear_avx512.c", "linear_amx.c", "pack.c",
-                                                               "ops.c", "draft.c", "pool.c"))
+                                                               "ops.c", "draft.c", "layers.c", "pool.c"))
 HEADERS = tuple(Path(__file__).with_name(name) for name in ("layout.h", "linear.h", "vmath.h"))
 FLAGS = ("-O3", "-mavx2", "-mfma", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC")
 """`-ffp-contract=off`: the compiler fuses no multiply-add of its own, so the AVX2 and AVX-512
@@ -161,6 +161,9 @@ def library() -> ctypes.CDLL:
     lib.specula_head_input.argtypes = [ptr, ptr, ptr, ptr, f32, ptr, i32, i32]
     lib.specula_rope_write_half.argtypes = [ptr, ptr, ptr, ptr, ptr, ptr, i32, i32, i32, i32, i32, i32]
     lib.specula_topk_probs.argtypes = [ptr, i32, i32, i32, ptr, ptr]
+    lib.specula_decoder_pass.argtypes = [ptr, ptr, i32, i32, i32, ptr, ptr, f32, ptr, ptr, ptr, ptr, i32, i32, ptr,
+                                         i32, i32, i32, i32, f32, ptr, ptr, i32, ptr, ptr, i32]
+    lib.specula_decoder_pass.restype = i32
     lib.specula_pool_workers.restype = i32
     lib.specula_set_isa.argtypes = [i32]
     lib.specula_set_isa.restype = i32

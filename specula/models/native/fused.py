@@ -1,0 +1,131 @@
+"""The native decoder's layers in one C call (`kernels/layers.c`) for the few rows of a decoding step
+or a verified tree, on specula's CPU kernels.
+
+`NativeDecoder._forward` runs its layers from Python, one kernel call per op; on the 2-core machine
+the glue between the calls (ctypes, tensor allocation, module calls) cost 0.3-0.45 ms a layer:
+8-14 ms of a 33-45 ms one-token step of SmolLM2-135M or of the int8 Qwen2.5-Coder-0.5B draft. The C
+loop makes the same kernel calls with the same operands in the same order, so its outputs are the
+Python path's bit for bit (tests hold them together). It takes the passes it can: every linear a
+`KernelLinear`, the ops `CpuKernelOps`, float32, one sequence, at most MAX_ROWS rows, no trace, and
+attention scores that fit one kernel call (longer prompts run in chunks, from Python). Skipped
+sub-layers (layer-skip self-drafts) run here too.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import torch
+
+from specula.models.native.kernels import KernelLinear, library
+from specula.models.native.ops import SCORES_SCRATCH, CpuKernelOps
+
+KIND_CODES = {"f32": 0, "w8": 1, "i8": 2}
+"""`KernelLinear.kind` -> the C loop's code (`layers.c`, `struct linear_ref`)."""
+
+MAX_ROWS = 64
+"""Most rows a pass runs through the C loop: decoding steps and verified trees (a prompt's glue is
+spread over its many rows)."""
+
+
+class LinearRef(ctypes.Structure):
+    """`layers.c`'s `struct linear_ref`: one `KernelLinear`'s buffers and shape."""
+
+    _fields_ = [("packed", ctypes.c_void_p), ("scale", ctypes.c_void_p), ("bias", ctypes.c_void_p),
+                ("kind", ctypes.c_int32), ("in_features", ctypes.c_int32), ("out_features", ctypes.c_int32),
+                ("unused", ctypes.c_int32)]
+
+
+class LayerRef(ctypes.Structure):
+    """`layers.c`'s `struct layer_ref`: one decoder layer's norms and linears."""
+
+    _fields_ = [("input_norm", ctypes.c_void_p), ("post_norm", ctypes.c_void_p), ("qkv", LinearRef),
+                ("o", LinearRef), ("gate_up", LinearRef), ("down", LinearRef)]
+
+
+def _ptr(t: torch.Tensor | None) -> int | None:
+    return None if t is None else t.data_ptr()
+
+
+def _linear_ref(lin: KernelLinear) -> LinearRef:
+    return LinearRef(lin.packed.data_ptr(), _ptr(lin.scale), _ptr(lin.bias), KIND_CODES[lin.kind], lin.in_features,
+                     lin.out_features, 0)
+
+
+class FusedLayers:
+    """The C loop over one decoder's layers: the weights' pointers, gathered once (`of`)."""
+
+    def __init__(self, decoder) -> None:
+        self.decoder = decoder
+        self.linears = tuple((layer.wqkv, layer.wo, layer.w_gate_up, layer.w_down) for layer in decoder.layers)
+        """The modules the pointers were read from (kept alive; `of` rebuilds when one is replaced)."""
+        self.norms = tuple((layer.input_norm, layer.post_norm) for layer in decoder.layers)
+        refs = [LayerRef(n_in.data_ptr(), n_post.data_ptr(), *(_linear_ref(lin) for lin in lins))
+                for (n_in, n_post), lins in zip(self.norms, self.linears)]
+        self.refs = (LayerRef * len(refs))(*refs)
+
+    @staticmethod
+    def of(decoder) -> "FusedLayers | None":
+        """The decoder's C loop, or None where its layers cannot run there (another linear or ops
+        implementation); kept on the decoder, rebuilt when a layer's modules or norms change."""
+        if not isinstance(decoder.ops, CpuKernelOps):
+            return None
+        fused = decoder.__dict__.get("_fused_layers")
+        if fused is not None and fused.current():
+            return fused
+        for layer in decoder.layers:
+            for lin in (layer.wqkv, layer.wo, layer.w_gate_up, layer.w_down):
+                if not isinstance(lin, KernelLinear) or lin.kind not in KIND_CODES:
+                    return None
+            if layer.input_norm.dtype != torch.float32 or layer.post_norm.dtype != torch.float32:
+                return None
+        fused = FusedLayers(decoder)
+        decoder.__dict__["_fused_layers"] = fused
+        return fused
+
+    def current(self) -> bool:
+        """Whether the decoder still holds the modules and norms the pointers were read from."""
+        layers = self.decoder.layers
+        if len(layers) != len(self.linears):
+            return False
+        for layer, lins, norms in zip(layers, self.linears, self.norms):
+            if (layer.wqkv, layer.wo, layer.w_gate_up, layer.w_down) != lins:
+                return False
+            if layer.input_norm is not norms[0] or layer.post_norm is not norms[1]:
+                return False
+        return True
+
+    @staticmethod
+    def takes(n: int, start: int, heads: int, mask: torch.Tensor | None) -> bool:
+        """Whether a pass of n rows after `start` slots runs here: at most MAX_ROWS rows, and a causal
+        pass (mask None) whose scores fit one attention call (`CpuKernelOps.attend`'s chunks)."""
+        return n <= MAX_ROWS and (mask is not None or n * heads * (start + n) <= SCORES_SCRATCH)
+
+    def run(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, seg, taps: tuple[int, ...],
+            skip: frozenset = frozenset()):
+        """x [n, E] float32 embeddings (used as the residual stream), cos, sin [n, D / 2]; returns the
+        final-normed states [n, E], or with `taps` (states, features [n, len(taps) E]) as
+        `NativeDecoder._forward`; `skip`: its (layer, "attn" | "mlp") sub-layers left out."""
+        dec, cfg = self.decoder, self.decoder.cfg
+        n, e = x.shape
+        h, g, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        mask = None if seg.prefill or seg.mask is None else seg.mask.contiguous()  # [n, start + n] bool
+        x, cos, sin = x.contiguous(), cos.contiguous(), sin.contiguous()
+        out = torch.empty_like(x)  # [n, E]
+        tapped = torch.empty((n, len(taps) * e), dtype=torch.float32) if taps else None  # [n, k E]
+        tap_ids = (ctypes.c_int32 * len(taps))(*taps) if taps else None
+        scores = dec.ops._scores(n * h * (seg.start + n))
+        cache = seg.cache
+        skipped = None
+        if skip:
+            kinds = ("attn", "mlp")
+            skipped = (ctypes.c_uint8 * (2 * len(self.linears)))(
+                *(int((i, k) in skip) for i in range(len(self.linears)) for k in kinds))
+        status = library().specula_decoder_pass(
+            x.data_ptr(), out.data_ptr(), n, e, len(self.linears), self.refs, dec.final_norm.data_ptr(),
+            cfg.rms_norm_eps, cos.data_ptr(), sin.data_ptr(), cache.k.data_ptr(), cache.v.data_ptr(), cache.capacity,
+            seg.start, _ptr(mask), h, g, d, cfg.intermediate_size, d ** -0.5, scores.data_ptr(), tap_ids, len(taps),
+            _ptr(tapped), skipped, torch.get_num_threads())
+        if status != 0:
+            raise MemoryError(f"the native decoder's C loop could not allocate its work buffers for {n} rows")
+        return out if not taps else (out, tapped)

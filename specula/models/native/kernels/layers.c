@@ -1,0 +1,117 @@
+/* A native decoder's layers in one call, for the few rows of a decoding step or a verified tree:
+ * the same kernel calls, with the same operands in the same order, as `model.NativeDecoder._forward`
+ * makes through `ops.CpuKernelOps` and `KernelLinear`, so every output is bit for bit the Python
+ * path's (tests hold the two together). What it saves is the glue between the calls: a layer's ~10
+ * kernel calls from Python cost 0.3-0.45 ms a layer in ctypes, tensor allocation and module calls,
+ * 8-14 ms of a 33-45 ms one-token step of SmolLM2-135M or an int8 Qwen2.5-Coder-0.5B draft on the
+ * 2-core machine (`scripts/pass_latency.py --breakdown`).
+ *
+ * Per layer (x the residual stream [n, E], delta the last sub-layer's output, not yet added):
+ *   x += delta; h = rms_norm(x) * input_norm; qkv = h Wqkv; rotate q, k and write k, v at slots
+ *   start..; a = attention(q); delta = a Wo; x += delta; h = rms_norm(x) * post_norm;
+ *   delta = silu_mul(h Wgate_up) Wdown.
+ * then out = rms_norm(x + delta) * final_norm. Taps (layer indices 0 .. L, L = the final states)
+ * receive the residual stream entering each tapped layer, x + delta, in the order asked. A
+ * sub-layer marked in `skip` is left out (a layer-skip self-draft, SWIFT), as the Python loop
+ * leaves it out: its pending delta is the last sub-layer's that ran. */
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+void specula_linear_f32(const float *x, const float *wp, const float *b, float *y, int M, int in, int out,
+                        int threads);
+void specula_linear_w8(const float *x, const int8_t *wp, const float *scale, const float *b, float *y, int M, int in,
+                       int out, int threads);
+void specula_linear_i8(const float *x, const int8_t *wp, const float *wscale, const float *b, float *y, int M, int in,
+                       int out, int threads);
+void specula_add_rms_norm(float *x, const float *delta, const float *w, float eps, float *out, int n, int e);
+void specula_rope_write(const float *qkv, const float *cos_, const float *sin_, float *q_out, float *k_cache,
+                        float *v_cache, int n, int heads, int kv_heads, int d, int cap, int start);
+void specula_attention(const float *q, const float *k_cache, const float *v_cache, const uint8_t *mask, float *out,
+                       float *scores, int n, int heads, int kv_heads, int d, int cap, int slots, int start,
+                       float scale, int threads);
+void specula_silu_mul(const float *gu, float *out, int n, int inter);
+
+/* One `KernelLinear` (fused.py's `LinearRef` mirrors it): kind 0 f32, 1 w8, 2 i8. */
+struct linear_ref {
+    const void *packed;
+    const float *scale; /* w8 / i8: per output column */
+    const float *bias;  /* or NULL */
+    int32_t kind, in, out, unused;
+};
+
+/* One decoder layer's weights (fused.py's `LayerRef`). */
+struct layer_ref {
+    const float *input_norm, *post_norm;
+    struct linear_ref qkv, o, gate_up, down;
+};
+
+static void linear(const struct linear_ref *l, const float *x, float *y, int m, int threads) {
+    if (l->kind == 0)
+        specula_linear_f32(x, l->packed, l->bias, y, m, l->in, l->out, threads);
+    else if (l->kind == 1)
+        specula_linear_w8(x, l->packed, l->scale, l->bias, y, m, l->in, l->out, threads);
+    else
+        specula_linear_i8(x, l->packed, l->scale, l->bias, y, m, l->in, l->out, threads);
+}
+
+/* Rows of the residual stream entering a tapped layer: x, plus delta where one is pending. */
+static void tap(const float *x, const float *delta, float *tapped, int slot, int ntaps, int n, int e) {
+    for (int r = 0; r < n; r++) {
+        float *dst = tapped + ((size_t)r * ntaps + slot) * e;
+        const float *xr = x + (size_t)r * e;
+        if (!delta) {
+            memcpy(dst, xr, (size_t)e * sizeof(float));
+            continue;
+        }
+        const float *dr = delta + (size_t)r * e;
+        for (int i = 0; i < e; i++) dst[i] = xr[i] + dr[i];
+    }
+}
+
+/* x [n, E]: the rows' embeddings, used as the residual stream (overwritten); out [n, E]: the
+ * final-normed states. k_cache, v_cache: the sequence's [L, G, cap, D] buffers. mask [n, start + n]
+ * (bytes) or NULL (causal). scores: scratch of n * heads * (start + n) floats. taps [ntaps], tapped
+ * [n, ntaps * E] (ntaps may be 0). skip [L][2] (attention, MLP; nonzero: skipped) or NULL. Returns
+ * 0, or -1 when the work buffers could not be allocated (nothing is written then). */
+int specula_decoder_pass(float *x, float *out, int n, int e, int layers, const struct layer_ref *w,
+                         const float *final_norm, float eps, const float *cos_, const float *sin_, float *k_cache,
+                         float *v_cache, int cap, int start, const uint8_t *mask, int heads, int kv_heads, int d,
+                         int inter, float scale, float *scores, const int32_t *taps, int ntaps, float *tapped,
+                         const uint8_t *skip, int threads) {
+    size_t qkv_w = (size_t)(heads + 2 * kv_heads) * d, att_w = (size_t)heads * d, per_layer = (size_t)kv_heads * cap * d;
+    size_t floats = (size_t)n * (2 * (size_t)e + qkv_w + 2 * att_w + 3 * (size_t)inter);
+    float *buf = malloc(floats * sizeof(float));
+    if (!buf) return -1;
+    float *h = buf, *delta = h + (size_t)n * e, *qkv = delta + (size_t)n * e, *q = qkv + (size_t)n * qkv_w;
+    float *att = q + (size_t)n * att_w, *gu = att + (size_t)n * att_w, *act = gu + (size_t)n * 2 * inter;
+    int pending = 0; /* whether delta holds a sub-layer's output not yet added to x */
+    for (int li = 0; li < layers; li++) {
+        for (int t = 0; t < ntaps; t++)
+            if (taps[t] == li) tap(x, pending ? delta : NULL, tapped, t, ntaps, n, e);
+        const struct layer_ref *l = w + li;
+        if (!(skip && skip[2 * li])) {
+            specula_add_rms_norm(x, pending ? delta : NULL, l->input_norm, eps, h, n, e);
+            linear(&l->qkv, h, qkv, n, threads);
+            float *kc = k_cache + (size_t)li * per_layer, *vc = v_cache + (size_t)li * per_layer;
+            specula_rope_write(qkv, cos_, sin_, q, kc, vc, n, heads, kv_heads, d, cap, start);
+            specula_attention(q, kc, vc, mask, att, scores, n, heads, kv_heads, d, cap, start + n, start, scale,
+                              threads);
+            linear(&l->o, att, delta, n, threads);
+            pending = 1;
+        }
+        if (!(skip && skip[2 * li + 1])) {
+            specula_add_rms_norm(x, pending ? delta : NULL, l->post_norm, eps, h, n, e);
+            linear(&l->gate_up, h, gu, n, threads);
+            specula_silu_mul(gu, act, n, inter);
+            linear(&l->down, act, delta, n, threads);
+            pending = 1;
+        }
+    }
+    specula_add_rms_norm(x, pending ? delta : NULL, final_norm, eps, out, n, e);
+    for (int t = 0; t < ntaps; t++)
+        if (taps[t] == layers) tap(out, NULL, tapped, t, ntaps, n, e);
+    free(buf);
+    return 0;
+}

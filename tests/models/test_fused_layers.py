@@ -1,0 +1,131 @@
+"""The native decoder's layers in one C call (`models/native/fused.py`, `kernels/layers.c`): the
+same bits as the Python loop over the same kernels, for every weight kind, pass shape and tap."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from tiny import random_tree, tiny_model
+
+from specula.models.native import NativeDecoder, configure, kernels
+from specula.models.native.cache import KVCache
+from specula.models.native.fused import MAX_ROWS, FusedLayers
+from specula.models.native.model import Segment
+
+pytestmark = pytest.mark.skipif(not kernels.available(), reason="specula's CPU kernels cannot run here")
+
+
+def decoder_of(arch: str, quantize: str, seed: int = 3, layers: int = 3) -> NativeDecoder:
+    """A tiny decoder on the C kernels, its norms' weights random (a model's start at ones, which
+    would hide norms swapped for each other)."""
+    decoder = configure(NativeDecoder.from_hf(tiny_model(arch, seed=seed, layers=layers)), "specula", quantize, "sdpa")
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for norm in [decoder.final_norm, *(w for layer in decoder.layers for w in (layer.input_norm, layer.post_norm))]:
+            norm.copy_(torch.rand(norm.shape, generator=gen) + 0.5)
+    return decoder
+
+
+def python_loop(monkeypatch) -> None:
+    """Make every pass run the layers from Python (the reference)."""
+    monkeypatch.setattr(FusedLayers, "of", staticmethod(lambda decoder: None))
+
+
+def run(decoder, cache, tokens, start, mask, prefill, taps, positions=None, skip=frozenset()):
+    n = len(tokens)
+    seg = Segment(cache, start, slice(0, n), mask, prefill)
+    positions = torch.arange(start, start + n) if positions is None else positions
+    return decoder(torch.tensor(tokens), positions, [seg], taps=taps, skip=skip)
+
+
+def passes(rng: random.Random, vocab: int):
+    """(tokens, start, mask, prefill, positions) of a prompt, one-token steps and a tree (its root and
+    9 nodes, each seeing the prefix, the root and its ancestors), in order on one cache."""
+    prompt = [rng.randrange(vocab) for _ in range(11)]
+    yield prompt, 0, None, True, None
+    yield [rng.randrange(vocab)], 11, None, False, None
+    yield [rng.randrange(vocab)], 12, None, False, None
+    tree = random_tree(rng, 9, vocab)
+    n = len(tree) + 1
+    mask = torch.zeros((n, 13 + n), dtype=torch.bool)
+    mask[:, :14] = True  # the prefix and the root
+    mask[1:, 14:] = tree.ancestor_mask
+    positions = torch.cat([torch.tensor([13]), 14 + tree.position_offsets])
+    yield [rng.randrange(vocab), *tree.tokens], 13, mask, False, positions
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+@pytest.mark.parametrize("quantize", ["none", "w8", "int8"])
+@pytest.mark.parametrize("taps,skip", [((), ()), ((0, 2, 3), ()), ((3, 1), ()), ((), ((0, "attn"), (1, "mlp"))),
+                                       ((1, 2, 3), ((1, "attn"), (1, "mlp"), (2, "attn")))])
+def test_c_loop_gives_the_python_loops_bits(arch, quantize, taps, skip, monkeypatch):
+    """States, tapped features and every KV cache slot written are bitwise the Python loop's, over a
+    prompt, one-token steps and a tree pass (the C loop is checked to run each of them), with and
+    without taps and skipped sub-layers (a layer-skip self-draft)."""
+    skip = frozenset(skip)
+    decoder = decoder_of(arch, quantize)
+    cfg = decoder.cfg
+    caches = [KVCache(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, dtype=torch.float32, device=torch.device("cpu"))
+              for _ in range(2)]
+    shapes = list(passes(random.Random(5), cfg.vocab_size))
+    fused = []
+    for tokens, start, mask, prefill, positions in shapes:
+        seg = Segment(caches[0], start, slice(0, len(tokens)), mask, prefill)
+        assert decoder._c_loop([seg], len(tokens), None) is not None
+        caches[0].reserve(start + len(tokens), start)
+        fused.append(run(decoder, caches[0], tokens, start, mask, prefill, taps, positions, skip))
+    python_loop(monkeypatch)
+    for (tokens, start, mask, prefill, positions), got in zip(shapes, fused):
+        caches[1].reserve(start + len(tokens), start)
+        want = run(decoder, caches[1], tokens, start, mask, prefill, taps, positions, skip)
+        for a, b in zip(got if taps else [got], want if taps else [want]):
+            assert a.shape == b.shape and torch.equal(a, b)
+    end = sum(len(t) for t, *_ in shapes[:3]) + len(shapes[3][0])
+    written = [i for i in range(cfg.num_layers) if (i, "attn") not in skip]  # skipped: never written
+    assert torch.equal(caches[0].k[written, :, :end], caches[1].k[written, :, :end])
+    assert torch.equal(caches[0].v[written, :, :end], caches[1].v[written, :, :end])
+
+
+def test_passes_the_c_loop_does_not_take_run_from_python():
+    """More than MAX_ROWS rows, two sequences, a traced pass and other ops stay on the Python loop."""
+    decoder = decoder_of("qwen2", "none")
+    cfg = decoder.cfg
+    cache = KVCache(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, dtype=torch.float32, device=torch.device("cpu"))
+    one = Segment(cache, 0, slice(0, 4), None, True)
+    assert decoder._c_loop([one], 4, None) is not None
+    assert decoder._c_loop([Segment(cache, 0, slice(0, MAX_ROWS + 1), None, True)], MAX_ROWS + 1, None) is None
+    assert decoder._c_loop([one, Segment(cache, 0, slice(4, 6), None, True)], 6, None) is None
+    assert decoder._c_loop([one], 4, {}) is None  # traced
+    from specula.models.native.ops import TorchOps
+
+    decoder.ops = TorchOps()
+    assert decoder._c_loop([one], 4, None) is None
+
+
+def test_c_loop_follows_a_replaced_layer(monkeypatch):
+    """Swapping a layer's linear after a pass (as `replace_linears` does) is seen by the next pass:
+    its outputs are the Python loop's with the new weights."""
+    from torch import nn
+
+    from specula.models.native.kernels import KernelLinear
+
+    decoder = decoder_of("llama", "none")
+    cfg = decoder.cfg
+    first = FusedLayers.of(decoder)
+    assert first is not None and FusedLayers.of(decoder) is first
+    torch.manual_seed(0)
+    new = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+    decoder.layers[1].w_down = KernelLinear(new, "f32")
+    assert FusedLayers.of(decoder) is not first
+
+    def states():
+        cache = KVCache(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, dtype=torch.float32,
+                        device=torch.device("cpu"))
+        return run(decoder, cache, [3, 1, 4, 1, 5], 0, None, True, ())
+
+    got = states()
+    python_loop(monkeypatch)
+    assert torch.equal(got, states())
