@@ -44,8 +44,9 @@ def test_avx512_computes_the_bits_of_avx2(isa, kind, shape, bias):
     layer = kernels.KernelLinear(nn.Linear(*shape, bias=bias), kind)
     # 1-14: items of 4, 3 or 2 column blocks (a last item of fewer: 1000 and 667 outputs); 65, 200: panels
     # 15-63: rows where they lie, f32 / w8 up to 17 in one run, then even runs (33 = 11 + 11 + 11,
-    # 63 = 15 + 16 + 16 + 16); i8 in even runs of at most 16 (17 = 8 + 9)
-    for rows in (1, 2, 3, 5, 6, 7, 8, 9, 10, 12, 14, 15, 16, 17, 18, 20, 31, 33, 47, 63, 65, 200):
+    # 63 = 15 + 16 + 16 + 16); i8 with VNNI: 1-8 rows in items of 4, 3 or 2 column blocks (a last
+    # item of fewer), then even runs of at most 16 (17 = 8 + 9) over one block
+    for rows in (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 12, 14, 15, 16, 17, 18, 20, 31, 33, 47, 63, 65, 200):
         x = torch.randn(rows, shape[0]) * 2  # [rows, in]
         assert isa("avx2") == "avx2"
         want = layer(x)

@@ -166,6 +166,7 @@ def library() -> ctypes.CDLL:
     lib.specula_decoder_pass.restype = i32
     lib.specula_pool_workers.restype = i32
     lib.specula_set_isa.argtypes = [i32]
+    lib.specula_set_i8_multi.argtypes = [i32]
     lib.specula_set_isa.restype = i32
     lib.specula_isa.restype = i32
     choice = os.environ.get(ISA_ENV, "auto").strip().lower() or "auto"

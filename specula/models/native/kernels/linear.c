@@ -207,6 +207,9 @@ static void quantize_rows(const float *x, int8_t *xq, float *xs, int M, int in, 
 
 static INT8_BLOCK_ITEM(i8_block, const __m256i ones = _mm256_set1_epi16(1), MR, I8_SWITCH)
 
+static int i8_multi = 1;  /* 0: VNNI's few-row calls one block an item (A/B runs: `specula_set_i8_multi`) */
+void specula_set_i8_multi(int on) { i8_multi = on; }
+
 void specula_linear_i8(const float *x, const int8_t *wp, const float *wscale, const float *b, float *y, int M, int in,
                        int out, int threads) {
     int quads = (in + 3) / 4, in4 = quads * 4, level = specula_isa(), blocks = (out + NB - 1) / NB;
@@ -218,9 +221,12 @@ void specula_linear_i8(const float *x, const int8_t *wp, const float *wscale, co
     if (rows > M) memset(xq + (size_t)M * in4, 0, (size_t)(rows - M) * in4);
     struct linear_job job = {.xq = xq, .xs = xs, .wp = wp, .scale = wscale, .b = b, .y = y, .M = M, .in = in,
                              .out = out, .quads = quads, .in4 = in4, .groups = rows / 16};
-    if (amx)
+    if (amx) {
         specula_parallel(threads, (rows + AMX_CHUNK - 1) / AMX_CHUNK * ((blocks + 1) / 2), specula_i8_block_amx, &job);
-    else
+    } else if (level && M <= VNNI_MULTI_ROWS && i8_multi) {
+        job.panel = i8_multi_blocks(M, out, threads);
+        specula_parallel(threads, (blocks + job.panel - 1) / job.panel, specula_i8_multi_vnni, &job);
+    } else
         specula_parallel(threads, blocks, level ? specula_i8_block_vnni : i8_block, &job);
     free(xq);
     free(xs);

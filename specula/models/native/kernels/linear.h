@@ -181,5 +181,20 @@ void specula_w8_panel_avx512(void *job, int item);
 /* linear_avx512.c: i8 over one column block with VNNI (`vpdpbusd`), every row group of the call;
  * needs j->xq offset by 128 (linear.c's quantize_rows with `offset`). */
 void specula_i8_block_vnni(void *job, int bk);
+/* linear_avx512.c: i8 calls of up to VNNI_MULTI_ROWS rows with VNNI, j->panel column blocks
+ * (`i8_multi_blocks`) per item, the rows all at once; needs j->xq offset by 128, as
+ * specula_i8_block_vnni. */
+void specula_i8_multi_vnni(void *job, int item);
+#define VNNI_MULTI_ROWS 8
+
+/* Column blocks per item of a VNNI call of up to VNNI_MULTI_ROWS rows: as many as the 32 registers
+ * hold beside the rows' sums and each block's column sums (4 up to 4 rows, 3 up to 6, 2 up to 8),
+ * fewer where a thread would get under four items. */
+static inline int i8_multi_blocks(int M, int out, int threads) {
+    int blocks = (out + NB - 1) / NB, kb = M <= 4 ? 4 : M <= 6 ? 3 : 2;
+    int least = 4 * (threads > 1 ? threads : 1);
+    while (kb > 1 && (blocks + kb - 1) / kb < least) kb--;
+    return kb;
+}
 
 #endif

@@ -238,3 +238,64 @@ PANEL_ITEM(specula_w8_panel_avx512, int8_t, ZMM_LOAD_W8, scale)
 
 __attribute__((target("avx512f,avx512bw,avx512vnni")))
 INT8_BLOCK_ITEM(specula_i8_block_vnni, const __m512i ones = _mm512_set1_epi8(1), MRV, VNNI_SWITCH)
+
+/* i8 calls of up to VNNI_MULTI_ROWS rows (one-token drafting passes, a head's frontier): one item is
+ * KB adjacent column blocks (`i8_multi_blocks`: 4 up to 4 rows, 3 up to 6, else 2; fewer at the end),
+ * every row over all of them at once, so a core keeps KB weight streams in flight where one block
+ * kept one (as f32's `MULTI_ITEM`). Each output is the same exact int32 sum as VNNI_BODY's, then the
+ * same `store_int_rows`: the bits do not depend on KB. */
+#define VNNI_MULTI_BODY(KB, MB)                                                                      \
+    do {                                                                                             \
+        __m512i a[KB][MB], colsum[KB];                                                               \
+        for (int k = 0; k < KB; k++) {                                                               \
+            colsum[k] = _mm512_setzero_si512();                                                      \
+            for (int m = 0; m < MB; m++) a[k][m] = _mm512_setzero_si512();                           \
+        }                                                                                            \
+        for (int iq = 0; iq < quads; iq++) {                                                         \
+            __m512i w[KB];                                                                           \
+            for (int k = 0; k < KB; k++) {                                                           \
+                const int8_t *wk = wb + (size_t)k * quads * NB * 4;                                  \
+                PREFETCH_W(wk, (size_t)iq * NB * 4);                                                 \
+                w[k] = _mm512_loadu_si512((const void *)(wk + (size_t)iq * NB * 4));                 \
+                colsum[k] = _mm512_dpbusd_epi32(colsum[k], ones, w[k]);                              \
+            }                                                                                        \
+            for (int m = 0; m < MB; m++) {                                                           \
+                int32_t four;                                                                        \
+                memcpy(&four, xq + (size_t)m * in4 + (size_t)iq * 4, 4);                             \
+                __m512i xv = _mm512_set1_epi32(four);                                                \
+                for (int k = 0; k < KB; k++) a[k][m] = _mm512_dpbusd_epi32(a[k][m], xv, w[k]);       \
+            }                                                                                        \
+        }                                                                                            \
+        for (int k = 0; k < KB; k++) {                                                               \
+            __m512i offset = _mm512_slli_epi32(colsum[k], 7);                                        \
+            int32_t acc[MB][NB];                                                                     \
+            int ok = o0 + k * NB, nk = out - ok < NB ? out - ok : NB;                                \
+            for (int m = 0; m < MB; m++) _mm512_storeu_si512((void *)acc[m], _mm512_sub_epi32(a[k][m], offset)); \
+            store_int_rows(acc, y, xs, wscale, b, 0, MB, ok, nk, out);                               \
+        }                                                                                            \
+    } while (0)
+
+#define VM(KB, MB) case MB: VNNI_MULTI_BODY(KB, MB); break;
+#define VNNI_MULTI_SWITCH(KB)                                                                        \
+    switch (M) {                                                                                     \
+        VM(KB, 1) VM(KB, 2) VM(KB, 3) VM(KB, 4) VM(KB, 5) VM(KB, 6) VM(KB, 7)                        \
+        default: VNNI_MULTI_BODY(KB, 8); break;                                                      \
+    }
+
+__attribute__((target("avx512f,avx512bw,avx512vnni")))
+void specula_i8_multi_vnni(void *arg, int item) {
+    const struct linear_job *j = arg;
+    const __m512i ones = _mm512_set1_epi8(1);
+    const float *b = j->b, *wscale = j->scale, *xs = j->xs;
+    const int8_t *xq = j->xq;
+    float *y = j->y;
+    int M = j->M, out = j->out, quads = j->quads, in4 = j->in4, blocks = (out + NB - 1) / NB;
+    int bk0 = item * j->panel, bk1 = bk0 + j->panel < blocks ? bk0 + j->panel : blocks, o0 = bk0 * NB;
+    const int8_t *wb = (const int8_t *)j->wp + (size_t)bk0 * quads * NB * 4;
+    switch (bk1 - bk0) {
+        case 4: VNNI_MULTI_SWITCH(4) break;
+        case 3: VNNI_MULTI_SWITCH(3) break;
+        case 2: VNNI_MULTI_SWITCH(2) break;
+        default: VNNI_MULTI_SWITCH(1) break;
+    }
+}
