@@ -89,16 +89,67 @@ def test_c_loop_gives_the_python_loops_bits(arch, quantize, taps, skip, monkeypa
     assert torch.equal(caches[0].v[written, :, :end], caches[1].v[written, :, :end])
 
 
-def test_passes_the_c_loop_does_not_take_run_from_python():
-    """More than MAX_ROWS rows, two sequences, a traced pass and other ops stay on the Python loop."""
+@pytest.mark.parametrize("quantize", ["none", "int8"])
+def test_c_loop_gives_the_python_loops_bits_for_several_sequences_in_one_pass(quantize, monkeypatch):
+    """A batched step: three sequences' rows in one pass (a prompt, a one-token step, a tree), each
+    on its own cache at its own start; states and caches are bitwise the Python loop's."""
+    decoder = decoder_of("qwen2", quantize, seed=7)
+    cfg = decoder.cfg
+    rng = random.Random(8)
+    vocab = cfg.vocab_size
+    tree = random_tree(rng, 6, vocab)
+    starts = [0, 9, 5]
+    tokens = [[rng.randrange(vocab) for _ in range(5)], [rng.randrange(vocab)],
+              [rng.randrange(vocab), *tree.tokens]]
+    n = len(tree) + 1
+    tree_mask = torch.zeros((n, 5 + n), dtype=torch.bool)
+    tree_mask[:, :6] = True
+    tree_mask[1:, 6:] = tree.ancestor_mask
+    positions = torch.cat([torch.arange(5), torch.tensor([9, 5]), 6 + tree.position_offsets])
+
+    def one_pass():
+        caches = []
+        for start in starts:  # each sequence's earlier slots, written alike on both paths
+            cache = KVCache(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, dtype=torch.float32,
+                            device=torch.device("cpu"))
+            cache.reserve(start + 16, 0)
+            gen = torch.Generator().manual_seed(start)
+            cache.k.copy_(torch.randn(cache.k.shape, generator=gen))
+            cache.v.copy_(torch.randn(cache.v.shape, generator=gen))
+            caches.append(cache)
+        segs, row = [], 0
+        for cache, start, toks, mask, prefill in zip(caches, starts, tokens, [None, None, tree_mask],
+                                                     [True, False, False]):
+            segs.append(Segment(cache, start, slice(row, row + len(toks)), mask, prefill))
+            row += len(toks)
+        flat = torch.tensor([t for toks in tokens for t in toks])
+        taken = decoder._c_loop(segs, len(flat), None) is not None
+        return decoder(flat, positions, segs), caches, taken
+
+    got, got_caches, taken = one_pass()
+    assert taken
+    python_loop(monkeypatch)
+    want, want_caches, _ = one_pass()
+    assert torch.equal(got, want)
+    for a, b in zip(got_caches, want_caches):
+        assert torch.equal(a.k, b.k) and torch.equal(a.v, b.v)
+
+
+def test_passes_the_c_loop_does_not_take_run_from_python(monkeypatch):
+    """More than MAX_ROWS rows, a prompt whose scores need several attention calls, a traced pass
+    and other ops stay on the Python loop."""
+    from specula.models.native import fused
+
     decoder = decoder_of("qwen2", "none")
     cfg = decoder.cfg
     cache = KVCache(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, dtype=torch.float32, device=torch.device("cpu"))
     one = Segment(cache, 0, slice(0, 4), None, True)
     assert decoder._c_loop([one], 4, None) is not None
+    assert decoder._c_loop([one, Segment(cache, 0, slice(4, 6), None, True)], 6, None) is not None
     assert decoder._c_loop([Segment(cache, 0, slice(0, MAX_ROWS + 1), None, True)], MAX_ROWS + 1, None) is None
-    assert decoder._c_loop([one, Segment(cache, 0, slice(4, 6), None, True)], 6, None) is None
     assert decoder._c_loop([one], 4, {}) is None  # traced
+    monkeypatch.setattr(fused, "SCORES_SCRATCH", 4 * cfg.num_heads * 4 - 1)
+    assert decoder._c_loop([one], 4, None) is None  # its scores would run in chunks
     from specula.models.native.ops import TorchOps
 
     decoder.ops = TorchOps()

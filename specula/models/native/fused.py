@@ -6,9 +6,9 @@ the glue between the calls (ctypes, tensor allocation, module calls) cost 0.3-0.
 8-14 ms of a 33-45 ms one-token step of SmolLM2-135M or of the int8 Qwen2.5-Coder-0.5B draft. The C
 loop makes the same kernel calls with the same operands in the same order, so its outputs are the
 Python path's bit for bit (tests hold them together). It takes the passes it can: every linear a
-`KernelLinear`, the ops `CpuKernelOps`, float32, one sequence, at most MAX_ROWS rows, no trace, and
-attention scores that fit one kernel call (longer prompts run in chunks, from Python). Skipped
-sub-layers (layer-skip self-drafts) run here too.
+`KernelLinear`, the ops `CpuKernelOps`, float32, at most MAX_ROWS rows, no trace, and attention scores
+that fit one kernel call (longer prompts run in chunks, from Python). Several sequences' rows in one
+pass (a batched serving step) and skipped sub-layers (layer-skip self-drafts) run here too.
 """
 
 from __future__ import annotations
@@ -34,6 +34,14 @@ class LinearRef(ctypes.Structure):
     _fields_ = [("packed", ctypes.c_void_p), ("scale", ctypes.c_void_p), ("bias", ctypes.c_void_p),
                 ("kind", ctypes.c_int32), ("in_features", ctypes.c_int32), ("out_features", ctypes.c_int32),
                 ("unused", ctypes.c_int32)]
+
+
+class SegmentRef(ctypes.Structure):
+    """`layers.c`'s `struct segment_ref`: one sequence's rows, its caches and mask."""
+
+    _fields_ = [("k_cache", ctypes.c_void_p), ("v_cache", ctypes.c_void_p), ("mask", ctypes.c_void_p),
+                ("cap", ctypes.c_int32), ("start", ctypes.c_int32), ("row0", ctypes.c_int32),
+                ("rows", ctypes.c_int32)]
 
 
 class LayerRef(ctypes.Structure):
@@ -96,26 +104,44 @@ class FusedLayers:
         return True
 
     @staticmethod
-    def takes(n: int, start: int, heads: int, mask: torch.Tensor | None) -> bool:
-        """Whether a pass of n rows after `start` slots runs here: at most MAX_ROWS rows, and a causal
-        pass (mask None) whose scores fit one attention call (`CpuKernelOps.attend`'s chunks)."""
-        return n <= MAX_ROWS and (mask is not None or n * heads * (start + n) <= SCORES_SCRATCH)
+    def takes(segments, n: int, heads: int) -> bool:
+        """Whether a pass of n rows over `segments` (`model.Segment`) runs here: at most MAX_ROWS rows,
+        each segment a slice of them, and each causal segment (mask None, or a prompt) with scores
+        that fit one attention call (`CpuKernelOps.attend`'s chunks)."""
+        if n > MAX_ROWS:
+            return False
+        for seg in segments:
+            rows = seg.rows
+            if not isinstance(rows, slice) or rows.step not in (None, 1) or not 0 <= (rows.start or 0) <= rows.stop <= n:
+                return False
+            k = rows.stop - (rows.start or 0)
+            if (seg.prefill or seg.mask is None) and k * heads * (seg.start + k) > SCORES_SCRATCH:
+                return False
+        return True
 
-    def run(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, seg, taps: tuple[int, ...],
+    def run(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, segments, taps: tuple[int, ...],
             skip: frozenset = frozenset()):
-        """x [n, E] float32 embeddings (used as the residual stream), cos, sin [n, D / 2]; returns the
-        final-normed states [n, E], or with `taps` (states, features [n, len(taps) E]) as
-        `NativeDecoder._forward`; `skip`: its (layer, "attn" | "mlp") sub-layers left out."""
+        """x [n, E] float32 embeddings (used as the residual stream), cos, sin [n, D / 2], `segments` the
+        sequences' rows; returns the final-normed states [n, E], or with `taps` (states, features
+        [n, len(taps) E]) as `NativeDecoder._forward`; `skip`: its (layer, "attn" | "mlp") sub-layers
+        left out."""
         dec, cfg = self.decoder, self.decoder.cfg
         n, e = x.shape
         h, g, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-        mask = None if seg.prefill or seg.mask is None else seg.mask.contiguous()  # [n, start + n] bool
         x, cos, sin = x.contiguous(), cos.contiguous(), sin.contiguous()
         out = torch.empty_like(x)  # [n, E]
         tapped = torch.empty((n, len(taps) * e), dtype=torch.float32) if taps else None  # [n, k E]
         tap_ids = (ctypes.c_int32 * len(taps))(*taps) if taps else None
-        scores = dec.ops._scores(n * h * (seg.start + n))
-        cache = seg.cache
+        masks, refs, most = [], [], 0
+        for seg in segments:
+            row0 = seg.rows.start or 0
+            k = seg.rows.stop - row0
+            mask = None if seg.prefill or seg.mask is None else seg.mask.contiguous()  # [k, start + k] bool
+            masks.append(mask)  # bound for the call
+            refs.append(SegmentRef(seg.cache.k.data_ptr(), seg.cache.v.data_ptr(), _ptr(mask), seg.cache.capacity,
+                                   seg.start, row0, k))
+            most = max(most, k * h * (seg.start + k))
+        scores = dec.ops._scores(most)
         skipped = None
         if skip:
             kinds = ("attn", "mlp")
@@ -123,9 +149,9 @@ class FusedLayers:
                 *(int((i, k) in skip) for i in range(len(self.linears)) for k in kinds))
         status = library().specula_decoder_pass(
             x.data_ptr(), out.data_ptr(), n, e, len(self.linears), self.refs, dec.final_norm.data_ptr(),
-            cfg.rms_norm_eps, cos.data_ptr(), sin.data_ptr(), cache.k.data_ptr(), cache.v.data_ptr(), cache.capacity,
-            seg.start, _ptr(mask), h, g, d, cfg.intermediate_size, d ** -0.5, scores.data_ptr(), tap_ids, len(taps),
-            _ptr(tapped), skipped, torch.get_num_threads())
+            cfg.rms_norm_eps, cos.data_ptr(), sin.data_ptr(), (SegmentRef * len(refs))(*refs), len(refs), h, g, d,
+            cfg.intermediate_size, d ** -0.5, scores.data_ptr(), tap_ids, len(taps), _ptr(tapped), skipped,
+            torch.get_num_threads())
         if status != 0:
             raise MemoryError(f"the native decoder's C loop could not allocate its work buffers for {n} rows")
         return out if not taps else (out, tapped)

@@ -216,7 +216,7 @@ class NativeDecoder(nn.Module):
         cos, sin = self.rope(positions)
         fused = self._c_loop(segments, len(tokens), trace)
         if fused is not None:  # the same kernel calls from C, without the glue between them
-            return fused.run(x, cos, sin, segments[0], taps, skip)
+            return fused.run(x, cos, sin, segments, taps, skip)
         delta = None  # the last sub-layer's output, not yet added to the residual stream
         tapped: dict[int, torch.Tensor] = {}  # layer -> its input [T, E] (copies: add_norm may write x in place)
         for index, layer in enumerate(self.layers):
@@ -240,16 +240,12 @@ class NativeDecoder(nn.Module):
 
     def _c_loop(self, segments: Sequence[Segment], n: int, trace) -> Any:
         """The C loop over the layers (`fused.FusedLayers`) where it runs this pass: specula's CPU
-        kernels, one sequence, at most `fused.MAX_ROWS` rows, not traced; else None."""
-        if trace is not None or len(segments) != 1 or self.embed.weight.dtype != torch.float32:
+        kernels, at most `fused.MAX_ROWS` rows, not traced; else None."""
+        if trace is not None or self.embed.weight.dtype != torch.float32:
             return None
         from specula.models.native.fused import FusedLayers
 
-        seg = segments[0]
-        if (seg.rows.start or 0) != 0 or seg.rows.stop != n:
-            return None
-        mask = None if seg.prefill else seg.mask
-        if not FusedLayers.takes(n, seg.start, self.cfg.num_heads, mask):
+        if not FusedLayers.takes(segments, n, self.cfg.num_heads):
             return None
         return FusedLayers.of(self)
 

@@ -41,6 +41,15 @@ struct linear_ref {
     int32_t kind, in, out, unused;
 };
 
+/* One sequence's rows in the pass (fused.py's `SegmentRef`): rows row0 .. row0 + rows - 1, written at
+ * slots start.. of its [L, G, cap, D] caches, seeing the slots `mask` [rows, start + rows] allows
+ * (bytes; NULL: causally). */
+struct segment_ref {
+    float *k_cache, *v_cache;
+    const uint8_t *mask;
+    int32_t cap, start, row0, rows;
+};
+
 /* One decoder layer's weights (fused.py's `LayerRef`). */
 struct layer_ref {
     const float *input_norm, *post_norm;
@@ -71,16 +80,17 @@ static void tap(const float *x, const float *delta, float *tapped, int slot, int
 }
 
 /* x [n, E]: the rows' embeddings, used as the residual stream (overwritten); out [n, E]: the
- * final-normed states. k_cache, v_cache: the sequence's [L, G, cap, D] buffers. mask [n, start + n]
- * (bytes) or NULL (causal). scores: scratch of n * heads * (start + n) floats. taps [ntaps], tapped
- * [n, ntaps * E] (ntaps may be 0). skip [L][2] (attention, MLP; nonzero: skipped) or NULL. Returns
- * 0, or -1 when the work buffers could not be allocated (nothing is written then). */
+ * final-normed states. segs [nseg]: the sequences' rows (each its own cache; the linears run over
+ * all n rows at once, attention per sequence in order). scores: scratch of the most
+ * rows * heads * (start + rows) floats of a segment. taps [ntaps], tapped [n, ntaps * E] (ntaps may
+ * be 0). skip [L][2] (attention, MLP; nonzero: skipped) or NULL. Returns 0, or -1 when the work
+ * buffers could not be allocated (nothing is written then). */
 int specula_decoder_pass(float *x, float *out, int n, int e, int layers, const struct layer_ref *w,
-                         const float *final_norm, float eps, const float *cos_, const float *sin_, float *k_cache,
-                         float *v_cache, int cap, int start, const uint8_t *mask, int heads, int kv_heads, int d,
-                         int inter, float scale, float *scores, const int32_t *taps, int ntaps, float *tapped,
-                         const uint8_t *skip, int threads) {
-    size_t qkv_w = (size_t)(heads + 2 * kv_heads) * d, att_w = (size_t)heads * d, per_layer = (size_t)kv_heads * cap * d;
+                         const float *final_norm, float eps, const float *cos_, const float *sin_,
+                         const struct segment_ref *segs, int nseg, int heads, int kv_heads, int d, int inter,
+                         float scale, float *scores, const int32_t *taps, int ntaps, float *tapped, const uint8_t *skip,
+                         int threads) {
+    size_t qkv_w = (size_t)(heads + 2 * kv_heads) * d, att_w = (size_t)heads * d, half = (size_t)d / 2;
     size_t floats = (size_t)n * (2 * (size_t)e + qkv_w + 2 * att_w + 3 * (size_t)inter);
     float *buf = malloc(floats * sizeof(float));
     if (!buf) return -1;
@@ -94,10 +104,15 @@ int specula_decoder_pass(float *x, float *out, int n, int e, int layers, const s
         if (!(skip && skip[2 * li])) {
             specula_add_rms_norm(x, pending ? delta : NULL, l->input_norm, eps, h, n, e);
             linear(&l->qkv, h, qkv, n, threads);
-            float *kc = k_cache + (size_t)li * per_layer, *vc = v_cache + (size_t)li * per_layer;
-            specula_rope_write(qkv, cos_, sin_, q, kc, vc, n, heads, kv_heads, d, cap, start);
-            specula_attention(q, kc, vc, mask, att, scores, n, heads, kv_heads, d, cap, start + n, start, scale,
-                              threads);
+            for (int si = 0; si < nseg; si++) {
+                const struct segment_ref *sg = segs + si;
+                size_t per_layer = (size_t)kv_heads * sg->cap * d, r0 = (size_t)sg->row0;
+                float *kc = sg->k_cache + (size_t)li * per_layer, *vc = sg->v_cache + (size_t)li * per_layer;
+                specula_rope_write(qkv + r0 * qkv_w, cos_ + r0 * half, sin_ + r0 * half, q + r0 * att_w, kc, vc,
+                                   sg->rows, heads, kv_heads, d, sg->cap, sg->start);
+                specula_attention(q + r0 * att_w, kc, vc, sg->mask, att + r0 * att_w, scores, sg->rows, heads,
+                                  kv_heads, d, sg->cap, sg->start + sg->rows, sg->start, scale, threads);
+            }
             linear(&l->o, att, delta, n, threads);
             pending = 1;
         }
