@@ -148,12 +148,18 @@ def test_passes_the_c_loop_does_not_take_run_from_python(monkeypatch):
     assert decoder._c_loop([one, Segment(cache, 0, slice(4, 6), None, True)], 6, None) is not None
     assert decoder._c_loop([Segment(cache, 0, slice(0, MAX_ROWS + 1), None, True)], MAX_ROWS + 1, None) is None
     assert decoder._c_loop([one], 4, {}) is None  # traced
-    monkeypatch.setattr(fused, "SCORES_SCRATCH", 4 * cfg.num_heads * 4 - 1)
-    assert decoder._c_loop([one], 4, None) is None  # its scores would run in chunks
-    from specula.models.native.ops import TorchOps
+    from specula.models.native.ops import CpuKernelOps, TorchOps
 
     decoder.ops = TorchOps()
     assert decoder._c_loop([one], 4, None) is None
+    decoder.ops = CpuKernelOps()
+    assert decoder._c_loop([one], 4, None) is not None
+    decoder.layers[1].wo = torch.nn.Linear(cfg.num_heads * cfg.head_dim, cfg.hidden_size, bias=False)  # not a kernel
+    assert decoder._c_loop([one], 4, None) is None
+    decoder = decoder_of("qwen2", "none")
+    assert decoder._c_loop([one], 4, None) is not None
+    monkeypatch.setattr(fused, "SCORES_SCRATCH", 4 * cfg.num_heads * 4 - 1)
+    assert decoder._c_loop([one], 4, None) is None  # its scores would run in chunks
 
 
 def test_c_loop_follows_a_replaced_layer(monkeypatch):
@@ -171,6 +177,29 @@ def test_c_loop_follows_a_replaced_layer(monkeypatch):
     new = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
     decoder.layers[1].w_down = KernelLinear(new, "f32")
     assert FusedLayers.of(decoder) is not first
+
+    def states():
+        cache = KVCache(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, dtype=torch.float32,
+                        device=torch.device("cpu"))
+        return run(decoder, cache, [3, 1, 4, 1, 5], 0, None, True, ())
+
+    got = states()
+    python_loop(monkeypatch)
+    assert torch.equal(got, states())
+
+
+def test_buffers_assigned_anew_are_gathered_again(monkeypatch):
+    """A layer's buffers assigned anew (as `load_state_dict(assign=True)` does) under the same modules:
+    the next pass reads the new ones (its outputs are the Python loop's with the new weights)."""
+    decoder = decoder_of("qwen2", "int8")
+    cfg = decoder.cfg
+    first = FusedLayers.of(decoder)
+    lin = decoder.layers[1].w_gate_up
+    lin.packed = lin.packed.flip(0).contiguous()  # other int8 weights, another buffer
+    with torch.no_grad():
+        decoder.layers[0].input_norm = torch.nn.Parameter(decoder.layers[0].input_norm.detach() * 1.5)
+    fused = FusedLayers.of(decoder)
+    assert fused is not first and fused.refs[1].gate_up.packed == lin.packed.data_ptr()
 
     def states():
         cache = KVCache(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, dtype=torch.float32,

@@ -60,29 +60,50 @@ def _linear_ref(lin: KernelLinear) -> LinearRef:
                      lin.out_features, 0)
 
 
+LINEARS = ("wqkv", "wo", "w_gate_up", "w_down")
+"""A layer's linears, in `LayerRef`'s order."""
+
+
+def _held(decoder) -> list:
+    """Every norm, linear and buffer the C loop reads from the decoder's layers, read from the modules'
+    own dicts (nn.Module's attribute fallback costs about a microsecond a lookup; `current` makes
+    hundreds a pass). A norm is a registered parameter and a `KernelLinear`'s tensors are registered
+    buffers; a module of another kind reads as None there, so the key changes and `of` looks again."""
+    out = []
+    for layer in decoder.layers:
+        norms = layer._parameters
+        out += (norms.get("input_norm"), norms.get("post_norm"))
+        for lin in map(layer._modules.get, LINEARS):
+            b = lin._buffers
+            out += (lin, b.get("packed"), b.get("scale"), b.get("bias"))
+    return out
+
+
 class FusedLayers:
     """The C loop over one decoder's layers: the weights' pointers, gathered once (`of`)."""
 
     def __init__(self, decoder) -> None:
         self.decoder = decoder
-        self.linears = tuple((layer.wqkv, layer.wo, layer.w_gate_up, layer.w_down) for layer in decoder.layers)
-        """The modules the pointers were read from (kept alive; `of` rebuilds when one is replaced)."""
-        self.norms = tuple((layer.input_norm, layer.post_norm) for layer in decoder.layers)
-        refs = [LayerRef(n_in.data_ptr(), n_post.data_ptr(), *(_linear_ref(lin) for lin in lins))
-                for (n_in, n_post), lins in zip(self.norms, self.linears)]
+        self.linears = tuple(tuple(getattr(layer, name) for name in LINEARS) for layer in decoder.layers)
+        """Each layer's linears, in `LayerRef`'s order."""
+        refs = [LayerRef(layer.input_norm.data_ptr(), layer.post_norm.data_ptr(), *map(_linear_ref, lins))
+                for layer, lins in zip(decoder.layers, self.linears)]
         self.refs = (LayerRef * len(refs))(*refs)
+        self.held = _held(decoder)
+        """The modules and tensors `refs` points into, held so their addresses stay theirs (`current`)."""
+        self.key = tuple(map(id, self.held))
 
     @staticmethod
     def of(decoder) -> "FusedLayers | None":
         """The decoder's C loop, or None where its layers cannot run there (another linear or ops
-        implementation); kept on the decoder, rebuilt when a layer's modules or norms change."""
+        implementation); kept on the decoder, rebuilt when a layer's modules or buffers change."""
         if not isinstance(decoder.ops, CpuKernelOps):
             return None
         fused = decoder.__dict__.get("_fused_layers")
         if fused is not None and fused.current():
             return fused
         for layer in decoder.layers:
-            for lin in (layer.wqkv, layer.wo, layer.w_gate_up, layer.w_down):
+            for lin in (getattr(layer, name) for name in LINEARS):
                 if not isinstance(lin, KernelLinear) or lin.kind not in KIND_CODES:
                     return None
             if layer.input_norm.dtype != torch.float32 or layer.post_norm.dtype != torch.float32:
@@ -92,16 +113,9 @@ class FusedLayers:
         return fused
 
     def current(self) -> bool:
-        """Whether the decoder still holds the modules and norms the pointers were read from."""
-        layers = self.decoder.layers
-        if len(layers) != len(self.linears):
-            return False
-        for layer, lins, norms in zip(layers, self.linears, self.norms):
-            if (layer.wqkv, layer.wo, layer.w_gate_up, layer.w_down) != lins:
-                return False
-            if layer.input_norm is not norms[0] or layer.post_norm is not norms[1]:
-                return False
-        return True
+        """Whether the decoder still holds the modules and buffers the pointers were read from (a
+        replaced layer, or buffers assigned anew by `load_state_dict(assign=True)`, gather them again)."""
+        return tuple(map(id, _held(self.decoder))) == self.key
 
     @staticmethod
     def takes(segments, n: int, heads: int) -> bool:
