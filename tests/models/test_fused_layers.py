@@ -34,6 +34,18 @@ def python_loop(monkeypatch) -> None:
     monkeypatch.setattr(FusedLayers, "of", staticmethod(lambda decoder: None))
 
 
+def new_cache(decoder) -> KVCache:
+    cfg = decoder.cfg
+    return KVCache(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, dtype=torch.float32, device=torch.device("cpu"))
+
+
+def assert_prompt_states_are_the_python_loops(decoder, monkeypatch) -> None:
+    """A 5-token prompt's states on the C loop equal the Python loop's (which runs from then on)."""
+    got = run(decoder, new_cache(decoder), [3, 1, 4, 1, 5], 0, None, True, ())
+    python_loop(monkeypatch)
+    assert torch.equal(got, run(decoder, new_cache(decoder), [3, 1, 4, 1, 5], 0, None, True, ()))
+
+
 def run(decoder, cache, tokens, start, mask, prefill, taps, positions=None, skip=frozenset()):
     n = len(tokens)
     seg = Segment(cache, start, slice(0, n), mask, prefill)
@@ -68,8 +80,7 @@ def test_c_loop_gives_the_python_loops_bits(arch, quantize, taps, skip, monkeypa
     skip = frozenset(skip)
     decoder = decoder_of(arch, quantize)
     cfg = decoder.cfg
-    caches = [KVCache(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, dtype=torch.float32, device=torch.device("cpu"))
-              for _ in range(2)]
+    caches = [new_cache(decoder) for _ in range(2)]
     shapes = list(passes(random.Random(5), cfg.vocab_size))
     fused = []
     for tokens, start, mask, prefill, positions in shapes:
@@ -110,8 +121,7 @@ def test_c_loop_gives_the_python_loops_bits_for_several_sequences_in_one_pass(qu
     def one_pass():
         caches = []
         for start in starts:  # each sequence's earlier slots, written alike on both paths
-            cache = KVCache(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, dtype=torch.float32,
-                            device=torch.device("cpu"))
+            cache = new_cache(decoder)
             cache.reserve(start + 16, 0)
             gen = torch.Generator().manual_seed(start)
             cache.k.copy_(torch.randn(cache.k.shape, generator=gen))
@@ -142,7 +152,7 @@ def test_passes_the_c_loop_does_not_take_run_from_python(monkeypatch):
 
     decoder = decoder_of("qwen2", "none")
     cfg = decoder.cfg
-    cache = KVCache(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, dtype=torch.float32, device=torch.device("cpu"))
+    cache = new_cache(decoder)
     one = Segment(cache, 0, slice(0, 4), None, True)
     assert decoder._c_loop([one], 4, None) is not None
     assert decoder._c_loop([one, Segment(cache, 0, slice(4, 6), None, True)], 6, None) is not None
@@ -177,22 +187,13 @@ def test_c_loop_follows_a_replaced_layer(monkeypatch):
     new = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
     decoder.layers[1].w_down = KernelLinear(new, "f32")
     assert FusedLayers.of(decoder) is not first
-
-    def states():
-        cache = KVCache(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, dtype=torch.float32,
-                        device=torch.device("cpu"))
-        return run(decoder, cache, [3, 1, 4, 1, 5], 0, None, True, ())
-
-    got = states()
-    python_loop(monkeypatch)
-    assert torch.equal(got, states())
+    assert_prompt_states_are_the_python_loops(decoder, monkeypatch)
 
 
 def test_buffers_assigned_anew_are_gathered_again(monkeypatch):
     """A layer's buffers assigned anew (as `load_state_dict(assign=True)` does) under the same modules:
     the next pass reads the new ones (its outputs are the Python loop's with the new weights)."""
     decoder = decoder_of("qwen2", "int8")
-    cfg = decoder.cfg
     first = FusedLayers.of(decoder)
     lin = decoder.layers[1].w_gate_up
     lin.packed = lin.packed.flip(0).contiguous()  # other int8 weights, another buffer
@@ -200,12 +201,4 @@ def test_buffers_assigned_anew_are_gathered_again(monkeypatch):
         decoder.layers[0].input_norm = torch.nn.Parameter(decoder.layers[0].input_norm.detach() * 1.5)
     fused = FusedLayers.of(decoder)
     assert fused is not first and fused.refs[1].gate_up.packed == lin.packed.data_ptr()
-
-    def states():
-        cache = KVCache(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, dtype=torch.float32,
-                        device=torch.device("cpu"))
-        return run(decoder, cache, [3, 1, 4, 1, 5], 0, None, True, ())
-
-    got = states()
-    python_loop(monkeypatch)
-    assert torch.equal(got, states())
+    assert_prompt_states_are_the_python_loops(decoder, monkeypatch)

@@ -17,7 +17,7 @@ import ctypes
 
 import torch
 
-from specula.models.native.kernels import KernelLinear, library
+from specula.models.native.kernels import KernelLinear, _ptr, library
 from specula.models.native.ops import SCORES_SCRATCH, CpuKernelOps
 
 KIND_CODES = {"f32": 0, "w8": 1, "i8": 2}
@@ -51,10 +51,6 @@ class LayerRef(ctypes.Structure):
                 ("o", LinearRef), ("gate_up", LinearRef), ("down", LinearRef)]
 
 
-def _ptr(t: torch.Tensor | None) -> int | None:
-    return None if t is None else t.data_ptr()
-
-
 def _linear_ref(lin: KernelLinear) -> LinearRef:
     return LinearRef(lin.packed.data_ptr(), _ptr(lin.scale), _ptr(lin.bias), KIND_CODES[lin.kind], lin.in_features,
                      lin.out_features, 0)
@@ -84,10 +80,8 @@ class FusedLayers:
 
     def __init__(self, decoder) -> None:
         self.decoder = decoder
-        self.linears = tuple(tuple(getattr(layer, name) for name in LINEARS) for layer in decoder.layers)
-        """Each layer's linears, in `LayerRef`'s order."""
-        refs = [LayerRef(layer.input_norm.data_ptr(), layer.post_norm.data_ptr(), *map(_linear_ref, lins))
-                for layer, lins in zip(decoder.layers, self.linears)]
+        refs = [LayerRef(layer.input_norm.data_ptr(), layer.post_norm.data_ptr(),
+                         *(_linear_ref(getattr(layer, name)) for name in LINEARS)) for layer in decoder.layers]
         self.refs = (LayerRef * len(refs))(*refs)
         self.held = _held(decoder)
         """The modules and tensors `refs` points into, held so their addresses stay theirs (`current`)."""
@@ -159,10 +153,10 @@ class FusedLayers:
         skipped = None
         if skip:
             kinds = ("attn", "mlp")
-            skipped = (ctypes.c_uint8 * (2 * len(self.linears)))(
-                *(int((i, k) in skip) for i in range(len(self.linears)) for k in kinds))
+            skipped = (ctypes.c_uint8 * (2 * len(self.refs)))(
+                *(int((i, k) in skip) for i in range(len(self.refs)) for k in kinds))
         status = library().specula_decoder_pass(
-            x.data_ptr(), out.data_ptr(), n, e, len(self.linears), self.refs, dec.final_norm.data_ptr(),
+            x.data_ptr(), out.data_ptr(), n, e, len(self.refs), self.refs, dec.final_norm.data_ptr(),
             cfg.rms_norm_eps, cos.data_ptr(), sin.data_ptr(), (SegmentRef * len(refs))(*refs), len(refs), h, g, d,
             cfg.intermediate_size, d ** -0.5, scores.data_ptr(), tap_ids, len(taps), _ptr(tapped), skipped,
             torch.get_num_threads())

@@ -29,6 +29,7 @@ from torch import nn
 from specula.errors import ConfigError
 from specula.models.device import sdpa_without_cudnn
 from specula.models.native.cache import KVCache
+from specula.models.native.fused import FusedLayers
 from specula.models.native.ops import TorchOps
 
 ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM")
@@ -243,8 +244,6 @@ class NativeDecoder(nn.Module):
         kernels, at most `fused.MAX_ROWS` rows, not traced; else None."""
         if trace is not None or self.embed.weight.dtype != torch.float32:
             return None
-        from specula.models.native.fused import FusedLayers
-
         if not FusedLayers.takes(segments, n, self.cfg.num_heads):
             return None
         return FusedLayers.of(self)

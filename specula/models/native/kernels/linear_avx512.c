@@ -206,43 +206,12 @@ PANEL_ITEM(specula_f32_panel_avx512, float, ZMM_LOAD_F32, NULL)
 __attribute__((target("avx512f,avx512bw")))
 PANEL_ITEM(specula_w8_panel_avx512, int8_t, ZMM_LOAD_W8, scale)
 
-/* i8: rows m0 .. m0 + MB over the column block at wb (u = q + 128, minus 128 x the column sums). */
-#define VNNI_BODY(MB)                                                                                \
-    do {                                                                                             \
-        __m512i a[MB], colsum = _mm512_setzero_si512();                                              \
-        for (int m = 0; m < MB; m++) a[m] = _mm512_setzero_si512();                                  \
-        for (int iq = 0; iq < quads; iq++) {                                                         \
-            PREFETCH_W(wb, (size_t)iq * NB * 4);                                                     \
-            __m512i w = _mm512_loadu_si512((const void *)(wb + (size_t)iq * NB * 4));                \
-            colsum = _mm512_dpbusd_epi32(colsum, ones, w);                                           \
-            for (int m = 0; m < MB; m++) {                                                           \
-                int32_t four;                                                                        \
-                memcpy(&four, xq + (size_t)(m0 + m) * in4 + (size_t)iq * 4, 4);                      \
-                a[m] = _mm512_dpbusd_epi32(a[m], _mm512_set1_epi32(four), w);                        \
-            }                                                                                        \
-        }                                                                                            \
-        __m512i offset = _mm512_slli_epi32(colsum, 7);                                               \
-        int32_t acc[MB][NB];                                                                         \
-        for (int m = 0; m < MB; m++) _mm512_storeu_si512((void *)acc[m], _mm512_sub_epi32(a[m], offset)); \
-        store_int_rows(acc, y, xs, wscale, b, m0, MB, o0, nc, out);                                  \
-    } while (0)
-
-#define VNNI_CASE(MB) case MB: VNNI_BODY(MB); break;
-
-#define VNNI_SWITCH(ROWS)                                                                            \
-    switch (ROWS) {                                                                                  \
-        VNNI_CASE(1) VNNI_CASE(2) VNNI_CASE(3) VNNI_CASE(4) VNNI_CASE(5) VNNI_CASE(6) VNNI_CASE(7)   \
-        VNNI_CASE(8) VNNI_CASE(9) VNNI_CASE(10) VNNI_CASE(11) VNNI_CASE(12) VNNI_CASE(13)            \
-        VNNI_CASE(14) VNNI_CASE(15) default: VNNI_BODY(16); break;                                   \
-    }
-
-__attribute__((target("avx512f,avx512bw,avx512vnni")))
-INT8_BLOCK_ITEM(specula_i8_block_vnni, const __m512i ones = _mm512_set1_epi8(1), MRV, VNNI_SWITCH)
-
-/* i8 calls of up to VNNI_MULTI_ROWS rows (one-token drafting passes, a head's frontier): one item is
- * KB adjacent column blocks (`i8_multi_blocks`: 4 up to 4 rows, 3 up to 6, else 2; fewer at the end),
- * every row over all of them at once, so a core keeps KB weight streams in flight where one block
- * kept one (as f32's `MULTI_ITEM`). Each output is the same exact int32 sum as VNNI_BODY's, then the
+/* i8 with VNNI: rows m0 .. m0 + MB over KB adjacent column blocks from wb (o0 the first's first
+ * output; u = q + 128, minus 128 x each block's column sums), every row over all KB at once. Calls
+ * of up to VNNI_MULTI_ROWS rows (one-token drafting passes, a head's frontier) run items of KB =
+ * `i8_multi_blocks` blocks (4 up to 4 rows, 3 up to 6, else 2; fewer at the end), so a core keeps
+ * KB weight streams in flight where one block kept one (as f32's `MULTI_ITEM`); larger calls run
+ * one block an item (VNNI_BODY). Each output is the same exact int32 sum whatever KB, then the
  * same `store_int_rows`: the bits do not depend on KB. */
 #define VNNI_MULTI_BODY(KB, MB)                                                                      \
     do {                                                                                             \
@@ -261,7 +230,7 @@ INT8_BLOCK_ITEM(specula_i8_block_vnni, const __m512i ones = _mm512_set1_epi8(1),
             }                                                                                        \
             for (int m = 0; m < MB; m++) {                                                           \
                 int32_t four;                                                                        \
-                memcpy(&four, xq + (size_t)m * in4 + (size_t)iq * 4, 4);                             \
+                memcpy(&four, xq + (size_t)(m0 + m) * in4 + (size_t)iq * 4, 4);                      \
                 __m512i xv = _mm512_set1_epi32(four);                                                \
                 for (int k = 0; k < KB; k++) a[k][m] = _mm512_dpbusd_epi32(a[k][m], xv, w[k]);       \
             }                                                                                        \
@@ -271,9 +240,22 @@ INT8_BLOCK_ITEM(specula_i8_block_vnni, const __m512i ones = _mm512_set1_epi8(1),
             int32_t acc[MB][NB];                                                                     \
             int ok = o0 + k * NB, nk = out - ok < NB ? out - ok : NB;                                \
             for (int m = 0; m < MB; m++) _mm512_storeu_si512((void *)acc[m], _mm512_sub_epi32(a[k][m], offset)); \
-            store_int_rows(acc, y, xs, wscale, b, 0, MB, ok, nk, out);                               \
+            store_int_rows(acc, y, xs, wscale, b, m0, MB, ok, nk, out);                              \
         }                                                                                            \
     } while (0)
+#define VNNI_BODY(MB) VNNI_MULTI_BODY(1, MB)
+
+#define VNNI_CASE(MB) case MB: VNNI_BODY(MB); break;
+
+#define VNNI_SWITCH(ROWS)                                                                            \
+    switch (ROWS) {                                                                                  \
+        VNNI_CASE(1) VNNI_CASE(2) VNNI_CASE(3) VNNI_CASE(4) VNNI_CASE(5) VNNI_CASE(6) VNNI_CASE(7)   \
+        VNNI_CASE(8) VNNI_CASE(9) VNNI_CASE(10) VNNI_CASE(11) VNNI_CASE(12) VNNI_CASE(13)            \
+        VNNI_CASE(14) VNNI_CASE(15) default: VNNI_BODY(16); break;                                   \
+    }
+
+__attribute__((target("avx512f,avx512bw,avx512vnni")))
+INT8_BLOCK_ITEM(specula_i8_block_vnni, const __m512i ones = _mm512_set1_epi8(1), MRV, VNNI_SWITCH)
 
 #define VM(KB, MB) case MB: VNNI_MULTI_BODY(KB, MB); break;
 #define VNNI_MULTI_SWITCH(KB)                                                                        \
@@ -290,7 +272,7 @@ void specula_i8_multi_vnni(void *arg, int item) {
     const int8_t *xq = j->xq;
     float *y = j->y;
     int M = j->M, out = j->out, quads = j->quads, in4 = j->in4, blocks = (out + NB - 1) / NB;
-    int bk0 = item * j->panel, bk1 = bk0 + j->panel < blocks ? bk0 + j->panel : blocks, o0 = bk0 * NB;
+    int bk0 = item * j->panel, bk1 = bk0 + j->panel < blocks ? bk0 + j->panel : blocks, o0 = bk0 * NB, m0 = 0;
     const int8_t *wb = (const int8_t *)j->wp + (size_t)bk0 * quads * NB * 4;
     switch (bk1 - bk0) {
         case 4: VNNI_MULTI_SWITCH(4) break;
