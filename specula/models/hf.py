@@ -145,6 +145,11 @@ class HFCausalLM:
         with torch.inference_mode():
             return self.model.get_input_embeddings()(ids.to(self.device))
 
+    def input_embeddings(self) -> torch.Tensor:
+        """The input embedding table [V, E], read-only (a drafting head's kernel pass looks its rows
+        up in C: `heads.kernel_pass.embedding_table`)."""
+        return self.model.get_input_embeddings().weight.detach()
+
     def output_layer(self) -> torch.nn.Module:
         """The output head ([.., E] -> [.., V] logits)."""
         return self.model.get_output_embeddings()

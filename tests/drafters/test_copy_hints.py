@@ -77,6 +77,7 @@ def copy_head(kind: str, target, seed: int = 1) -> TrainedHead:
     with torch.no_grad():
         head.module.copy_proj.weight.normal_(0.0, 0.2, generator=g)
         head.module.copy_len.normal_(0.0, 0.2, generator=g)
+        head.module.copy_gain.normal_(0.0, 0.2, generator=g)
     return head
 
 
@@ -148,12 +149,56 @@ def test_the_kernel_pass_adds_the_copy_term_as_the_forward_does():
     torch.manual_seed(0)
     t, e = 6, cfg.hidden_size
     emb, feats = torch.randn(t, e), torch.randn(t, e)
-    term = module.copy_term(torch.randn(t, e), torch.tensor([0, 1, 3, 2, 0, 1]))  # [T, E]
+    hint_emb, hint_len = torch.randn(t, e), torch.tensor([0, 1, 3, 2, 0, 1])
+    term = module.copy_term(hint_emb, hint_len)  # [T, E]
     caches = [KVBuffer(cfg.num_kv_heads, cfg.head_dim, head.dtype, "cpu") for _ in range(2)]
     with torch.inference_mode():
         want, _ = module(emb[None], feats[None], torch.arange(t)[None], cache=caches[0], copy=term[None])
-        got, _ = run(emb, feats, torch.arange(t), None, caches[1], 0, 0, term)
+        got, _, _ = run(emb, feats, torch.arange(t), None, caches[1], 0, 0, (hint_emb, hint_len))
     torch.testing.assert_close(got, want[0], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.skipif(drafting_kernel("cpu") is None, reason="specula's CPU kernels do not run here")
+@pytest.mark.parametrize("kind", ["eagle", "eagle3"])
+def test_the_kernel_pass_runs_a_level_from_token_ids_to_logits(kind):
+    """A head drafting on the kernels runs a level in one call from token ids: the embeddings looked
+    up in the target's table, eagle3's raw features fused, the copy hints' term, the layer and the
+    output layer, as the module's forward and `target_logits` compute them; `logits_from` keeps the
+    last rows' logits only; a layer replaced after the pass was built is read anew."""
+    from specula.drafters.heads.eagle import KVBuffer
+    from specula.models.native.kernels import KernelLinear
+
+    target = native(tiny_model("llama", "eager", seed=4))
+    base = copy_head(kind, target, seed=3)
+    head = TrainedHead(copy.deepcopy(base.module), base.d2t, target, kernel="f32")
+    run, module, cfg = head.kernel_pass, head.module, head.config
+    assert run is not None and run.table is not None and run.lm is not None
+    t, e = 6, cfg.hidden_size
+    g = torch.Generator().manual_seed(0)
+    ids, hint_ids = torch.randint(0, 96, (t,), generator=g), torch.randint(0, 96, (t,), generator=g)
+    hint_len = torch.tensor([0, 1, 3, 2, 0, 1])
+    raw = torch.randn(t, len(cfg.feature_layers or (0,)) * e, generator=g)  # eagle3: the target's layer inputs
+
+    def want(cache):
+        copy_term = module.copy_term(head.embed(hint_ids), hint_len)
+        out, _ = module(head.embed(ids)[None], module.fuse_features(raw)[None], torch.arange(t)[None], cache=cache,
+                        copy=copy_term[None])
+        states = module.output_states(out[0])
+        return out[0], states, head.target_logits(states)
+
+    with torch.inference_mode():
+        for replaced in (False, True):
+            if replaced:  # a new output projection under the same module: the pass must read its pointers again
+                module.wo = KernelLinear(torch.nn.Linear(cfg.num_heads * cfg.head_dim, e, bias=False), "f32")
+            caches = [KVBuffer(cfg.num_kv_heads, cfg.head_dim, head.dtype, "cpu") for _ in range(2)]
+            expected = want(caches[0])
+            got = run(ids, raw, torch.arange(t), None, caches[1], 0, 0, (hint_ids, hint_len), raw=True)
+            for a, b in zip(got, expected):
+                torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
+            torch.testing.assert_close(caches[1].keys[:, :, :t], caches[0].keys[:, :, :t], atol=1e-5, rtol=1e-5)
+        _, _, last = run(ids, raw, torch.arange(t), None, caches[1], 0, 0, (hint_ids, hint_len), t - 2, raw=True)
+        assert last.shape == (2, len(head.d2t))
+        torch.testing.assert_close(last, expected[2][-2:], atol=1e-4, rtol=1e-4)
 
 
 def test_a_head_gains_copy_hints_at_zero_weight_and_drafts_as_before(tmp_path):

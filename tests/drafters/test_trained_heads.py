@@ -15,7 +15,7 @@ from laws import exact_first_two, sample_first_two, tv, tv_bound
 from tiny import reference_greedy, tiny_model
 from specula.api import build_decoder
 from specula.drafters.heads.file import HeadFile, read_head, save_head, target_record
-from specula.drafters.heads.runtime import drafting_dtype, drafting_kernel, load_head, new_head
+from specula.drafters.heads.runtime import TrainedHead, drafting_dtype, drafting_kernel, load_head, new_head
 from specula.drafters.trained import create_head_drafter
 from specula.models.native.kernels import KernelLinear
 from specula.errors import ConfigError, HeadFileError
@@ -56,7 +56,6 @@ def test_greedy_output_equals_plain_greedy(kind, backend):
 @pytest.mark.parametrize("kind", KINDS)
 def test_a_bfloat16_head_drafts_and_output_stays_plain_greedy(kind):
     """The drafting dtype on an AVX512-BF16 CPU: a draft needs no exactness, the output does."""
-    from specula.drafters.heads.runtime import TrainedHead
 
     model = tiny_model("llama", "eager", seed=4)
     target = native(model)
@@ -77,7 +76,6 @@ def test_a_head_drafting_on_int8_kernels_stays_close_and_output_stays_plain_gree
     float activations; its logits track the float head's, and the output is plain greedy."""
     import copy
 
-    from specula.drafters.heads.runtime import TrainedHead
 
     model = tiny_model("llama", "eager", seed=4)
     target = native(model)
@@ -211,7 +209,7 @@ def test_the_kernel_pass_computes_the_heads_forward(kind):
         caches = [KVBuffer(cfg.num_kv_heads, cfg.head_dim, head.dtype, "cpu", capacity=8) for _ in range(2)]
         with torch.inference_mode():
             want, _ = module(emb[None, :p], feats[None, :p], torch.arange(p)[None], cache=caches[0], at=0)
-            got, states = run(emb[:p], feats[:p], torch.arange(p), None, caches[1], 0, 0)
+            got, states, _ = run(emb[:p], feats[:p], torch.arange(p), None, caches[1], 0, 0)
             torch.testing.assert_close(got, want[0], atol=1e-5, rtol=1e-5)
             torch.testing.assert_close(states, module.output_states(want[0]) if kind == "eagle3" else want[0])
             torch.testing.assert_close(caches[1].keys[:, :, :p], caches[0].keys[:, :, :p], atol=1e-5, rtol=1e-5)
@@ -219,21 +217,22 @@ def test_the_kernel_pass_computes_the_heads_forward(kind):
                 rows = torch.arange(p, p + t)
                 want, _ = module(emb[None, p:], feats[None, p:], rows[None], mask=None if mask is None else mask[None],
                                  cache=caches[0], at=p, lo=lo)
-                got, _ = run(emb[p:], feats[p:], rows, mask, caches[1], p, lo)
+                got, _, _ = run(emb[p:], feats[p:], rows, mask, caches[1], p, lo)
                 torch.testing.assert_close(got, want[0], atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize("kind", ["eagle", "eagle3"])
 @pytest.mark.parametrize("window", [None, 7])
-@pytest.mark.parametrize("attention", ["sdpa", pytest.param("kernel pass", marks=pytest.mark.skipif(
-    drafting_kernel("cpu") is None, reason="specula's CPU kernels do not run here"))])
+@pytest.mark.parametrize("attention", ["sdpa", *(pytest.param(a, marks=pytest.mark.skipif(
+    drafting_kernel("cpu") is None, reason="specula's CPU kernels do not run here")) for a in ("kernel pass", "kernel head"))])
 def test_head_kv_cache_equals_a_from_scratch_forward_after_random_commits(kind, window, attention):
     """Steps of random trees and random commits: every drafted node's predicted feature equals a
     from-scratch causal head forward over the committed pairs and the node's own ancestor chain
     (the cache written by position holds exactly the committed prefix; scratch rows of rejected
     branches never leak into later steps). With a sliding window (`TrainedHead.window`) the
     committed pairs are the last `window` ones, and a first catch-up longer than the window
-    computes only those."""
+    computes only those. On the CPU kernels: the layer as separate kernel calls, and a head drafting
+    on them (a level in one call)."""
     model = tiny_model("llama", "eager", seed=7)
     target = native(model)
     rng = random.Random(11)
@@ -242,6 +241,9 @@ def test_head_kv_cache_equals_a_from_scratch_forward_after_random_commits(kind, 
     from specula.drafters.heads.eagle import KVBuffer
 
     head = new_head(kind, target, oracle_d2t(96), seed=9)
+    if attention == "kernel head":  # drafting on float32 kernels: a level in one call, from token ids to logits
+        head = TrainedHead(head.module, head.d2t, target, kernel="f32")
+        assert head.kernel_pass is not None and head.kernel_pass.table is not None
     head.window = window
     _, feats = seq.prefill(text, logits="none", hidden=head.feature_request)  # [90, k E]: f_i after token x_i
     seq.release()
@@ -362,7 +364,6 @@ def law_model():
     ("eagle3", "iid", "i8", PROMPT),
     ("eagle", "iid", None, [4, 5, 7, 3, 4])])  # tokens 4 and 7 join the head's output from the prompt
 def test_sampled_output_follows_the_target_law(law_model, kind, sampling, kernel, prompt):
-    from specula.drafters.heads.runtime import TrainedHead
 
     if kernel is not None and drafting_kernel("cpu") is None:
         pytest.skip("specula's CPU kernels do not run here")

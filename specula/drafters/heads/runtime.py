@@ -23,7 +23,7 @@ from specula.drafters.heads.config import HeadConfig, feature_layers_of
 from specula.drafters.heads.copy import CopyIndex
 from specula.drafters.heads.eagle import EagleHead, KVBuffer
 from specula.drafters.heads.file import HeadFile, check_target, read_head
-from specula.drafters.heads.kernel_pass import KernelHeadPass, kernel_pass_fits
+from specula.drafters.heads.kernel_pass import KernelHeadPass, embedding_table, kernel_pass_fits
 from specula.drafters.heads.medusa import HydraHeads, MedusaHeads
 from specula.errors import HeadFileError
 
@@ -74,8 +74,8 @@ class TrainedHead:
         activations): every linear layer of the head and the output rows; eagle3's `fuse` keeps float
         activations (kind `w8`): it reads the target's raw residual stream, whose few huge channels
         would leave the others a handful of int8 levels; an eagle layer drafts through
-        `KernelHeadPass` (every op a kernel call) where its shapes fit. Drafting only: the head
-        cannot train after."""
+        `KernelHeadPass` (a level's rows, token ids to logits, in one kernel call) where its shapes
+        fit. Drafting only: the head cannot train after."""
         from specula.models.native.kernels import KernelLinear, apply_kernels
 
         if self.dtype != torch.float32:
@@ -83,12 +83,12 @@ class TrainedHead:
         if self.config.feature_layers:
             self.module.fuse = KernelLinear(self.module.fuse, "w8")
         apply_kernels(self.module, kind, skip=("fuse",))
-        if kernel_pass_fits(self.module):
-            self.kernel_pass = KernelHeadPass(self.module)
         rows = torch.nn.Linear(self.config.hidden_size, len(self.d2t), bias=False, device="meta")  # no init
         rows.weight = torch.nn.Parameter(self.lm_rows, requires_grad=False)
         self._lm = KernelLinear(rows, kind)
         self.lm_rows = None  # packed into `_lm`: no second copy kept
+        if kernel_pass_fits(self.module):
+            self.kernel_pass = KernelHeadPass(self.module, self._lm, embedding_table(self.target))
         self.kernel = kind
 
     @property
@@ -331,6 +331,7 @@ class EagleState(HeadState):
         self.first = 0  # rows first .. fed - 1 were computed (a window skips the ones before)
         self.last: torch.Tensor | None = None  # output of the last committed pair [E]
         self.last_states: torch.Tensor | None = None  # its output states [E] (what the output rows read)
+        self.last_logits: torch.Tensor | None = None  # their logits over the draft vocabulary [V_draft]
         self.rows: dict[int, int] = {}  # proposal node -> scratch row (cache row fed + row)
         self.out: dict[int, torch.Tensor] = {}  # proposal node (-1: root) -> predicted feature [E]
         self.ancestors: list[list[int]] = []  # scratch row -> scratch rows it sees (itself included)
@@ -358,38 +359,61 @@ class EagleState(HeadState):
                 new -= skip
             a = self.fed
             lo = max(self.first, a - w + 1) if w else 0  # the oldest key any of these rows sees
-            feats = self.head.module.fuse_features(torch.stack(self.pending[:new]))[None]  # [1, new, E]
-            emb = self.head.embed(tokens[a + 1: root_pos + 1])[None]  # [1, new, E]
-            device = self.cache.keys.device
-            pos = torch.arange(a, root_pos, device=device)[None]
-            mask = None if not w else window_mask(torch.arange(a, root_pos), lo, root_pos, w).to(device)[None]
-            copy = None if self.copy is None else self._copy_term(*self.copy.committed_hints(a + 1, root_pos + 1))
-            out, states = self._run(emb, feats, pos, mask, a, lo, copy)  # [new, E] each
-            self.fed, self.last, self.last_states = root_pos, out[-1], states[-1]
+            feats = torch.stack(self.pending[:new])  # [new, k E]: the target's features, fused in the pass
+            mask = None if not w else window_mask(torch.arange(a, root_pos), lo, root_pos, w)
+            hints = None if self.copy is None else self.copy.committed_hints(a + 1, root_pos + 1)
+            out, states, logits = self._run(tokens[a + 1: root_pos + 1], feats, True, torch.arange(a, root_pos), mask,
+                                            a, lo, hints, last_only=True)  # [new, E] each; logits [1, V]
+            self.fed, self.last, self.last_states, self.last_logits = root_pos, out[-1], states[-1], logits[-1]
             del self.pending[:new]
             self.start += new
         if self.last is None:
             return None
         self.rows, self.ancestors, self.depth, self.paths = {}, [], {}, {}
         self.out = {-1: self.last}
-        return self.head.state_logits(self.last_states, self.extra_rows)
+        return self._with_context(self.last_logits, self.last_states)
 
-    def _copy_term(self, hints: list[int], lengths: list[int]) -> torch.Tensor:
-        """The copy hints' term [1, T, E] (`EagleHead.copy_term`)."""
-        lengths = torch.tensor(lengths, dtype=torch.long, device=self.cache.keys.device)
-        return self.head.module.copy_term(self.head.embed(hints), lengths)[None]
+    def _with_context(self, logits: torch.Tensor, states: torch.Tensor) -> torch.Tensor:
+        """Logits over the draft vocabulary [..., V_draft] -> with this request's context vocabulary
+        scored by the same states [..., E] (`add_context`) [..., V_draft + len(extra)]."""
+        if self.extra_rows is None:
+            return logits
+        return torch.cat([logits, states.float() @ self.extra_rows.t()], dim=-1)
 
-    def _run(self, emb: torch.Tensor, feats: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor | None, at: int,
-             lo: int, copy: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """One head pass of this sequence's rows (emb, feats [1, T, E], pos [1, T], mask [1, T, P + T]
-        or None, copy [1, T, E] or None) written at cache rows at ..: (out [T, E], its output states
-        [T, E]), on the kernel pass where the head has one, else the module's forward."""
+    def _run(self, tokens: Sequence[int], feats: torch.Tensor, raw: bool, pos: torch.Tensor, mask: torch.Tensor | None,
+             at: int, lo: int, hints: tuple[list[int], list[int]] | None, last_only: bool = False
+             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """One head pass of this sequence's rows: the pairs' tokens [T], their features feats [T, E]
+        (raw: the target's [T, k E], still to fuse), positions pos [T], mask [T, P + T] or None,
+        written at cache rows at .., seeing rows lo ..; hints: the copy hints (tokens, match
+        lengths) or None. Returns (out [T, E], its output states [T, E], logits over the draft
+        vocabulary [T, V_draft], or [1, V_draft] of the last row with `last_only`), in one kernel
+        call where the head has a kernel pass, else through the module's forward."""
         run = self.head.kernel_pass
         if run is not None:
-            return run(emb[0], feats[0], pos[0], None if mask is None else mask[0], self.cache, at, lo,
-                       None if copy is None else copy[0])
-        out, _ = self.head.module(emb, feats, pos, mask=mask, cache=self.cache, at=at, lo=lo, copy=copy)
-        return out[0], self.head.module.output_states(out[0])
+            ids = torch.tensor(list(tokens), dtype=torch.long)
+            ids = ids if run.table is not None else self.head.embed(ids)
+            if hints is not None:
+                hint_ids = torch.tensor(hints[0], dtype=torch.long)
+                hints = (hint_ids if run.table is not None else self.head.embed(hint_ids),
+                         torch.tensor(hints[1], dtype=torch.long))
+            out, states, logits = run(ids, feats, pos, mask, self.cache, at, lo, hints,
+                                      len(tokens) - 1 if last_only else 0, raw=raw)
+            if logits is None:  # a pass without the output layer (tests hand one to a torch head)
+                logits = self.head.target_logits(states[-1:] if last_only else states)
+            return out, states, logits
+        module = self.head.module
+        feats = (module.fuse_features(feats) if raw else feats)[None]  # [1, T, E]
+        device = self.cache.keys.device
+        copy = None
+        if hints is not None:
+            lengths = torch.tensor(hints[1], dtype=torch.long, device=device)
+            copy = module.copy_term(self.head.embed(hints[0]), lengths)[None]  # [1, T, E]
+        out, _ = module(self.head.embed(tokens)[None], feats, pos.to(device)[None], cache=self.cache, at=at, lo=lo,
+                        mask=None if mask is None else mask.to(device)[None], copy=copy)
+        out = out[0]
+        states = module.output_states(out)
+        return out, states, self.head.target_logits(states[-1:] if last_only else states)
 
     @torch.inference_mode()
     def feed(self, nodes: Sequence[int], tokens: Sequence[int], parents: Sequence[int]) -> torch.Tensor:
@@ -412,23 +436,21 @@ class EagleState(HeadState):
             at_row += [j] * len(seen)
             at_key += seen
         mask[at_row, [seen_fed + r for r in at_key]] = True
-        feats = torch.stack([self.out[parents[n]] for n in nodes])[None]  # [1, m, E]
-        emb = self.head.embed([tokens[n] for n in nodes])[None]
-        device = self.cache.keys.device
-        pos = torch.tensor([self.fed - 1 + d for d in depths], device=device)[None]
-        copy = None
+        feats = torch.stack([self.out[parents[n]] for n in nodes])  # [m, E]
+        pos = torch.tensor([self.fed - 1 + d for d in depths])
+        hints = None
         if self.copy is not None:
-            hints, lengths = [], []
+            hints = ([], [])
             for node in nodes:
                 par = parents[node]
                 path = self.paths[node] = ([] if par < 0 else self.paths[par]) + [tokens[node]]
                 hint, n = self.copy.path_hint(path)
-                hints.append(hint)
-                lengths.append(n)
-            copy = self._copy_term(hints, lengths)
-        out, states = self._run(emb, feats, pos, mask.to(device)[None], self.fed + first, lo, copy)
+                hints[0].append(hint)
+                hints[1].append(n)
+        out, states, logits = self._run([tokens[n] for n in nodes], feats, False, pos, mask, self.fed + first, lo,
+                                        hints)
         self.out.update(zip(nodes, out.unbind(0)))
-        return self.head.state_logits(states, self.extra_rows)
+        return self._with_context(logits, states)
 
     def finish(self, accepted: Sequence[int]) -> None:
         self.rows, self.out, self.ancestors, self.depth, self.paths = {}, {}, [], {}, {}

@@ -159,6 +159,11 @@ class NativeCausalLM:
         with torch.inference_mode():
             return self.decoder.embed(ids.to(self.device))
 
+    def input_embeddings(self) -> torch.Tensor:
+        """The input embedding table [V, E], read-only (a drafting head's kernel pass looks its rows
+        up in C: `heads.kernel_pass.embedding_table`)."""
+        return self.decoder.embed.weight.detach()
+
     def output_layer(self) -> torch.nn.Module:
         """The output head ([.., E] -> [.., V] logits)."""
         return self.decoder.lm_head

@@ -21,7 +21,7 @@ from specula.models.native.kernels import KernelLinear, _ptr, library
 from specula.models.native.ops import SCORES_SCRATCH, CpuKernelOps
 
 KIND_CODES = {"f32": 0, "w8": 1, "i8": 2}
-"""`KernelLinear.kind` -> the C loop's code (`layers.c`, `struct linear_ref`)."""
+"""`KernelLinear.kind` -> the one-call passes' code (`refs.h`, `struct linear_ref`)."""
 
 MAX_ROWS = 64
 """Most rows a pass runs through the C loop: decoding steps and verified trees (a prompt's glue is
@@ -29,7 +29,8 @@ spread over its many rows)."""
 
 
 class LinearRef(ctypes.Structure):
-    """`layers.c`'s `struct linear_ref`: one `KernelLinear`'s buffers and shape."""
+    """`refs.h`'s `struct linear_ref`: one `KernelLinear`'s buffers and shape (a NULL `packed`: no
+    layer)."""
 
     _fields_ = [("packed", ctypes.c_void_p), ("scale", ctypes.c_void_p), ("bias", ctypes.c_void_p),
                 ("kind", ctypes.c_int32), ("in_features", ctypes.c_int32), ("out_features", ctypes.c_int32),
@@ -51,7 +52,10 @@ class LayerRef(ctypes.Structure):
                 ("o", LinearRef), ("gate_up", LinearRef), ("down", LinearRef)]
 
 
-def _linear_ref(lin: KernelLinear) -> LinearRef:
+def linear_ref(lin: KernelLinear | None) -> LinearRef:
+    """`lin`'s `LinearRef` (None: an absent layer, all zeros)."""
+    if lin is None:
+        return LinearRef()
     return LinearRef(lin.packed.data_ptr(), _ptr(lin.scale), _ptr(lin.bias), KIND_CODES[lin.kind], lin.in_features,
                      lin.out_features, 0)
 
@@ -81,7 +85,7 @@ class FusedLayers:
     def __init__(self, decoder) -> None:
         self.decoder = decoder
         refs = [LayerRef(layer.input_norm.data_ptr(), layer.post_norm.data_ptr(),
-                         *(_linear_ref(getattr(layer, name)) for name in LINEARS)) for layer in decoder.layers]
+                         *(linear_ref(getattr(layer, name)) for name in LINEARS)) for layer in decoder.layers]
         self.refs = (LayerRef * len(refs))(*refs)
         self.held = _held(decoder)
         """The modules and tensors `refs` points into, held so their addresses stay theirs (`current`)."""

@@ -43,8 +43,8 @@ from specula.errors import ConfigError
 from specula.models.linears import linear_weight
 
 SOURCES = tuple(Path(__file__).with_name(name) for name in ("linear.c", "linear_avx512.c", "linear_amx.c", "pack.c",
-                                                               "ops.c", "draft.c", "layers.c", "pool.c"))
-HEADERS = tuple(Path(__file__).with_name(name) for name in ("layout.h", "linear.h", "vmath.h"))
+                                                               "ops.c", "draft.c", "layers.c", "head.c", "pool.c"))
+HEADERS = tuple(Path(__file__).with_name(name) for name in ("layout.h", "linear.h", "refs.h", "vmath.h"))
 FLAGS = ("-O3", "-mavx2", "-mfma", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC")
 """`-ffp-contract=off`: the compiler fuses no multiply-add of its own, so the AVX2 and AVX-512
 variants (whose loops it vectorises differently) round every scaling and bias step alike."""
@@ -164,6 +164,8 @@ def library() -> ctypes.CDLL:
     lib.specula_decoder_pass.argtypes = [ptr, ptr, i32, i32, i32, ptr, ptr, f32, ptr, ptr, ptr, i32, i32, i32, i32,
                                          i32, f32, ptr, ptr, i32, ptr, ptr, i32]
     lib.specula_decoder_pass.restype = i32
+    lib.specula_head_pass.argtypes = [ptr] * 12 + [i32, i32, i32] + [ptr] * 4 + [i32, i32, i32]
+    lib.specula_head_pass.restype = i32
     lib.specula_pool_workers.restype = i32
     lib.specula_set_isa.argtypes = [i32]
     lib.specula_set_i8_multi.argtypes = [i32]

@@ -19,12 +19,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-void specula_linear_f32(const float *x, const float *wp, const float *b, float *y, int M, int in, int out,
-                        int threads);
-void specula_linear_w8(const float *x, const int8_t *wp, const float *scale, const float *b, float *y, int M, int in,
-                       int out, int threads);
-void specula_linear_i8(const float *x, const int8_t *wp, const float *wscale, const float *b, float *y, int M, int in,
-                       int out, int threads);
+#include "refs.h"
+
 void specula_add_rms_norm(float *x, const float *delta, const float *w, float eps, float *out, int n, int e);
 void specula_rope_write(const float *qkv, const float *cos_, const float *sin_, float *q_out, float *k_cache,
                         float *v_cache, int n, int heads, int kv_heads, int d, int cap, int start);
@@ -32,14 +28,6 @@ void specula_attention(const float *q, const float *k_cache, const float *v_cach
                        float *scores, int n, int heads, int kv_heads, int d, int cap, int slots, int start,
                        float scale, int threads);
 void specula_silu_mul(const float *gu, float *out, int n, int inter);
-
-/* One `KernelLinear` (fused.py's `LinearRef` mirrors it): kind 0 f32, 1 w8, 2 i8. */
-struct linear_ref {
-    const void *packed;
-    const float *scale; /* w8 / i8: per output column */
-    const float *bias;  /* or NULL */
-    int32_t kind, in, out, unused;
-};
 
 /* One sequence's rows in the pass (fused.py's `SegmentRef`): rows row0 .. row0 + rows - 1, written at
  * slots start.. of its [L, G, cap, D] caches, seeing the slots `mask` [rows, start + rows] allows
@@ -55,15 +43,6 @@ struct layer_ref {
     const float *input_norm, *post_norm;
     struct linear_ref qkv, o, gate_up, down;
 };
-
-static void linear(const struct linear_ref *l, const float *x, float *y, int m, int threads) {
-    if (l->kind == 0)
-        specula_linear_f32(x, l->packed, l->bias, y, m, l->in, l->out, threads);
-    else if (l->kind == 1)
-        specula_linear_w8(x, l->packed, l->scale, l->bias, y, m, l->in, l->out, threads);
-    else
-        specula_linear_i8(x, l->packed, l->scale, l->bias, y, m, l->in, l->out, threads);
-}
 
 /* Rows of the residual stream entering a tapped layer: x, plus delta where one is pending. */
 static void tap(const float *x, const float *delta, float *tapped, int slot, int ntaps, int n, int e) {

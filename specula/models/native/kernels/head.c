@@ -1,0 +1,128 @@
+/* An EAGLE / EAGLE-3 head's drafting pass in one call: the rows of one drafting level (or of a
+ * catch-up over newly committed pairs) from token ids to logits over the draft vocabulary. It makes
+ * the kernel calls `kernel_pass.KernelHeadPass` made one by one from Python, plus what ran as torch
+ * ops around them (the embedding lookups, eagle3's feature fusion, the copy hints' term, RoPE's
+ * angles, the output layer); between ctypes calls, each small torch op waited for the core the
+ * pool's helper still polled (`pool.c`), and a SmolLM2 head pass cost 1.6-1.8 ms where its kernels
+ * need a third of that. A draft needs no exactness: tests hold this pass to the module's forward
+ * (`heads.eagle.EagleHead`) within float tolerance.
+ *
+ * The pass (x the residual stream [n, E]):
+ *   emb = table[ids] (or given rows); feat = fuse(raw) (eagle3's layer inputs; or given features);
+ *   x = fc([norm(emb) * embed_norm ; norm(feat) * feature_norm])   (eagle: no norms)
+ *   x += copy_proj(c) + copy_gain[len] * c + copy_len[len], c = norm(table[hint]) * embed_norm,
+ *        zero where len = 0                                       (heads with copy hints)
+ *   qkv = x Wqkv; rotate q, k (rotate-half layout) and write k, v at slots at..; a = attention(q)
+ *   over slots lo .. at + n - 1 (mask [n, at - lo + n] bytes, or causal);
+ *   x += a Wo; h = norm(x) * post_norm; x += silu_mul(h Wgate_up) Wdown;
+ *   states = norm(x) * final_norm (eagle: x itself); logits = states Wlm (when lm is given).
+ */
+#include <immintrin.h>
+#include <math.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "refs.h"
+#include "vmath.h"
+
+void specula_add_rms_norm(float *x, const float *delta, const float *w, float eps, float *out, int n, int e);
+void specula_rope_write_half(const float *qkv, const float *cos_, const float *sin_, float *q_out, float *k_cache,
+                             float *v_cache, int n, int heads, int kv_heads, int d, int cap, int start);
+void specula_attention(const float *q, const float *k_cache, const float *v_cache, const uint8_t *mask, float *out,
+                       float *scores, int n, int heads, int kv_heads, int d, int cap, int slots, int start,
+                       float scale, int threads);
+void specula_silu_mul(const float *gu, float *out, int n, int inter);
+void specula_head_input(const float *emb, const float *feat, const float *w_emb, const float *w_feat, float eps,
+                        float *out, int n, int e);
+
+/* A head's weights (kernel_pass.py's `HeadRef`); a linear whose `packed` is NULL is absent. */
+struct head_ref {
+    struct linear_ref fc, qkv, o, gate_up, down, fuse, copy_proj, lm;
+    const float *embed_norm, *feature_norm, *post_norm, *final_norm; /* eagle: only post_norm */
+    const float *copy_gain, *copy_len; /* [N + 1, E] each (copy hints of up to N tokens) */
+    const float *inv_freq;             /* [D / 2] */
+    const float *table;                /* [V_target, E]: the target's input embeddings, or NULL */
+    int32_t e, heads, kv_heads, d, inter, unused;
+    float eps, scale;
+};
+
+/* n rows of E floats: table[ids[r]] where ids are given, else a copy of rows. */
+static void gather(const float *table, const int64_t *ids, const float *rows, float *out, int n, int e) {
+    for (int r = 0; r < n; r++)
+        memcpy(out + (size_t)r * e, ids ? table + (size_t)ids[r] * e : rows + (size_t)r * e, (size_t)e * sizeof(float));
+}
+
+/* ids / emb [n] / [n, E]: the rows' tokens (looked up in w->table) or embeddings; raw [n, k E] (eagle3's
+ * layer inputs, fused here) or feat [n, E]; hint_ids / hint_emb with hint_len [n] (int64; NULL: no
+ * hints); positions [n]; mask [n, at - lo + n] or NULL (causal); caches [G, cap, D] with room for
+ * slots at .. at + n - 1; scores: scratch of n * H * (at - lo + n) floats. Writes out [n, E] (the
+ * residual stream: the next level's feature), states [n, E] (what the output layer reads) and,
+ * with w->lm, logits [n - logits_from, V_draft] of rows logits_from .. n - 1. Returns 0, or -1 when
+ * its work buffers could not be allocated. */
+int specula_head_pass(const struct head_ref *w, const int64_t *ids, const float *emb, const float *raw,
+                      const float *feat, const int64_t *hint_ids, const float *hint_emb, const int64_t *hint_len,
+                      const int64_t *positions, const uint8_t *mask, float *k_cache, float *v_cache, int cap, int at,
+                      int lo, float *scores, float *out, float *states, float *logits, int logits_from, int n,
+                      int threads) {
+    int e = w->e, h = w->heads, g = w->kv_heads, d = w->d, inter = w->inter, half = d / 2;
+    size_t qkv_w = (size_t)(h + 2 * g) * d, att_w = (size_t)h * d;
+    size_t floats = (size_t)n * (4 * (size_t)e + qkv_w + 2 * att_w + 3 * (size_t)inter + 2 * (size_t)half);
+    float *buf = malloc(floats * sizeof(float));
+    if (!buf) return -1;
+    float *joined = buf, *t1 = joined + (size_t)n * 2 * e, *t2 = t1 + (size_t)n * e, *qkv = t2 + (size_t)n * e;
+    float *q = qkv + (size_t)n * qkv_w, *att = q + (size_t)n * att_w, *gu = att + (size_t)n * att_w;
+    float *act = gu + (size_t)n * 2 * inter, *cs = act + (size_t)n * inter, *sn = cs + (size_t)n * half;
+    gather(w->table, ids, emb, t1, n, e); /* t1: the embeddings */
+    const float *f = feat;
+    if (raw) {
+        linear(&w->fuse, raw, t2, n, threads); /* t2: the fused features */
+        f = t2;
+    }
+    specula_head_input(t1, f, w->embed_norm, w->feature_norm, w->eps, joined, n, e);
+    linear(&w->fc, joined, out, n, threads); /* out: x */
+    if (hint_len) {
+        gather(w->table, hint_ids, hint_emb, t1, n, e); /* t1: the hints' embeddings, normed in place */
+        for (int r = 0; r < n; r++) {
+            float *c = t1 + (size_t)r * e;
+            if (hint_len[r] == 0)
+                memset(c, 0, (size_t)e * sizeof(float));
+            else if (w->embed_norm)
+                rms_norm_row(c, w->embed_norm, w->eps, c, e);
+        }
+        linear(&w->copy_proj, t1, t2, n, threads);
+        for (int r = 0; r < n; r++) {
+            const float *c = t1 + (size_t)r * e, *p = t2 + (size_t)r * e;
+            const float *gain = w->copy_gain + (size_t)hint_len[r] * e, *bias = w->copy_len + (size_t)hint_len[r] * e;
+            float *x = out + (size_t)r * e;
+            for (int i = 0; i < e; i++) x[i] += (p[i] + gain[i] * c[i]) + bias[i];
+        }
+    }
+    linear(&w->qkv, out, qkv, n, threads);
+    for (int r = 0; r < n; r++)
+        for (int j = 0; j < half; j++) {
+            float angle = (float)positions[r] * w->inv_freq[j];
+            cs[(size_t)r * half + j] = cosf(angle);
+            sn[(size_t)r * half + j] = sinf(angle);
+        }
+    specula_rope_write_half(qkv, cs, sn, q, k_cache, v_cache, n, h, g, d, cap, at);
+    int seen = at - lo;
+    specula_attention(q, k_cache + (size_t)lo * d, v_cache + (size_t)lo * d, mask, att, scores, n, h, g, d, cap,
+                      seen + n, seen, w->scale, threads);
+    linear(&w->o, att, t2, n, threads);
+    specula_add_rms_norm(out, t2, w->post_norm, w->eps, t1, n, e); /* x += o; t1 = norm(x) */
+    linear(&w->gate_up, t1, gu, n, threads);
+    specula_silu_mul(gu, act, n, inter);
+    linear(&w->down, act, t2, n, threads);
+    if (w->final_norm) {
+        specula_add_rms_norm(out, t2, w->final_norm, w->eps, states, n, e);
+    } else {
+        for (size_t i = 0; i < (size_t)n * e; i++) out[i] += t2[i];
+        memcpy(states, out, (size_t)n * e * sizeof(float));
+    }
+    if (w->lm.packed && logits && logits_from < n)
+        linear(&w->lm, states + (size_t)logits_from * e, logits, n - logits_from, threads);
+    free(buf);
+    return 0;
+}

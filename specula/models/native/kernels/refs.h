@@ -1,0 +1,33 @@
+/* One `KernelLinear` as the one-call passes (layers.c: a decoder's layers; head.c: a drafting head's
+ * layer) see it, and the call that runs it. fused.py's `LinearRef` mirrors the struct. */
+#ifndef SPECULA_REFS_H
+#define SPECULA_REFS_H
+
+#include <stdint.h>
+
+void specula_linear_f32(const float *x, const float *wp, const float *b, float *y, int M, int in, int out,
+                        int threads);
+void specula_linear_w8(const float *x, const int8_t *wp, const float *scale, const float *b, float *y, int M, int in,
+                       int out, int threads);
+void specula_linear_i8(const float *x, const int8_t *wp, const float *wscale, const float *b, float *y, int M, int in,
+                       int out, int threads);
+
+/* kind 0 f32, 1 w8, 2 i8; packed NULL: no such layer. */
+struct linear_ref {
+    const void *packed;
+    const float *scale; /* w8 / i8: per output column */
+    const float *bias;  /* or NULL */
+    int32_t kind, in, out, unused;
+};
+
+/* y [m, out] = x [m, in] through the layer. */
+static inline void linear(const struct linear_ref *l, const float *x, float *y, int m, int threads) {
+    if (l->kind == 0)
+        specula_linear_f32(x, l->packed, l->bias, y, m, l->in, l->out, threads);
+    else if (l->kind == 1)
+        specula_linear_w8(x, l->packed, l->scale, l->bias, y, m, l->in, l->out, threads);
+    else
+        specula_linear_i8(x, l->packed, l->scale, l->bias, y, m, l->in, l->out, threads);
+}
+
+#endif
