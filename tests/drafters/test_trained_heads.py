@@ -71,17 +71,21 @@ def test_a_bfloat16_head_drafts_and_output_stays_plain_greedy(kind):
 
 @pytest.mark.skipif(drafting_kernel("cpu") is None, reason="specula's CPU kernels do not run here")
 @pytest.mark.parametrize("kind", KINDS)
-def test_a_head_drafting_on_int8_kernels_stays_close_and_output_stays_plain_greedy(kind):
+@pytest.mark.parametrize("backend", ["native", "hf"])
+def test_a_head_drafting_on_int8_kernels_stays_close_and_output_stays_plain_greedy(kind, backend):
     """The CPU drafting kernel: every linear layer (and the output rows) int8, eagle3's fuse with
-    float activations; its logits track the float head's, and the output is plain greedy."""
+    float activations; its logits track the float head's, and the output is plain greedy. An
+    eagle layer's level runs in one kernel call that looks its tokens up in the target's own
+    embedding table, on either backend."""
     import copy
 
-
     model = tiny_model("llama", "eager", seed=4)
-    target = native(model)
+    target = native(model) if backend == "native" else HFCausalLM(model, "hf", eos_token_ids=[])
     fresh = new_head(kind, target, oracle_d2t(model.config.vocab_size), seed=1)
     head = TrainedHead(copy.deepcopy(fresh.module), fresh.d2t, target, kernel="i8")
     assert head.kernel == "i8" and head.lm_rows is None
+    if kind in ("eagle", "eagle3"):
+        assert head.kernel_pass is not None and head.kernel_pass.table is not None
     assert not any(isinstance(m, torch.nn.Linear) for m in head.module.modules())
     if kind == "eagle3":
         assert head.module.fuse.kind == "w8"

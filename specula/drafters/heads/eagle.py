@@ -27,8 +27,8 @@ The target's embedding and output head are shared, frozen, and not stored in the
 head keeps the output rows of its draft vocabulary (`lm_rows`, [V_draft, E], from the target at
 load time). One `forward` serves training (batch, causal or training-time-test masks) and drafting
 (one sequence against its head KV cache, tree masks); a head drafting on specula's CPU kernels
-runs the same layer as direct kernel calls instead (`kernel_pass.KernelHeadPass`, held to this
-forward by the tests).
+runs a level's rows, token ids to logits, in one kernel call instead (`kernel_pass.KernelHeadPass`,
+held to this forward by the tests).
 """
 
 from __future__ import annotations
