@@ -199,6 +199,10 @@ def test_the_kernel_pass_runs_a_level_from_token_ids_to_logits(kind):
         _, _, last = run(ids, raw, torch.arange(t), None, caches[1], 0, 0, (hint_ids, hint_len), t - 2, raw=True)
         assert last.shape == (2, len(head.d2t))
         torch.testing.assert_close(last, expected[2][-2:], atol=1e-4, rtol=1e-4)
+        with pytest.raises(ValueError, match="copy hints of lengths"):  # past copy_gain's rows
+            run(ids, raw, torch.arange(t), None, caches[1], 0, 0, (hint_ids, hint_len + 3), raw=True)
+        with pytest.raises(ValueError, match="outside the target's vocabulary"):
+            run(ids + 96, raw, torch.arange(t), None, caches[1], 0, 0, (hint_ids, hint_len), raw=True)
 
 
 def test_a_head_gains_copy_hints_at_zero_weight_and_drafts_as_before(tmp_path):

@@ -123,6 +123,9 @@ class KernelHeadPass:
         if hints is not None:
             hint_ids, hint_rows = self._rows(hints[0])
             hint_len = hints[1].to(torch.long).contiguous()  # [T]
+            if not cfg.copy_ngram or not 0 <= int(hint_len.min()) <= int(hint_len.max()) <= cfg.copy_ngram:
+                raise ValueError(f"KernelHeadPass: copy hints of lengths 0..{cfg.copy_ngram} expected "
+                                 f"(the head's copy_ngram), got {hint_len.tolist()}")
         else:
             hint_ids = hint_rows = hint_len = None
         positions = positions.to(torch.long).contiguous()
@@ -146,6 +149,8 @@ class KernelHeadPass:
         if rows.dtype == torch.long:
             if self.table is None:
                 raise ValueError("KernelHeadPass was given token ids but no embedding table")
+            if len(rows) and not 0 <= int(rows.min()) <= int(rows.max()) < len(self.table):
+                raise ValueError(f"KernelHeadPass: token ids outside the target's vocabulary of {len(self.table)}")
             return rows.contiguous(), None
         return None, rows.float().contiguous()
 
