@@ -21,14 +21,6 @@
 
 #include "refs.h"
 
-void specula_add_rms_norm(float *x, const float *delta, const float *w, float eps, float *out, int n, int e);
-void specula_rope_write(const float *qkv, const float *cos_, const float *sin_, float *q_out, float *k_cache,
-                        float *v_cache, int n, int heads, int kv_heads, int d, int cap, int start);
-void specula_attention(const float *q, const float *k_cache, const float *v_cache, const uint8_t *mask, float *out,
-                       float *scores, int n, int heads, int kv_heads, int d, int cap, int slots, int start,
-                       float scale, int threads);
-void specula_silu_mul(const float *gu, float *out, int n, int inter);
-
 /* One sequence's rows in the pass (fused.py's `SegmentRef`): rows row0 .. row0 + rows - 1, written at
  * slots start.. of its [L, G, cap, D] caches, seeing the slots `mask` [rows, start + rows] allows
  * (bytes; NULL: causally). */

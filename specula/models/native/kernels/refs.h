@@ -1,5 +1,6 @@
-/* One `KernelLinear` as the one-call passes (layers.c: a decoder's layers; head.c: a drafting head's
- * layer) see it, and the call that runs it. fused.py's `LinearRef` mirrors the struct. */
+/* What the one-call passes share (layers.c: a decoder's layers; head.c: a drafting head's layer):
+ * one `KernelLinear` as they see it and the call that runs it (fused.py's `LinearRef` mirrors the
+ * struct), and the ops they chain. */
 #ifndef SPECULA_REFS_H
 #define SPECULA_REFS_H
 
@@ -11,6 +12,17 @@ void specula_linear_w8(const float *x, const int8_t *wp, const float *scale, con
                        int out, int threads);
 void specula_linear_i8(const float *x, const int8_t *wp, const float *wscale, const float *b, float *y, int M, int in,
                        int out, int threads);
+
+/* ops.c's per-layer ops, as the one-call passes chain them. */
+void specula_add_rms_norm(float *x, const float *delta, const float *w, float eps, float *out, int n, int e);
+void specula_rope_write(const float *qkv, const float *cos_, const float *sin_, float *q_out, float *k_cache,
+                        float *v_cache, int n, int heads, int kv_heads, int d, int cap, int start);
+void specula_rope_write_half(const float *qkv, const float *cos_, const float *sin_, float *q_out, float *k_cache,
+                             float *v_cache, int n, int heads, int kv_heads, int d, int cap, int start);
+void specula_attention(const float *q, const float *k_cache, const float *v_cache, const uint8_t *mask, float *out,
+                       float *scores, int n, int heads, int kv_heads, int d, int cap, int slots, int start,
+                       float scale, int threads);
+void specula_silu_mul(const float *gu, float *out, int n, int inter);
 
 /* kind 0 f32, 1 w8, 2 i8; packed NULL: no such layer. */
 struct linear_ref {
