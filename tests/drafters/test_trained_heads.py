@@ -228,7 +228,8 @@ def test_the_kernel_pass_computes_the_heads_forward(kind):
 @pytest.mark.parametrize("kind", ["eagle", "eagle3"])
 @pytest.mark.parametrize("window", [None, 7])
 @pytest.mark.parametrize("attention", ["sdpa", *(pytest.param(a, marks=pytest.mark.skipif(
-    drafting_kernel("cpu") is None, reason="specula's CPU kernels do not run here")) for a in ("kernel pass", "kernel head"))])
+    drafting_kernel("cpu") is None, reason="specula's CPU kernels do not run here"))
+    for a in ("kernel pass", "kernel head"))])
 def test_head_kv_cache_equals_a_from_scratch_forward_after_random_commits(kind, window, attention):
     """Steps of random trees and random commits: every drafted node's predicted feature equals a
     from-scratch causal head forward over the committed pairs and the node's own ancestor chain

@@ -86,15 +86,15 @@ class KernelHeadPass:
     def _held(self) -> list:
         """The modules and tensors `ref` points into (their identities tell a stale `ref`)."""
         m = self.module
-        held = [m._modules.get(name) for name in ("fc", "wqkv", "wo", "w_gate_up", "w_down", "fuse", "copy_proj")]
+        held = [m._modules.get(name) for name in LAYERS + ("fuse", "copy_proj")] + [self.lm]
         held += [lin._buffers.get(b) for lin in held if lin is not None for b in ("packed", "scale", "bias")]
-        return held + [getattr(m, name, None) for name in NORMS] + [self.lm, self.table]
+        return held + [getattr(m, name, None) for name in NORMS] + [self.table]
 
     def _gather(self) -> tuple[HeadRef, tuple[int, ...]]:
         m, cfg = self.module, self.module.cfg
         get = lambda name: getattr(m, name, None)  # noqa: E731
-        ref = HeadRef(*(linear_ref(get(name)) for name in LAYERS), linear_ref(get("fuse")), linear_ref(get("copy_proj")),
-                      linear_ref(self.lm), *(_ptr(get(name)) for name in NORMS), _ptr(self.table),
+        ref = HeadRef(*(linear_ref(get(name)) for name in LAYERS + ("fuse", "copy_proj")), linear_ref(self.lm),
+                      *(_ptr(get(name)) for name in NORMS), _ptr(self.table),
                       cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.intermediate_size, 0,
                       float(cfg.rms_norm_eps), cfg.head_dim ** -0.5)
         return ref, tuple(map(id, self._held()))
@@ -104,8 +104,8 @@ class KernelHeadPass:
                  cache: KVBuffer, at: int, lo: int, hints: tuple[torch.Tensor, torch.Tensor] | None = None,
                  logits_from: int = 0, raw: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """emb: [T, E] float embeddings, or [T] long token ids (looked up in `table`); feat: [T, E]
-        features, or (`raw`) the target's [T, k E] (eagle3: its layer inputs, fused here); positions: [T] long; the
-        rows are written at cache rows at .. at + T - 1 and see rows lo .. at + T - 1 through mask
+        features, or (`raw`) the target's [T, k E] (eagle3: its layer inputs, fused here); positions:
+        [T] long; the rows are written at cache rows at .. at + T - 1 and see rows lo .. at + T - 1 through mask
         [T, P + T] (P = at - lo; None: causal); hints: (the hint tokens' embeddings [T, E] or ids [T],
         match lengths [T] long) of a head with copy hints, or None. Returns (out [T, E]: the layer's
         output, fed back as the next level's feature; states [T, E]: what the output layer reads;
