@@ -158,8 +158,6 @@ def library() -> ctypes.CDLL:
     lib.specula_rope_write.argtypes = [ptr, ptr, ptr, ptr, ptr, ptr, i32, i32, i32, i32, i32, i32]
     lib.specula_attention.argtypes = [ptr, ptr, ptr, ptr, ptr, ptr, i32, i32, i32, i32, i32, i32, i32, f32, i32]
     lib.specula_silu_mul.argtypes = [ptr, ptr, i32, i32]
-    lib.specula_head_input.argtypes = [ptr, ptr, ptr, ptr, f32, ptr, i32, i32]
-    lib.specula_rope_write_half.argtypes = [ptr, ptr, ptr, ptr, ptr, ptr, i32, i32, i32, i32, i32, i32]
     lib.specula_topk_probs.argtypes = [ptr, i32, i32, i32, ptr, ptr]
     lib.specula_decoder_pass.argtypes = [ptr, ptr, i32, i32, i32, ptr, ptr, f32, ptr, ptr, ptr, i32, i32, i32, i32,
                                          i32, f32, ptr, ptr, i32, ptr, ptr, i32]
