@@ -27,10 +27,11 @@ def add_model_args(parser: argparse.ArgumentParser, *, target_required: bool = T
     g.add_argument("--skip-layers", default=None, metavar="LAYERS",
                    help="with --draft skip: a fixed skip set instead of the on-the-fly search, as 0-based layers or "
                         "ranges, each optionally attn: or mlp: only, e.g. attn:14-26,mlp:5-12,3")
-    g.add_argument("--draft-quantize", default=None, choices=("none", "int8"),
+    g.add_argument("--draft-quantize", default=None, choices=("none", "int8", "int4"),
                    help="quantize the draft only (the target keeps its dtype and kernels): int8 = int8 weights and "
-                        "activations (default for --draft self and for the draft --draft auto picks), none "
-                        "(default for a draft you name)")
+                        "activations (default for --draft self and for the draft --draft auto picks); int4 = 4-bit "
+                        "weights (a scale per 64 inputs) and int8 activations, specula's CPU kernels only (native "
+                        "backend); none (default for a draft you name)")
     g.add_argument("--draft-vocab", default="auto", metavar="auto|full|N",
                    help="tokens the draft model scores (FR-Spec; outputs unchanged, the target verifies over its "
                         "whole vocabulary): auto = the 32768 most frequent where a token ranking ships for the "
@@ -82,10 +83,11 @@ def add_attn_arg(parser) -> None:
 
 
 def add_quantize_arg(parser) -> None:
-    parser.add_argument("--quantize", default="none", choices=("none", "int8"),
+    parser.add_argument("--quantize", default="none", choices=("none", "int8", "int4"),
                         help="int8: int8 linear layers (per-channel weights, per-row activations) for target and draft "
                              "on CPU, ~4x faster decoding; speculative output stays identical to plain decoding of the "
-                             "int8 model, which itself differs slightly from float32 (docs/cpu.md) (default none)")
+                             "int8 model, which itself differs slightly from float32 (docs/cpu.md); int4: 4-bit weights "
+                             "(a scale per 64 inputs), specula's CPU kernels only, further from float32 (default none)")
 
 
 def add_linear_kernel_arg(parser) -> None:

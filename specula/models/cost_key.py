@@ -44,7 +44,7 @@ class CostKey:
     torch: str
     """torch's version."""
     quantize: str
-    """The linears' quantization (`linears.quantization_of`: "none", "int8", "w8")."""
+    """The linears' quantization (`linears.quantization_of`: "none", "int8", "int4", "w8")."""
     attention: str | None
     """The attention implementation."""
     linear_kernel: str

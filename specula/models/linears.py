@@ -64,8 +64,8 @@ def weight_bytes(model: nn.Module) -> int:
 
 
 def quantization_of(model: torch.nn.Module) -> str:
-    """"int8" when the model's linears are int8 (`RowInt8Linear`, or specula's i8 kernels), "w8" for
-    weight-only int8 kernels, else "none"."""
+    """"int8" when the model's linears are int8 (`RowInt8Linear`, or specula's i8 kernels), "int4" for
+    specula's i4 kernels, "w8" for weight-only int8 kernels, else "none"."""
     from specula.models.native.kernels import KernelLinear
     from specula.models.quantize import RowInt8Linear
 
@@ -74,4 +74,6 @@ def quantization_of(model: torch.nn.Module) -> str:
             return "int8"
         if isinstance(m, KernelLinear) and m.kind == "w8":
             return "w8"
+        if isinstance(m, KernelLinear) and m.kind == "i4":
+            return "int4"
     return "none"

@@ -243,10 +243,10 @@ def load_model(
     from specula.models.attention import transformers_name
     from specula.models.device import check_cpu_only
     from specula.models.prepack import prepack_model, resolve_linear_kernel
-    from specula.models.quantize import check_quantize, quantize_model
+    from specula.models.quantize import check_int4_kernel, check_quantize, quantize_model
 
     device = torch.device(device)
-    check_quantize(quantize)
+    check_int4_kernel(check_quantize(quantize), None)
     if quantize != "none":
         check_cpu_only(f"--quantize {quantize}", device, "use --quantize none (bfloat16 is the default on CUDA)")
     attn_name = transformers_name(attn_implementation, quantize)
@@ -399,7 +399,7 @@ def _load_native(resolved: ResolvedModel, config: LoadConfig, name: str, kwargs:
     from specula.models.hf import eos_ids_of
     from specula.models.native import NativeCausalLM, NativeDecoder, configure
     from specula.models.prepack import resolve_linear_kernel
-    from specula.models.quantize import check_quantize
+    from specula.models.quantize import check_int4_kernel, check_quantize
 
     device, dtype = kwargs["device"], kwargs["dtype"]
     check_quantize(config.quantize)
@@ -407,6 +407,7 @@ def _load_native(resolved: ResolvedModel, config: LoadConfig, name: str, kwargs:
         check_cpu_only(f"--quantize {config.quantize}", device, "use --quantize none (bfloat16 is the default on CUDA)")
     kernel = resolve_linear_kernel(config.linear_kernel, dtype=dtype, device=device.type, quantize=config.quantize,
                                    native=True)
+    check_int4_kernel(config.quantize, kernel)
 
     def prepare() -> tuple[Any, dict[str, Any]]:
         nonlocal tokenizer

@@ -40,8 +40,9 @@ from torch import nn
 from specula.errors import ConfigError
 from specula.models.linears import linear_weight, replace_linears
 
-QUANTIZE_OPTIONS = ("none", "int8")
-"""Values of `--quantize` / `LoadConfig.quantize`."""
+QUANTIZE_OPTIONS = ("none", "int8", "int4")
+"""Values of `--quantize` / `LoadConfig.quantize`. int4 (4-bit weights, a scale per 64 inputs, int8
+activations) runs on specula's CPU kernels only (`check_int4_kernel`); meant for drafts."""
 
 _TINY = 1e-12  # floor of a row's scale, so an all-zero row stays zero instead of dividing by 0
 
@@ -50,9 +51,19 @@ def check_quantize(option: str) -> str:
     """`option` if it is a known quantization, else a `ConfigError` naming the choices."""
     if option not in QUANTIZE_OPTIONS:
         raise ConfigError(f"unknown quantization {option!r}; choose one of: {', '.join(QUANTIZE_OPTIONS)}")
-    if option != "none" and "fbgemm" not in torch.backends.quantized.supported_engines:
+    if option == "int8" and "fbgemm" not in torch.backends.quantized.supported_engines:
         raise ConfigError(f"--quantize {option} needs PyTorch's fbgemm int8 kernels (x86 CPU); use --quantize none")
     return option
+
+
+def check_int4_kernel(option: str, kernel: str | None) -> None:
+    """A `ConfigError` when `option` is int4 and the linears would not run on specula's CPU kernels
+    (`kernel`: the resolved linear kernel, None for the Hugging Face backend), the only ones with 4-bit
+    weights."""
+    if option == "int4" and kernel != "specula":
+        where = "the transformers backend" if kernel is None else f"--linear-kernel {kernel}"
+        raise ConfigError(f"int4 runs on specula's CPU kernels only (--backend native on CPU, a Llama / Qwen2 / "
+                          f"Mistral model, float32), not on {where}; use int8")
 
 
 def row_scales(w: torch.Tensor) -> torch.Tensor:
@@ -65,6 +76,20 @@ def quantize_rows(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     scale = row_scales(w)  # [R]
     q = torch.round(w.detach().float() / scale[:, None]).clamp_(-127, 127).to(torch.int8)
     return q, scale
+
+
+def quantize_groups(w: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """[R, C] float -> ([R, C'] int8 in -7..7, [R, C' / group] float32 scales): symmetric 4-bit values,
+    each run of `group` inputs scaled by its own maximum -> 7, C' = C rounded up to `group` (zeros
+    padded): w ~= q * scale repeated over each group (the i4 kernels, `KernelLinear(kind="i4")`)."""
+    rows, cols = w.shape
+    padded = -(-cols // group) * group
+    x = torch.zeros((rows, padded), dtype=torch.float32)
+    x[:, :cols] = w.detach().float()
+    x = x.view(rows, padded // group, group)  # [R, groups, group]
+    scale = (x.abs().amax(dim=2) / 7.0).clamp_min(_TINY)  # [R, groups]
+    q = torch.round(x / scale[:, :, None]).clamp_(-7, 7).to(torch.int8)
+    return q.view(rows, padded), scale
 
 
 def per_channel_int8(weight: torch.Tensor) -> torch.Tensor:
@@ -123,7 +148,8 @@ def quantize_model(model: nn.Module, option: str = "int8", *, skip: Iterable[str
 
     `"int8"` swaps every `nn.Linear` and transformers `Conv1D` (but those whose qualified name is in `skip`, e.g.
     `"lm_head"`) for a `RowInt8Linear`; `"none"` changes nothing."""
-    if check_quantize(option) == "none":
+    check_int4_kernel(check_quantize(option), None)
+    if option == "none":
         return model
     return replace_linears(model, RowInt8Linear, skip=skip)
 

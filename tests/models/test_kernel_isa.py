@@ -108,6 +108,25 @@ def test_amx_int8_is_the_exact_integer_dot_product(isa):
     assert torch.equal(got.double(), exact), (got.double() - exact).abs().max()
 
 
+@pytest.mark.parametrize("variant", ["avx2", pytest.param("avx512", marks=needs_avx512)])
+def test_i4_is_the_exact_integer_dot_product(isa, variant):
+    """4-bit weights at their extremes (+-7, 0) with every group's largest at 7 (group scale 1) and
+    activations at the int8 extremes (+-127: row scale 1): the nibbles' zero point (w + 8, minus 8 x
+    each group's activation sum) must give sum(q_x * q_w) exactly, over 3 groups and a padded tail."""
+    isa(variant)
+    out_features, in_features = 40, 150  # 150 inputs: two whole groups of 64 and 22 of a third
+    q = torch.tensor([7, -7, 0, 1, -1, 4, -4, 3], dtype=torch.float32)
+    weight = q.repeat(out_features * 152 // len(q)).reshape(out_features, 152)[:, :in_features].clone()
+    weight[::2] *= -1  # mixed signs across columns
+    weight[:, 128] = 7  # the tail group's largest is 7 too
+    layer = kernels.KernelLinear(_with_weight(weight), "i4")
+    xq = torch.tensor([127, -127, 0, 1, -1, 64, -64, 3], dtype=torch.float32)
+    x = torch.stack([xq.roll(k).repeat(19)[:in_features] for k in range(11)])  # [11, 150], max |x| = 127
+    exact = x.double() @ weight.double().T  # integers: every scale is 1
+    got = layer(x)
+    assert torch.equal(got.double(), exact), (got.double() - exact).abs().max()
+
+
 def _with_weight(weight: torch.Tensor) -> nn.Linear:
     lin = nn.Linear(weight.shape[1], weight.shape[0], bias=False)
     with torch.no_grad():

@@ -97,10 +97,31 @@ def test_greedy_speculative_output_equals_plain_greedy(arch, method):
     assert drafted > 0
 
 
+@pytest.mark.skipif(not kernels.available(), reason="specula's CPU kernels cannot run here")
+@pytest.mark.parametrize("method", ["draft-model", "fusion"])
+@pytest.mark.parametrize("arch", NATIVE_ARCHES)
+def test_an_int4_draft_leaves_greedy_output_unchanged(arch, method):
+    """A draft on the i4 kernels (4-bit weights) proposes other tokens than its float32 self, and the
+    float32 target's greedy output is still plain greedy's, token for token."""
+    model = tiny_model(arch, seed=3)
+    target = native(model)
+    draft = native(perturbed_copy(model, 0.2), quantize="int4")
+    assert draft.decoder.layers[0].wqkv.kind == "i4" and draft.decoder.lm_head.kind == "i4"
+    dec = build_decoder(method, target, None, draft, planner=False)
+    drafted = accepted = 0
+    for prompt in ([5, 17, 33, 2, 5, 17, 40, 41, 42, 5, 17], [60, 61, 62, 63]):
+        out = dec.generate(prompt, SamplingParams(max_new_tokens=30, ignore_eos=True))
+        assert out.token_ids == reference_greedy(model, prompt, 30), (arch, method, prompt)
+        drafted += out.stats.drafted_tokens
+        accepted += out.stats.accepted_tokens
+    assert drafted > 0 and accepted > 0
+
+
 @pytest.mark.parametrize("kernel,quantize,invariant", [
     ("aten", "int8", True),  # fbgemm per-row int8 linears + PyTorch attention row by row
     pytest.param("specula", "none", False, marks=KERNELS[-1].marks),  # C kernels, float32
-    pytest.param("specula", "int8", False, marks=KERNELS[-1].marks),  # C kernels, weight-only int8
+    pytest.param("specula", "int8", False, marks=KERNELS[-1].marks),  # C kernels, int8 weights and activations
+    pytest.param("specula", "int4", False, marks=KERNELS[-1].marks),  # C kernels, 4-bit weights, int8 activations
 ])
 def test_invariant_tree_rows_are_bitwise_one_token_steps(kernel, quantize, invariant):
     """Row-invariant linears + batch-invariant attention: every tree row is computed with exactly
@@ -178,10 +199,11 @@ def test_kernel_linear_matches_f_linear_and_rows_are_independent(rows):
 
 
 @pytest.mark.skipif(not kernels.available(), reason="specula's CPU kernels cannot run here")
-@pytest.mark.parametrize("kind", ["f32", "w8", "i8"])
+@pytest.mark.parametrize("kind", ["f32", "w8", "i8", "i4"])
 def test_kernel_linear_reads_back_chosen_weight_rows_as_it_computes_with_them(kind):
-    """`weight_rows` reads rows out of the packed layout (odd sizes: padded blocks, i8 quads): the
-    same values a pass over the identity gives (head(I) = W^T), without computing every row."""
+    """`weight_rows` reads rows out of the packed layout (odd sizes: padded blocks, i8 quads, i4
+    nibbles and group scales): the same values a pass over the identity gives (head(I) = W^T),
+    without computing every row."""
     from torch import nn
 
     from specula.models.native.kernels import KernelLinear
@@ -190,9 +212,15 @@ def test_kernel_linear_reads_back_chosen_weight_rows_as_it_computes_with_them(ki
     lin = nn.Linear(37, 53, bias=False)
     layer = KernelLinear(lin, kind)
     ids = torch.tensor([52, 0, 17, 16, 5, 17])
-    assert torch.equal(layer.weight_rows(ids), layer(torch.eye(37)).t()[ids])
-    torch.testing.assert_close(layer.weight_rows(ids), lin.weight[ids].detach(), atol=0 if kind == "f32" else 1e-3,
-                               rtol=0 if kind == "f32" else 1e-2)
+    through_identity = layer(torch.eye(37)).t()[ids]
+    if kind == "i4":  # the pass rounds (127 q) s / 127 in float: the same value to a rounding
+        torch.testing.assert_close(layer.weight_rows(ids), through_identity, rtol=1e-6, atol=1e-8)
+    else:
+        assert torch.equal(layer.weight_rows(ids), through_identity)
+    # i4: within half a step of its group (largest |w| / 7) of the float weight
+    atol = {"f32": 0, "w8": 1e-3, "i8": 1e-3, "i4": lin.weight.abs().max().item() / 14 + 1e-6}[kind]
+    torch.testing.assert_close(layer.weight_rows(ids), lin.weight[ids].detach(), atol=atol,
+                               rtol=0 if kind in ("f32", "i4") else 1e-2)
 
 
 def kernel_attention(q, k, v, mask, start, threads=2):

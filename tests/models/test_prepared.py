@@ -67,17 +67,18 @@ def _no_preparing(monkeypatch) -> None:
     monkeypatch.setattr("specula.models.native.configure", refuse)
 
 
-def test_prepared_model_is_written_once_and_reused(model_dirs, cache, monkeypatch):
+@pytest.mark.parametrize("quantize", ["int8", "int4"])
+def test_prepared_model_is_written_once_and_reused(model_dirs, cache, monkeypatch, quantize):
     path = model_dirs[1]
-    off, _, off_report = _load(path, prepared_cache="off")
+    off, _, off_report = _load(path, quantize, prepared_cache="off")
     assert off_report["prepared"] == "off" and not prepared.prepared_root().exists()
-    first, _, report = _load(path)
+    first, _, report = _load(path, quantize)
     assert report["prepared"] == "built" and report["seconds"] > 0
-    entry = _entry(path)
+    entry = _entry(path, quantize)
     assert (entry / prepared.WEIGHTS).is_file() and (entry / prepared.MARKER).is_file()
-    assert prepared.read_marker(entry)["key"]["quantize"] == "int8"
+    assert prepared.read_marker(entry)["key"]["quantize"] == quantize
     _no_preparing(monkeypatch)
-    second, _, report = _load(path)
+    second, _, report = _load(path, quantize)
     assert report["prepared"] == "hit"
     assert isinstance(second, NativeCausalLM)
     # the same model, bit for bit: weights, every module's kind, and the logits
@@ -287,3 +288,12 @@ def test_the_key_hashes_the_packing_code_and_not_the_kernels():
     assert all((base / rel).is_file() for rel in prepared._CODE_FILES)  # a renamed file would hash as "<missing>"
     assert "native/kernels/pack.c" in prepared._CODE_FILES and "native/kernels/layout.h" in prepared._CODE_FILES
     assert not any(rel.endswith(("linear.c", "ops.c", "pool.c")) for rel in prepared._CODE_FILES)
+
+
+@pytest.mark.parametrize("config", [{"backend": "hf"}, {"linear_kernel": "aten"}])
+def test_int4_is_refused_where_specula_kernels_do_not_run(model_dirs, cache, config):
+    """4-bit weights exist only in specula's CPU kernels: the transformers backend and the PyTorch-op
+    kernels refuse int4 with the fix named, before any weights are read."""
+    with pytest.raises(ConfigError, match="int4 runs on specula's CPU kernels only.*use int8"):
+        _load(model_dirs[1], "int4", **config)
+    assert not prepared.prepared_root().exists()

@@ -1,4 +1,5 @@
-"""int8 quantization: batch invariance (the property lossless verification needs) and greedy equality."""
+"""int8 quantization: batch invariance (the property lossless verification needs) and greedy equality;
+int4's group-wise values and where it may run."""
 
 import warnings
 
@@ -10,7 +11,7 @@ from tiny import assert_speculative_greedy_equals_plain, check_random_tree, pert
 from specula.errors import ConfigError
 from specula.models.hf import HFCausalLM
 from specula.models.attention import transformers_name
-from specula.models.quantize import RowInt8Linear, quantize_model
+from specula.models.quantize import RowInt8Linear, quantize_groups, quantize_model
 
 
 def quantized_tiny(arch: str, seed: int = 0, **kwargs):
@@ -60,8 +61,25 @@ def test_quantize_model_swaps_linear_layers_and_keeps_the_rest():
     assert isinstance(kept.lm_head, nn.Linear) and isinstance(kept.model.layers[0].mlp.up_proj, RowInt8Linear)
     untouched = tiny_model("llama")
     assert quantize_model(untouched, "none").lm_head.__class__ is nn.Linear
-    with pytest.raises(ConfigError, match="choose one of: none, int8"):
-        quantize_model(tiny_model("llama"), "int4")
+    with pytest.raises(ConfigError, match="choose one of: none, int8, int4"):
+        quantize_model(tiny_model("llama"), "int3")
+    with pytest.raises(ConfigError, match="int4 runs on specula's CPU kernels only .* use int8"):
+        quantize_model(tiny_model("llama"), "int4")  # the transformers and PyTorch-op paths have no 4-bit linears
+
+
+def test_quantize_groups_scales_each_run_of_inputs_by_its_own_largest():
+    w = torch.randn(5, 150) * torch.logspace(-2, 1, 150)  # [5, 150]: groups of very different ranges
+    w[3] = 0.0  # an all-zero row stays zero
+    q, scale = quantize_groups(w, 64)  # [5, 192], [5, 3]
+    assert q.dtype == torch.int8 and q.shape == (5, 192) and scale.shape == (5, 3)
+    assert q.abs().max() <= 7 and torch.all(q[:, 150:] == 0)  # padded inputs are zero weights
+    back = (q.view(5, 3, 64).float() * scale[:, :, None]).view(5, 192)[:, :150]
+    step = scale.repeat_interleave(64, dim=1)[:, :150]  # [5, 150] each input's group step
+    assert torch.all((back - w).abs() <= step / 2 + 1e-6)  # rounded to the nearest step
+    assert torch.equal(q[3], torch.zeros(192, dtype=torch.int8))
+    for g in range(3):  # each group's largest magnitude maps to 7 (or the group is zero)
+        amax = q[:, g * 64:(g + 1) * 64].abs().amax(dim=1)
+        assert torch.all((amax == 7) | (w[:, g * 64:(g + 1) * 64].abs().amax(dim=1) == 0))
 
 
 @torch.inference_mode()

@@ -20,7 +20,7 @@ import torch
 from specula.models.native.kernels import KernelLinear, _ptr, library
 from specula.models.native.ops import SCORES_SCRATCH, CpuKernelOps
 
-KIND_CODES = {"f32": 0, "w8": 1, "i8": 2}
+KIND_CODES = {"f32": 0, "w8": 1, "i8": 2, "i4": 3}
 """`KernelLinear.kind` -> the one-call passes' code (`refs.h`, `struct linear_ref`)."""
 
 MAX_ROWS = 64

@@ -8,8 +8,9 @@ independent of the other rows in the call (see `linear.c`), so tree verification
 every node exactly what a one-token step computes.
 
 `f32` keeps float32 weights (the model unchanged); `w8` is weight-only int8 with one scale per
-output channel (activations stay float32; a different, smaller model, used for self-drafts and
-`--quantize int8` on the native backend).
+output channel (activations stay float32); `i8` int8 weights and activations (`--quantize int8`
+on the native backend, int8 drafts); `i4` 4-bit weights with a scale per 64 inputs and int8
+activations (`--draft-quantize int4`: a draft at a little over half of i8's weight bytes).
 
 The shared library is built with the system C compiler (`cc`, AVX2 + FMA + OpenMP) into
 `$SPECULA_CACHE/kernels/<hash>/`, atomically, once per source version and CPU; a machine without
@@ -42,8 +43,9 @@ from torch import nn
 from specula.errors import ConfigError
 from specula.models.linears import linear_weight
 
-SOURCES = tuple(Path(__file__).with_name(name) for name in ("linear.c", "linear_avx512.c", "linear_amx.c", "pack.c",
-                                                               "ops.c", "draft.c", "layers.c", "head.c", "pool.c"))
+SOURCES = tuple(Path(__file__).with_name(name) for name in ("linear.c", "linear_avx512.c", "linear_amx.c",
+                                                               "linear_i4.c", "pack.c", "ops.c", "draft.c", "layers.c",
+                                                               "head.c", "pool.c"))
 HEADERS = tuple(Path(__file__).with_name(name) for name in ("layout.h", "linear.h", "refs.h", "vmath.h"))
 FLAGS = ("-O3", "-mavx2", "-mfma", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC")
 """`-ffp-contract=off`: the compiler fuses no multiply-add of its own, so the AVX2 and AVX-512
@@ -54,7 +56,7 @@ has F/BW/VNNI, else AVX2), `avx2`, `avx512` (no AMX), or `amx` (an error where e
 which variant of the kernels runs. AMX runs only int8 calls of many rows (`linear_amx.c`); every
 variant computes the same bits."""
 ISAS = ("avx2", "avx512", "amx")
-KINDS = ("f32", "w8", "i8")
+KINDS = ("f32", "w8", "i8", "i4")
 
 
 def _cpu_flags() -> set[str]:
@@ -149,9 +151,12 @@ def library() -> ctypes.CDLL:
     ptr, i32 = ctypes.c_void_p, ctypes.c_int
     lib.specula_pack_f32.argtypes = [ptr, ptr, i32, i32, i32]
     lib.specula_pack_i8.argtypes = [ptr, ptr, i32, i32, i32, i32]
+    lib.specula_pack_i4.argtypes = [ptr, ptr, i32, i32, i32]
     lib.specula_linear_f32.argtypes = [ptr, ptr, ptr, ptr, i32, i32, i32, i32]
     lib.specula_linear_w8.argtypes = [ptr, ptr, ptr, ptr, ptr, i32, i32, i32, i32]
     lib.specula_linear_i8.argtypes = [ptr, ptr, ptr, ptr, ptr, i32, i32, i32, i32]
+    lib.specula_linear_i4.argtypes = [ptr, ptr, ptr, ptr, ptr, i32, i32, i32, i32]
+    lib.specula_linear_i4.restype = i32
     lib.specula_block.restype = i32
     f32 = ctypes.c_float
     lib.specula_add_rms_norm.argtypes = [ptr, ptr, ptr, f32, ptr, i32, i32]
@@ -220,13 +225,34 @@ def pack(weight: torch.Tensor, block: int, quads: bool = False) -> torch.Tensor:
     return packed
 
 
+I4_GROUP = 64
+"""i4: inputs per scale group (`layout.h`)."""
+
+
+def pack_i4(weight: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """weight [out, in] float -> the i4 kernels' operands (`linear_i4.c`): (nibbles [blocks x in64 x
+    block / 2] uint8, flat; group scales [blocks, in64 / 64, block] float32), in64 = `in` rounded up to
+    64; padding columns have zero weights and scale 1."""
+    from specula.models.quantize import quantize_groups
+
+    q, scale = quantize_groups(weight, I4_GROUP)  # [out, in64] int8, [out, groups]
+    out, in64 = q.shape
+    blocks = (out + block - 1) // block
+    packed = torch.empty(blocks * in64 * block // 2, dtype=torch.uint8)
+    library().specula_pack_i4(q.contiguous().data_ptr(), packed.data_ptr(), in64, out, torch.get_num_threads())
+    scales = torch.ones((blocks * block, scale.shape[1]), dtype=torch.float32)
+    scales[:out] = scale
+    return packed, scales.view(blocks, block, -1).transpose(1, 2).contiguous()
+
+
 def _ptr(t: torch.Tensor | None) -> int | None:
     return None if t is None else t.data_ptr()
 
 
 class KernelLinear(nn.Module):
-    """`nn.Linear` on specula's CPU kernels: float32 (`f32`) or weight-only int8 (`w8`) weights,
-    packed once; float32 activations; each output row bitwise independent of the others."""
+    """`nn.Linear` on specula's CPU kernels: float32 (`f32`), weight-only int8 (`w8`), int8 weights and
+    activations (`i8`) or 4-bit weights with int8 activations (`i4`), packed once; float32 inputs and
+    outputs; each output row bitwise independent of the others."""
 
     def __init__(self, linear: nn.Module, kind: str = "f32") -> None:
         super().__init__()
@@ -241,6 +267,9 @@ class KernelLinear(nn.Module):
         if kind == "f32":
             packed = pack(weight, lib.specula_block())
             self.register_buffer("scale", None)
+        elif kind == "i4":
+            packed, scale = pack_i4(weight, lib.specula_block())
+            self.register_buffer("scale", scale)  # [blocks, groups, block]
         else:
             from specula.models.quantize import quantize_rows
 
@@ -266,6 +295,11 @@ class KernelLinear(nn.Module):
         if self.kind == "f32":
             lib.specula_linear_f32(rows.data_ptr(), self.packed.data_ptr(), _ptr(self.bias), out.data_ptr(), n,
                                    self.in_features, self.out_features, threads)
+        elif self.kind == "i4":
+            if lib.specula_linear_i4(rows.data_ptr(), self.packed.data_ptr(), self.scale.data_ptr(), _ptr(self.bias),
+                                     out.data_ptr(), n, self.in_features, self.out_features, threads):
+                raise MemoryError(f"specula's i4 kernel could not allocate its quantized rows ({n} x "
+                                  f"{self.in_features})")
         else:
             fn = lib.specula_linear_w8 if self.kind == "w8" else lib.specula_linear_i8
             fn(rows.data_ptr(), self.packed.data_ptr(), self.scale.data_ptr(), _ptr(self.bias), out.data_ptr(), n,
@@ -280,6 +314,13 @@ class KernelLinear(nn.Module):
         block = library().specula_block()
         blocks = self.packed.numel() // (self.in_features * block)
         b, c = ids // block, ids % block  # [k] block of each row, column within it
+        if self.kind == "i4":  # [blocks][in64 / 8][block][4] nibbles, scales [blocks][groups][block]
+            blocks, groups = self.scale.shape[:2]
+            grid = self.packed.view(blocks, groups * I4_GROUP // 8, block, 4)[b, :, c, :]  # [k, steps, 4]
+            lo, hi = (grid & 15).to(torch.int8) - 8, (grid >> 4).to(torch.int8) - 8  # [k, steps, 4] each
+            rows = torch.cat([lo, hi], dim=2).reshape(len(ids), groups, I4_GROUP).float()  # [k, groups, 64]
+            rows = rows * self.scale[b, :, c][:, :, None]
+            return rows.reshape(len(ids), -1)[:, : self.in_features]
         if self.kind == "i8":  # [blocks][in / 4][block][4]
             padded = self.packed.numel() // (blocks * block)
             grid = self.packed.view(blocks, padded // 4, block, 4)
@@ -291,7 +332,8 @@ class KernelLinear(nn.Module):
 
     @property
     def memory_bytes(self) -> int:
-        return self.packed.numel() * self.packed.element_size()
+        scale = self.scale.numel() * 4 if self.kind == "i4" else 0  # i4's group scales: 1/8 of its nibbles
+        return self.packed.numel() * self.packed.element_size() + scale
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, specula {self.kind}"

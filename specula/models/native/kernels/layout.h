@@ -4,5 +4,6 @@
 #define SPECULA_LAYOUT_H
 
 #define NB 16  /* outputs per column block */
+#define I4_GROUP 64  /* i4: inputs per scale group (linear_i4.c) */
 
 #endif

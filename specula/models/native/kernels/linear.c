@@ -155,7 +155,7 @@ void specula_linear_w8(const float *x, const int8_t *wp, const float *scale, con
  * 8 columns x 4 inputs; `in` is padded up to a multiple of 4 with zeros (in4). */
 /* Row r of x -> int8 xq[r][in4] (zero padded) and its scale xs[r] = max|x_r| / 127; with `offset`
  * (the VNNI kernel) each q is stored as q + 128, an unsigned byte (its sign bit flipped). */
-static void quantize_rows(const float *x, int8_t *xq, float *xs, int M, int in, int in4, int offset) {
+void specula_quantize_rows(const float *x, int8_t *xq, float *xs, int M, int in, int in4, int offset) {
     uint8_t flip = offset ? 0x80u : 0u;
     for (int r = 0; r < M; r++) {
         const float *xr = x + (size_t)r * in;
@@ -217,7 +217,7 @@ void specula_linear_i8(const float *x, const int8_t *wp, const float *wscale, co
     int rows = amx ? (M + 15) / 16 * 16 : M;  /* AMX: whole tiles of 16 rows, the padding zeros */
     int8_t *xq = malloc((size_t)rows * in4);
     float *xs = malloc((size_t)M * sizeof(float));
-    quantize_rows(x, xq, xs, M, in, in4, level && !amx);  /* VNNI's offset */
+    specula_quantize_rows(x, xq, xs, M, in, in4, level && !amx);  /* VNNI's offset */
     if (rows > M) memset(xq + (size_t)M * in4, 0, (size_t)(rows - M) * in4);
     struct linear_job job = {.xq = xq, .xs = xs, .wp = wp, .scale = wscale, .b = b, .y = y, .M = M, .in = in,
                              .out = out, .quads = quads, .in4 = in4, .groups = rows / 16};

@@ -178,8 +178,13 @@ void specula_f32_panel_avx512(void *job, int item);
 void specula_f32_multi_avx512(void *job, int item);
 void specula_w8_panel_avx512(void *job, int item);
 
+/* linear.c: row r of x [M][in] -> int8 xq[r][in4] (zero padded) and its scale xs[r] = max|x_r| / 127;
+ * with `offset` (the VNNI i8 kernel) each q is stored as q + 128, an unsigned byte. i8 and i4
+ * quantize their activations alike. */
+void specula_quantize_rows(const float *x, int8_t *xq, float *xs, int M, int in, int in4, int offset);
+
 /* linear_avx512.c: i8 over one column block with VNNI (`vpdpbusd`), every row group of the call;
- * needs j->xq offset by 128 (linear.c's quantize_rows with `offset`). */
+ * needs j->xq offset by 128 (specula_quantize_rows with `offset`). */
 void specula_i8_block_vnni(void *job, int bk);
 /* linear_avx512.c: i8 calls of up to VNNI_MULTI_ROWS rows with VNNI, j->panel column blocks
  * (`i8_multi_blocks`) per item, the rows all at once; needs j->xq offset by 128, as

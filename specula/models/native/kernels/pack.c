@@ -43,3 +43,23 @@ void specula_pack_i8(const int8_t *w, int8_t *wp, int in, int out, int quads, in
     }
 }
 
+
+/* Pack q [out, in64] (4-bit weights -7..7 as int8, in64 a multiple of I4_GROUP) into wp:
+ * [blocks][in64 / 8][NB][4] bytes, byte k of column c at step s = (q[c][8s + k] + 8) |
+ * (q[c][8s + 4 + k] + 8) << 4 (linear_i4.c); padding columns hold 8 (a zero weight). */
+void specula_pack_i4(const int8_t *q, uint8_t *wp, int in64, int out, int threads) {
+    int blocks = (out + NB - 1) / NB, steps = in64 / 8;
+    #pragma omp parallel for schedule(static) num_threads(threads)
+    for (int bk = 0; bk < blocks; bk++) {
+        uint8_t *dst = wp + (size_t)bk * steps * NB * 4;
+        for (int c = 0; c < NB; c++) {
+            int o = bk * NB + c;
+            const int8_t *row = q + (size_t)o * in64;
+            for (int s = 0; s < steps; s++)
+                for (int k = 0; k < 4; k++) {
+                    int lo = o < out ? row[8 * s + k] + 8 : 8, hi = o < out ? row[8 * s + 4 + k] + 8 : 8;
+                    dst[((size_t)s * NB + c) * 4 + k] = (uint8_t)(lo | hi << 4);
+                }
+        }
+    }
+}

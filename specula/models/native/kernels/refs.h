@@ -12,6 +12,8 @@ void specula_linear_w8(const float *x, const int8_t *wp, const float *scale, con
                        int out, int threads);
 void specula_linear_i8(const float *x, const int8_t *wp, const float *wscale, const float *b, float *y, int M, int in,
                        int out, int threads);
+int specula_linear_i4(const float *x, const uint8_t *wp, const float *gscale, const float *b, float *y, int M,
+                      int in, int out, int threads);
 
 /* ops.c's per-layer ops, as the one-call passes chain them. */
 void specula_add_rms_norm(float *x, const float *delta, const float *w, float eps, float *out, int n, int e);
@@ -24,10 +26,10 @@ void specula_attention(const float *q, const float *k_cache, const float *v_cach
                        float scale, int threads);
 void specula_silu_mul(const float *gu, float *out, int n, int inter);
 
-/* kind 0 f32, 1 w8, 2 i8; packed NULL: no such layer. */
+/* kind 0 f32, 1 w8, 2 i8, 3 i4; packed NULL: no such layer. */
 struct linear_ref {
     const void *packed;
-    const float *scale; /* w8 / i8: per output column */
+    const float *scale; /* w8 / i8: per output column; i4: per block, group and column */
     const float *bias;  /* or NULL */
     int32_t kind, in, out, unused;
 };
@@ -38,8 +40,10 @@ static inline void linear(const struct linear_ref *l, const float *x, float *y, 
         specula_linear_f32(x, l->packed, l->bias, y, m, l->in, l->out, threads);
     else if (l->kind == 1)
         specula_linear_w8(x, l->packed, l->scale, l->bias, y, m, l->in, l->out, threads);
-    else
+    else if (l->kind == 2)
         specula_linear_i8(x, l->packed, l->scale, l->bias, y, m, l->in, l->out, threads);
+    else
+        specula_linear_i4(x, l->packed, l->scale, l->bias, y, m, l->in, l->out, threads);
 }
 
 #endif
