@@ -75,13 +75,15 @@ def test_vnni_int8_is_the_exact_integer_dot_product(isa):
 
 
 @needs_amx
+@pytest.mark.parametrize("kind", ["i8", "i4"])
 @pytest.mark.parametrize("shape,bias", [((64, 1000), True), ((128, 48), False), ((576, 17), True), ((70, 37), True)])
-def test_amx_computes_the_bits_of_vnni_and_avx2(isa, shape, bias):
+def test_amx_computes_the_bits_of_vnni_and_avx2(isa, kind, shape, bias):
     """int8 calls of AMX_ROWS (10) rows or more whose inputs are a multiple of 64 run on AMX tiles
     (pairs of column blocks, a lone last block, chunks of 128 rows, rows padded to tiles of 16); 70
-    inputs stay on VNNI. Every output is the bits of the other variants, and of its row alone."""
+    inputs stay on VNNI (i8) or run on tiles as two groups of 64, the second padded (i4). Every
+    output is the bits of the other variants, and of its row alone."""
     torch.manual_seed(shape[0] * 7 + shape[1])
-    layer = kernels.KernelLinear(nn.Linear(*shape, bias=bias), "i8")
+    layer = kernels.KernelLinear(nn.Linear(*shape, bias=bias), kind)
     for rows in (1, 9, 10, 15, 16, 17, 31, 32, 33, 48, 127, 129, 300):
         x = torch.randn(rows, shape[0]) * 3  # [rows, in]
         want = {name: (isa(name), layer(x))[1] for name in ("avx2", "avx512")}
@@ -108,12 +110,14 @@ def test_amx_int8_is_the_exact_integer_dot_product(isa):
     assert torch.equal(got.double(), exact), (got.double() - exact).abs().max()
 
 
-@pytest.mark.parametrize("variant", ["avx2", pytest.param("avx512", marks=needs_avx512)])
+@pytest.mark.parametrize("variant", ["avx2", pytest.param("avx512", marks=needs_avx512),
+                                     pytest.param("amx", marks=needs_amx)])
 def test_i4_is_the_exact_integer_dot_product(isa, variant):
     """4-bit weights at their extremes (+-7, 0) with every group's largest at 7 (group scale 1) and
     activations at the int8 extremes (+-127: row scale 1): the nibbles' zero point (w + 8, minus 8 x
-    each group's activation sum) must give sum(q_x * q_w) exactly, over 3 groups and a padded tail."""
-    isa(variant)
+    each group's activation sum; AMX: the nibbles unpacked to signed bytes) must give sum(q_x * q_w)
+    exactly, over 3 groups and a padded tail."""
+    assert isa(variant) == variant
     out_features, in_features = 40, 150  # 150 inputs: two whole groups of 64 and 22 of a third
     q = torch.tensor([7, -7, 0, 1, -1, 4, -4, 3], dtype=torch.float32)
     weight = q.repeat(out_features * 152 // len(q)).reshape(out_features, 152)[:, :in_features].clone()

@@ -202,4 +202,32 @@ static inline int i8_multi_blocks(int M, int out, int threads) {
     return kb;
 }
 
+/* One i4 call's operands (linear_i4.c; AMX: linear_amx.c). */
+struct i4_job {
+    const int8_t *xq;     /* [M][in64] the rows quantized (no offset), zero padded */
+    const float *xs;      /* [M] the rows' scales */
+    const int32_t *xsum;  /* [M][groups] 8 x each group's sum of xq (the nibbles' zero point) */
+    const uint8_t *wp;    /* the packed nibbles */
+    const float *gscale;  /* [blocks][groups][NB] */
+    const float *b;
+    float *y;
+    int M, out, in64, groups, panel;
+};
+
+/* The finished sums f[m][NB] of rows m0 .. m0 + mb, column block at o0, into y. */
+static inline void i4_store(float f[][NB], const struct i4_job *j, int m0, int mb, int o0) {
+    int nc = j->out - o0 < NB ? j->out - o0 : NB;
+    for (int m = 0; m < mb; m++) {
+        float *ym = j->y + (size_t)(m0 + m) * j->out + o0;
+        for (int c = 0; c < nc; c++) {
+            float v = f[m][c] * j->xs[m0 + m];
+            ym[c] = j->b ? v + j->b[o0 + c] : v;
+        }
+    }
+}
+
+/* linear_amx.c: i4 on AMX tiles over a pair of column blocks and a chunk of AMX_CHUNK rows (item:
+ * chunk x pairs + pair); needs j->xq padded with zero rows to a multiple of 16. */
+void specula_i4_block_amx(void *job, int item);
+
 #endif

@@ -118,3 +118,77 @@ void specula_i8_block_amx(void *arg, int item) {
     }
     _tile_release();
 }
+
+/* i4 (linear_i4.c) on AMX tiles: a group's 64 inputs are one `tdpbssd` step, so each group's int32
+ * sums come out of the tiles exact, then f = fma(float(sum), gscale, f) group after group, and
+ * y = f x_scale (+ bias) (`i4_store`): the operations of the VNNI and AVX2 items in their order, so
+ * every output is bit for bit theirs. A group's nibbles for one block (512 bytes) are unpacked once
+ * per item into an i8 weight tile (the low nibbles of step s are quad 2s, the high ones quad 2s + 1,
+ * each minus 8: signed, so no zero point), which serves every row tile of the chunk. Float sums
+ * f[chunk rows][2 blocks][16] live on the stack (16 KB). */
+/* Tile T's exact sums (rows m0 .. m0 + 16 of block k of the item) into the float sums f. */
+#define I4_AMX_ADD(T, m0, k, sc)                                                                     \
+    do {                                                                                             \
+        _tile_stored(T, c, NB * 4);                                                                  \
+        for (int m = 0; m < 16; m++) {                                                               \
+            float *fm = f[(m0) - r0 + m][k];                                                         \
+            __m512 v = _mm512_cvtepi32_ps(_mm512_load_si512((const void *)c[m]));                    \
+            _mm512_store_ps(fm, _mm512_fmadd_ps(v, sc, _mm512_load_ps(fm)));                         \
+        }                                                                                            \
+    } while (0)
+
+__attribute__((target("amx-tile,amx-int8,avx512f,avx512bw")))
+void specula_i4_block_amx(void *arg, int item) {
+    const struct i4_job *j = arg;
+    int M = j->M, groups = j->groups, in64 = j->in64, blocks = (j->out + NB - 1) / NB, padded = (M + 15) / 16 * 16;
+    int pairs = (blocks + 1) / 2, bk = item % pairs * 2, nb = bk + 1 < blocks ? 2 : 1;
+    int r0 = item / pairs * AMX_CHUNK, r1 = r0 + AMX_CHUNK < padded ? r0 + AMX_CHUNK : padded;
+    size_t block_bytes = (size_t)in64 * NB / 2;
+    const __m512i nib = _mm512_set1_epi8(0x0F), eight = _mm512_set1_epi8(8);
+    int8_t wt[2][16][64] __attribute__((aligned(64)));  /* a group's weight tile per block */
+    int32_t c[16][NB] __attribute__((aligned(64)));
+    float f[AMX_CHUNK][2][NB] __attribute__((aligned(64)));
+    memset(f, 0, sizeof f);
+    configure_tiles();
+    for (int g = 0; g < groups; g++) {
+        for (int k = 0; k < nb; k++) {
+            const uint8_t *src = j->wp + (size_t)(bk + k) * block_bytes + (size_t)g * (I4_GROUP / 8) * 64;
+            for (int s = 0; s < 8; s++) {
+                __m512i w = _mm512_loadu_si512((const void *)(src + s * 64));
+                _mm512_store_si512((void *)wt[k][2 * s], _mm512_sub_epi8(_mm512_and_si512(w, nib), eight));
+                _mm512_store_si512((void *)wt[k][2 * s + 1],
+                                   _mm512_sub_epi8(_mm512_and_si512(_mm512_srli_epi16(w, 4), nib), eight));
+            }
+        }
+        _tile_loadd(6, wt[0], 64);
+        if (nb == 2) _tile_loadd(7, wt[1], 64);
+        __m512 sc0 = _mm512_loadu_ps(j->gscale + ((size_t)bk * groups + g) * NB);
+        __m512 sc1 = nb == 2 ? _mm512_loadu_ps(j->gscale + ((size_t)(bk + 1) * groups + g) * NB) : sc0;
+        for (int m0 = r0; m0 < r1; m0 += 32) {  /* C: tiles 0-3 = (row tile 0, 1) x (block 0, 1) */
+            int two = m0 + 16 < r1;
+            const int8_t *x0 = j->xq + (size_t)m0 * in64 + (size_t)g * I4_GROUP;
+            _tile_zero(0);
+            _tile_zero(1);
+            _tile_zero(2);
+            _tile_zero(3);
+            _tile_loadd(4, x0, in64);
+            _tile_dpbssd(0, 4, 6);
+            if (nb == 2) _tile_dpbssd(1, 4, 7);
+            if (two) {
+                _tile_loadd(5, x0 + (size_t)16 * in64, in64);
+                _tile_dpbssd(2, 5, 6);
+                if (nb == 2) _tile_dpbssd(3, 5, 7);
+            }
+            I4_AMX_ADD(0, m0, 0, sc0);
+            if (nb == 2) I4_AMX_ADD(1, m0, 1, sc1);
+            if (two) {
+                I4_AMX_ADD(2, m0 + 16, 0, sc0);
+                if (nb == 2) I4_AMX_ADD(3, m0 + 16, 1, sc1);
+            }
+        }
+    }
+    _tile_release();
+    int last = r1 < M ? r1 : M;
+    for (int m = r0; m < last; m++)
+        for (int k = 0; k < nb; k++) i4_store(&f[m - r0][k], j, m, 1, (bk + k) * NB);
+}

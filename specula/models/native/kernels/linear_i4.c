@@ -26,29 +26,6 @@
 
 void specula_parallel(int threads, int items, specula_item_fn fn, void *ctx); /* pool.c */
 
-struct i4_job {
-    const int8_t *xq;     /* [M][in64] the rows quantized (no offset), zero padded */
-    const float *xs;      /* [M] the rows' scales */
-    const int32_t *xsum;  /* [M][groups] 8 x each group's sum of xq (the nibbles' zero point) */
-    const uint8_t *wp;    /* the packed nibbles */
-    const float *gscale;  /* [blocks][groups][NB] */
-    const float *b;
-    float *y;
-    int M, out, in64, groups, panel;
-};
-
-/* The finished sums f[m][NB] of rows m0 .. m0 + mb, column block at o0, into y. */
-static inline void i4_store(float f[][NB], const struct i4_job *j, int m0, int mb, int o0) {
-    int nc = j->out - o0 < NB ? j->out - o0 : NB;
-    for (int m = 0; m < mb; m++) {
-        float *ym = j->y + (size_t)(m0 + m) * j->out + o0;
-        for (int c = 0; c < nc; c++) {
-            float v = f[m][c] * j->xs[m0 + m];
-            ym[c] = j->b ? v + j->b[o0 + c] : v;
-        }
-    }
-}
-
 /* The rows per chunk of an item of `kb` column blocks (the registers: kb x rows int32 sums, as many
  * float sums, 2 kb unpacked weights and two broadcasts within the 32 zmm). */
 static inline int i4_chunk(int kb) { return kb >= 4 ? 2 : kb == 3 ? 3 : kb == 2 ? 4 : 8; }
@@ -202,7 +179,9 @@ static int i4_blocks_per_item(int M, int out, int threads) {
 int specula_linear_i4(const float *x, const uint8_t *wp, const float *gscale, const float *b, float *y, int M,
                       int in, int out, int threads) {
     int groups = (in + I4_GROUP - 1) / I4_GROUP, in64 = groups * I4_GROUP, blocks = (out + NB - 1) / NB;
-    int8_t *xq = malloc((size_t)M * in64);
+    int level = specula_isa(), amx = level == 2 && M >= AMX_ROWS;
+    int rows = amx ? (M + 15) / 16 * 16 : M;  /* AMX: whole tiles of 16 rows, the padding zeros */
+    int8_t *xq = malloc((size_t)rows * in64);
     float *xs = malloc((size_t)M * sizeof(float));
     int32_t *xsum = malloc((size_t)M * groups * sizeof(int32_t));
     if (!xq || !xs || !xsum) {
@@ -212,7 +191,8 @@ int specula_linear_i4(const float *x, const uint8_t *wp, const float *gscale, co
         return -1;
     }
     specula_quantize_rows(x, xq, xs, M, in, in64, 0);
-    for (int m = 0; m < M; m++)
+    if (rows > M) memset(xq + (size_t)M * in64, 0, (size_t)(rows - M) * in64);
+    for (int m = 0; m < M && !amx; m++)
         for (int g = 0; g < groups; g++) {
             int32_t s = 0;
             for (int i = 0; i < I4_GROUP; i++) s += xq[(size_t)m * in64 + (size_t)g * I4_GROUP + i];
@@ -220,7 +200,9 @@ int specula_linear_i4(const float *x, const uint8_t *wp, const float *gscale, co
         }
     struct i4_job job = {.xq = xq, .xs = xs, .xsum = xsum, .wp = wp, .gscale = gscale, .b = b, .y = y, .M = M,
                          .out = out, .in64 = in64, .groups = groups, .panel = 1};
-    if (specula_isa()) {
+    if (amx) {
+        specula_parallel(threads, (rows + AMX_CHUNK - 1) / AMX_CHUNK * ((blocks + 1) / 2), specula_i4_block_amx, &job);
+    } else if (level) {
         job.panel = i4_blocks_per_item(M, out, threads);
         specula_parallel(threads, (blocks + job.panel - 1) / job.panel, i4_item_vnni, &job);
     } else
