@@ -171,7 +171,8 @@ def load(target: str, draft: str | None = "auto", method: str | None = None,
     available drafter, sized by the hardware-aware planner). `draft`: a model spec, "self" (the
     target's own weights, int8 unless `draft_quantize` says otherwise), "auto" (the default: for the
     draft methods on CPU, targets of >= 1B parameters get their embedded companion draft when it is
-    installed, else "self", both int8 unless `draft_quantize` says otherwise; else none), "skip"
+    installed, in int4 where specula's CPU kernels run (else int8), else "self" in int8, unless
+    `draft_quantize` says otherwise; else none), "skip"
     (the target itself with decoder sub-layers skipped, SWIFT; `skip_layers` fixes the set, else it
     is searched on the fly) or None / "none". A draft model is loaded only for the methods that
     draft with one (`MethodSpec.draft_model`: fusion, draft-model, draft-tree); others ignore `draft`.
@@ -182,7 +183,7 @@ def load(target: str, draft: str | None = "auto", method: str | None = None,
     the rest took."""
     import time
 
-    from specula.draft_choice import AUTO_DRAFT, AUTO_DRAFT_QUANTIZE, auto_draft
+    from specula.draft_choice import AUTO_DRAFT, auto_draft, auto_draft_quantize
     from specula.methods import DEFAULT_METHOD, default_head, get_method
     from specula.models.loading import peak_rss_bytes, process_age_seconds
     from specula.models.draft_vocab import check_draft_vocab
@@ -198,7 +199,7 @@ def load(target: str, draft: str | None = "auto", method: str | None = None,
     target_lm, tokenizer = load_backend(target, config, "target", report=target_report)
     if draft == AUTO_DRAFT:
         draft = auto_draft(row, target_lm, target)
-        draft_quantize = draft_quantize or (AUTO_DRAFT_QUANTIZE if draft is not None else None)
+        draft_quantize = draft_quantize or (auto_draft_quantize(draft, config) if draft is not None else None)
     if draft == SKIP_DRAFT:  # no draft model: the target drafts for itself
         check_draft_skip(target_lm, skip_layers, draft_quantize)
         drafter_options.update(draft_skip=True, skip_layers=skip_layers)

@@ -92,6 +92,18 @@ def test_auto_draft_is_off_for_small_targets_and_self_is_refused_unquantized(mod
         specula.load(str(path), draft="self", draft_quantize="none", method="draft-model")
 
 
+def test_auto_quantizes_a_companion_to_int4_where_specula_kernels_run_and_a_self_draft_to_int8():
+    from specula.draft_choice import auto_draft_quantize
+    from specula.models.loading import LoadConfig
+    from specula.models.native import kernels
+
+    companion = "int4" if kernels.available() else "int8"
+    assert auto_draft_quantize("qwen2.5-coder-0.5b", LoadConfig(device="cpu")) == companion
+    assert auto_draft_quantize("self", LoadConfig(device="cpu")) == "int8"
+    for other in ({"backend": "hf"}, {"linear_kernel": "aten"}, {"linear_kernel": "onednn"}):
+        assert auto_draft_quantize("qwen2.5-coder-0.5b", LoadConfig(device="cpu", **other)) == "int8", other
+
+
 # ---------------------------------------------------------------------------- the session calls
 @pytest.fixture(scope="module")
 def tiny_spec():

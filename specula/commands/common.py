@@ -23,15 +23,17 @@ def add_model_args(parser: argparse.ArgumentParser, *, target_required: bool = T
                         "backend, no extra weights); none; auto = for "
                         f"{', '.join(spec.name for spec in METHODS.values() if spec.auto_draft)} on CPU, targets "
                         "of >= 1B parameters draft with their embedded companion (qwen2.5-coder-1.5b: "
-                        "qwen2.5-coder-0.5b) when it is installed, else self, int8 either way; else none (default)")
+                        "qwen2.5-coder-0.5b) when it is installed, in int4 where specula's CPU kernels run (else "
+                        "int8), else self in int8; else none (default)")
     g.add_argument("--skip-layers", default=None, metavar="LAYERS",
                    help="with --draft skip: a fixed skip set instead of the on-the-fly search, as 0-based layers or "
                         "ranges, each optionally attn: or mlp: only, e.g. attn:14-26,mlp:5-12,3")
     g.add_argument("--draft-quantize", default=None, choices=("none", "int8", "int4"),
                    help="quantize the draft only (the target keeps its dtype and kernels): int8 = int8 weights and "
-                        "activations (default for --draft self and for the draft --draft auto picks); int4 = 4-bit "
-                        "weights (a scale per 64 inputs) and int8 activations, specula's CPU kernels only (native "
-                        "backend); none (default for a draft you name)")
+                        "activations (default for --draft self, and for a companion --draft auto picks where int4 "
+                        "cannot run); int4 = 4-bit weights (a scale per 64 inputs) and int8 activations, specula's "
+                        "CPU kernels only (native backend; default for a companion --draft auto picks); none "
+                        "(default for a draft you name)")
     g.add_argument("--draft-vocab", default="auto", metavar="auto|full|N",
                    help="tokens the draft model scores (FR-Spec; outputs unchanged, the target verifies over its "
                         "whole vocabulary): auto = the 32768 most frequent where a token ranking ships for the "
