@@ -16,7 +16,7 @@ def parser() -> argparse.ArgumentParser:
 
 
 @pytest.mark.parametrize("flag,field,value,default,bad", [
-    ("--quantize", "quantize", "int8", "none", "int4"),
+    ("--quantize", "quantize", "int4", "none", "int3"),
     ("--linear-kernel", "linear_kernel", "aten", "auto", "mkl"),
     ("--attn", "attn_implementation", "batch_invariant", "auto", "flash"),
 ])
