@@ -1,10 +1,10 @@
 """The linear kernels' AVX2 and AVX-512 variants side by side, in one process: median ms of one call
 per row count over a stack of layers holding as many weights as SmolLM2-135M (150 x [1536, 576]),
-each variant timed in turn for every row count, and the ratio; on a CPU with AMX-INT8, the i8 kind
-on AMX tiles too (calls of 10 rows or more). The variants compute the same bits
+each variant timed in turn for every row count, and the ratio; on a CPU with AMX-INT8, the i8 and i4
+kinds on AMX tiles too (calls of 10 rows or more). The variants compute the same bits
 (tests/models/test_kernel_isa.py); this says what each costs.
 
-    python scripts/kernel_isa.py --kinds f32,w8,i8 --rows 1,2,4,6,8,12,16,24,32
+    python scripts/kernel_isa.py --kinds f32,w8,i8,i4 --rows 1,2,4,6,8,12,16,24,32
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ def main() -> None:
     if kernels.set_isa("avx512") != "avx512":
         raise SystemExit("this CPU has no AVX-512 F/BW/VNNI: only the AVX2 variant runs here")
     for kind in args.kinds.split(","):
-        variants = ("avx2", "avx512", "amx") if amx and kind == "i8" else ("avx2", "avx512")
+        variants = ("avx2", "avx512", "amx") if amx and kind in ("i8", "i4") else ("avx2", "avx512")
         layers = [kernels.KernelLinear(nn.Linear(576, 1536, bias=False), kind) for _ in range(args.layers)]
         for rows in (int(r) for r in args.rows.split(",")):
             x = torch.randn(rows, 576)  # [rows, in]
