@@ -80,8 +80,8 @@ def test_vnni_int8_is_the_exact_integer_dot_product(isa):
 def test_amx_computes_the_bits_of_vnni_and_avx2(isa, kind, shape, bias):
     """int8 calls of AMX_ROWS (10) rows or more whose inputs are a multiple of 64 run on AMX tiles
     (pairs of column blocks, a lone last block, chunks of 128 rows, rows padded to tiles of 16); 70
-    inputs stay on VNNI (i8) or run on tiles as two groups of 64, the second padded (i4). Every
-    output is the bits of the other variants, and of its row alone."""
+    inputs stay on VNNI (i8) or run on tiles as two groups of 64, the second padded (i4, from 16
+    rows on). Every output is the bits of the other variants, and of its row alone."""
     torch.manual_seed(shape[0] * 7 + shape[1])
     layer = kernels.KernelLinear(nn.Linear(*shape, bias=bias), kind)
     for rows in (1, 9, 10, 15, 16, 17, 31, 32, 33, 48, 127, 129, 300):
@@ -125,7 +125,7 @@ def test_i4_is_the_exact_integer_dot_product(isa, variant):
     weight[:, 128] = 7  # the tail group's largest is 7 too
     layer = kernels.KernelLinear(_with_weight(weight), "i4")
     xq = torch.tensor([127, -127, 0, 1, -1, 64, -64, 3], dtype=torch.float32)
-    x = torch.stack([xq.roll(k).repeat(19)[:in_features] for k in range(11)])  # [11, 150], max |x| = 127
+    x = torch.stack([xq.roll(k).repeat(19)[:in_features] for k in range(17)])  # [17, 150]: AMX from 16 rows
     exact = x.double() @ weight.double().T  # integers: every scale is 1
     got = layer(x)
     assert torch.equal(got.double(), exact), (got.double() - exact).abs().max()

@@ -119,7 +119,7 @@ void specula_i8_block_amx(void *arg, int item) {
     _tile_release();
 }
 
-/* i4 (linear_i4.c) on AMX tiles: a group's 64 inputs are one `tdpbssd` step, so each group's int32
+/* i4 (linear_i4.c) on AMX tiles, for calls of I4_AMX_ROWS rows or more: a group's 64 inputs are one `tdpbssd` step, so each group's int32
  * sums come out of the tiles exact, then f = fma(float(sum), gscale, f) group after group, and
  * y = f x_scale (+ bias) (`i4_store`): the operations of the VNNI and AVX2 items in their order, so
  * every output is bit for bit theirs. A group's nibbles for one block (512 bytes) are unpacked once
