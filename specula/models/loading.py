@@ -433,7 +433,10 @@ def _load_native(resolved: ResolvedModel, config: LoadConfig, name: str, kwargs:
             tokenizer = load_tokenizer(resolved)
     else:
         decoder, facts = prepare()
-    reference_kwargs = {**kwargs, "tokenizer": tokenizer}
+    # the bench's Hugging Face peers run this model on transformers, which has no 4-bit linears here:
+    # an int4 model's reference is its int8 self, the nearest they can run
+    reference_kwargs = {**kwargs, "tokenizer": tokenizer,
+                        "quantize": "int8" if config.quantize == "int4" else config.quantize}
     backend = NativeCausalLM(decoder, name=f"{name} {resolved.spec}", eos_token_ids=facts["eos_token_ids"],
                              reference=lambda: load_model(resolved, **reference_kwargs)[0],
                              model_id=facts["model_id"])

@@ -297,3 +297,14 @@ def test_int4_is_refused_where_specula_kernels_do_not_run(model_dirs, cache, con
     with pytest.raises(ConfigError, match="int4 runs on specula's CPU kernels only.*use int8"):
         _load(model_dirs[1], "int4", **config)
     assert not prepared.prepared_root().exists()
+
+
+def test_an_int4_models_hugging_face_reference_is_its_int8_self(model_dirs, cache):
+    """The bench's Hugging Face peers (`--compare hf`) run a draft's reference model on transformers,
+    which has no 4-bit linears: an int4 draft's reference loads in int8 instead of failing."""
+    from specula.models.quantize import RowInt8Linear
+
+    backend, _, _ = _load(model_dirs[1], "int4")
+    assert backend.decoder.layers[0].wqkv.kind == "i4"
+    reference = backend.reference_model()
+    assert any(isinstance(m, RowInt8Linear) for m in reference.modules())
