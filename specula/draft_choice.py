@@ -54,8 +54,8 @@ def auto_draft_quantize(draft: str, config: LoadConfig) -> str:
     backend, float32 on CPU, `--linear-kernel auto|specula`), else int8; a self-draft in int8.
     Measured on Qwen2.5-Coder-1.5B with the 0.5B companion (2-core Xeon, greedy, the same process
     interleaved, `docs/native.md`, "int4 drafts"): the README's job 1.16-1.34x faster a request
-    (three runs) and `fusion` 1.03-1.05x on Spec-Bench and the everyday set, acceptance unchanged;
-    a one-row pass of the 0.5B 22 -> 14 ms."""
+    (three repeats), `fusion` 1.03x on Spec-Bench (two runs) and 1.04x / 0.99x on the everyday set,
+    about the same acceptance; a one-row pass of the 0.5B 22 -> 14 ms."""
     import torch
 
     from specula.models.native import kernels
