@@ -202,6 +202,20 @@ static inline int i8_multi_blocks(int M, int out, int threads) {
     return kb;
 }
 
+/* switch (ROWS) running BODY(KB, MB) with MB a constant 1 .. 7, or 8 for any other count (its
+ * accumulators then live in registers): the few-row items of VNNI's i8 and of i4. */
+#define SWITCH_ROWS_8(BODY, KB, ROWS)                                                                \
+    switch (ROWS) {                                                                                  \
+        case 1: BODY(KB, 1); break;                                                                  \
+        case 2: BODY(KB, 2); break;                                                                  \
+        case 3: BODY(KB, 3); break;                                                                  \
+        case 4: BODY(KB, 4); break;                                                                  \
+        case 5: BODY(KB, 5); break;                                                                  \
+        case 6: BODY(KB, 6); break;                                                                  \
+        case 7: BODY(KB, 7); break;                                                                  \
+        default: BODY(KB, 8); break;                                                                 \
+    }
+
 /* One i4 call's operands (linear_i4.c; AMX: linear_amx.c). */
 struct i4_job {
     const int8_t *xq;     /* [M][in64] the rows quantized (no offset), zero padded */

@@ -257,12 +257,7 @@ PANEL_ITEM(specula_w8_panel_avx512, int8_t, ZMM_LOAD_W8, scale)
 __attribute__((target("avx512f,avx512bw,avx512vnni")))
 INT8_BLOCK_ITEM(specula_i8_block_vnni, const __m512i ones = _mm512_set1_epi8(1), MRV, VNNI_SWITCH)
 
-#define VM(KB, MB) case MB: VNNI_MULTI_BODY(KB, MB); break;
-#define VNNI_MULTI_SWITCH(KB)                                                                        \
-    switch (M) {                                                                                     \
-        VM(KB, 1) VM(KB, 2) VM(KB, 3) VM(KB, 4) VM(KB, 5) VM(KB, 6) VM(KB, 7)                        \
-        default: VNNI_MULTI_BODY(KB, 8); break;                                                      \
-    }
+#define VNNI_MULTI_SWITCH(KB) SWITCH_ROWS_8(VNNI_MULTI_BODY, KB, M)
 
 __attribute__((target("avx512f,avx512bw,avx512vnni")))
 void specula_i8_multi_vnni(void *arg, int item) {

@@ -75,12 +75,7 @@ static inline int i4_chunk(int kb) { return kb >= 4 ? 2 : kb == 3 ? 3 : kb == 2 
         }                                                                                            \
     } while (0)
 
-#define I4Z(KB, MB) case MB: I4_ZMM_BODY(KB, MB); break;
-#define I4_ZMM_ROWS(KB)                                                                              \
-    switch (mb) {                                                                                    \
-        I4Z(KB, 1) I4Z(KB, 2) I4Z(KB, 3) I4Z(KB, 4) I4Z(KB, 5) I4Z(KB, 6) I4Z(KB, 7)                 \
-        default: I4_ZMM_BODY(KB, 8); break;                                                          \
-    }
+#define I4_ZMM_ROWS(KB) SWITCH_ROWS_8(I4_ZMM_BODY, KB, mb)
 
 /* Item `item`: j->panel adjacent column blocks (fewer for the last), every row, in chunks. */
 __attribute__((target("avx512f,avx512bw,avx512vnni")))
