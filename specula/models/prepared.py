@@ -67,9 +67,10 @@ _ROPE_KEY = "__inv_freq__"
 _NOTE_BYTES = 256 << 20
 """A prefetch reading at least this much from storage is noted on stderr (it explains a slow load)."""
 _CODE_FILES = ("native/__init__.py", "native/model.py", "native/kernels/__init__.py", "native/kernels/pack.c",
-               "native/kernels/layout.h")
-"""The code that decides the prepared weights (relative to `specula/models`): hashed into the key. Not
-the kernels that read them (linear.c): changing those keeps users' prepared entries."""
+               "native/kernels/layout.h", "quantize.py")
+"""The code that decides the prepared weights (relative to `specula/models`): hashed into the key
+(`quantize.py`: the int8 and int4 values). Not the kernels that read them (linear.c): changing
+those keeps users' prepared entries."""
 
 Outcome = Literal["hit", "built", "rebuilt", "unsaved", "off", "unsupported"]
 
