@@ -88,14 +88,19 @@ static inline void store_int_rows(int32_t acc[][NB], float *y, const float *xs, 
 #define PANEL_ROWS 64   /* from this many rows on, items take PANEL blocks */
 #define MULTI_ROWS 14   /* up to this many rows, the AVX-512 f32 items take several blocks (multi_blocks) */
 
-/* Column blocks per item of an AVX-512 call of up to MULTI_ROWS rows: as many as the registers
- * hold beside the rows' accumulators (4 up to 6 rows, 3 up to 9, 2 up to 14), fewer where the call
- * would otherwise leave a thread under four items (a model's narrow projections). */
-static inline int multi_blocks(int M, int out, int threads) {
-    int blocks = (out + NB - 1) / NB, kb = M <= 6 ? 4 : M <= 9 ? 3 : 2;
-    int least = 4 * (threads > 1 ? threads : 1);
+/* `kb` column blocks per item, or fewer where the call's `out` columns would otherwise leave a thread
+ * under four items (a model's narrow projections): the several-block items of f32, i8 and i4. */
+static inline int fewer_for_threads(int kb, int out, int threads) {
+    int blocks = (out + NB - 1) / NB, least = 4 * (threads > 1 ? threads : 1);
     while (kb > 1 && (blocks + kb - 1) / kb < least) kb--;
     return kb;
+}
+
+/* Column blocks per item of an AVX-512 call of up to MULTI_ROWS rows: as many as the registers
+ * hold beside the rows' accumulators (4 up to 6 rows, 3 up to 9, 2 up to 14), fewer where the call
+ * would otherwise leave a thread under four items (`fewer_for_threads`). */
+static inline int multi_blocks(int M, int out, int threads) {
+    return fewer_for_threads(M <= 6 ? 4 : M <= 9 ? 3 : 2, out, threads);
 }
 #define PANEL 4
 static inline int panel_blocks(int M, int out, int threads) {
@@ -196,10 +201,7 @@ void specula_i8_multi_vnni(void *job, int item);
  * hold beside the rows' sums and each block's column sums (4 up to 4 rows, 3 up to 6, 2 up to 8),
  * fewer where a thread would get under four items. */
 static inline int i8_multi_blocks(int M, int out, int threads) {
-    int blocks = (out + NB - 1) / NB, kb = M <= 4 ? 4 : M <= 6 ? 3 : 2;
-    int least = 4 * (threads > 1 ? threads : 1);
-    while (kb > 1 && (blocks + kb - 1) / kb < least) kb--;
-    return kb;
+    return fewer_for_threads(M <= 4 ? 4 : M <= 6 ? 3 : 2, out, threads);
 }
 
 /* switch (ROWS) running BODY(KB, MB) with MB a constant 1 .. 7, or 8 for any other count (its

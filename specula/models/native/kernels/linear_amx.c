@@ -119,13 +119,6 @@ void specula_i8_block_amx(void *arg, int item) {
     _tile_release();
 }
 
-/* i4 (linear_i4.c) on AMX tiles, for calls of I4_AMX_ROWS rows or more: a group's 64 inputs are one `tdpbssd` step, so each group's int32
- * sums come out of the tiles exact, then f = fma(float(sum), gscale, f) group after group, and
- * y = f x_scale (+ bias) (`i4_store`): the operations of the VNNI and AVX2 items in their order, so
- * every output is bit for bit theirs. A group's nibbles for one block (512 bytes) are unpacked once
- * per item into an i8 weight tile (the low nibbles of step s are quad 2s, the high ones quad 2s + 1,
- * each minus 8: signed, so no zero point), which serves every row tile of the chunk. Float sums
- * f[chunk rows][2 blocks][16] live on the stack (16 KB). */
 /* Tile T's exact sums (rows m0 .. m0 + 16 of block k of the item) into the float sums f. */
 #define I4_AMX_ADD(T, m0, k, sc)                                                                     \
     do {                                                                                             \
@@ -137,6 +130,13 @@ void specula_i8_block_amx(void *arg, int item) {
         }                                                                                            \
     } while (0)
 
+/* i4 (linear_i4.c) on AMX tiles, for calls of I4_AMX_ROWS rows or more: a group's 64 inputs are one
+ * `tdpbssd` step, so each group's int32 sums come out of the tiles exact, then f = fma(float(sum),
+ * gscale, f) group after group, and y = f x_scale (+ bias) (`i4_store`): the operations of the
+ * VNNI and AVX2 items in their order, so every output is bit for bit theirs. A group's nibbles for
+ * one block (512 bytes) are unpacked once per item into an i8 weight tile (the low nibbles of step
+ * s are quad 2s, the high ones quad 2s + 1, each minus 8: signed, so no zero point), which serves
+ * every row tile of the chunk. Float sums f[chunk rows][2 blocks][16] live on the stack (16 KB). */
 __attribute__((target("amx-tile,amx-int8,avx512f,avx512bw")))
 void specula_i4_block_amx(void *arg, int item) {
     const struct i4_job *j = arg;

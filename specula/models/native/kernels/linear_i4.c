@@ -164,10 +164,7 @@ static void i4_item_avx2(void *arg, int bk) {
  * chunks of up to 8 over a block that stays in L1 / L2), fewer where a thread would get under four
  * items. */
 static int i4_blocks_per_item(int M, int out, int threads) {
-    int blocks = (out + NB - 1) / NB, kb = M <= 2 ? 4 : M == 3 ? 3 : M == 4 ? 2 : 1;
-    int least = 4 * (threads > 1 ? threads : 1);
-    while (kb > 1 && (blocks + kb - 1) / kb < least) kb--;
-    return kb;
+    return fewer_for_threads(M <= 2 ? 4 : M == 3 ? 3 : M == 4 ? 2 : 1, out, threads);
 }
 
 /* y [M, out] = x [M, in] through the i4 weights wp / gscale (+ b); returns 0, or -1 when memory
