@@ -56,15 +56,14 @@ def auto_draft_quantize(draft: str, config: LoadConfig) -> str:
     interleaved, `docs/native.md`, "int4 drafts"): the README's job 1.16-1.34x faster a request
     (three repeats), `fusion` 1.03x on Spec-Bench (two runs) and 1.04x / 0.99x on the everyday set,
     about the same acceptance; a one-row pass of the 0.5B 22 -> 14 ms."""
-    import torch
+    from specula.models.prepack import resolve_linear_kernel
 
-    from specula.models.native import kernels
-
+    if draft == SELF_DRAFT or config.backend == "hf":
+        return AUTO_DRAFT_QUANTIZE
     device, dtype = config.resolved()
-    native = config.backend != "hf" and config.linear_kernel in ("auto", "specula")
-    if draft != SELF_DRAFT and native and device.type == "cpu" and dtype == torch.float32 and kernels.available():
-        return AUTO_COMPANION_QUANTIZE
-    return AUTO_DRAFT_QUANTIZE
+    kernel = resolve_linear_kernel(config.linear_kernel, dtype=dtype, device=device.type, quantize="none",
+                                   native=True)  # the one place that says where a native model's linears run
+    return AUTO_COMPANION_QUANTIZE if kernel == "specula" else AUTO_DRAFT_QUANTIZE
 
 
 __all__ = ["AUTO_COMPANION_QUANTIZE", "AUTO_DRAFT", "AUTO_DRAFT_QUANTIZE", "SELF_DRAFT_MIN_PARAMETERS", "auto_draft",

@@ -100,7 +100,8 @@ def test_auto_quantizes_a_companion_to_int4_where_specula_kernels_run_and_a_self
     companion = "int4" if kernels.available() else "int8"
     assert auto_draft_quantize("qwen2.5-coder-0.5b", LoadConfig(device="cpu")) == companion
     assert auto_draft_quantize("self", LoadConfig(device="cpu")) == "int8"
-    for other in ({"backend": "hf"}, {"linear_kernel": "aten"}, {"linear_kernel": "onednn"}):
+    for other in ({"backend": "hf"}, {"backend": "hf", "linear_kernel": "specula"}, {"linear_kernel": "aten"},
+                  {"linear_kernel": "onednn"}):
         assert auto_draft_quantize("qwen2.5-coder-0.5b", LoadConfig(device="cpu", **other)) == "int8", other
 
 

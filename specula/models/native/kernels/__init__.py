@@ -312,7 +312,6 @@ class KernelLinear(nn.Module):
         152k-row output head read back whole took 4 s and 1 GB)."""
         ids = ids.to(torch.long).cpu()
         block = library().specula_block()
-        blocks = self.packed.numel() // (self.in_features * block)
         b, c = ids // block, ids % block  # [k] block of each row, column within it
         if self.kind == "i4":  # [blocks][in64 / 8][block][4] nibbles, scales [blocks][groups][block]
             blocks, groups = self.scale.shape[:2]
@@ -321,6 +320,7 @@ class KernelLinear(nn.Module):
             rows = torch.cat([lo, hi], dim=2).reshape(len(ids), groups, I4_GROUP).float()  # [k, groups, 64]
             rows = rows * self.scale[b, :, c][:, :, None]
             return rows.reshape(len(ids), -1)[:, : self.in_features]
+        blocks = self.packed.numel() // (self.in_features * block)
         if self.kind == "i8":  # [blocks][in / 4][block][4]
             padded = self.packed.numel() // (blocks * block)
             grid = self.packed.view(blocks, padded // 4, block, 4)
