@@ -6,6 +6,8 @@ unsupported architecture is refused with the fix named."""
 from __future__ import annotations
 
 import random
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -221,6 +223,37 @@ def test_kernel_linear_reads_back_chosen_weight_rows_as_it_computes_with_them(ki
     atol = {"f32": 0, "w8": 1e-3, "i8": 1e-3, "i4": lin.weight.abs().max().item() / 14 + 1e-6}[kind]
     torch.testing.assert_close(layer.weight_rows(ids), lin.weight[ids].detach(), atol=atol,
                                rtol=0 if kind in ("f32", "i4") else 1e-2)
+
+
+OUT_OF_MEMORY = """
+import resource, sys
+import torch
+from specula.models.native.kernels import KernelLinear
+layer = KernelLinear(torch.nn.Linear(256, 64), sys.argv[1])
+x = torch.randn(200_000, 256)  # packed (f32, w8) or quantized (i8, i4) copies: 51-205 MB
+layer(x[:40])  # the thread pool started before the limit
+out = torch.full((x.shape[0], 64), 7.0)
+vm = int(next(line for line in open("/proc/self/status") if line.startswith("VmSize")).split()[1]) * 1024
+resource.setrlimit(resource.RLIMIT_AS, (vm + (16 << 20), resource.RLIM_INFINITY))
+try:
+    layer.into(x, out)
+    print("no error")
+except MemoryError as e:
+    print(e)
+print("untouched", bool((out == 7.0).all()))
+"""
+
+
+@pytest.mark.skipif(not kernels.available(), reason="specula's CPU kernels cannot run here")
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc and limits the address space")
+@pytest.mark.parametrize("kind", kernels.KINDS)
+def test_kernel_linear_out_of_memory_is_an_error_not_garbage(kind):
+    """A kernel that cannot allocate its packed or quantized rows returns -1 and leaves y alone;
+    `KernelLinear` raises MemoryError (the one-call passes stop and raise on the same return)."""
+    done = subprocess.run([sys.executable, "-c", OUT_OF_MEMORY, kind], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert f"specula's {kind} kernel could not allocate its packed or quantized rows (200000 x 256)" in done.stdout
+    assert "untouched True" in done.stdout and "no error" not in done.stdout
 
 
 def kernel_attention(q, k, v, mask, start, threads=2):

@@ -141,7 +141,8 @@ class KernelHeadPass:
             self._scores(t * h * (at - lo + t)).data_ptr(), out.data_ptr(), states.data_ptr(),
             _ptr(logits), logits_from, t, torch.get_num_threads())
         if status != 0:
-            raise MemoryError(f"the head's drafting pass could not allocate its work buffers for {t} rows")
+            raise MemoryError(f"the head's drafting pass could not allocate its work buffers or a layer's rows "
+                              f"for {t} rows")
         return out, states, logits
 
     def _rows(self, rows: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None]:

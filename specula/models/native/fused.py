@@ -165,5 +165,6 @@ class FusedLayers:
             cfg.intermediate_size, d ** -0.5, scores.data_ptr(), tap_ids, len(taps), _ptr(tapped), skipped,
             torch.get_num_threads())
         if status != 0:
-            raise MemoryError(f"the native decoder's C loop could not allocate its work buffers for {n} rows")
+            raise MemoryError(f"the native decoder's C loop could not allocate its work buffers or a layer's "
+                              f"rows for {n} rows")
         return out if not taps else (out, tapped)

@@ -156,7 +156,8 @@ def library() -> ctypes.CDLL:
     lib.specula_linear_w8.argtypes = [ptr, ptr, ptr, ptr, ptr, i32, i32, i32, i32]
     lib.specula_linear_i8.argtypes = [ptr, ptr, ptr, ptr, ptr, i32, i32, i32, i32]
     lib.specula_linear_i4.argtypes = [ptr, ptr, ptr, ptr, ptr, i32, i32, i32, i32]
-    lib.specula_linear_i4.restype = i32
+    for kind in KINDS:
+        getattr(lib, f"specula_linear_{kind}").restype = i32
     lib.specula_block.restype = i32
     f32 = ctypes.c_float
     lib.specula_add_rms_norm.argtypes = [ptr, ptr, ptr, f32, ptr, i32, i32]
@@ -293,17 +294,15 @@ class KernelLinear(nn.Module):
         n = rows.shape[0]
         lib, threads = library(), torch.get_num_threads()
         if self.kind == "f32":
-            lib.specula_linear_f32(rows.data_ptr(), self.packed.data_ptr(), _ptr(self.bias), out.data_ptr(), n,
-                                   self.in_features, self.out_features, threads)
-        elif self.kind == "i4":
-            if lib.specula_linear_i4(rows.data_ptr(), self.packed.data_ptr(), self.scale.data_ptr(), _ptr(self.bias),
-                                     out.data_ptr(), n, self.in_features, self.out_features, threads):
-                raise MemoryError(f"specula's i4 kernel could not allocate its quantized rows ({n} x "
-                                  f"{self.in_features})")
+            status = lib.specula_linear_f32(rows.data_ptr(), self.packed.data_ptr(), _ptr(self.bias), out.data_ptr(),
+                                            n, self.in_features, self.out_features, threads)
         else:
-            fn = lib.specula_linear_w8 if self.kind == "w8" else lib.specula_linear_i8
-            fn(rows.data_ptr(), self.packed.data_ptr(), self.scale.data_ptr(), _ptr(self.bias), out.data_ptr(), n,
-               self.in_features, self.out_features, threads)
+            fn = getattr(lib, f"specula_linear_{self.kind}")
+            status = fn(rows.data_ptr(), self.packed.data_ptr(), self.scale.data_ptr(), _ptr(self.bias), out.data_ptr(),
+                        n, self.in_features, self.out_features, threads)
+        if status != 0:
+            raise MemoryError(f"specula's {self.kind} kernel could not allocate its packed or quantized rows "
+                              f"({n} x {self.in_features})")
         return out
 
     def weight_rows(self, ids: torch.Tensor) -> torch.Tensor:

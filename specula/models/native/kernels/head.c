@@ -53,7 +53,8 @@ static void gather(const float *table, const int64_t *ids, const float *rows, fl
  * slots at .. at + n - 1; scores: scratch of n * H * (at - lo + n) floats. Writes out [n, E] (the
  * residual stream: the next level's feature), states [n, E] (what the output layer reads) and,
  * with w->lm, logits [n - logits_from, V_draft] of rows logits_from .. n - 1. Returns 0, or -1 when
- * its work buffers could not be allocated. */
+ * its work buffers, or a linear's rows, could not be allocated (the outputs and the cache slots may
+ * then be partly written). */
 int specula_head_pass(const struct head_ref *w, const int64_t *ids, const float *emb, const float *raw,
                       const float *feat, const int64_t *hint_ids, const float *hint_emb, const int64_t *hint_len,
                       const int64_t *positions, const uint8_t *mask, float *k_cache, float *v_cache, int cap, int at,
@@ -64,17 +65,18 @@ int specula_head_pass(const struct head_ref *w, const int64_t *ids, const float 
     size_t floats = (size_t)n * (4 * (size_t)e + qkv_w + 2 * att_w + 3 * (size_t)inter + 2 * (size_t)half);
     float *buf = malloc(floats * sizeof(float));
     if (!buf) return -1;
+    int rc = -1;
     float *joined = buf, *t1 = joined + (size_t)n * 2 * e, *t2 = t1 + (size_t)n * e, *qkv = t2 + (size_t)n * e;
     float *q = qkv + (size_t)n * qkv_w, *att = q + (size_t)n * att_w, *gu = att + (size_t)n * att_w;
     float *act = gu + (size_t)n * 2 * inter, *cs = act + (size_t)n * inter, *sn = cs + (size_t)n * half;
     gather(w->table, ids, emb, t1, n, e); /* t1: the embeddings */
     const float *f = feat;
     if (raw) {
-        linear(&w->fuse, raw, t2, n, threads); /* t2: the fused features */
+        if (linear(&w->fuse, raw, t2, n, threads)) goto done; /* t2: the fused features */
         f = t2;
     }
     specula_head_input(t1, f, w->embed_norm, w->feature_norm, w->eps, joined, n, e);
-    linear(&w->fc, joined, out, n, threads); /* out: x */
+    if (linear(&w->fc, joined, out, n, threads)) goto done; /* out: x */
     if (hint_len) {
         gather(w->table, hint_ids, hint_emb, t1, n, e); /* t1: the hints' embeddings, normed in place */
         for (int r = 0; r < n; r++) {
@@ -84,7 +86,7 @@ int specula_head_pass(const struct head_ref *w, const int64_t *ids, const float 
             else if (w->embed_norm)
                 rms_norm_row(c, w->embed_norm, w->eps, c, e);
         }
-        linear(&w->copy_proj, t1, t2, n, threads);
+        if (linear(&w->copy_proj, t1, t2, n, threads)) goto done;
         for (int r = 0; r < n; r++) {
             const float *c = t1 + (size_t)r * e, *p = t2 + (size_t)r * e;
             const float *gain = w->copy_gain + (size_t)hint_len[r] * e, *bias = w->copy_len + (size_t)hint_len[r] * e;
@@ -92,7 +94,7 @@ int specula_head_pass(const struct head_ref *w, const int64_t *ids, const float 
             for (int i = 0; i < e; i++) x[i] += (p[i] + gain[i] * c[i]) + bias[i];
         }
     }
-    linear(&w->qkv, out, qkv, n, threads);
+    if (linear(&w->qkv, out, qkv, n, threads)) goto done;
     for (int r = 0; r < n; r++)
         for (int j = 0; j < half; j++) {
             float angle = (float)positions[r] * w->inv_freq[j];
@@ -103,19 +105,22 @@ int specula_head_pass(const struct head_ref *w, const int64_t *ids, const float 
     int seen = at - lo;
     specula_attention(q, k_cache + (size_t)lo * d, v_cache + (size_t)lo * d, mask, att, scores, n, h, g, d, cap,
                       seen + n, seen, w->scale, threads);
-    linear(&w->o, att, t2, n, threads);
+    if (linear(&w->o, att, t2, n, threads)) goto done;
     specula_add_rms_norm(out, t2, w->post_norm, w->eps, t1, n, e); /* x += o; t1 = norm(x) */
-    linear(&w->gate_up, t1, gu, n, threads);
+    if (linear(&w->gate_up, t1, gu, n, threads)) goto done;
     specula_silu_mul(gu, act, n, inter);
-    linear(&w->down, act, t2, n, threads);
+    if (linear(&w->down, act, t2, n, threads)) goto done;
     if (w->final_norm) {
         specula_add_rms_norm(out, t2, w->final_norm, w->eps, states, n, e);
     } else {
         for (size_t i = 0; i < (size_t)n * e; i++) out[i] += t2[i];
         memcpy(states, out, (size_t)n * e * sizeof(float));
     }
-    if (w->lm.packed && logits && logits_from < n)
-        linear(&w->lm, states + (size_t)logits_from * e, logits, n - logits_from, threads);
+    if (w->lm.packed && logits && logits_from < n &&
+        linear(&w->lm, states + (size_t)logits_from * e, logits, n - logits_from, threads))
+        goto done;
+    rc = 0;
+done:
     free(buf);
-    return 0;
+    return rc;
 }

@@ -55,7 +55,8 @@ static void tap(const float *x, const float *delta, float *tapped, int slot, int
  * all n rows at once, attention per sequence in order). scores: scratch of the most
  * rows * heads * (start + rows) floats of a segment. taps [ntaps], tapped [n, ntaps * E] (ntaps may
  * be 0). skip [L][2] (attention, MLP; nonzero: skipped) or NULL. Returns 0, or -1 when the work
- * buffers could not be allocated (nothing is written then). */
+ * buffers could not be allocated (nothing is written then) or a linear could not allocate its rows
+ * (x, out, tapped and the caches may then be partly written). */
 int specula_decoder_pass(float *x, float *out, int n, int e, int layers, const struct layer_ref *w,
                          const float *final_norm, float eps, const float *cos_, const float *sin_,
                          const struct segment_ref *segs, int nseg, int heads, int kv_heads, int d, int inter,
@@ -65,6 +66,7 @@ int specula_decoder_pass(float *x, float *out, int n, int e, int layers, const s
     size_t floats = (size_t)n * (2 * (size_t)e + qkv_w + 2 * att_w + 3 * (size_t)inter);
     float *buf = malloc(floats * sizeof(float));
     if (!buf) return -1;
+    int rc = -1;
     float *h = buf, *delta = h + (size_t)n * e, *qkv = delta + (size_t)n * e, *q = qkv + (size_t)n * qkv_w;
     float *att = q + (size_t)n * att_w, *gu = att + (size_t)n * att_w, *act = gu + (size_t)n * 2 * inter;
     int pending = 0; /* whether delta holds a sub-layer's output not yet added to x */
@@ -74,7 +76,7 @@ int specula_decoder_pass(float *x, float *out, int n, int e, int layers, const s
         const struct layer_ref *l = w + li;
         if (!(skip && skip[2 * li])) {
             specula_add_rms_norm(x, pending ? delta : NULL, l->input_norm, eps, h, n, e);
-            linear(&l->qkv, h, qkv, n, threads);
+            if (linear(&l->qkv, h, qkv, n, threads)) goto done;
             for (int si = 0; si < nseg; si++) {
                 const struct segment_ref *sg = segs + si;
                 size_t per_layer = (size_t)kv_heads * sg->cap * d, r0 = (size_t)sg->row0;
@@ -84,20 +86,22 @@ int specula_decoder_pass(float *x, float *out, int n, int e, int layers, const s
                 specula_attention(q + r0 * att_w, kc, vc, sg->mask, att + r0 * att_w, scores, sg->rows, heads,
                                   kv_heads, d, sg->cap, sg->start + sg->rows, sg->start, scale, threads);
             }
-            linear(&l->o, att, delta, n, threads);
+            if (linear(&l->o, att, delta, n, threads)) goto done;
             pending = 1;
         }
         if (!(skip && skip[2 * li + 1])) {
             specula_add_rms_norm(x, pending ? delta : NULL, l->post_norm, eps, h, n, e);
-            linear(&l->gate_up, h, gu, n, threads);
+            if (linear(&l->gate_up, h, gu, n, threads)) goto done;
             specula_silu_mul(gu, act, n, inter);
-            linear(&l->down, act, delta, n, threads);
+            if (linear(&l->down, act, delta, n, threads)) goto done;
             pending = 1;
         }
     }
     specula_add_rms_norm(x, pending ? delta : NULL, final_norm, eps, out, n, e);
     for (int t = 0; t < ntaps; t++)
         if (taps[t] == layers) tap(out, NULL, tapped, t, ntaps, n, e);
+    rc = 0;
+done:
     free(buf);
-    return 0;
+    return rc;
 }

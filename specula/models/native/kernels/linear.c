@@ -36,10 +36,12 @@
 
 void specula_parallel(int threads, int items, specula_item_fn fn, void *ctx);  /* pool.c */
 
-/* x [M, in] -> [groups][in][mr] (zero rows pad the last group); free() the result. */
+/* x [M, in] -> [groups][in][mr] (zero rows pad the last group); free() the result; NULL when
+ * memory could not be had. */
 static float *pack_rows(const float *x, int M, int in, int mr) {
     int groups = (M + mr - 1) / mr;
     float *xp = malloc((size_t)groups * in * mr * sizeof(float));
+    if (!xp) return NULL;
     for (int gr = 0; gr < groups; gr++)
         for (int i = 0; i < in; i++)
             for (int m = 0; m < mr; m++) {
@@ -115,8 +117,8 @@ static FLOAT_BLOCK_ITEM(w8_block, int8_t, PACKED_GROUP, SWITCH_ROWS, LOAD_W8, sc
  * which its 16-row groups read faster (256 rows: 294 ms packed, 320 where they lie; 269 packed and
  * run in chunks of inputs, `PANEL_ITEM`). Which rows are read how never changes a sum: every output
  * is the same FMA chain over i either way. y must not overlap x (no caller passes one over the
- * other). */
-static void linear_float(const float *x, const void *wp, const float *scale, const float *b, float *y, int M, int in,
+ * other). Returns 0, or -1 when memory for the packed rows could not be had (y then untouched). */
+static int linear_float(const float *x, const void *wp, const float *scale, const float *b, float *y, int M, int in,
                          int out, int threads, specula_item_fn avx2_fn, specula_item_fn avx512_block_fn,
                          specula_item_fn avx512_panel_fn, specula_item_fn avx512_multi_fn) {
     if (avx512_multi_fn && M <= MULTI_ROWS && specula_isa()) {  /* f32 decoding and small trees */
@@ -124,28 +126,32 @@ static void linear_float(const float *x, const void *wp, const float *scale, con
         struct linear_job job = {.xp = x, .wp = wp, .scale = scale, .b = b, .y = y, .M = M, .in = in, .out = out,
                                  .groups = 1, .panel = kb};
         specula_parallel(threads, (blocks + kb - 1) / kb, avx512_multi_fn, &job);
-        return;
+        return 0;
     }
     int wide = M > MR && specula_isa(), mr = wide ? MRZ : MR;
     int direct = wide && M < PANEL_ROWS;
     float *packed = direct ? NULL : pack_rows(x, M, in, mr);
+    if (!direct && !packed) return -1;
     int panel = panel_blocks(M, out, threads), blocks = (out + NB - 1) / NB;
     struct linear_job job = {.xp = direct ? x : packed, .wp = wp, .scale = scale, .b = b, .y = y, .M = M, .in = in,
                              .out = out, .groups = direct ? direct_groups(M) : (M + mr - 1) / mr, .panel = panel};
     specula_item_fn fn = !wide ? avx2_fn : direct ? avx512_block_fn : avx512_panel_fn;
     specula_parallel(threads, (blocks + panel - 1) / panel, fn, &job);
     free(packed);
+    return 0;
 }
 
-void specula_linear_f32(const float *x, const float *wp, const float *b, float *y, int M, int in, int out,
-                        int threads) {
-    linear_float(x, wp, NULL, b, y, M, in, out, threads, f32_block, specula_f32_block_avx512,
+/* The four kinds' calls: y [M, out] = x [M, in] through the packed weights (+ b); each returns 0, or
+ * -1 when memory for its packed or quantized rows could not be had (y then untouched). */
+int specula_linear_f32(const float *x, const float *wp, const float *b, float *y, int M, int in, int out,
+                       int threads) {
+    return linear_float(x, wp, NULL, b, y, M, in, out, threads, f32_block, specula_f32_block_avx512,
                  specula_f32_panel_avx512, specula_f32_multi_avx512);
 }
 
-void specula_linear_w8(const float *x, const int8_t *wp, const float *scale, const float *b, float *y, int M, int in,
-                       int out, int threads) {
-    linear_float(x, wp, scale, b, y, M, in, out, threads, w8_block, specula_w8_block_avx512,
+int specula_linear_w8(const float *x, const int8_t *wp, const float *scale, const float *b, float *y, int M, int in,
+                      int out, int threads) {
+    return linear_float(x, wp, scale, b, y, M, in, out, threads, w8_block, specula_w8_block_avx512,
                  specula_w8_panel_avx512, NULL);
 }
 
@@ -210,13 +216,18 @@ static INT8_BLOCK_ITEM(i8_block, const __m256i ones = _mm256_set1_epi16(1), MR, 
 static int i8_multi = 1;  /* 0: VNNI's few-row calls one block an item (A/B runs: `specula_set_i8_multi`) */
 void specula_set_i8_multi(int on) { i8_multi = on; }
 
-void specula_linear_i8(const float *x, const int8_t *wp, const float *wscale, const float *b, float *y, int M, int in,
-                       int out, int threads) {
+int specula_linear_i8(const float *x, const int8_t *wp, const float *wscale, const float *b, float *y, int M, int in,
+                      int out, int threads) {
     int quads = (in + 3) / 4, in4 = quads * 4, level = specula_isa(), blocks = (out + NB - 1) / NB;
     int amx = level == 2 && M >= AMX_ROWS && in4 % 64 == 0;
     int rows = amx ? (M + 15) / 16 * 16 : M;  /* AMX: whole tiles of 16 rows, the padding zeros */
     int8_t *xq = malloc((size_t)rows * in4);
     float *xs = malloc((size_t)M * sizeof(float));
+    if (!xq || !xs) {
+        free(xq);
+        free(xs);
+        return -1;
+    }
     specula_quantize_rows(x, xq, xs, M, in, in4, level && !amx);  /* VNNI's offset */
     if (rows > M) memset(xq + (size_t)M * in4, 0, (size_t)(rows - M) * in4);
     struct linear_job job = {.xq = xq, .xs = xs, .wp = wp, .scale = wscale, .b = b, .y = y, .M = M, .in = in,
@@ -230,4 +241,5 @@ void specula_linear_i8(const float *x, const int8_t *wp, const float *wscale, co
         specula_parallel(threads, blocks, level ? specula_i8_block_vnni : i8_block, &job);
     free(xq);
     free(xs);
+    return 0;
 }

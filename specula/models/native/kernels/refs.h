@@ -6,12 +6,12 @@
 
 #include <stdint.h>
 
-void specula_linear_f32(const float *x, const float *wp, const float *b, float *y, int M, int in, int out,
-                        int threads);
-void specula_linear_w8(const float *x, const int8_t *wp, const float *scale, const float *b, float *y, int M, int in,
-                       int out, int threads);
-void specula_linear_i8(const float *x, const int8_t *wp, const float *wscale, const float *b, float *y, int M, int in,
-                       int out, int threads);
+int specula_linear_f32(const float *x, const float *wp, const float *b, float *y, int M, int in, int out,
+                       int threads);
+int specula_linear_w8(const float *x, const int8_t *wp, const float *scale, const float *b, float *y, int M, int in,
+                      int out, int threads);
+int specula_linear_i8(const float *x, const int8_t *wp, const float *wscale, const float *b, float *y, int M, int in,
+                      int out, int threads);
 int specula_linear_i4(const float *x, const uint8_t *wp, const float *gscale, const float *b, float *y, int M,
                       int in, int out, int threads);
 
@@ -34,16 +34,13 @@ struct linear_ref {
     int32_t kind, in, out, unused;
 };
 
-/* y [m, out] = x [m, in] through the layer. */
-static inline void linear(const struct linear_ref *l, const float *x, float *y, int m, int threads) {
-    if (l->kind == 0)
-        specula_linear_f32(x, l->packed, l->bias, y, m, l->in, l->out, threads);
-    else if (l->kind == 1)
-        specula_linear_w8(x, l->packed, l->scale, l->bias, y, m, l->in, l->out, threads);
-    else if (l->kind == 2)
-        specula_linear_i8(x, l->packed, l->scale, l->bias, y, m, l->in, l->out, threads);
-    else
-        specula_linear_i4(x, l->packed, l->scale, l->bias, y, m, l->in, l->out, threads);
+/* y [m, out] = x [m, in] through the layer; returns 0, or -1 when the kernel could not allocate
+ * its rows (the passes then stop and return -1). */
+static inline int linear(const struct linear_ref *l, const float *x, float *y, int m, int threads) {
+    if (l->kind == 0) return specula_linear_f32(x, l->packed, l->bias, y, m, l->in, l->out, threads);
+    if (l->kind == 1) return specula_linear_w8(x, l->packed, l->scale, l->bias, y, m, l->in, l->out, threads);
+    if (l->kind == 2) return specula_linear_i8(x, l->packed, l->scale, l->bias, y, m, l->in, l->out, threads);
+    return specula_linear_i4(x, l->packed, l->scale, l->bias, y, m, l->in, l->out, threads);
 }
 
 #endif
