@@ -74,6 +74,33 @@ def test_vnni_int8_is_the_exact_integer_dot_product(isa):
     assert torch.equal(got.double(), exact), (got.double() - exact).abs().max()
 
 
+
+@pytest.mark.parametrize("variant", ["avx2", pytest.param("avx512", marks=needs_avx512),
+                                     pytest.param("amx", marks=needs_amx)])
+@pytest.mark.parametrize("in_features", [37, 128, 1000])
+def test_i8_is_the_int8_arithmetic_of_its_definition(isa, variant, in_features):
+    """Random rows through i8, bit for bit the arithmetic written out in torch: each row quantized
+    as q = round_half_even(x * (1 / (max|x| / 127))) (tails of 32 and of 8 inputs, an all-zero row),
+    the int32 sum of q_x * q_w exact, then float(sum) * x_scale * w_scale + b in that order."""
+    from specula.models.quantize import quantize_rows
+
+    assert isa(variant) == variant
+    torch.manual_seed(in_features)
+    lin = nn.Linear(in_features, 40)
+    layer = kernels.KernelLinear(lin, "i8")
+    q_w, s_w = quantize_rows(lin.weight)  # [40, in] int8, [40]
+    for rows in (1, 5, 17, 40):
+        x = torch.randn(rows, in_features) * torch.logspace(-3, 3, rows)[:, None]  # [rows, in]
+        x[rows // 2] = 0.0
+        amax = x.abs().amax(dim=1)
+        s_x = torch.where(amax > 0, amax / 127.0, torch.ones_like(amax))  # [rows]
+        q_x = torch.round(x * (1.0 / s_x)[:, None])
+        exact = (q_x.double() @ q_w.double().T).float()  # [rows, 40]: integers below 2^24
+        want = exact * s_x[:, None] * s_w[None, :] + lin.bias.detach()
+        got = layer(x)
+        assert torch.equal(got, want), (variant, in_features, rows, (got - want).abs().max())
+
+
 @needs_amx
 @pytest.mark.parametrize("kind", ["i8", "i4"])
 @pytest.mark.parametrize("shape,bias", [((64, 1000), True), ((128, 48), False), ((576, 17), True), ((70, 37), True)])

@@ -184,9 +184,12 @@ void specula_f32_multi_avx512(void *job, int item);
 void specula_w8_panel_avx512(void *job, int item);
 
 /* linear.c: row r of x [M][in] -> int8 xq[r][in4] (zero padded) and its scale xs[r] = max|x_r| / 127;
- * with `offset` (the VNNI i8 kernel) each q is stored as q + 128, an unsigned byte. i8 and i4
- * quantize their activations alike. */
-void specula_quantize_rows(const float *x, int8_t *xq, float *xs, int M, int in, int in4, int offset);
+ * with `offset` (the VNNI i8 kernel) each q is stored as q + 128, an unsigned byte; with xsum
+ * (i4: in4 a multiple of 64), 8 x the sum of each run of 64 q in xsum[r][in4 / 64]. i8 and i4
+ * quantize their activations alike; rows run QUANTIZE_ITEM_ROWS an item on the pool. */
+void specula_quantize_rows(const float *x, int8_t *xq, float *xs, int32_t *xsum, int M, int in, int in4, int offset,
+                           int threads);
+#define QUANTIZE_ITEM_ROWS 8
 
 /* linear_avx512.c: i8 over one column block with VNNI (`vpdpbusd`), every row group of the call;
  * needs j->xq offset by 128 (specula_quantize_rows with `offset`). */

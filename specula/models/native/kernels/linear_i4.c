@@ -183,14 +183,8 @@ int specula_linear_i4(const float *x, const uint8_t *wp, const float *gscale, co
         free(xsum);
         return -1;
     }
-    specula_quantize_rows(x, xq, xs, M, in, in64, 0);
+    specula_quantize_rows(x, xq, xs, amx ? NULL : xsum, M, in, in64, 0, threads);  /* AMX needs no zero point */
     if (rows > M) memset(xq + (size_t)M * in64, 0, (size_t)(rows - M) * in64);
-    for (int m = 0; m < M && !amx; m++)
-        for (int g = 0; g < groups; g++) {
-            int32_t s = 0;
-            for (int i = 0; i < I4_GROUP; i++) s += xq[(size_t)m * in64 + (size_t)g * I4_GROUP + i];
-            xsum[(size_t)m * groups + g] = 8 * s;
-        }
     struct i4_job job = {.xq = xq, .xs = xs, .xsum = xsum, .wp = wp, .gscale = gscale, .b = b, .y = y, .M = M,
                          .out = out, .in64 = in64, .groups = groups, .panel = 1};
     if (amx) {
