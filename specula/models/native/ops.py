@@ -153,7 +153,8 @@ class CpuKernelOps:
         delta = None if delta is None else delta.contiguous()  # bound: a temporary would be freed before the call
         out = torch.empty_like(x)
         self.lib.specula_add_rms_norm(x.data_ptr(), None if delta is None else delta.data_ptr(),
-                                      weight.data_ptr(), eps, out.data_ptr(), x.shape[0], x.shape[1])
+                                      weight.data_ptr(), eps, out.data_ptr(), x.shape[0], x.shape[1],
+                                      torch.get_num_threads())
         return x, out
 
     def rope_write(self, qkv, cos, sin, cache, layer, start, heads, kv_heads, d):
@@ -162,7 +163,7 @@ class CpuKernelOps:
         qkv, cos, sin = qkv.contiguous(), cos.contiguous(), sin.contiguous()
         self.lib.specula_rope_write(qkv.data_ptr(), cos.data_ptr(), sin.data_ptr(), q.data_ptr(),
                                     cache.k[layer].data_ptr(), cache.v[layer].data_ptr(), n, heads, kv_heads, d,
-                                    cache.capacity, start)
+                                    cache.capacity, start, torch.get_num_threads())
         return q
 
     def attend(self, q, cache, layer, start, mask, invariant, prefill):
@@ -190,5 +191,5 @@ class CpuKernelOps:
         n, width = gate_up.shape
         gate_up = gate_up.contiguous()
         out = torch.empty((n, width // 2), dtype=torch.float32)
-        self.lib.specula_silu_mul(gate_up.data_ptr(), out.data_ptr(), n, width // 2)
+        self.lib.specula_silu_mul(gate_up.data_ptr(), out.data_ptr(), n, width // 2, torch.get_num_threads())
         return out

@@ -160,10 +160,10 @@ def library() -> ctypes.CDLL:
         getattr(lib, f"specula_linear_{kind}").restype = i32
     lib.specula_block.restype = i32
     f32 = ctypes.c_float
-    lib.specula_add_rms_norm.argtypes = [ptr, ptr, ptr, f32, ptr, i32, i32]
-    lib.specula_rope_write.argtypes = [ptr, ptr, ptr, ptr, ptr, ptr, i32, i32, i32, i32, i32, i32]
+    lib.specula_add_rms_norm.argtypes = [ptr, ptr, ptr, f32, ptr, i32, i32, i32]
+    lib.specula_rope_write.argtypes = [ptr, ptr, ptr, ptr, ptr, ptr, i32, i32, i32, i32, i32, i32, i32]
     lib.specula_attention.argtypes = [ptr, ptr, ptr, ptr, ptr, ptr, i32, i32, i32, i32, i32, i32, i32, f32, i32]
-    lib.specula_silu_mul.argtypes = [ptr, ptr, i32, i32]
+    lib.specula_silu_mul.argtypes = [ptr, ptr, i32, i32, i32]
     lib.specula_topk_probs.argtypes = [ptr, i32, i32, i32, ptr, ptr]
     lib.specula_decoder_pass.argtypes = [ptr, ptr, i32, i32, i32, ptr, ptr, f32, ptr, ptr, ptr, i32, i32, i32, i32,
                                          i32, f32, ptr, ptr, i32, ptr, ptr, i32]

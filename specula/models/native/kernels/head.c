@@ -101,17 +101,17 @@ int specula_head_pass(const struct head_ref *w, const int64_t *ids, const float 
             cs[(size_t)r * half + j] = cosf(angle);
             sn[(size_t)r * half + j] = sinf(angle);
         }
-    specula_rope_write_half(qkv, cs, sn, q, k_cache, v_cache, n, h, g, d, cap, at);
+    specula_rope_write_half(qkv, cs, sn, q, k_cache, v_cache, n, h, g, d, cap, at, threads);
     int seen = at - lo;
     specula_attention(q, k_cache + (size_t)lo * d, v_cache + (size_t)lo * d, mask, att, scores, n, h, g, d, cap,
                       seen + n, seen, w->scale, threads);
     if (linear(&w->o, att, t2, n, threads)) goto done;
-    specula_add_rms_norm(out, t2, w->post_norm, w->eps, t1, n, e); /* x += o; t1 = norm(x) */
+    specula_add_rms_norm(out, t2, w->post_norm, w->eps, t1, n, e, threads); /* x += o; t1 = norm(x) */
     if (linear(&w->gate_up, t1, gu, n, threads)) goto done;
-    specula_silu_mul(gu, act, n, inter);
+    specula_silu_mul(gu, act, n, inter, threads);
     if (linear(&w->down, act, t2, n, threads)) goto done;
     if (w->final_norm) {
-        specula_add_rms_norm(out, t2, w->final_norm, w->eps, states, n, e);
+        specula_add_rms_norm(out, t2, w->final_norm, w->eps, states, n, e, threads);
     } else {
         for (size_t i = 0; i < (size_t)n * e; i++) out[i] += t2[i];
         memcpy(states, out, (size_t)n * e * sizeof(float));

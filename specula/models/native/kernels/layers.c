@@ -75,14 +75,14 @@ int specula_decoder_pass(float *x, float *out, int n, int e, int layers, const s
             if (taps[t] == li) tap(x, pending ? delta : NULL, tapped, t, ntaps, n, e);
         const struct layer_ref *l = w + li;
         if (!(skip && skip[2 * li])) {
-            specula_add_rms_norm(x, pending ? delta : NULL, l->input_norm, eps, h, n, e);
+            specula_add_rms_norm(x, pending ? delta : NULL, l->input_norm, eps, h, n, e, threads);
             if (linear(&l->qkv, h, qkv, n, threads)) goto done;
             for (int si = 0; si < nseg; si++) {
                 const struct segment_ref *sg = segs + si;
                 size_t per_layer = (size_t)kv_heads * sg->cap * d, r0 = (size_t)sg->row0;
                 float *kc = sg->k_cache + (size_t)li * per_layer, *vc = sg->v_cache + (size_t)li * per_layer;
                 specula_rope_write(qkv + r0 * qkv_w, cos_ + r0 * half, sin_ + r0 * half, q + r0 * att_w, kc, vc,
-                                   sg->rows, heads, kv_heads, d, sg->cap, sg->start);
+                                   sg->rows, heads, kv_heads, d, sg->cap, sg->start, threads);
                 specula_attention(q + r0 * att_w, kc, vc, sg->mask, att + r0 * att_w, scores, sg->rows, heads,
                                   kv_heads, d, sg->cap, sg->start + sg->rows, sg->start, scale, threads);
             }
@@ -90,14 +90,14 @@ int specula_decoder_pass(float *x, float *out, int n, int e, int layers, const s
             pending = 1;
         }
         if (!(skip && skip[2 * li + 1])) {
-            specula_add_rms_norm(x, pending ? delta : NULL, l->post_norm, eps, h, n, e);
+            specula_add_rms_norm(x, pending ? delta : NULL, l->post_norm, eps, h, n, e, threads);
             if (linear(&l->gate_up, h, gu, n, threads)) goto done;
-            specula_silu_mul(gu, act, n, inter);
+            specula_silu_mul(gu, act, n, inter, threads);
             if (linear(&l->down, act, delta, n, threads)) goto done;
             pending = 1;
         }
     }
-    specula_add_rms_norm(x, pending ? delta : NULL, final_norm, eps, out, n, e);
+    specula_add_rms_norm(x, pending ? delta : NULL, final_norm, eps, out, n, e, threads);
     for (int t = 0; t < ntaps; t++)
         if (taps[t] == layers) tap(out, NULL, tapped, t, ntaps, n, e);
     rc = 0;

@@ -16,15 +16,16 @@ int specula_linear_i4(const float *x, const uint8_t *wp, const float *gscale, co
                       int in, int out, int threads);
 
 /* ops.c's per-layer ops, as the one-call passes chain them. */
-void specula_add_rms_norm(float *x, const float *delta, const float *w, float eps, float *out, int n, int e);
+void specula_add_rms_norm(float *x, const float *delta, const float *w, float eps, float *out, int n, int e,
+                          int threads);
 void specula_rope_write(const float *qkv, const float *cos_, const float *sin_, float *q_out, float *k_cache,
-                        float *v_cache, int n, int heads, int kv_heads, int d, int cap, int start);
+                        float *v_cache, int n, int heads, int kv_heads, int d, int cap, int start, int threads);
 void specula_rope_write_half(const float *qkv, const float *cos_, const float *sin_, float *q_out, float *k_cache,
-                             float *v_cache, int n, int heads, int kv_heads, int d, int cap, int start);
+                             float *v_cache, int n, int heads, int kv_heads, int d, int cap, int start, int threads);
 void specula_attention(const float *q, const float *k_cache, const float *v_cache, const uint8_t *mask, float *out,
                        float *scores, int n, int heads, int kv_heads, int d, int cap, int slots, int start,
                        float scale, int threads);
-void specula_silu_mul(const float *gu, float *out, int n, int inter);
+void specula_silu_mul(const float *gu, float *out, int n, int inter, int threads);
 
 /* kind 0 f32, 1 w8, 2 i8, 3 i4; packed NULL: no such layer. */
 struct linear_ref {
