@@ -71,15 +71,15 @@ void specula_add_rms_norm(float *x, const float *delta, const float *w, float ep
     for_rows(n, threads, add_rms_norm_rows, &a);
 }
 
-/* Rotate the q and k heads of each row by (cos, sin) [n, D / 2] of the row's position, write q to
- * q_out [n, H, D], and k, v to slots start + r of the layer's caches [G, cap, D]. Pair j is dims
- * (2j, 2j + 1) (the decoder's pair layout) or, `halves`, (j, j + D / 2) (rotate-half layout). */
 struct rope_args {
     const float *qkv, *cos_, *sin_;
     float *q_out, *k_cache, *v_cache;
     int heads, kv_heads, d, cap, start, halves;
 };
 
+/* Rotate the q and k heads of rows r0 .. r1 - 1 by (cos, sin) [n, D / 2] of the row's position, write
+ * q to q_out [n, H, D], and k, v to slots start + r of the layer's caches [G, cap, D]. Pair j is dims
+ * (2j, 2j + 1) (the decoder's pair layout) or, `halves`, (j, j + D / 2) (rotate-half layout). */
 static void rope_write_rows(const void *args, int r0, int r1) {
     const struct rope_args *a = args;
     const float *qkv = a->qkv, *cos_ = a->cos_, *sin_ = a->sin_;
@@ -347,7 +347,6 @@ void specula_attention(const float *q, const float *k_cache, const float *v_cach
     specula_parallel(threads, kv_heads * ((n + rows - 1) / rows), attention_item, &job);
 }
 
-/* out [n, I] = silu(gate) * up for gu [n, 2I] = gate | up (e^-g by `exp8`, element by element). */
 struct silu_args {
     const float *gu;
     float *out;
@@ -387,6 +386,7 @@ static void silu_mul_rows(const void *args, int r0, int r1) {
     }
 }
 
+/* out [n, I] = silu(gate) * up for gu [n, 2I] = gate | up (e^-g by `exp8`, element by element). */
 void specula_silu_mul(const float *gu, float *out, int n, int inter, int threads) {
     struct silu_args a = {gu, out, inter};
     for_rows(n, threads, silu_mul_rows, &a);
