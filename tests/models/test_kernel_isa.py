@@ -74,7 +74,6 @@ def test_vnni_int8_is_the_exact_integer_dot_product(isa):
     assert torch.equal(got.double(), exact), (got.double() - exact).abs().max()
 
 
-
 @pytest.mark.parametrize("variant", ["avx2", pytest.param("avx512", marks=needs_avx512),
                                      pytest.param("amx", marks=needs_amx)])
 @pytest.mark.parametrize("in_features", [37, 128, 1000])

@@ -53,8 +53,8 @@ variants (whose loops it vectorises differently) round every scaling and bias st
 ISA_ENV = "SPECULA_KERNEL_ISA"
 """`auto` (default: AMX where the CPU has AMX-INT8 and the OS grants it, else AVX-512 where the CPU
 has F/BW/VNNI, else AVX2), `avx2`, `avx512` (no AMX), or `amx` (an error where either is missing):
-which variant of the kernels runs. AMX runs only int8-activation (i8, i4) calls of many rows (`linear_amx.c`); every
-variant computes the same bits."""
+which variant of the kernels runs. AMX runs only int8-activation (i8, i4) calls of many rows
+(`linear_amx.c`); every variant computes the same bits."""
 ISAS = ("avx2", "avx512", "amx")
 KINDS = ("f32", "w8", "i8", "i4")
 

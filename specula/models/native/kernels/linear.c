@@ -218,28 +218,27 @@ static void quantize_row(const float *xr, int8_t *q, float *xs, int32_t *xsum, i
         }
 }
 
-struct quantize_job {
+struct quantize_args {
     const float *x;
     int8_t *xq;
     float *xs;
     int32_t *xsum;
-    int M, in, in4, rows;  /* rows per item */
+    int in, in4;
     uint8_t flip;
 };
 
-static void quantize_item(void *arg, int item) {
-    const struct quantize_job *j = arg;
-    int r1 = (item + 1) * j->rows < j->M ? (item + 1) * j->rows : j->M, groups = j->in4 / 64;
-    for (int r = item * j->rows; r < r1; r++)
-        quantize_row(j->x + (size_t)r * j->in, j->xq + (size_t)r * j->in4, j->xs + r,
-                     j->xsum ? j->xsum + (size_t)r * groups : NULL, j->in, j->in4, j->flip);
+static void quantize_range(const void *args, int r0, int r1) {
+    const struct quantize_args *a = args;
+    for (int r = r0; r < r1; r++)
+        quantize_row(a->x + (size_t)r * a->in, a->xq + (size_t)r * a->in4, a->xs + r,
+                     a->xsum ? a->xsum + (size_t)r * (a->in4 / 64) : NULL, a->in, a->in4, a->flip);
 }
 
 void specula_quantize_rows(const float *x, int8_t *xq, float *xs, int32_t *xsum, int M, int in, int in4, int offset,
                            int threads) {
-    struct quantize_job job = {.x = x, .xq = xq, .xs = xs, .xsum = xsum, .M = M, .in = in, .in4 = in4,
-                               .rows = QUANTIZE_ITEM_ROWS, .flip = offset ? 0x80u : 0u};
-    specula_parallel(threads, (M + QUANTIZE_ITEM_ROWS - 1) / QUANTIZE_ITEM_ROWS, quantize_item, &job);
+    struct quantize_args a = {.x = x, .xq = xq, .xs = xs, .xsum = xsum, .in = in, .in4 = in4,
+                              .flip = offset ? 0x80u : 0u};
+    specula_parallel_rows(threads, M, QUANTIZE_ITEM_ROWS, quantize_range, &a);
 }
 
 #define I8_BODY(MB)                                                                                  \

@@ -22,26 +22,15 @@ void specula_parallel(int threads, int items, void (*fn)(void *ctx, int item), v
  * worker). Each row is computed by the same code either way. */
 #define ROWS_PER_ITEM 16
 
-struct rows_job {
-    void (*fn)(const void *args, int r0, int r1);
-    const void *args;
-    int n;
-};
-
-static void rows_item(void *arg, int item) {
-    const struct rows_job *j = arg;
-    int r0 = item * ROWS_PER_ITEM, r1 = r0 + ROWS_PER_ITEM < j->n ? r0 + ROWS_PER_ITEM : j->n;
-    j->fn(j->args, r0, r1);
-}
+typedef void (*specula_rows_fn)(const void *args, int r0, int r1);
+void specula_parallel_rows(int threads, int n, int per_item, specula_rows_fn fn, const void *args);  /* pool.c */
 
 /* fn(args, r0, r1) over rows 0 .. n - 1, in items of ROWS_PER_ITEM where there are enough. */
-static void for_rows(int n, int threads, void (*fn)(const void *args, int r0, int r1), const void *args) {
-    if (threads < 2 || n < 2 * ROWS_PER_ITEM) {
+static void for_rows(int n, int threads, specula_rows_fn fn, const void *args) {
+    if (threads < 2 || n < 2 * ROWS_PER_ITEM)
         fn(args, 0, n);
-        return;
-    }
-    struct rows_job job = {fn, args, n};
-    specula_parallel(threads, (n + ROWS_PER_ITEM - 1) / ROWS_PER_ITEM, rows_item, &job);
+    else
+        specula_parallel_rows(threads, n, ROWS_PER_ITEM, fn, args);
 }
 
 struct norm_args {
