@@ -46,7 +46,7 @@ from specula.models.linears import linear_weight
 SOURCES = tuple(Path(__file__).with_name(name) for name in ("linear.c", "linear_avx512.c", "linear_amx.c",
                                                                "linear_i4.c", "pack.c", "ops.c", "draft.c", "layers.c",
                                                                "head.c", "pool.c"))
-HEADERS = tuple(Path(__file__).with_name(name) for name in ("layout.h", "linear.h", "refs.h", "vmath.h"))
+HEADERS = tuple(Path(__file__).with_name(name) for name in ("layout.h", "linear.h", "pool.h", "refs.h", "vmath.h"))
 FLAGS = ("-O3", "-mavx2", "-mfma", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC")
 """`-ffp-contract=off`: the compiler fuses no multiply-add of its own, so the AVX2 and AVX-512
 variants (whose loops it vectorises differently) round every scaling and bias step alike."""

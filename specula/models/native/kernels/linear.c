@@ -34,8 +34,6 @@
 
 #define MR 6
 
-void specula_parallel(int threads, int items, specula_item_fn fn, void *ctx);  /* pool.c */
-
 struct pack_rows_job {
     const float *x;
     float *xp;

@@ -7,12 +7,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define MRZ 16  /* rows per group of the AVX-512 f32 / w8 items (linear_avx512.c) */
+#include "pool.h"
 
-typedef void (*specula_item_fn)(void *ctx, int item);
-/* pool.c: fn(args, r0, r1) over rows 0 .. n - 1 in items of `per_item` rows. */
-typedef void (*specula_rows_fn)(const void *args, int r0, int r1);
-void specula_parallel_rows(int threads, int n, int per_item, specula_rows_fn fn, const void *args);
+#define MRZ 16  /* rows per group of the AVX-512 f32 / w8 items (linear_avx512.c) */
 
 /* One call's operands, shared by the items (column blocks) `specula_parallel` hands out. */
 struct linear_job {

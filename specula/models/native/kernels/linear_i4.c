@@ -25,8 +25,6 @@
 #include "layout.h"
 #include "linear.h"
 
-void specula_parallel(int threads, int items, specula_item_fn fn, void *ctx); /* pool.c */
-
 /* The rows per chunk of an item of `kb` column blocks (the registers: kb x rows int32 sums, as many
  * float sums, 2 kb unpacked weights and two broadcasts within the 32 zmm). */
 static inline int i4_chunk(int kb) { return kb >= 4 ? 2 : kb == 3 ? 3 : kb == 2 ? 4 : 8; }

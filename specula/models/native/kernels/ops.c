@@ -12,18 +12,14 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "pool.h"
 #include "vmath.h"
-
-void specula_parallel(int threads, int items, void (*fn)(void *ctx, int item), void *ctx);  /* pool.c */
 
 /* The row-wise ops (norm, RoPE, SiLU product) run ROWS_PER_ITEM rows an item on the pool from
  * 2 x ROWS_PER_ITEM rows on (a prompt's: alone they were a fifth of the 0.5B's 800-token prefill,
  * its second core idle); fewer run on the caller (a step's few rows cost less than waking a
  * worker). Each row is computed by the same code either way. */
 #define ROWS_PER_ITEM 16
-
-typedef void (*specula_rows_fn)(const void *args, int r0, int r1);
-void specula_parallel_rows(int threads, int n, int per_item, specula_rows_fn fn, const void *args);  /* pool.c */
 
 /* fn(args, r0, r1) over rows 0 .. n - 1, in items of ROWS_PER_ITEM where there are enough. */
 static void for_rows(int n, int threads, specula_rows_fn fn, const void *args) {

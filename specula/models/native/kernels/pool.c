@@ -37,8 +37,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
-typedef void (*specula_item_fn)(void *ctx, int item);
-typedef void (*specula_rows_fn)(const void *args, int r0, int r1);
+#include "pool.h"
 
 #define MAX_WORKERS 63
 #define WORKER_SPINS 20000   /* pause loops (~0.5 ms) a worker polls for the next call, then sleeps on the futex */
@@ -202,9 +201,8 @@ static void rows_item(void *arg, int item) {
     j->fn(j->args, r0, r1);
 }
 
-/* fn(args, r0, r1) over rows 0 .. n - 1 in items of `per_item` rows (the last may hold fewer): the
- * row-wise work of a prompt (ops.c's norms, RoPE and SiLU product; linear.c's activation
- * quantization), each row computed alike whichever thread runs it. */
+/* pool.h. Its callers: the row-wise work of a prompt (ops.c's norms, RoPE and SiLU product;
+ * linear.c's activation quantization), each row computed alike whichever thread runs it. */
 void specula_parallel_rows(int threads, int n, int per_item, specula_rows_fn fn, const void *args) {
     struct rows_job job = {fn, args, n, per_item};
     specula_parallel(threads, (n + per_item - 1) / per_item, rows_item, &job);
