@@ -201,6 +201,32 @@ def test_kernel_linear_matches_f_linear_and_rows_are_independent(rows):
 
 
 @pytest.mark.skipif(not kernels.available(), reason="specula's CPU kernels cannot run here")
+@pytest.mark.parametrize("in_features", [300, 1537])
+def test_avx2_verification_rows_in_chunks_give_each_row_its_own_bits(in_features):
+    """AVX2 calls of 7-63 rows run each column block in chunks of 128 inputs, every even row group
+    over a chunk before the next (`CHUNKED_ITEM` in linear.c): the bits of each row alone."""
+    from torch import nn
+
+    from specula.models.native.kernels import KernelLinear
+
+    before = kernels.isa()
+    kernels.set_isa("avx2")
+    try:
+        torch.manual_seed(in_features)
+        lin = nn.Linear(in_features, 45)
+        for kind, tol in (("f32", 1e-5), ("w8", 2e-2)):
+            layer = KernelLinear(lin, kind)
+            for rows in (7, 8, 12, 13, 19, 31, 63):
+                x = torch.randn(rows, in_features)
+                y = layer(x)
+                torch.testing.assert_close(y, lin(x), atol=tol * 10, rtol=tol)
+                for r in range(rows):
+                    assert torch.equal(layer(x[r : r + 1])[0], y[r]), (kind, rows, r)
+    finally:
+        kernels.set_isa(before)
+
+
+@pytest.mark.skipif(not kernels.available(), reason="specula's CPU kernels cannot run here")
 @pytest.mark.parametrize("kind", ["f32", "w8", "i8", "i4"])
 def test_kernel_linear_reads_back_chosen_weight_rows_as_it_computes_with_them(kind):
     """`weight_rows` reads rows out of the packed layout (odd sizes: padded blocks, i8 quads, i4

@@ -1,12 +1,13 @@
 /* specula's CPU linear kernels: y[M, out] = x[M, in] @ W^T (+ b) for the few rows (M = 1..64)
- * decoding and tree verification pass, streaming the weight once per group of MR = 6 rows.
+ * decoding and tree verification pass, in groups of up to MR = 6 rows.
  *
  * Weights are packed (by `kernels.pack`, through pack.c) in column blocks of NB = 16 outputs,
  * wp[block][i][16], so each block is one contiguous stream (out is padded up to a multiple of 16
  * with zero columns); the rows of x are
  * packed per group of 6 as xp[group][i][6], so one cache line feeds every row of a step of i. A
- * thread owns whole blocks; for each group it runs over i in order with up to 6 x 2 AVX2
- * accumulators, so every output element is the same chain of fused multiply-adds over
+ * thread owns whole blocks; a group runs over i in order with up to 6 x 2 AVX2 accumulators
+ * (a call of 7-63 rows: its groups as even as can be, over each chunk of 128 inputs in turn,
+ * `CHUNKED_ITEM`), so every output element is the same chain of fused multiply-adds over
  * i = 0, 1, ... whatever M is and whichever rows run beside it: the result of a row is bitwise
  * independent of the other rows in the call (batch invariant), which is what lossless tree
  * verification needs.
@@ -37,28 +38,28 @@
 struct pack_rows_job {
     const float *x;
     float *xp;
-    int M, in, mr;
+    int M, in, mr, groups, even;
 };
 
 static void pack_rows_item(void *arg, int gr) {
     const struct pack_rows_job *j = arg;
-    int in = j->in, mr = j->mr;
+    int in = j->in, mr = j->mr, m0 = gr * mr, mb = mr;
+    if (j->even) even_group(gr, j->M, j->groups, &m0, &mb);
+    else if (j->M - m0 < mb) mb = j->M - m0;
     float *xg = j->xp + (size_t)gr * in * mr;
     for (int i = 0; i < in; i++)
-        for (int m = 0; m < mr; m++) {
-            int r = gr * mr + m;
-            xg[(size_t)i * mr + m] = r < j->M ? j->x[(size_t)r * in + i] : 0.0f;
-        }
+        for (int m = 0; m < mr; m++) xg[(size_t)i * mr + m] = m < mb ? j->x[(size_t)(m0 + m) * in + i] : 0.0f;
 }
 
-/* x [M, in] -> [groups][in][mr] (zero rows pad the last group), a group an item on the pool (a
- * prompt's rows: serial, the copy was 2% of the 1.5B's prefill); free() the result; NULL when
- * memory could not be had. */
-static float *pack_rows(const float *x, int M, int in, int mr, int threads) {
+/* x [M, in] -> [groups][in][mr] (zero rows pad a group), a group an item on the pool (a prompt's
+ * rows: serial, the copy was 2% of the 1.5B's prefill); with `even`, the M rows in
+ * ceil(M / mr) groups as even as can be (`even_group`), else runs of mr rows. free() the result;
+ * NULL when memory could not be had. */
+static float *pack_rows(const float *x, int M, int in, int mr, int even, int threads) {
     int groups = (M + mr - 1) / mr;
     float *xp = malloc((size_t)groups * in * mr * sizeof(float));
     if (!xp) return NULL;
-    struct pack_rows_job job = {x, xp, M, in, mr};
+    struct pack_rows_job job = {x, xp, M, in, mr, groups, even};
     specula_parallel(threads, groups, pack_rows_item, &job);
     return xp;
 }
@@ -108,6 +109,77 @@ static float *pack_rows(const float *x, int M, int in, int mr, int threads) {
     w1 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(q, 8)))
 
 
+/* Calls of MR + 1 .. PANEL_ROWS - 1 rows (verification): each block in chunks of KC2 steps of i, every
+ * row group over a chunk before the next chunk, the group's accumulators kept in `cacc` between
+ * chunks. A chunk's weights (KC2 x NB floats, 8 KB) come from memory for the first group and stay in
+ * L1 for the others, while the prefetch (PREFETCH_BYTES ahead: the next chunk) keeps the memory bus
+ * busy; one group after another over the whole block left it idle while the later groups re-read
+ * the block from L2 (a stack of Qwen2.5-Coder-1.5B's shapes, 2 threads, an AVX2-only EPYC, the
+ * time of a call over the time of a one-row call: 8 rows 1.27 -> 1.11, 12 rows 1.39 -> 1.15, 16
+ * rows 1.62 -> 1.40; chunks of 64-128 inputs within noise, 192-256 slower; docs/native.md). Each
+ * output is still the same chain of FMAs over i = 0, 1, ... (the accumulators are stored and
+ * loaded exactly), so the bits are those of BLOCK_BODY. */
+#define KC2 128
+#define MAX_CHUNK_GROUPS ((PANEL_ROWS + MR - 2) / MR)
+
+#define CHUNK_BODY(MB, LOAD, SCALE)                                                                  \
+    do {                                                                                             \
+        __m256 a[MR][2];                                                                             \
+        float(*acc)[NB] = cacc[gr];                                                                  \
+        for (int m = 0; m < MB; m++) {                                                               \
+            a[m][0] = c0 ? _mm256_load_ps(acc[m]) : _mm256_setzero_ps();                             \
+            a[m][1] = c0 ? _mm256_load_ps(acc[m] + 8) : _mm256_setzero_ps();                         \
+        }                                                                                            \
+        for (int i = c0; i < c1; i++) {                                                              \
+            __m256 w0, w1;                                                                           \
+            PREFETCH_W(wb, (size_t)(i) * NB * sizeof(*wb));                                          \
+            LOAD(i);                                                                                 \
+            const float *xi = xg + (size_t)i * MR;                                                   \
+            for (int m = 0; m < MB; m++) {                                                           \
+                __m256 xv = _mm256_broadcast_ss(xi + m);                                             \
+                a[m][0] = _mm256_fmadd_ps(w0, xv, a[m][0]);                                          \
+                a[m][1] = _mm256_fmadd_ps(w1, xv, a[m][1]);                                          \
+            }                                                                                        \
+        }                                                                                            \
+        for (int m = 0; m < MB; m++) {                                                               \
+            _mm256_store_ps(acc[m], a[m][0]);                                                        \
+            _mm256_store_ps(acc[m] + 8, a[m][1]);                                                    \
+        }                                                                                            \
+        if (c1 == in) store_rows(acc, y, SCALE, b, m0, MB, o0, nc, out);                             \
+    } while (0)
+
+#define SWITCH_CHUNK(LOAD, SCALE)                                                                    \
+    switch (mb) {                                                                                    \
+        case 1: CHUNK_BODY(1, LOAD, SCALE); break;                                                   \
+        case 2: CHUNK_BODY(2, LOAD, SCALE); break;                                                   \
+        case 3: CHUNK_BODY(3, LOAD, SCALE); break;                                                   \
+        case 4: CHUNK_BODY(4, LOAD, SCALE); break;                                                   \
+        case 5: CHUNK_BODY(5, LOAD, SCALE); break;                                                   \
+        default: CHUNK_BODY(6, LOAD, SCALE); break;                                                  \
+    }
+
+#define CHUNKED_ITEM(NAME, WTYPE, LOAD, SCALE)                                                       \
+    void NAME(void *arg, int item) {                                                                 \
+        FLOAT_ITEM_OPERANDS                                                                          \
+        float cacc[MAX_CHUNK_GROUPS][MR][NB] __attribute__((aligned(32)));                           \
+        for (int bk = bk0; bk < bk1; bk++) {                                                         \
+            const WTYPE *wb = (const WTYPE *)j->wp + (size_t)bk * in * NB;                           \
+            int o0 = bk * NB, nc = out - o0 < NB ? out - o0 : NB;                                    \
+            for (int c0 = 0; c0 < in; c0 += KC2) {                                                   \
+                int c1 = in - c0 < KC2 ? in : c0 + KC2;                                              \
+                for (int gr = 0; gr < j->groups; gr++) {                                             \
+                    int m0, mb;                                                                      \
+                    even_group(gr, M, j->groups, &m0, &mb);                                          \
+                    const float *xg = j->xp + (size_t)gr * in * MR;                                  \
+                    SWITCH_CHUNK(LOAD, SCALE)                                                        \
+                }                                                                                    \
+            }                                                                                        \
+        }                                                                                            \
+    }
+
+static CHUNKED_ITEM(f32_chunked, float, LOAD_F32, NULL)
+static CHUNKED_ITEM(w8_chunked, int8_t, LOAD_W8, scale)
+
 /* Group gr of the rows packed per MR (`pack_rows`). */
 #define PACKED_GROUP(gr)                                                                             \
     int m0 = (gr) * MR, mb = M - m0 < MR ? M - m0 : MR;                                              \
@@ -131,7 +203,7 @@ static FLOAT_BLOCK_ITEM(w8_block, int8_t, PACKED_GROUP, SWITCH_ROWS, LOAD_W8, sc
  * is the same FMA chain over i either way. y must not overlap x (no caller passes one over the
  * other). Returns 0, or -1 when memory for the packed rows could not be had (y then untouched). */
 static int linear_float(const float *x, const void *wp, const float *scale, const float *b, float *y, int M, int in,
-                         int out, int threads, specula_item_fn avx2_fn, specula_item_fn avx512_block_fn,
+                         int out, int threads, specula_item_fn avx2_fn, specula_item_fn avx2_chunk_fn, specula_item_fn avx512_block_fn,
                          specula_item_fn avx512_panel_fn, specula_item_fn avx512_multi_fn) {
     if (avx512_multi_fn && M <= MULTI_ROWS && specula_isa()) {  /* f32 decoding and small trees */
         int kb = multi_blocks(M, out, threads), blocks = (out + NB - 1) / NB;
@@ -142,12 +214,13 @@ static int linear_float(const float *x, const void *wp, const float *scale, cons
     }
     int wide = M > MR && specula_isa(), mr = wide ? MRZ : MR;
     int direct = wide && M < PANEL_ROWS;
-    float *packed = direct ? NULL : pack_rows(x, M, in, mr, threads);
+    float *packed = direct ? NULL : pack_rows(x, M, in, mr, !wide && M < PANEL_ROWS, threads);
     if (!direct && !packed) return -1;
     int panel = panel_blocks(M, out, threads), blocks = (out + NB - 1) / NB;
     struct linear_job job = {.xp = direct ? x : packed, .wp = wp, .scale = scale, .b = b, .y = y, .M = M, .in = in,
                              .out = out, .groups = direct ? direct_groups(M) : (M + mr - 1) / mr, .panel = panel};
-    specula_item_fn fn = !wide ? avx2_fn : direct ? avx512_block_fn : avx512_panel_fn;
+    specula_item_fn fn = !wide ? (M > MR && M < PANEL_ROWS ? avx2_chunk_fn : avx2_fn)
+                       : direct ? avx512_block_fn : avx512_panel_fn;
     specula_parallel(threads, (blocks + panel - 1) / panel, fn, &job);
     free(packed);
     return 0;
@@ -157,13 +230,13 @@ static int linear_float(const float *x, const void *wp, const float *scale, cons
  * -1 when memory for its packed or quantized rows could not be had (y then untouched). */
 int specula_linear_f32(const float *x, const float *wp, const float *b, float *y, int M, int in, int out,
                        int threads) {
-    return linear_float(x, wp, NULL, b, y, M, in, out, threads, f32_block, specula_f32_block_avx512,
+    return linear_float(x, wp, NULL, b, y, M, in, out, threads, f32_block, f32_chunked, specula_f32_block_avx512,
                  specula_f32_panel_avx512, specula_f32_multi_avx512);
 }
 
 int specula_linear_w8(const float *x, const int8_t *wp, const float *scale, const float *b, float *y, int M, int in,
                       int out, int threads) {
-    return linear_float(x, wp, scale, b, y, M, in, out, threads, w8_block, specula_w8_block_avx512,
+    return linear_float(x, wp, scale, b, y, M, in, out, threads, w8_block, w8_chunked, specula_w8_block_avx512,
                  specula_w8_panel_avx512, NULL);
 }
 
