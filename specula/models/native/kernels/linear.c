@@ -64,13 +64,20 @@ static float *pack_rows(const float *x, int M, int in, int mr, int even, int thr
     return xp;
 }
 
-/* One block of 16 columns for the MB rows of a group; MB is a compile-time constant at every use
- * (the switches below), so the accumulators stay in registers. LOAD(i) yields w0, w1. */
-#define BLOCK_BODY(MB, LOAD, SCALE)                                                                  \
+/* One block of 16 columns for the MB rows of a group, over inputs C0 .. C1 - 1, its sums carried in
+ * ACC (float [MR][NB], 32-byte aligned: read when C0 > 0, written after the loop, then stored to y
+ * once C1 = in); MB is a compile-time constant at every use (the switches below), so the
+ * accumulators stay in registers. LOAD(i) yields w0, w1. */
+#define RUN_BODY(MB, LOAD, SCALE, ACC, C0, C1)                                                       \
     do {                                                                                             \
         __m256 a[MR][2];                                                                             \
-        for (int m = 0; m < MB; m++) a[m][0] = a[m][1] = _mm256_setzero_ps();                        \
-        for (int i = 0; i < in; i++) {                                                               \
+        float(*acc)[NB] = (ACC);                                                                     \
+        int c0_ = (C0), c1_ = (C1);                                                                  \
+        for (int m = 0; m < MB; m++) {                                                               \
+            a[m][0] = c0_ ? _mm256_load_ps(acc[m]) : _mm256_setzero_ps();                            \
+            a[m][1] = c0_ ? _mm256_load_ps(acc[m] + 8) : _mm256_setzero_ps();                        \
+        }                                                                                            \
+        for (int i = c0_; i < c1_; i++) {                                                            \
             __m256 w0, w1;                                                                           \
             PREFETCH_W(wb, (size_t)(i) * NB * sizeof(*wb));                                          \
             LOAD(i);                                                                                 \
@@ -81,22 +88,29 @@ static float *pack_rows(const float *x, int M, int in, int mr, int even, int thr
                 a[m][1] = _mm256_fmadd_ps(w1, xv, a[m][1]);                                          \
             }                                                                                        \
         }                                                                                            \
-        float acc[MR][NB];                                                                           \
         for (int m = 0; m < MB; m++) {                                                               \
-            _mm256_storeu_ps(acc[m], a[m][0]);                                                       \
-            _mm256_storeu_ps(acc[m] + 8, a[m][1]);                                                   \
+            _mm256_store_ps(acc[m], a[m][0]);                                                        \
+            _mm256_store_ps(acc[m] + 8, a[m][1]);                                                    \
         }                                                                                            \
-        store_rows(acc, y, SCALE, b, m0, MB, o0, nc, out);                                           \
+        if (c1_ == in) store_rows(acc, y, SCALE, b, m0, MB, o0, nc, out);                            \
     } while (0)
 
-#define SWITCH_ROWS(LOAD, SCALE)                                                                     \
+/* A whole block at once (calls of up to MR rows, and prompts). */
+#define BLOCK_BODY(MB, LOAD, SCALE)                                                                  \
+    do {                                                                                             \
+        float block_acc[MR][NB] __attribute__((aligned(32)));                                        \
+        RUN_BODY(MB, LOAD, SCALE, block_acc, 0, in);                                                 \
+    } while (0)
+
+/* BODY(MB, LOAD, SCALE) for the group's mb rows, MB a constant. */
+#define SWITCH_ROWS(BODY, LOAD, SCALE)                                                               \
     switch (mb) {                                                                                    \
-        case 1: BLOCK_BODY(1, LOAD, SCALE); break;                                                   \
-        case 2: BLOCK_BODY(2, LOAD, SCALE); break;                                                   \
-        case 3: BLOCK_BODY(3, LOAD, SCALE); break;                                                   \
-        case 4: BLOCK_BODY(4, LOAD, SCALE); break;                                                   \
-        case 5: BLOCK_BODY(5, LOAD, SCALE); break;                                                   \
-        default: BLOCK_BODY(6, LOAD, SCALE); break;                                                  \
+        case 1: BODY(1, LOAD, SCALE); break;                                                         \
+        case 2: BODY(2, LOAD, SCALE); break;                                                         \
+        case 3: BODY(3, LOAD, SCALE); break;                                                         \
+        case 4: BODY(4, LOAD, SCALE); break;                                                         \
+        case 5: BODY(5, LOAD, SCALE); break;                                                         \
+        default: BODY(6, LOAD, SCALE); break;                                                        \
     }
 
 #define LOAD_F32(i)                                                                                  \
@@ -122,41 +136,7 @@ static float *pack_rows(const float *x, int M, int in, int mr, int even, int thr
 #define KC2 128
 #define MAX_CHUNK_GROUPS ((PANEL_ROWS + MR - 2) / MR)
 
-#define CHUNK_BODY(MB, LOAD, SCALE)                                                                  \
-    do {                                                                                             \
-        __m256 a[MR][2];                                                                             \
-        float(*acc)[NB] = cacc[gr];                                                                  \
-        for (int m = 0; m < MB; m++) {                                                               \
-            a[m][0] = c0 ? _mm256_load_ps(acc[m]) : _mm256_setzero_ps();                             \
-            a[m][1] = c0 ? _mm256_load_ps(acc[m] + 8) : _mm256_setzero_ps();                         \
-        }                                                                                            \
-        for (int i = c0; i < c1; i++) {                                                              \
-            __m256 w0, w1;                                                                           \
-            PREFETCH_W(wb, (size_t)(i) * NB * sizeof(*wb));                                          \
-            LOAD(i);                                                                                 \
-            const float *xi = xg + (size_t)i * MR;                                                   \
-            for (int m = 0; m < MB; m++) {                                                           \
-                __m256 xv = _mm256_broadcast_ss(xi + m);                                             \
-                a[m][0] = _mm256_fmadd_ps(w0, xv, a[m][0]);                                          \
-                a[m][1] = _mm256_fmadd_ps(w1, xv, a[m][1]);                                          \
-            }                                                                                        \
-        }                                                                                            \
-        for (int m = 0; m < MB; m++) {                                                               \
-            _mm256_store_ps(acc[m], a[m][0]);                                                        \
-            _mm256_store_ps(acc[m] + 8, a[m][1]);                                                    \
-        }                                                                                            \
-        if (c1 == in) store_rows(acc, y, SCALE, b, m0, MB, o0, nc, out);                             \
-    } while (0)
-
-#define SWITCH_CHUNK(LOAD, SCALE)                                                                    \
-    switch (mb) {                                                                                    \
-        case 1: CHUNK_BODY(1, LOAD, SCALE); break;                                                   \
-        case 2: CHUNK_BODY(2, LOAD, SCALE); break;                                                   \
-        case 3: CHUNK_BODY(3, LOAD, SCALE); break;                                                   \
-        case 4: CHUNK_BODY(4, LOAD, SCALE); break;                                                   \
-        case 5: CHUNK_BODY(5, LOAD, SCALE); break;                                                   \
-        default: CHUNK_BODY(6, LOAD, SCALE); break;                                                  \
-    }
+#define CHUNK_BODY(MB, LOAD, SCALE) RUN_BODY(MB, LOAD, SCALE, cacc[gr], c0, c1)
 
 #define CHUNKED_ITEM(NAME, WTYPE, LOAD, SCALE)                                                       \
     void NAME(void *arg, int item) {                                                                 \
@@ -171,7 +151,7 @@ static float *pack_rows(const float *x, int M, int in, int mr, int even, int thr
                     int m0, mb;                                                                      \
                     even_group(gr, M, j->groups, &m0, &mb);                                          \
                     const float *xg = j->xp + (size_t)gr * in * MR;                                  \
-                    SWITCH_CHUNK(LOAD, SCALE)                                                        \
+                    SWITCH_ROWS(CHUNK_BODY, LOAD, SCALE)                                             \
                 }                                                                                    \
             }                                                                                        \
         }                                                                                            \
@@ -185,8 +165,9 @@ static CHUNKED_ITEM(w8_chunked, int8_t, LOAD_W8, scale)
     int m0 = (gr) * MR, mb = M - m0 < MR ? M - m0 : MR;                                              \
     const float *xg = j->xp + (size_t)(gr) * in * MR;
 
-static FLOAT_BLOCK_ITEM(f32_block, float, PACKED_GROUP, SWITCH_ROWS, LOAD_F32, NULL)
-static FLOAT_BLOCK_ITEM(w8_block, int8_t, PACKED_GROUP, SWITCH_ROWS, LOAD_W8, scale)
+#define SWITCH_BLOCK(LOAD, SCALE) SWITCH_ROWS(BLOCK_BODY, LOAD, SCALE)
+static FLOAT_BLOCK_ITEM(f32_block, float, PACKED_GROUP, SWITCH_BLOCK, LOAD_F32, NULL)
+static FLOAT_BLOCK_ITEM(w8_block, int8_t, PACKED_GROUP, SWITCH_BLOCK, LOAD_W8, scale)
 
 /* One f32 or w8 call. Where AVX-512 runs: an f32 call of up to MULTI_ROWS rows (a decoding step, a tree
  * of up to 13 nodes) takes items of several column blocks (`multi_blocks`, `MULTI_ITEM` in
