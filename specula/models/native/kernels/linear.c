@@ -184,8 +184,9 @@ static FLOAT_BLOCK_ITEM(w8_block, int8_t, PACKED_GROUP, SWITCH_BLOCK, LOAD_W8, s
  * is the same FMA chain over i either way. y must not overlap x (no caller passes one over the
  * other). Returns 0, or -1 when memory for the packed rows could not be had (y then untouched). */
 static int linear_float(const float *x, const void *wp, const float *scale, const float *b, float *y, int M, int in,
-                         int out, int threads, specula_item_fn avx2_fn, specula_item_fn avx2_chunk_fn, specula_item_fn avx512_block_fn,
-                         specula_item_fn avx512_panel_fn, specula_item_fn avx512_multi_fn) {
+                         int out, int threads, specula_item_fn avx2_fn, specula_item_fn avx2_chunk_fn,
+                         specula_item_fn avx512_block_fn, specula_item_fn avx512_panel_fn,
+                         specula_item_fn avx512_multi_fn) {
     if (avx512_multi_fn && M <= MULTI_ROWS && specula_isa()) {  /* f32 decoding and small trees */
         int kb = multi_blocks(M, out, threads), blocks = (out + NB - 1) / NB;
         struct linear_job job = {.xp = x, .wp = wp, .scale = scale, .b = b, .y = y, .M = M, .in = in, .out = out,
@@ -194,14 +195,13 @@ static int linear_float(const float *x, const void *wp, const float *scale, cons
         return 0;
     }
     int wide = M > MR && specula_isa(), mr = wide ? MRZ : MR;
-    int direct = wide && M < PANEL_ROWS;
-    float *packed = direct ? NULL : pack_rows(x, M, in, mr, !wide && M < PANEL_ROWS, threads);
+    int direct = wide && M < PANEL_ROWS, chunked = !wide && M > MR && M < PANEL_ROWS;  /* CHUNKED_ITEM: even groups */
+    float *packed = direct ? NULL : pack_rows(x, M, in, mr, chunked, threads);
     if (!direct && !packed) return -1;
     int panel = panel_blocks(M, out, threads), blocks = (out + NB - 1) / NB;
     struct linear_job job = {.xp = direct ? x : packed, .wp = wp, .scale = scale, .b = b, .y = y, .M = M, .in = in,
                              .out = out, .groups = direct ? direct_groups(M) : (M + mr - 1) / mr, .panel = panel};
-    specula_item_fn fn = !wide ? (M > MR && M < PANEL_ROWS ? avx2_chunk_fn : avx2_fn)
-                       : direct ? avx512_block_fn : avx512_panel_fn;
+    specula_item_fn fn = chunked ? avx2_chunk_fn : !wide ? avx2_fn : direct ? avx512_block_fn : avx512_panel_fn;
     specula_parallel(threads, (blocks + panel - 1) / panel, fn, &job);
     free(packed);
     return 0;

@@ -5,8 +5,9 @@
  * small trees) run items of 2-4 blocks, every row over all of them at once (`MULTI_ITEM`: more weight
  * streams in flight, one broadcast per row and step for all the blocks); larger calls run even groups
  * of up to MRZ = 16 rows (17 as one), one accumulator per row in the 32 registers, where
- * AVX2 runs groups of at most 6 (8 rows as 4 + 4, over chunks of 128 inputs). Every output is the same chain of fused multiply-adds over i = 0, 1, ... as in
- * linear.c (a lane of a zmm rounds as a lane of a ymm), so the bits do not depend on the variant.
+ * AVX2 runs groups of at most 6 (8 rows as 4 + 4, over chunks of 128 inputs). Every output is
+ * the same chain of fused multiply-adds over i = 0, 1, ... as in linear.c (a lane of a zmm rounds
+ * as a lane of a ymm), so the bits do not depend on the variant.
  *
  * i8 with VNNI: `vpdpbusd` multiplies unsigned by signed bytes and adds each group of 4 into an
  * int32 lane, exactly (no int16 saturation step as in AVX2's maddubs). The activations are
