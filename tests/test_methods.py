@@ -39,7 +39,7 @@ def test_fusion_members_are_rows_and_get_only_options_they_take():
     # the command line gives fusion what it forwards and the members expose (not --skip-layers: load takes it)
     assert set(fusion.cli_options()) == {"datastore", "recycling_state", "head", "target_name", "online_distill", "head_window",
                                          "head_context_vocab",
-                                         "num_draft_tokens"}
+                                         "num_draft_tokens", "draft_window"}
     assert "skip_layers" in fusion.accepted_options()
 
 

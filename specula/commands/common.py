@@ -111,6 +111,9 @@ def add_method_args(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("method")
     g.add_argument("--num-draft-tokens", type=int, default=None,
                    help=f"{_taking('num_draft_tokens')}: tokens drafted per step (default 5; 12 with layers skipped)")
+    g.add_argument("--draft-window", type=int, default=None, metavar="N",
+                   help=f"{_taking('draft_window')} (and {DEFAULT_METHOD}'s draft model): most prompt tokens the draft "
+                        "model reads; of a longer prompt, its first and last N/2 (default 512; 0: the whole prompt)")
     g.add_argument("--max-tree-nodes", type=int, default=64, help="most tree nodes verified per step (default 64)")
     g.add_argument("--cost-curve", metavar="JSON", default=None,
                    help="planner: use this cost curve (cost_curve.json from `specula profile`, e.g. measured on "

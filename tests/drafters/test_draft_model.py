@@ -1,0 +1,74 @@
+"""`draft-model` with a window on long prompts: what the draft cache reads (the prompt's first and
+last halves of the window, then everything generated), greedy output still equal to plain greedy
+decoding, and a window too small refused."""
+
+from __future__ import annotations
+
+import pytest
+
+from tiny import perturbed_copy, reference_greedy, tiny_model
+from specula.drafters import make_drafter
+from specula.drafters.base import DraftBudget, DraftContext
+from specula.drafters.draft_model import DEFAULT_WINDOW, MIN_WINDOW, DraftModelConfig, window_view
+from specula.engine import SpeculativeDecoder
+from specula.errors import ConfigError
+from specula.models.hf import HFCausalLM
+from specula.sampling import SamplingParams, make_generator
+
+WINDOW = MIN_WINDOW + 2  # 33 opening and 33 closing prompt tokens
+
+
+def long_prompt(n: int) -> list[int]:
+    return [(7 * i + 3) % 50 + 2 for i in range(n)]
+
+
+def test_window_view_keeps_the_prompts_opening_and_tail_then_all_generated_tokens():
+    prompt = list(range(100, 200))  # 100 prompt tokens
+    generated = [1, 2, 3]
+    view = window_view(prompt + generated, len(prompt), WINDOW)
+    assert view == prompt[:33] + prompt[-33:] + generated
+    assert window_view(prompt, len(prompt), WINDOW + 1) == prompt[:33] + prompt[-34:]  # an odd window
+    assert len(view) == WINDOW + len(generated)
+
+
+def test_a_prompt_that_fits_the_window_or_window_0_is_read_whole():
+    tokens = list(range(WINDOW + 5))
+    assert window_view(tokens, WINDOW, WINDOW) == tokens  # the prompt is exactly the window
+    assert window_view(tokens, len(tokens), 0) == tokens
+
+
+def test_the_draft_cache_holds_only_the_window_of_a_long_prompt():
+    model = tiny_model("llama", seed=3)
+    drafter = make_drafter("draft-model", draft=HFCausalLM(perturbed_copy(model, 0.1), "draft"), num_draft_tokens=3,
+                           draft_window=WINDOW)
+    seq = drafter.start()
+    prompt = long_prompt(150)
+    tokens = prompt + [11]  # the root: the first generated token
+    ctx = DraftContext(tokens, len(prompt), SamplingParams(), DraftBudget(16, 8), make_generator(0))
+    proposal = drafter.propose(ctx, seq)
+    assert len(proposal.tree) == 3
+    view = prompt[:33] + prompt[-33:] + [11]
+    assert seq.tokens[:len(view)] == view  # then the drafted chain, bar its last token
+    assert len(seq.tokens) == len(view) + 2
+    drafter.finish(seq)
+
+
+@pytest.mark.parametrize("prompt_length", [20, 150])
+def test_greedy_output_equals_plain_greedy_with_a_draft_window(arch, prompt_length):
+    model = tiny_model(arch, seed=3)
+    drafter = make_drafter("draft-model", draft=HFCausalLM(perturbed_copy(model, 0.1), "draft"), num_draft_tokens=4,
+                           draft_window=WINDOW)
+    dec = SpeculativeDecoder(HFCausalLM(model, "target"), drafter, eos_token_ids=[])
+    prompt = long_prompt(prompt_length)
+    out = dec.generate(prompt, SamplingParams(max_new_tokens=40, ignore_eos=True))
+    assert out.token_ids == reference_greedy(model, prompt, 40)
+    assert out.stats.accepted_tokens > 0  # the window's drafts were checked, and some kept
+
+
+def test_the_window_defaults_to_512_tokens_and_one_too_small_is_refused():
+    assert DraftModelConfig().draft_window == DEFAULT_WINDOW == 512
+    assert DraftModelConfig(draft_window=0).draft_window == 0  # the whole prompt
+    assert DraftModelConfig(draft_window=MIN_WINDOW).draft_window == MIN_WINDOW
+    for bad in (MIN_WINDOW - 1, -1):
+        with pytest.raises(ConfigError, match="draft_window"):
+            DraftModelConfig(draft_window=bad)
