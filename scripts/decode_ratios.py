@@ -20,14 +20,14 @@ from collections import defaultdict
 def main(path: str) -> int:
     doc = json.load(open(path))
     runs = [r for r in doc["runs"] if r.get("kind") == "specula" and r.get("time")]
-    none_other = {(r["id"], r["turn"]): r["time"]["other"] for r in runs if r["method"] == "none"}
+    none_other = {(r.get("round", 1), r["id"], r["turn"]): r["time"]["other"] for r in runs if r["method"] == "none"}
     estimated = False
     tokens: dict = defaultdict(float)
     seconds: dict = defaultdict(float)
     for r in runs:
         prefill = r["time"].get("prefill")
         if prefill is None:
-            prefill, estimated = none_other.get((r["id"], r["turn"])), True
+            prefill, estimated = none_other.get((r.get("round", 1), r["id"], r["turn"])), True
             if prefill is None:
                 continue
         for key in ((r["method"], "overall"), (r["method"], r["category"])):

@@ -58,7 +58,9 @@ def plot_speedup(doc: dict[str, Any], path: Path) -> Path | None:
     ax.set_ylim(0, top * (1.25 if len(methods) > 3 else 1.12))
     ax.set_ylabel(f"speedup vs {BASELINE} (tokens/s ratio)")
     target = doc["config"].get("target")
-    fig.suptitle(f"Speedup by category: {target}, {doc['prompts_done']} prompts (hatched: Hugging Face generate)",
+    rounds = f" in {doc['repeats']} rounds" if doc.get("repeats", 1) > 1 else ""
+    fig.suptitle(f"Speedup by category: {target}, {doc['prompts_done']} prompts{rounds} "
+                 "(hatched: Hugging Face generate)",
                  fontsize=10)
     ax.legend(fontsize=8, ncols=min(5, len(methods) + 1), loc="lower center", bbox_to_anchor=(0.5, 1.01),
               frameon=False)

@@ -107,6 +107,26 @@ def _matrix(entries: Sequence[tuple[str, dict[str, Any]]], categories: Sequence[
     return _table(["method", "overall", *categories], rows)
 
 
+def _round_lines(entries: Sequence[tuple[str, dict[str, Any]]]) -> list[str]:
+    """The table of each method's figures across rounds (`bench --repeats`); nothing for one round."""
+    rounded = [(name, e) for name, e in entries if e.get("rounds")]
+    if not rounded:
+        return []
+
+    def cell(spread: dict[str, Any] | None, fmt) -> str:
+        return "-" if not spread else " / ".join(fmt(spread[k]) for k in ("min", "median", "max"))
+
+    count = rounded[0][1]["rounds"]["count"]
+    lines = ["", f"## Across {count} rounds", "",
+             "Each round ran every prompt again on methods built afresh (nothing a drafter learned in an earlier "
+             "round carried over), after its own warm-up; a round's speedup is its tokens/s over `none`'s in the "
+             "same round. Cells are min / median / max over the rounds; the tables above are over all rounds "
+             "together.", ""]
+    return lines + _table(["method", f"speedup vs {BASELINE}", "tokens/s", "mean accepted"],
+                          [[_label(name, e), cell(e["rounds"]["speedup"], _x), cell(e["rounds"]["tokens_per_s"], _num),
+                            cell(e["rounds"]["mean_accepted_tokens"], _num)] for name, e in rounded])
+
+
 def render_markdown(doc: dict[str, Any]) -> str:
     """report.md: setup, overall table, per-category tables, acceptance by depth, cost curve."""
     cfg, categories = doc["config"], doc["categories"]
@@ -120,8 +140,9 @@ def render_markdown(doc: dict[str, Any]) -> str:
         "",
         f"- target `{cfg.get('target')}`" + (f", draft `{cfg['draft']}`" if cfg.get("draft") else "")
         + _backend_line(doc, cfg),
-        f"- prompts: {cfg.get('prompts')}, {doc['prompts_done']} of {doc['prompts_total']} done ({status}); "
-        f"categories: {', '.join(categories)}",
+        f"- prompts: {cfg.get('prompts')}, {doc['prompts_done']} of {doc['prompts_total']} done ({status})"
+        + (f" in {doc['repeats']} rounds" if doc.get("repeats", 1) > 1 else "")
+        + f"; categories: {', '.join(categories)}",
         f"- {sampling}, max {cfg.get('max_new_tokens')} new tokens, "
         + ("EOS ignored (fixed budget)" if cfg.get("ignore_eos") else "stop at EOS")
         + f", seed {cfg.get('seed')}",
@@ -148,6 +169,7 @@ def render_markdown(doc: dict[str, Any]) -> str:
     lines += _table(["method", "tokens/s", f"speedup vs {BASELINE}", f"vs {HF_BASELINE}", "mean accepted",
                      "per drafting step", "identical", "draft ms/step", "draft per token / plain step",
                      "time draft/verify/other", "drafter memory", "outputs"], rows)
+    lines += _round_lines(entries)
     lines += ["", f"## Speedup vs `{BASELINE}` by category", ""]
     lines += _matrix(entries, categories, "speedup", _x)
     if any(e["speedup_vs_hf"] is not None for _, e in entries):

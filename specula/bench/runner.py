@@ -4,6 +4,10 @@ Rules (also in docs/bench.md):
 - One warm-up generation per method (untimed) before the first timed prompt.
 - Methods are interleaved per prompt, their order rotated by one each prompt, so slow drifts
   of the machine hit every method alike.
+- `repeats` rounds: the whole prompt set again, each round on methods built afresh (no drafter
+  state learned in an earlier round: a planner's acceptance, Token Recycling's matrix), each after
+  its own warm-up, so every round measures what a new process gets; records carry their round and
+  the summary gives each method's speedup min / median / max over the rounds.
 - Multi-turn prompts (MT-bench): turn k is asked after the method's OWN answers to turns
   1..k-1 (decoded text, chat-templated again), as Spec-Bench does.
 - Everyone stops at EOS (the same EOS ids) or after max_new_tokens; with `ignore_eos` every
@@ -21,7 +25,7 @@ import json
 import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -46,6 +50,13 @@ class BenchSettings:
     """Token budget of each method's untimed warm-up generation (0: no warm-up)."""
     progress: bool = True
     """Show a progress bar (with ETA) over (prompt, method) runs on stderr."""
+    repeats: int = 1
+    """Rounds over the whole prompt set; a round after the first runs on freshly built methods
+    (`run_bench`'s `fresh_methods`), so each round starts from the state a new process has."""
+
+    def __post_init__(self) -> None:
+        if self.repeats < 1:
+            raise ConfigError(f"repeats must be >= 1, got {self.repeats}; pass e.g. --repeats 3")
 
 
 @dataclass
@@ -126,11 +137,13 @@ def schema_valid(prompt: BenchPrompt, out: MethodOutput, tokenizer) -> bool | No
 
 
 def run_record(prompt: BenchPrompt, turn: int, method: BenchMethod, prompt_ids: Sequence[int],
-               out: MethodOutput, max_new_tokens: int, identical: bool | None, tokenizer=None) -> dict[str, Any]:
+               out: MethodOutput, max_new_tokens: int, identical: bool | None, tokenizer=None,
+               round_number: int = 1) -> dict[str, Any]:
     """One entry of results.json `runs` (schema in docs/bench.md)."""
     stats = out.stats
     record: dict[str, Any] = {
         "id": prompt.id,
+        "round": round_number,
         "category": prompt.category,
         "source_category": prompt.source_category,
         "turn": turn,
@@ -193,11 +206,12 @@ def _is_loader(reference) -> bool:
 
 def compare_prompt(
     prompt: BenchPrompt, methods: Sequence[BenchMethod], outputs: dict[str, list[tuple[list[int], MethodOutput]]],
-    settings: BenchSettings, reference_model=None, tokenizer=None,
+    settings: BenchSettings, reference_model=None, tokenizer=None, round_number: int = 1,
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """Run records of one prompt (identity vs `none` for greedy runs) and the outputs of lossless
-    methods that differ from it (each with its logit gap, where the reference model is given: a
-    model, or a zero-argument function returning one, called only when a mismatch needs it)."""
+    """Run records of one prompt in one round (identity vs that round's `none` for greedy runs) and
+    the outputs of lossless methods that differ from it (each with its logit gap, where the
+    reference model is given: a model, or a zero-argument function returning one, called only when
+    a mismatch needs it)."""
     reference = outputs.get(BASELINE)
     greedy = settings.params.greedy
     records, mismatches = [], []
@@ -214,11 +228,13 @@ def compare_prompt(
                         model = reference_model() if _is_loader(reference_model) else reference_model
                         gap = logit_gap(model, ids, ref_out.token_ids, out.token_ids, diff) if model is not None else None
                     mismatches.append({
-                        "id": prompt.id, "category": prompt.category, "turn": turn, "method": method.name,
+                        "id": prompt.id, "round": round_number, "category": prompt.category, "turn": turn,
+                        "method": method.name,
                         "first_difference": diff, "same_prompt": ids == ref_ids,
                         "logit_gap": None if gap is None else round(gap, 6),
                     })
-            records.append(run_record(prompt, turn, method, ids, out, settings.params.max_new_tokens, identical, tokenizer))
+            records.append(run_record(prompt, turn, method, ids, out, settings.params.max_new_tokens, identical,
+                                      tokenizer, round_number))
     return records, mismatches
 
 
@@ -243,14 +259,18 @@ def run_bench(
     out_dir: str | Path,
     header: dict[str, Any] | None = None,
     reference_model=None,
+    fresh_methods: Callable[[], Sequence[BenchMethod]] | None = None,
 ) -> BenchResult:
-    """Run every method on every prompt; write results.json + report.md after each prompt and
-    the plots at the end (also after Ctrl-C, which ends the run with status "interrupted").
+    """Run every method on every prompt, `settings.repeats` rounds; write results.json + report.md
+    after each prompt and the plots at the end (also after Ctrl-C, which ends the run with status
+    "interrupted").
 
     header: machine / config / cost_curve / load entries for results.json. reference_model: the target's
     HF model, or a zero-argument function loading it (called at the first mismatch only), used to
     diagnose mismatches (logit gap). results.json's `peak_rss_bytes` is the process's peak resident
-    size when it was written (models and every run so far)."""
+    size when it was written (models and every run so far). fresh_methods: builds the methods again
+    (the same names, in the same order) for each round after the first; None runs every round on the
+    same method objects (what their drafters learned then carries over)."""
     from specula.models.loading import peak_rss_bytes
 
     from tqdm import tqdm
@@ -270,6 +290,7 @@ def run_bench(
                      "planner": bool(getattr(m, "planner", False))} for m in methods],
         "categories": categories_of(prompts),
         "greedy": settings.params.greedy,
+        "repeats": settings.repeats,
         "started_at": now_iso(),
     }
     runs: list[dict[str, Any]] = []
@@ -278,31 +299,39 @@ def run_bench(
 
     def document(status: str) -> dict[str, Any]:
         head["peak_rss_bytes"] = peak_rss_bytes()
-        return build_document(head, runs, mismatches, prompts_done=done, prompts_total=len(prompts), status=status)
+        return build_document(head, runs, mismatches, prompts_done=done,
+                              prompts_total=len(prompts) * settings.repeats, status=status)
 
     def save(status: str) -> tuple[dict[str, Any], list[Path]]:
         doc = document(status)
         return doc, [write_results(out, doc), write_report(out, doc)]
 
     save("running")
-    bar = tqdm(total=len(prompts) * len(methods), unit="run", desc="bench", file=sys.stderr,
+    bar = tqdm(total=len(prompts) * len(methods) * settings.repeats, unit="run", desc="bench", file=sys.stderr,
                disable=not settings.progress, dynamic_ncols=True)
     status = "failed"
     try:
-        bar.set_postfix_str("warm-up")
-        _warm_up(methods, prompts[0], tokenizer, settings)
-        for index, prompt in enumerate(prompts):
-            shift = index % len(methods)
-            outputs: dict[str, list[tuple[list[int], MethodOutput]]] = {}
-            for method in [*methods[shift:], *methods[:shift]]:
-                bar.set_postfix_str(f"{prompt.category} #{prompt.id} {method.name}")
-                outputs[method.name] = run_conversation(method, prompt, tokenizer, settings)
-                bar.update(1)
-            records, bad = compare_prompt(prompt, methods, outputs, settings, reference_model, tokenizer)
-            runs.extend(records)
-            mismatches.extend(bad)
-            done += 1
-            save("running")
+        for round_number in range(1, settings.repeats + 1):
+            if round_number > 1 and fresh_methods is not None:
+                methods = list(fresh_methods())
+                if [m.name for m in methods] != names:
+                    raise ValueError(f"fresh_methods built {[m.name for m in methods]}, not {names}")
+            where = f"round {round_number}/{settings.repeats} " if settings.repeats > 1 else ""
+            bar.set_postfix_str(f"{where}warm-up")
+            _warm_up(methods, prompts[0], tokenizer, settings)
+            for index, prompt in enumerate(prompts):
+                shift = (index + round_number - 1) % len(methods)
+                outputs: dict[str, list[tuple[list[int], MethodOutput]]] = {}
+                for method in [*methods[shift:], *methods[:shift]]:
+                    bar.set_postfix_str(f"{where}{prompt.category} #{prompt.id} {method.name}")
+                    outputs[method.name] = run_conversation(method, prompt, tokenizer, settings)
+                    bar.update(1)
+                records, bad = compare_prompt(prompt, methods, outputs, settings, reference_model, tokenizer,
+                                              round_number)
+                runs.extend(records)
+                mismatches.extend(bad)
+                done += 1
+                save("running")
         status = "complete"
     except KeyboardInterrupt:
         status = "interrupted"

@@ -2,11 +2,14 @@
 
 Rates are ratios of totals: tokens/s = total new tokens / total seconds; speedup = a method's
 tokens/s over the baseline's tokens/s on the same prompts; mean accepted tokens = total
-tokens per step over all steps (bonus token included: plain decoding = 1.00).
+tokens per step over all steps (bonus token included: plain decoding = 1.00). With several
+rounds (`bench --repeats`), those are over every round together, and `rounds` gives each round's
+figures and their min / median / max.
 """
 
 from __future__ import annotations
 
+import statistics
 from typing import Any, Iterable, Sequence
 
 from specula.bench.methods import BASELINE
@@ -123,7 +126,48 @@ def summarize(runs: Sequence[dict[str, Any]], methods: Sequence[dict[str, Any]],
         for category, sub in entry["by_category"].items():
             _set_speedups(sub, base["by_category"].get(category) if base else None,
                           hf["by_category"].get(category) if hf else None)
+    spreads = round_spreads(runs, [m["name"] for m in methods])
+    for name, entry in summary.items():
+        entry["rounds"] = spreads.get(name)
     return summary
+
+
+ROUND_KEYS = ("speedup", "tokens_per_s", "mean_accepted_tokens")
+"""The figures `round_spreads` gives per round."""
+
+
+def round_spreads(runs: Sequence[dict[str, Any]], names: Sequence[str]) -> dict[str, dict[str, Any] | None]:
+    """Per method, each round's `ROUND_KEYS` (a round's speedup: its tokens/s over `none`'s in the
+    same round) as {count, key: {min, median, max, values}}; None for every method when the runs
+    hold one round (records without a `round` are round 1)."""
+    rounds = sorted({r.get("round", 1) for r in runs})
+    if len(rounds) < 2:
+        return {name: None for name in names}
+    per_round: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
+    for number in rounds:
+        mine = [r for r in runs if r.get("round", 1) == number]
+        base = [r for r in mine if r["method"] == BASELINE]
+        base_tps = aggregate(base)["tokens_per_s"] if base else None
+        for name in names:
+            own = [r for r in mine if r["method"] == name]
+            entry = aggregate(own) if own else None
+            per_round[name].append({
+                "speedup": _ratio(entry["tokens_per_s"], base_tps) if entry else None,
+                "tokens_per_s": entry["tokens_per_s"] if entry else None,
+                "mean_accepted_tokens": entry["mean_accepted_tokens"] if entry else None,
+            })
+    return {name: {"count": len(rounds), **{key: _spread([r[key] for r in figures]) for key in ROUND_KEYS}}
+            for name, figures in per_round.items()}
+
+
+def _spread(values: Sequence[float | None]) -> dict[str, Any] | None:
+    """{min, median, max, values} of per-round figures (the median of the known ones); None when
+    no round has one."""
+    known = [v for v in values if v is not None]
+    if not known:
+        return None
+    return {"min": min(known), "median": round(statistics.median(known), 4), "max": max(known),
+            "values": list(values)}
 
 
 def first_difference(reference: Sequence[int], output: Sequence[int]) -> int | None:

@@ -54,6 +54,10 @@ def register(sub) -> None:
                    help="the model Hugging Face's assisted peers draft with (same tokenizer as the target; "
                         "default: the --draft model), so specula's self-draft can be compared with HF assisted "
                         "generation using a separate small model in one run")
+    g.add_argument("--repeats", type=int, default=1, metavar="N",
+                   help="rounds over the whole prompt set, each on methods built afresh (nothing a drafter learned "
+                        "carries over: what a new process gets); the report adds each method's speedup min / median "
+                        "/ max over the rounds (default 1)")
     g.add_argument("--out", required=True, help="output directory (results.json, report.md, *.png)")
     g.add_argument("--profile-context", type=int, default=256,
                    help="context length of the cost-curve measurement at the start (default 256)")
@@ -94,7 +98,8 @@ def plan(args: argparse.Namespace) -> BenchPlan:
     peers = parse_compare(args.compare, bool(args.assistant) or (explicit_draft(args) and args.draft != SKIP_DRAFT))
     categories = [c.strip() for c in args.categories.split(",") if c.strip()] if args.categories else None
     prompts = select_prompts(load_prompts(args.prompts), args.per_category, categories, args.seed)
-    settings = BenchSettings(params, raw=args.raw, warmup_tokens=args.warmup_tokens, progress=not args.no_progress)
+    settings = BenchSettings(params, raw=args.raw, warmup_tokens=args.warmup_tokens, progress=not args.no_progress,
+                             repeats=args.repeats)
     return BenchPlan(methods, peers, prompts, settings)
 
 
@@ -183,9 +188,13 @@ def execute(args: argparse.Namespace, bench: BenchPlan, target, tokenizer, draft
     engine = EngineConfig(max_tree_nodes=args.max_tree_nodes)
     # --draft skip: no draft model was loaded; every method gets it as an option (`make_drafters`)
     draft_skip = {"draft_skip": True, "skip_layers": args.skip_layers} if args.draft == SKIP_DRAFT else {}
-    methods = build_specula_methods(bench.methods, target, tokenizer, draft,
-                                    lambda m: {**drafter_options(args, m), **draft_skip}, engine,
-                                    lambda m: planner_from_args(args))
+
+    def specula_methods():
+        return build_specula_methods(bench.methods, target, tokenizer, draft,
+                                     lambda m: {**drafter_options(args, m), **draft_skip}, engine,
+                                     lambda m: planner_from_args(args))
+
+    methods = specula_methods()
     eos = sorted(methods[0].spec.eos_token_ids)
     from specula.bench.llamacpp import LLAMACPP_PEERS, build_llamacpp_peers
 
@@ -212,7 +221,7 @@ def execute(args: argparse.Namespace, bench: BenchPlan, target, tokenizer, draft
     # The reference model (the Hugging Face model of the target's weights) is loaded only if an output
     # differs from plain decoding, to measure the logit gap there.
     result = run_bench([*methods, *peers], tokenizer, bench.prompts, bench.settings, Path(args.out), header,
-                       reference_model=target.reference_model)
+                       reference_model=target.reference_model, fresh_methods=lambda: [*specula_methods(), *peers])
     doc = result.document
     for name, entry in ordered(doc):
         parts = [f"{entry['tokens_per_s']:.2f} tok/s" if entry["tokens_per_s"] is not None else "no output"]
@@ -227,6 +236,10 @@ def execute(args: argparse.Namespace, bench: BenchPlan, target, tokenizer, draft
             notes += [f"{paused:.0%} of steps paused by the back-off"] if paused else []
             parts.append(f"mean accepted {entry['mean_accepted_tokens']:.2f}"
                          + (f" ({', '.join(notes)})" if notes else ""))
+        spread = (entry.get("rounds") or {}).get("speedup")
+        if spread:
+            parts.append(f"{spread['min']:.2f} / {spread['median']:.2f} / {spread['max']:.2f}x min / median / max "
+                         f"over {entry['rounds']['count']} rounds")
         if entry["identical_fraction"] is not None:
             parts.append(f"identical {entry['identical_fraction']:.0%}")
         if entry.get("schema_valid_fraction") is not None:

@@ -109,6 +109,37 @@ def test_bench_cli_end_to_end(tmp_path, prompts_file, tiny_models, capsys):
     assert "- load: " in report and "cost curve" in report and "peak RSS" in report and "for the whole run" in report
 
 
+def test_repeats_run_rounds_on_methods_built_afresh(tmp_path, prompts_file, tiny_models, monkeypatch, capsys):
+    import specula.bench.methods as bench_methods
+
+    built = []
+    real = bench_methods.build_specula_methods
+
+    def counting(*args, **kwargs):
+        methods = real(*args, **kwargs)
+        built.append(methods)
+        return methods
+
+    monkeypatch.setattr(bench_methods, "build_specula_methods", counting)
+    out = tmp_path / "rounds"
+    code = main(["bench", "--target", "tiny", "--methods", "prompt-lookup", "--prompts", str(prompts_file),
+                 "--per-category", "1", "--max-new-tokens", "6", "--profile-repeats", "0", "--warmup-tokens", "2",
+                 "--repeats", "3", "--no-progress", "--out", str(out)])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    assert tiny_models == ["tiny"]  # the models are loaded once; the methods are built once a round
+    assert len(built) == 3 and len({id(m.spec) for methods in built for m in methods}) == 6
+    doc = json.loads((out / "results.json").read_text())
+    assert doc["repeats"] == 3 and doc["prompts_done"] == doc["prompts_total"] == 6
+    assert sorted({r["round"] for r in doc["runs"]}) == [1, 2, 3]
+    rounds = doc["summary"]["prompt-lookup"]["rounds"]
+    assert rounds["count"] == 3 and len(rounds["speedup"]["values"]) == 3
+    assert rounds["speedup"]["min"] <= rounds["speedup"]["median"] <= rounds["speedup"]["max"]
+    assert doc["summary"]["none"]["rounds"]["speedup"]["values"] == [1.0, 1.0, 1.0]
+    assert "min / median / max over 3 rounds" in captured.out
+    assert "## Across 3 rounds" in (out / "report.md").read_text()
+
+
 def test_bench_records_the_load_report(tmp_path, prompts_file, tiny_pair, chat_tokenizer, monkeypatch, capsys):
     from specula.models.loading import LoadReport
 
@@ -157,6 +188,7 @@ def test_lossless_mismatch_exits_1_naming_prompt_and_method(tmp_path, prompts_fi
     (["--categories", "zeta"], "unknown category 'zeta'; choose from: alpha, beta"),
     (["--per-category", "0"], "--per-category must be >= 1"),
     (["--methods", "draft-model"], "needs a draft model"),
+    (["--repeats", "0"], "repeats must be >= 1, got 0; pass e.g. --repeats 3"),
 ])
 def test_bad_arguments_one_line_exit_2(tmp_path, prompts_file, tiny_models, argv, message, capsys):
     code = main(["bench", "--target", "tiny", "--prompts", str(prompts_file), "--no-progress",

@@ -34,13 +34,14 @@ class ScriptedMethod:
     lossless: bool = True
     seen: list[list[int]] = field(default_factory=list)
     interrupt_on_call: int | None = None
+    seconds: float = 0.01
 
     def generate(self, prompt_ids, params, constraint=None):
         self.seen.append(list(prompt_ids))
         if self.interrupt_on_call is not None and len(self.seen) == self.interrupt_on_call:
             raise KeyboardInterrupt
         turn = sum(1 for _ in self.seen) - 1
-        return MethodOutput(self.answers[turn % len(self.answers)], 0.01, None)
+        return MethodOutput(self.answers[turn % len(self.answers)], self.seconds, None)
 
     def memory_bytes(self):
         return None
@@ -167,8 +168,8 @@ def test_mismatch_recorded_for_lossless_not_for_peers(tmp_path, chat_tokenizer):
                ScriptedMethod("hf:greedy", [[7, 8, 10]], kind="hf", lossless=False)]
     settings = BenchSettings(SamplingParams(max_new_tokens=3), warmup_tokens=0, progress=False)
     result = run_bench(methods, chat_tokenizer, prompts, settings, tmp_path)
-    assert result.mismatches == [{"id": "p", "category": "c", "turn": 1, "method": "bad", "first_difference": 1,
-                                  "same_prompt": True, "logit_gap": None}]
+    assert result.mismatches == [{"id": "p", "round": 1, "category": "c", "turn": 1, "method": "bad",
+                                  "first_difference": 1, "same_prompt": True, "logit_gap": None}]
     summary = result.document["summary"]
     assert summary["bad"]["identical_fraction"] == 0.0 and summary["hf:greedy"]["identical_fraction"] == 0.0
     assert "Outputs that differ from plain decoding" in (tmp_path / "report.md").read_text()
@@ -186,6 +187,58 @@ def test_sampled_runs_report_no_identity(tmp_path, tiny_pair, chat_tokenizer, pr
     assert all(r["identical"] is None for r in doc["runs"])
     again = run_bench(methods, chat_tokenizer, prompts, settings, tmp_path / "again").document
     assert [r["token_ids"] for r in again["runs"]] == [r["token_ids"] for r in doc["runs"]]  # seeded
+
+
+def test_repeats_run_every_round_on_fresh_methods_and_give_the_spread(tmp_path, chat_tokenizer):
+    prompts = [BenchPrompt(i, "c", (f"w{5 + i} w6",), "c") for i in range(2)]
+    # "fast" takes 0.01 s an output in round 1, then 0.02 s and 0.005 s on the methods built afresh
+    rounds = iter([0.02, 0.005])
+    built = []
+
+    def fresh():
+        seconds = next(rounds)
+        methods = [ScriptedMethod("none", [[7, 8]], seconds=0.01), ScriptedMethod("fast", [[7, 8]], seconds=seconds)]
+        built.append(methods)
+        return methods
+
+    first = [ScriptedMethod("none", [[7, 8]]), ScriptedMethod("fast", [[7, 8]])]
+    settings = BenchSettings(SamplingParams(max_new_tokens=2), warmup_tokens=2, progress=False, repeats=3)
+    result = run_bench(first, chat_tokenizer, prompts, settings, tmp_path, fresh_methods=fresh)
+    doc = json.loads((tmp_path / "results.json").read_text())
+    assert len(built) == 2  # rounds 2 and 3
+    for methods in (first, *built):  # each round's own objects: a warm-up, then every prompt once
+        assert all(len(m.seen) == 1 + len(prompts) for m in methods)
+    assert doc["repeats"] == 3 and doc["prompts_done"] == doc["prompts_total"] == 6
+    assert sorted((r["round"], r["id"], r["method"]) for r in doc["runs"]) == sorted(
+        (k, i, name) for k in (1, 2, 3) for i in range(2) for name in ("none", "fast"))
+    spread = result.document["summary"]["fast"]["rounds"]
+    assert spread["count"] == 3
+    assert spread["speedup"] == {"min": 0.5, "median": 1.0, "max": 2.0, "values": [1.0, 0.5, 2.0]}
+    assert spread["tokens_per_s"]["values"] == [200.0, 100.0, 400.0]
+    assert result.document["summary"]["fast"]["speedup"] == round(0.06 / 0.07, 4)  # all rounds: a ratio of totals
+    report = (tmp_path / "report.md").read_text()
+    assert "## Across 3 rounds" in report and "| fast | 0.50x / 1.00x / 2.00x |" in report
+    assert "6 of 6 done (complete) in 3 rounds" in report
+
+
+def test_a_mismatch_in_a_later_round_names_its_round(tmp_path, chat_tokenizer):
+    prompts = [BenchPrompt("p", "c", ("w5 w6",), "c")]
+    fresh = iter([[ScriptedMethod("none", [[7, 8]]), ScriptedMethod("x", [[7, 9]])]])
+    settings = BenchSettings(SamplingParams(max_new_tokens=2), warmup_tokens=0, progress=False, repeats=2)
+    result = run_bench([ScriptedMethod("none", [[7, 8]]), ScriptedMethod("x", [[7, 8]])], chat_tokenizer, prompts,
+                       settings, tmp_path, fresh_methods=lambda: next(fresh))
+    assert [(m["round"], m["method"], m["first_difference"]) for m in result.mismatches] == [(2, "x", 1)]
+    assert result.document["summary"]["x"]["identical_fraction"] == 0.5
+
+
+def test_one_round_gives_no_spread_and_repeats_below_one_are_refused(tmp_path, chat_tokenizer):
+    prompts = [BenchPrompt(1, "c", ("w5",), "c")]
+    doc = run_bench([ScriptedMethod("none", [[5]])], chat_tokenizer, prompts,
+                    BenchSettings(SamplingParams(max_new_tokens=1), warmup_tokens=0, progress=False), tmp_path).document
+    assert doc["summary"]["none"]["rounds"] is None and doc["runs"][0]["round"] == 1
+    assert "Across" not in (tmp_path / "report.md").read_text()
+    with pytest.raises(ConfigError, match="repeats must be >= 1, got 0"):
+        BenchSettings(SamplingParams(), repeats=0)
 
 
 def test_run_bench_needs_the_baseline(tmp_path, chat_tokenizer):
