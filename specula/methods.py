@@ -169,7 +169,7 @@ METHODS: dict[str, MethodSpec] = {spec.name: spec for spec in (
                options=("num_draft_tokens", "adaptive", "draft_window"), draft_model="required", auto_draft=True,
                draft_skip="drafts", bench_default=True),
     MethodSpec("draft-tree", "a tree drafted by a small draft model (top-k or sampled siblings)",
-               "specula.drafters.draft_tree", options=_TREE_OPTIONS, draft_model="required", auto_draft=True,
+               "specula.drafters.draft_tree", options=(*_TREE_OPTIONS, "draft_window"), draft_model="required", auto_draft=True,
                draft_skip="refused"),
     MethodSpec("prompt-lookup", "n-gram matches in the prompt and the text so far",
                "specula.drafters.prompt_lookup", bench_default=True),

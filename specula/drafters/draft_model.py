@@ -73,11 +73,18 @@ class DraftModelConfig:
             object.__setattr__(self, "num_draft_tokens", 12 if self.adaptive else 5)
         if self.num_draft_tokens < 1:
             raise ConfigError(f"num_draft_tokens must be >= 1, got {self.num_draft_tokens}")
-        if self.draft_window is None:
-            object.__setattr__(self, "draft_window", DEFAULT_WINDOW)
-        if self.draft_window != 0 and self.draft_window < MIN_WINDOW:
-            raise ConfigError(f"draft_window must be at least {MIN_WINDOW} tokens (half of it holds the prompt's "
-                              f"opening), got {self.draft_window}; pass e.g. 512, or 0 for the whole prompt")
+        object.__setattr__(self, "draft_window", resolve_window(self.draft_window))
+
+
+def resolve_window(window: int | None) -> int:
+    """A `draft_window` as it runs (`draft-model`, `draft-tree`): None -> `DEFAULT_WINDOW`; 0 (the whole
+    prompt) or at least `MIN_WINDOW`, else a `ConfigError`."""
+    if window is None:
+        return DEFAULT_WINDOW
+    if window != 0 and window < MIN_WINDOW:
+        raise ConfigError(f"draft_window must be at least {MIN_WINDOW} tokens (half of it holds the prompt's "
+                          f"opening), got {window}; pass e.g. 512, or 0 for the whole prompt")
+    return window
 
 
 def window_view(tokens: Sequence[int], prompt_length: int, window: int) -> Sequence[int]:

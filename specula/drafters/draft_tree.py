@@ -26,6 +26,10 @@ How siblings are drafted (`tree_sampling`) and the acceptance rule that matches:
   children are a prefix of its Gumbel-top-k order, i.e. draws without replacement; RRS
   without replacement.
 
+A long prompt (`draft_window`, default 512): the draft cache reads the prompt's first and last
+halves of the window, then everything generated, as `draft-model`'s does (`draft_model.window_view`):
+its catch-up costs a fixed amount however long the prompt; the target still verifies every node.
+
 With a planner (`ctx.cost`), expansion reads its cost view: once a drafting pass has been
 timed, the drafter asks `plan_chain` before its first pass whether drafting pays at all this step
 (a head or draft model that the target seldom agrees with, or that costs too much of a step, then
@@ -53,6 +57,7 @@ from typing import Callable, Literal, Sequence, get_args
 import torch
 
 from specula.drafters.base import DraftContext, Proposal, StepResult, method_config
+from specula.drafters.draft_model import resolve_window, window_view
 from specula.ema import Ema
 from specula.errors import ConfigError
 from specula.models.base import TargetModel, TargetSequence, keep_common_prefix
@@ -220,9 +225,12 @@ class DraftTreeDrafter:
 
     name = "draft-tree"
 
-    def __init__(self, draft: TargetModel, config: DraftTreeConfig = DraftTreeConfig()) -> None:
+    def __init__(self, draft: TargetModel, config: DraftTreeConfig = DraftTreeConfig(), draft_window: int = 0) -> None:
         self.draft = draft
         self.config = config
+        self.draft_window = draft_window
+        """Most prompt tokens the draft model reads (`draft_model.window_view`; 0: the whole prompt). The
+        trained heads (a subclass) read the target's features of every token: 0."""
         self._level_seconds = Ema(0.2)
         """Seconds of one level's drafting pass over its frontier (the root's pass may carry a
         prompt's catch-up, so it is not timed): what the cost view prices a level at."""
@@ -251,7 +259,8 @@ class DraftTreeDrafter:
 
     def propose(self, ctx: DraftContext, state: _TreeState) -> Proposal:
         cfg = self.config
-        room = self.max_context - len(ctx.tokens)  # the draft cache holds tokens + the nodes it ran
+        tokens = window_view(ctx.tokens, ctx.prompt_len, self.draft_window)  # what the draft reads
+        room = self.max_context - len(tokens)  # the draft cache holds tokens + the nodes it ran
         budget = min(cfg.tree_nodes, ctx.budget.max_nodes, room)
         depth = min(cfg.tree_depth, ctx.budget.max_depth)
         if budget <= 0 or depth <= 0:
@@ -265,7 +274,7 @@ class DraftTreeDrafter:
         else:
             self._skipped = 0
         t0 = time.perf_counter()
-        root_logits = state.begin(ctx.tokens)
+        root_logits = state.begin(tokens)
         if root_logits is None:  # nothing to draft from yet
             return Proposal.empty()
         mode = "deterministic" if ctx.params.greedy else cfg.tree_sampling
@@ -453,8 +462,10 @@ CONFIG = DraftTreeConfig
 """The options `create` takes besides its keywords (`specula.methods`)."""
 
 
-def create(*, target=None, draft: TargetModel | None = None, **options) -> DraftTreeDrafter:
-    """options: DraftTreeConfig fields (tree_sampling, tree_top_k, tree_depth, tree_nodes, tree_verifier)."""
+def create(*, target=None, draft: TargetModel | None = None, draft_window: int | None = None,
+           **options) -> DraftTreeDrafter:
+    """options: DraftTreeConfig fields (tree_sampling, tree_top_k, tree_depth, tree_nodes, tree_verifier);
+    draft_window: as `draft-model`'s (`DraftModelConfig.draft_window`; None: `DEFAULT_WINDOW`)."""
     if draft is None:
         raise ConfigError("method 'draft-tree' needs a draft model: pass --draft MODEL (same tokenizer as the target)")
-    return DraftTreeDrafter(draft, method_config("draft-tree", DraftTreeConfig, options))
+    return DraftTreeDrafter(draft, method_config("draft-tree", DraftTreeConfig, options), resolve_window(draft_window))

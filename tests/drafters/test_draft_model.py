@@ -1,6 +1,6 @@
-"""`draft-model` with a window on long prompts: what the draft cache reads (the prompt's first and
-last halves of the window, then everything generated), greedy output still equal to plain greedy
-decoding, and a window too small refused."""
+"""`draft-model` and `draft-tree` with a window on long prompts: what the draft cache reads (the
+prompt's first and last halves of the window, then everything generated), greedy output still equal
+to plain greedy decoding, and a window too small refused."""
 
 from __future__ import annotations
 
@@ -53,11 +53,30 @@ def test_the_draft_cache_holds_only_the_window_of_a_long_prompt():
     drafter.finish(seq)
 
 
+def test_the_draft_trees_cache_holds_only_the_window_of_a_long_prompt():
+    model = tiny_model("llama", seed=3)
+    drafter = make_drafter("draft-tree", draft=HFCausalLM(perturbed_copy(model, 0.1), "draft"), tree_top_k=2,
+                           tree_depth=2, tree_nodes=4, draft_window=WINDOW)
+    state = drafter.start()
+    prompt = long_prompt(150)
+    ctx = DraftContext(prompt + [11], len(prompt), SamplingParams(), DraftBudget(16, 8), make_generator(0))
+    proposal = drafter.propose(ctx, state)
+    assert len(proposal.tree) == 4
+    state.finish(())  # the step accepted no node (what `observe` does with no accepted tokens)
+    assert state.seq.tokens == prompt[:33] + prompt[-33:] + [11]
+    drafter.finish(state)
+    assert make_drafter("draft-tree", draft=HFCausalLM(model, "draft")).draft_window == DEFAULT_WINDOW
+    with pytest.raises(ConfigError, match="draft_window must be at least 64"):
+        make_drafter("draft-tree", draft=HFCausalLM(model, "draft"), draft_window=10)
+
+
+@pytest.mark.parametrize("method, options", [("draft-model", {"num_draft_tokens": 4}),
+                                             ("draft-tree", {"tree_top_k": 2, "tree_depth": 4, "tree_nodes": 6})])
 @pytest.mark.parametrize("prompt_length", [20, 150])
-def test_greedy_output_equals_plain_greedy_with_a_draft_window(arch, prompt_length):
+def test_greedy_output_equals_plain_greedy_with_a_draft_window(arch, prompt_length, method, options):
     model = tiny_model(arch, seed=3)
-    drafter = make_drafter("draft-model", draft=HFCausalLM(perturbed_copy(model, 0.1), "draft"), num_draft_tokens=4,
-                           draft_window=WINDOW)
+    drafter = make_drafter(method, draft=HFCausalLM(perturbed_copy(model, 0.1), "draft"), draft_window=WINDOW,
+                           **options)
     dec = SpeculativeDecoder(HFCausalLM(model, "target"), drafter, eos_token_ids=[])
     prompt = long_prompt(prompt_length)
     out = dec.generate(prompt, SamplingParams(max_new_tokens=40, ignore_eos=True))

@@ -310,8 +310,10 @@ def test_cli_options_reach_the_drafter():
 
     args = build_parser().parse_args(["generate", "--target", "x", "--prompt", "hi", "--method", "draft-tree",
                                       "--tree-sampling", "iid", "--tree-verifier", "kseq", "--tree-top-k", "2",
-                                      "--tree-depth", "3", "--tree-nodes", "9"])
+                                      "--tree-depth", "3", "--tree-nodes", "9", "--draft-window", "128"])
     opts = drafter_options(args, "draft-tree")
-    assert opts == dict(tree_sampling="iid", tree_verifier="kseq", tree_top_k=2, tree_depth=3, tree_nodes=9)
-    config = make_drafter("draft-tree", draft=HFCausalLM(tiny_model("llama")), **opts).config
-    assert config.sibling_mode == "iid_kseq" and config.tree_nodes == 9
+    assert opts == dict(tree_sampling="iid", tree_verifier="kseq", tree_top_k=2, tree_depth=3, tree_nodes=9,
+                        draft_window=128)
+    drafter = make_drafter("draft-tree", draft=HFCausalLM(tiny_model("llama")), **opts)
+    assert drafter.config.sibling_mode == "iid_kseq" and drafter.config.tree_nodes == 9
+    assert drafter.draft_window == 128
