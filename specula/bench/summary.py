@@ -146,16 +146,12 @@ def round_spreads(runs: Sequence[dict[str, Any]], names: Sequence[str]) -> dict[
     per_round: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
     for number in rounds:
         mine = [r for r in runs if r.get("round", 1) == number]
-        base = [r for r in mine if r["method"] == BASELINE]
-        base_tps = aggregate(base)["tokens_per_s"] if base else None
+        entries = {name: aggregate(own) for name in names if (own := [r for r in mine if r["method"] == name])}
         for name in names:
-            own = [r for r in mine if r["method"] == name]
-            entry = aggregate(own) if own else None
-            per_round[name].append({
-                "speedup": _ratio(entry["tokens_per_s"], base_tps) if entry else None,
-                "tokens_per_s": entry["tokens_per_s"] if entry else None,
-                "mean_accepted_tokens": entry["mean_accepted_tokens"] if entry else None,
-            })
+            entry = entries.get(name)
+            if entry is not None:
+                _set_speedups(entry, entries.get(BASELINE), None)
+            per_round[name].append({key: entry[key] if entry else None for key in ROUND_KEYS})
     return {name: {"count": len(rounds), **{key: _spread([r[key] for r in figures]) for key in ROUND_KEYS}}
             for name, figures in per_round.items()}
 
