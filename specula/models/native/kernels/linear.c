@@ -67,8 +67,9 @@ static float *pack_rows(const float *x, int M, int in, int mr, int even, int thr
 /* One block of 16 columns for the MB rows of a group, over inputs C0 .. C1 - 1, its sums carried in
  * ACC (float [MR][NB], 32-byte aligned: read when C0 > 0, written after the loop, then stored to y
  * once C1 = in); MB is a compile-time constant at every use (the switches below), so the
- * accumulators stay in registers. LOAD(i) yields w0, w1. */
-#define RUN_BODY(MB, LOAD, SCALE, ACC, C0, C1)                                                       \
+ * accumulators stay in registers. LOAD(i) yields w0, w1; PREFETCH(i) is the step's prefetch of the
+ * weight stream. */
+#define RUN_BODY(MB, LOAD, SCALE, ACC, C0, C1, PREFETCH)                                             \
     do {                                                                                             \
         __m256 a[MR][2];                                                                             \
         float(*acc)[NB] = (ACC);                                                                     \
@@ -79,7 +80,7 @@ static float *pack_rows(const float *x, int M, int in, int mr, int even, int thr
         }                                                                                            \
         for (int i = c0_; i < c1_; i++) {                                                            \
             __m256 w0, w1;                                                                           \
-            PREFETCH_W(wb, (size_t)(i) * NB * sizeof(*wb));                                          \
+            PREFETCH(i);                                                                             \
             LOAD(i);                                                                                 \
             const float *xi = xg + (size_t)i * MR;                                                   \
             for (int m = 0; m < MB; m++) {                                                           \
@@ -95,11 +96,13 @@ static float *pack_rows(const float *x, int M, int in, int mr, int even, int thr
         if (c1_ == in) store_rows(acc, y, SCALE, b, m0, MB, o0, nc, out);                            \
     } while (0)
 
+/* A whole block at once (calls of up to MR rows, and prompts): PREFETCH_BYTES ahead of the step. */
+#define BLOCK_PREFETCH(i) PREFETCH_W(wb, (size_t)(i) * NB * sizeof(*wb))
 /* A whole block at once (calls of up to MR rows, and prompts). */
 #define BLOCK_BODY(MB, LOAD, SCALE)                                                                  \
     do {                                                                                             \
         float block_acc[MR][NB] __attribute__((aligned(32)));                                        \
-        RUN_BODY(MB, LOAD, SCALE, block_acc, 0, in);                                                 \
+        RUN_BODY(MB, LOAD, SCALE, block_acc, 0, in, BLOCK_PREFETCH);                                 \
     } while (0)
 
 /* BODY(MB, LOAD, SCALE) for the group's mb rows, MB a constant. */
@@ -126,8 +129,8 @@ static float *pack_rows(const float *x, int M, int in, int mr, int even, int thr
 /* Calls of MR + 1 .. PANEL_ROWS - 1 rows (verification): each block in chunks of KC2 steps of i, every
  * row group over a chunk before the next chunk, the group's accumulators kept in `cacc` between
  * chunks. A chunk's weights (KC2 x NB floats, 8 KB) come from memory for the first group and stay in
- * L1 for the others, while the prefetch (PREFETCH_BYTES ahead: the next chunk) keeps the memory bus
- * busy; one group after another over the whole block left it idle while the later groups re-read
+ * L1 for the others, while the prefetch (`CHUNK_PREFETCH`: the chunk after next) keeps the memory
+ * bus busy; one group after another over the whole block left it idle while the later groups re-read
  * the block from L2 (a stack of Qwen2.5-Coder-1.5B's shapes, 2 threads, an AVX2-only EPYC, the
  * time of a call over the time of a one-row call: 8 rows 1.27 -> 1.11, 12 rows 1.39 -> 1.15, 16
  * rows 1.62 -> 1.40; chunks of 64-128 inputs within noise, 192-256 slower; docs/native.md). Each
@@ -136,12 +139,25 @@ static float *pack_rows(const float *x, int M, int in, int mr, int even, int thr
 #define KC2 128
 #define MAX_CHUNK_GROUPS ((PANEL_ROWS + MR - 2) / MR)
 
-#define CHUNK_BODY(MB, LOAD, SCALE) RUN_BODY(MB, LOAD, SCALE, cacc[gr], c0, c1)
+/* The chunks' prefetch: group gr of G, at step i of chunk c0, fetches step (gr KC2 + i - c0) / G of
+ * the chunk after next (`per_group` = 65536 / G + 1 makes the division a multiply, exact for the
+ * KC2 G < 65536 / G steps here), so the G groups' passes over a chunk request the chunk after next
+ * in order, a G-th of it each, and the bus stays busy while the later groups work from L1. A fetch
+ * of every line one chunk ahead from the first group alone (before session 91) asked for a chunk's
+ * 128 lines in the first pass, faster than memory serves them, and left the bus idle through the
+ * others: the 1.5B's passes of 8 / 12 / 13 / 16 tokens cost 1.07 / 1.20 / 1.39 / 1.42 one-token
+ * passes, and 0.99 / 1.10 / 1.33 / 1.29 with this (pass by pass in turn through a scratch switch; a
+ * second run 1.02 / 1.03 / - / 1.49 against 0.92 / 0.99 / - / 1.32; docs/native.md). */
+#define CHUNK_PREFETCH(i)                                                                            \
+    _mm_prefetch((const char *)(wb + (size_t)(c0 + 2 * KC2 + (((gr * KC2 + (i) - c0) * per_group) >> 16)) * NB), \
+                 _MM_HINT_T0)
+#define CHUNK_BODY(MB, LOAD, SCALE) RUN_BODY(MB, LOAD, SCALE, cacc[gr], c0, c1, CHUNK_PREFETCH)
 
 #define CHUNKED_ITEM(NAME, WTYPE, LOAD, SCALE)                                                       \
     void NAME(void *arg, int item) {                                                                 \
         FLOAT_ITEM_OPERANDS                                                                          \
         float cacc[MAX_CHUNK_GROUPS][MR][NB] __attribute__((aligned(32)));                           \
+        int per_group = 65536 / j->groups + 1;                                                       \
         for (int bk = bk0; bk < bk1; bk++) {                                                         \
             const WTYPE *wb = (const WTYPE *)j->wp + (size_t)bk * in * NB;                           \
             int o0 = bk * NB, nc = out - o0 < NB ? out - o0 : NB;                                    \
