@@ -96,9 +96,9 @@ static float *pack_rows(const float *x, int M, int in, int mr, int even, int thr
         if (c1_ == in) store_rows(acc, y, SCALE, b, m0, MB, o0, nc, out);                            \
     } while (0)
 
-/* A whole block at once (calls of up to MR rows, and prompts): PREFETCH_BYTES ahead of the step. */
+/* A whole block at once (calls of up to MR rows, and prompts), each step fetching the line
+ * PREFETCH_BYTES ahead of it. */
 #define BLOCK_PREFETCH(i) PREFETCH_W(wb, (size_t)(i) * NB * sizeof(*wb))
-/* A whole block at once (calls of up to MR rows, and prompts). */
 #define BLOCK_BODY(MB, LOAD, SCALE)                                                                  \
     do {                                                                                             \
         float block_acc[MR][NB] __attribute__((aligned(32)));                                        \
@@ -142,12 +142,13 @@ static float *pack_rows(const float *x, int M, int in, int mr, int even, int thr
 /* The chunks' prefetch: group gr of G, at step i of chunk c0, fetches step (gr KC2 + i - c0) / G of
  * the chunk after next (`per_group` = 65536 / G + 1 makes the division a multiply, exact for the
  * KC2 G < 65536 / G steps here), so the G groups' passes over a chunk request the chunk after next
- * in order, a G-th of it each, and the bus stays busy while the later groups work from L1. A fetch
- * of every line one chunk ahead from the first group alone (before session 91) asked for a chunk's
- * 128 lines in the first pass, faster than memory serves them, and left the bus idle through the
- * others: the 1.5B's passes of 8 / 12 / 13 / 16 tokens cost 1.07 / 1.20 / 1.39 / 1.42 one-token
- * passes, and 0.99 / 1.10 / 1.33 / 1.29 with this (pass by pass in turn through a scratch switch; a
- * second run 1.02 / 1.03 / - / 1.49 against 0.92 / 0.99 / - / 1.32; docs/native.md). */
+ * in order, a G-th of it each, and the bus stays busy while the later groups work from L1. Each
+ * step fetching the line one chunk ahead (before session 91) asked for all of the next chunk's 128
+ * lines in the first group's pass, faster than memory serves them, and nothing new in the others'
+ * (their fetches named the same lines), so the bus stood idle through them: the 1.5B's passes of
+ * 8 / 12 / 13 / 16 tokens cost 1.07 / 1.20 / 1.39 / 1.42 one-token passes, and 0.99 / 1.10 / 1.33 /
+ * 1.29 with this (pass by pass in turn through a scratch switch; a second run 1.02 / 1.03 / - / 1.49
+ * against 0.92 / 0.99 / - / 1.32; docs/native.md). */
 #define CHUNK_PREFETCH(i)                                                                            \
     _mm_prefetch((const char *)(wb + (size_t)(c0 + 2 * KC2 + (((gr * KC2 + (i) - c0) * per_group) >> 16)) * NB), \
                  _MM_HINT_T0)
