@@ -68,26 +68,42 @@ static float *pack_rows(const float *x, int M, int in, int mr, int even, int thr
  * ACC (float [MR][NB], 32-byte aligned: read when C0 > 0, written after the loop, then stored to y
  * once C1 = in); MB is a compile-time constant at every use (the switches below), so the
  * accumulators stay in registers. LOAD(i) yields w0, w1; PREFETCH(i) is the step's prefetch of the
- * weight stream. */
-#define RUN_BODY(MB, LOAD, SCALE, ACC, C0, C1, PREFETCH)                                             \
+ * weight stream. With PAIRS the steps run two at a time and PREFETCH comes once a pair (the chunked
+ * calls, whose groups each fetch a G-th of a chunk, G >= 2): half the loop's integer work, which at
+ * 4-5 rows a group (8-10 FMAs a step) held the core near its 6 operations a cycle (a stack of
+ * Qwen2.5-Coder-1.5B's shapes, 2 threads, an AVX2-only EPYC, pairs against single steps in turn in
+ * one process: 16 / 20 / 24 rows 1.5-4% faster in two runs, 13 rows 4% faster in one and 2% slower
+ * in the other, one L3-resident [1536, 1536] layer 3-8% faster; docs/native.md). Each accumulator
+ * still takes its FMAs over i = 0, 1, ... in order, so the bits are unchanged. */
+#define RUN_STEP(MB, LOAD, I)                                                                        \
+    do {                                                                                             \
+        __m256 w0, w1;                                                                               \
+        LOAD(I);                                                                                     \
+        const float *xi = xg + (size_t)(I) * MR;                                                     \
+        for (int m = 0; m < MB; m++) {                                                               \
+            __m256 xv = _mm256_broadcast_ss(xi + m);                                                 \
+            a[m][0] = _mm256_fmadd_ps(w0, xv, a[m][0]);                                              \
+            a[m][1] = _mm256_fmadd_ps(w1, xv, a[m][1]);                                              \
+        }                                                                                            \
+    } while (0)
+#define RUN_BODY(MB, LOAD, SCALE, ACC, C0, C1, PREFETCH, PAIRS)                                      \
     do {                                                                                             \
         __m256 a[MR][2];                                                                             \
         float(*acc)[NB] = (ACC);                                                                     \
-        int c0_ = (C0), c1_ = (C1);                                                                  \
+        int c0_ = (C0), c1_ = (C1), i = c0_;                                                         \
         for (int m = 0; m < MB; m++) {                                                               \
             a[m][0] = c0_ ? _mm256_load_ps(acc[m]) : _mm256_setzero_ps();                            \
             a[m][1] = c0_ ? _mm256_load_ps(acc[m] + 8) : _mm256_setzero_ps();                        \
         }                                                                                            \
-        for (int i = c0_; i < c1_; i++) {                                                            \
-            __m256 w0, w1;                                                                           \
-            PREFETCH(i);                                                                             \
-            LOAD(i);                                                                                 \
-            const float *xi = xg + (size_t)i * MR;                                                   \
-            for (int m = 0; m < MB; m++) {                                                           \
-                __m256 xv = _mm256_broadcast_ss(xi + m);                                             \
-                a[m][0] = _mm256_fmadd_ps(w0, xv, a[m][0]);                                          \
-                a[m][1] = _mm256_fmadd_ps(w1, xv, a[m][1]);                                          \
+        if (PAIRS)                                                                                   \
+            for (; i + 1 < c1_; i += 2) {                                                            \
+                PREFETCH(i);                                                                         \
+                RUN_STEP(MB, LOAD, i);                                                               \
+                RUN_STEP(MB, LOAD, i + 1);                                                           \
             }                                                                                        \
+        for (; i < c1_; i++) {                                                                       \
+            PREFETCH(i);                                                                             \
+            RUN_STEP(MB, LOAD, i);                                                                   \
         }                                                                                            \
         for (int m = 0; m < MB; m++) {                                                               \
             _mm256_store_ps(acc[m], a[m][0]);                                                        \
@@ -102,7 +118,7 @@ static float *pack_rows(const float *x, int M, int in, int mr, int even, int thr
 #define BLOCK_BODY(MB, LOAD, SCALE)                                                                  \
     do {                                                                                             \
         float block_acc[MR][NB] __attribute__((aligned(32)));                                        \
-        RUN_BODY(MB, LOAD, SCALE, block_acc, 0, in, BLOCK_PREFETCH);                                 \
+        RUN_BODY(MB, LOAD, SCALE, block_acc, 0, in, BLOCK_PREFETCH, 0);                              \
     } while (0)
 
 /* BODY(MB, LOAD, SCALE) for the group's mb rows, MB a constant. */
@@ -141,8 +157,9 @@ static float *pack_rows(const float *x, int M, int in, int mr, int even, int thr
 
 /* The chunks' prefetch: group gr of G, at step i of chunk c0, fetches step (gr KC2 + i - c0) / G of
  * the chunk after next (`per_group` = 65536 / G + 1 makes the division a multiply, exact for the
- * KC2 G < 65536 / G steps here), so the G groups' passes over a chunk request the chunk after next
- * in order, a G-th of it each, and the bus stays busy while the later groups work from L1. Each
+ * KC2 G < 65536 / G steps here), once a pair of steps (i even: 2 / G <= 1 line apart, so no line is
+ * skipped), so the G groups' passes over a chunk request the chunk after next in order, a G-th of
+ * it each, and the bus stays busy while the later groups work from L1. Each
  * step fetching the line one chunk ahead (before session 91) asked for all of the next chunk's 128
  * lines in the first group's pass, faster than memory serves them, and nothing new in the others'
  * (their fetches named the same lines), so the bus stood idle through them: the 1.5B's passes of
@@ -152,7 +169,7 @@ static float *pack_rows(const float *x, int M, int in, int mr, int even, int thr
 #define CHUNK_PREFETCH(i)                                                                            \
     _mm_prefetch((const char *)(wb + (size_t)(c0 + 2 * KC2 + (((gr * KC2 + (i) - c0) * per_group) >> 16)) * NB), \
                  _MM_HINT_T0)
-#define CHUNK_BODY(MB, LOAD, SCALE) RUN_BODY(MB, LOAD, SCALE, cacc[gr], c0, c1, CHUNK_PREFETCH)
+#define CHUNK_BODY(MB, LOAD, SCALE) RUN_BODY(MB, LOAD, SCALE, cacc[gr], c0, c1, CHUNK_PREFETCH, 1)
 
 #define CHUNKED_ITEM(NAME, WTYPE, LOAD, SCALE)                                                       \
     void NAME(void *arg, int item) {                                                                 \
