@@ -73,7 +73,7 @@ static float *pack_rows(const float *x, int M, int in, int mr, int even, int thr
  * 4-5 rows a group (8-10 FMAs a step) held the core near its 6 operations a cycle (a stack of
  * Qwen2.5-Coder-1.5B's shapes, 2 threads, an AVX2-only EPYC, pairs against single steps in turn in
  * one process: 16 / 20 / 24 rows 1.5-4% faster in two runs, 13 rows 4% faster in one and 2% slower
- * in the other, one L3-resident [1536, 1536] layer 3-8% faster; docs/native.md). Each accumulator
+ * in the other, one L3-resident [1536, 1536] layer 2-7% faster; docs/native.md). Each accumulator
  * still takes its FMAs over i = 0, 1, ... in order, so the bits are unchanged. */
 #define RUN_STEP(MB, LOAD, I)                                                                        \
     do {                                                                                             \
