@@ -80,3 +80,29 @@ def test_full_install_of_a_split_tiny_gguf_then_load(make_model: ModelFactory, f
     ids = torch.tensor([tokenizer.encode(" the a the", add_special_tokens=False)])
     with torch.inference_mode():
         assert torch.equal(model(ids).logits, reference(ids).logits)
+
+
+def test_the_gguf_is_parsed_once_and_loads_as_transformers_alone_loads_it(tmp_path: Path, monkeypatch) -> None:
+    import gguf
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = write_tiny_gguf(tmp_path / "tiny.gguf", tie=False, seed=5)
+    made: list[str] = []
+
+    class CountingReader(gguf.GGUFReader):
+        def __init__(self, *args, **kwargs) -> None:
+            made.append(str(args[0]))
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(gguf, "GGUFReader", CountingReader)
+    model, tokenizer = inst._load_gguf(path)
+    assert made == [str(path)]  # config, weights and tokenizer read one parse
+    assert gguf.GGUFReader is CountingReader  # the module's class is back after the load
+
+    reference = AutoModelForCausalLM.from_pretrained(str(tmp_path), gguf_file=str(path), dtype=torch.float32)
+    assert len(made) > 1  # outside the block every read parses again
+    expected = reference.state_dict()
+    assert model.state_dict().keys() == expected.keys()
+    assert all(torch.equal(tensor, expected[name]) for name, tensor in model.state_dict().items())
+    plain_tokenizer = AutoTokenizer.from_pretrained(str(tmp_path), gguf_file=str(path))
+    assert tokenizer.get_vocab() == plain_tokenizer.get_vocab()
