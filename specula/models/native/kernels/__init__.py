@@ -135,7 +135,7 @@ def library() -> ctypes.CDLL:
     if not target.exists():
         from specula.models.native.kernels.build import build_jobs, compile_shared
 
-        jobs = build_jobs()
+        jobs = min(build_jobs(), len(SOURCES))
         print(f"compiling specula's CPU kernels (once, up to a minute; {jobs} sources at a time)...",
               file=sys.stderr, flush=True)
         start = time.perf_counter()

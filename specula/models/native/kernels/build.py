@@ -2,7 +2,7 @@
 
 Why: `gcc -O3` spends most of a build on the AVX-512 and int4 variants (their row-count switches
 unroll into many loop bodies). On the 2-core development machine (gcc 12) one `cc ... *.c` call
-took 72-76 s, `linear_avx512.c` alone 42 s and `linear_i4.c` 18 s; the first `generate` on a new
+took 68-76 s, `linear_avx512.c` alone 42 s and `linear_i4.c` 18 s; the first `generate` on a new
 machine waited for it. With a compiler process per source, the slowest started first and as many
 at once as the machine has cores, the build takes about as long as its slowest source.
 
