@@ -7,8 +7,8 @@ machine waited for it. With a compiler process per source, the slowest started f
 at once as the machine has cores, the build takes about as long as its slowest source.
 
 The objects go to a temporary folder beside the library and are removed; the library is linked
-to a temporary name and renamed into place, so a failed or interrupted build leaves nothing a
-later load would take for a library.
+to a temporary sibling and renamed into place (`paths.atomic_path`), so a failed or interrupted
+build leaves nothing a later load would take for a library.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from specula.errors import ConfigError
+from specula.paths import atomic_path
 
 LINK_ONLY = ("-shared",)
 """Flags that belong to the link alone (an object is compiled with the others and `-c`)."""
@@ -59,7 +60,6 @@ def compile_shared(sources: Sequence[Path], target: Path, *, cc: str, flags: Seq
                 future.result()  # the first failure, in source order
         finally:
             pool.shutdown(cancel_futures=True)  # after a failure, start no other source
-        linked = Path(tmp) / target.name
-        _run([cc, *flags, *(str(o) for o in objects), "-o", str(linked), *libraries], "the link")
-        os.chmod(linked, 0o755)
-        os.replace(linked, target)
+        with atomic_path(target) as linked:
+            _run([cc, *flags, *(str(o) for o in objects), "-o", str(linked), *libraries], "the link")
+            os.chmod(linked, 0o755)
