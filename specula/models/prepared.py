@@ -193,7 +193,8 @@ def save_entry(path: Path, decoder: NativeDecoder, key: dict[str, Any], extra: d
     remove_stale_temps(path)
     with atomic_dir(path) as tmp:
         weights = tmp / WEIGHTS
-        torch.save(state, weights)
+        with _no_zip_checksums():
+            torch.save(state, weights)
         with open(weights, "rb+") as handle:
             os.fsync(handle.fileno())
         buffers = {name: sorted(k.rsplit(".", 1)[1] for k in state if k.rsplit(".", 1)[0] == name) for name in linears}
@@ -211,6 +212,22 @@ def save_entry(path: Path, decoder: NativeDecoder, key: dict[str, Any], extra: d
         }
         (tmp / MARKER).write_text(json.dumps(marker, indent=1, sort_keys=True) + "\n", encoding="utf-8")
     return True
+
+
+def _no_zip_checksums():
+    """A context in which `torch.save` skips the zip records' CRC32: about 0.5 s per GiB written on
+    the 2-core machine (6 GiB: 10.3 against 13.2 s, both after a first write had settled the page
+    cache) for a checksum nothing reads (torch.load does not check it; an entry is known by its
+    marker's size and mtime). A no-op context on a torch without the setting."""
+    import contextlib
+
+    try:
+        from torch.utils.serialization import config
+    except ImportError:
+        return contextlib.nullcontext()
+    if not hasattr(config, "save") or not hasattr(config.save, "compute_crc32"):
+        return contextlib.nullcontext()
+    return config.patch({"save.compute_crc32": False})
 
 
 class StaleEntry(Exception):
