@@ -166,6 +166,17 @@ def atomic_dir(target: str | os.PathLike[str]) -> Iterator[Path]:
     _fsync_dir(target.parent)
 
 
+def remove_dir(target: str | os.PathLike[str]) -> None:
+    """Delete the directory `target` so that it is whole or absent at every instant: it is renamed
+    to a temporary sibling first (one rename), then deleted; a deletion cut short leaves only that
+    temporary, which `remove_stale_temps(target)` sweeps."""
+    target = Path(target)
+    aside = Path(tempfile.mkdtemp(prefix=_temp_prefix(target), dir=target.parent))
+    os.replace(target, aside / "old")
+    _remove(aside)
+    _fsync_dir(target.parent)
+
+
 @contextlib.contextmanager
 def file_lock(name: str) -> Iterator[None]:
     """Hold the exclusive lock `<cache>/locks/<name>.lock` (`flock`) for the block: processes that

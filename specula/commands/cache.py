@@ -1,7 +1,7 @@
 """`specula cache`: what specula keeps under $SPECULA_CACHE, and clearing what it measured.
 
     specula cache info [--json]
-    specula cache clear [--measured] [--kernels] [--prepared] [--training] [--all]
+    specula cache clear [--measured] [--kernels] [--prepared] [--orphans] [--training] [--all]
 
 What is kept is a cache, never a behaviour switch: every entry is rebuilt when missing, and the
 measured cost curves are priors that each run corrects from the passes it times.
@@ -56,6 +56,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     for kind in KINDS:
         if kind.flag:
             clear.add_argument(f"--{kind.flag}", action="store_true", help=f"remove {kind.what}")
+    clear.add_argument("--orphans", action="store_true",
+                       help="remove only the prepared models whose model files are gone (also done whenever a "
+                            "model is prepared)")
     clear.add_argument("--all", action="store_true", help="every derived entry above (never the models)")
     clear.set_defaults(handler=clear_cache)
 
@@ -67,20 +70,36 @@ def _size(path) -> int:
 
 
 def show(args: argparse.Namespace) -> int:
+    from specula.models.prepared import orphans
+
     rows = [{"folder": str(cache_dir(k.folder)), "bytes": _size(cache_dir(k.folder)), "what": k.what,
              "clear_with": f"--{k.flag}" if k.flag else None} for k in KINDS]
+    gone = [{"entry": entry.name, "bytes": _size(entry)} for entry in orphans()]
     if args.json:
-        print(json.dumps({"root": str(cache_dir()), "entries": rows}, indent=1))
+        print(json.dumps({"root": str(cache_dir()), "entries": rows, "prepared_orphans": gone}, indent=1))
         return 0
     print(f"cache root: {cache_dir()}  ($SPECULA_CACHE)")
     for row, kind in zip(rows, KINDS):
         clear = f"specula cache clear {row['clear_with']}" if row["clear_with"] else "kept"
         print(f"  {kind.folder + '/':11} {format_bytes(row['bytes']):>10}  {kind.what}  [{clear}]")
+        if kind.folder == "prepared" and gone:
+            print(f"  {'':11} {format_bytes(sum(g['bytes'] for g in gone)):>10}  of it: {len(gone)} prepared "
+                  f"model(s) whose model files are gone  [specula cache clear --orphans; also done whenever a "
+                  f"model is prepared]")
     return 0
 
 
 def clear_cache(args: argparse.Namespace) -> int:
     chosen = [k for k in KINDS if k.flag and (args.all or getattr(args, k.flag))]
+    if args.orphans and not any(k.flag == "prepared" for k in chosen):
+        from specula.models.prepared import remove_orphans
+
+        removed = remove_orphans()
+        print(f"removed {len(removed)} prepared model(s) whose model files are gone "
+              f"({format_bytes(sum(size for _, size in removed))})"
+              + (": " + ", ".join(name for name, _ in removed) if removed else ""))
+        if not chosen:
+            return 0
     if not chosen:
         chosen = [k for k in KINDS if k.flag == "measured"]
     for kind in chosen:

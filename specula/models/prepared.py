@@ -18,7 +18,8 @@ decoder's state dict plus the rotary frequencies) and `prepared.json`, written l
 key, the decoder's shape, the packed linears' kinds and the weights file's size and mtime. One
 entry per model, quantization and kernel: a key that no longer matches (model files replaced,
 specula's kernel or decoder code changed, another torch) is rebuilt in place, so old entries do
-not pile up.
+not pile up; entries whose model path is gone are removed whenever another entry is written
+(`remove_orphans`).
 
 The key holds everything that changes the prepared weights: the model files' identity (name, size,
 mtime of every file the model directory holds), dtype, quantization, kernel, a hash of the code
@@ -48,7 +49,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from specula.errors import ConfigError
 from specula.models.page_cache import prefetch
-from specula.paths import atomic_dir, cache_dir, file_lock, remove_stale_temps
+from specula.paths import atomic_dir, cache_dir, file_lock, remove_dir, remove_stale_temps
 
 if TYPE_CHECKING:
     import torch
@@ -285,6 +286,52 @@ def load_entry(path: Path, key: dict[str, Any]) -> tuple[NativeDecoder, dict[str
     return decoder.eval().requires_grad_(False), marker
 
 
+def orphans(root: Path | None = None) -> list[Path]:
+    """Entries under `root` (default `prepared_root()`) whose model no longer exists: the file or
+    directory their marker names as the source is gone (a deleted local model, a test's temporary
+    one). Entries without a readable marker are not judged (they are rebuilt when their model loads)."""
+    root = prepared_root() if root is None else root
+    if not root.is_dir():
+        return []
+    # a name starting with "." is an atomic writer's temporary (`paths.remove_stale_temps` sweeps those)
+    return [entry for entry in sorted(root.iterdir()) if not entry.name.startswith(".") and _orphaned(entry)]
+
+
+def _orphaned(entry: Path) -> bool:
+    """Whether the entry directory's marker names a source model that no longer exists."""
+    if not entry.is_dir():
+        return False
+    source = ((read_marker(entry) or {}).get("key") or {}).get("source")
+    where = source.get("path") if isinstance(source, dict) else None
+    return isinstance(where, str) and bool(where) and not Path(where).exists()
+
+
+def remove_orphans(keep: Path | None = None) -> list[tuple[str, int]]:
+    """Delete `orphans()` (but `keep`), each under its entry's lock so no writer of it races the
+    removal, its lock file with it; returns (name, bytes) of what was removed. Called after a new
+    entry is written: the moment the cache grows, so entries of models that are gone do not pile up."""
+    removed = []
+    for entry in orphans():
+        if keep is not None and entry == keep:
+            continue
+        with file_lock(f"prepared-{entry.name}"):
+            if not _orphaned(entry):  # gone, or its model came back, while waiting
+                continue
+            size = sum(f.stat().st_size for f in entry.rglob("*") if f.is_file())
+            remove_dir(entry)
+        cache_dir("locks", f"prepared-{entry.name}.lock").unlink(missing_ok=True)
+        removed.append((entry.name, size))
+    return removed
+
+
+def _note_removed(removed: list[tuple[str, int]]) -> None:
+    if removed:
+        total = sum(size for _, size in removed)
+        names = ", ".join(name for name, _ in removed[:5]) + (f" and {len(removed) - 5} more" if len(removed) > 5 else "")
+        print(f"note: removed {len(removed)} prepared model(s) whose model files are gone ({total / 1e9:.2f} GB): "
+              f"{names}", file=sys.stderr, flush=True)
+
+
 def _bring_into_memory(weights: Path) -> None:
     """Read the mapped weights' pages that the page cache lacks now, while loading, rather than in
     the first timed forward pass (`page_cache`); a large read is noted on stderr."""
@@ -317,7 +364,10 @@ def load_or_prepare(resolved: ResolvedModel, key: dict[str, Any], *, quantize: s
     except StaleEntry:
         pass
     with file_lock(f"prepared-{path.name}"):  # a process preparing the same entry finishes first
-        return _prepare_locked(path, key, quantize, prepare, label)
+        decoder, marker, outcome = _prepare_locked(path, key, quantize, prepare, label)
+    if outcome in ("built", "rebuilt"):  # the cache grew: drop what belongs to models that are gone
+        _note_removed(remove_orphans(keep=path))
+    return decoder, marker, outcome
 
 
 def _prepare_locked(path: Path, key: dict[str, Any], quantize: str, prepare, label: str,

@@ -22,3 +22,26 @@ def test_clear_removes_measured_state_and_keeps_models(tmp_path, monkeypatch, ca
     assert (tmp_path / "kernels" / "k" / "lib.so").exists() and (tmp_path / "models" / "m" / "model.safetensors").exists()
     assert main(["cache", "clear", "--all"]) == 0
     assert not (tmp_path / "kernels").exists() and (tmp_path / "models" / "m" / "model.safetensors").exists()
+
+
+def test_orphaned_prepared_entries_are_shown_and_cleared_alone(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("SPECULA_CACHE", str(tmp_path))
+    model = tmp_path / "elsewhere" / "model"
+    model.mkdir(parents=True)
+    (tmp_path / "cost").mkdir()
+    (tmp_path / "cost" / "curve.json").write_text("{}")
+    for name, source in (("kept-1.none-specula", model), ("gone-2.none-specula", tmp_path / "deleted")):
+        entry = tmp_path / "prepared" / name
+        entry.mkdir(parents=True)
+        (entry / "weights.pt").write_bytes(b"w" * 100)
+        (entry / "prepared.json").write_text(json.dumps({"key": {"source": {"path": str(source)}}}))
+    assert main(["cache", "info", "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert [g["entry"] for g in info["prepared_orphans"]] == ["gone-2.none-specula"]
+    assert info["prepared_orphans"][0]["bytes"] > 100
+    assert main(["cache", "info"]) == 0
+    assert "1 prepared model(s) whose model files are gone" in capsys.readouterr().out
+    assert main(["cache", "clear", "--orphans"]) == 0
+    assert "removed 1 prepared model(s)" in capsys.readouterr().out
+    assert sorted(p.name for p in (tmp_path / "prepared").iterdir()) == ["kept-1.none-specula"]
+    assert (tmp_path / "cost" / "curve.json").read_text() == "{}"  # --orphans alone touches nothing else

@@ -75,6 +75,26 @@ def test_remove_stale_temps_only_touches_this_target(tmp_path: Path) -> None:
     assert sorted(p.name for p in tmp_path.iterdir()) == [".y.gguf.tmp-abc"]
 
 
+def test_remove_dir_renames_first_and_a_cut_short_removal_is_swept(tmp_path: Path, monkeypatch) -> None:
+    entry = tmp_path / "entry"
+    (entry / "sub").mkdir(parents=True)
+    (entry / "sub" / "w.bin").write_bytes(b"x" * 10)
+    neighbour = tmp_path / "other"
+    neighbour.mkdir()
+    paths.remove_dir(entry)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["other"]  # no temporary left either
+
+    entry.mkdir()
+    (entry / "w.bin").write_bytes(b"y")
+    monkeypatch.setattr(paths, "_remove", lambda path: None)  # killed after the rename, before deleting
+    paths.remove_dir(entry)
+    assert not entry.exists()  # the entry vanished in one rename
+    assert len(paths.stale_temps(entry)) == 1
+    monkeypatch.undo()
+    paths.remove_stale_temps(entry)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["other"]
+
+
 def test_disk_usage_and_format_bytes(tmp_path: Path) -> None:
     (tmp_path / "d").mkdir()
     (tmp_path / "d" / "a").write_bytes(b"x" * 1000)

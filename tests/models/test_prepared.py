@@ -172,6 +172,37 @@ def test_a_changed_model_is_prepared_again(tmp_path, cache, tiny_tokenizer):
     assert len(list(prepared.prepared_root().iterdir())) == 1  # replaced in place, not piled up
 
 
+def test_entries_of_models_that_are_gone_are_removed_when_another_is_prepared(tmp_path, model_dirs, cache,
+                                                                             tiny_tokenizer, capsys):
+    import shutil
+
+    gone = _save(tmp_path / "gone", tiny_tokenizer, 6)
+    _load(gone)
+    _load(model_dirs[0])  # an entry whose model stays
+    orphan = _entry(gone)
+    shutil.rmtree(gone)  # the user deletes the model directory
+    assert prepared.orphans() == [orphan]
+    capsys.readouterr()
+    _, _, report = _load(model_dirs[1])  # a new entry: the cache grows, the orphan goes
+    assert report["prepared"] == "built"
+    assert "removed 1 prepared model(s) whose model files are gone" in capsys.readouterr().err
+    assert sorted(prepared.prepared_root().iterdir()) == sorted([_entry(model_dirs[0]), _entry(model_dirs[1])])
+    assert not (cache / "locks" / f"prepared-{orphan.name}.lock").exists()
+    _, _, report = _load(model_dirs[0])  # the kept entries are untouched
+    assert report["prepared"] == "hit"
+
+
+def test_a_model_that_comes_back_keeps_its_entry(tmp_path, cache, tiny_tokenizer):
+    path = _save(tmp_path / "m", tiny_tokenizer, 6)
+    _load(path)
+    entry = _entry(path)
+    aside = path.rename(tmp_path / "aside")
+    assert prepared.orphans() == [entry]
+    aside.rename(path)  # back before anything was prepared
+    assert prepared.orphans() == [] and prepared.remove_orphans() == []
+    assert _load(path)[2]["prepared"] == "hit"
+
+
 def test_an_entry_that_cannot_be_written_leaves_the_load_working(model_dirs, cache, monkeypatch, capsys):
     def full_disk(*args, **kwargs):
         raise OSError(28, "No space left on device")
