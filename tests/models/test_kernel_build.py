@@ -55,3 +55,32 @@ def test_a_failed_rebuild_keeps_the_library_already_there(tmp_path):
 
 def test_build_jobs_is_the_cores_this_process_may_use():
     assert build_jobs() == len(os.sched_getaffinity(0))
+
+
+def test_a_sources_own_flags_come_after_the_common_ones(tmp_path):
+    only_unoptimised = tmp_path / "c.c"
+    only_unoptimised.write_text("#ifdef __OPTIMIZE__\n#error built with optimisation\n#endif\nint one(void) { return 1; }\n")
+    target = tmp_path / "out" / "libone.so"
+    with pytest.raises(ConfigError, match="built with optimisation"):
+        compile_shared([only_unoptimised], target, cc=CC, flags=FLAGS, libraries=())
+    compile_shared([only_unoptimised], target, cc=CC, flags=FLAGS, libraries=(),
+                   source_flags={only_unoptimised: ("-O0",)})
+    assert ctypes.CDLL(str(target)).one() == 1
+
+
+def test_a_cpu_without_avx512_compiles_the_avx512_variants_unoptimised(monkeypatch):
+    from specula.models.native import kernels
+
+    plans, keys = {}, {}
+    for name, flags in (("avx2", {"avx2", "fma"}), ("avx512", {"avx2", "fma", *kernels.AVX512_FLAGS}),
+                        ("unreadable", set())):
+        monkeypatch.setattr(kernels, "_cpu_flags", lambda flags=flags: set(flags))
+        kernels.build_key.cache_clear()
+        plans[name], keys[name] = kernels.compile_plan(), kernels.build_key()
+    kernels.build_key.cache_clear()
+    monkeypatch.undo()
+    unoptimised = {path.name for path, extra in plans["avx2"].items() if extra == ("-O0",)}
+    assert unoptimised == {"linear_avx512.c", "linear_i4_vnni.c", "linear_amx.c"}
+    assert not any(plans["avx512"].values()) and not any(plans["unreadable"].values())
+    assert set(plans["avx2"]) == set(kernels.SOURCES)
+    assert keys["avx2"] != keys["avx512"] == keys["unreadable"]  # another plan, another library

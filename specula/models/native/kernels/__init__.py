@@ -42,11 +42,17 @@ from torch import nn
 from specula.errors import ConfigError
 from specula.models.linears import linear_weight
 
-SOURCES = tuple(Path(__file__).with_name(name) for name in ("linear_avx512.c", "linear_i4.c", "linear.c",
-                                                               "linear_amx.c", "ops.c", "head.c", "draft.c", "pool.c",
-                                                               "pack.c", "layers.c"))
+SOURCES = tuple(Path(__file__).with_name(name) for name in (
+    "linear_avx512.c", "linear_i4_vnni.c", "linear.c", "linear_amx.c", "ops.c", "linear_i4.c", "head.c", "draft.c",
+    "pool.c", "pack.c", "layers.c"))
 """The kernels' C sources, the slowest to compile first (`build.compile_shared` starts them in this
-order; gcc 12 -O3 on the 2-core machine: 42, 18, 5 and 2.5 s, the rest about 1 s or less)."""
+order; gcc 12 -O3 on session 94's 2-core EPYC: 50, 24, 7, 2, 1.6, 1.3 s, the rest under 1 s)."""
+AVX512_ONLY = frozenset(Path(__file__).with_name(name) for name in ("linear_avx512.c", "linear_i4_vnni.c",
+                                                                     "linear_amx.c"))
+"""Sources whose code runs only on a CPU with AVX-512 F/BW/VNNI (`specula_set_isa` picks them at run
+time): a CPU without it compiles them at -O0 (`compile_plan`), 2.4 s in all instead of 76."""
+AVX512_FLAGS = frozenset({"avx512f", "avx512bw", "avx512_vnni"})
+"""/proc/cpuinfo flags the AVX-512 variants need (`linear_avx512.c`'s `cpu_has_avx512`)."""
 HEADERS = tuple(Path(__file__).with_name(name) for name in ("layout.h", "linear.h", "pool.h", "refs.h", "vmath.h"))
 FLAGS = ("-O3", "-mavx2", "-mfma", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC")
 """`-ffp-contract=off`: the compiler fuses no multiply-add of its own, so the AVX2 and AVX-512
@@ -115,12 +121,23 @@ def openmp_spin_warning(threads: int | None = None) -> str | None:
             "or set GOMP_SPINCOUNT=10000 in the environment before starting Python")
 
 
+def compile_plan() -> dict[Path, tuple[str, ...]]:
+    """Each source's own compiler flags (after `FLAGS`): "-O0" for the AVX-512-only variants where the
+    CPU lacks AVX-512 F/BW/VNNI (it never runs them, and they were most of the build); nothing
+    otherwise, nor where the CPU's flags cannot be read (the library may then run any variant)."""
+    flags = _cpu_flags()
+    slow = bool(flags) and not AVX512_FLAGS <= flags
+    return {source: ("-O0",) if slow and source in AVX512_ONLY else () for source in SOURCES}
+
+
 @functools.cache
 def build_key() -> str:
-    """Hash of the kernels' sources, flags and CPU: names the compiled library (and, in part, the
-    cost curves timed with it: `prepack.linear_kernel_of`)."""
+    """Hash of the kernels' sources, flags (`compile_plan`'s too) and CPU: names the compiled library
+    (and, in part, the cost curves timed with it: `prepack.linear_kernel_of`)."""
     source = b"".join(path.read_bytes() for path in SOURCES + HEADERS)
-    return hashlib.sha256(source + " ".join(FLAGS).encode() + platform.processor().encode()).hexdigest()[:16]
+    plan = " ".join(f"{path.name}:{','.join(extra)}" for path, extra in compile_plan().items() if extra)
+    return hashlib.sha256(source + " ".join(FLAGS).encode() + platform.processor().encode()
+                          + plan.encode()).hexdigest()[:16]
 
 
 @functools.cache
@@ -136,10 +153,12 @@ def library() -> ctypes.CDLL:
         from specula.models.native.kernels.build import build_jobs, compile_shared
 
         jobs = min(build_jobs(), len(SOURCES))
+        plan = compile_plan()
         print(f"compiling specula's CPU kernels (once, up to a minute; {jobs} sources at a time)...",
               file=sys.stderr, flush=True)
         start = time.perf_counter()
-        compile_shared(SOURCES, target, cc=os.environ.get("CC", "cc"), flags=FLAGS, jobs=jobs)
+        order = sorted(SOURCES, key=lambda path: bool(plan[path]))  # the unoptimised ones last: they are quick
+        compile_shared(order, target, cc=os.environ.get("CC", "cc"), flags=FLAGS, jobs=jobs, source_flags=plan)
         print(f"compiled specula's CPU kernels in {time.perf_counter() - start:.0f} s", file=sys.stderr, flush=True)
     lib = ctypes.CDLL(str(target))
     ptr, i32 = ctypes.c_void_p, ctypes.c_int

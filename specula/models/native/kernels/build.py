@@ -4,7 +4,9 @@ Why: `gcc -O3` spends most of a build on the AVX-512 and int4 variants (their ro
 unroll into many loop bodies). On the 2-core development machine (gcc 12) one `cc ... *.c` call
 took 68-76 s, `linear_avx512.c` alone 42 s and `linear_i4.c` 18 s; the first `generate` on a new
 machine waited for it. With a compiler process per source, the slowest started first and as many
-at once as the machine has cores, the build takes about as long as its slowest source.
+at once as the machine has cores, the build takes about as long as its slowest source. A CPU
+without AVX-512 compiles the AVX-512-only variants without optimisation (`kernels.compile_plan`):
+it never runs them, and they were most of the build (50 s of 65 s on session 94's AVX2-only EPYC).
 
 The objects go to a temporary folder beside the library and are removed; the library is linked
 to a temporary sibling and renamed into place (`paths.atomic_path`), so a failed or interrupted
@@ -16,7 +18,7 @@ from __future__ import annotations
 import os
 import subprocess
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -43,18 +45,22 @@ def _run(cmd: list[str], what: str) -> None:
 
 
 def compile_shared(sources: Sequence[Path], target: Path, *, cc: str, flags: Sequence[str],
-                   libraries: Sequence[str] = ("-lm",), jobs: int | None = None) -> None:
+                   libraries: Sequence[str] = ("-lm",), jobs: int | None = None,
+                   source_flags: Mapping[Path, Sequence[str]] | None = None) -> None:
     """Build the shared library `target` from `sources` (compiled in the order given, up to `jobs` at
-    once: list the slowest first), with `flags` (`LINK_ONLY` ones at the link only) and `libraries`
-    at the link. Raises `ConfigError` naming the source, the command and the compiler's message
-    when a step fails; `target` then does not exist (or is the library that was already there)."""
+    once: list the slowest first), with `flags` (`LINK_ONLY` ones at the link only), a source's own
+    `source_flags` after them (gcc: the last `-O` wins) and `libraries` at the link. Raises
+    `ConfigError` naming the source, the command and the compiler's message when a step fails;
+    `target` then does not exist (or is the library that was already there)."""
     compile_flags = [f for f in flags if f not in LINK_ONLY]
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=".build.", dir=target.parent) as tmp:
         objects = [Path(tmp) / f"{i}-{source.stem}.o" for i, source in enumerate(sources)]
         pool = ThreadPoolExecutor(max_workers=jobs or build_jobs())
         try:
-            done = [pool.submit(_run, [cc, *compile_flags, "-c", str(source), "-o", str(obj)], source.name)
+            own = source_flags or {}
+            done = [pool.submit(_run, [cc, *compile_flags, *own.get(source, ()), "-c", str(source), "-o", str(obj)],
+                                source.name)
                     for source, obj in zip(sources, objects)]
             for future in done:
                 future.result()  # the first failure, in source order

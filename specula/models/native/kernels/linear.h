@@ -245,6 +245,8 @@ static inline void i4_store(float f[][NB], const struct i4_job *j, int m0, int m
     }
 }
 
+/* linear_i4_vnni.c: i4 over j->panel adjacent column blocks (item), every row, with VNNI. */
+void specula_i4_item_vnni(void *job, int item);
 /* linear_amx.c: i4 on AMX tiles over a pair of column blocks and a chunk of AMX_CHUNK rows (item:
  * chunk x pairs + pair); needs j->xq padded with zero rows to a multiple of 16. */
 void specula_i4_block_amx(void *job, int item);
