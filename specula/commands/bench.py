@@ -18,7 +18,6 @@ from specula.commands.common import (
 )
 from specula.errors import ConfigError
 from specula.methods import PLAIN
-from specula.models.skipping import SKIP_DRAFT
 
 
 def default_methods_help() -> str:
@@ -86,6 +85,7 @@ def plan(args: argparse.Namespace) -> BenchPlan:
     from specula.bench.datasets import load_prompts, select_prompts
     from specula.bench.methods import parse_method_list
     from specula.bench.peers import parse_compare
+    from specula.models.skipping import SKIP_DRAFT
     from specula.bench.runner import BenchSettings
 
     if args.stop:
@@ -106,6 +106,7 @@ def plan(args: argparse.Namespace) -> BenchPlan:
 def load_models(args: argparse.Namespace):
     """(target backend, tokenizer, draft backend or None, `LoadReport`), loaded once for every method."""
     from specula.api import load
+    from specula.models.skipping import SKIP_DRAFT
 
     from specula.bench.methods import DRAFT_OPTION, parse_method_list, split_method
     from specula.bench.peers import NEEDS_DRAFT, parse_compare
@@ -177,6 +178,8 @@ def execute(args: argparse.Namespace, bench: BenchPlan, target, tokenizer, draft
     and the peak memory after it (`LoadReport.to_dict()`), recorded in results.json; `load_line`,
     its summary, printed before the runs start."""
     import time
+
+    from specula.models.skipping import SKIP_DRAFT
 
     from specula.bench.machine import machine_info
     from specula.bench.methods import build_specula_methods

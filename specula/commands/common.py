@@ -77,7 +77,7 @@ def add_backend_arg(parser) -> None:
 
 
 def add_attn_arg(parser) -> None:
-    from specula.models.attention import ATTN_IMPLEMENTATIONS
+    from specula.models.attention_names import ATTN_IMPLEMENTATIONS
 
     parser.add_argument("--attn", default="auto", choices=ATTN_IMPLEMENTATIONS,
                         help="attention implementation: batch_invariant computes every query row alone (bitwise "

@@ -40,12 +40,7 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, eager_mask
 
-BATCH_INVARIANT = "specula_batch_invariant"
-"""The name registered with transformers (users pass `batch_invariant`)."""
-
-ATTN_IMPLEMENTATIONS = ("auto", "sdpa", "eager", "batch_invariant")
-"""Values of `--attn` / `LoadConfig.attn_implementation`. `auto`: batch_invariant for an int8 model
-(whose activation rounding needs it to stay lossless), sdpa otherwise."""
+from specula.models.attention_names import ATTN_IMPLEMENTATIONS, BATCH_INVARIANT  # noqa: F401 (their home)
 
 
 _PREFILL = contextvars.ContextVar("specula_causal_prefill", default=False)
