@@ -40,7 +40,9 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, eager_mask
 
-from specula.models.attention_names import ATTN_IMPLEMENTATIONS, BATCH_INVARIANT  # noqa: F401 (their home)
+from specula.models.attention_names import (  # noqa: F401 (their home)
+    ATTN_IMPLEMENTATIONS, BATCH_INVARIANT, resolve_attention,
+)
 
 
 _PREFILL = contextvars.ContextVar("specula_causal_prefill", default=False)
@@ -116,18 +118,6 @@ def register() -> None:
     """Make `BATCH_INVARIANT` a valid `attn_implementation` (idempotent)."""
     AttentionInterface.register(BATCH_INVARIANT, batch_invariant_attention)
     AttentionMaskInterface.register(BATCH_INVARIANT, eager_mask)
-
-
-def resolve_attention(attn_implementation: str, quantize: str = "none") -> str:
-    """One of `ATTN_IMPLEMENTATIONS` with `auto` decided (see there); unknown names are refused."""
-    from specula.errors import ConfigError
-
-    if attn_implementation not in ATTN_IMPLEMENTATIONS:
-        raise ConfigError(f"unknown attention implementation {attn_implementation!r}; "
-                          f"choose one of: {', '.join(ATTN_IMPLEMENTATIONS)}")
-    if attn_implementation == "auto":
-        return "sdpa" if quantize == "none" else "batch_invariant"
-    return attn_implementation
 
 
 def transformers_name(attn_implementation: str, quantize: str = "none") -> str:

@@ -359,8 +359,7 @@ def load_backend(spec: str | ResolvedModel, config: LoadConfig = LoadConfig(), n
     `tokenizer`: a loaded tokenizer known to be this model's (`same_tokenizer_files`), returned
     instead of loading it again. `report`, if given, receives `seconds` (this load) and `prepared`
     (the prepared cache's outcome: hit, built, rebuilt, unsaved, off; None when not used)."""
-    from specula.models.attention import resolve_attention
-    from specula.models.hf import HFCausalLM, eos_ids_of
+    from specula.models.attention_names import resolve_attention
     from specula.models.native import ARCHITECTURES
 
     start = time.perf_counter()
@@ -378,6 +377,8 @@ def load_backend(spec: str | ResolvedModel, config: LoadConfig = LoadConfig(), n
                   linear_kernel="auto" if config.linear_kernel == "specula" else config.linear_kernel, device=device)
     outcome = None
     if backend == "hf":
+        from specula.models.hf import HFCausalLM, eos_ids_of
+
         model, tokenizer = load_model(resolved, **kwargs, tokenizer=tokenizer)
         loaded = HFCausalLM(model, name=f"{name} {resolved.spec}", eos_token_ids=eos_ids_of(model, tokenizer))
     else:
@@ -396,7 +397,6 @@ def _load_native(resolved: ResolvedModel, config: LoadConfig, name: str, kwargs:
     import torch
 
     from specula.models.device import check_cpu_only
-    from specula.models.hf import eos_ids_of
     from specula.models.native import NativeCausalLM, NativeDecoder, configure
     from specula.models.prepack import resolve_linear_kernel
     from specula.models.quantize import check_int4_kernel, check_quantize
@@ -410,6 +410,8 @@ def _load_native(resolved: ResolvedModel, config: LoadConfig, name: str, kwargs:
     check_int4_kernel(config.quantize, kernel)
 
     def prepare() -> tuple[Any, dict[str, Any]]:
+        from specula.models.hf import eos_ids_of
+
         nonlocal tokenizer
         model, tokenizer = load_model(resolved, dtype=dtype, attn_implementation="sdpa", quantize="none",
                                       linear_kernel="aten", device=device, tokenizer=tokenizer)

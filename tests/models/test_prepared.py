@@ -203,6 +203,24 @@ def test_a_model_that_comes_back_keeps_its_entry(tmp_path, cache, tiny_tokenizer
     assert _load(path)[2]["prepared"] == "hit"
 
 
+def test_a_hit_imports_no_transformers_model_code_and_no_dynamo(model_dirs, cache):
+    """A prepared native model loads without transformers' modeling code (5.3 s of imports) or
+    torch._dynamo (1.5 s, pulled in by a random init on the meta device): only the tokenizer's part
+    of transformers."""
+    import subprocess
+
+    _load(model_dirs[0], quantize="none")  # the entry, written
+    code = ("import sys, specula\n"
+            "from specula.models.loading import LoadConfig, load_backend\n"
+            f"report = {{}}\nload_backend({str(model_dirs[0])!r}, LoadConfig(), 'target', report=report)\n"
+            "heavy = [m for m in ('transformers.modeling_utils', 'torch._dynamo', 'specula.models.hf') "
+            "if m in sys.modules]\n"
+            "print(report['prepared'], heavy)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                          env={**os.environ, "SPECULA_CACHE": str(cache)})
+    assert done.stdout.strip().splitlines()[-1] == "hit []"
+
+
 def test_an_entry_that_cannot_be_written_leaves_the_load_working(model_dirs, cache, monkeypatch, capsys):
     def full_disk(*args, **kwargs):
         raise OSError(28, "No space left on device")

@@ -176,7 +176,9 @@ class NativeDecoder(nn.Module):
     def __init__(self, cfg: NativeConfig, inv_freq: torch.Tensor, rope_scaling: float = 1.0) -> None:
         super().__init__()
         self.cfg = cfg
-        self.embed = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        # built on the meta device only (`from_hf`, `prepared.load_entry` set every weight): an
+        # embedding's random init there (`normal_`) imported torch._dynamo, 1.5 s of every load
+        self.embed = nn.Embedding(cfg.vocab_size, cfg.hidden_size, _weight=torch.empty(cfg.vocab_size, cfg.hidden_size))
         self.layers = nn.ModuleList(Layer(cfg) for _ in range(cfg.num_layers))
         self.final_norm = nn.Parameter(torch.ones(cfg.hidden_size))
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
