@@ -84,3 +84,20 @@ def test_a_cpu_without_avx512_compiles_the_avx512_variants_unoptimised(monkeypat
     assert not any(plans["avx512"].values()) and not any(plans["unreadable"].values())
     assert set(plans["avx2"]) == set(kernels.SOURCES)
     assert keys["avx2"] != keys["avx512"] == keys["unreadable"]  # another plan, another library
+
+
+def test_a_killed_builds_objects_are_swept_by_the_next_build(tmp_path, monkeypatch):
+    from specula.models.native import kernels
+    from specula.models.native.kernels import build
+
+    folder = tmp_path / "kernels" / "key"
+    leftover = folder / f"{build.BUILD_PREFIX}abc"
+    leftover.mkdir(parents=True)
+    (leftover / "0-linear.o").write_bytes(b"x")
+    built = []
+    monkeypatch.setenv("SPECULA_CACHE", str(tmp_path))
+    monkeypatch.setattr(build, "compile_shared", lambda sources, target, **kw: built.append(target) or target.touch())
+    kernels._build(folder / "lib.so")
+    assert not leftover.exists() and built == [folder / "lib.so"]
+    kernels._build(folder / "lib.so")  # built already (another process, or this one): nothing compiled
+    assert built == [folder / "lib.so"]

@@ -150,16 +150,7 @@ def library() -> ctypes.CDLL:
         raise ConfigError(f"specula's CPU kernels cannot run here: {reason}; use --linear-kernel onednn or aten")
     target = cache_dir("kernels", build_key()) / "libspecula_kernels.so"
     if not target.exists():
-        from specula.models.native.kernels.build import build_jobs, compile_shared
-
-        jobs = min(build_jobs(), len(SOURCES))
-        plan = compile_plan()
-        print(f"compiling specula's CPU kernels (once, up to a minute; {jobs} sources at a time)...",
-              file=sys.stderr, flush=True)
-        start = time.perf_counter()
-        order = sorted(SOURCES, key=lambda path: bool(plan[path]))  # the unoptimised ones last: they are quick
-        compile_shared(order, target, cc=os.environ.get("CC", "cc"), flags=FLAGS, jobs=jobs, source_flags=plan)
-        print(f"compiled specula's CPU kernels in {time.perf_counter() - start:.0f} s", file=sys.stderr, flush=True)
+        _build(target)
     lib = ctypes.CDLL(str(target))
     ptr, i32 = ctypes.c_void_p, ctypes.c_int
     lib.specula_pack_f32.argtypes = [ptr, ptr, i32, i32, i32]
@@ -196,6 +187,26 @@ def library() -> ctypes.CDLL:
         fallback = "avx512" if choice == "amx" and ISAS[level] == "avx512" else "avx2"
         raise ConfigError(f"{ISA_ENV}={choice} but {_missing(choice)}; use auto or {fallback}")
     return lib
+
+
+def _build(target: Path) -> None:
+    """Compile the library at `target`, one process at a time per library (`paths.file_lock`): a
+    process that waited finds it built; object folders a killed build left are swept first."""
+    from specula.models.native.kernels.build import build_jobs, compile_shared, remove_stale_builds
+    from specula.paths import file_lock
+
+    with file_lock(f"kernels-{target.parent.name}"):
+        if target.exists():
+            return
+        remove_stale_builds(target.parent)
+        jobs = min(build_jobs(), len(SOURCES))
+        plan = compile_plan()
+        print(f"compiling specula's CPU kernels (once, up to a minute; {jobs} sources at a time)...",
+              file=sys.stderr, flush=True)
+        start = time.perf_counter()
+        order = sorted(SOURCES, key=lambda path: bool(plan[path]))  # the unoptimised ones last: they are quick
+        compile_shared(order, target, cc=os.environ.get("CC", "cc"), flags=FLAGS, jobs=jobs, source_flags=plan)
+        print(f"compiled specula's CPU kernels in {time.perf_counter() - start:.0f} s", file=sys.stderr, flush=True)
 
 
 def _missing(name: str) -> str:

@@ -8,9 +8,10 @@ at once as the machine has cores, the build takes about as long as its slowest s
 without AVX-512 compiles the AVX-512-only variants without optimisation (`kernels.compile_plan`):
 it never runs them, and they were most of the build (50 s of 65 s on session 94's AVX2-only EPYC).
 
-The objects go to a temporary folder beside the library and are removed; the library is linked
-to a temporary sibling and renamed into place (`paths.atomic_path`), so a failed or interrupted
-build leaves nothing a later load would take for a library.
+The objects go to a temporary folder beside the library and are removed (a killed build's folder
+is swept by the next build, `remove_stale_builds`); the library is linked to a temporary sibling and
+renamed into place (`paths.atomic_path`), so a failed or interrupted build leaves nothing a later
+load would take for a library.
 """
 
 from __future__ import annotations
@@ -37,6 +38,21 @@ def build_jobs() -> int:
         return max(1, os.cpu_count() or 1)
 
 
+BUILD_PREFIX = ".build."
+"""The object folders' prefix (beside the library; `remove_stale_builds`)."""
+
+
+def remove_stale_builds(folder: Path) -> list[Path]:
+    """Delete the object folders under `folder` that a killed build left (call it only while no
+    build of this folder runs: `kernels._build` holds the folder's lock); returns what it removed."""
+    import shutil
+
+    stale = sorted(p for p in folder.glob(f"{BUILD_PREFIX}*") if p.is_dir()) if folder.is_dir() else []
+    for path in stale:
+        shutil.rmtree(path, ignore_errors=True)
+    return stale
+
+
 def _run(cmd: list[str], what: str) -> None:
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode != 0:
@@ -54,7 +70,7 @@ def compile_shared(sources: Sequence[Path], target: Path, *, cc: str, flags: Seq
     `target` then does not exist (or is the library that was already there)."""
     compile_flags = [f for f in flags if f not in LINK_ONLY]
     target.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix=".build.", dir=target.parent) as tmp:
+    with tempfile.TemporaryDirectory(prefix=BUILD_PREFIX, dir=target.parent) as tmp:
         objects = [Path(tmp) / f"{i}-{source.stem}.o" for i, source in enumerate(sources)]
         pool = ThreadPoolExecutor(max_workers=jobs or build_jobs())
         try:
