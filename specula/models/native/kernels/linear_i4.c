@@ -13,9 +13,9 @@
  * Per row and group, exactly in int32: sum_i (w_i + 8) x_i - 8 sum_i x_i = sum_i w_i x_i (VNNI's
  * `vpdpbusd` takes the unsigned nibbles beside the signed activations; AVX2's maddubs the same, no
  * saturation: 2 x 15 x 127 < 32767). Then, group after group, f = fma(float(sum), gscale, f), and
- * y = f * x_scale (+ bias): the same operations in the same order in every variant (AVX2, VNNI,
- * and AMX for calls of I4_AMX_ROWS rows or more: linear_amx.c), so they compute the same bits, and
- * each row is independent of the rows beside it. */
+ * y = f * x_scale (+ bias): the same operations in the same order in every variant (AVX2 here, VNNI
+ * in linear_i4_vnni.c, and AMX for calls of I4_AMX_ROWS rows or more: linear_amx.c), so they
+ * compute the same bits, and each row is independent of the rows beside it. */
 #include <immintrin.h>
 #include <stddef.h>
 #include <stdint.h>
