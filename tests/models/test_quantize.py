@@ -11,7 +11,7 @@ from tiny import assert_speculative_greedy_equals_plain, check_random_tree, pert
 from specula.errors import ConfigError
 from specula.models.hf import HFCausalLM
 from specula.models.attention import transformers_name
-from specula.models.quantize import RowInt8Linear, quantize_groups, quantize_model
+from specula.models.quantize import RowInt8Linear, quantize_groups, quantize_model, quantize_rows
 
 
 def quantized_tiny(arch: str, seed: int = 0, **kwargs):
@@ -94,3 +94,21 @@ def test_speculative_greedy_equals_plain_greedy_of_the_quantized_model(arch, met
     draft = quantize_model(perturbed_copy(model, 0.05), "int8") if method == "draft-model" else None
     quantize_model(model, "int8")
     assert_speculative_greedy_equals_plain(model, method, model, draft)
+
+
+def test_the_kernels_one_pass_quantizer_gives_quantize_rows_bits():
+    """`kernels.quantize_rows` (one C pass a row, what the kernel linears and a head's load use) is
+    `quantize_rows` bit for bit: scales, values, ties rounded to even, clamping, all-zero rows."""
+    from specula.models.native import kernels
+
+    if not kernels.available():
+        pytest.skip(f"specula's CPU kernels cannot run here: {kernels.unavailable_reason()}")
+    gen = torch.Generator().manual_seed(3)
+    halves = (torch.arange(-254, 255).float() / 2).repeat(3, 1)  # scale exactly 1: every x.5 a tie
+    cases = [torch.randn(300, 777, generator=gen), rows_with_varied_ranges(64, 1536) * 1e-6, torch.zeros(5, 40),
+             torch.tensor([[0.5, -0.5, 1.5, 2.5, -2.5, 127.0], [1e-13, -1e-13, 0, 0, 0, 0]]), halves,
+             torch.randn(7, 33, generator=gen).t()]  # not contiguous
+    for w in cases:
+        q, scale = quantize_rows(w)
+        q_c, scale_c = kernels.quantize_rows(w)
+        assert torch.equal(q_c, q) and torch.equal(scale_c, scale)

@@ -156,6 +156,7 @@ def library() -> ctypes.CDLL:
     lib.specula_pack_f32.argtypes = [ptr, ptr, i32, i32, i32]
     lib.specula_pack_i8.argtypes = [ptr, ptr, i32, i32, i32, i32]
     lib.specula_pack_i4.argtypes = [ptr, ptr, i32, i32, i32]
+    lib.specula_quantize_weight_rows.argtypes = [ptr, ptr, ptr, i32, i32, ctypes.c_float, i32]
     lib.specula_linear_f32.argtypes = [ptr, ptr, ptr, ptr, i32, i32, i32, i32]
     lib.specula_linear_w8.argtypes = [ptr, ptr, ptr, ptr, ptr, i32, i32, i32, i32]
     lib.specula_linear_i8.argtypes = [ptr, ptr, ptr, ptr, ptr, i32, i32, i32, i32]
@@ -250,6 +251,20 @@ def pack(weight: torch.Tensor, block: int, quads: bool = False) -> torch.Tensor:
     return packed
 
 
+def quantize_rows(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """`models.quantize.quantize_rows` (the same bits) in one C pass over each row: weight [out, in]
+    float32 -> ([out, in] int8, [out] float32 scales)."""
+    from specula.models.quantize import _TINY
+
+    weight = weight.detach().float().contiguous()
+    rows, cols = weight.shape
+    q = torch.empty((rows, cols), dtype=torch.int8)
+    scale = torch.empty(rows, dtype=torch.float32)
+    library().specula_quantize_weight_rows(weight.data_ptr(), q.data_ptr(), scale.data_ptr(), rows, cols, _TINY,
+                                    torch.get_num_threads())
+    return q, scale
+
+
 I4_GROUP = 64
 """i4: inputs per scale group (`layout.h`)."""
 
@@ -296,8 +311,6 @@ class KernelLinear(nn.Module):
             packed, scale = pack_i4(weight, lib.specula_block())
             self.register_buffer("scale", scale)  # [blocks, groups, block]
         else:
-            from specula.models.quantize import quantize_rows
-
             q, scale = quantize_rows(weight)  # [out, in] int8, [out]
             packed = pack(q, lib.specula_block(), quads=kind == "i8")
             self.register_buffer("scale", scale.contiguous())

@@ -1,6 +1,7 @@
 /* Weight packing for linear.c's kernels (layout.h). Its own file because it alone decides the
  * bytes of a prepared entry (`models.prepared` hashes this file and layout.h into the entry's key),
  * so a change to the kernels that read the layout does not invalidate users' prepared models. */
+#include <math.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -60,6 +61,30 @@ void specula_pack_i4(const int8_t *q, uint8_t *wp, int in64, int out, int thread
                     int lo = o < out ? row[8 * s + k] + 8 : 8, hi = o < out ? row[8 * s + 4 + k] + 8 : 8;
                     dst[((size_t)s * NB + c) * 4 + k] = (uint8_t)(lo | hi << 4);
                 }
+        }
+    }
+}
+
+/* Symmetric per-row int8 (quantize.py's `quantize_rows`, the same bits): per row of w [rows, cols],
+ * scale = max(max_i |w_i| / 127, tiny) and q_i = round-half-even(w_i / scale) clamped to +-127.
+ * One pass per row where the torch expressions made six over the whole matrix (1.8 s of a head's
+ * load on the 2-core machine). */
+void specula_quantize_weight_rows(const float *w, int8_t *q, float *scale, int rows, int cols, float tiny, int threads) {
+    #pragma omp parallel for schedule(static) num_threads(threads)
+    for (int r = 0; r < rows; r++) {
+        const float *row = w + (size_t)r * cols;
+        int8_t *out = q + (size_t)r * cols;
+        float most = 0.0f;
+        for (int i = 0; i < cols; i++) {
+            float a = fabsf(row[i]);
+            most = a > most ? a : most;
+        }
+        float s = most / 127.0f;
+        s = s < tiny ? tiny : s;
+        scale[r] = s;
+        for (int i = 0; i < cols; i++) {
+            float v = nearbyintf(row[i] / s);
+            out[i] = (int8_t)(v > 127.0f ? 127.0f : v < -127.0f ? -127.0f : v);
         }
     }
 }
