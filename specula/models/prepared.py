@@ -67,11 +67,12 @@ model prepared for specula's kernels; off = prepare in memory on every load, rea
 _ROPE_KEY = "__inv_freq__"
 _NOTE_BYTES = 256 << 20
 """A prefetch reading at least this much from storage is noted on stderr (it explains a slow load)."""
-_CODE_FILES = ("native/__init__.py", "native/model.py", "native/kernels/__init__.py", "native/kernels/pack.c",
+_CODE_FILES = ("native/__init__.py", "native/model.py", "native/kernels/packing.py", "native/kernels/pack.c",
                "native/kernels/layout.h", "quantize.py")
 """The code that decides the prepared weights (relative to `specula/models`): hashed into the key
-(`quantize.py`: the int8 and int4 values). Not the kernels that read them (linear.c): changing
-those keeps users' prepared entries."""
+(`quantize.py`: the int8 and int4 values; `kernels/packing.py`: the layouts each kernel kind takes).
+Not the kernels that read them (linear.c, `kernels/__init__.py`): changing those keeps users'
+prepared entries."""
 
 Outcome = Literal["hit", "built", "rebuilt", "unsaved", "off", "unsupported"]
 

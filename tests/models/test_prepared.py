@@ -336,7 +336,8 @@ def test_the_key_hashes_the_packing_code_and_not_the_kernels():
     base = Path(prepared.__file__).resolve().parent
     assert all((base / rel).is_file() for rel in prepared._CODE_FILES)  # a renamed file would hash as "<missing>"
     assert "native/kernels/pack.c" in prepared._CODE_FILES and "native/kernels/layout.h" in prepared._CODE_FILES
-    assert not any(rel.endswith(("linear.c", "ops.c", "pool.c")) for rel in prepared._CODE_FILES)
+    assert "native/kernels/packing.py" in prepared._CODE_FILES
+    assert not any(rel.endswith(("linear.c", "ops.c", "pool.c", "kernels/__init__.py")) for rel in prepared._CODE_FILES)
 
 
 @pytest.mark.parametrize("config", [{"backend": "hf"}, {"linear_kernel": "aten"}])

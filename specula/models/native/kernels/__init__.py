@@ -41,6 +41,7 @@ from torch import nn
 
 from specula.errors import ConfigError
 from specula.models.linears import linear_weight
+from specula.models.native.kernels.packing import I4_GROUP, pack, pack_i4, pack_weight, quantize_rows  # noqa: F401
 
 SOURCES = tuple(Path(__file__).with_name(name) for name in (
     "linear_avx512.c", "linear_i4_vnni.c", "linear.c", "linear_amx.c", "ops.c", "linear_i4.c", "head.c", "draft.c",
@@ -235,56 +236,6 @@ def set_isa(name: str) -> str:
     return isa()
 
 
-def pack(weight: torch.Tensor, block: int, quads: bool = False) -> torch.Tensor:
-    """The kernels' weight layout (see `linear.c`): weight [out, in] (float32 or int8) ->
-    [blocks][in][block] (f32, w8), or [blocks][in / 4][block][4] (i8, `quads`), flat; outputs are
-    padded to a multiple of `block` (and inputs of 4 for quads) with zeros."""
-    weight = weight.contiguous()
-    out, inp = weight.shape
-    padded_in = (inp + 3) // 4 * 4 if quads else inp
-    packed = torch.empty((out + block - 1) // block * block * padded_in, dtype=weight.dtype)
-    lib, threads = library(), torch.get_num_threads()
-    if weight.dtype == torch.float32:
-        lib.specula_pack_f32(weight.data_ptr(), packed.data_ptr(), inp, out, threads)
-    else:
-        lib.specula_pack_i8(weight.data_ptr(), packed.data_ptr(), inp, out, int(quads), threads)
-    return packed
-
-
-def quantize_rows(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """`models.quantize.quantize_rows` (the same bits) in one C pass over each row: weight [out, in]
-    float32 -> ([out, in] int8, [out] float32 scales)."""
-    from specula.models.quantize import _TINY
-
-    weight = weight.detach().float().contiguous()
-    rows, cols = weight.shape
-    q = torch.empty((rows, cols), dtype=torch.int8)
-    scale = torch.empty(rows, dtype=torch.float32)
-    library().specula_quantize_weight_rows(weight.data_ptr(), q.data_ptr(), scale.data_ptr(), rows, cols, _TINY,
-                                    torch.get_num_threads())
-    return q, scale
-
-
-I4_GROUP = 64
-"""i4: inputs per scale group (`layout.h`)."""
-
-
-def pack_i4(weight: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """weight [out, in] float -> the i4 kernels' operands (`linear_i4.c`): (nibbles [blocks x in64 x
-    block / 2] uint8, flat; group scales [blocks, in64 / 64, block] float32), in64 = `in` rounded up to
-    64; padding columns have zero weights and scale 1."""
-    from specula.models.quantize import quantize_groups
-
-    q, scale = quantize_groups(weight, I4_GROUP)  # [out, in64] int8, [out, groups]
-    out, in64 = q.shape
-    blocks = (out + block - 1) // block
-    packed = torch.empty(blocks * in64 * block // 2, dtype=torch.uint8)
-    library().specula_pack_i4(q.contiguous().data_ptr(), packed.data_ptr(), in64, out, torch.get_num_threads())
-    scales = torch.ones((blocks * block, scale.shape[1]), dtype=torch.float32)
-    scales[:out] = scale
-    return packed, scales.view(blocks, block, -1).transpose(1, 2).contiguous()
-
-
 def _ptr(t: torch.Tensor | None) -> int | None:
     return None if t is None else t.data_ptr()
 
@@ -298,22 +249,13 @@ class KernelLinear(nn.Module):
         super().__init__()
         if kind not in KINDS:
             raise ConfigError(f"unknown kernel kind {kind!r}; choose one of: {', '.join(KINDS)}")
-        lib = library()
         weight = linear_weight(linear).float().contiguous()  # [out, in]
         if weight.device.type != "cpu":
             raise ConfigError("specula's CPU kernels run on CPU; use --device cpu or another --linear-kernel")
         self.kind = kind
         self.out_features, self.in_features = weight.shape
-        if kind == "f32":
-            packed = pack(weight, lib.specula_block())
-            self.register_buffer("scale", None)
-        elif kind == "i4":
-            packed, scale = pack_i4(weight, lib.specula_block())
-            self.register_buffer("scale", scale)  # [blocks, groups, block]
-        else:
-            q, scale = quantize_rows(weight)  # [out, in] int8, [out]
-            packed = pack(q, lib.specula_block(), quads=kind == "i8")
-            self.register_buffer("scale", scale.contiguous())
+        packed, scale = pack_weight(weight, kind)
+        self.register_buffer("scale", scale)
         self.register_buffer("packed", packed)
         bias = getattr(linear, "bias", None)
         self.register_buffer("bias", None if bias is None else bias.detach().float().contiguous())

@@ -1,7 +1,7 @@
 /* specula's CPU linear kernels: y[M, out] = x[M, in] @ W^T (+ b) for the few rows (M = 1..64)
  * decoding and tree verification pass, in groups of up to MR = 6 rows.
  *
- * Weights are packed (by `kernels.pack`, through pack.c) in column blocks of NB = 16 outputs,
+ * Weights are packed (by `kernels.packing.pack`, through pack.c) in column blocks of NB = 16 outputs,
  * wp[block][i][16], so each block is one contiguous stream (out is padded up to a multiple of 16
  * with zero columns); the rows of x are
  * packed per group of 6 as xp[group][i][6], so one cache line feeds every row of a step of i. A
@@ -257,7 +257,7 @@ int specula_linear_w8(const float *x, const int8_t *wp, const float *scale, cons
 
 
 /* ---------------------------------------------------------------------------------------------- i8 */
-/* Weights packed as wp[block][i / 4][16 columns][4] (`kernels.pack`): one 32-byte load holds
+/* Weights packed as wp[block][i / 4][16 columns][4] (`kernels.packing.pack`): one 32-byte load holds
  * 8 columns x 4 inputs; `in` is padded up to a multiple of 4 with zeros (in4). */
 /* Row r of x -> int8 xq[r][in4] (zero padded) and its scale xs[r] = max|x_r| / 127; with `offset`
  * (the VNNI kernel) each q is stored as q + 128, an unsigned byte (its sign bit flipped); with

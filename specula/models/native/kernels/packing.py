@@ -1,0 +1,78 @@
+"""What decides the bytes of a packed weight: the kernels' layouts (`pack`, `pack_i4`; the C in
+`pack.c` and `layout.h`), the int8 rows (`quantize_rows`) and which of them each kernel kind takes
+(`pack_weight`). A module of its own because `models.prepared` hashes it into the key of every
+prepared entry: an edit elsewhere in the kernels' Python (loading the library, the calls that read
+the weights) no longer makes users' prepared models (7 GB for the float32 1.5B) be written again.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def _library():
+    from specula.models.native.kernels import library
+
+    return library()
+
+
+def pack_weight(weight: torch.Tensor, kind: str) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """weight [out, in] float32 (CPU, contiguous) -> (packed, scale) for `KernelLinear` of `kind`:
+    f32 (scale None), w8 / i8 (int8 rows, scale [out]; i8 in quads), i4 (scale [blocks, groups, block])."""
+    block = _library().specula_block()
+    if kind == "f32":
+        return pack(weight, block), None
+    if kind == "i4":
+        return pack_i4(weight, block)
+    q, scale = quantize_rows(weight)  # [out, in] int8, [out]
+    return pack(q, block, quads=kind == "i8"), scale.contiguous()
+
+
+def pack(weight: torch.Tensor, block: int, quads: bool = False) -> torch.Tensor:
+    """The kernels' weight layout (see `linear.c`): weight [out, in] (float32 or int8) ->
+    [blocks][in][block] (f32, w8), or [blocks][in / 4][block][4] (i8, `quads`), flat; outputs are
+    padded to a multiple of `block` (and inputs of 4 for quads) with zeros."""
+    weight = weight.contiguous()
+    out, inp = weight.shape
+    padded_in = (inp + 3) // 4 * 4 if quads else inp
+    packed = torch.empty((out + block - 1) // block * block * padded_in, dtype=weight.dtype)
+    lib, threads = _library(), torch.get_num_threads()
+    if weight.dtype == torch.float32:
+        lib.specula_pack_f32(weight.data_ptr(), packed.data_ptr(), inp, out, threads)
+    else:
+        lib.specula_pack_i8(weight.data_ptr(), packed.data_ptr(), inp, out, int(quads), threads)
+    return packed
+
+
+def quantize_rows(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """`models.quantize.quantize_rows` (the same bits) in one C pass over each row: weight [out, in]
+    float32 -> ([out, in] int8, [out] float32 scales)."""
+    from specula.models.quantize import _TINY
+
+    weight = weight.detach().float().contiguous()
+    rows, cols = weight.shape
+    q = torch.empty((rows, cols), dtype=torch.int8)
+    scale = torch.empty(rows, dtype=torch.float32)
+    _library().specula_quantize_weight_rows(weight.data_ptr(), q.data_ptr(), scale.data_ptr(), rows, cols, _TINY,
+                                            torch.get_num_threads())
+    return q, scale
+
+
+I4_GROUP = 64
+"""i4: inputs per scale group (`layout.h`)."""
+
+
+def pack_i4(weight: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """weight [out, in] float -> the i4 kernels' operands (`linear_i4.c`): (nibbles [blocks x in64 x
+    block / 2] uint8, flat; group scales [blocks, in64 / 64, block] float32), in64 = `in` rounded up to
+    64; padding columns have zero weights and scale 1."""
+    from specula.models.quantize import quantize_groups
+
+    q, scale = quantize_groups(weight, I4_GROUP)  # [out, in64] int8, [out, groups]
+    out, in64 = q.shape
+    blocks = (out + block - 1) // block
+    packed = torch.empty(blocks * in64 * block // 2, dtype=torch.uint8)
+    _library().specula_pack_i4(q.contiguous().data_ptr(), packed.data_ptr(), in64, out, torch.get_num_threads())
+    scales = torch.ones((blocks * block, scale.shape[1]), dtype=torch.float32)
+    scales[:out] = scale
+    return packed, scales.view(blocks, block, -1).transpose(1, 2).contiguous()
