@@ -85,8 +85,8 @@ def plan(args: argparse.Namespace) -> BenchPlan:
     from specula.bench.datasets import load_prompts, select_prompts
     from specula.bench.methods import parse_method_list
     from specula.bench.peers import parse_compare
-    from specula.models.skipping import SKIP_DRAFT
     from specula.bench.runner import BenchSettings
+    from specula.models.skipping import SKIP_DRAFT
 
     if args.stop:
         raise ConfigError("bench does not take --stop (every method must get the same budget); drop it")
@@ -106,11 +106,11 @@ def plan(args: argparse.Namespace) -> BenchPlan:
 def load_models(args: argparse.Namespace):
     """(target backend, tokenizer, draft backend or None, `LoadReport`), loaded once for every method."""
     from specula.api import load
-    from specula.models.skipping import SKIP_DRAFT
 
     from specula.bench.methods import DRAFT_OPTION, parse_method_list, split_method
     from specula.bench.peers import NEEDS_DRAFT, parse_compare
     from specula.methods import first_drafting_with_model, get_method
+    from specula.models.skipping import SKIP_DRAFT
 
     # `--draft auto` resolves as for the first method that drafts with a model (none: no draft).
     entries = [split_method(n) for n in parse_method_list(args.methods, explicit_draft(args))]
@@ -179,14 +179,13 @@ def execute(args: argparse.Namespace, bench: BenchPlan, target, tokenizer, draft
     its summary, printed before the runs start."""
     import time
 
-    from specula.models.skipping import SKIP_DRAFT
-
     from specula.bench.machine import machine_info
     from specula.bench.methods import build_specula_methods
     from specula.bench.peers import build_peers
     from specula.bench.report import ordered
     from specula.bench.runner import run_bench
     from specula.api import EngineConfig
+    from specula.models.skipping import SKIP_DRAFT
 
     engine = EngineConfig(max_tree_nodes=args.max_tree_nodes)
     # --draft skip: no draft model was loaded; every method gets it as an option (`make_drafters`)

@@ -49,7 +49,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from specula.errors import ConfigError
 from specula.models.page_cache import prefetch
-from specula.paths import atomic_dir, cache_dir, file_lock, remove_dir, remove_stale_temps
+from specula.paths import atomic_dir, cache_dir, disk_usage, file_lock, remove_dir, remove_stale_temps
 
 if TYPE_CHECKING:
     import torch
@@ -318,7 +318,7 @@ def remove_orphans(keep: Path | None = None) -> list[tuple[str, int]]:
         with file_lock(f"prepared-{entry.name}"):
             if not _orphaned(entry):  # gone, or its model came back, while waiting
                 continue
-            size = sum(f.stat().st_size for f in entry.rglob("*") if f.is_file())
+            size = disk_usage(entry)
             remove_dir(entry)
         cache_dir("locks", f"prepared-{entry.name}.lock").unlink(missing_ok=True)
         removed.append((entry.name, size))

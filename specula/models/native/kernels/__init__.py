@@ -213,7 +213,7 @@ def _build(target: Path) -> None:
 
 def _missing(name: str) -> str:
     """Why the variant `name` cannot run here."""
-    if name == "avx512" or not {"avx512f", "avx512bw", "avx512_vnni"} <= _cpu_flags():
+    if name == "avx512" or not AVX512_FLAGS <= _cpu_flags():
         return "this CPU lacks AVX-512 F/BW/VNNI"
     if not {"amx_tile", "amx_int8"} <= _cpu_flags():
         return "this CPU lacks AMX-INT8"
