@@ -1,7 +1,8 @@
 """Memory over a model's first load for specula's kernels: resident anonymous and file-backed memory
 sampled every 0.2 s while `load_backend` prepares the model in a fresh cache (holding only the
 converted models and the compiled kernels, so the entry is prepared, written and mapped back), with
-marks at each stage (Hugging Face load, fusing, packing, writing, mapping back). Linux only (reads
+marks at each stage (Hugging Face load, fusing, packing into the entry's file, the rest of the
+entry, mapping back). Linux only (reads
 /proc/self/status).
 
     python scripts/load_memory.py qwen2.5-coder-1.5b
@@ -78,12 +79,15 @@ def run(args, marked, marks, start) -> None:
     import specula.models.loading as loading
     import specula.models.native as native
     import specula.models.prepared as prepared
+    import specula.models.tensor_file as tensor_file
     from specula.models.native.model import NativeDecoder
 
     from_hf = NativeDecoder.from_hf.__func__
     NativeDecoder.from_hf = classmethod(marked(from_hf, "fuse (from_hf)"))
     native.configure = marked(native.configure, "pack (configure)")
-    prepared.save_entry = marked(prepared.save_entry, "write (save_entry)")
+    prepared.build_entry = marked(prepared.build_entry, "entry (build_entry)")
+    writer = tensor_file.TensorFileWriter
+    writer.finish = marked(writer.finish, "write index, fsync (finish)")
     loading.load_model = marked(loading.load_model, "Hugging Face load")
     loading.load_backend(args.model, loading.LoadConfig(quantize=args.quantize))
     marks.append((time.perf_counter() - start, "loaded (entry mapped back)", resident()))

@@ -409,7 +409,9 @@ def _load_native(resolved: ResolvedModel, config: LoadConfig, name: str, kwargs:
                                    native=True)
     check_int4_kernel(config.quantize, kernel)
 
-    def prepare() -> tuple[Any, dict[str, Any]]:
+    def prepare(empty=None) -> tuple[Any, dict[str, Any]]:
+        """The decoder prepared for `kernel` and its marker facts; `empty` makes the packed weights
+        of specula's kernels (the prepared cache's entry file; default `torch.empty`)."""
         from specula.models.hf import eos_ids_of
 
         nonlocal tokenizer
@@ -420,7 +422,7 @@ def _load_native(resolved: ResolvedModel, config: LoadConfig, name: str, kwargs:
         with torch.no_grad():
             decoder = NativeDecoder.from_hf(model)
         del model  # the decoder holds what it needs; the peers' model is reloaded on demand
-        configure(decoder, kernel, config.quantize, attention)
+        configure(decoder, kernel, config.quantize, attention, empty=empty)
         return decoder, facts
 
     outcome = None

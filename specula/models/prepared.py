@@ -7,13 +7,19 @@ reads every float32 weight, concatenates the fused projections, quantizes (int8 
 `--quantize int8`) and reorders each weight into the kernels' blocked layout. On the 2-core
 development machine that took ~13 s for Qwen2.5-Coder-1.5B in float32 (3 s fusing, 10 s packing)
 and ~9 s for the int8 0.5B draft, on every run, with the float32 weights, their fused copies and
-the packed result alive at once (docs/cache.md). A prepared entry holds the result as one file that
-`torch.load(mmap=True)` maps without copying: pages are read on first use and, being file-backed,
-can be shared with other processes and dropped by the kernel under memory pressure. Pages the page
-cache has lost are read back while loading (`page_cache.prefetch`), so the first timed generation
-does not pay for storage reads (a cold 1.5B entry had made `--compare` report 0.85x for ~2x).
+the packed result alive at once (docs/cache.md). A prepared entry holds the result as one tensor
+file (`models.tensor_file`) that is mapped back without copying: pages are read on first use and,
+being file-backed, can be shared with other processes and dropped by the kernel under memory
+pressure. Pages the page cache has lost are read back while loading (`page_cache.prefetch`), so the
+first timed generation does not pay for storage reads (a cold 1.5B entry had made `--compare`
+report 0.85x for ~2x).
 
-Layout: `$SPECULA_CACHE/prepared/<model>-<where>.<quantize>-<kernel>/` with `weights.pt` (the
+The first load writes the entry while it prepares (`build_entry`): the kernels pack each weight
+straight into a writable mapping of the entry's file, so the packed weights are placed once, in
+the page cache, and never sit in anonymous memory. (Packing into memory and then `torch.save`
+took the float32 1.5B 20 s + 20-30 s, with 6.2 GiB of packed weights anonymous at the peak.)
+
+Layout: `$SPECULA_CACHE/prepared/<model>-<where>.<quantize>-<kernel>/` with `weights.bin` (the
 decoder's state dict plus the rotary frequencies) and `prepared.json`, written last, holding the
 key, the decoder's shape, the packed linears' kinds and the weights file's size and mtime. One
 entry per model, quantization and kernel: a key that no longer matches (model files replaced,
@@ -25,8 +31,8 @@ The key holds everything that changes the prepared weights: the model files' ide
 mtime of every file the model directory holds), dtype, quantization, kernel, a hash of the code
 that prepares them (decoder, kernels, this module's format version) and the torch version. An
 entry whose marker is missing or unreadable, whose key differs, whose weights file has another
-size or mtime than recorded, or that torch cannot load is rebuilt (with a note on stderr); a
-half-written entry never appears under the final name (`paths.atomic_dir`).
+size or mtime than recorded, or that is not a whole tensor file is rebuilt (with a note on
+stderr); a half-written entry never appears under the final name (`paths.atomic_dir`).
 
 Only decoders whose linears all run on specula's kernels (`--backend native`, `--linear-kernel
 auto|specula`) are cached; the oneDNN and fbgemm layouts are opaque objects without a stable file
@@ -39,11 +45,8 @@ import dataclasses
 import functools
 import hashlib
 import json
-import os
-import pickle
 import sys
 import time
-import zipfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -57,9 +60,10 @@ if TYPE_CHECKING:
     from specula.models.loading import ResolvedModel
     from specula.models.native import NativeDecoder
 
-PREPARED_FORMAT = 1
-"""Bump when the entry layout changes: older entries then no longer match and are rebuilt."""
-WEIGHTS = "weights.pt"
+PREPARED_FORMAT = 2
+"""Bump when the entry layout changes: older entries then no longer match and are rebuilt (2: a
+`tensor_file` written while packing, instead of a `torch.save` archive written after it)."""
+WEIGHTS = "weights.bin"
 MARKER = "prepared.json"
 PREPARED_CACHE = ("on", "off")
 """Values of `--prepared-cache` / `LoadConfig.prepared_cache`: on = use (and write) an entry for every
@@ -181,55 +185,72 @@ def _kernel_shell(kind: str, in_features: int, out_features: int, buffers: dict[
     return shell
 
 
-def save_entry(path: Path, decoder: NativeDecoder, key: dict[str, Any], extra: dict[str, Any]) -> bool:
-    """Write `decoder` (prepared, every linear a `KernelLinear`) as the entry at `path`, atomically;
-    `extra` (eos ids, model id, build time...) goes into the marker. False when the decoder is not
-    cacheable (nothing written)."""
-    import torch
+class EntryNotWritten(Exception):
+    """The entry could not be written (`error`: a full disk, a read-only cache); the model was
+    prepared all the same (`decoder`, `extra`), its weights in memory or in the unlinked file."""
 
-    linears = _kernel_linears(decoder)
-    if linears is None or not cacheable(decoder):
-        return False
-    state = dict(decoder.state_dict())
-    state[_ROPE_KEY] = decoder.inv_freq
-    remove_stale_temps(path)
-    with atomic_dir(path) as tmp:
-        weights = tmp / WEIGHTS
-        with _no_zip_checksums():
-            torch.save(state, weights)
-        with open(weights, "rb+") as handle:
-            os.fsync(handle.fileno())
-        buffers = {name: sorted(k.rsplit(".", 1)[1] for k in state if k.rsplit(".", 1)[0] == name) for name in linears}
-        marker = {
-            "format": PREPARED_FORMAT,
-            "key": key,
-            "config": dataclasses.asdict(decoder.cfg),
-            "rope_scaling": float(decoder.rope_scaling),
-            "num_parameters": int(decoder.num_parameters),
-            "invariant": bool(decoder.invariant),
-            "linears": {name: {**info, "buffers": buffers[name]} for name, info in linears.items()},
-            "weights": _stat(weights),
-            "created_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            **extra,
-        }
-        (tmp / MARKER).write_text(json.dumps(marker, indent=1, sort_keys=True) + "\n", encoding="utf-8")
-    return True
+    def __init__(self, error: OSError, decoder: NativeDecoder, extra: dict[str, Any]) -> None:
+        super().__init__(str(error))
+        self.error, self.decoder, self.extra = error, decoder, extra
 
 
-def _no_zip_checksums():
-    """A context in which `torch.save` skips the zip records' CRC32: about 0.5 s per GiB written on
-    the 2-core machine (6 GiB: 10.3 against 13.2 s, both after a first write had settled the page
-    cache) for a checksum nothing reads (torch.load does not check it; an entry is known by its
-    marker's size and mtime). A no-op context on a torch without the setting."""
-    import contextlib
+def build_entry(path: Path, key: dict[str, Any], prepare) -> tuple[NativeDecoder, dict[str, Any], bool]:
+    """Prepare the model into the entry at `path`, atomically. `prepare(empty)` -> (decoder, extra
+    marker facts) packs every weight straight into the entry's weights file (`empty` is
+    `TensorFileWriter.empty`: the packed bytes are placed once, in the page cache, never in anonymous
+    memory); the rest of the decoder's state is copied in after, then the marker is written last.
 
+    Returns (decoder, extra with "prepare_seconds", written): written False when the decoder is not
+    cacheable (nothing kept). Raises `EntryNotWritten` when writing failed (the model prepared in
+    memory if the entry could not even be started); the preparing's own errors propagate."""
+    from specula.models.tensor_file import TensorFileWriter
+
+    stage = "start"  # -> "prepare" while `prepare` runs -> "write" after it
+    decoder = extra = None
     try:
-        from torch.utils.serialization import config
-    except ImportError:
-        return contextlib.nullcontext()
-    if not hasattr(config, "save") or not hasattr(config.save, "compute_crc32"):
-        return contextlib.nullcontext()
-    return config.patch({"save.compute_crc32": False})
+        remove_stale_temps(path)
+        with atomic_dir(path) as tmp, TensorFileWriter(tmp / WEIGHTS) as writer:
+            stage, start = "prepare", time.perf_counter()
+            decoder, extra = prepare(writer.empty)
+            stage, extra = "write", {**extra, "prepare_seconds": round(time.perf_counter() - start, 3)}
+            linears = _kernel_linears(decoder)
+            if linears is None or not cacheable(decoder):
+                raise _Uncacheable
+            state = dict(decoder.state_dict())
+            state[_ROPE_KEY] = decoder.inv_freq
+            for name, tensor in state.items():
+                writer.add(name, tensor)
+            writer.finish()
+            buffers = {name: sorted(k.rsplit(".", 1)[1] for k in state if k.rsplit(".", 1)[0] == name)
+                       for name in linears}
+            marker = {
+                "format": PREPARED_FORMAT,
+                "key": key,
+                "config": dataclasses.asdict(decoder.cfg),
+                "rope_scaling": float(decoder.rope_scaling),
+                "num_parameters": int(decoder.num_parameters),
+                "invariant": bool(decoder.invariant),
+                "linears": {name: {**info, "buffers": buffers[name]} for name, info in linears.items()},
+                "weights": _stat(tmp / WEIGHTS),
+                "created_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                **extra,
+            }
+            (tmp / MARKER).write_text(json.dumps(marker, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+    except _Uncacheable:
+        return decoder, extra, False
+    except OSError as exc:
+        if stage == "prepare":  # reading the model failed, not writing the entry
+            raise
+        if stage == "start":
+            start = time.perf_counter()
+            decoder, extra = prepare()
+            extra = {**extra, "prepare_seconds": round(time.perf_counter() - start, 3)}
+        raise EntryNotWritten(exc, decoder, extra) from exc
+    return decoder, extra, True
+
+
+class _Uncacheable(Exception):
+    """Raised inside `build_entry`'s atomic directory so that nothing of it is kept."""
 
 
 class StaleEntry(Exception):
@@ -252,6 +273,7 @@ def load_entry(path: Path, key: dict[str, Any]) -> tuple[NativeDecoder, dict[str
 
     from specula.models.native import NativeConfig, NativeDecoder
     from specula.models.native.ops import CpuKernelOps
+    from specula.models.tensor_file import map_tensors
 
     if not path.is_dir():
         raise StaleEntry("absent")
@@ -265,7 +287,7 @@ def load_entry(path: Path, key: dict[str, Any]) -> tuple[NativeDecoder, dict[str
         raise StaleEntry(f"{WEIGHTS} is missing or was modified after it was written")
     _bring_into_memory(weights)
     try:
-        state = torch.load(weights, mmap=True, weights_only=True, map_location="cpu")
+        state = map_tensors(weights)  # TensorFileError (a ValueError) for a file that is not a whole one
         cfg = NativeConfig(**marker["config"])
         inv_freq = state.pop(_ROPE_KEY)
         with torch.device("meta"):
@@ -277,8 +299,7 @@ def load_entry(path: Path, key: dict[str, Any]) -> tuple[NativeDecoder, dict[str
                        for b in info["buffers"]}
             setattr(parent, child, _kernel_shell(info["kind"], int(info["in"]), int(info["out"]), buffers))
         decoder.load_state_dict(state, strict=True, assign=True)
-    except (RuntimeError, OSError, EOFError, KeyError, TypeError, ValueError, pickle.UnpicklingError,
-            zipfile.BadZipFile) as exc:
+    except (RuntimeError, OSError, KeyError, TypeError, ValueError) as exc:
         raise StaleEntry(f"it could not be read ({type(exc).__name__}: {str(exc)[:200]})") from exc
     decoder.inv_freq = inv_freq
     decoder.num_parameters = int(marker["num_parameters"])
@@ -386,15 +407,12 @@ def _prepare_locked(path: Path, key: dict[str, Any], quantize: str, prepare, lab
         weights = "float32" if quantize == "none" else quantize
         print(f"preparing {label} for specula's kernels ({weights}; once, cached in {path})...",
               file=sys.stderr, flush=True)
-    start = time.perf_counter()
-    decoder, extra = prepare()
-    extra = {**extra, "prepare_seconds": round(time.perf_counter() - start, 3)}
     try:
-        saved = save_entry(path, decoder, key, extra)
-    except OSError as exc:
-        print(f"note: could not write the prepared {label} to {path} ({exc}); it is prepared again next time",
+        decoder, extra, saved = build_entry(path, key, prepare)
+    except EntryNotWritten as exc:
+        print(f"note: could not write the prepared {label} to {path} ({exc.error}); it is prepared again next time",
               file=sys.stderr, flush=True)
-        return decoder, extra, "unsaved"
+        return exc.decoder, exc.extra, "unsaved"
     if not saved:
         return decoder, extra, "unsupported"
     outcome: Outcome = "rebuilt" if existed else "built"

@@ -33,7 +33,7 @@ def test_orphaned_prepared_entries_are_shown_and_cleared_alone(tmp_path, monkeyp
     for name, source in (("kept-1.none-specula", model), ("gone-2.none-specula", tmp_path / "deleted")):
         entry = tmp_path / "prepared" / name
         entry.mkdir(parents=True)
-        (entry / "weights.pt").write_bytes(b"w" * 100)
+        (entry / "weights.bin").write_bytes(b"w" * 100)
         (entry / "prepared.json").write_text(json.dumps({"key": {"source": {"path": str(source)}}}))
     assert main(["cache", "info", "--json"]) == 0
     info = json.loads(capsys.readouterr().out)

@@ -221,15 +221,45 @@ def test_a_hit_imports_no_transformers_model_code_and_no_dynamo(model_dirs, cach
     assert done.stdout.strip().splitlines()[-1] == "hit []"
 
 
-def test_an_entry_that_cannot_be_written_leaves_the_load_working(model_dirs, cache, monkeypatch, capsys):
+@pytest.mark.parametrize("where", ["preallocating a packed weight", "copying the other tensors in",
+                                   "creating the entry"])
+def test_an_entry_that_cannot_be_written_leaves_the_load_working(model_dirs, cache, monkeypatch, capsys, where):
+    from specula.models import tensor_file
+
     def full_disk(*args, **kwargs):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(torch, "save", full_disk)
+    reference, _, _ = _load(model_dirs[1], prepared_cache="off")
+    if where == "preallocating a packed weight":
+        monkeypatch.setattr(tensor_file.os, "posix_fallocate", full_disk)
+    elif where == "copying the other tensors in":
+        monkeypatch.setattr(tensor_file.TensorFileWriter, "_write", full_disk)
+    else:
+        monkeypatch.setattr(prepared, "atomic_dir", full_disk)
+    capsys.readouterr()
     backend, _, report = _load(model_dirs[1])
     assert report["prepared"] == "unsaved" and "No space left on device" in capsys.readouterr().err
-    assert backend.new_sequence().prefill(PROMPT, logits="last").shape[-1] == backend.vocab_size
-    assert not any(prepared.prepared_root().iterdir())  # no half-written entry
+    assert torch.equal(_logits(backend), _logits(reference))
+    root = prepared.prepared_root()
+    assert not root.exists() or not any(root.iterdir())  # no half-written entry
+
+
+def test_packed_weights_are_made_in_the_entry_file_not_in_memory(model_dirs, cache, monkeypatch):
+    from specula.models import tensor_file
+
+    made = []
+    real = tensor_file.TensorFileWriter.empty
+
+    def recording(self, shape, dtype):
+        tensor = real(self, shape, dtype)
+        made.append(self._region_offset(tensor) is not None)
+        return tensor
+
+    monkeypatch.setattr(tensor_file.TensorFileWriter, "empty", recording)
+    backend, _, report = _load(model_dirs[0], quantize="none")
+    assert report["prepared"] == "built"
+    linears = [m for m in backend.decoder.modules() if isinstance(m, kernels.KernelLinear)]
+    assert len(made) == len(linears) and all(made)  # every packed weight, each inside the file
 
 
 def test_prepared_cache_option_is_checked():

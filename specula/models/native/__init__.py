@@ -15,12 +15,13 @@ def supports(model) -> bool:
     return True
 
 
-def configure(decoder: NativeDecoder, kernel: str, quantize: str, attention: str) -> NativeDecoder:
+def configure(decoder: NativeDecoder, kernel: str, quantize: str, attention: str, *, empty=None) -> NativeDecoder:
     """Give a decoder its kernels (in place): `kernel` "specula" = specula's C kernels for every
     linear layer (float32, or weight-only int8 with `quantize="int8"`) and every other op
     (row-invariant: tree rows are bitwise one-token steps); otherwise PyTorch ops with `kernel`'s
     linears ("onednn" prepacked or "aten"), `quantize` ("int8": fbgemm per-row int8) and
-    batch-invariant attention when `attention` says so."""
+    batch-invariant attention when `attention` says so. `empty` makes the packed weights of
+    specula's kernels (`kernels.Empty`; default `torch.empty`)."""
     from specula.models.native.kernels import apply_kernels
     from specula.models.native.ops import CpuKernelOps, kernel_attention_fits
     from specula.models.prepack import prepack_model
@@ -32,7 +33,7 @@ def configure(decoder: NativeDecoder, kernel: str, quantize: str, attention: str
             raise ConfigError(f"specula's attention kernel takes head_dim <= 256 in multiples of 8 and at most 64 "
                               f"query heads per KV head (this model: head_dim {cfg.head_dim}, "
                               f"{cfg.num_heads // cfg.num_kv_heads} per KV head); use --linear-kernel onednn")
-        apply_kernels(decoder, {"none": "f32", "int8": "i8", "int4": "i4", "w8": "w8"}[quantize])
+        apply_kernels(decoder, {"none": "f32", "int8": "i8", "int4": "i4", "w8": "w8"}[quantize], empty=empty)
         decoder.ops = CpuKernelOps()
         return decoder
     quantize_model(decoder, quantize)

@@ -41,7 +41,8 @@ from torch import nn
 
 from specula.errors import ConfigError
 from specula.models.linears import linear_weight
-from specula.models.native.kernels.packing import I4_GROUP, pack, pack_i4, pack_weight, quantize_rows  # noqa: F401
+from specula.models.native.kernels.packing import (  # noqa: F401
+    I4_GROUP, Empty, pack, pack_i4, pack_weight, quantize_rows)
 
 SOURCES = tuple(Path(__file__).with_name(name) for name in (
     "linear_avx512.c", "linear_i4_vnni.c", "linear.c", "linear_amx.c", "ops.c", "linear_i4.c", "head.c", "draft.c",
@@ -245,7 +246,9 @@ class KernelLinear(nn.Module):
     activations (`i8`) or 4-bit weights with int8 activations (`i4`), packed once; float32 inputs and
     outputs; each output row bitwise independent of the others."""
 
-    def __init__(self, linear: nn.Module, kind: str = "f32") -> None:
+    def __init__(self, linear: nn.Module, kind: str = "f32", empty: Empty | None = None) -> None:
+        """`empty` makes the packed weight (default `torch.empty`; the prepared-model cache's writes
+        it into the entry's file)."""
         super().__init__()
         if kind not in KINDS:
             raise ConfigError(f"unknown kernel kind {kind!r}; choose one of: {', '.join(KINDS)}")
@@ -254,7 +257,7 @@ class KernelLinear(nn.Module):
             raise ConfigError("specula's CPU kernels run on CPU; use --device cpu or another --linear-kernel")
         self.kind = kind
         self.out_features, self.in_features = weight.shape
-        packed, scale = pack_weight(weight, kind)
+        packed, scale = pack_weight(weight, kind, empty)
         self.register_buffer("scale", scale)
         self.register_buffer("packed", packed)
         bias = getattr(linear, "bias", None)
@@ -333,8 +336,9 @@ def top_k_probs(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tenso
     return probs, idx
 
 
-def apply_kernels(model: nn.Module, kind: str, *, skip=()) -> nn.Module:
-    """Swap every linear layer of `model` for a `KernelLinear` of `kind` (in place)."""
+def apply_kernels(model: nn.Module, kind: str, *, skip=(), empty: Empty | None = None) -> nn.Module:
+    """Swap every linear layer of `model` for a `KernelLinear` of `kind` (in place), each packed
+    weight made by `empty` (default `torch.empty`)."""
     from specula.models.linears import replace_linears
 
-    return replace_linears(model, lambda lin: KernelLinear(lin, kind), skip=skip)
+    return replace_linears(model, lambda lin: KernelLinear(lin, kind, empty), skip=skip)

@@ -7,7 +7,18 @@ the weights) no longer makes users' prepared models (7 GB for the float32 1.5B) 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
+
+Empty = Callable[[tuple[int, ...], torch.dtype], torch.Tensor]
+"""Where a packed weight is made: (shape, dtype) -> an uninitialised contiguous CPU tensor.
+`torch.empty` when None; the prepared-model cache passes `TensorFileWriter.empty`, so the
+packing writes each weight straight into the entry's file (`models.tensor_file`)."""
+
+
+def _torch_empty(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    return torch.empty(shape, dtype=dtype)
 
 
 def _library():
@@ -16,26 +27,28 @@ def _library():
     return library()
 
 
-def pack_weight(weight: torch.Tensor, kind: str) -> tuple[torch.Tensor, torch.Tensor | None]:
+def pack_weight(weight: torch.Tensor, kind: str,
+                empty: Empty | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """weight [out, in] float32 (CPU, contiguous) -> (packed, scale) for `KernelLinear` of `kind`:
-    f32 (scale None), w8 / i8 (int8 rows, scale [out]; i8 in quads), i4 (scale [blocks, groups, block])."""
+    f32 (scale None), w8 / i8 (int8 rows, scale [out]; i8 in quads), i4 (scale [blocks, groups, block]).
+    The packed weight is made by `empty`."""
     block = _library().specula_block()
     if kind == "f32":
-        return pack(weight, block), None
+        return pack(weight, block, empty=empty), None
     if kind == "i4":
-        return pack_i4(weight, block)
+        return pack_i4(weight, block, empty=empty)
     q, scale = quantize_rows(weight)  # [out, in] int8, [out]
-    return pack(q, block, quads=kind == "i8"), scale.contiguous()
+    return pack(q, block, quads=kind == "i8", empty=empty), scale.contiguous()
 
 
-def pack(weight: torch.Tensor, block: int, quads: bool = False) -> torch.Tensor:
+def pack(weight: torch.Tensor, block: int, quads: bool = False, empty: Empty | None = None) -> torch.Tensor:
     """The kernels' weight layout (see `linear.c`): weight [out, in] (float32 or int8) ->
     [blocks][in][block] (f32, w8), or [blocks][in / 4][block][4] (i8, `quads`), flat; outputs are
-    padded to a multiple of `block` (and inputs of 4 for quads) with zeros."""
+    padded to a multiple of `block` (and inputs of 4 for quads) with zeros. Made by `empty`."""
     weight = weight.contiguous()
     out, inp = weight.shape
     padded_in = (inp + 3) // 4 * 4 if quads else inp
-    packed = torch.empty((out + block - 1) // block * block * padded_in, dtype=weight.dtype)
+    packed = (empty or _torch_empty)(((out + block - 1) // block * block * padded_in,), weight.dtype)
     lib, threads = _library(), torch.get_num_threads()
     if weight.dtype == torch.float32:
         lib.specula_pack_f32(weight.data_ptr(), packed.data_ptr(), inp, out, threads)
@@ -62,16 +75,16 @@ I4_GROUP = 64
 """i4: inputs per scale group (`layout.h`)."""
 
 
-def pack_i4(weight: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.Tensor]:
+def pack_i4(weight: torch.Tensor, block: int, empty: Empty | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """weight [out, in] float -> the i4 kernels' operands (`linear_i4.c`): (nibbles [blocks x in64 x
     block / 2] uint8, flat; group scales [blocks, in64 / 64, block] float32), in64 = `in` rounded up to
-    64; padding columns have zero weights and scale 1."""
+    64; padding columns have zero weights and scale 1. The nibbles are made by `empty`."""
     from specula.models.quantize import quantize_groups
 
     q, scale = quantize_groups(weight, I4_GROUP)  # [out, in64] int8, [out, groups]
     out, in64 = q.shape
     blocks = (out + block - 1) // block
-    packed = torch.empty(blocks * in64 * block // 2, dtype=torch.uint8)
+    packed = (empty or _torch_empty)((blocks * in64 * block // 2,), torch.uint8)
     _library().specula_pack_i4(q.contiguous().data_ptr(), packed.data_ptr(), in64, out, torch.get_num_threads())
     scales = torch.ones((blocks * block, scale.shape[1]), dtype=torch.float32)
     scales[:out] = scale
