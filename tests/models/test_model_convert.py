@@ -106,3 +106,21 @@ def test_the_gguf_is_parsed_once_and_loads_as_transformers_alone_loads_it(tmp_pa
     assert all(torch.equal(tensor, expected[name]) for name, tensor in model.state_dict().items())
     plain_tokenizer = AutoTokenizer.from_pretrained(str(tmp_path), gguf_file=str(path))
     assert tokenizer.get_vocab() == plain_tokenizer.get_vocab()
+
+
+def test_the_reader_over_a_plain_array_reads_what_the_memmap_reader_reads(tmp_path: Path) -> None:
+    import gguf
+    import numpy as np
+    from gguf import gguf_reader
+
+    path = write_tiny_gguf(tmp_path / "tiny.gguf", tie=True, seed=3)
+    plain, reference = inst._plain_gguf_reader(gguf.GGUFReader, path), gguf.GGUFReader(path)
+    assert type(plain.data) is np.ndarray and isinstance(reference.data, np.memmap)
+    assert gguf_reader.np is np  # swapped back
+    assert list(plain.fields) == list(reference.fields)
+    for name, field in reference.fields.items():
+        other = plain.fields[name]
+        assert other.types == field.types and other.data == field.data, name
+        assert all(np.array_equal(a, b) for a, b in zip(other.parts, field.parts, strict=True)), name
+    assert [t.name for t in plain.tensors] == [t.name for t in reference.tensors]
+    assert all(np.array_equal(a.data, b.data) for a, b in zip(plain.tensors, reference.tensors, strict=True))
