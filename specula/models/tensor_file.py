@@ -28,6 +28,7 @@ under memory pressure.
 
 from __future__ import annotations
 
+import errno
 import json
 import mmap
 import os
@@ -44,6 +45,9 @@ HEADER_BYTES = 4096
 ALIGN = 64
 """Alignment of tensors copied in by `add` (the kernels' widest vector loads)."""
 _LENGTH = struct.Struct("<Q")
+_CANNOT_MAP_HERE = {errno.EOPNOTSUPP, errno.ENOTSUP, errno.EINVAL, errno.ENOSYS, errno.ENODEV, errno.EACCES}
+"""`posix_fallocate` / `mmap` errors that mean the file system does not do it (not that the disk is
+full): the writer then makes tensors in memory and writes them, as on a platform without it."""
 _COPY_MAPPED = 1 << 20
 """`add` copies a tensor at least this large into a region (as `empty` makes) rather than writing
 it: on the 2-core machine placing pages through a shared mapping cost a fraction of `write`'s
@@ -84,8 +88,9 @@ class TensorFileWriter:
         self._regions: list[tuple[int, int, int, mmap.mmap]] = []  # (address, bytes, offset, mapping)
         self._index: dict[str, dict[str, Any]] = {}
         self._copied: dict[tuple[int, int], int] = {}  # (address, bytes) of a tensor copied in -> its offset
+        self._mappable = True  # False once the file system refused to preallocate or map
         self.in_memory = 0
-        """Bytes `empty` handed out in ordinary memory (no preallocation on this platform, or it failed)."""
+        """Bytes `empty` handed out in ordinary memory (no preallocation or mapping here, or it failed)."""
         self.error: OSError | None = None
         """Why `empty` fell back to ordinary memory, when it did because of an error (a full disk):
         `finish` raises it, so the entry is not written and the caller keeps its tensors."""
@@ -104,8 +109,9 @@ class TensorFileWriter:
     def empty(self, shape: tuple[int, ...] | list[int], dtype: torch.dtype) -> torch.Tensor:
         """An uninitialised contiguous tensor whose memory is a region of the file (a writable shared
         mapping; the blocks preallocated first, so a full disk is an error here rather than a crash
-        when a page is first written). Where the platform cannot preallocate, or preallocation
-        fails, an ordinary tensor (`add` copies it in later; `error` holds a failure's reason)."""
+        when a page is first written). Where the platform or file system cannot preallocate or map,
+        or preallocation fails, an ordinary tensor (`add` copies it in later; `error` holds the
+        reason of a failure that dooms the file, such as a full disk)."""
         count = 1
         for size in shape:
             count *= int(size)
@@ -118,7 +124,10 @@ class TensorFileWriter:
             os.posix_fallocate(self._fd, offset, nbytes)
             mapping = mmap.mmap(self._fd, nbytes, access=mmap.ACCESS_WRITE, offset=offset)
         except OSError as exc:
-            self.error = exc
+            if exc.errno in _CANNOT_MAP_HERE:  # a file system without it: written later, as any tensor
+                self._mappable = False
+            else:  # a full disk, a quota, an I/O error: the file cannot be completed
+                self.error = exc
             self.in_memory += nbytes
             return torch.empty(tuple(shape), dtype=dtype)
         tensor = torch.frombuffer(mapping, dtype=dtype, count=count).view(tuple(shape))  # keeps the mapping alive
@@ -127,7 +136,7 @@ class TensorFileWriter:
         return tensor
 
     def _can_map(self) -> bool:
-        return self.error is None and hasattr(os, "posix_fallocate")
+        return self.error is None and self._mappable and hasattr(os, "posix_fallocate")
 
     def _region_offset(self, tensor: torch.Tensor) -> int | None:
         """The file offset of `tensor`'s bytes when they lie in a region `empty` handed out."""

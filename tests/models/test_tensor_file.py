@@ -172,3 +172,24 @@ def test_a_failed_preallocation_falls_back_and_fails_the_file(tmp_path, monkeypa
         with pytest.raises(OSError, match="No space left"):
             writer.finish()
     assert writer.in_memory == 8 and int(made.sum()) == 8
+
+
+def test_a_file_system_that_cannot_preallocate_still_gets_its_file(tmp_path, monkeypatch):
+    import errno
+
+    def unsupported(*args):
+        raise OSError(errno.EOPNOTSUPP, "Operation not supported")
+
+    monkeypatch.setattr(tensor_file.os, "posix_fallocate", unsupported)
+    with TensorFileWriter(tmp_path / "t.bin") as writer:
+        made = writer.empty((16,), torch.float32)
+        made.fill_(4.0)
+        later = writer.empty((4,), torch.int8)  # not tried again
+        later.fill_(-1)
+        writer.add("w", made)
+        writer.add("later", later)
+        writer.finish()  # no error: the tensors were written instead
+    assert writer.error is None and writer.in_memory == 68
+    loaded = map_tensors(tmp_path / "t.bin")
+    assert torch.equal(loaded["w"], torch.full((16,), 4.0)) and torch.equal(loaded["later"], later)
+
