@@ -96,6 +96,25 @@ def test_speculative_greedy_equals_plain_greedy_of_the_quantized_model(arch, met
     assert_speculative_greedy_equals_plain(model, method, model, draft)
 
 
+def test_the_kernels_group_quantizer_gives_quantize_groups_bits():
+    """`kernels.quantize_groups` (one C pass a row, what the i4 kernels' packing uses) is
+    `quantize_groups` bit for bit: scales, values, ties rounded to even, clamping, zero groups and
+    the zero padding of a width that is not a multiple of the group."""
+    from specula.models.native import kernels
+
+    if not kernels.available():
+        pytest.skip(f"specula's CPU kernels cannot run here: {kernels.unavailable_reason()}")
+    gen = torch.Generator().manual_seed(4)
+    halves = (torch.arange(-14, 15).float() / 2).repeat(3, 1)  # scale exactly 1: every x.5 a tie
+    cases = [(torch.randn(300, 777, generator=gen), 64), (rows_with_varied_ranges(64, 1536) * 1e-6, 64),
+             (torch.zeros(5, 40), 64), (torch.tensor([[0.5, -0.5, 1.5, 2.5, -2.5, 7.0, 1e-13, 0.0]]), 4),
+             (halves, 29), (halves, 8), (torch.randn(7, 130, generator=gen).t(), 64)]  # the last not contiguous
+    for w, group in cases:
+        q, scale = quantize_groups(w, group)
+        q_c, scale_c = kernels.quantize_groups(w, group)
+        assert torch.equal(q_c, q) and torch.equal(scale_c, scale), (tuple(w.shape), group)
+
+
 def test_the_kernels_one_pass_quantizer_gives_quantize_rows_bits():
     """`kernels.quantize_rows` (one C pass a row, what the kernel linears and a head's load use) is
     `quantize_rows` bit for bit: scales, values, ties rounded to even, clamping, all-zero rows."""

@@ -42,7 +42,7 @@ from torch import nn
 from specula.errors import ConfigError
 from specula.models.linears import linear_weight
 from specula.models.native.kernels.packing import (  # noqa: F401
-    I4_GROUP, Empty, pack, pack_i4, pack_weight, quantize_rows)
+    I4_GROUP, Empty, pack, pack_i4, pack_weight, quantize_groups, quantize_rows)
 
 SOURCES = tuple(Path(__file__).with_name(name) for name in (
     "linear_avx512.c", "linear_i4_vnni.c", "linear.c", "linear_amx.c", "ops.c", "linear_i4.c", "head.c", "draft.c",
@@ -159,6 +159,7 @@ def library() -> ctypes.CDLL:
     lib.specula_pack_i8.argtypes = [ptr, ptr, i32, i32, i32, i32]
     lib.specula_pack_i4.argtypes = [ptr, ptr, i32, i32, i32]
     lib.specula_quantize_weight_rows.argtypes = [ptr, ptr, ptr, i32, i32, ctypes.c_float, i32]
+    lib.specula_quantize_weight_groups.argtypes = [ptr, ptr, ptr, i32, i32, i32, ctypes.c_float, i32]
     lib.specula_linear_f32.argtypes = [ptr, ptr, ptr, ptr, i32, i32, i32, i32]
     lib.specula_linear_w8.argtypes = [ptr, ptr, ptr, ptr, ptr, i32, i32, i32, i32]
     lib.specula_linear_i8.argtypes = [ptr, ptr, ptr, ptr, ptr, i32, i32, i32, i32]

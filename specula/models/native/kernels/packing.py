@@ -71,6 +71,21 @@ def quantize_rows(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return q, scale
 
 
+def quantize_groups(weight: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """`models.quantize.quantize_groups` (the same bits) in one C pass over each row: weight [R, C]
+    float -> ([R, C'] int8 in -7..7, [R, C' / group] float32 scales), C' = C rounded up to `group`."""
+    from specula.models.quantize import _TINY
+
+    weight = weight.detach().float().contiguous()
+    rows, cols = weight.shape
+    padded = -(-cols // group) * group
+    q = torch.empty((rows, padded), dtype=torch.int8)
+    scale = torch.empty((rows, padded // group), dtype=torch.float32)
+    _library().specula_quantize_weight_groups(weight.data_ptr(), q.data_ptr(), scale.data_ptr(), rows, cols, group,
+                                              _TINY, torch.get_num_threads())
+    return q, scale
+
+
 I4_GROUP = 64
 """i4: inputs per scale group (`layout.h`)."""
 
@@ -79,8 +94,6 @@ def pack_i4(weight: torch.Tensor, block: int, empty: Empty | None = None) -> tup
     """weight [out, in] float -> the i4 kernels' operands (`linear_i4.c`): (nibbles [blocks x in64 x
     block / 2] uint8, flat; group scales [blocks, in64 / 64, block] float32), in64 = `in` rounded up to
     64; padding columns have zero weights and scale 1. The nibbles are made by `empty`."""
-    from specula.models.quantize import quantize_groups
-
     q, scale = quantize_groups(weight, I4_GROUP)  # [out, in64] int8, [out, groups]
     out, in64 = q.shape
     blocks = (out + block - 1) // block
