@@ -83,11 +83,13 @@ class TensorFileWriter:
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
         self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
-        os.pwrite(self._fd, MAGIC, 0)
+        self._pwrite(MAGIC, 0)
         self._end = HEADER_BYTES
         self._regions: list[tuple[int, int, int, mmap.mmap]] = []  # (address, bytes, offset, mapping)
         self._index: dict[str, dict[str, Any]] = {}
-        self._copied: dict[tuple[int, int], int] = {}  # (address, bytes) of a tensor copied in -> its offset
+        # (address, bytes) of a contiguous tensor copied in -> (its offset, the tensor, held so that
+        # no other tensor can take that address while this writer lives)
+        self._copied: dict[tuple[int, int], tuple[int, torch.Tensor]] = {}
         self._mappable = True  # False once the file system refused to preallocate or map
         self.in_memory = 0
         """Bytes `empty` handed out in ordinary memory (no preallocation or mapping here, or it failed)."""
@@ -106,19 +108,18 @@ class TensorFileWriter:
             os.close(self._fd)
             self._fd = -1
 
-    def empty(self, shape: tuple[int, ...] | list[int], dtype: torch.dtype) -> torch.Tensor:
-        """An uninitialised contiguous tensor whose memory is a region of the file (a writable shared
-        mapping; the blocks preallocated first, so a full disk is an error here rather than a crash
-        when a page is first written). Where the platform or file system cannot preallocate or map,
-        or preallocation fails, an ordinary tensor (`add` copies it in later; `error` holds the
-        reason of a failure that dooms the file, such as a full disk)."""
-        count = 1
-        for size in shape:
-            count *= int(size)
+    def _pwrite(self, data: bytes | memoryview, offset: int) -> None:
+        done = 0
+        while done < len(data):  # pwrite may write less than asked
+            done += os.pwrite(self._fd, data[done:], offset + done)
+
+    def _region(self, count: int, dtype: torch.dtype) -> torch.Tensor | None:
+        """A flat tensor of `count` elements over a new region at the file's end, preallocated and
+        mapped writable and shared; None where that cannot be done (`error` set when the reason
+        dooms the file, `_mappable` cleared when the file system does not do it)."""
         nbytes = count * torch.empty((), dtype=dtype).element_size()
         if nbytes == 0 or not self._can_map():
-            self.in_memory += nbytes
-            return torch.empty(tuple(shape), dtype=dtype)
+            return None
         offset = _round_up(self._end, mmap.ALLOCATIONGRANULARITY)
         try:
             os.posix_fallocate(self._fd, offset, nbytes)
@@ -128,18 +129,33 @@ class TensorFileWriter:
                 self._mappable = False
             else:  # a full disk, a quota, an I/O error: the file cannot be completed
                 self.error = exc
-            self.in_memory += nbytes
-            return torch.empty(tuple(shape), dtype=dtype)
-        tensor = torch.frombuffer(mapping, dtype=dtype, count=count).view(tuple(shape))  # keeps the mapping alive
+            return None
+        tensor = torch.frombuffer(mapping, dtype=dtype, count=count)  # keeps the mapping alive
         self._regions.append((tensor.data_ptr(), nbytes, offset, mapping))
         self._end = offset + nbytes
         return tensor
+
+    def empty(self, shape: tuple[int, ...] | list[int], dtype: torch.dtype) -> torch.Tensor:
+        """An uninitialised contiguous tensor whose memory is a region of the file (a writable shared
+        mapping; the blocks preallocated first, so a full disk is an error here rather than a crash
+        when a page is first written). Where the platform or file system cannot preallocate or map,
+        or preallocation fails, an ordinary tensor (`add` copies it in later; `error` holds the
+        reason of a failure that dooms the file, such as a full disk)."""
+        shape = tuple(int(size) for size in shape)
+        count = 1
+        for size in shape:
+            count *= size
+        region = self._region(count, dtype)
+        if region is None:
+            self.in_memory += count * torch.empty((), dtype=dtype).element_size()
+            return torch.empty(shape, dtype=dtype)
+        return region.view(shape)
 
     def _can_map(self) -> bool:
         return self.error is None and self._mappable and hasattr(os, "posix_fallocate")
 
     def _region_offset(self, tensor: torch.Tensor) -> int | None:
-        """The file offset of `tensor`'s bytes when they lie in a region `empty` handed out."""
+        """The file offset of `tensor`'s bytes when they lie in a region of this file."""
         if not tensor.is_contiguous() or tensor.device.type != "cpu":
             return None
         address, nbytes = tensor.data_ptr(), tensor.numel() * tensor.element_size()
@@ -150,34 +166,36 @@ class TensorFileWriter:
 
     def add(self, name: str, tensor: torch.Tensor) -> None:
         """Record `tensor` (CPU) under `name`: in place when it lives in the file, else its bytes are
-        copied to the end (into a mapped region when large; once per distinct tensor: names sharing
-        one are stored once)."""
+        copied to the end (into a mapped region when large; a contiguous tensor once however many
+        names share it)."""
         if name in self._index:
             raise ValueError(f"tensor {name!r} added twice")
         tensor = tensor.detach()
         offset = self._region_offset(tensor)
         if offset is None:
+            shared = tensor.device.type == "cpu" and tensor.is_contiguous()
             tensor = tensor.cpu().contiguous()
             nbytes = tensor.numel() * tensor.element_size()
             key = (tensor.data_ptr(), nbytes)
-            offset = self._copied.get(key) if nbytes else None
-            if offset is None and nbytes >= _COPY_MAPPED and self._can_map():  # large: into a region, not written
-                region = self.empty(tuple(tensor.shape), tensor.dtype)
-                offset = self._region_offset(region)
-                if offset is not None:
-                    region.copy_(tensor)
-            if offset is None:
-                offset = _round_up(self._end, ALIGN)
-                self._write(tensor, offset)
-                self._end = offset + nbytes
-            self._copied[key] = offset
+            if shared and nbytes and key in self._copied:
+                offset = self._copied[key][0]
+            else:
+                offset = self._copy_in(tensor, nbytes)
+                if shared and nbytes:
+                    self._copied[key] = (offset, tensor)
         self._index[name] = {"dtype": _dtype_name(tensor.dtype), "shape": list(tensor.shape), "offset": offset}
 
-    def _write(self, tensor: torch.Tensor, offset: int) -> None:
-        data = memoryview(tensor.reshape(-1).view(torch.uint8).numpy()) if tensor.numel() else b""
-        done = 0
-        while done < len(data):  # pwrite may write less than asked
-            done += os.pwrite(self._fd, data[done:], offset + done)
+    def _copy_in(self, tensor: torch.Tensor, nbytes: int) -> int:
+        """Place a contiguous tensor's bytes at the end of the file; returns their offset."""
+        region = self._region(tensor.numel(), tensor.dtype) if nbytes >= _COPY_MAPPED else None
+        if region is not None:  # large: through a mapping, not written
+            region.copy_(tensor.reshape(-1))
+            return self._region_offset(region)
+        offset = _round_up(self._end, ALIGN)
+        if nbytes:
+            self._pwrite(memoryview(tensor.reshape(-1).view(torch.uint8).numpy()), offset)
+        self._end = offset + nbytes
+        return offset
 
     def finish(self) -> dict[str, dict[str, Any]]:
         """Write the index and the closing magic, flush the regions and fsync the file; returns the
@@ -186,7 +204,7 @@ class TensorFileWriter:
             raise self.error
         index = json.dumps(self._index, sort_keys=True).encode()
         tail = index + _LENGTH.pack(len(index)) + MAGIC
-        os.pwrite(self._fd, tail, self._end)
+        self._pwrite(tail, self._end)
         os.ftruncate(self._fd, self._end + len(tail))
         for *_, mapping in self._regions:
             mapping.flush()

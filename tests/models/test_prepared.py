@@ -233,7 +233,7 @@ def test_an_entry_that_cannot_be_written_leaves_the_load_working(model_dirs, cac
     if where == "preallocating a packed weight":
         monkeypatch.setattr(tensor_file.os, "posix_fallocate", full_disk)
     elif where == "copying the other tensors in":
-        monkeypatch.setattr(tensor_file.TensorFileWriter, "_write", full_disk)
+        monkeypatch.setattr(tensor_file.TensorFileWriter, "_copy_in", full_disk)
     else:
         monkeypatch.setattr(prepared, "atomic_dir", full_disk)
     capsys.readouterr()

@@ -86,6 +86,20 @@ def test_a_tensor_named_twice_is_stored_once(tmp_path):
     assert torch.equal(loaded["a"], shared) and torch.equal(loaded["b"], shared)
 
 
+def test_temporaries_at_a_reused_address_are_not_taken_for_one_tensor(tmp_path):
+    gen = torch.Generator().manual_seed(1)
+    bases = [torch.randn(16, 16, generator=gen) for _ in range(4)]
+    with TensorFileWriter(tmp_path / "t.bin") as writer:
+        for i, base in enumerate(bases[:2]):
+            writer.add(f"strided{i}", base.t())  # a contiguous copy made and dropped inside add
+        for i, base in enumerate(bases[2:]):
+            writer.add(f"fresh{i}", base * 2)  # a caller's temporary, freed after the call
+        writer.finish()
+    loaded = map_tensors(tmp_path / "t.bin")
+    assert torch.equal(loaded["strided0"], bases[0].t()) and torch.equal(loaded["strided1"], bases[1].t())
+    assert torch.equal(loaded["fresh0"], bases[2] * 2) and torch.equal(loaded["fresh1"], bases[3] * 2)
+
+
 def test_the_mapping_is_private_and_outlives_the_writer(tmp_path):
     path = tmp_path / "t.bin"
     with TensorFileWriter(path) as writer:
