@@ -210,9 +210,9 @@ def build_entry(path: Path, key: dict[str, Any], prepare) -> tuple[NativeDecoder
     try:
         remove_stale_temps(path)
         with atomic_dir(path) as tmp, TensorFileWriter(tmp / WEIGHTS) as writer:
-            stage, start = "prepare", time.perf_counter()
-            decoder, extra = prepare(writer.empty)
-            stage, extra = "write", {**extra, "prepare_seconds": round(time.perf_counter() - start, 3)}
+            stage = "prepare"
+            decoder, extra = _timed(prepare, writer.empty)
+            stage = "write"
             linears = _kernel_linears(decoder)
             if linears is None or not cacheable(decoder):
                 raise _Uncacheable
@@ -242,11 +242,16 @@ def build_entry(path: Path, key: dict[str, Any], prepare) -> tuple[NativeDecoder
         if stage == "prepare":  # reading the model failed, not writing the entry
             raise
         if stage == "start":
-            start = time.perf_counter()
-            decoder, extra = prepare()
-            extra = {**extra, "prepare_seconds": round(time.perf_counter() - start, 3)}
+            decoder, extra = _timed(prepare)
         raise EntryNotWritten(exc, decoder, extra) from exc
     return decoder, extra, True
+
+
+def _timed(prepare, *args) -> tuple[NativeDecoder, dict[str, Any]]:
+    """`prepare(*args)` with "prepare_seconds" added to its marker facts."""
+    start = time.perf_counter()
+    decoder, extra = prepare(*args)
+    return decoder, {**extra, "prepare_seconds": round(time.perf_counter() - start, 3)}
 
 
 class _Uncacheable(Exception):

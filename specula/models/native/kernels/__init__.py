@@ -158,8 +158,8 @@ def library() -> ctypes.CDLL:
     lib.specula_pack_f32.argtypes = [ptr, ptr, i32, i32, i32]
     lib.specula_pack_i8.argtypes = [ptr, ptr, i32, i32, i32, i32]
     lib.specula_pack_i4.argtypes = [ptr, ptr, i32, i32, i32]
-    lib.specula_quantize_weight_rows.argtypes = [ptr, ptr, ptr, i32, i32, ctypes.c_float, i32]
-    lib.specula_quantize_weight_groups.argtypes = [ptr, ptr, ptr, i32, i32, i32, ctypes.c_float, i32]
+    lib.specula_quantize_weight_groups.argtypes = [ptr, ptr, ptr, i32, i32, i32, ctypes.c_float, ctypes.c_float,
+                                                   i32]
     lib.specula_linear_f32.argtypes = [ptr, ptr, ptr, ptr, i32, i32, i32, i32]
     lib.specula_linear_w8.argtypes = [ptr, ptr, ptr, ptr, ptr, i32, i32, i32, i32]
     lib.specula_linear_i8.argtypes = [ptr, ptr, ptr, ptr, ptr, i32, i32, i32, i32]

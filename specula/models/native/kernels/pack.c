@@ -65,37 +65,14 @@ void specula_pack_i4(const int8_t *q, uint8_t *wp, int in64, int out, int thread
     }
 }
 
-/* Symmetric per-row int8 (quantize.py's `quantize_rows`, the same bits): per row of w [rows, cols],
- * scale = max(max_i |w_i| / 127, tiny) and q_i = round-half-even(w_i / scale) clamped to +-127.
- * One pass per row where the torch expressions made six over the whole matrix (1.8 s of a head's
- * load on the 2-core machine). */
-void specula_quantize_weight_rows(const float *w, int8_t *q, float *scale, int rows, int cols, float tiny, int threads) {
-    #pragma omp parallel for schedule(static) num_threads(threads)
-    for (int r = 0; r < rows; r++) {
-        const float *row = w + (size_t)r * cols;
-        int8_t *out = q + (size_t)r * cols;
-        float most = 0.0f;
-        for (int i = 0; i < cols; i++) {
-            float a = fabsf(row[i]);
-            most = a > most ? a : most;
-        }
-        float s = most / 127.0f;
-        s = s < tiny ? tiny : s;
-        scale[r] = s;
-        for (int i = 0; i < cols; i++) {
-            float v = nearbyintf(row[i] / s);
-            out[i] = (int8_t)(v > 127.0f ? 127.0f : v < -127.0f ? -127.0f : v);
-        }
-    }
-}
-
-/* Symmetric 4-bit groups (quantize.py's `quantize_groups`, the same bits): w [rows, cols] ->
- * q [rows, padded] (padded = cols rounded up to `group`; zero columns) and scale [rows, padded /
- * group], each group's scale = max(max_i |w_i| / 7, tiny) and q_i = round-half-even(w_i / scale)
- * clamped to +-7. One pass per row where the torch expressions made eight over the whole matrix
- * (most of the 0.5B int4 draft's ~10 s of packing on the 2-core machine). */
+/* Symmetric quantization in groups of inputs (quantize.py's `quantize_rows` with group = cols and
+ * limit 127, `quantize_groups` with limit 7: the same bits): w [rows, cols] -> q [rows, padded]
+ * (padded = cols rounded up to `group`; zero columns) and scale [rows, padded / group], each
+ * group's scale = max(max_i |w_i| / limit, tiny) and q_i = round-half-even(w_i / scale) clamped to
+ * +-limit. One pass per row where the torch expressions made six to eight over the whole matrix
+ * (1.8 s of a head's int8 load; most of the 0.5B int4 draft's ~10 s of packing, 2-core machine). */
 void specula_quantize_weight_groups(const float *w, int8_t *q, float *scale, int rows, int cols, int group,
-                                    float tiny, int threads) {
+                                    float limit, float tiny, int threads) {
     int padded = (cols + group - 1) / group * group, groups = padded / group;
     #pragma omp parallel for schedule(static) num_threads(threads)
     for (int r = 0; r < rows; r++) {
@@ -108,14 +85,13 @@ void specula_quantize_weight_groups(const float *w, int8_t *q, float *scale, int
                 float a = fabsf(row[i]);
                 most = a > most ? a : most;
             }
-            float s = most / 7.0f;
+            float s = most / limit;
             s = s < tiny ? tiny : s;
             scale[(size_t)r * groups + g] = s;
             for (int i = start; i < start + group; i++) {
                 float v = i < stop ? nearbyintf(row[i] / s) : 0.0f;
-                out[i] = (int8_t)(v > 7.0f ? 7.0f : v < -7.0f ? -7.0f : v);
+                out[i] = (int8_t)(v > limit ? limit : v < -limit ? -limit : v);
             }
         }
     }
 }
-

@@ -60,20 +60,19 @@ def pack(weight: torch.Tensor, block: int, quads: bool = False, empty: Empty | N
 def quantize_rows(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """`models.quantize.quantize_rows` (the same bits) in one C pass over each row: weight [out, in]
     float32 -> ([out, in] int8, [out] float32 scales)."""
-    from specula.models.quantize import _TINY
-
-    weight = weight.detach().float().contiguous()
-    rows, cols = weight.shape
-    q = torch.empty((rows, cols), dtype=torch.int8)
-    scale = torch.empty(rows, dtype=torch.float32)
-    _library().specula_quantize_weight_rows(weight.data_ptr(), q.data_ptr(), scale.data_ptr(), rows, cols, _TINY,
-                                            torch.get_num_threads())
-    return q, scale
+    q, scale = _quantize(weight, weight.shape[1], 127.0)
+    return q, scale.view(-1)
 
 
 def quantize_groups(weight: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor]:
     """`models.quantize.quantize_groups` (the same bits) in one C pass over each row: weight [R, C]
     float -> ([R, C'] int8 in -7..7, [R, C' / group] float32 scales), C' = C rounded up to `group`."""
+    return _quantize(weight, group, 7.0)
+
+
+def _quantize(weight: torch.Tensor, group: int, limit: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric int8 in groups of `group` inputs, values in +-`limit` (`pack.c`): weight [R, C] ->
+    ([R, C'] int8, [R, C' / group] float32 scales), C' = C rounded up to `group` (zero columns)."""
     from specula.models.quantize import _TINY
 
     weight = weight.detach().float().contiguous()
@@ -82,7 +81,7 @@ def quantize_groups(weight: torch.Tensor, group: int) -> tuple[torch.Tensor, tor
     q = torch.empty((rows, padded), dtype=torch.int8)
     scale = torch.empty((rows, padded // group), dtype=torch.float32)
     _library().specula_quantize_weight_groups(weight.data_ptr(), q.data_ptr(), scale.data_ptr(), rows, cols, group,
-                                              _TINY, torch.get_num_threads())
+                                              limit, _TINY, torch.get_num_threads())
     return q, scale
 
 
