@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import gc
 import hashlib
 import importlib
@@ -440,18 +441,27 @@ def _check_logits(model: Any, tokenizer: Any) -> tuple[list[int], torch.Tensor]:
 
 
 @contextlib.contextmanager
-def _gguf_read_once() -> Iterator[None]:
-    """Within the block, every `gguf.GGUFReader(path)` of one file is the same (read-only) reader.
+def _replaced(owner: Any, name: str, make: Callable[[Any], Any]) -> Iterator[None]:
+    """Within the block, `owner.name` is `make(original)`; the original is back afterwards. An owner
+    without the attribute (another version of the library) is left as it is."""
+    original = getattr(owner, name, None)
+    if original is None:
+        yield
+        return
+    setattr(owner, name, make(original))
+    try:
+        yield
+    finally:
+        setattr(owner, name, original)
+
+
+def _one_reader_per_file(original: Any) -> Callable[..., Any]:
+    """`gguf.GGUFReader(path)` made once per file (read-only), over a plain array (`_plain_gguf_reader`).
 
     transformers reads the GGUF anew for the config, the weights and the tokenizer, and the reader
     parses every metadata field when it is made: 9 s a time on the 2-core machine for a Qwen2.5
     file (151,936 vocabulary strings and 151,387 merges, sliced one by one out of a numpy memmap),
-    27 of a 0.5B conversion's 58 s of loading. transformers imports the class inside its loader
-    (`from gguf import GGUFReader`), so replacing the module's attribute for the block reaches it.
-    The one reader is made over a plain ndarray view of the file's map (`_plain_gguf_reader`)."""
-    import gguf
-
-    original = gguf.GGUFReader
+    27 of a 0.5B conversion's 58 s of loading."""
     readers: dict[tuple[str, str], Any] = {}
 
     def reader(path: Any, mode: str = "r") -> Any:
@@ -462,11 +472,7 @@ def _gguf_read_once() -> Iterator[None]:
             readers[key] = _plain_gguf_reader(original, path)
         return readers[key]
 
-    gguf.GGUFReader = reader
-    try:
-        yield
-    finally:
-        gguf.GGUFReader = original
+    return reader
 
 
 class _NumpyWithPlainMemmap:
@@ -492,12 +498,81 @@ def _plain_gguf_reader(reader_class: Any, path: Any) -> Any:
     The reader module's `np` is swapped for the construction only."""
     from gguf import gguf_reader
 
-    real = gguf_reader.np
-    gguf_reader.np = _NumpyWithPlainMemmap()
-    try:
+    with _replaced(gguf_reader, "np", lambda _: _NumpyWithPlainMemmap()):
         return reader_class(path, "r")
+
+
+def _gguf_parse_value_decoding_whole(original: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
+    """transformers' `_gguf_parse_value(value, data_type)`, with a string (type 8, alone or as an
+    array's element type) held as a uint8 array decoded from its bytes at once: the original builds
+    `array("B", list(value))` first, a Python int per byte (a Qwen2.5 GGUF's fields: 1.8 s a parse
+    against 0.6 s, and a load parses them three times). Every other value goes to `original`."""
+    import numpy
+
+    def parse(value: Any, data_type: Any) -> Any:
+        kind = data_type
+        if isinstance(kind, list):
+            kind = kind[1] if len(kind) == 2 and kind[0] == 9 else kind[0] if len(kind) == 1 else None
+        if kind == 8 and isinstance(value, numpy.ndarray) and value.dtype == numpy.uint8:
+            return value.tobytes().decode()
+        return original(value, data_type)
+
+    return parse
+
+
+def _numpy_hugepage_setter() -> Callable[[bool], bool] | None:
+    """numpy's private `_set_madvise_hugepage(enabled) -> previous` (numpy 1.x and 2.x), or None."""
+    for name in ("numpy._core.multiarray", "numpy.core.multiarray"):
+        try:
+            module = importlib.import_module(name)
+        except ImportError:
+            continue
+        return getattr(module, "_set_madvise_hugepage", None)
+    return None
+
+
+@contextlib.contextmanager
+def _numpy_without_hugepages() -> Iterator[None]:
+    """Within the block numpy does not ask Linux for transparent huge pages on its large arrays (its
+    default; `NUMPY_MADVISE_HUGEPAGE`). A load fills 14 GB of new arrays for the 1.5B (each weight
+    dequantised, then copied by transformers), and where the kernel compacts memory to find huge
+    pages at the fault (THP defrag `madvise`, a page cache full of models) a new gigabyte took 1.3-4 s
+    against 0.8-1.6 s in small pages (2-core machine; the 1.5B's dequantise-and-copy loop 21 s
+    against 13-14 s)."""
+    setter = _numpy_hugepage_setter()
+    previous = setter(False) if setter is not None else None
+    try:
+        yield
     finally:
-        gguf_reader.np = real
+        if setter is not None:
+            setter(previous)
+
+
+@contextlib.contextmanager
+def _quick_gguf_load() -> Iterator[None]:
+    """Within the block, transformers loads a GGUF as before, to the same tensors and vocabulary,
+    without its slowest Python (each replacement for the block only; `docs/cache.md`):
+    - `gguf.GGUFReader`: one reader per file (`_one_reader_per_file`); transformers imports the class
+      inside its loader, so the module's attribute reaches it, as for the next two.
+    - `gguf.dequantize`: `kernels.dequant.dequantize`, one C pass per block with the same bits (the
+      1.5B's Q4_K/Q6_K weights: 24 s in gguf-py's numpy); gguf-py for other types and where the
+      kernels cannot run.
+    - `gguf.get_tensor_name_map`: made once per architecture and layer count; transformers asks for
+      it once per submodule (319 times for a Qwen2.5, 3.5 s) and only reads it.
+    - transformers' `_gguf_parse_value` (its loader module imported it by name):
+      `_gguf_parse_value_decoding_whole`.
+    - numpy's huge pages: off (`_numpy_without_hugepages`)."""
+    import gguf
+    from transformers import modeling_gguf_pytorch_utils as loader
+
+    from specula.models.native.kernels import dequant
+
+    with (_replaced(gguf, "GGUFReader", _one_reader_per_file),
+          _replaced(gguf, "dequantize", lambda _: dequant.dequantize),
+          _replaced(gguf, "get_tensor_name_map", functools.lru_cache(maxsize=None)),
+          _replaced(loader, "_gguf_parse_value", _gguf_parse_value_decoding_whole),
+          _numpy_without_hugepages()):
+        yield
 
 
 def _load_gguf(path: Path) -> tuple[Any, Any]:
@@ -505,7 +580,7 @@ def _load_gguf(path: Path) -> tuple[Any, Any]:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     try:
-        with _gguf_read_once():
+        with _quick_gguf_load():
             model = AutoModelForCausalLM.from_pretrained(
                 str(path.parent), gguf_file=str(path), dtype=torch.float32, attn_implementation="sdpa"
             )

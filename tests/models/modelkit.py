@@ -13,6 +13,7 @@ import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
+from typing import Any
 
 import numpy as np
 import pytest
@@ -155,13 +156,40 @@ def _byte_alphabet() -> list[str]:
     return [spelling[b] for b in range(256)]
 
 
-def write_tiny_gguf(path: Path, *, tie: bool = True, seed: int = 0, hidden: int = 32, layers: int = 2) -> Path:
+QUANTIZED_GGUF_TYPES = ("Q8_0", "Q5_0", "Q4_1", "Q4_K", "Q6_K")
+"""The block types of the embedded models' GGUFs, which `write_tiny_gguf(quantized=True)` cycles
+through for the matrices."""
+
+
+def _quantized(tensor: np.ndarray, qtype_name: str, rng: np.random.Generator) -> tuple[np.ndarray, Any]:
+    """`tensor` [rows, cols] as GGUF blocks of `qtype_name` ([rows, row bytes] uint8, the type): gguf-py
+    quantizes the types it can; the K types (it only dequantizes them) get random blocks whose
+    float16 scales are small and finite."""
+    import gguf
+
+    qtype = gguf.GGMLQuantizationType[qtype_name]
+    if qtype_name not in ("Q4_K", "Q6_K"):
+        return gguf.quants.quantize(tensor, qtype), qtype
+    block_values, block_bytes = gguf.GGML_QUANT_SIZES[qtype]
+    rows, cols = tensor.shape
+    blocks = rng.integers(0, 256, size=(rows * cols // block_values, block_bytes), dtype=np.uint8)
+    scales = (1e-3 * rng.standard_normal((len(blocks), 2))).astype(np.float16).view(np.uint8)
+    for i, offset in enumerate((0, 2) if qtype_name == "Q4_K" else (208,)):
+        blocks[:, offset : offset + 2] = scales[:, 2 * i : 2 * i + 2]
+    return blocks.reshape(rows, -1), qtype
+
+
+def write_tiny_gguf(path: Path, *, tie: bool = True, seed: int = 0, hidden: int = 32, layers: int = 2,
+                    quantized: bool = False) -> Path:
     """A tiny random llama-architecture GGUF (float32 tensors, byte-level BPE tokenizer with two
-    control tokens and a chat template) that transformers can load with `gguf_file=`."""
+    control tokens and a chat template) that transformers can load with `gguf_file=`. `quantized`:
+    its matrices in the block types of `QUANTIZED_GGUF_TYPES`, in turn (`hidden` a multiple of 256;
+    the MLP as wide)."""
     import gguf
 
     rng = np.random.default_rng(seed)
-    heads, kv_heads, ffn = 4, 2, 64
+    heads, kv_heads, ffn = 4, 2, hidden if quantized else 64
+    kinds = iter(QUANTIZED_GGUF_TYPES * (9 * layers))
     tokens = [*_byte_alphabet(), "Ġt", "he", "Ġthe", "Ġa", "<|endoftext|>", "<|im_end|>"]
     types = [1] * (len(tokens) - 2) + [3, 3]
     vocab = len(tokens)
@@ -193,21 +221,28 @@ def write_tiny_gguf(path: Path, *, tie: bool = True, seed: int = 0, hidden: int 
     def tensor(*shape: int, base: float = 0.0) -> np.ndarray:
         return (base + 0.1 * rng.standard_normal(shape)).astype(np.float32)
 
+    def matrix(name: str, rows: int, cols: int) -> None:
+        if not quantized:
+            writer.add_tensor(name, tensor(rows, cols))
+            return
+        blocks, qtype = _quantized(tensor(rows, cols), next(kinds), rng)
+        writer.add_tensor(name, blocks, raw_dtype=qtype)
+
     head_dim = hidden // heads
-    writer.add_tensor("token_embd.weight", tensor(vocab, hidden))
+    matrix("token_embd.weight", vocab, hidden)
     for i in range(layers):
         writer.add_tensor(f"blk.{i}.attn_norm.weight", tensor(hidden, base=1.0))
-        writer.add_tensor(f"blk.{i}.attn_q.weight", tensor(hidden, hidden))
-        writer.add_tensor(f"blk.{i}.attn_k.weight", tensor(kv_heads * head_dim, hidden))
-        writer.add_tensor(f"blk.{i}.attn_v.weight", tensor(kv_heads * head_dim, hidden))
-        writer.add_tensor(f"blk.{i}.attn_output.weight", tensor(hidden, hidden))
+        matrix(f"blk.{i}.attn_q.weight", hidden, hidden)
+        matrix(f"blk.{i}.attn_k.weight", kv_heads * head_dim, hidden)
+        matrix(f"blk.{i}.attn_v.weight", kv_heads * head_dim, hidden)
+        matrix(f"blk.{i}.attn_output.weight", hidden, hidden)
         writer.add_tensor(f"blk.{i}.ffn_norm.weight", tensor(hidden, base=1.0))
-        writer.add_tensor(f"blk.{i}.ffn_gate.weight", tensor(ffn, hidden))
-        writer.add_tensor(f"blk.{i}.ffn_up.weight", tensor(ffn, hidden))
-        writer.add_tensor(f"blk.{i}.ffn_down.weight", tensor(hidden, ffn))
+        matrix(f"blk.{i}.ffn_gate.weight", ffn, hidden)
+        matrix(f"blk.{i}.ffn_up.weight", ffn, hidden)
+        matrix(f"blk.{i}.ffn_down.weight", hidden, ffn)
     writer.add_tensor("output_norm.weight", tensor(hidden, base=1.0))
     if not tie:
-        writer.add_tensor("output.weight", tensor(vocab, hidden))
+        matrix("output.weight", vocab, hidden)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

@@ -124,3 +124,88 @@ def test_the_reader_over_a_plain_array_reads_what_the_memmap_reader_reads(tmp_pa
         assert all(np.array_equal(a, b) for a, b in zip(other.parts, field.parts, strict=True)), name
     assert [t.name for t in plain.tensors] == [t.name for t in reference.tensors]
     assert all(np.array_equal(a.data, b.data) for a, b in zip(plain.tensors, reference.tensors, strict=True))
+
+
+def test_a_quantized_gguf_dequantised_in_c_loads_as_transformers_alone_loads_it(tmp_path: Path, monkeypatch) -> None:
+    """Every block type of the embedded models' GGUFs (`modelkit.QUANTIZED_GGUF_TYPES`) goes through
+    `gguf.c` during the load and gives the state dict transformers gives with gguf-py's numpy; the
+    name map is made once per architecture, and both of gguf's functions are back afterwards."""
+    import gguf
+    from modelkit import QUANTIZED_GGUF_TYPES
+    from transformers import AutoModelForCausalLM
+
+    from specula.models.native import kernels
+    from specula.models.native.kernels import dequant
+
+    if not kernels.available():
+        pytest.skip("specula's CPU kernels cannot run here")
+    path = write_tiny_gguf(tmp_path / "q.gguf", tie=False, seed=7, hidden=256, quantized=True)
+    in_c: set[str] = set()
+    real = dequant.dequantize
+
+    def counting(data, qtype):  # noqa: ANN001, ANN202
+        if dequant.known(qtype):
+            in_c.add(gguf.GGMLQuantizationType(qtype).name)
+        return real(data, qtype)
+
+    name_maps: list[tuple] = []
+    real_map = gguf.get_tensor_name_map
+
+    def counting_map(*args):  # noqa: ANN002, ANN202
+        name_maps.append(args)
+        return real_map(*args)
+
+    monkeypatch.setattr(dequant, "dequantize", counting)
+    monkeypatch.setattr(gguf, "get_tensor_name_map", counting_map)
+    model, _ = inst._load_gguf(path)
+    assert in_c == set(QUANTIZED_GGUF_TYPES)
+    assert len(name_maps) == 1  # transformers asks once per submodule; made once
+    assert gguf.dequantize is gguf.quants.dequantize and gguf.get_tensor_name_map is counting_map
+
+    reference = AutoModelForCausalLM.from_pretrained(str(tmp_path), gguf_file=str(path), dtype=torch.float32)
+    assert len(name_maps) > 1  # outside the block: once per submodule again
+    expected = reference.state_dict()
+    assert model.state_dict().keys() == expected.keys()
+    for name, tensor in model.state_dict().items():
+        assert torch.equal(tensor.view(torch.int32), expected[name].view(torch.int32)), name
+
+
+def test_numpy_asks_for_no_huge_pages_during_the_load_only() -> None:
+    setter = inst._numpy_hugepage_setter()
+    if setter is None:
+        pytest.skip("this numpy has no _set_madvise_hugepage")
+    before = setter(True)
+    try:
+        with inst._numpy_without_hugepages():
+            assert setter(False) is False  # it was off inside
+        assert setter(True) is True  # and on again after
+    finally:
+        setter(before)
+
+
+def test_metadata_parsed_with_strings_decoded_whole_is_what_transformers_parses(tmp_path: Path) -> None:
+    import gguf
+    from transformers.integrations.ggml import _gguf_parse_value
+
+    fast = inst._gguf_parse_value_decoding_whole(_gguf_parse_value)
+    reader = gguf.GGUFReader(write_tiny_gguf(tmp_path / "tiny.gguf"))
+    kinds = set()
+    for name, field in reader.fields.items():
+        kinds.add(tuple(field.types))
+        ours = [fast(field.parts[i], field.types) for i in field.data]
+        theirs = [_gguf_parse_value(field.parts[i], field.types) for i in field.data]
+        assert ours == theirs and [type(v) for v in ours] == [type(v) for v in theirs], name
+    assert {(8,), (9, 8), (9, 5), (4,), (6,)} <= kinds  # strings, string arrays, int arrays, ints, floats
+
+
+def test_a_replaced_attribute_is_back_after_an_error_and_a_missing_one_stays_missing() -> None:
+    import types
+
+    owner = types.SimpleNamespace(f=abs)
+    with pytest.raises(RuntimeError), inst._replaced(owner, "f", lambda original: lambda x: -original(x)):
+        assert owner.f(-3) == -3
+        raise RuntimeError
+    assert owner.f is abs
+    with inst._replaced(owner, "g", lambda original: 1 / 0):  # never made: nothing to replace
+        assert not hasattr(owner, "g")
+    assert not hasattr(owner, "g")

@@ -46,7 +46,7 @@ from specula.models.native.kernels.packing import (  # noqa: F401
 
 SOURCES = tuple(Path(__file__).with_name(name) for name in (
     "linear_avx512.c", "linear_i4_vnni.c", "linear.c", "linear_amx.c", "ops.c", "linear_i4.c", "head.c", "draft.c",
-    "pool.c", "pack.c", "layers.c"))
+    "pool.c", "pack.c", "layers.c", "gguf.c"))
 """The kernels' C sources, the slowest to compile first (`build.compile_shared` starts them in this
 order; gcc 12 -O3 on session 94's 2-core EPYC: 50, 24, 7, 2, 1.6, 1.3 s, the rest under 1 s)."""
 AVX512_ONLY = frozenset(Path(__file__).with_name(name) for name in ("linear_avx512.c", "linear_i4_vnni.c",
@@ -160,6 +160,12 @@ def library() -> ctypes.CDLL:
     lib.specula_pack_i4.argtypes = [ptr, ptr, i32, i32, i32]
     lib.specula_quantize_weight_groups.argtypes = [ptr, ptr, ptr, i32, i32, i32, ctypes.c_float, ctypes.c_float,
                                                    i32]
+    lib.specula_gguf_dequantize.argtypes = [ptr, ptr, ctypes.c_int64, i32, i32]
+    lib.specula_gguf_dequantize.restype = i32
+    lib.specula_gguf_block_bytes.argtypes = [i32]
+    lib.specula_gguf_block_bytes.restype = i32
+    lib.specula_gguf_block_values.argtypes = [i32]
+    lib.specula_gguf_block_values.restype = i32
     lib.specula_linear_f32.argtypes = [ptr, ptr, ptr, ptr, i32, i32, i32, i32]
     lib.specula_linear_w8.argtypes = [ptr, ptr, ptr, ptr, ptr, i32, i32, i32, i32]
     lib.specula_linear_i8.argtypes = [ptr, ptr, ptr, ptr, ptr, i32, i32, i32, i32]

@@ -1,0 +1,130 @@
+/* GGUF blocks to float32 for `models install`'s conversion (`kernels.dequantize_gguf`): the same
+ * bits as gguf-py's numpy (`gguf.quants.<type>.dequantize_blocks`), one pass per block where numpy
+ * made a dozen array passes (Q4_K/Q6_K of the 1.5B: 24 s on the 2-core machine). Every product and
+ * sum is the numpy expression's, in its order, rounded to float32 each (FLAGS' -ffp-contract=off:
+ * no fused multiply-add). Block layouts: ggml-common.h. */
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+/* IEEE half to float (exact, as numpy's astype(np.float32)). */
+static float half(const uint8_t *p) {
+    uint16_t h = (uint16_t)(p[0] | p[1] << 8);
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, exp = (h >> 10) & 0x1fu, man = h & 0x3ffu, bits;
+    float out;
+    if (exp == 0) {
+        out = (float)man * 5.9604644775390625e-08f; /* man * 2^-24: exact */
+        memcpy(&bits, &out, 4);
+        bits |= sign;
+    } else if (exp == 31) {
+        bits = sign | 0x7f800000u | man << 13;
+    } else {
+        bits = sign | (exp + 112) << 23 | man << 13;
+    }
+    memcpy(&out, &bits, 4);
+    return out;
+}
+
+/* Q8_0 (34 bytes / 32): d, int8 x[32]; x * d. */
+static void q8_0(const uint8_t *b, float *y) {
+    float d = half(b);
+    for (int i = 0; i < 32; i++) y[i] = (float)(int8_t)b[2 + i] * d;
+}
+
+/* Q5_0 (22 bytes / 32): d, qh (32 high bits), qs[16] (element i: low nibble of qs[i], i + 16: high);
+ * d * (q - 16). */
+static void q5_0(const uint8_t *b, float *y) {
+    float d = half(b);
+    uint32_t qh = (uint32_t)b[2] | (uint32_t)b[3] << 8 | (uint32_t)b[4] << 16 | (uint32_t)b[5] << 24;
+    const uint8_t *qs = b + 6;
+    for (int i = 0; i < 32; i++) {
+        int lo = i < 16 ? qs[i] & 15 : qs[i - 16] >> 4;
+        y[i] = d * (float)((lo | (int)((qh >> i) & 1u) << 4) - 16);
+    }
+}
+
+/* Q4_1 (20 bytes / 32): d, m, qs[16]; (d * q) + m. */
+static void q4_1(const uint8_t *b, float *y) {
+    float d = half(b), m = half(b + 2);
+    const uint8_t *qs = b + 4;
+    for (int i = 0; i < 32; i++) {
+        float dq = d * (float)(i < 16 ? qs[i] & 15 : qs[i - 16] >> 4);
+        y[i] = dq + m;
+    }
+}
+
+/* Q4_K (144 bytes / 256): d, dmin, 12 bytes of 6-bit scales and mins for 8 sub-blocks of 32, qs[128]
+ * (sub-block 2c: low nibbles of qs[32c..32c+31], 2c + 1: their high nibbles);
+ * (d * sc) * q - dmin * min. */
+static void q4_k(const uint8_t *b, float *y) {
+    float d = half(b), dmin = half(b + 2);
+    const uint8_t *s = b + 4, *qs = b + 16;
+    for (int j = 0; j < 8; j++) {
+        int sc = j < 4 ? s[j] & 63 : (s[j + 4] & 15) | ((s[j - 4] >> 2) & 48);
+        int mn = j < 4 ? s[j + 4] & 63 : (s[j + 4] >> 4) | ((s[j] >> 2) & 48);
+        float ds = d * (float)sc, dm = dmin * (float)mn;
+        const uint8_t *q = qs + 32 * (j / 2);
+        int shift = 4 * (j & 1);
+        for (int l = 0; l < 32; l++) {
+            float v = ds * (float)((q[l] >> shift) & 15);
+            y[32 * j + l] = v - dm;
+        }
+    }
+}
+
+/* Q6_K (210 bytes / 256): ql[128], qh[64], int8 scales[16], d. Element e: half h = e / 128; low four
+ * bits from ql[64h + e % 64] (shifted by 4 for e % 128 >= 64), high two from qh[32h + e % 32]
+ * (shifted by 2 * ((e / 32) % 4)); (d * scale[e / 16]) * (q - 32). */
+static void q6_k(const uint8_t *b, float *y) {
+    const uint8_t *ql = b, *qh = b + 128;
+    const int8_t *sc = (const int8_t *)(b + 192);
+    float d = half(b + 208);
+    for (int e = 0; e < 256; e++) {
+        int h = e / 128, lo = (ql[64 * h + e % 64] >> (4 * ((e / 64) % 2))) & 15;
+        int hi = (qh[32 * h + e % 32] >> (2 * ((e / 32) % 4))) & 3;
+        float ds = d * (float)sc[e / 16];
+        y[e] = ds * (float)((lo | hi << 4) - 32);
+    }
+}
+
+/* ggml_type ids (gguf.GGMLQuantizationType) this file knows, with their block bytes and values. */
+enum { GGML_Q4_1 = 3, GGML_Q5_0 = 6, GGML_Q8_0 = 8, GGML_Q4_K = 12, GGML_Q6_K = 14 };
+
+/* Block bytes of ggml type `type`, or 0 where this file does not dequantise it. */
+int specula_gguf_block_bytes(int type) {
+    switch (type) {
+        case GGML_Q4_1: return 20;
+        case GGML_Q5_0: return 22;
+        case GGML_Q8_0: return 34;
+        case GGML_Q4_K: return 144;
+        case GGML_Q6_K: return 210;
+        default: return 0;
+    }
+}
+
+/* Values per block of ggml type `type` (0 where unknown). */
+int specula_gguf_block_values(int type) {
+    switch (type) {
+        case GGML_Q4_1: case GGML_Q5_0: case GGML_Q8_0: return 32;
+        case GGML_Q4_K: case GGML_Q6_K: return 256;
+        default: return 0;
+    }
+}
+
+/* Dequantise `blocks` blocks of ggml type `type` at `src` into `dst` (blocks * values floats).
+ * Returns 0, or -1 for a type this file does not know. */
+int specula_gguf_dequantize(const uint8_t *src, float *dst, int64_t blocks, int type, int threads) {
+    int bytes = specula_gguf_block_bytes(type), values = specula_gguf_block_values(type);
+    void (*block)(const uint8_t *, float *);
+    switch (type) {
+        case GGML_Q4_1: block = q4_1; break;
+        case GGML_Q5_0: block = q5_0; break;
+        case GGML_Q8_0: block = q8_0; break;
+        case GGML_Q4_K: block = q4_k; break;
+        case GGML_Q6_K: block = q6_k; break;
+        default: return -1;
+    }
+    #pragma omp parallel for schedule(static) num_threads(threads)
+    for (int64_t i = 0; i < blocks; i++) block(src + i * bytes, dst + i * values);
+    return 0;
+}

@@ -1,0 +1,75 @@
+"""GGUF blocks dequantised in C (`kernels.dequant`): the same bits as gguf-py's numpy for every type
+`gguf.c` knows, gguf-py's own result for any other."""
+
+import numpy as np
+import pytest
+
+gguf = pytest.importorskip("gguf")
+
+from specula.models.native import kernels  # noqa: E402
+from specula.models.native.kernels import dequant  # noqa: E402
+
+pytestmark = pytest.mark.skipif(not kernels.available(), reason="specula's CPU kernels cannot run here")
+
+T = gguf.GGMLQuantizationType
+KNOWN = {T.Q4_1: (0, 2), T.Q5_0: (0,), T.Q8_0: (0,), T.Q4_K: (0, 2), T.Q6_K: (208,)}
+"""Each type gguf.c knows, with the byte offsets of its float16 fields in a block."""
+
+
+def halves(n: int, rng: np.random.Generator) -> np.ndarray:
+    """n finite float16 values as bytes [n, 2]: normal ones of both signs and magnitudes, with zeros,
+    negative zeros, subnormals and the largest finite values among them."""
+    values = (rng.standard_normal(n) * 10.0 ** rng.uniform(-6, 4, n)).astype(np.float16)
+    special = np.array([0.0, -0.0, 6e-8, -6e-8, 3e-5, 65504.0, -65504.0], dtype=np.float16)
+    values[: min(n, len(special))] = special[: min(n, len(special))]
+    values[~np.isfinite(values)] = 1.0
+    return values.view(np.uint8).reshape(n, 2)
+
+
+def random_tensor(qtype, rows: int, blocks_per_row: int, seed: int = 0) -> np.ndarray:
+    """A tensor's bytes [rows, row bytes] as the GGUF reader gives them: random quants and scales,
+    finite float16 fields."""
+    rng = np.random.default_rng(seed)
+    _, type_size = gguf.GGML_QUANT_SIZES[qtype]
+    data = rng.integers(0, 256, size=(rows * blocks_per_row, type_size), dtype=np.uint8)
+    for offset in KNOWN[qtype]:
+        data[:, offset : offset + 2] = halves(len(data), rng)
+    return data.reshape(rows, blocks_per_row * type_size)
+
+
+@pytest.mark.parametrize("qtype", list(KNOWN), ids=lambda t: t.name)
+def test_same_bits_as_gguf_py(qtype):
+    data = random_tensor(qtype, rows=37, blocks_per_row=3, seed=int(qtype))
+    assert dequant.known(qtype)
+    ours = dequant.dequantize(data, qtype)  # [37, 3 * block values]
+    theirs = gguf.dequantize(data, qtype)
+    assert ours.dtype == np.float32 and ours.shape == theirs.shape
+    assert np.array_equal(ours.view(np.uint32), theirs.view(np.uint32))
+    assert np.isfinite(ours).all() and (ours != 0).mean() > 0.5  # real values, not a zero buffer
+
+
+def test_a_row_slice_of_the_file_map_gives_the_same_bits():
+    """The reader's tensors are views of the file's map, not always contiguous in numpy's sense."""
+    data = random_tensor(T.Q4_K, rows=8, blocks_per_row=2)
+    view = data[::2]
+    assert not view.flags.c_contiguous
+    assert np.array_equal(dequant.dequantize(view, T.Q4_K).view(np.uint32),
+                          gguf.dequantize(view, T.Q4_K).view(np.uint32))
+
+
+def test_other_types_go_to_gguf_py():
+    rng = np.random.default_rng(1)
+    f16 = rng.standard_normal((4, 64)).astype(np.float16)
+    assert not dequant.known(T.F16)
+    assert np.array_equal(dequant.dequantize(f16.view(np.uint8), T.F16), gguf.dequantize(f16.view(np.uint8), T.F16))
+    q5k = rng.integers(0, 256, size=(2, gguf.GGML_QUANT_SIZES[T.Q5_K][1]), dtype=np.uint8)
+    q5k[:, 0:4] = halves(4, rng).reshape(2, 4)
+    assert not dequant.known(T.Q5_K)
+    assert np.array_equal(dequant.dequantize(q5k, T.Q5_K), gguf.dequantize(q5k, T.Q5_K), equal_nan=True)
+
+
+def test_without_the_kernels_gguf_py_dequantises(monkeypatch):
+    monkeypatch.setattr(dequant, "_library", lambda: None)
+    data = random_tensor(T.Q8_0, rows=3, blocks_per_row=2)
+    assert not dequant.known(T.Q8_0)
+    assert np.array_equal(dequant.dequantize(data, T.Q8_0), gguf.dequantize(data, T.Q8_0))
