@@ -522,13 +522,10 @@ def _gguf_parse_value_decoding_whole(original: Callable[[Any, Any], Any]) -> Cal
 
 def _numpy_hugepage_setter() -> Callable[[bool], bool] | None:
     """numpy's private `_set_madvise_hugepage(enabled) -> previous` (numpy 1.x and 2.x), or None."""
-    for name in ("numpy._core.multiarray", "numpy.core.multiarray"):
-        try:
-            module = importlib.import_module(name)
-        except ImportError:
-            continue
-        return getattr(module, "_set_madvise_hugepage", None)
-    return None
+    import numpy
+
+    core = numpy.__dict__.get("_core") or numpy.__dict__.get("core")  # 2.x, 1.x (no deprecated lookup)
+    return getattr(getattr(core, "multiarray", None), "_set_madvise_hugepage", None)
 
 
 @contextlib.contextmanager
