@@ -73,3 +73,23 @@ def test_without_the_kernels_gguf_py_dequantises(monkeypatch):
     data = random_tensor(T.Q8_0, rows=3, blocks_per_row=2)
     assert not dequant.known(T.Q8_0)
     assert np.array_equal(dequant.dequantize(data, T.Q8_0), gguf.dequantize(data, T.Q8_0))
+
+
+def test_a_failed_build_is_tried_once_and_gguf_py_dequantises(monkeypatch):
+    from specula.errors import ConfigError
+
+    attempts = []
+
+    def failing_build():
+        attempts.append(1)
+        raise ConfigError("compiling specula's CPU kernels failed")
+
+    dequant._library.cache_clear()
+    monkeypatch.setattr(kernels, "library", failing_build)
+    try:
+        data = random_tensor(T.Q4_K, rows=2, blocks_per_row=1)
+        for _ in range(3):
+            assert np.array_equal(dequant.dequantize(data, T.Q4_K), gguf.dequantize(data, T.Q4_K))
+        assert attempts == [1]
+    finally:
+        dequant._library.cache_clear()

@@ -7,6 +7,7 @@ or where the kernels cannot run here. numpy dequantised the 1.5B's Q4_K/Q6_K wei
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import numpy as np
@@ -15,8 +16,10 @@ import torch
 from specula.errors import ConfigError
 
 
+@functools.cache
 def _library() -> Any | None:
-    """The kernels' library, or None where they cannot be built or run here."""
+    """The kernels' library, or None where they cannot be built or run here (asked once a process:
+    a failed build is not tried again for every tensor)."""
     from specula.models.native import kernels
 
     if not kernels.available():
