@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import errno
 import json
+import math
 import mmap
 import os
 import struct
@@ -117,7 +118,7 @@ class TensorFileWriter:
         """A flat tensor of `count` elements over a new region at the file's end, preallocated and
         mapped writable and shared; None where that cannot be done (`error` set when the reason
         dooms the file, `_mappable` cleared when the file system does not do it)."""
-        nbytes = count * torch.empty((), dtype=dtype).element_size()
+        nbytes = count * dtype.itemsize
         if nbytes == 0 or not self._can_map():
             return None
         offset = _round_up(self._end, mmap.ALLOCATIONGRANULARITY)
@@ -142,12 +143,10 @@ class TensorFileWriter:
         or preallocation fails, an ordinary tensor (`add` copies it in later; `error` holds the
         reason of a failure that dooms the file, such as a full disk)."""
         shape = tuple(int(size) for size in shape)
-        count = 1
-        for size in shape:
-            count *= size
+        count = math.prod(shape)
         region = self._region(count, dtype)
         if region is None:
-            self.in_memory += count * torch.empty((), dtype=dtype).element_size()
+            self.in_memory += count * dtype.itemsize
             return torch.empty(shape, dtype=dtype)
         return region.view(shape)
 
@@ -237,13 +236,11 @@ def read_index(path: str | os.PathLike[str]) -> dict[str, dict[str, Any]]:
     for name, entry in index.items():
         try:
             shape, offset = [int(s) for s in entry["shape"]], int(entry["offset"])
-            itemsize = torch.empty((), dtype=_dtype(entry["dtype"])).element_size()
+            itemsize = _dtype(entry["dtype"]).itemsize
         except (KeyError, TypeError, ValueError) as exc:
             raise TensorFileError(f"the index entry of {name!r} is malformed ({exc})") from exc
-        count = 1
-        for s in shape:
-            count *= s
-        if min(shape, default=0) < 0 or offset < HEADER_BYTES or offset % itemsize or offset + count * itemsize > end:
+        if (min(shape, default=0) < 0 or offset < HEADER_BYTES or offset % itemsize
+                or offset + math.prod(shape) * itemsize > end):
             raise TensorFileError(f"tensor {name!r} lies outside the file's data")
     return index
 
@@ -257,7 +254,6 @@ def map_tensors(path: str | os.PathLike[str]) -> dict[str, torch.Tensor]:
     tensors = {}
     for name, entry in index.items():
         dtype = _dtype(entry["dtype"])
-        itemsize = torch.empty((), dtype=dtype).element_size()
         shape = tuple(int(s) for s in entry["shape"])
-        tensors[name] = torch.empty(0, dtype=dtype).set_(storage, int(entry["offset"]) // itemsize, shape)
+        tensors[name] = torch.empty(0, dtype=dtype).set_(storage, int(entry["offset"]) // dtype.itemsize, shape)
     return tensors

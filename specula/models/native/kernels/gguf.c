@@ -87,43 +87,44 @@ static void q6_k(const uint8_t *b, float *y) {
     }
 }
 
-/* ggml_type ids (gguf.GGMLQuantizationType) this file knows, with their block bytes and values. */
-enum { GGML_Q4_1 = 3, GGML_Q5_0 = 6, GGML_Q8_0 = 8, GGML_Q4_K = 12, GGML_Q6_K = 14 };
+/* The ggml types (gguf.GGMLQuantizationType ids) this file knows: block bytes, values, the block's
+ * dequantiser. */
+static const struct {
+    int type, bytes, values;
+    void (*block)(const uint8_t *, float *);
+} TYPES[] = {
+    {3, 20, 32, q4_1},    /* Q4_1 */
+    {6, 22, 32, q5_0},    /* Q5_0 */
+    {8, 34, 32, q8_0},    /* Q8_0 */
+    {12, 144, 256, q4_k}, /* Q4_K */
+    {14, 210, 256, q6_k}, /* Q6_K */
+};
+
+static int find(int type) {
+    for (int i = 0; i < (int)(sizeof TYPES / sizeof TYPES[0]); i++)
+        if (TYPES[i].type == type) return i;
+    return -1;
+}
 
 /* Block bytes of ggml type `type`, or 0 where this file does not dequantise it. */
 int specula_gguf_block_bytes(int type) {
-    switch (type) {
-        case GGML_Q4_1: return 20;
-        case GGML_Q5_0: return 22;
-        case GGML_Q8_0: return 34;
-        case GGML_Q4_K: return 144;
-        case GGML_Q6_K: return 210;
-        default: return 0;
-    }
+    int i = find(type);
+    return i < 0 ? 0 : TYPES[i].bytes;
 }
 
 /* Values per block of ggml type `type` (0 where unknown). */
 int specula_gguf_block_values(int type) {
-    switch (type) {
-        case GGML_Q4_1: case GGML_Q5_0: case GGML_Q8_0: return 32;
-        case GGML_Q4_K: case GGML_Q6_K: return 256;
-        default: return 0;
-    }
+    int i = find(type);
+    return i < 0 ? 0 : TYPES[i].values;
 }
 
 /* Dequantise `blocks` blocks of ggml type `type` at `src` into `dst` (blocks * values floats).
  * Returns 0, or -1 for a type this file does not know. */
 int specula_gguf_dequantize(const uint8_t *src, float *dst, int64_t blocks, int type, int threads) {
-    int bytes = specula_gguf_block_bytes(type), values = specula_gguf_block_values(type);
-    void (*block)(const uint8_t *, float *);
-    switch (type) {
-        case GGML_Q4_1: block = q4_1; break;
-        case GGML_Q5_0: block = q5_0; break;
-        case GGML_Q8_0: block = q8_0; break;
-        case GGML_Q4_K: block = q4_k; break;
-        case GGML_Q6_K: block = q6_k; break;
-        default: return -1;
-    }
+    int k = find(type);
+    if (k < 0) return -1;
+    int bytes = TYPES[k].bytes, values = TYPES[k].values;
+    void (*block)(const uint8_t *, float *) = TYPES[k].block;
     #pragma omp parallel for schedule(static) num_threads(threads)
     for (int64_t i = 0; i < blocks; i++) block(src + i * bytes, dst + i * values);
     return 0;
