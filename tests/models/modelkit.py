@@ -9,6 +9,7 @@ Nothing here touches the network or the real `~/.cache/specula`: `SPECULA_CACHE`
 from __future__ import annotations
 
 import hashlib
+import itertools
 import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -159,6 +160,21 @@ def _byte_alphabet() -> list[str]:
 QUANTIZED_GGUF_TYPES = ("Q8_0", "Q5_0", "Q4_1", "Q4_K", "Q6_K")
 """The block types of the embedded models' GGUFs, which `write_tiny_gguf(quantized=True)` cycles
 through for the matrices."""
+GGUF_HALF_OFFSETS = {"Q4_1": (0, 2), "Q5_0": (0,), "Q8_0": (0,), "Q4_K": (0, 2), "Q6_K": (208,)}
+"""Byte offsets of the float16 fields (scales, minimums) in a block of each of those types."""
+
+
+def random_gguf_blocks(qtype_name: str, count: int, rng: np.random.Generator,
+                       halves: Callable[[int], np.ndarray]) -> np.ndarray:
+    """`count` blocks of `qtype_name` [count, block bytes] uint8: random quants, each float16 field
+    from `halves(count)` (float16 [count])."""
+    import gguf
+
+    block_bytes = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[qtype_name]][1]
+    blocks = rng.integers(0, 256, size=(count, block_bytes), dtype=np.uint8)
+    for offset in GGUF_HALF_OFFSETS[qtype_name]:
+        blocks[:, offset : offset + 2] = halves(count).astype(np.float16).view(np.uint8).reshape(count, 2)
+    return blocks
 
 
 def _quantized(tensor: np.ndarray, qtype_name: str, rng: np.random.Generator) -> tuple[np.ndarray, Any]:
@@ -170,12 +186,9 @@ def _quantized(tensor: np.ndarray, qtype_name: str, rng: np.random.Generator) ->
     qtype = gguf.GGMLQuantizationType[qtype_name]
     if qtype_name not in ("Q4_K", "Q6_K"):
         return gguf.quants.quantize(tensor, qtype), qtype
-    block_values, block_bytes = gguf.GGML_QUANT_SIZES[qtype]
     rows, cols = tensor.shape
-    blocks = rng.integers(0, 256, size=(rows * cols // block_values, block_bytes), dtype=np.uint8)
-    scales = (1e-3 * rng.standard_normal((len(blocks), 2))).astype(np.float16).view(np.uint8)
-    for i, offset in enumerate((0, 2) if qtype_name == "Q4_K" else (208,)):
-        blocks[:, offset : offset + 2] = scales[:, 2 * i : 2 * i + 2]
+    count = rows * cols // gguf.GGML_QUANT_SIZES[qtype][0]
+    blocks = random_gguf_blocks(qtype_name, count, rng, lambda n: 1e-3 * rng.standard_normal(n))
     return blocks.reshape(rows, -1), qtype
 
 
@@ -189,7 +202,7 @@ def write_tiny_gguf(path: Path, *, tie: bool = True, seed: int = 0, hidden: int 
 
     rng = np.random.default_rng(seed)
     heads, kv_heads, ffn = 4, 2, hidden if quantized else 64
-    kinds = iter(QUANTIZED_GGUF_TYPES * (9 * layers))
+    kinds = itertools.cycle(QUANTIZED_GGUF_TYPES)
     tokens = [*_byte_alphabet(), "Ġt", "he", "Ġthe", "Ġa", "<|endoftext|>", "<|im_end|>"]
     types = [1] * (len(tokens) - 2) + [3, 3]
     vocab = len(tokens)

@@ -6,38 +6,37 @@ import pytest
 
 gguf = pytest.importorskip("gguf")
 
+from modelkit import QUANTIZED_GGUF_TYPES, random_gguf_blocks  # noqa: E402
+
 from specula.models.native import kernels  # noqa: E402
 from specula.models.native.kernels import dequant  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not kernels.available(), reason="specula's CPU kernels cannot run here")
 
 T = gguf.GGMLQuantizationType
-KNOWN = {T.Q4_1: (0, 2), T.Q5_0: (0,), T.Q8_0: (0,), T.Q4_K: (0, 2), T.Q6_K: (208,)}
-"""Each type gguf.c knows, with the byte offsets of its float16 fields in a block."""
+KNOWN = [T[name] for name in QUANTIZED_GGUF_TYPES]
+"""Each type gguf.c knows: those of the embedded models' GGUFs."""
 
 
 def halves(n: int, rng: np.random.Generator) -> np.ndarray:
-    """n finite float16 values as bytes [n, 2]: normal ones of both signs and magnitudes, with zeros,
-    negative zeros, subnormals and the largest finite values among them."""
+    """n finite float16 values: normal ones of both signs and magnitudes, with zeros, negative
+    zeros, subnormals and the largest finite values among them."""
     values = (rng.standard_normal(n) * 10.0 ** rng.uniform(-6, 4, n)).astype(np.float16)
     special = np.array([0.0, -0.0, 6e-8, -6e-8, 3e-5, 65504.0, -65504.0], dtype=np.float16)
     values[: min(n, len(special))] = special[: min(n, len(special))]
     values[~np.isfinite(values)] = 1.0
-    return values.view(np.uint8).reshape(n, 2)
+    return values
 
 
 def random_tensor(qtype, rows: int, blocks_per_row: int, seed: int = 0) -> np.ndarray:
     """A tensor's bytes [rows, row bytes] as the GGUF reader gives them: random quants and scales,
     finite float16 fields."""
     rng = np.random.default_rng(seed)
-    _, type_size = gguf.GGML_QUANT_SIZES[qtype]
-    data = rng.integers(0, 256, size=(rows * blocks_per_row, type_size), dtype=np.uint8)
-    for offset in KNOWN[qtype]:
-        data[:, offset : offset + 2] = halves(len(data), rng)
-    return data.reshape(rows, blocks_per_row * type_size)
+    blocks = random_gguf_blocks(qtype.name, rows * blocks_per_row, rng, lambda n: halves(n, rng))
+    return blocks.reshape(rows, -1)
 
 
-@pytest.mark.parametrize("qtype", list(KNOWN), ids=lambda t: t.name)
+@pytest.mark.parametrize("qtype", KNOWN, ids=lambda t: t.name)
 def test_same_bits_as_gguf_py(qtype):
     data = random_tensor(qtype, rows=37, blocks_per_row=3, seed=int(qtype))
     assert dequant.known(qtype)
@@ -63,7 +62,7 @@ def test_other_types_go_to_gguf_py():
     assert not dequant.known(T.F16)
     assert np.array_equal(dequant.dequantize(f16.view(np.uint8), T.F16), gguf.dequantize(f16.view(np.uint8), T.F16))
     q5k = rng.integers(0, 256, size=(2, gguf.GGML_QUANT_SIZES[T.Q5_K][1]), dtype=np.uint8)
-    q5k[:, 0:4] = halves(4, rng).reshape(2, 4)
+    q5k[:, 0:4] = halves(4, rng).view(np.uint8).reshape(2, 4)
     assert not dequant.known(T.Q5_K)
     assert np.array_equal(dequant.dequantize(q5k, T.Q5_K), gguf.dequantize(q5k, T.Q5_K), equal_nan=True)
 
