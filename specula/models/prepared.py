@@ -168,23 +168,6 @@ def cacheable(decoder: torch.nn.Module) -> bool:
     return isinstance(getattr(decoder, "ops", None), CpuKernelOps) and _kernel_linears(decoder) is not None
 
 
-def _kernel_shell(kind: str, in_features: int, out_features: int, buffers: dict[str, torch.Tensor | None]):
-    """A `KernelLinear` around already packed buffers (the attributes its constructor sets, no packing)."""
-    import torch
-    from torch import nn
-
-    from specula.models.native.kernels import KernelLinear
-
-    shell = KernelLinear.__new__(KernelLinear)
-    nn.Module.__init__(shell)
-    shell.kind = kind
-    shell.out_features, shell.in_features = out_features, in_features
-    for name in ("scale", "packed", "bias"):
-        shell.register_buffer(name, buffers.get(name))
-    shell.weight = torch.empty(out_features, in_features, device="meta")
-    return shell
-
-
 class EntryNotWritten(Exception):
     """The entry could not be written (`error`: a full disk, a read-only cache); the model was
     prepared all the same (`decoder`, `extra`), its weights in memory or in the unlinked file."""
@@ -277,6 +260,7 @@ def load_entry(path: Path, key: dict[str, Any]) -> tuple[NativeDecoder, dict[str
     import torch
 
     from specula.models.native import NativeConfig, NativeDecoder
+    from specula.models.native.kernels import KernelLinear
     from specula.models.native.ops import CpuKernelOps
     from specula.models.tensor_file import map_tensors
 
@@ -302,7 +286,8 @@ def load_entry(path: Path, key: dict[str, Any]) -> tuple[NativeDecoder, dict[str
             parent = decoder.get_submodule(parent_name) if parent_name else decoder
             buffers = {b: torch.empty(state[f"{name}.{b}"].shape, dtype=state[f"{name}.{b}"].dtype, device="meta")
                        for b in info["buffers"]}
-            setattr(parent, child, _kernel_shell(info["kind"], int(info["in"]), int(info["out"]), buffers))
+            setattr(parent, child, KernelLinear.from_packed(info["kind"], int(info["in"]), int(info["out"]),
+                                                            buffers["packed"], buffers.get("scale"), buffers.get("bias")))
         decoder.load_state_dict(state, strict=True, assign=True)
     except (RuntimeError, OSError, KeyError, TypeError, ValueError) as exc:
         raise StaleEntry(f"it could not be read ({type(exc).__name__}: {str(exc)[:200]})") from exc

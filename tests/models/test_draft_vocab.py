@@ -24,6 +24,7 @@ V = 96
 KINDS = [("aten", "none"), ("onednn", "none"), ("aten", "int8"),
          pytest.param("specula", "none", marks=pytest.mark.skipif(not kernels.available(), reason="no C kernels")),
          pytest.param("specula", "int8", marks=pytest.mark.skipif(not kernels.available(), reason="no C kernels"))]
+INT4 = pytest.param("specula", "int4", marks=pytest.mark.skipif(not kernels.available(), reason="no C kernels"))
 
 
 def native(model, kernel="aten", quantize="none") -> NativeCausalLM:
@@ -41,7 +42,7 @@ def logits_of(backend, prompt, tree_tokens=(7, 8, 9)):
     return torch.cat([last.reshape(1, -1), rows]).float()
 
 
-@pytest.mark.parametrize("kernel,quantize", KINDS)
+@pytest.mark.parametrize("kernel,quantize", [*KINDS, INT4])
 @pytest.mark.parametrize("tie", [False, True])
 def test_a_cut_head_scores_its_rows_as_the_full_head_and_nothing_else(kernel, quantize, tie):
     model = tiny_model("qwen2", "eager", seed=3)
@@ -60,7 +61,9 @@ def test_a_cut_head_scores_its_rows_as_the_full_head_and_nothing_else(kernel, qu
     else:  # a BLAS may block another output width otherwise
         assert torch.allclose(got[:, ids], expected[:, ids], atol=1e-5)
     context = torch.tensor(sorted(set(prompt) - set(ids.tolist())))  # read by the sequence: scored too
-    assert len(context) and torch.allclose(got[:, context], expected[:, context], rtol=0.02, atol=0.05)
+    # rows read from the float embedding (tied): int4's rounding of the full head is what differs
+    atol = 0.5 if quantize == "int4" and tie else 0.05
+    assert len(context) and torch.allclose(got[:, context], expected[:, context], rtol=0.02, atol=atol)
     others = torch.ones(V, dtype=torch.bool)
     others[ids] = False
     others[context] = False

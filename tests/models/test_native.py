@@ -251,6 +251,35 @@ def test_kernel_linear_reads_back_chosen_weight_rows_as_it_computes_with_them(ki
                                rtol=0 if kind in ("f32", "i4") else 1e-2)
 
 
+@pytest.mark.skipif(not kernels.available(), reason="specula's CPU kernels cannot run here")
+@pytest.mark.parametrize("kind", ["f32", "w8", "i8", "i4"])
+@pytest.mark.parametrize("bias", [False, True])
+def test_kernel_linear_rows_taken_out_are_those_rows_packed_alone(kind, bias):
+    """`take_rows` cuts rows out of the packed layout (odd sizes: padded blocks, i8 quads, i4 nibbles
+    and group scales): the very bytes and scales packing those rows alone makes, padding included,
+    and outputs the full layer's columns bit for bit."""
+    from torch import nn
+
+    from specula.models.native.kernels import KernelLinear
+
+    torch.manual_seed(5)
+    lin = nn.Linear(37, 53, bias=bias)
+    layer = KernelLinear(lin, kind)
+    block = kernels.library().specula_block()
+    for ids in (torch.tensor([52, 0, 17, 16, 5, 33]), torch.arange(53), torch.arange(block, 2 * block)):
+        alone = nn.Linear(37, len(ids), bias=bias)
+        alone.weight = nn.Parameter(lin.weight[ids].detach().clone())
+        if bias:
+            alone.bias = nn.Parameter(lin.bias[ids].detach().clone())
+        expected, got = KernelLinear(alone, kind), layer.take_rows(ids)
+        assert (got.in_features, got.out_features) == (37, len(ids))
+        assert torch.equal(got.packed, expected.packed)
+        for name in ("scale", "bias"):
+            want, have = getattr(expected, name), getattr(got, name)
+            assert (want is None and have is None) or torch.equal(have, want)
+        x = torch.randn(5, 37)
+        assert torch.equal(got(x), layer(x)[:, ids])
+
 OUT_OF_MEMORY = """
 import resource, sys
 import torch

@@ -45,7 +45,8 @@ class TrainedHead:
         self.file = file
         self.d2t = d2t.to(torch.long)  # [V_draft]
         dtype = next(module.parameters()).dtype
-        self.lm_rows: torch.Tensor | None = target.output_rows(self.d2t).to(dtype).clone()  # [V_draft, E]
+        rows = target.output_rows(self.d2t).to(dtype)  # [V_draft, E]; a kernel packs it, else an own copy
+        self.lm_rows: torch.Tensor | None = rows if kernel is not None else rows.clone()
         """The target's output rows of the draft vocabulary (None once packed for kernel drafting)."""
         self.dtype = dtype
         seq_len = (file.training.get("config") or {}).get("seq_len") if file is not None else None
@@ -76,16 +77,15 @@ class TrainedHead:
         would leave the others a handful of int8 levels; an eagle layer drafts through
         `KernelHeadPass` (a level's rows, token ids to logits, in one kernel call) where its shapes
         fit. Drafting only: the head cannot train after."""
-        from specula.models.native.kernels import KernelLinear, apply_kernels
+        from specula.models.native.kernels import KernelLinear, apply_kernels, pack_weight
 
         if self.dtype != torch.float32:
             raise ValueError(f"kernel drafting takes a float32 head, got {self.dtype}")
         if self.config.feature_layers:
             self.module.fuse = KernelLinear(self.module.fuse, "w8")
         apply_kernels(self.module, kind, skip=("fuse",))
-        rows = torch.nn.Linear(self.config.hidden_size, len(self.d2t), bias=False, device="meta")  # no init
-        rows.weight = torch.nn.Parameter(self.lm_rows, requires_grad=False)
-        self._lm = KernelLinear(rows, kind)
+        self._lm = KernelLinear.from_packed(kind, self.config.hidden_size, len(self.d2t),
+                                            *pack_weight(self.lm_rows.float().contiguous(), kind))
         self.lm_rows = None  # packed into `_lm`: no second copy kept
         if kernel_pass_fits(self.module):
             self.kernel_pass = KernelHeadPass(self.module, self._lm, embedding_table(self.target))

@@ -272,6 +272,51 @@ class KernelLinear(nn.Module):
         # Shape only (no storage): callers read `lm_head.weight.shape` for the logit width.
         self.weight = torch.empty(self.out_features, self.in_features, device="meta")
 
+    @classmethod
+    def from_packed(cls, kind: str, in_features: int, out_features: int, packed: torch.Tensor,
+                    scale: torch.Tensor | None, bias: torch.Tensor | None = None) -> KernelLinear:
+        """A layer around already packed buffers (what the constructor would make; nothing packed):
+        a prepared entry's memory-mapped weights, or rows cut out of another layer (`take_rows`)."""
+        layer = cls.__new__(cls)
+        nn.Module.__init__(layer)
+        layer.kind = kind
+        layer.out_features, layer.in_features = out_features, in_features
+        layer.register_buffer("scale", scale)
+        layer.register_buffer("packed", packed)
+        layer.register_buffer("bias", bias)
+        layer.weight = torch.empty(out_features, in_features, device="meta")
+        return layer
+
+    def take_rows(self, ids: torch.Tensor) -> KernelLinear:
+        """A layer of output rows `ids` [k] alone (a draft vocabulary's head), cut out of the packed
+        layout: the packed values and scales are those that packing these rows alone makes (every
+        kind quantizes each row by itself), so each kept output is this layer's bit for bit, with no
+        row unpacked or quantized again."""
+        ids = ids.to(torch.long).cpu()
+        block = library().specula_block()
+        kept = blocks_of(self._packed_rows(ids), block, 0x88 if self.kind == "i4" else 0)  # [k', steps, lanes]
+        packed = kept.view(-1, block, *kept.shape[1:]).transpose(1, 2).contiguous().view(-1)  # [k'/block][steps][block][lanes]
+        scale = self.scale
+        if self.kind == "i4":  # [blocks, groups, block] -> [k', groups] -> [k' / block, groups, block]
+            rows = blocks_of(scale[ids // block, :, ids % block], block, 1.0)
+            scale = rows.view(-1, block, rows.shape[1]).transpose(1, 2).contiguous()
+        elif scale is not None:  # [out]: one per row, unpadded
+            scale = scale[ids].contiguous()
+        bias = None if self.bias is None else self.bias[ids].contiguous()
+        return KernelLinear.from_packed(self.kind, self.in_features, len(ids), packed, scale, bias)
+
+    def _packed_rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """The packed values of output rows `ids` [k] (long, CPU): [k, steps, lanes], out of the layout
+        [blocks][steps][block][lanes] (f32 / w8: an input per step, one lane; i8: an input quad per
+        step, 4 lanes; i4: 8 inputs per step, 4 bytes of two nibbles)."""
+        block = library().specula_block()
+        lanes = 1 if self.kind in ("f32", "w8") else 4
+        if self.kind == "i4":
+            steps = -(-self.in_features // I4_GROUP) * I4_GROUP // 8
+        else:
+            steps = (-(-self.in_features // 4) * 4 if self.kind == "i8" else self.in_features) // lanes
+        return self.packed.view(-1, steps, block, lanes)[ids // block, :, ids % block, :]
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [..., in]
         rows = x.reshape(-1, self.in_features).float().contiguous()  # [n, in]
         out = self.into(rows, torch.empty((rows.shape[0], self.out_features), dtype=torch.float32))  # [n, out]
@@ -299,23 +344,15 @@ class KernelLinear(nn.Module):
         (int8 kinds: dequantized), read out of the packed layout without unpacking the rest (a
         152k-row output head read back whole took 4 s and 1 GB)."""
         ids = ids.to(torch.long).cpu()
-        block = library().specula_block()
-        b, c = ids // block, ids % block  # [k] block of each row, column within it
-        if self.kind == "i4":  # [blocks][in64 / 8][block][4] nibbles, scales [blocks][groups][block]
-            blocks, groups = self.scale.shape[:2]
-            grid = self.packed.view(blocks, groups * I4_GROUP // 8, block, 4)[b, :, c, :]  # [k, steps, 4]
+        grid = self._packed_rows(ids)  # [k, steps, lanes]
+        if self.kind == "i4":  # 4 bytes a step: inputs 8s + j (low nibbles) and 8s + 4 + j (high); scales per 64
+            block = library().specula_block()
+            groups = self.scale.shape[1]
             lo, hi = (grid & 15).to(torch.int8) - 8, (grid >> 4).to(torch.int8) - 8  # [k, steps, 4] each
             rows = torch.cat([lo, hi], dim=2).reshape(len(ids), groups, I4_GROUP).float()  # [k, groups, 64]
-            rows = rows * self.scale[b, :, c][:, :, None]
+            rows = rows * self.scale[ids // block, :, ids % block][:, :, None]
             return rows.reshape(len(ids), -1)[:, : self.in_features]
-        blocks = self.packed.numel() // (self.in_features * block)
-        if self.kind == "i8":  # [blocks][in / 4][block][4]
-            padded = self.packed.numel() // (blocks * block)
-            grid = self.packed.view(blocks, padded // 4, block, 4)
-            rows = grid[b, :, c, :].reshape(len(ids), padded)[:, : self.in_features]  # [k, in]
-        else:  # [blocks][in][block]
-            rows = self.packed.view(blocks, self.in_features, block)[b, :, c]  # [k, in]
-        rows = rows.float()
+        rows = grid.reshape(len(ids), -1)[:, : self.in_features].float()  # [k, in]
         return rows if self.scale is None else rows * self.scale[ids][:, None]
 
     @property
@@ -325,6 +362,15 @@ class KernelLinear(nn.Module):
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, specula {self.kind}"
+
+
+def blocks_of(rows: torch.Tensor, block: int, fill: float) -> torch.Tensor:
+    """rows [k, ...] padded with `fill` to a whole number of blocks of `block` rows (what the packing
+    writes past the last row: zero weights, i4's nibble 8 and scale 1)."""
+    extra = -len(rows) % block
+    if not extra:
+        return rows
+    return torch.cat([rows, rows.new_full((extra, *rows.shape[1:]), fill)])
 
 
 def top_k_probs(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
