@@ -108,7 +108,8 @@ class EagleHead(nn.Module):
             self.copy_len = nn.Parameter(torch.zeros(cfg.copy_ngram + 1, e))
             self.copy_gain = nn.Parameter(torch.zeros(cfg.copy_ngram + 1, e))  # per match length, on the hint itself
             self.reset_copy()
-        inv = 1.0 / (cfg.rope_theta ** (torch.arange(0, d, 2, dtype=torch.float32) / d))
+        # made on the CPU also where the module is built on the meta device (`load_head`): no file holds it
+        inv = 1.0 / (cfg.rope_theta ** (torch.arange(0, d, 2, dtype=torch.float32, device="cpu") / d))
         self.register_buffer("inv_freq", inv, persistent=False)  # [D / 2]
 
     def reset_parameters(self, generator: torch.Generator) -> None:
