@@ -234,7 +234,8 @@ def _holds_embedding(model: Any, reader: Callable[[torch.Tensor], torch.Tensor],
     spread over the vocabulary (cosine >= 0.99 and norms within 2% on every one): a model converted
     untied from tied weights. The GGUFs of Qwen2.5-Coder-0.5B and -1.5B carry both, quantized apart
     (cosine 0.9985 on the 0.5B); a draft needs no exactness, so its rare rows may come from the
-    embedding and its full int8 head (136 MB) can go."""
+    embedding and its full int8 head (136 MB) can go. The 0.5B in int4 (the default draft) keeps
+    its full head: its rows are 0.987-0.993 from the embedding's (64 sampled, session 97)."""
     n = int(model.vocab_size)
     ids = torch.linspace(0, n - 1, min(sample, n)).long()  # [s]
     head = reader(ids).float().cpu()  # [s, E]
