@@ -178,12 +178,56 @@ def load_tokenizer(spec: str | ResolvedModel) -> PreTrainedTokenizerBase:
     kwargs: dict[str, Any] = {"local_files_only": True}
     if resolved.gguf_file is not None:
         kwargs["gguf_file"] = str(resolved.gguf_file)
+    elif (added := added_tokens_of(resolved.path)) is not None:
+        kwargs["added_tokens_decoder"] = added
     try:
         return AutoTokenizer.from_pretrained(str(resolved.path), **kwargs)
     except ImportError as exc:
         raise SpeculaError(f"loading {resolved.name} needs a missing package: {exc}") from exc
     except (OSError, ValueError, KeyError) as exc:
         raise SpeculaError(f"could not load the tokenizer of {resolved.spec!r} from {resolved.path}: {exc}") from exc
+
+
+ADDED_TOKENS_HEAD = 1 << 20
+"""Characters of `tokenizer.json` `added_tokens_of` reads (its added tokens come before the vocabulary)."""
+_ADDED_TOKENS_KEY = re.compile(r'"added_tokens"\s*:\s*')
+
+
+def added_tokens_of(directory: Path) -> dict[int, dict[str, Any]] | None:
+    """The added tokens of the directory's `tokenizer.json` as `added_tokens_decoder` ({id: AddedToken
+    fields}), read from the file's head; None (transformers then reads them itself) unless the
+    directory holds `tokenizer.json` and a `tokenizer_config.json` without `added_tokens_decoder`,
+    and no `special_tokens_map.json` or `added_tokens.json`.
+
+    Where a tokenizer config has no `added_tokens_decoder` (transformers 5 writes none),
+    transformers parses all of `tokenizer.json` (11 MB for Qwen2.5) once more just to read its
+    `added_tokens`, which the tokenizers library writes right after `version`, `truncation` and
+    `padding`. Given them, it builds the same tokenizer (tested) 0.5 s sooner on the 2-core machine."""
+    import json
+
+    config, file = directory / "tokenizer_config.json", directory / "tokenizer.json"
+    if not (config.is_file() and file.is_file()) or any(
+            (directory / name).exists() for name in ("special_tokens_map.json", "added_tokens.json")):
+        return None
+    try:
+        if "added_tokens_decoder" in json.loads(config.read_text(encoding="utf-8")):
+            return None
+        with open(file, encoding="utf-8") as f:
+            text = f.read(ADDED_TOKENS_HEAD)
+        key = _ADDED_TOKENS_KEY.search(text)
+        if key is None or not isinstance(json.loads(text[:key.start()] + '"": 0}'), dict):  # a top-level key
+            return None
+        tokens, _ = json.JSONDecoder().raw_decode(text, key.end())
+        added = {}
+        for token in tokens:
+            fields = dict(token)
+            index = fields.pop("id")
+            if type(index) is not int or not isinstance(fields.get("content"), str):
+                return None
+            added[index] = fields
+        return added
+    except (OSError, ValueError, TypeError, KeyError):
+        return None
 
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 from types import SimpleNamespace
@@ -12,7 +13,7 @@ from modelkit import ModelFactory, word_tokenizer
 
 from specula.errors import ConfigError, IncompatibleModelsError, ModelNotFoundError
 from specula.models import install as inst
-from specula.models.loading import apply_chat_template, check_compatible, load_model, resolve
+from specula.models.loading import apply_chat_template, check_compatible, load_model, load_tokenizer, resolve
 
 WORDS = ["<unk>", "<pad>", "<eos>", "<bos>", "a", "b", "c", "d"]
 
@@ -210,3 +211,66 @@ def test_real_gguf_dir_copy_is_independent(tiny_gguf: Path, tmp_path: Path) -> N
     copy.parent.mkdir()
     shutil.copy(tiny_gguf, copy)
     assert resolve(str(copy)).path == copy.parent
+
+
+def _saved_tokenizer(tmp_path):
+    """A word tokenizer with added tokens (special and not), saved as transformers saves one."""
+    from transformers import AddedToken
+
+    import tiny
+
+    tokenizer = tiny.word_tokenizer(["w0", "w1", "w2", "hello", "world"], eos_token="<|end|>", pad_token="<|pad|>")
+    tokenizer.add_tokens([AddedToken("<tool>", lstrip=True, normalized=False), "plain-added"])
+    tokenizer.chat_template = "{% for m in messages %}{{ m.content }} {% endfor %}"
+    tokenizer.save_pretrained(tmp_path)
+    return tmp_path
+
+
+def test_added_tokens_read_from_the_head_of_tokenizer_json_give_the_same_tokenizer(tmp_path):
+    """`load_tokenizer` hands transformers the added tokens it read from the file's head (transformers
+    would parse the whole file again for them): the tokenizer is the one transformers builds alone."""
+    from transformers import AutoTokenizer
+
+    from specula.models.loading import added_tokens_of
+
+    directory = _saved_tokenizer(tmp_path)
+    added = added_tokens_of(directory)
+    expected = AutoTokenizer.from_pretrained(str(directory), local_files_only=True)
+    assert added is not None and {t["content"] for t in added.values()} >= {"<|end|>", "<|pad|>", "<tool>", "plain-added"}
+    assert {i: t.content for i, t in expected.added_tokens_decoder.items()} == {i: t["content"] for i, t in added.items()}
+    got = load_tokenizer(str(directory))
+    assert got.added_tokens_decoder == expected.added_tokens_decoder
+    assert got.backend_tokenizer.to_str() == expected.backend_tokenizer.to_str()
+    assert got.all_special_tokens == expected.all_special_tokens and got.get_vocab() == expected.get_vocab()
+    assert got.init_kwargs == expected.init_kwargs and got.chat_template == expected.chat_template
+    text = "hello <tool>world plain-added w2 <|end|>"
+    assert got(text).input_ids == expected(text).input_ids
+    assert got.decode(got(text).input_ids) == expected.decode(expected(text).input_ids)
+
+
+def test_added_tokens_are_left_to_transformers_where_it_reads_them_elsewhere(tmp_path):
+    from specula.models.loading import added_tokens_of
+
+    directory = _saved_tokenizer(tmp_path)
+    (directory / "special_tokens_map.json").write_text("{}")
+    assert added_tokens_of(directory) is None  # the legacy files transformers reads with them
+    (directory / "special_tokens_map.json").unlink()
+    config = json.loads((directory / "tokenizer_config.json").read_text())
+    (directory / "tokenizer_config.json").write_text(json.dumps(config | {"added_tokens_decoder": {}}))
+    assert added_tokens_of(directory) is None  # the config holds them
+
+
+@pytest.mark.parametrize("text", [
+    '{"version": "1.0", "truncation": {"added_tokens": [{"id": 1, "content": "x"}]}, "added_tokens": []}',  # nested first
+    '{"version": "1.0", "padding": null}',  # none
+    '{"version": "1.0", "added_tokens": [{"id": "1", "content": "x"}]}',  # an id that is no int
+    '{"version": "1.0", "added_tokens": [{"id": 1, "content": "x"}',  # cut short
+])
+def test_added_tokens_from_a_head_that_does_not_hold_them_plainly_are_none(tmp_path, text):
+    from specula.models.loading import added_tokens_of
+
+    (tmp_path / "tokenizer_config.json").write_text("{}")
+    (tmp_path / "tokenizer.json").write_text(text)
+    assert added_tokens_of(tmp_path) is None
+    (tmp_path / "tokenizer.json").write_text('{"version": "1.0", "added_tokens": [{"id": 4, "content": "x", "special": true}]}')
+    assert added_tokens_of(tmp_path) == {4: {"content": "x", "special": True}}
