@@ -34,6 +34,12 @@ from specula.tree import TokenTree
 
 DEFAULT_SIZES = (1, 2, 4, 8, 16, 32, 64)
 """Sizes measured by `specula profile`, the bench and the planner (1 is always added)."""
+DEFAULT_CONTEXT = 64
+"""Tokens in the cache before each timed pass of the planner's cost curve. The prefix is prefilled
+before the timing, and on a CPU that prefill is most of what a short context costs: 256 tokens
+took 18 s to time on the float32 1.5B (2 cores) against 13-14 s for 64, whose passes cost the same
+within the machine's noise (their attention reads 2% or less of what the weights take; timed
+alternately, `docs/cpu.md`). The planner corrects the curve from every pass a run times."""
 
 
 @dataclass(frozen=True)
@@ -148,8 +154,8 @@ class PassTimes:
 
 
 def measure_cost_curve(
-    backend: TargetModel, sizes: Sequence[int] = DEFAULT_SIZES, context: int = 256, repeats: int = 3, seed: int = 0,
-    config: TimingConfig | None = None,
+    backend: TargetModel, sizes: Sequence[int] = DEFAULT_SIZES, context: int = DEFAULT_CONTEXT, repeats: int = 3,
+    seed: int = 0, config: TimingConfig | None = None,
 ) -> CostCurve:
     """Median latency of one verification pass of n tokens (root + chain of n-1 nodes) after a
     `context`-token prefix, for each n in `sizes` (1 added if missing). Warmed up until plain
@@ -393,7 +399,7 @@ def _add_samples(samples: dict[str, Any], times: dict[int, list[float]]) -> None
         ratio[str(n)] = (ratio.get(str(n), []) + paired)[-MAX_SAMPLES:]
 
 
-def load_or_measure_curve(target: TargetModel, sizes: Sequence[int] = DEFAULT_SIZES, context: int = 256,
+def load_or_measure_curve(target: TargetModel, sizes: Sequence[int] = DEFAULT_SIZES, context: int = DEFAULT_CONTEXT,
                           repeats: int = 2, report: bool = True) -> CostCurve:
     """The target's cost curve from the on-disk cache, or measured now (and cached atomically).
 

@@ -64,7 +64,7 @@ from specula.models.base import BatchedTargetModel, TargetModel
 from specula.planner.batch_cost import DEFAULT_BATCH_SIZES, BatchCostCurve, load_or_measure_batch_curve
 from specula.planner.calibration import CalibrationConfig, Calibrator
 from specula.planner.base import Plan, PlanRequest, StepTiming
-from specula.planner.cost import DEFAULT_SIZES, CostCurve, CostModel, load_or_measure_curve
+from specula.planner.cost import DEFAULT_CONTEXT, DEFAULT_SIZES, CostCurve, CostModel, load_or_measure_curve
 from specula.planner.merge import merge_proposals
 from specula.planner.pause import Pause
 from specula.planner.select import (best_children, chain_lookahead, choose_batch, choose_size, path_probabilities,
@@ -81,8 +81,8 @@ class PlannerConfig:
     """Binning / smoothing of acceptance estimates."""
     cost_sizes: tuple[int, ...] = DEFAULT_SIZES
     """Pass sizes measured for the cost curve."""
-    cost_context: int = 256
-    """Context length (tokens in the cache) at which the cost curve is measured."""
+    cost_context: int = DEFAULT_CONTEXT
+    """Context length (tokens in the cache) at which the cost curve is measured (`cost.DEFAULT_CONTEXT`)."""
     cost_repeats: int = 2
     """Timed repeats per size at start-up."""
     cost_explore: float = 0.4
