@@ -39,7 +39,7 @@ DEFAULT_CONTEXT = 64
 before the timing, and on a CPU that prefill is most of what a short context costs: 256 tokens
 took 18 s to time on the float32 1.5B (2 cores) against 13-14 s for 64, whose passes cost the same
 within the machine's noise (their attention reads 2% or less of what the weights take; timed
-alternately, `docs/cpu.md`). The planner corrects the curve from every pass a run times."""
+alternately, `docs/cache.md`). The planner corrects the curve from every pass a run times."""
 
 
 @dataclass(frozen=True)
