@@ -36,10 +36,10 @@ DEFAULT_SIZES = (1, 2, 4, 8, 16, 32, 64)
 """Sizes measured by `specula profile`, the bench and the planner (1 is always added)."""
 DEFAULT_CONTEXT = 64
 """Tokens in the cache before each timed pass of the planner's cost curve. The prefix is prefilled
-before the timing, and on a CPU that prefill is most of what a short context costs: 256 tokens
-took 18 s to time on the float32 1.5B (2 cores) against 13-14 s for 64, whose passes cost the same
-within the machine's noise (their attention reads 2% or less of what the weights take; timed
-alternately, `docs/cache.md`). The planner corrects the curve from every pass a run times."""
+before the passes are timed: after 256 tokens the float32 1.5B's timing took 18 s on 2 cores,
+after 64 tokens 13-14 s, and its passes cost the same within the machine's noise (the attention
+reads 2% or less of the bytes the weights take; timed alternately, `docs/cache.md`). The planner
+corrects the curve from every pass a run times."""
 
 
 @dataclass(frozen=True)
