@@ -45,9 +45,9 @@ class TrainedHead:
         self.file = file
         self.d2t = d2t.to(torch.long)  # [V_draft]
         dtype = next(module.parameters()).dtype
-        rows = target.output_rows(self.d2t).to(dtype)  # [V_draft, E]; a kernel packs it, else an own copy
-        self.lm_rows: torch.Tensor | None = rows if kernel is not None else rows.clone()
-        """The target's output rows of the draft vocabulary (None once packed for kernel drafting)."""
+        rows = target.output_rows(self.d2t).to(dtype)  # [V_draft, E]
+        self.lm_rows: torch.Tensor | None = None if kernel is not None else rows.clone()
+        """The target's output rows of the draft vocabulary (None when packed for kernel drafting)."""
         self.dtype = dtype
         seq_len = (file.training.get("config") or {}).get("seq_len") if file is not None else None
         self.window: int | None = int(seq_len) if seq_len else None
@@ -68,15 +68,15 @@ class TrainedHead:
         """An eagle / eagle3 layer's drafting pass as direct kernel calls (`kernel_pass`), set with
         `kernel` where its shapes fit; None: the module's forward."""
         if kernel is not None:
-            self._use_kernel(kernel)
+            self._use_kernel(kernel, rows)
 
-    def _use_kernel(self, kind: str) -> None:
+    def _use_kernel(self, kind: str, rows: torch.Tensor) -> None:
         """Draft on specula's CPU kernels (`models.native.kernels`, kind `i8`: int8 weights and
         activations): every linear layer of the head and the output rows; eagle3's `fuse` keeps float
         activations (kind `w8`): it reads the target's raw residual stream, whose few huge channels
         would leave the others a handful of int8 levels; an eagle layer drafts through
         `KernelHeadPass` (a level's rows, token ids to logits, in one kernel call) where its shapes
-        fit. Drafting only: the head cannot train after."""
+        fit; `rows` [V_draft, E]: the output rows to pack. Drafting only: the head cannot train after."""
         from specula.models.native.kernels import KernelLinear, apply_kernels, pack_weight
 
         if self.dtype != torch.float32:
@@ -85,8 +85,7 @@ class TrainedHead:
             self.module.fuse = KernelLinear(self.module.fuse, "w8")
         apply_kernels(self.module, kind, skip=("fuse",))
         self._lm = KernelLinear.from_packed(kind, self.config.hidden_size, len(self.d2t),
-                                            *pack_weight(self.lm_rows.float().contiguous(), kind))
-        self.lm_rows = None  # packed into `_lm`: no second copy kept
+                                            *pack_weight(rows.float().contiguous(), kind))
         if kernel_pass_fits(self.module):
             self.kernel_pass = KernelHeadPass(self.module, self._lm, embedding_table(self.target))
         self.kernel = kind
