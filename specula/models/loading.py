@@ -18,6 +18,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any, Literal
 
 from specula.errors import ConfigError, IncompatibleModelsError, ModelNotFoundError, SpeculaError
@@ -178,8 +179,11 @@ def load_tokenizer(spec: str | ResolvedModel) -> PreTrainedTokenizerBase:
     kwargs: dict[str, Any] = {"local_files_only": True}
     if resolved.gguf_file is not None:
         kwargs["gguf_file"] = str(resolved.gguf_file)
-    elif (added := added_tokens_of(resolved.path)) is not None:
-        kwargs["added_tokens_decoder"] = added
+    else:
+        if (added := added_tokens_of(resolved.path)) is not None:
+            kwargs["added_tokens_decoder"] = added
+        if (stand_in := config_stand_in(resolved.path)) is not None:
+            kwargs["config"] = stand_in
     try:
         return AutoTokenizer.from_pretrained(str(resolved.path), **kwargs)
     except ImportError as exc:
@@ -228,6 +232,41 @@ def added_tokens_of(directory: Path) -> dict[int, dict[str, Any]] | None:
         return added
     except (OSError, ValueError, TypeError, KeyError):
         return None
+
+
+def config_stand_in(directory: Path) -> SimpleNamespace | None:
+    """What `AutoTokenizer.from_pretrained` reads of a model's config, read from `config.json` as
+    JSON: its `model_type`, `tokenizer_class`, `model_name` where set, and `_name_or_path` (the
+    directory, as `AutoConfig` sets it); passed as `config`, it spares transformers building the
+    config. None (transformers reads the config itself) unless the tokenizer config names its
+    class and neither file names remote code, and the config's model type is one transformers knows.
+
+    Why: `AutoTokenizer` builds the model's config only to choose the tokenizer's class, and for a
+    `tokenizer_config.json` naming its class it reads only those attributes, and whether the
+    config's class is mapped to a tokenizer (a stand-in's is not; the named class then decides, as
+    it does for transformers' own classes). Building a `LlamaConfig` imports transformers'
+    model-loading code and `torch.distributed.tensor`: 2.3 s of every SmolLM2 start on the 2-core
+    machine. The tokenizer is the same (tested against transformers' own load)."""
+    import json
+
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+
+    try:
+        tokenizer_config = json.loads((directory / "tokenizer_config.json").read_text(encoding="utf-8"))
+        config = json.loads((directory / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not (isinstance(tokenizer_config, dict) and isinstance(config, dict)):
+        return None
+    model_type, named_class = config.get("model_type"), tokenizer_config.get("tokenizer_class")
+    if (not isinstance(named_class, str) or not isinstance(model_type, str) or model_type not in CONFIG_MAPPING_NAMES
+            or "auto_map" in tokenizer_config or "auto_map" in config):
+        return None
+    facts = {"model_type": model_type, "_name_or_path": str(directory),
+             "tokenizer_class": config.get("tokenizer_class")}
+    if "model_name" in config:
+        facts["model_name"] = config["model_name"]
+    return SimpleNamespace(**facts)
 
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
@@ -369,7 +408,16 @@ BACKENDS = ("auto", "native", "hf")
 
 
 def _architecture(resolved: ResolvedModel) -> str:
-    """The model class a spec loads as, read from its config alone (no weights)."""
+    """The model class a spec loads as, read from its config alone (no weights): the first of a
+    `config.json`'s `architectures`, read as JSON; otherwise (a .gguf, or a config naming no class)
+    through transformers' `AutoConfig`.
+
+    Why not always `AutoConfig`: building a `LlamaConfig` imports transformers' model-loading code
+    and with it `torch.distributed.tensor`, 2.3 s of every SmolLM2 start on the 2-core machine (its
+    prepared model then loads in 0.2 s and never reads the config)."""
+    named = _named_architectures(resolved)
+    if named:
+        return named[0]
     from transformers import AutoConfig
 
     kwargs: dict[str, Any] = {"local_files_only": True}
@@ -386,6 +434,24 @@ def _architecture(resolved: ResolvedModel) -> str:
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
     return MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(getattr(config, "model_type", ""), "")
+
+
+def _named_architectures(resolved: ResolvedModel) -> list[str] | None:
+    """The `architectures` of the model directory's `config.json` when it names them as a list of
+    strings; None for a .gguf, or a config that is missing, unreadable or names none (transformers
+    then reads it, and words its errors)."""
+    import json
+
+    if resolved.gguf_file is not None:
+        return None
+    try:
+        config = json.loads((resolved.path / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    named = config.get("architectures") if isinstance(config, dict) else None
+    if isinstance(named, list) and named and all(isinstance(name, str) for name in named):
+        return named
+    return None
 
 
 def load_backend(spec: str | ResolvedModel, config: LoadConfig = LoadConfig(), name: str = "model", *,

@@ -274,3 +274,118 @@ def test_added_tokens_from_a_head_that_does_not_hold_them_plainly_are_none(tmp_p
     assert added_tokens_of(tmp_path) is None
     (tmp_path / "tokenizer.json").write_text('{"version": "1.0", "added_tokens": [{"id": 4, "content": "x", "special": true}]}')
     assert added_tokens_of(tmp_path) == {4: {"content": "x", "special": True}}
+
+
+# --------------------------------------------------------------------------- _architecture
+
+
+def test_architecture_reads_a_directorys_config_without_transformers_and_falls_back_to_it(
+        tiny_gguf: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A directory's config.json names its class as read (AutoConfig not called); a .gguf, or a
+    config naming no class, goes through AutoConfig (its model type's class) as before."""
+    import transformers
+
+    from specula.models.loading import _architecture
+
+    converted = tmp_path / "converted"
+    converted.mkdir()
+    inst.convert_gguf(tiny_gguf, converted, progress=False)
+    from_gguf = _architecture(resolve(str(tiny_gguf)))
+    assert from_gguf == "LlamaForCausalLM"
+    real = transformers.AutoConfig.from_pretrained
+    calls = []
+
+    def counted(*args, **kwargs):
+        calls.append(args)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(transformers.AutoConfig, "from_pretrained", counted)
+    assert _architecture(resolve(str(converted))) == from_gguf and calls == []
+    config = json.loads((converted / "config.json").read_text())
+    for named in (None, []):  # no class named: transformers reads it (its model type's class)
+        config["architectures"] = named
+        (converted / "config.json").write_text(json.dumps(config))
+        assert _architecture(resolve(str(converted))) == "LlamaForCausalLM"
+    assert len(calls) == 2
+    config["architectures"] = ["MyForCausalLM", "LlamaForCausalLM"]
+    (converted / "config.json").write_text(json.dumps(config))
+    assert _architecture(resolve(str(converted))) == "MyForCausalLM" and len(calls) == 2
+
+
+# --------------------------------------------------------------------------- config_stand_in
+
+
+def _model_dir(tmp_path: Path, arch: str, tokenizer_class: str | None) -> Path:
+    """`_saved_tokenizer` beside a tiny `arch` model's config.json, the tokenizer config naming
+    `tokenizer_class` (None: naming none)."""
+    import tiny
+
+    directory = _saved_tokenizer(tmp_path / f"{arch}-{tokenizer_class}")
+    tiny.tiny_model(arch).config.save_pretrained(directory)
+    config = json.loads((directory / "tokenizer_config.json").read_text())
+    config.pop("tokenizer_class", None)
+    if tokenizer_class is not None:
+        config["tokenizer_class"] = tokenizer_class
+    (directory / "tokenizer_config.json").write_text(json.dumps(config))
+    return directory
+
+
+@pytest.mark.parametrize("arch, tokenizer_class", [
+    ("llama", "TokenizersBackend"), ("llama", "LlamaTokenizer"), ("llama", "PreTrainedTokenizerFast"),
+    ("qwen2", "Qwen2Tokenizer"), ("qwen2", "TokenizersBackend"), ("gpt2", "GPT2Tokenizer"),
+    ("gpt2", "LlamaTokenizerFast")])
+def test_config_stand_in_gives_the_tokenizer_transformers_builds_from_the_config(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, arch: str, tokenizer_class: str) -> None:
+    """With the config's facts read as JSON, `AutoTokenizer` picks the class, and builds the tokenizer,
+    that it picks and builds from the config it would build itself (which it then does not build)."""
+    import transformers
+    from transformers import AutoTokenizer
+
+    directory = _model_dir(tmp_path, arch, tokenizer_class)
+    expected = AutoTokenizer.from_pretrained(str(directory), local_files_only=True)
+    real = transformers.AutoConfig.from_pretrained
+    calls = []
+
+    def counted(*args, **kwargs):
+        calls.append(args)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(transformers.AutoConfig, "from_pretrained", counted)
+    got = load_tokenizer(str(directory))
+    assert calls == []
+    assert type(got) is type(expected)
+    assert got.backend_tokenizer.to_str() == expected.backend_tokenizer.to_str()
+    assert got.added_tokens_decoder == expected.added_tokens_decoder
+    assert got.all_special_tokens == expected.all_special_tokens and got.get_vocab() == expected.get_vocab()
+    assert got.init_kwargs == expected.init_kwargs and got.chat_template == expected.chat_template
+    text = "hello <tool>world plain-added w2 <|end|>"
+    assert got(text).input_ids == expected(text).input_ids
+    assert got.decode(got(text).input_ids) == expected.decode(expected(text).input_ids)
+
+
+def test_config_stand_in_holds_what_autoconfig_would_and_is_none_where_transformers_must_read(tmp_path: Path) -> None:
+    from transformers import AutoConfig
+
+    from specula.models.loading import config_stand_in
+
+    directory = _model_dir(tmp_path, "llama", "TokenizersBackend")
+    config = json.loads((directory / "config.json").read_text())
+    (directory / "config.json").write_text(json.dumps(config | {"model_name": "m", "tokenizer_class": "GPT2Tokenizer",
+                                                                "_name_or_path": "someone/else"}))
+    stand_in, real = config_stand_in(directory), AutoConfig.from_pretrained(str(directory), local_files_only=True)
+    for name in ("model_type", "_name_or_path", "tokenizer_class", "model_name"):
+        assert getattr(stand_in, name) == getattr(real, name), name
+    (directory / "config.json").write_text(json.dumps(config))
+    plain = AutoConfig.from_pretrained(str(directory), local_files_only=True)
+    assert not hasattr(config_stand_in(directory), "model_name") and not hasattr(plain, "model_name")
+    for change in ({"model_type": "no-such-type"}, {"model_type": None}, {"auto_map": {"AutoConfig": "x.Y"}}):
+        (directory / "config.json").write_text(json.dumps(config | change))
+        assert config_stand_in(directory) is None, change
+    (directory / "config.json").write_text(json.dumps(config))
+    assert config_stand_in(directory) is not None
+    tokenizer_config = json.loads((directory / "tokenizer_config.json").read_text())
+    for change in ({"tokenizer_class": None}, {"auto_map": {"AutoTokenizer": ["x.Y", None]}}):
+        (directory / "tokenizer_config.json").write_text(json.dumps(tokenizer_config | change))
+        assert config_stand_in(directory) is None, change
+    (directory / "config.json").unlink()
+    assert config_stand_in(directory) is None
