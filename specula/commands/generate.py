@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 from specula.commands.common import (
@@ -32,8 +33,8 @@ def add_constraint_args(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("structured output (docs/structured.md)").add_mutually_exclusive_group()
     g.add_argument("--json-object", action="store_true",
                    help="the output is one JSON object (any keys and values)")
-    g.add_argument("--json-schema", metavar="FILE",
-                   help="the output is JSON valid under the JSON schema in FILE")
+    g.add_argument("--json-schema", metavar="FILE|JSON",
+                   help="the output is JSON valid under the JSON schema in FILE, or given inline ('{...}')")
     g.add_argument("--regex", metavar="RE", help="the whole output matches the regular expression RE (Rust syntax)")
     g.add_argument("--grammar", metavar="FILE",
                    help="the output follows the context-free grammar in FILE (Lark as llguidance reads it, or GBNF)")
@@ -41,7 +42,8 @@ def add_constraint_args(parser: argparse.ArgumentParser) -> None:
 
 def constraint_from_args(args: argparse.Namespace):
     """The `Constraint` the flags ask for (None: unconstrained); a file that cannot be read is a
-    ConfigError naming it."""
+    ConfigError naming it. `--json-schema` takes the schema inline too: a value starting with `{`
+    that names no file."""
     from specula.constraints import Constraint
     from specula.errors import ConfigError
 
@@ -55,7 +57,8 @@ def constraint_from_args(args: argparse.Namespace):
     if args.json_object:
         return Constraint.json()
     if args.json_schema:
-        return Constraint.json_schema(read(args.json_schema, "JSON schema"))
+        inline = args.json_schema.lstrip().startswith("{") and not os.path.exists(args.json_schema)
+        return Constraint.json_schema(args.json_schema if inline else read(args.json_schema, "JSON schema"))
     if args.regex is not None:
         return Constraint.regex(args.regex)
     if args.grammar:

@@ -114,24 +114,27 @@ def json_load(monkeypatch):
     monkeypatch.setattr(specula.api, "load", load)
 
 
-def test_json_schema_output_is_valid_and_identical_to_constrained_plain(json_load, capsys, tmp_path):
+@pytest.mark.parametrize("inline", [False, True])
+def test_json_schema_output_is_valid_and_identical_to_constrained_plain(json_load, capsys, tmp_path, inline):
+    """The schema from a file, or given inline: valid output, identical to constrained plain decoding."""
     schema = {"type": "object", "properties": {"name": {"enum": ["ab", "cd"]}, "n": {"type": "integer", "maximum": 99,
                                                                                     "minimum": 0}},
               "required": ["name", "n"], "additionalProperties": False}
     path = tmp_path / "s.json"
     path.write_text(json.dumps(schema))
     code = main(["generate", "--target", "tiny", "--prompt", '{"name": "ab', "--raw", "--max-new-tokens", "40",
-                 "--json-schema", str(path), "--compare", "--json"])
+                 "--json-schema", json.dumps(schema, indent=1) if inline else str(path), "--compare", "--json"])
     payload = json.loads(capsys.readouterr().out)
     assert code == 0 and payload["identical_to_plain"] is True
     value = json.loads(payload["text"])
-    assert set(value) == {"name", "n"}
+    assert set(value) == {"name", "n"} and value["name"] in ("ab", "cd")
 
 
 @pytest.mark.parametrize("flags, words", [
     (["--regex", "a(b"], "cannot compile the regex"),
     (["--grammar", "/nonexistent.lark"], "cannot read the grammar file"),
     (["--json-schema", "/nonexistent.json"], "cannot read the JSON schema file"),
+    (["--json-schema", '{"type": "object", '], "JSON schema"),  # inline, cut short
 ])
 def test_bad_constraints_exit_2_with_one_line(json_load, capsys, flags, words):
     code = main(["generate", "--target", "tiny", "--prompt", "x", "--raw", *flags])
