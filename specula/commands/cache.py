@@ -48,8 +48,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     "($SPECULA_CACHE moves it). Every entry but the models is rebuilt when missing.",
     )
     sub = parser.add_subparsers(dest="cache_command", metavar="ACTION", parser_class=type(parser))
-    sub.required = True
-    info = sub.add_parser("info", help="what is kept, and its size")
+    parser.set_defaults(handler=show, json=False)  # `specula cache` alone: `specula cache info`
+    info = sub.add_parser("info", help="what is kept, and its size (the default)")
     info.add_argument("--json", action="store_true", help="print JSON instead of a table")
     info.set_defaults(handler=show)
     clear = sub.add_parser("clear", help="remove derived state (default: --measured)")

@@ -45,3 +45,14 @@ def test_orphaned_prepared_entries_are_shown_and_cleared_alone(tmp_path, monkeyp
     assert "removed 1 prepared model(s)" in capsys.readouterr().out
     assert sorted(p.name for p in (tmp_path / "prepared").iterdir()) == ["kept-1.none-specula"]
     assert (tmp_path / "cost" / "curve.json").read_text() == "{}"  # --orphans alone touches nothing else
+
+
+def test_cache_alone_shows_what_cache_info_shows(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("SPECULA_CACHE", str(tmp_path))
+    (tmp_path / "cost").mkdir()
+    (tmp_path / "cost" / "curve.json").write_text("{}")
+    assert main(["cache", "info"]) == 0
+    shown = capsys.readouterr().out
+    assert main(["cache"]) == 0
+    assert capsys.readouterr().out == shown and "cost" in shown
+    assert main(["cache", "clear"]) == 0 and not (tmp_path / "cost").exists()  # the actions still run
