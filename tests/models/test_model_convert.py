@@ -161,6 +161,10 @@ def test_a_quantized_gguf_dequantised_in_c_loads_as_transformers_alone_loads_it(
     assert in_c == set(QUANTIZED_GGUF_TYPES)
     assert len(name_maps) == 1  # transformers asks once per submodule; made once
     assert gguf.dequantize is gguf.quants.dequantize and gguf.get_tensor_name_map is counting_map
+    import numpy
+    from transformers import modeling_gguf_pytorch_utils as loader
+
+    assert loader.np is numpy  # the loader's numpy is back too
 
     reference = AutoModelForCausalLM.from_pretrained(str(tmp_path), gguf_file=str(path), dtype=torch.float32)
     assert len(name_maps) > 1  # outside the block: once per submodule again
@@ -209,3 +213,30 @@ def test_a_replaced_attribute_is_back_after_an_error_and_a_missing_one_stays_mis
     with inst._replaced(owner, "g", lambda original: 1 / 0):  # never made: nothing to replace
         assert not hasattr(owner, "g")
     assert not hasattr(owner, "g")
+
+
+def test_the_loader_keeps_the_array_dequantize_just_made_and_copies_every_other(monkeypatch) -> None:
+    """`_NumpyKeepingFresh.copy` hands back the array its `dequantize` has just made (new, owning its
+    memory) once; a view of the file's bytes, any other array, or a copy asked with arguments is copied."""
+    import numpy as np
+
+    from specula.models.native.kernels import dequant
+
+    made = np.arange(8, dtype=np.float32)
+    file_bytes = np.arange(16, dtype=np.float32)
+    results = iter([made, file_bytes[4:12]])
+    monkeypatch.setattr(dequant, "dequantize", lambda data, qtype: next(results))
+    fresh = inst._NumpyKeepingFresh()
+    assert fresh.float32 is np.float32 and fresh.ndarray is np.ndarray  # numpy otherwise
+    out = fresh.dequantize(b"", 2)
+    assert out is made and fresh.copy(made) is made
+    again = fresh.copy(made)  # once only: the loader may copy it again for another owner
+    assert again is not made and np.array_equal(again, made) and not np.shares_memory(again, made)
+    other = np.ones(3)
+    assert fresh.copy(other) is not other
+    view = fresh.dequantize(b"", 2)
+    assert view.base is file_bytes and fresh.fresh is None
+    copied = fresh.copy(view)
+    assert not np.shares_memory(copied, file_bytes) and np.array_equal(copied, view)
+    fresh.fresh = made
+    assert fresh.copy(made, order="F") is not made
