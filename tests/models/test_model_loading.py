@@ -279,27 +279,36 @@ def test_added_tokens_from_a_head_that_does_not_hold_them_plainly_are_none(tmp_p
 # --------------------------------------------------------------------------- _architecture
 
 
-def test_architecture_reads_a_directorys_config_without_transformers_and_falls_back_to_it(
-        tiny_gguf: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A directory's config.json names its class as read (AutoConfig not called); a .gguf, or a
-    config naming no class, goes through AutoConfig (its model type's class) as before."""
+@pytest.fixture
+def autoconfig_calls(monkeypatch: pytest.MonkeyPatch) -> list:
+    """The arguments of every `AutoConfig.from_pretrained` call from here on (calls go through)."""
     import transformers
 
-    from specula.models.loading import _architecture
-
-    converted = tmp_path / "converted"
-    converted.mkdir()
-    inst.convert_gguf(tiny_gguf, converted, progress=False)
-    from_gguf = _architecture(resolve(str(tiny_gguf)))
-    assert from_gguf == "LlamaForCausalLM"
     real = transformers.AutoConfig.from_pretrained
-    calls = []
+    calls: list = []
 
     def counted(*args, **kwargs):
         calls.append(args)
         return real(*args, **kwargs)
 
     monkeypatch.setattr(transformers.AutoConfig, "from_pretrained", counted)
+    return calls
+
+
+def test_architecture_reads_a_directorys_config_without_transformers_and_falls_back_to_it(
+        tiny_gguf: Path, tmp_path: Path, autoconfig_calls: list) -> None:
+    """A directory's config.json names its class as read (AutoConfig not called); a .gguf, or a
+    config naming no class, goes through AutoConfig (its model type's class) as before."""
+    from specula.models.loading import _architecture
+
+    converted = tmp_path / "converted"
+    converted.mkdir()
+    inst.convert_gguf(tiny_gguf, converted, progress=False)
+    calls = autoconfig_calls
+    calls.clear()
+    from_gguf = _architecture(resolve(str(tiny_gguf)))
+    assert from_gguf == "LlamaForCausalLM" and len(calls) == 1  # a .gguf: through AutoConfig
+    calls.clear()
     assert _architecture(resolve(str(converted))) == from_gguf and calls == []
     config = json.loads((converted / "config.json").read_text())
     for named in (None, []):  # no class named: transformers reads it (its model type's class)
@@ -335,24 +344,16 @@ def _model_dir(tmp_path: Path, arch: str, tokenizer_class: str | None) -> Path:
     ("qwen2", "Qwen2Tokenizer"), ("qwen2", "TokenizersBackend"), ("gpt2", "GPT2Tokenizer"),
     ("gpt2", "LlamaTokenizerFast")])
 def test_config_stand_in_gives_the_tokenizer_transformers_builds_from_the_config(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, arch: str, tokenizer_class: str) -> None:
+        tmp_path: Path, autoconfig_calls: list, arch: str, tokenizer_class: str) -> None:
     """With the config's facts read as JSON, `AutoTokenizer` picks the class, and builds the tokenizer,
     that it picks and builds from the config it would build itself (which it then does not build)."""
-    import transformers
     from transformers import AutoTokenizer
 
     directory = _model_dir(tmp_path, arch, tokenizer_class)
     expected = AutoTokenizer.from_pretrained(str(directory), local_files_only=True)
-    real = transformers.AutoConfig.from_pretrained
-    calls = []
-
-    def counted(*args, **kwargs):
-        calls.append(args)
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(transformers.AutoConfig, "from_pretrained", counted)
+    assert len(autoconfig_calls) == 1  # transformers alone builds the config
     got = load_tokenizer(str(directory))
-    assert calls == []
+    assert len(autoconfig_calls) == 1
     assert type(got) is type(expected)
     assert got.backend_tokenizer.to_str() == expected.backend_tokenizer.to_str()
     assert got.added_tokens_decoder == expected.added_tokens_decoder
