@@ -552,7 +552,8 @@ class _NumpyKeepingFresh:
 
     The loader copies each dequantised weight before wrapping it (`torch.from_numpy(np.copy(w))`),
     for a view of the file's map. The weights `kernels.dequant` makes are new arrays of their own:
-    copying them wrote another 7.1 GB of new memory for the 1.5B (11 s on the 2-core machine)."""
+    copying them wrote another 7.1 GB of new memory for the 1.5B (its load 26.8-28.5 s with the
+    copies, 23.2-25.2 s without, alternated on the 2-core machine; `docs/cache.md`)."""
 
     def __init__(self) -> None:
         self.fresh: Any = None
