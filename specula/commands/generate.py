@@ -19,7 +19,8 @@ def register(sub) -> None:
                        description="Generate from one prompt. Greedy output is identical to plain decoding.")
     add_model_args(p)
     p.add_argument("--method", default=None, help=method_help(default=True))
-    p.add_argument("--prompt", required=True, help="prompt text (the chat template is applied unless --raw)")
+    p.add_argument("--prompt", required=True,
+                   help="prompt text (the chat template is applied unless --raw); - reads it from standard input")
     add_method_args(p)
     add_sampling_args(p)
     p.add_argument("--compare", action="store_true",
@@ -66,12 +67,26 @@ def constraint_from_args(args: argparse.Namespace):
     return None
 
 
+def prompt_from_args(args: argparse.Namespace) -> str:
+    """`--prompt`'s text; `-` reads it from standard input (all of it; empty is a ConfigError)."""
+    from specula.errors import ConfigError
+
+    if args.prompt != "-":
+        return args.prompt
+    text = sys.stdin.read()
+    if not text.strip():
+        raise ConfigError("--prompt - read an empty prompt from standard input; pipe the prompt in, "
+                          "e.g. echo 'Hello' | specula generate ... --prompt -")
+    return text
+
+
 def run(args: argparse.Namespace) -> int:
     from specula.api import EngineConfig, load
     from specula.methods import DEFAULT_METHOD, get_method
     from specula.models.loading import process_age_seconds
 
     params = sampling_params(args)  # validate everything before loading models
+    prompt = prompt_from_args(args)
     constraint = constraint_from_args(args)
     if constraint is not None:
         constraint.grammar_text()  # a schema, regex or grammar the library cannot compile fails here, in one line
@@ -82,7 +97,7 @@ def run(args: argparse.Namespace) -> int:
                 draft_vocab=args.draft_vocab,
                 engine=EngineConfig(max_tree_nodes=args.max_tree_nodes), planner=planner,
                 **drafter_options(args, method))
-    ids = spec.encode(args.prompt, raw=args.raw)
+    ids = spec.encode(prompt, raw=args.raw)
     token_ids: list[int] = []
     text_parts: list[str] = []
     stats = None

@@ -153,3 +153,21 @@ def test_a_bad_draft_vocab_exits_2_naming_the_choices_before_loading(tmp_path, c
     err = capsys.readouterr().err
     assert code == 2 and "auto, full, or a number of tokens" in err
     assert [line for line in err.splitlines() if line.startswith("error:")] == [err.strip().splitlines()[-1]]
+
+
+def test_prompt_dash_reads_standard_input(json_load, capsys, monkeypatch):
+    """`--prompt -` decodes what standard input holds, as if it were given as the argument; an empty
+    standard input is a one-line error, exit 2."""
+    import io
+
+    args = ["generate", "--target", "tiny", "--raw", "--max-new-tokens", "6", "--json"]
+    assert main([*args, "--prompt", '{"name": "ab']) == 0
+    given = json.loads(capsys.readouterr().out)
+    monkeypatch.setattr("sys.stdin", io.StringIO('{"name": "ab'))
+    assert main([*args, "--prompt", "-"]) == 0
+    piped = json.loads(capsys.readouterr().out)
+    assert piped["token_ids"] == given["token_ids"] and piped["text"] == given["text"]
+    monkeypatch.setattr("sys.stdin", io.StringIO("  \n"))
+    code = main([*args, "--prompt", "-"])
+    err = capsys.readouterr().err
+    assert code == 2 and "standard input" in err and len(err.strip().splitlines()) == 1
