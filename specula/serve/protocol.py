@@ -116,10 +116,12 @@ def parse_json_body(raw: bytes) -> dict[str, Any]:
 
 
 def parse_request(endpoint: Endpoint, body: Mapping[str, Any], served_model: str) -> GenerationRequest:
-    """Validate a request body for `endpoint` (raises `APIError`)."""
+    """Validate a request body for `endpoint` (raises `APIError`). A request naming no model (no
+    `model`, null or "") is for the served one, as vLLM serves it (one model per server); a model
+    named otherwise must be the served one."""
     model = body.get("model")
-    if model is None:
-        raise APIError(400, "you must provide a model parameter", param="model", code="missing_required_parameter")
+    if model is None or model == "":
+        model = served_model
     if not isinstance(model, str):
         raise _type_error("model", "a string", model)
     if model != served_model:

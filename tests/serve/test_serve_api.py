@@ -67,6 +67,20 @@ def test_completion_default_max_tokens_is_16_and_prompt_list(client, tokenizer, 
     assert by_ids.choices[0].text == out.choices[0].text
 
 
+@pytest.mark.parametrize("named", [None, ""])
+def test_a_request_naming_no_model_is_for_the_served_one(server, tokenizer, reference, named):
+    """No `model` (or an empty one), as vLLM takes it: the served model answers, and says its name."""
+    body = {"prompt": "w05 w06 w07", "max_tokens": 6, "temperature": 0}
+    if named is not None:
+        body["model"] = named
+    status, _, payload = http_call(server, "POST", "/v1/completions", body)
+    assert status == 200 and payload["model"] == MODEL
+    assert payload["choices"][0]["text"] == reference(text_ids(tokenizer, "w05 w06 w07"), 6)
+    chat = {"messages": [{"role": "user", "content": "w05"}], "max_tokens": 4, "temperature": 0, "model": named}
+    status, _, payload = http_call(server, "POST", "/v1/chat/completions", chat)
+    assert status == 200 and payload["model"] == MODEL and payload["choices"][0]["finish_reason"] in ("stop", "length")
+
+
 @pytest.mark.parametrize("content", ["w05 w06 w07", "w09 w09 w09 w20"])
 def test_chat_greedy_equals_offline(client, tokenizer, reference, content):
     messages = [{"role": "system", "content": "w70"}, {"role": "user", "content": content}]
@@ -206,7 +220,7 @@ BAD_REQUESTS = [
     # (path, body, status, param)
     ("/v1/completions", {**OK_COMPLETION, "model": "gpt-4"}, 404, "model"),
     ("/v1/chat/completions", {**OK_CHAT, "model": "gpt-4"}, 404, "model"),
-    ("/v1/completions", {"prompt": "w05"}, 400, "model"),
+    ("/v1/completions", {**OK_COMPLETION, "model": 7}, 400, "model"),
     ("/v1/completions", {**OK_COMPLETION, "prompt": ""}, 400, "prompt"),
     ("/v1/completions", {**OK_COMPLETION, "prompt": []}, 400, "prompt"),
     ("/v1/completions", {**OK_COMPLETION, "prompt": "   "}, 400, "prompt"),  # no tokens
