@@ -140,6 +140,16 @@ def atomic_write_json(target: str | os.PathLike[str], obj: Any, *, indent: int |
     return atomic_write_text(target, json.dumps(obj, indent=indent, sort_keys=True) + "\n")
 
 
+def read_json_object(path: str | os.PathLike[str]) -> dict[str, Any] | None:
+    """The JSON object in the file at `path`; None when the file is missing or unreadable, is not
+    JSON, or holds something other than an object."""
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
 @contextlib.contextmanager
 def atomic_dir(target: str | os.PathLike[str]) -> Iterator[Path]:
     """Yield an empty temporary directory next to `target`; on normal exit it becomes `target`.

@@ -28,7 +28,6 @@ import gc
 import hashlib
 import importlib
 import importlib.metadata
-import json
 import os
 import subprocess
 import sys
@@ -47,6 +46,7 @@ from specula.paths import (
     cache_dir,
     default_permissions,
     disk_usage,
+    read_json_object,
     remove_stale_temps,
 )
 
@@ -295,14 +295,6 @@ def _stamp(path: Path, sha256: str) -> dict[str, Any]:
     return {"path": str(path), "size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": sha256}
 
 
-def _read_json(path: Path) -> dict[str, Any] | None:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
-
-
 def _gguf_candidate(model: EmbeddedModel) -> Path | None:
     """Where the complete GGUF would be: the package file itself, or the assembled cache file (for a
     single-file model without its package, a copy carried there: a lent GPU machine has no registry)."""
@@ -323,7 +315,7 @@ def verified_gguf(model: EmbeddedModel, *, rehash: bool = True, progress: bool =
     path = _gguf_candidate(model)
     if path is None:
         return None
-    stamp = _read_json(_stamp_path(model.alias))
+    stamp = read_json_object(_stamp_path(model.alias))
     if stamp is not None and stamp == _stamp(path, model.sha256):
         return path
     if not rehash or path.stat().st_size != model.size_bytes:
@@ -687,7 +679,7 @@ def _marker(model: EmbeddedModel, facts: Mapping[str, Any], directory: Path) -> 
 
 def read_marker(directory: Path) -> dict[str, Any] | None:
     """The parsed `specula.json` of a converted directory, or None."""
-    return _read_json(directory / MARKER)
+    return read_json_object(directory / MARKER)
 
 
 def is_valid_conversion(model: EmbeddedModel, directory: Path | None = None) -> bool:

@@ -247,16 +247,13 @@ def config_stand_in(directory: Path) -> SimpleNamespace | None:
     it does for transformers' own classes). Building a `LlamaConfig` imports transformers'
     model-loading code and `torch.distributed.tensor`: 2.3 s of every SmolLM2 start on the 2-core
     machine. The tokenizer is the same (tested against transformers' own load)."""
-    import json
-
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
 
-    try:
-        tokenizer_config = json.loads((directory / "tokenizer_config.json").read_text(encoding="utf-8"))
-        config = json.loads((directory / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    if not (isinstance(tokenizer_config, dict) and isinstance(config, dict)):
+    from specula.paths import read_json_object
+
+    tokenizer_config = read_json_object(directory / "tokenizer_config.json")
+    config = read_json_object(directory / "config.json")
+    if tokenizer_config is None or config is None:
         return None
     model_type, named_class = config.get("model_type"), tokenizer_config.get("tokenizer_class")
     if (not isinstance(named_class, str) or not isinstance(model_type, str) or model_type not in CONFIG_MAPPING_NAMES
@@ -440,15 +437,12 @@ def _named_architectures(resolved: ResolvedModel) -> list[str] | None:
     """The `architectures` of the model directory's `config.json` when it names them as a list of
     strings; None for a .gguf, or a config that is missing, unreadable or names none (transformers
     then reads it, and words its errors)."""
-    import json
+    from specula.paths import read_json_object
 
     if resolved.gguf_file is not None:
         return None
-    try:
-        config = json.loads((resolved.path / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    named = config.get("architectures") if isinstance(config, dict) else None
+    config = read_json_object(resolved.path / "config.json")
+    named = config.get("architectures") if config is not None else None
     if isinstance(named, list) and named and all(isinstance(name, str) for name in named):
         return named
     return None

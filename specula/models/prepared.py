@@ -52,7 +52,8 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from specula.errors import ConfigError
 from specula.models.page_cache import prefetch
-from specula.paths import atomic_dir, cache_dir, disk_usage, file_lock, remove_dir, remove_stale_temps
+from specula.paths import (atomic_dir, cache_dir, disk_usage, file_lock, read_json_object, remove_dir,
+                           remove_stale_temps)
 
 if TYPE_CHECKING:
     import torch
@@ -247,11 +248,7 @@ class StaleEntry(Exception):
 
 def read_marker(path: Path) -> dict[str, Any] | None:
     """The parsed marker of the entry at `path`, or None when absent or unreadable."""
-    try:
-        data = json.loads((path / MARKER).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
+    return read_json_object(path / MARKER)
 
 
 def load_entry(path: Path, key: dict[str, Any]) -> tuple[NativeDecoder, dict[str, Any]]:

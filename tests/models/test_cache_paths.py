@@ -38,6 +38,18 @@ def test_atomic_write_json_round_trips(tmp_path: Path) -> None:
     assert json.loads(target.read_text()) == {"a": [1, 2], "b": 1}
 
 
+def test_read_json_object_is_the_object_or_none(tmp_path: Path) -> None:
+    path = tmp_path / "x.json"
+    assert paths.read_json_object(path) is None  # missing
+    paths.atomic_write_json(path, {"a": [1, 2]})
+    assert paths.read_json_object(path) == {"a": [1, 2]}
+    for text in ("[1, 2]", '"a"', "{cut"):  # not an object, not JSON
+        path.write_text(text, encoding="utf-8")
+        assert paths.read_json_object(path) is None, text
+    path.write_bytes(b"\xff\xfe{")  # not UTF-8
+    assert paths.read_json_object(path) is None
+
+
 def test_atomic_file_failure_keeps_old_content(tmp_path: Path) -> None:
     target = tmp_path / "file.txt"
     target.write_text("old")
