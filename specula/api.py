@@ -14,6 +14,7 @@ from specula.drafters import make_drafters
 from specula.constraints import Constraint, as_constraint
 from specula.errors import ConfigError
 from specula.engine import EngineConfig, GenerationOutput, Session, SpeculativeDecoder, StreamChunk
+from specula.logprobs import TokenLogprob
 from specula.methods import PLAIN
 from specula.models.base import TargetModel
 from specula.models.loading import LoadConfig, LoadReport, load_backend, load_draft
@@ -22,7 +23,7 @@ from specula.sampling import SamplingParams
 
 __all__ = [
     "EngineConfig", "GenerationOutput", "LoadConfig", "LoadReport", "PlannerChoice", "SamplingParams", "Session",
-    "Specula", "StreamChunk", "build_decoder", "load", "load_backend", "load_draft",
+    "Specula", "StreamChunk", "TokenLogprob", "build_decoder", "load", "load_backend", "load_draft",
 ]
 
 Prompt = str | Sequence[dict] | Sequence[int]

@@ -35,6 +35,7 @@ from specula.constraints.drafting import constrained_proposals
 from specula.drafters.base import Drafter, FeatureDrafter
 from specula.drafters.none import NoDrafter
 from specula.errors import ConfigError
+from specula.logprobs import PROMPT_CHUNK, TokenLogprob, step_rows, token_logprobs
 from specula.models.base import FeatureRequest, TargetModel, TargetSequence, check_context, forward_trees
 from specula.planner import PassThroughPlanner, Plan, Planner, PlanRequest, StepTiming
 from specula.sampling import SamplingParams, make_generator, request_seed
@@ -62,6 +63,11 @@ class GenerationOutput:
     """Decoded new tokens, stop string excluded ("" when no tokenizer was given)."""
     stats: GenerationStats
     """Counters and timings."""
+    logprobs: list[TokenLogprob] | None = None
+    """One per new token when the request asked (`SamplingParams.logprobs`), else None."""
+    prompt_logprobs: list[TokenLogprob | None] | None = None
+    """One per prompt token, None for the first, when the request asked
+    (`SamplingParams.prompt_logprobs`), else None."""
 
 
 @dataclass
@@ -75,6 +81,11 @@ class StreamChunk:
     error: Exception | None = None
     """Set (with `finished`) when this session's own drafting, rule or bookkeeping raised: the
     session ends with finish_reason "error", the others in the step go on."""
+    logprobs: list[TokenLogprob] | None = None
+    """One per token of `token_ids` when the request asked (`SamplingParams.logprobs`)."""
+    prompt_logprobs: list[TokenLogprob | None] | None = None
+    """The prompt's, on the first chunk `stream` yields when the request asked (`step` leaves them
+    on `Session.prompt_logprobs`)."""
 
 
 @dataclass
@@ -110,6 +121,8 @@ class Session:
     grammar: GrammarState | None = None
     """The request's constraint state (None: unconstrained): the target's distribution is masked
     to it, drafts it forbids are dropped, tokens it forces are drafted for free."""
+    prompt_logprobs: list[TokenLogprob | None] | None = None
+    """The prompt tokens' logprobs (None for the first), set by `start` when the request asked."""
     t_start: float = 0.0
 
     @property
@@ -178,10 +191,7 @@ class SpeculativeDecoder:
         session.stats.method = self.method
         session.stats.prompt_tokens = len(prompt)
         try:
-            if self.hidden:
-                _, hidden = seq.prefill(prompt[:-1], logits="none", hidden=self.hidden)  # [len(prompt) - 1, k E]
-            else:
-                seq.prefill(prompt[:-1], logits="none")
+            hidden = self._prefill(session)  # [len(prompt) - 1, k E] or None
             session.drafter_states = [d.start() for d in self.drafters]
             if self.hidden:
                 for drafter, state in zip(self.drafters, session.drafter_states):
@@ -192,6 +202,31 @@ class SpeculativeDecoder:
             raise
         session.stats.prefill_seconds = time.perf_counter() - t_start
         return session
+
+    def _prefill(self, session: Session) -> torch.Tensor | None:
+        """Run all of the prompt but its last token (the first root) into the session's cache: the
+        hidden states the drafters read ([len(prompt) - 1, k E], None when none does), and the
+        prompt's logprobs on the session when the request asked (then in `PROMPT_CHUNK`-token passes
+        whose logits are kept)."""
+        prompt, seq, top = session.prompt, session.seq, session.params.prompt_logprobs
+
+        def run(ids: list[int], logits: str) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+            out = seq.prefill(ids, logits=logits, hidden=self.hidden) if self.hidden else seq.prefill(ids, logits=logits)
+            return out if self.hidden else (out, None)
+
+        if top is None or len(prompt) == 1:
+            if top is not None:
+                session.prompt_logprobs = [None]
+            return run(prompt[:-1], "none")[1]
+        entries: list[TokenLogprob | None] = [None]
+        hidden = []
+        for a in range(0, len(prompt) - 1, PROMPT_CHUNK):
+            ids = prompt[a: min(a + PROMPT_CHUNK, len(prompt) - 1)]
+            logits, h = run(ids, "all")  # logits [len(ids), vocab]: row j decides prompt[a + j + 1]
+            entries += token_logprobs(logits, prompt[a + 1: a + 1 + len(ids)], top)
+            hidden.append(h)
+        session.prompt_logprobs = entries
+        return torch.cat(hidden) if self.hidden else None
 
     def finish(self, session: Session) -> None:
         """Free a session's caches and drafter state (idempotent); final stats are kept."""
@@ -241,13 +276,17 @@ class SpeculativeDecoder:
         their text and the stats."""
         tokens: list[int] = []
         texts: list[str] = []
-        stats = None
+        logprobs: list[TokenLogprob] | None = None if params.logprobs is None else []
+        stats = prompt_logprobs = None
         for chunk in self.stream(prompt_ids, params, constraint):
             tokens.extend(chunk.token_ids)
             texts.append(chunk.text)
+            if logprobs is not None:
+                logprobs.extend(chunk.logprobs or ())
+            prompt_logprobs = prompt_logprobs or chunk.prompt_logprobs
             stats = chunk.stats
         assert stats is not None
-        return GenerationOutput(tokens, "".join(texts), stats)
+        return GenerationOutput(tokens, "".join(texts), stats, logprobs, prompt_logprobs)
 
     def stream(self, prompt_ids: Sequence[int], params: SamplingParams = SamplingParams(),
                constraint: Constraint | None = None) -> Iterator[StreamChunk]:
@@ -255,10 +294,13 @@ class SpeculativeDecoder:
         the iterator early frees the session."""
         session = self.start(prompt_ids, params, constraint)
         try:
+            first = True
             while not session.finished:
                 chunk = self.step([session])[0]
                 if chunk.error is not None:
                     raise chunk.error
+                if first:
+                    chunk.prompt_logprobs, first = session.prompt_logprobs, False
                 if chunk.finished:
                     self.finish(session)
                 yield chunk
@@ -355,6 +397,9 @@ class SpeculativeDecoder:
             new = session.grammar.commit(new)
             if session.grammar.ended:
                 reason = "stop"  # EOS after a complete match: also where EOS is otherwise ignored
+        logprobs = None
+        if session.params.logprobs is not None:  # the rows the emitted tokens came from (raw logits)
+            logprobs = token_logprobs(logits[step_rows(result.path)[: len(new)]], new, session.params.logprobs)
         session.generated.extend(new)
         tokens.extend(new)
         if reason is None and len(tokens) >= target.max_context:
@@ -364,7 +409,7 @@ class SpeculativeDecoder:
         stats.seconds = time.perf_counter() - session.t_start
         if reason is not None:
             session.finish_reason = stats.finish_reason = reason
-        return StreamChunk(new, text, reason is not None, stats)
+        return StreamChunk(new, text, reason is not None, stats, logprobs=logprobs)
 
     def _truncate(self, new: list[int], session: Session) -> tuple[list[int], str | None]:
         """Cut the step's tokens at EOS, a stop string, or max_new_tokens."""

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import torch
 
 from specula.errors import ConfigError
+from specula.logprobs import MAX_LOGPROBS
 
 
 @dataclass(frozen=True)
@@ -36,6 +37,14 @@ class SamplingParams:
     stop string and anything after it are not returned."""
     ignore_eos: bool = False
     """Keep generating past the end-of-sequence token (benchmarks with a fixed budget)."""
+    logprobs: int | None = None
+    """Return each new token's log-probability under the target, with this many of the most likely
+    tokens at its position (0: the chosen token's alone; None: no logprobs), as vLLM's `logprobs`:
+    the target's raw distribution, before temperature, top-k / top-p and any grammar mask
+    (`specula.logprobs`). Outputs do not change."""
+    prompt_logprobs: int | None = None
+    """The same for the prompt's tokens (the first has none): the prompt is then prefilled in
+    chunks whose logits are kept (`specula.logprobs.PROMPT_CHUNK`), as vLLM's `prompt_logprobs`."""
 
     def __post_init__(self) -> None:
         if self.temperature < 0:
@@ -48,6 +57,12 @@ class SamplingParams:
             raise ConfigError(f"max_new_tokens must be a positive integer, got {self.max_new_tokens}")
         if isinstance(self.stop, str):
             object.__setattr__(self, "stop", (self.stop,))
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                                      or not 0 <= value <= MAX_LOGPROBS):
+                raise ConfigError(f"{name} must be an integer from 0 to {MAX_LOGPROBS} (the most likely tokens "
+                                  f"returned beside the chosen one) or None, got {value!r}")
 
     @property
     def greedy(self) -> bool:
