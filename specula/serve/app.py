@@ -38,6 +38,7 @@ from specula.serve.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from specula.serve.metrics import ServerMetrics
 from specula.serve.protocol import APIError, GenerationRequest, ResponseIds
 from specula.serve.worker import Job, Started, Worker
+from specula.token_bytes import TokenBytes
 
 log = logging.getLogger("specula.serve")
 
@@ -139,6 +140,8 @@ class SpeculaServer:
             self._socket.close()
             raise ConfigError(f"cannot listen on {config.host}:{config.port} ({exc.strerror}); "
                               "choose another --port or --host") from exc
+        self.token_bytes = TokenBytes(spec.tokenizer)
+        """Each token's bytes and text, for the responses' logprobs."""
         self.worker = Worker(spec, self.metrics, chat_max_tokens=config.chat_max_tokens, max_queue=config.max_queue,
                              max_batch_size=config.max_batch_size, request_timeout=config.request_timeout)
         self.app = build_app(self)
@@ -383,22 +386,54 @@ async def _generate(server: SpeculaServer, request: Request, endpoint: protocol.
         started = await wake.next_event(job, request, poll)
         assert isinstance(started, Started)
         if not gen.stream:
-            parts: list[str] = []
+            parts: list[str] = [_echo_text(server, gen, started)] if gen.echo else []
+            token_ids, entries = _echoed(gen, started)
             while True:
                 chunk: StreamChunk = await wake.next_event(job, request, poll)
                 parts.append(chunk.text)
+                token_ids += chunk.token_ids
+                entries += chunk.logprobs or ()
                 if chunk.finished:
                     break
             stats = chunk.stats
             server.metrics.request_seconds.observe(time.perf_counter() - t0)
+            logprobs = _Logprobs(server, gen).add(token_ids, entries) if gen.logprobs is not None else None
             return JSONResponse(protocol.completion_body(ResponseIds.new(gen), "".join(parts),
                                                          stats.finish_reason or "length", started.prompt_tokens,
-                                                         stats.new_tokens, stats))
+                                                         stats.new_tokens, stats, logprobs))
     except BaseException:  # an error, the client gone, or the task cancelled (shutdown)
         job.cancel()
         raise
     return StreamingResponse(_stream(server, request, job, gen, started, wake, t0), media_type="text/event-stream",
                              headers={"Cache-Control": "no-cache"})
+
+
+def _echo_text(server: SpeculaServer, gen: GenerationRequest, started: Started) -> str:
+    """The prompt as `echo` returns it: the text as sent, or token ids decoded."""
+    if isinstance(gen.prompt, str):
+        return gen.prompt
+    return server.spec.tokenizer.decode(list(started.prompt_ids), skip_special_tokens=True)
+
+
+def _echoed(gen: GenerationRequest, started: Started) -> tuple[list[int], list]:
+    """The tokens and logprobs that come before the generated ones: the prompt's under `echo` with
+    logprobs, else none."""
+    if gen.echo and started.prompt_logprobs is not None:
+        return list(started.prompt_ids), list(started.prompt_logprobs)
+    return [], []
+
+
+class _Logprobs:
+    """One response's logprobs objects, in the endpoint's shape, chunk after chunk."""
+
+    def __init__(self, server: SpeculaServer, gen: GenerationRequest) -> None:
+        self.token_bytes = server.token_bytes
+        self.completions = protocol.CompletionLogprobs(server.token_bytes) if gen.endpoint == "completions" else None
+
+    def add(self, token_ids, entries) -> dict[str, Any]:
+        if self.completions is not None:
+            return self.completions.add(token_ids, entries)
+        return protocol.chat_logprobs(entries, self.token_bytes)
 
 
 def _sse(payload: dict[str, Any] | str) -> bytes:
@@ -412,14 +447,20 @@ async def _stream(server: SpeculaServer, request: Request, job: Job, gen: Genera
     client disconnects; the `finally` then cancels the job. Counted in metrics before `[DONE]`."""
     ids = ResponseIds.new(gen)
     status: int | None = None  # set once counted
+    logprobs = _Logprobs(server, gen) if gen.logprobs is not None else None
     try:
         if gen.endpoint == "chat":
             yield _sse(protocol.chunk_body(ids, "", first=True))
+        if gen.echo:
+            token_ids, entries = _echoed(gen, started)
+            yield _sse(protocol.chunk_body(ids, _echo_text(server, gen, started),
+                                           logprobs=logprobs.add(token_ids, entries) if logprobs else None))
         try:
             while True:
                 chunk: StreamChunk = await wake.next_event(job, None, server.config.poll_seconds)
-                if chunk.text:  # stop strings are already cut by the engine
-                    yield _sse(protocol.chunk_body(ids, chunk.text))
+                if chunk.text or (logprobs and chunk.token_ids):  # stop strings are already cut by the engine
+                    yield _sse(protocol.chunk_body(ids, chunk.text, logprobs=logprobs.add(
+                        chunk.token_ids, chunk.logprobs or ()) if logprobs else None))
                 if chunk.finished:
                     break
         except APIError as exc:  # failed after the headers went out: OpenAI's in-stream error event

@@ -6,19 +6,27 @@ Responses follow OpenAI's objects field for field (`text_completion`, `chat.comp
 `chat.completion.chunk`), plus one extension on every response and on the last streamed
 chunk: `speculative_decoding` (method, drafted / accepted tokens, mean accepted tokens,
 acceptance rate, steps).
+
+Logprobs are the target's raw distribution (`specula.logprobs`) in each API's own shape: chat's
+`{"content": [{"token", "logprob", "bytes", "top_logprobs"}]}` (`chat_logprobs`), completions'
+`{"tokens", "token_logprobs", "top_logprobs", "text_offset"}` (`CompletionLogprobs`, with the
+prompt's tokens first under `echo`).
 """
 
 from __future__ import annotations
 
+import codecs
 import json
 import math
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Literal, Mapping
+from typing import Any, Literal, Mapping, Sequence
 
 from specula.constraints import Constraint, ConstraintError
+from specula.logprobs import MAX_LOGPROBS, TokenLogprob
 from specula.stats import GenerationStats
+from specula.token_bytes import TokenBytes
 
 Endpoint = Literal["completions", "chat"]
 
@@ -81,18 +89,22 @@ class GenerationRequest:
     """stream_options.include_usage: one more chunk with `choices: []` and the usage."""
     constraint: Constraint | None = None
     """response_format json_object / json_schema: the output matches it (None: free text)."""
+    logprobs: int | None = None
+    """Return each generated token's logprob with this many alternatives (None: no logprobs):
+    chat's `top_logprobs` (0 when absent) under `logprobs: true`, completions' `logprobs`."""
+    echo: bool = False
+    """Completions: the prompt's text comes back before the completion (with `logprobs`, its tokens'
+    logprobs too, the first one null)."""
 
     def sampling(self) -> dict[str, Any]:
         """`SamplingParams` fields, except max_new_tokens (which needs the prompt length)."""
         return {"temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k,
-                "seed": self.seed, "stop": self.stop}
+                "seed": self.seed, "stop": self.stop, "logprobs": self.logprobs,
+                "prompt_logprobs": self.logprobs if self.echo else None}
 
 
 # Parameters OpenAI defines that this server cannot honour: rejected unless left at their no-op value.
 _UNSUPPORTED: dict[str, tuple[Any, ...]] = {
-    "logprobs": (None, False, 0),
-    "top_logprobs": (None, 0),
-    "echo": (None, False),
     "best_of": (None, 1),
     "suffix": (None, ""),
     "logit_bias": (None, {}),
@@ -136,12 +148,16 @@ def parse_request(endpoint: Endpoint, body: Mapping[str, Any], served_model: str
         raise APIError(400, f"n={n} is not supported: this server returns one choice per request; "
                             "set n to 1 or send several requests", param="n", code="unsupported_parameter")
     prompt = messages = None
+    echo = False
     if endpoint == "completions":
         prompt = _prompt(body)
         max_tokens = _opt_int(body, "max_tokens", minimum=1)
         if max_tokens is None:
             max_tokens = COMPLETIONS_DEFAULT_MAX_TOKENS
+        logprobs = _completion_logprobs(body)
+        echo = _opt_bool(body, "echo")
     else:
+        logprobs = _chat_logprobs(body)
         messages = _messages(body)
         max_tokens = _opt_int(body, "max_completion_tokens", minimum=1)
         if max_tokens is None:
@@ -168,8 +184,49 @@ def parse_request(endpoint: Endpoint, body: Mapping[str, Any], served_model: str
         endpoint=endpoint, model=model, prompt=prompt, messages=messages, max_tokens=max_tokens,
         temperature=temperature, top_p=top_p, top_k=top_k or 0, seed=seed,
         stop=_stop(body), stream=stream, include_usage=_include_usage(body, stream),
-        constraint=_response_format(body),
+        constraint=_response_format(body), logprobs=logprobs, echo=echo,
     )
+
+
+def _opt_bool(body: Mapping[str, Any], name: str) -> bool:
+    value = body.get(name)
+    if value is None:
+        return False
+    if not isinstance(value, bool):
+        raise _type_error(name, "a boolean", value)
+    return value
+
+
+def _logprob_count(body: Mapping[str, Any], name: str) -> int | None:
+    count = _opt_int(body, name, minimum=0)
+    if count is not None and count > MAX_LOGPROBS:
+        raise APIError(400, f"'{name}' must be at most {MAX_LOGPROBS}, got {count}", param=name,
+                       code="invalid_value")
+    return count
+
+
+def _chat_logprobs(body: Mapping[str, Any]) -> int | None:
+    """Chat: `logprobs` (a boolean) turns them on, `top_logprobs` (0-20) asks for alternatives;
+    `top_logprobs` without `logprobs: true` is a 400, as at OpenAI."""
+    if body.get("echo") not in (None, False):
+        raise APIError(400, "'echo' is a /v1/completions parameter; chat completions do not take it",
+                       param="echo", code="unsupported_parameter")
+    wanted = _opt_bool(body, "logprobs")
+    top = _logprob_count(body, "top_logprobs")
+    if top is not None and not wanted:
+        raise APIError(400, "'top_logprobs' needs 'logprobs' set to true", param="top_logprobs",
+                       code="invalid_value")
+    return (top or 0) if wanted else None
+
+
+def _completion_logprobs(body: Mapping[str, Any]) -> int | None:
+    """Completions: `logprobs` is the number of alternatives (0-20; null or false: none)."""
+    if body.get("top_logprobs") not in (None, 0):
+        raise APIError(400, "/v1/completions takes the number of alternatives as 'logprobs'; 'top_logprobs' "
+                            "is chat's", param="top_logprobs", code="unsupported_parameter")
+    if body.get("logprobs") is False:
+        return None
+    return _logprob_count(body, "logprobs")
 
 
 def _response_format(body: Mapping[str, Any]) -> Constraint | None:
@@ -350,34 +407,84 @@ class ResponseIds:
                 "system_fingerprint": None}
 
 
+LOGPROB_FLOOR = -9999.0
+"""A logprob below this (an impossible token: -inf, which JSON cannot carry) is reported as it,
+as OpenAI reports one."""
+
+
+def _logprob(value: float) -> float:
+    return max(float(value), LOGPROB_FLOOR)
+
+
+def chat_logprobs(entries: Sequence[TokenLogprob], token_bytes: TokenBytes) -> dict[str, Any]:
+    """Chat's `logprobs` object for generated tokens."""
+
+    def one(token: int, logprob: float) -> dict[str, Any]:
+        return {"token": token_bytes.text(token), "logprob": _logprob(logprob), "bytes": list(token_bytes(token))}
+
+    return {"content": [{**one(e.token_id, e.logprob), "top_logprobs": [one(t, lp) for t, lp in e.top]}
+                        for e in entries], "refusal": None}
+
+
+class CompletionLogprobs:
+    """Completions' `logprobs` objects of one response, chunk after chunk: each token's text, its
+    logprob (null for the prompt's first), its alternatives by text (with the chosen token's, so up
+    to logprobs + 1, as at OpenAI) and its offset in the text so far (characters of the tokens'
+    own bytes; a character split over tokens counts at the token that completes it)."""
+
+    def __init__(self, token_bytes: TokenBytes) -> None:
+        self.token_bytes = token_bytes
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._offset = 0
+
+    def add(self, token_ids: Sequence[int], entries: Sequence[TokenLogprob | None]) -> dict[str, Any]:
+        out: dict[str, list] = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+        for token, entry in zip(token_ids, entries):
+            text = self.token_bytes.text(token)
+            out["tokens"].append(text)
+            out["text_offset"].append(self._offset)
+            self._offset += len(self._decoder.decode(self.token_bytes(token)))
+            if entry is None:
+                out["token_logprobs"].append(None)
+                out["top_logprobs"].append(None)
+                continue
+            out["token_logprobs"].append(_logprob(entry.logprob))
+            top = {self.token_bytes.text(t): _logprob(lp) for t, lp in entry.top}
+            top.setdefault(text, _logprob(entry.logprob))
+            out["top_logprobs"].append(top)
+        return out
+
+
 def completion_body(ids: ResponseIds, text: str, finish_reason: str, prompt_tokens: int,
-                    completion_tokens: int, stats: GenerationStats) -> dict[str, Any]:
-    """The whole (non-streamed) response."""
+                    completion_tokens: int, stats: GenerationStats,
+                    logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The whole (non-streamed) response; `logprobs`: the choice's logprobs object, when asked."""
     if ids.endpoint == "completions":
         body = ids._base("text_completion")
-        body["choices"] = [{"text": text, "index": 0, "logprobs": None, "finish_reason": finish_reason}]
+        body["choices"] = [{"text": text, "index": 0, "logprobs": logprobs, "finish_reason": finish_reason}]
     else:
         body = ids._base("chat.completion")
         body["choices"] = [{"index": 0, "message": {"role": "assistant", "content": text, "refusal": None},
-                            "logprobs": None, "finish_reason": finish_reason}]
+                            "logprobs": logprobs, "finish_reason": finish_reason}]
     body["usage"] = usage(prompt_tokens, completion_tokens)
     body["speculative_decoding"] = speculation(stats)
     return body
 
 
 def chunk_body(ids: ResponseIds, text: str | None, finish_reason: str | None = None, *, first: bool = False,
-               stats: GenerationStats | None = None) -> dict[str, Any]:
+               stats: GenerationStats | None = None, logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
     """One streamed chunk. Chat: the first carries the role, the last an empty delta and the
-    finish reason. `stats` adds `speculative_decoding` (the finishing chunk)."""
+    finish reason. `stats` adds `speculative_decoding` (the finishing chunk); `logprobs` is the
+    logprobs object of the chunk's tokens."""
     if ids.endpoint == "completions":
         body = ids._base("text_completion")
-        body["choices"] = [{"text": text or "", "index": 0, "logprobs": None, "finish_reason": finish_reason}]
+        body["choices"] = [{"text": text or "", "index": 0, "logprobs": logprobs, "finish_reason": finish_reason}]
     else:
         body = ids._base("chat.completion.chunk")
         delta: dict[str, Any] = {"role": "assistant", "content": text or ""} if first else {}
         if not first and text:
             delta["content"] = text
-        body["choices"] = [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}]
+        body["choices"] = [{"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}]
     if stats is not None:
         body["speculative_decoding"] = speculation(stats)
     return body

@@ -29,6 +29,7 @@ from typing import Callable
 from specula.api import Session, Specula, StreamChunk
 from specula.ema import Ema
 from specula.errors import SpeculaError
+from specula.logprobs import TokenLogprob
 from specula.prompts import encode_prompt
 from specula.sampling import SamplingParams
 from specula.serve.metrics import ServerMetrics
@@ -45,6 +46,11 @@ class Started:
     """Tokens of the (templated) prompt."""
     max_tokens: int
     """The generation limit in force (the request's, or the default)."""
+    prompt_ids: tuple[int, ...] = ()
+    """The (templated) prompt's token ids."""
+    prompt_logprobs: tuple[TokenLogprob | None, ...] | None = None
+    """The prompt tokens' logprobs (the first None) when the request asked (completions' `echo`
+    with `logprobs`), else None."""
 
 
 Event = Started | StreamChunk | APIError
@@ -225,7 +231,8 @@ class Worker:
         params = SamplingParams(max_new_tokens=max_tokens, **request.sampling())
         self.metrics.prompt_tokens.inc(len(ids))
         session = self.spec.start(ids, params=params, constraint=request.constraint)
-        job.put(Started(len(ids), max_tokens))
+        prompt_logprobs = None if session.prompt_logprobs is None else tuple(session.prompt_logprobs)
+        job.put(Started(len(ids), max_tokens, tuple(ids), prompt_logprobs))
         return _Running(job, session, time.perf_counter())
 
     def _deliver(self, running: _Running, chunk: StreamChunk) -> bool:
