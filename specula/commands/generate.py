@@ -6,12 +6,14 @@ import argparse
 import json
 import os
 import sys
+from dataclasses import replace
 
 from specula.commands.common import (
     add_method_args, add_model_args, add_sampling_args, drafter_options, load_config, method_help, planner_from_args,
     sampling_params,
 )
 from specula.methods import PLAIN
+from specula.token_bytes import TokenBytes
 
 
 def register(sub) -> None:
@@ -26,6 +28,10 @@ def register(sub) -> None:
     p.add_argument("--compare", action="store_true",
                    help=f"also run plain decoding (method {PLAIN}) on the same prompt and print the speedup")
     p.add_argument("--json", action="store_true", help="print one JSON object (text, token_ids, stats)")
+    p.add_argument("--logprobs", type=int, default=None, metavar="N",
+                   help="also report each new token's log-probability under the target and the N most likely "
+                        "tokens at its position (0-20; the target's raw distribution, as vLLM's logprobs; "
+                        "outputs do not change): a table on standard error, or `logprobs` in --json")
     add_constraint_args(p)
     p.set_defaults(handler=run)
 
@@ -85,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
     from specula.methods import DEFAULT_METHOD, get_method
     from specula.models.loading import process_age_seconds
 
-    params = sampling_params(args)  # validate everything before loading models
+    params = replace(sampling_params(args), logprobs=args.logprobs)  # validate everything before loading models
     prompt = prompt_from_args(args)
     constraint = constraint_from_args(args)
     if constraint is not None:
@@ -100,6 +106,7 @@ def run(args: argparse.Namespace) -> int:
     ids = spec.encode(prompt, raw=args.raw)
     token_ids: list[int] = []
     text_parts: list[str] = []
+    logprobs: list = []
     stats = None
     first_token_s = None
     for chunk in spec.stream(ids, params=params, constraint=constraint):
@@ -107,6 +114,7 @@ def run(args: argparse.Namespace) -> int:
             first_token_s = process_age_seconds()
         token_ids.extend(chunk.token_ids)
         text_parts.append(chunk.text)
+        logprobs.extend(chunk.logprobs or ())
         stats = chunk.stats
         if not args.json:
             sys.stdout.write(chunk.text)
@@ -118,6 +126,8 @@ def run(args: argparse.Namespace) -> int:
         payload = {"text": "".join(text_parts), "token_ids": token_ids, "stats": stats.to_dict(),
                    "load": {**(spec.load_report.to_dict() if spec.load_report else {}),
                             "first_token_process_s": _round(first_token_s)}}
+        if params.logprobs is not None:
+            payload["logprobs"] = logprobs_json(logprobs, TokenBytes(spec.tokenizer))
         if baseline is not None:
             payload["baseline"] = baseline.stats.to_dict()
             payload["speedup"] = round(stats.tokens_per_s / baseline.stats.tokens_per_s, 3)
@@ -126,6 +136,8 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(payload))
         return 0
     print()
+    if params.logprobs is not None:
+        print(logprobs_table(logprobs, TokenBytes(spec.tokenizer)), file=sys.stderr)
     first = f"; first token {first_token_s:.1f} s after start" if first_token_s is not None else ""
     if spec.load_report is not None:
         print(spec.load_report.summary() + first, file=sys.stderr)
@@ -137,6 +149,23 @@ def run(args: argparse.Namespace) -> int:
         print(f"speedup vs plain decoding (same run): {stats.tokens_per_s / baseline.stats.tokens_per_s:.2f}x; "
               f"{compare_verdict(baseline.token_ids == token_ids, params)}", file=sys.stderr)
     return 0
+
+
+def logprobs_json(entries, token_bytes) -> list[dict]:
+    """`--json`'s `logprobs`: one object per new token."""
+    return [{"token_id": e.token_id, "token": token_bytes.text(e.token_id), "logprob": e.logprob, "rank": e.rank,
+             "top": [{"token_id": t, "token": token_bytes.text(t), "logprob": lp} for t, lp in e.top]}
+            for e in entries]
+
+
+def logprobs_table(entries, token_bytes) -> str:
+    """One line per new token: its position, text, logprob, rank and the alternatives asked for."""
+    lines = ["logprobs (the target's; position, token, logprob, rank, most likely):"]
+    for i, e in enumerate(entries):
+        top = ", ".join(f"{token_bytes.text(t)!r} {lp:.3f}" for t, lp in e.top)
+        lines.append(f"{i:5d}  {token_bytes.text(e.token_id)!r:>16}  {e.logprob:8.3f}  {e.rank:6d}"
+                     + (f"  {top}" if top else ""))
+    return "\n".join(lines)
 
 
 def compare_verdict(identical: bool, params) -> str:

@@ -171,3 +171,26 @@ def test_prompt_dash_reads_standard_input(json_load, capsys, monkeypatch):
     code = main([*args, "--prompt", "-"])
     err = capsys.readouterr().err
     assert code == 2 and "standard input" in err and len(err.strip().splitlines()) == 1
+
+
+def test_logprobs_come_in_the_json_and_as_a_table_and_change_nothing(tiny_load, tiny_tokenizer, capsys):
+    import torch
+
+    code, out, _ = run(capsys, "--json", "--logprobs", "2")
+    payload = json.loads(out)
+    assert code == 0 and json.loads(run(capsys, "--json")[1])["token_ids"] == payload["token_ids"]
+    entries = payload["logprobs"]
+    assert [e["token_id"] for e in entries] == payload["token_ids"]
+    model = tiny_model("qwen2", seed=3)
+    prompt = tiny_tokenizer.encode("w5 w17 w33 w5 w17 w40")
+    with torch.inference_mode():
+        rows = torch.log_softmax(model(torch.tensor([prompt + payload["token_ids"]])).logits[0, len(prompt) - 1:-1], -1)
+    for e, row in zip(entries, rows):
+        assert e["logprob"] == pytest.approx(float(row[e["token_id"]]), abs=1e-4)
+        assert [a["token_id"] for a in e["top"]] == row.topk(2).indices.tolist()
+        assert e["token"] == f"w{e['token_id']}"
+    code, out, err = run(capsys, "--logprobs", "0")
+    table = err[err.index("logprobs (the target's"):].splitlines()[1: 1 + len(entries)]
+    assert code == 0 and [line.split()[1] for line in table] == [repr(e["token"]) for e in entries]
+    code, _, err = run(capsys, "--logprobs", "21")
+    assert code == 2 and "logprobs must be an integer from 0 to 20" in err and len(err.strip().splitlines()) == 1
