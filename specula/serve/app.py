@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hmac
 import json
 import logging
@@ -24,7 +25,7 @@ import socket
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Awaitable, Callable
+from typing import Any, AsyncIterator, Awaitable, Callable, Sequence
 
 import uvicorn
 from fastapi import FastAPI, Request
@@ -37,7 +38,8 @@ from specula.serve import protocol
 from specula.serve.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from specula.serve.metrics import ServerMetrics
 from specula.serve.protocol import APIError, GenerationRequest, ResponseIds
-from specula.serve.worker import Job, Started, Worker
+from specula.serve.worker import ChoiceChunk, Job, Started, Worker
+from specula.stats import GenerationStats
 from specula.token_bytes import TokenBytes
 
 log = logging.getLogger("specula.serve")
@@ -386,21 +388,22 @@ async def _generate(server: SpeculaServer, request: Request, endpoint: protocol.
         started = await wake.next_event(job, request, poll)
         assert isinstance(started, Started)
         if not gen.stream:
-            parts: list[str] = [_echo_text(server, gen, started)] if gen.echo else []
-            token_ids, entries = _echoed(gen, started)
-            while True:
-                chunk: StreamChunk = await wake.next_event(job, request, poll)
-                parts.append(chunk.text)
-                token_ids += chunk.token_ids
-                entries += chunk.logprobs or ()
-                if chunk.finished:
-                    break
-            stats = chunk.stats
+            choices = [_ChoiceState(server, gen, started, i) for i in range(started.choices)]
+            texts: list[list[str]] = [[] for _ in choices]
+            logprobs: list[list[dict[str, Any]]] = [[] for _ in choices]
+            while not all(c.done for c in choices):
+                event: ChoiceChunk = await wake.next_event(job, request, poll)
+                for text, lp in choices[event.index].take(event.chunk):
+                    texts[event.index].append(text)
+                    logprobs[event.index] += [lp] if lp is not None else []
             server.metrics.request_seconds.observe(time.perf_counter() - t0)
-            logprobs = _Logprobs(server, gen).add(token_ids, entries) if gen.logprobs is not None else None
-            return JSONResponse(protocol.completion_body(ResponseIds.new(gen), "".join(parts),
-                                                         stats.finish_reason or "length", started.prompt_tokens,
-                                                         stats.new_tokens, stats, logprobs))
+            results = [protocol.ChoiceResult(c.index, "".join(texts[c.index]), c.finish_reason,
+                                             (protocol.join_logprobs(logprobs[c.index]) or c.formatter.add((), ()))
+                                             if c.formatter else None)
+                       for c in choices]
+            stats = _summed([c.stats for c in choices])
+            return JSONResponse(protocol.completion_body(ResponseIds.new(gen), results, started.prompt_tokens,
+                                                         stats.new_tokens, stats))
     except BaseException:  # an error, the client gone, or the task cancelled (shutdown)
         job.cancel()
         raise
@@ -408,23 +411,52 @@ async def _generate(server: SpeculaServer, request: Request, endpoint: protocol.
                              headers={"Cache-Control": "no-cache"})
 
 
-def _echo_text(server: SpeculaServer, gen: GenerationRequest, started: Started) -> str:
-    """The prompt as `echo` returns it: the text as sent, or token ids decoded."""
-    if isinstance(gen.prompt, str):
-        return gen.prompt
-    return server.spec.tokenizer.decode(list(started.prompt_ids), skip_special_tokens=True)
+def _summed(stats: list[GenerationStats]) -> GenerationStats:
+    """One choice's stats, or the sum of several (a response's `speculative_decoding`)."""
+    return functools.reduce(GenerationStats.merge, stats)
 
 
-def _echoed(gen: GenerationRequest, started: Started) -> tuple[list[int], list]:
-    """The tokens and logprobs that come before the generated ones: the prompt's under `echo` with
-    logprobs, else none."""
-    if gen.echo and started.prompt_logprobs is not None:
-        return list(started.prompt_ids), list(started.prompt_logprobs)
-    return [], []
+class _ChoiceState:
+    """One choice of a response as its chunks arrive: what each adds (the prompt first under
+    `echo`), and its end."""
+
+    def __init__(self, server: SpeculaServer, gen: GenerationRequest, started: Started, index: int) -> None:
+        self.index = index
+        source = gen.prompts[index // gen.n] if gen.echo else None
+        self.prompt_ids = started.prompts[index // gen.n]
+        self.echo = None if source is None else (
+            source if isinstance(source, str) else server.spec.tokenizer.decode(list(self.prompt_ids),
+                                                                                 skip_special_tokens=True))
+        self.formatter = _Logprobs(server, gen) if gen.logprobs is not None else None
+        self.first = True
+        self.stats: GenerationStats | None = None
+
+    @property
+    def done(self) -> bool:
+        return self.stats is not None
+
+    @property
+    def finish_reason(self) -> str:
+        return (self.stats.finish_reason if self.stats is not None else "") or "length"
+
+    def take(self, chunk: StreamChunk) -> list[tuple[str, dict[str, Any] | None]]:
+        """The (text, logprobs object or None) pieces to send for `chunk`."""
+        pieces: list[tuple[str, Sequence[int], Sequence]] = []
+        if self.first:
+            self.first = False
+            if self.echo is not None:
+                prompt = chunk.prompt_logprobs
+                pieces.append((self.echo, self.prompt_ids if prompt is not None else (), prompt or ()))
+        if chunk.text or (self.formatter is not None and chunk.token_ids):  # stop strings are already cut
+            pieces.append((chunk.text, chunk.token_ids, chunk.logprobs or ()))
+        if chunk.finished:
+            self.stats = chunk.stats
+        return [(text, self.formatter.add(ids, entries) if self.formatter is not None else None)
+                for text, ids, entries in pieces]
 
 
 class _Logprobs:
-    """One response's logprobs objects, in the endpoint's shape, chunk after chunk."""
+    """One choice's logprobs objects, in the endpoint's shape, chunk after chunk."""
 
     def __init__(self, server: SpeculaServer, gen: GenerationRequest) -> None:
         self.token_bytes = server.token_bytes
@@ -443,34 +475,32 @@ def _sse(payload: dict[str, Any] | str) -> bytes:
 
 async def _stream(server: SpeculaServer, request: Request, job: Job, gen: GenerationRequest, started: Started,
                   wake: _Wakeup, t0: float) -> AsyncIterator[bytes]:
-    """The server-sent events of a streamed generation. Starlette cancels this generator when the
-    client disconnects; the `finally` then cancels the job. Counted in metrics before `[DONE]`."""
+    """The server-sent events of a streamed generation, choice by choice as their steps come.
+    Starlette cancels this generator when the client disconnects; the `finally` then cancels the
+    job. Counted in metrics before `[DONE]`."""
     ids = ResponseIds.new(gen)
     status: int | None = None  # set once counted
-    logprobs = _Logprobs(server, gen) if gen.logprobs is not None else None
+    choices = [_ChoiceState(server, gen, started, i) for i in range(started.choices)]
     try:
         if gen.endpoint == "chat":
-            yield _sse(protocol.chunk_body(ids, "", first=True))
-        if gen.echo:
-            token_ids, entries = _echoed(gen, started)
-            yield _sse(protocol.chunk_body(ids, _echo_text(server, gen, started),
-                                           logprobs=logprobs.add(token_ids, entries) if logprobs else None))
+            for c in choices:
+                yield _sse(protocol.chunk_body(ids, "", index=c.index, first=True))
         try:
-            while True:
-                chunk: StreamChunk = await wake.next_event(job, None, server.config.poll_seconds)
-                if chunk.text or (logprobs and chunk.token_ids):  # stop strings are already cut by the engine
-                    yield _sse(protocol.chunk_body(ids, chunk.text, logprobs=logprobs.add(
-                        chunk.token_ids, chunk.logprobs or ()) if logprobs else None))
-                if chunk.finished:
-                    break
+            while not all(c.done for c in choices):
+                event: ChoiceChunk = await wake.next_event(job, None, server.config.poll_seconds)
+                choice = choices[event.index]
+                for text, lp in choice.take(event.chunk):
+                    yield _sse(protocol.chunk_body(ids, text, index=choice.index, logprobs=lp))
+                if choice.done:
+                    yield _sse(protocol.chunk_body(ids, None, choice.finish_reason, index=choice.index,
+                                                   stats=choice.stats))
         except APIError as exc:  # failed after the headers went out: OpenAI's in-stream error event
             status = exc.status
             _record(request, status)
             yield _sse(exc.body())
         else:
-            stats = chunk.stats
-            yield _sse(protocol.chunk_body(ids, None, stats.finish_reason or "length", stats=stats))
             if gen.include_usage:
+                stats = _summed([c.stats for c in choices])
                 yield _sse(protocol.usage_chunk_body(ids, started.prompt_tokens, stats.new_tokens, stats))
             status = 200
             server.metrics.request_seconds.observe(time.perf_counter() - t0)

@@ -33,6 +33,9 @@ Endpoint = Literal["completions", "chat"]
 MAX_STOP_STRINGS = 4
 """OpenAI accepts at most four stop sequences."""
 
+MAX_CHOICES = 128
+"""Most choices one request may ask for (prompts times n): each is a sequence decoded in the batch."""
+
 CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
 """Message roles OpenAI's chat API accepts (any other is a 400, as there)."""
 
@@ -67,8 +70,8 @@ class GenerationRequest:
     """Which API it came from (decides the response objects)."""
     model: str
     """The model id the client asked for (already checked against the served one)."""
-    prompt: str | tuple[int, ...] | None = None
-    """Completions: raw prompt text (no chat template) or token ids."""
+    prompts: tuple[str | tuple[int, ...], ...] = ()
+    """Completions: each prompt's raw text (no chat template) or token ids (one or more)."""
     messages: tuple[dict[str, str], ...] | None = None
     """Chat: `{"role", "content"}` messages, rendered with the tokenizer's chat template."""
     max_tokens: int | None = None
@@ -95,6 +98,17 @@ class GenerationRequest:
     echo: bool = False
     """Completions: the prompt's text comes back before the completion (with `logprobs`, its tokens'
     logprobs too, the first one null)."""
+    n: int = 1
+    """Choices per prompt (choice j sampled with seed + j when a seed is given)."""
+
+    def prompt_sources(self) -> list[str | tuple[int, ...] | list[dict[str, str]]]:
+        """What each prompt is encoded from: the chat's messages, or each completions prompt."""
+        return [list(self.messages)] if self.messages is not None else list(self.prompts)
+
+    @property
+    def choices(self) -> int:
+        """Choices in the response: prompts times n."""
+        return len(self.prompt_sources()) * self.n
 
     def sampling(self) -> dict[str, Any]:
         """`SamplingParams` fields, except max_new_tokens (which needs the prompt length)."""
@@ -143,14 +157,12 @@ def parse_request(endpoint: Endpoint, body: Mapping[str, Any], served_model: str
         if name in body and body[name] not in neutral:
             raise APIError(400, f"'{name}' is not supported by this server; remove it from the request",
                            param=name, code="unsupported_parameter")
-    n = _opt_int(body, "n", minimum=1)
-    if n not in (None, 1):
-        raise APIError(400, f"n={n} is not supported: this server returns one choice per request; "
-                            "set n to 1 or send several requests", param="n", code="unsupported_parameter")
-    prompt = messages = None
+    n = _opt_int(body, "n", minimum=1) or 1
+    prompts: tuple = ()
+    messages = None
     echo = False
     if endpoint == "completions":
-        prompt = _prompt(body)
+        prompts = _prompts(body)
         max_tokens = _opt_int(body, "max_tokens", minimum=1)
         if max_tokens is None:
             max_tokens = COMPLETIONS_DEFAULT_MAX_TOKENS
@@ -180,8 +192,13 @@ def parse_request(endpoint: Endpoint, body: Mapping[str, Any], served_model: str
         raise _type_error("stream", "a boolean", stream)
     if "user" in body and body["user"] is not None and not isinstance(body["user"], str):
         raise _type_error("user", "a string", body["user"])
+    choices = max(1, len(prompts)) * n
+    if choices > MAX_CHOICES:
+        raise APIError(400, f"the request asks for {choices} choices ({max(1, len(prompts))} prompts times n={n}); "
+                            f"this server takes at most {MAX_CHOICES} a request: send several requests",
+                       param="n", code="invalid_value")
     return GenerationRequest(
-        endpoint=endpoint, model=model, prompt=prompt, messages=messages, max_tokens=max_tokens,
+        endpoint=endpoint, model=model, prompts=prompts, messages=messages, max_tokens=max_tokens, n=n,
         temperature=temperature, top_p=top_p, top_k=top_k or 0, seed=seed,
         stop=_stop(body), stream=stream, include_usage=_include_usage(body, stream),
         constraint=_response_format(body), logprobs=logprobs, echo=echo,
@@ -266,27 +283,29 @@ def _opt_number(body: Mapping[str, Any], name: str, default: float) -> float:
     return float(value)
 
 
-def _prompt(body: Mapping[str, Any]) -> str | tuple[int, ...]:
+def _prompts(body: Mapping[str, Any]) -> tuple[str | tuple[int, ...], ...]:
+    """Completions' `prompt`: a string, token ids, or a list of either (a batch: one choice each)."""
     if "prompt" not in body or body["prompt"] is None:
         raise APIError(400, "you must provide a prompt", param="prompt", code="missing_required_parameter")
     prompt = body["prompt"]
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
-        prompt = prompt[0]  # a batch of one prompt
+    if isinstance(prompt, list) and prompt and all(isinstance(p, (str, list)) for p in prompt):
+        return tuple(_one_prompt(p, f"prompt[{i}]") for i, p in enumerate(prompt))
+    return (_one_prompt(prompt, "prompt"),)
+
+
+def _one_prompt(prompt: Any, where: str) -> str | tuple[int, ...]:
     if isinstance(prompt, str):
         if not prompt:
-            raise APIError(400, "the prompt is empty: give at least one character of text", param="prompt",
+            raise APIError(400, f"{where} is empty: give at least one character of text", param="prompt",
                            code="invalid_value")
         return prompt
     if isinstance(prompt, list):
         if not prompt:
-            raise APIError(400, "the prompt is empty: give text or at least one token id", param="prompt",
+            raise APIError(400, f"{where} is empty: give text or at least one token id", param="prompt",
                            code="invalid_value")
         if all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in prompt):
             return tuple(prompt)
-        if all(isinstance(t, str) for t in prompt):
-            raise APIError(400, f"got {len(prompt)} prompts; this server takes one prompt per request",
-                           param="prompt", code="unsupported_parameter")
-    raise _type_error("prompt", "a string, a list of one string, or a list of token ids", prompt)
+    raise _type_error("prompt", "a string, a list of token ids, or a list of either", prompt)
 
 
 def _content(message: Mapping[str, Any], index: int) -> str:
@@ -455,36 +474,59 @@ class CompletionLogprobs:
         return out
 
 
-def completion_body(ids: ResponseIds, text: str, finish_reason: str, prompt_tokens: int,
-                    completion_tokens: int, stats: GenerationStats,
-                    logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The whole (non-streamed) response; `logprobs`: the choice's logprobs object, when asked."""
+@dataclass(frozen=True)
+class ChoiceResult:
+    """One finished choice of a (non-streamed) response."""
+
+    index: int
+    text: str
+    finish_reason: str
+    logprobs: dict[str, Any] | None = None
+    """The choice's logprobs object (`chat_logprobs`, `CompletionLogprobs`), when asked."""
+
+
+def join_logprobs(objects: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
+    """One logprobs object from a choice's successive ones (chunk by chunk): their lists joined."""
+    if not objects:
+        return None
+    joined: dict[str, Any] = {}
+    for obj in objects:
+        for key, value in obj.items():
+            joined[key] = joined.get(key, []) + value if isinstance(value, list) else value
+    return joined
+
+
+def completion_body(ids: ResponseIds, choices: Sequence[ChoiceResult], prompt_tokens: int,
+                    completion_tokens: int, stats: GenerationStats) -> dict[str, Any]:
+    """The whole (non-streamed) response: `choices` in index order, `stats` summed over them."""
     if ids.endpoint == "completions":
         body = ids._base("text_completion")
-        body["choices"] = [{"text": text, "index": 0, "logprobs": logprobs, "finish_reason": finish_reason}]
+        body["choices"] = [{"text": c.text, "index": c.index, "logprobs": c.logprobs, "finish_reason": c.finish_reason}
+                           for c in choices]
     else:
         body = ids._base("chat.completion")
-        body["choices"] = [{"index": 0, "message": {"role": "assistant", "content": text, "refusal": None},
-                            "logprobs": logprobs, "finish_reason": finish_reason}]
+        body["choices"] = [{"index": c.index, "message": {"role": "assistant", "content": c.text, "refusal": None},
+                            "logprobs": c.logprobs, "finish_reason": c.finish_reason} for c in choices]
     body["usage"] = usage(prompt_tokens, completion_tokens)
     body["speculative_decoding"] = speculation(stats)
     return body
 
 
-def chunk_body(ids: ResponseIds, text: str | None, finish_reason: str | None = None, *, first: bool = False,
-               stats: GenerationStats | None = None, logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
-    """One streamed chunk. Chat: the first carries the role, the last an empty delta and the
-    finish reason. `stats` adds `speculative_decoding` (the finishing chunk); `logprobs` is the
-    logprobs object of the chunk's tokens."""
+def chunk_body(ids: ResponseIds, text: str | None, finish_reason: str | None = None, *, index: int = 0,
+               first: bool = False, stats: GenerationStats | None = None,
+               logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
+    """One streamed chunk of choice `index`. Chat: a choice's first carries the role, its last an
+    empty delta and the finish reason. `stats` adds `speculative_decoding` (a finishing chunk:
+    that choice's); `logprobs` is the logprobs object of the chunk's tokens."""
     if ids.endpoint == "completions":
         body = ids._base("text_completion")
-        body["choices"] = [{"text": text or "", "index": 0, "logprobs": logprobs, "finish_reason": finish_reason}]
+        body["choices"] = [{"text": text or "", "index": index, "logprobs": logprobs, "finish_reason": finish_reason}]
     else:
         body = ids._base("chat.completion.chunk")
         delta: dict[str, Any] = {"role": "assistant", "content": text or ""} if first else {}
         if not first and text:
             delta["content"] = text
-        body["choices"] = [{"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}]
+        body["choices"] = [{"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}]
     if stats is not None:
         body["speculative_decoding"] = speculation(stats)
     return body

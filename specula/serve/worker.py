@@ -1,35 +1,37 @@
-"""One worker thread owns the model and decodes up to `max_batch_size` requests at once.
+"""One worker thread owns the model and decodes up to `max_batch_size` sequences at once.
 
-Continuous batching: every loop admits queued requests while the batch has room (prefilling
-each), then advances every running request by one decode step in one call,
+Continuous batching: every loop admits waiting sequences while the batch has room (prefilling
+each), then advances every running one by one decode step in one call,
 `Specula.step(sessions)`, which verifies all their trees in one packed target pass
-where the backend batches (the native backend does); a request that finishes, fails or is
-cancelled leaves the batch at once and frees its cache. Each request has its own session (KV
-cache, drafter and planner state, generator), so its output is what it would get alone. The model
-and the tokenizer are touched by this thread only. An HTTP thread submits a `Job` and reads its
-`events` queue:
+where the backend batches (the native backend does); a sequence that finishes, fails or is
+cancelled leaves the batch at once and frees its cache. A request is one or more choices: its
+prompts (completions take a list) times `n`, each its own session (KV cache, drafter and planner
+state, generator; choice j of a prompt samples with seed + j, as vLLM seeds them), so each output
+is what it would get alone. The model and the tokenizer are touched by this thread only. An HTTP
+thread submits a `Job` and reads its `events` queue:
 
-    Started(prompt_tokens)  ->  StreamChunk ... StreamChunk(finished=True, stats)
-    or an APIError at any point (bad prompt, context exceeded, internal error).
+    Started(prompt_tokens, prompts, choices)  ->  ChoiceChunk(index, StreamChunk) ... until every
+    choice's chunk with finished=True;  or an APIError at any point (bad prompt, context
+    exceeded, internal error: the whole request fails).
 
-Setting `job.cancelled` (the client went away) stops the generation at its next step;
-a job cancelled while queued never starts; a job past its deadline (`request_timeout`) gets a 504
-and leaves the batch. `max_batch_size=1` is the one-at-a-time server.
+Setting `job.cancelled` (the client went away) stops every choice at its next step; a job
+cancelled while queued never starts; a job past its deadline (`request_timeout`) gets a 504 and
+leaves the batch. `max_batch_size=1` is the one-at-a-time server.
 """
 
 from __future__ import annotations
 
+import collections
 import logging
 import queue
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 from specula.api import Session, Specula, StreamChunk
 from specula.ema import Ema
 from specula.errors import SpeculaError
-from specula.logprobs import TokenLogprob
 from specula.prompts import encode_prompt
 from specula.sampling import SamplingParams
 from specula.serve.metrics import ServerMetrics
@@ -40,20 +42,26 @@ log = logging.getLogger("specula.serve")
 
 @dataclass(frozen=True)
 class Started:
-    """The prompt was accepted; generation begins."""
+    """The request's prompts were accepted and its first choice prefilled; generation begins."""
 
     prompt_tokens: int
-    """Tokens of the (templated) prompt."""
-    max_tokens: int
-    """The generation limit in force (the request's, or the default)."""
-    prompt_ids: tuple[int, ...] = ()
-    """The (templated) prompt's token ids."""
-    prompt_logprobs: tuple[TokenLogprob | None, ...] | None = None
-    """The prompt tokens' logprobs (the first None) when the request asked (completions' `echo`
-    with `logprobs`), else None."""
+    """Tokens of the (templated) prompts, each counted once."""
+    prompts: tuple[tuple[int, ...], ...]
+    """Each prompt's token ids (choice i decodes prompt i // n)."""
+    choices: int
+    """How many choices the response has: prompts times n."""
 
 
-Event = Started | StreamChunk | APIError
+@dataclass(frozen=True)
+class ChoiceChunk:
+    """One decode step of one choice. The choice's first chunk carries its prompt's logprobs when
+    the request asked (`StreamChunk.prompt_logprobs`)."""
+
+    index: int
+    chunk: StreamChunk
+
+
+Event = Started | ChoiceChunk | APIError
 
 
 @dataclass
@@ -66,15 +74,21 @@ class Job:
     cancelled: threading.Event = field(default_factory=threading.Event)
     """Set by the HTTP thread when the client is gone."""
     generated_tokens: int = 0
-    """Tokens generated so far (for metrics and tests)."""
+    """Tokens generated so far, all choices (for metrics and tests)."""
     t_submit: float = field(default_factory=time.perf_counter)
     """When the request reached the worker's queue."""
     deadline: float | None = None
     """perf_counter time after which the request is answered 504 (None: no limit)."""
-    t_last_token: float | None = None
-    """When the request's latest tokens went out (None before the first)."""
+    t_first_token: float | None = None
+    """When the request's first tokens went out (None before)."""
+    prompts: tuple[tuple[int, ...], ...] = ()
+    """Its prompts' token ids, once accepted."""
     notify: Callable[[], None] | None = None
     """Called (from the worker thread) after each event: wakes an asyncio reader."""
+    failed: bool = False
+    """An error was sent: the request's other choices stop and nothing more is sent."""
+    started: bool = False
+    """`Started` was sent."""
 
     def cancel(self) -> None:
         self.cancelled.set()
@@ -84,14 +98,37 @@ class Job:
         if self.notify is not None:
             self.notify()
 
+    @property
+    def dropped(self) -> bool:
+        """Nothing more is wanted: cancelled by the client, or failed."""
+        return self.failed or self.cancelled.is_set()
+
+
+@dataclass
+class _Choice:
+    """One choice of an admitted request, waiting for a place in the batch."""
+
+    job: Job
+    index: int
+    prompt: tuple[int, ...]
+    params: SamplingParams
+
 
 @dataclass
 class _Running:
-    """A job in the batch and its engine session."""
+    """A choice in the batch and its engine session."""
 
-    job: Job
+    choice: _Choice
     session: Session
     t0: float
+    first: bool = True
+    """No chunk of it was delivered yet."""
+    t_last_token: float | None = None
+    """When its latest tokens went out."""
+
+    @property
+    def job(self) -> Job:
+        return self.choice.job
 
 
 class Worker:
@@ -162,27 +199,22 @@ class Worker:
     # ------------------------------------------------------------------ the thread
     def _loop(self) -> None:
         batch: list[_Running] = []
+        waiting: "collections.deque[_Choice]" = collections.deque()  # choices of admitted requests
         stopping = False
-        while batch or not stopping:
-            # admit: wait for work only when nothing runs, otherwise take what is queued now
-            while not stopping and len(batch) < self.max_batch_size:
+        while batch or waiting or not stopping:
+            self._admit(batch, waiting)
+            if not stopping and len(batch) < self.max_batch_size and not waiting:
+                # take queued requests while there is room; wait for one only when nothing runs
                 try:
                     job = self._queue.get() if not batch else self._queue.get_nowait()
                 except queue.Empty:
-                    break
+                    job = False
                 if job is None:
                     stopping = True
-                    break
-                if job.cancelled.is_set():
+                elif job:
+                    self._accept(job, waiting)
                     continue
-                if self._expired(job):
-                    self._fail(job, self._timeout_error())
-                    continue
-                try:
-                    batch.append(self._start(job))
-                except Exception as exc:  # one request's failure must not stop the worker
-                    self._fail(job, exc)
-            self.metrics.in_progress.set(len(batch))
+            self.metrics.in_progress.set(len({id(r.job) for r in batch}))
             if not batch:
                 continue
             self.metrics.batch_size.observe(len(batch))
@@ -199,8 +231,37 @@ class Worker:
                 continue
             self._observe_goodput(sum(len(c.token_ids) for c in chunks), time.perf_counter() - t0)
             batch = [r for r, chunk in zip(batch, chunks) if not self._deliver(r, chunk)]
-            self.metrics.in_progress.set(len(batch))
+            batch = [r for r in batch if not self._drop(r)]  # another choice of its request failed
+            self.metrics.in_progress.set(len({id(r.job) for r in batch}))
         self.metrics.in_progress.set(0)
+
+    def _accept(self, job: Job, waiting: "collections.deque[_Choice]") -> None:
+        """A request off the queue: its prompts checked and its choices queued for the batch (or
+        its error sent)."""
+        if job.cancelled.is_set():
+            return
+        if self._expired(job):
+            self._fail(job, self._timeout_error())
+            return
+        try:
+            waiting.extend(self._choices(job))
+        except Exception as exc:  # one request's failure must not stop the worker
+            self._fail(job, exc)
+
+    def _admit(self, batch: list[_Running], waiting: "collections.deque[_Choice]") -> None:
+        """Prefill waiting choices into the batch while it has room."""
+        while waiting and len(batch) < self.max_batch_size:
+            choice = waiting.popleft()
+            job = choice.job
+            if job.dropped:
+                continue
+            if self._expired(job):
+                self._fail(job, self._timeout_error())
+                continue
+            try:
+                batch.append(self._start(choice))
+            except Exception as exc:
+                self._fail(job, exc)
 
     def _expired(self, job: Job) -> bool:
         return job.deadline is not None and time.perf_counter() > job.deadline
@@ -214,6 +275,10 @@ class Worker:
         self.metrics.goodput.set(self._goodput.update(tokens / max(seconds, 1e-9)))
 
     def _fail(self, job: Job, exc: Exception) -> None:
+        """Send the request's error (once: its other choices stop)."""
+        if job.failed:
+            return
+        job.failed = True
         if isinstance(exc, APIError):
             job.put(exc)
         elif isinstance(exc, SpeculaError):
@@ -223,21 +288,42 @@ class Worker:
             job.put(APIError(500, f"internal error while generating: {type(exc).__name__}: {exc}",
                              type="server_error", code="internal_error"))
 
-    def _start(self, job: Job) -> _Running:
-        """Tokenize, check the limits, prefill: the job joins the batch."""
+    def _choices(self, job: Job) -> list[_Choice]:
+        """Tokenize the request's prompts and check the limits: one choice per prompt and n, in
+        OpenAI's order (prompt by prompt; choice j of a prompt seeded with seed + j)."""
         request = job.request
-        ids = self._prompt_ids(request)
-        max_tokens = self._limit(request, len(ids))
-        params = SamplingParams(max_new_tokens=max_tokens, **request.sampling())
-        self.metrics.prompt_tokens.inc(len(ids))
-        session = self.spec.start(ids, params=params, constraint=request.constraint)
-        prompt_logprobs = None if session.prompt_logprobs is None else tuple(session.prompt_logprobs)
-        job.put(Started(len(ids), max_tokens, tuple(ids), prompt_logprobs))
-        return _Running(job, session, time.perf_counter())
+        prompts = [self._prompt_ids(request, prompt) for prompt in request.prompt_sources()]
+        limits = [self._limit(request, len(ids)) for ids in prompts]
+        job.prompts = tuple(tuple(ids) for ids in prompts)
+        self.metrics.prompt_tokens.inc(sum(len(ids) for ids in prompts))
+        base = SamplingParams(max_new_tokens=1, **request.sampling())
+        return [_Choice(job, i * request.n + j, job.prompts[i],
+                        replace(base, max_new_tokens=limit, seed=None if base.seed is None else base.seed + j))
+                for i, limit in enumerate(limits) for j in range(request.n)]
+
+    def _start(self, choice: _Choice) -> _Running:
+        """Prefill a choice: it joins the batch (the request's first sends `Started`)."""
+        job = choice.job
+        session = self.spec.start(choice.prompt, params=choice.params, constraint=job.request.constraint)
+        if not job.started:
+            job.started = True
+            job.put(Started(sum(len(p) for p in job.prompts), job.prompts, len(job.prompts) * job.request.n))
+        return _Running(choice, session, time.perf_counter())
+
+    def _drop(self, running: _Running) -> bool:
+        """Free a running choice whose request is no longer wanted; True when dropped."""
+        if not running.job.dropped:
+            return False
+        self.spec.finish(running.session)
+        return True
 
     def _deliver(self, running: _Running, chunk: StreamChunk) -> bool:
-        """Send one step's chunk; True when the job leaves the batch (finished or cancelled)."""
+        """Send one step's chunk of a choice; True when the choice leaves the batch (finished,
+        failed or no longer wanted)."""
         job = running.job
+        if job.dropped:
+            self.spec.finish(running.session)
+            return True
         if chunk.error is not None:
             self.spec.finish(running.session)
             self._fail(job, chunk.error)
@@ -247,21 +333,26 @@ class Worker:
         self.metrics.generated_tokens.inc(n)
         if n:
             now = time.perf_counter()
-            if job.t_last_token is None:
+            if job.t_first_token is None:
+                job.t_first_token = now
                 self.metrics.time_to_first_token.observe(now - job.t_submit)
-            else:
-                self.metrics.inter_token_latency.observe((now - job.t_last_token) / n)
-            job.t_last_token = now
+            if running.t_last_token is not None:
+                self.metrics.inter_token_latency.observe((now - running.t_last_token) / n)
+            running.t_last_token = now
+        if running.first:
+            running.first = False
+            chunk.prompt_logprobs = running.session.prompt_logprobs
         if chunk.finished:
             self.spec.finish(running.session)
             self.metrics.record_generation(chunk.stats)
-        job.put(chunk)
+        job.put(ChoiceChunk(running.choice.index, chunk))
         if chunk.finished:
             return True
         if job.cancelled.is_set():
             self.spec.finish(running.session)
-            log.info("client gone: generation stopped after %d tokens (%.2fs)",
-                     job.generated_tokens, time.perf_counter() - running.t0)
+            if running.choice.index == 0:
+                log.info("client gone: generation stopped after %d tokens (%.2fs)",
+                         job.generated_tokens, time.perf_counter() - running.t0)
             return True
         if self._expired(job):
             self.spec.finish(running.session)
@@ -269,10 +360,9 @@ class Worker:
             return True
         return False
 
-    def _prompt_ids(self, request: GenerationRequest) -> list[int]:
-        """Token ids: chat messages through the chat template, completion text as is."""
+    def _prompt_ids(self, request: GenerationRequest, source) -> list[int]:
+        """Token ids: chat messages through the chat template, completion text (or ids) as is."""
         param = "messages" if request.endpoint == "chat" else "prompt"
-        source = list(request.messages) if request.messages is not None else request.prompt
         try:
             ids = encode_prompt(self.spec.tokenizer, source, raw=request.messages is None)
         except SpeculaError as exc:

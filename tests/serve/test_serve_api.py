@@ -224,7 +224,9 @@ BAD_REQUESTS = [
     ("/v1/completions", {**OK_COMPLETION, "prompt": ""}, 400, "prompt"),
     ("/v1/completions", {**OK_COMPLETION, "prompt": []}, 400, "prompt"),
     ("/v1/completions", {**OK_COMPLETION, "prompt": "   "}, 400, "prompt"),  # no tokens
-    ("/v1/completions", {**OK_COMPLETION, "prompt": ["w05", "w06"]}, 400, "prompt"),
+    ("/v1/completions", {**OK_COMPLETION, "prompt": ["w05", 5]}, 400, "prompt"),
+    ("/v1/completions", {**OK_COMPLETION, "prompt": ["w05", ""]}, 400, "prompt"),
+    ("/v1/completions", {**OK_COMPLETION, "prompt": [[5, 6], []]}, 400, "prompt"),
     ("/v1/completions", {**OK_COMPLETION, "prompt": 5}, 400, "prompt"),
     ("/v1/completions", {"model": MODEL}, 400, "prompt"),
     ("/v1/chat/completions", {**OK_CHAT, "messages": []}, 400, "messages"),
@@ -244,8 +246,10 @@ BAD_REQUESTS = [
     ("/v1/completions", {**OK_COMPLETION, "stream": "yes"}, 400, "stream"),
     ("/v1/completions", {**OK_COMPLETION, "stop": 5}, 400, "stop"),
     ("/v1/completions", {**OK_COMPLETION, "stop": ["a", "b", "c", "d", "e"]}, 400, "stop"),
-    ("/v1/completions", {**OK_COMPLETION, "n": 2}, 400, "n"),
-    ("/v1/chat/completions", {**OK_CHAT, "n": 3}, 400, "n"),
+    ("/v1/completions", {**OK_COMPLETION, "n": 0}, 400, "n"),
+    ("/v1/completions", {**OK_COMPLETION, "n": 2.5}, 400, "n"),
+    ("/v1/chat/completions", {**OK_CHAT, "n": 129}, 400, "n"),
+    ("/v1/completions", {**OK_COMPLETION, "prompt": ["w05"] * 65, "n": 2}, 400, "n"),
     ("/v1/completions", {**OK_COMPLETION, "logprobs": 21}, 400, "logprobs"),
     ("/v1/completions", {**OK_COMPLETION, "logprobs": True}, 400, "logprobs"),
     ("/v1/completions", {**OK_COMPLETION, "logprobs": -1}, 400, "logprobs"),
@@ -308,8 +312,8 @@ def test_body_over_the_limit_is_413(server):
 def test_openai_client_raises_typed_errors(client):
     with pytest.raises(openai.NotFoundError):
         client.completions.create(model="gpt-4", prompt="w05")
-    with pytest.raises(openai.BadRequestError, match="n=2"):
-        client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "w05"}], n=2)
+    with pytest.raises(openai.BadRequestError, match="n=200"):
+        client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "w05"}], n=200)
     with pytest.raises(openai.BadRequestError, match="context length"):
         client.completions.create(model=MODEL, prompt="w05", max_tokens=1000)
 

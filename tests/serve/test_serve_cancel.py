@@ -197,3 +197,45 @@ def test_serving_metrics_latency_goodput_and_batch(slow_server):
     assert after[("specula_goodput_tokens_per_second", ())] > 0
     assert ("specula_speculation_off_by_load_total", ()) in after
     assert delta("specula_batch_size_sum") > delta("specula_batch_size_count")  # some steps held > 1 request
+
+
+def test_a_client_leaving_stops_every_choice_of_its_request(slow_server):
+    before = scrape(slow_server)
+    conn = _open(slow_server, {**_body(stream=True), "n": 3})
+    resp = conn.getresponse()
+    assert resp.status == 200
+    assert resp.fp.readline()
+    conn.sock.close()
+    conn.close()
+    wait_for(lambda: _idle(slow_server))
+    generated = _metric(slow_server, "specula_generated_tokens_total") - before[("specula_generated_tokens_total", ())]
+    assert generated < 3 * LONG / 2, generated  # none of the three ran on
+
+
+def test_one_failing_prompt_of_a_batch_fails_the_request_and_stops_the_others(slow_server):
+    """A batch whose second prompt makes the drafter raise: one 500 for the request, and its other
+    choices leave the batch (nothing runs on for a request that has failed)."""
+    before = scrape(slow_server)
+    status, _, body = http_call(slow_server, "POST", "/v1/completions",
+                                {"model": MODEL, "prompt": ["w60 w61 w62", f"w09 w{BOOM}"], "max_tokens": LONG,
+                                 "temperature": 0})
+    assert status == 500 and "boom" in body["error"]["message"]
+    wait_for(lambda: _idle(slow_server))
+    generated = _metric(slow_server, "specula_generated_tokens_total") - before[("specula_generated_tokens_total", ())]
+    assert generated < LONG / 2, generated
+
+
+def test_the_worker_itself_stops_a_failed_requests_other_choices(slow_server):
+    """Without the HTTP side cancelling anything: the worker drops the choices of a request it has
+    answered with an error."""
+    from specula.serve.protocol import APIError, parse_request
+
+    request = parse_request("completions", {"model": MODEL, "prompt": ["w60 w61 w62", f"w09 w{BOOM}"],
+                                            "max_tokens": LONG, "temperature": 0}, MODEL)
+    job = slow_server.worker.submit(request)
+    events = []
+    while not events or not isinstance(events[-1], APIError):
+        events.append(job.events.get(timeout=30))
+    wait_for(lambda: _idle(slow_server))
+    assert not job.cancelled.is_set() and job.generated_tokens < LONG / 2
+    assert [e for e in events if isinstance(e, APIError)] == [events[-1]]  # one error, sent once
