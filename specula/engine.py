@@ -37,6 +37,7 @@ from specula.drafters.none import NoDrafter
 from specula.errors import ConfigError
 from specula.logprobs import PROMPT_CHUNK, TokenLogprob, step_rows, token_logprobs
 from specula.models.base import FeatureRequest, TargetModel, TargetSequence, check_context, forward_trees
+from specula.penalties import PenalizedLogits
 from specula.planner import PassThroughPlanner, Plan, Planner, PlanRequest, StepTiming
 from specula.sampling import SamplingParams, make_generator, request_seed
 from specula.stats import GenerationStats
@@ -175,6 +176,10 @@ class SpeculativeDecoder:
         if not prompt:
             raise ConfigError("the prompt is empty: give at least one token of text")
         check_context(self.target, len(prompt) + 1, f"the prompt ({len(prompt)} tokens) plus one new token")
+        outside = [t for t, _ in params.logit_bias if t >= self.target.vocab_size]
+        if outside:
+            raise ConfigError(f"logit_bias names token {outside[0]}, outside the model's vocabulary of "
+                              f"{self.target.vocab_size}")
         grammar = None
         if constraint is not None:
             if self.tokenizer is None:
@@ -367,11 +372,13 @@ class SpeculativeDecoder:
         target, planner, stats, tokens = self.target, self.planner, session.stats, session.tokens
         proposal = plan.proposal
         t1 = time.perf_counter()
+        logits_p = logits
         if session.grammar is not None:  # the constrained law: forbidden tokens at -inf, row by row
-            masked = session.grammar.masked(logits, proposal.tree)
-            logits_p = masked if logits.device.type == "cpu" else masked.full()
-        else:
-            logits_p = logits
+            logits_p = session.grammar.masked(logits_p, proposal.tree)
+        if session.params.penalized:  # each row by its own history: the output, then its path
+            logits_p = PenalizedLogits(logits_p, proposal.tree, session.prompt, session.generated, session.params)
+        if logits_p is not logits and logits.device.type != "cpu":
+            logits_p = logits_p.full()
         result = verify_step(proposal.tree, logits_p, session.params, q=proposal.q, mode=proposal.sibling_mode,
                              seed=session.seed, position=len(session.generated), generator=session.generator)
         t2 = time.perf_counter()

@@ -8,6 +8,7 @@ Temperature 0 means greedy decoding. Drafters that sample draw their tree's chil
 
 from __future__ import annotations
 
+import math
 import os
 import random
 from dataclasses import dataclass, field
@@ -45,6 +46,18 @@ class SamplingParams:
     prompt_logprobs: int | None = None
     """The same for the prompt's tokens (the first has none): the prompt is then prefilled in
     chunks whose logits are kept (`specula.logprobs.PROMPT_CHUNK`), as vLLM's `prompt_logprobs`."""
+    repetition_penalty: float = 1.0
+    """> 1 discourages every token already in the prompt or the output (a positive logit divided by
+    it, a negative one multiplied), as Hugging Face's and vLLM's `repetition_penalty`; 1 = off.
+    Penalties change the target's distribution: speculation stays lossless with respect to the
+    penalised one (`specula.penalties`)."""
+    frequency_penalty: float = 0.0
+    """Subtracted from a token's logit once per time it occurs in the output so far (OpenAI's, -2..2)."""
+    presence_penalty: float = 0.0
+    """Subtracted from the logit of every token the output holds so far (OpenAI's, -2..2)."""
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    """(token id, bias) pairs added to the logits (OpenAI's `logit_bias`, -100..100; a dict is taken
+    too)."""
 
     def __post_init__(self) -> None:
         if self.temperature < 0:
@@ -57,6 +70,18 @@ class SamplingParams:
             raise ConfigError(f"max_new_tokens must be a positive integer, got {self.max_new_tokens}")
         if isinstance(self.stop, str):
             object.__setattr__(self, "stop", (self.stop,))
+        if isinstance(self.logit_bias, dict):
+            object.__setattr__(self, "logit_bias", tuple(sorted(self.logit_bias.items())))
+        if not self.repetition_penalty > 0 or not math.isfinite(self.repetition_penalty):
+            raise ConfigError(f"repetition_penalty must be > 0 (1 disables it), got {self.repetition_penalty}")
+        for name in ("frequency_penalty", "presence_penalty"):
+            if not -2.0 <= getattr(self, name) <= 2.0:
+                raise ConfigError(f"{name} must be between -2 and 2 (0 disables it), got {getattr(self, name)}")
+        for token, bias in self.logit_bias:
+            if isinstance(token, bool) or not isinstance(token, int) or token < 0:
+                raise ConfigError(f"logit_bias keys must be token ids (integers >= 0), got {token!r}")
+            if not -100.0 <= bias <= 100.0:
+                raise ConfigError(f"logit_bias values must be between -100 and 100, got {bias} for token {token}")
         for name in ("logprobs", "prompt_logprobs"):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int)
@@ -67,6 +92,12 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+    @property
+    def penalized(self) -> bool:
+        """Penalties or a logit bias change the target's logits (`specula.penalties`)."""
+        return (self.repetition_penalty != 1.0 or self.frequency_penalty != 0.0 or self.presence_penalty != 0.0
+                or bool(self.logit_bias))
 
 
 def probabilities(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:

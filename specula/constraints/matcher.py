@@ -21,6 +21,7 @@ import torch
 
 from specula.constraints.spec import Constraint, ConstraintError
 from specula.tree import TokenTree
+from specula.tree_rows import TreeRows
 
 _TOKENIZERS: "weakref.WeakKeyDictionary[Any, dict[tuple, Any]]" = weakref.WeakKeyDictionary()
 _LOCK = threading.Lock()
@@ -182,70 +183,23 @@ class GrammarState:
         return MaskedLogits(self, logits, tree)
 
 
-class MaskedLogits:
+class MaskedLogits(TreeRows):
     """A tree's target logits with the grammar applied: `rows[r]` is logits[r] with the tokens
     the grammar forbids after node r - 1 at -inf ([vocab]); `argmax(-1)` is the masked argmax of
-    every row a greedy walk can reach (-1 elsewhere: no child matches it). Shaped like the
-    `[n + 1, vocab]` tensor for the rules (`specula.verify.Rows`)."""
+    every row a greedy walk can reach (-1 elsewhere: no child matches it). The whole mask is
+    computed for a row (tens of microseconds): llguidance's `validate_tokens` accepts some tokens
+    its mask excludes, and the mask is what defines the constrained law."""
 
     def __init__(self, state: GrammarState, logits: torch.Tensor, tree: TokenTree) -> None:
+        super().__init__(logits, tree)
         self.state = state
-        self.logits = logits  # [n + 1, vocab]
-        self.tree = tree
-        self._rows: dict[int, torch.Tensor] = {}
 
-    @property
-    def shape(self) -> torch.Size:
-        return self.logits.shape
-
-    @property
-    def device(self) -> torch.device:
-        return self.logits.device
-
-    def dim(self) -> int:
-        return self.logits.dim()
-
-    def __len__(self) -> int:
-        return self.logits.shape[0]
-
-    def _path(self, row: int) -> list[int]:
-        return self.tree.tokens_of(self.tree.path_to(row - 1)) if row > 0 else []
-
-    def __getitem__(self, row: int) -> torch.Tensor:
-        row = int(row)
-        out = self._rows.get(row)
-        if out is None:
-            path = self._path(row)
-            if not self.state._enter(path):
-                raise ValueError(f"row {row} hangs from a path the grammar forbids: prune the tree first")
-            try:
-                allowed = self.state.mask().to(self.logits.device)  # [vocab] bool
-            finally:
-                self.state._leave(len(path))
-            out = self._rows[row] = self.logits[row].masked_fill(~allowed, float("-inf"))
-        return out
-
-    def full(self) -> torch.Tensor:
-        """Every row masked: [n + 1, vocab] (for rules that take all rows at once on a device)."""
-        return torch.stack([self[r] for r in range(len(self))])
-
-    def _row_argmax(self, row: int) -> int:
-        """The masked argmax of one row (torch's tie rule: the first index). The whole mask is
-        computed (tens of microseconds): llguidance's `validate_tokens` accepts some tokens its
-        mask excludes, and the mask is what defines the constrained law."""
-        return int(self[row].argmax())
-
-    def argmax(self, dim: int = -1) -> torch.Tensor:
-        """LongTensor [n + 1]: the masked argmax of the root's row and of every row whose node a
-        greedy walk accepts; -1 in the rows no walk reaches (what they hold cannot matter)."""
-        if dim not in (-1, 1):
-            raise ValueError("MaskedLogits.argmax works along the vocabulary (dim=-1)")
-        tree = self.tree
-        am = [-1] * (len(tree) + 1)
-        am[0] = self._row_argmax(0)
-        accepted = [False] * len(tree)
-        for i, (tok, par) in enumerate(zip(tree.tokens, tree.parents)):
-            if (par < 0 or accepted[par]) and tok == am[par + 1]:
-                accepted[i] = True
-                am[i + 1] = self._row_argmax(i + 1)
-        return torch.tensor(am, dtype=torch.long)
+    def _row(self, row: int) -> torch.Tensor:
+        path = self.path_tokens(row)
+        if not self.state._enter(path):
+            raise ValueError(f"row {row} hangs from a path the grammar forbids: prune the tree first")
+        try:
+            allowed = self.state.mask().to(self.logits.device)  # [vocab] bool
+        finally:
+            self.state._leave(len(path))
+        return self.logits[row].masked_fill(~allowed, float("-inf"))
