@@ -12,6 +12,7 @@ from specula.commands.common import (
     add_method_args, add_model_args, add_sampling_args, drafter_options, load_config, method_help, planner_from_args,
     sampling_params,
 )
+from specula.errors import ConfigError
 from specula.methods import PLAIN
 from specula.token_bytes import TokenBytes
 
@@ -32,8 +33,37 @@ def register(sub) -> None:
                    help="also report each new token's log-probability under the target and the N most likely "
                         "tokens at its position (0-20; the target's raw distribution, as vLLM's logprobs; "
                         "outputs do not change): a table on standard error, or `logprobs` in --json")
+    add_penalty_args(p)
     add_constraint_args(p)
     p.set_defaults(handler=run)
+
+
+def add_penalty_args(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("penalties (the penalised distribution is decoded exactly; outputs then "
+                                  "differ from unpenalised decoding)")
+    g.add_argument("--repetition-penalty", type=float, default=1.0,
+                   help="> 1 discourages tokens already in the prompt or output (Hugging Face's rule; 1 = off)")
+    g.add_argument("--frequency-penalty", type=float, default=0.0,
+                   help="subtracted per occurrence in the output (OpenAI's, -2..2; 0 = off)")
+    g.add_argument("--presence-penalty", type=float, default=0.0,
+                   help="subtracted once from every token the output holds (OpenAI's, -2..2; 0 = off)")
+    g.add_argument("--logit-bias", action="append", default=[], metavar="ID=BIAS",
+                   help="add BIAS (-100..100) to token ID's logit (repeatable)")
+
+
+def penalties_from_args(args: argparse.Namespace) -> dict:
+    """The `SamplingParams` penalty fields of the command line (a bad --logit-bias: ConfigError)."""
+    bias = {}
+    for item in args.logit_bias:
+        token, sep, value = item.partition("=")
+        try:
+            bias[int(token)] = float(value)
+        except ValueError:
+            raise ConfigError(f"--logit-bias takes ID=BIAS (a token id and a number), got {item!r}") from None
+        if not sep:
+            raise ConfigError(f"--logit-bias takes ID=BIAS (a token id and a number), got {item!r}")
+    return {"repetition_penalty": args.repetition_penalty, "frequency_penalty": args.frequency_penalty,
+            "presence_penalty": args.presence_penalty, "logit_bias": bias}
 
 
 def add_constraint_args(parser: argparse.ArgumentParser) -> None:
@@ -91,7 +121,8 @@ def run(args: argparse.Namespace) -> int:
     from specula.methods import DEFAULT_METHOD, get_method
     from specula.models.loading import process_age_seconds
 
-    params = replace(sampling_params(args), logprobs=args.logprobs)  # validate everything before loading models
+    # validate everything before loading models
+    params = replace(sampling_params(args), logprobs=args.logprobs, **penalties_from_args(args))
     prompt = prompt_from_args(args)
     constraint = constraint_from_args(args)
     if constraint is not None:

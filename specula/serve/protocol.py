@@ -100,6 +100,9 @@ class GenerationRequest:
     logprobs too, the first one null)."""
     n: int = 1
     """Choices per prompt (choice j sampled with seed + j when a seed is given)."""
+    penalties: dict[str, Any] = field(default_factory=dict)
+    """`SamplingParams` penalty fields given (presence_penalty, frequency_penalty, repetition_penalty
+    (vLLM's extra), logit_bias as {token id: bias})."""
 
     def prompt_sources(self) -> list[str | tuple[int, ...] | list[dict[str, str]]]:
         """What each prompt is encoded from: the chat's messages, or each completions prompt."""
@@ -114,16 +117,13 @@ class GenerationRequest:
         """`SamplingParams` fields, except max_new_tokens (which needs the prompt length)."""
         return {"temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k,
                 "seed": self.seed, "stop": self.stop, "logprobs": self.logprobs,
-                "prompt_logprobs": self.logprobs if self.echo else None}
+                "prompt_logprobs": self.logprobs if self.echo else None, **self.penalties}
 
 
 # Parameters OpenAI defines that this server cannot honour: rejected unless left at their no-op value.
 _UNSUPPORTED: dict[str, tuple[Any, ...]] = {
     "best_of": (None, 1),
     "suffix": (None, ""),
-    "logit_bias": (None, {}),
-    "presence_penalty": (None, 0, 0.0),
-    "frequency_penalty": (None, 0, 0.0),
     "tools": (None, []),
     "functions": (None, []),
 }
@@ -201,8 +201,44 @@ def parse_request(endpoint: Endpoint, body: Mapping[str, Any], served_model: str
         endpoint=endpoint, model=model, prompts=prompts, messages=messages, max_tokens=max_tokens, n=n,
         temperature=temperature, top_p=top_p, top_k=top_k or 0, seed=seed,
         stop=_stop(body), stream=stream, include_usage=_include_usage(body, stream),
-        constraint=_response_format(body), logprobs=logprobs, echo=echo,
+        constraint=_response_format(body), logprobs=logprobs, echo=echo, penalties=_penalties(body),
     )
+
+
+def _penalties(body: Mapping[str, Any]) -> dict[str, Any]:
+    """presence_penalty and frequency_penalty (-2..2), repetition_penalty (> 0, vLLM's extra) and
+    logit_bias ({token id: -100..100}), where given."""
+    out: dict[str, Any] = {}
+    for name in ("presence_penalty", "frequency_penalty"):
+        if body.get(name) is not None:
+            value = _opt_number(body, name, 0.0)
+            if not -2.0 <= value <= 2.0:
+                raise APIError(400, f"'{name}' must be between -2 and 2, got {value}", param=name, code="invalid_value")
+            out[name] = value
+    if body.get("repetition_penalty") is not None:
+        value = _opt_number(body, "repetition_penalty", 1.0)
+        if not value > 0:
+            raise APIError(400, f"'repetition_penalty' must be > 0 (1 turns it off), got {value}",
+                           param="repetition_penalty", code="invalid_value")
+        out["repetition_penalty"] = value
+    bias = body.get("logit_bias")
+    if bias is not None:
+        if not isinstance(bias, dict):
+            raise _type_error("logit_bias", "an object mapping token ids to numbers", bias)
+        parsed = {}
+        for key, value in bias.items():
+            try:
+                token = int(key)
+            except ValueError:
+                raise APIError(400, f"'logit_bias' keys must be token ids, got {key!r}", param="logit_bias",
+                               code="invalid_value") from None
+            if token < 0 or isinstance(value, bool) or not isinstance(value, (int, float)) or not -100 <= value <= 100:
+                raise APIError(400, f"'logit_bias' maps token ids (>= 0) to numbers from -100 to 100, got "
+                                    f"{key!r}: {json.dumps(value)[:40]}", param="logit_bias", code="invalid_value")
+            parsed[token] = float(value)
+        if parsed:
+            out["logit_bias"] = parsed
+    return out
 
 
 def _opt_bool(body: Mapping[str, Any], name: str) -> bool:

@@ -194,3 +194,17 @@ def test_logprobs_come_in_the_json_and_as_a_table_and_change_nothing(tiny_load, 
     assert code == 0 and [line.split()[1] for line in table] == [repr(e["token"]) for e in entries]
     code, _, err = run(capsys, "--logprobs", "21")
     assert code == 2 and "logprobs must be an integer from 0 to 20" in err and len(err.strip().splitlines()) == 1
+
+
+def test_penalties_decode_the_penalised_law_exactly_and_bad_biases_exit_2(tiny_load, capsys):
+    plain = json.loads(run(capsys, "--json")[1])
+    code, out, _ = run(capsys, "--json", "--compare", "--repetition-penalty", "1.5", "--presence-penalty", "0.5",
+                       "--logit-bias", f"{plain['token_ids'][0]}=-100")
+    penalised = json.loads(out)
+    assert code == 0 and penalised["identical_to_plain"] is True  # plain decoding with the same penalties
+    assert penalised["token_ids"][0] != plain["token_ids"][0]  # the bias removed the first token
+    for bad in ("5", "x=1", "5=lots"):
+        code, _, err = run(capsys, "--logit-bias", bad)
+        assert code == 2 and "--logit-bias takes ID=BIAS" in err and len(err.strip().splitlines()) == 1
+    code, _, err = run(capsys, "--repetition-penalty", "0")
+    assert code == 2 and "repetition_penalty must be > 0" in err

@@ -1,0 +1,52 @@
+"""Penalties and logit_bias over HTTP: OpenAI's presence / frequency penalties and logit_bias,
+vLLM's repetition_penalty; each response equals offline decoding with the same penalties."""
+
+from __future__ import annotations
+
+import pytest
+
+from serve_helpers import MODEL, http_call, make_spec, text_ids
+
+from specula.sampling import SamplingParams
+
+
+@pytest.fixture(scope="module")
+def offline(target_model, draft_model, tokenizer):
+    return make_spec(target_model, tokenizer, "draft-model", draft_model)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.9])
+def test_penalised_requests_equal_offline_penalised_decoding(client, tokenizer, offline, temperature):
+    prompt = "w10 w11 w12 w10 w11"
+    bias = {str(tokenizer.convert_tokens_to_ids("w12")): 5, str(tokenizer.convert_tokens_to_ids("w13")): -100}
+    out = client.completions.create(model=MODEL, prompt=prompt, max_tokens=16, temperature=temperature, seed=2,
+                                    presence_penalty=0.6, frequency_penalty=0.3, logit_bias=bias,
+                                    extra_body={"repetition_penalty": 1.2})
+    params = SamplingParams(max_new_tokens=16, temperature=temperature, seed=2, presence_penalty=0.6,
+                            frequency_penalty=0.3, repetition_penalty=1.2, logit_bias={int(k): v for k, v in bias.items()})
+    expected = offline.generate(list(text_ids(tokenizer, prompt)), raw=True, params=params)
+    assert out.choices[0].text == expected.text
+    assert tokenizer.convert_tokens_to_ids("w13") not in expected.token_ids  # -100: never chosen
+    plain = offline.generate(list(text_ids(tokenizer, prompt)), raw=True,
+                             params=SamplingParams(max_new_tokens=16, temperature=temperature, seed=2))
+    assert plain.text != expected.text  # the penalties did something
+
+
+@pytest.mark.parametrize("extra, param", [
+    ({"presence_penalty": 3}, "presence_penalty"),
+    ({"frequency_penalty": "high"}, "frequency_penalty"),
+    ({"repetition_penalty": 0}, "repetition_penalty"),
+    ({"logit_bias": [1, 2]}, "logit_bias"),
+    ({"logit_bias": {"w05": 1}}, "logit_bias"),
+    ({"logit_bias": {"5": 101}}, "logit_bias"),
+])
+def test_bad_penalties_are_a_400_naming_the_parameter(server, extra, param):
+    status, _, body = http_call(server, "POST", "/v1/completions",
+                                {"model": MODEL, "prompt": "w05", "max_tokens": 2, **extra})
+    assert status == 400 and body["error"]["param"] == param
+
+
+def test_a_bias_outside_the_vocabulary_is_a_400(server):
+    status, _, body = http_call(server, "POST", "/v1/completions",
+                                {"model": MODEL, "prompt": "w05", "max_tokens": 2, "logit_bias": {"100000": 1}})
+    assert status == 400 and "outside the model's vocabulary" in body["error"]["message"]
