@@ -419,14 +419,14 @@ class SpeculativeDecoder:
         return StreamChunk(new, text, reason is not None, stats, logprobs=logprobs)
 
     def _truncate(self, new: list[int], session: Session) -> tuple[list[int], str | None]:
-        """Cut the step's tokens at EOS, a stop string, or max_new_tokens."""
+        """Cut the step's tokens at EOS or a stop token id, a stop string, or max_new_tokens."""
         params = session.params
         reason = None
-        if not params.ignore_eos:
-            for i, tok in enumerate(new):
-                if tok in self.eos_token_ids:
-                    new, reason = new[: i + 1], "stop"
-                    break
+        stops = frozenset(params.stop_token_ids) | (frozenset() if params.ignore_eos else self.eos_token_ids)
+        for i, tok in enumerate(new):
+            if tok in stops:
+                new, reason = new[: i + 1], "stop"
+                break
         limit = params.max_new_tokens - len(session.generated)
         if len(new) > limit:
             new, reason = new[:limit], "length"

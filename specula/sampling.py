@@ -21,7 +21,8 @@ from specula.logprobs import MAX_LOGPROBS
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """How the target's next-token distribution is processed and when to stop."""
+    """How the target's next-token distribution is processed and when to stop: temperature, then
+    top-k, top-p and min-p, as Hugging Face `generate` applies them (`probabilities`)."""
 
     temperature: float = 0.0
     """0 = greedy (argmax); > 0 divides the logits before softmax."""
@@ -29,6 +30,9 @@ class SamplingParams:
     """Keep the k most likely tokens (0 = off)."""
     top_p: float = 1.0
     """Keep the smallest set of tokens whose probability reaches top_p (1.0 = off)."""
+    min_p: float = 0.0
+    """Keep the tokens at least min_p times as likely as the most likely one, after top-p (Hugging
+    Face's `MinPLogitsWarper` and its order; 0 = off)."""
     seed: int | None = None
     """Seed of the random generator used by sampling rules (None = nondeterministic)."""
     max_new_tokens: int = 128
@@ -38,6 +42,9 @@ class SamplingParams:
     stop string and anything after it are not returned."""
     ignore_eos: bool = False
     """Keep generating past the end-of-sequence token (benchmarks with a fixed budget)."""
+    stop_token_ids: tuple[int, ...] = ()
+    """More tokens that end the generation where emitted, kept in the output like the end-of-sequence
+    token (vLLM's `stop_token_ids`; they stop a request that ignores EOS too)."""
     logprobs: int | None = None
     """Return each new token's log-probability under the target, with this many of the most likely
     tokens at its position (0: the chosen token's alone; None: no logprobs), as vLLM's `logprobs`:
@@ -66,6 +73,11 @@ class SamplingParams:
             raise ConfigError(f"top_k must be >= 0 (0 disables it), got {self.top_k}")
         if not 0.0 < self.top_p <= 1.0:
             raise ConfigError(f"top_p must be in (0, 1], got {self.top_p}; use 1.0 to disable it")
+        if not 0.0 <= self.min_p <= 1.0:
+            raise ConfigError(f"min_p must be in [0, 1], got {self.min_p}; use 0 to disable it")
+        object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
+        if any(isinstance(t, bool) or not isinstance(t, int) or t < 0 for t in self.stop_token_ids):
+            raise ConfigError(f"stop_token_ids must be token ids (integers >= 0), got {list(self.stop_token_ids)}")
         if self.max_new_tokens <= 0:
             raise ConfigError(f"max_new_tokens must be a positive integer, got {self.max_new_tokens}")
         if isinstance(self.stop, str):
@@ -113,6 +125,9 @@ def probabilities(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
         logits = logits.masked_fill(logits < kth, float("-inf"))
     if params.top_p < 1.0:
         logits = logits.masked_fill(~nucleus(logits.softmax(-1), params.top_p), float("-inf"))
+    if params.min_p > 0.0:
+        probs = logits.softmax(-1)
+        logits = logits.masked_fill(probs < params.min_p * probs.amax(-1, keepdim=True), float("-inf"))
     return logits.softmax(-1)
 
 

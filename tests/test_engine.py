@@ -81,6 +81,21 @@ def test_eos_inside_a_draft_stops_exactly_where_plain_greedy_stops(method):
     assert out.stats.finish_reason == "stop"
 
 
+@pytest.mark.parametrize("method", ["prompt-lookup", "draft-model"])
+def test_a_requests_stop_token_ids_end_it_there_even_past_eos(method):
+    """vLLM's `stop_token_ids`: the first one emitted ends the output (kept in it), mid-draft too,
+    and it stops a request that ignores EOS."""
+    model = tiny_model("gpt2", seed=6)
+    plain = reference_greedy(model, PROMPTS[0], 30)
+    stop = plain[9]
+    dec = decoder(model, method, model if method == "draft-model" else None, k=5)
+    out = dec.generate(PROMPTS[0], SamplingParams(max_new_tokens=30, ignore_eos=True, stop_token_ids=(stop,)))
+    assert out.token_ids == plain[: plain.index(stop) + 1]
+    assert out.stats.finish_reason == "stop"
+    with pytest.raises(ConfigError, match="stop_token_ids"):
+        SamplingParams(stop_token_ids=(-1,))
+
+
 def test_plain_decoding_has_mean_accepted_one():
     model = tiny_model("llama", seed=2)
     out = decoder(model, "none").generate(PROMPTS[1], greedy(12))

@@ -10,25 +10,30 @@ from specula.sampling import SamplingParams, TargetRows, position_uniforms, prob
 
 
 def hf_reference(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
-    """What Hugging Face `generate` samples from: temperature, then top-k, then top-p warpers."""
-    from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+    """What Hugging Face `generate` samples from: temperature, then top-k, top-p and min-p warpers."""
+    from transformers import (
+        LogitsProcessorList, MinPLogitsWarper, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper,
+    )
 
     warpers = LogitsProcessorList([TemperatureLogitsWarper(params.temperature)])
     if params.top_k:
         warpers.append(TopKLogitsWarper(params.top_k))
     if params.top_p < 1.0:
         warpers.append(TopPLogitsWarper(params.top_p))
+    if params.min_p > 0:
+        warpers.append(MinPLogitsWarper(params.min_p))
     scores = warpers(torch.zeros(logits.shape[0], 1, dtype=torch.long), logits.clone())
     return torch.softmax(scores, -1)
 
 
-@pytest.mark.parametrize("temperature,top_k,top_p", [
-    (1.0, 0, 1.0), (0.7, 0, 1.0), (1.3, 5, 1.0), (0.9, 0, 0.8), (0.6, 20, 0.9), (2.0, 3, 0.5), (1.0, 0, 0.05),
+@pytest.mark.parametrize("temperature,top_k,top_p,min_p", [
+    (1.0, 0, 1.0, 0.0), (0.7, 0, 1.0, 0.0), (1.3, 5, 1.0, 0.0), (0.9, 0, 0.8, 0.0), (0.6, 20, 0.9, 0.0),
+    (2.0, 3, 0.5, 0.0), (1.0, 0, 0.05, 0.0), (1.0, 0, 1.0, 0.1), (1.5, 10, 0.9, 0.05), (0.8, 0, 1.0, 0.9),
 ])
-def test_probabilities_match_transformers_logits_processors(temperature, top_k, top_p):
+def test_probabilities_match_transformers_logits_processors(temperature, top_k, top_p, min_p):
     torch.manual_seed(0)
     logits = torch.randn(6, 50) * 3  # [rows, vocab], no ties
-    params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p)
+    params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
     ours = probabilities(logits, params)
     ref = hf_reference(logits, params)
     torch.testing.assert_close(ours, ref, atol=1e-6, rtol=1e-5)
@@ -71,3 +76,11 @@ def test_top_p_over_a_large_vocabulary_matches_transformers(scale, top_p):
     torch.testing.assert_close(ours, ref, atol=1e-6, rtol=1e-5)
     kept = nucleus(logits.softmax(-1), top_p).sum(-1)
     assert bool((kept < NUCLEUS_FIRST_K).all()) == (scale > 1)  # both paths are exercised
+
+
+@pytest.mark.parametrize("min_p", [-0.1, 1.5])
+def test_min_p_out_of_range_is_refused(min_p):
+    from specula.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="min_p must be in"):
+        SamplingParams(min_p=min_p)

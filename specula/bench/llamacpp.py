@@ -88,7 +88,7 @@ class LlamaCppPeer:
             raise ConfigError("llama.cpp peers do not take stop strings in the bench; drop --stop")
         llm = self.llm
         sampling = {"temp": 0.0, "top_k": 1} if params.greedy else {
-            "temp": params.temperature, "top_k": params.top_k, "top_p": params.top_p}
+            "temp": params.temperature, "top_k": params.top_k, "top_p": params.top_p, "min_p": params.min_p}
         if not params.greedy and params.seed is not None:
             llm.set_seed(int(params.seed))
         out: list[int] = []

@@ -127,7 +127,7 @@ class HFPeer:
             cfg.top_k = params.top_k  # 0 disables, as in specula
             cfg.top_p = params.top_p
             cfg.typical_p = 1.0
-            cfg.min_p = 0.0
+            cfg.min_p = params.min_p
         if self.name == "hf:prompt-lookup":
             cfg.prompt_lookup_num_tokens = PROMPT_LOOKUP_TOKENS
         return cfg

@@ -160,6 +160,8 @@ def add_sampling_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     g.add_argument("--top-p", type=float, default=1.0)
     g.add_argument("--top-k", type=int, default=0)
+    g.add_argument("--min-p", type=float, default=0.0,
+                   help="keep tokens at least this fraction as likely as the most likely one (0 = off)")
     g.add_argument("--seed", type=int, default=None, help="seed for sampling (reproducible runs)")
     g.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     g.add_argument("--ignore-eos", action="store_true", help="keep generating past end-of-sequence tokens")
@@ -220,7 +222,7 @@ def sampling_params(args: argparse.Namespace) -> "SamplingParams":
     from specula.sampling import SamplingParams
 
     return SamplingParams(
-        temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
+        temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p, seed=args.seed,
         max_new_tokens=args.max_new_tokens, stop=tuple(args.stop), ignore_eos=args.ignore_eos,
     )
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import functools
 import hmac
 import json
@@ -33,7 +34,8 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from specula.api import Specula, StreamChunk
-from specula.errors import ConfigError
+from specula.errors import ConfigError, SpeculaError
+from specula.prompts import encode_prompt
 from specula.serve import protocol
 from specula.serve.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from specula.serve.metrics import ServerMetrics
@@ -52,6 +54,8 @@ ROUTES = {
     "/v1/chat/completions": "POST",
     "/v1/models": "GET",
     "/v1/models/{model}": "GET",
+    "/tokenize": "POST",
+    "/detokenize": "POST",
     "/health": "GET",
     "/metrics": "GET",
 }
@@ -144,6 +148,7 @@ class SpeculaServer:
                               "choose another --port or --host") from exc
         self.token_bytes = TokenBytes(spec.tokenizer)
         """Each token's bytes and text, for the responses' logprobs."""
+        self._http_tokenizer = None
         self.worker = Worker(spec, self.metrics, chat_max_tokens=config.chat_max_tokens, max_queue=config.max_queue,
                              max_batch_size=config.max_batch_size, request_timeout=config.request_timeout)
         self.app = build_app(self)
@@ -152,6 +157,14 @@ class SpeculaServer:
             timeout_keep_alive=int(max(1, config.keep_alive_seconds)),
             timeout_graceful_shutdown=config.shutdown_timeout))
         self._thread: threading.Thread | None = None
+
+    @property
+    def http_tokenizer(self):
+        """The HTTP thread's own copy of the tokenizer (/tokenize, /detokenize): the worker's is
+        touched by the worker thread only."""
+        if self._http_tokenizer is None:
+            self._http_tokenizer = copy.deepcopy(self.spec.tokenizer)
+        return self._http_tokenizer
 
     @property
     def port(self) -> int:
@@ -251,7 +264,8 @@ def build_app(server: SpeculaServer) -> FastAPI:
                              code="method_not_allowed")
         elif exc.status_code == 404:
             error = APIError(404, f"Unknown route {request.method} {path}; routes: POST /v1/completions, "
-                                  "POST /v1/chat/completions, GET /v1/models, GET /health, GET /metrics",
+                                  "POST /v1/chat/completions, GET /v1/models, POST /tokenize, POST /detokenize, "
+                                  "GET /health, GET /metrics",
                              code="unknown_url")
         else:
             error = APIError(exc.status_code, str(exc.detail), code="invalid_request")
@@ -297,6 +311,21 @@ def build_app(server: SpeculaServer) -> FastAPI:
             raise APIError(404, f"The model '{name}' does not exist", param="model", code="model_not_found")
         return JSONResponse(listed)
 
+    async def tokenize(request: Request) -> Response:
+        source, raw = protocol.parse_tokenize(await _read_json(request, server.config.max_body_bytes),
+                                              server.config.model_name)
+        try:
+            ids = encode_prompt(server.http_tokenizer, source, raw=raw)
+        except SpeculaError as exc:
+            raise APIError(400, str(exc), param="prompt", code="invalid_value") from exc
+        return JSONResponse({"count": len(ids), "max_model_len": server.worker.max_context, "tokens": ids,
+                             "token_strs": None})
+
+    async def detokenize(request: Request) -> Response:
+        ids = protocol.parse_detokenize(await _read_json(request, server.config.max_body_bytes),
+                                        server.config.model_name, server.spec.target.vocab_size)
+        return JSONResponse({"prompt": server.http_tokenizer.decode(ids, skip_special_tokens=False)})
+
     def generation(endpoint: protocol.Endpoint) -> Callable[[Request], Awaitable[Response]]:
         async def generate(request: Request) -> Response:
             return await _generate(server, request, endpoint)
@@ -307,11 +336,14 @@ def build_app(server: SpeculaServer) -> FastAPI:
         "/v1/chat/completions": generation("chat"),
         "/v1/models": models,
         "/v1/models/{model}": model,
+        "/tokenize": tokenize,
+        "/detokenize": detokenize,
         "/health": health,
         "/metrics": metrics,
     }
     for path, method in ROUTES.items():
-        app.add_api_route(path, guarded(handlers[path], authorize=path.startswith("/v1/")), methods=[method],
+        app.add_api_route(path, guarded(handlers[path], authorize=path.startswith(("/v1/", "/tokenize", "/detokenize"))),
+                          methods=[method],
                           include_in_schema=False)
     return app
 

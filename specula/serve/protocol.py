@@ -82,6 +82,12 @@ class GenerationRequest:
     """Nucleus sampling mass (1.0 = off)."""
     top_k: int = 0
     """Extension (as in vLLM): keep the k most likely tokens (0 = off)."""
+    min_p: float = 0.0
+    """Extension (as in vLLM): keep tokens at least min_p times as likely as the most likely (0 = off)."""
+    stop_token_ids: tuple[int, ...] = ()
+    """Extension (as in vLLM): token ids that end the generation (kept in the output)."""
+    ignore_eos: bool = False
+    """Extension (as in vLLM): generate past the end-of-sequence token (fixed-length benchmarks)."""
     seed: int | None = None
     """Seed for reproducible sampling."""
     stop: tuple[str, ...] = field(default_factory=tuple)
@@ -115,7 +121,8 @@ class GenerationRequest:
 
     def sampling(self) -> dict[str, Any]:
         """`SamplingParams` fields, except max_new_tokens (which needs the prompt length)."""
-        return {"temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k,
+        return {"temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k, "min_p": self.min_p,
+                "stop_token_ids": self.stop_token_ids, "ignore_eos": self.ignore_eos,
                 "seed": self.seed, "stop": self.stop, "logprobs": self.logprobs,
                 "prompt_logprobs": self.logprobs if self.echo else None, **self.penalties}
 
@@ -145,14 +152,7 @@ def parse_request(endpoint: Endpoint, body: Mapping[str, Any], served_model: str
     """Validate a request body for `endpoint` (raises `APIError`). A request naming no model (no
     `model`, null or "") is for the served one, as vLLM serves it (one model per server); a model
     named otherwise must be the served one."""
-    model = body.get("model")
-    if model is None or model == "":
-        model = served_model
-    if not isinstance(model, str):
-        raise _type_error("model", "a string", model)
-    if model != served_model:
-        raise APIError(404, f"The model '{model}' does not exist; this server serves '{served_model}' "
-                            "(see GET /v1/models)", param="model", code="model_not_found")
+    model = _model(body, served_model)
     for name, neutral in _UNSUPPORTED.items():
         if name in body and body[name] not in neutral:
             raise APIError(400, f"'{name}' is not supported by this server; remove it from the request",
@@ -182,6 +182,9 @@ def parse_request(endpoint: Endpoint, body: Mapping[str, Any], served_model: str
     if not 0.0 < top_p <= 1.0:
         raise APIError(400, f"top_p must be in (0, 1], got {top_p}", param="top_p", code="invalid_value")
     top_k = _opt_int(body, "top_k", minimum=0)
+    min_p = _opt_number(body, "min_p", 0.0)
+    if not 0.0 <= min_p <= 1.0:
+        raise APIError(400, f"min_p must be in [0, 1], got {min_p}", param="min_p", code="invalid_value")
     seed = _opt_int(body, "seed")
     if seed is not None and not -(2**63) <= seed < 2**64:
         raise APIError(400, f"seed must fit in 64 bits, got {seed}", param="seed", code="invalid_value")
@@ -199,7 +202,8 @@ def parse_request(endpoint: Endpoint, body: Mapping[str, Any], served_model: str
                        param="n", code="invalid_value")
     return GenerationRequest(
         endpoint=endpoint, model=model, prompts=prompts, messages=messages, max_tokens=max_tokens, n=n,
-        temperature=temperature, top_p=top_p, top_k=top_k or 0, seed=seed,
+        temperature=temperature, top_p=top_p, top_k=top_k or 0, min_p=min_p, seed=seed,
+        stop_token_ids=_stop_token_ids(body), ignore_eos=_opt_bool(body, "ignore_eos"),
         stop=_stop(body), stream=stream, include_usage=_include_usage(body, stream),
         constraint=_response_format(body), logprobs=logprobs, echo=echo, penalties=_penalties(body),
     )
@@ -280,6 +284,47 @@ def _completion_logprobs(body: Mapping[str, Any]) -> int | None:
     if body.get("logprobs") is False:
         return None
     return _logprob_count(body, "logprobs")
+
+
+def _model(body: Mapping[str, Any], served_model: str) -> str:
+    """The request's model: the served one, also when it names none (absent, null or "")."""
+    model = body.get("model")
+    if model is None or model == "":
+        model = served_model
+    if not isinstance(model, str):
+        raise _type_error("model", "a string", model)
+    if model != served_model:
+        raise APIError(404, f"The model '{model}' does not exist; this server serves '{served_model}' "
+                            "(see GET /v1/models)", param="model", code="model_not_found")
+    return model
+
+
+def parse_tokenize(body: Mapping[str, Any], served_model: str) -> tuple[Any, bool]:
+    """vLLM's /tokenize: what to encode and whether raw: `prompt` (text or ids, raw, as
+    /v1/completions encodes it) or `messages` (through the chat template, as /v1/chat/completions)."""
+    _model(body, served_model)
+    if ("prompt" in body) == ("messages" in body):
+        raise APIError(400, "give either 'prompt' (encoded as /v1/completions does) or 'messages' (as "
+                            "/v1/chat/completions does)", param="prompt", code="invalid_value")
+    if "messages" in body:
+        return list(_messages(body)), False
+    prompts = _prompts(body)
+    if len(prompts) != 1:
+        raise APIError(400, f"/tokenize takes one prompt, got {len(prompts)}", param="prompt", code="invalid_value")
+    return (list(prompts[0]) if isinstance(prompts[0], tuple) else prompts[0]), True
+
+
+def parse_detokenize(body: Mapping[str, Any], served_model: str, vocab: int) -> list[int]:
+    """vLLM's /detokenize: the token ids to decode (each inside the model's vocabulary)."""
+    _model(body, served_model)
+    tokens = body.get("tokens")
+    if not isinstance(tokens, list) or any(isinstance(t, bool) or not isinstance(t, int) for t in tokens):
+        raise _type_error("tokens", "a list of token ids", tokens)
+    bad = [t for t in tokens if not 0 <= t < vocab]
+    if bad:
+        raise APIError(400, f"token id {bad[0]} is outside the model's vocabulary of {vocab}", param="tokens",
+                       code="invalid_value")
+    return tokens
 
 
 def _response_format(body: Mapping[str, Any]) -> Constraint | None:
@@ -398,6 +443,15 @@ def _stop(body: Mapping[str, Any]) -> tuple[str, ...]:
     if any(not s for s in stops):
         raise APIError(400, "'stop' strings must not be empty", param="stop", code="invalid_value")
     return tuple(stops)
+
+
+def _stop_token_ids(body: Mapping[str, Any]) -> tuple[int, ...]:
+    ids = body.get("stop_token_ids")
+    if ids is None:
+        return ()
+    if not isinstance(ids, list) or any(isinstance(t, bool) or not isinstance(t, int) or t < 0 for t in ids):
+        raise _type_error("stop_token_ids", "a list of token ids", ids)
+    return tuple(ids)
 
 
 def _include_usage(body: Mapping[str, Any], stream: bool) -> bool:

@@ -368,3 +368,5 @@ def test_api_key(target_model, tokenizer, reference):
         assert out.speculative_decoding["method"] == "prompt-lookup"
         assert http_call(srv, "GET", "/health")[0] == 200
         assert http_call(srv, "GET", "/metrics")[0] == 200
+        assert _err(srv, "POST", "/tokenize", {"prompt": "w05"})[0] == 401  # it reads the model's tokenizer
+        assert http_call(srv, "POST", "/tokenize", {"prompt": "w05"}, {"Authorization": "Bearer s3cret"})[0] == 200

@@ -50,3 +50,22 @@ def test_a_bias_outside_the_vocabulary_is_a_400(server):
     status, _, body = http_call(server, "POST", "/v1/completions",
                                 {"model": MODEL, "prompt": "w05", "max_tokens": 2, "logit_bias": {"100000": 1}})
     assert status == 400 and "outside the model's vocabulary" in body["error"]["message"]
+
+
+def test_min_p_and_stop_token_ids_as_vllm_takes_them(client, tokenizer, offline):
+    prompt = "w10 w11 w12 w10 w11"
+    ids = list(text_ids(tokenizer, prompt))
+    plain = offline.generate(ids, raw=True, params=SamplingParams(max_new_tokens=12, ignore_eos=True))
+    stop = plain.token_ids[4]
+    out = client.completions.create(model=MODEL, prompt=prompt, max_tokens=12, temperature=0,
+                                    extra_body={"stop_token_ids": [stop], "ignore_eos": True})
+    cut = plain.token_ids[: plain.token_ids.index(stop) + 1]
+    assert out.choices[0].finish_reason == "stop" and out.usage.completion_tokens == len(cut)
+    past = client.completions.create(model=MODEL, prompt=prompt, max_tokens=12, temperature=0,
+                                     extra_body={"ignore_eos": True})
+    assert past.usage.completion_tokens == 12 and past.choices[0].text == plain.text
+    sampled = client.completions.create(model=MODEL, prompt=prompt, max_tokens=12, temperature=1.0, seed=9,
+                                        extra_body={"min_p": 0.2})
+    expected = offline.generate(ids, raw=True, params=SamplingParams(max_new_tokens=12, temperature=1.0, seed=9,
+                                                                     min_p=0.2))
+    assert sampled.choices[0].text == expected.text
