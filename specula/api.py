@@ -103,6 +103,37 @@ class Specula:
         is constrained plain greedy decoding's, and tokens it forces are drafted for free."""
         return self.decoder.generate(self.encode(prompt, raw), _params(params, sampling), as_constraint(constraint))
 
+    def generate_batch(self, prompts: Sequence[Prompt], *, raw: bool = False,
+                       params: SamplingParams | Sequence[SamplingParams] | None = None,
+                       constraint: Constraint | dict | str | None = None, max_batch_size: int = 8,
+                       progress: bool = False, **sampling) -> list[GenerationOutput]:
+        """Generate for many prompts at once (vLLM's `LLM.generate`): continuous batching, up to
+        `max_batch_size` requests decoded together (their trees verified in one packed target pass
+        where the backend batches, sized for the batch's goodput), each joining as another
+        finishes. Outputs in prompt order, each what `generate` gives that prompt alone. `params`:
+        one for all, or one per prompt; `progress` shows a bar."""
+        prompts = list(prompts)
+        if isinstance(params, SamplingParams) or params is None:
+            each = [_params(params, sampling)] * len(prompts)
+        else:
+            if sampling:
+                raise ConfigError("give per-prompt params= or sampling keywords, not both")
+            each = list(params)
+            if len(each) != len(prompts):
+                raise ConfigError(f"params= has {len(each)} entries for {len(prompts)} prompts: give one per prompt")
+        ids = [self.encode(p, raw) for p in prompts]  # every prompt checked before anything runs
+        self.prepare_batch(max_batch_size)
+        outputs: list[GenerationOutput | None] = [None] * len(prompts)
+        bar = _progress(len(prompts), progress)
+        try:
+            jobs = ((i, ids[i], each[i]) for i in range(len(prompts)))
+            for i, out in self.decoder.generate_many(jobs, max_batch_size, as_constraint(constraint)):
+                outputs[i] = out
+                bar.update(1)
+        finally:
+            bar.close()
+        return outputs  # type: ignore[return-value]
+
     def stream(self, prompt: Prompt, *, raw: bool = False, params: SamplingParams | None = None,
                constraint: Constraint | dict | str | None = None, **sampling) -> Iterator[StreamChunk]:
         """One chunk per decode step; the last has `finished` and the final stats."""
@@ -129,6 +160,13 @@ class Specula:
         """Get ready to step up to `max_batch_size` sessions together (the planner times packed
         passes once, cached); a server calls this at start-up."""
         self.decoder.planner.prepare_batch(max_batch_size)
+
+
+def _progress(total: int, show: bool):
+    """A tqdm bar over `total` prompts (disabled unless `show`)."""
+    from tqdm import tqdm
+
+    return tqdm(total=total, disable=not show, unit="prompt", desc="generate")
 
 
 def _params(params: SamplingParams | None, sampling: dict) -> SamplingParams:

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field, replace
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterable, Iterator, Sequence
 
 import torch
 
@@ -279,19 +279,46 @@ class SpeculativeDecoder:
                  constraint: Constraint | None = None) -> GenerationOutput:
         """Generate from token ids (matching `constraint` when given); returns the new tokens,
         their text and the stats."""
-        tokens: list[int] = []
-        texts: list[str] = []
-        logprobs: list[TokenLogprob] | None = None if params.logprobs is None else []
-        stats = prompt_logprobs = None
+        collected = _Collected(params)
         for chunk in self.stream(prompt_ids, params, constraint):
-            tokens.extend(chunk.token_ids)
-            texts.append(chunk.text)
-            if logprobs is not None:
-                logprobs.extend(chunk.logprobs or ())
-            prompt_logprobs = prompt_logprobs or chunk.prompt_logprobs
-            stats = chunk.stats
-        assert stats is not None
-        return GenerationOutput(tokens, "".join(texts), stats, logprobs, prompt_logprobs)
+            collected.add(chunk)
+        return collected.output()
+
+    def generate_many(self, jobs: Iterable[tuple[Any, Sequence[int], SamplingParams]], max_batch_size: int = 8,
+                      constraint: Constraint | None = None) -> Iterator[tuple[Any, GenerationOutput]]:
+        """Continuous batching offline: `jobs` (key, prompt ids, params; drawn lazily) run through
+        `step`, up to `max_batch_size` sessions at once, each joining as another finishes; yields
+        (key, output) as each finishes (not in job order). Each output is what `generate` gives the
+        job alone. An error in one job frees every session and raises."""
+        if max_batch_size < 1:
+            raise ConfigError(f"max_batch_size must be >= 1, got {max_batch_size}")
+        pending = iter(jobs)
+        running: list[tuple[Any, Session, _Collected]] = []
+        try:
+            while True:
+                while len(running) < max_batch_size:
+                    job = next(pending, None)
+                    if job is None:
+                        break
+                    key, ids, params = job
+                    session = self.start(ids, params, constraint)
+                    running.append((key, session, _Collected(params, session.prompt_logprobs)))
+                if not running:
+                    return
+                still = []
+                for (key, session, collected), chunk in zip(running, self.step([s for _, s, _ in running])):
+                    if chunk.error is not None:
+                        raise chunk.error
+                    collected.add(chunk)
+                    if chunk.finished:
+                        self.finish(session)
+                        yield key, collected.output()
+                    else:
+                        still.append((key, session, collected))
+                running = still
+        finally:
+            for _, session, _ in running:
+                self.finish(session)
 
     def stream(self, prompt_ids: Sequence[int], params: SamplingParams = SamplingParams(),
                constraint: Constraint | None = None) -> Iterator[StreamChunk]:
@@ -436,6 +463,29 @@ class SpeculativeDecoder:
         if cut is not None:
             new, reason = new[:cut], "stop"
         return new, reason
+
+
+class _Collected:
+    """One request's chunks gathered into its `GenerationOutput`."""
+
+    def __init__(self, params: SamplingParams, prompt_logprobs: list[TokenLogprob | None] | None = None) -> None:
+        self.tokens: list[int] = []
+        self.texts: list[str] = []
+        self.logprobs: list[TokenLogprob] | None = None if params.logprobs is None else []
+        self.prompt_logprobs = prompt_logprobs
+        self.stats: GenerationStats | None = None
+
+    def add(self, chunk: StreamChunk) -> None:
+        self.tokens.extend(chunk.token_ids)
+        self.texts.append(chunk.text)
+        if self.logprobs is not None:
+            self.logprobs.extend(chunk.logprobs or ())
+        self.prompt_logprobs = self.prompt_logprobs or chunk.prompt_logprobs
+        self.stats = chunk.stats
+
+    def output(self) -> GenerationOutput:
+        assert self.stats is not None
+        return GenerationOutput(self.tokens, "".join(self.texts), self.stats, self.logprobs, self.prompt_logprobs)
 
 
 def feature_request(drafters) -> FeatureRequest:

@@ -136,6 +136,50 @@ def test_sessions_stepped_together_give_what_generate_gives_alone(tiny_spec):
     assert spec.generate(prompts[1], max_new_tokens=12, ignore_eos=True, temperature=0.8, seed=3).token_ids == got[1]
 
 
+def test_a_batch_of_prompts_gives_each_its_own_output_in_order(tiny_spec):
+    """`generate_batch`: 5 prompts, 2 decoded at a time, per-prompt params (greedy and seeded
+    samples, with logprobs): each output equals `generate` on that prompt alone, in prompt order."""
+    spec, model = tiny_spec
+    prompts = [[5, 17, 33, 2, 5, 17], [9, 8, 7, 9, 8], [60, 61, 62, 60], [3], [40, 41, 42, 40, 41]]
+    params = [specula.SamplingParams(max_new_tokens=6 + 3 * i, ignore_eos=True, temperature=0.9 * (i % 2), seed=i,
+                                     logprobs=1 if i == 2 else None) for i in range(len(prompts))]
+    outs = spec.generate_batch(prompts, params=params, max_batch_size=2)
+    alone = [spec.generate(p, params=q) for p, q in zip(prompts, params)]
+    assert [o.token_ids for o in outs] == [a.token_ids for a in alone]
+    assert outs[0].token_ids == reference_greedy(model, prompts[0], 6)
+    assert [len(o.token_ids) for o in outs] == [6 + 3 * i for i in range(5)]
+    assert [(e.token_id, round(e.logprob, 4)) for e in outs[2].logprobs] == [
+        (e.token_id, round(e.logprob, 4)) for e in alone[2].logprobs]
+    same = spec.generate_batch(prompts[:2], max_new_tokens=5, ignore_eos=True)  # keywords: one params for all
+    assert [o.token_ids for o in same] == [reference_greedy(model, p, 5) for p in prompts[:2]]
+    with pytest.raises(ConfigError, match="2 entries for 5 prompts"):
+        spec.generate_batch(prompts, params=params[:2])
+    with pytest.raises(ConfigError, match="the prompt is empty"):
+        spec.generate_batch([[5, 6], []], max_new_tokens=4)  # checked before anything runs
+
+
+def test_an_abandoned_batch_frees_its_sessions(tiny_spec):
+    spec, _ = tiny_spec
+    released = []
+    jobs = ((i, [5, 6, 7 + i], specula.SamplingParams(max_new_tokens=10 + 10 * i, ignore_eos=True)) for i in range(6))
+    gen = spec.decoder.generate_many(jobs, max_batch_size=3)
+    original = spec.decoder.finish
+
+    def finish(session):
+        released.append(session)
+        original(session)
+
+    spec.decoder.finish = finish
+    try:
+        key, out = next(gen)  # the batch holds three sessions; one finished
+        gen.close()  # the caller stops early: the other two are freed
+    finally:
+        del spec.decoder.finish
+    assert (key, len(out.token_ids)) == (0, 10)
+    freed = {id(s): s for s in released}.values()  # finish is idempotent: the finished one may be freed twice
+    assert sorted(s.finish_reason for s in freed) == ["cancelled", "cancelled", "length"]  # jobs 3-5 never started
+
+
 def test_facade_facts_baseline_and_planner_spellings(tiny_spec):
     from specula.planner import HardwarePlanner, PassThroughPlanner
 

@@ -26,9 +26,6 @@ from specula.errors import ConfigError
 if TYPE_CHECKING:
     import torch
 
-    from specula.engine import Session
-    from specula.sampling import SamplingParams
-
 EVAL_PROMPTS = Path(__file__).resolve().parents[1] / "data" / "everyday" / "prompts.jsonl"
 """The held-out report's default prompts: the everyday set (chat, instructions, code, math written
 for evaluation), a different source from any training prompts, which may not contain them."""
@@ -178,33 +175,6 @@ def complete_lines(partial: Path) -> list[str]:
     return lines
 
 
-def generate_batched(decoder, jobs: Iterable[tuple[str, list[int], "SamplingParams"]], batch_size: int,
-                     on_done: Callable[[str, "Session"], None]) -> None:
-    """Run `jobs` (id, prompt ids, params; drawn lazily) through the engine's batched step,
-    `batch_size` sessions at a time; `on_done(id, session)` as each finishes (its caches freed)."""
-    pending = iter(jobs)
-    running: list[tuple[str, Session]] = []
-    exhausted = False
-    while not exhausted or running:
-        while not exhausted and len(running) < batch_size:
-            job = next(pending, None)
-            if job is None:
-                exhausted = True
-            else:
-                running.append((job[0], decoder.start(job[1], job[2])))
-        if not running:
-            break
-        decoder.step([s for _, s in running])
-        still = []
-        for jid, session in running:
-            if session.finished:
-                decoder.finish(session)
-                on_done(jid, session)
-            else:
-                still.append((jid, session))
-        running = still
-
-
 def load_corpus(path: Path) -> list[CorpusEntry]:
     return [_from_line(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
 
@@ -329,8 +299,10 @@ def generate_corpus(target, tokenizer, prompts: Sequence[tuple[str, str]], out: 
             from specula.sampling import SamplingParams
 
             params = SamplingParams(max_new_tokens=config.max_new_tokens)
-            generate_batched(SpeculativeDecoder(target, [], tokenizer), ((pid, ids, params) for pid, ids in jobs),
-                             config.batch_size, lambda pid, s: record(pid, s.prompt, s.generated))
+            answers = SpeculativeDecoder(target, [], tokenizer).generate_many(
+                (((pid, ids), ids, params) for pid, ids in jobs), config.batch_size)
+            for (pid, ids), answer in answers:
+                record(pid, ids, answer.token_ids)
     ordered = [done[pid] for pid, _ in prompts]
     with atomic_path(out) as tmp:  # in prompt order (the partial file holds them as they finished)
         tmp.write_text("".join(_to_line(e) for e in ordered), encoding="utf-8")

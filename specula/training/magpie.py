@@ -30,7 +30,7 @@ from typing import Callable, Sequence
 
 from specula.errors import ConfigError
 from specula.training.contamination import BenchmarkIndex, default_index, find_contaminated, normalise, shingles
-from specula.training.corpus import complete_lines, generate_batched
+from specula.training.corpus import complete_lines
 
 SENTINEL = "SPECULAMAGPIESENTINEL"
 """A user message no template alters: rendered, then cut at, to find the user-turn prefix."""
@@ -241,17 +241,15 @@ def generate_user_turns(target, tokenizer, turn: UserTurn, partial: Path, config
                             max_new_tokens=config.max_new_tokens, stop=(turn.end,) if turn.end else ()))
             for i, pid in enumerate(ids) if pid not in done)
     with partial.open("a", encoding="utf-8") as sink:
-        def record(pid: str, session) -> None:
-            tokens = [t for t in session.generated if t not in specials]
+        for pid, out in decoder.generate_many(jobs, config.batch_size):
+            tokens = [t for t in out.token_ids if t not in specials]
             text = clean(tokenizer.decode(tokens, skip_special_tokens=True), turn.end)
-            row = {"id": pid, "text": text, "ended": session.finish_reason == "stop"}
+            row = {"id": pid, "text": text, "ended": out.stats.finish_reason == "stop"}
             done[pid] = row
             sink.write(json.dumps(row, ensure_ascii=False) + "\n")
             sink.flush()
             if progress is not None:
                 progress(1)
-
-        generate_batched(decoder, jobs, config.batch_size, record)
     return [done[pid] for pid in ids]
 
 

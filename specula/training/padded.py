@@ -1,6 +1,6 @@
 """The corpus's answers and features in padded batches through a Hugging Face model: the GPU path.
 
-The engine's batched step (`corpus.generate_batched`) prefills every request on its own and
+The engine's batched step (`SpeculativeDecoder.generate_many`) prefills every request on its own and
 decodes a packed batch per step, and features are taken one sequence per pass: right on a CPU,
 where passes cost their arithmetic, but on a GPU a pass costs its kernel launches whatever its
 size, and a corpus of 30,000 prompts is 30,000 prefills and 30,000 feature passes. Here many
