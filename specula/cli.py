@@ -11,7 +11,7 @@ import sys
 from specula.errors import SpeculaError
 
 # Subcommand modules, in help order. A module that fails to import is a bug, not hidden.
-COMMANDS = ("generate", "models", "bench", "profile", "train", "datastore", "analyze", "serve", "cache")
+COMMANDS = ("generate", "models", "bench", "profile", "train", "datastore", "analyze", "serve", "run_batch", "cache")
 
 
 class _Parser(argparse.ArgumentParser):

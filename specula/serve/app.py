@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
-import functools
 import hmac
 import json
 import logging
@@ -26,22 +25,22 @@ import socket
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Awaitable, Callable, Sequence
+from typing import Any, AsyncIterator, Awaitable, Callable
 
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from specula.api import Specula, StreamChunk
+from specula.api import Specula
 from specula.errors import ConfigError, SpeculaError
 from specula.prompts import encode_prompt
 from specula.serve import protocol
 from specula.serve.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from specula.serve.metrics import ServerMetrics
 from specula.serve.protocol import APIError, GenerationRequest, ResponseIds
+from specula.serve.choices import ChoiceState, CollectedResponse, summed
 from specula.serve.worker import ChoiceChunk, Job, Started, Worker
-from specula.stats import GenerationStats
 from specula.token_bytes import TokenBytes
 
 log = logging.getLogger("specula.serve")
@@ -420,84 +419,16 @@ async def _generate(server: SpeculaServer, request: Request, endpoint: protocol.
         started = await wake.next_event(job, request, poll)
         assert isinstance(started, Started)
         if not gen.stream:
-            choices = [_ChoiceState(server, gen, started, i) for i in range(started.choices)]
-            texts: list[list[str]] = [[] for _ in choices]
-            logprobs: list[list[dict[str, Any]]] = [[] for _ in choices]
-            while not all(c.done for c in choices):
-                event: ChoiceChunk = await wake.next_event(job, request, poll)
-                for text, lp in choices[event.index].take(event.chunk):
-                    texts[event.index].append(text)
-                    logprobs[event.index] += [lp] if lp is not None else []
+            response = CollectedResponse(gen, started, server.spec.tokenizer, server.token_bytes)
+            while not response.done:
+                response.add(await wake.next_event(job, request, poll))
             server.metrics.request_seconds.observe(time.perf_counter() - t0)
-            results = [protocol.ChoiceResult(c.index, "".join(texts[c.index]), c.finish_reason,
-                                             (protocol.join_logprobs(logprobs[c.index]) or c.formatter.add((), ()))
-                                             if c.formatter else None)
-                       for c in choices]
-            stats = _summed([c.stats for c in choices])
-            return JSONResponse(protocol.completion_body(ResponseIds.new(gen), results, started.prompt_tokens,
-                                                         stats.new_tokens, stats))
+            return JSONResponse(response.body(ResponseIds.new(gen)))
     except BaseException:  # an error, the client gone, or the task cancelled (shutdown)
         job.cancel()
         raise
     return StreamingResponse(_stream(server, request, job, gen, started, wake, t0), media_type="text/event-stream",
                              headers={"Cache-Control": "no-cache"})
-
-
-def _summed(stats: list[GenerationStats]) -> GenerationStats:
-    """One choice's stats, or the sum of several (a response's `speculative_decoding`)."""
-    return functools.reduce(GenerationStats.merge, stats)
-
-
-class _ChoiceState:
-    """One choice of a response as its chunks arrive: what each adds (the prompt first under
-    `echo`), and its end."""
-
-    def __init__(self, server: SpeculaServer, gen: GenerationRequest, started: Started, index: int) -> None:
-        self.index = index
-        source = gen.prompts[index // gen.n] if gen.echo else None
-        self.prompt_ids = started.prompts[index // gen.n]
-        self.echo = None if source is None else (
-            source if isinstance(source, str) else server.spec.tokenizer.decode(list(self.prompt_ids),
-                                                                                 skip_special_tokens=True))
-        self.formatter = _Logprobs(server, gen) if gen.logprobs is not None else None
-        self.first = True
-        self.stats: GenerationStats | None = None
-
-    @property
-    def done(self) -> bool:
-        return self.stats is not None
-
-    @property
-    def finish_reason(self) -> str:
-        return (self.stats.finish_reason if self.stats is not None else "") or "length"
-
-    def take(self, chunk: StreamChunk) -> list[tuple[str, dict[str, Any] | None]]:
-        """The (text, logprobs object or None) pieces to send for `chunk`."""
-        pieces: list[tuple[str, Sequence[int], Sequence]] = []
-        if self.first:
-            self.first = False
-            if self.echo is not None:
-                prompt = chunk.prompt_logprobs
-                pieces.append((self.echo, self.prompt_ids if prompt is not None else (), prompt or ()))
-        if chunk.text or (self.formatter is not None and chunk.token_ids):  # stop strings are already cut
-            pieces.append((chunk.text, chunk.token_ids, chunk.logprobs or ()))
-        if chunk.finished:
-            self.stats = chunk.stats
-        return [(text, self.formatter.add(ids, entries) if self.formatter is not None else None)
-                for text, ids, entries in pieces]
-
-
-class _Logprobs:
-    """One choice's logprobs objects, in the endpoint's shape, chunk after chunk."""
-
-    def __init__(self, server: SpeculaServer, gen: GenerationRequest) -> None:
-        self.token_bytes = server.token_bytes
-        self.completions = protocol.CompletionLogprobs(server.token_bytes) if gen.endpoint == "completions" else None
-
-    def add(self, token_ids, entries) -> dict[str, Any]:
-        if self.completions is not None:
-            return self.completions.add(token_ids, entries)
-        return protocol.chat_logprobs(entries, self.token_bytes)
 
 
 def _sse(payload: dict[str, Any] | str) -> bytes:
@@ -512,7 +443,8 @@ async def _stream(server: SpeculaServer, request: Request, job: Job, gen: Genera
     job. Counted in metrics before `[DONE]`."""
     ids = ResponseIds.new(gen)
     status: int | None = None  # set once counted
-    choices = [_ChoiceState(server, gen, started, i) for i in range(started.choices)]
+    choices = [ChoiceState(gen, started, i, server.spec.tokenizer, server.token_bytes)
+               for i in range(started.choices)]
     try:
         if gen.endpoint == "chat":
             for c in choices:
@@ -532,7 +464,7 @@ async def _stream(server: SpeculaServer, request: Request, job: Job, gen: Genera
             yield _sse(exc.body())
         else:
             if gen.include_usage:
-                stats = _summed([c.stats for c in choices])
+                stats = summed([c.stats for c in choices])
                 yield _sse(protocol.usage_chunk_body(ids, started.prompt_tokens, stats.new_tokens, stats))
             status = 200
             server.metrics.request_seconds.observe(time.perf_counter() - t0)

@@ -169,3 +169,21 @@ def test_sigterm_shuts_down_gracefully(deadline, finishes):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_run_batch_answers_a_file_from_the_command_line(model_dir, llama, tokenizer, tmp_path, monkeypatch, capsys):
+    import json
+
+    from specula.cli import main
+
+    monkeypatch.setenv("SPECULA_CACHE", str(tmp_path / "cache"))
+    messages = [{"role": "user", "content": "w05 w06"}]
+    source = tmp_path / "in.jsonl"
+    source.write_text(json.dumps({"custom_id": "1", "method": "POST", "url": "/v1/chat/completions",
+                                  "body": {"messages": messages, "max_tokens": 6, "temperature": 0}}) + "\n")
+    code = main(["run-batch", "--target", str(model_dir), "-i", str(source), "-o", str(tmp_path / "out.jsonl"),
+                 "--method", "prompt-lookup", "--no-progress"])
+    assert code == 0 and "1 requests, 1 answered, 0 failed (method prompt-lookup)" in capsys.readouterr().err
+    (answer,) = [json.loads(x) for x in (tmp_path / "out.jsonl").read_text().splitlines()]
+    content = answer["response"]["body"]["choices"][0]["message"]["content"]
+    assert content == _reference(llama, tokenizer, chat_ids(tokenizer, messages), 6)

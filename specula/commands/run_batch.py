@@ -1,0 +1,48 @@
+"""`specula run-batch`: an OpenAI batch file (JSONL) answered offline, as vLLM's `run-batch`."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from specula.commands.common import add_method_args, add_model_args, method_help
+from specula.errors import ConfigError
+
+
+def register(sub) -> None:
+    p = sub.add_parser(
+        "run-batch", help="answer an OpenAI batch file (JSONL of /v1/completions and /v1/chat/completions requests)",
+        description="Answer every request of an OpenAI batch file offline, through the server's own checks and "
+                    "responses, decoding up to --max-batch-size sequences at once (continuous batching). "
+                    "Output lines are in input order; a failed request gets its error, the others their answers.")
+    add_model_args(p)
+    p.add_argument("--method", default=None, help=method_help(default=True))
+    add_method_args(p)
+    g = p.add_argument_group("batch")
+    g.add_argument("-i", "--input-file", required=True, help="the requests, one JSON object a line")
+    g.add_argument("-o", "--output-file", required=True, help="where the answers go (written whole at the end)")
+    g.add_argument("--max-batch-size", type=int, default=8, help="sequences decoded at once (default 8)")
+    g.add_argument("--chat-max-tokens", type=int, default=512,
+                   help="max_tokens of chat requests that give none (default 512, capped by the context)")
+    g.add_argument("--served-model-name", default=None,
+                   help="the model id requests may name (default: the --target value)")
+    g.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from specula.commands.serve import load_served
+    from specula.serve.batch import run_batch
+
+    if not Path(args.input_file).is_file():
+        raise ConfigError(f"the batch file {args.input_file} does not exist")
+    if args.max_batch_size < 1:
+        raise ConfigError(f"--max-batch-size must be at least 1, got {args.max_batch_size}")
+    spec, method = load_served(args)
+    summary = run_batch(spec, args.input_file, args.output_file, args.served_model_name or args.target,
+                        max_batch_size=args.max_batch_size, chat_max_tokens=args.chat_max_tokens,
+                        progress=not args.no_progress)
+    print(f"specula run-batch: {summary.requests} requests, {summary.succeeded} answered, {summary.failed} failed "
+          f"(method {method}) -> {args.output_file}", file=sys.stderr)
+    return 0

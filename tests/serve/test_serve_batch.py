@@ -1,0 +1,60 @@
+"""`specula run-batch`: an OpenAI batch file answered offline through the server's own checks and
+responses: every answer equals offline decoding, in input order, and bad lines get their error."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from serve_helpers import MODEL, chat_ids, make_spec, text_ids
+
+from specula.cli import main
+from specula.serve.batch import run_batch
+
+
+def line(custom_id, url, body, method="POST") -> str:
+    return json.dumps({"custom_id": custom_id, "method": method, "url": url, "body": body})
+
+
+@pytest.fixture(scope="module")
+def spec(target_model, tokenizer):
+    return make_spec(target_model, tokenizer, "prompt-lookup")
+
+
+def test_a_batch_file_is_answered_in_order_as_the_server_answers(spec, tokenizer, reference, tmp_path):
+    messages = [{"role": "user", "content": "w05 w06 w07"}]
+    rows = [
+        line("chat", "/v1/chat/completions", {"model": MODEL, "messages": messages, "max_tokens": 8, "temperature": 0}),
+        line("text", "/v1/completions", {"prompt": "w10 w11 w12", "max_tokens": 6, "temperature": 0, "logprobs": 1}),
+        "",
+        line("two", "/v1/completions", {"prompt": ["w40 w41", "w20 w21"], "max_tokens": 4, "temperature": 0}),
+        "{not json",
+        line("url", "/v1/embeddings", {"input": "w05"}),
+        line("get", "/v1/completions", {"prompt": "w05"}, method="GET"),
+        line("long", "/v1/completions", {"prompt": "w05", "max_tokens": 100_000}),
+        line("model", "/v1/completions", {"model": "gpt-4", "prompt": "w05"}),
+    ]
+    source = tmp_path / "in.jsonl"
+    source.write_text("\n".join(rows) + "\n")
+    summary = run_batch(spec, source, tmp_path / "out.jsonl", MODEL, max_batch_size=3)
+    out = [json.loads(x) for x in (tmp_path / "out.jsonl").read_text().splitlines()]
+    assert (summary.requests, summary.succeeded, summary.failed) == (8, 3, 5)
+    assert [o["custom_id"] for o in out] == ["chat", "text", "two", None, "url", "get", "long", "model"]
+    assert [o["response"]["status_code"] for o in out] == [200, 200, 200, 400, 400, 400, 400, 404]
+    assert all(o["id"].startswith("batch_req_") and (o["error"] is None) == (o["response"]["status_code"] == 200)
+               for o in out)
+    chat, text, two = (o["response"]["body"] for o in out[:3])
+    assert chat["choices"][0]["message"]["content"] == reference(chat_ids(tokenizer, messages), 8)
+    assert text["choices"][0]["text"] == reference(text_ids(tokenizer, "w10 w11 w12"), 6)
+    assert len(text["choices"][0]["logprobs"]["token_logprobs"]) == text["usage"]["completion_tokens"]
+    assert [c["text"] for c in two["choices"]] == [reference(text_ids(tokenizer, p), 4) for p in ("w40 w41", "w20 w21")]
+    assert out[6]["error"]["code"] == "context_length_exceeded" and out[7]["error"]["code"] == "model_not_found"
+
+
+def test_the_command_refuses_a_missing_file_in_one_line(tmp_path, capsys):
+    code = main(["run-batch", "--target", "smollm2-135m", "-i", str(tmp_path / "none.jsonl"), "-o",
+                 str(tmp_path / "out.jsonl")])
+    err = capsys.readouterr().err
+    assert code == 2 and "does not exist" in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "out.jsonl").exists()
