@@ -1,0 +1,98 @@
+"""Offline batch generation against one prompt at a time, side by side in one process.
+
+    python scripts/batch_speed.py --target smollm2-135m --rounds 3 --max-batch-size 8 --max-new-tokens 64
+
+The everyday prompts (24: chat, instructions, code, math; not a benchmark's) are decoded with
+`Specula.generate` one after another and with `Specula.generate_batch`, rounds alternating which
+goes first. Prints tokens/s of each (min / median / max over rounds), the ratio, and whether every
+greedy output is identical. JSON with --json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+import specula  # noqa: F401 (before torch: the OpenMP spin setting)
+import specula.api as api
+
+PROMPTS = Path(__file__).resolve().parents[1] / "specula" / "data" / "everyday" / "prompts.jsonl"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--target", default="smollm2-135m")
+    parser.add_argument("--method", default=None)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--max-batch-size", type=int, default=8)
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--methods", default=None,
+                        help="comma-separated methods to run batched side by side instead (e.g. fusion,none): "
+                             "each one's batch tokens/s and the ratio of the first to the second")
+    args = parser.parse_args()
+    prompts = [json.loads(line)["turns"][0] for line in PROMPTS.read_text().splitlines() if line.strip()]
+    if args.methods:
+        return compare_methods(args, prompts)
+    spec = api.load(args.target, method=args.method)
+    spec.prepare_batch(args.max_batch_size)
+    params = api.SamplingParams(max_new_tokens=args.max_new_tokens)
+    rates = {"one at a time": [], "batch": []}
+    identical = True
+    for r in range(args.rounds):
+        order = ["one at a time", "batch"] if r % 2 == 0 else ["batch", "one at a time"]
+        outs = {}
+        for kind in order:
+            t0 = time.perf_counter()
+            if kind == "batch":
+                outs[kind] = spec.generate_batch(prompts, params=params, max_batch_size=args.max_batch_size)
+            else:
+                outs[kind] = [spec.generate(p, params=params) for p in prompts]
+            seconds = time.perf_counter() - t0
+            rates[kind].append(sum(len(o.token_ids) for o in outs[kind]) / seconds)
+        identical &= all(a.token_ids == b.token_ids for a, b in zip(outs["batch"], outs["one at a time"]))
+    summary = {kind: {"min": min(v), "median": statistics.median(v), "max": max(v)} for kind, v in rates.items()}
+    ratios = [b / a for a, b in zip(rates["one at a time"], rates["batch"])]
+    report = {"target": args.target, "method": spec.method, "prompts": len(prompts),
+              "max_batch_size": args.max_batch_size, "tokens_per_s": summary,
+              "ratio": {"min": min(ratios), "median": statistics.median(ratios), "max": max(ratios)},
+              "identical": identical}
+    if args.json:
+        print(json.dumps(report))
+        return
+    for kind, s in summary.items():
+        print(f"{kind:>14}: {s['min']:.1f} / {s['median']:.1f} / {s['max']:.1f} tokens/s (min / median / max)")
+    r = report["ratio"]
+    print(f"batch over one at a time: {r['min']:.2f}x / {r['median']:.2f}x / {r['max']:.2f}x; "
+          f"outputs {'identical' if identical else 'DIFFERENT'}")
+
+
+def compare_methods(args, prompts: list[str]) -> None:
+    """Batched generation by each method of --methods, rounds alternating the order."""
+    methods = args.methods.split(",")
+    specs = {m: api.load(args.target, method=m) for m in methods}
+    params = api.SamplingParams(max_new_tokens=args.max_new_tokens)
+    for spec in specs.values():
+        spec.prepare_batch(args.max_batch_size)
+    rates: dict[str, list[float]] = {m: [] for m in methods}
+    outputs = {}
+    for r in range(args.rounds):
+        for m in methods if r % 2 == 0 else methods[::-1]:
+            t0 = time.perf_counter()
+            outputs[m] = specs[m].generate_batch(prompts, params=params, max_batch_size=args.max_batch_size)
+            rates[m].append(sum(len(o.token_ids) for o in outputs[m]) / (time.perf_counter() - t0))
+    identical = all(len({tuple(outputs[m][i].token_ids) for m in methods}) == 1 for i in range(len(prompts)))
+    ratios = [a / b for a, b in zip(rates[methods[0]], rates[methods[1]])] if len(methods) > 1 else []
+    report = {"target": args.target, "max_batch_size": args.max_batch_size, "prompts": len(prompts),
+              "tokens_per_s": {m: {"min": min(v), "median": statistics.median(v), "max": max(v)}
+                               for m, v in rates.items()},
+              "ratio": {"min": min(ratios), "median": statistics.median(ratios), "max": max(ratios)} if ratios else None,
+              "identical": identical}
+    print(json.dumps(report) if args.json else report)
+
+
+if __name__ == "__main__":
+    main()
