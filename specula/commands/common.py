@@ -227,6 +227,20 @@ def sampling_params(args: argparse.Namespace) -> "SamplingParams":
     )
 
 
+def load_spec(args: argparse.Namespace):
+    """The `Specula` a command decodes with (`--target`, `--draft`, `--method` and the drafter and
+    planner options), and its method's name."""
+    from specula.api import EngineConfig, load
+    from specula.methods import DEFAULT_METHOD, get_method
+
+    method = get_method(args.method or DEFAULT_METHOD).name
+    spec = load(args.target, draft=args.draft, method=method, config=load_config(args),
+                draft_quantize=args.draft_quantize, skip_layers=args.skip_layers, draft_vocab=args.draft_vocab,
+                engine=EngineConfig(max_tree_nodes=args.max_tree_nodes), planner=planner_from_args(args),
+                **drafter_options(args, method))
+    return spec, method
+
+
 def method_help(default: bool = False) -> str:
     """`--method`'s help: the names in the table (with `default`: and the default method)."""
     names = "decoding method: " + ", ".join(METHODS)

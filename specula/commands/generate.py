@@ -9,8 +9,7 @@ import sys
 from dataclasses import replace
 
 from specula.commands.common import (
-    add_method_args, add_model_args, add_sampling_args, drafter_options, load_config, method_help, planner_from_args,
-    sampling_params,
+    add_method_args, add_model_args, add_sampling_args, load_spec, method_help, sampling_params,
 )
 from specula.errors import ConfigError
 from specula.methods import PLAIN
@@ -82,8 +81,6 @@ def constraint_from_args(args: argparse.Namespace):
     ConfigError naming it. `--json-schema` takes the schema inline too: a value starting with `{`
     that names no file."""
     from specula.constraints import Constraint
-    from specula.errors import ConfigError
-
     def read(path: str, what: str) -> str:
         try:
             with open(path, encoding="utf-8") as f:
@@ -105,8 +102,6 @@ def constraint_from_args(args: argparse.Namespace):
 
 def prompt_from_args(args: argparse.Namespace) -> str:
     """`--prompt`'s text; `-` reads it from standard input (all of it; empty is a ConfigError)."""
-    from specula.errors import ConfigError
-
     if args.prompt != "-":
         return args.prompt
     text = sys.stdin.read()
@@ -117,8 +112,6 @@ def prompt_from_args(args: argparse.Namespace) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from specula.api import EngineConfig, load
-    from specula.methods import DEFAULT_METHOD, get_method
     from specula.models.loading import process_age_seconds
 
     # validate everything before loading models
@@ -127,13 +120,7 @@ def run(args: argparse.Namespace) -> int:
     constraint = constraint_from_args(args)
     if constraint is not None:
         constraint.grammar_text()  # a schema, regex or grammar the library cannot compile fails here, in one line
-    method = get_method(args.method or DEFAULT_METHOD).name
-    planner = planner_from_args(args)
-    spec = load(args.target, draft=args.draft, method=method, config=load_config(args),
-                draft_quantize=args.draft_quantize, skip_layers=args.skip_layers,
-                draft_vocab=args.draft_vocab,
-                engine=EngineConfig(max_tree_nodes=args.max_tree_nodes), planner=planner,
-                **drafter_options(args, method))
+    spec, method = load_spec(args)
     ids = spec.encode(prompt, raw=args.raw)
     token_ids: list[int] = []
     text_parts: list[str] = []

@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from specula.commands.common import add_method_args, add_model_args, method_help
+from specula.commands.common import add_method_args, add_model_args, load_spec, method_help
 from specula.errors import ConfigError
 
 
@@ -32,14 +32,13 @@ def register(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from specula.commands.serve import load_served
     from specula.serve.batch import run_batch
 
     if not Path(args.input_file).is_file():
         raise ConfigError(f"the batch file {args.input_file} does not exist")
     if args.max_batch_size < 1:
         raise ConfigError(f"--max-batch-size must be at least 1, got {args.max_batch_size}")
-    spec, method = load_served(args)
+    spec, method = load_spec(args)
     summary = run_batch(spec, args.input_file, args.output_file, args.served_model_name or args.target,
                         max_batch_size=args.max_batch_size, chat_max_tokens=args.chat_max_tokens,
                         progress=not args.no_progress)

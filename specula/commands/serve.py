@@ -7,9 +7,7 @@ import logging
 import os
 import sys
 
-from specula.commands.common import (
-    add_method_args, add_model_args, drafter_options, load_config, method_help, planner_from_args,
-)
+from specula.commands.common import add_method_args, add_model_args, load_spec, method_help
 
 
 def register(sub) -> None:
@@ -42,22 +40,6 @@ def register(sub) -> None:
     p.set_defaults(handler=run)
 
 
-def load_served(args: argparse.Namespace):
-    """The `Specula` a serving command decodes with (model, method and drafter options), and its
-    method's name."""
-    from specula.api import EngineConfig, load
-    from specula.methods import DEFAULT_METHOD, get_method
-
-    method = get_method(args.method or DEFAULT_METHOD).name
-    planner = planner_from_args(args)
-    spec = load(args.target, draft=args.draft, method=method, config=load_config(args),
-                draft_quantize=args.draft_quantize, skip_layers=args.skip_layers,
-                draft_vocab=args.draft_vocab,
-                engine=EngineConfig(max_tree_nodes=args.max_tree_nodes), planner=planner,
-                **drafter_options(args, method))
-    return spec, method
-
-
 def run(args: argparse.Namespace) -> int:
     from specula.serve import ServerConfig, create_server
 
@@ -68,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
         request_timeout=args.request_timeout or None, shutdown_timeout=args.shutdown_timeout,
     )
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s", stream=sys.stderr)
-    spec, method = load_served(args)
+    spec, method = load_spec(args)
     server = create_server(spec, config)
     print(f"specula serve: {config.model_name} (method {method}) listening on {server.url}"
           f"{' (API key required)' if config.api_key else ''}", file=sys.stderr, flush=True)
