@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 from typing import Any, Sequence
 
-from specula.engine import StreamChunk
+from specula.api import StreamChunk
 from specula.serve import protocol
 from specula.serve.protocol import GenerationRequest, ResponseIds
 from specula.serve.worker import ChoiceChunk, Started
