@@ -114,11 +114,6 @@ class GenerationRequest:
         """What each prompt is encoded from: the chat's messages, or each completions prompt."""
         return [list(self.messages)] if self.messages is not None else list(self.prompts)
 
-    @property
-    def choices(self) -> int:
-        """Choices in the response: prompts times n."""
-        return len(self.prompt_sources()) * self.n
-
     def sampling(self) -> dict[str, Any]:
         """`SamplingParams` fields, except max_new_tokens (which needs the prompt length)."""
         return {"temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k, "min_p": self.min_p,
@@ -264,13 +259,13 @@ def _logprob_count(body: Mapping[str, Any], name: str) -> int | None:
 
 def _chat_logprobs(body: Mapping[str, Any]) -> int | None:
     """Chat: `logprobs` (a boolean) turns them on, `top_logprobs` (0-20) asks for alternatives;
-    `top_logprobs` without `logprobs: true` is a 400, as at OpenAI."""
+    `top_logprobs` > 0 without `logprobs: true` is a 400, as at OpenAI."""
     if body.get("echo") not in (None, False):
         raise APIError(400, "'echo' is a /v1/completions parameter; chat completions do not take it",
                        param="echo", code="unsupported_parameter")
     wanted = _opt_bool(body, "logprobs")
     top = _logprob_count(body, "top_logprobs")
-    if top is not None and not wanted:
+    if top and not wanted:  # 0 alongside logprobs false asks for nothing
         raise APIError(400, "'top_logprobs' needs 'logprobs' set to true", param="top_logprobs",
                        code="invalid_value")
     return (top or 0) if wanted else None
