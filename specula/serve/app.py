@@ -145,9 +145,8 @@ class SpeculaServer:
             self._socket.close()
             raise ConfigError(f"cannot listen on {config.host}:{config.port} ({exc.strerror}); "
                               "choose another --port or --host") from exc
-        self.token_bytes = TokenBytes(spec.tokenizer)
-        """Each token's bytes and text, for the responses' logprobs."""
         self._http_tokenizer = None
+        self._token_bytes: TokenBytes | None = None
         self.worker = Worker(spec, self.metrics, chat_max_tokens=config.chat_max_tokens, max_queue=config.max_queue,
                              max_batch_size=config.max_batch_size, request_timeout=config.request_timeout)
         self.app = build_app(self)
@@ -159,11 +158,18 @@ class SpeculaServer:
 
     @property
     def http_tokenizer(self):
-        """The HTTP thread's own copy of the tokenizer (/tokenize, /detokenize): the worker's is
-        touched by the worker thread only."""
+        """The HTTP thread's own copy of the tokenizer (/tokenize, /detokenize, echoed prompts,
+        logprobs' tokens), made on first use: the worker's is touched by the worker thread only."""
         if self._http_tokenizer is None:
             self._http_tokenizer = copy.deepcopy(self.spec.tokenizer)
         return self._http_tokenizer
+
+    @property
+    def token_bytes(self) -> TokenBytes:
+        """Each token's bytes and text, for the responses' logprobs (on the HTTP thread's tokenizer)."""
+        if self._token_bytes is None:
+            self._token_bytes = TokenBytes(self.http_tokenizer)
+        return self._token_bytes
 
     @property
     def port(self) -> int:
@@ -419,7 +425,7 @@ async def _generate(server: SpeculaServer, request: Request, endpoint: protocol.
         started = await wake.next_event(job, request, poll)
         assert isinstance(started, Started)
         if not gen.stream:
-            response = CollectedResponse(gen, started, server.spec.tokenizer, server.token_bytes)
+            response = CollectedResponse(gen, started, *_readers(server, gen))
             while not response.done:
                 response.add(await wake.next_event(job, request, poll))
             server.metrics.request_seconds.observe(time.perf_counter() - t0)
@@ -429,6 +435,13 @@ async def _generate(server: SpeculaServer, request: Request, endpoint: protocol.
         raise
     return StreamingResponse(_stream(server, request, job, gen, started, wake, t0), media_type="text/event-stream",
                              headers={"Cache-Control": "no-cache"})
+
+
+def _readers(server: SpeculaServer, gen: GenerationRequest) -> tuple[Any, TokenBytes | None]:
+    """The tokenizer (for an echoed prompt of token ids) and token bytes (for logprobs) a response
+    reads, on the HTTP thread's copy; None where the request needs none (no copy made)."""
+    return (server.http_tokenizer if gen.echo else None,
+            server.token_bytes if gen.logprobs is not None else None)
 
 
 def _sse(payload: dict[str, Any] | str) -> bytes:
@@ -443,8 +456,8 @@ async def _stream(server: SpeculaServer, request: Request, job: Job, gen: Genera
     job. Counted in metrics before `[DONE]`."""
     ids = ResponseIds.new(gen)
     status: int | None = None  # set once counted
-    choices = [ChoiceState(gen, started, i, server.spec.tokenizer, server.token_bytes)
-               for i in range(started.choices)]
+    readers = _readers(server, gen)
+    choices = [ChoiceState(gen, started, i, *readers) for i in range(started.choices)]
     try:
         if gen.endpoint == "chat":
             for c in choices:

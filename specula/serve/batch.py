@@ -19,6 +19,7 @@ file is written whole at the end (atomically).
 
 from __future__ import annotations
 
+import copy
 import json
 import uuid
 from dataclasses import dataclass
@@ -88,9 +89,10 @@ def run_batch(spec, input_path: str | Path, output_path: str | Path, model_name:
     from tqdm import tqdm
 
     rows = list(read_batch(Path(input_path)))
+    tokenizer = copy.deepcopy(spec.tokenizer)  # this thread's own: the worker's is the worker thread's
+    token_bytes = TokenBytes(tokenizer)
     worker = Worker(spec, ServerMetrics(), chat_max_tokens=chat_max_tokens, max_queue=len(rows) + 1,
                     max_batch_size=max_batch_size)
-    token_bytes = TokenBytes(spec.tokenizer)
     try:
         jobs: list[Job | APIError] = []
         for _, _, item in rows:  # everything is queued first: the worker batches across requests
@@ -104,7 +106,7 @@ def run_batch(spec, input_path: str | Path, output_path: str | Path, model_name:
         lines, succeeded = [], 0
         for (_, custom_id, _), job in tqdm(list(zip(rows, jobs)), disable=not progress, unit="request",
                                            desc="run-batch"):
-            status, body = _answer(job, spec.tokenizer, token_bytes)
+            status, body = _answer(job, tokenizer, token_bytes)
             succeeded += status == 200
             lines.append(json.dumps(_output_line(custom_id, status, body), ensure_ascii=False) + "\n")
     finally:

@@ -41,7 +41,9 @@ class ChoiceState:
     `echo`), and its end."""
 
     def __init__(self, gen: GenerationRequest, started: Started, index: int, tokenizer: Any,
-                 token_bytes: TokenBytes) -> None:
+                 token_bytes: TokenBytes | None) -> None:
+        """`tokenizer` is read only to echo a prompt given as token ids, `token_bytes` only for
+        logprobs (either may be None when the request needs none)."""
         self.index = index
         source = gen.prompts[index // gen.n] if gen.echo else None
         self.prompt_ids = started.prompts[index // gen.n]
@@ -78,7 +80,8 @@ class ChoiceState:
 class CollectedResponse:
     """A non-streamed response gathered from a job's `ChoiceChunk`s (after its `Started`)."""
 
-    def __init__(self, gen: GenerationRequest, started: Started, tokenizer: Any, token_bytes: TokenBytes) -> None:
+    def __init__(self, gen: GenerationRequest, started: Started, tokenizer: Any,
+                 token_bytes: TokenBytes | None) -> None:
         self.started = started
         self.choices = [ChoiceState(gen, started, i, tokenizer, token_bytes) for i in range(started.choices)]
         self._texts: list[list[str]] = [[] for _ in self.choices]
