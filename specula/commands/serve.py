@@ -13,7 +13,8 @@ from specula.commands.common import add_method_args, add_model_args, load_spec, 
 def register(sub) -> None:
     p = sub.add_parser(
         "serve", help="serve the model over an OpenAI-compatible HTTP API",
-        description="Serve /v1/completions, /v1/chat/completions (with stream), /v1/models, /health and /metrics. "
+        description="Serve /v1/completions, /v1/chat/completions (with stream), /v1/models, /tokenize, /detokenize, "
+                    "/health and /metrics. "
                     "Up to --max-batch-size requests are decoded at once (continuous batching); every response carries a speculative_decoding object.")
     add_model_args(p)
     p.add_argument("--method", default=None, help=method_help(default=True))
