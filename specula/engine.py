@@ -85,8 +85,7 @@ class StreamChunk:
     logprobs: list[TokenLogprob] | None = None
     """One per token of `token_ids` when the request asked (`SamplingParams.logprobs`)."""
     prompt_logprobs: list[TokenLogprob | None] | None = None
-    """The prompt's, on the first chunk `stream` yields when the request asked (`step` leaves them
-    on `Session.prompt_logprobs`)."""
+    """The prompt's, on a session's first chunk when the request asked (`Session.prompt_logprobs`)."""
 
 
 @dataclass
@@ -302,7 +301,7 @@ class SpeculativeDecoder:
                         break
                     key, ids, params = job
                     session = self.start(ids, params, constraint)
-                    running.append((key, session, _Collected(params, session.prompt_logprobs)))
+                    running.append((key, session, _Collected(params)))
                 if not running:
                     return
                 still = []
@@ -326,13 +325,10 @@ class SpeculativeDecoder:
         the iterator early frees the session."""
         session = self.start(prompt_ids, params, constraint)
         try:
-            first = True
             while not session.finished:
                 chunk = self.step([session])[0]
                 if chunk.error is not None:
                     raise chunk.error
-                if first:
-                    chunk.prompt_logprobs, first = session.prompt_logprobs, False
                 if chunk.finished:
                     self.finish(session)
                 yield chunk
@@ -443,15 +439,15 @@ class SpeculativeDecoder:
         stats.seconds = time.perf_counter() - session.t_start
         if reason is not None:
             session.finish_reason = stats.finish_reason = reason
-        return StreamChunk(new, text, reason is not None, stats, logprobs=logprobs)
+        return StreamChunk(new, text, reason is not None, stats, logprobs=logprobs,
+                           prompt_logprobs=session.prompt_logprobs if stats.steps == 1 else None)
 
     def _truncate(self, new: list[int], session: Session) -> tuple[list[int], str | None]:
         """Cut the step's tokens at EOS or a stop token id, a stop string, or max_new_tokens."""
         params = session.params
         reason = None
-        stops = frozenset(params.stop_token_ids) | (frozenset() if params.ignore_eos else self.eos_token_ids)
         for i, tok in enumerate(new):
-            if tok in stops:
+            if tok in params.stop_token_ids or (tok in self.eos_token_ids and not params.ignore_eos):
                 new, reason = new[: i + 1], "stop"
                 break
         limit = params.max_new_tokens - len(session.generated)
@@ -468,11 +464,11 @@ class SpeculativeDecoder:
 class _Collected:
     """One request's chunks gathered into its `GenerationOutput`."""
 
-    def __init__(self, params: SamplingParams, prompt_logprobs: list[TokenLogprob | None] | None = None) -> None:
+    def __init__(self, params: SamplingParams) -> None:
         self.tokens: list[int] = []
         self.texts: list[str] = []
         self.logprobs: list[TokenLogprob] | None = None if params.logprobs is None else []
-        self.prompt_logprobs = prompt_logprobs
+        self.prompt_logprobs: list[TokenLogprob | None] | None = None
         self.stats: GenerationStats | None = None
 
     def add(self, chunk: StreamChunk) -> None:

@@ -30,9 +30,9 @@ def penalize(row: torch.Tensor, output: Counter, prompt: Iterable[int], params: 
     `prompt`'s tokens: a new float32 tensor."""
     out = row.float().clone()
     if params.logit_bias:
-        ids = torch.tensor([t for t, _ in params.logit_bias if t < out.shape[-1]], dtype=torch.long, device=out.device)
-        bias = torch.tensor([b for t, b in params.logit_bias if t < out.shape[-1]], dtype=out.dtype, device=out.device)
-        out.index_add_(0, ids, bias)
+        ids = torch.tensor([t for t, _ in params.logit_bias], dtype=torch.long, device=out.device)
+        bias = torch.tensor([b for _, b in params.logit_bias], dtype=out.dtype, device=out.device)
+        out.index_add_(0, ids, bias)  # ids inside the vocabulary: `SpeculativeDecoder.start` refuses others
     if params.repetition_penalty != 1.0:
         seen = torch.tensor(sorted(set(prompt) | set(output)), dtype=torch.long, device=out.device)
         values = out[seen]

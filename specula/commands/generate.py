@@ -54,13 +54,11 @@ def penalties_from_args(args: argparse.Namespace) -> dict:
     """The `SamplingParams` penalty fields of the command line (a bad --logit-bias: ConfigError)."""
     bias = {}
     for item in args.logit_bias:
-        token, sep, value = item.partition("=")
+        token, _, value = item.partition("=")  # no "=": an empty value, refused below
         try:
             bias[int(token)] = float(value)
         except ValueError:
             raise ConfigError(f"--logit-bias takes ID=BIAS (a token id and a number), got {item!r}") from None
-        if not sep:
-            raise ConfigError(f"--logit-bias takes ID=BIAS (a token id and a number), got {item!r}")
     return {"repetition_penalty": args.repetition_penalty, "frequency_penalty": args.frequency_penalty,
             "presence_penalty": args.presence_penalty, "logit_bias": bias}
 

@@ -121,8 +121,6 @@ class _Running:
     choice: _Choice
     session: Session
     t0: float
-    first: bool = True
-    """No chunk of it was delivered yet."""
     t_last_token: float | None = None
     """When its latest tokens went out."""
 
@@ -339,9 +337,6 @@ class Worker:
             if running.t_last_token is not None:
                 self.metrics.inter_token_latency.observe((now - running.t_last_token) / n)
             running.t_last_token = now
-        if running.first:
-            running.first = False
-            chunk.prompt_logprobs = running.session.prompt_logprobs
         if chunk.finished:
             self.spec.finish(running.session)
             self.metrics.record_generation(chunk.stats)
