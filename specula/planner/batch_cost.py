@@ -10,8 +10,10 @@ sequences verifying n tokens each (b * n tokens in all), and read as
                         segment's slope), linear in b between measured batch sizes; beyond the
                         largest measured b, as several such batches side by side.
 
-    measure_batch_curve       time it (`specula profile --batch-sizes`)
-    load_or_measure_batch_curve   the same, cached on disk per backend `cost_key()`
+    measure_batch_times       time the cells: quiet rounds, each cell as a ratio to its round's plain step
+    measure_batch_curve       the table of one timing (`specula profile --batch-sizes`)
+    load_or_measure_batch_curve   cached on disk per backend `cost_key()`: the medians of every
+                              sample kept, 5 for the cells a batch plan weighs most
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import torch
 from specula.errors import ConfigError
 from specula.models.base import TargetModel, forward_trees
 from specula.models.device import sync_device
+from specula.planner.cost import MAX_SAMPLES, VALIDATE_SAMPLES, TimingConfig, warm_up
 from specula.tree import TokenTree
 
 DEFAULT_BATCH_SIZES = (1, 2, 4, 8, 16)
@@ -105,27 +108,64 @@ class BatchCostCurve:
                    tuple(tuple(float(s) for s in r) for r in data["seconds"]), int(data["context"]))
 
 
-def measure_batch_curve(backend: TargetModel, batch_sizes: Sequence[int] = DEFAULT_BATCH_SIZES,
-                        tokens: Sequence[int] = DEFAULT_BATCH_TOKENS, context: int = 128, repeats: int = 2,
-                        seed: int = 0) -> BatchCostCurve:
-    """Median latency of a packed pass of b sequences verifying n tokens each (a root and a chain of
-    n - 1 nodes), after `context` tokens in every sequence's cache, for each b in `batch_sizes` (1
-    added) and n in `tokens` (1 added): one warm-up pass each, then `repeats` interleaved rounds.
-    Runs on sequences of its own, released at the end."""
-    batch_sizes = sorted({1, *(int(b) for b in batch_sizes)})
-    tokens = sorted({1, *(int(n) for n in tokens)})
-    if batch_sizes[0] < 1 or tokens[0] < 1:
-        raise ConfigError("batch sizes and tokens per sequence must be >= 1")
-    if repeats < 1 or context < 1:
-        raise ConfigError(f"repeats and context must be >= 1, got {repeats} and {context}")
-    if context + tokens[-1] > backend.max_context:
-        raise ConfigError(f"context {context} + {tokens[-1]} tokens exceeds the target's context window of "
+DEFAULT_BATCH_CONTEXT = 32
+"""Tokens in each sequence's cache when the table is timed. Every timing prefills b sequences with
+them first (16 x 128 tokens took 40 s of Qwen2.5-Coder-1.5B's prefill on 2 cores, more than the
+passes timed after); the table's shape read alike at 32 and 128 within the machine's noise
+(SmolLM2, 2 x 2 timings), and the planner corrects its level from the run's own passes."""
+VALIDATE_MAX_TOTAL = 16
+"""Cells of at most this many tokens in all get `cost.VALIDATE_SAMPLES` samples (the others
+`repeats`): the passes a batch plan weighs most, a node or two per sequence beside a plain batched
+step. Larger cells are rarely chosen and slow to time."""
+
+Cell = tuple[int, int]
+"""(b sequences, n tokens each) of one packed pass."""
+
+
+@dataclass(frozen=True)
+class BatchTimes:
+    """The kept rounds of one timing: each round's plain step, and each cell's latency as a ratio to
+    the plain step of its own round (a busier moment shifts the step, not the table's shape)."""
+
+    steps: list[float]
+    """Seconds of the plain step (1, 1) of each quiet round (of the least busy, if none was)."""
+    ratios: dict[Cell, list[float]]
+    """Per cell timed (other than (1, 1)): latency / its round's plain step, one per kept round."""
+    busy: bool = False
+    """Some cell got fewer quiet rounds than it needed: its least busy ones were kept."""
+    discarded: int = 0
+    """Rounds timed while other processes were busy."""
+
+
+def measure_batch_times(backend: TargetModel, needed: dict[Cell, int], context: int = DEFAULT_BATCH_CONTEXT,
+                        seed: int = 0, config: TimingConfig = TimingConfig()) -> BatchTimes:
+    """Time packed passes of b sequences, each verifying its root and a chain of n - 1 nodes after
+    `context` tokens in its cache, until each cell (b, n) of `needed` has that many quiet rounds.
+
+    One pass of each batch size's largest cell first (its buffers), then plain steps until stable
+    (`cost.warm_up`); then rounds of (1, 1) and every cell still short of quiet samples, cells in
+    ascending order. A round during which other processes kept more than `config.busy_cores`
+    cores busy does not count (at most `config.max_round_factor` times the rounds needed are
+    run). In the first round a cell costing more than `config.max_ratio` times its batch size's
+    plain pass ends that batch size's row (larger passes cost more still and cannot pay; the table
+    extends the row's last slope). Runs on sequences of its own, released at the end."""
+    from specula.planner.machine import LoadProbe
+
+    cells = sorted({(1, 1), *((int(b), int(n)) for b, n in needed)})
+    need = {cell: int(needed.get(cell, 0)) for cell in cells}
+    if min(min(cell) for cell in cells) < 1 or max(need.values()) < 1:
+        raise ConfigError("batch sizes, tokens per sequence and repeats must be >= 1")
+    if context < 1:
+        raise ConfigError(f"context must be >= 1, got {context}")
+    longest = max(n for _, n in cells)
+    if context + longest > backend.max_context:
+        raise ConfigError(f"context {context} + {longest} tokens exceeds the target's context window of "
                           f"{backend.max_context}; lower the context or the tokens per sequence")
     gen = torch.Generator().manual_seed(seed)
-    width = context + tokens[-1]
-    ids = torch.randint(0, backend.vocab_size, (batch_sizes[-1], width), generator=gen).tolist()
+    ids = torch.randint(0, backend.vocab_size, (max(b for b, _ in cells), context + longest), generator=gen).tolist()
     seqs = []
-    times: dict[tuple[int, int], list[float]] = {(b, n): [] for b in batch_sizes for n in tokens}
+    rounds: list[tuple[float, dict[Cell, float]]] = []  # (other processes' cores, seconds per cell)
+    quiet: dict[Cell, int] = {cell: 0 for cell in cells}
     try:
         for row in ids:
             seq = backend.new_sequence()
@@ -146,35 +186,139 @@ def measure_batch_curve(backend: TargetModel, batch_sizes: Sequence[int] = DEFAU
                 seq.crop(context)
             return elapsed
 
-        for key in times:
-            timed(*key)  # warm-up
-        for _ in range(repeats):
-            for key in times:
-                times[key].append(timed(*key))
+        for b in sorted({b for b, _ in cells}):  # warm-up: each batch size's largest pass (its buffers)
+            timed(b, max(n for c, n in cells if c == b))
+        warm_up(lambda: timed(1, 1), config)
+        for _ in range(max(need.values()) * config.max_round_factor):
+            todo = [cell for cell in cells if cell == (1, 1) or quiet[cell] < need[cell]]
+            if len(todo) == 1 and need[1, 1] <= quiet[1, 1]:
+                break
+            probe = LoadProbe.start()
+            secs: dict[Cell, float] = {}
+            for b, n in todo:
+                secs[b, n] = timed(b, n)
+                plain = secs.get((b, 1))
+                if not rounds and plain is not None and n > 1 and secs[b, n] > config.max_ratio * plain:
+                    for cell in cells:  # this batch size's larger passes: not worth timing
+                        if cell[0] == b and cell[1] > n:
+                            need[cell] = 0
+            others = probe.others()
+            rounds.append((others if others is not None else 0.0, secs))
+            if rounds[-1][0] <= config.busy_cores:
+                for cell in secs:
+                    quiet[cell] += 1
     finally:
         for seq in seqs:
             seq.release()
-    return BatchCostCurve(
-        tuple(batch_sizes), tuple(tuple(b * n for n in tokens) for b in batch_sizes),
-        tuple(tuple(statistics.median(times[b, n]) for n in tokens) for b in batch_sizes), context)
+    kept: dict[Cell, list[dict[Cell, float]]] = {}
+    for cell in cells:  # each cell's quiet rounds, else (every one busy) its least busy ones
+        with_it = [r for r in rounds if cell in r[1]]
+        calm = [secs for load, secs in with_it if load <= config.busy_cores]
+        kept[cell] = calm if len(calm) >= need[cell] else [secs for _, secs in sorted(with_it, key=lambda r: r[0])]
+        kept[cell] = kept[cell][: max(need[cell], 1)]
+    busy = any(quiet[cell] < need[cell] for cell in cells)
+    calm_steps = [secs[1, 1] for load, secs in rounds if load <= config.busy_cores]
+    return BatchTimes(calm_steps or [secs[1, 1] for secs in kept[1, 1]],
+                      {cell: [secs[cell] / max(secs[1, 1], 1e-12) for secs in kept[cell]]
+                       for cell in cells if cell != (1, 1) and kept[cell]},
+                      busy, sum(1 for load, _ in rounds if load > config.busy_cores))
+
+
+def _cells(batch_sizes: Sequence[int], tokens: Sequence[int]) -> list[Cell]:
+    return [(b, n) for b in batch_sizes for n in tokens]
+
+
+def add_batch_samples(samples: dict[str, Any], times: BatchTimes) -> None:
+    """Fold one timing's rounds into a cache entry's samples (the last `MAX_SAMPLES` of each)."""
+    samples["step"] = (samples.get("step", []) + list(times.steps))[-MAX_SAMPLES:]
+    ratio = samples.setdefault("ratio", {})
+    for (b, n), values in times.ratios.items():
+        ratio[f"{b}x{n}"] = (ratio.get(f"{b}x{n}", []) + list(values))[-MAX_SAMPLES:]
+
+
+def curve_from_batch_samples(samples: dict[str, Any], context: int) -> BatchCostCurve:
+    """The table of a cache entry's samples: a cell = the median plain step times the median of the
+    cell's ratios; each row holds the cells timed, made non-decreasing in tokens (a pass over more
+    tokens does not cost less: a lower reading further along is noise, and the flat stretch it
+    leaves reads as free nodes)."""
+    step = statistics.median(samples["step"])
+    cells: dict[int, dict[int, float]] = {1: {1: step}}
+    for key, values in samples["ratio"].items():
+        b, n = (int(x) for x in key.split("x"))
+        cells.setdefault(b, {})[n] = step * statistics.median(values)
+    rows = []
+    for b in sorted(cells):
+        row, floor = [], 0.0
+        for n in sorted(cells[b]):
+            floor = max(floor, cells[b][n])
+            row.append(floor)
+        rows.append(tuple(row))
+    return BatchCostCurve(tuple(sorted(cells)), tuple(tuple(b * n for n in sorted(cells[b])) for b in sorted(cells)),
+                          tuple(rows), context)
+
+
+def _samples_of_batch_curve(curve: BatchCostCurve) -> dict[str, Any]:
+    """Samples standing for a table cached without them (one sample per cell)."""
+    step = curve.seconds[0][0]
+    return {"step": [step], "ratio": {f"{b}x{total // b}": [s / step]
+                                      for b, totals, secs in zip(curve.batch_sizes, curve.totals, curve.seconds)
+                                      for total, s in zip(totals, secs) if (b, total) != (1, 1)}}
+
+
+def measure_batch_curve(backend: TargetModel, batch_sizes: Sequence[int] = DEFAULT_BATCH_SIZES,
+                        tokens: Sequence[int] = DEFAULT_BATCH_TOKENS, context: int = DEFAULT_BATCH_CONTEXT,
+                        repeats: int = 2, seed: int = 0) -> BatchCostCurve:
+    """The packed-pass table of b sequences verifying n tokens each, for each b in `batch_sizes` (1
+    added) and n in `tokens` (1 added), from `repeats` quiet rounds (`measure_batch_times`)."""
+    if repeats < 1:
+        raise ConfigError(f"repeats must be >= 1, got {repeats}")
+    batch_sizes, tokens = sorted({1, *(int(b) for b in batch_sizes)}), sorted({1, *(int(n) for n in tokens)})
+    samples: dict[str, Any] = {}
+    add_batch_samples(samples, measure_batch_times(backend, dict.fromkeys(_cells(batch_sizes, tokens), repeats),
+                                                   context, seed))
+    return curve_from_batch_samples(samples, context)
 
 
 def load_or_measure_batch_curve(target: TargetModel, batch_sizes: Sequence[int] = DEFAULT_BATCH_SIZES,
-                                tokens: Sequence[int] = DEFAULT_BATCH_TOKENS, context: int = 128,
+                                tokens: Sequence[int] = DEFAULT_BATCH_TOKENS, context: int = DEFAULT_BATCH_CONTEXT,
                                 repeats: int = 2) -> BatchCostCurve:
     """The batch cost table from the on-disk cache (per backend `cost_key()`, sizes and context),
-    or measured now and cached atomically. Within a run the planner corrects it online."""
+    or measured now and cached atomically: `VALIDATE_SAMPLES` quiet rounds of the cells of up to
+    `VALIDATE_MAX_TOTAL` tokens, `repeats` of the others, the table being the median of the
+    samples. Two rounds were not enough: batch 8's plain pass read 45 ms against 31-38 ms in four
+    later timings, which priced its first 8 nodes at nothing, and the cached table kept that price
+    for every later run. A cached table short of samples (an older entry, a busy timing) is timed
+    up to them on load; a busy timing is not added. Within a run the planner corrects it online."""
     from specula.paths import atomic_write_json, cache_dir
 
-    batch_sizes = sorted({1, *batch_sizes})
-    parts = {**target.cost_key(), "batch_sizes": batch_sizes, "tokens": sorted({1, *tokens}), "context": context}
+    batch_sizes, tokens = sorted({1, *batch_sizes}), sorted({1, *tokens})
+    parts = {**target.cost_key(), "batch_sizes": batch_sizes, "tokens": tokens, "context": context}
     key = hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
     path = cache_dir("cost") / f"batch-{key}.json"
+    samples: dict[str, Any] | None = None
     if path.exists():
         try:
-            return BatchCostCurve.from_dict(json.loads(path.read_text()))
-        except (ValueError, KeyError, TypeError, ConfigError):
+            data = json.loads(path.read_text())
+            samples = data.get("samples") or _samples_of_batch_curve(BatchCostCurve.from_dict(data))
+            curve_from_batch_samples(samples, context)  # readable?
+        except (ValueError, KeyError, TypeError, ConfigError, statistics.StatisticsError):
             path.unlink(missing_ok=True)  # unreadable cache entry: measure again
-    curve = measure_batch_curve(target, batch_sizes, tokens, context, repeats)
-    atomic_write_json(path, curve.to_dict())
+            samples = None
+    if samples is None:
+        samples = {}
+        needed = {(b, n): VALIDATE_SAMPLES if b * n <= VALIDATE_MAX_TOTAL else repeats
+                  for b, n in _cells(batch_sizes, tokens)}
+        add_batch_samples(samples, measure_batch_times(target, needed, context))
+    else:
+        short = {(b, n): VALIDATE_SAMPLES - len(samples["ratio"].get(f"{b}x{n}", ()))
+                 for b, n in _cells(batch_sizes, tokens)
+                 if (b, n) != (1, 1) and b * n <= VALIDATE_MAX_TOTAL}
+        short = {cell: k for cell, k in short.items() if k > 0}
+        if not short:
+            return curve_from_batch_samples(samples, context)
+        timing = measure_batch_times(target, short, context)
+        if not timing.busy:  # a busy timing would only add noise to the cached samples
+            add_batch_samples(samples, timing)
+    curve = curve_from_batch_samples(samples, context)
+    atomic_write_json(path, {**curve.to_dict(), "samples": samples})
     return curve

@@ -153,6 +153,18 @@ class PassTimes:
         return (max(steps) - min(steps)) / max(statistics.median(steps), 1e-12)
 
 
+def warm_up(plain_step: Callable[[], float], config: TimingConfig = TimingConfig()) -> tuple[float, int, bool]:
+    """Run `plain_step` (one timed plain pass) until `config.stable_passes` in a row agree within
+    `config.stable_spread`, at most `config.max_warmup_passes` times (a cold process reads up to
+    1.5x slow for a while): (median of the last ones, passes run, whether they agreed)."""
+    recent: list[float] = []
+    for passes in range(1, config.max_warmup_passes + 1):
+        recent = (recent + [plain_step()])[-config.stable_passes:]
+        if len(recent) == config.stable_passes and max(recent) <= (1 + config.stable_spread) * min(recent):
+            return statistics.median(recent), passes, True
+    return statistics.median(recent), config.max_warmup_passes, False
+
+
 def measure_cost_curve(
     backend: TargetModel, sizes: Sequence[int] = DEFAULT_SIZES, context: int = DEFAULT_CONTEXT, repeats: int = 3,
     seed: int = 0, config: TimingConfig | None = None,
@@ -198,7 +210,6 @@ def measure_pass_times(backend: TargetModel, sizes: Sequence[int], context: int,
     t_start = time.perf_counter()
     seq = backend.new_sequence()
     rounds: list[tuple[float, dict[int, float]]] = []  # (other processes' cores, seconds per size)
-    warmup, stable = 0, False
     try:
         seq.prefill(prefix, logits="none")
         # commit(()) keeps prefix + root: each pass crops back to the `context`-token prefix.
@@ -209,14 +220,7 @@ def measure_pass_times(backend: TargetModel, sizes: Sequence[int], context: int,
             if n > 1 and seconds > 2 * config.max_ratio * first and n < sizes[-1]:
                 sizes = sizes[: sizes.index(n) + 1]  # far beyond paying even cold: larger sizes not timed
                 break
-        recent: list[float] = []
-        while warmup < config.max_warmup_passes:
-            recent = (recent + [_timed_pass(seq, backend.device, root, trees[1], context)])[-config.stable_passes:]
-            warmup += 1
-            if len(recent) == config.stable_passes and max(recent) <= (1 + config.stable_spread) * min(recent):
-                stable = True
-                break
-        step = statistics.median(recent)
+        step, warmup, stable = warm_up(lambda: _timed_pass(seq, backend.device, root, trees[1], context), config)
         for _ in range(repeats * config.max_round_factor):
             probe = LoadProbe.start()
             secs: dict[int, float] = {}

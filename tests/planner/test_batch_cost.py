@@ -6,6 +6,7 @@ from specula.errors import ConfigError
 from specula.models.native import NativeCausalLM, NativeDecoder, configure
 from specula.planner import batch_cost
 from specula.planner.batch_cost import BatchCostCurve, load_or_measure_batch_curve, measure_batch_curve
+from specula.planner.cost import VALIDATE_SAMPLES
 from tiny import tiny_model
 
 def native_target() -> NativeCausalLM:
@@ -39,11 +40,105 @@ def test_measured_on_packed_passes_and_cached(tmp_path, monkeypatch):
     assert curve.batch_sizes == (1, 2, 4)
     assert curve.totals == ((1, 2, 4), (2, 4, 8), (4, 8, 16))
     assert all(s > 0 for row in curve.seconds for s in row)
-    calls = []
-    monkeypatch.setattr(batch_cost, "measure_batch_curve", lambda *a, **k: calls.append(1) or curve)
     first = load_or_measure_batch_curve(target, (2, 4), (2, 4), context=8)
+    calls = []
+    monkeypatch.setattr(batch_cost, "measure_batch_times", lambda *a, **k: calls.append(a[1]))
     again = load_or_measure_batch_curve(target, (2, 4), (2, 4), context=8)
-    assert first == again == curve and calls == [1]  # the second load reads the cache
+    assert again == first and calls == []  # every cell had its samples: the second load reads the cache
+    samples = json.loads(next((tmp_path / "cost").glob("batch-*.json")).read_text())["samples"]
+    assert {k: len(v) for k, v in samples["ratio"].items()} == {"1x2": 5, "1x4": 5, "2x1": 5, "2x2": 5, "2x4": 5,
+                                                               "4x1": 5, "4x2": 5, "4x4": 5}
+
+
+def fake_batch_times(monkeypatch, ratio_of, busy_calls=()):
+    """measure_batch_times replaced: on call i each cell costs `ratio_of(b, n, i)` plain steps of
+    10 ms (as many samples as it needs); the calls listed in `busy_calls` come back busy."""
+    calls: list[dict] = []
+
+    def fake(target, needed, context=32, seed=0, config=None):
+        i = len(calls)
+        calls.append(dict(needed))
+        ratios = {c: [ratio_of(*c, i)] * k for c, k in needed.items() if c != (1, 1)}
+        return batch_cost.BatchTimes([0.010] * max(needed.values()), ratios, busy=i in busy_calls)
+
+    monkeypatch.setattr(batch_cost, "measure_batch_times", fake)
+    return calls
+
+
+def test_a_noisy_cached_table_is_outvoted(tmp_path, monkeypatch):
+    """A table cached from two bad readings (8 sequences' plain pass at 1.5 steps where it costs
+    1.15: 8 -> 16 tokens looked free, as measured on this machine) before samples were kept is
+    timed up to `VALIDATE_SAMPLES` on the next load, the cells a batch plan weighs most only; the
+    table is the median of the samples, so the bad readings stop counting. A busy timing is not
+    added, and once every such cell has its samples loading times nothing."""
+    monkeypatch.setenv("SPECULA_CACHE", str(tmp_path))
+    target = native_target()
+    true = {(1, 2): 1.02, (1, 4): 1.05, (8, 1): 1.15, (8, 2): 1.5, (8, 4): 2.5}
+    calls = fake_batch_times(monkeypatch, lambda b, n, i: 1.5 if (b, n) == (8, 1) and i == 0 else true[b, n],
+                             busy_calls=(1,))
+    load = lambda: load_or_measure_batch_curve(target, (8,), (2, 4), context=8, repeats=2)  # noqa: E731
+    first = load()
+    assert calls[0] == {(1, 1): 5, (1, 2): 5, (1, 4): 5, (8, 1): 5, (8, 2): 5, (8, 4): 2}  # 5 up to 16 tokens
+    assert first.latency(8, 8) == first.latency(8, 16) == pytest.approx(0.015)  # the bad readings: 8 nodes free
+    path = next((tmp_path / "cost").glob("batch-*.json"))
+    data = json.loads(path.read_text())
+    data["samples"]["ratio"]["8x1"] = [1.5, 1.5]  # as an older entry: two samples a cell
+    path.write_text(json.dumps(data))
+    assert load() == first and calls[1] == {(8, 1): 3}  # busy: not added
+    fixed = load()
+    assert calls[2] == {(8, 1): 3} and fixed.latency(8, 8) == pytest.approx(0.0115)  # 3 good against 2 bad
+    assert fixed.latency(8, 16) == pytest.approx(0.015)
+    assert load() == fixed and len(calls) == 3  # then read
+
+
+def test_rows_never_fall_with_more_tokens():
+    samples = {"step": [0.01], "ratio": {"1x2": [1.1], "2x1": [1.2], "2x2": [1.1]}}  # 2 x 2 read below 2 x 1
+    curve = batch_cost.curve_from_batch_samples(samples, 16)
+    assert curve.seconds == ((0.01, pytest.approx(0.011)), (pytest.approx(0.012), pytest.approx(0.012)))
+
+
+def test_a_table_cached_without_samples_is_read_and_timed_up_to_them(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECULA_CACHE", str(tmp_path))
+    target = native_target()
+    calls = fake_batch_times(monkeypatch, lambda b, n, i: 1.0 + 0.1 * (b * n - 1))
+    load_or_measure_batch_curve(target, (2,), (2,), context=8)
+    path = next((tmp_path / "cost").glob("batch-*.json"))
+    data = json.loads(path.read_text())
+    path.write_text(json.dumps({k: v for k, v in data.items() if k != "samples"}))  # an entry from before samples
+    again = load_or_measure_batch_curve(target, (2,), (2,), context=8)
+    assert calls[1] == {(1, 2): 4, (2, 1): 4, (2, 2): 4} and again.latency(2, 4) == pytest.approx(0.013)
+    assert len(json.loads(path.read_text())["samples"]["ratio"]["2x2"]) == 5
+
+
+def test_timing_drops_busy_rounds_and_passes_that_cannot_pay(monkeypatch):
+    """Rounds taken while other processes were busy do not count; a batch size's row ends at the
+    first pass costing more than `max_ratio` of its plain pass."""
+    from specula.planner import machine
+
+    target = native_target()
+    cost_of = {(1, 1): 1.0, (1, 2): 1.1, (2, 1): 1.2, (2, 2): 1.5, (2, 4): 5.0, (2, 8): 9.0}
+    now, passes = [0.0], {}
+
+    def perf_counter():
+        return now[0]
+
+    real_forward = batch_cost.forward_trees
+
+    def forward(backend, items):
+        cell = len(items), len(items[0][2]) + 1
+        now[0] += 0.01 * cost_of[cell]
+        passes[cell] = passes.get(cell, 0) + 1
+        return real_forward(backend, items)
+
+    monkeypatch.setattr(batch_cost.time, "perf_counter", perf_counter)
+    monkeypatch.setattr(batch_cost, "forward_trees", forward)
+    loads = iter([1.0, 0.0, 0.0, 1.0, 0.0] + [0.0] * 20)
+    monkeypatch.setattr(machine.LoadProbe, "others", lambda self: next(loads))
+    times = batch_cost.measure_batch_times(target, {(1, 2): 2, (2, 1): 2, (2, 2): 2, (2, 4): 2, (2, 8): 2}, context=8)
+    assert set(times.ratios) == {(1, 2), (2, 1), (2, 2), (2, 4)}  # 2 x 4 costs 4.2 plain passes of 2: the row ends
+    assert times.ratios[2, 2] == [pytest.approx(1.5), pytest.approx(1.5)]
+    assert passes[2, 2] == 3 and times.discarded == 1  # the busy round, then two quiet ones
+    assert not times.busy and len(times.steps) == 2
 
 
 def test_context_beyond_the_window_is_refused():
