@@ -47,13 +47,15 @@ class CostView(Protocol):
     before it have proposed, so `baseline_rate` covers their trees."""
 
     def verify_seconds(self, n_tokens: int) -> float:
-        """Predicted latency of one target pass over `n_tokens` tokens (root included)."""
+        """Predicted latency of the target pass holding `n_tokens` of this session's tokens (root
+        included); in a batch, the packed pass that also verifies the other sessions' roots."""
         ...
 
     @property
     def baseline_rate(self) -> float:
-        """Expected tokens/s of the best tree within the proposals made so far this step (a
-        plain step's rate when there are none)."""
+        """Expected tokens/s of the pass with the best tree within the proposals made so far this
+        step (a plain step's rate when there are none); in a batch, counting the other sessions'
+        roots, so a node pays only if it beats the batch's own rate."""
         ...
 
     def plan_chain(self, source: str, edge_scores: Sequence[float], seconds_per_token: float, spent_seconds: float,

@@ -107,8 +107,9 @@ class Planner(Protocol):
         than they cost beside the others)."""
         ...
 
-    def view(self, proposals: Sequence[Proposal], draft_seconds: float) -> CostView | None:
-        """The read-only cost view for the next drafter (None: drafters decide alone)."""
+    def view(self, proposals: Sequence[Proposal], draft_seconds: float, batch_size: int = 1) -> CostView | None:
+        """The read-only cost view for the next drafter (None: drafters decide alone), for a session
+        verified in a pass of `batch_size` sessions."""
         ...
 
     def plan(self, requests: Sequence[PlanRequest]) -> list[Plan]:
@@ -148,7 +149,7 @@ class PassThroughPlanner:
     def held(self, state: None) -> frozenset[str]:
         return frozenset()
 
-    def view(self, proposals: Sequence[Proposal], draft_seconds: float) -> None:
+    def view(self, proposals: Sequence[Proposal], draft_seconds: float, batch_size: int = 1) -> None:
         return None
 
     def plan(self, requests: Sequence[PlanRequest]) -> list[Plan]:

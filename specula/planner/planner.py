@@ -205,21 +205,35 @@ class PlannerState:
 class PlannerView:
     """The planner's read-only `specula.step.CostView` for one drafter in one step."""
 
-    def __init__(self, planner: "HardwarePlanner", proposals: Sequence[Proposal], draft_seconds: float) -> None:
+    def __init__(self, planner: "HardwarePlanner", proposals: Sequence[Proposal], draft_seconds: float,
+                 batch_size: int = 1) -> None:
         self._planner = planner
         self._proposals = list(proposals)
         self._draft_seconds = draft_seconds
-        self._costs = [0.0]  # [n]: the cost model's latency of an n-token pass, filled on demand
+        self._batch = batch_size if batch_size > 1 and planner.batch_curve is not None else 1
+        """Sessions in the pass this session's tree joins (1: verified alone, or a backend that
+        does not pack sequences, whose sessions each get a pass)."""
+        self._others = float(self._batch - 1)  # tokens the pass yields besides this session's: the others' roots
+        self._costs = [0.0]  # [n]: latency of the pass holding n of this session's tokens, filled on demand
 
     def verify_seconds(self, n_tokens: int) -> float:
         table = self._costs
         while len(table) <= n_tokens:
-            table.append(self._planner.cost.verify_seconds(len(table)))
+            n = len(table)
+            table.append(self._planner.cost.verify_seconds(n) if self._batch == 1
+                         else self._planner.batch_seconds(self._batch, self._batch - 1 + n))
         return table[n_tokens]
 
     @cached_property
     def baseline_rate(self) -> float:
-        return self._planner.proposal_rate(self._merged, self._draft_seconds)
+        planner = self._planner
+        tree, spend = self._merged.tree, planner.drafting_seconds(self._draft_seconds)
+        if len(tree) == 0:
+            return (1.0 + self._others) / (spend + self.verify_seconds(1))
+        probs = planner.estimate(self._merged)
+        order = tree.best_first_order(probs)
+        return choose_size([probs[i] for i in order], spend, self.verify_seconds, planner.config.min_gain,
+                           self._others)[2]
 
     @cached_property
     def _merged(self) -> Proposal:
@@ -237,7 +251,7 @@ class PlannerView:
         probs = planner.estimate(self._merged)
         order = sorted(range(len(tree)), key=lambda i: -probs[i])
         n = choose_size([probs[i] for i in order], planner.drafting_seconds(self._draft_seconds),
-                        self.verify_seconds)[0]
+                        self.verify_seconds, others=self._others)[0]
         return [probs[i] for i in order[:n]], sum(probs[i] for i in order[:n] if tree.parents[i] < 0)
 
     def _path_probs(self, source: str, edge_scores: Sequence[float]) -> list[float]:
@@ -261,7 +275,7 @@ class PlannerView:
         beside, beside_root = self._beside
         more, rate, _ = chain_lookahead(path, alpha, max_more, seconds_per_token, spent_seconds, self.verify_seconds,
                                         one_time_seconds if not path else 0.0, beside, beside_root,
-                                        planner.drafting_seconds(self._draft_seconds))
+                                        planner.drafting_seconds(self._draft_seconds), self._others)
         if path:
             return more
         return more if more > 0 and rate >= self.baseline_rate * (1.0 + planner.config.min_gain) else 0
@@ -358,9 +372,10 @@ class HardwarePlanner:
         tokens, seconds, tokens_without, seconds_without = sums
         return tokens * seconds_without >= tokens_without * seconds
 
-    def view(self, proposals: Sequence[Proposal], draft_seconds: float) -> PlannerView:
-        """The cost view for the next drafter of a step, after `proposals` cost `draft_seconds`."""
-        return PlannerView(self, proposals, draft_seconds)
+    def view(self, proposals: Sequence[Proposal], draft_seconds: float, batch_size: int = 1) -> PlannerView:
+        """The cost view for the next drafter of a step, after `proposals` cost `draft_seconds`, for a
+        session whose tree is verified beside `batch_size` - 1 others (priced by the packed pass)."""
+        return PlannerView(self, proposals, draft_seconds, batch_size)
 
     # ------------------------------------------------------------------ estimates
     def expected_acceptance(self, source: str) -> float:
@@ -437,15 +452,6 @@ class HardwarePlanner:
         probing there only costs time."""
         spend = self.drafting_seconds(draft_seconds)
         return 2.0 / (spend + self.cost.verify_seconds(2)) > 1.0 / (spend + self.cost.verify_seconds(1))
-
-    def proposal_rate(self, proposal: Proposal, draft_seconds: float) -> float:
-        """Expected tokens/s of the best tree within `proposal` after `draft_seconds` of drafting."""
-        if len(proposal.tree) == 0:
-            return self._plain_rate(draft_seconds)
-        probs = self.estimate(proposal)
-        order = proposal.tree.best_first_order(probs)
-        return choose_size([probs[i] for i in order], self.drafting_seconds(draft_seconds),
-                           self.cost.verify_seconds, self.config.min_gain)[2]
 
     # ------------------------------------------------------------------ per step
     def plan(self, requests: Sequence[PlanRequest]) -> list[Plan]:
@@ -604,10 +610,15 @@ class HardwarePlanner:
         """Learn acceptance from the step; the back-off judges the drafting steps by what they realised."""
         self._overhead.update(timing.overhead_seconds)
         tree = step.proposal.tree
-        d = self.config.bias_decay
-        for sums in (*self._recent.values(), *self._context.values()):  # evidence fades with time, drafted or not
-            sums[0] *= d
-            sums[1] *= d
+        if not step.idle:  # evidence fades with the steps, drafted or not; not with a batch step on
+            # which this session drafted nothing because drafts do not pay at the load (the batch
+            # back-off decides when to try again). Faded there, 8 sessions idle through a 64-step
+            # pause forgot everything (0.95^512), and each probe verified a tree priced at the
+            # prior: 30 nodes in a pass of 8 at 2 ms each realised 40% of their estimate (SmolLM2).
+            d = self.config.bias_decay
+            for sums in (*self._recent.values(), *self._context.values()):
+                sums[0] *= d
+                sums[1] *= d
         on_path = set(step.path)
         best = best_children(tree)
         contexts = plan.contexts if plan.contexts is not None else sibling_contexts(tree)

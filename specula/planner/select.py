@@ -69,20 +69,22 @@ def sibling_contexts(tree: TokenTree) -> list[str | None]:
 
 def choose_size(
     ordered_probs: Sequence[float], draft_seconds: float, verify_seconds: Callable[[int], float],
-    min_gain: float = 0.0,
+    min_gain: float = 0.0, others: float = 0.0,
 ) -> tuple[int, float, float]:
     """Best number of nodes to verify.
 
     ordered_probs: path probabilities in best-first (ancestor-closed) order.
-    verify_seconds(n): latency of a target pass over n tokens (root + n - 1 nodes).
+    verify_seconds(n): latency of the target pass holding n tokens of this tree (root + n - 1 nodes).
     min_gain: a tree is chosen only if its expected rate beats a plain step's by this fraction.
-    Returns (N, expected accepted tokens incl. bonus, expected tokens per second)."""
-    plain = 1.0 / (draft_seconds + verify_seconds(1))
+    others: tokens the pass yields besides this tree's (in a batch: the other sessions' roots).
+    Returns (N, expected accepted tokens of this tree incl. bonus, expected tokens per second of
+    the pass)."""
+    plain = (1.0 + others) / (draft_seconds + verify_seconds(1))
     best_n, best_e, best_rate = 0, 1.0, plain
     expected = 1.0
     for n, prob in enumerate(ordered_probs, start=1):
         expected += prob
-        rate = expected / (draft_seconds + verify_seconds(n + 1))
+        rate = (expected + others) / (draft_seconds + verify_seconds(n + 1))
         if rate > best_rate and rate >= (1.0 + min_gain) * plain:
             best_n, best_e, best_rate = n, expected, rate
     return best_n, best_e, best_rate
@@ -91,7 +93,7 @@ def choose_size(
 def chain_lookahead(
     path_probs: Sequence[float], alpha: float, max_more: int, token_seconds: float, spent_seconds: float,
     verify_seconds: Callable[[int], float], one_time_seconds: float = 0.0, beside: Sequence[float] = (),
-    beside_root: float = 0.0, beside_seconds: float = 0.0,
+    beside_root: float = 0.0, beside_seconds: float = 0.0, others: float = 0.0,
 ) -> tuple[int, float, float]:
     """How many more tokens a chain should draft (SpecDec++ with lookahead, derived from the cost
     model): after k drafted tokens with path probabilities `path_probs` (P(first i all accepted)),
@@ -107,6 +109,9 @@ def chain_lookahead(
     chain leaves them (1 - its first token's probability). Expected tokens of the joint tree at N
     nodes: 1 + the N best of the chain's and the others' nodes; its rate E(N) / (beside_seconds +
     spent + m token_seconds [+ one_time] + T_verify(N + 1)), at the best N (0: a plain step).
+
+    In a batch the pass also verifies the other sessions' roots: `others` tokens it yields besides
+    this session's, and `verify_seconds(n)` the packed pass holding n of this session's tokens.
 
     Returns (m*, rate(m*), rate(0)) with m* = argmax_m over m = 0..max_more. Looking ahead
     matters: one more token alone rarely pays for a draft pass (its gain is at most alpha),
@@ -125,7 +130,7 @@ def chain_lookahead(
             step *= alpha
             chain.append(step)
         seconds = beside_seconds + spent_seconds + (one_time_seconds + m * token_seconds if m else 0.0)
-        rate = joint_rate(chain, beside, beside_root, seconds, costs)
+        rate = joint_rate(chain, beside, beside_root, seconds, costs, others)
         if m == 0:
             rate0 = best_rate = rate
         elif rate > best_rate:
@@ -134,14 +139,15 @@ def chain_lookahead(
 
 
 def joint_rate(chain: Sequence[float], beside: Sequence[float], beside_root: float, seconds: float,
-               costs: Sequence[float]) -> float:
+               costs: Sequence[float], others: float = 0.0) -> float:
     """Expected tokens per second of the best tree made of a chain's nodes (path probabilities
     `chain`, non-increasing) and other drafters' (`beside`, best first; their root children summing
-    to `beside_root`), verified after `seconds` of drafting; `costs[n]`: latency of a target pass
-    over n tokens, for n up to len(chain) + len(beside) + 1. See `chain_lookahead`."""
+    to `beside_root`), verified after `seconds` of drafting; `costs[n]`: latency of the target pass
+    holding n tokens of this tree, for n up to len(chain) + len(beside) + 1, which yields `others`
+    tokens besides. See `chain_lookahead`."""
     first = chain[0] if chain else 0.0
     scale = 1.0 if beside_root <= 0.0 or first + beside_root <= 1.0 else max(0.0, 1.0 - first) / beside_root
-    expected, best_rate = 1.0, 1.0 / (seconds + costs[1])
+    expected, best_rate = 1.0 + others, (1.0 + others) / (seconds + costs[1])
     n_chain, n_beside = len(chain), len(beside)
     i = j = 0
     for n in range(2, n_chain + n_beside + 2):  # n tokens in the pass: the root and n - 1 nodes

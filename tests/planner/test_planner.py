@@ -225,6 +225,25 @@ def test_a_pessimistic_correction_fades_while_the_source_is_not_drafted():
     assert low < 0.9 < planner.bias_of("prompt-lookup") <= 1.0
 
 
+def test_a_correction_keeps_through_batch_steps_that_draft_nothing_by_load():
+    """A batch step on which a session drafted nothing because drafts do not pay at the load leaves
+    the sources' corrections as they were (the batch back-off decides when to try again); faded
+    there, a probe after a long pause trusted the prior again and verified a tree that lost."""
+    planner = HardwarePlanner(curve=STEEP)
+    driver = Driver(planner)
+    tree = chain([5, 6], 0.9)
+    for _ in range(10):  # confident nodes, never accepted
+        planned, _ = driver.plan(Proposal(tree))
+        driver.observe(planned)
+    low = planner.bias_of("prompt-lookup")
+    idle = StepResult(3, Proposal.empty(), (), 9, torch.zeros(1, 16), idle=True)
+    plan = Plan(Proposal.empty(), batch=8, drafted=False)
+    assert plan.idle_by_load
+    for _ in range(500):
+        planner.observe(plan, idle, driver.state, StepTiming(0.0, 1.0))
+    assert planner.bias_of("prompt-lookup") == pytest.approx(low)
+
+
 class RecordingView:
     """A `CostView` that allows `more` chain tokens and records what the drafter asked."""
 
@@ -259,7 +278,8 @@ def test_fusion_skips_the_draft_model_when_retrieval_already_beats_it():
     planner = HardwarePlanner(curve=STEEP)
     views = []
     real_view = planner.view
-    planner.view = lambda proposals, seconds: views.append([len(p.tree) for p in proposals]) or real_view(proposals, seconds)
+    planner.view = lambda proposals, seconds, batch_size=1: (views.append([len(p.tree) for p in proposals])
+                                                             or real_view(proposals, seconds, batch_size))
     dec = SpeculativeDecoder(target, drafters, eos_token_ids=[], planner=planner)
     dec.generate([3, 4, 5, 6, 3, 4, 5], SamplingParams(max_new_tokens=3, ignore_eos=True))
     assert views[0] == [] and views[2][0] > 0  # prompt lookup proposed before the draft model's view
@@ -487,6 +507,40 @@ def test_batch_plan_switches_speculation_off_when_the_load_makes_it_lose():
         if not drafts:
             assert all(p.predicted == 1.0 for p in plans)
             assert plans[0].alone > 0
+
+
+def test_the_cost_view_prices_a_batched_session_by_the_packed_pass():
+    """A drafter deciding whether to draft reads the pass its tree joins: in a batch of 8, each of
+    its tokens must beat the batch's own rate (8 roots a pass), not a lone plain step's. At 0.1 of
+    a pass a token, a chain that pays alone on the steep lone curve does not pay beside seven other
+    roots; at 0.01 it does. Without a batch table the view is the lone one."""
+    from specula.planner import PlannerConfig
+
+    for per_token, pays in ((0.1, False), (0.01, True)):
+        planner = HardwarePlanner(curve=STEEP, batch_curve=batch_table(per_token),
+                                  config=PlannerConfig(cost_explore=0.0))
+        lone, batched = planner.view([], 0.0), planner.view([], 0.0, batch_size=8)
+        assert lone.plan_chain("draft-model", [], 0.02, 0.0, 8) >= 1
+        assert (batched.plan_chain("draft-model", [], 0.02, 0.0, 8) >= 1) == pays
+        assert [batched.verify_seconds(n) for n in (1, 3)] == [pytest.approx(planner.batch_seconds(8, 8)),
+                                                              pytest.approx(planner.batch_seconds(8, 10))]
+        assert batched.baseline_rate == pytest.approx(8 / planner.batch_seconds(8, 8))
+    no_table = HardwarePlanner(curve=STEEP)
+    assert no_table.view([], 0.0, batch_size=8).verify_seconds(4) == no_table.view([], 0.0).verify_seconds(4)
+
+
+def test_the_engine_gives_each_drafter_the_size_of_the_batch_it_drafts_for():
+    model = successor_model()
+    target = HFCausalLM(model)
+    planner = HardwarePlanner(curve=STEEP, batch_curve=batch_table(0.001))
+    sizes = []
+    real_view = planner.view
+    planner.view = lambda proposals, seconds, batch_size=1: sizes.append(batch_size) or real_view(proposals, seconds,
+                                                                                                   batch_size)
+    dec = SpeculativeDecoder(target, [make_drafter("prompt-lookup")], eos_token_ids=[], planner=planner)
+    params = SamplingParams(max_new_tokens=4, ignore_eos=True)
+    list(dec.generate_many([(i, [3, 4, 5, 3, 4], params) for i in range(3)], max_batch_size=3))
+    assert sizes and set(sizes) == {3}
 
 
 def test_under_a_load_where_drafts_lose_drafting_pauses_and_probes():

@@ -126,6 +126,27 @@ def test_choose_batch_of_one_session_is_choose_size():
         assert (counts[0], expected, rate) == pytest.approx(choose_size(probs, 0.3, cost, 0.1))
 
 
+def test_a_tree_beside_other_sessions_roots_must_beat_the_batch_rate():
+    """Beside 7 other roots in a pass that costs 1.0 whatever the roots and 0.3 a node, a node
+    accepted 60% of the time pays alone (1.6 tokens for 1.3 of a step) but not in the batch (8.6
+    for 1.3 against 8 for 1.0); at 0.05 a node a sure chain does. A session's choice is the batch
+    plan's for that session (choose_batch with the others' trees empty)."""
+    cost = linear_cost(1.0, 0.3)
+    assert choose_size([0.6], 0.0, cost)[0] == 1
+    assert choose_size([0.6], 0.0, cost, others=7.0) == (0, 1.0, pytest.approx(8.0))
+    probs = [0.99, 0.98, 0.97]
+    for per_token, nodes in ((0.3, 0), (0.05, 3)):
+        counts, _, rate = choose_batch([probs] + [[]] * 7, 8, 8.0, 0.0, lambda total: 1.0 + per_token * (total - 8))
+        n, _, alone_rate = choose_size(probs, 0.0, linear_cost(1.0, per_token), others=7.0)
+        assert counts[0] == n == nodes and rate == pytest.approx(alone_rate)
+    chain = [0.6, 0.36]
+    costs = [0.0] + [cost(n) for n in range(1, 4)]
+    assert joint_rate(chain, [], 0.0, 0.0, costs) > 1.0  # alone the chain beats a plain step ...
+    assert joint_rate(chain, [], 0.0, 0.0, costs, others=7.0) == pytest.approx(8.0)  # ... in the batch none of it
+    assert chain_lookahead([], 0.6, 4, 0.0, 0.0, cost)[0] >= 1
+    assert chain_lookahead([], 0.6, 4, 0.0, 0.0, cost, others=7.0)[0] == 0
+
+
 def test_choose_batch_is_the_best_combination_of_prefixes():
     """The greedy pick by path probability equals the brute-force optimum over every combination of
     per-session prefixes (the batch's expected tokens / the pass's seconds)."""

@@ -246,8 +246,11 @@ class HeadState:
             self.history[1].extend(rows)
 
     def observe(self, hidden: torch.Tensor, path: Sequence[int]) -> None:
-        """A verified step: keep the root's and the accepted nodes' features (rows 0, path + 1)."""
-        self.add_features(hidden[[0, *(i + 1 for i in path)]])
+        """A verified step: keep the root's and the accepted nodes' features (rows 0, path + 1). A
+        chain's path is the rows' first ones: copied as one slice (the pass may reuse its buffer)
+        instead of gathered by a list of rows (most steps of a batch accept nothing: 60 us each)."""
+        rows = [0, *(i + 1 for i in path)]
+        self.add_features(hidden[: len(rows)].clone() if rows[-1] == len(rows) - 1 else hidden[rows])
 
     def add_context(self, tokens: Sequence[int]) -> None:
         """Tokens of the request (its prompt, then what it commits): those outside the draft vocabulary
