@@ -614,7 +614,7 @@ class HardwarePlanner:
             # which this session drafted nothing because drafts do not pay at the load (the batch
             # back-off decides when to try again). Faded there, 8 sessions idle through a 64-step
             # pause forgot everything (0.95^512), and each probe verified a tree priced at the
-            # prior: 30 nodes in a pass of 8 at 2 ms each realised 40% of their estimate (SmolLM2).
+            # prior: 20-35 nodes in a pass of 8, at 2 ms each, of which a third to a half were accepted (SmolLM2).
             d = self.config.bias_decay
             for sums in (*self._recent.values(), *self._context.values()):
                 sums[0] *= d

@@ -211,6 +211,10 @@ def test_per_source_correction_learns_the_planner_optimism():
 
 
 def test_a_pessimistic_correction_fades_while_the_source_is_not_drafted():
+    """Plain steps fade a source's correction back towards 1 (time passes: it is tried again). A
+    batch step on which a session drafted nothing because drafts do not pay at the load leaves it
+    as it was (the batch back-off decides when to try again); faded there, a probe after a long
+    pause trusted the prior again and verified a tree that lost."""
     planner = HardwarePlanner(curve=STEEP)
     driver = Driver(planner)
     tree = chain([5, 6], 0.9)
@@ -219,29 +223,16 @@ def test_a_pessimistic_correction_fades_while_the_source_is_not_drafted():
         driver.observe(planned)
     low = planner.bias_of("prompt-lookup")
     assert low < 0.5
-    for _ in range(100):  # plain steps: nothing drafted, nothing learned, but time passes
-        planned, _ = driver.plan(Proposal.empty())
-        driver.observe(planned)
-    assert low < 0.9 < planner.bias_of("prompt-lookup") <= 1.0
-
-
-def test_a_correction_keeps_through_batch_steps_that_draft_nothing_by_load():
-    """A batch step on which a session drafted nothing because drafts do not pay at the load leaves
-    the sources' corrections as they were (the batch back-off decides when to try again); faded
-    there, a probe after a long pause trusted the prior again and verified a tree that lost."""
-    planner = HardwarePlanner(curve=STEEP)
-    driver = Driver(planner)
-    tree = chain([5, 6], 0.9)
-    for _ in range(10):  # confident nodes, never accepted
-        planned, _ = driver.plan(Proposal(tree))
-        driver.observe(planned)
-    low = planner.bias_of("prompt-lookup")
     idle = StepResult(3, Proposal.empty(), (), 9, torch.zeros(1, 16), idle=True)
     plan = Plan(Proposal.empty(), batch=8, drafted=False)
     assert plan.idle_by_load
     for _ in range(500):
         planner.observe(plan, idle, driver.state, StepTiming(0.0, 1.0))
     assert planner.bias_of("prompt-lookup") == pytest.approx(low)
+    for _ in range(100):  # plain steps: nothing drafted, nothing learned, but time passes
+        planned, _ = driver.plan(Proposal.empty())
+        driver.observe(planned)
+    assert low < 0.9 < planner.bias_of("prompt-lookup") <= 1.0
 
 
 class RecordingView:
