@@ -310,9 +310,9 @@ def load_or_measure_batch_curve(target: TargetModel, batch_sizes: Sequence[int] 
                   for b, n in _cells(batch_sizes, tokens)}
         add_batch_samples(samples, measure_batch_times(target, needed, context))
     else:
-        short = {(b, n): VALIDATE_SAMPLES - len(samples["ratio"].get(f"{b}x{n}", ()))
+        short = {(b, n): VALIDATE_SAMPLES - len(samples["ratio"][f"{b}x{n}"])  # cells a timing cut stay cut
                  for b, n in _cells(batch_sizes, tokens)
-                 if (b, n) != (1, 1) and b * n <= VALIDATE_MAX_TOTAL}
+                 if (b, n) != (1, 1) and b * n <= VALIDATE_MAX_TOTAL and f"{b}x{n}" in samples["ratio"]}
         short = {cell: k for cell, k in short.items() if k > 0}
         if not short:
             return curve_from_batch_samples(samples, context)

@@ -91,6 +91,22 @@ def test_a_noisy_cached_table_is_outvoted(tmp_path, monkeypatch):
     assert load() == fixed and len(calls) == 3  # then read
 
 
+def test_cells_a_timing_cut_are_not_timed_on_later_loads(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECULA_CACHE", str(tmp_path))
+    calls = fake_batch_times(monkeypatch, lambda b, n, i: 1.0 + b * n)
+    fake = batch_cost.measure_batch_times
+
+    def cut(target, needed, context=32, seed=0, config=None):  # the first timing ends row 2 at 2 x 2
+        times = fake(target, needed, context, seed, config)
+        return batch_cost.BatchTimes(times.steps, {c: r for c, r in times.ratios.items() if c != (2, 4)})
+
+    monkeypatch.setattr(batch_cost, "measure_batch_times", cut)
+    first = load_or_measure_batch_curve(native_target(), (2,), (2, 4), context=8)
+    assert first.totals[1] == (2, 4)
+    monkeypatch.setattr(batch_cost, "measure_batch_times", fake)
+    assert load_or_measure_batch_curve(native_target(), (2,), (2, 4), context=8) == first and len(calls) == 1
+
+
 def test_rows_never_fall_with_more_tokens():
     samples = {"step": [0.01], "ratio": {"1x2": [1.1], "2x1": [1.2], "2x2": [1.1]}}  # 2 x 2 read below 2 x 1
     curve = batch_cost.curve_from_batch_samples(samples, 16)
