@@ -31,7 +31,7 @@ import torch
 from specula.errors import ConfigError
 from specula.models.base import TargetModel, forward_trees
 from specula.models.device import sync_device
-from specula.planner.cost import MAX_SAMPLES, VALIDATE_SAMPLES, TimingConfig, warm_up
+from specula.planner.cost import MAX_SAMPLES, VALIDATE_SAMPLES, CostCurve, TimingConfig, warm_up
 from specula.tree import TokenTree
 
 DEFAULT_BATCH_SIZES = (1, 2, 4, 8, 16)
@@ -74,11 +74,9 @@ class BatchCostCurve:
             if not totals or len(totals) != len(secs) or list(totals) != sorted(set(totals)) or min(secs) <= 0:
                 raise ConfigError("each batch size needs ascending distinct totals with one positive latency each")
 
-    def row_curve(self, batch: int, tokens: Sequence[int] = DEFAULT_BATCH_TOKENS) -> "CostCurve":
+    def row_curve(self, batch: int, tokens: Sequence[int] = DEFAULT_BATCH_TOKENS) -> CostCurve:
         """The table at one batch size as a `CostCurve` over extra tokens: size s = total - batch + 1
         (s = 1: every sequence verifies its root alone, a plain batched step)."""
-        from specula.planner.cost import CostCurve
-
         sizes = sorted({1, *(batch * n - batch + 1 for n in tokens)})
         return CostCurve(tuple(sizes), tuple(self.latency(batch, s + batch - 1) for s in sizes), self.context)
 

@@ -230,7 +230,7 @@ class PlannerView:
         tree, spend = self._merged.tree, planner.drafting_seconds(self._draft_seconds)
         if len(tree) == 0:
             return (1.0 + self._others) / (spend + self.verify_seconds(1))
-        probs = planner.estimate(self._merged)
+        probs = self._probs
         order = tree.best_first_order(probs)
         return choose_size([probs[i] for i in order], spend, self.verify_seconds, planner.config.min_gain,
                            self._others)[2]
@@ -240,6 +240,12 @@ class PlannerView:
         return merge_proposals(self._proposals)
 
     @cached_property
+    def _probs(self) -> list[float]:
+        """The planner's path probability of each node of the merged tree (read by `baseline_rate`
+        and `_beside`, both asked before a chain's first token)."""
+        return self._planner.estimate(self._merged)
+
+    @cached_property
     def _beside(self) -> tuple[list[float], float]:
         """The tree a further drafter's chain joins: path probabilities of the nodes proposed so far
         this step, best first, as many as are worth verifying without the chain (beside a chain
@@ -247,8 +253,7 @@ class PlannerView:
         tree = self._merged.tree
         if len(tree) == 0:
             return [], 0.0
-        planner = self._planner
-        probs = planner.estimate(self._merged)
+        planner, probs = self._planner, self._probs
         order = sorted(range(len(tree)), key=lambda i: -probs[i])
         n = choose_size([probs[i] for i in order], planner.drafting_seconds(self._draft_seconds),
                         self.verify_seconds, others=self._others)[0]
