@@ -185,6 +185,8 @@ class PlannerState:
     explore_wait: int = 1
     load_idle: int = 0
     """Consecutive batch steps on which the goodput plan gave this request no node."""
+    idle_batch: int = 0
+    """The batch size of the last of those steps: a smaller batch judges the request's drafts afresh."""
     holds: dict[str, Pause] = field(default_factory=dict)
     """Per drafter measured not to pay beside the others: its hold-back schedule (the next hold doubling
     after each probe that still does not pay)."""
@@ -324,8 +326,8 @@ class HardwarePlanner:
         """Whether this request drafts this step: not during its back-off pause, nor while it shares
         a batch at a load where its drafts have stopped paying (except on probe steps)."""
         backoff = self._batch_backoff.get(batch_size)
-        if batch_size == 1:
-            state.load_idle = 0
+        if batch_size < state.idle_batch:  # the load fell (alone again, or others finished): the drafts
+            state.load_idle = state.idle_batch = 0  # refused at the heavier load may pay now
         elif backoff is not None and backoff.pause.left > 0:
             return False  # drafting loses at this load: the whole batch pauses it
         elif state.load_idle >= 2 and state.load_idle % self.config.load_probe_every:
@@ -551,6 +553,7 @@ class HardwarePlanner:
         state = r.state
         if r.drafted:  # a request that did not draft counted its idle step in `should_draft`
             state.load_idle = 0 if n or len(proposal.tree) and not order else state.load_idle + 1
+            state.idle_batch = batch if state.load_idle else 0
         if not order:
             return Plan(proposal, verified_whole, None, len(proposal.tree), batch=batch, drafted=r.drafted)
         alone = choose_size(probs, self.drafting_seconds(r.draft_seconds), self.cost.verify_seconds,

@@ -553,6 +553,21 @@ def test_under_a_load_where_drafts_lose_drafting_pauses_and_probes():
     assert planner.should_draft(poor, batch_size=1)  # alone again, drafting resumes at once
 
 
+def test_a_request_idle_at_one_load_drafts_again_when_the_load_falls():
+    """Refused at 4 a pass, a request stops drafting at 4 (and at more); once others finish and the
+    batch is 2, it drafts on the next step, not at the next probe."""
+    planner = HardwarePlanner(curve=STEEP, batch_curve=batch_table(0.3))
+    states = [planner.new_state() for _ in range(4)]
+    for _ in range(3):
+        drafting = [planner.should_draft(s, batch_size=4) for s in states]
+        planner.plan([PlanRequest([Proposal(chain([5, 6], 0.02, "prompt-lookup"))] if d else [], BUDGET, s, 0.0, d)
+                      for s, d in zip(states, drafting)])
+    poor = states[0]
+    assert not planner.should_draft(poor, batch_size=4)
+    assert not planner.should_draft(poor, batch_size=8)
+    assert planner.should_draft(poor, batch_size=2)
+
+
 @pytest.mark.parametrize("per_token", [0.001, 3.0])
 def test_batched_planning_is_lossless_per_session(per_token):
     """Sessions advanced together with a goodput plan get exactly their plain greedy output."""
