@@ -41,6 +41,7 @@ import torch
 from specula.errors import ConfigError
 from specula.sampling import SamplingParams, TargetRows, position_uniforms, probabilities
 from specula.tree import SiblingMode, TokenTree
+from specula.tree_rows import greedy_argmax, row_argmax
 
 __all__ = [
     "Rows",
@@ -153,7 +154,8 @@ def _check_unique_siblings(tree: TokenTree) -> None:
 
 # ---------------------------------------------------------------------------- rules
 def verify_greedy(tree: TokenTree, target_argmax: torch.Tensor) -> VerifyResult:
-    """Greedy verification. target_argmax: [n + 1] long, argmax of the target at each row.
+    """Greedy verification. target_argmax: [n + 1] long, argmax of the target at each row (or
+    only at the rows a greedy walk reads, -1 at the others: `tree_rows.greedy_argmax`).
 
     A node is accepted iff its token equals the argmax at its parent's row and its parent
     is accepted. Returns the deepest accepted node's path (ties: the first in node order)
@@ -447,7 +449,8 @@ def verify_step(
     `specula.constraints.MaskedLogits`, whose `argmax` covers the rows a greedy walk reaches); p
     is `probabilities(logits, params)`, processed only where a rule looks.
 
-    - greedy (`params.greedy`): `verify_greedy` on the argmax of every row; q and mode unused.
+    - greedy (`params.greedy`): `verify_greedy` on the argmax of the rows a greedy walk reads
+      (`tree_rows.greedy_argmax`; on a device every row's, one synchronisation); q and mode unused.
     - deterministic candidates (mode "deterministic": retrieval, n-grams, recycling, top-k
       model drafts): `verify_deterministic` with one uniform per output position,
       `position_uniforms(seed, position + d)` at depth d (`position` = tokens generated before
@@ -461,7 +464,9 @@ def verify_step(
     An empty tree is a plain decoding step. A sampled mode without q, or an unknown mode, raises
     ValueError."""
     if params.greedy:
-        return verify_greedy(tree, logits.argmax(-1))
+        if isinstance(logits, torch.Tensor) and logits.device.type == "cpu":  # the accepted path's rows only
+            return verify_greedy(tree, greedy_argmax(tree, row_argmax(logits)))
+        return verify_greedy(tree, logits.argmax(-1))  # a device: every row at once, one synchronisation
     if mode == "deterministic":
         uniforms = position_uniforms(seed, position, tree.max_depth + 1)
         if logits.device.type != "cpu":  # every row at once on the device: one synchronisation

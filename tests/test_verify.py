@@ -137,6 +137,49 @@ def test_greedy_matches_plain_greedy_decoding():
             ctx = tok + 1
 
 
+def test_greedy_step_on_cpu_rows_reads_only_the_accepted_path_and_agrees_with_every_row():
+    """verify_step's greedy rule on CPU logits takes the argmax of the rows a greedy walk reads
+    (numpy's, `tree_rows.row_argmax`): the root's and the accepted path's; its result is the rule on every row's torch argmax:
+    random trees and logits with planted ties (the first maximal index wins), +/-inf and NaN rows,
+    in float32 and float64, contiguous or not."""
+    from specula.tree_rows import greedy_argmax, row_argmax
+
+    gen = torch.Generator().manual_seed(5)
+    greedy = SamplingParams(temperature=0.0)
+    for trial in range(300):
+        vocab = 6
+        n = int(torch.randint(0, 9, (1,), generator=gen))
+        parents = [-1 if i == 0 else int(torch.randint(-1, i, (1,), generator=gen)) for i in range(n)]
+        tokens, seen = [], set()
+        for par in parents:  # unique siblings
+            tok = int(torch.randint(0, vocab, (1,), generator=gen))
+            while (par, tok) in seen:
+                tok = (tok + 1) % vocab
+            seen.add((par, tok))
+            tokens.append(tok)
+        tree = TokenTree.build(tokens=tokens, parents=parents)
+        logits = torch.randint(0, 3, (n + 1, vocab), generator=gen).double()  # many ties
+        if trial % 7 == 0:
+            logits[0, 2] = math.inf
+        if trial % 11 == 0:
+            logits[-1, 1] = math.nan
+        if trial % 13 == 0:
+            logits[0] = -math.inf
+        if trial % 2:
+            logits = logits.float()
+        if trial % 3 == 0:  # a non-contiguous view with the same values
+            logits = torch.cat([logits, logits], dim=1)[:, :vocab]
+        full = logits.argmax(-1)
+        reads = []
+        fast = row_argmax(logits)
+        lazy = greedy_argmax(tree, lambda r: reads.append(r) or fast(r))
+        assert all(int(lazy[r]) == int(full[r]) for r in reads) and all(int(lazy[r]) == -1 for r in set(
+            range(n + 1)) - set(reads))
+        expected = verify_greedy(tree, full)
+        assert verify_step(tree, logits, greedy) == expected
+        assert reads == [0, *(i + 1 for i in expected.path)]  # unique siblings: the accepted nodes are one path
+
+
 # ---------------------------------------------------------------------------- losslessness
 def test_deterministic_rule_is_lossless():
     assert_lossless(simulate(deterministic, "det", 4 * N, seed=1), N)

@@ -31,7 +31,7 @@ import torch
 from specula.errors import ConfigError
 from specula.models.base import TargetModel, forward_trees
 from specula.models.device import sync_device
-from specula.planner.cost import MAX_SAMPLES, VALIDATE_SAMPLES, CostCurve, TimingConfig, warm_up
+from specula.planner.cost import MAX_SAMPLES, VALIDATE_SAMPLES, CostCurve, TimingConfig, read_cached_samples, warm_up
 from specula.tree import TokenTree
 
 DEFAULT_BATCH_SIZES = (1, 2, 4, 8, 16)
@@ -194,6 +194,8 @@ def measure_batch_times(backend: TargetModel, needed: dict[Cell, int], context: 
             probe = LoadProbe.start()
             secs: dict[Cell, float] = {}
             for b, n in todo:
+                if not need[b, n] and (b, n) != (1, 1):
+                    continue  # cut earlier in this round
                 secs[b, n] = timed(b, n)
                 plain = secs.get((b, 1))
                 if not rounds and plain is not None and n > 1 and secs[b, n] > config.max_ratio * plain:
@@ -213,7 +215,7 @@ def measure_batch_times(backend: TargetModel, needed: dict[Cell, int], context: 
         with_it = [r for r in rounds if cell in r[1]]
         calm = [secs for load, secs in with_it if load <= config.busy_cores]
         kept[cell] = calm if len(calm) >= need[cell] else [secs for _, secs in sorted(with_it, key=lambda r: r[0])]
-        kept[cell] = kept[cell][: max(need[cell], 1)]
+        kept[cell] = kept[cell][: max(need[cell], 1)] if need[cell] or cell == (1, 1) else []  # a cut cell: none
     busy = any(quiet[cell] < need[cell] for cell in cells)
     calm_steps = [secs[1, 1] for load, secs in rounds if load <= config.busy_cores]
     return BatchTimes(calm_steps or [secs[1, 1] for secs in kept[1, 1]],
@@ -293,15 +295,8 @@ def load_or_measure_batch_curve(target: TargetModel, batch_sizes: Sequence[int] 
     parts = {**target.cost_key(), "batch_sizes": batch_sizes, "tokens": tokens, "context": context}
     key = hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
     path = cache_dir("cost") / f"batch-{key}.json"
-    samples: dict[str, Any] | None = None
-    if path.exists():
-        try:
-            data = json.loads(path.read_text())
-            samples = data.get("samples") or _samples_of_batch_curve(BatchCostCurve.from_dict(data))
-            curve_from_batch_samples(samples, context)  # readable?
-        except (ValueError, KeyError, TypeError, ConfigError, statistics.StatisticsError):
-            path.unlink(missing_ok=True)  # unreadable cache entry: measure again
-            samples = None
+    samples = read_cached_samples(path, lambda data: _samples_of_batch_curve(BatchCostCurve.from_dict(data)),
+                                  lambda samples: curve_from_batch_samples(samples, context))
     if samples is None:
         samples = {}
         needed = {(b, n): VALIDATE_SAMPLES if b * n <= VALIDATE_MAX_TOTAL else repeats

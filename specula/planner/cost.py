@@ -23,6 +23,7 @@ import math
 import statistics
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import torch
@@ -30,6 +31,7 @@ import torch
 from specula.errors import ConfigError
 from specula.models.base import TargetModel, TargetSequence
 from specula.models.device import sync_device
+from specula.paths import read_json_object
 from specula.tree import TokenTree
 
 DEFAULT_SIZES = (1, 2, 4, 8, 16, 32, 64)
@@ -380,6 +382,27 @@ MAX_SAMPLES = 9
 """Most recent samples kept per size."""
 
 
+def read_cached_samples(path: Path, of_table: Callable[[dict[str, Any]], dict[str, Any]],
+                        read: Callable[[dict[str, Any]], object]) -> dict[str, Any] | None:
+    """A cost cache entry's samples ({"step": [...], "ratio": {key: [...]}}; `of_table` makes them
+    from an entry cached without them), or None when there is no entry; an entry that is not JSON,
+    not an object, or whose samples `read` cannot make a table of is removed (measured again)."""
+    if not path.exists():
+        return None
+    data = read_json_object(path)
+    try:
+        if data is None:
+            raise ValueError("not a JSON object")
+        samples = data.get("samples") or of_table(data)
+        if not isinstance(samples, dict) or not isinstance(samples.get("ratio"), dict):
+            raise ValueError("samples are not a table")
+        read(samples)
+        return samples
+    except (ValueError, KeyError, TypeError, AttributeError, ConfigError, statistics.StatisticsError):
+        path.unlink(missing_ok=True)
+        return None
+
+
 def curve_from_samples(samples: dict[str, Any], context: int, repeats: int) -> CostCurve:
     """The curve of a cache entry's samples: a plain step = the median of the step samples, size n =
     that times the median of n's ratio samples (each taken against a plain step of the same round,
@@ -416,15 +439,8 @@ def load_or_measure_curve(target: TargetModel, sizes: Sequence[int] = DEFAULT_SI
 
     context = max(1, min(context, target.max_context - max(sizes) - 1))
     path = cache_dir("cost") / f"{cost_cache_key(target, context)}.json"
-    samples: dict[str, Any] | None = None
-    if path.exists():
-        try:
-            data = json.loads(path.read_text())
-            samples = data.get("samples") or _samples_of_curve(CostCurve.from_dict(data))
-            curve_from_samples(samples, context, repeats)  # readable?
-        except (ValueError, KeyError, TypeError, statistics.StatisticsError):
-            path.unlink(missing_ok=True)  # unreadable cache entry: measure again
-            samples = None
+    samples = read_cached_samples(path, lambda data: _samples_of_curve(CostCurve.from_dict(data)),
+                                  lambda samples: curve_from_samples(samples, context, repeats))
     timing: PassTimes | None = None
     if samples is None:
         samples = {}

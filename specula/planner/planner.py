@@ -167,6 +167,10 @@ class BatchBackoff:
     """Tokens per second of batch steps on which nobody drafted (the table's prediction until one is seen)."""
     pause: Pause = field(default_factory=Pause)
     """Batch steps sat out (1, 2, 4, ... after each loss)."""
+    resumed: bool = False
+    """A pause was sat out since the last drafting step: the next one is a probe, judged afresh by
+    what it realises (through the average of the losses that paused drafting, a winning probe read
+    as a loss and doubled the pause)."""
 
 
 @dataclass
@@ -328,7 +332,7 @@ class HardwarePlanner:
         backoff = self._batch_backoff.get(batch_size)
         if batch_size < state.idle_batch:  # the load fell (alone again, or others finished): the drafts
             state.load_idle = state.idle_batch = 0  # refused at the heavier load may pay now
-        elif backoff is not None and backoff.pause.left > 0:
+        if backoff is not None and backoff.pause.left > 0:
             return False  # drafting loses at this load: the whole batch pauses it
         elif state.load_idle >= 2 and state.load_idle % self.config.load_probe_every:
             state.load_idle += 1  # no drafts, no node: still idle
@@ -605,10 +609,14 @@ class HardwarePlanner:
         goodput = sum(emitted) / max(seconds + draft_seconds, 1e-12)
         if backoff.pause.waiting():
             backoff.plain.update(goodput)
+            backoff.resumed = True
             return
         if not any(plan.drafted for plan in plans):
             backoff.plain.update(goodput)
             return
+        if backoff.resumed:
+            backoff.resumed = False
+            backoff.drafting = Ema(self.config.rate_ema, goodput)
         if backoff.drafting.update(goodput) < backoff.plain.get() * (1 - self.config.backoff_tolerance):
             backoff.pause.lose(self.config.max_backoff)
         else:

@@ -157,6 +157,51 @@ def test_timing_drops_busy_rounds_and_passes_that_cannot_pay(monkeypatch):
     assert not times.busy and len(times.steps) == 2
 
 
+def test_a_cell_the_first_round_cuts_is_not_timed_nor_kept_nor_timed_again(tmp_path, monkeypatch):
+    """Every round quiet: the first round ends row 2 at 2 x 4 (4.2 plain passes of 2), so 2 x 8 is
+    timed only by the warm-up, is not in the table, and a later load does not time it."""
+    from specula.planner import machine
+
+    monkeypatch.setenv("SPECULA_CACHE", str(tmp_path))
+    cost_of = {(1, 1): 1.0, (1, 2): 1.1, (1, 4): 1.15, (1, 8): 1.2, (2, 1): 1.2, (2, 2): 1.5, (2, 4): 5.0,
+               (2, 8): 9.0}
+    now, passes = [0.0], {}
+    real_forward = batch_cost.forward_trees
+
+    def forward(backend, items):
+        cell = len(items), len(items[0][2]) + 1
+        now[0] += 0.01 * cost_of[cell]
+        passes[cell] = passes.get(cell, 0) + 1
+        return real_forward(backend, items)
+
+    monkeypatch.setattr(batch_cost.time, "perf_counter", lambda: now[0])
+    monkeypatch.setattr(batch_cost, "forward_trees", forward)
+    monkeypatch.setattr(machine.LoadProbe, "others", lambda self: 0.0)
+    target = native_target()
+    times = batch_cost.measure_batch_times(target, {(1, 2): 2, (2, 1): 2, (2, 2): 2, (2, 4): 2, (2, 8): 2}, context=8)
+    assert set(times.ratios) == {(1, 2), (2, 1), (2, 2), (2, 4)} and passes[2, 8] == 1  # the warm-up's
+    first = load_or_measure_batch_curve(target, (2,), (2, 4, 8), context=8)
+    assert first.totals[1] == (2, 4, 8)
+    timed = []
+    real = batch_cost.measure_batch_times
+    monkeypatch.setattr(batch_cost, "measure_batch_times", lambda t, needed, *a, **k: timed.append(needed) or real(
+        t, needed, *a, **k))
+    assert load_or_measure_batch_curve(target, (2,), (2, 4, 8), context=8) == first and timed == []
+
+
+@pytest.mark.parametrize("text", ["[]", "null", "{", '{"samples": {"step": [0.01], "ratio": []}}',
+                                  '{"samples": {"step": [0.01], "ratio": {"2x2": 3}}}', '{"samples": 7}'])
+def test_a_malformed_cached_table_is_measured_again(tmp_path, monkeypatch, text):
+    monkeypatch.setenv("SPECULA_CACHE", str(tmp_path))
+    calls = fake_batch_times(monkeypatch, lambda b, n, i: 1.0 + 0.1 * (b * n - 1))
+    target = native_target()
+    first = load_or_measure_batch_curve(target, (2,), (2,), context=8)
+    path = next((tmp_path / "cost").glob("batch-*.json"))
+    path.write_text(text)
+    assert load_or_measure_batch_curve(target, (2,), (2,), context=8) == first and len(calls) == 2
+    assert json.loads(path.read_text())["samples"]["ratio"]["2x2"]
+
+
 def test_context_beyond_the_window_is_refused():
     target = native_target()
     with pytest.raises(ConfigError, match="context window"):

@@ -80,6 +80,30 @@ def test_one_bad_cached_measurement_is_outvoted_by_later_loads(tmp_path, monkeyp
     assert curves[-1].ratio(8) == pytest.approx(1.2) and curves[-1].ratio(2) == pytest.approx(1.05)  # ... then read
 
 
+@pytest.mark.parametrize("text", ["[]", "null", "{", '{"samples": {"step": [0.01], "ratio": []}}', '{"samples": 7}',
+                                  '{"samples": {"step": [0.01], "ratio": {"2": "x"}}}'])
+def test_a_malformed_cached_curve_is_measured_again(tmp_path, monkeypatch, text):
+    """A cache entry that is not JSON, not an object or not a table of samples is removed and
+    the curve measured again, not a crash."""
+    import specula.planner.cost as cost
+
+    monkeypatch.setenv("SPECULA_CACHE", str(tmp_path))
+    backend = HFCausalLM(tiny_model("qwen2"))
+    calls = []
+
+    def fake_times(target, sizes, context, repeats, seed=0):
+        calls.append(sizes)
+        return cost.PassTimes({n: [0.01 * (1 + 0.1 * (n - 1))] * repeats for n in sorted({1, *sizes})})
+
+    monkeypatch.setattr(cost, "measure_pass_times", fake_times)
+    first = load_or_measure_curve(backend, sizes=(1, 2), context=8, repeats=1)
+    path = next((tmp_path / "cost").glob("*.json"))
+    path.write_text(text)
+    again = load_or_measure_curve(backend, sizes=(1, 2), context=8, repeats=1)
+    assert again.ratio(2) == pytest.approx(first.ratio(2)) and len(calls) == 2
+    assert json.loads(path.read_text())["samples"]["ratio"]["2"]
+
+
 def test_interpolation_and_extrapolation():
     curve = CostCurve((1, 2, 4, 8), (0.010, 0.012, 0.016, 0.032), context=64)
     assert curve.ratio(1) == 1.0

@@ -565,7 +565,37 @@ def test_a_request_idle_at_one_load_drafts_again_when_the_load_falls():
     poor = states[0]
     assert not planner.should_draft(poor, batch_size=4)
     assert not planner.should_draft(poor, batch_size=8)
+    paused = [planner.new_state() for _ in range(2)]  # the batch of 2's own back-off still rules it
+    planner.observe_pass(planner.plan([PlanRequest([Proposal(chain([5, 6], 0.99, "draft-model"))], BUDGET, s, 0.0)
+                                       for s in paused]), 10.0, [1, 1], 0.0)
+    assert planner._batch_backoff[2].pause.left > 0
+    assert not planner.should_draft(poor, batch_size=2)
+    planner._batch_backoff[2].pause.left = 0
     assert planner.should_draft(poor, batch_size=2)
+
+
+def test_a_batch_probe_after_a_pause_is_judged_afresh():
+    """After drafting lost at a batch size (paused 1, 2, 4, ... steps), the text changes and
+    drafting realises twice the plain rate: the first probe after the pause wins and no new pause
+    starts; through the average of the earlier losses it read as a loss and doubled the pause."""
+    planner = HardwarePlanner(curve=STEEP, batch_curve=batch_table(0.001))
+    drafted = [Plan(Proposal(TokenTree.chain([5], [0.9], "x")), 1.5, batch=4)] + [Plan(Proposal.empty(), 1.0,
+                                                                                        batch=4)] * 3
+    plain = [Plan(Proposal.empty(), 1.0, batch=4, drafted=False)] * 4
+    probes, judged = 0, []
+    for _ in range(200):
+        backoff = planner._batch_backoff.get(4)
+        if backoff is not None and backoff.pause.left > 0:  # nobody drafts (should_draft)
+            planner.observe_pass(plain, 1.0, [1, 1, 1, 1], 0.0)  # 4 tokens/s
+            continue
+        probes += 1
+        good = probes > 6
+        planner.observe_pass(drafted, 1.0, [2, 2, 2, 2] if good else [1, 0, 0, 0], 0.0)
+        if good:
+            judged.append(planner._batch_backoff[4].pause.left)
+            break
+        assert planner._batch_backoff[4].pause.left > 0  # each losing step pauses
+    assert judged == [0]
 
 
 @pytest.mark.parametrize("per_token", [0.001, 3.0])
