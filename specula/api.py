@@ -8,7 +8,7 @@
 
 from __future__ import annotations
 
-from typing import Iterator, Literal, Sequence
+from typing import Any, Iterator, Literal, Sequence
 
 from specula.drafters import make_drafters
 from specula.constraints import Constraint, as_constraint
@@ -111,8 +111,9 @@ class Specula:
         `max_batch_size` requests decoded together (their trees verified in one packed target pass
         where the backend batches, sized for the batch's goodput), each joining as another
         finishes. Outputs in prompt order, each what `generate` gives that prompt alone. `params`:
-        one for all, or one per prompt; `progress` shows a bar."""
-        prompts = list(prompts)
+        one for all, or one per prompt; `progress` shows a bar. A lone prompt (a string, token ids, one
+        chat's messages) is one prompt, as in vLLM."""
+        prompts = [prompts] if _lone_prompt(prompts) else list(prompts)
         if isinstance(params, SamplingParams) or params is None:
             each = [_params(params, sampling)] * len(prompts)
         else:
@@ -167,6 +168,16 @@ def _progress(total: int, show: bool):
     from tqdm import tqdm
 
     return tqdm(total=total, disable=not show, unit="prompt", desc="generate")
+
+
+def _lone_prompt(prompts: Any) -> bool:
+    """Whether `generate_batch`'s argument is one prompt, not a list of them: a string, a list of
+    token ids, or one chat's messages (dicts)."""
+    if isinstance(prompts, str):
+        return True
+    items = list(prompts) if isinstance(prompts, (list, tuple)) else []
+    return bool(items) and (all(isinstance(x, int) and not isinstance(x, bool) for x in items)
+                            or all(isinstance(x, dict) for x in items))
 
 
 def _params(params: SamplingParams | None, sampling: dict) -> SamplingParams:

@@ -58,7 +58,9 @@ class TextStream:
     def decode(self, ids: Sequence[int]) -> str:
         if self.tokenizer is None:
             return ""
-        return self.tokenizer.decode(list(ids), skip_special_tokens=True)
+        # no clean-up of spaces before punctuation (GPT-2-style tokenizers): it rewrites text already
+        # shown once the next token arrives (" '" -> "'"); vLLM's incremental detokenizer does none either
+        return self.tokenizer.decode(list(ids), skip_special_tokens=True, clean_up_tokenization_spaces=False)
 
     @property
     def stopped(self) -> bool:
@@ -82,8 +84,10 @@ class TextStream:
         self.ids.extend(int(t) for t in new)
         text = self.decode(self.ids)
         stable = text if final or not text.endswith("\ufffd") else text[:-1]
-        delta = stable[len(self.shown) :] if stable.startswith(self.shown) else ""
-        self.shown = stable if stable.startswith(self.shown) else self.shown
+        # Text already shown cannot be taken back: where decoding more tokens rewrote it, what lies past
+        # it is shown once the text is as long again (so nothing after a rewrite is lost).
+        delta = stable[len(self.shown) :]
+        self.shown = stable if len(stable) >= len(self.shown) else self.shown
         if self.trimmer is None:
             return delta
         out = self.trimmer.feed(delta)

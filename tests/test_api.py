@@ -156,6 +156,10 @@ def test_a_batch_of_prompts_gives_each_its_own_output_in_order(tiny_spec):
         spec.generate_batch(prompts, params=params[:2])
     with pytest.raises(ConfigError, match="the prompt is empty"):
         spec.generate_batch([[5, 6], []], max_new_tokens=4)  # checked before anything runs
+    lone = spec.generate_batch(prompts[0], max_new_tokens=5, ignore_eos=True)  # one prompt's ids: one prompt
+    assert [o.token_ids for o in lone] == [reference_greedy(model, prompts[0], 5)]
+    assert [o.token_ids for o in spec.generate_batch((5, 17, 33), max_new_tokens=2, ignore_eos=True)] == [
+        reference_greedy(model, [5, 17, 33], 2)]
 
 
 def test_an_abandoned_batch_frees_its_sessions(tiny_spec):
@@ -200,3 +204,11 @@ def test_facade_facts_baseline_and_planner_spellings(tiny_spec):
     assert type(specula.build_decoder("none", spec.target, planner="hardware").planner) is PassThroughPlanner
     with pytest.raises(ConfigError, match="planner 'fast'"):
         specula.build_decoder("prompt-lookup", spec.target, planner="fast")
+
+
+def test_what_generate_batch_reads_as_one_prompt():
+    from specula.api import _lone_prompt
+
+    chat = [{"role": "user", "content": "hi"}]
+    assert _lone_prompt("hello") and _lone_prompt([5, 6]) and _lone_prompt((5,)) and _lone_prompt(chat)
+    assert not any(_lone_prompt(p) for p in (["a", "b"], [[5, 6]], [chat], [], [True, False]))

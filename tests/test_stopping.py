@@ -48,3 +48,32 @@ def test_text_stream_holds_back_an_incomplete_character_and_cuts_stops(tiny_toke
     assert stream.stop_cut(ids) == 3  # the third token completes "w5"
     text = stream.feed(ids[:3], final=True)
     assert stream.stopped and "w5" not in text and text == tiny_tokenizer.decode([3, 4], skip_special_tokens=True) + " "
+
+
+def test_text_stream_loses_nothing_where_more_tokens_would_rewrite_the_text():
+    """A tokenizer that cleans up spaces before punctuation (GPT-2's clean_up_tokenization_spaces)
+    rewrites " '" once the next token arrives; the stream decodes without that clean-up (as vLLM's
+    incremental detokenizer), so every token's text is shown, streamed or not."""
+    from tiny import word_tokenizer
+
+    tok = word_tokenizer(["a", "'", "b", "c"], decoder=True)
+    tok.clean_up_tokenization_spaces = True
+    ids = [0, 1, 2, 3, 2]
+    assert tok.decode(ids) != tok.decode(ids, clean_up_tokenization_spaces=False)  # the tokenizer does clean up
+    stream = TextStream(tok)
+    deltas = [stream.feed([t], final=i == len(ids) - 1) for i, t in enumerate(ids)]
+    assert "".join(deltas) == tok.decode(ids, clean_up_tokenization_spaces=False) == "a ' b c b"
+    assert all(deltas)
+
+
+def test_text_stream_shows_what_follows_a_rewrite_of_shown_text():
+    """Decoding more tokens may rewrite text already shown (it cannot be taken back): what lies past
+    it is still shown."""
+
+    class Rewriting:  # "x" alone decodes as "x", then as "y" once anything follows it
+        def decode(self, ids, skip_special_tokens=True, clean_up_tokenization_spaces=False):
+            text = "".join("xyz"[i] for i in ids)
+            return text if len(ids) == 1 else "y" + text[1:]
+
+    stream = TextStream(Rewriting())
+    assert [stream.feed([0]), stream.feed([1]), stream.feed([2], final=True)] == ["x", "y", "z"]

@@ -131,6 +131,13 @@ _UNSUPPORTED: dict[str, tuple[Any, ...]] = {
 }
 
 
+def choice_seed(seed: int, j: int) -> int:
+    """Choice j's seed of a request seeded `seed` (seed + j, as vLLM seeds them), kept in the 64 bits
+    a generator takes: past 2**64 - 1 it wraps round."""
+    seeded = seed + j
+    return seeded - 2**64 if seeded >= 2**64 else seeded
+
+
 def parse_json_body(raw: bytes) -> dict[str, Any]:
     """The request body as a JSON object, or a 400 naming what is wrong."""
     try:
@@ -176,7 +183,9 @@ def parse_request(endpoint: Endpoint, body: Mapping[str, Any], served_model: str
     top_p = _opt_number(body, "top_p", 1.0)
     if not 0.0 < top_p <= 1.0:
         raise APIError(400, f"top_p must be in (0, 1], got {top_p}", param="top_p", code="invalid_value")
-    top_k = _opt_int(body, "top_k", minimum=0)
+    top_k = _opt_int(body, "top_k", minimum=-1)
+    if top_k == -1:  # vLLM's "every token", as 0
+        top_k = 0
     min_p = _opt_number(body, "min_p", 0.0)
     if not 0.0 <= min_p <= 1.0:
         raise APIError(400, f"min_p must be in [0, 1], got {min_p}", param="min_p", code="invalid_value")

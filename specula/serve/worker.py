@@ -35,7 +35,7 @@ from specula.errors import SpeculaError
 from specula.prompts import encode_prompt
 from specula.sampling import SamplingParams
 from specula.serve.metrics import ServerMetrics
-from specula.serve.protocol import APIError, GenerationRequest
+from specula.serve.protocol import APIError, GenerationRequest, choice_seed
 
 log = logging.getLogger("specula.serve")
 
@@ -296,7 +296,7 @@ class Worker:
         self.metrics.prompt_tokens.inc(sum(len(ids) for ids in prompts))
         base = SamplingParams(max_new_tokens=1, **request.sampling())
         return [_Choice(job, i * request.n + j, job.prompts[i],
-                        replace(base, max_new_tokens=limit, seed=None if base.seed is None else base.seed + j))
+                        replace(base, max_new_tokens=limit, seed=None if base.seed is None else choice_seed(base.seed, j)))
                 for i, limit in enumerate(limits) for j in range(request.n)]
 
     def _start(self, choice: _Choice) -> _Running:

@@ -67,7 +67,7 @@ def make_spec(target_model, tokenizer, method: str = "draft-model", draft_model=
 
 @contextmanager
 def running(spec: Specula, **config) -> Iterator[SpeculaServer]:
-    server = create_server(spec, ServerConfig(model_name=MODEL, port=0, **config)).start()
+    server = create_server(spec, ServerConfig(**{"model_name": MODEL, "port": 0, **config})).start()
     try:
         yield server
     finally:

@@ -348,6 +348,27 @@ def test_metrics_parse_and_counters_move(server, client):
     assert after[("specula_accepted_length_bucket", (("le", "+Inf"),))] == after[("specula_accepted_length_count", ())]
 
 
+def test_a_served_name_with_slashes_is_retrieved(target_model, tokenizer):
+    """The served name defaults to the target, often an `org/name` id or a path: `models.retrieve`
+    asks for /v1/models/org/name."""
+    from openai import OpenAI
+
+    with running(make_spec(target_model, tokenizer, "none"), model_name="org/tiny-qwen2") as srv:
+        client = OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0, timeout=60)
+        assert client.models.retrieve("org/tiny-qwen2").id == "org/tiny-qwen2"
+        with pytest.raises(openai.NotFoundError):
+            client.models.retrieve("org/other")
+
+
+def test_top_k_minus_one_means_every_token(client):
+    """vLLM's top_k = -1 (every token, as 0): the same seeded sample as top_k 0."""
+    texts = [client.completions.create(model=MODEL, prompt="w05 w06 w07", max_tokens=8, seed=5, temperature=1.0,
+                                       extra_body={"top_k": k}).choices[0].text for k in (-1, 0)]
+    assert texts[0] == texts[1]
+    with pytest.raises(openai.BadRequestError):
+        client.completions.create(model=MODEL, prompt="w05", max_tokens=2, extra_body={"top_k": -2})
+
+
 # --------------------------------------------------------------------------- API key
 
 

@@ -39,6 +39,17 @@ def test_n_sampled_choices_are_the_offline_samples_with_seed_plus_j(client, toke
     assert len(set(expected)) > 1  # the choices are different draws
 
 
+def test_choice_seeds_wrap_round_past_64_bits(client, tokenizer, offline):
+    """seed 2**64 - 1 with n = 2: choice 1's seed + 1 wraps round to 0 (a generator takes 64 bits)."""
+    out = client.completions.create(model=MODEL, prompt=PROMPTS[0], max_tokens=8, temperature=1.0, seed=2**64 - 1,
+                                    n=2)
+    ids = text_ids(tokenizer, PROMPTS[0])
+    expected = [offline.generate(list(ids), raw=True, params=SamplingParams(temperature=1.0, seed=s,
+                                                                            max_new_tokens=8)).text
+                for s in (2**64 - 1, 0)]
+    assert [c.text for c in out.choices] == expected
+
+
 def test_n_times_a_batch_orders_choices_prompt_by_prompt(client, tokenizer, reference):
     out = client.completions.create(model=MODEL, prompt=PROMPTS[:2], max_tokens=6, temperature=0, n=2)
     texts = [reference(text_ids(tokenizer, p), 6) for p in PROMPTS[:2]]
