@@ -333,6 +333,7 @@ class HardwarePlanner:
         if batch_size < state.idle_batch:  # the load fell (alone again, or others finished): the drafts
             state.load_idle = state.idle_batch = 0  # refused at the heavier load may pay now
         if backoff is not None and backoff.pause.left > 0:
+            state.resumed = True  # its next drafting step may carry the drafters' catch-up
             return False  # drafting loses at this load: the whole batch pauses it
         elif state.load_idle >= 2 and state.load_idle % self.config.load_probe_every:
             state.load_idle += 1  # no drafts, no node: still idle

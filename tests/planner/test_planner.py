@@ -570,6 +570,8 @@ def test_a_request_idle_at_one_load_drafts_again_when_the_load_falls():
                                        for s in paused]), 10.0, [1, 1], 0.0)
     assert planner._batch_backoff[2].pause.left > 0
     assert not planner.should_draft(poor, batch_size=2)
+    fresh = replace(planner.new_state(), resumed=False)  # sitting the pause out: its next drafting step
+    assert not planner.should_draft(fresh, batch_size=2) and fresh.resumed  # may carry a catch-up
     planner._batch_backoff[2].pause.left = 0
     assert planner.should_draft(poor, batch_size=2)
 
