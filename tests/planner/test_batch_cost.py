@@ -126,46 +126,13 @@ def test_a_table_cached_without_samples_is_read_and_timed_up_to_them(tmp_path, m
     assert len(json.loads(path.read_text())["samples"]["ratio"]["2x2"]) == 5
 
 
-def test_timing_drops_busy_rounds_and_passes_that_cannot_pay(monkeypatch):
-    """Rounds taken while other processes were busy do not count; a batch size's row ends at the
-    first pass costing more than `max_ratio` of its plain pass."""
+def fake_clock(monkeypatch, cost_of, loads):
+    """Each packed pass of b sequences x n tokens takes `cost_of[b, n]` x 10 ms on a fake clock
+    (the pass itself runs); round i's other processes use `loads(i)` cores. Returns the passes run
+    per cell."""
     from specula.planner import machine
 
-    target = native_target()
-    cost_of = {(1, 1): 1.0, (1, 2): 1.1, (2, 1): 1.2, (2, 2): 1.5, (2, 4): 5.0, (2, 8): 9.0}
-    now, passes = [0.0], {}
-
-    def perf_counter():
-        return now[0]
-
-    real_forward = batch_cost.forward_trees
-
-    def forward(backend, items):
-        cell = len(items), len(items[0][2]) + 1
-        now[0] += 0.01 * cost_of[cell]
-        passes[cell] = passes.get(cell, 0) + 1
-        return real_forward(backend, items)
-
-    monkeypatch.setattr(batch_cost.time, "perf_counter", perf_counter)
-    monkeypatch.setattr(batch_cost, "forward_trees", forward)
-    loads = iter([1.0, 0.0, 0.0, 1.0, 0.0] + [0.0] * 20)
-    monkeypatch.setattr(machine.LoadProbe, "others", lambda self: next(loads))
-    times = batch_cost.measure_batch_times(target, {(1, 2): 2, (2, 1): 2, (2, 2): 2, (2, 4): 2, (2, 8): 2}, context=8)
-    assert set(times.ratios) == {(1, 2), (2, 1), (2, 2), (2, 4)}  # 2 x 4 costs 4.2 plain passes of 2: the row ends
-    assert times.ratios[2, 2] == [pytest.approx(1.5), pytest.approx(1.5)]
-    assert passes[2, 2] == 3 and times.discarded == 1  # the busy round, then two quiet ones
-    assert not times.busy and len(times.steps) == 2
-
-
-def test_a_cell_the_first_round_cuts_is_not_timed_nor_kept_nor_timed_again(tmp_path, monkeypatch):
-    """Every round quiet: the first round ends row 2 at 2 x 4 (4.2 plain passes of 2), so 2 x 8 is
-    timed only by the warm-up, is not in the table, and a later load does not time it."""
-    from specula.planner import machine
-
-    monkeypatch.setenv("SPECULA_CACHE", str(tmp_path))
-    cost_of = {(1, 1): 1.0, (1, 2): 1.1, (1, 4): 1.15, (1, 8): 1.2, (2, 1): 1.2, (2, 2): 1.5, (2, 4): 5.0,
-               (2, 8): 9.0}
-    now, passes = [0.0], {}
+    now, passes, rounds = [0.0], {}, iter(range(10**6))
     real_forward = batch_cost.forward_trees
 
     def forward(backend, items):
@@ -176,7 +143,31 @@ def test_a_cell_the_first_round_cuts_is_not_timed_nor_kept_nor_timed_again(tmp_p
 
     monkeypatch.setattr(batch_cost.time, "perf_counter", lambda: now[0])
     monkeypatch.setattr(batch_cost, "forward_trees", forward)
-    monkeypatch.setattr(machine.LoadProbe, "others", lambda self: 0.0)
+    monkeypatch.setattr(machine.LoadProbe, "others", lambda self: loads(next(rounds)))
+    return passes
+
+
+def test_timing_drops_busy_rounds_and_passes_that_cannot_pay(monkeypatch):
+    """Rounds taken while other processes were busy do not count; a batch size's row ends at the
+    first pass costing more than `max_ratio` of its plain pass."""
+    target = native_target()
+    cost_of = {(1, 1): 1.0, (1, 2): 1.1, (2, 1): 1.2, (2, 2): 1.5, (2, 4): 5.0, (2, 8): 9.0}
+    loads = [1.0, 0.0, 0.0, 1.0, 0.0]
+    passes = fake_clock(monkeypatch, cost_of, lambda i: loads[i] if i < len(loads) else 0.0)
+    times = batch_cost.measure_batch_times(target, {(1, 2): 2, (2, 1): 2, (2, 2): 2, (2, 4): 2, (2, 8): 2}, context=8)
+    assert set(times.ratios) == {(1, 2), (2, 1), (2, 2), (2, 4)}  # 2 x 4 costs 4.2 plain passes of 2: the row ends
+    assert times.ratios[2, 2] == [pytest.approx(1.5), pytest.approx(1.5)]
+    assert passes[2, 2] == 3 and times.discarded == 1  # the busy round, then two quiet ones
+    assert not times.busy and len(times.steps) == 2
+
+
+def test_a_cell_the_first_round_cuts_is_not_timed_nor_kept_nor_timed_again(tmp_path, monkeypatch):
+    """Every round quiet: the first round ends row 2 at 2 x 4 (4.2 plain passes of 2), so 2 x 8 is
+    timed only by the warm-up, is not in the table, and a later load does not time it."""
+    monkeypatch.setenv("SPECULA_CACHE", str(tmp_path))
+    cost_of = {(1, 1): 1.0, (1, 2): 1.1, (1, 4): 1.15, (1, 8): 1.2, (2, 1): 1.2, (2, 2): 1.5, (2, 4): 5.0,
+               (2, 8): 9.0}
+    passes = fake_clock(monkeypatch, cost_of, lambda i: 0.0)
     target = native_target()
     times = batch_cost.measure_batch_times(target, {(1, 2): 2, (2, 1): 2, (2, 2): 2, (2, 4): 2, (2, 8): 2}, context=8)
     assert set(times.ratios) == {(1, 2), (2, 1), (2, 2), (2, 4)} and passes[2, 8] == 1  # the warm-up's
