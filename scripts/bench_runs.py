@@ -17,9 +17,12 @@ import statistics
 from pathlib import Path
 
 
-def spread(values: list[float], spec: str = ".2f") -> str:
-    """"min / median / max" of `values`, each formatted by `spec` (".3f", ".0%", ...)."""
-    return " / ".join(format(v, spec) for v in (min(values), statistics.median(values), max(values)))
+def spread(values: list[float | None], spec: str = ".2f", suffix: str = "") -> str:
+    """"min / median / max" of `values`, each formatted by `spec` (".3f", ".0%", ...), then `suffix`;
+    "-" when a run lacks the figure (a peer has no steps, a sampled run no identity check)."""
+    if not values or any(v is None for v in values):
+        return "-"
+    return " / ".join(format(v, spec) for v in (min(values), statistics.median(values), max(values))) + suffix
 
 
 def main() -> None:
@@ -38,17 +41,21 @@ def main() -> None:
     print("|" + "---|" * header.count(" | ") + "---|")
     for name in names:
         rows = [s[name] for s in summaries]
-        cells = [spread([r["speedup"] for r in rows]) + "x", spread([r["mean_accepted_tokens"] for r in rows])]
-        drafting = [r.get("mean_accepted_per_drafting_step") for r in rows]
-        cells.append(spread(drafting) if all(v is not None for v in drafting) else "-")
-        paused = [r.get("paused_step_fraction") for r in rows]
-        cells.append(spread(paused, ".0%") if all(v is not None for v in paused) else "-")
-        per_token = [r.get("draft_fraction_of_plain_step_per_token") for r in rows]
-        cells.append(spread([v for v in per_token if v is not None], ".3f") if any(per_token) else "-")
+        cells = [spread([r["speedup"] for r in rows], suffix="x"), spread([r["mean_accepted_tokens"] for r in rows]),
+                 spread([r.get("mean_accepted_per_drafting_step") for r in rows]),
+                 spread([r.get("paused_step_fraction") for r in rows], ".0%"),
+                 spread([r.get("draft_fraction_of_plain_step_per_token") for r in rows], ".3f")]
         if args.over:
-            cells.append(spread([s[name]["tokens_per_s"] / s[args.over]["tokens_per_s"] for s in summaries]) + "x")
-        cells.append(f"{min(r['identical_fraction'] for r in rows):.0%}")
+            cells.append(spread([_over(s[name], s[args.over]) for s in summaries], suffix="x"))
+        identical = [r.get("identical_fraction") for r in rows]
+        cells.append("-" if any(v is None for v in identical) else f"{min(identical):.0%}")
         print(f"| {name} | " + " | ".join(cells) + " |")
+
+
+def _over(entry: dict, other: dict) -> float | None:
+    """`entry`'s tokens/s over `other`'s (None when either has none)."""
+    return entry["tokens_per_s"] / other["tokens_per_s"] if entry.get("tokens_per_s") and other.get("tokens_per_s") \
+        else None
 
 
 if __name__ == "__main__":

@@ -59,7 +59,8 @@ def plot_speedup(doc: dict[str, Any], path: Path) -> Path | None:
     ax.set_ylabel(f"speedup vs {BASELINE} (tokens/s ratio)")
     target = doc["config"].get("target")
     rounds = f" in {doc['repeats']} rounds" if doc.get("repeats", 1) > 1 else ""
-    fig.suptitle(f"Speedup by category: {target}, {doc['prompts_done']} prompts{rounds} "
+    prompts = len({r["id"] for r in doc.get("runs", [])}) or doc["prompts_done"]  # prompts_done counts each round
+    fig.suptitle(f"Speedup by category: {target}, {prompts} prompts{rounds} "
                  "(hatched: Hugging Face generate)",
                  fontsize=10)
     ax.legend(fontsize=8, ncols=min(5, len(methods) + 1), loc="lower center", bbox_to_anchor=(0.5, 1.01),

@@ -95,10 +95,15 @@ def aggregate(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def _rate(entry: dict[str, Any] | None) -> float | None:
+    """Tokens per second of an aggregate, from its totals (not its rounded `tokens_per_s`)."""
+    return entry["new_tokens"] / entry["seconds"] if entry and entry.get("seconds") else None
+
+
 def _set_speedups(entry: dict[str, Any], base: dict[str, Any] | None, hf: dict[str, Any] | None) -> None:
-    tps = entry["tokens_per_s"]
-    entry["speedup"] = _ratio(tps, base["tokens_per_s"]) if base else None
-    entry["speedup_vs_hf"] = _ratio(tps, hf["tokens_per_s"]) if hf else None
+    rate = _rate(entry)
+    entry["speedup"] = _ratio(rate, _rate(base)) if base else None
+    entry["speedup_vs_hf"] = _ratio(rate, _rate(hf)) if hf else None
     plain_step = base.get("verify_ms_per_step") if base else None  # one plain target step, same prompts
     entry["draft_fraction_of_plain_step"] = _ratio(entry.get("draft_ms_per_step"), plain_step)
     entry["draft_fraction_of_plain_step_per_token"] = _ratio(entry.get("draft_ms_per_proposed_token"), plain_step)

@@ -298,6 +298,8 @@ def test_summary_math_is_ratios_of_totals():
     assert summary["hf:greedy"]["draft_fraction_of_plain_step"] is None
     assert summary["hf:greedy"]["mean_accepted_tokens"] is None and summary["hf:greedy"]["time_split"] is None
     assert aggregate([])["tokens_per_s"] is None
+    slow = summarize([_record("none", "a", 1, 3.0, [1]), _record("fast", "a", 3, 4.0, [3])], methods[:2], ["a"])
+    assert slow["fast"]["speedup"] == 2.25  # from the totals (0.75 over 1/3), not rounded rates (0.75 / 0.333)
 
 
 def test_tokens_per_drafting_step_leave_out_the_plain_steps():
