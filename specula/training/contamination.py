@@ -13,7 +13,10 @@ punctuation or symbol character replaced by a space, whitespace collapsed):
 * **shared passage**: the prompt contains `shingle_words` (12) consecutive words that also occur
   consecutively in a benchmark turn. Shingles that occur in `boilerplate_prompts` (3) or more
   different benchmark prompts are the benchmark's template text (a shared instruction), not its
-  content, and do not count; turns shorter than `shingle_words` words match only exactly.
+  content, and do not count;
+* **contained turn**: a turn of `contained_words` (4) to 11 words (most of Spec-Bench's qa
+  questions) inside the prompt, whole ("Question: <turn> Answer in one sentence."), unless it is
+  template text by the same count; turns of fewer words match only exactly.
 
 Everything here is pure but `known_benchmarks` (which reads the shipped files) and the cached
 `default_index` built from them.
@@ -50,6 +53,10 @@ class ContaminationRule:
     """Consecutive (normalised) words a prompt must share with a benchmark turn to match it."""
     boilerplate_prompts: int = 3
     """A shingle found in this many different benchmark prompts is template text and ignored."""
+    contained_words: int = 4
+    """A turn shorter than `shingle_words` words, but of at least this many, matches a prompt that
+    contains it whole (a short question with an instruction around it); shorter turns match only
+    exactly."""
 
 
 @dataclass(frozen=True)
@@ -96,6 +103,9 @@ class BenchmarkIndex:
     """Normalised turn text -> its benchmark turn."""
     shingles: dict[str, BenchmarkPrompt] = field(repr=False)
     """Content shingle (normalised words joined by spaces) -> a benchmark turn holding it."""
+    short: dict[str, BenchmarkPrompt] = field(default_factory=dict, repr=False)
+    """Normalised text of a turn of `contained_words` to `shingle_words` - 1 words (not template
+    text) -> its benchmark turn: matched anywhere inside a prompt."""
 
 
 _SPACES = re.compile(r"\s+")
@@ -119,7 +129,8 @@ def build_index(prompts: Iterable[BenchmarkPrompt], rule: ContaminationRule = Co
     exact: dict[str, BenchmarkPrompt] = {}
     owner: dict[str, BenchmarkPrompt] = {}
     holders: dict[str, set[tuple[str, str]]] = {}
-    for prompt in prompts:
+    prompts_seen = list(prompts)
+    for prompt in prompts_seen:
         norm = normalise(prompt.text)
         if not norm:
             continue
@@ -128,7 +139,13 @@ def build_index(prompts: Iterable[BenchmarkPrompt], rule: ContaminationRule = Co
             owner.setdefault(sh, prompt)
             holders.setdefault(sh, set()).add((prompt.benchmark, prompt.id))
     content = {sh: p for sh, p in owner.items() if len(holders[sh]) < rule.boilerplate_prompts}
-    return BenchmarkIndex(rule, exact, content)
+    turn_holders: dict[str, set[tuple[str, str]]] = {}
+    for prompt in prompts_seen:
+        turn_holders.setdefault(normalise(prompt.text), set()).add((prompt.benchmark, prompt.id))
+    short = {norm: p for norm, p in exact.items()
+             if rule.contained_words <= len(norm.split()) < rule.shingle_words
+             and len(turn_holders[norm]) < rule.boilerplate_prompts}
+    return BenchmarkIndex(rule, exact, content, short)
 
 
 def find_contaminated(texts: Sequence[str], index: BenchmarkIndex | None = None) -> list[Match]:
@@ -143,11 +160,13 @@ def find_contaminated(texts: Sequence[str], index: BenchmarkIndex | None = None)
         if hit is not None:
             found.append(Match(i, hit, "exact", norm))
             continue
-        for sh in shingles(norm.split(), n):
-            hit = index.shingles.get(sh)
-            if hit is not None:
-                found.append(Match(i, hit, "passage", sh))
-                break
+        words = norm.split()
+        hit = next(((index.shingles[sh], sh) for sh in shingles(words, n) if sh in index.shingles), None)
+        if hit is None and index.short:
+            runs = (sh for k in range(index.rule.contained_words, n) for sh in shingles(words, k))
+            hit = next(((index.short[sh], sh) for sh in runs if sh in index.short), None)
+        if hit is not None:
+            found.append(Match(i, hit[0], "passage", hit[1]))
     return found
 
 

@@ -145,7 +145,7 @@ def _read_rows(path: Path) -> Iterable[tuple[int, str, list[str]]]:
 
 def refuse_benchmark_prompts(path: Path, rows: Sequence[tuple[int, str, list[str]]]) -> None:
     """ConfigError naming the first line of `path` whose prompt (any turn) is a benchmark's."""
-    from specula.training.contamination import default_index, find_contaminated
+    from specula.training.contamination import find_contaminated
 
     where = [(n, t) for n, _, turns in rows for t in turns]
     matches = find_contaminated([t for _, t in where])
@@ -154,7 +154,7 @@ def refuse_benchmark_prompts(path: Path, rows: Sequence[tuple[int, str, list[str
     lines = sorted({where[m.index][0] for m in matches})
     first = matches[0]
     more = f" (and {len(lines) - 1} more line{'s' * (len(lines) > 2)})" if len(lines) > 1 else ""
-    how = "is" if first.kind == "exact" else f"shares a {default_index().rule.shingle_words}-word passage with"
+    how = "is" if first.kind == "exact" else f"shares the passage {first.passage!r} with"
     raise ConfigError(f"{path}:{where[first.index][0]}: this prompt {how} {first.prompt.label}{more}; a head must not "
                       "train on a benchmark's prompts: remove those lines from the file (or pass other --data)")
 

@@ -63,6 +63,29 @@ def test_the_rule_short_turns_match_exactly_and_boilerplate_does_not_count():
     assert m.kind == "passage" and m.prompt.id == "2"
 
 
+@pytest.mark.parametrize("text", ["Question: Who played Anna in Once Upon a Time?",
+                                  "who played anna in once upon a time? Answer in one sentence.",
+                                  "Quick trivia for you -- who played anna in 'Once Upon a Time'? Thanks!"])
+def test_a_short_spec_bench_question_inside_a_prompt_is_found(text):
+    """Spec-Bench's qa questions are mostly under 12 words: one found whole inside a prompt (a word
+    or an instruction around it) is the benchmark's."""
+    [match] = find_contaminated(["Write a haiku about the sea.", text])
+    assert match.index == 1 and match.prompt.label == "Spec-Bench question 321" and match.kind == "passage"
+
+
+def test_the_rule_short_turns_inside_a_prompt():
+    """A turn of 4 to 11 words matches a prompt holding it whole; a shorter one only exactly; one
+    that 3 benchmark prompts share is template text."""
+    bench = [BenchmarkPrompt("B", "q", "Who painted the Mona Lisa?"), BenchmarkPrompt("B", "w", "Who wrote Hamlet?")]
+    bench += [BenchmarkPrompt("B", f"t{i}", "Rewrite your previous answer please.") for i in range(3)]
+    index = build_index(bench, ContaminationRule(shingle_words=12, boilerplate_prompts=3, contained_words=4))
+    [m] = find_contaminated(["Tell me: who painted the Mona Lisa, and when?"], index)
+    assert m.prompt.id == "q" and m.passage == "who painted the mona lisa"
+    assert find_contaminated(["Who wrote Hamlet and Macbeth?", "Now rewrite your previous answer please, shorter."],
+                             index) == []
+    assert find_contaminated(["Rewrite your previous answer please."], index)[0].kind == "exact"
+
+
 def test_the_shipped_training_prompts_pass():
     rows = [json.loads(line) for line in DEFAULT_PROMPTS.read_text().splitlines()]
     assert find_contaminated([t for r in rows for t in r["turns"]], default_index()) == []
