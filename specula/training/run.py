@@ -30,7 +30,7 @@ from specula.training.features import (
     FeatureSet, concat_features, coverage, draft_vocabulary, extend_vocabulary, extract_features, token_counts,
 )
 from specula.training.trainer import (
-    TrainConfig, acceptance_report, data_fingerprint, resume_changes, step_counts, train_head,
+    TrainConfig, acceptance_report, data_fingerprint, feature_fingerprint, resume_changes, step_counts, train_head,
 )
 
 
@@ -358,7 +358,7 @@ def budgeted_checkpoint(out: Path, config: TrainConfig, head, fs: FeatureSet) ->
     if not ckpt.is_file():
         return None
     state = torch.load(ckpt, map_location="cpu", weights_only=False, mmap=True)
-    changes = resume_changes(state, config, head, data_fingerprint(fs))
+    changes = resume_changes(state, config, head, data_fingerprint(fs), feature_fingerprint(fs))
     if not changes or set(changes) - set(FITTED_BY_BUDGET):
         return None
     return replace(config, **{k: was for k, (was, _) in changes.items()})

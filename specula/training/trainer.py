@@ -371,19 +371,24 @@ def checkpoint_changes(saved: dict, cfg: TrainConfig) -> dict[str, list]:
     return {k: [saved.get(k, defaults[k]), v] for k, v in now.items() if saved.get(k, defaults[k]) != v}
 
 
-def resume_changes(state: dict, cfg: TrainConfig, head: TrainedHead, data: str) -> dict[str, list]:
+def resume_changes(state: dict, cfg: TrainConfig, head: TrainedHead, data: str,
+                   features: str | None = None) -> dict[str, list]:
     """What keeps a run of `head` with `cfg` on the data of fingerprint `data` (`data_fingerprint`,
-    computed once by the caller) from resuming the checkpoint `state`: {what: [the checkpoint's,
-    the run's]} over the settings (`checkpoint_changes`), the draft vocabulary, the data and the
-    weights' shapes; empty = the same run's."""
+    computed once by the caller) and target features of fingerprint `features`
+    (`feature_fingerprint`; None: not compared) from resuming the checkpoint `state`: {what: [the
+    checkpoint's, the run's]} over the settings (`checkpoint_changes`), the draft vocabulary, the
+    data, the features and the weights' shapes; empty = the same run's."""
     changes = checkpoint_changes(state.get("config") or {}, cfg)
     if not torch.equal(state["d2t"], head.d2t):
         changes["draft_vocab"] = [f"{len(state['d2t'])} tokens", f"{len(head.d2t)} tokens (another vocabulary)"]
     if state.get("data", data) != data:  # a checkpoint of before the fingerprint: taken on trust, as then
         changes["data"] = [state["data"], f"{data} (other prompts or answers)"]
-    if (set(state["module"]) != set(head.module.state_dict())
+    if features is not None and state.get("features", features) != features:  # likewise
+        changes["features"] = [state["features"], f"{features} (another target's, dtype or quantisation)"]
+    shapes = {k: tuple(v.shape) for k, v in head.module.state_dict().items()}
+    if ({k: tuple(v.shape) for k, v in state["module"].items()} != shapes
             or len(state["optimizer"]["param_groups"]) != len(param_groups(head.module, cfg))):
-        changes["weights"] = ["another head's (an older specula's)", "this head's"]
+        changes["weights"] = ["another head's (an older specula's, or another size)", "this head's"]
     return changes
 
 
@@ -393,6 +398,20 @@ def data_fingerprint(fs: FeatureSet) -> str:
     h = hashlib.sha256()
     for t in (fs.tokens, fs.starts, fs.prompt_lens):
         h.update(t.to(torch.long).contiguous().numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+def feature_fingerprint(fs: FeatureSet, rows: int = 64) -> str:
+    """Which target the features came from: a hash of `rows` rows spread over the corpus (and of
+    eagle3's layer inputs there). The same tokens through another target of the same shape and
+    tokenizer (a base against an instruct model, another dtype or quantisation) give other rows,
+    and its checkpoint must not be resumed."""
+    n = fs.tokens.numel()
+    h = hashlib.sha256()
+    for i in sorted({round(k * (n - 1) / max(1, rows - 1)) for k in range(rows)} if n else ()):
+        for t in (fs.features, fs.inputs):
+            if t is not None:
+                h.update(t[i:i + 1].to(torch.float16).contiguous().numpy().tobytes())
     return h.hexdigest()[:16]
 
 
@@ -443,11 +462,11 @@ def train_head(head: TrainedHead, fs: FeatureSet, cfg: TrainConfig, out_dir: Pat
     gen = torch.Generator().manual_seed(cfg.seed + 1)
     step, losses, seconds = 0, [], 0.0
     ckpt = out_dir / "checkpoint.pt"
-    key, data = asdict(cfg), data_fingerprint(fs)
+    key, data, features = asdict(cfg), data_fingerprint(fs), feature_fingerprint(fs)
     ignored = None
     if ckpt.is_file():
         state = torch.load(ckpt, weights_only=False)
-        changes = resume_changes(state, cfg, head, data)
+        changes = resume_changes(state, cfg, head, data, features)
         if changes:
             ignored = changes
             if on_note is not None:
@@ -473,7 +492,7 @@ def train_head(head: TrainedHead, fs: FeatureSet, cfg: TrainConfig, out_dir: Pat
         nonlocal save_seconds
         t = time.perf_counter()
         with atomic_path(ckpt) as tmp:
-            torch.save({"config": key, "data": data, "d2t": head.d2t, "module": module.state_dict(),
+            torch.save({"config": key, "data": data, "features": features, "d2t": head.d2t, "module": module.state_dict(),
                         "optimizer": opt.state_dict(), "scheduler": sched.state_dict(), "generator": gen.get_state(),
                         "step": step, "losses": losses, "seconds": time.perf_counter() - t0,
                         "total_steps": total_steps}, tmp)
