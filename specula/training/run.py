@@ -30,7 +30,8 @@ from specula.training.features import (
     FeatureSet, concat_features, coverage, draft_vocabulary, extend_vocabulary, extract_features, token_counts,
 )
 from specula.training.trainer import (
-    TrainConfig, acceptance_report, data_fingerprint, feature_fingerprint, resume_changes, step_counts, train_head,
+    TrainConfig, acceptance_report, data_fingerprint, feature_fingerprint, resume_changes, split, split_tokens,
+    step_counts, train_head,
 )
 
 
@@ -147,6 +148,9 @@ def run_training(target, tokenizer, target_name: str, out: Path, config: TrainCo
         flat = [t for prompt_ids, answer_ids in table.items() for t in (*prompt_ids, *answer_ids)]
         counts = token_counts(torch.tensor(flat, dtype=torch.long), target.vocab_size)
         made["vocab_from"] = {"files": [str(f) for f in vocab_from], "sha256_16": vocab_hash, "tokens": len(flat)}
+    if counts is None:  # the vocabulary ranked by the training part's tokens: the held-out answers are not seen
+        counts = token_counts(split_tokens(fs, split(fs, config.holdout, config.seed, config.max_sequences)[0]),
+                              target.vocab_size)
     if start is not None:
         head, d2t = start, extend_vocabulary(start.d2t, fs, config.draft_vocab, target.vocab_size, counts)
         if len(d2t) > len(start.d2t):  # the head's output rows are the target's: more of them need no new weights

@@ -26,7 +26,7 @@ import math
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
 
 import torch
 
@@ -157,11 +157,28 @@ def autocast_dtype(precision: str, device: torch.device) -> torch.dtype | None:
 # ---------------------------------------------------------------------------- data
 def split(fs: FeatureSet, holdout: float, seed: int, max_sequences: int = 0) -> tuple[list[int], list[int]]:
     """(train, held-out) sequence indices, deterministic in seed; the training part cut to the first
-    `max_sequences` of the same permutation (0: all), so a smaller set is a subset of a larger one."""
+    `max_sequences` of the same permutation (0: all), so a smaller set is a subset of a larger one.
+    A sequence whose prompt a held-out sequence also has is not trained on (data files repeat
+    prompts, and a greedy answer repeats with its prompt: held out on one side and trained on the
+    other, it was not held out)."""
     order = torch.randperm(len(fs), generator=torch.Generator().manual_seed(seed)).tolist()
     n_eval = max(1, round(holdout * len(fs))) if holdout > 0 and len(fs) > 1 else 0
-    train = order[n_eval:][: max_sequences or None]
+    held = {_prompt_key(fs, s) for s in order[:n_eval]}
+    train = [s for s in order[n_eval:] if _prompt_key(fs, s) not in held][: max_sequences or None]
     return sorted(train), sorted(order[:n_eval])
+
+
+def _prompt_key(fs: FeatureSet, s: int) -> bytes:
+    """Sequence s's prompt token ids, as bytes."""
+    a = int(fs.starts[s])
+    return fs.tokens[a:a + int(fs.prompt_lens[s])].to(torch.long).numpy().tobytes()
+
+
+def split_tokens(fs: FeatureSet, seqs: Sequence[int]) -> torch.Tensor:
+    """[n] long: the tokens of sequences `seqs`, one after another."""
+    if not len(seqs):
+        return fs.tokens[:0]
+    return torch.cat([fs.tokens[int(fs.starts[s]):int(fs.starts[s + 1])] for s in seqs])
 
 
 def chunks(fs: FeatureSet, seqs: list[int], seq_len: int) -> list[tuple[int, int, int]]:

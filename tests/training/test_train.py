@@ -22,7 +22,7 @@ from specula.training.features import (
 )
 from specula.drafters.heads.losses import LossConfig, distill, loss_of, soft_ce, topk_ce, ttt_mask
 from specula.training.trainer import (LENGTH_WINDOW, TrainConfig, batch, batch_order, chunks, loss_config, split,
-                                      step_counts, train_head)
+                                      split_tokens, step_counts, train_head)
 
 
 @pytest.fixture(scope="module")
@@ -353,6 +353,25 @@ def test_held_out_split_and_vocabulary(setup):
     assert 0 < coverage(fs, d2t) < 1 and coverage(fs, torch.arange(96)) == 1.0
 
 
+def test_a_prompt_held_out_is_not_trained_on_through_a_repeat():
+    """Data files repeat prompts (and a greedy answer repeats with its prompt): a sequence whose
+    prompt a held-out sequence has is left out of training, on every size of the training part."""
+    rng = random.Random(0)
+    prompts = [[rng.randrange(2, 96) for _ in range(4)] for _ in range(10)]
+    seqs = [p + [rng.randrange(2, 96) for _ in range(3)] for p in prompts + prompts[:6]]  # 6 prompts twice
+    tokens = torch.tensor([t for q in seqs for t in q])
+    starts = torch.tensor([0, *torch.tensor([len(q) for q in seqs]).cumsum(0).tolist()])
+    fs = FeatureSet(tokens, torch.zeros(len(tokens), 4), starts, torch.tensor([4] * len(seqs)))
+    key = lambda s: tuple(seqs[s][:4])  # noqa: E731
+    for seed in range(5):
+        train, held = split(fs, 0.3, seed)
+        assert not {key(s) for s in train} & {key(s) for s in held} and len(held) == 5
+        assert len(train) + len(held) + sum(key(s) in {key(h) for h in held} for s in range(len(seqs))
+                                            if s not in held) == len(seqs)
+        assert set(split(fs, 0.3, seed, max_sequences=3)[0]) <= set(train)
+    assert split_tokens(fs, [1, 0]).tolist() == seqs[1] + seqs[0]
+
+
 def test_an_extended_vocabulary_keeps_the_head_tokens_and_adds_the_most_frequent_others():
     tokens = torch.tensor([5] * 9 + [7] * 6 + [3] * 4 + [8] * 2 + [2])  # 5 > 7 > 3 > 8 > 2 by count
     fs = FeatureSet(tokens, torch.zeros(len(tokens), 4), torch.tensor([0, len(tokens)]), torch.tensor([1]))
@@ -590,11 +609,15 @@ def test_init_head_fine_tunes_a_head_from_its_weights_and_vocabulary(tmp_path, m
     err = capsys.readouterr().err
     assert code == 2 and "no eagle3 head is installed" in err
     # a larger --draft-vocab widens the head's vocabulary: its tokens kept, no weight added; output unchanged
-    wide = [*common[:-4], "--draft-vocab", "80", "--intermediate-size", "24"]
+    # (by the training part's tokens: a head of 32 of them, widened to 48)
+    narrow = [*common[:-4], "--draft-vocab", "32", "--intermediate-size", "24"]
+    assert main(["train", *narrow, "--out", str(tmp_path / "n"), "--epochs", "1", "--seq-len", "16"]) == 0
+    base = read_head(tmp_path / "n" / "eagle3.safetensors")
+    wide = [*common[:-4], "--draft-vocab", "48", "--intermediate-size", "24"]
     assert main(["train", *wide, "--out", str(tmp_path / "e"), "--epochs", "1", "--seq-len", "16",
-                 "--init-head", str(first)]) == 0
+                 "--init-head", str(tmp_path / "n" / "eagle3.safetensors")]) == 0
     widened = read_head(tmp_path / "e" / "eagle3.safetensors")
-    assert len(base.d2t) < len(widened.d2t) == widened.config.draft_vocab <= 80
+    assert len(base.d2t) < len(widened.d2t) == widened.config.draft_vocab <= 48
     assert set(base.d2t.tolist()) < set(widened.d2t.tolist())
     assert {k: v.shape for k, v in widened.state.items()} == {k: v.shape for k, v in base.state.items()}
     assert json.loads((tmp_path / "e" / "report.json").read_text())["draft_vocab"] == len(widened.d2t)
