@@ -404,7 +404,7 @@ def _content(message: Mapping[str, Any], index: int) -> str:
                 raise APIError(400, f"messages[{index}].content: only text parts ({{'type': 'text', 'text': ...}}) "
                                     "are supported", param=f"messages[{index}].content", code="invalid_type")
             texts.append(part["text"])
-        return "".join(texts)
+        return "\n".join(texts)  # as vLLM joins a message's text parts
     if content is None and message.get("role") == "assistant":
         return ""
     raise _type_error(f"messages[{index}].content", "a string", content)

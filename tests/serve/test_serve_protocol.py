@@ -17,6 +17,9 @@ def test_openai_defaults():
     chat = parse_request("chat", {"model": "m", "max_completion_tokens": 7, "stop": "x", "user": "u",
                                   "messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}]}, "m")
     assert chat.max_tokens == 7 and chat.stop == ("x",) and chat.messages[0]["content"] == "hi"
+    parts = [{"type": "text", "text": "first"}, {"type": "text", "text": "second"}]
+    chat = parse_request("chat", {"model": "m", "messages": [{"role": "user", "content": parts}]}, "m")
+    assert chat.messages[0]["content"] == "first\nsecond"  # text parts joined by a newline, as vLLM joins them
 
 
 def test_bool_is_not_an_integer():
