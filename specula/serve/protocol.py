@@ -128,6 +128,9 @@ _UNSUPPORTED: dict[str, tuple[Any, ...]] = {
     "suffix": (None, ""),
     "tools": (None, []),
     "functions": (None, []),
+    "min_tokens": (None, 0),  # vLLM's extras this server does not honour: refused, not silently ignored
+    "include_stop_str_in_output": (None, False),
+    "skip_special_tokens": (None, True),
 }
 
 
