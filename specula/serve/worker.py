@@ -295,8 +295,9 @@ class Worker:
         job.prompts = tuple(tuple(ids) for ids in prompts)
         self.metrics.prompt_tokens.inc(sum(len(ids) for ids in prompts))
         base = SamplingParams(max_new_tokens=1, **request.sampling())
+        seed = base.seed
         return [_Choice(job, i * request.n + j, job.prompts[i],
-                        replace(base, max_new_tokens=limit, seed=None if base.seed is None else choice_seed(base.seed, j)))
+                        replace(base, max_new_tokens=limit, seed=None if seed is None else choice_seed(seed, j)))
                 for i, limit in enumerate(limits) for j in range(request.n)]
 
     def _start(self, choice: _Choice) -> _Running:

@@ -509,7 +509,8 @@ def train_head(head: TrainedHead, fs: FeatureSet, cfg: TrainConfig, out_dir: Pat
         nonlocal save_seconds
         t = time.perf_counter()
         with atomic_path(ckpt) as tmp:
-            torch.save({"config": key, "data": data, "features": features, "d2t": head.d2t, "module": module.state_dict(),
+            torch.save({"config": key, "data": data, "features": features, "d2t": head.d2t,
+                        "module": module.state_dict(),
                         "optimizer": opt.state_dict(), "scheduler": sched.state_dict(), "generator": gen.get_state(),
                         "step": step, "losses": losses, "seconds": time.perf_counter() - t0,
                         "total_steps": total_steps}, tmp)
