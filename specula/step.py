@@ -122,10 +122,13 @@ class Proposal:
         return Proposal(self.tree.subtree(keep), q, self.sibling_mode)
 
     def limit(self, budget: DraftBudget) -> "Proposal":
-        """Enforce the loop's budget: depth first, then the best nodes by path score."""
+        """Enforce the loop's budget: depth first, then the best nodes by path score; a sampled
+        proposal keeps its first nodes in drawing order instead (a cut by score would choose draws
+        by their values, which changes the law the rule assumes)."""
         tree = self.tree
         out = self.restrict([i for i, d in enumerate(tree.depth) if d <= budget.max_depth])
-        return out.restrict(out.tree.top_node_indices(max(budget.max_nodes, 0)))
+        n = max(budget.max_nodes, 0)
+        return out.restrict(range(min(n, len(out.tree))) if self.sampled else out.tree.top_node_indices(n))
 
 
 @dataclass(frozen=True)

@@ -498,9 +498,10 @@ class HardwarePlanner:
             probs: list[float] = []
             context: list[str | None] = []
             whole.append(1.0)
-            if proposal.sampled and not proposal.tree.is_chain():
-                # Sampled siblings must be verified as drawn: dropping some of them by score would
-                # change the law the rule assumes (a chain may be cut: that is a stop rule).
+            if proposal.sampled:
+                # Sampled drafts are verified as drawn: a cut chosen by the estimates, which read each
+                # node's own q, keeps a drawn token or not by its value and skews the law the rule
+                # assumes (a chain is sized by its drafter before each draw, a valid stop rule).
                 drawn, context = self._estimate(proposal)
                 whole[-1] += sum(drawn)
                 fixed_tokens += len(proposal.tree)

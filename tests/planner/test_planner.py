@@ -185,6 +185,51 @@ def test_sampled_sibling_trees_are_never_pruned():
     assert len(pruned.tree) < len(tree)
 
 
+def test_a_sampled_chain_is_verified_whole_whatever_its_draws_are_worth():
+    # A cut chosen from the estimates reads each node's own q: it would keep a drawn token or not
+    # by its value, and the kept draws would no longer follow q.
+    from specula.planner import PlannerConfig
+
+    driver = Driver(HardwarePlanner(curve=STEEP, config=PlannerConfig(cost_explore=0.0)))
+    tree = TokenTree.chain([5, 6, 7, 8], [0.9, 0.001, 0.001, 0.001], "draft-model")
+    planned, _ = driver.plan(Proposal(tree, torch.full((5, 16), 1 / 16), "iid"))
+    assert planned.tree == tree
+    cut, _ = driver.plan(Proposal(tree))  # deterministic candidates are sized
+    assert len(cut.tree) < len(tree)
+
+
+def test_a_sampled_proposal_over_budget_keeps_its_first_draws_not_its_best():
+    tree = TokenTree.build([5, 6, 7, 8], [-1, -1, 0, 1], edge_scores=[0.1, 0.9, 0.5, 0.9], sources="draft-tree")
+    q = torch.full((5, 16), 1 / 16)
+    assert Proposal(tree, q, "iid").limit(DraftBudget(2, 8)).tree.tokens == (5, 6)
+    assert Proposal(tree).limit(DraftBudget(2, 8)).tree.tokens == (6, 8)  # deterministic: by path score
+
+
+def test_the_planner_keeps_the_law_of_sampled_draft_chains():
+    # A perfect draft (q = p) of one token a step through the planner and the rule, as the engine
+    # runs them: the first token's law must be p (the planner once cut unlikely draws: 0.43 for p 0.3).
+    from specula.sampling import sample_iid
+    from specula.verify import verify_step
+
+    p = torch.tensor([0.3] + [0.07] * 10, dtype=torch.float64)
+    curve = CostCurve((1, 2, 4, 8), (1e-3, 1.1e-3, 1.3e-3, 1.6e-3), 64)
+    planner = HardwarePlanner(curve=curve)
+    state, gen, params = planner.new_state(), make_generator(0), SamplingParams(temperature=1.0)
+    logits = p.log().float()[None].repeat(2, 1)  # [2, 11]: root and one node
+    trials, counts = 3000, torch.zeros(len(p))
+    for _ in range(trials):
+        x = int(sample_iid(p, 1, gen))
+        proposal = Proposal(TokenTree.chain([x], [float(p[x])], "draft-model"),
+                            torch.stack([p.float(), torch.zeros(len(p))]), "iid")
+        [plan] = planner.plan([PlanRequest([proposal], DraftBudget(8, 8), state, 1e-4)])
+        n = len(plan.proposal.tree)
+        result = verify_step(plan.proposal.tree, logits[: n + 1], params, q=plan.proposal.q,
+                             mode=plan.proposal.sibling_mode, generator=gen)
+        counts[result.tokens(plan.proposal.tree)[0]] += 1
+    se = (p * (1 - p) / trials).sqrt()
+    assert float(((counts / trials - p).abs() / se).max()) < 4.5
+
+
 def test_per_source_correction_learns_the_planner_optimism():
     """Nodes are accepted half as often as the per-source calibration says (e.g. the winner's
     curse of picking the best-looking nodes, or a text where this source copies badly): the
