@@ -34,7 +34,11 @@ def allowed_proposal(state: GrammarState, proposal: Proposal) -> Proposal:
 def constrained_proposals(state: GrammarState, proposals: Sequence[Proposal], budget: DraftBudget,
                           forced: bool) -> list[Proposal]:
     """The step's proposals under the grammar: the forced chain first (when `forced`), then each
-    drafter's proposal without forbidden nodes."""
+    drafter's proposal without forbidden nodes. A sampled proposal cannot share a tree, so on a
+    step the grammar forces tokens it is dropped for the forced chain (a choice made by the grammar
+    state alone, never by what was drawn, so the law holds)."""
     out = [allowed_proposal(state, p) for p in proposals]
     chain = forced_proposal(state, budget) if forced and budget.max_nodes > 0 and budget.max_depth > 0 else None
-    return ([chain] if chain is not None else []) + out
+    if chain is None:
+        return out
+    return [chain] + [p for p in out if not p.sampled]

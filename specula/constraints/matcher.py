@@ -197,7 +197,9 @@ class MaskedLogits(TreeRows):
     def _row(self, row: int) -> torch.Tensor:
         path = self.path_tokens(row)
         if not self.state._enter(path):
-            raise ValueError(f"row {row} hangs from a path the grammar forbids: prune the tree first")
+            # Under a node the grammar forbids (a sampled draft keeps its draws): the node has p = 0
+            # under its parent's mask, so no rule reaches this row; `full()` still builds it.
+            return self.logits[row]
         try:
             allowed = self.state.mask().to(self.logits.device)  # [vocab] bool
         finally:

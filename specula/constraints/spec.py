@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, Sequence
 
 from specula.errors import ConfigError
 
@@ -24,6 +24,9 @@ ConstraintKind = Literal["json", "json_schema", "regex", "grammar"]
 
 JSON_LAYOUT = {"whitespace_flexible": False, "key_separator": ": ", "item_separator": ", "}
 """llguidance's JSON options used unless a schema sets its own "x-guidance"."""
+
+REGEX_META = frozenset("\\.+*?()|[]{}^$#&-~")
+"""The characters a literal escapes in a (Rust) regex: the set `regex_syntax::escape` escapes."""
 
 
 class ConstraintError(ConfigError):
@@ -43,8 +46,18 @@ class Constraint:
     def __post_init__(self) -> None:
         if self.kind not in ("json", "json_schema", "regex", "grammar"):
             raise ConstraintError(f"unknown constraint kind {self.kind!r}; use json, json_schema, regex or grammar")
+        if not isinstance(self.text, str):
+            raise ConstraintError(f"the {self.kind.replace('_', ' ')} constraint must be text, got "
+                                  f"{type(self.text).__name__}")
         if self.kind != "json" and not self.text.strip():
             raise ConstraintError(f"the {self.kind.replace('_', ' ')} constraint is empty: give its text")
+        if self.kind == "json_schema":
+            try:
+                schema = json.loads(self.text)
+            except json.JSONDecodeError as exc:
+                raise ConstraintError(f"the JSON schema is not valid JSON: {exc}") from None
+            if not isinstance(schema, dict):
+                raise ConstraintError(f"a JSON schema must be a JSON object, got {type(schema).__name__}")
 
     # ------------------------------------------------------------------ constructors
     @classmethod
@@ -56,17 +69,25 @@ class Constraint:
     def json_schema(cls, schema: dict | str) -> "Constraint":
         """A JSON schema, as a dict or JSON text."""
         if isinstance(schema, str):
-            try:
-                schema = json.loads(schema)
-            except json.JSONDecodeError as exc:
-                raise ConstraintError(f"the JSON schema is not valid JSON: {exc}") from None
+            schema = json.loads(cls("json_schema", schema).text)  # checked there; written again below
         if not isinstance(schema, dict):
             raise ConstraintError(f"a JSON schema must be a JSON object, got {type(schema).__name__}")
-        return cls("json_schema", json.dumps(schema))  # key order kept: properties come out in schema order
+        try:
+            text = json.dumps(schema)  # key order kept: properties come out in schema order
+        except (TypeError, ValueError) as exc:
+            raise ConstraintError(f"the JSON schema cannot be written as JSON: {exc}") from None
+        return cls("json_schema", text)
 
     @classmethod
     def regex(cls, pattern: str) -> "Constraint":
         return cls("regex", pattern)
+
+    @classmethod
+    def choice(cls, options: Sequence[str]) -> "Constraint":
+        """Exactly one of `options` (vLLM's `guided_choice`): a regex of the options, escaped."""
+        if isinstance(options, str) or not options or not all(isinstance(o, str) and o for o in options):
+            raise ConstraintError(f"a choice needs a list of non-empty strings, got {options!r}")
+        return cls("regex", "|".join("".join("\\" + c if c in REGEX_META else c for c in o) for o in options))
 
     @classmethod
     def grammar(cls, text: str) -> "Constraint":

@@ -57,6 +57,8 @@ def decoder(models, tokenizer, method: str, planner="none"):
     model, draft = models
     uses_draft = method in ("draft-model", "draft-tree", "fusion")
     options = {"num_draft_tokens": 4} if method in ("draft-model", "fusion") else {}
+    if method == "draft-model":
+        options["greedy_proposals"] = False  # seeded trials still draw the chain from q
     return build_decoder(method, HFCausalLM(model, "target"), tokenizer,
                          HFCausalLM(draft, "draft") if uses_draft else None, planner=planner, **options)
 
@@ -102,13 +104,13 @@ TEMP = 1.5
 TRIALS = 1500
 
 
-def exact_masked_first_two(model, tokenizer, prompt: list[int]) -> torch.Tensor:
+def exact_masked_first_two(model, tokenizer, prompt: list[int], law: Constraint = LAW) -> torch.Tensor:
     """P(first = a, second = b) of constrained plain sampling: [VOCAB * VOCAB]."""
     from llguidance import LLMatcher
 
     from specula.constraints.matcher import unpack_bitmask
 
-    matcher = LLMatcher(grammar_tokenizer(tokenizer, VOCAB, [EOS]), LAW.grammar_text())
+    matcher = LLMatcher(grammar_tokenizer(tokenizer, VOCAB, [EOS]), law.grammar_text())
 
     def masked_p(ids):
         with torch.inference_mode():
@@ -125,11 +127,11 @@ def exact_masked_first_two(model, tokenizer, prompt: list[int]) -> torch.Tensor:
     return joint.flatten()
 
 
-def sample_codes(dec, prompt, trials=TRIALS):
+def sample_codes(dec, prompt, trials=TRIALS, law: Constraint = LAW):
     codes = torch.empty(trials, dtype=torch.long)
     accepted = 0
     for s in range(trials):
-        out = dec.generate(prompt, SamplingParams(temperature=TEMP, max_new_tokens=3, seed=s, ignore_eos=True), LAW)
+        out = dec.generate(prompt, SamplingParams(temperature=TEMP, max_new_tokens=3, seed=s, ignore_eos=True), law)
         codes[s] = out.token_ids[0] * VOCAB + out.token_ids[1]
         accepted += out.stats.accepted_tokens
     return codes, accepted
@@ -152,6 +154,25 @@ def test_sampled_output_follows_the_masked_target_law(models, json_tokenizer, la
     assert accepted > (TRIALS // 10 if method == "fusion" else 0), accepted
     assert tv(codes, exact) < tv_bound(exact, TRIALS, c=2.0), method
     assert exact[codes].min() > 0  # nothing the grammar forbids is ever emitted
+
+
+@pytest.mark.parametrize("method, options", [("draft-model", {"greedy_proposals": False, "num_draft_tokens": 4}),
+                                             ("draft-tree", {"tree_sampling": "iid"})])
+def test_sampled_drafts_keep_the_masked_law_where_the_grammar_forces_tokens(models, json_tokenizer, law_prompt,
+                                                                             method, options):
+    """A forced first token, then free ones: the step that forces drops the sampled draft for the
+    forced chain (they cannot share a tree), the next steps verify draws from q."""
+    forcing = Constraint.regex(r"x(a|b|c|ab)(b|c|d)[a-d]*")
+    exact = exact_masked_first_two(models[0], json_tokenizer, law_prompt, forcing)
+    model, draft = models
+    dec = build_decoder(method, HFCausalLM(model, "target"), json_tokenizer, HFCausalLM(draft, "draft"),
+                        planner=HardwarePlanner(curve=FLAT), **options)
+    codes, _ = sample_codes(dec, law_prompt, TRIALS, forcing)
+    assert tv(codes, exact) < tv_bound(exact, TRIALS, c=2.0), method
+    assert exact[codes].min() > 0
+    schema = dec.generate(law_prompt, SamplingParams(temperature=1.0, max_new_tokens=60, seed=1), CONSTRAINTS["schema"])
+    if schema.stats.finish_reason == "stop":
+        assert set(json.loads(schema.text)) == {"name", "age", "tags"}
 
 
 def test_planted_rule_that_ignores_the_mask_is_detected(models, json_tokenizer, law_prompt, monkeypatch):

@@ -66,6 +66,33 @@ def test_constrained_proposals_put_the_forced_chain_first(state, json_tokenizer)
     assert len(constrained_proposals(state, [], DraftBudget(8, 1), forced=True)[0].tree) == 1  # depth budget
 
 
+def test_a_sampled_proposal_gives_way_to_the_forced_chain(state, json_tokenizer):
+    """A sampled proposal cannot share a tree: on a step the grammar forces tokens it is dropped (a
+    choice by the grammar state alone, not by the draws); deterministic ones stay beside the chain."""
+    state.commit(ids(json_tokenizer, '{"name'))
+    budget = DraftBudget(max_nodes=8, max_depth=8)
+    tree = TokenTree.chain(state.forced(1), [0.5], "draft-model")  # a draw the grammar allows
+    sampled, fixed = Proposal(tree, torch.full((2, VOCAB), 1.0 / VOCAB), "iid"), Proposal(tree)
+    out = constrained_proposals(state, [sampled, fixed], budget, forced=True)
+    assert [p.tree.sources[0] for p in out] == [FORCED_SOURCE, "draft-model"] and not out[1].sampled
+    free = GrammarState(state.constraint, json_tokenizer, VOCAB, [1])
+    free.commit(ids(json_tokenizer, '{"name": "'))  # the value's first token is free: nothing forced
+    assert constrained_proposals(free, [sampled], budget, forced=True) == [sampled]
+
+
+def test_every_row_of_a_sampled_tree_is_built_under_forbidden_draws(state, json_tokenizer):
+    """A sampled draft keeps the draws the grammar forbids; rows under them are unreachable (p = 0
+    at their node) but `full()`, which a device's rules take, still builds them."""
+    tree = TokenTree.chain([ids(json_tokenizer, '{"')[0], ids(json_tokenizer, "x")[0], ids(json_tokenizer, "a")[0]],
+                           [1.0] * 3, "draft-model")
+    logits = torch.randn(4, VOCAB, generator=torch.Generator().manual_seed(0))
+    masked = state.masked(logits, tree)
+    full = masked.full()  # [4, VOCAB]
+    for r in (0, 1):  # the root's row and the allowed node's
+        assert torch.equal(full[r], masked[r]) and bool(torch.isinf(full[r]).any())
+    assert bool(torch.isinf(full[1, ids(json_tokenizer, "x")[0]]))  # the forbidden draw has p = 0 there
+
+
 def test_masked_rows_and_argmax_equal_the_whole_mask(state, json_tokenizer):
     rng = random.Random(0)
     state.commit(ids(json_tokenizer, '{"name": "ab", "age": '))

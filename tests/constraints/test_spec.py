@@ -33,6 +33,11 @@ def test_constructors_and_response_format():
     (lambda: Constraint.from_response_format({"type": "json_schema"}), "schema"),
     (lambda: Constraint.regex(""), "empty"),
     (lambda: as_constraint("yaml"), "Constraint.regex"),
+    (lambda: Constraint("json_schema", "not json"), "not valid JSON"),
+    (lambda: Constraint("json_schema", "[1, 2]"), "must be a JSON object"),
+    (lambda: as_constraint({"enum": {1, 2}}), "cannot be written as JSON"),
+    (lambda: Constraint.choice("yes"), "list of non-empty strings"),
+    (lambda: Constraint.choice(["a", ""]), "list of non-empty strings"),
 ])
 def test_bad_constraints_fail_on_one_line_naming_the_problem(make, words):
     with pytest.raises(ConstraintError) as err:
@@ -50,3 +55,16 @@ def test_json_is_compact_unless_the_schema_says_otherwise():
 
 def test_gbnf_grammars_are_read_too():
     assert Constraint.grammar('root ::= "yes" | "no"').grammar_text()
+
+
+def test_a_choice_matches_each_option_exactly_whatever_characters_it_holds():
+    from llguidance import LLMatcher
+
+    options = ["yes", "no (1.5)", "a|b", "[x]-{y}^$.*+?#&~\\"]
+    grammar = Constraint.choice(options).grammar_text()
+    assert LLMatcher.validate_grammar_with_warnings(grammar)[0] is False
+    import re
+
+    pattern = Constraint.choice(options).text  # Rust regex syntax; these escapes read the same in Python's
+    assert all(re.fullmatch(pattern, o) for o in options)
+    assert not any(re.fullmatch(pattern, o) for o in ("ye", "no 1.5", "a", "b", "[x]-{y}"))
