@@ -11,12 +11,16 @@ from __future__ import annotations
 import math
 import os
 import random
+import warnings
 from dataclasses import dataclass, field
 
 import torch
 
 from specula.errors import ConfigError
 from specula.logprobs import MAX_LOGPROBS
+
+MIN_TEMPERATURE = 1e-2
+"""The lowest temperature above 0 sampled with (vLLM's floor): below it logits / t overflow."""
 
 
 @dataclass(frozen=True)
@@ -34,7 +38,11 @@ class SamplingParams:
     """Keep the tokens at least min_p times as likely as the most likely one, after top-p (Hugging
     Face's `MinPLogitsWarper` and its order; 0 = off)."""
     seed: int | None = None
-    """Seed of the random generator used by sampling rules (None = nondeterministic)."""
+    """Seed of a sampled request (None = nondeterministic): the same seed gives the same output,
+    the output of plain sampling with that seed, whatever is drafted. Drafters then propose fixed
+    candidates (their most likely tokens) by default (`fixed_drafts`); a drafter told to draw from
+    q (`draft-model` with greedy_proposals=False, `draft-tree`'s sampled tree modes) reproduces
+    its output only where the planner does not time it (planner none)."""
     max_new_tokens: int = 128
     """Hard limit on generated tokens; never overshot, even mid-draft."""
     stop: tuple[str, ...] = field(default_factory=tuple)
@@ -67,10 +75,18 @@ class SamplingParams:
     too)."""
 
     def __post_init__(self) -> None:
-        if self.temperature < 0:
-            raise ConfigError(f"temperature must be >= 0, got {self.temperature}; use 0 for greedy decoding")
-        if self.top_k < 0:
-            raise ConfigError(f"top_k must be >= 0 (0 disables it), got {self.top_k}")
+        if not (self.temperature >= 0 and math.isfinite(self.temperature)):
+            raise ConfigError(f"temperature must be a finite number >= 0, got {self.temperature}; "
+                              "use 0 for greedy decoding")
+        if 0 < self.temperature < MIN_TEMPERATURE:  # logits / t overflows: vLLM's floor, and its warning
+            warnings.warn(f"temperature {self.temperature} is below {MIN_TEMPERATURE}, which is used instead "
+                          "(use 0 for greedy decoding)", stacklevel=3)
+            object.__setattr__(self, "temperature", MIN_TEMPERATURE)
+        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
+            raise ConfigError(f"top_k must be an integer >= 0 (0 disables it), got {self.top_k!r}")
+        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)
+                                      or not -(2**63) <= self.seed < 2**64):
+            raise ConfigError(f"seed must be an integer that fits in 64 bits or None, got {self.seed!r}")
         if not 0.0 < self.top_p <= 1.0:
             raise ConfigError(f"top_p must be in (0, 1], got {self.top_p}; use 1.0 to disable it")
         if not 0.0 <= self.min_p <= 1.0:
@@ -82,6 +98,9 @@ class SamplingParams:
             raise ConfigError(f"max_new_tokens must be a positive integer, got {self.max_new_tokens}")
         if isinstance(self.stop, str):
             object.__setattr__(self, "stop", (self.stop,))
+        object.__setattr__(self, "stop", tuple(self.stop))
+        if any(not isinstance(s, str) or not s for s in self.stop):
+            raise ConfigError(f"stop must hold non-empty strings, got {list(self.stop)!r}")
         if isinstance(self.logit_bias, dict):
             object.__setattr__(self, "logit_bias", tuple(sorted(self.logit_bias.items())))
         if not self.repetition_penalty > 0 or not math.isfinite(self.repetition_penalty):
@@ -104,6 +123,15 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+    @property
+    def fixed_drafts(self) -> bool:
+        """Drafters that may either draw from q or propose fixed candidates propose fixed ones
+        (`draft-model`'s default): greedy requests, and seeded ones. With fixed candidates one
+        uniform per output position decides each token (`verify_step`), so a seed reproduces its
+        output; with draws from q the output also depends on how many were drawn, which the
+        planner's timings decide."""
+        return self.greedy or self.seed is not None
 
     @property
     def penalized(self) -> bool:

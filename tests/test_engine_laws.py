@@ -63,6 +63,8 @@ def decoder(models, method: str, datastore: str | None = None):
     model, draft = models
     target = HFCausalLM(model, "target")
     options = {"datastore": datastore} if datastore else {}
+    if method == "draft-model":
+        options["greedy_proposals"] = False  # speculative sampling: chains drawn from q, seeded or not
     return build_decoder(method, target, None, HFCausalLM(draft, "draft") if method in ("fusion", "draft-model") else None,
                          planner=HardwarePlanner(curve=FLAT), **options)
 
@@ -134,7 +136,8 @@ def test_sampled_output_with_a_cut_draft_vocabulary_follows_the_target_law(model
     model, draft = models
     cut = HFCausalLM(copy.deepcopy(draft), "draft")
     restrict_output(cut, torch.tensor([0, 2, 3, 5, 6]))
-    dec = build_decoder("draft-model", HFCausalLM(model, "target"), None, cut, planner=HardwarePlanner(curve=FLAT))
+    dec = build_decoder("draft-model", HFCausalLM(model, "target"), None, cut, planner=HardwarePlanner(curve=FLAT),
+                        greedy_proposals=False)
     codes, accepted = first_two(dec)
     assert accepted > TRIALS // 10, accepted
     assert tv(codes, exact) < tv_bound(exact, TRIALS, c=2.0)

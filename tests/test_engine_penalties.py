@@ -84,8 +84,9 @@ def test_a_bias_on_a_token_outside_the_vocabulary_is_refused():
 def test_sampled_output_follows_the_penalised_law(method):
     model = tiny_model("llama", seed=8, vocab=V)
     target = HFCausalLM(model, "target")
+    options = {"greedy_proposals": False} if method == "draft-model" else {}  # chains drawn from q
     dec = build_decoder(method, target, None, HFCausalLM(perturbed_copy(model, 0.3), "draft")
-                        if method == "draft-model" else None, planner=False)
+                        if method == "draft-model" else None, planner=False, **options)
     params = dict(temperature=TEMP, max_new_tokens=3, ignore_eos=True, repetition_penalty=3.0, presence_penalty=1.5,
                   frequency_penalty=0.5, logit_bias={2: 2.0})
     exact = _exact_first_two(model, SamplingParams(**params))

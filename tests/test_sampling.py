@@ -84,3 +84,30 @@ def test_min_p_out_of_range_is_refused(min_p):
 
     with pytest.raises(ConfigError, match="min_p must be in"):
         SamplingParams(min_p=min_p)
+
+
+@pytest.mark.parametrize("kwargs, words", [
+    ({"temperature": float("nan")}, "temperature must be a finite number"),
+    ({"temperature": float("inf")}, "temperature must be a finite number"),
+    ({"top_k": 2.5}, "top_k must be an integer"),
+    ({"top_k": True}, "top_k must be an integer"),
+    ({"seed": 2**64}, "seed must be an integer that fits in 64 bits"),
+    ({"seed": 1.5}, "seed must be an integer"),
+    ({"stop": ("ok", "")}, "stop must hold non-empty strings"),
+    ({"stop": ""}, "stop must hold non-empty strings"),
+])
+def test_values_that_would_fail_mid_generation_are_refused_up_front(kwargs, words):
+    from specula.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=words):
+        SamplingParams(**kwargs)
+
+
+def test_a_temperature_too_small_to_divide_by_is_raised_to_vllms_floor():
+    from specula.sampling import MIN_TEMPERATURE
+
+    with pytest.warns(UserWarning, match="below 0.01"):
+        params = SamplingParams(temperature=1e-40)
+    assert params.temperature == MIN_TEMPERATURE
+    assert bool(torch.isfinite(probabilities(torch.tensor([3.0, 1.0, -2.0]), params)).all())
+    assert SamplingParams(seed=-(2**63)).seed == -(2**63) and SamplingParams(seed=2**64 - 1).seed == 2**64 - 1

@@ -37,6 +37,7 @@ from specula.drafters.chain import draft_chain
 from specula.ema import Ema
 from specula.errors import ConfigError
 from specula.models.base import TargetModel, TargetSequence, common_prefix_length, keep_common_prefix
+from specula.sampling import SamplingParams
 
 MIN_WINDOW = 64
 """The smallest `draft_window`: its first half holds a chat template's system turn and the start of
@@ -59,8 +60,11 @@ class DraftModelConfig:
     """Tokens drafted per step (k); the most per step when adaptive. Default 5, or 12 adaptive."""
     adaptive: bool = False
     """Stop drafting early by the planner's cost-derived rule (SpecDec++-style)."""
-    greedy_proposals: bool = False
-    """Always draft the argmax (deterministic candidates), also when the request samples."""
+    greedy_proposals: bool | None = None
+    """True: always draft the argmax (fixed candidates), also when the request samples. False: a
+    sampled request's chain is drawn from q (speculative sampling), seeded or not. None: fixed
+    candidates for greedy and seeded requests, so that a seed reproduces its output whatever the
+    planner's timings let the draft draw (`SamplingParams.fixed_drafts`); draws for the others."""
     timing_ema: float = 0.2
     """EMA weight of each measured draft-token time (and catch-up time per token)."""
     draft_window: int | None = None
@@ -140,6 +144,12 @@ class DraftModelDrafter:
         per_token = self._catch_up_seconds.get(self._token_seconds.get() / 4)  # unmeasured: a prefill guess
         return max(0, missing - 1) * per_token
 
+    def _fixed(self, params: SamplingParams) -> bool:
+        """Whether this request's chain is the draft's argmax (fixed candidates) or drawn from q."""
+        if params.greedy or self.config.greedy_proposals:
+            return True
+        return params.fixed_drafts if self.config.greedy_proposals is None else False
+
     def propose(self, ctx: DraftContext, seq: TargetSequence) -> Proposal:
         tokens = window_view(ctx.tokens, ctx.prompt_len, self.config.draft_window)  # what the draft reads
         room = self.draft.max_context - len(tokens) + 1  # the draft cache holds tokens + k - 1 drafts
@@ -158,7 +168,7 @@ class DraftModelDrafter:
         t_start = time.perf_counter()
         logits = self.sync(seq, tokens)
         return draft_chain(ctx, self.name, k, logits, lambda token: seq.prefill([token], logits="last"),
-                           self._token_seconds, t_start, greedy=ctx.params.greedy or self.config.greedy_proposals,
+                           self._token_seconds, t_start, greedy=self._fixed(ctx.params),
                            adaptive=adaptive)
 
 

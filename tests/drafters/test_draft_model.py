@@ -91,3 +91,38 @@ def test_the_window_defaults_to_512_tokens_and_one_too_small_is_refused():
     for bad in (MIN_WINDOW - 1, -1):
         with pytest.raises(ConfigError, match="draft_window"):
             DraftModelConfig(draft_window=bad)
+
+
+@pytest.mark.parametrize("seed, greedy_proposals, mode", [(None, None, "iid"), (5, None, "deterministic"),
+                                                          (5, False, "iid"), (None, True, "deterministic")])
+def test_a_seeded_request_drafts_fixed_candidates_unless_told_to_draw(seed, greedy_proposals, mode):
+    model = tiny_model("llama", seed=3)
+    drafter = make_drafter("draft-model", draft=HFCausalLM(perturbed_copy(model, 0.1), "draft"), num_draft_tokens=3,
+                           greedy_proposals=greedy_proposals)
+    seq = drafter.start()
+    params = SamplingParams(temperature=1.0, seed=seed)
+    proposal = drafter.propose(DraftContext([5, 9, 11], 2, params, DraftBudget(16, 8), make_generator(0)), seq)
+    assert len(proposal.tree) == 3 and proposal.sibling_mode == mode
+    drafter.finish(seq)
+
+
+def test_a_seed_gives_plain_samplings_output_whatever_the_planner_times():
+    """A seeded sampled request: the draft model's chain is its argmax, so one uniform per position
+    decides every token, and the output is plain sampling's with that seed (the hardware planner,
+    whose choices follow timings, included)."""
+    from specula.api import build_decoder
+    from specula.planner import CostCurve, HardwarePlanner
+
+    model = tiny_model("llama", seed=3)
+    draft = HFCausalLM(perturbed_copy(model, 0.1), "draft")
+    target = HFCausalLM(model, "target")
+    plain = build_decoder("none", target)
+    dec = build_decoder("draft-model", target, None, draft, num_draft_tokens=4,
+                        planner=HardwarePlanner(curve=CostCurve((1, 2, 4, 8), (1.0, 1.05, 1.1, 1.2), 64)))
+    accepted = 0
+    for seed in range(8):
+        params = SamplingParams(temperature=0.8, max_new_tokens=24, seed=seed, ignore_eos=True)
+        out = dec.generate(long_prompt(20), params)
+        assert out.token_ids == plain.generate(long_prompt(20), params).token_ids, seed
+        accepted += out.stats.accepted_tokens
+    assert accepted > 0
