@@ -179,6 +179,9 @@ class SpeculativeDecoder:
         if outside:
             raise ConfigError(f"logit_bias names token {outside[0]}, outside the model's vocabulary of "
                               f"{self.target.vocab_size}")
+        if params.stop and self.tokenizer is None:
+            raise ConfigError("stop strings need the target's tokenizer to read the text: build the decoder "
+                              "with one, or stop on token ids (stop_token_ids)")
         grammar = None
         if constraint is not None:
             if self.tokenizer is None:
@@ -190,7 +193,7 @@ class SpeculativeDecoder:
         session = Session(
             prompt=prompt, params=params, seq=seq, generator=make_generator(seed, self.target.device), seed=seed,
             drafter_states=[], planner_state=self.planner.new_state(),
-            text=TextStream(self.tokenizer, params.stop), tokens=list(prompt), t_start=t_start, grammar=grammar,
+            text=TextStream(self.tokenizer, params.stop, prompt), tokens=list(prompt), t_start=t_start, grammar=grammar,
         )
         session.stats.method = self.method
         session.stats.prompt_tokens = len(prompt)
@@ -435,6 +438,8 @@ class SpeculativeDecoder:
         if reason is None and len(tokens) >= target.max_context:
             reason = "length"
         text = session.text.feed(new, final=reason is not None)
+        if reason is None and session.text.stopped:  # the trimmer saw a stop string `stop_cut` did not
+            reason = "stop"
         stats.new_tokens = len(session.generated)
         stats.seconds = time.perf_counter() - session.t_start
         if reason is not None:

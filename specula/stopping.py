@@ -45,12 +45,19 @@ class StopTrimmer:
         return out
 
 
+CONTEXT_TOKENS = 5
+"""Prompt tokens decoded before the output (vLLM's incremental detokenizer reads 5): a tokenizer
+that strips the leading space of a text (SentencePiece's) keeps the output's first space."""
+
+
 class TextStream:
     """Decodes a growing list of token ids into text deltas, holding back a trailing incomplete
-    multi-byte character, and applies the stop strings (`StopTrimmer`)."""
+    multi-byte character, and applies the stop strings (`StopTrimmer`). The output is decoded after
+    the prompt's last `CONTEXT_TOKENS` tokens and without them, as vLLM decodes it."""
 
-    def __init__(self, tokenizer, stops: Sequence[str] = ()) -> None:
+    def __init__(self, tokenizer, stops: Sequence[str] = (), prompt: Sequence[int] = ()) -> None:
         self.tokenizer = tokenizer
+        self.context = [int(t) for t in list(prompt)[-CONTEXT_TOKENS:]]  # [<= CONTEXT_TOKENS]
         self.ids: list[int] = []
         self.shown = ""  # decoded text already passed to the trimmer
         self.trimmer = StopTrimmer(stops) if stops and tokenizer is not None else None
@@ -62,6 +69,14 @@ class TextStream:
         # shown once the next token arrives (" '" -> "'"); vLLM's incremental detokenizer does none either
         return self.tokenizer.decode(list(ids), skip_special_tokens=True, clean_up_tokenization_spaces=False)
 
+    def decode_after(self, context: Sequence[int], ids: Sequence[int]) -> str:
+        """The text of `ids` where they follow `context`: decode(context + ids) less decode(context)
+        (the context alone where it ends inside a character)."""
+        before = self.decode(context) if context else ""
+        if not before or before.endswith("\ufffd"):
+            return self.decode(ids)
+        return self.decode([*context, *ids])[len(before):]
+
     @property
     def stopped(self) -> bool:
         return self.trimmer is not None and self.trimmer.stopped
@@ -72,9 +87,17 @@ class TextStream:
         if self.trimmer is None:
             return None
         longest = max(len(s) for s in self.trimmer.stops)
-        head = self.ids[-(longest + 8) :]  # only the tail can contain a new match
+        # Only the output's tail can hold the start of a new match: enough tokens for `longest`
+        # characters (tokens that decode to nothing, special ones, widen it).
+        start = len(self.ids)
+        while start > 0:
+            start = max(0, start - longest - 8)
+            if len(self.decode(self.ids[start:])) >= longest:
+                break
+        head = self.ids[start:]
+        context = [*self.context, *self.ids[:start]][-CONTEXT_TOKENS:]
         for k in range(1, len(new) + 1):
-            text = self.decode([*head, *new[:k]])
+            text = self.decode_after(context, [*head, *new[:k]])
             if any(s in text for s in self.trimmer.stops):
                 return k
         return None
@@ -82,7 +105,7 @@ class TextStream:
     def feed(self, new: Sequence[int], final: bool = False) -> str:
         """Append tokens; the text delta safe to show (all of it when `final`)."""
         self.ids.extend(int(t) for t in new)
-        text = self.decode(self.ids)
+        text = self.decode_after(self.context, self.ids)
         stable = text if final or not text.endswith("\ufffd") else text[:-1]
         # Text already shown cannot be taken back: where decoding more tokens rewrote it, what lies past
         # it is shown once the text is as long again (so nothing after a rewrite is lost).

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from tiny import perturbed_copy, reference_greedy, successor_model, tiny_model
+from tiny import output_text, perturbed_copy, reference_greedy, successor_model, tiny_model
 from specula.drafters import make_drafter
 from specula.drafters.draft_model import DraftModelConfig, DraftModelDrafter
 from specula.engine import SpeculativeDecoder
@@ -18,7 +18,8 @@ PROMPTS = [
 
 def decoder(model, method: str, draft_model=None, k: int = 5) -> SpeculativeDecoder:
     draft = HFCausalLM(draft_model, "draft") if draft_model is not None else None
-    drafter = make_drafter(method, draft=draft, num_draft_tokens=k if method == "draft-model" else None)
+    options = {"num_draft_tokens": k, "greedy_proposals": False} if method == "draft-model" else {}  # draws from q
+    drafter = make_drafter(method, draft=draft, **options)
     return SpeculativeDecoder(HFCausalLM(model, "target"), drafter, eos_token_ids=[])
 
 
@@ -190,7 +191,7 @@ def test_stop_strings_cut_the_output(tiny_tokenizer):
     assert out.token_ids == plain[: first + 1]
     assert out.stats.finish_reason == "stop"
     # OpenAI's rule: the stop string and what follows it are not returned.
-    full = tiny_tokenizer.decode(plain[: first + 1], skip_special_tokens=True)
+    full = output_text(tiny_tokenizer, PROMPTS[0], plain[: first + 1])  # the text after the prompt's
     assert out.text == full[: full.index(stop_text)]
     streamed = "".join(c.text for c in dec.stream(PROMPTS[0], SamplingParams(max_new_tokens=30, stop=(stop_text,))))
     assert streamed == out.text
@@ -242,7 +243,8 @@ def test_two_sessions_interleaved_step_by_step_give_what_each_gives_alone(temper
     params = [SamplingParams(temperature=temperature, seed=s, max_new_tokens=30, ignore_eos=True) for s in (1, 2)]
     prompts = PROMPTS[:2]
     for method in ("draft-model", "draft-tree", "fusion", "token-recycling"):
-        dec = build_decoder(method, target, None, draft, planner=False)  # the same trees whatever the timing
+        options = {"greedy_proposals": False} if method == "draft-model" else {}  # seeded, still drawn from q
+        dec = build_decoder(method, target, None, draft, planner=False, **options)  # the same trees whatever the timing
         alone = [dec.generate(p, sp).token_ids for p, sp in zip(prompts, params)]
         sessions = [dec.start(p, sp) for p, sp in zip(prompts, params)]
         while not all(s.finished for s in sessions):
@@ -332,3 +334,10 @@ def test_pass_through_planner_gives_the_output_of_the_full_planner():
         outs = [dec.generate(prompt, greedy(30)) for dec in (passthrough, planned)]
         assert outs[0].token_ids == outs[1].token_ids == reference_greedy(model, prompt, 30)
         assert outs[0].stats.planner is None and outs[1].stats.planner["steps"] > 0
+
+
+def test_stop_strings_without_a_tokenizer_are_refused_not_ignored():
+    dec = decoder(tiny_model("llama", seed=2), "none")  # built without a tokenizer
+    with pytest.raises(ConfigError, match="stop strings need the target's tokenizer"):
+        dec.generate(PROMPTS[0], SamplingParams(max_new_tokens=4, stop=("w1",)))
+    assert len(dec.generate(PROMPTS[0], SamplingParams(max_new_tokens=4, stop_token_ids=(3,))).token_ids) <= 4

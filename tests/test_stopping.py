@@ -77,3 +77,45 @@ def test_text_stream_shows_what_follows_a_rewrite_of_shown_text():
 
     stream = TextStream(Rewriting())
     assert [stream.feed([0]), stream.feed([1]), stream.feed([2], final=True)] == ["x", "y", "z"]
+
+
+def _sentencepiece_tokenizer():
+    """A Llama-2-style tokenizer.json decoder (Metaspace, Strip(start=1)): a text decoded alone
+    loses its leading space."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    words = ["<unk>", "<s>", "</s>", "▁The", "▁capital", "▁is", "▁Paris", ".", "▁Human", ":"]
+    backend = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.Metaspace()
+    backend.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(),
+                                         decoders.Strip(" ", 1, 0)])
+    return PreTrainedTokenizerFast(tokenizer_object=backend, bos_token="<s>", eos_token="</s>", unk_token="<unk>")
+
+
+def test_the_output_keeps_its_leading_space_where_the_tokenizer_strips_a_texts_first():
+    """As vLLM decodes it: the output's text is its text after the prompt, so a SentencePiece
+    tokenizer's "▁Paris" reads " Paris", and a stop string starting with that space is seen."""
+    tok = _sentencepiece_tokenizer()
+    prompt, output = [3, 4, 5], [6, 7, 8, 9]  # "The capital is" / " Paris. Human:"
+    assert tok.decode(output) == "Paris. Human:"  # alone, the space goes
+    stream = TextStream(tok, prompt=prompt)
+    assert "".join(stream.feed([t], final=i == 3) for i, t in enumerate(output)) == " Paris. Human:"
+    assert TextStream(tok, stops=(" Paris",), prompt=prompt).stop_cut(output) == 1
+    stream = TextStream(tok, stops=(" Human",), prompt=prompt)
+    assert stream.stop_cut(output) == 3
+    assert stream.feed(output[:3]) == " Paris." and stream.stopped
+
+
+def test_a_stop_string_after_tokens_that_decode_to_nothing_is_still_cut():
+    """Special tokens (skipped when decoding) between a stop string's first and last tokens: the
+    window `stop_cut` reads is counted in characters, not tokens."""
+
+    class Specials:  # id 0: "a", 1: "b", 2: a special token (decodes to nothing)
+        def decode(self, ids, skip_special_tokens=True, clean_up_tokenization_spaces=False):
+            return "".join("ab"[i] for i in ids if i < 2)
+
+    for gap in (0, 9, 40):
+        stream = TextStream(Specials(), stops=("ab",))
+        stream.feed([1, 0] + [2] * gap)
+        assert stream.stop_cut([2, 1, 0]) == 2, gap

@@ -227,3 +227,12 @@ def saved_training_setup(tmp_path, tokenizer, *, layers: int = 2, prompts: int =
     data.write_text("".join(json.dumps({"prompt": " ".join(f"w{(i * stride + k) % 90 + 2}" for k in range(words))}) + "\n"
                             for i in range(prompts)))
     return path, model, data
+
+
+def output_text(tokenizer, prompt: Sequence[int], ids: Sequence[int]) -> str:
+    """The text `ids` add after `prompt`, as vLLM and specula show an output: the text of the whole
+    less the prompt's (a tokenizer that joins words by spaces starts it with one)."""
+    def decode(tokens):
+        return tokenizer.decode(list(tokens), skip_special_tokens=True, clean_up_tokenization_spaces=False)
+
+    return decode([*prompt, *ids])[len(decode(prompt)):]

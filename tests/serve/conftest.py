@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from serve_helpers import EOS, make_spec, make_tokenizer, running
-from tiny import perturbed_copy, reference_greedy, tiny_model
+from tiny import output_text, perturbed_copy, reference_greedy, tiny_model
 
 from specula.serve import SpeculaServer
 
@@ -56,7 +56,7 @@ def reference(target_model, tokenizer):
             return tuple(reference_greedy(model, list(prompt_ids), max_tokens, eos=EOS))
 
     def text(prompt_ids: tuple[int, ...], max_tokens: int) -> str:
-        return tokenizer.decode(list(tokens(prompt_ids, max_tokens)), skip_special_tokens=True)
+        return output_text(tokenizer, prompt_ids, tokens(prompt_ids, max_tokens))
 
     text.tokens = tokens
     return text

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from serve_helpers import EOS, chat_ids, text_ids
-from tiny import reference_greedy, tiny_model
+from tiny import output_text, reference_greedy, tiny_model
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +33,7 @@ def model_dir(tmp_path_factory, llama, tokenizer):
 
 def _reference(model, tokenizer, ids, max_tokens: int) -> str:
     with torch.inference_mode():
-        return tokenizer.decode(reference_greedy(model, list(ids), max_tokens, eos=EOS), skip_special_tokens=True)
+        return output_text(tokenizer, ids, reference_greedy(model, list(ids), max_tokens, eos=EOS))
 
 
 def _env() -> dict:
