@@ -131,7 +131,11 @@ _UNSUPPORTED: dict[str, tuple[Any, ...]] = {
     "min_tokens": (None, 0),  # vLLM's extras this server does not honour: refused, not silently ignored
     "include_stop_str_in_output": (None, False),
     "skip_special_tokens": (None, True),
+    "guided_whitespace_pattern": (None,),
 }
+
+# vLLM's structured-output parameters: the old guided_* fields, and structured_outputs' keys.
+_GUIDED = {"guided_json": "json", "guided_regex": "regex", "guided_choice": "choice", "guided_grammar": "grammar"}
 
 
 def choice_seed(seed: int, j: int) -> int:
@@ -335,15 +339,59 @@ def parse_detokenize(body: Mapping[str, Any], served_model: str, vocab: int) -> 
 
 
 def _response_format(body: Mapping[str, Any]) -> Constraint | None:
-    """OpenAI's response_format: text, json_object or json_schema (its schema compiled here: a
-    schema the grammar library cannot compile is a 400 with the library's reason)."""
+    """The request's constraint: OpenAI's response_format (text, json_object or json_schema), or
+    vLLM's guided_json / guided_regex / guided_choice / guided_grammar, or its structured_outputs
+    ({"json" | "regex" | "choice" | "grammar" | "json_object": ...}); at most one of them. Compiled
+    here: what the grammar library cannot compile is a 400 with the library's reason."""
+    given: list[tuple[str, Any]] = []  # (param, constraint)
     try:
-        constraint = Constraint.from_response_format(body.get("response_format"))
+        param = "response_format"
+        constraint = Constraint.from_response_format(body.get(param))
         if constraint is not None:
-            constraint.grammar_text()
+            given.append((param, constraint))
+        for param, kind in _GUIDED.items():
+            if body.get(param) is not None:
+                given.append((param, _guided(kind, body[param])))
+        param = "structured_outputs"
+        outputs = body.get(param)
+        if outputs is not None:
+            if not isinstance(outputs, dict):
+                raise _type_error(param, "an object", outputs)
+            for key, value in outputs.items():
+                if key in ("json", "regex", "choice", "grammar") and value is not None:
+                    given.append((f"{param}.{key}", _guided(key, value)))
+                elif key == "json_object" and value:
+                    given.append((f"{param}.{key}", Constraint.json()))
+                elif key not in ("json", "regex", "choice", "grammar", "json_object") and value not in (None, False):
+                    raise APIError(400, f"'{param}.{key}' is not supported by this server; give json, regex, "
+                                   "choice, grammar or json_object", param=param, code="unsupported_parameter")
+        if len(given) > 1:
+            names = ", ".join(name for name, _ in given)
+            raise APIError(400, f"give one constraint, not several ({names})", param=given[1][0],
+                           code="invalid_value")
+        if not given:
+            return None
+        param, constraint = given[0]
+        constraint.grammar_text()
     except ConstraintError as exc:
-        raise APIError(400, str(exc), param="response_format", code="invalid_value") from None
+        raise APIError(400, str(exc), param=param, code="invalid_value") from None
     return constraint
+
+
+def _guided(kind: str, value: Any) -> Constraint:
+    """A vLLM guided-decoding value as a constraint: a JSON schema (object or JSON text), a regex,
+    a list of choices or a grammar (ConstraintError when it is not one)."""
+    if kind == "json":
+        if not isinstance(value, (dict, str)):
+            raise ConstraintError(f"a JSON schema must be an object or JSON text, got {json.dumps(value)[:80]}")
+        return Constraint.json_schema(value)
+    if kind == "choice":
+        if not isinstance(value, list):
+            raise ConstraintError(f"choices must be a list of strings, got {json.dumps(value)[:80]}")
+        return Constraint.choice(value)
+    if not isinstance(value, str):
+        raise ConstraintError(f"a {kind} must be text, got {json.dumps(value)[:80]}")
+    return Constraint.regex(value) if kind == "regex" else Constraint.grammar(value)
 
 
 def _type_error(param: str, expected: str, value: Any) -> APIError:

@@ -50,3 +50,39 @@ def test_a_response_format_that_cannot_compile_is_a_400_with_the_reason(rf, word
     with pytest.raises(APIError) as err:
         parse_request("chat", body, "m")
     assert err.value.status == 400 and words in str(err.value) and err.value.param == "response_format"
+
+
+def test_vllms_guided_decoding_parameters_become_the_request_constraint():
+    from specula.constraints import Constraint
+
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+
+    def constraint(**extra):
+        return parse_request("chat", {**body, **extra}, "m").constraint
+
+    assert constraint(guided_json=schema) == Constraint.json_schema(schema)
+    assert constraint(guided_json='{"type": "object"}') == Constraint.json_schema({"type": "object"})
+    assert constraint(guided_regex="[a-c]+") == Constraint.regex("[a-c]+")
+    assert constraint(guided_choice=["yes", "no (1.5)"]) == Constraint.regex(r"yes|no \(1\.5\)")
+    assert constraint(guided_grammar='start: "x"') == Constraint.grammar('start: "x"')
+    assert constraint(structured_outputs={"choice": ["a", "b"]}) == Constraint.choice(["a", "b"])
+    assert constraint(structured_outputs={"json": schema, "backend": None}) == Constraint.json_schema(schema)
+    assert constraint(structured_outputs={"json_object": True}) == Constraint.json()
+
+
+@pytest.mark.parametrize("extra, param, words", [
+    ({"guided_regex": "a", "response_format": {"type": "json_object"}}, "guided_regex", "one constraint"),
+    ({"guided_json": {"type": "object"}, "guided_choice": ["a"]}, "guided_choice", "one constraint"),
+    ({"guided_choice": "yes"}, "guided_choice", "list of strings"),
+    ({"guided_choice": []}, "guided_choice", "list of non-empty strings"),
+    ({"guided_regex": "(a"}, "guided_regex", "cannot compile the regex"),
+    ({"guided_json": 3}, "guided_json", "JSON schema"),
+    ({"structured_outputs": {"structural_tag": "x"}}, "structured_outputs", "structural_tag"),
+    ({"guided_whitespace_pattern": " *"}, "guided_whitespace_pattern", "not supported"),
+])
+def test_guided_decoding_given_wrong_is_a_400_naming_the_parameter(extra, param, words):
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], **extra}
+    with pytest.raises(APIError) as err:
+        parse_request("chat", body, "m")
+    assert err.value.status == 400 and words in str(err.value) and err.value.param == param
