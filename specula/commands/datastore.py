@@ -122,6 +122,9 @@ def run_bench(args: argparse.Namespace) -> int:
             tree = drafter.propose(ctx).tree
             times.append(time.perf_counter() - t0)
             nodes.append(len(tree))
+        if not times:  # no window of two tokens or more inside a document (a store of one-word documents)
+            results[kind] = {"queries": 0}
+            continue
         ms = np.array(times) * 1e3
         results[kind] = {"queries": len(ms), "mean_ms": round(float(ms.mean()), 3),
                          "p50_ms": round(float(np.percentile(ms, 50)), 3),
@@ -131,6 +134,9 @@ def run_bench(args: argparse.Namespace) -> int:
         return 0
     print(f"{args.file}: {n:,} tokens", file=sys.stderr)
     for kind, r in results.items():
+        if not r["queries"]:
+            print(f"{kind:15s} 0 queries: no context of two tokens or more inside a document", file=sys.stderr)
+            continue
         print(f"{kind:15s} {r['queries']} queries: mean {r['mean_ms']} ms, p50 {r['p50_ms']} ms, "
               f"p99 {r['p99_ms']} ms, {r['mean_nodes']} nodes per tree")
     return 0

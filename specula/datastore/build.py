@@ -117,10 +117,14 @@ def record_texts(record: Any) -> list[str]:
 def file_documents(path: Path, explicit: bool) -> list[str] | None:
     """Documents of one file, or None when a walked file is skipped (explicit files raise)."""
     try:
-        text = path.read_text(encoding="utf-8")
+        text = path.read_text(encoding="utf-8-sig")  # a byte-order mark (Windows editors write one) is dropped
     except UnicodeDecodeError as exc:
         if explicit:
             raise DatastoreError(f"{str(path)!r} is not UTF-8 text ({exc.reason}); convert it or leave it out") from exc
+        return None
+    except OSError as exc:  # a dangling link, a file without read permission
+        if explicit:
+            raise DatastoreError(f"cannot read {str(path)!r}: {exc.strerror or exc}") from exc
         return None
     if not path.name.endswith(_JSON_EXTENSIONS):
         return [text] if text else []
@@ -141,7 +145,8 @@ def file_documents(path: Path, explicit: bool) -> list[str] | None:
         for record in records:
             texts = record_texts(record)
             found_record = found_record or bool(texts)
-            docs.extend(t for t in texts if t)
+            # JSON may escape lone surrogates ("\\ud83d"), which no UTF-8 tokenizer takes: replaced
+            docs.extend(t.encode("utf-8", "replace").decode("utf-8") for t in texts if t)
     if not found_record and lines:
         if explicit:
             raise DatastoreError(f"{str(path)!r} holds no records with `text`, `conversations` or `messages`")
@@ -204,13 +209,17 @@ def tokenize_corpus(tokenizer: Any, files: list[tuple[Path, bool]], config: Buil
                                dtype=np.int64, count=sum(len(d) + 1 for d in ids))
             if np.count_nonzero(flat >= separator) != len(ids):  # only the separators may reach it
                 raise DatastoreError(f"the tokenizer produced an id >= {separator}, beyond the vocabulary it reports")
-            n_docs += len(ids)
             if limit is not None and total + len(flat) >= limit:
                 last = flat[: limit - total].astype(dtype)
                 last[-1] = separator  # the store always ends with a separator (see format.py)
+                ends = last == separator  # [len(last)]: the documents kept, whole or cut, end here ...
+                ends[1:] &= last[:-1] != separator  # ... bar one cut down to nothing
+                ends[0] = False  # (the chunk before ends with a separator)
+                n_docs += int(np.count_nonzero(ends))
                 chunks.append(last)
                 total = limit
                 break
+            n_docs += len(ids)
             chunks.append(flat.astype(dtype))
             total += len(flat)
     if total == 0:
@@ -233,6 +242,18 @@ def suffix_array(tokens: np.ndarray) -> np.ndarray:
 # --------------------------------------------------------------------------- build
 
 
+def _check_out(out: Path) -> None:
+    """Refuse an output path that cannot be written before any work is done (DatastoreError)."""
+    if out.is_dir():
+        raise DatastoreError(f"--out {str(out)!r} is a directory; give a file path such as "
+                             f"{str(out / 'corpus.specds')!r}")
+    parent = out.parent
+    while not parent.exists() and parent != parent.parent:  # the first existing ancestor: created later
+        parent = parent.parent
+    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+        raise DatastoreError(f"cannot write {str(out)!r}: {str(parent)!r} is not a writable directory")
+
+
 def build_datastore(tokenizer: Any, sources: Sequence[str | os.PathLike], out: str | os.PathLike,
                     config: BuildConfig = BuildConfig()) -> BuildReport:
     """Tokenize `sources` with `tokenizer`, suffix-sort, and write `out` atomically (temp + rename):
@@ -240,6 +261,7 @@ def build_datastore(tokenizer: Any, sources: Sequence[str | os.PathLike], out: s
     from tqdm import tqdm
 
     t0 = time.perf_counter()
+    _check_out(Path(out))
     files = collect_files(sources, config.extensions)
     n_vocab = vocab_size(tokenizer)
     dtype = token_dtype_for(n_vocab)
@@ -257,9 +279,12 @@ def build_datastore(tokenizer: Any, sources: Sequence[str | os.PathLike], out: s
         sources=[str(s) for s in sources], build_seconds=round(t2 - t0, 3),
     )
     nbytes = tokens.nbytes + index.nbytes
-    with tqdm(total=nbytes, unit="B", unit_scale=True, desc="write", disable=not config.progress,
-              file=sys.stderr) as bar, atomic_file(out, "wb") as handle:
-        write_datastore(handle, header, tokens, index, progress=bar.update)
+    try:
+        with tqdm(total=nbytes, unit="B", unit_scale=True, desc="write", disable=not config.progress,
+                  file=sys.stderr) as bar, atomic_file(out, "wb") as handle:
+            write_datastore(handle, header, tokens, index, progress=bar.update)
+    except OSError as exc:
+        raise DatastoreError(f"cannot write the datastore to {str(out)!r}: {exc.strerror or exc}") from exc
     t3 = time.perf_counter()
     path = Path(out)
     return BuildReport(path, header, path.stat().st_size, counts["read"], counts["skipped"],

@@ -150,6 +150,9 @@ class Datastore:
 def read_header(path: str | Path) -> tuple[DatastoreHeader, int, int]:
     """Parse and check the header: returns (header, tokens offset, index offset)."""
     path = Path(path)
+    if path.is_dir():
+        raise DatastoreError(f"{str(path)!r} is a directory, not a datastore file; give the .specds file built "
+                             "by `specula datastore build`")
     if not path.is_file():
         raise DatastoreError(f"datastore {str(path)!r} does not exist; build one with `specula datastore build`")
     size = path.stat().st_size

@@ -32,7 +32,8 @@ class RestConfig:
     max_suffix: int = 16
     """Longest context suffix searched."""
     min_suffix: int = 2
-    """Shortest context suffix searched."""
+    """Shortest context suffix searched (at least 2: a match's edge scores weigh its length m by
+    (m - 1) / m, which gives a one-token match no weight at all)."""
     continuation: int = 10
     """Tokens taken after each match (deepest tree level)."""
     max_matches: int = 5000
@@ -41,8 +42,9 @@ class RestConfig:
     """Most frequent prefixes kept as the tree."""
 
     def __post_init__(self) -> None:
-        if not 1 <= self.min_suffix <= self.max_suffix:
-            raise ConfigError(f"need 1 <= min_suffix <= max_suffix, got {self.min_suffix}, {self.max_suffix}")
+        if not 2 <= self.min_suffix <= self.max_suffix:
+            raise ConfigError(f"need 2 <= min_suffix <= max_suffix, got {self.min_suffix}, {self.max_suffix} "
+                              "(a one-token match carries no evidence; prompt lookup drafts from those)")
         if min(self.continuation, self.max_matches, self.max_nodes) < 1:
             raise ConfigError("continuation, max_matches and max_nodes must be >= 1")
 

@@ -190,7 +190,7 @@ class TokenRecyclingDrafter:
     def finish(self, state: None = None) -> None:
         """A request ended: the matrix is kept (hot start); a pending state file is saved."""
         if self.dirty and self.config.state_path is not None:
-            self.save()
+            _save_or_warn(self)  # the request's output is done: a failed write is reported, not raised
 
     # ------------------------------------------------------------------ state file
     def save(self, path: str | Path | None = None) -> Path:
@@ -240,16 +240,19 @@ _WITH_STATE: set[TokenRecyclingDrafter] = set()
 def save_states() -> list[Path]:
     """Save every drafter state with unsaved changes (registered with atexit); returns the paths.
     A state that cannot be written is reported on stderr, not raised (this runs at exit)."""
-    saved = []
-    for drafter in list(_WITH_STATE):
-        if not drafter.dirty:
-            continue
-        try:
-            saved.append(drafter.save())
-        except OSError as exc:
-            print(f"warning: could not save the token-recycling state {drafter.config.state_path}: {exc}",
-                  file=sys.stderr)
-    return saved
+    saved = [_save_or_warn(drafter) for drafter in list(_WITH_STATE) if drafter.dirty]
+    return [path for path in saved if path is not None]
+
+
+def _save_or_warn(drafter: TokenRecyclingDrafter) -> Path | None:
+    """Save `drafter`'s state to its configured file; a write that fails is reported on stderr
+    (the state stays pending) and gives None."""
+    try:
+        return drafter.save()
+    except OSError as exc:
+        print(f"warning: could not save the token-recycling state {drafter.config.state_path}: {exc}",
+              file=sys.stderr)
+        return None
 
 
 atexit.register(save_states)

@@ -61,6 +61,11 @@ def test_max_tokens_truncates(tmp_path, corpus, make_tokenizer):
     store = load_datastore(report.path)
     assert store.tokens.tolist() == [5, 6, 7, 8, 9, 5, store.separator]  # always ends with a separator
     assert store.index.tolist() == brute_suffix_array(store.tokens)
+    assert store.header.n_documents == 1  # the one document cut short, not every document read
+    for limit, documents in ((12, 1), (13, 2)):  # the first document is 10 tokens and its separator
+        report = build_datastore(make_tokenizer(96), [corpus], tmp_path / "ds.specds",
+                                 BuildConfig(max_tokens=limit, progress=False))
+        assert report.header.n_documents == documents, limit  # 12: the second cut down to nothing
 
 
 def test_record_formats():
@@ -84,6 +89,38 @@ def test_json_array_file_and_bad_inputs(tmp_path):
     binary.write_bytes(b"\xff\xfe\xfa")
     with pytest.raises(DatastoreError, match="not UTF-8"):
         file_documents(binary, explicit=True)
+
+
+def test_files_as_editors_and_scrapers_leave_them(tmp_path):
+    """A byte-order mark, a JSON string with a lone surrogate escape, a dangling link."""
+    bom = tmp_path / "bom.jsonl"
+    bom.write_bytes(b"\xef\xbb\xbf" + json.dumps({"text": "w7 w8"}).encode() + b"\n")
+    assert file_documents(bom, explicit=True) == ["w7 w8"] == file_documents(bom, explicit=False)
+    text = tmp_path / "bom.txt"
+    text.write_bytes(b"\xef\xbb\xbfw7 w8")
+    assert file_documents(text, explicit=True) == ["w7 w8"]
+    lone = tmp_path / "lone.jsonl"
+    lone.write_text('{"text": "w4 \\ud83d w5"}\n')
+    [doc] = file_documents(lone, explicit=True)
+    assert doc.encode("utf-8") and doc.startswith("w4 ") and doc.endswith(" w5")  # UTF-8 now: a tokenizer takes it
+    dangling = tmp_path / "gone.txt"
+    dangling.symlink_to(tmp_path / "missing.txt")
+    assert file_documents(dangling, explicit=False) is None  # found by a walk: skipped
+    with pytest.raises(DatastoreError, match="cannot read"):
+        file_documents(dangling, explicit=True)
+
+
+def test_an_output_path_that_cannot_be_written_is_refused_before_any_work(tmp_path, corpus, make_tokenizer,
+                                                                         monkeypatch):
+    import specula.datastore.build as build_mod
+
+    monkeypatch.setattr(build_mod, "tokenize_corpus", lambda *a: pytest.fail("tokenized before the check"))
+    (tmp_path / "dir").mkdir()
+    with pytest.raises(DatastoreError, match="is a directory"):
+        build_datastore(make_tokenizer(96), [corpus], tmp_path / "dir", QUIET)
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(DatastoreError, match="not a writable directory"):
+        build_datastore(make_tokenizer(96), [corpus], tmp_path / "file" / "ds.specds", QUIET)
 
 
 def test_missing_or_empty_corpus_is_a_clear_error(tmp_path, make_tokenizer):
@@ -136,7 +173,19 @@ def test_cli_build_info_and_errors(tmp_path, corpus, make_tokenizer, capsys):
     assert info["n_tokens"] == 11 and info["checksums"] == "ok" and info["file_bytes"] == os.path.getsize(out)
     assert main(["datastore", "bench", str(out), "--queries", "5"]) == 2  # too small to time: one-line error
     assert "too small" in capsys.readouterr().err
+    assert main(["datastore", "info", str(tmp_path)]) == 2
+    assert "is a directory, not a datastore file" in capsys.readouterr().err
     (tmp_path / "junk.specds").write_bytes(b"hello world, not a datastore")
     assert main(["datastore", "info", str(tmp_path / "junk.specds")]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error:") and "bad magic" in err and "\n" not in err
+
+
+def test_bench_of_a_store_of_one_word_documents_reports_no_datastore_queries(tmp_path, make_tokenizer, capsys):
+    docs = tmp_path / "docs.jsonl"
+    docs.write_text("".join(json.dumps({"text": f"w{i % 90}"}) + "\n" for i in range(100)))
+    out = tmp_path / "short.specds"
+    build_datastore(make_tokenizer(96), [docs], out, QUIET)
+    assert main(["datastore", "bench", str(out), "--queries", "20", "--json"]) == 0
+    results = json.loads(capsys.readouterr().out)["results"]
+    assert results["from datastore"] == {"queries": 0} and results["random ids"]["queries"] == 20

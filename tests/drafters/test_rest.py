@@ -121,6 +121,8 @@ def test_wrong_tokenizer_missing_file_and_small_target_are_refused(successor_sto
         make_drafter("rest", target=target, datastore=str(successor_store), tokenizer=other)
     with pytest.raises(ConfigError, match="--datastore FILE"):
         make_drafter("rest", target=target)
+    with pytest.raises(ConfigError, match="need 2 <= min_suffix"):  # a one-token match would score 0
+        make_drafter("rest", target=target, datastore=str(successor_store), min_suffix=1)
     with pytest.raises(DatastoreError, match="does not exist"):
         make_drafter("rest", target=target, datastore=str(tmp_path / "none.specds"))
     narrow = HFCausalLM(tiny_model("llama", vocab=64), "narrow")

@@ -208,6 +208,19 @@ def test_exit_hook_saves_a_dropped_drafter(tmp_path):
     assert state not in save_states()  # nothing new to write
 
 
+def test_a_state_file_that_cannot_be_written_is_reported_and_the_output_still_returned(tmp_path, capsys):
+    model = tiny_model("gpt2", seed=5)
+    target = HFCausalLM(model, "target")
+    (tmp_path / "afile").write_text("x")
+    state = tmp_path / "afile" / "tr.npz"  # under a file: no directory can be made there
+    drafter = make_drafter("token-recycling", target=target, recycling_state=str(state))
+    out = SpeculativeDecoder(target, drafter, eos_token_ids=[]).generate(PROMPTS[0], greedy(12))
+    assert out.token_ids == reference_greedy(model, PROMPTS[0], 12)
+    assert "could not save the token-recycling state" in capsys.readouterr().err
+    assert drafter.dirty  # still pending
+    drafter.dirty = False  # (the exit hook would try again)
+
+
 def test_hot_start_drafts_from_the_first_step(tmp_path):
     model = successor_model(VOCAB)
     target = HFCausalLM(model, "target")
