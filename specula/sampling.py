@@ -98,7 +98,7 @@ class SamplingParams:
             raise ConfigError(f"max_new_tokens must be a positive integer, got {self.max_new_tokens}")
         if isinstance(self.stop, str):
             object.__setattr__(self, "stop", (self.stop,))
-        object.__setattr__(self, "stop", tuple(self.stop))
+        object.__setattr__(self, "stop", tuple(self.stop or ()))  # None: no stop strings
         if any(not isinstance(s, str) or not s for s in self.stop):
             raise ConfigError(f"stop must hold non-empty strings, got {list(self.stop)!r}")
         if isinstance(self.logit_bias, dict):
