@@ -9,6 +9,7 @@ Temperature 0 means greedy decoding. Drafters that sample draw their tree's chil
 from __future__ import annotations
 
 import math
+import numbers
 import os
 import random
 import warnings
@@ -82,10 +83,9 @@ class SamplingParams:
             warnings.warn(f"temperature {self.temperature} is below {MIN_TEMPERATURE}, which is used instead "
                           "(use 0 for greedy decoding)", stacklevel=3)
             object.__setattr__(self, "temperature", MIN_TEMPERATURE)
-        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
+        if not _integer(self.top_k) or self.top_k < 0:
             raise ConfigError(f"top_k must be an integer >= 0 (0 disables it), got {self.top_k!r}")
-        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)
-                                      or not -(2**63) <= self.seed < 2**64):
+        if self.seed is not None and not (_integer(self.seed) and -(2**63) <= self.seed < 2**64):
             raise ConfigError(f"seed must be an integer that fits in 64 bits or None, got {self.seed!r}")
         if not 0.0 < self.top_p <= 1.0:
             raise ConfigError(f"top_p must be in (0, 1], got {self.top_p}; use 1.0 to disable it")
@@ -138,6 +138,11 @@ class SamplingParams:
         """Penalties or a logit bias change the target's logits (`specula.penalties`)."""
         return (self.repetition_penalty != 1.0 or self.frequency_penalty != 0.0 or self.presence_penalty != 0.0
                 or bool(self.logit_bias))
+
+
+def _integer(value) -> bool:
+    """An integer (numpy's too), not a bool."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
 def probabilities(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:

@@ -112,3 +112,6 @@ def test_a_temperature_too_small_to_divide_by_is_raised_to_vllms_floor():
     assert bool(torch.isfinite(probabilities(torch.tensor([3.0, 1.0, -2.0]), params)).all())
     assert SamplingParams(seed=-(2**63)).seed == -(2**63) and SamplingParams(seed=2**64 - 1).seed == 2**64 - 1
     assert SamplingParams(stop=None).stop == () and SamplingParams(stop=["a", "b"]).stop == ("a", "b")
+    import numpy as np
+
+    assert SamplingParams(top_k=np.int64(3), seed=np.uint64(7)).seed == 7  # numpy's integers are integers
