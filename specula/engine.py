@@ -365,8 +365,9 @@ class SpeculativeDecoder:
         params, tokens = session.params, session.tokens
         remaining = params.max_new_tokens - len(session.generated)
         room = target.max_context - len(tokens)  # the cache would hold len(tokens) + n nodes
+        # A path of depth d emits d + 1 tokens (the bonus one), and plain decoding stops at the window.
         budget = DraftBudget(max_nodes=max(0, min(self.config.max_tree_nodes, room)),
-                             max_depth=max(0, min(remaining - 1, room)))
+                             max_depth=max(0, min(remaining - 1, room - 1)))
         ctx = DraftContext(tokens, len(session.prompt), params, budget, session.generator, target=session.seq)
 
         t0 = time.perf_counter()

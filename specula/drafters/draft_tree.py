@@ -280,7 +280,7 @@ class DraftTreeDrafter:
         mode = "deterministic" if ctx.params.greedy else cfg.tree_sampling
         if mode == "beam":
             return self._beam(state, root_logits, ctx, budget, depth)
-        return self._expand(state, root_logits, ctx, budget, depth, mode, t0 if adaptive else None)
+        return self._expand(state, root_logits, ctx, budget, depth, mode, room, t0 if adaptive else None)
 
     def _level_pays(self, ctx: DraftContext, best: int, parents: list[int], edges: list[float], levels_left: int,
                     t0: float | None) -> bool:
@@ -323,10 +323,11 @@ class DraftTreeDrafter:
         return probs, idx
 
     def _expand(self, state: _TreeState, root_logits: torch.Tensor, ctx: DraftContext, budget: int, depth: int,
-                mode: str, t0: float | None = None) -> Proposal:
+                mode: str, room: int, t0: float | None = None) -> Proposal:
         """Top-k (deterministic) or sampled (iid / without_replacement) children per frontier
         node; the best top_k nodes of each level by path score are expanded next, while the cost
-        view says a level more pays (`t0`: when drafting began; None: no cost view)."""
+        view says a level more pays (`t0`: when drafting began; None: no cost view) and the draft
+        cache has `room` for the nodes run through it."""
         cfg, gen = self.config, ctx.generator
         sampled = mode != "deterministic"
         tokens: list[int] = []
@@ -335,6 +336,7 @@ class DraftTreeDrafter:
         edges: list[float] = []
         q_rows: dict[int, torch.Tensor] = {}  # row -> q its children were drawn from
         nodes, level_logits = [-1], root_logits[None]  # the frontier and the logits after each [F, vocab]
+        fed = 0  # nodes run through the draft cache
         for level in range(1, depth + 1):
             new: list[int] = []
             if sampled:
@@ -366,9 +368,11 @@ class DraftTreeDrafter:
             if level == depth or not new or (sampled and len(tokens) >= budget):
                 break
             chosen = self._frontier(new, tokens, parents, scores, dedupe=mode == "iid")
+            chosen = chosen[:max(0, room - fed)]  # the draft cache holds the tokens and every node fed
             best = max(new, key=lambda i: scores[i])
             if not chosen or not self._level_pays(ctx, best, parents, edges, depth - level, t0):
                 break
+            fed += len(chosen)
             t_level = time.perf_counter()
             level_logits = state.feed(chosen, tokens, parents)  # [len(chosen), vocab]
             self._level_seconds.update(time.perf_counter() - t_level)

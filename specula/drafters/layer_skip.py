@@ -227,6 +227,7 @@ class LayerSkipDrafter:
             self.search.done = True
         self._token_seconds = Ema(config.timing_ema)
         self._since: float | None = None  # when the drafter was first used
+        self._max_context = target.max_context
 
     @property
     def skip(self) -> frozenset[SubLayer]:
@@ -255,9 +256,12 @@ class LayerSkipDrafter:
         search = self.search
         # The search's first replay runs at once; later ones while the search's share of the time
         # since this drafter was first used stays under search_fraction.
-        if (not search.done and len(ctx.tokens) > 2
+        committed = len(ctx.tokens) - 1
+        # A replay runs up to search_window rows in scratch slots after the committed tokens: none
+        # where the window has no room for them (the search goes on in a later request).
+        if (not search.done and len(ctx.tokens) > 2 and self._max_context - committed >= self.config.search_window
                 and (search.evaluations == 0 or search.seconds <= self.config.search_fraction * (now - self._since))):
-            search.advance(seq, len(ctx.tokens) - 1, self._verify_cost(ctx))
+            search.advance(seq, committed, self._verify_cost(ctx))
         k = min(self.config.num_draft_tokens, ctx.budget.max_depth, ctx.budget.max_nodes)
         if k <= 0 or not self.search.best:
             return Proposal.empty()  # nothing worth skipping: the draft would be the target itself

@@ -132,8 +132,11 @@ class TreeSequence(ABC):
         if self._pending is None:
             raise RuntimeError("commit() without a pending forward_tree()")
         root, tree = self._pending
-        self._pending = None
         path = list(path)
+        if not all(0 <= i < len(tree) for i in path) or [tree.parents[i] for i in path] != [-1, *path][:len(path)]:
+            raise ValueError(f"commit({path}): not a path from the root of the pending tree of {len(tree)} nodes "
+                             "(each node's parent is the one before it)")
+        self._pending = None
         self._keep_rows(len(self._tokens), tree, path)
         self._tokens.extend([root, *tree.tokens_of(path)])
 

@@ -317,3 +317,22 @@ def test_cli_options_reach_the_drafter():
     drafter = make_drafter("draft-tree", draft=HFCausalLM(tiny_model("llama")), **opts)
     assert drafter.config.sibling_mode == "iid_kseq" and drafter.config.tree_nodes == 9
     assert drafter.draft_window == 128
+
+
+@pytest.mark.parametrize("method", ["draft-tree", "draft-model", "prompt-lookup"])
+def test_output_near_the_context_window_is_plain_decodings(method):
+    """Greedy output of a prompt a few tokens short of the window: exactly plain decoding's tokens,
+    never past the window (a whole accepted path adds its depth plus the bonus token), and a tree
+    drafter whose frontier would overflow its draft cache drafts less instead of failing."""
+    from specula.api import build_decoder
+    from tiny import reference_greedy
+
+    model = tiny_model("qwen2", seed=3)
+    target = HFCausalLM(model, "target", eos_token_ids=[])
+    draft = HFCausalLM(perturbed_copy(model, 0.05), "draft") if method != "prompt-lookup" else None
+    dec = build_decoder(method, target, None, draft, planner=False)
+    for n in (200, 245, 250):
+        prompt = (list(range(2, 90)) * 3)[:n]
+        out = dec.generate(prompt, SamplingParams(max_new_tokens=100, ignore_eos=True))
+        assert out.token_ids == reference_greedy(model, prompt, target.max_context - n), (method, n)
+        assert out.stats.finish_reason == "length"

@@ -259,3 +259,19 @@ def test_draft_skip_needs_the_native_backend_and_no_draft_quantize():
         check_draft_skip(native(model), "7")
     check_draft_skip(native(model), "1")
     assert isinstance(native(model), LayerSkippingModel) and not isinstance(HFCausalLM(model), LayerSkippingModel)
+
+
+def test_a_prompt_near_the_window_is_decoded_while_the_search_waits_for_room():
+    """The search replays up to search_window committed tokens in scratch slots after them: where
+    the window has no room for that the search waits, and the request decodes as plain decoding."""
+    model = tiny_model("llama", seed=3, layers=4)
+    model.config.max_position_embeddings = 64
+    target = native(model)
+    for n in (40, 50, 60):
+        prompt = [(7 * i + 3) % 50 + 2 for i in range(n)]
+        dec = build_decoder("layer-skip", target, planner=False)
+        out = dec.generate(prompt, SamplingParams(max_new_tokens=2, ignore_eos=True))
+        assert out.token_ids == reference_greedy(model, prompt, 2), n
+    seq = target.new_sequence()
+    seq.prefill(list(range(2, 50)), logits="none")  # 48 committed of 64: 16 scratch slots fit exactly
+    assert seq.replay(16).shape[0] == 16

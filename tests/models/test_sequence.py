@@ -73,3 +73,15 @@ def test_prefill_crop_and_release_keep_the_books(backend):
         seq.forward_tree(4, TokenTree.chain(list(range(253))))
     seq.release()
     assert seq.tokens == []
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_commit_of_nodes_that_are_not_a_root_path_is_refused_and_the_tree_kept(backend):
+    seq = new_sequence(backend)
+    seq.prefill([5, 6, 7], logits="none")
+    seq.forward_tree(9, TokenTree.build([10, 11, 12], [-1, 0, -1]))  # 10 -> 11, and 12 beside 10
+    for path in ([1], [0, 2], [2, 0], [5], [-1]):
+        with pytest.raises(ValueError, match="not a path from the root"):
+            seq.commit(path)
+    seq.commit([0, 1])  # still pending: a valid path commits
+    assert seq.tokens == [5, 6, 7, 9, 10, 11]

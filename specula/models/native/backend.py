@@ -400,7 +400,7 @@ class NativeSequence(TreeSequence):
         end = length if end is None else end
         if not 1 <= count <= end <= length:
             raise ValueError(f"replay({count}, end={end}) outside the {length} committed tokens")
-        self._assert_room(count + 1)
+        self._assert_room(count)  # scratch slots length .. length + count - 1
         first = end - count
         mask = torch.zeros((count, length + count), dtype=torch.bool)
         mask[:, :first] = True
