@@ -53,6 +53,11 @@ class EngineConfig:
     max_tree_nodes: int = 64
     """Most tree nodes verified in one target pass (the planner may choose fewer)."""
 
+    def __post_init__(self) -> None:
+        if isinstance(self.max_tree_nodes, bool) or not isinstance(self.max_tree_nodes, int) or self.max_tree_nodes < 1:
+            raise ConfigError(f"max_tree_nodes (--max-tree-nodes) must be an integer >= 1, got "
+                              f"{self.max_tree_nodes!r}; use the method none for plain decoding")
+
 
 @dataclass
 class GenerationOutput:

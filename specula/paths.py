@@ -256,3 +256,22 @@ def format_bytes(n: int | None) -> str:
             return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
         value /= 1024
     raise AssertionError("unreachable")
+
+
+def check_output(path: str | os.PathLike[str], option: str, kind: str, error: type[Exception] | None = None) -> Path:
+    """Refuse an output `path` that cannot be written, before any work: `kind` "dir" (a directory
+    made if missing) or "file". Raises `error` (default ConfigError) naming `option`."""
+    from specula.errors import ConfigError
+
+    error = error or ConfigError
+    path = Path(path).expanduser()
+    if kind == "dir" and path.exists() and not path.is_dir():
+        raise error(f"{option} {str(path)!r} is a file; give a directory for the outputs")
+    if kind == "file" and path.is_dir():
+        raise error(f"{option} {str(path)!r} is a directory; give a file path")
+    parent = path if kind == "dir" else path.parent
+    while not parent.exists() and parent != parent.parent:  # the first existing ancestor: made later
+        parent = parent.parent
+    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+        raise error(f"cannot write {option} {str(path)!r}: {str(parent)!r} is not a writable directory")
+    return path

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from pathlib import Path
 
 from specula.commands.common import add_model_args, explicit_draft, load_config
 
@@ -43,7 +42,7 @@ def run(args: argparse.Namespace) -> int:
     from specula.analysis.plots import PLOT_FILE, REPORT_FILE, plot_acceptance, render_markdown
     from specula.bench.datasets import load_prompts, select_prompts
     from specula.errors import ConfigError
-    from specula.paths import atomic_write_json, atomic_write_text
+    from specula.paths import atomic_write_json, atomic_write_text, check_output
 
     from specula.models.skipping import SKIP_DRAFT, check_skip_layers
 
@@ -54,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
     config = AcceptanceConfig(temperatures=tuple(args.temperature), max_drafts=args.drafts, positions=args.positions,
                               seed=args.seed, lump_mass=args.lump_mass, trajectories=args.trajectories)
     prompts = select_prompts(load_prompts(args.prompts), args.per_category, args.categories, args.seed)
-    out = Path(args.out).expanduser()
+    out = check_output(args.out, "--out", "dir")
     out.mkdir(parents=True, exist_ok=True)
 
     from specula.api import load_backend, load_draft

@@ -17,6 +17,7 @@ from specula.commands.common import (
     planner_from_args, sampling_params,
 )
 from specula.errors import ConfigError
+from specula.paths import check_output
 from specula.methods import PLAIN
 
 
@@ -92,6 +93,7 @@ def plan(args: argparse.Namespace) -> BenchPlan:
         raise ConfigError("bench does not take --stop (every method must get the same budget); drop it")
     if args.profile_repeats < 0 or args.warmup_tokens < 0:
         raise ConfigError("--profile-repeats and --warmup-tokens must be >= 0")
+    check_output(args.out, "--out", "dir")
     params = sampling_params(args)
     methods = parse_method_list(args.methods, explicit_draft(args))
     # skip: no model to assist; --assistant: a model for the HF assisted peers only

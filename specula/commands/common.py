@@ -6,6 +6,7 @@ import argparse
 
 from typing import TYPE_CHECKING
 
+from specula.errors import ConfigError
 from specula.methods import DEFAULT_METHOD, METHODS, NO_HEAD, default_head, get_method, methods_taking
 
 if TYPE_CHECKING:  # keep `specula --help` and `specula models` free of torch imports
@@ -227,13 +228,30 @@ def sampling_params(args: argparse.Namespace) -> "SamplingParams":
     )
 
 
+def check_method_flags(args: argparse.Namespace, method: str) -> None:
+    """Refuse a method flag that `method` does not take, and a draft model named for a method that
+    drafts without one: either would be ignored without a word (ConfigError naming the fix)."""
+    from specula.models.skipping import SKIP_DRAFT
+
+    spec = get_method(method)
+    taken = set(spec.cli_options())
+    for name in sorted({o for s in METHODS.values() for o in s.cli_options()} - taken):
+        if getattr(args, name, None) not in (None, False):
+            raise ConfigError(f"--{name.replace('_', '-')} does not apply to method {spec.name} (it applies to "
+                              f"{_taking(name)}); drop it or pass --method with one of those")
+    if spec.draft_model == "no" and explicit_draft(args) and args.draft != SKIP_DRAFT:
+        raise ConfigError(f"method {spec.name} drafts without a draft model; drop --draft {args.draft} or pass a "
+                          "method that uses one (draft-model, draft-tree, fusion)")
+
+
 def load_spec(args: argparse.Namespace):
     """The `Specula` a command decodes with (`--target`, `--draft`, `--method` and the drafter and
-    planner options), and its method's name."""
+    planner options), and its method's name. A flag the method would ignore is refused first."""
     from specula.api import EngineConfig, load
     from specula.methods import DEFAULT_METHOD, get_method
 
     method = get_method(args.method or DEFAULT_METHOD).name
+    check_method_flags(args, method)
     spec = load(args.target, draft=args.draft, method=method, config=load_config(args),
                 draft_quantize=args.draft_quantize, skip_layers=args.skip_layers, draft_vocab=args.draft_vocab,
                 engine=EngineConfig(max_tree_nodes=args.max_tree_nodes), planner=planner_from_args(args),

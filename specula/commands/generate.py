@@ -100,6 +100,8 @@ def constraint_from_args(args: argparse.Namespace):
 
 def prompt_from_args(args: argparse.Namespace) -> str:
     """`--prompt`'s text; `-` reads it from standard input (all of it; empty is a ConfigError)."""
+    if args.prompt == "":
+        raise ConfigError("--prompt is empty: give some text, or - to read it from standard input")
     if args.prompt != "-":
         return args.prompt
     text = sys.stdin.read()
@@ -119,6 +121,8 @@ def run(args: argparse.Namespace) -> int:
     if constraint is not None:
         constraint.grammar_text()  # a schema, regex or grammar the library cannot compile fails here, in one line
     spec, method = load_spec(args)
+    if args.compare and method == PLAIN:
+        print("note: --compare has nothing to compare with: the method is plain decoding (none)", file=sys.stderr)
     ids = spec.encode(prompt, raw=args.raw)
     token_ids: list[int] = []
     text_parts: list[str] = []

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 from specula.commands.common import add_load_args, load_config
 from specula.errors import ConfigError
@@ -43,7 +42,7 @@ def run(args: argparse.Namespace) -> int:
     from specula.bench.plots import COST_CURVE_PNG, plot_cost_curve
     from specula.planner.cost import measure_cost_curve
     from specula.commands.bench import set_threads
-    from specula.paths import atomic_write_json
+    from specula.paths import atomic_write_json, check_output
 
     sizes = parse_sizes(args.sizes)
     batch_sizes = parse_sizes(args.batch_sizes, "--batch-sizes") if args.batch_sizes else None
@@ -51,9 +50,9 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("--repeats and --context must be >= 1")
     set_threads(args.threads)
     load_config(args)  # --device / --dtype checked before anything loads
+    out = check_output(args.out, "--out", "dir")
     target, _ = load_backend(args.target, load_config(args), "target")
     curve = measure_cost_curve(target, sizes, args.context, args.repeats)
-    out = Path(args.out)
     key = target.cost_key()
     payload = {**curve.to_dict(), "target": args.target, "dtype": key.get("dtype"), "attn": key.get("attention"),
                "quantize": key.get("quantize", args.quantize), "linear_kernel": key.get("linear_kernel"),

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from specula.commands.common import add_method_args, add_model_args, load_spec, method_help
 from specula.errors import ConfigError
+from specula.paths import check_output
 
 
 def register(sub) -> None:
@@ -38,6 +39,9 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"the batch file {args.input_file} does not exist")
     if args.max_batch_size < 1:
         raise ConfigError(f"--max-batch-size must be at least 1, got {args.max_batch_size}")
+    if args.chat_max_tokens < 1:
+        raise ConfigError(f"--chat-max-tokens must be positive, got {args.chat_max_tokens}")
+    check_output(args.output_file, "--output-file", "file")
     spec, method = load_spec(args)
     summary = run_batch(spec, args.input_file, args.output_file, args.served_model_name or args.target,
                         max_batch_size=args.max_batch_size, chat_max_tokens=args.chat_max_tokens,

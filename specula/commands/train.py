@@ -123,6 +123,7 @@ def run(args: argparse.Namespace) -> int:
 
     from specula.models.loading import load_backend
     from specula.errors import ConfigError
+    from specula.paths import check_output
     from specula.training.corpus import DEFAULT_PROMPTS, CorpusConfig, PaddedConfig, read_prompts
     from specula.training.heap import return_freed_memory
     from specula.training.run import print_report, run_training
@@ -147,6 +148,11 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"--padded-rows must be >= 0 (0 = the engine's batched step), got {args.padded_rows}")
     padded = "auto" if args.padded_rows is None else PaddedConfig(max_rows=args.padded_rows) if args.padded_rows else None
     read_prompts(args.data or [DEFAULT_PROMPTS])  # bad or benchmark prompts fail here, before the slow load
+    if args.eval_data and args.eval_data != ["none"]:
+        read_prompts(args.eval_data, training=False)
+    if args.max_new_tokens < 1:
+        raise ConfigError(f"--max-new-tokens must be >= 1 (the answer tokens a prompt gets), got {args.max_new_tokens}")
+    check_output(args.out, "--out", "dir")
     init_head = args.init_head
     if init_head == "installed":
         from specula.drafters.heads.shipped import default_head

@@ -28,7 +28,7 @@ from specula.datastore.format import (
     DatastoreError, DatastoreHeader, crc32, index_dtype_for, token_dtype_for, write_datastore,
 )
 from specula.datastore.tokenizers import tokenizer_fingerprint, tokenizer_name, vocab_size
-from specula.paths import atomic_file
+from specula.paths import atomic_file, check_output
 
 DEFAULT_EXTENSIONS = (".py", ".txt", ".md", ".rst", ".jsonl", ".json")
 """File types read when walking a directory."""
@@ -242,18 +242,6 @@ def suffix_array(tokens: np.ndarray) -> np.ndarray:
 # --------------------------------------------------------------------------- build
 
 
-def _check_out(out: Path) -> None:
-    """Refuse an output path that cannot be written before any work is done (DatastoreError)."""
-    if out.is_dir():
-        raise DatastoreError(f"--out {str(out)!r} is a directory; give a file path such as "
-                             f"{str(out / 'corpus.specds')!r}")
-    parent = out.parent
-    while not parent.exists() and parent != parent.parent:  # the first existing ancestor: created later
-        parent = parent.parent
-    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
-        raise DatastoreError(f"cannot write {str(out)!r}: {str(parent)!r} is not a writable directory")
-
-
 def build_datastore(tokenizer: Any, sources: Sequence[str | os.PathLike], out: str | os.PathLike,
                     config: BuildConfig = BuildConfig()) -> BuildReport:
     """Tokenize `sources` with `tokenizer`, suffix-sort, and write `out` atomically (temp + rename):
@@ -261,7 +249,7 @@ def build_datastore(tokenizer: Any, sources: Sequence[str | os.PathLike], out: s
     from tqdm import tqdm
 
     t0 = time.perf_counter()
-    _check_out(Path(out))
+    check_output(out, "--out", "file", DatastoreError)  # before any work
     files = collect_files(sources, config.extensions)
     n_vocab = vocab_size(tokenizer)
     dtype = token_dtype_for(n_vocab)

@@ -396,6 +396,9 @@ class LoadConfig:
         """(device, dtype) this config means on this machine (checked: a `ConfigError` names the fix)."""
         from specula.models.device import resolve_device, resolve_dtype
 
+        if self.backend == "hf" and self.linear_kernel == "specula":
+            raise ConfigError("--linear-kernel specula is specula's own kernels, which run on --backend native; "
+                              "with --backend hf use --linear-kernel auto, onednn or aten")
         device = resolve_device(self.device)
         return device, resolve_dtype(self.dtype, device)
 

@@ -98,7 +98,8 @@ def read_prompts(files: Iterable[str | os.PathLike], training: bool = True) -> l
     for file in files:
         path = Path(file)
         if not path.is_file():
-            raise ConfigError(f"training data {path} does not exist: pass JSONL prompt files with --data")
+            what, flag = ("training data", "--data") if training else ("held-out data", "--eval-data")
+            raise ConfigError(f"{what} {path} does not exist: pass JSONL prompt files with {flag}")
         rows = list(_read_rows(path))
         first: dict[str, int] = {}
         for n, rid, _ in rows:

@@ -208,3 +208,8 @@ def test_penalties_decode_the_penalised_law_exactly_and_bad_biases_exit_2(tiny_l
         assert code == 2 and "--logit-bias takes ID=BIAS" in err and len(err.strip().splitlines()) == 1
     code, _, err = run(capsys, "--repetition-penalty", "0")
     assert code == 2 and "repetition_penalty must be > 0" in err
+
+
+def test_compare_with_plain_decoding_says_there_is_nothing_to_compare(tiny_load, capsys):
+    code, out, err = run(capsys, "--method", "none", "--compare")
+    assert code == 0 and out.strip() and "note: --compare has nothing to compare with" in err

@@ -1,0 +1,88 @@
+"""What the command line refuses before any model loads (exit 2, one line naming the fix), and
+how it ends when its reader goes away."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from specula.cli import main
+
+
+@pytest.fixture
+def no_loading(monkeypatch, tmp_path):
+    """Fail the test if a command gets as far as loading a model."""
+    import specula.api as api
+    import specula.models.loading as loading
+
+    monkeypatch.setenv("SPECULA_CACHE", str(tmp_path / "cache"))
+    for module in (api, loading):
+        monkeypatch.setattr(module, "load_backend", lambda *a, **k: pytest.fail("a model was loaded"))
+    monkeypatch.setattr(api, "load", lambda *a, **k: pytest.fail("a model was loaded"))
+
+
+def refused(capsys, argv: list[str], *words: str) -> None:
+    code = main(argv)
+    err = capsys.readouterr().err.strip()
+    assert code == 2, err
+    last = err.splitlines()[-1]
+    assert last.startswith("error:") and all(w in last for w in words), last
+
+
+GENERATE = ["generate", "--target", "smollm2-135m", "--prompt", "hi", "--max-new-tokens", "4"]
+
+
+@pytest.mark.parametrize("extra, words", [
+    (["--max-tree-nodes", "0"], ("--max-tree-nodes", ">= 1")),
+    (["--method", "prompt-lookup", "--tree-top-k", "3"], ("--tree-top-k does not apply to method prompt-lookup",
+                                                          "draft-tree")),
+    (["--tree-depth", "3"], ("--tree-depth does not apply to method fusion",)),  # the default method
+    (["--method", "none", "--datastore", "x.specds"], ("--datastore does not apply to method none",)),
+    (["--method", "prompt-lookup", "--draft", "smollm2-135m"], ("drafts without a draft model",)),
+    (["--linear-kernel", "specula", "--backend", "hf"], ("--linear-kernel specula", "--backend native")),
+])
+def test_generate_refuses_what_it_would_ignore_or_misread(no_loading, capsys, extra, words):
+    refused(capsys, [*GENERATE, *extra], *words)
+
+
+def test_an_empty_prompt_is_refused_before_loading(no_loading, capsys):
+    refused(capsys, ["generate", "--target", "smollm2-135m", "--prompt", "", "--max-new-tokens", "4"],
+            "--prompt is empty")
+
+
+def test_outputs_that_cannot_be_written_are_refused_before_any_work(no_loading, capsys, tmp_path):
+    a_file = tmp_path / "a_file"
+    a_file.write_text("x")
+    refused(capsys, ["profile", "--target", "smollm2-135m", "--out", str(a_file), "--sizes", "1"],
+            "--out", "is a file")
+    refused(capsys, ["bench", "--target", "smollm2-135m", "--methods", "none", "--per-category", "1",
+                     "--out", str(a_file / "sub")], "not a writable directory")
+    refused(capsys, ["analyze", "acceptance", "--target", "smollm2-135m", "--draft", "self", "--out", str(a_file)],
+            "is a file")
+    batch = tmp_path / "in.jsonl"
+    batch.write_text("")
+    refused(capsys, ["run-batch", "--target", "smollm2-135m", "-i", str(batch), "-o", str(tmp_path)],
+            "--output-file", "is a directory")
+    refused(capsys, ["run-batch", "--target", "smollm2-135m", "-i", str(batch), "-o", str(tmp_path / "o.jsonl"),
+                     "--chat-max-tokens", "0"], "--chat-max-tokens must be positive")
+
+
+def test_train_checks_its_held_out_files_answer_length_and_output_before_loading(no_loading, capsys, tmp_path):
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"id": "a", "prompt": "Write a haiku about rain on a tin roof."}\n')
+    train = ["train", "--target", "smollm2-135m", "--data", str(prompts), "--out", str(tmp_path / "out")]
+    refused(capsys, [*train, "--eval-data", str(tmp_path / "missing.jsonl")], "held-out data", "--eval-data")
+    refused(capsys, [*train, "--max-new-tokens", "0"], "--max-new-tokens must be >= 1")
+    (tmp_path / "file").write_text("x")
+    refused(capsys, [*train[:-1], str(tmp_path / "file")], "--out", "is a file")
+
+
+def test_a_reader_that_goes_away_ends_the_command_quietly():
+    """`specula ... | head`: the pipe closes; exit 141 as a shell reports SIGPIPE, no traceback."""
+    proc = subprocess.Popen([sys.executable, "-m", "specula", "models", "list"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) == 141 and "Traceback" not in err, err
