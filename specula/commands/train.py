@@ -1,7 +1,7 @@
 """`specula train`: train a drafter head (EAGLE, Medusa, Hydra) for a target by self-distillation.
 
     specula train --target smollm2-135m --kind eagle --out heads/smollm2
-    specula generate --target smollm2-135m --method eagle --head heads/smollm2/eagle.safetensors "Hi"
+    specula generate --target smollm2-135m --method eagle --head heads/smollm2/eagle.safetensors --prompt "Hi"
 
 The target answers the prompts of --data (JSONL: {"prompt": ...} or {"turns": [...]}; default:
 specula's own training prompts) greedily, its features are cached, the head is trained on the

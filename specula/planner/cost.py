@@ -494,5 +494,6 @@ def read_cost_curve(path: str) -> CostCurve:
             data = json.load(f)
         return CostCurve.from_dict(data.get("cost_curve", data) or data)
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
-        raise ConfigError(f"cannot read cost curve {path!r} ({exc}); "
+        reason = f"missing key {exc}" if isinstance(exc, KeyError) else str(exc)
+        raise ConfigError(f"cannot read cost curve {path!r} ({reason}); "
                           "give the cost_curve.json written by `specula profile`") from exc

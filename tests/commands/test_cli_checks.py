@@ -86,3 +86,9 @@ def test_a_reader_that_goes_away_ends_the_command_quietly():
     proc.stdout.close()
     err = proc.stderr.read().decode()
     assert proc.wait(timeout=120) == 141 and "Traceback" not in err, err
+
+
+def test_a_cost_curve_without_its_sizes_names_the_missing_key(no_loading, capsys, tmp_path):
+    curve = tmp_path / "curve.json"
+    curve.write_text('{"seconds": [0.01]}')
+    refused(capsys, [*GENERATE, "--cost-curve", str(curve)], "cannot read cost curve", "missing key 'sizes'")
