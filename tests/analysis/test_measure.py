@@ -173,3 +173,40 @@ def test_continuation_rows_are_the_teacher_forced_distributions():
         for model, rows in ((target, p), (draft, q)):
             logits = model(torch.tensor([prompt + tokens])).logits[0, len(prompt) - 1 : -1]
             torch.testing.assert_close(rows, probabilities(logits, params), atol=1e-5, rtol=1e-4)
+
+
+def test_the_greedy_bound_is_taken_before_merging_the_tail():
+    """The merged tail token, ranked by its summed q, can push a token carrying half of p out of the
+    greedy top n - 1: the coarse pair's greedy bound is then lower than the real one, so the
+    greedy bound is computed on the pair before merging (the other bounds only rise)."""
+    from specula.analysis.bounds import alpha_greedy
+
+    p_tail, q_tail = np.full(1000, 1e-7), np.full(1000, 9.9e-8)  # 1e-4 and 9.9e-5 in all
+    q_head = [0.5, 0.0, 2e-6] + [1.9e-6] * 5
+    q_head[1] = 1 - sum(q_head) - q_tail.sum()
+    p = np.concatenate([[0.5, 0.0, 0.4999] + [0.0] * 5, p_tail])
+    q = np.concatenate([q_head, q_tail])
+    pc, qc = coarse_grain(p, q, 1e-4)
+    assert alpha_greedy(pc, qc, 5)[3] < alpha_greedy(p, q, 5)[3] - 0.3  # merged: far below the real bound
+    metrics = position_metrics(pc, qc, 5, np.random.default_rng(0), 16, full=(p, q))
+    np.testing.assert_allclose(metrics["greedy"], alpha_greedy(p, q, 5))
+    assert (metrics["iid"] >= alpha_iid(p, q, 5) - 1e-9).all()
+    assert (metrics["without_replacement"] >= alpha_without_replacement(p, q, 5) - 1e-9).all()
+
+
+def test_rrs_without_replacement_is_not_flagged_above_its_bound_when_no_trajectory_saw_a_rare_branch():
+    """p and q nearly disjoint: a rejected token rarer than 1 / trajectories is taken by all of them
+    or by none, the spread is then ~0 while the mean is off; the check's slack includes 1 / M. A
+    value truly above its bound is still flagged."""
+    p = np.array([0.99965, 3.47e-4, 2.3e-9])
+    q = np.array([1.57e-4, 1.64e-3, 0.99820])
+    config = AcceptanceConfig(temperatures=(1.0,), max_drafts=2, trajectories=128)
+    records = [{"temperature": 1.0, "category": "a", "prompt": seed, "kept_tokens": 3,
+                **{k: v.round(6).tolist() for k, v in position_metrics(p, q, 2, np.random.default_rng(seed),
+                                                                        128).items()}}
+               for seed in range(20)]
+    assert summarize(records, config)["runs"][0]["checks"]["verifiers"]["rrs_without_replacement"][
+        "positions_above_bound"] == 0
+    records[0]["rrs_without_replacement"] = [v + 0.05 for v in records[0]["without_replacement"]]
+    assert summarize(records, config)["runs"][0]["checks"]["verifiers"]["rrs_without_replacement"][
+        "positions_above_bound"] == 1
