@@ -73,6 +73,11 @@ class HFCausalLM:
             BATCH_INVARIANT  # int8 row linears + row-by-row attention
         self.greedy_guarantee = guarantee_of(self.dtype, invariant)
         self.num_parameters = sum(p.numel() for p in model.parameters())
+        self.cache_config = tree_cache_config(model.config, self.max_context, name)
+
+    def new_cache(self) -> DynamicCache:
+        """An empty KV cache of plain key/value layers (`tree_cache_config`)."""
+        return DynamicCache(config=self.cache_config)
 
     @property
     def weight_bytes(self) -> int:
@@ -173,6 +178,28 @@ class HFCausalLM:
         return head_rows(head, ids, self.dtype, self.device)  # a draft vocabulary's head refuses (`weight_rows`)
 
 
+def tree_cache_config(config, max_context: int, name: str):
+    """The config a tree's KV cache is built from: `config` where every cache layer it makes holds
+    keys and values alone (`DynamicLayer`), which a commit can crop and gather; None (a cache of
+    such layers) where its only other layers are sliding windows no shorter than `max_context`,
+    which then attend to everything. Other layers are refused (ConfigError): a window shorter than
+    the context drops positions a tree still needs, and recurrent or indexed layers keep state
+    that cropping keys and values would not roll back."""
+    layers = DynamicCache(config=config).layers
+    if all(type(layer) is DynamicLayer for layer in layers):
+        return config
+    odd = [layer for layer in layers if type(layer) is not DynamicLayer]
+    if all(type(layer) is DynamicSlidingWindowLayer and layer.sliding_window >= max_context for layer in odd):
+        return None
+    kinds = sorted({type(layer).__name__ for layer in odd})
+    short = [layer.sliding_window for layer in odd if type(layer) is DynamicSlidingWindowLayer]
+    why = (f"a sliding window of {min(short)} tokens, shorter than the context of {max_context}, drops positions "
+           "a tree still needs" if short else "its state is not keys and values alone, which a rejected draft "
+           "leaves behind")
+    raise ConfigError(f"{name}: cache layer {', '.join(kinds)} is not supported for tree decoding ({why}); "
+                      "use a model with full attention, or disable sliding window attention in its config")
+
+
 class HFSequence(TreeSequence):
     """One sequence's `DynamicCache` on an `HFCausalLM` (see the module docstring); the pending-tree
     handshake is `TreeSequence`'s, this class runs the passes and edits the cache.
@@ -183,7 +210,7 @@ class HFSequence(TreeSequence):
 
     def __init__(self, backend: HFCausalLM) -> None:
         super().__init__(backend)
-        self.cache = DynamicCache(config=backend.config)
+        self.cache = backend.new_cache()
 
     def __len__(self) -> int:
         return len(self._tokens)
@@ -228,18 +255,11 @@ class HFSequence(TreeSequence):
         self._crop_layers(len(self._tokens) - length)
 
     def _free(self) -> None:
-        self.cache = DynamicCache(config=self.backend.config)
+        self.cache = self.backend.new_cache()
 
     # ------------------------------------------------------------------ cache internals
     def _layers(self) -> list[DynamicLayer]:
-        layers = list(self.cache.layers)
-        for layer in layers:
-            if isinstance(layer, DynamicSlidingWindowLayer) or not isinstance(layer, DynamicLayer):
-                raise ConfigError(
-                    f"{self.backend.name}: cache layer {type(layer).__name__} is not supported for tree decoding "
-                    "(sliding-window caches cannot drop arbitrary positions); disable sliding window attention"
-                )
-        return [layer for layer in layers if layer.is_initialized]
+        return [layer for layer in self.cache.layers if layer.is_initialized]  # plain layers (`tree_cache_config`)
 
     def _crop_layers(self, remove: int) -> None:
         if remove <= 0:

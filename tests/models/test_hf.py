@@ -86,3 +86,51 @@ def test_cost_key_names_what_latency_depends_on():
     assert key["backend"] == "hf" and key["dtype"] == "torch.float32" and key["device"] == "cpu"
     assert key["quantize"] == "none" and key["linear_kernel"] == "aten" and key["attention"] == "sdpa"
     assert key["layers"] == 2 and key["threads"] >= 1
+
+
+def _mistral(sliding_window: int):
+    import torch
+    from transformers import MistralConfig, MistralForCausalLM
+
+    torch.manual_seed(0)
+    cfg = MistralConfig(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                        num_key_value_heads=2, max_position_embeddings=256, initializer_range=0.3,
+                        attn_implementation="sdpa", bos_token_id=0, eos_token_id=1, pad_token_id=None,
+                        sliding_window=sliding_window)
+    return MistralForCausalLM(cfg).eval()
+
+
+def test_a_sliding_window_no_shorter_than_the_context_is_full_attention():
+    """Mistral's default window (4096) over a 256-token context: its cache is built of plain layers,
+    which commits crop and gather; greedy output equals plain greedy decoding."""
+    from tiny import SPECULATIVE_PROMPTS, reference_greedy
+    from specula.drafters import make_drafter
+    from specula.engine import SpeculativeDecoder
+    from specula.sampling import SamplingParams
+
+    model = _mistral(4096)
+    target = HFCausalLM(model, "target")
+    dec = SpeculativeDecoder(target, make_drafter("prompt-lookup"), eos_token_ids=[])
+    accepted = 0
+    for prompt in SPECULATIVE_PROMPTS:
+        out = dec.generate(prompt, SamplingParams(max_new_tokens=32, ignore_eos=True))
+        assert out.token_ids == reference_greedy(model, prompt, 32)
+        accepted += out.stats.accepted_tokens
+    assert accepted > 0
+    assert not check_random_tree(model, target.new_sequence(), 0, 9, 14).is_chain()
+
+
+def test_cache_layers_a_commit_cannot_roll_back_are_refused_when_the_backend_is_built():
+    """A window shorter than the context drops positions a tree needs; a recurrent (hybrid) layer
+    keeps state a rejected draft changed. Both are refused at once, naming the reason, not after
+    the first rejected draft (or, for the hybrid layer, never: its output differed silently)."""
+    import transformers
+
+    with pytest.raises(ConfigError, match="sliding window of 8 tokens, shorter than the context of 256"):
+        HFCausalLM(_mistral(8), "short")
+    cfg = transformers.ZayaConfig(vocab_size=96, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                  num_key_value_heads=2, head_dim=8, max_position_embeddings=256,
+                                  moe_intermediate_size=32, num_experts=4, num_experts_per_tok=1, router_hidden_size=16,
+                                  layer_types=["hybrid", "hybrid"], bos_token_id=0, eos_token_id=1, pad_token_id=None)
+    with pytest.raises(ConfigError, match="LinearAttentionAndFullAttentionLayer .* not keys and values alone"):
+        HFCausalLM(transformers.ZayaForCausalLM(cfg).eval(), "hybrid")
