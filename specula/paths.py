@@ -192,7 +192,13 @@ def file_lock(name: str) -> Iterator[None]:
     """Hold the exclusive lock `<cache>/locks/<name>.lock` (`flock`) for the block: processes that
     write the same cache entry take turns (so sweeping temporaries is safe). Not POSIX: no lock."""
     lock = cache_dir("locks", f"{name}.lock")
-    lock.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        lock.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        from specula.errors import ConfigError
+
+        raise ConfigError(f"the cache {str(cache_dir())!r} cannot be written ({exc.strerror or exc}); point "
+                          f"${CACHE_ENV} at a writable directory") from exc
     try:
         import fcntl
     except ImportError:

@@ -10,11 +10,14 @@ measured cost curves are priors that each run corrects from the passes it times.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
-import shutil
+import sys
+import time
 from dataclasses import dataclass
+from pathlib import Path
 
-from specula.paths import cache_dir, format_bytes
+from specula.paths import _TMP_MARK, cache_dir, disk_usage, file_lock, format_bytes, remove_dir
 
 
 @dataclass(frozen=True)
@@ -27,6 +30,9 @@ class CacheKind:
     """`specula cache clear` option that removes it (None: only by hand; models are not re-downloadable here)."""
     what: str
     """What it holds."""
+    lock: str | None = None
+    """Prefix of the lock its writers hold per entry (`paths.file_lock(lock + name)`), which
+    `clear` takes too; None: entries are single files written atomically, with no lock."""
 
 
 KINDS = (
@@ -34,8 +40,9 @@ KINDS = (
     CacheKind("gguf", None, "the assembled, sha256-verified GGUF files the models are converted from"),
     CacheKind("heads", None, "shipped trained heads, installed with their model"),
     CacheKind("cost", "measured", "measured cost curves and packed-pass tables (priors of the planner), per backend"),
-    CacheKind("kernels", "kernels", "specula's compiled C kernels, per CPU and compiler"),
-    CacheKind("prepared", "prepared", "models prepared for specula's kernels (fused, quantized, packed), memory-mapped by later loads"),
+    CacheKind("kernels", "kernels", "specula's compiled C kernels, per CPU and compiler", "kernels-"),
+    CacheKind("prepared", "prepared", "models prepared for specula's kernels (fused, quantized, packed), memory-mapped by later loads",
+              "prepared-"),
     CacheKind("training", "training", "`specula train` corpora and features"),
     CacheKind("locks", None, "install locks (empty when nothing installs)"),
 )
@@ -63,10 +70,59 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     clear.set_defaults(handler=clear_cache)
 
 
-def _size(path) -> int:
-    if not path.exists():
-        return 0
-    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file() and not p.is_symlink())
+def _size(path: Path) -> int:
+    """Bytes under `path`, the folder a symlink names included (files other processes remove
+    meanwhile are skipped)."""
+    return disk_usage(path.resolve())
+
+
+LIVE_TEMP_SECONDS = 600
+"""A temporary of a folder without locks this recent may belong to a writer still at work."""
+
+
+def _age_seconds(path: Path) -> float:
+    try:
+        return time.time() - path.lstat().st_mtime
+    except FileNotFoundError:
+        return float("inf")
+
+
+def _entry_name(child: Path) -> str:
+    """The entry a cache folder's child belongs to: its own name, or for a writer's temporary
+    (`.<name>.tmp-<random>`) the name it will be renamed to."""
+    if child.name.startswith(".") and _TMP_MARK in child.name:
+        return child.name[1:].split(_TMP_MARK)[0]
+    return child.name
+
+
+def _clear(kind: CacheKind) -> tuple[int, list[str]]:
+    """Remove every entry of `kind`'s folder (the folder itself stays, a symlink too), each under
+    the lock its writers hold, so an entry being written is removed after it is whole (or its
+    temporary after its writer is done with it): (bytes removed, errors)."""
+    folder = cache_dir(kind.folder)
+    if not folder.is_dir():
+        return 0, []
+    removed, errors = 0, []
+    for child in sorted(folder.iterdir()):
+        name = _entry_name(child)
+        if not kind.lock and name != child.name and _age_seconds(child) < LIVE_TEMP_SECONDS:
+            continue  # a lock-less writer's temporary, maybe still being written: its rename would fail
+        lock = file_lock(kind.lock + name) if kind.lock else contextlib.nullcontext()
+        with lock:  # a writer's temporary: by now renamed to its entry, which goes too
+            for path in dict.fromkeys((child, folder / name)):
+                if not path.exists() and not path.is_symlink():
+                    continue
+                size = disk_usage(path)
+                try:
+                    if path.is_dir() and not path.is_symlink():
+                        remove_dir(path)
+                    else:
+                        path.unlink()
+                except OSError as exc:
+                    errors.append(f"{path}: {exc.strerror or exc}")
+                    continue
+                removed += size
+    return removed, errors
 
 
 def show(args: argparse.Namespace) -> int:
@@ -102,9 +158,11 @@ def clear_cache(args: argparse.Namespace) -> int:
             return 0
     if not chosen:
         chosen = [k for k in KINDS if k.flag == "measured"]
+    failed: list[str] = []
     for kind in chosen:
-        path = cache_dir(kind.folder)
-        size = _size(path)
-        shutil.rmtree(path, ignore_errors=True)
-        print(f"removed {path} ({format_bytes(size)}): {kind.what}")
-    return 0
+        size, errors = _clear(kind)
+        print(f"removed {cache_dir(kind.folder)} ({format_bytes(size)}): {kind.what}")
+        failed += errors
+    for error in failed:
+        print(f"error: could not remove {error}", file=sys.stderr)
+    return 1 if failed else 0

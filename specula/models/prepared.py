@@ -286,11 +286,12 @@ def load_entry(path: Path, key: dict[str, Any]) -> tuple[NativeDecoder, dict[str
             setattr(parent, child, KernelLinear.from_packed(info["kind"], int(info["in"]), int(info["out"]),
                                                             buffers["packed"], buffers.get("scale"), buffers.get("bias")))
         decoder.load_state_dict(state, strict=True, assign=True)
+        num_parameters, invariant = int(marker["num_parameters"]), bool(marker["invariant"])
     except (RuntimeError, OSError, KeyError, TypeError, ValueError) as exc:
         raise StaleEntry(f"it could not be read ({type(exc).__name__}: {str(exc)[:200]})") from exc
     decoder.inv_freq = inv_freq
-    decoder.num_parameters = int(marker["num_parameters"])
-    decoder.invariant = bool(marker["invariant"])
+    decoder.num_parameters = num_parameters
+    decoder.invariant = invariant
     decoder.ops = CpuKernelOps()
     return decoder.eval().requires_grad_(False), marker
 
@@ -317,7 +318,8 @@ def _orphaned(entry: Path) -> bool:
 
 def remove_orphans(keep: Path | None = None) -> list[tuple[str, int]]:
     """Delete `orphans()` (but `keep`), each under its entry's lock so no writer of it races the
-    removal, its lock file with it; returns (name, bytes) of what was removed. Called after a new
+    removal (the empty lock file stays: deleting it would let a process waiting on it and one
+    arriving later hold the lock at once); returns (name, bytes) of what was removed. Called after a new
     entry is written: the moment the cache grows, so entries of models that are gone do not pile up."""
     removed = []
     for entry in orphans():
@@ -328,7 +330,6 @@ def remove_orphans(keep: Path | None = None) -> list[tuple[str, int]]:
                 continue
             size = disk_usage(entry)
             remove_dir(entry)
-        cache_dir("locks", f"prepared-{entry.name}.lock").unlink(missing_ok=True)
         removed.append((entry.name, size))
     return removed
 

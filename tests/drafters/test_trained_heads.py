@@ -498,8 +498,11 @@ def test_shipped_heads_install_checked_by_sha256(saved, tmp_path, monkeypatch):
     monkeypatch.setattr(shipped, "SHIPPED", (shipped.ShippedHead("smollm2-135m", "eagle", "tiny-eagle.safetensors",
                                                                   digest),))
     assert shipped.default_head("smollm2-135m", "eagle") is None
+    killed = shipped.installed_path("smollm2-135m", "eagle").with_name(".eagle.safetensors.tmp-killed")
+    killed.parent.mkdir(parents=True)
+    killed.write_bytes(b"half a head")  # what an install killed mid-copy left
     [installed] = shipped.install_heads("smollm2-135m")
-    assert installed.read_bytes() == path.read_bytes()
+    assert installed.read_bytes() == path.read_bytes() and not killed.exists()
     assert shipped.default_head("smollm2-135m", "eagle") == installed
     assert shipped.default_head("smollm2-135m", "medusa") is None and shipped.install_heads("qwen2.5-coder-1.5b") == []
     installed.unlink()

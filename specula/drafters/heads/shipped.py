@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from specula.errors import HeadFileError
-from specula.paths import atomic_path, cache_dir
+from specula.paths import atomic_path, cache_dir, file_lock, remove_stale_temps
 
 PACKAGE_DIR = Path(__file__).resolve().parents[2] / "data" / "heads"
 MAX_SHIPPED_BYTES = 30_000_000
@@ -123,8 +123,10 @@ def install_heads(alias: str) -> list[Path]:
             raise HeadFileError(f"the shipped head {src} is missing or does not match its sha256; reinstall specula "
                                 "(pip install --force-reinstall specula) or train one with `specula train`")
         dest.parent.mkdir(parents=True, exist_ok=True)
-        with atomic_path(dest) as tmp:
-            shutil.copyfile(src, tmp)
+        with file_lock(f"heads-{alias}"):  # installs of one target's heads take turns: sweeping is safe
+            remove_stale_temps(dest)  # what a killed install left
+            with atomic_path(dest) as tmp:
+                shutil.copyfile(src, tmp)
         paths.append(dest)
     return paths
 
