@@ -41,8 +41,8 @@ KINDS = (
     CacheKind("heads", None, "shipped trained heads, installed with their model"),
     CacheKind("cost", "measured", "measured cost curves and packed-pass tables (priors of the planner), per backend"),
     CacheKind("kernels", "kernels", "specula's compiled C kernels, per CPU and compiler", "kernels-"),
-    CacheKind("prepared", "prepared", "models prepared for specula's kernels (fused, quantized, packed), memory-mapped by later loads",
-              "prepared-"),
+    CacheKind("prepared", "prepared",
+              "models prepared for specula's kernels (fused, quantized, packed), memory-mapped by later loads", "prepared-"),
     CacheKind("training", "training", "`specula train` corpora and features"),
     CacheKind("locks", None, "install locks (empty when nothing installs)"),
 )

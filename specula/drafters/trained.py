@@ -16,6 +16,7 @@ The head file comes from `specula train` or `specula models install` (shipped he
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import fields
 
 import torch
@@ -95,7 +96,12 @@ class TrainedHeadDrafter(DraftTreeDrafter):
         if self.online is not None and state.history is not None:
             tokens, features = state.history
             state.history = None
-            self.online.add(tokens, features)
+            try:
+                self.online.add(tokens, features)
+            except (RuntimeError, ValueError) as exc:  # the request is served: a failed update ends OSD, not it
+                print(f"warning: online distillation stopped: its update failed ({type(exc).__name__}: {exc})",
+                      file=sys.stderr)
+                self.online = None
         state.release()
 
 
@@ -125,6 +131,9 @@ def create_head_drafter(kind: str, *, target=None, head: str | os.PathLike | Tra
                           "then pass --head FILE")
     if not isinstance(head, TrainedHead):
         head = load_head(head, target, target_name or target.name, torch.float32 if online_distill else None)
+    elif head.target is not target:
+        raise ConfigError(f"the {head.kind} head given was loaded for another target ({head.target.name}); load it "
+                          f"for this one ({target.name}): load_head(FILE, target, NAME)")
     if head.kind != kind:
         raise ConfigError(f"--method {kind} got a {head.kind} head; use --method {head.kind} or a {kind} head")
     if head_window is not None:
@@ -140,6 +149,10 @@ def create_head_drafter(kind: str, *, target=None, head: str | os.PathLike | Tra
         raise ConfigError("--online-distill trains on short windows of a request, which leave a copy hint no text to "
                           "match; a head with copy hints learns offline only (`specula train --copy-ngram`): drop "
                           "--online-distill")
+    if online_distill and (head.kernel is not None or head.dtype != torch.float32):
+        raise ConfigError(f"--online-distill trains the head in float32; this one drafts on "
+                          f"{head.kernel or head.dtype} weights it cannot train: load it with "
+                          "load_head(FILE, target, NAME, torch.float32), or pass the file")
     if online_distill:
         online = OnlineDistiller(head, OnlineDistillConfig(**({} if online_lr is None else {"lr": online_lr})))
     return TrainedHeadDrafter(head, method_config(kind, DraftTreeConfig, merged), online)

@@ -483,6 +483,37 @@ def test_online_distillation_updates_the_head_and_never_changes_the_output():
     assert not head.module.training and not any(p.requires_grad for p in head.module.parameters())
 
 
+def test_online_distillation_refuses_heads_it_cannot_train_or_of_another_target(saved):
+    """A head drafting on int8 kernels has no weights to train (its first update raised after the
+    request was decoded: on the server, the worker died); a head loaded for another target would
+    be trained on a mix of two targets' features. Both are refused when the decoder is built."""
+    model, target, _, path = saved
+    if drafting_kernel("cpu") is not None:
+        with pytest.raises(ConfigError, match="cannot train: load it with"):
+            build_decoder("eagle", target, None, head=load_head(path, target, "tiny"), planner=False,
+                          online_distill=True)
+    other = native(tiny_model("llama", "eager", seed=5))
+    with pytest.raises(ConfigError, match="loaded for another target"):
+        build_decoder("eagle", other, None, head=load_head(path, target, "tiny", torch.float32), planner=False)
+
+
+def test_an_online_update_that_fails_ends_distillation_not_the_request(capsys):
+    model = tiny_model("llama", "eager", seed=6)
+    target = native(model)
+    dec = build_decoder("eagle", target, None, head=new_head("eagle", target, torch.arange(96), seed=0),
+                        planner=False, online_distill=True)
+    drafter = dec.drafters[0]
+
+    def broken():
+        raise RuntimeError("no gradient")
+
+    drafter.online.update = broken
+    prompt = [5, 17, 33, 2, 5, 17]
+    out = dec.generate(prompt, SamplingParams(max_new_tokens=12, ignore_eos=True))
+    assert out.token_ids == reference_greedy(model, prompt, 12) and drafter.online is None
+    assert "online distillation stopped" in capsys.readouterr().err
+
+
 def test_shipped_heads_install_checked_by_sha256(saved, tmp_path, monkeypatch):
     import hashlib
 

@@ -80,9 +80,10 @@ class OnlineDistiller:
                 windows = [self._window() for _ in range(cfg.batch_size)]
                 t1 = max(len(t) for t, _ in windows)
                 e = windows[0][1].shape[1]
-                tokens = torch.zeros((len(windows), t1), dtype=torch.long)
-                feats = torch.zeros((len(windows), t1, e))
-                valid = torch.zeros((len(windows), t1), dtype=torch.bool)
+                device = next(module.parameters()).device  # the head's, which may be an accelerator
+                tokens = torch.zeros((len(windows), t1), dtype=torch.long, device=device)
+                feats = torch.zeros((len(windows), t1, e), device=device)
+                valid = torch.zeros((len(windows), t1), dtype=torch.bool, device=device)
                 for b, (t, f) in enumerate(windows):
                     tokens[b, :len(t)], feats[b, :len(t)], valid[b, :len(t)] = t, f.float(), True
                 batch = {"tokens": tokens, "feats": feats.to(head.dtype), "emb": head.embed(tokens), "valid": valid}
