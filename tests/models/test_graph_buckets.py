@@ -131,7 +131,7 @@ def test_prefills_incremental_trees_and_scratch_drafts_on_the_graph_path():
     for backend in (eager, fixed):
         backend.seq.forward_tree(40, tree)
         backend.out = [backend.seq.forward_tree_incremental(grown)]  # sees the pending tree's rows
-        backend.seq.commit([0, 4])
+        backend.seq.commit([0, 1, 4])  # 5 -> 6 -> 9 (node 4 hangs from node 1)
         backend.out.append(backend.seq.speculate([12, 13], offset=0))
         backend.out.append(backend.seq.speculate([14], offset=2))  # sees the two scratch rows
         backend.out.append(backend.seq.replay(3))
