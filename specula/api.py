@@ -19,6 +19,7 @@ from specula.methods import PLAIN
 from specula.models.base import TargetModel
 from specula.models.loading import LoadConfig, LoadReport, load_backend, load_draft
 from specula.planner import Planner
+from specula.prompts import is_token_id
 from specula.sampling import SamplingParams
 
 __all__ = [
@@ -119,10 +120,12 @@ class Specula:
         else:
             if sampling:
                 raise ConfigError("give per-prompt params= or sampling keywords, not both")
-            each = list(params)
+            each = [_checked(p) for p in params]
             if len(each) != len(prompts):
                 raise ConfigError(f"params= has {len(each)} entries for {len(prompts)} prompts: give one per prompt")
-        ids = [self.encode(p, raw) for p in prompts]  # every prompt checked before anything runs
+        ids = [self.encode(p, raw) for p in prompts]
+        for prompt_ids, prompt_params in zip(ids, each):  # every prompt checked before anything runs
+            self.decoder.check_request(prompt_ids, prompt_params)
         self.prepare_batch(max_batch_size)
         outputs: list[GenerationOutput | None] = [None] * len(prompts)
         bar = _progress(len(prompts), progress)
@@ -175,9 +178,10 @@ def _lone_prompt(prompts: Any) -> bool:
     token ids, or one chat's messages (dicts)."""
     if isinstance(prompts, str):
         return True
+    if hasattr(prompts, "tolist") and getattr(prompts, "ndim", 2) == 1:  # a 1-D numpy array or tensor of ids
+        return True
     items = list(prompts) if isinstance(prompts, (list, tuple)) else []
-    return bool(items) and (all(isinstance(x, int) and not isinstance(x, bool) for x in items)
-                            or all(isinstance(x, dict) for x in items))
+    return bool(items) and (all(is_token_id(x) for x in items) or all(isinstance(x, dict) for x in items))
 
 
 def _params(params: SamplingParams | None, sampling: dict) -> SamplingParams:
@@ -186,6 +190,13 @@ def _params(params: SamplingParams | None, sampling: dict) -> SamplingParams:
         return SamplingParams(**sampling)
     if sampling:
         raise ConfigError(f"give either params= or sampling keywords ({', '.join(sorted(sampling))}), not both")
+    return _checked(params)
+
+
+def _checked(params: Any) -> SamplingParams:
+    if not isinstance(params, SamplingParams):
+        raise ConfigError(f"params= takes a SamplingParams (specula.sampling.SamplingParams(...)), got "
+                          f"{type(params).__name__}; or pass its fields as keywords")
     return params
 
 

@@ -171,22 +171,32 @@ class SpeculativeDecoder:
         return not isinstance(self.planner, PassThroughPlanner)
 
     # ------------------------------------------------------------------ sessions
+    def check_request(self, prompt_ids: Sequence[int], params: SamplingParams) -> list[int]:
+        """The prompt's ids, checked with the request's params as `start` checks them (ConfigError
+        naming the problem): not empty, token ids of the vocabulary, within the context window with
+        one new token, a logit bias on the vocabulary, stop strings only with a tokenizer."""
+        prompt = [int(t) for t in prompt_ids]
+        if not prompt:
+            raise ConfigError("the prompt is empty: give at least one token of text")
+        vocab = self.target.vocab_size
+        outside = [t for t in prompt if not 0 <= t < vocab]
+        if outside:
+            raise ConfigError(f"prompt token id {outside[0]} is outside the model's vocabulary of {vocab}")
+        check_context(self.target, len(prompt) + 1, f"the prompt ({len(prompt)} tokens) plus one new token")
+        outside = [t for t, _ in params.logit_bias if t >= vocab]
+        if outside:
+            raise ConfigError(f"logit_bias names token {outside[0]}, outside the model's vocabulary of {vocab}")
+        if params.stop and self.tokenizer is None:
+            raise ConfigError("stop strings need the target's tokenizer to read the text: build the decoder "
+                              "with one, or stop on token ids (stop_token_ids)")
+        return prompt
+
     def start(self, prompt_ids: Sequence[int], params: SamplingParams = SamplingParams(),
               constraint: Constraint | None = None) -> Session:
         """A new request: checks the prompt against the context window (once), compiles its
         constraint (ConstraintError when it cannot), prefills it and gives every drafter and the
         planner their per-request state."""
-        prompt = [int(t) for t in prompt_ids]
-        if not prompt:
-            raise ConfigError("the prompt is empty: give at least one token of text")
-        check_context(self.target, len(prompt) + 1, f"the prompt ({len(prompt)} tokens) plus one new token")
-        outside = [t for t, _ in params.logit_bias if t >= self.target.vocab_size]
-        if outside:
-            raise ConfigError(f"logit_bias names token {outside[0]}, outside the model's vocabulary of "
-                              f"{self.target.vocab_size}")
-        if params.stop and self.tokenizer is None:
-            raise ConfigError("stop strings need the target's tokenizer to read the text: build the decoder "
-                              "with one, or stop on token ids (stop_token_ids)")
+        prompt = self.check_request(prompt_ids, params)
         grammar = None
         if constraint is not None:
             if self.tokenizer is None:
@@ -329,8 +339,14 @@ class SpeculativeDecoder:
 
     def stream(self, prompt_ids: Sequence[int], params: SamplingParams = SamplingParams(),
                constraint: Constraint | None = None) -> Iterator[StreamChunk]:
-        """Yield one chunk per decode step; the last has `finished` and the final stats. Closing
-        the iterator early frees the session."""
+        """One chunk per decode step; the last has `finished` and the final stats. Bad input raises
+        here, at the call (`check_request`); the request starts at the first chunk asked for, and
+        closing the iterator early frees its session."""
+        self.check_request(prompt_ids, params)
+        return self._stream(prompt_ids, params, constraint)
+
+    def _stream(self, prompt_ids: Sequence[int], params: SamplingParams,
+                constraint: Constraint | None) -> Iterator[StreamChunk]:
         session = self.start(prompt_ids, params, constraint)
         try:
             while not session.finished:
@@ -429,13 +445,14 @@ class SpeculativeDecoder:
         stats.draft_seconds += draft_seconds + (t4 - t3)
         stats.verify_seconds += verify_seconds
         stats.commit_seconds += t3 - t2
-        stats.record_step(proposal.tree.depth, proposal.tree.sources, result.path)
 
         new, reason = self._truncate([*step.accepted_tokens, result.next_token], session)
         if session.grammar is not None:
             new = session.grammar.commit(new)
             if session.grammar.ended:
                 reason = "stop"  # EOS after a complete match: also where EOS is otherwise ignored
+        # The stats count what the step emitted: drafts accepted past EOS, a stop or the budget are cut.
+        stats.record_step(proposal.tree.depth, proposal.tree.sources, result.path[:max(0, len(new) - 1)])
         logprobs = None
         if session.params.logprobs is not None:  # the rows the emitted tokens came from (raw logits)
             logprobs = token_logprobs(logits[step_rows(result.path)[: len(new)]], new, session.params.logprobs)

@@ -3,7 +3,8 @@ or ids. The one place prompts become ids (the API, the server, the bench, traini
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import numbers
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from specula.errors import ConfigError
@@ -19,6 +20,9 @@ def apply_chat_template(tokenizer: Any, prompt: str | Sequence[Mapping[str, str]
     generation prompt) when the tokenizer has one, unless `raw`; without a template, or with
     `raw=True`, the string is encoded as is (with the tokenizer's usual special tokens). A list
     of `{"role", "content"}` messages always goes through the chat template."""
+    if tokenizer is None:
+        raise ConfigError("text prompts and chat messages need the target's tokenizer: pass token ids, or build "
+                          "the decoder with a tokenizer")
     has_template = bool(getattr(tokenizer, "chat_template", None))
     if isinstance(prompt, str):
         if raw or not has_template:
@@ -44,11 +48,19 @@ def encode_prompt(tokenizer: Any, prompt: Prompt, raw: bool = False) -> list[int
         if not prompt.strip():
             raise ConfigError("the prompt is empty: give some text")
         return apply_chat_template(tokenizer, prompt, raw=raw)
-    prompt = list(prompt)
+    if not isinstance(prompt, Iterable) or isinstance(prompt, Mapping):
+        raise ConfigError(f"a prompt is text, a list of token ids or a list of chat messages, got "
+                          f"{type(prompt).__name__}")
+    prompt = list(prompt.tolist() if hasattr(prompt, "tolist") else prompt)  # numpy arrays, torch tensors
     if not prompt:
         raise ConfigError("the prompt is empty: give some text, at least one message, or token ids")
     if isinstance(prompt[0], Mapping):
         return apply_chat_template(tokenizer, prompt, raw=raw)
-    if not all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+    if not all(is_token_id(t) for t in prompt):
         raise ConfigError("a prompt list must hold token ids (integers) or chat messages ({'role', 'content'})")
     return [int(t) for t in prompt]
+
+
+def is_token_id(value: Any) -> bool:
+    """An integer (numpy's and torch's integer scalars too), not a bool."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)

@@ -212,3 +212,62 @@ def test_what_generate_batch_reads_as_one_prompt():
     chat = [{"role": "user", "content": "hi"}]
     assert _lone_prompt("hello") and _lone_prompt([5, 6]) and _lone_prompt((5,)) and _lone_prompt(chat)
     assert not any(_lone_prompt(p) for p in (["a", "b"], [[5, 6]], [chat], [], [True, False]))
+
+
+def test_bad_requests_are_refused_before_anything_runs(tiny_spec):
+    """Token ids outside the vocabulary (a bare IndexError, which failed the whole batched step),
+    a prompt past the window in a batch (refused after the others had run), a text prompt without
+    a tokenizer, params of the wrong type, a non-integer budget: each a ConfigError naming it, from
+    the call itself (a stream's too), before any prompt is prefilled."""
+    import numpy as np
+    import torch
+
+    from specula.sampling import SamplingParams
+
+    spec, model = tiny_spec
+    prefills = []
+    real = spec.decoder.target.new_sequence
+    spec.decoder.target.new_sequence = lambda: prefills.append(1) or real()
+    try:
+        with pytest.raises(ConfigError, match="prompt token id 700 is outside the model's vocabulary of 96"):
+            spec.generate([5, 6, 700], max_new_tokens=4)
+        with pytest.raises(ConfigError, match="prompt token id -1"):
+            spec.start([5, -1], max_new_tokens=4)
+        with pytest.raises(ConfigError, match="context window"):
+            spec.generate_batch([[5, 6, 7], [5] * 300], max_new_tokens=4)
+        with pytest.raises(ConfigError, match="context window"):
+            spec.stream([5] * 300, max_new_tokens=4)  # at the call, not at the first next()
+        with pytest.raises(ConfigError, match="need the target's tokenizer"):
+            spec.generate("hello", max_new_tokens=4)
+        with pytest.raises(ConfigError, match="params= takes a SamplingParams"):
+            spec.generate([5, 6], params={"max_new_tokens": 4})
+        with pytest.raises(ConfigError, match="params= takes a SamplingParams"):
+            spec.generate_batch([[5, 6], [7, 8]], params=[{"max_new_tokens": 4}] * 2)
+        for bad in (2.5, "5", True):
+            with pytest.raises(ConfigError, match="max_new_tokens must be a positive integer"):
+                SamplingParams(max_new_tokens=bad)
+        with pytest.raises(ConfigError, match="a prompt is text, a list of token ids or a list of chat messages"):
+            spec.generate(5, max_new_tokens=4)
+        assert prefills == []
+    finally:
+        spec.decoder.target.new_sequence = real
+    expected = spec.generate([5, 17, 33], max_new_tokens=6).token_ids
+    assert spec.generate(np.array([5, 17, 33]), max_new_tokens=6).token_ids == expected  # as HF tokenizers give them
+    assert spec.generate(torch.tensor([5, 17, 33]), max_new_tokens=6).token_ids == expected
+    assert spec.generate([np.int64(5), 17, 33], max_new_tokens=6).token_ids == expected
+    [batched] = spec.generate_batch(np.array([5, 17, 33]), max_new_tokens=6)
+    assert batched.token_ids == expected
+
+
+def test_stats_count_the_tokens_a_step_emitted_not_drafts_past_a_stop():
+    """A step that accepts drafts past a stop token: its accepted length is what it emitted."""
+    from specula.api import build_decoder
+    from specula.models.hf import HFCausalLM
+    from specula.sampling import SamplingParams
+    from tiny import successor_model
+
+    dec = build_decoder("prompt-lookup", HFCausalLM(successor_model(40), "target"), planner="none")
+    prompt = list(range(2, 20)) + [2]  # lookup drafts 3 4 5 ..., all accepted by a successor model
+    out = dec.generate(prompt, SamplingParams(max_new_tokens=20, stop_token_ids=(5,), ignore_eos=True))
+    assert out.token_ids == [3, 4, 5] and out.stats.steps == 1
+    assert out.stats.accepted_lengths == [3] and out.stats.mean_accepted_tokens == 3.0
