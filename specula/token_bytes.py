@@ -68,6 +68,7 @@ class TokenBytes:
         added = getattr(tokenizer, "added_tokens_decoder", None) or {}
         self._added = {int(i): str(getattr(t, "content", t)) for i, t in added.items()}
         self._cache: dict[int, bytes] = {}
+        self._special: frozenset[int] | None = None
 
     def __call__(self, token_id: int) -> bytes:
         token_id = int(token_id)
@@ -80,6 +81,21 @@ class TokenBytes:
         """The token's bytes as text: a byte of an unfinished character shows as U+FFFD (as
         `tokenizer.decode([id])` shows it)."""
         return self(token_id).decode("utf-8", errors="replace")
+
+    def label(self, token_id: int) -> str:
+        """The token as completions' logprobs name it: its text, or where its bytes are not whole
+        UTF-8 characters "bytes:" and their escapes (OpenAI's form)."""
+        data = self(token_id)
+        try:
+            return data.decode("utf-8")
+        except UnicodeDecodeError:
+            return "bytes:" + "".join(f"\\x{b:02x}" for b in data)
+
+    def special(self, token_id: int) -> bool:
+        """Whether decoding with skip_special_tokens drops the token (BOS, EOS, chat markers)."""
+        if self._special is None:
+            self._special = frozenset(int(i) for i in getattr(self.tokenizer, "all_special_ids", ()) or ())
+        return int(token_id) in self._special
 
     def _bytes(self, token_id: int) -> bytes:
         if token_id in self._added:

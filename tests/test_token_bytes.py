@@ -66,3 +66,28 @@ def test_other_tokenizers_give_each_tokens_own_decoding():
     tb = TokenBytes(tok)
     assert tb.kind == "text"
     assert [tb(i) for i in range(2, 5)] == [tok.decode([i]).encode() for i in range(2, 5)] == [b"w2", b"w3", b"w4"]
+
+
+def test_completions_logprobs_offsets_index_the_text_and_partial_tokens_keep_their_own_keys():
+    """text_offset indexes the returned text, which skips special tokens (an EOS or BOS added no
+    characters there); a token inside a character is labelled by its bytes ("bytes:\\xe6..."), so
+    alternatives that are parts of different characters do not collapse into one U+FFFD key."""
+    from specula.logprobs import TokenLogprob
+    from specula.serve.protocol import CompletionLogprobs
+
+    tok = byte_level_tokenizer()
+    tb = TokenBytes(tok)
+    ids = tok.encode(TEXT, add_special_tokens=False)
+    eos = tok.eos_token_id
+    stream = [ids[0], eos, *ids[1:]]
+    partial = [i for i in ids if tb.label(i).startswith("bytes:")]
+    assert partial and all(tb.label(i) == "bytes:" + "".join(f"\\x{b:02x}" for b in tb(i)) for i in partial)
+    entries = [TokenLogprob(t, -1.0, 0, ((partial[0], -0.5), (partial[-1], -0.7), (t, -1.0))) for t in stream]
+    out = CompletionLogprobs(tb).add(stream, entries)
+    text = tok.decode(stream, skip_special_tokens=True)
+    for token, label, offset in zip(stream, out["tokens"], out["text_offset"]):
+        if not tb.special(token) and not label.startswith("bytes:"):
+            assert text[offset:offset + len(label)] == label, (label, offset)
+    assert out["text_offset"][1] == out["text_offset"][2]  # the EOS adds nothing to the text
+    if tb.label(partial[0]) != tb.label(partial[-1]):
+        assert all(len(top) >= 2 for top in out["top_logprobs"])  # both partial alternatives kept

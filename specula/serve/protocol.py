@@ -132,7 +132,12 @@ _UNSUPPORTED: dict[str, tuple[Any, ...]] = {
     "include_stop_str_in_output": (None, False),
     "skip_special_tokens": (None, True),
     "guided_whitespace_pattern": (None,),
+    "return_tokens_as_token_ids": (None, False),
+    "prompt_logprobs": (None,),  # completions give the prompt's logprobs through echo + logprobs
 }
+
+_ADD_SPECIAL_TOKENS = {"completions": True, "chat": False}
+"""vLLM's `add_special_tokens` default per endpoint: the only value this server honours."""
 
 # vLLM's structured-output parameters: the old guided_* fields, and structured_outputs' keys.
 _GUIDED = {"guided_json": "json", "guided_regex": "regex", "guided_choice": "choice", "guided_grammar": "grammar"}
@@ -166,6 +171,7 @@ def parse_request(endpoint: Endpoint, body: Mapping[str, Any], served_model: str
         if name in body and body[name] not in neutral:
             raise APIError(400, f"'{name}' is not supported by this server; remove it from the request",
                            param=name, code="unsupported_parameter")
+    _default_only(body, "add_special_tokens", _ADD_SPECIAL_TOKENS[endpoint])
     n = _opt_int(body, "n", minimum=1) or 1
     prompts: tuple = ()
     messages = None
@@ -314,6 +320,8 @@ def parse_tokenize(body: Mapping[str, Any], served_model: str) -> tuple[Any, boo
     """vLLM's /tokenize: what to encode and whether raw: `prompt` (text or ids, raw, as
     /v1/completions encodes it) or `messages` (through the chat template, as /v1/chat/completions)."""
     _model(body, served_model)
+    _default_only(body, "add_special_tokens", _ADD_SPECIAL_TOKENS["chat" if "messages" in body else "completions"])
+    _default_only(body, "return_token_strs", False)
     if ("prompt" in body) == ("messages" in body):
         raise APIError(400, "give either 'prompt' (encoded as /v1/completions does) or 'messages' (as "
                             "/v1/chat/completions does)", param="prompt", code="invalid_value")
@@ -323,6 +331,13 @@ def parse_tokenize(body: Mapping[str, Any], served_model: str) -> tuple[Any, boo
     if len(prompts) != 1:
         raise APIError(400, f"/tokenize takes one prompt, got {len(prompts)}", param="prompt", code="invalid_value")
     return (list(prompts[0]) if isinstance(prompts[0], tuple) else prompts[0]), True
+
+
+def _default_only(body: Mapping[str, Any], name: str, default: Any) -> None:
+    """Refuse a vLLM extra set away from the one value this server gives it (not silently ignored)."""
+    if body.get(name) not in (None, default):
+        raise APIError(400, f"'{name}' is only supported at {json.dumps(default)} by this server; remove it from "
+                       "the request", param=name, code="unsupported_parameter")
 
 
 def parse_detokenize(body: Mapping[str, Any], served_model: str, vocab: int) -> list[int]:
@@ -594,7 +609,10 @@ class CompletionLogprobs:
     """Completions' `logprobs` objects of one response, chunk after chunk: each token's text, its
     logprob (null for the prompt's first), its alternatives by text (with the chosen token's, so up
     to logprobs + 1, as at OpenAI) and its offset in the text so far (characters of the tokens'
-    own bytes; a character split over tokens counts at the token that completes it)."""
+    own bytes; a character split over tokens counts at the token that completes it; a special
+    token, which the text skips, adds none). A token that is part of a character is labelled by
+    its bytes, as at OpenAI ("bytes:\\xe6\\x97"), so its alternatives do not collapse into one
+    U+FFFD."""
 
     def __init__(self, token_bytes: TokenBytes) -> None:
         self.token_bytes = token_bytes
@@ -604,16 +622,19 @@ class CompletionLogprobs:
     def add(self, token_ids: Sequence[int], entries: Sequence[TokenLogprob | None]) -> dict[str, Any]:
         out: dict[str, list] = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
         for token, entry in zip(token_ids, entries):
-            text = self.token_bytes.text(token)
+            text = self.token_bytes.label(token)
             out["tokens"].append(text)
             out["text_offset"].append(self._offset)
-            self._offset += len(self._decoder.decode(self.token_bytes(token)))
+            if not self.token_bytes.special(token):  # the text skips special tokens
+                self._offset += len(self._decoder.decode(self.token_bytes(token)))
             if entry is None:
                 out["token_logprobs"].append(None)
                 out["top_logprobs"].append(None)
                 continue
             out["token_logprobs"].append(_logprob(entry.logprob))
-            top = {self.token_bytes.text(t): _logprob(lp) for t, lp in entry.top}
+            top: dict[str, float | None] = {}
+            for t, lp in entry.top:  # best first: two tokens of one label keep the likelier
+                top.setdefault(self.token_bytes.label(t), _logprob(lp))
             top.setdefault(text, _logprob(entry.logprob))
             out["top_logprobs"].append(top)
         return out

@@ -86,3 +86,30 @@ def test_guided_decoding_given_wrong_is_a_400_naming_the_parameter(extra, param,
     with pytest.raises(APIError) as err:
         parse_request("chat", body, "m")
     assert err.value.status == 400 and words in str(err.value) and err.value.param == param
+
+
+@pytest.mark.parametrize("endpoint, extra, param", [
+    ("completions", {"return_tokens_as_token_ids": True}, "return_tokens_as_token_ids"),
+    ("completions", {"prompt_logprobs": 2}, "prompt_logprobs"),
+    ("completions", {"add_special_tokens": False}, "add_special_tokens"),
+    ("chat", {"add_special_tokens": True}, "add_special_tokens"),
+])
+def test_vllm_extras_this_server_would_ignore_are_a_400(endpoint, extra, param):
+    body = {"model": "m", **({"prompt": "hi"} if endpoint == "completions" else
+                             {"messages": [{"role": "user", "content": "hi"}]}), **extra}
+    with pytest.raises(APIError) as err:
+        parse_request(endpoint, body, "m")
+    assert err.value.status == 400 and err.value.param == param
+    same = {k: v for k, v in body.items() if k != param}
+    parse_request(endpoint, {**same, "add_special_tokens": endpoint == "completions"}, "m")  # the default is fine
+
+
+def test_tokenize_refuses_the_options_it_does_not_honour():
+    from specula.serve.protocol import parse_tokenize
+
+    for extra, param in (({"add_special_tokens": False}, "add_special_tokens"),
+                         ({"return_token_strs": True}, "return_token_strs")):
+        with pytest.raises(APIError) as err:
+            parse_tokenize({"model": "m", "prompt": "hi", **extra}, "m")
+        assert err.value.param == param
+    assert parse_tokenize({"model": "m", "prompt": "hi", "add_special_tokens": True}, "m") == ("hi", True)
