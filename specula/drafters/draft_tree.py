@@ -213,7 +213,7 @@ def _kernel_top_k() -> Callable[[torch.Tensor, int], tuple[torch.Tensor, torch.T
     kernels run, else None (torch's topk and logsumexp then)."""
     from specula.models.native import kernels
 
-    return kernels.top_k_probs if kernels.available() else None
+    return kernels.top_k_probs if kernels.usable() else None
 
 
 PROBE_EVERY = 16

@@ -67,7 +67,7 @@ def resolve_linear_kernel(option: str, *, dtype: torch.dtype, device: str, quant
         return option
     fits = dtype == torch.float32 and device == "cpu" and quantize == "none"
     if option == "auto":
-        if own and kernels.available():
+        if own and kernels.usable():  # a build that fails falls back (said once on standard error)
             return "specula"
         return "onednn" if fits and onednn_available() else "aten"
     if option == "onednn" and not fits:

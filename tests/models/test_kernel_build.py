@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import shlex
 import shutil
 
 import pytest
@@ -13,8 +14,8 @@ import pytest
 from specula.errors import ConfigError
 from specula.models.native.kernels.build import build_jobs, compile_shared
 
-CC = os.environ.get("CC", "cc")
-pytestmark = pytest.mark.skipif(shutil.which(CC) is None, reason="no C compiler")
+CC = shlex.split(os.environ.get("CC") or "cc")
+pytestmark = pytest.mark.skipif(shutil.which(CC[0]) is None, reason="no C compiler")
 FLAGS = ("-O2", "-shared", "-fPIC")
 
 
@@ -39,9 +40,58 @@ def test_sources_compiled_apart_link_into_one_library(tmp_path, jobs):
 
 def test_a_failing_source_is_named_and_leaves_no_library(tmp_path):
     target = tmp_path / "out" / "libtwo.so"
-    with pytest.raises(ConfigError, match=r"(?s)failed at b\.c .*--linear-kernel onednn"):
+    with pytest.raises(ConfigError, match=r"failed at b\.c .*--linear-kernel onednn") as err:
         compile_shared(_sources(tmp_path, broken=True), target, cc=CC, flags=FLAGS, libraries=(), jobs=2)
+    assert "\n" not in str(err.value)  # the compiler's lines on one: the CLI prints errors on one line
     assert list(target.parent.iterdir()) == []
+
+
+def test_cc_is_a_command_line_and_a_missing_one_is_named(monkeypatch):
+    from specula.models.native import kernels
+
+    monkeypatch.setenv("CC", f"{CC[0]} -O1")  # a compiler with an argument, as make reads $CC
+    assert kernels.c_compiler() == [CC[0], "-O1"]
+    if kernels.unavailable_reason() is not None:
+        pytest.skip(kernels.unavailable_reason())  # not an x86-64 Linux CPU with AVX2: no compiler asked for
+    monkeypatch.setenv("CC", "no-such-cc --flag")
+    assert "no C compiler ($CC='no-such-cc --flag')" in kernels.unavailable_reason()
+
+
+def test_a_kernel_isa_typo_is_refused_before_any_build(monkeypatch, tmp_path):
+    from specula.models.native import kernels
+
+    if not kernels.available():
+        pytest.skip(kernels.unavailable_reason())
+    monkeypatch.setenv("SPECULA_CACHE", str(tmp_path))
+    monkeypatch.setenv(kernels.ISA_ENV, "avx-512")
+    monkeypatch.setattr(kernels, "_build", lambda target: pytest.fail("built before checking the ISA"))
+    with pytest.raises(ConfigError, match="is not a kernel ISA; use auto, avx2, avx512 or amx"):
+        kernels.library.__wrapped__()
+
+
+def test_a_failed_build_is_not_retried_and_auto_falls_back(monkeypatch, tmp_path, capsys):
+    from specula.models import prepack
+    from specula.models.native import kernels
+
+    if not kernels.available():
+        pytest.skip(kernels.unavailable_reason())
+    monkeypatch.setenv("SPECULA_CACHE", str(tmp_path))  # no library cached here
+    calls = []
+
+    def failing(target):
+        calls.append(target)
+        raise ConfigError("compiling specula's CPU kernels failed at a.c (cc ...): error: boom; use --linear-kernel onednn")
+
+    monkeypatch.setattr(kernels, "_build", failing)
+    monkeypatch.setattr(kernels, "_BUILD_FAILURE", None)
+    monkeypatch.setattr(kernels, "library", kernels.library.__wrapped__)  # no process-wide cache of a good build
+    assert not kernels.usable() and not kernels.usable()
+    assert len(calls) == 1  # the failure is remembered, not rebuilt on every call
+    assert "warning: compiling specula's CPU kernels failed" in capsys.readouterr().err
+    import torch
+
+    assert prepack.resolve_linear_kernel("auto", dtype=torch.float32, device="cpu", quantize="none",
+                                         native=True) in ("onednn", "aten")
 
 
 def test_a_failed_rebuild_keeps_the_library_already_there(tmp_path):

@@ -31,6 +31,7 @@ import functools
 import hashlib
 import os
 import platform
+import shlex
 import shutil
 import sys
 import time
@@ -97,13 +98,39 @@ def unavailable_reason() -> str | None:
         return f"their thread pool needs Linux (this is {sys.platform})"
     if not {"avx2", "fma"} <= _cpu_flags():
         return "they need a CPU with AVX2 and FMA"
-    if shutil.which(os.environ.get("CC", "cc")) is None:
-        return "they are compiled on first use and no C compiler (cc) was found; install gcc"
+    cc = c_compiler()
+    if not cc or shutil.which(cc[0]) is None:
+        named = f"$CC={os.environ['CC']!r}" if os.environ.get("CC") else "cc"
+        return f"they are compiled on first use and no C compiler ({named}) was found; install gcc"
     return None
+
+
+def c_compiler() -> list[str]:
+    """The C compiler's command line: `$CC` (a command with arguments, as make reads it) or cc."""
+    return shlex.split(os.environ.get("CC") or "cc")
 
 
 def available() -> bool:
     return unavailable_reason() is None
+
+
+_BUILD_FAILURE: ConfigError | None = None
+"""The error of this process's failed build, raised again instead of building again."""
+
+
+def usable() -> bool:
+    """Whether the kernels run here: `available`, and built (or built now) without error; a build
+    that fails says so once, on standard error, and `auto` choices then take torch's paths. Other
+    errors (a bad `SPECULA_KERNEL_ISA`) still raise."""
+    if not available():
+        return False
+    try:
+        library()
+    except ConfigError as exc:
+        if exc is not _BUILD_FAILURE:
+            raise
+        return False
+    return True
 
 
 def openmp_spin_warning(threads: int | None = None) -> str | None:
@@ -147,12 +174,23 @@ def library() -> ctypes.CDLL:
     """The compiled kernels (built on first use, then cached on disk)."""
     from specula.paths import cache_dir
 
+    global _BUILD_FAILURE
     reason = unavailable_reason()
     if reason is not None:
         raise ConfigError(f"specula's CPU kernels cannot run here: {reason}; use --linear-kernel onednn or aten")
+    choice = os.environ.get(ISA_ENV, "auto").strip().lower() or "auto"
+    if choice not in ("auto", *ISAS):  # before a build of a minute
+        raise ConfigError(f"{ISA_ENV}={choice!r} is not a kernel ISA; use auto, avx2, avx512 or amx")
+    if _BUILD_FAILURE is not None:
+        raise _BUILD_FAILURE
     target = cache_dir("kernels", build_key()) / "libspecula_kernels.so"
     if not target.exists():
-        _build(target)
+        try:
+            _build(target)
+        except ConfigError as exc:
+            _BUILD_FAILURE = exc
+            print(f"warning: {exc}", file=sys.stderr)
+            raise
     lib = ctypes.CDLL(str(target))
     ptr, i32 = ctypes.c_void_p, ctypes.c_int
     lib.specula_pack_f32.argtypes = [ptr, ptr, i32, i32, i32]
@@ -189,9 +227,6 @@ def library() -> ctypes.CDLL:
     lib.specula_set_i8_multi.argtypes = [i32]
     lib.specula_set_isa.restype = i32
     lib.specula_isa.restype = i32
-    choice = os.environ.get(ISA_ENV, "auto").strip().lower() or "auto"
-    if choice not in ("auto", *ISAS):
-        raise ConfigError(f"{ISA_ENV}={choice!r} is not a kernel ISA; use auto, avx2, avx512 or amx")
     level = lib.specula_set_isa(2 if choice == "auto" else ISAS.index(choice))
     if choice != "auto" and level < ISAS.index(choice):
         fallback = "avx512" if choice == "amx" and ISAS[level] == "avx512" else "avx2"
@@ -215,7 +250,7 @@ def _build(target: Path) -> None:
               file=sys.stderr, flush=True)
         start = time.perf_counter()
         order = sorted(SOURCES, key=lambda path: bool(plan[path]))  # the unoptimised ones last: they are quick
-        compile_shared(order, target, cc=os.environ.get("CC", "cc"), flags=FLAGS, jobs=jobs, source_flags=plan)
+        compile_shared(order, target, cc=c_compiler(), flags=FLAGS, jobs=jobs, source_flags=plan)
         print(f"compiled specula's CPU kernels in {time.perf_counter() - start:.0f} s", file=sys.stderr, flush=True)
 
 

@@ -56,11 +56,12 @@ def remove_stale_builds(folder: Path) -> list[Path]:
 def _run(cmd: list[str], what: str) -> None:
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode != 0:
-        raise ConfigError(f"compiling specula's CPU kernels failed at {what} ({' '.join(cmd)}): "
-                          f"{done.stderr.strip()[-500:]}; use --linear-kernel onednn")
+        reason = " ".join(done.stderr.split())[-400:]  # one line: the CLI prints errors on one
+        raise ConfigError(f"compiling specula's CPU kernels failed at {what} ({' '.join(cmd)}): {reason}; "
+                          "use --linear-kernel onednn")
 
 
-def compile_shared(sources: Sequence[Path], target: Path, *, cc: str, flags: Sequence[str],
+def compile_shared(sources: Sequence[Path], target: Path, *, cc: Sequence[str], flags: Sequence[str],
                    libraries: Sequence[str] = ("-lm",), jobs: int | None = None,
                    source_flags: Mapping[Path, Sequence[str]] | None = None) -> None:
     """Build the shared library `target` from `sources` (compiled in the order given, up to `jobs` at
@@ -75,7 +76,7 @@ def compile_shared(sources: Sequence[Path], target: Path, *, cc: str, flags: Seq
         pool = ThreadPoolExecutor(max_workers=jobs or build_jobs())
         try:
             own = source_flags or {}
-            done = [pool.submit(_run, [cc, *compile_flags, *own.get(source, ()), "-c", str(source), "-o", str(obj)],
+            done = [pool.submit(_run, [*cc, *compile_flags, *own.get(source, ()), "-c", str(source), "-o", str(obj)],
                                 source.name)
                     for source, obj in zip(sources, objects)]
             for future in done:
@@ -83,5 +84,5 @@ def compile_shared(sources: Sequence[Path], target: Path, *, cc: str, flags: Seq
         finally:
             pool.shutdown(cancel_futures=True)  # after a failure, start no other source
         with atomic_path(target) as linked:
-            _run([cc, *flags, *(str(o) for o in objects), "-o", str(linked), *libraries], "the link")
+            _run([*cc, *flags, *(str(o) for o in objects), "-o", str(linked), *libraries], "the link")
             os.chmod(linked, 0o755)
