@@ -134,15 +134,22 @@ class HFPeer:
 
     @contextlib.contextmanager
     def _assistant_state(self) -> Iterator[dict]:
-        if self.assistant is None:
-            yield {}
-            return
-        saved = self.assistant.generation_config
-        self.assistant.generation_config = self._assistant_config
+        """For the call: the target's own generation config set aside (transformers fills every
+        field the explicit config leaves unset from it: suppress_tokens, bad_words_ids, ...), and
+        the assistant's swapped for this peer's copy."""
+        from transformers import GenerationConfig
+
+        saved_target = self.model.generation_config
+        self.model.generation_config = GenerationConfig()
+        saved = self.assistant.generation_config if self.assistant is not None else None
+        if self.assistant is not None:
+            self.assistant.generation_config = self._assistant_config
         try:
-            yield {"assistant_model": self.assistant}
+            yield {} if self.assistant is None else {"assistant_model": self.assistant}
         finally:
-            self.assistant.generation_config = saved
+            self.model.generation_config = saved_target
+            if self.assistant is not None:
+                self.assistant.generation_config = saved
 
     def generate(self, prompt_ids: Sequence[int], params: SamplingParams, constraint=None) -> MethodOutput:
         if params.stop:

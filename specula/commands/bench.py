@@ -184,10 +184,16 @@ def execute(args: argparse.Namespace, bench: BenchPlan, target, tokenizer, draft
     from specula.bench.machine import machine_info
     from specula.bench.methods import build_specula_methods
     from specula.bench.peers import build_peers
-    from specula.bench.report import ordered
+    from specula.bench.plots import PLOTS
+    from specula.bench.report import REPORT_FILE, RESULTS_FILE, ordered
     from specula.bench.runner import run_bench
     from specula.api import EngineConfig
     from specula.models.skipping import SKIP_DRAFT
+
+    # An earlier bench's files go first: interrupted before its first prompt, this one must not leave
+    # them to be read as its own (exit 130 says the prompts done are in results.json).
+    for name in (RESULTS_FILE, REPORT_FILE, *PLOTS):
+        (Path(args.out) / name).unlink(missing_ok=True)
 
     engine = EngineConfig(max_tree_nodes=args.max_tree_nodes)
     # --draft skip: no draft model was loaded; every method gets it as an option (`make_drafters`)

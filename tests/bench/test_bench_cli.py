@@ -236,3 +236,49 @@ def test_reduced_precision_mismatches_are_reported_not_failed(tmp_path, prompts_
     doc = json.loads((out / "results.json").read_text())
     assert doc["greedy_guarantee"] == "near-ties" and len(doc["mismatches"]) == 1
     assert "expected here" in (out / "report.md").read_text()
+
+
+def test_a_second_bench_into_the_same_out_leaves_nothing_of_the_first(tmp_path, prompts_file, tiny_models,
+                                                                      monkeypatch, capsys):
+    """Interrupted before its first prompt, the second bench leaves no results.json of the first
+    (exit 130 says the prompts done are there); complete without a cost curve, no cost_curve.png of
+    the first stands beside its results."""
+    out = tmp_path / "run"
+    common = ["bench", "--target", "tiny", "--methods", "prompt-lookup", "--prompts", str(prompts_file),
+              "--per-category", "1", "--max-new-tokens", "4", "--warmup-tokens", "1", "--no-progress", "--out", str(out)]
+    assert main([*common, "--profile-repeats", "1"]) == 0
+    assert (out / "cost_curve.png").exists() and (out / "results.json").exists()
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    real = bench_cmd._cost_curve
+    monkeypatch.setattr(bench_cmd, "_cost_curve", interrupted)
+    assert main([*common, "--profile-repeats", "1"]) == 130
+    assert not (out / "results.json").exists() and not (out / "cost_curve.png").exists()
+    monkeypatch.setattr(bench_cmd, "_cost_curve", real)
+    assert main([*common, "--profile-repeats", "1"]) == 0
+    assert main([*common, "--profile-repeats", "0"]) == 0  # no cost curve this time
+    assert json.loads((out / "results.json").read_text())["cost_curve"] is None
+    assert not (out / "cost_curve.png").exists()
+    capsys.readouterr()
+
+
+def test_hf_peers_ignore_processors_a_checkpoints_generation_config_sets(tiny_pair):
+    from specula.bench.peers import HFPeer
+    from specula.sampling import SamplingParams
+
+    target, _ = tiny_pair
+    model = target.reference_model()
+    peer = HFPeer("hf:greedy", model, [1])
+    params = SamplingParams(max_new_tokens=6, ignore_eos=True)
+    clean = peer.generate([5, 17, 33, 2], params).token_ids
+    saved = model.generation_config
+    try:
+        model.generation_config.suppress_tokens = [clean[0]]  # a checkpoint that suppresses a token
+        model.generation_config.bad_words_ids = [[clean[1]]]
+        assert peer.generate([5, 17, 33, 2], params).token_ids == clean
+        assert model.generation_config is saved  # given back after the call
+    finally:
+        model.generation_config.suppress_tokens = None
+        model.generation_config.bad_words_ids = None
