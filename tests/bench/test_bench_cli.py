@@ -245,7 +245,8 @@ def test_a_second_bench_into_the_same_out_leaves_nothing_of_the_first(tmp_path, 
     the first stands beside its results."""
     out = tmp_path / "run"
     common = ["bench", "--target", "tiny", "--methods", "prompt-lookup", "--prompts", str(prompts_file),
-              "--per-category", "1", "--max-new-tokens", "4", "--warmup-tokens", "1", "--no-progress", "--out", str(out)]
+              "--per-category", "1", "--max-new-tokens", "4", "--warmup-tokens", "1", "--no-progress",
+              "--out", str(out)]
     assert main([*common, "--profile-repeats", "1"]) == 0
     assert (out / "cost_curve.png").exists() and (out / "results.json").exists()
 

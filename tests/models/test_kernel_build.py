@@ -80,7 +80,8 @@ def test_a_failed_build_is_not_retried_and_auto_falls_back(monkeypatch, tmp_path
 
     def failing(target):
         calls.append(target)
-        raise ConfigError("compiling specula's CPU kernels failed at a.c (cc ...): error: boom; use --linear-kernel onednn")
+        raise ConfigError("compiling specula's CPU kernels failed at a.c (cc ...): error: boom; "
+                          "use --linear-kernel onednn")
 
     monkeypatch.setattr(kernels, "_build", failing)
     monkeypatch.setattr(kernels, "_BUILD_FAILURE", None)
