@@ -19,7 +19,7 @@ from specula.methods import PLAIN
 from specula.models.base import TargetModel
 from specula.models.loading import LoadConfig, LoadReport, load_backend, load_draft
 from specula.planner import Planner
-from specula.prompts import is_token_id
+from specula.prompts import is_integer
 from specula.sampling import SamplingParams
 
 __all__ = [
@@ -181,7 +181,7 @@ def _lone_prompt(prompts: Any) -> bool:
     if hasattr(prompts, "tolist") and getattr(prompts, "ndim", 2) == 1:  # a 1-D numpy array or tensor of ids
         return True
     items = list(prompts) if isinstance(prompts, (list, tuple)) else []
-    return bool(items) and (all(is_token_id(x) for x in items) or all(isinstance(x, dict) for x in items))
+    return bool(items) and (all(is_integer(x) for x in items) or all(isinstance(x, dict) for x in items))
 
 
 def _params(params: SamplingParams | None, sampling: dict) -> SamplingParams:

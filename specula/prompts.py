@@ -56,11 +56,11 @@ def encode_prompt(tokenizer: Any, prompt: Prompt, raw: bool = False) -> list[int
         raise ConfigError("the prompt is empty: give some text, at least one message, or token ids")
     if isinstance(prompt[0], Mapping):
         return apply_chat_template(tokenizer, prompt, raw=raw)
-    if not all(is_token_id(t) for t in prompt):
+    if not all(is_integer(t) for t in prompt):
         raise ConfigError("a prompt list must hold token ids (integers) or chat messages ({'role', 'content'})")
     return [int(t) for t in prompt]
 
 
-def is_token_id(value: Any) -> bool:
-    """An integer (numpy's and torch's integer scalars too), not a bool."""
+def is_integer(value: Any) -> bool:
+    """An integer (numpy's and torch's integer scalars too), not a bool: a token id, a seed, a count."""
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)

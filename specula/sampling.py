@@ -9,7 +9,6 @@ Temperature 0 means greedy decoding. Drafters that sample draw their tree's chil
 from __future__ import annotations
 
 import math
-import numbers
 import os
 import random
 import warnings
@@ -19,6 +18,7 @@ import torch
 
 from specula.errors import ConfigError
 from specula.logprobs import MAX_LOGPROBS
+from specula.prompts import is_integer
 
 MIN_TEMPERATURE = 1e-2
 """The lowest temperature above 0 sampled with (vLLM's floor): below it logits / t overflow."""
@@ -83,9 +83,9 @@ class SamplingParams:
             warnings.warn(f"temperature {self.temperature} is below {MIN_TEMPERATURE}, which is used instead "
                           "(use 0 for greedy decoding)", stacklevel=3)
             object.__setattr__(self, "temperature", MIN_TEMPERATURE)
-        if not _integer(self.top_k) or self.top_k < 0:
+        if not is_integer(self.top_k) or self.top_k < 0:
             raise ConfigError(f"top_k must be an integer >= 0 (0 disables it), got {self.top_k!r}")
-        if self.seed is not None and not (_integer(self.seed) and -(2**63) <= self.seed < 2**64):
+        if self.seed is not None and not (is_integer(self.seed) and -(2**63) <= self.seed < 2**64):
             raise ConfigError(f"seed must be an integer that fits in 64 bits or None, got {self.seed!r}")
         if not 0.0 < self.top_p <= 1.0:
             raise ConfigError(f"top_p must be in (0, 1], got {self.top_p}; use 1.0 to disable it")
@@ -94,7 +94,7 @@ class SamplingParams:
         object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
         if any(isinstance(t, bool) or not isinstance(t, int) or t < 0 for t in self.stop_token_ids):
             raise ConfigError(f"stop_token_ids must be token ids (integers >= 0), got {list(self.stop_token_ids)}")
-        if not _integer(self.max_new_tokens) or self.max_new_tokens <= 0:
+        if not is_integer(self.max_new_tokens) or self.max_new_tokens <= 0:
             raise ConfigError(f"max_new_tokens must be a positive integer, got {self.max_new_tokens}")
         if isinstance(self.stop, str):
             object.__setattr__(self, "stop", (self.stop,))
@@ -138,11 +138,6 @@ class SamplingParams:
         """Penalties or a logit bias change the target's logits (`specula.penalties`)."""
         return (self.repetition_penalty != 1.0 or self.frequency_penalty != 0.0 or self.presence_penalty != 0.0
                 or bool(self.logit_bias))
-
-
-def _integer(value) -> bool:
-    """An integer (numpy's too), not a bool."""
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
 def probabilities(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:

@@ -14,7 +14,7 @@ SPEEDUP_PNG = "speedup_by_category.png"
 ACCEPTED_PNG = "accepted_lengths.png"
 COST_CURVE_PNG = "cost_curve.png"
 PLOTS = (SPEEDUP_PNG, ACCEPTED_PNG, COST_CURVE_PNG)
-"""Every plot a bench writes into its --out (`write_plots`)."""
+"""Every plot a bench writes into its --out (`write_plots`); `specula bench` clears them first."""
 
 
 def _figure(width: float, height: float):
@@ -166,8 +166,4 @@ def write_plots(out_dir: str | Path, doc: dict[str, Any]) -> list[Path]:
     if doc.get("cost_curve"):
         title = f"Target cost curve: {doc['config'].get('target')} (context {doc['cost_curve']['context']})"
         written.append(plot_cost_curve(doc["cost_curve"], out / COST_CURVE_PNG, title))
-    written = [p for p in written if p is not None]
-    for name in PLOTS:  # an earlier bench's plot this document has no data for must not stand beside it
-        if out / name not in written:
-            (out / name).unlink(missing_ok=True)
-    return written
+    return [p for p in written if p is not None]
