@@ -222,7 +222,7 @@ def parse_request(endpoint: Endpoint, body: Mapping[str, Any], served_model: str
         temperature=temperature, top_p=top_p, top_k=top_k or 0, min_p=min_p, seed=seed,
         stop_token_ids=_stop_token_ids(body), ignore_eos=_opt_bool(body, "ignore_eos"),
         stop=_stop(body), stream=stream, include_usage=_include_usage(body, stream),
-        constraint=_response_format(body), logprobs=logprobs, echo=echo, penalties=_penalties(body),
+        constraint=_constraint(body), logprobs=logprobs, echo=echo, penalties=_penalties(body),
     )
 
 
@@ -353,7 +353,7 @@ def parse_detokenize(body: Mapping[str, Any], served_model: str, vocab: int) -> 
     return tokens
 
 
-def _response_format(body: Mapping[str, Any]) -> Constraint | None:
+def _constraint(body: Mapping[str, Any]) -> Constraint | None:
     """The request's constraint: OpenAI's response_format (text, json_object or json_schema), or
     vLLM's guided_json / guided_regex / guided_choice / guided_grammar, or its structured_outputs
     ({"json" | "regex" | "choice" | "grammar" | "json_object": ...}); at most one of them. Compiled
@@ -373,11 +373,11 @@ def _response_format(body: Mapping[str, Any]) -> Constraint | None:
             if not isinstance(outputs, dict):
                 raise _type_error(param, "an object", outputs)
             for key, value in outputs.items():
-                if key in ("json", "regex", "choice", "grammar") and value is not None:
+                if key in _GUIDED.values() and value is not None:
                     given.append((f"{param}.{key}", _guided(key, value)))
                 elif key == "json_object" and value:
                     given.append((f"{param}.{key}", Constraint.json()))
-                elif key not in ("json", "regex", "choice", "grammar", "json_object") and value not in (None, False):
+                elif key not in (*_GUIDED.values(), "json_object") and value not in (None, False):
                     raise APIError(400, f"'{param}.{key}' is not supported by this server; give json, regex, "
                                    "choice, grammar or json_object", param=param, code="unsupported_parameter")
         if len(given) > 1:
