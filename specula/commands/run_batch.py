@@ -33,7 +33,7 @@ def register(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from specula.serve.batch import run_batch
+    from specula.serve.batch import read_batch, run_batch
 
     if not Path(args.input_file).is_file():
         raise ConfigError(f"the batch file {args.input_file} does not exist")
@@ -42,8 +42,9 @@ def run(args: argparse.Namespace) -> int:
     if args.chat_max_tokens < 1:
         raise ConfigError(f"--chat-max-tokens must be positive, got {args.chat_max_tokens}")
     check_output(args.output_file, "--output-file", "file")
+    rows = read_batch(args.input_file)  # before the model loads: an unreadable file fails at once
     spec, method = load_spec(args)
-    summary = run_batch(spec, args.input_file, args.output_file, args.served_model_name or args.target,
+    summary = run_batch(spec, rows, args.output_file, args.served_model_name or args.target,
                         max_batch_size=args.max_batch_size, chat_max_tokens=args.chat_max_tokens,
                         progress=not args.no_progress)
     print(f"specula run-batch: {summary.requests} requests, {summary.succeeded} answered, {summary.failed} failed "

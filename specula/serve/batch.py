@@ -24,7 +24,7 @@ import json
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Sequence
 
 from specula.errors import ConfigError
 from specula.paths import atomic_path
@@ -51,8 +51,17 @@ class BatchSummary:
     """Requests answered with an error."""
 
 
-def read_batch(path: Path) -> Iterator[tuple[int, Any, tuple[protocol.Endpoint, dict] | APIError]]:
-    """(line number, custom_id, (endpoint, body) or the line's error) for each non-blank line."""
+BatchRow = tuple[int, Any, "tuple[protocol.Endpoint, dict] | APIError"]
+"""(line number, custom_id, (endpoint, body) or the line's error)."""
+
+
+def read_batch(path: str | Path) -> list[BatchRow]:
+    """The rows of a batch file, one for each non-blank line: read whole before a model loads, so that an
+    unreadable file fails at once rather than after the load."""
+    return list(_rows(Path(path)))
+
+
+def _rows(path: Path) -> Iterator[BatchRow]:
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
@@ -83,12 +92,11 @@ def read_batch(path: Path) -> Iterator[tuple[int, Any, tuple[protocol.Endpoint, 
             yield number, custom_id, (ENDPOINTS[url], body)
 
 
-def run_batch(spec, input_path: str | Path, output_path: str | Path, model_name: str, *, max_batch_size: int = 8,
+def run_batch(spec, rows: Sequence[BatchRow], output_path: str | Path, model_name: str, *, max_batch_size: int = 8,
               chat_max_tokens: int = 512, progress: bool = False) -> BatchSummary:
-    """Answer every request of `input_path` into `output_path` (see the module docstring)."""
+    """Answer every request of `rows` (`read_batch`) into `output_path` (see the module docstring)."""
     from tqdm import tqdm
 
-    rows = list(read_batch(Path(input_path)))
     tokenizer = copy.deepcopy(spec.tokenizer)  # this thread's own: the worker's is the worker thread's
     token_bytes = TokenBytes(tokenizer)
     worker = Worker(spec, ServerMetrics(), chat_max_tokens=chat_max_tokens, max_queue=len(rows) + 1,

@@ -10,7 +10,7 @@ import pytest
 from serve_helpers import MODEL, chat_ids, make_spec, text_ids
 
 from specula.cli import main
-from specula.serve.batch import run_batch
+from specula.serve.batch import read_batch, run_batch
 
 
 def line(custom_id, url, body, method="POST") -> str:
@@ -37,7 +37,7 @@ def test_a_batch_file_is_answered_in_order_as_the_server_answers(spec, tokenizer
     ]
     source = tmp_path / "in.jsonl"
     source.write_text("\n".join(rows) + "\n")
-    summary = run_batch(spec, source, tmp_path / "out.jsonl", MODEL, max_batch_size=3)
+    summary = run_batch(spec, read_batch(source), tmp_path / "out.jsonl", MODEL, max_batch_size=3)
     out = [json.loads(x) for x in (tmp_path / "out.jsonl").read_text().splitlines()]
     assert (summary.requests, summary.succeeded, summary.failed) == (8, 3, 5)
     assert [o["custom_id"] for o in out] == ["chat", "text", "two", None, "url", "get", "long", "model"]
@@ -58,3 +58,17 @@ def test_the_command_refuses_a_missing_file_in_one_line(tmp_path, capsys):
     err = capsys.readouterr().err
     assert code == 2 and "does not exist" in err and len(err.strip().splitlines()) == 1
     assert not (tmp_path / "out.jsonl").exists()
+
+
+def test_an_unreadable_file_is_refused_before_any_model_loads(tmp_path, capsys, monkeypatch):
+    import specula.commands.run_batch as command
+
+    def no_load(args):
+        raise AssertionError("the model was loaded before the batch file was read")
+
+    monkeypatch.setattr(command, "load_spec", no_load)
+    source = tmp_path / "in.jsonl"
+    source.write_bytes(b"\xff\xfe not utf-8\n")
+    code = main(["run-batch", "--target", "smollm2-135m", "-i", str(source), "-o", str(tmp_path / "out.jsonl")])
+    err = capsys.readouterr().err
+    assert code == 2 and "cannot read the batch file" in err and len(err.strip().splitlines()) == 1
