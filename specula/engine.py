@@ -452,7 +452,9 @@ class SpeculativeDecoder:
             if session.grammar.ended:
                 reason = "stop"  # EOS after a complete match: also where EOS is otherwise ignored
         # The stats count what the step emitted: drafts accepted past EOS, a stop or the budget are cut.
-        stats.record_step(proposal.tree.depth, proposal.tree.sources, result.path[:max(0, len(new) - 1)])
+        tree = proposal.tree
+        stats.record_step(tree.depth, [[name for name, _ in tree.proposers(i)] for i in range(len(tree))],
+                          result.path[:max(0, len(new) - 1)])
         logprobs = None
         if session.params.logprobs is not None:  # the rows the emitted tokens came from (raw logits)
             logprobs = token_logprobs(logits[step_rows(result.path)[: len(new)]], new, session.params.logprobs)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Sequence
 
 
 @dataclass
@@ -28,9 +28,10 @@ class GenerationStats:
     depth_accepted: list[int] = field(default_factory=list)
     """depth_accepted[d-1]: steps that accepted a node at depth d."""
     source_drafted: Counter = field(default_factory=Counter)
-    """Nodes sent to the target, by drafter source."""
+    """Nodes sent to the target, by drafter source: a node two drafters proposed counts for each
+    (so the sources can add up to more than `drafted_tokens`)."""
     source_accepted: Counter = field(default_factory=Counter)
-    """Accepted nodes, by drafter source."""
+    """Accepted nodes, by drafter source (a node counts for every drafter that proposed it)."""
     proposed_tokens: int = 0
     """Nodes the drafters proposed, summed over steps, before the planner cut what does not pay."""
     predicted_accepted: float = 0.0
@@ -53,7 +54,9 @@ class GenerationStats:
     projected speedup), when a planner ran."""
 
     # ------------------------------------------------------------------ recording
-    def record_step(self, depths: tuple[int, ...], sources: tuple[str, ...], path: tuple[int, ...]) -> None:
+    def record_step(self, depths: Sequence[int], proposers: Sequence[Sequence[str]], path: Sequence[int]) -> None:
+        """One step: the verified tree's node depths, each node's proposing drafters (every one,
+        `TokenTree.proposers`) and the accepted path's nodes (cut to what the step emitted)."""
         self.steps += 1
         self.accepted_lengths.append(len(path) + 1)
         self.drafted_tokens += len(depths)
@@ -65,8 +68,10 @@ class GenerationStats:
             self.depth_drafted[d] += 1
         for d in range(len(path)):
             self.depth_accepted[d] += 1
-        self.source_drafted.update(sources)
-        self.source_accepted.update(sources[i] for i in path)
+        for names in proposers:
+            self.source_drafted.update(names)
+        for i in path:
+            self.source_accepted.update(proposers[i])
 
     # ------------------------------------------------------------------ derived
     @property

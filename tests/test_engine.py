@@ -132,7 +132,7 @@ def test_tokens_per_drafting_step_leave_out_plain_steps():
 
     stats = GenerationStats()
     for depths, path in (((), ()), ((1, 2), (0, 1)), ((), ()), ((1,), ())):  # plain, 3 tokens, plain, 1 token
-        stats.record_step(depths, ("x",) * len(depths), path)
+        stats.record_step(depths, [("x",)] * len(depths), path)
     assert stats.steps == 4 and stats.drafting_steps == 2 and stats.mean_accepted_tokens == 1.5
     assert stats.mean_accepted_per_drafting_step == 2.0  # (6 tokens - 2 plain) over 2 drafting steps
     assert "(2.00 per drafting step)" in stats.summary()
@@ -341,3 +341,45 @@ def test_stop_strings_without_a_tokenizer_are_refused_not_ignored():
     with pytest.raises(ConfigError, match="stop strings need the target's tokenizer"):
         dec.generate(PROMPTS[0], SamplingParams(max_new_tokens=4, stop=("w1",)))
     assert len(dec.generate(PROMPTS[0], SamplingParams(max_new_tokens=4, stop_token_ids=(3,))).token_ids) <= 4
+
+
+class OracleDrafter:
+    """Proposes the target's own greedy next 3 tokens as a chain (always accepted), under `name`."""
+
+    def __init__(self, model, name: str) -> None:
+        self.model, self.name = model, name
+
+    def start(self):
+        return {}
+
+    def propose(self, ctx, state):
+        from specula.step import Proposal
+        from specula.tree import TokenTree
+
+        k = min(3, ctx.budget.max_depth, ctx.budget.max_nodes)
+        if k <= 0:
+            return Proposal.empty()
+        chain = reference_greedy(self.model, list(ctx.tokens), k)
+        return Proposal(TokenTree.build(chain, list(range(-1, k - 1)), sources=self.name))
+
+    def observe(self, step, state):
+        return None
+
+    def finish(self, state):
+        return None
+
+
+def test_a_node_two_drafters_proposed_counts_for_both_in_the_stats():
+    """Two drafters propose the same chain: each is credited with every node, whichever is listed
+    first (the merged tree keeps both in `proposers`), so the per-drafter figures do not depend on
+    the members' order."""
+    model = tiny_model("qwen2", seed=3)
+    target = HFCausalLM(model, "target")
+    by_order = []
+    for names in (("A", "B"), ("B", "A")):
+        dec = SpeculativeDecoder(target, [OracleDrafter(model, n) for n in names], eos_token_ids=[])
+        stats = dec.generate(PROMPTS[0], greedy(20)).stats
+        by_order.append(stats.to_dict()["acceptance_by_source"])
+        assert stats.source_drafted["A"] == stats.source_drafted["B"] == stats.drafted_tokens > 0
+        assert stats.source_accepted["A"] == stats.source_accepted["B"] == stats.accepted_tokens > 0
+    assert by_order[0] == by_order[1]
