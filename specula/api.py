@@ -18,7 +18,7 @@ from specula.logprobs import TokenLogprob
 from specula.methods import PLAIN
 from specula.models.base import TargetModel
 from specula.models.loading import LoadConfig, LoadReport, load_backend, load_draft
-from specula.planner import Planner
+from specula.planner import CostCurve, Planner
 from specula.prompts import is_integer
 from specula.sampling import SamplingParams
 
@@ -29,11 +29,12 @@ __all__ = [
 
 Prompt = str | Sequence[dict] | Sequence[int]
 
-PlannerChoice = Planner | Literal["hardware", "none"]
+PlannerChoice = Planner | CostCurve | Literal["hardware", "none"]
 """How a decoder's trees are merged and sized: "hardware" (a `HardwarePlanner` on the target: the
-default), "none" (the pass-through planner: the drafters' trees as proposed, within the engine's
-budget), or a planner to share (e.g. one built on a given cost curve). The old spellings still
-work: None means "hardware", False means "none"."""
+default), a `CostCurve` (the same planner on the target with this lone-pass curve instead of one
+measured or cached: `--cost-curve`), "none" (the pass-through planner: the drafters' trees as
+proposed, within the engine's budget), or a planner to share. The old spellings still work: None
+means "hardware", False means "none"."""
 
 
 class Specula:
@@ -218,6 +219,8 @@ def resolve_planner(choice: PlannerChoice | None | Literal[False], target: Targe
 
     if choice is None or (isinstance(choice, str) and choice == "hardware"):
         return HardwarePlanner(target)
+    if isinstance(choice, CostCurve):  # the target still goes in: batch tables, padding, packed passes
+        return HardwarePlanner(target, curve=choice)
     if choice is False or (isinstance(choice, str) and choice == "none"):
         return PassThroughPlanner()
     if isinstance(choice, (str, bool)):

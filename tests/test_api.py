@@ -271,3 +271,27 @@ def test_stats_count_the_tokens_a_step_emitted_not_drafts_past_a_stop():
     out = dec.generate(prompt, SamplingParams(max_new_tokens=20, stop_token_ids=(5,), ignore_eos=True))
     assert out.token_ids == [3, 4, 5] and out.stats.steps == 1
     assert out.stats.accepted_lengths == [3] and out.stats.mean_accepted_tokens == 3.0
+
+
+def test_a_given_cost_curve_plans_on_the_target_so_batches_still_pack(tmp_path, monkeypatch):
+    """`--cost-curve` / planner=CostCurve: the hardware planner sizes lone steps by the given curve
+    and still knows its target, so a backend that packs sessions gets its packed-pass table (a
+    planner built without the target sized every session as if verified alone)."""
+    import argparse
+    import json
+
+    from specula.commands.common import planner_from_args
+    from specula.models.native import NativeCausalLM, NativeDecoder, configure
+    from specula.planner import CostCurve, HardwarePlanner
+
+    monkeypatch.setenv("SPECULA_CACHE", str(tmp_path))
+    target = NativeCausalLM(configure(NativeDecoder.from_hf(tiny_model("llama", seed=4)), "onednn", "none", "sdpa"),
+                            "native", eos_token_ids=[])
+    given = CostCurve((1, 2, 4, 8, 16), (0.010, 0.011, 0.012, 0.015, 0.020), 64)
+    (tmp_path / "cost_curve.json").write_text(json.dumps(given.to_dict()))
+    choice = planner_from_args(argparse.Namespace(cost_curve=str(tmp_path / "cost_curve.json")))
+    spec = specula.Specula(target, None, "prompt-lookup", planner=choice)
+    planner = spec.decoder.planner
+    assert isinstance(planner, HardwarePlanner) and planner.cost.estimate(8) == pytest.approx(0.015)
+    spec.prepare_batch(2)
+    assert planner.batch_curve is not None

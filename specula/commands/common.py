@@ -211,12 +211,13 @@ def drafter_options(args: argparse.Namespace, method: str) -> dict:
 
 
 def planner_from_args(args: argparse.Namespace):
-    """A HardwarePlanner on the cost curve given with --cost-curve, or None (measure here)."""
+    """The cost curve given with --cost-curve (a `PlannerChoice`: the hardware planner on the
+    target, with this curve), or None (measure here)."""
     if not getattr(args, "cost_curve", None):
         return None
-    from specula.planner import HardwarePlanner, read_cost_curve
+    from specula.planner import read_cost_curve
 
-    return HardwarePlanner(curve=read_cost_curve(args.cost_curve))
+    return read_cost_curve(args.cost_curve)
 
 
 def sampling_params(args: argparse.Namespace) -> "SamplingParams":
