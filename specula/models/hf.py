@@ -56,9 +56,10 @@ class HFCausalLM:
     """A Hugging Face causal LM as a `TargetModel` (sequences: `new_sequence()`)."""
 
     def __init__(self, model: PreTrainedModel, name: str = "model", *,
-                 eos_token_ids: Sequence[int] | None = None) -> None:
+                 eos_token_ids: Sequence[int] | None = None, model_id: str = "") -> None:
         self.model = model.eval()
         self.name = name
+        self._model_id = model_id  # the cost key's model id; default the config's _name_or_path
         self.config = model.config
         self.vocab_size: int = model.get_output_embeddings().weight.shape[0]
         self.max_context = context_window(model.config)
@@ -94,7 +95,7 @@ class HFCausalLM:
 
     def cost_key(self) -> dict[str, Any]:
         cfg = self.config
-        return cost_key_of(self.model, model=str(getattr(cfg, "_name_or_path", "")) or self.name,
+        return cost_key_of(self.model, model=self._model_id or str(getattr(cfg, "_name_or_path", "")) or self.name,
                            arch=type(self.model).__name__, layers=getattr(cfg, "num_hidden_layers", None),
                            hidden=getattr(cfg, "hidden_size", None), backend="hf", dtype=self.dtype,
                            device=self.device, attention=getattr(cfg, "_attn_implementation", None))

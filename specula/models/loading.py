@@ -52,6 +52,12 @@ class ResolvedModel:
     """The registry entry, for kind `"embedded"`."""
 
     @property
+    def file_id(self) -> str:
+        """The GGUF file's path ("" for a directory): the cost key's model id, since a GGUF's
+        config names only its directory, which may hold several models."""
+        return str(self.gguf_file) if self.gguf_file is not None else ""
+
+    @property
     def name(self) -> str:
         """Short name for messages and reports."""
         if self.embedded is not None:
@@ -487,7 +493,8 @@ def load_backend(spec: str | ResolvedModel, config: LoadConfig = LoadConfig(), n
         from specula.models.hf import HFCausalLM, eos_ids_of
 
         model, tokenizer = load_model(resolved, **kwargs, tokenizer=tokenizer)
-        loaded = HFCausalLM(model, name=f"{name} {resolved.spec}", eos_token_ids=eos_ids_of(model, tokenizer))
+        loaded = HFCausalLM(model, name=f"{name} {resolved.spec}", eos_token_ids=eos_ids_of(model, tokenizer),
+                            model_id=resolved.file_id)
     else:
         loaded, tokenizer, outcome = _load_native(resolved, config, name, kwargs,
                                                   resolve_attention(config.attn_implementation, config.quantize),
@@ -550,7 +557,7 @@ def _load_native(resolved: ResolvedModel, config: LoadConfig, name: str, kwargs:
                         "quantize": "int8" if config.quantize == "int4" else config.quantize}
     backend = NativeCausalLM(decoder, name=f"{name} {resolved.spec}", eos_token_ids=facts["eos_token_ids"],
                              reference=lambda: load_model(resolved, **reference_kwargs)[0],
-                             model_id=facts["model_id"])
+                             model_id=resolved.file_id or facts["model_id"])
     return backend, tokenizer, outcome
 
 

@@ -390,3 +390,21 @@ def test_config_stand_in_holds_what_autoconfig_would_and_is_none_where_transform
         assert config_stand_in(directory) is None, change
     (directory / "config.json").unlink()
     assert config_stand_in(directory) is None
+
+
+@pytest.mark.parametrize("backend", ["hf", "native"])
+def test_two_ggufs_in_one_folder_get_their_own_cost_keys(tmp_path: Path, monkeypatch, backend: str) -> None:
+    """A GGUF's config names only its folder, which may hold several models of one shape (two
+    quantisations, two fine-tunes): the cost key names the file, so one's curve is never the other's."""
+    from specula.models.loading import LoadConfig, load_backend
+    from modelkit import write_tiny_gguf
+
+    monkeypatch.setenv("SPECULA_CACHE", str(tmp_path / "cache"))
+    folder = tmp_path / "models"
+    folder.mkdir()
+    keys = []
+    for name, seed in (("a.gguf", 0), ("b.gguf", 1)):
+        write_tiny_gguf(folder / name, seed=seed)
+        target, _ = load_backend(str(folder / name), LoadConfig(backend=backend, linear_kernel="aten"))
+        keys.append(target.cost_key())
+    assert keys[0]["model"] == str((folder / "a.gguf").resolve()) and keys[0] != keys[1]
