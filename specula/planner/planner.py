@@ -185,6 +185,10 @@ class PlannerState:
     """The next drafting step follows the prefill or a pause: its drafting may include the
     drafters' catch-up over the tokens committed meanwhile (a head's cache), which the back-off
     does not count as that step's cost."""
+    afresh: bool = False
+    """A pause was sat out since the last judged drafting step: the next one judged is a probe,
+    judged afresh by what it realises (a step between that is not judged, e.g. an explore step,
+    leaves this set)."""
     explore_gap: int = 1
     explore_wait: int = 1
     load_idle: int = 0
@@ -333,14 +337,14 @@ class HardwarePlanner:
         if batch_size < state.idle_batch:  # the load fell (alone again, or others finished): the drafts
             state.load_idle = state.idle_batch = 0  # refused at the heavier load may pay now
         if backoff is not None and backoff.pause.left > 0:
-            state.resumed = True  # its next drafting step may carry the drafters' catch-up
+            state.resumed = state.afresh = True  # its next drafting step may carry the drafters' catch-up
             return False  # drafting loses at this load: the whole batch pauses it
         elif state.load_idle >= 2 and state.load_idle % self.config.load_probe_every:
             state.load_idle += 1  # no drafts, no node: still idle
-            state.resumed = True
+            state.resumed = state.afresh = True
             return False
         if state.backoff.waiting():
-            state.resumed = True
+            state.resumed = state.afresh = True
             state.paused_steps += 1
             return False
         state.held = self._hold(state)
@@ -678,6 +682,7 @@ class HardwarePlanner:
             drafted = min(drafted, self._steady_draft.value)
         if plan.rate is None:
             return
+        afresh, state.afresh = state.afresh, False
         rate = (1 + len(step.path)) / (self.drafting_seconds(drafted) + timing.verify_seconds)
         if state.rate is None:  # the plan's prediction counts as one step: one unlucky first step pauses nothing
             prior = plan.rate
@@ -688,7 +693,7 @@ class HardwarePlanner:
                 prior = plan.predicted / (self.drafting_seconds(drafted) + verify)
             state.rate = Ema(self.config.rate_ema, 0.5 * (prior + rate))
             smoothed = state.rate.get()
-        elif resumed:  # a probe after a pause: judged afresh by what it realised. Through the average of
+        elif afresh:  # a probe after a pause: judged afresh by what it realised. Through the average of
             # the losses that paused drafting even a winning probe read below plain and doubled the
             # pause, so a request whose first drafts missed seldom drafted again (measured: an MT-bench
             # prompt on SmolLM2 drafted 8 of 63 steps where every step pays 1.68 tokens). Its prediction

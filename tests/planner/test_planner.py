@@ -456,6 +456,38 @@ def test_a_probe_after_a_pause_is_judged_afresh_so_drafting_resumes_once_it_pays
     assert all(paying[first:])  # the winning probe resumed drafting for good
 
 
+def test_a_probe_the_back_off_cannot_judge_leaves_the_next_one_judged_afresh():
+    """After a pause the first drafting step is an explore step (a one-node tree nothing else paid
+    for: no plan rate, not judged); the next, winning step must still be judged afresh. Once the
+    explore step used up the fresh start, the win was averaged with the losses that paused drafting
+    and doubled the pause."""
+    planner = HardwarePlanner(curve=STEEP)
+    driver = Driver(planner)
+    planner.calibrator.update = lambda *a, **k: None  # estimates frozen: only the back-off acts
+    strong, weak = chain([5, 6, 7], 0.9), chain([5], 0.001, "b")
+
+    def step(tree, path, explore=False):
+        planner._recent.clear()
+        drafting = planner.should_draft(driver.state)
+        if drafting and explore:
+            driver.state.explore_wait = 0  # its countdown ran out on this step
+        seconds = 0.05 if drafting else 1e-5
+        planned, _ = driver.plan(Proposal(tree) if drafting else Proposal.empty(), seconds, drafting)
+        driver.observe(planned, path if planned.tree else (), seconds, STEEP.latency(len(planned.tree) + 1))
+        return drafting
+
+    while driver.state.backoff.left == 0:  # misses until drafting pauses
+        step(strong, ())
+    while driver.state.backoff.left:
+        step(strong, ())
+    assert step(strong, ()) and driver.state.backoff.left  # a probe that misses: a loss, a longer pause
+    while driver.state.backoff.left:
+        step(strong, ())
+    assert step(weak, (), explore=True) and driver.last.rate is None  # the probe: explored, not judged
+    assert step(strong, (0,))  # the text turned: 2 tokens in 1.45 plain steps
+    assert driver.state.backoff.left == 0 and planner.should_draft(driver.state)
+
+
 def test_the_request_summary_counts_the_steps_sat_out_in_back_off_pauses():
     planner = HardwarePlanner(curve=STEEP)
     driver = Driver(planner)
