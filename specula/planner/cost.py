@@ -42,6 +42,8 @@ before the passes are timed: after 256 tokens the float32 1.5B's timing took 18 
 after 64 tokens 13-14 s, and its passes cost the same within the machine's noise (the attention
 reads 2% or less of the bytes the weights take; timed alternately, `docs/cache.md`). The planner
 corrects the curve from every pass a run times."""
+MIN_PASS_SECONDS = 1e-9
+"""The least a timed pass counts for (a clock that read 0 s would price every later step at nothing)."""
 
 
 @dataclass(frozen=True)
@@ -60,8 +62,8 @@ class CostCurve:
     def __post_init__(self) -> None:
         if not self.sizes or self.sizes[0] != 1 or list(self.sizes) != sorted(set(self.sizes)):
             raise ConfigError(f"cost curve sizes must be ascending, distinct and start at 1, got {list(self.sizes)}")
-        if len(self.seconds) != len(self.sizes) or any(s <= 0 for s in self.seconds):
-            raise ConfigError("cost curve needs one positive latency per size")
+        if len(self.seconds) != len(self.sizes) or not all(math.isfinite(s) and s > 0 for s in self.seconds):
+            raise ConfigError(f"cost curve needs one positive, finite latency per size, got {list(self.seconds)}")
 
     def latency(self, n: float) -> float:
         """Seconds for a pass of n tokens: piecewise-linear between measured sizes, extended
@@ -343,7 +345,8 @@ class CostModel:
         self._seconds.clear()
         self._passes += 1
         n_tokens = self._padded(n_tokens)
-        ratio = seconds / max(self.curve.latency(n_tokens), 1e-12)
+        # a pass timed at 0 s (a coarse clock, a stub backend) would price every step at nothing
+        ratio = max(seconds, MIN_PASS_SECONDS) / max(self.curve.latency(n_tokens), 1e-12)
         self._ratios[n_tokens] = (self._ratios.get(n_tokens, []) + [(self._passes, ratio)])[-self.window:]
         octave = self._octave(n_tokens)
         self._recent.append((self._passes, n_tokens))

@@ -81,7 +81,9 @@ def test_one_bad_cached_measurement_is_outvoted_by_later_loads(tmp_path, monkeyp
 
 
 @pytest.mark.parametrize("text", ["[]", "null", "{", '{"samples": {"step": [0.01], "ratio": []}}', '{"samples": 7}',
-                                  '{"samples": {"step": [0.01], "ratio": {"2": "x"}}}'])
+                                  '{"samples": {"step": [0.01], "ratio": {"2": "x"}}}',
+                                  '{"samples": {"step": [Infinity], "ratio": {"2": [1.1]}}}',
+                                  '{"samples": {"step": [0.01], "ratio": {"2": [NaN]}}}'])
 def test_a_malformed_cached_curve_is_measured_again(tmp_path, monkeypatch, text):
     """A cache entry that is not JSON, not an object or not a table of samples is removed and
     the curve measured again, not a crash."""
@@ -104,6 +106,17 @@ def test_a_malformed_cached_curve_is_measured_again(tmp_path, monkeypatch, text)
     assert json.loads(path.read_text())["samples"]["ratio"]["2"]
 
 
+def test_a_pass_timed_at_zero_seconds_leaves_every_price_positive():
+    """A coarse clock or a stub backend may time a pass at 0 s: the cost model still prices each
+    size above zero, so the planner never divides by a free step."""
+    from specula.planner.cost import CostModel
+
+    model = CostModel(CostCurve((1, 2, 4), (0.01, 0.011, 0.013), context=8), 0.0, 8)
+    for n in (1, 2, 4):
+        model.observe(n, 0.0)
+    assert all(model.estimate(n) > 0 for n in (1, 2, 3, 4, 8))
+
+
 def test_interpolation_and_extrapolation():
     curve = CostCurve((1, 2, 4, 8), (0.010, 0.012, 0.016, 0.032), context=64)
     assert curve.ratio(1) == 1.0
@@ -117,8 +130,11 @@ def test_interpolation_and_extrapolation():
 def test_curve_validation():
     with pytest.raises(ConfigError, match="start at 1"):
         CostCurve((2, 4), (0.1, 0.2), context=8)
-    with pytest.raises(ConfigError, match="one positive latency per size"):
+    with pytest.raises(ConfigError, match="one positive, finite latency per size"):
         CostCurve((1, 2), (0.1,), context=8)
+    for bad in (float("nan"), float("inf"), 0.0):
+        with pytest.raises(ConfigError, match="one positive, finite latency per size"):
+            CostCurve((1, 2), (0.1, bad), context=8)
     backend = HFCausalLM(tiny_model("gpt2"))  # 256 positions
     with pytest.raises(ConfigError, match="exceeds the target's context window of 256"):
         measure_cost_curve(backend, sizes=[64], context=200, repeats=1)
