@@ -75,7 +75,8 @@ def _check_n(n_max: int) -> None:
 def _ratio_order(p: np.ndarray, q: np.ndarray) -> np.ndarray:
     """Indices of the tokens with q > 0, sorted by p/q ascending (stable)."""
     support = np.flatnonzero(q > 0)
-    return support[np.argsort(p[support] / q[support], kind="stable")]
+    with np.errstate(over="ignore"):  # p / a subnormal q: inf, last in the order as it should be
+        return support[np.argsort(p[support] / q[support], kind="stable")]
 
 
 # ---------------------------------------------------------------------------- i.i.d.
@@ -117,14 +118,22 @@ def wor_prefix_containment(rates, outside: float, n_max: int, n_support: int,
     live[0] = False  # the empty set holds no draw
     if not live.any():
         return out
-    t = np.exp(np.arange(np.log(1e-7), np.log(60.0 / s[live].min()) + step, step))  # [G]
+    # Containment does not change when every rate is scaled alike (time runs faster): where 60 / min s
+    # would overflow (a subnormal s) the rates are scaled up, so the grid ends below 1e300
+    log_scale = max(0.0, np.log(60.0) - np.log(s[live].min()) - np.log(1e300))
+    rates, s = rates * np.exp(log_scale), s * np.exp(log_scale)
+    t = np.exp(np.arange(np.log(1e-7) - log_scale, np.log(60.0) - np.log(s[live].min()) + step, step))  # [G]
     weight = np.zeros((k_tokens + 1, len(t)))  # [K + 1, G]: step * s_k t e^{-s_k t} (d log t)
-    weight[live] = step * s[live, None] * t[None, :] * np.exp(-s[live, None] * t[None, :])
+    with np.errstate(over="ignore"):
+        st = np.minimum(s[live, None] * t[None, :], 1e300)  # capped: inf * e^-inf would read NaN; the term is 0
+    weight[live] = step * st * np.exp(-st)
     arrived = np.zeros((len(t), int(n_eff.max())))  # [G, n']: P(N_k(t) = j), j < n'
     arrived[:, 0] = 1.0
     for k in range(k_tokens):
-        stay = np.exp(-rates[k] * t)[:, None]  # [G, 1]
-        moved = arrived[:, :-1] * -np.expm1(-rates[k] * t)[:, None]
+        with np.errstate(over="ignore"):
+            rt = np.minimum(rates[k] * t, 1e300)  # [G] (capped: scaled rates may overflow; e^-rt is 0 there)
+        stay = np.exp(-rt)[:, None]  # [G, 1]
+        moved = arrived[:, :-1] * -np.expm1(-rt)[:, None]
         arrived *= stay
         arrived[:, 1:] += moved
         if live[k + 1]:

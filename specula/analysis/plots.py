@@ -90,7 +90,7 @@ def render_markdown(document: dict[str, Any]) -> str:
         checks = run["checks"]
         lines += ["", f"- bound without replacement >= bound i.i.d. at every n: "
                       f"{'yes' if checks['without_replacement_bound_above_iid_bound'] else 'NO'}",
-                  f"- RRS without replacement > RRS with replacement for n >= 2: "
+                  f"- RRS without replacement >= RRS with replacement for n >= 2: "
                   f"{'yes' if checks['rrs_without_replacement_above_rrs_iid'] else 'NO'}"]
         for name, check in checks["verifiers"].items():
             lines.append(f"- {LABELS[name]} vs its bound ({VERIFIER_SCHEME[name]}): positions above the bound "

@@ -116,6 +116,12 @@ def test_greedy_scheme_edge_cases():
     assert alpha_greedy(p, q, 3).tolist() == pytest.approx([0.8, 0.8, 0.8])
     assert alpha_iid(p, p, 1)[0] == pytest.approx(1.0)
     assert alpha_without_replacement(p, q, 3)[-1] == pytest.approx(0.8)
+    for tiny in (1e-310, 5e-324):  # subnormal draw rates: the time grid must not overflow
+        assert alpha_without_replacement(np.array([0.5, 0.5]), np.array([1.0, tiny]), 2).tolist() == \
+            pytest.approx([0.5, 1.0])  # the second draw is the other token, however rare
+        # two rare tokens alike: the second draw is either, half the time each (S = {0, 1} or {0, 2})
+        assert alpha_without_replacement(np.array([0.2, 0.3, 0.5]), np.array([1.0, tiny, tiny]), 2).tolist() == \
+            pytest.approx([0.2, 1.0], abs=1e-6)
 
 
 def test_bad_inputs():

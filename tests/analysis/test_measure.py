@@ -127,6 +127,28 @@ def test_summary_checks_and_position_metrics():
     assert doc["config"]["max_drafts"] == 4
     with pytest.raises(ConfigError, match="temperatures"):
         AcceptanceConfig(temperatures=(0.0,))
+    with pytest.raises(ConfigError, match="--trajectories must be >= 2"):  # one has no standard error: NaN
+        AcceptanceConfig(trajectories=1)
+
+
+def test_rrs_checks_hold_where_the_draft_is_the_target():
+    """p == q: both RRS verifiers accept for sure, equal at every n; the report's check says yes
+    (a strict > read the tie as a failed check)."""
+    from specula.analysis.plots import render_markdown
+
+    rng = np.random.default_rng(0)
+    config = AcceptanceConfig(max_drafts=4, trajectories=32)
+    records = []
+    for i in range(5):
+        p = rng.dirichlet(np.ones(12))
+        metrics = position_metrics(p, p.copy(), 4, rng, 32)
+        records.append({"temperature": 1.0, "category": "c", "prompt": i, "kept_tokens": 12,
+                        **{k: v.tolist() for k, v in metrics.items()}})
+    doc = summarize(records, config)
+    overall = doc["runs"][0]["overall"]
+    assert overall["rrs_iid"] == pytest.approx([1.0] * 4) and overall["rrs_without_replacement"] == pytest.approx([1.0] * 4)
+    assert doc["runs"][0]["checks"]["rrs_without_replacement_above_rrs_iid"]
+    assert "RRS without replacement >= RRS with replacement for n >= 2: yes" in render_markdown(doc)
 
 
 def test_analyze_acceptance_cli_end_to_end(tmp_path, tiny_tokenizer, capsys):
