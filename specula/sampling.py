@@ -91,9 +91,10 @@ class SamplingParams:
             raise ConfigError(f"top_p must be in (0, 1], got {self.top_p}; use 1.0 to disable it")
         if not 0.0 <= self.min_p <= 1.0:
             raise ConfigError(f"min_p must be in [0, 1], got {self.min_p}; use 0 to disable it")
-        object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
-        if any(isinstance(t, bool) or not isinstance(t, int) or t < 0 for t in self.stop_token_ids):
-            raise ConfigError(f"stop_token_ids must be token ids (integers >= 0), got {list(self.stop_token_ids)}")
+        ids = tuple(self.stop_token_ids)
+        if any(not is_integer(t) or t < 0 for t in ids):
+            raise ConfigError(f"stop_token_ids must be token ids (integers >= 0), got {list(ids)}")
+        object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in ids))
         if not is_integer(self.max_new_tokens) or self.max_new_tokens <= 0:
             raise ConfigError(f"max_new_tokens must be a positive integer, got {self.max_new_tokens}")
         if isinstance(self.stop, str):
@@ -103,14 +104,16 @@ class SamplingParams:
             raise ConfigError(f"stop must hold non-empty strings, got {list(self.stop)!r}")
         if isinstance(self.logit_bias, dict):
             object.__setattr__(self, "logit_bias", tuple(sorted(self.logit_bias.items())))
+        for token, _ in self.logit_bias:
+            if not is_integer(token) or token < 0:
+                raise ConfigError(f"logit_bias keys must be token ids (integers >= 0), got {token!r}")
+        object.__setattr__(self, "logit_bias", tuple((int(t), b) for t, b in self.logit_bias))
         if not self.repetition_penalty > 0 or not math.isfinite(self.repetition_penalty):
             raise ConfigError(f"repetition_penalty must be > 0 (1 disables it), got {self.repetition_penalty}")
         for name in ("frequency_penalty", "presence_penalty"):
             if not -2.0 <= getattr(self, name) <= 2.0:
                 raise ConfigError(f"{name} must be between -2 and 2 (0 disables it), got {getattr(self, name)}")
         for token, bias in self.logit_bias:
-            if isinstance(token, bool) or not isinstance(token, int) or token < 0:
-                raise ConfigError(f"logit_bias keys must be token ids (integers >= 0), got {token!r}")
             if not -100.0 <= bias <= 100.0:
                 raise ConfigError(f"logit_bias values must be between -100 and 100, got {bias} for token {token}")
         for name in ("logprobs", "prompt_logprobs"):

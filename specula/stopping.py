@@ -106,7 +106,9 @@ class TextStream:
         """Append tokens; the text delta safe to show (all of it when `final`)."""
         self.ids.extend(int(t) for t in new)
         text = self.decode_after(self.context, self.ids)
-        stable = text if final or not text.endswith("\ufffd") else text[:-1]
+        # an unfinished character decodes to one U+FFFD a byte so far (byte-fallback tokenizers): all of
+        # them wait for the character's last byte, as in vLLM's incremental detokenizer
+        stable = text if final else text.rstrip("\ufffd")
         # Text already shown cannot be taken back: where decoding more tokens rewrote it, what lies past
         # it is shown once the text is as long again (so nothing after a rewrite is lost).
         delta = stable[len(self.shown) :]

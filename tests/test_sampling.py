@@ -115,3 +115,6 @@ def test_a_temperature_too_small_to_divide_by_is_raised_to_vllms_floor():
     import numpy as np
 
     assert SamplingParams(top_k=np.int64(3), seed=np.uint64(7)).seed == 7  # numpy's integers are integers
+    ids = SamplingParams(stop_token_ids=[np.int64(5)], logit_bias={np.int64(3): 1.0})  # token ids too
+    assert ids.stop_token_ids == (5,) and ids.logit_bias == ((3, 1.0),) and type(ids.stop_token_ids[0]) is int
+    assert SamplingParams(stop_token_ids=(t for t in [1, 2])).stop_token_ids == (1, 2)

@@ -119,3 +119,24 @@ def test_a_stop_string_after_tokens_that_decode_to_nothing_is_still_cut():
         stream = TextStream(Specials(), stops=("ab",))
         stream.feed([1, 0] + [2] * gap)
         assert stream.stop_cut([2, 1, 0]) == 2, gap
+
+
+def test_a_character_spelled_in_byte_tokens_streams_whole_one_token_at_a_time():
+    """Byte-fallback tokenizers (Llama-2, Mistral, Gemma) spell a character they lack as byte
+    tokens; the unfinished character decodes to one U+FFFD a byte. Fed a token at a time the stream
+    shows the text as fed all at once: the character once complete and nothing lost after it."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    words = [f"w{i}" for i in range(20)]
+    words[10:14] = ["<0xF0>", "<0x9F>", "<0x98>", "<0x80>"]  # the UTF-8 bytes of an emoji
+    backend = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="w0"))
+    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    backend.decoder = decoders.Sequence([decoders.ByteFallback(), decoders.Fuse()])
+    tok = PreTrainedTokenizerFast(tokenizer_object=backend)
+    ids = [9, 10, 11, 12, 13, 14, 15]
+    whole = TextStream(tok, (), [5]).feed(ids, final=True)
+    one = TextStream(tok, (), [5])
+    deltas = [one.feed([t], final=i == len(ids) - 1) for i, t in enumerate(ids)]
+    assert "".join(deltas) == whole == "w9\U0001F600w14w15"
+    assert "\ufffd" not in "".join(deltas[:4])  # the bytes so far are held back, not shown as U+FFFD
