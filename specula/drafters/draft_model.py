@@ -101,14 +101,49 @@ def window_view(tokens: Sequence[int], prompt_length: int, window: int) -> Seque
     return list(tokens[:head]) + list(tokens[prompt_length - (window - head):])
 
 
+@dataclass(frozen=True)
+class VocabFit:
+    """A draft model beside a target of another vocabulary width (`loading.check_compatible` allows
+    extra ids at either end: added special tokens, padded output layers). The draft reads an id it
+    has no row for as `PLACEHOLDER_ID` (its drafts may be worse, never the output), and its logits
+    are cut to the target's ids, so it never proposes one the target lacks."""
+
+    draft_vocab: int
+    """The draft's output width (its ids; an id at or past it is not read)."""
+    target_vocab: int
+    """The target's output width."""
+
+    PLACEHOLDER_ID = 0
+
+    @staticmethod
+    def of(draft: TargetModel, target: TargetModel | None) -> "VocabFit | None":
+        """The fit for `draft` beside `target`; None where the widths agree (or no target is known)."""
+        if target is None or target.vocab_size == draft.vocab_size:
+            return None
+        return VocabFit(draft.vocab_size, target.vocab_size)
+
+    def read(self, tokens: Sequence[int]) -> Sequence[int]:
+        """`tokens` as the draft reads them."""
+        if self.target_vocab <= self.draft_vocab:
+            return tokens
+        return [t if t < self.draft_vocab else self.PLACEHOLDER_ID for t in tokens]
+
+    def scores(self, logits: torch.Tensor) -> torch.Tensor:
+        """Draft logits [..., draft_vocab] over the target's ids only."""
+        return logits[..., : self.target_vocab] if self.draft_vocab > self.target_vocab else logits
+
+
 class DraftModelDrafter:
     """Chain drafting with a smaller causal LM (SpS)."""
 
     name = "draft-model"
 
-    def __init__(self, draft: TargetModel, config: DraftModelConfig = DraftModelConfig()) -> None:
+    def __init__(self, draft: TargetModel, config: DraftModelConfig = DraftModelConfig(),
+                 fit: VocabFit | None = None) -> None:
         self.draft = draft
         self.config = config
+        self.fit = fit
+        """How the draft reads and scores the target's ids where their widths differ (None: alike)."""
         self._token_seconds = Ema(config.timing_ema)  # one draft token (a one-token pass)
         self._catch_up_seconds = Ema(config.timing_ema)  # per token, for catch-ups of >= 16 tokens
 
@@ -136,7 +171,12 @@ class DraftModelDrafter:
         n = len(tokens) - keep
         if n >= 16:  # a prefill-sized catch-up: learn its cost per token
             self._catch_up_seconds.update((time.perf_counter() - t0) / n)
-        return logits
+        return logits if self.fit is None else self.fit.scores(logits)
+
+    def _next(self, seq: TargetSequence, token: int) -> torch.Tensor:
+        """Logits [vocab] after one more drafted token."""
+        logits = seq.prefill([token], logits="last")
+        return logits if self.fit is None else self.fit.scores(logits)
 
     def _catch_up_estimate(self, seq: TargetSequence, tokens) -> float:
         """Seconds to bring the draft cache to `tokens` before the first draft token can be drafted."""
@@ -152,6 +192,8 @@ class DraftModelDrafter:
 
     def propose(self, ctx: DraftContext, seq: TargetSequence) -> Proposal:
         tokens = window_view(ctx.tokens, ctx.prompt_len, self.config.draft_window)  # what the draft reads
+        if self.fit is not None:
+            tokens = self.fit.read(tokens)
         room = self.draft.max_context - len(tokens) + 1  # the draft cache holds tokens + k - 1 drafts
         k = min(self.config.num_draft_tokens, ctx.budget.max_depth, ctx.budget.max_nodes, room)
         if k <= 0:
@@ -167,7 +209,7 @@ class DraftModelDrafter:
                 return Proposal.empty()  # not worth a draft pass this step (the cache catches up later)
         t_start = time.perf_counter()
         logits = self.sync(seq, tokens)
-        return draft_chain(ctx, self.name, k, logits, lambda token: seq.prefill([token], logits="last"),
+        return draft_chain(ctx, self.name, k, logits, lambda token: self._next(seq, token),
                            self._token_seconds, t_start, greedy=self._fixed(ctx.params),
                            adaptive=adaptive)
 
@@ -180,4 +222,4 @@ def create(*, target=None, draft: TargetModel | None = None, **options) -> Draft
     """options: DraftModelConfig fields (num_draft_tokens, adaptive, greedy_proposals, draft_window)."""
     if draft is None:
         raise ConfigError("method 'draft-model' needs a draft model: pass --draft MODEL (same tokenizer as the target)")
-    return DraftModelDrafter(draft, method_config("draft-model", DraftModelConfig, options))
+    return DraftModelDrafter(draft, method_config("draft-model", DraftModelConfig, options), VocabFit.of(draft, target))

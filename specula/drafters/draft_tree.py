@@ -57,7 +57,7 @@ from typing import Callable, Literal, Sequence, get_args
 import torch
 
 from specula.drafters.base import DraftContext, Proposal, StepResult, method_config
-from specula.drafters.draft_model import resolve_window, window_view
+from specula.drafters.draft_model import VocabFit, resolve_window, window_view
 from specula.ema import Ema
 from specula.errors import ConfigError
 from specula.models.base import TargetModel, TargetSequence, keep_common_prefix
@@ -167,8 +167,9 @@ class _DraftSide:
 class _TreeState:
     """One request's draft cache, and the tree it holds while a step is in flight."""
 
-    def __init__(self, seq: TargetSequence) -> None:
+    def __init__(self, seq: TargetSequence, fit: VocabFit | None = None) -> None:
         self.seq = seq
+        self.fit = fit  # the draft beside a target of another vocabulary width (None: alike)
         self.side: _DraftSide | None = None
 
     def begin(self, tokens: Sequence[int]) -> torch.Tensor:
@@ -179,7 +180,7 @@ class _TreeState:
         missing = list(tokens[keep:])  # the last one is the root
         self.side = _DraftSide(missing)
         logits = self.seq.forward_tree(missing[0], TokenTree.chain(missing[1:]))  # [len(missing), vocab]
-        return logits[-1]
+        return logits[-1] if self.fit is None else self.fit.scores(logits[-1])
 
     def feed(self, nodes: Sequence[int], tokens: Sequence[int], parents: Sequence[int]) -> torch.Tensor:
         """Run proposal nodes (their parents already ran) through the draft: logits [len(nodes), vocab]."""
@@ -187,7 +188,8 @@ class _TreeState:
         assert side is not None
         for node in nodes:
             side.add(node, tokens[node], parents[node])
-        return self.seq.forward_tree_incremental(side.tree())
+        logits = self.seq.forward_tree_incremental(side.tree())
+        return logits if self.fit is None else self.fit.scores(logits)
 
     def finish(self, accepted: Sequence[int]) -> None:
         """Commit the drafted tree: keep the accepted tokens the draft already ran."""
@@ -225,9 +227,12 @@ class DraftTreeDrafter:
 
     name = "draft-tree"
 
-    def __init__(self, draft: TargetModel, config: DraftTreeConfig = DraftTreeConfig(), draft_window: int = 0) -> None:
+    def __init__(self, draft: TargetModel, config: DraftTreeConfig = DraftTreeConfig(), draft_window: int = 0,
+                 fit: VocabFit | None = None) -> None:
         self.draft = draft
         self.config = config
+        self.fit = fit
+        """How the draft reads and scores the target's ids where their widths differ (None: alike)."""
         self.draft_window = draft_window
         """Most prompt tokens the draft model reads (`draft_model.window_view`; 0: the whole prompt). The
         trained heads (a subclass) read the target's features of every token: 0."""
@@ -251,15 +256,17 @@ class DraftTreeDrafter:
     @property
     def vocab_size(self) -> int:
         """Width of the proposal's q rows (the target's token ids)."""
-        return self.draft.vocab_size
+        return self.draft.vocab_size if self.fit is None else min(self.fit.draft_vocab, self.fit.target_vocab)
 
     # ------------------------------------------------------------------ protocol
     def start(self) -> _TreeState:
-        return _TreeState(self.draft.new_sequence())
+        return _TreeState(self.draft.new_sequence(), self.fit)
 
     def propose(self, ctx: DraftContext, state: _TreeState) -> Proposal:
         cfg = self.config
         tokens = window_view(ctx.tokens, ctx.prompt_len, self.draft_window)  # what the draft reads
+        if self.fit is not None:
+            tokens = self.fit.read(tokens)
         room = self.max_context - len(tokens)  # the draft cache holds tokens + the nodes it ran
         budget = min(cfg.tree_nodes, ctx.budget.max_nodes, room)
         depth = min(cfg.tree_depth, ctx.budget.max_depth)
@@ -472,4 +479,5 @@ def create(*, target=None, draft: TargetModel | None = None, draft_window: int |
     draft_window: as `draft-model`'s (`DraftModelConfig.draft_window`; None: `DEFAULT_WINDOW`)."""
     if draft is None:
         raise ConfigError("method 'draft-tree' needs a draft model: pass --draft MODEL (same tokenizer as the target)")
-    return DraftTreeDrafter(draft, method_config("draft-tree", DraftTreeConfig, options), resolve_window(draft_window))
+    return DraftTreeDrafter(draft, method_config("draft-tree", DraftTreeConfig, options), resolve_window(draft_window),
+                            VocabFit.of(draft, target))

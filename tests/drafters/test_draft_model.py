@@ -126,3 +126,28 @@ def test_a_seed_gives_plain_samplings_output_whatever_the_planner_times():
         assert out.token_ids == plain.generate(long_prompt(20), params).token_ids, seed
         accepted += out.stats.accepted_tokens
     assert accepted > 0
+
+
+@pytest.mark.parametrize("draft_vocab", [80, 128])
+@pytest.mark.parametrize("method, options", [("draft-model", {}), ("draft-tree", {}),
+                                             ("draft-model", {"greedy_proposals": False}),
+                                             ("draft-tree", {"tree_sampling": "iid"})])
+def test_a_draft_of_another_vocabulary_width_drafts_only_the_targets_ids(draft_vocab, method, options):
+    """`check_compatible` lets a draft have fewer ids (the target's added special tokens) or more
+    logits (a padded output layer) than the target: the draft reads an id it lacks as a placeholder
+    and proposes only ids the target has, so greedy output is plain greedy's and sampling runs (both
+    crashed: an IndexError in the draft's embedding or the target's, or q on ids the target lacks)."""
+    from specula.api import build_decoder
+
+    target = HFCausalLM(tiny_model("llama", seed=3), "target")
+    draft = HFCausalLM(tiny_model("llama", seed=5, vocab=draft_vocab), "draft")
+    prompt = [5, 17, 90, 33, 2, 5]  # 90: an id an 80-token draft has no row for
+    plain = build_decoder("none", target)
+    dec = build_decoder(method, target, None, draft, planner="none", **options)
+    for params in (SamplingParams(max_new_tokens=20, ignore_eos=True),
+                   SamplingParams(max_new_tokens=20, ignore_eos=True, temperature=0.8, seed=4)):
+        out = dec.generate(prompt, params)
+        assert all(0 <= t < 96 for t in out.token_ids) and len(out.token_ids) == 20
+        if params.greedy:
+            assert out.token_ids == plain.generate(prompt, params).token_ids
+            assert out.stats.drafted_tokens > 0
