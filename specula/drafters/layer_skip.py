@@ -126,6 +126,9 @@ class SkipSearch:
     evaluations: int = 0
     history: list[dict] = field(default_factory=list)
     """Every scored candidate: skip set, match rate, cost, value (for reports and tests)."""
+    owner: object | None = None
+    """The request whose sequence the search replays on now (its drafter state): requests stepped
+    together would each re-open the window on their own sequence and score nothing."""
 
     def __post_init__(self) -> None:
         self.random = random.Random(self.config.seed)
@@ -137,10 +140,13 @@ class SkipSearch:
         self._queue: list[frozenset[SubLayer]] = []  # those still to score on the window
         self._round: dict[frozenset[SubLayer], float] = {}  # values scored on the window
 
-    def advance(self, seq: LayerSkipSequence, committed: int, verify_cost: Callable[[int], float]) -> None:
-        """Run the search's next replay on `seq` (which holds `committed` tokens)."""
-        if self.done:
+    def advance(self, seq: LayerSkipSequence, committed: int, verify_cost: Callable[[int], float],
+                owner: object | None = None) -> None:
+        """Run the search's next replay on `seq` (which holds `committed` tokens) for request `owner`;
+        nothing while another request owns the search (until it is `release`d)."""
+        if self.done or (self.owner is not None and owner is not self.owner):
             return
+        self.owner = owner
         t0 = time.perf_counter()
         if self._window is None or self._window[0] is not seq:
             self._open(seq, committed)
@@ -150,6 +156,11 @@ class SkipSearch:
             if not self._queue:
                 self._close(1.0 / verify_cost(1))
         self.seconds += time.perf_counter() - t0
+
+    def release(self, owner: object) -> None:
+        """Request `owner` ended: another may take the search up (re-scoring the round on its own window)."""
+        if self.owner is owner:
+            self.owner = None
 
     def _open(self, seq: LayerSkipSequence, committed: int) -> None:
         count = min(self.config.search_window, committed)
@@ -234,23 +245,23 @@ class LayerSkipDrafter:
         """The skip set drafts use now."""
         return self.search.best
 
-    def start(self) -> None:
+    def start(self) -> object:
+        return object()  # the request, as the search's owner
+
+    def finish(self, state: object) -> None:
+        self.search.release(state)
+
+    def observe(self, step: StepResult, state: object) -> None:
         return None
 
-    def finish(self, state: None) -> None:
-        return None
-
-    def observe(self, step: StepResult, state: None) -> None:
-        return None
-
-    def propose(self, ctx: DraftContext, state: None) -> Proposal:
+    def propose(self, ctx: DraftContext, state: object) -> Proposal:
         seq = ctx.target
         if not isinstance(seq, LayerSkipSequence):
             raise ConfigError("layer-skip drafting needs a backend that can skip layers: use --backend native "
                               "(Llama, Qwen2, Mistral)")
-        return self._propose(ctx, seq)
+        return self._propose(ctx, seq, state)
 
-    def _propose(self, ctx: DraftContext, seq: LayerSkipSequence) -> Proposal:
+    def _propose(self, ctx: DraftContext, seq: LayerSkipSequence, request: object = None) -> Proposal:
         now = time.perf_counter()
         self._since = self._since if self._since is not None else now
         search = self.search
@@ -261,7 +272,7 @@ class LayerSkipDrafter:
         # where the window has no room for them (the search goes on in a later request).
         if (not search.done and len(ctx.tokens) > 2 and self._max_context - committed >= self.config.search_window
                 and (search.evaluations == 0 or search.seconds <= self.config.search_fraction * (now - self._since))):
-            search.advance(seq, committed, self._verify_cost(ctx))
+            search.advance(seq, committed, self._verify_cost(ctx), request)
         k = min(self.config.num_draft_tokens, ctx.budget.max_depth, ctx.budget.max_nodes)
         if k <= 0 or not self.search.best:
             return Proposal.empty()  # nothing worth skipping: the draft would be the target itself

@@ -127,6 +127,20 @@ def test_the_search_finds_the_identity_layers_and_their_drafts_are_all_accepted(
     assert drafted > 20 and accepted == drafted
 
 
+def test_the_search_advances_when_requests_are_stepped_together():
+    """Two requests in one batch (`generate_many`): one owns the search until it ends, so the search
+    scores its candidates and finds the identity layers (each request re-opened the window on its
+    own sequence and nothing was ever scored)."""
+    model = identity_layers(tiny_model("qwen2", seed=5, layers=6), (2, 3))
+    dec = build_decoder("layer-skip", native(model), None, planner=False, search_fraction=1.0)
+    params = SamplingParams(max_new_tokens=40, ignore_eos=True)
+    outs = dict(dec.generate_many([(i, p, params) for i, p in enumerate(PROMPTS[:2])], max_batch_size=2))
+    assert all(outs[i].token_ids == reference_greedy(model, p, 40) for i, p in enumerate(PROMPTS[:2]))
+    search = dec.drafters[0].search
+    assert search.history and search.best and search.best <= {(2, "attn"), (2, "mlp"), (3, "attn"), (3, "mlp")}
+    assert sum(o.stats.drafted_tokens for o in outs.values()) > 0 and search.owner is None  # released at the end
+
+
 def test_fusion_with_draft_skip_adds_the_layer_skip_drafter_and_stays_lossless():
     model = tiny_model("qwen2", seed=5, layers=6)
     target = native(model)
