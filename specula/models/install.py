@@ -28,6 +28,7 @@ import gc
 import hashlib
 import importlib
 import importlib.metadata
+import json
 import os
 import subprocess
 import sys
@@ -420,7 +421,11 @@ def save_checkpoint(model: Any, tokenizer: Any, directory: Path) -> list[str]:
         generation_config.save_pretrained(directory)
     if tokenizer is not None:
         tokenizer.save_pretrained(directory)
-    return sorted(p.name for p in directory.iterdir())
+    names = sorted(p.name for p in directory.iterdir())
+    for name in names:  # on disk before the marker that says the conversion is whole
+        with open(directory / name, "rb") as f:
+            os.fsync(f.fileno())
+    return names
 
 
 def _check_logits(model: Any, tokenizer: Any) -> tuple[list[int], torch.Tensor]:
@@ -697,7 +702,21 @@ def is_valid_conversion(model: EmbeddedModel, directory: Path | None = None) -> 
         path = directory / name
         if not path.is_file() or path.stat().st_size != size:
             return False
-    return True
+    return _readable_safetensors(directory / WEIGHTS_FILE)
+
+
+def _readable_safetensors(path: Path) -> bool:
+    """Whether a safetensors file's header reads as its format says (a length, then a JSON object
+    within the file): a damaged file of the right size then counts as not installed."""
+    try:
+        with open(path, "rb") as f:
+            length = int.from_bytes(f.read(8), "little")
+            if not 2 <= length <= path.stat().st_size - 8:
+                return False
+            header = json.loads(f.read(length))
+    except (OSError, ValueError):
+        return False
+    return isinstance(header, dict)
 
 
 def convert(model: EmbeddedModel, gguf: Path, *, progress: bool = True, converter: Converter | None = None) -> Path:

@@ -97,12 +97,23 @@ def _from_directory(spec: str, directory: Path) -> ResolvedModel:
         return ResolvedModel(spec, "directory", directory)
     ggufs = sorted(directory.glob("*.gguf"))
     if len(ggufs) == 1:
+        _check_whole_gguf(spec, ggufs[0])
         return ResolvedModel(spec, "gguf", directory, gguf_file=ggufs[0])
+    if ggufs and all(SPLIT_GGUF.search(g.name) for g in ggufs):
+        _check_whole_gguf(spec, ggufs[0])
     found = f"{len(ggufs)} .gguf files" if ggufs else "no .gguf file"
     raise ModelNotFoundError(
         f"{spec!r} is a directory without config.json and with {found}; give a Hugging Face model directory "
         f"or the path of one .gguf file"
     )
+
+
+def _check_whole_gguf(spec: str, path: Path) -> None:
+    """Refuse one part of a split GGUF: transformers would read that part alone and give every
+    weight in the others random values."""
+    if SPLIT_GGUF.search(path.name):
+        raise ModelNotFoundError(f"{spec!r} is one part of a split GGUF ({path.name}), which transformers cannot "
+                                 f"load whole; merge the parts first: llama-gguf-split --merge {path.name} merged.gguf")
 
 
 def _hub_snapshot(repo_id: str) -> Path | None:
@@ -148,6 +159,7 @@ def resolve(spec: str) -> ResolvedModel:
     if path.is_file():
         if path.suffix.lower() != ".gguf":
             raise ModelNotFoundError(f"{spec!r} is a file but not a .gguf; give a .gguf file or a model directory")
+        _check_whole_gguf(spec, path)
         return ResolvedModel(spec, "gguf", path.resolve().parent, gguf_file=path.resolve())
     if path.is_dir():
         return _from_directory(spec, path.resolve())
@@ -159,6 +171,32 @@ def resolve(spec: str) -> ResolvedModel:
             resolved = _from_directory(spec, snapshot)
             return ResolvedModel(spec, "hub", resolved.path, gguf_file=resolved.gguf_file)
     raise _not_found(spec)
+
+
+SPLIT_GGUF = re.compile(r"-\d{5}-of-\d{5}\.gguf$", re.IGNORECASE)
+"""llama.cpp's split GGUF parts (`model-00001-of-00003.gguf`): transformers reads one file only."""
+
+
+def _damaged_types() -> tuple[type[BaseException], ...]:
+    """What reading a truncated or damaged model file raises besides OSError / ValueError: the GGUF
+    reader's struct.error, safetensors' SafetensorError."""
+    import struct
+
+    from safetensors import SafetensorError
+
+    return (struct.error, SafetensorError)
+
+
+def _damaged(resolved: ResolvedModel, exc: BaseException) -> SpeculaError:
+    """A one-line error for a model file that could not be read, naming the fix."""
+    if resolved.embedded is not None:
+        from specula.models.install import install_command
+
+        fix = f"delete {resolved.path} and run {install_command(resolved.embedded.alias)}"
+    else:
+        fix = "copy or download it again"
+    return SpeculaError(f"the model files of {resolved.spec!r} ({resolved.gguf_file or resolved.path}) are "
+                        f"truncated or damaged ({type(exc).__name__}: {str(exc)[:160]}); {fix}")
 
 
 def _torch_dtype(dtype: str | torch.dtype) -> torch.dtype:
@@ -191,11 +229,28 @@ def load_tokenizer(spec: str | ResolvedModel) -> PreTrainedTokenizerBase:
         if (stand_in := config_stand_in(resolved.path)) is not None:
             kwargs["config"] = stand_in
     try:
+        if resolved.gguf_file is not None and any((resolved.path / n).is_file() for n in TOKENIZER_FILES):
+            return _gguf_tokenizer_alone(resolved.gguf_file)
         return AutoTokenizer.from_pretrained(str(resolved.path), **kwargs)
     except ImportError as exc:
         raise SpeculaError(f"loading {resolved.name} needs a missing package: {exc}") from exc
+    except _damaged_types() as exc:
+        raise _damaged(resolved, exc) from exc
     except (OSError, ValueError, KeyError) as exc:
         raise SpeculaError(f"could not load the tokenizer of {resolved.spec!r} from {resolved.path}: {exc}") from exc
+
+
+def _gguf_tokenizer_alone(gguf: Path) -> PreTrainedTokenizerBase:
+    """The tokenizer a GGUF holds, read from a folder holding only a link to it: beside the GGUF,
+    transformers prefers another model's tokenizer files to the GGUF's own."""
+    import tempfile
+
+    from transformers import AutoTokenizer
+
+    with tempfile.TemporaryDirectory(prefix="specula-gguf-") as folder:
+        link = Path(folder) / gguf.name
+        link.symlink_to(gguf)
+        return AutoTokenizer.from_pretrained(folder, gguf_file=link.name, local_files_only=True)
 
 
 ADDED_TOKENS_HEAD = 1 << 20
@@ -346,13 +401,19 @@ def load_model(
     if device.type != "cpu":
         kwargs["device_map"] = {"": str(device)}
     try:
-        model = AutoModelForCausalLM.from_pretrained(
-            str(resolved.path), dtype=torch_dtype, attn_implementation=attn_name, **kwargs
+        model, info = AutoModelForCausalLM.from_pretrained(
+            str(resolved.path), dtype=torch_dtype, attn_implementation=attn_name, output_loading_info=True, **kwargs
         )
     except ImportError as exc:
         raise SpeculaError(f"loading {resolved.name} needs a missing package: {exc}") from exc
+    except _damaged_types() as exc:
+        raise _damaged(resolved, exc) from exc
     except (OSError, ValueError, KeyError) as exc:
         raise SpeculaError(f"could not load model {resolved.spec!r} from {resolved.path}: {exc}") from exc
+    missing = sorted(info.get("missing_keys") or ())
+    if missing:  # transformers fills them with random values and says so only in a log table
+        raise SpeculaError(f"model {resolved.spec!r} lacks {len(missing)} of its weights (e.g. {missing[0]}): the "
+                           f"checkpoint is incomplete (a part of a split file, or a damaged copy); give the whole model")
     if tokenizer is None:
         tokenizer = load_tokenizer(resolved)
     model.eval()
@@ -431,6 +492,8 @@ def _architecture(resolved: ResolvedModel) -> str:
         kwargs["gguf_file"] = str(resolved.gguf_file)
     try:
         config = AutoConfig.from_pretrained(str(resolved.path), **kwargs)
+    except _damaged_types() as exc:
+        raise _damaged(resolved, exc) from exc
     except (OSError, ValueError, KeyError) as exc:
         raise SpeculaError(f"could not read the config of {resolved.spec!r} from {resolved.path}: {exc}") from exc
     named = getattr(config, "architectures", None)

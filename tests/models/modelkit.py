@@ -141,10 +141,21 @@ def make_model(fake_index: FakeIndex, monkeypatch: pytest.MonkeyPatch) -> ModelF
 
 
 def fake_converter(gguf: Path, out: Path) -> dict[str, object]:
-    """Stands in for the transformers conversion: copies the GGUF as 'weights'."""
-    (out / "model.safetensors").write_bytes(gguf.read_bytes())
+    """Stands in for the transformers conversion: the GGUF's bytes as the one tensor of the 'weights'
+    (`fake_weights` reads them back)."""
+    import torch
+    from safetensors.torch import save_file
+
+    save_file({"gguf": torch.frombuffer(bytearray(gguf.read_bytes()), dtype=torch.uint8)}, str(out / "model.safetensors"))
     (out / "config.json").write_text("{}\n")
     return {"parameters": 1, "max_abs_logit_diff": 0.0}
+
+
+def fake_weights(directory: Path) -> bytes:
+    """The GGUF bytes `fake_converter` wrote into `directory`."""
+    from safetensors.torch import load_file
+
+    return load_file(str(directory / "model.safetensors"))["gguf"].numpy().tobytes()
 
 
 # --------------------------------------------------------------------------- tiny real models

