@@ -112,9 +112,12 @@ _SPACES = re.compile(r"\s+")
 
 
 def normalise(text: str) -> str:
-    """Case-folded NFKC text with punctuation and symbols replaced by spaces, whitespace collapsed."""
+    """Case-folded NFKC text with invisible format characters (soft hyphens, zero-width spaces and
+    joiners: category Cf) removed, punctuation and symbols replaced by spaces, whitespace collapsed.
+    (A format character read as a space split a word in two: one every few words hid a benchmark
+    turn from every shingle.)"""
     text = unicodedata.normalize("NFKC", text).casefold()
-    text = "".join(" " if unicodedata.category(c)[0] in "PSZC" else c for c in text)
+    text = "".join("" if (cat := unicodedata.category(c)) == "Cf" else " " if cat[0] in "PSZC" else c for c in text)
     return _SPACES.sub(" ", text).strip()
 
 

@@ -99,7 +99,8 @@ def read_prompts(files: Iterable[str | os.PathLike], training: bool = True) -> l
         path = Path(file)
         if not path.is_file():
             what, flag = ("training data", "--data") if training else ("held-out data", "--eval-data")
-            raise ConfigError(f"{what} {path} does not exist: pass JSONL prompt files with {flag}")
+            state = "is not a file" if path.exists() else "does not exist"
+            raise ConfigError(f"{what} {path} {state}: pass JSONL prompt files with {flag}")
         rows = list(_read_rows(path))
         first: dict[str, int] = {}
         for n, rid, _ in rows:
@@ -127,7 +128,7 @@ def write_prompt_file(out: Path, rows: Sequence[dict], manifest: dict) -> None:
 
 def _read_rows(path: Path) -> Iterable[tuple[int, str, list[str]]]:
     """(line number, id, turns) of every prompt line of a JSONL file."""
-    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+    for n, line in enumerate(_utf8(path).splitlines(), 1):
         if not line.strip():
             continue
         try:
@@ -168,16 +169,48 @@ def corpus_key(target_key: dict, files: Sequence[str | os.PathLike], config: Cor
     return h.hexdigest()[:16]
 
 
-def complete_lines(partial: Path) -> list[str]:
-    """The whole lines of an append-only `.partial` file, which is rewritten to hold only them (a
-    line cut by a kill is dropped)."""
-    lines = [ln for ln in partial.read_text(encoding="utf-8").splitlines(keepends=True) if ln.endswith("\n")]
-    partial.write_text("".join(lines), encoding="utf-8")
+def _utf8(path: Path) -> str:
+    """A text file's contents; a ConfigError where it is not UTF-8."""
+    try:
+        return path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not UTF-8 text (byte {exc.start}); save it as UTF-8") from None
+
+
+def complete_lines(partial: Path, valid: Callable[[str], bool] = lambda line: True) -> list[str]:
+    """The whole lines of an append-only `.partial` file that `valid` accepts; where a line was cut
+    by a kill (or damaged by a crash), the file is rewritten atomically without it, so its work is
+    done again (the file is never truncated in place: a kill then would lose every line)."""
+    from specula.paths import atomic_path
+
+    text = partial.read_bytes().decode("utf-8", errors="replace")
+    every = text.splitlines(keepends=True)
+    lines = [ln for ln in every if ln.endswith("\n") and valid(ln)]
+    if len(lines) != len(every):
+        with atomic_path(partial) as tmp:
+            tmp.write_text("".join(lines), encoding="utf-8")
     return lines
 
 
 def load_corpus(path: Path) -> list[CorpusEntry]:
-    return [_from_line(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    """The entries of a corpus file; a damaged line is a ConfigError naming it and the fix."""
+    entries = []
+    for n, line in enumerate(_utf8(path).splitlines(), 1):
+        if line.strip():
+            try:
+                entries.append(_from_line(line))
+            except (ValueError, KeyError, TypeError) as exc:
+                raise ConfigError(f"{path}:{n}: not a corpus line ({exc}); delete {path} and run again") from None
+    return entries
+
+
+def _parses(line: str) -> bool:
+    """Whether `line` is a corpus line (`_from_line`)."""
+    try:
+        _from_line(line)
+    except (ValueError, KeyError, TypeError):
+        return False
+    return True
 
 
 def _to_line(e: CorpusEntry) -> str:
@@ -186,7 +219,14 @@ def _to_line(e: CorpusEntry) -> str:
 
 
 def _from_line(line: str) -> CorpusEntry:
+    """A corpus line's entry (ValueError, KeyError or TypeError where it is not one)."""
     r = json.loads(line)
+    if not isinstance(r, dict):
+        raise TypeError("not a JSON object")
+    for key in ("prompt_ids", "output_ids"):
+        ids = r[key]
+        if not isinstance(ids, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
+            raise TypeError(f"{key} must be a list of token ids")
     return CorpusEntry(r["id"], r["prompt_ids"], r["output_ids"])
 
 
@@ -233,9 +273,8 @@ def read_answers(paths: Iterable[str | os.PathLike], vocab_size: int,
     table: dict[tuple[int, ...], list[int]] = {}
     h = hashlib.sha256()
     for file in files:
-        data = file.read_bytes()
-        h.update(data)
-        for n, line in enumerate(data.decode("utf-8").splitlines(), 1):
+        h.update(file.read_bytes())
+        for n, line in enumerate(_utf8(file).splitlines(), 1):
             if not line.strip():
                 continue
             try:
@@ -276,7 +315,7 @@ def generate_corpus(target, tokenizer, prompts: Sequence[tuple[str, str]], out: 
     partial = out.with_name(out.name + ".partial")
     done: dict[str, CorpusEntry] = {}
     if partial.is_file():
-        for line in complete_lines(partial):
+        for line in complete_lines(partial, _parses):
             entry = _from_line(line)
             done[entry.id] = entry
     if progress is not None and done:

@@ -19,6 +19,7 @@ from typing import Callable, Iterator, Sequence
 
 import torch
 
+from specula.errors import ConfigError
 from specula.training.corpus import CorpusEntry, PaddedConfig
 
 
@@ -111,7 +112,13 @@ def extract_features(target, corpus: Sequence[CorpusEntry], out: Path,
 
     layers = tuple(layers)
     if out.is_file():
-        t = load_file(str(out))
+        from safetensors import SafetensorError
+
+        try:
+            t = load_file(str(out))
+        except (SafetensorError, OSError) as exc:  # cut short (a full disk, copied while written)
+            raise ConfigError(f"the cached features {out} do not read ({str(exc)[:120]}): delete the file and run "
+                              "again") from None
         if progress is not None:
             progress(len(t["starts"]) - 1)
         return FeatureSet(t["tokens"], t["features"], t["starts"], t["prompt_lens"], t.get("inputs"),

@@ -209,12 +209,20 @@ def _settings_key(target_name: str, turn: UserTurn, config: MagpieConfig) -> str
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
+def _json_object(line: str) -> bool:
+    """Whether `line` holds a JSON object (a line a crash damaged does not: it is dropped and redone)."""
+    try:
+        return isinstance(json.loads(line), dict)
+    except ValueError:
+        return False
+
+
 def _resume(partial: Path, key: str) -> dict[str, dict]:
     """The raw rows of an earlier run with the same settings (a line cut by a kill is dropped)."""
     if not partial.is_file():
         partial.write_text(json.dumps({"settings": key}) + "\n", encoding="utf-8")
         return {}
-    lines = complete_lines(partial)
+    lines = complete_lines(partial, _json_object)
     if not lines or json.loads(lines[0]).get("settings") != key:
         raise ConfigError(f"{partial} was written with other settings (target, template or sampling): delete it "
                           "or rerun with the same settings")

@@ -23,6 +23,11 @@ def mix_prompts(takes: Sequence[tuple[Path, int]], exclude: Sequence[Path] = (),
     seen = {pid.split(":", 1)[1] for f in exclude for pid, _ in read_prompts([f])}  # drop the mix's stem
     rows: list[dict] = []
     sources: list[dict] = []
+    stems = [Path(path).stem for path, _ in takes]
+    twice = sorted({stem for stem in stems if stems.count(stem) > 1})
+    if twice:  # ids are "<stem>:<id>": two files of one name would give the mix one id twice
+        raise ConfigError(f"two source files are named {twice[0]!r}: ids are made of file names, so rename "
+                          "one (or copy it under another name)")
     for path, n in takes:
         path = Path(path)
         prompts = [(pid, text) for pid, text in read_prompts([path]) if pid not in seen]

@@ -95,9 +95,12 @@ def run_training(target, tokenizer, target_name: str, out: Path, config: TrainCo
     eval_files = [Path(f) for f in (eval_data if eval_data is not None else [EVAL_PROMPTS])]
     eval_per_file = [(f, read_prompts([f], training=False)) for f in eval_files]
     eval_prompts = [p for _, file_prompts in eval_per_file for p in file_prompts]
-    shared = {text for _, text in eval_prompts} & {text for _, text in prompts}
+    from specula.training.contamination import normalise
+
+    trained = {normalise(text): text for _, text in prompts}  # compared as the benchmark check compares
+    shared = [trained[k] for k in {normalise(text) for _, text in eval_prompts} if k in trained]
     if shared:
-        raise ConfigError(f"{len(shared)} evaluation prompt(s) are also training prompts (e.g. {next(iter(shared))[:60]!r}); "
+        raise ConfigError(f"{len(shared)} evaluation prompt(s) are also training prompts (e.g. {shared[0][:60]!r}); "
                           "held-out acceptance must come from prompts the head never trained on: pass other --eval-data")
     if answers is not None and stop_after == "answers":
         raise ConfigError("--stop-after answers makes the target's answers; with --answers there are none to make")

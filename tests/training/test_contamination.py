@@ -32,6 +32,9 @@ def test_normalise_folds_case_punctuation_and_whitespace():
     MT_81,  # exact
     "compose an engaging travel-blog post about a recent trip to HAWAII,\nhighlighting cultural experiences & "
     "must see attractions",  # lightly reformatted
+    " ".join(w[:2] + "\u00ad" + w[2:] if i % 5 == 0 and len(w) > 3 else w
+             for i, w in enumerate(MT_81.split())),  # soft hyphens (invisible) inside words
+    MT_81.replace(" ", " \u200b").replace("post", "po\u2060st"),  # zero-width spaces, a word joiner
     f"Please help me with this. {MT_81} Keep it under 300 words.",  # inside a longer prompt
 ])
 def test_a_planted_spec_bench_prompt_is_found(text):

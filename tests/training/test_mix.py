@@ -49,3 +49,13 @@ def test_mix_refuses_a_source_with_a_benchmark_prompt(tmp_path):
     a.write_text(a.read_text() + json.dumps({"id": "bad", "prompt": spec_bench(300)["turns"][0]}) + "\n")
     with pytest.raises(ConfigError, match="Spec-Bench"):
         mix_prompts([(a, 2)])
+
+
+def test_two_sources_of_one_file_name_are_refused(tmp_path):
+    """Ids are "<file stem>:<id>": two files named alike would give the mix one id twice (and the
+    mix it wrote could not be read)."""
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    one, two = write(tmp_path / "a" / "prompts.jsonl", 5, "alpha"), write(tmp_path / "b" / "prompts.jsonl", 5, "beta")
+    with pytest.raises(ConfigError, match="two source files are named 'prompts'"):
+        mix_prompts([(one, 2), (two, 2)])

@@ -467,10 +467,15 @@ def test_train_command_writes_a_head_that_generate_uses(tmp_path, monkeypatch, t
     assert other_source["sequences"] == 3 and other_source["after"]["positions"] > 0
     assert other_source["after"]["mean_accepted_walk"] >= 1.0
     # evaluation prompts that are also training prompts are refused: the figure would not be held out
-    code = main(["train", "--target", str(path), "--kind", "eagle", "--data", str(data), "--out", str(tmp_path / "h2"),
-                 "--epochs", "1", "--draft-vocab", "64", "--max-new-tokens", "8", "--quiet", "--eval-data", str(data)])
-    err = capsys.readouterr().err
-    assert code == 2 and "also training prompts" in err and len(err.strip().splitlines()) == 1
+    spaced = tmp_path / "spaced.jsonl"  # the same prompts with other spacing and case: no other source either
+    spaced.write_text("".join(json.dumps({"prompt": " " + json.loads(line)["prompt"].upper() + " "}) + "\n"
+                              for line in data.read_text().splitlines() if line.strip()))
+    for eval_data in (data, spaced):
+        code = main(["train", "--target", str(path), "--kind", "eagle", "--data", str(data), "--out",
+                     str(tmp_path / "h2"), "--epochs", "1", "--draft-vocab", "64", "--max-new-tokens", "8", "--quiet",
+                     "--eval-data", str(eval_data)])
+        err = capsys.readouterr().err
+        assert code == 2 and "also training prompts" in err and len(err.strip().splitlines()) == 1
     head = tmp_path / "h" / "eagle.safetensors"
     code = main(["generate", "--target", str(path), "--method", "eagle", "--head", str(head), "--prompt",
                  "w5 w9 w13", "--raw", "--max-new-tokens", "12", "--ignore-eos", "--json"])
@@ -951,3 +956,41 @@ def test_answers_of_another_model_train_the_target_on_that_text(tmp_path, monkey
     assert "another tokenizer" in capsys.readouterr().err
     assert main(["train", "--target", str(target), *common, "--out", str(tmp_path / "c"), "--answers", str(given),
                  "--stop-after", "answers"]) == 2
+
+
+def test_damaged_training_files_are_one_line_errors_naming_the_fix(tmp_path):
+    """Answers, corpus caches, features caches and prompt files that do not read (a bad line, a file
+    not UTF-8, a file cut short) are ConfigErrors naming the file (and line), not tracebacks; a
+    `.partial`'s damaged line is dropped and its answer made again."""
+    from specula.errors import ConfigError
+    from specula.training.corpus import complete_lines, load_corpus, read_answers, read_prompts
+    from specula.training.features import extract_features
+
+    good = json.dumps({"id": "a", "prompt_ids": [5, 6], "output_ids": [7]})
+    for bad in ('{"id": "b", "prompt_ids": [5], "output_ids": null}', '{"id": "b", "prompt_ids": "5 6", "output_ids": [7]}',
+                '{"id": "b", "prompt_ids": [5, [6]], "output_ids": [7]}', '[1, 2]'):
+        answers = tmp_path / "corpus-x.jsonl"
+        answers.write_text(good + "\n" + bad + "\n")
+        with pytest.raises(ConfigError, match=r"corpus-x.jsonl:2: not a corpus line"):
+            read_answers([answers], 96)
+        with pytest.raises(ConfigError, match=r"corpus-x.jsonl:2: not a corpus line.*delete"):
+            load_corpus(answers)
+    answers.write_bytes(good.encode() + b"\n\xe9\n")
+    with pytest.raises(ConfigError, match="not UTF-8"):
+        read_answers([answers], 96)
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_bytes(b'{"prompt": "caf\xe9"}\n')
+    with pytest.raises(ConfigError, match="prompts.jsonl: not UTF-8 text"):
+        read_prompts([prompts])
+    with pytest.raises(ConfigError, match="is not a file"):
+        read_prompts([tmp_path])
+    partial = tmp_path / "corpus.jsonl.partial"
+    partial.write_text(good + "\n" + "\0" * 20 + "\n" + good.replace('"a"', '"c"') + "\n" + good[:10])
+    lines = complete_lines(partial, lambda line: line.startswith("{"))
+    assert len(lines) == 2 and partial.read_text() == "".join(lines)  # rewritten without the damaged lines
+    before = partial.stat().st_mtime_ns
+    assert complete_lines(partial) == lines and partial.stat().st_mtime_ns == before  # nothing to drop: untouched
+    features = tmp_path / "features.safetensors"
+    features.write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{}")
+    with pytest.raises(ConfigError, match="cached features .* do not read.*delete the file"):
+        extract_features(None, [], features)
