@@ -453,6 +453,41 @@ def test_bad_head_files_are_refused_with_the_fix(saved, tmp_path):
         load_head(path, wider, "wider")
 
 
+def test_head_files_with_a_non_integer_map_non_finite_or_misshapen_weights_are_refused(saved, tmp_path):
+    """A float d2t (2.5 read as 2: one target id for two draft ids, and the sampled law off), NaN
+    weights (a float head drafted nothing, an int8 one garbage) and a weight of the wrong shape (the
+    message named no parameter) are one-line errors; a map with a repeat or outside the vocabulary
+    is refused without a file too."""
+    from safetensors import safe_open
+    from safetensors.torch import load_file, save_file
+
+    model, target, _, path = saved
+    with safe_open(str(path), "pt") as f:
+        meta = f.metadata()
+    tensors = load_file(str(path))
+    weight = next(k for k, v in tensors.items() if k.startswith("head.") and v.is_floating_point() and v.dim() == 2)
+
+    def rewritten(name, **changed):
+        out = tmp_path / f"{name}.safetensors"
+        save_file({**tensors, **changed}, str(out), metadata=meta)
+        return out
+
+    d2t = tensors["d2t"].double()
+    d2t[3] = float(d2t[2]) + 0.5 if float(d2t[2]) + 0.5 not in d2t.tolist() else d2t[3]
+    with pytest.raises(HeadFileError, match="mapping holds torch.float64 values, not token ids"):
+        read_head(rewritten("float_map", d2t=d2t))
+    nan = tensors[weight].clone()
+    nan[0, 0] = float("nan")
+    with pytest.raises(HeadFileError, match=f"weight {weight.removeprefix('head.')} holds NaN or infinite"):
+        read_head(rewritten("nan", **{weight: nan}))
+    with pytest.raises(HeadFileError, match="size mismatch for"):
+        load_head(rewritten("short", **{weight: tensors[weight][:-1]}), target, "tiny")
+    ids = torch.arange(8)
+    for bad in (torch.tensor([0, 1, 2, 2, 5, 6]), torch.tensor([-1, 1, 2]), ids.double()):
+        with pytest.raises(ConfigError, match="draft vocabulary map"):
+            new_head("eagle", target, bad)
+
+
 def test_cli_refuses_a_corrupted_head_in_one_line_with_exit_2(saved, tmp_path):
     _, _, _, path = saved
     data = path.read_bytes()

@@ -127,6 +127,8 @@ def read_head(path: str | os.PathLike) -> HeadFile:
     d2t = tensors.pop("d2t", None)
     if d2t is None or d2t.dim() != 1 or len(d2t) != config.draft_vocab:
         raise HeadFileError(f"{path}: its draft vocabulary mapping is missing or not {config.draft_vocab} long; {_fix(path)}")
+    if d2t.is_floating_point() or d2t.is_complex() or d2t.dtype == torch.bool:  # 2.5 would read as 2: a token twice
+        raise HeadFileError(f"{path}: its draft vocabulary mapping holds {d2t.dtype} values, not token ids; {_fix(path)}")
     if int(d2t.min()) < 0 or int(d2t.max()) >= config.target_vocab or len(set(d2t.tolist())) != len(d2t):
         raise HeadFileError(f"{path}: its draft vocabulary maps outside 0..{config.target_vocab - 1} or twice; {_fix(path)}")
     state = {k.removeprefix("head."): v for k, v in tensors.items() if k.startswith("head.")}
@@ -137,6 +139,9 @@ def read_head(path: str | os.PathLike) -> HeadFile:
         state[name] = w.float() * scale.float()[:, None]
     if any(v.dtype == torch.int8 for v in state.values()):
         raise HeadFileError(f"{path}: an int8 matrix has no scale; {_fix(path)}")
+    bad = next((k for k, v in state.items() if v.is_floating_point() and not bool(torch.isfinite(v).all())), None)
+    if bad is not None:  # a float head would draft nothing, an int8 one garbage: silently slower either way
+        raise HeadFileError(f"{path}: its weight {bad} holds NaN or infinite values; {_fix(path)}")
     return HeadFile(config, state, d2t, target, meta.get("training", {}))
 
 

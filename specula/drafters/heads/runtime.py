@@ -25,13 +25,26 @@ from specula.drafters.heads.eagle import EagleHead, KVBuffer
 from specula.drafters.heads.file import HeadFile, check_target, read_head
 from specula.drafters.heads.kernel_pass import KernelHeadPass, embedding_table, kernel_pass_fits
 from specula.drafters.heads.medusa import HydraHeads, MedusaHeads
-from specula.errors import HeadFileError
+from specula.errors import ConfigError, HeadFileError
 
 MODULES = {"eagle": EagleHead, "eagle3": EagleHead, "medusa": MedusaHeads, "hydra": HydraHeads}
 
 
 def build_module(config: HeadConfig) -> torch.nn.Module:
     return MODULES[config.kind](config)
+
+
+def check_d2t(d2t: torch.Tensor, vocab: int) -> torch.Tensor:
+    """A draft vocabulary's map to target ids ([V_draft] long): integers, each a target id, none twice
+    (q is scattered back through it: a token mapped twice would get one draft id's mass, and the
+    sampling law would be off); a ConfigError otherwise."""
+    if d2t.dim() != 1 or d2t.is_floating_point() or d2t.is_complex() or d2t.dtype == torch.bool:
+        raise ConfigError(f"a head's draft vocabulary map must be a 1-D tensor of token ids, got {d2t.dtype} "
+                          f"of shape {tuple(d2t.shape)}")
+    d2t = d2t.to(torch.long)
+    if len(d2t) and (int(d2t.min()) < 0 or int(d2t.max()) >= vocab or int(d2t.unique().numel()) != len(d2t)):
+        raise ConfigError(f"a head's draft vocabulary map must hold distinct token ids in 0..{vocab - 1}")
+    return d2t
 
 
 class TrainedHead:
@@ -43,7 +56,7 @@ class TrainedHead:
         self.config: HeadConfig = module.cfg
         self.target = target
         self.file = file
-        self.d2t = d2t.to(torch.long)  # [V_draft]
+        self.d2t = check_d2t(d2t, target.vocab_size)  # [V_draft]
         dtype = next(module.parameters()).dtype
         rows = target.output_rows(self.d2t).to(dtype)  # [V_draft, E]
         self.lm_rows: torch.Tensor | None = None if kernel is not None else rows.clone()
@@ -205,8 +218,9 @@ def load_head(path: str | os.PathLike, target, target_name: str, dtype: torch.dt
         state = state | {"copy_gain": torch.zeros(module.copy_gain.shape)}
     try:
         module.load_state_dict(state, strict=True, assign=True)
-    except RuntimeError as exc:
-        first = str(exc).splitlines()[0] if str(exc) else "shape mismatch"
+    except RuntimeError as exc:  # the first line is a header ("Error(s) in loading state_dict for ..."): name the cause
+        lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+        first = lines[1] if len(lines) > 1 else lines[0] if lines else "shape mismatch"
         raise HeadFileError(f"head {path} does not fit its own config ({first[:120]}); re-create it with "
                             "`specula train`") from None
     kernel = drafting_kernel(target.device) if dtype is None else None
