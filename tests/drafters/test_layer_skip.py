@@ -88,6 +88,9 @@ def test_scratch_rows_are_refused_while_a_tree_is_pending():
         seq.speculate([6], ())
     with pytest.raises(RuntimeError, match="pending"):
         seq.replay(2, ())
+    seq.commit([])
+    with pytest.raises(ValueError, match="at least one token"):  # no rows: the kernels' attention divided by 0
+        seq.speculate([], ())
 
 
 # ---------------------------------------------------------------------------- greedy equality

@@ -186,3 +186,26 @@ def test_the_environment_picks_the_variant(value, want):
 def test_an_unknown_variant_is_refused():
     with pytest.raises(ConfigError, match="unknown kernel ISA 'avx1024'; choose avx2, avx512 or amx"):
         kernels.set_isa("avx1024")
+
+
+def test_passes_of_zero_rows_return_nothing_on_every_isa_and_kind():
+    """A linear of 0 rows ran its row switch's default (16 rows read and written past the buffers:
+    a segfault on AVX-512 and AMX), and attention over 0 query rows divided by zero (SIGFPE): in a
+    child process, every kind on every ISA this CPU has returns an empty result."""
+    isas = ["avx2"] + (["avx512"] if HAS_AVX512 else []) + (["amx"] if HAS_AMX else [])
+    code = f"""
+import torch
+from torch import nn
+from specula.models.native import kernels
+from specula.models.native.ops import kernel_attention
+for isa in {isas!r}:
+    kernels.set_isa(isa)
+    for kind in kernels.KINDS:
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            assert tuple(kernels.KernelLinear(nn.Linear(64, 40), kind)(torch.randn(0, 64)).shape) == (0, 40)
+    assert tuple(kernel_attention(torch.randn(0, 4, 8), torch.randn(2, 16, 8), torch.randn(2, 16, 8), None, 5).shape)[0] == 0
+print("ok")
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", (done.returncode, done.stderr[-500:])

@@ -381,6 +381,8 @@ class NativeSequence(TreeSequence):
         if self._pending is not None:
             raise RuntimeError("speculate() while a tree is pending: commit() it first")
         ids = list(ids)
+        if not ids:
+            raise ValueError("speculate() needs at least one token")
         self._assert_room(offset + len(ids) + 1)
         start, n = len(self._tokens) + offset, len(ids)
         mask = None if n == 1 else causal_mask(start, n)

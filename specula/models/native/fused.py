@@ -120,7 +120,7 @@ class FusedLayers:
         """Whether a pass of n rows over `segments` (`model.Segment`) runs here: at most MAX_ROWS rows,
         each segment a slice of them, and each causal segment (mask None, or a prompt) with scores
         that fit one attention call (`CpuKernelOps.attend`'s chunks)."""
-        if n > MAX_ROWS:
+        if not 0 < n <= MAX_ROWS:
             return False
         for seg in segments:
             rows = seg.rows

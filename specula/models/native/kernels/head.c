@@ -60,6 +60,7 @@ int specula_head_pass(const struct head_ref *w, const int64_t *ids, const float 
                       const int64_t *positions, const uint8_t *mask, float *k_cache, float *v_cache, int cap, int at,
                       int lo, float *scores, float *out, float *states, float *logits, int logits_from, int n,
                       int threads) {
+    if (n <= 0) return 0;  /* no rows: nothing to run */
     int e = w->e, h = w->heads, g = w->kv_heads, d = w->d, inter = w->inter, half = d / 2;
     size_t qkv_w = (size_t)(h + 2 * g) * d, att_w = (size_t)h * d;
     size_t floats = (size_t)n * (4 * (size_t)e + qkv_w + 2 * att_w + 3 * (size_t)inter + 2 * (size_t)half);

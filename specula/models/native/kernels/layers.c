@@ -62,6 +62,7 @@ int specula_decoder_pass(float *x, float *out, int n, int e, int layers, const s
                          const struct segment_ref *segs, int nseg, int heads, int kv_heads, int d, int inter,
                          float scale, float *scores, const int32_t *taps, int ntaps, float *tapped, const uint8_t *skip,
                          int threads) {
+    if (n <= 0) return 0;  /* no rows: nothing to run */
     size_t qkv_w = (size_t)(heads + 2 * kv_heads) * d, att_w = (size_t)heads * d, half = (size_t)d / 2;
     size_t floats = (size_t)n * (2 * (size_t)e + qkv_w + 2 * att_w + 3 * (size_t)inter);
     float *buf = malloc(floats * sizeof(float));

@@ -245,12 +245,14 @@ static int linear_float(const float *x, const void *wp, const float *scale, cons
  * -1 when memory for its packed or quantized rows could not be had (y then untouched). */
 int specula_linear_f32(const float *x, const float *wp, const float *b, float *y, int M, int in, int out,
                        int threads) {
+    if (M <= 0 || out <= 0) return 0;  /* no rows: nothing to do (the row switches' default ran 16) */
     return linear_float(x, wp, NULL, b, y, M, in, out, threads, f32_block, f32_chunked, specula_f32_block_avx512,
                  specula_f32_panel_avx512, specula_f32_multi_avx512);
 }
 
 int specula_linear_w8(const float *x, const int8_t *wp, const float *scale, const float *b, float *y, int M, int in,
                       int out, int threads) {
+    if (M <= 0 || out <= 0) return 0;
     return linear_float(x, wp, scale, b, y, M, in, out, threads, w8_block, w8_chunked, specula_w8_block_avx512,
                  specula_w8_panel_avx512, NULL);
 }
@@ -370,6 +372,7 @@ void specula_set_i8_multi(int on) { i8_multi = on; }
 
 int specula_linear_i8(const float *x, const int8_t *wp, const float *wscale, const float *b, float *y, int M, int in,
                       int out, int threads) {
+    if (M <= 0 || out <= 0) return 0;
     int quads = (in + 3) / 4, in4 = quads * 4, level = specula_isa(), blocks = (out + NB - 1) / NB;
     int amx = level == 2 && M >= AMX_ROWS && in4 % 64 == 0;
     int rows = amx ? (M + 15) / 16 * 16 : M;  /* AMX: whole tiles of 16 rows, the padding zeros */

@@ -94,6 +94,7 @@ static int i4_blocks_per_item(int M, int out, int threads) {
  * for the quantized rows could not be had (y then untouched). */
 int specula_linear_i4(const float *x, const uint8_t *wp, const float *gscale, const float *b, float *y, int M,
                       int in, int out, int threads) {
+    if (M <= 0 || out <= 0) return 0;
     int groups = (in + I4_GROUP - 1) / I4_GROUP, in64 = groups * I4_GROUP, blocks = (out + NB - 1) / NB;
     int level = specula_isa(), amx = level == 2 && M >= I4_AMX_ROWS;
     int rows = amx ? (M + 15) / 16 * 16 : M;  /* AMX: whole tiles of 16 rows, the padding zeros */

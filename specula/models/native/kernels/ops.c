@@ -323,6 +323,7 @@ static void attention_item(void *arg, int item) {
 void specula_attention(const float *q, const float *k_cache, const float *v_cache, const uint8_t *mask, float *out,
                        float *scores, int n, int heads, int kv_heads, int d, int cap, int slots, int start,
                        float scale, int threads) {
+    if (n <= 0) return;  /* no query rows (chunks would be 0: a division by zero) */
     int per = heads / kv_heads, chunks = (2 * threads + kv_heads - 1) / kv_heads;
     if (chunks > n) chunks = n;
     int rows = (n + chunks - 1) / chunks;
