@@ -230,8 +230,10 @@ def measure_pass_times(backend: TargetModel, sizes: Sequence[int], context: int,
             secs: dict[int, float] = {}
             for n in sizes:
                 secs[n] = _timed_pass(seq, backend.device, root, trees[n], context)
-                if not rounds and secs[n] > config.max_ratio * step and n < sizes[-1]:
-                    sizes = sizes[: sizes.index(n) + 1]  # larger passes cost even more: not worth timing
+                # larger passes cost even more: not worth timing. Judged against this round's own plain
+                # pass (a burst that slows the whole round cuts nothing), never at the plain pass itself
+                if not rounds and n > 1 and secs[n] > config.max_ratio * max(step, secs[1]) and n < sizes[-1]:
+                    sizes = sizes[: sizes.index(n) + 1]
                     break
             others = probe.others()
             rounds.append((others if others is not None else 0.0, secs))
@@ -417,9 +419,13 @@ def curve_from_samples(samples: dict[str, Any], context: int, repeats: int) -> C
     return CostCurve(tuple(sizes), tuple(seconds), context, repeats)
 
 
-def _add_samples(samples: dict[str, Any], times: dict[int, list[float]]) -> None:
+def _add_samples(samples: dict[str, Any], times: dict[int, list[float]], asked: Sequence[int] = ()) -> None:
     """Fold one measurement's rounds into a cache entry's samples (each size's ratio against the
-    plain step of its own round)."""
+    plain step of its own round). Sizes `asked` for that the timing left out as too costly are noted
+    (`untimed_from`: the smallest), so later loads do not time them again."""
+    left_out = [n for n in asked if n > 1 and n not in times]
+    if left_out:
+        samples["untimed_from"] = min(left_out)
     samples["step"] = (samples.get("step", []) + list(times[1]))[-MAX_SAMPLES:]
     ratio = samples.setdefault("ratio", {})
     for n, secs in times.items():
@@ -448,10 +454,13 @@ def load_or_measure_curve(target: TargetModel, sizes: Sequence[int] = DEFAULT_SI
     if samples is None:
         samples = {}
         timing = measure_pass_times(target, sizes, context, repeats)
-        _add_samples(samples, timing.times)
+        _add_samples(samples, timing.times, sizes)
     else:
-        stale = [n for n in sizes if 1 < n <= VALIDATE_MAX_SIZE and str(n) in samples["ratio"]
-                 and len(samples["ratio"][str(n)]) < VALIDATE_SAMPLES]
+        # sizes with too few samples, and sizes a timing left out other than as too costly (an entry
+        # of before `untimed_from` that lost them to one slow pass is timed again)
+        untimed = samples.get("untimed_from") or float("inf")
+        stale = [n for n in sizes if 1 < n <= VALIDATE_MAX_SIZE and (
+            len(samples["ratio"][str(n)]) < VALIDATE_SAMPLES if str(n) in samples["ratio"] else n < untimed)]
         if not stale:
             curve = curve_from_samples(samples, context, repeats)
             if report:
@@ -459,7 +468,7 @@ def load_or_measure_curve(target: TargetModel, sizes: Sequence[int] = DEFAULT_SI
             return curve
         timing = measure_pass_times(target, stale, context, 1)
         if not timing.busy:  # a busy round would only add noise to the cached samples
-            _add_samples(samples, timing.times)
+            _add_samples(samples, timing.times, stale)
     curve = curve_from_samples(samples, context, repeats)
     atomic_write_json(path, {**curve.to_dict(), "samples": samples})
     if report:

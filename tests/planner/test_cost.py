@@ -251,3 +251,48 @@ def test_start_up_timing_stops_at_sizes_that_cannot_pay(monkeypatch):
     timing = measure_pass_times(backend, (1, 2, 4, 8, 16, 32, 64), context=8, repeats=2)
     assert sorted(timing.times) == [1, 2, 4, 8, 16, 32]  # 32 costs 8 steps: 64 is never timed
     assert max(seq.sizes) == 64  # (only its single warm-up pass)
+
+
+def test_one_slow_plain_pass_does_not_cut_the_curve(monkeypatch):
+    """The first timed round's plain pass reads 6x slow (a burst): sizes are judged against that
+    round's own plain pass and never at the plain pass itself, so every size is still timed (the
+    curve was cut to [1], pricing every tree as free)."""
+    from specula.planner.cost import measure_pass_times
+
+    def seconds_of(n, i):  # passes 1-4: one warm-up each; 5-7: warm-up steps; 8: round one's plain pass
+        spike = 6.0 if i == 8 else 1.0
+        return spike * 0.1 * (1.0 if n == 1 else 1.0 + 0.05 * n)
+
+    backend, seq = fake_timing(monkeypatch, seconds_of)
+    timing = measure_pass_times(backend, (1, 2, 4, 8), context=8, repeats=2)
+    assert sorted(timing.times) == [1, 2, 4, 8]
+
+
+def test_sizes_a_cached_curve_lacks_are_timed_unless_left_out_as_too_costly(tmp_path, monkeypatch):
+    """A cached entry that lost sizes to a bad cut is repaired on the next load; sizes the timing
+    left out because they cost too much (`untimed_from`) are not timed again on every load."""
+    import specula.planner.cost as cost
+
+    monkeypatch.setenv("SPECULA_CACHE", str(tmp_path))
+    backend = HFCausalLM(tiny_model("qwen2"))
+    calls: list[list[int]] = []
+    cut = {"at": 2}  # the first timing keeps sizes up to 2 only
+
+    def fake_times(target, sizes, context, repeats, seed=0):
+        sizes = sorted({1, *sizes})
+        calls.append(sizes)
+        kept = [n for n in sizes if n <= cut["at"]]
+        return cost.PassTimes({n: [0.01 * (1 + 0.05 * n)] * repeats for n in kept})
+
+    monkeypatch.setattr(cost, "measure_pass_times", fake_times)
+    load_or_measure_curve(backend, sizes=(1, 2, 4, 8), context=8, repeats=1)
+    path = next((tmp_path / "cost").glob("*.json"))
+    entry = json.loads(path.read_text())
+    assert entry["samples"]["untimed_from"] == 4  # 4 and 8: left out as too costly, not timed again ...
+    load_or_measure_curve(backend, sizes=(1, 2, 4, 8), context=8, repeats=1)
+    assert 4 not in calls[-1]
+    del entry["samples"]["untimed_from"]  # ... but an entry that merely lacks them (a bad cut before) is repaired
+    path.write_text(json.dumps(entry))
+    cut["at"] = 8
+    curve = load_or_measure_curve(backend, sizes=(1, 2, 4, 8), context=8, repeats=1)
+    assert {4, 8} <= set(calls[-1]) and 8 in curve.sizes
