@@ -35,6 +35,23 @@ def test_greedy_compare_says_identical(tiny_load, capsys):
     assert "output identical to plain decoding" in err and "speedup vs plain decoding" in err
 
 
+def test_compare_warms_up_both_before_timing_either(tiny_load, capsys, monkeypatch):
+    """The process's first request pays one-time costs: `--compare` runs the method and plain
+    decoding each once, untimed, for 2 tokens before the two timed runs (charged to the method
+    alone, plain decoding read 0.63-1.16x against itself)."""
+    calls = []
+    real_generate, real_stream = specula.api.Specula.generate, specula.api.Specula.stream
+    monkeypatch.setattr(specula.api.Specula, "generate", lambda self, prompt, **kw: (
+        calls.append((self.method, kw["params"].max_new_tokens)), real_generate(self, prompt, **kw))[1])
+    monkeypatch.setattr(specula.api.Specula, "stream", lambda self, prompt, **kw: (
+        calls.append((self.method, "stream")), real_stream(self, prompt, **kw))[1])
+    code, _, err = run(capsys, "--compare")
+    assert code == 0
+    assert calls == [("fusion", 2), ("none", 2), ("fusion", "stream"), ("none", 16)]
+    calls.clear()
+    assert run(capsys)[0] == 0 and calls == [("fusion", "stream")]  # no --compare: no warm-up
+
+
 def test_sampled_compare_does_not_call_another_draw_a_bug(tiny_load, capsys):
     code, _, err = run(capsys, "--compare", "--temperature", "1.0", "--seed", "4", "--method", "prompt-lookup")
     assert code == 0
