@@ -80,6 +80,10 @@ class LlamaCppPeer:
         self.llm = Llama(model_path=str(gguf), n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads,
                          verbose=False, **kwargs)
 
+
+    def fresh(self) -> "LlamaCppPeer":
+        """This peer for a new bench round: the loaded model itself (it learns nothing from its calls)."""
+        return self
     def generate(self, prompt_ids: Sequence[int], params: SamplingParams, constraint=None) -> MethodOutput:
         if constraint is not None:
             raise ConfigError("the llama.cpp peers do not take constraints in the bench; drop --compare llamacpp "

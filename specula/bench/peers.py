@@ -107,6 +107,11 @@ class HFPeer:
             if name == "hf:assisted-heuristic":
                 self._assistant_config.num_assistant_tokens_schedule = "heuristic"
 
+    def fresh(self) -> "HFPeer":
+        """The same peer as new (a bench round's methods are built afresh): an assisted peer's
+        heuristic schedule, learned in its calls, starts over."""
+        return HFPeer(self.name, self.model, self.eos, self.assistant, self.tokenizer)
+
     def generation_config(self, params: SamplingParams):
         """The explicit config: same budget and EOS rule as specula, neutral processors."""
         from transformers import GenerationConfig

@@ -118,8 +118,8 @@ def _round_lines(entries: Sequence[tuple[str, dict[str, Any]]]) -> list[str]:
 
     count = rounded[0][1]["rounds"]["count"]
     lines = ["", f"## Across {count} rounds", "",
-             "Each round ran every prompt again on methods built afresh (nothing a drafter learned in an earlier "
-             "round carried over), after its own warm-up; a round's speedup is its tokens/s over `none`'s in the "
+             "Each round ran every prompt again on methods built afresh (nothing a drafter or an assisted "
+             "peer's schedule learned in an earlier round carried over), after its own warm-up; a round's speedup is its tokens/s over `none`'s in the "
              "same round. Cells are min / median / max over the rounds; the tables above are over all rounds "
              "together.", ""]
     return lines + _table(["method", f"speedup vs {BASELINE}", "tokens/s", "mean accepted"],
@@ -152,7 +152,9 @@ def render_markdown(doc: dict[str, Any]) -> str:
         "",
         "Speedups are ratios of tokens/s (total new tokens / total seconds, prefill included) measured in the "
         f"same run: against specula's plain decoding (`{BASELINE}`) and against `{HF_BASELINE}` "
-        "(Hugging Face `generate`). Methods are interleaved per prompt after one warm-up each.",
+        "(Hugging Face `generate`). Methods are interleaved per prompt"
+        + (" after one warm-up each." if cfg.get("warmup_tokens", 1) else
+           ", without warm-up (`--warmup-tokens 0`): the first method timed runs cold."),
         "",
         "## Overall",
         "",

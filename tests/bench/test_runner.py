@@ -15,7 +15,7 @@ from specula.bench.summary import aggregate, first_difference, summarize
 from specula.errors import ConfigError
 from specula.models.loading import apply_chat_template
 from specula.sampling import SamplingParams
-from tiny import reference_greedy
+from tiny import reference_greedy, tiny_model
 
 SUMMARY_KEYS = {"tokens_per_s", "speedup", "speedup_vs_hf", "mean_accepted_tokens", "identical_fraction",
                 "by_category", "acceptance_by_depth", "time_split", "draft_ms_per_step", "memory_bytes",
@@ -423,3 +423,29 @@ def test_schema_valid_checks_each_output_against_its_prompts_schema():
     assert schema_valid(prompt, out('{"a": "3"}'), Chars()) is False  # valid JSON, wrong type
     assert schema_valid(prompt, out('{"a": 3'), Chars()) is False  # cut short
     assert schema_valid(BenchPrompt("p", "c", ("x",), "c"), out("free text"), Chars()) is None
+
+
+def test_the_report_says_whether_methods_were_warmed_up():
+    """report.md read "after one warm-up each" with --warmup-tokens 0 too."""
+    from specula.bench.report import build_document, render_markdown
+
+    methods = [{"name": "none", "kind": "specula", "lossless": True}]
+    runs = [_record("none", "a", 9, 1.0, [1] * 9)]
+    for warmup, says in ((32, "after one warm-up each"), (0, "without warm-up (`--warmup-tokens 0`)")):
+        head = {"methods": methods, "categories": ["a"], "greedy": True, "machine": {},
+                "config": {"warmup_tokens": warmup}, "cost_curve": None}
+        report = render_markdown(build_document(head, runs, [], prompts_done=1, prompts_total=1, status="complete"))
+        assert says in report
+
+
+def test_an_assisted_peer_starts_each_round_afresh():
+    """A bench round's methods are built afresh; the peers were reused, so the heuristic schedule an
+    assisted peer learned in round one carried into round two."""
+    from specula.bench.peers import HFPeer
+
+    model, draft = tiny_model("qwen2", seed=3), tiny_model("qwen2", seed=4)
+    peer = HFPeer("hf:assisted-heuristic", model, [1], draft)
+    peer._assistant_config.num_assistant_tokens = 59  # what round one's calls left
+    again = peer.fresh()
+    assert again is not peer and again.name == peer.name and again.model is model and again.assistant is draft
+    assert again._assistant_config.num_assistant_tokens != 59
