@@ -12,6 +12,58 @@ from specula.errors import ConfigError
 Prompt = str | Sequence[Mapping[str, str]] | Sequence[int]
 """What `encode_prompt` takes: text, chat messages (`{"role", "content"}`), or token ids."""
 
+CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
+"""The roles a chat message may have (OpenAI's and vLLM's)."""
+
+
+class MessageError(ConfigError):
+    """A chat message that is not one (`chat_message`): `param` names the field (`messages[i].role`),
+    `code` says how (OpenAI's "invalid_type" or "invalid_value"), for the server's 400."""
+
+    def __init__(self, message: str, param: str, code: str) -> None:
+        super().__init__(message)
+        self.param, self.code = param, code
+
+
+def _json(value: Any) -> str:
+    import json
+
+    try:
+        return json.dumps(value)[:80]
+    except (TypeError, ValueError):
+        return repr(value)[:80]
+
+
+def chat_message(message: Any, index: int) -> dict[str, str]:
+    """Message `index` as the chat template reads it: {"role", "content"} with a role of
+    `CHAT_ROLES` and text content (a list of text parts joined by newlines, as vLLM joins them; an
+    assistant's null content as ""); a `MessageError` naming the field otherwise. The one check of
+    messages (the API, the server, the bench)."""
+    where = f"messages[{index}]"
+    if not isinstance(message, Mapping):
+        raise MessageError(f"'{where}' must be an object with 'role' and 'content', got {_json(message)}", where,
+                           "invalid_type")
+    role = message.get("role")
+    if not isinstance(role, str) or not role:
+        raise MessageError(f"'{where}.role' must be a non-empty string, got {_json(role)}", f"{where}.role",
+                           "invalid_type")
+    if role not in CHAT_ROLES:
+        raise MessageError(f"Invalid value for '{where}.role': {role!r}; supported roles are "
+                           f"{', '.join(repr(r) for r in CHAT_ROLES)}", f"{where}.role", "invalid_value")
+    content = message.get("content")
+    if isinstance(content, list):  # content parts: only text parts are understood
+        if not all(isinstance(part, Mapping) and part.get("type") == "text" and isinstance(part.get("text"), str)
+                   for part in content):
+            raise MessageError(f"{where}.content: only text parts ({{'type': 'text', 'text': ...}}) are supported",
+                               f"{where}.content", "invalid_type")
+        content = "\n".join(part["text"] for part in content)
+    elif content is None and role == "assistant":
+        content = ""
+    if not isinstance(content, str):
+        raise MessageError(f"'{where}.content' must be a string, got {_json(content)}", f"{where}.content",
+                           "invalid_type")
+    return {"role": role, "content": content}
+
 
 def apply_chat_template(tokenizer: Any, prompt: str | Sequence[Mapping[str, str]], raw: bool = False) -> list[int]:
     """Token ids for a prompt.
@@ -33,21 +85,30 @@ def apply_chat_template(tokenizer: Any, prompt: str | Sequence[Mapping[str, str]
         if raw:
             raise ConfigError("a raw prompt must be a string, not a list of chat messages")
         if not has_template:
-            raise ConfigError("this tokenizer has no chat template; pass the prompt as a string (raw text)")
-        for message in messages:
-            if not isinstance(message, Mapping) or "role" not in message or "content" not in message:
-                raise ConfigError(f"chat messages must be {{'role': ..., 'content': ...}} mappings, got {message!r}")
-    text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+            raise NoChatTemplate("this tokenizer has no chat template; pass the prompt as a string (raw text)")
+        messages = [chat_message(message, i) for i, message in enumerate(messages)]
+    from jinja2.exceptions import TemplateError
+
+    try:
+        text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    except TemplateError as exc:  # the template's raise_exception: "roles must alternate", "no system role", ...
+        raise ConfigError(f"the model's chat template refused these messages: {exc}") from None
     return list(tokenizer.encode(text, add_special_tokens=False))
+
+
+class NoChatTemplate(ConfigError):
+    """Chat messages for a tokenizer without a chat template."""
 
 
 def encode_prompt(tokenizer: Any, prompt: Prompt, raw: bool = False) -> list[int]:
     """Token ids of any prompt: text (chat template applied unless `raw`), chat messages, or token ids
     (checked against nothing but being integers). The one place prompts become ids."""
     if isinstance(prompt, str):
-        if not prompt.strip():
+        if not prompt:  # whitespace is text ("\n" opens a base model's unconditional generation)
             raise ConfigError("the prompt is empty: give some text")
         return apply_chat_template(tokenizer, prompt, raw=raw)
+    if isinstance(prompt, (bytes, bytearray, memoryview)):  # an iterable of byte values, not token ids
+        raise ConfigError("a prompt is text, token ids or chat messages, not bytes: decode it to a str first")
     if not isinstance(prompt, Iterable) or isinstance(prompt, Mapping):
         raise ConfigError(f"a prompt is text, a list of token ids or a list of chat messages, got "
                           f"{type(prompt).__name__}")

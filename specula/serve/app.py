@@ -322,7 +322,7 @@ def build_app(server: SpeculaServer) -> FastAPI:
         try:
             ids = encode_prompt(server.http_tokenizer, source, raw=raw)
         except SpeculaError as exc:
-            raise APIError(400, str(exc), param="prompt", code="invalid_value") from exc
+            raise protocol.prompt_error(exc, "prompt" if raw else "messages") from exc
         return JSONResponse({"count": len(ids), "max_model_len": server.worker.max_context, "tokens": ids,
                              "token_strs": None})
 

@@ -27,6 +27,7 @@ from specula.constraints import Constraint, ConstraintError
 from specula.logprobs import MAX_LOGPROBS, TokenLogprob
 from specula.stats import GenerationStats
 from specula.token_bytes import TokenBytes
+from specula.prompts import MessageError, NoChatTemplate, chat_message
 
 Endpoint = Literal["completions", "chat"]
 
@@ -35,9 +36,6 @@ MAX_STOP_STRINGS = 4
 
 MAX_CHOICES = 128
 """Most choices one request may ask for (prompts times n): each is a sequence decoded in the batch."""
-
-CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
-"""Message roles OpenAI's chat API accepts (any other is a 400, as there)."""
 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16
 """OpenAI's default `max_tokens` for /v1/completions."""
@@ -134,6 +132,13 @@ _UNSUPPORTED: dict[str, tuple[Any, ...]] = {
     "guided_whitespace_pattern": (None,),
     "return_tokens_as_token_ids": (None, False),
     "prompt_logprobs": (None,),  # completions give the prompt's logprobs through echo + logprobs
+    # vLLM's extras that change the prompt: honoured only at the value that leaves it as this server builds it
+    "add_generation_prompt": (None, True),
+    "continue_final_message": (None, False),
+    "chat_template": (None,),
+    "chat_template_kwargs": (None, {}),
+    "documents": (None, []),
+    "truncate_prompt_tokens": (None,),
 }
 
 _ADD_SPECIAL_TOKENS = {"completions": True, "chat": False}
@@ -167,10 +172,7 @@ def parse_request(endpoint: Endpoint, body: Mapping[str, Any], served_model: str
     `model`, null or "") is for the served one, as vLLM serves it (one model per server); a model
     named otherwise must be the served one."""
     model = _model(body, served_model)
-    for name, neutral in _UNSUPPORTED.items():
-        if name in body and body[name] not in neutral:
-            raise APIError(400, f"'{name}' is not supported by this server; remove it from the request",
-                           param=name, code="unsupported_parameter")
+    _refuse_unsupported(body)
     _default_only(body, "add_special_tokens", _ADD_SPECIAL_TOKENS[endpoint])
     n = _opt_int(body, "n", minimum=1) or 1
     prompts: tuple = ()
@@ -316,10 +318,28 @@ def _model(body: Mapping[str, Any], served_model: str) -> str:
     return model
 
 
+def prompt_error(exc: Exception, param: str) -> APIError:
+    """The 400 for a prompt that could not be encoded (`prompts.encode_prompt`'s error), worded for an
+    HTTP client."""
+    if isinstance(exc, NoChatTemplate):
+        return APIError(400, "this model's tokenizer has no chat template: send the text to /v1/completions "
+                             "instead", param=param, code="invalid_value")
+    return APIError(400, str(exc), param=param, code="invalid_value")
+
+
+def _refuse_unsupported(body: Mapping[str, Any]) -> None:
+    """An APIError for a parameter of `_UNSUPPORTED` set away from its no-op value."""
+    for name, neutral in _UNSUPPORTED.items():
+        if name in body and body[name] not in neutral:
+            raise APIError(400, f"'{name}' is not supported by this server; remove it from the request",
+                           param=name, code="unsupported_parameter")
+
+
 def parse_tokenize(body: Mapping[str, Any], served_model: str) -> tuple[Any, bool]:
     """vLLM's /tokenize: what to encode and whether raw: `prompt` (text or ids, raw, as
     /v1/completions encodes it) or `messages` (through the chat template, as /v1/chat/completions)."""
     _model(body, served_model)
+    _refuse_unsupported(body)
     _default_only(body, "add_special_tokens", _ADD_SPECIAL_TOKENS["chat" if "messages" in body else "completions"])
     _default_only(body, "return_token_strs", False)
     if ("prompt" in body) == ("messages" in body):
@@ -459,23 +479,6 @@ def _one_prompt(prompt: Any, where: str) -> str | tuple[int, ...]:
     raise _type_error("prompt", "a string, a list of token ids, or a list of either", prompt)
 
 
-def _content(message: Mapping[str, Any], index: int) -> str:
-    content = message.get("content")
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):  # content parts: only text parts are understood
-        texts = []
-        for part in content:
-            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
-                raise APIError(400, f"messages[{index}].content: only text parts ({{'type': 'text', 'text': ...}}) "
-                                    "are supported", param=f"messages[{index}].content", code="invalid_type")
-            texts.append(part["text"])
-        return "\n".join(texts)  # as vLLM joins a message's text parts
-    if content is None and message.get("role") == "assistant":
-        return ""
-    raise _type_error(f"messages[{index}].content", "a string", content)
-
-
 def _messages(body: Mapping[str, Any]) -> tuple[dict[str, str], ...]:
     messages = body.get("messages")
     if messages is None:
@@ -485,19 +488,10 @@ def _messages(body: Mapping[str, Any]) -> tuple[dict[str, str], ...]:
     if not messages:
         raise APIError(400, "'messages' is empty: give at least one message", param="messages",
                        code="invalid_value")
-    out = []
-    for i, message in enumerate(messages):
-        if not isinstance(message, dict):
-            raise _type_error(f"messages[{i}]", "an object with 'role' and 'content'", message)
-        role = message.get("role")
-        if not isinstance(role, str) or not role:
-            raise _type_error(f"messages[{i}].role", "a non-empty string", role)
-        if role not in CHAT_ROLES:
-            raise APIError(400, f"Invalid value for 'messages[{i}].role': {role!r}; supported roles are "
-                                f"{', '.join(repr(r) for r in CHAT_ROLES)}", param=f"messages[{i}].role",
-                           code="invalid_value")
-        out.append({"role": role, "content": _content(message, i)})
-    return tuple(out)
+    try:
+        return tuple(chat_message(message, i) for i, message in enumerate(messages))
+    except MessageError as exc:
+        raise APIError(400, str(exc), param=exc.param, code=exc.code) from None
 
 
 def _stop(body: Mapping[str, Any]) -> tuple[str, ...]:

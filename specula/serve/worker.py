@@ -35,7 +35,7 @@ from specula.errors import SpeculaError
 from specula.prompts import encode_prompt
 from specula.sampling import SamplingParams
 from specula.serve.metrics import ServerMetrics
-from specula.serve.protocol import APIError, GenerationRequest, choice_seed
+from specula.serve.protocol import APIError, GenerationRequest, choice_seed, prompt_error
 
 log = logging.getLogger("specula.serve")
 
@@ -362,7 +362,7 @@ class Worker:
         try:
             ids = encode_prompt(self.spec.tokenizer, source, raw=request.messages is None)
         except SpeculaError as exc:
-            raise APIError(400, str(exc), param=param, code="invalid_value") from exc
+            raise prompt_error(exc, param) from exc
         if not ids:
             raise APIError(400, "the prompt is empty after tokenization: give some text", param=param,
                            code="invalid_value")

@@ -93,6 +93,11 @@ def test_guided_decoding_given_wrong_is_a_400_naming_the_parameter(extra, param,
     ("completions", {"prompt_logprobs": 2}, "prompt_logprobs"),
     ("completions", {"add_special_tokens": False}, "add_special_tokens"),
     ("chat", {"add_special_tokens": True}, "add_special_tokens"),
+    ("chat", {"add_generation_prompt": False}, "add_generation_prompt"),  # extras that change the prompt
+    ("chat", {"continue_final_message": True}, "continue_final_message"),
+    ("chat", {"chat_template_kwargs": {"enable_thinking": False}}, "chat_template_kwargs"),
+    ("chat", {"chat_template": "{{ messages }}"}, "chat_template"),
+    ("completions", {"truncate_prompt_tokens": 2}, "truncate_prompt_tokens"),
 ])
 def test_vllm_extras_this_server_would_ignore_are_a_400(endpoint, extra, param):
     body = {"model": "m", **({"prompt": "hi"} if endpoint == "completions" else
@@ -113,3 +118,19 @@ def test_tokenize_refuses_the_options_it_does_not_honour():
             parse_tokenize({"model": "m", "prompt": "hi", **extra}, "m")
         assert err.value.param == param
     assert parse_tokenize({"model": "m", "prompt": "hi", "add_special_tokens": True}, "m") == ("hi", True)
+    with pytest.raises(APIError) as err:
+        parse_tokenize({"model": "m", "messages": [{"role": "user", "content": "hi"}], "add_generation_prompt": False},
+                       "m")
+    assert err.value.param == "add_generation_prompt"
+    assert parse_tokenize({"model": "m", "messages": [{"role": "user", "content": "hi"}],
+                           "add_generation_prompt": True}, "m")[1] is False  # the value it builds is fine
+
+
+def test_a_prompt_the_server_cannot_encode_is_a_400_worded_for_http():
+    """No chat template: the fix named is the completions endpoint, not "pass a string"; a template
+    that refuses the messages (its raise_exception) is a 400, not a 500."""
+    from specula.prompts import NoChatTemplate
+    from specula.serve.protocol import prompt_error
+
+    err = prompt_error(NoChatTemplate("no template"), "messages")
+    assert err.status == 400 and "/v1/completions" in str(err) and err.param == "messages"

@@ -1,0 +1,45 @@
+"""Prompts to token ids (`specula.prompts`): one check of chat messages for the API and the server,
+template refusals as one-line errors, and what counts as an empty prompt."""
+
+from __future__ import annotations
+
+import pytest
+
+from tiny import word_tokenizer
+from specula.errors import ConfigError
+from specula.prompts import MessageError, encode_prompt
+
+TEMPLATE = ("{% for m in messages %}{% if m.role == 'system' %}{{ raise_exception('System role not supported') }}"
+            "{% endif %}{{ m.role }} {{ m.content }} {% endfor %}{% if add_generation_prompt %}assistant{% endif %}")
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return word_tokenizer(["w0", "user", "assistant", "hi", "there", "a", "b"], chat_template=TEMPLATE)
+
+
+def test_messages_are_checked_and_text_parts_joined_as_the_server_does(tok):
+    parts = [{"role": "user", "content": [{"type": "text", "text": "hi"}, {"type": "text", "text": "there"}]}]
+    assert encode_prompt(tok, parts) == encode_prompt(tok, [{"role": "user", "content": "hi\nthere"}])
+    for bad, field in (([{"role": "usr", "content": "hi"}], "messages[0].role"),
+                       ([{"role": "user", "content": 5}], "messages[0].content"),
+                       ([{"role": "user", "content": None}], "messages[0].content"),
+                       ([{"role": "user", "content": [{"type": "image_url", "image_url": "x"}]}], "messages[0].content"),
+                       ([{"role": "user", "content": "hi"}, "there"], "messages[1]")):
+        with pytest.raises(MessageError) as err:
+            encode_prompt(tok, bad)
+        assert err.value.param == field
+    assert encode_prompt(tok, [{"role": "user", "content": "hi"}, {"role": "assistant", "content": None}])
+
+
+def test_a_template_that_refuses_the_messages_is_a_config_error(tok):
+    with pytest.raises(ConfigError, match="chat template refused these messages: System role not supported"):
+        encode_prompt(tok, [{"role": "system", "content": "a"}, {"role": "user", "content": "hi"}])
+
+
+def test_whitespace_is_a_prompt_and_bytes_are_not(tok):
+    assert encode_prompt(tok, "\n", raw=True) == list(tok.encode("\n"))
+    with pytest.raises(ConfigError, match="the prompt is empty"):
+        encode_prompt(tok, "", raw=True)
+    with pytest.raises(ConfigError, match="not bytes: decode it to a str first"):
+        encode_prompt(tok, b"hi there")
