@@ -105,6 +105,11 @@ def _fusion(spec: MethodSpec, target: TargetModel | None, draft: TargetModel | N
         if member_spec.head is not None and (head is None or head.kind != member_spec.head):
             continue
         if member.without_head and head is not None:
+            given_here = [name for name in member.forwards if given.get(name) is not None]
+            if given_here:  # its option would be ignored without a word
+                flag = "--" + given_here[0].replace("_", "-")
+                raise ConfigError(f"{flag} is for {member.method}, which {spec.name} leaves out when a trained head "
+                                  f"drafts; pass --head none to keep {member.method} (or drop {flag})")
             continue
         forwarded = {name: given.get(name) for name in member.forwards}
         drafters.append(make_drafter(member_spec, target=target, draft=draft, tokenizer=tokenizer,

@@ -68,11 +68,16 @@ class RestDrafter(StatelessDrafter):
         unknown = np.flatnonzero(context >= store.vocab_size)  # ids the datastore cannot hold
         if len(unknown):
             context = context[unknown[-1] + 1 :]
-        match = longest_match(store.tokens, store.index, context, cfg.max_suffix, cfg.min_suffix)
-        if match is None:
-            return Proposal.empty()
-        prefixes = continuation_prefixes(store.tokens, store.index, match, depth=depth,
-                                         max_matches=cfg.max_matches, separator=store.separator)
+        longest = cfg.max_suffix
+        while True:
+            match = longest_match(store.tokens, store.index, context, longest, cfg.min_suffix)
+            if match is None:
+                return Proposal.empty()
+            prefixes = continuation_prefixes(store.tokens, store.index, match, depth=depth,
+                                             max_matches=cfg.max_matches, separator=store.separator)
+            if len(prefixes.tokens):
+                break
+            longest = match.length - 1  # every match ends a document: a shorter suffix may go on
         keep = top_prefixes(prefixes, budget)  # ascending = topological
         if len(keep) == 0:
             return Proposal.empty()

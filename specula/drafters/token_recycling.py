@@ -156,7 +156,7 @@ class TokenRecyclingDrafter:
             path = Path(config.state_path)
             if path.exists():
                 self.load(path)
-            _WITH_STATE.add(self)
+            _register(self)
 
     # ------------------------------------------------------------------ drafting
     def start(self) -> None:
@@ -211,10 +211,17 @@ class TokenRecyclingDrafter:
         path = Path(path)
         fix = f"delete {str(path)!r} or pass another --recycling-state file"
         try:
-            with np.load(path, allow_pickle=False) as data:
+            data = np.load(path, allow_pickle=False)
+            if not isinstance(data, np.lib.npyio.NpzFile):  # a .npy array (np.save): not a state
+                raise ValueError("an array file, not a saved state (npz)")
+            with data:
                 meta = json.loads(str(data["meta"]))
                 matrix = np.asarray(data["matrix"])
-        except (OSError, ValueError, KeyError, zipfile.BadZipFile) as exc:
+            if not isinstance(meta, dict):
+                raise ValueError("its metadata is not an object")
+            if matrix.dtype.kind not in "iu":
+                raise ValueError(f"its matrix holds {matrix.dtype} values, not token ids")
+        except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as exc:  # EOFError: an empty file
             raise ConfigError(f"{str(path)!r} is not a readable token-recycling state ({exc}); {fix}") from exc
         if meta.get("format") != STATE_FORMAT or meta.get("version") != STATE_VERSION:
             raise ConfigError(f"{str(path)!r} is not a token-recycling state of version {STATE_VERSION}; {fix}")
@@ -226,21 +233,34 @@ class TokenRecyclingDrafter:
         theirs = meta.get("fingerprint")
         if theirs is not None and self.fingerprint is not None and theirs != self.fingerprint:
             raise ConfigError(f"token-recycling state {str(path)!r} was made with another tokenizer; {fix}")
+        if self.fingerprint is None:  # a drafter without a tokenizer keeps the file's, so its save does not drop it
+            self.fingerprint = theirs
         if matrix.min(initial=0) < -1 or matrix.max(initial=0) >= self.vocab_size:
             raise ConfigError(f"token-recycling state {str(path)!r} holds ids outside the vocabulary; {fix}")
         self.matrix = matrix.astype(np.int32, copy=True)
         self.dirty = False
 
 
-_WITH_STATE: set[TokenRecyclingDrafter] = set()
-"""Drafters with a state file, kept alive until exit so that `save_states` can write them
-(a CLI run drops its drafter before the interpreter exits)."""
+_WITH_STATE: dict[Path, TokenRecyclingDrafter] = {}
+"""The latest drafter of each state file, kept alive until exit so that `save_states` can write it
+(a CLI run drops its drafter before the interpreter exits). One a file: a process that builds
+decoders again and again (a bench's rounds) keeps one matrix a file, not every one it made."""
+
+
+def _register(drafter: TokenRecyclingDrafter) -> None:
+    """Keep `drafter` for `save_states`, in place of an earlier drafter of the same file (saved first
+    if it has changes pending)."""
+    key = Path(drafter.config.state_path).resolve()
+    earlier = _WITH_STATE.get(key)
+    if earlier is not None and earlier is not drafter and earlier.dirty:
+        _save_or_warn(earlier)
+    _WITH_STATE[key] = drafter
 
 
 def save_states() -> list[Path]:
     """Save every drafter state with unsaved changes (registered with atexit); returns the paths.
     A state that cannot be written is reported on stderr, not raised (this runs at exit)."""
-    saved = [_save_or_warn(drafter) for drafter in list(_WITH_STATE) if drafter.dirty]
+    saved = [_save_or_warn(drafter) for drafter in list(_WITH_STATE.values()) if drafter.dirty]
     return [path for path in saved if path is not None]
 
 
@@ -265,8 +285,8 @@ CONFIG = TokenRecyclingConfig
 def create(*, target=None, draft=None, recycling_state: str | None = None, tokenizer=None,
            vocab_size: int | None = None, **options) -> TokenRecyclingDrafter:
     """recycling_state: state file for hot starts (loaded if present, saved after requests);
-    tokenizer: the target's tokenizer for the state's fingerprint (default: the one beside the
-    target's weights); vocab_size: matrix rows (default: the target's logit width);
+    tokenizer: the target's tokenizer for the state's fingerprint (None: the state keeps the
+    fingerprint it was saved with, and none is checked); vocab_size: matrix rows (default: the target's logit width);
     options: TokenRecyclingConfig fields (top_k, rank_prior)."""
     if vocab_size is None:
         if target is None:

@@ -145,3 +145,14 @@ def test_memory_footprint_is_the_mapped_datastore(successor_store):
     n = len(store.tokens)
     assert n > 0 and drafter.memory_bytes == store.tokens.nbytes + store.index.nbytes
     assert drafter.memory_bytes >= 2 * n  # at least 1 byte per token id and per suffix-array entry
+
+
+def test_a_suffix_whose_matches_all_end_a_document_gives_way_to_a_shorter_one(tmp_path, tokenizer):
+    """The longest suffix found may occur only at documents' ends (nothing follows it); a shorter
+    suffix that goes on elsewhere is drafted from instead of nothing."""
+    (tmp_path / "docs.jsonl").write_text('{"text": "%s"}\n{"text": "%s"}\n' % (words([20, 30, 31, 32]),
+                                                                             words(range(31, 46))))
+    store = build_datastore(tokenizer, [tmp_path / "docs.jsonl"], tmp_path / "d.specds", BuildConfig(progress=False))
+    drafter = RestDrafter(open_datastore(str(store.path)), RestConfig())
+    tree = drafter.propose(ctx([3, 30, 31, 32])).tree
+    assert len(tree) > 0 and tree.tokens[0] == 33  # from "31 32" in the second document

@@ -241,9 +241,50 @@ def test_state_for_another_vocabulary_or_tokenizer_is_refused(tmp_path):
     with pytest.raises(ConfigError, match="another tokenizer"):
         TokenRecyclingDrafter(VOCAB, TokenRecyclingConfig(state_path=str(state)), fingerprint="sha256:bbb")
     TokenRecyclingDrafter(VOCAB, TokenRecyclingConfig(state_path=str(state)), fingerprint="sha256:aaa")
+    keeper = TokenRecyclingDrafter(VOCAB, TokenRecyclingConfig(state_path=str(state)))  # no tokenizer given ...
+    keeper.save()
+    with pytest.raises(ConfigError, match="another tokenizer"):  # ... the file keeps its fingerprint
+        TokenRecyclingDrafter(VOCAB, TokenRecyclingConfig(state_path=str(state)), fingerprint="sha256:bbb")
     state.write_bytes(b"not a zip file")
     with pytest.raises(ConfigError, match="not a readable token-recycling state"):
         TokenRecyclingDrafter(VOCAB, TokenRecyclingConfig(state_path=str(state)))
+    state.write_bytes(b"")  # empty (EOFError), an array saved with np.save, a float matrix
+    with pytest.raises(ConfigError, match="not a readable token-recycling state"):
+        TokenRecyclingDrafter(VOCAB, TokenRecyclingConfig(state_path=str(state)))
+    array = tmp_path / "a.npy"
+    np.save(array, np.zeros((VOCAB, 8), dtype=np.int32))
+    with pytest.raises(ConfigError, match="an array file, not a saved state"):
+        TokenRecyclingDrafter(VOCAB, TokenRecyclingConfig(state_path=str(array)))
+
+
+def test_one_drafter_a_state_file_is_kept_for_the_exit_save(tmp_path):
+    """Drafters are kept alive for the exit save: one a file (the latest, the one before saved if it
+    had changes), not every one a process made (each holds its matrix)."""
+    from specula.drafters import token_recycling
+
+    state = tmp_path / "s.npz"
+    first = TokenRecyclingDrafter(VOCAB, TokenRecyclingConfig(state_path=str(state)))
+    first.matrix[3, 0] = 7
+    first.dirty = True
+    second = TokenRecyclingDrafter(VOCAB, TokenRecyclingConfig(state_path=str(state)))
+    assert token_recycling._WITH_STATE[state.resolve()] is second and first not in token_recycling._WITH_STATE.values()
+    assert not first.dirty and TokenRecyclingDrafter(VOCAB).load(state) is None
+    reread = TokenRecyclingDrafter(VOCAB)
+    reread.load(state)
+    assert reread.matrix[3, 0] == 7
+
+
+def test_fusion_with_a_head_refuses_the_recycling_state_it_would_ignore(tmp_path):
+    """fusion leaves token recycling out when a trained head drafts: --recycling-state would be
+    ignored without a word, so it is refused naming the fix."""
+    from specula.drafters import make_drafters
+    from specula.drafters.heads.runtime import new_head
+
+    target = HFCausalLM(tiny_model("llama", seed=3), "target")
+    head = new_head("eagle", target, torch.arange(VOCAB))
+    with pytest.raises(ConfigError, match="--recycling-state is for token-recycling.*--head none"):
+        make_drafters("fusion", target=target, head=head, recycling_state=str(tmp_path / "s.npz"))
+    assert make_drafters("fusion", target=target, head=head)  # without it: fine
 
 
 def test_finishing_a_request_keeps_the_matrix_and_bad_config_is_refused():
