@@ -115,6 +115,8 @@ class Specula:
         finishes. Outputs in prompt order, each what `generate` gives that prompt alone. `params`:
         one for all, or one per prompt; `progress` shows a bar. A lone prompt (a string, token ids, one
         chat's messages) is one prompt, as in vLLM."""
+        if not is_integer(max_batch_size) or max_batch_size < 1:  # before anything runs or is timed
+            raise ConfigError(f"max_batch_size must be an integer >= 1, got {max_batch_size!r}")
         prompts = [prompts] if _lone_prompt(prompts) else list(prompts)
         if isinstance(params, SamplingParams) or params is None:
             each = [_params(params, sampling)] * len(prompts)

@@ -39,6 +39,7 @@ from specula.logprobs import PROMPT_CHUNK, TokenLogprob, step_rows, token_logpro
 from specula.models.base import FeatureRequest, TargetModel, TargetSequence, check_context, forward_trees
 from specula.penalties import PenalizedLogits
 from specula.planner import PassThroughPlanner, Plan, Planner, PlanRequest, StepTiming
+from specula.prompts import is_integer
 from specula.sampling import SamplingParams, make_generator, request_seed
 from specula.stats import GenerationStats
 from specula.step import DraftBudget, DraftContext, Proposal, StepResult
@@ -129,6 +130,8 @@ class Session:
     prompt_logprobs: list[TokenLogprob | None] | None = None
     """The prompt tokens' logprobs (None for the first), set by `start` when the request asked."""
     t_start: float = 0.0
+    owner: Any = None
+    """The decoder that started the session (only it may step it)."""
 
     @property
     def finished(self) -> bool:
@@ -209,6 +212,7 @@ class SpeculativeDecoder:
             prompt=prompt, params=params, seq=seq, generator=make_generator(seed, self.target.device), seed=seed,
             drafter_states=[], planner_state=self.planner.new_state(),
             text=TextStream(self.tokenizer, params.stop, prompt), tokens=list(prompt), t_start=t_start, grammar=grammar,
+            owner=self,
         )
         session.stats.method = self.method
         session.stats.prompt_tokens = len(prompt)
@@ -257,7 +261,7 @@ class SpeculativeDecoder:
         session.drafter_states = []
         session.seq.release()
         if session.finish_reason is None:
-            session.finish_reason = "cancelled"
+            session.finish_reason = session.stats.finish_reason = "cancelled"
         if session.stats.planner is None:
             session.stats.planner = self.planner.summary(session.planner_state)
 
@@ -267,21 +271,31 @@ class SpeculativeDecoder:
         each): the tokens and text each added (a finished session gets an empty chunk). Sessions
         may join and leave between steps; each gets exactly what it would alone (its own drafts,
         rule, generator and cache)."""
+        self._check_step(sessions)
         running = [s for s in sessions if not s.finished]
         failed: dict[int, Exception] = {}
-        planned = self._plan(running, failed)
-        running = [s for s in running if id(s) not in failed]
-        t1 = time.perf_counter()
-        outs = forward_trees(self.target, [(s.seq, s.tokens[-1], plan.proposal.tree) for s, (plan, _) in
-                                           zip(running, planned)], hidden=self.hidden)
-        pass_seconds = time.perf_counter() - t1
         chunks: dict[int, StreamChunk] = {}
-        for s, (plan, draft_seconds), out in zip(running, planned, outs):
-            rows, hidden = out if self.hidden else (out, None)
-            try:
-                chunks[id(s)] = self._conclude(s, plan, rows, draft_seconds, pass_seconds, hidden=hidden)
-            except Exception as exc:  # this session's rule or bookkeeping: it alone fails
-                failed[id(s)] = exc
+        try:
+            planned = self._plan(running, failed)
+            running = [s for s in running if id(s) not in failed]
+            t1 = time.perf_counter()
+            outs = forward_trees(self.target, [(s.seq, s.tokens[-1], plan.proposal.tree) for s, (plan, _) in
+                                               zip(running, planned)], hidden=self.hidden)
+            pass_seconds = time.perf_counter() - t1
+            for s, (plan, draft_seconds), out in zip(running, planned, outs):
+                rows, hidden = out if self.hidden else (out, None)
+                try:
+                    chunks[id(s)] = self._conclude(s, plan, rows, draft_seconds, pass_seconds, hidden=hidden)
+                except Exception as exc:  # this session's rule or bookkeeping: it alone fails
+                    failed[id(s)] = exc
+        except BaseException:  # an interrupt (Ctrl-C) or a failed pass: a session stepped half-way (its cache
+            # committed, its tokens not; a tree left pending) would give wrong output if stepped on: each
+            # running session ends in "error" and is freed
+            for s in sessions:
+                if not s.finished:
+                    s.finish_reason = s.stats.finish_reason = "error"
+                    self.finish(s)
+            raise
         self.planner.observe_pass([plan for plan, _ in planned], pass_seconds,
                                   [len(chunks[id(s)].token_ids) if id(s) in chunks else 0 for s in running],
                                   sum(seconds for _, seconds in planned))
@@ -290,6 +304,17 @@ class SpeculativeDecoder:
                 s.finish_reason = s.stats.finish_reason = "error"
                 chunks[id(s)] = StreamChunk([], "", True, s.stats, error=failed[id(s)])
         return [chunks[id(s)] if id(s) in chunks else StreamChunk([], "", True, s.stats) for s in sessions]
+
+    def _check_step(self, sessions: Sequence[Session]) -> None:
+        """A ConfigError for a session listed twice or started by another decoder (before anything runs)."""
+        seen: set[int] = set()
+        for s in sessions:
+            if id(s) in seen:
+                raise ConfigError("a session was passed twice to one step(): list each once")
+            seen.add(id(s))
+            if s.owner is not None and s.owner is not self:
+                raise ConfigError("a session started by another decoder was passed to step(): step it with the "
+                                  "Specula (or decoder) that started it")
 
     # ------------------------------------------------------------------ one request
     def generate(self, prompt_ids: Sequence[int], params: SamplingParams = SamplingParams(),
@@ -307,8 +332,8 @@ class SpeculativeDecoder:
         `step`, up to `max_batch_size` sessions at once, each joining as another finishes; yields
         (key, output) as each finishes (not in job order). Each output is what `generate` gives the
         job alone. An error in one job frees every session and raises."""
-        if max_batch_size < 1:
-            raise ConfigError(f"max_batch_size must be >= 1, got {max_batch_size}")
+        if not is_integer(max_batch_size) or max_batch_size < 1:
+            raise ConfigError(f"max_batch_size must be an integer >= 1, got {max_batch_size!r}")
         pending = iter(jobs)
         running: list[tuple[Any, Session, _Collected]] = []
         try:
@@ -318,13 +343,18 @@ class SpeculativeDecoder:
                     if job is None:
                         break
                     key, ids, params = job
-                    session = self.start(ids, params, constraint)
+                    try:
+                        session = self.start(ids, params, constraint)
+                    except Exception as exc:
+                        exc.add_note(f"(while starting job {key!r})")
+                        raise
                     running.append((key, session, _Collected(params)))
                 if not running:
                     return
                 still = []
                 for (key, session, collected), chunk in zip(running, self.step([s for _, s, _ in running])):
                     if chunk.error is not None:
+                        chunk.error.add_note(f"(while generating job {key!r})")
                         raise chunk.error
                     collected.add(chunk)
                     if chunk.finished:

@@ -383,3 +383,63 @@ def test_a_node_two_drafters_proposed_counts_for_both_in_the_stats():
         assert stats.source_drafted["A"] == stats.source_drafted["B"] == stats.drafted_tokens > 0
         assert stats.source_accepted["A"] == stats.source_accepted["B"] == stats.accepted_tokens > 0
     assert by_order[0] == by_order[1]
+
+
+class InterruptingDrafter(OracleDrafter):
+    """An oracle drafter whose `observe` raises KeyboardInterrupt once, on its `at`-th call (after the
+    step's cache commit, before the session's tokens are recorded: a Ctrl-C mid-step)."""
+
+    def __init__(self, model, at: int) -> None:
+        super().__init__(model, "oracle")
+        self.calls, self.at = 0, at
+
+    def observe(self, step, state):
+        self.calls += 1
+        if self.calls == self.at:
+            raise KeyboardInterrupt
+
+
+def test_an_interrupted_step_ends_its_sessions_instead_of_leaving_them_half_stepped():
+    """A KeyboardInterrupt inside step(): its sessions were left with the cache committed and the
+    tokens not (or a tree pending), and stepping on gave output other than plain greedy's (or failed
+    on every later step). Each running session now ends in "error", freed; later steps give empty
+    finished chunks."""
+    model = tiny_model("qwen2", seed=3)
+    dec = SpeculativeDecoder(HFCausalLM(model, "target"), [InterruptingDrafter(model, at=3)], eos_token_ids=[])
+    a, b = dec.start(PROMPTS[0], greedy(20)), dec.start(PROMPTS[1], greedy(20))
+    with pytest.raises(KeyboardInterrupt):
+        for _ in range(5):
+            dec.step([a, b])
+    assert a.finish_reason == b.finish_reason == a.stats.finish_reason == "error"
+    assert all(chunk.finished and not chunk.token_ids for chunk in dec.step([a, b]))
+    assert dec.generate(PROMPTS[0], greedy(20)).token_ids == reference_greedy(model, PROMPTS[0], 20)  # the decoder goes on
+
+
+def test_a_session_listed_twice_or_of_another_decoder_is_refused_before_anything_runs():
+    model = tiny_model("qwen2", seed=3)
+    target = HFCausalLM(model, "target")
+    dec, other = (SpeculativeDecoder(target, [OracleDrafter(model, "o")], eos_token_ids=[]) for _ in range(2))
+    a, b = dec.start(PROMPTS[0], greedy(12)), dec.start(PROMPTS[1], greedy(12))
+    with pytest.raises(ConfigError, match="passed twice to one step"):
+        dec.step([a, b, a])
+    with pytest.raises(ConfigError, match="started by another decoder"):
+        other.step([a])
+    while not b.finished:  # nothing ran: both still step to their solo output
+        dec.step([a, b])
+    assert b.generated == reference_greedy(model, PROMPTS[1], 12) and a.generated == reference_greedy(model, PROMPTS[0], 12)
+    c = dec.start(PROMPTS[0], greedy(12))
+    dec.finish(c)
+    assert c.finish_reason == c.stats.finish_reason == "cancelled"
+
+
+def test_a_failing_job_of_a_batch_is_named_and_a_bad_batch_size_refused():
+    model = tiny_model("qwen2", seed=3)
+    target = HFCausalLM(model, "target")
+    dec = SpeculativeDecoder(target, [FailingDrafter(poison=PROMPTS[1][0])], eos_token_ids=[])
+    jobs = [(i, p, greedy(8)) for i, p in enumerate(PROMPTS[:2])]
+    with pytest.raises(RuntimeError, match="drafter broke") as err:
+        list(dec.generate_many(jobs, 2))
+    assert "(while generating job 1)" in getattr(err.value, "__notes__", [])
+    for bad in ("4", 2.5, True, 0):
+        with pytest.raises(ConfigError, match="max_batch_size must be an integer >= 1"):
+            list(dec.generate_many(jobs, bad))
