@@ -61,6 +61,7 @@ class HFCausalLM:
         self.name = name
         self._model_id = model_id  # the cost key's model id; default the config's _name_or_path
         self.config = model.config
+        check_tree_attention(model.config, name)
         self.vocab_size: int = model.get_output_embeddings().weight.shape[0]
         self.max_context = context_window(model.config)
         self.eos_token_ids = frozenset(int(e) for e in eos_token_ids) if eos_token_ids is not None \
@@ -179,6 +180,38 @@ class HFCausalLM:
         return head_rows(head, ids, self.dtype, self.device)  # a draft vocabulary's head refuses (`weight_rows`)
 
 
+ALIBI_CONFIGS = ("MptConfig", "BloomConfig")
+"""Configs whose models take ALiBi biases from the sequence's length (Falcon's when `alibi` is set)."""
+
+
+def check_tree_attention(config, name: str) -> None:
+    """Refuse (ConfigError) a model whose attention a tree pass cannot reproduce row for row: ALiBi
+    built from the sequence's length (MPT, Bloom, Falcon with alibi: wrong logits, or a crash), rotary
+    factors chosen from a pass's largest position (Phi-3's longrope; dynamic NTK past its original
+    window: a tree crossing the threshold rotates every row with the long factors, and greedy output
+    differs from plain decoding's), and GPT-Neo's local attention, which counts its window in rows
+    of the pass, not positions (a node after its branch loses keys)."""
+    kind = type(config).__name__
+    if kind in ALIBI_CONFIGS or getattr(config, "alibi", False) is True:
+        raise ConfigError(f"{name}: ALiBi attention ({kind}) is not supported for tree decoding (its biases follow "
+                          "the sequence's length, not each node's depth); use a model with rotary or learned positions")
+    max_context = context_window(config)
+    rope = getattr(config, "rope_scaling", None) or getattr(config, "rope_parameters", None) or {}
+    rope_type = rope.get("rope_type", rope.get("type")) if isinstance(rope, dict) else None
+    original = (rope.get("original_max_position_embeddings") if isinstance(rope, dict) else None) or \
+        getattr(config, "original_max_position_embeddings", None)
+    if rope_type == "longrope" or (rope_type == "dynamic" and original is not None and original < max_context):
+        raise ConfigError(f"{name}: {rope_type} rotary scaling picks its factors from a pass's longest position, "
+                          "so a tree rotates rows unlike plain decoding; use a model without it, or set its "
+                          "max_position_embeddings to its original window")
+    local = [t for t in (getattr(config, "attention_layers", None) or []) if t == "local"]
+    window = getattr(config, "window_size", None)
+    if local and isinstance(window, int) and window < max_context:
+        raise ConfigError(f"{name}: local attention over a window of {window} tokens, shorter than the context of "
+                          f"{max_context}, is counted in rows of a pass, not positions: not supported for tree "
+                          "decoding; use a model with full attention")
+
+
 def tree_cache_config(config, max_context: int, name: str):
     """The config a tree's KV cache is built from: `config` where every cache layer it makes holds
     keys and values alone (`DynamicLayer`), which a commit can crop and gather; None (a cache of
@@ -223,6 +256,9 @@ class HFSequence(TreeSequence):
         with causal_prefill():  # every method prefills alike: no batch invariance needed (models/attention.py)
             out = self.backend.run(self.cache, ids, positions, None, logits_to_keep=0 if logits == "all" else 1,
                                    hidden=hidden)
+        if self.cache.get_seq_length() != start + len(ids):  # a model that keeps no KV cache (OpenAI GPT)
+            raise ConfigError(f"{self.backend.name} does not fill a KV cache, which tree decoding needs: use a "
+                              "model that caches keys and values")
         out, states = out if hidden else (out, None)
         out = None if logits == "none" else out[-1] if logits == "last" else out
         return (out, states) if hidden else out

@@ -134,3 +134,41 @@ def test_cache_layers_a_commit_cannot_roll_back_are_refused_when_the_backend_is_
                                   layer_types=["hybrid", "hybrid"], bos_token_id=0, eos_token_id=1, pad_token_id=None)
     with pytest.raises(ConfigError, match="LinearAttentionAndFullAttentionLayer .* not keys and values alone"):
         HFCausalLM(transformers.ZayaForCausalLM(cfg).eval(), "hybrid")
+
+
+def _tiny(config_cls: str, model_cls: str, **fields):
+    import transformers
+
+    config = getattr(transformers, config_cls)(vocab_size=96, bos_token_id=0, eos_token_id=1, **fields)
+    config._attn_implementation = "eager"
+    return getattr(transformers, model_cls)(config).eval()
+
+
+@pytest.mark.parametrize("build, words", [
+    (lambda: _tiny("MptConfig", "MptForCausalLM", d_model=32, n_layers=2, n_heads=4, max_seq_len=64), "ALiBi"),
+    (lambda: _tiny("BloomConfig", "BloomForCausalLM", hidden_size=32, n_layer=2, n_head=4), "ALiBi"),
+    (lambda: _tiny("FalconConfig", "FalconForCausalLM", hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                   alibi=True, max_position_embeddings=64), "ALiBi"),
+    (lambda: _tiny("Phi3Config", "Phi3ForCausalLM", hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                   original_max_position_embeddings=16, pad_token_id=None,
+                   rope_parameters={"rope_type": "longrope", "rope_theta": 10000.0,
+                                    "original_max_position_embeddings": 16, "short_factor": [1.0] * 4,
+                                    "long_factor": [4.0, 8.0, 16.0, 32.0]}), "longrope rotary scaling"),
+    (lambda: _tiny("GPTNeoConfig", "GPTNeoForCausalLM", hidden_size=32, num_layers=2, num_heads=4,
+                   attention_types=[[["global", "local"], 1]], window_size=8, max_position_embeddings=64),
+     "local attention over a window of 8 tokens"),
+])
+def test_attention_a_tree_pass_cannot_reproduce_is_refused_at_build(build, words):
+    """ALiBi from the sequence's length (wrong tree logits, or a crash), longrope factors picked from
+    a pass's largest position (greedy output differed from plain decoding's) and GPT-Neo's local
+    window counted in rows: refused when the backend is built, in one line."""
+    with pytest.raises(ConfigError, match=words):
+        HFCausalLM(build(), "tiny")
+
+
+def test_a_model_that_fills_no_kv_cache_is_refused_at_its_first_prefill():
+    model = _tiny("OpenAIGPTConfig", "OpenAIGPTLMHeadModel", n_embd=32, n_layer=2, n_head=4, n_positions=64)
+    seq = HFCausalLM(model, "gpt").new_sequence()
+    with pytest.raises(ConfigError, match="does not fill a KV cache"):
+        seq.prefill([5, 6, 7])
