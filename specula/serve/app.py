@@ -72,7 +72,8 @@ class ServerConfig:
     port: int = 8000
     """TCP port (0 = any free port; see `SpeculaServer.port`)."""
     api_key: str | None = None
-    """When set, /v1/* requests need `Authorization: Bearer <api_key>` (/health and /metrics do not)."""
+    """When set, /v1/*, /tokenize and /detokenize requests need `Authorization: Bearer <api_key>` (/health and
+    /metrics do not)."""
     max_body_bytes: int = 1 << 20
     """Largest request body accepted (413 above)."""
     chat_max_tokens: int = 512

@@ -74,6 +74,8 @@ class GenerationRequest:
     """Chat: `{"role", "content"}` messages, rendered with the tokenizer's chat template."""
     max_tokens: int | None = None
     """Most tokens to generate; None = the endpoint's default (see `Worker`)."""
+    max_tokens_param: str = "max_tokens"
+    """The field that gave `max_tokens` (chat: max_completion_tokens where given), for errors."""
     temperature: float = 1.0
     """OpenAI's default is 1.0 (sampling); 0 = greedy."""
     top_p: float = 1.0
@@ -139,6 +141,10 @@ _UNSUPPORTED: dict[str, tuple[Any, ...]] = {
     "chat_template_kwargs": (None, {}),
     "documents": (None, []),
     "truncate_prompt_tokens": (None,),
+    "allowed_token_ids": (None, []),  # vLLM's extras that change the output: not honoured here
+    "bad_words": (None, []),
+    "use_beam_search": (None, False),
+    "tool_choice": (None, "none", "auto"),
 }
 
 _ADD_SPECIAL_TOKENS = {"completions": True, "chat": False}
@@ -159,7 +165,7 @@ def parse_json_body(raw: bytes) -> dict[str, Any]:
     """The request body as a JSON object, or a 400 naming what is wrong."""
     try:
         body = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:  # ValueError: not JSON, or a 4300+ digit int
         raise APIError(400, f"We could not parse the JSON body of your request ({exc}); send a JSON object "
                             "with Content-Type: application/json", code="invalid_json") from exc
     if not isinstance(body, dict):
@@ -178,6 +184,7 @@ def parse_request(endpoint: Endpoint, body: Mapping[str, Any], served_model: str
     prompts: tuple = ()
     messages = None
     echo = False
+    max_tokens_param = "max_tokens"
     if endpoint == "completions":
         prompts = _prompts(body)
         max_tokens = _opt_int(body, "max_tokens", minimum=1)
@@ -191,6 +198,8 @@ def parse_request(endpoint: Endpoint, body: Mapping[str, Any], served_model: str
         max_tokens = _opt_int(body, "max_completion_tokens", minimum=1)
         if max_tokens is None:
             max_tokens = _opt_int(body, "max_tokens", minimum=1)
+        else:
+            max_tokens_param = "max_completion_tokens"
     temperature = _opt_number(body, "temperature", 1.0)
     if not 0.0 <= temperature <= 2.0:
         raise APIError(400, f"temperature must be between 0 and 2, got {temperature}; use 0 for greedy decoding",
@@ -220,7 +229,8 @@ def parse_request(endpoint: Endpoint, body: Mapping[str, Any], served_model: str
                             f"this server takes at most {MAX_CHOICES} a request: send several requests",
                        param="n", code="invalid_value")
     return GenerationRequest(
-        endpoint=endpoint, model=model, prompts=prompts, messages=messages, max_tokens=max_tokens, n=n,
+        endpoint=endpoint, model=model, prompts=prompts, messages=messages, max_tokens=max_tokens,
+        max_tokens_param=max_tokens_param, n=n,
         temperature=temperature, top_p=top_p, top_k=top_k or 0, min_p=min_p, seed=seed,
         stop_token_ids=_stop_token_ids(body), ignore_eos=_opt_bool(body, "ignore_eos"),
         stop=_stop(body), stream=stream, include_usage=_include_usage(body, stream),
@@ -530,6 +540,10 @@ def _include_usage(body: Mapping[str, Any], stream: bool) -> bool:
     include = options.get("include_usage", False)
     if not isinstance(include, bool):
         raise _type_error("stream_options.include_usage", "a boolean", include)
+    other = sorted(k for k, v in options.items() if k != "include_usage" and v not in (None, False))
+    if other:  # e.g. vLLM's continuous_usage_stats (usage on every chunk): not honoured here
+        raise APIError(400, f"'stream_options.{other[0]}' is not supported by this server; remove it",
+                       param=f"stream_options.{other[0]}", code="unsupported_parameter")
     return include
 
 

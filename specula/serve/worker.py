@@ -386,6 +386,7 @@ class Worker:
         if request.max_tokens > room:
             raise APIError(400, f"This model's maximum context length is {self.max_context} tokens. However, you "
                                 f"requested {prompt_tokens + request.max_tokens} tokens ({prompt_tokens} in the "
-                                f"prompt, {request.max_tokens} in the completion); reduce max_tokens to at most "
-                                f"{room} or shorten the prompt", param="max_tokens", code="context_length_exceeded")
+                                f"prompt, {request.max_tokens} in the completion); reduce "
+                                f"{request.max_tokens_param} to at most {room} or shorten the prompt",
+                           param=request.max_tokens_param, code="context_length_exceeded")
         return request.max_tokens

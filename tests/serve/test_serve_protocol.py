@@ -98,6 +98,10 @@ def test_guided_decoding_given_wrong_is_a_400_naming_the_parameter(extra, param,
     ("chat", {"chat_template_kwargs": {"enable_thinking": False}}, "chat_template_kwargs"),
     ("chat", {"chat_template": "{{ messages }}"}, "chat_template"),
     ("completions", {"truncate_prompt_tokens": 2}, "truncate_prompt_tokens"),
+    ("completions", {"allowed_token_ids": [5]}, "allowed_token_ids"),  # extras that change the output
+    ("completions", {"bad_words": ["w5"]}, "bad_words"),
+    ("completions", {"use_beam_search": True}, "use_beam_search"),
+    ("chat", {"tool_choice": "required"}, "tool_choice"),
 ])
 def test_vllm_extras_this_server_would_ignore_are_a_400(endpoint, extra, param):
     body = {"model": "m", **({"prompt": "hi"} if endpoint == "completions" else
@@ -134,3 +138,29 @@ def test_a_prompt_the_server_cannot_encode_is_a_400_worded_for_http():
 
     err = prompt_error(NoChatTemplate("no template"), "messages")
     assert err.status == 400 and "/v1/completions" in str(err) and err.param == "messages"
+
+
+@pytest.mark.parametrize("raw", [b"[" * 50_000, b'{"prompt": "hi", "seed": ' + b"1" * 5000 + b"}"])
+def test_a_body_json_cannot_hold_is_a_400_not_a_500(raw):
+    """Deep nesting (RecursionError) and a 4300+ digit integer (ValueError) are the client's JSON."""
+    from specula.serve.protocol import parse_json_body
+
+    with pytest.raises(APIError) as err:
+        parse_json_body(raw)
+    assert err.value.status == 400 and err.value.code == "invalid_json"
+
+
+def test_stream_options_it_does_not_honour_are_a_400():
+    body = {"model": "m", "prompt": "hi", "stream": True}
+    with pytest.raises(APIError) as err:  # vLLM's usage on every chunk: only the final usage chunk here
+        parse_request("completions", {**body, "stream_options": {"include_usage": True,
+                                                                 "continuous_usage_stats": True}}, "m")
+    assert err.value.param == "stream_options.continuous_usage_stats"
+    assert parse_request("completions", {**body, "stream_options": {"include_usage": True,
+                                                                    "continuous_usage_stats": False}}, "m").include_usage
+
+
+def test_the_request_remembers_which_field_gave_max_tokens():
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+    assert parse_request("chat", {**body, "max_completion_tokens": 5}, "m").max_tokens_param == "max_completion_tokens"
+    assert parse_request("chat", {**body, "max_tokens": 5}, "m").max_tokens_param == "max_tokens"
