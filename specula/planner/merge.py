@@ -12,7 +12,10 @@ retrieval tree with the draft's probabilities (the paper's exact criterion could
 so this is our version of it).
 
 A proposal whose children were *sampled* from q (sibling mode iid / without replacement) is
-verified exactly as drawn: it cannot be merged with anything (ValueError), only passed on.
+verified exactly as drawn: it cannot be merged with anything, so where one comes beside others the
+first sampled proposal is verified alone and the others wait for the next step. Which one goes is
+decided by who proposed, never by what was drawn, so the law holds (a decoder mixing a sampled
+drafter with deterministic ones raised here on the first step both proposed).
 """
 
 from __future__ import annotations
@@ -55,10 +58,7 @@ def merge_proposals(proposals: Sequence[Proposal], rasd_min_prob: float = 0.0) -
         return Proposal.empty()
     sampled = [p for p in live if p.sampled]
     if sampled:
-        if len(live) > 1:
-            raise ValueError("a proposal with sampled siblings cannot be merged with other proposals; "
-                             "run that drafter alone, or make it draft deterministic candidates")
-        return sampled[0]
+        return sampled[0]  # verified as drawn, alone (see the module docstring)
     if len(live) == 1:
         return Proposal(live[0].tree)
     models = [p for p in live if p.q is not None]

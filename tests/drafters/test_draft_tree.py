@@ -336,3 +336,28 @@ def test_output_near_the_context_window_is_plain_decodings(method):
         out = dec.generate(prompt, SamplingParams(max_new_tokens=100, ignore_eos=True))
         assert out.token_ids == reference_greedy(model, prompt, target.max_context - n), (method, n)
         assert out.stats.finish_reason == "length"
+
+
+def test_a_sampled_tree_beside_deterministic_drafters_is_verified_alone_and_keeps_the_law():
+    """A decoder of prompt lookup and a sampled draft tree: on a step where both propose, the
+    sampled tree is verified alone (as drawn); the merge raised there, on whichever step that was.
+    Greedy output stays plain greedy's and the sampled law the target's."""
+    from laws import exact_first_two, sample_first_two, tv, tv_bound
+    from specula.drafters import make_drafter
+    from specula.engine import SpeculativeDecoder
+    from specula.planner import PassThroughPlanner
+
+    vocab, temp, trials, prompt = 8, 1.5, 1500, [3, 5, 1, 3, 5, 1, 3]
+    model = tiny_model("llama", seed=8, vocab=vocab)
+    target = HFCausalLM(model, "target")
+    draft = HFCausalLM(perturbed_copy(model, 0.2), "draft")
+    drafters = [make_drafter("prompt-lookup", target=target),
+                make_drafter("draft-tree", target=target, draft=draft, tree_sampling="iid", tree_top_k=3, tree_depth=2,
+                             adaptive=False)]
+    dec = SpeculativeDecoder(target, drafters, planner=PassThroughPlanner(), eos_token_ids=[])
+    greedy = SamplingParams(max_new_tokens=20, ignore_eos=True)
+    assert dec.generate(prompt, greedy).token_ids == reference_greedy(model, prompt, 20)
+    exact = exact_first_two(model, prompt, temp)
+    codes, accepted = sample_first_two(dec, prompt, temp, vocab, trials)
+    assert accepted > trials // 10, accepted
+    assert tv(codes, exact) < tv_bound(exact, trials, c=2.0)
