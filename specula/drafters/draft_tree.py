@@ -286,7 +286,7 @@ class DraftTreeDrafter:
             return Proposal.empty()
         mode = "deterministic" if ctx.params.greedy else cfg.tree_sampling
         if mode == "beam":
-            return self._beam(state, root_logits, ctx, budget, depth)
+            return self._beam(state, root_logits, ctx, budget, depth, t0 if adaptive else None)
         return self._expand(state, root_logits, ctx, budget, depth, mode, room, t0 if adaptive else None)
 
     def _level_pays(self, ctx: DraftContext, best: int, parents: list[int], edges: list[float], levels_left: int,
@@ -416,8 +416,10 @@ class DraftTreeDrafter:
         return sorted(chosen)
 
     def _beam(self, state: _TreeState, root_logits: torch.Tensor, ctx: DraftContext, budget: int,
-              depth: int) -> Proposal:
-        """Stochastic beam search of width top_k; children of a beam node in Gumbel order."""
+              depth: int, t0: float | None = None) -> Proposal:
+        """Stochastic beam search of width top_k; children of a beam node in Gumbel order. A level more
+        is drafted while the cost view says it pays along the likeliest beam (`t0`: when drafting
+        began; None: no cost view), as `_expand` asks; each level's pass is timed for it."""
         width, gen = self.config.tree_top_k, ctx.generator
         tokens: list[int] = []
         parents: list[int] = []
@@ -451,7 +453,12 @@ class DraftTreeDrafter:
                 new_beams.append((len(tokens) - 1, g, log_path))
             if level == depth or len(tokens) >= budget:
                 break
+            best = max(new_beams, key=lambda beam: beam[2])[0]  # the likeliest path so far
+            if not self._level_pays(ctx, best, parents, edges, depth - level, t0):
+                break
+            t_level = time.perf_counter()
             logits = state.feed([n for n, _, _ in new_beams], tokens, parents)
+            self._level_seconds.update(time.perf_counter() - t_level)
             beams = [(n, logits[j], g, lp) for j, (n, g, lp) in enumerate(new_beams)]
         tree = TokenTree.build(tokens, parents, edges, self.name)
         return Proposal(tree, self._stack(q_rows, len(tree), state), "without_replacement")

@@ -361,3 +361,24 @@ def test_a_sampled_tree_beside_deterministic_drafters_is_verified_alone_and_keep
     codes, accepted = sample_first_two(dec, prompt, temp, vocab, trials)
     assert accepted > trials // 10, accepted
     assert tv(codes, exact) < tv_bound(exact, trials, c=2.0)
+
+
+def test_beam_search_asks_the_cost_view_like_the_other_sampled_trees():
+    """Where any pass of more than one token costs 50 plain steps, beam search drafts about as little
+    as iid sampling does (it timed no level and never asked whether a level pays, so it drafted its
+    whole tree on every step)."""
+    from specula.api import build_decoder
+    from specula.planner import CostCurve, HardwarePlanner
+
+    model = tiny_model("llama", seed=8, vocab=8)
+    target, draft = HFCausalLM(model, "target"), HFCausalLM(perturbed_copy(model, 0.3), "draft")
+    dear = CostCurve((1, 2, 4, 8, 16, 32, 64), (1e-3, 5e-2, 5e-2, 5e-2, 5e-2, 5e-2, 5e-2), 64)
+    proposed = {}
+    for mode in ("iid", "beam"):
+        dec = build_decoder("draft-tree", target, None, draft, planner=HardwarePlanner(curve=dear), tree_sampling=mode,
+                            tree_top_k=3, tree_depth=3, tree_nodes=12)
+        stats = [dec.generate([3, 5, 1, 3, 5], SamplingParams(temperature=1.0, max_new_tokens=40, seed=s,
+                                                              ignore_eos=True)).stats for s in range(6)]
+        proposed[mode] = sum(s.proposed_tokens for s in stats) / sum(s.steps for s in stats)
+        assert dec.drafters[0]._level_seconds.value is not None  # its levels are timed
+    assert proposed["beam"] < 0.2 and proposed["beam"] < 3 * proposed["iid"] + 0.05, proposed
