@@ -42,9 +42,11 @@ if [ -n "${ANSWERS:-}" ]; then
 fi
 # minutes left for specula train's budget, and seconds until the training is stopped for the packing
 read -r LEFT HARD < <(python3 -c "left = ${MINUTES:-8.5} * 60 - ($(date +%s) - $T0); print(left / 60, max(1, int(left - 30)))")
+rm -f /tmp/head-job/*.safetensors /tmp/head-job/report.json  # a failed call ships nothing of an earlier one (checkpoint.pt stays: resuming)
 timeout --signal=INT "$HARD" python3 -m specula train --target "$TARGET" --backend hf --device "${DEVICE:-cuda}" \
     --time-budget "$LEFT" --data $FILES ${EXTRA:-} --out /tmp/head-job
-echo "[job] train rc $? at +$(( $(date +%s) - T0 )) s"
+RC=$?
+echo "[job] train rc $RC at +$(( $(date +%s) - T0 )) s"
 cp /tmp/head-job/report.json "$OUT/" 2>/dev/null
 for f in /tmp/head-job/*.safetensors; do
     [ -f "$f" ] || continue
@@ -53,4 +55,5 @@ for f in /tmp/head-job/*.safetensors; do
 done
 (cd "$C" && ls corpus-* | tar -cf - -T -) | xz -T0 -6 > /tmp/corpus.tar.xz
 split -b 15M -d /tmp/corpus.tar.xz "$OUT/corpus.part"
-ls -la "$OUT"; echo "[job] end at +$(( $(date +%s) - T0 )) s"
+ls -la "$OUT"; echo "[job] end at +$(( $(date +%s) - T0 )) s (train rc $RC)"
+exit "$RC"  # the run tool's rc says whether the head in $OUT is this call's
