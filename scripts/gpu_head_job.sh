@@ -12,7 +12,7 @@
 # with the same FILES starts at training. ANSWERS=DIR (carried corpus.partNN files of an earlier
 # session's $OUT) puts those answers in the cache first; EXTRA="--stop-after answers" makes only
 # the answers (a target too big to answer, featurise and train in one session's device time).
-# The training is stopped 30 s before MINUTES run out, so the packing always happens.
+# Training aims to end 45 s before MINUTES run out and is stopped 30 s before, so the packing always happens.
 set -u
 : "${TARGET:?alias of an embedded target}" "${FILES:?prompt files}" "${OUT:?output folder}"
 T0=$(date +%s)
@@ -40,8 +40,9 @@ C=$CACHE/training
 if [ -n "${ANSWERS:-}" ]; then
     mkdir -p "$C" && cat "$ANSWERS"/corpus.part* | xz -d | tar -x -C "$C" && echo "[job] answers from $ANSWERS: $(ls "$C" | wc -l) files"
 fi
-# minutes left for specula train's budget, and seconds until the training is stopped for the packing
-read -r LEFT HARD < <(python3 -c "left = ${MINUTES:-8.5} * 60 - ($(date +%s) - $T0); print(left / 60, max(1, int(left - 30)))")
+# minutes left for specula train's budget (it aims to end 45 s before MINUTES), and seconds until the
+# training is stopped anyway (30 s before: a safety net that leaves the packing its time)
+read -r LEFT HARD < <(python3 -c "left = ${MINUTES:-8.5} * 60 - ($(date +%s) - $T0); print(max(0.1, (left - 45) / 60), max(1, int(left - 30)))")
 rm -f /tmp/head-job/*.safetensors /tmp/head-job/report.json  # a failed call ships nothing of an earlier one (checkpoint.pt stays: resuming)
 timeout --signal=INT "$HARD" python3 -m specula train --target "$TARGET" --backend hf --device "${DEVICE:-cuda}" \
     --time-budget "$LEFT" --data $FILES ${EXTRA:-} --out /tmp/head-job
