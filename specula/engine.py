@@ -24,6 +24,7 @@ then A gives each exactly what it gets alone.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass, field, replace
 from typing import Any, Iterable, Iterator, Sequence
@@ -294,7 +295,8 @@ class SpeculativeDecoder:
             for s in sessions:
                 if not s.finished:
                     s.finish_reason = s.stats.finish_reason = "error"
-                    self.finish(s)
+                    with contextlib.suppress(Exception):  # what propagates is the step's exception
+                        self.finish(s)
             raise
         self.planner.observe_pass([plan for plan, _ in planned], pass_seconds,
                                   [len(chunks[id(s)].token_ids) if id(s) in chunks else 0 for s in running],

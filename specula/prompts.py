@@ -35,9 +35,10 @@ def _json(value: Any) -> str:
 
 
 def chat_message(message: Any, index: int) -> dict[str, str]:
-    """Message `index` as the chat template reads it: {"role", "content"} with a role of
-    `CHAT_ROLES` and text content (a list of text parts joined by newlines, as vLLM joins them; an
-    assistant's null content as ""); a `MessageError` naming the field otherwise. The one check of
+    """Message `index` as the chat template reads it: the message with a role of `CHAT_ROLES` and
+    text content (a list of text parts joined by newlines, as vLLM joins them; an assistant's null
+    content as ""), its other keys (tool_calls, tool_call_id, name) kept for the template; a
+    `MessageError` naming the field otherwise. The one check of
     messages (the API, the server, the bench)."""
     where = f"messages[{index}]"
     if not isinstance(message, Mapping):
@@ -62,7 +63,7 @@ def chat_message(message: Any, index: int) -> dict[str, str]:
     if not isinstance(content, str):
         raise MessageError(f"'{where}.content' must be a string, got {_json(content)}", f"{where}.content",
                            "invalid_type")
-    return {"role": role, "content": content}
+    return {**message, "role": role, "content": content}  # other keys (tool_calls, name, ...) for the template
 
 
 def apply_chat_template(tokenizer: Any, prompt: str | Sequence[Mapping[str, str]], raw: bool = False) -> list[int]:

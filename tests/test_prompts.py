@@ -43,3 +43,12 @@ def test_whitespace_is_a_prompt_and_bytes_are_not(tok):
         encode_prompt(tok, "", raw=True)
     with pytest.raises(ConfigError, match="not bytes: decode it to a str first"):
         encode_prompt(tok, b"hi there")
+
+
+def test_a_messages_other_keys_reach_the_template():
+    """tool_calls, tool_call_id and name are the template's to read (checking role and content must
+    not strip them)."""
+    template = "{% for m in messages %}{{ m.role }} {{ m.content }}{% if m.name %} {{ m.name }}{% endif %} {% endfor %}"
+    tok = word_tokenizer(["w0", "user", "hi", "a", "b"], chat_template=template)
+    named = encode_prompt(tok, [{"role": "user", "content": "hi", "name": "a"}])
+    assert named == encode_prompt(tok, [{"role": "user", "content": "hi a"}]) != encode_prompt(tok, [{"role": "user", "content": "hi"}])

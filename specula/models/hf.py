@@ -187,9 +187,10 @@ ALIBI_CONFIGS = ("MptConfig", "BloomConfig")
 def check_tree_attention(config, name: str) -> None:
     """Refuse (ConfigError) a model whose attention a tree pass cannot reproduce row for row: ALiBi
     built from the sequence's length (MPT, Bloom, Falcon with alibi: wrong logits, or a crash), rotary
-    factors chosen from a pass's largest position (Phi-3's longrope; dynamic NTK past its original
-    window: a tree crossing the threshold rotates every row with the long factors, and greedy output
-    differs from plain decoding's), and GPT-Neo's local attention, which counts its window in rows
+    factors chosen from a pass's largest position (Phi-3's longrope, past its original window: a tree
+    crossing the threshold rotates every row with the long factors, and greedy output differs from
+    plain decoding's; dynamic NTK changes only past max_position_embeddings, the context itself), and
+    GPT-Neo's local attention, which counts its window in rows
     of the pass, not positions (a node after its branch loses keys)."""
     kind = type(config).__name__
     if kind in ALIBI_CONFIGS or getattr(config, "alibi", False) is True:
@@ -200,7 +201,7 @@ def check_tree_attention(config, name: str) -> None:
     rope_type = rope.get("rope_type", rope.get("type")) if isinstance(rope, dict) else None
     original = (rope.get("original_max_position_embeddings") if isinstance(rope, dict) else None) or \
         getattr(config, "original_max_position_embeddings", None)
-    if rope_type == "longrope" or (rope_type == "dynamic" and original is not None and original < max_context):
+    if rope_type == "longrope" and original is not None and original < max_context:
         raise ConfigError(f"{name}: {rope_type} rotary scaling picks its factors from a pass's longest position, "
                           "so a tree rotates rows unlike plain decoding; use a model without it, or set its "
                           "max_position_embeddings to its original window")

@@ -499,9 +499,10 @@ def _messages(body: Mapping[str, Any]) -> tuple[dict[str, str], ...]:
         raise APIError(400, "'messages' is empty: give at least one message", param="messages",
                        code="invalid_value")
     try:
-        return tuple(chat_message(message, i) for i, message in enumerate(messages))
+        checked = [chat_message(message, i) for i, message in enumerate(messages)]
     except MessageError as exc:
         raise APIError(400, str(exc), param=exc.param, code=exc.code) from None
+    return tuple({"role": m["role"], "content": m["content"]} for m in checked)  # tools are refused here
 
 
 def _stop(body: Mapping[str, Any]) -> tuple[str, ...]:

@@ -172,3 +172,18 @@ def test_a_model_that_fills_no_kv_cache_is_refused_at_its_first_prefill():
     seq = HFCausalLM(model, "gpt").new_sequence()
     with pytest.raises(ConfigError, match="does not fill a KV cache"):
         seq.prefill([5, 6, 7])
+
+
+def test_rotary_scaling_that_keeps_rows_alike_is_accepted():
+    """Dynamic NTK changes its factors only past max_position_embeddings (the context itself), and
+    llama3 / linear scaling are static: accepted, as longrope within its original window is."""
+    import transformers
+
+    for rope in ({"rope_type": "dynamic", "factor": 2.0, "original_max_position_embeddings": 16, "rope_theta": 1e4},
+                 {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                  "original_max_position_embeddings": 16, "rope_theta": 5e5},
+                 {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e4}):
+        config = transformers.LlamaConfig(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                                          rope_parameters=rope)
+        HFCausalLM(transformers.LlamaForCausalLM(config).eval(), "tiny")
