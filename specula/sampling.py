@@ -104,18 +104,17 @@ class SamplingParams:
             raise ConfigError(f"stop must hold non-empty strings, got {list(self.stop)!r}")
         if isinstance(self.logit_bias, dict):
             object.__setattr__(self, "logit_bias", tuple(sorted(self.logit_bias.items())))
-        for token, _ in self.logit_bias:
-            if not is_integer(token) or token < 0:
-                raise ConfigError(f"logit_bias keys must be token ids (integers >= 0), got {token!r}")
-        object.__setattr__(self, "logit_bias", tuple((int(t), b) for t, b in self.logit_bias))
         if not self.repetition_penalty > 0 or not math.isfinite(self.repetition_penalty):
             raise ConfigError(f"repetition_penalty must be > 0 (1 disables it), got {self.repetition_penalty}")
         for name in ("frequency_penalty", "presence_penalty"):
             if not -2.0 <= getattr(self, name) <= 2.0:
                 raise ConfigError(f"{name} must be between -2 and 2 (0 disables it), got {getattr(self, name)}")
         for token, bias in self.logit_bias:
+            if not is_integer(token) or token < 0:
+                raise ConfigError(f"logit_bias keys must be token ids (integers >= 0), got {token!r}")
             if not -100.0 <= bias <= 100.0:
                 raise ConfigError(f"logit_bias values must be between -100 and 100, got {bias} for token {token}")
+        object.__setattr__(self, "logit_bias", tuple((int(t), b) for t, b in self.logit_bias))
         for name in ("logprobs", "prompt_logprobs"):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int)

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterable, Sequence
 
 from specula.errors import ConfigError
+from specula.prompts import is_integer
 
 if TYPE_CHECKING:
     import torch
@@ -169,10 +170,10 @@ def corpus_key(target_key: dict, files: Sequence[str | os.PathLike], config: Cor
     return h.hexdigest()[:16]
 
 
-def _utf8(path: Path) -> str:
-    """A text file's contents; a ConfigError where it is not UTF-8."""
+def _utf8(path: Path, data: bytes | None = None) -> str:
+    """A text file's contents (`data`: its bytes, already read); a ConfigError where it is not UTF-8."""
     try:
-        return path.read_bytes().decode("utf-8")
+        return (path.read_bytes() if data is None else data).decode("utf-8")
     except UnicodeDecodeError as exc:
         raise ConfigError(f"{path}: not UTF-8 text (byte {exc.start}); save it as UTF-8") from None
 
@@ -225,7 +226,7 @@ def _from_line(line: str) -> CorpusEntry:
         raise TypeError("not a JSON object")
     for key in ("prompt_ids", "output_ids"):
         ids = r[key]
-        if not isinstance(ids, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
+        if not isinstance(ids, list) or not all(is_integer(t) for t in ids):
             raise TypeError(f"{key} must be a list of token ids")
     return CorpusEntry(r["id"], r["prompt_ids"], r["output_ids"])
 
@@ -273,8 +274,9 @@ def read_answers(paths: Iterable[str | os.PathLike], vocab_size: int,
     table: dict[tuple[int, ...], list[int]] = {}
     h = hashlib.sha256()
     for file in files:
-        h.update(file.read_bytes())
-        for n, line in enumerate(_utf8(file).splitlines(), 1):
+        data = file.read_bytes()
+        h.update(data)
+        for n, line in enumerate(_utf8(file, data).splitlines(), 1):
             if not line.strip():
                 continue
             try:
