@@ -25,6 +25,10 @@ class MessageError(ConfigError):
         self.param, self.code = param, code
 
 
+class NoChatTemplate(ConfigError):
+    """Chat messages for a tokenizer without a chat template."""
+
+
 def _json(value: Any) -> str:
     import json
 
@@ -38,8 +42,8 @@ def chat_message(message: Any, index: int) -> dict[str, str]:
     """Message `index` as the chat template reads it: the message with a role of `CHAT_ROLES` and
     text content (a list of text parts joined by newlines, as vLLM joins them; an assistant's null
     content as ""), its other keys (tool_calls, tool_call_id, name) kept for the template; a
-    `MessageError` naming the field otherwise. The one check of
-    messages (the API, the server, the bench)."""
+    `MessageError` naming the field otherwise. The one check of messages (the API, the server, the
+    bench)."""
     where = f"messages[{index}]"
     if not isinstance(message, Mapping):
         raise MessageError(f"'{where}' must be an object with 'role' and 'content', got {_json(message)}", where,
@@ -95,10 +99,6 @@ def apply_chat_template(tokenizer: Any, prompt: str | Sequence[Mapping[str, str]
     except TemplateError as exc:  # the template's raise_exception: "roles must alternate", "no system role", ...
         raise ConfigError(f"the model's chat template refused these messages: {exc}") from None
     return list(tokenizer.encode(text, add_special_tokens=False))
-
-
-class NoChatTemplate(ConfigError):
-    """Chat messages for a tokenizer without a chat template."""
 
 
 def encode_prompt(tokenizer: Any, prompt: Prompt, raw: bool = False) -> list[int]:

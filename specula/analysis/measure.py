@@ -277,7 +277,8 @@ def summarize(records: list[dict], config: AcceptanceConfig) -> dict:
                     np.all(np.array(overall["without_replacement"]) >= np.array(overall["iid"]) - 1e-9)),
                 "rrs_without_replacement_above_rrs_iid": bool(
                     # >=: the two are equal where the draft is the target or a position is certain
-                    np.all(np.array(overall["rrs_without_replacement"])[1:] >= np.array(overall["rrs_iid"])[1:] - 1e-9)),
+                    np.all(np.array(overall["rrs_without_replacement"])[1:]
+                           >= np.array(overall["rrs_iid"])[1:] - 1e-9)),
                 "verifiers": above,
             },
         })

@@ -119,7 +119,8 @@ def _round_lines(entries: Sequence[tuple[str, dict[str, Any]]]) -> list[str]:
     count = rounded[0][1]["rounds"]["count"]
     lines = ["", f"## Across {count} rounds", "",
              "Each round ran every prompt again on methods built afresh (nothing a drafter or an assisted "
-             "peer's schedule learned in an earlier round carried over), after its own warm-up; a round's speedup is its tokens/s over `none`'s in the "
+             "peer's schedule learned in an earlier round carried over), after its own warm-up; a round's "
+             "speedup is its tokens/s over `none`'s in the "
              "same round. Cells are min / median / max over the rounds; the tables above are over all rounds "
              "together.", ""]
     return lines + _table(["method", f"speedup vs {BASELINE}", "tokens/s", "mean accepted"],

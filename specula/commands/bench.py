@@ -231,7 +231,8 @@ def execute(args: argparse.Namespace, bench: BenchPlan, target, tokenizer, draft
     # The reference model (the Hugging Face model of the target's weights) is loaded only if an output
     # differs from plain decoding, to measure the logit gap there.
     result = run_bench([*methods, *peers], tokenizer, bench.prompts, bench.settings, Path(args.out), header,
-                       reference_model=target.reference_model, fresh_methods=lambda: [*specula_methods(), *(p.fresh() for p in peers)])
+                       reference_model=target.reference_model,
+                       fresh_methods=lambda: [*specula_methods(), *(p.fresh() for p in peers)])
     doc = result.document
     for name, entry in ordered(doc):
         parts = [f"{entry['tokens_per_s']:.2f} tok/s" if entry["tokens_per_s"] is not None else "no output"]

@@ -111,7 +111,8 @@ def add_method_args(parser: argparse.ArgumentParser) -> None:
     that option (`drafter_options`); each flag's help names the methods that take it."""
     g = parser.add_argument_group("method")
     g.add_argument("--num-draft-tokens", type=int, default=None,
-                   help=f"{_taking('num_draft_tokens')}: tokens drafted per step (default 5; 12 with --adaptive, in fusion, or with layers skipped)")
+                   help=f"{_taking('num_draft_tokens')}: tokens drafted per step (default 5; 12 with --adaptive, "
+                        "in fusion, or with layers skipped)")
     g.add_argument("--draft-window", type=int, default=None, metavar="N",
                    help=f"{_taking('draft_window')} (and {DEFAULT_METHOD}'s draft model): most prompt tokens the draft "
                         "model reads; of a longer prompt, its first and last N/2 (default 512; 0: the whole prompt)")

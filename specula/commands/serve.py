@@ -23,7 +23,8 @@ def register(sub) -> None:
     g.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
     g.add_argument("--port", type=int, default=8000, help="TCP port (default 8000; 0 = any free port)")
     g.add_argument("--api-key", default=os.environ.get("SPECULA_API_KEY"),
-                   help="require 'Authorization: Bearer KEY' on /v1/*, /tokenize and /detokenize (default: $SPECULA_API_KEY, else no key)")
+                   help="require 'Authorization: Bearer KEY' on /v1/*, /tokenize and /detokenize "
+                        "(default: $SPECULA_API_KEY, else no key)")
     g.add_argument("--max-body-bytes", type=int, default=1 << 20, help="largest request body (default 1 MiB)")
     g.add_argument("--chat-max-tokens", type=int, default=512,
                    help="max_tokens of chat requests that give none (default 512, capped by the context)")

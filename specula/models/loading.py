@@ -413,7 +413,8 @@ def load_model(
     missing = sorted(info.get("missing_keys") or ())
     if missing:  # transformers fills them with random values and says so only in a log table
         raise SpeculaError(f"model {resolved.spec!r} lacks {len(missing)} of its weights (e.g. {missing[0]}): the "
-                           f"checkpoint is incomplete (a part of a split file, or a damaged copy); give the whole model")
+                           "checkpoint is incomplete (a part of a split file, or a damaged copy); give the whole "
+                           "model")
     if tokenizer is None:
         tokenizer = load_tokenizer(resolved)
     model.eval()

@@ -58,8 +58,9 @@ class ServerMetrics:
             "Request steps on which the request had a tree worth verifying alone but the batch's goodput plan "
             "gave it no node (finished generations)", registry=r)
         self.generation_seconds = Counter("specula_generation_seconds",
-                                          "Wall time of finished generations, summed over requests (requests decoded together overlap: "
-                                          "under batching this runs ahead of the clock)", registry=r)
+                                          "Wall time of finished generations, summed over requests (requests "
+                                          "decoded together overlap: under batching this runs ahead of the "
+                                          "clock)", registry=r)
         self.tokens_per_second = Gauge("specula_tokens_per_second",
                                        "Decoding speed of the last finished generation (tokens/s)", registry=r)
         self.goodput = Gauge("specula_goodput_tokens_per_second",

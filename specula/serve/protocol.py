@@ -25,9 +25,9 @@ from typing import Any, Literal, Mapping, Sequence
 
 from specula.constraints import Constraint, ConstraintError
 from specula.logprobs import MAX_LOGPROBS, TokenLogprob
+from specula.prompts import MessageError, NoChatTemplate, chat_message
 from specula.stats import GenerationStats
 from specula.token_bytes import TokenBytes
-from specula.prompts import MessageError, NoChatTemplate, chat_message
 
 Endpoint = Literal["completions", "chat"]
 

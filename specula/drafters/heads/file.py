@@ -128,7 +128,8 @@ def read_head(path: str | os.PathLike) -> HeadFile:
     if d2t is None or d2t.dim() != 1 or len(d2t) != config.draft_vocab:
         raise HeadFileError(f"{path}: its draft vocabulary mapping is missing or not {config.draft_vocab} long; {_fix(path)}")
     if d2t.is_floating_point() or d2t.is_complex() or d2t.dtype == torch.bool:  # 2.5 would read as 2: a token twice
-        raise HeadFileError(f"{path}: its draft vocabulary mapping holds {d2t.dtype} values, not token ids; {_fix(path)}")
+        raise HeadFileError(f"{path}: its draft vocabulary mapping holds {d2t.dtype} values, not token ids; "
+                            f"{_fix(path)}")
     if int(d2t.min()) < 0 or int(d2t.max()) >= config.target_vocab or len(set(d2t.tolist())) != len(d2t):
         raise HeadFileError(f"{path}: its draft vocabulary maps outside 0..{config.target_vocab - 1} or twice; {_fix(path)}")
     state = {k.removeprefix("head."): v for k, v in tensors.items() if k.startswith("head.")}
