@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import sys
 
 from specula.commands.common import add_method_args, add_model_args, load_spec, method_help
+from specula.errors import ConfigError
 
 
 def register(sub) -> None:
@@ -39,7 +41,29 @@ def register(sub) -> None:
                         "(default 30)")
     g.add_argument("--served-model-name", default=None,
                    help="model id clients send and /v1/models lists (default: the --target value)")
+    cors = p.add_argument_group("CORS (browser pages on other origins; vLLM's options)")
+    cors.add_argument("--allowed-origins", default='["*"]',
+                      help='JSON list of origins allowed to call the API from a browser (default \'["*"]\': any; '
+                           '\'[]\' sends no CORS headers)')
+    cors.add_argument("--allowed-methods", default='["*"]',
+                      help='JSON list of HTTP methods allowed cross-origin (default \'["*"]\')')
+    cors.add_argument("--allowed-headers", default='["*"]',
+                      help='JSON list of request headers allowed cross-origin (default \'["*"]\')')
+    cors.add_argument("--allow-credentials", action="store_true",
+                      help="allow cookies and HTTP authentication on cross-origin requests")
     p.set_defaults(handler=run)
+
+
+def _json_list(flag: str, text: str) -> tuple[str, ...]:
+    """`text` as vLLM's CORS options read it: a JSON list of strings."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError:
+        value = None
+    if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+        raise ConfigError(f"{flag} takes a JSON list of strings, e.g. '[\"*\"]' or "
+                          f"'[\"http://localhost:3000\"]', got {text!r}")
+    return tuple(value)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -50,6 +74,9 @@ def run(args: argparse.Namespace) -> int:
         max_body_bytes=args.max_body_bytes, chat_max_tokens=args.chat_max_tokens,
         max_batch_size=args.max_batch_size, max_queue=args.max_queue,
         request_timeout=args.request_timeout or None, shutdown_timeout=args.shutdown_timeout,
+        allowed_origins=_json_list("--allowed-origins", args.allowed_origins),
+        allowed_methods=_json_list("--allowed-methods", args.allowed_methods),
+        allowed_headers=_json_list("--allowed-headers", args.allowed_headers), allow_credentials=args.allow_credentials,
     )
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s", stream=sys.stderr)
     spec, method = load_spec(args)

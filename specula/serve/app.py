@@ -31,6 +31,7 @@ import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.middleware.cors import CORSMiddleware
 
 from specula.api import Specula
 from specula.errors import ConfigError, SpeculaError
@@ -94,6 +95,17 @@ class ServerConfig:
     """Seconds an idle keep-alive connection stays open."""
     retry_after_seconds: int = 1
     """`Retry-After` of a 503 answered because the queue is full or the server is stopping."""
+    allowed_origins: tuple[str, ...] = ("*",)
+    """Origins a browser page may call the API from (CORS, vLLM's `--allowed-origins`; "*" = any, as
+    vLLM and llama.cpp's server answer; () = no CORS headers, so browsers refuse other origins)."""
+    allowed_methods: tuple[str, ...] = ("*",)
+    """HTTP methods a cross-origin request may use (vLLM's `--allowed-methods`)."""
+    allowed_headers: tuple[str, ...] = ("*",)
+    """Request headers a cross-origin request may send (vLLM's `--allowed-headers`; Authorization is
+    among "*" for a page that sends the API key)."""
+    allow_credentials: bool = False
+    """Whether cross-origin requests may carry cookies or HTTP authentication (vLLM's
+    `--allow-credentials`)."""
 
     def __post_init__(self) -> None:
         if not self.model_name:
@@ -114,6 +126,12 @@ class ServerConfig:
             raise ConfigError(f"--request-timeout must be positive (seconds), got {self.request_timeout}")
         if self.shutdown_timeout < 0:
             raise ConfigError(f"--shutdown-timeout must be >= 0 seconds, got {self.shutdown_timeout}")
+        for name in ("allowed_origins", "allowed_methods", "allowed_headers"):
+            value = getattr(self, name)
+            if isinstance(value, str) or not all(isinstance(v, str) and v for v in value):
+                flag = "--" + name.replace("_", "-")
+                raise ConfigError(f"{flag} must be a list of non-empty strings, e.g. '[\"*\"]' or "
+                                  f"'[\"http://localhost:3000\"]', got {value!r}")
 
 
 class _ClientGone(Exception):
@@ -261,6 +279,11 @@ def build_app(server: SpeculaServer) -> FastAPI:
     """The FastAPI application of a server (routes, errors as OpenAI error objects)."""
     app = FastAPI(title="specula", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.server = server
+    config = server.config
+    if config.allowed_origins:  # browsers' preflight OPTIONS answered, Access-Control-* on every reply
+        app.add_middleware(CORSMiddleware, allow_origins=list(config.allowed_origins),
+                           allow_methods=list(config.allowed_methods), allow_headers=list(config.allowed_headers),
+                           allow_credentials=config.allow_credentials)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:

@@ -297,6 +297,56 @@ def test_routes_and_methods(server):
     assert _err(server, "DELETE", "/v1/chat/completions")[0] == 405
 
 
+PREFLIGHT = {"Origin": "http://localhost:3000", "Access-Control-Request-Method": "POST",
+             "Access-Control-Request-Headers": "authorization, content-type"}
+
+
+def test_browsers_may_call_from_any_origin_by_default(server, tokenizer, reference):
+    """vLLM's and llama.cpp's default: a page on another origin (a chat UI on localhost:3000) gets
+    its preflight answered and may read the responses, streamed ones included."""
+    status, headers, _ = http_call(server, "OPTIONS", "/v1/chat/completions", headers=PREFLIGHT)
+    assert status == 200 and headers["Access-Control-Allow-Origin"] == "*"
+    assert "POST" in headers["Access-Control-Allow-Methods"]
+    assert "authorization" in headers["Access-Control-Allow-Headers"].lower()
+    origin = {"Origin": "http://localhost:3000"}
+    status, headers, body = http_call(server, "POST", "/v1/completions",
+                                      {"model": MODEL, "prompt": "w05 w06 w07", "max_tokens": 4, "temperature": 0},
+                                      origin)
+    assert status == 200 and headers["Access-Control-Allow-Origin"] == "*"
+    assert body["choices"][0]["text"] == reference(text_ids(tokenizer, "w05 w06 w07"), 4)
+    status, headers, _ = http_call(server, "POST", "/v1/completions",
+                                   {"model": MODEL, "prompt": "w05", "max_tokens": 2, "stream": True}, origin)
+    assert status == 200 and headers["Access-Control-Allow-Origin"] == "*"
+    status, headers, _ = http_call(server, "POST", "/v1/completions", {"model": MODEL}, origin)
+    assert status == 400 and headers["Access-Control-Allow-Origin"] == "*"  # errors readable too
+    assert http_call(server, "OPTIONS", "/v1/models")[0] == 405  # not a preflight: no Origin
+
+
+def test_allowed_origins_limit_browsers(target_model, tokenizer):
+    with running(make_spec(target_model, tokenizer, "prompt-lookup"), api_key="s3cret",
+                 allowed_origins=("http://localhost:3000",)) as srv:
+        status, headers, _ = http_call(srv, "OPTIONS", "/v1/chat/completions", headers=PREFLIGHT)
+        assert status == 200 and headers["Access-Control-Allow-Origin"] == "http://localhost:3000"  # no key asked
+        status, headers, _ = http_call(srv, "OPTIONS", "/v1/chat/completions",
+                                       headers={**PREFLIGHT, "Origin": "http://evil.example"})
+        assert status == 400 and "Access-Control-Allow-Origin" not in headers
+        status, headers, _ = http_call(srv, "GET", "/v1/models", headers={"Origin": "http://evil.example",
+                                                                          "Authorization": "Bearer s3cret"})
+        assert status == 200 and "Access-Control-Allow-Origin" not in headers  # the browser hides it
+    with running(make_spec(target_model, tokenizer, "prompt-lookup"), allowed_origins=()) as srv:
+        status, headers, _ = http_call(srv, "OPTIONS", "/v1/chat/completions", headers=PREFLIGHT)
+        assert status == 405 and "Access-Control-Allow-Origin" not in headers
+
+
+@pytest.mark.parametrize("value", ["*", ("*", ""), (3,)])
+def test_allowed_origins_must_be_a_list_of_strings(value):
+    from specula.errors import ConfigError
+    from specula.serve import ServerConfig
+
+    with pytest.raises(ConfigError, match="--allowed-origins must be a list of non-empty strings"):
+        ServerConfig(model_name=MODEL, allowed_origins=value)
+
+
 def test_body_over_the_limit_is_413(server):
     key = ("specula_requests_total", (("endpoint", "/v1/completions"), ("status", "413")))
     before = scrape(server).get(key, 0)
