@@ -98,21 +98,19 @@ def _fix(path: Path) -> str:
 
 def read_head(path: str | os.PathLike) -> HeadFile:
     """Read and check a head file on its own (format, shapes, mapping); `HeadFileError` otherwise."""
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
+    from safetensors import SafetensorError, safe_open
 
     path = Path(path)
     if not path.is_file():
         raise HeadFileError(f"head file {path} does not exist; {_fix(path)}")
     try:
-        with open(path, "rb") as f:
-            n = int.from_bytes(f.read(8), "little")
-            header = json.loads(f.read(n)) if 0 < n < 100_000_000 else None
-        tensors = load_file(str(path))
+        with safe_open(str(path), "pt") as f:
+            metadata = f.metadata() or {}
+            tensors = {name: f.get_tensor(name) for name in f.keys()}
     except (SafetensorError, OSError, ValueError, UnicodeDecodeError) as exc:
         raise HeadFileError(f"head file {path} is truncated or corrupted ({str(exc).splitlines()[0][:80]}); "
                             f"{_fix(path)}") from None
-    meta_text = (header or {}).get("__metadata__", {}).get(META_KEY)
+    meta_text = metadata.get(META_KEY)
     if meta_text is None:
         raise HeadFileError(f"{path} is a safetensors file but not a specula head (no '{META_KEY}' metadata); {_fix(path)}")
     try:
