@@ -537,7 +537,7 @@ def load_backend(spec: str | ResolvedModel, config: LoadConfig = LoadConfig(), n
     instead of loading it again. `report`, if given, receives `seconds` (this load) and `prepared`
     (the prepared cache's outcome: hit, built, rebuilt, unsaved, off; None when not used)."""
     from specula.models.attention_names import resolve_attention
-    from specula.models.native import ARCHITECTURES
+    from specula.models.native import ARCHITECTURES, NativeUnsupported
 
     start = time.perf_counter()
     device, dtype = config.resolved()
@@ -553,16 +553,24 @@ def load_backend(spec: str | ResolvedModel, config: LoadConfig = LoadConfig(), n
     kwargs = dict(dtype=dtype, attn_implementation=config.attn_implementation, quantize=config.quantize,
                   linear_kernel="auto" if config.linear_kernel == "specula" else config.linear_kernel, device=device)
     outcome = None
+    if backend != "hf":
+        try:
+            loaded, tokenizer, outcome = _load_native(resolved, config, name, kwargs,
+                                                      resolve_attention(config.attn_implementation, config.quantize),
+                                                      tokenizer)
+        except NativeUnsupported as exc:
+            if backend == "native":
+                raise
+            # auto: the architecture is the native backend's, this config of it is not (a sliding
+            # window, dynamic or long RoPE, another activation, a head size its kernels lack)
+            print(f"note: {resolved.name} runs on the Hugging Face backend ({exc})", file=sys.stderr, flush=True)
+            backend = "hf"
     if backend == "hf":
         from specula.models.hf import HFCausalLM, eos_ids_of
 
         model, tokenizer = load_model(resolved, **kwargs, tokenizer=tokenizer)
         loaded = HFCausalLM(model, name=f"{name} {resolved.spec}", eos_token_ids=eos_ids_of(model, tokenizer),
                             model_id=resolved.file_id)
-    else:
-        loaded, tokenizer, outcome = _load_native(resolved, config, name, kwargs,
-                                                  resolve_attention(config.attn_implementation, config.quantize),
-                                                  tokenizer)
     if report is not None:
         report.update(seconds=time.perf_counter() - start, prepared=outcome)
     return loaded, tokenizer

@@ -411,6 +411,34 @@ def test_two_ggufs_in_one_folder_get_their_own_cost_keys(tmp_path: Path, monkeyp
     assert keys[0]["model"] == str((folder / "a.gguf").resolve()) and keys[0] != keys[1]
 
 
+@pytest.mark.parametrize("config", [{"hidden_act": "gelu_pytorch_tanh"},
+                                    {"rope_parameters": {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 100.0}}])
+def test_auto_backend_runs_what_the_native_decoder_refuses_on_hugging_face(tmp_path: Path, capsys, config) -> None:
+    """A Llama the native decoder cannot run as transformers does (another activation, dynamic RoPE):
+    `--backend auto` loads it with the Hugging Face backend, as it would another architecture,
+    instead of failing with "use --backend hf"; `--backend native` still says why not."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from specula.models.hf import HFCausalLM
+    from specula.models.loading import LoadConfig, load_backend
+    from specula.models.native import NativeUnsupported
+    from tiny import word_tokenizer
+
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                         num_attention_heads=4, num_key_value_heads=2, vocab_size=50,
+                                         max_position_embeddings=64, **config)).eval()
+    model.save_pretrained(tmp_path)
+    word_tokenizer(50, eos_token="w1").save_pretrained(tmp_path)
+    backend, _ = load_backend(str(tmp_path), LoadConfig(backend="auto"))
+    assert isinstance(backend, HFCausalLM) and "runs on the Hugging Face backend" in capsys.readouterr().err
+    prompt = [3, 9, 4, 20, 7]
+    torch.testing.assert_close(backend.new_sequence().prefill(prompt, logits="all"), model(torch.tensor([prompt])).logits[0],
+                               atol=1e-4, rtol=1e-4)
+    with pytest.raises(NativeUnsupported, match="--backend hf"):
+        load_backend(str(tmp_path), LoadConfig(backend="native"))
+
+
 def test_a_gguf_beside_another_models_tokenizer_files_gets_its_own_tokenizer(tiny_gguf: Path, tmp_path: Path) -> None:
     """transformers prefers a folder's tokenizer files to the GGUF's own: a GGUF kept beside another
     model's files got that model's tokenizer (other ids for the same text)."""

@@ -176,6 +176,34 @@ def test_unsupported_models_are_refused_with_the_fix_named():
         NativeDecoder.from_hf(tiny_model("gpt2"))
 
 
+def _llama(**config):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, vocab_size=96, initializer_range=0.3, **config)
+    return LlamaForCausalLM(cfg).eval()
+
+
+LONGROPE = {"rope_type": "longrope", "rope_theta": 100.0, "original_max_position_embeddings": 16,
+            "short_factor": [1.0, 1.1, 1.2, 1.3], "long_factor": [2.0, 3.5, 5.0, 6.5]}
+
+
+def test_longrope_past_its_original_window_is_refused():
+    """transformers switches longrope to its long factors once a pass reaches past the original
+    window; one set of frequencies cannot follow it (logits differed from position 17 on)."""
+    from specula.models.native import NativeUnsupported
+
+    model = _llama(max_position_embeddings=64, rope_parameters=LONGROPE)
+    assert not supports(model)
+    with pytest.raises(NativeUnsupported, match="longrope.*past 16 positions.*--backend hf"):
+        NativeDecoder.from_hf(model)
+    within = _llama(max_position_embeddings=16, rope_parameters=LONGROPE)  # never past it: exact
+    prompt = list(range(3, 16))
+    torch.testing.assert_close(native(within).new_sequence().prefill(prompt, logits="all"),
+                               within(torch.tensor([prompt])).logits[0], atol=1e-4, rtol=1e-4)
+
+
 def test_cost_key_names_the_native_backend():
     key = native(tiny_model("llama"), kernel="onednn").cost_key()
     assert key["backend"] == "native" and key["linear_kernel"] == "onednn" and key["quantize"] == "none"

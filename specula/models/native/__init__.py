@@ -1,16 +1,18 @@
 """specula's own decoder for Llama / Qwen2 / Mistral models (static KV cache, fused projections),
 behind the same `TargetModel` protocol as the Hugging Face backend (`--backend auto|native|hf`)."""
 
-from specula.errors import ConfigError
 from specula.models.native.backend import NativeCausalLM, NativeSequence
-from specula.models.native.model import ARCHITECTURES, NativeConfig, NativeDecoder
+from specula.models.native.model import ARCHITECTURES, NativeConfig, NativeDecoder, NativeUnsupported
 
 
 def supports(model) -> bool:
     """Whether the native decoder reproduces this Hugging Face model."""
+    from specula.models.native.model import rope_inverse_frequencies
+
     try:
         NativeConfig.from_hf(model.config, type(model).__name__)
-    except ConfigError:
+        rope_inverse_frequencies(model.config)
+    except NativeUnsupported:
         return False
     return True
 
@@ -30,7 +32,7 @@ def configure(decoder: NativeDecoder, kernel: str, quantize: str, attention: str
     if kernel == "specula":
         cfg = decoder.cfg
         if not kernel_attention_fits(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim):
-            raise ConfigError(f"specula's attention kernel takes head_dim <= 256 in multiples of 8 and at most 64 "
+            raise NativeUnsupported(f"specula's attention kernel takes head_dim <= 256 in multiples of 8 and at most 64 "
                               f"query heads per KV head (this model: head_dim {cfg.head_dim}, "
                               f"{cfg.num_heads // cfg.num_kv_heads} per KV head); use --linear-kernel onednn")
         apply_kernels(decoder, {"none": "f32", "int8": "i8", "int4": "i4", "w8": "w8"}[quantize], empty=empty)
@@ -42,5 +44,5 @@ def configure(decoder: NativeDecoder, kernel: str, quantize: str, attention: str
     return decoder
 
 
-__all__ = ["ARCHITECTURES", "NativeCausalLM", "NativeConfig", "NativeDecoder", "NativeSequence", "configure",
-           "supports"]
+__all__ = ["ARCHITECTURES", "NativeCausalLM", "NativeConfig", "NativeDecoder", "NativeSequence", "NativeUnsupported",
+           "configure", "supports"]

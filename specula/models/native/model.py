@@ -28,6 +28,11 @@ from torch import nn
 
 from specula.errors import ConfigError
 from specula.models.device import sdpa_without_cudnn
+
+
+class NativeUnsupported(ConfigError):
+    """A model the native backend (or its kernels) cannot run as transformers runs it: `--backend
+    auto` then loads it with the Hugging Face backend; `--backend native` reports it."""
 from specula.models.native.cache import KVCache
 from specula.models.native.fused import FusedLayers
 from specula.models.native.ops import TorchOps
@@ -75,13 +80,13 @@ class NativeConfig:
         `architectures`. A `ConfigError` naming `--backend hf` for what this decoder cannot run."""
         arch = architecture or (getattr(config, "architectures", None) or [""])[0]
         if arch not in ARCHITECTURES:
-            raise ConfigError(f"the native backend runs {', '.join(ARCHITECTURES)}, not {arch or 'this model'}; "
+            raise NativeUnsupported(f"the native backend runs {', '.join(ARCHITECTURES)}, not {arch or 'this model'}; "
                               "use --backend hf")
         if getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True):
-            raise ConfigError("the native backend has no sliding-window attention; use --backend hf")
+            raise NativeUnsupported("the native backend has no sliding-window attention; use --backend hf")
         act = getattr(config, "hidden_act", "silu")
         if act != "silu":
-            raise ConfigError(f"the native backend runs SiLU MLPs, not {act}; use --backend hf")
+            raise NativeUnsupported(f"the native backend runs SiLU MLPs, not {act}; use --backend hf")
         heads = config.num_attention_heads
         qwen = arch == "Qwen2ForCausalLM"
         return cls(
@@ -114,7 +119,13 @@ def rope_inverse_frequencies(hf_config) -> tuple[torch.Tensor, float]:
 
         return LlamaRotaryEmbedding.compute_default_rope_parameters(hf_config)
     if rope_type == "dynamic":
-        raise ConfigError("dynamic RoPE scaling changes with the sequence length; use --backend hf")
+        raise NativeUnsupported("dynamic RoPE scaling changes with the sequence length; use --backend hf")
+    original = params.get("original_max_position_embeddings") or \
+        getattr(hf_config, "original_max_position_embeddings", None)
+    if rope_type == "longrope" and original is not None and original < hf_config.max_position_embeddings:
+        # transformers switches to the long factors once a pass reaches past `original`; the frequencies
+        # here are one set for every position (the short ones)
+        raise NativeUnsupported(f"longrope RoPE scaling changes its factors past {original} positions; use --backend hf")
     return ROPE_INIT_FUNCTIONS[rope_type](hf_config)
 
 
