@@ -441,6 +441,7 @@ class _Wakeup:
 async def _generate(server: SpeculaServer, request: Request, endpoint: protocol.Endpoint) -> Response:
     body = await _read_json(request, server.config.max_body_bytes)
     gen = protocol.parse_request(endpoint, body, server.config.model_name)
+    ids = ResponseIds.new(gen)  # `created`: when the request came, as vLLM stamps it
     wake = _Wakeup()
     job = server.worker.submit(gen, notify=wake.notify)
     t0 = time.perf_counter()
@@ -453,11 +454,11 @@ async def _generate(server: SpeculaServer, request: Request, endpoint: protocol.
             while not response.done:
                 response.add(await wake.next_event(job, request, poll))
             server.metrics.request_seconds.observe(time.perf_counter() - t0)
-            return JSONResponse(response.body(ResponseIds.new(gen)))
+            return JSONResponse(response.body(ids))
     except BaseException:  # an error, the client gone, or the task cancelled (shutdown)
         job.cancel()
         raise
-    return StreamingResponse(_stream(server, request, job, gen, started, wake, t0), media_type="text/event-stream",
+    return StreamingResponse(_stream(server, request, job, gen, ids, started, wake, t0), media_type="text/event-stream",
                              headers={"Cache-Control": "no-cache"})
 
 
@@ -473,12 +474,11 @@ def _sse(payload: dict[str, Any] | str) -> bytes:
     return b"data: " + data.encode() + b"\n\n"
 
 
-async def _stream(server: SpeculaServer, request: Request, job: Job, gen: GenerationRequest, started: Started,
-                  wake: _Wakeup, t0: float) -> AsyncIterator[bytes]:
+async def _stream(server: SpeculaServer, request: Request, job: Job, gen: GenerationRequest, ids: ResponseIds,
+                  started: Started, wake: _Wakeup, t0: float) -> AsyncIterator[bytes]:
     """The server-sent events of a streamed generation, choice by choice as their steps come.
     Starlette cancels this generator when the client disconnects; the `finally` then cancels the
     job. Counted in metrics before `[DONE]`."""
-    ids = ResponseIds.new(gen)
     status: int | None = None  # set once counted
     readers = _readers(server, gen)
     choices = [ChoiceState(gen, started, i, *readers) for i in range(started.choices)]

@@ -295,6 +295,11 @@ class Worker:
         job.prompts = tuple(tuple(ids) for ids in prompts)
         self.metrics.prompt_tokens.inc(sum(len(ids) for ids in prompts))
         base = SamplingParams(max_new_tokens=1, **request.sampling())
+        vocab = self.spec.target.vocab_size
+        outside = [t for t, _ in base.logit_bias if t >= vocab]
+        if outside:
+            raise APIError(400, f"logit_bias names token {outside[0]}, outside the model's vocabulary of {vocab}",
+                           param="logit_bias", code="invalid_value")
         seed = base.seed
         return [_Choice(job, i * request.n + j, job.prompts[i],
                         replace(base, max_new_tokens=limit, seed=None if seed is None else choice_seed(seed, j)))

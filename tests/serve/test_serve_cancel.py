@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import time
 
 import openai
 import pytest
@@ -179,6 +180,20 @@ def test_a_request_past_its_timeout_gets_504_and_leaves_the_batch(target_model, 
         assert _metric(server, "specula_generated_tokens_total") < LONG  # cut at the timeout, not run to the end
         status, _, body = http_call(server, "POST", "/v1/completions", _body(stream=False, max_tokens=4))
         assert status == 200 and body["usage"]["completion_tokens"] == 4  # short requests still fit
+
+
+def test_created_is_when_the_request_came(target_model, tokenizer):
+    """`created` stamps the request's arrival (as vLLM does), streamed or not; a non-streamed
+    response stamped it when the generation had finished."""
+    spec = make_spec(target_model, tokenizer, "none")
+    spec.decoder.drafters = [TestDrafter(d, delay=0.05) for d in spec.decoder.drafters]
+    spec.decoder.eos_token_ids = frozenset()
+    with running(spec) as server:
+        sent = time.time()
+        status, _, body = http_call(server, "POST", "/v1/completions", _body(stream=False, max_tokens=30))
+        done = time.time()
+        assert status == 200 and done - sent > 1.2
+        assert body["created"] <= sent + 0.5  # whole seconds, rounded down
 
 
 def test_serving_metrics_latency_goodput_and_batch(slow_server):

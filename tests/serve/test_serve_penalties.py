@@ -50,6 +50,7 @@ def test_a_bias_outside_the_vocabulary_is_a_400(server):
     status, _, body = http_call(server, "POST", "/v1/completions",
                                 {"model": MODEL, "prompt": "w05", "max_tokens": 2, "logit_bias": {"100000": 1}})
     assert status == 400 and "outside the model's vocabulary" in body["error"]["message"]
+    assert body["error"]["param"] == "logit_bias"
 
 
 def test_min_p_and_stop_token_ids_as_vllm_takes_them(client, tokenizer, offline):
