@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Iterator, Literal, Sequence
 
 from specula.drafters import make_drafters
@@ -187,9 +188,29 @@ def _lone_prompt(prompts: Any) -> bool:
     return bool(items) and (all(is_integer(x) for x in items) or all(isinstance(x, dict) for x in items))
 
 
+_KEYWORD_HINTS = {
+    "max_tokens": "the new tokens' limit is max_new_tokens (as in transformers)",
+    "min_tokens": "a minimum number of new tokens is not supported",
+    "min_new_tokens": "a minimum number of new tokens is not supported",
+    "do_sample": "set temperature > 0 to sample (0, the default, is greedy)",
+    "stop_strings": "stop strings are stop=",
+    "eos_token_id": "stop on other token ids with stop_token_ids=",
+    "n": "one output per call: give generate_batch the prompt n times, with params= a SamplingParams each "
+         "(its own seed)",
+    "num_return_sequences": "one output per call: give generate_batch the prompt n times, with params= a "
+                            "SamplingParams each (its own seed)",
+}
+"""What a keyword of transformers' `generate` or vLLM's `SamplingParams` that SamplingParams lacks is here."""
+
+
 def _params(params: SamplingParams | None, sampling: dict) -> SamplingParams:
     """The request's sampling parameters: `params` as given, or built from keyword fields."""
     if params is None:
+        unknown = sorted(set(sampling) - {f.name for f in dataclasses.fields(SamplingParams)})
+        if unknown:
+            name = unknown[0]
+            hint = _KEYWORD_HINTS.get(name, "see specula.sampling.SamplingParams for the fields")
+            raise ConfigError(f"unknown sampling keyword {name!r}: {hint}")
         return SamplingParams(**sampling)
     if sampling:
         raise ConfigError(f"give either params= or sampling keywords ({', '.join(sorted(sampling))}), not both")

@@ -9,6 +9,7 @@ Temperature 0 means greedy decoding. Drafters that sample draw their tree's chil
 from __future__ import annotations
 
 import math
+import numbers
 import os
 import random
 import warnings
@@ -76,6 +77,10 @@ class SamplingParams:
     too)."""
 
     def __post_init__(self) -> None:
+        for name in ("temperature", "top_p", "min_p", "repetition_penalty", "frequency_penalty", "presence_penalty"):
+            value = getattr(self, name)
+            if not _is_real(value):
+                raise ConfigError(f"{name} must be a number, got {value!r}")
         if not (self.temperature >= 0 and math.isfinite(self.temperature)):
             raise ConfigError(f"temperature must be a finite number >= 0, got {self.temperature}; "
                               "use 0 for greedy decoding")
@@ -112,8 +117,12 @@ class SamplingParams:
         for token, bias in self.logit_bias:
             if not is_integer(token) or token < 0:
                 raise ConfigError(f"logit_bias keys must be token ids (integers >= 0), got {token!r}")
-            if not -100.0 <= bias <= 100.0:
-                raise ConfigError(f"logit_bias values must be between -100 and 100, got {bias} for token {token}")
+            if not (_is_real(bias) and -100.0 <= bias <= 100.0):
+                raise ConfigError(f"logit_bias values must be numbers between -100 and 100, got {bias!r} for "
+                                  f"token {token}")
+        repeated = sorted({t for t, _ in self.logit_bias if [u for u, _ in self.logit_bias].count(t) > 1})
+        if repeated:  # both would be added: a bias past the -100..100 allowed
+            raise ConfigError(f"logit_bias names token {repeated[0]} twice; give each token one bias")
         object.__setattr__(self, "logit_bias", tuple((int(t), b) for t, b in self.logit_bias))
         for name in ("logprobs", "prompt_logprobs"):
             value = getattr(self, name)
@@ -212,6 +221,11 @@ class TargetRows:
         if out is None:
             out = self._rows[row] = probabilities(self.logits[row], self.params)
         return out
+
+
+def _is_real(value: object) -> bool:
+    """A real number (numpy's and torch's scalars too), not a bool or a string."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
 
 def request_seed(seed: int | None) -> int:

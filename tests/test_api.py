@@ -196,6 +196,10 @@ def test_facade_facts_baseline_and_planner_spellings(tiny_spec):
     assert plain.generate([9, 8, 7], max_new_tokens=6, ignore_eos=True).token_ids == reference_greedy(model, [9, 8, 7], 6)
     with pytest.raises(ConfigError, match="either params= or sampling keywords"):
         spec.generate([9, 8, 7], params=specula.SamplingParams(), max_new_tokens=3)
+    with pytest.raises(ConfigError, match="unknown sampling keyword 'max_tokens'.*max_new_tokens"):  # not a TypeError
+        spec.generate([9, 8, 7], max_tokens=3)
+    with pytest.raises(ConfigError, match="'min_tokens'.*not supported"):
+        spec.generate_batch([[9, 8, 7]], min_tokens=3)
     for choice, kind in (("hardware", HardwarePlanner), (None, HardwarePlanner), ("none", PassThroughPlanner),
                          (False, PassThroughPlanner)):  # None / False: the old spellings
         assert type(specula.build_decoder("prompt-lookup", spec.target, planner=choice).planner) is kind

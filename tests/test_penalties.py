@@ -55,7 +55,7 @@ def test_the_greedy_walk_uses_the_penalised_argmax():
     ({"repetition_penalty": 0.0}, "repetition_penalty must be > 0"),
     ({"frequency_penalty": 2.5}, "frequency_penalty must be between -2 and 2"),
     ({"presence_penalty": -3}, "presence_penalty must be between -2 and 2"),
-    ({"logit_bias": {5: 101}}, "logit_bias values must be between -100 and 100"),
+    ({"logit_bias": {5: 101}}, "logit_bias values must be numbers between -100 and 100"),
     ({"logit_bias": {-1: 1}}, "logit_bias keys must be token ids"),
 ])
 def test_bad_values_are_refused_naming_the_range(fields, words):

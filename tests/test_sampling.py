@@ -95,6 +95,10 @@ def test_min_p_out_of_range_is_refused(min_p):
     ({"seed": 1.5}, "seed must be an integer"),
     ({"stop": ("ok", "")}, "stop must hold non-empty strings"),
     ({"stop": ""}, "stop must hold non-empty strings"),
+    ({"frequency_penalty": True}, "frequency_penalty must be a number, got True"),
+    ({"temperature": "0.5"}, "temperature must be a number"),
+    ({"logit_bias": {3: True}}, "logit_bias values must be numbers"),
+    ({"logit_bias": ((7, 100.0), (7, 100.0))}, "logit_bias names token 7 twice"),  # +200 applied
 ])
 def test_values_that_would_fail_mid_generation_are_refused_up_front(kwargs, words):
     from specula.errors import ConfigError
