@@ -31,7 +31,8 @@ import torch
 from specula.errors import ConfigError
 from specula.models.base import TargetModel, forward_trees
 from specula.models.device import sync_device
-from specula.planner.cost import MAX_SAMPLES, VALIDATE_SAMPLES, CostCurve, TimingConfig, read_cached_samples, warm_up
+from specula.planner.cost import (MAX_SAMPLES, VALIDATE_SAMPLES, CostCurve, TimingConfig, check_samples,
+                                  read_cached_samples, warm_up)
 from specula.tree import TokenTree
 
 DEFAULT_BATCH_SIZES = (1, 2, 4, 8, 16)
@@ -199,9 +200,11 @@ def measure_batch_times(backend: TargetModel, needed: dict[Cell, int], context: 
                 secs[b, n] = timed(b, n)
                 plain = secs.get((b, 1))
                 if not rounds and plain is not None and n > 1 and secs[b, n] > config.max_ratio * plain:
-                    for cell in cells:  # this batch size's larger passes: not worth timing
-                        if cell[0] == b and cell[1] > n:
-                            need[cell] = 0
+                    secs[b, n] = min(secs[b, n], timed(b, n))  # once more: one slow pass must not cut
+                    if secs[b, n] > config.max_ratio * plain:
+                        for cell in cells:  # this batch size's larger passes: not worth timing
+                            if cell[0] == b and cell[1] > n:
+                                need[cell] = 0
             others = probe.others()
             rounds.append((others if others is not None else 0.0, secs))
             if rounds[-1][0] <= config.busy_cores:
@@ -241,6 +244,7 @@ def curve_from_batch_samples(samples: dict[str, Any], context: int) -> BatchCost
     cell's ratios; each row holds the cells timed, made non-decreasing in tokens (a pass over more
     tokens does not cost less: a lower reading further along is noise, and the flat stretch it
     leaves reads as free nodes)."""
+    check_samples(samples)
     step = statistics.median(samples["step"])
     cells: dict[int, dict[int, float]] = {1: {1: step}}
     for key, values in samples["ratio"].items():

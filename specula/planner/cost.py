@@ -217,11 +217,17 @@ def measure_pass_times(backend: TargetModel, sizes: Sequence[int], context: int,
     try:
         seq.prefill(prefix, logits="none")
         # commit(()) keeps prefix + root: each pass crops back to the `context`-token prefix.
+        def again(n: int, seconds: float) -> float:
+            """A pass that read too costly to time larger ones, timed once more: the lesser (one slow
+            pass, a page fault or another process's time slice, must not rule sizes out)."""
+            return min(seconds, _timed_pass(seq, backend.device, root, trees[n], context))
+
         first = 0.0
         for n in sizes:  # warm-up, one pass each, ascending
             seconds = _timed_pass(seq, backend.device, root, trees[n], context)
             first = first or seconds
-            if n > 1 and seconds > 2 * config.max_ratio * first and n < sizes[-1]:
+            if n > 1 and n < sizes[-1] and seconds > 2 * config.max_ratio * first \
+                    and again(n, seconds) > 2 * config.max_ratio * first:
                 sizes = sizes[: sizes.index(n) + 1]  # far beyond paying even cold: larger sizes not timed
                 break
         step, warmup, stable = warm_up(lambda: _timed_pass(seq, backend.device, root, trees[1], context), config)
@@ -232,9 +238,12 @@ def measure_pass_times(backend: TargetModel, sizes: Sequence[int], context: int,
                 secs[n] = _timed_pass(seq, backend.device, root, trees[n], context)
                 # larger passes cost even more: not worth timing. Judged against this round's own plain
                 # pass (a burst that slows the whole round cuts nothing), never at the plain pass itself
-                if not rounds and n > 1 and secs[n] > config.max_ratio * max(step, secs[1]) and n < sizes[-1]:
-                    sizes = sizes[: sizes.index(n) + 1]
-                    break
+                limit = config.max_ratio * max(step, secs[1])
+                if not rounds and n > 1 and n < sizes[-1] and secs[n] > limit:
+                    secs[n] = again(n, secs[n])
+                    if secs[n] > limit:
+                        sizes = sizes[: sizes.index(n) + 1]
+                        break
             others = probe.others()
             rounds.append((others if others is not None else 0.0, secs))
             if sum(load <= config.busy_cores for load, _ in rounds) >= repeats:
@@ -412,20 +421,44 @@ def curve_from_samples(samples: dict[str, Any], context: int, repeats: int) -> C
     """The curve of a cache entry's samples: a plain step = the median of the step samples, size n =
     that times the median of n's ratio samples (each taken against a plain step of the same round,
     so a run on a busier machine shifts the step, not the shape)."""
+    check_samples(samples)
+    untimed = samples.get("untimed_from")
+    if untimed is not None and not (type(untimed) is int and untimed >= 2):
+        raise ValueError(f"untimed_from {untimed!r} is not a pass size")
     step = statistics.median(samples["step"])
     ratios = {int(n): statistics.median(r) for n, r in samples["ratio"].items() if r}
     sizes = sorted({1, *ratios})
-    seconds = [step if n == 1 else step * max(ratios[n], 1e-6) for n in sizes]
+    seconds, floor = [], 1.0
+    for n in sizes:  # a pass over more tokens does not cost less: a lower median further along is noise
+        floor = max(floor, ratios.get(n, 1.0))
+        seconds.append(step * floor)
     return CostCurve(tuple(sizes), tuple(seconds), context, repeats)
+
+
+def check_samples(samples: dict[str, Any]) -> None:
+    """ValueError unless a cache entry's samples are seconds and ratios, finite and > 0 (a damaged
+    or hand-edited entry is measured again: a ratio of 0 priced passes at nothing)."""
+    values = [samples["step"], *samples["ratio"].values()]
+    if not samples["step"] or not all(isinstance(v, list) for v in values):
+        raise ValueError("samples are not lists")
+    for x in (x for v in values for x in v):
+        if not (isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x > 0):
+            raise ValueError(f"sample {x!r} is not a finite positive number")
 
 
 def _add_samples(samples: dict[str, Any], times: dict[int, list[float]], asked: Sequence[int] = ()) -> None:
     """Fold one measurement's rounds into a cache entry's samples (each size's ratio against the
     plain step of its own round). Sizes `asked` for that the timing left out as too costly are noted
-    (`untimed_from`: the smallest), so later loads do not time them again."""
+    (`untimed_from`: the smallest); the next load times them again (one slow pass may have cut
+    them), and a second cut is trusted (`untimed_confirmed`: later loads do not time them)."""
     left_out = [n for n in asked if n > 1 and n not in times]
     if left_out:
+        if "untimed_from" in samples:  # a second timing cut them too: trusted from now on
+            samples["untimed_confirmed"] = True
         samples["untimed_from"] = min(left_out)
+    elif samples.get("untimed_from") in asked:  # timed again and worth timing after all
+        samples.pop("untimed_from")
+        samples.pop("untimed_confirmed", None)
     samples["step"] = (samples.get("step", []) + list(times[1]))[-MAX_SAMPLES:]
     ratio = samples.setdefault("ratio", {})
     for n, secs in times.items():
@@ -456,11 +489,14 @@ def load_or_measure_curve(target: TargetModel, sizes: Sequence[int] = DEFAULT_SI
         timing = measure_pass_times(target, sizes, context, repeats)
         _add_samples(samples, timing.times, sizes)
     else:
-        # sizes with too few samples, and sizes a timing left out other than as too costly (an entry
-        # of before `untimed_from` that lost them to one slow pass is timed again)
+        # sizes with too few samples, sizes a timing left out other than as too costly (an entry of
+        # before `untimed_from` that lost them to one slow pass is timed again), and those it left out
+        # as too costly until a second timing agrees
         untimed = samples.get("untimed_from") or float("inf")
         stale = [n for n in sizes if 1 < n <= VALIDATE_MAX_SIZE and (
             len(samples["ratio"][str(n)]) < VALIDATE_SAMPLES if str(n) in samples["ratio"] else n < untimed)]
+        if not samples.get("untimed_confirmed"):
+            stale = sorted({*stale, *(n for n in sizes if n >= untimed)})
         if not stale:
             curve = curve_from_samples(samples, context, repeats)
             if report:

@@ -161,6 +161,27 @@ def test_timing_drops_busy_rounds_and_passes_that_cannot_pay(monkeypatch):
     assert not times.busy and len(times.steps) == 2
 
 
+def test_one_slow_pass_in_the_first_round_cuts_nothing(monkeypatch):
+    """2 x 4 reads 6 plain passes once (a time slice lost): it is timed again, reads 1.6, and the
+    row goes on to 2 x 8 (the cut was cached and never timed again)."""
+
+    class Spiky(dict):
+        spikes = 1
+
+        def __getitem__(self, cell):
+            if cell == (2, 4) and self.spikes:
+                self.spikes -= 1
+                return 9.0
+            return dict.__getitem__(self, cell)
+
+    cost_of = Spiky({(1, 1): 1.0, (1, 2): 1.1, (2, 1): 1.2, (2, 2): 1.5, (2, 4): 1.6, (2, 8): 1.9})
+    passes = fake_clock(monkeypatch, cost_of, lambda i: 0.0)
+    times = batch_cost.measure_batch_times(native_target(), {(1, 2): 2, (2, 1): 2, (2, 2): 2, (2, 4): 2, (2, 8): 2},
+                                           context=8)
+    assert cost_of.spikes == 0 and set(times.ratios) == {(1, 2), (2, 1), (2, 2), (2, 4), (2, 8)}
+    assert times.ratios[2, 4] == [pytest.approx(1.6 / 1.0)] * 2 and passes[2, 4] == 3
+
+
 def test_a_cell_the_first_round_cuts_is_not_timed_nor_kept_nor_timed_again(tmp_path, monkeypatch):
     """Every round quiet: the first round ends row 2 at 2 x 4 (4.2 plain passes of 2), so 2 x 8 is
     timed only by the warm-up, is not in the table, and a later load does not time it."""

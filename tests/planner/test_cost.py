@@ -268,15 +268,75 @@ def test_one_slow_plain_pass_does_not_cut_the_curve(monkeypatch):
     assert sorted(timing.times) == [1, 2, 4, 8]
 
 
-def test_sizes_a_cached_curve_lacks_are_timed_unless_left_out_as_too_costly(tmp_path, monkeypatch):
+def test_one_slow_multi_token_pass_does_not_cut_the_curve(monkeypatch):
+    """The first round's 4-token pass reads 6 plain steps once (a page fault, another process's
+    time slice): it is timed again before larger sizes are ruled out (they were cut, and the cache
+    kept them cut for every later run)."""
+    from specula.planner.cost import measure_pass_times
+
+    slow = {}
+
+    def seconds_of(n, i):
+        if n == 4 and i > 8 and not slow:  # the first timed round's 4-token pass, once
+            slow[i] = True
+            return 0.6
+        return 0.1 * (1.0 if n == 1 else 1.0 + 0.05 * n)
+
+    backend, seq = fake_timing(monkeypatch, seconds_of)
+    timing = measure_pass_times(backend, (1, 2, 4, 8, 16), context=8, repeats=2)
+    assert slow and sorted(timing.times) == [1, 2, 4, 8, 16]
+    assert timing.times[4] == pytest.approx([0.12, 0.12])  # the lesser of the two readings
+
+
+@pytest.mark.parametrize("damage", [{"ratio": {"2": [0.0]}}, {"ratio": {"2": [-1.0]}}, {"step": [0]},
+                                    {"untimed_from": "8", "ratio": {}}, {"untimed_from": 1.5}, {"ratio": {"2": [True]}}])
+def test_a_cached_entry_with_impossible_samples_is_measured_again(tmp_path, monkeypatch, damage):
+    """A ratio of 0 priced every tree of that size at nothing (and, spread to its neighbours, once
+    corrected, at a million plain steps); an untimed_from that is not a size crashed every later
+    run. Such an entry is removed and measured again."""
+    import specula.planner.cost as cost
+
+    monkeypatch.setenv("SPECULA_CACHE", str(tmp_path))
+    backend = HFCausalLM(tiny_model("qwen2"))
+    calls = []
+
+    def fake_times(target, sizes, context, repeats, seed=0):
+        calls.append(sizes)
+        return cost.PassTimes({n: [0.01 * (1 + 0.1 * (n - 1))] * repeats for n in sorted({1, *sizes})})
+
+    monkeypatch.setattr(cost, "measure_pass_times", fake_times)
+    first = load_or_measure_curve(backend, sizes=(1, 2), context=8, repeats=1)
+    path = next((tmp_path / "cost").glob("*.json"))
+    entry = json.loads(path.read_text())
+    entry["samples"].update(damage)
+    path.write_text(json.dumps(entry))
+    again = load_or_measure_curve(backend, sizes=(1, 2), context=8, repeats=1)
+    assert again.ratio(2) == pytest.approx(first.ratio(2)) and len(calls) == 2
+
+
+def test_a_curve_from_noisy_samples_never_costs_less_for_more_tokens():
+    """Medians of 1.45 at 2 tokens and 1.0 at 4 made a 4-token pass cheaper than a 2-token one, so
+    the planner preferred larger trees; a ratio under 1 priced a tree below a plain step."""
+    from specula.planner.cost import curve_from_samples
+
+    curve = curve_from_samples({"step": [0.01], "ratio": {"2": [1.45], "4": [1.0], "8": [0.9], "16": [2.0]}},
+                               context=8, repeats=1)
+    assert [round(curve.ratio(n), 6) for n in (2, 4, 8, 16)] == [1.45, 1.45, 1.45, 2.0]
+    low = curve_from_samples({"step": [0.01], "ratio": {"2": [0.97]}}, context=8, repeats=1)
+    assert low.ratio(2) == pytest.approx(1.0)
+
+
+def test_sizes_a_cached_curve_lacks_are_timed_unless_left_out_as_too_costly_twice(tmp_path, monkeypatch):
     """A cached entry that lost sizes to a bad cut is repaired on the next load; sizes the timing
-    left out because they cost too much (`untimed_from`) are not timed again on every load."""
+    left out because they cost too much (`untimed_from`) are timed once more on the next load (one
+    slow pass may have cut them, and the note kept them untimed for good), and not again once a
+    second timing agrees."""
     import specula.planner.cost as cost
 
     monkeypatch.setenv("SPECULA_CACHE", str(tmp_path))
     backend = HFCausalLM(tiny_model("qwen2"))
     calls: list[list[int]] = []
-    cut = {"at": 2}  # the first timing keeps sizes up to 2 only
+    cut = {"at": 2}  # the timing keeps sizes up to 2 only
 
     def fake_times(target, sizes, context, repeats, seed=0):
         sizes = sorted({1, *sizes})
@@ -288,11 +348,37 @@ def test_sizes_a_cached_curve_lacks_are_timed_unless_left_out_as_too_costly(tmp_
     load_or_measure_curve(backend, sizes=(1, 2, 4, 8), context=8, repeats=1)
     path = next((tmp_path / "cost").glob("*.json"))
     entry = json.loads(path.read_text())
-    assert entry["samples"]["untimed_from"] == 4  # 4 and 8: left out as too costly, not timed again ...
+    assert entry["samples"]["untimed_from"] == 4 and "untimed_confirmed" not in entry["samples"]
+    load_or_measure_curve(backend, sizes=(1, 2, 4, 8), context=8, repeats=1)
+    assert {4, 8} <= set(calls[-1])  # timed again: cut again, so trusted from now on ...
+    assert json.loads(path.read_text())["samples"]["untimed_confirmed"] is True
     load_or_measure_curve(backend, sizes=(1, 2, 4, 8), context=8, repeats=1)
     assert 4 not in calls[-1]
+    entry = json.loads(path.read_text())
     del entry["samples"]["untimed_from"]  # ... but an entry that merely lacks them (a bad cut before) is repaired
     path.write_text(json.dumps(entry))
     cut["at"] = 8
     curve = load_or_measure_curve(backend, sizes=(1, 2, 4, 8), context=8, repeats=1)
     assert {4, 8} <= set(calls[-1]) and 8 in curve.sizes
+
+
+def test_a_cut_the_next_load_finds_cheap_is_timed_and_forgotten(tmp_path, monkeypatch):
+    """One slow pass cut the first timing at 2; the next load times 4 and 8 again, finds them
+    cheap, keeps their samples and drops the note (they were never timed again before)."""
+    import specula.planner.cost as cost
+
+    monkeypatch.setenv("SPECULA_CACHE", str(tmp_path))
+    backend = HFCausalLM(tiny_model("qwen2"))
+    cut = {"at": 2}
+
+    def fake_times(target, sizes, context, repeats, seed=0):
+        kept = [n for n in sorted({1, *sizes}) if n <= cut["at"]]
+        return cost.PassTimes({n: [0.01 * (1 + 0.05 * n)] * repeats for n in kept})
+
+    monkeypatch.setattr(cost, "measure_pass_times", fake_times)
+    first = load_or_measure_curve(backend, sizes=(1, 2, 4, 8), context=8, repeats=1)
+    assert first.sizes == (1, 2)
+    cut["at"] = 8
+    curve = load_or_measure_curve(backend, sizes=(1, 2, 4, 8), context=8, repeats=1)
+    samples = json.loads(next((tmp_path / "cost").glob("*.json")).read_text())["samples"]
+    assert curve.sizes == (1, 2, 4, 8) and "untimed_from" not in samples and "untimed_confirmed" not in samples
