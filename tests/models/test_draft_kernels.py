@@ -37,3 +37,17 @@ def test_top_k_probs_refuses_a_k_beyond_the_row_and_other_dtypes():
         kernels.top_k_probs(torch.zeros(1, 5), 6)
     with pytest.raises(ValueError, match="float32"):
         kernels.top_k_probs(torch.zeros(1, 5, dtype=torch.float64), 2)
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_non_finite_weights_are_refused_before_quantizing(bad):
+    """A NaN weight reached an int8 cast in C (undefined behaviour; gcc gave 0), an infinite one
+    zeroed its group with an infinite scale: a one-line error instead."""
+    from specula.errors import ConfigError
+    from specula.models.native.kernels.packing import quantize_groups, quantize_rows
+
+    weight = torch.randn(4, 70)
+    weight[2, 5] = bad
+    for quantize in (quantize_rows, lambda w: quantize_groups(w, 64)):
+        with pytest.raises(ConfigError, match="NaN or infinite"):
+            quantize(weight)

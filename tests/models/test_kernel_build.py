@@ -137,6 +137,24 @@ def test_a_cpu_without_avx512_compiles_the_avx512_variants_unoptimised(monkeypat
     assert keys["avx2"] != keys["avx512"] == keys["unreadable"]  # another plan, another library
 
 
+def test_another_cc_builds_its_own_library(monkeypatch):
+    """A library built by one $CC was loaded whatever $CC said later: a sanitizer build then aborted
+    every ordinary process on that cache. Without $CC the key is unchanged (no rebuild)."""
+    from specula.models.native import kernels
+
+    keys = {}
+    for name, cc in (("unset", None), ("cc", "cc"), ("asan", "gcc -fsanitize=address -g")):
+        if cc is None:
+            monkeypatch.delenv("CC", raising=False)
+        else:
+            monkeypatch.setenv("CC", cc)
+        kernels.build_key.cache_clear()
+        keys[name] = kernels.build_key()
+    kernels.build_key.cache_clear()
+    monkeypatch.undo()
+    assert len(set(keys.values())) == 3
+
+
 def test_a_killed_builds_objects_are_swept_by_the_next_build(tmp_path, monkeypatch):
     from specula.models.native import kernels
     from specula.models.native.kernels import build

@@ -161,12 +161,15 @@ def compile_plan() -> dict[Path, tuple[str, ...]]:
 
 @functools.cache
 def build_key() -> str:
-    """Hash of the kernels' sources, flags (`compile_plan`'s too) and CPU: names the compiled library
-    (and, in part, the cost curves timed with it: `prepack.linear_kernel_of`)."""
+    """Hash of the kernels' sources, flags (`compile_plan`'s too), CPU and `$CC` where set: names the
+    compiled library (and, in part, the cost curves timed with it: `prepack.linear_kernel_of`). A
+    library built by another `$CC` (clang, `-march=native`, a sanitizer whose runtime then aborts
+    every process loading it) is never loaded in its place; without `$CC` the key is as before."""
     source = b"".join(path.read_bytes() for path in SOURCES + HEADERS)
     plan = " ".join(f"{path.name}:{','.join(extra)}" for path, extra in compile_plan().items() if extra)
+    compiler = ("cc=" + shlex.join(c_compiler())).encode() if os.environ.get("CC") else b""
     return hashlib.sha256(source + " ".join(FLAGS).encode() + platform.processor().encode()
-                          + plan.encode()).hexdigest()[:16]
+                          + plan.encode() + compiler).hexdigest()[:16]
 
 
 @functools.cache

@@ -11,6 +11,8 @@ from collections.abc import Callable
 
 import torch
 
+from specula.errors import ConfigError
+
 Empty = Callable[[tuple[int, ...], torch.dtype], torch.Tensor]
 """Where a packed weight is made: (shape, dtype) -> an uninitialised contiguous CPU tensor.
 `torch.empty` when None; the prepared-model cache passes `TensorFileWriter.empty`, so the
@@ -76,6 +78,9 @@ def _quantize(weight: torch.Tensor, group: int, limit: float) -> tuple[torch.Ten
     from specula.models.quantize import _TINY
 
     weight = weight.detach().float().contiguous()
+    if not torch.isfinite(weight).all():  # NaN reached an int8 cast in C (undefined: gcc gave 0)
+        raise ConfigError("the model's weights hold NaN or infinite values, which cannot be quantized: the model "
+                          "file is damaged or was saved in a dtype too narrow for it; re-convert or re-download it")
     rows, cols = weight.shape
     padded = -(-cols // group) * group
     q = torch.empty((rows, padded), dtype=torch.int8)
