@@ -49,13 +49,16 @@ class CostKey:
     """The attention implementation."""
     linear_kernel: str
     """The linears' kernel (`prepack.linear_kernel_of`: "aten", "onednn", "specula-<kind>-<isa>-<build>")."""
+    shape: tuple[int | None, int | None, int | None] | None = None
+    """(vocabulary, MLP width, KV heads): with `layers` and `hidden` the shape of the passes, so
+    another model saved at the same path reads its own curve (None: left out of the key)."""
     cuda_graphs: bool | None = None
     """Whether passes replay captured CUDA graphs; None (left out of the key) where the backend
     has no graph path."""
     gpu: str | None = None
     """The GPU's name on CUDA; None (left out of the key) elsewhere."""
 
-    OPTIONAL: ClassVar[tuple[str, ...]] = ("cuda_graphs", "gpu")
+    OPTIONAL: ClassVar[tuple[str, ...]] = ("shape", "cuda_graphs", "gpu")
     """Fields left out of `as_dict` when None (keys taken before they existed stay the same)."""
 
     def as_dict(self) -> dict[str, Any]:
@@ -69,12 +72,14 @@ class CostKey:
 
 def cost_key_of(weights: nn.Module, *, model: str, arch: str, layers: int | None, hidden: int | None,
                 backend: BackendName, dtype: torch.dtype, device: torch.device, attention: str | None,
+                shape: tuple[int | None, int | None, int | None] | None = None,
                 cuda_graphs: bool | None = None) -> dict[str, Any]:
     """A backend's `cost_key()`: what it says about itself, plus what the schema reads the same way
     for every backend (the kernels and quantization of the module holding the `weights`, torch's
     threads and version, the GPU's name)."""
     return CostKey(
-        model=model, arch=arch, layers=layers, hidden=hidden, backend=backend, dtype=str(dtype), device=str(device),
+        model=model, arch=arch, layers=layers, hidden=hidden, shape=shape, backend=backend, dtype=str(dtype),
+        device=str(device),
         threads=torch.get_num_threads(), torch=torch.__version__, quantize=quantization_of(weights),
         attention=attention, linear_kernel=linear_kernel_of(weights), cuda_graphs=cuda_graphs,
         gpu=torch.cuda.get_device_name(device) if device.type == "cuda" else None,

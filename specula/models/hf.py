@@ -15,6 +15,8 @@ holds for eager and sdpa attention.
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import Any, Sequence
 
 import torch
@@ -96,10 +98,15 @@ class HFCausalLM:
 
     def cost_key(self) -> dict[str, Any]:
         cfg = self.config
-        return cost_key_of(self.model, model=self._model_id or str(getattr(cfg, "_name_or_path", "")) or self.name,
+        named = str(getattr(cfg, "_name_or_path", ""))
+        if named and os.path.isdir(named):  # a local directory, however it was spelled
+            named = str(Path(named).resolve())
+        return cost_key_of(self.model, model=self._model_id or named or self.name,
                            arch=type(self.model).__name__, layers=getattr(cfg, "num_hidden_layers", None),
                            hidden=getattr(cfg, "hidden_size", None), backend="hf", dtype=self.dtype,
-                           device=self.device, attention=getattr(cfg, "_attn_implementation", None))
+                           device=self.device, attention=getattr(cfg, "_attn_implementation", None),
+                           shape=(getattr(cfg, "vocab_size", None), getattr(cfg, "intermediate_size", None),
+                                  getattr(cfg, "num_key_value_heads", None)))
 
     def reference_model(self) -> PreTrainedModel:
         return self.model

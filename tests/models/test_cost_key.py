@@ -16,10 +16,29 @@ def test_both_backends_build_their_key_from_the_one_schema():
     hf = HFCausalLM(tiny_model("llama")).cost_key()
     native = NativeCausalLM(configure(NativeDecoder.from_hf(tiny_model("llama")), "aten", "none", "sdpa"),
                             "native").cost_key()
-    assert set(hf) == fields - set(CostKey.OPTIONAL)  # no graph path, no GPU: left out (keys as before)
+    assert set(hf) == fields - {"cuda_graphs", "gpu"}  # no graph path, no GPU: left out (keys as before)
     assert set(native) == fields - {"gpu"}
     assert {k: v for k, v in hf.items() if k not in ("backend", "arch")} == \
         {k: v for k, v in native.items() if k not in ("backend", "arch", "cuda_graphs", "model")} | {"model": "model"}
+
+
+def test_another_model_at_the_same_path_gets_its_own_key_and_a_path_is_one_key_however_spelled(tmp_path,
+                                                                                              monkeypatch):
+    """A model of another vocabulary or MLP width saved where one was timed read that one's curve;
+    the same directory given relatively and absolutely got two keys (timed twice)."""
+    from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
+
+    def saved(**shape):
+        config = LlamaConfig(**{"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+                                "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 96, **shape})
+        LlamaForCausalLM(config).save_pretrained(tmp_path / "m")
+        return HFCausalLM(AutoModelForCausalLM.from_pretrained(tmp_path / "m")).cost_key()
+
+    keys = [saved(), saved(vocab_size=200), saved(intermediate_size=128), saved(num_key_value_heads=4)]
+    assert len({str(k) for k in keys}) == 4
+    monkeypatch.chdir(tmp_path)
+    relative = HFCausalLM(AutoModelForCausalLM.from_pretrained("m")).cost_key()
+    assert relative == keys[-1]
 
 
 def test_optional_fields_are_left_out_only_when_unset():

@@ -139,6 +139,7 @@ class NativeCausalLM:
         cfg = self.config
         return cost_key_of(self.decoder, model=self._model_id or self.name, arch=cfg.architecture,
                            layers=cfg.num_layers, hidden=cfg.hidden_size, backend="native", dtype=self.dtype,
+                           shape=(cfg.vocab_size, cfg.intermediate_size, cfg.num_kv_heads),
                            device=self.device, attention="batch_invariant" if self.decoder.invariant else "sdpa",
                            cuda_graphs=self.cuda_graphs)
 
