@@ -4,18 +4,9 @@ from __future__ import annotations
 
 import os
 import platform
-from pathlib import Path
 from typing import Any
 
-
-def cpu_model() -> str:
-    """The CPU's marketing name (Linux /proc/cpuinfo, else `platform.processor()`)."""
-    cpuinfo = Path("/proc/cpuinfo")
-    if cpuinfo.is_file():
-        for line in cpuinfo.read_text(errors="replace").splitlines():
-            if line.lower().startswith("model name") and ":" in line:
-                return line.split(":", 1)[1].strip()
-    return platform.processor() or platform.machine() or "unknown"
+from specula.models.device import cpu_model
 
 
 def machine_info(device: Any = None) -> dict[str, Any]:

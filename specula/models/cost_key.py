@@ -15,6 +15,7 @@ from typing import Any, ClassVar, Literal
 import torch
 from torch import nn
 
+from specula.models.device import cpu_model
 from specula.models.linears import quantization_of
 from specula.models.prepack import linear_kernel_of
 
@@ -52,13 +53,16 @@ class CostKey:
     shape: tuple[int | None, int | None, int | None] | None = None
     """(vocabulary, MLP width, KV heads): with `layers` and `hidden` the shape of the passes, so
     another model saved at the same path reads its own curve (None: left out of the key)."""
+    cpu: str | None = None
+    """The CPU's name where the passes run on it (a cache copied to, or shared with, another machine
+    is timed afresh there: the curve's shape follows the CPU's vector units); None on a GPU."""
     cuda_graphs: bool | None = None
     """Whether passes replay captured CUDA graphs; None (left out of the key) where the backend
     has no graph path."""
     gpu: str | None = None
     """The GPU's name on CUDA; None (left out of the key) elsewhere."""
 
-    OPTIONAL: ClassVar[tuple[str, ...]] = ("shape", "cuda_graphs", "gpu")
+    OPTIONAL: ClassVar[tuple[str, ...]] = ("shape", "cpu", "cuda_graphs", "gpu")
     """Fields left out of `as_dict` when None (keys taken before they existed stay the same)."""
 
     def as_dict(self) -> dict[str, Any]:
@@ -83,4 +87,5 @@ def cost_key_of(weights: nn.Module, *, model: str, arch: str, layers: int | None
         threads=torch.get_num_threads(), torch=torch.__version__, quantize=quantization_of(weights),
         attention=attention, linear_kernel=linear_kernel_of(weights), cuda_graphs=cuda_graphs,
         gpu=torch.cuda.get_device_name(device) if device.type == "cuda" else None,
+        cpu=cpu_model() if device.type == "cpu" else None,
     ).as_dict()

@@ -5,7 +5,10 @@ kernel the device cannot run fails at once with the fix named."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
+import platform
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -16,6 +19,17 @@ DEVICES = ("auto", "cpu", "cuda", "cuda:N")
 """Values of `--device` / `LoadConfig.device` (N: a CUDA device index)."""
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 """Values of `--dtype` / `LoadConfig.dtype`. auto: float32 on CPU, bfloat16 on CUDA."""
+
+
+@functools.cache
+def cpu_model() -> str:
+    """The CPU's marketing name (Linux /proc/cpuinfo, else `platform.processor()`)."""
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.is_file():
+        for line in cpuinfo.read_text(errors="replace").splitlines():
+            if line.lower().startswith("model name") and ":" in line:
+                return line.split(":", 1)[1].strip()
+    return platform.processor() or platform.machine() or "unknown"
 
 
 def sync_device(device: Any) -> None:

@@ -7,6 +7,7 @@ import pytest
 
 from tiny import tiny_model
 from specula.models.cost_key import CostKey
+from specula.models.device import cpu_model
 from specula.models.hf import HFCausalLM
 from specula.models.native import NativeCausalLM, NativeDecoder, configure, kernels
 
@@ -17,6 +18,7 @@ def test_both_backends_build_their_key_from_the_one_schema():
     native = NativeCausalLM(configure(NativeDecoder.from_hf(tiny_model("llama")), "aten", "none", "sdpa"),
                             "native").cost_key()
     assert set(hf) == fields - {"cuda_graphs", "gpu"}  # no graph path, no GPU: left out (keys as before)
+    assert hf["cpu"] == native["cpu"] == cpu_model()  # a cache taken to another machine is timed there
     assert set(native) == fields - {"gpu"}
     assert {k: v for k, v in hf.items() if k not in ("backend", "arch")} == \
         {k: v for k, v in native.items() if k not in ("backend", "arch", "cuda_graphs", "model")} | {"model": "model"}
