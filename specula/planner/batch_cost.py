@@ -231,8 +231,12 @@ def _cells(batch_sizes: Sequence[int], tokens: Sequence[int]) -> list[Cell]:
     return [(b, n) for b in batch_sizes for n in tokens]
 
 
-def add_batch_samples(samples: dict[str, Any], times: BatchTimes) -> None:
-    """Fold one timing's rounds into a cache entry's samples (the last `MAX_SAMPLES` of each)."""
+def add_batch_samples(samples: dict[str, Any], times: BatchTimes, asked: Sequence[Cell] = ()) -> None:
+    """Fold one timing's rounds into a cache entry's samples (the last `MAX_SAMPLES` of each); cells
+    `asked` for that the timing cut (too costly) are noted in `cut`, so no later load times them."""
+    cut = {f"{b}x{n}" for b, n in asked if (b, n) != (1, 1) and (b, n) not in times.ratios}
+    if cut or "cut" in samples:
+        samples["cut"] = sorted(set(samples.get("cut", [])) | cut)
     samples["step"] = (samples.get("step", []) + list(times.steps))[-MAX_SAMPLES:]
     ratio = samples.setdefault("ratio", {})
     for (b, n), values in times.ratios.items():
@@ -296,26 +300,30 @@ def load_or_measure_batch_curve(target: TargetModel, batch_sizes: Sequence[int] 
     from specula.paths import atomic_write_json, cache_dir
 
     batch_sizes, tokens = sorted({1, *batch_sizes}), sorted({1, *tokens})
-    parts = {**target.cost_key(), "batch_sizes": batch_sizes, "tokens": tokens, "context": context}
+    # one entry whatever batch sizes are asked (a server started with --max-batch-size 6 after 8 times
+    # only the row of 6): the table holds every row timed, and the planner reads the rows it needs
+    parts = {**target.cost_key(), "tokens": tokens, "context": context}
     key = hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
     path = cache_dir("cost") / f"batch-{key}.json"
     samples = read_cached_samples(path, lambda data: _samples_of_batch_curve(BatchCostCurve.from_dict(data)),
                                   lambda samples: curve_from_batch_samples(samples, context))
+    wanted = [cell for cell in _cells(batch_sizes, tokens) if cell != (1, 1)]
+    first = {cell: VALIDATE_SAMPLES if cell[0] * cell[1] <= VALIDATE_MAX_TOTAL else repeats for cell in wanted}
     if samples is None:
         samples = {}
-        needed = {(b, n): VALIDATE_SAMPLES if b * n <= VALIDATE_MAX_TOTAL else repeats
-                  for b, n in _cells(batch_sizes, tokens)}
-        add_batch_samples(samples, measure_batch_times(target, needed, context))
+        add_batch_samples(samples, measure_batch_times(target, {(1, 1): VALIDATE_SAMPLES, **first}, context), wanted)
     else:
-        short = {(b, n): VALIDATE_SAMPLES - len(samples["ratio"][f"{b}x{n}"])  # cells a timing cut stay cut
-                 for b, n in _cells(batch_sizes, tokens)
-                 if (b, n) != (1, 1) and b * n <= VALIDATE_MAX_TOTAL and f"{b}x{n}" in samples["ratio"]}
+        ratio, cut = samples["ratio"], set(samples.get("cut", []))
+        # cells never timed (rows of other batch sizes), and small cells short of samples; a cut stays cut
+        short = {(b, n): first[b, n] if f"{b}x{n}" not in ratio else VALIDATE_SAMPLES - len(ratio[f"{b}x{n}"])
+                 for b, n in wanted
+                 if f"{b}x{n}" not in cut and (f"{b}x{n}" not in ratio or b * n <= VALIDATE_MAX_TOTAL)}
         short = {cell: k for cell, k in short.items() if k > 0}
         if not short:
             return curve_from_batch_samples(samples, context)
         timing = measure_batch_times(target, short, context)
         if not timing.busy:  # a busy timing would only add noise to the cached samples
-            add_batch_samples(samples, timing)
+            add_batch_samples(samples, timing, short)
     curve = curve_from_batch_samples(samples, context)
     atomic_write_json(path, {**curve.to_dict(), "samples": samples})
     return curve

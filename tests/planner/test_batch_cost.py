@@ -107,6 +107,19 @@ def test_cells_a_timing_cut_are_not_timed_on_later_loads(tmp_path, monkeypatch):
     assert load_or_measure_batch_curve(native_target(), (2,), (2, 4), context=8) == first and len(calls) == 1
 
 
+def test_other_batch_sizes_time_only_their_own_rows(tmp_path, monkeypatch):
+    """A server started with --max-batch-size 6 after one with 8 timed the whole table again (78
+    passes); now the one entry holds every row timed, and a load times only the rows it lacks."""
+    monkeypatch.setenv("SPECULA_CACHE", str(tmp_path))
+    calls = fake_batch_times(monkeypatch, lambda b, n, i: 1.0 + 0.01 * b * n)
+    eight = load_or_measure_batch_curve(native_target(), (2, 8), (2, 4), context=8)
+    six = load_or_measure_batch_curve(native_target(), (2, 6), (2, 4), context=8)
+    assert set(calls[1]) == {(6, 1), (6, 2), (6, 4)} and len(list((tmp_path / "cost").glob("batch-*.json"))) == 1
+    assert six.latency(2, 4) == eight.latency(2, 4) and 6 in six.batch_sizes
+    load_or_measure_batch_curve(native_target(), (2, 8), (2, 4), context=8)
+    assert len(calls) == 2  # both rows cached
+
+
 def test_rows_never_fall_with_more_tokens():
     samples = {"step": [0.01], "ratio": {"1x2": [1.1], "2x1": [1.2], "2x2": [1.1]}}  # 2 x 2 read below 2 x 1
     curve = batch_cost.curve_from_batch_samples(samples, 16)
