@@ -483,6 +483,13 @@ class SpeculativeDecoder:
             new = session.grammar.commit(new)
             if session.grammar.ended:
                 reason = "stop"  # EOS after a complete match: also where EOS is otherwise ignored
+        if reason is None and len(tokens) + len(new) >= target.max_context:
+            reason = "length"
+        # the text token by token, as plain decoding makes it: a stop string ends the output where it
+        # would there, however many tokens this step accepted
+        new, text, stopped = session.text.take(new, final=reason is not None)
+        if stopped:
+            reason = "stop"
         # The stats count what the step emitted: drafts accepted past EOS, a stop or the budget are cut.
         tree = proposal.tree
         stats.record_step(tree.depth, [[name for name, _ in tree.proposers(i)] for i in range(len(tree))],
@@ -492,11 +499,6 @@ class SpeculativeDecoder:
             logprobs = token_logprobs(logits[step_rows(result.path)[: len(new)]], new, session.params.logprobs)
         session.generated.extend(new)
         tokens.extend(new)
-        if reason is None and len(tokens) >= target.max_context:
-            reason = "length"
-        text = session.text.feed(new, final=reason is not None)
-        if reason is None and session.text.stopped:  # the trimmer saw a stop string `stop_cut` did not
-            reason = "stop"
         stats.new_tokens = len(session.generated)
         stats.seconds = time.perf_counter() - session.t_start
         if reason is not None:
@@ -505,7 +507,8 @@ class SpeculativeDecoder:
                            prompt_logprobs=session.prompt_logprobs if stats.steps == 1 else None)
 
     def _truncate(self, new: list[int], session: Session) -> tuple[list[int], str | None]:
-        """Cut the step's tokens at EOS or a stop token id, a stop string, or max_new_tokens."""
+        """Cut the step's tokens at EOS or a stop token id, or max_new_tokens (stop strings: the
+        text stream's `take`)."""
         params = session.params
         reason = None
         for i, tok in enumerate(new):
@@ -517,9 +520,6 @@ class SpeculativeDecoder:
             new, reason = new[:limit], "length"
         elif len(new) == limit and reason is None:
             reason = "length"
-        cut = session.text.stop_cut(new)
-        if cut is not None:
-            new, reason = new[:cut], "stop"
         return new, reason
 
 

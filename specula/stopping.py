@@ -102,6 +102,22 @@ class TextStream:
                 return k
         return None
 
+    def take(self, new: Sequence[int], final: bool = False) -> tuple[list[int], str, bool]:
+        """Feed a step's tokens one at a time, as plain decoding (one token a step) feeds them, so
+        neither the text nor where a stop string ends the output depends on how many tokens the
+        step accepted (byte-fallback decoders rewrite text already decoded; a stop string can show
+        in the whole text before `stop_cut`'s window sees it): (the tokens kept, up to the one a
+        stop string ended on; their text; whether a stop string ended the output). `final`: the
+        output ends with this step's last token (EOS, a stop id, a limit)."""
+        tokens = [int(t) for t in new]
+        parts = []
+        for i, token in enumerate(tokens):
+            cut = self.stop_cut([token]) is not None
+            parts.append(self.feed([token], final=cut or (final and i == len(tokens) - 1)))
+            if cut or self.stopped:  # the trimmer's whole text may show a stop `stop_cut` did not
+                return tokens[: i + 1], "".join(parts), True
+        return tokens, "".join(parts), False
+
     def feed(self, new: Sequence[int], final: bool = False) -> str:
         """Append tokens; the text delta safe to show (all of it when `final`)."""
         self.ids.extend(int(t) for t in new)

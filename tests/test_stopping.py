@@ -140,3 +140,72 @@ def test_a_character_spelled_in_byte_tokens_streams_whole_one_token_at_a_time():
     deltas = [one.feed([t], final=i == len(ids) - 1) for i, t in enumerate(ids)]
     assert "".join(deltas) == whole == "w9\U0001F600w14w15"
     assert "\ufffd" not in "".join(deltas[:4])  # the bytes so far are held back, not shown as U+FFFD
+
+
+def _byte_fallback_tokenizer(byte_pieces: dict[int, str]):
+    """Llama-2 / Mistral style: "▁w<i>" words, byte tokens at the ids given, a ByteFallback decoder
+    (a byte group that is not valid UTF-8 decodes to one U+FFFD a byte, rewriting a character
+    already decoded) and a leading-space strip."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+    from tiny import VOCAB
+
+    words = [f"▁w{i}" for i in range(VOCAB)]
+    words[0], words[1], words[2] = "<unk>", "</s>", "<s>"
+    for i, piece in byte_pieces.items():
+        words[i] = piece
+    backend = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.Metaspace()
+    backend.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(),
+                                         decoders.Strip(" ", 1, 0)])
+    return PreTrainedTokenizerFast(tokenizer_object=backend, bos_token="<s>", eos_token="</s>", unk_token="<unk>")
+
+
+def _plain_and_speculative(tok, k: int = 5):
+    """Plain decoding and draft-model with the target as its own draft (every draft accepted, so
+    steps feed up to 5 tokens at once) over a model whose greedy next token is the last + 1."""
+    from tiny import VOCAB, successor_model
+
+    from specula.api import Specula
+    from specula.models.hf import HFCausalLM
+
+    model = successor_model(VOCAB)
+    target = HFCausalLM(model, "target")
+    return (Specula(target, tok, "none"),
+            Specula(target, tok, "draft-model", HFCausalLM(model, "draft"), planner=False, num_draft_tokens=k))
+
+
+def _outputs(spec, prompt, **params):
+    out = spec.generate(prompt, **params)
+    chunks = list(spec.stream(prompt, **params))
+    return out.token_ids, out.text, "".join(c.text for c in chunks), out.stats.finish_reason, len(chunks)
+
+
+@pytest.mark.parametrize("params", [dict(max_new_tokens=4), dict(max_new_tokens=8), dict(max_new_tokens=12,
+                                                                                          stop=("日\ufffd",))])
+def test_text_does_not_depend_on_how_many_tokens_a_step_accepted(params):
+    """日 in byte tokens E6 97 A5, then E4, which starts a character that never ends: the decoder
+    turns all four into U+FFFD. Plain decoding shows 日 before the rewrite; a step accepting the
+    four at once showed four U+FFFD (text, stream and server differed), and a stop string found in
+    plain decoding's text was never seen."""
+    tok = _byte_fallback_tokenizer({10: "▁x", 11: "<0xE6>", 12: "<0x97>", 13: "<0xA5>", 14: "<0xE4>", 15: "▁a"})
+    plain, spec = _plain_and_speculative(tok)
+    expected = _outputs(plain, [2, 9, 10], ignore_eos=True, **params)
+    got = _outputs(spec, [2, 9, 10], ignore_eos=True, **params)
+    assert got[:4] == expected[:4] and got[4] < expected[4]  # fewer steps, the same output
+    assert expected[1].startswith("日") or params.get("stop")
+
+
+def test_a_stop_string_past_a_character_in_byte_tokens_cuts_where_plain_decoding_does():
+    """stop_cut's look-back window started inside a character spelled in byte tokens: it decoded to
+    U+FFFD only and missed the stop, the trimmer saw it after the step, and the step's tokens past
+    the stop were emitted (token_ids and completion_tokens longer than plain decoding's)."""
+    text = "一天日灂胄"  # characters whose UTF-8 bytes are all distinct: the successor model walks them
+    pieces = [f"<0x{b:02X}>" for b in text.encode()]
+    assert len(set(pieces)) == len(pieces)
+    tok = _byte_fallback_tokenizer({10 + i: piece for i, piece in enumerate(pieces)})
+    plain, spec = _plain_and_speculative(tok, k=4)
+    expected = _outputs(plain, [2, 9], ignore_eos=True, max_new_tokens=20, stop=("灂",))
+    got = _outputs(spec, [2, 9], ignore_eos=True, max_new_tokens=20, stop=("灂",))
+    assert expected[1] == "一天日" and expected[3] == "stop"
+    assert got[:4] == expected[:4] and got[4] < expected[4]
