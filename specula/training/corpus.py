@@ -112,7 +112,8 @@ def read_prompts(files: Iterable[str | os.PathLike], training: bool = True) -> l
             refuse_benchmark_prompts(path, rows)
         out += [(f"{path.stem}:{rid}", turns[0]) for _, rid, turns in rows]
     if not out:
-        raise ConfigError("the training data holds no prompts")
+        what, flag = ("training data", "--data") if training else ("held-out data", "--eval-data (or none)")
+        raise ConfigError(f"the {what} holds no prompts: pass JSONL prompt files with {flag}")
     return out
 
 

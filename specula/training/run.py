@@ -164,6 +164,7 @@ def run_training(target, tokenizer, target_name: str, out: Path, config: TrainCo
                         intermediate_size=config.intermediate_size, num_kv_heads=config.num_kv_heads,
                         copy_ngram=config.copy_ngram)
     started_from = None if init_head is None else {"path": str(init_head), "sha256": sha256_file(Path(init_head))}
+    init = None if started_from is None else started_from["sha256"]
     every = list(range(len(eval_fs))) if eval_fs is not None else []
     other_before = acceptance_report(head, eval_fs, every, config, head.embed) if every else None
     losses: list[float] = []
@@ -177,13 +178,13 @@ def run_training(target, tokenizer, target_name: str, out: Path, config: TrainCo
         if deadline is not None and config.epochs > 0:  # nothing to fit (or probe) without training
             per_epoch, most = step_counts(fs, config)
             config, budget = _fit_to_deadline(head, fs, config, deadline, len(every), cache_features)
-            resumed = budgeted_checkpoint(out, config, head, fs)
+            resumed = budgeted_checkpoint(out, config, head, fs, init)
             if resumed is not None:  # this run's own checkpoint: its schedule, re-fitted to this deadline as it goes
                 config = resumed
                 budget |= {"resumed_epochs": resumed.epochs,
                            "report_sequences": resumed.report_sequences or budget["heldout_sequences"]}
             stop_at = time.monotonic() + budget["seconds_for_training"]
-        record = _train_with_total(head, fs, config, out, progress, bar, max_minutes, stop_at, most)
+        record = _train_with_total(head, fs, config, out, progress, bar, max_minutes, stop_at, most, init)
     if budget is not None:
         budget["epochs_run"] = round(record["steps"] / per_epoch, 3)
         record["time_budget"] = budget
@@ -323,7 +324,7 @@ def _corpus_and_features(target, tokenizer, per_file: Sequence[tuple[Path, list[
     return [s for file_seqs in seqs for s in file_seqs], concat_features(sets), time.perf_counter() - t
 
 
-def _train_with_total(head, fs, config, out, progress, bar, max_minutes, stop_at=None, most_steps=None):
+def _train_with_total(head, fs, config, out, progress, bar, max_minutes, stop_at=None, most_steps=None, init=None):
     """`train_head` with the bar's total set once the step count is known (and again when a re-fit
     changes it); it stops after `max_minutes`, and at `stop_at` (`time.monotonic()`) at the latest,
     to which its schedule is re-fitted (up to `most_steps`, the epochs asked) as it learns its rate."""
@@ -338,7 +339,7 @@ def _train_with_total(head, fs, config, out, progress, bar, max_minutes, stop_at
         limits.append(max(0.0, stop_at - time.monotonic()))
     return train_head(head, fs, config, out, progress=progress, max_seconds=min(limits) if limits else None,
                       until=stop_at, most_steps=most_steps, on_total=set_total,
-                      on_note=lambda line: print(f"note: {line}", file=sys.stderr, flush=True))
+                      on_note=lambda line: print(f"note: {line}", file=sys.stderr, flush=True), init=init)
 
 
 PROBE_SECONDS = 10.0
@@ -356,7 +357,8 @@ FITTED_BY_BUDGET = ("epochs", "report_sequences")
 """The settings `--time-budget` fits anew at each start (`_fit_to_deadline`)."""
 
 
-def budgeted_checkpoint(out: Path, config: TrainConfig, head, fs: FeatureSet) -> TrainConfig | None:
+def budgeted_checkpoint(out: Path, config: TrainConfig, head, fs: FeatureSet, init: str | None = None,
+                        ) -> TrainConfig | None:
     """The settings of OUT/checkpoint.pt where it differs from a run of `head` on `fs` with `config`
     (`resume_changes`) in what a time budget fits (`FITTED_BY_BUDGET`) and in nothing else, else
     None: a run under `--time-budget` that was stopped is then resumed by its own command, where its
@@ -365,7 +367,7 @@ def budgeted_checkpoint(out: Path, config: TrainConfig, head, fs: FeatureSet) ->
     if not ckpt.is_file():
         return None
     state = torch.load(ckpt, map_location="cpu", weights_only=False, mmap=True)
-    changes = resume_changes(state, config, head, data_fingerprint(fs), feature_fingerprint(fs))
+    changes = resume_changes(state, config, head, data_fingerprint(fs), feature_fingerprint(fs), init)
     if not changes or set(changes) - set(FITTED_BY_BUDGET):
         return None
     return replace(config, **{k: was for k, (was, _) in changes.items()})

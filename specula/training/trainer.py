@@ -120,9 +120,11 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         for name in ("seq_len", "batch_size", "ttt_steps", "num_offsets", "eval_depth", "checkpoint_every",
-                     "draft_vocab", "topk_loss_k"):
+                     "topk_loss_k"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.draft_vocab < 2:  # before answers and features are made, not after (HeadConfig's own check)
+            raise ConfigError(f"--draft-vocab must be at least 2 (the tokens a head scores), got {self.draft_vocab}")
         for name in ("intermediate_size", "num_kv_heads", "copy_ngram"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name} must be >= 0 (0 = the default shape), got {getattr(self, name)}")
@@ -297,8 +299,8 @@ def acceptance_report(head: TrainedHead, fs: FeatureSet, seqs: list[int], cfg: T
                     preds[k, : out.shape[1]] = head.d2t[head.logits(out[0]).argmax(-1).cpu()]
         by_root: dict[int, int] = {}
         for c in range(t - 1):
-            if not bool(out_mask[c + 2]):
-                continue
+            if not (bool(out_mask[c + 1]) and bool(out_mask[c + 2])):  # a root after the prompt's last token:
+                continue  # its first token came from the prefill, never drafted
             run = 0
             for d in range(1, depth + 1):
                 pos = c + d + 1
@@ -315,8 +317,11 @@ def acceptance_report(head: TrainedHead, fs: FeatureSet, seqs: list[int], cfg: T
             by_root[c] = run
         c = next((c for c in sorted(by_root) if bool(out_mask[c + 1])), None)  # root = an answer token
         while c is not None and c in by_root:
-            walk_steps, walk_tokens = walk_steps + 1, walk_tokens + 1 + by_root[c]
-            c += 1 + by_root[c]
+            # the step after root c (x_{c+1} committed) emits its run and a bonus token, none past x_t:
+            # a run cut by the piece's end has no bonus
+            emitted = min(1 + by_root[c], t - c - 1)
+            walk_steps, walk_tokens = walk_steps + 1, walk_tokens + emitted
+            c += emitted
     n = max(1, len(runs))
     return {"positions": len(runs), "mean_accepted_chain": round(1 + sum(runs) / n, 3),
             "mean_accepted_walk": round(walk_tokens / max(1, walk_steps), 3),
@@ -389,12 +394,13 @@ def checkpoint_changes(saved: dict, cfg: TrainConfig) -> dict[str, list]:
 
 
 def resume_changes(state: dict, cfg: TrainConfig, head: TrainedHead, data: str,
-                   features: str | None = None) -> dict[str, list]:
+                   features: str | None = None, init: str | None = None) -> dict[str, list]:
     """What keeps a run of `head` with `cfg` on the data of fingerprint `data` (`data_fingerprint`,
     computed once by the caller) and target features of fingerprint `features`
-    (`feature_fingerprint`; None: not compared) from resuming the checkpoint `state`: {what: [the
-    checkpoint's, the run's]} over the settings (`checkpoint_changes`), the draft vocabulary, the
-    data, the features and the weights' shapes; empty = the same run's."""
+    (`feature_fingerprint`; None: not compared), started from the head file of sha256 `init` (None:
+    fresh weights), from resuming the checkpoint `state`: {what: [the checkpoint's, the run's]} over
+    the settings (`checkpoint_changes`), the draft vocabulary, the data, the features, the starting
+    head and the weights' shapes; empty = the same run's."""
     changes = checkpoint_changes(state.get("config") or {}, cfg)
     if not torch.equal(state["d2t"], head.d2t):
         changes["draft_vocab"] = [f"{len(state['d2t'])} tokens", f"{len(head.d2t)} tokens (another vocabulary)"]
@@ -402,6 +408,8 @@ def resume_changes(state: dict, cfg: TrainConfig, head: TrainedHead, data: str,
         changes["data"] = [state["data"], f"{data} (other prompts or answers)"]
     if features is not None and state.get("features", features) != features:  # likewise
         changes["features"] = [state["features"], f"{features} (another target's, dtype or quantisation)"]
+    if state.get("init") != init:  # a checkpoint of before the field started from fresh weights
+        changes["init_head"] = [state.get("init") or "fresh weights", init or "fresh weights"]
     shapes = {k: tuple(v.shape) for k, v in head.module.state_dict().items()}
     if ({k: tuple(v.shape) for k, v in state["module"].items()} != shapes
             or len(state["optimizer"]["param_groups"]) != len(param_groups(head.module, cfg))):
@@ -448,7 +456,8 @@ def param_groups(module: torch.nn.Module, cfg: TrainConfig) -> list[dict]:
 def train_head(head: TrainedHead, fs: FeatureSet, cfg: TrainConfig, out_dir: Path, *,
                progress: Callable[[int, float], None] | None = None, max_seconds: float | None = None,
                until: float | None = None, most_steps: int | None = None,
-               on_total: Callable[[int], None] | None = None, on_note: Callable[[str], None] | None = None) -> dict:
+               on_total: Callable[[int], None] | None = None, on_note: Callable[[str], None] | None = None,
+               init: str | None = None) -> dict:
     """Train `head` in place (resuming from out_dir/checkpoint.pt when it matches `cfg`); returns
     the training record (steps, seconds, losses, held-out acceptance before and after). A
     checkpoint written with other settings, or on other data (`data_fingerprint`), is not resumed:
@@ -459,7 +468,10 @@ def train_head(head: TrainedHead, fs: FeatureSet, cfg: TrainConfig, out_dir: Pat
     from the run's own steady rate (`refit_total`; at most `most_steps`, default the steps of `cfg`),
     so a probe that misjudged the rate neither cuts the run short nor leaves it at a high learning
     rate; the learning rate follows the cosine over the re-fitted length (flat early, so a re-fit
-    moves it little). `on_total(n)` hears each new length."""
+    moves it little). `on_total(n)` hears each new length. `init`: the sha256 of the head file the
+    run started from (`--init-head`; None: fresh weights), kept in the checkpoint so that a run from
+    another start never resumes it. `max_seconds` counts this process's training, not the time a
+    resumed checkpoint had trained before."""
     from specula.paths import atomic_path
 
     module = head.module.train().requires_grad_(True)
@@ -483,7 +495,7 @@ def train_head(head: TrainedHead, fs: FeatureSet, cfg: TrainConfig, out_dir: Pat
     ignored = None
     if ckpt.is_file():
         state = torch.load(ckpt, weights_only=False)
-        changes = resume_changes(state, cfg, head, data, features)
+        changes = resume_changes(state, cfg, head, data, features, init)
         if changes:
             ignored = changes
             if on_note is not None:
@@ -502,14 +514,15 @@ def train_head(head: TrainedHead, fs: FeatureSet, cfg: TrainConfig, out_dir: Pat
     module.train()
     if progress is not None and step:
         progress(step, losses[-1] if losses else float("nan"))
-    t0 = time.perf_counter() - seconds
+    t0 = time.perf_counter() - seconds  # the training time of the run, resumed parts included
+    t_start = time.perf_counter()  # this process's: what `max_seconds` limits
     begun, warm, last, save_seconds = step, None, None, None  # the steady rate: from the WARM_STEPS-th step on
 
     def save() -> None:
         nonlocal save_seconds
         t = time.perf_counter()
         with atomic_path(ckpt) as tmp:
-            torch.save({"config": key, "data": data, "features": features, "d2t": head.d2t,
+            torch.save({"config": key, "data": data, "features": features, "init": init, "d2t": head.d2t,
                         "module": module.state_dict(),
                         "optimizer": opt.state_dict(), "scheduler": sched.state_dict(), "generator": gen.get_state(),
                         "step": step, "losses": losses, "seconds": time.perf_counter() - t0,
@@ -550,7 +563,7 @@ def train_head(head: TrainedHead, fs: FeatureSet, cfg: TrainConfig, out_dir: Pat
                     on_total(fitted)
         if step % cfg.checkpoint_every == 0 or step == total_steps:
             save()
-        if max_seconds is not None and time.perf_counter() - t0 > max_seconds:
+        if max_seconds is not None and time.perf_counter() - t_start > max_seconds:
             save()
             stopped_early = True
             break

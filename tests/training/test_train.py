@@ -313,6 +313,75 @@ def test_a_checkpoint_of_other_settings_is_named_and_not_resumed_and_an_older_on
     assert "data" in rec["checkpoint_ignored"] and "other prompts or answers" in notes[-1]
 
 
+def test_a_run_from_another_starting_head_does_not_resume_the_checkpoint(setup, tmp_path):
+    """Rerunning a stopped command with --init-head resumed the fresh run's checkpoint silently (the
+    starting head's weights never used, while the report named it)."""
+    target, fs, _ = setup
+    cfg = TrainConfig(kind="eagle", epochs=3, seq_len=16, batch_size=3, checkpoint_every=2, holdout=0.2,
+                      precision="float32")
+    _, partial = _train(target, fs, tmp_path / "c", cfg, max_seconds=0.0)
+    notes = []
+    head = new_head("eagle", target, draft_vocabulary(fs, 64, 96), seed=cfg.seed)
+    rec = train_head(head, fs, cfg, tmp_path / "c", on_note=notes.append, init="ab" * 32)
+    assert set(rec["checkpoint_ignored"]) == {"init_head"} and "init_head fresh weights -> abab" in notes[0]
+    _, again = _train(target, fs, tmp_path / "d", cfg, max_seconds=0.0)
+    head = new_head("eagle", target, draft_vocabulary(fs, 64, 96), seed=cfg.seed)
+    assert train_head(head, fs, cfg, tmp_path / "d", init=None)["checkpoint_ignored"] is None  # the same start
+
+
+def test_max_seconds_counts_this_runs_training_not_the_resumed_checkpoints(setup, tmp_path, monkeypatch):
+    """--max-minutes M, rerun to go on: the limit read the checkpoint's earlier training time too,
+    so every rerun trained one step."""
+    import specula.training.trainer as trainer
+
+    target, fs, _ = setup
+    cfg = TrainConfig(kind="eagle", epochs=3, seq_len=16, batch_size=3, checkpoint_every=2, holdout=0.2,
+                      precision="float32")
+    _, partial = _train(target, fs, tmp_path / "c", cfg, max_seconds=0.0)
+    ckpt = tmp_path / "c" / "checkpoint.pt"
+    state = torch.load(ckpt, weights_only=False)
+    state["seconds"] = 3600.0  # an hour trained before
+    torch.save(state, ckpt)
+    _, rec = _train(target, fs, tmp_path / "c", cfg, max_seconds=60.0)
+    assert not rec["stopped_by_time_budget"] and rec["steps"] == rec["total_steps"] > partial["steps"] + 1
+    assert rec["seconds"] >= 3600.0  # the record still counts the whole run's training
+
+
+def test_the_held_out_walk_emits_no_token_past_the_answer_and_skips_the_prompts_root():
+    """A fake medusa head whose drafts are set per root: the decode walk of a 10-token sequence
+    (prompt x0 x1, answer x2..x9) commits x3..x5, x6, x7..x9: 7 tokens in 3 steps (the report said
+    8: a bonus token past the answer's end); the root on the prompt's last token, whose first
+    token comes from the prefill and is never drafted, is not a position (it read 0.75 at depth 1)."""
+    from types import SimpleNamespace
+
+    from specula.training.trainer import acceptance_report
+
+    vocab, tokens = 32, torch.tensor([5, 6, 10, 11, 12, 13, 14, 15, 16, 17])
+    n, width = len(tokens), 32 + 10
+    features = torch.zeros(n, width, dtype=torch.float16)
+    features[torch.arange(n), vocab + torch.arange(n)] = 1  # each position's one-hot
+    fs = FeatureSet(tokens, features, torch.tensor([0, n]), torch.tensor([2]))
+    pred = {d: {c: int(tokens[c + d + 1]) if c + d + 1 < n else 0 for c in range(n)} for d in range(1, 5)}
+    pred[3][1] = pred[1][4] = pred[1][0] = 31  # root 1: a run of 2; root 4: 0; root 0 (the prompt's): 0
+
+    class Heads(torch.nn.Module):
+        def forward(self, f, offsets):
+            k, pos = list(offsets)[0], f[..., vocab:].argmax(-1)  # [B, n]
+            out = torch.zeros(*f.shape[:-1], 1, width)
+            for b in range(f.shape[0]):
+                for i in range(f.shape[1]):
+                    out[b, i, 0, pred[k + 1][int(pos[b, i])]] = 1
+            return out
+
+    head = SimpleNamespace(kind="medusa", config=SimpleNamespace(num_offsets=4, copy_ngram=0), lm_rows=None,
+                           d2t=torch.arange(vocab), dtype=torch.float32, module=Heads(),
+                           logits=lambda x: x[..., :vocab])
+    report = acceptance_report(head, fs, [0], TrainConfig(kind="medusa", seq_len=16, eval_depth=4),
+                               lambda t: torch.zeros(*t.shape, width))
+    assert report["mean_accepted_walk"] == pytest.approx(7 / 3, abs=1e-3)
+    assert report["positions"] == 7 and report["accept_rate_by_depth"][0] == pytest.approx(6 / 7, abs=1e-3)
+
+
 def test_bfloat16_autocast_trains_the_same_head_up_to_rounding(setup, tmp_path):
     """Autocast changes the products' rounding, not what is learned: the same losses to ~1%,
     other bits; float32 weights either way."""
@@ -984,6 +1053,14 @@ def test_damaged_training_files_are_one_line_errors_naming_the_fix(tmp_path):
         read_prompts([prompts])
     with pytest.raises(ConfigError, match="is not a file"):
         read_prompts([tmp_path])
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    with pytest.raises(ConfigError, match="the held-out data holds no prompts.*--eval-data"):  # not "training"
+        read_prompts([empty], training=False)
+    with pytest.raises(ConfigError, match="the training data holds no prompts.*--data"):
+        read_prompts([empty])
+    with pytest.raises(ConfigError, match="--draft-vocab must be at least 2"):  # before answers and features
+        TrainConfig(kind="eagle", draft_vocab=1)
     partial = tmp_path / "corpus.jsonl.partial"
     partial.write_text(good + "\n" + "\0" * 20 + "\n" + good.replace('"a"', '"c"') + "\n" + good[:10])
     lines = complete_lines(partial, lambda line: line.startswith("{"))
