@@ -121,6 +121,15 @@ def stdlib_documents(rng: random.Random, count: int) -> list[tuple[str, str]]:
     return docs[:count]
 
 
+NEAR_BENCHMARK = frozenset({
+    "Rewrite this sentence to sound more formal: hey, can u send me the file asap?",  # everyday e07's paraphrase
+    "Write a Python function to compute the n-th Fibonacci number iteratively.",  # everyday e13's paraphrase
+})
+"""Prompts of the lists above that paraphrase a prompt of the bench's everyday set (word overlap
+0.48 and 0.62; found in session 104): left out of the file after the shuffle, so the others keep
+their ids and order. The heads shipped before were trained with them."""
+
+
 def main() -> None:
     rng = random.Random(0)
     prompts: list[dict] = []
@@ -152,6 +161,7 @@ def main() -> None:
                            f"Extract the key points of this text as a bullet list.\n\n{doc}"])
         add("documents", form)
     rng.shuffle(prompts)
+    prompts = [p for p in prompts if p["turns"][0] not in NEAR_BENCHMARK]
     out = Path(__file__).resolve().parents[1] / "specula" / "data" / "training" / "prompts.jsonl"
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_suffix(".tmp")
