@@ -8,6 +8,7 @@ Temperature 0 means greedy decoding. Drafters that sample draw their tree's chil
 
 from __future__ import annotations
 
+import collections
 import math
 import numbers
 import os
@@ -79,6 +80,9 @@ class SamplingParams:
     def __post_init__(self) -> None:
         for name in ("temperature", "top_p", "min_p", "repetition_penalty", "frequency_penalty", "presence_penalty"):
             value = getattr(self, name)
+            if isinstance(value, torch.Tensor) and value.dim() == 0 and value.dtype != torch.bool:
+                value = value.item()  # a 0-dim tensor (a scheduled temperature): the number it holds
+                object.__setattr__(self, name, value)
             if not _is_real(value):
                 raise ConfigError(f"{name} must be a number, got {value!r}")
         if not (self.temperature >= 0 and math.isfinite(self.temperature)):
@@ -120,7 +124,7 @@ class SamplingParams:
             if not (_is_real(bias) and -100.0 <= bias <= 100.0):
                 raise ConfigError(f"logit_bias values must be numbers between -100 and 100, got {bias!r} for "
                                   f"token {token}")
-        repeated = sorted({t for t, _ in self.logit_bias if [u for u, _ in self.logit_bias].count(t) > 1})
+        repeated = sorted(t for t, n in collections.Counter(t for t, _ in self.logit_bias).items() if n > 1)
         if repeated:  # both would be added: a bias past the -100..100 allowed
             raise ConfigError(f"logit_bias names token {repeated[0]} twice; give each token one bias")
         object.__setattr__(self, "logit_bias", tuple((int(t), b) for t, b in self.logit_bias))
@@ -224,7 +228,7 @@ class TargetRows:
 
 
 def _is_real(value: object) -> bool:
-    """A real number (numpy's and torch's scalars too), not a bool or a string."""
+    """A real number (numpy's scalars too), not a bool or a string."""
     return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
 

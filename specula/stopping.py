@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Sequence
 
+from specula.token_bytes import decoder_kind
+
 
 def cut_at_stop(text: str, stops: Sequence[str]) -> tuple[str, bool]:
     """`text` up to (excluding) the earliest stop string, and whether one was found."""
@@ -61,6 +63,11 @@ class TextStream:
         self.ids: list[int] = []
         self.shown = ""  # decoded text already passed to the trimmer
         self.trimmer = StopTrimmer(stops) if stops and tokenizer is not None else None
+        # A byte-level decoder (GPT-2, Qwen, SmolLM2) never rewrites text it decoded once more tokens
+        # follow (past a held-back unfinished character), so without stop strings a step's tokens
+        # may go in at once, one decode a step; any other decoder gets them one at a time (`take`)
+        self.token_by_token = self.trimmer is not None or (tokenizer is not None
+                                                           and decoder_kind(tokenizer) != "byte-level")
 
     def decode(self, ids: Sequence[int]) -> str:
         if self.tokenizer is None:
@@ -110,6 +117,8 @@ class TextStream:
         stop string ended on; their text; whether a stop string ended the output). `final`: the
         output ends with this step's last token (EOS, a stop id, a limit)."""
         tokens = [int(t) for t in new]
+        if not self.token_by_token:  # the same text, one decode
+            return tokens, self.feed(tokens, final), False
         parts = []
         for i, token in enumerate(tokens):
             cut = self.stop_cut([token]) is not None

@@ -122,3 +122,11 @@ def test_a_temperature_too_small_to_divide_by_is_raised_to_vllms_floor():
     ids = SamplingParams(stop_token_ids=[np.int64(5)], logit_bias={np.int64(3): 1.0})  # token ids too
     assert ids.stop_token_ids == (5,) and ids.logit_bias == ((3, 1.0),) and type(ids.stop_token_ids[0]) is int
     assert SamplingParams(stop_token_ids=(t for t in [1, 2])).stop_token_ids == (1, 2)
+
+
+def test_a_zero_dim_tensor_reads_as_the_number_it_holds():
+    """A temperature from a schedule (a 0-dim tensor) was taken before the number checks; it is
+    read as its number, not refused."""
+    params = SamplingParams(temperature=torch.tensor(0.7), top_p=torch.tensor(0.9))
+    assert params.temperature == pytest.approx(0.7) and isinstance(params.temperature, float)
+    assert params.top_p == pytest.approx(0.9)

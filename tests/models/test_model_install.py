@@ -246,3 +246,28 @@ def test_cli_unknown_model_exits_2(cache: Path, capsys: pytest.CaptureFixture[st
     assert main(["models", "install", "gpt-5"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: unknown embedded model 'gpt-5'") and err.count("\n") == 1
+
+
+def test_checking_a_conversion_imports_no_torch(tmp_path: Path) -> None:
+    """`specula models` lists what is installed without torch (0.05 s): reading a conversion's
+    safetensors header with the "pt" framework imported it (1.3 s)."""
+    import subprocess
+    import sys
+
+    code = f"""
+import json, os, sys
+os.environ["SPECULA_CACHE"] = {str(tmp_path)!r}
+from specula.models import install as inst
+from specula.models.registry import EMBEDDED_MODELS
+alias, model = next(iter(EMBEDDED_MODELS.items()))
+d = inst.model_dir_path(alias)
+d.mkdir(parents=True)
+header = json.dumps({{"a": {{"dtype": "F32", "shape": [4], "data_offsets": [0, 16]}}}}).encode()
+w = d / inst.WEIGHTS_FILE
+w.write_bytes(len(header).to_bytes(8, "little") + header + bytes(16))
+(d / inst.MARKER).write_text(json.dumps({{"format": inst.FORMAT_VERSION, "source_sha256": model.sha256,
+                                         "files": {{inst.WEIGHTS_FILE: w.stat().st_size}}}}))
+assert inst.is_valid_conversion(model)
+assert "torch" not in sys.modules, "torch imported"
+"""
+    subprocess.run([sys.executable, "-c", code], check=True)
