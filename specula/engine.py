@@ -256,15 +256,23 @@ class SpeculativeDecoder:
         return torch.cat(hidden) if self.hidden else None
 
     def finish(self, session: Session) -> None:
-        """Free a session's caches and drafter state (idempotent); final stats are kept."""
+        """Free a session's caches and drafter state (idempotent); final stats are kept. Every
+        drafter's clean-up runs and the caches are freed even where one raises; the first error is
+        raised after."""
+        errors = []
         for drafter, state in zip(self.drafters, session.drafter_states):
-            drafter.finish(state)
+            try:
+                drafter.finish(state)
+            except Exception as exc:  # a state save, online distillation: the others still run
+                errors.append(exc)
         session.drafter_states = []
         session.seq.release()
         if session.finish_reason is None:
             session.finish_reason = session.stats.finish_reason = "cancelled"
         if session.stats.planner is None:
             session.stats.planner = self.planner.summary(session.planner_state)
+        if errors:
+            raise errors[0]
 
     def step(self, sessions: Sequence[Session]) -> list[StreamChunk]:
         """Advance each running session by one decode step, verifying every running session's tree

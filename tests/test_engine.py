@@ -443,3 +443,38 @@ def test_a_failing_job_of_a_batch_is_named_and_a_bad_batch_size_refused():
     for bad in ("4", 2.5, True, 0):
         with pytest.raises(ConfigError, match="max_batch_size must be an integer >= 1"):
             list(dec.generate_many(jobs, bad))
+
+
+def test_a_drafter_whose_clean_up_raises_leaves_the_others_and_the_cache_freed():
+    """finish() stopped at the first drafter that raised: the later drafters' clean-up and the
+    target's KV cache release were skipped (the cache held the session's tokens)."""
+    model = tiny_model("llama", seed=2)
+    target = HFCausalLM(model, "target")
+
+    class CleanUp:
+        def __init__(self, inner, fails):
+            self.inner, self.fails, self.name, self.finished = inner, fails, inner.name, 0
+
+        def start(self):
+            return self.inner.start()
+
+        def propose(self, ctx, state=None):
+            return self.inner.propose(ctx, state)
+
+        def observe(self, step, state=None):
+            self.inner.observe(step, state)
+
+        def finish(self, state=None):
+            self.finished += 1
+            if self.fails:
+                raise RuntimeError("could not save the state")
+            self.inner.finish(state)
+
+    first = CleanUp(make_drafter("prompt-lookup", target=target), fails=True)
+    second = CleanUp(make_drafter("token-recycling", target=target), fails=False)
+    dec = SpeculativeDecoder(target, [first, second], eos_token_ids=[])
+    session = dec.start([5, 6, 7, 5, 6], SamplingParams(max_new_tokens=4))
+    dec.step([session])
+    with pytest.raises(RuntimeError, match="could not save"):
+        dec.finish(session)
+    assert second.finished == 1 and session.seq.tokens == [] and session.finish_reason == "cancelled"

@@ -18,7 +18,7 @@ Choices made here:
   rank's acceptance for the planner to calibrate.
 - The matrix is shared by every request (no per-request state). With `state_path` it is loaded
   at creation (refused for another vocabulary or tokenizer) and saved atomically when a request
-  finishes and at interpreter exit (`save_states`), or on `save()`.
+  finishes (at most every `SAVE_SECONDS`) and at interpreter exit (`save_states`), or on `save()`.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from __future__ import annotations
 import atexit
 import json
 import sys
+import time
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,6 +41,8 @@ from specula.errors import ConfigError
 from specula.paths import atomic_file
 from specula.tree import TokenTree
 
+SAVE_SECONDS = 30.0
+"""Least time between two saves of the state file when requests finish (the exit saves the rest)."""
 STATE_FORMAT = "specula-token-recycling"
 STATE_VERSION = 1
 
@@ -152,6 +155,7 @@ class TokenRecyclingDrafter:
         self.matrix = np.full((self.vocab_size, config.top_k), -1, dtype=np.int32)  # [vocab, k]
         self.template = _template(config.rank_prior)
         self.dirty = False
+        self._saved_at = float("-inf")  # `time.monotonic()` of the last save to the state file
         if config.state_path is not None:
             path = Path(config.state_path)
             if path.exists():
@@ -188,8 +192,11 @@ class TokenRecyclingDrafter:
         self.dirty = True
 
     def finish(self, state: None = None) -> None:
-        """A request ended: the matrix is kept (hot start); a pending state file is saved."""
-        if self.dirty and self.config.state_path is not None:
+        """A request ended: the matrix is kept (hot start); a pending state file is saved, at most
+        once every `SAVE_SECONDS` (each save writes the whole matrix, 4.6 MiB for a 151k vocabulary,
+        on the decoding thread), and at exit."""
+        if self.dirty and self.config.state_path is not None and \
+                time.monotonic() - self._saved_at >= SAVE_SECONDS:
             _save_or_warn(self)  # the request's output is done: a failed write is reported, not raised
 
     # ------------------------------------------------------------------ state file
@@ -204,6 +211,7 @@ class TokenRecyclingDrafter:
             np.savez(handle, matrix=self.matrix, meta=np.array(json.dumps(meta)))
         if self.config.state_path is None or path == Path(self.config.state_path):
             self.dirty = False  # a copy elsewhere leaves the configured state pending
+            self._saved_at = time.monotonic()
         return path
 
     def load(self, path: str | Path) -> None:

@@ -166,15 +166,27 @@ class Worker:
         try:
             self._queue.put_nowait(job)
         except queue.Full:
-            raise APIError(503, f"the server has {self._queue.maxsize} requests waiting; retry later",
-                           type="server_error", code="server_overloaded") from None
+            self._drop_cancelled()  # clients that hung up while queued hold no place
+            try:
+                self._queue.put_nowait(job)
+            except queue.Full:
+                raise APIError(503, f"the server has {self._queue.maxsize} requests waiting; retry later",
+                               type="server_error", code="server_overloaded") from None
         return job
+
+    def _drop_cancelled(self) -> None:
+        """Remove queued jobs whose clients hung up (the worker would discard each when it reached it)."""
+        with self._queue.mutex:
+            live = [job for job in self._queue.queue if job is None or not job.cancelled.is_set()]
+            self._queue.queue.clear()
+            self._queue.queue.extend(live)
 
     @property
     def queue_depth(self) -> int:
-        """Requests waiting for the model (the stop sentinel of `close` aside)."""
+        """Requests waiting for the model whose clients are still there (the stop sentinel of
+        `close` aside)."""
         with self._queue.mutex:
-            return sum(job is not None for job in self._queue.queue)
+            return sum(job is not None and not job.cancelled.is_set() for job in self._queue.queue)
 
     def stop_accepting(self) -> None:
         """New requests get 503 from now on; queued and running ones go on (graceful shutdown)."""
@@ -223,7 +235,7 @@ class Worker:
                 log.exception("decode step failed")
                 for r in batch:
                     self._fail(r.job, exc)
-                    self.spec.finish(r.session)
+                    self._free(r.session)
                 batch = []
                 self.metrics.in_progress.set(0)
                 continue
@@ -260,6 +272,14 @@ class Worker:
                 batch.append(self._start(choice))
             except Exception as exc:
                 self._fail(job, exc)
+
+    def _free(self, session) -> None:
+        """`spec.finish(session)`: an error there (a drafter's clean-up: a state file, online
+        distillation) is logged; it must not stop the worker (every request after would hang)."""
+        try:
+            self.spec.finish(session)
+        except Exception:
+            log.exception("freeing a finished session failed")
 
     def _expired(self, job: Job) -> bool:
         return job.deadline is not None and time.perf_counter() > job.deadline
@@ -318,7 +338,7 @@ class Worker:
         """Free a running choice whose request is no longer wanted; True when dropped."""
         if not running.job.dropped:
             return False
-        self.spec.finish(running.session)
+        self._free(running.session)
         return True
 
     def _deliver(self, running: _Running, chunk: StreamChunk) -> bool:
@@ -326,10 +346,10 @@ class Worker:
         failed or no longer wanted)."""
         job = running.job
         if job.dropped:
-            self.spec.finish(running.session)
+            self._free(running.session)
             return True
         if chunk.error is not None:
-            self.spec.finish(running.session)
+            self._free(running.session)
             self._fail(job, chunk.error)
             return True
         n = len(chunk.token_ids)
@@ -344,19 +364,19 @@ class Worker:
                 self.metrics.inter_token_latency.observe((now - running.t_last_token) / n)
             running.t_last_token = now
         if chunk.finished:
-            self.spec.finish(running.session)
+            self._free(running.session)
             self.metrics.record_generation(chunk.stats)
         job.put(ChoiceChunk(running.choice.index, chunk))
         if chunk.finished:
             return True
         if job.cancelled.is_set():
-            self.spec.finish(running.session)
+            self._free(running.session)
             if running.choice.index == 0:
                 log.info("client gone: generation stopped after %d tokens (%.2fs)",
                          job.generated_tokens, time.perf_counter() - running.t0)
             return True
         if self._expired(job):
-            self.spec.finish(running.session)
+            self._free(running.session)
             self._fail(job, self._timeout_error())
             return True
         return False

@@ -6,7 +6,7 @@ from tiny import VOCAB, reference_greedy, successor_model, tiny_model
 from specula.drafters import make_drafter
 from specula.drafters.base import DraftBudget, DraftContext, Proposal, StepResult
 from specula.drafters.token_recycling import (
-    TEMPLATE, TEMPLATE_LEVELS, TokenRecyclingConfig, TokenRecyclingDrafter, fill_template, rows_to_write,
+    SAVE_SECONDS, TEMPLATE, TEMPLATE_LEVELS, TokenRecyclingConfig, TokenRecyclingDrafter, fill_template, rows_to_write,
 )
 from specula.engine import SpeculativeDecoder
 from specula.errors import ConfigError
@@ -177,7 +177,10 @@ def test_state_save_load_hot_start_is_lossless(tmp_path):
     dec.generate(PROMPTS[0], greedy(30))
     assert state.exists() and stale_temps(state) == []  # saved when the request finished
     before = state.stat().st_mtime_ns
-    dec.generate(PROMPTS[1], greedy(5))
+    dec.generate(PROMPTS[1], greedy(5))  # within SAVE_SECONDS: pending (each save writes the whole matrix)
+    assert state.stat().st_mtime_ns == before and first.dirty
+    first._saved_at -= SAVE_SECONDS
+    dec.generate(PROMPTS[2], greedy(5))
     assert state.stat().st_mtime_ns >= before and not first.dirty
     first.save()
     assert state.stat().st_size < 4 * VOCAB * 8 + 4096

@@ -182,6 +182,45 @@ def test_a_request_past_its_timeout_gets_504_and_leaves_the_batch(target_model, 
         assert status == 200 and body["usage"]["completion_tokens"] == 4  # short requests still fit
 
 
+def test_a_drafter_whose_clean_up_raises_stops_neither_the_request_nor_the_server(target_model, tokenizer):
+    """A drafter's finish() that raised (a state file it could not write) killed the worker thread:
+    /health said ok and every later request hung, past --request-timeout. It is logged instead."""
+
+    class FailingCleanUp(TestDrafter):
+        __test__ = False
+
+        def finish(self, state=None):
+            raise RuntimeError("could not save the drafter's state")
+
+    spec = make_spec(target_model, tokenizer, "prompt-lookup")
+    spec.decoder.drafters = [FailingCleanUp(d) for d in spec.decoder.drafters]
+    with running(spec, request_timeout=20) as server:
+        for max_tokens in (4, 6):
+            status, _, body = http_call(server, "POST", "/v1/completions", _body(stream=False, max_tokens=max_tokens))
+            assert status == 200 and body["usage"]["completion_tokens"] >= 1
+        assert server.worker._thread.is_alive()
+
+
+def test_requests_whose_clients_left_the_queue_hold_no_place_in_it(target_model, tokenizer):
+    """Clients that hung up while queued kept their places until the worker reached them: a busy
+    server answered 503 "N requests waiting" with nothing live waiting, and counted them."""
+    spec = make_spec(target_model, tokenizer, "none")
+    spec.decoder.drafters = [TestDrafter(d, delay=0.02) for d in spec.decoder.drafters]
+    spec.decoder.eos_token_ids = frozenset()
+    with running(spec, max_batch_size=1, max_queue=2) as server:
+        first = _open(server, _body(stream=True, max_tokens=240))  # about 5 s: the queue is not reached
+        wait_for(lambda: scrape(server)[("specula_requests_in_progress", ())] == 1)
+        gone = [_open(server, _body(stream=False, max_tokens=4)) for _ in range(2)]
+        wait_for(lambda: server.worker.queue_depth == 2)
+        for conn in gone:
+            conn.sock.close()
+            conn.close()
+        wait_for(lambda: server.worker.queue_depth == 0, timeout=2.0)  # they are no longer counted ...
+        status, _, body = http_call(server, "POST", "/v1/completions", _body(stream=False, max_tokens=4))
+        assert status == 200 and body["usage"]["completion_tokens"] == 4  # ... nor refuse a live request
+        assert first.getresponse().status == 200
+
+
 def test_created_is_when_the_request_came(target_model, tokenizer):
     """`created` stamps the request's arrival (as vLLM does), streamed or not; a non-streamed
     response stamped it when the generation had finished."""
