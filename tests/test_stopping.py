@@ -209,3 +209,80 @@ def test_a_stop_string_past_a_character_in_byte_tokens_cuts_where_plain_decoding
     got = _outputs(spec, [2, 9], ignore_eos=True, max_new_tokens=20, stop=("灂",))
     assert expected[1] == "一天日" and expected[3] == "stop"
     assert got[:4] == expected[:4] and got[4] < expected[4]
+
+
+def _all_bytes_tokenizer():
+    """Byte-level BPE over the 256 bytes alone (ids 2..257): random ids spell unfinished and invalid
+    UTF-8 as often as whole characters."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+    from grammar_kit import _byte_chars
+
+    table = _byte_chars()
+    vocab = {"<s>": 0, "</s>": 1, **{table[b]: b + 2 for b in range(256)}}
+    backend = Tokenizer(models.BPE(vocab, []))
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    backend.decoder = decoders.ByteLevel()
+    return PreTrainedTokenizerFast(tokenizer_object=backend, bos_token="<s>", eos_token="</s>")
+
+
+def _tokenizer_of(kind: str, word_tokenizer):
+    if kind == "byte-level":
+        return _all_bytes_tokenizer(), 258
+    if kind == "sentencepiece":
+        return _sentencepiece_tokenizer(), 10
+    if kind == "byte-fallback":  # the bytes of 日 and a byte that starts a character
+        return _byte_fallback_tokenizer({11: "<0xE6>", 12: "<0x97>", 13: "<0xA5>", 14: "<0xE4>"}), 96
+    return word_tokenizer, 96
+
+
+def _deltas(tok, prompt, ids, chunks, stops=()):
+    stream, out, i = TextStream(tok, stops, prompt), [], 0
+    for n in chunks:
+        out.append(stream.feed(ids[i:i + n], final=i + n >= len(ids)))
+        i += n
+    return out, stream
+
+
+@pytest.mark.parametrize("kind", ["byte-level", "word", "sentencepiece", "byte-fallback"])
+@pytest.mark.parametrize("seed", range(3))
+def test_a_long_output_streams_as_if_decoded_whole_each_time(kind, seed, tiny_tokenizer, monkeypatch):
+    """Each feed decodes a window of the latest tokens, its head's text settled where that changes
+    nothing: the deltas (in steps of 1 to 6 tokens) are those of decoding the whole output each feed,
+    with stop strings too."""
+    import specula.stopping as stopping
+
+    tok, vocab = _tokenizer_of(kind, tiny_tokenizer)
+    rng = random.Random(seed)
+    ids = [rng.randrange(2, vocab) for _ in range(400)]
+    prompt = [rng.randrange(2, vocab) for _ in range(7)]
+    chunks = [rng.randint(1, 6) for _ in range(len(ids))]
+    stops = (tok.decode(ids[300:302], skip_special_tokens=True)[-3:],)
+    got, stream = _deltas(tok, prompt, ids, chunks)
+    got_stop, _ = _deltas(tok, prompt, ids, chunks, stops)
+    assert stream.settled > 300  # the window moved along
+    monkeypatch.setattr(stopping, "SETTLE_TOKENS", 10**9)  # never settled: the whole output decoded each feed
+    expected, whole = _deltas(tok, prompt, ids, chunks)
+    assert whole.settled == 0
+    assert got == expected and "".join(got)
+    assert got_stop == _deltas(tok, prompt, ids, chunks, stops)[0]
+
+
+def test_a_feed_decodes_a_bounded_window_however_long_the_output(tiny_tokenizer):
+    """Token by token, the whole output decoded each feed cost 1.4 s over 4,000 tokens (growing with
+    the square of the length); now each decode is at most twice `SETTLE_TOKENS` plus the context."""
+    from specula.stopping import CONTEXT_TOKENS, SETTLE_TOKENS
+
+    longest = []
+
+    class Counting:
+        def decode(self, ids, **kwargs):
+            longest.append(len(ids))
+            return tiny_tokenizer.decode(ids, **kwargs)
+
+    stream = TextStream(Counting(), prompt=[3, 4])
+    rng = random.Random(0)
+    ids = [rng.randrange(2, 96) for _ in range(1000)]
+    text = "".join(stream.feed([t]) for t in ids)
+    assert text == TextStream(tiny_tokenizer, prompt=[3, 4]).feed(ids)
+    assert max(longest) <= 2 * SETTLE_TOKENS + CONTEXT_TOKENS + 1
