@@ -190,8 +190,7 @@ def _lone_prompt(prompts: Any) -> bool:
 
 _KEYWORD_HINTS = {
     "max_tokens": "the new tokens' limit is max_new_tokens (as in transformers)",
-    "min_tokens": "a minimum number of new tokens is not supported",
-    "min_new_tokens": "a minimum number of new tokens is not supported",
+    "min_tokens": "the least number of new tokens is min_new_tokens (as in transformers)",
     "do_sample": "set temperature > 0 to sample (0, the default, is greedy)",
     "stop_strings": "stop strings are stop=",
     "eos_token_id": "stop on other token ids with stop_token_ids=",

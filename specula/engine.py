@@ -38,6 +38,7 @@ from specula.drafters.none import NoDrafter
 from specula.errors import ConfigError
 from specula.logprobs import PROMPT_CHUNK, TokenLogprob, step_rows, token_logprobs
 from specula.models.base import FeatureRequest, TargetModel, TargetSequence, check_context, forward_trees
+from specula.min_tokens import EndsMasked
 from specula.penalties import PenalizedLogits
 from specula.planner import PassThroughPlanner, Plan, Planner, PlanRequest, StepTiming
 from specula.prompts import is_integer
@@ -205,6 +206,9 @@ class SpeculativeDecoder:
         if constraint is not None:
             if self.tokenizer is None:
                 raise ConfigError("a constraint needs the target's tokenizer: build the decoder with one")
+            if params.min_new_tokens:  # a complete match allows EOS alone: every token would be masked
+                raise ConfigError("min_new_tokens cannot be combined with a constraint (a complete match "
+                                  "allows only the end-of-sequence token): drop one of them")
             grammar = GrammarState(constraint, self.tokenizer, self.target.vocab_size, sorted(self.eos_token_ids))
         t_start = time.perf_counter()
         seq = self.target.new_sequence()
@@ -212,7 +216,7 @@ class SpeculativeDecoder:
         session = Session(
             prompt=prompt, params=params, seq=seq, generator=make_generator(seed, self.target.device), seed=seed,
             drafter_states=[], planner_state=self.planner.new_state(),
-            text=TextStream(self.tokenizer, params.stop, prompt), tokens=list(prompt), t_start=t_start, grammar=grammar,
+            text=TextStream(self.tokenizer, params.stop, prompt, params.min_new_tokens), tokens=list(prompt), t_start=t_start, grammar=grammar,
             owner=self,
         )
         session.stats.method = self.method
@@ -465,6 +469,9 @@ class SpeculativeDecoder:
             logits_p = session.grammar.masked(logits_p, proposal.tree)
         if session.params.penalized:  # each row by its own history: the output, then its path
             logits_p = PenalizedLogits(logits_p, proposal.tree, session.prompt, session.generated, session.params)
+        if len(session.generated) < session.params.min_new_tokens:  # each row by its output position
+            logits_p = EndsMasked(logits_p, proposal.tree, len(session.generated), session.params,
+                                  self.eos_token_ids)
         if logits_p is not logits and logits.device.type != "cpu":
             logits_p = logits_p.full()
         result = verify_step(proposal.tree, logits_p, session.params, q=proposal.q, mode=proposal.sibling_mode,

@@ -48,6 +48,12 @@ class SamplingParams:
     its output only where the planner does not time it (planner none)."""
     max_new_tokens: int = 128
     """Hard limit on generated tokens; never overshot, even mid-draft."""
+    min_new_tokens: int = 0
+    """The fewest new tokens before the output may end (transformers' `min_new_tokens`, vLLM's
+    `min_tokens`): until then the end-of-sequence token (unless `ignore_eos`) and `stop_token_ids`
+    are masked at -inf and no stop string ends the output (one that ends later still does); the
+    context window still ends it. Speculation stays lossless with respect to the masked
+    distribution (`specula.min_tokens`)."""
     stop: tuple[str, ...] = field(default_factory=tuple)
     """Stop strings: generation ends once the decoded output contains one; as in OpenAI's API the
     stop string and anything after it are not returned."""
@@ -106,6 +112,9 @@ class SamplingParams:
         object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in ids))
         if not is_integer(self.max_new_tokens) or self.max_new_tokens <= 0:
             raise ConfigError(f"max_new_tokens must be a positive integer, got {self.max_new_tokens}")
+        if not is_integer(self.min_new_tokens) or not 0 <= self.min_new_tokens <= self.max_new_tokens:
+            raise ConfigError(f"min_new_tokens must be an integer from 0 to max_new_tokens ({self.max_new_tokens}), "
+                              f"got {self.min_new_tokens!r}")
         if isinstance(self.stop, str):
             object.__setattr__(self, "stop", (self.stop,))
         object.__setattr__(self, "stop", tuple(self.stop or ()))  # None: no stop strings

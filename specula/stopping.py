@@ -12,9 +12,10 @@ from typing import Sequence
 from specula.token_bytes import decoder_kind
 
 
-def cut_at_stop(text: str, stops: Sequence[str]) -> tuple[str, bool]:
-    """`text` up to (excluding) the earliest stop string, and whether one was found."""
-    cut = min((i for i in (text.find(s) for s in stops) if i >= 0), default=-1)
+def cut_at_stop(text: str, stops: Sequence[str], after: int = 0) -> tuple[str, bool]:
+    """`text` up to (excluding) the earliest stop string that ends past its first `after`
+    characters, and whether one was found."""
+    cut = min((i for i in (text.find(s, max(0, after - len(s) + 1)) for s in stops) if i >= 0), default=-1)
     return (text, False) if cut < 0 else (text[:cut], True)
 
 
@@ -25,20 +26,25 @@ class StopTrimmer:
     def __init__(self, stops: Sequence[str]) -> None:
         self.stops = tuple(stops)
         self.pending = ""
+        self.floor = 0  # characters of `pending` in which no stop string may end (`protect`)
         self.stopped = False
 
-    def feed(self, delta: str) -> str:
-        """Text safe to send now."""
+    def feed(self, delta: str, protect: bool = False) -> str:
+        """Text safe to send now. `protect`: no stop string may end in the text so far (the output
+        is shorter than its `min_new_tokens`); one may still start there and end later."""
         if self.stopped:
             return ""
         self.pending += delta
-        head, found = cut_at_stop(self.pending, self.stops)
+        if protect:
+            self.floor = len(self.pending)
+        head, found = cut_at_stop(self.pending, self.stops, self.floor)
         if found:
             self.stopped, self.pending = True, ""
             return head
         hold = max((k for s in self.stops for k in range(min(len(s) - 1, len(head)), 0, -1)
                     if head.endswith(s[:k])), default=0)
         out, self.pending = head[: len(head) - hold], head[len(head) - hold :]
+        self.floor = max(0, self.floor - len(out))
         return out
 
     def flush(self) -> str:
@@ -67,8 +73,9 @@ class TextStream:
     head is settled (its text fixed) only where it ends on a whole character and decoding the window
     in two parts gives the text of decoding it whole."""
 
-    def __init__(self, tokenizer, stops: Sequence[str] = (), prompt: Sequence[int] = ()) -> None:
+    def __init__(self, tokenizer, stops: Sequence[str] = (), prompt: Sequence[int] = (), min_tokens: int = 0) -> None:
         self.tokenizer = tokenizer
+        self.min_tokens = min_tokens  # stop strings end no output shorter (vLLM's min_tokens)
         self.context = [int(t) for t in list(prompt)[-CONTEXT_TOKENS:]]  # [<= CONTEXT_TOKENS]
         self.ids: list[int] = []
         self.settled = 0  # ids[:settled] have their text fixed: settled_text
@@ -116,9 +123,12 @@ class TextStream:
                 break
         head = self.ids[start:]
         context = self._context_at(start)
-        for k in range(1, len(new) + 1):
+        # Under a minimum length, stops in the text so far were let pass: only one ending in the new
+        # tokens' text counts (past an unfinished character, which the new tokens may finish).
+        after = len(self.decode_after(context, head).rstrip("\ufffd")) if self.min_tokens else 0
+        for k in range(max(1, self.min_tokens - len(self.ids)), len(new) + 1):
             text = self.decode_after(context, [*head, *new[:k]])
-            if any(s in text for s in self.trimmer.stops):
+            if cut_at_stop(text, self.trimmer.stops, after)[1]:
                 return k
         return None
 
@@ -134,7 +144,7 @@ class TextStream:
             return tokens, self.feed(tokens, final), False
         parts = []
         for i, token in enumerate(tokens):
-            cut = self.stop_cut([token]) is not None
+            cut = self.stop_cut([token]) is not None  # None while the output is under its minimum
             parts.append(self.feed([token], final=cut or (final and i == len(tokens) - 1)))
             if cut or self.stopped:  # the trimmer's whole text may show a stop `stop_cut` did not
                 return tokens[: i + 1], "".join(parts), True
@@ -175,5 +185,5 @@ class TextStream:
         self.shown = stable if len(stable) >= len(self.shown) else self.shown
         if self.trimmer is None:
             return delta
-        out = self.trimmer.feed(delta)
+        out = self.trimmer.feed(delta, protect=len(self.ids) < self.min_tokens)
         return out + self.trimmer.flush() if final else out

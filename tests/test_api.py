@@ -198,7 +198,7 @@ def test_facade_facts_baseline_and_planner_spellings(tiny_spec):
         spec.generate([9, 8, 7], params=specula.SamplingParams(), max_new_tokens=3)
     with pytest.raises(ConfigError, match="unknown sampling keyword 'max_tokens'.*max_new_tokens"):  # not a TypeError
         spec.generate([9, 8, 7], max_tokens=3)
-    with pytest.raises(ConfigError, match="'min_tokens'.*not supported"):
+    with pytest.raises(ConfigError, match="unknown sampling keyword 'min_tokens'.*min_new_tokens"):
         spec.generate_batch([[9, 8, 7]], min_tokens=3)
     for choice, kind in (("hardware", HardwarePlanner), (None, HardwarePlanner), ("none", PassThroughPlanner),
                          (False, PassThroughPlanner)):  # None / False: the old spellings

@@ -286,3 +286,30 @@ def test_a_feed_decodes_a_bounded_window_however_long_the_output(tiny_tokenizer)
     text = "".join(stream.feed([t]) for t in ids)
     assert text == TextStream(tiny_tokenizer, prompt=[3, 4]).feed(ids)
     assert max(longest) <= 2 * SETTLE_TOKENS + CONTEXT_TOKENS + 1
+
+
+def test_a_stop_string_ends_no_output_shorter_than_its_minimum(tiny_tokenizer):
+    """vLLM's min_tokens: a stop string that ends in the text of the first min_tokens - 1 tokens does
+    not stop the output; one that starts there and ends later does."""
+    w = tiny_tokenizer.convert_tokens_to_ids
+    ids = [w("w3"), w("w4"), w("w3"), w("w5"), w("w3"), w("w4")]
+    plain = TextStream(tiny_tokenizer, stops=("w3 w4",), prompt=[5])
+    assert plain.take(ids)[0] == ids[:2]
+    least = TextStream(tiny_tokenizer, stops=("w3 w4",), prompt=[5], min_tokens=3)
+    kept, text, stopped = least.take(ids)
+    assert kept == ids and stopped and text == " w3 w4 w3 w5 "  # the space after the prompt
+    across = TextStream(tiny_tokenizer, stops=("w4 w3 w5",), prompt=[5], min_tokens=3)
+    assert across.take(ids)[:2] == (ids[:4], " w3 ") and across.stopped  # started under the minimum, ended past it
+
+
+def test_a_minimum_gives_the_same_text_however_many_tokens_a_step_accepted():
+    """Plain decoding and steps of up to 5 tokens: the same tokens, text and finish with a stop string
+    that matches from the first token on."""
+    tok = _byte_fallback_tokenizer({})
+    plain, spec = _plain_and_speculative(tok)
+    for least in (0, 3, 6):
+        expected = _outputs(plain, [2, 9, 10], ignore_eos=True, max_new_tokens=12, stop=("w1",),
+                            min_new_tokens=least)
+        got = _outputs(spec, [2, 9, 10], ignore_eos=True, max_new_tokens=12, stop=("w1",), min_new_tokens=least)
+        assert got[:4] == expected[:4] and expected[3] == "stop", least
+        assert len(got[0]) == max(1, least), least  # every token's text holds "w1": it ends at the minimum

@@ -90,6 +90,8 @@ class LlamaCppPeer:
                               "for --prompts structured")
         if params.stop:
             raise ConfigError("llama.cpp peers do not take stop strings in the bench; drop --stop")
+        if params.min_new_tokens:
+            raise ConfigError("llama.cpp peers do not take a minimum length in the bench; drop --min-new-tokens")
         llm = self.llm
         sampling = {"temp": 0.0, "top_k": 1} if params.greedy else {
             "temp": params.temperature, "top_k": params.top_k, "top_p": params.top_p, "min_p": params.min_p}

@@ -119,7 +119,7 @@ class HFPeer:
         sampling = not params.greedy
         cfg = GenerationConfig(
             max_new_tokens=params.max_new_tokens,
-            min_new_tokens=0,
+            min_new_tokens=params.min_new_tokens,
             do_sample=sampling,
             num_beams=1,
             repetition_penalty=1.0,

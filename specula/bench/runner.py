@@ -245,7 +245,8 @@ def _warm_up(methods: Sequence[BenchMethod], prompt: BenchPrompt, tokenizer, set
     if settings.warmup_tokens <= 0:
         return
     ids = conversation_ids(tokenizer, prompt.turns[:1], [], settings.raw)
-    params = replace(settings.params, max_new_tokens=min(settings.warmup_tokens, settings.params.max_new_tokens),
+    n = min(settings.warmup_tokens, settings.params.max_new_tokens)
+    params = replace(settings.params, max_new_tokens=n, min_new_tokens=min(n, settings.params.min_new_tokens),
                      seed=turn_seed(settings.params.seed, "warm-up", 1))
     for method in methods:
         method.generate(ids, params)

@@ -159,6 +159,9 @@ def add_method_args(parser: argparse.ArgumentParser) -> None:
 def add_sampling_args(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("sampling")
     g.add_argument("--max-new-tokens", type=int, default=128, help="tokens to generate at most (default 128)")
+    g.add_argument("--min-new-tokens", type=int, default=0,
+                   help="tokens to generate at least: end-of-sequence, stop ids and stop strings end no shorter "
+                        "output (default 0)")
     g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     g.add_argument("--top-p", type=float, default=1.0)
     g.add_argument("--top-k", type=int, default=0)
@@ -226,7 +229,8 @@ def sampling_params(args: argparse.Namespace) -> "SamplingParams":
 
     return SamplingParams(
         temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p, seed=args.seed,
-        max_new_tokens=args.max_new_tokens, stop=tuple(args.stop), ignore_eos=args.ignore_eos,
+        max_new_tokens=args.max_new_tokens, min_new_tokens=args.min_new_tokens, stop=tuple(args.stop),
+        ignore_eos=args.ignore_eos,
     )
 
 

@@ -129,7 +129,8 @@ def run(args: argparse.Namespace) -> int:
         # length not run yet, first calls), which charged to the method alone read 0.63-1.16x for plain
         # decoding against itself
         for warm in (spec, spec.baseline()):
-            warm.generate(ids, params=replace(params, max_new_tokens=2, logprobs=None), constraint=constraint)
+            warm.generate(ids, params=replace(params, max_new_tokens=2, min_new_tokens=min(2, params.min_new_tokens),
+                                                      logprobs=None), constraint=constraint)
     token_ids: list[int] = []
     text_parts: list[str] = []
     logprobs: list = []

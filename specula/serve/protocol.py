@@ -88,6 +88,9 @@ class GenerationRequest:
     """Extension (as in vLLM): token ids that end the generation (kept in the output)."""
     ignore_eos: bool = False
     """Extension (as in vLLM): generate past the end-of-sequence token (fixed-length benchmarks)."""
+    min_tokens: int = 0
+    """Extension (as in vLLM): the fewest tokens generated before EOS, a stop id or a stop string may
+    end the completion (`SamplingParams.min_new_tokens`)."""
     seed: int | None = None
     """Seed for reproducible sampling."""
     stop: tuple[str, ...] = field(default_factory=tuple)
@@ -128,7 +131,6 @@ _UNSUPPORTED: dict[str, tuple[Any, ...]] = {
     "suffix": (None, ""),
     "tools": (None, []),
     "functions": (None, []),
-    "min_tokens": (None, 0),  # vLLM's extras this server does not honour: refused, not silently ignored
     "include_stop_str_in_output": (None, False),
     "skip_special_tokens": (None, True),
     "guided_whitespace_pattern": (None,),
@@ -223,6 +225,14 @@ def parse_request(endpoint: Endpoint, body: Mapping[str, Any], served_model: str
         raise _type_error("stream", "a boolean", stream)
     if "user" in body and body["user"] is not None and not isinstance(body["user"], str):
         raise _type_error("user", "a string", body["user"])
+    min_tokens = _opt_int(body, "min_tokens", minimum=0) or 0
+    if max_tokens is not None and min_tokens > max_tokens:
+        raise APIError(400, f"min_tokens ({min_tokens}) must not exceed {max_tokens_param} ({max_tokens})",
+                       param="min_tokens", code="invalid_value")
+    constraint = _constraint(body)
+    if min_tokens and constraint is not None:
+        raise APIError(400, "min_tokens cannot be combined with response_format (a complete match allows only the "
+                            "end of the output): drop one of them", param="min_tokens", code="invalid_value")
     choices = max(1, len(prompts)) * n
     if choices > MAX_CHOICES:
         raise APIError(400, f"the request asks for {choices} choices ({max(1, len(prompts))} prompts times n={n}); "
@@ -232,9 +242,9 @@ def parse_request(endpoint: Endpoint, body: Mapping[str, Any], served_model: str
         endpoint=endpoint, model=model, prompts=prompts, messages=messages, max_tokens=max_tokens,
         max_tokens_param=max_tokens_param, n=n,
         temperature=temperature, top_p=top_p, top_k=top_k or 0, min_p=min_p, seed=seed,
-        stop_token_ids=_stop_token_ids(body), ignore_eos=_opt_bool(body, "ignore_eos"),
+        stop_token_ids=_stop_token_ids(body), ignore_eos=_opt_bool(body, "ignore_eos"), min_tokens=min_tokens,
         stop=_stop(body), stream=stream, include_usage=_include_usage(body, stream),
-        constraint=_constraint(body), logprobs=logprobs, echo=echo, penalties=_penalties(body),
+        constraint=constraint, logprobs=logprobs, echo=echo, penalties=_penalties(body),
     )
 
 

@@ -320,9 +320,16 @@ class Worker:
         if outside:
             raise APIError(400, f"logit_bias names token {outside[0]}, outside the model's vocabulary of {vocab}",
                            param="logit_bias", code="invalid_value")
+        short = [limit for limit in limits if limit < request.min_tokens]
+        if short:  # max_tokens is checked against min_tokens with the request; the context's room here
+            raise APIError(400, f"min_tokens ({request.min_tokens}) asks for more tokens than fit: at most {short[0]} "
+                                f"new tokens fit this prompt in the context window ({self.max_context} tokens) or "
+                                f"the default {request.max_tokens_param}; lower min_tokens or shorten the prompt",
+                           param="min_tokens", code="invalid_value")
         seed = base.seed
         return [_Choice(job, i * request.n + j, job.prompts[i],
-                        replace(base, max_new_tokens=limit, seed=None if seed is None else choice_seed(seed, j)))
+                        replace(base, max_new_tokens=limit, min_new_tokens=request.min_tokens,
+                                seed=None if seed is None else choice_seed(seed, j)))
                 for i, limit in enumerate(limits) for j in range(request.n)]
 
     def _start(self, choice: _Choice) -> _Running:

@@ -230,3 +230,14 @@ def test_penalties_decode_the_penalised_law_exactly_and_bad_biases_exit_2(tiny_l
 def test_compare_with_plain_decoding_says_there_is_nothing_to_compare(tiny_load, capsys):
     code, out, err = run(capsys, "--method", "none", "--compare")
     assert code == 0 and out.strip() and "note: --compare has nothing to compare with" in err
+
+
+def test_a_minimum_length_runs_through_compare_and_a_bad_one_exits_2(tiny_load, capsys):
+    """--min-new-tokens reaches the request and --compare's 2-token warm-ups (a minimum above 2 there
+    was a ConfigError); one above --max-new-tokens is one line, exit 2."""
+    code, out, _ = run(capsys, "--json", "--compare", "--min-new-tokens", "8")
+    result = json.loads(out)
+    assert code == 0 and result["identical_to_plain"] is True and len(result["token_ids"]) == 16
+    code, _, err = run(capsys, "--min-new-tokens", "17")
+    assert code == 2 and "min_new_tokens must be an integer from 0 to max_new_tokens (16)" in err
+    assert len(err.strip().splitlines()) == 1

@@ -183,3 +183,13 @@ def test_planted_rule_that_ignores_the_mask_is_detected(models, json_tokenizer, 
     monkeypatch.setattr(matcher.MaskedLogits, "__getitem__", lambda self, row: self.logits[int(row)])
     with pytest.raises(RuntimeError, match="grammar refused"):
         sample_codes(decoder(models, json_tokenizer, "fusion", HardwarePlanner(curve=FLAT)), law_prompt, 200)
+
+
+def test_a_minimum_length_with_a_constraint_is_refused(models, json_tokenizer):
+    """A complete match allows EOS alone: under a minimum length every token would be masked."""
+    from specula.errors import ConfigError
+
+    dec = decoder(models, json_tokenizer, "prompt-lookup")
+    prompt = json_tokenizer.encode(PROMPTS[1], add_special_tokens=False)
+    with pytest.raises(ConfigError, match="min_new_tokens cannot be combined with a constraint"):
+        dec.generate(prompt, SamplingParams(max_new_tokens=8, min_new_tokens=2), CONSTRAINTS["regex"])

@@ -262,7 +262,11 @@ BAD_REQUESTS = [
     ("/v1/completions", {**OK_COMPLETION, "prompt": [5, 500]}, 400, "prompt"),
     ("/v1/completions", {**OK_COMPLETION, "best_of": 3}, 400, "best_of"),
     ("/v1/chat/completions", {**OK_CHAT, "tools": [{"type": "function", "function": {"name": "f"}}]}, 400, "tools"),
-    ("/v1/completions", {**OK_COMPLETION, "min_tokens": 4}, 400, "min_tokens"),
+    ("/v1/completions", {**OK_COMPLETION, "min_tokens": 40}, 400, "min_tokens"),  # more than max_tokens
+    ("/v1/completions", {**OK_COMPLETION, "min_tokens": -1}, 400, "min_tokens"),
+    ("/v1/chat/completions", {**OK_CHAT, "min_tokens": 2, "response_format": {"type": "json_object"}}, 400,
+     "min_tokens"),
+    ("/v1/chat/completions", {**OK_CHAT, "max_tokens": None, "min_tokens": 300}, 400, "min_tokens"),  # past the room
     ("/v1/chat/completions", {**OK_CHAT, "include_stop_str_in_output": True}, 400, "include_stop_str_in_output"),
     ("/v1/completions", {**OK_COMPLETION, "skip_special_tokens": False}, 400, "skip_special_tokens"),
     ("/v1/chat/completions", {**OK_CHAT, "stream_options": {"include_usage": True}}, 400, "stream_options"),

@@ -70,3 +70,18 @@ def test_min_p_and_stop_token_ids_as_vllm_takes_them(client, tokenizer, offline)
     expected = offline.generate(ids, raw=True, params=SamplingParams(max_new_tokens=12, temperature=1.0, seed=9,
                                                                      min_p=0.2))
     assert sampled.choices[0].text == expected.text
+
+
+def test_min_tokens_as_vllm_takes_it(client, tokenizer, offline):
+    """vLLM's min_tokens: a stop id (or EOS) ends no shorter completion; the response equals offline
+    decoding with min_new_tokens."""
+    prompt = "w10 w11 w12 w10 w11"
+    ids = list(text_ids(tokenizer, prompt))
+    plain = offline.generate(ids, raw=True, params=SamplingParams(max_new_tokens=12, ignore_eos=True))
+    stop = plain.token_ids[1]
+    out = client.completions.create(model=MODEL, prompt=prompt, max_tokens=12, temperature=0,
+                                    extra_body={"stop_token_ids": [stop], "ignore_eos": True, "min_tokens": 6})
+    expected = offline.generate(ids, raw=True, params=SamplingParams(max_new_tokens=12, ignore_eos=True,
+                                                                     stop_token_ids=(stop,), min_new_tokens=6))
+    assert out.choices[0].text == expected.text and out.usage.completion_tokens == len(expected.token_ids) >= 6
+    assert stop not in expected.token_ids[:6] and expected.token_ids[:2] != plain.token_ids[:2]
