@@ -61,8 +61,11 @@ class AcceptanceConfig:
     """Monte Carlo trajectories per position for RRS without replacement."""
 
     def __post_init__(self) -> None:
-        if not self.temperatures or any(not t > 0 for t in self.temperatures):
-            raise ConfigError(f"temperatures must be > 0 (acceptance of sampling), got {list(self.temperatures)}")
+        if not self.temperatures or any(not (t > 0 and math.isfinite(t)) for t in self.temperatures):
+            raise ConfigError(f"temperatures must be finite and > 0 (acceptance of sampling), got "
+                              f"{list(self.temperatures)}")
+        if len(set(self.temperatures)) != len(self.temperatures):  # each would be measured, then counted, twice
+            raise ConfigError(f"--temperature lists a temperature twice ({list(self.temperatures)}); give each once")
         if not 1 <= self.max_drafts <= 16:
             raise ConfigError(f"--drafts must be between 1 and 16, got {self.max_drafts}")
         if self.positions < 1:

@@ -157,9 +157,23 @@ def file_documents(path: Path, explicit: bool) -> list[str] | None:
 # --------------------------------------------------------------------------- tokenize / sort
 
 
-def _encode(tokenizer: Any, texts: list[str]) -> list[list[int]]:
+def _plain_backend(tokenizer: Any):
+    """The Rust tokenizer behind a fast tokenizer, with the truncation and padding a tokenizer.json
+    may switch on turned off (transformers turns them off for each `encode`; called directly they
+    cut every document to max_length, or stored pad ids as text); None for a slow tokenizer."""
     backend = getattr(tokenizer, "backend_tokenizer", None)
-    if backend is not None:  # the Rust tokenizer directly: parallel, no length warnings
+    if backend is None or (backend.truncation is None and backend.padding is None):
+        return backend
+    from tokenizers import Tokenizer
+
+    plain = Tokenizer.from_str(backend.to_str())  # the caller's tokenizer is left as it was
+    plain.no_truncation()
+    plain.no_padding()
+    return plain
+
+
+def _encode(tokenizer: Any, backend: Any, texts: list[str]) -> list[list[int]]:
+    if backend is not None:  # the Rust tokenizer directly (`_plain_backend`): parallel, no length warnings
         return [enc.ids for enc in backend.encode_batch(texts, add_special_tokens=False)]
     return [tokenizer.encode(t, add_special_tokens=False) for t in texts]
 
@@ -202,9 +216,10 @@ def tokenize_corpus(tokenizer: Any, files: list[tuple[Path, bool]], config: Buil
     total = n_docs = 0
     bar = tqdm(total=sum(_file_size(p) for p, _ in files), unit="B", unit_scale=True, desc="tokenize",
                disable=not config.progress, file=sys.stderr)
+    backend = _plain_backend(tokenizer)
     with bar:
         for batch in _batches(files, counts, bar):
-            ids = _encode(tokenizer, batch)
+            ids = _encode(tokenizer, backend, batch)
             flat = np.fromiter(itertools.chain.from_iterable(itertools.chain(d, (separator,)) for d in ids),
                                dtype=np.int64, count=sum(len(d) + 1 for d in ids))
             if np.count_nonzero(flat >= separator) != len(ids):  # only the separators may reach it
@@ -251,6 +266,10 @@ def build_datastore(tokenizer: Any, sources: Sequence[str | os.PathLike], out: s
     t0 = time.perf_counter()
     check_output(out, "--out", "file", DatastoreError)  # before any work
     files = collect_files(sources, config.extensions)
+    target = Path(out)
+    if target.exists() and any(os.path.samefile(path, target) for path, _ in files):
+        raise DatastoreError(f"--out {str(out)!r} is one of the corpus files it would be built from: the build "
+                             "would replace it; write the datastore elsewhere (e.g. a .specds file)")
     n_vocab = vocab_size(tokenizer)
     dtype = token_dtype_for(n_vocab)
     separator = int(np.iinfo(dtype).max)

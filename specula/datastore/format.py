@@ -155,6 +155,13 @@ def read_header(path: str | Path) -> tuple[DatastoreHeader, int, int]:
                              "by `specula datastore build`")
     if not path.is_file():
         raise DatastoreError(f"datastore {str(path)!r} does not exist; build one with `specula datastore build`")
+    try:
+        return _read_header(path)
+    except OSError as exc:  # unreadable (permissions, I/O): a one-line error, as for corpus files
+        raise DatastoreError(f"cannot read datastore {str(path)!r}: {exc.strerror or exc}") from exc
+
+
+def _read_header(path: Path) -> tuple[DatastoreHeader, int, int]:
     size = path.stat().st_size
     with open(path, "rb") as handle:
         prefix = handle.read(_PREFIX.size)

@@ -127,6 +127,10 @@ def test_summary_checks_and_position_metrics():
     assert doc["config"]["max_drafts"] == 4
     with pytest.raises(ConfigError, match="temperatures"):
         AcceptanceConfig(temperatures=(0.0,))
+    with pytest.raises(ConfigError, match="finite"):  # refused before any model loads, not in the sampler
+        AcceptanceConfig(temperatures=(float("inf"),))
+    with pytest.raises(ConfigError, match="lists a temperature twice"):  # counted twice, its error read as smaller
+        AcceptanceConfig(temperatures=(1.0, 0.7, 1.0))
     with pytest.raises(ConfigError, match="--trajectories must be >= 2"):  # one has no standard error: NaN
         AcceptanceConfig(trajectories=1)
 

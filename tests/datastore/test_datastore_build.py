@@ -189,3 +189,47 @@ def test_bench_of_a_store_of_one_word_documents_reports_no_datastore_queries(tmp
     assert main(["datastore", "bench", str(out), "--queries", "20", "--json"]) == 0
     results = json.loads(capsys.readouterr().out)["results"]
     assert results["from datastore"] == {"queries": 0} and results["random ids"]["queries"] == 20
+
+
+@pytest.mark.parametrize("setting", ["truncation", "padding"])
+def test_a_tokenizer_json_with_truncation_or_padding_on_stores_the_whole_documents(tmp_path, make_tokenizer, setting):
+    """A tokenizer.json may switch truncation or padding on; transformers turns them off for each
+    encode, the Rust tokenizer called directly did not: documents were cut to max_length or padded
+    with pad ids stored as text."""
+    from specula.models.loading import load_tokenizer
+
+    tok = make_tokenizer(50)
+    if setting == "truncation":
+        tok.backend_tokenizer.enable_truncation(max_length=8)
+    else:
+        tok.backend_tokenizer.enable_padding(pad_id=49, pad_token="w49")
+    tok.save_pretrained(tmp_path / "tok")
+    loaded = load_tokenizer(str(tmp_path / "tok"))
+    long, short = [" ".join(f"w{i}" for i in range(2, 32)), "w3 w4"]
+    (tmp_path / "a.txt").write_text(long)
+    (tmp_path / "b.txt").write_text(short)
+    store = load_datastore(build_datastore(loaded, [tmp_path / "a.txt", tmp_path / "b.txt"], tmp_path / "s.specds",
+                                           BuildConfig(progress=False)).path)
+    sep = store.header.separator
+    assert store.tokens.tolist() == [*range(2, 32), sep, 3, 4, sep]
+    assert loaded.backend_tokenizer.truncation is not None or loaded.backend_tokenizer.padding is not None  # untouched
+
+
+def test_an_output_that_is_one_of_the_corpus_files_is_refused(tmp_path, make_tokenizer):
+    notes = tmp_path / "notes.txt"
+    notes.write_text("w3 w4 w5")
+    with pytest.raises(DatastoreError, match="is one of the corpus files"):
+        build_datastore(make_tokenizer(10), [tmp_path], notes, BuildConfig(progress=False))
+    assert notes.read_text() == "w3 w4 w5"
+
+
+def test_an_unreadable_datastore_is_a_clear_error(tmp_path, corpus, make_tokenizer, monkeypatch):
+    """A file the user may not read (or an I/O error): a DatastoreError naming it, not a traceback."""
+    path = build_datastore(make_tokenizer(100), [corpus], tmp_path / "s.specds", BuildConfig(progress=False)).path
+
+    def refused(file, *args, **kwargs):
+        raise PermissionError(13, "Permission denied", str(file))
+
+    monkeypatch.setattr("specula.datastore.format.open", refused, raising=False)  # as for a user without read access
+    with pytest.raises(DatastoreError, match="cannot read datastore .*Permission denied"):
+        load_datastore(path)
