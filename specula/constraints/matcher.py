@@ -76,11 +76,20 @@ class GrammarState:
 
         self.constraint = constraint
         self.vocab = vocab
-        llt = grammar_tokenizer(tokenizer, vocab, eos_token_ids)
-        self._matcher = LLMatcher(llt, check_constraint(constraint, tokenizer, vocab, eos_token_ids))
+        # One end for llguidance and for `ended`: without the decoder's EOS ids llguidance ends a match
+        # with the tokenizer's EOS, which `commit` then took for an ordinary token (EOS twice)
+        eos = [int(e) for e in eos_token_ids]
+        if not eos and getattr(tokenizer, "eos_token_id", None) is not None:
+            eos = [int(tokenizer.eos_token_id)]
+        llt = grammar_tokenizer(tokenizer, vocab, eos)
+        self._matcher = LLMatcher(llt, check_constraint(constraint, tokenizer, vocab, eos))
         if self._matcher.is_error():
             raise ConstraintError(f"cannot compile the {constraint.label}: {self._matcher.get_error()}")
-        self.eos_token_ids = frozenset(int(e) for e in eos_token_ids)
+        self._matcher.compute_bitmask()  # llguidance finds a language with no text in it here
+        if self._matcher.is_stopped() and not self._matcher.is_accepting():
+            raise ConstraintError(f"the {constraint.label} matches no text this tokenizer can write: "
+                                  "check it (a rule that never ends, a character class with nothing in it)")
+        self.eos_token_ids = frozenset(eos)
         self.committed = 0
         """Tokens committed so far."""
         self.ended = False

@@ -193,3 +193,30 @@ def test_a_minimum_length_with_a_constraint_is_refused(models, json_tokenizer):
     prompt = json_tokenizer.encode(PROMPTS[1], add_special_tokens=False)
     with pytest.raises(ConfigError, match="min_new_tokens cannot be combined with a constraint"):
         dec.generate(prompt, SamplingParams(max_new_tokens=8, min_new_tokens=2), CONSTRAINTS["regex"])
+
+
+@pytest.mark.parametrize("constraint", [Constraint.grammar('start: a\na: a "x"'), Constraint.regex("[^\\x00-\\x{10FFFF}]")])
+def test_a_constraint_with_no_text_in_it_is_refused_by_every_method(models, json_tokenizer, constraint):
+    """It compiles, but llguidance stops at its first mask: plain decoding gave an empty output that
+    matches nothing, and every drafter crashed on a roll-back (a 24-line RuntimeError, a 500)."""
+    from specula.constraints import ConstraintError
+
+    prompt = json_tokenizer.encode(PROMPTS[1], add_special_tokens=False)
+    for method in ("none", "prompt-lookup", "token-recycling"):
+        with pytest.raises(ConstraintError, match="matches no text this tokenizer can write"):
+            decoder(models, json_tokenizer, method).generate(prompt, SamplingParams(max_new_tokens=8), constraint)
+
+
+def test_a_target_without_eos_ids_ends_a_match_with_the_tokenizers_eos_once(models, json_tokenizer):
+    """llguidance ends a match with the tokenizer's EOS when the decoder names none; the grammar state
+    took it for an ordinary token and the output carried it twice."""
+    model, _ = models
+    prompt = json_tokenizer.encode("abc", add_special_tokens=False)
+    constraint = Constraint.regex("[a-d]{1,4}")
+    for method in ("none", "prompt-lookup"):
+        dec = build_decoder(method, HFCausalLM(model, "target", eos_token_ids=[]), json_tokenizer, planner="none")
+        out = dec.generate(prompt, SamplingParams(max_new_tokens=10), constraint)
+        with_eos = build_decoder(method, HFCausalLM(model, "target", eos_token_ids=[EOS]), json_tokenizer,
+                                 planner="none").generate(prompt, SamplingParams(max_new_tokens=10), constraint)
+        assert out.token_ids == with_eos.token_ids and out.token_ids.count(EOS) == 1, method
+        assert out.token_ids[-1] == EOS and out.stats.finish_reason == "stop"
