@@ -518,6 +518,31 @@ def test_online_distillation_updates_the_head_and_never_changes_the_output():
     assert not head.module.training and not any(p.requires_grad for p in head.module.parameters())
 
 
+def test_the_replay_buffer_is_bounded_in_memory_as_well_as_in_requests():
+    """Whole feature matrices of long requests (75 MiB for 4,000 tokens at the 1.5B's width) are
+    kept within buffer_mib: oldest requests dropped first, one longer than the bound alone keeps its
+    last positions (at least a window)."""
+    from specula.drafters.heads.online import OnlineDistillConfig, OnlineDistiller
+
+    head = new_head("eagle", native(tiny_model("llama", "eager", seed=6)), torch.arange(96), seed=0)
+    e = 16  # the feature width: the buffer holds what it is given (steps=0: no update reads them)
+    row = e * 4  # bytes of a float32 feature row
+    config = OnlineDistillConfig(buffer_mib=40 * row / 2**20, window=8, steps=0)
+    online = OnlineDistiller(head, config)
+    for n in (12, 12, 12, 12):
+        online.add(list(range(2, 2 + n)), [torch.randn(e) for _ in range(n - 1)])
+    assert [len(t) for t, _ in online.buffer] == [11, 11, 11]  # 44 rows would pass 40: the oldest went
+    assert online.buffer_bytes == sum(f.numel() * 4 for _, f in online.buffer) <= 40 * row
+    tokens = list(range(100))
+    online.add(tokens, [torch.full((e,), float(i)) for i in range(99)])
+    (kept, feats), = online.buffer  # alone, cut to its last 40 positions
+    assert kept.tolist() == tokens[59:99] and feats[:, 0].tolist() == [float(i) for i in range(59, 99)]
+    small = OnlineDistiller(head, OnlineDistillConfig(buffer_sequences=2, steps=0))
+    for _ in range(3):
+        small.add([5, 6, 7, 8], [torch.randn(e) for _ in range(3)])
+    assert len(small.buffer) == 2
+
+
 def test_online_distillation_refuses_heads_it_cannot_train_or_of_another_target(saved):
     """A head drafting on int8 kernels has no weights to train (its first update raised after the
     request was decoded: on the server, the worker died); a head loaded for another target would

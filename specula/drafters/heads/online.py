@@ -29,6 +29,10 @@ class OnlineDistillConfig:
     """AdamW learning rate (small: the head must not forget its offline training)."""
     buffer_sequences: int = 64
     """Finished requests kept in the replay buffer (oldest dropped first)."""
+    buffer_mib: float = 512.0
+    """Most memory the buffer's features take, in MiB (oldest requests dropped first; a request
+    longer than this alone keeps its last positions that fit, at least one window): an EAGLE-3
+    head's features of a 4,000-token request take 75 MiB at the 1.5B's width."""
     update_every: int = 1
     """Finished requests between updates."""
     steps: int = 4
@@ -47,7 +51,8 @@ class OnlineDistiller:
     def __init__(self, head: TrainedHead, config: OnlineDistillConfig = OnlineDistillConfig()) -> None:
         self.head = head
         self.config = config
-        self.buffer: deque[tuple[torch.Tensor, torch.Tensor]] = deque(maxlen=config.buffer_sequences)
+        self.buffer: deque[tuple[torch.Tensor, torch.Tensor]] = deque()
+        self.buffer_bytes = 0  # of the features held
         self.optimizer = torch.optim.AdamW(head.module.parameters(), lr=config.lr, betas=(0.9, 0.95))
         self.rng = random.Random(config.seed)
         self.finished = 0
@@ -58,8 +63,16 @@ class OnlineDistiller:
         """A finished request: tokens [n] and the features of its first n - 1 positions."""
         n = min(len(tokens), len(features) + 1)
         if n >= 3:
-            feats = torch.stack(features[: n - 1]).detach().clone()  # [n - 1, E] (out of inference mode)
-            self.buffer.append((torch.tensor(tokens[: n - 1], dtype=torch.long), feats))
+            row_bytes = features[0].numel() * features[0].element_size()
+            keep = max(self.config.window + 1, int(self.config.buffer_mib * 2**20) // max(1, row_bytes))
+            first = max(0, n - 1 - keep)  # the last positions that fit
+            feats = torch.stack(features[first: n - 1]).detach().clone()  # [<= keep, E] (out of inference mode)
+            self.buffer.append((torch.tensor(tokens[first: n - 1], dtype=torch.long), feats))
+            self.buffer_bytes += feats.numel() * feats.element_size()
+            while len(self.buffer) > 1 and (len(self.buffer) > self.config.buffer_sequences
+                                            or self.buffer_bytes > self.config.buffer_mib * 2**20):
+                _, dropped = self.buffer.popleft()
+                self.buffer_bytes -= dropped.numel() * dropped.element_size()
         self.finished += 1
         if self.finished % self.config.update_every == 0 and self.buffer:
             self.update()
