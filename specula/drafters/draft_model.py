@@ -91,6 +91,14 @@ def resolve_window(window: int | None) -> int:
     return window
 
 
+def fitted_window(window: int, max_context: int) -> int:
+    """The `draft_window` a draft of `max_context` tokens reads with: `window`, narrowed to half its
+    context (at least `MIN_WINDOW`) where it is wider, so that the output has the other half (a
+    prompt within a wider window filled a small draft's context, and it drafted nothing); 0 (the
+    whole prompt) as asked."""
+    return max(MIN_WINDOW, max_context // 2) if window and window > max_context // 2 else window
+
+
 def window_view(tokens: Sequence[int], prompt_length: int, window: int) -> Sequence[int]:
     """The committed tokens a draft model with `window` reads: `tokens` itself when the prompt (its
     first `prompt_length`) fits or the window is 0, else the prompt's first `window // 2` and last
@@ -144,6 +152,8 @@ class DraftModelDrafter:
         self.config = config
         self.fit = fit
         """How the draft reads and scores the target's ids where their widths differ (None: alike)."""
+        self.window = fitted_window(config.draft_window, draft.max_context)
+        """The prompt tokens the draft reads at most (`fitted_window`)."""
         self._token_seconds = Ema(config.timing_ema)  # one draft token (a one-token pass)
         self._catch_up_seconds = Ema(config.timing_ema)  # per token, for catch-ups of >= 16 tokens
 
@@ -191,7 +201,7 @@ class DraftModelDrafter:
         return params.fixed_drafts if self.config.greedy_proposals is None else False
 
     def propose(self, ctx: DraftContext, seq: TargetSequence) -> Proposal:
-        tokens = window_view(ctx.tokens, ctx.prompt_len, self.config.draft_window)  # what the draft reads
+        tokens = window_view(ctx.tokens, ctx.prompt_len, self.window)  # what the draft reads
         if self.fit is not None:
             tokens = self.fit.read(tokens)
         room = self.draft.max_context - len(tokens) + 1  # the draft cache holds tokens + k - 1 drafts

@@ -57,7 +57,7 @@ from typing import Callable, Literal, Sequence, get_args
 import torch
 
 from specula.drafters.base import DraftContext, Proposal, StepResult, method_config
-from specula.drafters.draft_model import VocabFit, resolve_window, window_view
+from specula.drafters.draft_model import VocabFit, fitted_window, resolve_window, window_view
 from specula.ema import Ema
 from specula.errors import ConfigError
 from specula.models.base import TargetModel, TargetSequence, keep_common_prefix
@@ -233,9 +233,9 @@ class DraftTreeDrafter:
         self.config = config
         self.fit = fit
         """How the draft reads and scores the target's ids where their widths differ (None: alike)."""
-        self.draft_window = draft_window
-        """Most prompt tokens the draft model reads (`draft_model.window_view`; 0: the whole prompt). The
-        trained heads (a subclass) read the target's features of every token: 0."""
+        self.draft_window = draft_window if draft is None else fitted_window(draft_window, draft.max_context)
+        """Most prompt tokens the draft model reads (`draft_model.window_view`, `fitted_window`; 0: the
+        whole prompt). The trained heads (a subclass) read the target's features of every token: 0."""
         self._level_seconds = Ema(0.2)
         """Seconds of one level's drafting pass over its frontier (the root's pass may carry a
         prompt's catch-up, so it is not timed): what the cost view prices a level at."""

@@ -65,7 +65,8 @@ def test_the_draft_trees_cache_holds_only_the_window_of_a_long_prompt():
     state.finish(())  # the step accepted no node (what `observe` does with no accepted tokens)
     assert state.seq.tokens == prompt[:33] + prompt[-33:] + [11]
     drafter.finish(state)
-    assert make_drafter("draft-tree", draft=HFCausalLM(model, "draft")).draft_window == DEFAULT_WINDOW
+    # the default window, narrowed to half the tiny draft's 256 tokens of context
+    assert make_drafter("draft-tree", draft=HFCausalLM(model, "draft")).draft_window == min(DEFAULT_WINDOW, 128)
     with pytest.raises(ConfigError, match="draft_window must be at least 64"):
         make_drafter("draft-tree", draft=HFCausalLM(model, "draft"), draft_window=10)
 
@@ -151,3 +152,22 @@ def test_a_draft_of_another_vocabulary_width_drafts_only_the_targets_ids(draft_v
         if params.greedy:
             assert out.token_ids == plain.generate(prompt, params).token_ids
             assert out.stats.drafted_tokens > 0
+
+
+@pytest.mark.parametrize("method, options", [("draft-model", {"num_draft_tokens": 4}),
+                                             ("draft-tree", {"tree_top_k": 2, "tree_depth": 4, "tree_nodes": 6})])
+def test_a_window_wider_than_half_a_small_drafts_context_is_narrowed_to_it(method, options):
+    """The default window (512) beside a draft of 128 tokens of context: a 150-token prompt fits the
+    window, so it was read whole, filled the draft's context, and nothing was drafted."""
+    model = tiny_model("llama", seed=3)
+    draft = HFCausalLM(perturbed_copy(model, 0.1), "draft")
+    draft.max_context = 128
+    drafter = make_drafter(method, draft=draft, **options)
+    assert (drafter.window if method == "draft-model" else drafter.draft_window) == 64
+    dec = SpeculativeDecoder(HFCausalLM(model, "target"), drafter, eos_token_ids=[])
+    prompt = long_prompt(150)
+    out = dec.generate(prompt, SamplingParams(max_new_tokens=40, ignore_eos=True))
+    assert out.token_ids == reference_greedy(model, prompt, 40)
+    assert out.stats.accepted_tokens > 0
+    whole = make_drafter(method, draft=draft, draft_window=0, **options)  # the whole prompt, as asked
+    assert (whole.window if method == "draft-model" else whole.draft_window) == 0
