@@ -131,6 +131,16 @@ class Proposal:
         return out.restrict(range(min(n, len(out.tree))) if self.sampled else out.tree.top_node_indices(n))
 
 
+def within_budget(proposal: Proposal, budget: DraftBudget) -> Proposal:
+    """`proposal` cut to `budget` (`Proposal.limit`) where it exceeds it, else itself. A drafter's
+    proposal is what the cost view prices for the drafters after it (`Planner.view`): nodes no step
+    can verify there told an adaptive draft model near a request's end not to draft."""
+    tree = proposal.tree
+    if tree.max_depth <= budget.max_depth and len(tree) <= budget.max_nodes:
+        return proposal
+    return proposal.limit(budget)
+
+
 @dataclass(frozen=True)
 class StepResult:
     """One verified step, as drafters and the planner observe it."""

@@ -16,9 +16,10 @@ from dataclasses import fields
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from specula.errors import ConfigError
-from specula.step import DraftBudget, DraftContext, Proposal, StepResult
+from specula.step import DraftBudget, DraftContext, Proposal, StepResult, within_budget
 
-__all__ = ["DraftBudget", "DraftContext", "Drafter", "FeatureDrafter", "Proposal", "StepResult", "method_config"]
+__all__ = ["DraftBudget", "DraftContext", "Drafter", "FeatureDrafter", "Proposal", "StepResult", "method_config",
+           "within_budget"]
 
 
 @runtime_checkable

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from specula.drafters.base import DraftContext, Proposal, StatelessDrafter, method_config
+from specula.drafters.base import DraftContext, Proposal, StatelessDrafter, method_config, within_budget
 from specula.errors import ConfigError
 from specula.tree import TokenTree
 
@@ -82,7 +82,7 @@ class PromptLookupDrafter(StatelessDrafter):
         weight = n / (self.config.max_ngram + 1)  # the matched suffix's weight, on the root's children only
         node_paths = [tuple(tree.tokens_of(tree.path_to(i))) for i in range(len(tree))]
         edges = [counts[path] / counts[path[:-1]] * (weight if len(path) == 1 else 1.0) for path in node_paths]
-        return Proposal(tree.with_edge_scores(edges))
+        return within_budget(Proposal(tree.with_edge_scores(edges)), ctx.budget)
 
 
 CONFIG = PromptLookupConfig

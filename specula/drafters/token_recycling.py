@@ -36,7 +36,7 @@ import numpy as np
 import torch
 
 from specula.datastore.tokenizers import tokenizer_fingerprint
-from specula.drafters.base import DraftContext, Proposal, StepResult, method_config
+from specula.drafters.base import DraftContext, Proposal, StepResult, method_config, within_budget
 from specula.errors import ConfigError
 from specula.paths import atomic_file
 from specula.tree import TokenTree
@@ -158,6 +158,7 @@ class TokenRecyclingDrafter:
         self._saved_at = float("-inf")  # `time.monotonic()` of the last save to the state file
         if config.state_path is not None:
             path = Path(config.state_path)
+            _save_earlier(path)  # an earlier drafter's pending changes reach the file before it is read
             if path.exists():
                 self.load(path)
             _register(self)
@@ -174,7 +175,7 @@ class TokenRecyclingDrafter:
         tree = TokenTree.from_subset(tokens.tolist(), self.template.parents.tolist(),
                                      self.template.edge_scores.tolist(), keep.tolist(), self.name)
         # A row's top-k are distinct, so siblings are too; merge() still guarantees it (it dedups).
-        return Proposal(TokenTree.empty().merge(tree))
+        return within_budget(Proposal(TokenTree.empty().merge(tree)), ctx.budget)
 
     @property
     def memory_bytes(self) -> int:
@@ -255,6 +256,15 @@ _WITH_STATE: dict[Path, TokenRecyclingDrafter] = {}
 decoders again and again (a bench's rounds) keeps one matrix a file, not every one it made."""
 
 
+def _save_earlier(path: Path) -> None:
+    """Save the registered drafter of the state file `path` if it has changes pending (a new drafter
+    of the file reads it next: it loaded the file as last saved, and its saves then dropped the
+    earlier one's updates)."""
+    earlier = _WITH_STATE.get(path.resolve())
+    if earlier is not None and earlier.dirty:
+        _save_or_warn(earlier)
+
+
 def _register(drafter: TokenRecyclingDrafter) -> None:
     """Keep `drafter` for `save_states`, in place of an earlier drafter of the same file (saved first
     if it has changes pending)."""
@@ -302,4 +312,7 @@ def create(*, target=None, draft=None, recycling_state: str | None = None, token
         vocab_size = target.vocab_size
     fingerprint = tokenizer_fingerprint(tokenizer) if recycling_state and tokenizer is not None else None
     config = method_config("token-recycling", TokenRecyclingConfig, options, state_path=recycling_state)
+    if config.top_k > vocab_size:  # its top-k of a step's logits would fail mid-generation
+        raise ConfigError(f"token-recycling top_k ({config.top_k}) exceeds the vocabulary ({vocab_size}); "
+                          "pass a smaller top_k")
     return TokenRecyclingDrafter(vocab_size, config, fingerprint)

@@ -33,3 +33,17 @@ def test_disagreeing_matches_split_the_edge_score():
     edges = dict(zip(tree.tokens, tree.edge_scores))
     assert edges[1] == pytest.approx(0.5)  # both continuations start with 1; weight 1 / 2
     assert edges[3] == pytest.approx(0.5) and edges[2] == pytest.approx(0.5)
+
+
+def test_a_proposal_keeps_within_the_budget_it_is_given():
+    """Nodes past the budget can never be verified; in a proposal they are priced by the cost view
+    the drafters after it read (an adaptive draft model near a request's end was told not to draft)."""
+    drafter = PromptLookupDrafter(PromptLookupConfig(num_pred_tokens=9))
+    tokens = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 1, 2, 3, 20, 21, 1, 2, 3]
+    whole = drafter.propose(ctx(tokens)).tree
+    assert whole.max_depth == 9 and len(whole) > 9
+    for nodes, depth in ((1, 1), (4, 2), (64, 3)):
+        budget_ctx = DraftContext(tokens, 1, SamplingParams(), DraftBudget(nodes, depth), make_generator(0))
+        tree = drafter.propose(budget_ctx).tree
+        assert len(tree) <= nodes and tree.max_depth <= depth and len(tree) == min(nodes, len(
+            [d for d in whole.depth if d <= depth]))

@@ -23,7 +23,7 @@ def greedy(n: int) -> SamplingParams:
 
 
 def ctx(tokens) -> DraftContext:
-    return DraftContext(list(tokens), 1, SamplingParams(), DraftBudget(64, 10), make_generator(0))
+    return DraftContext(list(tokens), 1, SamplingParams(), DraftBudget(128, 10), make_generator(0))  # the whole template
 
 
 class Recorder:
@@ -275,6 +275,36 @@ def test_one_drafter_a_state_file_is_kept_for_the_exit_save(tmp_path):
     reread = TokenRecyclingDrafter(VOCAB)
     reread.load(state)
     assert reread.matrix[3, 0] == 7
+
+
+def test_a_new_drafter_of_a_state_file_starts_from_the_earlier_ones_latest_matrix(tmp_path):
+    """The earlier drafter's changes pending (saves come at most every 30 s) reach the file before
+    the new one reads it: it loaded the file as last saved, and its saves then dropped them."""
+    state = tmp_path / "s.npz"
+    first = TokenRecyclingDrafter(VOCAB, TokenRecyclingConfig(state_path=str(state)))
+    first.matrix[3, 0] = 7
+    first.save()
+    first.matrix[4, 0] = 9  # learnt after the last save
+    first.dirty = True
+    second = TokenRecyclingDrafter(VOCAB, TokenRecyclingConfig(state_path=str(state)))
+    assert second.matrix[3, 0] == 7 and second.matrix[4, 0] == 9
+    assert np.array_equal(second.matrix, first.matrix)
+
+
+def test_a_proposal_keeps_within_the_budget_it_is_given():
+    drafter = TokenRecyclingDrafter(VOCAB)
+    drafter.matrix[:] = np.arange(8)[None, :] + 10  # every row full: the whole template fills
+    full = drafter.propose(DraftContext([5], 1, SamplingParams(), DraftBudget(128, 16), make_generator(0))).tree
+    assert len(full) > 16 and full.max_depth > 2
+    for nodes, depth in ((1, 1), (16, 2), (128, 3)):
+        tree = drafter.propose(DraftContext([5], 1, SamplingParams(), DraftBudget(nodes, depth),
+                                            make_generator(0))).tree
+        assert len(tree) <= nodes and tree.max_depth <= depth and len(tree) > 0
+
+
+def test_a_top_k_wider_than_the_vocabulary_is_refused_when_made():
+    with pytest.raises(ConfigError, match="top_k \\(16\\) exceeds the vocabulary \\(12\\)"):
+        make_drafter("token-recycling", vocab_size=12, top_k=16)
 
 
 def test_fusion_with_a_head_refuses_the_recycling_state_it_would_ignore(tmp_path):
