@@ -50,9 +50,10 @@ class SamplingParams:
     """Hard limit on generated tokens; never overshot, even mid-draft."""
     min_new_tokens: int = 0
     """The fewest new tokens before the output may end (transformers' `min_new_tokens`, vLLM's
-    `min_tokens`): until then the end-of-sequence token (unless `ignore_eos`) and `stop_token_ids`
-    are masked at -inf and no stop string ends the output (one that ends later still does); the
-    context window still ends it. Speculation stays lossless with respect to the masked
+    `min_tokens`): the end-of-sequence token (unless `ignore_eos`) and `stop_token_ids` are masked
+    at -inf at the first N positions, and a stop string ends the output only where it ends past
+    the first N tokens' text (vLLM's rule; one that starts in it may); the context window still
+    ends it. Speculation stays lossless with respect to the masked
     distribution (`specula.min_tokens`)."""
     stop: tuple[str, ...] = field(default_factory=tuple)
     """Stop strings: generation ends once the decoded output contains one; as in OpenAI's API the

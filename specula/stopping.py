@@ -75,7 +75,7 @@ class TextStream:
 
     def __init__(self, tokenizer, stops: Sequence[str] = (), prompt: Sequence[int] = (), min_tokens: int = 0) -> None:
         self.tokenizer = tokenizer
-        self.min_tokens = min_tokens  # stop strings end no output shorter (vLLM's min_tokens)
+        self.min_tokens = min_tokens  # no stop string ends in the first min_tokens tokens' text (vLLM's min_tokens)
         self.context = [int(t) for t in list(prompt)[-CONTEXT_TOKENS:]]  # [<= CONTEXT_TOKENS]
         self.ids: list[int] = []
         self.settled = 0  # ids[:settled] have their text fixed: settled_text
@@ -126,7 +126,7 @@ class TextStream:
         # Under a minimum length, stops in the text so far were let pass: only one ending in the new
         # tokens' text counts (past an unfinished character, which the new tokens may finish).
         after = len(self.decode_after(context, head).rstrip("\ufffd")) if self.min_tokens else 0
-        for k in range(max(1, self.min_tokens - len(self.ids)), len(new) + 1):
+        for k in range(max(1, self.min_tokens + 1 - len(self.ids)), len(new) + 1):
             text = self.decode_after(context, [*head, *new[:k]])
             if cut_at_stop(text, self.trimmer.stops, after)[1]:
                 return k
@@ -163,8 +163,10 @@ class TextStream:
             return
         cut = n - SETTLE_TOKENS
         head = self.decode_after(self._context_at(self.settled), self.ids[self.settled:cut])
-        if not head.endswith("\ufffd") and head + self.decode_after(self._context_at(cut),
-                                                                           self.ids[cut:]) == window:
+        context = self.decode(self._context_at(cut))  # empty (special tokens only) or unfinished: no context,
+        # and a decoder that strips a text's first space would strip the window's once more tokens come
+        if context and not context.endswith("\ufffd") and not head.endswith("\ufffd") and \
+                head + self.decode_after(self._context_at(cut), self.ids[cut:]) == window:
             self.settled, self.settled_text = cut, self.settled_text + head
             self.next_settle = n + SETTLE_TOKENS
         else:  # an unfinished character, or a decoder whose text depends on tokens further back
@@ -185,5 +187,5 @@ class TextStream:
         self.shown = stable if len(stable) >= len(self.shown) else self.shown
         if self.trimmer is None:
             return delta
-        out = self.trimmer.feed(delta, protect=len(self.ids) < self.min_tokens)
+        out = self.trimmer.feed(delta, protect=len(self.ids) <= self.min_tokens)
         return out + self.trimmer.flush() if final else out

@@ -289,8 +289,8 @@ def test_a_feed_decodes_a_bounded_window_however_long_the_output(tiny_tokenizer)
 
 
 def test_a_stop_string_ends_no_output_shorter_than_its_minimum(tiny_tokenizer):
-    """vLLM's min_tokens: a stop string that ends in the text of the first min_tokens - 1 tokens does
-    not stop the output; one that starts there and ends later does."""
+    """vLLM's min_tokens: a stop string that ends in the text of the first min_tokens tokens does not
+    stop the output; one that starts there and ends later does."""
     w = tiny_tokenizer.convert_tokens_to_ids
     ids = [w("w3"), w("w4"), w("w3"), w("w5"), w("w3"), w("w4")]
     plain = TextStream(tiny_tokenizer, stops=("w3 w4",), prompt=[5])
@@ -312,4 +312,15 @@ def test_a_minimum_gives_the_same_text_however_many_tokens_a_step_accepted():
                             min_new_tokens=least)
         got = _outputs(spec, [2, 9, 10], ignore_eos=True, max_new_tokens=12, stop=("w1",), min_new_tokens=least)
         assert got[:4] == expected[:4] and expected[3] == "stop", least
-        assert len(got[0]) == max(1, least), least  # every token's text holds "w1": it ends at the minimum
+        # every token's text holds "w1": it ends on the first token past the minimum, as EOS would (vLLM)
+        assert len(got[0]) == least + 1, least
+
+
+def test_settling_after_a_run_of_special_tokens_keeps_the_spaces():
+    """A settle point right after tokens that decode to nothing (`</s>` skipped, an output that
+    ignores EOS) had no context to decode after: a decoder that strips a text's first space
+    (SentencePiece's) dropped the space between the words on either side."""
+    tok = _sentencepiece_tokenizer()
+    for ids in ([6, 6, 6] + [2] * 40 + [8, 8, 8], [2] * 40 + [8, 8, 8]):
+        got, stream = _deltas(tok, [3, 4, 5], ids, [1] * len(ids))
+        assert "".join(got) == stream.decode_after([3, 4, 5], ids)  # the whole output decoded after the prompt
