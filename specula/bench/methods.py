@@ -91,8 +91,11 @@ def build_specula_methods(
         base, overrides = split_method(name)
         own_draft = _variant_draft(name, overrides.pop(DRAFT_OPTION, None), draft)
         planner = None if name == BASELINE else planner_for(base)
-        spec = Specula(target, tokenizer, base, own_draft, engine=engine, planner=planner,
-                       **{**options(base), **overrides})
+        try:
+            spec = Specula(target, tokenizer, base, own_draft, engine=engine, planner=planner,
+                           **{**options(base), **overrides})
+        except (TypeError, ValueError) as exc:  # a variant's value of the wrong kind (max_ngram=abc)
+            raise ConfigError(f"method variant {name!r}: {exc}") from exc
         methods.append(SpeculaMethod(name, spec))
     return methods
 
@@ -153,4 +156,33 @@ def parse_method_list(value: str | None, has_draft: bool) -> list[str]:
         _variant_draft(name, overrides.get(DRAFT_OPTION), None)
         if base == BASELINE and overrides:
             raise ConfigError(f"{name!r}: the baseline {BASELINE!r} takes no options")
+        check_variant(name, base, {k: v for k, v in overrides.items() if k != DRAFT_OPTION})
     return [BASELINE, *(n for n in dict.fromkeys(names) if n != BASELINE)]
+
+
+def check_variant(name: str, base: str, overrides: dict[str, Any]) -> None:
+    """A variant's options checked against the options dataclass of each drafter they reach (the
+    method's, or the fused members' they are forwarded to), before any model is loaded: an unknown
+    option, or a value its config refuses or cannot compare (max_ngram=abc), is a ConfigError
+    naming the variant."""
+    from dataclasses import fields
+
+    spec = get_method(base)
+    unknown = sorted(set(overrides) - set(spec.accepted_options()))
+    if unknown:
+        raise ConfigError(f"method variant {name!r}: {base} does not take {', '.join(unknown)}; its options are "
+                          f"{', '.join(spec.accepted_options())}")
+    reached = [(m.method, set(m.forwards)) for m in spec.members] if spec.members else [(base, set(overrides))]
+    for method, forwarded in reached:
+        config = getattr(get_method(method).drafter_module(), "CONFIG", None)
+        if config is None:
+            continue
+        given = {k: v for k, v in overrides.items() if k in forwarded and k in {f.name for f in fields(config)}}
+        if not given:
+            continue
+        try:
+            config(**given)
+        except ConfigError as exc:
+            raise ConfigError(f"method variant {name!r}: {exc}") from None
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"method variant {name!r}: a value of the wrong kind in {given} ({exc})") from None

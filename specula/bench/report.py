@@ -107,8 +107,9 @@ def _matrix(entries: Sequence[tuple[str, dict[str, Any]]], categories: Sequence[
     return _table(["method", "overall", *categories], rows)
 
 
-def _round_lines(entries: Sequence[tuple[str, dict[str, Any]]]) -> list[str]:
-    """The table of each method's figures across rounds (`bench --repeats`); nothing for one round."""
+def _round_lines(entries: Sequence[tuple[str, dict[str, Any]]], fresh: bool = True) -> list[str]:
+    """The table of each method's figures across rounds (`bench --repeats`); nothing for one round.
+    `fresh`: each round's methods were built afresh (else what they learned carried over)."""
     rounded = [(name, e) for name, e in entries if e.get("rounds")]
     if not rounded:
         return []
@@ -117,12 +118,16 @@ def _round_lines(entries: Sequence[tuple[str, dict[str, Any]]]) -> list[str]:
         return "-" if not spread else " / ".join(fmt(spread[k]) for k in ("min", "median", "max"))
 
     count = rounded[0][1]["rounds"]["count"]
+    partial = rounded[0][1]["rounds"].get("partial") or []
+    built = ("on methods built afresh (nothing a drafter or an assisted peer's schedule learned in an earlier "
+             "round carried over)" if fresh else
+             "on the same methods (what their drafters learned in earlier rounds carried over)")
     lines = ["", f"## Across {count} rounds", "",
-             "Each round ran every prompt again on methods built afresh (nothing a drafter or an assisted "
-             "peer's schedule learned in an earlier round carried over), after its own warm-up; a round's "
-             "speedup is its tokens/s over `none`'s in the "
-             "same round. Cells are min / median / max over the rounds; the tables above are over all rounds "
-             "together.", ""]
+             f"Each round ran every prompt again {built}, after its own warm-up; a round's speedup is its "
+             "tokens/s over `none`'s in the same round. Cells are min / median / max over the rounds; the "
+             "tables above are over all rounds together."
+             + (f" Round {', '.join(map(str, partial))} did not run every prompt (the run was interrupted) and is "
+                "left out here." if partial else ""), ""]
     return lines + _table(["method", f"speedup vs {BASELINE}", "tokens/s", "mean accepted"],
                           [[_label(name, e), cell(e["rounds"]["speedup"], _x), cell(e["rounds"]["tokens_per_s"], _num),
                             cell(e["rounds"]["mean_accepted_tokens"], _num)] for name, e in rounded])
@@ -132,8 +137,9 @@ def render_markdown(doc: dict[str, Any]) -> str:
     """report.md: setup, overall table, per-category tables, acceptance by depth, cost curve."""
     cfg, categories = doc["config"], doc["categories"]
     entries = ordered(doc)
+    ran = {**cfg, **doc.get("run", {})}  # what the run used (older results: the command line's config)
     sampling = "greedy (temperature 0)" if doc["greedy"] else (
-        f"sampling (temperature {cfg.get('temperature')}, top-k {cfg.get('top_k')}, top-p {cfg.get('top_p')})")
+        f"sampling (temperature {ran.get('temperature')}, top-k {ran.get('top_k')}, top-p {ran.get('top_p')})")
     status = {"complete": "complete", "running": "running",
               "interrupted": "INTERRUPTED: partial results"}.get(doc["status"], doc["status"])
     lines = [
@@ -144,9 +150,10 @@ def render_markdown(doc: dict[str, Any]) -> str:
         f"- prompts: {cfg.get('prompts')}, {doc['prompts_done']} of {doc['prompts_total']} done ({status})"
         + (f" in {doc['repeats']} rounds" if doc.get("repeats", 1) > 1 else "")
         + f"; categories: {', '.join(categories)}",
-        f"- {sampling}, max {cfg.get('max_new_tokens')} new tokens, "
-        + ("EOS ignored (fixed budget)" if cfg.get("ignore_eos") else "stop at EOS")
-        + f", seed {cfg.get('seed')}",
+        f"- {sampling}, max {ran.get('max_new_tokens')} new tokens, "
+        + (f"at least {ran['min_new_tokens']}, " if ran.get("min_new_tokens") else "")
+        + ("EOS ignored (fixed budget)" if ran.get("ignore_eos") else "stop at EOS")
+        + f", seed {ran.get('seed')}",
         f"- machine: {machine_line(doc['machine'])}",
         *_load_lines(doc),
         f"- started {doc.get('started_at')}, updated {doc.get('updated_at')}",
@@ -154,7 +161,7 @@ def render_markdown(doc: dict[str, Any]) -> str:
         "Speedups are ratios of tokens/s (total new tokens / total seconds, prefill included) measured in the "
         f"same run: against specula's plain decoding (`{BASELINE}`) and against `{HF_BASELINE}` "
         "(Hugging Face `generate`). Methods are interleaved per prompt"
-        + (" after one warm-up each." if cfg.get("warmup_tokens", 1) else
+        + (" after one warm-up each (an untimed prompt of its own)." if ran.get("warmup_tokens", 1) else
            ", without warm-up (`--warmup-tokens 0`): the first method timed runs cold."),
         "",
         "## Overall",
@@ -172,7 +179,7 @@ def render_markdown(doc: dict[str, Any]) -> str:
     lines += _table(["method", "tokens/s", f"speedup vs {BASELINE}", f"vs {HF_BASELINE}", "mean accepted",
                      "per drafting step", "identical", "draft ms/step", "draft per token / plain step",
                      "time draft/verify/other", "drafter memory", "outputs"], rows)
-    lines += _round_lines(entries)
+    lines += _round_lines(entries, ran.get("fresh_rounds", True))
     lines += ["", f"## Speedup vs `{BASELINE}` by category", ""]
     lines += _matrix(entries, categories, "speedup", _x)
     if any(e["speedup_vs_hf"] is not None for _, e in entries):

@@ -138,7 +138,7 @@ def schema_valid(prompt: BenchPrompt, out: MethodOutput, tokenizer) -> bool | No
 
 def run_record(prompt: BenchPrompt, turn: int, method: BenchMethod, prompt_ids: Sequence[int],
                out: MethodOutput, max_new_tokens: int, identical: bool | None, tokenizer=None,
-               round_number: int = 1) -> dict[str, Any]:
+               round_number: int = 1, ignore_eos: bool = False) -> dict[str, Any]:
     """One entry of results.json `runs` (schema in docs/bench.md)."""
     stats = out.stats
     record: dict[str, Any] = {
@@ -153,7 +153,7 @@ def run_record(prompt: BenchPrompt, turn: int, method: BenchMethod, prompt_ids: 
         "new_tokens": len(out.token_ids),
         "seconds": round(out.seconds, 6),
         "tokens_per_s": round(len(out.token_ids) / out.seconds, 3) if out.seconds > 0 else None,
-        "finish_reason": stats.finish_reason if stats else ("length" if len(out.token_ids) >= max_new_tokens else "stop"),
+        "finish_reason": stats.finish_reason if stats else _peer_finish(out.token_ids, method, max_new_tokens, ignore_eos),
         "identical": identical,
         "schema_valid": schema_valid(prompt, out, tokenizer),
         "token_sha1": hashlib.sha1(",".join(map(str, out.token_ids)).encode()).hexdigest(),
@@ -234,17 +234,32 @@ def compare_prompt(
                         "logit_gap": None if gap is None else round(gap, 6),
                     })
             records.append(run_record(prompt, turn, method, ids, out, settings.params.max_new_tokens, identical,
-                                      tokenizer, round_number))
+                                      tokenizer, round_number, settings.params.ignore_eos))
     return records, mismatches
 
 
 # --------------------------------------------------------------------------- the loop
 
 
-def _warm_up(methods: Sequence[BenchMethod], prompt: BenchPrompt, tokenizer, settings: BenchSettings) -> None:
+def _peer_finish(token_ids: Sequence[int], method, max_new_tokens: int, ignore_eos: bool) -> str:
+    """A peer's finish reason (it reports no stats): "stop" where it ended on one of its EOS ids, as
+    specula's methods say it (also when that EOS was the budget's last token), else "length" at the
+    budget."""
+    if token_ids and not ignore_eos and token_ids[-1] in set(getattr(method, "eos", ())):
+        return "stop"
+    return "length" if len(token_ids) >= max_new_tokens else "stop"
+
+
+WARMUP_PROMPT = "Say hello, then name three colours."
+"""What each method decodes, untimed, before a round: none of the timed prompts (a drafter that
+learns across requests, token recycling's matrix, had seen the first timed prompt's answer, and that
+prompt's mean accepted read 1.78 against 1.00)."""
+
+
+def _warm_up(methods: Sequence[BenchMethod], tokenizer, settings: BenchSettings) -> None:
     if settings.warmup_tokens <= 0:
         return
-    ids = conversation_ids(tokenizer, prompt.turns[:1], [], settings.raw)
+    ids = conversation_ids(tokenizer, [WARMUP_PROMPT], [], settings.raw)
     n = min(settings.warmup_tokens, settings.params.max_new_tokens)
     params = replace(settings.params, max_new_tokens=n, min_new_tokens=min(n, settings.params.min_new_tokens),
                      seed=turn_seed(settings.params.seed, "warm-up", 1))
@@ -292,6 +307,13 @@ def run_bench(
         "categories": categories_of(prompts),
         "greedy": settings.params.greedy,
         "repeats": settings.repeats,
+        "run": {  # what this run used, whoever called it (the command line's `config` or not)
+            "temperature": settings.params.temperature, "top_k": settings.params.top_k,
+            "top_p": settings.params.top_p, "max_new_tokens": settings.params.max_new_tokens,
+            "min_new_tokens": settings.params.min_new_tokens, "ignore_eos": settings.params.ignore_eos,
+            "seed": settings.params.seed, "warmup_tokens": settings.warmup_tokens, "raw": settings.raw,
+            "fresh_rounds": fresh_methods is not None,
+        },
         "started_at": now_iso(),
     }
     runs: list[dict[str, Any]] = []
@@ -319,7 +341,7 @@ def run_bench(
                     raise ValueError(f"fresh_methods built {[m.name for m in methods]}, not {names}")
             where = f"round {round_number}/{settings.repeats} " if settings.repeats > 1 else ""
             bar.set_postfix_str(f"{where}warm-up")
-            _warm_up(methods, prompts[0], tokenizer, settings)
+            _warm_up(methods, tokenizer, settings)
             for index, prompt in enumerate(prompts):
                 shift = (index + round_number - 1) % len(methods)
                 outputs: dict[str, list[tuple[list[int], MethodOutput]]] = {}

@@ -143,9 +143,15 @@ ROUND_KEYS = ("speedup", "tokens_per_s", "mean_accepted_tokens")
 
 def round_spreads(runs: Sequence[dict[str, Any]], names: Sequence[str]) -> dict[str, dict[str, Any] | None]:
     """Per method, each round's `ROUND_KEYS` (a round's speedup: its tokens/s over `none`'s in the
-    same round) as {count, key: {min, median, max, values}}; None for every method when the runs
-    hold one round (records without a `round` are round 1)."""
-    rounds = sorted({r.get("round", 1) for r in runs})
+    same round) as {count, key: {min, median, max, values}, partial}; None for every method when the
+    runs hold fewer than two whole rounds (records without a `round` are round 1). A round that did
+    not run every prompt (an interrupted run's last) is left out, its number listed in `partial`: one
+    prompt's figures read as a round's."""
+    numbers = sorted({r.get("round", 1) for r in runs})
+    covered = {n: {r["id"] for r in runs if r.get("round", 1) == n} for n in numbers}
+    everyone = set().union(*covered.values())
+    rounds = [n for n in numbers if covered[n] == everyone]
+    partial = [n for n in numbers if n not in rounds]
     if len(rounds) < 2:
         return {name: None for name in names}
     per_round: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
@@ -157,7 +163,8 @@ def round_spreads(runs: Sequence[dict[str, Any]], names: Sequence[str]) -> dict[
             if entry is not None:
                 _set_speedups(entry, entries.get(BASELINE), None)
             per_round[name].append({key: entry[key] if entry else None for key in ROUND_KEYS})
-    return {name: {"count": len(rounds), **{key: _spread([r[key] for r in figures]) for key in ROUND_KEYS}}
+    return {name: {"count": len(rounds), **{key: _spread([r[key] for r in figures]) for key in ROUND_KEYS},
+                   "partial": partial}
             for name, figures in per_round.items()}
 
 

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from specula.commands.common import (
-    add_method_args, add_model_args, add_sampling_args, drafter_options, explicit_draft, load_config, method_help,
-    planner_from_args, sampling_params,
+    add_method_args, add_model_args, add_sampling_args, check_flags_taken, drafter_options, explicit_draft,
+    load_config, method_help, planner_from_args, sampling_params,
 )
 from specula.errors import ConfigError
 from specula.paths import check_output
@@ -84,7 +84,7 @@ class BenchPlan:
 def plan(args: argparse.Namespace) -> BenchPlan:
     """Validate the command line (fast, before loading models)."""
     from specula.bench.datasets import load_prompts, select_prompts
-    from specula.bench.methods import parse_method_list
+    from specula.bench.methods import parse_method_list, split_method
     from specula.bench.peers import parse_compare
     from specula.bench.runner import BenchSettings
     from specula.models.skipping import SKIP_DRAFT
@@ -96,6 +96,8 @@ def plan(args: argparse.Namespace) -> BenchPlan:
     check_output(args.out, "--out", "dir")
     params = sampling_params(args)
     methods = parse_method_list(args.methods, explicit_draft(args))
+    bases = list(dict.fromkeys(split_method(m)[0] for m in methods))
+    check_flags_taken(args, bases, f"the methods benched ({', '.join(bases)})", "add one of those to --methods")
     # skip: no model to assist; --assistant: a model for the HF assisted peers only
     peers = parse_compare(args.compare, bool(args.assistant) or (explicit_draft(args) and args.draft != SKIP_DRAFT))
     categories = [c.strip() for c in args.categories.split(",") if c.strip()] if args.categories else None

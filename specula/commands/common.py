@@ -240,14 +240,20 @@ def check_method_flags(args: argparse.Namespace, method: str) -> None:
     from specula.models.skipping import SKIP_DRAFT
 
     spec = get_method(method)
-    taken = set(spec.cli_options())
-    for name in sorted({o for s in METHODS.values() for o in s.cli_options()} - taken):
-        if getattr(args, name, None) not in (None, False):
-            raise ConfigError(f"--{name.replace('_', '-')} does not apply to method {spec.name} (it applies to "
-                              f"{_taking(name)}); drop it or pass --method with one of those")
+    check_flags_taken(args, [method], f"method {spec.name}", "pass --method with one of those")
     if spec.draft_model == "no" and explicit_draft(args) and args.draft != SKIP_DRAFT:
         raise ConfigError(f"method {spec.name} drafts without a draft model; drop --draft {args.draft} or pass a "
                           "method that uses one (draft-model, draft-tree, fusion)")
+
+
+def check_flags_taken(args: argparse.Namespace, methods, what: str, fix: str) -> None:
+    """Refuse a method flag given on the command line that none of `methods` takes (it would be
+    ignored without a word): a ConfigError naming `what` runs and the `fix`."""
+    taken = {o for m in methods for o in get_method(m).cli_options()}
+    for name in sorted({o for s in METHODS.values() for o in s.cli_options()} - taken):
+        if getattr(args, name, None) not in (None, False):
+            raise ConfigError(f"--{name.replace('_', '-')} does not apply to {what} (it applies to "
+                              f"{_taking(name)}); drop it or {fix}")
 
 
 def load_spec(args: argparse.Namespace):

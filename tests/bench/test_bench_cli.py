@@ -189,6 +189,13 @@ def test_lossless_mismatch_exits_1_naming_prompt_and_method(tmp_path, prompts_fi
     (["--per-category", "0"], "--per-category must be >= 1"),
     (["--methods", "draft-model"], "needs a draft model"),
     (["--repeats", "0"], "repeats must be >= 1, got 0; pass e.g. --repeats 3"),
+    # a variant's value of the wrong kind: a TypeError traceback after loading the models
+    (["--methods", "none,prompt-lookup:max_ngram=abc"], "method variant 'prompt-lookup:max_ngram=abc'"),
+    (["--methods", "none,prompt-lookup:max_ngram=-1"], "need 1 <= min_ngram <= max_ngram"),
+    (["--methods", "none,prompt-lookup:warp=1"], "prompt-lookup does not take warp"),
+    # a method flag no benched method takes was dropped without a word (and recorded in results.json)
+    (["--methods", "none,prompt-lookup", "--num-draft-tokens", "3"],
+     "--num-draft-tokens does not apply to the methods benched (none, prompt-lookup)"),
 ])
 def test_bad_arguments_one_line_exit_2(tmp_path, prompts_file, tiny_models, argv, message, capsys):
     code = main(["bench", "--target", "tiny", "--prompts", str(prompts_file), "--no-progress",

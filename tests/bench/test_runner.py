@@ -449,3 +449,63 @@ def test_an_assisted_peer_starts_each_round_afresh():
     again = peer.fresh()
     assert again is not peer and again.name == peer.name and again.model is model and again.assistant is draft
     assert again._assistant_config.num_assistant_tokens != 59
+
+
+def test_the_warm_up_decodes_a_prompt_of_its_own_not_a_timed_one(tmp_path, chat_tokenizer):
+    """A drafter that learns across requests (token recycling) had seen the first timed prompt's
+    answer in the warm-up: that prompt's mean accepted read 1.78 against 1.00."""
+    from specula.bench.runner import WARMUP_PROMPT, conversation_ids
+
+    prompts = [BenchPrompt(i, "c", (f"w{5 + i} w6",), "c") for i in range(2)]
+    methods = [ScriptedMethod("none", [[7, 8]]), ScriptedMethod("x", [[7, 8]])]
+    run_bench(methods, chat_tokenizer, prompts, BenchSettings(SamplingParams(max_new_tokens=2), warmup_tokens=2,
+                                                              progress=False), tmp_path)
+    timed = [conversation_ids(chat_tokenizer, p.turns[:1], [], False) for p in prompts]
+    for method in methods:
+        assert method.seen[0] == conversation_ids(chat_tokenizer, [WARMUP_PROMPT], [], False)
+        assert method.seen[0] not in timed and sorted(method.seen[1:]) == sorted(timed)
+
+
+def test_an_interrupted_round_is_left_out_of_the_spread(tmp_path, chat_tokenizer):
+    """Round 3 stopped after one of its two prompts: its one prompt read as a round (a max of 2.00x
+    where every whole round ran 1.00x)."""
+    prompts = [BenchPrompt(i, "c", (f"w{5 + i} w6",), "c") for i in range(2)]
+    later = iter([[ScriptedMethod("none", [[7, 8]]), ScriptedMethod("x", [[7, 8]])],
+                  [ScriptedMethod("none", [[7, 8]]), ScriptedMethod("x", [[7, 8]], seconds=0.005,
+                                                                         interrupt_on_call=3)]])
+    settings = BenchSettings(SamplingParams(max_new_tokens=2), warmup_tokens=2, progress=False, repeats=3)
+    result = run_bench([ScriptedMethod("none", [[7, 8]]), ScriptedMethod("x", [[7, 8]])], chat_tokenizer, prompts,
+                       settings, tmp_path, fresh_methods=lambda: next(later))
+    assert result.interrupted and result.document["prompts_done"] == 5
+    spread = result.document["summary"]["x"]["rounds"]
+    assert spread["count"] == 2 and spread["partial"] == [3] and spread["speedup"]["values"] == [1.0, 1.0]
+    report = (tmp_path / "report.md").read_text()
+    assert "## Across 2 rounds" in report and "Round 3 did not run every prompt" in report
+
+
+def test_the_report_states_the_settings_the_run_used_from_python_too(tmp_path, chat_tokenizer):
+    """report.md took sampling, budget, EOS rule, seed and warm-up from the command line's config
+    alone: called from Python it read "temperature None ... stop at EOS ... after one warm-up", and
+    rounds on the same method objects were said to be built afresh."""
+    prompts = [BenchPrompt(1, "c", ("w5 w6",), "c")]
+    params = SamplingParams(temperature=0.7, max_new_tokens=6, ignore_eos=True, seed=3)
+    run_bench([ScriptedMethod("none", [[7, 8]]), ScriptedMethod("x", [[7, 8]])], chat_tokenizer, prompts,
+              BenchSettings(params, warmup_tokens=0, progress=False, repeats=2), tmp_path)
+    report = (tmp_path / "report.md").read_text()
+    assert "sampling (temperature 0.7, top-k 0, top-p 1.0), max 6 new tokens, EOS ignored (fixed budget), seed 3" \
+        in report
+    assert "without warm-up" in report and "on the same methods (what their drafters learned" in report
+    doc = json.loads((tmp_path / "results.json").read_text())
+    assert doc["run"]["fresh_rounds"] is False and doc["run"]["warmup_tokens"] == 0
+
+
+def test_a_peer_that_ends_on_eos_at_the_budget_says_stop():
+    from specula.bench.runner import _peer_finish
+
+    class Peer:
+        eos = [0]
+
+    assert _peer_finish([5, 0], Peer(), 2, ignore_eos=False) == "stop"  # EOS on the budget's last token
+    assert _peer_finish([5, 0], Peer(), 2, ignore_eos=True) == "length"
+    assert _peer_finish([5, 6], Peer(), 2, ignore_eos=False) == "length"
+    assert _peer_finish([5], Peer(), 2, ignore_eos=False) == "stop"
