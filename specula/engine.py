@@ -37,7 +37,9 @@ from specula.drafters.base import Drafter, FeatureDrafter
 from specula.drafters.none import NoDrafter
 from specula.errors import ConfigError
 from specula.logprobs import PROMPT_CHUNK, TokenLogprob, step_rows, token_logprobs
-from specula.models.base import FeatureRequest, TargetModel, TargetSequence, check_context, forward_trees
+from specula.models.base import (
+    BatchedTargetModel, FeatureRequest, TargetModel, TargetSequence, check_context, forward_trees,
+)
 from specula.min_tokens import EndsMasked
 from specula.penalties import PenalizedLogits
 from specula.planner import PassThroughPlanner, Plan, Planner, PlanRequest, StepTiming
@@ -291,11 +293,20 @@ class SpeculativeDecoder:
         try:
             planned = self._plan(running, failed)
             running = [s for s in running if id(s) not in failed]
-            t1 = time.perf_counter()
-            outs = forward_trees(self.target, [(s.seq, s.tokens[-1], plan.proposal.tree) for s, (plan, _) in
-                                               zip(running, planned)], hidden=self.hidden)
-            pass_seconds = time.perf_counter() - t1
-            for s, (plan, draft_seconds), out in zip(running, planned, outs):
+            items = [(s.seq, s.tokens[-1], plan.proposal.tree) for s, (plan, _) in zip(running, planned)]
+            packed = len(items) > 1 and isinstance(self.target, BatchedTargetModel)
+            if packed:  # one pass for all: each session's step took it
+                t1 = time.perf_counter()
+                outs = forward_trees(self.target, items, hidden=self.hidden)
+                seconds = [time.perf_counter() - t1] * len(items)
+            else:  # a pass each (a backend that does not pack): each session is charged its own, which the
+                # back-off judges its drafting by (the batch's sum made drafting look 4x dearer at 4 sessions)
+                outs, seconds = [], []
+                for item in items:
+                    t1 = time.perf_counter()
+                    outs += forward_trees(self.target, [item], hidden=self.hidden)
+                    seconds.append(time.perf_counter() - t1)
+            for s, (plan, draft_seconds), out, pass_seconds in zip(running, planned, outs, seconds):
                 rows, hidden = out if self.hidden else (out, None)
                 try:
                     chunks[id(s)] = self._conclude(s, plan, rows, draft_seconds, pass_seconds, hidden=hidden)
@@ -310,9 +321,13 @@ class SpeculativeDecoder:
                     with contextlib.suppress(Exception):  # what propagates is the step's exception
                         self.finish(s)
             raise
-        self.planner.observe_pass([plan for plan, _ in planned], pass_seconds,
-                                  [len(chunks[id(s)].token_ids) if id(s) in chunks else 0 for s in running],
-                                  sum(seconds for _, seconds in planned))
+        emitted = [len(chunks[id(s)].token_ids) if id(s) in chunks else 0 for s in running]
+        if packed:
+            self.planner.observe_pass([plan for plan, _ in planned], seconds[0], emitted,
+                                      sum(draft for _, draft in planned))
+        else:  # lone passes: each corrects the cost model of its size
+            for (plan, draft), pass_seconds, n in zip(planned, seconds, emitted):
+                self.planner.observe_pass([plan], pass_seconds, [n], draft)
         for s in sessions:
             if id(s) in failed:
                 s.finish_reason = s.stats.finish_reason = "error"
