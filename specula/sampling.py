@@ -107,6 +107,10 @@ class SamplingParams:
             raise ConfigError(f"top_p must be in (0, 1], got {self.top_p}; use 1.0 to disable it")
         if not 0.0 <= self.min_p <= 1.0:
             raise ConfigError(f"min_p must be in [0, 1], got {self.min_p}; use 0 to disable it")
+        if self.stop_token_ids is None:  # vLLM's default
+            object.__setattr__(self, "stop_token_ids", ())
+        if isinstance(self.stop_token_ids, (str, bytes)) or not hasattr(self.stop_token_ids, "__iter__"):
+            raise ConfigError(f"stop_token_ids must be a list of token ids, got {self.stop_token_ids!r}")
         ids = tuple(self.stop_token_ids)
         if any(not is_integer(t) or t < 0 for t in ids):
             raise ConfigError(f"stop_token_ids must be token ids (integers >= 0), got {list(ids)}")

@@ -130,3 +130,12 @@ def test_a_zero_dim_tensor_reads_as_the_number_it_holds():
     params = SamplingParams(temperature=torch.tensor(0.7), top_p=torch.tensor(0.9))
     assert params.temperature == pytest.approx(0.7) and isinstance(params.temperature, float)
     assert params.top_p == pytest.approx(0.9)
+
+
+def test_stop_token_ids_none_is_vllms_default_and_a_bare_id_is_refused():
+    from specula.errors import ConfigError
+
+    assert SamplingParams(stop_token_ids=None).stop_token_ids == ()
+    for bad in (2, "2"):
+        with pytest.raises(ConfigError, match="stop_token_ids must be a list of token ids"):
+            SamplingParams(stop_token_ids=bad)

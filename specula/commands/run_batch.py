@@ -35,6 +35,8 @@ def register(sub) -> None:
 def run(args: argparse.Namespace) -> int:
     from specula.serve.batch import read_batch, run_batch
 
+    if Path(args.input_file).is_dir():
+        raise ConfigError(f"the batch file {args.input_file} is a directory; give the JSONL file of requests")
     if not Path(args.input_file).is_file():
         raise ConfigError(f"the batch file {args.input_file} does not exist")
     if args.max_batch_size < 1:

@@ -130,6 +130,8 @@ def run(args: argparse.Namespace) -> int:
     from specula.training.trainer import TrainConfig
 
     deadline = None
+    if args.max_minutes is not None and not args.max_minutes > 0:  # -1 trained one step, saved as finished
+        raise ConfigError(f"--max-minutes must be > 0, got {args.max_minutes}")
     if args.time_budget is not None:
         if not args.time_budget > 0:
             raise ConfigError(f"--time-budget must be > 0 minutes, got {args.time_budget}")

@@ -122,9 +122,9 @@ class ServerConfig:
             raise ConfigError(f"--chat-max-tokens must be positive, got {self.chat_max_tokens}")
         if self.api_key is not None and not self.api_key:
             raise ConfigError("--api-key is empty; give a key or leave the option out")
-        if self.request_timeout is not None and self.request_timeout <= 0:
+        if self.request_timeout is not None and not self.request_timeout > 0:  # nan: never timed out
             raise ConfigError(f"--request-timeout must be positive (seconds), got {self.request_timeout}")
-        if self.shutdown_timeout < 0:
+        if not self.shutdown_timeout >= 0:
             raise ConfigError(f"--shutdown-timeout must be >= 0 seconds, got {self.shutdown_timeout}")
         for name in ("allowed_origins", "allowed_methods", "allowed_headers"):
             value = getattr(self, name)

@@ -63,7 +63,7 @@ def read_batch(path: str | Path) -> list[BatchRow]:
 
 def _rows(path: Path) -> Iterator[BatchRow]:
     try:
-        text = path.read_text(encoding="utf-8")
+        text = path.read_text(encoding="utf-8-sig")  # a byte-order mark (Notepad, PowerShell 5) is not JSON
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"cannot read the batch file {path}: {exc}") from None
     for number, line in enumerate(text.splitlines(), 1):

@@ -313,7 +313,6 @@ class Worker:
         prompts = [self._prompt_ids(request, prompt) for prompt in request.prompt_sources()]
         limits = [self._limit(request, len(ids)) for ids in prompts]
         job.prompts = tuple(tuple(ids) for ids in prompts)
-        self.metrics.prompt_tokens.inc(sum(len(ids) for ids in prompts))
         base = SamplingParams(max_new_tokens=1, **request.sampling())
         vocab = self.spec.target.vocab_size
         outside = [t for t, _ in base.logit_bias if t >= vocab]
@@ -327,6 +326,7 @@ class Worker:
                                 f"the default {request.max_tokens_param}; lower min_tokens or shorten the prompt",
                            param="min_tokens", code="invalid_value")
         seed = base.seed
+        self.metrics.prompt_tokens.inc(sum(len(ids) for ids in prompts))  # a request refused above counts none
         return [_Choice(job, i * request.n + j, job.prompts[i],
                         replace(base, max_new_tokens=limit, min_new_tokens=request.min_tokens,
                                 seed=None if seed is None else choice_seed(seed, j)))

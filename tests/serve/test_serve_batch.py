@@ -58,6 +58,18 @@ def test_the_command_refuses_a_missing_file_in_one_line(tmp_path, capsys):
     err = capsys.readouterr().err
     assert code == 2 and "does not exist" in err and len(err.strip().splitlines()) == 1
     assert not (tmp_path / "out.jsonl").exists()
+    code = main(["run-batch", "--target", "smollm2-135m", "-i", str(tmp_path), "-o", str(tmp_path / "out.jsonl")])
+    assert code == 2 and "is a directory" in capsys.readouterr().err
+
+
+def test_a_batch_file_with_a_byte_order_mark_reads_its_first_request(tmp_path):
+    """Notepad and PowerShell 5 write UTF-8 with a BOM: line 1 was answered 400, not JSON."""
+    from specula.serve.batch import read_batch
+
+    path = tmp_path / "in.jsonl"
+    line = '{"custom_id": "r1", "method": "POST", "url": "/v1/completions", "body": {"prompt": "w5", "max_tokens": 2}}'
+    path.write_bytes(b"\xef\xbb\xbf" + line.encode() + b"\n")
+    assert read_batch(path) == [(1, "r1", ("completions", {"prompt": "w5", "max_tokens": 2}))]
 
 
 def test_an_unreadable_file_is_refused_before_any_model_loads(tmp_path, capsys, monkeypatch):

@@ -102,6 +102,8 @@ def test_cli_serves_a_model_directory(model_dir, llama, tokenizer):
     (["--api-key", ""], "--api-key is empty"),
     (["--request-timeout", "-1"], "--request-timeout must be positive"),
     (["--shutdown-timeout", "-1"], "--shutdown-timeout must be >= 0"),
+    (["--request-timeout", "nan"], "--request-timeout must be positive"),  # nan: requests never timed out
+    (["--shutdown-timeout", "nan"], "--shutdown-timeout must be >= 0"),
     (["--allowed-origins", "*"], "--allowed-origins takes a JSON list of strings"),
     (["--allowed-headers", '["x", 3]'], "--allowed-headers takes a JSON list of strings"),
 ])
