@@ -163,10 +163,11 @@ class TextStream:
             return
         cut = n - SETTLE_TOKENS
         head = self.decode_after(self._context_at(self.settled), self.ids[self.settled:cut])
-        context = self.decode(self._context_at(cut))  # empty (special tokens only) or unfinished: no context,
-        # and a decoder that strips a text's first space would strip the window's once more tokens come
-        if context and not context.endswith("\ufffd") and not head.endswith("\ufffd") and \
-                head + self.decode_after(self._context_at(cut), self.ids[cut:]) == window:
+        context = self._context_at(cut)
+        before = self.decode(context)  # empty (special tokens only) or unfinished: no context, and a decoder
+        # that strips a text's first space would strip the window's once more tokens come
+        if before and not before.endswith("\ufffd") and not head.endswith("\ufffd") and \
+                head + self.decode_after(context, self.ids[cut:]) == window:
             self.settled, self.settled_text = cut, self.settled_text + head
             self.next_settle = n + SETTLE_TOKENS
         else:  # an unfinished character, or a decoder whose text depends on tokens further back
