@@ -461,7 +461,8 @@ class SpeculativeDecoder:
                 if drafter.name in held:  # measured to add less than it costs beside the others
                     continue
                 t1 = time.perf_counter()
-                proposal = drafter.propose(replace(ctx, cost=planner.view(proposals, t1 - t0, batch_size)), state)
+                view = planner.view(proposals, t1 - t0, batch_size, session.planner_state)
+                proposal = drafter.propose(replace(ctx, cost=view), state)
                 proposals.append(proposal)
                 if len(proposal.tree):
                     spent.append((drafter.name, time.perf_counter() - t1))

@@ -218,10 +218,6 @@ def _kernel_top_k() -> Callable[[torch.Tensor, int], tuple[torch.Tensor, torch.T
     return kernels.top_k_probs if kernels.usable() else None
 
 
-PROBE_EVERY = 16
-"""While the cost view says drafting does not pay, one step in this many drafts anyway (a probe)."""
-
-
 class DraftTreeDrafter:
     """Dynamic token trees from a smaller causal LM (see the module docstring)."""
 
@@ -239,9 +235,6 @@ class DraftTreeDrafter:
         self._level_seconds = Ema(0.2)
         """Seconds of one level's drafting pass over its frontier (the root's pass may carry a
         prompt's catch-up, so it is not timed): what the cost view prices a level at."""
-        self._skipped = 0
-        """Steps in a row the cost view said drafting does not pay; every `PROBE_EVERY`-th drafts
-        anyway, so acceptance estimates made on other text can recover."""
 
     @property
     def memory_bytes(self) -> int:
@@ -274,12 +267,10 @@ class DraftTreeDrafter:
             return Proposal.empty()
         # Until a pass has been timed the tree is drafted in full once: that measures it.
         adaptive = cfg.adaptive and ctx.cost is not None and self._level_seconds.value is not None
+        # (The view also answers yes now and then where drafting does not pay: a probe, so estimates
+        # learned on other text can recover.)
         if adaptive and ctx.cost.plan_chain(self.name, [], self._level_seconds.value, 0.0, depth) <= 0:
-            self._skipped += 1
-            if self._skipped % PROBE_EVERY:
-                return Proposal.empty()  # not worth a drafting pass this step (the state catches up later)
-        else:
-            self._skipped = 0
+            return Proposal.empty()  # not worth a drafting pass this step (the state catches up later)
         t0 = time.perf_counter()
         root_logits = state.begin(tokens)
         if root_logits is None:  # nothing to draft from yet

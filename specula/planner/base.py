@@ -62,6 +62,9 @@ class Plan:
     drafter_seconds: tuple[tuple[str, float], ...] = ()
     """(drafter name, seconds) of every drafter that proposed a node (copied from the request): what
     each cost, for the planner's measure of what it adds beside the others."""
+    probes: tuple[str, ...] = ()
+    """The chain drafters whose first token is verified as a probe (`PlannerView.plan_chain`): whether
+    the target accepts it sets when each probes next."""
     contexts: tuple[str | None, ...] | None = None
     """Per verified node, its sibling context in the merged tree it was chosen from
     (`planner.select.sibling_contexts`), the context its estimate was corrected for; None: read
@@ -107,9 +110,10 @@ class Planner(Protocol):
         than they cost beside the others)."""
         ...
 
-    def view(self, proposals: Sequence[Proposal], draft_seconds: float, batch_size: int = 1) -> CostView | None:
+    def view(self, proposals: Sequence[Proposal], draft_seconds: float, batch_size: int = 1,
+             state: Any = None) -> CostView | None:
         """The read-only cost view for the next drafter (None: drafters decide alone), for a session
-        verified in a pass of `batch_size` sessions."""
+        verified in a pass of `batch_size` sessions whose planning state is `state`."""
         ...
 
     def plan(self, requests: Sequence[PlanRequest]) -> list[Plan]:
@@ -149,7 +153,8 @@ class PassThroughPlanner:
     def held(self, state: None) -> frozenset[str]:
         return frozenset()
 
-    def view(self, proposals: Sequence[Proposal], draft_seconds: float, batch_size: int = 1) -> None:
+    def view(self, proposals: Sequence[Proposal], draft_seconds: float, batch_size: int = 1,
+             state: None = None) -> None:
         return None
 
     def plan(self, requests: Sequence[PlanRequest]) -> list[Plan]:

@@ -26,7 +26,11 @@ maximises expected tokens/s.
                     to the tree the drafters before it proposed this step (siblings exclude each
                     other: where the chain's first token and their root children together exceed
                     probability 1, their nodes count for the mass the chain leaves them),
-                    `select.chain_lookahead`
+                    `select.chain_lookahead`; a chain refused on every step would never be verified
+                    again, so its estimates, learned on other text, could never recover: 1, 2, 4,
+                    ... steps (of any request) after its last probe, a refused chain is drafted as
+                    an untried one would be and verified anyway (a probe, not judged by the
+                    back-off), and an accepted probe brings the next one forward
     hold-back       what each costly drafter adds beside the others is measured, not modelled: after
                     a step, the tokens accepted and the seconds spent (its drafting + the cost
                     model's pass) against the same step without its nodes (the accepted path cut
@@ -68,7 +72,7 @@ from specula.planner.cost import DEFAULT_CONTEXT, DEFAULT_SIZES, CostCurve, Cost
 from specula.planner.merge import merge_proposals
 from specula.planner.pause import Pause
 from specula.planner.select import (best_children, chain_lookahead, choose_batch, choose_size, path_probabilities,
-                                    sibling_contexts)
+                                    probe_nodes, sibling_contexts)
 from specula.step import FORCED_SOURCE, Proposal, StepResult
 from specula.tree import TokenTree
 
@@ -206,6 +210,9 @@ class PlannerState:
     """Per drafter: the steps it sat out (for the request's summary)."""
     paused_steps: int = 0
     """Steps this request sat out in a back-off pause (for the request's summary)."""
+    chain_probes: set[str] = field(default_factory=set)
+    """The chain drafters whose first token this step drafted as a probe (`PlannerView.plan_chain`):
+    the plan verifies it whatever its estimate (`HardwarePlanner._lone`)."""
     last_drafted: frozenset[str] = frozenset()
     """The drafters that proposed nodes on this request's previous step (their drafting time then
     had no catch-up in it)."""
@@ -216,8 +223,10 @@ class PlannerView:
     """The planner's read-only `specula.step.CostView` for one drafter in one step."""
 
     def __init__(self, planner: "HardwarePlanner", proposals: Sequence[Proposal], draft_seconds: float,
-                 batch_size: int = 1) -> None:
+                 batch_size: int = 1, state: PlannerState | None = None) -> None:
         self._planner = planner
+        self._state = state
+        """The request's planning state (None: no probes, e.g. a view asked outside a request's step)."""
         self._proposals = list(proposals)
         self._draft_seconds = draft_seconds
         self._batch = batch_size if batch_size > 1 and planner.batch_curve is not None else 1
@@ -280,20 +289,58 @@ class PlannerView:
                    max_more: int, one_time_seconds: float = 0.0, remaining_tokens: int = 1) -> int:
         """A chain is valued beside the nodes the drafters before it proposed (`select.chain_lookahead`):
         before its first token it must beat their tree by `min_gain`, after it drafts on while more
-        tokens beat stopping."""
+        tokens beat stopping. A chain refused before its first token may be drafted anyway, as a
+        probe (`_probe`)."""
         planner = self._planner
-        path = self._path_probs(source, edge_scores)
-        alpha = planner.expected_acceptance(source)
-        if not path and one_time_seconds > 0:  # a one-time cost, spread over the request's future steps
+        probing = self._state is not None and source in self._state.chain_probes
+        if edge_scores:
+            if probing:  # a probe goes on as an untried chain would
+                alpha = planner.config.explore_prior
+                path = [alpha ** (i + 1) for i in range(len(edge_scores))]
+            else:
+                path, alpha = self._path_probs(source, edge_scores), planner.expected_acceptance(source)
+            beside, beside_root = self._beside
+            return chain_lookahead(path, alpha, max_more, seconds_per_token, spent_seconds, self.verify_seconds, 0.0,
+                                   beside, beside_root, planner.drafting_seconds(self._draft_seconds), self._others)[0]
+        more = self._first(planner.expected_acceptance(source), seconds_per_token, max_more, one_time_seconds,
+                           remaining_tokens)
+        return more or self._probe(source, seconds_per_token, max_more, one_time_seconds, remaining_tokens)
+
+    def _first(self, alpha: float, seconds_per_token: float, max_more: int, one_time_seconds: float,
+               remaining_tokens: int) -> int:
+        """Before a chain's first token: its length if a chain accepted `alpha` per token beats the
+        tree proposed so far by `min_gain`, else 0. A one-time cost (a draft cache catching up) is
+        spread over the request's future steps."""
+        planner = self._planner
+        if one_time_seconds > 0:
             chain_tokens = sum(alpha ** i for i in range(max_more + 1))
             one_time_seconds /= max(1.0, remaining_tokens / chain_tokens)
         beside, beside_root = self._beside
-        more, rate, _ = chain_lookahead(path, alpha, max_more, seconds_per_token, spent_seconds, self.verify_seconds,
-                                        one_time_seconds if not path else 0.0, beside, beside_root,
+        more, rate, _ = chain_lookahead([], alpha, max_more, seconds_per_token, 0.0, self.verify_seconds,
+                                        one_time_seconds, beside, beside_root,
                                         planner.drafting_seconds(self._draft_seconds), self._others)
-        if path:
-            return more
         return more if more > 0 and rate >= self.baseline_rate * (1.0 + planner.config.min_gain) else 0
+
+    def _probe(self, source: str, seconds_per_token: float, max_more: int, one_time_seconds: float,
+               remaining_tokens: int) -> int:
+        """A chain refused this step may be drafted anyway, as a probe (its length; 0: no probe): in a
+        pass of its own (a session in a packed pass is not probed: the batch's goodput plan decides
+        what pays there), where a chain would pay at the acceptance an untried drafter is assumed to
+        have (its estimates, learned on other text, may be stale; its cost is not), drafted as long as
+        such a chain would be, when the source's probe schedule has run out (`chain_probe`). A whole
+        chain, not one token: a probe that pays teaches the calibration a trial per token."""
+        planner, state = self._planner, self._state
+        if state is None or self._batch > 1 or max_more <= 0 or not planner._one_node_can_pay(self._draft_seconds):
+            return 0
+        schedule = planner.chain_probe(source)
+        if schedule.left > 0:
+            return 0
+        more = self._first(planner.config.explore_prior, seconds_per_token, max_more, one_time_seconds,
+                           remaining_tokens)
+        if more:
+            schedule.left = schedule.next  # no other probe of it before this one is judged (`observe`)
+            state.chain_probes.add(source)
+        return more
 
 
 class HardwarePlanner:
@@ -323,6 +370,8 @@ class HardwarePlanner:
         self._batch_backoff: dict[int, BatchBackoff] = {}  # per batch size
         self._evidence: dict[str, list[float]] = {}  # hold-back, per drafter, decayed sums: tokens, seconds with it; without
         self._steady_seconds: dict[str, Ema] = {}  # per drafter: drafting seconds of a step right after one
+        self._chain_probes: dict[str, Pause] = {}  # per chain source: steps until it may probe again
+        self._probe_gain: dict[str, Ema] = {}  # per chain source: its probes' tokens/s over a plain step's
 
     # ------------------------------------------------------------------ per request
     def new_state(self) -> PlannerState:
@@ -334,6 +383,7 @@ class HardwarePlanner:
         """Whether this request drafts this step: not during its back-off pause, nor while it shares
         a batch at a load where its drafts have stopped paying (except on probe steps)."""
         backoff = self._batch_backoff.get(batch_size)
+        state.chain_probes.clear()  # set by this step's views
         if batch_size < state.idle_batch:  # the load fell (alone again, or others finished): the drafts
             state.load_idle = state.idle_batch = 0  # refused at the heavier load may pay now
         if backoff is not None and backoff.pause.left > 0:
@@ -388,10 +438,19 @@ class HardwarePlanner:
         tokens, seconds, tokens_without, seconds_without = sums
         return tokens * seconds_without >= tokens_without * seconds
 
-    def view(self, proposals: Sequence[Proposal], draft_seconds: float, batch_size: int = 1) -> PlannerView:
+    def view(self, proposals: Sequence[Proposal], draft_seconds: float, batch_size: int = 1,
+             state: PlannerState | None = None) -> PlannerView:
         """The cost view for the next drafter of a step, after `proposals` cost `draft_seconds`, for a
-        session whose tree is verified beside `batch_size` - 1 others (priced by the packed pass)."""
-        return PlannerView(self, proposals, draft_seconds, batch_size)
+        session whose tree is verified beside `batch_size` - 1 others (priced by the packed pass);
+        `state`: the request's, where the view may ask for a probe."""
+        return PlannerView(self, proposals, draft_seconds, batch_size, state)
+
+    def chain_probe(self, source: str) -> Pause:
+        """The probe schedule of chain source `source`: steps (of any request) before it may probe
+        again, `next` of them after each probe; a probe that paid (it realised more tokens/s than a
+        plain step would have) halves `next` and lets the source probe again at once, one that did
+        not doubles it up to `max_explore_gap`."""
+        return self._chain_probes.setdefault(source, Pause())
 
     # ------------------------------------------------------------------ estimates
     def expected_acceptance(self, source: str) -> float:
@@ -523,10 +582,9 @@ class HardwarePlanner:
         for r, proposal, order, probs, context, n, verified_whole in zip(requests, merged, orders, ordered, contexts,
                                                                          counts, whole):
             if batch == 1:
-                plan = self._lone(r, proposal, order, probs, n, verified_whole, rate)
+                plan, kept = self._lone(r, proposal, order, probs, n, verified_whole, rate)
             else:
-                plan = self._batched(r, proposal, order, probs, n, verified_whole, batch)
-            kept = range(len(proposal.tree)) if not order else sorted(order[:plan.nodes])
+                plan, kept = self._batched(r, proposal, order, probs, n, verified_whole, batch)
             plan = replace(plan, contexts=tuple(context[i] for i in kept) if context else None,
                            drafter_seconds=tuple(r.drafter_seconds))
             r.state.projected.add(plan.nodes, plan.predicted, r.draft_seconds + self.cost.curve.latency(plan.nodes + 1))
@@ -534,42 +592,55 @@ class HardwarePlanner:
         return plans
 
     def _lone(self, r: PlanRequest, proposal: Proposal, order: list[int], probs: list[float], n: int,
-              verified_whole: float, rate: float) -> Plan:
-        """One request's plan for a pass of its own: the back-off judges it by `rate`; after 1, 2, 4,
-        ... steps on which no node was worth verifying the best one is verified anyway (a probe),
-        or estimates that turned pessimistic could never be corrected."""
+              verified_whole: float, rate: float) -> tuple[Plan, Sequence[int]]:
+        """One request's plan for a pass of its own, and the merged tree's nodes it verifies: the
+        back-off judges it by `rate`; after 1, 2, 4, ... steps on which no node was worth verifying
+        the best one is verified anyway (a probe), or estimates that turned pessimistic could never
+        be corrected. A chain drafted as a probe (`PlannerView._probe`) is verified whatever its
+        estimates; that step is a probe too."""
         state, candidates = r.state, len(proposal.tree)
+        probes = probe_nodes(proposal.tree, state.chain_probes, order)
         if not order:  # nothing to size: empty (a drafting step that found nothing: judged), or verified whole
             judged = r.drafted and candidates == 0
             return Plan(proposal, verified_whole, self._plain_rate(r.draft_seconds) if judged else None,
-                        candidates, drafted=r.drafted)
-        explore = False
-        if n == 0:
+                        candidates, drafted=r.drafted, probes=tuple(probes)), range(candidates)
+        kept = set(order[:n])
+        forced = {i for path in probes.values() for i in path} - kept
+        explore = bool(forced)  # a probe's chain, not predicted to pay: not judged by the back-off
+        if explore:
+            kept |= forced
+        elif n == 0:
             state.explore_wait -= 1
             if state.explore_wait <= 0 and self._one_node_can_pay(r.draft_seconds):
-                explore, n = True, 1
+                explore = True
+                kept = {order[0]}
                 state.explore_gap = min(2 * state.explore_gap, self.config.max_explore_gap)
                 state.explore_wait = state.explore_gap
         else:
             state.explore_gap = max(1, state.explore_gap // 2)
             state.explore_wait = min(state.explore_wait, state.explore_gap)
-        return Plan(proposal.restrict(sorted(order[:n])), 1.0 + sum(probs[:n]), None if explore else rate,
-                    candidates, explore, drafted=r.drafted)
+        kept_sorted = sorted(kept)
+        plan = Plan(proposal.restrict(kept_sorted), 1.0 + sum(probs[k] for k, i in enumerate(order) if i in kept),
+                    None if explore else rate, candidates, explore, drafted=r.drafted, probes=tuple(probes))
+        return plan, kept_sorted
 
     def _batched(self, r: PlanRequest, proposal: Proposal, order: list[int], probs: list[float], n: int,
-                 verified_whole: float, batch: int) -> Plan:
-        """One request's share of a packed pass: a request whose drafts the goodput plan refuses twice
-        in a row stops drafting (probing every `load_probe_every`-th step)."""
+                 verified_whole: float, batch: int) -> tuple[Plan, Sequence[int]]:
+        """One request's share of a packed pass, and the merged tree's nodes it verifies: a request
+        whose drafts the goodput plan refuses twice in a row stops drafting (probing every
+        `load_probe_every`-th step)."""
         state = r.state
         if r.drafted:  # a request that did not draft counted its idle step in `should_draft`
             state.load_idle = 0 if n or len(proposal.tree) and not order else state.load_idle + 1
             state.idle_batch = batch if state.load_idle else 0
         if not order:
-            return Plan(proposal, verified_whole, None, len(proposal.tree), batch=batch, drafted=r.drafted)
+            return (Plan(proposal, verified_whole, None, len(proposal.tree), batch=batch, drafted=r.drafted),
+                    range(len(proposal.tree)))
         alone = choose_size(probs, self.drafting_seconds(r.draft_seconds), self.cost.verify_seconds,
                             self.config.min_gain)[0]
-        return Plan(proposal.restrict(sorted(order[:n])), 1.0 + sum(probs[:n]), None, len(proposal.tree),
-                    batch=batch, alone=alone, drafted=r.drafted, off_by_load=n == 0 and alone > 0)
+        kept = sorted(order[:n])
+        return (Plan(proposal.restrict(kept), 1.0 + sum(probs[:n]), None, len(proposal.tree), batch=batch,
+                     alone=alone, drafted=r.drafted, off_by_load=n == 0 and alone > 0), kept)
 
     # ------------------------------------------------------------------ batches (SmartSpec)
     def prepare_batch(self, max_batch_size: int) -> None:
@@ -659,6 +730,10 @@ class HardwarePlanner:
                         sums[0] += accepted
                         sums[1] += self.calibrator.estimate(source, raw)  # the factor divides calibration alone
                     self.calibrator.update(source, raw, accepted, best=(i, source) in best)
+        for schedule in self._chain_probes.values():  # probes are steps apart, not refusals: a drafter
+            schedule.waiting()  # refused seldom (the back-off pausing the drafting steps) would wait for ever
+        if plan.probes:
+            self._judge_probes(plan, step, timing)
         if plan.batch == 1:
             self._observe_beside(plan, step, state, timing)
         # Back-off: do drafting steps beat plain steps? Each judged step counts what it realised
@@ -707,6 +782,30 @@ class HardwarePlanner:
             state.backoff.lose(self.config.max_backoff)
         else:
             state.backoff.win()
+
+    def _judge_probes(self, plan: Plan, step: StepResult, timing: StepTiming) -> None:
+        """Did the probes pay? Each probing source's gain (realised tokens/s over a plain step's, its
+        own drafting counted at most at its steady drafting time: a draft cache's catch-up after idle
+        steps is not what drafting costs) is averaged over its probes, half the weight to the latest;
+        over `min_gain`, the source may probe again at once (it drafts again once its estimates
+        recover), else its next probe waits twice as long. Judged by each probe alone, or by the
+        first token's acceptance, a drafter that does not pay on this text (half its tokens accepted
+        at a quarter of a step each) won a third of its probes by luck and probed every few steps."""
+        spent = dict(plan.drafter_seconds)
+        drafted = timing.draft_seconds
+        for source in plan.probes:
+            steady = self._steady_seconds.get(source)
+            if source in spent and steady is not None and steady.value is not None:
+                drafted -= max(0.0, spent[source] - steady.value)
+        realised = (1 + len(step.path)) / (self.drafting_seconds(max(0.0, drafted)) + timing.verify_seconds)
+        gain = realised * self.cost.estimate(1)
+        for source in plan.probes:
+            schedule = self.chain_probe(source)
+            if self._probe_gain.setdefault(source, Ema(0.5)).update(gain) >= 1.0 + self.config.min_gain:
+                schedule.left = 0
+                schedule.win()
+            else:
+                schedule.lose(self.config.max_explore_gap)
 
     def _observe_beside(self, plan: Plan, step: StepResult, state: PlannerState, timing: StepTiming) -> None:
         """Hold-back evidence of one lone step: per drafter that proposed nodes, the step's tokens and

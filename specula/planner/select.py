@@ -8,7 +8,7 @@ N* = argmax_N E(N) / (T_draft + T_verify(N + 1)); N = 0 is a plain decoding step
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from typing import Callable, Iterable, Sequence
 
 from specula.tree import TokenTree
 
@@ -38,6 +38,28 @@ AGREED = "agreed"
 """Sibling context of a node several sources proposed (see `sibling_contexts`)."""
 CONTESTED = "contested"
 """Sibling context of a one-source node with a sibling only other sources proposed."""
+
+
+def probe_nodes(tree: TokenTree, sources: Iterable[str], order: Sequence[int] = ()) -> dict[str, list[int]]:
+    """Per source in `sources` that proposed a root child of `tree`: the path of its chain, from the
+    first of its root children in `order` (best first; a node missing from it after those in it, by
+    index) down through the first of that source's children of each node."""
+    rank = {node: k for k, node in enumerate(order)}
+    children: dict[int, list[int]] = {}
+    for i, par in enumerate(tree.parents):
+        children.setdefault(par, []).append(i)
+    paths: dict[str, list[int]] = {}
+    for source in sources:
+        path, parent = [], -1
+        while True:
+            own = [i for i in children.get(parent, ()) if any(s == source for s, _ in tree.proposers(i))]
+            if not own:
+                break
+            parent = min(own, key=lambda i: (rank.get(i, len(rank)), i))
+            path.append(parent)
+        if path:
+            paths[source] = path
+    return paths
 
 
 def sibling_contexts(tree: TokenTree) -> list[str | None]:

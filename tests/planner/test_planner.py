@@ -7,8 +7,10 @@ import torch
 from specula.drafters import make_drafter, make_drafters
 from specula.engine import SpeculativeDecoder
 from specula.models.hf import HFCausalLM
-from specula.planner import CostCurve, HardwarePlanner, PassThroughPlanner, Plan, PlanRequest, StepTiming
+from specula.planner import (CostCurve, HardwarePlanner, PassThroughPlanner, Plan, PlanRequest, PlannerConfig,
+                             StepTiming)
 from specula.planner.batch_cost import BatchCostCurve
+from specula.planner.merge import merge_proposals
 from specula.sampling import SamplingParams, make_generator
 from specula.step import DraftBudget, DraftContext, Proposal, StepResult
 from specula.tree import TokenTree
@@ -314,8 +316,8 @@ def test_fusion_skips_the_draft_model_when_retrieval_already_beats_it():
     planner = HardwarePlanner(curve=STEEP)
     views = []
     real_view = planner.view
-    planner.view = lambda proposals, seconds, batch_size=1: (views.append([len(p.tree) for p in proposals])
-                                                             or real_view(proposals, seconds, batch_size))
+    planner.view = lambda proposals, seconds, batch_size=1, state=None: (
+        views.append([len(p.tree) for p in proposals]) or real_view(proposals, seconds, batch_size, state))
     dec = SpeculativeDecoder(target, drafters, eos_token_ids=[], planner=planner)
     dec.generate([3, 4, 5, 6, 3, 4, 5], SamplingParams(max_new_tokens=3, ignore_eos=True))
     assert views[0] == [] and views[2][0] > 0  # prompt lookup proposed before the draft model's view
@@ -379,6 +381,172 @@ def test_pessimistic_planner_probes_at_growing_gaps_and_recovers():
         driver.observe(planned, path, 0.0, STEEP.latency(len(planned.tree) + 1))
     drafted = sum(len(driver.plan(Proposal(tree))[0].tree) > 0 for _ in range(10))
     assert drafted == 10
+
+
+def _chain_step(planner, state, accepted, tokens=(5, 6, 7, 8, 9, 10), edge=0.9, seconds_per_token=0.02, beside=()):
+    """One engine step of a lone adaptive chain drafter ("draft-model") whose tokens the target
+    accepts up to `accepted` (a number, or a function of the verified tree giving the path), after
+    the proposals `beside`: the view sizes the chain, the plan verifies it, the planner observes.
+    Returns (chain tokens drafted, nodes verified, the plan)."""
+    assert planner.should_draft(state)
+    k = planner.view(list(beside), 0.0, 1, state).plan_chain("draft-model", [], seconds_per_token, 0.0, len(tokens))
+    drafted = 0
+    while 0 < k and drafted < len(tokens):  # the drafter asks again after each token, as `draft_chain` does
+        drafted += 1
+        k = planner.view(list(beside), 0.0, 1, state).plan_chain("draft-model", [edge] * drafted, seconds_per_token,
+                                                                 seconds_per_token * drafted, len(tokens) - drafted)
+    tree = TokenTree.chain(list(tokens[:drafted]), [edge] * drafted, "draft-model") if drafted else TokenTree.empty()
+    [plan] = planner.plan([PlanRequest([*beside, Proposal(tree)], BUDGET, state, seconds_per_token * drafted)])
+    planned = plan.proposal
+    path = accepted(planned.tree) if callable(accepted) else tuple(range(min(accepted, len(planned.tree))))
+    seconds = STEEP.latency(len(planned.tree) + 1)
+    planner.observe_pass([plan], seconds)
+    planner.observe(plan, StepResult(3, planned, path, 9, torch.zeros(len(planned.tree) + 1, 16)), state,
+                    StepTiming(seconds_per_token * drafted, seconds))
+    return drafted, len(planned.tree), plan
+
+
+def test_a_refused_chain_drafter_is_probed_and_recovers_on_text_it_drafts_well():
+    """Estimates learned on text where a draft model is always wrong say its chains never pay; with
+    nothing verified its calibration could never learn otherwise (before: never asked to draft
+    again in that process). Refused, it is still probed 1, 2, 4, ... steps apart (whole chains,
+    verified whatever their estimates, not judged by the back-off), and on text it drafts well one
+    accepted probe is enough to resume drafting."""
+    planner = HardwarePlanner(curve=STEEP, config=PlannerConfig(cost_explore=0.0))
+    state = planner.new_state()
+    for _ in range(80):  # text A: nothing it drafts is accepted
+        _chain_step(planner, state, accepted=0)
+    assert planner.expected_acceptance("draft-model") < 0.3
+    assert planner.view([], 0.0).plan_chain("draft-model", [], 0.02, 0.0, 6) == 0  # refused (no probes without a state)
+    drafted, probes = [], []
+    for _ in range(60):  # still text A: refused, probed at doubling gaps
+        n, verified, plan = _chain_step(planner, state, accepted=0)
+        drafted.append(n)
+        if n:
+            assert verified == n and plan.probes == ("draft-model",) and plan.explore and plan.rate is None
+            probes.append(len(drafted))
+    gaps = [b - a for a, b in zip(probes, probes[1:])]
+    assert 1 <= len(probes) <= 4 and gaps == sorted(gaps), probes
+    state = planner.new_state()  # text B: every token it drafts is accepted
+    drafted = [_chain_step(planner, state, accepted=6)[0] for _ in range(80)]
+    first = next(i for i, n in enumerate(drafted) if n)
+    assert first <= 64 and all(drafted[first + 1:]) and drafted[-10:] == [6] * 10, drafted  # after one probe
+
+
+def test_no_chain_probe_where_the_chain_would_not_pay_even_untried():
+    """A probe asks whether the text changed, not whether the drafter got cheaper: a chain whose
+    tokens cost a plain step each would not pay at an untried drafter's acceptance, and is not probed."""
+    planner = HardwarePlanner(curve=STEEP, config=PlannerConfig(cost_explore=0.0))
+    state = planner.new_state()
+    for _ in range(30):
+        assert _chain_step(planner, state, accepted=0, seconds_per_token=0.9)[0] == 0
+
+
+def test_a_probe_beside_another_drafters_tree_keeps_each_verified_nodes_sibling_context():
+    """The probe's chain is forced in below nodes chosen by estimate: each verified node keeps the
+    sibling context it has in the merged tree (they were read off the best nodes in order, so the
+    probe's contested first token was learned as uncontested, its child as contested)."""
+    from specula.planner.select import sibling_contexts
+
+    planner = HardwarePlanner(curve=STEEP, config=PlannerConfig(cost_explore=0.0))
+    state = planner.new_state()
+    for _ in range(80):
+        _chain_step(planner, state, accepted=0)
+    lookup = Proposal(TokenTree.chain([20, 21, 22], [0.95] * 3, "prompt-lookup"))
+    for _ in range(80):  # a request a step (no back-off pause)
+        drafted, _, plan = _chain_step(planner, planner.new_state(), accepted=0, tokens=(5, 6, 7), beside=[lookup])
+        if plan.probes:
+            break
+    assert plan.probes == ("draft-model",) and drafted > 0
+    merged = merge_proposals([lookup, Proposal(TokenTree.chain([5, 6, 7][:drafted], [0.9] * drafted,
+                                                                "draft-model"))]).tree
+    where = {tuple(merged.tokens_of(merged.path_to(i))): i for i in range(len(merged))}
+    verified = plan.proposal.tree
+    expected = tuple(sibling_contexts(merged)[where[tuple(verified.tokens_of(verified.path_to(i)))]]
+                     for i in range(len(verified)))
+    assert plan.contexts == expected and "contested" in expected and None in expected
+
+
+def test_a_drafter_that_does_not_pay_on_this_text_is_probed_seldom():
+    """A calibrated drafter refused because its chains do not pay (each token accepted half the time
+    at a quarter of a plain step): its probes, judged by their average gain over a plain step, thin
+    out (judged one by one, a third of them won by luck and it probed every few steps), and cost
+    about nothing."""
+    rng = random.Random(0)
+    planner = HardwarePlanner(curve=STEEP, config=PlannerConfig(cost_explore=0.0))
+    state = planner.new_state()
+
+    def half(tree):
+        path = []
+        while len(path) < len(tree) and rng.random() < 0.5:
+            path.append(len(path))
+        return tuple(path)
+
+    probes = 0
+    for step in range(400):
+        if not planner.should_draft(state):  # a back-off pause: a plain step
+            [plan] = planner.plan([PlanRequest([], BUDGET, state, 0.0, False)])
+            planner.observe(plan, StepResult(3, plan.proposal, (), 9, torch.zeros(1, 16)), state, StepTiming(0.0, 1.0))
+            continue
+        _, _, plan = _chain_step(planner, state, accepted=half, edge=0.6, seconds_per_token=0.25)
+        probes += step >= 100 and bool(plan.probes)
+    assert probes <= 15, probes  # in the last 300 steps; probes at most every 64 steps once failing: ~5
+
+
+def test_sessions_planned_in_one_step_take_one_probe_between_them():
+    """The schedule is taken when a probe is drafted: sessions planned one by one in the same engine
+    step (a backend that does not pack) do not each probe."""
+    planner = HardwarePlanner(curve=STEEP, config=PlannerConfig(cost_explore=0.0))
+    teach = planner.new_state()
+    for _ in range(80):
+        _chain_step(planner, teach, accepted=0)
+    for _ in range(64):  # whatever the schedule's wait, it runs out
+        planner.chain_probe("draft-model").waiting()
+    states = [planner.new_state() for _ in range(4)]
+    asked = []
+    for state in states:
+        assert planner.should_draft(state)
+        asked.append(planner.view([], 0.0, 1, state).plan_chain("draft-model", [], 0.02, 0.0, 6))
+    assert sum(k > 0 for k in asked) == 1 and asked[0] > 0
+
+
+def test_the_engine_probes_an_adaptive_draft_model_its_planner_refuses():
+    """End to end (session 105's review script): after requests where a draft model is always
+    wrong, requests where it is always right are drafted again, output equal to plain greedy."""
+    import copy
+    import time
+
+    from specula.models.sequence import TreeSequence
+    from tiny import VOCAB
+
+    target_model = successor_model()
+    draft_model = copy.deepcopy(target_model)
+    emb = draft_model.model.embed_tokens.weight.detach().clone()
+    with torch.no_grad():  # after a token >= 48 the draft says last + 2 (wrong), before it last + 1 (right)
+        weights = torch.roll(emb, 1, dims=0).clone()
+        weights[49:] = emb[47:VOCAB - 2]
+        draft_model.lm_head.weight.copy_(weights)
+    target, draft = HFCausalLM(target_model, "target"), HFCausalLM(draft_model, "draft")
+    slow_pass = target.new_sequence
+
+    def new_sequence(*args, **kwargs):  # the target's passes cost 6 ms more: a draft token is ~0.1 of a step
+        seq = slow_pass(*args, **kwargs)
+        forward = seq.forward_tree
+        seq.forward_tree = lambda *a, **k: (time.sleep(0.006), forward(*a, **k))[1]
+        return seq
+
+    target.new_sequence = new_sequence
+    curve = CostCurve((1, 2, 4, 8, 16), (0.0066, 0.0068, 0.0070, 0.0072, 0.0075), 64)
+    drafter = make_drafter("draft-model", target=target, draft=draft, adaptive=True, num_draft_tokens=6)
+    dec = SpeculativeDecoder(target, [drafter], eos_token_ids=[], planner=HardwarePlanner(curve=curve))
+    params = SamplingParams(max_new_tokens=30, ignore_eos=True)
+    for _ in range(8):
+        dec.generate([60, 61, 62, 63], params)
+    assert dec.planner.expected_acceptance("draft-model") < 0.3
+    outs = [dec.generate([2, 3, 4], params) for _ in range(4)]  # a probe within 64 steps (of any request)
+    for out in outs:
+        assert out.token_ids == [(5 + j) % VOCAB for j in range(30)]
+    assert outs[-1].stats.mean_accepted_tokens >= 4
 
 
 def test_projection_is_measured_on_the_curve_as_given():
@@ -603,8 +771,8 @@ def test_the_engine_gives_each_drafter_the_size_of_the_batch_it_drafts_for():
     planner = HardwarePlanner(curve=STEEP, batch_curve=batch_table(0.001))
     sizes = []
     real_view = planner.view
-    planner.view = lambda proposals, seconds, batch_size=1: sizes.append(batch_size) or real_view(proposals, seconds,
-                                                                                                   batch_size)
+    planner.view = lambda proposals, seconds, batch_size=1, state=None: (sizes.append(batch_size)
+                                                                         or real_view(proposals, seconds, batch_size, state))
     dec = SpeculativeDecoder(target, [make_drafter("prompt-lookup")], eos_token_ids=[], planner=planner)
     params = SamplingParams(max_new_tokens=4, ignore_eos=True)
     list(dec.generate_many([(i, [3, 4, 5, 3, 4], params) for i in range(3)], max_batch_size=3))

@@ -4,7 +4,7 @@ import itertools
 
 from specula.planner.cost import CostCurve
 from specula.planner.select import (AGREED, CONTESTED, chain_lookahead, choose_batch, choose_size, joint_rate,
-                                    path_probabilities, sibling_contexts)
+                                    path_probabilities, probe_nodes, sibling_contexts)
 from specula.tree import TokenTree
 
 
@@ -189,3 +189,14 @@ def test_sibling_contexts_mark_agreeing_and_disagreeing_sources():
     }
     # One source's tree, siblings or not: no context (what its calibration was learned on).
     assert sibling_contexts(a) == [None] * len(a)
+
+
+def test_probe_nodes_follow_each_sources_chain_from_its_best_root_child():
+    a = TokenTree.from_paths([[10, 11, 12], [30, 31]], [[0.5] * 3, [0.4] * 2], source="a")
+    merged = a.merge(TokenTree.from_paths([[20, 21], [10, 40]], [[0.9] * 2, [0.9] * 2], source="b"))
+    ids = {tuple(merged.tokens_of(merged.path_to(i))): i for i in range(len(merged))}
+    # by index where no order is given; a node both proposed is on each one's chain
+    assert probe_nodes(merged, ["a"]) == {"a": [ids[(10,)], ids[(10, 11)], ids[(10, 11, 12)]]}
+    order = [ids[(30,)], ids[(20,)], ids[(10,)]]  # best first: a's later root child ranks first
+    assert probe_nodes(merged, ["a", "b", "c"], order) == {"a": [ids[(30,)], ids[(30, 31)]],
+                                                          "b": [ids[(20,)], ids[(20, 21)]]}
