@@ -45,6 +45,9 @@ def run(args: argparse.Namespace) -> int:
     from specula.paths import atomic_write_json, check_output
 
     sizes = parse_sizes(args.sizes)
+    if max(sizes) < 2:
+        raise ConfigError(f"--sizes needs a pass size above 1, got {args.sizes!r}: a curve of plain steps alone "
+                          "says nothing about what drafted tokens cost to verify (e.g. --sizes 1,2,4,8,16)")
     batch_sizes = parse_sizes(args.batch_sizes, "--batch-sizes") if args.batch_sizes else None
     if args.repeats < 1 or args.context < 1:
         raise ConfigError("--repeats and --context must be >= 1")

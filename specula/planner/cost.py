@@ -62,6 +62,9 @@ class CostCurve:
     def __post_init__(self) -> None:
         if not self.sizes or self.sizes[0] != 1 or list(self.sizes) != sorted(set(self.sizes)):
             raise ConfigError(f"cost curve sizes must be ascending, distinct and start at 1, got {list(self.sizes)}")
+        if len(self.sizes) < 2:  # read as flat, it priced a pass over any number of tokens at one plain step
+            raise ConfigError("a cost curve needs a pass size above 1 (size 1 alone says nothing about what drafted "
+                              "tokens cost to verify); measure one with e.g. `specula profile --sizes 1,2,4,8,16`")
         if len(self.seconds) != len(self.sizes) or not all(math.isfinite(s) and s > 0 for s in self.seconds):
             raise ConfigError(f"cost curve needs one positive, finite latency per size, got {list(self.seconds)}")
 
@@ -74,8 +77,6 @@ class CostCurve:
         for (x0, y0), (x1, y1) in zip(zip(sizes, secs), zip(sizes[1:], secs[1:])):
             if n <= x1:
                 return y0 + (y1 - y0) * (n - x0) / (x1 - x0)
-        if len(sizes) == 1:
-            return secs[0]
         slope = max(0.0, (secs[-1] - secs[-2]) / (sizes[-1] - sizes[-2]))
         return secs[-1] + slope * (n - sizes[-1])
 

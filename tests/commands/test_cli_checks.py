@@ -55,7 +55,7 @@ def test_an_empty_prompt_is_refused_before_loading(no_loading, capsys):
 def test_outputs_that_cannot_be_written_are_refused_before_any_work(no_loading, capsys, tmp_path):
     a_file = tmp_path / "a_file"
     a_file.write_text("x")
-    refused(capsys, ["profile", "--target", "smollm2-135m", "--out", str(a_file), "--sizes", "1"],
+    refused(capsys, ["profile", "--target", "smollm2-135m", "--out", str(a_file), "--sizes", "1,2"],
             "--out", "is a file")
     refused(capsys, ["bench", "--target", "smollm2-135m", "--methods", "none", "--per-category", "1",
                      "--out", str(a_file / "sub")], "not a writable directory")

@@ -135,6 +135,9 @@ def test_curve_validation():
     for bad in (float("nan"), float("inf"), 0.0):
         with pytest.raises(ConfigError, match="one positive, finite latency per size"):
             CostCurve((1, 2), (0.1, bad), context=8)
+    # size 1 alone was read as flat: every pass, however many tokens, priced at one plain step
+    with pytest.raises(ConfigError, match="needs a pass size above 1"):
+        CostCurve((1,), (0.1,), context=8)
     backend = HFCausalLM(tiny_model("gpt2"))  # 256 positions
     with pytest.raises(ConfigError, match="exceeds the target's context window of 256"):
         measure_cost_curve(backend, sizes=[64], context=200, repeats=1)
@@ -158,6 +161,8 @@ def test_profile_command(tmp_path, monkeypatch, capsys):
     assert (tmp_path / "cost_curve.png").stat().st_size > 1000
     assert "ratio" in capsys.readouterr().out
     assert main(["profile", "--target", "tiny", "--sizes", "1,x", "--out", str(tmp_path)]) == 2
+    assert main(["profile", "--target", "tiny", "--sizes", "1", "--out", str(tmp_path)]) == 2
+    assert "--sizes needs a pass size above 1" in capsys.readouterr().err
     # the batch dimension: packed passes of b sequences x n tokens each
     code = main(["profile", "--target", "tiny", "--context", "32", "--sizes", "1,4", "--repeats", "1",
                  "--batch-sizes", "2,4", "--out", str(tmp_path)])
