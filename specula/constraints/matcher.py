@@ -81,8 +81,9 @@ class GrammarState:
         eos = [int(e) for e in eos_token_ids]
         if not eos and getattr(tokenizer, "eos_token_id", None) is not None:
             eos = [int(tokenizer.eos_token_id)]
-        llt = grammar_tokenizer(tokenizer, vocab, eos)
-        self._matcher = LLMatcher(llt, check_constraint(constraint, tokenizer, vocab, eos))
+        self._llt = grammar_tokenizer(tokenizer, vocab, eos)
+        self._grammar = check_constraint(constraint, tokenizer, vocab, eos)
+        self._matcher = LLMatcher(self._llt, self._grammar)
         if self._matcher.is_error():
             raise ConstraintError(f"cannot compile the {constraint.label}: {self._matcher.get_error()}")
         self._matcher.compute_bitmask()  # llguidance finds a language with no text in it here
@@ -90,6 +91,7 @@ class GrammarState:
             raise ConstraintError(f"the {constraint.label} matches no text this tokenizer can write: "
                                   "check it (a rule that never ends, a character class with nothing in it)")
         self.eos_token_ids = frozenset(eos)
+        self._tokens: list[int] = []  # the committed tokens (a matcher that met a dead end is rebuilt from them)
         self.committed = 0
         """Tokens committed so far."""
         self.ended = False
@@ -110,13 +112,31 @@ class GrammarState:
                 break
             kept.append(tok)
             if self._matcher.is_stopped():  # a complete match allows only EOS, and it ends the output
+                if not self._matcher.is_accepting():  # a dead end's mask allows EOS alone too
+                    raise self._dead_end()
                 self.ended = True
                 break
+            if self._matcher.validate_tokens([tok]) != 1:
+                if self.mask()[tok]:  # its own mask allowed it: the bytes the grammar forces after it are unwritable
+                    self._matcher.consume_token(tok)  # (for the library's reason)
+                    raise self._dead_end()
+                raise RuntimeError(f"the grammar refused committed token {tok}: {self._matcher.get_error()}")
             if not self._matcher.consume_token(tok):
                 raise RuntimeError(f"the grammar refused committed token {tok}: {self._matcher.get_error()}")
+            self._tokens.append(tok)
             self.committed += 1
             self.ended = tok in self.eos_token_ids
         return kept
+
+    def _dead_end(self) -> ConstraintError:
+        """The error of a constraint that cannot go on: the text it needs next (e.g. a character of a
+        JSON schema's pattern or enum) has no tokens in this tokenizer. llguidance finds that only on
+        the way; the output so far does not match, so it is an error, not a stop."""
+        reason = self._matcher.get_error().split("<state>")[0].strip() if self._matcher.is_error() else ""
+        reason = " ".join(reason.split()) if " " in reason.strip() else ""  # a bare stop code says nothing
+        return ConstraintError(f"the {self.constraint.label} cannot be completed after {self.committed} tokens: the "
+                               "text it needs next cannot be written with this tokenizer's tokens; check it (characters "
+                               f"the tokenizer has no token for){f' ({reason})' if reason else ''}")
 
     @property
     def finished(self) -> bool:
@@ -150,13 +170,28 @@ class GrammarState:
             return True
         if self._matcher.validate_tokens(tokens) != len(tokens):
             return False
-        if not self._matcher.consume_tokens(tokens):
-            raise RuntimeError(f"the grammar refused tokens it had validated: {self._matcher.get_error()}")
+        if not self._matcher.consume_tokens(tokens):  # validated, then a dead end on the way (what its
+            self._rebuild()  # bytes force is unwritable): refused, as committing them would be
+            return False
         return True
 
     def _leave(self, n: int) -> None:
-        if n and not self._matcher.rollback(n):
+        if not n or self._matcher.rollback(n):
+            return
+        if not self._matcher.is_error():
             raise RuntimeError(f"the grammar could not roll back {n} tokens: {self._matcher.get_error()}")
+        # A drafted path led to a dead end (text this tokenizer cannot write: the mask there allowed EOS
+        # alone, as plain decoding would find it on committing that path)
+        self._rebuild()
+
+    def _rebuild(self) -> None:
+        """A matcher at the committed state again, after a scratch walk met an error (llguidance's
+        matcher neither rolls back nor resets out of one): a new one replays the committed tokens."""
+        from llguidance import LLMatcher
+
+        self._matcher = LLMatcher(self._llt, self._grammar)
+        if self._tokens and not self._matcher.consume_tokens(self._tokens):
+            raise RuntimeError(f"the grammar could not replay its committed tokens: {self._matcher.get_error()}")
 
     def forced(self, max_n: int) -> list[int]:
         """Up to `max_n` tokens the grammar alone decides from here: at each, exactly one token is

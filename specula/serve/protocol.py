@@ -101,6 +101,9 @@ class GenerationRequest:
     """stream_options.include_usage: one more chunk with `choices: []` and the usage."""
     constraint: Constraint | None = None
     """response_format json_object / json_schema: the output matches it (None: free text)."""
+    constraint_param: str | None = None
+    """The request field the constraint came from (`response_format`, `guided_regex`, ...): named by
+    the 400 when the constraint fails against the model's tokenizer (only the worker has it)."""
     logprobs: int | None = None
     """Return each generated token's logprob with this many alternatives (None: no logprobs):
     chat's `top_logprobs` (0 when absent) under `logprobs: true`, completions' `logprobs`."""
@@ -229,7 +232,7 @@ def parse_request(endpoint: Endpoint, body: Mapping[str, Any], served_model: str
     if max_tokens is not None and min_tokens > max_tokens:
         raise APIError(400, f"min_tokens ({min_tokens}) must not exceed {max_tokens_param} ({max_tokens})",
                        param="min_tokens", code="invalid_value")
-    constraint = _constraint(body)
+    constraint, constraint_param = _constraint(body)
     if min_tokens and constraint is not None:
         raise APIError(400, "min_tokens cannot be combined with response_format (a complete match allows only the "
                             "end of the output): drop one of them", param="min_tokens", code="invalid_value")
@@ -244,7 +247,7 @@ def parse_request(endpoint: Endpoint, body: Mapping[str, Any], served_model: str
         temperature=temperature, top_p=top_p, top_k=top_k or 0, min_p=min_p, seed=seed,
         stop_token_ids=_stop_token_ids(body), ignore_eos=_opt_bool(body, "ignore_eos"), min_tokens=min_tokens,
         stop=_stop(body), stream=stream, include_usage=_include_usage(body, stream),
-        constraint=constraint, logprobs=logprobs, echo=echo, penalties=_penalties(body),
+        constraint=constraint, constraint_param=constraint_param, logprobs=logprobs, echo=echo, penalties=_penalties(body),
     )
 
 
@@ -393,11 +396,12 @@ def parse_detokenize(body: Mapping[str, Any], served_model: str, vocab: int) -> 
     return tokens
 
 
-def _constraint(body: Mapping[str, Any]) -> Constraint | None:
-    """The request's constraint: OpenAI's response_format (text, json_object or json_schema), or
-    vLLM's guided_json / guided_regex / guided_choice / guided_grammar, or its structured_outputs
-    ({"json" | "regex" | "choice" | "grammar" | "json_object": ...}); at most one of them. Compiled
-    here: what the grammar library cannot compile is a 400 with the library's reason."""
+def _constraint(body: Mapping[str, Any]) -> tuple[Constraint | None, str | None]:
+    """The request's constraint and the field it came from: OpenAI's response_format (text,
+    json_object or json_schema), or vLLM's guided_json / guided_regex / guided_choice /
+    guided_grammar, or its structured_outputs ({"json" | "regex" | "choice" | "grammar" |
+    "json_object": ...}); at most one of them. Compiled here: what the grammar library cannot compile
+    is a 400 with the library's reason."""
     given: list[tuple[str, Any]] = []  # (param, constraint)
     try:
         param = "response_format"
@@ -425,12 +429,12 @@ def _constraint(body: Mapping[str, Any]) -> Constraint | None:
             raise APIError(400, f"give one constraint, not several ({names})", param=given[1][0],
                            code="invalid_value")
         if not given:
-            return None
+            return None, None
         param, constraint = given[0]
         constraint.grammar_text()
     except ConstraintError as exc:
         raise APIError(400, str(exc), param=param, code="invalid_value") from None
-    return constraint
+    return constraint, param
 
 
 def _guided(kind: str, value: Any) -> Constraint:

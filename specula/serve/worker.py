@@ -31,6 +31,7 @@ from typing import Callable
 
 from specula.api import Session, Specula, StreamChunk
 from specula.ema import Ema
+from specula.constraints import ConstraintError
 from specula.errors import SpeculaError
 from specula.prompts import encode_prompt
 from specula.sampling import SamplingParams
@@ -299,6 +300,9 @@ class Worker:
         job.failed = True
         if isinstance(exc, APIError):
             job.put(exc)
+        elif isinstance(exc, ConstraintError):  # found against the tokenizer (at the start or on the way):
+            # the field the constraint came from is the one to fix
+            job.put(APIError(400, str(exc), param=job.request.constraint_param, code="invalid_value"))
         elif isinstance(exc, SpeculaError):
             job.put(APIError(400, str(exc), code="invalid_value"))
         else:

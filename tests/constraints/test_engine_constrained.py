@@ -207,6 +207,23 @@ def test_a_constraint_with_no_text_in_it_is_refused_by_every_method(models, json
             decoder(models, json_tokenizer, method).generate(prompt, SamplingParams(max_new_tokens=8), constraint)
 
 
+@pytest.mark.parametrize("constraint", [Constraint.json_schema({"type": "string", "pattern": "^Q+$"}),
+                                        Constraint.json_schema({"enum": ["QQ"]}), Constraint.regex("aQ")])
+def test_a_constraint_needing_text_the_tokenizer_cannot_write_is_an_error_not_an_output(models, json_tokenizer,
+                                                                                         constraint):
+    """The tokenizer has no token for "Q": llguidance allows the text before it and finds the dead
+    end only there. The regex's output was "a" then EOS, finish "stop" (a match it is not); the
+    schemas failed with a 20-line RuntimeError (a 500 from the server)."""
+    from specula.constraints import ConstraintError
+
+    prompt = json_tokenizer.encode(PROMPTS[1], add_special_tokens=False)
+    for method in ("none", "prompt-lookup", "draft-model"):
+        with pytest.raises(ConstraintError, match="cannot be completed after 1 tokens") as caught:
+            decoder(models, json_tokenizer, method, HardwarePlanner(curve=FLAT)).generate(
+                prompt, SamplingParams(max_new_tokens=8), constraint)
+        assert "\n" not in str(caught.value)
+
+
 def test_a_target_without_eos_ids_ends_a_match_with_the_tokenizers_eos_once(models, json_tokenizer):
     """llguidance ends a match with the tokenizer's EOS when the decoder names none; the grammar state
     took it for an ordinary token and the output carried it twice."""

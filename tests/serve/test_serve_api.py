@@ -267,6 +267,11 @@ BAD_REQUESTS = [
     ("/v1/chat/completions", {**OK_CHAT, "min_tokens": 2, "response_format": {"type": "json_object"}}, 400,
      "min_tokens"),
     ("/v1/chat/completions", {**OK_CHAT, "max_tokens": None, "min_tokens": 300}, 400, "min_tokens"),  # past the room
+    # the served tokenizer (word-level) cannot take a constraint: found by the worker, named like the parser's
+    ("/v1/chat/completions", {**OK_CHAT, "response_format": {"type": "json_object"}}, 400, "response_format"),
+    ("/v1/completions", {**OK_COMPLETION, "guided_regex": "w0[2-5]"}, 400, "guided_regex"),
+    ("/v1/completions", {**OK_COMPLETION, "structured_outputs": {"choice": ["w02"]}}, 400,
+     "structured_outputs.choice"),
     ("/v1/chat/completions", {**OK_CHAT, "include_stop_str_in_output": True}, 400, "include_stop_str_in_output"),
     ("/v1/completions", {**OK_COMPLETION, "skip_special_tokens": False}, 400, "skip_special_tokens"),
     ("/v1/chat/completions", {**OK_CHAT, "stream_options": {"include_usage": True}}, 400, "stream_options"),
