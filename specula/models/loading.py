@@ -209,6 +209,16 @@ def _torch_dtype(dtype: str | torch.dtype) -> torch.dtype:
     return getattr(torch, dtype)
 
 
+def check_tokenizer_files(resolved: ResolvedModel) -> None:
+    """SpeculaError unless the model has a tokenizer to load: a GGUF holds its own; a model directory
+    needs a tokenizer's files beside config.json. Checked before the weights load: found by
+    transformers afterwards, the user waited for the weights and read a 5-line message."""
+    if resolved.gguf_file is None and not any((resolved.path / name).is_file() for name in TOKENIZER_FILES):
+        raise SpeculaError(f"model {resolved.spec!r} has no tokenizer files in {resolved.path} (none of "
+                           f"{', '.join(TOKENIZER_FILES[:3])}, ...): copy the model's tokenizer files next to "
+                           "its config.json")
+
+
 def load_tokenizer(spec: str | ResolvedModel) -> PreTrainedTokenizerBase:
     """The tokenizer of a model spec (see `resolve`), or of a directory holding only tokenizer files,
     offline; loading errors become `SpeculaError`s."""
@@ -220,6 +230,7 @@ def load_tokenizer(spec: str | ResolvedModel) -> PreTrainedTokenizerBase:
                 (directory / name).is_file() for name in TOKENIZER_FILES):
             spec = ResolvedModel(spec, "directory", directory.resolve())
     resolved = spec if isinstance(spec, ResolvedModel) else resolve(spec)
+    check_tokenizer_files(resolved)
     kwargs: dict[str, Any] = {"local_files_only": True}
     if resolved.gguf_file is not None:
         kwargs["gguf_file"] = str(resolved.gguf_file)
@@ -392,6 +403,8 @@ def load_model(
         check_cpu_only(f"--quantize {quantize}", device, "use --quantize none (bfloat16 is the default on CUDA)")
     attn_name = transformers_name(attn_implementation, quantize)
     resolved = spec if isinstance(spec, ResolvedModel) else resolve(spec)
+    if tokenizer is None:
+        check_tokenizer_files(resolved)
     torch_dtype = _torch_dtype(dtype)
     # checked before the (slow) load
     kernel = resolve_linear_kernel(linear_kernel, dtype=torch_dtype, device=device.type, quantize=quantize)
@@ -542,6 +555,8 @@ def load_backend(spec: str | ResolvedModel, config: LoadConfig = LoadConfig(), n
     start = time.perf_counter()
     device, dtype = config.resolved()
     resolved = spec if isinstance(spec, ResolvedModel) else resolve(spec)
+    if tokenizer is None:
+        check_tokenizer_files(resolved)
     backend = config.backend
     if backend != "hf":
         arch = _architecture(resolved)

@@ -132,11 +132,36 @@ def test_load_model_bad_dtype(tiny_gguf: Path) -> None:
 def test_load_model_broken_directory_is_a_specula_error(tmp_path: Path) -> None:
     from specula.errors import SpeculaError
 
+    from tiny import word_tokenizer
+
     broken = tmp_path / "broken"
     broken.mkdir()
+    word_tokenizer(50, eos_token="w1").save_pretrained(broken)
     (broken / "config.json").write_text('{"model_type": "llama"}')
     with pytest.raises(SpeculaError, match="could not load model"):
         load_model(str(broken))
+
+
+@pytest.mark.parametrize("backend", ["hf", "native"])
+def test_a_model_directory_without_tokenizer_files_is_refused_before_its_weights_load(tmp_path: Path, monkeypatch,
+                                                                                      backend: str) -> None:
+    """Found by transformers after the weights had loaded, it was a 5-line message about hub ids."""
+    import transformers
+
+    from specula.errors import SpeculaError
+    from specula.models.loading import LoadConfig, load_backend
+    from tiny import tiny_model, word_tokenizer
+
+    tiny_model("llama").save_pretrained(tmp_path)
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained",
+                        lambda *a, **k: pytest.fail("the weights were loaded"))
+    for load in (lambda: load_model(str(tmp_path)), lambda: load_backend(str(tmp_path), LoadConfig(backend=backend))):
+        with pytest.raises(SpeculaError, match="has no tokenizer files in .* copy the model's tokenizer files") as caught:
+            load()
+        assert "\n" not in str(caught.value)
+    monkeypatch.undo()
+    word_tokenizer(96, eos_token="w1").save_pretrained(tmp_path)  # with them, it loads
+    assert load_model(str(tmp_path))[1] is not None
 
 
 # --------------------------------------------------------------------------- check_compatible
