@@ -30,7 +30,7 @@ maximises expected tokens/s.
                     again, so its estimates, learned on other text, could never recover: 1, 2, 4,
                     ... steps (of any request) after its last probe, a refused chain is drafted as
                     an untried one would be and verified anyway (a probe, not judged by the
-                    back-off), and an accepted probe brings the next one forward
+                    back-off); probes that pay on average bring the next one forward
     hold-back       what each costly drafter adds beside the others is measured, not modelled: after
                     a step, the tokens accepted and the seconds spent (its drafting + the cost
                     model's pass) against the same step without its nodes (the accepted path cut
@@ -211,8 +211,8 @@ class PlannerState:
     paused_steps: int = 0
     """Steps this request sat out in a back-off pause (for the request's summary)."""
     chain_probes: set[str] = field(default_factory=set)
-    """The chain drafters whose first token this step drafted as a probe (`PlannerView.plan_chain`):
-    the plan verifies it whatever its estimate (`HardwarePlanner._lone`)."""
+    """The chain drafters whose chain this step is drafted as a probe (`PlannerView._probe`): the
+    plan verifies it whatever its estimates (`HardwarePlanner._lone`)."""
     last_drafted: frozenset[str] = frozenset()
     """The drafters that proposed nodes on this request's previous step (their drafting time then
     had no catch-up in it)."""
@@ -447,9 +447,9 @@ class HardwarePlanner:
 
     def chain_probe(self, source: str) -> Pause:
         """The probe schedule of chain source `source`: steps (of any request) before it may probe
-        again, `next` of them after each probe; a probe that paid (it realised more tokens/s than a
-        plain step would have) halves `next` and lets the source probe again at once, one that did
-        not doubles it up to `max_explore_gap`."""
+        again, `next` of them after each probe; where its probes pay on average (`_judge_probes`)
+        `next` halves and the source may probe again at once, else `next` doubles up to
+        `max_explore_gap`."""
         return self._chain_probes.setdefault(source, Pause())
 
     # ------------------------------------------------------------------ estimates
