@@ -600,10 +600,17 @@ class HardwarePlanner:
         estimates; that step is a probe too."""
         state, candidates = r.state, len(proposal.tree)
         probes = probe_nodes(proposal.tree, state.chain_probes, order)
-        if not order:  # nothing to size: empty (a drafting step that found nothing: judged), or verified whole
-            judged = r.drafted and candidates == 0
-            return Plan(proposal, verified_whole, self._plain_rate(r.draft_seconds) if judged else None,
-                        candidates, drafted=r.drafted, probes=tuple(probes)), range(candidates)
+        if not order:  # nothing to size: empty (a drafting step that found nothing), or a sampled tree
+            # verified as drawn; both judged by the back-off (drafting next step or not depends on past
+            # steps alone, so the law holds), else sampled drafts that lose never paused
+            judged = None
+            if r.drafted and candidates == 0:
+                judged = self._plain_rate(r.draft_seconds)
+            elif r.drafted and not state.chain_probes:
+                judged = verified_whole / (self.drafting_seconds(r.draft_seconds)
+                                           + self.cost.verify_seconds(candidates + 1))
+            return Plan(proposal, verified_whole, judged, candidates, drafted=r.drafted,
+                        probes=tuple(probes)), range(candidates)
         kept = set(order[:n])
         forced = {i for path in probes.values() for i in path} - kept
         explore = bool(forced)  # a probe's chain, not predicted to pay: not judged by the back-off

@@ -597,6 +597,25 @@ def test_backoff_follows_realised_rates_when_estimates_are_wrong():
     assert verified < 15  # but most steps are plain
 
 
+def test_sampled_drafts_that_lose_are_paused_by_the_back_off_too():
+    """A sampled tree is verified as drawn (never sized), so its steps were never judged: drafting
+    that realised fewer tokens/s than plain steps was never paused at temperature > 0."""
+    planner = HardwarePlanner(curve=STEEP)
+    driver = Driver(planner)
+    planner.calibrator.update = lambda *a, **k: None  # estimates stay optimistic: only the back-off can act
+    tree = chain([5, 6, 7], 0.9, "draft-model")
+    drafted = 0
+    for _ in range(60):
+        planner._recent.clear()
+        drafting = planner.should_draft(driver.state)
+        proposal = Proposal(tree, torch.zeros(4, 16), "iid") if drafting else Proposal.empty()
+        planned, _ = driver.plan(proposal, 0.3 if drafting else 1e-5, drafting)
+        assert len(planned.tree) in (0, 3)  # as drawn, never cut
+        drafted += len(planned.tree) > 0
+        driver.observe(planned, (), 0.3 if drafting else 1e-5, STEEP.latency(len(planned.tree) + 1))
+    assert drafted < 15
+
+
 def test_a_probe_after_a_pause_is_judged_afresh_so_drafting_resumes_once_it_pays():
     """Nothing is accepted on a request's first drafting steps, so drafting pauses; then the first
     node of every chain is (2 tokens in 1.45 plain steps: drafting pays 1.38x). Judged through the
