@@ -134,9 +134,9 @@ class GrammarState:
         the way; the output so far does not match, so it is an error, not a stop."""
         reason = self._matcher.get_error().split("<state>")[0].strip() if self._matcher.is_error() else ""
         reason = " ".join(reason.split()) if " " in reason.strip() else ""  # a bare stop code says nothing
-        return ConstraintError(f"the {self.constraint.label} cannot be completed after {self.committed} tokens: the "
-                               "text it needs next cannot be written with this tokenizer's tokens; check it (characters "
-                               f"the tokenizer has no token for){f' ({reason})' if reason else ''}")
+        return ConstraintError(f"the {self.constraint.label} cannot be completed after {self.committed} tokens: "
+                               "the text it needs next cannot be written with this tokenizer's tokens; check it "
+                               f"(characters the tokenizer has no token for){f' ({reason})' if reason else ''}")
 
     @property
     def finished(self) -> bool:

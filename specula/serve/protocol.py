@@ -247,7 +247,8 @@ def parse_request(endpoint: Endpoint, body: Mapping[str, Any], served_model: str
         temperature=temperature, top_p=top_p, top_k=top_k or 0, min_p=min_p, seed=seed,
         stop_token_ids=_stop_token_ids(body), ignore_eos=_opt_bool(body, "ignore_eos"), min_tokens=min_tokens,
         stop=_stop(body), stream=stream, include_usage=_include_usage(body, stream),
-        constraint=constraint, constraint_param=constraint_param, logprobs=logprobs, echo=echo, penalties=_penalties(body),
+        constraint=constraint, constraint_param=constraint_param, logprobs=logprobs, echo=echo,
+        penalties=_penalties(body),
     )
 
 
