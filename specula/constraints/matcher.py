@@ -131,12 +131,15 @@ class GrammarState:
     def _dead_end(self) -> ConstraintError:
         """The error of a constraint that cannot go on: the text it needs next (e.g. a character of a
         JSON schema's pattern or enum) has no tokens in this tokenizer. llguidance finds that only on
-        the way; the output so far does not match, so it is an error, not a stop."""
+        the way, and its masks allow a token that starts such a branch even where another branch
+        could be written (`(bQ|a)` with no token for "Q": a model that prefers "b" ends here); the
+        output so far does not match, so it is an error, not a stop."""
         reason = self._matcher.get_error().split("<state>")[0].strip() if self._matcher.is_error() else ""
         reason = " ".join(reason.split()) if " " in reason.strip() else ""  # a bare stop code says nothing
         return ConstraintError(f"the {self.constraint.label} cannot be completed after {self.committed} tokens: "
-                               "the text it needs next cannot be written with this tokenizer's tokens; check it "
-                               f"(characters the tokenizer has no token for){f' ({reason})' if reason else ''}")
+                               "the text it needs next cannot be written with this tokenizer's tokens (the branch "
+                               "the output took needs characters the tokenizer has no token for); check the "
+                               f"constraint's characters{f' ({reason})' if reason else ''}")
 
     @property
     def finished(self) -> bool:

@@ -224,6 +224,27 @@ def test_a_constraint_needing_text_the_tokenizer_cannot_write_is_an_error_not_an
         assert "\n" not in str(caught.value)
 
 
+def test_a_constraint_with_an_unwritable_branch_ends_alike_for_every_method(models, json_tokenizer):
+    """`(bQ|a)` and `(aQ|b)` can each be written one way; llguidance's mask also allows the branch
+    that cannot ("Q" has no token). Whichever branch the model takes, every method ends as plain
+    decoding does: the same output, or the same error (never an output that does not match)."""
+    from specula.constraints import ConstraintError
+
+    for pattern in ("(bQ|a)", "(aQ|b)"):
+        for text in PROMPTS:
+            prompt = json_tokenizer.encode(text, add_special_tokens=False)
+            ends = []
+            for method in ("none", "prompt-lookup", "draft-model", "fusion"):
+                dec = decoder(models, json_tokenizer, method, HardwarePlanner(curve=FLAT))
+                try:
+                    out = dec.generate(prompt, SamplingParams(max_new_tokens=8), Constraint.regex(pattern))
+                    assert out.stats.finish_reason != "stop" or out.text in ("a", "b"), out.text
+                    ends.append(out.token_ids)
+                except ConstraintError as exc:
+                    ends.append(str(exc))
+            assert all(end == ends[0] for end in ends), (pattern, text, ends)
+
+
 def test_a_target_without_eos_ids_ends_a_match_with_the_tokenizers_eos_once(models, json_tokenizer):
     """llguidance ends a match with the tokenizer's EOS when the decoder names none; the grammar state
     took it for an ordinary token and the output carried it twice."""
