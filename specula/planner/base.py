@@ -63,8 +63,8 @@ class Plan:
     """(drafter name, seconds) of every drafter that proposed a node (copied from the request): what
     each cost, for the planner's measure of what it adds beside the others."""
     probes: tuple[str, ...] = ()
-    """The chain drafters whose first token is verified as a probe (`PlannerView.plan_chain`): whether
-    the target accepts it sets when each probes next."""
+    """The chain drafters whose chain is verified as a probe (`PlannerView._probe`): what the step
+    realised against a plain step sets when each probes next (`HardwarePlanner._judge_probes`)."""
     contexts: tuple[str | None, ...] | None = None
     """Per verified node, its sibling context in the merged tree it was chosen from
     (`planner.select.sibling_contexts`), the context its estimate was corrected for; None: read
