@@ -791,28 +791,48 @@ class HardwarePlanner:
             state.backoff.win()
 
     def _judge_probes(self, plan: Plan, step: StepResult, timing: StepTiming) -> None:
-        """Did the probes pay? Each probing source's gain (realised tokens/s over a plain step's, its
+        """Did the probes pay? Each probing source's gain (the step's tokens/s over what the same step
+        would have realised without its chain: the accepted path cut at its first node no other
+        drafter proposed, its drafting and its nodes' share of the pass taken off, `_without`; its
         own drafting counted at most at its steady drafting time: a draft cache's catch-up after idle
         steps is not what drafting costs) is averaged over its probes, half the weight to the latest;
         over `min_gain`, the source may probe again at once (it drafts again once its estimates
         recover), else its next probe waits twice as long. Judged by each probe alone, or by the
         first token's acceptance, a drafter that does not pay on this text (half its tokens accepted
-        at a quarter of a step each) won a third of its probes by luck and probed every few steps."""
+        at a quarter of a step each) won a third of its probes by luck and probed every few steps;
+        judged by the whole step against a plain one, a chain never accepted probed on every step
+        that prompt lookup's copy paid for."""
         spent = dict(plan.drafter_seconds)
-        drafted = timing.draft_seconds
+        counted = dict(spent)
         for source in plan.probes:
             steady = self._steady_seconds.get(source)
             if source in spent and steady is not None and steady.value is not None:
-                drafted -= max(0.0, spent[source] - steady.value)
-        realised = (1 + len(step.path)) / (self.drafting_seconds(max(0.0, drafted)) + timing.verify_seconds)
-        gain = realised * self.cost.estimate(1)
+                counted[source] = min(spent[source], steady.value)
+        drafted = max(0.0, timing.draft_seconds - sum(spent.values()) + sum(counted.values()))
+        seconds = self.drafting_seconds(drafted)
+        with_it = seconds + self.cost.verify_seconds(len(step.proposal.tree) + 1)
         for source in plan.probes:
+            # its own drafting: as reported, else (a caller that times no drafter apart) all of the
+            # step's drafting that no other drafter reported
+            own = counted.get(source, drafted - sum(v for k, v in counted.items() if k != source))
+            tokens_without, seconds_without = self._without(step, source, seconds, max(0.0, own))
+            gain = (1 + len(step.path)) * seconds_without / (with_it * tokens_without)
             schedule = self.chain_probe(source)
             if self._probe_gain.setdefault(source, Ema(0.5)).update(gain) >= 1.0 + self.config.min_gain:
                 schedule.left = 0
                 schedule.win()
             else:
                 schedule.lose(self.config.max_explore_gap)
+
+    def _without(self, step: StepResult, name: str, seconds: float, own: float) -> tuple[int, float]:
+        """The step as it would have gone without drafter `name`, whose drafting took `own` of the
+        step's `seconds` of drafting: its tokens (the accepted path cut at the first node no other
+        drafter proposed, the bonus token included) and seconds (that drafting less `own`, and the
+        cost model's pass without its nodes)."""
+        tree, path = step.proposal.tree, step.path
+        alone = [all(source == name for source, _ in tree.proposers(i)) for i in range(len(tree))]
+        kept = next((k for k, i in enumerate(path) if alone[i]), len(path))
+        return 1 + kept, seconds - own + self.cost.verify_seconds(len(tree) - sum(alone) + 1)
 
     def _observe_beside(self, plan: Plan, step: StepResult, state: PlannerState, timing: StepTiming) -> None:
         """Hold-back evidence of one lone step: per drafter that proposed nodes, the step's tokens and
@@ -833,12 +853,11 @@ class HardwarePlanner:
         if not counted:
             return  # nothing judged: a probe drafts again next step
         tree, path = step.proposal.tree, step.path
-        n = len(tree)
         # the step's drafting (planning and drafters that proposed nothing included; each timed drafter
         # at its counted seconds) and bookkeeping
         seconds = (max(0.0, timing.draft_seconds - sum(spent.values()))
                    + sum(counted.get(name, raw) for name, raw in spent.items()) + self._overhead.get())
-        with_it = seconds + self.cost.verify_seconds(n + 1)
+        with_it = seconds + self.cost.verify_seconds(len(tree) + 1)
         d = self.config.hold_decay
         for name, own in counted.items():
             if any(other != name and cost > own for other, cost in counted.items()):
@@ -849,13 +868,11 @@ class HardwarePlanner:
                 # sat out most steps after one unlucky step alone (Qwen2.5-Coder-1.5B, everyday set:
                 # held on 6-15 of a request's 10-22 steps)
                 continue
-            alone = [all(source == name for source, _ in tree.proposers(i)) for i in range(n)]
-            kept = next((k for k, i in enumerate(path) if alone[i]), len(path))
-            without = seconds - own + self.cost.verify_seconds(n - sum(alone) + 1)
+            tokens_without, without = self._without(step, name, seconds, own)
             sums = self._evidence.setdefault(name, [0.0, 0.0, 0.0, 0.0])
             if name in state.probing:  # a probe judges afresh: the text may have changed since it paused
                 sums[:] = [0.0, 0.0, 0.0, 0.0]
-            for k, value in enumerate((1 + len(path), with_it, 1 + kept, without)):
+            for k, value in enumerate((1 + len(path), with_it, tokens_without, without)):
                 sums[k] = d * sums[k] + value
             if name in state.probing and not self.adds_beside(name):
                 state.holds[name].lose(self.config.max_hold)  # it still does not pay: a longer pause

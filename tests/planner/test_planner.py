@@ -493,6 +493,36 @@ def test_a_drafter_that_does_not_pay_on_this_text_is_probed_seldom():
     assert probes <= 15, probes  # in the last 300 steps; probes at most every 64 steps once failing: ~5
 
 
+def test_a_probe_is_judged_by_what_its_chain_adds_not_by_what_the_step_realised():
+    """A chain never accepted, probed beside prompt lookup whose copy the target takes: the step
+    pays for itself, not the chain. Judged by the whole step against a plain one, every probe won
+    and it probed on every step (179 probes in 300 steps, 716 nodes verified, none accepted, the
+    decoding 21% slower); judged by what the step would have realised without its chain, its probes
+    thin out."""
+    planner = HardwarePlanner(curve=STEEP, config=PlannerConfig(cost_explore=0.0))
+    state = planner.new_state()
+    for _ in range(80):  # learned: nothing it drafts is accepted
+        _chain_step(planner, state, accepted=0, seconds_per_token=0.003)
+    lookup = Proposal(TokenTree.chain([20, 21, 22], [0.5] * 3, "prompt-lookup"))
+
+    def copy(tree):  # the target takes prompt lookup's first two tokens, never the chain's
+        path, parent = [], -1
+        for token in (20, 21):
+            child = next((i for i in range(len(tree)) if tree.parents[i] == parent and tree.tokens[i] == token), None)
+            if child is None:
+                break
+            path.append(child)
+            parent = child
+        return tuple(path)
+
+    state = planner.new_state()
+    probes = 0
+    for step in range(300):
+        _, _, plan = _chain_step(planner, state, accepted=copy, seconds_per_token=0.003, beside=[lookup])
+        probes += step >= 100 and bool(plan.probes)
+    assert probes <= 8, probes  # in the last 200 steps: at most every 64 steps once failing
+
+
 def test_sessions_planned_in_one_step_take_one_probe_between_them():
     """The schedule is taken when a probe is drafted: sessions planned one by one in the same engine
     step (a backend that does not pack) do not each probe."""
