@@ -199,6 +199,11 @@ class PlannerState:
     """Consecutive batch steps on which the goodput plan gave this request no node."""
     idle_batch: int = 0
     """The batch size of the last of those steps: a smaller batch judges the request's drafts afresh."""
+    evidence: dict[str, list[float]] = field(default_factory=dict)
+    """Hold-back evidence per drafter, from this request's steps (decayed sums: tokens and seconds
+    with it, without it; `HardwarePlanner.adds_beside`): each request is judged on its own text
+    (shared by the process, two requests stepped in turn held a draft model where it paid and
+    drafted it where it added nothing)."""
     holds: dict[str, Pause] = field(default_factory=dict)
     """Per drafter measured not to pay beside the others: its hold-back schedule (the next hold doubling
     after each probe that still does not pay)."""
@@ -368,7 +373,6 @@ class HardwarePlanner:
         self._overhead = Ema(config.overhead_ema)  # the drafters' per-step observe time (seconds)
         self._steady_draft = Ema(config.overhead_ema)  # drafting seconds of steps right after a drafting step
         self._batch_backoff: dict[int, BatchBackoff] = {}  # per batch size
-        self._evidence: dict[str, list[float]] = {}  # hold-back, per drafter, decayed sums: tokens, seconds with it; without
         self._steady_seconds: dict[str, Ema] = {}  # per drafter: drafting seconds of a step right after one
         self._chain_probes: dict[str, Pause] = {}  # per chain source: steps until it may probe again
         self._probe_gain: dict[str, Ema] = {}  # per chain source: its probes' tokens/s over a plain step's
@@ -407,8 +411,8 @@ class HardwarePlanner:
         """The drafters that sit this step out: those measured to add less than they cost beside the
         others (`adds_beside`), except on probe steps (after 1, 2, 4, ... held steps)."""
         held, probing = [], []
-        for name in self._evidence:
-            if self.adds_beside(name):
+        for name in state.evidence:
+            if self.adds_beside(name, state):
                 state.holds.pop(name, None)
                 continue
             # found out on this request's last step: held at once; else (a new request) probed first
@@ -428,11 +432,11 @@ class HardwarePlanner:
         return steady is not None and steady.value is not None and \
             steady.value < self.config.hold_min_cost * self.cost.estimate(1)
 
-    def adds_beside(self, name: str) -> bool:
-        """Whether drafter `name` realised at least as many tokens/s on its recent steps as the same
-        steps would have without its nodes and its drafting time (True: no evidence yet, or it costs
-        under `hold_min_cost` of a plain step)."""
-        sums = self._evidence.get(name)
+    def adds_beside(self, name: str, state: PlannerState) -> bool:
+        """Whether drafter `name` realised at least as many tokens/s on the request's recent steps as
+        the same steps would have without its nodes and its drafting time (True: no evidence yet, or
+        it costs under `hold_min_cost` of a plain step)."""
+        sums = state.evidence.get(name)
         if sums is None or self.is_cheap(name):
             return True
         tokens, seconds, tokens_without, seconds_without = sums
@@ -869,12 +873,12 @@ class HardwarePlanner:
                 # held on 6-15 of a request's 10-22 steps)
                 continue
             tokens_without, without = self._without(step, name, seconds, own)
-            sums = self._evidence.setdefault(name, [0.0, 0.0, 0.0, 0.0])
+            sums = state.evidence.setdefault(name, [0.0, 0.0, 0.0, 0.0])
             if name in state.probing:  # a probe judges afresh: the text may have changed since it paused
                 sums[:] = [0.0, 0.0, 0.0, 0.0]
             for k, value in enumerate((1 + len(path), with_it, tokens_without, without)):
                 sums[k] = d * sums[k] + value
-            if name in state.probing and not self.adds_beside(name):
+            if name in state.probing and not self.adds_beside(name, state):
                 state.holds[name].lose(self.config.max_hold)  # it still does not pay: a longer pause
 
     def summary(self, state: PlannerState) -> dict:

@@ -67,14 +67,14 @@ def test_a_costly_drafter_that_adds_nothing_beside_a_head_sits_out_and_probes_at
     assert gaps == sorted(gaps) and max(gaps) == planner.config.max_hold + 1  # pauses of 1, 1, 2, 4, ..., 16
     assert len(drafted) <= 9
     assert planner.summary(state)["held_steps"] == {"draft-model": 60 - len(drafted)}
-    assert not planner.adds_beside("draft-model") and "eagle3" not in state.holds  # the head drafts every step
+    assert not planner.adds_beside("draft-model", state) and "eagle3" not in state.holds  # the head drafts every step
 
 
 def test_a_costly_drafter_whose_chain_runs_past_the_head_keeps_drafting():
     planner = HardwarePlanner(curve=STEEP)
     state = planner.new_state()
     assert not any(run_step(planner, state, drafts(), CODE) for _ in range(40))
-    assert planner.adds_beside("draft-model")
+    assert planner.adds_beside("draft-model", state)
 
 
 def test_a_held_drafter_drafts_again_once_a_probe_finds_it_pays():
@@ -93,7 +93,7 @@ def test_a_cheap_drafter_is_never_held_back_even_when_it_adds_nothing():
     state = planner.new_state()
     cheap = [("prompt-lookup", chain(PROSE, "prompt-lookup", 0.5), 0.001), ("eagle3", chain(PROSE, "eagle3"), 0.05)]
     held = [run_step(planner, state, cheap, PROSE) for _ in range(30)]
-    assert not any("prompt-lookup" in h for h in held) and planner.adds_beside("prompt-lookup")
+    assert not any("prompt-lookup" in h for h in held) and planner.adds_beside("prompt-lookup", state)
     assert sum("eagle3" in h for h in held) > 15  # the head, dearer and as redundant, sits out
 
 
@@ -105,13 +105,13 @@ def test_a_held_head_probed_beside_a_costlier_drafter_is_not_judged_by_older_evi
     state = planner.new_state()
     lookup = ("prompt-lookup", chain(PROSE, "prompt-lookup", 0.5), 0.001)
     held = [run_step(planner, state, [lookup, ("eagle3", chain(PROSE, "eagle3"), 0.05)], PROSE) for _ in range(30)]
-    assert sum("eagle3" in h for h in held) > 15 and not planner.adds_beside("eagle3")
+    assert sum("eagle3" in h for h in held) > 15 and not planner.adds_beside("eagle3", state)
     beside = [lookup, *drafts()]
     held = [run_step(planner, state, beside, CODE) for _ in range(40)]
     assert not any("draft-model" in h for h in held)
     first = next(k for k, h in enumerate(held) if "eagle3" not in h)  # its pause from before runs out
     assert first <= planner.config.max_hold and not any("eagle3" in h for h in held[first:])
-    assert not planner.adds_beside("eagle3")  # no step judged it: the old evidence stands, unused
+    assert not planner.adds_beside("eagle3", state)  # no step judged it: the old evidence stands, unused
 
 
 def test_a_catch_up_is_not_counted_as_the_drafters_cost():
@@ -129,6 +129,21 @@ def test_a_new_request_probes_a_held_drafter_at_once():
     for _ in range(30):
         run_step(planner, state, drafts(), PROSE)
     assert not run_step(planner, planner.new_state(), drafts(), CODE)  # another request: drafts on its first step
+
+
+def test_requests_stepped_in_turn_are_each_held_back_on_their_own_text():
+    """Two lone requests stepped in turn (a backend that does not pack, or sessions stepped by hand):
+    on code the draft model pays, on prose it adds nothing beside the head. Evidence shared by the
+    process held it on code and drafted it on prose (4 of 60 steps held on each); each request's
+    own evidence decides for it, as for a request alone."""
+    planner = HardwarePlanner(curve=STEEP)
+    code, prose = planner.new_state(), planner.new_state()
+    held_code, held_prose = [], []
+    for _ in range(60):
+        held_code.append("draft-model" in run_step(planner, code, drafts(), CODE))
+        held_prose.append("draft-model" in run_step(planner, prose, drafts(), PROSE))
+    assert not any(held_code)
+    assert sum(held_prose) >= 50, sum(held_prose)  # as alone (test above: drafted on at most 9 of 60)
 
 
 class SlowTwin:
