@@ -702,7 +702,25 @@ def is_valid_conversion(model: EmbeddedModel, directory: Path | None = None) -> 
         path = directory / name
         if not path.is_file() or path.stat().st_size != size:
             return False
-    return _readable_safetensors(directory / WEIGHTS_FILE)
+    return _readable_safetensors(directory / WEIGHTS_FILE) and all(
+        _readable_json(directory / name) for name, size in files.items()
+        if name.endswith(".json") and isinstance(size, int) and size <= SMALL_JSON_BYTES)
+
+
+SMALL_JSON_BYTES = 1 << 16
+"""JSON files of a conversion up to this size (config, generation config, tokenizer config) are
+parsed when it is checked: one damaged at the same size then counts as not installed, and
+`specula models install` converts again (tokenizer.json, 11 MB, takes 0.1-0.3 s to parse: a
+damaged one is named by the loading error instead)."""
+
+
+def _readable_json(path: Path) -> bool:
+    """Whether a file parses as JSON."""
+    try:
+        json.loads(path.read_bytes())
+    except (OSError, ValueError):
+        return False
+    return True
 
 
 def _readable_safetensors(path: Path) -> bool:

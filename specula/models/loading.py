@@ -248,6 +248,8 @@ def load_tokenizer(spec: str | ResolvedModel) -> PreTrainedTokenizerBase:
     except _damaged_types() as exc:
         raise _damaged(resolved, exc) from exc
     except (OSError, ValueError, KeyError) as exc:
+        if resolved.embedded is not None:  # files specula wrote: damaged since, not a kind it cannot read
+            raise _damaged(resolved, exc) from exc
         raise SpeculaError(f"could not load the tokenizer of {resolved.spec!r} from {resolved.path}: {exc}") from exc
 
 
@@ -509,6 +511,8 @@ def _architecture(resolved: ResolvedModel) -> str:
     except _damaged_types() as exc:
         raise _damaged(resolved, exc) from exc
     except (OSError, ValueError, KeyError) as exc:
+        if resolved.embedded is not None:
+            raise _damaged(resolved, exc) from exc
         raise SpeculaError(f"could not read the config of {resolved.spec!r} from {resolved.path}: {exc}") from exc
     named = getattr(config, "architectures", None)
     if named:

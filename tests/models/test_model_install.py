@@ -201,6 +201,18 @@ def test_damaged_conversion_or_gguf_is_not_trusted(make_model: ModelFactory, cac
     assert inst.state("fake-dmg").status == "converted"
 
 
+def test_a_damaged_config_of_the_right_size_is_converted_again(make_model: ModelFactory, cache: Path) -> None:
+    """config.json damaged at the same size: `install` said "already installed" and the model could
+    not load; the conversion's small JSON files are parsed when it is checked."""
+    make_model("fake-cfg", CHUNKS)
+    inst.install("fake-cfg", progress=False, converter=fake_converter)
+    config = cache / "models" / "fake-cfg" / "config.json"
+    config.write_bytes(b"X" + config.read_bytes()[1:])
+    assert inst.state("fake-cfg").status == "installed"
+    assert inst.install("fake-cfg", progress=False, converter=fake_converter).converted
+    assert json.loads(config.read_text()) == {} and inst.state("fake-cfg").status == "converted"
+
+
 def test_specula_cache_override_is_where_everything_goes(make_model: ModelFactory, cache: Path,
                                                          tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     make_model("fake-where", CHUNKS)

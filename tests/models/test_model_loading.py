@@ -56,6 +56,26 @@ def test_alias_resolves_to_converted_cache(make_model: ModelFactory, cache: Path
     assert resolved.embedded is not None and resolved.name == "fake-alias"
 
 
+def test_a_damaged_tokenizer_of_an_embedded_model_names_the_reinstall(make_model: ModelFactory, cache: Path,
+                                                                      tmp_path: Path) -> None:
+    """tokenizer.json damaged at the same size (too large to parse on every check): the load failed
+    with JSON's message and no fix; files specula wrote are named damaged, with the reinstall."""
+    from modelkit import fake_converter
+
+    make_model("fake-tok", [b"GGUF"])
+    inst.install("fake-tok", progress=False, converter=fake_converter)
+    directory = cache / "models" / "fake-tok"
+    word_tokenizer(["a", "b"]).save_pretrained(str(tmp_path / "tok"))
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(tmp_path / "tok" / name, directory / name)
+    load_tokenizer("fake-tok")
+    tokenizer_json = directory / "tokenizer.json"
+    tokenizer_json.write_bytes(b"X" + tokenizer_json.read_bytes()[1:])
+    with pytest.raises(SpeculaError, match="truncated or damaged.*delete .*fake-tok and run specula models install "
+                                           "fake-tok"):
+        load_tokenizer("fake-tok")
+
+
 def test_resolve_paths(tmp_path: Path, tiny_gguf: Path) -> None:
     hf_dir = tmp_path / "hf"
     hf_dir.mkdir()
