@@ -99,16 +99,17 @@ def _expand(names: list[str]) -> list[str]:
 
 
 def install_models(args: argparse.Namespace) -> int:
-    from specula.models.install import install
+    from specula.drafters.heads.shipped import install_heads
+    from specula.models.install import cache_writes, install
 
     progress = not args.quiet
     for alias in _expand(args.names):
         start = time.perf_counter()
         result = install(alias, progress=progress)
         total = time.perf_counter() - start
-        from specula.drafters.heads.shipped import install_heads
-
-        for head in install_heads(alias):
+        with cache_writes(alias):
+            heads = install_heads(alias)
+        for head in heads:
             print(f"{alias}: trained head {head.stem} verified and installed at {head}")
         if not (result.pip_ran or result.assembled or result.converted):
             print(f"{alias}: already installed at {result.model_dir}")

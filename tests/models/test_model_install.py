@@ -213,6 +213,32 @@ def test_a_damaged_config_of_the_right_size_is_converted_again(make_model: Model
     assert json.loads(config.read_text()) == {} and inst.state("fake-cfg").status == "converted"
 
 
+@pytest.mark.parametrize("error", ["oserror", "safetensors"])
+def test_a_full_disk_is_one_line_naming_the_cache_and_the_fix(make_model: ModelFactory, cache: Path, main,
+                                                              capsys: pytest.CaptureFixture[str], error: str,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """A disk that fills while the weights are written was a traceback (rc 1); the temporaries are
+    cleaned up as before."""
+    import errno
+
+    from safetensors import SafetensorError
+
+    make_model("fake-full", CHUNKS)
+
+    def full(gguf: Path, out: Path, progress: bool) -> dict[str, object]:
+        (out / "model.safetensors").write_bytes(b"partial")
+        if error == "oserror":
+            raise OSError(errno.ENOSPC, "No space left on device", str(out / "model.safetensors"))
+        raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+
+    monkeypatch.setattr(inst, "convert_gguf", full)
+    assert main(["models", "install", "fake-full", "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "the disk is full" in err and str(cache) in err and "SPECULA_CACHE" in err
+    assert "specula models install fake-full" in err
+    assert not any(p.name.startswith(".") for p in (cache / "models").iterdir())
+
+
 def test_specula_cache_override_is_where_everything_goes(make_model: ModelFactory, cache: Path,
                                                          tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     make_model("fake-where", CHUNKS)
