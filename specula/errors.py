@@ -9,6 +9,10 @@ class ConfigError(SpeculaError, ValueError):
     """Invalid arguments or configuration."""
 
 
+class CacheNotWritable(ConfigError):
+    """specula's cache folder (or its lock files) cannot be written; the message names the fix."""
+
+
 class ModelNotFoundError(SpeculaError):
     """A model name that is neither an embedded alias, a local path, nor a cached hub id."""
 

@@ -191,20 +191,23 @@ def remove_dir(target: str | os.PathLike[str]) -> None:
 def file_lock(name: str) -> Iterator[None]:
     """Hold the exclusive lock `<cache>/locks/<name>.lock` (`flock`) for the block: processes that
     write the same cache entry take turns (so sweeping temporaries is safe). Not POSIX: no lock."""
-    lock = cache_dir("locks", f"{name}.lock")
-    try:
-        lock.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        from specula.errors import ConfigError
+    from specula.errors import CacheNotWritable
 
-        raise ConfigError(f"the cache {str(cache_dir())!r} cannot be written ({exc.strerror or exc}); point "
-                          f"${CACHE_ENV} at a writable directory") from exc
+    lock = cache_dir("locks", f"{name}.lock")
     try:
         import fcntl
     except ImportError:
+        fcntl = None
+    try:
+        lock.parent.mkdir(parents=True, exist_ok=True)
+        handle = open(lock, "a+b") if fcntl is not None else contextlib.nullcontext()
+    except OSError as exc:
+        raise CacheNotWritable(f"the cache {str(cache_dir())!r} cannot be written ({exc.strerror or exc}); point "
+                               f"${CACHE_ENV} at a writable directory") from exc
+    if fcntl is None:
         yield
         return
-    with open(lock, "a+b") as handle:
+    with handle:
         fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
         try:
             yield

@@ -41,6 +41,7 @@ format, and those loads stay as they were.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import hashlib
@@ -50,7 +51,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from specula.errors import ConfigError
+from specula.errors import CacheNotWritable, ConfigError
 from specula.models.page_cache import prefetch
 from specula.paths import (atomic_dir, cache_dir, disk_usage, file_lock, read_json_object, remove_dir,
                            remove_stale_temps)
@@ -373,7 +374,14 @@ def load_or_prepare(resolved: ResolvedModel, key: dict[str, Any], *, quantize: s
         return decoder, marker, "hit"
     except StaleEntry:
         pass
-    with file_lock(f"prepared-{path.name}"):  # a process preparing the same entry finishes first
+    with contextlib.ExitStack() as stack:
+        try:  # a process preparing the same entry finishes first
+            stack.enter_context(file_lock(f"prepared-{path.name}"))
+        except CacheNotWritable as exc:  # a read-only cache: prepared in memory, as when the entry cannot be written
+            print(f"note: could not write the prepared {label} ({exc}); it is prepared again next time",
+                  file=sys.stderr, flush=True)
+            decoder, extra = prepare()
+            return decoder, extra, "unsaved"
         decoder, marker, outcome = _prepare_locked(path, key, quantize, prepare, label)
     if outcome in ("built", "rebuilt"):  # the cache grew: drop what belongs to models that are gone
         _note_removed(remove_orphans(keep=path))

@@ -225,6 +225,20 @@ def test_a_hit_imports_no_transformers_model_code_and_no_dynamo(model_dirs, cach
     assert done.stdout.strip().splitlines()[-1] == "hit []"
 
 
+def test_a_cache_whose_locks_cannot_be_written_leaves_the_load_working(model_dirs, cache, capsys):
+    """A lock file that cannot be created (a read-only cache) crashed the load with a traceback, where
+    an entry that cannot be written is a note and the model prepared in memory."""
+    from specula.paths import cache_dir
+
+    reference, _, _ = _load(model_dirs[1], prepared_cache="off")
+    lock = cache_dir("locks", f"prepared-{_entry(model_dirs[1]).name}.lock")
+    lock.mkdir(parents=True)  # cannot be opened as a file: as unwritable as a read-only folder is to a user
+    capsys.readouterr()
+    backend, _, report = _load(model_dirs[1])
+    assert report["prepared"] == "unsaved" and "could not write the prepared" in capsys.readouterr().err
+    assert torch.equal(_logits(backend), _logits(reference))
+
+
 @pytest.mark.parametrize("where", ["preallocating a packed weight", "copying the other tensors in",
                                    "creating the entry"])
 def test_an_entry_that_cannot_be_written_leaves_the_load_working(model_dirs, cache, monkeypatch, capsys, where):
