@@ -26,12 +26,21 @@ CACHE_ENV = "SPECULA_CACHE"
 _TMP_MARK = ".tmp-"
 
 
+def cache_root() -> Path:
+    """Where the cache is (`$SPECULA_CACHE` or `~/.cache/specula`), unchecked: for help texts."""
+    root = os.environ.get(CACHE_ENV)
+    return Path(root).expanduser() if root else Path.home() / ".cache" / "specula"
+
+
 def cache_dir(*parts: str) -> Path:
-    """The cache root (`$SPECULA_CACHE` or `~/.cache/specula`), joined with `parts`.
+    """The cache root (`cache_root`), joined with `parts`; a root that is a file is refused.
 
     Nothing is created; callers `mkdir` what they write into."""
-    root = os.environ.get(CACHE_ENV)
-    base = Path(root).expanduser() if root else Path.home() / ".cache" / "specula"
+    base = cache_root()
+    if base.exists() and not base.is_dir():  # else every command failed its own way (tracebacks among them)
+        from specula.errors import CacheNotWritable
+
+        raise CacheNotWritable(f"the cache {str(base)!r} is a file, not a folder; point ${CACHE_ENV} at a directory")
     return base.joinpath(*parts)
 
 

@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from specula.paths import _TMP_MARK, cache_dir, disk_usage, file_lock, format_bytes, remove_dir
+from specula.paths import _TMP_MARK, cache_dir, cache_root, disk_usage, file_lock, format_bytes, remove_dir
 
 
 @dataclass(frozen=True)
@@ -51,7 +51,7 @@ KINDS = (
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "cache", help="show what specula keeps on disk and clear what it measured",
-        description=f"specula keeps converted models and derived state under {cache_dir()} "
+        description=f"specula keeps converted models and derived state under {cache_root()} "
                     "($SPECULA_CACHE moves it). Every entry but the models is rebuilt when missing.",
     )
     sub = parser.add_subparsers(dest="cache_command", metavar="ACTION", parser_class=type(parser))

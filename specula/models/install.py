@@ -349,7 +349,10 @@ def verified_gguf(model: EmbeddedModel, *, rehash: bool = True, progress: bool =
         return None
     if sha256_file(path, progress=progress, desc=f"verifying {model.alias}") != model.sha256:
         return None
-    atomic_write_json(_stamp_path(model.alias), _stamp(path, model.sha256))
+    try:  # the stamp only saves the next hash: a cache that cannot be written (`models list`) goes on
+        atomic_write_json(_stamp_path(model.alias), _stamp(path, model.sha256))
+    except OSError:
+        pass
     return path
 
 

@@ -110,7 +110,7 @@ def test_a_cache_root_that_is_a_file_is_a_one_line_error(tmp_path, monkeypatch):
 
     (tmp_path / "afile").write_text("x")
     monkeypatch.setenv("SPECULA_CACHE", str(tmp_path / "afile"))
-    with pytest.raises(ConfigError, match="point \\$SPECULA_CACHE at a writable directory"):
+    with pytest.raises(ConfigError, match="is a file, not a folder; point \\$SPECULA_CACHE at a directory"):
         with file_lock("anything"):
             pass
 

