@@ -432,6 +432,31 @@ def test_a_head_drafts_within_the_context_it_was_trained_on(saved, tmp_path):
         create_head_drafter("eagle", target=target, head=trained, head_window=-1)
 
 
+@pytest.mark.parametrize("quantize", ["int8", "int4"])
+def test_a_head_loads_on_its_target_quantized(tmp_path, quantize):
+    """A head made for a model with its own output head (Qwen2.5's GGUFs), on that model through
+    int4 kernels: the fingerprint's values moved by up to 8% of the largest (int4 groups), and the
+    head was refused as made for another model, in words that named the same model twice."""
+    from tiny import word_tokenizer
+
+    from specula.models.loading import LoadConfig, load_backend
+
+    directory = tmp_path / "untied"
+    word_tokenizer(96, decoder=True, unk_token="w0", eos_token="w1").save_pretrained(directory)
+    model = tiny_model("qwen2", seed=3, vocab=96)
+    assert not model.config.tie_word_embeddings
+    model.save_pretrained(directory)
+    target, _ = load_backend(str(directory), LoadConfig(quantize="none"), "target")
+    head = new_head("eagle3", target, torch.arange(96), seed=1)
+    path = save_head(tmp_path / "eagle3.safetensors",
+                     HeadFile(head.config, head.module.state_dict(), head.d2t, target_record(target, "untied")))
+    quantized, _ = load_backend(str(directory), LoadConfig(quantize=quantize), "target")
+    assert load_head(path, quantized, "untied").config == head.config
+    other = native(tiny_model("qwen2", seed=9, vocab=96))  # same shape, other weights: still refused
+    with pytest.raises(HeadFileError, match="output head differs"):
+        load_head(path, other, "other")
+
+
 def test_bad_head_files_are_refused_with_the_fix(saved, tmp_path):
     model, target, _, path = saved
     data = path.read_bytes()
