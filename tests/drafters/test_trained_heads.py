@@ -465,6 +465,8 @@ def test_bad_head_files_are_refused_with_the_fix(saved, tmp_path):
         read_head(tmp_path / "cut.safetensors")
     with pytest.raises(HeadFileError, match="does not exist"):
         read_head(tmp_path / "none.safetensors")
+    with pytest.raises(HeadFileError, match="is a directory"):  # it said the folder did not exist
+        read_head(tmp_path)
     from safetensors.torch import save_file
 
     save_file({"x": torch.zeros(2)}, str(tmp_path / "plain.safetensors"))

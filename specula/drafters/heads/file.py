@@ -104,6 +104,9 @@ def read_head(path: str | os.PathLike) -> HeadFile:
     from safetensors import SafetensorError, safe_open
 
     path = Path(path)
+    if path.is_dir():
+        raise HeadFileError(f"head file {path} is a directory; pass the head file in it (`specula train --out "
+                            f"DIR` writes DIR/KIND.safetensors, e.g. DIR/eagle3.safetensors)")
     if not path.is_file():
         raise HeadFileError(f"head file {path} does not exist; {_fix(path)}")
     try:
