@@ -390,13 +390,19 @@ def _quiet_transformers(progress: bool) -> Iterator[None]:
     """Silence transformers' warnings, and its progress bars unless `progress`; restore after."""
     from transformers.utils import logging as hf_logging
 
+    from transformers import modeling_gguf_pytorch_utils as gguf_loader
+
     verbosity = hf_logging.get_verbosity()
     bars = hf_logging.is_progress_bar_enabled()
     hf_logging.set_verbosity_error()
     if not progress:
         hf_logging.disable_progress_bar()
+    # the GGUF loader draws its own tqdm bar (imported by name), which the switch above does not reach
+    quiet_loader = contextlib.nullcontext() if progress else _replaced(
+        gguf_loader, "tqdm", lambda bar: functools.partial(bar, disable=True))
     try:
-        yield
+        with quiet_loader:
+            yield
     finally:
         hf_logging.set_verbosity(verbosity)
         if bars:

@@ -522,6 +522,15 @@ def test_a_split_gguf_part_or_an_incomplete_checkpoint_is_refused(tiny_gguf: Pat
         load_model(str(converted))
 
 
+def test_a_quiet_conversion_draws_no_progress_bar(tiny_gguf: Path, tmp_path: Path, capsys) -> None:
+    """`models install --quiet` still drew transformers' GGUF loader bar (its own tqdm)."""
+    out = tmp_path / "converted"
+    out.mkdir()
+    capsys.readouterr()
+    inst.convert_gguf(tiny_gguf, out, progress=False)
+    assert "GGUF tensors" not in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("damage", ["gguf header", "safetensors"])
 def test_a_truncated_model_file_is_one_line_naming_the_fix(tiny_gguf: Path, tmp_path: Path, damage: str) -> None:
     """A GGUF cut inside its header (struct.error) or a damaged safetensors file (SafetensorError)
