@@ -12,6 +12,7 @@ file's sequences.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import sys
@@ -266,7 +267,46 @@ def cache_paths(target, file: Path, corpus: CorpusConfig, layers: tuple[int, ...
     key = corpus_key(identity, [file], corpus)
     fkey = key if answers is None else corpus_key(identity | {"answers": answers}, [file], corpus)
     suffix = "" if not layers else "-layers" + "_".join(map(str, layers))
-    return cache_dir("training", f"corpus-{key}.jsonl"), cache_dir("training", f"features-{fkey}{suffix}.safetensors")
+    corpus_path = cache_dir("training", f"corpus-{key}.jsonl")
+    _forget_other_weights(target, cache_dir("training", f"weights-{key}.txt"),
+                          [f"corpus-{key}.jsonl*", f"features-{key}*", f"features-{fkey}*"])
+    return corpus_path, cache_dir("training", f"features-{fkey}{suffix}.safetensors")
+
+
+def weights_stamp(target) -> str:
+    """A few values of the target's output head, hashed: tells apart two models saved at one path
+    (the cache keys hold the path, so that answers carried from another machine with the same
+    cache root are found)."""
+    from specula.drafters.heads.file import fingerprint
+
+    return hashlib.sha256(json.dumps([round(v, 3) for v in fingerprint(target)]).encode()).hexdigest()[:16]
+
+
+def _forget_other_weights(target, stamp: Path, patterns: Sequence[str]) -> None:
+    """Where the cached answers of a prompt file were made by other weights at the target's path (a
+    model retrained or replaced in place; `stamp`, written beside them, says so), delete every cache
+    file `patterns` names, so they are made again for these weights: the old model's answers and
+    features were trained on, and the head recorded as the new model's. Stamped when unstamped (a
+    cache from before the stamp, or carried from another machine, counts as these weights'). A
+    fine-tune that left the output head exactly as it was still reads as the same model."""
+    from specula.paths import atomic_write_text
+
+    ours = weights_stamp(target)
+    try:
+        theirs = stamp.read_text().strip()
+    except OSError:
+        theirs = None
+    if theirs == ours:
+        return
+    if theirs is not None:
+        stale = sorted({p for pattern in patterns for p in stamp.parent.glob(pattern)})
+        if stale:
+            print(f"note: the cached answers and features {', '.join(p.name for p in stale)} were made by other "
+                  f"weights at this model's path; making them again", file=sys.stderr, flush=True)
+        for path in stale:
+            path.unlink(missing_ok=True)
+    stamp.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(stamp, ours + "\n")
 
 
 def file_corpus(tokenizer, prompts: Sequence[tuple[str, str]], corpus: CorpusConfig) -> CorpusConfig:

@@ -588,7 +588,8 @@ def test_train_command_trains_an_eagle3_head_that_generate_uses(tmp_path, monkey
     assert (narrow.intermediate_size, narrow.num_kv_heads) == (24, 2)
     after = {p.name: p.stat().st_mtime_ns for p in cache.iterdir()}
     assert all(after[name] == mtime for name, mtime in before.items())  # untouched
-    assert sorted(n.split("-")[0] for n in set(after) - set(before)) == ["corpus", "features"]
+    new = set(after) - set(before)
+    assert sorted(n.split("-")[0] for n in new) == ["corpus", "features", "weights"]  # the answers' weights stamp
     report = json.loads((tmp_path / "h2" / "report.json").read_text())
     assert report["corpus"]["sequences"] == 10 and report["prompts"] == 10
     assert report["training"]["other_source"]["sequences"] == 0  # --eval-data none: no other-source report
@@ -613,6 +614,32 @@ def test_a_renamed_prompt_file_reads_the_cached_answers_under_its_own_ids(setup,
     assert [e.output_ids for e in again] == [e.output_ids for e in first]
     with pytest.raises(ConfigError, match="holds 4 answers for 3 prompts"):
         generate_corpus(target, tiny_tokenizer, read_prompts([b])[:3], cache, config)
+
+
+def test_another_model_saved_at_the_same_path_gets_its_own_answers_and_features(tmp_path, tiny_tokenizer):
+    """The cache was keyed by the model's path: a model retrained or replaced in place reused the old
+    model's answers and features (and the head trained on them was recorded as the new model's)."""
+    from specula.models.loading import LoadConfig, load_backend
+    from specula.training.corpus import CorpusConfig
+    from specula.training.run import cache_paths
+
+    from specula.training.corpus import generate_corpus, read_prompts
+
+    path, _, data = saved_training_setup(tmp_path, tiny_tokenizer)
+    config = CorpusConfig(max_new_tokens=6)
+
+    def answers():
+        target, _ = load_backend(str(path), LoadConfig(), "target")
+        corpus, features = cache_paths(target, data, config)
+        return [e.output_ids for e in generate_corpus(target, tiny_tokenizer, read_prompts([data]), corpus, config)]
+
+    first = answers()
+    assert answers() == first  # the same weights: read back from the cache
+    tiny_model("llama", seed=4, layers=2).save_pretrained(path)
+    fresh, _ = load_backend(str(path), LoadConfig(), "target")
+    own = [e.output_ids for e in generate_corpus(fresh, tiny_tokenizer, read_prompts([data]), tmp_path / "own.jsonl",
+                                                 config)]
+    assert own != first and answers() == own  # the new model's answers, not the cached ones
 
 
 def test_a_prompt_file_with_an_id_given_twice_is_refused_naming_both_lines(tmp_path):
