@@ -260,7 +260,8 @@ def cache_paths(target, file: Path, corpus: CorpusConfig, layers: tuple[int, ...
     """(answers, features) cache files of one prompt file, keyed by the target, the generation
     settings and the file's bytes (features with `layers`' inputs have their own file; features
     over answers given with `--answers` are keyed by those files' hash `answers` too);
-    `specula train` and the scripts that reuse its answers read the same paths."""
+    `specula train` and the scripts that reuse its answers read the same paths. Files made by other
+    weights at the target's path are deleted first (`_forget_other_weights`)."""
     from specula.paths import cache_dir
 
     identity = target_identity(target)
