@@ -128,8 +128,8 @@ class TrainConfig:
         for name in ("intermediate_size", "num_kv_heads", "copy_ngram"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name} must be >= 0 (0 = the default shape), got {getattr(self, name)}")
-        if not self.epochs >= 0 or not self.lr > 0:
-            raise ConfigError("epochs must be >= 0 and lr > 0")
+        if not self.epochs >= 0 or not 0 < self.lr < math.inf:
+            raise ConfigError(f"epochs must be >= 0 and lr a finite number > 0, got epochs {self.epochs}, lr {self.lr}")
         if not self.copy_lr_scale > 0:
             raise ConfigError(f"copy_lr_scale must be > 0, got {self.copy_lr_scale}")
         if not self.topk_loss >= 0:
@@ -483,6 +483,10 @@ def train_head(head: TrainedHead, fs: FeatureSet, cfg: TrainConfig, out_dir: Pat
         pick = torch.randperm(len(eval_seqs), generator=torch.Generator().manual_seed(cfg.seed + 2))
         eval_seqs = sorted(eval_seqs[i] for i in pick[:cfg.report_sequences].tolist())
     pieces = chunks(fs, train_seqs, cfg.seq_len)
+    if not pieces and cfg.epochs > 0:  # else a head of fresh weights was written as trained
+        raise ConfigError(f"nothing to train on: {len(fs)} answered sequences, {len(eval_seqs)} held out and "
+                          f"{len(fs) - len(eval_seqs) - len(train_seqs)} more left out as repeats of held-out "
+                          f"prompts; give more prompts (or other ones) with --data")
     per_epoch, total_steps = step_counts(fs, cfg)
     most = max(total_steps, most_steps or 0)  # total_steps: re-fitted when `until` is given
     opt = torch.optim.AdamW(param_groups(module, cfg), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.0)
@@ -509,8 +513,10 @@ def train_head(head: TrainedHead, fs: FeatureSet, cfg: TrainConfig, out_dir: Pat
             gen.set_state(state["generator"])
             step, losses, seconds = state["step"], state["losses"], state["seconds"]
             total_steps = state.get("total_steps", total_steps)
+            before = state.get("before")  # measured when the run began (a resumed report kept only "after")
     module.eval()
-    before = acceptance_report(head, fs, eval_seqs, cfg, embed) if step == 0 and eval_seqs else None
+    if step == 0:
+        before = acceptance_report(head, fs, eval_seqs, cfg, embed) if eval_seqs else None
     module.train()
     if progress is not None and step:
         progress(step, losses[-1] if losses else float("nan"))
@@ -526,7 +532,7 @@ def train_head(head: TrainedHead, fs: FeatureSet, cfg: TrainConfig, out_dir: Pat
                         "module": module.state_dict(),
                         "optimizer": opt.state_dict(), "scheduler": sched.state_dict(), "generator": gen.get_state(),
                         "step": step, "losses": losses, "seconds": time.perf_counter() - t0,
-                        "total_steps": total_steps}, tmp)
+                        "total_steps": total_steps, "before": before}, tmp)
         save_seconds = time.perf_counter() - t
 
     stopped_early, refits = False, []
@@ -541,6 +547,9 @@ def train_head(head: TrainedHead, fs: FeatureSet, cfg: TrainConfig, out_dir: Pat
             continue
         with torch.autocast(device.type, dtype=amp or torch.bfloat16, enabled=amp is not None):
             loss = loss_of(head, batch(fs, group, embed, device, head.config.copy_ngram), loss_config(cfg), gen)
+        if not bool(torch.isfinite(loss)):  # else NaN weights were written as a head (refused when loaded)
+            raise ConfigError(f"training diverged at step {step + 1} (loss {loss.item()}); lower --lr (now "
+                              f"{cfg.lr:g}); the head was not written")
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(module.parameters(), cfg.grad_clip)

@@ -271,6 +271,38 @@ def test_training_is_deterministic_and_resumes_to_the_same_weights(setup, tmp_pa
     assert not torch.equal(other.module.fc.weight, a.module.fc.weight)
 
 
+def test_a_resumed_run_reports_the_held_out_figures_from_before_it_began(setup, tmp_path):
+    """Stopped and rerun, the report lost its "before" (measured only on a run's first step)."""
+    target, fs, _ = setup
+    cfg = TrainConfig(kind="eagle", epochs=2, seq_len=16, batch_size=3, checkpoint_every=2, holdout=0.2)
+    _, whole = _train(target, fs, tmp_path / "a", cfg)
+    _, partial = _train(target, fs, tmp_path / "b", cfg, max_seconds=0.0)
+    assert partial["stopped_by_time_budget"]
+    _, resumed = _train(target, fs, tmp_path / "b", cfg)
+    assert whole["heldout_before"] is not None and resumed["heldout_before"] == whole["heldout_before"]
+
+
+def test_training_that_diverges_stops_with_one_line_and_writes_no_head(setup, tmp_path):
+    target, fs, _ = setup
+    with pytest.raises(ConfigError, match="lr a finite number"):
+        TrainConfig(kind="eagle", lr=float("inf"))
+    cfg = TrainConfig(kind="eagle", epochs=2, seq_len=16, batch_size=3, lr=1e30, grad_clip=1e30)
+    with pytest.raises(ConfigError, match="training diverged at step .*lower --lr"):
+        _train(target, fs, tmp_path / "a", cfg)
+
+
+def test_nothing_left_to_train_on_is_refused(setup, tmp_path):
+    """Every sequence held out, or left out as a repeat of a held-out prompt: a head of fresh weights
+    was written and reported as trained (0 training sequences, exit 0)."""
+    target = setup[0]
+    prompt = [5, 9, 13, 20, 31, 40]
+    answer = [7] * 20  # the answer does not matter: every line repeats one prompt
+    fs = extract_features(target, [CorpusEntry(str(i), prompt, answer) for i in range(6)], tmp_path / "f.safetensors")
+    cfg = TrainConfig(kind="eagle", epochs=1, seq_len=16, batch_size=3, holdout=0.1)
+    with pytest.raises(ConfigError, match="nothing to train on: 6 answered sequences, 1 held out and 5 more left out"):
+        _train(target, fs, tmp_path / "a", cfg)
+
+
 def test_a_checkpoint_of_other_settings_is_named_and_not_resumed_and_an_older_one_resumes(setup, tmp_path):
     """Rerunning with another setting starts afresh and says which setting differs; a checkpoint
     written before an option existed (its config lacks the field, at its default) still resumes."""
@@ -287,7 +319,8 @@ def test_a_checkpoint_of_other_settings_is_named_and_not_resumed_and_an_older_on
     notes = []
     head = new_head("eagle", target, draft_vocabulary(fs, 64, 96), seed=cfg.seed)
     rec = train_head(head, fs, cfg, tmp_path / "c", on_note=notes.append)
-    assert notes == [] and rec["checkpoint_ignored"] is None and rec["heldout_before"] is None  # resumed
+    assert notes == [] and rec["checkpoint_ignored"] is None and rec["steps"] == rec_full["steps"]  # resumed
+    assert rec["heldout_before"] == rec_full["heldout_before"]  # as measured when the run began
     assert torch.equal(head.module.fc.weight, full.module.fc.weight)
     other = TrainConfig(**{**cfg.__dict__, "lr": 5e-4})
     head = new_head("eagle", target, draft_vocabulary(fs, 64, 96), seed=cfg.seed)
