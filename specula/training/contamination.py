@@ -32,6 +32,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Sequence
 
+from specula.training.jsonl import json_lines
+
 DATA = Path(__file__).resolve().parents[1] / "data"
 
 BENCHMARK_FILES: tuple[tuple[str, Path, str], ...] = (
@@ -176,7 +178,7 @@ def find_contaminated(texts: Sequence[str], index: BenchmarkIndex | None = None)
 def read_benchmark(name: str, path: Path, id_field: str) -> list[BenchmarkPrompt]:
     """Every turn of every prompt of one benchmark JSONL file (`turns`: [str, ...] per line)."""
     out = []
-    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+    for n, line in enumerate(json_lines(path.read_text(encoding="utf-8")), 1):
         if line.strip():
             row = json.loads(line)
             out += [BenchmarkPrompt(name, str(row.get(id_field, n)), t) for t in row["turns"] if isinstance(t, str)]

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Callable, Iterable, Sequence
 
 from specula.errors import ConfigError
 from specula.prompts import is_integer
+from specula.training.jsonl import json_lines
 
 if TYPE_CHECKING:
     import torch
@@ -108,6 +109,10 @@ def read_prompts(files: Iterable[str | os.PathLike], training: bool = True) -> l
             if first.setdefault(rid, n) != n:
                 raise ConfigError(f"{path}:{n}: id {rid!r} is also the id of line {first[rid]}; give each prompt "
                                   "of a file its own id (answers are cached and matched by id)")
+        if not rows:  # named here: among several files, the message of an empty set named none, after the load
+            what, flag = ("training data", "--data") if training else ("held-out data", "--eval-data")
+            raise ConfigError(f"{what} {path} holds no prompts: pass JSONL prompt files with {flag}, one "
+                              '{"prompt": ...} or {"turns": [...]} a line')
         if training:
             refuse_benchmark_prompts(path, rows)
         out += [(f"{path.stem}:{rid}", turns[0]) for _, rid, turns in rows]
@@ -130,7 +135,7 @@ def write_prompt_file(out: Path, rows: Sequence[dict], manifest: dict) -> None:
 
 def _read_rows(path: Path) -> Iterable[tuple[int, str, list[str]]]:
     """(line number, id, turns) of every prompt line of a JSONL file."""
-    for n, line in enumerate(_utf8(path).splitlines(), 1):
+    for n, line in enumerate(json_lines(_utf8(path)), 1):
         if not line.strip():
             continue
         try:
@@ -172,9 +177,10 @@ def corpus_key(target_key: dict, files: Sequence[str | os.PathLike], config: Cor
 
 
 def _utf8(path: Path, data: bytes | None = None) -> str:
-    """A text file's contents (`data`: its bytes, already read); a ConfigError where it is not UTF-8."""
+    """A text file's contents (`data`: its bytes, already read; a leading byte-order mark dropped,
+    as editors on Windows write one); a ConfigError where it is not UTF-8."""
     try:
-        return (path.read_bytes() if data is None else data).decode("utf-8")
+        return (path.read_bytes() if data is None else data).decode("utf-8-sig")
     except UnicodeDecodeError as exc:
         raise ConfigError(f"{path}: not UTF-8 text (byte {exc.start}); save it as UTF-8") from None
 
@@ -186,7 +192,7 @@ def complete_lines(partial: Path, valid: Callable[[str], bool] = lambda line: Tr
     from specula.paths import atomic_path
 
     text = partial.read_bytes().decode("utf-8", errors="replace")
-    every = text.splitlines(keepends=True)
+    every = json_lines(text, keepends=True)
     lines = [ln for ln in every if ln.endswith("\n") and valid(ln)]
     if len(lines) != len(every):
         with atomic_path(partial) as tmp:
@@ -197,7 +203,7 @@ def complete_lines(partial: Path, valid: Callable[[str], bool] = lambda line: Tr
 def load_corpus(path: Path) -> list[CorpusEntry]:
     """The entries of a corpus file; a damaged line is a ConfigError naming it and the fix."""
     entries = []
-    for n, line in enumerate(_utf8(path).splitlines(), 1):
+    for n, line in enumerate(json_lines(_utf8(path)), 1):
         if line.strip():
             try:
                 entries.append(_from_line(line))
@@ -277,7 +283,7 @@ def read_answers(paths: Iterable[str | os.PathLike], vocab_size: int,
     for file in files:
         data = file.read_bytes()
         h.update(data)
-        for n, line in enumerate(_utf8(file, data).splitlines(), 1):
+        for n, line in enumerate(json_lines(_utf8(file, data)), 1):
             if not line.strip():
                 continue
             try:

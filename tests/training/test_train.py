@@ -1115,10 +1115,21 @@ def test_damaged_training_files_are_one_line_errors_naming_the_fix(tmp_path):
         read_prompts([tmp_path])
     empty = tmp_path / "empty.jsonl"
     empty.write_text("")
-    with pytest.raises(ConfigError, match="the held-out data holds no prompts.*--eval-data"):  # not "training"
+    with pytest.raises(ConfigError, match="held-out data .*empty.jsonl holds no prompts.*--eval-data"):  # not "training"
         read_prompts([empty], training=False)
-    with pytest.raises(ConfigError, match="the training data holds no prompts.*--data"):
+    with pytest.raises(ConfigError, match="training data .*empty.jsonl holds no prompts.*--data"):
         read_prompts([empty])
+    one = tmp_path / "one.jsonl"
+    one.write_text('{"prompt": "w5 w6"}\n')
+    with pytest.raises(ConfigError, match="empty.jsonl holds no prompts"):  # among others: named, not "the data"
+        read_prompts([one, empty])
+    # JSON holds U+2028, U+2029 and U+0085 raw (json.dumps(ensure_ascii=False) writes them so), and a
+    # file may start with a byte-order mark: read as written (they were cut into lines that are not JSON)
+    odd = tmp_path / "odd.jsonl"
+    texts = ["one\u2028two", "three\u2029four", "five\u0085six"]
+    odd.write_bytes(b"\xef\xbb\xbf" + "".join(json.dumps({"prompt": t}, ensure_ascii=False) + "\r\n"
+                                                 for t in texts).encode())
+    assert [text for _, text in read_prompts([odd])] == texts
     with pytest.raises(ConfigError, match="--draft-vocab must be at least 2"):  # before answers and features
         TrainConfig(kind="eagle", draft_vocab=1)
     partial = tmp_path / "corpus.jsonl.partial"
