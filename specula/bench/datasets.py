@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Sequence
 
 from specula.errors import ConfigError
+from specula.jsonl import json_lines
 
 SPEC_BENCH = "spec-bench"
 """Name of the shipped Spec-Bench prompt set (as given to `--prompts`)."""
@@ -132,19 +133,19 @@ def load_prompts(source: str = SPEC_BENCH) -> list[BenchPrompt]:
     or those of a JSONL file."""
     if source == SPEC_BENCH:
         text = resources.files("specula").joinpath("data/spec_bench/question.jsonl").read_text(encoding="utf-8")
-        return parse_prompts(text.splitlines(), "spec-bench question.jsonl", SPEC_BENCH_GROUPS)
+        return parse_prompts(json_lines(text), "spec-bench question.jsonl", SPEC_BENCH_GROUPS)
     if source in (EVERYDAY, STRUCTURED):
         text = resources.files("specula").joinpath(f"data/{source}/prompts.jsonl").read_text(encoding="utf-8")
-        return parse_prompts(text.splitlines(), f"{source} prompts.jsonl")
+        return parse_prompts(json_lines(text), f"{source} prompts.jsonl")
     path = Path(source).expanduser()
     if not path.is_file():
         raise ConfigError(f"prompts file {source!r} not found; pass --prompts spec-bench, everyday, structured "
                           "or a JSONL file")
     try:
-        text = path.read_text(encoding="utf-8")
+        text = path.read_text(encoding="utf-8-sig")  # a byte-order mark is not JSON
     except UnicodeDecodeError as exc:
         raise ConfigError(f"prompts file {source!r} is not UTF-8 text ({exc.reason})") from exc
-    return parse_prompts(text.splitlines(), str(path))
+    return parse_prompts(json_lines(text), str(path))
 
 
 def categories_of(prompts: Sequence[BenchPrompt]) -> list[str]:

@@ -28,6 +28,7 @@ from specula.datastore.format import (
     DatastoreError, DatastoreHeader, crc32, index_dtype_for, token_dtype_for, write_datastore,
 )
 from specula.datastore.tokenizers import tokenizer_fingerprint, tokenizer_name, vocab_size
+from specula.jsonl import json_lines
 from specula.paths import atomic_file, check_output
 
 DEFAULT_EXTENSIONS = (".py", ".txt", ".md", ".rst", ".jsonl", ".json")
@@ -129,7 +130,7 @@ def file_documents(path: Path, explicit: bool) -> list[str] | None:
     if not path.name.endswith(_JSON_EXTENSIONS):
         return [text] if text else []
     if path.name.endswith(".jsonl"):
-        lines = [(i + 1, line) for i, line in enumerate(text.splitlines()) if line.strip()]
+        lines = [(i + 1, line) for i, line in enumerate(json_lines(text)) if line.strip()]
     else:
         lines = [(1, text)]
     docs: list[str] = []

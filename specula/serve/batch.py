@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any, Iterator, Sequence
 
 from specula.errors import ConfigError
+from specula.jsonl import json_lines
 from specula.paths import atomic_path
 from specula.serve import protocol
 from specula.serve.choices import CollectedResponse
@@ -66,7 +67,7 @@ def _rows(path: Path) -> Iterator[BatchRow]:
         text = path.read_text(encoding="utf-8-sig")  # a byte-order mark (Notepad, PowerShell 5) is not JSON
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"cannot read the batch file {path}: {exc}") from None
-    for number, line in enumerate(text.splitlines(), 1):
+    for number, line in enumerate(json_lines(text), 1):
         if not line.strip():
             continue
         try:

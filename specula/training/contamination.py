@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Sequence
 
-from specula.training.jsonl import json_lines
+from specula.jsonl import json_lines
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 

@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterable, Sequence
 
 from specula.errors import ConfigError
+from specula.jsonl import json_lines
 from specula.prompts import is_integer
-from specula.training.jsonl import json_lines
 
 if TYPE_CHECKING:
     import torch

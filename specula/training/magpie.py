@@ -309,7 +309,7 @@ def drop_repeats(path: str | os.PathLike, earlier: Sequence[str | os.PathLike],
     under "repeats_of_earlier_files") and returns the manifest."""
     from specula.paths import atomic_path, atomic_write_json
     from specula.training.corpus import read_prompts
-    from specula.training.jsonl import json_lines
+    from specula.jsonl import json_lines
 
     path = Path(path)
     rows = [json.loads(line) for line in json_lines(path.read_text(encoding="utf-8")) if line.strip()]

@@ -65,6 +65,15 @@ def test_custom_jsonl(tmp_path):
     assert [p.category for p in select_prompts(prompts, per_category=1)] == ["code", "chat", "custom"]
 
 
+def test_a_prompt_holding_a_line_separator_reads_whole(tmp_path):
+    """U+2028 / U+2029 / U+0085 inside a JSON string (written raw by ensure_ascii=False) split the
+    line in two, refused as not JSON; a byte-order mark is dropped."""
+    path = tmp_path / "mine.jsonl"
+    turns = ["one\u2028two", "three\u2029four\u0085five"]
+    path.write_bytes(b"\xef\xbb\xbf" + (json.dumps({"id": "a", "turns": turns}, ensure_ascii=False) + "\n").encode())
+    assert [p.turns for p in load_prompts(str(path))] == [tuple(turns)]
+
+
 @pytest.mark.parametrize("lines, message", [
     (['{"id": 1, "turns": ["a"]}', '{"id": 2, "turns": ["b"]', '{"id": 3, "turns": ["c"]}'],
      r"line 2: not valid JSON"),

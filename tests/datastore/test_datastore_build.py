@@ -103,6 +103,9 @@ def test_files_as_editors_and_scrapers_leave_them(tmp_path):
     lone.write_text('{"text": "w4 \\ud83d w5"}\n')
     [doc] = file_documents(lone, explicit=True)
     assert doc.encode("utf-8") and doc.startswith("w4 ") and doc.endswith(" w5")  # UTF-8 now: a tokenizer takes it
+    separators = tmp_path / "separators.jsonl"  # JSON holds U+2028 / U+2029 / U+0085 raw: one line each
+    separators.write_text(json.dumps({"text": "w1\u2028w2\u2029w3\u0085w4"}, ensure_ascii=False) + "\n")
+    assert file_documents(separators, explicit=True) == ["w1\u2028w2\u2029w3\u0085w4"]
     dangling = tmp_path / "gone.txt"
     dangling.symlink_to(tmp_path / "missing.txt")
     assert file_documents(dangling, explicit=False) is None  # found by a walk: skipped

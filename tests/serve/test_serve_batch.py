@@ -72,6 +72,18 @@ def test_a_batch_file_with_a_byte_order_mark_reads_its_first_request(tmp_path):
     assert read_batch(path) == [(1, "r1", ("completions", {"prompt": "w5", "max_tokens": 2}))]
 
 
+def test_a_request_holding_a_line_separator_reads_whole(tmp_path):
+    """JSON holds U+2028 / U+2029 / U+0085 raw (json.dumps(ensure_ascii=False), pasted text): the
+    file was split there too and the request refused as not JSON."""
+    from specula.serve.batch import read_batch
+
+    path = tmp_path / "batch.jsonl"
+    body = {"prompt": "a\u2028b\u2029c\u0085d", "max_tokens": 2}
+    row = {"custom_id": "r1", "method": "POST", "url": "/v1/completions", "body": body}
+    path.write_text(json.dumps(row, ensure_ascii=False) + "\n", encoding="utf-8")
+    assert read_batch(path) == [(1, "r1", ("completions", body))]
+
+
 def test_an_unreadable_file_is_refused_before_any_model_loads(tmp_path, capsys, monkeypatch):
     import specula.commands.run_batch as command
 
