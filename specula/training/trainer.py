@@ -479,13 +479,14 @@ def train_head(head: TrainedHead, fs: FeatureSet, cfg: TrainConfig, out_dir: Pat
     device = next(module.parameters()).device
     amp = autocast_dtype(cfg.precision, device)
     train_seqs, eval_seqs = split(fs, cfg.holdout, cfg.seed, cfg.max_sequences)
+    held = len(eval_seqs)
     if 0 < cfg.report_sequences < len(eval_seqs):  # the reports' share: a seeded draw (the split is in corpus order)
         pick = torch.randperm(len(eval_seqs), generator=torch.Generator().manual_seed(cfg.seed + 2))
         eval_seqs = sorted(eval_seqs[i] for i in pick[:cfg.report_sequences].tolist())
     pieces = chunks(fs, train_seqs, cfg.seq_len)
     if not pieces and cfg.epochs > 0:  # else a head of fresh weights was written as trained
-        raise ConfigError(f"nothing to train on: {len(fs)} answered sequences, {len(eval_seqs)} held out and "
-                          f"{len(fs) - len(eval_seqs) - len(train_seqs)} more left out as repeats of held-out "
+        raise ConfigError(f"nothing to train on: {len(fs)} answered sequences, {held} held out and "
+                          f"{len(fs) - held - len(train_seqs)} more left out as repeats of held-out "
                           f"prompts; give more prompts (or other ones) with --data")
     per_epoch, total_steps = step_counts(fs, cfg)
     most = max(total_steps, most_steps or 0)  # total_steps: re-fitted when `until` is given
