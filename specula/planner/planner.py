@@ -376,7 +376,7 @@ class HardwarePlanner:
         self._batch_backoff: dict[int, BatchBackoff] = {}  # per batch size
         self._steady_seconds: dict[str, Ema] = {}  # per drafter: drafting seconds of a step right after one
         self._chain_probes: dict[str, Pause] = {}  # per chain source: steps until it may probe again
-        self._evidence: dict[str, list[float]] = {}  # hold-back: the latest request's sums per drafter (a new one's start)
+        self._evidence: dict[str, list[float]] = {}  # hold-back: the latest sums per drafter (a new request's start)
         self._probe_gain: dict[str, Ema] = {}  # per chain source: its probes' tokens/s over a plain step's
 
     # ------------------------------------------------------------------ per request

@@ -1115,7 +1115,7 @@ def test_damaged_training_files_are_one_line_errors_naming_the_fix(tmp_path):
         read_prompts([tmp_path])
     empty = tmp_path / "empty.jsonl"
     empty.write_text("")
-    with pytest.raises(ConfigError, match="held-out data .*empty.jsonl holds no prompts.*--eval-data"):  # not "training"
+    with pytest.raises(ConfigError, match="held-out data .*empty.jsonl holds no prompts.*--eval-data"):  # not training
         read_prompts([empty], training=False)
     with pytest.raises(ConfigError, match="training data .*empty.jsonl holds no prompts.*--data"):
         read_prompts([empty])
