@@ -388,9 +388,8 @@ def assemble(model: EmbeddedModel, *, progress: bool = True) -> Path:
 @contextlib.contextmanager
 def _quiet_transformers(progress: bool) -> Iterator[None]:
     """Silence transformers' warnings, and its progress bars unless `progress`; restore after."""
-    from transformers.utils import logging as hf_logging
-
     from transformers import modeling_gguf_pytorch_utils as gguf_loader
+    from transformers.utils import logging as hf_logging
 
     verbosity = hf_logging.get_verbosity()
     bars = hf_logging.is_progress_bar_enabled()

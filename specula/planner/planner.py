@@ -199,12 +199,12 @@ class PlannerState:
     """Consecutive batch steps on which the goodput plan gave this request no node."""
     idle_batch: int = 0
     """The batch size of the last of those steps: a smaller batch judges the request's drafts afresh."""
-    evidence: dict[str, list[float]] | None = None
+    evidence: dict[str, list[float]] = field(default_factory=dict)
     """Hold-back evidence per drafter (decayed sums: tokens and seconds with it, without it;
-    `HardwarePlanner.adds_beside`): the process's latest when the request starts (None until
-    then), then this request's own steps', so each request is judged on its own text (shared by
-    the process throughout, two requests stepped in turn held a draft model where it paid and
-    drafted it where it added nothing; started empty, one unlucky first step held it)."""
+    `HardwarePlanner.adds_beside`): the process's latest when the request starts (`new_state`),
+    then this request's own steps', so each request is judged on its own text (shared by the
+    process throughout, two requests stepped in turn held a draft model where it paid and drafted
+    it where it added nothing; started empty, one unlucky first step held it)."""
     holds: dict[str, Pause] = field(default_factory=dict)
     """Per drafter measured not to pay beside the others: its hold-back schedule (the next hold doubling
     after each probe that still does not pay)."""
@@ -382,8 +382,9 @@ class HardwarePlanner:
     # ------------------------------------------------------------------ per request
     def new_state(self) -> PlannerState:
         """A request's state: no back-off pause carried over (drafting may pay on this text; the
-        first drafting step judges afresh). Estimates, bias and timings are shared."""
-        return PlannerState()
+        first drafting step judges afresh); the hold-back's evidence as the process's latest steps
+        left it, the request's own from then on. Estimates, bias and timings are shared."""
+        return PlannerState(evidence={name: list(sums) for name, sums in self._evidence.items()})
 
     def should_draft(self, state: PlannerState, batch_size: int = 1) -> bool:
         """Whether this request drafts this step: not during its back-off pause, nor while it shares
@@ -413,8 +414,6 @@ class HardwarePlanner:
         """The drafters that sit this step out: those measured to add less than they cost beside the
         others (`adds_beside`), except on probe steps (after 1, 2, 4, ... held steps)."""
         held, probing = [], []
-        if state.evidence is None:  # a new request: from the evidence the process's latest steps left
-            state.evidence = {name: list(sums) for name, sums in self._evidence.items()}
         for name in state.evidence:
             if self.adds_beside(name, state):
                 state.holds.pop(name, None)
@@ -440,7 +439,7 @@ class HardwarePlanner:
         """Whether drafter `name` realised at least as many tokens/s on the request's recent steps as
         the same steps would have without its nodes and its drafting time (True: no evidence yet, or
         it costs under `hold_min_cost` of a plain step)."""
-        sums = (state.evidence or {}).get(name)
+        sums = state.evidence.get(name)
         if sums is None or self.is_cheap(name):
             return True
         tokens, seconds, tokens_without, seconds_without = sums
@@ -877,8 +876,6 @@ class HardwarePlanner:
                 # held on 6-15 of a request's 10-22 steps)
                 continue
             tokens_without, without = self._without(step, name, seconds, own)
-            if state.evidence is None:
-                state.evidence = {}
             sums = state.evidence.setdefault(name, [0.0, 0.0, 0.0, 0.0])
             if name in state.probing:  # a probe judges afresh: the text may have changed since it paused
                 sums[:] = [0.0, 0.0, 0.0, 0.0]

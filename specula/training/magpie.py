@@ -307,9 +307,9 @@ def drop_repeats(path: str | os.PathLike, earlier: Sequence[str | os.PathLike],
     (normalised exact, or a near duplicate by `filter_prompts`' shingle rule), so a new round of
     Magpie prompts adds only new ones; rewrites `path` and its manifest atomically (the counts
     under "repeats_of_earlier_files") and returns the manifest."""
+    from specula.jsonl import json_lines
     from specula.paths import atomic_path, atomic_write_json
     from specula.training.corpus import read_prompts
-    from specula.jsonl import json_lines
 
     path = Path(path)
     rows = [json.loads(line) for line in json_lines(path.read_text(encoding="utf-8")) if line.strip()]
