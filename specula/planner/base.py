@@ -70,6 +70,11 @@ class Plan:
     (`planner.select.sibling_contexts`), the context its estimate was corrected for; None: read
     it from the verified tree. A node whose contesting sibling was cut is still contested: another
     drafter disagreed with it."""
+    kind: frozenset[str] | None = None
+    """The sources of the merged tree the plan was sized from (`HardwarePlanner.tree_factor`); None:
+    no tree, or one holding a grammar-forced node."""
+    tree_factor: float = 1.0
+    """The factor of that kind the nodes' path probabilities were scaled by (`predicted` includes it)."""
 
     @property
     def nodes(self) -> int:

@@ -34,6 +34,13 @@ def best_children(tree: TokenTree) -> set[tuple[int, str]]:
     return {(i, source) for (_, source), (i, _) in best.items()}
 
 
+def tree_kind(tree: TokenTree, forced: str) -> frozenset[str] | None:
+    """The sources that proposed a tree's nodes (`HardwarePlanner.tree_factor` learns one factor per
+    kind); None where the request's grammar forced a node (a certain token is not scaled)."""
+    kind = frozenset(source for i in range(len(tree)) for source, _ in tree.proposers(i))
+    return None if forced in kind else kind
+
+
 AGREED = "agreed"
 """Sibling context of a node several sources proposed (see `sibling_contexts`)."""
 CONTESTED = "contested"

@@ -433,6 +433,71 @@ def test_a_refused_chain_drafter_is_probed_and_recovers_on_text_it_drafts_well()
     assert first <= 64 and all(drafted[first + 1:]) and drafted[-10:] == [6] * 10, drafted  # after one probe
 
 
+def _frozen_node_estimates(planner) -> None:
+    """Keep every node's estimate at its raw score: only the tree kind's factor can learn."""
+    planner.calibrator.update = lambda *a, **k: None
+    planner._recent.clear()
+    planner._context.clear()
+
+
+def test_a_tree_kind_that_realises_less_than_its_nodes_predict_is_scaled_and_others_are_not():
+    """Prompt lookup's chains (0.8 per edge by their own estimates) are accepted at 0.4 per edge:
+    the kind's factor learns accepted / predicted drafted tokens (the prediction before the factor),
+    the plan's prediction then follows what is realised, and another kind keeps a factor of 1.
+    The factor never rises above 1 (a kind that realises more is left to the per-source factors)."""
+    planner = HardwarePlanner(curve=FLAT)
+    driver = Driver(planner)
+    tree = chain([5, 6, 7, 8], 0.8)
+    rng = random.Random(0)
+    predicted, realized = [], []
+    for _ in range(300):
+        _frozen_node_estimates(planner)
+        planned, expected = driver.plan(Proposal(tree))
+        accepted = 0
+        while accepted < len(planned.tree) and rng.random() < 0.4:
+            accepted += 1
+        driver.observe(planned, tuple(range(accepted)))
+        predicted.append(expected)
+        realized.append(1 + accepted)
+    raw = 0.8 + 0.8 ** 2 + 0.8 ** 3 + 0.8 ** 4  # drafted tokens the nodes' own estimates predict
+    real = 0.4 + 0.4 ** 2 + 0.4 ** 3 + 0.4 ** 4
+    assert planner.tree_factor(frozenset({"prompt-lookup"})) == pytest.approx(real / raw, abs=0.1)
+    assert driver.last.kind == frozenset({"prompt-lookup"}) and driver.last.tree_factor < 0.5
+    late = slice(100, None)
+    assert sum(predicted[late]) / sum(realized[late]) == pytest.approx(1.0, abs=0.08)
+    assert planner.tree_factor(frozenset({"token-recycling"})) == 1.0
+    assert planner.tree_factors == {"prompt-lookup": pytest.approx(real / raw, abs=0.1)}
+    for _ in range(100):  # every node accepted: the factor returns to 1, not above
+        _frozen_node_estimates(planner)
+        planned, _ = driver.plan(Proposal(tree))
+        driver.observe(planned, tuple(range(len(planned.tree))))
+    assert planner.tree_factor(frozenset({"prompt-lookup"})) == 1.0
+
+
+def test_a_chain_refused_beside_trees_that_realise_less_than_predicted_is_drafted_once_they_are_scaled():
+    """The draft model's chain is refused while prompt lookup's tree looks best (0.9 per edge by its
+    nodes' estimates, which are right on average over its nodes, frozen here); on the steps it is
+    refused prompt lookup's tree alone realises nothing (measured on the 1.5B with fusion: 4.06
+    tokens predicted, 2.49 realised). The tree kind's factor learns that, so the chain is drafted
+    beside it on later steps; before, it was refused, and the steps that verified prompt lookup's
+    tree alone lost until the back-off paused drafting altogether."""
+    planner = HardwarePlanner(curve=STEEP, config=PlannerConfig(cost_explore=0.0))
+    state = planner.new_state()
+    copy = Proposal(chain([50, 51, 52, 53, 54, 55], 0.9))
+    refused_kind = frozenset({"prompt-lookup"})
+
+    def accept_the_chain(tree):  # the draft model's tokens are right, prompt lookup's are not
+        return tuple(i for i in range(len(tree)) if any(src == "draft-model" for src, _ in tree.proposers(i)))
+
+    drafted = []
+    for _ in range(60):
+        _frozen_node_estimates(planner)
+        drafted.append(_chain_step(planner, state, accept_the_chain, edge=0.9, beside=[copy])[0])
+    assert drafted[0] == 0  # refused at first: prompt lookup's tree looks better
+    assert planner.tree_factor(refused_kind) < 0.5
+    assert sum(n > 0 for n in drafted[-20:]) >= 18, drafted
+
+
 def test_no_chain_probe_where_the_chain_would_not_pay_even_untried():
     """A probe asks whether the text changed, not whether the drafter got cheaper: a chain whose
     tokens cost a plain step each would not pay at an untried drafter's acceptance, and is not probed."""
@@ -618,7 +683,8 @@ def test_backoff_follows_realised_rates_when_estimates_are_wrong():
     tree = chain([5, 6, 7], 0.9)
     verified, planned = 0, []
     for _ in range(60):
-        planner._recent.clear()  # keep the per-source factor at 1: only the back-off can act
+        planner._recent.clear()  # keep the per-source and tree factors at 1: only the back-off can act
+        planner._trees.clear()
         drafting, plan = driver.engine_step(tree, 1e-4)
         verified += len(plan.tree) > 0
         if drafting:
@@ -637,6 +703,7 @@ def test_sampled_drafts_that_lose_are_paused_by_the_back_off_too():
     drafted = 0
     for _ in range(60):
         planner._recent.clear()
+        planner._trees.clear()
         drafting = planner.should_draft(driver.state)
         proposal = Proposal(tree, torch.zeros(4, 16), "iid") if drafting else Proposal.empty()
         planned, _ = driver.plan(proposal, 0.3 if drafting else 1e-5, drafting)
@@ -659,6 +726,7 @@ def test_a_probe_after_a_pause_is_judged_afresh_so_drafting_resumes_once_it_pays
 
     def step(path):
         planner._recent.clear()
+        planner._trees.clear()
         drafting = planner.should_draft(driver.state)
         seconds = 0.05 if drafting else 1e-5
         planned, _ = driver.plan(Proposal(tree) if drafting else Proposal.empty(), seconds, drafting)
@@ -685,6 +753,7 @@ def test_a_probe_the_back_off_cannot_judge_leaves_the_next_one_judged_afresh():
 
     def step(tree, path, explore=False):
         planner._recent.clear()
+        planner._trees.clear()
         drafting = planner.should_draft(driver.state)
         if drafting and explore:
             driver.state.explore_wait = 0  # its countdown ran out on this step

@@ -4,7 +4,7 @@ import itertools
 
 from specula.planner.cost import CostCurve
 from specula.planner.select import (AGREED, CONTESTED, chain_lookahead, choose_batch, choose_size, joint_rate,
-                                    path_probabilities, probe_nodes, sibling_contexts)
+                                    path_probabilities, probe_nodes, sibling_contexts, tree_kind)
 from specula.tree import TokenTree
 
 
@@ -189,6 +189,16 @@ def test_sibling_contexts_mark_agreeing_and_disagreeing_sources():
     }
     # One source's tree, siblings or not: no context (what its calibration was learned on).
     assert sibling_contexts(a) == [None] * len(a)
+
+
+def test_a_trees_kind_is_the_set_of_its_sources_and_none_where_a_token_is_forced():
+    a = TokenTree.from_paths([[5, 6], [8]], [[0.6, 0.5], [0.2]], source="a")
+    b = TokenTree.from_paths([[5, 6, 9], [7]], [[0.7, 0.4, 0.3], [0.3]], source="b")
+    assert tree_kind(a.merge(b), "grammar") == frozenset({"a", "b"})
+    assert tree_kind(a, "grammar") == frozenset({"a"})
+    assert tree_kind(TokenTree.empty(), "grammar") == frozenset()
+    forced = TokenTree.chain([5], [1.0], "grammar")
+    assert tree_kind(forced.merge(b), "grammar") is None  # a certain token is never scaled
 
 
 def test_probe_nodes_follow_each_sources_chain_from_its_best_root_child():
