@@ -82,6 +82,13 @@ from specula.step import FORCED_SOURCE, Proposal, StepResult
 from specula.tree import TokenTree
 
 
+def scaled_factor(factor: float, probs: Sequence[float]) -> float:
+    """A tree kind's factor as applied to path probabilities `probs`: above 1, no more than keeps
+    every one of them a probability (so the scaled tree's prediction divided by it is the unscaled one)."""
+    top = max(probs, default=0.0)
+    return min(factor, 1.0 / top) if factor > 1.0 and top > 0.0 else factor
+
+
 @dataclass(frozen=True)
 class PlannerConfig:
     """Planner settings."""
@@ -272,7 +279,11 @@ class PlannerView:
     @cached_property
     def _probs(self) -> list[float]:
         """The planner's path probability of each node of the merged tree (read by `baseline_rate`
-        and `_beside`, both asked before a chain's first token)."""
+        and `_beside`, both asked before a chain's first token), scaled by the factor of the tree's
+        kind. A chain is priced by its own estimates: the factor of the tree it would make with
+        these nodes is one for all of them, so a chain beside nodes that fail would carry their
+        blame (the draft model's chain beside prompt lookup's copy that missed was refused and the
+        back-off paused drafting, in the test that first priced it so)."""
         return self._planner.estimate(self._merged)
 
     @cached_property
@@ -493,24 +504,26 @@ class HardwarePlanner:
         return (accepted + k) / (predicted + k)
 
     def tree_factor(self, kind: frozenset[str] | None) -> float:
-        """Correction factor of a whole tree's estimates by the sources that proposed it (at most 1):
-        accepted / predicted drafted tokens of the recent trees of that kind, the prediction being
-        every node's own corrected estimate. Those are right on average over a source's nodes, not
-        over the steps the plan picks a kind on: where a draft model's chain is refused beside prompt
+        """Correction factor of a whole tree's estimates by the sources that proposed it: accepted /
+        predicted drafted tokens of the recent trees of that kind, the prediction being every node's
+        own corrected estimate. Those are right on average over a source's nodes, not over the steps
+        the plan picks a mix of sources on: where a draft model's chain is refused beside prompt
         lookup's and token recycling's trees, it is refused because theirs look best, and those trees
         realised less than half what they predicted (1.5B, fusion without a head, 12 training prompts:
         4.06 tokens predicted, 2.49 realised, on 35 of 189 steps, against 3.48 / 3.57 where the chain
-        was drafted; the refused steps' tree of 12 nodes cost 0.33 s against 0.26 s). 1: no kind
-        (a grammar-forced node)."""
-        if kind is None:
+        was drafted; the refused steps' tree of 12 nodes cost 0.33 s against 0.26 s). A single
+        source's tree has a kind too: its own factor (`bias_of`) learns per node, this one what its
+        paths realise. Not capped at 1: capped, its noise around 1 averaged below 1 where the
+        estimates were right. 1 for no kind (no tree, or a grammar-forced node)."""
+        if not kind:
             return 1.0
         accepted, predicted = self._trees.get(kind, (0.0, 0.0))
         k = self.config.bias_prior
-        return min(1.0, (accepted + k) / (predicted + k))
+        return (accepted + k) / (predicted + k)
 
     @property
     def tree_factors(self) -> dict[str, float]:
-        """Every tree kind's correction factor (for reports; sources joined by '+')."""
+        """Every tree kind's correction factor (in each request's summary; sources joined by '+')."""
         return {"+".join(sorted(kind)): round(self.tree_factor(kind), 4) for kind in self._trees}
 
     def _source_estimates(self, tree: TokenTree) -> list[tuple[float, str]]:
@@ -549,8 +562,8 @@ class HardwarePlanner:
         contexts = sibling_contexts(tree)
         probs = path_probabilities(tree, self._edge_acceptance(tree, contexts))  # [nodes]
         kind = tree_kind(tree, FORCED_SOURCE) if len(tree) else None
-        factor = self.tree_factor(kind)
-        return [factor * p for p in probs] if factor < 1.0 else probs, contexts, kind, factor
+        factor = scaled_factor(self.tree_factor(kind), probs)
+        return [factor * p for p in probs] if factor != 1.0 else probs, contexts, kind, factor
 
     def drafting_seconds(self, draft_seconds: float) -> float:
         """Seconds a drafting step costs besides verification: proposing plus the drafters'
@@ -837,7 +850,7 @@ class HardwarePlanner:
     def _observe_kind(self, plan: Plan, step: StepResult) -> None:
         """Learn the factor of the plan's tree kind (`tree_factor`): the drafted tokens accepted against
         the prediction before the factor (every path probability was scaled by it)."""
-        if plan.kind is None or plan.predicted is None or plan.nodes == 0:
+        if not plan.kind or plan.predicted is None or plan.nodes == 0:
             return
         sums = self._trees.setdefault(plan.kind, [0.0, 0.0])
         sums[0] += len(step.path)
@@ -949,4 +962,5 @@ class HardwarePlanner:
             "observed_ratio_8": round(self.cost.estimate(8) / self.cost.estimate(1), 3),
             "paused_steps": state.paused_steps,
             **({"held_steps": dict(state.held_steps)} if state.held_steps else {}),
+            **({"tree_factors": self.tree_factors} if self._trees else {}),
         }

@@ -440,61 +440,95 @@ def _frozen_node_estimates(planner) -> None:
     planner._context.clear()
 
 
+COPY = chain([5, 6, 7, 8], 0.8)  # prompt lookup's chain
+RECYCLED = chain([9], 0.15, "token-recycling")  # a sibling of its first token
+MIXED = frozenset({"prompt-lookup", "token-recycling"})
+
+
+def _mixed_step(driver, rng, edge, sibling=0.0):
+    """Plan prompt lookup's chain beside token recycling's sibling, accept each chain token with
+    probability `edge`, else the sibling with probability `sibling` (siblings exclude each other);
+    returns (predicted, realised) tokens."""
+    _frozen_node_estimates(driver.planner)
+    planned, expected = driver.plan(merge_proposals([Proposal(COPY), Proposal(RECYCLED)]))
+    tokens = planned.tree.tokens_of(range(len(planned.tree)))
+    accepted, u = [], rng.random()
+    if u >= edge and 9 in tokens and u < edge + sibling:
+        accepted.append(tokens.index(9))
+    elif u < edge:
+        for want in (5, 6, 7, 8):
+            if want not in tokens or (want != 5 and rng.random() >= edge):
+                break
+            accepted.append(tokens.index(want))
+    driver.observe(planned, tuple(accepted))
+    return expected, 1 + len(accepted)
+
+
 def test_a_tree_kind_that_realises_less_than_its_nodes_predict_is_scaled_and_others_are_not():
-    """Prompt lookup's chains (0.8 per edge by their own estimates) are accepted at 0.4 per edge:
-    the kind's factor learns accepted / predicted drafted tokens (the prediction before the factor),
-    the plan's prediction then follows what is realised, and another kind keeps a factor of 1.
-    The factor never rises above 1 (a kind that realises more is left to the per-source factors)."""
+    """Prompt lookup's chain (0.8 per edge by its nodes' estimates) beside token recycling's sibling is
+    accepted at 0.4 per edge: that kind's factor learns accepted / predicted drafted tokens (the
+    prediction before the factor), and the plan's prediction then follows what is realised. Each kind
+    learns on its own (prompt lookup's chain alone is not scaled by what the mixed trees realised); a
+    kind that realises more than predicted is scaled up, never past a probability of 1."""
     planner = HardwarePlanner(curve=FLAT)
     driver = Driver(planner)
-    tree = chain([5, 6, 7, 8], 0.8)
     rng = random.Random(0)
-    predicted, realized = [], []
+    steps, factors = [], []
     for _ in range(300):
-        _frozen_node_estimates(planner)
-        planned, expected = driver.plan(Proposal(tree))
-        accepted = 0
-        while accepted < len(planned.tree) and rng.random() < 0.4:
-            accepted += 1
-        driver.observe(planned, tuple(range(accepted)))
-        predicted.append(expected)
-        realized.append(1 + accepted)
-    raw = 0.8 + 0.8 ** 2 + 0.8 ** 3 + 0.8 ** 4  # drafted tokens the nodes' own estimates predict
+        steps.append(_mixed_step(driver, rng, 0.4))
+        factors.append(planner.tree_factor(MIXED))
+    raw = 0.8 + 0.8 ** 2 + 0.8 ** 3 + 0.8 ** 4 + 0.15  # drafted tokens the nodes' own estimates predict
     real = 0.4 + 0.4 ** 2 + 0.4 ** 3 + 0.4 ** 4
-    assert planner.tree_factor(frozenset({"prompt-lookup"})) == pytest.approx(real / raw, abs=0.1)
-    assert driver.last.kind == frozenset({"prompt-lookup"}) and driver.last.tree_factor < 0.5
-    late = slice(100, None)
-    assert sum(predicted[late]) / sum(realized[late]) == pytest.approx(1.0, abs=0.08)
-    assert planner.tree_factor(frozenset({"token-recycling"})) == 1.0
-    assert planner.tree_factors == {"prompt-lookup": pytest.approx(real / raw, abs=0.1)}
-    for _ in range(100):  # every node accepted: the factor returns to 1, not above
-        _frozen_node_estimates(planner)
-        planned, _ = driver.plan(Proposal(tree))
-        driver.observe(planned, tuple(range(len(planned.tree))))
-    assert planner.tree_factor(frozenset({"prompt-lookup"})) == 1.0
+    assert sum(factors[100:]) / 200 == pytest.approx(real / raw, rel=0.15)
+    assert driver.last.kind == MIXED and driver.last.tree_factor < 0.5  # the plan's tree was scaled
+    late = steps[100:]
+    assert sum(p for p, _ in late) / sum(r for _, r in late) == pytest.approx(1.0, abs=0.08)
+    assert list(planner.tree_factors) == ["prompt-lookup+token-recycling"]
+    assert planner.summary(driver.state)["tree_factors"] == planner.tree_factors
+    _frozen_node_estimates(planner)
+    _, alone = driver.plan(Proposal(COPY))  # another kind, never verified: its estimates as they are
+    assert driver.last.tree_factor == 1.0 and alone == pytest.approx(1 + raw - 0.15)
+    for _ in range(100):  # every chain token accepted: the factor rises past 1
+        _mixed_step(driver, rng, 1.0)
+    assert planner.tree_factor(MIXED) > 1.1
+    top = driver.last.tree_factor * 0.8
+    assert driver.last.tree_factor < planner.tree_factor(MIXED) and top == pytest.approx(1.0)  # scaled to 1 at most
+
+
+def test_a_tree_kind_whose_estimates_are_right_keeps_a_factor_of_one_on_average():
+    """Where the nodes' estimates are exactly right the factor's noise averages out around 1 (capped
+    at 1, as first written, it averaged 0.94 here and every plan read low)."""
+    planner = HardwarePlanner(curve=FLAT)
+    driver = Driver(planner)
+    rng = random.Random(1)
+    factors = []
+    for _ in range(1500):
+        _mixed_step(driver, rng, 0.8, 0.15)
+        factors.append(planner.tree_factor(MIXED))
+    mean = sum(factors[100:]) / len(factors[100:])
+    assert 0.97 < mean < 1.06, mean
 
 
 def test_a_chain_refused_beside_trees_that_realise_less_than_predicted_is_drafted_once_they_are_scaled():
-    """The draft model's chain is refused while prompt lookup's tree looks best (0.9 per edge by its
-    nodes' estimates, which are right on average over its nodes, frozen here); on the steps it is
-    refused prompt lookup's tree alone realises nothing (measured on the 1.5B with fusion: 4.06
-    tokens predicted, 2.49 realised). The tree kind's factor learns that, so the chain is drafted
-    beside it on later steps; before, it was refused, and the steps that verified prompt lookup's
+    """The draft model's chain is refused while prompt lookup's and token recycling's tree looks best
+    (their nodes' estimates frozen here); on the steps it is refused that tree realises nothing
+    (measured on the 1.5B with fusion: 4.06 tokens predicted, 2.49 realised, where the estimates were
+    right on average over those sources' nodes). The tree kind's factor learns that, so the chain is
+    drafted beside it on later steps; before, it was refused, and the steps that verified the others'
     tree alone lost until the back-off paused drafting altogether."""
     planner = HardwarePlanner(curve=STEEP, config=PlannerConfig(cost_explore=0.0))
     state = planner.new_state()
-    copy = Proposal(chain([50, 51, 52, 53, 54, 55], 0.9))
-    refused_kind = frozenset({"prompt-lookup"})
+    others = merge_proposals([Proposal(chain([50, 51, 52, 53, 54, 55], 0.9)), Proposal(RECYCLED)])
 
-    def accept_the_chain(tree):  # the draft model's tokens are right, prompt lookup's are not
+    def accept_the_chain(tree):  # the draft model's tokens are right, the others' are not
         return tuple(i for i in range(len(tree)) if any(src == "draft-model" for src, _ in tree.proposers(i)))
 
     drafted = []
     for _ in range(60):
         _frozen_node_estimates(planner)
-        drafted.append(_chain_step(planner, state, accept_the_chain, edge=0.9, beside=[copy])[0])
-    assert drafted[0] == 0  # refused at first: prompt lookup's tree looks better
-    assert planner.tree_factor(refused_kind) < 0.5
+        drafted.append(_chain_step(planner, state, accept_the_chain, edge=0.9, beside=[others])[0])
+    assert drafted[0] == 0  # refused at first: the others' tree looks better
+    assert planner.tree_factor(MIXED) < 0.5
     assert sum(n > 0 for n in drafted[-20:]) >= 18, drafted
 
 
