@@ -282,8 +282,8 @@ class PlannerView:
         and `_beside`, both asked before a chain's first token), scaled by the factor of the tree's
         kind. A chain is priced by its own estimates: the factor of the tree it would make with
         these nodes is one for all of them, so a chain beside nodes that fail would carry their
-        blame (the draft model's chain beside prompt lookup's copy that missed was refused and the
-        back-off paused drafting, in the test that first priced it so)."""
+        blame (tried: beside prompt lookup's copy that missed, the draft model's chain priced so
+        stayed refused and the back-off paused drafting)."""
         return self._planner.estimate(self._merged)
 
     @cached_property
