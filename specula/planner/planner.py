@@ -485,9 +485,7 @@ class HardwarePlanner:
 
     def bias_of(self, source: str) -> float:
         """Correction factor of one source: accepted / predicted nodes over recent steps."""
-        accepted, predicted = self._recent.get(source, (0.0, 0.0))
-        k = self.config.bias_prior
-        return (accepted + k) / (predicted + k)
+        return self._ratio(self._recent.get(source))
 
     @property
     def bias(self) -> dict[str, float]:
@@ -499,9 +497,7 @@ class HardwarePlanner:
         accepted / estimated over recent steps, the estimate being the source's own (its factor
         included). Per source: a copy that token recycling contests keeps its odds, a recycled
         token that a copy contests loses them."""
-        accepted, predicted = self._context.get((source, context), (0.0, 0.0))
-        k = self.config.bias_prior
-        return (accepted + k) / (predicted + k)
+        return self._ratio(self._context.get((source, context)))
 
     def tree_factor(self, kind: frozenset[str] | None) -> float:
         """Correction factor of a whole tree's estimates by the sources that proposed it: accepted /
@@ -515,9 +511,12 @@ class HardwarePlanner:
         source's tree has a kind too: its own factor (`bias_of`) learns per node, this one what its
         paths realise. Not capped at 1: capped, its noise around 1 averaged below 1 where the
         estimates were right. 1 for no kind (no tree, or a grammar-forced node)."""
-        if not kind:
-            return 1.0
-        accepted, predicted = self._trees.get(kind, (0.0, 0.0))
+        return self._ratio(self._trees.get(kind)) if kind else 1.0
+
+    def _ratio(self, sums: Sequence[float] | None) -> float:
+        """A correction factor from decayed [accepted, predicted] sums (None: none yet), both starting
+        from `bias_prior` pseudo-nodes."""
+        accepted, predicted = sums if sums is not None else (0.0, 0.0)
         k = self.config.bias_prior
         return (accepted + k) / (predicted + k)
 
@@ -614,23 +613,23 @@ class HardwarePlanner:
             order: list[int] = []
             probs: list[float] = []
             context: list[str | None] = []
-            kind_factor: list = [None, 1.0]  # the tree's kind and its factor (none: no tree)
+            kind, factor = None, 1.0  # the tree's kind and its factor (none: no tree)
             whole.append(1.0)
             if proposal.sampled:
                 # Sampled drafts are verified as drawn: a cut chosen by the estimates, which read each
                 # node's own q, keeps a drawn token or not by its value and skews the law the rule
                 # assumes (a chain is sized by its drafter before each draw, a valid stop rule).
-                drawn, context, *kind_factor = self._estimate(proposal)
+                drawn, context, kind, factor = self._estimate(proposal)
                 whole[-1] += sum(drawn)
                 fixed_tokens += len(proposal.tree)
                 fixed_expected += whole[-1] - 1.0
             elif len(proposal.tree):
-                probs, context, *kind_factor = self._estimate(proposal)
+                probs, context, kind, factor = self._estimate(proposal)
                 order = proposal.tree.best_first_order(probs)
             merged.append(proposal)
             orders.append(order)
             contexts.append(context)
-            kinds.append((kind_factor[0], kind_factor[1]))
+            kinds.append((kind, factor))
             ordered.append([probs[i] for i in order])
         counts, _, rate = choose_batch(ordered, fixed_tokens, fixed_expected, drafting, pass_seconds,
                                        self.config.min_gain)
