@@ -30,7 +30,8 @@ def rasd_prune(tree: TokenTree, model: Proposal, retrieval_sources: set[str], mi
     """Drop the retrieval branches of `tree` (nodes of `retrieval_sources`) that leave `model`'s
     tree where the model's distribution gives their first token less than `min_prob`.
 
-    model.q: [len(model.tree) + 1, vocab]; rows without mass (never computed) judge nothing."""
+    model.q: [len(model.tree) + 1, draft vocab]; rows without mass (never computed) judge nothing; a
+    token past the draft's vocabulary (narrower than the target's) is one the model gives nothing."""
     assert model.q is not None
     rows: dict[tuple[int, ...], int] = {(): 0}  # token path -> q row of the model node it ends at
     for i in range(len(model.tree)):
@@ -45,8 +46,9 @@ def rasd_prune(tree: TokenTree, model: Proposal, retrieval_sources: set[str], mi
         row = rows.get(path[:-1])
         if row is None:
             continue  # deeper inside a retrieval branch: judged by its first node
-        dist = model.q[row]  # [vocab]
-        if float(dist.sum()) > 0 and float(dist[tree.tokens[i]]) < min_prob:
+        dist = model.q[row]  # [draft vocab]: may be narrower than the target's; ids past it get nothing
+        token = tree.tokens[i]
+        if float(dist.sum()) > 0 and (float(dist[token]) if token < dist.shape[-1] else 0.0) < min_prob:
             drop.append(i)
     return tree.prune(drop) if drop else tree
 
