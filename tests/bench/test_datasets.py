@@ -97,6 +97,11 @@ def test_missing_file():
         load_prompts("/nonexistent/prompts.jsonl")
 
 
+def test_a_directory_is_named_as_one_not_as_missing(tmp_path):
+    with pytest.raises(ConfigError, match="is a directory; pass --prompts"):
+        load_prompts(str(tmp_path))
+
+
 def test_parse_prompts_groups_mapping():
     prompts = parse_prompts(['{"id": 1, "category": "writing", "turns": ["x"]}'], groups={"writing": "mt_bench"})
     assert prompts[0].category == "mt_bench" and prompts[0].source_category == "writing"

@@ -67,6 +67,10 @@ def test_outputs_that_cannot_be_written_are_refused_before_any_work(no_loading, 
             "--output-file", "is a directory")
     refused(capsys, ["run-batch", "--target", "smollm2-135m", "-i", str(batch), "-o", str(tmp_path / "o.jsonl"),
                      "--chat-max-tokens", "0"], "--chat-max-tokens must be positive")
+    batch.write_text('{"custom_id": "a", "method": "POST", "url": "/v1/completions", "body": {"prompt": "x"}}\n')
+    refused(capsys, ["run-batch", "--target", "smollm2-135m", "-i", str(batch), "-o",
+                     str(tmp_path / "." / "in.jsonl")], "is the batch file itself")  # found by a review: it was
+    assert batch.read_text().startswith('{"custom_id": "a"')  # overwritten with the answers (exit 0)
 
 
 def test_train_checks_its_held_out_files_answer_length_and_output_before_loading(no_loading, capsys, tmp_path):
