@@ -262,7 +262,7 @@ def load_spec(args: argparse.Namespace):
     from specula.api import EngineConfig, load
     from specula.methods import DEFAULT_METHOD, get_method
 
-    method = get_method(args.method or DEFAULT_METHOD).name
+    method = get_method(DEFAULT_METHOD if args.method is None else args.method).name
     check_method_flags(args, method)
     spec = load(args.target, draft=args.draft, method=method, config=load_config(args),
                 draft_quantize=args.draft_quantize, skip_layers=args.skip_layers, draft_vocab=args.draft_vocab,

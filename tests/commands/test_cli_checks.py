@@ -52,6 +52,11 @@ def test_an_empty_prompt_is_refused_before_loading(no_loading, capsys):
             "--prompt is empty")
 
 
+def test_an_empty_method_name_is_refused_not_taken_for_the_default(no_loading, capsys):
+    refused(capsys, ["generate", "--target", "smollm2-135m", "--prompt", "hi", "--method", ""],
+            "unknown method ''")  # found by a review: it ran fusion
+
+
 def test_outputs_that_cannot_be_written_are_refused_before_any_work(no_loading, capsys, tmp_path):
     a_file = tmp_path / "a_file"
     a_file.write_text("x")
