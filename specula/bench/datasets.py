@@ -138,11 +138,9 @@ def load_prompts(source: str = SPEC_BENCH) -> list[BenchPrompt]:
         text = resources.files("specula").joinpath(f"data/{source}/prompts.jsonl").read_text(encoding="utf-8")
         return parse_prompts(json_lines(text), f"{source} prompts.jsonl")
     path = Path(source).expanduser()
-    if path.is_dir():
-        raise ConfigError(f"prompts file {source!r} is a directory; pass --prompts spec-bench, everyday, structured "
-                          "or a JSONL file")
     if not path.is_file():
-        raise ConfigError(f"prompts file {source!r} not found; pass --prompts spec-bench, everyday, structured "
+        problem = "is a directory" if path.is_dir() else "not found"
+        raise ConfigError(f"prompts file {source!r} {problem}; pass --prompts spec-bench, everyday, structured "
                           "or a JSONL file")
     try:
         text = path.read_text(encoding="utf-8-sig")  # a byte-order mark is not JSON
