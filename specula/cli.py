@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import re
 import sys
 
 from specula.errors import SpeculaError
@@ -16,6 +17,13 @@ COMMANDS = ("generate", "models", "bench", "profile", "train", "datastore", "ana
 
 
 class _Parser(argparse.ArgumentParser):
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        # A value that starts like a negative number is a value, not an option: `--sizes -1,0` reaches the
+        # option's own check (which names what it allows) instead of "expected one argument". Python 3.11 took
+        # only -N and -N.N for numbers; newer argparse reads any "-" + digit (or "-." + digit) as this does.
+        self._negative_number_matcher = re.compile(r"^-\.?\d")
+
     def error(self, message: str) -> None:  # argparse's own usage errors: exit 2, one line
         self.exit(2, f"error: {message} (see `{self.prog} --help`)\n")
 

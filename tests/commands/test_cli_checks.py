@@ -88,6 +88,12 @@ def test_train_checks_its_held_out_files_answer_length_and_output_before_loading
     refused(capsys, [*train[:-1], str(tmp_path / "file")], "--out", "is a file")
 
 
+def test_a_list_of_sizes_starting_with_a_minus_gets_the_options_own_check(no_loading, capsys, tmp_path):
+    profile = ["profile", "--target", "smollm2-135m", "--out", str(tmp_path / "p")]
+    refused(capsys, [*profile, "--sizes", "-1,0"], "--sizes must be integers >= 1")  # was argparse's "expected
+    refused(capsys, [*profile, "--batch-sizes", "-2,4"], "--batch-sizes must be integers >= 1")  # one argument"
+
+
 def test_a_reader_that_goes_away_ends_the_command_quietly():
     """`specula ... | head`: the pipe closes; exit 141 as a shell reports SIGPIPE, no traceback."""
     proc = subprocess.Popen([sys.executable, "-m", "specula", "models", "list"], stdout=subprocess.PIPE,
