@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from specula.commands.common import (
-    add_method_args, add_model_args, add_sampling_args, check_flags_taken, drafter_options, explicit_draft,
-    load_config, method_help, planner_from_args, sampling_params,
+    add_method_args, add_model_args, add_sampling_args, check_flags_taken, check_model_name, drafter_options,
+    explicit_draft, load_config, method_help, planner_from_args, sampling_params,
 )
 from specula.errors import ConfigError
 from specula.paths import check_output
@@ -94,6 +94,8 @@ def plan(args: argparse.Namespace) -> BenchPlan:
     if args.profile_repeats < 0 or args.warmup_tokens < 0:
         raise ConfigError("--profile-repeats and --warmup-tokens must be >= 0")
     check_output(args.out, "--out", "dir")
+    if args.assistant:
+        check_model_name(args.assistant, "--assistant")  # else found missing only after the target loaded
     params = sampling_params(args)
     methods = parse_method_list(args.methods, explicit_draft(args))
     bases = list(dict.fromkeys(split_method(m)[0] for m in methods))

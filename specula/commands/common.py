@@ -6,7 +6,7 @@ import argparse
 
 from typing import TYPE_CHECKING
 
-from specula.errors import ConfigError
+from specula.errors import ConfigError, ModelNotFoundError
 from specula.methods import DEFAULT_METHOD, METHODS, NO_HEAD, default_head, get_method, methods_taking
 
 if TYPE_CHECKING:  # keep `specula --help` and `specula models` free of torch imports
@@ -176,6 +176,20 @@ def add_sampling_args(parser: argparse.ArgumentParser) -> None:
 def explicit_draft(args: argparse.Namespace) -> bool:
     """A draft was named (`--draft MODEL` or `self`), not left to `auto` or turned off."""
     return getattr(args, "draft", None) not in (None, "none", "auto")
+
+
+def check_model_name(spec: str, option: str) -> None:
+    """Refuse, before any model loads, a model `option` names that nothing could load (`models.loading.resolve`:
+    a missing path, a file that is not a .gguf, a folder without config.json, an alias not installed); `self`
+    (the target's own weights) passes."""
+    from specula.models.loading import SELF_DRAFT, resolve
+
+    if spec == SELF_DRAFT:
+        return
+    try:
+        resolve(spec)
+    except ModelNotFoundError as exc:
+        raise ModelNotFoundError(f"{option}: {exc}") from None
 
 
 def load_config(args: argparse.Namespace) -> "LoadConfig":

@@ -214,6 +214,18 @@ def test_bad_prompt_file_names_the_line(tmp_path, tiny_models, capsys):
     assert tiny_models == []  # rejected before loading any model
 
 
+@pytest.mark.parametrize("assistant, message", [("nowhere", "no such file or directory"),
+                                                ("p.jsonl", "is a file but not a .gguf")])
+def test_a_bad_assistant_path_is_refused_before_the_target_loads(tmp_path, prompts_file, tiny_models, capsys,
+                                                                 assistant, message):
+    (tmp_path / "p.jsonl").write_text("{}\n")
+    code = main(["bench", "--target", "tiny", "--prompts", str(prompts_file), "--compare", "hf", "--assistant",
+                 str(tmp_path / assistant), "--out", str(tmp_path / "x")])
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith("error: --assistant: ") and message in err and err.count("\n") == 1
+    assert tiny_models == []  # found missing only after the target had loaded
+
+
 def test_sigterm_ends_the_bench_like_ctrl_c():
     import os
     import signal
