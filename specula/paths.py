@@ -16,7 +16,7 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
@@ -293,3 +293,20 @@ def check_output(path: str | os.PathLike[str], option: str, kind: str, error: ty
     if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
         raise error(f"cannot write {option} {str(path)!r}: {str(parent)!r} is not a writable directory")
     return path
+
+
+def check_not_input(output: str | os.PathLike[str], option: str,
+                    inputs: Iterable[tuple[str, str | os.PathLike[str] | None]],
+                    error: type[Exception] | None = None) -> None:
+    """Refuse, before any work, an `output` file that is one of the `inputs` the command reads (the
+    same file, through a link too): writing it would replace that input. `inputs`: (what the input
+    is, e.g. "the batch file", its path or None). Raises `error` (default ConfigError) naming `option`."""
+    from specula.errors import ConfigError
+
+    path = Path(output).expanduser()
+    if not path.is_file():  # nothing there that could be read
+        return
+    for what, source in inputs:
+        if source is not None and Path(source).expanduser().is_file() and os.path.samefile(source, path):
+            raise (error or ConfigError)(f"{option} would overwrite {what} {str(source)!r} with its output; give "
+                                         "another output path")

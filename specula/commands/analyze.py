@@ -42,7 +42,7 @@ def run(args: argparse.Namespace) -> int:
     from specula.analysis.plots import PLOT_FILE, REPORT_FILE, plot_acceptance, render_markdown
     from specula.bench.datasets import load_prompts, select_prompts
     from specula.errors import ConfigError
-    from specula.paths import atomic_write_json, atomic_write_text, check_output
+    from specula.paths import atomic_write_json, atomic_write_text, check_not_input, check_output
 
     from specula.models.skipping import SKIP_DRAFT, check_skip_layers
 
@@ -54,6 +54,8 @@ def run(args: argparse.Namespace) -> int:
                               seed=args.seed, lump_mass=args.lump_mass, trajectories=args.trajectories)
     prompts = select_prompts(load_prompts(args.prompts), args.per_category, args.categories, args.seed)
     out = check_output(args.out, "--out", "dir")
+    for name in ("results.json", REPORT_FILE, PLOT_FILE):
+        check_not_input(out / name, "--out", [("the --prompts file", args.prompts)])
     out.mkdir(parents=True, exist_ok=True)
 
     from specula.api import load_backend, load_draft

@@ -17,7 +17,7 @@ from specula.commands.common import (
     explicit_draft, load_config, method_help, planner_from_args, sampling_params,
 )
 from specula.errors import ConfigError
-from specula.paths import check_output
+from specula.paths import check_not_input, check_output
 from specula.methods import PLAIN
 
 
@@ -94,6 +94,7 @@ def plan(args: argparse.Namespace) -> BenchPlan:
     if args.profile_repeats < 0 or args.warmup_tokens < 0:
         raise ConfigError("--profile-repeats and --warmup-tokens must be >= 0")
     check_output(args.out, "--out", "dir")
+    check_bench_inputs_kept(args)
     if args.assistant:
         check_model_name(args.assistant, "--assistant")  # else found missing only after the target loaded
     params = sampling_params(args)
@@ -107,6 +108,18 @@ def plan(args: argparse.Namespace) -> BenchPlan:
     settings = BenchSettings(params, raw=args.raw, warmup_tokens=args.warmup_tokens, progress=not args.no_progress,
                              repeats=args.repeats)
     return BenchPlan(methods, peers, prompts, settings)
+
+
+def check_bench_inputs_kept(args: argparse.Namespace) -> None:
+    """Refuse an --out whose results, report or plots (cleared first, then written) would overwrite a
+    file the bench reads."""
+    from specula.bench.plots import PLOTS
+    from specula.bench.report import REPORT_FILE, RESULTS_FILE
+
+    given = [("the --prompts file", args.prompts), ("the --cost-curve file", args.cost_curve),
+             ("the --head file", args.head), ("the --datastore file", args.datastore)]
+    for name in (RESULTS_FILE, REPORT_FILE, *PLOTS):
+        check_not_input(Path(args.out) / name, "--out", given)
 
 
 def load_models(args: argparse.Namespace):

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from specula.commands.common import add_method_args, add_model_args, load_spec, method_help
 from specula.errors import ConfigError
-from specula.paths import check_output
+from specula.paths import check_not_input, check_output
 
 
 def register(sub) -> None:
@@ -44,9 +44,7 @@ def run(args: argparse.Namespace) -> int:
     if args.chat_max_tokens < 1:
         raise ConfigError(f"--chat-max-tokens must be positive, got {args.chat_max_tokens}")
     check_output(args.output_file, "--output-file", "file")
-    if Path(args.output_file).resolve() == Path(args.input_file).resolve():
-        raise ConfigError(f"--output-file {args.output_file} is the batch file itself: its requests would be "
-                          "overwritten by the answers; give another output path")
+    check_not_input(args.output_file, "--output-file", [("the batch file", args.input_file)])
     rows = read_batch(args.input_file)  # before the model loads: an unreadable file fails at once
     spec, method = load_spec(args)
     summary = run_batch(spec, rows, args.output_file, args.served_model_name or args.target,

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 
 from specula.commands.common import add_load_args, load_config
 from specula.methods import METHODS
@@ -117,9 +118,21 @@ def register(sub) -> None:
     p.set_defaults(handler=run)
 
 
+def check_inputs_kept(args: argparse.Namespace, init_head) -> None:
+    """Refuse an --out whose head, checkpoint or report would overwrite a file the run reads."""
+    from specula.paths import check_not_input
+    from specula.training.run import out_files
+
+    given = [("the --init-head head", init_head)]
+    for what, option in (("a --data file", "data"), ("an --eval-data file", "eval_data"),
+                         ("an --answers file", "answers"), ("a --vocab-from file", "vocab_from")):
+        given += [(what, path) for path in getattr(args, option) or ()]
+    for written in out_files(Path(args.out).expanduser(), args.kind):
+        check_not_input(written, "--out", given)
+
+
 def run(args: argparse.Namespace) -> int:
     import time
-    from pathlib import Path
 
     from specula.models.loading import load_backend
     from specula.errors import ConfigError
@@ -163,6 +176,7 @@ def run(args: argparse.Namespace) -> int:
         if init_head is None:
             raise ConfigError(f"--init-head installed: no {args.kind} head is installed for {args.target}; install "
                               f"one with `specula models install {args.target}` or pass a head file")
+    check_inputs_kept(args, init_head)
     return_freed_memory()  # this process's heap would keep every step's freed blocks (`training.heap`)
     target, tokenizer = load_backend(args.target, load_config(args), name="target")
     report = run_training(target, tokenizer, args.target, Path(args.out), config, args.data or (), corpus,

@@ -29,7 +29,7 @@ from specula.datastore.format import (
 )
 from specula.datastore.tokenizers import tokenizer_fingerprint, tokenizer_name, vocab_size
 from specula.jsonl import json_lines
-from specula.paths import atomic_file, check_output
+from specula.paths import atomic_file, check_not_input, check_output
 
 DEFAULT_EXTENSIONS = (".py", ".txt", ".md", ".rst", ".jsonl", ".json")
 """File types read when walking a directory."""
@@ -267,10 +267,7 @@ def build_datastore(tokenizer: Any, sources: Sequence[str | os.PathLike], out: s
     t0 = time.perf_counter()
     check_output(out, "--out", "file", DatastoreError)  # before any work
     files = collect_files(sources, config.extensions)
-    target = Path(out)
-    if target.exists() and any(os.path.samefile(path, target) for path, _ in files):
-        raise DatastoreError(f"--out {str(out)!r} is one of the corpus files it would be built from: the build "
-                             "would replace it; write the datastore elsewhere (e.g. a .specds file)")
+    check_not_input(out, "--out", [("the corpus file", path) for path, _ in files], DatastoreError)
     n_vocab = vocab_size(tokenizer)
     dtype = token_dtype_for(n_vocab)
     separator = int(np.iinfo(dtype).max)

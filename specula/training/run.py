@@ -31,8 +31,8 @@ from specula.training.features import (
     FeatureSet, concat_features, coverage, draft_vocabulary, extend_vocabulary, extract_features, token_counts,
 )
 from specula.training.trainer import (
-    TrainConfig, acceptance_report, data_fingerprint, feature_fingerprint, resume_changes, split, split_tokens,
-    step_counts, train_head,
+    CHECKPOINT_FILE, TrainConfig, acceptance_report, data_fingerprint, feature_fingerprint, resume_changes, split,
+    split_tokens, step_counts, train_head,
 )
 
 
@@ -47,6 +47,11 @@ def _bar(total: int, desc: str, quiet: bool):
 
     return tqdm(total=total, desc=desc, unit="step" if desc.startswith("training") else "seq",
                 disable=quiet, dynamic_ncols=True)
+
+
+def out_files(out: Path, kind: str) -> tuple[Path, Path, Path]:
+    """What a run writes into OUT: the head (KIND.safetensors), its checkpoint and the report."""
+    return out / f"{kind}.safetensors", out / CHECKPOINT_FILE, out / "report.json"
 
 
 def run_training(target, tokenizer, target_name: str, out: Path, config: TrainConfig,
@@ -112,6 +117,7 @@ def run_training(target, tokenizer, target_name: str, out: Path, config: TrainCo
     if config.epochs == 0 and init_head is None:
         raise ConfigError("--epochs 0 writes out the --init-head head untrained; give --init-head (or epochs > 0)")
     start = None if init_head is None else initial_head(init_head, target, target_name, config)
+    head_file, _, report_file = out_files(out, config.kind)
     times = {}
     layers = feature_layers_of(config.kind, target.num_layers)  # the depths an eagle3 head fuses; else ()
 
@@ -136,7 +142,7 @@ def run_training(target, tokenizer, target_name: str, out: Path, config: TrainCo
                                                                         "sha256_16": given[1]}}}  # what any report opens with
     if stop_after is not None:
         report = {**made, "device": str(getattr(target, "device", "cpu")), "stopped_after": stop_after, **times}
-        atomic_write_json(out / "report.json", report)
+        atomic_write_json(report_file, report)
         return report
 
     eval_fs = None
@@ -199,7 +205,7 @@ def run_training(target, tokenizer, target_name: str, out: Path, config: TrainCo
         "training": record,
     }
     state = {k: v.detach().cpu() for k, v in head.module.state_dict().items()}
-    path = save_head(out / f"{config.kind}.safetensors",
+    path = save_head(head_file,
                      HeadFile(head.config, state, d2t, target_record(target, target_name),
                               {k: report[k] for k in ("data", "draft_vocab_coverage")} | {
                                   "steps": record["steps"], "seconds": record["seconds"],
@@ -207,7 +213,7 @@ def run_training(target, tokenizer, target_name: str, out: Path, config: TrainCo
                                   "heldout_other_source": record["other_source"]["after"],
                                   "config": record["config"], "init_head": started_from}))
     report["head"] = str(path)
-    atomic_write_json(out / "report.json", report)
+    atomic_write_json(report_file, report)
     return report
 
 
@@ -404,7 +410,7 @@ def budgeted_checkpoint(out: Path, config: TrainConfig, head, fs: FeatureSet, in
     (`resume_changes`) in what a time budget fits (`FITTED_BY_BUDGET`) and in nothing else, else
     None: a run under `--time-budget` that was stopped is then resumed by its own command, where its
     fit, made anew, would read as other settings and start afresh over the checkpoint."""
-    ckpt = out / "checkpoint.pt"
+    ckpt = out / CHECKPOINT_FILE
     if not ckpt.is_file():
         return None
     state = torch.load(ckpt, map_location="cpu", weights_only=False, mmap=True)

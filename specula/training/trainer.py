@@ -145,6 +145,8 @@ class TrainConfig:
 
 
 PRECISIONS = ("auto", "float32", "bfloat16")
+CHECKPOINT_FILE = "checkpoint.pt"
+"""The checkpoint `train_head` keeps (and resumes) in its output folder."""
 
 
 def autocast_dtype(precision: str, device: torch.device) -> torch.dtype | None:
@@ -495,7 +497,7 @@ def train_head(head: TrainedHead, fs: FeatureSet, cfg: TrainConfig, out_dir: Pat
         0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, s / max(1, total_steps))))))
     gen = torch.Generator().manual_seed(cfg.seed + 1)
     step, losses, seconds = 0, [], 0.0
-    ckpt = out_dir / "checkpoint.pt"
+    ckpt = out_dir / CHECKPOINT_FILE
     key, data, features = asdict(cfg), data_fingerprint(fs), feature_fingerprint(fs)
     ignored = None
     if ckpt.is_file():

@@ -74,7 +74,7 @@ def test_outputs_that_cannot_be_written_are_refused_before_any_work(no_loading, 
                      "--chat-max-tokens", "0"], "--chat-max-tokens must be positive")
     batch.write_text('{"custom_id": "a", "method": "POST", "url": "/v1/completions", "body": {"prompt": "x"}}\n')
     refused(capsys, ["run-batch", "--target", "smollm2-135m", "-i", str(batch), "-o",
-                     str(tmp_path / "." / "in.jsonl")], "is the batch file itself")  # found by a review: it was
+                     str(tmp_path / "." / "in.jsonl")], "would overwrite the batch file")  # found by a review: it was
     assert batch.read_text().startswith('{"custom_id": "a"')  # overwritten with the answers (exit 0)
 
 
@@ -92,6 +92,27 @@ def test_a_list_of_sizes_starting_with_a_minus_gets_the_options_own_check(no_loa
     profile = ["profile", "--target", "smollm2-135m", "--out", str(tmp_path / "p")]
     refused(capsys, [*profile, "--sizes", "-1,0"], "--sizes must be integers >= 1")  # was argparse's "expected
     refused(capsys, [*profile, "--batch-sizes", "-2,4"], "--batch-sizes must be integers >= 1")  # one argument"
+
+
+def test_outputs_that_would_overwrite_an_input_are_refused_before_any_work(no_loading, capsys, tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"id": "a", "prompt": "Write a haiku about rain on a tin roof."}\n')
+    (out / "eagle.safetensors").write_text("a head")  # fine-tuned into its own folder: it was replaced (exit 0)
+    refused(capsys, ["train", "--target", "smollm2-135m", "--data", str(prompts), "--out", str(out), "--init-head",
+                     str(out / "eagle.safetensors")], "--out would overwrite the --init-head head")
+    (out / "report.json").write_text(prompts.read_text())
+    refused(capsys, ["train", "--target", "smollm2-135m", "--data", str(out / "report.json"), "--out", str(out)],
+            "--out would overwrite a --data file")
+    turns = '{"id": "a", "category": "chat", "turns": ["Write a haiku about rain."]}\n'
+    (out / "report.md").write_text(turns)  # the bench cleared it, then wrote its report over it (exit 0)
+    refused(capsys, ["bench", "--target", "smollm2-135m", "--methods", "none", "--prompts", str(out / "report.md"),
+                     "--out", str(out)], "--out would overwrite the --prompts file")
+    (out / "results.json").write_text(turns)
+    refused(capsys, ["analyze", "acceptance", "--target", "smollm2-135m", "--draft", "self", "--prompts",
+                     str(out / "results.json"), "--out", str(out)], "--out would overwrite the --prompts file")
+    assert (out / "eagle.safetensors").read_text() == "a head" and (out / "report.md").read_text() == turns
 
 
 def test_a_reader_that_goes_away_ends_the_command_quietly():

@@ -221,7 +221,7 @@ def test_a_tokenizer_json_with_truncation_or_padding_on_stores_the_whole_documen
 def test_an_output_that_is_one_of_the_corpus_files_is_refused(tmp_path, make_tokenizer):
     notes = tmp_path / "notes.txt"
     notes.write_text("w3 w4 w5")
-    with pytest.raises(DatastoreError, match="is one of the corpus files"):
+    with pytest.raises(DatastoreError, match="--out would overwrite the corpus file"):
         build_datastore(make_tokenizer(10), [tmp_path], notes, BuildConfig(progress=False))
     assert notes.read_text() == "w3 w4 w5"
 
