@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 from pathlib import Path
 
 from specula.commands.common import add_load_args, load_config
@@ -131,59 +132,75 @@ def check_inputs_kept(args: argparse.Namespace, init_head) -> None:
         check_not_input(written, "--out", given)
 
 
+def train_config(args: argparse.Namespace):
+    """The `TrainConfig` of the command line (its own checks run here, before anything loads)."""
+    from specula.training.trainer import TrainConfig
+
+    return TrainConfig(kind=args.kind, draft_vocab=args.draft_vocab, epochs=args.epochs, lr=args.lr,
+                       batch_size=args.batch_size, seq_len=args.seq_len, ttt_steps=args.ttt_steps,
+                       num_offsets=args.num_offsets, seed=args.seed, max_sequences=args.max_sequences,
+                       precision=args.precision, intermediate_size=args.intermediate_size,
+                       num_kv_heads=args.num_kv_heads, copy_ngram=args.copy_ngram, copy_lr_scale=args.copy_lr_scale,
+                       length_groups=args.length_groups, topk_loss=args.topk_loss, topk_loss_k=args.topk_loss_k)
+
+
+def check_minutes(args: argparse.Namespace) -> None:
+    from specula.errors import ConfigError
+
+    if args.max_minutes is not None and not 0 < args.max_minutes < math.inf:  # -1 trained one step, saved as finished
+        raise ConfigError(f"--max-minutes must be > 0 (a finite number), got {args.max_minutes}")
+    if args.time_budget is not None and not 0 < args.time_budget < math.inf:
+        raise ConfigError(f"--time-budget must be > 0 minutes (a finite number), got {args.time_budget}")
+
+
+def init_head_file(args: argparse.Namespace):
+    """--init-head's file: the one given, or for `installed` the head installed for --target (None: none)."""
+    from specula.errors import ConfigError
+
+    if args.init_head != "installed":
+        return args.init_head
+    from specula.drafters.heads.shipped import default_head
+
+    found = default_head(args.target, args.kind)
+    if found is None:
+        raise ConfigError(f"--init-head installed: no {args.kind} head is installed for {args.target}; install "
+                          f"one with `specula models install {args.target}` or pass a head file")
+    return found
+
+
 def run(args: argparse.Namespace) -> int:
     import time
 
     from specula.models.loading import load_backend
     from specula.errors import ConfigError
     from specula.paths import check_output
-    from specula.training.corpus import DEFAULT_PROMPTS, CorpusConfig, PaddedConfig, read_prompts
+    from specula.training.corpus import CorpusConfig, PaddedConfig
     from specula.training.heap import return_freed_memory
-    from specula.training.run import print_report, run_training
-    from specula.training.trainer import TrainConfig
+    from specula.training.run import check_inputs, print_report, run_training
 
-    deadline = None
-    if args.max_minutes is not None and not args.max_minutes > 0:  # -1 trained one step, saved as finished
-        raise ConfigError(f"--max-minutes must be > 0, got {args.max_minutes}")
-    if args.time_budget is not None:
-        if not args.time_budget > 0:
-            raise ConfigError(f"--time-budget must be > 0 minutes, got {args.time_budget}")
-        deadline = time.monotonic() + 60 * args.time_budget
-    config = TrainConfig(kind=args.kind, draft_vocab=args.draft_vocab, epochs=args.epochs, lr=args.lr,
-                         batch_size=args.batch_size, seq_len=args.seq_len, ttt_steps=args.ttt_steps,
-                         num_offsets=args.num_offsets, seed=args.seed, max_sequences=args.max_sequences,
-                         precision=args.precision, intermediate_size=args.intermediate_size,
-                         num_kv_heads=args.num_kv_heads, copy_ngram=args.copy_ngram, copy_lr_scale=args.copy_lr_scale,
-                         length_groups=args.length_groups,
-                         topk_loss=args.topk_loss, topk_loss_k=args.topk_loss_k)
+    check_minutes(args)
+    deadline = None if args.time_budget is None else time.monotonic() + 60 * args.time_budget
+    config = train_config(args)
     if args.max_prompt_tokens < 1:
         raise ConfigError(f"--max-prompt-tokens must be >= 1, got {args.max_prompt_tokens}")
     corpus = CorpusConfig(max_new_tokens=args.max_new_tokens, max_prompt_tokens=args.max_prompt_tokens)
     if args.padded_rows is not None and args.padded_rows < 0:
         raise ConfigError(f"--padded-rows must be >= 0 (0 = the engine's batched step), got {args.padded_rows}")
     padded = "auto" if args.padded_rows is None else PaddedConfig(max_rows=args.padded_rows) if args.padded_rows else None
-    read_prompts(args.data or [DEFAULT_PROMPTS])  # bad or benchmark prompts fail here, before the slow load
-    if args.eval_data and args.eval_data != ["none"]:
-        read_prompts(args.eval_data, training=False)
     if args.max_new_tokens < 1:
         raise ConfigError(f"--max-new-tokens must be >= 1 (the answer tokens a prompt gets), got {args.max_new_tokens}")
     check_output(args.out, "--out", "dir")
-    init_head = args.init_head
-    if init_head == "installed":
-        from specula.drafters.heads.shipped import default_head
-
-        init_head = default_head(args.target, args.kind)
-        if init_head is None:
-            raise ConfigError(f"--init-head installed: no {args.kind} head is installed for {args.target}; install "
-                              f"one with `specula models install {args.target}` or pass a head file")
+    init_head = init_head_file(args)
+    eval_data = [] if args.eval_data == ["none"] else args.eval_data
+    inputs = dict(init_head=init_head, stop_after=args.stop_after, answers=args.answers,
+                  cache_features=args.cache_features, vocab_from=args.vocab_from)
     check_inputs_kept(args, init_head)
+    check_inputs(config, args.data or (), eval_data, **inputs)  # bad prompts, files, settings: before the slow load
     return_freed_memory()  # this process's heap would keep every step's freed blocks (`training.heap`)
     target, tokenizer = load_backend(args.target, load_config(args), name="target")
     report = run_training(target, tokenizer, args.target, Path(args.out), config, args.data or (), corpus,
-                          quiet=args.quiet, max_minutes=args.max_minutes, deadline=deadline,
-                          eval_data=[] if args.eval_data == ["none"] else args.eval_data, padded=padded,
-                          init_head=init_head, stop_after=args.stop_after, answers=args.answers,
-                          cache_features=args.cache_features, vocab_from=args.vocab_from)
+                          quiet=args.quiet, max_minutes=args.max_minutes, deadline=deadline, eval_data=eval_data,
+                          padded=padded, **inputs)
     if args.json:
         print(json.dumps(report, indent=2))
     else:

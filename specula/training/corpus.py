@@ -261,13 +261,10 @@ def answers_hash(entries: Sequence[CorpusEntry]) -> str:
     return h.hexdigest()[:16]
 
 
-def read_answers(paths: Iterable[str | os.PathLike], vocab_size: int,
-                 flag: str = "--answers") -> tuple[dict[tuple[int, ...], list[int]], str]:
-    """Answers written earlier, e.g. by a smaller model with the target's tokenizer: corpus files
-    as `specula train` caches them (`corpus-*.jsonl` under $SPECULA_CACHE/training/), or folders of
-    them. Returns (answer ids by prompt ids, a short hash of the files' bytes, which the report
-    records). A missing path, a file of other lines, or ids outside the target's vocabulary (another
-    tokenizer's answers) is a `ConfigError` naming `flag`, the option that gave the paths."""
+def answer_files(paths: Iterable[str | os.PathLike], flag: str = "--answers") -> list[Path]:
+    """The corpus files `read_answers` reads: the files given, and the `corpus-*.jsonl` files of the
+    folders given; a missing path, or none found, is a `ConfigError` naming `flag`."""
+    paths = list(paths)
     files: list[Path] = []
     for path in map(Path, paths):
         if path.is_dir():
@@ -278,6 +275,17 @@ def read_answers(paths: Iterable[str | os.PathLike], vocab_size: int,
             raise ConfigError(f"{flag} {path}: no such file or folder")
     if not files:
         raise ConfigError(f"{flag} {' '.join(map(str, paths))}: no corpus-*.jsonl files there")
+    return files
+
+
+def read_answers(paths: Iterable[str | os.PathLike], vocab_size: int,
+                 flag: str = "--answers") -> tuple[dict[tuple[int, ...], list[int]], str]:
+    """Answers written earlier, e.g. by a smaller model with the target's tokenizer: corpus files
+    as `specula train` caches them (`corpus-*.jsonl` under $SPECULA_CACHE/training/), or folders of
+    them. Returns (answer ids by prompt ids, a short hash of the files' bytes, which the report
+    records). A missing path, a file of other lines, or ids outside the target's vocabulary (another
+    tokenizer's answers) is a `ConfigError` naming `flag`, the option that gave the paths."""
+    files = answer_files(paths, flag)
     table: dict[tuple[int, ...], list[int]] = {}
     h = hashlib.sha256()
     for file in files:

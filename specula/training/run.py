@@ -24,8 +24,9 @@ from typing import Literal, Sequence
 import torch
 
 from specula.errors import ConfigError
-from specula.training.corpus import (DEFAULT_PROMPTS, EVAL_PROMPTS, CorpusConfig, PaddedConfig, answers_hash,
-                                     corpus_key, generate_corpus, match_answers, read_answers, read_prompts)
+from specula.training.corpus import (DEFAULT_PROMPTS, EVAL_PROMPTS, CorpusConfig, PaddedConfig, answer_files,
+                                     answers_hash, corpus_key, generate_corpus, match_answers, read_answers,
+                                     read_prompts)
 from specula.training.padded import padded_model
 from specula.training.features import (
     FeatureSet, concat_features, coverage, draft_vocabulary, extend_vocabulary, extract_features, token_counts,
@@ -52,6 +53,46 @@ def _bar(total: int, desc: str, quiet: bool):
 def out_files(out: Path, kind: str) -> tuple[Path, Path, Path]:
     """What a run writes into OUT: the head (KIND.safetensors), its checkpoint and the report."""
     return out / f"{kind}.safetensors", out / CHECKPOINT_FILE, out / "report.json"
+
+
+def check_inputs(config: TrainConfig, data: Sequence[str | os.PathLike] = (),
+                 eval_data: Sequence[str | os.PathLike] | None = None, *,
+                 init_head: str | os.PathLike | None = None,
+                 stop_after: Literal["answers", "features"] | None = None,
+                 answers: Sequence[str | os.PathLike] | None = None, cache_features: bool = True,
+                 vocab_from: Sequence[str | os.PathLike] | None = None):
+    """What `run_training` is given (its arguments of the same names), checked without the target:
+    `specula train` calls it before the target loads, `run_training` again before it writes anything.
+    Returns the training and the evaluation prompts, (file, prompts) per file."""
+    per_file = [(f, read_prompts([f])) for f in [Path(f) for f in data] or [DEFAULT_PROMPTS]]
+    eval_files = [Path(f) for f in (eval_data if eval_data is not None else [EVAL_PROMPTS])]
+    eval_per_file = [(f, read_prompts([f], training=False)) for f in eval_files]
+    check_held_out(per_file, eval_per_file)
+    if answers is not None and stop_after == "answers":
+        raise ConfigError("--stop-after answers makes the target's answers; with --answers there are none to make")
+    if not cache_features and stop_after == "features":
+        raise ConfigError("--stop-after features caches the features; --no-feature-cache keeps them in memory only")
+    for paths, flag in ((answers, "--answers"), (vocab_from, "--vocab-from")):
+        if paths:
+            answer_files(paths, flag)
+    if config.epochs == 0 and init_head is None:
+        raise ConfigError("--epochs 0 writes out the --init-head head untrained; give --init-head (or epochs > 0)")
+    if init_head is not None:
+        check_init_head(init_head, config)
+    return per_file, eval_per_file
+
+
+def check_held_out(per_file, eval_per_file) -> None:
+    """Refuse evaluation prompts that are also training prompts (compared as the benchmark check compares)."""
+    from specula.training.contamination import normalise
+
+    trained = {normalise(text): text for _, file_prompts in per_file for _, text in file_prompts}
+    shared = [trained[k] for k in {normalise(text) for _, prompts in eval_per_file for _, text in prompts}
+              if k in trained]
+    if shared:
+        raise ConfigError(f"{len(shared)} evaluation prompt(s) are also training prompts (e.g. {shared[0][:60]!r}); "
+                          "held-out acceptance must come from prompts the head never trained on: pass other "
+                          "--eval-data")
 
 
 def run_training(target, tokenizer, target_name: str, out: Path, config: TrainConfig,
@@ -86,37 +127,27 @@ def run_training(target, tokenizer, target_name: str, out: Path, config: TrainCo
     extending a head's vocabulary by the tokens the target writes across a large corpus)."""
     from specula.drafters.heads.file import HeadFile, save_head, target_record
     from specula.drafters.heads.config import feature_layers_of
-    from specula.drafters.heads.runtime import new_head
+    from specula.drafters.heads.runtime import head_config, new_head
     from specula.models.install import sha256_file
     from specula.models.base import FeatureModel
     from specula.paths import atomic_write_json
 
     if not isinstance(target, FeatureModel):
         raise ConfigError(f"{target_name} cannot return hidden states; train with --backend native or hf")
-    files = [Path(f) for f in data] or [DEFAULT_PROMPTS]
-    per_file = [(f, read_prompts([f])) for f in files]
+    per_file, eval_per_file = check_inputs(config, data, eval_data, init_head=init_head, stop_after=stop_after,
+                                           answers=answers, cache_features=cache_features, vocab_from=vocab_from)
+    files = [f for f, _ in per_file]
     prompts = [p for _, file_prompts in per_file for p in file_prompts]
     out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(config.seed)
-    eval_files = [Path(f) for f in (eval_data if eval_data is not None else [EVAL_PROMPTS])]
-    eval_per_file = [(f, read_prompts([f], training=False)) for f in eval_files]
+    eval_files = [f for f, _ in eval_per_file]
     eval_prompts = [p for _, file_prompts in eval_per_file for p in file_prompts]
-    from specula.training.contamination import normalise
-
-    trained = {normalise(text): text for _, text in prompts}  # compared as the benchmark check compares
-    shared = [trained[k] for k in {normalise(text) for _, text in eval_prompts} if k in trained]
-    if shared:
-        raise ConfigError(f"{len(shared)} evaluation prompt(s) are also training prompts (e.g. {shared[0][:60]!r}); "
-                          "held-out acceptance must come from prompts the head never trained on: pass other --eval-data")
-    if answers is not None and stop_after == "answers":
-        raise ConfigError("--stop-after answers makes the target's answers; with --answers there are none to make")
-    if not cache_features and stop_after == "features":
-        raise ConfigError("--stop-after features caches the features; --no-feature-cache keeps them in memory only")
     given = None if answers is None else read_answers(answers, target.vocab_size)  # (table, hash): before the slow part
     ranked = None if not vocab_from else read_answers(vocab_from, target.vocab_size, "--vocab-from")
-    if config.epochs == 0 and init_head is None:
-        raise ConfigError("--epochs 0 writes out the --init-head head untrained; give --init-head (or epochs > 0)")
     start = None if init_head is None else initial_head(init_head, target, target_name, config)
+    if start is None:  # a new head's shape checked before the answers and features are made, not after them
+        head_config(config.kind, target, min(config.draft_vocab, target.vocab_size), config.num_offsets,
+                    config.intermediate_size, config.num_kv_heads, config.copy_ngram)
     head_file, _, report_file = out_files(out, config.kind)
     times = {}
     layers = feature_layers_of(config.kind, target.num_layers)  # the depths an eagle3 head fuses; else ()
@@ -225,17 +256,27 @@ def initial_head(path: str | os.PathLike, target, target_name: str, config: Trai
     medusa / hydra head keeps its own number of offsets whatever `config.num_offsets` says)."""
     from specula.drafters.heads.runtime import load_head
 
+    check_init_head(path, config)
     head = load_head(path, target, target_name, torch.float32)
-    if head.config.kind != config.kind:
-        raise ConfigError(f"--init-head {path} is a {head.config.kind} head; train it with --kind {head.config.kind}")
-    for name in ("intermediate_size", "num_kv_heads", "copy_ngram"):  # 0: not asked for
-        wanted, has = getattr(config, name), getattr(head.config, name)
-        if wanted and wanted != has and not (name == "copy_ngram" and not has):
-            raise ConfigError(f"--init-head {path} has {name} {has}, not {wanted}: its shape is kept when "
-                              f"fine-tuning; drop --{name.replace('_', '-')}")
     if config.copy_ngram and not head.config.copy_ngram:  # the one part of the shape a fine-tune may add
         return with_copy_hints(head, config.copy_ngram, target)
     return head
+
+
+def check_init_head(path: str | os.PathLike, config: TrainConfig) -> None:
+    """The head file `initial_head` starts from, checked without the target: readable (a
+    `HeadFileError` naming the fix), of `config.kind`, of the shape `config` asks for (its own is
+    kept; 0: not asked for; copy hints may be added to a head without them)."""
+    from specula.drafters.heads.file import read_head
+
+    has = read_head(path).config
+    if has.kind != config.kind:
+        raise ConfigError(f"--init-head {path} is a {has.kind} head; train it with --kind {has.kind}")
+    for name in ("intermediate_size", "num_kv_heads", "copy_ngram"):  # 0: not asked for
+        wanted, value = getattr(config, name), getattr(has, name)
+        if wanted and wanted != value and not (name == "copy_ngram" and not value):
+            raise ConfigError(f"--init-head {path} has {name} {value}, not {wanted}: its shape is kept when "
+                              f"fine-tuning; drop --{name.replace('_', '-')}")
 
 
 def with_copy_hints(head, n: int, target):

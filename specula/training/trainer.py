@@ -125,15 +125,14 @@ class TrainConfig:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.draft_vocab < 2:  # before answers and features are made, not after (HeadConfig's own check)
             raise ConfigError(f"--draft-vocab must be at least 2 (the tokens a head scores), got {self.draft_vocab}")
-        for name in ("intermediate_size", "num_kv_heads", "copy_ngram"):
-            if getattr(self, name) < 0:
-                raise ConfigError(f"{name} must be >= 0 (0 = the default shape), got {getattr(self, name)}")
-        if not self.epochs >= 0 or not 0 < self.lr < math.inf:
-            raise ConfigError(f"epochs must be >= 0 and lr a finite number > 0, got epochs {self.epochs}, lr {self.lr}")
-        if not self.copy_lr_scale > 0:
-            raise ConfigError(f"copy_lr_scale must be > 0, got {self.copy_lr_scale}")
-        if not self.topk_loss >= 0:
-            raise ConfigError(f"topk_loss must be >= 0 (0 = off), got {self.topk_loss}")
+        self._check_shape()
+        if not 0 <= self.epochs < math.inf or not 0 < self.lr < math.inf:
+            raise ConfigError(f"--epochs must be a finite number >= 0 and --lr a finite number > 0, got epochs "
+                              f"{self.epochs}, lr {self.lr}")
+        if not 0 < self.copy_lr_scale < math.inf:  # inf: the copy hints' weights went to NaN, the head was written
+            raise ConfigError(f"--copy-lr-scale must be a finite number > 0, got {self.copy_lr_scale}")
+        if not 0 <= self.topk_loss < math.inf:
+            raise ConfigError(f"--topk-loss must be a finite number >= 0 (0 = off), got {self.topk_loss}")
         if self.report_sequences < 0:
             raise ConfigError(f"report_sequences must be >= 0 (0 = the whole held-out split), got {self.report_sequences}")
         if self.max_sequences < 0:
@@ -142,6 +141,24 @@ class TrainConfig:
             raise ConfigError(f"holdout must be in [0, 1), got {self.holdout}")
         if self.precision not in PRECISIONS:
             raise ConfigError(f"precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
+
+
+    def _check_shape(self) -> None:
+        """The shape options: >= 0 (0 = the default shape), copy hints of at most `MAX_COPY_NGRAM` tokens,
+        and none of them for a kind that has no decoder layer (medusa / hydra ignored them, or failed
+        after the answers and features were made)."""
+        from specula.drafters.heads.copy import MAX_COPY_NGRAM
+
+        shape = {name: getattr(self, name) for name in ("intermediate_size", "num_kv_heads", "copy_ngram")}
+        for name, value in shape.items():
+            if value < 0:
+                raise ConfigError(f"--{name.replace('_', '-')} must be >= 0 (0 = the default shape), got {value}")
+        if self.copy_ngram > MAX_COPY_NGRAM:
+            raise ConfigError(f"--copy-ngram must be at most {MAX_COPY_NGRAM}, got {self.copy_ngram}")
+        given = [name for name, value in shape.items() if value]
+        if given and self.kind not in AUTOREGRESSIVE:
+            raise ConfigError(f"--{given[0].replace('_', '-')} shapes an eagle / eagle3 head's decoder layer; a "
+                              f"{self.kind} head has none: drop it (or train --kind eagle3)")
 
 
 PRECISIONS = ("auto", "float32", "bfloat16")

@@ -115,6 +115,38 @@ def test_outputs_that_would_overwrite_an_input_are_refused_before_any_work(no_lo
     assert (out / "eagle.safetensors").read_text() == "a head" and (out / "report.md").read_text() == turns
 
 
+@pytest.mark.parametrize("extra, words", [
+    # were accepted: a head of NaN copy weights written (exit 0), a traceback or "training diverged" after the answers
+    (["--copy-lr-scale", "inf", "--copy-ngram", "2"], ("--copy-lr-scale must be a finite number > 0",)),
+    (["--epochs", "inf"], ("--epochs must be a finite number",)),
+    (["--topk-loss", "inf"], ("--topk-loss must be a finite number",)),
+    (["--max-minutes", "inf"], ("--max-minutes must be > 0 (a finite number)",)),
+    (["--time-budget", "inf"], ("--time-budget must be > 0 minutes (a finite number)",)),
+    # were refused after the answers and features were made, or (medusa) ignored without a word
+    (["--copy-ngram", "9"], ("--copy-ngram must be at most 8",)),
+    (["--kind", "medusa", "--num-kv-heads", "3"], ("--num-kv-heads shapes an eagle / eagle3 head", "drop it")),
+    # were refused after the target had loaded
+    (["--epochs", "0"], ("--epochs 0 writes out the --init-head head untrained",)),
+    (["--answers", "nowhere"], ("--answers nowhere: no such file or folder",)),
+    (["--vocab-from", "nowhere"], ("--vocab-from nowhere: no such file or folder",)),
+    (["--stop-after", "features", "--no-feature-cache"], ("--no-feature-cache keeps them in memory only",)),
+    (["--init-head", "nowhere.safetensors"], ("head file nowhere.safetensors does not exist",)),
+])
+def test_train_checks_its_settings_and_files_before_the_target_loads(no_loading, capsys, tmp_path, extra, words):
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"id": "a", "prompt": "Write a haiku about rain on a tin roof."}\n')
+    refused(capsys, ["train", "--target", "smollm2-135m", "--data", str(prompts), "--eval-data", "none", "--out",
+                     str(tmp_path / "out"), *extra], *words)
+    assert not (tmp_path / "out").exists()
+
+
+def test_train_refuses_held_out_prompts_it_trains_on_before_the_target_loads(no_loading, capsys, tmp_path):
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"id": "a", "prompt": "Write a haiku about rain on a tin roof."}\n')
+    refused(capsys, ["train", "--target", "smollm2-135m", "--data", str(prompts), "--eval-data", str(prompts),
+                     "--out", str(tmp_path / "out")], "also training prompts", "pass other --eval-data")
+
+
 def test_a_reader_that_goes_away_ends_the_command_quietly():
     """`specula ... | head`: the pipe closes; exit 141 as a shell reports SIGPIPE, no traceback."""
     proc = subprocess.Popen([sys.executable, "-m", "specula", "models", "list"], stdout=subprocess.PIPE,

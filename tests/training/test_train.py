@@ -174,7 +174,7 @@ def test_the_top_k_term_reads_only_the_targets_likeliest_tokens():
                           soft_ce(logits, p, mask) + 0.5 * by_hand / len(rows))
     cfg = loss_config(TrainConfig(topk_loss=1.0, topk_loss_k=4))
     assert (cfg.topk, cfg.topk_weight) == (4, 1.0)
-    with pytest.raises(ConfigError, match="topk_loss must be >= 0"):
+    with pytest.raises(ConfigError, match="--topk-loss must be a finite number >= 0"):
         TrainConfig(topk_loss=-1.0)
     with pytest.raises(ConfigError, match="topk_loss_k must be >= 1"):
         TrainConfig(topk_loss_k=0)
@@ -205,7 +205,7 @@ def test_the_copy_hints_weights_learn_at_their_own_rate(setup, tmp_path, scale):
     assert moved["copy_proj.weight"] == pytest.approx(1e-3, rel=0.05)
     assert moved["copy_gain"] == pytest.approx(scale * 1e-3, rel=0.05)
     assert moved["copy_len"] == pytest.approx(scale * 1e-3, rel=0.05)
-    with pytest.raises(ConfigError, match="copy_lr_scale must be > 0"):
+    with pytest.raises(ConfigError, match="--copy-lr-scale must be a finite number > 0"):
         TrainConfig(copy_lr_scale=0)
 
 
@@ -537,6 +537,22 @@ def test_vocab_from_ranks_a_new_heads_vocabulary_by_another_corpus(tmp_path, mon
         assert main([*common, *extra]) == 2
         err = capsys.readouterr().err
         assert message in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_head_shape_the_target_cannot_have_is_refused_before_the_answers(tmp_path, monkeypatch, tiny_tokenizer,
+                                                                          capsys):
+    """--num-kv-heads must divide the head's query heads (the target's hidden size / 8 on the tiny model:
+    4): refused naming the option and the values that fit once the target is known, before its answers."""
+    from specula.cli import main
+
+    monkeypatch.setenv("SPECULA_CACHE", str(tmp_path / "cache"))
+    path, _, data = saved_training_setup(tmp_path, tiny_tokenizer)
+    assert main(["train", "--target", str(path), "--data", str(data), "--quiet", "--eval-data", "none",
+                 "--num-kv-heads", "3", "--out", str(tmp_path / "h")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err == ("error: --num-kv-heads 3 does not divide the head's 4 query heads (the target's hidden size 32 / "
+                   "8); give one of 1, 2, 4 (or 0: one per query head)"), err
+    assert not list((tmp_path / "cache" / "training").glob("corpus-*"))  # were made first, then the error
 
 
 def test_training_time_test_mask_shows_what_drafting_shows():
