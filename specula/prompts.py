@@ -107,7 +107,7 @@ def encode_prompt(tokenizer: Any, prompt: Prompt, raw: bool = False) -> list[int
     if isinstance(prompt, str):
         if not prompt:  # whitespace is text ("\n" opens a base model's unconditional generation)
             raise ConfigError("the prompt is empty: give some text")
-        return apply_chat_template(tokenizer, prompt, raw=raw)
+        return _some_tokens(apply_chat_template(tokenizer, prompt, raw=raw))
     if isinstance(prompt, (bytes, bytearray, memoryview)):  # an iterable of byte values, not token ids
         raise ConfigError("a prompt is text, token ids or chat messages, not bytes: decode it to a str first")
     if not isinstance(prompt, Iterable) or isinstance(prompt, Mapping):
@@ -117,10 +117,19 @@ def encode_prompt(tokenizer: Any, prompt: Prompt, raw: bool = False) -> list[int
     if not prompt:
         raise ConfigError("the prompt is empty: give some text, at least one message, or token ids")
     if isinstance(prompt[0], Mapping):
-        return apply_chat_template(tokenizer, prompt, raw=raw)
+        return _some_tokens(apply_chat_template(tokenizer, prompt, raw=raw))
     if not all(is_integer(t) for t in prompt):
         raise ConfigError("a prompt list must hold token ids (integers) or chat messages ({'role', 'content'})")
     return [int(t) for t in prompt]
+
+
+def _some_tokens(ids: list[int]) -> list[int]:
+    """`ids` of a text: refused when empty (a tokenizer that drops whitespace, as word-level ones do,
+    makes nothing of "   "; the engine then called it an empty prompt, as if no text had been given)."""
+    if not ids:
+        raise ConfigError("the prompt's text tokenized to no tokens (the tokenizer drops all of it): give text "
+                          "it keeps, or token ids")
+    return ids
 
 
 def is_integer(value: Any) -> bool:

@@ -38,11 +38,19 @@ def test_a_template_that_refuses_the_messages_is_a_config_error(tok):
 
 
 def test_whitespace_is_a_prompt_and_bytes_are_not(tok):
-    assert encode_prompt(tok, "\n", raw=True) == list(tok.encode("\n"))
+    assert encode_prompt(tok, "\nhi\n", raw=True) == list(tok.encode("\nhi\n"))
     with pytest.raises(ConfigError, match="the prompt is empty"):
         encode_prompt(tok, "", raw=True)
     with pytest.raises(ConfigError, match="not bytes: decode it to a str first"):
         encode_prompt(tok, b"hi there")
+
+
+def test_a_text_that_tokenizes_to_nothing_is_not_called_empty(tok):
+    """A word-level tokenizer drops whitespace (a byte-level one keeps it): "\n" was given, so it is not
+    "the prompt is empty"; its text made no tokens (the engine's message named no text at all)."""
+    for text in ("\n", "  \t "):
+        with pytest.raises(ConfigError, match="the prompt's text tokenized to no tokens"):
+            encode_prompt(tok, text, raw=True)
 
 
 def test_a_messages_other_keys_reach_the_template():

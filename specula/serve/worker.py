@@ -399,9 +399,6 @@ class Worker:
             ids = encode_prompt(self.spec.tokenizer, source, raw=request.messages is None)
         except SpeculaError as exc:
             raise prompt_error(exc, param) from exc
-        if not ids:
-            raise APIError(400, "the prompt is empty after tokenization: give some text", param=param,
-                           code="invalid_value")
         vocab = self.spec.target.vocab_size
         bad = [t for t in ids if t >= vocab]
         if bad:
