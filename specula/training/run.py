@@ -138,8 +138,7 @@ def run_training(target, tokenizer, target_name: str, out: Path, config: TrainCo
                                            answers=answers, cache_features=cache_features, vocab_from=vocab_from)
     files = [f for f, _ in per_file]
     prompts = [p for _, file_prompts in per_file for p in file_prompts]
-    out.mkdir(parents=True, exist_ok=True)
-    torch.manual_seed(config.seed)
+    torch.manual_seed(config.seed)  # OUT is made by the first write into it: a run refused before leaves none
     eval_files = [f for f, _ in eval_per_file]
     eval_prompts = [p for _, file_prompts in eval_per_file for p in file_prompts]
     given = None if answers is None else read_answers(answers, target.vocab_size)  # (table, hash): before the slow part

@@ -555,6 +555,29 @@ def test_a_head_shape_the_target_cannot_have_is_refused_before_the_answers(tmp_p
     assert not list((tmp_path / "cache" / "training").glob("corpus-*"))  # were made first, then the error
 
 
+def test_a_run_refused_after_the_target_loads_leaves_no_out_folder(tmp_path, monkeypatch, tiny_tokenizer, capsys):
+    """--out is made by the run's first write: a run refused once the target is known, or after its
+    answers (a time budget too short to train), leaves no folder behind; a folder that was there
+    keeps what it held."""
+    from specula.cli import main
+
+    monkeypatch.setenv("SPECULA_CACHE", str(tmp_path / "cache"))
+    path, _, data = saved_training_setup(tmp_path, tiny_tokenizer)
+    common = ["train", "--target", str(path), "--data", str(data), "--quiet", "--eval-data", "none",
+              "--max-new-tokens", "8"]
+    for extra, message in ((["--num-kv-heads", "3"], "--num-kv-heads 3 does not divide"),
+                           (["--padded-rows", "4"], "padded batches run through a Hugging Face model"),
+                           (["--time-budget", "0.001"], "--time-budget leaves")):
+        assert main([*common, *extra, "--out", str(tmp_path / "new" / "h")]) == 2
+        assert message in capsys.readouterr().err
+        assert not (tmp_path / "new").exists()  # was made (empty) before the checks
+    kept = tmp_path / "kept"
+    kept.mkdir()
+    (kept / "notes.txt").write_text("mine")
+    assert main([*common, "--num-kv-heads", "3", "--out", str(kept)]) == 2
+    assert [p.name for p in kept.iterdir()] == ["notes.txt"]
+
+
 def test_training_time_test_mask_shows_what_drafting_shows():
     """Step j, row i = a depth-j draft row over root pair i - j: it sees true pairs <= i - j and
     its ancestors at steps 1..j-1 (positions i - j + k), itself at step j."""
