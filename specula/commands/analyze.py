@@ -55,8 +55,7 @@ def run(args: argparse.Namespace) -> int:
     prompts = select_prompts(load_prompts(args.prompts), args.per_category, args.categories, args.seed)
     out = check_output(args.out, "--out", "dir")
     for name in ("results.json", REPORT_FILE, PLOT_FILE):
-        check_not_input(out / name, "--out", [("the --prompts file", args.prompts)])
-    out.mkdir(parents=True, exist_ok=True)
+        check_not_input(out / name, "--out", [("the --prompts file", args.prompts)])  # --out: made by the first write
 
     from specula.api import load_backend, load_draft
 

@@ -147,6 +147,13 @@ def test_train_refuses_held_out_prompts_it_trains_on_before_the_target_loads(no_
                      "--out", str(tmp_path / "out")], "also training prompts", "pass other --eval-data")
 
 
+def test_analyze_leaves_no_out_folder_when_its_models_cannot_load(monkeypatch, capsys, tmp_path):
+    monkeypatch.setenv("SPECULA_CACHE", str(tmp_path / "cache"))
+    refused(capsys, ["analyze", "acceptance", "--target", str(tmp_path / "nowhere"), "--draft", "self", "--prompts",
+                     "everyday", "--out", str(tmp_path / "out")], "no such file or directory")
+    assert not (tmp_path / "out").exists()  # was made (empty) before the models loaded
+
+
 def test_a_reader_that_goes_away_ends_the_command_quietly():
     """`specula ... | head`: the pipe closes; exit 141 as a shell reports SIGPIPE, no traceback."""
     proc = subprocess.Popen([sys.executable, "-m", "specula", "models", "list"], stdout=subprocess.PIPE,
