@@ -25,6 +25,8 @@ then A gives each exactly what it gets alone.
 from __future__ import annotations
 
 import contextlib
+import copy
+import logging
 import time
 from dataclasses import dataclass, field, replace
 from typing import Any, Iterable, Iterator, Sequence
@@ -49,6 +51,8 @@ from specula.stats import GenerationStats
 from specula.step import DraftBudget, DraftContext, Proposal, StepResult
 from specula.stopping import TextStream
 from specula.verify import verify_step
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -422,7 +426,8 @@ class SpeculativeDecoder:
     def _plan(self, sessions: Sequence[Session], failed: dict[int, Exception]) -> list[tuple[Plan, float]]:
         """Drafters propose for each session, the planner merges and sizes (across the batch):
         each session's plan and drafting seconds (its share of the planning included). A session
-        whose drafters raise goes to `failed` and is left out."""
+        whose drafters raise, or whose request the planner fails on alone where the batch's plan
+        raised, goes to `failed` and is left out (logged: a planner bug, not a bad request)."""
         requests = []
         for s in sessions:
             try:
@@ -431,13 +436,37 @@ class SpeculativeDecoder:
                 failed[id(s)] = exc
         sessions = [s for s in sessions if id(s) not in failed]
         t0 = time.perf_counter()
-        plans = self.planner.plan(requests)
+        try:
+            plans = self.planner.plan(requests)
+        except Exception:
+            culprits = self._plan_culprits(sessions, requests)
+            if not culprits or len(culprits) == len(sessions):  # each alone plans (or none does): the batch fails
+                raise
+            log.exception("planning a batch of %d requests failed; the %d it fails on alone end in error",
+                          len(sessions), len(culprits))
+            failed.update(culprits)
+            kept = [i for i, s in enumerate(sessions) if id(s) not in failed]
+            sessions, requests = [sessions[i] for i in kept], [requests[i] for i in kept]
+            plans = self.planner.plan(requests)
         for s, plan in zip(sessions, plans):
             if plan.predicted is not None:
                 s.stats.predicted_accepted += plan.predicted
             s.stats.speculation_off_by_load += plan.off_by_load
         share = (time.perf_counter() - t0) / max(1, len(sessions))
         return [(plan, r.draft_seconds + share) for plan, r in zip(plans, requests)]
+
+    def _plan_culprits(self, sessions: Sequence[Session], requests: Sequence[PlanRequest]) -> dict[int, Exception]:
+        """The batch's plan raised: the sessions whose request fails to plan alone, with their
+        exceptions (each tried on a copy of its planner state, which the batch's plan then reads)."""
+        culprits: dict[int, Exception] = {}
+        if len(requests) < 2:
+            return culprits
+        for s, r in zip(sessions, requests):
+            try:
+                self.planner.plan([replace(r, state=copy.deepcopy(r.state))])
+            except Exception as exc:  # this request's drafts are what the planner cannot plan
+                culprits[id(s)] = exc
+        return culprits
 
     def _draft(self, session: Session, batch_size: int) -> PlanRequest:
         """The drafters' proposals for one session, with its budget and the drafting seconds."""

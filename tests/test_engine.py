@@ -318,6 +318,89 @@ def test_one_sessions_drafter_raising_fails_that_session_only():
     assert b.generated == solo == reference_greedy(model, PROMPTS[1], 20)
 
 
+class PoisonChain:
+    """Proposes a one-token chain under the name "poison" for the request whose prompt starts with
+    `poison`, nothing for the others."""
+
+    name = "poison"
+
+    def __init__(self, poison: int) -> None:
+        self.poison = poison
+
+    def start(self):
+        return {}
+
+    def propose(self, ctx, state):
+        from specula.step import Proposal
+        from specula.tree import TokenTree
+
+        if ctx.tokens[0] != self.poison or ctx.budget.max_nodes < 1 or ctx.budget.max_depth < 1:
+            return Proposal.empty()
+        return Proposal(TokenTree.build([1], [-1], sources=self.name))
+
+    def observe(self, step, state):
+        return None
+
+    def finish(self, state):
+        return None
+
+
+def fragile_planner(alone: bool, hardware: bool = False):
+    """A planner that raises on any batch holding a "poison" node (`alone`), or only on a batch of
+    several requests that holds one (a failure of the combination: each request plans alone); the
+    hardware planner (per-request state the trial plans must not touch) or the pass-through one."""
+    from specula.planner import CostCurve, HardwarePlanner, PassThroughPlanner
+
+    base = HardwarePlanner if hardware else PassThroughPlanner
+
+    class FragilePlanner(base):
+        def plan(self, requests):
+            poisoned = any("poison" in p.tree.sources for r in requests for p in r.proposals)
+            if poisoned and (alone or len(requests) > 1):
+                raise RuntimeError("planner broke")
+            return super().plan(requests)
+
+    if not hardware:
+        return FragilePlanner()
+    return FragilePlanner(curve=CostCurve((1, 2, 4, 8, 16), (1.0, 1.1, 1.3, 1.8, 2.6), 16))
+
+
+@pytest.mark.parametrize("hardware", [False, True])
+def test_a_batch_whose_plan_fails_on_one_request_fails_that_session_only(hardware):
+    """The batch's plan raises, and a's request raises alone too: a ends in "error" with the
+    planner's exception, b goes on and gets exactly its solo output (before: every session of the
+    step failed, e.g. each request of the server's batch answered 500)."""
+    model = tiny_model("qwen2", seed=3)
+    target = HFCausalLM(model, "target")
+    dec = SpeculativeDecoder(target, [PoisonChain(PROMPTS[0][0])], eos_token_ids=[],
+                             planner=fragile_planner(True, hardware))
+    a, b = dec.start(PROMPTS[0], greedy(20)), dec.start(PROMPTS[1], greedy(20))
+    errors = []
+    while not b.finished:
+        for session, chunk in zip((a, b), dec.step([a, b])):
+            if chunk.error is not None:
+                errors.append((session is a, str(chunk.error)))
+    assert errors == [(True, "planner broke")]
+    assert a.finish_reason == "error" and b.finish_reason == "length"
+    assert b.generated == reference_greedy(model, PROMPTS[1], 20)
+    alone = dec.start(PROMPTS[0], greedy(5))
+    with pytest.raises(RuntimeError, match="planner broke"):  # one request: the step raises, as before
+        dec.step([alone])
+    assert alone.finish_reason == "error"
+
+
+def test_a_batch_whose_plan_fails_only_together_fails_every_session():
+    """Each request plans alone, the batch does not: no request is to blame, the step raises and
+    every session ends in "error" (none is stepped on a plan that was never made)."""
+    model = tiny_model("qwen2", seed=3)
+    dec = SpeculativeDecoder(HFCausalLM(model, "target"), [PoisonChain(PROMPTS[0][0])], eos_token_ids=[],
+                             planner=fragile_planner(False))
+    a, b = dec.start(PROMPTS[0], greedy(20)), dec.start(PROMPTS[1], greedy(20))
+    with pytest.raises(RuntimeError, match="planner broke"):
+        dec.step([a, b])
+    assert a.finish_reason == b.finish_reason == "error"
+
+
 def test_pass_through_planner_gives_the_output_of_the_full_planner():
     """Greedy: the pass-through planner (merge + budget) and the hardware planner verify different
     trees, and both give exactly plain greedy decoding."""
