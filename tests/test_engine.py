@@ -297,6 +297,18 @@ class FailingDrafter:
         return None
 
 
+def step_pair(dec):
+    """Steps PROMPTS[0] (a) and PROMPTS[1] (b) together until b ends: a, b, and every error a chunk
+    carried as (from a?, message)."""
+    a, b = dec.start(PROMPTS[0], greedy(20)), dec.start(PROMPTS[1], greedy(20))
+    errors = []
+    while not b.finished:
+        for session, chunk in zip((a, b), dec.step([a, b])):
+            if chunk.error is not None:
+                errors.append((session is a, str(chunk.error)))
+    return a, b, errors
+
+
 def test_one_sessions_drafter_raising_fails_that_session_only():
     """Inside step([a, b]) a's drafter raises: a ends with finish_reason "error" and the exception,
     b goes on and still gets exactly its solo output."""
@@ -307,28 +319,17 @@ def test_one_sessions_drafter_raising_fails_that_session_only():
     drafters = [*make_drafters("prompt-lookup", target=target), FailingDrafter(poison=PROMPTS[0][0])]
     dec = SpeculativeDecoder(target, drafters, eos_token_ids=[])
     solo = dec.generate(PROMPTS[1], greedy(20)).token_ids
-    a, b = dec.start(PROMPTS[0], greedy(20)), dec.start(PROMPTS[1], greedy(20))
-    errors = []
-    while not b.finished:
-        for session, chunk in zip((a, b), dec.step([a, b])):
-            if chunk.error is not None:
-                errors.append((session is a, str(chunk.error)))
+    a, b, errors = step_pair(dec)
     assert errors == [(True, "drafter broke")]
     assert a.finish_reason == "error" and b.finish_reason == "length"
     assert b.generated == solo == reference_greedy(model, PROMPTS[1], 20)
 
 
-class PoisonChain:
+class PoisonChain(FailingDrafter):
     """Proposes a one-token chain under the name "poison" for the request whose prompt starts with
-    `poison`, nothing for the others."""
+    `poison`, nothing for the others (it raises nothing itself)."""
 
     name = "poison"
-
-    def __init__(self, poison: int) -> None:
-        self.poison = poison
-
-    def start(self):
-        return {}
 
     def propose(self, ctx, state):
         from specula.step import Proposal
@@ -337,12 +338,6 @@ class PoisonChain:
         if ctx.tokens[0] != self.poison or ctx.budget.max_nodes < 1 or ctx.budget.max_depth < 1:
             return Proposal.empty()
         return Proposal(TokenTree.build([1], [-1], sources=self.name))
-
-    def observe(self, step, state):
-        return None
-
-    def finish(self, state):
-        return None
 
 
 def fragile_planner(alone: bool, hardware: bool = False):
@@ -374,12 +369,7 @@ def test_a_batch_whose_plan_fails_on_one_request_fails_that_session_only(hardwar
     target = HFCausalLM(model, "target")
     dec = SpeculativeDecoder(target, [PoisonChain(PROMPTS[0][0])], eos_token_ids=[],
                              planner=fragile_planner(True, hardware))
-    a, b = dec.start(PROMPTS[0], greedy(20)), dec.start(PROMPTS[1], greedy(20))
-    errors = []
-    while not b.finished:
-        for session, chunk in zip((a, b), dec.step([a, b])):
-            if chunk.error is not None:
-                errors.append((session is a, str(chunk.error)))
+    a, b, errors = step_pair(dec)
     assert errors == [(True, "planner broke")]
     assert a.finish_reason == "error" and b.finish_reason == "length"
     assert b.generated == reference_greedy(model, PROMPTS[1], 20)
