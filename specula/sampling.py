@@ -45,7 +45,9 @@ class SamplingParams:
     the output of plain sampling with that seed, whatever is drafted. Drafters then propose fixed
     candidates (their most likely tokens) by default (`fixed_drafts`); a drafter told to draw from
     q (`draft-model` with greedy_proposals=False, `draft-tree`'s sampled tree modes) reproduces
-    its output only where the planner does not time it (planner none)."""
+    its output only where the planner does not time it (planner none) and q itself does not
+    change between runs (online distillation retrains a head between requests: a later run of
+    the same seed draws other drafts; the law holds either way)."""
     max_new_tokens: int = 128
     """Hard limit on generated tokens; never overshot, even mid-draft."""
     min_new_tokens: int = 0

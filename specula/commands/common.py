@@ -149,8 +149,9 @@ def add_method_args(parser: argparse.ArgumentParser) -> None:
                         "numbers, foreign words it would copy; default 0: none; e.g. 1024)")
     g.add_argument("--online-distill", action="store_true",
                    help=f"{_taking('online_distill')} (and {DEFAULT_METHOD}'s head): keep training the head on the "
-                        "requests it serves (OSD: replay buffer, small learning rate); output is unchanged, "
-                        "acceptance adapts")
+                        "requests it serves (OSD: replay buffer, small learning rate); greedy output is unchanged and "
+                        "sampled output keeps the target's law, acceptance adapts (a seeded request with a sampled "
+                        "--tree-sampling mode may differ when asked again after the head has trained)")
     g.add_argument("--recycling-state", metavar="FILE", default=None,
                    help=f"{_taking('recycling_state')}: matrix file loaded at start if present and saved after each "
                         "request (hot start)")
