@@ -103,7 +103,9 @@ def atomic_path(target: str | os.PathLike[str]) -> Iterator[Path]:
     """Yield a temporary file path next to `target`; on normal exit it replaces `target`.
 
     The caller writes the temporary path however it likes (a library's `save(path)` for
-    instance). On an exception the temporary is deleted and `target` is left untouched."""
+    instance). On an exception the temporary is deleted and `target` is left untouched. The file
+    gets the mode a plainly created one would have, also where the library wrote it anew with
+    another (safetensors' `save_file` leaves 0600)."""
     target = Path(target)
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp_name = tempfile.mkstemp(prefix=_temp_prefix(target), dir=target.parent)
@@ -112,6 +114,8 @@ def atomic_path(target: str | os.PathLike[str]) -> Iterator[Path]:
     _default_mode(tmp, 0o666)
     try:
         yield tmp
+        if tmp.is_file():
+            _default_mode(tmp, 0o666)
         os.replace(tmp, target)
     except BaseException:
         _remove(tmp)

@@ -31,6 +31,17 @@ def test_atomic_write_bytes_creates_and_replaces(tmp_path: Path) -> None:
     assert target.stat().st_mode & 0o777 == 0o666 & ~paths._umask()  # not mkstemp's 0600
 
 
+def test_atomic_path_gives_a_file_a_library_wrote_privately_the_default_mode(tmp_path: Path) -> None:
+    """safetensors' save_file leaves its file 0600 (a trained head no one else could read)."""
+    import torch
+    from safetensors.torch import save_file
+
+    target = tmp_path / "head.safetensors"
+    with paths.atomic_path(target) as tmp:
+        save_file({"w": torch.zeros(2)}, str(tmp))
+    assert target.stat().st_mode & 0o777 == 0o666 & ~paths._umask()
+
+
 def test_atomic_write_json_round_trips(tmp_path: Path) -> None:
     import json
 
