@@ -273,6 +273,7 @@ def load(target: str, draft: str | None = "auto", method: str | None = None,
     from specula.methods import DEFAULT_METHOD, default_head, get_method
     from specula.models.loading import peak_rss_bytes, process_age_seconds
     from specula.models.draft_vocab import check_draft_vocab
+    from specula.models.loading import SELF_DRAFT, resolve
     from specula.models.skipping import SKIP_DRAFT, check_draft_skip, check_skip_layers
 
     start = time.perf_counter()
@@ -281,6 +282,8 @@ def load(target: str, draft: str | None = "auto", method: str | None = None,
     draft_vocab = check_draft_vocab(draft_vocab)
     if draft not in (None, "none", AUTO_DRAFT, SKIP_DRAFT) and row.draft_model == "no":
         draft = None  # this method drafts without a draft model: loading one would only cost time and memory
+    if draft not in (None, "none", AUTO_DRAFT, SKIP_DRAFT, SELF_DRAFT):
+        resolve(draft)  # a draft that cannot load fails now, not after the target's load (up to a minute)
     target_report: dict = {}
     target_lm, tokenizer = load_backend(target, config, "target", report=target_report)
     if draft == AUTO_DRAFT:

@@ -59,6 +59,26 @@ def test_bad_method_and_empty_prompt_fail_clearly(model_dir, tmp_path, monkeypat
         spec.generate("   ")
 
 
+def test_a_draft_that_cannot_load_is_refused_before_the_target_loads(model_dir, tmp_path, monkeypatch):
+    """A missing draft path (or a draft alias not installed) was found only after the target had
+    loaded, up to a minute for the 1.5B; a draft the method does not use is still ignored."""
+    from specula.errors import ModelNotFoundError
+
+    monkeypatch.setenv("SPECULA_CACHE", str(tmp_path))
+    path, _ = model_dir
+
+    def no_target(*args, **kwargs):
+        raise AssertionError("the target loaded before the draft was checked")
+
+    monkeypatch.setattr(specula, "load_backend", no_target)
+    for draft, match in ((str(tmp_path / "nowhere"), "no such file or directory"),
+                         ("qwen2.5-coder-0.5b", "not installed.*specula models install")):
+        with pytest.raises(ModelNotFoundError, match=match):
+            specula.load(str(path), draft=draft, method="draft-model")
+    with pytest.raises(AssertionError, match="the target loaded"):  # prompt-lookup loads no draft
+        specula.load(str(path), draft=str(tmp_path / "nowhere"), method="prompt-lookup")
+
+
 def test_self_draft_reuses_the_target_weights_quantized_and_stays_lossless(model_dir, tmp_path, monkeypatch):
     monkeypatch.setenv("SPECULA_CACHE", str(tmp_path))
     path, model = model_dir

@@ -6,7 +6,7 @@ import argparse
 import sys
 import time
 
-from specula.commands.common import add_model_args, explicit_draft, load_config
+from specula.commands.common import add_model_args, check_model_name, explicit_draft, load_config
 
 
 def register(sub) -> None:
@@ -50,6 +50,7 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("analyze acceptance needs a draft model: pass --draft MODEL (same tokenizer as the target) "
                           "or --draft self")
     check_skip_layers(args.draft, args.skip_layers)
+    check_model_name(args.draft, "--draft")  # before the target loads
     config = AcceptanceConfig(temperatures=tuple(args.temperature), max_drafts=args.drafts, positions=args.positions,
                               seed=args.seed, lump_mass=args.lump_mass, trajectories=args.trajectories)
     prompts = select_prompts(load_prompts(args.prompts), args.per_category, args.categories, args.seed)

@@ -154,6 +154,11 @@ def test_analyze_leaves_no_out_folder_when_its_models_cannot_load(monkeypatch, c
     assert not (tmp_path / "out").exists()  # was made (empty) before the models loaded
 
 
+def test_analyze_refuses_a_draft_that_cannot_load_before_the_target_loads(no_loading, capsys, tmp_path):
+    refused(capsys, ["analyze", "acceptance", "--target", "smollm2-135m", "--draft", str(tmp_path / "nowhere"),
+                     "--prompts", "everyday", "--out", str(tmp_path / "out")], "--draft", "no such file or directory")
+
+
 def test_a_reader_that_goes_away_ends_the_command_quietly():
     """`specula ... | head`: the pipe closes; exit 141 as a shell reports SIGPIPE, no traceback."""
     proc = subprocess.Popen([sys.executable, "-m", "specula", "models", "list"], stdout=subprocess.PIPE,
