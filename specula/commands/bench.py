@@ -85,7 +85,7 @@ def plan(args: argparse.Namespace) -> BenchPlan:
     """Validate the command line (fast, before loading models)."""
     from specula.bench.datasets import load_prompts, select_prompts
     from specula.bench.methods import parse_method_list, split_method
-    from specula.bench.peers import parse_compare
+    from specula.bench.peers import NEEDS_DRAFT, parse_compare
     from specula.bench.runner import BenchSettings
     from specula.models.skipping import SKIP_DRAFT
 
@@ -103,6 +103,9 @@ def plan(args: argparse.Namespace) -> BenchPlan:
     check_flags_taken(args, bases, f"the methods benched ({', '.join(bases)})", "add one of those to --methods")
     # skip: no model to assist; --assistant: a model for the HF assisted peers only
     peers = parse_compare(args.compare, bool(args.assistant) or (explicit_draft(args) and args.draft != SKIP_DRAFT))
+    if args.assistant and not NEEDS_DRAFT & set(peers):  # it would be loaded for nothing, silently
+        raise ConfigError("--assistant is the model Hugging Face's assisted peers draft with, and no assisted peer "
+                          "is compared: add --compare hf (or hf:assisted), or drop --assistant")
     categories = [c.strip() for c in args.categories.split(",") if c.strip()] if args.categories else None
     prompts = select_prompts(load_prompts(args.prompts), args.per_category, categories, args.seed)
     settings = BenchSettings(params, raw=args.raw, warmup_tokens=args.warmup_tokens, progress=not args.no_progress,

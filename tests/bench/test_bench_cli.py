@@ -226,6 +226,16 @@ def test_a_bad_assistant_path_is_refused_before_the_target_loads(tmp_path, promp
     assert tiny_models == []  # found missing only after the target had loaded
 
 
+@pytest.mark.parametrize("compare", [[], ["--compare", "hf:greedy,hf:prompt-lookup"]])
+def test_an_assistant_no_assisted_peer_uses_is_refused(tmp_path, prompts_file, tiny_models, capsys, compare):
+    """--assistant without an assisted peer to draft for was ignored without a word."""
+    code = main(["bench", "--target", "tiny", "--prompts", str(prompts_file), *compare, "--assistant", "self",
+                 "--out", str(tmp_path / "x")])
+    err = capsys.readouterr().err
+    assert code == 2 and "no assisted peer is compared" in err and err.count("\n") == 1, err
+    assert tiny_models == []
+
+
 def test_sigterm_ends_the_bench_like_ctrl_c():
     import os
     import signal
