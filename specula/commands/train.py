@@ -47,14 +47,14 @@ def register(sub) -> None:
     p.add_argument("--length-groups", action="store_true",
                    help="batch chunks of like length together (each epoch still sees every chunk once): "
                         "far fewer padded rows on mixed data at a long --seq-len")
-    p.add_argument("--ttt-steps", type=int, default=2, metavar="N",
+    p.add_argument("--ttt-steps", type=int, default=None, metavar="N",
                    help="eagle: training-time-test steps (1 = plain teacher forcing; default 2)")
     p.add_argument("--topk-loss", type=float, default=0.0, metavar="W",
                    help="weight of HASS's top-k distillation term beside the cross-entropy (default 0 = off; HASS "
                         "fine-tunes a trained head with 1 at a low --lr)")
     p.add_argument("--topk-loss-k", type=int, default=10, metavar="K",
                    help="target tokens the top-k term reads (default 10)")
-    p.add_argument("--num-offsets", type=int, default=4, metavar="K", help="medusa / hydra: heads (default 4)")
+    p.add_argument("--num-offsets", type=int, default=None, metavar="K", help="medusa / hydra: heads (default 4)")
     p.add_argument("--intermediate-size", type=int, default=0, metavar="N",
                    help="eagle / eagle3: MLP width of the head's layer (default 0 = 8/3 of the target's hidden size)")
     p.add_argument("--num-kv-heads", type=int, default=0, metavar="N",
@@ -65,7 +65,7 @@ def register(sub) -> None:
                         "match of the 1 .. N tokens ending at its own, at any distance (what prompt lookup finds), "
                         "and learns how far to trust it; with --init-head a head without hints gains them at zero "
                         "(default 0 = none)")
-    p.add_argument("--copy-lr-scale", type=float, default=30.0, metavar="X",
+    p.add_argument("--copy-lr-scale", type=float, default=None, metavar="X",
                    help="learning rate of the copy hints' vectors (a gain and a bias per match length) over --lr (default 30): they "
                         "start at zero and must grow to the head's scale before it follows a hint; their projection "
                         "matrix keeps --lr")
@@ -133,15 +133,28 @@ def check_inputs_kept(args: argparse.Namespace, init_head) -> None:
 
 
 def train_config(args: argparse.Namespace):
-    """The `TrainConfig` of the command line (its own checks run here, before anything loads)."""
+    """The `TrainConfig` of the command line (its own checks run here, before anything loads). An
+    option given for a head it does not shape is refused, not ignored."""
+    from specula.drafters.heads.config import AUTOREGRESSIVE
+    from specula.errors import ConfigError
     from specula.training.trainer import TrainConfig
 
+    offsets = tuple(kind for kind in HEAD_KINDS if kind not in AUTOREGRESSIVE)
+    for name, kinds in (("ttt_steps", AUTOREGRESSIVE), ("num_offsets", offsets)):  # argparse default None
+        if getattr(args, name) is not None and args.kind not in kinds:
+            raise ConfigError(f"--{name.replace('_', '-')} is for {' / '.join(kinds)} heads, not --kind "
+                              f"{args.kind}: drop it")
+    if args.copy_lr_scale is not None and not args.copy_ngram and args.init_head is None:
+        raise ConfigError("--copy-lr-scale is the copy hints' learning rate and this head has none: add "
+                          "--copy-ngram N (or fine-tune a head with hints: --init-head), or drop it")
+    given = {name: getattr(args, name) for name in ("ttt_steps", "num_offsets", "copy_lr_scale")
+             if getattr(args, name) is not None}  # else TrainConfig's defaults
     return TrainConfig(kind=args.kind, draft_vocab=args.draft_vocab, epochs=args.epochs, lr=args.lr,
-                       batch_size=args.batch_size, seq_len=args.seq_len, ttt_steps=args.ttt_steps,
-                       num_offsets=args.num_offsets, seed=args.seed, max_sequences=args.max_sequences,
-                       precision=args.precision, intermediate_size=args.intermediate_size,
-                       num_kv_heads=args.num_kv_heads, copy_ngram=args.copy_ngram, copy_lr_scale=args.copy_lr_scale,
-                       length_groups=args.length_groups, topk_loss=args.topk_loss, topk_loss_k=args.topk_loss_k)
+                       batch_size=args.batch_size, seq_len=args.seq_len, seed=args.seed,
+                       max_sequences=args.max_sequences, precision=args.precision,
+                       intermediate_size=args.intermediate_size, num_kv_heads=args.num_kv_heads,
+                       copy_ngram=args.copy_ngram, length_groups=args.length_groups, topk_loss=args.topk_loss,
+                       topk_loss_k=args.topk_loss_k, **given)
 
 
 def check_minutes(args: argparse.Namespace) -> None:

@@ -131,6 +131,10 @@ def test_outputs_that_would_overwrite_an_input_are_refused_before_any_work(no_lo
     (["--vocab-from", "nowhere"], ("--vocab-from nowhere: no such file or folder",)),
     (["--stop-after", "features", "--no-feature-cache"], ("--no-feature-cache keeps them in memory only",)),
     (["--init-head", "nowhere.safetensors"], ("head file nowhere.safetensors does not exist",)),
+    # were ignored without a word: options for a head kind other than the one trained, copy hints' rate without hints
+    (["--kind", "medusa", "--ttt-steps", "3"], ("--ttt-steps is for eagle / eagle3 heads, not --kind medusa",)),
+    (["--kind", "eagle3", "--num-offsets", "3"], ("--num-offsets is for medusa / hydra heads", "drop it")),
+    (["--copy-lr-scale", "10"], ("--copy-lr-scale is the copy hints' learning rate", "add --copy-ngram N")),
 ])
 def test_train_checks_its_settings_and_files_before_the_target_loads(no_loading, capsys, tmp_path, extra, words):
     prompts = tmp_path / "prompts.jsonl"
