@@ -111,10 +111,9 @@ def atomic_path(target: str | os.PathLike[str]) -> Iterator[Path]:
     fd, tmp_name = tempfile.mkstemp(prefix=_temp_prefix(target), dir=target.parent)
     os.close(fd)
     tmp = Path(tmp_name)
-    _default_mode(tmp, 0o666)
     try:
         yield tmp
-        if tmp.is_file():
+        if tmp.is_file():  # mkstemp's 0600, or a library's own (set after the caller wrote)
             _default_mode(tmp, 0o666)
         os.replace(tmp, target)
     except BaseException:
@@ -311,6 +310,7 @@ def check_not_input(output: str | os.PathLike[str], option: str,
     if not path.is_file():  # nothing there that could be read
         return
     for what, source in inputs:
-        if source is not None and Path(source).expanduser().is_file() and os.path.samefile(source, path):
+        read = None if source is None else Path(source).expanduser()
+        if read is not None and read.is_file() and os.path.samefile(read, path):
             raise (error or ConfigError)(f"{option} would overwrite {what} {str(source)!r} with its output; give "
                                          "another output path")

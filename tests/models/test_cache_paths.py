@@ -150,3 +150,15 @@ def test_file_lock_makes_writers_take_turns(cache: Path) -> None:
     thread.join(5)
     assert order == ["first done", "second"]
     assert (cache / "locks" / "entry.lock").is_file()
+
+
+def test_check_not_input_reads_an_input_given_under_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An input named "~/..." was checked for existence expanded, then compared unexpanded
+    (FileNotFoundError instead of the refusal)."""
+    from specula.errors import ConfigError
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    (tmp_path / "in.jsonl").write_text("{}\n")
+    with pytest.raises(ConfigError, match="--out would overwrite the input '~/in.jsonl'"):
+        paths.check_not_input(tmp_path / "in.jsonl", "--out", [("the input", "~/in.jsonl")])
+    paths.check_not_input(tmp_path / "other.jsonl", "--out", [("the input", "~/in.jsonl")])  # nothing to overwrite
