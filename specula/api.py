@@ -271,19 +271,19 @@ def load(target: str, draft: str | None = "auto", method: str | None = None,
 
     from specula.draft_choice import AUTO_DRAFT, auto_draft, auto_draft_quantize
     from specula.methods import DEFAULT_METHOD, default_head, get_method
-    from specula.models.loading import peak_rss_bytes, process_age_seconds
+    from specula.models.loading import SELF_DRAFT, peak_rss_bytes, process_age_seconds, resolve
     from specula.models.draft_vocab import check_draft_vocab
-    from specula.models.loading import SELF_DRAFT, resolve
     from specula.models.skipping import SKIP_DRAFT, check_draft_skip, check_skip_layers
 
     start = time.perf_counter()
     row = get_method(method or DEFAULT_METHOD)
     check_skip_layers(draft, skip_layers)
     draft_vocab = check_draft_vocab(draft_vocab)
-    if draft not in (None, "none", AUTO_DRAFT, SKIP_DRAFT) and row.draft_model == "no":
-        draft = None  # this method drafts without a draft model: loading one would only cost time and memory
-    if draft not in (None, "none", AUTO_DRAFT, SKIP_DRAFT, SELF_DRAFT):
-        resolve(draft)  # a draft that cannot load fails now, not after the target's load (up to a minute)
+    if draft not in (None, "none", AUTO_DRAFT, SKIP_DRAFT):
+        if row.draft_model == "no":
+            draft = None  # this method drafts without a draft model: loading one would only cost time and memory
+        elif draft != SELF_DRAFT:
+            resolve(draft)  # a draft that cannot load fails now, not after the target's load (up to a minute)
     target_report: dict = {}
     target_lm, tokenizer = load_backend(target, config, "target", report=target_report)
     if draft == AUTO_DRAFT:

@@ -255,8 +255,8 @@ def initial_head(path: str | os.PathLike, target, target_name: str, config: Trai
     medusa / hydra head keeps its own number of offsets whatever `config.num_offsets` says)."""
     from specula.drafters.heads.runtime import load_head
 
-    check_init_head(path, config)
     head = load_head(path, target, target_name, torch.float32)
+    check_init_shape(path, head.config, config)
     if config.copy_ngram and not head.config.copy_ngram:  # the one part of the shape a fine-tune may add
         return with_copy_hints(head, config.copy_ngram, target)
     return head
@@ -268,7 +268,11 @@ def check_init_head(path: str | os.PathLike, config: TrainConfig) -> None:
     kept; 0: not asked for; copy hints may be added to a head without them)."""
     from specula.drafters.heads.file import read_head
 
-    has = read_head(path).config
+    check_init_shape(path, read_head(path).config, config)
+
+
+def check_init_shape(path: str | os.PathLike, has, config: TrainConfig) -> None:
+    """The config `has` of the head at `path` against what `config` asks for (`check_init_head`)."""
     if has.kind != config.kind:
         raise ConfigError(f"--init-head {path} is a {has.kind} head; train it with --kind {has.kind}")
     for name in ("intermediate_size", "num_kv_heads", "copy_ngram"):  # 0: not asked for

@@ -142,7 +142,6 @@ class TrainConfig:
         if self.precision not in PRECISIONS:
             raise ConfigError(f"precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
 
-
     def _check_shape(self) -> None:
         """The shape options: >= 0 (0 = the default shape), copy hints of at most `MAX_COPY_NGRAM` tokens,
         and none of them for a kind that has no decoder layer (medusa / hydra ignored them, or failed
