@@ -38,7 +38,7 @@ def register(sub) -> None:
                    help="seconds a generation request may take, queueing included; then 504 (default 600; 0 = none)")
     g.add_argument("--shutdown-timeout", type=float, default=30.0,
                    help="on SIGTERM / Ctrl-C: seconds in-flight requests get to finish before they are cancelled "
-                        "(default 30)")
+                        "(default 30; inf: no limit, until a second signal forces the exit)")
     g.add_argument("--served-model-name", default=None,
                    help="model id clients send and /v1/models lists (default: the --target value)")
     cors = p.add_argument_group("CORS (browser pages on other origins; vLLM's options)")

@@ -258,16 +258,28 @@ def suffix_array(tokens: np.ndarray) -> np.ndarray:
 # --------------------------------------------------------------------------- build
 
 
+def check_build(sources: Sequence[str | os.PathLike], out: str | os.PathLike,
+                config: BuildConfig = BuildConfig()) -> list[tuple[Path, bool]]:
+    """The corpus files of `sources` (as `collect_files`), once `out` is known to be writable and
+    none of them: what a build refuses, found before any work (`specula datastore build` asks it
+    before loading the tokenizer, which imports transformers: about 3 s)."""
+    check_output(out, "--out", "file", DatastoreError)
+    files = collect_files(sources, config.extensions)
+    check_not_input(out, "--out", [("the corpus file", path) for path, _ in files], DatastoreError)
+    return files
+
+
 def build_datastore(tokenizer: Any, sources: Sequence[str | os.PathLike], out: str | os.PathLike,
-                    config: BuildConfig = BuildConfig()) -> BuildReport:
+                    config: BuildConfig = BuildConfig(), *,
+                    files: Sequence[tuple[Path, bool]] | None = None) -> BuildReport:
     """Tokenize `sources` with `tokenizer`, suffix-sort, and write `out` atomically (temp + rename):
-    an interrupted build leaves the previous file (or none), never a partial one."""
+    an interrupted build leaves the previous file (or none), never a partial one. `files`: what
+    `check_build(sources, out, config)` returned, when the caller checked already."""
     from tqdm import tqdm
 
     t0 = time.perf_counter()
-    check_output(out, "--out", "file", DatastoreError)  # before any work
-    files = collect_files(sources, config.extensions)
-    check_not_input(out, "--out", [("the corpus file", path) for path, _ in files], DatastoreError)
+    if files is None:
+        files = check_build(sources, out, config)  # before any work
     n_vocab = vocab_size(tokenizer)
     dtype = token_dtype_for(n_vocab)
     separator = int(np.iinfo(dtype).max)

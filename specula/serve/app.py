@@ -88,7 +88,8 @@ class ServerConfig:
     """Seconds a generation request may take from arrival to its last token, queueing included
     (504 after that; None = no limit)."""
     shutdown_timeout: float = 30.0
-    """On SIGTERM / Ctrl-C: seconds in-flight requests get to finish before they are cancelled."""
+    """On SIGTERM / Ctrl-C: seconds in-flight requests get to finish before they are cancelled (inf: no
+    limit, until a second signal forces the exit)."""
     poll_seconds: float = 0.05
     """How often a waiting non-streamed request checks that its client is still connected."""
     keep_alive_seconds: float = 5.0

@@ -236,3 +236,18 @@ def test_an_unreadable_datastore_is_a_clear_error(tmp_path, corpus, make_tokeniz
     monkeypatch.setattr("specula.datastore.format.open", refused, raising=False)  # as for a user without read access
     with pytest.raises(DatastoreError, match="cannot read datastore .*Permission denied"):
         load_datastore(path)
+
+
+def test_the_command_refuses_a_bad_corpus_or_output_before_loading_the_tokenizer(tmp_path, corpus, monkeypatch,
+                                                                                 capsys):
+    import specula.models.loading as loading
+
+    monkeypatch.setattr(loading, "load_tokenizer", lambda *a, **k: pytest.fail("the tokenizer loaded first"))
+    (tmp_path / "dir").mkdir()
+    cases = [([str(tmp_path / "missing")], str(tmp_path / "ds.specds"), "does not exist"),
+             ([str(corpus)], str(tmp_path / "dir"), "is a directory"),
+             ([str(corpus)], str(corpus / "a.txt"), "the corpus file")]
+    for sources, out, message in cases:
+        assert main(["datastore", "build", "--tokenizer", "smollm2-135m", "--from", *sources, "--out", out,
+                     "--quiet"]) == 2
+        assert message in capsys.readouterr().err
