@@ -181,6 +181,23 @@ def init_head_file(args: argparse.Namespace):
     return found
 
 
+def check_before_load(args: argparse.Namespace, config, init_head) -> None:
+    """What the target's `config.json` decides, checked before the target loads (up to a minute for
+    the 1.5B): a new head's shape (`--num-kv-heads`), and `--padded-rows` on `--backend native`.
+    `run_training` checks both again on the loaded target (a `.gguf` has no config to read here)."""
+    from specula.drafters.heads.runtime import head_config
+    from specula.errors import ConfigError
+    from specula.models.loading import config_shape
+    from specula.training.run import PADDED_NEEDS_HF
+
+    if args.padded_rows and args.backend == "native":
+        raise ConfigError(PADDED_NEEDS_HF)
+    shape = None if init_head is not None else config_shape(args.target)  # a fine-tune's shape is its head's
+    if shape is not None:
+        head_config(config.kind, shape, min(config.draft_vocab, shape.vocab_size), config.num_offsets,
+                    config.intermediate_size, config.num_kv_heads, config.copy_ngram)
+
+
 def run(args: argparse.Namespace) -> int:
     import time
 
@@ -209,6 +226,7 @@ def run(args: argparse.Namespace) -> int:
                   cache_features=args.cache_features, vocab_from=args.vocab_from)
     check_inputs_kept(args, init_head)
     check_inputs(config, args.data or (), eval_data, **inputs)  # bad prompts, files, settings: before the slow load
+    check_before_load(args, config, init_head)
     return_freed_memory()  # this process's heap would keep every step's freed blocks (`training.heap`)
     target, tokenizer = load_backend(args.target, load_config(args), name="target")
     report = run_training(target, tokenizer, args.target, Path(args.out), config, args.data or (), corpus,

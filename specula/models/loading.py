@@ -340,6 +340,24 @@ def config_stand_in(directory: Path) -> SimpleNamespace | None:
     return SimpleNamespace(**facts)
 
 
+def config_shape(spec: str) -> SimpleNamespace | None:
+    """A model's `hidden_size`, `num_layers` and `vocab_size` as its `config.json` gives them, without
+    loading it: for checks of what is built on the model (a new head's shape) made before its load.
+    None where there is no such file (a `.gguf`) or it lacks one of them; a model that cannot be
+    found raises as `resolve` does, which its load would too."""
+    from specula.paths import read_json_object
+
+    resolved = resolve(spec)
+    config = None if resolved.gguf_file is not None else read_json_object(resolved.path / "config.json")
+    if config is None:
+        return None
+    facts = {"hidden_size": config.get("hidden_size"), "num_layers": config.get("num_hidden_layers"),
+             "vocab_size": config.get("vocab_size")}
+    if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in facts.values()):
+        return None
+    return SimpleNamespace(**facts)
+
+
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
                    "vocab.json", "merges.txt", "tokenizer.model", "vocab.txt")
 """The files a Hugging Face tokenizer is read from (the chat template, which does not change ids, aside)."""

@@ -37,6 +37,11 @@ from specula.training.trainer import (
 )
 
 
+PADDED_NEEDS_HF = ("padded batches run through a Hugging Face model: load the target with --backend hf (or leave "
+                   "--padded-rows out)")
+"""Why `--padded-rows` is refused on the native backend (before the load where `--backend native` is given)."""
+
+
 def target_identity(target) -> dict:
     """What the target's outputs depend on (not the machine's threads or kernels)."""
     key = target.cost_key()
@@ -156,8 +161,7 @@ def run_training(target, tokenizer, target_name: str, out: Path, config: TrainCo
     if padded == "auto":
         padded = PaddedConfig() if model is not None and target.device.type == "cuda" else None
     elif padded is not None and model is None:
-        raise ConfigError("padded batches run through a Hugging Face model: load the target with --backend hf "
-                          "(or leave --padded-rows out)")
+        raise ConfigError(PADDED_NEEDS_HF)
     padded = None if padded is None else padded.on(target.device)
     seqs, fs, features_seconds = _corpus_and_features(target, tokenizer, per_file, corpus, layers,
                                                       None if quiet else "corpus (target answers)", padded,

@@ -1181,3 +1181,24 @@ def test_damaged_training_files_are_one_line_errors_naming_the_fix(tmp_path):
     features.write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{}")
     with pytest.raises(ConfigError, match="cached features .* do not read.*delete the file"):
         extract_features(None, [], features)
+
+
+def test_what_the_target_config_decides_is_refused_before_the_target_loads(tmp_path, monkeypatch, tiny_tokenizer,
+                                                                           capsys):
+    """A new head's --num-kv-heads is checked against the target's config.json, and --padded-rows
+    against --backend native, before the target loads (up to a minute for the 1.5B)."""
+    import specula.models.loading as loading
+    from specula.cli import main
+
+    monkeypatch.setenv("SPECULA_CACHE", str(tmp_path / "cache"))
+    path, _, data = saved_training_setup(tmp_path, tiny_tokenizer)
+    monkeypatch.setattr(loading, "load_backend", lambda *a, **k: pytest.fail("the target loaded first"))
+    common = ["train", "--target", str(path), "--data", str(data), "--quiet", "--eval-data", "none",
+              "--out", str(tmp_path / "h")]
+    for extra, message in ((["--num-kv-heads", "3"], "--num-kv-heads 3 does not divide the head's 4 query heads"),
+                           (["--backend", "native", "--padded-rows", "4"], "padded batches run through")):
+        capsys.readouterr()  # the setup's save bar
+        assert main([*common, *extra]) == 2
+        err = capsys.readouterr().err
+        assert message in err and len(err.strip().splitlines()) == 1, err
+    assert loading.config_shape(str(path)).hidden_size == 32
