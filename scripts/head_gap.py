@@ -43,8 +43,10 @@ def sources(per: int, seed: int) -> dict[str, list[str]]:
     """Prompt texts by source. The training prompts' held-out split is the trainer's own
     (`split` over the corpus order with the head's seed and 5%)."""
     train = [text for _, text in read_prompts([DATA / "training" / "prompts.jsonl"])]
-    fit, held = split(FeatureSet(torch.zeros(0), torch.zeros(0, 1), torch.arange(len(train) + 1),
-                                 torch.zeros(len(train))), 0.05, seed)
+    # one token per sequence, its own prompt: `split` leaves out of training every sequence whose
+    # prompt a held-out one has, so empty prompts would all read as the same one
+    fit, held = split(FeatureSet(torch.arange(len(train)), torch.zeros(0, 1), torch.arange(len(train) + 1),
+                                 torch.ones(len(train), dtype=torch.long)), 0.05, seed)
     every = [json.loads(line)["turns"][0] for line in (DATA / "everyday" / "prompts.jsonl").read_text().splitlines()
              if line.strip()]
     bench = [json.loads(line) for line in (DATA / "spec_bench" / "question.jsonl").read_text().splitlines()
