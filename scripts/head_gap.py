@@ -43,9 +43,11 @@ def sources(per: int, seed: int) -> dict[str, list[str]]:
     """Prompt texts by source. The training prompts' held-out split is the trainer's own
     (`split` over the corpus order with the head's seed and 5%)."""
     train = [text for _, text in read_prompts([DATA / "training" / "prompts.jsonl"])]
-    # one token per sequence, its own prompt: `split` leaves out of training every sequence whose
-    # prompt a held-out one has, so empty prompts would all read as the same one
-    fit, held = split(FeatureSet(torch.arange(len(train)), torch.zeros(0, 1), torch.arange(len(train) + 1),
+    # one token per sequence standing for its prompt (equal texts, one token): `split` leaves out of
+    # training every sequence whose prompt a held-out one has, so empty prompts all read as one
+    first: dict[str, int] = {}
+    keys = torch.tensor([first.setdefault(text, len(first)) for text in train], dtype=torch.long)
+    fit, held = split(FeatureSet(keys, torch.zeros(0, 1), torch.arange(len(train) + 1),
                                  torch.ones(len(train), dtype=torch.long)), 0.05, seed)
     every = [json.loads(line)["turns"][0] for line in (DATA / "everyday" / "prompts.jsonl").read_text().splitlines()
              if line.strip()]
