@@ -5,6 +5,9 @@ prompts written here (chat, email, math, code; not Spec-Bench), 64 new tokens, d
 
     python scripts/compare_drafts.py
 """
+import argparse
+
+argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
 from specula.api import build_decoder
 from specula.models.loading import load_backend, load_draft, LoadConfig, encode_prompt
 from specula.sampling import SamplingParams

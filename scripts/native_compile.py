@@ -1,5 +1,5 @@
 """torch.compile vs eager PyTorch ops vs specula's C kernels: one-token step of the native SmolLM2 decoder."""
-import time, statistics, sys
+import argparse, time, statistics
 import torch
 torch.set_num_threads(2)
 from specula.models.loading import load_backend, LoadConfig
@@ -13,7 +13,9 @@ def step_ms(backend, n=40):
         t = time.perf_counter(); seq.forward_tree(200 + i, TokenTree.empty()); seq.commit([])
         times.append(time.perf_counter() - t)
     return statistics.median(times[5:]) * 1e3
-name = sys.argv[1] if len(sys.argv) > 1 else "smollm2-135m"
+parser = argparse.ArgumentParser(description=__doc__)
+parser.add_argument("target", nargs="?", default="smollm2-135m", help="model (default smollm2-135m)")
+name = parser.parse_args().target
 eager, _ = load_backend(name, LoadConfig(linear_kernel="aten"), "t")
 print("eager TorchOps (aten)", f"{step_ms(eager):.1f} ms", flush=True)
 ck, _ = load_backend(name, LoadConfig(linear_kernel="specula"), "t")
