@@ -185,17 +185,15 @@ def check_before_load(args: argparse.Namespace, config, init_head) -> None:
     """What the target's `config.json` decides, checked before the target loads (up to a minute for
     the 1.5B): a new head's shape (`--num-kv-heads`), and `--padded-rows` on `--backend native`.
     `run_training` checks both again on the loaded target (a `.gguf` has no config to read here)."""
-    from specula.drafters.heads.runtime import head_config
     from specula.errors import ConfigError
     from specula.models.loading import config_shape
-    from specula.training.run import PADDED_NEEDS_HF
+    from specula.training.run import PADDED_NEEDS_HF, check_new_shape
 
     if args.padded_rows and args.backend == "native":
         raise ConfigError(PADDED_NEEDS_HF)
     shape = None if init_head is not None else config_shape(args.target)  # a fine-tune's shape is its head's
     if shape is not None:
-        head_config(config.kind, shape, min(config.draft_vocab, shape.vocab_size), config.num_offsets,
-                    config.intermediate_size, config.num_kv_heads, config.copy_ngram)
+        check_new_shape(config, shape)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -132,7 +132,7 @@ def run_training(target, tokenizer, target_name: str, out: Path, config: TrainCo
     extending a head's vocabulary by the tokens the target writes across a large corpus)."""
     from specula.drafters.heads.file import HeadFile, save_head, target_record
     from specula.drafters.heads.config import feature_layers_of
-    from specula.drafters.heads.runtime import head_config, new_head
+    from specula.drafters.heads.runtime import new_head
     from specula.models.install import sha256_file
     from specula.models.base import FeatureModel
     from specula.paths import atomic_write_json
@@ -150,8 +150,7 @@ def run_training(target, tokenizer, target_name: str, out: Path, config: TrainCo
     ranked = None if not vocab_from else read_answers(vocab_from, target.vocab_size, "--vocab-from")
     start = None if init_head is None else initial_head(init_head, target, target_name, config)
     if start is None:  # a new head's shape checked before the answers and features are made, not after them
-        head_config(config.kind, target, min(config.draft_vocab, target.vocab_size), config.num_offsets,
-                    config.intermediate_size, config.num_kv_heads, config.copy_ngram)
+        check_new_shape(config, target)
     head_file, _, report_file = out_files(out, config.kind)
     times = {}
     layers = feature_layers_of(config.kind, target.num_layers)  # the depths an eagle3 head fuses; else ()
@@ -264,6 +263,16 @@ def initial_head(path: str | os.PathLike, target, target_name: str, config: Trai
     if config.copy_ngram and not head.config.copy_ngram:  # the one part of the shape a fine-tune may add
         return with_copy_hints(head, config.copy_ngram, target)
     return head
+
+
+def check_new_shape(config: TrainConfig, target) -> None:
+    """The shape `config` asks of a new head for `target`, refused (`head_config`) where the target
+    cannot have it: `run_training` asks on the loaded target, `specula train` before the load on a
+    stand-in read from its config.json (`hidden_size`, `num_layers`, `vocab_size`)."""
+    from specula.drafters.heads.runtime import head_config
+
+    head_config(config.kind, target, min(config.draft_vocab, target.vocab_size), config.num_offsets,
+                config.intermediate_size, config.num_kv_heads, config.copy_ngram)
 
 
 def check_init_head(path: str | os.PathLike, config: TrainConfig) -> None:
