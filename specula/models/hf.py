@@ -15,6 +15,7 @@ holds for eager and sdpa attention.
 
 from __future__ import annotations
 
+import inspect
 import os
 from pathlib import Path
 from typing import Any, Sequence
@@ -39,6 +40,12 @@ def context_window(config) -> int:
         if isinstance(value, int) and value > 0:
             return value
     raise ConfigError(f"cannot tell the context window of {type(config).__name__}: set max_position_embeddings")
+
+
+def cache_kwarg(model: torch.nn.Module) -> str:
+    """The name under which `model`'s forward takes a KV cache: `cache` where it has one (transformers
+    5.24's models do; there `past_key_values` warns, and goes in 5.40), else `past_key_values` (5.20's)."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 
 def eos_ids_of(model: PreTrainedModel, tokenizer=None) -> frozenset[int]:
@@ -78,6 +85,7 @@ class HFCausalLM:
         self.greedy_guarantee = guarantee_of(self.dtype, invariant)
         self.num_parameters = sum(p.numel() for p in model.parameters())
         self.cache_config = tree_cache_config(model.config, self.max_context, name)
+        self._cache_kwarg = cache_kwarg(model)
 
     def new_cache(self) -> DynamicCache:
         """An empty KV cache of plain key/value layers (`tree_cache_config`)."""
@@ -134,10 +142,10 @@ class HFCausalLM:
             input_ids=input_ids,
             attention_mask=mask,
             position_ids=positions.unsqueeze(0).to(self.device),
-            past_key_values=cache,
             use_cache=True,
             logits_to_keep=logits_to_keep,
             output_hidden_states=hidden,
+            **{self._cache_kwarg: cache},
         )
         if not hidden:
             return out.logits[0]

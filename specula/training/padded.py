@@ -64,9 +64,10 @@ def greedy_padded(model, prompts: Sequence[Sequence[int]], max_new_tokens: int,
     positions = (mask.cumsum(1) - 1).clamp_min(0)  # [B, L]: every prompt starts at position 0
     from transformers import DynamicCache
 
-    cache = DynamicCache(config=model.config)
-    out = model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache,
-                use_cache=True, logits_to_keep=1)
+    from specula.models.hf import cache_kwarg
+
+    cache = {cache_kwarg(model): DynamicCache(config=model.config)}
+    out = model(input_ids=ids, attention_mask=mask, position_ids=positions, **cache, use_cache=True, logits_to_keep=1)
     new = torch.empty((b, 0), dtype=torch.long, device=device)  # [B, t]
     done = torch.zeros(b, dtype=torch.bool, device=device)
     last = positions[:, -1:]  # [B, 1]
@@ -78,8 +79,7 @@ def greedy_padded(model, prompts: Sequence[Sequence[int]], max_new_tokens: int,
             break
         mask = torch.cat([mask, torch.ones((b, 1), dtype=mask.dtype, device=device)], 1)
         last = last + 1
-        out = model(input_ids=tok[:, None], attention_mask=mask, position_ids=last, past_key_values=cache,
-                    use_cache=True)
+        out = model(input_ids=tok[:, None], attention_mask=mask, position_ids=last, **cache, use_cache=True)
     answers = []
     ends = set(int(e) for e in eos.tolist())
     for row in new.tolist():

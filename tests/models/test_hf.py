@@ -3,13 +3,15 @@ the cache equals a plain forward's after any steps (incremental growth included)
 of one backend are independent. The pending-tree guards both backends share: test_sequence.py."""
 
 import random
+import warnings
 
 import pytest
+import torch
 
 from tiny import assert_cache_equals_plain_forward, check_random_tree, random_steps, random_tree, tiny_model
 from specula.errors import ConfigError
 from specula.models.base import TargetModel, TargetSequence, check_context
-from specula.models.hf import HFCausalLM
+from specula.models.hf import HFCausalLM, cache_kwarg
 from specula.tree import TokenTree
 
 
@@ -50,6 +52,22 @@ def test_commit_after_incremental_growth_leaves_an_exact_cache(arch):
         lm.commit(path)
         committed += [root, *tree.tokens_of(path)]
         assert_cache_equals_plain_forward(model, lm, committed)
+
+
+def test_the_cache_goes_under_the_name_the_model_takes_without_a_deprecation_warning(arch):
+    model = tiny_model(arch, "sdpa")
+    lm = HFCausalLM(model).new_sequence()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # transformers 5.24 warns on past_key_values (FutureWarning)
+        lm.prefill([3, 5, 7], logits="all")
+        lm.forward_tree(9, random_tree(random.Random(0), 4, 96))
+        lm.commit(())
+
+    class Old(torch.nn.Module):  # transformers 5.20's forward: the cache is past_key_values
+        def forward(self, input_ids, past_key_values=None, use_cache=None): ...
+
+    assert cache_kwarg(model) in ("cache", "past_key_values")
+    assert cache_kwarg(Old()) == "past_key_values"
 
 
 def test_context_window_is_enforced_with_a_clear_error():
