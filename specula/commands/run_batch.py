@@ -16,7 +16,8 @@ def register(sub) -> None:
         "run-batch", help="answer an OpenAI batch file (JSONL of /v1/completions and /v1/chat/completions requests)",
         description="Answer every request of an OpenAI batch file offline, through the server's own checks and "
                     "responses, decoding up to --max-batch-size sequences at once (continuous batching). "
-                    "Output lines are in input order; a failed request gets its error, the others their answers.")
+                    "Output lines are in input order; a failed request gets its error, the others their answers. "
+                    "Exit status 1 when every request failed (the errors are still written), else 0.")
     add_model_args(p)
     p.add_argument("--method", default=None, help=method_help(default=True))
     add_method_args(p)
@@ -52,4 +53,7 @@ def run(args: argparse.Namespace) -> int:
                         progress=not args.no_progress)
     print(f"specula run-batch: {summary.requests} requests, {summary.succeeded} answered, {summary.failed} failed "
           f"(method {method}) -> {args.output_file}", file=sys.stderr)
+    if summary.requests and not summary.succeeded:  # a batch where nothing went through: a script should see it
+        print(f"specula run-batch: every request failed; the first: {summary.first_error}", file=sys.stderr)
+        return 1
     return 0

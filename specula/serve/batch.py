@@ -50,6 +50,8 @@ class BatchSummary:
     """Requests answered with status 200."""
     failed: int
     """Requests answered with an error."""
+    first_error: str = ""
+    """The first failed request's error message ("" when none failed)."""
 
 
 BatchRow = tuple[int, Any, "tuple[protocol.Endpoint, dict] | APIError"]
@@ -112,17 +114,18 @@ def run_batch(spec, rows: Sequence[BatchRow], output_path: str | Path, model_nam
                 jobs.append(worker.submit(protocol.parse_request(item[0], item[1], model_name)))
             except APIError as exc:
                 jobs.append(exc)
-        lines, succeeded = [], 0
+        lines, succeeded, first_error = [], 0, ""
         for (_, custom_id, _), job in tqdm(list(zip(rows, jobs)), disable=not progress, unit="request",
                                            desc="run-batch"):
             status, body = _answer(job, tokenizer, token_bytes)
             succeeded += status == 200
+            first_error = first_error or ("" if status == 200 else body["error"]["message"])
             lines.append(json.dumps(_output_line(custom_id, status, body), ensure_ascii=False) + "\n")
     finally:
         worker.close()
     with atomic_path(output_path) as tmp:
         tmp.write_text("".join(lines), encoding="utf-8")
-    return BatchSummary(len(rows), succeeded, len(rows) - succeeded)
+    return BatchSummary(len(rows), succeeded, len(rows) - succeeded, first_error)
 
 
 def _answer(job: Job | APIError, tokenizer, token_bytes: TokenBytes) -> tuple[int, dict[str, Any]]:

@@ -96,3 +96,19 @@ def test_an_unreadable_file_is_refused_before_any_model_loads(tmp_path, capsys, 
     code = main(["run-batch", "--target", "smollm2-135m", "-i", str(source), "-o", str(tmp_path / "out.jsonl")])
     err = capsys.readouterr().err
     assert code == 2 and "cannot read the batch file" in err and len(err.strip().splitlines()) == 1
+
+
+def test_the_command_exits_1_when_every_request_failed_and_0_when_one_went_through(spec, tmp_path, capsys,
+                                                                                   monkeypatch):
+    import specula.commands.run_batch as command
+
+    monkeypatch.setattr(command, "load_spec", lambda args: (spec, "prompt-lookup"))
+    good = line("ok", "/v1/completions", {"prompt": "w05 w06", "max_tokens": 2, "temperature": 0})
+    bad = line("bad", "/v1/completions", {"model": "gpt-4", "prompt": "w05"})
+    for rows, code in (([bad, bad], 1), ([bad, good], 0)):
+        source, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+        source.write_text("\n".join(rows) + "\n")
+        assert main(["run-batch", "--target", MODEL, "-i", str(source), "-o", str(out), "--no-progress"]) == code
+        err = capsys.readouterr().err
+        assert len(out.read_text().splitlines()) == 2  # the errors are written either way
+        assert ("every request failed; the first: " in err and "gpt-4" in err) == (code == 1)
