@@ -44,7 +44,8 @@ def context_window(config) -> int:
 
 def cache_kwarg(model: torch.nn.Module) -> str:
     """The name under which `model`'s forward takes a KV cache: `cache` where it has one (transformers
-    5.24's models do; there `past_key_values` warns, and goes in 5.40), else `past_key_values` (5.20's)."""
+    5.24's models do; there `past_key_values` warns, and goes in 5.40), else `past_key_values` (older or
+    remote-code models)."""
     return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 

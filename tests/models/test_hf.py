@@ -63,7 +63,7 @@ def test_the_cache_goes_under_the_name_the_model_takes_without_a_deprecation_war
         lm.forward_tree(9, random_tree(random.Random(0), 4, 96))
         lm.commit(())
 
-    class Old(torch.nn.Module):  # transformers 5.20's forward: the cache is past_key_values
+    class Old(torch.nn.Module):  # an older (5.20) or remote-code forward: past_key_values
         def forward(self, input_ids, past_key_values=None, use_cache=None): ...
 
     assert cache_kwarg(model) in ("cache", "past_key_values")
