@@ -389,6 +389,27 @@ def test_verify_step_dispatch():
             verify_rrs(tree, p, q, make_generator(trial), without_replacement=False)
     with pytest.raises(Exception, match="token ids the target does not have"):
         verify_step(tree, logits, params, q=torch.ones(7, 53), mode="iid", generator=gen)
+    # On the random rows above the i.i.d. and without-replacement rules gave the same result on every
+    # trial, so a dispatch of one sampled mode to the other's rule passed. Here q puts 0.7 on the first
+    # root child (token 3, which p never takes) and 0.25 on the second (token 4): once 3 is rejected,
+    # the i.i.d. rule accepts 4 always, the without-replacement rule (q renormalised) with probability 0.4.
+    logits = torch.full((7, 50), -30.0)
+    logits[:, 4] = logits[:, 10] = 0.0  # p: half on token 4, half on token 10
+    q = torch.full((7, 50), 1e-3)
+    q[:, 3], q[:, 4] = 0.7, 0.25
+    q = q / q.sum(-1, keepdim=True)
+    sample = SamplingParams(temperature=1.0)
+    p = TargetRows(logits, sample)
+    rules = {"iid": lambda g: verify_rrs(tree, p, q, g, without_replacement=False),
+             "without_replacement": lambda g: verify_rrs(tree, p, q, g, without_replacement=True),
+             "iid_kseq": lambda g: verify_kseq(tree, p, q, g)}
+    results = {mode: [verify_step(tree, logits, sample, q=q, mode=mode, generator=make_generator(s))
+                      for s in range(100)] for mode in rules}
+    for mode, rule in rules.items():
+        assert results[mode] == [rule(make_generator(s)) for s in range(100)], mode
+    for other in ("iid", "iid_kseq"):  # (the random rows above already tell K-SEQ from i.i.d.)
+        differ = sum(x != y for x, y in zip(results["without_replacement"], results[other]))
+        assert differ > 20, (other, differ)  # the rules really differ here
 
 
 def test_rules_read_lazy_target_rows_as_tensors():
