@@ -32,10 +32,14 @@ def test_greedy_output_equals_plain_greedy(arch, method):
     model = tiny_model(arch, seed=3)
     draft = perturbed_copy(model, 0.3) if method == "draft-model" else None
     dec = decoder(model, method, draft)
+    accepted = 0
     for prompt in PROMPTS:
         out = dec.generate(prompt, greedy(40))
         assert out.token_ids == reference_greedy(model, prompt, 40), (arch, method, prompt)
         assert out.stats.new_tokens == 40
+        accepted += out.stats.accepted_tokens
+    if method != "none":  # drafts were verified and accepted: a drafter proposing nothing passed the above
+        assert accepted > 0, (arch, method)
 
 
 def test_unrelated_draft_model_is_still_lossless():
