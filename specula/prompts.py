@@ -38,6 +38,18 @@ def _json(value: Any) -> str:
         return repr(value)[:80]
 
 
+def unicode_problem(text: str) -> str | None:
+    """What keeps `text` from being Unicode a tokenizer can read (None: nothing): a lone surrogate, which
+    undecodable bytes (a file or command line that is not UTF-8, read with surrogateescape) or an unpaired
+    JSON escape (\\ud800-\\udfff) leave in a str; a fast tokenizer refused it with a TypeError."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        return (f"it holds {text[exc.start]!r} at character {exc.start}, a lone surrogate (bytes that are not "
+                f"UTF-8, or an unpaired \\ud800-\\udfff escape); give valid UTF-8 text")
+    return None
+
+
 def chat_message(message: Any, index: int) -> dict[str, str]:
     """Message `index` as the chat template reads it: the message with a role of `CHAT_ROLES` and
     text content (a list of text parts joined by newlines, as vLLM joins them; an assistant's null
@@ -67,6 +79,9 @@ def chat_message(message: Any, index: int) -> dict[str, str]:
     if not isinstance(content, str):
         raise MessageError(f"'{where}.content' must be a string, got {_json(content)}", f"{where}.content",
                            "invalid_type")
+    problem = unicode_problem(content)
+    if problem:
+        raise MessageError(f"'{where}.content' is not valid Unicode: {problem}", f"{where}.content", "invalid_value")
     return {**message, "role": role, "content": content}  # other keys (tool_calls, name, ...) for the template
 
 
@@ -82,6 +97,9 @@ def apply_chat_template(tokenizer: Any, prompt: str | Sequence[Mapping[str, str]
                           "the decoder with a tokenizer")
     has_template = bool(getattr(tokenizer, "chat_template", None))
     if isinstance(prompt, str):
+        problem = unicode_problem(prompt)
+        if problem:
+            raise ConfigError(f"the prompt is not valid Unicode: {problem}")
         if raw or not has_template:
             return list(tokenizer.encode(prompt))
         messages: list[Mapping[str, str]] = [{"role": "user", "content": prompt}]
@@ -98,6 +116,9 @@ def apply_chat_template(tokenizer: Any, prompt: str | Sequence[Mapping[str, str]
         text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
     except TemplateError as exc:  # the template's raise_exception: "roles must alternate", "no system role", ...
         raise ConfigError(f"the model's chat template refused these messages: {exc}") from None
+    problem = unicode_problem(text)  # a message's other keys (name, tool_calls) reach the template unchecked
+    if problem:
+        raise ConfigError(f"the chat messages are not valid Unicode: {problem}")
     return list(tokenizer.encode(text, add_special_tokens=False))
 
 

@@ -60,3 +60,19 @@ def test_a_messages_other_keys_reach_the_template():
     tok = word_tokenizer(["w0", "user", "hi", "a", "b"], chat_template=template)
     named = encode_prompt(tok, [{"role": "user", "content": "hi", "name": "a"}])
     assert named == encode_prompt(tok, [{"role": "user", "content": "hi a"}]) != encode_prompt(tok, [{"role": "user", "content": "hi"}])
+
+
+def test_a_lone_surrogate_is_named_not_a_tokenizer_type_error(tok):
+    """Bytes that are not UTF-8 (a command line or stdin read with surrogateescape) or an unpaired JSON
+    escape leave a lone surrogate in a str; the fast tokenizer raised TypeError ("TextEncodeInput must be
+    Union[...]"), a traceback on the command line and a 500 on the server."""
+    for raw in (True, False):
+        with pytest.raises(ConfigError, match=r"the prompt is not valid Unicode: it holds '\\udcff' at character 3"):
+            encode_prompt(tok, "hi \udcff", raw=raw)
+    with pytest.raises(MessageError, match="'messages\\[1\\].content' is not valid Unicode") as err:
+        encode_prompt(tok, [{"role": "user", "content": "hi"}, {"role": "user", "content": "\ud800 a"}])
+    assert (err.value.param, err.value.code) == ("messages[1].content", "invalid_value")
+    with pytest.raises(ConfigError, match="the chat messages are not valid Unicode"):  # a key the template reads
+        encode_prompt(word_tokenizer(["w0", "hi"], chat_template="{% for m in messages %}{{ m.name }}{% endfor %}"),
+                      [{"role": "user", "content": "hi", "name": "\udcff"}])
+    assert encode_prompt(tok, "hi \U0001F600 there", raw=True)  # a pair written out is a character

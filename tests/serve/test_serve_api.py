@@ -234,6 +234,11 @@ BAD_REQUESTS = [
     ("/v1/chat/completions", {**OK_CHAT, "messages": [{"content": "w05"}]}, 400, "messages[0].role"),
     ("/v1/chat/completions", {**OK_CHAT, "messages": [{"role": "user", "content": 5}]}, 400, "messages[0].content"),
     ("/v1/chat/completions", {**OK_CHAT, "messages": [{"role": "wizard", "content": "w05"}]}, 400, "messages[0].role"),
+    # a lone surrogate (an unpaired \\udcff escape) is not text a tokenizer reads: it was a 500 (TypeError)
+    ("/v1/completions", {**OK_COMPLETION, "prompt": "w05 \udcff"}, 400, "prompt"),
+    ("/v1/completions", {**OK_COMPLETION, "prompt": ["w05", "w06 \ud800"]}, 400, "prompt"),
+    ("/v1/chat/completions", {**OK_CHAT, "messages": [{"role": "user", "content": "w05 \ud800"}]}, 400,
+     "messages[0].content"),
     ("/v1/completions", {**OK_COMPLETION, "max_tokens": "5"}, 400, "max_tokens"),
     ("/v1/completions", {**OK_COMPLETION, "max_tokens": 0}, 400, "max_tokens"),
     ("/v1/completions", {**OK_COMPLETION, "max_tokens": 10_000}, 400, "max_tokens"),

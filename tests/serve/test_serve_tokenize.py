@@ -32,6 +32,8 @@ def test_detokenize_gives_the_text_back(server, tokenizer):
     ("/tokenize", {"prompt": "w05", "messages": [{"role": "user", "content": "w05"}]}, 400, "prompt"),
     ("/tokenize", {"prompt": 5}, 400, "prompt"),
     ("/tokenize", {"prompt": ["w05", "w06"]}, 400, "prompt"),
+    ("/tokenize", {"prompt": "w05 \udcff"}, 400, "prompt"),  # a lone surrogate: was a 500 (TypeError)
+    ("/tokenize", {"messages": [{"role": "user", "content": "w05 \ud800"}]}, 400, "messages[0].content"),
     ("/tokenize", {"model": "gpt-4", "prompt": "w05"}, 404, "model"),
     ("/detokenize", {"tokens": "w05"}, 400, "tokens"),
     ("/detokenize", {"tokens": [5, 100_000]}, 400, "tokens"),
