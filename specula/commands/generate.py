@@ -85,6 +85,9 @@ def constraint_from_args(args: argparse.Namespace):
                 return f.read()
         except OSError as exc:
             raise ConfigError(f"cannot read the {what} file {path}: {exc.strerror}") from None
+        except UnicodeDecodeError as exc:  # a binary file, or another encoding: was a traceback
+            raise ConfigError(f"the {what} file {path} is not UTF-8 text ({exc.reason} at byte {exc.start}); "
+                              f"give a text file") from None
 
     if args.json_object:
         return Constraint.json()

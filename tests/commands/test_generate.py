@@ -159,6 +159,17 @@ def test_bad_constraints_exit_2_with_one_line(json_load, capsys, flags, words):
     assert code == 2 and words in err and len(err.strip().splitlines()) == 1
 
 
+@pytest.mark.parametrize("flag, what", [("--grammar", "grammar"), ("--json-schema", "JSON schema")])
+def test_a_constraint_file_that_is_not_utf8_exits_2_with_one_line(json_load, capsys, tmp_path, flag, what):
+    """A binary file (or one in another encoding) given as the grammar or schema: a one-line error naming
+    the file, exit 2 (UnicodeDecodeError's traceback before)."""
+    path = tmp_path / "g.bin"
+    path.write_bytes(b"start: \"a\"\n\xa9\xff\x00")
+    code = main(["generate", "--target", "tiny", "--prompt", "x", "--raw", flag, str(path)])
+    err = capsys.readouterr().err
+    assert code == 2 and f"the {what} file {path} is not UTF-8 text" in err and len(err.strip().splitlines()) == 1
+
+
 def test_a_bad_draft_vocab_exits_2_naming_the_choices_before_loading(tmp_path, capsys, monkeypatch):
     """`--draft-vocab lots`: one-line error naming auto, full or a number, exit 2; no model is loaded."""
     import specula.api as api
