@@ -391,10 +391,9 @@ def _authorize(key: str | None, request: Request) -> None:
 
 
 async def _read_json(request: Request, limit: int) -> dict[str, Any]:
-    """The body as a JSON object; 411 for chunked bodies, 413 above `limit` (refused before the body
-    is read, so a client sending `Expect: 100-continue` never sends it)."""
-    if "chunked" in request.headers.get("transfer-encoding", "").lower():
-        raise APIError(411, "chunked request bodies are not supported; send Content-Length", code="length_required")
+    """The body as a JSON object; 413 above `limit`: refused before the body is read when its
+    Content-Length says so (a client sending `Expect: 100-continue` never sends it), else (a chunked
+    body, as vLLM takes them) as soon as what has arrived passes the limit."""
     raw = request.headers.get("content-length")
     if raw is not None:
         try:
@@ -406,7 +405,13 @@ async def _read_json(request: Request, limit: int) -> dict[str, Any]:
         if length > limit:
             raise APIError(413, f"the request body has {length} bytes; this server accepts at most {limit} "
                                 "(--max-body-bytes)", code="request_too_large")
-    return protocol.parse_json_body(await request.body())
+    body = bytearray()
+    async for part in request.stream():
+        body += part
+        if len(body) > limit:
+            raise APIError(413, f"the request body has more than {limit} bytes; this server accepts at most {limit} "
+                                "(--max-body-bytes)", code="request_too_large")
+    return protocol.parse_json_body(bytes(body))
 
 
 class _Wakeup:

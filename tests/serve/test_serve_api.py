@@ -3,6 +3,7 @@ responses equal offline decoding, streaming format, stop strings, errors, metric
 
 from __future__ import annotations
 
+import http.client
 import json
 import socket
 
@@ -376,6 +377,26 @@ def test_body_over_the_limit_is_413(server):
     # The server still answers afterwards, and counted both refusals.
     assert http_call(server, "GET", "/health")[0] == 200
     assert scrape(server)[key] == before + 2
+
+
+def test_a_chunked_body_is_read_as_vllm_reads_it_and_held_to_the_limit(server):
+    """Transfer-Encoding: chunked (Go's and Node's clients with a streamed body, curl -T -) was a 411
+    'send Content-Length'; vLLM's server reads it. A chunked body past --max-body-bytes is a 413."""
+    def chunked(body: dict) -> tuple[int, dict]:
+        data = json.dumps(body).encode()
+        conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
+        conn.request("POST", "/v1/completions", body=(data[i:i + 100] for i in range(0, len(data), 100)),
+                     headers={"Content-Type": "application/json"}, encode_chunked=True)
+        resp = conn.getresponse()
+        payload = json.loads(resp.read())
+        conn.close()
+        return resp.status, payload
+
+    status, payload = chunked({**OK_COMPLETION, "temperature": 0})
+    assert status == 200 and payload["choices"][0]["text"], payload
+    status, payload = chunked({**OK_COMPLETION, "prompt": "w05 " * 3000})
+    assert status == 413 and payload["error"]["code"] == "request_too_large", payload
+    assert http_call(server, "GET", "/health")[0] == 200
 
 
 def test_openai_client_raises_typed_errors(client):
