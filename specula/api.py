@@ -250,6 +250,20 @@ def resolve_planner(choice: PlannerChoice | None | Literal[False], target: Targe
     return choice
 
 
+def _check_load_keywords(method: str, accepted: Sequence[str], options: dict[str, Any]) -> None:
+    """A keyword of `load` that belongs elsewhere, named with where it goes before any model loads (it
+    was 'method fusion does not take device; its options are ...', after the target had loaded):
+    LoadConfig's fields (device, dtype, quantize, ...) and sampling parameters (temperature, ...)."""
+    for name in sorted(set(options) - set(accepted)):
+        if name in {f.name for f in dataclasses.fields(LoadConfig)}:
+            where = f"how models load is config=LoadConfig({name}=...) (specula.api.LoadConfig)"
+        elif name in {f.name for f in dataclasses.fields(SamplingParams)} or name in _KEYWORD_HINTS:
+            where = "sampling parameters go to generate(), stream(), start() or generate_batch(), not load()"
+        else:
+            continue  # the method's own check names its options
+        raise ConfigError(f"load() does not take {name} for method {method}: {where}")
+
+
 def load(target: str, draft: str | None = "auto", method: str | None = None,
          config: LoadConfig = LoadConfig(), draft_quantize: str | None = None, skip_layers: str | None = None,
          draft_vocab: str | int = "auto", **drafter_options) -> Specula:
@@ -277,6 +291,7 @@ def load(target: str, draft: str | None = "auto", method: str | None = None,
 
     start = time.perf_counter()
     row = get_method(method or DEFAULT_METHOD)
+    _check_load_keywords(row.name, row.accepted_options(), drafter_options)
     check_skip_layers(draft, skip_layers)
     draft_vocab = check_draft_vocab(draft_vocab)
     if draft not in (None, "none", AUTO_DRAFT, SKIP_DRAFT):

@@ -81,6 +81,19 @@ def test_a_draft_that_cannot_load_is_refused_before_the_target_loads(model_dir, 
         specula.load(str(path), draft=str(tmp_path / "nowhere"), method="prompt-lookup")
 
 
+def test_a_load_or_sampling_keyword_given_to_load_names_where_it_goes_before_the_target_loads(tmp_path, monkeypatch):
+    """load("m", device="cpu") (vLLM's LLM(model, dtype=...) habit) or load("m", temperature=0.5) said
+    'method fusion does not take device; its options are datastore, ...' once the target had loaded; it
+    names LoadConfig or generate() now, before any load (other unknown keywords keep the method's error)."""
+    monkeypatch.setattr(specula, "load_backend", lambda *a, **k: pytest.fail("the target loaded"))
+    for kw, match in (({"device": "cpu"}, r"config=LoadConfig\(device=...\)"),
+                      ({"quantize": "int8", "method": "prompt-lookup"}, r"LoadConfig\(quantize=...\)"),
+                      ({"temperature": 0.5}, r"sampling parameters go to generate\(\)"),
+                      ({"max_tokens": 5}, r"load\(\) does not take max_tokens")):
+        with pytest.raises(ConfigError, match=match):
+            specula.load(str(tmp_path / "nowhere"), **kw)
+
+
 def test_self_draft_reuses_the_target_weights_quantized_and_stays_lossless(model_dir, tmp_path, monkeypatch):
     monkeypatch.setenv("SPECULA_CACHE", str(tmp_path))
     path, model = model_dir
