@@ -259,6 +259,12 @@ def check_method_flags(args: argparse.Namespace, method: str) -> None:
     if spec.draft_model == "no" and explicit_draft(args) and args.draft != SKIP_DRAFT:
         raise ConfigError(f"method {spec.name} drafts without a draft model; drop --draft {args.draft} or pass a "
                           "method that uses one (draft-model, draft-tree, fusion)")
+    if spec.draft_model == "no":  # nothing to quantize or cut: it was ignored without a word
+        for flag, given in (("--draft-quantize", getattr(args, "draft_quantize", None) is not None),
+                            ("--draft-vocab", getattr(args, "draft_vocab", "auto") != "auto")):
+            if given:
+                raise ConfigError(f"{flag} applies to a draft model, and method {spec.name} drafts without one; "
+                                  "drop it or pass a method that uses one (draft-model, draft-tree, fusion)")
 
 
 def check_flags_taken(args: argparse.Namespace, methods, what: str, fix: str) -> None:

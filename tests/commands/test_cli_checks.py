@@ -41,6 +41,9 @@ GENERATE = ["generate", "--target", "smollm2-135m", "--prompt", "hi", "--max-new
     (["--tree-depth", "3"], ("--tree-depth does not apply to method fusion",)),  # the default method
     (["--method", "none", "--datastore", "x.specds"], ("--datastore does not apply to method none",)),
     (["--method", "prompt-lookup", "--draft", "smollm2-135m"], ("drafts without a draft model",)),
+    (["--method", "prompt-lookup", "--draft-quantize", "int8"], ("--draft-quantize applies to a draft model",
+                                                                 "method prompt-lookup drafts without one")),
+    (["--method", "eagle3", "--draft-vocab", "full"], ("--draft-vocab applies to a draft model",)),
     (["--linear-kernel", "specula", "--backend", "hf"], ("--linear-kernel specula", "--backend native")),
 ])
 def test_generate_refuses_what_it_would_ignore_or_misread(no_loading, capsys, extra, words):
