@@ -192,11 +192,11 @@ def parse_request(endpoint: Endpoint, body: Mapping[str, Any], served_model: str
     max_tokens_param = "max_tokens"
     if endpoint == "completions":
         prompts = _prompts(body)
-        max_tokens = _opt_int(body, "max_tokens", minimum=1)
+        echo = _opt_bool(body, "echo")
+        max_tokens = _opt_int(body, "max_tokens", minimum=0 if echo else 1)  # echo with 0: the prompt alone
         if max_tokens is None:
             max_tokens = COMPLETIONS_DEFAULT_MAX_TOKENS
         logprobs = _completion_logprobs(body)
-        echo = _opt_bool(body, "echo")
     else:
         logprobs = _chat_logprobs(body)
         messages = _messages(body)

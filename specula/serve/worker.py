@@ -113,6 +113,8 @@ class _Choice:
     index: int
     prompt: tuple[int, ...]
     params: SamplingParams
+    echo_only: bool = False
+    """max_tokens 0 with echo (OpenAI's and vLLM's): the prompt alone, its logprobs from the prefill."""
 
 
 @dataclass
@@ -270,9 +272,16 @@ class Worker:
                 self._fail(job, self._timeout_error())
                 continue
             try:
-                batch.append(self._start(choice))
+                running = self._start(choice)
             except Exception as exc:
                 self._fail(job, exc)
+                continue
+            if choice.echo_only:  # nothing to decode: it ends at its prefill
+                self._deliver(running, StreamChunk([], "", True, replace(running.session.stats, finish_reason="length"),
+                                                   logprobs=None if choice.params.logprobs is None else [],
+                                                   prompt_logprobs=running.session.prompt_logprobs))
+            else:
+                batch.append(running)
 
     def _free(self, session) -> None:
         """`spec.finish(session)`: an error there (a drafter's clean-up: a state file, online
@@ -332,8 +341,8 @@ class Worker:
         seed = base.seed
         self.metrics.prompt_tokens.inc(sum(len(ids) for ids in prompts))  # a request refused above counts none
         return [_Choice(job, i * request.n + j, job.prompts[i],
-                        replace(base, max_new_tokens=limit, min_new_tokens=request.min_tokens,
-                                seed=None if seed is None else choice_seed(seed, j)))
+                        replace(base, max_new_tokens=max(1, limit), min_new_tokens=request.min_tokens,
+                                seed=None if seed is None else choice_seed(seed, j)), echo_only=limit == 0)
                 for i, limit in enumerate(limits) for j in range(request.n)]
 
     def _start(self, choice: _Choice) -> _Running:

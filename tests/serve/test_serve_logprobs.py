@@ -59,6 +59,32 @@ def test_echo_with_logprobs_scores_the_prompt_as_an_evaluation_harness_asks(clie
     assert [max(top, key=top.get) for top in lp.top_logprobs[1:]] == [tokenizer.decode([t]) for t in greedy]
 
 
+def test_echo_with_max_tokens_0_returns_the_prompt_alone_as_vllm_does(client, tokenizer):
+    """OpenAI's and vLLM's echo with max_tokens 0: the prompt and its logprobs, no completion (it was a
+    400 "'max_tokens' must be >= 1"); the prompt's logprobs are those max_tokens 1 gives, streamed or not."""
+    ids = list(text_ids(tokenizer, "w40 w03 w77 w08 w09 w30"))
+    one = client.completions.create(model=MODEL, prompt=[ids], max_tokens=1, temperature=0, echo=True, logprobs=1)
+    out = client.completions.create(model=MODEL, prompt=[ids], max_tokens=0, temperature=0, echo=True, logprobs=1)
+    choice, lp = out.choices[0], out.choices[0].logprobs
+    assert choice.text == tokenizer.decode(ids) and choice.finish_reason == "length"
+    assert (out.usage.prompt_tokens, out.usage.completion_tokens) == (len(ids), 0)
+    assert lp.tokens == one.choices[0].logprobs.tokens[: len(ids)]
+    assert lp.token_logprobs == one.choices[0].logprobs.token_logprobs[: len(ids)]
+    assert lp.top_logprobs == one.choices[0].logprobs.top_logprobs[: len(ids)]
+    chunks = list(client.completions.create(model=MODEL, prompt=[ids, ids], max_tokens=0, echo=True, stream=True))
+    assert sorted((c.choices[0].index, c.choices[0].text) for c in chunks if c.choices and c.choices[0].text) == [
+        (0, choice.text), (1, choice.text)]
+    plain = client.completions.create(model=MODEL, prompt="w05 w06", max_tokens=0, echo=True)
+    assert plain.choices[0].text == "w05 w06" and plain.choices[0].logprobs is None
+
+
+def test_max_tokens_0_without_echo_is_refused(client):
+    import openai
+
+    with pytest.raises(openai.BadRequestError, match="'max_tokens' must be >= 1"):
+        client.completions.create(model=MODEL, prompt="w05 w06", max_tokens=0)
+
+
 def test_echo_without_logprobs_returns_the_prompt_then_the_completion(client, tokenizer, reference):
     prompt = "w05 w06 w07"
     out = client.completions.create(model=MODEL, prompt=prompt, max_tokens=6, temperature=0, echo=True)
