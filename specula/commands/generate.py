@@ -204,6 +204,9 @@ def compare_verdict(identical: bool, params) -> str:
     a sampled run is another draw from the same distribution, so a difference is expected."""
     if params.greedy:
         return "output identical to plain decoding" if identical else "output DIFFERENT to plain decoding"
+    if params.seed is None:  # each run drew its own seed: the texts are two unrelated draws
+        return ("sampled run: a draw from the same distribution as plain decoding (no --seed: each run drew "
+                f"its own, so the texts {'match by chance' if identical else 'differ'}; --seed S compares one draw)")
     return ("sampled run: a draw from the same distribution as plain decoding "
             f"(with the same seed the texts {'happen to match' if identical else 'differ, as they may'})")
 

@@ -252,3 +252,15 @@ def test_a_minimum_length_runs_through_compare_and_a_bad_one_exits_2(tiny_load, 
     code, _, err = run(capsys, "--min-new-tokens", "17")
     assert code == 2 and "min_new_tokens must be an integer from 0 to max_new_tokens (16)" in err
     assert len(err.strip().splitlines()) == 1
+
+
+def test_compare_says_an_unseeded_sampled_run_drew_its_own_seed():
+    """generate --temperature 0.8 --compare without --seed said 'with the same seed the texts differ',
+    though each run had drawn its own seed."""
+    from specula.commands.generate import compare_verdict
+    from specula.sampling import SamplingParams
+
+    unseeded = compare_verdict(False, SamplingParams(temperature=0.8))
+    assert "same seed" not in unseeded and "no --seed: each run drew its own" in unseeded
+    assert "with the same seed the texts differ" in compare_verdict(False, SamplingParams(temperature=0.8, seed=1))
+    assert compare_verdict(True, SamplingParams()) == "output identical to plain decoding"
