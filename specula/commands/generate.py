@@ -105,12 +105,15 @@ def prompt_from_args(args: argparse.Namespace) -> str:
     """`--prompt`'s text; `-` reads it from standard input (all of it; empty is a ConfigError)."""
     if args.prompt == "":
         raise ConfigError("--prompt is empty: give some text, or - to read it from standard input")
-    if args.prompt != "-":
-        return args.prompt
-    text = sys.stdin.read()
-    if not text.strip():
+    from specula.prompts import unicode_problem
+
+    text = args.prompt if args.prompt != "-" else sys.stdin.read()
+    if args.prompt == "-" and not text.strip():
         raise ConfigError("--prompt - read an empty prompt from standard input; pipe the prompt in, "
                           "e.g. echo 'Hello' | specula generate ... --prompt -")
+    problem = unicode_problem(text)  # bytes that are not UTF-8 (read with surrogateescape): before any load
+    if problem:
+        raise ConfigError(f"--prompt is not valid Unicode: {problem}")
     return text
 
 

@@ -55,6 +55,16 @@ def test_an_empty_prompt_is_refused_before_loading(no_loading, capsys):
             "--prompt is empty")
 
 
+def test_a_prompt_of_bytes_that_are_not_utf8_is_refused_before_loading(no_loading, capsys, monkeypatch):
+    """generate --prompt $'\\xff' (or such bytes on standard input): Python reads them as lone surrogates,
+    which the tokenizer refused with a TypeError traceback after the model had loaded."""
+    import io
+
+    refused(capsys, [*GENERATE[:4], "hi \udcff", *GENERATE[5:]], "--prompt is not valid Unicode", "'\\udcff'")
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(b"Say \xff hi"), errors="surrogateescape"))
+    refused(capsys, [*GENERATE[:4], "-", *GENERATE[5:]], "--prompt is not valid Unicode", "at character 4")
+
+
 def test_an_empty_method_name_is_refused_not_taken_for_the_default(no_loading, capsys):
     refused(capsys, ["generate", "--target", "smollm2-135m", "--prompt", "hi", "--method", ""],
             "unknown method ''")  # found by a review: it ran fusion
