@@ -127,9 +127,14 @@ class Specula:
             each = [_checked(p) for p in params]
             if len(each) != len(prompts):
                 raise ConfigError(f"params= has {len(each)} entries for {len(prompts)} prompts: give one per prompt")
-        ids = [self.encode(p, raw) for p in prompts]
-        for prompt_ids, prompt_params in zip(ids, each):  # every prompt checked before anything runs
-            self.decoder.check_request(prompt_ids, prompt_params)
+        ids = []
+        for i, (prompt, prompt_params) in enumerate(zip(prompts, each)):  # every prompt checked before anything runs
+            try:
+                ids.append(self.decoder.check_request(self.encode(prompt, raw), prompt_params))
+            except ConfigError as exc:  # which of many prompts: the message alone did not say
+                if len(prompts) > 1:
+                    exc.add_note(f"(prompts[{i}] of the batch)")
+                raise
         self.prepare_batch(max_batch_size)
         outputs: list[GenerationOutput | None] = [None] * len(prompts)
         bar = _progress(len(prompts), progress)

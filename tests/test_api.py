@@ -189,8 +189,9 @@ def test_a_batch_of_prompts_gives_each_its_own_output_in_order(tiny_spec):
     assert [o.token_ids for o in same] == [reference_greedy(model, p, 5) for p in prompts[:2]]
     with pytest.raises(ConfigError, match="2 entries for 5 prompts"):
         spec.generate_batch(prompts, params=params[:2])
-    with pytest.raises(ConfigError, match="the prompt is empty"):
+    with pytest.raises(ConfigError, match="the prompt is empty") as err:
         spec.generate_batch([[5, 6], []], max_new_tokens=4)  # checked before anything runs
+    assert "(prompts[1] of the batch)" in getattr(err.value, "__notes__", [])  # which one (not said before)
     lone = spec.generate_batch(prompts[0], max_new_tokens=5, ignore_eos=True)  # one prompt's ids: one prompt
     assert [o.token_ids for o in lone] == [reference_greedy(model, prompts[0], 5)]
     assert [o.token_ids for o in spec.generate_batch((5, 17, 33), max_new_tokens=2, ignore_eos=True)] == [
