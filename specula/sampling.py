@@ -34,7 +34,7 @@ class SamplingParams:
     temperature: float = 0.0
     """0 = greedy (argmax); > 0 divides the logits before softmax."""
     top_k: int = 0
-    """Keep the k most likely tokens (0 = off)."""
+    """Keep the k most likely tokens (0 = off: every token; vLLM's -1 is taken and stored as 0)."""
     top_p: float = 1.0
     """Keep the smallest set of tokens whose probability reaches top_p (1.0 = off)."""
     min_p: float = 0.0
@@ -101,8 +101,10 @@ class SamplingParams:
             warnings.warn(f"temperature {self.temperature} is below {MIN_TEMPERATURE}, which is used instead "
                           "(use 0 for greedy decoding)", stacklevel=3)
             object.__setattr__(self, "temperature", MIN_TEMPERATURE)
-        if not is_integer(self.top_k) or self.top_k < 0:
-            raise ConfigError(f"top_k must be an integer >= 0 (0 disables it), got {self.top_k!r}")
+        if not is_integer(self.top_k) or self.top_k < -1:
+            raise ConfigError(f"top_k must be an integer >= 1, or 0 or -1 for every token (vLLM's -1), "
+                              f"got {self.top_k!r}")
+        object.__setattr__(self, "top_k", max(int(self.top_k), 0))  # -1 (vLLM's "every token") as 0
         if self.seed is not None and not (is_integer(self.seed) and -(2**63) <= self.seed < 2**64):
             raise ConfigError(f"seed must be an integer that fits in 64 bits or None, got {self.seed!r}")
         if not 0.0 < self.top_p <= 1.0:

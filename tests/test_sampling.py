@@ -139,3 +139,15 @@ def test_stop_token_ids_none_is_vllms_default_and_a_bare_id_is_refused():
     for bad in (2, "2"):
         with pytest.raises(ConfigError, match="stop_token_ids must be a list of token ids"):
             SamplingParams(stop_token_ids=bad)
+
+
+def test_top_k_minus_one_means_every_token_as_vllm_and_the_server_take_it():
+    """vLLM's top_k = -1 ("every token"): the server took it, SamplingParams (the API, --top-k) refused it."""
+    from specula.errors import ConfigError
+
+    assert SamplingParams(temperature=0.8, top_k=-1) == SamplingParams(temperature=0.8, top_k=0)
+    logits = torch.tensor([3.0, 1.0, -2.0, 0.5])
+    assert torch.equal(probabilities(logits, SamplingParams(temperature=0.8, top_k=-1)),
+                       probabilities(logits, SamplingParams(temperature=0.8)))
+    with pytest.raises(ConfigError, match="top_k must be an integer >= 1, or 0 or -1 for every token"):
+        SamplingParams(top_k=-2)

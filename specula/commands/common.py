@@ -165,7 +165,8 @@ def add_sampling_args(parser: argparse.ArgumentParser) -> None:
                         "output (default 0)")
     g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     g.add_argument("--top-p", type=float, default=1.0)
-    g.add_argument("--top-k", type=int, default=0)
+    g.add_argument("--top-k", type=int, default=0, help="keep the K most likely tokens (0 or -1 = every token, "
+                   "as vLLM; default 0)")
     g.add_argument("--min-p", type=float, default=0.0,
                    help="keep tokens at least this fraction as likely as the most likely one (0 = off)")
     g.add_argument("--seed", type=int, default=None, help="seed for sampling (reproducible runs)")

@@ -264,3 +264,11 @@ def test_compare_says_an_unseeded_sampled_run_drew_its_own_seed():
     assert "same seed" not in unseeded and "no --seed: each run drew its own" in unseeded
     assert "with the same seed the texts differ" in compare_verdict(False, SamplingParams(temperature=0.8, seed=1))
     assert compare_verdict(True, SamplingParams()) == "output identical to plain decoding"
+
+
+def test_top_k_minus_one_is_every_token_as_on_the_server(tiny_load, capsys):
+    """--top-k -1 (vLLM's "every token", which the server takes) samples as --top-k 0; -2 exits 2 in one line."""
+    sampled = [run(capsys, "--temperature", "1.0", "--seed", "4", "--top-k", k) for k in ("-1", "0")]
+    assert sampled[0][0] == 0 and sampled[0][1] == sampled[1][1]
+    code, _, err = run(capsys, "--top-k", "-2")
+    assert code == 2 and "top_k must be an integer >= 1, or 0 or -1" in err and len(err.strip().splitlines()) == 1
