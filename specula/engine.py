@@ -185,7 +185,7 @@ class SpeculativeDecoder:
     def check_request(self, prompt_ids: Sequence[int], params: SamplingParams) -> list[int]:
         """The prompt's ids, checked with the request's params as `start` checks them (ConfigError
         naming the problem): not empty, token ids of the vocabulary, within the context window with
-        one new token, a logit bias on the vocabulary, stop strings only with a tokenizer."""
+        one new token, a logit bias and stop ids on the vocabulary, stop strings only with a tokenizer."""
         prompt = [int(t) for t in prompt_ids]
         if not prompt:
             raise ConfigError("the prompt is empty: give at least one token of text")
@@ -197,6 +197,9 @@ class SpeculativeDecoder:
         outside = [t for t, _ in params.logit_bias if t >= vocab]
         if outside:
             raise ConfigError(f"logit_bias names token {outside[0]}, outside the model's vocabulary of {vocab}")
+        outside = [t for t in params.stop_token_ids if t >= vocab]
+        if outside:  # never emitted, so never a stop: a tokenizer's id given to another model (vLLM refuses it)
+            raise ConfigError(f"stop_token_ids names token {outside[0]}, outside the model's vocabulary of {vocab}")
         if params.stop and self.tokenizer is None:
             raise ConfigError("stop strings need the target's tokenizer to read the text: build the decoder "
                               "with one, or stop on token ids (stop_token_ids)")

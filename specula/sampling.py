@@ -64,7 +64,8 @@ class SamplingParams:
     """Keep generating past the end-of-sequence token (benchmarks with a fixed budget)."""
     stop_token_ids: tuple[int, ...] = ()
     """More tokens that end the generation where emitted, kept in the output like the end-of-sequence
-    token (vLLM's `stop_token_ids`; they stop a request that ignores EOS too)."""
+    token (vLLM's `stop_token_ids`; they stop a request that ignores EOS too). An id outside the model's
+    vocabulary is refused when the request starts (it could never stop anything)."""
     logprobs: int | None = None
     """Return each new token's log-probability under the target, with this many of the most likely
     tokens at its position (0: the chosen token's alone; None: no logprobs), as vLLM's `logprobs`:

@@ -273,6 +273,10 @@ def test_bad_requests_are_refused_before_anything_runs(tiny_spec):
             spec.generate([5, 6, 700], max_new_tokens=4)
         with pytest.raises(ConfigError, match="prompt token id -1"):
             spec.start([5, -1], max_new_tokens=4)
+        with pytest.raises(ConfigError, match="stop_token_ids names token 96, outside the model's vocabulary of 96"):
+            spec.generate([5, 6], max_new_tokens=4, stop_token_ids=[5, 96])  # never emitted: never a stop
+        with pytest.raises(ConfigError, match="stop_token_ids names token 500"):
+            spec.generate_batch([[5, 6], [7, 8]], params=[SamplingParams(stop_token_ids=(500,))] * 2)
         with pytest.raises(ConfigError, match="context window"):
             spec.generate_batch([[5, 6, 7], [5] * 300], max_new_tokens=4)
         with pytest.raises(ConfigError, match="context window"):

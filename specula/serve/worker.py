@@ -332,6 +332,10 @@ class Worker:
         if outside:
             raise APIError(400, f"logit_bias names token {outside[0]}, outside the model's vocabulary of {vocab}",
                            param="logit_bias", code="invalid_value")
+        outside = [t for t in base.stop_token_ids if t >= vocab]
+        if outside:  # never emitted, so never a stop (vLLM answers 400 too)
+            raise APIError(400, f"stop_token_ids names token {outside[0]}, outside the model's vocabulary of "
+                                f"{vocab}", param="stop_token_ids", code="invalid_value")
         short = [limit for limit in limits if limit < request.min_tokens]
         if short:  # max_tokens is checked against min_tokens with the request; the context's room here
             raise APIError(400, f"min_tokens ({request.min_tokens}) asks for more tokens than fit: at most {short[0]} "

@@ -53,6 +53,15 @@ def test_a_bias_outside_the_vocabulary_is_a_400(server):
     assert body["error"]["param"] == "logit_bias"
 
 
+def test_a_stop_token_id_outside_the_vocabulary_is_a_400(server):
+    """It can never be emitted, so it never stops anything (a tokenizer's id sent to another model): it was
+    taken without a word; vLLM answers 400 too."""
+    status, _, body = http_call(server, "POST", "/v1/completions",
+                                {"model": MODEL, "prompt": "w05", "max_tokens": 2, "stop_token_ids": [3, 100000]})
+    assert status == 400 and body["error"]["param"] == "stop_token_ids"
+    assert "stop_token_ids names token 100000, outside the model's vocabulary of" in body["error"]["message"]
+
+
 def test_min_p_and_stop_token_ids_as_vllm_takes_them(client, tokenizer, offline):
     prompt = "w10 w11 w12 w10 w11"
     ids = list(text_ids(tokenizer, prompt))
