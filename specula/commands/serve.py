@@ -73,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
         model_name=args.served_model_name or args.target, host=args.host, port=args.port, api_key=args.api_key,
         max_body_bytes=args.max_body_bytes, chat_max_tokens=args.chat_max_tokens,
         max_batch_size=args.max_batch_size, max_queue=args.max_queue,
-        request_timeout=args.request_timeout or None, shutdown_timeout=args.shutdown_timeout,
+        request_timeout=args.request_timeout, shutdown_timeout=args.shutdown_timeout,
         allowed_origins=_json_list("--allowed-origins", args.allowed_origins),
         allowed_methods=_json_list("--allowed-methods", args.allowed_methods),
         allowed_headers=_json_list("--allowed-headers", args.allowed_headers), allow_credentials=args.allow_credentials,

@@ -86,7 +86,7 @@ class ServerConfig:
     backends that batch); 1 = one request at a time."""
     request_timeout: float | None = 600.0
     """Seconds a generation request may take from arrival to its last token, queueing included
-    (504 after that; None = no limit)."""
+    (504 after that; None or 0 = no limit, as `serve --request-timeout 0`)."""
     shutdown_timeout: float = 30.0
     """On SIGTERM / Ctrl-C: seconds in-flight requests get to finish before they are cancelled (inf: no
     limit, until a second signal forces the exit)."""
@@ -123,8 +123,10 @@ class ServerConfig:
             raise ConfigError(f"--chat-max-tokens must be positive, got {self.chat_max_tokens}")
         if self.api_key is not None and not self.api_key:
             raise ConfigError("--api-key is empty; give a key or leave the option out")
-        if self.request_timeout is not None and not self.request_timeout > 0:  # nan: never timed out
-            raise ConfigError(f"--request-timeout must be positive (seconds), got {self.request_timeout}")
+        if self.request_timeout is not None and not self.request_timeout >= 0:  # nan: never timed out
+            raise ConfigError(f"--request-timeout must be >= 0 seconds (0: no limit), got {self.request_timeout}")
+        if self.request_timeout == 0:
+            object.__setattr__(self, "request_timeout", None)
         if not self.shutdown_timeout >= 0:
             raise ConfigError(f"--shutdown-timeout must be >= 0 seconds, got {self.shutdown_timeout}")
         for name in ("allowed_origins", "allowed_methods", "allowed_headers"):

@@ -100,9 +100,9 @@ def test_cli_serves_a_model_directory(model_dir, llama, tokenizer):
     (["--max-body-bytes", "10"], "--max-body-bytes must be at least 1024"),
     (["--method", "nope"], "unknown method 'nope'"),
     (["--api-key", ""], "--api-key is empty"),
-    (["--request-timeout", "-1"], "--request-timeout must be positive"),
+    (["--request-timeout", "-1"], "--request-timeout must be >= 0 seconds (0: no limit)"),  # 0 is taken
     (["--shutdown-timeout", "-1"], "--shutdown-timeout must be >= 0"),
-    (["--request-timeout", "nan"], "--request-timeout must be positive"),  # nan: requests never timed out
+    (["--request-timeout", "nan"], "--request-timeout must be >= 0 seconds"),  # nan: requests never timed out
     (["--shutdown-timeout", "nan"], "--shutdown-timeout must be >= 0"),
     (["--allowed-origins", "*"], "--allowed-origins takes a JSON list of strings"),
     (["--allowed-headers", '["x", 3]'], "--allowed-headers takes a JSON list of strings"),
@@ -113,6 +113,16 @@ def test_cli_bad_arguments_fail_in_one_line(model_dir, capsys, args, message):
     assert main(["serve", "--target", str(model_dir), *args]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error:") and message in err and len(err.splitlines()) == 1
+
+
+def test_a_request_timeout_of_0_means_no_limit_on_the_command_line_and_in_the_config():
+    """`--request-timeout 0` (its help: "0 = none") was taken while the message for -1 said "must be
+    positive", and ServerConfig(request_timeout=0) refused what the command line takes."""
+    from specula.serve import ServerConfig
+
+    assert ServerConfig(model_name="m", request_timeout=0).request_timeout is None
+    assert ServerConfig(model_name="m", request_timeout=0.0).request_timeout is None
+    assert ServerConfig(model_name="m", request_timeout=2.5).request_timeout == 2.5
 
 
 SLOW_SERVER = """
