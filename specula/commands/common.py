@@ -240,6 +240,18 @@ def planner_from_args(args: argparse.Namespace):
     return read_cost_curve(args.cost_curve)
 
 
+def served_model_name(args: argparse.Namespace) -> str:
+    """The model id requests name: --served-model-name, else the --target value. An empty or blank name is
+    refused (it fell back to --target without a word, and clients sending "" got 404)."""
+    name = args.served_model_name
+    if name is None:
+        return args.target
+    if not name.strip():
+        raise ConfigError(f"--served-model-name is empty ({name!r}); give a name, or leave the option out to "
+                          "serve under the --target value")
+    return name
+
+
 def sampling_params(args: argparse.Namespace) -> "SamplingParams":
     from specula.sampling import SamplingParams
 

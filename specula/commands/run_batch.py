@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from specula.commands.common import add_method_args, add_model_args, load_spec, method_help
+from specula.commands.common import add_method_args, add_model_args, load_spec, method_help, served_model_name
 from specula.errors import ConfigError
 from specula.paths import check_not_input, check_output
 
@@ -46,9 +46,10 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"--chat-max-tokens must be positive, got {args.chat_max_tokens}")
     check_output(args.output_file, "--output-file", "file")
     check_not_input(args.output_file, "--output-file", [("the batch file", args.input_file)])
+    model_name = served_model_name(args)
     rows = read_batch(args.input_file)  # before the model loads: an unreadable file fails at once
     spec, method = load_spec(args)
-    summary = run_batch(spec, rows, args.output_file, args.served_model_name or args.target,
+    summary = run_batch(spec, rows, args.output_file, model_name,
                         max_batch_size=args.max_batch_size, chat_max_tokens=args.chat_max_tokens,
                         progress=not args.no_progress)
     print(f"specula run-batch: {summary.requests} requests, {summary.succeeded} answered, {summary.failed} failed "

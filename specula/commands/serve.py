@@ -8,7 +8,7 @@ import logging
 import os
 import sys
 
-from specula.commands.common import add_method_args, add_model_args, load_spec, method_help
+from specula.commands.common import add_method_args, add_model_args, load_spec, method_help, served_model_name
 from specula.errors import ConfigError
 
 
@@ -70,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
     from specula.serve import ServerConfig, create_server
 
     config = ServerConfig(  # validate everything before loading models
-        model_name=args.served_model_name or args.target, host=args.host, port=args.port, api_key=args.api_key,
+        model_name=served_model_name(args), host=args.host, port=args.port, api_key=args.api_key,
         max_body_bytes=args.max_body_bytes, chat_max_tokens=args.chat_max_tokens,
         max_batch_size=args.max_batch_size, max_queue=args.max_queue,
         request_timeout=args.request_timeout, shutdown_timeout=args.shutdown_timeout,

@@ -91,6 +91,17 @@ def test_outputs_that_cannot_be_written_are_refused_before_any_work(no_loading, 
     assert batch.read_text().startswith('{"custom_id": "a"')  # overwritten with the answers (exit 0)
 
 
+@pytest.mark.parametrize("command", ["serve", "run-batch"])
+@pytest.mark.parametrize("name", ["", "  "])
+def test_an_empty_served_model_name_is_refused_before_loading(no_loading, capsys, tmp_path, command, name):
+    """--served-model-name "" fell back to the --target value without a word."""
+    batch = tmp_path / "in.jsonl"
+    batch.write_text("")
+    extra = ["-i", str(batch), "-o", str(tmp_path / "o.jsonl")] if command == "run-batch" else ["--port", "0"]
+    refused(capsys, [command, "--target", "smollm2-135m", *extra, "--served-model-name", name],
+            "--served-model-name is empty", "leave the option out")
+
+
 def test_train_checks_its_held_out_files_answer_length_and_output_before_loading(no_loading, capsys, tmp_path):
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text('{"id": "a", "prompt": "Write a haiku about rain on a tin roof."}\n')
