@@ -119,7 +119,8 @@ def add_method_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--max-tree-nodes", type=int, default=64, help="most tree nodes verified per step (default 64)")
     g.add_argument("--cost-curve", metavar="JSON", default=None,
                    help="planner: use this cost curve (cost_curve.json from `specula profile`, e.g. measured on "
-                        "another machine) instead of measuring the target here")
+                        "another machine) instead of measuring the target here (every method but none, which drafts "
+                        "nothing)")
     g.add_argument("--adaptive", action="store_true",
                    help=f"{_taking('adaptive')}: adaptive chain length (stop drafting by the planner's cost-derived rule)")
     g.add_argument("--tree-sampling", default=None, choices=("deterministic", "iid", "without_replacement", "beam"),
@@ -269,6 +270,7 @@ def check_method_flags(args: argparse.Namespace, method: str) -> None:
 
     spec = get_method(method)
     check_flags_taken(args, [method], f"method {spec.name}", "pass --method with one of those")
+    check_cost_curve_used(args, [method], f"method {spec.name}", "pass --method with a method that drafts")
     if spec.draft_model == "no" and explicit_draft(args) and args.draft != SKIP_DRAFT:
         raise ConfigError(f"method {spec.name} drafts without a draft model; drop --draft {args.draft} or pass a "
                           "method that uses one (draft-model, draft-tree, fusion)")
@@ -278,6 +280,16 @@ def check_method_flags(args: argparse.Namespace, method: str) -> None:
             if given:
                 raise ConfigError(f"{flag} applies to a draft model, and method {spec.name} drafts without one; "
                                   "drop it or pass a method that uses one (draft-model, draft-tree, fusion)")
+
+
+def check_cost_curve_used(args: argparse.Namespace, methods, what: str, fix: str) -> None:
+    """Refuse --cost-curve when every one of `methods` is plain decoding: it sizes the planner's trees, and
+    method none drafts nothing and has no planner (the curve was ignored without a word)."""
+    from specula.methods import PLAIN
+
+    if getattr(args, "cost_curve", None) and all(get_method(m).name == PLAIN for m in methods):
+        raise ConfigError(f"--cost-curve sizes the planner's draft trees, and {what} drafts nothing; drop it or "
+                          f"{fix}")
 
 
 def check_flags_taken(args: argparse.Namespace, methods, what: str, fix: str) -> None:

@@ -40,6 +40,8 @@ GENERATE = ["generate", "--target", "smollm2-135m", "--prompt", "hi", "--max-new
                                                           "draft-tree")),
     (["--tree-depth", "3"], ("--tree-depth does not apply to method fusion",)),  # the default method
     (["--method", "none", "--datastore", "x.specds"], ("--datastore does not apply to method none",)),
+    (["--method", "none", "--cost-curve", "c.json"], ("--cost-curve", "method none drafts nothing",
+                                                      "pass --method with a method that drafts")),  # was ignored
     (["--method", "prompt-lookup", "--draft", "smollm2-135m"], ("drafts without a draft model",)),
     (["--method", "prompt-lookup", "--draft-quantize", "int8"], ("--draft-quantize applies to a draft model",
                                                                  "method prompt-lookup drafts without one")),
