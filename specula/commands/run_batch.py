@@ -28,7 +28,7 @@ def register(sub) -> None:
     g.add_argument("--chat-max-tokens", type=int, default=512,
                    help="max_tokens of chat requests that give none (default 512, capped by the context)")
     g.add_argument("--served-model-name", default=None,
-                   help="the model id requests may name (default: the --target value)")
+                   help="the model id requests may name (default: the --target value; not empty)")
     g.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(handler=run)
 

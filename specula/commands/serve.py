@@ -35,12 +35,12 @@ def register(sub) -> None:
     g.add_argument("--max-queue", type=int, default=256,
                    help="requests waiting for a place in the batch; more get 503 with Retry-After (default 256)")
     g.add_argument("--request-timeout", type=float, default=600.0,
-                   help="seconds a generation request may take, queueing included; then 504 (default 600; 0 = none)")
+                   help="seconds a generation request may take, queueing included; then 504 (default 600; 0 = no limit)")
     g.add_argument("--shutdown-timeout", type=float, default=30.0,
                    help="on SIGTERM / Ctrl-C: seconds in-flight requests get to finish before they are cancelled "
                         "(default 30; inf: no limit, until a second signal forces the exit)")
     g.add_argument("--served-model-name", default=None,
-                   help="model id clients send and /v1/models lists (default: the --target value)")
+                   help="model id clients send and /v1/models lists (default: the --target value; not empty)")
     cors = p.add_argument_group("CORS (browser pages on other origins; vLLM's options)")
     cors.add_argument("--allowed-origins", default='["*"]',
                       help='JSON list of origins allowed to call the API from a browser (default \'["*"]\': any; '
