@@ -185,31 +185,38 @@ def test_sampled_first_token_follows_the_target_distribution():
     assert tv_wrong > 3 * tv
 
 
+COPIED = list(range(10, 40)) + [20]
+"""A prompt whose continuation under `successor_model` (21, 22, ...) prompt lookup copies: steps
+accept several tokens, where a random model's output is never copied (one token a step)."""
+
+
 def test_stop_strings_cut_the_output(tiny_tokenizer):
-    model = tiny_model("qwen2", seed=3)
-    plain = reference_greedy(model, PROMPTS[0], 30)
-    stop_text = tiny_tokenizer.decode([plain[5]])
+    model = successor_model()
+    plain = reference_greedy(model, COPIED, 30)
+    stop_text = tiny_tokenizer.decode([plain[5]])  # inside the first step's accepted copy
     first = next(i for i, t in enumerate(plain) if stop_text in tiny_tokenizer.decode([t]))
     dec = SpeculativeDecoder(HFCausalLM(model), make_drafter("prompt-lookup"), tiny_tokenizer, eos_token_ids=[])
-    out = dec.generate(PROMPTS[0], SamplingParams(max_new_tokens=30, stop=(stop_text,)))
+    out = dec.generate(COPIED, SamplingParams(max_new_tokens=30, stop=(stop_text,)))
     assert out.token_ids == plain[: first + 1]
     assert out.stats.finish_reason == "stop"
+    assert out.stats.accepted_tokens > 0  # the stop string ended a step that accepted several tokens
     # OpenAI's rule: the stop string and what follows it are not returned.
-    full = output_text(tiny_tokenizer, PROMPTS[0], plain[: first + 1])  # the text after the prompt's
+    full = output_text(tiny_tokenizer, COPIED, plain[: first + 1])  # the text after the prompt's
     assert out.text == full[: full.index(stop_text)]
-    streamed = "".join(c.text for c in dec.stream(PROMPTS[0], SamplingParams(max_new_tokens=30, stop=(stop_text,))))
+    streamed = "".join(c.text for c in dec.stream(COPIED, SamplingParams(max_new_tokens=30, stop=(stop_text,))))
     assert streamed == out.text
 
 
 def test_stream_yields_the_same_tokens_and_text_as_generate(tiny_tokenizer):
-    model = tiny_model("qwen2", seed=3)
+    model = successor_model()
     dec = SpeculativeDecoder(HFCausalLM(model), make_drafter("prompt-lookup"), tiny_tokenizer, eos_token_ids=[])
     params = greedy(25)
-    whole = dec.generate(PROMPTS[0], params)
-    chunks = list(dec.stream(PROMPTS[0], params))
+    whole = dec.generate(COPIED, params)
+    chunks = list(dec.stream(COPIED, params))
     assert [t for c in chunks for t in c.token_ids] == whole.token_ids
     assert "".join(c.text for c in chunks) == whole.text
     assert chunks[-1].finished and chunks[-1].stats.new_tokens == 25
+    assert chunks[-1].stats.accepted_tokens > 0  # chunks of several tokens, not only one a step
 
 
 def test_bad_input_gives_clear_errors():
