@@ -132,17 +132,20 @@ def test_engine_writes_exactly_the_verified_tokens_and_prefill_writes_nothing():
     assert all(inner.matrix[t].tolist() == top for t, top in last.items())
 
 
-@pytest.mark.parametrize("max_new", [1, 7, 40])
+@pytest.mark.parametrize("max_new", [2, 7, 40])
 def test_greedy_equals_plain_greedy_cold_and_hot(arch, max_new):
+    """2: the shortest request a drafter is asked for (a 1-token request has no room for a draft):
+    one level of the template, from the root's row written in the first round."""
     model = tiny_model(arch, seed=3)
     target = HFCausalLM(model, "target")
     dec = SpeculativeDecoder(target, make_drafter("token-recycling", target=target), eos_token_ids=[])
     for _ in range(2):  # second round: the matrix is hot from the first (reset keeps it)
+        accepted = 0
         for prompt in PROMPTS:
             out = dec.generate(prompt, greedy(max_new))
             assert out.token_ids == reference_greedy(model, prompt, max_new), (arch, prompt)
-    if max_new == 40:
-        assert out.stats.accepted_tokens > 0
+            accepted += out.stats.accepted_tokens
+    assert accepted > 0  # in the hot round
 
 
 def test_successor_model_gets_long_accepted_runs():
