@@ -232,9 +232,11 @@ def test_sampled_output_follows_the_target_distribution_in_every_mode():
         pairs[s] = ids[0] * 8 + ids[1]
     assert tv(pairs, joint) < tv_bound(joint, trials, c=2.0)
     assert tv(pairs, torch.roll(joint, 1)) > 0.3  # the check has power
+    # 300 draws a mode: c = 2.5 is passed by exact draws with probability 1 - 5e-5, and failed by a K-SEQ
+    # with rho fixed at 1 (TV ~0.23) with probability 0.9996; c = 4 (bound 0.22) let that rule pass by chance
     for m, name in enumerate(names):
         firsts = pairs[m :: len(names)] // 8
-        assert tv(firsts, p1) < tv_bound(p1, len(firsts)), name
+        assert tv(firsts, p1) < tv_bound(p1, len(firsts), c=2.5), name
 
 
 # ---------------------------------------------------------------------------- configuration
