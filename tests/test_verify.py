@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from laws import EXACT_FIRST, N, P, Q, V, assert_detected, assert_lossless, draft_tree, rows_for, simulate, tv, tv_bound
+from specula.errors import ConfigError
 from specula.sampling import (
     SamplingParams, TargetRows, make_generator, position_uniforms, probabilities, sample_iid, sample_without_replacement,
 )
@@ -387,7 +388,7 @@ def test_verify_step_dispatch():
         wide = torch.nn.functional.pad(q, (0, 3))  # extra ids with no mass are cut
         assert verify_step(tree, logits, params, q=wide, mode="iid", generator=make_generator(trial)) == \
             verify_rrs(tree, p, q, make_generator(trial), without_replacement=False)
-    with pytest.raises(Exception, match="token ids the target does not have"):
+    with pytest.raises(ConfigError, match="token ids the target does not have"):
         verify_step(tree, logits, params, q=torch.ones(7, 53), mode="iid", generator=gen)
     # On the random rows above the i.i.d. and without-replacement rules gave the same result on every
     # trial, so a dispatch of one sampled mode to the other's rule passed. Here q puts 0.7 on the first
