@@ -15,6 +15,10 @@ PROMPTS = [
     [9],
 ]
 
+COPIED = list(range(10, 40)) + [20]
+"""A prompt whose continuation under `successor_model` (21, 22, ...) prompt lookup copies: steps
+accept several tokens, where a random model's output is never copied (one token a step)."""
+
 
 def decoder(model, method: str, draft_model=None, k: int = 5) -> SpeculativeDecoder:
     draft = HFCausalLM(draft_model, "draft") if draft_model is not None else None
@@ -72,31 +76,44 @@ def test_max_new_tokens_is_never_overshot_mid_draft(max_new):
     assert out.stats.finish_reason == "length"
 
 
+def copying(method: str) -> tuple[list[int], SpeculativeDecoder]:
+    """Plain greedy's 30 tokens after COPIED (21, 22, ...: each once) and a decoder of `method` whose
+    first step on COPIED accepts several of them: prompt lookup copies 10, a draft equal to the target 5."""
+    model = successor_model()
+    return reference_greedy(model, COPIED, 30), decoder(model, method, model if method == "draft-model" else None)
+
+
+def first_step(dec: SpeculativeDecoder) -> list[int]:
+    """The tokens the first step on COPIED emits when nothing stops it."""
+    return list(dec.stream(COPIED, greedy(30)))[0].token_ids
+
+
 @pytest.mark.parametrize("method", ["prompt-lookup", "draft-model"])
 def test_eos_inside_a_draft_stops_exactly_where_plain_greedy_stops(method):
-    model = tiny_model("gpt2", seed=6)
-    plain = reference_greedy(model, PROMPTS[0], 30)
-    eos = plain[7]  # a token plain greedy emits at position 7 (first occurrence)
-    first = plain.index(eos)
-    draft = model if method == "draft-model" else None
-    dec = decoder(model, method, draft, k=5)
+    plain, dec = copying(method)
+    eos = plain[3]
+    step = first_step(dec)
+    assert step[:4] == plain[:4] and len(step) >= 6  # EOS lies inside a step that accepts tokens after it
     dec.eos_token_ids = frozenset([eos])
-    out = dec.generate(PROMPTS[0], SamplingParams(max_new_tokens=30))
-    assert out.token_ids == plain[: first + 1]
+    out = dec.generate(COPIED, SamplingParams(max_new_tokens=30))
+    assert out.token_ids == plain[:4]  # cut right after EOS, not at the step's end
     assert out.stats.finish_reason == "stop"
+    assert out.stats.steps == 1 and out.stats.accepted_tokens == 3  # the stats count what was emitted
 
 
 @pytest.mark.parametrize("method", ["prompt-lookup", "draft-model"])
 def test_a_requests_stop_token_ids_end_it_there_even_past_eos(method):
     """vLLM's `stop_token_ids`: the first one emitted ends the output (kept in it), mid-draft too,
     and it stops a request that ignores EOS."""
-    model = tiny_model("gpt2", seed=6)
-    plain = reference_greedy(model, PROMPTS[0], 30)
-    stop = plain[9]
-    dec = decoder(model, method, model if method == "draft-model" else None, k=5)
-    out = dec.generate(PROMPTS[0], SamplingParams(max_new_tokens=30, ignore_eos=True, stop_token_ids=(stop,)))
-    assert out.token_ids == plain[: plain.index(stop) + 1]
+    plain, dec = copying(method)
+    stop = plain[3]
+    step = first_step(dec)
+    assert step[:4] == plain[:4] and len(step) >= 6  # the stop id lies inside a step that accepts tokens after it
+    dec.eos_token_ids = frozenset([plain[1]])  # ignored, as the request asks
+    out = dec.generate(COPIED, SamplingParams(max_new_tokens=30, ignore_eos=True, stop_token_ids=(stop,)))
+    assert out.token_ids == plain[:4]
     assert out.stats.finish_reason == "stop"
+    assert out.stats.steps == 1 and out.stats.accepted_tokens == 3
     with pytest.raises(ConfigError, match="stop_token_ids"):
         SamplingParams(stop_token_ids=(-1,))
 
@@ -183,11 +200,6 @@ def test_sampled_first_token_follows_the_target_distribution():
     # E[TV] for 64 cells at 3000 trials is ~ 0.06; the shifted reference is far off.
     assert tv < 0.09, tv
     assert tv_wrong > 3 * tv
-
-
-COPIED = list(range(10, 40)) + [20]
-"""A prompt whose continuation under `successor_model` (21, 22, ...) prompt lookup copies: steps
-accept several tokens, where a random model's output is never copied (one token a step)."""
 
 
 def test_stop_strings_cut_the_output(tiny_tokenizer):
