@@ -35,7 +35,8 @@ PlannerChoice = Planner | CostCurve | Literal["hardware", "none"]
 default), a `CostCurve` (the same planner on the target with this lone-pass curve instead of one
 measured or cached: `--cost-curve`), "none" (the pass-through planner: the drafters' trees as
 proposed, within the engine's budget), or a planner to share. The old spellings still work: None
-means "hardware", False means "none"."""
+means "hardware", False means "none". Method none drafts nothing and gets no planner: a curve or a
+planner given to it is refused (ConfigError), as `--cost-curve` is with `--method none`."""
 
 
 class Specula:
@@ -233,11 +234,26 @@ def build_decoder(method: str, target: TargetModel, tokenizer=None, draft: Targe
                   **drafter_options) -> SpeculativeDecoder:
     """The decoder for a method: its drafters, and the planner that merges and sizes their trees
     every step (`PlannerChoice`: the hardware-aware planner by default; method `none` drafts
-    nothing and never gets one). "none" verifies what the drafters propose as it is (within the
-    engine's budget: research runs and tests that need the same trees whatever the timing)."""
+    nothing and never gets one: a curve or planner given to it is refused). "none" verifies what the
+    drafters propose as it is (within the engine's budget: research runs and tests that need the same
+    trees whatever the timing)."""
+    _check_planner_used(method, planner)
     drafters = make_drafters(method, target=target, draft=draft, tokenizer=tokenizer, **drafter_options)
     planner = resolve_planner("none" if method == PLAIN else planner, target)
     return SpeculativeDecoder(target, drafters, tokenizer, planner=planner, config=engine, method=method)
+
+
+def _check_planner_used(method: str, planner: object) -> None:
+    """Refuse a planner given to method none (a `CostCurve`, a `Planner`, any choice but the default
+    "hardware" / None or "none" / False): it drafts nothing and never gets one, and the planner was
+    ignored without a word (the command line refuses `--cost-curve` with `--method none` the same way)."""
+    default = planner is None or planner is False or (isinstance(planner, str) and planner in ("hardware", "none"))
+    if method != PLAIN or default:
+        return
+    if isinstance(planner, (str, bool)):
+        resolve_planner(planner, None)  # raises: a spelling no method takes, named as for any method
+    raise ConfigError(f"planner={type(planner).__name__}(...) sizes draft trees, and method none drafts nothing "
+                      "(it never gets a planner); drop planner= or pass a method that drafts (e.g. method=\"fusion\")")
 
 
 def resolve_planner(choice: PlannerChoice | None | Literal[False], target: TargetModel) -> Planner:
@@ -297,6 +313,7 @@ def load(target: str, draft: str | None = "auto", method: str | None = None,
     start = time.perf_counter()
     row = get_method(method or DEFAULT_METHOD)
     _check_load_keywords(row.name, row.accepted_options(), drafter_options)
+    _check_planner_used(row.name, drafter_options.get("planner"))  # before the target's load, not after
     check_skip_layers(draft, skip_layers)
     draft_vocab = check_draft_vocab(draft_vocab)
     if draft not in (None, "none", AUTO_DRAFT, SKIP_DRAFT):

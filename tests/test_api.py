@@ -94,6 +94,32 @@ def test_a_load_or_sampling_keyword_given_to_load_names_where_it_goes_before_the
             specula.load(str(tmp_path / "nowhere"), **kw)
 
 
+def test_a_planner_given_to_method_none_is_refused_before_the_target_loads(tmp_path, monkeypatch):
+    """load(m, method="none", planner=CostCurve(...)) ignored the planner without a word (method none
+    never gets one), where the command line refuses --cost-curve with --method none; now a planner
+    object (or a curve) is refused before any load, and the default spellings still pass."""
+    from specula.models.hf import HFCausalLM
+    from specula.planner import CostCurve, PassThroughPlanner
+
+    def no_target(*args, **kwargs):
+        raise AssertionError("the target loaded")
+
+    monkeypatch.setattr(specula, "load_backend", no_target)
+    curve = CostCurve((1, 2, 4), (0.010, 0.011, 0.012), 64)
+    for planner in (curve, PassThroughPlanner()):
+        with pytest.raises(ConfigError, match=r"method none drafts nothing.*drop planner= or pass a method that "):
+            specula.load(str(tmp_path / "nowhere"), method="none", planner=planner)
+    with pytest.raises(ConfigError, match="planner 'fast'"):
+        specula.load(str(tmp_path / "nowhere"), method="none", planner="fast")
+    for planner in ("hardware", None, "none", False):  # the default, and what method none runs with
+        with pytest.raises(AssertionError, match="the target loaded"):
+            specula.load(str(tmp_path / "nowhere"), method="none", planner=planner)
+    target = HFCausalLM(tiny_model("qwen2", seed=5))
+    with pytest.raises(ConfigError, match="method none drafts nothing"):  # built directly: the same check
+        specula.Specula(target, None, "none", planner=curve)
+    assert specula.Specula(target, None, "prompt-lookup", planner=curve).planned  # a method that drafts takes it
+
+
 def test_self_draft_reuses_the_target_weights_quantized_and_stays_lossless(model_dir, tmp_path, monkeypatch):
     monkeypatch.setenv("SPECULA_CACHE", str(tmp_path))
     path, model = model_dir

@@ -90,7 +90,7 @@ def build_specula_methods(
     for name in ordered:
         base, overrides = split_method(name)
         own_draft = _variant_draft(name, overrides.pop(DRAFT_OPTION, None), draft)
-        planner = None if name == BASELINE else planner_for(base)
+        planner = None if base == BASELINE else planner_for(base)
         try:
             spec = Specula(target, tokenizer, base, own_draft, engine=engine, planner=planner,
                            **{**options(base), **overrides})
