@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from specula.commands.common import (
-    add_method_args, add_model_args, add_sampling_args, check_cost_curve_used, check_flags_taken, check_model_name,
-    drafter_options, explicit_draft, load_config, method_help, planner_from_args, sampling_params,
+    add_method_args, add_model_args, add_sampling_args, check_flags_taken, check_model_name, check_planner_flags_used,
+    drafter_options, engine_config, explicit_draft, load_config, method_help, planner_from_args, sampling_params,
 )
 from specula.errors import ConfigError
 from specula.paths import check_not_input, check_output
@@ -101,7 +101,7 @@ def plan(args: argparse.Namespace) -> BenchPlan:
     methods = parse_method_list(args.methods, explicit_draft(args))
     bases = list(dict.fromkeys(split_method(m)[0] for m in methods))
     check_flags_taken(args, bases, f"the methods benched ({', '.join(bases)})", "add one of those to --methods")
-    check_cost_curve_used(args, bases, "method none (the only one benched)", "add a method that drafts to --methods")
+    check_planner_flags_used(args, bases, "method none (the only one benched)", "add a method that drafts to --methods")
     # skip: no model to assist; --assistant: a model for the HF assisted peers only
     peers = parse_compare(args.compare, bool(args.assistant) or (explicit_draft(args) and args.draft != SKIP_DRAFT))
     if args.assistant and not NEEDS_DRAFT & set(peers):  # it would be loaded for nothing, silently
@@ -208,7 +208,6 @@ def execute(args: argparse.Namespace, bench: BenchPlan, target, tokenizer, draft
     from specula.bench.plots import PLOTS
     from specula.bench.report import REPORT_FILE, RESULTS_FILE, ordered
     from specula.bench.runner import run_bench
-    from specula.api import EngineConfig
     from specula.models.skipping import SKIP_DRAFT
 
     # An earlier bench's files go first: interrupted before its first prompt, this one must not leave
@@ -216,7 +215,7 @@ def execute(args: argparse.Namespace, bench: BenchPlan, target, tokenizer, draft
     for name in (RESULTS_FILE, REPORT_FILE, *PLOTS):
         (Path(args.out) / name).unlink(missing_ok=True)
 
-    engine = EngineConfig(max_tree_nodes=args.max_tree_nodes)
+    engine = engine_config(args)
     # --draft skip: no draft model was loaded; every method gets it as an option (`make_drafters`)
     draft_skip = {"draft_skip": True, "skip_layers": args.skip_layers} if args.draft == SKIP_DRAFT else {}
 

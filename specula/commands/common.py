@@ -10,7 +10,7 @@ from specula.errors import ConfigError, ModelNotFoundError
 from specula.methods import DEFAULT_METHOD, METHODS, NO_HEAD, default_head, get_method, methods_taking
 
 if TYPE_CHECKING:  # keep `specula --help` and `specula models` free of torch imports
-    from specula.api import LoadConfig
+    from specula.api import EngineConfig, LoadConfig
     from specula.sampling import SamplingParams
 
 
@@ -116,7 +116,8 @@ def add_method_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--draft-window", type=int, default=None, metavar="N",
                    help=f"{_taking('draft_window')} (and {DEFAULT_METHOD}'s draft model): most prompt tokens the draft "
                         "model reads; of a longer prompt, its first and last N/2 (default 512; 0: the whole prompt)")
-    g.add_argument("--max-tree-nodes", type=int, default=64, help="most tree nodes verified per step (default 64)")
+    g.add_argument("--max-tree-nodes", type=int, default=None,  # None: not given (method none refuses it)
+                   help="most tree nodes verified per step (default 64; every method but none, which drafts nothing)")
     g.add_argument("--cost-curve", metavar="JSON", default=None,
                    help="planner: use this cost curve (cost_curve.json from `specula profile`, e.g. measured on "
                         "another machine) instead of measuring the target here (every method but none, which drafts "
@@ -270,7 +271,7 @@ def check_method_flags(args: argparse.Namespace, method: str) -> None:
 
     spec = get_method(method)
     check_flags_taken(args, [method], f"method {spec.name}", "pass --method with one of those")
-    check_cost_curve_used(args, [method], f"method {spec.name}", "pass --method with a method that drafts")
+    check_planner_flags_used(args, [method], f"method {spec.name}", "pass --method with a method that drafts")
     if spec.draft_model == "no" and explicit_draft(args) and args.draft != SKIP_DRAFT:
         raise ConfigError(f"method {spec.name} drafts without a draft model; drop --draft {args.draft} or pass a "
                           "method that uses one (draft-model, draft-tree, fusion)")
@@ -282,14 +283,26 @@ def check_method_flags(args: argparse.Namespace, method: str) -> None:
                                   "drop it or pass a method that uses one (draft-model, draft-tree, fusion)")
 
 
-def check_cost_curve_used(args: argparse.Namespace, methods, what: str, fix: str) -> None:
-    """Refuse --cost-curve when every one of `methods` is plain decoding: it sizes the planner's trees, and
-    method none drafts nothing and has no planner (the curve was ignored without a word)."""
+def check_planner_flags_used(args: argparse.Namespace, methods, what: str, fix: str) -> None:
+    """Refuse --cost-curve and --max-tree-nodes when every one of `methods` is plain decoding: they size
+    the draft trees, and method none drafts nothing and has no planner (either was ignored without a word)."""
     from specula.methods import PLAIN
 
-    if getattr(args, "cost_curve", None) and all(get_method(m).name == PLAIN for m in methods):
-        raise ConfigError(f"--cost-curve sizes the planner's draft trees, and {what} drafts nothing; drop it or "
-                          f"{fix}")
+    if not all(get_method(m).name == PLAIN for m in methods):
+        return
+    for flag, given, does in (("--cost-curve", getattr(args, "cost_curve", None), "sizes the planner's draft trees"),
+                              ("--max-tree-nodes", getattr(args, "max_tree_nodes", None) is not None,
+                               "bounds the draft trees verified per step")):
+        if given:
+            raise ConfigError(f"{flag} {does}, and {what} drafts nothing; drop it or {fix}")
+
+
+def engine_config(args: argparse.Namespace) -> "EngineConfig":
+    """The decode loop's limits: `--max-tree-nodes` when given, else `EngineConfig`'s default (64)."""
+    from specula.api import EngineConfig
+
+    given = getattr(args, "max_tree_nodes", None)
+    return EngineConfig() if given is None else EngineConfig(max_tree_nodes=given)
 
 
 def check_flags_taken(args: argparse.Namespace, methods, what: str, fix: str) -> None:
@@ -305,14 +318,14 @@ def check_flags_taken(args: argparse.Namespace, methods, what: str, fix: str) ->
 def load_spec(args: argparse.Namespace):
     """The `Specula` a command decodes with (`--target`, `--draft`, `--method` and the drafter and
     planner options), and its method's name. A flag the method would ignore is refused first."""
-    from specula.api import EngineConfig, load
+    from specula.api import load
     from specula.methods import DEFAULT_METHOD, get_method
 
     method = get_method(DEFAULT_METHOD if args.method is None else args.method).name
     check_method_flags(args, method)
     spec = load(args.target, draft=args.draft, method=method, config=load_config(args),
                 draft_quantize=args.draft_quantize, skip_layers=args.skip_layers, draft_vocab=args.draft_vocab,
-                engine=EngineConfig(max_tree_nodes=args.max_tree_nodes), planner=planner_from_args(args),
+                engine=engine_config(args), planner=planner_from_args(args),
                 **drafter_options(args, method))
     return spec, method
 

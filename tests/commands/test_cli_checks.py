@@ -42,6 +42,8 @@ GENERATE = ["generate", "--target", "smollm2-135m", "--prompt", "hi", "--max-new
     (["--method", "none", "--datastore", "x.specds"], ("--datastore does not apply to method none",)),
     (["--method", "none", "--cost-curve", "c.json"], ("--cost-curve", "method none drafts nothing",
                                                       "pass --method with a method that drafts")),  # was ignored
+    (["--method", "none", "--max-tree-nodes", "64"], ("--max-tree-nodes", "method none drafts nothing",  # was ignored,
+                                                          "pass --method with a method that drafts")),  # as 64
     (["--method", "prompt-lookup", "--draft", "smollm2-135m"], ("drafts without a draft model",)),
     (["--method", "prompt-lookup", "--draft-quantize", "int8"], ("--draft-quantize applies to a draft model",
                                                                  "method prompt-lookup drafts without one")),
@@ -50,6 +52,20 @@ GENERATE = ["generate", "--target", "smollm2-135m", "--prompt", "hi", "--max-new
 ])
 def test_generate_refuses_what_it_would_ignore_or_misread(no_loading, capsys, extra, words):
     refused(capsys, [*GENERATE, *extra], *words)
+
+
+def test_max_tree_nodes_left_out_is_the_engines_default_and_given_reaches_it():
+    """--max-tree-nodes defaults to None (so that method none can tell it was given); left out, the
+    engine gets EngineConfig's default."""
+    from specula.api import EngineConfig
+    from specula.cli import build_parser
+    from specula.commands.common import engine_config
+
+    for command in (GENERATE, ["bench", "--target", "t", "--out", "o"]):
+        args = build_parser().parse_args(command)
+        assert args.max_tree_nodes is None and engine_config(args) == EngineConfig()
+        assert EngineConfig().max_tree_nodes == 64  # as --help says
+        assert engine_config(build_parser().parse_args([*command, "--max-tree-nodes", "8"])).max_tree_nodes == 8
 
 
 def test_an_empty_prompt_is_refused_before_loading(no_loading, capsys):
