@@ -107,11 +107,42 @@ def plan(args: argparse.Namespace) -> BenchPlan:
     if args.assistant and not NEEDS_DRAFT & set(peers):  # it would be loaded for nothing, silently
         raise ConfigError("--assistant is the model Hugging Face's assisted peers draft with, and no assisted peer "
                           "is compared: add --compare hf (or hf:assisted), or drop --assistant")
+    check_draft_used(args, methods, peers)
     categories = [c.strip() for c in args.categories.split(",") if c.strip()] if args.categories else None
     prompts = select_prompts(load_prompts(args.prompts), args.per_category, categories, args.seed)
     settings = BenchSettings(params, raw=args.raw, warmup_tokens=args.warmup_tokens, progress=not args.no_progress,
                              repeats=args.repeats)
     return BenchPlan(methods, peers, prompts, settings)
+
+
+def check_draft_used(args: argparse.Namespace, methods: list[str], peers: list[str]) -> None:
+    """Refuse a draft model (`--draft MODEL` or `self`, `--draft-quantize`, `--draft-vocab`) that no benched
+    method drafts with and no assisted peer runs (`load_models` would not load it): it was ignored without a
+    word, and report.md named it as the run's draft. `--draft skip` loads no model (each method takes it or
+    not, as in `specula generate`)."""
+    from specula.bench.methods import DRAFT_OPTION, split_method
+    from specula.bench.peers import NEEDS_DRAFT
+    from specula.methods import METHODS, get_method
+    from specula.models.skipping import SKIP_DRAFT
+
+    if args.draft == SKIP_DRAFT:
+        return
+    entries = [split_method(m) for m in methods]
+    if any(get_method(m).draft_model != "no" and overrides.get(DRAFT_OPTION) is None for m, overrides in entries):
+        return
+    if NEEDS_DRAFT & set(peers) and not args.assistant:
+        return  # the assisted peers draft with it
+    bases = ", ".join(dict.fromkeys(m for m, _ in entries))
+    users = ", ".join(spec.name for spec in METHODS.values() if spec.draft_model != "no")
+    fix = f"drop it or add a method that drafts with one ({users}) to --methods"
+    if explicit_draft(args):
+        raise ConfigError(f"no method benched ({bases}) drafts with a draft model, so --draft {args.draft} would "
+                          f"not be used; {fix}")
+    for flag, given in (("--draft-quantize", args.draft_quantize is not None and args.assistant != "self"),
+                        ("--draft-vocab", args.draft_vocab != "auto")):
+        if given:
+            raise ConfigError(f"{flag} applies to a draft model, and no method benched ({bases}) drafts with "
+                              f"one; {fix}")
 
 
 def check_bench_inputs_kept(args: argparse.Namespace) -> None:

@@ -240,6 +240,35 @@ def test_an_assistant_no_assisted_peer_uses_is_refused(tmp_path, prompts_file, t
     assert tiny_models == []
 
 
+@pytest.mark.parametrize("argv, message", [
+    (["--draft", "tiny-draft", "--methods", "none,prompt-lookup"],
+     "no method benched (none, prompt-lookup) drafts with a draft model, so --draft tiny-draft would not be used"),
+    (["--draft", "self", "--methods", "none,fusion:draft=none"], "so --draft self would not be used"),
+    (["--draft", "tiny-draft", "--methods", "none", "--compare", "hf", "--assistant", "self"],
+     "so --draft tiny-draft would not be used"),  # the assisted peers draft with --assistant
+    (["--draft-quantize", "int8", "--methods", "none,prompt-lookup"], "--draft-quantize applies to a draft model"),
+    (["--draft-vocab", "full", "--methods", "none,prompt-lookup"], "--draft-vocab applies to a draft model"),
+])
+def test_a_draft_no_benched_method_uses_is_refused(tmp_path, prompts_file, tiny_models, capsys, argv, message):
+    """A draft no method (nor assisted peer) drafts with was never loaded, without a word, and report.md named
+    it as the run's draft."""
+    code = main(["bench", "--target", "tiny", "--prompts", str(prompts_file), "--no-progress", "--out",
+                 str(tmp_path / "x"), *argv])
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith("error: ") and message in err and err.count("\n") == 1, err
+    assert "draft-model, draft-tree, fusion" in err and tiny_models == []
+
+
+@pytest.mark.parametrize("argv", [["--methods", "none", "--compare", "hf:assisted"],
+                                  ["--methods", "none,fusion:draft=none,draft-model"]])
+def test_a_draft_an_assisted_peer_or_one_method_uses_is_taken(tmp_path, prompts_file, argv):
+    from specula.cli import build_parser
+
+    args = build_parser().parse_args(["bench", "--target", "tiny", "--draft", "tiny-draft", "--prompts",
+                                      str(prompts_file), "--out", str(tmp_path / "x"), *argv])
+    assert bench_cmd.plan(args).prompts
+
+
 def test_sigterm_ends_the_bench_like_ctrl_c():
     import os
     import signal
