@@ -93,6 +93,9 @@ def plan(args: argparse.Namespace) -> BenchPlan:
         raise ConfigError("bench does not take --stop (every method must get the same budget); drop it")
     if args.profile_repeats < 0 or args.warmup_tokens < 0:
         raise ConfigError("--profile-repeats and --warmup-tokens must be >= 0")
+    if args.profile_context < 1:  # was measured as "the target's context window is too short", and skipped
+        raise ConfigError(f"--profile-context must be >= 1, got {args.profile_context}; pass e.g. 256, or "
+                          "--profile-repeats 0 to skip the cost curve")
     check_output(args.out, "--out", "dir")
     check_bench_inputs_kept(args)
     if args.assistant:

@@ -189,6 +189,8 @@ def test_lossless_mismatch_exits_1_naming_prompt_and_method(tmp_path, prompts_fi
     (["--per-category", "0"], "--per-category must be >= 1"),
     (["--methods", "draft-model"], "needs a draft model"),
     (["--repeats", "0"], "repeats must be >= 1, got 0; pass e.g. --repeats 3"),
+    # the note blamed the target's context window, and the cost curve was skipped
+    (["--profile-context", "0"], "--profile-context must be >= 1, got 0"),
     # a variant's value of the wrong kind: a TypeError traceback after loading the models
     (["--methods", "none,prompt-lookup:max_ngram=abc"], "method variant 'prompt-lookup:max_ngram=abc'"),
     (["--methods", "none,prompt-lookup:max_ngram=-1"], "need 1 <= min_ngram <= max_ngram"),
