@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 
 from specula.commands.common import add_load_args, load_config
 from specula.errors import ConfigError
@@ -40,7 +41,7 @@ def run(args: argparse.Namespace) -> int:
     from specula.api import load_backend
     from specula.bench.machine import machine_info
     from specula.bench.plots import COST_CURVE_PNG, plot_cost_curve
-    from specula.planner.cost import measure_cost_curve
+    from specula.planner.cost import TimingConfig, measure_cost_curve
     from specula.commands.bench import set_threads
     from specula.paths import atomic_write_json, check_output
 
@@ -55,7 +56,10 @@ def run(args: argparse.Namespace) -> int:
     load_config(args)  # --device / --dtype checked before anything loads
     out = check_output(args.out, "--out", "dir")
     target, _ = load_backend(args.target, load_config(args), "target")
-    curve = measure_cost_curve(target, sizes, args.context, args.repeats)
+    # every size asked for is timed: the planner's start-up rule (sizes past the first costing over
+    # TimingConfig.max_ratio plain steps left out) dropped them from the table without a word
+    every_size = TimingConfig(max_ratio=math.inf)
+    curve = measure_cost_curve(target, sizes, args.context, args.repeats, config=every_size)
     key = target.cost_key()
     payload = {**curve.to_dict(), "target": args.target, "dtype": key.get("dtype"), "attn": key.get("attention"),
                "quantize": key.get("quantize", args.quantize), "linear_kernel": key.get("linear_kernel"),
@@ -65,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
 
         tokens = [n for n in DEFAULT_BATCH_TOKENS if n <= max(sizes)]
         payload["batch"] = measure_batch_curve(target, batch_sizes, tokens, min(args.context, 128),
-                                               args.repeats).to_dict()
+                                               args.repeats, config=every_size).to_dict()
     json_path = atomic_write_json(out / "cost_curve.json", payload)
     png = plot_cost_curve(payload, out / COST_CURVE_PNG, f"Cost curve: {args.target} (context {args.context})")
     print(f"{'tokens':>8} {'ms':>10} {'ratio':>7}")

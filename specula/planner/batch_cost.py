@@ -275,15 +275,16 @@ def _samples_of_batch_curve(curve: BatchCostCurve) -> dict[str, Any]:
 
 def measure_batch_curve(backend: TargetModel, batch_sizes: Sequence[int] = DEFAULT_BATCH_SIZES,
                         tokens: Sequence[int] = DEFAULT_BATCH_TOKENS, context: int = DEFAULT_BATCH_CONTEXT,
-                        repeats: int = 2, seed: int = 0) -> BatchCostCurve:
+                        repeats: int = 2, seed: int = 0, config: TimingConfig = TimingConfig()) -> BatchCostCurve:
     """The packed-pass table of b sequences verifying n tokens each, for each b in `batch_sizes` (1
-    added) and n in `tokens` (1 added), from `repeats` quiet rounds (`measure_batch_times`)."""
+    added) and n in `tokens` (1 added), from `repeats` quiet rounds (`measure_batch_times`, with
+    `config`)."""
     if repeats < 1:
         raise ConfigError(f"repeats must be >= 1, got {repeats}")
     batch_sizes, tokens = sorted({1, *(int(b) for b in batch_sizes)}), sorted({1, *(int(n) for n in tokens)})
     samples: dict[str, Any] = {}
     add_batch_samples(samples, measure_batch_times(backend, dict.fromkeys(_cells(batch_sizes, tokens), repeats),
-                                                   context, seed))
+                                                   context, seed, config))
     return curve_from_batch_samples(samples, context)
 
 

@@ -174,6 +174,39 @@ def test_profile_command(tmp_path, monkeypatch, capsys):
     assert main(["profile", "--target", "tiny", "--batch-sizes", "0", "--out", str(tmp_path)]) == 2
 
 
+def test_profile_times_every_size_asked_for(tmp_path, monkeypatch):
+    """The planner's start-up rule (sizes past the first costing over 4 plain steps are not timed) dropped
+    sizes `profile --sizes` asked for from cost_curve.json and its batch table, without a word."""
+    import time
+
+    import specula.api
+    import specula.planner.batch_cost as batch_cost
+    import specula.planner.cost as cost
+    import specula.planner.machine as machine
+    from specula.cli import main
+
+    backend = HFCausalLM(tiny_model("qwen2"))
+    monkeypatch.setattr(specula.api, "load_backend", lambda spec, config, name="model": (backend, None))
+    monkeypatch.setattr(machine.LoadProbe, "others", lambda self: 0.0)
+    # a pass of n tokens costs max(1, n / 4) plain steps: 32 tokens cost 8
+    monkeypatch.setattr(cost, "_timed_pass", lambda seq, device, root, tree, context:
+                        0.01 * max(1.0, (len(tree) + 1) / 4))
+    real = batch_cost.forward_trees
+
+    def slow_packed_pass(target, items):  # b sequences of n tokens: b * n * n ms more (4 tokens: ~8 plain passes)
+        out = real(target, items)
+        time.sleep(0.001 * len(items) * (len(items[0][2]) + 1) ** 2)
+        return out
+
+    monkeypatch.setattr(batch_cost, "forward_trees", slow_packed_pass)
+    code = main(["profile", "--target", "tiny", "--context", "32", "--sizes", "1,4,16,32,64", "--repeats", "1",
+                 "--batch-sizes", "2", "--out", str(tmp_path)])
+    assert code == 0
+    data = json.loads((tmp_path / "cost_curve.json").read_text())
+    assert data["sizes"] == [1, 4, 16, 32, 64] and data["ratio"] == [1.0, 1.0, 4.0, 8.0, 16.0]
+    assert data["batch"]["totals"] == [[1, 2, 4, 8], [2, 4, 8, 16]]
+
+
 def test_cost_curves_of_several_options_plot_to_one_png(tmp_path):
     from specula.bench.plots import plot_cost_curves
 
