@@ -111,11 +111,29 @@ def plan(args: argparse.Namespace) -> BenchPlan:
         raise ConfigError("--assistant is the model Hugging Face's assisted peers draft with, and no assisted peer "
                           "is compared: add --compare hf (or hf:assisted), or drop --assistant")
     check_draft_used(args, methods, peers)
+    check_method_files(args, methods)
     categories = [c.strip() for c in args.categories.split(",") if c.strip()] if args.categories else None
     prompts = select_prompts(load_prompts(args.prompts), args.per_category, categories, args.seed)
     settings = BenchSettings(params, raw=args.raw, warmup_tokens=args.warmup_tokens, progress=not args.no_progress,
                              repeats=args.repeats)
     return BenchPlan(methods, peers, prompts, settings)
+
+
+def check_method_files(args: argparse.Namespace, methods: list[str]) -> None:
+    """Read the head and datastore files the benched methods take (`--head`, `--datastore`, a variant's
+    `head=` / `datastore=`) before any model loads: a missing or damaged one failed only after the target's
+    load (as `specula generate` checks `--head`)."""
+    from specula.bench.methods import split_method
+    from specula.datastore.format import load_datastore
+    from specula.drafters.heads.file import read_head
+    from specula.methods import NO_HEAD
+
+    heads = [args.head, *(split_method(m)[1].get("head") for m in methods)]
+    stores = [args.datastore, *(split_method(m)[1].get("datastore") for m in methods)]
+    for head in dict.fromkeys(str(h) for h in heads if h is not None and str(h) != NO_HEAD):
+        read_head(head)
+    for store in dict.fromkeys(str(d) for d in stores if d is not None):
+        load_datastore(store, verify=False)  # exists, whole, of this format (checksums: when the method loads it)
 
 
 def check_draft_used(args: argparse.Namespace, methods: list[str], peers: list[str]) -> None:

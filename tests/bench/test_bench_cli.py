@@ -242,6 +242,19 @@ def test_an_assistant_no_assisted_peer_uses_is_refused(tmp_path, prompts_file, t
     assert tiny_models == []
 
 
+@pytest.mark.parametrize("methods, flag", [("none,eagle", "--head"), ("none,eagle:head={}", None),
+                                           ("none,rest", "--datastore"), ("none,rest:datastore={}", None)])
+def test_missing_head_and_datastore_files_are_refused_before_the_target_loads(tmp_path, prompts_file, tiny_models,
+                                                                              capsys, methods, flag):
+    missing = tmp_path / ("gone.safetensors" if "eagle" in methods else "gone.specds")
+    argv = ["--methods", methods.format(missing), *([flag, str(missing)] if flag else [])]
+    code = main(["bench", "--target", "tiny", "--prompts", str(prompts_file), "--no-progress", "--out",
+                 str(tmp_path / "x"), *argv])
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith("error: ") and "does not exist" in err and str(missing) in err, err
+    assert tiny_models == []  # found missing only after the target had loaded
+
+
 @pytest.mark.parametrize("argv, message", [
     (["--draft", "tiny-draft", "--methods", "none,prompt-lookup"],
      "no method benched (none, prompt-lookup) drafts with a draft model, so --draft tiny-draft would not be used"),
