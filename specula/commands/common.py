@@ -229,6 +229,10 @@ def drafter_options(args: argparse.Namespace, method: str) -> dict:
     elif "head" in options:
         found = default_head(spec, getattr(args, "target", None))
         options["head"] = None if found is None else str(found)
+    if options.get("datastore"):
+        from specula.datastore.format import load_datastore
+
+        load_datastore(options["datastore"], verify=False)  # a missing or damaged file fails here, before any load
     return options
 
 

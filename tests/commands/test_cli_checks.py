@@ -68,6 +68,18 @@ def test_max_tree_nodes_left_out_is_the_engines_default_and_given_reaches_it():
         assert engine_config(build_parser().parse_args([*command, "--max-tree-nodes", "8"])).max_tree_nodes == 8
 
 
+def test_a_missing_or_damaged_datastore_is_refused_before_loading(no_loading, capsys, tmp_path):
+    """--datastore was first opened when the drafter was built, after the target (and draft) had loaded."""
+    gone, damaged = tmp_path / "gone.specds", tmp_path / "damaged.specds"
+    damaged.write_text("not a datastore")
+    refused(capsys, [*GENERATE, "--method", "rest", "--datastore", str(gone)], "does not exist", str(gone))
+    refused(capsys, [*GENERATE, "--method", "rest", "--datastore", str(damaged)], "not a specula datastore")
+    batch = tmp_path / "in.jsonl"
+    batch.write_text('{"custom_id": "a", "url": "/v1/completions", "body": {"prompt": "x"}}\n')
+    refused(capsys, ["run-batch", "--target", "smollm2-135m", "--method", "rest", "--datastore", str(gone), "-i",
+                     str(batch), "-o", str(tmp_path / "out.jsonl")], "does not exist")
+
+
 def test_an_empty_prompt_is_refused_before_loading(no_loading, capsys):
     refused(capsys, ["generate", "--target", "smollm2-135m", "--prompt", "", "--max-new-tokens", "4"],
             "--prompt is empty")

@@ -130,13 +130,13 @@ def test_wrong_tokenizer_missing_file_and_small_target_are_refused(successor_sto
         make_drafter("rest", target=narrow, datastore=str(successor_store))
 
 
-def test_cli_routes_the_datastore_option():
+def test_cli_routes_the_datastore_option(successor_store):
     from specula.cli import build_parser
     from specula.commands.common import drafter_options
 
-    args = build_parser().parse_args(["generate", "--target", "x", "--method", "rest", "--datastore", "d.specds",
-                                      "--prompt", "hi"])
-    assert drafter_options(args, "rest")["datastore"] == "d.specds"
+    args = build_parser().parse_args(["generate", "--target", "x", "--method", "rest", "--datastore",
+                                      str(successor_store), "--prompt", "hi"])
+    assert drafter_options(args, "rest")["datastore"] == str(successor_store)  # (a missing file: refused there)
 
 
 def test_memory_footprint_is_the_mapped_datastore(successor_store):
