@@ -56,6 +56,7 @@ class Specula:
         self.method = method
         self.load_report: LoadReport | None = None
         """Load time and peak memory, when built by `load`."""
+        _check_planner_used(method, planner)  # the public builder; build_decoder gives none no planner silently
         self.decoder = build_decoder(method, target, tokenizer, draft, engine=engine, planner=planner,
                                      **drafter_options)
         """The decode loop (internal: callers use the methods below)."""
@@ -234,10 +235,9 @@ def build_decoder(method: str, target: TargetModel, tokenizer=None, draft: Targe
                   **drafter_options) -> SpeculativeDecoder:
     """The decoder for a method: its drafters, and the planner that merges and sizes their trees
     every step (`PlannerChoice`: the hardware-aware planner by default; method `none` drafts
-    nothing and never gets one: a curve or planner given to it is refused). "none" verifies what the
-    drafters propose as it is (within the engine's budget: research runs and tests that need the same
-    trees whatever the timing)."""
-    _check_planner_used(method, planner)
+    nothing and never gets one: a planner given here is dropped, so one loop can build every method
+    with one planner; `Specula` and `load` refuse it). "none" verifies what the drafters propose as it
+    is (within the engine's budget: research runs and tests that need the same trees whatever the timing)."""
     drafters = make_drafters(method, target=target, draft=draft, tokenizer=tokenizer, **drafter_options)
     planner = resolve_planner("none" if method == PLAIN else planner, target)
     return SpeculativeDecoder(target, drafters, tokenizer, planner=planner, config=engine, method=method)
