@@ -35,7 +35,8 @@ def register(sub) -> None:
     g.add_argument("--max-queue", type=int, default=256,
                    help="requests waiting for a place in the batch; more get 503 with Retry-After (default 256)")
     g.add_argument("--request-timeout", type=float, default=600.0,
-                   help="seconds a generation request may take, queueing included; then 504 (default 600; 0 = no limit)")
+                   help="seconds a generation request may take, queueing included; then 504 "
+                        "(default 600; 0 = no limit)")
     g.add_argument("--shutdown-timeout", type=float, default=30.0,
                    help="on SIGTERM / Ctrl-C: seconds in-flight requests get to finish before they are cancelled "
                         "(default 30; inf: no limit, until a second signal forces the exit)")
