@@ -45,6 +45,7 @@ GENERATE = ["generate", "--target", "smollm2-135m", "--prompt", "hi", "--max-new
     (["--method", "none", "--max-tree-nodes", "64"], ("--max-tree-nodes", "method none drafts nothing",  # was ignored,
                                                           "pass --method with a method that drafts")),  # as 64
     (["--method", "prompt-lookup", "--draft", "smollm2-135m"], ("drafts without a draft model",)),
+    (["--device", "cpu", "--cuda-graphs"], ("--cuda-graphs", "this run is on cpu", "drop it")),  # was ignored
     (["--method", "prompt-lookup", "--draft-quantize", "int8"], ("--draft-quantize applies to a draft model",
                                                                  "method prompt-lookup drafts without one")),
     (["--method", "eagle3", "--draft-vocab", "full"], ("--draft-vocab applies to a draft model",)),
