@@ -42,7 +42,9 @@ def register(sub) -> None:
                    help=method_help() + f"; comma-separated ({PLAIN} always runs: it is the baseline). "
                    f"Default: {default_methods_help()}")
     g.add_argument("--prompts", default="spec-bench",
-                   help="spec-bench (shipped, 480 prompts), everyday (shipped, 24 prompts: chat, instructions, code, math) or a JSONL file of {id, category, turns} (default spec-bench)")
+                   help="spec-bench (shipped, 480 prompts), everyday (shipped, 24 prompts: chat, instructions, "
+                        "code, math), structured (shipped, 24 prompts each with a JSON schema every method decodes "
+                        "under: docs/structured.md) or a JSONL file of {id, category, turns} (default spec-bench)")
     g.add_argument("--per-category", type=int, default=None, help="prompts per category (seeded order; default all)")
     g.add_argument("--categories", default=None,
                    help="comma-separated categories (spec-bench: mt_bench,translation,summarization,qa,math_reasoning,rag)")
