@@ -194,12 +194,9 @@ class SpeculativeDecoder:
         if outside:
             raise ConfigError(f"prompt token id {outside[0]} is outside the model's vocabulary of {vocab}")
         check_context(self.target, len(prompt) + 1, f"the prompt ({len(prompt)} tokens) plus one new token")
-        outside = [t for t, _ in params.logit_bias if t >= vocab]
-        if outside:
-            raise ConfigError(f"logit_bias names token {outside[0]}, outside the model's vocabulary of {vocab}")
-        outside = [t for t in params.stop_token_ids if t >= vocab]
-        if outside:  # never emitted, so never a stop: a tokenizer's id given to another model (vLLM refuses it)
-            raise ConfigError(f"stop_token_ids names token {outside[0]}, outside the model's vocabulary of {vocab}")
+        problem = params.vocabulary_problem(vocab)
+        if problem:
+            raise ConfigError(problem[1])
         if params.stop and self.tokenizer is None:
             raise ConfigError("stop strings need the target's tokenizer to read the text: build the decoder "
                               "with one, or stop on token ids (stop_token_ids)")

@@ -173,6 +173,16 @@ class SamplingParams:
         return (self.repetition_penalty != 1.0 or self.frequency_penalty != 0.0 or self.presence_penalty != 0.0
                 or bool(self.logit_bias))
 
+    def vocabulary_problem(self, vocab: int) -> tuple[str, str] | None:
+        """(field, message) for the first token id a field names outside a vocabulary of `vocab` ids
+        (`logit_bias`, `stop_token_ids`: a stop id could never be emitted, so never stop anything), or None.
+        The engine raises it as a ConfigError, the server as a 400 naming the field."""
+        for field, ids in (("logit_bias", [t for t, _ in self.logit_bias]), ("stop_token_ids", self.stop_token_ids)):
+            outside = [t for t in ids if t >= vocab]
+            if outside:
+                return field, f"{field} names token {outside[0]}, outside the model's vocabulary of {vocab}"
+        return None
+
 
 def probabilities(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     """The processed distribution. logits: [..., vocab] -> probs [..., vocab] (float32).

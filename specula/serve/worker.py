@@ -327,15 +327,9 @@ class Worker:
         limits = [self._limit(request, len(ids)) for ids in prompts]
         job.prompts = tuple(tuple(ids) for ids in prompts)
         base = SamplingParams(max_new_tokens=1, **request.sampling())
-        vocab = self.spec.target.vocab_size
-        outside = [t for t, _ in base.logit_bias if t >= vocab]
-        if outside:
-            raise APIError(400, f"logit_bias names token {outside[0]}, outside the model's vocabulary of {vocab}",
-                           param="logit_bias", code="invalid_value")
-        outside = [t for t in base.stop_token_ids if t >= vocab]
-        if outside:  # never emitted, so never a stop (vLLM answers 400 too)
-            raise APIError(400, f"stop_token_ids names token {outside[0]}, outside the model's vocabulary of "
-                                f"{vocab}", param="stop_token_ids", code="invalid_value")
+        problem = base.vocabulary_problem(self.spec.target.vocab_size)
+        if problem:
+            raise APIError(400, problem[1], param=problem[0], code="invalid_value")
         short = [limit for limit in limits if limit < request.min_tokens]
         if short:  # max_tokens is checked against min_tokens with the request; the context's room here
             raise APIError(400, f"min_tokens ({request.min_tokens}) asks for more tokens than fit: at most {short[0]} "
