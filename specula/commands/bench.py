@@ -13,8 +13,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from specula.commands.common import (
-    add_method_args, add_model_args, add_sampling_args, check_flags_taken, check_model_name, check_planner_flags_used,
-    drafter_options, engine_config, explicit_draft, load_config, method_help, planner_from_args, sampling_params,
+    add_method_args, add_model_args, add_sampling_args, check_drafter_files, check_flags_taken, check_model_name,
+    check_planner_flags_used, drafter_options, engine_config, explicit_draft, load_config, method_help,
+    planner_from_args, sampling_params,
 )
 from specula.errors import ConfigError
 from specula.paths import check_not_input, check_output
@@ -126,16 +127,13 @@ def check_method_files(args: argparse.Namespace, methods: list[str]) -> None:
     `head=` / `datastore=`) before any model loads: a missing or damaged one failed only after the target's
     load (as `specula generate` checks `--head`)."""
     from specula.bench.methods import split_method
-    from specula.datastore.format import load_datastore
-    from specula.drafters.heads.file import read_head
-    from specula.methods import NO_HEAD
 
     heads = [args.head, *(split_method(m)[1].get("head") for m in methods)]
     stores = [args.datastore, *(split_method(m)[1].get("datastore") for m in methods)]
-    for head in dict.fromkeys(str(h) for h in heads if h is not None and str(h) != NO_HEAD):
-        read_head(head)
+    for head in dict.fromkeys(str(h) for h in heads if h is not None):
+        check_drafter_files(head=head)
     for store in dict.fromkeys(str(d) for d in stores if d is not None):
-        load_datastore(store, verify=False)  # exists, whole, of this format (checksums: when the method loads it)
+        check_drafter_files(datastore=store)
 
 
 def check_draft_used(args: argparse.Namespace, methods: list[str], peers: list[str]) -> None:

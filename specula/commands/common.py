@@ -224,20 +224,24 @@ def drafter_options(args: argparse.Namespace, method: str) -> dict:
     for name in spec.cli_options():
         value = args.target if name == "target_name" else getattr(args, name)
         options[name] = None if value is False else value
-    if options.get("head") == NO_HEAD:
-        pass  # no head, not even the installed one (make_drafters reads it as None)
-    elif options.get("head"):
-        from specula.drafters.heads.file import read_head
-
-        read_head(options["head"])  # a bad file fails here, before any model is loaded
-    elif "head" in options:
+    check_drafter_files(options.get("head"), options.get("datastore"))
+    if "head" in options and not options["head"]:  # (NO_HEAD: no head, not even the installed one)
         found = default_head(spec, getattr(args, "target", None))
         options["head"] = None if found is None else str(found)
-    if options.get("datastore"):
+    return options
+
+
+def check_drafter_files(head: str | None = None, datastore: str | None = None) -> None:
+    """Read a head file (not `NO_HEAD`) and a datastore's header before any model is loaded: a missing
+    or damaged one fails here, not after the target's load."""
+    if head and str(head) != NO_HEAD:
+        from specula.drafters.heads.file import read_head
+
+        read_head(str(head))
+    if datastore:
         from specula.datastore.format import load_datastore
 
-        load_datastore(options["datastore"], verify=False)  # a missing or damaged file fails here, before any load
-    return options
+        load_datastore(str(datastore), verify=False)  # exists, whole, of this format (checksums: when loaded)
 
 
 def planner_from_args(args: argparse.Namespace):
