@@ -14,8 +14,8 @@ from pathlib import Path
 
 from specula.commands.common import (
     add_method_args, add_model_args, add_sampling_args, check_drafter_files, check_flags_taken, check_model_name,
-    check_planner_flags_used, drafter_options, engine_config, explicit_draft, load_config, method_help,
-    planner_from_args, sampling_params,
+    check_planner_flags_used, draft_model_flags, drafter_options, engine_config, explicit_draft, load_config,
+    method_help, planner_from_args, sampling_params,
 )
 from specula.errors import ConfigError
 from specula.paths import check_not_input, check_output
@@ -159,11 +159,11 @@ def check_draft_used(args: argparse.Namespace, methods: list[str], peers: list[s
     if explicit_draft(args):
         raise ConfigError(f"no method benched ({bases}) drafts with a draft model, so --draft {args.draft} would "
                           f"not be used; {fix}")
-    for flag, given in (("--draft-quantize", args.draft_quantize is not None and args.assistant != "self"),
-                        ("--draft-vocab", args.draft_vocab != "auto")):
-        if given:
-            raise ConfigError(f"{flag} applies to a draft model, and no method benched ({bases}) drafts with "
-                              f"one; {fix}")
+    # --draft-quantize with --assistant self quantizes the assisted peers' draft
+    given = [f for f in draft_model_flags(args) if not (f == "--draft-quantize" and args.assistant == "self")]
+    if given:
+        raise ConfigError(f"{given[0]} applies to a draft model, and no method benched ({bases}) drafts with one; "
+                          f"{fix}")
 
 
 def check_bench_inputs_kept(args: argparse.Namespace) -> None:

@@ -287,12 +287,17 @@ def check_method_flags(args: argparse.Namespace, method: str) -> None:
     if spec.draft_model == "no" and explicit_draft(args) and args.draft != SKIP_DRAFT:
         raise ConfigError(f"method {spec.name} drafts without a draft model; drop --draft {args.draft} or pass a "
                           "method that uses one (draft-model, draft-tree, fusion)")
-    if spec.draft_model == "no":  # nothing to quantize or cut: it was ignored without a word
-        for flag, given in (("--draft-quantize", getattr(args, "draft_quantize", None) is not None),
-                            ("--draft-vocab", getattr(args, "draft_vocab", "auto") != "auto")):
-            if given:
-                raise ConfigError(f"{flag} applies to a draft model, and method {spec.name} drafts without one; "
-                                  "drop it or pass a method that uses one (draft-model, draft-tree, fusion)")
+    given = draft_model_flags(args) if spec.draft_model == "no" else []
+    if given:  # nothing to quantize or cut: it was ignored without a word
+        raise ConfigError(f"{given[0]} applies to a draft model, and method {spec.name} drafts without one; "
+                          "drop it or pass a method that uses one (draft-model, draft-tree, fusion)")
+
+
+def draft_model_flags(args: argparse.Namespace) -> list[str]:
+    """The flags that shape a draft model given on the command line (--draft-quantize, --draft-vocab):
+    a command running no method that drafts with one refuses them."""
+    return [flag for flag, given in (("--draft-quantize", getattr(args, "draft_quantize", None) is not None),
+                                     ("--draft-vocab", getattr(args, "draft_vocab", "auto") != "auto")) if given]
 
 
 def check_planner_flags_used(args: argparse.Namespace, methods, what: str, fix: str) -> None:
