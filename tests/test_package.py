@@ -30,3 +30,36 @@ def test_specula_first_sets_the_short_spin():
 ])
 def test_the_users_setting_or_a_loaded_torch_is_left_alone(code, env, expected):
     assert _spincount(code, **env) == expected
+
+
+def _constraints() -> dict[str, str]:
+    from pathlib import Path
+
+    pins = {}
+    for line in (Path(__file__).parents[1] / "scripts" / "constraints.txt").read_text().splitlines():
+        if line.strip() and not line.startswith("#"):
+            name, _, version = line.partition("==")
+            assert version, f"constraints.txt: {line!r} is not an exact pin"
+            pins[name] = version
+    return pins
+
+
+def test_the_tested_pins_satisfy_every_declared_range():
+    """scripts/setup.sh installs with scripts/constraints.txt: each direct dependency in pyproject.toml (torch
+    aside, which setup.sh pins itself) must be pinned there, to a version its declared range allows, or a fresh
+    install fails to resolve."""
+    import re
+    import tomllib
+    from pathlib import Path
+
+    from packaging.requirements import Requirement
+
+    project = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())["project"]
+    pins = _constraints()
+    for line in project["dependencies"] + project["optional-dependencies"]["dev"]:
+        req = Requirement(line)
+        name = re.sub(r"[-_.]+", "-", req.name).lower()
+        if name == "torch":
+            continue
+        assert name in pins, f"{name} is declared in pyproject.toml but not pinned in scripts/constraints.txt"
+        assert req.specifier.contains(pins[name], prereleases=True), f"{name}=={pins[name]} is outside {req}"
