@@ -316,6 +316,9 @@ class DraftTreeDrafter:
             values, indices = top.values, top.indices
         probs, idx = values.tolist(), indices.tolist()
         for f, row in enumerate(probs):  # best first: a zero ends the row's support
+            if params.greedy and row and row[0] != row[0]:  # NaN: a +inf logit (e^(inf - inf)); as the C pass,
+                infs = int(logits[f].isposinf().sum())  # softmax's limit: the +inf logits share the mass
+                row = [1.0 / infs if logits[f, i] == float("inf") else 0.0 for i in idx[f]] if infs else row
             keep = next((j for j, p in enumerate(row) if not p > 0), len(row))
             probs[f], idx[f] = row[:keep], idx[f][:keep]
         return probs, idx

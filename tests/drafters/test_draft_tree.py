@@ -100,6 +100,23 @@ def test_top_children_score_by_softmax_and_stop_at_the_support():
     assert torch.allclose(torch.tensor(probs), expected.values)
 
 
+@pytest.mark.parametrize("c_pass", [True, False])
+def test_top_children_of_a_row_with_plus_inf_logits_share_its_mass(c_pass, monkeypatch):
+    """softmax's limit where a logit is +inf (torch's softmax gives NaN, and a NaN child ended the row:
+    the certain token was never drafted): the +inf logits split the mass, in the C pass and in torch's."""
+    from specula.drafters import draft_tree
+
+    if not c_pass:
+        monkeypatch.setattr(draft_tree, "_kernel_top_k", lambda: None)
+    elif draft_tree._kernel_top_k() is None:
+        pytest.skip("specula's CPU kernels cannot run here")
+    logits = torch.randn(2, 50, generator=torch.Generator().manual_seed(1))  # [F, vocab]
+    logits[0, 7] = logits[0, 30] = float("inf")
+    probs, idx = DraftTreeDrafter._top_children(logits, SamplingParams(), 4)
+    assert sorted(idx[0]) == [7, 30] and probs[0] == [0.5, 0.5]  # the finite ones get nothing: the support ends
+    assert len(probs[1]) == 4 and idx[1] == logits[1].topk(4).indices.tolist()
+
+
 # ---------------------------------------------------------------------------- sampled proposals
 @pytest.mark.parametrize("name", SAMPLED)
 def test_sampled_proposals_match_their_declared_scheme(name):

@@ -32,6 +32,16 @@ def test_top_k_probs_breaks_ties_by_the_lower_index_and_never_picks_nan():
     assert probs[0, 0] > probs[0, 1] == probs[0, 3]
 
 
+def test_top_k_probs_shares_the_mass_among_the_plus_inf_logits_as_softmaxs_limit():
+    logits = torch.randn(2, 21)  # 21: the 8-lane loop and the tail both see an inf
+    logits[0, 3] = logits[0, 19] = float("inf")
+    logits[1, 5] = float("inf")
+    probs, idx = kernels.top_k_probs(logits, 3)
+    assert idx[:, 0].tolist() == [3, 5] and idx[0, 1] == 19
+    assert probs.tolist()[0][:2] == [0.5, 0.5] and probs.tolist()[1][0] == 1.0
+    assert probs[0, 2] == probs[1, 1] == probs[1, 2] == 0.0  # never NaN
+
+
 def test_top_k_probs_refuses_a_k_beyond_the_row_and_other_dtypes():
     with pytest.raises(ValueError, match="k <= 5"):
         kernels.top_k_probs(torch.zeros(1, 5), 6)

@@ -83,6 +83,12 @@ void specula_topk_probs(const float *logits, int n, int v, int k, int64_t *idx, 
             }
         }
         for (int l = have; l < k; l++) vals[l] = -INFINITY, ids[l] = 0;
+        if (top == INFINITY) {  /* softmax's limit: the +inf logits share the mass (e^(inf - inf) is NaN) */
+            int infs = 0;
+            for (j = 0; j < v; j++) infs += row[j] == INFINITY;
+            for (int l = 0; l < k; l++) vals[l] = vals[l] == INFINITY ? 1.0f / infs : 0.0f;
+            continue;
+        }
         /* the total: sum of e^(l - top) over the row, 8 lanes, the tail padded with -inf (e^-inf = 0) */
         __m256 shift = _mm256_set1_ps(top), acc = _mm256_setzero_ps();
         for (j = 0; j + 8 <= v; j += 8) {
