@@ -85,13 +85,16 @@ def chat_message(message: Any, index: int) -> dict[str, str]:
     return {**message, "role": role, "content": content}  # other keys (tool_calls, name, ...) for the template
 
 
-def apply_chat_template(tokenizer: Any, prompt: str | Sequence[Mapping[str, str]], raw: bool = False) -> list[int]:
+def apply_chat_template(tokenizer: Any, prompt: str | Sequence[Mapping[str, str]], raw: bool = False,
+                        tools: Sequence[Mapping[str, Any]] | None = None) -> list[int]:
     """Token ids for a prompt.
 
     A string is wrapped as one user message in the tokenizer's chat template (with the
     generation prompt) when the tokenizer has one, unless `raw`; without a template, or with
     `raw=True`, the string is encoded as is (with the tokenizer's usual special tokens). A list
-    of `{"role", "content"}` messages always goes through the chat template."""
+    of `{"role", "content"}` messages always goes through the chat template. `tools` (OpenAI's
+    `{"type": "function", "function": {...}}` objects) reach the template as its `tools`, which
+    tool-calling templates render into the prompt; a raw prompt cannot take them."""
     if tokenizer is None:
         raise ConfigError("text prompts and chat messages need the target's tokenizer: pass token ids, or build "
                           "the decoder with a tokenizer")
@@ -101,6 +104,9 @@ def apply_chat_template(tokenizer: Any, prompt: str | Sequence[Mapping[str, str]
         if problem:
             raise ConfigError(f"the prompt is not valid Unicode: {problem}")
         if raw or not has_template:
+            if tools:
+                raise ConfigError("tools are rendered by the chat template: a raw prompt (or a tokenizer without a "
+                                  "chat template) cannot take them")
             return list(tokenizer.encode(prompt))
         messages: list[Mapping[str, str]] = [{"role": "user", "content": prompt}]
     else:
@@ -113,7 +119,8 @@ def apply_chat_template(tokenizer: Any, prompt: str | Sequence[Mapping[str, str]
     from jinja2.exceptions import TemplateError
 
     try:
-        text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False,
+                                             tools=list(tools) if tools else None)
     except TemplateError as exc:  # the template's raise_exception: "roles must alternate", "no system role", ...
         raise ConfigError(f"the model's chat template refused these messages: {exc}") from None
     problem = unicode_problem(text)  # a message's other keys (name, tool_calls) reach the template unchecked
@@ -122,13 +129,15 @@ def apply_chat_template(tokenizer: Any, prompt: str | Sequence[Mapping[str, str]
     return list(tokenizer.encode(text, add_special_tokens=False))
 
 
-def encode_prompt(tokenizer: Any, prompt: Prompt, raw: bool = False) -> list[int]:
+def encode_prompt(tokenizer: Any, prompt: Prompt, raw: bool = False,
+                  tools: Sequence[Mapping[str, Any]] | None = None) -> list[int]:
     """Token ids of any prompt: text (chat template applied unless `raw`), chat messages, or token ids
-    (checked against nothing but being integers). The one place prompts become ids."""
+    (checked against nothing but being integers). The one place prompts become ids. `tools` go to the chat
+    template (`apply_chat_template`); token ids cannot take them."""
     if isinstance(prompt, str):
         if not prompt:  # whitespace is text ("\n" opens a base model's unconditional generation)
             raise ConfigError("the prompt is empty: give some text")
-        return _some_tokens(apply_chat_template(tokenizer, prompt, raw=raw))
+        return _some_tokens(apply_chat_template(tokenizer, prompt, raw=raw, tools=tools))
     if isinstance(prompt, (bytes, bytearray, memoryview)):  # an iterable of byte values, not token ids
         raise ConfigError("a prompt is text, token ids or chat messages, not bytes: decode it to a str first")
     if not isinstance(prompt, Iterable) or isinstance(prompt, Mapping):
@@ -138,9 +147,11 @@ def encode_prompt(tokenizer: Any, prompt: Prompt, raw: bool = False) -> list[int
     if not prompt:
         raise ConfigError("the prompt is empty: give some text, at least one message, or token ids")
     if isinstance(prompt[0], Mapping):
-        return _some_tokens(apply_chat_template(tokenizer, prompt, raw=raw))
+        return _some_tokens(apply_chat_template(tokenizer, prompt, raw=raw, tools=tools))
     if not all(is_integer(t) for t in prompt):
         raise ConfigError("a prompt list must hold token ids (integers) or chat messages ({'role', 'content'})")
+    if tools:
+        raise ConfigError("tools are rendered by the chat template: a prompt of token ids cannot take them")
     return [int(t) for t in prompt]
 
 

@@ -76,3 +76,19 @@ def test_a_lone_surrogate_is_named_not_a_tokenizer_type_error(tok):
         encode_prompt(word_tokenizer(["w0", "hi"], chat_template="{% for m in messages %}{{ m.name }}{% endfor %}"),
                       [{"role": "user", "content": "hi", "name": "\udcff"}])
     assert encode_prompt(tok, "hi \U0001F600 there", raw=True)  # a pair written out is a character
+
+
+def test_tools_reach_the_chat_template():
+    """A tool-calling template renders the tools it is given into the prompt (as it renders them for
+    `tokenizer.apply_chat_template(..., tools=...)`); without tools the prompt is the one it always was."""
+    template = ("{% if tools %}{% for t in tools %}{{ t.function.name }} {% endfor %}{% endif %}"
+                "{% for m in messages %}{{ m.role }} {{ m.content }} {% endfor %}")
+    tok = word_tokenizer(["w0", "user", "hi", "a", "b"], chat_template=template)
+    messages = [{"role": "user", "content": "hi"}]
+    tools = [{"type": "function", "function": {"name": "a"}}, {"type": "function", "function": {"name": "b"}}]
+    assert encode_prompt(tok, messages, tools=tools) == tok.encode("a b user hi")
+    assert encode_prompt(tok, messages) == encode_prompt(tok, messages, tools=[]) == tok.encode("user hi")
+    assert encode_prompt(tok, "hi", tools=tools) == tok.encode("a b user hi")  # text through the template
+    for prompt, raw in (("hi", True), ([1, 2], False)):
+        with pytest.raises(ConfigError, match="tools are rendered by the chat template"):
+            encode_prompt(tok, prompt, raw=raw, tools=tools)
