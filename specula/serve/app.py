@@ -344,10 +344,11 @@ def build_app(server: SpeculaServer) -> FastAPI:
         return JSONResponse(listed)
 
     async def tokenize(request: Request) -> Response:
-        source, raw = protocol.parse_tokenize(await _read_json(request, server.config.max_body_bytes),
-                                              server.config.model_name)
+        body = await _read_json(request, server.config.max_body_bytes)
+        source, raw = protocol.parse_tokenize(body, server.config.model_name)
+        tools = protocol.parse_tokenize_tools(body)
         try:
-            ids = encode_prompt(server.http_tokenizer, source, raw=raw)
+            ids = encode_prompt(server.http_tokenizer, source, raw=raw, tools=tools)
         except SpeculaError as exc:
             raise protocol.prompt_error(exc, "prompt" if raw else "messages") from exc
         return JSONResponse({"count": len(ids), "max_model_len": server.worker.max_context, "tokens": ids,

@@ -26,6 +26,7 @@ from typing import Any, Literal, Mapping, Sequence
 from specula.constraints import Constraint, ConstraintError
 from specula.logprobs import MAX_LOGPROBS, TokenLogprob
 from specula.prompts import MessageError, NoChatTemplate, chat_message
+from specula.serve.tools import ToolError, ToolUse, parse_tool_use, parse_tools, template_message
 from specula.stats import GenerationStats
 from specula.token_bytes import TokenBytes
 
@@ -70,8 +71,9 @@ class GenerationRequest:
     """The model id the client asked for (already checked against the served one)."""
     prompts: tuple[str | tuple[int, ...], ...] = ()
     """Completions: each prompt's raw text (no chat template) or token ids (one or more)."""
-    messages: tuple[dict[str, str], ...] | None = None
-    """Chat: `{"role", "content"}` messages, rendered with the tokenizer's chat template."""
+    messages: tuple[dict[str, Any], ...] | None = None
+    """Chat: `{"role", "content"}` messages (with their tool-calling fields: `tools.template_message`),
+    rendered with the tokenizer's chat template."""
     max_tokens: int | None = None
     """Most tokens to generate; None = the endpoint's default (see `Worker`)."""
     max_tokens_param: str = "max_tokens"
@@ -115,6 +117,13 @@ class GenerationRequest:
     penalties: dict[str, Any] = field(default_factory=dict)
     """`SamplingParams` penalty fields given (presence_penalty, frequency_penalty, repetition_penalty
     (vLLM's extra), logit_bias as {token id: bias})."""
+    tool_use: ToolUse | None = None
+    """Chat: the request's tools (rendered by the chat template) and its tool_choice (None: no tools)."""
+
+    @property
+    def tools(self) -> tuple[dict[str, Any], ...] | None:
+        """The tools the chat template renders (None: none)."""
+        return self.tool_use.tools if self.tool_use is not None else None
 
     def prompt_sources(self) -> list[str | tuple[int, ...] | list[dict[str, str]]]:
         """What each prompt is encoded from: the chat's messages, or each completions prompt."""
@@ -132,8 +141,8 @@ class GenerationRequest:
 _UNSUPPORTED: dict[str, tuple[Any, ...]] = {
     "best_of": (None, 1),
     "suffix": (None, ""),
-    "tools": (None, []),
-    "functions": (None, []),
+    "functions": (None, []),  # the legacy function calling: give tools and tool_choice instead
+    "function_call": (None, "none", "auto"),
     "include_stop_str_in_output": (None, False),
     "skip_special_tokens": (None, True),
     "guided_whitespace_pattern": (None,),
@@ -149,7 +158,6 @@ _UNSUPPORTED: dict[str, tuple[Any, ...]] = {
     "allowed_token_ids": (None, []),  # vLLM's extras that change the output: not honoured here
     "bad_words": (None, []),
     "use_beam_search": (None, False),
-    "tool_choice": (None, "none", "auto"),
 }
 
 _ADD_SPECIAL_TOKENS = {"completions": True, "chat": False}
@@ -190,7 +198,9 @@ def parse_request(endpoint: Endpoint, body: Mapping[str, Any], served_model: str
     messages = None
     echo = False
     max_tokens_param = "max_tokens"
+    tool_use = None
     if endpoint == "completions":
+        _no_tools(body)
         prompts = _prompts(body)
         echo = _opt_bool(body, "echo")
         max_tokens = _opt_int(body, "max_tokens", minimum=0 if echo else 1)  # echo with 0: the prompt alone
@@ -200,6 +210,7 @@ def parse_request(endpoint: Endpoint, body: Mapping[str, Any], served_model: str
     else:
         logprobs = _chat_logprobs(body)
         messages = _messages(body)
+        tool_use = _tool_use(body)
         max_tokens = _opt_int(body, "max_completion_tokens", minimum=1)
         if max_tokens is None:
             max_tokens = _opt_int(body, "max_tokens", minimum=1)
@@ -248,7 +259,7 @@ def parse_request(endpoint: Endpoint, body: Mapping[str, Any], served_model: str
         stop_token_ids=_stop_token_ids(body), ignore_eos=_opt_bool(body, "ignore_eos"), min_tokens=min_tokens,
         stop=_stop(body), stream=stream, include_usage=_include_usage(body, stream),
         constraint=constraint, constraint_param=constraint_param, logprobs=logprobs, echo=echo,
-        penalties=_penalties(body),
+        penalties=_penalties(body), tool_use=tool_use,
     )
 
 
@@ -375,6 +386,19 @@ def parse_tokenize(body: Mapping[str, Any], served_model: str) -> tuple[Any, boo
     if len(prompts) != 1:
         raise APIError(400, f"/tokenize takes one prompt, got {len(prompts)}", param="prompt", code="invalid_value")
     return (list(prompts[0]) if isinstance(prompts[0], tuple) else prompts[0]), True
+
+
+def parse_tokenize_tools(body: Mapping[str, Any]) -> tuple[dict[str, Any], ...] | None:
+    """/tokenize's `tools` (None: none): rendered with `messages` as /v1/chat/completions renders them, as
+    vLLM's /tokenize takes them."""
+    try:
+        tools = parse_tools(body)
+    except ToolError as exc:
+        raise APIError(400, str(exc), param=exc.param, code=exc.code) from None
+    if tools and "messages" not in body:
+        raise APIError(400, "'tools' are rendered by the chat template: give them with 'messages', not 'prompt'",
+                       param="tools", code="invalid_value")
+    return tools or None
 
 
 def _default_only(body: Mapping[str, Any], name: str, default: Any) -> None:
@@ -515,9 +539,32 @@ def _messages(body: Mapping[str, Any]) -> tuple[dict[str, str], ...]:
                        code="invalid_value")
     try:
         checked = [chat_message(message, i) for i, message in enumerate(messages)]
-    except MessageError as exc:
+        return tuple(template_message(m, i) for i, m in enumerate(checked))
+    except (MessageError, ToolError) as exc:
         raise APIError(400, str(exc), param=exc.param, code=exc.code) from None
-    return tuple({"role": m["role"], "content": m["content"]} for m in checked)  # tools are refused here
+
+
+def _tool_use(body: Mapping[str, Any]) -> ToolUse | None:
+    """Chat's tools and tool_choice (`tools.parse_tool_use`): tool_choice "none" renders the tools and
+    leaves the output as text."""
+    try:
+        tool_use = parse_tool_use(body, "hermes")
+    except ToolError as exc:
+        raise APIError(400, str(exc), param=exc.param, code=exc.code) from None
+    if tool_use is not None and tool_use.choice != "none":
+        raise APIError(400, f"tool_choice {tool_use.label} is not supported by this server yet; give tool_choice "
+                            "\"none\" (the tools are rendered into the prompt, the output is text)",
+                       param="tool_choice", code="unsupported_parameter")
+    return tool_use
+
+
+def _no_tools(body: Mapping[str, Any]) -> None:
+    """Completions take no tools (a chat completions parameter)."""
+    for name, neutral in (("tools", (None, [])), ("tool_choice", (None, "none", "auto")),
+                          ("parallel_tool_calls", (None,))):
+        if body.get(name) not in neutral:
+            raise APIError(400, f"'{name}' is a /v1/chat/completions parameter; /v1/completions does not take it",
+                           param=name, code="unsupported_parameter")
 
 
 def _stop(body: Mapping[str, Any]) -> tuple[str, ...]:

@@ -403,7 +403,7 @@ class Worker:
         """Token ids: chat messages through the chat template, completion text (or ids) as is."""
         param = "messages" if request.endpoint == "chat" else "prompt"
         try:
-            ids = encode_prompt(self.spec.tokenizer, source, raw=request.messages is None)
+            ids = encode_prompt(self.spec.tokenizer, source, raw=request.messages is None, tools=request.tools)
         except SpeculaError as exc:
             raise prompt_error(exc, param) from exc
         vocab = self.spec.target.vocab_size

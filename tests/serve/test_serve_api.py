@@ -267,7 +267,8 @@ BAD_REQUESTS = [
     ("/v1/chat/completions", {**OK_CHAT, "echo": True}, 400, "echo"),
     ("/v1/completions", {**OK_COMPLETION, "prompt": [5, 500]}, 400, "prompt"),
     ("/v1/completions", {**OK_COMPLETION, "best_of": 3}, 400, "best_of"),
-    ("/v1/chat/completions", {**OK_CHAT, "tools": [{"type": "function", "function": {"name": "f"}}]}, 400, "tools"),
+    ("/v1/chat/completions", {**OK_CHAT, "tools": [{"type": "function", "function": {"name": "f"}}]}, 400,
+     "tool_choice"),  # tool_choice auto (the default with tools) needs --enable-auto-tool-choice
     ("/v1/completions", {**OK_COMPLETION, "min_tokens": 40}, 400, "min_tokens"),  # more than max_tokens
     ("/v1/completions", {**OK_COMPLETION, "min_tokens": -1}, 400, "min_tokens"),
     ("/v1/chat/completions", {**OK_CHAT, "min_tokens": 2, "response_format": {"type": "json_object"}}, 400,
