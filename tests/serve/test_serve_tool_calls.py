@@ -1,0 +1,170 @@
+"""Tool calls parsed out of generated text (`specula.serve.tool_calls`): the hermes format of tool_choice
+auto, the JSON list of required, a named tool's arguments; streamed piece by piece, they add up to what
+the whole text gives, and no piece of a `<tool_call>` tag leaks as content."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+
+from specula.serve.tool_calls import (HermesParser, NamedParser, RequiredParser, ToolCallOutput, join_tool_calls,
+                                      tool_call_id)
+from specula.serve.tools import ToolUse
+
+CALL = '{"name": "get_weather", "arguments": {"city": "Paris", "unit": "c"}}'
+CALL2 = '{"name": "get_time", "arguments": {"zone": "Zürich"}}'
+
+
+def whole(parser, text: str) -> tuple[str, list[dict]]:
+    """(content, tool calls) of `text` read at once."""
+    content, deltas = parser.feed(text)
+    rest, more = parser.finish()
+    return content + rest, join_tool_calls(deltas + more)
+
+
+def streamed(parser, pieces: list[str]) -> tuple[str, list[dict], list[str]]:
+    """(content, tool calls, content sent after each piece) of `pieces` read one after another."""
+    content, deltas, sent = "", [], []
+    for piece in pieces:
+        text, calls = parser.feed(piece)
+        content += text
+        deltas += calls
+        sent.append(content)
+    text, calls = parser.finish()
+    return content + text, join_tool_calls(deltas + calls), sent
+
+
+def plain(calls: list[dict]) -> list[tuple[str, dict]]:
+    """Calls without their (random) ids: (name, arguments object)."""
+    return [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in calls]
+
+
+HERMES_CASES = [
+    # (generated text, content, calls)
+    ("The weather is fine.", "The weather is fine.", []),
+    (f"<tool_call>\n{CALL}\n</tool_call>", "", [("get_weather", {"city": "Paris", "unit": "c"})]),
+    (f"Let me check.\n<tool_call>\n{CALL}\n</tool_call>", "Let me check.\n",
+     [("get_weather", {"city": "Paris", "unit": "c"})]),
+    (f"<tool_call>\n{CALL}\n</tool_call>\n<tool_call>\n{CALL2}\n</tool_call>\n", "",
+     [("get_weather", {"city": "Paris", "unit": "c"}), ("get_time", {"zone": "Zürich"})]),
+    (f"<tool_call>{CALL}</tool_call>\nDone.", "\nDone.", [("get_weather", {"city": "Paris", "unit": "c"})]),
+    (f"<tool_call>\n{CALL}\n", "", [("get_weather", {"city": "Paris", "unit": "c"})]),  # stopped before the end tag
+    ("<tool_call>\n{\"name\": \"get_weather\", \"argu", "<tool_call>\n{\"name\": \"get_weather\", \"argu", []),
+    ("<tool_call>not json</tool_call>", "<tool_call>not json</tool_call>", []),
+    ('<tool_call>{"name": "f"}</tool_call>', '<tool_call>{"name": "f"}</tool_call>', []),  # no arguments
+    ('<tool_call>{"name": 3, "arguments": {}}</tool_call>', '<tool_call>{"name": 3, "arguments": {}}</tool_call>', []),
+    ("a < b and <tool_c", "a < b and <tool_c", []),  # a tag's start that never finished is text
+    ("1 <tool_call> 2 </tool_call> 3", "1 <tool_call> 2 </tool_call> 3", []),
+]
+
+
+@pytest.mark.parametrize("text, content, calls", HERMES_CASES)
+def test_hermes_blocks_become_tool_calls(text, content, calls):
+    got_content, got_calls = whole(HermesParser(), text)
+    assert (got_content, plain(got_calls)) == (content, calls)
+    for call in got_calls:
+        assert call["type"] == "function" and call["id"].startswith("chatcmpl-tool-")
+
+
+def test_arguments_are_written_as_vllm_writes_them():
+    """json.dumps with ensure_ascii=False: what the model wrote, in one layout."""
+    text = '<tool_call>{"name":"f","arguments":{"city":"Zürich","n":[1,2]}}</tool_call>'
+    content, calls = whole(HermesParser(), text)
+    assert calls[0]["function"] == {"name": "f", "arguments": '{"city": "Zürich", "n": [1, 2]}'}
+
+
+@pytest.mark.parametrize("text, content, calls", HERMES_CASES)
+def test_hermes_streamed_in_any_pieces_adds_up_to_the_whole(text, content, calls):
+    rng = random.Random(0)
+    splits = [list(text)] + [_random_pieces(rng, text) for _ in range(20)]
+    for pieces in splits:
+        got_content, got_calls, sent = streamed(HermesParser(), pieces)
+        assert (got_content, plain(got_calls)) == (content, calls), pieces
+        assert all(content.startswith(s) for s in sent)  # nothing sent is taken back
+
+
+def test_text_that_may_start_a_tag_is_held_back_until_it_is_known():
+    parser = HermesParser()
+    assert parser.feed("Let me check. <") == ("Let me check. ", [])
+    assert parser.feed("tool_") == ("", [])
+    assert parser.feed("cal") == ("", [])
+    assert parser.feed("m here") == ("<tool_calm here", [])  # not the tag after all: given out at once
+    assert parser.feed(" <tool_call>") == (" ", [])  # the text before the first block is content
+    content, calls = parser.feed(CALL + "</tool")
+    assert (content, calls) == ("", [])
+    content, calls = parser.feed("_call>")
+    assert content == "" and plain(calls) == [("get_weather", {"city": "Paris", "unit": "c"})]
+    assert calls[0]["index"] == 0 and parser.called
+
+
+def test_each_call_is_sent_when_its_end_tag_arrives():
+    parser = HermesParser()
+    _, first = parser.feed(f"<tool_call>{CALL}</tool_call>\n<tool_call>{CALL2[:10]}")
+    assert [c["index"] for c in first] == [0] and first[0]["function"]["name"] == "get_weather"
+    _, second = parser.feed(CALL2[10:] + "</tool_call>")
+    assert [c["index"] for c in second] == [1] and second[0]["id"] != first[0]["id"]
+
+
+REQUIRED = ('[{"name": "get_weather", "parameters": {"city": "Pa]}\\"ris", "tags": ["a", {"b": 1}]}}, '
+            '{"name": "get_time", "parameters": {}}]')
+
+
+def test_required_output_becomes_its_calls_each_as_soon_as_it_closes():
+    content, calls = whole(RequiredParser(), REQUIRED)
+    assert content == "" and plain(calls) == [
+        ("get_weather", {"city": 'Pa]}"ris', "tags": ["a", {"b": 1}]}), ("get_time", {})]
+    cut = REQUIRED.index("}}, ") + 2
+    parser = RequiredParser()
+    assert parser.feed(REQUIRED[:cut - 1]) == ("", [])
+    _, first = parser.feed(REQUIRED[cut - 1:cut])
+    assert plain(join_tool_calls(first)) == [("get_weather", {"city": 'Pa]}"ris', "tags": ["a", {"b": 1}]})]
+    for pieces in ([REQUIRED], list(REQUIRED), _random_pieces(random.Random(1), REQUIRED)):
+        assert plain(streamed(RequiredParser(), pieces)[1]) == plain(calls)
+
+
+def test_a_required_output_cut_before_a_call_is_content():
+    text = '[{"name": "get_weather", "parameters": {"ci'
+    assert whole(RequiredParser(), text) == (text, [])
+    content, calls = whole(RequiredParser(), REQUIRED[:REQUIRED.index("}}, ") + 6])  # a call, then cut
+    assert content == "" and len(calls) == 1
+
+
+def test_a_named_choice_streams_its_arguments():
+    parser = NamedParser("get_weather")
+    _, first = parser.feed('{"city": ')
+    assert first[0]["function"] == {"name": "get_weather", "arguments": '{"city": '} and first[0]["index"] == 0
+    _, more = parser.feed('"Paris"}')
+    assert more == [{"index": 0, "function": {"arguments": '"Paris"}'}}]
+    assert parser.finish() == ("", [])
+    assert join_tool_calls(first + more)[0]["function"]["arguments"] == '{"city": "Paris"}'
+    empty = NamedParser("f")
+    _, calls = empty.finish()
+    assert join_tool_calls(calls)[0]["function"] == {"name": "f", "arguments": ""} and empty.called
+
+
+def test_the_output_of_a_request_and_its_finish_reason():
+    tools = ({"type": "function", "function": {"name": "get_weather"}},)
+    assert ToolCallOutput.for_request(None) is None
+    assert ToolCallOutput.for_request(ToolUse(tools, "none")) is None
+    two = f"<tool_call>{CALL}</tool_call><tool_call>{CALL2}</tool_call>"
+    auto = ToolCallOutput.for_request(ToolUse(tools, "auto"))
+    assert len(auto.feed(two)[1]) == 2 and auto.finish_reason("stop") == "tool_calls"
+    assert auto.finish_reason("length") == "length"  # cut short: the client should know
+    single = ToolCallOutput.for_request(ToolUse(tools, "auto", parallel=False))
+    assert [c["index"] for c in single.feed(two)[1]] == [0]  # parallel_tool_calls false: the first call only
+    text = ToolCallOutput.for_request(ToolUse(tools, "auto"))
+    assert text.feed("hello") == ("hello", []) and text.finish_reason("stop") == "stop"
+    named = ToolCallOutput.for_request(ToolUse(tools, "named", "get_weather"))
+    named.feed("{}")
+    assert named.finish_reason("stop") == "stop"  # OpenAI's (and vLLM's) rule for a named choice
+    required = ToolCallOutput.for_request(ToolUse(tools, "required"))
+    required.feed('[{"name": "get_weather", "parameters": {}}]')
+    assert required.finish_reason("stop") == "tool_calls"
+    assert tool_call_id() != tool_call_id()
+
+
+def _random_pieces(rng: random.Random, text: str) -> list[str]:
+    cuts = sorted(rng.sample(range(1, len(text)), min(len(text) - 1, rng.randint(1, 8)))) if len(text) > 1 else []
+    return [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)])]
