@@ -266,6 +266,24 @@ def served_model_name(args: argparse.Namespace) -> str:
     return name
 
 
+def add_tool_args(group) -> None:
+    """vLLM's tool-calling options of `serve` and `run-batch`: tool_choice auto parses the output."""
+    group.add_argument("--enable-auto-tool-choice", action="store_true",
+                       help='parse tool calls out of the output of chat requests with tools and tool_choice "auto" '
+                            "(the default when tools are given; without this option they are refused, as in vLLM)")
+    group.add_argument("--tool-call-parser", default=None, metavar="PARSER",
+                       help="the format of the model's tool calls, for --enable-auto-tool-choice: hermes "
+                            "(<tool_call>{...}</tool_call>: Qwen2.5, Qwen3, Hermes)")
+
+
+def auto_tool_parser(args: argparse.Namespace) -> str | None:
+    """The parser of tool_choice auto's output that --enable-auto-tool-choice and --tool-call-parser give
+    (None: auto is off), checked."""
+    from specula.serve.tools import auto_tool_parser as checked
+
+    return checked(args.enable_auto_tool_choice, args.tool_call_parser)
+
+
 def sampling_params(args: argparse.Namespace) -> "SamplingParams":
     from specula.sampling import SamplingParams
 

@@ -6,7 +6,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from specula.commands.common import add_method_args, add_model_args, load_spec, method_help, served_model_name
+from specula.commands.common import (add_method_args, add_model_args, add_tool_args, auto_tool_parser, load_spec,
+                                     method_help, served_model_name)
 from specula.errors import ConfigError
 from specula.paths import check_not_input, check_output
 
@@ -30,6 +31,7 @@ def register(sub) -> None:
     g.add_argument("--served-model-name", default=None,
                    help="the model id requests may name (default: the --target value; not empty)")
     g.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_tool_args(p.add_argument_group("tool calling (vLLM's options)"))
     p.set_defaults(handler=run)
 
 
@@ -47,11 +49,12 @@ def run(args: argparse.Namespace) -> int:
     check_output(args.output_file, "--output-file", "file")
     check_not_input(args.output_file, "--output-file", [("the batch file", args.input_file)])
     model_name = served_model_name(args)
+    tool_parser = auto_tool_parser(args)
     rows = read_batch(args.input_file)  # before the model loads: an unreadable file fails at once
     spec, method = load_spec(args)
     summary = run_batch(spec, rows, args.output_file, model_name,
                         max_batch_size=args.max_batch_size, chat_max_tokens=args.chat_max_tokens,
-                        progress=not args.no_progress)
+                        progress=not args.no_progress, tool_parser=tool_parser)
     print(f"specula run-batch: {summary.requests} requests, {summary.succeeded} answered, {summary.failed} failed "
           f"(method {method}) -> {args.output_file}", file=sys.stderr)
     if summary.requests and not summary.succeeded:  # a batch where nothing went through: a script should see it

@@ -8,7 +8,8 @@ import logging
 import os
 import sys
 
-from specula.commands.common import add_method_args, add_model_args, load_spec, method_help, served_model_name
+from specula.commands.common import (add_method_args, add_model_args, add_tool_args, load_spec, method_help,
+                                     served_model_name)
 from specula.errors import ConfigError
 
 
@@ -42,6 +43,7 @@ def register(sub) -> None:
                         "(default 30; inf: no limit, until a second signal forces the exit)")
     g.add_argument("--served-model-name", default=None,
                    help="model id clients send and /v1/models lists (default: the --target value; not empty)")
+    add_tool_args(p.add_argument_group("tool calling (vLLM's options)"))
     cors = p.add_argument_group("CORS (browser pages on other origins; vLLM's options)")
     cors.add_argument("--allowed-origins", default='["*"]',
                       help='JSON list of origins allowed to call the API from a browser (default \'["*"]\': any; '
@@ -78,6 +80,7 @@ def run(args: argparse.Namespace) -> int:
         allowed_origins=_json_list("--allowed-origins", args.allowed_origins),
         allowed_methods=_json_list("--allowed-methods", args.allowed_methods),
         allowed_headers=_json_list("--allowed-headers", args.allowed_headers), allow_credentials=args.allow_credentials,
+        enable_auto_tool_choice=args.enable_auto_tool_choice, tool_call_parser=args.tool_call_parser,
     )
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s", stream=sys.stderr)
     spec, method = load_spec(args)

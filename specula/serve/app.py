@@ -41,6 +41,7 @@ from specula.serve.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from specula.serve.metrics import ServerMetrics
 from specula.serve.protocol import APIError, GenerationRequest, ResponseIds
 from specula.serve.choices import ChoiceState, CollectedResponse, summed
+from specula.serve.tools import auto_tool_parser
 from specula.serve.worker import ChoiceChunk, Job, Started, Worker
 from specula.token_bytes import TokenBytes
 
@@ -107,6 +108,11 @@ class ServerConfig:
     allow_credentials: bool = False
     """Whether cross-origin requests may carry cookies or HTTP authentication (vLLM's
     `--allow-credentials`)."""
+    enable_auto_tool_choice: bool = False
+    """tool_choice "auto" (the default when a request gives tools): the output is parsed for tool calls with
+    `tool_call_parser` (vLLM's `--enable-auto-tool-choice`); off, such a request is a 400, as in vLLM."""
+    tool_call_parser: str | None = None
+    """The format tool_choice auto's output is parsed in (vLLM's `--tool-call-parser`): "hermes"."""
 
     def __post_init__(self) -> None:
         if not self.model_name:
@@ -129,12 +135,18 @@ class ServerConfig:
             object.__setattr__(self, "request_timeout", None)
         if not self.shutdown_timeout >= 0:
             raise ConfigError(f"--shutdown-timeout must be >= 0 seconds, got {self.shutdown_timeout}")
+        auto_tool_parser(self.enable_auto_tool_choice, self.tool_call_parser)
         for name in ("allowed_origins", "allowed_methods", "allowed_headers"):
             value = getattr(self, name)
             if isinstance(value, str) or not all(isinstance(v, str) and v for v in value):
                 flag = "--" + name.replace("_", "-")
                 raise ConfigError(f"{flag} must be a list of non-empty strings, e.g. '[\"*\"]' or "
                                   f"'[\"http://localhost:3000\"]', got {value!r}")
+
+    @property
+    def auto_tool_parser(self) -> str | None:
+        """The parser of tool_choice auto's output (None: auto is not enabled)."""
+        return auto_tool_parser(self.enable_auto_tool_choice, self.tool_call_parser)
 
 
 class _ClientGone(Exception):
@@ -449,7 +461,7 @@ class _Wakeup:
 
 async def _generate(server: SpeculaServer, request: Request, endpoint: protocol.Endpoint) -> Response:
     body = await _read_json(request, server.config.max_body_bytes)
-    gen = protocol.parse_request(endpoint, body, server.config.model_name)
+    gen = protocol.parse_request(endpoint, body, server.config.model_name, tool_parser=server.config.auto_tool_parser)
     ids = ResponseIds.new(gen)  # `created`: when the request came, as vLLM stamps it
     wake = _Wakeup()
     job = server.worker.submit(gen, notify=wake.notify)
@@ -499,8 +511,8 @@ async def _stream(server: SpeculaServer, request: Request, job: Job, gen: Genera
             while not all(c.done for c in choices):
                 event: ChoiceChunk = await wake.next_event(job, None, server.config.poll_seconds)
                 choice = choices[event.index]
-                for text, lp in choice.take(event.chunk):
-                    yield _sse(protocol.chunk_body(ids, text, index=choice.index, logprobs=lp))
+                for text, calls, lp in choice.deltas(event.chunk):
+                    yield _sse(protocol.chunk_body(ids, text, index=choice.index, logprobs=lp, tool_calls=calls))
                 if choice.done:
                     yield _sse(protocol.chunk_body(ids, None, choice.finish_reason, index=choice.index,
                                                    stats=choice.stats))

@@ -96,8 +96,10 @@ def _rows(path: Path) -> Iterator[BatchRow]:
 
 
 def run_batch(spec, rows: Sequence[BatchRow], output_path: str | Path, model_name: str, *, max_batch_size: int = 8,
-              chat_max_tokens: int = 512, progress: bool = False) -> BatchSummary:
-    """Answer every request of `rows` (`read_batch`) into `output_path` (see the module docstring)."""
+              chat_max_tokens: int = 512, progress: bool = False, tool_parser: str | None = None) -> BatchSummary:
+    """Answer every request of `rows` (`read_batch`) into `output_path` (see the module docstring);
+    `tool_parser` parses tool_choice auto's output, as the server's `--enable-auto-tool-choice
+    --tool-call-parser` (None: auto with tools is refused)."""
     from tqdm import tqdm
 
     tokenizer = copy.deepcopy(spec.tokenizer)  # this thread's own: the worker's is the worker thread's
@@ -111,7 +113,8 @@ def run_batch(spec, rows: Sequence[BatchRow], output_path: str | Path, model_nam
                 jobs.append(item)
                 continue
             try:
-                jobs.append(worker.submit(protocol.parse_request(item[0], item[1], model_name)))
+                jobs.append(worker.submit(protocol.parse_request(item[0], item[1], model_name,
+                                                                 tool_parser=tool_parser)))
             except APIError as exc:
                 jobs.append(exc)
         lines, succeeded, first_error = [], 0, ""

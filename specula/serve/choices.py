@@ -1,8 +1,10 @@
 """A response's choices as their chunks arrive, in the endpoint's wire shape (no I/O).
 
 `ChoiceState` turns one choice's `StreamChunk`s into the (text, logprobs object) pieces a response
-carries (the prompt first under `echo`); `CollectedResponse` gathers a whole non-streamed response
-from a job's events. The HTTP server (streamed and not) and `specula run-batch` share them.
+carries (the prompt first under `echo`), and, for a chat request whose tool_choice parses the output,
+into (content, tool call deltas, logprobs object) deltas (`ChoiceState.deltas`, `specula.serve.tool_calls`);
+`CollectedResponse` gathers a whole non-streamed response from a job's events. The HTTP server
+(streamed and not) and `specula run-batch` share them.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from typing import Any, Sequence
 from specula.api import StreamChunk
 from specula.serve import protocol
 from specula.serve.protocol import GenerationRequest, ResponseIds
+from specula.serve.tool_calls import ToolCallOutput, join_tool_calls
 from specula.serve.worker import ChoiceChunk, Started
 from specula.stats import GenerationStats
 from specula.token_bytes import TokenBytes
@@ -50,6 +53,8 @@ class ChoiceState:
         self.echo = None if source is None else (
             source if isinstance(source, str) else tokenizer.decode(list(self.prompt_ids), skip_special_tokens=True))
         self.formatter = LogprobsFormatter(gen, token_bytes) if gen.logprobs is not None else None
+        self.tool_output = ToolCallOutput.for_request(gen.tool_use)
+        """Splits the text into content and tool calls (None: the text is all content)."""
         self.first = True
         self.stats: GenerationStats | None = None
 
@@ -59,7 +64,8 @@ class ChoiceState:
 
     @property
     def finish_reason(self) -> str:
-        return (self.stats.finish_reason if self.stats is not None else "") or "length"
+        reason = (self.stats.finish_reason if self.stats is not None else "") or "length"
+        return reason if self.tool_output is None else self.tool_output.finish_reason(reason)
 
     def take(self, chunk: StreamChunk) -> list[tuple[str, dict[str, Any] | None]]:
         """The (text, logprobs object or None) pieces to send for `chunk`."""
@@ -76,6 +82,19 @@ class ChoiceState:
         return [(text, self.formatter.add(ids, entries) if self.formatter is not None else None)
                 for text, ids, entries in pieces]
 
+    def deltas(self, chunk: StreamChunk) -> list[tuple[str, list[dict[str, Any]], dict[str, Any] | None]]:
+        """The (content, tool call deltas, logprobs object) deltas to send for `chunk`: `take`'s pieces, their
+        text parsed for tool calls where the request's tool_choice asks (text that may start a tool call
+        waits for the next chunk; a piece whose text all waits still sends its logprobs), and what was
+        waiting once the choice ends."""
+        pieces = self.take(chunk)
+        if self.tool_output is None:
+            return [(text, [], lp) for text, lp in pieces]
+        out = [(*self.tool_output.feed(text), lp) for text, lp in pieces]
+        if self.done:
+            out.append((*self.tool_output.finish(), None))
+        return [(text, calls, lp) for text, calls, lp in out if text or calls or lp is not None]
+
 
 class CollectedResponse:
     """A non-streamed response gathered from a job's `ChoiceChunk`s (after its `Started`)."""
@@ -85,6 +104,7 @@ class CollectedResponse:
         self.started = started
         self.choices = [ChoiceState(gen, started, i, tokenizer, token_bytes) for i in range(started.choices)]
         self._texts: list[list[str]] = [[] for _ in self.choices]
+        self._tool_calls: list[list[dict[str, Any]]] = [[] for _ in self.choices]
         self._logprobs: list[list[dict[str, Any]]] = [[] for _ in self.choices]
 
     @property
@@ -92,8 +112,9 @@ class CollectedResponse:
         return all(c.done for c in self.choices)
 
     def add(self, event: ChoiceChunk) -> None:
-        for text, lp in self.choices[event.index].take(event.chunk):
+        for text, calls, lp in self.choices[event.index].deltas(event.chunk):
             self._texts[event.index].append(text)
+            self._tool_calls[event.index] += calls
             if lp is not None:
                 self._logprobs[event.index].append(lp)
 
@@ -101,7 +122,8 @@ class CollectedResponse:
         """The response object (every choice finished)."""
         results = [protocol.ChoiceResult(c.index, "".join(self._texts[c.index]), c.finish_reason,
                                          (protocol.join_logprobs(self._logprobs[c.index]) or c.formatter.add((), ()))
-                                         if c.formatter is not None else None)
+                                         if c.formatter is not None else None,
+                                         join_tool_calls(self._tool_calls[c.index]))
                    for c in self.choices]
         stats = summed([c.stats for c in self.choices])
         return protocol.completion_body(ids, results, self.started.prompt_tokens, stats.new_tokens, stats)

@@ -186,10 +186,12 @@ def parse_json_body(raw: bytes) -> dict[str, Any]:
     return body
 
 
-def parse_request(endpoint: Endpoint, body: Mapping[str, Any], served_model: str) -> GenerationRequest:
+def parse_request(endpoint: Endpoint, body: Mapping[str, Any], served_model: str, *,
+                  tool_parser: str | None = None) -> GenerationRequest:
     """Validate a request body for `endpoint` (raises `APIError`). A request naming no model (no
     `model`, null or "") is for the served one, as vLLM serves it (one model per server); a model
-    named otherwise must be the served one."""
+    named otherwise must be the served one. `tool_parser` parses tool_choice auto's output (the server's
+    `--enable-auto-tool-choice --tool-call-parser`; None: auto with tools is a 400, as in vLLM)."""
     model = _model(body, served_model)
     _refuse_unsupported(body)
     _default_only(body, "add_special_tokens", _ADD_SPECIAL_TOKENS[endpoint])
@@ -210,7 +212,7 @@ def parse_request(endpoint: Endpoint, body: Mapping[str, Any], served_model: str
     else:
         logprobs = _chat_logprobs(body)
         messages = _messages(body)
-        tool_use = _tool_use(body)
+        tool_use = _tool_use(body, tool_parser)
         max_tokens = _opt_int(body, "max_completion_tokens", minimum=1)
         if max_tokens is None:
             max_tokens = _opt_int(body, "max_tokens", minimum=1)
@@ -544,16 +546,16 @@ def _messages(body: Mapping[str, Any]) -> tuple[dict[str, str], ...]:
         raise APIError(400, str(exc), param=exc.param, code=exc.code) from None
 
 
-def _tool_use(body: Mapping[str, Any]) -> ToolUse | None:
+def _tool_use(body: Mapping[str, Any], tool_parser: str | None) -> ToolUse | None:
     """Chat's tools and tool_choice (`tools.parse_tool_use`): tool_choice "none" renders the tools and
-    leaves the output as text."""
+    leaves the output as text; "auto" parses it with `tool_parser`."""
     try:
-        tool_use = parse_tool_use(body, "hermes")
+        tool_use = parse_tool_use(body, tool_parser)
     except ToolError as exc:
         raise APIError(400, str(exc), param=exc.param, code=exc.code) from None
-    if tool_use is not None and tool_use.choice != "none":
+    if tool_use is not None and tool_use.choice not in ("none", "auto"):
         raise APIError(400, f"tool_choice {tool_use.label} is not supported by this server yet; give tool_choice "
-                            "\"none\" (the tools are rendered into the prompt, the output is text)",
+                            "\"none\" or \"auto\"",
                        param="tool_choice", code="unsupported_parameter")
     return tool_use
 
@@ -720,6 +722,9 @@ class ChoiceResult:
     finish_reason: str
     logprobs: dict[str, Any] | None = None
     """The choice's logprobs object (`chat_logprobs`, `CompletionLogprobs`), when asked."""
+    tool_calls: list[dict[str, Any]] | None = None
+    """Chat: the tool calls parsed out of the output (`tool_calls.join_tool_calls`); None or []: none (the
+    message has no `tool_calls`)."""
 
 
 def join_logprobs(objects: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
@@ -742,19 +747,31 @@ def completion_body(ids: ResponseIds, choices: Sequence[ChoiceResult], prompt_to
                            for c in choices]
     else:
         body = ids._base("chat.completion")
-        body["choices"] = [{"index": c.index, "message": {"role": "assistant", "content": c.text, "refusal": None},
-                            "logprobs": c.logprobs, "finish_reason": c.finish_reason} for c in choices]
+        body["choices"] = [{"index": c.index, "message": _message(c), "logprobs": c.logprobs,
+                            "finish_reason": c.finish_reason} for c in choices]
     body["usage"] = usage(prompt_tokens, completion_tokens)
     body["speculative_decoding"] = speculation(stats)
     return body
 
 
+def _message(choice: ChoiceResult) -> dict[str, Any]:
+    """Chat's message of a finished choice: its text, or its tool calls and the text beside them (null when
+    there is none, as at OpenAI)."""
+    message: dict[str, Any] = {"role": "assistant", "content": choice.text, "refusal": None}
+    if choice.tool_calls:
+        message["content"] = choice.text or None
+        message["tool_calls"] = choice.tool_calls
+    return message
+
+
 def chunk_body(ids: ResponseIds, text: str | None, finish_reason: str | None = None, *, index: int = 0,
                first: bool = False, stats: GenerationStats | None = None,
-               logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
+               logprobs: dict[str, Any] | None = None,
+               tool_calls: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """One streamed chunk of choice `index`. Chat: a choice's first carries the role, its last an
     empty delta and the finish reason. `stats` adds `speculative_decoding` (a finishing chunk:
-    that choice's); `logprobs` is the logprobs object of the chunk's tokens."""
+    that choice's); `logprobs` is the logprobs object of the chunk's tokens; `tool_calls` the tool call
+    deltas it sends (`specula.serve.tool_calls`)."""
     if ids.endpoint == "completions":
         body = ids._base("text_completion")
         body["choices"] = [{"text": text or "", "index": index, "logprobs": logprobs, "finish_reason": finish_reason}]
@@ -763,6 +780,8 @@ def chunk_body(ids: ResponseIds, text: str | None, finish_reason: str | None = N
         delta: dict[str, Any] = {"role": "assistant", "content": text or ""} if first else {}
         if not first and text:
             delta["content"] = text
+        if tool_calls:
+            delta["tool_calls"] = tool_calls
         body["choices"] = [{"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}]
     if stats is not None:
         body["speculative_decoding"] = speculation(stats)

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, Mapping
 
 from specula.constraints import Constraint, ConstraintError
+from specula.errors import ConfigError
 
 ToolChoice = Literal["none", "auto", "required", "named"]
 
@@ -38,6 +39,17 @@ EMPTY_PARAMETERS: dict[str, Any] = {"type": "object", "properties": {}}
 
 _NAMED_USAGE = 'Correct usage: `{"type": "function", "function": {"name": "my_function"}}`'
 """vLLM's hint after a malformed named tool_choice."""
+
+
+def auto_tool_parser(enable_auto_tool_choice: bool, tool_call_parser: str | None) -> str | None:
+    """The parser of tool_choice auto's output that the server's `--enable-auto-tool-choice` and
+    `--tool-call-parser` give (None: auto is off), checked as vLLM checks them (ConfigError)."""
+    if tool_call_parser is not None and tool_call_parser not in TOOL_PARSERS:
+        raise ConfigError(f"--tool-call-parser {tool_call_parser!r} is not one this server has; choose "
+                          f"{', '.join(TOOL_PARSERS)}")
+    if enable_auto_tool_choice and tool_call_parser is None:
+        raise ConfigError("--enable-auto-tool-choice needs --tool-call-parser (e.g. --tool-call-parser hermes)")
+    return tool_call_parser if enable_auto_tool_choice else None
 
 
 class ToolError(ValueError):

@@ -5,11 +5,17 @@ from __future__ import annotations
 
 import pytest
 
+import json
+
+import openai
+
 from serve_helpers import MODEL, http_call, make_spec, running
-from tool_kit import TOOLS, tool, tool_tokenizer
+from tiny import reference_greedy
+from tool_kit import CALL, SCRIPT, TOOLS, WEATHER, script_tokenizer, scripted_model, tool, tool_tokenizer
 
 from specula.prompts import encode_prompt
 from specula.serve.protocol import APIError, parse_request
+from specula.serve.tool_calls import HermesParser
 
 USER = [{"role": "user", "content": "w10 w11 w12"}]
 CHAT = {"model": MODEL, "messages": USER, "max_tokens": 8, "temperature": 0}
@@ -37,7 +43,7 @@ def parse_error(body: dict, endpoint: str = "chat") -> APIError:
 
 
 def test_tools_and_tool_choice_none_are_taken_and_kept_for_the_template():
-    request = parse_request("chat", chat(tools=TOOLS, tool_choice="none"), "m")
+    request = parse_request("chat", chat(tools=TOOLS, tool_choice="none"), "m")  # no tool parser needed
     assert request.tools == tuple(TOOLS) and request.tool_use.choice == "none" and request.constraint is None
     assert parse_request("chat", chat(), "m").tool_use is None
     for choice in ("none", "auto"):  # a tool_choice that means nothing without tools, as before
@@ -110,8 +116,10 @@ def test_tool_calling_messages_given_wrong_are_400s_naming_the_field(message, pa
 
 @pytest.fixture(scope="module")
 def tool_server(target_model):
-    """The tiny target (plain decoding) with a chat template that renders tools and tool calls."""
-    with running(make_spec(target_model, tool_tokenizer(), "none")) as srv:
+    """The tiny target (plain decoding) with a chat template that renders tools and tool calls; tool_choice
+    auto parses hermes tool calls."""
+    with running(make_spec(target_model, tool_tokenizer(), "none"), enable_auto_tool_choice=True,
+                 tool_call_parser="hermes") as srv:
         yield srv
 
 
@@ -156,3 +164,173 @@ def test_tokenize_renders_the_tools_as_chat_completions_do(tool_server):
     assert chat_body["usage"]["prompt_tokens"] == body["count"]
     status, _, error = http_call(tool_server, "POST", "/tokenize", {"model": MODEL, "prompt": "w05", "tools": TOOLS})
     assert status == 400 and error["error"]["param"] == "tools"
+
+
+def test_tool_choice_auto_without_the_servers_tool_parser_is_a_400_naming_the_flags(server):
+    for body in ({**CHAT, "tools": TOOLS}, {**CHAT, "tools": TOOLS, "tool_choice": "auto"}):
+        status, _, error = http_call(server, "POST", "/v1/chat/completions", body)
+        assert status == 400 and error["error"]["param"] == "tool_choice", error
+        assert "--enable-auto-tool-choice and --tool-call-parser" in error["error"]["message"]
+    assert parse_request("chat", chat(tools=TOOLS), "m", tool_parser="hermes").tool_use.choice == "auto"
+
+
+def test_auto_leaves_an_answer_without_tool_calls_as_it_is(tool_server, tool_reference):
+    """No <tool_call> in the output: the answer is the plain greedy continuation of the rendered prompt."""
+    status, _, body = http_call(tool_server, "POST", "/v1/chat/completions", {**CHAT, "tools": TOOLS})
+    assert status == 200, body
+    choice = body["choices"][0]
+    assert choice["message"]["content"] == tool_reference(USER, 8, TOOLS) and "tool_calls" not in choice["message"]
+    assert choice["finish_reason"] in ("stop", "length")
+
+
+# --------------------------------------------------------------------------- a model that calls a tool
+
+WEATHER_ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
+SCRIPT_TEXT = "".join(SCRIPT)
+
+
+@pytest.fixture(scope="module")
+def script():
+    tokenizer = script_tokenizer()
+    return tokenizer, scripted_model(tokenizer)
+
+
+@pytest.fixture(scope="module")
+def script_server(script):
+    """The scripted model (it answers every chat prompt with `SCRIPT`: some text, then a hermes tool call),
+    drafted by a copy of itself (whole steps accepted), tool_choice auto enabled."""
+    tokenizer, model = script
+    with running(make_spec(model, tokenizer, "draft-model", model), enable_auto_tool_choice=True,
+                 tool_call_parser="hermes") as srv:
+        yield srv
+
+
+@pytest.fixture(scope="module")
+def script_client(script_server):
+    return openai.OpenAI(base_url=script_server.url + "/v1", api_key="unused", max_retries=0, timeout=60)
+
+
+def script_greedy(script, messages, tools, max_tokens: int = 32) -> list[int]:
+    """Plain greedy decoding (HF forward, no specula code) of the prompt the template renders."""
+    tokenizer, model = script
+    ids = encode_prompt(tokenizer, messages, tools=tools)
+    return reference_greedy(model, ids, max_tokens, eos=tokenizer.eos_token_id)
+
+
+def test_auto_turns_a_hermes_tool_call_into_tool_calls(script_client):
+    out = script_client.chat.completions.create(model=MODEL, messages=WEATHER_ASK, tools=[WEATHER], temperature=0)
+    choice = out.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    assert choice.message.content == "Let me check."
+    (call,) = choice.message.tool_calls
+    assert call.type == "function" and call.id.startswith("chatcmpl-tool-")
+    assert call.function.name == "get_weather" and json.loads(call.function.arguments) == {"city": "Paris"}
+
+
+def test_auto_generates_exactly_what_plain_greedy_decoding_does(script, script_server):
+    """Tool calling changes the response, never the tokens: the generated tokens (logprobs' tokens, usage) are
+    plain greedy decoding's of the rendered prompt, and the message is that text parsed."""
+    tokenizer = script[0]
+    expected = script_greedy(script, WEATHER_ASK, [WEATHER])
+    body = {"model": MODEL, "messages": WEATHER_ASK, "tools": [WEATHER], "temperature": 0, "logprobs": True}
+    status, _, payload = http_call(script_server, "POST", "/v1/chat/completions", body)
+    assert status == 200, payload
+    choice = payload["choices"][0]
+    assert [e["token"] for e in choice["logprobs"]["content"]] == [tokenizer.decode([t]) for t in expected]
+    assert payload["usage"]["completion_tokens"] == len(expected)
+    assert payload["usage"]["prompt_tokens"] == len(encode_prompt(tokenizer, WEATHER_ASK, tools=[WEATHER]))
+    content, calls = HermesParser().feed(tokenizer.decode(expected, skip_special_tokens=True))
+    assert choice["message"]["content"] == content and [c["function"] for c in choice["message"]["tool_calls"]] == [
+        c["function"] for c in calls]
+
+
+def test_tool_choice_none_leaves_the_tool_call_as_text(script_client):
+    out = script_client.chat.completions.create(model=MODEL, messages=WEATHER_ASK, tools=[WEATHER],
+                                                tool_choice="none", temperature=0)
+    assert out.choices[0].message.content == SCRIPT_TEXT and not out.choices[0].message.tool_calls
+    assert out.choices[0].finish_reason == "stop"
+
+
+def test_an_output_cut_by_max_tokens_says_length(script_client):
+    """Cut inside the block: what JSON came is whole, so it is the call (as vLLM reads an unclosed block);
+    cut before it: the text. Either way finish_reason says the output was cut."""
+    def ask(max_tokens):
+        return script_client.chat.completions.create(model=MODEL, messages=WEATHER_ASK, tools=[WEATHER],
+                                                     temperature=0, max_tokens=max_tokens).choices[0]
+
+    cut = ask(3)
+    assert cut.message.content == "Let me check." and cut.message.tool_calls[0].function.name == "get_weather"
+    assert cut.finish_reason == "length"
+    before = ask(2)
+    assert before.message.content == "Let me check.<tool_call>" and not before.message.tool_calls
+    assert before.finish_reason == "length"
+
+
+def test_streamed_tool_calls_add_up_to_the_response(script_client):
+    """Content streams until the tool call opens (no piece of the tag leaks); the call comes whole in one
+    delta; the last chunk says tool_calls; usage and logprobs are those of the whole response."""
+    args = dict(model=MODEL, messages=WEATHER_ASK, tools=[WEATHER], temperature=0, logprobs=True, n=2)
+    whole = script_client.chat.completions.create(**args)
+    chunks = list(script_client.chat.completions.create(**args, stream=True, stream_options={"include_usage": True}))
+    assert chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
+    for index in range(2):
+        mine = [c.choices[0] for c in chunks if c.choices and c.choices[0].index == index]
+        content = "".join(c.delta.content or "" for c in mine)
+        assert content == whole.choices[index].message.content == "Let me check."
+        assert all("<" not in (c.delta.content or "") for c in mine)
+        deltas = [d for c in mine for d in (c.delta.tool_calls or [])]
+        (delta,) = deltas
+        assert delta.index == 0 and delta.id.startswith("chatcmpl-tool-") and delta.type == "function"
+        assert delta.function.name == "get_weather" and json.loads(delta.function.arguments) == {"city": "Paris"}
+        assert mine[-1].finish_reason == "tool_calls" and [c.finish_reason for c in mine[:-1]] == [None] * (
+            len(mine) - 1)
+        tokens = [e.token for c in mine if c.logprobs for e in c.logprobs.content]
+        assert tokens == [e.token for e in whole.choices[index].logprobs.content]
+
+
+def test_a_tool_calling_conversation_continues(script_client, script):
+    """The call and the tool's answer go back in; the template writes them; the model answers."""
+    history = [*WEATHER_ASK, {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "chatcmpl-tool-1", "type": "function", "function": {"name": "get_weather",
+                                                                   "arguments": '{"city": "Paris"}'}}]},
+               {"role": "tool", "tool_call_id": "chatcmpl-tool-1", "content": "sunny"}]
+    out = script_client.chat.completions.create(model=MODEL, messages=history, tools=[WEATHER], temperature=0)
+    tokenizer = script[0]
+    prompt = tokenizer.decode(encode_prompt(tokenizer, [*history[:1], {**history[1], "tool_calls": [
+        {**history[1]["tool_calls"][0], "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]},
+        history[2]], tools=[WEATHER]))
+    assert f"<tool_call>{json.dumps({'name': 'get_weather', 'arguments': {'city': 'Paris'}})}</tool_call>" in prompt
+    assert out.usage.prompt_tokens == len(tokenizer.encode(prompt, add_special_tokens=False))
+    assert out.choices[0].finish_reason == "tool_calls"
+
+
+def test_run_batch_parses_tool_calls_when_given_the_parser(script, tmp_path):
+    from specula.serve.batch import read_batch, run_batch
+
+    tokenizer, model = script
+    body = {"model": MODEL, "messages": WEATHER_ASK, "tools": [WEATHER], "temperature": 0}
+    source = tmp_path / "in.jsonl"
+    source.write_text(json.dumps({"custom_id": "a", "url": "/v1/chat/completions", "body": body}) + "\n")
+    for parser, status in ((None, 400), ("hermes", 200)):
+        run_batch(make_spec(model, tokenizer, "none"), read_batch(source), tmp_path / "out.jsonl", MODEL,
+                  tool_parser=parser)
+        (answer,) = [json.loads(x) for x in (tmp_path / "out.jsonl").read_text().splitlines()]
+        assert answer["response"]["status_code"] == status
+    message = answer["response"]["body"]["choices"][0]["message"]
+    assert message["tool_calls"][0]["function"]["name"] == "get_weather" and message["content"] == "Let me check."
+
+
+@pytest.mark.parametrize("command", ["serve", "run-batch"])
+@pytest.mark.parametrize("args, message", [
+    (["--enable-auto-tool-choice"], "--enable-auto-tool-choice needs --tool-call-parser"),
+    (["--tool-call-parser", "mistral"], "--tool-call-parser 'mistral' is not one this server has; choose hermes"),
+])
+def test_the_tool_flags_given_wrong_fail_in_one_line(tmp_path, capsys, command, args, message):
+    from specula.cli import main
+
+    source = tmp_path / "in.jsonl"
+    source.write_text("")
+    extra = ["-i", str(source), "-o", str(tmp_path / "out.jsonl")] if command == "run-batch" else []
+    assert main([command, "--target", str(tmp_path / "no-model"), *extra, *args]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error:") and message in err and len(err.splitlines()) == 1, err

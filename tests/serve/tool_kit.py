@@ -31,3 +31,61 @@ def tool_tokenizer():
     tokenizer = make_tokenizer()
     tokenizer.chat_template = TOOL_TEMPLATE
     return tokenizer
+
+
+# --------------------------------------------------------------------------- a model that calls a tool
+
+WEATHER = tool("get_weather", {"type": "object", "properties": {"city": {"type": "string", "enum": ["Paris"]}},
+                               "required": ["city"], "additionalProperties": False})
+CALL = '{"name": "get_weather", "arguments": {"city": "Paris"}}'
+SCRIPT = ["Let me check.", "<tool_call>", CALL, "</tool_call>"]
+"""What the scripted model answers every chat prompt with, piece by piece (each piece one token)."""
+SCRIPT_TEMPLATE = (
+    "{% if tools %}tools: {{ tools | tojson }}{{ '\\n' }}{% endif %}"
+    "{% for m in messages %}{{ m.role }}: {{ m.content }}"
+    "{% for c in m.tool_calls or [] %}<tool_call>{{ c.function | tojson }}</tool_call>{% endfor %}{{ '\\n' }}"
+    "{% endfor %}{% if add_generation_prompt %}assistant:{% endif %}"
+)
+"""A chat template in the hermes style: tools as JSON, earlier tool calls as <tool_call> blocks."""
+SCRIPT_VOCAB = 128
+
+
+def script_tokenizer():
+    """A byte-level tokenizer (`grammar_kit`: every printable ASCII character and the newline a token, so
+    llguidance can constrain it; </s> = EOS = 1) with the pieces of `SCRIPT` as added tokens (as Qwen's
+    <tool_call> is one), and `SCRIPT_TEMPLATE`."""
+    from grammar_kit import byte_level_tokenizer
+
+    tokenizer = byte_level_tokenizer([chr(c) for c in range(32, 127)] + ["\n"], [])
+    tokenizer.add_tokens(SCRIPT)
+    tokenizer.chat_template = SCRIPT_TEMPLATE
+    assert len(tokenizer) <= SCRIPT_VOCAB
+    return tokenizer
+
+
+def scripted_model(tokenizer):
+    """A model whose greedy answer to every chat prompt (ending "assistant:") is `SCRIPT` then EOS: its
+    next token depends on the last token alone (attention and MLP outputs zeroed, one-hot embeddings),
+    and the output head maps each token to its successor (EOS for every token off the script). Small
+    noise in the head keeps ties away where a constraint masks the successor out."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    ids = [tokenizer.convert_tokens_to_ids(piece) for piece in SCRIPT]
+    chain = [tokenizer.encode(":", add_special_tokens=False)[-1], *ids, tokenizer.eos_token_id]
+    successor = {a: b for a, b in zip(chain, chain[1:])}
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=SCRIPT_VOCAB, hidden_size=SCRIPT_VOCAB, intermediate_size=64, num_hidden_layers=1,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
+                      tie_word_embeddings=False, bos_token_id=0, eos_token_id=tokenizer.eos_token_id)
+    model = LlamaForCausalLM(cfg).eval()
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.self_attn.o_proj.weight.zero_()
+            layer.mlp.down_proj.weight.zero_()
+        model.model.embed_tokens.weight.copy_(torch.eye(SCRIPT_VOCAB))
+        head = torch.randn(SCRIPT_VOCAB, SCRIPT_VOCAB) * 0.01
+        for token in range(SCRIPT_VOCAB):
+            head[successor.get(token, tokenizer.eos_token_id), token] += 1.0
+        model.lm_head.weight.copy_(head)
+    return model
