@@ -245,10 +245,10 @@ def parse_request(endpoint: Endpoint, body: Mapping[str, Any], served_model: str
     if max_tokens is not None and min_tokens > max_tokens:
         raise APIError(400, f"min_tokens ({min_tokens}) must not exceed {max_tokens_param} ({max_tokens})",
                        param="min_tokens", code="invalid_value")
-    constraint, constraint_param = _constraint(body)
+    constraint, constraint_param = _with_tool_constraint(tool_use, *_constraint(body))
     if min_tokens and constraint is not None:
-        raise APIError(400, "min_tokens cannot be combined with response_format (a complete match allows only the "
-                            "end of the output): drop one of them", param="min_tokens", code="invalid_value")
+        raise APIError(400, f"min_tokens cannot be combined with {constraint_param} (a complete match allows only "
+                            "the end of the output): drop one of them", param="min_tokens", code="invalid_value")
     choices = max(1, len(prompts)) * n
     if choices > MAX_CHOICES:
         raise APIError(400, f"the request asks for {choices} choices ({max(1, len(prompts))} prompts times n={n}); "
@@ -548,16 +548,28 @@ def _messages(body: Mapping[str, Any]) -> tuple[dict[str, str], ...]:
 
 def _tool_use(body: Mapping[str, Any], tool_parser: str | None) -> ToolUse | None:
     """Chat's tools and tool_choice (`tools.parse_tool_use`): tool_choice "none" renders the tools and
-    leaves the output as text; "auto" parses it with `tool_parser`."""
+    leaves the output as text; "auto" parses it with `tool_parser`; "required" and a named tool constrain
+    it (`_with_tool_constraint`)."""
     try:
-        tool_use = parse_tool_use(body, tool_parser)
+        return parse_tool_use(body, tool_parser)
     except ToolError as exc:
         raise APIError(400, str(exc), param=exc.param, code=exc.code) from None
-    if tool_use is not None and tool_use.choice not in ("none", "auto"):
-        raise APIError(400, f"tool_choice {tool_use.label} is not supported by this server yet; give tool_choice "
-                            "\"none\" or \"auto\"",
-                       param="tool_choice", code="unsupported_parameter")
-    return tool_use
+
+
+def _with_tool_constraint(tool_use: ToolUse | None, constraint: Constraint | None,
+                          param: str | None) -> tuple[Constraint | None, str | None]:
+    """The request's constraint: tool_choice required's or a named tool's JSON schema (vLLM's), which no
+    other constraint may join (as in vLLM), else the one `_constraint` found."""
+    try:
+        tool_constraint = tool_use.constraint() if tool_use is not None else None
+    except ToolError as exc:
+        raise APIError(400, str(exc), param=exc.param, code=exc.code) from None
+    if tool_constraint is None:
+        return constraint, param
+    if constraint is not None:
+        raise APIError(400, f"tool_choice {tool_use.label} constrains the output to tool calls; it cannot be combined "
+                            f"with {param}: drop one of them", param="tool_choice", code="invalid_value")
+    return tool_constraint, "tool_choice"
 
 
 def _no_tools(body: Mapping[str, Any]) -> None:

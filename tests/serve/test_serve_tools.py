@@ -334,3 +334,107 @@ def test_the_tool_flags_given_wrong_fail_in_one_line(tmp_path, capsys, command, 
     assert main([command, "--target", str(tmp_path / "no-model"), *extra, *args]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error:") and message in err and len(err.splitlines()) == 1, err
+
+
+# --------------------------------------------------------------------------- required and a named tool
+
+TIME = tool("get_time")  # no parameters: its arguments are an object ({} when empty), as vLLM's schema says
+NAMED = {"type": "function", "function": {"name": "get_weather"}}
+
+
+def close_the_list(script) -> dict[str, float]:
+    """logit_bias that makes the scripted model close objects and lists where it may (it has no opinion where
+    the grammar forbids its script, and would add properties and calls until max_tokens)."""
+    return {str(script[0].convert_tokens_to_ids(c)): 5.0 for c in "}]"}
+
+
+def test_required_and_named_become_the_request_constraint():
+    from specula.constraints import Constraint
+
+    tools = [WEATHER, TIME]
+    required = parse_request("chat", chat(tools=tools, tool_choice="required"), "m")
+    schema = {"type": "array", "minItems": 1, "items": {"type": "object", "anyOf": [
+        {"properties": {"name": {"type": "string", "enum": ["get_weather"]},
+                        "parameters": WEATHER["function"]["parameters"]}, "required": ["name", "parameters"]},
+        {"properties": {"name": {"type": "string", "enum": ["get_time"]},
+                        "parameters": {"type": "object", "properties": {}}}, "required": ["name", "parameters"]}]}}
+    assert required.constraint == Constraint.json_schema(schema) and required.constraint_param == "tool_choice"
+    named = parse_request("chat", chat(tools=tools, tool_choice=NAMED), "m")
+    assert named.constraint == Constraint.json_schema(WEATHER["function"]["parameters"])
+    time = parse_request("chat", chat(tools=tools, tool_choice={"type": "function", "function": {"name": "get_time"}}),
+                         "m")
+    assert time.constraint == Constraint.json_schema({"type": "object", "properties": {}})
+
+
+@pytest.mark.parametrize("extra, param, words", [
+    ({"tool_choice": "required", "response_format": {"type": "json_object"}}, "tool_choice",
+     "cannot be combined with response_format"),
+    ({"tool_choice": NAMED, "guided_regex": "a+"}, "tool_choice", "cannot be combined with guided_regex"),
+    ({"tool_choice": "required", "min_tokens": 2}, "min_tokens", "cannot be combined with tool_choice"),
+    ({"tool_choice": NAMED, "tools": [tool("get_weather", {"type": "objekt"})]}, "tools", "objekt"),
+])
+def test_a_tool_constraint_given_wrong_is_a_400(extra, param, words):
+    err = parse_error(chat(**{"tools": [WEATHER, TIME], **extra}))
+    assert err.param == param and words in err.message, err.message
+
+
+def test_a_tool_constraint_the_tokenizer_cannot_write_names_tool_choice(server):
+    """The word-level test tokenizer carries no bytes a grammar could match: found by the worker."""
+    status, _, error = http_call(server, "POST", "/v1/chat/completions",
+                                 {**CHAT, "tools": [WEATHER], "tool_choice": "required"})
+    assert status == 400 and error["error"]["param"] == "tool_choice", error
+
+
+def test_required_answers_tool_calls(script_client, script):
+    out = script_client.chat.completions.create(model=MODEL, messages=WEATHER_ASK, tools=[WEATHER, TIME],
+                                                tool_choice="required", temperature=0,
+                                                logit_bias=close_the_list(script))
+    choice = out.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content is None
+    assert len(choice.message.tool_calls) == 1
+    call = choice.message.tool_calls[0]
+    assert call.id.startswith("chatcmpl-tool-") and call.function.name in ("get_weather", "get_time")
+    assert json.loads(call.function.arguments) == ({"city": "Paris"} if call.function.name == "get_weather" else {})
+
+
+def test_a_named_tool_answers_its_call(script_client):
+    out = script_client.chat.completions.create(model=MODEL, messages=WEATHER_ASK, tools=[WEATHER, TIME],
+                                                tool_choice=NAMED, temperature=0)
+    choice = out.choices[0]
+    assert choice.finish_reason == "stop"  # OpenAI's and vLLM's rule for a named tool
+    assert choice.message.content is None
+    (call,) = choice.message.tool_calls
+    assert call.function.name == "get_weather" and call.function.arguments == '{"city": "Paris"}'
+
+
+def test_required_generates_what_its_schema_as_guided_json_generates(script, script_server):
+    """required is structured output with vLLM's schema, nothing more: the same tokens as guided_json with that
+    schema (and the tools rendered, their output left as text)."""
+    from specula.serve.tools import ToolUse
+
+    tools = [WEATHER, TIME]
+    base = {"model": MODEL, "messages": WEATHER_ASK, "tools": tools, "temperature": 0, "logprobs": True,
+            "logit_bias": close_the_list(script)}
+    _, _, required = http_call(script_server, "POST", "/v1/chat/completions", {**base, "tool_choice": "required"})
+    schema = ToolUse(tuple(tools), "required").schema()
+    _, _, guided = http_call(script_server, "POST", "/v1/chat/completions",
+                             {**base, "tool_choice": "none", "guided_json": schema})
+    tokens = [[e["token"] for e in body["choices"][0]["logprobs"]["content"]] for body in (required, guided)]
+    assert tokens[0] == tokens[1] and required["usage"] == guided["usage"]
+    (call,) = required["choices"][0]["message"]["tool_calls"]
+    listed = json.loads(guided["choices"][0]["message"]["content"])
+    assert [{"name": call["function"]["name"], "parameters": json.loads(call["function"]["arguments"])}] == listed
+
+
+@pytest.mark.parametrize("choice", ["required", NAMED])
+def test_streamed_required_and_named_calls_add_up_to_the_response(script_client, script, choice):
+    args = dict(model=MODEL, messages=WEATHER_ASK, tools=[WEATHER], tool_choice=choice, temperature=0,
+                logit_bias=close_the_list(script))
+    whole = script_client.chat.completions.create(**args).choices[0]
+    chunks = [c.choices[0] for c in script_client.chat.completions.create(**args, stream=True)]
+    assert "".join(c.delta.content or "" for c in chunks) == ""
+    deltas = [d for c in chunks for d in (c.delta.tool_calls or [])]
+    assert deltas[0].id.startswith("chatcmpl-tool-") and deltas[0].function.name == "get_weather"
+    assert all(d.index == 0 and d.id is None and d.function.name is None for d in deltas[1:])
+    assert "".join(d.function.arguments for d in deltas) == whole.message.tool_calls[0].function.arguments
+    assert chunks[-1].finish_reason == whole.finish_reason == ("tool_calls" if choice == "required" else "stop")
