@@ -82,15 +82,26 @@ class ToolUse:
 
     def schema(self) -> dict[str, Any] | None:
         """The JSON schema the output is constrained to (vLLM's): required, a list of at least one call of
-        any tool; named, that tool's parameters; None for none and auto (the output is free)."""
+        any tool, the tools' `$defs` gathered at its root (where their `$ref`s point); named, that tool's
+        parameters; None for none and auto (the output is free)."""
         if self.choice == "named":
             return self.parameters(self.name)
         if self.choice != "required":
             return None
-        return {"type": "array", "minItems": 1, "items": {"type": "object", "anyOf": [
-            {"properties": {"name": {"type": "string", "enum": [t["function"]["name"]]},
-                            "parameters": t["function"].get("parameters") or EMPTY_PARAMETERS},
-             "required": ["name", "parameters"]} for t in self.tools]}}
+        defs: dict[str, Any] = {}
+        calls = []
+        for tool in self.tools:
+            parameters = dict(tool["function"].get("parameters") or EMPTY_PARAMETERS)
+            for key, definition in parameters.pop("$defs", {}).items():
+                if defs.setdefault(key, definition) != definition:
+                    raise ToolError(f"Tool definition '{key}' has multiple schemas, which is not supported: give "
+                                    "the tools' $defs different names", "tools")
+            calls.append({"properties": {"name": {"type": "string", "enum": [tool["function"]["name"]]},
+                                         "parameters": parameters}, "required": ["name", "parameters"]})
+        schema: dict[str, Any] = {"type": "array", "minItems": 1, "items": {"type": "object", "anyOf": calls}}
+        if defs:
+            schema["$defs"] = defs
+        return schema
 
     def constraint(self) -> Constraint | None:
         """`schema()` as the request's constraint (compiled: a ToolError with the library's reason when it

@@ -438,3 +438,21 @@ def test_streamed_required_and_named_calls_add_up_to_the_response(script_client,
     assert all(d.index == 0 and d.id is None and d.function.name is None for d in deltas[1:])
     assert "".join(d.function.arguments for d in deltas) == whole.message.tool_calls[0].function.arguments
     assert chunks[-1].finish_reason == whole.finish_reason == ("tool_calls" if choice == "required" else "stop")
+
+
+def test_required_gathers_the_tools_defs_where_their_refs_point():
+    """A tool's parameters with `$defs` (as pydantic writes them): under required, each tool's schema sits
+    inside the list's items, so its `#/$defs/...` refs would point nowhere; they go to the root, as vLLM
+    puts them, and two tools giving one name two schemas is a 400."""
+    from specula.serve.tools import ToolUse
+
+    city = {"type": "object", "properties": {"name": {"type": "string"}}}
+    located = tool("locate", {"type": "object", "properties": {"city": {"$ref": "#/$defs/City"}},
+                              "$defs": {"City": city}})
+    schema = ToolUse((located, WEATHER), "required").schema()
+    assert schema["$defs"] == {"City": city} and "$defs" not in schema["items"]["anyOf"][0]["properties"]["parameters"]
+    assert located["function"]["parameters"]["$defs"] == {"City": city}  # the request's tool is left as it was
+    assert parse_request("chat", chat(tools=[located], tool_choice="required"), "m").constraint is not None
+    other = tool("other", {"type": "object", "properties": {}, "$defs": {"City": {"type": "string"}}})
+    err = parse_error(chat(tools=[located, other], tool_choice="required"))
+    assert err.param == "tools" and "Tool definition 'City' has multiple schemas" in err.message
