@@ -16,7 +16,7 @@ from specula.constraints import Constraint, as_constraint
 from specula.errors import ConfigError
 from specula.engine import EngineConfig, GenerationOutput, Session, SpeculativeDecoder, StreamChunk
 from specula.logprobs import TokenLogprob
-from specula.methods import PLAIN
+from specula.methods import METHODS, PLAIN, check_drafting_used
 from specula.models.base import TargetModel
 from specula.models.loading import LoadConfig, LoadReport, load_backend, load_draft
 from specula.planner import CostCurve, Planner
@@ -36,7 +36,7 @@ default), a `CostCurve` (the same planner on the target with this lone-pass curv
 measured or cached: `--cost-curve`), "none" (the pass-through planner: the drafters' trees as
 proposed, within the engine's budget), or a planner to share. The old spellings still work: None
 means "hardware", False means "none". Method none drafts nothing and gets no planner: a curve or a
-planner given to it is refused (ConfigError), as `--cost-curve` is with `--method none`."""
+planner given to it is refused (ConfigError), as `--cost-curve` is with `--method none` (`_check_drafting_used`)."""
 
 
 class Specula:
@@ -56,7 +56,7 @@ class Specula:
         self.method = method
         self.load_report: LoadReport | None = None
         """Load time and peak memory, when built by `load`."""
-        _check_planner_used(method, planner)  # the public builder; build_decoder gives none no planner silently
+        _check_drafting_used(method, engine, planner)  # the public builder; build_decoder gives none no planner
         self.decoder = build_decoder(method, target, tokenizer, draft, engine=engine, planner=planner,
                                      **drafter_options)
         """The decode loop (internal: callers use the methods below)."""
@@ -89,9 +89,9 @@ class Specula:
         return sum(values) if values else None
 
     def baseline(self) -> "Specula":
-        """Plain decoding (method none) on the same target, tokenizer and engine limits: what
-        `--compare` measures against."""
-        return Specula(self.target, self.tokenizer, PLAIN, engine=self.engine_config)
+        """Plain decoding (method none) on the same target, tokenizer and engine limits (bar the drafting ones,
+        `EngineConfig.without_drafting_limits`): what `--compare` measures against."""
+        return Specula(self.target, self.tokenizer, PLAIN, engine=self.engine_config.without_drafting_limits())
 
     # ------------------------------------------------------------------ one request
     def encode(self, prompt: Prompt, raw: bool = False) -> list[int]:
@@ -243,17 +243,21 @@ def build_decoder(method: str, target: TargetModel, tokenizer=None, draft: Targe
     return SpeculativeDecoder(target, drafters, tokenizer, planner=planner, config=engine, method=method)
 
 
-def _check_planner_used(method: str, planner: object) -> None:
-    """Refuse a planner given to method none (a `CostCurve`, a `Planner`, any choice but the default
-    "hardware" / None or "none" / False): it drafts nothing and never gets one, and the planner was
-    ignored without a word (the command line refuses `--cost-curve` with `--method none` the same way)."""
-    default = planner is None or planner is False or (isinstance(planner, str) and planner in ("hardware", "none"))
-    if method != PLAIN or default:
+def _check_drafting_used(method: str, engine: EngineConfig, planner: object,
+                         options: dict[str, Any] | None = None) -> None:
+    """For method none (plain decoding: nothing drafted), refuse what only matters when drafting, each ignored
+    without a word before: a drafting limit of `engine` set away from its default
+    (`EngineConfig.drafting_limits_set`: max_tree_nodes), a planner other than the defaults ("hardware" / None,
+    "none" / False: a `CostCurve`, a `Planner`), and a drafter option of `options` given (not None) that some method
+    takes. One check and wording with the command line's (`methods.check_drafting_used`)."""
+    if method != PLAIN:
         return
-    if isinstance(planner, (str, bool)):
+    default = planner is None or planner is False or (isinstance(planner, str) and planner in ("hardware", "none"))
+    if isinstance(planner, (str, bool)) and not default:
         resolve_planner(planner, None)  # raises: a spelling no method takes, named as for any method
-    raise ConfigError(f"planner={type(planner).__name__}(...) sizes draft trees, and method none drafts nothing "
-                      "(it never gets a planner); drop planner= or pass a method that drafts (e.g. method=\"fusion\")")
+    drafting = {name for spec in METHODS.values() for name in spec.accepted_options()}
+    given = sorted(name for name, value in (options or {}).items() if name in drafting and value is not None)
+    check_drafting_used([method], [*engine.drafting_limits_set(), *([] if default else ["planner="]), *given])
 
 
 def resolve_planner(choice: PlannerChoice | None | Literal[False], target: TargetModel) -> Planner:
@@ -313,7 +317,8 @@ def load(target: str, draft: str | None = "auto", method: str | None = None,
     start = time.perf_counter()
     row = get_method(method or DEFAULT_METHOD)
     _check_load_keywords(row.name, row.accepted_options(), drafter_options)
-    _check_planner_used(row.name, drafter_options.get("planner"))  # before the target's load, not after
+    _check_drafting_used(row.name, drafter_options.get("engine", EngineConfig()), drafter_options.get("planner"),
+                         drafter_options)  # before the target's load, not after
     check_skip_layers(draft, skip_layers)
     draft_vocab = check_draft_vocab(draft_vocab)
     if draft not in (None, "none", AUTO_DRAFT, SKIP_DRAFT):

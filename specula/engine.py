@@ -55,6 +55,12 @@ from specula.verify import verify_step
 log = logging.getLogger(__name__)
 
 
+DRAFTING_LIMITS = ("max_tree_nodes",)
+"""The `EngineConfig` fields that bound drafting alone: method none (plain decoding) drafts nothing, so `api.load`
+and `Specula` refuse them set away from their defaults for it (`EngineConfig.drafting_limits_set`), and the command
+line the flags of the same name (`methods.check_drafting_used`)."""
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     """Limits of the decode loop."""
@@ -66,6 +72,17 @@ class EngineConfig:
         if isinstance(self.max_tree_nodes, bool) or not isinstance(self.max_tree_nodes, int) or self.max_tree_nodes < 1:
             raise ConfigError(f"max_tree_nodes (--max-tree-nodes) must be an integer >= 1, got "
                               f"{self.max_tree_nodes!r}; use the method none for plain decoding")
+
+    def drafting_limits_set(self) -> list[str]:
+        """The `DRAFTING_LIMITS` set away from their defaults, in that order (what plain decoding would ignore)."""
+        default = EngineConfig()
+        return [name for name in DRAFTING_LIMITS if getattr(self, name) != getattr(default, name)]
+
+    def without_drafting_limits(self) -> "EngineConfig":
+        """This config with the `DRAFTING_LIMITS` at their defaults: plain decoding's beside a method that drafts
+        (`Specula.baseline`, the bench's baseline)."""
+        default = EngineConfig()
+        return replace(self, **{name: getattr(default, name) for name in DRAFTING_LIMITS})
 
 
 @dataclass

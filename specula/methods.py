@@ -21,7 +21,7 @@ import inspect
 from dataclasses import dataclass, fields
 from pathlib import Path
 from types import ModuleType
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Iterable, Literal, Sequence
 
 from specula.errors import ConfigError
 
@@ -256,10 +256,21 @@ def default_head(method: str | MethodSpec, target_name: str | None) -> Path | No
     return None
 
 
+def check_drafting_used(methods: Iterable[str | MethodSpec], given: Sequence[str], what: str = f"method {PLAIN}",
+                        fix: str = f'pass a method that drafts (e.g. method="{DEFAULT_METHOD}")') -> None:
+    """Refuse options that only matter when drafting (`given`, each spelled as its reader writes it: `max_tree_nodes`
+    for `api.load`, `--max-tree-nodes` on the command line) when every one of `methods` is plain decoding: method
+    none drafts nothing, so each was ignored without a word. The one check and wording of this refusal (`api.load`,
+    `Specula`, `specula generate` / `serve` / `run-batch` / `bench`): a ConfigError naming `what` runs and the `fix`."""
+    if given and all(get_method(m).name == PLAIN for m in methods):
+        raise ConfigError(f"{given[0]} only matters when drafting, and {what} drafts nothing; drop {given[0]} or {fix}")
+
+
 def or_list(names: list[str]) -> str:
     """"a, b or c"."""
     return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} or {names[-1]}"
 
 
-__all__ = ["DEFAULT_METHOD", "METHODS", "NO_HEAD", "PLAIN", "Member", "MethodSpec", "bench_defaults", "default_head", "first_drafting_with_model",
-           "get_method", "layer_skipper", "methods_taking", "or_list"]
+__all__ = ["DEFAULT_METHOD", "METHODS", "NO_HEAD", "PLAIN", "Member", "MethodSpec", "bench_defaults",
+           "check_drafting_used", "default_head", "first_drafting_with_model", "get_method", "layer_skipper",
+           "methods_taking", "or_list"]

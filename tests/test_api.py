@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from tiny import reference_greedy, tiny_model
 import specula.api as specula
+from specula.engine import EngineConfig
 from specula.errors import ConfigError
 
 
@@ -118,6 +121,37 @@ def test_a_planner_given_to_method_none_is_refused_before_the_target_loads(tmp_p
     with pytest.raises(ConfigError, match="method none drafts nothing"):  # built directly: the same check
         specula.Specula(target, None, "none", planner=curve)
     assert specula.Specula(target, None, "prompt-lookup", planner=curve).planned  # a method that drafts takes it
+
+
+def test_what_only_matters_when_drafting_is_refused_for_method_none_before_the_target_loads(tmp_path, monkeypatch):
+    """load(m, method="none", engine=EngineConfig(max_tree_nodes=8)) ignored the limit without a word, and a
+    drafter option (tree_depth=3) was refused only once the target had loaded, in other words; every drafting
+    limit (`engine.DRAFTING_LIMITS`) set away from its default, a planner and a drafter option are refused now,
+    before any load, in the command line's wording (`methods.check_drafting_used`)."""
+    from specula.engine import DRAFTING_LIMITS
+    from specula.models.hf import HFCausalLM
+
+    def no_target(*args, **kwargs):
+        raise AssertionError("the target loaded")
+
+    monkeypatch.setattr(specula, "load_backend", no_target)
+    nowhere = str(tmp_path / "nowhere")
+    assert EngineConfig(max_tree_nodes=8).drafting_limits_set() == ["max_tree_nodes"] == list(DRAFTING_LIMITS)
+    assert EngineConfig(max_tree_nodes=64).drafting_limits_set() == []  # the default's value: nothing set
+    assert EngineConfig(max_tree_nodes=8).without_drafting_limits() == EngineConfig()
+    wording = "only matters when drafting, and method none drafts nothing; drop {} or pass a method that drafts"
+    for kw, name in (({"engine": EngineConfig(max_tree_nodes=8)}, "max_tree_nodes"), ({"tree_depth": 3}, "tree_depth"),
+                     ({"num_draft_tokens": 4, "max_ngram": 2}, "max_ngram"), ({"adaptive": False}, "adaptive")):
+        with pytest.raises(ConfigError, match=re.escape(name + " " + wording.format(name))):
+            specula.load(nowhere, method="none", **kw)
+    for kw in ({"engine": EngineConfig()}, {"engine": EngineConfig(max_tree_nodes=64)}, {"tree_depth": None}):
+        with pytest.raises(AssertionError, match="the target loaded"):  # nothing set: it loads
+            specula.load(nowhere, method="none", **kw)
+    target = HFCausalLM(tiny_model("qwen2", seed=5))
+    with pytest.raises(ConfigError, match=re.escape("max_tree_nodes " + wording.format("max_tree_nodes"))):
+        specula.Specula(target, None, "none", engine=EngineConfig(max_tree_nodes=8))  # built directly: the same
+    spec = specula.Specula(target, None, "prompt-lookup", engine=EngineConfig(max_tree_nodes=8))
+    assert spec.baseline().engine_config == EngineConfig()  # --compare's plain decoding keeps its own limits
 
 
 def test_self_draft_reuses_the_target_weights_quantized_and_stays_lossless(model_dir, tmp_path, monkeypatch):

@@ -82,7 +82,8 @@ def build_specula_methods(
 ) -> list[SpeculaMethod]:
     """One `Specula` per method name (built as `specula generate` builds it), all on the same
     target backend (and draft). `none` comes first even when not named and never gets a planner;
-    `planner_for(name)` may give the others one (e.g. from --cost-curve; None: the default).
+    `planner_for(name)` may give the others one (e.g. from --cost-curve; None: the default), and `none` runs with
+    `engine`'s limits bar the drafting ones (`EngineConfig.without_drafting_limits`: it refuses those).
     A variant `name:draft=none` runs without the draft model (`fusion:draft=none`: every other
     member, the trained head included, beside `fusion` with it in the same run)."""
     ordered = [BASELINE, *(n for n in dict.fromkeys(names) if n != BASELINE)]
@@ -90,9 +91,9 @@ def build_specula_methods(
     for name in ordered:
         base, overrides = split_method(name)
         own_draft = _variant_draft(name, overrides.pop(DRAFT_OPTION, None), draft)
-        planner = None if base == BASELINE else planner_for(base)
+        planner, limits = (None, engine.without_drafting_limits()) if base == BASELINE else (planner_for(base), engine)
         try:
-            spec = Specula(target, tokenizer, base, own_draft, engine=engine, planner=planner,
+            spec = Specula(target, tokenizer, base, own_draft, engine=limits, planner=planner,
                            **{**options(base), **overrides})
         except (TypeError, ValueError) as exc:  # a variant's value of the wrong kind (max_ngram=abc)
             raise ConfigError(f"method variant {name!r}: {exc}") from exc

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from specula.commands.common import (
     add_method_args, add_model_args, add_sampling_args, check_drafter_files, check_flags_taken, check_model_name,
-    check_planner_flags_used, draft_model_flags, drafter_options, engine_config, explicit_draft, load_config,
+    check_drafting_flags_used, draft_model_flags, drafter_options, engine_config, explicit_draft, load_config,
     method_help, planner_from_args, sampling_params,
 )
 from specula.errors import ConfigError
@@ -107,7 +107,8 @@ def plan(args: argparse.Namespace) -> BenchPlan:
     methods = parse_method_list(args.methods, explicit_draft(args))
     bases = list(dict.fromkeys(split_method(m)[0] for m in methods))
     check_flags_taken(args, bases, f"the methods benched ({', '.join(bases)})", "add one of those to --methods")
-    check_planner_flags_used(args, bases, "method none (the only one benched)", "add a method that drafts to --methods")
+    check_drafting_flags_used(args, bases, "method none (the only one benched)",
+                              "add a method that drafts to --methods")
     # skip: no model to assist; --assistant: a model for the HF assisted peers only
     peers = parse_compare(args.compare, bool(args.assistant) or (explicit_draft(args) and args.draft != SKIP_DRAFT))
     if args.assistant and not NEEDS_DRAFT & set(peers):  # it would be loaded for nothing, silently

@@ -301,7 +301,7 @@ def check_method_flags(args: argparse.Namespace, method: str) -> None:
 
     spec = get_method(method)
     check_flags_taken(args, [method], f"method {spec.name}", "pass --method with one of those")
-    check_planner_flags_used(args, [method], f"method {spec.name}", "pass --method with a method that drafts")
+    check_drafting_flags_used(args, [method], f"method {spec.name}", "pass --method with a method that drafts")
     if spec.draft_model == "no" and explicit_draft(args) and args.draft != SKIP_DRAFT:
         raise ConfigError(f"method {spec.name} drafts without a draft model; drop --draft {args.draft} or pass a "
                           "method that uses one (draft-model, draft-tree, fusion)")
@@ -318,26 +318,28 @@ def draft_model_flags(args: argparse.Namespace) -> list[str]:
                                      ("--draft-vocab", getattr(args, "draft_vocab", "auto") != "auto")) if given]
 
 
-def check_planner_flags_used(args: argparse.Namespace, methods, what: str, fix: str) -> None:
-    """Refuse --cost-curve and --max-tree-nodes when every one of `methods` is plain decoding: they size
-    the draft trees, and method none drafts nothing and has no planner (either was ignored without a word)."""
-    from specula.methods import PLAIN
+def check_drafting_flags_used(args: argparse.Namespace, methods, what: str, fix: str) -> None:
+    """Refuse --cost-curve and the engine's drafting limits (`engine.DRAFTING_LIMITS`: --max-tree-nodes) given
+    when every one of `methods` is plain decoding: method none drafts nothing and has no planner, so either was
+    ignored without a word (`methods.check_drafting_used`, the check and wording `api.load` refuses them with). A
+    limit given at its default's value is refused too: the command line tells it apart from one left out."""
+    from specula.engine import DRAFTING_LIMITS
+    from specula.methods import check_drafting_used
 
-    if not all(get_method(m).name == PLAIN for m in methods):
-        return
-    for flag, given, does in (("--cost-curve", getattr(args, "cost_curve", None), "sizes the planner's draft trees"),
-                              ("--max-tree-nodes", getattr(args, "max_tree_nodes", None) is not None,
-                               "bounds the draft trees verified per step")):
-        if given:
-            raise ConfigError(f"{flag} {does}, and {what} drafts nothing; drop it or {fix}")
+    given = [*(["--cost-curve"] if getattr(args, "cost_curve", None) else []),
+             *(f"--{name.replace('_', '-')}" for name in DRAFTING_LIMITS if getattr(args, name, None) is not None)]
+    check_drafting_used(methods, given, what, fix)
 
 
 def engine_config(args: argparse.Namespace) -> "EngineConfig":
-    """The decode loop's limits: `--max-tree-nodes` when given, else `EngineConfig`'s default (64)."""
+    """The decode loop's limits: each `EngineConfig` field from the flag of the same name when given (e.g.
+    `--max-tree-nodes`), else its default (64)."""
+    from dataclasses import fields
+
     from specula.api import EngineConfig
 
-    given = getattr(args, "max_tree_nodes", None)
-    return EngineConfig() if given is None else EngineConfig(max_tree_nodes=given)
+    return EngineConfig(**{f.name: getattr(args, f.name) for f in fields(EngineConfig)
+                           if getattr(args, f.name, None) is not None})
 
 
 def check_flags_taken(args: argparse.Namespace, methods, what: str, fix: str) -> None:

@@ -199,9 +199,10 @@ def test_lossless_mismatch_exits_1_naming_prompt_and_method(tmp_path, prompts_fi
     (["--methods", "none,prompt-lookup", "--num-draft-tokens", "3"],
      "--num-draft-tokens does not apply to the methods benched (none, prompt-lookup)"),
     (["--methods", "none", "--cost-curve", "c.json"],  # plain decoding has no planner: the curve was ignored
-     "--cost-curve sizes the planner's draft trees, and method none (the only one benched) drafts nothing"),
+     "--cost-curve only matters when drafting, and method none (the only one benched) drafts nothing"),
     (["--methods", "none", "--max-tree-nodes", "64"],  # the default's value, told apart from it: it was ignored
-     "--max-tree-nodes bounds the draft trees verified per step, and method none (the only one benched) drafts"),
+     "--max-tree-nodes only matters when drafting, and method none (the only one benched) drafts nothing; drop "
+     "--max-tree-nodes or add a method that drafts to --methods"),
 ])
 def test_bad_arguments_one_line_exit_2(tmp_path, prompts_file, tiny_models, argv, message, capsys):
     code = main(["bench", "--target", "tiny", "--prompts", str(prompts_file), "--no-progress",

@@ -392,6 +392,16 @@ def test_method_variants_parse_and_reach_the_drafter(tiny_pair, chat_tokenizer):
         build_specula_methods(["prompt-lookup:colour=red"], target, chat_tokenizer, draft)
 
 
+def test_the_baseline_runs_without_the_drafting_limits_the_others_get(tiny_pair, chat_tokenizer):
+    """--max-tree-nodes 8 beside a method that drafts: method none refuses drafting limits, so the baseline is
+    built with the engine's limits bar those (`EngineConfig.without_drafting_limits`)."""
+    from specula.engine import EngineConfig
+
+    target, _ = tiny_pair
+    methods = build_specula_methods(["prompt-lookup"], target, chat_tokenizer, engine=EngineConfig(max_tree_nodes=8))
+    assert [m.spec.engine_config for m in methods] == [EngineConfig(), EngineConfig(max_tree_nodes=8)]
+
+
 def test_a_draft_none_variant_runs_without_the_draft_model(tiny_pair, chat_tokenizer):
     from specula.bench.methods import build_specula_methods, parse_method_list
     from specula.drafters.draft_model import DraftModelDrafter
