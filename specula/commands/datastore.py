@@ -29,7 +29,8 @@ def register(sub) -> None:
                    help="model whose tokenizer to use: embedded alias, model or tokenizer directory, .gguf, cached hub id")
     b.add_argument("--from", dest="sources", nargs="+", required=True, metavar="PATH", help="corpus files or directories")
     b.add_argument("--out", required=True, metavar="FILE", help="datastore file to write (replaced atomically)")
-    b.add_argument("--max-tokens", type=int, default=None, metavar="N", help="stop after N tokens (default: all)")
+    b.add_argument("--max-tokens", type=int, default=None, metavar="N",
+                   help="stop after N tokens, separators included (at least 2; default: all)")
     b.add_argument("--ext", action="append", default=None, metavar=".EXT",
                    help="file extension read when walking directories (repeatable; default .py .txt .md .rst .jsonl .json)")
     b.add_argument("--quiet", action="store_true", help="no progress bars")

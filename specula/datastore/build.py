@@ -42,15 +42,17 @@ class BuildConfig:
     """How a datastore is built."""
 
     max_tokens: int | None = None
-    """Stop after this many tokens (separators included); None = the whole corpus."""
+    """Stop after this many tokens (separators included; at least 2: a token and the separator that ends its
+    document); None = the whole corpus."""
     extensions: tuple[str, ...] = DEFAULT_EXTENSIONS
     """File name endings read when walking directories."""
     progress: bool = True
     """Show progress bars on stderr."""
 
     def __post_init__(self) -> None:
-        if self.max_tokens is not None and self.max_tokens < 1:
-            raise DatastoreError(f"--max-tokens must be >= 1, got {self.max_tokens}")
+        if self.max_tokens is not None and self.max_tokens < 2:  # 1 kept the separator alone: an empty store
+            raise DatastoreError(f"--max-tokens must be >= 2 (a token and the separator that ends its document), "
+                                 f"got {self.max_tokens}; give more, or leave it out to keep the whole corpus")
 
 
 @dataclass(frozen=True)
@@ -238,9 +240,14 @@ def tokenize_corpus(tokenizer: Any, files: list[tuple[Path, bool]], config: Buil
             n_docs += len(ids)
             chunks.append(flat.astype(dtype))
             total += len(flat)
-    if total == 0:
-        raise DatastoreError("the corpus holds no text: nothing to build a datastore from")
-    return np.concatenate(chunks), n_docs, counts
+    tokens = np.concatenate(chunks) if chunks else np.zeros(0, dtype)
+    if not np.any(tokens != separator):  # no document, or only documents the tokenizer turned into nothing
+        cut = limit is not None and total == limit
+        raise DatastoreError("the corpus holds no text the tokenizer turns into tokens"
+                             + (f" in its first {limit} tokens (--max-tokens)" if cut else "")
+                             + ": nothing to build a datastore from; give files with text"
+                             + (", or a larger --max-tokens" if cut else ""))
+    return tokens, n_docs, counts
 
 
 def suffix_array(tokens: np.ndarray) -> np.ndarray:

@@ -139,6 +139,35 @@ def test_missing_or_empty_corpus_is_a_clear_error(tmp_path, make_tokenizer):
     assert not (tmp_path / "o.specds").exists()
 
 
+def test_a_build_that_would_store_no_token_is_refused_and_writes_nothing(tmp_path, corpus, make_tokenizer, capsys):
+    """--max-tokens 1 kept the separator alone, and a corpus the tokenizer turns into nothing (blank text to a
+    word-level tokenizer) wrote a store of separators: empty stores that REST could never draft from."""
+    tok = make_tokenizer(96)
+    out = tmp_path / "ds.specds"
+    for limit in (1, 0, -3):
+        with pytest.raises(DatastoreError, match=f"--max-tokens must be >= 2 .*got {limit}"):
+            build_datastore(tok, [corpus], out, BuildConfig(max_tokens=limit, progress=False))
+    blank = tmp_path / "blank"
+    blank.mkdir()
+    (blank / "a.txt").write_text("   \n\t ")
+    (blank / "b.jsonl").write_text(json.dumps({"text": " "}) + "\n" + json.dumps({"messages": [{"content": "\n"}]}))
+    with pytest.raises(DatastoreError, match="no text the tokenizer turns into tokens: nothing to build"):
+        build_datastore(tok, [blank], out, QUIET)
+    (blank / "c.txt").write_text("w5 w6 w7")  # read after the blank documents: cut off by --max-tokens
+    with pytest.raises(DatastoreError, match=r"in its first 3 tokens \(--max-tokens\).*or a larger --max-tokens"):
+        build_datastore(tok, [blank], out, BuildConfig(max_tokens=3, progress=False))
+    assert not out.exists() and stale_temps(out) == [] and sorted(os.listdir(tmp_path)) == ["blank", "corpus"]
+    tokdir = tmp_path.parent / f"{tmp_path.name}-tok"
+    tok.save_pretrained(tokdir)
+    for extra in (["--max-tokens", "1"], []):
+        code = main(["datastore", "build", "--tokenizer", str(tokdir), "--from", str(blank / "a.txt"), "--out",
+                     str(out), "--quiet", *extra])
+        err = capsys.readouterr().err
+        assert code == 2 and err.startswith("error: ") and err.count("\n") == 1, err
+    assert not out.exists() and stale_temps(out) == []
+    assert build_datastore(tok, [blank], out, BuildConfig(max_tokens=5, progress=False)).header.n_tokens == 5
+
+
 def test_interrupted_build_leaves_no_file_and_keeps_the_old_one(tmp_path, corpus, make_tokenizer, monkeypatch):
     import specula.datastore.build as build_mod
 
