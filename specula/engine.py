@@ -70,8 +70,8 @@ class EngineConfig:
 
     def __post_init__(self) -> None:
         if isinstance(self.max_tree_nodes, bool) or not isinstance(self.max_tree_nodes, int) or self.max_tree_nodes < 1:
-            raise ConfigError(f"max_tree_nodes (--max-tree-nodes) must be an integer >= 1, got "
-                              f"{self.max_tree_nodes!r}; use the method none for plain decoding")
+            raise ConfigError(f"max_tree_nodes must be an integer >= 1, got {self.max_tree_nodes!r} (plain decoding "
+                              "is the method none)")
 
     def drafting_limits_set(self) -> list[str]:
         """The `DRAFTING_LIMITS` set away from their defaults, in that order (what plain decoding would ignore)."""

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import re
 from dataclasses import dataclass, fields
 from pathlib import Path
 from types import ModuleType
@@ -256,6 +257,32 @@ def default_head(method: str | MethodSpec, target_name: str | None) -> Path | No
     return None
 
 
+def spelled(option: str) -> str:
+    """The command-line flag of an option: `tree_depth` -> `--tree-depth` (`target_name`, the target's name:
+    `--target`)."""
+    return "--target" if option == "target_name" else "--" + option.replace("_", "-")
+
+
+def flag_spellings(options: Iterable[str] = ()) -> dict[str, str]:
+    """{option: its flag} (`spelled`) for every option the command line exposes for a method
+    (`MethodSpec.cli_options`) and each of `options` (others with a flag of the same name: the engine's limits,
+    sampling parameters): how the command line writes an error about an option (`in_flags`)."""
+    names = {name for spec in METHODS.values() for name in spec.cli_options()} | set(options)
+    return {name: spelled(name) for name in sorted(names)}
+
+
+def in_flags(message: str, spellings: dict[str, str], keep: Iterable[str] = ()) -> str:
+    """`message` (the library's, naming options as Python does) with each option of `spellings` that is written
+    with an underscore (`tree_depth`; a one-word option reads the same either way, and is often an English word:
+    head) replaced, as a whole word, by its flag (`--tree-depth`); those in `keep` stay (a bench variant's own
+    options, which it spells as the library does)."""
+    names = [n for n in spellings if "_" in n and n not in set(keep)]
+    if not names:
+        return message
+    words = "|".join(re.escape(n) for n in sorted(names, key=len, reverse=True))  # the longest first
+    return re.sub(rf"(?<![\w-])({words})(?![\w-])", lambda m: spellings[m.group(1)], message)
+
+
 def check_drafting_used(methods: Iterable[str | MethodSpec], given: Sequence[str], what: str = f"method {PLAIN}",
                         fix: str = f'pass a method that drafts (e.g. method="{DEFAULT_METHOD}")') -> None:
     """Refuse options that only matter when drafting (`given`, each spelled as its reader writes it: `max_tree_nodes`
@@ -272,5 +299,5 @@ def or_list(names: list[str]) -> str:
 
 
 __all__ = ["DEFAULT_METHOD", "METHODS", "NO_HEAD", "PLAIN", "Member", "MethodSpec", "bench_defaults",
-           "check_drafting_used", "default_head", "first_drafting_with_model", "get_method", "layer_skipper",
-           "methods_taking", "or_list"]
+           "check_drafting_used", "default_head", "first_drafting_with_model", "flag_spellings", "get_method",
+           "in_flags", "layer_skipper", "methods_taking", "or_list", "spelled"]

@@ -75,6 +75,22 @@ def test_every_command_line_option_is_a_flag_of_the_same_name():
     assert train.kind == "eagle"
 
 
+def test_errors_name_options_as_flags_on_the_command_line():
+    """`in_flags` rewrites the library's option names (tree_depth) as the command line's flags (--tree-depth):
+    whole words with an underscore only, a one-word option (head: also an English word) and `keep` left alone."""
+    from specula.methods import flag_spellings, in_flags, spelled
+
+    assert spelled("tree_depth") == "--tree-depth" and spelled("target_name") == "--target"
+    flags = flag_spellings(["max_tree_nodes", "top_p"])
+    assert {"tree_depth", "head_window", "num_draft_tokens", "max_tree_nodes", "top_p", "head"} <= set(flags)
+    assert all(flags[name] == spelled(name) for name in flags)
+    message = "tree_depth must be >= 1 (subtree_depth, tree_depth_x, --tree-depth); max_tree_nodes; the head"
+    assert in_flags(message, flags) == ("--tree-depth must be >= 1 (subtree_depth, tree_depth_x, --tree-depth); "
+                                        "--max-tree-nodes; the head")
+    variant = "method variant 'draft-tree:tree_depth=0': tree_depth must be >= 1; top_p"
+    assert in_flags(variant, flags, keep=["tree_depth"]) == variant.replace("top_p", "--top-p")
+
+
 def test_the_table_imports_no_drafter_and_no_torch():
     code = ("import sys, specula.methods; "
             "assert not {'torch', 'specula.drafters'} & set(sys.modules), 'torch or a drafter imported'")

@@ -11,7 +11,7 @@ from typing import Any, Callable, Literal, Protocol, Sequence
 from specula.api import EngineConfig, Specula
 from specula.errors import ConfigError
 from specula.models.device import sync_device
-from specula.methods import PLAIN, bench_defaults, get_method, methods_taking
+from specula.methods import PLAIN, bench_defaults, get_method, in_flags, methods_taking
 from specula.models.base import TargetModel
 from specula.sampling import SamplingParams
 from specula.stats import GenerationStats
@@ -79,24 +79,30 @@ def build_specula_methods(
     options: Callable[[str], dict] = lambda name: {},
     engine: EngineConfig = EngineConfig(),
     planner_for: Callable[[str], object] = lambda name: None,
+    flags: dict[str, str] | None = None,
 ) -> list[SpeculaMethod]:
     """One `Specula` per method name (built as `specula generate` builds it), all on the same
     target backend (and draft). `none` comes first even when not named and never gets a planner;
     `planner_for(name)` may give the others one (e.g. from --cost-curve; None: the default), and `none` runs with
     `engine`'s limits bar the drafting ones (`EngineConfig.without_drafting_limits`: it refuses those).
     A variant `name:draft=none` runs without the draft model (`fusion:draft=none`: every other
-    member, the trained head included, beside `fusion` with it in the same run)."""
+    member, the trained head included, beside `fusion` with it in the same run). An entry that cannot be built
+    is a ConfigError naming it ("method 'x'", "method variant 'x:option=value'"); `flags`: the command line's
+    spelling of the options `options` gives (`methods.flag_spellings`), which the error then names them by (a
+    variant's own options stay as it writes them)."""
     ordered = [BASELINE, *(n for n in dict.fromkeys(names) if n != BASELINE)]
     methods = []
     for name in ordered:
         base, overrides = split_method(name)
+        label = f"method variant {name!r}" if overrides else f"method {name!r}"  # (an entry without options: a method)
         own_draft = _variant_draft(name, overrides.pop(DRAFT_OPTION, None), draft)
         planner, limits = (None, engine.without_drafting_limits()) if base == BASELINE else (planner_for(base), engine)
         try:
             spec = Specula(target, tokenizer, base, own_draft, engine=limits, planner=planner,
                            **{**options(base), **overrides})
         except (TypeError, ValueError) as exc:  # a variant's value of the wrong kind (max_ngram=abc)
-            raise ConfigError(f"method variant {name!r}: {exc}") from exc
+            message = str(exc) if flags is None else in_flags(str(exc), flags, keep=overrides)
+            raise ConfigError(f"{label}: {message}") from exc
         methods.append(SpeculaMethod(name, spec))
     return methods
 

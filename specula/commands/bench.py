@@ -14,8 +14,8 @@ from pathlib import Path
 
 from specula.commands.common import (
     add_method_args, add_model_args, add_sampling_args, check_drafter_files, check_flags_taken, check_model_name,
-    check_drafting_flags_used, draft_model_flags, drafter_options, engine_config, explicit_draft, load_config,
-    method_help, planner_from_args, sampling_params,
+    check_drafting_flags_used, command_flags, draft_model_flags, drafter_options, engine_config, explicit_draft,
+    load_config, method_help, planner_from_args, sampling_params,
 )
 from specula.errors import ConfigError
 from specula.paths import check_not_input, check_output
@@ -104,6 +104,7 @@ def plan(args: argparse.Namespace) -> BenchPlan:
     if args.assistant:
         check_model_name(args.assistant, "--assistant")  # else found missing only after the target loaded
     params = sampling_params(args)
+    engine_config(args)  # --max-tree-nodes 0: refused before the models load, not after
     methods = parse_method_list(args.methods, explicit_draft(args))
     bases = list(dict.fromkeys(split_method(m)[0] for m in methods))
     check_flags_taken(args, bases, f"the methods benched ({', '.join(bases)})", "add one of those to --methods")
@@ -275,7 +276,7 @@ def execute(args: argparse.Namespace, bench: BenchPlan, target, tokenizer, draft
     def specula_methods():
         return build_specula_methods(bench.methods, target, tokenizer, draft,
                                      lambda m: {**drafter_options(args, m), **draft_skip}, engine,
-                                     lambda m: planner_from_args(args))
+                                     lambda m: planner_from_args(args), command_flags(args))
 
     methods = specula_methods()
     eos = sorted(methods[0].spec.eos_token_ids)

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+from typing import TYPE_CHECKING, Iterable, Iterator
 
-from typing import TYPE_CHECKING
-
-from specula.errors import ConfigError, ModelNotFoundError
-from specula.methods import DEFAULT_METHOD, METHODS, NO_HEAD, default_head, get_method, methods_taking
+from specula.errors import ConfigError, ModelNotFoundError, SpeculaError
+from specula.methods import (
+    DEFAULT_METHOD, METHODS, NO_HEAD, default_head, flag_spellings, get_method, in_flags, methods_taking,
+)
 
 if TYPE_CHECKING:  # keep `specula --help` and `specula models` free of torch imports
     from specula.api import EngineConfig, LoadConfig
@@ -287,11 +289,38 @@ def auto_tool_parser(args: argparse.Namespace) -> str | None:
 def sampling_params(args: argparse.Namespace) -> "SamplingParams":
     from specula.sampling import SamplingParams
 
-    return SamplingParams(
-        temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p, seed=args.seed,
-        max_new_tokens=args.max_new_tokens, min_new_tokens=args.min_new_tokens, stop=tuple(args.stop),
-        ignore_eos=args.ignore_eos,
-    )
+    with flags_in_errors(args):
+        return SamplingParams(
+            temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p, seed=args.seed,
+            max_new_tokens=args.max_new_tokens, min_new_tokens=args.min_new_tokens, stop=tuple(args.stop),
+            ignore_eos=args.ignore_eos,
+        )
+
+
+def command_flags(args: argparse.Namespace, options: Iterable[str] = ()) -> dict[str, str]:
+    """{option: flag} (`methods.flag_spellings`) of the options this command's flags set: the methods' options,
+    the engine's limits, sampling parameters and `options` (another config's fields, e.g. `specula train`'s), each
+    only where the command has the flag (its `args` has the attribute)."""
+    from dataclasses import fields
+
+    from specula.engine import EngineConfig
+    from specula.sampling import SamplingParams
+
+    names = [*(f.name for config in (EngineConfig, SamplingParams) for f in fields(config)), *options]
+    return {name: flag for name, flag in flag_spellings(names).items()
+            if hasattr(args, flag[2:].replace("-", "_"))}
+
+
+@contextlib.contextmanager
+def flags_in_errors(args: argparse.Namespace, options: Iterable[str] = ()) -> Iterator[None]:
+    """Errors the library raises inside (`SpeculaError`: it names options as Python does, `tree_depth`) name the
+    command line's flags instead (`--tree-depth`; `command_flags(args, options)`, `methods.in_flags`)."""
+    try:
+        yield
+    except SpeculaError as exc:
+        if len(exc.args) == 1 and isinstance(exc.args[0], str):
+            exc.args = (in_flags(exc.args[0], command_flags(args, options)),)
+        raise
 
 
 def check_method_flags(args: argparse.Namespace, method: str) -> None:
@@ -338,8 +367,9 @@ def engine_config(args: argparse.Namespace) -> "EngineConfig":
 
     from specula.api import EngineConfig
 
-    return EngineConfig(**{f.name: getattr(args, f.name) for f in fields(EngineConfig)
-                           if getattr(args, f.name, None) is not None})
+    with flags_in_errors(args):
+        return EngineConfig(**{f.name: getattr(args, f.name) for f in fields(EngineConfig)
+                               if getattr(args, f.name, None) is not None})
 
 
 def check_flags_taken(args: argparse.Namespace, methods, what: str, fix: str) -> None:
@@ -354,16 +384,18 @@ def check_flags_taken(args: argparse.Namespace, methods, what: str, fix: str) ->
 
 def load_spec(args: argparse.Namespace):
     """The `Specula` a command decodes with (`--target`, `--draft`, `--method` and the drafter and
-    planner options), and its method's name. A flag the method would ignore is refused first."""
+    planner options), and its method's name. A flag the method would ignore is refused first; an error the
+    library raises about an option names its flag (`flags_in_errors`)."""
     from specula.api import load
     from specula.methods import DEFAULT_METHOD, get_method
 
     method = get_method(DEFAULT_METHOD if args.method is None else args.method).name
     check_method_flags(args, method)
-    spec = load(args.target, draft=args.draft, method=method, config=load_config(args),
-                draft_quantize=args.draft_quantize, skip_layers=args.skip_layers, draft_vocab=args.draft_vocab,
-                engine=engine_config(args), planner=planner_from_args(args),
-                **drafter_options(args, method))
+    with flags_in_errors(args):  # an option's error from the library names its flag
+        spec = load(args.target, draft=args.draft, method=method, config=load_config(args),
+                    draft_quantize=args.draft_quantize, skip_layers=args.skip_layers, draft_vocab=args.draft_vocab,
+                    engine=engine_config(args), planner=planner_from_args(args),
+                    **drafter_options(args, method))
     return spec, method
 
 

@@ -9,7 +9,7 @@ import sys
 from dataclasses import replace
 
 from specula.commands.common import (
-    add_method_args, add_model_args, add_sampling_args, load_spec, method_help, sampling_params,
+    add_method_args, add_model_args, add_sampling_args, flags_in_errors, load_spec, method_help, sampling_params,
 )
 from specula.errors import ConfigError
 from specula.methods import PLAIN
@@ -121,7 +121,8 @@ def run(args: argparse.Namespace) -> int:
     from specula.models.loading import process_age_seconds
 
     # validate everything before loading models
-    params = replace(sampling_params(args), logprobs=args.logprobs, **penalties_from_args(args))
+    with flags_in_errors(args):  # a penalty's error names its flag
+        params = replace(sampling_params(args), logprobs=args.logprobs, **penalties_from_args(args))
     prompt = prompt_from_args(args)
     constraint = constraint_from_args(args)
     if constraint is not None:

@@ -135,6 +135,9 @@ def check_inputs_kept(args: argparse.Namespace, init_head) -> None:
 def train_config(args: argparse.Namespace):
     """The `TrainConfig` of the command line (its own checks run here, before anything loads). An
     option given for a head it does not shape is refused, not ignored."""
+    from dataclasses import fields
+
+    from specula.commands.common import flags_in_errors
     from specula.drafters.heads.config import AUTOREGRESSIVE
     from specula.errors import ConfigError
     from specula.training.trainer import TrainConfig
@@ -149,12 +152,13 @@ def train_config(args: argparse.Namespace):
                           "--copy-ngram N (or fine-tune a head with hints: --init-head), or drop it")
     given = {name: getattr(args, name) for name in ("ttt_steps", "num_offsets", "copy_lr_scale")
              if getattr(args, name) is not None}  # else TrainConfig's defaults
-    return TrainConfig(kind=args.kind, draft_vocab=args.draft_vocab, epochs=args.epochs, lr=args.lr,
-                       batch_size=args.batch_size, seq_len=args.seq_len, seed=args.seed,
-                       max_sequences=args.max_sequences, precision=args.precision,
-                       intermediate_size=args.intermediate_size, num_kv_heads=args.num_kv_heads,
-                       copy_ngram=args.copy_ngram, length_groups=args.length_groups, topk_loss=args.topk_loss,
-                       topk_loss_k=args.topk_loss_k, **given)
+    with flags_in_errors(args, [f.name for f in fields(TrainConfig)]):  # its errors name the flags
+        return TrainConfig(kind=args.kind, draft_vocab=args.draft_vocab, epochs=args.epochs, lr=args.lr,
+                           batch_size=args.batch_size, seq_len=args.seq_len, seed=args.seed,
+                           max_sequences=args.max_sequences, precision=args.precision,
+                           intermediate_size=args.intermediate_size, num_kv_heads=args.num_kv_heads,
+                           copy_ngram=args.copy_ngram, length_groups=args.length_groups, topk_loss=args.topk_loss,
+                           topk_loss_k=args.topk_loss_k, **given)
 
 
 def check_minutes(args: argparse.Namespace) -> None:

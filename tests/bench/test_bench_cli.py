@@ -198,6 +198,8 @@ def test_lossless_mismatch_exits_1_naming_prompt_and_method(tmp_path, prompts_fi
     # a method flag no benched method takes was dropped without a word (and recorded in results.json)
     (["--methods", "none,prompt-lookup", "--num-draft-tokens", "3"],
      "--num-draft-tokens does not apply to the methods benched (none, prompt-lookup)"),
+    (["--methods", "none,prompt-lookup", "--max-tree-nodes", "0"],  # was found once the models had loaded
+     "--max-tree-nodes must be an integer >= 1, got 0"),
     (["--methods", "none", "--cost-curve", "c.json"],  # plain decoding has no planner: the curve was ignored
      "--cost-curve only matters when drafting, and method none (the only one benched) drafts nothing"),
     (["--methods", "none", "--max-tree-nodes", "64"],  # the default's value, told apart from it: it was ignored
@@ -210,6 +212,7 @@ def test_bad_arguments_one_line_exit_2(tmp_path, prompts_file, tiny_models, argv
     err = capsys.readouterr().err
     assert code == 2
     assert err.startswith("error: ") and message in err and err.count("\n") == 1
+    assert tiny_models == [] or "draft model" in message  # before any model loads (--draft auto: after the target's)
 
 
 def test_bad_prompt_file_names_the_line(tmp_path, tiny_models, capsys):

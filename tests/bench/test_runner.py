@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 
 import pytest
@@ -400,6 +401,25 @@ def test_the_baseline_runs_without_the_drafting_limits_the_others_get(tiny_pair,
     target, _ = tiny_pair
     methods = build_specula_methods(["prompt-lookup"], target, chat_tokenizer, engine=EngineConfig(max_tree_nodes=8))
     assert [m.spec.engine_config for m in methods] == [EngineConfig(), EngineConfig(max_tree_nodes=8)]
+
+
+def test_an_entry_that_cannot_be_built_is_named_as_given_with_its_options_as_the_command_line_wrote_them(
+        tiny_pair, chat_tokenizer):
+    """A plain entry was labelled "method variant 'draft-tree'", and an option of the command line's was named as
+    Python does (tree_depth, not --tree-depth); a variant's own options stay as it writes them."""
+    from specula.methods import flag_spellings
+
+    target, draft = tiny_pair
+    given = lambda name: {"tree_depth": 0} if name == "draft-tree" else {}  # noqa: E731 (--tree-depth 0)
+    for names, message in ((["draft-tree"], "method 'draft-tree': --tree-depth must be >= 1, got 0"),
+                           (["draft-tree:tree_top_k=2"], "method variant 'draft-tree:tree_top_k=2': --tree-depth must"),
+                           (["draft-tree:draft=none"], "method variant 'draft-tree:draft=none': method 'draft-tree' ")):
+        with pytest.raises(ConfigError, match=re.escape(message)):
+            build_specula_methods(names, target, chat_tokenizer, draft, given, flags=flag_spellings())
+    with pytest.raises(ConfigError, match=re.escape("method variant 'draft-tree:tree_depth=0': tree_depth must")):
+        build_specula_methods(["draft-tree:tree_depth=0"], target, chat_tokenizer, draft, flags=flag_spellings())
+    with pytest.raises(ConfigError, match=re.escape("method 'draft-tree': tree_depth must be >= 1")):  # no flags
+        build_specula_methods(["draft-tree"], target, chat_tokenizer, draft, given)
 
 
 def test_a_draft_none_variant_runs_without_the_draft_model(tiny_pair, chat_tokenizer):

@@ -235,7 +235,34 @@ def test_penalties_decode_the_penalised_law_exactly_and_bad_biases_exit_2(tiny_l
         code, _, err = run(capsys, "--logit-bias", bad)
         assert code == 2 and "--logit-bias takes ID=BIAS" in err and len(err.strip().splitlines()) == 1
     code, _, err = run(capsys, "--repetition-penalty", "0")
-    assert code == 2 and "repetition_penalty must be > 0" in err
+    assert code == 2 and "--repetition-penalty must be > 0" in err
+
+
+@pytest.mark.parametrize("extra, words", [
+    (["--method", "draft-tree", "--tree-depth", "0"], "--tree-depth must be >= 1, got 0"),
+    (["--method", "draft-tree", "--tree-sampling", "iid", "--tree-verifier", "kseq", "--tree-top-k", "0"],
+     "--tree-top-k must be >= 1, got 0"),
+    (["--method", "draft-model", "--num-draft-tokens", "0"], "--num-draft-tokens must be >= 1, got 0"),
+    (["--method", "draft-model", "--draft-window", "3"], "--draft-window must be at least"),
+    (["--max-tree-nodes", "0"], "--max-tree-nodes must be an integer >= 1, got 0"),
+    (["--top-p", "2"], "--top-p must be in (0, 1], got 2.0"),
+    (["--min-p", "-1"], "--min-p must be in [0, 1]"),
+])
+def test_an_options_error_from_the_library_names_the_flag(monkeypatch, tiny_tokenizer, capsys, extra, words):
+    """The library names options as Python does (tree_depth must be >= 1); the command line said so too, where
+    the user had written --tree-depth."""
+    model = tiny_model("qwen2", seed=3)
+
+    def load(target, draft=None, method=None, config=None, draft_quantize=None, skip_layers=None, draft_vocab=None,
+             **options):
+        drafting = None if draft in (None, "none", "auto") else HFCausalLM(model, "draft")
+        return specula.api.Specula(HFCausalLM(model, "target"), tiny_tokenizer, method, drafting, **options)
+
+    monkeypatch.setattr(specula.api, "load", load)
+    code, _, err = run(capsys, "--draft", "tiny", *extra)
+    assert code == 2 and err.startswith("error: ") and words in err and len(err.strip().splitlines()) == 1, err
+    python_name = words.split()[0][2:].replace("-", "_")
+    assert python_name not in err
 
 
 def test_compare_with_plain_decoding_says_there_is_nothing_to_compare(tiny_load, capsys):
@@ -250,7 +277,7 @@ def test_a_minimum_length_runs_through_compare_and_a_bad_one_exits_2(tiny_load, 
     result = json.loads(out)
     assert code == 0 and result["identical_to_plain"] is True and len(result["token_ids"]) == 16
     code, _, err = run(capsys, "--min-new-tokens", "17")
-    assert code == 2 and "min_new_tokens must be an integer from 0 to max_new_tokens (16)" in err
+    assert code == 2 and "--min-new-tokens must be an integer from 0 to --max-new-tokens (16)" in err
     assert len(err.strip().splitlines()) == 1
 
 
@@ -271,4 +298,4 @@ def test_top_k_minus_one_is_every_token_as_on_the_server(tiny_load, capsys):
     sampled = [run(capsys, "--temperature", "1.0", "--seed", "4", "--top-k", k) for k in ("-1", "0")]
     assert sampled[0][0] == 0 and sampled[0][1] == sampled[1][1]
     code, _, err = run(capsys, "--top-k", "-2")
-    assert code == 2 and "top_k must be an integer >= 1, or 0 or -1" in err and len(err.strip().splitlines()) == 1
+    assert code == 2 and "--top-k must be an integer >= 1, or 0 or -1" in err and len(err.strip().splitlines()) == 1

@@ -1202,3 +1202,16 @@ def test_what_the_target_config_decides_is_refused_before_the_target_loads(tmp_p
         err = capsys.readouterr().err
         assert message in err and len(err.strip().splitlines()) == 1, err
     assert loading.config_shape(str(path)).hidden_size == 32
+
+
+def test_a_training_options_error_names_its_flag(tmp_path, capsys):
+    """TrainConfig names its fields as Python does (topk_loss_k must be >= 1); `specula train` said so too, where
+    the user had written --topk-loss-k. Refused before anything loads (the target does not exist)."""
+    from specula.cli import main
+
+    for extra, message in ((["--topk-loss-k", "0"], "error: --topk-loss-k must be >= 1"),
+                           (["--max-sequences", "-1"], "error: --max-sequences must be >= 0 (0 = all), got -1")):
+        code = main(["train", "--target", str(tmp_path / "nowhere"), "--out", str(tmp_path / "h"), *extra])
+        err = capsys.readouterr().err
+        assert code == 2 and err.startswith(message) and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "h").exists()
