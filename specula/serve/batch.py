@@ -39,6 +39,12 @@ from specula.token_bytes import TokenBytes
 ENDPOINTS: dict[str, protocol.Endpoint] = {"/v1/completions": "completions", "/v1/chat/completions": "chat"}
 """The URLs a batch line may name, and the endpoint each is."""
 
+UNKNOWN_MODEL = ("The model '{model}' does not exist; this batch is answered as '{served}' (--served-model-name, "
+                 "by default the --target value): name '{served}' in the request (or leave model out), or run "
+                 "with --served-model-name '{model}'")
+"""The error of a request naming another model than the one the batch is answered as (`protocol.UNKNOWN_MODEL`
+words it for a server's client): who reads it ran the command, so it names the flag that sets the name."""
+
 
 @dataclass(frozen=True)
 class BatchSummary:
@@ -113,7 +119,7 @@ def run_batch(spec, rows: Sequence[BatchRow], output_path: str | Path, model_nam
                 jobs.append(item)
                 continue
             try:
-                jobs.append(worker.submit(protocol.parse_request(item[0], item[1], model_name,
+                jobs.append(worker.submit(protocol.parse_request(item[0], item[1], model_name, UNKNOWN_MODEL,
                                                                  tool_parser=tool_parser)))
             except APIError as exc:
                 jobs.append(exc)

@@ -186,13 +186,19 @@ def parse_json_body(raw: bytes) -> dict[str, Any]:
     return body
 
 
-def parse_request(endpoint: Endpoint, body: Mapping[str, Any], served_model: str, *,
-                  tool_parser: str | None = None) -> GenerationRequest:
+UNKNOWN_MODEL = "The model '{model}' does not exist; this server serves '{served}' (see GET /v1/models)"
+"""The 404's message for a request naming another model than the served one (`{model}`: the one named,
+`{served}`: the served one), as the server's client reads it; `specula run-batch` words its own."""
+
+
+def parse_request(endpoint: Endpoint, body: Mapping[str, Any], served_model: str,
+                  unknown_model: str = UNKNOWN_MODEL, *, tool_parser: str | None = None) -> GenerationRequest:
     """Validate a request body for `endpoint` (raises `APIError`). A request naming no model (no
     `model`, null or "") is for the served one, as vLLM serves it (one model per server); a model
-    named otherwise must be the served one. `tool_parser` parses tool_choice auto's output (the server's
-    `--enable-auto-tool-choice --tool-call-parser`; None: auto with tools is a 400, as in vLLM)."""
-    model = _model(body, served_model)
+    named otherwise must be the served one (else a 404 worded by `unknown_model`, see `UNKNOWN_MODEL`).
+    `tool_parser` parses tool_choice auto's output (the server's `--enable-auto-tool-choice
+    --tool-call-parser`; None: auto with tools is a 400, as in vLLM)."""
+    model = _model(body, served_model, unknown_model)
     _refuse_unsupported(body)
     _default_only(body, "add_special_tokens", _ADD_SPECIAL_TOKENS[endpoint])
     n = _opt_int(body, "n", minimum=1) or 1
@@ -342,7 +348,7 @@ def _completion_logprobs(body: Mapping[str, Any]) -> int | None:
     return _logprob_count(body, "logprobs")
 
 
-def _model(body: Mapping[str, Any], served_model: str) -> str:
+def _model(body: Mapping[str, Any], served_model: str, unknown_model: str = UNKNOWN_MODEL) -> str:
     """The request's model: the served one, also when it names none (absent, null or "")."""
     model = body.get("model")
     if model is None or model == "":
@@ -350,8 +356,8 @@ def _model(body: Mapping[str, Any], served_model: str) -> str:
     if not isinstance(model, str):
         raise _type_error("model", "a string", model)
     if model != served_model:
-        raise APIError(404, f"The model '{model}' does not exist; this server serves '{served_model}' "
-                            "(see GET /v1/models)", param="model", code="model_not_found")
+        raise APIError(404, unknown_model.format(model=model, served=served_model), param="model",
+                       code="model_not_found")
     return model
 
 

@@ -50,6 +50,11 @@ def test_a_batch_file_is_answered_in_order_as_the_server_answers(spec, tokenizer
     assert len(text["choices"][0]["logprobs"]["token_logprobs"]) == text["usage"]["completion_tokens"]
     assert [c["text"] for c in two["choices"]] == [reference(text_ids(tokenizer, p), 4) for p in ("w40 w41", "w20 w21")]
     assert out[6]["error"]["code"] == "context_length_exceeded" and out[7]["error"]["code"] == "model_not_found"
+    # the served name and the flag that sets it (it said "this server serves ... (see GET /v1/models)")
+    assert out[7]["error"]["message"] == (f"The model 'gpt-4' does not exist; this batch is answered as '{MODEL}' "
+                                          "(--served-model-name, by default the --target value): name "
+                                          f"'{MODEL}' in the request (or leave model out), or run with "
+                                          "--served-model-name 'gpt-4'")
 
 
 def test_the_command_refuses_a_missing_file_in_one_line(tmp_path, capsys):
@@ -112,3 +117,4 @@ def test_the_command_exits_1_when_every_request_failed_and_0_when_one_went_throu
         err = capsys.readouterr().err
         assert len(out.read_text().splitlines()) == 2  # the errors are written either way
         assert ("every request failed; the first: " in err and "gpt-4" in err) == (code == 1)
+        assert ("--served-model-name 'gpt-4'" in err) == (code == 1)

@@ -28,6 +28,18 @@ def test_bool_is_not_an_integer():
     assert err.value.status == 400 and err.value.param == "max_tokens"
 
 
+def test_another_model_is_a_404_worded_for_whoever_reads_it():
+    """The server's client is pointed at GET /v1/models; run-batch words its own (the flag that sets the name)."""
+    body = {"model": "gpt-4", "prompt": "hi"}
+    with pytest.raises(APIError) as err:
+        parse_request("completions", body, "m")
+    assert (err.value.status, err.value.param, err.value.code) == (404, "model", "model_not_found")
+    assert err.value.message == "The model 'gpt-4' does not exist; this server serves 'm' (see GET /v1/models)"
+    with pytest.raises(APIError) as err:
+        parse_request("completions", body, "m", "no {model}, only {served}")
+    assert err.value.message == "no gpt-4, only m"
+
+
 def test_response_format_becomes_the_request_constraint():
     from specula.constraints import Constraint
 
