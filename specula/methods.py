@@ -129,6 +129,24 @@ class MethodSpec:
             names.update(f.name for f in fields(config))
         return tuple(sorted(names))
 
+    def switches(self) -> tuple[str, ...]:
+        """The options its drafters take that are switches (True / False), sorted: a field of its `CONFIG` or a
+        keyword of its module's `create` typed `bool` (or `bool | None`) or defaulting to a bool; for a fused
+        method, the switches it forwards to its members. `check_switches` refuses any other value for them."""
+        if self.members:
+            return tuple(sorted({name for m in self.members for name in m.forwards
+                                 if name in get_method(m.method).switches()}))
+        module = self.drafter_module()
+        typed = [(n, p.annotation, p.default) for n, p in inspect.signature(module.create).parameters.items()
+                 if p.kind is inspect.Parameter.KEYWORD_ONLY and n not in BUILT_IN]
+        config = getattr(module, "CONFIG", None)
+        typed += [(f.name, f.type, f.default) for f in fields(config)] if config is not None else []
+        return tuple(sorted({name for name, kind, default in typed if kind is bool or isinstance(default, bool)
+                             or str(kind).replace(" ", "") in _BOOL_TYPES}))
+
+
+_BOOL_TYPES = ("bool", "bool|None", "None|bool", "Optional[bool]")
+"""How a switch's type reads in an annotation (as a string: the drafter modules postpone their annotations)."""
 
 PLAIN = "none"
 """Plain decoding (nothing drafted): the bench's baseline and `--compare`'s reference."""
@@ -293,11 +311,21 @@ def check_drafting_used(methods: Iterable[str | MethodSpec], given: Sequence[str
         raise ConfigError(f"{given[0]} only matters when drafting, and {what} drafts nothing; drop {given[0]} or {fix}")
 
 
+def check_switches(method: str | MethodSpec, options: dict[str, Any]) -> None:
+    """Refuse a value but True or False (None: the default) for a switch of `method` (`MethodSpec.switches`): a
+    ConfigError naming the option and what it takes. "maybe", 1 or "no" read as on without a word (`api.load`, a
+    bench variant's `draft-model:adaptive=maybe`)."""
+    for name in get_method(method).switches():
+        value = options.get(name)
+        if value is not None and not isinstance(value, bool):
+            raise ConfigError(f"{name} is a switch: it takes true or false, got {value!r}")
+
+
 def or_list(names: list[str]) -> str:
     """"a, b or c"."""
     return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} or {names[-1]}"
 
 
 __all__ = ["DEFAULT_METHOD", "METHODS", "NO_HEAD", "PLAIN", "Member", "MethodSpec", "bench_defaults",
-           "check_drafting_used", "default_head", "first_drafting_with_model", "flag_spellings", "get_method",
-           "in_flags", "layer_skipper", "methods_taking", "or_list", "spelled"]
+           "check_drafting_used", "check_switches", "default_head", "first_drafting_with_model", "flag_spellings",
+           "get_method", "in_flags", "layer_skipper", "methods_taking", "or_list", "spelled"]

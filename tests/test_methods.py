@@ -4,6 +4,7 @@ reader takes what it needs from it, and method names are written nowhere else.""
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -89,6 +90,23 @@ def test_errors_name_options_as_flags_on_the_command_line():
                                         "--max-tree-nodes; the head")
     variant = "method variant 'draft-tree:tree_depth=0': tree_depth must be >= 1; top_p"
     assert in_flags(variant, flags, keep=["tree_depth"]) == variant.replace("top_p", "--top-p")
+
+
+def test_every_switch_of_a_method_takes_true_or_false_only():
+    """The options typed bool (CONFIG fields, `create` keywords) are the switches `check_switches` guards; make_drafter
+    refuses another value for them (adaptive="maybe" drafted adaptively)."""
+    from specula.drafters import make_drafter
+    from specula.methods import check_switches
+
+    assert {name: spec.switches() for name, spec in METHODS.items() if spec.switches()} == {
+        "draft-model": ("adaptive", "greedy_proposals"), "draft-tree": ("adaptive",), "rest": ("verify",),
+        **{kind: ("adaptive", "online_distill") for kind in ("eagle", "eagle3", "medusa", "hydra")},
+        "fusion": ("online_distill",)}
+    for value in ("maybe", 1, "true", 0.0):
+        message = f"adaptive is a switch: it takes true or false, got {value!r}"
+        with pytest.raises(ConfigError, match=re.escape(message)):
+            make_drafter("draft-model", adaptive=value)
+    check_switches("draft-model", {"adaptive": True, "greedy_proposals": None, "num_draft_tokens": 3})
 
 
 def test_the_table_imports_no_drafter_and_no_torch():

@@ -11,7 +11,7 @@ from typing import Any, Callable, Literal, Protocol, Sequence
 from specula.api import EngineConfig, Specula
 from specula.errors import ConfigError
 from specula.models.device import sync_device
-from specula.methods import PLAIN, bench_defaults, get_method, in_flags, methods_taking
+from specula.methods import PLAIN, bench_defaults, check_switches, get_method, in_flags, methods_taking
 from specula.models.base import TargetModel
 from specula.sampling import SamplingParams
 from specula.stats import GenerationStats
@@ -179,6 +179,10 @@ def check_variant(name: str, base: str, overrides: dict[str, Any]) -> None:
     if unknown:
         raise ConfigError(f"method variant {name!r}: {base} does not take {', '.join(unknown)}; its options are "
                           f"{', '.join(spec.accepted_options())}")
+    try:
+        check_switches(spec, overrides)  # draft-model:adaptive=maybe ran as adaptive=true
+    except ConfigError as exc:
+        raise ConfigError(f"method variant {name!r}: {exc}") from None
     reached = [(m.method, set(m.forwards)) for m in spec.members] if spec.members else [(base, set(overrides))]
     for method, forwarded in reached:
         config = getattr(get_method(method).drafter_module(), "CONFIG", None)

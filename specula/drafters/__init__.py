@@ -11,7 +11,7 @@ import inspect
 from typing import TYPE_CHECKING, Any
 
 from specula.errors import ConfigError
-from specula.methods import BUILT_IN, METHODS, NO_HEAD, MethodSpec, get_method, layer_skipper, or_list
+from specula.methods import BUILT_IN, METHODS, NO_HEAD, MethodSpec, check_switches, get_method, layer_skipper, or_list
 
 if TYPE_CHECKING:  # importing a drafter package module (e.g. heads.config) must not import torch
     from specula.models.base import TargetModel
@@ -33,6 +33,7 @@ def make_drafter(method: str | MethodSpec, *, target: TargetModel | None = None,
         valid = sorted(n for n in accepted if n not in BUILT_IN)
         raise ConfigError(f"method {spec.name!r} does not take {', '.join(unknown)}; "
                           f"its options are {', '.join(valid) or 'none'}")
+    check_switches(spec, options)  # adaptive="maybe" drafted as adaptive
     if tokenizer is not None and "tokenizer" in accepted:
         options["tokenizer"] = tokenizer
     return module.create(target=target, draft=draft, **options)

@@ -195,6 +195,9 @@ def test_lossless_mismatch_exits_1_naming_prompt_and_method(tmp_path, prompts_fi
     (["--methods", "none,prompt-lookup:max_ngram=abc"], "method variant 'prompt-lookup:max_ngram=abc'"),
     (["--methods", "none,prompt-lookup:max_ngram=-1"], "need 1 <= min_ngram <= max_ngram"),
     (["--methods", "none,prompt-lookup:warp=1"], "prompt-lookup does not take warp"),
+    # a switch given another value ran as on
+    (["--methods", "draft-model:adaptive=maybe"],
+     "method variant 'draft-model:adaptive=maybe': adaptive is a switch: it takes true or false, got 'maybe'"),
     # a method flag no benched method takes was dropped without a word (and recorded in results.json)
     (["--methods", "none,prompt-lookup", "--num-draft-tokens", "3"],
      "--num-draft-tokens does not apply to the methods benched (none, prompt-lookup)"),

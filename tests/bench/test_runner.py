@@ -422,6 +422,21 @@ def test_an_entry_that_cannot_be_built_is_named_as_given_with_its_options_as_the
         build_specula_methods(["draft-tree"], target, chat_tokenizer, draft, given)
 
 
+@pytest.mark.parametrize("variant, value", [("draft-model:adaptive=maybe", "'maybe'"), ("draft-tree:adaptive=1", "1"),
+                                            ("draft-model:greedy_proposals=0", "0"), ("rest:verify=yes", "'yes'"),
+                                            ("eagle3:adaptive=on", "'on'"), ("fusion:online_distill=2.5", "2.5")])
+def test_a_switch_given_anything_but_true_or_false_is_refused_before_loading(variant, value):
+    """draft-model:adaptive=maybe ran as adaptive (a non-empty string is true); every switch a variant can set
+    (`MethodSpec.switches`) takes true or false only."""
+    from specula.bench.methods import parse_method_list
+
+    name = variant.split(":")[1].split("=")[0]
+    with pytest.raises(ConfigError, match=re.escape(f"method variant {variant!r}: {name} is a switch: it takes true "
+                                                    f"or false, got {value}")):
+        parse_method_list(variant, True)
+    assert parse_method_list(variant.split("=")[0] + "=False", True)[1] == variant.split("=")[0] + "=False"
+
+
 def test_a_draft_none_variant_runs_without_the_draft_model(tiny_pair, chat_tokenizer):
     from specula.bench.methods import build_specula_methods, parse_method_list
     from specula.drafters.draft_model import DraftModelDrafter
