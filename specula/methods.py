@@ -153,7 +153,10 @@ PLAIN = "none"
 DEFAULT_METHOD = "fusion"
 """The method `generate`, `serve` and `api.load` use when none is named."""
 
-_HEAD_FORWARDS = ("head", "target_name", "online_distill", "head_window", "head_context_vocab")
+HEAD_ONLY = ("online_distill", "head_window", "head_context_vocab")
+"""Options only a trained head reads (`fusion` forwards them to its head members): given to `fusion` when no head
+drafts, each was ignored without a word; `make_drafters` refuses them then."""
+_HEAD_FORWARDS = ("head", "target_name", *HEAD_ONLY)
 _TREE_OPTIONS = ("tree_sampling", "tree_verifier", "tree_top_k", "tree_depth", "tree_nodes")
 _HEAD_OPTIONS = (*_HEAD_FORWARDS, *_TREE_OPTIONS)
 
@@ -292,13 +295,19 @@ def flag_spellings(options: Iterable[str] = ()) -> dict[str, str]:
 def in_flags(message: str, spellings: dict[str, str], keep: Iterable[str] = ()) -> str:
     """`message` (the library's, naming options as Python does) with each option of `spellings` that is written
     with an underscore (`tree_depth`; a one-word option reads the same either way, and is often an English word:
-    head) replaced, as a whole word, by its flag (`--tree-depth`); those in `keep` stay (a bench variant's own
-    options, which it spells as the library does)."""
-    names = [n for n in spellings if "_" in n and n not in set(keep)]
-    if not names:
-        return message
-    words = "|".join(re.escape(n) for n in sorted(names, key=len, reverse=True))  # the longest first
-    return re.sub(rf"(?<![\w-])({words})(?![\w-])", lambda m: spellings[m.group(1)], message)
+    head) replaced, as a whole word, by its flag (`--tree-depth`), and a keyword with a placeholder value in
+    capitals (`head=FILE`, `tree_depth=N`) by the flag and the value (`--head FILE`); those in `keep` stay (a
+    bench variant's own options, which it spells as the library does: `tree_depth=0`)."""
+    kept = set(keep)
+    for names, pattern, write in (
+            ([n for n in spellings if n not in kept], r"(?<![\w-])({})=([A-Z]+)(?!\w)",
+             lambda m: f"{spellings[m.group(1)]} {m.group(2)}"),
+            ([n for n in spellings if "_" in n and n not in kept], r"(?<![\w-])({})(?![\w-])",
+             lambda m: spellings[m.group(1)])):
+        if names:
+            words = "|".join(re.escape(n) for n in sorted(names, key=len, reverse=True))  # the longest first
+            message = re.sub(pattern.format(words), write, message)
+    return message
 
 
 def check_drafting_used(methods: Iterable[str | MethodSpec], given: Sequence[str], what: str = f"method {PLAIN}",
@@ -326,6 +335,6 @@ def or_list(names: list[str]) -> str:
     return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} or {names[-1]}"
 
 
-__all__ = ["DEFAULT_METHOD", "METHODS", "NO_HEAD", "PLAIN", "Member", "MethodSpec", "bench_defaults",
+__all__ = ["DEFAULT_METHOD", "HEAD_ONLY", "METHODS", "NO_HEAD", "PLAIN", "Member", "MethodSpec", "bench_defaults",
            "check_drafting_used", "check_switches", "default_head", "first_drafting_with_model", "flag_spellings",
            "get_method", "in_flags", "layer_skipper", "methods_taking", "or_list", "spelled"]

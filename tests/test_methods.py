@@ -15,7 +15,9 @@ import pytest
 import specula
 from specula.drafters.heads.config import HeadKind
 from specula.errors import ConfigError
-from specula.methods import DEFAULT_METHOD, METHODS, PLAIN, bench_defaults, get_method, layer_skipper, methods_taking
+from specula.methods import (
+    DEFAULT_METHOD, METHODS, NO_HEAD, PLAIN, bench_defaults, get_method, layer_skipper, methods_taking,
+)
 
 PACKAGE = Path(specula.__file__).parent
 
@@ -90,6 +92,26 @@ def test_errors_name_options_as_flags_on_the_command_line():
                                         "--max-tree-nodes; the head")
     variant = "method variant 'draft-tree:tree_depth=0': tree_depth must be >= 1; top_p"
     assert in_flags(variant, flags, keep=["tree_depth"]) == variant.replace("top_p", "--top-p")
+    assert in_flags("use head=FILE or head=none, tree_nodes=N", flags) == "use --head FILE or head=none, --tree-nodes N"
+
+
+@pytest.mark.parametrize("option, value", [("head_window", -1), ("head_window", 8), ("head_context_vocab", 64),
+                                           ("online_distill", True)])
+def test_a_head_option_given_to_fusion_without_a_head_is_refused(option, value):
+    """fusion forwards these to its trained head; with none (none given, none installed) head_window=-1 was
+    ignored without a word. head=none (no head, not even the installed one) likewise."""
+    from tiny import tiny_model
+
+    from specula.drafters import make_drafters
+    from specula.models.hf import HFCausalLM
+
+    target = HFCausalLM(tiny_model("qwen2", seed=5))
+    for head in (None, NO_HEAD):
+        with pytest.raises(ConfigError, match=re.escape(f"{option} is for a trained head, and fusion drafts without "
+                                                        f"one here (none given, none installed for the target); give "
+                                                        f"it one with head=FILE")):
+            make_drafters(DEFAULT_METHOD, target=target, head=head, **{option: value})
+    assert make_drafters(DEFAULT_METHOD, target=target, **{option: None if value is not True else False})
 
 
 def test_every_switch_of_a_method_takes_true_or_false_only():

@@ -11,7 +11,9 @@ from typing import Any, Callable, Literal, Protocol, Sequence
 from specula.api import EngineConfig, Specula
 from specula.errors import ConfigError
 from specula.models.device import sync_device
-from specula.methods import PLAIN, bench_defaults, check_switches, get_method, in_flags, methods_taking
+from specula.methods import (
+    HEAD_ONLY, NO_HEAD, PLAIN, bench_defaults, check_switches, get_method, in_flags, methods_taking,
+)
 from specula.models.base import TargetModel
 from specula.sampling import SamplingParams
 from specula.stats import GenerationStats
@@ -86,7 +88,8 @@ def build_specula_methods(
     `planner_for(name)` may give the others one (e.g. from --cost-curve; None: the default), and `none` runs with
     `engine`'s limits bar the drafting ones (`EngineConfig.without_drafting_limits`: it refuses those).
     A variant `name:draft=none` runs without the draft model (`fusion:draft=none`: every other
-    member, the trained head included, beside `fusion` with it in the same run). An entry that cannot be built
+    member, the trained head included, beside `fusion` with it in the same run); `name:head=none` runs without
+    the head, and without the head's options `options` gives (`methods.HEAD_ONLY`). An entry that cannot be built
     is a ConfigError naming it ("method 'x'", "method variant 'x:option=value'"); `flags`: the command line's
     spelling of the options `options` gives (`methods.flag_spellings`), which the error then names them by (a
     variant's own options stay as it writes them)."""
@@ -97,9 +100,12 @@ def build_specula_methods(
         label = f"method variant {name!r}" if overrides else f"method {name!r}"  # (an entry without options: a method)
         own_draft = _variant_draft(name, overrides.pop(DRAFT_OPTION, None), draft)
         planner, limits = (None, engine.without_drafting_limits()) if base == BASELINE else (planner_for(base), engine)
+        given = options(base)
+        if str(overrides.get("head")) == NO_HEAD:  # the command line's head options are for the entries with a head
+            given = {name: value for name, value in given.items() if name not in HEAD_ONLY}
         try:
             spec = Specula(target, tokenizer, base, own_draft, engine=limits, planner=planner,
-                           **{**options(base), **overrides})
+                           **{**given, **overrides})
         except (TypeError, ValueError) as exc:  # a variant's value of the wrong kind (max_ngram=abc)
             message = str(exc) if flags is None else in_flags(str(exc), flags, keep=overrides)
             raise ConfigError(f"{label}: {message}") from exc

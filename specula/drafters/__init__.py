@@ -11,7 +11,9 @@ import inspect
 from typing import TYPE_CHECKING, Any
 
 from specula.errors import ConfigError
-from specula.methods import BUILT_IN, METHODS, NO_HEAD, MethodSpec, check_switches, get_method, layer_skipper, or_list
+from specula.methods import (
+    BUILT_IN, HEAD_ONLY, METHODS, NO_HEAD, MethodSpec, check_switches, get_method, layer_skipper, or_list,
+)
 
 if TYPE_CHECKING:  # importing a drafter package module (e.g. heads.config) must not import torch
     from specula.models.base import TargetModel
@@ -82,9 +84,11 @@ def _fusion(spec: MethodSpec, target: TargetModel | None, draft: TargetModel | N
         raise ConfigError(f"method {spec.name} does not take {', '.join(unknown)}; its options are "
                           f"{', '.join(accepted)}")
     head = options.get("head")
-    if options.get("online_distill") and head is None:
-        raise ConfigError(f"--online-distill trains a head: give {spec.name} one with --head FILE "
-                          "(or install the shipped one)")
+    for_head = [name for name in HEAD_ONLY if options.get(name) not in (None, False)]
+    if for_head and head is None:  # head_window=-1 without a head was ignored without a word
+        raise ConfigError(f"{for_head[0]} is for a trained head, and {spec.name} drafts without one here (none "
+                          f"given, none installed for the target); give it one with head=FILE (`specula train`, or "
+                          f"the shipped one: `specula models install`), or drop {for_head[0]}")
     if head is not None:
         import torch
 

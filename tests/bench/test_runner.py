@@ -437,6 +437,21 @@ def test_a_switch_given_anything_but_true_or_false_is_refused_before_loading(var
     assert parse_method_list(variant.split("=")[0] + "=False", True)[1] == variant.split("=")[0] + "=False"
 
 
+def test_a_head_none_variant_runs_without_the_head_options_of_the_command_line(tiny_pair, chat_tokenizer):
+    """fusion:head=none beside fusion with --head-window 8: the flag is for the entry with a head (fusion refuses
+    head options without a head); a variant's own head option with head=none is refused."""
+    from specula.methods import flag_spellings
+
+    target, draft = tiny_pair
+    given = lambda name: {"head_window": 8} if name == "fusion" else {}  # noqa: E731 (--head-window 8)
+    methods = build_specula_methods(["fusion:head=none"], target, chat_tokenizer, draft, given)
+    assert methods[1].spec.decoder.drafters
+    with pytest.raises(ConfigError, match=re.escape("method 'fusion': --head-window is for a trained head")):
+        build_specula_methods(["fusion"], target, chat_tokenizer, draft, given, flags=flag_spellings())
+    with pytest.raises(ConfigError, match=re.escape("method variant 'fusion:head=none:head_window=3': head_window is")):
+        build_specula_methods(["fusion:head=none:head_window=3"], target, chat_tokenizer, draft, flags=flag_spellings())
+
+
 def test_a_draft_none_variant_runs_without_the_draft_model(tiny_pair, chat_tokenizer):
     from specula.bench.methods import build_specula_methods, parse_method_list
     from specula.drafters.draft_model import DraftModelDrafter

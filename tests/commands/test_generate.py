@@ -247,6 +247,12 @@ def test_penalties_decode_the_penalised_law_exactly_and_bad_biases_exit_2(tiny_l
     (["--max-tree-nodes", "0"], "--max-tree-nodes must be an integer >= 1, got 0"),
     (["--top-p", "2"], "--top-p must be in (0, 1], got 2.0"),
     (["--min-p", "-1"], "--min-p must be in [0, 1]"),
+    # fusion (the default) without a head: the head's options were ignored without a word
+    (["--head-window", "-1"], "--head-window is for a trained head, and fusion drafts without one here (none given, "
+                              "none installed for the target); give it one with --head FILE (`specula train`, or the "
+                              "shipped one: `specula models install`), or drop --head-window"),
+    (["--head", "none", "--head-context-vocab", "64"], "--head-context-vocab is for a trained head"),
+    (["--online-distill"], "--online-distill is for a trained head"),
 ])
 def test_an_options_error_from_the_library_names_the_flag(monkeypatch, tiny_tokenizer, capsys, extra, words):
     """The library names options as Python does (tree_depth must be >= 1); the command line said so too, where
