@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Iterable, Iterator
 
 from specula.errors import ConfigError, ModelNotFoundError, SpeculaError
 from specula.methods import (
-    DEFAULT_METHOD, METHODS, NO_HEAD, default_head, flag_spellings, get_method, in_flags, methods_taking,
+    DEFAULT_METHOD, METHODS, NO_HEAD, default_head, flag_spellings, get_method, in_flags, methods_taking, spelled,
 )
 
 if TYPE_CHECKING:  # keep `specula --help` and `specula models` free of torch imports
@@ -356,7 +356,7 @@ def check_drafting_flags_used(args: argparse.Namespace, methods, what: str, fix:
     from specula.methods import check_drafting_used
 
     given = [*(["--cost-curve"] if getattr(args, "cost_curve", None) else []),
-             *(f"--{name.replace('_', '-')}" for name in DRAFTING_LIMITS if getattr(args, name, None) is not None)]
+             *(spelled(name) for name in DRAFTING_LIMITS if getattr(args, name, None) is not None)]
     check_drafting_used(methods, given, what, fix)
 
 
@@ -378,7 +378,7 @@ def check_flags_taken(args: argparse.Namespace, methods, what: str, fix: str) ->
     taken = {o for m in methods for o in get_method(m).cli_options()}
     for name in sorted({o for s in METHODS.values() for o in s.cli_options()} - taken):
         if getattr(args, name, None) not in (None, False):
-            raise ConfigError(f"--{name.replace('_', '-')} does not apply to {what} (it applies to "
+            raise ConfigError(f"{spelled(name)} does not apply to {what} (it applies to "
                               f"{_taking(name)}); drop it or {fix}")
 
 

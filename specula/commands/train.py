@@ -140,12 +140,13 @@ def train_config(args: argparse.Namespace):
     from specula.commands.common import flags_in_errors
     from specula.drafters.heads.config import AUTOREGRESSIVE
     from specula.errors import ConfigError
+    from specula.methods import spelled
     from specula.training.trainer import TrainConfig
 
     offsets = tuple(kind for kind in HEAD_KINDS if kind not in AUTOREGRESSIVE)
     for name, kinds in (("ttt_steps", AUTOREGRESSIVE), ("num_offsets", offsets)):  # argparse default None
         if getattr(args, name) is not None and args.kind not in kinds:
-            raise ConfigError(f"--{name.replace('_', '-')} is for {' / '.join(kinds)} heads, not --kind "
+            raise ConfigError(f"{spelled(name)} is for {' / '.join(kinds)} heads, not --kind "
                               f"{args.kind}: drop it")
     if args.copy_lr_scale is not None and not args.copy_ngram and args.init_head is None:
         raise ConfigError("--copy-lr-scale is the copy hints' learning rate and this head has none: add "
