@@ -56,7 +56,7 @@ class Specula:
         self.method = method
         self.load_report: LoadReport | None = None
         """Load time and peak memory, when built by `load`."""
-        _check_drafting_used(method, engine, planner)  # the public builder; build_decoder gives none no planner
+        _check_drafting_used(method, engine, planner, drafter_options)  # as load(); build_decoder: none no planner
         self.decoder = build_decoder(method, target, tokenizer, draft, engine=engine, planner=planner,
                                      **drafter_options)
         """The decode loop (internal: callers use the methods below)."""
@@ -256,7 +256,10 @@ def _check_drafting_used(method: str, engine: EngineConfig, planner: object,
     if isinstance(planner, (str, bool)) and not default:
         resolve_planner(planner, None)  # raises: a spelling no method takes, named as for any method
     drafting = {name for spec in METHODS.values() for name in spec.accepted_options()}
-    given = sorted(name for name, value in (options or {}).items() if name in drafting and value is not None)
+    options = dict(options or {})
+    if options.get("draft_skip"):  # --draft skip's layers go with the draft, which method none ignores (load's draft=)
+        options.pop("skip_layers", None)
+    given = sorted(name for name, value in options.items() if name in drafting and value is not None)
     check_drafting_used([method], [*engine.drafting_limits_set(), *([] if default else ["planner="]), *given])
 
 

@@ -150,6 +150,11 @@ def test_what_only_matters_when_drafting_is_refused_for_method_none_before_the_t
     target = HFCausalLM(tiny_model("qwen2", seed=5))
     with pytest.raises(ConfigError, match=re.escape("max_tree_nodes " + wording.format("max_tree_nodes"))):
         specula.Specula(target, None, "none", engine=EngineConfig(max_tree_nodes=8))  # built directly: the same
+    for kw, name in (({"tree_depth": 3}, "tree_depth"), ({"tree_nodes": 16, "adaptive": True}, "adaptive")):
+        with pytest.raises(ConfigError, match=re.escape(name + " " + wording.format(name))):  # not "does not take"
+            specula.Specula(target, None, "none", **kw)
+    assert specula.Specula(target, None, "none", tree_depth=None).method == "none"  # not given: plain decoding
+    assert specula.Specula(target, None, "none", draft_skip=True, skip_layers=[1])  # the draft's (--draft skip)
     spec = specula.Specula(target, None, "prompt-lookup", engine=EngineConfig(max_tree_nodes=8))
     assert spec.baseline().engine_config == EngineConfig()  # --compare's plain decoding keeps its own limits
 
