@@ -486,7 +486,7 @@ async def _generate(server: SpeculaServer, request: Request, endpoint: protocol.
 def _readers(server: SpeculaServer, gen: GenerationRequest) -> tuple[Any, TokenBytes | None]:
     """The tokenizer (for an echoed prompt of token ids) and token bytes (for logprobs) a response
     reads, on the HTTP thread's copy; None where the request needs none (no copy made)."""
-    return (server.http_tokenizer if gen.echo else None,
+    return (server.http_tokenizer if gen.echoes_prompt else None,
             server.token_bytes if gen.logprobs is not None else None)
 
 
@@ -507,6 +507,9 @@ async def _stream(server: SpeculaServer, request: Request, job: Job, gen: Genera
         if gen.endpoint == "chat":
             for c in choices:
                 yield _sse(protocol.chunk_body(ids, "", index=c.index, first=True))
+            if gen.chat_echo:  # vLLM's echo: the last message's content, one chunk a choice, before the output
+                for c in choices:
+                    yield _sse(protocol.chunk_body(ids, gen.chat_echo, index=c.index))
         try:
             while not all(c.done for c in choices):
                 event: ChoiceChunk = await wake.next_event(job, None, server.config.poll_seconds)

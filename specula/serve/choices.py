@@ -48,7 +48,7 @@ class ChoiceState:
         """`tokenizer` is read only to echo a prompt given as token ids, `token_bytes` only for
         logprobs (either may be None when the request needs none)."""
         self.index = index
-        source = gen.prompts[index // gen.n] if gen.echo else None
+        source = gen.prompts[index // gen.n] if gen.echoes_prompt else None
         self.prompt_ids = started.prompts[index // gen.n]
         self.echo = None if source is None else (
             source if isinstance(source, str) else tokenizer.decode(list(self.prompt_ids), skip_special_tokens=True))
@@ -101,6 +101,7 @@ class CollectedResponse:
 
     def __init__(self, gen: GenerationRequest, started: Started, tokenizer: Any,
                  token_bytes: TokenBytes | None) -> None:
+        self.gen = gen
         self.started = started
         self.choices = [ChoiceState(gen, started, i, tokenizer, token_bytes) for i in range(started.choices)]
         self._texts: list[list[str]] = [[] for _ in self.choices]
@@ -123,7 +124,7 @@ class CollectedResponse:
         results = [protocol.ChoiceResult(c.index, "".join(self._texts[c.index]), c.finish_reason,
                                          (protocol.join_logprobs(self._logprobs[c.index]) or c.formatter.add((), ()))
                                          if c.formatter is not None else None,
-                                         join_tool_calls(self._tool_calls[c.index]))
+                                         join_tool_calls(self._tool_calls[c.index]), self.gen.chat_echo)
                    for c in self.choices]
         stats = summed([c.stats for c in self.choices])
         return protocol.completion_body(ids, results, self.started.prompt_tokens, stats.new_tokens, stats)

@@ -111,7 +111,8 @@ class GenerationRequest:
     chat's `top_logprobs` (0 when absent) under `logprobs: true`, completions' `logprobs`."""
     echo: bool = False
     """Completions: the prompt's text comes back before the completion (with `logprobs`, its tokens'
-    logprobs too, the first one null)."""
+    logprobs too, the first one null). Chat (vLLM's extension): each choice's content starts with the
+    last message's content when that message has the answer's role (`chat_echo`)."""
     n: int = 1
     """Choices per prompt (choice j sampled with seed + j when a seed is given)."""
     penalties: dict[str, Any] = field(default_factory=dict)
@@ -125,6 +126,25 @@ class GenerationRequest:
         """The tools the chat template renders (None: none)."""
         return self.tool_use.tools if self.tool_use is not None else None
 
+    @property
+    def echoes_prompt(self) -> bool:
+        """Completions' echo: each choice starts with its prompt's text (and logprobs)."""
+        return self.echo and self.endpoint == "completions"
+
+    @property
+    def role(self) -> str:
+        """Chat: the role of the answer's message."""
+        return "assistant"
+
+    @property
+    def chat_echo(self) -> str | None:
+        """Chat's echo (vLLM's): what each choice's content starts with, the last message's content when that
+        message has the answer's role ("" when it has another); None without echo."""
+        if not self.echo or self.messages is None:
+            return None
+        last = self.messages[-1]
+        return (last.get("content") or "") if last["role"] == self.role else ""
+
     def prompt_sources(self) -> list[str | tuple[int, ...] | list[dict[str, str]]]:
         """What each prompt is encoded from: the chat's messages, or each completions prompt."""
         return [list(self.messages)] if self.messages is not None else list(self.prompts)
@@ -134,7 +154,7 @@ class GenerationRequest:
         return {"temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k, "min_p": self.min_p,
                 "stop_token_ids": self.stop_token_ids, "ignore_eos": self.ignore_eos,
                 "seed": self.seed, "stop": self.stop, "logprobs": self.logprobs,
-                "prompt_logprobs": self.logprobs if self.echo else None, **self.penalties}
+                "prompt_logprobs": self.logprobs if self.echoes_prompt else None, **self.penalties}
 
 
 # Parameters OpenAI defines that this server cannot honour: rejected unless left at their no-op value.
@@ -218,6 +238,7 @@ def parse_request(endpoint: Endpoint, body: Mapping[str, Any], served_model: str
     else:
         logprobs = _chat_logprobs(body)
         messages = _messages(body)
+        echo = _opt_bool(body, "echo")  # vLLM's: the last message's content first (`chat_echo`)
         tool_use = _tool_use(body, tool_parser)
         max_tokens = _opt_int(body, "max_completion_tokens", minimum=1)
         if max_tokens is None:
@@ -327,9 +348,6 @@ def _logprob_count(body: Mapping[str, Any], name: str) -> int | None:
 def _chat_logprobs(body: Mapping[str, Any]) -> int | None:
     """Chat: `logprobs` (a boolean) turns them on, `top_logprobs` (0-20) asks for alternatives;
     `top_logprobs` > 0 without `logprobs: true` is a 400, as at OpenAI."""
-    if body.get("echo") not in (None, False):
-        raise APIError(400, "'echo' is a /v1/completions parameter; chat completions do not take it",
-                       param="echo", code="unsupported_parameter")
     wanted = _opt_bool(body, "logprobs")
     top = _logprob_count(body, "top_logprobs")
     if top and not wanted:  # 0 alongside logprobs false asks for nothing
@@ -743,6 +761,9 @@ class ChoiceResult:
     tool_calls: list[dict[str, Any]] | None = None
     """Chat: the tool calls parsed out of the output (`tool_calls.join_tool_calls`); None or []: none (the
     message has no `tool_calls`)."""
+    echo: str | None = None
+    """Chat: what the message's content starts with under `echo` (`GenerationRequest.chat_echo`; None: no
+    echo)."""
 
 
 def join_logprobs(objects: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
@@ -774,11 +795,13 @@ def completion_body(ids: ResponseIds, choices: Sequence[ChoiceResult], prompt_to
 
 def _message(choice: ChoiceResult) -> dict[str, Any]:
     """Chat's message of a finished choice: its text, or its tool calls and the text beside them (null when
-    there is none, as at OpenAI)."""
+    there is none, as at OpenAI); under echo, the echoed content first (text, as vLLM writes it)."""
     message: dict[str, Any] = {"role": "assistant", "content": choice.text, "refusal": None}
     if choice.tool_calls:
         message["content"] = choice.text or None
         message["tool_calls"] = choice.tool_calls
+    if choice.echo is not None:
+        message["content"] = choice.echo + (message["content"] or "")
     return message
 
 

@@ -264,7 +264,7 @@ BAD_REQUESTS = [
     ("/v1/chat/completions", {**OK_CHAT, "logprobs": 1}, 400, "logprobs"),
     ("/v1/chat/completions", {**OK_CHAT, "top_logprobs": 2}, 400, "top_logprobs"),
     ("/v1/chat/completions", {**OK_CHAT, "logprobs": True, "top_logprobs": 21}, 400, "top_logprobs"),
-    ("/v1/chat/completions", {**OK_CHAT, "echo": True}, 400, "echo"),
+    ("/v1/chat/completions", {**OK_CHAT, "echo": 1}, 400, "echo"),
     ("/v1/completions", {**OK_COMPLETION, "prompt": [5, 500]}, 400, "prompt"),
     ("/v1/completions", {**OK_COMPLETION, "best_of": 3}, 400, "best_of"),
     ("/v1/chat/completions", {**OK_CHAT, "tools": [{"type": "function", "function": {"name": "f"}}]}, 400,
