@@ -94,11 +94,16 @@ class Specula:
         return Specula(self.target, self.tokenizer, PLAIN, engine=self.engine_config.without_drafting_limits())
 
     # ------------------------------------------------------------------ one request
-    def encode(self, prompt: Prompt, raw: bool = False) -> list[int]:
-        """Token ids of a prompt: text (chat template applied unless raw), messages, or ids."""
+    def encode(self, prompt: Prompt, raw: bool = False, *, add_generation_prompt: bool = True,
+               continue_final_message: bool = False) -> list[int]:
+        """Token ids of a prompt: text (chat template applied unless raw), messages, or ids. The chat
+        template's options are vLLM's `LLM.chat`'s: `continue_final_message=True, add_generation_prompt=False`
+        leaves the last message open for the model to continue (prefill an assistant answer, then
+        `generate(spec.encode(messages, ...))`)."""
         from specula.prompts import encode_prompt
 
-        return encode_prompt(self.tokenizer, prompt, raw=raw)
+        return encode_prompt(self.tokenizer, prompt, raw=raw, add_generation_prompt=add_generation_prompt,
+                             continue_final_message=continue_final_message)
 
     def generate(self, prompt: Prompt, *, raw: bool = False, params: SamplingParams | None = None,
                  constraint: Constraint | dict | str | None = None, **sampling) -> GenerationOutput:
@@ -205,6 +210,10 @@ _KEYWORD_HINTS = {
          "(its own seed)",
     "num_return_sequences": "one output per call: give generate_batch the prompt n times, with params= a "
                             "SamplingParams each (its own seed)",
+    "continue_final_message": "the chat template's options are encode()'s: generate(spec.encode(messages, "
+                              "continue_final_message=True, add_generation_prompt=False))",
+    "add_generation_prompt": "the chat template's options are encode()'s: generate(spec.encode(messages, "
+                             "add_generation_prompt=False))",
 }
 """What a keyword of transformers' `generate` or vLLM's `SamplingParams` that SamplingParams lacks is here."""
 

@@ -86,7 +86,8 @@ def chat_message(message: Any, index: int) -> dict[str, str]:
 
 
 def apply_chat_template(tokenizer: Any, prompt: str | Sequence[Mapping[str, str]], raw: bool = False,
-                        tools: Sequence[Mapping[str, Any]] | None = None) -> list[int]:
+                        tools: Sequence[Mapping[str, Any]] | None = None, *, add_generation_prompt: bool = True,
+                        continue_final_message: bool = False) -> list[int]:
     """Token ids for a prompt.
 
     A string is wrapped as one user message in the tokenizer's chat template (with the
@@ -94,10 +95,17 @@ def apply_chat_template(tokenizer: Any, prompt: str | Sequence[Mapping[str, str]
     `raw=True`, the string is encoded as is (with the tokenizer's usual special tokens). A list
     of `{"role", "content"}` messages always goes through the chat template. `tools` (OpenAI's
     `{"type": "function", "function": {...}}` objects) reach the template as its `tools`, which
-    tool-calling templates render into the prompt; a raw prompt cannot take them."""
+    tool-calling templates render into the prompt; a raw prompt cannot take them.
+
+    `add_generation_prompt` and `continue_final_message` are the template's (vLLM's and transformers'):
+    by default the conversation is closed and the answer's turn opened; `continue_final_message=True`
+    with `add_generation_prompt=False` leaves the last message open (no end-of-turn) for the model to
+    continue (an assistant message: prefilling the answer; the template decides, as in vLLM, and any
+    role is continued). Both true is a ConfigError, as in vLLM; a raw prompt cannot take either."""
     if tokenizer is None:
         raise ConfigError("text prompts and chat messages need the target's tokenizer: pass token ids, or build "
                           "the decoder with a tokenizer")
+    check_template_options(add_generation_prompt, continue_final_message)
     has_template = bool(getattr(tokenizer, "chat_template", None))
     if isinstance(prompt, str):
         problem = unicode_problem(prompt)
@@ -107,6 +115,8 @@ def apply_chat_template(tokenizer: Any, prompt: str | Sequence[Mapping[str, str]
             if tools:
                 raise ConfigError("tools are rendered by the chat template: a raw prompt (or a tokenizer without a "
                                   "chat template) cannot take them")
+            _no_template_options(add_generation_prompt, continue_final_message, "a raw prompt (or a tokenizer "
+                                                                                "without a chat template)")
             return list(tokenizer.encode(prompt))
         messages: list[Mapping[str, str]] = [{"role": "user", "content": prompt}]
     else:
@@ -119,10 +129,16 @@ def apply_chat_template(tokenizer: Any, prompt: str | Sequence[Mapping[str, str]
     from jinja2.exceptions import TemplateError
 
     try:
-        text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False,
+        text = tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tokenize=False,
+                                             continue_final_message=continue_final_message,
                                              tools=list(tools) if tools else None)
     except TemplateError as exc:  # the template's raise_exception: "roles must alternate", "no system role", ...
         raise ConfigError(f"the model's chat template refused these messages: {exc}") from None
+    except ValueError as exc:  # transformers: the template drops (part of) the final message, so it cannot stay open
+        if not continue_final_message:
+            raise
+        raise ConfigError(f"the model's chat template cannot continue the final message: "
+                          f"{str(exc).splitlines()[0]}") from None
     problem = unicode_problem(text)  # a message's other keys (name, tool_calls) reach the template unchecked
     if problem:
         raise ConfigError(f"the chat messages are not valid Unicode: {problem}")
@@ -130,14 +146,17 @@ def apply_chat_template(tokenizer: Any, prompt: str | Sequence[Mapping[str, str]
 
 
 def encode_prompt(tokenizer: Any, prompt: Prompt, raw: bool = False,
-                  tools: Sequence[Mapping[str, Any]] | None = None) -> list[int]:
+                  tools: Sequence[Mapping[str, Any]] | None = None, *, add_generation_prompt: bool = True,
+                  continue_final_message: bool = False) -> list[int]:
     """Token ids of any prompt: text (chat template applied unless `raw`), chat messages, or token ids
-    (checked against nothing but being integers). The one place prompts become ids. `tools` go to the chat
-    template (`apply_chat_template`); token ids cannot take them."""
+    (checked against nothing but being integers). The one place prompts become ids. `tools`,
+    `add_generation_prompt` and `continue_final_message` go to the chat template (`apply_chat_template`);
+    token ids cannot take them."""
+    options = {"add_generation_prompt": add_generation_prompt, "continue_final_message": continue_final_message}
     if isinstance(prompt, str):
         if not prompt:  # whitespace is text ("\n" opens a base model's unconditional generation)
             raise ConfigError("the prompt is empty: give some text")
-        return _some_tokens(apply_chat_template(tokenizer, prompt, raw=raw, tools=tools))
+        return _some_tokens(apply_chat_template(tokenizer, prompt, raw=raw, tools=tools, **options))
     if isinstance(prompt, (bytes, bytearray, memoryview)):  # an iterable of byte values, not token ids
         raise ConfigError("a prompt is text, token ids or chat messages, not bytes: decode it to a str first")
     if not isinstance(prompt, Iterable) or isinstance(prompt, Mapping):
@@ -147,12 +166,32 @@ def encode_prompt(tokenizer: Any, prompt: Prompt, raw: bool = False,
     if not prompt:
         raise ConfigError("the prompt is empty: give some text, at least one message, or token ids")
     if isinstance(prompt[0], Mapping):
-        return _some_tokens(apply_chat_template(tokenizer, prompt, raw=raw, tools=tools))
+        return _some_tokens(apply_chat_template(tokenizer, prompt, raw=raw, tools=tools, **options))
     if not all(is_integer(t) for t in prompt):
         raise ConfigError("a prompt list must hold token ids (integers) or chat messages ({'role', 'content'})")
     if tools:
         raise ConfigError("tools are rendered by the chat template: a prompt of token ids cannot take them")
+    check_template_options(add_generation_prompt, continue_final_message)
+    _no_template_options(add_generation_prompt, continue_final_message, "a prompt of token ids")
     return [int(t) for t in prompt]
+
+
+BOTH_TEMPLATE_OPTIONS = "Cannot set both `continue_final_message` and `add_generation_prompt` to True."
+"""vLLM's error for a request that both continues the final message and opens a new turn."""
+
+
+def check_template_options(add_generation_prompt: bool, continue_final_message: bool) -> None:
+    """Refuse both `add_generation_prompt` and `continue_final_message` (vLLM's error, a ConfigError)."""
+    if add_generation_prompt and continue_final_message:
+        raise ConfigError(f"{BOTH_TEMPLATE_OPTIONS} add_generation_prompt is true by default: set it to false to "
+                          "continue the final message")
+
+
+def _no_template_options(add_generation_prompt: bool, continue_final_message: bool, what: str) -> None:
+    """Refuse the chat template's options for a prompt that does not go through it."""
+    if not add_generation_prompt or continue_final_message:
+        raise ConfigError(f"add_generation_prompt and continue_final_message are the chat template's: {what} "
+                          "cannot take them")
 
 
 def _some_tokens(ids: list[int]) -> list[int]:

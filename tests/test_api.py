@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from tiny import reference_greedy, tiny_model
+from tiny import reference_greedy, tiny_model, word_tokenizer
 import specula.api as specula
 from specula.engine import EngineConfig
 from specula.errors import ConfigError
@@ -214,6 +214,20 @@ def tiny_spec():
     return specula.Specula(HFCausalLM(model), None, "prompt-lookup", planner="none"), model
 
 
+def test_encode_takes_the_chat_templates_options(tiny_spec):
+    """vLLM's LLM.chat options, on `encode`: continue_final_message leaves the last message open for the model."""
+    template = "{% for m in messages %}w2 {{ m.content }} w3 {% endfor %}{% if add_generation_prompt %}w4{% endif %}"
+    tok = word_tokenizer(8, chat_template=template)
+    spec = specula.Specula(tiny_spec[0].target, tok, "none")
+    messages = [{"role": "user", "content": "w5"}, {"role": "assistant", "content": "w6 w7"}]
+    assert spec.encode(messages) == tok.encode("w2 w5 w3 w2 w6 w7 w3 w4")
+    assert spec.encode(messages, add_generation_prompt=False) == tok.encode("w2 w5 w3 w2 w6 w7 w3")
+    assert spec.encode(messages, add_generation_prompt=False, continue_final_message=True) == tok.encode(
+        "w2 w5 w3 w2 w6 w7")
+    with pytest.raises(ConfigError, match="Cannot set both"):
+        spec.encode(messages, continue_final_message=True)
+
+
 def test_sessions_stepped_together_give_what_generate_gives_alone(tiny_spec):
     """`start` / `step` / `finish` on the facade: two requests stepped in one batch, each gets
     exactly its own `generate` output (greedy = plain greedy, sampled = the same seeded draw)."""
@@ -301,6 +315,8 @@ def test_facade_facts_baseline_and_planner_spellings(tiny_spec):
         spec.generate([9, 8, 7], max_tokens=3)
     with pytest.raises(ConfigError, match="unknown sampling keyword 'min_tokens'.*min_new_tokens"):
         spec.generate_batch([[9, 8, 7]], min_tokens=3)
+    with pytest.raises(ConfigError, match="unknown sampling keyword 'continue_final_message'.*spec.encode"):
+        spec.generate([9, 8, 7], continue_final_message=True)
     for choice, kind in (("hardware", HardwarePlanner), (None, HardwarePlanner), ("none", PassThroughPlanner),
                          (False, PassThroughPlanner)):  # None / False: the old spellings
         assert type(specula.build_decoder("prompt-lookup", spec.target, planner=choice).planner) is kind

@@ -92,3 +92,35 @@ def test_tools_reach_the_chat_template():
     for prompt, raw in (("hi", True), ([1, 2], False)):
         with pytest.raises(ConfigError, match="tools are rendered by the chat template"):
             encode_prompt(tok, prompt, raw=raw, tools=tools)
+
+
+def test_continue_final_message_leaves_the_last_message_open():
+    """vLLM's and transformers' chat template options: by default the conversation is closed and the answer's
+    turn opened; add_generation_prompt=False closes it and opens nothing; continue_final_message=True (with
+    add_generation_prompt=False) leaves the last message open, without its end of turn ("w0" here)."""
+    template = ("{% for m in messages %}{{ m.role }} {{ m.content }} w0 {% endfor %}"
+                "{% if add_generation_prompt %}assistant{% endif %}")
+    tok = word_tokenizer(["w0", "user", "assistant", "hi", "there", "a", "b"], chat_template=template)
+    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "there a"}]
+    assert encode_prompt(tok, messages) == tok.encode("user hi w0 assistant there a w0 assistant")
+    assert encode_prompt(tok, messages, add_generation_prompt=False) == tok.encode("user hi w0 assistant there a w0")
+    assert encode_prompt(tok, messages, add_generation_prompt=False, continue_final_message=True) == tok.encode(
+        "user hi w0 assistant there a")
+    # any last message is continued, as transformers (and so vLLM) continue it
+    assert encode_prompt(tok, messages[:1], add_generation_prompt=False, continue_final_message=True) == tok.encode(
+        "user hi")
+    with pytest.raises(ConfigError, match="Cannot set both `continue_final_message` and `add_generation_prompt`"):
+        encode_prompt(tok, messages, continue_final_message=True)  # add_generation_prompt is true by default
+    for prompt, raw in (("hi", True), ([1, 2], False)):
+        for options in ({"add_generation_prompt": False}, {"add_generation_prompt": False,
+                                                           "continue_final_message": True}):
+            with pytest.raises(ConfigError, match="are the chat template's"):
+                encode_prompt(tok, prompt, raw=raw, **options)
+
+
+def test_a_template_that_drops_the_final_message_cannot_continue_it():
+    template = "{% for m in messages %}{% if m.role == 'user' %}{{ m.content }} {% endif %}{% endfor %}"
+    tok = word_tokenizer(["w0", "hi", "there"], chat_template=template)
+    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "there"}]
+    with pytest.raises(ConfigError, match="chat template cannot continue the final message"):
+        encode_prompt(tok, messages, add_generation_prompt=False, continue_final_message=True)
