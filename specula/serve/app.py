@@ -359,8 +359,9 @@ def build_app(server: SpeculaServer) -> FastAPI:
         body = await _read_json(request, server.config.max_body_bytes)
         source, raw = protocol.parse_tokenize(body, server.config.model_name)
         tools = protocol.parse_tokenize_tools(body)
+        options = protocol.parse_tokenize_template(body)
         try:
-            ids = encode_prompt(server.http_tokenizer, source, raw=raw, tools=tools)
+            ids = encode_prompt(server.http_tokenizer, source, raw=raw, tools=tools, **options)
         except SpeculaError as exc:
             raise protocol.prompt_error(exc, "prompt" if raw else "messages") from exc
         return JSONResponse({"count": len(ids), "max_model_len": server.worker.max_context, "tokens": ids,
@@ -506,7 +507,7 @@ async def _stream(server: SpeculaServer, request: Request, job: Job, gen: Genera
     try:
         if gen.endpoint == "chat":
             for c in choices:
-                yield _sse(protocol.chunk_body(ids, "", index=c.index, first=True))
+                yield _sse(protocol.chunk_body(ids, "", index=c.index, first=True, role=gen.role))
             if gen.chat_echo:  # vLLM's echo: the last message's content, one chunk a choice, before the output
                 for c in choices:
                     yield _sse(protocol.chunk_body(ids, gen.chat_echo, index=c.index))

@@ -124,7 +124,8 @@ class CollectedResponse:
         results = [protocol.ChoiceResult(c.index, "".join(self._texts[c.index]), c.finish_reason,
                                          (protocol.join_logprobs(self._logprobs[c.index]) or c.formatter.add((), ()))
                                          if c.formatter is not None else None,
-                                         join_tool_calls(self._tool_calls[c.index]), self.gen.chat_echo)
+                                         join_tool_calls(self._tool_calls[c.index]), self.gen.chat_echo,
+                                         self.gen.role)
                    for c in self.choices]
         stats = summed([c.stats for c in self.choices])
         return protocol.completion_body(ids, results, self.started.prompt_tokens, stats.new_tokens, stats)

@@ -25,7 +25,8 @@ from typing import Any, Literal, Mapping, Sequence
 
 from specula.constraints import Constraint, ConstraintError
 from specula.logprobs import MAX_LOGPROBS, TokenLogprob
-from specula.prompts import MessageError, NoChatTemplate, chat_message
+from specula.errors import ConfigError
+from specula.prompts import MessageError, NoChatTemplate, chat_message, check_template_options
 from specula.serve.tools import ToolError, ToolUse, parse_tool_use, parse_tools, template_message
 from specula.stats import GenerationStats
 from specula.token_bytes import TokenBytes
@@ -74,6 +75,12 @@ class GenerationRequest:
     messages: tuple[dict[str, Any], ...] | None = None
     """Chat: `{"role", "content"}` messages (with their tool-calling fields: `tools.template_message`),
     rendered with the tokenizer's chat template."""
+    add_generation_prompt: bool = True
+    """Chat (vLLM's): the template opens the answer's turn after the messages; false: it does not, and the
+    answer's message has the last message's role (as vLLM answers)."""
+    continue_final_message: bool = False
+    """Chat (vLLM's, with add_generation_prompt false): the template leaves the last message open (no end of
+    turn) and the model continues it: the output is the rest of that message."""
     max_tokens: int | None = None
     """Most tokens to generate; None = the endpoint's default (see `Worker`)."""
     max_tokens_param: str = "max_tokens"
@@ -133,8 +140,16 @@ class GenerationRequest:
 
     @property
     def role(self) -> str:
-        """Chat: the role of the answer's message."""
-        return "assistant"
+        """Chat: the role of the answer's message: the assistant's after the generation prompt, else the last
+        message's (the one continued), as vLLM answers."""
+        if self.add_generation_prompt or self.messages is None:
+            return "assistant"
+        return self.messages[-1]["role"]
+
+    def template_options(self) -> dict[str, bool]:
+        """The chat template's options (`prompts.encode_prompt`'s keywords)."""
+        return {"add_generation_prompt": self.add_generation_prompt,
+                "continue_final_message": self.continue_final_message}
 
     @property
     def chat_echo(self) -> str | None:
@@ -169,8 +184,6 @@ _UNSUPPORTED: dict[str, tuple[Any, ...]] = {
     "return_tokens_as_token_ids": (None, False),
     "prompt_logprobs": (None,),  # completions give the prompt's logprobs through echo + logprobs
     # vLLM's extras that change the prompt: honoured only at the value that leaves it as this server builds it
-    "add_generation_prompt": (None, True),
-    "continue_final_message": (None, False),
     "chat_template": (None,),
     "chat_template_kwargs": (None, {}),
     "documents": (None, []),
@@ -227,8 +240,10 @@ def parse_request(endpoint: Endpoint, body: Mapping[str, Any], served_model: str
     echo = False
     max_tokens_param = "max_tokens"
     tool_use = None
+    template = {"add_generation_prompt": True, "continue_final_message": False}
     if endpoint == "completions":
         _no_tools(body)
+        _no_template_options(body)
         prompts = _prompts(body)
         echo = _opt_bool(body, "echo")
         max_tokens = _opt_int(body, "max_tokens", minimum=0 if echo else 1)  # echo with 0: the prompt alone
@@ -239,6 +254,7 @@ def parse_request(endpoint: Endpoint, body: Mapping[str, Any], served_model: str
         logprobs = _chat_logprobs(body)
         messages = _messages(body)
         echo = _opt_bool(body, "echo")  # vLLM's: the last message's content first (`chat_echo`)
+        template = _template_options(body)
         tool_use = _tool_use(body, tool_parser)
         max_tokens = _opt_int(body, "max_completion_tokens", minimum=1)
         if max_tokens is None:
@@ -282,7 +298,7 @@ def parse_request(endpoint: Endpoint, body: Mapping[str, Any], served_model: str
                             f"this server takes at most {MAX_CHOICES} a request: send several requests",
                        param="n", code="invalid_value")
     return GenerationRequest(
-        endpoint=endpoint, model=model, prompts=prompts, messages=messages, max_tokens=max_tokens,
+        endpoint=endpoint, model=model, prompts=prompts, messages=messages, **template, max_tokens=max_tokens,
         max_tokens_param=max_tokens_param, n=n,
         temperature=temperature, top_p=top_p, top_k=top_k or 0, min_p=min_p, seed=seed,
         stop_token_ids=_stop_token_ids(body), ignore_eos=_opt_bool(body, "ignore_eos"), min_tokens=min_tokens,
@@ -425,6 +441,15 @@ def parse_tokenize_tools(body: Mapping[str, Any]) -> tuple[dict[str, Any], ...] 
         raise APIError(400, "'tools' are rendered by the chat template: give them with 'messages', not 'prompt'",
                        param="tools", code="invalid_value")
     return tools or None
+
+
+def parse_tokenize_template(body: Mapping[str, Any]) -> dict[str, bool]:
+    """/tokenize's chat template options (`add_generation_prompt`, `continue_final_message`), with `messages`
+    as /v1/chat/completions takes them (vLLM's /tokenize takes them too); a `prompt` takes none."""
+    if "messages" not in body:
+        _no_template_options(body)
+        return {}
+    return _template_options(body)
 
 
 def _default_only(body: Mapping[str, Any], name: str, default: Any) -> None:
@@ -596,6 +621,30 @@ def _with_tool_constraint(tool_use: ToolUse | None, constraint: Constraint | Non
     return tool_constraint, "tool_choice"
 
 
+def _template_options(body: Mapping[str, Any]) -> dict[str, bool]:
+    """Chat's `add_generation_prompt` (default true) and `continue_final_message` (default false), vLLM's
+    chat template options; both true is vLLM's 400 (so is continue_final_message alone, add_generation_prompt
+    being true by default: vLLM refuses it through transformers)."""
+    add = body.get("add_generation_prompt")
+    add = True if add is None else add
+    if not isinstance(add, bool):
+        raise _type_error("add_generation_prompt", "a boolean", add)
+    options = {"add_generation_prompt": add, "continue_final_message": _opt_bool(body, "continue_final_message")}
+    try:
+        check_template_options(**options)
+    except ConfigError as exc:
+        raise APIError(400, str(exc), param="continue_final_message", code="invalid_value") from None
+    return options
+
+
+def _no_template_options(body: Mapping[str, Any]) -> None:
+    """A prompt that is not chat messages takes none of the chat template's options."""
+    for name, neutral in (("add_generation_prompt", (None, True)), ("continue_final_message", (None, False))):
+        if body.get(name) not in neutral:
+            raise APIError(400, f"'{name}' is a chat template option: it takes 'messages' (/v1/chat/completions, "
+                                "/tokenize), not a prompt", param=name, code="unsupported_parameter")
+
+
 def _no_tools(body: Mapping[str, Any]) -> None:
     """Completions take no tools (a chat completions parameter)."""
     for name, neutral in (("tools", (None, [])), ("tool_choice", (None, "none", "auto")),
@@ -764,6 +813,8 @@ class ChoiceResult:
     echo: str | None = None
     """Chat: what the message's content starts with under `echo` (`GenerationRequest.chat_echo`; None: no
     echo)."""
+    role: str = "assistant"
+    """Chat: the message's role (`GenerationRequest.role`)."""
 
 
 def join_logprobs(objects: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
@@ -796,7 +847,7 @@ def completion_body(ids: ResponseIds, choices: Sequence[ChoiceResult], prompt_to
 def _message(choice: ChoiceResult) -> dict[str, Any]:
     """Chat's message of a finished choice: its text, or its tool calls and the text beside them (null when
     there is none, as at OpenAI); under echo, the echoed content first (text, as vLLM writes it)."""
-    message: dict[str, Any] = {"role": "assistant", "content": choice.text, "refusal": None}
+    message: dict[str, Any] = {"role": choice.role, "content": choice.text, "refusal": None}
     if choice.tool_calls:
         message["content"] = choice.text or None
         message["tool_calls"] = choice.tool_calls
@@ -808,8 +859,8 @@ def _message(choice: ChoiceResult) -> dict[str, Any]:
 def chunk_body(ids: ResponseIds, text: str | None, finish_reason: str | None = None, *, index: int = 0,
                first: bool = False, stats: GenerationStats | None = None,
                logprobs: dict[str, Any] | None = None,
-               tool_calls: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-    """One streamed chunk of choice `index`. Chat: a choice's first carries the role, its last an
+               tool_calls: list[dict[str, Any]] | None = None, role: str = "assistant") -> dict[str, Any]:
+    """One streamed chunk of choice `index`. Chat: a choice's first carries the `role`, its last an
     empty delta and the finish reason. `stats` adds `speculative_decoding` (a finishing chunk:
     that choice's); `logprobs` is the logprobs object of the chunk's tokens; `tool_calls` the tool call
     deltas it sends (`specula.serve.tool_calls`)."""
@@ -818,7 +869,7 @@ def chunk_body(ids: ResponseIds, text: str | None, finish_reason: str | None = N
         body["choices"] = [{"text": text or "", "index": index, "logprobs": logprobs, "finish_reason": finish_reason}]
     else:
         body = ids._base("chat.completion.chunk")
-        delta: dict[str, Any] = {"role": "assistant", "content": text or ""} if first else {}
+        delta: dict[str, Any] = {"role": role, "content": text or ""} if first else {}
         if not first and text:
             delta["content"] = text
         if tool_calls:

@@ -403,7 +403,8 @@ class Worker:
         """Token ids: chat messages through the chat template, completion text (or ids) as is."""
         param = "messages" if request.endpoint == "chat" else "prompt"
         try:
-            ids = encode_prompt(self.spec.tokenizer, source, raw=request.messages is None, tools=request.tools)
+            ids = encode_prompt(self.spec.tokenizer, source, raw=request.messages is None, tools=request.tools,
+                                **request.template_options())
         except SpeculaError as exc:
             raise prompt_error(exc, param) from exc
         vocab = self.spec.target.vocab_size

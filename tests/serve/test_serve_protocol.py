@@ -105,8 +105,8 @@ def test_guided_decoding_given_wrong_is_a_400_naming_the_parameter(extra, param,
     ("completions", {"prompt_logprobs": 2}, "prompt_logprobs"),
     ("completions", {"add_special_tokens": False}, "add_special_tokens"),
     ("chat", {"add_special_tokens": True}, "add_special_tokens"),
-    ("chat", {"add_generation_prompt": False}, "add_generation_prompt"),  # extras that change the prompt
-    ("chat", {"continue_final_message": True}, "continue_final_message"),
+    ("completions", {"add_generation_prompt": False}, "add_generation_prompt"),  # the chat template's options
+    ("completions", {"continue_final_message": True}, "continue_final_message"),
     ("chat", {"chat_template_kwargs": {"enable_thinking": False}}, "chat_template_kwargs"),
     ("chat", {"chat_template": "{{ messages }}"}, "chat_template"),
     ("completions", {"truncate_prompt_tokens": 2}, "truncate_prompt_tokens"),
@@ -134,12 +134,23 @@ def test_tokenize_refuses_the_options_it_does_not_honour():
             parse_tokenize({"model": "m", "prompt": "hi", **extra}, "m")
         assert err.value.param == param
     assert parse_tokenize({"model": "m", "prompt": "hi", "add_special_tokens": True}, "m") == ("hi", True)
-    with pytest.raises(APIError) as err:
-        parse_tokenize({"model": "m", "messages": [{"role": "user", "content": "hi"}], "add_generation_prompt": False},
-                       "m")
-    assert err.value.param == "add_generation_prompt"
-    assert parse_tokenize({"model": "m", "messages": [{"role": "user", "content": "hi"}],
-                           "add_generation_prompt": True}, "m")[1] is False  # the value it builds is fine
+
+
+def test_tokenize_takes_the_chat_templates_options_with_messages_only():
+    from specula.serve.protocol import parse_tokenize_template
+
+    messages = [{"role": "user", "content": "hi"}]
+    assert parse_tokenize_template({"messages": messages}) == {"add_generation_prompt": True,
+                                                               "continue_final_message": False}
+    assert parse_tokenize_template({"messages": messages, "add_generation_prompt": False,
+                                    "continue_final_message": True}) == {"add_generation_prompt": False,
+                                                                         "continue_final_message": True}
+    for body, param in (({"prompt": "hi", "add_generation_prompt": False}, "add_generation_prompt"),
+                        ({"messages": messages, "continue_final_message": True}, "continue_final_message")):
+        with pytest.raises(APIError) as err:
+            parse_tokenize_template(body)
+        assert err.value.param == param
+    assert parse_tokenize_template({"prompt": "hi", "add_generation_prompt": True}) == {}
 
 
 def test_a_prompt_the_server_cannot_encode_is_a_400_worded_for_http():
