@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -156,6 +157,22 @@ def categories_of(prompts: Sequence[BenchPrompt]) -> list[str]:
     return known + [c for c in present if c not in known]
 
 
+def parse_categories(values: str | Sequence[str], available: Sequence[str]) -> list[str]:
+    """`--categories` (`specula bench`, `specula analyze`): group names separated by commas and / or spaces,
+    in one argument or several ("rag,qa", "rag qa", "rag, qa"), in the order given, repeats dropped.
+    ConfigError naming `--categories` and the valid names (`available`) for none, or for a name not there."""
+    given = [values] if isinstance(values, str) else values
+    names = list(dict.fromkeys(n for value in given for n in re.split(r"[,\s]+", value) if n))
+    if not names:
+        raise ConfigError(f"--categories names no category; pass one or more of: {', '.join(available)} "
+                          "(or leave it out for all)")
+    unknown = [n for n in names if n not in available]
+    if unknown:
+        raise ConfigError(f"--categories: unknown categor{'y' if len(unknown) == 1 else 'ies'} "
+                          f"{', '.join(map(repr, unknown))}; choose from: {', '.join(available)}")
+    return names
+
+
 def select_prompts(
     prompts: Sequence[BenchPrompt],
     per_category: int | None = None,
@@ -163,18 +180,11 @@ def select_prompts(
     seed: int = 0,
 ) -> list[BenchPrompt]:
     """Seeded shuffle within each category, first `per_category` (all when None), interleaved
-    across categories. `categories` restricts (and orders) the groups."""
+    across categories. `categories` (as `parse_categories` reads them) restricts and orders the groups."""
     if per_category is not None and per_category < 1:
         raise ConfigError(f"--per-category must be >= 1, got {per_category}")
     available = categories_of(prompts)
-    if categories:
-        unknown = [c for c in categories if c not in available]
-        if unknown:
-            raise ConfigError(f"unknown categor{'y' if len(unknown) == 1 else 'ies'} {', '.join(map(repr, unknown))}; "
-                              f"choose from: {', '.join(available)}")
-        chosen = list(dict.fromkeys(categories))
-    else:
-        chosen = available
+    chosen = available if categories is None else parse_categories(categories, available)
     columns: list[list[BenchPrompt]] = []
     for category in chosen:
         items = [p for p in prompts if p.category == category]

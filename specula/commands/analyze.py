@@ -6,7 +6,9 @@ import argparse
 import sys
 import time
 
-from specula.commands.common import add_model_args, check_model_name, explicit_draft, load_config
+from specula.commands.common import (
+    add_categories_arg, add_model_args, check_model_name, explicit_draft, load_config,
+)
 
 
 def register(sub) -> None:
@@ -23,7 +25,7 @@ def register(sub) -> None:
     add_model_args(a)
     a.add_argument("--prompts", default="spec-bench", help="spec-bench or everyday (shipped) or a JSONL file (id, category, turns)")
     a.add_argument("--per-category", type=int, default=1, help="prompts per category (default 1)")
-    a.add_argument("--categories", nargs="+", default=None, help="only these categories")
+    add_categories_arg(a)
     a.add_argument("--drafts", type=int, default=8, help="analyse n = 1..DRAFTS drafts (default 8)")
     a.add_argument("--temperature", type=float, nargs="+", default=[1.0],
                    help="one or more sampling temperatures > 0 (default 1.0)")

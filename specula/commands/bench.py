@@ -13,8 +13,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from specula.commands.common import (
-    add_method_args, add_model_args, add_sampling_args, check_drafter_files, check_flags_taken, check_model_name,
-    check_drafting_flags_used, command_flags, draft_model_flags, drafter_options, engine_config, explicit_draft,
+    add_categories_arg, add_method_args, add_model_args, add_sampling_args, check_drafter_files, check_flags_taken,
+    check_model_name, check_drafting_flags_used, command_flags, draft_model_flags, drafter_options, engine_config,
+    explicit_draft,
     load_config, method_help, planner_from_args, sampling_params,
 )
 from specula.errors import ConfigError
@@ -47,8 +48,7 @@ def register(sub) -> None:
                         "code, math), structured (shipped, 24 prompts each with a JSON schema every method decodes "
                         "under: docs/structured.md) or a JSONL file of {id, category, turns} (default spec-bench)")
     g.add_argument("--per-category", type=int, default=None, help="prompts per category (seeded order; default all)")
-    g.add_argument("--categories", default=None,
-                   help="comma-separated categories (spec-bench: mt_bench,translation,summarization,qa,math_reasoning,rag)")
+    add_categories_arg(g)
     g.add_argument("--compare", default=None,
                    help="hf: also time Hugging Face generate (hf:greedy, hf:prompt-lookup, and with --draft "
                    "hf:assisted, hf:assisted-heuristic); llamacpp, llamacpp:prompt-lookup: llama.cpp on the target's "
@@ -82,11 +82,13 @@ class BenchPlan:
     peers: list[str]
     prompts: list  # [BenchPrompt]
     settings: object  # BenchSettings
+    categories: list[str] | None = None
+    """`--categories` as read (`parse_categories`), None when not given (every group)."""
 
 
 def plan(args: argparse.Namespace) -> BenchPlan:
     """Validate the command line (fast, before loading models)."""
-    from specula.bench.datasets import load_prompts, select_prompts
+    from specula.bench.datasets import categories_of, load_prompts, parse_categories, select_prompts
     from specula.bench.methods import parse_method_list, split_method
     from specula.bench.peers import NEEDS_DRAFT, parse_compare
     from specula.bench.runner import BenchSettings
@@ -117,11 +119,12 @@ def plan(args: argparse.Namespace) -> BenchPlan:
                           "is compared: add --compare hf (or hf:assisted), or drop --assistant")
     check_draft_used(args, methods, peers)
     check_method_files(args, methods)
-    categories = [c.strip() for c in args.categories.split(",") if c.strip()] if args.categories else None
-    prompts = select_prompts(load_prompts(args.prompts), args.per_category, categories, args.seed)
+    available = load_prompts(args.prompts)
+    categories = None if args.categories is None else parse_categories(args.categories, categories_of(available))
+    prompts = select_prompts(available, args.per_category, categories, args.seed)
     settings = BenchSettings(params, raw=args.raw, warmup_tokens=args.warmup_tokens, progress=not args.no_progress,
                              repeats=args.repeats)
-    return BenchPlan(methods, peers, prompts, settings)
+    return BenchPlan(methods, peers, prompts, settings, categories)
 
 
 def check_method_files(args: argparse.Namespace, methods: list[str]) -> None:
@@ -216,6 +219,7 @@ def _config_record(args: argparse.Namespace, bench: BenchPlan, eos: list[int]) -
     record.update({
         "methods": bench.methods,
         "peers": bench.peers,
+        "categories": bench.categories,
         "drafter_options": {m: _method_options(args, m) for m in bench.methods},
         "prompt_ids": [p.id for p in bench.prompts],
         "eos_token_ids": eos,

@@ -103,6 +103,13 @@ def add_linear_kernel_arg(parser) -> None:
                              "else onednn for float32 on CPU without --quantize, else aten (default auto)")
 
 
+def add_categories_arg(parser) -> None:
+    """`--categories` (bench, analyze), read by `bench.datasets.parse_categories` once the prompts are known."""
+    parser.add_argument("--categories", nargs="+", default=None, metavar="NAME",
+                        help="only these prompt groups, comma- or space-separated (spec-bench: mt_bench, translation, "
+                             "summarization, qa, math_reasoning, rag; a JSONL file: its categories; default all)")
+
+
 def _taking(option: str) -> str:
     """"draft-tree, eagle, ..." : the methods a method flag applies to (from the method table)."""
     return ", ".join(methods_taking(option))

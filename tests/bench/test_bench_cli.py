@@ -161,6 +161,19 @@ def test_bench_records_the_load_report(tmp_path, prompts_file, tiny_pair, chat_t
     assert "peak RSS 3.0 GiB after loading" in line
 
 
+@pytest.mark.parametrize("categories", [["beta,alpha"], ["beta", "alpha"], ["beta,", "alpha,beta"]])
+def test_categories_take_commas_or_spaces_and_are_recorded_as_a_list(tmp_path, prompts_file, tiny_models, capsys,
+                                                                      categories):
+    """`--categories beta alpha` was refused as unrecognized arguments (analyze took only that form)."""
+    out = tmp_path / "run"
+    code = main(["bench", "--target", "tiny", "--methods", "none", "--prompts", str(prompts_file), "--categories",
+                 *categories, "--per-category", "1", "--max-new-tokens", "2", "--profile-repeats", "0",
+                 "--warmup-tokens", "0", "--no-progress", "--out", str(out)])
+    assert code == 0, capsys.readouterr().err
+    doc = json.loads((out / "results.json").read_text())
+    assert doc["config"]["categories"] == ["beta", "alpha"] and doc["config"]["prompt_ids"] == ["b1", "a2"]
+
+
 def test_lossless_mismatch_exits_1_naming_prompt_and_method(tmp_path, prompts_file, tiny_models, corrupt_method,
                                                            capsys):
     out = tmp_path / "bad"
@@ -185,7 +198,10 @@ def test_lossless_mismatch_exits_1_naming_prompt_and_method(tmp_path, prompts_fi
     (["--methods", "none,warp-drive"], "unknown method 'warp-drive'"),
     (["--stop", "x"], "bench does not take --stop"),
     (["--compare", "hf:assisted"], "needs a draft model: pass --draft MODEL"),
-    (["--categories", "zeta"], "unknown category 'zeta'; choose from: alpha, beta"),
+    (["--categories", "zeta"], "--categories: unknown category 'zeta'; choose from: alpha, beta"),
+    (["--categories", "alpha", "zeta,"], "--categories: unknown category 'zeta'; choose from: alpha, beta"),
+    # was every category, silently
+    (["--categories", ","], "--categories names no category; pass one or more of: alpha, beta"),
     (["--per-category", "0"], "--per-category must be >= 1"),
     (["--methods", "draft-model"], "needs a draft model"),
     (["--repeats", "0"], "repeats must be >= 1, got 0; pass e.g. --repeats 3"),

@@ -7,7 +7,7 @@ from collections import Counter
 
 import pytest
 
-from specula.bench.datasets import SPEC_BENCH_ORDER, load_prompts, parse_prompts, select_prompts
+from specula.bench.datasets import SPEC_BENCH_ORDER, load_prompts, parse_categories, parse_prompts, select_prompts
 from specula.errors import ConfigError
 
 
@@ -44,10 +44,27 @@ def test_selection_is_seeded_interleaved_and_prefix_stable(spec_bench):
 def test_category_filter_and_errors(spec_bench):
     chosen = select_prompts(spec_bench, per_category=3, categories=["rag", "qa"], seed=0)
     assert [p.category for p in chosen] == ["rag", "qa"] * 3
-    with pytest.raises(ConfigError, match="unknown category 'writing'; choose from: mt_bench, translation"):
+    with pytest.raises(ConfigError, match="--categories: unknown category 'writing'; choose from: mt_bench, transl"):
         select_prompts(spec_bench, categories=["writing"])
+    with pytest.raises(ConfigError, match="--categories names no category; pass one or more of: mt_bench, trans"):
+        select_prompts(spec_bench, categories=[])  # was every category
     with pytest.raises(ConfigError, match="--per-category must be >= 1"):
         select_prompts(spec_bench, per_category=0)
+
+
+@pytest.mark.parametrize("values", ["rag,qa", "rag, qa", "rag qa,rag", ["rag", "qa"], ["rag,", " qa", "rag"]])
+def test_categories_are_read_from_commas_or_spaces_in_the_order_given(values):
+    assert parse_categories(values, SPEC_BENCH_ORDER) == ["rag", "qa"]
+
+
+@pytest.mark.parametrize("values, message", [
+    ("", "--categories names no category; pass one or more of: mt_bench, translation, summarization, qa"),
+    ([",", " "], "--categories names no category"),
+    ("rag,writing,code", "--categories: unknown categories 'writing', 'code'; choose from: mt_bench, translation"),
+])
+def test_categories_refuse_none_and_unknown_names_listing_the_valid_ones(values, message):
+    with pytest.raises(ConfigError, match=message):
+        parse_categories(values, SPEC_BENCH_ORDER)
 
 
 def test_custom_jsonl(tmp_path):

@@ -149,6 +149,15 @@ def test_a_list_of_sizes_starting_with_a_minus_gets_the_options_own_check(no_loa
     refused(capsys, [*profile, "--batch-sizes", "-2,4"], "--batch-sizes must be integers >= 1")  # one argument"
 
 
+@pytest.mark.parametrize("categories, words", [
+    (["writing"], ("--categories: unknown category 'writing'", "choose from: mt_bench, translation, summarization")),
+    ([","], ("--categories names no category", "mt_bench, translation, summarization, qa, math_reasoning, rag")),
+])
+def test_analyze_reads_categories_as_bench_does(no_loading, capsys, tmp_path, categories, words):
+    refused(capsys, ["analyze", "acceptance", "--target", "smollm2-135m", "--draft", "self", "--categories",
+                     *categories, "--out", str(tmp_path / "out")], *words)
+
+
 def test_outputs_that_would_overwrite_an_input_are_refused_before_any_work(no_loading, capsys, tmp_path):
     out = tmp_path / "out"
     out.mkdir()
