@@ -40,7 +40,7 @@ from specula.drafters.none import NoDrafter
 from specula.errors import ConfigError
 from specula.logprobs import PROMPT_CHUNK, TokenLogprob, step_rows, token_logprobs
 from specula.models.base import (
-    BatchedTargetModel, FeatureRequest, TargetModel, TargetSequence, check_context, forward_trees,
+    BatchedTargetModel, FeatureRequest, TargetModel, TargetSequence, check_context, forward_trees, output_room,
 )
 from specula.min_tokens import EndsMasked
 from specula.penalties import PenalizedLogits
@@ -490,7 +490,7 @@ class SpeculativeDecoder:
         target, planner = self.target, self.planner
         params, tokens = session.params, session.tokens
         remaining = params.max_new_tokens - len(session.generated)
-        room = target.max_context - len(tokens)  # the cache would hold len(tokens) + n nodes
+        room = output_room(target.max_context, len(tokens))  # the cache would hold len(tokens) + n nodes
         # A path of depth d emits d + 1 tokens (the bonus one), and plain decoding stops at the window.
         budget = DraftBudget(max_nodes=max(0, min(self.config.max_tree_nodes, room)),
                              max_depth=max(0, min(remaining - 1, room - 1)))
@@ -560,7 +560,7 @@ class SpeculativeDecoder:
             new = session.grammar.commit(new)
             if session.grammar.ended:
                 reason = "stop"  # EOS after a complete match: also where EOS is otherwise ignored
-        if reason is None and len(tokens) + len(new) >= target.max_context:
+        if reason is None and not output_room(target.max_context, len(tokens) + len(new)):
             reason = "length"
         # the text token by token, as plain decoding makes it: a stop string ends the output where it
         # would there, however many tokens this step accepted

@@ -77,6 +77,8 @@ class LlamaCppPeer:
         self.name = name
         self.gguf = Path(gguf)
         self.eos = frozenset(int(e) for e in eos_token_ids)
+        self.context_window = n_ctx
+        """llama.cpp's context (`n_ctx`): its prompt and output together."""
         self.llm = Llama(model_path=str(gguf), n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads,
                          verbose=False, **kwargs)
 

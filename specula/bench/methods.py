@@ -41,6 +41,9 @@ class BenchMethod(Protocol):
     kind: Literal["specula", "hf"]
     lossless: bool
     """Greedy output must equal plain decoding (a difference fails the bench)."""
+    context_window: int | None
+    """Tokens its prompt and output may hold together (None: not known); the bench caps every budget at
+    the smallest (`runner.shared_window`)."""
 
     def generate(self, prompt_ids: Sequence[int], params: SamplingParams, constraint=None) -> MethodOutput:
         """Generate (matching `constraint`, a `specula.constraints.Constraint`, when given)."""
@@ -59,6 +62,7 @@ class SpeculaMethod:
         self.spec = spec
         self.lossless = spec.lossless
         self.planner = spec.planned
+        self.context_window = spec.target.max_context
 
     def generate(self, prompt_ids: Sequence[int], params: SamplingParams, constraint=None) -> MethodOutput:
         device = self.spec.target.device

@@ -27,6 +27,7 @@ from transformers import LogitsProcessorList
 from specula.models.device import sync_device
 from specula.bench.methods import MethodOutput
 from specula.errors import ConfigError
+from specula.models.hf import context_window
 from specula.models.attention import causal_prefill
 from specula.sampling import SamplingParams
 
@@ -97,6 +98,8 @@ class HFPeer:
             raise ConfigError(f"peer {name} needs a draft model: pass --draft MODEL")
         self.name = name
         self.model = model
+        self.context_window = context_window(model.config)
+        """The model's context window (its config's), which `generate` does not keep to by itself."""
         self.eos = sorted(int(e) for e in eos_token_ids)
         self.assistant = assistant if name in NEEDS_DRAFT else None
         # Each assisted peer keeps its own copy of the assistant's generation config (the heuristic

@@ -35,6 +35,7 @@ from specula.bench.plots import write_plots
 from specula.bench.report import build_document, now_iso, write_report, write_results
 from specula.bench.summary import first_difference
 from specula.errors import ConfigError
+from specula.models.base import output_room
 from specula.sampling import SamplingParams
 
 
@@ -53,10 +54,31 @@ class BenchSettings:
     repeats: int = 1
     """Rounds over the whole prompt set; a round after the first runs on freshly built methods
     (`run_bench`'s `fresh_methods`), so each round starts from the state a new process has."""
+    context_window: int | None = None
+    """Tokens a prompt and its output may hold together: every method's and peer's new-token budget is
+    capped to fit it, the same for all (None: `run_bench` takes the smallest of the methods' windows)."""
 
     def __post_init__(self) -> None:
         if self.repeats < 1:
             raise ConfigError(f"repeats must be >= 1, got {self.repeats}; pass e.g. --repeats 3")
+
+    def budget(self, prompt_len: int) -> int:
+        """max_new_tokens after a prompt of `prompt_len` tokens: `params`' own, capped at the context window."""
+        if self.context_window is None:
+            return self.params.max_new_tokens
+        return output_room(self.context_window, prompt_len, self.params.max_new_tokens)
+
+    def params_for(self, prompt_len: int, seed: int | None, limit: int | None = None) -> SamplingParams:
+        """`params` for a prompt of `prompt_len` tokens: its `budget` (at most `limit`), min_new_tokens no
+        more than that, sampled with `seed`."""
+        n = self.budget(prompt_len) if limit is None else min(limit, self.budget(prompt_len))
+        return replace(self.params, max_new_tokens=n, min_new_tokens=min(n, self.params.min_new_tokens), seed=seed)
+
+
+def shared_window(methods: Sequence[BenchMethod]) -> int | None:
+    """The smallest context window among `methods` (their `context_window`; None where none says one)."""
+    windows = [w for w in (getattr(m, "context_window", None) for m in methods) if w is not None]
+    return min(windows, default=None)
 
 
 @dataclass
@@ -113,7 +135,11 @@ def run_conversation(method: BenchMethod, prompt: BenchPrompt, tokenizer,
     results = []
     for turn in range(1, len(prompt.turns) + 1):
         ids = conversation_ids(tokenizer, prompt.turns[:turn], answers, settings.raw)
-        params = replace(settings.params, seed=turn_seed(settings.params.seed, prompt.id, turn))
+        if settings.budget(len(ids)) < 1:
+            raise ConfigError(f"prompt {prompt.id} ({prompt.category}) turn {turn} takes {len(ids)} tokens and "
+                              f"fills the context window of {settings.context_window} (the smallest of the methods' "
+                              "and peers'); leave it out (--categories, --prompts) or compare a longer-context peer")
+        params = settings.params_for(len(ids), turn_seed(settings.params.seed, prompt.id, turn))
         out = method.generate(ids, params, prompt.constraint)
         answers.append(tokenizer.decode(out.token_ids, skip_special_tokens=True).strip())
         results.append((ids, out))
@@ -233,7 +259,7 @@ def compare_prompt(
                         "first_difference": diff, "same_prompt": ids == ref_ids,
                         "logit_gap": None if gap is None else round(gap, 6),
                     })
-            records.append(run_record(prompt, turn, method, ids, out, settings.params.max_new_tokens, identical,
+            records.append(run_record(prompt, turn, method, ids, out, settings.budget(len(ids)), identical,
                                       tokenizer, round_number, settings.params.ignore_eos))
     return records, mismatches
 
@@ -260,9 +286,7 @@ def _warm_up(methods: Sequence[BenchMethod], tokenizer, settings: BenchSettings)
     if settings.warmup_tokens <= 0:
         return
     ids = conversation_ids(tokenizer, [WARMUP_PROMPT], [], settings.raw)
-    n = min(settings.warmup_tokens, settings.params.max_new_tokens)
-    params = replace(settings.params, max_new_tokens=n, min_new_tokens=min(n, settings.params.min_new_tokens),
-                     seed=turn_seed(settings.params.seed, "warm-up", 1))
+    params = settings.params_for(len(ids), turn_seed(settings.params.seed, "warm-up", 1), settings.warmup_tokens)
     for method in methods:
         method.generate(ids, params)
 
@@ -298,6 +322,8 @@ def run_bench(
         raise ConfigError(f"the bench needs the baseline method {BASELINE!r} among the methods")
     if len(set(names)) != len(names):
         raise ConfigError(f"method names must be distinct, got {names}")
+    if settings.context_window is None:
+        settings = replace(settings, context_window=shared_window(methods))
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     head = {
@@ -312,7 +338,7 @@ def run_bench(
             "top_p": settings.params.top_p, "max_new_tokens": settings.params.max_new_tokens,
             "min_new_tokens": settings.params.min_new_tokens, "ignore_eos": settings.params.ignore_eos,
             "seed": settings.params.seed, "warmup_tokens": settings.warmup_tokens, "raw": settings.raw,
-            "fresh_rounds": fresh_methods is not None,
+            "fresh_rounds": fresh_methods is not None, "context_window": settings.context_window,
         },
         "started_at": now_iso(),
     }

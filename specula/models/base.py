@@ -252,6 +252,13 @@ def check_context(model: TargetModel, n_tokens: int, what: str = "the prompt") -
         )
 
 
+def output_room(context_window: int, prompt_len: int, max_new_tokens: int | None = None) -> int:
+    """How many new tokens fit after a prompt of `prompt_len` tokens in a context window of `context_window`
+    (0 when the prompt fills it), at most `max_new_tokens` when given: the engine stops there ("length")."""
+    room = max(0, context_window - prompt_len)
+    return room if max_new_tokens is None else min(room, max_new_tokens)
+
+
 def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
     """Length of the longest common prefix of two token sequences."""
     n = min(len(a), len(b))

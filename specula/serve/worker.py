@@ -33,6 +33,7 @@ from specula.api import Session, Specula, StreamChunk
 from specula.ema import Ema
 from specula.constraints import ConstraintError
 from specula.errors import SpeculaError
+from specula.models.base import output_room
 from specula.prompts import encode_prompt
 from specula.sampling import SamplingParams
 from specula.serve.metrics import ServerMetrics
@@ -416,7 +417,7 @@ class Worker:
 
     def _limit(self, request: GenerationRequest, prompt_tokens: int) -> int:
         """max_new_tokens for this request, or a 400 when it cannot fit the context window."""
-        room = self.max_context - prompt_tokens
+        room = output_room(self.max_context, prompt_tokens)
         param = "messages" if request.endpoint == "chat" else "prompt"
         if room < 1:
             raise APIError(400, f"This model's maximum context length is {self.max_context} tokens, and the "

@@ -174,6 +174,29 @@ def test_categories_take_commas_or_spaces_and_are_recorded_as_a_list(tmp_path, p
     assert doc["config"]["categories"] == ["beta", "alpha"] and doc["config"]["prompt_ids"] == ["b1", "a2"]
 
 
+def test_budgets_are_capped_at_the_context_window_for_methods_and_peers_alike(tmp_path, tiny_models, capsys):
+    """A prompt near the tiny model's 256 positions: specula stopped at the window while Hugging Face's generate
+    ran its whole budget past it (compared on unequal budgets); a prompt that fills it is refused by name."""
+    path = tmp_path / "long.jsonl"
+    words = " ".join(f"w{5 + k % 40}" for k in range(300))
+    rows = [{"id": "near", "category": "long", "turns": [" ".join(words.split()[:190])]},
+            {"id": "full", "category": "full", "turns": [words]}]
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    argv = ["bench", "--target", "tiny", "--methods", "prompt-lookup", "--compare", "hf:greedy", "--prompts", str(path),
+            "--max-new-tokens", "32", "--ignore-eos", "--profile-repeats", "0", "--warmup-tokens", "2",
+            "--no-progress"]
+    assert main([*argv, "--categories", "long", "--out", str(tmp_path / "run")]) == 0, capsys.readouterr().err
+    doc = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert doc["run"]["context_window"] == 256 and doc["run"]["max_new_tokens"] == 32
+    room = 256 - doc["runs"][0]["prompt_tokens"]
+    assert 0 < room < 32
+    assert {(r["method"], r["new_tokens"], r["finish_reason"]) for r in doc["runs"]} == {
+        ("none", room, "length"), ("prompt-lookup", room, "length"), ("hf:greedy", room, "length")}
+    assert main([*argv, "--categories", "full", "--out", str(tmp_path / "full")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("error: prompt full (full) turn 1 takes ") and "fills the context window of 256" in err
+
+
 def test_lossless_mismatch_exits_1_naming_prompt_and_method(tmp_path, prompts_file, tiny_models, corrupt_method,
                                                            capsys):
     out = tmp_path / "bad"

@@ -10,7 +10,7 @@ import torch
 
 from tiny import assert_cache_equals_plain_forward, check_random_tree, random_steps, random_tree, tiny_model
 from specula.errors import ConfigError
-from specula.models.base import TargetModel, TargetSequence, check_context
+from specula.models.base import TargetModel, TargetSequence, check_context, output_room
 from specula.models.hf import HFCausalLM, cache_kwarg
 from specula.tree import TokenTree
 
@@ -68,6 +68,13 @@ def test_the_cache_goes_under_the_name_the_model_takes_without_a_deprecation_war
 
     assert cache_kwarg(model) == "cache"  # transformers >= 5.24 (pyproject.toml)
     assert cache_kwarg(Old()) == "past_key_values"
+
+
+@pytest.mark.parametrize("prompt_len, max_new_tokens, room", [
+    (200, None, 56), (200, 32, 32), (240, 32, 16), (256, 32, 0), (300, None, 0),
+])
+def test_output_room_is_what_fits_after_the_prompt(prompt_len, max_new_tokens, room):
+    assert output_room(256, prompt_len, max_new_tokens) == room
 
 
 def test_context_window_is_enforced_with_a_clear_error():
