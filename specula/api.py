@@ -317,12 +317,12 @@ def load(target: str, draft: str | None = "auto", method: str | None = None,
     `draft_vocab` (`models.draft_vocab`): "auto" (a large-vocabulary draft scores only the 32k most
     frequent tokens where a ranking ships for its tokenizer; outputs unchanged), "full", or a
     number of tokens. The returned object's `load_report` says how long the target, the draft and
-    the rest took."""
+    the rest took, and which draft model was loaded (`draft`: as named, `auto` resolved; its quantization)."""
     import time
 
     from specula.draft_choice import AUTO_DRAFT, auto_draft, auto_draft_quantize
     from specula.methods import DEFAULT_METHOD, default_head, get_method
-    from specula.models.loading import SELF_DRAFT, peak_rss_bytes, process_age_seconds, resolve
+    from specula.models.loading import NO_DRAFT, SELF_DRAFT, DraftInfo, peak_rss_bytes, process_age_seconds, resolve
     from specula.models.draft_vocab import check_draft_vocab
     from specula.models.skipping import SKIP_DRAFT, check_draft_skip, check_skip_layers
 
@@ -363,5 +363,6 @@ def load(target: str, draft: str | None = "auto", method: str | None = None,
     target_s, draft_s = target_report.get("seconds", 0.0), draft_report.get("seconds", 0.0)
     spec.load_report = LoadReport(target_s, draft_s, max(0.0, total - target_s - draft_s), total, peak_rss_bytes(),
                                   target_report.get("prepared"), draft_report.get("prepared"),
-                                  process_age_seconds(), draft_report.get("vocab"))
+                                  process_age_seconds(), draft_report.get("vocab"),
+                                  DraftInfo(draft, draft_report.get("quantize")) if draft_lm is not None else NO_DRAFT)
     return spec

@@ -20,6 +20,7 @@ from typing import Literal, Sequence
 
 from specula.bench.methods import MethodOutput
 from specula.errors import ConfigError
+from specula.models.loading import NO_DRAFT
 from specula.sampling import SamplingParams
 
 LLAMACPP_PEERS = ("llamacpp", "llamacpp:prompt-lookup")
@@ -58,6 +59,7 @@ class LlamaCppPeer:
 
     kind: Literal["llamacpp"] = "llamacpp"
     lossless = False
+    draft = NO_DRAFT  # prompt lookup drafts without a model
 
     def __init__(self, name: str, gguf: Path, eos_token_ids: Sequence[int], threads: int | None = None,
                  n_ctx: int = 4096) -> None:

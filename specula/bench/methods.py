@@ -11,6 +11,7 @@ from typing import Any, Callable, Literal, Protocol, Sequence
 from specula.api import EngineConfig, Specula
 from specula.errors import ConfigError
 from specula.models.device import sync_device
+from specula.models.loading import NO_DRAFT, DraftInfo
 from specula.methods import (
     HEAD_ONLY, NO_HEAD, PLAIN, bench_defaults, check_switches, get_method, in_flags, methods_taking,
 )
@@ -44,6 +45,8 @@ class BenchMethod(Protocol):
     context_window: int | None
     """Tokens its prompt and output may hold together (None: not known); the bench caps every budget at
     the smallest (`runner.shared_window`)."""
+    draft: DraftInfo
+    """The draft model it drafts with (`NO_DRAFT`: none), results.json `methods[].draft`."""
 
     def generate(self, prompt_ids: Sequence[int], params: SamplingParams, constraint=None) -> MethodOutput:
         """Generate (matching `constraint`, a `specula.constraints.Constraint`, when given)."""
@@ -57,12 +60,14 @@ class SpeculaMethod:
 
     kind: Literal["specula"] = "specula"
 
-    def __init__(self, name: str, spec: Specula) -> None:
+    def __init__(self, name: str, spec: Specula, draft: DraftInfo = NO_DRAFT) -> None:
         self.name = name
         self.spec = spec
         self.lossless = spec.lossless
         self.planner = spec.planned
         self.context_window = spec.target.max_context
+        self.draft = draft if spec.draft is not None and get_method(spec.method).draft_model != "no" else NO_DRAFT
+        """`draft` (the run's draft model) where this method drafts with `spec.draft`, else `NO_DRAFT`."""
 
     def generate(self, prompt_ids: Sequence[int], params: SamplingParams, constraint=None) -> MethodOutput:
         device = self.spec.target.device
@@ -86,6 +91,7 @@ def build_specula_methods(
     engine: EngineConfig = EngineConfig(),
     planner_for: Callable[[str], object] = lambda name: None,
     flags: dict[str, str] | None = None,
+    draft_info: DraftInfo = NO_DRAFT,
 ) -> list[SpeculaMethod]:
     """One `Specula` per method name (built as `specula generate` builds it), all on the same
     target backend (and draft). `none` comes first even when not named and never gets a planner;
@@ -96,7 +102,8 @@ def build_specula_methods(
     the head, and without the head's options `options` gives (`methods.HEAD_ONLY`). An entry that cannot be built
     is a ConfigError naming it ("method 'x'", "method variant 'x:option=value'"); `flags`: the command line's
     spelling of the options `options` gives (`methods.flag_spellings`), which the error then names them by (a
-    variant's own options stay as it writes them)."""
+    variant's own options stay as it writes them). `draft_info` names `draft` (`LoadReport.draft`) in the `draft`
+    of the methods that draft with it."""
     ordered = [BASELINE, *(n for n in dict.fromkeys(names) if n != BASELINE)]
     methods = []
     for name in ordered:
@@ -113,7 +120,7 @@ def build_specula_methods(
         except (TypeError, ValueError) as exc:  # a variant's value of the wrong kind (max_ngram=abc)
             message = str(exc) if flags is None else in_flags(str(exc), flags, keep=overrides)
             raise ConfigError(f"{label}: {message}") from exc
-        methods.append(SpeculaMethod(name, spec))
+        methods.append(SpeculaMethod(name, spec, draft_info))
     return methods
 
 

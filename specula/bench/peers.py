@@ -28,6 +28,7 @@ from specula.models.device import sync_device
 from specula.bench.methods import MethodOutput
 from specula.errors import ConfigError
 from specula.models.hf import context_window
+from specula.models.loading import NO_DRAFT, DraftInfo
 from specula.models.attention import causal_prefill
 from specula.sampling import SamplingParams
 
@@ -89,7 +90,8 @@ class HFPeer:
     kind: Literal["hf"] = "hf"
     lossless = False
 
-    def __init__(self, name: str, model, eos_token_ids: Sequence[int], assistant=None, tokenizer=None) -> None:
+    def __init__(self, name: str, model, eos_token_ids: Sequence[int], assistant=None, tokenizer=None,
+                 assistant_info: DraftInfo = NO_DRAFT) -> None:
         self.tokenizer = tokenizer
         """The target's tokenizer, for prompts with a constraint (llguidance reads it)."""
         if name not in PEERS:
@@ -102,6 +104,10 @@ class HFPeer:
         """The model's context window (its config's), which `generate` does not keep to by itself."""
         self.eos = sorted(int(e) for e in eos_token_ids)
         self.assistant = assistant if name in NEEDS_DRAFT else None
+        self.assistant_info = assistant_info
+        """The assistant model as loaded (its name and quantization; `LoadReport.draft`)."""
+        self.draft = assistant_info if self.assistant is not None else NO_DRAFT
+        """The draft model it drafts with: its assistant's `assistant_info`, or `NO_DRAFT`."""
         # Each assisted peer keeps its own copy of the assistant's generation config (the heuristic
         # schedule writes its state there), swapped in for its calls only.
         self._assistant_config = None
@@ -113,7 +119,7 @@ class HFPeer:
     def fresh(self) -> "HFPeer":
         """The same peer as new (a bench round's methods are built afresh): an assisted peer's
         heuristic schedule, learned in its calls, starts over."""
-        return HFPeer(self.name, self.model, self.eos, self.assistant, self.tokenizer)
+        return HFPeer(self.name, self.model, self.eos, self.assistant, self.tokenizer, self.assistant_info)
 
     def generation_config(self, params: SamplingParams):
         """The explicit config: same budget and EOS rule as specula, neutral processors."""
@@ -225,6 +231,8 @@ class GrammarLogitsProcessor:
         return scores.masked_fill(~allowed, float("-inf"))
 
 
-def build_peers(names: Sequence[str], model, eos_token_ids: Sequence[int], assistant=None, tokenizer=None) -> list[HFPeer]:
-    """Peers on the target's (and draft's) model objects (`tokenizer`: for constrained prompts)."""
-    return [HFPeer(name, model, eos_token_ids, assistant, tokenizer) for name in names]
+def build_peers(names: Sequence[str], model, eos_token_ids: Sequence[int], assistant=None, tokenizer=None,
+                assistant_info: DraftInfo = NO_DRAFT) -> list[HFPeer]:
+    """Peers on the target's (and draft's) model objects (`tokenizer`: for constrained prompts;
+    `assistant_info`: the assistant as loaded, the assisted peers' `draft`)."""
+    return [HFPeer(name, model, eos_token_ids, assistant, tokenizer, assistant_info) for name in names]

@@ -13,6 +13,7 @@ from specula.bench.machine import machine_line
 from specula.bench.methods import BASELINE
 from specula.bench.peers import HF_BASELINE
 from specula.bench.summary import summarize
+from specula.models.loading import DraftInfo
 from specula.paths import atomic_write_json, atomic_write_text
 
 SCHEMA_VERSION = 1
@@ -147,6 +148,7 @@ def render_markdown(doc: dict[str, Any]) -> str:
         "",
         f"- target `{cfg.get('target')}`" + (f", draft `{cfg['draft']}`" if cfg.get("draft") else "")
         + _backend_line(doc, cfg),
+        *_drafts_lines(doc["methods"]),
         f"- prompts: {cfg.get('prompts')}, {doc['prompts_done']} of {doc['prompts_total']} done ({status})"
         + (f" in {doc['repeats']} rounds" if doc.get("repeats", 1) > 1 else "")
         + f"; categories: {', '.join(categories)}",
@@ -238,6 +240,17 @@ def render_markdown(doc: dict[str, Any]) -> str:
                         [[m["method"], str(m["id"]), m["category"], str(m["turn"]), str(m["first_difference"]),
                           _num(m.get("logit_gap"), "{:.3g}")] for m in doc["mismatches"]])
     return "\n".join(lines) + "\n"
+
+
+def _drafts_lines(methods: Sequence[dict[str, Any]]) -> list[str]:
+    """["- drafts: none for none, prompt-lookup; tiny-draft (int8) for draft-model, hf:assisted"]: the draft
+    model each method and peer drafted with (`methods[].draft`), in run order; [] for results without it."""
+    if not all("draft" in m for m in methods):
+        return []
+    groups: dict[str, list[str]] = {}
+    for method in methods:
+        groups.setdefault(DraftInfo(**method["draft"]).label(), []).append(method["name"])
+    return ["- drafts: " + "; ".join(f"{label} for {', '.join(names)}" for label, names in groups.items())]
 
 
 def _load_lines(doc: dict[str, Any]) -> list[str]:

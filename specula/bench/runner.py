@@ -36,6 +36,7 @@ from specula.bench.report import build_document, now_iso, write_report, write_re
 from specula.bench.summary import first_difference
 from specula.errors import ConfigError
 from specula.models.base import output_room
+from specula.models.loading import NO_DRAFT
 from specula.sampling import SamplingParams
 
 
@@ -329,7 +330,8 @@ def run_bench(
     head = {
         "machine": {}, "config": {}, "cost_curve": None, **(header or {}),
         "methods": [{"name": m.name, "kind": m.kind, "lossless": m.lossless,
-                     "planner": bool(getattr(m, "planner", False))} for m in methods],
+                     "planner": bool(getattr(m, "planner", False)),
+                     "draft": getattr(m, "draft", NO_DRAFT).to_dict()} for m in methods],
         "categories": categories_of(prompts),
         "greedy": settings.params.greedy,
         "repeats": settings.repeats,

@@ -207,11 +207,14 @@ def load_models(args: argparse.Namespace):
 
 
 def load_assistant(args: argparse.Namespace, target, tokenizer):
-    """`--assistant MODEL`: the HF assisted peers' model (checked against the target like a draft)."""
-    from specula.models.loading import load_draft
+    """`--assistant MODEL`: the HF assisted peers' model (checked against the target like a draft), and
+    its `DraftInfo` (name, quantization)."""
+    from specula.models.loading import DraftInfo, load_draft
 
-    return load_draft(args.assistant, tokenizer, target, load_config(args), target_name=args.target,
-                      quantize=args.draft_quantize if args.assistant == "self" else None)
+    report: dict = {}
+    assistant = load_draft(args.assistant, tokenizer, target, load_config(args), target_name=args.target,
+                           quantize=args.draft_quantize if args.assistant == "self" else None, report=report)
+    return assistant, DraftInfo(args.assistant, report.get("quantize"))
 
 
 def _config_record(args: argparse.Namespace, bench: BenchPlan, eos: list[int]) -> dict:
@@ -254,10 +257,11 @@ def _cost_curve(args: argparse.Namespace, target) -> dict | None:
 
 
 def execute(args: argparse.Namespace, bench: BenchPlan, target, tokenizer, draft, load: dict | None = None,
-            load_line: str | None = None) -> int:
+            load_line: str | None = None, draft_info=None) -> int:
     """Run a validated bench on loaded models; returns the exit code. `load`: how long loading took
     and the peak memory after it (`LoadReport.to_dict()`), recorded in results.json; `load_line`,
-    its summary, printed before the runs start."""
+    its summary, printed before the runs start; `draft_info`: `draft` as loaded (`LoadReport.draft`;
+    None: as `--draft` names it), the `draft` results.json records for the methods drafting with it."""
     import time
 
     from specula.bench.machine import machine_info
@@ -266,8 +270,11 @@ def execute(args: argparse.Namespace, bench: BenchPlan, target, tokenizer, draft
     from specula.bench.plots import PLOTS
     from specula.bench.report import REPORT_FILE, RESULTS_FILE, ordered
     from specula.bench.runner import run_bench
+    from specula.models.loading import NO_DRAFT, DraftInfo
     from specula.models.skipping import SKIP_DRAFT
 
+    if draft_info is None:
+        draft_info = NO_DRAFT if draft is None else DraftInfo(args.draft)
     # An earlier bench's files go first: interrupted before its first prompt, this one must not leave
     # them to be read as its own (exit 130 says the prompts done are in results.json).
     for name in (RESULTS_FILE, REPORT_FILE, *PLOTS):
@@ -280,16 +287,18 @@ def execute(args: argparse.Namespace, bench: BenchPlan, target, tokenizer, draft
     def specula_methods():
         return build_specula_methods(bench.methods, target, tokenizer, draft,
                                      lambda m: {**drafter_options(args, m), **draft_skip}, engine,
-                                     lambda m: planner_from_args(args), command_flags(args))
+                                     lambda m: planner_from_args(args), command_flags(args), draft_info)
 
     methods = specula_methods()
     eos = sorted(methods[0].spec.eos_token_ids)
     from specula.bench.llamacpp import LLAMACPP_PEERS, build_llamacpp_peers
 
     hf_names = [p for p in bench.peers if p not in LLAMACPP_PEERS]
-    assistant = load_assistant(args, target, tokenizer) if args.assistant and hf_names else draft
+    assistant, assistant_info = (load_assistant(args, target, tokenizer) if args.assistant and hf_names
+                                 else (draft, draft_info))
     peers = build_peers(hf_names, target.reference_model(), eos,
-                        assistant.reference_model() if assistant is not None else None, tokenizer) if hf_names else []
+                        assistant.reference_model() if assistant is not None else None, tokenizer,
+                        assistant_info) if hf_names else []
     peers += build_llamacpp_peers([p for p in bench.peers if p in LLAMACPP_PEERS], args.target, eos, args.threads)
     if load_line:
         print(load_line, file=sys.stderr)
@@ -392,9 +401,9 @@ def run(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     target, tokenizer, draft, *report = load_models(args)
     if report and report[0] is not None:
-        load, line = report[0].to_dict(), report[0].summary()
+        load, line, draft_info = report[0].to_dict(), report[0].summary(), report[0].draft
     else:  # a loader without a report: the time and memory as seen from here
         load = {"total_s": round(time.perf_counter() - start, 3), "peak_rss_bytes": peak_rss_bytes()}
-        line = None
+        line = draft_info = None
     with _sigterm_as_interrupt():
-        return execute(args, bench, target, tokenizer, draft, load, line)
+        return execute(args, bench, target, tokenizer, draft, load, line, draft_info)

@@ -569,8 +569,9 @@ def load_backend(spec: str | ResolvedModel, config: LoadConfig = LoadConfig(), n
     `specula.models.prepared`).
 
     `tokenizer`: a loaded tokenizer known to be this model's (`same_tokenizer_files`), returned
-    instead of loading it again. `report`, if given, receives `seconds` (this load) and `prepared`
-    (the prepared cache's outcome: hit, built, rebuilt, unsaved, off; None when not used)."""
+    instead of loading it again. `report`, if given, receives `seconds` (this load), `prepared`
+    (the prepared cache's outcome: hit, built, rebuilt, unsaved, off; None when not used) and `quantize`
+    (its linears': none, int8, int4)."""
     from specula.models.attention_names import resolve_attention
     from specula.models.native import ARCHITECTURES, NativeUnsupported
 
@@ -609,7 +610,7 @@ def load_backend(spec: str | ResolvedModel, config: LoadConfig = LoadConfig(), n
         loaded = HFCausalLM(model, name=f"{name} {resolved.spec}", eos_token_ids=eos_ids_of(model, tokenizer),
                             model_id=resolved.file_id)
     if report is not None:
-        report.update(seconds=time.perf_counter() - start, prepared=outcome)
+        report.update(seconds=time.perf_counter() - start, prepared=outcome, quantize=config.quantize)
     return loaded, tokenizer
 
 
@@ -695,6 +696,30 @@ def process_age_seconds() -> float | None:
 
 
 @dataclass(frozen=True)
+class DraftInfo:
+    """The draft model a method drafts with (`LoadReport.draft`, the bench's `methods[].draft`)."""
+
+    model: str | None = None
+    """As `--draft` named it (`auto` resolved: an alias, a directory, a `.gguf`; `self`: the target's own
+    weights), or None: no draft model (none loaded, a method that drafts without one, `--draft skip`)."""
+    quantize: str | None = None
+    """How its linears are quantized (none, int8, int4), or None: no draft model, or not known."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"model": self.model, "quantize": self.quantize}
+
+    def label(self) -> str:
+        """"qwen2.5-coder-0.5b (int4)", "self (int8)", "none" (no draft model)."""
+        if self.model is None:
+            return "none"
+        return self.model + (f" ({self.quantize})" if self.quantize not in (None, "none") else "")
+
+
+NO_DRAFT = DraftInfo()
+"""No draft model."""
+
+
+@dataclass(frozen=True)
 class LoadReport:
     """Where the time of `api.load` went, and the memory it left behind (`specula generate` prints
     it, the bench records it)."""
@@ -721,13 +746,15 @@ class LoadReport:
     draft_vocab: dict[str, Any] | None = None
     """The draft's cut output layer (`models.draft_vocab.apply_draft_vocab`: size, of, ranking), or
     None (every token scored, or no draft model)."""
+    draft: DraftInfo = NO_DRAFT
+    """The draft model loaded and its quantization (`NO_DRAFT`: none)."""
 
     def to_dict(self) -> dict[str, Any]:
         return {"target_s": round(self.target_seconds, 3), "draft_s": round(self.draft_seconds, 3),
                 "other_s": round(self.other_seconds, 3), "total_s": round(self.total_seconds, 3),
                 "process_s": None if self.process_seconds is None else round(self.process_seconds, 3),
                 "peak_rss_bytes": self.peak_rss_bytes, "target_prepared": self.target_prepared,
-                "draft_prepared": self.draft_prepared, "draft_vocab": self.draft_vocab}
+                "draft_prepared": self.draft_prepared, "draft_vocab": self.draft_vocab, "draft": self.draft.to_dict()}
 
     def summary(self) -> str:
         """One line: 'loaded in 3.2 s (target 1.9 s [prepared: hit], draft 0.6 s [hit], other 0.7 s); ...'."""

@@ -89,6 +89,9 @@ def test_bench_cli_end_to_end(tmp_path, prompts_file, tiny_models, capsys):
     assert [m["name"] for m in doc["methods"]] == [
         "none", "prompt-lookup", "draft-model", "hf:greedy", "hf:assisted", "hf:assisted-heuristic", "hf:prompt-lookup"]
     assert doc["status"] == "complete" and doc["prompts_done"] == 2
+    # a loader without a load report: the draft as --draft names it, its quantization not known
+    assert [m["name"] for m in doc["methods"] if m["draft"] == {"model": "tiny-draft", "quantize": None}] == [
+        "draft-model", "hf:assisted", "hf:assisted-heuristic"]
     assert doc["config"]["max_new_tokens"] == 8 and doc["config"]["seed"] == 0
     assert doc["config"]["drafter_options"]["draft-model"] == {"num_draft_tokens": 3}
     expected = select_prompts(load_prompts(str(prompts_file)), per_category=1, seed=0)
@@ -195,6 +198,32 @@ def test_budgets_are_capped_at_the_context_window_for_methods_and_peers_alike(tm
     assert main([*argv, "--categories", "full", "--out", str(tmp_path / "full")]) == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert err.startswith("error: prompt full (full) turn 1 takes ") and "fills the context window of 256" in err
+
+
+def test_bench_records_the_draft_model_each_method_drafts_with(tmp_path, prompts_file, tiny_pair, chat_tokenizer,
+                                                                monkeypatch, capsys):
+    """results.json `methods[].draft` and report.md's drafts line: the draft model as the load report names it
+    (with its quantization) for the methods and assisted peers drafting with it, none for the others."""
+    from specula.models.loading import DraftInfo, LoadReport
+
+    report = LoadReport(target_seconds=1.0, draft_seconds=0.5, other_seconds=0.0, total_seconds=1.5,
+                        peak_rss_bytes=2**30, draft=DraftInfo("tiny-draft", "int8"))
+    monkeypatch.setattr(bench_cmd, "load_models", lambda args: (tiny_pair[0], chat_tokenizer, tiny_pair[1], report))
+    out = tmp_path / "run"
+    code = main(["bench", "--target", "tiny", "--draft", "tiny", "--methods",
+                 "prompt-lookup,draft-model,fusion:draft=none",
+                 "--compare", "hf:greedy,hf:assisted", "--prompts", str(prompts_file), "--per-category", "1",
+                 "--max-new-tokens", "4", "--profile-repeats", "0", "--warmup-tokens", "0", "--no-progress",
+                 "--out", str(out)])
+    assert code == 0, capsys.readouterr().err
+    doc = json.loads((out / "results.json").read_text())
+    drafted, nothing = {"model": "tiny-draft", "quantize": "int8"}, {"model": None, "quantize": None}
+    assert doc["load"]["draft"] == drafted
+    assert {m["name"]: m["draft"] for m in doc["methods"]} == {
+        "none": nothing, "prompt-lookup": nothing, "draft-model": drafted, "fusion:draft=none": nothing,
+        "hf:greedy": nothing, "hf:assisted": drafted}
+    assert ("- drafts: none for none, prompt-lookup, fusion:draft=none, hf:greedy; tiny-draft (int8) for draft-model, "
+            "hf:assisted") in (out / "report.md").read_text().splitlines()
 
 
 def test_lossless_mismatch_exits_1_naming_prompt_and_method(tmp_path, prompts_file, tiny_models, corrupt_method,

@@ -70,7 +70,8 @@ def skip_model_dir(tmp_path_factory, tiny_tokenizer):
 
     path = tmp_path_factory.mktemp("tiny-qwen2-4")
     tiny_tokenizer.save_pretrained(path)
-    vocab = max(AutoTokenizer.from_pretrained(path).get_vocab().values()) + 1
+    tiny_model("qwen2", layers=4).save_pretrained(path)  # the config decides the tokenizer class loading picks
+    vocab = max(AutoTokenizer.from_pretrained(path).get_vocab().values()) + 1  # (without it: 96 logits, 97 ids)
     tiny_model("qwen2", seed=3, vocab=vocab, layers=4).save_pretrained(path)
     return str(path)
 
@@ -98,6 +99,28 @@ def test_draft_skip_runs_lossless_and_bad_skip_sets_exit_2_naming_the_fix(skip_m
     assert code == 2 and "drop --draft-quantize" in err
     code, err = run_skip(capsys, skip_model_dir, "--backend", "hf")
     assert code == 2 and "--draft skip needs the native backend" in err
+
+
+@pytest.mark.parametrize("flags, expected", [
+    (["--draft", "{dir}", "--method", "draft-model"], {"model": "{dir}", "quantize": "none"}),
+    (["--draft", "{dir}", "--draft-quantize", "int8", "--method", "draft-model"],
+     {"model": "{dir}", "quantize": "int8"}),
+    (["--draft", "self", "--method", "draft-model"], {"model": "self", "quantize": "int8"}),  # self's default
+    (["--draft", "{dir}", "--method", "prompt-lookup"], {"model": None, "quantize": None}),  # drafts without one
+])
+def test_json_load_report_names_the_draft_model_and_its_quantization(skip_model_dir, capsys, tmp_path, monkeypatch,
+                                                                     flags, expected):
+    monkeypatch.setenv("SPECULA_CACHE", str(tmp_path))
+    if "prompt-lookup" in flags:  # a draft a method cannot use is refused: load one through the Python API instead
+        spec = specula.api.load(skip_model_dir, draft=skip_model_dir, method="prompt-lookup",
+                                config=specula.api.LoadConfig(backend="hf"))
+        assert spec.load_report.to_dict()["draft"] == expected
+        return
+    code = main(["generate", "--target", skip_model_dir, "--prompt", "w5 w17", "--raw", "--max-new-tokens", "2",
+                 "--backend", "hf", "--json", *(f.format(dir=skip_model_dir) for f in flags)])
+    out = capsys.readouterr()
+    assert code == 0, out.err
+    assert json.loads(out.out)["load"]["draft"] == {k: v and v.format(dir=skip_model_dir) for k, v in expected.items()}
 
 
 def test_backend_native_on_an_unsupported_architecture_exits_2_naming_backend_hf(tmp_path, tiny_tokenizer, capsys,
