@@ -3,7 +3,10 @@
 For each prompt the target writes its own continuation (sampled at the analysed temperature,
 seeded); then target and draft are run teacher-forced over prompt + continuation, giving at
 every continuation position the processed target distribution ``p`` and draft distribution
-``q``. At each position and for n = 1..max_drafts drafts:
+``q``. A prompt with a JSON schema (`--prompts structured`) is analysed as the engine decodes
+structured output: the continuation is sampled under the schema, ``p`` is the target's
+distribution masked by it (`GrammarState.masked`, the engine's masking) and ``q`` the draft's own,
+unmasked. At each position and for n = 1..max_drafts drafts:
 
 * bounds (`specula.analysis.bounds`): alpha* for i.i.d., without-replacement and greedy drafts;
 * verifiers, the probability that one of the n drafts is accepted at that position:
@@ -185,18 +188,22 @@ def position_metrics(p: np.ndarray, q: np.ndarray, n_max: int, rng: np.random.Ge
 # ---------------------------------------------------------------------------- models
 @torch.inference_mode()
 def continuation_rows(target, draft, prompt_ids: Sequence[int], temperature: float, positions: int,
-                      seed: int) -> tuple[list[int], torch.Tensor, torch.Tensor]:
+                      seed: int, constraint=None, tokenizer=None) -> tuple[list[int], torch.Tensor, torch.Tensor]:
     """The target's own sampled continuation (up to `positions` tokens; drawn with draft-model
     speculative sampling, which is lossless: an exact sample of the target, only faster) and,
     teacher-forced over it, the processed target and draft distributions predicting each
-    continuation token: (tokens, p [m, vocab], q [m, vocab]) with m = len(tokens)."""
+    continuation token: (tokens, p [m, vocab], q [m, vocab]) with m = len(tokens).
+
+    `constraint` (a `specula.constraints.Constraint`, with the target's `tokenizer`): the continuation
+    is sampled under it and each row of p is masked by the grammar state after the tokens before it,
+    as the engine masks the target for structured output; q stays the draft's own, unmasked."""
     from specula.drafters.draft_model import DraftModelDrafter
     from specula.engine import SpeculativeDecoder
     from specula.sampling import SamplingParams, probabilities
 
     params = SamplingParams(temperature=temperature, seed=seed, max_new_tokens=positions)
-    sampler = SpeculativeDecoder(target, DraftModelDrafter(draft), eos_token_ids=None)
-    cont = sampler.generate(prompt_ids, params).token_ids
+    sampler = SpeculativeDecoder(target, DraftModelDrafter(draft), tokenizer, eos_token_ids=None)
+    cont = sampler.generate(prompt_ids, params, constraint).token_ids
     ids = list(prompt_ids) + cont
     start = len(prompt_ids) - 1  # row predicting cont[0]
     rows = []
@@ -205,6 +212,8 @@ def continuation_rows(target, draft, prompt_ids: Sequence[int], temperature: flo
         seq.prefill(ids[:start], logits="none")
         logits = seq.prefill(ids[start:-1], logits="all")  # [m, vocab]
         seq.release()
+        if model is target and constraint is not None:
+            logits = masked_rows(constraint, tokenizer, target.vocab_size, sampler.eos_token_ids, cont, logits)
         rows.append(probabilities(logits, params))
     vocab = min(rows[0].shape[-1], rows[1].shape[-1])
     if rows[1][:, vocab:].sum() > 0 or rows[0][:, vocab:].sum() > 0:
@@ -212,10 +221,23 @@ def continuation_rows(target, draft, prompt_ids: Sequence[int], temperature: flo
     return cont, rows[0][:, :vocab], rows[1][:, :vocab]
 
 
+def masked_rows(constraint, tokenizer, vocab: int, eos_token_ids, tokens: Sequence[int],
+                logits: torch.Tensor) -> torch.Tensor:
+    """logits [m, vocab] predicting each of `tokens` (teacher-forced), each row masked by `constraint`'s
+    grammar after the tokens before it (forbidden tokens at -inf): the engine's constrained law, through
+    its own `GrammarState.masked` over the chain of `tokens`."""
+    from specula.constraints import GrammarState
+    from specula.tree import TokenTree
+
+    state = GrammarState(constraint, tokenizer, vocab, sorted(eos_token_ids))
+    return state.masked(logits, TokenTree.chain(list(tokens[:-1]))).full()
+
+
 def measure(target, draft, tokenizer, prompts, config: AcceptanceConfig,
             progress: Callable[[str], None] = lambda _: None) -> dict:
-    """Analyse every prompt (`specula.bench.datasets.BenchPrompt`, first turn) at every
-    temperature; returns the results document (see `summarize`)."""
+    """Analyse every prompt (`specula.bench.datasets.BenchPrompt`, first turn; one with a `schema`
+    under its constraint, `continuation_rows`) at every temperature; returns the results document
+    (see `summarize`)."""
     from specula.prompts import encode_prompt
 
     rng = np.random.default_rng(config.seed)
@@ -224,7 +246,7 @@ def measure(target, draft, tokenizer, prompts, config: AcceptanceConfig,
         for i, prompt in enumerate(prompts):
             ids = encode_prompt(tokenizer, prompt.turns[0])
             tokens, p_rows, q_rows = continuation_rows(target, draft, ids, temperature, config.positions,
-                                                       config.seed + i)
+                                                       config.seed + i, prompt.constraint, tokenizer)
             for pos in range(len(tokens)):
                 full = p_rows[pos].double().numpy(), q_rows[pos].double().numpy()
                 p, q = coarse_grain(*full, config.lump_mass)

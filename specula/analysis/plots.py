@@ -71,7 +71,10 @@ def render_markdown(document: dict[str, Any]) -> str:
         f"Positions: the target's own sampled continuation ({config['positions']} tokens per prompt), teacher-forced. "
         f"Tokens outside the top set are merged into one (tail mass <= {config['lump_mass']:g} in p and q). "
         f"RRS without replacement: Monte Carlo, {config['trajectories']} trajectories per position (± = standard error); "
-        "the other verifiers and all bounds are exact.",
+        "the other verifiers and all bounds are exact."
+        + (f" {models['constrained_prompts']} prompt(s) carry a JSON schema: their continuation is sampled under it "
+           "and p is the target's distribution masked by it, as the engine decodes structured output; q is the "
+           "draft's own, unmasked." if models.get("constrained_prompts") else ""),
     ]
     for run in document["runs"]:
         overall = run["overall"]

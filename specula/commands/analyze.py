@@ -23,7 +23,10 @@ def register(sub) -> None:
                     "the acceptance of RRS with and without replacement and SpecTr K-SEQ; write results.json, "
                     "report.md and acceptance.png to --out.")
     add_model_args(a)
-    a.add_argument("--prompts", default="spec-bench", help="spec-bench or everyday (shipped) or a JSONL file (id, category, turns)")
+    a.add_argument("--prompts", default="spec-bench",
+                   help="spec-bench, everyday or structured (shipped; structured: each prompt is analysed under its "
+                        "JSON schema as the engine decodes structured output, p masked by it, q not: "
+                        "docs/structured.md) or a JSONL file of {id, category, turns[, schema]} (default spec-bench)")
     a.add_argument("--per-category", type=int, default=1, help="prompts per category (default 1)")
     add_categories_arg(a)
     a.add_argument("--drafts", type=int, default=8, help="analyse n = 1..DRAFTS drafts (default 8)")
@@ -70,6 +73,7 @@ def run(args: argparse.Namespace) -> int:
                        progress=lambda line: print(line, file=sys.stderr, flush=True))
     document["models"] = {"target": args.target, "draft": args.draft, "prompts": args.prompts,
                           "per_category": args.per_category, "dtype": args.dtype, "quantize": args.quantize,
+                          "constrained_prompts": sum(p.schema is not None for p in prompts),
                           "seconds": round(time.perf_counter() - t0, 1)}
     atomic_write_json(out / "results.json", document)
     atomic_write_text(out / REPORT_FILE, render_markdown(document))

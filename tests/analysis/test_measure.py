@@ -236,3 +236,101 @@ def test_rrs_without_replacement_is_not_flagged_above_its_bound_when_no_trajecto
     records[0]["rrs_without_replacement"] = [v + 0.05 for v in records[0]["without_replacement"]]
     assert summarize(records, config)["runs"][0]["checks"]["verifiers"]["rrs_without_replacement"][
         "positions_above_bound"] == 1
+
+
+SCHEMA = {"type": "object", "properties": {"name": {"enum": ["ab", "cd"]}, "age": {"type": "integer"}},
+          "required": ["name", "age"], "additionalProperties": False}
+
+
+@pytest.fixture(scope="module")
+def printable_tokenizer():
+    """A byte-level tokenizer llguidance reads, over every printable ASCII character (the shipped
+    structured prompts' text and schemas are written in them)."""
+    import string
+
+    from grammar_kit import JSON_MERGES, byte_level_tokenizer
+
+    return byte_level_tokenizer(list(string.printable[:95]) + ["\n"], JSON_MERGES)
+
+
+def _grammar_prefix(tokenizer, vocab: int, schema: dict, tokens: list[int]) -> list[torch.Tensor]:
+    """The grammar's allowed-token mask before each of `tokens` (a fresh llguidance matcher fed them:
+    every token must be allowed)."""
+    from llguidance import LLMatcher
+
+    from specula.constraints import Constraint, grammar_tokenizer
+    from specula.constraints.matcher import unpack_bitmask
+
+    matcher = LLMatcher(grammar_tokenizer(tokenizer, vocab, [tokenizer.eos_token_id]),
+                        Constraint.json_schema(schema).grammar_text())
+    masks = []
+    for tok in tokens:
+        masks.append(unpack_bitmask(matcher.compute_bitmask(), vocab))
+        assert masks[-1][tok], (tok, tokens)  # sampled under the schema
+        if tok != tokenizer.eos_token_id:
+            assert matcher.consume_token(tok)
+    return masks
+
+
+def test_continuation_rows_under_a_schema_mask_p_and_leave_q(printable_tokenizer):
+    """A structured prompt is analysed as the engine decodes it: the continuation follows the schema, p is
+    the target's distribution masked by the grammar at each position (0 outside it), q the draft's own."""
+    from specula.analysis.measure import continuation_rows
+    from specula.constraints import Constraint
+    from specula.models.hf import HFCausalLM
+    from specula.sampling import SamplingParams, probabilities
+
+    vocab = len(printable_tokenizer) + 3
+    target, draft = tiny_model("llama", seed=3, vocab=vocab), tiny_model("llama", seed=4, vocab=vocab)
+    prompt = printable_tokenizer.encode("Name and age as JSON:")
+    tokens, p, q = continuation_rows(HFCausalLM(target), HFCausalLM(draft), prompt, 0.9, 8, seed=1,
+                                     constraint=Constraint.json_schema(SCHEMA), tokenizer=printable_tokenizer)
+    assert printable_tokenizer.decode(tokens).startswith('{"name": "')  # the schema's forced opening
+    masks = _grammar_prefix(printable_tokenizer, vocab, SCHEMA, tokens)
+    params = SamplingParams(temperature=0.9)
+    with torch.inference_mode():
+        t_logits = target(torch.tensor([prompt + tokens])).logits[0, len(prompt) - 1 : -1]
+        d_logits = draft(torch.tensor([prompt + tokens])).logits[0, len(prompt) - 1 : -1]
+    allowed = torch.stack(masks)  # [m, vocab]
+    assert (p[~allowed] == 0).all() and (p.sum(-1) - 1).abs().max() < 1e-5
+    torch.testing.assert_close(p, probabilities(t_logits.masked_fill(~allowed, float("-inf")), params),
+                               atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(q, probabilities(d_logits, params), atol=1e-5, rtol=1e-4)  # unmasked
+    assert (q[~allowed] > 0).any()
+
+
+def test_analyze_acceptance_on_the_structured_prompts(tmp_path, printable_tokenizer, monkeypatch, capsys):
+    """`analyze acceptance --prompts structured`: each prompt's continuation follows its schema (the
+    records' tokens are a prefix its grammar accepts) and the report says p was masked."""
+    import specula.api
+    from specula.bench.datasets import load_prompts, select_prompts
+    from specula.cli import main
+    from specula.models.hf import HFCausalLM
+
+    vocab = len(printable_tokenizer) + 3
+    target = HFCausalLM(tiny_model("llama", seed=3, vocab=vocab), "target")
+    draft = HFCausalLM(tiny_model("llama", seed=4, vocab=vocab), "draft")
+    monkeypatch.setattr(specula.api, "load_backend", lambda *args, **kwargs: (target, printable_tokenizer))
+    monkeypatch.setattr(specula.api, "load_draft", lambda *args, **kwargs: draft)
+    out = tmp_path / "out"
+    code = main(["analyze", "acceptance", "--target", "tiny", "--draft", "self", "--prompts", "structured",
+                 "--per-category", "1", "--drafts", "2", "--positions", "5", "--trajectories", "4", "--out", str(out)])
+    assert code == 0, capsys.readouterr().err
+    doc = json.loads((out / "results.json").read_text())
+    prompts = {p.id: p for p in select_prompts(load_prompts("structured"), 1, None, 0)}
+    assert doc["models"]["constrained_prompts"] == len(prompts) == 5
+    records = doc["runs"][0]["records"]
+    assert {r["prompt"] for r in records} == set(prompts)
+    for pid, prompt in prompts.items():
+        tokens = [r["token"] for r in sorted((r for r in records if r["prompt"] == pid), key=lambda r: r["position"])]
+        assert printable_tokenizer.decode(tokens)[:1] in "{[", pid  # JSON, not the tiny model's free text
+        _grammar_prefix(printable_tokenizer, vocab, prompt.schema, tokens)  # every token the schema allowed
+    assert "carry a JSON schema" in (out / "report.md").read_text()
+
+
+def test_analyze_help_lists_structured_among_the_prompt_sets(capsys):
+    from specula.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["analyze", "acceptance", "--help"])
+    assert "spec-bench, everyday or structured" in " ".join(capsys.readouterr().out.split())
