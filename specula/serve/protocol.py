@@ -344,10 +344,10 @@ def _penalties(body: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _opt_bool(body: Mapping[str, Any], name: str) -> bool:
+def _opt_bool(body: Mapping[str, Any], name: str, default: bool = False) -> bool:
     value = body.get(name)
     if value is None:
-        return False
+        return default
     if not isinstance(value, bool):
         raise _type_error(name, "a boolean", value)
     return value
@@ -404,12 +404,17 @@ def prompt_error(exc: Exception, param: str) -> APIError:
     return APIError(400, str(exc), param=param, code="invalid_value")
 
 
+def _refuse_set(body: Mapping[str, Any], neutrals: Mapping[str, tuple[Any, ...]], why: str) -> None:
+    """A 400 (unsupported_parameter) for the first field of `neutrals` given away from its no-op values;
+    `why` (with `{name}`) says why it is refused."""
+    for name, neutral in neutrals.items():
+        if name in body and body[name] not in neutral:
+            raise APIError(400, why.format(name=name), param=name, code="unsupported_parameter")
+
+
 def _refuse_unsupported(body: Mapping[str, Any]) -> None:
     """An APIError for a parameter of `_UNSUPPORTED` set away from its no-op value."""
-    for name, neutral in _UNSUPPORTED.items():
-        if name in body and body[name] not in neutral:
-            raise APIError(400, f"'{name}' is not supported by this server; remove it from the request",
-                           param=name, code="unsupported_parameter")
+    _refuse_set(body, _UNSUPPORTED, "'{name}' is not supported by this server; remove it from the request")
 
 
 def parse_tokenize(body: Mapping[str, Any], served_model: str) -> tuple[Any, bool]:
@@ -625,11 +630,8 @@ def _template_options(body: Mapping[str, Any]) -> dict[str, bool]:
     """Chat's `add_generation_prompt` (default true) and `continue_final_message` (default false), vLLM's
     chat template options; both true is vLLM's 400 (so is continue_final_message alone, add_generation_prompt
     being true by default: vLLM refuses it through transformers)."""
-    add = body.get("add_generation_prompt")
-    add = True if add is None else add
-    if not isinstance(add, bool):
-        raise _type_error("add_generation_prompt", "a boolean", add)
-    options = {"add_generation_prompt": add, "continue_final_message": _opt_bool(body, "continue_final_message")}
+    options = {"add_generation_prompt": _opt_bool(body, "add_generation_prompt", default=True),
+               "continue_final_message": _opt_bool(body, "continue_final_message")}
     try:
         check_template_options(**options)
     except ConfigError as exc:
@@ -639,19 +641,15 @@ def _template_options(body: Mapping[str, Any]) -> dict[str, bool]:
 
 def _no_template_options(body: Mapping[str, Any]) -> None:
     """A prompt that is not chat messages takes none of the chat template's options."""
-    for name, neutral in (("add_generation_prompt", (None, True)), ("continue_final_message", (None, False))):
-        if body.get(name) not in neutral:
-            raise APIError(400, f"'{name}' is a chat template option: it takes 'messages' (/v1/chat/completions, "
-                                "/tokenize), not a prompt", param=name, code="unsupported_parameter")
+    _refuse_set(body, {"add_generation_prompt": (None, True), "continue_final_message": (None, False)},
+                "'{name}' is a chat template option: it takes 'messages' (/v1/chat/completions, /tokenize), not a "
+                "prompt")
 
 
 def _no_tools(body: Mapping[str, Any]) -> None:
     """Completions take no tools (a chat completions parameter)."""
-    for name, neutral in (("tools", (None, [])), ("tool_choice", (None, "none", "auto")),
-                          ("parallel_tool_calls", (None,))):
-        if body.get(name) not in neutral:
-            raise APIError(400, f"'{name}' is a /v1/chat/completions parameter; /v1/completions does not take it",
-                           param=name, code="unsupported_parameter")
+    _refuse_set(body, {"tools": (None, []), "tool_choice": (None, "none", "auto"), "parallel_tool_calls": (None,)},
+                "'{name}' is a /v1/chat/completions parameter; /v1/completions does not take it")
 
 
 def _stop(body: Mapping[str, Any]) -> tuple[str, ...]:
