@@ -112,11 +112,8 @@ def apply_chat_template(tokenizer: Any, prompt: str | Sequence[Mapping[str, str]
         if problem:
             raise ConfigError(f"the prompt is not valid Unicode: {problem}")
         if raw or not has_template:
-            if tools:
-                raise ConfigError("tools are rendered by the chat template: a raw prompt (or a tokenizer without a "
-                                  "chat template) cannot take them")
-            _no_template_options(add_generation_prompt, continue_final_message, "a raw prompt (or a tokenizer "
-                                                                                "without a chat template)")
+            _no_template_options(tools, add_generation_prompt, continue_final_message,
+                                 "a raw prompt (or a tokenizer without a chat template)")
             return list(tokenizer.encode(prompt))
         messages: list[Mapping[str, str]] = [{"role": "user", "content": prompt}]
     else:
@@ -169,10 +166,7 @@ def encode_prompt(tokenizer: Any, prompt: Prompt, raw: bool = False,
         return _some_tokens(apply_chat_template(tokenizer, prompt, raw=raw, tools=tools, **options))
     if not all(is_integer(t) for t in prompt):
         raise ConfigError("a prompt list must hold token ids (integers) or chat messages ({'role', 'content'})")
-    if tools:
-        raise ConfigError("tools are rendered by the chat template: a prompt of token ids cannot take them")
-    check_template_options(add_generation_prompt, continue_final_message)
-    _no_template_options(add_generation_prompt, continue_final_message, "a prompt of token ids")
+    _no_template_options(tools, add_generation_prompt, continue_final_message, "a prompt of token ids")
     return [int(t) for t in prompt]
 
 
@@ -187,8 +181,13 @@ def check_template_options(add_generation_prompt: bool, continue_final_message: 
                           "continue the final message")
 
 
-def _no_template_options(add_generation_prompt: bool, continue_final_message: bool, what: str) -> None:
-    """Refuse the chat template's options for a prompt that does not go through it."""
+def _no_template_options(tools: Sequence[Mapping[str, Any]] | None, add_generation_prompt: bool,
+                         continue_final_message: bool, what: str) -> None:
+    """Refuse the chat template's inputs (`tools`, and its options away from their defaults) for a prompt that
+    does not go through it (`what`): both options true is vLLM's error first (`check_template_options`)."""
+    if tools:
+        raise ConfigError(f"tools are rendered by the chat template: {what} cannot take them")
+    check_template_options(add_generation_prompt, continue_final_message)
     if not add_generation_prompt or continue_final_message:
         raise ConfigError(f"add_generation_prompt and continue_final_message are the chat template's: {what} "
                           "cannot take them")
