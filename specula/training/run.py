@@ -19,7 +19,7 @@ import sys
 import time
 from dataclasses import asdict, replace
 from pathlib import Path
-from typing import Literal, Sequence
+from typing import Any, Literal, Sequence
 
 import torch
 
@@ -337,22 +337,56 @@ def cache_paths(target, file: Path, corpus: CorpusConfig, layers: tuple[int, ...
     return corpus_path, cache_dir("training", f"features-{fkey}{suffix}.safetensors")
 
 
-def weights_stamp(target) -> str:
-    """A few values of the target's output head, hashed: tells apart two models saved at one path
-    (the cache keys hold the path, so that answers carried from another machine with the same
-    cache root are found)."""
-    from specula.drafters.heads.file import fingerprint
+STAMP_TOLERANCE = (0.05, 0.01)
+"""Largest difference (absolute, relative: the larger counts) between two stamps' logits (`weights_stamp`) that
+still reads as the same weights: the same model in the same dtype on another thread count or machine differs by
+rounding (~1e-4 in float32; bfloat16 keeps 8 bits, 0.4%); a fine-tune, even of a few layers, moves them by tenths
+or more."""
+STAMP_IDS = tuple(range(1, 17))
+"""Tokens (taken modulo the vocabulary) the stamp's forward pass reads: every layer's weights act on them."""
 
-    return hashlib.sha256(json.dumps([round(v, 3) for v in fingerprint(target)]).encode()).hexdigest()[:16]
+
+def weights_stamp(target) -> dict[str, Any]:
+    """What tells apart two models saved at one path (the cache keys hold the path, so that answers
+    carried from another machine with the same cache root are found): a few values of the output head,
+    hashed (`rows`), and the logits of a fixed short pass for a few tokens (`logits`), which every layer
+    moves, so a fine-tune that left the output head as it was reads as other weights too."""
+    from specula.drafters.heads.file import FINGERPRINT_IDS, fingerprint
+
+    rows = hashlib.sha256(json.dumps([round(v, 3) for v in fingerprint(target)]).encode()).hexdigest()[:16]
+    seq = target.new_sequence()
+    try:
+        out = seq.prefill([i % target.vocab_size for i in STAMP_IDS])
+    finally:
+        seq.release()
+    last = out[-1] if out.dim() > 1 else out  # [vocab]: "last" gives one row (a [1, vocab] block on some backends)
+    ids = torch.tensor([i for i in FINGERPRINT_IDS if i < target.vocab_size])
+    return {"rows": rows, "logits": [round(float(v), 4) for v in last.float()[ids]]}
+
+
+def same_weights(ours: dict[str, Any], theirs: str) -> bool:
+    """Whether the stamp file's text `theirs` was written for the weights of stamp `ours` (`weights_stamp`):
+    the same output head and logits within `STAMP_TOLERANCE`. A stamp of before the logits (the head's
+    hash alone) is judged by the head, as it was written."""
+    try:
+        old = json.loads(theirs)
+    except json.JSONDecodeError:
+        return theirs == ours["rows"]
+    if not isinstance(old, dict) or old.get("rows") != ours["rows"]:
+        return False
+    logits = old.get("logits")
+    return (isinstance(logits, list) and len(logits) == len(ours["logits"])
+            and all(isinstance(a, (int, float)) and abs(a - b) <= max(STAMP_TOLERANCE[0], STAMP_TOLERANCE[1] * abs(b))
+                    for a, b in zip(logits, ours["logits"])))
 
 
 def _forget_other_weights(target, stamp: Path, patterns: Sequence[str]) -> None:
     """Where the cached answers of a prompt file were made by other weights at the target's path (a
-    model retrained or replaced in place; `stamp`, written beside them, says so), delete every cache
-    file `patterns` names, so they are made again for these weights: the old model's answers and
-    features were trained on, and the head recorded as the new model's. Stamped when unstamped (a
-    cache from before the stamp, or carried from another machine, counts as these weights'). A
-    fine-tune that left the output head exactly as it was still reads as the same model."""
+    model retrained, fine-tuned or replaced in place; `stamp`, written beside them, says so:
+    `weights_stamp`), delete every cache file `patterns` names, so they are made again for these
+    weights: the old model's answers and features were trained on, and the head recorded as the new
+    model's. Stamped when unstamped (a cache from before the stamp, or carried from another machine,
+    counts as these weights'); a stamp of before the logits is rewritten with them."""
     from specula.paths import atomic_write_text
 
     ours = weights_stamp(target)
@@ -360,9 +394,10 @@ def _forget_other_weights(target, stamp: Path, patterns: Sequence[str]) -> None:
         theirs = stamp.read_text().strip()
     except OSError:
         theirs = None
-    if theirs == ours:
-        return
-    if theirs is not None:
+    if theirs is not None and same_weights(ours, theirs):
+        if theirs.startswith("{"):
+            return
+    elif theirs is not None:
         stale = sorted({p for pattern in patterns for p in stamp.parent.glob(pattern)})
         if stale:
             print(f"note: the cached answers and features {', '.join(p.name for p in stale)} were made by other "
@@ -370,7 +405,7 @@ def _forget_other_weights(target, stamp: Path, patterns: Sequence[str]) -> None:
         for path in stale:
             path.unlink(missing_ok=True)
     stamp.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(stamp, ours + "\n")
+    atomic_write_text(stamp, json.dumps(ours) + "\n")
 
 
 def file_corpus(tokenizer, prompts: Sequence[tuple[str, str]], corpus: CorpusConfig) -> CorpusConfig:

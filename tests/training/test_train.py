@@ -714,6 +714,54 @@ def test_another_model_saved_at_the_same_path_gets_its_own_answers_and_features(
     assert own != first and answers() == own  # the new model's answers, not the cached ones
 
 
+def test_a_fine_tune_that_kept_the_output_head_gets_its_own_answers(tmp_path, tiny_tokenizer):
+    """The stamp was the output head's rows alone: a model fine-tuned in place on its inner layers (a LoRA
+    merged back, the head untouched) read as the same weights and trained on the old model's answers."""
+    from specula.models.loading import LoadConfig, load_backend
+    from specula.training.corpus import CorpusConfig, generate_corpus, read_prompts
+    from specula.training.run import cache_paths
+
+    path, model, data = saved_training_setup(tmp_path, tiny_tokenizer)
+    config = CorpusConfig(max_new_tokens=6)
+
+    def answers():
+        target, _ = load_backend(str(path), LoadConfig(), "target")
+        corpus, _ = cache_paths(target, data, config)
+        return [e.output_ids for e in generate_corpus(target, tiny_tokenizer, read_prompts([data]), corpus, config)]
+
+    first = answers()
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.mlp.down_proj.weight.mul_(-1.0)
+    model.save_pretrained(path)  # the output head and embeddings as they were
+    fresh, _ = load_backend(str(path), LoadConfig(), "target")
+    own = [e.output_ids for e in generate_corpus(fresh, tiny_tokenizer, read_prompts([data]), tmp_path / "own.jsonl",
+                                                 config)]
+    assert own != first and answers() == own
+
+
+def test_a_cache_stamped_by_the_head_alone_is_kept_and_restamped(tmp_path, tiny_tokenizer):
+    """A cache from before the stamp held the logits (the head's hash alone) is these weights' when the head
+    agrees: its answers are read back, not made again, and the stamp gains the logits."""
+    import json
+
+    from specula.models.loading import LoadConfig, load_backend
+    from specula.training.run import _forget_other_weights, weights_stamp
+
+    path, _, _ = saved_training_setup(tmp_path, tiny_tokenizer)
+    target, _ = load_backend(str(path), LoadConfig(), "target")
+    ours = weights_stamp(target)
+    stamp, kept = tmp_path / "weights-k.txt", tmp_path / "corpus-k.jsonl"
+    kept.write_text("x\n")
+    stamp.write_text(ours["rows"] + "\n")
+    _forget_other_weights(target, stamp, ["corpus-k.jsonl*"])
+    assert kept.exists() and json.loads(stamp.read_text()) == ours
+    moved = dict(ours, logits=[v + 1.0 for v in ours["logits"]])  # another model's logits, the same head
+    stamp.write_text(json.dumps(moved))
+    _forget_other_weights(target, stamp, ["corpus-k.jsonl*"])
+    assert not kept.exists() and json.loads(stamp.read_text()) == ours
+
+
 def test_a_prompt_file_with_an_id_given_twice_is_refused_naming_both_lines(tmp_path):
     from specula.training.corpus import read_prompts
 
