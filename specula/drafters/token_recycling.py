@@ -17,7 +17,8 @@ Choices made here:
 - A node's edge score is a per-rank prior (`rank_prior`), a stand-in estimate of each child
   rank's acceptance for the planner to calibrate.
 - The matrix is shared by every request (no per-request state). With `state_path` it is loaded
-  at creation (refused for another vocabulary or tokenizer) and saved atomically when a request
+  at creation (refused for another vocabulary or tokenizer; another model's with the same tokenizer is
+  loaded with a note on stderr: its rows still draft, losslessly) and saved atomically when a request
   finishes (at most every `SAVE_SECONDS`) and at interpreter exit (`save_states`), or on `save()`.
 """
 
@@ -148,10 +149,11 @@ class TokenRecyclingDrafter:
     name = "token-recycling"
 
     def __init__(self, vocab_size: int, config: TokenRecyclingConfig = TokenRecyclingConfig(),
-                 fingerprint: str | None = None) -> None:
+                 fingerprint: str | None = None, model: str | None = None) -> None:
         self.config = config
         self.vocab_size = int(vocab_size)
         self.fingerprint = fingerprint
+        self.model = model  # the target whose top-k the matrix holds (None: unknown), recorded in the state file
         self.matrix = np.full((self.vocab_size, config.top_k), -1, dtype=np.int32)  # [vocab, k]
         self.template = _template(config.rank_prior)
         self.dirty = False
@@ -207,7 +209,7 @@ class TokenRecyclingDrafter:
         if not path.name:
             raise ConfigError("no path to save the token-recycling state to: pass --recycling-state FILE")
         meta = {"format": STATE_FORMAT, "version": STATE_VERSION, "vocab_size": self.vocab_size,
-                "top_k": self.config.top_k, "fingerprint": self.fingerprint}
+                "top_k": self.config.top_k, "fingerprint": self.fingerprint, "model": self.model}
         with atomic_file(path, "wb") as handle:
             np.savez(handle, matrix=self.matrix, meta=np.array(json.dumps(meta)))
         if self.config.state_path is None or path == Path(self.config.state_path):
@@ -244,6 +246,15 @@ class TokenRecyclingDrafter:
             raise ConfigError(f"token-recycling state {str(path)!r} was made with another tokenizer; {fix}")
         if self.fingerprint is None:  # a drafter without a tokenizer keeps the file's, so its save does not drop it
             self.fingerprint = theirs
+        learned_on = meta.get("model")
+        if learned_on is not None and self.model is not None and learned_on != self.model:
+            # another model with this tokenizer (Qwen2.5-Coder 0.5B and 1.5B): its rows still draft, losslessly,
+            # but they are that model's next tokens until this one verifies them; said, not refused
+            print(f"note: token-recycling state {str(path)!r} was learned on {learned_on}, not {self.model}; "
+                  f"its rows draft until {self.model} rewrites them (the output is unchanged either way)",
+                  file=sys.stderr)
+        if self.model is None:
+            self.model = learned_on
         if matrix.min(initial=0) < -1 or matrix.max(initial=0) >= self.vocab_size:
             raise ConfigError(f"token-recycling state {str(path)!r} holds ids outside the vocabulary; {fix}")
         self.matrix = matrix.astype(np.int32, copy=True)
@@ -315,4 +326,5 @@ def create(*, target=None, draft=None, recycling_state: str | None = None, token
     if config.top_k > vocab_size:  # its top-k of a step's logits would fail mid-generation
         raise ConfigError(f"token-recycling top_k ({config.top_k}) exceeds the vocabulary ({vocab_size}); "
                           "pass a smaller top_k")
-    return TokenRecyclingDrafter(vocab_size, config, fingerprint)
+    model = None if target is None or not recycling_state else str(target.cost_key().get("model"))
+    return TokenRecyclingDrafter(vocab_size, config, fingerprint, model)

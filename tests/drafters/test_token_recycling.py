@@ -263,6 +263,25 @@ def test_state_for_another_vocabulary_or_tokenizer_is_refused(tmp_path):
         TokenRecyclingDrafter(VOCAB, TokenRecyclingConfig(state_path=str(array)))
 
 
+def test_a_state_learned_on_another_model_with_the_tokenizer_is_loaded_with_a_note(tmp_path, capsys):
+    """The state recorded no model: the 0.5B's matrix hot-started the 1.5B (one tokenizer) without a word."""
+    state = tmp_path / "s.npz"
+    small = HFCausalLM(tiny_model("gpt2", seed=5), "small")
+    learned = make_drafter("token-recycling", target=small, recycling_state=str(state))
+    learned.matrix[3] = np.arange(8)
+    learned.save()
+    again = make_drafter("token-recycling", target=small, recycling_state=str(state))
+    assert capsys.readouterr().err == "" and again.matrix[3].tolist() == list(range(8))
+    other = HFCausalLM(tiny_model("gpt2", seed=6), "other")
+    assert other.cost_key()["model"] != small.cost_key()["model"]
+    loaded = make_drafter("token-recycling", target=other, recycling_state=str(state))
+    err = capsys.readouterr().err
+    assert f"was learned on {small.cost_key()['model']}, not {other.cost_key()['model']}" in err
+    assert loaded.matrix[3].tolist() == list(range(8))  # still drafts from it
+    keeper = TokenRecyclingDrafter(VOCAB, TokenRecyclingConfig(state_path=str(state)))  # no target given ...
+    assert keeper.model == small.cost_key()["model"]  # ... the file keeps its model
+
+
 def test_one_drafter_a_state_file_is_kept_for_the_exit_save(tmp_path):
     """Drafters are kept alive for the exit save: one a file (the latest, the one before saved if it
     had changes), not every one a process made (each holds its matrix)."""
