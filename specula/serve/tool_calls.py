@@ -2,28 +2,39 @@
 message content and tool calls in the wire's delta shape, for a streamed response as for a whole one.
 
 Every parser takes the text piece by piece (`feed`, then `finish` once the choice has ended) and gives
-back `(content, tool_call_deltas)`: the text to send as content now, and tool calls as
-`{"index", "id", "type": "function", "function": {"name", "arguments"}}` (a call's later deltas carry
-`index` and more `arguments` only). A whole response joins the same pieces (`join_tool_calls`), so a
+back `(content, tool_call_deltas)`: the text to send as content now, and tool call deltas as vLLM streams
+them: a call's first delta `{"index", "id", "type": "function", "function": {"name", "arguments"}}` once
+its name is known (with the arguments so far, often none), then deltas of `index` and more `arguments`
+only, as the arguments are generated. A whole response joins the same deltas (`join_tool_calls`), so a
 stream and a response of one output say the same thing. Tool call ids are vLLM's `chatcmpl-tool-<hex>`.
 
 - `HermesParser` (tool_choice auto, `--tool-call-parser hermes`): `<tool_call>{"name": ..., "arguments":
-  {...}}</tool_call>` blocks become tool calls, each in one delta when its closing tag arrives (or at
-  the end, when the output stops inside an unclosed block whose JSON is whole, as vLLM reads it); the
-  text before the first block is content, streamed as it comes except for a tail that could begin
-  `<tool_call>`, which waits for the next text.
+  {...}}</tool_call>` blocks become tool calls, each named as soon as its name is whole and its arguments
+  have begun, its arguments then sent as they settle (`_CallReader`); the text before the first block is
+  content, streamed as it comes except for a tail that could begin `<tool_call>`, which waits for the
+  next text.
 - `RequiredParser` (tool_choice required): the output is a JSON list of `{"name", "parameters"}`
-  (constrained); each element becomes a call as soon as it closes.
+  (constrained); each element becomes a call the same way, as its parameters begin.
 - `NamedParser` (a named tool_choice): the whole output (constrained) is the named tool's arguments,
   streamed as it comes.
+
+The arguments of auto and required are written as vLLM's whole response writes them (`json.dumps(
+arguments, ensure_ascii=False)`), piece by piece as the JSON settles (`specula.serve.json_rewrite`: a
+number goes out once the character after it shows it is whole, an escape once it is complete), so what
+was sent is never contradicted by what follows; vLLM streams the model's own text instead, whose layout
+its whole response does not keep. A call that has begun going out cannot be taken back: its JSON breaking
+off later (cut by max_tokens, malformed) leaves it with the arguments read up to there, in a whole
+response too (where max_tokens cut it, finish_reason says "length").
 """
 
 from __future__ import annotations
 
 import json
 import uuid
-from typing import Any, Protocol
+from dataclasses import dataclass
+from typing import Any, Callable, Protocol
 
+from specula.serve.json_rewrite import JsonRewriter, Path
 from specula.serve.tools import ToolUse
 
 TOOL_CALL_START = "<tool_call>"
@@ -38,8 +49,8 @@ def tool_call_id() -> str:
     return "chatcmpl-tool-" + uuid.uuid4().hex
 
 
-def whole_call(index: int, name: str, arguments: str) -> dict[str, Any]:
-    """One tool call's delta when it is sent whole."""
+def first_delta(index: int, name: str, arguments: str) -> dict[str, Any]:
+    """A tool call's first delta: its index, a new id, its type and name, and the arguments so far."""
     return {"index": index, "id": tool_call_id(), "type": "function",
             "function": {"name": name, "arguments": arguments}}
 
@@ -70,17 +81,86 @@ class Parser(Protocol):
     def finish(self) -> Piece: ...
 
 
-def _call_json(text: str, arguments_key: str) -> tuple[str, str] | None:
-    """(name, arguments as JSON text) of a call written as `{"name": ..., <arguments_key>: ...}`, or None
-    when `text` is not one. The arguments are written again as vLLM writes them (`json.dumps`,
-    `ensure_ascii=False`)."""
-    try:
-        value = json.loads(text)
-    except (ValueError, RecursionError):
-        return None
-    if not isinstance(value, dict) or not isinstance(value.get("name"), str) or arguments_key not in value:
-        return None
-    return value["name"], json.dumps(value[arguments_key], ensure_ascii=False)
+@dataclass
+class _Call:
+    """One call object read so far: where its name and arguments lie in the reader's text."""
+
+    is_object: bool
+    name: str | None = None
+    """The name, once its string is whole (None: not yet, or not a string)."""
+    name_start: int | None = None
+    """Where the first "name" member's string begins in the text (None: none yet, or not a string)."""
+    start: int | None = None
+    """Where the arguments begin in the text (None: not begun)."""
+    end: int | None = None
+    """Where they end (None: not yet)."""
+    index: int | None = None
+    """The tool call's index once its first delta went out."""
+    sent: int = 0
+    """Characters of the arguments sent."""
+
+
+class _CallReader:
+    """The calls of a JSON text as it is generated: objects `{"name": <a string>, <arguments_key>: <any
+    value>}` at `depth` (0: the root, a hermes block's; 1: the elements of the root list, tool_choice
+    required's). A call goes out (`deltas`) once its name is whole and its arguments have begun: a first
+    delta with its index, id, type, name and the arguments so far, then more arguments as they settle,
+    written as `JsonRewriter` writes them (json.dumps's layout, what a whole response gives). A call object
+    that gives "name" or the arguments twice keeps the first."""
+
+    def __init__(self, depth: int, arguments_key: str, next_index: Callable[[], int]) -> None:
+        self.depth, self.arguments_key, self.next_index = depth, arguments_key, next_index
+        self.json = JsonRewriter(self._on_value)
+        self.calls: list[_Call] = []
+
+    @property
+    def called(self) -> bool:
+        """A call has gone out."""
+        return any(call.index is not None for call in self.calls)
+
+    def feed(self, text: str) -> list[dict[str, Any]]:
+        self.json.feed(text)
+        return self.deltas()
+
+    def close(self) -> list[dict[str, Any]]:
+        """The text has ended (a number at its end is whole)."""
+        self.json.close()
+        return self.deltas()
+
+    def _on_value(self, event: str, path: Path, offset: int, kind: str) -> None:
+        if len(path) == self.depth:
+            if event == "start" and (self.depth == 0 or isinstance(path[-1], int)):
+                self.calls.append(_Call(kind == "{"))
+            return
+        if len(path) != self.depth + 1 or not self.calls or not self.calls[-1].is_object:
+            return
+        call, key = self.calls[-1], path[-1]
+        if key == "name" and call.name is None:
+            if event == "start":
+                call.name_start = offset if kind == '"' and call.name_start is None else -1
+            elif call.name_start >= 0:
+                call.name = json.loads(self.json.text[call.name_start:offset])
+        elif key == self.arguments_key:
+            if event == "start" and call.start is None:
+                call.start = offset
+            elif event == "end" and call.end is None and call.start is not None:
+                call.end = offset
+
+    def deltas(self) -> list[dict[str, Any]]:
+        out = []
+        text = self.json.text
+        for call in self.calls:
+            if call.name is None or call.start is None:
+                continue
+            arguments = text[call.start:len(text) if call.end is None else call.end]
+            more = arguments[call.sent:]
+            call.sent = len(arguments)
+            if call.index is None:
+                call.index = self.next_index()
+                out.append(first_delta(call.index, call.name, more))
+            elif more:
+                out.append({"index": call.index, "function": {"arguments": more}})
+        return out
 
 
 def _partial_tag(text: str, tag: str) -> int:
@@ -95,14 +175,19 @@ class HermesParser:
     """Hermes-format tool calls (Qwen2.5, Qwen3, Hermes 2 Pro and others), as vLLM's `hermes` parser reads
     them. Content is the text before the first `<tool_call>`; whitespace between and after blocks is
     dropped; other text after a block is content too (vLLM drops it from a whole response and streams
-    it). A block that is not a call (not JSON, no string "name", no "arguments") stays in the content as
-    written."""
+    it). A block is a call once its JSON has given a string "name" and begun its "arguments" (`_CallReader`);
+    one that never does (not JSON, no string "name", no "arguments") stays in the content as written.
+    A call's JSON that breaks off after that (cut by max_tokens, malformed, text after it in the block)
+    keeps the arguments read up to there, as a stream has sent them."""
 
     def __init__(self) -> None:
         self.called = False
         self._pending = ""
-        """Text not yet given out: a possible start of `<tool_call>`, an open block, or whitespace after a block."""
-        self._in_block = False
+        """Text not yet read: a possible start of `<tool_call>` or `</tool_call>`, or whitespace after a block."""
+        self._block: _CallReader | None = None
+        """The open block's reader."""
+        self._raw = ""
+        """The open block's text as written (its content, should it not be a call)."""
         self._after_block = False
         """The last thing read was a block (whitespace waits to see whether more text or a block follows)."""
         self._index = 0
@@ -114,23 +199,28 @@ class HermesParser:
     def finish(self) -> Piece:
         return self._drain(final=True)
 
+    def _next_index(self) -> int:
+        self._index += 1
+        self.called = True
+        return self._index - 1
+
     def _drain(self, final: bool) -> Piece:
         content, calls = "", []
         while True:
-            if self._in_block:
+            if self._block is not None:
                 end = self._pending.find(TOOL_CALL_END)
+                cut = end if end >= 0 else len(self._pending) - (0 if final else _partial_tag(self._pending,
+                                                                                               TOOL_CALL_END))
+                body = self._pending[:cut]
+                self._pending = self._pending[cut + len(TOOL_CALL_END):] if end >= 0 else self._pending[cut:]
+                self._raw += body
+                calls += self._block.feed(body)
                 if end < 0 and not final:
                     break
-                body = self._pending if end < 0 else self._pending[:end]
-                self._pending = "" if end < 0 else self._pending[end + len(TOOL_CALL_END):]
-                self._in_block, self._after_block = False, True
-                call = _call_json(body, "arguments")
-                if call is None:
-                    content += TOOL_CALL_START + body + ("" if end < 0 else TOOL_CALL_END)
-                else:
-                    calls.append(whole_call(self._index, *call))
-                    self._index += 1
-                    self.called = True
+                calls += self._block.close()
+                if not self._block.called:
+                    content += TOOL_CALL_START + self._raw + (TOOL_CALL_END if end >= 0 else "")
+                self._block, self._raw, self._after_block = None, "", True
                 continue
             start = self._pending.find(TOOL_CALL_START)
             if start >= 0:
@@ -138,7 +228,7 @@ class HermesParser:
                 if not (self._after_block and text.isspace()):
                     content += text
                 self._pending = self._pending[start + len(TOOL_CALL_START):]
-                self._in_block = True
+                self._block = _CallReader(0, "arguments", self._next_index)
                 continue
             held = 0 if final else _partial_tag(self._pending, TOOL_CALL_START)
             text = self._pending[:len(self._pending) - held]
@@ -155,51 +245,30 @@ class HermesParser:
 
 class RequiredParser:
     """tool_choice required: the output is constrained to `[{"name": ..., "parameters": {...}}, ...]`; each
-    element is a call once its closing brace arrives (its parameters written again as vLLM writes them).
-    An output that ends with no element complete (cut by max_tokens or a stop string) is content, as
-    written."""
+    element is a call once its name is whole and its parameters have begun, its parameters streamed as
+    they settle (`_CallReader`). An output that ends before any call began (cut by max_tokens or a stop
+    string) is content, as written; one cut inside a call keeps the parameters read up to there."""
 
     def __init__(self) -> None:
-        self.called = False
         self._text = ""
-        self._depth = 0
-        self._in_string = False
-        self._escaped = False
-        self._element = -1
-        """Where the element being read starts in `_text` (-1: between elements)."""
         self._index = 0
+        self._reader = _CallReader(1, "parameters", self._next_index)
+
+    @property
+    def called(self) -> bool:
+        return self._reader.called
+
+    def _next_index(self) -> int:
+        self._index += 1
+        return self._index - 1
 
     def feed(self, text: str) -> Piece:
-        calls = []
-        for i, c in enumerate(text, len(self._text)):
-            if self._in_string:
-                if self._escaped:
-                    self._escaped = False
-                elif c == "\\":
-                    self._escaped = True
-                elif c == '"':
-                    self._in_string = False
-            elif c == '"':
-                self._in_string = True
-            elif c in "[{":
-                if self._depth == 1 and c == "{":
-                    self._element = i
-                self._depth += 1
-            elif c in "]}":
-                self._depth -= 1
-                if self._depth == 1 and self._element >= 0:
-                    element = (self._text + text)[self._element:i + 1]
-                    self._element = -1
-                    call = _call_json(element, "parameters")
-                    if call is not None:
-                        calls.append(whole_call(self._index, *call))
-                        self._index += 1
-                        self.called = True
         self._text += text
-        return "", calls
+        return "", self._reader.feed(text)
 
     def finish(self) -> Piece:
-        return ("" if self.called else self._text), []
+        calls = self._reader.close()
+        return ("" if self.called else self._text), calls
 
 
 class NamedParser:
@@ -217,13 +286,13 @@ class NamedParser:
         if self.called:
             return "", [{"index": 0, "function": {"arguments": text}}]
         self.called = True
-        return "", [whole_call(0, self.name, text)]
+        return "", [first_delta(0, self.name, text)]
 
     def finish(self) -> Piece:
         if self.called:
             return "", []
         self.called = True
-        return "", [whole_call(0, self.name, "")]
+        return "", [first_delta(0, self.name, "")]
 
 
 class ToolCallOutput:

@@ -78,10 +78,11 @@ def test_arguments_are_written_as_vllm_writes_them():
 @pytest.mark.parametrize("text, content, calls", HERMES_CASES)
 def test_hermes_streamed_in_any_pieces_adds_up_to_the_whole(text, content, calls):
     rng = random.Random(0)
+    functions = [c["function"] for c in whole(HermesParser(), text)[1]]
     splits = [list(text)] + [_random_pieces(rng, text) for _ in range(20)]
     for pieces in splits:
         got_content, got_calls, sent = streamed(HermesParser(), pieces)
-        assert (got_content, plain(got_calls)) == (content, calls), pieces
+        assert (got_content, [c["function"] for c in got_calls]) == (content, functions), pieces
         assert all(content.startswith(s) for s in sent)  # nothing sent is taken back
 
 
@@ -93,13 +94,72 @@ def test_text_that_may_start_a_tag_is_held_back_until_it_is_known():
     assert parser.feed("m here") == ("<tool_calm here", [])  # not the tag after all: given out at once
     assert parser.feed(" <tool_call>") == (" ", [])  # the text before the first block is content
     content, calls = parser.feed(CALL + "</tool")
-    assert (content, calls) == ("", [])
-    content, calls = parser.feed("_call>")
     assert content == "" and plain(calls) == [("get_weather", {"city": "Paris", "unit": "c"})]
     assert calls[0]["index"] == 0 and parser.called
+    assert parser.feed("_call>") == ("", [])
 
 
-def test_each_call_is_sent_when_its_end_tag_arrives():
+def deltas_by_piece(parser, pieces: list[str]) -> list[list[dict]]:
+    """The tool call deltas each piece gave (the last list: finish's)."""
+    out = [parser.feed(piece)[1] for piece in pieces]
+    return out + [parser.finish()[1]]
+
+
+def test_a_hermes_call_streams_its_name_then_its_arguments_as_they_come():
+    """vLLM's streaming: a first delta with index, id, type and name once the name is whole (and the
+    arguments have begun), then deltas of `index` and more arguments only, as the arguments are generated."""
+    text = f"<tool_call>\n{CALL}\n</tool_call>"
+    got = deltas_by_piece(HermesParser(), list(text))
+    flat = [d for ds in got for d in ds]
+    assert all(len(ds) <= 1 for ds in got)  # one delta a piece
+    first, rest = flat[0], flat[1:]
+    assert first["function"]["name"] == "get_weather" and first["type"] == "function" and first["index"] == 0
+    assert first["id"].startswith("chatcmpl-tool-") and first["function"]["arguments"] == "{"
+    sent_at = [i for i, ds in enumerate(got) if ds]
+    assert text[:sent_at[0] + 1].endswith('"arguments": {')  # named as soon as the arguments begin
+    assert len(rest) > 10 and all(d.keys() == {"index", "function"} and d["function"].keys() == {"arguments"}
+                                  and d["index"] == 0 for d in rest)
+    assert sent_at[-1] < text.index("</tool_call>")  # the arguments were all out before the end tag
+    assert join_tool_calls(flat)[0]["function"] == {"name": "get_weather",
+                                                    "arguments": '{"city": "Paris", "unit": "c"}'}
+
+
+ODD = ('<tool_call>{"arguments" :{"n":12,"x":[1.50,-0,1E2,true,null],"s":"a\\u00e9\\ud83d\\ude00\\n\\/b",'
+       '"e":{}},\n "name":"f\\u00fc"}</tool_call>')
+
+
+@pytest.mark.parametrize("text", [CALL, ODD.removeprefix("<tool_call>").removesuffix("</tool_call>")])
+def test_streamed_arguments_are_exactly_the_whole_responses_in_json_dumps_layout(text):
+    """What goes out is never taken back: each piece's arguments extend what was sent, and all of them add up
+    to json.dumps(arguments, ensure_ascii=False), what the whole text gives (vLLM's non-streamed form),
+    however the text is split (numbers wait for their end, escapes for their last character)."""
+    block = f"<tool_call>{text}</tool_call>"
+    value = json.loads(text)
+    expected = [{"name": value["name"], "arguments": json.dumps(value["arguments"], ensure_ascii=False)}]
+    rng = random.Random(3)
+    for pieces in [[block], list(block)] + [_random_pieces(rng, block) for _ in range(30)]:
+        calls = join_tool_calls([d for ds in deltas_by_piece(HermesParser(), pieces) for d in ds])
+        assert [c["function"] for c in calls] == expected, pieces
+    if text.startswith('{"arguments"'):  # the name comes last: the call goes out with its arguments whole
+        got = deltas_by_piece(HermesParser(), list(block))
+        assert [len(ds) for ds in got if ds] == [1] and got[block.index('"}')][0]["function"] == expected[0]
+
+
+@pytest.mark.parametrize("text, content, function", [
+    ('<tool_call>{"name": "f", "arguments": {"a": 1, "b": tru}}</tool_call> x', " x",
+     {"name": "f", "arguments": '{"a": 1, "b"'}),  # malformed after the arguments began
+    ('<tool_call>{"name": "f", "arguments": {"a": [1, 2', "", {"name": "f", "arguments": '{"a": [1, 2'}),  # cut
+    ('<tool_call>{"name": "f", "arguments": {}} and more</tool_call>', "", {"name": "f", "arguments": "{}"}),
+])
+def test_a_call_that_breaks_off_keeps_the_arguments_read_up_to_there(text, content, function):
+    """Once a call has begun going out it cannot be taken back: a stream and a whole response both answer the
+    call with the arguments read before the JSON broke off."""
+    for pieces in ([text], list(text)):
+        got_content, calls, _ = streamed(HermesParser(), pieces)
+        assert got_content == content and [c["function"] for c in calls] == [function]
+
+
+def test_each_call_has_its_own_index_and_id():
     parser = HermesParser()
     _, first = parser.feed(f"<tool_call>{CALL}</tool_call>\n<tool_call>{CALL2[:10]}")
     assert [c["index"] for c in first] == [0] and first[0]["function"]["name"] == "get_weather"
@@ -111,24 +171,29 @@ REQUIRED = ('[{"name": "get_weather", "parameters": {"city": "Pa]}\\"ris", "tags
             '{"name": "get_time", "parameters": {}}]')
 
 
-def test_required_output_becomes_its_calls_each_as_soon_as_it_closes():
+def test_required_output_becomes_its_calls_each_streamed_as_it_comes():
     content, calls = whole(RequiredParser(), REQUIRED)
     assert content == "" and plain(calls) == [
         ("get_weather", {"city": 'Pa]}"ris', "tags": ["a", {"b": 1}]}), ("get_time", {})]
-    cut = REQUIRED.index("}}, ") + 2
-    parser = RequiredParser()
-    assert parser.feed(REQUIRED[:cut - 1]) == ("", [])
-    _, first = parser.feed(REQUIRED[cut - 1:cut])
-    assert plain(join_tool_calls(first)) == [("get_weather", {"city": 'Pa]}"ris', "tags": ["a", {"b": 1}]})]
+    assert [c["function"]["arguments"] for c in calls] == [json.dumps(v) for _, v in plain(calls)]
+    got = deltas_by_piece(RequiredParser(), list(REQUIRED))
+    flat = [d for ds in got for d in ds]
+    begun = [i for i, ds in enumerate(got) if ds and "id" in ds[0]]
+    assert [REQUIRED[:i + 1][-15:] for i in begun] == ['"parameters": {'] * 2  # each named as its parameters begin
+    assert sum("id" not in d for d in flat) > 10  # then its parameters, piece by piece
+    assert join_tool_calls(flat) == calls[:0] + [{**c, "id": join_tool_calls(flat)[i]["id"]}
+                                                 for i, c in enumerate(calls)]
     for pieces in ([REQUIRED], list(REQUIRED), _random_pieces(random.Random(1), REQUIRED)):
-        assert plain(streamed(RequiredParser(), pieces)[1]) == plain(calls)
+        assert [c["function"] for c in streamed(RequiredParser(), pieces)[1]] == [c["function"] for c in calls]
 
 
-def test_a_required_output_cut_before_a_call_is_content():
-    text = '[{"name": "get_weather", "parameters": {"ci'
+def test_a_required_output_cut_before_a_call_began_is_content():
+    text = '[{"name": "get_weather", "paramet'
     assert whole(RequiredParser(), text) == (text, [])
     content, calls = whole(RequiredParser(), REQUIRED[:REQUIRED.index("}}, ") + 6])  # a call, then cut
     assert content == "" and len(calls) == 1
+    content, calls = whole(RequiredParser(), '[{"name": "get_weather", "parameters": {"ci')  # cut inside a call
+    assert content == "" and [c["function"] for c in calls] == [{"name": "get_weather", "arguments": '{"ci'}]
 
 
 def test_a_named_choice_streams_its_arguments():

@@ -267,8 +267,9 @@ def test_an_output_cut_by_max_tokens_says_length(script_client):
 
 
 def test_streamed_tool_calls_add_up_to_the_response(script_client):
-    """Content streams until the tool call opens (no piece of the tag leaks); the call comes whole in one
-    delta; the last chunk says tool_calls; usage and logprobs are those of the whole response."""
+    """Content streams until the tool call opens (no piece of the tag leaks); the call, one token here (see
+    test_serve_tool_stream for one of several), comes in one delta; the last chunk says tool_calls; usage
+    and logprobs are those of the whole response."""
     args = dict(model=MODEL, messages=WEATHER_ASK, tools=[WEATHER], temperature=0, logprobs=True, n=2)
     whole = script_client.chat.completions.create(**args)
     chunks = list(script_client.chat.completions.create(**args, stream=True, stream_options={"include_usage": True}))

@@ -50,28 +50,28 @@ SCRIPT_TEMPLATE = (
 SCRIPT_VOCAB = 128
 
 
-def script_tokenizer():
+def script_tokenizer(script: list[str] = SCRIPT):
     """A byte-level tokenizer (`grammar_kit`: every printable ASCII character and the newline a token, so
-    llguidance can constrain it; </s> = EOS = 1) with the pieces of `SCRIPT` as added tokens (as Qwen's
+    llguidance can constrain it; </s> = EOS = 1) with the pieces of `script` as added tokens (as Qwen's
     <tool_call> is one), and `SCRIPT_TEMPLATE`."""
     from grammar_kit import byte_level_tokenizer
 
     tokenizer = byte_level_tokenizer([chr(c) for c in range(32, 127)] + ["\n"], [])
-    tokenizer.add_tokens(SCRIPT)
+    tokenizer.add_tokens(script)
     tokenizer.chat_template = SCRIPT_TEMPLATE
     assert len(tokenizer) <= SCRIPT_VOCAB
     return tokenizer
 
 
-def scripted_model(tokenizer):
-    """A model whose greedy answer to every chat prompt (ending "assistant:") is `SCRIPT` then EOS: its
+def scripted_model(tokenizer, script: list[str] = SCRIPT):
+    """A model whose greedy answer to every chat prompt (ending "assistant:") is `script` then EOS: its
     next token depends on the last token alone (attention and MLP outputs zeroed, one-hot embeddings),
     and the output head maps each token to its successor (EOS for every token off the script). Small
     noise in the head keeps ties away where a constraint masks the successor out."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    ids = [tokenizer.convert_tokens_to_ids(piece) for piece in SCRIPT]
+    ids = [tokenizer.convert_tokens_to_ids(piece) for piece in script]
     chain = [tokenizer.encode(":", add_special_tokens=False)[-1], *ids, tokenizer.eos_token_id]
     successor = {a: b for a, b in zip(chain, chain[1:])}
     torch.manual_seed(0)

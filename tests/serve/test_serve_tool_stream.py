@@ -1,0 +1,61 @@
+"""Streamed tool calls on the server, as vLLM streams them: a call's name as soon as it is known, then its
+arguments piece by piece as the tokens come; joined, the deltas are the whole response's tool calls."""
+
+from __future__ import annotations
+
+import json
+
+import openai
+import pytest
+
+from serve_helpers import MODEL, make_spec, running
+from tool_kit import WEATHER, script_tokenizer, scripted_model
+
+ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
+SPLIT = ["Let me check.", "<tool_call>", '{"name": "get_weather", ', '"arguments": {"city": ', '"Paris"', "}}",
+         "</tool_call>"]
+"""A script whose tool call takes several tokens (each piece one)."""
+
+
+@pytest.fixture(scope="module")
+def split_client():
+    """The scripted model answering `SPLIT`, decoded one token a step (no drafting), tool_choice auto on."""
+    tokenizer = script_tokenizer(SPLIT)
+    with running(make_spec(scripted_model(tokenizer, SPLIT), tokenizer, "none"), enable_auto_tool_choice=True,
+                 tool_call_parser="hermes") as server:
+        yield openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=60)
+
+
+def test_a_call_streams_its_name_then_its_arguments_token_by_token(split_client):
+    args = dict(model=MODEL, messages=ASK, tools=[WEATHER], temperature=0)
+    whole = split_client.chat.completions.create(**args).choices[0]
+    chunks = [c.choices[0] for c in split_client.chat.completions.create(**args, stream=True)]
+    assert "".join(c.delta.content or "" for c in chunks) == whole.message.content == "Let me check."
+    deltas = [c.delta.tool_calls for c in chunks if c.delta.tool_calls]
+    assert all(len(d) == 1 for d in deltas)
+    first, *rest = [d[0] for d in deltas]
+    assert (first.index, first.type, first.function.name) == (0, "function", "get_weather")
+    assert first.id.startswith("chatcmpl-tool-") and first.function.arguments == '{"city"'  # as the arguments begin
+    assert [(d.index, d.id, d.type, d.function.name, d.function.arguments) for d in rest] == [
+        (0, None, None, None, ': "Paris"'), (0, None, None, None, "}")]  # a token's worth each
+    (call,) = whole.message.tool_calls
+    assert (first.function.arguments + "".join(d.function.arguments for d in rest) == call.function.arguments
+            == json.dumps({"city": "Paris"}))
+    assert chunks[-1].finish_reason == whole.finish_reason == "tool_calls"
+
+
+def test_a_required_call_streams_its_parameters_token_by_token(split_client):
+    """tool_choice required (constrained to vLLM's list of {"name", "parameters"}): each list element is
+    named once its parameters begin, its parameters then sent as the tokens write them."""
+    tokenizer = script_tokenizer(SPLIT)
+    bias = {str(tokenizer.convert_tokens_to_ids(c)): 5.0 for c in "}]"}  # close where the grammar allows
+    args = dict(model=MODEL, messages=ASK, tools=[WEATHER], tool_choice="required", temperature=0, logit_bias=bias)
+    whole = split_client.chat.completions.create(**args).choices[0]
+    chunks = [c.choices[0] for c in split_client.chat.completions.create(**args, stream=True)]
+    deltas = [d for c in chunks for d in (c.delta.tool_calls or [])]
+    first, *rest = deltas
+    assert first.function.name == "get_weather" and first.function.arguments == "{"
+    assert len(rest) > 3 and all(d.index == 0 and d.id is None and d.function.name is None for d in rest)
+    (call,) = whole.message.tool_calls
+    assert "".join(d.function.arguments for d in deltas) == call.function.arguments == '{"city": "Paris"}'
+    assert "".join(c.delta.content or "" for c in chunks) == "" and chunks[-1].finish_reason == "tool_calls"
