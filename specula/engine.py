@@ -239,7 +239,8 @@ class SpeculativeDecoder:
         session = Session(
             prompt=prompt, params=params, seq=seq, generator=make_generator(seed, self.target.device), seed=seed,
             drafter_states=[], planner_state=self.planner.new_state(),
-            text=TextStream(self.tokenizer, params.stop, prompt, params.min_new_tokens), tokens=list(prompt), t_start=t_start, grammar=grammar,
+            text=TextStream(self.tokenizer, params.stop, prompt, params.min_new_tokens, params.kept_special_tokens),
+            tokens=list(prompt), t_start=t_start, grammar=grammar,
             owner=self,
         )
         session.stats.method = self.method

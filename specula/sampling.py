@@ -86,6 +86,10 @@ class SamplingParams:
     logit_bias: tuple[tuple[int, float], ...] = ()
     """(token id, bias) pairs added to the logits (OpenAI's `logit_bias`, -100..100; a dict is taken
     too)."""
+    kept_special_tokens: tuple[int, ...] = ()
+    """Special tokens whose text the output's text keeps: the others decode to nothing (vLLM's default
+    `skip_special_tokens`). The server keeps a tool parser's `<tool_call>` tags where the tokenizer makes
+    them special (as vLLM's hermes parser keeps special tokens). Tokens and outputs do not change."""
 
     def __post_init__(self) -> None:
         for name in ("temperature", "top_p", "min_p", "repetition_penalty", "frequency_penalty", "presence_penalty"):
@@ -120,6 +124,12 @@ class SamplingParams:
         if any(not is_integer(t) or t < 0 for t in ids):
             raise ConfigError(f"stop_token_ids must be token ids (integers >= 0), got {list(ids)}")
         object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in ids))
+        kept = self.kept_special_tokens
+        kept = tuple(kept) if hasattr(kept, "__iter__") and not isinstance(kept, (str, bytes)) else None
+        if kept is None or any(not is_integer(t) or t < 0 for t in kept):
+            raise ConfigError(f"kept_special_tokens must be a list of token ids (integers >= 0), got "
+                              f"{self.kept_special_tokens!r}")
+        object.__setattr__(self, "kept_special_tokens", tuple(int(t) for t in kept))
         if not is_integer(self.max_new_tokens) or self.max_new_tokens <= 0:
             raise ConfigError(f"max_new_tokens must be a positive integer, got {self.max_new_tokens}")
         if not is_integer(self.min_new_tokens) or not 0 <= self.min_new_tokens <= self.max_new_tokens:

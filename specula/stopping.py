@@ -7,7 +7,7 @@ is held back until it cannot be.
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Collection, Sequence
 
 from specula.token_bytes import decoder_kind
 
@@ -71,10 +71,17 @@ class TextStream:
     before it (vLLM's incremental detokenizer does the same), not the whole output: a 4,000-token
     output cost 1.4 s of decoding token by token, growing with the square of its length. The window's
     head is settled (its text fixed) only where it ends on a whole character and decoding the window
-    in two parts gives the text of decoding it whole."""
+    in two parts gives the text of decoding it whole.
 
-    def __init__(self, tokenizer, stops: Sequence[str] = (), prompt: Sequence[int] = (), min_tokens: int = 0) -> None:
+    Special tokens (BOS, EOS, chat markers) decode to nothing (vLLM's default `skip_special_tokens`),
+    except those of `keep`: a tool parser's `<tool_call>` tags where the tokenizer makes them special (vLLM's
+    hermes parser keeps special tokens for them)."""
+
+    def __init__(self, tokenizer, stops: Sequence[str] = (), prompt: Sequence[int] = (), min_tokens: int = 0,
+                 keep: Collection[int] = ()) -> None:
         self.tokenizer = tokenizer
+        self.keep = frozenset(int(t) for t in keep)
+        self._skipped: dict[int, bool] = {}  # token id -> skip_special_tokens drops it (for `keep`)
         self.min_tokens = min_tokens  # no stop string ends in the first min_tokens tokens' text (vLLM's min_tokens)
         self.context = [int(t) for t in list(prompt)[-CONTEXT_TOKENS:]]  # [<= CONTEXT_TOKENS]
         self.ids: list[int] = []
@@ -94,7 +101,18 @@ class TextStream:
             return ""
         # no clean-up of spaces before punctuation (GPT-2-style tokenizers): it rewrites text already
         # shown once the next token arrives (" '" -> "'"); vLLM's incremental detokenizer does none either
+        if self.keep and not self.keep.isdisjoint(ids):  # the special tokens skipped, but for those kept
+            ids = [t for t in ids if t in self.keep or not self._skips(t)]
+            return self.tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
         return self.tokenizer.decode(list(ids), skip_special_tokens=True, clean_up_tokenization_spaces=False)
+
+    def _skips(self, token: int) -> bool:
+        """Whether decoding with skip_special_tokens drops the token."""
+        skipped = self._skipped.get(token)
+        if skipped is None:
+            skipped = self._skipped[token] = (self.tokenizer.decode([token], skip_special_tokens=True)
+                                              != self.tokenizer.decode([token], skip_special_tokens=False))
+        return skipped
 
     def decode_after(self, context: Sequence[int], ids: Sequence[int]) -> str:
         """The text of `ids` where they follow `context`: decode(context + ids) less decode(context)

@@ -151,3 +151,16 @@ def test_top_k_minus_one_means_every_token_as_vllm_and_the_server_take_it():
                        probabilities(logits, SamplingParams(temperature=0.8)))
     with pytest.raises(ConfigError, match="top_k must be an integer >= 1, or 0 or -1 for every token"):
         SamplingParams(top_k=-2)
+
+
+def test_kept_special_tokens_are_token_ids():
+    import numpy as np
+
+    from specula.errors import ConfigError
+
+    assert SamplingParams().kept_special_tokens == ()
+    kept = SamplingParams(kept_special_tokens=(t for t in [np.int64(7), 9])).kept_special_tokens
+    assert kept == (7, 9) and type(kept[0]) is int
+    for bad in ("<tool_call>", 7, [-1], [1.5]):
+        with pytest.raises(ConfigError, match="kept_special_tokens must be a list of token ids"):
+            SamplingParams(kept_special_tokens=bad)

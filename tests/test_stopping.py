@@ -324,3 +324,25 @@ def test_settling_after_a_run_of_special_tokens_keeps_the_spaces():
     for ids in ([6, 6, 6] + [2] * 40 + [8, 8, 8], [2] * 40 + [8, 8, 8]):
         got, stream = _deltas(tok, [3, 4, 5], ids, [1] * len(ids))
         assert "".join(got) == stream.decode_after([3, 4, 5], ids)  # the whole output decoded after the prompt
+
+
+@pytest.mark.parametrize("kind", ["byte-level", "words"])
+def test_kept_special_tokens_show_in_the_text_and_the_other_special_ones_do_not(kind):
+    """`keep` (SamplingParams.kept_special_tokens: a tool parser's tags where the tokenizer makes them special)
+    decodes those special tokens as skip_special_tokens=False would, every other special one (EOS) as
+    skip_special_tokens=True does: nothing; the text between keeps the decoder's spaces."""
+    from grammar_kit import byte_level_tokenizer
+    from tiny import word_tokenizer
+
+    if kind == "byte-level":
+        tok = byte_level_tokenizer(list("ab {}"), [])
+    else:
+        tok = word_tokenizer(["a", "b", "{}", "</s>"], decoder=True, eos_token="</s>")
+    tok.add_special_tokens({"additional_special_tokens": ["<tool_call>"]})
+    tag, eos = tok.convert_tokens_to_ids("<tool_call>"), tok.eos_token_id
+    ids = [*tok.encode("a b", add_special_tokens=False), tag, *tok.encode("{}", add_special_tokens=False), tag, eos]
+    for keep, expected in (((tag,), tok.decode(ids[:-1], skip_special_tokens=False)),
+                           ((), tok.decode(ids, skip_special_tokens=True))):
+        stream = TextStream(tok, keep=keep)
+        text = "".join(stream.feed([t], final=i == len(ids) - 1) for i, t in enumerate(ids))
+        assert text == expected and ("<tool_call>" in text) == bool(keep) and "</s>" not in text

@@ -12,7 +12,8 @@ stream and a response of one output say the same thing. Tool call ids are vLLM's
   {...}}</tool_call>` blocks become tool calls, each named as soon as its name is whole and its arguments
   have begun, its arguments then sent as they settle (`_CallReader`); the text before the first block is
   content, streamed as it comes except for a tail that could begin `<tool_call>`, which waits for the
-  next text.
+  next text. Where the tokenizer makes the tags special tokens, the output's text keeps them for the
+  parser (`special_tags`, `SamplingParams.kept_special_tokens`; decoding drops special tokens otherwise).
 - `RequiredParser` (tool_choice required): the output is a JSON list of `{"name", "parameters"}`
   (constrained); each element becomes a call the same way, as its parameters begin.
 - `NamedParser` (a named tool_choice): the whole output (constrained) is the named tool's arguments,
@@ -42,6 +43,19 @@ TOOL_CALL_END = "</tool_call>"
 
 Piece = tuple[str, list[dict[str, Any]]]
 """(content text, tool call deltas) of one stretch of output."""
+
+
+def special_tags(tokenizer: Any) -> tuple[int, ...]:
+    """The ids of `<tool_call>` and `</tool_call>` where the tokenizer makes each a special token, which
+    decoding with skip_special_tokens drops (a model's added special tokens): the output's text must keep
+    them for the hermes parser to see the blocks. () where the tags are text (Qwen2.5's)."""
+    ids = []
+    for tag in (TOOL_CALL_START, TOOL_CALL_END):
+        encoded = tokenizer.encode(tag, add_special_tokens=False)
+        if len(encoded) == 1 and (tokenizer.decode(encoded, skip_special_tokens=True)
+                                  != tokenizer.decode(encoded, skip_special_tokens=False) == tag):
+            ids.append(int(encoded[0]))
+    return tuple(ids)
 
 
 def tool_call_id() -> str:

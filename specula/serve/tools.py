@@ -11,8 +11,8 @@ them into the prompt as the model was trained to read them; what the choice chan
 - none: the output is not parsed (free text, as without tools);
 - auto (the default when tools are given): generation is untouched, and the text is parsed for the
   hermes format's `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` blocks
-  (`specula.serve.tool_calls`). As in vLLM, the server must be started with
-  `--enable-auto-tool-choice --tool-call-parser hermes`;
+  (`specula.serve.tool_calls`; tags that the tokenizer makes special tokens are kept in the text for it).
+  As in vLLM, the server must be started with `--enable-auto-tool-choice --tool-call-parser hermes`;
 - required: the output is constrained (`Constraint.json_schema`) to a JSON list of at least one
   `{"name": <a tool's name>, "parameters": <its parameters>}` (vLLM's schema), turned into tool calls;
 - named: the output is constrained to the named tool's parameters schema and becomes its arguments.

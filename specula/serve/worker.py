@@ -38,6 +38,7 @@ from specula.prompts import encode_prompt
 from specula.sampling import SamplingParams
 from specula.serve.metrics import ServerMetrics
 from specula.serve.protocol import APIError, GenerationRequest, choice_seed, prompt_error
+from specula.serve.tool_calls import special_tags
 
 log = logging.getLogger("specula.serve")
 
@@ -146,6 +147,7 @@ class Worker:
         self.max_batch_size = max_batch_size
         self.request_timeout = request_timeout
         self._goodput = Ema(0.2)  # the batch's tokens per step-second
+        self._tool_tags: tuple[int, ...] | None = None  # `special_tags` of the tokenizer, once needed
         if max_batch_size > 1:
             log.info("timing packed passes of up to %d sequences (cached after the first run)", max_batch_size)
             spec.prepare_batch(max_batch_size)  # the goodput plan's cost table, before the first batch
@@ -327,7 +329,7 @@ class Worker:
         prompts = [self._prompt_ids(request, prompt) for prompt in request.prompt_sources()]
         limits = [self._limit(request, len(ids)) for ids in prompts]
         job.prompts = tuple(tuple(ids) for ids in prompts)
-        base = SamplingParams(max_new_tokens=1, **request.sampling())
+        base = SamplingParams(max_new_tokens=1, **request.sampling(), kept_special_tokens=self._kept_special(request))
         problem = base.vocabulary_problem(self.spec.target.vocab_size)
         if problem:
             raise APIError(400, problem[1], param=problem[0], code="invalid_value")
@@ -343,6 +345,15 @@ class Worker:
                         replace(base, max_new_tokens=max(1, limit), min_new_tokens=request.min_tokens,
                                 seed=None if seed is None else choice_seed(seed, j)), echo_only=limit == 0)
                 for i, limit in enumerate(limits) for j in range(request.n)]
+
+    def _kept_special(self, request: GenerationRequest) -> tuple[int, ...]:
+        """The special tokens the output's text keeps: the hermes parser's tags where the tokenizer makes them
+        special and tool_choice auto parses the output (as vLLM's hermes parser keeps special tokens)."""
+        if request.tool_use is None or request.tool_use.choice != "auto" or self.spec.tokenizer is None:
+            return ()
+        if self._tool_tags is None:
+            self._tool_tags = special_tags(self.spec.tokenizer)
+        return self._tool_tags
 
     def _start(self, choice: _Choice) -> _Running:
         """Prefill a choice: it joins the batch (the request's first sends `Started`)."""

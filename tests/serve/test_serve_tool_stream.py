@@ -1,5 +1,6 @@
 """Streamed tool calls on the server, as vLLM streams them: a call's name as soon as it is known, then its
-arguments piece by piece as the tokens come; joined, the deltas are the whole response's tool calls."""
+arguments piece by piece as the tokens come; joined, the deltas are the whole response's tool calls. And
+`<tool_call>` tags that the tokenizer makes special tokens: kept in the text the parser reads."""
 
 from __future__ import annotations
 
@@ -9,7 +10,11 @@ import openai
 import pytest
 
 from serve_helpers import MODEL, make_spec, running
-from tool_kit import WEATHER, script_tokenizer, scripted_model
+from tiny import reference_greedy
+from tool_kit import CALL, SCRIPT, WEATHER, script_tokenizer, scripted_model
+
+from specula.prompts import encode_prompt
+from specula.serve.tool_calls import special_tags
 
 ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
 SPLIT = ["Let me check.", "<tool_call>", '{"name": "get_weather", ', '"arguments": {"city": ', '"Paris"', "}}",
@@ -59,3 +64,57 @@ def test_a_required_call_streams_its_parameters_token_by_token(split_client):
     (call,) = whole.message.tool_calls
     assert "".join(d.function.arguments for d in deltas) == call.function.arguments == '{"city": "Paris"}'
     assert "".join(c.delta.content or "" for c in chunks) == "" and chunks[-1].finish_reason == "tool_calls"
+
+
+# --------------------------------------------------------------------------- tags that are special tokens
+
+TAGS = ("<tool_call>", "</tool_call>")
+
+
+@pytest.fixture(scope="module")
+def special_script():
+    """The scripted model (`SCRIPT`: text, then a hermes call) on a tokenizer whose tags are added special
+    tokens, which decoding with skip_special_tokens drops."""
+    tokenizer = script_tokenizer(SCRIPT, special=TAGS)
+    return tokenizer, scripted_model(tokenizer)
+
+
+@pytest.fixture(scope="module")
+def special_server(special_script):
+    tokenizer, model = special_script
+    with running(make_spec(model, tokenizer, "draft-model", model), enable_auto_tool_choice=True,
+                 tool_call_parser="hermes") as server:
+        yield server
+
+
+def test_the_tags_are_found_where_they_are_special_tokens(special_script):
+    tokenizer = special_script[0]
+    ids = special_tags(tokenizer)
+    assert tokenizer.convert_ids_to_tokens(list(ids)) == list(TAGS)
+    assert tokenizer.decode(list(ids), skip_special_tokens=True) == ""  # what the server's text would lose
+    assert special_tags(script_tokenizer()) == ()  # tags that decode as text need nothing kept
+
+
+def test_a_call_between_special_token_tags_is_parsed(special_script, special_server):
+    """vLLM's hermes parser keeps special tokens in the text it reads; the server keeps these two (others,
+    EOS among them, still decode to nothing), and only where tool_choice auto parses the output. The tokens
+    are plain greedy decoding's either way."""
+    tokenizer, model = special_script
+    client = openai.OpenAI(base_url=special_server.url + "/v1", api_key="unused", max_retries=0, timeout=60)
+    args = dict(model=MODEL, messages=ASK, tools=[WEATHER], temperature=0, logprobs=True)
+    whole = client.chat.completions.create(**args)
+    choice = whole.choices[0]
+    assert choice.message.content == "Let me check." and choice.finish_reason == "tool_calls"
+    (call,) = choice.message.tool_calls
+    assert (call.function.name, call.function.arguments) == ("get_weather", '{"city": "Paris"}')
+    expected = reference_greedy(model, encode_prompt(tokenizer, ASK, tools=[WEATHER]), 32, eos=tokenizer.eos_token_id)
+    assert [e.token for e in choice.logprobs.content] == [tokenizer.decode([t]) for t in expected]
+    assert whole.usage.completion_tokens == len(expected)
+    chunks = [c.choices[0] for c in client.chat.completions.create(**args, stream=True)]
+    assert "".join(c.delta.content or "" for c in chunks) == "Let me check."
+    deltas = [d for c in chunks for d in (c.delta.tool_calls or [])]
+    assert deltas[0].function.name == "get_weather"
+    assert "".join(d.function.arguments for d in deltas) == call.function.arguments
+    plain = client.chat.completions.create(**{**args, "tool_choice": "none"}).choices[0]  # the text as before
+    assert plain.message.content == tokenizer.decode(expected, skip_special_tokens=True) == "Let me check." + CALL
+    assert not plain.message.tool_calls

@@ -50,14 +50,16 @@ SCRIPT_TEMPLATE = (
 SCRIPT_VOCAB = 128
 
 
-def script_tokenizer(script: list[str] = SCRIPT):
+def script_tokenizer(script: list[str] = SCRIPT, special: tuple[str, ...] = ()):
     """A byte-level tokenizer (`grammar_kit`: every printable ASCII character and the newline a token, so
     llguidance can constrain it; </s> = EOS = 1) with the pieces of `script` as added tokens (as Qwen's
-    <tool_call> is one), and `SCRIPT_TEMPLATE`."""
+    <tool_call> is one), those of `special` as added special tokens (decoding with skip_special_tokens
+    drops them, as some models' tool call tags), and `SCRIPT_TEMPLATE`."""
     from grammar_kit import byte_level_tokenizer
 
     tokenizer = byte_level_tokenizer([chr(c) for c in range(32, 127)] + ["\n"], [])
-    tokenizer.add_tokens(script)
+    tokenizer.add_tokens([piece for piece in script if piece not in special])
+    tokenizer.add_special_tokens({"additional_special_tokens": list(special)})
     tokenizer.chat_template = SCRIPT_TEMPLATE
     assert len(tokenizer) <= SCRIPT_VOCAB
     return tokenizer
