@@ -99,18 +99,20 @@ def test_errors_name_options_as_flags_on_the_command_line():
                                            ("online_distill", True)])
 def test_a_head_option_given_to_fusion_without_a_head_is_refused(option, value):
     """fusion forwards these to its trained head; with none (none given, none installed) head_window=-1 was
-    ignored without a word. head=none (no head, not even the installed one) likewise."""
+    ignored without a word. head=none (no head, not even the installed one) likewise, and the message says so: it
+    read "none given, none installed for the target" there too."""
     from tiny import tiny_model
 
     from specula.drafters import make_drafters
     from specula.models.hf import HFCausalLM
 
     target = HFCausalLM(tiny_model("qwen2", seed=5))
-    for head in (None, NO_HEAD):
+    for head, why, fix in ((None, "none given, none installed for the target", "head=FILE (`specula train`"),
+                           (NO_HEAD, "the head given is none", "head=FILE instead of none, or drop")):
         with pytest.raises(ConfigError, match=re.escape(f"{option} is for a trained head, and fusion drafts without "
-                                                        f"one here (none given, none installed for the target); give "
-                                                        f"it one with head=FILE")):
+                                                        f"one here ({why}); give it one with {fix}")) as caught:
             make_drafters(DEFAULT_METHOD, target=target, head=head, **{option: value})
+        assert ("installed" in str(caught.value)) == (head is None), caught.value
     assert make_drafters(DEFAULT_METHOD, target=target, **{option: None if value is not True else False})
 
 

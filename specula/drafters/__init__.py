@@ -57,12 +57,13 @@ def make_drafters(method: str | MethodSpec, *, target: TargetModel | None = None
     `draft_skip`, or the draft model when `draft` is given (greedy candidates, adaptive: it drafts
     only while its next token beats the rate the others' trees already reach)."""
     spec = get_method(method)
-    if options.get("head") == NO_HEAD:  # `--head none`: no head, not even the installed one
+    told_no_head = options.get("head") == NO_HEAD
+    if told_no_head:  # `--head none`: no head, not even the installed one
         options["head"] = None
     if draft_skip and draft is not None:
         raise ConfigError("--draft skip drafts with the target itself: give a draft model or draft_skip, not both")
     if spec.members:
-        return _fusion(spec, target, draft, tokenizer, draft_skip, options)
+        return _fusion(spec, target, draft, tokenizer, draft_skip, options, told_no_head)
     if draft_skip:
         if spec.draft_skip == "refused":
             takers = [s.name for s in METHODS.values() if s.draft_skip == "drafts"]
@@ -76,8 +77,9 @@ def make_drafters(method: str | MethodSpec, *, target: TargetModel | None = None
 
 
 def _fusion(spec: MethodSpec, target: TargetModel | None, draft: TargetModel | None, tokenizer: Any,
-            draft_skip: bool, options: dict[str, Any]) -> list:
-    """Every member of a fused method whose needs are given (see `make_drafters`)."""
+            draft_skip: bool, options: dict[str, Any], told_no_head: bool = False) -> list:
+    """Every member of a fused method whose needs are given (see `make_drafters`; `told_no_head`: the head given was
+    `NO_HEAD`, not left out)."""
     accepted = spec.accepted_options()
     unknown = sorted(set(options) - set(accepted))
     if unknown:
@@ -86,9 +88,11 @@ def _fusion(spec: MethodSpec, target: TargetModel | None, draft: TargetModel | N
     head = options.get("head")
     for_head = [name for name in HEAD_ONLY if options.get(name) not in (None, False)]
     if for_head and head is None:  # head_window=-1 without a head was ignored without a word
-        raise ConfigError(f"{for_head[0]} is for a trained head, and {spec.name} drafts without one here (none "
-                          f"given, none installed for the target); give it one with head=FILE (`specula train`, or "
-                          f"the shipped one: `specula models install`), or drop {for_head[0]}")
+        why, fix = (("the head given is none", "head=FILE instead of none") if told_no_head else
+                    ("none given, none installed for the target",
+                     "head=FILE (`specula train`, or the shipped one: `specula models install`)"))
+        raise ConfigError(f"{for_head[0]} is for a trained head, and {spec.name} drafts without one here ({why}); "
+                          f"give it one with {fix}, or drop {for_head[0]}")
     if head is not None:
         import torch
 

@@ -274,7 +274,9 @@ def test_penalties_decode_the_penalised_law_exactly_and_bad_biases_exit_2(tiny_l
     (["--head-window", "-1"], "--head-window is for a trained head, and fusion drafts without one here (none given, "
                               "none installed for the target); give it one with --head FILE (`specula train`, or the "
                               "shipped one: `specula models install`), or drop --head-window"),
-    (["--head", "none", "--head-context-vocab", "64"], "--head-context-vocab is for a trained head"),
+    (["--head", "none", "--head-context-vocab", "64"], "--head-context-vocab is for a trained head, and fusion drafts "
+                                                       "without one here (the head given is none); give it one with "
+                                                       "--head FILE instead of none, or drop --head-context-vocab"),
     (["--online-distill"], "--online-distill is for a trained head"),
 ])
 def test_an_options_error_from_the_library_names_the_flag(monkeypatch, tiny_tokenizer, capsys, extra, words):
