@@ -320,8 +320,8 @@ def load(target: str, draft: str | None = "auto", method: str | None = None,
     the rest took, and which draft model was loaded (`draft`: as named, `auto` resolved; its quantization)."""
     import time
 
-    from specula.draft_choice import AUTO_DRAFT, auto_draft, auto_draft_quantize
-    from specula.methods import DEFAULT_METHOD, default_head, get_method
+    from specula.draft_choice import AUTO_DRAFT, auto_draft, auto_draft_quantize, why_no_auto_draft
+    from specula.methods import DEFAULT_METHOD, check_draft_options_read, default_head, get_method
     from specula.models.loading import NO_DRAFT, SELF_DRAFT, DraftInfo, peak_rss_bytes, process_age_seconds, resolve
     from specula.models.draft_vocab import check_draft_vocab
     from specula.models.skipping import SKIP_DRAFT, check_draft_skip, check_skip_layers
@@ -333,6 +333,8 @@ def load(target: str, draft: str | None = "auto", method: str | None = None,
                          drafter_options)  # before the target's load, not after
     check_skip_layers(draft, skip_layers)
     draft_vocab = check_draft_vocab(draft_vocab)
+    if draft in (None, "none", SKIP_DRAFT):  # fusion's num_draft_tokens with no draft model: before the load
+        check_draft_options_read(row, drafter_options, False, draft == SKIP_DRAFT)
     if draft not in (None, "none", AUTO_DRAFT, SKIP_DRAFT):
         if row.draft_model == "no":
             draft = None  # this method drafts without a draft model: loading one would only cost time and memory
@@ -343,6 +345,8 @@ def load(target: str, draft: str | None = "auto", method: str | None = None,
     if draft == AUTO_DRAFT:
         draft = auto_draft(row, target_lm, target)
         draft_quantize = draft_quantize or (auto_draft_quantize(draft, config) if draft is not None else None)
+        if draft is None:  # an option for the draft model would be ignored: say why there is none
+            check_draft_options_read(row, drafter_options, False, why=why_no_auto_draft(row, target_lm))
     if draft == SKIP_DRAFT:  # no draft model: the target drafts for itself
         check_draft_skip(target_lm, skip_layers, draft_quantize)
         drafter_options.update(draft_skip=True, skip_layers=skip_layers)

@@ -48,6 +48,18 @@ def auto_draft(method: str | MethodSpec, target: TargetModel, target_name: str |
     return SELF_DRAFT
 
 
+def why_no_auto_draft(method: str | MethodSpec, target: TargetModel) -> str:
+    """Why `auto_draft` picked no draft model for `method` on `target`, for a message (`--draft auto` is the default:
+    an option for the draft model then had nothing to read it, `methods.check_draft_options_read`)."""
+    spec = get_method(method)
+    if not spec.auto_draft:
+        return f"the default draft choice, auto, picks none for method {spec.name}"
+    if target.device.type != "cpu":
+        return f"the default draft choice, auto, picks one on CPU only, and the target runs on {target.device.type}"
+    return (f"the default draft choice, auto, picks one for targets of >= {SELF_DRAFT_MIN_PARAMETERS / 1e9:g}B "
+            f"parameters, and this one has {target.num_parameters / 1e6:.3g}M")
+
+
 def auto_draft_quantize(draft: str, config: LoadConfig) -> str:
     """How `--draft auto` quantizes the `draft` it picked: an embedded companion in int4 (4-bit weights
     in groups of 64, int8 activations) where its linears run on specula's CPU kernels (the native
@@ -67,4 +79,4 @@ def auto_draft_quantize(draft: str, config: LoadConfig) -> str:
 
 
 __all__ = ["AUTO_COMPANION_QUANTIZE", "AUTO_DRAFT", "AUTO_DRAFT_QUANTIZE", "SELF_DRAFT_MIN_PARAMETERS", "auto_draft",
-           "auto_draft_quantize"]
+           "auto_draft_quantize", "why_no_auto_draft"]

@@ -320,6 +320,53 @@ def check_drafting_used(methods: Iterable[str | MethodSpec], given: Sequence[str
         raise ConfigError(f"{given[0]} only matters when drafting, and {what} drafts nothing; drop {given[0]} or {fix}")
 
 
+def is_given(value: Any) -> bool:
+    """Whether an option's value was given: not None (left out) and not False (a switch left off). 0 is given
+    (`head_window=0`: the whole context, `draft_window=0`: the whole prompt), though `0 in (None, False)`."""
+    return value is not None and value is not False
+
+
+NO_DRAFT_GIVEN = "no draft model given"
+"""Why a fused method drafts without a draft model, by default (`check_draft_options_read`)."""
+
+
+def draft_options_unread(method: str | MethodSpec, options: dict[str, Any], draft: bool,
+                         draft_skip: bool = False) -> list[str]:
+    """The options of `options` given (not None / False) that fused `method` hands only to its members drafting with a
+    model (the draft model's; layer skipping's), when none of those joins: the draft model's without `draft`, layer
+    skipping's without `draft_skip` (`num_draft_tokens` and `draft_window` with neither; `draft_window` with
+    `draft_skip`). Nothing reads them: each was ignored without a word. [] for a method of one drafter."""
+    spec = get_method(method)
+
+    def joins(member: Member) -> bool | None:
+        """Whether a member drafting with a model joins (None: it drafts without one, whenever it joins)."""
+        row = get_method(member.method)
+        return bool(draft) if row.draft_model == "required" else bool(draft_skip) if row.layer_skipping else None
+
+    drafted = [name for m in spec.members if get_method(m.method).draft_model == "required" for name in m.forwards]
+    return [name for name in dict.fromkeys(drafted) if is_given(options.get(name))
+            and all(joins(m) is False for m in spec.members if name in m.forwards)]
+
+
+def check_draft_options_read(method: str | MethodSpec, options: dict[str, Any], draft: bool, draft_skip: bool = False,
+                             why: str = NO_DRAFT_GIVEN) -> None:
+    """Refuse what `draft_options_unread` finds: `num_draft_tokens` given to fusion with no draft model and no layer
+    skipping, `draft_window` with no draft model, was ignored without a word. A ConfigError naming the option, `why`
+    no draft model drafts (`NO_DRAFT_GIVEN`, or `--draft auto`'s reason) and the fix (`draft=MODEL`, which the
+    command line writes `--draft MODEL`). One check for `make_drafters`, `api.load` and the bench."""
+    unread = draft_options_unread(method, options, draft, draft_skip)
+    if not unread:
+        return
+    name, spec = unread[0], get_method(method)
+    if draft_skip:
+        raise ConfigError(f"{name} is for a draft model, and {spec.name} drafts with the target's own layers skipped "
+                          f"here, not a draft model; drop {name}, or give a draft model with draft=MODEL instead")
+    skips = any(name in m.forwards and get_method(m.method).layer_skipping for m in spec.members)
+    readers, drafts = ("a draft model or layer skipping", "with neither") if skips else ("a draft model", "without one")
+    raise ConfigError(f"{name} is for {readers}, and {spec.name} drafts {drafts} here ({why}); give it a draft model "
+                      f"with draft=MODEL, or drop {name}")
+
+
 def check_switches(method: str | MethodSpec, options: dict[str, Any]) -> None:
     """Refuse a value but True or False (None: the default) for a switch of `method` (`MethodSpec.switches`): a
     ConfigError naming the option and what it takes. "maybe", 1 or "no" read as on without a word (`api.load`, a
@@ -335,6 +382,7 @@ def or_list(names: list[str]) -> str:
     return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} or {names[-1]}"
 
 
-__all__ = ["DEFAULT_METHOD", "HEAD_ONLY", "METHODS", "NO_HEAD", "PLAIN", "Member", "MethodSpec", "bench_defaults",
-           "check_drafting_used", "check_switches", "default_head", "first_drafting_with_model", "flag_spellings",
-           "get_method", "in_flags", "layer_skipper", "methods_taking", "or_list", "spelled"]
+__all__ = ["DEFAULT_METHOD", "HEAD_ONLY", "METHODS", "NO_DRAFT_GIVEN", "NO_HEAD", "PLAIN", "Member", "MethodSpec",
+           "bench_defaults", "check_draft_options_read", "check_drafting_used", "check_switches", "default_head",
+           "draft_options_unread", "first_drafting_with_model", "flag_spellings", "get_method", "in_flags",
+           "is_given", "layer_skipper", "methods_taking", "or_list", "spelled"]

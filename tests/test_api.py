@@ -159,6 +159,39 @@ def test_what_only_matters_when_drafting_is_refused_for_method_none_before_the_t
     assert spec.baseline().engine_config == EngineConfig()  # --compare's plain decoding keeps its own limits
 
 
+def test_a_draft_model_option_fusion_would_not_read_is_refused_saying_why_there_is_no_draft(model_dir, tmp_path,
+                                                                                           monkeypatch):
+    """load(m, num_draft_tokens=3) with no draft model (draft=None / "none", or auto picking none for a small target)
+    ignored it without a word, as draft_window=256 with draft="skip" (layer skipping reads num_draft_tokens only):
+    refused before the target loads where the draft is known, after it with auto's reason, and when a draft model
+    or layer skipping reads it, taken."""
+    monkeypatch.setenv("SPECULA_CACHE", str(tmp_path))
+    path, _ = model_dir
+    fix = "give it a draft model with draft=MODEL, or drop"
+    hf = specula.LoadConfig(backend="hf")  # (the refusals do not depend on the backend; no kernels to build)
+    real_backend = specula.load_backend
+    monkeypatch.setattr(specula, "load_backend", lambda *a, **k: pytest.fail("the target loaded"))
+    for draft in (None, "none"):
+        with pytest.raises(ConfigError, match=re.escape("num_draft_tokens is for a draft model or layer skipping, and "
+                                                        f"fusion drafts with neither here (no draft model given); {fix} "
+                                                        "num_draft_tokens")):
+            specula.load(str(path), draft=draft, num_draft_tokens=3)
+    with pytest.raises(ConfigError, match=re.escape("draft_window is for a draft model, and fusion drafts with the "
+                                                    "target's own layers skipped here")):
+        specula.load(str(path), draft="skip", draft_window=256)
+    monkeypatch.setattr(specula, "load_backend", real_backend)
+    with pytest.raises(ConfigError, match=re.escape("draft_window is for a draft model, and fusion drafts without one "
+                                                    "here (the default draft choice, auto, picks one for targets of "
+                                                    ">= 1B parameters, and this one has 0.0")) as caught:
+        specula.load(str(path), draft_window=256, config=hf)  # draft="auto": a tiny target gets none
+    assert str(caught.value).endswith(f"M); {fix} draft_window")
+    spec = specula.load(str(path), draft=str(path), draft_window=0, num_draft_tokens=3, config=hf)
+    last = spec.decoder.drafters[-1]
+    assert last.name == "draft-model" and (last.config.draft_window, last.config.num_draft_tokens) == (0, 3)
+    with pytest.raises(ConfigError, match="num_draft_tokens is for a draft model"):  # built directly: the same check
+        specula.Specula(spec.target, spec.tokenizer, "fusion", num_draft_tokens=3)
+
+
 def test_self_draft_reuses_the_target_weights_quantized_and_stays_lossless(model_dir, tmp_path, monkeypatch):
     monkeypatch.setenv("SPECULA_CACHE", str(tmp_path))
     path, model = model_dir

@@ -116,6 +116,32 @@ def test_a_head_option_given_to_fusion_without_a_head_is_refused(option, value):
     assert make_drafters(DEFAULT_METHOD, target=target, **{option: None if value is not True else False})
 
 
+@pytest.mark.parametrize("option, value", [("num_draft_tokens", 3), ("draft_window", 128), ("draft_window", 0)])
+def test_a_draft_model_option_given_to_fusion_without_a_draft_model_is_refused(option, value):
+    """fusion forwards num_draft_tokens to its draft model (and layer skipping), draft_window to its draft model; with
+    neither joining, num_draft_tokens=3 or draft_window=0 (the whole prompt) was ignored without a word."""
+    from tiny import tiny_model
+
+    from specula.drafters import make_drafters
+    from specula.methods import draft_options_unread
+    from specula.models.hf import HFCausalLM
+
+    target, draft = HFCausalLM(tiny_model("qwen2", seed=5)), HFCausalLM(tiny_model("qwen2", seed=6), "draft")
+    readers, drafts = (("a draft model or layer skipping", "with neither") if option == "num_draft_tokens" else
+                       ("a draft model", "without one"))
+    with pytest.raises(ConfigError, match=re.escape(f"{option} is for {readers}, and fusion drafts {drafts} here (no "
+                                                    f"draft model given); give it a draft model with draft=MODEL, or "
+                                                    f"drop {option}")):
+        make_drafters(DEFAULT_METHOD, target=target, **{option: value})
+    drafters = make_drafters(DEFAULT_METHOD, target=target, draft=draft, **{option: value})
+    assert getattr(drafters[-1].config, option) == value  # the draft model's drafter reads it
+    # layer skipping (--draft skip) reads num_draft_tokens, not draft_window (tests/drafters/test_layer_skip.py)
+    assert draft_options_unread(DEFAULT_METHOD, {option: value}, False, draft_skip=True) == (
+        [] if option == "num_draft_tokens" else [option])
+    assert draft_options_unread(DEFAULT_METHOD, {option: None, "adaptive": False}, False) == []  # nothing given
+    assert draft_options_unread("draft-model", {option: value}, False) == []  # it needs a draft model: its own error
+
+
 def test_every_switch_of_a_method_takes_true_or_false_only():
     """The options typed bool (CONFIG fields, `create` keywords) are the switches `check_switches` guards; make_drafter
     refuses another value for them (adaptive="maybe" drafted adaptively)."""

@@ -12,7 +12,8 @@ from typing import TYPE_CHECKING, Any
 
 from specula.errors import ConfigError
 from specula.methods import (
-    BUILT_IN, HEAD_ONLY, METHODS, NO_HEAD, MethodSpec, check_switches, get_method, layer_skipper, or_list,
+    BUILT_IN, HEAD_ONLY, METHODS, NO_HEAD, MethodSpec, check_draft_options_read, check_switches, get_method,
+    layer_skipper, or_list,
 )
 
 if TYPE_CHECKING:  # importing a drafter package module (e.g. heads.config) must not import torch
@@ -93,6 +94,7 @@ def _fusion(spec: MethodSpec, target: TargetModel | None, draft: TargetModel | N
                      "head=FILE (`specula train`, or the shipped one: `specula models install`)"))
         raise ConfigError(f"{for_head[0]} is for a trained head, and {spec.name} drafts without one here ({why}); "
                           f"give it one with {fix}, or drop {for_head[0]}")
+    check_draft_options_read(spec, options, draft is not None, draft_skip)  # num_draft_tokens without a draft model
     if head is not None:
         import torch
 

@@ -133,6 +133,33 @@ def test_an_empty_served_model_name_is_refused_before_loading(no_loading, capsys
             "--served-model-name is empty", "leave the option out")
 
 
+@pytest.mark.parametrize("command", ["generate", "serve", "run-batch"])
+@pytest.mark.parametrize("extra, words", [
+    (["--draft", "none", "--num-draft-tokens", "3"],
+     "--num-draft-tokens is for a draft model or layer skipping, and fusion drafts with neither here (no draft model "
+     "given); give it a draft model with --draft MODEL, or drop --num-draft-tokens"),
+    (["--draft", "none", "--draft-window", "0"], "--draft-window is for a draft model, and fusion drafts without one"),
+    (["--draft", "skip", "--draft-window", "64"],
+     "--draft-window is for a draft model, and fusion drafts with the target's own layers skipped here, not a draft "
+     "model; drop --draft-window, or give a draft model with --draft MODEL instead"),
+])
+def test_a_draft_model_flag_fusion_would_not_read_is_refused_before_the_target_loads(monkeypatch, tmp_path, capsys,
+                                                                                    command, extra, words):
+    """fusion (the default) with no draft model read neither flag (layer skipping reads --num-draft-tokens only),
+    without a word; `specula.api.load` refuses them before the target loads, named as the command line writes them."""
+    import specula.api as api
+    import specula.models.loading as loading
+
+    monkeypatch.setenv("SPECULA_CACHE", str(tmp_path / "cache"))
+    for module in (api, loading):
+        monkeypatch.setattr(module, "load_backend", lambda *a, **k: pytest.fail("the target was loaded"))
+    batch = tmp_path / "in.jsonl"
+    batch.write_text('{"custom_id": "a", "method": "POST", "url": "/v1/completions", "body": {"prompt": "x"}}\n')
+    argv = {"generate": GENERATE, "serve": ["serve", "--target", "smollm2-135m", "--port", "0"],
+            "run-batch": ["run-batch", "--target", "smollm2-135m", "-i", str(batch), "-o", str(tmp_path / "o.jsonl")]}
+    refused(capsys, [*argv[command], *extra], words)
+
+
 def test_train_checks_its_held_out_files_answer_length_and_output_before_loading(no_loading, capsys, tmp_path):
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text('{"id": "a", "prompt": "Write a haiku about rain on a tin roof."}\n')

@@ -101,6 +101,22 @@ def test_draft_skip_runs_lossless_and_bad_skip_sets_exit_2_naming_the_fix(skip_m
     assert code == 2 and "--draft skip needs the native backend" in err
 
 
+def test_a_draft_model_flag_is_refused_where_draft_auto_picks_none_saying_so(skip_model_dir, capsys, tmp_path,
+                                                                            monkeypatch):
+    """--draft auto (the default) picks no draft model for a small target: fusion's --num-draft-tokens was then
+    ignored without a word; the refusal says why there is none, in flags. With a draft model it is read."""
+    monkeypatch.setenv("SPECULA_CACHE", str(tmp_path))
+    base = ["generate", "--target", skip_model_dir, "--prompt", "w5 w17", "--raw", "--max-new-tokens", "2",
+            "--backend", "hf", "--num-draft-tokens", "3"]
+    code = main(base)
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert code == 2 and err.startswith("error: --num-draft-tokens is for a draft model or layer skipping, and fusion "
+                                        "drafts with neither here (the default draft choice, auto, picks one for "
+                                        "targets of >= 1B parameters, and this one has "), err
+    assert err.endswith("M); give it a draft model with --draft MODEL, or drop --num-draft-tokens"), err
+    assert main([*base, "--draft", skip_model_dir]) == 0, capsys.readouterr().err
+
+
 @pytest.mark.parametrize("flags, expected", [
     (["--draft", "{dir}", "--method", "draft-model"], {"model": "{dir}", "quantize": "none"}),
     (["--draft", "{dir}", "--draft-quantize", "int8", "--method", "draft-model"],

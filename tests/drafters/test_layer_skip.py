@@ -178,6 +178,18 @@ def test_fusion_with_draft_skip_adds_the_layer_skip_drafter_and_stays_lossless()
         assert out.token_ids == reference_greedy(model, prompt, 40)
 
 
+def test_fusion_with_draft_skip_reads_num_draft_tokens_and_refuses_draft_window():
+    """Layer skipping reads fusion's num_draft_tokens (not refused as a draft model's option); draft_window, which
+    only a draft model reads, was ignored without a word."""
+    target = native(tiny_model("qwen2", layers=4))
+    dec = build_decoder("fusion", target, None, draft_skip=True, skip_layers="2", num_draft_tokens=3, planner=False)
+    assert dec.drafters[-1].name == "layer-skip" and dec.drafters[-1].config.num_draft_tokens == 3
+    with pytest.raises(ConfigError, match="draft_window is for a draft model, and fusion drafts with the target's own "
+                                          "layers skipped here, not a draft model; drop draft_window, or give a draft "
+                                          "model with draft=MODEL instead"):
+        build_decoder("fusion", target, None, draft_skip=True, skip_layers="2", draft_window=256, planner=False)
+
+
 def test_draft_model_method_with_draft_skip_is_the_layer_skip_drafter_and_draft_tree_is_refused():
     target = native(tiny_model("qwen2", layers=4))
     dec = build_decoder("draft-model", target, None, draft_skip=True, skip_layers="2", planner=False)
