@@ -4,16 +4,18 @@ small interface. Every call is timed the same way: wall clock around the whole g
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Literal, Protocol, Sequence
+from typing import Any, Callable, Iterator, Literal, Protocol, Sequence
 
 from specula.api import EngineConfig, Specula
 from specula.errors import ConfigError
 from specula.models.device import sync_device
 from specula.models.loading import NO_DRAFT, DraftInfo
 from specula.methods import (
-    HEAD_ONLY, NO_HEAD, PLAIN, bench_defaults, check_switches, get_method, in_flags, methods_taking,
+    HEAD_ONLY, NO_DRAFT_GIVEN, NO_HEAD, PLAIN, bench_defaults, check_draft_options_read, check_switches,
+    draft_options_unread, get_method, in_flags, methods_taking,
 )
 from specula.models.base import TargetModel
 from specula.sampling import SamplingParams
@@ -92,36 +94,73 @@ def build_specula_methods(
     planner_for: Callable[[str], object] = lambda name: None,
     flags: dict[str, str] | None = None,
     draft_info: DraftInfo = NO_DRAFT,
+    no_draft: str = NO_DRAFT_GIVEN,
 ) -> list[SpeculaMethod]:
     """One `Specula` per method name (built as `specula generate` builds it), all on the same
     target backend (and draft). `none` comes first even when not named and never gets a planner;
     `planner_for(name)` may give the others one (e.g. from --cost-curve; None: the default), and `none` runs with
     `engine`'s limits bar the drafting ones (`EngineConfig.without_drafting_limits`: it refuses those).
     A variant `name:draft=none` runs without the draft model (`fusion:draft=none`: every other
-    member, the trained head included, beside `fusion` with it in the same run); `name:head=none` runs without
-    the head, and without the head's options `options` gives (`methods.HEAD_ONLY`). An entry that cannot be built
-    is a ConfigError naming it ("method 'x'", "method variant 'x:option=value'"); `flags`: the command line's
-    spelling of the options `options` gives (`methods.flag_spellings`), which the error then names them by (a
-    variant's own options stay as it writes them). `draft_info` names `draft` (`LoadReport.draft`) in the `draft`
-    of the methods that draft with it."""
+    member, the trained head included, beside `fusion` with it in the same run), and without the draft model's
+    options `options` gives (`methods.draft_options_unread`: fusion's num_draft_tokens, draft_window);
+    `name:head=none` runs without the head, and without the head's options `options` gives (`methods.HEAD_ONLY`).
+    A draft model's option given to an entry that drafts without one is refused (`methods.check_draft_options_read`),
+    `no_draft` saying why `draft` is None (`--draft auto`'s reason, `draft_choice.why_no_auto_draft`). An entry that
+    cannot be built is a ConfigError naming it ("method 'x'", "method variant 'x:option=value'"); `flags`: the
+    command line's spelling of the options `options` gives (`methods.flag_spellings`), which the error then names
+    them by (a variant's own options stay as it writes them). `draft_info` names `draft` (`LoadReport.draft`) in
+    the `draft` of the methods that draft with it."""
     ordered = [BASELINE, *(n for n in dict.fromkeys(names) if n != BASELINE)]
     methods = []
     for name in ordered:
         base, overrides = split_method(name)
-        label = f"method variant {name!r}" if overrides else f"method {name!r}"  # (an entry without options: a method)
-        own_draft = _variant_draft(name, overrides.pop(DRAFT_OPTION, None), draft)
+        own_draft = _variant_draft(name, overrides.get(DRAFT_OPTION), draft)
         planner, limits = (None, engine.without_drafting_limits()) if base == BASELINE else (planner_for(base), engine)
-        given = options(base)
-        if str(overrides.get("head")) == NO_HEAD:  # the command line's head options are for the entries with a head
-            given = {name: value for name, value in given.items() if name not in HEAD_ONLY}
-        try:
-            spec = Specula(target, tokenizer, base, own_draft, engine=limits, planner=planner,
-                           **{**given, **overrides})
-        except (TypeError, ValueError) as exc:  # a variant's value of the wrong kind (max_ngram=abc)
-            message = str(exc) if flags is None else in_flags(str(exc), flags, keep=overrides)
-            raise ConfigError(f"{label}: {message}") from exc
+        given = entry_options(name, options(base), draft is not None, no_draft, flags)
+        with _named(name, flags):
+            spec = Specula(target, tokenizer, base, own_draft, engine=limits, planner=planner, **given)
         methods.append(SpeculaMethod(name, spec, draft_info))
     return methods
+
+
+def entry_options(name: str, given: dict[str, Any], draft: bool, no_draft: str = NO_DRAFT_GIVEN,
+                  flags: dict[str, str] | None = None) -> dict[str, Any]:
+    """The options an entry of `--methods` runs with: `given` (the command line's for its method), less the head's
+    for a `head=none` variant (`methods.HEAD_ONLY`) and the draft model's for a `draft=none` one
+    (`methods.draft_options_unread`: fusion's num_draft_tokens, draft_window), which are for the entries with one;
+    then its own. A draft model's option no drafter of the entry reads is refused (`draft`: the run has a draft
+    model; `no_draft`: why not, `methods.check_draft_options_read`), a ConfigError named as `build_specula_methods`
+    names one."""
+    base, overrides = split_method(name)
+    variant_draft = overrides.pop(DRAFT_OPTION, None)
+    if str(overrides.get("head")) == NO_HEAD:  # the command line's head options are for the entries with a head
+        given = {option: value for option, value in given.items() if option not in HEAD_ONLY}
+    skips = bool(given.get("draft_skip"))
+    with _named(name, flags):
+        if variant_draft is not None:  # likewise the command line's draft model options, for the entries with one
+            unread = draft_options_unread(base, given, False, skips)
+            given = {option: value for option, value in given.items() if option not in unread}
+            own = draft_options_unread(base, overrides, False, skips)
+            if own:  # fusion:draft=none:num_draft_tokens=3
+                raise ConfigError(f"{own[0]} is for the draft model, which {DRAFT_OPTION}=none takes away; drop one "
+                                  "of them")
+        check_draft_options_read(base, {**given, **overrides}, draft and variant_draft is None, skips, no_draft)
+    return {**given, **overrides}
+
+
+@contextlib.contextmanager
+def _named(name: str, flags: dict[str, str] | None) -> Iterator[None]:
+    """The error of an entry that cannot be built (a ConfigError, or a variant's value of the wrong kind:
+    max_ngram=abc) as a ConfigError naming the entry ("method 'x'", "method variant 'x:option=value'"), with the
+    options of `flags` named by their flags (a variant's own options as it writes them)."""
+    base, overrides = split_method(name)
+    label = f"method variant {name!r}" if overrides else f"method {name!r}"  # (an entry without options: a method)
+    overrides.pop(DRAFT_OPTION, None)
+    try:
+        yield
+    except (TypeError, ValueError) as exc:
+        message = str(exc) if flags is None else in_flags(str(exc), flags, keep=overrides)
+        raise ConfigError(f"{label}: {message}") from exc
 
 
 DRAFT_OPTION = "draft"

@@ -118,6 +118,7 @@ def plan(args: argparse.Namespace) -> BenchPlan:
         raise ConfigError("--assistant is the model Hugging Face's assisted peers draft with, and no assisted peer "
                           "is compared: add --compare hf (or hf:assisted), or drop --assistant")
     check_draft_used(args, methods, peers)
+    check_entry_flags(args, methods)
     check_method_files(args, methods)
     available = load_prompts(args.prompts)
     categories = None if args.categories is None else parse_categories(args.categories, categories_of(available))
@@ -169,6 +170,23 @@ def check_draft_used(args: argparse.Namespace, methods: list[str], peers: list[s
     if given:
         raise ConfigError(f"{given[0]} applies to a draft model, and no method benched ({bases}) drafts with one; "
                           f"{fix}")
+
+
+def check_entry_flags(args: argparse.Namespace, methods: list[str]) -> None:
+    """Before any model loads, what each benched entry would do with the method flags (`bench.methods.entry_options`):
+    a draft model's flag a fusion entry would get and not read (--num-draft-tokens, --draft-window with --draft none;
+    --draft-window with --draft skip; a variant's own with draft=none) is refused, as it is once the models have
+    loaded (with --draft auto's reason when it picked none)."""
+    from specula.bench.methods import entry_options, split_method
+    from specula.methods import get_method
+    from specula.models.skipping import SKIP_DRAFT
+
+    skip = {"draft_skip": True} if args.draft == SKIP_DRAFT else {}
+    has_draft = args.draft not in ("none", SKIP_DRAFT)  # --draft auto: as if it picks one (refused after, if not)
+    for name in methods:
+        options = [o for o in get_method(split_method(name)[0]).cli_options() if o != "target_name"]
+        given = {o: None if getattr(args, o) is False else getattr(args, o) for o in options}
+        entry_options(name, {**given, **skip}, has_draft, flags=command_flags(args))
 
 
 def check_bench_inputs_kept(args: argparse.Namespace) -> None:
@@ -270,6 +288,8 @@ def execute(args: argparse.Namespace, bench: BenchPlan, target, tokenizer, draft
     from specula.bench.plots import PLOTS
     from specula.bench.report import REPORT_FILE, RESULTS_FILE, ordered
     from specula.bench.runner import run_bench
+    from specula.draft_choice import AUTO_DRAFT, why_no_auto_draft
+    from specula.methods import DEFAULT_METHOD, NO_DRAFT_GIVEN
     from specula.models.loading import NO_DRAFT, DraftInfo
     from specula.models.skipping import SKIP_DRAFT
 
@@ -283,11 +303,13 @@ def execute(args: argparse.Namespace, bench: BenchPlan, target, tokenizer, draft
     engine = engine_config(args)
     # --draft skip: no draft model was loaded; every method gets it as an option (`make_drafters`)
     draft_skip = {"draft_skip": True, "skip_layers": args.skip_layers} if args.draft == SKIP_DRAFT else {}
+    # a draft model's flag fusion would not read: why there is no draft model (--draft auto may pick none)
+    no_draft = why_no_auto_draft(DEFAULT_METHOD, target) if args.draft == AUTO_DRAFT else NO_DRAFT_GIVEN
 
     def specula_methods():
         return build_specula_methods(bench.methods, target, tokenizer, draft,
                                      lambda m: {**drafter_options(args, m), **draft_skip}, engine,
-                                     lambda m: planner_from_args(args), command_flags(args), draft_info)
+                                     lambda m: planner_from_args(args), command_flags(args), draft_info, no_draft)
 
     methods = specula_methods()
     eos = sorted(methods[0].spec.eos_token_ids)

@@ -286,6 +286,36 @@ def test_bad_arguments_one_line_exit_2(tmp_path, prompts_file, tiny_models, argv
     assert tiny_models == [] or "draft model" in message  # before any model loads (--draft auto: after the target's)
 
 
+@pytest.mark.parametrize("argv, message, before_loading", [
+    (["--draft", "none", "--methods", "fusion", "--num-draft-tokens", "3"],
+     "method 'fusion': --num-draft-tokens is for a draft model or layer skipping, and fusion drafts with neither here "
+     "(no draft model given); give it a draft model with --draft MODEL, or drop --num-draft-tokens", True),
+    (["--draft", "skip", "--methods", "fusion", "--draft-window", "64"],
+     "method 'fusion': --draft-window is for a draft model, and fusion drafts with the target's own layers skipped "
+     "here, not a draft model; drop --draft-window, or give a draft model with --draft MODEL instead", True),
+    (["--draft", "tiny", "--methods", "draft-model,fusion:draft=none:draft_window=64"],
+     "method variant 'fusion:draft=none:draft_window=64': draft_window is for the draft model, which draft=none takes "
+     "away; drop one of them", True),
+    # --draft auto picks none for the tiny target: refused once it has loaded, saying so
+    (["--methods", "fusion", "--num-draft-tokens", "3"],
+     "method 'fusion': --num-draft-tokens is for a draft model or layer skipping, and fusion drafts with neither here "
+     "(the default draft choice, auto, picks one for targets of >= 1B parameters, and this one has ", False),
+    (["--methods", "fusion:draft_window=0"],
+     "method variant 'fusion:draft_window=0': draft_window is for a draft model, and fusion drafts without one here "
+     "(the default draft choice, auto, picks one", False),
+])
+def test_a_draft_model_flag_fusion_would_not_read_is_refused(tmp_path, prompts_file, tiny_models, capsys, argv,
+                                                             message, before_loading):
+    """fusion with no draft model (--draft none, or auto picking none) read neither --num-draft-tokens nor
+    --draft-window, nor --draft-window with --draft skip; each was ignored without a word. Refused before the models
+    load where the draft is known, a variant's own option named as it writes it."""
+    code = main(["bench", "--target", "tiny", "--prompts", str(prompts_file), "--no-progress", "--profile-repeats", "0",
+                 "--out", str(tmp_path / "x"), *argv])
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith("error: ") and message in err and err.count("\n") == 1, err
+    assert (tiny_models == []) == before_loading
+
+
 def test_bad_prompt_file_names_the_line(tmp_path, tiny_models, capsys):
     path = tmp_path / "p.jsonl"
     path.write_text('{"id": 1, "turns": ["w5"]}\n{"id": 2, "turns": ["w6"}\n')

@@ -467,6 +467,27 @@ def test_a_draft_none_variant_runs_without_the_draft_model(tiny_pair, chat_token
         parse_method_list("fusion:draft=qwen2.5-coder-0.5b", True)
 
 
+def test_a_draft_none_variant_runs_without_the_draft_model_options_of_the_command_line(tiny_pair, chat_tokenizer):
+    """fusion:draft=none beside fusion with --num-draft-tokens 3 --draft-window 0: the flags are for the entry with a
+    draft model (fusion refuses them without one, and the variant was refused); an entry without a draft model is
+    refused naming why there is none (`no_draft`)."""
+    from specula.drafters.draft_model import DraftModelDrafter
+    from specula.methods import flag_spellings
+
+    target, draft = tiny_pair
+    given = lambda name: {"num_draft_tokens": 3, "draft_window": 0} if name == "fusion" else {}  # noqa: E731
+    methods = build_specula_methods(["fusion", "fusion:draft=none"], target, chat_tokenizer, draft, given)
+    drafted = [d for d in methods[1].spec.decoder.drafters if isinstance(d, DraftModelDrafter)]
+    assert [(d.config.num_draft_tokens, d.config.draft_window) for d in drafted] == [(3, 0)]
+    assert methods[2].spec.decoder.drafters and not any(isinstance(d, DraftModelDrafter)
+                                                        for d in methods[2].spec.decoder.drafters)
+    with pytest.raises(ConfigError, match=re.escape("method 'fusion': --num-draft-tokens is for a draft model or layer "
+                                                    "skipping, and fusion drafts with neither here (no draft, for a "
+                                                    "test); give it a draft model with --draft MODEL, or drop")):
+        build_specula_methods(["fusion"], target, chat_tokenizer, None, given, flags=flag_spellings(["draft"]),
+                              no_draft="no draft, for a test")
+
+
 def test_schema_valid_checks_each_output_against_its_prompts_schema():
     from specula.bench.datasets import BenchPrompt
     from specula.bench.methods import MethodOutput
