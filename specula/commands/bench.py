@@ -20,7 +20,7 @@ from specula.commands.common import (
 )
 from specula.errors import ConfigError
 from specula.paths import check_not_input, check_output
-from specula.methods import PLAIN
+from specula.methods import PLAIN, spelled
 
 
 def default_methods_help() -> str:
@@ -176,17 +176,36 @@ def check_entry_flags(args: argparse.Namespace, methods: list[str]) -> None:
     """Before any model loads, what each benched entry would do with the method flags (`bench.methods.entry_options`):
     a draft model's flag a fusion entry would get and not read (--num-draft-tokens, --draft-window with --draft none;
     --draft-window with --draft skip; a variant's own with draft=none) is refused, as it is once the models have
-    loaded (with --draft auto's reason when it picked none)."""
+    loaded (with --draft auto's reason when it picked none); and a flag no entry runs with, every one taking it
+    dropping it (--head-window with fusion:head=none alone, --num-draft-tokens with fusion:draft=none beside
+    draft-tree) or setting its own (--tree-depth 5 with draft-tree:tree_depth=3), was ignored without a word:
+    refused too."""
     from specula.bench.methods import entry_options, split_method
-    from specula.methods import get_method
+    from specula.methods import HEAD_ONLY, get_method, is_given
     from specula.models.skipping import SKIP_DRAFT
 
     skip = {"draft_skip": True} if args.draft == SKIP_DRAFT else {}
     has_draft = args.draft not in ("none", SKIP_DRAFT)  # --draft auto: as if it picks one (refused after, if not)
+    unused: dict[str, list[str]] = {}  # option: why each entry taking it runs without the command line's value
+    used: set[str] = set()
     for name in methods:
-        options = [o for o in get_method(split_method(name)[0]).cli_options() if o != "target_name"]
-        given = {o: None if getattr(args, o) is False else getattr(args, o) for o in options}
-        entry_options(name, {**given, **skip}, has_draft, flags=command_flags(args))
+        base, overrides = split_method(name)
+        options = [o for o in get_method(base).cli_options() if o != "target_name" and is_given(getattr(args, o))]
+        given = {o: getattr(args, o) for o in options}
+        runs = entry_options(name, {**given, **skip}, has_draft, flags=command_flags(args))
+        for option in options:
+            if option in overrides:
+                unused.setdefault(option, []).append(f"{name} sets its own")
+            elif option not in runs:
+                unused.setdefault(option, []).append(
+                    f"{name} runs without {'a trained head' if option in HEAD_ONLY else 'a draft model'}")
+            else:
+                used.add(option)
+    for option, why in unused.items():
+        if option not in used:
+            flag = spelled(option)
+            raise ConfigError(f"{flag} applies to no method benched as written ({'; '.join(why)}); drop {flag} or "
+                              "add a method it applies to, to --methods")
 
 
 def check_bench_inputs_kept(args: argparse.Namespace) -> None:

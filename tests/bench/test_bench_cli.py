@@ -316,6 +316,41 @@ def test_a_draft_model_flag_fusion_would_not_read_is_refused(tmp_path, prompts_f
     assert (tiny_models == []) == before_loading
 
 
+@pytest.mark.parametrize("argv, message", [
+    (["--methods", "fusion:head=none", "--head-window", "3"],
+     "--head-window applies to no method benched as written (fusion:head=none runs without a trained head); drop "
+     "--head-window or add a method it applies to, to --methods"),
+    (["--methods", "prompt-lookup,fusion:head=none", "--online-distill"],
+     "--online-distill applies to no method benched as written (fusion:head=none runs without a trained head)"),
+    (["--draft", "tiny", "--methods", "draft-tree,fusion:draft=none", "--num-draft-tokens", "3"],
+     "--num-draft-tokens applies to no method benched as written (fusion:draft=none runs without a draft model)"),
+    (["--draft", "tiny", "--methods", "draft-tree:tree_depth=3,eagle:tree_depth=2", "--tree-depth", "5"],
+     "--tree-depth applies to no method benched as written (draft-tree:tree_depth=3 sets its own; eagle:tree_depth=2 "
+     "sets its own)"),
+])
+def test_a_flag_every_entry_taking_it_drops_or_sets_is_refused_before_loading(tmp_path, prompts_file, tiny_models,
+                                                                               capsys, argv, message):
+    """fusion:head=none runs without the command line's head options, fusion:draft=none without its draft model's,
+    and a variant's own option wins over the flag: with no other entry taking the flag, it was ignored without a
+    word."""
+    code = main(["bench", "--target", "tiny", "--prompts", str(prompts_file), "--no-progress", "--out",
+                 str(tmp_path / "x"), *argv])
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith("error: ") and message in err and err.count("\n") == 1, err
+    assert tiny_models == []
+
+
+@pytest.mark.parametrize("argv", [["--methods", "fusion:head=none,fusion", "--head-window", "3"],
+                                  ["--methods", "fusion,fusion:draft=none", "--num-draft-tokens", "3"],
+                                  ["--methods", "draft-tree:tree_depth=3,draft-tree", "--tree-depth", "5"]])
+def test_a_flag_one_entry_runs_with_is_taken(tmp_path, prompts_file, argv):
+    from specula.cli import build_parser
+
+    args = build_parser().parse_args(["bench", "--target", "tiny", "--draft", "tiny-draft", "--prompts",
+                                      str(prompts_file), "--out", str(tmp_path / "x"), *argv])
+    assert bench_cmd.plan(args).methods[1:] == argv[1].split(",")
+
+
 def test_bad_prompt_file_names_the_line(tmp_path, tiny_models, capsys):
     path = tmp_path / "p.jsonl"
     path.write_text('{"id": 1, "turns": ["w5"]}\n{"id": 2, "turns": ["w6"}\n')
