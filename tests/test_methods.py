@@ -96,7 +96,7 @@ def test_errors_name_options_as_flags_on_the_command_line():
 
 
 @pytest.mark.parametrize("option, value", [("head_window", -1), ("head_window", 8), ("head_context_vocab", 64),
-                                           ("online_distill", True)])
+                                           ("online_distill", True), ("head_window", 0)])  # 0: all (was ignored)
 def test_a_head_option_given_to_fusion_without_a_head_is_refused(option, value):
     """fusion forwards these to its trained head; with none (none given, none installed) head_window=-1 was
     ignored without a word. head=none (no head, not even the installed one) likewise, and the message says so: it

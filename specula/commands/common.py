@@ -8,7 +8,8 @@ from typing import TYPE_CHECKING, Iterable, Iterator
 
 from specula.errors import ConfigError, ModelNotFoundError, SpeculaError
 from specula.methods import (
-    DEFAULT_METHOD, METHODS, NO_HEAD, default_head, flag_spellings, get_method, in_flags, methods_taking, spelled,
+    DEFAULT_METHOD, METHODS, NO_HEAD, default_head, flag_spellings, get_method, in_flags, is_given, methods_taking,
+    spelled,
 )
 
 if TYPE_CHECKING:  # keep `specula --help` and `specula models` free of torch imports
@@ -385,7 +386,7 @@ def check_flags_taken(args: argparse.Namespace, methods, what: str, fix: str) ->
     ignored without a word): a ConfigError naming `what` runs and the `fix`."""
     taken = {o for m in methods for o in get_method(m).cli_options()}
     for name in sorted({o for s in METHODS.values() for o in s.cli_options()} - taken):
-        if getattr(args, name, None) not in (None, False):
+        if is_given(getattr(args, name, None)):  # --draft-window 0 too
             raise ConfigError(f"{spelled(name)} does not apply to {what} (it applies to "
                               f"{_taking(name)}); drop it or {fix}")
 

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from specula.errors import ConfigError
 from specula.methods import (
     BUILT_IN, HEAD_ONLY, METHODS, NO_HEAD, MethodSpec, check_draft_options_read, check_switches, get_method,
-    layer_skipper, or_list,
+    is_given, layer_skipper, or_list,
 )
 
 if TYPE_CHECKING:  # importing a drafter package module (e.g. heads.config) must not import torch
@@ -87,7 +87,7 @@ def _fusion(spec: MethodSpec, target: TargetModel | None, draft: TargetModel | N
         raise ConfigError(f"method {spec.name} does not take {', '.join(unknown)}; its options are "
                           f"{', '.join(accepted)}")
     head = options.get("head")
-    for_head = [name for name in HEAD_ONLY if options.get(name) not in (None, False)]
+    for_head = [name for name in HEAD_ONLY if is_given(options.get(name))]  # head_window=0 too
     if for_head and head is None:  # head_window=-1 without a head was ignored without a word
         why, fix = (("the head given is none", "head=FILE instead of none") if told_no_head else
                     ("none given, none installed for the target",

@@ -40,6 +40,8 @@ GENERATE = ["generate", "--target", "smollm2-135m", "--prompt", "hi", "--max-new
                                                           "draft-tree")),
     (["--tree-depth", "3"], ("--tree-depth does not apply to method fusion",)),  # the default method
     (["--method", "none", "--datastore", "x.specds"], ("--datastore does not apply to method none",)),
+    (["--method", "prompt-lookup", "--draft-window", "0"], ("--draft-window does not apply to method prompt-lookup",)),
+    (["--method", "prompt-lookup", "--head-window", "0"], ("--head-window does not apply to method prompt-lookup",)),
     (["--method", "none", "--cost-curve", "c.json"], ("--cost-curve", "method none drafts nothing",
                                                       "pass --method with a method that drafts")),  # was ignored
     (["--method", "none", "--max-tree-nodes", "64"], ("--max-tree-nodes", "method none drafts nothing",  # was ignored,

@@ -294,6 +294,7 @@ def test_penalties_decode_the_penalised_law_exactly_and_bad_biases_exit_2(tiny_l
                                                        "without one here (the head given is none); give it one with "
                                                        "--head FILE instead of none, or drop --head-context-vocab"),
     (["--online-distill"], "--online-distill is for a trained head"),
+    (["--head-window", "0"], "--head-window is for a trained head"),  # 0 (all) read as not given: ignored
 ])
 def test_an_options_error_from_the_library_names_the_flag(monkeypatch, tiny_tokenizer, capsys, extra, words):
     """The library names options as Python does (tree_depth must be >= 1); the command line said so too, where
