@@ -155,7 +155,6 @@ def _named(name: str, flags: dict[str, str] | None) -> Iterator[None]:
     options of `flags` named by their flags (a variant's own options as it writes them)."""
     base, overrides = split_method(name)
     label = f"method variant {name!r}" if overrides else f"method {name!r}"  # (an entry without options: a method)
-    overrides.pop(DRAFT_OPTION, None)
     try:
         yield
     except (TypeError, ValueError) as exc:

@@ -68,7 +68,7 @@ def make_drafters(method: str | MethodSpec, *, target: TargetModel | None = None
     if draft_skip:
         if spec.draft_skip == "refused":
             takers = [s.name for s in METHODS.values() if s.draft_skip == "drafts"]
-            raise ConfigError(f"--draft skip drafts chains: use --method {or_list(takers)} with it "
+            raise ConfigError(f"--draft skip drafts chains: use method {or_list(takers)} with it "
                               f"({spec.name} needs a draft model)")
         if spec.draft_skip == "drafts":
             spec = layer_skipper()
@@ -118,9 +118,9 @@ def _fusion(spec: MethodSpec, target: TargetModel | None, draft: TargetModel | N
         if member.without_head and head is not None:
             given_here = [name for name in member.forwards if given.get(name) is not None]
             if given_here:  # its option would be ignored without a word
-                flag = "--" + given_here[0].replace("_", "-")
-                raise ConfigError(f"{flag} is for {member.method}, which {spec.name} leaves out when a trained head "
-                                  f"drafts; pass --head none to keep {member.method} (or drop {flag})")
+                raise ConfigError(f"{given_here[0]} is for {member.method}, which {spec.name} leaves out when a "
+                                  f"trained head drafts; pass head=none to keep {member.method} (or drop "
+                                  f"{given_here[0]})")
             continue
         forwarded = {name: given.get(name) for name in member.forwards}
         drafters.append(make_drafter(member_spec, target=target, draft=draft, tokenizer=tokenizer,

@@ -93,7 +93,7 @@ class DraftTreeConfig:
         if self.tree_verifier not in get_args(TreeVerifier):
             raise ConfigError(f"tree_verifier must be rrs or kseq, got {self.tree_verifier!r}")
         if self.tree_verifier == "kseq" and self.tree_sampling != "iid":
-            raise ConfigError("tree_verifier kseq needs i.i.d. siblings: use --tree-sampling iid with --tree-verifier kseq")
+            raise ConfigError("tree_verifier=kseq needs i.i.d. siblings: use tree_sampling=iid with tree_verifier=kseq")
         for name in ("tree_top_k", "tree_depth", "tree_nodes"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")

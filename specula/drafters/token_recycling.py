@@ -220,7 +220,7 @@ class TokenRecyclingDrafter:
     def load(self, path: str | Path) -> None:
         """Replace the matrix by a saved one; refuse one made for another vocabulary or tokenizer."""
         path = Path(path)
-        fix = f"delete {str(path)!r} or pass another --recycling-state file"
+        fix = f"delete {str(path)!r} or pass another recycling_state file"
         try:
             data = np.load(path, allow_pickle=False)
             if not isinstance(data, np.lib.npyio.NpzFile):  # a .npy array (np.save): not a state

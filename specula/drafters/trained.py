@@ -135,7 +135,7 @@ def create_head_drafter(kind: str, *, target=None, head: str | os.PathLike | Tra
         raise ConfigError(f"the {head.kind} head given was loaded for another target ({head.target.name}); load it "
                           f"for this one ({target.name}): load_head(FILE, target, NAME)")
     if head.kind != kind:
-        raise ConfigError(f"--method {kind} got a {head.kind} head; use --method {head.kind} or a {kind} head")
+        raise ConfigError(f"method {kind} got a {head.kind} head; use method {head.kind} or a {kind} head")
     if head_window is not None:
         head.window = head_window or None
     if head_context_vocab is not None:
@@ -143,14 +143,14 @@ def create_head_drafter(kind: str, *, target=None, head: str | os.PathLike | Tra
     merged = {**DEFAULTS[kind], **options}
     online = None
     if online_distill and kind == "eagle3":
-        raise ConfigError("--online-distill trains eagle, medusa and hydra heads; an eagle3 head learns offline only "
-                          "(`specula train --kind eagle3`): drop --online-distill")
+        raise ConfigError("online_distill trains eagle, medusa and hydra heads; an eagle3 head learns offline only "
+                          "(`specula train --kind eagle3`): drop online_distill")
     if online_distill and head.config.copy_ngram:
-        raise ConfigError("--online-distill trains on short windows of a request, which leave a copy hint no text to "
+        raise ConfigError("online_distill trains on short windows of a request, which leave a copy hint no text to "
                           "match; a head with copy hints learns offline only (`specula train --copy-ngram`): drop "
-                          "--online-distill")
+                          "online_distill")
     if online_distill and (head.kernel is not None or head.dtype != torch.float32):
-        raise ConfigError(f"--online-distill trains the head in float32; this one drafts on "
+        raise ConfigError(f"online_distill trains the head in float32; this one drafts on "
                           f"{head.kernel or head.dtype} weights it cannot train: load it with "
                           "load_head(FILE, target, NAME, torch.float32), or pass the file")
     if online_distill:

@@ -351,6 +351,28 @@ def test_a_flag_one_entry_runs_with_is_taken(tmp_path, prompts_file, argv):
     assert bench_cmd.plan(args).methods[1:] == argv[1].split(",")
 
 
+@pytest.mark.parametrize("argv, message, before_loading", [
+    (["--methods", "draft-tree:tree_verifier=kseq"],  # named --tree-sampling iid with --tree-verifier kseq
+     "method variant 'draft-tree:tree_verifier=kseq': tree_verifier=kseq needs i.i.d. siblings: use tree_sampling=iid "
+     "with tree_verifier=kseq", True),
+    (["--methods", "draft-tree:tree_sampling=beam", "--tree-verifier", "kseq"],  # --tree-sampling iid: the variant's
+     "method variant 'draft-tree:tree_sampling=beam': --tree-verifier kseq needs i.i.d. siblings: use "  # wins
+     "tree_sampling=iid with --tree-verifier kseq", False),
+    (["--methods", "draft-tree", "--tree-verifier", "kseq"],
+     "method 'draft-tree': --tree-verifier kseq needs i.i.d. siblings: use --tree-sampling iid with --tree-verifier "
+     "kseq", False),
+])
+def test_an_error_names_options_as_the_user_wrote_them(tmp_path, prompts_file, tiny_models, capsys, argv, message,
+                                                       before_loading):
+    """A variant's own options as Python names them (as it writes them), the command line's as flags: the library
+    named some options by their flags in its messages, which a variant did not write (tree_verifier=kseq)."""
+    code = main(["bench", "--target", "tiny", "--draft", "tiny", "--prompts", str(prompts_file), "--no-progress",
+                 "--profile-repeats", "0", "--out", str(tmp_path / "x"), *argv])
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith("error: ") and message in err and err.count("\n") == 1, err
+    assert (tiny_models == []) == before_loading
+
+
 def test_bad_prompt_file_names_the_line(tmp_path, tiny_models, capsys):
     path = tmp_path / "p.jsonl"
     path.write_text('{"id": 1, "turns": ["w5"]}\n{"id": 2, "turns": ["w6"}\n')

@@ -488,6 +488,31 @@ def test_a_draft_none_variant_runs_without_the_draft_model_options_of_the_comman
                               no_draft="no draft, for a test")
 
 
+def test_a_variants_own_option_is_named_as_it_writes_it_and_the_command_lines_as_a_flag(tiny_pair, chat_tokenizer,
+                                                                                       tmp_path):
+    """fusion leaves token recycling out beside a head (here --head's): the refusal of fusion:recycling_state=FILE
+    named --recycling-state, which the variant did not write; the head to drop is the command line's, --head."""
+    import torch
+
+    from specula.drafters.heads.runtime import new_head
+    from specula.methods import flag_spellings
+
+    target, draft = tiny_pair
+    head = new_head("eagle", target, torch.arange(target.vocab_size))
+    given = lambda name: {"head": head} if name == "fusion" else {}  # noqa: E731 (--head FILE)
+    state = tmp_path / "s.npz"
+    with pytest.raises(ConfigError, match=re.escape(f"method variant 'fusion:recycling_state={state}': recycling_state "
+                                                    "is for token-recycling, which fusion leaves out when a trained head "
+                                                    "drafts; pass --head none to keep token-recycling (or drop "
+                                                    "recycling_state)")):
+        build_specula_methods([f"fusion:recycling_state={state}"], target, chat_tokenizer, draft, given,
+                              flags=flag_spellings())
+    skip = lambda name: {"draft_skip": True, "skip_layers": None}  # noqa: E731 (--draft skip, as `execute` gives it)
+    with pytest.raises(ConfigError, match=re.escape("method 'draft-tree': --draft skip drafts chains: use method "
+                                                    "draft-model, layer-skip or fusion with it")):  # named --method,
+        build_specula_methods(["draft-tree"], target, chat_tokenizer, None, skip, flags=flag_spellings())  # not taken
+
+
 def test_schema_valid_checks_each_output_against_its_prompts_schema():
     from specula.bench.datasets import BenchPrompt
     from specula.bench.methods import MethodOutput

@@ -282,6 +282,8 @@ def test_penalties_decode_the_penalised_law_exactly_and_bad_biases_exit_2(tiny_l
     (["--method", "draft-tree", "--tree-sampling", "iid", "--tree-verifier", "kseq", "--tree-top-k", "0"],
      "--tree-top-k must be >= 1, got 0"),
     (["--method", "draft-model", "--num-draft-tokens", "0"], "--num-draft-tokens must be >= 1, got 0"),
+    (["--method", "draft-tree", "--tree-verifier", "kseq"],  # tree_verifier=kseq: a value rewritten with its flag
+     "--tree-verifier kseq needs i.i.d. siblings: use --tree-sampling iid with --tree-verifier kseq"),
     (["--method", "draft-model", "--draft-window", "3"], "--draft-window must be at least"),
     (["--max-tree-nodes", "0"], "--max-tree-nodes must be an integer >= 1, got 0"),
     (["--top-p", "2"], "--top-p must be in (0, 1], got 2.0"),

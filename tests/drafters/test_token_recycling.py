@@ -1,3 +1,5 @@
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -251,8 +253,9 @@ def test_state_for_another_vocabulary_or_tokenizer_is_refused(tmp_path):
     keeper.save()
     with pytest.raises(ConfigError, match="another tokenizer"):  # ... the file keeps its fingerprint
         TokenRecyclingDrafter(VOCAB, TokenRecyclingConfig(state_path=str(state)), fingerprint="sha256:bbb")
-    state.write_bytes(b"not a zip file")
-    with pytest.raises(ConfigError, match="not a readable token-recycling state"):
+    state.write_bytes(b"not a zip file")  # the fix names the option as Python does (was --recycling-state)
+    with pytest.raises(ConfigError, match="not a readable token-recycling state .*; delete .* or pass another "
+                                          "recycling_state file$"):
         TokenRecyclingDrafter(VOCAB, TokenRecyclingConfig(state_path=str(state)))
     state.write_bytes(b"")  # empty (EOFError), an array saved with np.save, a float matrix
     with pytest.raises(ConfigError, match="not a readable token-recycling state"):
@@ -331,14 +334,21 @@ def test_a_top_k_wider_than_the_vocabulary_is_refused_when_made():
 
 def test_fusion_with_a_head_refuses_the_recycling_state_it_would_ignore(tmp_path):
     """fusion leaves token recycling out when a trained head drafts: --recycling-state would be
-    ignored without a word, so it is refused naming the fix."""
+    ignored without a word, so it is refused naming the fix: as Python names the options (the message named the
+    flags, where a bench variant writes fusion:recycling_state=FILE), which the command line writes as flags."""
     from specula.drafters import make_drafters
     from specula.drafters.heads.runtime import new_head
+    from specula.methods import flag_spellings, in_flags
 
     target = HFCausalLM(tiny_model("llama", seed=3), "target")
     head = new_head("eagle", target, torch.arange(VOCAB))
-    with pytest.raises(ConfigError, match="--recycling-state is for token-recycling.*--head none"):
+    message = ("recycling_state is for token-recycling, which fusion leaves out when a trained head drafts; pass "
+               "head=none to keep token-recycling (or drop recycling_state)")
+    with pytest.raises(ConfigError, match=re.escape(message)) as caught:
         make_drafters("fusion", target=target, head=head, recycling_state=str(tmp_path / "s.npz"))
+    assert in_flags(str(caught.value), flag_spellings()) == (
+        "--recycling-state is for token-recycling, which fusion leaves out when a trained head drafts; pass --head "
+        "none to keep token-recycling (or drop --recycling-state)")
     assert make_drafters("fusion", target=target, head=head)  # without it: fine
 
 

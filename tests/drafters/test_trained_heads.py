@@ -732,8 +732,10 @@ def test_eagle3_refuses_online_distillation_and_mixed_feature_requests():
     model = tiny_model("llama", "eager", seed=4)
     target = native(model)
     eagle3 = new_head("eagle3", target, oracle_d2t(96), seed=1)
-    with pytest.raises(ConfigError, match="drop --online-distill"):
-        build_decoder("eagle3", target, None, head=eagle3, planner=False, online_distill=True)
+    with pytest.raises(ConfigError, match="^online_distill trains eagle, .*: drop online_distill$"):  # as Python
+        build_decoder("eagle3", target, None, head=eagle3, planner=False, online_distill=True)  # names it
+    with pytest.raises(ConfigError, match="^method eagle got a eagle3 head; use method eagle3"):  # not --method:
+        build_decoder("eagle", target, None, head=eagle3, planner=False)  # the bench takes --methods
     eagle = new_head("eagle", target, oracle_d2t(96), seed=1)
     drafters = [build_decoder(k, target, None, head=h, planner=False).drafters[0]
                 for k, h in (("eagle", eagle), ("eagle3", eagle3))]
