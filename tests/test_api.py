@@ -173,8 +173,8 @@ def test_a_draft_model_option_fusion_would_not_read_is_refused_saying_why_there_
     monkeypatch.setattr(specula, "load_backend", lambda *a, **k: pytest.fail("the target loaded"))
     for draft in (None, "none"):
         with pytest.raises(ConfigError, match=re.escape("num_draft_tokens is for a draft model or layer skipping, and "
-                                                        f"fusion drafts with neither here (no draft model given); {fix} "
-                                                        "num_draft_tokens")):
+                                                        "fusion drafts with neither here (no draft model given); "
+                                                        f"{fix} num_draft_tokens")):
             specula.load(str(path), draft=draft, num_draft_tokens=3)
     with pytest.raises(ConfigError, match=re.escape("draft_window is for a draft model, and fusion drafts with the "
                                                     "target's own layers skipped here")):

@@ -92,7 +92,8 @@ def test_errors_name_options_as_flags_on_the_command_line():
                                         "--max-tree-nodes; the head")
     variant = "method variant 'draft-tree:tree_depth=0': tree_depth must be >= 1; top_p"
     assert in_flags(variant, flags, keep=["tree_depth"]) == variant.replace("top_p", "--top-p")
-    assert in_flags("use head=FILE or head=none, tree_nodes=N", flags) == "use --head FILE or --head none, --tree-nodes N"
+    assert in_flags("use head=FILE or head=none, tree_nodes=N", flags) == ("use --head FILE or --head none, "
+                                                                         "--tree-nodes N")
     # a value that is a word, as a flag takes it; a bench variant's own (keep) or after a colon (a variant) stays
     kseq = "tree_verifier=kseq needs i.i.d. siblings: use tree_sampling=iid with tree_verifier=kseq"
     assert in_flags(kseq, flags) == ("--tree-verifier kseq needs i.i.d. siblings: use --tree-sampling iid with "

@@ -501,10 +501,10 @@ def test_a_variants_own_option_is_named_as_it_writes_it_and_the_command_lines_as
     head = new_head("eagle", target, torch.arange(target.vocab_size))
     given = lambda name: {"head": head} if name == "fusion" else {}  # noqa: E731 (--head FILE)
     state = tmp_path / "s.npz"
-    with pytest.raises(ConfigError, match=re.escape(f"method variant 'fusion:recycling_state={state}': recycling_state "
-                                                    "is for token-recycling, which fusion leaves out when a trained head "
-                                                    "drafts; pass --head none to keep token-recycling (or drop "
-                                                    "recycling_state)")):
+    message = (f"method variant 'fusion:recycling_state={state}': recycling_state is for token-recycling, which "
+               "fusion leaves out when a trained head drafts; pass --head none to keep token-recycling (or drop "
+               "recycling_state)")
+    with pytest.raises(ConfigError, match=re.escape(message)):
         build_specula_methods([f"fusion:recycling_state={state}"], target, chat_tokenizer, draft, given,
                               flags=flag_spellings())
     skip = lambda name: {"draft_skip": True, "skip_layers": None}  # noqa: E731 (--draft skip, as `execute` gives it)
