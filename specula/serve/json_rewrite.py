@@ -7,7 +7,10 @@ later piece can change (a number waits for the character after it, an escape for
 high surrogate for the low one that may follow it). So a tool call's arguments can be streamed as they
 are generated and still add up to the text a whole response writes. One difference from `json.dumps(
 json.loads(...))`: an object that gives a key twice is written with both (json.loads keeps the last
-value, at the first key's place; a reader of the text written here does the same).
+value, at the first key's place; a reader of the text written here does the same). Another: a lone
+surrogate (an unpaired `\\ud800`-`\\udfff` escape, which json.loads keeps as it is) is written as its
+escape (`\\ud83d`, as ensure_ascii=True writes it), not as the character, which UTF-8 cannot encode: the
+text stays encodable (a response holding it), and json.loads reads the same value from it.
 
 A listener hears where each value starts and ends in `text` (`on_value(event, path, offset, kind)`), by
 its path: () for the root, then object keys and list indices.
@@ -190,7 +193,8 @@ class JsonRewriter:
             self._put(c)
 
     def _code(self, code: int) -> None:
-        """A `\\uXXXX` escape read: a surrogate pair joined as json.loads joins it (a lone one kept)."""
+        """A `\\uXXXX` escape read: a surrogate pair joined as json.loads joins it (a lone one kept, written as
+        its escape)."""
         s = self._string
         if s.high is not None:
             if 0xDC00 <= code <= 0xDFFF:
@@ -214,7 +218,7 @@ class JsonRewriter:
             self._char_out(chr(high))
 
     def _char_out(self, ch: str) -> None:
-        self._write(encode_basestring(ch)[1:-1])
+        self._write(f"\\u{ord(ch):04x}" if "\ud800" <= ch <= "\udfff" else encode_basestring(ch)[1:-1])
         if self._string.path is None:
             self._string.chars.append(ch)
 

@@ -21,8 +21,9 @@ stream and a response of one output say the same thing. Tool call ids are vLLM's
 
 The arguments of auto and required are written as vLLM's whole response writes them (`json.dumps(
 arguments, ensure_ascii=False)`), piece by piece as the JSON settles (`specula.serve.json_rewrite`: a
-number goes out once the character after it shows it is whole, an escape once it is complete), so what
-was sent is never contradicted by what follows; vLLM streams the model's own text instead, whose layout
+number goes out once the character after it shows it is whole, an escape once it is complete; a lone
+surrogate stays an escape, `\\ud83d`, where vLLM's response fails to encode it), so what was sent
+is never contradicted by what follows; vLLM streams the model's own text instead, whose layout
 its whole response does not keep. A call that has begun going out cannot be taken back: its JSON breaking
 off later (cut by max_tokens, malformed) leaves it with the arguments read up to there, in a whole
 response too (where max_tokens cut it, finish_reason says "length").

@@ -1,11 +1,12 @@
 """JSON text rewritten as it is generated (`specula.serve.json_rewrite`): whatever the pieces, the text
-written is json.dumps(json.loads(text), ensure_ascii=False), and no piece changes what an earlier one
-wrote; text json.loads refuses fails."""
+written is json.dumps(json.loads(text), ensure_ascii=False) (a lone surrogate kept as its escape), and no
+piece changes what an earlier one wrote; text json.loads refuses fails."""
 
 from __future__ import annotations
 
 import json
 import random
+import re
 
 import pytest
 
@@ -37,9 +38,14 @@ def random_pieces(rng: random.Random, text: str) -> list[str]:
     return [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)])]
 
 
+def dumps(value) -> str:
+    """json.dumps(value, ensure_ascii=False), a lone surrogate written as its escape (as ensure_ascii does)."""
+    return re.sub("[\ud800-\udfff]", lambda m: f"\\u{ord(m.group()):04x}", json.dumps(value, ensure_ascii=False))
+
+
 def check(text: str) -> None:
     try:
-        expected = json.dumps(json.loads(text), ensure_ascii=False)
+        expected = dumps(json.loads(text))
     except ValueError:
         expected = None
     rng = random.Random(text)
@@ -53,6 +59,15 @@ def check(text: str) -> None:
 @pytest.mark.parametrize("text", GOOD + BAD)
 def test_json_is_rewritten_as_json_dumps_writes_what_json_loads_reads(text):
     check(text)
+
+
+@pytest.mark.parametrize("text, written", [
+    (r'"\ud83d"', r'"\ud83d"'), (r'"\uD83Dx\uDC00"', r'"\ud83dx\udc00"'), (r'"\udc00\ud83d\ude00"', r'"\udc00😀"'),
+    (r'{"\ud800": "é\ud83d"}', r'{"\ud800": "é\ud83d"}'), ('"\ud83d"', r'"\ud83d"'),  # the character itself
+])
+def test_a_lone_surrogate_stays_an_escape_so_the_text_is_utf8_and_reads_back_the_same(text, written):
+    final, _ = rewrite(list(text))
+    assert final == written and final.encode("utf-8") and json.loads(final) == json.loads(text)
 
 
 def random_string(rng: random.Random) -> str:

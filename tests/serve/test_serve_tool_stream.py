@@ -118,3 +118,37 @@ def test_a_call_between_special_token_tags_is_parsed(special_script, special_ser
     plain = client.chat.completions.create(**{**args, "tool_choice": "none"}).choices[0]  # the text as before
     assert plain.message.content == tokenizer.decode(expected, skip_special_tokens=True) == "Let me check." + CALL
     assert not plain.message.tool_calls
+
+
+# --------------------------------------------------------------------------- lone surrogates in the JSON
+
+LONE = ["Sure.", "<tool_call>", '{"name": "get_weather", "arguments": {"city": "\\ud83d', '!", "note": ',
+        '"\\udc00\\ud83d\\ude00"}}', "</tool_call>"]
+"""A call whose arguments hold unpaired surrogate escapes (json.loads keeps each as a lone surrogate, which
+UTF-8 cannot encode), the first one's string going on in the next token; a pair is joined as ever."""
+LONE_ARGUMENTS = '{"city": "\\ud83d!", "note": "\\udc00😀"}'
+
+
+@pytest.fixture(scope="module")
+def lone_client():
+    tokenizer = script_tokenizer(LONE)
+    with running(make_spec(scripted_model(tokenizer, LONE), tokenizer, "none"), enable_auto_tool_choice=True,
+                 tool_call_parser="hermes") as server:
+        yield openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=60)
+
+
+def test_a_lone_surrogate_in_the_arguments_stays_an_escape_streamed_or_not(lone_client):
+    """The arguments keep a lone surrogate as the escape the model wrote (as json.dumps' ensure_ascii writes
+    it), not as the character: the whole response was a 500 (UnicodeEncodeError), the stream sent a string
+    no UTF-8 client could send back. json.loads reads the model's values from them."""
+    args = dict(model=MODEL, messages=ASK, tools=[WEATHER], temperature=0)
+    whole = lone_client.chat.completions.create(**args).choices[0]
+    assert whole.message.content == "Sure." and whole.finish_reason == "tool_calls"
+    (call,) = whole.message.tool_calls
+    assert call.function.name == "get_weather" and call.function.arguments == LONE_ARGUMENTS
+    assert json.loads(call.function.arguments) == {"city": "\ud83d!", "note": "\udc00\U0001f600"}
+    chunks = [c.choices[0] for c in lone_client.chat.completions.create(**args, stream=True)]
+    deltas = [d for c in chunks for d in (c.delta.tool_calls or [])]
+    assert [d.function.name for d in deltas if d.function.name] == ["get_weather"]
+    assert "".join(d.function.arguments for d in deltas) == LONE_ARGUMENTS
+    assert chunks[-1].finish_reason == "tool_calls"
