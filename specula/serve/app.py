@@ -268,6 +268,15 @@ def create_server(spec: Specula, config: ServerConfig) -> SpeculaServer:
 # --------------------------------------------------------------------------- the app
 
 
+class UTF8JSONResponse(JSONResponse):
+    """Starlette's JSON response, written by `protocol.json_text`: a lone surrogate that a request gave
+    (a model name, a tool's name), echoed, goes out as its escape, where Starlette's UTF-8 encoding raised
+    (a bare 500 with no error object, even for the 404 naming that model)."""
+
+    def render(self, content: Any) -> bytes:
+        return protocol.json_text(content, allow_nan=False, separators=(",", ":")).encode("utf-8")
+
+
 def _route_label(request: Request) -> str:
     """The `endpoint` label of a request (unknown paths share one label)."""
     route = request.scope.get("route")
@@ -283,7 +292,7 @@ def _error_response(exc: APIError, request: Request) -> JSONResponse:
         headers["WWW-Authenticate"] = "Bearer"
     if exc.status == 503:
         headers["Retry-After"] = str(request.app.state.server.config.retry_after_seconds)
-    return JSONResponse(exc.body(), status_code=exc.status, headers=headers)
+    return UTF8JSONResponse(exc.body(), status_code=exc.status, headers=headers)
 
 
 def _record(request: Request, status: int) -> None:
@@ -338,7 +347,7 @@ def build_app(server: SpeculaServer) -> FastAPI:
         return route
 
     async def health(request: Request) -> Response:
-        return JSONResponse({"status": "ok", "model": server.config.model_name, "method": server.spec.method,
+        return UTF8JSONResponse({"status": "ok", "model": server.config.model_name, "method": server.spec.method,
                              "queue_depth": int(server.worker.queue_depth), "max_context": server.worker.max_context,
                              "max_batch_size": server.config.max_batch_size})
 
@@ -346,14 +355,14 @@ def build_app(server: SpeculaServer) -> FastAPI:
         return Response(server.metrics.render(), media_type=METRICS_CONTENT_TYPE)
 
     async def models(request: Request) -> Response:
-        return JSONResponse(protocol.models_body(server.config.model_name, server.created))
+        return UTF8JSONResponse(protocol.models_body(server.config.model_name, server.created))
 
     async def model(request: Request) -> Response:
         name = request.path_params["model"]
         listed = protocol.models_body(server.config.model_name, server.created)["data"][0]
         if name != listed["id"]:
             raise APIError(404, f"The model '{name}' does not exist", param="model", code="model_not_found")
-        return JSONResponse(listed)
+        return UTF8JSONResponse(listed)
 
     async def tokenize(request: Request) -> Response:
         body = await _read_json(request, server.config.max_body_bytes)
@@ -364,13 +373,13 @@ def build_app(server: SpeculaServer) -> FastAPI:
             ids = encode_prompt(server.http_tokenizer, source, raw=raw, tools=tools, **options)
         except SpeculaError as exc:
             raise protocol.prompt_error(exc, "prompt" if raw else "messages") from exc
-        return JSONResponse({"count": len(ids), "max_model_len": server.worker.max_context, "tokens": ids,
+        return UTF8JSONResponse({"count": len(ids), "max_model_len": server.worker.max_context, "tokens": ids,
                              "token_strs": None})
 
     async def detokenize(request: Request) -> Response:
         ids = protocol.parse_detokenize(await _read_json(request, server.config.max_body_bytes),
                                         server.config.model_name, server.spec.target.vocab_size)
-        return JSONResponse({"prompt": server.http_tokenizer.decode(ids, skip_special_tokens=False)})
+        return UTF8JSONResponse({"prompt": server.http_tokenizer.decode(ids, skip_special_tokens=False)})
 
     def generation(endpoint: protocol.Endpoint) -> Callable[[Request], Awaitable[Response]]:
         async def generate(request: Request) -> Response:
@@ -476,7 +485,7 @@ async def _generate(server: SpeculaServer, request: Request, endpoint: protocol.
             while not response.done:
                 response.add(await wake.next_event(job, request, poll))
             server.metrics.request_seconds.observe(time.perf_counter() - t0)
-            return JSONResponse(response.body(ids))
+            return UTF8JSONResponse(response.body(ids))
     except BaseException:  # an error, the client gone, or the task cancelled (shutdown)
         job.cancel()
         raise

@@ -129,7 +129,7 @@ def run_batch(spec, rows: Sequence[BatchRow], output_path: str | Path, model_nam
             status, body = _answer(job, tokenizer, token_bytes)
             succeeded += status == 200
             first_error = first_error or ("" if status == 200 else body["error"]["message"])
-            lines.append(json.dumps(_output_line(custom_id, status, body), ensure_ascii=False) + "\n")
+            lines.append(protocol.json_text(_output_line(custom_id, status, body)) + "\n")
     finally:
         worker.close()
     with atomic_path(output_path) as tmp:

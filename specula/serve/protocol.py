@@ -207,6 +207,19 @@ def choice_seed(seed: int, j: int) -> int:
     return seeded - 2**64 if seeded >= 2**64 else seeded
 
 
+def json_text(value: Any, **options: Any) -> str:
+    """`value` as JSON text that UTF-8 encodes: json.dumps(value, ensure_ascii=False, **options), or where a
+    string holds a lone surrogate (a request's unpaired \\ud800-\\udfff escape, echoed: a model name, a
+    tool's name, a batch line's custom_id), ensure_ascii's text, which writes it as its escape (as a stream's
+    events write every string) instead of raising UnicodeEncodeError."""
+    text = json.dumps(value, ensure_ascii=False, **options)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return json.dumps(value, **options)
+    return text
+
+
 def parse_json_body(raw: bytes) -> dict[str, Any]:
     """The request body as a JSON object, or a 400 naming what is wrong."""
     try:

@@ -409,6 +409,17 @@ def test_openai_client_raises_typed_errors(client):
         client.completions.create(model=MODEL, prompt="w05", max_tokens=1000)
 
 
+@pytest.mark.parametrize("path, body", [("/v1/completions", {**OK_COMPLETION, "model": "m\ud83d"}),
+                                        ("/v1/chat/completions", {**OK_CHAT, "model": "m\ud83d", "stream": True}),
+                                        ("/detokenize", {"model": "m\ud83d", "tokens": [5]})])
+def test_a_model_name_holding_a_lone_surrogate_is_named_in_the_404(server, path, body):
+    """The message echoes the name; its lone surrogate (an unpaired escape in the request) goes out as its
+    escape: Starlette's UTF-8 encoding raised, a bare 500 "Internal Server Error" with no error object."""
+    status, error = _err(server, "POST", path, body)
+    assert (status, error["param"], error["code"]) == (404, "model", "model_not_found")
+    assert error["message"].startswith("The model 'm\ud83d' does not exist")
+
+
 # --------------------------------------------------------------------------- metrics
 
 

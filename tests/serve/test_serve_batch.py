@@ -57,6 +57,20 @@ def test_a_batch_file_is_answered_in_order_as_the_server_answers(spec, tokenizer
                                           "--served-model-name 'gpt-4'")
 
 
+def test_a_custom_id_holding_a_lone_surrogate_is_written_back(spec, tmp_path):
+    """A line's custom_id with an unpaired escape is echoed as that escape: writing the output raised
+    UnicodeEncodeError once every request was answered, and the whole batch was lost."""
+    source, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    rows = [line("a\ud83d", "/v1/completions", {"prompt": "w05", "max_tokens": 2, "temperature": 0}),
+            line("b\udc00", "/v1/completions", {"model": "gpt-\udc00", "prompt": "w05"})]
+    source.write_text("\n".join(rows) + "\n")
+    summary = run_batch(spec, read_batch(source), out, MODEL)
+    assert (summary.succeeded, summary.failed) == (1, 1)
+    written = [json.loads(x) for x in out.read_text(encoding="utf-8").splitlines()]
+    assert [o["custom_id"] for o in written] == ["a\ud83d", "b\udc00"]
+    assert written[1]["error"]["message"].startswith("The model 'gpt-\udc00' does not exist")
+
+
 def test_the_command_refuses_a_missing_file_in_one_line(tmp_path, capsys):
     code = main(["run-batch", "--target", "smollm2-135m", "-i", str(tmp_path / "none.jsonl"), "-o",
                  str(tmp_path / "out.jsonl")])

@@ -9,7 +9,7 @@ import json
 import openai
 import pytest
 
-from serve_helpers import MODEL, make_spec, running
+from serve_helpers import MODEL, http_call, make_spec, running
 from tiny import reference_greedy
 from tool_kit import CALL, SCRIPT, WEATHER, script_tokenizer, scripted_model
 
@@ -130,11 +130,19 @@ LONE_ARGUMENTS = '{"city": "\\ud83d!", "note": "\\udc00😀"}'
 
 
 @pytest.fixture(scope="module")
-def lone_client():
+def lone_server():
+    """The scripted model answering `LONE`, on a template that leaves the tools out of the prompt (a tool
+    whose name holds a lone surrogate reaches the output, not a prompt the tokenizer refuses)."""
     tokenizer = script_tokenizer(LONE)
+    tokenizer.chat_template = "{% for m in messages %}{{ m.role }}: {{ m.content }}{{ '\\n' }}{% endfor %}assistant:"
     with running(make_spec(scripted_model(tokenizer, LONE), tokenizer, "none"), enable_auto_tool_choice=True,
                  tool_call_parser="hermes") as server:
-        yield openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=60)
+        yield server
+
+
+@pytest.fixture(scope="module")
+def lone_client(lone_server):
+    return openai.OpenAI(base_url=lone_server.url + "/v1", api_key="unused", max_retries=0, timeout=60)
 
 
 def test_a_lone_surrogate_in_the_arguments_stays_an_escape_streamed_or_not(lone_client):
@@ -152,3 +160,20 @@ def test_a_lone_surrogate_in_the_arguments_stays_an_escape_streamed_or_not(lone_
     assert [d.function.name for d in deltas if d.function.name] == ["get_weather"]
     assert "".join(d.function.arguments for d in deltas) == LONE_ARGUMENTS
     assert chunks[-1].finish_reason == "tool_calls"
+
+
+def test_a_named_tool_whose_name_holds_a_lone_surrogate_is_called_by_that_name(lone_server):
+    """A named tool_choice echoes the request's name; its lone surrogate (an unpaired escape in the request,
+    which the openai client cannot even send) goes out as its escape, as the stream already sent it: the
+    whole response was a 500."""
+    odd = {"type": "function", "function": {"name": "w\ud83d", "parameters": {"type": "object", "properties": {}}}}
+    body = {"model": MODEL, "messages": ASK, "tools": [odd], "temperature": 0, "max_tokens": 8,
+            "tool_choice": {"type": "function", "function": {"name": "w\ud83d"}}}
+    status, _, whole = http_call(lone_server, "POST", "/v1/chat/completions", body)
+    assert status == 200, whole
+    (call,) = whole["choices"][0]["message"]["tool_calls"]
+    status, _, events = http_call(lone_server, "POST", "/v1/chat/completions", {**body, "stream": True})
+    chunks = [json.loads(e[len("data: "):]) for e in events.split("\n\n") if e.startswith("data: {")]
+    deltas = [d for c in chunks for d in c["choices"][0]["delta"].get("tool_calls", [])]
+    assert call["function"]["name"] == deltas[0]["function"]["name"] == "w\ud83d"
+    assert "".join(d["function"]["arguments"] for d in deltas) == call["function"]["arguments"]
