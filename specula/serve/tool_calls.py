@@ -32,6 +32,7 @@ response too (where max_tokens cut it, finish_reason says "length").
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from dataclasses import dataclass
 from typing import Any, Callable, Protocol
@@ -44,6 +45,7 @@ TOOL_CALL_END = "</tool_call>"
 
 Piece = tuple[str, list[dict[str, Any]]]
 """(content text, tool call deltas) of one stretch of output."""
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def special_tags(tokenizer: Any) -> tuple[int, ...]:
@@ -121,7 +123,9 @@ class _CallReader:
     required's). A call goes out (`deltas`) once its name is whole and its arguments have begun: a first
     delta with its index, id, type, name and the arguments so far, then more arguments as they settle,
     written as `JsonRewriter` writes them (json.dumps's layout, what a whole response gives). A call object
-    that gives "name" or the arguments twice keeps the first."""
+    that gives "name" or the arguments twice keeps the first. A name is text, not JSON: a lone surrogate in
+    it (an unpaired \\ud800-\\udfff escape) becomes U+FFFD, as undecodable bytes of the output do, so that
+    the response is Unicode any client reads and can send back (the arguments keep it as its escape)."""
 
     def __init__(self, depth: int, arguments_key: str, next_index: Callable[[], int]) -> None:
         self.depth, self.arguments_key, self.next_index = depth, arguments_key, next_index
@@ -154,7 +158,7 @@ class _CallReader:
             if event == "start":
                 call.name_start = offset if kind == '"' and call.name_start is None else -1
             elif call.name_start >= 0:
-                call.name = json.loads(self.json.text[call.name_start:offset])
+                call.name = _LONE_SURROGATE.sub("\ufffd", json.loads(self.json.text[call.name_start:offset]))
         elif key == self.arguments_key:
             if event == "start" and call.start is None:
                 call.start = offset

@@ -159,6 +159,15 @@ def test_a_call_that_breaks_off_keeps_the_arguments_read_up_to_there(text, conte
         assert got_content == content and [c["function"] for c in calls] == [function]
 
 
+def test_a_lone_surrogate_in_a_name_becomes_the_replacement_character():
+    """A name is text: an unpaired escape in it (json.loads keeps a lone surrogate, which UTF-8 cannot
+    encode) becomes U+FFFD, streamed or not; the arguments keep theirs as the escape (JSON text)."""
+    text = '<tool_call>{"name": "get_\\udc00\\ud83d\\ude00", "arguments": {"a": "\\ud83d"}}</tool_call>'
+    for pieces in ([text], list(text)):
+        _, calls, _ = streamed(HermesParser(), pieces)
+        assert [c["function"] for c in calls] == [{"name": "get_\ufffd\U0001f600", "arguments": '{"a": "\\ud83d"}'}]
+
+
 def test_each_call_has_its_own_index_and_id():
     parser = HermesParser()
     _, first = parser.feed(f"<tool_call>{CALL}</tool_call>\n<tool_call>{CALL2[:10]}")

@@ -123,9 +123,10 @@ def test_a_call_between_special_token_tags_is_parsed(special_script, special_ser
 # --------------------------------------------------------------------------- lone surrogates in the JSON
 
 LONE = ["Sure.", "<tool_call>", '{"name": "get_weather", "arguments": {"city": "\\ud83d', '!", "note": ',
-        '"\\udc00\\ud83d\\ude00"}}', "</tool_call>"]
+        '"\\udc00\\ud83d\\ude00"}}', "</tool_call>", '<tool_call>{"name": "get_\\udc00", "arguments": {}}</tool_call>']
 """A call whose arguments hold unpaired surrogate escapes (json.loads keeps each as a lone surrogate, which
-UTF-8 cannot encode), the first one's string going on in the next token; a pair is joined as ever."""
+UTF-8 cannot encode), the first one's string going on in the next token; a pair is joined as ever. Then a
+call whose name holds one."""
 LONE_ARGUMENTS = '{"city": "\\ud83d!", "note": "\\udc00😀"}'
 
 
@@ -152,14 +153,26 @@ def test_a_lone_surrogate_in_the_arguments_stays_an_escape_streamed_or_not(lone_
     args = dict(model=MODEL, messages=ASK, tools=[WEATHER], temperature=0)
     whole = lone_client.chat.completions.create(**args).choices[0]
     assert whole.message.content == "Sure." and whole.finish_reason == "tool_calls"
-    (call,) = whole.message.tool_calls
+    call = whole.message.tool_calls[0]
     assert call.function.name == "get_weather" and call.function.arguments == LONE_ARGUMENTS
     assert json.loads(call.function.arguments) == {"city": "\ud83d!", "note": "\udc00\U0001f600"}
     chunks = [c.choices[0] for c in lone_client.chat.completions.create(**args, stream=True)]
-    deltas = [d for c in chunks for d in (c.delta.tool_calls or [])]
+    deltas = [d for c in chunks for d in (c.delta.tool_calls or []) if d.index == 0]
     assert [d.function.name for d in deltas if d.function.name] == ["get_weather"]
     assert "".join(d.function.arguments for d in deltas) == LONE_ARGUMENTS
     assert chunks[-1].finish_reason == "tool_calls"
+
+
+def test_a_lone_surrogate_in_a_name_the_model_wrote_is_the_replacement_character(lone_client):
+    """A name is text: its lone surrogate becomes U+FFFD, streamed or not (the whole response was a 500,
+    then a name the openai client cannot send back)."""
+    args = dict(model=MODEL, messages=ASK, tools=[WEATHER], temperature=0)
+    calls = lone_client.chat.completions.create(**args).choices[0].message.tool_calls
+    chunks = [c.choices[0] for c in lone_client.chat.completions.create(**args, stream=True)]
+    named = [(d.index, d.function.name) for c in chunks for d in (c.delta.tool_calls or []) if d.function.name]
+    assert [(c.function.name, c.function.arguments) for c in calls] == [("get_weather", LONE_ARGUMENTS),
+                                                                        ("get_\ufffd", "{}")]
+    assert named == [(0, "get_weather"), (1, "get_\ufffd")]
 
 
 def test_a_named_tool_whose_name_holds_a_lone_surrogate_is_called_by_that_name(lone_server):
