@@ -295,16 +295,20 @@ def flag_spellings(options: Iterable[str] = ()) -> dict[str, str]:
 def in_flags(message: str, spellings: dict[str, str], keep: Iterable[str] = ()) -> str:
     """`message` (the library's, naming options as Python does) with each option of `spellings` that is written
     with an underscore (`tree_depth`; a one-word option reads the same either way, and is often an English word:
-    head) replaced, as a whole word, by its flag (`--tree-depth`), and a keyword with a placeholder value in
-    capitals or a value that is a lowercase word (`head=FILE`, `tree_depth=N`, `head=none`, `tree_sampling=iid`)
-    by the flag and the value (`--head FILE`, `--head none`); those in `keep` stay (a bench variant's own options,
+    head) replaced, as a whole word, by its flag (`--tree-depth`), and any option written as a keyword
+    replaced by its flag: with a placeholder value in capitals (`head=FILE`, `tree_depth=N`), a value that is a
+    lowercase word (`head=none`, `tree_sampling=iid`), a string in double quotes or a number (`draft="skip"`,
+    `epochs=0`), the flag and the value (`--head FILE`, `--head none`, `--draft skip`, `--epochs 0`); alone
+    (`answers=`, the keyword itself), the flag (`--answers`). Those in `keep` stay (a bench variant's own options,
     which it spells as the library does: `tree_depth=0`), and those right after a colon (a variant written out:
     `fusion:head=none`)."""
     kept = set(keep)
+    named = [n for n in spellings if n not in kept]
     for names, pattern, write in (
-            ([n for n in spellings if n not in kept], r"(?<![\w:-])({})=([A-Z]+|[a-z][a-z_]*)(?![\w-])",
-             lambda m: f"{spellings[m.group(1)]} {m.group(2)}"),
-            ([n for n in spellings if "_" in n and n not in kept], r"(?<![\w:-])({})(?![\w-])",
+            (named, r'(?<![\w:-])({})=(?:"([^"\s]+)"|([A-Z]+|-?\d+(?:\.\d+)?|[a-z][a-z_]*)(?![\w-]|\.\d))',
+             lambda m: f"{spellings[m.group(1)]} {m.group(2) or m.group(3)}"),
+            (named, r"(?<![\w:-])({})=(?=[\s,;:)]|$)", lambda m: spellings[m.group(1)]),
+            ([n for n in named if "_" in n], r"(?<![\w:-])({})(?![\w-])",
              lambda m: spellings[m.group(1)])):
         if names:
             words = "|".join(re.escape(n) for n in sorted(names, key=len, reverse=True))  # the longest first

@@ -104,6 +104,27 @@ def test_errors_name_options_as_flags_on_the_command_line():
         "e.g. draft-tree:tree_sampling=iid, fusion:head=none")
 
 
+def test_a_keyword_with_a_value_or_alone_names_the_flag_on_the_command_line():
+    """A one-word option (draft, epochs, answers) reads as an English word, so the library names it as a keyword
+    where the command line must show its flag: with a string in double quotes or a number, the flag and the value
+    (`draft="skip"`: `--draft skip`); alone (`answers=`), the flag; `keep`'s and a variant's (after a colon) stay,
+    and a lowercase bare value is a word, as a flag takes it (`head=none`: `--head none`)."""
+    from specula.methods import in_flags, spelled
+
+    flags = {name: spelled(name) for name in ("draft", "method", "epochs", "answers", "lr", "tree_depth", "head")}
+    message = ('draft="skip" drafts chains: use method="layer-skip"; epochs=0 or epochs=1.5. with answers= (or '
+               'answers=[x]), drop answers=; lr=-0.1, lr=nan; head=none, epochsx=0, the answers, tree_depth=0')
+    assert in_flags(message, flags) == (
+        "--draft skip drafts chains: use --method layer-skip; --epochs 0 or --epochs 1.5. with --answers (or "
+        "answers=[x]), drop --answers; --lr -0.1, --lr nan; --head none, epochsx=0, the answers, --tree-depth 0")
+    assert in_flags('tree_depth=0, draft="skip", answers=', flags, keep=["tree_depth", "draft", "answers"]) == (
+        'tree_depth=0, draft="skip", answers=')
+    variants = 'fusion:draft="skip", draft-tree:tree_depth=3, fusion:epochs=0, x:answers=, fusion:head=none'
+    assert in_flags(variants, flags) == variants  # a variant written out: its options as the library spells them
+    assert in_flags("cache_features=False keeps them", {"cache_features=False": "--no-feature-cache"}) == (
+        "--no-feature-cache keeps them")  # a spelling of a keyword's value: a switch the command line turns off
+
+
 @pytest.mark.parametrize("option, value", [("head_window", -1), ("head_window", 8), ("head_context_vocab", 64),
                                            ("online_distill", True), ("head_window", 0)])  # 0: all (was ignored)
 def test_a_head_option_given_to_fusion_without_a_head_is_refused(option, value):
