@@ -84,6 +84,46 @@ def test_a_draft_that_cannot_load_is_refused_before_the_target_loads(model_dir, 
         specula.load(str(path), draft=str(tmp_path / "nowhere"), method="prompt-lookup")
 
 
+@pytest.mark.parametrize("keywords, python, argv, flags", [
+    ({"draft": "skip", "method": "draft-tree"},
+     'draft="skip" drafts chains: use method="draft-model", method="layer-skip" or method="fusion" with it '
+     "(draft-tree needs a draft model)",
+     ["--draft", "skip", "--method", "draft-tree"],
+     "--draft skip drafts chains: use --method draft-model, --method layer-skip or --method fusion with it "
+     "(draft-tree needs a draft model)"),
+    ({"draft": "none", "method": "draft-tree"}, "needs a draft model: pass draft=MODEL (same tokenizer",
+     ["--draft", "none", "--method", "draft-tree"], "needs a draft model: pass --draft MODEL (same tokenizer"),
+    ({"draft": "none", "method": "draft-model"}, "needs a draft model: pass draft=MODEL (same tokenizer",
+     ["--draft", "none", "--method", "draft-model"], "needs a draft model: pass --draft MODEL (same tokenizer"),
+    ({"method": "rest"}, "method rest needs a datastore: pass datastore=FILE (build one with `specula datastore",
+     ["--method", "rest"], "method rest needs a datastore: pass --datastore FILE (build one with `specula datastore"),
+    ({"draft": "MODEL", "method": "draft-tree", "tree_verifier": "kseq"},
+     'tree_verifier="kseq" needs i.i.d. siblings: use tree_sampling="iid" with tree_verifier="kseq"',
+     ["--draft", "MODEL", "--method", "draft-tree", "--tree-verifier", "kseq"],
+     "--tree-verifier kseq needs i.i.d. siblings: use --tree-sampling iid with --tree-verifier kseq"),
+    ({"method": "layer-skip", "config": specula.LoadConfig(backend="hf")},
+     'needs a backend that can skip layers: use backend="native" (Llama',
+     ["--method", "layer-skip", "--backend", "hf"],
+     "needs a backend that can skip layers: use --backend native (Llama"),
+])
+def test_a_drafters_error_names_loads_keywords_and_the_command_lines_flags(model_dir, tmp_path, monkeypatch,
+                                                                           capsys, keywords, python, argv, flags):
+    """A drafter's error named the command line's flags (--draft skip, --method, --draft MODEL) to a `load` caller,
+    who had written draft="skip"; it names load's keywords now, and `specula generate` shows the flags."""
+    from specula.cli import main
+
+    monkeypatch.setenv("SPECULA_CACHE", str(tmp_path))
+    path = str(model_dir[0])
+    keywords = {k: path if v == "MODEL" else v for k, v in keywords.items()}
+    with pytest.raises(ConfigError) as caught:
+        specula.load(path, **keywords)
+    assert python in str(caught.value) and "--" not in re.sub("`[^`]*`", "", str(caught.value))  # a command's: kept
+    code = main(["generate", "--target", path, *(path if a == "MODEL" else a for a in argv), "--prompt", "w5 w6",
+                 "--raw", "--max-new-tokens", "4"])
+    last = capsys.readouterr().err.strip().splitlines()[-1]  # after the load's progress lines
+    assert code == 2 and last.startswith("error: ") and flags in last and "_" not in last, last
+
+
 def test_a_load_or_sampling_keyword_given_to_load_names_where_it_goes_before_the_target_loads(tmp_path, monkeypatch):
     """load("m", device="cpu") (vLLM's LLM(model, dtype=...) habit) or load("m", temperature=0.5) said
     'method fusion does not take device; its options are datastore, ...' once the target had loaded; it

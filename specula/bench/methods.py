@@ -5,6 +5,7 @@ small interface. Every call is timed the same way: wall clock around the whole g
 from __future__ import annotations
 
 import contextlib
+import re
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Literal, Protocol, Sequence
@@ -14,7 +15,7 @@ from specula.errors import ConfigError
 from specula.models.device import sync_device
 from specula.models.loading import NO_DRAFT, DraftInfo
 from specula.methods import (
-    HEAD_ONLY, NO_DRAFT_GIVEN, NO_HEAD, PLAIN, bench_defaults, check_draft_options_read, check_switches,
+    HEAD_ONLY, METHODS, NO_DRAFT_GIVEN, NO_HEAD, PLAIN, bench_defaults, check_draft_options_read, check_switches,
     draft_options_unread, get_method, in_flags, methods_taking,
 )
 from specula.models.base import TargetModel
@@ -159,7 +160,16 @@ def _named(name: str, flags: dict[str, str] | None) -> Iterator[None]:
         yield
     except (TypeError, ValueError) as exc:
         message = str(exc) if flags is None else in_flags(str(exc), flags, keep=overrides)
-        raise ConfigError(f"{label}: {message}") from exc
+        raise ConfigError(f"{label}: {as_variant_writes(message)}") from exc
+
+
+def as_variant_writes(message: str) -> str:
+    """`message` (the library's) with each drafter option it writes with a string in double quotes, as a Python
+    caller writes it (`tree_verifier="kseq"`), written as a variant writes it (`tree_verifier=kseq`: a variant's
+    values are not quoted, `split_method`); one right after a colon (a variant written out) is left as it is."""
+    names = {name for spec in METHODS.values() for name in spec.accepted_options()}
+    words = "|".join(re.escape(n) for n in sorted(names, key=len, reverse=True))
+    return re.sub(r'(?<![\w:-])({})="([^"\s]+)"'.format(words), r"\1=\2", message)
 
 
 DRAFT_OPTION = "draft"
@@ -237,7 +247,7 @@ def check_variant(name: str, base: str, overrides: dict[str, Any]) -> None:
     try:
         check_switches(spec, overrides)  # draft-model:adaptive=maybe ran as adaptive=true
     except ConfigError as exc:
-        raise ConfigError(f"method variant {name!r}: {exc}") from None
+        raise ConfigError(f"method variant {name!r}: {as_variant_writes(str(exc))}") from None
     reached = [(m.method, set(m.forwards)) for m in spec.members] if spec.members else [(base, set(overrides))]
     for method, forwarded in reached:
         config = getattr(get_method(method).drafter_module(), "CONFIG", None)
@@ -249,6 +259,6 @@ def check_variant(name: str, base: str, overrides: dict[str, Any]) -> None:
         try:
             config(**given)
         except ConfigError as exc:
-            raise ConfigError(f"method variant {name!r}: {exc}") from None
+            raise ConfigError(f"method variant {name!r}: {as_variant_writes(str(exc))}") from None
         except (TypeError, ValueError) as exc:
             raise ConfigError(f"method variant {name!r}: a value of the wrong kind in {given} ({exc})") from None

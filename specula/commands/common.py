@@ -307,15 +307,17 @@ def sampling_params(args: argparse.Namespace) -> "SamplingParams":
 
 def command_flags(args: argparse.Namespace, options: Iterable[str] = ()) -> dict[str, str]:
     """{option: flag} (`methods.flag_spellings`) of the options this command's flags set: the methods' options,
-    the engine's limits, sampling parameters, the draft model (`draft=MODEL` in a message: `--draft MODEL`) and
-    `options` (another config's fields, e.g. `specula train`'s), each only where the command has the flag (its
-    `args` has the attribute)."""
+    the engine's limits, sampling parameters, how models load (`LoadConfig`), `load`'s draft and method
+    (`draft=MODEL` in a message: `--draft MODEL`) and `options` (another config's fields or a function's keywords,
+    e.g. `specula train`'s), each only where the command has the flag (its `args` has the attribute)."""
     from dataclasses import fields
 
     from specula.engine import EngineConfig
+    from specula.models.loading import LoadConfig
     from specula.sampling import SamplingParams
 
-    names = [*(f.name for config in (EngineConfig, SamplingParams) for f in fields(config)), "draft", *options]
+    names = [*(f.name for config in (EngineConfig, SamplingParams, LoadConfig) for f in fields(config)), "draft",
+             "method", *options]
     return {name: flag for name, flag in flag_spellings(names).items()
             if hasattr(args, flag[2:].replace("-", "_"))}
 

@@ -62,14 +62,14 @@ def make_drafters(method: str | MethodSpec, *, target: TargetModel | None = None
     if told_no_head:  # `--head none`: no head, not even the installed one
         options["head"] = None
     if draft_skip and draft is not None:
-        raise ConfigError("--draft skip drafts with the target itself: give a draft model or draft_skip, not both")
+        raise ConfigError("draft_skip drafts with the target itself: give a draft model or draft_skip, not both")
     if spec.members:
         return _fusion(spec, target, draft, tokenizer, draft_skip, options, told_no_head)
     if draft_skip:
         if spec.draft_skip == "refused":
             takers = [s.name for s in METHODS.values() if s.draft_skip == "drafts"]
-            raise ConfigError(f"--draft skip drafts chains: use method {or_list(takers)} with it "
-                              f"({spec.name} needs a draft model)")
+            methods = or_list([f'method="{name}"' for name in takers])
+            raise ConfigError(f'draft="skip" drafts chains: use {methods} with it ({spec.name} needs a draft model)')
         if spec.draft_skip == "drafts":
             spec = layer_skipper()
         else:
@@ -118,9 +118,9 @@ def _fusion(spec: MethodSpec, target: TargetModel | None, draft: TargetModel | N
         if member.without_head and head is not None:
             given_here = [name for name in member.forwards if given.get(name) is not None]
             if given_here:  # its option would be ignored without a word
-                raise ConfigError(f"{given_here[0]} is for {member.method}, which {spec.name} leaves out when a "
-                                  f"trained head drafts; pass head=none to keep {member.method} (or drop "
-                                  f"{given_here[0]})")
+                name = given_here[0]
+                raise ConfigError(f"{name} is for {member.method}, which {spec.name} leaves out when a trained head "
+                                  f'drafts; pass head="{NO_HEAD}" to keep {member.method} (or drop {name})')
             continue
         forwarded = {name: given.get(name) for name in member.forwards}
         drafters.append(make_drafter(member_spec, target=target, draft=draft, tokenizer=tokenizer,

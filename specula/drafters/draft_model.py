@@ -231,5 +231,5 @@ CONFIG = DraftModelConfig
 def create(*, target=None, draft: TargetModel | None = None, **options) -> DraftModelDrafter:
     """options: DraftModelConfig fields (num_draft_tokens, adaptive, greedy_proposals, draft_window)."""
     if draft is None:
-        raise ConfigError("method 'draft-model' needs a draft model: pass --draft MODEL (same tokenizer as the target)")
+        raise ConfigError("method 'draft-model' needs a draft model: pass draft=MODEL (same tokenizer as the target)")
     return DraftModelDrafter(draft, method_config("draft-model", DraftModelConfig, options), VocabFit.of(draft, target))

@@ -93,7 +93,8 @@ class DraftTreeConfig:
         if self.tree_verifier not in get_args(TreeVerifier):
             raise ConfigError(f"tree_verifier must be rrs or kseq, got {self.tree_verifier!r}")
         if self.tree_verifier == "kseq" and self.tree_sampling != "iid":
-            raise ConfigError("tree_verifier=kseq needs i.i.d. siblings: use tree_sampling=iid with tree_verifier=kseq")
+            raise ConfigError('tree_verifier="kseq" needs i.i.d. siblings: use tree_sampling="iid" with '
+                              'tree_verifier="kseq"')
         for name in ("tree_top_k", "tree_depth", "tree_nodes"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -479,6 +480,6 @@ def create(*, target=None, draft: TargetModel | None = None, draft_window: int |
     """options: DraftTreeConfig fields (tree_sampling, tree_top_k, tree_depth, tree_nodes, tree_verifier);
     draft_window: as `draft-model`'s (`DraftModelConfig.draft_window`; None: `DEFAULT_WINDOW`)."""
     if draft is None:
-        raise ConfigError("method 'draft-tree' needs a draft model: pass --draft MODEL (same tokenizer as the target)")
+        raise ConfigError("method 'draft-tree' needs a draft model: pass draft=MODEL (same tokenizer as the target)")
     return DraftTreeDrafter(draft, method_config("draft-tree", DraftTreeConfig, options), resolve_window(draft_window),
                             VocabFit.of(draft, target))

@@ -257,7 +257,7 @@ class LayerSkipDrafter:
     def propose(self, ctx: DraftContext, state: object) -> Proposal:
         seq = ctx.target
         if not isinstance(seq, LayerSkipSequence):
-            raise ConfigError("layer-skip drafting needs a backend that can skip layers: use --backend native "
+            raise ConfigError('layer-skip drafting needs a backend that can skip layers: use backend="native" '
                               "(Llama, Qwen2, Mistral)")
         return self._propose(ctx, seq, state)
 
@@ -312,6 +312,6 @@ CONFIG = LayerSkipConfig
 def create(*, target: LayerSkippingModel | None = None, draft=None, **options) -> LayerSkipDrafter:
     """options: LayerSkipConfig fields (skip_layers, num_draft_tokens, stop_below, search_window, ...)."""
     if not isinstance(target, LayerSkippingModel):
-        raise ConfigError("layer-skip drafting needs a backend that can skip layers: use --backend native "
+        raise ConfigError('layer-skip drafting needs a backend that can skip layers: use backend="native" '
                           "(Llama, Qwen2, Mistral models)")
     return LayerSkipDrafter(target, method_config(LayerSkipDrafter.name, LayerSkipConfig, options))

@@ -119,6 +119,6 @@ def create(*, target=None, draft=None, datastore: str | None = None, tokenizer=N
     tokenizer for the compatibility check (without it only the vocabulary size is checked);
     options: RestConfig fields."""
     if not datastore:
-        raise ConfigError("method rest needs a datastore: pass --datastore FILE "
+        raise ConfigError("method rest needs a datastore: pass datastore=FILE "
                           "(build one with `specula datastore build --tokenizer MODEL --from PATH --out FILE`)")
     return RestDrafter(open_datastore(datastore, target, tokenizer, verify), method_config("rest", RestConfig, options))

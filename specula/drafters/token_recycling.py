@@ -207,7 +207,7 @@ class TokenRecyclingDrafter:
         """Write the matrix atomically (npz: matrix + JSON metadata)."""
         path = Path(path if path is not None else self.config.state_path or "")
         if not path.name:
-            raise ConfigError("no path to save the token-recycling state to: pass --recycling-state FILE")
+            raise ConfigError("no path to save the token-recycling state to: pass recycling_state=FILE")
         meta = {"format": STATE_FORMAT, "version": STATE_VERSION, "vocab_size": self.vocab_size,
                 "top_k": self.config.top_k, "fingerprint": self.fingerprint, "model": self.model}
         with atomic_file(path, "wb") as handle:

@@ -128,14 +128,14 @@ def create_head_drafter(kind: str, *, target=None, head: str | os.PathLike | Tra
     if head is None:
         raise ConfigError(f"method {kind!r} needs a trained head for this target: install the shipped one with "
                           f"`specula models install MODEL` or train one with `specula train --kind {kind}`, "
-                          "then pass --head FILE")
+                          "then pass head=FILE")
     if not isinstance(head, TrainedHead):
         head = load_head(head, target, target_name or target.name, torch.float32 if online_distill else None)
     elif head.target is not target:
         raise ConfigError(f"the {head.kind} head given was loaded for another target ({head.target.name}); load it "
                           f"for this one ({target.name}): load_head(FILE, target, NAME)")
     if head.kind != kind:
-        raise ConfigError(f"method {kind} got a {head.kind} head; use method {head.kind} or a {kind} head")
+        raise ConfigError(f'method="{kind}" got a {head.kind} head; use method="{head.kind}" or a {kind} head')
     if head_window is not None:
         head.window = head_window or None
     if head_context_vocab is not None:

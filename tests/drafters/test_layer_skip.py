@@ -194,8 +194,8 @@ def test_draft_model_method_with_draft_skip_is_the_layer_skip_drafter_and_draft_
     target = native(tiny_model("qwen2", layers=4))
     dec = build_decoder("draft-model", target, None, draft_skip=True, skip_layers="2", planner=False)
     assert [d.name for d in dec.drafters] == ["layer-skip"] and dec.drafters[0].skip == {(2, "attn"), (2, "mlp")}
-    with pytest.raises(ConfigError, match="use method draft-model, layer-skip or fusion with it "  # (--methods
-                                          r"\(draft-tree needs a draft model\)"):
+    with pytest.raises(ConfigError, match='draft="skip" drafts chains: use method="draft-model", method="layer-skip" '
+                                          r'or method="fusion" with it \(draft-tree needs a draft model\)'):  # load's
         build_decoder("draft-tree", target, None, draft_skip=True, skip_layers="2", planner=False)
     # methods that draft without a draft model ignore it (and its skip set)
     dec = build_decoder("prompt-lookup", target, None, draft_skip=True, skip_layers="2", planner=False)

@@ -119,7 +119,7 @@ def test_wrong_tokenizer_missing_file_and_small_target_are_refused(successor_sto
     target = HFCausalLM(successor_model(VOCAB), "target")
     with pytest.raises(DatastoreError, match="not with this model's tokenizer"):
         make_drafter("rest", target=target, datastore=str(successor_store), tokenizer=other)
-    with pytest.raises(ConfigError, match="--datastore FILE"):
+    with pytest.raises(ConfigError, match="pass datastore=FILE"):
         make_drafter("rest", target=target)
     with pytest.raises(ConfigError, match="need 2 <= min_suffix"):  # a one-token match would score 0
         make_drafter("rest", target=target, datastore=str(successor_store), min_suffix=1)

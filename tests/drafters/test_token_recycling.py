@@ -343,7 +343,7 @@ def test_fusion_with_a_head_refuses_the_recycling_state_it_would_ignore(tmp_path
     target = HFCausalLM(tiny_model("llama", seed=3), "target")
     head = new_head("eagle", target, torch.arange(VOCAB))
     message = ("recycling_state is for token-recycling, which fusion leaves out when a trained head drafts; pass "
-               "head=none to keep token-recycling (or drop recycling_state)")
+               'head="none" to keep token-recycling (or drop recycling_state)')
     with pytest.raises(ConfigError, match=re.escape(message)) as caught:
         make_drafters("fusion", target=target, head=head, recycling_state=str(tmp_path / "s.npz"))
     assert in_flags(str(caught.value), flag_spellings()) == (

@@ -461,7 +461,8 @@ def test_bad_head_files_are_refused_with_the_fix(saved, tmp_path):
     model, target, _, path = saved
     data = path.read_bytes()
     (tmp_path / "cut.safetensors").write_bytes(data[: len(data) // 2])
-    with pytest.raises(HeadFileError, match="truncated or corrupted.*specula train"):
+    with pytest.raises(HeadFileError, match="truncated or corrupted.*specula train.*than .*cut.safetensors as "
+                                             "head=FILE$"):  # the keyword a Python caller gives it by
         read_head(tmp_path / "cut.safetensors")
     with pytest.raises(HeadFileError, match="does not exist"):
         read_head(tmp_path / "none.safetensors")
@@ -525,6 +526,40 @@ def test_cli_refuses_a_corrupted_head_in_one_line_with_exit_2(saved, tmp_path):
     assert proc.returncode == 2
     assert proc.stderr.count("\n") == 1 and proc.stderr.startswith("error: ")
     assert "truncated or corrupted" in proc.stderr and "specula train" in proc.stderr  # before the model load
+    assert proc.stderr.endswith("bad.safetensors as --head FILE\n")  # the flag (head=FILE to a Python caller)
+
+
+@pytest.mark.parametrize("options, python, argv, flags", [
+    ({"method": "medusa"}, 'method="medusa" got a eagle head; use method="eagle" or a medusa head',
+     ["--method", "medusa"], "--method medusa got a eagle head; use --method eagle or a medusa head"),
+    ({"method": "fusion", "recycling_state": "STATE"},
+     'recycling_state is for token-recycling, which fusion leaves out when a trained head drafts; pass head="none" '
+     "to keep token-recycling (or drop recycling_state)",
+     ["--method", "fusion", "--recycling-state", "STATE"],
+     "--recycling-state is for token-recycling, which fusion leaves out when a trained head drafts; pass --head none "
+     "to keep token-recycling (or drop --recycling-state)"),
+])
+def test_a_head_methods_error_names_the_keywords_in_python_and_the_flags_on_the_command_line(
+        saved, tmp_path, monkeypatch, tiny_tokenizer, capsys, options, python, argv, flags):
+    """A head drafter's errors named --method and --recycling-state to a Python caller, who had written method= and
+    recycling_state=; they name the keywords now, and `specula generate` (its load monkeypatched to the head's
+    tiny target) shows the flags."""
+    import specula.api
+    from specula.cli import main
+
+    _, target, _, path = saved
+    state = str(tmp_path / "state.npz")
+    options = {k: state if v == "STATE" else v for k, v in options.items()}
+    with pytest.raises(ConfigError) as caught:
+        build_decoder(options.pop("method"), target, None, head=str(path), target_name="tiny", planner=False,
+                      **options)
+    assert str(caught.value) == python
+    monkeypatch.setattr(specula.api, "load", lambda name, draft=None, method=None, config=None, draft_quantize=None,
+                        skip_layers=None, draft_vocab=None, **kw: specula.api.Specula(target, tiny_tokenizer, method,
+                                                                                      **kw))
+    code = main(["generate", "--target", "tiny", "--head", str(path), *(state if a == "STATE" else a for a in argv),
+                 "--prompt", "w5 w6", "--raw", "--max-new-tokens", "4"])
+    assert code == 2 and capsys.readouterr().err == f"error: {flags}\n"
 
 
 def test_online_distillation_updates_the_head_and_never_changes_the_output():
@@ -734,7 +769,7 @@ def test_eagle3_refuses_online_distillation_and_mixed_feature_requests():
     eagle3 = new_head("eagle3", target, oracle_d2t(96), seed=1)
     with pytest.raises(ConfigError, match="^online_distill trains eagle, .*: drop online_distill$"):  # as Python
         build_decoder("eagle3", target, None, head=eagle3, planner=False, online_distill=True)  # names it
-    with pytest.raises(ConfigError, match="^method eagle got a eagle3 head; use method eagle3"):  # not --method:
+    with pytest.raises(ConfigError, match='^method="eagle" got a eagle3 head; use method="eagle3"'):  # not --method:
         build_decoder("eagle", target, None, head=eagle3, planner=False)  # the bench takes --methods
     eagle = new_head("eagle", target, oracle_d2t(96), seed=1)
     drafters = [build_decoder(k, target, None, head=h, planner=False).drafters[0]

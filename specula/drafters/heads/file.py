@@ -96,7 +96,7 @@ def save_head(path: str | os.PathLike, head: HeadFile, dtype: torch.dtype = torc
 
 def _fix(path: Path) -> str:
     return (f"re-create it with `specula train` (or `specula models install` for a shipped head), or pass "
-            f"another --head than {path}")
+            f"another file than {path} as head=FILE")
 
 
 def read_head(path: str | os.PathLike) -> HeadFile:
