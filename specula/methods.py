@@ -298,14 +298,15 @@ def in_flags(message: str, spellings: dict[str, str], keep: Iterable[str] = ()) 
     head) replaced, as a whole word, by its flag (`--tree-depth`), and any option written as a keyword
     replaced by its flag: with a placeholder value in capitals (`head=FILE`, `tree_depth=N`), a value that is a
     lowercase word (`head=none`, `tree_sampling=iid`), a string in double quotes or a number (`draft="skip"`,
-    `epochs=0`), the flag and the value (`--head FILE`, `--head none`, `--draft skip`, `--epochs 0`); alone
+    `epochs=0`), the flag and the value (`--head FILE`, `--head none`, `--draft skip`, `--epochs 0`); with a string
+    in single quotes (a path's repr: `out='a b'`), the flag and the string as it is (`--out 'a b'`); alone
     (`answers=`, the keyword itself), the flag (`--answers`). Those in `keep` stay (a bench variant's own options,
     which it spells as the library does: `tree_depth=0`), and those right after a colon (a variant written out:
     `fusion:head=none`)."""
     kept = set(keep)
     named = [n for n in spellings if n not in kept]
     for names, pattern, write in (
-            (named, r'(?<![\w:-])({})=(?:"([^"\s]+)"|([A-Z]+|-?\d+(?:\.\d+)?|[a-z][a-z_]*)(?![\w-]|\.\d))',
+            (named, r'(?<![\w:-])({})=(?:"([^"\s]+)"|(\'[^\']*\'|[A-Z]+|-?\d+(?:\.\d+)?|[a-z][a-z_]*)(?![\w-]|\.\d))',
              lambda m: f"{spellings[m.group(1)]} {m.group(2) or m.group(3)}"),
             (named, r"(?<![\w:-])({})=(?=[\s,;:)]|$)", lambda m: spellings[m.group(1)]),
             ([n for n in named if "_" in n], r"(?<![\w:-])({})(?![\w-])",

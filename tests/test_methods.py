@@ -125,6 +125,16 @@ def test_a_keyword_with_a_value_or_alone_names_the_flag_on_the_command_line():
         "--no-feature-cache keeps them")  # a spelling of a keyword's value: a switch the command line turns off
 
 
+def test_a_keyword_with_a_paths_repr_names_the_flag_and_keeps_the_quotes():
+    """A path is written as Python shows it (`out='/data/my corpus'`, its repr); on the command line, the flag and
+    the path as quoted (`--out '/data/my corpus'`), as the command line's own messages show a path."""
+    from specula.methods import in_flags, spelled
+
+    flags = {"out": spelled("out"), "eval_data": spelled("eval_data")}
+    assert in_flags("out='/data/my corpus' is a directory; out='' and eval_data='x.jsonl', the out='", flags) == (
+        "--out '/data/my corpus' is a directory; --out '' and --eval-data 'x.jsonl', the out='")
+
+
 @pytest.mark.parametrize("option, value", [("head_window", -1), ("head_window", 8), ("head_context_vocab", 64),
                                            ("online_distill", True), ("head_window", 0)])  # 0: all (was ignored)
 def test_a_head_option_given_to_fusion_without_a_head_is_refused(option, value):
