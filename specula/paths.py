@@ -281,21 +281,28 @@ def format_bytes(n: int | None) -> str:
 
 def check_output(path: str | os.PathLike[str], option: str, kind: str, error: type[Exception] | None = None) -> Path:
     """Refuse an output `path` that cannot be written, before any work: `kind` "dir" (a directory
-    made if missing) or "file". Raises `error` (default ConfigError) naming `option`."""
+    made if missing) or "file". Raises `error` (default ConfigError) naming `option` with the path (`_given`: a
+    flag, `--out '/x'`, or a keyword, `out='/x'`)."""
     from specula.errors import ConfigError
 
     error = error or ConfigError
     path = Path(path).expanduser()
     if kind == "dir" and path.exists() and not path.is_dir():
-        raise error(f"{option} {str(path)!r} is a file; give a directory for the outputs")
+        raise error(f"{_given(option, path)} is a file; give a directory for the outputs")
     if kind == "file" and path.is_dir():
-        raise error(f"{option} {str(path)!r} is a directory; give a file path")
+        raise error(f"{_given(option, path)} is a directory; give a file path")
     parent = path if kind == "dir" else path.parent
     while not parent.exists() and parent != parent.parent:  # the first existing ancestor: made later
         parent = parent.parent
     if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
-        raise error(f"cannot write {option} {str(path)!r}: {str(parent)!r} is not a writable directory")
+        raise error(f"cannot write {_given(option, path)}: {str(parent)!r} is not a writable directory")
     return path
+
+
+def _given(option: str, path: str | os.PathLike[str]) -> str:
+    """An option and its path as a message names them: a flag's (`--out '/x'`), or a keyword's as Python writes it
+    (`out='/x'`: `option` "out=")."""
+    return f"{option}{str(path)!r}" if option.endswith("=") else f"{option} {str(path)!r}"
 
 
 def check_not_input(output: str | os.PathLike[str], option: str,
@@ -303,7 +310,8 @@ def check_not_input(output: str | os.PathLike[str], option: str,
                     error: type[Exception] | None = None) -> None:
     """Refuse, before any work, an `output` file that is one of the `inputs` the command reads (the
     same file, through a link too): writing it would replace that input. `inputs`: (what the input
-    is, e.g. "the batch file", its path or None). Raises `error` (default ConfigError) naming `option`."""
+    is, e.g. "the batch file", its path or None). Raises `error` (default ConfigError) naming `option` (a flag,
+    `--out`, or a keyword, `out=`)."""
     from specula.errors import ConfigError
 
     path = Path(output).expanduser()

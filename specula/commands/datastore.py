@@ -54,15 +54,17 @@ def register(sub) -> None:
 
 
 def run_build(args: argparse.Namespace) -> int:
+    from specula.commands.common import flags_in_errors
     from specula.datastore.build import DEFAULT_EXTENSIONS, BuildConfig, build_datastore, check_build
     from specula.models.loading import load_tokenizer
     from specula.paths import format_bytes
 
     exts = tuple(e if e.startswith(".") else f".{e}" for e in args.ext) if args.ext else DEFAULT_EXTENSIONS
-    config = BuildConfig(max_tokens=args.max_tokens, extensions=exts, progress=not args.quiet)
-    files = check_build(args.sources, args.out, config)  # a bad corpus or --out before the tokenizer's load
-    tokenizer = load_tokenizer(args.tokenizer)
-    report = build_datastore(tokenizer, args.sources, args.out, config, files=files)
+    with flags_in_errors(args, ["max_tokens", "out"]):  # the library names BuildConfig's max_tokens, build's out=
+        config = BuildConfig(max_tokens=args.max_tokens, extensions=exts, progress=not args.quiet)
+        files = check_build(args.sources, args.out, config)  # a bad corpus or --out before the tokenizer's load
+        tokenizer = load_tokenizer(args.tokenizer)
+        report = build_datastore(tokenizer, args.sources, args.out, config, files=files)
     if args.json:
         print(json.dumps({"path": str(report.path), "file_bytes": report.file_bytes, "n_tokens": report.header.n_tokens,
                           "n_documents": report.header.n_documents, "files_read": report.files_read,

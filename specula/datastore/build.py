@@ -51,7 +51,7 @@ class BuildConfig:
 
     def __post_init__(self) -> None:
         if self.max_tokens is not None and self.max_tokens < 2:  # 1 kept the separator alone: an empty store
-            raise DatastoreError(f"--max-tokens must be >= 2 (a token and the separator that ends its document), "
+            raise DatastoreError(f"max_tokens must be >= 2 (a token and the separator that ends its document), "
                                  f"got {self.max_tokens}; give more, or leave it out to keep the whole corpus")
 
 
@@ -244,9 +244,9 @@ def tokenize_corpus(tokenizer: Any, files: list[tuple[Path, bool]], config: Buil
     if not np.any(tokens != separator):  # no document, or only documents the tokenizer turned into nothing
         cut = limit is not None and total == limit
         raise DatastoreError("the corpus holds no text the tokenizer turns into tokens"
-                             + (f" in its first {limit} tokens (--max-tokens)" if cut else "")
+                             + (f" in its first {limit} tokens (max_tokens)" if cut else "")
                              + ": nothing to build a datastore from; give files with text"
-                             + (", or a larger --max-tokens" if cut else ""))
+                             + (", or a larger max_tokens" if cut else ""))
     return tokens, n_docs, counts
 
 
@@ -270,9 +270,9 @@ def check_build(sources: Sequence[str | os.PathLike], out: str | os.PathLike,
     """The corpus files of `sources` (as `collect_files`), once `out` is known to be writable and
     none of them: what a build refuses, found before any work (`specula datastore build` asks it
     before loading the tokenizer, which imports transformers: about 3 s)."""
-    check_output(out, "--out", "file", DatastoreError)
+    check_output(out, "out=", "file", DatastoreError)
     files = collect_files(sources, config.extensions)
-    check_not_input(out, "--out", [("the corpus file", path) for path, _ in files], DatastoreError)
+    check_not_input(out, "out=", [("the corpus file", path) for path, _ in files], DatastoreError)
     return files
 
 

@@ -145,7 +145,7 @@ def test_a_build_that_would_store_no_token_is_refused_and_writes_nothing(tmp_pat
     tok = make_tokenizer(96)
     out = tmp_path / "ds.specds"
     for limit in (1, 0, -3):
-        with pytest.raises(DatastoreError, match=f"--max-tokens must be >= 2 .*got {limit}"):
+        with pytest.raises(DatastoreError, match=f"^max_tokens must be >= 2 .*got {limit}"):  # BuildConfig's field
             build_datastore(tok, [corpus], out, BuildConfig(max_tokens=limit, progress=False))
     blank = tmp_path / "blank"
     blank.mkdir()
@@ -154,16 +154,19 @@ def test_a_build_that_would_store_no_token_is_refused_and_writes_nothing(tmp_pat
     with pytest.raises(DatastoreError, match="no text the tokenizer turns into tokens: nothing to build"):
         build_datastore(tok, [blank], out, QUIET)
     (blank / "c.txt").write_text("w5 w6 w7")  # read after the blank documents: cut off by --max-tokens
-    with pytest.raises(DatastoreError, match=r"in its first 3 tokens \(--max-tokens\).*or a larger --max-tokens"):
+    with pytest.raises(DatastoreError, match=r"in its first 3 tokens \(max_tokens\).*or a larger max_tokens$"):
         build_datastore(tok, [blank], out, BuildConfig(max_tokens=3, progress=False))
     assert not out.exists() and stale_temps(out) == [] and sorted(os.listdir(tmp_path)) == ["blank", "corpus"]
     tokdir = tmp_path.parent / f"{tmp_path.name}-tok"
     tok.save_pretrained(tokdir)
-    for extra in (["--max-tokens", "1"], []):
-        code = main(["datastore", "build", "--tokenizer", str(tokdir), "--from", str(blank / "a.txt"), "--out",
+    for source, extra, message in (("a.txt", ["--max-tokens", "1"], "error: --max-tokens must be >= 2 "),
+                                   ("a.txt", [], "error: the corpus holds no text"),
+                                   ("", ["--max-tokens", "3"], "(--max-tokens): nothing to build a datastore from; "
+                                                               "give files with text, or a larger --max-tokens\n")):
+        code = main(["datastore", "build", "--tokenizer", str(tokdir), "--from", str(blank / source), "--out",
                      str(out), "--quiet", *extra])
-        err = capsys.readouterr().err
-        assert code == 2 and err.startswith("error: ") and err.count("\n") == 1, err
+        err = capsys.readouterr().err  # the library names BuildConfig's max_tokens; the command, its flag
+        assert code == 2 and err.startswith("error: ") and err.count("\n") == 1 and message in err, err
     assert not out.exists() and stale_temps(out) == []
     assert build_datastore(tok, [blank], out, BuildConfig(max_tokens=5, progress=False)).header.n_tokens == 5
 
@@ -250,8 +253,10 @@ def test_a_tokenizer_json_with_truncation_or_padding_on_stores_the_whole_documen
 def test_an_output_that_is_one_of_the_corpus_files_is_refused(tmp_path, make_tokenizer):
     notes = tmp_path / "notes.txt"
     notes.write_text("w3 w4 w5")
-    with pytest.raises(DatastoreError, match="--out would overwrite the corpus file"):
+    with pytest.raises(DatastoreError, match="^out= would overwrite the corpus file"):  # build_datastore's keyword
         build_datastore(make_tokenizer(10), [tmp_path], notes, BuildConfig(progress=False))
+    with pytest.raises(DatastoreError, match=f"^out={str(tmp_path)!r} is a directory; give a file path$"):
+        build_datastore(make_tokenizer(10), [notes], tmp_path, BuildConfig(progress=False))
     assert notes.read_text() == "w3 w4 w5"
 
 
@@ -274,9 +279,9 @@ def test_the_command_refuses_a_bad_corpus_or_output_before_loading_the_tokenizer
     monkeypatch.setattr(loading, "load_tokenizer", lambda *a, **k: pytest.fail("the tokenizer loaded first"))
     (tmp_path / "dir").mkdir()
     cases = [([str(tmp_path / "missing")], str(tmp_path / "ds.specds"), "does not exist"),
-             ([str(corpus)], str(tmp_path / "dir"), "is a directory"),
-             ([str(corpus)], str(corpus / "a.txt"), "the corpus file")]
-    for sources, out, message in cases:
+             ([str(corpus)], str(tmp_path / "dir"), f"error: --out {str(tmp_path / 'dir')!r} is a directory"),
+             ([str(corpus)], str(corpus / "a.txt"), "error: --out would overwrite the corpus file")]
+    for sources, out, message in cases:  # the library names build's out=; the command, its flag
         assert main(["datastore", "build", "--tokenizer", "smollm2-135m", "--from", *sources, "--out", out,
                      "--quiet"]) == 2
         assert message in capsys.readouterr().err
