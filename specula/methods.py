@@ -292,27 +292,32 @@ def flag_spellings(options: Iterable[str] = ()) -> dict[str, str]:
     return {name: spelled(name) for name in sorted(names)}
 
 
+_NUMBER = r"-?(?:\d+(?:\.\d+)?(?:e[+-]?\d+)?|inf|nan)"
+"""A number as Python writes an int or a float (`in_flags`)."""
+
+
 def in_flags(message: str, spellings: dict[str, str], keep: Iterable[str] = ()) -> str:
     """`message` (the library's, naming options as Python does) with each option of `spellings` that is written
     with an underscore (`tree_depth`; a one-word option reads the same either way, and is often an English word:
     head) replaced, as a whole word, by its flag (`--tree-depth`), and any option written as a keyword
     replaced by its flag: with a placeholder value in capitals (`head=FILE`, `tree_depth=N`), a value that is a
     lowercase word (`head=none`, `tree_sampling=iid`), a string in double quotes or a number (`draft="skip"`,
-    `epochs=0`), the flag and the value (`--head FILE`, `--head none`, `--draft skip`, `--epochs 0`); with a string
-    in single quotes (a path's repr: `out='a b'`), the flag and the string as it is (`--out 'a b'`); alone
-    (`answers=`, the keyword itself), the flag (`--answers`). Those in `keep` stay (a bench variant's own options,
-    which it spells as the library does: `tree_depth=0`), and those right after a colon (a variant written out:
-    `fusion:head=none`)."""
+    `epochs=0`, `lr=1e-05`, `epochs=inf`), the flag and the value (`--head FILE`, `--head none`, `--draft skip`,
+    `--epochs 0`); with a string in single quotes (a path's repr: `out='a b'`), the flag and the string as it is
+    (`--out 'a b'`); alone (`answers=`, the keyword itself), the flag (`--answers`). A spelling of a keyword with
+    its value (`cache_features=False`: `--no-feature-cache`, a command's own) is replaced as a whole word. Those in
+    `keep` stay (a bench variant's own options, which it spells as the library does: `tree_depth=0`), and those
+    right after a colon (a variant written out: `fusion:head=none`)."""
     kept = set(keep)
     named = [n for n in spellings if n not in kept]
     for names, pattern, write in (
-            (named, r'(?<![\w:-])({})=(?:"([^"\s]+)"|(\'[^\']*\'|[A-Z]+|-?\d+(?:\.\d+)?|[a-z][a-z_]*)(?![\w-]|\.\d))',
+            (named, r'(?<![\w:-])({})=(?:"([^"\s]+)"|(\'[^\']*\'|[A-Z]+|' + _NUMBER + r'|[a-z][a-z_]*)(?![\w-]|\.\d))',
              lambda m: f"{spellings[m.group(1)]} {m.group(2) or m.group(3)}"),
             (named, r"(?<![\w:-])({})=(?=[\s,;:)]|$)", lambda m: spellings[m.group(1)]),
-            ([n for n in named if "_" in n], r"(?<![\w:-])({})(?![\w-])",
+            ([n for n in named if "_" in n or "=" in n], r"(?<![\w:-])({})(?![\w-])",
              lambda m: spellings[m.group(1)])):
-        if names:
-            words = "|".join(re.escape(n) for n in sorted(names, key=len, reverse=True))  # the longest first
+        if names:  # the longest first
+            words = "|".join(re.escape(n) for n in sorted(names, key=len, reverse=True))
             message = re.sub(pattern.format(words), write, message)
     return message
 

@@ -113,16 +113,22 @@ def test_a_keyword_with_a_value_or_alone_names_the_flag_on_the_command_line():
 
     flags = {name: spelled(name) for name in ("draft", "method", "epochs", "answers", "lr", "tree_depth", "head")}
     message = ('draft="skip" drafts chains: use method="layer-skip"; epochs=0 or epochs=1.5. with answers= (or '
-               'answers=[x]), drop answers=; lr=-0.1, lr=nan; head=none, epochsx=0, the answers, tree_depth=0')
+               'answers=[x]), drop answers=; lr=-0.1, lr=1e-05, lr=nan, epochs=-inf, lr=nano, lr=1e5x; head=none, '
+               'epochsx=0, the answers, tree_depth=0')
     assert in_flags(message, flags) == (
         "--draft skip drafts chains: use --method layer-skip; --epochs 0 or --epochs 1.5. with --answers (or "
-        "answers=[x]), drop --answers; --lr -0.1, --lr nan; --head none, epochsx=0, the answers, --tree-depth 0")
+        "answers=[x]), drop --answers; --lr -0.1, --lr 1e-05, --lr nan, --epochs -inf, --lr nano, lr=1e5x; "
+        "--head none, epochsx=0, the answers, --tree-depth 0")  # nano, none: a word, as a flag takes it
     assert in_flags('tree_depth=0, draft="skip", answers=', flags, keep=["tree_depth", "draft", "answers"]) == (
         'tree_depth=0, draft="skip", answers=')
     variants = 'fusion:draft="skip", draft-tree:tree_depth=3, fusion:epochs=0, x:answers=, fusion:head=none'
     assert in_flags(variants, flags) == variants  # a variant written out: its options as the library spells them
     assert in_flags("cache_features=False keeps them", {"cache_features=False": "--no-feature-cache"}) == (
         "--no-feature-cache keeps them")  # a spelling of a keyword's value: a switch the command line turns off
+    spellings = {"padded=None": "--padded-rows 0", "eval_data=[]": "--eval-data none", "eval_data": "--eval-data",
+                 "padded": "--padded"}
+    assert in_flags("give padded=None (padded=Nones), eval_data=[] or eval_data; padded", spellings) == (
+        "give --padded-rows 0 (padded=Nones), --eval-data none or --eval-data; padded")  # a one-word name stays
 
 
 def test_a_keyword_with_a_paths_repr_names_the_flag_and_keeps_the_quotes():
