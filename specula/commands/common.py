@@ -305,11 +305,14 @@ def sampling_params(args: argparse.Namespace) -> "SamplingParams":
         )
 
 
-def command_flags(args: argparse.Namespace, options: Iterable[str] = ()) -> dict[str, str]:
+def command_flags(args: argparse.Namespace, options: Iterable[str] = (),
+                  spellings: dict[str, str] | None = None) -> dict[str, str]:
     """{option: flag} (`methods.flag_spellings`) of the options this command's flags set: the methods' options,
     the engine's limits, sampling parameters, how models load (`LoadConfig`), `load`'s draft and method
     (`draft=MODEL` in a message: `--draft MODEL`) and `options` (another config's fields or a function's keywords,
-    e.g. `specula train`'s), each only where the command has the flag (its `args` has the attribute)."""
+    e.g. `specula train`'s), each only where the command has the flag (its `args` has the attribute); and
+    `spellings`, options whose flag is not their name's (`specula train`'s `cache_features=False`:
+    `--no-feature-cache`)."""
     from dataclasses import fields
 
     from specula.engine import EngineConfig
@@ -318,19 +321,20 @@ def command_flags(args: argparse.Namespace, options: Iterable[str] = ()) -> dict
 
     names = [*(f.name for config in (EngineConfig, SamplingParams, LoadConfig) for f in fields(config)), "draft",
              "method", *options]
-    return {name: flag for name, flag in flag_spellings(names).items()
-            if hasattr(args, flag[2:].replace("-", "_"))}
+    return {**{name: flag for name, flag in flag_spellings(names).items()
+               if hasattr(args, flag[2:].replace("-", "_"))}, **(spellings or {})}
 
 
 @contextlib.contextmanager
-def flags_in_errors(args: argparse.Namespace, options: Iterable[str] = ()) -> Iterator[None]:
+def flags_in_errors(args: argparse.Namespace, options: Iterable[str] = (),
+                    spellings: dict[str, str] | None = None) -> Iterator[None]:
     """Errors the library raises inside (`SpeculaError`: it names options as Python does, `tree_depth`) name the
-    command line's flags instead (`--tree-depth`; `command_flags(args, options)`, `methods.in_flags`)."""
+    command line's flags instead (`--tree-depth`; `command_flags(args, options, spellings)`, `methods.in_flags`)."""
     try:
         yield
     except SpeculaError as exc:
         if len(exc.args) == 1 and isinstance(exc.args[0], str):
-            exc.args = (in_flags(exc.args[0], command_flags(args, options)),)
+            exc.args = (in_flags(exc.args[0], command_flags(args, options, spellings)),)
         raise
 
 

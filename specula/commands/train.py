@@ -22,6 +22,25 @@ from specula.methods import METHODS
 HEAD_KINDS = tuple(spec.head for spec in METHODS.values() if spec.head is not None)
 """What `--kind` trains: the head kinds of the method table (`HeadKind`)."""
 
+TRAIN_SPELLINGS = {"cache_features=False": "--no-feature-cache", "cache_features": "--no-feature-cache",
+                   "eval_data=[]": "--eval-data none", "padded=None": "--padded-rows 0", "deadline": "--time-budget"}
+"""`run_training`'s keywords (some with a value) that this command sets by another flag (`--time-budget`: minutes
+from the start, `deadline` a `time.monotonic()`)."""
+
+
+def train_options() -> list[str]:
+    """What the library's training errors name (`TrainConfig`'s and `CorpusConfig`'s fields, `run_training`'s
+    keywords): each this command sets by the flag of the same name is named by it (`common.flags_in_errors`)."""
+    import inspect
+    from dataclasses import fields
+
+    from specula.training.corpus import CorpusConfig
+    from specula.training.run import run_training
+    from specula.training.trainer import TrainConfig
+
+    return [*(f.name for config in (TrainConfig, CorpusConfig) for f in fields(config)),
+            *inspect.signature(run_training).parameters]
+
 
 def register(sub) -> None:
     p = sub.add_parser("train", help=f"train a drafter head ({', '.join(HEAD_KINDS)}) for a target",
@@ -135,8 +154,6 @@ def check_inputs_kept(args: argparse.Namespace, init_head) -> None:
 def train_config(args: argparse.Namespace):
     """The `TrainConfig` of the command line (its own checks run here, before anything loads). An
     option given for a head it does not shape is refused, not ignored."""
-    from dataclasses import fields
-
     from specula.commands.common import flags_in_errors
     from specula.drafters.heads.config import AUTOREGRESSIVE
     from specula.errors import ConfigError
@@ -153,7 +170,7 @@ def train_config(args: argparse.Namespace):
                           "--copy-ngram N (or fine-tune a head with hints: --init-head), or drop it")
     given = {name: getattr(args, name) for name in ("ttt_steps", "num_offsets", "copy_lr_scale")
              if getattr(args, name) is not None}  # else TrainConfig's defaults
-    with flags_in_errors(args, [f.name for f in fields(TrainConfig)]):  # its errors name the flags
+    with flags_in_errors(args, train_options(), TRAIN_SPELLINGS):  # its errors name the flags
         return TrainConfig(kind=args.kind, draft_vocab=args.draft_vocab, epochs=args.epochs, lr=args.lr,
                            batch_size=args.batch_size, seq_len=args.seq_len, seed=args.seed,
                            max_sequences=args.max_sequences, precision=args.precision,
@@ -204,6 +221,7 @@ def check_before_load(args: argparse.Namespace, config, init_head) -> None:
 def run(args: argparse.Namespace) -> int:
     import time
 
+    from specula.commands.common import flags_in_errors
     from specula.models.loading import load_backend
     from specula.errors import ConfigError
     from specula.paths import check_output
@@ -228,13 +246,14 @@ def run(args: argparse.Namespace) -> int:
     inputs = dict(init_head=init_head, stop_after=args.stop_after, answers=args.answers,
                   cache_features=args.cache_features, vocab_from=args.vocab_from)
     check_inputs_kept(args, init_head)
-    check_inputs(config, args.data or (), eval_data, **inputs)  # bad prompts, files, settings: before the slow load
-    check_before_load(args, config, init_head)
-    return_freed_memory()  # this process's heap would keep every step's freed blocks (`training.heap`)
-    target, tokenizer = load_backend(args.target, load_config(args), name="target")
-    report = run_training(target, tokenizer, args.target, Path(args.out), config, args.data or (), corpus,
-                          quiet=args.quiet, max_minutes=args.max_minutes, deadline=deadline, eval_data=eval_data,
-                          padded=padded, **inputs)
+    with flags_in_errors(args, train_options(), TRAIN_SPELLINGS):  # the library names run_training's keywords
+        check_inputs(config, args.data or (), eval_data, **inputs)  # bad prompts, files, settings: before the load
+        check_before_load(args, config, init_head)
+        return_freed_memory()  # this process's heap would keep every step's freed blocks (`training.heap`)
+        target, tokenizer = load_backend(args.target, load_config(args), name="target")
+        report = run_training(target, tokenizer, args.target, Path(args.out), config, args.data or (), corpus,
+                              quiet=args.quiet, max_minutes=args.max_minutes, deadline=deadline, eval_data=eval_data,
+                              padded=padded, **inputs)
     if args.json:
         print(json.dumps(report, indent=2))
     else:

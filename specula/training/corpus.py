@@ -100,9 +100,9 @@ def read_prompts(files: Iterable[str | os.PathLike], training: bool = True) -> l
     for file in files:
         path = Path(file)
         if not path.is_file():
-            what, flag = ("training data", "--data") if training else ("held-out data", "--eval-data")
+            what, option = ("training data", "data=") if training else ("held-out data", "eval_data")
             state = "is not a file" if path.exists() else "does not exist"
-            raise ConfigError(f"{what} {path} {state}: pass JSONL prompt files with {flag}")
+            raise ConfigError(f"{what} {path} {state}: pass JSONL prompt files with {option}")
         rows = list(_read_rows(path))
         first: dict[str, int] = {}
         for n, rid, _ in rows:
@@ -110,15 +110,16 @@ def read_prompts(files: Iterable[str | os.PathLike], training: bool = True) -> l
                 raise ConfigError(f"{path}:{n}: id {rid!r} is also the id of line {first[rid]}; give each prompt "
                                   "of a file its own id (answers are cached and matched by id)")
         if not rows:  # named here: among several files, the message of an empty set named none, after the load
-            what, flag = ("training data", "--data") if training else ("held-out data", "--eval-data")
-            raise ConfigError(f"{what} {path} holds no prompts: pass JSONL prompt files with {flag}, one "
+            what, option = ("training data", "data=") if training else ("held-out data", "eval_data")
+            raise ConfigError(f"{what} {path} holds no prompts: pass JSONL prompt files with {option}, one "
                               '{"prompt": ...} or {"turns": [...]} a line')
         if training:
             refuse_benchmark_prompts(path, rows)
         out += [(f"{path.stem}:{rid}", turns[0]) for _, rid, turns in rows]
     if not out:
-        what, flag = ("training data", "--data") if training else ("held-out data", "--eval-data (or none)")
-        raise ConfigError(f"the {what} holds no prompts: pass JSONL prompt files with {flag}")
+        none = "eval_data (or none: eval_data=[])"
+        what, option = ("training data", "data=") if training else ("held-out data", none)
+        raise ConfigError(f"the {what} holds no prompts: pass JSONL prompt files with {option}")
     return out
 
 
@@ -165,7 +166,7 @@ def refuse_benchmark_prompts(path: Path, rows: Sequence[tuple[int, str, list[str
     more = f" (and {len(lines) - 1} more line{'s' * (len(lines) > 2)})" if len(lines) > 1 else ""
     how = "is" if first.kind == "exact" else f"shares the passage {first.passage!r} with"
     raise ConfigError(f"{path}:{where[first.index][0]}: this prompt {how} {first.prompt.label}{more}; a head must not "
-                      "train on a benchmark's prompts: remove those lines from the file (or pass other --data)")
+                      "train on a benchmark's prompts: remove those lines from the file (or pass other data=)")
 
 
 def corpus_key(target_key: dict, files: Sequence[str | os.PathLike], config: CorpusConfig) -> str:
@@ -261,9 +262,10 @@ def answers_hash(entries: Sequence[CorpusEntry]) -> str:
     return h.hexdigest()[:16]
 
 
-def answer_files(paths: Iterable[str | os.PathLike], flag: str = "--answers") -> list[Path]:
+def answer_files(paths: Iterable[str | os.PathLike], option: str = "answers") -> list[Path]:
     """The corpus files `read_answers` reads: the files given, and the `corpus-*.jsonl` files of the
-    folders given; a missing path, or none found, is a `ConfigError` naming `flag`."""
+    folders given; a missing path, or none found, is a `ConfigError` naming `option`, the keyword that gave them
+    (`run_training`'s answers or vocab_from)."""
     paths = list(paths)
     files: list[Path] = []
     for path in map(Path, paths):
@@ -272,20 +274,20 @@ def answer_files(paths: Iterable[str | os.PathLike], flag: str = "--answers") ->
         elif path.is_file():
             files.append(path)
         else:
-            raise ConfigError(f"{flag} {path}: no such file or folder")
+            raise ConfigError(f"{option}={str(path)!r}: no such file or folder")
     if not files:
-        raise ConfigError(f"{flag} {' '.join(map(str, paths))}: no corpus-*.jsonl files there")
+        raise ConfigError(f"{option}= {' '.join(map(str, paths))}: no corpus-*.jsonl files there")
     return files
 
 
 def read_answers(paths: Iterable[str | os.PathLike], vocab_size: int,
-                 flag: str = "--answers") -> tuple[dict[tuple[int, ...], list[int]], str]:
+                 option: str = "answers") -> tuple[dict[tuple[int, ...], list[int]], str]:
     """Answers written earlier, e.g. by a smaller model with the target's tokenizer: corpus files
     as `specula train` caches them (`corpus-*.jsonl` under $SPECULA_CACHE/training/), or folders of
     them. Returns (answer ids by prompt ids, a short hash of the files' bytes, which the report
     records). A missing path, a file of other lines, or ids outside the target's vocabulary (another
-    tokenizer's answers) is a `ConfigError` naming `flag`, the option that gave the paths."""
-    files = answer_files(paths, flag)
+    tokenizer's answers) is a `ConfigError` naming `option`, the keyword that gave the paths."""
+    files = answer_files(paths, option)
     table: dict[tuple[int, ...], list[int]] = {}
     h = hashlib.sha256()
     for file in files:

@@ -37,9 +37,9 @@ from specula.training.trainer import (
 )
 
 
-PADDED_NEEDS_HF = ("padded batches run through a Hugging Face model: load the target with --backend hf (or leave "
-                   "--padded-rows out)")
-"""Why `--padded-rows` is refused on the native backend (before the load where `--backend native` is given)."""
+PADDED_NEEDS_HF = 'padded batches run through a Hugging Face model: load the target with backend="hf" (or padded=None)'
+"""Why `padded` is refused on the native backend (`specula train`: `--padded-rows`, before the load where
+`--backend native` is given; the command spells `padded=None` `--padded-rows 0`)."""
 
 
 def target_identity(target) -> dict:
@@ -74,14 +74,14 @@ def check_inputs(config: TrainConfig, data: Sequence[str | os.PathLike] = (),
     eval_per_file = [(f, read_prompts([f], training=False)) for f in eval_files]
     check_held_out(per_file, eval_per_file)
     if answers is not None and stop_after == "answers":
-        raise ConfigError("--stop-after answers makes the target's answers; with --answers there are none to make")
+        raise ConfigError('stop_after="answers" makes the target\'s answers; with answers= there are none to make')
     if not cache_features and stop_after == "features":
-        raise ConfigError("--stop-after features caches the features; --no-feature-cache keeps them in memory only")
-    for paths, flag in ((answers, "--answers"), (vocab_from, "--vocab-from")):
+        raise ConfigError('stop_after="features" caches the features; cache_features=False keeps them in memory only')
+    for paths, option in ((answers, "answers"), (vocab_from, "vocab_from")):
         if paths:
-            answer_files(paths, flag)
+            answer_files(paths, option)
     if config.epochs == 0 and init_head is None:
-        raise ConfigError("--epochs 0 writes out the --init-head head untrained; give --init-head (or epochs > 0)")
+        raise ConfigError("epochs=0 writes out the init_head head untrained; give init_head (or epochs > 0)")
     if init_head is not None:
         check_init_head(init_head, config)
     return per_file, eval_per_file
@@ -97,7 +97,7 @@ def check_held_out(per_file, eval_per_file) -> None:
     if shared:
         raise ConfigError(f"{len(shared)} evaluation prompt(s) are also training prompts (e.g. {shared[0][:60]!r}); "
                           "held-out acceptance must come from prompts the head never trained on: pass other "
-                          "--eval-data")
+                          "eval_data")
 
 
 def run_training(target, tokenizer, target_name: str, out: Path, config: TrainConfig,
@@ -138,7 +138,7 @@ def run_training(target, tokenizer, target_name: str, out: Path, config: TrainCo
     from specula.paths import atomic_write_json
 
     if not isinstance(target, FeatureModel):
-        raise ConfigError(f"{target_name} cannot return hidden states; train with --backend native or hf")
+        raise ConfigError(f'{target_name} cannot return hidden states; train with backend="native" or backend="hf"')
     per_file, eval_per_file = check_inputs(config, data, eval_data, init_head=init_head, stop_after=stop_after,
                                            answers=answers, cache_features=cache_features, vocab_from=vocab_from)
     files = [f for f, _ in per_file]
@@ -147,7 +147,7 @@ def run_training(target, tokenizer, target_name: str, out: Path, config: TrainCo
     eval_files = [f for f, _ in eval_per_file]
     eval_prompts = [p for _, file_prompts in eval_per_file for p in file_prompts]
     given = None if answers is None else read_answers(answers, target.vocab_size)  # (table, hash): before the slow part
-    ranked = None if not vocab_from else read_answers(vocab_from, target.vocab_size, "--vocab-from")
+    ranked = None if not vocab_from else read_answers(vocab_from, target.vocab_size, "vocab_from")
     start = None if init_head is None else initial_head(init_head, target, target_name, config)
     if start is None:  # a new head's shape checked before the answers and features are made, not after them
         check_new_shape(config, target)
@@ -287,12 +287,12 @@ def check_init_head(path: str | os.PathLike, config: TrainConfig) -> None:
 def check_init_shape(path: str | os.PathLike, has, config: TrainConfig) -> None:
     """The config `has` of the head at `path` against what `config` asks for (`check_init_head`)."""
     if has.kind != config.kind:
-        raise ConfigError(f"--init-head {path} is a {has.kind} head; train it with --kind {has.kind}")
+        raise ConfigError(f'init_head={str(path)!r} is a {has.kind} head; train it with kind="{has.kind}"')
     for name in ("intermediate_size", "num_kv_heads", "copy_ngram"):  # 0: not asked for
         wanted, value = getattr(config, name), getattr(has, name)
         if wanted and wanted != value and not (name == "copy_ngram" and not value):
-            raise ConfigError(f"--init-head {path} has {name} {value}, not {wanted}: its shape is kept when "
-                              f"fine-tuning; drop --{name.replace('_', '-')}")
+            raise ConfigError(f"init_head={str(path)!r} was trained with {name}={value}, not {wanted}: its shape is "
+                              f"kept when fine-tuning; drop {name}")
 
 
 def with_copy_hints(head, n: int, target):
@@ -446,8 +446,8 @@ def _corpus_and_features(target, tokenizer, per_file: Sequence[tuple[Path, list[
                                             padded=padded))
             else:
                 seqs.append(match_answers(tokenizer, prompts, answers[0], config,
-                                          f"--answers hold no answer to prompt {{}} of {file} (its prompts cut at "
-                                          f"another --max-prompt-tokens than {config.max_prompt_tokens}?): pass "
+                                          f"answers= hold no answer to prompt {{}} of {file} (its prompts cut at "
+                                          f"another max_prompt_tokens than {config.max_prompt_tokens}?): pass "
                                           "the corpus files made for these prompts"))
                 bar.update(len(prompts))
     if not features:
@@ -521,7 +521,7 @@ def _fit_to_deadline(head, fs, config: TrainConfig, deadline: float, other_seque
     time left they read a seeded draw of N of its sequences (at least 20), N fitted to that share
     (`TrainConfig.report_sequences`). Too little time for 20 steps (or the whole run, if shorter) is an error; the answers
     and features are cached by then, so a rerun with a larger budget starts at training (at the
-    features when `features_cached` is false: `--no-feature-cache` kept them in memory only)."""
+    features when `features_cached` is false: `cache_features=False` kept them in memory only)."""
     from specula.training.trainer import fit_epochs, probe_steps_per_second, split
 
     per_epoch, total = step_counts(fs, config)
@@ -544,10 +544,10 @@ def _fit_to_deadline(head, fs, config: TrainConfig, deadline: float, other_seque
     epochs = fit_epochs(config.epochs, per_epoch, rate, left)
     steps = round(epochs * per_epoch)
     if steps < min(20, total):
-        kept = ("the answers and features are cached now, so the same command with a larger --time-budget starts "
-                "at training") if features_cached else ("the answers are cached now (the features, kept in memory by "
-                "--no-feature-cache, are not), so the same command with a larger --time-budget starts at the features")
-        raise ConfigError(f"--time-budget leaves {max(left, 0):.0f} s to train, {steps} optimizer steps at the measured "
+        kept = ("the answers and features are cached now, so running again with more time (deadline=) starts at "
+                "training") if features_cached else ("the answers are cached now (the features, kept in memory by "
+                "cache_features=False, are not), so running again with more time (deadline=) starts at the features")
+        raise ConfigError(f"deadline= leaves {max(left, 0):.0f} s to train, {steps} optimizer steps at the measured "
                           f"{rate:.2f} steps/s: too few; {kept}")
     fitted = replace(config, epochs=round(epochs, 3)) if epochs < config.epochs else config
     return fitted, {"probe_steps_per_second": round(rate, 2), "seconds_for_training": round(left, 1),

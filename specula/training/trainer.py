@@ -124,15 +124,15 @@ class TrainConfig:
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.draft_vocab < 2:  # before answers and features are made, not after (HeadConfig's own check)
-            raise ConfigError(f"--draft-vocab must be at least 2 (the tokens a head scores), got {self.draft_vocab}")
+            raise ConfigError(f"draft_vocab must be at least 2 (the tokens a head scores), got {self.draft_vocab}")
         self._check_shape()
         if not 0 <= self.epochs < math.inf or not 0 < self.lr < math.inf:
-            raise ConfigError(f"--epochs must be a finite number >= 0 and --lr a finite number > 0, got epochs "
-                              f"{self.epochs}, lr {self.lr}")
+            raise ConfigError(f"epochs={self.epochs!r}, lr={self.lr!r}: epochs must be a finite number >= 0 and lr "
+                              "a finite number > 0")
         if not 0 < self.copy_lr_scale < math.inf:  # inf: the copy hints' weights went to NaN, the head was written
-            raise ConfigError(f"--copy-lr-scale must be a finite number > 0, got {self.copy_lr_scale}")
+            raise ConfigError(f"copy_lr_scale must be a finite number > 0, got {self.copy_lr_scale}")
         if not 0 <= self.topk_loss < math.inf:
-            raise ConfigError(f"--topk-loss must be a finite number >= 0 (0 = off), got {self.topk_loss}")
+            raise ConfigError(f"topk_loss must be a finite number >= 0 (0 = off), got {self.topk_loss}")
         if self.report_sequences < 0:
             raise ConfigError(f"report_sequences must be >= 0 (0 = the whole held-out split), got {self.report_sequences}")
         if self.max_sequences < 0:
@@ -151,13 +151,13 @@ class TrainConfig:
         shape = {name: getattr(self, name) for name in ("intermediate_size", "num_kv_heads", "copy_ngram")}
         for name, value in shape.items():
             if value < 0:
-                raise ConfigError(f"--{name.replace('_', '-')} must be >= 0 (0 = the default shape), got {value}")
+                raise ConfigError(f"{name} must be >= 0 (0 = the default shape), got {value}")
         if self.copy_ngram > MAX_COPY_NGRAM:
-            raise ConfigError(f"--copy-ngram must be at most {MAX_COPY_NGRAM}, got {self.copy_ngram}")
+            raise ConfigError(f"copy_ngram must be at most {MAX_COPY_NGRAM}, got {self.copy_ngram}")
         given = [name for name, value in shape.items() if value]
         if given and self.kind not in AUTOREGRESSIVE:
-            raise ConfigError(f"--{given[0].replace('_', '-')} shapes an eagle / eagle3 head's decoder layer; a "
-                              f"{self.kind} head has none: drop it (or train --kind eagle3)")
+            raise ConfigError(f"{given[0]} shapes an eagle / eagle3 head's decoder layer; a {self.kind} head has none: "
+                              'drop it (or train kind="eagle3")')
 
 
 PRECISIONS = ("auto", "float32", "bfloat16")
@@ -505,7 +505,7 @@ def train_head(head: TrainedHead, fs: FeatureSet, cfg: TrainConfig, out_dir: Pat
     if not pieces and cfg.epochs > 0:  # else a head of fresh weights was written as trained
         raise ConfigError(f"nothing to train on: {len(fs)} answered sequences, {held} held out and "
                           f"{len(fs) - held - len(train_seqs)} more left out as repeats of held-out "
-                          f"prompts; give more prompts (or other ones) with --data")
+                          f"prompts; give more prompts (or other ones) with data=")
     per_epoch, total_steps = step_counts(fs, cfg)
     most = max(total_steps, most_steps or 0)  # total_steps: re-fitted when `until` is given
     opt = torch.optim.AdamW(param_groups(module, cfg), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.0)
@@ -567,8 +567,8 @@ def train_head(head: TrainedHead, fs: FeatureSet, cfg: TrainConfig, out_dir: Pat
         with torch.autocast(device.type, dtype=amp or torch.bfloat16, enabled=amp is not None):
             loss = loss_of(head, batch(fs, group, embed, device, head.config.copy_ngram), loss_config(cfg), gen)
         if not bool(torch.isfinite(loss)):  # else NaN weights were written as a head (refused when loaded)
-            raise ConfigError(f"training diverged at step {step + 1} (loss {loss.item()}); lower --lr (now "
-                              f"{cfg.lr:g}); the head was not written")
+            raise ConfigError(f"training diverged at step {step + 1} (loss {loss.item()}); lower lr={cfg.lr!r}; the "
+                              "head was not written")
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(module.parameters(), cfg.grad_clip)

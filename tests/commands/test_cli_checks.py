@@ -211,7 +211,7 @@ def test_outputs_that_would_overwrite_an_input_are_refused_before_any_work(no_lo
 @pytest.mark.parametrize("extra, words", [
     # were accepted: a head of NaN copy weights written (exit 0), a traceback or "training diverged" after the answers
     (["--copy-lr-scale", "inf", "--copy-ngram", "2"], ("--copy-lr-scale must be a finite number > 0",)),
-    (["--epochs", "inf"], ("--epochs must be a finite number",)),
+    (["--epochs", "inf"], ("--epochs inf, --lr 0.001: epochs must be a finite number",)),
     (["--topk-loss", "inf"], ("--topk-loss must be a finite number",)),
     (["--max-minutes", "inf"], ("--max-minutes must be > 0 (a finite number)",)),
     (["--time-budget", "inf"], ("--time-budget must be > 0 minutes (a finite number)",)),
@@ -220,8 +220,8 @@ def test_outputs_that_would_overwrite_an_input_are_refused_before_any_work(no_lo
     (["--kind", "medusa", "--num-kv-heads", "3"], ("--num-kv-heads shapes an eagle / eagle3 head", "drop it")),
     # were refused after the target had loaded
     (["--epochs", "0"], ("--epochs 0 writes out the --init-head head untrained",)),
-    (["--answers", "nowhere"], ("--answers nowhere: no such file or folder",)),
-    (["--vocab-from", "nowhere"], ("--vocab-from nowhere: no such file or folder",)),
+    (["--answers", "nowhere"], ("--answers 'nowhere': no such file or folder",)),
+    (["--vocab-from", "nowhere"], ("--vocab-from 'nowhere': no such file or folder",)),
     (["--stop-after", "features", "--no-feature-cache"], ("--no-feature-cache keeps them in memory only",)),
     (["--init-head", "nowhere.safetensors"], ("head file nowhere.safetensors does not exist",)),
     # were ignored without a word: options for a head kind other than the one trained, copy hints' rate without hints

@@ -174,7 +174,7 @@ def test_the_top_k_term_reads_only_the_targets_likeliest_tokens():
                           soft_ce(logits, p, mask) + 0.5 * by_hand / len(rows))
     cfg = loss_config(TrainConfig(topk_loss=1.0, topk_loss_k=4))
     assert (cfg.topk, cfg.topk_weight) == (4, 1.0)
-    with pytest.raises(ConfigError, match="--topk-loss must be a finite number >= 0"):
+    with pytest.raises(ConfigError, match="^topk_loss must be a finite number >= 0"):
         TrainConfig(topk_loss=-1.0)
     with pytest.raises(ConfigError, match="topk_loss_k must be >= 1"):
         TrainConfig(topk_loss_k=0)
@@ -205,7 +205,7 @@ def test_the_copy_hints_weights_learn_at_their_own_rate(setup, tmp_path, scale):
     assert moved["copy_proj.weight"] == pytest.approx(1e-3, rel=0.05)
     assert moved["copy_gain"] == pytest.approx(scale * 1e-3, rel=0.05)
     assert moved["copy_len"] == pytest.approx(scale * 1e-3, rel=0.05)
-    with pytest.raises(ConfigError, match="--copy-lr-scale must be a finite number > 0"):
+    with pytest.raises(ConfigError, match="^copy_lr_scale must be a finite number > 0"):
         TrainConfig(copy_lr_scale=0)
 
 
@@ -287,7 +287,7 @@ def test_training_that_diverges_stops_with_one_line_and_writes_no_head(setup, tm
     with pytest.raises(ConfigError, match="lr a finite number"):
         TrainConfig(kind="eagle", lr=float("inf"))
     cfg = TrainConfig(kind="eagle", epochs=2, seq_len=16, batch_size=3, lr=1e30, grad_clip=1e30)
-    with pytest.raises(ConfigError, match="training diverged at step .*lower --lr"):
+    with pytest.raises(ConfigError, match="training diverged at step .*lower lr="):
         _train(target, fs, tmp_path / "a", cfg)
 
 
@@ -553,6 +553,11 @@ def test_a_head_shape_the_target_cannot_have_is_refused_before_the_answers(tmp_p
     assert err == ("error: --num-kv-heads 3 does not divide the head's 4 query heads (the target's hidden size 32 / "
                    "8); give one of 1, 2, 4 (or 0: one per query head)"), err
     assert not list((tmp_path / "cache" / "training").glob("corpus-*"))  # were made first, then the error
+    from specula.models.loading import config_shape
+    from specula.training.run import check_new_shape
+
+    with pytest.raises(ConfigError, match="^num_kv_heads=3 does not divide the head's 4 query heads"):  # Python's
+        check_new_shape(TrainConfig(kind="eagle", num_kv_heads=3), config_shape(str(path)))
 
 
 def test_a_run_refused_after_the_target_loads_leaves_no_out_folder(tmp_path, monkeypatch, tiny_tokenizer, capsys):
@@ -821,11 +826,20 @@ def test_init_head_fine_tunes_a_head_from_its_weights_and_vocabulary(tmp_path, m
                  "--prompt", "w5 w9 w13", "--raw", "--max-new-tokens", "12", "--ignore-eos", "--json"])
     assert code == 0
     assert json.loads(capsys.readouterr().out)["token_ids"] == reference_greedy(model, list(tiny_tokenizer.encode("w5 w9 w13")), 12)
-    for extra, message in ((["--kind", "eagle"], "is a eagle3 head; train it with --kind eagle3"),
-                           (["--intermediate-size", "32"], "has intermediate_size 24, not 32")):
+    for extra, message in ((["--kind", "eagle"], f"--init-head {str(first)!r} is a eagle3 head; train it with --kind "
+                                                 "eagle3"),
+                           (["--intermediate-size", "32"], "was trained with --intermediate-size 24, not 32: its "
+                                                           "shape is kept when fine-tuning; drop --intermediate-size")):
         code = main(["train", *common, *extra, "--out", str(tmp_path / "d"), "--epochs", "1", "--init-head", str(first)])
         err = capsys.readouterr().err
         assert code == 2 and message in err and len(err.strip().splitlines()) == 1
+    import re
+
+    from specula.training.run import check_init_head
+
+    with pytest.raises(ConfigError, match=re.escape(f'init_head={str(first)!r} is a eagle3 head; train it with '
+                                                    'kind="eagle3"')):  # a Python caller's keywords
+        check_init_head(first, TrainConfig(kind="eagle"))
     code = main(["train", *common, "--out", str(tmp_path / "d"), "--init-head", "installed"])
     err = capsys.readouterr().err
     assert code == 2 and "no eagle3 head is installed" in err
@@ -971,9 +985,9 @@ def test_a_deadline_cuts_the_epochs_to_fit_or_refuses_to_start(setup, monkeypatc
     fitted, _ = _fit_to_deadline(head, fs, cfg, time.monotonic() + KEEP_SECONDS + 30, 0)
     assert fitted == cfg  # never more epochs than asked
     monkeypatch.setattr(trainer, "probe_steps_per_second", lambda *a: 0.1)
-    with pytest.raises(ConfigError, match="larger --time-budget"):
+    with pytest.raises(ConfigError, match=r"^deadline= leaves .*running again with more time \(deadline=\)"):
         _fit_to_deadline(head, fs, cfg, time.monotonic() + KEEP_SECONDS + 30, 0)
-    with pytest.raises(ConfigError, match="features, kept in memory by --no-feature-cache, are not"):
+    with pytest.raises(ConfigError, match="features, kept in memory by cache_features=False, are not"):
         _fit_to_deadline(head, fs, cfg, time.monotonic() + KEEP_SECONDS + 30, 0, features_cached=False)
 
 
@@ -1202,9 +1216,9 @@ def test_damaged_training_files_are_one_line_errors_naming_the_fix(tmp_path):
         read_prompts([tmp_path])
     empty = tmp_path / "empty.jsonl"
     empty.write_text("")
-    with pytest.raises(ConfigError, match="held-out data .*empty.jsonl holds no prompts.*--eval-data"):  # not training
-        read_prompts([empty], training=False)
-    with pytest.raises(ConfigError, match="training data .*empty.jsonl holds no prompts.*--data"):
+    with pytest.raises(ConfigError, match="held-out data .*empty.jsonl holds no prompts.*with eval_data, one"):
+        read_prompts([empty], training=False)  # not training
+    with pytest.raises(ConfigError, match="training data .*empty.jsonl holds no prompts.*with data=, one"):
         read_prompts([empty])
     one = tmp_path / "one.jsonl"
     one.write_text('{"prompt": "w5 w6"}\n')
@@ -1217,7 +1231,7 @@ def test_damaged_training_files_are_one_line_errors_naming_the_fix(tmp_path):
     odd.write_bytes(b"\xef\xbb\xbf" + "".join(json.dumps({"prompt": t}, ensure_ascii=False) + "\r\n"
                                                  for t in texts).encode())
     assert [text for _, text in read_prompts([odd])] == texts
-    with pytest.raises(ConfigError, match="--draft-vocab must be at least 2"):  # before answers and features
+    with pytest.raises(ConfigError, match="^draft_vocab must be at least 2"):  # before answers and features
         TrainConfig(kind="eagle", draft_vocab=1)
     partial = tmp_path / "corpus.jsonl.partial"
     partial.write_text(good + "\n" + "\0" * 20 + "\n" + good.replace('"a"', '"c"') + "\n" + good[:10])
@@ -1262,4 +1276,61 @@ def test_a_training_options_error_names_its_flag(tmp_path, capsys):
         code = main(["train", "--target", str(tmp_path / "nowhere"), "--out", str(tmp_path / "h"), *extra])
         err = capsys.readouterr().err
         assert code == 2 and err.startswith(message) and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "h").exists()
+
+
+def test_a_training_error_names_the_keywords_in_python_and_the_flags_on_the_command_line(tmp_path, capsys):
+    """TrainConfig, check_inputs and read_prompts named `specula train`'s flags (--epochs, --stop-after answers,
+    --no-feature-cache, --data) to a Python caller, who had written epochs=, stop_after="answers",
+    cache_features=False, data=; they name the keywords now, and the command shows its flags for them. Refused
+    before anything loads (the target does not exist)."""
+    from specula.cli import main
+    from specula.training.run import check_inputs
+
+    data, empty, missing = tmp_path / "p.jsonl", tmp_path / "empty.jsonl", tmp_path / "nowhere"
+    data.write_text('{"prompt": "w5 w6 w7"}\n')
+    empty.write_text("")
+    cases = [
+        (lambda: TrainConfig(epochs=-1),
+         "epochs=-1, lr=0.001: epochs must be a finite number >= 0 and lr a finite number > 0",
+         ["--epochs", "-1"],
+         "--epochs -1.0, --lr 0.001: epochs must be a finite number >= 0 and lr a finite number > 0"),
+        (lambda: TrainConfig(kind="medusa", copy_ngram=2),
+         'copy_ngram shapes an eagle / eagle3 head\'s decoder layer; a medusa head has none: drop it (or train '
+         'kind="eagle3")',
+         ["--kind", "medusa", "--copy-ngram", "2"],
+         "--copy-ngram shapes an eagle / eagle3 head's decoder layer; a medusa head has none: drop it (or train "
+         "--kind eagle3)"),
+        (lambda: check_inputs(TrainConfig(), [data], [], stop_after="answers", answers=[data]),
+         'stop_after="answers" makes the target\'s answers; with answers= there are none to make',
+         ["--stop-after", "answers", "--answers", str(data)],
+         "--stop-after answers makes the target's answers; with --answers there are none to make"),
+        (lambda: check_inputs(TrainConfig(), [data], [], stop_after="features", cache_features=False),
+         'stop_after="features" caches the features; cache_features=False keeps them in memory only',
+         ["--stop-after", "features", "--no-feature-cache"],
+         "--stop-after features caches the features; --no-feature-cache keeps them in memory only"),
+        (lambda: check_inputs(TrainConfig(epochs=0), [data], []),
+         "epochs=0 writes out the init_head head untrained; give init_head (or epochs > 0)",
+         ["--epochs", "0"], "--epochs 0 writes out the --init-head head untrained; give --init-head (or epochs > 0)"),
+        (lambda: check_inputs(TrainConfig(), [data], [], vocab_from=[missing]),
+         f"vocab_from={str(missing)!r}: no such file or folder",
+         ["--vocab-from", str(missing)], f"--vocab-from {str(missing)!r}: no such file or folder"),
+        (lambda: check_inputs(TrainConfig(), [missing], []),
+         f"training data {missing} does not exist: pass JSONL prompt files with data=",
+         ["--data", str(missing)], f"training data {missing} does not exist: pass JSONL prompt files with --data"),
+        (lambda: check_inputs(TrainConfig(), [data], [empty]),
+         f"held-out data {empty} holds no prompts: pass JSONL prompt files with eval_data, one",
+         ["--eval-data", str(empty)], f"held-out data {empty} holds no prompts: pass JSONL prompt files with "
+                                      "--eval-data, one"),
+    ]
+    for call, python, argv, flags in cases:
+        with pytest.raises(ConfigError) as caught:
+            call()
+        assert str(caught.value).startswith(python) and "--" not in str(caught.value), caught.value
+        given = {"--data": [], "--eval-data": ["none"]}  # each given unless the case gives its own
+        argv = [*argv, *(a for flag, value in given.items() if flag not in argv
+                         for a in [flag, *(value or [str(data)])])]
+        code = main(["train", "--target", str(tmp_path / "model"), "--out", str(tmp_path / "h"), "--quiet", *argv])
+        err = capsys.readouterr().err
+        assert code == 2 and err.startswith(f"error: {flags}") and len(err.strip().splitlines()) == 1, err
     assert not (tmp_path / "h").exists()

@@ -528,7 +528,7 @@ def head_config(kind: str, target, draft_vocab: int, num_offsets: int = 4, inter
     d = 64 if e % 64 == 0 else max(2, e // 4)
     if num_kv_heads and (e // d) % num_kv_heads:  # HeadConfig's own check names no option (it reads files too)
         fits = ", ".join(str(n) for n in range(1, e // d + 1) if (e // d) % n == 0)
-        raise ConfigError(f"--num-kv-heads {num_kv_heads} does not divide the head's {e // d} query heads (the "
+        raise ConfigError(f"num_kv_heads={num_kv_heads} does not divide the head's {e // d} query heads (the "
                           f"target's hidden size {e} / {d}); give one of {fits} (or 0: one per query head)")
     layers = feature_layers_of(kind, int(target.num_layers))
     return HeadConfig(kind=kind, hidden_size=e, target_vocab=int(target.vocab_size), draft_vocab=draft_vocab,
