@@ -101,15 +101,21 @@ def test_a_draft_that_cannot_load_is_refused_before_the_target_loads(model_dir, 
      'tree_verifier="kseq" needs i.i.d. siblings: use tree_sampling="iid" with tree_verifier="kseq"',
      ["--draft", "MODEL", "--method", "draft-tree", "--tree-verifier", "kseq"],
      "--tree-verifier kseq needs i.i.d. siblings: use --tree-sampling iid with --tree-verifier kseq"),
+    ({"skip_layers": "1"},
+     'skip_layers applies to draft="skip" only (the target drafting with layers skipped); add draft="skip" or drop '
+     "skip_layers", ["--skip-layers", "1"],
+     "--skip-layers applies to --draft skip only (the target drafting with layers skipped); add --draft skip or drop "
+     "--skip-layers"),
     ({"method": "layer-skip", "config": specula.LoadConfig(backend="hf")},
      'needs a backend that can skip layers: use backend="native" (Llama',
      ["--method", "layer-skip", "--backend", "hf"],
      "needs a backend that can skip layers: use --backend native (Llama"),
 ])
-def test_a_drafters_error_names_loads_keywords_and_the_command_lines_flags(model_dir, tmp_path, monkeypatch,
+def test_a_drafting_error_names_loads_keywords_and_the_command_lines_flags(model_dir, tmp_path, monkeypatch,
                                                                            capsys, keywords, python, argv, flags):
-    """A drafter's error named the command line's flags (--draft skip, --method, --draft MODEL) to a `load` caller,
-    who had written draft="skip"; it names load's keywords now, and `specula generate` shows the flags."""
+    """A drafter's error (and `models.skipping`'s) named the command line's flags (--draft skip, --method, --draft
+    MODEL, --skip-layers) to a `load` caller, who had written draft="skip"; it names load's keywords now, and
+    `specula generate` shows the flags."""
     from specula.cli import main
 
     monkeypatch.setenv("SPECULA_CACHE", str(tmp_path))

@@ -7,7 +7,7 @@ import sys
 import time
 
 from specula.commands.common import (
-    add_categories_arg, add_model_args, check_model_name, explicit_draft, load_config,
+    add_categories_arg, add_model_args, check_model_name, explicit_draft, flags_in_errors, load_config,
 )
 
 
@@ -54,7 +54,8 @@ def run(args: argparse.Namespace) -> int:
     if not explicit_draft(args) or args.draft == SKIP_DRAFT:
         raise ConfigError("analyze acceptance needs a draft model: pass --draft MODEL (same tokenizer as the target) "
                           "or --draft self")
-    check_skip_layers(args.draft, args.skip_layers)
+    with flags_in_errors(args):  # the library names load's skip_layers and draft="skip"
+        check_skip_layers(args.draft, args.skip_layers)
     check_model_name(args.draft, "--draft")  # before the target loads
     config = AcceptanceConfig(temperatures=tuple(args.temperature), max_drafts=args.drafts, positions=args.positions,
                               seed=args.seed, lump_mass=args.lump_mass, trajectories=args.trajectories)

@@ -15,7 +15,7 @@ from pathlib import Path
 from specula.commands.common import (
     add_categories_arg, add_method_args, add_model_args, add_sampling_args, check_drafter_files, check_flags_taken,
     check_model_name, check_drafting_flags_used, command_flags, draft_model_flags, drafter_options, engine_config,
-    explicit_draft,
+    explicit_draft, flags_in_errors,
     load_config, method_help, planner_from_args, sampling_params,
 )
 from specula.errors import ConfigError
@@ -237,9 +237,10 @@ def load_models(args: argparse.Namespace):
             and NEEDS_DRAFT & set(parse_compare(args.compare, True)):
         # no method drafts with the model, but Hugging Face's assisted peers do: load it as a draft method would
         method = first_drafting_with_model().name
-    spec = load(args.target, draft=args.draft, method=method, config=load_config(args),
-                draft_quantize=args.draft_quantize, skip_layers=args.skip_layers,
-                draft_vocab=args.draft_vocab)
+    with flags_in_errors(args, spellings={"method": "--methods"}):  # the library names load's keywords
+        spec = load(args.target, draft=args.draft, method=method, config=load_config(args),
+                    draft_quantize=args.draft_quantize, skip_layers=args.skip_layers,
+                    draft_vocab=args.draft_vocab)
     return spec.target, spec.tokenizer, spec.draft, spec.load_report
 
 

@@ -308,11 +308,11 @@ def sampling_params(args: argparse.Namespace) -> "SamplingParams":
 def command_flags(args: argparse.Namespace, options: Iterable[str] = (),
                   spellings: dict[str, str] | None = None) -> dict[str, str]:
     """{option: flag} (`methods.flag_spellings`) of the options this command's flags set: the methods' options,
-    the engine's limits, sampling parameters, how models load (`LoadConfig`), `load`'s draft and method
-    (`draft=MODEL` in a message: `--draft MODEL`) and `options` (another config's fields or a function's keywords,
-    e.g. `specula train`'s), each only where the command has the flag (its `args` has the attribute); and
-    `spellings`, options whose flag is not their name's (`specula train`'s `cache_features=False`:
-    `--no-feature-cache`)."""
+    the engine's limits, sampling parameters, how models load (`LoadConfig`), `load`'s keywords (draft, method,
+    draft_quantize, skip_layers, draft_vocab; `draft=MODEL` in a message: `--draft MODEL`) and `options` (another
+    config's fields or a function's keywords, e.g. `specula train`'s), each only where the command has the flag (its
+    `args` has the attribute); and `spellings`, options whose flag is not their name's (`specula train`'s
+    `cache_features=False`: `--no-feature-cache`)."""
     from dataclasses import fields
 
     from specula.engine import EngineConfig
@@ -320,7 +320,7 @@ def command_flags(args: argparse.Namespace, options: Iterable[str] = (),
     from specula.sampling import SamplingParams
 
     names = [*(f.name for config in (EngineConfig, SamplingParams, LoadConfig) for f in fields(config)), "draft",
-             "method", *options]
+             "method", "draft_quantize", "skip_layers", "draft_vocab", *options]
     return {**{name: flag for name, flag in flag_spellings(names).items()
                if hasattr(args, flag[2:].replace("-", "_"))}, **(spellings or {})}
 

@@ -11,25 +11,27 @@ from specula.models.base import LayerSkippingModel, SubLayer, TargetModel
 
 KINDS = ("attn", "mlp")
 SKIP_DRAFT = "skip"
-"""`--draft skip`: the target drafts for itself with sub-layers skipped (no draft model is loaded)."""
+"""`--draft skip` (`load(draft="skip")`): the target drafts for itself with sub-layers skipped (no draft model is
+loaded)."""
 
 
 def check_skip_layers(draft: str | None, skip_layers: str | None) -> None:
-    """`--skip-layers` is given with `--draft skip` only (the one place this is checked)."""
+    """`skip_layers` is given with `draft="skip"` only (the one place this is checked). Its errors name `load`'s
+    keywords (a command shows its flags: `commands.common.flags_in_errors`)."""
     if skip_layers is not None and draft != SKIP_DRAFT:
-        raise ConfigError("--skip-layers applies to --draft skip only (the target drafting with layers skipped); "
-                          "add --draft skip or drop --skip-layers")
+        raise ConfigError('skip_layers applies to draft="skip" only (the target drafting with layers skipped); '
+                          'add draft="skip" or drop skip_layers')
 
 
 def check_draft_skip(target: TargetModel, skip_layers: str | None = None, quantize: str | None = None) -> None:
-    """`--draft skip` on a loaded target, checked: the backend can skip layers, `--draft-quantize`
+    """`draft="skip"` on a loaded target, checked: the backend can skip layers, `draft_quantize`
     is not given (the draft reads the target's weights), `skip_layers` names layers the model has."""
     if not isinstance(target, LayerSkippingModel):
-        raise ConfigError("--draft skip needs the native backend (Llama, Qwen2, Mistral models): use --backend "
-                          "native, or another --draft")
+        raise ConfigError('draft="skip" needs the native backend (Llama, Qwen2, Mistral models): use '
+                          'backend="native", or another draft (draft=MODEL)')
     if quantize is not None:
-        raise ConfigError("--draft-quantize does not apply to --draft skip (the draft reads the target's own "
-                          "weights); drop --draft-quantize, or use --draft self --draft-quantize int8")
+        raise ConfigError('draft_quantize does not apply to draft="skip" (the draft reads the target\'s own '
+                          'weights); drop draft_quantize, or use draft="self" with draft_quantize="int8"')
     if skip_layers is not None:
         parse_skip_layers(skip_layers, target.num_layers)
 
@@ -42,19 +44,19 @@ def parse_skip_layers(spec: str, num_layers: int) -> frozenset[SubLayer]:
     for item in (part.strip() for part in spec.split(",")):
         match = re.fullmatch(r"(?:(attn|mlp):)?(\d+)(?:-(\d+))?", item)
         if match is None:
-            raise ConfigError(f"--skip-layers: cannot read {item!r}; write layers as 3, 5-9, attn:12-20 or "
+            raise ConfigError(f"skip_layers: cannot read {item!r}; write layers as 3, 5-9, attn:12-20 or "
                               "mlp:4 separated by commas")
         kinds = (match.group(1),) if match.group(1) else KINDS
         first = int(match.group(2))
         last = int(match.group(3)) if match.group(3) else first
         if last < first:
-            raise ConfigError(f"--skip-layers: range {item!r} runs backwards; write {last}-{first}")
+            raise ConfigError(f"skip_layers: range {item!r} runs backwards; write {last}-{first}")
         if last >= num_layers:
-            raise ConfigError(f"--skip-layers names layer {last}, but the model has {num_layers} layers "
+            raise ConfigError(f"skip_layers names layer {last}, but the model has {num_layers} layers "
                               f"(0-{num_layers - 1}); name layers in that range")
         skip.update((layer, kind) for layer in range(first, last + 1) for kind in kinds)
     if len(skip) == 2 * num_layers:
-        raise ConfigError("--skip-layers skips every layer; leave some to draft with")
+        raise ConfigError("skip_layers skips every layer; leave some to draft with")
     return frozenset(skip)
 
 

@@ -251,6 +251,27 @@ def test_analyze_leaves_no_out_folder_when_its_models_cannot_load(monkeypatch, c
     assert not (tmp_path / "out").exists()  # was made (empty) before the models loaded
 
 
+def test_analyze_and_bench_name_the_flags_of_what_the_library_refuses_as_loads_keywords(no_loading, capsys, tmp_path,
+                                                                                         monkeypatch):
+    """The library names load's skip_layers, draft="skip" and method= (`models.skipping`, `drafters`); analyze,
+    which checks them itself before any load, and bench, which loads its models with `load`, show their flags."""
+    refused(capsys, ["analyze", "acceptance", "--target", "smollm2-135m", "--draft", "self", "--skip-layers", "3",
+                     "--prompts", "everyday", "--out", str(tmp_path / "out")],
+            "error: --skip-layers applies to --draft skip only (the target drafting with layers skipped); add --draft "
+            "skip or drop --skip-layers")
+    import specula.api as api
+    from specula.drafters import make_drafters
+
+    def load(target, draft=None, method=None, **options):  # the drafters of `method`, as load builds them
+        return make_drafters(method, draft_skip=draft == "skip")
+
+    monkeypatch.setattr(api, "load", load)
+    refused(capsys, ["bench", "--target", "smollm2-135m", "--methods", "draft-tree", "--draft", "skip", "--prompts",
+                     "everyday", "--out", str(tmp_path / "bench")],
+            "error: --draft skip drafts chains: use --methods draft-model, --methods layer-skip or --methods fusion "
+            "with it (draft-tree needs a draft model)")
+
+
 def test_analyze_refuses_a_draft_that_cannot_load_before_the_target_loads(no_loading, capsys, tmp_path):
     refused(capsys, ["analyze", "acceptance", "--target", "smollm2-135m", "--draft", str(tmp_path / "nowhere"),
                      "--prompts", "everyday", "--out", str(tmp_path / "out")], "--draft", "no such file or directory")

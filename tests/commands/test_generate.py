@@ -93,12 +93,13 @@ def test_draft_skip_runs_lossless_and_bad_skip_sets_exit_2_naming_the_fix(skip_m
     load = json.loads(capsys.readouterr().out)["load"]
     assert code == 0 and load["target_prepared"] == "hit"  # prepared by the first run, memory-mapped now
     assert load["total_s"] > 0 and load["peak_rss_bytes"] > 0 and load["first_token_process_s"] > 0
-    code, err = run_skip(capsys, skip_model_dir, "--skip-layers", "9")
-    assert code == 2 and "names layer 9, but the model has 4 layers" in err
+    code, err = run_skip(capsys, skip_model_dir, "--skip-layers", "9")  # the library names skip_layers: the flag
+    assert code == 2 and "error: --skip-layers names layer 9, but the model has 4 layers" in err
     code, err = run_skip(capsys, skip_model_dir, "--draft-quantize", "int8")
-    assert code == 2 and "drop --draft-quantize" in err
+    assert code == 2 and "drop --draft-quantize, or use --draft self with --draft-quantize int8\n" in err
     code, err = run_skip(capsys, skip_model_dir, "--backend", "hf")
-    assert code == 2 and "--draft skip needs the native backend" in err
+    assert code == 2 and ("error: --draft skip needs the native backend (Llama, Qwen2, Mistral models): use --backend "
+                          "native, or another draft (--draft MODEL)\n") in err
 
 
 def test_a_draft_model_flag_is_refused_where_draft_auto_picks_none_saying_so(skip_model_dir, capsys, tmp_path,

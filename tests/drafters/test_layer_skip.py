@@ -20,7 +20,9 @@ from specula.drafters.layer_skip import LayerSkipConfig, SkipSearch, best_chain_
 from specula.errors import ConfigError
 from specula.models.base import LayerSkippingModel, LayerSkipSequence
 from specula.models.native import NativeCausalLM, NativeDecoder, configure, kernels
-from specula.models.skipping import candidate_sublayers, check_draft_skip, format_skip_layers, parse_skip_layers
+from specula.models.skipping import (
+    candidate_sublayers, check_draft_skip, check_skip_layers, format_skip_layers, parse_skip_layers,
+)
 from specula.planner import CostCurve, HardwarePlanner
 from specula.sampling import SamplingParams
 
@@ -304,12 +306,16 @@ def test_draft_skip_needs_the_native_backend_and_no_draft_quantize():
     from specula.models.hf import HFCausalLM
 
     model = tiny_model("qwen2", layers=3)
-    with pytest.raises(ConfigError, match="--backend native"):
+    with pytest.raises(ConfigError, match=r'^draft="skip" needs the native backend .*: use backend="native", or '
+                                          r'another draft \(draft=MODEL\)$'):  # load's keywords
         check_draft_skip(HFCausalLM(model))
-    with pytest.raises(ConfigError, match="drop --draft-quantize"):
+    with pytest.raises(ConfigError, match='drop draft_quantize, or use draft="self" with draft_quantize="int8"$'):
         check_draft_skip(native(model), quantize="int8")
-    with pytest.raises(ConfigError, match="has 3 layers"):
+    with pytest.raises(ConfigError, match="^skip_layers names layer 7, but the model has 3 layers"):
         check_draft_skip(native(model), "7")
+    with pytest.raises(ConfigError, match='^skip_layers applies to draft="skip" only .*add draft="skip" or drop '
+                                          'skip_layers$'):
+        check_skip_layers("self", "3")
     check_draft_skip(native(model), "1")
     assert isinstance(native(model), LayerSkippingModel) and not isinstance(HFCausalLM(model), LayerSkippingModel)
 
