@@ -9,7 +9,9 @@ Rules (also in docs/bench.md):
   its own warm-up, so every round measures what a new process gets; records carry their round and
   the summary gives each method's speedup min / median / max over the rounds.
 - Multi-turn prompts (MT-bench): turn k is asked after the method's OWN answers to turns
-  1..k-1 (decoded text, chat-templated again), as Spec-Bench does.
+  1..k-1 (decoded text, chat-templated again), as Spec-Bench does. Its turns share the context
+  window (`turn_budget`), and a prompt with a turn that cannot fit is refused before any timing
+  (`check_prompts_fit`).
 - Everyone stops at EOS (the same EOS ids) or after max_new_tokens; with `ignore_eos` every
   method generates exactly max_new_tokens. tokens/s compares what each method produced.
 - Greedy runs: each output is compared token for token with `none`'s output for the same
@@ -25,7 +27,7 @@ import json
 import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, NamedTuple, Sequence
 
 import torch
 
@@ -129,21 +131,77 @@ def turn_seed(seed: int | None, prompt_id: int | str, turn: int) -> int:
     return int.from_bytes(digest[:4], "little")
 
 
+class TurnOutput(NamedTuple):
+    """One turn of a conversation as a method ran it."""
+
+    prompt_ids: list[int]
+    output: MethodOutput
+    budget: int
+    """The turn's new-token budget (`turn_budget`)."""
+
+
+def turn_budget(tokenizer, prompt: BenchPrompt, answers: Sequence[str],
+                settings: BenchSettings) -> tuple[list[int], int]:
+    """Prompt ids of the turn after `answers` and its new-token budget: `settings.budget`, and, with
+    turns still to come, at most an equal share of the room the remaining turns have in the context
+    window (the window less the conversation with their answers left empty). An answer therefore never
+    takes the room of a later turn: with `check_prompts_fit`'s one token per turn, every turn has room."""
+    turn = len(answers) + 1
+    ids = conversation_ids(tokenizer, prompt.turns[:turn], answers, settings.raw)
+    budget = settings.budget(len(ids))
+    later = len(prompt.turns) - turn
+    if later and settings.context_window is not None:
+        frame = conversation_ids(tokenizer, prompt.turns, [*answers, *[""] * later], settings.raw)
+        budget = min(budget, max(0, settings.context_window - len(frame)) // (later + 1))
+    return ids, budget
+
+
+def check_prompts_fit(prompts: Sequence[BenchPrompt], tokenizer, settings: BenchSettings) -> list[str]:
+    """Refuse (ConfigError), before anything is timed, a prompt with a turn that cannot fit the context
+    window: its prompt with the earlier answers left empty, and one new token for it and each earlier
+    turn, take more than the window. Returns notes on the multi-turn prompts whose first turn gets less
+    than --max-new-tokens because its turns share the window (`turn_budget`)."""
+    window = settings.context_window
+    if window is None:
+        return []
+    shared = []
+    for prompt in prompts:
+        for turn in range(1, len(prompt.turns) + 1):
+            ids = conversation_ids(tokenizer, prompt.turns[:turn], [""] * (turn - 1), settings.raw)
+            if len(ids) + turn > window:
+                what = ("fills" if turn == 1 else
+                        "with the earlier answers left empty leaves no room for its own and the earlier answers in")
+                raise ConfigError(
+                    f"prompt {prompt.id} ({prompt.category}) turn {turn} takes {len(ids)} tokens and {what} the "
+                    f"context window of {window} (the smallest of the methods' and peers'); leave it out "
+                    "(--categories, --prompts) or compare a longer-context peer")
+        if len(prompt.turns) > 1:
+            ids, budget = turn_budget(tokenizer, prompt, [], settings)
+            if budget < settings.budget(len(ids)):
+                shared.append(f"{prompt.id}: {budget}")
+    if not shared:
+        return []
+    listed = ", ".join(shared[:5]) + (f" and {len(shared) - 5} more" if len(shared) > 5 else "")
+    return [f"{len(shared)} multi-turn prompt(s) share the context window of {window} between their turns: each "
+            "turn gets at most an equal share of the room left to its turns, so turn 1 gets less than "
+            f"--max-new-tokens {settings.params.max_new_tokens} (prompt: turn 1's budget; {listed})"]
+
+
 def run_conversation(method: BenchMethod, prompt: BenchPrompt, tokenizer,
-                     settings: BenchSettings) -> list[tuple[list[int], MethodOutput]]:
-    """All turns of one prompt with one method: [(prompt ids, output)] per turn."""
+                     settings: BenchSettings) -> list[TurnOutput]:
+    """All turns of one prompt with one method: (prompt ids, output, budget) per turn."""
     answers: list[str] = []
     results = []
     for turn in range(1, len(prompt.turns) + 1):
-        ids = conversation_ids(tokenizer, prompt.turns[:turn], answers, settings.raw)
-        if settings.budget(len(ids)) < 1:
+        ids, budget = turn_budget(tokenizer, prompt, answers, settings)
+        if budget < 1:  # `check_prompts_fit` leaves room for every turn; an answer re-encoded longer could not
             raise ConfigError(f"prompt {prompt.id} ({prompt.category}) turn {turn} takes {len(ids)} tokens and "
                               f"fills the context window of {settings.context_window} (the smallest of the methods' "
                               "and peers'); leave it out (--categories, --prompts) or compare a longer-context peer")
-        params = settings.params_for(len(ids), turn_seed(settings.params.seed, prompt.id, turn))
+        params = settings.params_for(len(ids), turn_seed(settings.params.seed, prompt.id, turn), budget)
         out = method.generate(ids, params, prompt.constraint)
         answers.append(tokenizer.decode(out.token_ids, skip_special_tokens=True).strip())
-        results.append((ids, out))
+        results.append(TurnOutput(ids, out, budget))
     return results
 
 
@@ -232,7 +290,7 @@ def _is_loader(reference) -> bool:
 
 
 def compare_prompt(
-    prompt: BenchPrompt, methods: Sequence[BenchMethod], outputs: dict[str, list[tuple[list[int], MethodOutput]]],
+    prompt: BenchPrompt, methods: Sequence[BenchMethod], outputs: dict[str, list[TurnOutput]],
     settings: BenchSettings, reference_model=None, tokenizer=None, round_number: int = 1,
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Run records of one prompt in one round (identity vs that round's `none` for greedy runs) and
@@ -243,10 +301,10 @@ def compare_prompt(
     greedy = settings.params.greedy
     records, mismatches = [], []
     for method in methods:
-        for turn, (ids, out) in enumerate(outputs[method.name], start=1):
+        for turn, (ids, out, budget) in enumerate(outputs[method.name], start=1):
             identical = None
             if greedy and reference is not None:
-                ref_ids, ref_out = reference[turn - 1]
+                ref_ids, ref_out, _ = reference[turn - 1]
                 diff = first_difference(ref_out.token_ids, out.token_ids)
                 identical = diff is None
                 if diff is not None and method.lossless:
@@ -260,7 +318,7 @@ def compare_prompt(
                         "first_difference": diff, "same_prompt": ids == ref_ids,
                         "logit_gap": None if gap is None else round(gap, 6),
                     })
-            records.append(run_record(prompt, turn, method, ids, out, settings.budget(len(ids)), identical,
+            records.append(run_record(prompt, turn, method, ids, out, budget, identical,
                                       tokenizer, round_number, settings.params.ignore_eos))
     return records, mismatches
 
@@ -325,6 +383,7 @@ def run_bench(
         raise ConfigError(f"method names must be distinct, got {names}")
     if settings.context_window is None:
         settings = replace(settings, context_window=shared_window(methods))
+    check_prompts_fit(prompts, tokenizer, settings)  # a prompt that cannot run is refused before any work
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     head = {
@@ -372,7 +431,7 @@ def run_bench(
             _warm_up(methods, tokenizer, settings)
             for index, prompt in enumerate(prompts):
                 shift = (index + round_number - 1) % len(methods)
-                outputs: dict[str, list[tuple[list[int], MethodOutput]]] = {}
+                outputs: dict[str, list[TurnOutput]] = {}
                 for method in [*methods[shift:], *methods[:shift]]:
                     bar.set_postfix_str(f"{where}{prompt.category} #{prompt.id} {method.name}")
                     outputs[method.name] = run_conversation(method, prompt, tokenizer, settings)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import sys
 import types
 
@@ -198,6 +199,61 @@ def test_budgets_are_capped_at_the_context_window_for_methods_and_peers_alike(tm
     assert main([*argv, "--categories", "full", "--out", str(tmp_path / "full")]) == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert err.startswith("error: prompt full (full) turn 1 takes ") and "fills the context window of 256" in err
+
+
+def _two_turn_rows(first: int, second: int) -> list[dict]:
+    """A one-turn prompt, then a two-turn one (id 81, as MT-bench's) of `first` and `second` words."""
+    words = [f"w{5 + k % 40}" for k in range(first + second)]
+    return [{"id": "one", "category": "single", "turns": [" ".join(words[:20])]},
+            {"id": 81, "category": "mt", "turns": [" ".join(words[:first]), " ".join(words[first:])]}]
+
+
+def test_a_later_turn_gets_room_in_the_window_the_first_one_shares(tmp_path, tiny_models, chat_tokenizer, capsys):
+    """A two-turn prompt whose first answer, at its whole --max-new-tokens, left its second turn no room in the
+    tiny model's 256 positions: the run failed at that turn, after the prompts before it. Each turn now gets at
+    most an equal share of the room its turns have left (a note says so before the runs), the same for every
+    method, so the second turn runs."""
+    from specula.bench.runner import conversation_ids
+
+    rows = _two_turn_rows(60, 20)
+    path = tmp_path / "mt.jsonl"
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    out = tmp_path / "run"
+    assert main(["bench", "--target", "tiny", "--methods", "prompt-lookup", "--compare", "hf:greedy", "--prompts",
+                 str(path), "--max-new-tokens", "200", "--ignore-eos", "--profile-repeats", "0", "--warmup-tokens",
+                 "2", "--no-progress", "--out", str(out)]) == 0, capsys.readouterr().err
+    err = capsys.readouterr().err
+    frame = len(conversation_ids(chat_tokenizer, rows[1]["turns"], [""]))  # both turns, the answer left empty
+    share = (256 - frame) // 2
+    assert "note: 1 multi-turn prompt(s) share the context window of 256 between their turns" in err
+    assert f"(prompt: turn 1's budget; 81: {share})" in err
+    doc = json.loads((out / "results.json").read_text())
+    assert doc["status"] == "complete" and doc["prompts_done"] == 2
+    runs = {(r["id"], r["turn"], r["method"]): r for r in doc["runs"]}
+    for method in ("none", "prompt-lookup", "hf:greedy"):
+        assert runs["one", 1, method]["new_tokens"] == 200  # a prompt of one turn keeps its whole budget
+        first, second = runs[81, 1, method], runs[81, 2, method]
+        assert (first["new_tokens"], first["finish_reason"]) == (share, "length")
+        assert second["new_tokens"] == 256 - second["prompt_tokens"] > 0 and second["finish_reason"] == "length"
+
+
+def test_a_turn_that_cannot_fit_is_refused_before_anything_is_timed(tmp_path, tiny_models, monkeypatch, capsys):
+    """A two-turn prompt whose second user turn alone leaves no room in the window: refused by prompt id, turn,
+    length and window before the cost curve and the first timed prompt (it had failed after them)."""
+    timed = []
+    monkeypatch.setattr(bench_cmd, "_cost_curve", lambda args, target: timed.append("cost curve"))
+    path = tmp_path / "mt.jsonl"
+    path.write_text("".join(json.dumps(row) + "\n" for row in _two_turn_rows(20, 240)))
+    out = tmp_path / "run"
+    assert main(["bench", "--target", "tiny", "--methods", "prompt-lookup", "--prompts", str(path),
+                 "--max-new-tokens", "8", "--profile-repeats", "1", "--warmup-tokens", "2", "--no-progress",
+                 "--out", str(out)]) == 2
+    assert timed == [] and not (out / "results.json").exists()
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert re.fullmatch(r"error: prompt 81 \(mt\) turn 2 takes \d+ tokens and with the earlier answers left empty "
+                        r"leaves no room for its own and the earlier answers in the context window of 256 \(the "
+                        r"smallest of the methods' and peers'\); leave it out \(--categories, --prompts\) or "
+                        r"compare a longer-context peer", err), err
 
 
 def test_bench_records_the_draft_model_each_method_drafts_with(tmp_path, prompts_file, tiny_pair, chat_tokenizer,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import pytest
 
@@ -70,6 +70,22 @@ def test_second_turn_follows_each_methods_own_first_answer(chat_tokenizer):
     assert a.seen[0] == b.seen[0]
     assert a.seen[1] == chat_tokenizer.encode("w2 w5 w6 w3 w11 w12 w2 w7 w8 w4")
     assert b.seen[1] == chat_tokenizer.encode("w2 w5 w6 w3 w40 w41 w42 w2 w7 w8 w4")
+
+
+def test_run_bench_refuses_a_turn_that_cannot_fit_before_generating_anything(chat_tokenizer, tmp_path):
+    """run_bench called from Python: a prompt whose second turn (its first answer left empty, one token for each
+    answer) does not fit the window is refused before the warm-up and the first prompt, naming it; a turn of
+    another prompt that needs all but a token per answer runs."""
+    fits = BenchPrompt("fits", "mt_bench", ("w5 w6", "w7"), "writing")  # 7 tokens; 9 with an answer each
+    too_long = BenchPrompt(82, "mt_bench", ("w5 w6", "w7 w8"), "writing")  # 8 tokens; 10 with an answer each
+    a = ScriptedMethod("none", [[9], [8]])  # "w9", "w8": one token each when encoded again
+    settings = BenchSettings(SamplingParams(max_new_tokens=4), warmup_tokens=2, progress=False, context_window=9)
+    with pytest.raises(ConfigError, match=r"^prompt 82 \(mt_bench\) turn 2 takes 8 tokens and with the earlier "
+                                          r"answers left empty leaves no room .* context window of 9 "):
+        run_bench([a], chat_tokenizer, [fits, too_long], settings, tmp_path / "out")
+    assert a.seen == [] and not (tmp_path / "out").exists()
+    run_bench([a], chat_tokenizer, [fits], replace(settings, warmup_tokens=0), tmp_path / "out")
+    assert a.seen == [chat_tokenizer.encode("w2 w5 w6 w4"), chat_tokenizer.encode("w2 w5 w6 w3 w9 w2 w7 w4")]
 
 
 def _bench_methods(tiny_pair, tokenizer, peers=("hf:greedy", "hf:assisted", "hf:prompt-lookup")):
