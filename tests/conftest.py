@@ -1,9 +1,11 @@
-"""Shared fixtures; the model factories live in `tiny.py`."""
+"""Shared fixtures; the model factories live in `tiny.py`. Every test runs on a sandbox specula cache
+(`cache_sandbox.py`): none writes into the user's."""
 
 from __future__ import annotations
 
 import pytest
 
+from cache_sandbox import pytest_configure, pytest_runtest_makereport, pytest_unconfigure  # noqa: F401
 from tiny import ARCHES, VOCAB, word_tokenizer
 
 @pytest.fixture(params=ARCHES)
