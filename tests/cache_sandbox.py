@@ -7,9 +7,10 @@ active for every test run through `tests/conftest.py` (`-p cache_sandbox` elsewh
 - The installed models stay readable (the `slow` tests load them): the sandbox's `models`, `gguf` and `heads`
   mirror the real cache's, folders made anew and each file a symbolic link to the real one, so a writer that
   replaces or adds a file changes the sandbox only; a test that changed the mirror gets it back afterwards.
-  The compiled kernels are linked the same way (a build takes a minute; a build of other sources lands in the
-  sandbox). Prepared models are not: their entries are keyed by the model's path, the sandbox's here, and are
-  prepared once per run into the sandbox, shared by its tests like the kernels.
+  The compiled kernels are linked the same way (a build takes a minute; one of other sources lands in the
+  sandbox and serves the run's later tests and subprocesses). Prepared models are not: their entries are keyed
+  by the model's path, the sandbox's here, and are prepared once per run into the sandbox, shared by its tests
+  like the kernels.
 - A guard (an audit hook) refuses, in the test process, every write into the real cache -- a test that points
   `$SPECULA_CACHE` back at it, or writes through one of the links -- with `RealCacheWrite`, and fails the test
   that tried even if the code swallowed the error.
@@ -31,10 +32,13 @@ from specula.paths import CACHE_ENV, cache_root
 
 REAL = os.path.realpath(cache_root())
 """The user's cache, as this process found it when the plugin was imported (before the sandbox is set)."""
-MIRRORED = ("models", "gguf", "heads", "kernels")
+INSTALLED = ("models", "gguf", "heads")
+"""Folders of the real cache the sandbox mirrors and restores after a test that changed them."""
+MIRRORED = (*INSTALLED, "kernels")
 """Folders of the real cache the sandbox mirrors (read through links)."""
 SHARED = (*MIRRORED, "prepared")
-"""Folders of the sandbox kept from test to test; everything else is removed after each test."""
+"""Folders of the sandbox kept from test to test (kernels and prepared models built by one test serve the
+next); everything else is removed after each test."""
 
 _state: dict = {"sandbox": None, "mirror": None, "writes": [], "saved": None, "hooked": False}
 _busy = threading.local()
@@ -57,9 +61,9 @@ def _mirror(real: Path, into: Path) -> None:
 
 
 def _snapshot(sandbox: Path) -> list[tuple[str, str]]:
-    """(relative path, link target or "") of every entry of the mirrored folders."""
+    """(relative path, link target or "") of every entry of the installed folders' mirrors."""
     entries = []
-    for folder in MIRRORED:
+    for folder in INSTALLED:
         for root, dirs, files in os.walk(sandbox / folder):
             for name in dirs + files:
                 path = Path(root, name)
@@ -67,8 +71,8 @@ def _snapshot(sandbox: Path) -> list[tuple[str, str]]:
     return sorted(entries)
 
 
-def _build_mirror(sandbox: Path) -> None:
-    for folder in MIRRORED:
+def _build_mirror(sandbox: Path, folders: tuple[str, ...] = MIRRORED) -> None:
+    for folder in folders:
         with contextlib.suppress(FileNotFoundError):
             shutil.rmtree(sandbox / folder)
         if os.path.isdir(os.path.join(REAL, folder)):
@@ -167,7 +171,7 @@ def _reset(sandbox: Path) -> None:
             else:
                 entry.unlink(missing_ok=True)
     if _snapshot(sandbox) != _state["mirror"]:
-        _build_mirror(sandbox)
+        _build_mirror(sandbox, INSTALLED)
 
 
 @pytest.hookimpl(hookwrapper=True)

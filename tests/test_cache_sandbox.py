@@ -34,6 +34,8 @@ def test_what_a_test_writes_stays_in_the_sandbox():
     with atomic_dir(cache_dir("models", "m")) as tmp:  # a reinstall replaces the sandbox's mirror only
         (tmp / "config.json").write_text(json.dumps({"layers": 9}))
     cache_dir("heads", "m", "eagle.safetensors").unlink()  # removes the link, not the head
+    cache_dir("kernels", "k").mkdir(parents=True)
+    cache_dir("kernels", "k", "lib.so").write_bytes(b"built")  # kernels built by a test serve the next ones
     child = subprocess.run([sys.executable, "-c", "from specula.paths import cache_root; print(cache_root())"],
                            capture_output=True, text=True, check=True)
     assert child.stdout.strip() == str(cache_root())  # subprocesses get the sandbox too
@@ -43,6 +45,7 @@ def test_the_next_test_finds_none_of_it():
     assert not cache_dir("cost").exists() and not cache_dir("training").exists()
     assert json.loads(cache_dir("models", "m", "config.json").read_text()) == {"layers": 2}
     assert cache_dir("heads", "m", "eagle.safetensors").read_bytes() == b"head"
+    assert cache_dir("kernels", "k", "lib.so").read_bytes() == b"built"
 
 
 def test_writing_into_the_real_cache_fails():
