@@ -242,7 +242,7 @@ def test_bad_input_gives_clear_errors():
         dec.generate(list(range(50)) * 6, greedy(5))
     with pytest.raises(ConfigError, match="unknown method"):
         make_drafter("lookahead")
-    with pytest.raises(ConfigError, match="--draft"):
+    with pytest.raises(ConfigError, match="needs a draft model: pass draft=MODEL"):
         make_drafter("draft-model")
 
 
