@@ -693,56 +693,41 @@ def test_a_renamed_prompt_file_reads_the_cached_answers_under_its_own_ids(setup,
         generate_corpus(target, tiny_tokenizer, read_prompts([b])[:3], cache, config)
 
 
+def _cached_answers(path, data, tokenizer, corpus=None) -> list[list[int]]:
+    """The answers of the model saved at `path` to the prompts of `data` (6 new tokens each), through
+    `specula train`'s answer cache (`cache_paths`), or made afresh into `corpus` when given."""
+    from specula.models.loading import LoadConfig, load_backend
+    from specula.training.corpus import CorpusConfig, generate_corpus, read_prompts
+    from specula.training.run import cache_paths
+
+    config = CorpusConfig(max_new_tokens=6)
+    target, _ = load_backend(str(path), LoadConfig(), "target")
+    corpus = corpus if corpus is not None else cache_paths(target, data, config)[0]
+    return [e.output_ids for e in generate_corpus(target, tokenizer, read_prompts([data]), corpus, config)]
+
+
 def test_another_model_saved_at_the_same_path_gets_its_own_answers_and_features(tmp_path, tiny_tokenizer):
     """The cache was keyed by the model's path: a model retrained or replaced in place reused the old
     model's answers and features (and the head trained on them was recorded as the new model's)."""
-    from specula.models.loading import LoadConfig, load_backend
-    from specula.training.corpus import CorpusConfig
-    from specula.training.run import cache_paths
-
-    from specula.training.corpus import generate_corpus, read_prompts
-
     path, _, data = saved_training_setup(tmp_path, tiny_tokenizer)
-    config = CorpusConfig(max_new_tokens=6)
-
-    def answers():
-        target, _ = load_backend(str(path), LoadConfig(), "target")
-        corpus, features = cache_paths(target, data, config)
-        return [e.output_ids for e in generate_corpus(target, tiny_tokenizer, read_prompts([data]), corpus, config)]
-
-    first = answers()
-    assert answers() == first  # the same weights: read back from the cache
+    first = _cached_answers(path, data, tiny_tokenizer)
+    assert _cached_answers(path, data, tiny_tokenizer) == first  # the same weights: read back from the cache
     tiny_model("llama", seed=4, layers=2).save_pretrained(path)
-    fresh, _ = load_backend(str(path), LoadConfig(), "target")
-    own = [e.output_ids for e in generate_corpus(fresh, tiny_tokenizer, read_prompts([data]), tmp_path / "own.jsonl",
-                                                 config)]
-    assert own != first and answers() == own  # the new model's answers, not the cached ones
+    own = _cached_answers(path, data, tiny_tokenizer, tmp_path / "own.jsonl")
+    assert own != first and _cached_answers(path, data, tiny_tokenizer) == own  # the new model's, not the cached
 
 
 def test_a_fine_tune_that_kept_the_output_head_gets_its_own_answers(tmp_path, tiny_tokenizer):
     """The stamp was the output head's rows alone: a model fine-tuned in place on its inner layers (a LoRA
     merged back, the head untouched) read as the same weights and trained on the old model's answers."""
-    from specula.models.loading import LoadConfig, load_backend
-    from specula.training.corpus import CorpusConfig, generate_corpus, read_prompts
-    from specula.training.run import cache_paths
-
     path, model, data = saved_training_setup(tmp_path, tiny_tokenizer)
-    config = CorpusConfig(max_new_tokens=6)
-
-    def answers():
-        target, _ = load_backend(str(path), LoadConfig(), "target")
-        corpus, _ = cache_paths(target, data, config)
-        return [e.output_ids for e in generate_corpus(target, tiny_tokenizer, read_prompts([data]), corpus, config)]
-
-    first = answers()
+    first = _cached_answers(path, data, tiny_tokenizer)
     with torch.no_grad():
         for layer in model.model.layers:
             layer.mlp.down_proj.weight.mul_(-1.0)
     model.save_pretrained(path)  # the output head and embeddings as they were
-    fresh, _ = load_backend(str(path), LoadConfig(), "target")
-    own = [e.output_ids for e in generate_corpus(fresh, tiny_tokenizer, read_prompts([data]), tmp_path / "own.jsonl",
-                                                 config)]
-    assert own != first and answers() == own
+    own = _cached_answers(path, data, tiny_tokenizer, tmp_path / "own.jsonl")
+    assert own != first and _cached_answers(path, data, tiny_tokenizer) == own
 
 
 def test_a_cache_stamped_by_the_head_alone_is_kept_and_restamped(tmp_path, tiny_tokenizer):
