@@ -95,6 +95,10 @@ def _fusion(spec: MethodSpec, target: TargetModel | None, draft: TargetModel | N
         raise ConfigError(f"{for_head[0]} is for a trained head, and {spec.name} drafts without one here ({why}); "
                           f"give it one with {fix}, or drop {for_head[0]}")
     check_draft_options_read(spec, options, draft is not None, draft_skip)  # num_draft_tokens without a draft model
+    if is_given(options.get("skip_layers")) and not draft_skip:  # its layer-skip member joins for draft="skip" only
+        raise ConfigError(f'skip_layers is for layer skipping, and {spec.name} drafts without it here (no '
+                          'draft="skip"); add draft="skip" (the target drafting with layers skipped) or drop '
+                          'skip_layers')
     if head is not None:
         import torch
 

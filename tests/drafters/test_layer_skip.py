@@ -192,6 +192,18 @@ def test_fusion_with_draft_skip_reads_num_draft_tokens_and_refuses_draft_window(
         build_decoder("fusion", target, None, draft_skip=True, skip_layers="2", draft_window=256, planner=False)
 
 
+def test_fusion_refuses_skip_layers_without_draft_skip():
+    """skip_layers goes to fusion's layer-skip member, which joins only for draft="skip": without it the option was
+    ignored without a word (`make_drafters` / `Specula`, a bench's fusion:skip_layers=1); `api.load` refused it."""
+    target = native(tiny_model("qwen2", layers=4))
+    with pytest.raises(ConfigError, match=r'skip_layers is for layer skipping, and fusion drafts without it here \(no '
+                                          r'draft="skip"\); add draft="skip" \(the target drafting with layers '
+                                          r'skipped\) or drop skip_layers'):
+        build_decoder("fusion", target, None, skip_layers="2", planner=False)
+    dec = build_decoder("layer-skip", target, None, skip_layers="2", planner=False)  # the method itself reads it
+    assert dec.drafters[0].skip == {(2, "attn"), (2, "mlp")}
+
+
 def test_draft_model_method_with_draft_skip_is_the_layer_skip_drafter_and_draft_tree_is_refused():
     target = native(tiny_model("qwen2", layers=4))
     dec = build_decoder("draft-model", target, None, draft_skip=True, skip_layers="2", planner=False)
