@@ -71,7 +71,14 @@ def make_drafters(method: str | MethodSpec, *, target: TargetModel | None = None
             methods = or_list([f'method="{name}"' for name in takers])
             raise ConfigError(f'draft="skip" drafts chains: use {methods} with it ({spec.name} needs a draft model)')
         if spec.draft_skip == "drafts":
-            spec = layer_skipper()
+            skipper = layer_skipper()
+            unread = [name for name in options if name not in skipper.accepted_options()]
+            if unread and spec is not skipper:  # not "method 'layer-skip' does not take ...": the method named here
+                name = unread[0]
+                raise ConfigError(f'{name} is for a draft model, and {spec.name} with draft="skip" drafts with the '
+                                  f"target's own layers skipped (as method {skipper.name}), which reads no {name}; "
+                                  f"drop {name}, or give a draft model with draft=MODEL instead")
+            spec = skipper
         else:
             options.pop("skip_layers", None)  # ignored: the method drafts without a draft model
     return [make_drafter(spec, target=target, draft=draft, tokenizer=tokenizer, **options)]
