@@ -389,12 +389,17 @@ def check_switches(method: str | MethodSpec, options: dict[str, Any]) -> None:
             raise ConfigError(f"{name} is a switch: it takes true or false, got {value!r}")
 
 
+def an(word: str) -> str:
+    """`word` after its article, for a head kind in a message: "an eagle3", "a medusa"."""
+    return f"{'an' if word[:1].lower() in 'aeiou' else 'a'} {word}"
+
+
 def or_list(names: list[str]) -> str:
     """"a, b or c"."""
     return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} or {names[-1]}"
 
 
 __all__ = ["DEFAULT_METHOD", "HEAD_ONLY", "METHODS", "NO_DRAFT_GIVEN", "NO_HEAD", "PLAIN", "Member", "MethodSpec",
-           "bench_defaults", "check_draft_options_read", "check_drafting_used", "check_switches", "default_head",
+           "an", "bench_defaults", "check_draft_options_read", "check_drafting_used", "check_switches", "default_head",
            "draft_options_unread", "first_drafting_with_model", "flag_spellings", "get_method", "in_flags",
            "is_given", "layer_skipper", "methods_taking", "or_list", "spelled"]

@@ -27,6 +27,7 @@ from specula.drafters.heads.config import AUTOREGRESSIVE
 from specula.drafters.heads.online import OnlineDistillConfig, OnlineDistiller
 from specula.drafters.heads.runtime import HeadState, TrainedHead, load_head
 from specula.errors import ConfigError
+from specula.methods import an
 
 DEFAULTS = {"eagle": dict(tree_top_k=4, tree_depth=6, tree_nodes=48),
             "eagle3": dict(tree_top_k=4, tree_depth=6, tree_nodes=48),
@@ -135,7 +136,7 @@ def create_head_drafter(kind: str, *, target=None, head: str | os.PathLike | Tra
         raise ConfigError(f"the {head.kind} head given was loaded for another target ({head.target.name}); load it "
                           f"for this one ({target.name}): load_head(FILE, target, NAME)")
     if head.kind != kind:
-        raise ConfigError(f'method="{kind}" got a {head.kind} head; use method="{head.kind}" or a {kind} head')
+        raise ConfigError(f'method="{kind}" got {an(head.kind)} head; use method="{head.kind}" or {an(kind)} head')
     if head_window is not None:
         head.window = head_window or None
     if head_context_vocab is not None:

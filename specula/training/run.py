@@ -24,6 +24,7 @@ from typing import Any, Literal, Sequence
 import torch
 
 from specula.errors import ConfigError
+from specula.methods import an
 from specula.training.corpus import (DEFAULT_PROMPTS, EVAL_PROMPTS, CorpusConfig, PaddedConfig, answer_files,
                                      answers_hash, corpus_key, generate_corpus, match_answers, read_answers,
                                      read_prompts)
@@ -287,7 +288,7 @@ def check_init_head(path: str | os.PathLike, config: TrainConfig) -> None:
 def check_init_shape(path: str | os.PathLike, has, config: TrainConfig) -> None:
     """The config `has` of the head at `path` against what `config` asks for (`check_init_head`)."""
     if has.kind != config.kind:
-        raise ConfigError(f'init_head={str(path)!r} is a {has.kind} head; train it with kind="{has.kind}"')
+        raise ConfigError(f'init_head={str(path)!r} is {an(has.kind)} head; train it with kind="{has.kind}"')
     for name in ("intermediate_size", "num_kv_heads", "copy_ngram"):  # 0: not asked for
         wanted, value = getattr(config, name), getattr(has, name)
         if wanted and wanted != value and not (name == "copy_ngram" and not value):

@@ -530,8 +530,8 @@ def test_cli_refuses_a_corrupted_head_in_one_line_with_exit_2(saved, tmp_path):
 
 
 @pytest.mark.parametrize("options, python, argv, flags", [
-    ({"method": "medusa"}, 'method="medusa" got a eagle head; use method="eagle" or a medusa head',
-     ["--method", "medusa"], "--method medusa got a eagle head; use --method eagle or a medusa head"),
+    ({"method": "medusa"}, 'method="medusa" got an eagle head; use method="eagle" or a medusa head',
+     ["--method", "medusa"], "--method medusa got an eagle head; use --method eagle or a medusa head"),
     ({"method": "fusion", "recycling_state": "STATE"},
      'recycling_state is for token-recycling, which fusion leaves out when a trained head drafts; pass head="none" '
      "to keep token-recycling (or drop recycling_state)",
@@ -769,7 +769,7 @@ def test_eagle3_refuses_online_distillation_and_mixed_feature_requests():
     eagle3 = new_head("eagle3", target, oracle_d2t(96), seed=1)
     with pytest.raises(ConfigError, match="^online_distill trains eagle, .*: drop online_distill$"):  # as Python
         build_decoder("eagle3", target, None, head=eagle3, planner=False, online_distill=True)  # names it
-    with pytest.raises(ConfigError, match='^method="eagle" got a eagle3 head; use method="eagle3"'):  # not --method:
+    with pytest.raises(ConfigError, match='^method="eagle" got an eagle3 head; use method="eagle3"'):  # not --method:
         build_decoder("eagle", target, None, head=eagle3, planner=False)  # the bench takes --methods
     eagle = new_head("eagle", target, oracle_d2t(96), seed=1)
     drafters = [build_decoder(k, target, None, head=h, planner=False).drafters[0]

@@ -811,7 +811,7 @@ def test_init_head_fine_tunes_a_head_from_its_weights_and_vocabulary(tmp_path, m
                  "--prompt", "w5 w9 w13", "--raw", "--max-new-tokens", "12", "--ignore-eos", "--json"])
     assert code == 0
     assert json.loads(capsys.readouterr().out)["token_ids"] == reference_greedy(model, list(tiny_tokenizer.encode("w5 w9 w13")), 12)
-    for extra, message in ((["--kind", "eagle"], f"--init-head {str(first)!r} is a eagle3 head; train it with --kind "
+    for extra, message in ((["--kind", "eagle"], f"--init-head {str(first)!r} is an eagle3 head; train it with --kind "
                                                  "eagle3"),
                            (["--intermediate-size", "32"], "was trained with --intermediate-size 24, not 32: its "
                                                            "shape is kept when fine-tuning; drop --intermediate-size")):
@@ -822,7 +822,7 @@ def test_init_head_fine_tunes_a_head_from_its_weights_and_vocabulary(tmp_path, m
 
     from specula.training.run import check_init_head
 
-    with pytest.raises(ConfigError, match=re.escape(f'init_head={str(first)!r} is a eagle3 head; train it with '
+    with pytest.raises(ConfigError, match=re.escape(f'init_head={str(first)!r} is an eagle3 head; train it with '
                                                     'kind="eagle3"')):  # a Python caller's keywords
         check_init_head(first, TrainConfig(kind="eagle"))
     code = main(["train", *common, "--out", str(tmp_path / "d"), "--init-head", "installed"])
