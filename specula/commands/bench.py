@@ -270,11 +270,18 @@ def _config_record(args: argparse.Namespace, bench: BenchPlan, eos: list[int]) -
 
 
 def _method_options(args: argparse.Namespace, spec: str) -> dict:
-    """The options a method entry runs with: command-line options, then the variant's own."""
-    from specula.bench.methods import split_method
+    """The options a method entry runs with (`bench.methods.entry_options`): the command line's for its method, less
+    those its variant takes away (the head's for head=none, the draft model's for draft=none), then the variant's
+    own."""
+    from specula.bench.methods import entry_options, split_method
+    from specula.models.skipping import SKIP_DRAFT
 
-    base, overrides = split_method(spec)
-    return {**{k: v for k, v in drafter_options(args, base).items() if v is not None}, **overrides}
+    base, _ = split_method(spec)
+    given = {k: v for k, v in drafter_options(args, base).items() if v is not None}
+    skip = {"draft_skip": True} if args.draft == SKIP_DRAFT else {}  # what layer skipping reads stays
+    # the entries were built: what they would refuse was refused then (a draft model's option without one)
+    runs = entry_options(spec, {**given, **skip}, True)
+    return {k: v for k, v in runs.items() if k not in skip}
 
 
 def _cost_curve(args: argparse.Namespace, target) -> dict | None:

@@ -267,7 +267,7 @@ def test_bench_records_the_draft_model_each_method_drafts_with(tmp_path, prompts
     monkeypatch.setattr(bench_cmd, "load_models", lambda args: (tiny_pair[0], chat_tokenizer, tiny_pair[1], report))
     out = tmp_path / "run"
     code = main(["bench", "--target", "tiny", "--draft", "tiny", "--methods",
-                 "prompt-lookup,draft-model,fusion:draft=none",
+                 "prompt-lookup,draft-model,fusion:draft=none", "--num-draft-tokens", "2",
                  "--compare", "hf:greedy,hf:assisted", "--prompts", str(prompts_file), "--per-category", "1",
                  "--max-new-tokens", "4", "--profile-repeats", "0", "--warmup-tokens", "0", "--no-progress",
                  "--out", str(out)])
@@ -280,6 +280,9 @@ def test_bench_records_the_draft_model_each_method_drafts_with(tmp_path, prompts
         "hf:greedy": nothing, "hf:assisted": drafted}
     assert ("- drafts: none for none, prompt-lookup, fusion:draft=none, hf:greedy; tiny-draft (int8) for draft-model, "
             "hf:assisted") in (out / "report.md").read_text().splitlines()
+    # each entry's options as it ran: fusion:draft=none without the draft model's --num-draft-tokens
+    options = doc["config"]["drafter_options"]
+    assert options["draft-model"] == {"num_draft_tokens": 2} and options["fusion:draft=none"] == {"target_name": "tiny"}
 
 
 def test_lossless_mismatch_exits_1_naming_prompt_and_method(tmp_path, prompts_file, tiny_models, corrupt_method,
