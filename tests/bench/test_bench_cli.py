@@ -14,6 +14,7 @@ from specula.bench.datasets import load_prompts, select_prompts
 from specula.cli import main
 from specula.drafters.base import Proposal
 from specula.methods import METHODS, MethodSpec
+from specula.planner.cost import DEFAULT_SIZES
 from tiny import VOCAB
 
 
@@ -98,7 +99,8 @@ def test_bench_cli_end_to_end(tmp_path, prompts_file, tiny_models, capsys):
     expected = select_prompts(load_prompts(str(prompts_file)), per_category=1, seed=0)
     assert doc["config"]["prompt_ids"] == [p.id for p in expected]
     assert doc["cost_curve"]["context"] == 192  # clamped to the tiny model's 256 positions - 64
-    assert doc["cost_curve"]["sizes"] == [1, 2, 4, 8, 16, 32, 64]
+    sizes = doc["cost_curve"]["sizes"]  # the timing cuts sizes past paying (a pass slowed twice by a busy machine)
+    assert len(sizes) >= 2 and sizes == list(DEFAULT_SIZES[:len(sizes)])
     assert max(len(d) for d in (r["depth_drafted"] for r in doc["runs"] if r["method"] == "draft-model")) <= 3
     for name in ("prompt-lookup", "draft-model"):
         assert doc["summary"][name]["identical_fraction"] == 1.0
