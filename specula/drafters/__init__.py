@@ -72,7 +72,8 @@ def make_drafters(method: str | MethodSpec, *, target: TargetModel | None = None
             raise ConfigError(f'draft="skip" drafts chains: use {methods} with it ({spec.name} needs a draft model)')
         if spec.draft_skip == "drafts":
             skipper = layer_skipper()
-            unread = [name for name in options if name not in skipper.accepted_options()]
+            unread = [name for name, value in options.items()  # None: left out (`make_drafter` drops it)
+                      if value is not None and name not in skipper.accepted_options()]
             if unread and spec is not skipper:  # not "method 'layer-skip' does not take ...": the method named here
                 name = unread[0]
                 raise ConfigError(f'{name} is for a draft model, and {spec.name} with draft="skip" drafts with the '
