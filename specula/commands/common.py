@@ -209,10 +209,12 @@ def check_model_name(spec: str, option: str) -> None:
 def load_config(args: argparse.Namespace) -> "LoadConfig":
     from specula.api import LoadConfig
 
-    config = LoadConfig(dtype=args.dtype, attn_implementation=args.attn, quantize=args.quantize,
-                        linear_kernel=args.linear_kernel, backend=getattr(args, "backend", "auto"),
-                        device=getattr(args, "device", "auto"), prepared_cache=getattr(args, "prepared_cache", "on"))
-    device, _ = config.resolved()  # a bad --device / --dtype fails here, before any slow load
+    with flags_in_errors(args):  # the library names LoadConfig's fields (device="cuda")
+        config = LoadConfig(dtype=args.dtype, attn_implementation=args.attn, quantize=args.quantize,
+                            linear_kernel=args.linear_kernel, backend=getattr(args, "backend", "auto"),
+                            device=getattr(args, "device", "auto"),
+                            prepared_cache=getattr(args, "prepared_cache", "on"))
+        device, _ = config.resolved()  # a bad --device / --dtype fails here, before any slow load
     if getattr(args, "cuda_graphs", None) and device.type != "cuda":  # it was ignored without a word
         raise ConfigError(f"--cuda-graphs captures the native backend's passes on a CUDA device, and this run is on "
                           f"{device.type} (--device {args.device}); drop it, or pass --device cuda on a machine "

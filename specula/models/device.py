@@ -40,7 +40,7 @@ def sync_device(device: Any) -> None:
 
 def resolve_device(option: str = "auto") -> torch.device:
     """`auto` = the first CUDA device when PyTorch sees one, else the CPU; `cuda` / `cuda:N` must
-    exist (a `ConfigError` naming `--device cpu` otherwise)."""
+    exist (a `ConfigError` naming `device="cpu"` otherwise)."""
     option = (option or "auto").strip().lower()
     if option == "auto":
         return torch.device("cuda:0") if torch.cuda.is_available() else torch.device("cpu")
@@ -48,17 +48,17 @@ def resolve_device(option: str = "auto") -> torch.device:
         return torch.device("cpu")
     if option == "cuda" or option.startswith("cuda:"):
         if not torch.cuda.is_available():
-            raise ConfigError(f"--device {option}: PyTorch sees no CUDA device here (torch.cuda.is_available() is "
-                              "False: no GPU, or a CPU-only torch build); use --device cpu")
+            raise ConfigError(f'device="{option}": PyTorch sees no CUDA device here (torch.cuda.is_available() is '
+                              'False: no GPU, or a CPU-only torch build); use device="cpu"')
         index = 0
         if option != "cuda":
             try:
                 index = int(option.split(":", 1)[1])
             except ValueError:
-                raise ConfigError(f"--device {option}: write cuda:N with N a device index, e.g. cuda:0") from None
+                raise ConfigError(f'device="{option}": write cuda:N with N a device index, e.g. cuda:0') from None
         count = torch.cuda.device_count()
         if not 0 <= index < count:
-            raise ConfigError(f"--device {option}: there are {count} CUDA device(s) (cuda:0..cuda:{count - 1})")
+            raise ConfigError(f'device="{option}": there are {count} CUDA device(s) (cuda:0..cuda:{count - 1})')
         return torch.device(f"cuda:{index}")
     raise ConfigError(f"unknown device {option!r}; choose auto, cpu, cuda or cuda:N")
 
@@ -71,7 +71,7 @@ def resolve_dtype(option: str, device: torch.device) -> torch.dtype:
     if option == "auto":
         return torch.bfloat16 if device.type == "cuda" else torch.float32
     if option == "float16" and device.type != "cuda":
-        raise ConfigError("--dtype float16 runs on CUDA; on CPU use float32 (default) or bfloat16")
+        raise ConfigError('dtype="float16" runs on CUDA; on CPU use float32 (the default) or bfloat16')
     return getattr(torch, option)
 
 

@@ -26,7 +26,7 @@ def test_auto_is_the_cpu_without_cuda_and_cpu_is_explicit(no_cuda):
 
 @pytest.mark.parametrize("option", ["cuda", "cuda:0", "CUDA:1"])
 def test_cuda_without_a_gpu_names_the_fix(no_cuda, option):
-    with pytest.raises(ConfigError, match="use --device cpu"):
+    with pytest.raises(ConfigError, match=f'^device="{option.lower()}": .*; use device="cpu"$'):
         resolve_device(option)
 
 
@@ -40,7 +40,7 @@ def test_bad_device_and_dtype_names(monkeypatch):
         resolve_device("cuda:3")
     with pytest.raises(ConfigError, match="cuda:N"):
         resolve_device("cuda:x")
-    with pytest.raises(ConfigError, match="float16 runs on CUDA"):
+    with pytest.raises(ConfigError, match='^dtype="float16" runs on CUDA'):
         resolve_dtype("float16", torch.device("cpu"))
     with pytest.raises(ConfigError, match="unknown dtype"):
         resolve_dtype("int4", torch.device("cpu"))
@@ -68,7 +68,7 @@ def test_cpu_only_options_are_refused_on_cuda_before_loading(monkeypatch):
 def test_load_config_resolves_on_this_machine(no_cuda):
     assert LoadConfig().resolved() == (torch.device("cpu"), torch.float32)
     assert LoadConfig(dtype="bfloat16", device="cpu").resolved() == (torch.device("cpu"), torch.bfloat16)
-    with pytest.raises(ConfigError, match="use --device cpu"):
+    with pytest.raises(ConfigError, match='use device="cpu"'):  # LoadConfig's field, as a Python caller writes it
         LoadConfig(device="cuda").resolved()
 
 
@@ -82,3 +82,7 @@ def test_cli_refuses_cuda_without_a_gpu_with_exit_2(no_cuda, capsys):
         assert main(argv) == 2, argv
         err = capsys.readouterr().err
         assert err.startswith("error:") and "--device cpu" in err and len(err.strip().splitlines()) == 1
+        assert 'device="' not in err  # the library's wording (device="cuda") in the command's flags
+    code = main(["generate", "--target", "smollm2-135m", "--prompt", "hi", "--device", "cpu", "--dtype", "float16"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith("error: --dtype float16 runs on CUDA;"), err
