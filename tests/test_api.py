@@ -110,6 +110,23 @@ def test_a_draft_that_cannot_load_is_refused_before_the_target_loads(model_dir, 
      'needs a backend that can skip layers: use backend="native" (Llama',
      ["--method", "layer-skip", "--backend", "hf"],
      "needs a backend that can skip layers: use --backend native (Llama"),
+    ({"draft": "self", "draft_quantize": "none", "method": "draft-model"},
+     'draft="self" with draft_quantize="none" would draft with the target itself; use draft_quantize="int8"',
+     ["--draft", "self", "--draft-quantize", "none", "--method", "draft-model"],
+     "--draft self with --draft-quantize none would draft with the target itself; use --draft-quantize int8"),
+    ({"config": specula.LoadConfig(dtype="float16", device="cpu")},
+     'dtype="float16" runs on CUDA; on CPU use float32', ["--dtype", "float16", "--device", "cpu"],
+     "--dtype float16 runs on CUDA; on CPU use float32"),
+    ({"config": specula.LoadConfig(linear_kernel="specula", backend="hf")},
+     'linear_kernel="specula" is specula\'s own kernels, which run on backend="native"; with backend="hf" use '
+     "linear_kernel auto, onednn or aten", ["--linear-kernel", "specula", "--backend", "hf"],
+     "--linear-kernel specula is specula's own kernels, which run on --backend native; with --backend hf use "
+     "--linear-kernel auto, onednn or aten"),
+    ({"config": specula.LoadConfig(linear_kernel="onednn", quantize="int8")},
+     'linear_kernel="onednn" runs float32 models on CPU with quantize="none"; use linear_kernel="auto" or '
+     'linear_kernel="aten"', ["--linear-kernel", "onednn", "--quantize", "int8"],
+     "--linear-kernel onednn runs float32 models on CPU with --quantize none; use --linear-kernel auto or "
+     "--linear-kernel aten"),
 ])
 def test_a_drafting_error_names_loads_keywords_and_the_command_lines_flags(model_dir, tmp_path, monkeypatch,
                                                                            capsys, keywords, python, argv, flags):
@@ -267,7 +284,7 @@ def test_auto_draft_is_off_for_small_targets_and_self_is_refused_unquantized(mod
     assert auto_draft("draft-model", big, str(path)) == "self"  # not embedded: no companion
     monkeypatch.setattr("specula.models.install.is_valid_conversion", lambda model, directory=None: False)
     assert auto_draft("fusion", big, "qwen2.5-coder-1.5b") == "self"
-    with pytest.raises(ConfigError, match="--draft-quantize int8"):
+    with pytest.raises(ConfigError, match='use draft_quantize="int8"'):
         specula.load(str(path), draft="self", draft_quantize="none", method="draft-model")
 
 

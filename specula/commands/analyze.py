@@ -67,9 +67,10 @@ def run(args: argparse.Namespace) -> int:
     from specula.api import load_backend, load_draft
 
     t0 = time.perf_counter()
-    target, tokenizer = load_backend(args.target, load_config(args), "target")
-    draft = load_draft(args.draft, tokenizer, target, load_config(args), target_name=args.target,
-                       quantize=args.draft_quantize, vocab=args.draft_vocab)
+    with flags_in_errors(args):  # the library names LoadConfig's fields and load's keywords (quantize="int8")
+        target, tokenizer = load_backend(args.target, load_config(args), "target")
+        draft = load_draft(args.draft, tokenizer, target, load_config(args), target_name=args.target,
+                           quantize=args.draft_quantize, vocab=args.draft_vocab)
     document = measure(target, draft, tokenizer, prompts, config,
                        progress=lambda line: print(line, file=sys.stderr, flush=True))
     document["models"] = {"target": args.target, "draft": args.draft, "prompts": args.prompts,

@@ -250,8 +250,9 @@ def load_assistant(args: argparse.Namespace, target, tokenizer):
     from specula.models.loading import DraftInfo, load_draft
 
     report: dict = {}
-    assistant = load_draft(args.assistant, tokenizer, target, load_config(args), target_name=args.target,
-                           quantize=args.draft_quantize if args.assistant == "self" else None, report=report)
+    with flags_in_errors(args):  # the library names LoadConfig's fields and load's keywords (draft_quantize)
+        assistant = load_draft(args.assistant, tokenizer, target, load_config(args), target_name=args.target,
+                               quantize=args.draft_quantize if args.assistant == "self" else None, report=report)
     return assistant, DraftInfo(args.assistant, report.get("quantize"))
 
 

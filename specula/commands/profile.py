@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import math
 
-from specula.commands.common import add_load_args, load_config
+from specula.commands.common import add_load_args, flags_in_errors, load_config
 from specula.errors import ConfigError
 
 
@@ -55,7 +55,8 @@ def run(args: argparse.Namespace) -> int:
     set_threads(args.threads)
     load_config(args)  # --device / --dtype checked before anything loads
     out = check_output(args.out, "--out", "dir")
-    target, _ = load_backend(args.target, load_config(args), "target")
+    with flags_in_errors(args):  # the library names LoadConfig's fields (backend="native")
+        target, _ = load_backend(args.target, load_config(args), "target")
     # every size asked for is timed: the planner's start-up rule (sizes past the first costing over
     # TimingConfig.max_ratio plain steps left out) dropped them from the table without a word
     every_size = TimingConfig(max_ratio=math.inf)

@@ -420,7 +420,7 @@ def load_model(
     device = torch.device(device)
     check_int4_kernel(check_quantize(quantize), None)
     if quantize != "none":
-        check_cpu_only(f"--quantize {quantize}", device, "use --quantize none (bfloat16 is the default on CUDA)")
+        check_cpu_only(f'quantize="{quantize}"', device, 'use quantize="none" (bfloat16 is the default on CUDA)')
     attn_name = transformers_name(attn_implementation, quantize)
     resolved = spec if isinstance(spec, ResolvedModel) else resolve(spec)
     if tokenizer is None:
@@ -498,8 +498,8 @@ class LoadConfig:
         from specula.models.device import resolve_device, resolve_dtype
 
         if self.backend == "hf" and self.linear_kernel == "specula":
-            raise ConfigError("--linear-kernel specula is specula's own kernels, which run on --backend native; "
-                              "with --backend hf use --linear-kernel auto, onednn or aten")
+            raise ConfigError('linear_kernel="specula" is specula\'s own kernels, which run on backend="native"; '
+                              'with backend="hf" use linear_kernel auto, onednn or aten')
         device = resolve_device(self.device)
         return device, resolve_dtype(self.dtype, device)
 
@@ -585,8 +585,8 @@ def load_backend(spec: str | ResolvedModel, config: LoadConfig = LoadConfig(), n
         arch = _architecture(resolved)
         if arch not in ARCHITECTURES:
             if backend == "native":
-                raise ConfigError(f"--backend native runs {', '.join(ARCHITECTURES)}; {resolved.name} is "
-                                  f"{arch or 'another architecture'}: use --backend hf")
+                raise ConfigError(f'backend="native" runs {", ".join(ARCHITECTURES)}; {resolved.name} is '
+                                  f'{arch or "another architecture"}: use backend="hf"')
             backend = "hf"
     kwargs = dict(dtype=dtype, attn_implementation=config.attn_implementation, quantize=config.quantize,
                   linear_kernel="auto" if config.linear_kernel == "specula" else config.linear_kernel, device=device)
@@ -628,7 +628,8 @@ def _load_native(resolved: ResolvedModel, config: LoadConfig, name: str, kwargs:
     device, dtype = kwargs["device"], kwargs["dtype"]
     check_quantize(config.quantize)
     if config.quantize != "none":
-        check_cpu_only(f"--quantize {config.quantize}", device, "use --quantize none (bfloat16 is the default on CUDA)")
+        check_cpu_only(f'quantize="{config.quantize}"', device,
+                       'use quantize="none" (bfloat16 is the default on CUDA)')
     kernel = resolve_linear_kernel(config.linear_kernel, dtype=dtype, device=device.type, quantize=config.quantize,
                                    native=True)
     check_int4_kernel(config.quantize, kernel)
@@ -805,16 +806,16 @@ def load_draft(spec: str, target_tokenizer: Any, target: Any, config: LoadConfig
     from specula.models.skipping import SKIP_DRAFT
 
     if spec == SKIP_DRAFT:
-        raise ConfigError("--draft skip is the target itself with layers skipped, not a draft model to load: "
-                          "pass draft='skip' to specula.api.load")
+        raise ConfigError('draft="skip" is the target itself with layers skipped, not a draft model to load; '
+                          "pass it to specula.api.load")
     vocab = check_draft_vocab(vocab)  # a bad value fails here, before any slow load
     if spec == SELF_DRAFT:
         if target_name is None:
             raise ConfigError("a self-draft needs the target's model name")
         quantize = check_quantize(quantize or "int8")
         if quantize == "none":
-            raise ConfigError("--draft self with --draft-quantize none would draft with the target itself; "
-                              "use --draft-quantize int8 (or another --draft model)")
+            raise ConfigError('draft="self" with draft_quantize="none" would draft with the target itself; '
+                              'use draft_quantize="int8" (or another draft model)')
         draft, _ = load_backend(target_name, replace(config, quantize=quantize), "self-draft",
                                 tokenizer=target_tokenizer, report=report)
         return _cut_vocab(draft, target_tokenizer, target, vocab, report)

@@ -59,11 +59,11 @@ def resolve_linear_kernel(option: str, *, dtype: torch.dtype, device: str, quant
     own = dtype == torch.float32 and device == "cpu" and native
     if option == "specula":
         if not own:
-            raise ConfigError(f"--linear-kernel specula runs float32 models on CPU with --backend native (not "
-                              f"{str(dtype).removeprefix('torch.')} on {device}); use --linear-kernel auto")
+            raise ConfigError(f'linear_kernel="specula" runs float32 models on CPU with backend="native" (not '
+                              f'{str(dtype).removeprefix("torch.")} on {device}); use linear_kernel="auto"')
         reason = kernels.unavailable_reason()
         if reason is not None:
-            raise ConfigError(f"--linear-kernel specula cannot run here: {reason}; use --linear-kernel onednn")
+            raise ConfigError(f'linear_kernel="specula" cannot run here: {reason}; use linear_kernel="onednn"')
         return option
     fits = dtype == torch.float32 and device == "cpu" and quantize == "none"
     if option == "auto":
@@ -71,10 +71,10 @@ def resolve_linear_kernel(option: str, *, dtype: torch.dtype, device: str, quant
             return "specula"
         return "onednn" if fits and onednn_available() else "aten"
     if option == "onednn" and not fits:
-        raise ConfigError("--linear-kernel onednn runs float32 models on CPU without --quantize; "
-                          "use --linear-kernel auto or aten")
+        raise ConfigError('linear_kernel="onednn" runs float32 models on CPU with quantize="none"; '
+                          'use linear_kernel="auto" or linear_kernel="aten"')
     if option == "onednn" and not onednn_available():
-        raise ConfigError("--linear-kernel onednn needs a PyTorch build with oneDNN (mkldnn); use --linear-kernel aten")
+        raise ConfigError('linear_kernel="onednn" needs a PyTorch build with oneDNN (mkldnn); use linear_kernel="aten"')
     return option
 
 
@@ -85,7 +85,7 @@ class OneDNNLinear(nn.Module):
         super().__init__()
         weight = linear_weight(linear)  # [out, in]
         if weight.dtype != torch.float32 or weight.device.type != "cpu":
-            raise ConfigError("OneDNNLinear takes float32 CPU linears; use --linear-kernel aten for this model")
+            raise ConfigError('OneDNNLinear takes float32 CPU linears; use linear_kernel="aten" for this model')
         self.out_features, self.in_features = weight.shape
         self._packed = torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), BATCH_HINT)
         self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach().clone(), requires_grad=False)

@@ -52,7 +52,7 @@ def check_quantize(option: str) -> str:
     if option not in QUANTIZE_OPTIONS:
         raise ConfigError(f"unknown quantization {option!r}; choose one of: {', '.join(QUANTIZE_OPTIONS)}")
     if option == "int8" and "fbgemm" not in torch.backends.quantized.supported_engines:
-        raise ConfigError(f"--quantize {option} needs PyTorch's fbgemm int8 kernels (x86 CPU); use --quantize none")
+        raise ConfigError(f'quantize="{option}" needs PyTorch\'s fbgemm int8 kernels (x86 CPU); use quantize="none"')
     return option
 
 
@@ -61,8 +61,8 @@ def check_int4_kernel(option: str, kernel: str | None) -> None:
     (`kernel`: the resolved linear kernel, None for the Hugging Face backend), the only ones with 4-bit
     weights."""
     if option == "int4" and kernel != "specula":
-        where = "the transformers backend" if kernel is None else f"--linear-kernel {kernel}"
-        raise ConfigError(f"int4 runs on specula's CPU kernels only (--backend native on CPU, a Llama / Qwen2 / "
+        where = "the transformers backend" if kernel is None else f'linear_kernel="{kernel}"'
+        raise ConfigError(f'int4 runs on specula\'s CPU kernels only (backend="native" on CPU, a Llama / Qwen2 / '
                           f"Mistral model, float32), not on {where}; use int8")
 
 
@@ -110,7 +110,7 @@ class RowInt8Linear(nn.Module):
         weight = linear_weight(linear)  # [out, in]
         self.out_features, self.in_features = weight.shape
         if weight.device.type != "cpu":
-            raise ConfigError("int8 quantization runs on CPU only; load the model on CPU or use --quantize none")
+            raise ConfigError('int8 quantization runs on CPU only; load the model on CPU or use quantize="none"')
         self._packed = torch.ops.quantized.linear_prepack(per_channel_int8(weight), None)
         self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach().clone(), requires_grad=False)
         # Shape only (no storage): callers read `lm_head.weight.shape` for the logit width.

@@ -153,9 +153,19 @@ def test_backend_native_on_an_unsupported_architecture_exits_2_naming_backend_hf
     args = ["generate", "--target", str(path), "--prompt", "w5 w17", "--raw", "--max-new-tokens", "4", "--draft", "none"]
     code = main([*args, "--backend", "native"])
     err = capsys.readouterr().err
-    assert code == 2 and "--backend hf" in err
+    assert code == 2 and "--backend hf" in err and 'backend="' not in err
     assert [line for line in err.splitlines() if line.startswith("error:")] == [err.strip().splitlines()[-1]]
     assert main([*args, "--backend", "auto"]) == 0
+    capsys.readouterr()
+    for argv in (["profile", "--target", str(path), "--out", str(tmp_path / "profile")],  # their loads show flags too
+                 ["analyze", "acceptance", "--target", str(path), "--draft", str(path), "--out", str(tmp_path / "a")]):
+        assert main([*argv, "--backend", "native"]) == 2, argv
+        last = capsys.readouterr().err.strip().splitlines()[-1]
+        assert last.startswith("error: --backend native runs ") and last.endswith(": use --backend hf"), last
+    from specula.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r'^backend="native" runs .*: use backend="hf"$'):  # load's caller: Python
+        specula.api.load(str(path), method="none", config=specula.api.LoadConfig(backend="native"))
 
 
 @pytest.fixture

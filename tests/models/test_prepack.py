@@ -88,7 +88,7 @@ def test_auto_picks_onednn_for_float32_cpu_only():
     assert resolve_linear_kernel("auto", **{**f32, "dtype": torch.bfloat16}) == "aten"
     assert resolve_linear_kernel("auto", **{**f32, "quantize": "int8"}) == "aten"
     assert resolve_linear_kernel("auto", **{**f32, "device": "cuda"}) == "aten"
-    with pytest.raises(ConfigError, match="--linear-kernel auto or aten"):
+    with pytest.raises(ConfigError, match='use linear_kernel="auto" or linear_kernel="aten"'):
         resolve_linear_kernel("onednn", **{**f32, "quantize": "int8"})
     with pytest.raises(ConfigError, match="choose one of: auto, specula, onednn, aten"):
         resolve_linear_kernel("mkl", **f32)
