@@ -480,7 +480,7 @@ def test_auto_backend_runs_what_the_native_decoder_refuses_on_hugging_face(tmp_p
     prompt = [3, 9, 4, 20, 7]
     torch.testing.assert_close(backend.new_sequence().prefill(prompt, logits="all"), model(torch.tensor([prompt])).logits[0],
                                atol=1e-4, rtol=1e-4)
-    with pytest.raises(NativeUnsupported, match="--backend hf"):
+    with pytest.raises(NativeUnsupported, match='use backend="hf"$'):
         load_backend(str(tmp_path), LoadConfig(backend="native"))
 
 

@@ -172,7 +172,7 @@ def test_compiled_kernels_and_eager_pytorch_agree(arch):
 
 def test_unsupported_models_are_refused_with_the_fix_named():
     assert not supports(tiny_model("gpt2")) and supports(tiny_model("qwen2"))
-    with pytest.raises(ConfigError, match="--backend hf"):
+    with pytest.raises(ConfigError, match='use backend="hf"$'):
         NativeDecoder.from_hf(tiny_model("gpt2"))
 
 
@@ -196,7 +196,7 @@ def test_longrope_past_its_original_window_is_refused():
 
     model = _llama(max_position_embeddings=64, rope_parameters=LONGROPE)
     assert not supports(model)
-    with pytest.raises(NativeUnsupported, match="longrope.*past 16 positions.*--backend hf"):
+    with pytest.raises(NativeUnsupported, match='longrope.*past 16 positions; use backend="hf"$'):
         NativeDecoder.from_hf(model)
     within = _llama(max_position_embeddings=16, rope_parameters=LONGROPE)  # never past it: exact
     prompt = list(range(3, 16))
@@ -485,7 +485,7 @@ def test_attention_kernel_limits_are_refused_with_the_fix_named(change):
 
     decoder = NativeDecoder.from_hf(tiny_model("qwen2"))
     decoder.cfg = dataclasses.replace(decoder.cfg, **change)
-    with pytest.raises(ConfigError, match="use --linear-kernel onednn"):
+    with pytest.raises(ConfigError, match='use linear_kernel="onednn"$'):
         configure(decoder, "specula", "none", "sdpa")
 
 

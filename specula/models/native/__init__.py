@@ -34,7 +34,7 @@ def configure(decoder: NativeDecoder, kernel: str, quantize: str, attention: str
         if not kernel_attention_fits(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim):
             raise NativeUnsupported(f"specula's attention kernel takes head_dim <= 256 in multiples of 8 and at most 64 "
                               f"query heads per KV head (this model: head_dim {cfg.head_dim}, "
-                              f"{cfg.num_heads // cfg.num_kv_heads} per KV head); use --linear-kernel onednn")
+                              f'{cfg.num_heads // cfg.num_kv_heads} per KV head); use linear_kernel="onednn"')
         apply_kernels(decoder, {"none": "f32", "int8": "i8", "int4": "i4", "w8": "w8"}[quantize], empty=empty)
         decoder.ops = CpuKernelOps()
         return decoder

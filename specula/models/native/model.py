@@ -77,16 +77,16 @@ class NativeConfig:
     @classmethod
     def from_hf(cls, config, architecture: str | None = None) -> "NativeConfig":
         """From a Hugging Face config; `architecture` (the model class name) defaults to the config's
-        `architectures`. A `ConfigError` naming `--backend hf` for what this decoder cannot run."""
+        `architectures`. A `ConfigError` naming `backend="hf"` for what this decoder cannot run."""
         arch = architecture or (getattr(config, "architectures", None) or [""])[0]
         if arch not in ARCHITECTURES:
             raise NativeUnsupported(f"the native backend runs {', '.join(ARCHITECTURES)}, not {arch or 'this model'}; "
-                              "use --backend hf")
+                              'use backend="hf"')
         if getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True):
-            raise NativeUnsupported("the native backend has no sliding-window attention; use --backend hf")
+            raise NativeUnsupported('the native backend has no sliding-window attention; use backend="hf"')
         act = getattr(config, "hidden_act", "silu")
         if act != "silu":
-            raise NativeUnsupported(f"the native backend runs SiLU MLPs, not {act}; use --backend hf")
+            raise NativeUnsupported(f'the native backend runs SiLU MLPs, not {act}; use backend="hf"')
         heads = config.num_attention_heads
         qwen = arch == "Qwen2ForCausalLM"
         return cls(
@@ -119,13 +119,14 @@ def rope_inverse_frequencies(hf_config) -> tuple[torch.Tensor, float]:
 
         return LlamaRotaryEmbedding.compute_default_rope_parameters(hf_config)
     if rope_type == "dynamic":
-        raise NativeUnsupported("dynamic RoPE scaling changes with the sequence length; use --backend hf")
+        raise NativeUnsupported('dynamic RoPE scaling changes with the sequence length; use backend="hf"')
     original = params.get("original_max_position_embeddings") or \
         getattr(hf_config, "original_max_position_embeddings", None)
     if rope_type == "longrope" and original is not None and original < hf_config.max_position_embeddings:
         # transformers switches to the long factors once a pass reaches past `original`; the frequencies
         # here are one set for every position (the short ones)
-        raise NativeUnsupported(f"longrope RoPE scaling changes its factors past {original} positions; use --backend hf")
+        raise NativeUnsupported(f"longrope RoPE scaling changes its factors past {original} positions; "
+                                'use backend="hf"')
     return ROPE_INIT_FUNCTIONS[rope_type](hf_config)
 
 

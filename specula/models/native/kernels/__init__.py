@@ -180,7 +180,8 @@ def library() -> ctypes.CDLL:
     global _BUILD_FAILURE
     reason = unavailable_reason()
     if reason is not None:
-        raise ConfigError(f"specula's CPU kernels cannot run here: {reason}; use --linear-kernel onednn or aten")
+        raise ConfigError(f'specula\'s CPU kernels cannot run here: {reason}; use linear_kernel="onednn" or '
+                          'linear_kernel="aten"')
     choice = os.environ.get(ISA_ENV, "auto").strip().lower() or "auto"
     if choice not in ("auto", *ISAS):  # before a build of a minute
         raise ConfigError(f"{ISA_ENV}={choice!r} is not a kernel ISA; use auto, avx2, avx512 or amx")
@@ -299,7 +300,7 @@ class KernelLinear(nn.Module):
             raise ConfigError(f"unknown kernel kind {kind!r}; choose one of: {', '.join(KINDS)}")
         weight = linear_weight(linear).float().contiguous()  # [out, in]
         if weight.device.type != "cpu":
-            raise ConfigError("specula's CPU kernels run on CPU; use --device cpu or another --linear-kernel")
+            raise ConfigError('specula\'s CPU kernels run on CPU; use device="cpu" or another linear_kernel')
         self.kind = kind
         self.out_features, self.in_features = weight.shape
         packed, scale = pack_weight(weight, kind, empty)

@@ -58,7 +58,7 @@ def _run(cmd: list[str], what: str) -> None:
     if done.returncode != 0:
         reason = " ".join(done.stderr.split())[-400:]  # one line: the CLI prints errors on one
         raise ConfigError(f"compiling specula's CPU kernels failed at {what} ({' '.join(cmd)}): {reason}; "
-                          "use --linear-kernel onednn")
+                          'use linear_kernel="onednn"')
 
 
 def compile_shared(sources: Sequence[Path], target: Path, *, cc: Sequence[str], flags: Sequence[str],
