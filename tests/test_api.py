@@ -147,6 +147,23 @@ def test_a_drafting_error_names_loads_keywords_and_the_command_lines_flags(model
     assert code == 2 and last.startswith("error: ") and flags in last and "_" not in last, last
 
 
+def test_a_draft_vocab_error_names_loads_keyword_and_the_commands_flag(model_dir, tmp_path, monkeypatch, capsys):
+    """models.draft_vocab's errors named --draft-vocab to a `load` caller, who had written draft_vocab=40; they name
+    load's keyword now, and `specula generate` and `specula analyze acceptance` (load_draft) show the flag."""
+    from specula.cli import main
+
+    monkeypatch.setenv("SPECULA_CACHE", str(tmp_path))
+    path = str(model_dir[0])  # a tiny tokenizer: no token ranking ships for it
+    with pytest.raises(ConfigError, match=r'^draft_vocab=40: no token ranking ships .*; pass draft_vocab="full"$'):
+        specula.load(path, draft=path, method="draft-model", draft_vocab=40)
+    for argv in (["generate", "--target", path, "--method", "draft-model", "--prompt", "w5 w6", "--raw"],
+                 ["analyze", "acceptance", "--target", path, "--out", str(tmp_path / "a")]):
+        assert main([*argv, "--draft", path, "--draft-vocab", "40"]) == 2, argv
+        last = capsys.readouterr().err.strip().splitlines()[-1]
+        assert last.startswith("error: --draft-vocab 40: no token ranking ships ") \
+            and last.endswith("; pass --draft-vocab full"), last
+
+
 def test_a_load_or_sampling_keyword_given_to_load_names_where_it_goes_before_the_target_loads(tmp_path, monkeypatch):
     """load("m", device="cpu") (vLLM's LLM(model, dtype=...) habit) or load("m", temperature=0.5) said
     'method fusion does not take device; its options are datastore, ...' once the target had loaded; it

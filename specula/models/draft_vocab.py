@@ -78,11 +78,11 @@ def read_ranking(path: str | Path) -> TokenRanking:
         ranking = TokenRanking(str(data["tokenizer_fingerprint"]), int(data["vocab_size"]), ranked,
                                str(data.get("source", "")), path)
     except (OSError, ValueError, KeyError, TypeError) as e:
-        raise ConfigError(f"token ranking {path} cannot be read ({e}); reinstall specula or pass --draft-vocab full") \
-            from e
+        raise ConfigError(f"token ranking {path} cannot be read ({e}); reinstall specula or pass "
+                          'draft_vocab="full"') from e
     if not ranked or min(ranked) < 0 or max(ranked) >= ranking.vocab_size or len(set(ranked)) != len(ranked):
         raise ConfigError(f"token ranking {path} holds ids outside 0..{ranking.vocab_size - 1} or repeats; "
-                          "reinstall specula or pass --draft-vocab full")
+                          'reinstall specula or pass draft_vocab="full"')
     return ranking
 
 
@@ -128,7 +128,7 @@ def draft_vocabulary(ranking: TokenRanking, size: int, always: Any = ()) -> torc
     """The `size` most frequent ids of `ranking` and the ids in `always` (end-of-sequence and other
     special tokens), sorted: [k] long."""
     if size > len(ranking.ranked):
-        raise ConfigError(f"--draft-vocab {size}: the ranking {ranking.path.name} orders {len(ranking.ranked)} "
+        raise ConfigError(f"draft_vocab={size}: the ranking {ranking.path.name} orders {len(ranking.ranked)} "
                           f"tokens; pass at most {len(ranking.ranked)}, or full")
     ids = set(ranking.ranked[:size]) | {int(i) for i in always if 0 <= int(i) < ranking.vocab_size}
     return torch.tensor(sorted(ids), dtype=torch.long)
@@ -184,8 +184,8 @@ class SubsetOutput(nn.Module):
         return out
 
     def weight_rows(self, ids: torch.Tensor) -> torch.Tensor:
-        raise ConfigError("this model's output layer scores a draft vocabulary only (--draft-vocab): its rows "
-                          "cannot serve a trained head; load the model with --draft-vocab full")
+        raise ConfigError("this model's output layer scores a draft vocabulary only (draft_vocab): its rows "
+                          'cannot serve a trained head; load the model with draft_vocab="full"')
 
     def extra_repr(self) -> str:
         return f"{len(self.ids)} of {self.out_features} rows (draft vocabulary), {len(self.context_ids)} from contexts"
@@ -200,7 +200,7 @@ def _rows_like(head: nn.Module, ids: torch.Tensor, reader: Callable[[torch.Tenso
     from specula.models.quantize import RowInt8Linear
 
     if getattr(head, "bias", None) is not None:
-        raise ConfigError("--draft-vocab: this draft's output layer has a bias; pass --draft-vocab full")
+        raise ConfigError('draft_vocab: this draft\'s output layer has a bias; pass draft_vocab="full"')
     if isinstance(head, KernelLinear):
         return head.take_rows(ids)
     rows = reader(ids)  # [k, E], the head's rows as it holds them
@@ -212,8 +212,8 @@ def _rows_like(head: nn.Module, ids: torch.Tensor, reader: Callable[[torch.Tenso
         return OneDNNLinear(lin)
     if type(head) is nn.Linear:
         return lin
-    raise ConfigError(f"--draft-vocab: a {type(head).__name__} output layer cannot be cut to a draft vocabulary; "
-                      "pass --draft-vocab full")
+    raise ConfigError(f"draft_vocab: a {type(head).__name__} output layer cannot be cut to a draft vocabulary; "
+                      'pass draft_vocab="full"')
 
 
 def restrict_output(model: Any, ids: torch.Tensor) -> None:
@@ -275,15 +275,15 @@ def apply_draft_vocab(draft: Any, tokenizer: Any, option: Any = AUTO, always: An
     if option == AUTO and not isinstance(draft, NativeCausalLM):
         return None  # auto cuts specula's own backend only: the hf backend is the reference (and a peer's assistant)
     if not supported:
-        raise ConfigError(f"--draft-vocab {option}: the {type(draft).__name__} backend cannot cut its output layer; "
-                          "use the native or hf backend, or --draft-vocab full")
+        raise ConfigError(f"draft_vocab={option}: the {type(draft).__name__} backend cannot cut its output layer; "
+                          'use the native or hf backend, or draft_vocab="full"')
     ranking = ranking_for(tokenizer)
     if ranking is None:
         if option == AUTO:
             return None
-        raise ConfigError(f"--draft-vocab {option}: no token ranking ships for this tokenizer "
+        raise ConfigError(f"draft_vocab={option}: no token ranking ships for this tokenizer "
                           f"({', '.join(p.name for p in sorted(RANKINGS.glob('*.json'))) or 'none'} in {RANKINGS}); "
-                          "pass --draft-vocab full")
+                          'pass draft_vocab="full"')
     size = min(DEFAULT_SIZE, len(ranking.ranked)) if option == AUTO else option
     ids = draft_vocabulary(ranking, size, [*(getattr(tokenizer, "all_special_ids", None) or []), *always])
     restrict_output(draft, ids)
