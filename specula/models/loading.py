@@ -601,7 +601,8 @@ def load_backend(spec: str | ResolvedModel, config: LoadConfig = LoadConfig(), n
                 raise
             # auto: the architecture is the native backend's, this config of it is not (a sliding
             # window, dynamic or long RoPE, another activation, a head size its kernels lack)
-            print(f"note: {resolved.name} runs on the Hugging Face backend ({exc})", file=sys.stderr, flush=True)
+            why = str(exc).removesuffix('; use backend="hf"')  # the advice is what auto does: not repeated
+            print(f"note: {resolved.name} runs on the Hugging Face backend ({why})", file=sys.stderr, flush=True)
             backend = "hf"
     if backend == "hf":
         from specula.models.hf import HFCausalLM, eos_ids_of
