@@ -360,6 +360,14 @@ def draft_options_unread(method: str | MethodSpec, options: dict[str, Any], draf
             and all(joins(m) is False for m in spec.members if name in m.forwards)]
 
 
+def not_read_when_skipping(name: str, method: str) -> ConfigError:
+    """The refusal of a draft model's option `name` given to `method` drafting with draft="skip" (the target's own
+    layers skipped, which read no such option): fusion's draft_window (`check_draft_options_read`), draft-model's
+    draft_window or adaptive (`drafters.make_drafters`). One wording for both."""
+    return ConfigError(f"{name} is for a draft model, and {method} drafts with the target's own layers skipped here, "
+                       f"not a draft model; drop {name}, or give a draft model with draft=MODEL instead")
+
+
 def check_draft_options_read(method: str | MethodSpec, options: dict[str, Any], draft: bool, draft_skip: bool = False,
                              why: str = NO_DRAFT_GIVEN) -> None:
     """Refuse what `draft_options_unread` finds: `num_draft_tokens` given to fusion with no draft model and no layer
@@ -371,8 +379,7 @@ def check_draft_options_read(method: str | MethodSpec, options: dict[str, Any], 
         return
     name, spec = unread[0], get_method(method)
     if draft_skip:
-        raise ConfigError(f"{name} is for a draft model, and {spec.name} drafts with the target's own layers skipped "
-                          f"here, not a draft model; drop {name}, or give a draft model with draft=MODEL instead")
+        raise not_read_when_skipping(name, spec.name)
     skips = any(name in m.forwards and get_method(m.method).layer_skipping for m in spec.members)
     readers, drafts = ("a draft model or layer skipping", "with neither") if skips else ("a draft model", "without one")
     raise ConfigError(f"{name} is for {readers}, and {spec.name} drafts {drafts} here ({why}); give it a draft model "
@@ -402,4 +409,4 @@ def or_list(names: list[str]) -> str:
 __all__ = ["DEFAULT_METHOD", "HEAD_ONLY", "METHODS", "NO_DRAFT_GIVEN", "NO_HEAD", "PLAIN", "Member", "MethodSpec",
            "an", "bench_defaults", "check_draft_options_read", "check_drafting_used", "check_switches", "default_head",
            "draft_options_unread", "first_drafting_with_model", "flag_spellings", "get_method", "in_flags",
-           "is_given", "layer_skipper", "methods_taking", "or_list", "spelled"]
+           "is_given", "layer_skipper", "methods_taking", "not_read_when_skipping", "or_list", "spelled"]

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from specula.errors import ConfigError
 from specula.methods import (
     BUILT_IN, HEAD_ONLY, METHODS, NO_HEAD, MethodSpec, check_draft_options_read, check_switches, get_method,
-    is_given, layer_skipper, or_list,
+    is_given, layer_skipper, not_read_when_skipping, or_list,
 )
 
 if TYPE_CHECKING:  # importing a drafter package module (e.g. heads.config) must not import torch
@@ -75,10 +75,7 @@ def make_drafters(method: str | MethodSpec, *, target: TargetModel | None = None
             unread = [name for name, value in options.items()  # None: left out (`make_drafter` drops it)
                       if value is not None and name not in skipper.accepted_options()]
             if unread and spec is not skipper:  # not "method 'layer-skip' does not take ...": the method named here
-                name = unread[0]
-                raise ConfigError(f'{name} is for a draft model, and {spec.name} with draft="skip" drafts with the '
-                                  f"target's own layers skipped (as method {skipper.name}), which reads no {name}; "
-                                  f"drop {name}, or give a draft model with draft=MODEL instead")
+                raise not_read_when_skipping(unread[0], spec.name)
             spec = skipper
         else:
             options.pop("skip_layers", None)  # ignored: the method drafts without a draft model

@@ -211,10 +211,9 @@ def test_draft_model_method_with_draft_skip_is_the_layer_skip_drafter_and_draft_
     with pytest.raises(ConfigError, match='draft="skip" drafts chains: use method="draft-model", method="layer-skip" '
                                           r'or method="fusion" with it \(draft-tree needs a draft model\)'):  # load's
         build_decoder("draft-tree", target, None, draft_skip=True, skip_layers="2", planner=False)
-    with pytest.raises(ConfigError, match="draft_window is for a draft model, and draft-model with draft=\"skip\" "
-                                          "drafts with the target's own layers skipped \\(as method layer-skip\\), "
-                                          "which reads no draft_window; drop draft_window, or give a draft model "
-                                          "with draft=MODEL instead"):  # not "method 'layer-skip' does not take"
+    with pytest.raises(ConfigError, match="draft_window is for a draft model, and draft-model drafts with the "
+                                          "target's own layers skipped here, not a draft model; drop draft_window, "
+                                          "or give a draft model with draft=MODEL instead"):  # not layer-skip's refusal
         build_decoder("draft-model", target, None, draft_skip=True, skip_layers="2", draft_window=64, planner=False)
     # methods that draft without a draft model ignore it (and its skip set)
     dec = build_decoder("prompt-lookup", target, None, draft_skip=True, skip_layers="2", planner=False)
