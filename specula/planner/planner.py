@@ -54,7 +54,9 @@ maximises expected tokens/s.
                     again after each pause: a probe is judged afresh by what it realises, not
                     through the losses before the pause), so drafting cannot make decoding much slower
                     than plain decoding; a step after the prefill or a pause is judged at most
-                    at the drafting time of steady steps (a head's catch-up is not its cost)
+                    at the drafting time of steady steps (a head's catch-up is not its cost); a
+                    step on which the hold-back held a drafter and nothing costly drafted is a
+                    plain step, not judged (read as a win, it cut the back-off's pauses short)
 
 What requests share (cost model, calibration, correction factors, the drafters' observe-time
 estimate) lives in `HardwarePlanner`; what belongs to one request (back-off, exploration
@@ -799,6 +801,8 @@ class HardwarePlanner:
             self._judge_probes(plan, step, timing)
         if plan.batch == 1:
             self._observe_beside(plan, step, state, timing)
+        if self._hold_pause(plan, state, timing):
+            return
         # Back-off: do drafting steps beat plain steps? Each judged step counts what it realised
         # (tokens / its drafting + verify seconds; a step that found nothing worth verifying paid its
         # drafting for a plain step), so a text on which every estimate is wrong still stops
@@ -845,6 +849,19 @@ class HardwarePlanner:
             state.backoff.lose(self.config.max_backoff)
         else:
             state.backoff.win()
+
+    def _hold_pause(self, plan: Plan, state: PlannerState, timing: StepTiming) -> bool:
+        """Whether the step sat in the hold-back's pause rather than drafted: a drafter was held, the
+        drafters that ran proposed no node and their drafting cost under `hold_min_cost` of a plain
+        step. Such a step is a plain step in all but name; the back-off does not judge it (nor time
+        it as a steady drafting step). Judged, it read as a win at the plain rate: a lone costly
+        drafter that never pays, held between its probes, halved the back-off's pause on every held
+        step and reset its average to plain after every pause, so the probes that lost were paused
+        for 1 or 2 steps instead of 1, 2, 4, ... 64 (the hold-back's 16 became the back-off's longest).
+        A step on which the drafters that were not held proposed nodes is judged: it is a drafting
+        step of those drafters, and its rate is what drafting with them realises."""
+        return (plan.drafted and plan.candidates == 0 and bool(state.held)
+                and timing.draft_seconds < self.config.hold_min_cost * self.cost.estimate(1))
 
     def _observe_kind(self, plan: Plan, step: StepResult) -> None:
         """Learn the factor of the plan's tree kind (`tree_factor`): the drafted tokens accepted against

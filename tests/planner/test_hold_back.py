@@ -200,3 +200,37 @@ def test_through_the_engine_a_slow_redundant_drafter_is_held_back_and_the_output
     assert out.token_ids == reference_greedy(model, prompt, 200)
     held = out.stats.planner["held_steps"]["slow-twin"]
     assert held >= 5 and twin.calls + held <= out.stats.steps
+
+
+def step_or_pause(planner: HardwarePlanner, state, drafts, accepted) -> bool:
+    """`run_step`, or a plain step where the back-off pauses drafting. Returns whether a drafter ran."""
+    if planner.should_draft(state):
+        return len(run_step(planner, state, drafts, accepted)) < len(drafts)
+    [plan] = planner.plan([PlanRequest([], BUDGET, state, 0.0, False)])
+    planner.observe_pass([plan], STEEP.latency(1))
+    planner.observe(plan, StepResult(3, plan.proposal, (), 9, torch.zeros(1, 16)), state,
+                    StepTiming(0.0, STEEP.latency(1)))
+    return False
+
+
+def test_steps_on_which_every_drafter_is_held_are_not_judged_as_drafting_steps():
+    """A lone draft model that never pays: the back-off and the hold-back both pause it. A step on
+    which it is held drafts nothing and costs a plain step; judged as a drafting step it read as a
+    win, halving the back-off's pause and resetting its average, so the draft model drafted every
+    9-10 steps for as long as the request ran (25 of 200 steps; now 10, the back-off's 1, 2, 4, ... 64)."""
+    planner = HardwarePlanner(curve=STEEP)
+    state = planner.new_state()
+    lone = [("draft-model", chain([5, 6, 7, 8], "draft-model", 0.9), 0.3)]
+    ran = [step for step in range(200) if step_or_pause(planner, state, lone, [99])]
+    gaps = [b - a for a, b in zip(ran, ran[1:])]
+    assert len(ran) <= 10, ran
+    assert max(gaps) > planner.config.max_hold + 1 and state.backoff.next == planner.config.max_backoff
+
+
+def test_a_head_that_pays_drafts_on_while_the_draft_model_is_held():
+    """Steps on which the draft model is held and the head's chain is verified are drafting steps of
+    the head, judged by what they realise: the back-off never pauses it."""
+    planner = HardwarePlanner(curve=STEEP)
+    state = planner.new_state()
+    assert all(step_or_pause(planner, state, drafts(), PROSE) for _ in range(60))
+    assert state.paused_steps == 0 and state.held_steps["draft-model"] >= 50
