@@ -35,7 +35,8 @@ maximises expected tokens/s.
                     again, so its estimates, learned on other text, could never recover: 1, 2, 4,
                     ... steps (of any request) after its last probe, a refused chain is drafted as
                     an untried one would be and verified anyway (a probe, not judged by the
-                    back-off); probes that pay on average bring the next one forward
+                    back-off); probes that pay on average bring the next one forward; in a packed
+                    pass too (priced at the batch's load, the wait counted in batch steps)
     hold-back       what each costly drafter adds beside the others is measured, not modelled: after
                     a step, the tokens accepted and the seconds spent (its drafting + the cost
                     model's pass) against the same step without its nodes (the accepted path cut
@@ -68,7 +69,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 from functools import cached_property
-from typing import Sequence
+from typing import Callable, Sequence
 
 from specula.ema import Ema
 from specula.models.base import BatchedTargetModel, TargetModel
@@ -347,14 +348,20 @@ class PlannerView:
 
     def _probe(self, source: str, seconds_per_token: float, max_more: int, one_time_seconds: float,
                remaining_tokens: int) -> int:
-        """A chain refused this step may be drafted anyway, as a probe (its length; 0: no probe): in a
-        pass of its own (a session in a packed pass is not probed: the batch's goodput plan decides
-        what pays there), where a chain would pay at the acceptance an untried drafter is assumed to
-        have (its estimates, learned on other text, may be stale; its cost is not), drafted as long as
-        such a chain would be, when the source's probe schedule has run out (`chain_probe`). A whole
-        chain, not one token: a probe that pays teaches the calibration a trial per token."""
+        """A chain refused this step may be drafted anyway, as a probe (its length; 0: no probe): where
+        a chain would pay at the acceptance an untried drafter is assumed to have (its estimates,
+        learned on other text, may be stale; its cost is not), priced by the pass it joins (a packed
+        pass: beside the batch's other roots), drafted as long as such a chain would be, when the
+        source's probe schedule has run out (`chain_probe`). A whole chain, not one token: a probe
+        that pays teaches the calibration a trial per token. In a packed pass of B sessions the probe
+        costs every one of them its drafting and its share of the pass, and every session's step
+        counts the schedule down: the wait after it is B times as many session steps, as many batch
+        steps as a lone request's (never probed in a batch, a refusal made under load stood while the
+        load lasted)."""
         planner, state = self._planner, self._state
-        if state is None or self._batch > 1 or max_more <= 0 or not planner._one_node_can_pay(self._draft_seconds):
+        if state is None or max_more <= 0:
+            return 0
+        if self._batch == 1 and not planner._one_node_can_pay(self._draft_seconds):
             return 0
         schedule = planner.chain_probe(source)
         if schedule.left > 0:
@@ -362,7 +369,7 @@ class PlannerView:
         more = self._first(planner.config.explore_prior, seconds_per_token, max_more, one_time_seconds,
                            remaining_tokens)
         if more:
-            schedule.left = schedule.next  # no other probe of it before this one is judged (`observe`)
+            schedule.left = schedule.next * self._batch  # no other probe of it before this one is judged
             state.chain_probes.add(source)
         return more
 
@@ -473,9 +480,10 @@ class HardwarePlanner:
 
     def chain_probe(self, source: str) -> Pause:
         """The probe schedule of chain source `source`: steps (of any request) before it may probe
-        again, `next` of them after each probe; where its probes pay on average (`_judge_probes`)
-        `next` halves and the source may probe again at once, else `next` doubles up to
-        `max_explore_gap`."""
+        again, `next` of them after each probe (`next` times B after a probe in a packed pass of B
+        sessions, each of whose steps counts one: `next` batch steps); where its probes pay on
+        average (`_judge_probes`) `next` halves and the source may probe again at once, else `next`
+        doubles up to `max_explore_gap`."""
         return self._chain_probes.setdefault(source, Pause())
 
     # ------------------------------------------------------------------ estimates
@@ -692,7 +700,8 @@ class HardwarePlanner:
                  verified_whole: float, batch: int) -> tuple[Plan, Sequence[int]]:
         """One request's share of a packed pass, and the merged tree's nodes it verifies: a request
         whose drafts the goodput plan refuses twice in a row stops drafting (probing every
-        `load_probe_every`-th step)."""
+        `load_probe_every`-th step). A chain drafted as a probe (`PlannerView._probe`) is verified
+        whatever the goodput plan gave the request."""
         state = r.state
         if r.drafted:  # a request that did not draft counted its idle step in `should_draft`
             state.load_idle = 0 if n or len(proposal.tree) and not order else state.load_idle + 1
@@ -702,9 +711,12 @@ class HardwarePlanner:
                     range(len(proposal.tree)))
         alone = choose_size(probs, self.drafting_seconds(r.draft_seconds), self.cost.verify_seconds,
                             self.config.min_gain)[0]
-        kept = sorted(order[:n])
-        return (Plan(proposal.restrict(kept), 1.0 + sum(probs[:n]), None, len(proposal.tree), batch=batch,
-                     alone=alone, drafted=r.drafted, off_by_load=n == 0 and alone > 0), kept)
+        probes = probe_nodes(proposal.tree, state.chain_probes, order)
+        kept = sorted(set(order[:n]).union(*probes.values()))  # a probe's chain is verified whatever its estimates
+        rank = {node: k for k, node in enumerate(order)}
+        return (Plan(proposal.restrict(kept), 1.0 + sum(probs[rank[i]] for i in kept), None, len(proposal.tree),
+                     batch=batch, alone=alone, drafted=r.drafted, off_by_load=n == 0 and alone > 0,
+                     probes=tuple(probes)), kept)
 
     # ------------------------------------------------------------------ batches (SmartSpec)
     def prepare_batch(self, max_batch_size: int) -> None:
@@ -755,6 +767,8 @@ class HardwarePlanner:
         if not any(plan.drafted for plan in plans):
             backoff.plain.update(goodput)
             return
+        if any(plan.probes for plan in plans):
+            return  # a probe's chain, verified whatever its estimates: not judged (as alone)
         if backoff.resumed:
             backoff.resumed = False
             backoff.drafting = Ema(self.config.rate_ema, goodput)
@@ -892,29 +906,41 @@ class HardwarePlanner:
                 counted[source] = min(spent[source], steady.value)
         drafted = max(0.0, timing.draft_seconds - sum(spent.values()) + sum(counted.values()))
         seconds = self.drafting_seconds(drafted)
-        with_it = seconds + self.cost.verify_seconds(len(step.proposal.tree) + 1)
+        pass_seconds, others = self._pass_of(plan.batch)
+        with_it = seconds + pass_seconds(len(step.proposal.tree) + 1)
         for source in plan.probes:
             # its own drafting: as reported, else (a caller that times no drafter apart) all of the
             # step's drafting that no other drafter reported
             own = counted.get(source, drafted - sum(v for k, v in counted.items() if k != source))
-            tokens_without, seconds_without = self._without(step, source, seconds, max(0.0, own))
-            gain = (1 + len(step.path)) * seconds_without / (with_it * tokens_without)
+            tokens_without, seconds_without = self._without(step, source, seconds, max(0.0, own), pass_seconds)
+            gain = (others + 1 + len(step.path)) * seconds_without / (with_it * (others + tokens_without))
             schedule = self.chain_probe(source)
             if self._probe_gain.setdefault(source, Ema(0.5)).update(gain) >= 1.0 + self.config.min_gain:
                 schedule.left = 0
                 schedule.win()
             else:
                 schedule.lose(self.config.max_explore_gap)
+                schedule.left *= plan.batch  # counted down by every session of a packed pass: as many batch steps
 
-    def _without(self, step: StepResult, name: str, seconds: float, own: float) -> tuple[int, float]:
+    def _pass_of(self, batch: int) -> tuple[Callable[[int], float], int]:
+        """The cost model's latency of the pass a session's step was verified in, as a function of that
+        session's tokens in it (its root included), and the other sessions' roots in it (a packed
+        pass of `batch`: the table's row; alone: the lone cost model)."""
+        if batch > 1 and self.batch_curve is not None:
+            return (lambda n: self.batch_seconds(batch, batch - 1 + n)), batch - 1
+        return self.cost.verify_seconds, 0
+
+    def _without(self, step: StepResult, name: str, seconds: float, own: float,
+                 pass_seconds: Callable[[int], float] | None = None) -> tuple[int, float]:
         """The step as it would have gone without drafter `name`, whose drafting took `own` of the
         step's `seconds` of drafting: its tokens (the accepted path cut at the first node no other
         drafter proposed, the bonus token included) and seconds (that drafting less `own`, and the
-        cost model's pass without its nodes)."""
+        cost model's pass without its nodes: `pass_seconds` of the session's tokens, default a lone pass)."""
         tree, path = step.proposal.tree, step.path
         alone = [all(source == name for source, _ in tree.proposers(i)) for i in range(len(tree))]
         kept = next((k for k, i in enumerate(path) if alone[i]), len(path))
-        return 1 + kept, seconds - own + self.cost.verify_seconds(len(tree) - sum(alone) + 1)
+        pass_seconds = pass_seconds or self.cost.verify_seconds
+        return 1 + kept, seconds - own + pass_seconds(len(tree) - sum(alone) + 1)
 
     def _observe_beside(self, plan: Plan, step: StepResult, state: PlannerState, timing: StepTiming) -> None:
         """Hold-back evidence of one lone step: per drafter that proposed nodes, the step's tokens and

@@ -973,6 +973,86 @@ def test_a_request_idle_at_one_load_drafts_again_when_the_load_falls():
     assert planner.should_draft(poor, batch_size=2)
 
 
+def _batch_chain_step(planner, states, accepted, tokens=(5, 6, 7, 8, 9, 10), edge=0.9, seconds_per_token=0.02):
+    """`_chain_step` for sessions packed into one pass: each session's adaptive chain drafter
+    ("draft-model") asks the batch's cost view, the planner plans the batch, the pass is timed on the
+    batch table and every session observes. Returns (chain tokens drafted, plans), per session."""
+    batch, requests, drafted = len(states), [], []
+    for state in states:
+        drafting, n = planner.should_draft(state, batch), 0
+        k = planner.view([], 0.0, batch, state).plan_chain("draft-model", [], seconds_per_token, 0.0,
+                                                           len(tokens)) if drafting else 0
+        while 0 < k and n < len(tokens):
+            n += 1
+            k = planner.view([], 0.0, batch, state).plan_chain("draft-model", [edge] * n, seconds_per_token,
+                                                               seconds_per_token * n, len(tokens) - n)
+        tree = TokenTree.chain(list(tokens[:n]), [edge] * n, "draft-model") if n else TokenTree.empty()
+        requests.append(PlanRequest([Proposal(tree)] if drafting else [], BUDGET, state, seconds_per_token * n,
+                                    drafting, (("draft-model", seconds_per_token * n),) if n else ()))
+        drafted.append(n)
+    plans = planner.plan(requests)
+    seconds = planner.batch_seconds(batch, sum(plan.nodes + 1 for plan in plans))
+    paths = [tuple(range(min(accepted, plan.nodes))) for plan in plans]
+    planner.observe_pass(plans, seconds, [1 + len(path) for path in paths], sum(r.draft_seconds for r in requests))
+    for plan, state, path, r in zip(plans, states, paths, requests):
+        planner.observe(plan, StepResult(3, plan.proposal, path, 9, torch.zeros(plan.nodes + 1, 16)), state,
+                        StepTiming(r.draft_seconds, seconds))
+    return drafted, plans
+
+
+def _taught_to_refuse(batch_curve) -> HardwarePlanner:
+    """A planner whose draft model missed every token on 80 lone steps: its chain is refused."""
+    planner = HardwarePlanner(curve=STEEP, batch_curve=batch_curve, config=PlannerConfig(cost_explore=0.0))
+    state = planner.new_state()
+    for _ in range(80):
+        _chain_step(planner, state, accepted=0)
+    assert planner.view([], 0.0, 4).plan_chain("draft-model", [], 0.02, 0.0, 6) == 0
+    return planner
+
+
+def test_a_chain_refused_in_a_packed_batch_is_probed_and_recovers():
+    """Four sessions in packed passes whose extra tokens cost 1% of a pass, on text where the draft
+    model's every token is accepted: an untried draft model would draft its whole chain, but one
+    refused on other text was never probed in a batch (no chain in 300 batch steps: the refusal
+    stood while the load lasted). Probed, one accepted chain is enough."""
+    planner = _taught_to_refuse(batch_table(0.01))
+    states = [planner.new_state() for _ in range(4)]
+    drafted, probes = [], []
+    for step in range(150):
+        counts, plans = _batch_chain_step(planner, states, accepted=6)
+        drafted.append(counts)
+        for n, plan in zip(counts, plans):
+            if plan.probes:
+                assert plan.probes == ("draft-model",) and plan.nodes == n > 0  # verified whatever its estimates
+                probes.append(step)
+    assert probes and probes[0] <= 64, probes
+    assert all(counts == [6] * 4 for counts in drafted[-10:]), drafted[-10:]
+
+
+def test_a_failing_probe_in_a_packed_batch_waits_as_many_batch_steps_as_one_alone():
+    """A probe in a batch costs every session in it, and each session's step counts the schedule
+    down: the wait after a probe that did not pay is counted in batch steps (up to 64 of them, as
+    alone), not in the sessions' steps (64 of those pass in 8 batch steps of 8)."""
+    planner = _taught_to_refuse(batch_table(0.01))
+    states = [planner.new_state() for _ in range(8)]
+    probes = [step for step in range(300)
+              if any(plan.probes for plan in _batch_chain_step(planner, states, accepted=0)[1])]
+    gaps = [b - a for a, b in zip(probes, probes[1:])]
+    assert len(probes) >= 3 and min(gaps) >= planner.config.max_explore_gap, probes
+
+
+def test_the_batch_back_off_does_not_judge_a_step_holding_a_probe():
+    """A probe's chain is verified whatever its estimates: alone the back-off does not judge its
+    step, nor does the batch's (a probe that missed would pause drafting for the whole batch)."""
+    planner = HardwarePlanner(curve=STEEP, batch_curve=batch_table(0.01))
+    probe = Plan(Proposal(TokenTree.chain([5, 6], [0.9, 0.9], "draft-model")), 1.0, batch=4, probes=("draft-model",))
+    plain = Plan(Proposal.empty(), 1.0, batch=4)
+    planner.observe_pass([probe, plain, plain, plain], 5.0, [1, 1, 1, 1], 0.0)
+    assert planner._batch_backoff[4].pause.left == 0
+    planner.observe_pass([replace(probe, probes=()), plain, plain, plain], 5.0, [1, 1, 1, 1], 0.0)
+    assert planner._batch_backoff[4].pause.left > 0  # the same step, not a probe: a loss
+
+
 def test_a_batch_probe_after_a_pause_is_judged_afresh():
     """After drafting lost at a batch size (paused 1, 2, 4, ... steps), the text changes and
     drafting realises twice the plain rate: the first probe after the pause wins and no new pause
