@@ -163,10 +163,11 @@ def run_training(target, tokenizer, target_name: str, out: Path, config: TrainCo
     elif padded is not None and model is None:
         raise ConfigError(PADDED_NEEDS_HF)
     padded = None if padded is None else padded.on(target.device)
+    stamp = weights_stamp(target)  # one short pass for every file's cache, answers and evaluation data alike
     seqs, fs, features_seconds = _corpus_and_features(target, tokenizer, per_file, corpus, layers,
                                                       None if quiet else "corpus (target answers)", padded,
                                                       features=stop_after != "answers", answers=given,
-                                                      write=cache_features)
+                                                      write=cache_features, stamp=stamp)
     times["corpus_seconds"] = round(time.perf_counter() - t - features_seconds, 1)
     times["features_seconds"] = round(features_seconds, 1)
     made = {"target": target_name, "kind": config.kind, "data": [str(f) for f in files], "prompts": len(prompts),
@@ -183,7 +184,8 @@ def run_training(target, tokenizer, target_name: str, out: Path, config: TrainCo
     if eval_prompts:
         t = time.perf_counter()
         _, eval_fs, _ = _corpus_and_features(target, tokenizer, eval_per_file, corpus, layers,
-                                             None if quiet else "evaluation answers (other source)", padded)
+                                             None if quiet else "evaluation answers (other source)", padded,
+                                             stamp=stamp)
         times["evaluation_data_seconds"] = round(time.perf_counter() - t, 1)
 
     counts = None
@@ -320,12 +322,13 @@ def widened_head(head, d2t: torch.Tensor, target):
 
 
 def cache_paths(target, file: Path, corpus: CorpusConfig, layers: tuple[int, ...] = (),
-                answers: str | None = None) -> tuple[Path, Path]:
+                answers: str | None = None, stamp: dict[str, Any] | None = None) -> tuple[Path, Path]:
     """(answers, features) cache files of one prompt file, keyed by the target, the generation
     settings and the file's bytes (features with `layers`' inputs have their own file; features
     over answers given with `--answers` are keyed by those files' hash `answers` too);
     `specula train` and the scripts that reuse its answers read the same paths. Files made by other
-    weights at the target's path are deleted first (`_forget_other_weights`)."""
+    weights at the target's path are deleted first (`_forget_other_weights`). `stamp`: the target's
+    `weights_stamp`, taken once by a caller that asks for many files (None: taken here, a short pass)."""
     from specula.paths import cache_dir
 
     identity = target_identity(target)
@@ -334,7 +337,7 @@ def cache_paths(target, file: Path, corpus: CorpusConfig, layers: tuple[int, ...
     suffix = "" if not layers else "-layers" + "_".join(map(str, layers))
     corpus_path = cache_dir("training", f"corpus-{key}.jsonl")
     _forget_other_weights(target, cache_dir("training", f"weights-{key}.txt"),
-                          [f"corpus-{key}.jsonl*", f"features-{key}*", f"features-{fkey}*"])
+                          [f"corpus-{key}.jsonl*", f"features-{key}*", f"features-{fkey}*"], stamp)
     return corpus_path, cache_dir("training", f"features-{fkey}{suffix}.safetensors")
 
 
@@ -381,16 +384,17 @@ def same_weights(ours: dict[str, Any], theirs: str) -> bool:
                     for a, b in zip(logits, ours["logits"])))
 
 
-def _forget_other_weights(target, stamp: Path, patterns: Sequence[str]) -> None:
+def _forget_other_weights(target, stamp: Path, patterns: Sequence[str], ours: dict[str, Any] | None = None) -> None:
     """Where the cached answers of a prompt file were made by other weights at the target's path (a
     model retrained, fine-tuned or replaced in place; `stamp`, written beside them, says so:
     `weights_stamp`), delete every cache file `patterns` names, so they are made again for these
     weights: the old model's answers and features were trained on, and the head recorded as the new
     model's. Stamped when unstamped (a cache from before the stamp, or carried from another machine,
-    counts as these weights'); a stamp of before the logits is rewritten with them."""
+    counts as these weights'); a stamp of before the logits is rewritten with them. `ours`: the target's
+    `weights_stamp` when the caller has taken it (None: taken here)."""
     from specula.paths import atomic_write_text
 
-    ours = weights_stamp(target)
+    ours = weights_stamp(target) if ours is None else ours
     try:
         theirs = stamp.read_text().strip()
     except OSError:
@@ -428,21 +432,23 @@ def file_corpus(tokenizer, prompts: Sequence[tuple[str, str]], corpus: CorpusCon
 def _corpus_and_features(target, tokenizer, per_file: Sequence[tuple[Path, list[tuple[str, str]]]],
                          corpus: CorpusConfig, layers: tuple[int, ...],
                          label: str | None, padded: PaddedConfig | None = None, features: bool = True,
-                         answers: tuple[dict, str] | None = None, write: bool = True
-                         ) -> tuple[list, FeatureSet | None, float]:
+                         answers: tuple[dict, str] | None = None, write: bool = True,
+                         stamp: dict[str, Any] | None = None) -> tuple[list, FeatureSet | None, float]:
     """The target's answers to every file's prompts ((file, prompts) pairs), their features (None
     when `features` is false), and the seconds the features took; each file cached on its own
     (`cache_paths`), so adding a file to the data generates only its sequences. `answers`: (answer
     ids by prompt ids, their hash) from `corpus.read_answers`, used instead of the target's; a file's
     features are then keyed by the answers it took (`answers_hash`), so adding a corpus file to
     `--answers` keeps the cached features of the files it does not answer. `write`:
-    False keeps new features in memory only. Progress bars under `label` (None: none)."""
+    False keeps new features in memory only. Progress bars under `label` (None: none). `stamp`: the
+    target's `weights_stamp` (None: taken here), one for every file's cache (`cache_paths`)."""
+    stamp = weights_stamp(target) if stamp is None else stamp
     configs = [file_corpus(tokenizer, prompts, corpus) for _, prompts in per_file]
     seqs, sets = [], []
     with _bar(sum(len(p) for _, p in per_file), label or "", label is None) as bar:
         for (file, prompts), config in zip(per_file, configs):
             if answers is None:
-                cached, _ = cache_paths(target, file, config, layers)
+                cached, _ = cache_paths(target, file, config, layers, stamp=stamp)
                 seqs.append(generate_corpus(target, tokenizer, prompts, cached, config, progress=bar.update,
                                             padded=padded))
             else:
@@ -454,8 +460,8 @@ def _corpus_and_features(target, tokenizer, per_file: Sequence[tuple[Path, list[
     if not features:
         return [s for file_seqs in seqs for s in file_seqs], None, 0.0
     # with --answers each file's features are keyed by the answers it took, not by all of --answers
-    paths = [cache_paths(target, file, config, layers, None if answers is None else answers_hash(file_seqs))[1]
-             for (file, _), config, file_seqs in zip(per_file, configs, seqs)]
+    paths = [cache_paths(target, file, config, layers, None if answers is None else answers_hash(file_seqs),
+                         stamp)[1] for (file, _), config, file_seqs in zip(per_file, configs, seqs)]
     t = time.perf_counter()
     with _bar(sum(len(s) for s in seqs), "features (target hidden states)", label is None) as bar:
         for file_seqs, features in zip(seqs, paths):

@@ -1115,6 +1115,30 @@ def test_stop_after_answers_caches_them_and_the_same_command_goes_on(tmp_path, m
     assert (tmp_path / "h" / "eagle3.safetensors").is_file()
 
 
+def test_the_weights_are_stamped_once_a_run_however_many_prompt_files(tmp_path, monkeypatch, tiny_tokenizer):
+    """Each prompt file's cache checked the target's weights with a pass of its own, in the answers pass and
+    again in the features pass (2N passes for N files): the run stamps them once and every file reads that."""
+    import specula.training.run as run
+    from specula.cli import main
+
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("SPECULA_CACHE", str(cache))
+    path, _, data = saved_training_setup(tmp_path, tiny_tokenizer, prompts=6, stride=7, words=6)
+    lines = data.read_text().splitlines(keepends=True)
+    first, second = tmp_path / "first.jsonl", tmp_path / "second.jsonl"
+    first.write_text("".join(lines[:3]))
+    second.write_text("".join(lines[3:]))
+    stamps = []
+    real = run.weights_stamp
+    monkeypatch.setattr(run, "weights_stamp", lambda target: stamps.append(target) or real(target))
+    assert main(["train", "--target", str(path), "--kind", "eagle3", "--data", str(first), str(second), "--epochs",
+                 "1", "--draft-vocab", "64", "--max-new-tokens", "16", "--seq-len", "16", "--quiet", "--eval-data",
+                 "none", "--out", str(tmp_path / "h"), "--stop-after", "features"]) == 0
+    assert len(stamps) == 1
+    assert len(list((cache / "training").glob("weights-*.txt"))) == 2  # each file's cache still stamped
+    assert len(list((cache / "training").glob("features-*"))) == 2
+
+
 def test_answers_of_another_model_train_the_target_on_that_text(tmp_path, monkeypatch, tiny_tokenizer, capsys):
     """`--answers`: the corpus files a model with the same tokenizer cached (here a 2-layer sibling)
     stand in for the target's answers: the target writes none, takes its features over that text
