@@ -246,7 +246,7 @@ class TokenRecyclingDrafter:
             raise ConfigError(f"token-recycling state {str(path)!r} was made with another tokenizer; {fix}")
         if self.fingerprint is None:  # a drafter without a tokenizer keeps the file's, so its save does not drop it
             self.fingerprint = theirs
-        learned_on = meta.get("model")
+        learned_on = _recorded_model(meta.get("model"))
         if learned_on is not None and self.model is not None and learned_on != self.model:
             # another model with this tokenizer (Qwen2.5-Coder 0.5B and 1.5B): its rows still draft, losslessly,
             # but they are that model's next tokens until this one verifies them; said, not refused
@@ -259,6 +259,18 @@ class TokenRecyclingDrafter:
             raise ConfigError(f"token-recycling state {str(path)!r} holds ids outside the vocabulary; {fix}")
         self.matrix = matrix.astype(np.int32, copy=True)
         self.dirty = False
+
+
+def _recorded_model(value: object) -> str | None:
+    """The model a state file says its matrix was learned on; None (unknown) where it names none, or
+    names "None": what states saved for a backend whose cost key names no model used to record."""
+    return value if isinstance(value, str) and value != "None" else None
+
+
+def _model_of(target) -> str | None:
+    """The model `target`'s cost key names, as the state file records it (None: it names none)."""
+    model = target.cost_key().get("model")
+    return None if model is None else str(model)
 
 
 _WITH_STATE: dict[Path, TokenRecyclingDrafter] = {}
@@ -326,5 +338,5 @@ def create(*, target=None, draft=None, recycling_state: str | None = None, token
     if config.top_k > vocab_size:  # its top-k of a step's logits would fail mid-generation
         raise ConfigError(f"token-recycling top_k ({config.top_k}) exceeds the vocabulary ({vocab_size}); "
                           "pass a smaller top_k")
-    model = None if target is None or not recycling_state else str(target.cost_key().get("model"))
+    model = None if target is None or not recycling_state else _model_of(target)
     return TokenRecyclingDrafter(vocab_size, config, fingerprint, model)

@@ -285,6 +285,32 @@ def test_a_state_learned_on_another_model_with_the_tokenizer_is_loaded_with_a_no
     assert keeper.model == small.cost_key()["model"]  # ... the file keeps its model
 
 
+def test_a_target_whose_cost_key_names_no_model_records_none_and_an_unknown_model_gets_no_note(tmp_path, capsys):
+    """A backend whose cost key had no model recorded the model "None" in the state file (str(None)); a target
+    that names its model then loaded it with a note that it was learned on "None", another model."""
+    import json
+
+    state = tmp_path / "s.npz"
+    nameless = HFCausalLM(tiny_model("gpt2", seed=5), "nameless")
+    nameless.cost_key = lambda: {"backend": "hf"}  # a backend that names no model
+    learned = make_drafter("token-recycling", target=nameless, recycling_state=str(state))
+    assert learned.model is None
+    learned.matrix[3] = np.arange(8)
+    learned.save()
+    with np.load(state) as data:
+        assert json.loads(str(data["meta"]))["model"] is None
+    named = HFCausalLM(tiny_model("gpt2", seed=6), "named")
+    loaded = make_drafter("token-recycling", target=named, recycling_state=str(state))
+    assert capsys.readouterr().err == "" and loaded.model == named.cost_key()["model"]
+    assert loaded.matrix[3].tolist() == list(range(8))
+    with np.load(state) as data:  # a state saved before: it recorded the model "None"
+        matrix, meta = data["matrix"], json.loads(str(data["meta"]))
+    np.savez(state, matrix=matrix, meta=np.array(json.dumps({**meta, "model": "None"})))
+    again = make_drafter("token-recycling", target=named, recycling_state=str(state))
+    assert capsys.readouterr().err == "" and again.model == named.cost_key()["model"]
+    assert TokenRecyclingDrafter(VOCAB, TokenRecyclingConfig(state_path=str(state))).model is None
+
+
 def test_one_drafter_a_state_file_is_kept_for_the_exit_save(tmp_path):
     """Drafters are kept alive for the exit save: one a file (the latest, the one before saved if it
     had changes), not every one a process made (each holds its matrix)."""
