@@ -135,7 +135,9 @@ class ServerConfig:
             object.__setattr__(self, "request_timeout", None)
         if not self.shutdown_timeout >= 0:
             raise ConfigError(f"--shutdown-timeout must be >= 0 seconds, got {self.shutdown_timeout}")
-        auto_tool_parser(self.enable_auto_tool_choice, self.tool_call_parser)
+        # checked here (a bad --tool-call-parser is refused at start-up) and kept: every request reads it
+        object.__setattr__(self, "_auto_tool_parser", auto_tool_parser(self.enable_auto_tool_choice,
+                                                                        self.tool_call_parser))
         for name in ("allowed_origins", "allowed_methods", "allowed_headers"):
             value = getattr(self, name)
             if isinstance(value, str) or not all(isinstance(v, str) and v for v in value):
@@ -145,8 +147,8 @@ class ServerConfig:
 
     @property
     def auto_tool_parser(self) -> str | None:
-        """The parser of tool_choice auto's output (None: auto is not enabled)."""
-        return auto_tool_parser(self.enable_auto_tool_choice, self.tool_call_parser)
+        """The parser of tool_choice auto's output (None: auto is not enabled), derived once at start-up."""
+        return self._auto_tool_parser
 
 
 class _ClientGone(Exception):

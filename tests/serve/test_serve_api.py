@@ -363,6 +363,21 @@ def test_allowed_origins_must_be_a_list_of_strings(value):
         ServerConfig(model_name=MODEL, allowed_origins=value)
 
 
+def test_the_tool_parser_is_derived_once_at_start_up_not_for_every_request(monkeypatch):
+    """`ServerConfig.auto_tool_parser`, read by every request, checked the tool flags again each time."""
+    from specula.errors import ConfigError
+    from specula.serve import ServerConfig, app
+
+    calls = []
+    real = app.auto_tool_parser
+    monkeypatch.setattr(app, "auto_tool_parser", lambda *args: calls.append(args) or real(*args))
+    config = ServerConfig(model_name=MODEL, enable_auto_tool_choice=True, tool_call_parser="hermes")
+    assert [config.auto_tool_parser for _ in range(3)] == ["hermes"] * 3 and len(calls) == 1
+    assert ServerConfig(model_name=MODEL).auto_tool_parser is None
+    with pytest.raises(ConfigError, match="--tool-call-parser 'mistral' is not one this server has"):
+        ServerConfig(model_name=MODEL, tool_call_parser="mistral")  # still refused at start-up
+
+
 def test_body_over_the_limit_is_413(server):
     key = ("specula_requests_total", (("endpoint", "/v1/completions"), ("status", "413")))
     before = scrape(server).get(key, 0)
