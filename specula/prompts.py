@@ -166,6 +166,7 @@ def encode_prompt(tokenizer: Any, prompt: Prompt, raw: bool = False,
         return _some_tokens(apply_chat_template(tokenizer, prompt, raw=raw, tools=tools, **options))
     if not all(is_integer(t) for t in prompt):
         raise ConfigError("a prompt list must hold token ids (integers) or chat messages ({'role', 'content'})")
+    check_template_options(add_generation_prompt, continue_final_message)  # vLLM's error first
     _no_template_options(tools, add_generation_prompt, continue_final_message, "a prompt of token ids")
     return [int(t) for t in prompt]
 
@@ -184,10 +185,10 @@ def check_template_options(add_generation_prompt: bool, continue_final_message: 
 def _no_template_options(tools: Sequence[Mapping[str, Any]] | None, add_generation_prompt: bool,
                          continue_final_message: bool, what: str) -> None:
     """Refuse the chat template's inputs (`tools`, and its options away from their defaults) for a prompt that
-    does not go through it (`what`): both options true is vLLM's error first (`check_template_options`)."""
+    does not go through it (`what`). Both options true is vLLM's error, which the callers give first
+    (`check_template_options`)."""
     if tools:
         raise ConfigError(f"tools are rendered by the chat template: {what} cannot take them")
-    check_template_options(add_generation_prompt, continue_final_message)
     if not add_generation_prompt or continue_final_message:
         raise ConfigError(f"add_generation_prompt and continue_final_message are the chat template's: {what} "
                           "cannot take them")

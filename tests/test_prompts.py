@@ -118,6 +118,22 @@ def test_continue_final_message_leaves_the_last_message_open():
                 encode_prompt(tok, prompt, raw=raw, **options)
 
 
+@pytest.mark.parametrize("prompt, raw", [("hi", True), ("hi", False), ([1, 2], False)])
+def test_the_template_options_are_checked_once_for_a_prompt_that_skips_the_template(monkeypatch, prompt, raw):
+    """A raw prompt (or text for a tokenizer without a template) had both options checked twice: by
+    `apply_chat_template` and again by `_no_template_options`. Once now, and both true is still refused."""
+    import specula.prompts as prompts
+
+    tok = word_tokenizer(["w0", "hi"])  # no chat template: "hi" is encoded as is, as a raw prompt is
+    calls = []
+    real = prompts.check_template_options
+    monkeypatch.setattr(prompts, "check_template_options", lambda *args: calls.append(args) or real(*args))
+    assert encode_prompt(tok, prompt, raw=raw) == (tok.encode("hi") if isinstance(prompt, str) else prompt)
+    assert calls == [(True, False)]
+    with pytest.raises(ConfigError, match="Cannot set both `continue_final_message` and `add_generation_prompt`"):
+        encode_prompt(tok, prompt, raw=raw, continue_final_message=True)
+
+
 def test_a_template_that_drops_the_final_message_cannot_continue_it():
     template = "{% for m in messages %}{% if m.role == 'user' %}{{ m.content }} {% endif %}{% endfor %}"
     tok = word_tokenizer(["w0", "hi", "there"], chat_template=template)
