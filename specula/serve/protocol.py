@@ -689,7 +689,23 @@ def _stop_token_ids(body: Mapping[str, Any]) -> tuple[int, ...]:
     return tuple(ids)
 
 
+IGNORED_STREAM_OPTIONS = ("include_obfuscation",)
+"""stream_options accepted (each a boolean) and ignored, as vLLM ignores what it does not know: OpenAI's
+include_obfuscation adds an `obfuscation` field of random characters to each chunk (hiding the chunk sizes
+from a side channel); specula sends no such field, true or false."""
+
+
+def _stream_flag(options: Mapping[str, Any], name: str) -> bool:
+    """stream_options.`name`, a boolean (default false)."""
+    value = options.get(name, False)
+    if not isinstance(value, bool):
+        raise _type_error(f"stream_options.{name}", "a boolean", value)
+    return value
+
+
 def _include_usage(body: Mapping[str, Any], stream: bool) -> bool:
+    """stream_options.include_usage; the other options are refused unless false or ignored
+    (`IGNORED_STREAM_OPTIONS`)."""
     options = body.get("stream_options")
     if options is None:
         return False
@@ -698,10 +714,11 @@ def _include_usage(body: Mapping[str, Any], stream: bool) -> bool:
     if not stream:
         raise APIError(400, "'stream_options' is only allowed when 'stream' is true", param="stream_options",
                        code="invalid_value")
-    include = options.get("include_usage", False)
-    if not isinstance(include, bool):
-        raise _type_error("stream_options.include_usage", "a boolean", include)
-    other = sorted(k for k, v in options.items() if k != "include_usage" and v not in (None, False))
+    include = _stream_flag(options, "include_usage")
+    for name in IGNORED_STREAM_OPTIONS:
+        _stream_flag(options, name)
+    known = ("include_usage", *IGNORED_STREAM_OPTIONS)
+    other = sorted(k for k, v in options.items() if k not in known and v not in (None, False))
     if other:  # e.g. vLLM's continuous_usage_stats (usage on every chunk): not honoured here
         raise APIError(400, f"'stream_options.{other[0]}' is not supported by this server; remove it",
                        param=f"stream_options.{other[0]}", code="unsupported_parameter")

@@ -183,6 +183,18 @@ def test_stream_options_it_does_not_honour_are_a_400():
                                                                     "continuous_usage_stats": False}}, "m").include_usage
 
 
+@pytest.mark.parametrize("value", [True, False])
+def test_stream_options_include_obfuscation_is_accepted_and_ignored(value):
+    """OpenAI's include_obfuscation (an `obfuscation` field on each chunk) was a 400; vLLM ignores it."""
+    body = {"model": "m", "prompt": "hi", "stream": True}
+    for usage in (True, False):
+        options = {"include_usage": usage, "include_obfuscation": value}
+        assert parse_request("completions", {**body, "stream_options": options}, "m").include_usage is usage
+    with pytest.raises(APIError) as err:  # still a boolean
+        parse_request("completions", {**body, "stream_options": {"include_obfuscation": "yes"}}, "m")
+    assert err.value.status == 400 and err.value.param == "stream_options.include_obfuscation"
+
+
 def test_the_request_remembers_which_field_gave_max_tokens():
     body = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
     assert parse_request("chat", {**body, "max_completion_tokens": 5}, "m").max_tokens_param == "max_completion_tokens"
