@@ -29,6 +29,10 @@ class NoChatTemplate(ConfigError):
     """Chat messages for a tokenizer without a chat template."""
 
 
+class TemplateRefused(ConfigError):
+    """The model's chat template refused the messages (its `raise_exception`, jinja2's TemplateError)."""
+
+
 def _json(value: Any) -> str:
     import json
 
@@ -130,7 +134,7 @@ def apply_chat_template(tokenizer: Any, prompt: str | Sequence[Mapping[str, str]
                                              continue_final_message=continue_final_message,
                                              tools=list(tools) if tools else None)
     except TemplateError as exc:  # the template's raise_exception: "roles must alternate", "no system role", ...
-        raise ConfigError(f"the model's chat template refused these messages: {exc}") from None
+        raise TemplateRefused(f"the model's chat template refused these messages: {exc}") from None
     except ValueError as exc:  # transformers: the template drops (part of) the final message, so it cannot stay open
         if not continue_final_message:
             raise

@@ -125,6 +125,24 @@ def conversation_ids(tokenizer, turns: Sequence[str], answers: Sequence[str], ra
     return encode_prompt(tokenizer, messages)
 
 
+PLACEHOLDER_ANSWER = "OK"
+"""What stands for an answer not given yet where the chat template refuses an empty assistant message."""
+
+
+def with_answers_left_empty(tokenizer, turns: Sequence[str], answers: Sequence[str], raw: bool = False) -> list[int]:
+    """Prompt ids for turn len(turns) after `answers` and the answers after them left empty: what the room
+    of the turns still to come is measured against (`turn_budget`, `check_prompts_fit`). A chat template
+    that refuses an empty assistant message (`TemplateRefused`: its own error) measures them with
+    `PLACEHOLDER_ANSWER` in their place: a longer conversation, so the room counted is less, never more."""
+    from specula.prompts import TemplateRefused
+
+    empty = len(turns) - 1 - len(answers)
+    try:
+        return conversation_ids(tokenizer, turns, [*answers, *[""] * empty], raw)
+    except TemplateRefused:
+        return conversation_ids(tokenizer, turns, [*answers, *[PLACEHOLDER_ANSWER] * empty], raw)
+
+
 def turn_seed(seed: int | None, prompt_id: int | str, turn: int) -> int:
     """Seed of one sampled generation, the same for every method (and across runs)."""
     digest = hashlib.sha256(f"{seed}:{prompt_id}:{turn}".encode()).digest()
@@ -151,7 +169,7 @@ def turn_budget(tokenizer, prompt: BenchPrompt, answers: Sequence[str],
     budget = settings.budget(len(ids))
     later = len(prompt.turns) - turn
     if later and settings.context_window is not None:
-        frame = conversation_ids(tokenizer, prompt.turns, [*answers, *[""] * later], settings.raw)
+        frame = with_answers_left_empty(tokenizer, prompt.turns, answers, settings.raw)
         budget = min(budget, max(0, settings.context_window - len(frame)) // (later + 1))
     return ids, budget
 
@@ -167,7 +185,7 @@ def check_prompts_fit(prompts: Sequence[BenchPrompt], tokenizer, settings: Bench
     shared = []
     for prompt in prompts:
         for turn in range(1, len(prompt.turns) + 1):
-            ids = conversation_ids(tokenizer, prompt.turns[:turn], [""] * (turn - 1), settings.raw)
+            ids = with_answers_left_empty(tokenizer, prompt.turns[:turn], [], settings.raw)
             if len(ids) + turn > window:
                 what = ("fills" if turn == 1 else
                         "with the earlier answers left empty leaves no room for its own and the earlier answers in")

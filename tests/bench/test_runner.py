@@ -88,6 +88,37 @@ def test_run_bench_refuses_a_turn_that_cannot_fit_before_generating_anything(cha
     assert a.seen == [chat_tokenizer.encode("w2 w5 w6 w4"), chat_tokenizer.encode("w2 w5 w6 w3 w9 w2 w7 w4")]
 
 
+def test_a_template_that_refuses_an_empty_assistant_message_still_measures_a_turns_room(chat_tokenizer, tmp_path):
+    """The room of the turns to come was measured with their answers as empty assistant messages, which a
+    template may refuse (its raise_exception): the check and the budget then failed. They measure with a
+    one-token placeholder answer instead (a token more per answer: less room, never more); a template that
+    refuses for another reason is still refused."""
+    import copy
+
+    from specula.bench.runner import check_prompts_fit, turn_budget
+    from specula.prompts import TemplateRefused
+
+    refusing = "{% for m in messages %}{% if m['role'] == 'assistant' and not m['content'] %}{{ raise_exception(" \
+               "'an assistant message needs content') }}{% endif %}{% endfor %}"
+    tok = copy.deepcopy(chat_tokenizer)
+    tok.chat_template = refusing + chat_tokenizer.chat_template
+    prompt = BenchPrompt("q", "mt_bench", ("w5 w6", "w7 w8"), "writing")
+    settings = BenchSettings(SamplingParams(max_new_tokens=50), warmup_tokens=0, progress=False, context_window=30)
+    with pytest.raises(TemplateRefused, match="an assistant message needs content"):
+        conversation_ids(tok, prompt.turns, [""])
+    assert turn_budget(chat_tokenizer, prompt, [], settings)[1] == (30 - 8) // 2  # "w2 w5 w6 w3 w2 w7 w8 w4"
+    assert turn_budget(tok, prompt, [], settings) == (tok.encode("w2 w5 w6 w4"), (30 - 9) // 2)  # "w3 OK": 2 tokens
+    (note,) = check_prompts_fit([prompt], tok, settings)
+    assert note.endswith("(prompt: turn 1's budget; q: 10)")
+    a = ScriptedMethod("none", [[9], [8]])
+    run_bench([a], tok, [prompt], settings, tmp_path / "out")
+    assert a.seen == [tok.encode("w2 w5 w6 w4"), tok.encode("w2 w5 w6 w3 w9 w2 w7 w8 w4")]
+    tok.chat_template = "{% for m in messages %}{% if m['role'] == 'assistant' %}{{ raise_exception(" \
+                        "'no assistant messages') }}{% endif %}{% endfor %}" + chat_tokenizer.chat_template
+    with pytest.raises(TemplateRefused, match="no assistant messages"):
+        check_prompts_fit([prompt], tok, settings)
+
+
 def _bench_methods(tiny_pair, tokenizer, peers=("hf:greedy", "hf:assisted", "hf:prompt-lookup")):
     target, draft = tiny_pair
     methods = build_specula_methods(["prompt-lookup", "draft-model"], target, tokenizer, draft)
