@@ -377,6 +377,7 @@ def run_bench(
     header: dict[str, Any] | None = None,
     reference_model=None,
     fresh_methods: Callable[[], Sequence[BenchMethod]] | None = None,
+    fit_checked: bool = False,
 ) -> BenchResult:
     """Run every method on every prompt, `settings.repeats` rounds; write results.json + report.md
     after each prompt and the plots at the end (also after Ctrl-C, which ends the run with status
@@ -387,7 +388,9 @@ def run_bench(
     diagnose mismatches (logit gap). results.json's `peak_rss_bytes` is the process's peak resident
     size when it was written (models and every run so far). fresh_methods: builds the methods again
     (the same names, in the same order) for each round after the first; None runs every round on the
-    same method objects (what their drafters learned then carries over)."""
+    same method objects (what their drafters learned then carries over). fit_checked: the caller has run
+    `check_prompts_fit` on these prompts with `settings` and the methods' window (the command line, before
+    its cost curve), so it is not run again."""
     from specula.models.loading import peak_rss_bytes
 
     from tqdm import tqdm
@@ -401,7 +404,8 @@ def run_bench(
         raise ConfigError(f"method names must be distinct, got {names}")
     if settings.context_window is None:
         settings = replace(settings, context_window=shared_window(methods))
-    check_prompts_fit(prompts, tokenizer, settings)  # a prompt that cannot run is refused before any work
+    if not fit_checked:
+        check_prompts_fit(prompts, tokenizer, settings)  # a prompt that cannot run is refused before any work
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     head = {

@@ -354,7 +354,8 @@ def execute(args: argparse.Namespace, bench: BenchPlan, target, tokenizer, draft
         print(load_line, file=sys.stderr)
     # before the cost curve and the first timed prompt: a turn that cannot fit the window is refused
     window = bench.settings.context_window or shared_window([*methods, *peers])
-    for note in check_prompts_fit(bench.prompts, tokenizer, replace(bench.settings, context_window=window)):
+    settings = replace(bench.settings, context_window=window)
+    for note in check_prompts_fit(bench.prompts, tokenizer, settings):  # once: run_bench is told it was
         print(f"note: {note}", file=sys.stderr)
     curve_start = time.perf_counter()
     cost_curve = _cost_curve(args, target)
@@ -371,9 +372,9 @@ def execute(args: argparse.Namespace, bench: BenchPlan, target, tokenizer, draft
     }
     # The reference model (the Hugging Face model of the target's weights) is loaded only if an output
     # differs from plain decoding, to measure the logit gap there.
-    result = run_bench([*methods, *peers], tokenizer, bench.prompts, bench.settings, Path(args.out), header,
+    result = run_bench([*methods, *peers], tokenizer, bench.prompts, settings, Path(args.out), header,
                        reference_model=target.reference_model,
-                       fresh_methods=lambda: [*specula_methods(), *(p.fresh() for p in peers)])
+                       fresh_methods=lambda: [*specula_methods(), *(p.fresh() for p in peers)], fit_checked=True)
     doc = result.document
     for name, entry in ordered(doc):
         parts = [f"{entry['tokens_per_s']:.2f} tok/s" if entry["tokens_per_s"] is not None else "no output"]

@@ -239,6 +239,22 @@ def test_a_later_turn_gets_room_in_the_window_the_first_one_shares(tmp_path, tin
         assert second["new_tokens"] == 256 - second["prompt_tokens"] > 0 and second["finish_reason"] == "length"
 
 
+def test_the_prompts_fit_is_checked_once_a_run(tmp_path, tiny_models, monkeypatch, capsys):
+    """The command checked the prompts' fit in the window before its cost curve, and run_bench checked it
+    again (1.8 s for Spec-Bench's 480 prompts): once now, before the cost curve."""
+    import specula.bench.runner as runner
+
+    calls = []
+    real = runner.check_prompts_fit
+    monkeypatch.setattr(runner, "check_prompts_fit", lambda *args: calls.append(args[0]) or real(*args))
+    path = tmp_path / "mt.jsonl"
+    path.write_text("".join(json.dumps(row) + "\n" for row in _two_turn_rows(10, 5)))
+    assert main(["bench", "--target", "tiny", "--methods", "prompt-lookup", "--prompts", str(path),
+                 "--max-new-tokens", "4", "--profile-repeats", "0", "--warmup-tokens", "2", "--no-progress",
+                 "--out", str(tmp_path / "run")]) == 0, capsys.readouterr().err
+    assert len(calls) == 1 and [p.id for p in calls[0]] == ["one", 81]
+
+
 def test_a_turn_that_cannot_fit_is_refused_before_anything_is_timed(tmp_path, tiny_models, monkeypatch, capsys):
     """A two-turn prompt whose second user turn alone leaves no room in the window: refused by prompt id, turn,
     length and window before the cost curve and the first timed prompt (it had failed after them)."""
