@@ -91,10 +91,19 @@ class JsonRewriter:
         return self._expect == "end" and not self.failed and self._scalar is None
 
     def feed(self, text: str) -> None:
-        for c in text:
-            if self.failed:
-                return
+        """Read `text`; text after the root value other than whitespace fails the JSON (as json.loads)."""
+        rest = text[self.read(text):]
+        if rest.strip(WHITESPACE) and not self.failed:
+            self.failed = True
+
+    def read(self, text: str) -> int:
+        """Read `text` up to the root value's end: how many of its characters were read (all of them
+        unless the root value ended, or the JSON failed, within it; the rest is not this JSON's)."""
+        for i, c in enumerate(text):
+            if self.failed or self.done:
+                return i
             self._char(c)
+        return len(text)
 
     def close(self) -> None:
         """The text has ended: a number (or literal) at its end is whole."""

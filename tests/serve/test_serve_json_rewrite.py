@@ -107,3 +107,20 @@ def test_the_listener_hears_where_each_value_lies():
         (): rewriter.text, ("a",): '[1, {"b": "x"}]', ("a", 0): "1", ("a", 1): '{"b": "x"}', ("a", 1, "b"): '"x"',
         ("c",): "true"}
     assert [kind for event, _, _, kind in heard if event == "start"] == ["{", "[", "s", "{", '"', "s"]
+
+
+@pytest.mark.parametrize("text, read, fails", [
+    ('{"a": 1} ; {"b": 2}', 8, True), ('[1, [2]]]', 8, True), ('{"a": "}"}x', 10, True), ("  {} ", 4, False),
+    ('{"a": ', 6, False), ("[1 2]", 4, True),  # not whole yet; failed at the 2
+])
+def test_read_stops_where_the_root_value_ends(text, read, fails):
+    """`read` takes the text up to the root value's end (or where it failed) and says how far: what follows
+    is the caller's (llama3_json's `;` and next call), not a failure; `feed` fails on it as json.loads does."""
+    for pieces in ([text], list(text)):
+        rewriter, taken = JsonRewriter(), 0
+        for piece in pieces:
+            taken += rewriter.read(piece)
+        assert taken == read, pieces
+    fed = JsonRewriter()
+    fed.feed(text)
+    assert fed.failed == fails
