@@ -219,8 +219,8 @@ def template_message(message: Mapping[str, Any], index: int) -> dict[str, Any]:
     calls = message.get("tool_calls")
     if calls is not None:
         if message["role"] != "assistant":
-            raise ToolError(f"'{where}.tool_calls' is only allowed on an assistant message, not a "
-                            f"{message['role']!r} one", f"{where}.tool_calls", "invalid_value")
+            raise ToolError(f"'{where}.tool_calls' is only allowed on an assistant message, not "
+                            f"{_a_role(message['role'])} one", f"{where}.tool_calls", "invalid_value")
         if not isinstance(calls, list):
             raise ToolError(f"'{where}.tool_calls' must be a list of tool calls, got {_json(calls)}",
                             f"{where}.tool_calls", "invalid_type")
@@ -228,8 +228,8 @@ def template_message(message: Mapping[str, Any], index: int) -> dict[str, Any]:
     call_id = message.get("tool_call_id")
     if call_id is not None:
         if message["role"] != "tool":
-            raise ToolError(f"'{where}.tool_call_id' is only allowed on a tool message, not a {message['role']!r} "
-                            "one", f"{where}.tool_call_id", "invalid_value")
+            raise ToolError(f"'{where}.tool_call_id' is only allowed on a tool message, not "
+                            f"{_a_role(message['role'])} one", f"{where}.tool_call_id", "invalid_value")
         if not isinstance(call_id, str):
             raise ToolError(f"'{where}.tool_call_id' must be the id of the tool call this message answers (a "
                             f"string), got {_json(call_id)}", f"{where}.tool_call_id", "invalid_type")
@@ -262,6 +262,13 @@ def _history_call(call: Any, where: str) -> dict[str, Any]:
         raise ToolError(f"'{where}.function.arguments' must be JSON text or an object, got {_json(arguments)}",
                         f"{where}.function.arguments", "invalid_type")
     return {**call, "type": "function", "function": {**function, "arguments": arguments}}
+
+
+def _a_role(role: Any) -> str:
+    """A message's role quoted, after "a" or "an" as its first letter sounds ("an 'assistant'", "a 'tool'",
+    "a 'user'": a u that reads "you" takes "a", as every role's does)."""
+    article = "an" if str(role)[:1].lower() in ("a", "e", "i", "o") else "a"
+    return f"{article} {role!r}"
 
 
 def _json(value: Any) -> str:

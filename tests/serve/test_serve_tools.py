@@ -104,7 +104,12 @@ def test_a_tool_calling_conversation_reaches_the_template():
     ({"role": "assistant", "content": None, "tool_calls": [{"function": {"name": "f", "arguments": "{nope"}}]},
      "messages[0].tool_calls[0].function.arguments", "must be JSON text"),
     ({"role": "tool", "content": "w22", "tool_call_id": 7}, "messages[0].tool_call_id", "must be the id"),
-    ({"role": "user", "content": "w22", "tool_call_id": "x"}, "messages[0].tool_call_id", "only allowed on a tool"),
+    ({"role": "user", "content": "w22", "tool_call_id": "x"}, "messages[0].tool_call_id",
+     "only allowed on a tool message, not a 'user' one"),
+    ({"role": "assistant", "content": "w22", "tool_call_id": "x"}, "messages[0].tool_call_id",
+     "only allowed on a tool message, not an 'assistant' one"),  # "an" before a vowel
+    ({"role": "tool", "content": "w22", "tool_calls": []}, "messages[0].tool_calls",
+     "only allowed on an assistant message, not a 'tool' one"),
 ])
 def test_tool_calling_messages_given_wrong_are_400s_naming_the_field(message, param, words):
     err = parse_error(chat(messages=[message]))
