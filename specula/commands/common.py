@@ -285,7 +285,9 @@ def add_tool_args(group) -> None:
                             "(the default when tools are given; without this option they are refused, as in vLLM)")
     group.add_argument("--tool-call-parser", default=None, metavar="PARSER",
                        help="the format of the model's tool calls, for --enable-auto-tool-choice: hermes "
-                            "(<tool_call>{...}</tool_call>: Qwen2.5, Qwen3, Hermes)")
+                            "(<tool_call>{...}</tool_call>: Qwen2.5, Qwen3, Hermes), llama3_json ({\"name\": ..., "
+                            "\"parameters\": {...}}: Llama 3.1-3.3) or mistral ([TOOL_CALLS][{...}] or "
+                            "[TOOL_CALLS]name[ARGS]{...}: Mistral)")
 
 
 def auto_tool_parser(args: argparse.Namespace) -> str | None:

@@ -6,54 +6,79 @@ back `(content, tool_call_deltas)`: the text to send as content now, and tool ca
 them: a call's first delta `{"index", "id", "type": "function", "function": {"name", "arguments"}}` once
 its name is known (with the arguments so far, often none), then deltas of `index` and more `arguments`
 only, as the arguments are generated. A whole response joins the same deltas (`join_tool_calls`), so a
-stream and a response of one output say the same thing. Tool call ids are vLLM's `chatcmpl-tool-<hex>`.
+stream and a response of one output say the same thing. Tool call ids are vLLM's `chatcmpl-tool-<hex>`
+(mistral's: 9 letters and digits, as vLLM's mistral parser makes them).
 
-- `HermesParser` (tool_choice auto, `--tool-call-parser hermes`): `<tool_call>{"name": ..., "arguments":
-  {...}}</tool_call>` blocks become tool calls, each named as soon as its name is whole and its arguments
-  have begun, its arguments then sent as they settle (`_CallReader`); the text before the first block is
-  content, streamed as it comes except for a tail that could begin `<tool_call>`, which waits for the
-  next text. Where the tokenizer makes the tags special tokens, the output's text keeps them for the
-  parser (`special_tags`, `SamplingParams.kept_special_tokens`; decoding drops special tokens otherwise).
+tool_choice auto parses the format the server's `--tool-call-parser` names (`AUTO_PARSERS`, vLLM's names):
+
+- `HermesParser` (`hermes`): `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` blocks become tool
+  calls, each named as soon as its name is whole and its arguments have begun, its arguments then sent as
+  they settle (`_CallReader`); the text before the first block is content, streamed as it comes except
+  for a tail that could begin `<tool_call>`, which waits for the next text.
+- `Llama3JsonParser` (`llama3_json`, Llama 3.1 to 3.3): an output that begins (after whitespace and
+  `<|python_tag|>`) with `{` is read as `{"name": ..., "parameters": {...}}` calls separated by `;`; any
+  other output is content.
+- `MistralParser` (`mistral`): content, then `[TOOL_CALLS]` and a JSON list of `{"name", "arguments"}`
+  (Mistral 7B v0.3), or `[TOOL_CALLS]name[ARGS]{...}` for each call (Mistral Small 3 and later).
+
+Where the tokenizer makes a format's tags special tokens (`kept_tags`: hermes's, mistral's), the output's
+text keeps them for the parser (`special_tags`, `SamplingParams.kept_special_tokens`; decoding drops
+special tokens otherwise), as vLLM's parsers read them.
+
+The other choices:
+
 - `RequiredParser` (tool_choice required): the output is a JSON list of `{"name", "parameters"}`
   (constrained); each element becomes a call the same way, as its parameters begin.
 - `NamedParser` (a named tool_choice): the whole output (constrained) is the named tool's arguments,
   streamed as it comes.
 
-The arguments of auto and required are written as vLLM's whole response writes them (`json.dumps(
-arguments, ensure_ascii=False)`), piece by piece as the JSON settles (`specula.serve.json_rewrite`: a
-number goes out once the character after it shows it is whole, an escape once it is complete; a lone
-surrogate stays an escape, `\\ud83d`, where vLLM's response fails to encode it), so what was sent
-is never contradicted by what follows; vLLM streams the model's own text instead, whose layout
-its whole response does not keep. A call that has begun going out cannot be taken back: its JSON breaking
-off later (cut by max_tokens, malformed) leaves it with the arguments read up to there, in a whole
-response too (where max_tokens cut it, finish_reason says "length").
+The arguments of every auto parser and of required are written as vLLM's whole response writes them
+(`json.dumps(arguments, ensure_ascii=False)`; mistral's name form too, where vLLM passes the text on), piece
+by piece as the JSON settles (`specula.serve.json_rewrite`: a number goes out once the character after it
+shows it is whole, an escape once it is complete; a lone surrogate stays an escape, `\\ud83d`, where vLLM's
+response fails to encode it), so what was sent is never contradicted by what follows; vLLM streams the model's
+own text instead, whose layout its whole response does not keep. A call that has begun going out cannot be
+taken back: its JSON breaking off later (cut by max_tokens, malformed) leaves it with the arguments read up to
+there, in a whole response too (where max_tokens cut it, finish_reason says "length").
 """
 
 from __future__ import annotations
 
 import json
 import re
+import secrets
+import string
 import uuid
 from dataclasses import dataclass
 from typing import Any, Callable, Protocol
 
-from specula.serve.json_rewrite import JsonRewriter, Path
+from specula.serve.json_rewrite import WHITESPACE, JsonRewriter, Path
 from specula.serve.tools import ToolUse
 
 TOOL_CALL_START = "<tool_call>"
 TOOL_CALL_END = "</tool_call>"
+PYTHON_TAG = "<|python_tag|>"
+"""What Llama 3.x may write before its JSON tool call (a special token: decoding drops it, as in vLLM)."""
+TOOL_CALLS = "[TOOL_CALLS]"
+"""Mistral's token before its tool calls."""
+ARGS = "[ARGS]"
+"""Mistral's token between a call's name and its arguments (the `[TOOL_CALLS]name[ARGS]{...}` form)."""
 
 Piece = tuple[str, list[dict[str, Any]]]
 """(content text, tool call deltas) of one stretch of output."""
 _LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+_MISTRAL_NAME = re.compile(r"[A-Za-z0-9_-]*")
+"""The characters of a function name in Mistral's `[TOOL_CALLS]name{...}` form (vLLM's)."""
+_MISTRAL_ID = string.ascii_letters + string.digits
 
 
-def special_tags(tokenizer: Any) -> tuple[int, ...]:
-    """The ids of `<tool_call>` and `</tool_call>` where the tokenizer makes each a special token, which
-    decoding with skip_special_tokens drops (a model's added special tokens): the output's text must keep
-    them for the hermes parser to see the blocks. () where the tags are text (Qwen2.5's)."""
+def special_tags(tokenizer: Any, parser: str = "hermes") -> tuple[int, ...]:
+    """The ids of the `parser`'s tags (`kept_tags`: hermes's `<tool_call>` and `</tool_call>`, mistral's
+    `[TOOL_CALLS]` and `[ARGS]`) where the tokenizer makes each a special token, which decoding with
+    skip_special_tokens drops (a model's added special tokens): the output's text must keep them for the
+    parser to see the calls. () where the tags are text (Qwen2.5's)."""
     ids = []
-    for tag in (TOOL_CALL_START, TOOL_CALL_END):
+    for tag in AUTO_PARSERS[parser].kept_tags:
         encoded = tokenizer.encode(tag, add_special_tokens=False)
         if len(encoded) == 1 and (tokenizer.decode(encoded, skip_special_tokens=True)
                                   != tokenizer.decode(encoded, skip_special_tokens=False) == tag):
@@ -66,9 +91,15 @@ def tool_call_id() -> str:
     return "chatcmpl-tool-" + uuid.uuid4().hex
 
 
-def first_delta(index: int, name: str, arguments: str) -> dict[str, Any]:
+def mistral_tool_call_id() -> str:
+    """A new tool call id as vLLM's mistral parser makes them: 9 letters and digits (what Mistral's chat
+    templates accept back in a conversation's history)."""
+    return "".join(secrets.choice(_MISTRAL_ID) for _ in range(9))
+
+
+def first_delta(index: int, name: str, arguments: str, call_id: Callable[[], str] = tool_call_id) -> dict[str, Any]:
     """A tool call's first delta: its index, a new id, its type and name, and the arguments so far."""
-    return {"index": index, "id": tool_call_id(), "type": "function",
+    return {"index": index, "id": call_id(), "type": "function",
             "function": {"name": name, "arguments": arguments}}
 
 
@@ -116,19 +147,34 @@ class _Call:
     sent: int = 0
     """Characters of the arguments sent."""
 
+    def delta(self, text: str, next_index: Callable[[], int], call_id: Callable[[], str]) -> dict[str, Any] | None:
+        """The call's next delta from the reader's `text`: its first once its name is whole and its arguments
+        have begun, then each time more arguments have settled (None: nothing new)."""
+        if self.name is None or self.start is None:
+            return None
+        arguments = text[self.start:len(text) if self.end is None else self.end]
+        more = arguments[self.sent:]
+        self.sent = len(arguments)
+        if self.index is None:
+            self.index = next_index()
+            return first_delta(self.index, self.name, more, call_id)
+        return {"index": self.index, "function": {"arguments": more}} if more else None
+
 
 class _CallReader:
-    """The calls of a JSON text as it is generated: objects `{"name": <a string>, <arguments_key>: <any
+    """The calls of a JSON text as it is generated: objects `{"name": <a string>, <an arguments key>: <any
     value>}` at `depth` (0: the root, a hermes block's; 1: the elements of the root list, tool_choice
     required's). A call goes out (`deltas`) once its name is whole and its arguments have begun: a first
     delta with its index, id, type, name and the arguments so far, then more arguments as they settle,
     written as `JsonRewriter` writes them (json.dumps's layout, what a whole response gives). A call object
-    that gives "name" or the arguments twice keeps the first. A name is text, not JSON: a lone surrogate in
-    it (an unpaired \\ud800-\\udfff escape) becomes U+FFFD, as undecodable bytes of the output do, so that
-    the response is Unicode any client reads and can send back (the arguments keep it as its escape)."""
+    that gives "name" or the arguments twice (under either key) keeps the first. A name is text, not JSON: a
+    lone surrogate in it (an unpaired \\ud800-\\udfff escape) becomes U+FFFD, as undecodable bytes of the
+    output do, so that the response is Unicode any client reads and can send back (the arguments keep it as
+    its escape). The reader reads up to the end of the JSON value (`feed` says how far)."""
 
-    def __init__(self, depth: int, arguments_key: str, next_index: Callable[[], int]) -> None:
-        self.depth, self.arguments_key, self.next_index = depth, arguments_key, next_index
+    def __init__(self, depth: int, arguments_keys: tuple[str, ...], next_index: Callable[[], int],
+                 call_id: Callable[[], str] = tool_call_id) -> None:
+        self.depth, self.arguments_keys, self.next_index, self.call_id = depth, arguments_keys, next_index, call_id
         self.json = JsonRewriter(self._on_value)
         self.calls: list[_Call] = []
 
@@ -137,9 +183,16 @@ class _CallReader:
         """A call has gone out."""
         return any(call.index is not None for call in self.calls)
 
-    def feed(self, text: str) -> list[dict[str, Any]]:
-        self.json.feed(text)
-        return self.deltas()
+    @property
+    def ended(self) -> bool:
+        """The JSON value is whole, or broke off (nothing more is read)."""
+        return self.json.done or self.json.failed
+
+    def feed(self, text: str) -> tuple[int, list[dict[str, Any]]]:
+        """(how many characters of `text` were read: fewer where the JSON value ended within it, the rest
+        not its; the deltas)."""
+        read = self.json.read(text)
+        return read, self.deltas()
 
     def close(self) -> list[dict[str, Any]]:
         """The text has ended (a number at its end is whole)."""
@@ -159,27 +212,58 @@ class _CallReader:
                 call.name_start = offset if kind == '"' and call.name_start is None else -1
             elif call.name_start >= 0:
                 call.name = _LONE_SURROGATE.sub("\ufffd", json.loads(self.json.text[call.name_start:offset]))
-        elif key == self.arguments_key:
+        elif key in self.arguments_keys:
             if event == "start" and call.start is None:
                 call.start = offset
             elif event == "end" and call.end is None and call.start is not None:
                 call.end = offset
 
     def deltas(self) -> list[dict[str, Any]]:
-        out = []
         text = self.json.text
-        for call in self.calls:
-            if call.name is None or call.start is None:
-                continue
-            arguments = text[call.start:len(text) if call.end is None else call.end]
-            more = arguments[call.sent:]
-            call.sent = len(arguments)
-            if call.index is None:
-                call.index = self.next_index()
-                out.append(first_delta(call.index, call.name, more))
-            elif more:
-                out.append({"index": call.index, "function": {"arguments": more}})
-        return out
+        deltas = (call.delta(text, self.next_index, self.call_id) for call in self.calls)
+        return [delta for delta in deltas if delta is not None]
+
+
+class _ArgumentsReader:
+    """One call whose name is known and whose arguments are a JSON object of their own (Mistral's
+    `[TOOL_CALLS]name[ARGS]{...}`): the call goes out as the object begins, its arguments then sent as they
+    settle (`JsonRewriter`, json.dumps's layout). Arguments that do not begin with `{` make no call."""
+
+    def __init__(self, name: str, next_index: Callable[[], int], call_id: Callable[[], str]) -> None:
+        self.call = _Call(True, name)
+        self.next_index, self.call_id = next_index, call_id
+        self.json = JsonRewriter(self._on_value)
+        self.refused = False
+        """The arguments began with something other than `{`."""
+
+    @property
+    def called(self) -> bool:
+        return self.call.index is not None
+
+    @property
+    def ended(self) -> bool:
+        return self.refused or self.json.done or self.json.failed
+
+    def feed(self, text: str) -> tuple[int, list[dict[str, Any]]]:
+        """As `_CallReader.feed`."""
+        if self.call.start is None and text.lstrip(WHITESPACE)[:1] not in ("", "{"):
+            self.refused = True
+            return 0, []
+        return self.json.read(text), self.deltas()
+
+    def close(self) -> list[dict[str, Any]]:
+        self.json.close()
+        return self.deltas()
+
+    def _on_value(self, event: str, path: Path, offset: int, kind: str) -> None:
+        if path == () and event == "start":
+            self.call.start = offset
+        elif path == () and event == "end":
+            self.call.end = offset
+
+    def deltas(self) -> list[dict[str, Any]]:
+        delta = self.call.delta(self.json.text, self.next_index, self.call_id)
+        return [] if delta is None else [delta]
 
 
 def _partial_tag(text: str, tag: str) -> int:
@@ -190,25 +274,18 @@ def _partial_tag(text: str, tag: str) -> int:
     return 0
 
 
-class HermesParser:
-    """Hermes-format tool calls (Qwen2.5, Qwen3, Hermes 2 Pro and others), as vLLM's `hermes` parser reads
-    them. Content is the text before the first `<tool_call>`; whitespace between and after blocks is
-    dropped; other text after a block is content too (vLLM drops it from a whole response and streams
-    it). A block is a call once its JSON has given a string "name" and begun its "arguments" (`_CallReader`);
-    one that never does (not JSON, no string "name", no "arguments") stays in the content as written.
-    A call's JSON that breaks off after that (cut by max_tokens, malformed, text after it in the block)
-    keeps the arguments read up to there, as a stream has sent them."""
+class _AutoParser:
+    """What tool_choice auto's parsers share: the text not yet read, fed piece by piece and read by `_drain`,
+    and the calls' indices (`called` once one is given) and ids."""
 
-    def __init__(self) -> None:
+    kept_tags: tuple[str, ...] = ()
+    """The tags that the output's text must keep where the tokenizer makes them special tokens."""
+
+    def __init__(self, call_id: Callable[[], str] = tool_call_id) -> None:
         self.called = False
+        self.call_id = call_id
         self._pending = ""
-        """Text not yet read: a possible start of `<tool_call>` or `</tool_call>`, or whitespace after a block."""
-        self._block: _CallReader | None = None
-        """The open block's reader."""
-        self._raw = ""
-        """The open block's text as written (its content, should it not be a call)."""
-        self._after_block = False
-        """The last thing read was a block (whitespace waits to see whether more text or a block follows)."""
+        """Text not yet read."""
         self._index = 0
 
     def feed(self, text: str) -> Piece:
@@ -224,42 +301,295 @@ class HermesParser:
         return self._index - 1
 
     def _drain(self, final: bool) -> Piece:
+        """Read `_pending` as far as it is known (all of it when `final`)."""
+        raise NotImplementedError
+
+
+class _TaggedParser(_AutoParser):
+    """Tool calls in stretches of the text that a tag (`start_tag`) opens; the text outside them is content.
+    Content is streamed as it comes except for a tail that could begin the tag, which waits for the next
+    text; whitespace between and after the stretches is dropped; other text after one is content too. What
+    a stretch holds, and where it ends, is the subclass's (`_open` and `_read`)."""
+
+    start_tag: str
+
+    def __init__(self, call_id: Callable[[], str] = tool_call_id) -> None:
+        super().__init__(call_id)
+        self._inside = False
+        """A stretch is open (the subclass reads `_pending`)."""
+        self._after_block = False
+        """The last thing read was a stretch (whitespace waits to see whether more text or a stretch follows)."""
+
+    def _open(self) -> None:
+        """A stretch begins, its tag read."""
+        raise NotImplementedError
+
+    def _read(self, final: bool) -> tuple[str, list[dict[str, Any]], bool]:
+        """Read the open stretch from `_pending`: (content, deltas, whether the stretch has ended)."""
+        raise NotImplementedError
+
+    def _drain(self, final: bool) -> Piece:
         content, calls = "", []
         while True:
-            if self._block is not None:
-                end = self._pending.find(TOOL_CALL_END)
-                cut = end if end >= 0 else len(self._pending) - (0 if final else _partial_tag(self._pending,
-                                                                                               TOOL_CALL_END))
-                body = self._pending[:cut]
-                self._pending = self._pending[cut + len(TOOL_CALL_END):] if end >= 0 else self._pending[cut:]
-                self._raw += body
-                calls += self._block.feed(body)
-                if end < 0 and not final:
+            if self._inside:
+                text, more, ended = self._read(final)
+                content, calls = content + text, calls + more
+                if not ended:
                     break
-                calls += self._block.close()
-                if not self._block.called:
-                    content += TOOL_CALL_START + self._raw + (TOOL_CALL_END if end >= 0 else "")
-                self._block, self._raw, self._after_block = None, "", True
+                self._inside = False
                 continue
-            start = self._pending.find(TOOL_CALL_START)
+            start = self._pending.find(self.start_tag)
             if start >= 0:
                 text = self._pending[:start]
                 if not (self._after_block and text.isspace()):
                     content += text
-                self._pending = self._pending[start + len(TOOL_CALL_START):]
-                self._block = _CallReader(0, "arguments", self._next_index)
+                self._pending = self._pending[start + len(self.start_tag):]
+                self._inside, self._after_block = True, False
+                self._open()
                 continue
-            held = 0 if final else _partial_tag(self._pending, TOOL_CALL_START)
+            held = 0 if final else _partial_tag(self._pending, self.start_tag)
             text = self._pending[:len(self._pending) - held]
             if self._after_block and (text.isspace() or not text):
                 if final:
                     self._pending = ""
-                break  # whitespace after a block: dropped if a block or the end follows
+                break  # whitespace after a stretch: dropped if a stretch or the end follows
             content += text
             self._pending = self._pending[len(text):]
             self._after_block = False
             break
         return content, calls
+
+
+class HermesParser(_TaggedParser):
+    """Hermes-format tool calls (Qwen2.5, Qwen3, Hermes 2 Pro and others), as vLLM's `hermes` parser reads
+    them. Content is the text before the first `<tool_call>`; whitespace between and after blocks is
+    dropped; other text after a block is content too (vLLM drops it from a whole response and streams
+    it). A block is a call once its JSON has given a string "name" and begun its "arguments" (`_CallReader`);
+    one that never does (not JSON, no string "name", no "arguments") stays in the content as written.
+    A call's JSON that breaks off after that (cut by max_tokens, malformed, text after it in the block)
+    keeps the arguments read up to there, as a stream has sent them."""
+
+    start_tag = TOOL_CALL_START
+    kept_tags = (TOOL_CALL_START, TOOL_CALL_END)
+
+    def _open(self) -> None:
+        self._block = _CallReader(0, ("arguments",), self._next_index, self.call_id)
+        self._raw = ""
+        """The open block's text as written (its content, should it not be a call)."""
+
+    def _read(self, final: bool) -> tuple[str, list[dict[str, Any]], bool]:
+        end = self._pending.find(TOOL_CALL_END)
+        cut = end if end >= 0 else len(self._pending) - (0 if final else _partial_tag(self._pending, TOOL_CALL_END))
+        body = self._pending[:cut]
+        self._pending = self._pending[cut + len(TOOL_CALL_END):] if end >= 0 else self._pending[cut:]
+        self._raw += body
+        _, calls = self._block.feed(body)
+        if end < 0 and not final:
+            return "", calls, False
+        calls += self._block.close()
+        content = "" if self._block.called else TOOL_CALL_START + self._raw + (TOOL_CALL_END if end >= 0 else "")
+        self._after_block = True
+        return content, calls, True
+
+
+class MistralParser(_TaggedParser):
+    """Mistral-format tool calls, as vLLM's `mistral` parser reads them: content, then `[TOOL_CALLS]` and
+    either a JSON list of `{"name": ..., "arguments": {...}}` (Mistral 7B Instruct v0.3 and other models of
+    tokenizer versions before 11) or a call's name, optionally `[ARGS]`, and its JSON arguments object
+    (`[TOOL_CALLS]name[ARGS]{...}`, Mistral Small 3.x and later; `[TOOL_CALLS]` again before each further
+    call). Each call goes out once its name is whole and its arguments have begun, its arguments then sent
+    as they settle, in json.dumps's layout (for the name form too, where vLLM passes the model's text on).
+    A stretch after `[TOOL_CALLS]` that makes no call (not JSON, a name of other characters than letters,
+    digits, `_` and `-`, arguments not an object) stays in the content as written; text after the calls is
+    content too, the whitespace before it dropped. A call's JSON that breaks off keeps the arguments read
+    up to there; the text after it, up to the next `[TOOL_CALLS]`, is dropped. Tool call ids are vLLM's
+    mistral ones (9 letters and digits)."""
+
+    start_tag = TOOL_CALLS
+    kept_tags = (TOOL_CALLS, ARGS)
+
+    def __init__(self, call_id: Callable[[], str] = mistral_tool_call_id) -> None:
+        super().__init__(call_id)
+
+    def _open(self) -> None:
+        self._raw = TOOL_CALLS
+        """The stretch's text as written, from its tag (its content, should it make no call)."""
+        self._reader: _CallReader | _ArgumentsReader | None = None
+        self._name: str | None = None
+        """The name form's name so far (None: not known to be that form yet)."""
+        self._skipping = False
+        """A call broke off: the text up to the next `[TOOL_CALLS]` is dropped."""
+
+    def _read(self, final: bool) -> tuple[str, list[dict[str, Any]], bool]:
+        if self._skipping:
+            return self._skip(final)
+        if self._reader is None:
+            form = self._form(final) if self._name is None else "name"
+            if form == "name":
+                form = self._read_name(final)
+            if form == "wait":
+                return "", [], False
+            if form == "none":
+                return self._refuse([])
+        return self._read_calls(final)
+
+    def _form(self, final: bool) -> str:
+        """The form of the calls, from the first character after the tag and its whitespace: `[` opens the
+        JSON list ("ready"), a name character the name form ("name"); "none" for anything else or an end
+        before it, "wait" until it is known."""
+        text = self._pending.lstrip(WHITESPACE)
+        if not text:
+            return "none" if final else "wait"
+        self._raw += self._pending[:len(self._pending) - len(text)]
+        self._pending = text
+        if text[0] == "[":
+            self._reader = _CallReader(1, ("arguments",), self._next_index, self.call_id)
+            return "ready"
+        if not _MISTRAL_NAME.match(text).group():
+            return "none"
+        self._name = ""
+        return "name"
+
+    def _read_name(self, final: bool) -> str:
+        """Read the name form's name up to `[ARGS]` or its arguments' `{`, then open its arguments ("ready");
+        "none" where something else follows the name (or the text ends first), "wait" until it is known."""
+        name = _MISTRAL_NAME.match(self._pending).group()
+        self._name += name
+        self._raw += name
+        rest = self._pending = self._pending[len(name):]
+        if rest.startswith(ARGS) or rest.startswith("{"):
+            separator = ARGS if rest.startswith(ARGS) else ""
+            self._raw += separator
+            self._pending = rest[len(separator):]
+            self._reader = _ArgumentsReader(self._name, self._next_index, self.call_id)
+            return "ready"
+        return "wait" if not final and ARGS.startswith(rest) else "none"
+
+    def _read_calls(self, final: bool) -> tuple[str, list[dict[str, Any]], bool]:
+        read, calls = self._reader.feed(self._pending)
+        self._raw += self._pending[:read]
+        self._pending = self._pending[read:]
+        if not (self._reader.ended or final):
+            return "", calls, False
+        calls += self._reader.close()
+        if not self._reader.called:
+            return self._refuse(calls)
+        if self._reader.json.done:
+            self._after_block = True
+            return "", calls, True
+        self._skipping = True
+        content, more, ended = self._skip(final)
+        return content, calls + more, ended
+
+    def _skip(self, final: bool) -> tuple[str, list[dict[str, Any]], bool]:
+        """Drop the text up to the next `[TOOL_CALLS]` (the stretch ends there, or at the end)."""
+        start = self._pending.find(TOOL_CALLS)
+        if start >= 0:
+            self._pending = self._pending[start:]
+            return "", [], True
+        held = 0 if final else _partial_tag(self._pending, TOOL_CALLS)
+        self._pending = self._pending[len(self._pending) - held:]
+        return "", [], final
+
+    def _refuse(self, calls: list[dict[str, Any]]) -> tuple[str, list[dict[str, Any]], bool]:
+        """The stretch made no call: its text as written is content; what follows is read as content again."""
+        return self._raw, calls, True
+
+
+class Llama3JsonParser(_AutoParser):
+    """Llama 3.x JSON tool calls, as vLLM's `llama3_json` parser reads them: the output (after whitespace,
+    and `<|python_tag|>` where the text keeps it) is a call `{"name": ..., "parameters": {...}}` ("arguments"
+    is read too, the first of the two given), then more calls, each after a `;`. Output that does not begin
+    with `{` is content, all of it (as vLLM streams it). Each call goes out once its name is whole and its
+    arguments have begun, its arguments then sent as they settle, in json.dumps's layout (`_CallReader`).
+    A JSON object that makes no call (no string "name", no arguments; not JSON) is content as written, and
+    so is everything after it; text after the calls that is not `;` and a call is content too (vLLM drops it).
+    A call's JSON that breaks off (cut by max_tokens, malformed) keeps the arguments read up to there; the
+    text after it is dropped. The leading whitespace, the separators and a trailing `;` are not content."""
+
+    kept_tags = ()
+    """`<|python_tag|>` stays dropped, as in vLLM, whose text does not keep it either."""
+
+    def __init__(self, call_id: Callable[[], str] = tool_call_id) -> None:
+        super().__init__(call_id)
+        self._state = "start"
+        """start (nothing but whitespace yet), call (a call's JSON), between (after a call), content (all the
+        rest is content) or dropped (all the rest is dropped)."""
+        self._reader: _CallReader | None = None
+        self._raw = ""
+        """The open call's text as written, from the end of the previous one (its content should it make none)."""
+
+    def _drain(self, final: bool) -> Piece:
+        content, calls = "", []
+        while True:
+            state = self._state
+            read = {"start": self._read_start, "call": self._read_call, "between": self._read_between,
+                    "content": self._read_content, "dropped": self._read_dropped}[state]
+            text, more = read(final)
+            content, calls = content + text, calls + more
+            if self._state == state:
+                return content, calls
+
+    def _read_start(self, final: bool) -> Piece:
+        text = self._pending.lstrip(WHITESPACE)
+        if text.startswith(PYTHON_TAG):
+            text = text[len(PYTHON_TAG):].lstrip(WHITESPACE)
+        elif PYTHON_TAG.startswith(text) and text and not final:
+            return "", []
+        return self._open_call(text, final)
+
+    def _read_between(self, final: bool) -> Piece:
+        text = self._pending.lstrip(WHITESPACE)
+        if not text:
+            if final:
+                self._pending = ""
+            return "", []
+        if text[0] != ";":
+            self._state = "content"
+            return "", []
+        return self._open_call(text[1:].lstrip(WHITESPACE), final, separator=True)
+
+    def _open_call(self, text: str, final: bool, separator: bool = False) -> Piece:
+        """Open a call where `text` (the end of `_pending`) begins with `{`; content where it begins with
+        anything else; wait where it is empty."""
+        if not text:
+            if final:
+                self._state = "content" if not separator else "dropped"
+            return "", []
+        if text[0] != "{":
+            self._state = "content"
+            return "", []
+        self._raw = self._pending[:len(self._pending) - len(text)]
+        self._pending = text
+        self._reader = _CallReader(0, ("parameters", "arguments"), self._next_index, self.call_id)
+        self._state = "call"
+        return "", []
+
+    def _read_call(self, final: bool) -> Piece:
+        read, calls = self._reader.feed(self._pending)
+        self._raw += self._pending[:read]
+        self._pending = self._pending[read:]
+        if not (self._reader.ended or final):
+            return "", calls
+        calls += self._reader.close()
+        if not self._reader.called:
+            self._state = "content"
+            return self._raw, calls
+        self._state = "between" if self._reader.json.done else "dropped"
+        return "", calls
+
+    def _read_content(self, final: bool) -> Piece:
+        text, self._pending = self._pending, ""
+        return text, []
+
+    def _read_dropped(self, final: bool) -> Piece:
+        self._pending = ""
+        return "", []
+
+
+AUTO_PARSERS: dict[str, type[_AutoParser]] = {
+    "hermes": HermesParser, "llama3_json": Llama3JsonParser, "mistral": MistralParser}
+"""tool_choice auto's parsers by `--tool-call-parser` name (vLLM's names; `tools.TOOL_PARSERS` lists them)."""
 
 
 class RequiredParser:
@@ -271,7 +601,7 @@ class RequiredParser:
     def __init__(self) -> None:
         self._text = ""
         self._index = 0
-        self._reader = _CallReader(1, "parameters", self._next_index)
+        self._reader = _CallReader(1, ("parameters",), self._next_index)
 
     @property
     def called(self) -> bool:
@@ -283,7 +613,7 @@ class RequiredParser:
 
     def feed(self, text: str) -> Piece:
         self._text += text
-        return "", self._reader.feed(text)
+        return "", self._reader.feed(text)[1]
 
     def finish(self) -> Piece:
         calls = self._reader.close()
@@ -322,7 +652,7 @@ class ToolCallOutput:
         self.choice = tool_use.choice
         self.parallel = tool_use.parallel
         self.parser: Parser = (NamedParser(tool_use.name) if tool_use.choice == "named" else
-                               RequiredParser() if tool_use.choice == "required" else HermesParser())
+                               RequiredParser() if tool_use.choice == "required" else AUTO_PARSERS[tool_use.parser]())
 
     @classmethod
     def for_request(cls, tool_use: ToolUse | None) -> "ToolCallOutput | None":

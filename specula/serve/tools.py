@@ -9,10 +9,12 @@ Every tool reaches the chat template (`tokenizer.apply_chat_template(..., tools=
 them into the prompt as the model was trained to read them; what the choice changes is the output:
 
 - none: the output is not parsed (free text, as without tools);
-- auto (the default when tools are given): generation is untouched, and the text is parsed for the
-  hermes format's `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` blocks
-  (`specula.serve.tool_calls`; tags that the tokenizer makes special tokens are kept in the text for it).
-  As in vLLM, the server must be started with `--enable-auto-tool-choice --tool-call-parser hermes`;
+- auto (the default when tools are given): generation is untouched, and the text is parsed for tool
+  calls in the format the server's `--tool-call-parser` names (`specula.serve.tool_calls`): hermes's
+  `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` blocks, llama3_json's `{"name": ...,
+  "parameters": {...}}` objects separated by `;`, or mistral's `[TOOL_CALLS]` and its calls (tags that the
+  tokenizer makes special tokens are kept in the text for the parser). As in vLLM, the server must be
+  started with `--enable-auto-tool-choice --tool-call-parser <parser>`;
 - required: the output is constrained (`Constraint.json_schema`) to a JSON list of at least one
   `{"name": <a tool's name>, "parameters": <its parameters>}` (vLLM's schema), turned into tool calls;
 - named: the output is constrained to the named tool's parameters schema and becomes its arguments.
@@ -31,7 +33,7 @@ from specula.errors import ConfigError
 
 ToolChoice = Literal["none", "auto", "required", "named"]
 
-TOOL_PARSERS = ("hermes",)
+TOOL_PARSERS = ("hermes", "llama3_json", "mistral")
 """The output formats `--tool-call-parser` can parse for tool_choice auto (vLLM's names)."""
 
 EMPTY_PARAMETERS: dict[str, Any] = {"type": "object", "properties": {}}
@@ -48,7 +50,8 @@ def auto_tool_parser(enable_auto_tool_choice: bool, tool_call_parser: str | None
         raise ConfigError(f"--tool-call-parser {tool_call_parser!r} is not one this server has; choose "
                           f"{', '.join(TOOL_PARSERS)}")
     if enable_auto_tool_choice and tool_call_parser is None:
-        raise ConfigError("--enable-auto-tool-choice needs --tool-call-parser (e.g. --tool-call-parser hermes)")
+        raise ConfigError(f"--enable-auto-tool-choice needs --tool-call-parser: {', '.join(TOOL_PARSERS)} (the "
+                          "format the model writes its tool calls in)")
     return tool_call_parser if enable_auto_tool_choice else None
 
 
@@ -74,6 +77,8 @@ class ToolUse:
     """The tool a named choice calls (None otherwise)."""
     parallel: bool = True
     """`parallel_tool_calls`: False keeps the first tool call of an output only (as vLLM does)."""
+    parser: str = "hermes"
+    """The format tool_choice auto's output is parsed in (one of `TOOL_PARSERS`; read for auto only)."""
 
     def parameters(self, name: str) -> dict[str, Any]:
         """The parameters schema of the tool `name` (an empty object's when it gives none)."""
@@ -161,7 +166,7 @@ def parse_tool_use(body: Mapping[str, Any], tool_parser: str | None) -> ToolUse 
     """A chat request's tools and tool_choice (None: no tools, and a tool_choice of none or auto, which
     then mean nothing). vLLM's rules: tool_choice defaults to "auto" when tools are given; "required" and
     a named choice need tools (a named one, one of them); "auto" with tools needs the server's
-    `tool_parser` (`--enable-auto-tool-choice --tool-call-parser hermes`)."""
+    `tool_parser` (`--enable-auto-tool-choice --tool-call-parser PARSER`, one of `TOOL_PARSERS`)."""
     tools = parse_tools(body)
     choice = body.get("tool_choice")
     if choice is None:
@@ -186,9 +191,10 @@ def parse_tool_use(body: Mapping[str, Any], tool_parser: str | None) -> ToolUse 
                         "specified `tools`", "tool_choice")
     if choice == "auto" and tool_parser is None:
         raise ToolError("\"auto\" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set "
-                        "(start the server with `--enable-auto-tool-choice --tool-call-parser hermes`), or give "
+                        "(start the server with `--enable-auto-tool-choice --tool-call-parser hermes`, or llama3_json or "
+                        "mistral: the format the model writes its calls in), or give "
                         "tool_choice \"none\", \"required\" or a named tool", "tool_choice")
-    return ToolUse(tools, choice, name, parallel is not False)
+    return ToolUse(tools, choice, name, parallel is not False, tool_parser or "hermes")
 
 
 def _named_choice(choice: dict[str, Any]) -> str:

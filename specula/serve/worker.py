@@ -147,7 +147,7 @@ class Worker:
         self.max_batch_size = max_batch_size
         self.request_timeout = request_timeout
         self._goodput = Ema(0.2)  # the batch's tokens per step-second
-        self._tool_tags: tuple[int, ...] | None = None  # `special_tags` of the tokenizer, once needed
+        self._tool_tags: dict[str, tuple[int, ...]] = {}  # `special_tags` of the tokenizer by parser, once needed
         if max_batch_size > 1:
             log.info("timing packed passes of up to %d sequences (cached after the first run)", max_batch_size)
             spec.prepare_batch(max_batch_size)  # the goodput plan's cost table, before the first batch
@@ -347,13 +347,15 @@ class Worker:
                 for i, limit in enumerate(limits) for j in range(request.n)]
 
     def _kept_special(self, request: GenerationRequest) -> tuple[int, ...]:
-        """The special tokens the output's text keeps: the hermes parser's tags where the tokenizer makes them
-        special and tool_choice auto parses the output (as vLLM's hermes parser keeps special tokens)."""
-        if request.tool_use is None or request.tool_use.choice != "auto" or self.spec.tokenizer is None:
+        """The special tokens the output's text keeps: the tool call parser's tags (hermes's, mistral's) where
+        the tokenizer makes them special and tool_choice auto parses the output (as vLLM's parsers keep
+        special tokens)."""
+        tool_use = request.tool_use
+        if tool_use is None or tool_use.choice != "auto" or self.spec.tokenizer is None:
             return ()
-        if self._tool_tags is None:
-            self._tool_tags = special_tags(self.spec.tokenizer)
-        return self._tool_tags
+        if tool_use.parser not in self._tool_tags:
+            self._tool_tags[tool_use.parser] = special_tags(self.spec.tokenizer, tool_use.parser)
+        return self._tool_tags[tool_use.parser]
 
     def _start(self, choice: _Choice) -> _Running:
         """Prefill a choice: it joins the batch (the request's first sends `Started`)."""

@@ -1,17 +1,20 @@
-"""Tool calls parsed out of generated text (`specula.serve.tool_calls`): the hermes format of tool_choice
-auto, the JSON list of required, a named tool's arguments; streamed piece by piece, they add up to what
-the whole text gives, and no piece of a `<tool_call>` tag leaks as content."""
+"""Tool calls parsed out of generated text (`specula.serve.tool_calls`): the hermes, llama3_json and
+mistral formats of tool_choice auto, the JSON list of required, a named tool's arguments; streamed piece by
+piece, they add up to what the whole text gives, and no piece of a `<tool_call>` or `[TOOL_CALLS]` tag
+leaks as content."""
 
 from __future__ import annotations
 
 import json
 import random
+import re
 
 import pytest
 
-from specula.serve.tool_calls import (HermesParser, NamedParser, RequiredParser, ToolCallOutput, join_tool_calls,
+from specula.serve.tool_calls import (AUTO_PARSERS, HermesParser, Llama3JsonParser, MistralParser, NamedParser,
+                                      RequiredParser, ToolCallOutput, join_tool_calls, mistral_tool_call_id,
                                       tool_call_id)
-from specula.serve.tools import ToolUse
+from specula.serve.tools import TOOL_PARSERS, ToolUse
 
 CALL = '{"name": "get_weather", "arguments": {"city": "Paris", "unit": "c"}}'
 CALL2 = '{"name": "get_time", "arguments": {"zone": "Zürich"}}'
@@ -242,3 +245,145 @@ def test_the_output_of_a_request_and_its_finish_reason():
 def _random_pieces(rng: random.Random, text: str) -> list[str]:
     cuts = sorted(rng.sample(range(1, len(text)), min(len(text) - 1, rng.randint(1, 8)))) if len(text) > 1 else []
     return [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)])]
+
+
+# --------------------------------------------------------------------------- llama3_json and mistral
+
+WEATHER_ARGS = {"city": "Paris", "unit": "c"}
+WEATHER = json.dumps(WEATHER_ARGS)
+LLAMA = '{"name": "get_weather", "parameters": {"city": "Paris", "unit": "c"}}'
+LLAMA_CASES = [
+    # (generated text, content, calls)
+    ("The weather is fine.", "The weather is fine.", []),
+    (LLAMA, "", [("get_weather", WEATHER)]),
+    ("\n<|python_tag|>" + LLAMA, "", [("get_weather", WEATHER)]),
+    ('{"name":"get_time","arguments":{"zone":"Zürich"}}', "", [("get_time", '{"zone": "Zürich"}')]),  # vLLM's too
+    (f"{LLAMA}; {LLAMA.replace('get_weather', 'get_time')};", "",
+     [("get_weather", WEATHER), ("get_time", WEATHER)]),
+    (f"Let me check. {LLAMA}", f"Let me check. {LLAMA}", []),  # content before a call: all content
+    (f"{LLAMA}\nDone.", "\nDone.", [("get_weather", WEATHER)]),
+    ('{"name": "get_weather", "parameters": {"city": "Par', "", [("get_weather", '{"city": "Par')]),  # max_tokens
+    ('{"name": "get_weather", "param', '{"name": "get_weather", "param', []),  # cut before a call began
+    ('{"answer": 42} is the JSON', '{"answer": 42} is the JSON', []),  # an object that is no call
+    ("{braces} and a name", "{braces} and a name", []),
+    ('<|python_tag|>brave_search.call(query="x")', '<|python_tag|>brave_search.call(query="x")', []),
+    ("<|python", "<|python", []),
+    ("  ", "  ", []),
+]
+MISTRAL = ('[{"name": "get_weather", "arguments": {"city": "Paris", "unit": "c"}}, '
+           '{"name": "get_time", "arguments": {}}]')
+MISTRAL_CASES = [
+    ("The weather is fine.", "The weather is fine.", []),
+    ("[TOOL_CALLS]" + MISTRAL, "", [("get_weather", WEATHER), ("get_time", "{}")]),
+    ("Let me check.[TOOL_CALLS] " + MISTRAL, "Let me check.", [("get_weather", WEATHER), ("get_time", "{}")]),
+    ('[TOOL_CALLS]get_weather[ARGS]{"city": "Paris", "unit": "c"}[TOOL_CALLS]get_time[ARGS]{}', "",
+     [("get_weather", WEATHER), ("get_time", "{}")]),  # the newer form, each call after its own tag
+    ('Sure.[TOOL_CALLS]get_weather{"city":"Paris","unit":"c"}', "Sure.", [("get_weather", WEATHER)]),
+    ('[TOOL_CALLS]get_weather[ARGS]{"city": "Paris"} Done.', " Done.", [("get_weather", '{"city": "Paris"}')]),
+    ('[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Pa', "", [("get_weather", '{"city": "Pa')]),
+    ('[TOOL_CALLS]get_weather[ARGS]{"city": "Pa', "", [("get_weather", '{"city": "Pa')]),  # cut by max_tokens
+    ('[TOOL_CALLS][{"name": "get_weath', '[TOOL_CALLS][{"name": "get_weath', []),  # cut before a call began
+    ("[TOOL_CALLS]get_wea", "[TOOL_CALLS]get_wea", []),
+    ("a [TOOLS] b [TOOL_CALL", "a [TOOLS] b [TOOL_CALL", []),  # brackets and a tag's start that never finished
+    ("use [TOOL_CALLS] here", "use [TOOL_CALLS] here", []),  # the tag word, no call after it
+    ("[TOOL_CALLS][1, 2] [ARGS]", "[TOOL_CALLS][1, 2] [ARGS]", []),
+    ('[TOOL_CALLS]get_weather[ARGS]"Paris"', '[TOOL_CALLS]get_weather[ARGS]"Paris"', []),  # arguments no object
+    ("[TOOL_CALLS]", "[TOOL_CALLS]", []),
+]
+PARSER_CASES = ([pytest.param(Llama3JsonParser, *case, id=f"llama3_json-{i}") for i, case in enumerate(LLAMA_CASES)]
+                + [pytest.param(MistralParser, *case, id=f"mistral-{i}") for i, case in enumerate(MISTRAL_CASES)])
+_TOKEN = re.compile(r"\[TOOL_CALLS\]|\[ARGS\]|<\|python_tag\|>|\s*\w+|\s+|.")
+
+
+def token_pieces(text: str) -> list[str]:
+    """`text` in pieces as a tokenizer's tokens would bring it: each tag whole, words with the space before them,
+    every other character alone."""
+    pieces = _TOKEN.findall(text)
+    assert "".join(pieces) == text
+    return pieces
+
+
+@pytest.mark.parametrize("parser, text, content, calls", PARSER_CASES)
+def test_llama3_json_and_mistral_outputs_become_tool_calls(parser, text, content, calls):
+    """(content, [(name, arguments)]): the arguments in json.dumps's layout, as vLLM's whole response writes them."""
+    got_content, got_calls = whole(parser(), text)
+    assert (got_content, [(c["function"]["name"], c["function"]["arguments"]) for c in got_calls]) == (content, calls)
+
+
+@pytest.mark.parametrize("parser, text, content, calls", PARSER_CASES)
+def test_llama3_json_and_mistral_streamed_in_any_pieces_add_up_to_the_whole(parser, text, content, calls):
+    """Split at every character, into token-like pieces, at every single boundary and at random: the same
+    content and calls, and content once sent is never taken back."""
+    functions = [c["function"] for c in whole(parser(), text)[1]]
+    rng = random.Random(0)
+    splits = [list(text), token_pieces(text)] + [[text[:i], text[i:]] for i in range(1, len(text))]
+    for pieces in splits + [_random_pieces(rng, text) for _ in range(10)]:
+        got_content, got_calls, sent = streamed(parser(), pieces)
+        assert (got_content, [c["function"] for c in got_calls]) == (content, functions), pieces
+        assert all(content.startswith(s) for s in sent), pieces
+
+
+def test_a_llama3_json_call_streams_its_name_then_its_arguments_as_they_come():
+    got = deltas_by_piece(Llama3JsonParser(), token_pieces(LLAMA))
+    flat = [d for ds in got for d in ds]
+    first, rest = flat[0], flat[1:]
+    assert first["function"] == {"name": "get_weather", "arguments": "{"} and first["index"] == 0
+    assert first["id"].startswith("chatcmpl-tool-") and first["type"] == "function"
+    assert len(rest) > 3 and all(d.keys() == {"index", "function"} and d["index"] == 0 for d in rest)
+    assert join_tool_calls(flat)[0]["function"]["arguments"] == json.dumps(WEATHER_ARGS)
+
+
+def test_llama3_json_holds_back_only_what_could_still_be_a_call():
+    parser = Llama3JsonParser()
+    assert parser.feed("  ") == ("", [])  # leading whitespace: a call may follow
+    assert parser.feed("Hi {") == ("  Hi {", [])  # not a call: content, all of it, as it comes
+    assert parser.feed('"name": "f"}') == ('"name": "f"}', []) and not parser.called
+    parser = Llama3JsonParser()
+    assert parser.feed('{"answer": ') == ("", [])  # an object: held until it shows whether it is a call
+    assert parser.feed("42}") == ('{"answer": 42}', [])
+    assert parser.feed(" more") == (" more", [])
+
+
+def test_mistral_holds_back_a_tag_start_and_names_each_call_with_a_mistral_id():
+    parser = MistralParser()
+    assert parser.feed("Let me check. [TOOL") == ("Let me check. ", [])
+    assert parser.feed("_CALLS]get_wea") == ("", [])
+    content, calls = parser.feed('ther[ARGS]{"city": ')
+    assert content == "" and calls[0]["function"] == {"name": "get_weather", "arguments": '{"city"'}
+    assert re.fullmatch("[A-Za-z0-9]{9}", calls[0]["id"]) and parser.called
+    assert parser.feed('"Paris"}') == ("", [{"index": 0, "function": {"arguments": ': "Paris"}'}}])
+    assert parser.finish() == ("", [])
+    assert re.fullmatch("[A-Za-z0-9]{9}", mistral_tool_call_id()) and mistral_tool_call_id() != mistral_tool_call_id()
+
+
+@pytest.mark.parametrize("parser, text, function", [
+    (Llama3JsonParser, '{"name": "f", "parameters": {"a": 1, "b": tru}} x; {"name": "g", "parameters": {}}',
+     {"name": "f", "arguments": '{"a": 1, "b"'}),
+    (MistralParser, '[TOOL_CALLS][{"name": "f", "arguments": {"a": 1, "b": tru}}] x',
+     {"name": "f", "arguments": '{"a": 1, "b"'}),
+    (MistralParser, '[TOOL_CALLS]f[ARGS]{"a": 1, "b": tru} x', {"name": "f", "arguments": '{"a": 1, "b"'}),
+])
+def test_a_llama3_json_or_mistral_call_that_breaks_off_keeps_its_arguments_and_drops_the_rest(parser, text,
+                                                                                             function):
+    for pieces in ([text], list(text), token_pieces(text)):
+        got_content, calls, _ = streamed(parser(), pieces)
+        assert got_content == "" and [c["function"] for c in calls] == [function]
+
+
+def test_a_mistral_call_after_a_broken_one_is_still_read():
+    text = '[TOOL_CALLS]f[ARGS]{"a": tru} junk [TOOL_CALLS]g[ARGS]{"b": 2}'
+    _, calls = whole(MistralParser(), text)
+    assert [(c["function"]["name"], c["function"]["arguments"]) for c in calls] == [("f", '{"a"'), ("g", '{"b": 2}')]
+    assert calls[0]["id"] != calls[1]["id"]
+
+
+def test_the_server_parsers_are_the_tool_call_parsers_it_offers():
+    tools = ({"type": "function", "function": {"name": "get_weather"}},)
+    assert tuple(AUTO_PARSERS) == TOOL_PARSERS == ("hermes", "llama3_json", "mistral")
+    for name, kind in AUTO_PARSERS.items():
+        assert type(ToolCallOutput.for_request(ToolUse(tools, "auto", parser=name)).parser) is kind
+    llama = ToolCallOutput.for_request(ToolUse(tools, "auto", parallel=False, parser="llama3_json"))
+    content, calls = llama.feed(f"{LLAMA}; {LLAMA}")
+    assert content == "" and [c["index"] for c in calls] == [0] and llama.finish_reason("stop") == "tool_calls"
+    mistral = ToolCallOutput.for_request(ToolUse(tools, "auto", parser="mistral"))
+    assert mistral.feed("[TOOL_CALLS]" + MISTRAL)[0] == "" and mistral.finish_reason("length") == "length"

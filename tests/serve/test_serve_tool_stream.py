@@ -1,10 +1,12 @@
 """Streamed tool calls on the server, as vLLM streams them: a call's name as soon as it is known, then its
 arguments piece by piece as the tokens come; joined, the deltas are the whole response's tool calls. And
-`<tool_call>` tags that the tokenizer makes special tokens: kept in the text the parser reads."""
+`<tool_call>` (mistral's `[TOOL_CALLS]`, `[ARGS]`) tags that the tokenizer makes special tokens: kept in
+the text the parser reads. The same for the llama3_json and mistral parsers."""
 
 from __future__ import annotations
 
 import json
+import re
 
 import openai
 import pytest
@@ -190,3 +192,73 @@ def test_a_named_tool_whose_name_holds_a_lone_surrogate_is_called_by_that_name(l
     deltas = [d for c in chunks for d in c["choices"][0]["delta"].get("tool_calls", [])]
     assert call["function"]["name"] == deltas[0]["function"]["name"] == "w\ud83d"
     assert "".join(d["function"]["arguments"] for d in deltas) == call["function"]["arguments"]
+
+
+# --------------------------------------------------------------------------- llama3_json and mistral
+
+LLAMA_SCRIPT = ['{"name": "get_weather", ', '"parameters": {"city": ', '"Paris"', "}}"]
+"""A Llama 3.x answer: the call's JSON object alone, its arguments under "parameters"."""
+MISTRAL_SCRIPT = ["Let me check.", "[TOOL_CALLS]", "get_weather", "[ARGS]", '{"city": ', '"Paris"', "}"]
+"""A Mistral Small 3 answer: content, then `[TOOL_CALLS]name[ARGS]{...}` (both tags special tokens)."""
+MISTRAL_TAGS = ("[TOOL_CALLS]", "[ARGS]")
+
+
+def whole_and_streamed(client, **extra):
+    """The whole response's choice, and the stream's chunks' choices, of the weather question."""
+    args = dict(model=MODEL, messages=ASK, tools=[WEATHER], temperature=0, **extra)
+    whole = client.chat.completions.create(**args).choices[0]
+    return whole, [c.choices[0] for c in client.chat.completions.create(**args, stream=True)]
+
+
+@pytest.fixture(scope="module", params=["llama3_json", "mistral"])
+def parser_server(request):
+    """(parser, tokenizer, client) of a server of the scripted model answering the parser's script (one token
+    a piece, decoded one a step), tool_choice auto parsed by that parser."""
+    script, special = (LLAMA_SCRIPT, ()) if request.param == "llama3_json" else (MISTRAL_SCRIPT, MISTRAL_TAGS)
+    tokenizer = script_tokenizer(script, special=special)
+    with running(make_spec(scripted_model(tokenizer, script), tokenizer, "none"), enable_auto_tool_choice=True,
+                 tool_call_parser=request.param) as server:
+        yield request.param, tokenizer, openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0,
+                                                      timeout=60)
+
+
+def test_llama3_json_and_mistral_calls_stream_token_by_token_and_join_to_the_whole(parser_server):
+    parser, tokenizer, client = parser_server
+    whole, chunks = whole_and_streamed(client)
+    content = "Let me check." if parser == "mistral" else None
+    assert whole.message.content == content and whole.finish_reason == chunks[-1].finish_reason == "tool_calls"
+    assert "".join(c.delta.content or "" for c in chunks) == (content or "")
+    (call,) = whole.message.tool_calls
+    assert (call.function.name, call.function.arguments) == ("get_weather", '{"city": "Paris"}')
+    first, *rest = [d for c in chunks for d in (c.delta.tool_calls or [])]
+    assert (first.index, first.type, first.function.name, first.function.arguments) == (0, "function", "get_weather",
+                                                                                       '{"city"')
+    assert [(d.index, d.id, d.function.name, d.function.arguments) for d in rest] == [
+        (0, None, None, ': "Paris"'), (0, None, None, "}")]  # a token's worth each
+    id_form = "[A-Za-z0-9]{9}" if parser == "mistral" else "chatcmpl-tool-[0-9a-f]{32}"
+    assert re.fullmatch(id_form, call.id) and re.fullmatch(id_form, first.id)
+
+
+def test_mistral_tags_are_kept_where_they_are_special_tokens(parser_server):
+    """`[TOOL_CALLS]` and `[ARGS]` are special tokens in Mistral's tokenizers: the server keeps them in the text
+    under tool_choice auto (the call above was parsed); under none the text drops them as ever."""
+    parser, tokenizer, client = parser_server
+    ids = special_tags(tokenizer, parser)
+    if parser == "llama3_json":
+        assert ids == ()  # nothing to keep (vLLM's llama3_json reads the text without <|python_tag|>)
+        return
+    assert tokenizer.convert_ids_to_tokens(list(ids)) == list(MISTRAL_TAGS)
+    assert special_tags(tokenizer, "hermes") == ()
+    plain = client.chat.completions.create(model=MODEL, messages=ASK, tools=[WEATHER], temperature=0,
+                                           tool_choice="none").choices[0]
+    assert plain.message.content == 'Let me check.get_weather{"city": "Paris"}' and not plain.message.tool_calls
+
+
+def test_a_llama3_json_or_mistral_call_cut_by_max_tokens_keeps_what_was_read(parser_server):
+    parser, _, client = parser_server
+    tokens = 2 if parser == "llama3_json" else 5  # the call named, its arguments begun, "Paris" not yet
+    whole, chunks = whole_and_streamed(client, max_tokens=tokens)
+    assert whole.finish_reason == chunks[-1].finish_reason == "length"
+    (call,) = whole.message.tool_calls
+    assert (call.function.name, call.function.arguments) == ("get_weather", '{"city"')
+    assert "".join(d.function.arguments for c in chunks for d in (c.delta.tool_calls or [])) == '{"city"'
