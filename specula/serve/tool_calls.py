@@ -19,7 +19,8 @@ tool_choice auto parses the format the server's `--tool-call-parser` names (`AUT
   `<|python_tag|>`) with `{` is read as `{"name": ..., "parameters": {...}}` calls separated by `;`; any
   other output is content.
 - `MistralParser` (`mistral`): content, then `[TOOL_CALLS]` and a JSON list of `{"name", "arguments"}`
-  (Mistral 7B v0.3), or `[TOOL_CALLS]name[ARGS]{...}` for each call (Mistral Small 3 and later).
+  (Mistral 7B v0.3), or `[TOOL_CALLS]name[ARGS]{...}` for each call (Mistral Small 3 and later; some
+  models write `[CALL_ID]` and an id before `[ARGS]`).
 
 Where the tokenizer makes a format's tags special tokens (`kept_tags`: hermes's, mistral's), the output's
 text keeps them for the parser (`special_tags`, `SamplingParams.kept_special_tokens`; decoding drops
@@ -63,6 +64,8 @@ TOOL_CALLS = "[TOOL_CALLS]"
 """Mistral's token before its tool calls."""
 ARGS = "[ARGS]"
 """Mistral's token between a call's name and its arguments (the `[TOOL_CALLS]name[ARGS]{...}` form)."""
+CALL_ID = "[CALL_ID]"
+"""Mistral's token before the id that some models write between a call's name and `[ARGS]`."""
 
 Piece = tuple[str, list[dict[str, Any]]]
 """(content text, tool call deltas) of one stretch of output."""
@@ -74,7 +77,7 @@ _MISTRAL_ID = string.ascii_letters + string.digits
 
 def special_tags(tokenizer: Any, parser: str = "hermes") -> tuple[int, ...]:
     """The ids of the `parser`'s tags (`kept_tags`: hermes's `<tool_call>` and `</tool_call>`, mistral's
-    `[TOOL_CALLS]` and `[ARGS]`) where the tokenizer makes each a special token, which decoding with
+    `[TOOL_CALLS]`, `[ARGS]` and `[CALL_ID]`) where the tokenizer makes each a special token, which decoding with
     skip_special_tokens drops (a model's added special tokens): the output's text must keep them for the
     parser to see the calls. () where the tags are text (Qwen2.5's)."""
     ids = []
@@ -393,20 +396,20 @@ class HermesParser(_TaggedParser):
 
 
 class MistralParser(_TaggedParser):
-    """Mistral-format tool calls, as vLLM's `mistral` parser reads them: content, then `[TOOL_CALLS]` and
-    either a JSON list of `{"name": ..., "arguments": {...}}` (Mistral 7B Instruct v0.3 and other models of
-    tokenizer versions before 11) or a call's name, optionally `[ARGS]`, and its JSON arguments object
-    (`[TOOL_CALLS]name[ARGS]{...}`, Mistral Small 3.x and later; `[TOOL_CALLS]` again before each further
-    call). Each call goes out once its name is whole and its arguments have begun, its arguments then sent
-    as they settle, in json.dumps's layout (for the name form too, where vLLM passes the model's text on).
-    A stretch after `[TOOL_CALLS]` that makes no call (not JSON, a name of other characters than letters,
-    digits, `_` and `-`, arguments not an object) stays in the content as written; text after the calls is
-    content too, the whitespace before it dropped. A call's JSON that breaks off keeps the arguments read
-    up to there; the text after it, up to the next `[TOOL_CALLS]`, is dropped. Tool call ids are vLLM's
-    mistral ones (9 letters and digits)."""
+    """Mistral-format tool calls, as vLLM's `mistral` parser reads them: content, then `[TOOL_CALLS]` and either a JSON
+    list of `{"name": ..., "arguments": {...}}` (Mistral 7B Instruct v0.3 and other models of tokenizer versions
+    before 11) or a call's name, optionally `[ARGS]`, and its JSON arguments object
+    (`[TOOL_CALLS]name[ARGS]{...}`, Mistral Small 3.x and later, `[CALL_ID]` and an id before `[ARGS]` where a
+    model writes them; `[TOOL_CALLS]` again before each further call). Each call goes out once its name is whole
+    and its arguments have begun, its arguments then sent as they settle, in json.dumps's layout (for the name
+    form too, where vLLM passes the model's text on). A stretch after `[TOOL_CALLS]` that makes no call (not
+    JSON, a name of other characters than letters, digits, `_` and `-`, arguments not an object) stays in the
+    content as written; text after the calls is content too, the whitespace before it dropped. A call's JSON that
+    breaks off keeps the arguments read up to there; the text after it, up to the next `[TOOL_CALLS]`, is
+    dropped. Tool call ids are vLLM's mistral ones (9 letters and digits)."""
 
     start_tag = TOOL_CALLS
-    kept_tags = (TOOL_CALLS, ARGS)
+    kept_tags = (TOOL_CALLS, ARGS, CALL_ID)
 
     def __init__(self, call_id: Callable[[], str] = mistral_tool_call_id) -> None:
         super().__init__(call_id)
@@ -417,6 +420,8 @@ class MistralParser(_TaggedParser):
         self._reader: _CallReader | _ArgumentsReader | None = None
         self._name: str | None = None
         """The name form's name so far (None: not known to be that form yet)."""
+        self._model_id: str | None = None
+        """The id the model wrote after `[CALL_ID]`, so far (None: none yet; the call gets a new id as ever)."""
         self._skipping = False
         """A call broke off: the text up to the next `[TOOL_CALLS]` is dropped."""
 
@@ -451,19 +456,28 @@ class MistralParser(_TaggedParser):
         return "name"
 
     def _read_name(self, final: bool) -> str:
-        """Read the name form's name up to `[ARGS]` or its arguments' `{`, then open its arguments ("ready");
-        "none" where something else follows the name (or the text ends first), "wait" until it is known."""
-        name = _MISTRAL_NAME.match(self._pending).group()
-        self._name += name
-        self._raw += name
-        rest = self._pending = self._pending[len(name):]
+        """Read the name form's name (and `[CALL_ID]` and an id, where the model writes them) up to `[ARGS]` or
+        its arguments' `{`, then open its arguments ("ready"); "none" where something else follows the name
+        (or the text ends first), "wait" until it is known."""
+        chars = _MISTRAL_NAME.match(self._pending).group()
+        if self._model_id is None:
+            self._name += chars
+        else:
+            self._model_id += chars
+        self._raw += chars
+        rest = self._pending = self._pending[len(chars):]
+        if self._model_id is None and rest.startswith(CALL_ID):
+            self._raw += CALL_ID
+            self._pending, self._model_id = rest[len(CALL_ID):], ""
+            return self._read_name(final)
         if rest.startswith(ARGS) or rest.startswith("{"):
             separator = ARGS if rest.startswith(ARGS) else ""
             self._raw += separator
             self._pending = rest[len(separator):]
             self._reader = _ArgumentsReader(self._name, self._next_index, self.call_id)
             return "ready"
-        return "wait" if not final and ARGS.startswith(rest) else "none"
+        could_follow = ARGS.startswith(rest) or (self._model_id is None and CALL_ID.startswith(rest))
+        return "wait" if not final and could_follow else "none"
 
     def _read_calls(self, final: bool) -> tuple[str, list[dict[str, Any]], bool]:
         read, calls = self._reader.feed(self._pending)

@@ -279,6 +279,9 @@ MISTRAL_CASES = [
     ('[TOOL_CALLS]get_weather[ARGS]{"city": "Paris", "unit": "c"}[TOOL_CALLS]get_time[ARGS]{}', "",
      [("get_weather", WEATHER), ("get_time", "{}")]),  # the newer form, each call after its own tag
     ('Sure.[TOOL_CALLS]get_weather{"city":"Paris","unit":"c"}', "Sure.", [("get_weather", WEATHER)]),
+    ('[TOOL_CALLS]get_weather[CALL_ID]a1B2c3D4e[ARGS]{"city": "Paris", "unit": "c"}', "",
+     [("get_weather", WEATHER)]),  # the id some models write: not part of the name
+    ("[TOOL_CALLS]get_weather[CALL_ID]a1 b[ARGS]{}", "[TOOL_CALLS]get_weather[CALL_ID]a1 b[ARGS]{}", []),
     ('[TOOL_CALLS]get_weather[ARGS]{"city": "Paris"} Done.', " Done.", [("get_weather", '{"city": "Paris"}')]),
     ('[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Pa', "", [("get_weather", '{"city": "Pa')]),
     ('[TOOL_CALLS]get_weather[ARGS]{"city": "Pa', "", [("get_weather", '{"city": "Pa')]),  # cut by max_tokens
