@@ -183,11 +183,11 @@ def test_padded_tokens_cost_key_and_switches():
     assert [fixed.padded_tokens(n) for n in (1, 3, 70)] == [1, 4, 70]
     assert eager.cost_key()["cuda_graphs"] is False and fixed.cost_key()["cuda_graphs"] is False  # not captured
     assert NativeCausalLM(NativeDecoder.from_hf(model), "cpu").graphs is None  # default: CUDA only
-    with pytest.raises(ConfigError, match="CUDA device"):
+    with pytest.raises(ConfigError, match=r"CUDA device.*; turn them off \(cuda_graphs=False\)$"):
         eager.set_cuda_graphs(True)  # captured graphs on the CPU
     ops = configure(NativeDecoder.from_hf(model), "aten", "none", "batch_invariant")
-    with pytest.raises(ConfigError, match="batch-invariant"):
-        NativeCausalLM(ops, "inv", cuda_graphs=True)
+    with pytest.raises(ConfigError, match=r"batch-invariant.*; turn them off \(cuda_graphs=False\)$"):
+        NativeCausalLM(ops, "inv", cuda_graphs=True)  # the keyword a Python caller wrote, not --no-cuda-graphs
 
 
 def test_cuda_graphs_switch_reads_the_flag_then_the_environment(monkeypatch):

@@ -32,6 +32,10 @@ from specula.models.native.model import NativeDecoder, Segment
 from specula.models.sequence import TreeSequence
 from specula.tree import TokenTree
 
+GRAPHS_OFF = "turn them off (cuda_graphs=False)"
+"""The advice when the graph path was asked for and cannot run: `NativeCausalLM`'s keyword (the command line
+never asks explicitly: `--cuda-graphs` sets the default, `device.set_cuda_graphs`, and is refused off CUDA)."""
+
 
 class NativeCausalLM:
     """A Llama / Qwen2 / Mistral model on specula's own decoder (a `TargetModel`, a `FeatureModel` and
@@ -88,13 +92,13 @@ class NativeCausalLM:
         why = graph_unsupported(self.decoder)
         if why is not None:
             if explicit:
-                raise ConfigError(f"{self.name}: CUDA graphs cannot run this decoder: {why}; use --no-cuda-graphs")
+                raise ConfigError(f"{self.name}: CUDA graphs cannot run this decoder: {why}; {GRAPHS_OFF}")
             self.graphs = None
             return
         capture = True if capture is None else capture
         compile_ops = cuda_graphs_compile() if compile_ops is None else compile_ops
         if capture and self.device.type != "cuda":
-            raise ConfigError(f"{self.name}: CUDA graphs need a CUDA device, not {self.device}; use --no-cuda-graphs")
+            raise ConfigError(f"{self.name}: CUDA graphs need a CUDA device, not {self.device}; {GRAPHS_OFF}")
         self.graphs = GraphRunner(self.decoder, capture=capture, compile_ops=compile_ops, attention=attention)
 
     @property
