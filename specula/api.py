@@ -322,7 +322,8 @@ def load(target: str, draft: str | None = "auto", method: str | None = None,
 
     from specula.draft_choice import AUTO_DRAFT, auto_draft, auto_draft_quantize, why_no_auto_draft
     from specula.methods import DEFAULT_METHOD, check_draft_options_read, default_head, get_method
-    from specula.models.loading import NO_DRAFT, SELF_DRAFT, DraftInfo, peak_rss_bytes, process_age_seconds, resolve
+    from specula.models.loading import (NO_DRAFT, SELF_DRAFT, DraftInfo, draft_quantize_named, peak_rss_bytes,
+                                        process_age_seconds, resolve)
     from specula.models.draft_vocab import check_draft_vocab
     from specula.models.skipping import SKIP_DRAFT, check_draft_skip, check_skip_layers
 
@@ -355,8 +356,9 @@ def load(target: str, draft: str | None = "auto", method: str | None = None,
     draft_report: dict = {}
     if draft is not None and draft != "none":
         draft_start = time.perf_counter()
-        draft_lm = load_draft(draft, tokenizer, target_lm, config, target_name=target, quantize=draft_quantize,
-                              report=draft_report, vocab=draft_vocab)
+        with draft_quantize_named(draft, draft_quantize):  # load_draft names it quantize
+            draft_lm = load_draft(draft, tokenizer, target_lm, config, target_name=target, quantize=draft_quantize,
+                                  report=draft_report, vocab=draft_vocab)
         draft_report["seconds"] = time.perf_counter() - draft_start  # the compatibility check included
     if drafter_options.get("head") is None and "head" in row.accepted_options():  # a head method, or fusion
         drafter_options["head"] = default_head(row, target)

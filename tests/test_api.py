@@ -127,6 +127,10 @@ def test_a_draft_that_cannot_load_is_refused_before_the_target_loads(model_dir, 
      'linear_kernel="aten"', ["--linear-kernel", "onednn", "--quantize", "int8"],
      "--linear-kernel onednn runs float32 models on CPU with --quantize none; use --linear-kernel auto or "
      "--linear-kernel aten"),
+    ({"draft": "self", "method": "draft-model", "config": specula.LoadConfig(linear_kernel="onednn")},
+     'runs float32 models on CPU with draft_quantize="none"; use',  # load_draft's quantize: the self-draft's int8
+     ["--draft", "self", "--method", "draft-model", "--linear-kernel", "onednn"],
+     "--linear-kernel onednn runs float32 models on CPU with --draft-quantize none; use --linear-kernel auto"),
 ])
 def test_a_drafting_error_names_loads_keywords_and_the_command_lines_flags(model_dir, tmp_path, monkeypatch,
                                                                            capsys, keywords, python, argv, flags):
@@ -162,6 +166,33 @@ def test_a_draft_vocab_error_names_loads_keyword_and_the_commands_flag(model_dir
         last = capsys.readouterr().err.strip().splitlines()[-1]
         assert last.startswith("error: --draft-vocab 40: no token ranking ships ") \
             and last.endswith("; pass --draft-vocab full"), last
+
+
+def test_a_draft_quantization_error_names_draft_quantize_and_the_commands_flag(model_dir, tmp_path, monkeypatch,
+                                                                               capsys):
+    """load_draft takes the draft's quantization as `quantize` and its errors named it so: a `load` caller, who had
+    written draft_quantize, read quantize="none", and `specula analyze acceptance` and bench's assistant showed
+    --quantize none (the target's flag). They name draft_quantize / --draft-quantize now; a draft sharing the
+    target's quantization (LoadConfig's, no draft_quantize given) is still named quantize."""
+    from specula.cli import build_parser, main
+    from specula.commands.bench import load_assistant
+    from specula.models.loading import draft_quantize_named
+
+    monkeypatch.setenv("SPECULA_CACHE", str(tmp_path))
+    path = str(model_dir[0])
+    assert main(["analyze", "acceptance", "--target", path, "--out", str(tmp_path / "a"), "--draft", "self",
+                 "--linear-kernel", "onednn"]) == 2
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last.startswith("error: --linear-kernel onednn runs float32 models on CPU with --draft-quantize none; ")
+    args = build_parser().parse_args(["bench", "--target", path, "--prompts", "p.jsonl", "--compare", "hf",
+                                      "--assistant", "self", "--linear-kernel", "onednn", "--out", "o"])
+    with pytest.raises(ConfigError, match="^--linear-kernel onednn runs float32 models on CPU with --draft-quantize "):
+        load_assistant(args, None, None)
+    for spec, quantize, named in (("self", None, "draft_quantize"), ("m", "int8", "draft_quantize"),
+                                  ("m", None, "quantize")):  # "m" without one: LoadConfig's quantize
+        with pytest.raises(ConfigError, match=f'^{named}="none"; use fusion:quantize=x, quantize the draft$'):
+            with draft_quantize_named(spec, quantize):
+                raise ConfigError('quantize="none"; use fusion:quantize=x, quantize the draft')
 
 
 def test_a_load_or_sampling_keyword_given_to_load_names_where_it_goes_before_the_target_loads(tmp_path, monkeypatch):

@@ -65,12 +65,14 @@ def run(args: argparse.Namespace) -> int:
         check_not_input(out / name, "--out", [("the --prompts file", args.prompts)])  # --out: made by the first write
 
     from specula.api import load_backend, load_draft
+    from specula.models.loading import draft_quantize_named
 
     t0 = time.perf_counter()
     with flags_in_errors(args):  # the library names LoadConfig's fields and load's keywords (quantize="int8")
         target, tokenizer = load_backend(args.target, load_config(args), "target")
-        draft = load_draft(args.draft, tokenizer, target, load_config(args), target_name=args.target,
-                           quantize=args.draft_quantize, vocab=args.draft_vocab)
+        with draft_quantize_named(args.draft, args.draft_quantize):  # load_draft names it quantize
+            draft = load_draft(args.draft, tokenizer, target, load_config(args), target_name=args.target,
+                               quantize=args.draft_quantize, vocab=args.draft_vocab)
     document = measure(target, draft, tokenizer, prompts, config,
                        progress=lambda line: print(line, file=sys.stderr, flush=True))
     document["models"] = {"target": args.target, "draft": args.draft, "prompts": args.prompts,

@@ -247,12 +247,13 @@ def load_models(args: argparse.Namespace):
 def load_assistant(args: argparse.Namespace, target, tokenizer):
     """`--assistant MODEL`: the HF assisted peers' model (checked against the target like a draft), and
     its `DraftInfo` (name, quantization)."""
-    from specula.models.loading import DraftInfo, load_draft
+    from specula.models.loading import DraftInfo, draft_quantize_named, load_draft
 
     report: dict = {}
-    with flags_in_errors(args):  # the library names LoadConfig's fields and load's keywords (draft_quantize)
+    quantize = args.draft_quantize if args.assistant == "self" else None
+    with flags_in_errors(args), draft_quantize_named(args.assistant, quantize):  # LoadConfig's fields, draft_quantize
         assistant = load_draft(args.assistant, tokenizer, target, load_config(args), target_name=args.target,
-                               quantize=args.draft_quantize if args.assistant == "self" else None, report=report)
+                               quantize=quantize, report=report)
     return assistant, DraftInfo(args.assistant, report.get("quantize"))
 
 

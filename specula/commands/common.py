@@ -6,7 +6,7 @@ import argparse
 import contextlib
 from typing import TYPE_CHECKING, Iterable, Iterator
 
-from specula.errors import ConfigError, ModelNotFoundError, SpeculaError
+from specula.errors import ConfigError, ModelNotFoundError, reworded
 from specula.methods import (
     DEFAULT_METHOD, METHODS, NO_HEAD, default_head, flag_spellings, get_method, in_flags, is_given, methods_taking,
     spelled,
@@ -334,12 +334,8 @@ def flags_in_errors(args: argparse.Namespace, options: Iterable[str] = (),
                     spellings: dict[str, str] | None = None) -> Iterator[None]:
     """Errors the library raises inside (`SpeculaError`: it names options as Python does, `tree_depth`) name the
     command line's flags instead (`--tree-depth`; `command_flags(args, options, spellings)`, `methods.in_flags`)."""
-    try:
+    with reworded(lambda message: in_flags(message, command_flags(args, options, spellings))):
         yield
-    except SpeculaError as exc:
-        if len(exc.args) == 1 and isinstance(exc.args[0], str):
-            exc.args = (in_flags(exc.args[0], command_flags(args, options, spellings)),)
-        raise
 
 
 def check_method_flags(args: argparse.Namespace, method: str) -> None:

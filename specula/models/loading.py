@@ -11,6 +11,7 @@ A model spec is one of, in this order of precedence:
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import sys
@@ -21,7 +22,8 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any, Literal
 
-from specula.errors import ConfigError, IncompatibleModelsError, ModelNotFoundError, SpeculaError
+from specula.errors import (ConfigError, IncompatibleModelsError, ModelNotFoundError, SpeculaError, keywords_renamed,
+                            reworded)
 from specula.models.registry import EMBEDDED_MODELS, EmbeddedModel, get_embedded
 from specula.prompts import apply_chat_template, encode_prompt  # noqa: F401  (re-exported: their old home)
 
@@ -829,6 +831,20 @@ def load_draft(spec: str, target_tokenizer: Any, target: Any, config: LoadConfig
     check_compatible(target_tokenizer, draft_tokenizer, target_name=target_name or target.name, draft_name=spec,
                      target_logits=target.vocab_size, draft_logits=draft.vocab_size)
     return _cut_vocab(draft, target_tokenizer, target, vocab, report)
+
+
+DRAFT_QUANTIZE = {"quantize": "draft_quantize"}
+"""`load_draft`'s keyword for the draft's own quantization: {its name: `api.load`'s (`--draft-quantize`)}."""
+
+
+def draft_quantize_named(spec: str, quantize: str | None) -> contextlib.AbstractContextManager:
+    """A context in which the errors of `load_draft(spec, ..., quantize=quantize)` name the draft's quantization as
+    `api.load` and the commands take it (`draft_quantize="int4"`, `--draft-quantize int4`) where they wrote
+    `load_draft`'s keyword (`quantize="int4"`): when the draft has a quantization of its own (given, or a
+    self-draft's int8), not the one it shares with the target (`LoadConfig.quantize`, which they name as such)."""
+    if spec != SELF_DRAFT and quantize is None:
+        return contextlib.nullcontext()
+    return reworded(lambda message: keywords_renamed(message, DRAFT_QUANTIZE))
 
 
 def _cut_vocab(draft: Any, tokenizer: Any, target: Any, vocab: Any, report: dict[str, Any] | None) -> Any:
