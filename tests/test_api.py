@@ -131,6 +131,16 @@ def test_a_draft_that_cannot_load_is_refused_before_the_target_loads(model_dir, 
      'runs float32 models on CPU with draft_quantize="none"; use',  # load_draft's quantize: the self-draft's int8
      ["--draft", "self", "--method", "draft-model", "--linear-kernel", "onednn"],
      "--linear-kernel onednn runs float32 models on CPU with --draft-quantize none; use --linear-kernel auto"),
+    ({"config": specula.LoadConfig(quantize="int4", backend="hf")},
+     'quantize="int4" runs on specula\'s CPU kernels only (backend="native" on CPU, a Llama / Qwen2 / Mistral model, '
+     'float32), not on the transformers backend; use quantize="int8"', ["--quantize", "int4", "--backend", "hf"],
+     "--quantize int4 runs on specula's CPU kernels only (--backend native on CPU, a Llama / Qwen2 / Mistral model, "
+     "float32), not on the transformers backend; use --quantize int8"),
+    ({"draft": "self", "draft_quantize": "int4", "method": "draft-model", "config": specula.LoadConfig(backend="hf")},
+     'draft_quantize="int4" runs on specula\'s CPU kernels only (', ["--draft", "self", "--draft-quantize", "int4",
+                                                                     "--method", "draft-model", "--backend", "hf"],
+     "--draft-quantize int4 runs on specula's CPU kernels only (--backend native on CPU, a Llama / Qwen2 / Mistral "
+     "model, float32), not on the transformers backend; use --draft-quantize int8"),
 ])
 def test_a_drafting_error_names_loads_keywords_and_the_command_lines_flags(model_dir, tmp_path, monkeypatch,
                                                                            capsys, keywords, python, argv, flags):

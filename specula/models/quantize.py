@@ -62,8 +62,8 @@ def check_int4_kernel(option: str, kernel: str | None) -> None:
     weights."""
     if option == "int4" and kernel != "specula":
         where = "the transformers backend" if kernel is None else f'linear_kernel="{kernel}"'
-        raise ConfigError(f'int4 runs on specula\'s CPU kernels only (backend="native" on CPU, a Llama / Qwen2 / '
-                          f"Mistral model, float32), not on {where}; use int8")
+        raise ConfigError('quantize="int4" runs on specula\'s CPU kernels only (backend="native" on CPU, a Llama / '
+                          f'Qwen2 / Mistral model, float32), not on {where}; use quantize="int8"')
 
 
 def row_scales(w: torch.Tensor) -> torch.Tensor:

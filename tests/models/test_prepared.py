@@ -392,7 +392,7 @@ def test_the_key_hashes_the_packing_code_and_not_the_kernels():
 def test_int4_is_refused_where_specula_kernels_do_not_run(model_dirs, cache, config):
     """4-bit weights exist only in specula's CPU kernels: the transformers backend and the PyTorch-op
     kernels refuse int4 with the fix named, before any weights are read."""
-    with pytest.raises(ConfigError, match="int4 runs on specula's CPU kernels only.*use int8"):
+    with pytest.raises(ConfigError, match='^quantize="int4" runs on specula\'s CPU kernels only.*use quantize="int8"$'):
         _load(model_dirs[1], "int4", **config)
     assert not prepared.prepared_root().exists()
 
