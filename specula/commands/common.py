@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-from typing import TYPE_CHECKING, Iterable, Iterator
+from typing import TYPE_CHECKING, Callable, Iterable, Iterator
 
 from specula.errors import ConfigError, ModelNotFoundError, reworded
 from specula.methods import (
@@ -329,12 +329,21 @@ def command_flags(args: argparse.Namespace, options: Iterable[str] = (),
                if hasattr(args, flag[2:].replace("-", "_"))}, **(spellings or {})}
 
 
+def in_command_flags(args: argparse.Namespace, options: Iterable[str] = (),
+                     spellings: dict[str, str] | None = None) -> Callable[[str], str]:
+    """A library's message (naming options as Python does, `tree_depth`) -> the same naming this command's flags
+    instead (`--tree-depth`; `command_flags(args, options, spellings)`, `methods.in_flags`): for its errors
+    (`flags_in_errors`) and its notes (`specula train`'s)."""
+    options = list(options)
+    return lambda message: in_flags(message, command_flags(args, options, spellings))
+
+
 @contextlib.contextmanager
 def flags_in_errors(args: argparse.Namespace, options: Iterable[str] = (),
                     spellings: dict[str, str] | None = None) -> Iterator[None]:
     """Errors the library raises inside (`SpeculaError`: it names options as Python does, `tree_depth`) name the
-    command line's flags instead (`--tree-depth`; `command_flags(args, options, spellings)`, `methods.in_flags`)."""
-    with reworded(lambda message: in_flags(message, command_flags(args, options, spellings))):
+    command line's flags instead (`in_command_flags`)."""
+    with reworded(in_command_flags(args, options, spellings)):
         yield
 
 

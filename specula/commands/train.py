@@ -221,13 +221,13 @@ def check_before_load(args: argparse.Namespace, config, init_head) -> None:
 def run(args: argparse.Namespace) -> int:
     import time
 
-    from specula.commands.common import flags_in_errors
+    from specula.commands.common import flags_in_errors, in_command_flags
     from specula.models.loading import load_backend
     from specula.errors import ConfigError
     from specula.paths import check_output
     from specula.training.corpus import CorpusConfig, PaddedConfig
     from specula.training.heap import return_freed_memory
-    from specula.training.run import check_inputs, print_report, run_training
+    from specula.training.run import check_inputs, print_note, print_report, run_training
 
     check_minutes(args)
     deadline = None if args.time_budget is None else time.monotonic() + 60 * args.time_budget
@@ -246,6 +246,7 @@ def run(args: argparse.Namespace) -> int:
     inputs = dict(init_head=init_head, stop_after=args.stop_after, answers=args.answers,
                   cache_features=args.cache_features, vocab_from=args.vocab_from)
     check_inputs_kept(args, init_head)
+    flagged = in_command_flags(args, train_options(), TRAIN_SPELLINGS)  # for its notes (out=: --out)
     with flags_in_errors(args, train_options(), TRAIN_SPELLINGS):  # the library names run_training's keywords
         check_inputs(config, args.data or (), eval_data, **inputs)  # bad prompts, files, settings: before the load
         check_before_load(args, config, init_head)
@@ -253,7 +254,7 @@ def run(args: argparse.Namespace) -> int:
         target, tokenizer = load_backend(args.target, load_config(args), name="target")
         report = run_training(target, tokenizer, args.target, Path(args.out), config, args.data or (), corpus,
                               quiet=args.quiet, max_minutes=args.max_minutes, deadline=deadline, eval_data=eval_data,
-                              padded=padded, **inputs)
+                              padded=padded, on_note=lambda line: print_note(flagged(line)), **inputs)
     if args.json:
         print(json.dumps(report, indent=2))
     else:

@@ -19,7 +19,7 @@ import sys
 import time
 from dataclasses import asdict, replace
 from pathlib import Path
-from typing import Any, Literal, Sequence
+from typing import Any, Callable, Literal, Sequence
 
 import torch
 
@@ -101,6 +101,11 @@ def check_held_out(per_file, eval_per_file) -> None:
                           "eval_data")
 
 
+def print_note(line: str) -> None:
+    """`line`, a note of the run (`run_training`'s `on_note`), on stderr after "note: "."""
+    print(f"note: {line}", file=sys.stderr, flush=True)
+
+
 def run_training(target, tokenizer, target_name: str, out: Path, config: TrainConfig,
                  data: Sequence[str | os.PathLike] = (), corpus: CorpusConfig = CorpusConfig(), *,
                  quiet: bool = False, max_minutes: float | None = None, deadline: float | None = None,
@@ -109,7 +114,8 @@ def run_training(target, tokenizer, target_name: str, out: Path, config: TrainCo
                  init_head: str | os.PathLike | None = None,
                  stop_after: Literal["answers", "features"] | None = None,
                  answers: Sequence[str | os.PathLike] | None = None, cache_features: bool = True,
-                 vocab_from: Sequence[str | os.PathLike] | None = None) -> dict:
+                 vocab_from: Sequence[str | os.PathLike] | None = None,
+                 on_note: Callable[[str], None] = print_note) -> dict:
     """Train one head for `target`; returns the report (also written to OUT/report.json).
     `eval_data`: prompt files of another source than the training prompts (default the everyday
     set; () for none): the target answers them too and the report gives the head's acceptance on
@@ -130,7 +136,9 @@ def run_training(target, tokenizer, target_name: str, out: Path, config: TrainCo
     `cache_features`: False keeps the features in memory only (`extract_features`' `write`).
     `vocab_from`: corpus files (or folders, as `answers`) whose tokens, prompts and answers, rank the
     draft vocabulary instead of the training sequences' (a fine-tune on a few thousand sequences
-    extending a head's vocabulary by the tokens the target writes across a large corpus)."""
+    extending a head's vocabulary by the tokens the target writes across a large corpus). `on_note` hears what
+    the run notes on its way, naming `run_training`'s keywords (a checkpoint not resumed: pass another out=);
+    default `print_note`."""
     from specula.drafters.heads.file import HeadFile, save_head, target_record
     from specula.drafters.heads.config import feature_layers_of
     from specula.drafters.heads.runtime import new_head
@@ -227,7 +235,8 @@ def run_training(target, tokenizer, target_name: str, out: Path, config: TrainCo
                 budget |= {"resumed_epochs": resumed.epochs,
                            "report_sequences": resumed.report_sequences or budget["heldout_sequences"]}
             stop_at = time.monotonic() + budget["seconds_for_training"]
-        record = _train_with_total(head, fs, config, out, progress, bar, max_minutes, stop_at, most, init)
+        record = _train_with_total(head, fs, config, out, progress, bar, max_minutes, stop_at, most, init,
+                                   on_note)
     if budget is not None:
         budget["epochs_run"] = round(record["steps"] / per_epoch, 3)
         record["time_budget"] = budget
@@ -470,10 +479,12 @@ def _corpus_and_features(target, tokenizer, per_file: Sequence[tuple[Path, list[
     return [s for file_seqs in seqs for s in file_seqs], concat_features(sets), time.perf_counter() - t
 
 
-def _train_with_total(head, fs, config, out, progress, bar, max_minutes, stop_at=None, most_steps=None, init=None):
+def _train_with_total(head, fs, config, out, progress, bar, max_minutes, stop_at=None, most_steps=None, init=None,
+                      on_note: Callable[[str], None] | None = None):
     """`train_head` with the bar's total set once the step count is known (and again when a re-fit
     changes it); it stops after `max_minutes`, and at `stop_at` (`time.monotonic()`) at the latest,
-    to which its schedule is re-fitted (up to `most_steps`, the epochs asked) as it learns its rate."""
+    to which its schedule is re-fitted (up to `most_steps`, the epochs asked) as it learns its rate.
+    `on_note` hears its notes."""
 
     def set_total(n: int) -> None:
         bar.total = n
@@ -485,7 +496,7 @@ def _train_with_total(head, fs, config, out, progress, bar, max_minutes, stop_at
         limits.append(max(0.0, stop_at - time.monotonic()))
     return train_head(head, fs, config, out, progress=progress, max_seconds=min(limits) if limits else None,
                       until=stop_at, most_steps=most_steps, on_total=set_total,
-                      on_note=lambda line: print(f"note: {line}", file=sys.stderr, flush=True), init=init)
+                      on_note=on_note, init=init)
 
 
 PROBE_SECONDS = 10.0

@@ -524,7 +524,7 @@ def train_head(head: TrainedHead, fs: FeatureSet, cfg: TrainConfig, out_dir: Pat
             if on_note is not None:
                 said = ", ".join(f"{k} {a} -> {b}" for k, (a, b) in changes.items())
                 on_note(f"{ckpt} was written with other settings ({said}): not resumed; training starts afresh "
-                        "and replaces it (another --out keeps it)")
+                        "and replaces it (pass another out= to keep it)")
         else:
             module.load_state_dict(state["module"])
             opt.load_state_dict(state["optimizer"])

@@ -327,6 +327,7 @@ def test_a_checkpoint_of_other_settings_is_named_and_not_resumed_and_an_older_on
     rec = train_head(head, fs, other, tmp_path / "c", on_note=notes.append)
     assert rec["checkpoint_ignored"] == {"lr": [cfg.lr, 5e-4]} and rec["heldout_before"] is not None  # afresh
     assert len(notes) == 1 and "lr 0.001 -> 0.0005" in notes[0] and "not resumed" in notes[0]
+    assert notes[0].endswith("replaces it (pass another out= to keep it)"), notes  # the keyword, not --out
     assert torch.load(ckpt, weights_only=False)["config"]["lr"] == 5e-4  # replaced by this run's
     # a head of another draft vocabulary never takes the checkpoint either
     head = new_head("eagle", target, draft_vocabulary(fs, 32, 96), seed=cfg.seed)
@@ -537,6 +538,35 @@ def test_vocab_from_ranks_a_new_heads_vocabulary_by_another_corpus(tmp_path, mon
         assert main([*common, *extra]) == 2
         err = capsys.readouterr().err
         assert message in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_checkpoint_not_resumed_is_noted_with_the_keyword_in_python_and_the_flag_on_the_command_line(
+        tmp_path, monkeypatch, tiny_tokenizer, capsys):
+    """The note on a checkpoint of other settings told a `run_training` caller "another --out keeps it"; it names
+    the keyword (out=) to `on_note` now, and `specula train` prints the flags (--out; a setting that differs, as
+    its flag: --draft-vocab)."""
+    from specula.cli import main
+    from specula.models.loading import load_backend
+    from specula.training.corpus import CorpusConfig
+    from specula.training.run import run_training
+
+    monkeypatch.setenv("SPECULA_CACHE", str(tmp_path / "cache"))
+    path, _, data = saved_training_setup(tmp_path, tiny_tokenizer)
+    common = ["train", "--target", str(path), "--kind", "eagle", "--data", str(data), "--max-new-tokens", "8",
+              "--quiet", "--eval-data", "none", "--epochs", "1", "--seq-len", "16", "--out", str(tmp_path / "h")]
+    assert main([*common, "--draft-vocab", "64"]) == 0
+    capsys.readouterr()
+    assert main([*common, "--draft-vocab", "32"]) == 0
+    notes = [line for line in capsys.readouterr().err.splitlines() if line.startswith("note: ")]
+    assert len(notes) == 1 and "(--draft-vocab 64 tokens -> 32 tokens" in notes[0], notes
+    assert notes[0].endswith("not resumed; training starts afresh and replaces it (pass another --out to keep it)")
+    target, tokenizer = load_backend(str(path))
+    heard = []
+    run_training(target, tokenizer, str(path), tmp_path / "h", TrainConfig(kind="eagle", epochs=1, seq_len=16),
+                 [data], CorpusConfig(max_new_tokens=8), quiet=True, eval_data=[], on_note=heard.append)
+    assert len(heard) == 1 and "(draft_vocab 32 tokens -> " in heard[0], heard
+    assert heard[0].endswith("(pass another out= to keep it)"), heard
+    assert "note:" not in capsys.readouterr().err  # on_note heard it, nothing printed
 
 
 def test_a_head_shape_the_target_cannot_have_is_refused_before_the_answers(tmp_path, monkeypatch, tiny_tokenizer,
