@@ -315,18 +315,22 @@ def command_flags(args: argparse.Namespace, options: Iterable[str] = (),
     the engine's limits, sampling parameters, how models load (`LoadConfig`), `load`'s keywords (draft, method,
     draft_quantize, skip_layers, draft_vocab; `draft=MODEL` in a message: `--draft MODEL`) and `options` (another
     config's fields or a function's keywords, e.g. `specula train`'s), each only where the command has the flag (its
-    `args` has the attribute); and `spellings`, options whose flag is not their name's (`specula train`'s
-    `cache_features=False`: `--no-feature-cache`)."""
+    `args` has the attribute), `make_drafters`' and `Specula`'s draft_skip=True as `--draft skip` where it has
+    --draft; and `spellings`, options whose flag is not their name's (`specula train`'s `cache_features=False`:
+    `--no-feature-cache`)."""
     from dataclasses import fields
 
     from specula.engine import EngineConfig
     from specula.models.loading import LoadConfig
+    from specula.models.skipping import SKIP_DRAFT
     from specula.sampling import SamplingParams
 
     names = [*(f.name for config in (EngineConfig, SamplingParams, LoadConfig) for f in fields(config)), "draft",
              "method", "draft_quantize", "skip_layers", "draft_vocab", *options]
-    return {**{name: flag for name, flag in flag_spellings(names).items()
-               if hasattr(args, flag[2:].replace("-", "_"))}, **(spellings or {})}
+    flags = {name: flag for name, flag in flag_spellings(names).items() if hasattr(args, flag[2:].replace("-", "_"))}
+    if hasattr(args, "draft"):  # the drafters' keyword for load's draft="skip"
+        flags["draft_skip=True"] = f"--draft {SKIP_DRAFT}"
+    return {**flags, **(spellings or {})}
 
 
 def in_command_flags(args: argparse.Namespace, options: Iterable[str] = (),

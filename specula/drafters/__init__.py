@@ -62,7 +62,8 @@ def make_drafters(method: str | MethodSpec, *, target: TargetModel | None = None
     if told_no_head:  # `--head none`: no head, not even the installed one
         options["head"] = None
     if draft_skip and draft is not None:
-        raise ConfigError("draft_skip drafts with the target itself: give a draft model or draft_skip, not both")
+        raise ConfigError("draft_skip=True drafts with the target itself: give draft=MODEL or draft_skip=True, not "
+                          "both")
     if spec.members:
         return _fusion(spec, target, draft, tokenizer, draft_skip, options, told_no_head)
     if draft_skip:
@@ -100,10 +101,10 @@ def _fusion(spec: MethodSpec, target: TargetModel | None, draft: TargetModel | N
         raise ConfigError(f"{for_head[0]} is for a trained head, and {spec.name} drafts without one here ({why}); "
                           f"give it one with {fix}, or drop {for_head[0]}")
     check_draft_options_read(spec, options, draft is not None, draft_skip)  # num_draft_tokens without a draft model
-    if is_given(options.get("skip_layers")) and not draft_skip:  # its layer-skip member joins for draft="skip" only
-        raise ConfigError(f'skip_layers is for layer skipping, and {spec.name} drafts without it here (no '
-                          'draft="skip"); add draft="skip" (the target drafting with layers skipped) or drop '
-                          'skip_layers')
+    if is_given(options.get("skip_layers")) and not draft_skip:  # its layer-skip member joins for draft_skip only
+        raise ConfigError(f"skip_layers is for layer skipping, and {spec.name} drafts without it here (no "
+                          "draft_skip=True); add draft_skip=True (the target drafting with layers skipped) or drop "
+                          "skip_layers")
     if head is not None:
         import torch
 

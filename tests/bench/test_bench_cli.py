@@ -380,6 +380,9 @@ def test_bad_arguments_one_line_exit_2(tmp_path, prompts_file, tiny_models, argv
     (["--methods", "fusion:draft_window=0"],
      "method variant 'fusion:draft_window=0': draft_window is for a draft model, and fusion drafts without one here "
      "(the default draft choice, auto, picks one", False),
+    (["--draft", "none", "--methods", "fusion:skip_layers=1"],  # the drafters' draft_skip=True: --draft skip
+     "method variant 'fusion:skip_layers=1': skip_layers is for layer skipping, and fusion drafts without it here (no "
+     "--draft skip); add --draft skip (the target drafting with layers skipped) or drop skip_layers\n", False),
 ])
 def test_a_draft_model_flag_fusion_would_not_read_is_refused(tmp_path, prompts_file, tiny_models, capsys, argv,
                                                              message, before_loading):

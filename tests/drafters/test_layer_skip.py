@@ -8,7 +8,9 @@ layer skipping where nothing pays; bad skip sets are refused with the fix named.
 
 from __future__ import annotations
 
+import argparse
 import copy
+import re
 
 import pytest
 import torch
@@ -196,12 +198,29 @@ def test_fusion_refuses_skip_layers_without_draft_skip():
     """skip_layers goes to fusion's layer-skip member, which joins only for draft="skip": without it the option was
     ignored without a word (`make_drafters` / `Specula`, a bench's fusion:skip_layers=1); `api.load` refused it."""
     target = native(tiny_model("qwen2", layers=4))
-    with pytest.raises(ConfigError, match=r'skip_layers is for layer skipping, and fusion drafts without it here \(no '
-                                          r'draft="skip"\); add draft="skip" \(the target drafting with layers '
-                                          r'skipped\) or drop skip_layers'):
+    with pytest.raises(ConfigError, match=r'^skip_layers is for layer skipping, and fusion drafts without it here '
+                                          r'\(no draft_skip=True\); add draft_skip=True \(the target drafting with '
+                                          r'layers skipped\) or drop skip_layers$'):  # what its caller writes
         build_decoder("fusion", target, None, skip_layers="2", planner=False)
     dec = build_decoder("layer-skip", target, None, skip_layers="2", planner=False)  # the method itself reads it
     assert dec.drafters[0].skip == {(2, "attn"), (2, "mlp")}
+
+
+def test_a_draft_model_with_draft_skip_is_refused_naming_the_keywords_and_on_the_command_line_the_flag():
+    """make_drafters' refusal of a draft model given with draft_skip named neither as its caller writes them ("give a
+    draft model or draft_skip"); it names draft=MODEL and draft_skip=True, which the commands show as --draft MODEL
+    and --draft skip (their one --draft never gives both)."""
+    from specula.cli import build_parser
+    from specula.commands.common import in_command_flags
+
+    target = native(tiny_model("qwen2", layers=4))
+    message = "draft_skip=True drafts with the target itself: give draft=MODEL or draft_skip=True, not both"
+    with pytest.raises(ConfigError, match=f"^{re.escape(message)}$"):
+        build_decoder("fusion", target, None, draft=target, draft_skip=True, planner=False)
+    args = build_parser().parse_args(["generate", "--target", "m", "--prompt", "p"])
+    assert in_command_flags(args)(message) == ("--draft skip drafts with the target itself: give --draft MODEL or "
+                                               "--draft skip, not both")
+    assert in_command_flags(argparse.Namespace(target="m"))(message) == message  # a command without --draft
 
 
 def test_draft_model_method_with_draft_skip_is_the_layer_skip_drafter_and_draft_tree_is_refused():
