@@ -292,10 +292,11 @@ def add_tool_args(group) -> None:
 
 def auto_tool_parser(args: argparse.Namespace) -> str | None:
     """The parser of tool_choice auto's output that --enable-auto-tool-choice and --tool-call-parser give
-    (None: auto is off), checked."""
+    (None: auto is off), checked: its errors name the flags (the library names `ServerConfig`'s fields)."""
     from specula.serve.tools import auto_tool_parser as checked
 
-    return checked(args.enable_auto_tool_choice, args.tool_call_parser)
+    with flags_in_errors(args, ["enable_auto_tool_choice", "tool_call_parser"]):
+        return checked(args.enable_auto_tool_choice, args.tool_call_parser)
 
 
 def sampling_params(args: argparse.Namespace) -> "SamplingParams":

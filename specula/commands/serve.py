@@ -8,8 +8,8 @@ import logging
 import os
 import sys
 
-from specula.commands.common import (add_method_args, add_model_args, add_tool_args, load_spec, method_help,
-                                     served_model_name)
+from specula.commands.common import (add_method_args, add_model_args, add_tool_args, flags_in_errors, load_spec,
+                                     method_help, served_model_name)
 from specula.errors import ConfigError
 
 
@@ -70,21 +70,27 @@ def _json_list(flag: str, text: str) -> tuple[str, ...]:
 
 
 def run(args: argparse.Namespace) -> int:
+    from dataclasses import fields
+
     from specula.serve import ServerConfig, create_server
 
-    config = ServerConfig(  # validate everything before loading models
-        model_name=served_model_name(args), host=args.host, port=args.port, api_key=args.api_key,
-        max_body_bytes=args.max_body_bytes, chat_max_tokens=args.chat_max_tokens,
-        max_batch_size=args.max_batch_size, max_queue=args.max_queue,
-        request_timeout=args.request_timeout, shutdown_timeout=args.shutdown_timeout,
-        allowed_origins=_json_list("--allowed-origins", args.allowed_origins),
-        allowed_methods=_json_list("--allowed-methods", args.allowed_methods),
-        allowed_headers=_json_list("--allowed-headers", args.allowed_headers), allow_credentials=args.allow_credentials,
-        enable_auto_tool_choice=args.enable_auto_tool_choice, tool_call_parser=args.tool_call_parser,
-    )
+    options = [field.name for field in fields(ServerConfig)]  # its errors name them (max_queue, port=70000)
+    with flags_in_errors(args, options):
+        config = ServerConfig(  # validate everything before loading models
+            model_name=served_model_name(args), host=args.host, port=args.port, api_key=args.api_key,
+            max_body_bytes=args.max_body_bytes, chat_max_tokens=args.chat_max_tokens,
+            max_batch_size=args.max_batch_size, max_queue=args.max_queue,
+            request_timeout=args.request_timeout, shutdown_timeout=args.shutdown_timeout,
+            allowed_origins=_json_list("--allowed-origins", args.allowed_origins),
+            allowed_methods=_json_list("--allowed-methods", args.allowed_methods),
+            allowed_headers=_json_list("--allowed-headers", args.allowed_headers),
+            allow_credentials=args.allow_credentials, enable_auto_tool_choice=args.enable_auto_tool_choice,
+            tool_call_parser=args.tool_call_parser,
+        )
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s", stream=sys.stderr)
     spec, method = load_spec(args)
-    server = create_server(spec, config)
+    with flags_in_errors(args, options):  # a port taken: port=, host=
+        server = create_server(spec, config)
     print(f"specula serve: {config.model_name} (method {method}) listening on {server.url}"
           f"{' (API key required)' if config.api_key else ''}", file=sys.stderr, flush=True)
     server.serve_forever()  # until SIGTERM / Ctrl-C, then a graceful shutdown

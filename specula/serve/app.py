@@ -119,32 +119,31 @@ class ServerConfig:
         if not self.model_name:
             raise ConfigError("the served model needs a name")
         if not 0 <= self.port <= 65535:
-            raise ConfigError(f"--port must be in 0..65535, got {self.port}")
+            raise ConfigError(f"port={self.port} is not a TCP port: it must be in 0..65535")
         if self.max_body_bytes < 1024:
-            raise ConfigError(f"--max-body-bytes must be at least 1024, got {self.max_body_bytes}")
+            raise ConfigError(f"max_body_bytes must be at least 1024, got {self.max_body_bytes}")
         if self.max_batch_size < 1:
-            raise ConfigError(f"--max-batch-size must be at least 1, got {self.max_batch_size}")
+            raise ConfigError(f"max_batch_size must be at least 1, got {self.max_batch_size}")
         if self.max_queue < 1:
-            raise ConfigError(f"--max-queue must be at least 1, got {self.max_queue}")
+            raise ConfigError(f"max_queue must be at least 1, got {self.max_queue}")
         if self.chat_max_tokens < 1:
-            raise ConfigError(f"--chat-max-tokens must be positive, got {self.chat_max_tokens}")
+            raise ConfigError(f"chat_max_tokens must be positive, got {self.chat_max_tokens}")
         if self.api_key is not None and not self.api_key:
-            raise ConfigError("--api-key is empty; give a key or leave the option out")
+            raise ConfigError("api_key is empty; give a key or leave the option out")
         if self.request_timeout is not None and not self.request_timeout >= 0:  # nan: never timed out
-            raise ConfigError(f"--request-timeout must be >= 0 seconds (0: no limit), got {self.request_timeout}")
+            raise ConfigError(f"request_timeout must be >= 0 seconds (0: no limit), got {self.request_timeout}")
         if self.request_timeout == 0:
             object.__setattr__(self, "request_timeout", None)
         if not self.shutdown_timeout >= 0:
-            raise ConfigError(f"--shutdown-timeout must be >= 0 seconds, got {self.shutdown_timeout}")
+            raise ConfigError(f"shutdown_timeout must be >= 0 seconds, got {self.shutdown_timeout}")
         # checked here (a bad --tool-call-parser is refused at start-up) and kept: every request reads it
         object.__setattr__(self, "_auto_tool_parser", auto_tool_parser(self.enable_auto_tool_choice,
                                                                         self.tool_call_parser))
         for name in ("allowed_origins", "allowed_methods", "allowed_headers"):
             value = getattr(self, name)
             if isinstance(value, str) or not all(isinstance(v, str) and v for v in value):
-                flag = "--" + name.replace("_", "-")
-                raise ConfigError(f"{flag} must be a list of non-empty strings, e.g. '[\"*\"]' or "
-                                  f"'[\"http://localhost:3000\"]', got {value!r}")
+                raise ConfigError(f"{name} must be a list of non-empty strings, e.g. ('*',) or "
+                                  f"('http://localhost:3000',), got {value!r}")
 
     @property
     def auto_tool_parser(self) -> str | None:
@@ -181,7 +180,7 @@ class SpeculaServer:
         except OSError as exc:
             self._socket.close()
             raise ConfigError(f"cannot listen on {config.host}:{config.port} ({exc.strerror}); "
-                              "choose another --port or --host") from exc
+                              "choose another port= or host=") from exc
         self._http_tokenizer = None
         self._token_bytes: TokenBytes | None = None
         self.worker = Worker(spec, self.metrics, chat_max_tokens=config.chat_max_tokens, max_queue=config.max_queue,

@@ -45,13 +45,14 @@ _NAMED_USAGE = 'Correct usage: `{"type": "function", "function": {"name": "my_fu
 
 def auto_tool_parser(enable_auto_tool_choice: bool, tool_call_parser: str | None) -> str | None:
     """The parser of tool_choice auto's output that the server's `--enable-auto-tool-choice` and
-    `--tool-call-parser` give (None: auto is off), checked as vLLM checks them (ConfigError)."""
+    `--tool-call-parser` give (None: auto is off), checked as vLLM checks them (a ConfigError naming
+    `ServerConfig`'s fields, which the commands show as their flags)."""
     if tool_call_parser is not None and tool_call_parser not in TOOL_PARSERS:
-        raise ConfigError(f"--tool-call-parser {tool_call_parser!r} is not one this server has; choose "
+        raise ConfigError(f"tool_call_parser {tool_call_parser!r} is not one this server has; choose "
                           f"{', '.join(TOOL_PARSERS)}")
     if enable_auto_tool_choice and tool_call_parser is None:
-        raise ConfigError(f"--enable-auto-tool-choice needs --tool-call-parser: {', '.join(TOOL_PARSERS)} (the "
-                          "format the model writes its tool calls in)")
+        raise ConfigError(f"enable_auto_tool_choice needs tool_call_parser, one of {', '.join(TOOL_PARSERS)}: the "
+                          'format the model writes its tool calls in (e.g. tool_call_parser="hermes")')
     return tool_call_parser if enable_auto_tool_choice else None
 
 

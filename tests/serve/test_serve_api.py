@@ -359,7 +359,7 @@ def test_allowed_origins_must_be_a_list_of_strings(value):
     from specula.errors import ConfigError
     from specula.serve import ServerConfig
 
-    with pytest.raises(ConfigError, match="--allowed-origins must be a list of non-empty strings"):
+    with pytest.raises(ConfigError, match=r"^allowed_origins must be a list of non-empty strings, e.g. \('\*',\)"):
         ServerConfig(model_name=MODEL, allowed_origins=value)
 
 
@@ -374,7 +374,7 @@ def test_the_tool_parser_is_derived_once_at_start_up_not_for_every_request(monke
     config = ServerConfig(model_name=MODEL, enable_auto_tool_choice=True, tool_call_parser="hermes")
     assert [config.auto_tool_parser for _ in range(3)] == ["hermes"] * 3 and len(calls) == 1
     assert ServerConfig(model_name=MODEL).auto_tool_parser is None
-    with pytest.raises(ConfigError, match="--tool-call-parser 'pythonic' is not one this server has"):
+    with pytest.raises(ConfigError, match="tool_call_parser 'pythonic' is not one this server has"):
         ServerConfig(model_name=MODEL, tool_call_parser="pythonic")  # still refused at start-up
 
 

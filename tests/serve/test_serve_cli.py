@@ -96,7 +96,7 @@ def test_cli_serves_a_model_directory(model_dir, llama, tokenizer):
 
 
 @pytest.mark.parametrize("args,message", [
-    (["--port", "70000"], "--port must be in 0..65535"),
+    (["--port", "70000"], "--port 70000 is not a TCP port: it must be in 0..65535"),
     (["--max-body-bytes", "10"], "--max-body-bytes must be at least 1024"),
     (["--method", "nope"], "unknown method 'nope'"),
     (["--api-key", ""], "--api-key is empty"),
@@ -113,6 +113,52 @@ def test_cli_bad_arguments_fail_in_one_line(model_dir, capsys, args, message):
     assert main(["serve", "--target", str(model_dir), *args]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error:") and message in err and len(err.splitlines()) == 1
+
+
+@pytest.mark.parametrize("fields, message", [
+    ({"port": 70000}, "port=70000 is not a TCP port: it must be in 0..65535"),
+    ({"max_body_bytes": 10}, "max_body_bytes must be at least 1024, got 10"),
+    ({"max_batch_size": 0}, "max_batch_size must be at least 1, got 0"),
+    ({"max_queue": 0}, "max_queue must be at least 1, got 0"),
+    ({"chat_max_tokens": 0}, "chat_max_tokens must be positive, got 0"),
+    ({"api_key": ""}, "api_key is empty; give a key or leave the option out"),
+    ({"request_timeout": -1}, "request_timeout must be >= 0 seconds (0: no limit), got -1"),
+    ({"shutdown_timeout": -1}, "shutdown_timeout must be >= 0 seconds, got -1"),
+    ({"tool_call_parser": "pythonic"},
+     "tool_call_parser 'pythonic' is not one this server has; choose hermes, llama3_json, mistral"),
+    ({"enable_auto_tool_choice": True}, "enable_auto_tool_choice needs tool_call_parser, one of hermes, llama3_json, "
+                                        'mistral: the format the model writes its tool calls in (e.g. '
+                                        'tool_call_parser="hermes")'),
+])
+def test_a_server_config_error_names_its_field(fields, message):
+    """ServerConfig (specula.serve's Python API) named `specula serve`'s flags (--max-queue) to a Python caller, who had
+    written max_queue=0; it names its fields now, and the command shows the flags (test_cli_bad_arguments_...)."""
+    from specula.errors import ConfigError
+    from specula.serve import ServerConfig
+
+    with pytest.raises(ConfigError) as caught:
+        ServerConfig(model_name="m", **fields)
+    assert str(caught.value) == message
+
+
+def test_a_port_in_use_names_the_fields_in_python_and_the_flags_on_the_command_line(model_dir, capsys):
+    """create_server on a port another socket holds said "choose another --port or --host" to a Python caller."""
+    import socket
+
+    from specula.cli import main
+    from specula.errors import ConfigError
+    from specula.serve import ServerConfig, create_server
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        with pytest.raises(ConfigError, match=r"^cannot listen on 127\.0\.0\.1:\d+ \(.*\); choose another port= or "
+                                              r"host=$"):
+            create_server(None, ServerConfig(model_name="m", port=port))  # it binds before it reads the model
+        assert main(["serve", "--target", str(model_dir), "--method", "none", "--port", str(port)]) == 2
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last.startswith("error: cannot listen on ") and last.endswith("; choose another --port or --host"), last
 
 
 def test_a_request_timeout_of_0_means_no_limit_on_the_command_line_and_in_the_config():

@@ -335,7 +335,8 @@ def test_auto_parses_with_the_parser_the_server_was_started_with(parser):
 
 @pytest.mark.parametrize("command", ["serve", "run-batch"])
 @pytest.mark.parametrize("args, message", [
-    (["--enable-auto-tool-choice"], "--enable-auto-tool-choice needs --tool-call-parser"),
+    (["--enable-auto-tool-choice"], "--enable-auto-tool-choice needs --tool-call-parser, one of hermes, "
+     "llama3_json, mistral: the format the model writes its tool calls in (e.g. --tool-call-parser hermes)"),
     (["--tool-call-parser", "pythonic"],
      "--tool-call-parser 'pythonic' is not one this server has; choose hermes, llama3_json, mistral"),
 ])
