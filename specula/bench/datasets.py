@@ -182,7 +182,7 @@ def select_prompts(
     """Seeded shuffle within each category, first `per_category` (all when None), interleaved
     across categories. `categories` (as `parse_categories` reads them) restricts and orders the groups."""
     if per_category is not None and per_category < 1:
-        raise ConfigError(f"--per-category must be >= 1, got {per_category}")
+        raise ConfigError(f"per_category must be >= 1, got {per_category}")
     available = categories_of(prompts)
     chosen = available if categories is None else parse_categories(categories, available)
     columns: list[list[BenchPrompt]] = []

@@ -97,7 +97,7 @@ class HFPeer:
         if name not in PEERS:
             raise ConfigError(f"unknown peer {name!r}; choose from: {', '.join(PEERS)}")
         if name in NEEDS_DRAFT and assistant is None:
-            raise ConfigError(f"peer {name} needs a draft model: pass --draft MODEL")
+            raise ConfigError(f"peer {name} needs a draft model: pass assistant= (the draft's model object)")
         self.name = name
         self.model = model
         self.context_window = context_window(model.config)
@@ -167,7 +167,8 @@ class HFPeer:
 
     def generate(self, prompt_ids: Sequence[int], params: SamplingParams, constraint=None) -> MethodOutput:
         if params.stop:
-            raise ConfigError("Hugging Face peers do not take stop strings in the bench; drop --stop")
+            raise ConfigError("Hugging Face peers do not take stop strings in the bench; drop stop= from the "
+                              "SamplingParams")
         cfg = self.generation_config(params)
         if constraint is not None:
             if self.tokenizer is None:

@@ -63,7 +63,7 @@ class BenchSettings:
 
     def __post_init__(self) -> None:
         if self.repeats < 1:
-            raise ConfigError(f"repeats must be >= 1, got {self.repeats}; pass e.g. --repeats 3")
+            raise ConfigError(f"repeats must be >= 1, got {self.repeats}; pass e.g. repeats=3")
 
     def budget(self, prompt_len: int) -> int:
         """max_new_tokens after a prompt of `prompt_len` tokens: `params`' own, capped at the context window."""
@@ -396,7 +396,7 @@ def run_bench(
     from tqdm import tqdm
 
     if not prompts:
-        raise ConfigError("no prompts selected; check --prompts, --categories and --per-category")
+        raise ConfigError("no prompts to run: give run_bench one or more (load_prompts, select_prompts)")
     names = [m.name for m in methods]
     if BASELINE not in names:
         raise ConfigError(f"the bench needs the baseline method {BASELINE!r} among the methods")

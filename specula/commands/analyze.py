@@ -59,7 +59,8 @@ def run(args: argparse.Namespace) -> int:
     check_model_name(args.draft, "--draft")  # before the target loads
     config = AcceptanceConfig(temperatures=tuple(args.temperature), max_drafts=args.drafts, positions=args.positions,
                               seed=args.seed, lump_mass=args.lump_mass, trajectories=args.trajectories)
-    prompts = select_prompts(load_prompts(args.prompts), args.per_category, args.categories, args.seed)
+    with flags_in_errors(args, ["per_category"]):  # the library names select_prompts' keyword
+        prompts = select_prompts(load_prompts(args.prompts), args.per_category, args.categories, args.seed)
     out = check_output(args.out, "--out", "dir")
     for name in ("results.json", REPORT_FILE, PLOT_FILE):
         check_not_input(out / name, "--out", [("the --prompts file", args.prompts)])  # --out: made by the first write

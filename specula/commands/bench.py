@@ -122,9 +122,10 @@ def plan(args: argparse.Namespace) -> BenchPlan:
     check_method_files(args, methods)
     available = load_prompts(args.prompts)
     categories = None if args.categories is None else parse_categories(args.categories, categories_of(available))
-    prompts = select_prompts(available, args.per_category, categories, args.seed)
-    settings = BenchSettings(params, raw=args.raw, warmup_tokens=args.warmup_tokens, progress=not args.no_progress,
-                             repeats=args.repeats)
+    with flags_in_errors(args, ["per_category", "repeats"]):  # the library names its keywords (repeats=3)
+        prompts = select_prompts(available, args.per_category, categories, args.seed)
+        settings = BenchSettings(params, raw=args.raw, warmup_tokens=args.warmup_tokens,
+                                 progress=not args.no_progress, repeats=args.repeats)
     return BenchPlan(methods, peers, prompts, settings, categories)
 
 

@@ -13,6 +13,7 @@ import specula.commands.bench as bench_cmd
 from specula.bench.datasets import load_prompts, select_prompts
 from specula.cli import main
 from specula.drafters.base import Proposal
+from specula.errors import ConfigError
 from specula.methods import METHODS, MethodSpec
 from specula.planner.cost import DEFAULT_SIZES
 from tiny import VOCAB
@@ -331,9 +332,9 @@ def test_lossless_mismatch_exits_1_naming_prompt_and_method(tmp_path, prompts_fi
     (["--categories", "alpha", "zeta,"], "--categories: unknown category 'zeta'; choose from: alpha, beta"),
     # was every category, silently
     (["--categories", ","], "--categories names no category; pass one or more of: alpha, beta"),
-    (["--per-category", "0"], "--per-category must be >= 1"),
+    (["--per-category", "0"], "--per-category must be >= 1, got 0\n"),
     (["--methods", "draft-model"], "needs a draft model"),
-    (["--repeats", "0"], "repeats must be >= 1, got 0; pass e.g. --repeats 3"),
+    (["--repeats", "0"], "repeats must be >= 1, got 0; pass e.g. --repeats 3\n"),
     # the note blamed the target's context window, and the cost curve was skipped
     (["--profile-context", "0"], "--profile-context must be >= 1, got 0"),
     # a variant's value of the wrong kind: a TypeError traceback after loading the models
@@ -582,6 +583,22 @@ def test_a_second_bench_into_the_same_out_leaves_nothing_of_the_first(tmp_path, 
     assert json.loads((out / "results.json").read_text())["cost_curve"] is None
     assert not (out / "cost_curve.png").exists()
     capsys.readouterr()
+
+
+def test_an_hf_peers_errors_name_what_a_python_caller_gives(tiny_pair):
+    """HFPeer (bench's Python API) told a caller missing the assisted peers' model to "pass --draft MODEL" and one
+    with stop strings to "drop --stop"; the command line never reaches either (--compare and --stop are checked
+    first)."""
+    from specula.bench.peers import HFPeer
+    from specula.sampling import SamplingParams
+
+    model = tiny_pair[0].reference_model()
+    with pytest.raises(ConfigError, match=r"^peer hf:assisted needs a draft model: pass assistant= \(the draft's model "
+                                          r"object\)$"):
+        HFPeer("hf:assisted", model, [1])
+    with pytest.raises(ConfigError, match="^Hugging Face peers do not take stop strings in the bench; drop stop= from "
+                                          "the SamplingParams$"):
+        HFPeer("hf:greedy", model, [1]).generate([5, 17], SamplingParams(max_new_tokens=2, stop=("x",)))
 
 
 def test_hf_peers_ignore_processors_a_checkpoints_generation_config_sets(tiny_pair):

@@ -48,7 +48,7 @@ def test_category_filter_and_errors(spec_bench):
         select_prompts(spec_bench, categories=["writing"])
     with pytest.raises(ConfigError, match="--categories names no category; pass one or more of: mt_bench, trans"):
         select_prompts(spec_bench, categories=[])  # was every category
-    with pytest.raises(ConfigError, match="--per-category must be >= 1"):
+    with pytest.raises(ConfigError, match="^per_category must be >= 1, got 0$"):  # the keyword; bench: the flag
         select_prompts(spec_bench, per_category=0)
 
 

@@ -285,7 +285,7 @@ def test_one_round_gives_no_spread_and_repeats_below_one_are_refused(tmp_path, c
                     BenchSettings(SamplingParams(max_new_tokens=1), warmup_tokens=0, progress=False), tmp_path).document
     assert doc["summary"]["none"]["rounds"] is None and doc["runs"][0]["round"] == 1
     assert "Across" not in (tmp_path / "report.md").read_text()
-    with pytest.raises(ConfigError, match="repeats must be >= 1, got 0"):
+    with pytest.raises(ConfigError, match="^repeats must be >= 1, got 0; pass e.g. repeats=3$"):  # not --repeats
         BenchSettings(SamplingParams(), repeats=0)
 
 
@@ -294,7 +294,8 @@ def test_run_bench_needs_the_baseline(tmp_path, chat_tokenizer):
     with pytest.raises(ConfigError, match="baseline method 'none'"):
         run_bench([ScriptedMethod("x", [[5]])], chat_tokenizer, prompts,
                   BenchSettings(SamplingParams(), progress=False), tmp_path)
-    with pytest.raises(ConfigError, match="no prompts selected"):
+    with pytest.raises(ConfigError, match=r"^no prompts to run: give run_bench one or more \(load_prompts, "
+                                          r"select_prompts\)$"):  # it named --prompts, --categories, --per-category
         run_bench([ScriptedMethod("none", [[5]])], chat_tokenizer, [],
                   BenchSettings(SamplingParams(), progress=False), tmp_path)
 

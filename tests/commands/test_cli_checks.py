@@ -187,6 +187,12 @@ def test_analyze_reads_categories_as_bench_does(no_loading, capsys, tmp_path, ca
                      *categories, "--out", str(tmp_path / "out")], *words)
 
 
+def test_analyze_names_the_per_category_flag(no_loading, capsys, tmp_path):
+    """select_prompts names its keyword (per_category=0); analyze acceptance shows the flag, as bench does."""
+    refused(capsys, ["analyze", "acceptance", "--target", "smollm2-135m", "--draft", "self", "--per-category", "0",
+                     "--out", str(tmp_path / "out")], "error: --per-category must be >= 1, got 0")
+
+
 def test_outputs_that_would_overwrite_an_input_are_refused_before_any_work(no_loading, capsys, tmp_path):
     out = tmp_path / "out"
     out.mkdir()
