@@ -510,7 +510,34 @@ class MistralParser(_TaggedParser):
         return self._raw, calls, True
 
 
-class Llama3JsonParser(_AutoParser):
+class _StateParser(_AutoParser):
+    """An auto parser read as a machine of states (`_state`), each read by its `_read_<state>(final)` method,
+    which gives (content, deltas) and may move to another state; `_drain` reads on until the state stays.
+    Two states end every such parser: content (all the rest is content) and dropped (all the rest is dropped)."""
+
+    def __init__(self, call_id: Callable[[], str] = tool_call_id) -> None:
+        super().__init__(call_id)
+        self._state = "start"
+
+    def _drain(self, final: bool) -> Piece:
+        content, calls = "", []
+        while True:
+            state = self._state
+            text, more = getattr(self, f"_read_{state}")(final)
+            content, calls = content + text, calls + more
+            if self._state == state:
+                return content, calls
+
+    def _read_content(self, final: bool) -> Piece:
+        text, self._pending = self._pending, ""
+        return text, []
+
+    def _read_dropped(self, final: bool) -> Piece:
+        self._pending = ""
+        return "", []
+
+
+class Llama3JsonParser(_StateParser):
     """Llama 3.x JSON tool calls, as vLLM's `llama3_json` parser reads them: the output (after whitespace,
     and `<|python_tag|>` where the text keeps it) is a call `{"name": ..., "parameters": {...}}` ("arguments"
     is read too, the first of the two given), then more calls, each after a `;`. Output that does not begin
@@ -532,17 +559,6 @@ class Llama3JsonParser(_AutoParser):
         self._reader: _CallReader | None = None
         self._raw = ""
         """The open call's text as written, from the end of the previous one (its content should it make none)."""
-
-    def _drain(self, final: bool) -> Piece:
-        content, calls = "", []
-        while True:
-            state = self._state
-            read = {"start": self._read_start, "call": self._read_call, "between": self._read_between,
-                    "content": self._read_content, "dropped": self._read_dropped}[state]
-            text, more = read(final)
-            content, calls = content + text, calls + more
-            if self._state == state:
-                return content, calls
 
     def _read_start(self, final: bool) -> Piece:
         text = self._pending.lstrip(WHITESPACE)
@@ -592,13 +608,6 @@ class Llama3JsonParser(_AutoParser):
         self._state = "between" if self._reader.json.done else "dropped"
         return "", calls
 
-    def _read_content(self, final: bool) -> Piece:
-        text, self._pending = self._pending, ""
-        return text, []
-
-    def _read_dropped(self, final: bool) -> Piece:
-        self._pending = ""
-        return "", []
 
 
 AUTO_PARSERS: dict[str, type[_AutoParser]] = {
