@@ -286,8 +286,9 @@ def add_tool_args(group) -> None:
     group.add_argument("--tool-call-parser", default=None, metavar="PARSER",
                        help="the format of the model's tool calls, for --enable-auto-tool-choice: hermes "
                             "(<tool_call>{...}</tool_call>: Qwen2.5, Qwen3, Hermes), llama3_json ({\"name\": ..., "
-                            "\"parameters\": {...}}: Llama 3.1-3.3) or mistral ([TOOL_CALLS][{...}] or "
-                            "[TOOL_CALLS]name[ARGS]{...}: Mistral)")
+                            "\"parameters\": {...}}: Llama 3.1-3.3), mistral ([TOOL_CALLS][{...}] or "
+                            "[TOOL_CALLS]name[ARGS]{...}: Mistral) or pythonic ([name(key=value, ...), ...]: "
+                            "Llama 3.2 1B/3B, Llama 4)")
 
 
 def auto_tool_parser(args: argparse.Namespace) -> str | None:

@@ -45,7 +45,9 @@ there, in a whole response too (where max_tokens cut it, finish_reason says "len
 
 from __future__ import annotations
 
+import ast
 import json
+import math
 import re
 import secrets
 import string
@@ -610,8 +612,182 @@ class Llama3JsonParser(_StateParser):
 
 
 
+class _NotLiteral(Exception):
+    """A pythonic call's argument is not a literal that JSON writes."""
+
+
+def _literal(node: ast.expr) -> Any:
+    """The value of a Python literal in a pythonic call's arguments: a str, int, finite float, bool or None
+    (a number with a sign too), or a list or dict of them (a dict's keys such constants); `_NotLiteral` for
+    anything else (a name, an expression, a tuple, bytes...). Read from the syntax tree, never evaluated."""
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
+        value = _literal(node.operand)
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise _NotLiteral
+        return -value if isinstance(node.op, ast.USub) else value
+    if isinstance(node, ast.Constant) and _json_constant(node.value):
+        return node.value
+    if isinstance(node, ast.List):
+        return [_literal(element) for element in node.elts]
+    if isinstance(node, ast.Dict) and all(isinstance(k, ast.Constant) and _json_constant(k.value) for k in node.keys):
+        return {key.value: _literal(value) for key, value in zip(node.keys, node.values)}
+    raise _NotLiteral
+
+
+def _json_constant(value: Any) -> bool:
+    """A constant JSON writes: a str, int, bool, None or finite float (not bytes, complex, inf or nan)."""
+    return value is None or isinstance(value, (str, int)) or (isinstance(value, float) and math.isfinite(value))
+
+
+def pythonic_call(text: str) -> tuple[str, str] | None:
+    """(name, arguments) of one call of a pythonic list, `name(key=<literal>, ...)`: the arguments an object of
+    the keywords, written as vLLM writes them (`json.dumps(arguments, ensure_ascii=False)`; a lone surrogate in a
+    string stays its escape, so that the text is JSON that UTF-8 encodes). None where `text` is not such a call
+    (not Python, positional or `**` arguments, a value that is not a literal)."""
+    try:
+        node = ast.parse(text.strip(), mode="eval").body
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)) or node.args:
+            return None
+        if any(keyword.arg is None for keyword in node.keywords):
+            return None
+        arguments = {keyword.arg: _literal(keyword.value) for keyword in node.keywords}
+    except (SyntaxError, ValueError, RecursionError, _NotLiteral):
+        return None
+    text = json.dumps(arguments, ensure_ascii=False)
+    return node.func.id, _LONE_SURROGATE.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
+
+
+class PythonicParser(_StateParser):
+    """Pythonic tool calls (Llama 3.2 1B and 3B, Llama 4 with their pythonic templates, ToolACE), as vLLM's
+    `pythonic` parser reads them: the output (after whitespace) is a Python list of calls,
+    `[get_weather(city="Paris"), get_time(zone="CET")]`, each call's keyword arguments Python literals (`ast`
+    reads them, nothing is evaluated; `pythonic_call`) that become its JSON arguments. Output that does not begin
+    with `[` is content, all of it, as it comes. A Python literal is JSON only once it is whole, so each call goes
+    out whole (its first delta, with all its arguments) as soon as its closing `)` is read, as vLLM's stream
+    does; until the first call has gone out the text is held back, and where it turns out to be no call list
+    (`[1, 2]`, `[link](url)`, a call that is not a literal call, an empty list, the end of the output first,
+    cut by max_tokens) all of it is content, as written. Once a call has gone out it stays: whatever breaks
+    the list after it (a malformed or cut call, an element that is no call) ends the calls, and the rest of the
+    output is dropped, streamed or not (vLLM's whole response answers such an output as content, its stream
+    keeps the calls sent). Text after the list's `]` is content (whitespace alone is dropped; vLLM answers it
+    as content and no calls). `<|python_start|>` and `<|python_end|>` (Llama 4's special tokens) are dropped by
+    decoding, as in vLLM, whose `pythonic` parser does not read them either (its `llama4_pythonic` does).
+    Strings are read in single or double quotes; a triple-quoted one is not (the list then breaks off)."""
+
+    def __init__(self, call_id: Callable[[], str] = tool_call_id) -> None:
+        super().__init__(call_id)
+        self._raw = ""
+        """The text read of the list so far, from the output's start (its content, should it make no call)."""
+        self._element = ""
+        """The list's element read so far: a call's name, then the call's text up to its closing `)`."""
+        self._depth = 1
+        """Brackets open (1: in the list, between calls; 2 or more: in a call)."""
+        self._quote: str | None = None
+        """The quote of the string being read in a call (None: not in a string)."""
+        self._escape = False
+        """The last character was a backslash in a string."""
+        self._expect = "first"
+        """What comes next in the list: first (the first element), element (one after a comma) or separator
+        (`,` or `]` after a call)."""
+
+    def _read_start(self, final: bool) -> Piece:
+        text = self._pending.lstrip(WHITESPACE)
+        if not text:
+            if final:
+                self._state = "content"
+            return "", []
+        if text[0] != "[":
+            self._state = "content"
+            return "", []
+        self._raw = self._pending[:len(self._pending) - len(text) + 1]
+        self._pending = text[1:]
+        self._state = "list"
+        return "", []
+
+    def _read_list(self, final: bool) -> Piece:
+        calls = []
+        for i, char in enumerate(self._pending):
+            step = self._step(char)
+            if isinstance(step, dict):
+                calls.append(step)
+            elif step is not None:
+                self._raw += self._pending[:i + 1]
+                self._pending = self._pending[i + 1:]
+                return self._end(step), calls
+        self._raw += self._pending
+        self._pending = ""
+        return (self._end("broken") if final else ""), calls
+
+    def _end(self, how: str) -> str:
+        """The list has ended ("closed": its `]`; "broken": anything else): the text after it is read as
+        content, unless it broke after a call went out (the rest dropped); the list's text is content where it
+        made no call."""
+        if self.called:
+            self._state = "after" if how == "closed" else "dropped"
+            return ""
+        self._state = "content"
+        return self._raw
+
+    def _step(self, char: str) -> dict[str, Any] | str | None:
+        """Read one character of the list: a call's first delta once its `)` closes it, "closed" at the list's
+        `]`, "broken" where the text is no call list, None otherwise."""
+        if self._depth > 1:
+            return self._step_in_call(char)
+        if self._expect == "separator":
+            if char in " \t\r\n\f":
+                return None
+            self._expect = "element"
+            return None if char == "," else "closed" if char == "]" else "broken"
+        if char == "]" and self._expect == "element" and not self._element.strip():
+            return "closed"  # after a trailing comma, as Python allows
+        if char == "(" and self._element.strip().isidentifier():
+            self._depth = 2
+            self._element += char
+            return None
+        self._element += char
+        return None if not self._element.strip() or self._element.strip().isidentifier() else "broken"
+
+    def _step_in_call(self, char: str) -> dict[str, Any] | str | None:
+        """Read one character of a call, from its `(`: strings and brackets, to the `)` that closes it."""
+        self._element += char
+        if self._quote is not None:
+            if self._escape:
+                self._escape = False
+            elif char == "\\":
+                self._escape = True
+            elif char == self._quote:
+                self._quote = None
+        elif char in "'\"":
+            self._quote = char
+        elif char in "([{":
+            self._depth += 1
+        elif char in ")]}":
+            self._depth -= 1
+            if self._depth == 1:
+                return self._call()
+        return None
+
+    def _call(self) -> dict[str, Any] | str:
+        """The call just closed: its first delta, with all its arguments; "broken" where it is no call."""
+        call = pythonic_call(self._element)
+        self._element, self._expect = "", "separator"
+        if call is None:
+            return "broken"
+        name, arguments = call
+        return first_delta(self._next_index(), name, arguments, self.call_id)
+
+    def _read_after(self, final: bool) -> Piece:
+        """After the list's `]`: whitespace waits (dropped at the end); any other text is content."""
+        if not self._pending.strip(WHITESPACE):
+            if final:
+                self._pending = ""
+            return "", []
+        self._state = "content"
+        return "", []
+
+
 AUTO_PARSERS: dict[str, type[_AutoParser]] = {
-    "hermes": HermesParser, "llama3_json": Llama3JsonParser, "mistral": MistralParser}
+    "hermes": HermesParser, "llama3_json": Llama3JsonParser, "mistral": MistralParser, "pythonic": PythonicParser}
 """tool_choice auto's parsers by `--tool-call-parser` name (vLLM's names; `tools.TOOL_PARSERS` lists them)."""
 
 

@@ -12,8 +12,9 @@ them into the prompt as the model was trained to read them; what the choice chan
 - auto (the default when tools are given): generation is untouched, and the text is parsed for tool
   calls in the format the server's `--tool-call-parser` names (`specula.serve.tool_calls`): hermes's
   `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` blocks, llama3_json's `{"name": ...,
-  "parameters": {...}}` objects separated by `;`, or mistral's `[TOOL_CALLS]` and its calls (tags that the
-  tokenizer makes special tokens are kept in the text for the parser). As in vLLM, the server must be
+  "parameters": {...}}` objects separated by `;`, mistral's `[TOOL_CALLS]` and its calls (tags that the
+  tokenizer makes special tokens are kept in the text for the parser), or pythonic's Python list of calls
+  `[name(key=<literal>, ...), ...]`. As in vLLM, the server must be
   started with `--enable-auto-tool-choice --tool-call-parser <parser>`;
 - required: the output is constrained (`Constraint.json_schema`) to a JSON list of at least one
   `{"name": <a tool's name>, "parameters": <its parameters>}` (vLLM's schema), turned into tool calls;
@@ -33,7 +34,7 @@ from specula.errors import ConfigError
 
 ToolChoice = Literal["none", "auto", "required", "named"]
 
-TOOL_PARSERS = ("hermes", "llama3_json", "mistral")
+TOOL_PARSERS = ("hermes", "llama3_json", "mistral", "pythonic")
 """The output formats `--tool-call-parser` can parse for tool_choice auto (vLLM's names)."""
 
 EMPTY_PARAMETERS: dict[str, Any] = {"type": "object", "properties": {}}
@@ -192,8 +193,8 @@ def parse_tool_use(body: Mapping[str, Any], tool_parser: str | None) -> ToolUse 
                         "specified `tools`", "tool_choice")
     if choice == "auto" and tool_parser is None:
         raise ToolError("\"auto\" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set "
-                        "(start the server with `--enable-auto-tool-choice --tool-call-parser hermes`, or llama3_json or "
-                        "mistral: the format the model writes its calls in), or give "
+                        "(start the server with `--enable-auto-tool-choice --tool-call-parser hermes`, or llama3_json, "
+                        "mistral or pythonic: the format the model writes its calls in), or give "
                         "tool_choice \"none\", \"required\" or a named tool", "tool_choice")
     return ToolUse(tools, choice, name, parallel is not False, tool_parser or "hermes")
 

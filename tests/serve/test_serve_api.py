@@ -374,8 +374,8 @@ def test_the_tool_parser_is_derived_once_at_start_up_not_for_every_request(monke
     config = ServerConfig(model_name=MODEL, enable_auto_tool_choice=True, tool_call_parser="hermes")
     assert [config.auto_tool_parser for _ in range(3)] == ["hermes"] * 3 and len(calls) == 1
     assert ServerConfig(model_name=MODEL).auto_tool_parser is None
-    with pytest.raises(ConfigError, match="tool_call_parser 'pythonic' is not one this server has"):
-        ServerConfig(model_name=MODEL, tool_call_parser="pythonic")  # still refused at start-up
+    with pytest.raises(ConfigError, match="tool_call_parser 'granite' is not one this server has"):
+        ServerConfig(model_name=MODEL, tool_call_parser="granite")  # still refused at start-up
 
 
 def test_body_over_the_limit_is_413(server):

@@ -1,5 +1,5 @@
-"""Tool calls parsed out of generated text (`specula.serve.tool_calls`): the hermes, llama3_json and
-mistral formats of tool_choice auto, the JSON list of required, a named tool's arguments; streamed piece by
+"""Tool calls parsed out of generated text (`specula.serve.tool_calls`): the hermes, llama3_json, mistral
+and pythonic formats of tool_choice auto, the JSON list of required, a named tool's arguments; streamed piece by
 piece, they add up to what the whole text gives, and no piece of a `<tool_call>` or `[TOOL_CALLS]` tag
 leaks as content."""
 
@@ -12,8 +12,8 @@ import re
 import pytest
 
 from specula.serve.tool_calls import (AUTO_PARSERS, HermesParser, Llama3JsonParser, MistralParser, NamedParser,
-                                      RequiredParser, ToolCallOutput, join_tool_calls, mistral_tool_call_id,
-                                      tool_call_id)
+                                      PythonicParser, RequiredParser, ToolCallOutput, join_tool_calls,
+                                      mistral_tool_call_id, tool_call_id)
 from specula.serve.tools import TOOL_PARSERS, ToolUse
 
 CALL = '{"name": "get_weather", "arguments": {"city": "Paris", "unit": "c"}}'
@@ -382,7 +382,7 @@ def test_a_mistral_call_after_a_broken_one_is_still_read():
 
 def test_the_server_parsers_are_the_tool_call_parsers_it_offers():
     tools = ({"type": "function", "function": {"name": "get_weather"}},)
-    assert tuple(AUTO_PARSERS) == TOOL_PARSERS == ("hermes", "llama3_json", "mistral")
+    assert tuple(AUTO_PARSERS) == TOOL_PARSERS == ("hermes", "llama3_json", "mistral", "pythonic")
     for name, kind in AUTO_PARSERS.items():
         assert type(ToolCallOutput.for_request(ToolUse(tools, "auto", parser=name)).parser) is kind
     llama = ToolCallOutput.for_request(ToolUse(tools, "auto", parallel=False, parser="llama3_json"))
@@ -390,3 +390,88 @@ def test_the_server_parsers_are_the_tool_call_parsers_it_offers():
     assert content == "" and [c["index"] for c in calls] == [0] and llama.finish_reason("stop") == "tool_calls"
     mistral = ToolCallOutput.for_request(ToolUse(tools, "auto", parser="mistral"))
     assert mistral.feed("[TOOL_CALLS]" + MISTRAL)[0] == "" and mistral.finish_reason("length") == "length"
+
+
+# --------------------------------------------------------------------------- pythonic
+
+PYTHONIC = '[get_weather(city="Paris", unit="c"), get_time(zone="CET")]'
+PYTHONIC_CASES = [
+    # (generated text, content, calls)
+    ("The weather is fine.", "The weather is fine.", []),
+    (PYTHONIC, "", [("get_weather", WEATHER), ("get_time", '{"zone": "CET"}')]),
+    ("\n [get_weather(city='Zürich')]", "", [("get_weather", '{"city": "Zürich"}')]),  # whitespace, single quotes
+    ("[f(a=-1, b=+2.5, c=[1, -3e2, {'k': None, 2: True}], d=False, e={})]", "",
+     [("f", '{"a": -1, "b": 2.5, "c": [1, -300.0, {"k": null, "2": true}], "d": false, "e": {}}')]),
+    ("[f(s='a), b], c', t=\"it's \\\"q\\\"\", u='\\\\')]", "",
+     [("f", '{"s": "a), b], c", "t": "it\'s \\"q\\"", "u": "\\\\"}')]),  # strings holding ) , ] and quotes
+    ("[f( ), g (x=1,), ]", "", [("f", "{}"), ("g", '{"x": 1}')]),  # Python's spaces and trailing commas
+    (f"{PYTHONIC}\nDone.", "\nDone.", [("get_weather", WEATHER), ("get_time", '{"zone": "CET"}')]),
+    (f"{PYTHONIC}\n ", "", [("get_weather", WEATHER), ("get_time", '{"zone": "CET"}')]),
+    ('[get_weather(city="Paris", unit="c"), get_time(zone="C', "", [("get_weather", WEATHER)]),  # cut by max_tokens
+    ('[get_weather(city="Paris", unit="c"), 2, get_time()]', "", [("get_weather", WEATHER)]),  # the rest dropped
+    ('[get_weather(city="Paris", unit="c"), f(x=y)]', "", [("get_weather", WEATHER)]),
+    ('[get_weather(city="Par', '[get_weather(city="Par', []),  # cut before a call went out: content
+    ("[1, 2]", "[1, 2]", []),
+    ("[link](https://example.com) is a link", "[link](https://example.com) is a link", []),
+    ("[a b] c", "[a b] c", []),
+    ("[f(x)] positional", "[f(x)] positional", []),
+    ("[f(x=a + 1)]", "[f(x=a + 1)]", []),
+    ("[f(**kw)]", "[f(**kw)]", []),
+    ("[f(x=(1, 2))]", "[f(x=(1, 2))]", []),  # a tuple: not a JSON value (vLLM's neither)
+    ("[f(x=b'a')]", "[f(x=b'a')]", []),
+    ("[f(x=1e999)]", "[f(x=1e999)]", []),  # inf: not JSON
+    ("[obj.f(x=1)]", "[obj.f(x=1)]", []),
+    ("[]", "[]", []),
+    ("[", "[", []),
+    ("  ", "  ", []),
+    ("Call [f(x=1)]", "Call [f(x=1)]", []),  # text first: all content
+]
+
+
+@pytest.mark.parametrize("text, content, calls", PYTHONIC_CASES)
+def test_pythonic_outputs_become_tool_calls(text, content, calls):
+    """(content, [(name, arguments)]): the arguments in json.dumps's layout (ensure_ascii=False), as vLLM's."""
+    got_content, got_calls = whole(PythonicParser(), text)
+    assert (got_content, [(c["function"]["name"], c["function"]["arguments"]) for c in got_calls]) == (content, calls)
+    assert all(c["id"].startswith("chatcmpl-tool-") and c["type"] == "function" for c in got_calls)
+
+
+@pytest.mark.parametrize("text, content, calls", PYTHONIC_CASES)
+def test_pythonic_streamed_in_any_pieces_adds_up_to_the_whole(text, content, calls):
+    """Split at every character, into token-like pieces, at every single boundary and at random: the same
+    content and calls, and content once sent is never taken back."""
+    functions = [c["function"] for c in whole(PythonicParser(), text)[1]]
+    rng = random.Random(0)
+    splits = [list(text), token_pieces(text)] + [[text[:i], text[i:]] for i in range(1, len(text))]
+    for pieces in splits + [_random_pieces(rng, text) for _ in range(10)]:
+        got_content, got_calls, sent = streamed(PythonicParser(), pieces)
+        assert (got_content, [c["function"] for c in got_calls]) == (content, functions), pieces
+        assert all(content.startswith(s) for s in sent), pieces
+
+
+def test_a_pythonic_call_goes_out_whole_as_soon_as_its_parenthesis_closes():
+    parser = PythonicParser()
+    assert parser.feed('[get_weather(city="Paris", unit="c"') == ("", [])
+    content, calls = parser.feed(")")
+    assert content == "" and [(c["index"], c["function"]) for c in calls] == [
+        (0, {"name": "get_weather", "arguments": WEATHER})] and parser.called
+    assert parser.feed(", get_time(zone='CET'") == ("", [])
+    assert [(c["index"], c["function"]["name"]) for c in parser.feed(")]")[1]] == [(1, "get_time")]
+    assert parser.finish() == ("", [])
+
+
+def test_pythonic_holds_back_a_list_until_it_shows_whether_it_is_calls():
+    parser = PythonicParser()
+    assert parser.feed(" ") == ("", [])
+    assert parser.feed("[link") == ("", [])  # could still be a call's name
+    assert parser.feed("]") == (" [link]", [])  # not a call: content, all of it
+    assert parser.feed("(url)") == ("(url)", []) and not parser.called
+    parser = PythonicParser()
+    assert parser.feed("No [f(x=1)]") == ("No [f(x=1)]", [])  # not a list at the start: content as it comes
+
+
+def test_a_lone_surrogate_in_a_pythonic_string_stays_an_escape():
+    _, calls = whole(PythonicParser(), '[f(a="\\ud83d!", b="\\ud83d\\ude00")]')
+    arguments = calls[0]["function"]["arguments"]
+    assert arguments == '{"a": "\\ud83d!", "b": "\\ud83d\\ude00"}' and arguments.encode("utf-8")
+    assert json.loads(arguments) == {"a": "\ud83d!", "b": "😀"}
