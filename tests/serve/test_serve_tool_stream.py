@@ -1,7 +1,7 @@
 """Streamed tool calls on the server, as vLLM streams them: a call's name as soon as it is known, then its
 arguments piece by piece as the tokens come; joined, the deltas are the whole response's tool calls. And
 `<tool_call>` (mistral's `[TOOL_CALLS]`, `[ARGS]`) tags that the tokenizer makes special tokens: kept in
-the text the parser reads. The same for the llama3_json and mistral parsers."""
+the text the parser reads. The same for the llama3_json and mistral parsers; pythonic sends each call whole."""
 
 from __future__ import annotations
 
@@ -262,3 +262,46 @@ def test_a_llama3_json_or_mistral_call_cut_by_max_tokens_keeps_what_was_read(par
     (call,) = whole.message.tool_calls
     assert (call.function.name, call.function.arguments) == ("get_weather", '{"city"')
     assert "".join(d.function.arguments for c in chunks for d in (c.delta.tool_calls or [])) == '{"city"'
+
+
+# --------------------------------------------------------------------------- pythonic
+
+PYTHONIC_SCRIPT = ["[get_weather(", 'city="Paris"', ", ", 'unit="c")', ", get_time(", "zone='CET'", ")]"]
+"""A Llama 3.2 answer with its pythonic template: a Python list of calls (each piece one token)."""
+
+
+@pytest.fixture(scope="module")
+def pythonic_client():
+    """The scripted model answering `PYTHONIC_SCRIPT` one token a step, tool_choice auto parsed by pythonic."""
+    tokenizer = script_tokenizer(PYTHONIC_SCRIPT)
+    with running(make_spec(scripted_model(tokenizer, PYTHONIC_SCRIPT), tokenizer, "none"),
+                 enable_auto_tool_choice=True, tool_call_parser="pythonic") as server:
+        yield openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=60)
+
+
+def test_pythonic_calls_stream_each_whole_as_it_closes_and_join_to_the_whole(pythonic_client):
+    whole, chunks = whole_and_streamed(pythonic_client)
+    assert whole.message.content is None and whole.finish_reason == chunks[-1].finish_reason == "tool_calls"
+    assert "".join(c.delta.content or "" for c in chunks) == ""
+    assert [(c.function.name, c.function.arguments) for c in whole.message.tool_calls] == [
+        ("get_weather", '{"city": "Paris", "unit": "c"}'), ("get_time", '{"zone": "CET"}')]
+    deltas = [[(d.index, d.type, d.function.name, d.function.arguments) for d in c.delta.tool_calls]
+              for c in chunks if c.delta.tool_calls]
+    assert deltas == [[(0, "function", "get_weather", '{"city": "Paris", "unit": "c"}')],  # at `unit="c")`
+                      [(1, "function", "get_time", '{"zone": "CET"}')]]  # at `)]`
+    streamed_ids = [d.id for c in chunks for d in (c.delta.tool_calls or [])]
+    assert all(re.fullmatch("chatcmpl-tool-[0-9a-f]{32}", i) for i in streamed_ids + [
+        c.id for c in whole.message.tool_calls])
+
+
+@pytest.mark.parametrize("tokens, content, names", [
+    (5, None, ["get_weather"]),  # cut inside the second call: the first stays, the rest is dropped
+    (2, '[get_weather(city="Paris"', []),  # cut before a call closed: content, as written
+])
+def test_a_pythonic_output_cut_by_max_tokens(pythonic_client, tokens, content, names):
+    whole, chunks = whole_and_streamed(pythonic_client, max_tokens=tokens)
+    assert whole.finish_reason == chunks[-1].finish_reason == "length"
+    assert whole.message.content == content
+    assert "".join(c.delta.content or "" for c in chunks) == (content or "")
+    assert [c.function.name for c in whole.message.tool_calls or []] == names
+    assert [d.function.name for c in chunks for d in (c.delta.tool_calls or [])] == names
