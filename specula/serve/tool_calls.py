@@ -21,6 +21,9 @@ tool_choice auto parses the format the server's `--tool-call-parser` names (`AUT
 - `MistralParser` (`mistral`): content, then `[TOOL_CALLS]` and a JSON list of `{"name", "arguments"}`
   (Mistral 7B v0.3), or `[TOOL_CALLS]name[ARGS]{...}` for each call (Mistral Small 3 and later; some
   models write `[CALL_ID]` and an id before `[ARGS]`).
+- `PythonicParser` (`pythonic`, Llama 3.2 1B and 3B, Llama 4): an output that begins (after whitespace) with
+  `[` is read as a Python list of calls, `[name(key=<literal>, ...), ...]` (`ast`, never evaluated); each call
+  goes out whole, its arguments as JSON, once its `)` closes it; any other output is content.
 
 Where the tokenizer makes a format's tags special tokens (`kept_tags`: hermes's, mistral's), the output's
 text keeps them for the parser (`special_tags`, `SamplingParams.kept_special_tokens`; decoding drops
@@ -37,8 +40,9 @@ The arguments of every auto parser and of required are written as vLLM's whole r
 (`json.dumps(arguments, ensure_ascii=False)`; mistral's name form too, where vLLM passes the text on), piece
 by piece as the JSON settles (`specula.serve.json_rewrite`: a number goes out once the character after it
 shows it is whole, an escape once it is complete; a lone surrogate stays an escape, `\\ud83d`, where vLLM's
-response fails to encode it), so what was sent is never contradicted by what follows; vLLM streams the model's
-own text instead, whose layout its whole response does not keep. A call that has begun going out cannot be
+response fails to encode it; pythonic's at once for each call, a Python literal being JSON only once whole),
+so what was sent is never contradicted by what follows; vLLM streams the model's own text instead, whose
+layout its whole response does not keep. A call that has begun going out cannot be
 taken back: its JSON breaking off later (cut by max_tokens, malformed) leaves it with the arguments read up to
 there, in a whole response too (where max_tokens cut it, finish_reason says "length").
 """
