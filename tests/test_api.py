@@ -346,6 +346,31 @@ def test_auto_draft_is_off_for_small_targets_and_self_is_refused_unquantized(mod
         specula.load(str(path), draft="self", draft_quantize="none", method="draft-model")
 
 
+def test_a_self_draft_on_cuda_names_what_drafts_there_not_draft_quantize_none(monkeypatch):
+    """A self-draft on CUDA met quantize's own check, `use draft_quantize="none"`, which the self-draft refuses (it
+    would draft with the target itself): the advice went in a circle. It names what drafts on CUDA now (draft="skip",
+    another draft model), and `specula generate` shows the flags."""
+    import torch
+
+    from specula.cli import build_parser
+    from specula.commands.common import in_command_flags
+    from specula.models.loading import LoadConfig, load_draft
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    for quantize in (None, "int8", "none"):
+        with pytest.raises(ConfigError) as caught:
+            load_draft("self", None, None, LoadConfig(device="cuda"), target_name="t", quantize=quantize)
+        message = str(caught.value)
+        assert message == ('draft="self" drafts with the target\'s weights quantized, which runs on CPU only, not on '
+                           'cuda:0; there use draft="skip" (the target drafting with layers skipped) or another draft '
+                           "model (draft=MODEL)"), message
+    args = build_parser().parse_args(["generate", "--target", "t", "--draft", "self", "--prompt", "p"])
+    assert in_command_flags(args)(message) == (
+        "--draft self drafts with the target's weights quantized, which runs on CPU only, not on cuda:0; there use "
+        "--draft skip (the target drafting with layers skipped) or another draft model (--draft MODEL)")
+
+
 def test_auto_quantizes_a_companion_to_int4_where_specula_kernels_run_and_a_self_draft_to_int8():
     from specula.draft_choice import auto_draft_quantize
     from specula.models.loading import LoadConfig

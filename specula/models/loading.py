@@ -816,6 +816,7 @@ def load_draft(spec: str, target_tokenizer: Any, target: Any, config: LoadConfig
         if target_name is None:
             raise ConfigError("a self-draft needs the target's model name")
         quantize = check_quantize(quantize or "int8")
+        _check_self_draft_device(config)
         if quantize == "none":
             raise ConfigError('draft="self" with draft_quantize="none" would draft with the target itself; '
                               'use draft_quantize="int8" (or another draft model)')
@@ -831,6 +832,17 @@ def load_draft(spec: str, target_tokenizer: Any, target: Any, config: LoadConfig
     check_compatible(target_tokenizer, draft_tokenizer, target_name=target_name or target.name, draft_name=spec,
                      target_logits=target.vocab_size, draft_logits=draft.vocab_size)
     return _cut_vocab(draft, target_tokenizer, target, vocab, report)
+
+
+def _check_self_draft_device(config: LoadConfig) -> None:
+    """A self-draft is the target's weights quantized, and quantization runs on CPU only: on another device a
+    ConfigError names what drafts there instead (before the advice of quantize's own check, `quantize="none"`,
+    which a self-draft refuses: it would draft with the target itself)."""
+    device, _ = config.resolved()
+    if device.type != "cpu":
+        raise ConfigError(f'draft="self" drafts with the target\'s weights quantized, which runs on CPU only, not on '
+                          f'{device}; there use draft="skip" (the target drafting with layers skipped) or another '
+                          "draft model (draft=MODEL)")
 
 
 DRAFT_QUANTIZE = {"quantize": "draft_quantize"}
