@@ -131,7 +131,8 @@ def parse_prompts(lines: Sequence[str], origin: str = "prompts", groups: dict[st
 
 def load_prompts(source: str = SPEC_BENCH) -> list[BenchPrompt]:
     """The shipped Spec-Bench prompts (`"spec-bench"`), the shipped everyday prompts (`"everyday"`),
-    or those of a JSONL file."""
+    or those of a JSONL file. Its errors name `source=` (`specula bench` and `analyze` show `--prompts`:
+    `commands.common.PROMPTS_SPELLING`)."""
     if source == SPEC_BENCH:
         text = resources.files("specula").joinpath("data/spec_bench/question.jsonl").read_text(encoding="utf-8")
         return parse_prompts(json_lines(text), "spec-bench question.jsonl", SPEC_BENCH_GROUPS)
@@ -141,7 +142,7 @@ def load_prompts(source: str = SPEC_BENCH) -> list[BenchPrompt]:
     path = Path(source).expanduser()
     if not path.is_file():
         problem = "is a directory" if path.is_dir() else "not found"
-        raise ConfigError(f"prompts file {source!r} {problem}; pass --prompts spec-bench, everyday, structured "
+        raise ConfigError(f"prompts file {source!r} {problem}; give source= one of spec-bench, everyday, structured "
                           "or a JSONL file")
     try:
         text = path.read_text(encoding="utf-8-sig")  # a byte-order mark is not JSON
@@ -158,17 +159,18 @@ def categories_of(prompts: Sequence[BenchPrompt]) -> list[str]:
 
 
 def parse_categories(values: str | Sequence[str], available: Sequence[str]) -> list[str]:
-    """`--categories` (`specula bench`, `specula analyze`): group names separated by commas and / or spaces,
-    in one argument or several ("rag,qa", "rag qa", "rag, qa"), in the order given, repeats dropped.
-    ConfigError naming `--categories` and the valid names (`available`) for none, or for a name not there."""
+    """`select_prompts`' `categories=` (`--categories` of `specula bench` and `specula analyze`): group names
+    separated by commas and / or spaces, in one argument or several ("rag,qa", "rag qa", "rag, qa"), in the order
+    given, repeats dropped. ConfigError naming `categories=` (the commands show their flag) and the valid names
+    (`available`) for none, or for a name not there."""
     given = [values] if isinstance(values, str) else values
     names = list(dict.fromkeys(n for value in given for n in re.split(r"[,\s]+", value) if n))
     if not names:
-        raise ConfigError(f"--categories names no category; pass one or more of: {', '.join(available)} "
+        raise ConfigError(f"categories= names no category; pass one or more of: {', '.join(available)} "
                           "(or leave it out for all)")
     unknown = [n for n in names if n not in available]
     if unknown:
-        raise ConfigError(f"--categories: unknown categor{'y' if len(unknown) == 1 else 'ies'} "
+        raise ConfigError(f"categories= names {'an unknown category' if len(unknown) == 1 else 'unknown categories'} "
                           f"{', '.join(map(repr, unknown))}; choose from: {', '.join(available)}")
     return names
 

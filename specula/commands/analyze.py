@@ -7,7 +7,8 @@ import sys
 import time
 
 from specula.commands.common import (
-    add_categories_arg, add_model_args, check_model_name, explicit_draft, flags_in_errors, load_config,
+    PROMPTS_SPELLING, add_categories_arg, add_model_args, check_model_name, explicit_draft, flags_in_errors,
+    load_config,
 )
 
 
@@ -59,7 +60,8 @@ def run(args: argparse.Namespace) -> int:
     check_model_name(args.draft, "--draft")  # before the target loads
     config = AcceptanceConfig(temperatures=tuple(args.temperature), max_drafts=args.drafts, positions=args.positions,
                               seed=args.seed, lump_mass=args.lump_mass, trajectories=args.trajectories)
-    with flags_in_errors(args, ["per_category"]):  # the library names select_prompts' keyword
+    # the library names load_prompts' and select_prompts' keywords (source= for --prompts, per_category=)
+    with flags_in_errors(args, ["per_category", "categories"], PROMPTS_SPELLING):
         prompts = select_prompts(load_prompts(args.prompts), args.per_category, args.categories, args.seed)
     out = check_output(args.out, "--out", "dir")
     for name in ("results.json", REPORT_FILE, PLOT_FILE):

@@ -13,7 +13,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from specula.commands.common import (
-    add_categories_arg, add_method_args, add_model_args, add_sampling_args, check_drafter_files, check_flags_taken,
+    PROMPTS_SPELLING, add_categories_arg, add_method_args, add_model_args, add_sampling_args, check_drafter_files,
+    check_flags_taken,
     check_model_name, check_drafting_flags_used, command_flags, draft_model_flags, drafter_options, engine_config,
     explicit_draft, flags_in_errors,
     load_config, method_help, planner_from_args, sampling_params,
@@ -120,9 +121,11 @@ def plan(args: argparse.Namespace) -> BenchPlan:
     check_draft_used(args, methods, peers)
     check_entry_flags(args, methods)
     check_method_files(args, methods)
-    available = load_prompts(args.prompts)
-    categories = None if args.categories is None else parse_categories(args.categories, categories_of(available))
-    with flags_in_errors(args, ["per_category", "repeats"]):  # the library names its keywords (repeats=3)
+    # the library names its keywords (repeats=3, categories=, source= for --prompts)
+    with flags_in_errors(args, ["per_category", "repeats", "categories"], PROMPTS_SPELLING):
+        available = load_prompts(args.prompts)
+        categories = None if args.categories is None else parse_categories(args.categories,
+                                                                            categories_of(available))
         prompts = select_prompts(available, args.per_category, categories, args.seed)
         settings = BenchSettings(params, raw=args.raw, warmup_tokens=args.warmup_tokens,
                                  progress=not args.no_progress, repeats=args.repeats)

@@ -104,6 +104,11 @@ def add_linear_kernel_arg(parser) -> None:
                              "else onednn for float32 on CPU without --quantize, else aten (default auto)")
 
 
+PROMPTS_SPELLING = {"source": "--prompts"}
+"""`bench.datasets.load_prompts`' keyword as `specula bench` and `specula analyze` spell it (`flags_in_errors`' and
+`in_command_flags`' `spellings`: its flag is not its name's)."""
+
+
 def add_categories_arg(parser) -> None:
     """`--categories` (bench, analyze), read by `bench.datasets.parse_categories` once the prompts are known."""
     parser.add_argument("--categories", nargs="+", default=None, metavar="NAME",

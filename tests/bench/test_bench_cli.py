@@ -328,10 +328,13 @@ def test_lossless_mismatch_exits_1_naming_prompt_and_method(tmp_path, prompts_fi
     (["--methods", "none,warp-drive"], "unknown method 'warp-drive'"),
     (["--stop", "x"], "bench does not take --stop"),
     (["--compare", "hf:assisted"], "needs a draft model: pass --draft MODEL"),
-    (["--categories", "zeta"], "--categories: unknown category 'zeta'; choose from: alpha, beta"),
-    (["--categories", "alpha", "zeta,"], "--categories: unknown category 'zeta'; choose from: alpha, beta"),
+    (["--categories", "zeta"], "error: --categories names an unknown category 'zeta'; choose from: alpha, beta"),
+    (["--categories", "alpha", "zeta,"], "--categories names an unknown category 'zeta'; choose from: alpha, beta"),
+    # load_prompts names its keyword, source=: the command shows its flag
+    (["--prompts", "/nonexistent/p.jsonl"], "error: prompts file '/nonexistent/p.jsonl' not found; give --prompts "
+     "one of spec-bench, everyday, structured or a JSONL file\n"),
     # was every category, silently
-    (["--categories", ","], "--categories names no category; pass one or more of: alpha, beta"),
+    (["--categories", ","], "error: --categories names no category; pass one or more of: alpha, beta"),
     (["--per-category", "0"], "--per-category must be >= 1, got 0\n"),
     (["--methods", "draft-model"], "needs a draft model"),
     (["--repeats", "0"], "repeats must be >= 1, got 0; pass e.g. --repeats 3\n"),

@@ -179,8 +179,8 @@ def test_a_list_of_sizes_starting_with_a_minus_gets_the_options_own_check(no_loa
 
 
 @pytest.mark.parametrize("categories, words", [
-    (["writing"], ("--categories: unknown category 'writing'", "choose from: mt_bench, translation, summarization")),
-    ([","], ("--categories names no category", "mt_bench, translation, summarization, qa, math_reasoning, rag")),
+    (["writing"], ("error: --categories names an unknown category 'writing'", "choose from: mt_bench, translation, summarization")),
+    ([","], ("error: --categories names no category", "mt_bench, translation, summarization, qa, math_reasoning, rag")),
 ])
 def test_analyze_reads_categories_as_bench_does(no_loading, capsys, tmp_path, categories, words):
     refused(capsys, ["analyze", "acceptance", "--target", "smollm2-135m", "--draft", "self", "--categories",
@@ -191,6 +191,16 @@ def test_analyze_names_the_per_category_flag(no_loading, capsys, tmp_path):
     """select_prompts names its keyword (per_category=0); analyze acceptance shows the flag, as bench does."""
     refused(capsys, ["analyze", "acceptance", "--target", "smollm2-135m", "--draft", "self", "--per-category", "0",
                      "--out", str(tmp_path / "out")], "error: --per-category must be >= 1, got 0")
+
+
+def test_analyze_names_the_prompts_flag(no_loading, capsys, tmp_path):
+    """load_prompts names its keyword (source=, was --prompts to a Python caller); analyze acceptance shows the
+    flag, as bench does."""
+    missing = str(tmp_path / "none.jsonl")
+    refused(capsys, ["analyze", "acceptance", "--target", "smollm2-135m", "--draft", "self", "--prompts", missing,
+                     "--out", str(tmp_path / "out")],
+            f"error: prompts file '{missing}' not found; give --prompts one of spec-bench, everyday, structured or a "
+            "JSONL file")
 
 
 def test_outputs_that_would_overwrite_an_input_are_refused_before_any_work(no_loading, capsys, tmp_path):
