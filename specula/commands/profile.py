@@ -60,7 +60,8 @@ def run(args: argparse.Namespace) -> int:
     # every size asked for is timed: the planner's start-up rule (sizes past the first costing over
     # TimingConfig.max_ratio plain steps left out) dropped them from the table without a word
     every_size = TimingConfig(max_ratio=math.inf)
-    curve = measure_cost_curve(target, sizes, args.context, args.repeats, config=every_size)
+    with flags_in_errors(args, ["context", "sizes"]):  # the library names its keywords (context=)
+        curve = measure_cost_curve(target, sizes, args.context, args.repeats, config=every_size)
     key = target.cost_key()
     payload = {**curve.to_dict(), "target": args.target, "dtype": key.get("dtype"), "attn": key.get("attention"),
                "quantize": key.get("quantize", args.quantize), "linear_kernel": key.get("linear_kernel"),

@@ -204,8 +204,8 @@ def measure_pass_times(backend: TargetModel, sizes: Sequence[int], context: int,
         raise ConfigError(f"context must be >= 1 token, got {context}")
     if context + sizes[-1] > backend.max_context:
         raise ConfigError(
-            f"context {context} + {sizes[-1]} tokens exceeds the target's context window of {backend.max_context}; "
-            "lower --context or the largest size"
+            f"context={context} + {sizes[-1]} tokens exceeds the target's context window of {backend.max_context}; "
+            "lower context= or the largest of sizes="
         )
     gen = torch.Generator().manual_seed(seed)
     ids = torch.randint(0, backend.vocab_size, (context + sizes[-1],), generator=gen).tolist()  # prefix, root, chain

@@ -139,7 +139,8 @@ def test_curve_validation():
     with pytest.raises(ConfigError, match="needs a pass size above 1"):
         CostCurve((1,), (0.1,), context=8)
     backend = HFCausalLM(tiny_model("gpt2"))  # 256 positions
-    with pytest.raises(ConfigError, match="exceeds the target's context window of 256"):
+    with pytest.raises(ConfigError, match="^context=200 \\+ 64 tokens exceeds the target's context window of 256; "
+                       "lower context= or the largest of sizes=$"):  # its keywords; profile: its flags
         measure_cost_curve(backend, sizes=[64], context=200, repeats=1)
     with pytest.raises(ConfigError, match="repeats must be >= 1"):
         measure_cost_curve(backend, sizes=[2], context=8, repeats=0)
@@ -172,6 +173,12 @@ def test_profile_command(tmp_path, monkeypatch, capsys):
     assert all(s > 0 for row in batch["seconds"] for s in row)
     assert "packed passes" in capsys.readouterr().out
     assert main(["profile", "--target", "tiny", "--batch-sizes", "0", "--out", str(tmp_path)]) == 2
+    capsys.readouterr()
+    # measure_cost_curve names its keywords (context=); profile shows its flags
+    assert main(["profile", "--target", "tiny", "--context", str(backend.max_context), "--out", str(tmp_path)]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"error: --context {backend.max_context} + 64 tokens exceeds the target's context window of "
+        f"{backend.max_context}; lower --context or the largest of --sizes")
 
 
 def test_profile_times_every_size_asked_for(tmp_path, monkeypatch):
