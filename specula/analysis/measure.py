@@ -46,9 +46,15 @@ VERIFIERS = ("rrs_iid", "kseq", "rrs_without_replacement")
 VERIFIER_SCHEME = {"rrs_iid": "iid", "kseq": "iid", "rrs_without_replacement": "without_replacement"}
 
 
+ACCEPTANCE_FLAGS = {"temperatures": "--temperature", "max_drafts": "--drafts"}
+"""`AcceptanceConfig`'s fields whose `specula analyze acceptance` flag is not their name's (its other fields' flags
+are: `--positions`, `--lump-mass`, `--trajectories`)."""
+
+
 @dataclass(frozen=True)
 class AcceptanceConfig:
-    """Settings of `specula analyze acceptance`."""
+    """Settings of `specula analyze acceptance`. Its errors name its fields (`max_drafts`); the command shows its
+    flags (`--drafts`: `ACCEPTANCE_FLAGS`)."""
 
     temperatures: tuple[float, ...] = (1.0,)
     """Sampling temperatures analysed (each > 0); one continuation per prompt and temperature."""
@@ -65,18 +71,18 @@ class AcceptanceConfig:
 
     def __post_init__(self) -> None:
         if not self.temperatures or any(not (t > 0 and math.isfinite(t)) for t in self.temperatures):
-            raise ConfigError(f"temperatures must be finite and > 0 (acceptance of sampling), got "
+            raise ConfigError(f"temperatures= must be finite and > 0 (acceptance of sampling), got "
                               f"{list(self.temperatures)}")
         if len(set(self.temperatures)) != len(self.temperatures):  # each would be measured, then counted, twice
-            raise ConfigError(f"--temperature lists a temperature twice ({list(self.temperatures)}); give each once")
+            raise ConfigError(f"temperatures= lists a temperature twice ({list(self.temperatures)}); give each once")
         if not 1 <= self.max_drafts <= 16:
-            raise ConfigError(f"--drafts must be between 1 and 16, got {self.max_drafts}")
+            raise ConfigError(f"max_drafts must be between 1 and 16, got {self.max_drafts}")
         if self.positions < 1:
-            raise ConfigError(f"--positions must be >= 1, got {self.positions}")
+            raise ConfigError(f"positions= must be >= 1, got {self.positions}")
         if not 0 <= self.lump_mass < 0.01:
-            raise ConfigError(f"--lump-mass must be in [0, 0.01), got {self.lump_mass}")
+            raise ConfigError(f"lump_mass must be in [0, 0.01), got {self.lump_mass}")
         if self.trajectories < 2:  # one trajectory has no standard error (the bound check's slack)
-            raise ConfigError(f"--trajectories must be >= 2, got {self.trajectories}")
+            raise ConfigError(f"trajectories= must be >= 2, got {self.trajectories}")
 
 
 # ---------------------------------------------------------------------------- per position (numpy)

@@ -44,7 +44,7 @@ def register(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from specula.analysis.measure import AcceptanceConfig, measure
+    from specula.analysis.measure import ACCEPTANCE_FLAGS, AcceptanceConfig, measure
     from specula.analysis.plots import PLOT_FILE, REPORT_FILE, plot_acceptance, render_markdown
     from specula.bench.datasets import load_prompts, select_prompts
     from specula.errors import ConfigError
@@ -58,8 +58,10 @@ def run(args: argparse.Namespace) -> int:
     with flags_in_errors(args):  # the library names load's skip_layers and draft="skip"
         check_skip_layers(args.draft, args.skip_layers)
     check_model_name(args.draft, "--draft")  # before the target loads
-    config = AcceptanceConfig(temperatures=tuple(args.temperature), max_drafts=args.drafts, positions=args.positions,
-                              seed=args.seed, lump_mass=args.lump_mass, trajectories=args.trajectories)
+    with flags_in_errors(args, ["positions", "lump_mass", "trajectories"], ACCEPTANCE_FLAGS):  # its fields
+        config = AcceptanceConfig(temperatures=tuple(args.temperature), max_drafts=args.drafts,
+                                  positions=args.positions, seed=args.seed, lump_mass=args.lump_mass,
+                                  trajectories=args.trajectories)
     # the library names load_prompts' and select_prompts' keywords (source= for --prompts, per_category=)
     with flags_in_errors(args, ["per_category", "categories"], PROMPTS_SPELLING):
         prompts = select_prompts(load_prompts(args.prompts), args.per_category, args.categories, args.seed)

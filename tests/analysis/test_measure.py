@@ -125,14 +125,20 @@ def test_summary_checks_and_position_metrics():
     assert run["checks"]["without_replacement_bound_above_iid_bound"]
     assert all(v["positions_above_bound"] == 0 for v in run["checks"]["verifiers"].values())
     assert doc["config"]["max_drafts"] == 4
-    with pytest.raises(ConfigError, match="temperatures"):
+    with pytest.raises(ConfigError, match="^temperatures= must be finite and > 0"):  # its fields; the command: flags
         AcceptanceConfig(temperatures=(0.0,))
     with pytest.raises(ConfigError, match="finite"):  # refused before any model loads, not in the sampler
         AcceptanceConfig(temperatures=(float("inf"),))
-    with pytest.raises(ConfigError, match="lists a temperature twice"):  # counted twice, its error read as smaller
+    # counted twice, its error read as smaller
+    with pytest.raises(ConfigError, match="^temperatures= lists a temperature twice"):
         AcceptanceConfig(temperatures=(1.0, 0.7, 1.0))
-    with pytest.raises(ConfigError, match="--trajectories must be >= 2"):  # one has no standard error: NaN
+    with pytest.raises(ConfigError, match="^trajectories= must be >= 2"):  # one has no standard error: NaN
         AcceptanceConfig(trajectories=1)
+    for keywords, message in (({"max_drafts": 0}, "^max_drafts must be between 1 and 16, got 0$"),
+                              ({"positions": 0}, "^positions= must be >= 1, got 0$"),
+                              ({"lump_mass": 0.5}, r"^lump_mass must be in \[0, 0.01\), got 0.5$")):
+        with pytest.raises(ConfigError, match=message):  # its fields (was --drafts, ...: the command's flags)
+            AcceptanceConfig(**keywords)
 
 
 def test_rrs_checks_hold_where_the_draft_is_the_target():

@@ -193,6 +193,20 @@ def test_analyze_names_the_per_category_flag(no_loading, capsys, tmp_path):
                      "--out", str(tmp_path / "out")], "error: --per-category must be >= 1, got 0")
 
 
+@pytest.mark.parametrize("argv, words", [
+    (["--temperature", "1", "1"], "error: --temperature lists a temperature twice ([1.0, 1.0]); give each once"),
+    (["--temperature", "0"], "error: --temperature must be finite and > 0 (acceptance of sampling), got [0.0]"),
+    (["--drafts", "0"], "error: --drafts must be between 1 and 16, got 0"),
+    (["--positions", "0"], "error: --positions must be >= 1, got 0"),
+    (["--lump-mass", "0.5"], "error: --lump-mass must be in [0, 0.01), got 0.5"),
+    (["--trajectories", "1"], "error: --trajectories must be >= 2, got 1"),
+])
+def test_analyze_shows_its_flags_where_acceptance_config_names_its_fields(no_loading, capsys, tmp_path, argv, words):
+    """AcceptanceConfig names its fields (max_drafts, temperatures=); analyze acceptance shows its flags."""
+    refused(capsys, ["analyze", "acceptance", "--target", "smollm2-135m", "--draft", "self", *argv,
+                     "--out", str(tmp_path / "out")], words)
+
+
 def test_analyze_names_the_prompts_flag(no_loading, capsys, tmp_path):
     """load_prompts names its keyword (source=, was --prompts to a Python caller); analyze acceptance shows the
     flag, as bench does."""
