@@ -323,7 +323,8 @@ def command_flags(args: argparse.Namespace, options: Iterable[str] = (),
     draft_quantize, skip_layers, draft_vocab; `draft=MODEL` in a message: `--draft MODEL`) and `options` (another
     config's fields or a function's keywords, e.g. `specula train`'s), each only where the command has the flag (its
     `args` has the attribute), `make_drafters`' and `Specula`'s draft_skip=True as `--draft skip` where it has
-    --draft; and `spellings`, options whose flag is not their name's (`specula train`'s `cache_features=False`:
+    --draft, the native backend's cuda_graphs=False as `--no-cuda-graphs` where it has --cuda-graphs; and
+    `spellings`, options whose flag is not their name's (`specula train`'s `cache_features=False`:
     `--no-feature-cache`)."""
     from dataclasses import fields
 
@@ -337,6 +338,8 @@ def command_flags(args: argparse.Namespace, options: Iterable[str] = (),
     flags = {name: flag for name, flag in flag_spellings(names).items() if hasattr(args, flag[2:].replace("-", "_"))}
     if hasattr(args, "draft"):  # the drafters' keyword for load's draft="skip"
         flags["draft_skip=True"] = f"--draft {SKIP_DRAFT}"
+    if hasattr(args, "cuda_graphs"):  # the native backend's advice when --cuda-graphs cannot run (GRAPHS_OFF)
+        flags["cuda_graphs=False"] = "--no-cuda-graphs"
     return {**flags, **(spellings or {})}
 
 

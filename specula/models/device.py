@@ -100,6 +100,13 @@ def cuda_graphs_wanted() -> bool:
     return os.environ.get("SPECULA_CUDA_GRAPHS", "1").strip().lower() not in ("0", "false", "off", "no")
 
 
+def cuda_graphs_asked() -> bool:
+    """Whether the CUDA-graph path was asked for (`set_cuda_graphs(True)`: `--cuda-graphs`), not merely left on by
+    default: a native backend on CUDA that cannot run it then says so (a `ConfigError` naming why) rather than
+    running every pass eagerly without a word."""
+    return _CUDA_GRAPHS is True
+
+
 def cuda_graphs_compile() -> bool:
     """`SPECULA_CUDA_GRAPHS=compile`: the captured passes' element-wise ops fused by torch.compile
     (faster steps, a compilation at start-up; docs/gpu.md)."""

@@ -190,6 +190,33 @@ def test_padded_tokens_cost_key_and_switches():
         NativeCausalLM(ops, "inv", cuda_graphs=True)  # the keyword a Python caller wrote, not --no-cuda-graphs
 
 
+def test_cuda_graphs_asked_for_on_a_decoder_that_cannot_run_them_is_refused_the_default_falls_back(monkeypatch):
+    """`--cuda-graphs` (`device.set_cuda_graphs(True)`) on a decoder the graph path cannot run ran every pass eagerly
+    without a word, as the default does; it is refused now, naming why, and the command shows --no-cuda-graphs."""
+    from specula.cli import build_parser
+    from specula.commands.common import in_command_flags
+    from specula.models import device
+
+    ops = configure(NativeDecoder.from_hf(tiny_model("llama", seed=1)), "aten", "none", "batch_invariant")
+    backend = NativeCausalLM(ops, "inv", cuda_graphs=False)
+    monkeypatch.setattr(backend, "device", torch.device("cuda"))  # as on a GPU: nothing runs before the check
+    monkeypatch.setattr(device, "_CUDA_GRAPHS", None)  # the default (on): eager without a word
+    monkeypatch.setenv("SPECULA_CUDA_GRAPHS", "1")
+    backend.set_cuda_graphs()
+    assert backend.graphs is None
+    device.set_cuda_graphs(True)  # --cuda-graphs
+    with pytest.raises(ConfigError) as caught:
+        backend.set_cuda_graphs()
+    message = str(caught.value)
+    assert message == ("inv: CUDA graphs cannot run this decoder: batch-invariant attention computes each row alone "
+                       "(data-dependent shapes); turn them off (cuda_graphs=False)"), message
+    args = build_parser().parse_args(["generate", "--target", "t", "--prompt", "p", "--cuda-graphs"])
+    assert in_command_flags(args)(message).endswith("; turn them off (--no-cuda-graphs)")
+    device.set_cuda_graphs(False)  # --no-cuda-graphs
+    backend.set_cuda_graphs()
+    assert backend.graphs is None
+
+
 def test_cuda_graphs_switch_reads_the_flag_then_the_environment(monkeypatch):
     from specula.models import device
 

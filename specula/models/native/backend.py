@@ -33,8 +33,8 @@ from specula.models.sequence import TreeSequence
 from specula.tree import TokenTree
 
 GRAPHS_OFF = "turn them off (cuda_graphs=False)"
-"""The advice when the graph path was asked for and cannot run: `NativeCausalLM`'s keyword (the command line
-never asks explicitly: `--cuda-graphs` sets the default, `device.set_cuda_graphs`, and is refused off CUDA)."""
+"""The advice when the graph path was asked for and cannot run: `NativeCausalLM`'s keyword (the command line asks
+through `device.set_cuda_graphs`, `--cuda-graphs`, and shows `--no-cuda-graphs`: `commands.common.command_flags`)."""
 
 
 class NativeCausalLM:
@@ -77,15 +77,17 @@ class NativeCausalLM:
         """Turn the graph path on or off for sequences created from now on. None = the default: on
         for a CUDA device unless turned off (`--no-cuda-graphs`, `SPECULA_CUDA_GRAPHS=0`:
         `device.cuda_graphs_wanted`) or the decoder cannot run it (`graphs.graph_unsupported`; then
-        asking for it explicitly is a `ConfigError`). `capture=False` runs the same fixed-shape passes
+        asking for it explicitly, `enabled=True` or `--cuda-graphs` (`device.cuda_graphs_asked`), is a
+        `ConfigError`). `capture=False` runs the same fixed-shape passes
         without capturing them (any device: tests); `compile_ops` fuses their element-wise ops
         with torch.compile (None: `SPECULA_CUDA_GRAPHS=compile` says);
         `attention`: "matmul" (default) or "sdpa" inside the passes (`graphs.attend_matmul`)."""
-        from specula.models.device import cuda_graphs_compile, cuda_graphs_wanted
+        from specula.models.device import cuda_graphs_asked, cuda_graphs_compile, cuda_graphs_wanted
 
         explicit = enabled is not None
-        if enabled is None:
+        if enabled is None:  # the default, unless --cuda-graphs asked for it on CUDA
             enabled = self.device.type == "cuda" and cuda_graphs_wanted()
+            explicit = enabled and cuda_graphs_asked()
         if not enabled:
             self.graphs = None
             return
