@@ -84,6 +84,13 @@ def shared_window(methods: Sequence[BenchMethod]) -> int | None:
     return min(windows, default=None)
 
 
+def windowed(settings: BenchSettings, methods: Sequence[BenchMethod]) -> BenchSettings:
+    """`settings` with the context window the run keeps to: its own, else the methods' (`shared_window`)."""
+    if settings.context_window is not None:
+        return settings
+    return replace(settings, context_window=shared_window(methods))
+
+
 @dataclass
 class BenchResult:
     """What `run_bench` wrote."""
@@ -174,6 +181,15 @@ def turn_budget(tokenizer, prompt: BenchPrompt, answers: Sequence[str],
     return ids, budget
 
 
+def no_room(prompt: BenchPrompt, turn: int, tokens: int, window: int | None, what: str = "fills") -> ConfigError:
+    """The refusal of a prompt's `turn` that takes `tokens` and `what` (fills, or leaves no room in) the context
+    window: before any timing (`check_prompts_fit`) or, for an answer re-encoded longer, mid-run
+    (`run_conversation`)."""
+    return ConfigError(f"prompt {prompt.id} ({prompt.category}) turn {turn} takes {tokens} tokens and {what} the "
+                       f"context window of {window} (the smallest of the methods' and peers'); leave it out "
+                       "(--categories, --prompts) or compare a longer-context peer")
+
+
 def check_prompts_fit(prompts: Sequence[BenchPrompt], tokenizer, settings: BenchSettings) -> list[str]:
     """Refuse (ConfigError), before anything is timed, a prompt with a turn that cannot fit the context
     window: its prompt with the earlier answers left empty, and one new token for it and each earlier
@@ -187,12 +203,9 @@ def check_prompts_fit(prompts: Sequence[BenchPrompt], tokenizer, settings: Bench
         for turn in range(1, len(prompt.turns) + 1):
             ids = with_answers_left_empty(tokenizer, prompt.turns[:turn], [], settings.raw)
             if len(ids) + turn > window:
-                what = ("fills" if turn == 1 else
-                        "with the earlier answers left empty leaves no room for its own and the earlier answers in")
-                raise ConfigError(
-                    f"prompt {prompt.id} ({prompt.category}) turn {turn} takes {len(ids)} tokens and {what} the "
-                    f"context window of {window} (the smallest of the methods' and peers'); leave it out "
-                    "(--categories, --prompts) or compare a longer-context peer")
+                raise no_room(prompt, turn, len(ids), window, "fills" if turn == 1 else
+                              "with the earlier answers left empty leaves no room for its own and the earlier "
+                              "answers in")
         if len(prompt.turns) > 1:
             ids, budget = turn_budget(tokenizer, prompt, [], settings)
             if budget < settings.budget(len(ids)):
@@ -213,9 +226,7 @@ def run_conversation(method: BenchMethod, prompt: BenchPrompt, tokenizer,
     for turn in range(1, len(prompt.turns) + 1):
         ids, budget = turn_budget(tokenizer, prompt, answers, settings)
         if budget < 1:  # `check_prompts_fit` leaves room for every turn; an answer re-encoded longer could not
-            raise ConfigError(f"prompt {prompt.id} ({prompt.category}) turn {turn} takes {len(ids)} tokens and "
-                              f"fills the context window of {settings.context_window} (the smallest of the methods' "
-                              "and peers'); leave it out (--categories, --prompts) or compare a longer-context peer")
+            raise no_room(prompt, turn, len(ids), settings.context_window)
         params = settings.params_for(len(ids), turn_seed(settings.params.seed, prompt.id, turn), budget)
         out = method.generate(ids, params, prompt.constraint)
         answers.append(tokenizer.decode(out.token_ids, skip_special_tokens=True).strip())
@@ -402,8 +413,7 @@ def run_bench(
         raise ConfigError(f"the bench needs the baseline method {BASELINE!r} among the methods")
     if len(set(names)) != len(names):
         raise ConfigError(f"method names must be distinct, got {names}")
-    if settings.context_window is None:
-        settings = replace(settings, context_window=shared_window(methods))
+    settings = windowed(settings, methods)
     if not fit_checked:
         check_prompts_fit(prompts, tokenizer, settings)  # a prompt that cannot run is refused before any work
     out = Path(out_dir)

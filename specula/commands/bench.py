@@ -9,7 +9,7 @@ import argparse
 import contextlib
 import signal
 import sys
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 from specula.commands.common import (
@@ -320,7 +320,7 @@ def execute(args: argparse.Namespace, bench: BenchPlan, target, tokenizer, draft
     from specula.bench.peers import build_peers
     from specula.bench.plots import PLOTS
     from specula.bench.report import REPORT_FILE, RESULTS_FILE, ordered
-    from specula.bench.runner import check_prompts_fit, run_bench, shared_window
+    from specula.bench.runner import check_prompts_fit, run_bench, windowed
     from specula.draft_choice import AUTO_DRAFT, why_no_auto_draft
     from specula.methods import DEFAULT_METHOD, NO_DRAFT_GIVEN
     from specula.models.loading import NO_DRAFT, DraftInfo
@@ -358,8 +358,7 @@ def execute(args: argparse.Namespace, bench: BenchPlan, target, tokenizer, draft
     if load_line:
         print(load_line, file=sys.stderr)
     # before the cost curve and the first timed prompt: a turn that cannot fit the window is refused
-    window = bench.settings.context_window or shared_window([*methods, *peers])
-    settings = replace(bench.settings, context_window=window)
+    settings = windowed(bench.settings, [*methods, *peers])
     for note in check_prompts_fit(bench.prompts, tokenizer, settings):  # once: run_bench is told it was
         print(f"note: {note}", file=sys.stderr)
     curve_start = time.perf_counter()
