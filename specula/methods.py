@@ -396,9 +396,15 @@ def check_switches(method: str | MethodSpec, options: dict[str, Any]) -> None:
             raise ConfigError(f"{name} is a switch: it takes true or false, got {value!r}")
 
 
+def article(word: str) -> str:
+    """"a" or "an" as `word`'s first letter sounds: "an" before a, e, i, o; "a" before a u that reads "you"
+    (a user), as every word these messages name does, and before the rest."""
+    return "an" if word[:1].lower() in "aeio" else "a"
+
+
 def an(word: str) -> str:
     """`word` after its article, for a head kind in a message: "an eagle3", "a medusa"."""
-    return f"{'an' if word[:1].lower() in 'aeiou' else 'a'} {word}"
+    return f"{article(word)} {word}"
 
 
 def or_list(names: list[str]) -> str:
@@ -407,6 +413,6 @@ def or_list(names: list[str]) -> str:
 
 
 __all__ = ["DEFAULT_METHOD", "HEAD_ONLY", "METHODS", "NO_DRAFT_GIVEN", "NO_HEAD", "PLAIN", "Member", "MethodSpec",
-           "an", "bench_defaults", "check_draft_options_read", "check_drafting_used", "check_switches", "default_head",
-           "draft_options_unread", "first_drafting_with_model", "flag_spellings", "get_method", "in_flags",
+           "an", "article", "bench_defaults", "check_draft_options_read", "check_drafting_used", "check_switches",
+           "default_head", "draft_options_unread", "first_drafting_with_model", "flag_spellings", "get_method", "in_flags",
            "is_given", "layer_skipper", "methods_taking", "not_read_when_skipping", "or_list", "spelled"]

@@ -31,6 +31,7 @@ from typing import Any, Literal, Mapping
 
 from specula.constraints import Constraint, ConstraintError
 from specula.errors import ConfigError
+from specula.methods import article
 
 ToolChoice = Literal["none", "auto", "required", "named"]
 
@@ -273,10 +274,8 @@ def _history_call(call: Any, where: str) -> dict[str, Any]:
 
 
 def _a_role(role: Any) -> str:
-    """A message's role quoted, after "a" or "an" as its first letter sounds ("an 'assistant'", "a 'tool'",
-    "a 'user'": a u that reads "you" takes "a", as every role's does)."""
-    article = "an" if str(role)[:1].lower() in ("a", "e", "i", "o") else "a"
-    return f"{article} {role!r}"
+    """A message's role quoted, after its article (`methods.article`): "an 'assistant'", "a 'tool'", "a 'user'"."""
+    return f"{article(str(role))} {role!r}"
 
 
 def _json(value: Any) -> str:
