@@ -313,6 +313,17 @@ class _AutoParser:
         """Read `_pending` as far as it is known (all of it when `final`)."""
         raise NotImplementedError
 
+    def _feed_reader(self, final: bool) -> tuple[list[dict[str, Any]], bool]:
+        """Feed `_pending` to the open call's reader (the subclass's `_reader`, a `_CallReader` or
+        `_ArgumentsReader`), what it read added to `_raw` (the text as written) and the rest left in `_pending`:
+        (the deltas, whether the reader is done: its JSON whole or broken off, or the output over, and closed)."""
+        read, calls = self._reader.feed(self._pending)
+        self._raw += self._pending[:read]
+        self._pending = self._pending[read:]
+        if not (self._reader.ended or final):
+            return calls, False
+        return calls + self._reader.close(), True
+
 
 class _TaggedParser(_AutoParser):
     """Tool calls in stretches of the text that a tag (`start_tag`) opens; the text outside them is content.
@@ -486,12 +497,9 @@ class MistralParser(_TaggedParser):
         return "wait" if not final and could_follow else "none"
 
     def _read_calls(self, final: bool) -> tuple[str, list[dict[str, Any]], bool]:
-        read, calls = self._reader.feed(self._pending)
-        self._raw += self._pending[:read]
-        self._pending = self._pending[read:]
-        if not (self._reader.ended or final):
+        calls, done = self._feed_reader(final)
+        if not done:
             return "", calls, False
-        calls += self._reader.close()
         if not self._reader.called:
             return self._refuse(calls)
         if self._reader.json.done:
@@ -524,6 +532,7 @@ class _StateParser(_AutoParser):
     def __init__(self, call_id: Callable[[], str] = tool_call_id) -> None:
         super().__init__(call_id)
         self._state = "start"
+        """The state being read: "start" first, then the subclass's, ending in "content" or "dropped"."""
 
     def _drain(self, final: bool) -> Piece:
         content, calls = "", []
@@ -558,10 +567,8 @@ class Llama3JsonParser(_StateParser):
     """`<|python_tag|>` stays dropped, as in vLLM, whose text does not keep it either."""
 
     def __init__(self, call_id: Callable[[], str] = tool_call_id) -> None:
-        super().__init__(call_id)
-        self._state = "start"
-        """start (nothing but whitespace yet), call (a call's JSON), between (after a call), content (all the
-        rest is content) or dropped (all the rest is dropped)."""
+        super().__init__(call_id)  # states: start (nothing but whitespace yet), call (a call's JSON), between
+        # (after a call), content and dropped (`_StateParser`)
         self._reader: _CallReader | None = None
         self._raw = ""
         """The open call's text as written, from the end of the previous one (its content should it make none)."""
@@ -602,18 +609,14 @@ class Llama3JsonParser(_StateParser):
         return "", []
 
     def _read_call(self, final: bool) -> Piece:
-        read, calls = self._reader.feed(self._pending)
-        self._raw += self._pending[:read]
-        self._pending = self._pending[read:]
-        if not (self._reader.ended or final):
+        calls, done = self._feed_reader(final)
+        if not done:
             return "", calls
-        calls += self._reader.close()
         if not self._reader.called:
             self._state = "content"
             return self._raw, calls
         self._state = "between" if self._reader.json.done else "dropped"
         return "", calls
-
 
 
 class _NotLiteral(Exception):
