@@ -250,18 +250,17 @@ class PlannerView:
         """The request's planning state (None: no probes, e.g. a view asked outside a request's step)."""
         self._proposals = list(proposals)
         self._draft_seconds = draft_seconds
-        self._batch = batch_size if batch_size > 1 and planner.batch_curve is not None else 1
+        self._pass_seconds, others = planner._pass_of(batch_size)
+        self._batch = others + 1
         """Sessions in the pass this session's tree joins (1: verified alone, or a backend that
         does not pack sequences, whose sessions each get a pass)."""
-        self._others = float(self._batch - 1)  # tokens the pass yields besides this session's: the others' roots
+        self._others = float(others)  # tokens the pass yields besides this session's: the others' roots
         self._costs = [0.0]  # [n]: latency of the pass holding n of this session's tokens, filled on demand
 
     def verify_seconds(self, n_tokens: int) -> float:
         table = self._costs
         while len(table) <= n_tokens:
-            n = len(table)
-            table.append(self._planner.cost.verify_seconds(n) if self._batch == 1
-                         else self._planner.batch_seconds(self._batch, self._batch - 1 + n))
+            table.append(self._pass_seconds(len(table)))
         return table[n_tokens]
 
     @cached_property
@@ -923,9 +922,10 @@ class HardwarePlanner:
                 schedule.left *= plan.batch  # counted down by every session of a packed pass: as many batch steps
 
     def _pass_of(self, batch: int) -> tuple[Callable[[int], float], int]:
-        """The cost model's latency of the pass a session's step was verified in, as a function of that
+        """The cost model's latency of the pass a session's step is verified in, as a function of that
         session's tokens in it (its root included), and the other sessions' roots in it (a packed
-        pass of `batch`: the table's row; alone: the lone cost model)."""
+        pass of `batch`: the table's row; alone, or without a packed-pass table: the lone cost model).
+        What a step is planned by (`PlannerView.verify_seconds`) and its probes judged by."""
         if batch > 1 and self.batch_curve is not None:
             return (lambda n: self.batch_seconds(batch, batch - 1 + n)), batch - 1
         return self.cost.verify_seconds, 0
