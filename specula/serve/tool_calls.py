@@ -679,7 +679,8 @@ class PythonicParser(_StateParser):
     keeps the calls sent). Text after the list's `]` is content (whitespace alone is dropped; vLLM answers it
     as content and no calls). `<|python_start|>` and `<|python_end|>` (Llama 4's special tokens) are dropped by
     decoding, as in vLLM, whose `pythonic` parser does not read them either (its `llama4_pythonic` does).
-    Strings are read in single or double quotes; a triple-quoted one is not (the list then breaks off)."""
+    Strings are read as Python reads them, in single, double or triple quotes (`'''...'''`, `\"\"\"...\"\"\"`, which
+    may hold quotes, brackets and newlines)."""
 
     def __init__(self, call_id: Callable[[], str] = tool_call_id) -> None:
         super().__init__(call_id)
@@ -690,7 +691,12 @@ class PythonicParser(_StateParser):
         self._depth = 1
         """Brackets open (1: in the list, between calls; 2 or more: in a call)."""
         self._quote: str | None = None
-        """The quote of the string being read in a call (None: not in a string)."""
+        """The delimiter of the string being read in a call: `'`, `"`, `'''` or `\"\"\"` (None: not in a string)."""
+        self._opening = 0
+        """Quotes read at the string's start while it is not yet known whether it is triple-quoted (1 or 2; 0:
+        known)."""
+        self._quotes = 0
+        """Quotes read in a row, unescaped, at the end of the string so far (its delimiter's length closes it)."""
         self._escape = False
         """The last character was a backslash in a string."""
         self._expect = "first"
@@ -757,15 +763,10 @@ class PythonicParser(_StateParser):
     def _step_in_call(self, char: str) -> dict[str, Any] | str | None:
         """Read one character of a call, from its `(`: strings and brackets, to the `)` that closes it."""
         self._element += char
-        if self._quote is not None:
-            if self._escape:
-                self._escape = False
-            elif char == "\\":
-                self._escape = True
-            elif char == self._quote:
-                self._quote = None
-        elif char in "'\"":
-            self._quote = char
+        if self._quote is not None and self._in_string(char):
+            return None
+        if char in "'\"":
+            self._quote, self._opening, self._quotes = char, 1, 0
         elif char in "([{":
             self._depth += 1
         elif char in ")]}":
@@ -773,6 +774,31 @@ class PythonicParser(_StateParser):
             if self._depth == 1:
                 return self._call()
         return None
+
+    def _in_string(self, char: str) -> bool:
+        """Read `char` in the string being read: whether it is the string's (False where `char` follows an empty
+        string, `''` not followed by a third quote, and is read outside it). A string opened by three quotes is
+        triple-quoted and ends at three unescaped quotes, as Python reads it; its single quotes are text."""
+        if self._opening == 2:
+            self._opening = 0
+            if char != self._quote:
+                self._quote = None
+                return False
+            self._quote *= 3
+            return True
+        if self._opening == 1 and char == self._quote:
+            self._opening = 2
+            return True
+        self._opening = 0
+        if self._escape or char == "\\":
+            self._escape, self._quotes = not self._escape, 0
+        elif char == self._quote[0]:
+            self._quotes += 1
+            if self._quotes == len(self._quote):
+                self._quote = None
+        else:
+            self._quotes = 0
+        return True
 
     def _call(self) -> dict[str, Any] | str:
         """The call just closed: its first delta, with all its arguments; "broken" where it is no call."""

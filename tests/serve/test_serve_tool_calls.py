@@ -405,6 +405,10 @@ PYTHONIC_CASES = [
     ("[f(s='a), b], c', t=\"it's \\\"q\\\"\", u='\\\\')]", "",
      [("f", '{"s": "a), b], c", "t": "it\'s \\"q\\"", "u": "\\\\"}')]),  # strings holding ) , ] and quotes
     ("[f( ), g (x=1,), ]", "", [("f", "{}"), ("g", '{"x": 1}')]),  # Python's spaces and trailing commas
+    ("[f(s='''it's (1)''', t=\"\"\"say \"hi\")\"\"\"), g(u='''a')b''')]", "",
+     [("f", '{"s": "it\'s (1)", "t": "say \\"hi\\")"}'), ("g", '{"u": "a\')b"}')]),  # triple quotes hold ' " )
+    ("[f(s='''two\nlines''', t='''a\\'''', u='''''', v='', w=\"\")]", "",
+     [("f", '{"s": "two\\nlines", "t": "a\'", "u": "", "v": "", "w": ""}')]),  # escapes, empty strings
     (f"{PYTHONIC}\nDone.", "\nDone.", [("get_weather", WEATHER), ("get_time", '{"zone": "CET"}')]),
     (f"{PYTHONIC}\n ", "", [("get_weather", WEATHER), ("get_time", '{"zone": "CET"}')]),
     ('[get_weather(city="Paris", unit="c"), get_time(zone="C', "", [("get_weather", WEATHER)]),  # cut by max_tokens
