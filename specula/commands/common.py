@@ -292,8 +292,9 @@ def add_tool_args(group) -> None:
                        help="the format of the model's tool calls, for --enable-auto-tool-choice: hermes "
                             "(<tool_call>{...}</tool_call>: Qwen2.5, Qwen3, Hermes), llama3_json ({\"name\": ..., "
                             "\"parameters\": {...}}: Llama 3.1-3.3), mistral ([TOOL_CALLS][{...}] or "
-                            "[TOOL_CALLS]name[ARGS]{...}: Mistral) or pythonic ([name(key=value, ...), ...]: "
-                            "Llama 3.2 1B/3B, Llama 4)")
+                            "[TOOL_CALLS]name[ARGS]{...}: Mistral), pythonic ([name(key=value, ...), ...]: "
+                            "Llama 3.2 1B/3B, Llama 4) or llama4_pythonic (pythonic, Llama 4's "
+                            "<|python_start|> and <|python_end|> around it dropped)")
 
 
 def auto_tool_parser(args: argparse.Namespace) -> str | None:

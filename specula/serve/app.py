@@ -113,7 +113,7 @@ class ServerConfig:
     `tool_call_parser` (vLLM's `--enable-auto-tool-choice`); off, such a request is a 400, as in vLLM."""
     tool_call_parser: str | None = None
     """The format tool_choice auto's output is parsed in (vLLM's `--tool-call-parser`): "hermes", "llama3_json",
-    "mistral" or "pythonic"."""
+    "llama4_pythonic", "mistral" or "pythonic"."""
 
     def __post_init__(self) -> None:
         if not self.model_name:

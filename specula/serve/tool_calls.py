@@ -24,6 +24,8 @@ tool_choice auto parses the format the server's `--tool-call-parser` names (`AUT
 - `PythonicParser` (`pythonic`, Llama 3.2 1B and 3B, Llama 4): an output that begins (after whitespace) with
   `[` is read as a Python list of calls, `[name(key=<literal>, ...), ...]` (`ast`, never evaluated); each call
   goes out whole, its arguments as JSON, once its `)` closes it; any other output is content.
+- `Llama4PythonicParser` (`llama4_pythonic`, Llama 4): pythonic's, Llama 4's `<|python_start|>` and
+  `<|python_end|>` around the list dropped where the text has them.
 
 Where the tokenizer makes a format's tags special tokens (`kept_tags`: hermes's, mistral's), the output's
 text keeps them for the parser (`special_tags`, `SamplingParams.kept_special_tokens`; decoding drops
@@ -66,6 +68,9 @@ TOOL_CALL_START = "<tool_call>"
 TOOL_CALL_END = "</tool_call>"
 PYTHON_TAG = "<|python_tag|>"
 """What Llama 3.x may write before its JSON tool call (a special token: decoding drops it, as in vLLM)."""
+PYTHON_START = "<|python_start|>"
+PYTHON_END = "<|python_end|>"
+"""What Llama 4 may write around its pythonic tool calls (special tokens: decoding drops them, as in vLLM)."""
 TOOL_CALLS = "[TOOL_CALLS]"
 """Mistral's token before its tool calls."""
 ARGS = "[ARGS]"
@@ -298,11 +303,16 @@ class _AutoParser:
         self._index = 0
 
     def feed(self, text: str) -> Piece:
-        self._pending += text
+        self._pending += self._take(text, final=False)
         return self._drain(final=False)
 
     def finish(self) -> Piece:
+        self._pending += self._take("", final=True)
         return self._drain(final=True)
+
+    def _take(self, text: str, final: bool) -> str:
+        """The text to read of a piece fed (`final`: the output has ended): all of it, here."""
+        return text
 
     def _next_index(self) -> int:
         self._index += 1
@@ -678,7 +688,8 @@ class PythonicParser(_StateParser):
     output is dropped, streamed or not (vLLM's whole response answers such an output as content, its stream
     keeps the calls sent). Text after the list's `]` is content (whitespace alone is dropped; vLLM answers it
     as content and no calls). `<|python_start|>` and `<|python_end|>` (Llama 4's special tokens) are dropped by
-    decoding, as in vLLM, whose `pythonic` parser does not read them either (its `llama4_pythonic` does).
+    decoding, as in vLLM, whose `pythonic` parser does not read them either (`llama4_pythonic` drops them where
+    the text has them: `Llama4PythonicParser`).
     Strings are read as Python reads them, in single, double or triple quotes (`'''...'''`, `\"\"\"...\"\"\"`, which
     may hold quotes, brackets and newlines)."""
 
@@ -819,8 +830,34 @@ class PythonicParser(_StateParser):
         return "", []
 
 
+class Llama4PythonicParser(PythonicParser):
+    """Llama 4's pythonic tool calls, as vLLM's `llama4_pythonic` parser reads them: `PythonicParser`'s list of
+    calls, which Llama 4 may write between `<|python_start|>` and `<|python_end|>`. The tags are dropped wherever
+    the text has them (vLLM's whole response drops a leading `<|python_start|>` and every `<|python_end|>`), so
+    that an output that makes no call is its text without them; a tail that could begin a tag waits for the next
+    text. Where the tokenizer makes them special tokens, as Llama 4's does, decoding has dropped them already (as
+    in vLLM, whose parser does not ask to keep them)."""
+
+    _TAGS = (PYTHON_START, PYTHON_END)
+
+    def __init__(self, call_id: Callable[[], str] = tool_call_id) -> None:
+        super().__init__(call_id)
+        self._held = ""
+        """The end of the text fed that could begin a tag."""
+
+    def _take(self, text: str, final: bool) -> str:
+        """The text fed, its tags dropped, less a tail that could begin one (held for the next piece)."""
+        text = self._held + text
+        for tag in self._TAGS:
+            text = text.replace(tag, "")
+        held = 0 if final else max(_partial_tag(text, tag) for tag in self._TAGS)
+        self._held = text[len(text) - held:]
+        return text[:len(text) - held]
+
+
 AUTO_PARSERS: dict[str, type[_AutoParser]] = {
-    "hermes": HermesParser, "llama3_json": Llama3JsonParser, "mistral": MistralParser, "pythonic": PythonicParser}
+    "hermes": HermesParser, "llama3_json": Llama3JsonParser, "llama4_pythonic": Llama4PythonicParser,
+    "mistral": MistralParser, "pythonic": PythonicParser}
 """tool_choice auto's parsers by `--tool-call-parser` name (vLLM's names; `tools.TOOL_PARSERS` lists them)."""
 
 

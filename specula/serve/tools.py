@@ -14,7 +14,8 @@ them into the prompt as the model was trained to read them; what the choice chan
   `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` blocks, llama3_json's `{"name": ...,
   "parameters": {...}}` objects separated by `;`, mistral's `[TOOL_CALLS]` and its calls (tags that the
   tokenizer makes special tokens are kept in the text for the parser), or pythonic's Python list of calls
-  `[name(key=<literal>, ...), ...]`. As in vLLM, the server must be
+  `[name(key=<literal>, ...), ...]` (llama4_pythonic's too, Llama 4's `<|python_start|>` and `<|python_end|>`
+  around it dropped). As in vLLM, the server must be
   started with `--enable-auto-tool-choice --tool-call-parser <parser>`;
 - required: the output is constrained (`Constraint.json_schema`) to a JSON list of at least one
   `{"name": <a tool's name>, "parameters": <its parameters>}` (vLLM's schema), turned into tool calls;
@@ -35,7 +36,7 @@ from specula.methods import article
 
 ToolChoice = Literal["none", "auto", "required", "named"]
 
-TOOL_PARSERS = ("hermes", "llama3_json", "mistral", "pythonic")
+TOOL_PARSERS = ("hermes", "llama3_json", "llama4_pythonic", "mistral", "pythonic")
 """The output formats `--tool-call-parser` can parse for tool_choice auto (vLLM's names)."""
 
 EMPTY_PARAMETERS: dict[str, Any] = {"type": "object", "properties": {}}
@@ -195,7 +196,7 @@ def parse_tool_use(body: Mapping[str, Any], tool_parser: str | None) -> ToolUse 
     if choice == "auto" and tool_parser is None:
         raise ToolError("\"auto\" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set "
                         "(start the server with `--enable-auto-tool-choice --tool-call-parser hermes`, or llama3_json, "
-                        "mistral or pythonic: the format the model writes its calls in), or give "
+                        "llama4_pythonic, mistral or pythonic: the format the model writes its calls in), or give "
                         "tool_choice \"none\", \"required\" or a named tool", "tool_choice")
     return ToolUse(tools, choice, name, parallel is not False, tool_parser or "hermes")
 

@@ -125,10 +125,11 @@ def test_cli_bad_arguments_fail_in_one_line(model_dir, capsys, args, message):
     ({"request_timeout": -1}, "request_timeout must be >= 0 seconds (0: no limit), got -1"),
     ({"shutdown_timeout": -1}, "shutdown_timeout must be >= 0 seconds, got -1"),
     ({"tool_call_parser": "granite"},
-     "tool_call_parser 'granite' is not one this server has; choose hermes, llama3_json, mistral, pythonic"),
+     "tool_call_parser 'granite' is not one this server has; choose hermes, llama3_json, llama4_pythonic, mistral, "
+     "pythonic"),
     ({"enable_auto_tool_choice": True}, "enable_auto_tool_choice needs tool_call_parser, one of hermes, llama3_json, "
-                                        'mistral, pythonic: the format the model writes its tool calls in (e.g. '
-                                        'tool_call_parser="hermes")'),
+                                        "llama4_pythonic, mistral, pythonic: the format the model writes its tool "
+                                        'calls in (e.g. tool_call_parser="hermes")'),
 ])
 def test_a_server_config_error_names_its_field(fields, message):
     """ServerConfig (specula.serve's Python API) named `specula serve`'s flags (--max-queue) to a Python caller, who had

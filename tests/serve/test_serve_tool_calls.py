@@ -1,6 +1,6 @@
-"""Tool calls parsed out of generated text (`specula.serve.tool_calls`): the hermes, llama3_json, mistral
-and pythonic formats of tool_choice auto, the JSON list of required, a named tool's arguments; streamed piece by
-piece, they add up to what the whole text gives, and no piece of a `<tool_call>` or `[TOOL_CALLS]` tag
+"""Tool calls parsed out of generated text (`specula.serve.tool_calls`): the hermes, llama3_json, mistral,
+pythonic and llama4_pythonic formats of tool_choice auto, the JSON list of required, a named tool's arguments;
+streamed piece by piece, they add up to what the whole text gives, and no piece of a `<tool_call>` or `[TOOL_CALLS]` tag
 leaks as content."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ import re
 
 import pytest
 
-from specula.serve.tool_calls import (AUTO_PARSERS, HermesParser, Llama3JsonParser, MistralParser, NamedParser,
-                                      PythonicParser, RequiredParser, ToolCallOutput, join_tool_calls,
-                                      mistral_tool_call_id, tool_call_id)
+from specula.serve.tool_calls import (AUTO_PARSERS, HermesParser, Llama3JsonParser, Llama4PythonicParser,
+                                      MistralParser, NamedParser, PythonicParser, RequiredParser, ToolCallOutput,
+                                      join_tool_calls, mistral_tool_call_id, tool_call_id)
 from specula.serve.tools import TOOL_PARSERS, ToolUse
 
 CALL = '{"name": "get_weather", "arguments": {"city": "Paris", "unit": "c"}}'
@@ -295,7 +295,7 @@ MISTRAL_CASES = [
 ]
 PARSER_CASES = ([pytest.param(Llama3JsonParser, *case, id=f"llama3_json-{i}") for i, case in enumerate(LLAMA_CASES)]
                 + [pytest.param(MistralParser, *case, id=f"mistral-{i}") for i, case in enumerate(MISTRAL_CASES)])
-_TOKEN = re.compile(r"\[TOOL_CALLS\]|\[ARGS\]|<\|python_tag\|>|\s*\w+|\s+|.")
+_TOKEN = re.compile(r"\[TOOL_CALLS\]|\[ARGS\]|<\|python_(?:tag|start|end)\|>|\s*\w+|\s+|.")
 
 
 def token_pieces(text: str) -> list[str]:
@@ -382,7 +382,7 @@ def test_a_mistral_call_after_a_broken_one_is_still_read():
 
 def test_the_server_parsers_are_the_tool_call_parsers_it_offers():
     tools = ({"type": "function", "function": {"name": "get_weather"}},)
-    assert tuple(AUTO_PARSERS) == TOOL_PARSERS == ("hermes", "llama3_json", "mistral", "pythonic")
+    assert tuple(AUTO_PARSERS) == TOOL_PARSERS == ("hermes", "llama3_json", "llama4_pythonic", "mistral", "pythonic")
     for name, kind in AUTO_PARSERS.items():
         assert type(ToolCallOutput.for_request(ToolUse(tools, "auto", parser=name)).parser) is kind
     llama = ToolCallOutput.for_request(ToolUse(tools, "auto", parallel=False, parser="llama3_json"))
@@ -432,25 +432,53 @@ PYTHONIC_CASES = [
 ]
 
 
-@pytest.mark.parametrize("text, content, calls", PYTHONIC_CASES)
-def test_pythonic_outputs_become_tool_calls(text, content, calls):
+LLAMA4_CASES = [
+    # (generated text, content, calls): pythonic's, and Llama 4's tags around the list, dropped
+    (f"<|python_start|>{PYTHONIC}<|python_end|>", "", [("get_weather", WEATHER), ("get_time", '{"zone": "CET"}')]),
+    ("\n<|python_start|> [f(x=1)]<|python_end|>\nDone.", "\nDone.", [("f", '{"x": 1}')]),
+    ("[f(x=1)]", "", [("f", '{"x": 1}')]),  # no tags: as pythonic
+    ("<|python_start|>[1, 2]<|python_end|>", "[1, 2]", []),  # no calls: the text without its tags, as vLLM's
+    ("<|python_start|>Hello", "Hello", []),
+    ("a <|python <|pyth", "a <|python <|pyth", []),  # a tag's start that never finished is text
+]
+PYTHONIC_PARSER_CASES = (
+    [pytest.param(PythonicParser, *case, id=f"pythonic-{i}") for i, case in enumerate(PYTHONIC_CASES)]
+    + [pytest.param(Llama4PythonicParser, *case, id=f"llama4-{i}") for i, case in enumerate(PYTHONIC_CASES)]
+    + [pytest.param(Llama4PythonicParser, *case, id=f"llama4-tags-{i}") for i, case in enumerate(LLAMA4_CASES)])
+
+
+@pytest.mark.parametrize("parser, text, content, calls", PYTHONIC_PARSER_CASES)
+def test_pythonic_outputs_become_tool_calls(parser, text, content, calls):
     """(content, [(name, arguments)]): the arguments in json.dumps's layout (ensure_ascii=False), as vLLM's."""
-    got_content, got_calls = whole(PythonicParser(), text)
+    got_content, got_calls = whole(parser(), text)
     assert (got_content, [(c["function"]["name"], c["function"]["arguments"]) for c in got_calls]) == (content, calls)
     assert all(c["id"].startswith("chatcmpl-tool-") and c["type"] == "function" for c in got_calls)
 
 
-@pytest.mark.parametrize("text, content, calls", PYTHONIC_CASES)
-def test_pythonic_streamed_in_any_pieces_adds_up_to_the_whole(text, content, calls):
+@pytest.mark.parametrize("parser, text, content, calls", PYTHONIC_PARSER_CASES)
+def test_pythonic_streamed_in_any_pieces_adds_up_to_the_whole(parser, text, content, calls):
     """Split at every character, into token-like pieces, at every single boundary and at random: the same
     content and calls, and content once sent is never taken back."""
-    functions = [c["function"] for c in whole(PythonicParser(), text)[1]]
+    functions = [c["function"] for c in whole(parser(), text)[1]]
     rng = random.Random(0)
     splits = [list(text), token_pieces(text)] + [[text[:i], text[i:]] for i in range(1, len(text))]
     for pieces in splits + [_random_pieces(rng, text) for _ in range(10)]:
-        got_content, got_calls, sent = streamed(PythonicParser(), pieces)
+        got_content, got_calls, sent = streamed(parser(), pieces)
         assert (got_content, [c["function"] for c in got_calls]) == (content, functions), pieces
         assert all(content.startswith(s) for s in sent), pieces
+
+
+def test_llama4_pythonic_holds_back_only_what_could_begin_a_tag():
+    parser = Llama4PythonicParser()
+    assert parser.feed("<|python_st") == ("", [])
+    content, calls = parser.feed('art|>[get_weather(city="Paris", unit="c")')
+    assert content == "" and [(c["index"], c["function"]) for c in calls] == [
+        (0, {"name": "get_weather", "arguments": WEATHER})]
+    assert parser.feed("]<|python_e") == ("", [])
+    assert parser.feed("nd|>") == ("", []) and parser.finish() == ("", []) and parser.called
+    parser = Llama4PythonicParser()
+    assert parser.feed("Hi <|py") == ("Hi ", [])  # content, but for a tail that could begin a tag
+    assert parser.feed("thon_end|> there") == (" there", [])
 
 
 def test_a_pythonic_call_goes_out_whole_as_soon_as_its_parenthesis_closes():

@@ -305,3 +305,21 @@ def test_a_pythonic_output_cut_by_max_tokens(pythonic_client, tokens, content, n
     assert "".join(c.delta.content or "" for c in chunks) == (content or "")
     assert [c.function.name for c in whole.message.tool_calls or []] == names
     assert [d.function.name for c in chunks for d in (c.delta.tool_calls or [])] == names
+
+
+LLAMA4_SCRIPT = ["<|python_start|>", "[get_weather(", 'city="Paris"', ", ", 'unit="c")', "]", "<|python_end|>"]
+"""A Llama 4 answer with its pythonic template, its tags left in the text (each piece one token)."""
+
+
+def test_llama4_pythonic_drops_its_tags_streamed_or_not():
+    tokenizer = script_tokenizer(LLAMA4_SCRIPT)
+    with running(make_spec(scripted_model(tokenizer, LLAMA4_SCRIPT), tokenizer, "none"),
+                 enable_auto_tool_choice=True, tool_call_parser="llama4_pythonic") as server:
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=60)
+        whole, chunks = whole_and_streamed(client)
+    assert whole.message.content is None and whole.finish_reason == chunks[-1].finish_reason == "tool_calls"
+    assert "".join(c.delta.content or "" for c in chunks) == ""
+    assert [(c.function.name, c.function.arguments) for c in whole.message.tool_calls] == [
+        ("get_weather", '{"city": "Paris", "unit": "c"}')]
+    assert [(d.function.name, d.function.arguments) for c in chunks for d in (c.delta.tool_calls or [])] == [
+        ("get_weather", '{"city": "Paris", "unit": "c"}')]

@@ -326,7 +326,7 @@ def test_run_batch_parses_tool_calls_when_given_the_parser(script, tmp_path):
     assert message["tool_calls"][0]["function"]["name"] == "get_weather" and message["content"] == "Let me check."
 
 
-@pytest.mark.parametrize("parser", ["hermes", "llama3_json", "mistral", "pythonic"])
+@pytest.mark.parametrize("parser", ["hermes", "llama3_json", "llama4_pythonic", "mistral", "pythonic"])
 def test_auto_parses_with_the_parser_the_server_was_started_with(parser):
     """--tool-call-parser reaches the request's tool use, which picks the output's parser by it."""
     request = parse_request("chat", chat(tools=TOOLS), "m", tool_parser=parser)
@@ -336,9 +336,11 @@ def test_auto_parses_with_the_parser_the_server_was_started_with(parser):
 @pytest.mark.parametrize("command", ["serve", "run-batch"])
 @pytest.mark.parametrize("args, message", [
     (["--enable-auto-tool-choice"], "--enable-auto-tool-choice needs --tool-call-parser, one of hermes, "
-     "llama3_json, mistral, pythonic: the format the model writes its tool calls in (e.g. --tool-call-parser hermes)"),
+     "llama3_json, llama4_pythonic, mistral, pythonic: the format the model writes its tool calls in (e.g. "
+     "--tool-call-parser hermes)"),
     (["--tool-call-parser", "granite"],
-     "--tool-call-parser 'granite' is not one this server has; choose hermes, llama3_json, mistral, pythonic"),
+     "--tool-call-parser 'granite' is not one this server has; choose hermes, llama3_json, llama4_pythonic, "
+     "mistral, pythonic"),
 ])
 def test_the_tool_flags_given_wrong_fail_in_one_line(tmp_path, capsys, command, args, message):
     from specula.cli import main
