@@ -15,9 +15,9 @@ tool_choice auto parses the format the server's `--tool-call-parser` names (`AUT
   calls, each named as soon as its name is whole and its arguments have begun, its arguments then sent as
   they settle (`_CallReader`); the text before the first block is content, streamed as it comes except
   for a tail that could begin `<tool_call>`, which waits for the next text.
-- `Llama3JsonParser` (`llama3_json`, Llama 3.1 to 3.3): an output that begins (after whitespace and
-  `<|python_tag|>`) with `{` is read as `{"name": ..., "parameters": {...}}` calls separated by `;`; any
-  other output is content.
+- `Llama3JsonParser` (`llama3_json`, Llama 3.1 to 3.3): the output's first `{` (after text, which is content,
+  or whitespace and `<|python_tag|>`) opens `{"name": ..., "parameters": {...}}` calls separated by `;`;
+  where that first object makes no call, the output is content, all of it.
 - `MistralParser` (`mistral`): content, then `[TOOL_CALLS]` and a JSON list of `{"name", "arguments"}`
   (Mistral 7B v0.3), or `[TOOL_CALLS]name[ARGS]{...}` for each call (Mistral Small 3 and later; some
   models write `[CALL_ID]` and an id before `[ARGS]`).
@@ -565,11 +565,13 @@ class _StateParser(_AutoParser):
 class Llama3JsonParser(_StateParser):
     """Llama 3.x JSON tool calls, as vLLM's `llama3_json` parser reads them: the output (after whitespace,
     and `<|python_tag|>` where the text keeps it) is a call `{"name": ..., "parameters": {...}}` ("arguments"
-    is read too, the first of the two given), then more calls, each after a `;`. Output that does not begin
-    with `{` is content, all of it (as vLLM streams it). Each call goes out once its name is whole and its
-    arguments have begun, its arguments then sent as they settle, in json.dumps's layout (`_CallReader`).
-    A JSON object that makes no call (no string "name", no arguments; not JSON) is content as written, and
-    so is everything after it; text after the calls that is not `;` and a call is content too (vLLM drops it).
+    is read too, the first of the two given), then more calls, each after a `;`. Text before the first `{` is
+    content, streamed as it comes, and the calls may follow it (as vLLM's whole response finds them after text,
+    which it drops; its stream answers such an output as content). Each call goes out once its name is whole and
+    its arguments have begun, its arguments then sent as they settle, in json.dumps's layout (`_CallReader`).
+    The first JSON object decides: one that makes no call (no string "name", no arguments; not JSON) is content
+    as written, and so is everything after it (vLLM's whole response reads that first object only); text after
+    the calls that is not `;` and a call is content too (vLLM drops it).
     A call's JSON that breaks off (cut by max_tokens, malformed) keeps the arguments read up to there; the
     text after it is dropped. The leading whitespace, the separators and a trailing `;` are not content."""
 
@@ -577,8 +579,8 @@ class Llama3JsonParser(_StateParser):
     """`<|python_tag|>` stays dropped, as in vLLM, whose text does not keep it either."""
 
     def __init__(self, call_id: Callable[[], str] = tool_call_id) -> None:
-        super().__init__(call_id)  # states: start (nothing but whitespace yet), call (a call's JSON), between
-        # (after a call), content and dropped (`_StateParser`)
+        super().__init__(call_id)  # states: start (nothing but whitespace yet), prose (text before the first
+        # object), call (a call's JSON), between (after a call), content and dropped (`_StateParser`)
         self._reader: _CallReader | None = None
         self._raw = ""
         """The open call's text as written, from the end of the previous one (its content should it make none)."""
@@ -602,15 +604,24 @@ class Llama3JsonParser(_StateParser):
             return "", []
         return self._open_call(text[1:].lstrip(WHITESPACE), final, separator=True)
 
+    def _read_prose(self, final: bool) -> Piece:
+        """Text before the first object: content as it comes, up to the `{` that opens a call."""
+        start = self._pending.find("{")
+        text = self._pending[:start] if start >= 0 else self._pending
+        self._pending = self._pending[len(text):]
+        if start >= 0:
+            self._open_call(self._pending, final)
+        return text, []
+
     def _open_call(self, text: str, final: bool, separator: bool = False) -> Piece:
-        """Open a call where `text` (the end of `_pending`) begins with `{`; content where it begins with
-        anything else; wait where it is empty."""
+        """Open a call where `text` (the end of `_pending`) begins with `{`; where it begins with anything else,
+        prose before a call at the start, content after a separator; wait where it is empty."""
         if not text:
             if final:
                 self._state = "content" if not separator else "dropped"
             return "", []
         if text[0] != "{":
-            self._state = "content"
+            self._state = "content" if separator else "prose"
             return "", []
         self._raw = self._pending[:len(self._pending) - len(text)]
         self._pending = text

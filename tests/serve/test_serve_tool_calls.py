@@ -260,7 +260,9 @@ LLAMA_CASES = [
     ('{"name":"get_time","arguments":{"zone":"Zürich"}}', "", [("get_time", '{"zone": "Zürich"}')]),  # vLLM's too
     (f"{LLAMA}; {LLAMA.replace('get_weather', 'get_time')};", "",
      [("get_weather", WEATHER), ("get_time", WEATHER)]),
-    (f"Let me check. {LLAMA}", f"Let me check. {LLAMA}", []),  # content before a call: all content
+    (f"Let me check. {LLAMA}", "Let me check. ", [("get_weather", WEATHER)]),  # content, then a call (vLLM's)
+    (f"Sure.\n{LLAMA}; {LLAMA}", "Sure.\n", [("get_weather", WEATHER), ("get_weather", WEATHER)]),
+    (f"Use {{x}} then {LLAMA}", f"Use {{x}} then {LLAMA}", []),  # the first object is no call: all content
     (f"{LLAMA}\nDone.", "\nDone.", [("get_weather", WEATHER)]),
     ('{"name": "get_weather", "parameters": {"city": "Par', "", [("get_weather", '{"city": "Par')]),  # max_tokens
     ('{"name": "get_weather", "param', '{"name": "get_weather", "param', []),  # cut before a call began
@@ -339,8 +341,9 @@ def test_a_llama3_json_call_streams_its_name_then_its_arguments_as_they_come():
 def test_llama3_json_holds_back_only_what_could_still_be_a_call():
     parser = Llama3JsonParser()
     assert parser.feed("  ") == ("", [])  # leading whitespace: a call may follow
-    assert parser.feed("Hi {") == ("  Hi {", [])  # not a call: content, all of it, as it comes
-    assert parser.feed('"name": "f"}') == ('"name": "f"}', []) and not parser.called
+    assert parser.feed("Hi {") == ("  Hi ", [])  # content as it comes, up to an object that may be a call
+    assert parser.feed('"name": "f"}') == ('{"name": "f"}', []) and not parser.called  # none: content
+    assert parser.feed(' {"name": "g", "parameters": {}}') == (' {"name": "g", "parameters": {}}', [])  # the rest too
     parser = Llama3JsonParser()
     assert parser.feed('{"answer": ') == ("", [])  # an object: held until it shows whether it is a call
     assert parser.feed("42}") == ('{"answer": 42}', [])
