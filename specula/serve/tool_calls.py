@@ -151,11 +151,19 @@ class _Call:
     name: str | None = None
     """The name, once its string is whole (None: not yet, or not a string)."""
     name_start: int | None = None
-    """Where the first "name" member's string begins in the text (None: none yet, or not a string)."""
+    """Where the "name" member being read begins in the text, if a string (None: none, or not a string)."""
     start: int | None = None
     """Where the arguments begin in the text (None: not begun)."""
     end: int | None = None
     """Where they end (None: not yet)."""
+    reading: bool = False
+    """The arguments that begin at `start` are being read (their end is still to come)."""
+
+    @property
+    def fixed(self) -> bool:
+        """The name is whole and the arguments have begun: the call goes out as it is, a name or arguments
+        given again later being too late (it has been sent)."""
+        return self.name is not None and self.start is not None
     index: int | None = None
     """The tool call's index once its first delta went out."""
     sent: int = 0
@@ -164,7 +172,7 @@ class _Call:
     def delta(self, text: str, next_index: Callable[[], int], call_id: Callable[[], str]) -> dict[str, Any] | None:
         """The call's next delta from the reader's `text`: its first once its name is whole and its arguments
         have begun, then each time more arguments have settled (None: nothing new)."""
-        if self.name is None or self.start is None:
+        if not self.fixed:
             return None
         arguments = text[self.start:len(text) if self.end is None else self.end]
         more = arguments[self.sent:]
@@ -181,7 +189,9 @@ class _CallReader:
     required's). A call goes out (`deltas`) once its name is whole and its arguments have begun: a first
     delta with its index, id, type, name and the arguments so far, then more arguments as they settle,
     written as `JsonRewriter` writes them (json.dumps's layout, what a whole response gives). A call object
-    that gives "name" or the arguments twice (under either key) keeps the first. A name is text, not JSON: a
+    that gives "name" or the arguments twice (under either key) keeps the last, as json.loads does, up to the
+    moment the call is fixed (its name whole, its arguments begun); one given after that is too late, the call
+    having gone out. A name is text, not JSON: a
     lone surrogate in it (an unpaired \\ud800-\\udfff escape) becomes U+FFFD, as undecodable bytes of the
     output do, so that the response is Unicode any client reads and can send back (the arguments keep it as
     its escape). The reader reads up to the end of the JSON value (`feed` says how far)."""
@@ -221,16 +231,17 @@ class _CallReader:
         if len(path) != self.depth + 1 or not self.calls or not self.calls[-1].is_object:
             return
         call, key = self.calls[-1], path[-1]
-        if key == "name" and call.name is None:
-            if event == "start":
-                call.name_start = offset if kind == '"' and call.name_start is None else -1
-            elif call.name_start >= 0:
-                call.name = _LONE_SURROGATE.sub("\ufffd", json.loads(self.json.text[call.name_start:offset]))
-        elif key in self.arguments_keys:
-            if event == "start" and call.start is None:
-                call.start = offset
-            elif event == "end" and call.end is None and call.start is not None:
-                call.end = offset
+        if event == "end" and call.reading:
+            call.end, call.reading = offset, False
+        elif call.fixed:
+            return
+        elif key == "name" and event == "start":
+            call.name_start = offset if kind == '"' else None
+        elif key == "name":
+            text = self.json.text[call.name_start:offset] if call.name_start is not None else None
+            call.name = None if text is None else _LONE_SURROGATE.sub("\ufffd", json.loads(text))
+        elif key in self.arguments_keys and event == "start":
+            call.start, call.end, call.reading = offset, None, True
 
     def deltas(self) -> list[dict[str, Any]]:
         text = self.json.text
@@ -563,17 +574,17 @@ class _StateParser(_AutoParser):
 
 
 class Llama3JsonParser(_StateParser):
-    """Llama 3.x JSON tool calls, as vLLM's `llama3_json` parser reads them: the output (after whitespace,
-    and `<|python_tag|>` where the text keeps it) is a call `{"name": ..., "parameters": {...}}` ("arguments"
-    is read too, the first of the two given), then more calls, each after a `;`. Text before the first `{` is
-    content, streamed as it comes, and the calls may follow it (as vLLM's whole response finds them after text,
-    which it drops; its stream answers such an output as content). Each call goes out once its name is whole and
-    its arguments have begun, its arguments then sent as they settle, in json.dumps's layout (`_CallReader`).
-    The first JSON object decides: one that makes no call (no string "name", no arguments; not JSON) is content
-    as written, and so is everything after it (vLLM's whole response reads that first object only); text after
-    the calls that is not `;` and a call is content too (vLLM drops it).
-    A call's JSON that breaks off (cut by max_tokens, malformed) keeps the arguments read up to there; the
-    text after it is dropped. The leading whitespace, the separators and a trailing `;` are not content."""
+    """Llama 3.x JSON tool calls, as vLLM's `llama3_json` parser reads them: a call `{"name": ..., "parameters":
+    {...}}` ("arguments" is read too: of the two, as of a key given twice, the last given before the call goes
+    out), then more calls, each after a `;`. The calls begin at the output's first `{`: the text before it is
+    content, streamed as it comes (unless it is whitespace and `<|python_tag|>` only, where the text keeps it:
+    dropped), as vLLM's whole response finds the calls after text (which it drops; its stream answers such an output as
+    content). Each call goes out once its name is whole and its arguments have begun, its arguments then sent
+    as they settle, in json.dumps's layout (`_CallReader`). The first JSON object decides: one that makes no
+    call (no string "name", no arguments; not JSON) is content as written, and so is everything after it (vLLM's
+    whole response reads that first object only); text after the calls that is not `;` and a call is content
+    too (vLLM drops it). A call's JSON that breaks off (cut by max_tokens, malformed) keeps the arguments read
+    up to there; the text after it is dropped. The separators and a trailing `;` are not content."""
 
     kept_tags = ()
     """`<|python_tag|>` stays dropped, as in vLLM, whose text does not keep it either."""

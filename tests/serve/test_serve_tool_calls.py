@@ -383,6 +383,47 @@ def test_a_mistral_call_after_a_broken_one_is_still_read():
     assert calls[0]["id"] != calls[1]["id"]
 
 
+REPEATED = '{"a": 1, "b": {"c": 2, "c": 3}, "a": 4}'
+"""Arguments that give keys twice: json.loads (vLLM's whole response) keeps each key's last value."""
+
+
+@pytest.mark.parametrize("parser, text", [
+    (HermesParser, f'<tool_call>{{"name": "f", "arguments": {REPEATED}}}</tool_call>'),
+    (Llama3JsonParser, f'{{"name": "f", "parameters": {REPEATED}}}'),
+    (MistralParser, f'[TOOL_CALLS][{{"name": "f", "arguments": {REPEATED}}}]'),
+    (MistralParser, f"[TOOL_CALLS]f[ARGS]{REPEATED}"),
+    (RequiredParser, f'[{{"name": "f", "parameters": {REPEATED}}}]'),
+])
+def test_arguments_that_repeat_a_key_read_as_pythons_json_reads_them_streamed_or_not(parser, text):
+    """A key's first value goes out as it settles, before any later one is known, so the arguments text keeps
+    both (vLLM's json.dumps writes the last only): read as JSON, it is vLLM's value, the last at the first's
+    place, and a stream says exactly what the whole response says."""
+    for pieces in ([text], list(text), token_pieces(text)):
+        _, calls, _ = streamed(parser(), pieces)
+        assert [c["function"]["arguments"] for c in calls] == ['{"a": 1, "b": {"c": 2, "c": 3}, "a": 4}'], pieces
+        assert list(json.loads(calls[0]["function"]["arguments"]).items()) == list(json.loads(REPEATED).items())
+
+
+@pytest.mark.parametrize("parser, text, function", [
+    (HermesParser, '<tool_call>{"name": "f", "name": "g", "arguments": {"x": 1}}</tool_call>',
+     {"name": "g", "arguments": '{"x": 1}'}),
+    (HermesParser, '<tool_call>{"name": 3, "name": "g", "arguments": {}}</tool_call>',
+     {"name": "g", "arguments": "{}"}),
+    (HermesParser, '<tool_call>{"arguments": {"x": 1}, "arguments": {"y": 2}, "name": "g"}</tool_call>',
+     {"name": "g", "arguments": '{"y": 2}'}),
+    (Llama3JsonParser, '{"parameters": {"x": 1}, "parameters": {"y": 2}, "name": "g"}',
+     {"name": "g", "arguments": '{"y": 2}'}),
+    (RequiredParser, '[{"name": "f", "name": "g", "parameters": {"x": 1}}]', {"name": "g", "arguments": '{"x": 1}'}),
+    # the call went out at its arguments' start: what follows cannot take it back (vLLM's json.loads: g, {"y": 2})
+    (HermesParser, '<tool_call>{"name": "f", "arguments": {"x": 1}, "name": "g", "arguments": {"y": 2}}</tool_call>',
+     {"name": "f", "arguments": '{"x": 1}'}),
+])
+def test_a_call_that_gives_its_name_or_arguments_twice_keeps_the_last_until_it_goes_out(parser, text, function):
+    for pieces in ([text], list(text), token_pieces(text)):
+        _, calls, _ = streamed(parser(), pieces)
+        assert [c["function"] for c in calls] == [function], pieces
+
+
 def test_the_server_parsers_are_the_tool_call_parsers_it_offers():
     tools = ({"type": "function", "function": {"name": "get_weather"}},)
     assert tuple(AUTO_PARSERS) == TOOL_PARSERS == ("hermes", "llama3_json", "llama4_pythonic", "mistral", "pythonic")
