@@ -158,16 +158,16 @@ class _Call:
     """Where they end (None: not yet)."""
     reading: bool = False
     """The arguments that begin at `start` are being read (their end is still to come)."""
+    index: int | None = None
+    """The tool call's index once its first delta went out."""
+    sent: int = 0
+    """Characters of the arguments sent."""
 
     @property
     def fixed(self) -> bool:
         """The name is whole and the arguments have begun: the call goes out as it is, a name or arguments
         given again later being too late (it has been sent)."""
         return self.name is not None and self.start is not None
-    index: int | None = None
-    """The tool call's index once its first delta went out."""
-    sent: int = 0
-    """Characters of the arguments sent."""
 
     def delta(self, text: str, next_index: Callable[[], int], call_id: Callable[[], str]) -> dict[str, Any] | None:
         """The call's next delta from the reader's `text`: its first once its name is whole and its arguments
@@ -191,10 +191,10 @@ class _CallReader:
     written as `JsonRewriter` writes them (json.dumps's layout, what a whole response gives). A call object
     that gives "name" or the arguments twice (under either key) keeps the last, as json.loads does, up to the
     moment the call is fixed (its name whole, its arguments begun); one given after that is too late, the call
-    having gone out. A name is text, not JSON: a
-    lone surrogate in it (an unpaired \\ud800-\\udfff escape) becomes U+FFFD, as undecodable bytes of the
-    output do, so that the response is Unicode any client reads and can send back (the arguments keep it as
-    its escape). The reader reads up to the end of the JSON value (`feed` says how far)."""
+    having gone out. A name is text, not JSON: a lone surrogate in it (an unpaired \\ud800-\\udfff escape)
+    becomes U+FFFD, as undecodable bytes of the output do, so that the response is Unicode any client reads and
+    can send back (the arguments keep it as its escape). The reader reads up to the end of the JSON value
+    (`feed` says how far)."""
 
     def __init__(self, depth: int, arguments_keys: tuple[str, ...], next_index: Callable[[], int],
                  call_id: Callable[[], str] = tool_call_id) -> None:
@@ -238,10 +238,13 @@ class _CallReader:
         elif key == "name" and event == "start":
             call.name_start = offset if kind == '"' else None
         elif key == "name":
-            text = self.json.text[call.name_start:offset] if call.name_start is not None else None
-            call.name = None if text is None else _LONE_SURROGATE.sub("\ufffd", json.loads(text))
+            call.name = None if call.name_start is None else self._name(call.name_start, offset)
         elif key in self.arguments_keys and event == "start":
             call.start, call.end, call.reading = offset, None, True
+
+    def _name(self, start: int, end: int) -> str:
+        """The name whose JSON string lies from `start` to `end` in the text, a lone surrogate U+FFFD."""
+        return _LONE_SURROGATE.sub("\ufffd", json.loads(self.json.text[start:end]))
 
     def deltas(self) -> list[dict[str, Any]]:
         text = self.json.text
@@ -578,8 +581,8 @@ class Llama3JsonParser(_StateParser):
     {...}}` ("arguments" is read too: of the two, as of a key given twice, the last given before the call goes
     out), then more calls, each after a `;`. The calls begin at the output's first `{`: the text before it is
     content, streamed as it comes (unless it is whitespace and `<|python_tag|>` only, where the text keeps it:
-    dropped), as vLLM's whole response finds the calls after text (which it drops; its stream answers such an output as
-    content). Each call goes out once its name is whole and its arguments have begun, its arguments then sent
+    dropped), as vLLM's whole response finds the calls after text (which it drops; its stream answers such an
+    output as content). Each call goes out once its name is whole and its arguments have begun, its arguments then sent
     as they settle, in json.dumps's layout (`_CallReader`). The first JSON object decides: one that makes no
     call (no string "name", no arguments; not JSON) is content as written, and so is everything after it (vLLM's
     whole response reads that first object only); text after the calls that is not `;` and a call is content
