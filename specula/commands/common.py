@@ -213,17 +213,22 @@ def check_model_name(spec: str, option: str) -> None:
 
 def load_config(args: argparse.Namespace) -> "LoadConfig":
     from specula.api import LoadConfig
+    from specula.models.device import cuda_graphs_asker, cuda_graphs_unasked
+    from specula.models.loading import check_graphs_backend
 
+    asker = cuda_graphs_asker(getattr(args, "cuda_graphs", None))  # --cuda-graphs, or SPECULA_CUDA_GRAPHS=1
     with flags_in_errors(args):  # the library names LoadConfig's fields (device="cuda")
         config = LoadConfig(dtype=args.dtype, attn_implementation=args.attn, quantize=args.quantize,
                             linear_kernel=args.linear_kernel, backend=getattr(args, "backend", "auto"),
                             device=getattr(args, "device", "auto"),
                             prepared_cache=getattr(args, "prepared_cache", "on"))
         device, _ = config.resolved()  # a bad --device / --dtype fails here, before any slow load
-    if getattr(args, "cuda_graphs", None) and device.type != "cuda":  # it was ignored without a word
-        raise ConfigError(f"--cuda-graphs captures the native backend's passes on a CUDA device, and this run is on "
-                          f"{device.type} (--device {args.device}); drop it, or pass --device cuda on a machine "
-                          "with a GPU")
+        if config.backend == "hf":  # auto's choice of hf is refused by the load, before the model's weights
+            check_graphs_backend(config.backend, device, args.target, asker)
+        if asker is not None and device.type != "cuda":  # it was ignored without a word
+            raise ConfigError(f"{asker} asks for CUDA graphs of the native backend's passes on a CUDA device, and "
+                              f"this run is on {device.type} (--device {args.device}); {cuda_graphs_unasked(asker)}, "
+                              "or pass --device cuda on a machine with a GPU")
     if getattr(args, "cuda_graphs", None) is not None:
         from specula.models.device import set_cuda_graphs
 
@@ -324,12 +329,14 @@ def command_flags(args: argparse.Namespace, options: Iterable[str] = (),
     draft_quantize, skip_layers, draft_vocab; `draft=MODEL` in a message: `--draft MODEL`) and `options` (another
     config's fields or a function's keywords, e.g. `specula train`'s), each only where the command has the flag (its
     `args` has the attribute), `make_drafters`' and `Specula`'s draft_skip=True as `--draft skip` where it has
-    --draft, the native backend's cuda_graphs=False as `--no-cuda-graphs` where it has --cuda-graphs; and
+    --draft, the native backend's cuda_graphs=False as `--no-cuda-graphs` and the ask `set_cuda_graphs(True)` as
+    `--cuda-graphs` where it has --cuda-graphs; and
     `spellings`, options whose flag is not their name's (`specula train`'s `cache_features=False`:
     `--no-feature-cache`)."""
     from dataclasses import fields
 
     from specula.engine import EngineConfig
+    from specula.models.device import GRAPHS_ASKED
     from specula.models.loading import LoadConfig
     from specula.models.skipping import SKIP_DRAFT
     from specula.sampling import SamplingParams
@@ -340,7 +347,7 @@ def command_flags(args: argparse.Namespace, options: Iterable[str] = (),
     if hasattr(args, "draft"):  # the drafters' keyword for load's draft="skip"
         flags["draft_skip=True"] = f"--draft {SKIP_DRAFT}"
     if hasattr(args, "cuda_graphs"):  # the native backend's advice when --cuda-graphs cannot run (GRAPHS_OFF)
-        flags["cuda_graphs=False"] = "--no-cuda-graphs"
+        flags.update({"cuda_graphs=False": "--no-cuda-graphs", GRAPHS_ASKED: "--cuda-graphs"})
     return {**flags, **(spellings or {})}
 
 

@@ -83,6 +83,13 @@ def check_cpu_only(what: str, device: torch.device, fix: str) -> None:
 
 _CUDA_GRAPHS: bool | None = None
 
+GRAPHS_ENV = "SPECULA_CUDA_GRAPHS"
+"""The environment variable that turns the CUDA-graph path on or off (`cuda_graphs_wanted`)."""
+GRAPHS_ASKED = "set_cuda_graphs(True)"
+"""The library's ask for the CUDA-graph path, as its messages name it (`--cuda-graphs` on the command line:
+`commands.common.command_flags`)."""
+_OFF = ("0", "false", "off", "no")
+
 
 def set_cuda_graphs(enabled: bool | None) -> None:
     """The process-wide default of the native backend's CUDA-graph path (`--cuda-graphs` /
@@ -97,20 +104,40 @@ def cuda_graphs_wanted() -> bool:
     `set_cuda_graphs`, else `SPECULA_CUDA_GRAPHS` (0 / false / off turn it off), else yes."""
     if _CUDA_GRAPHS is not None:
         return _CUDA_GRAPHS
-    return os.environ.get("SPECULA_CUDA_GRAPHS", "1").strip().lower() not in ("0", "false", "off", "no")
+    return os.environ.get(GRAPHS_ENV, "1").strip().lower() not in _OFF
+
+
+def cuda_graphs_asker(setting: bool | None = None) -> str | None:
+    """Who asked for the CUDA-graph path, not merely left it on by default: `GRAPHS_ASKED` for a setting of True
+    (`setting`, else `set_cuda_graphs`'s: `--cuda-graphs`), else `SPECULA_CUDA_GRAPHS=<value>` when the variable is
+    set to turn it on (1, on, compile, ...), else None (the default, or turned off). Where the path cannot run (a
+    decoder it cannot capture, the Hugging Face backend, a CPU run) an ask is refused, naming it, rather than every
+    pass running eagerly without a word."""
+    setting = _CUDA_GRAPHS if setting is None else setting
+    if setting is not None:
+        return GRAPHS_ASKED if setting else None
+    value = os.environ.get(GRAPHS_ENV, "").strip()
+    return f"{GRAPHS_ENV}={value}" if value and value.lower() not in _OFF else None
 
 
 def cuda_graphs_asked() -> bool:
-    """Whether the CUDA-graph path was asked for (`set_cuda_graphs(True)`: `--cuda-graphs`), not merely left on by
-    default: a native backend on CUDA that cannot run it then says so (a `ConfigError` naming why) rather than
-    running every pass eagerly without a word."""
-    return _CUDA_GRAPHS is True
+    """Whether the CUDA-graph path was asked for (`cuda_graphs_asker`: `--cuda-graphs`, `set_cuda_graphs(True)` or
+    `SPECULA_CUDA_GRAPHS=1`), not merely left on by default."""
+    return cuda_graphs_asker() is not None
+
+
+def cuda_graphs_unasked(asker: str) -> str:
+    """How to take back the ask `asker` names (`cuda_graphs_asker`): drop the call (the flag), or unset the
+    variable."""
+    if asker.startswith(f"{GRAPHS_ENV}="):
+        return f"unset {GRAPHS_ENV} (or set it to 0)"
+    return f"drop {asker}"
 
 
 def cuda_graphs_compile() -> bool:
     """`SPECULA_CUDA_GRAPHS=compile`: the captured passes' element-wise ops fused by torch.compile
     (faster steps, a compilation at start-up; docs/gpu.md)."""
-    return os.environ.get("SPECULA_CUDA_GRAPHS", "").strip().lower() == "compile"
+    return os.environ.get(GRAPHS_ENV, "").strip().lower() == "compile"
 
 
 def sdpa_without_cudnn(device: Any):

@@ -607,14 +607,30 @@ def load_backend(spec: str | ResolvedModel, config: LoadConfig = LoadConfig(), n
             print(f"note: {resolved.name} runs on the Hugging Face backend ({why})", file=sys.stderr, flush=True)
             backend = "hf"
     if backend == "hf":
+        from specula.models.device import cuda_graphs_asker
         from specula.models.hf import HFCausalLM, eos_ids_of
 
+        check_graphs_backend(config.backend, device, resolved.name, cuda_graphs_asker())
         model, tokenizer = load_model(resolved, **kwargs, tokenizer=tokenizer)
         loaded = HFCausalLM(model, name=f"{name} {resolved.spec}", eos_token_ids=eos_ids_of(model, tokenizer),
                             model_id=resolved.file_id)
     if report is not None:
         report.update(seconds=time.perf_counter() - start, prepared=outcome, quantize=config.quantize)
     return loaded, tokenizer
+
+
+def check_graphs_backend(asked: str, device: "torch.device", model: str, asker: str | None) -> None:
+    """Refuse CUDA graphs asked for (`asker`: `device.cuda_graphs_asker`, e.g. `set_cuda_graphs(True)`, named as the
+    caller wrote it) on a CUDA device for a model that runs on the Hugging Face backend, which has no graph path:
+    every pass ran eagerly without a word. `asked`: the backend the config asked for (hf: the advice names
+    native; auto chose hf because the native decoder cannot run the model)."""
+    if asker is None or device.type != "cuda":
+        return
+    from specula.models.device import cuda_graphs_unasked
+
+    native = ', or use backend="native"' if asked == "hf" else ""
+    raise ConfigError(f'{asker} asks for CUDA graphs, which only the native backend has, and {model} runs on '
+                      f'backend="hf"; {cuda_graphs_unasked(asker)}{native}')
 
 
 def _load_native(resolved: ResolvedModel, config: LoadConfig, name: str, kwargs: dict, attention: str,

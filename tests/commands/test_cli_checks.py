@@ -47,7 +47,7 @@ GENERATE = ["generate", "--target", "smollm2-135m", "--prompt", "hi", "--max-new
     (["--method", "none", "--max-tree-nodes", "64"], ("--max-tree-nodes", "method none drafts nothing",  # was ignored,
                                                           "pass --method with a method that drafts")),  # as 64
     (["--method", "prompt-lookup", "--draft", "smollm2-135m"], ("drafts without a draft model",)),
-    (["--device", "cpu", "--cuda-graphs"], ("--cuda-graphs", "this run is on cpu", "drop it")),  # was ignored
+    (["--device", "cpu", "--cuda-graphs"], ("--cuda-graphs", "this run is on cpu", "drop --cuda-graphs")),  # ignored
     (["--method", "prompt-lookup", "--draft-quantize", "int8"], ("--draft-quantize applies to a draft model",
                                                                  "method prompt-lookup drafts without one")),
     (["--method", "eagle3", "--draft-vocab", "full"], ("--draft-vocab applies to a draft model",)),
@@ -320,3 +320,38 @@ def test_a_cost_curve_without_its_sizes_names_the_missing_key(no_loading, capsys
     curve = tmp_path / "curve.json"
     curve.write_text('{"seconds": [0.01]}')
     refused(capsys, [*GENERATE, "--cost-curve", str(curve)], "cannot read cost curve", "missing key 'sizes'")
+
+
+@pytest.fixture
+def on_cuda(monkeypatch):
+    """A machine that reads as having one GPU (nothing here runs on it: refusals come before any load)."""
+    import torch
+
+    from specula.models import device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(device, "_CUDA_GRAPHS", None)
+    monkeypatch.delenv("SPECULA_CUDA_GRAPHS", raising=False)
+
+
+def test_cuda_graphs_with_the_hugging_face_backend_is_refused(no_loading, on_cuda, capsys, monkeypatch):
+    """--cuda-graphs --backend hf ran every pass eagerly without a word: that backend has no CUDA-graph path."""
+    refused(capsys, [*GENERATE, "--backend", "hf", "--cuda-graphs"],
+            "--cuda-graphs asks for CUDA graphs, which only the native backend has", "--backend hf",
+            "drop --cuda-graphs", "--backend native")
+    monkeypatch.setenv("SPECULA_CUDA_GRAPHS", "1")  # an explicit ask too
+    refused(capsys, [*GENERATE, "--backend", "hf"], "SPECULA_CUDA_GRAPHS=1 asks for CUDA graphs",
+            "unset SPECULA_CUDA_GRAPHS")
+
+
+def test_cuda_graphs_asked_for_by_the_environment_on_the_cpu_is_refused_as_the_flag_is(no_loading, capsys,
+                                                                                       monkeypatch):
+    """SPECULA_CUDA_GRAPHS=1 on a CPU run was read as the default (nothing to capture, without a word) where
+    --cuda-graphs is refused; 0 and leaving it out still run."""
+    from specula.models import device
+
+    monkeypatch.setattr(device, "_CUDA_GRAPHS", None)
+    monkeypatch.setenv("SPECULA_CUDA_GRAPHS", "1")
+    refused(capsys, [*GENERATE, "--device", "cpu"], "SPECULA_CUDA_GRAPHS=1", "this run is on cpu",
+            "unset SPECULA_CUDA_GRAPHS")

@@ -201,7 +201,7 @@ def test_cuda_graphs_asked_for_on_a_decoder_that_cannot_run_them_is_refused_the_
     backend = NativeCausalLM(ops, "inv", cuda_graphs=False)
     monkeypatch.setattr(backend, "device", torch.device("cuda"))  # as on a GPU: nothing runs before the check
     monkeypatch.setattr(device, "_CUDA_GRAPHS", None)  # the default (on): eager without a word
-    monkeypatch.setenv("SPECULA_CUDA_GRAPHS", "1")
+    monkeypatch.delenv("SPECULA_CUDA_GRAPHS", raising=False)
     backend.set_cuda_graphs()
     assert backend.graphs is None
     device.set_cuda_graphs(True)  # --cuda-graphs
@@ -215,6 +215,32 @@ def test_cuda_graphs_asked_for_on_a_decoder_that_cannot_run_them_is_refused_the_
     device.set_cuda_graphs(False)  # --no-cuda-graphs
     backend.set_cuda_graphs()
     assert backend.graphs is None
+
+
+def test_cuda_graphs_asked_for_by_the_environment_is_an_ask_too(monkeypatch):
+    """SPECULA_CUDA_GRAPHS=1 counted as the default: on a decoder the graph path cannot run it fell back to eager
+    passes without a word, where --cuda-graphs is refused. Set, it is an ask: refused, naming the variable and how
+    to take it back; --no-cuda-graphs still overrides it."""
+    from specula.models import device
+
+    ops = configure(NativeDecoder.from_hf(tiny_model("llama", seed=1)), "aten", "none", "batch_invariant")
+    backend = NativeCausalLM(ops, "inv", cuda_graphs=False)
+    monkeypatch.setattr(backend, "device", torch.device("cuda"))
+    monkeypatch.setattr(device, "_CUDA_GRAPHS", None)
+    monkeypatch.setenv("SPECULA_CUDA_GRAPHS", "1")
+    with pytest.raises(ConfigError) as caught:
+        backend.set_cuda_graphs()
+    assert str(caught.value) == ("inv: CUDA graphs cannot run this decoder (asked for by SPECULA_CUDA_GRAPHS=1): "
+                                 "batch-invariant attention computes each row alone (data-dependent shapes); "
+                                 "unset SPECULA_CUDA_GRAPHS (or set it to 0)"), caught.value
+    monkeypatch.setenv("SPECULA_CUDA_GRAPHS", "0")
+    backend.set_cuda_graphs()
+    assert backend.graphs is None
+    monkeypatch.setenv("SPECULA_CUDA_GRAPHS", "1")
+    device.set_cuda_graphs(False)  # --no-cuda-graphs
+    backend.set_cuda_graphs()
+    assert backend.graphs is None
+    assert device.cuda_graphs_asker() is None and device.cuda_graphs_asker(True) == "set_cuda_graphs(True)"
 
 
 def test_cuda_graphs_switch_reads_the_flag_then_the_environment(monkeypatch):

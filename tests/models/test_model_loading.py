@@ -549,3 +549,30 @@ def test_a_truncated_model_file_is_one_line_naming_the_fix(tiny_gguf: Path, tmp_
         weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
     with pytest.raises(SpeculaError, match="truncated or damaged.*again"):
         load_model(str(spec))
+
+
+def test_cuda_graphs_asked_for_on_the_hugging_face_backend_are_refused_before_its_load(tmp_path: Path,
+                                                                                       monkeypatch) -> None:
+    """`set_cuda_graphs(True)` (or SPECULA_CUDA_GRAPHS=1) with backend="hf" on CUDA ran every pass eagerly without a
+    word (that backend has no graph path); auto choosing hf for an architecture the native decoder lacks, too."""
+    from specula.models import device
+    from specula.models.loading import LoadConfig, load_backend
+    from tiny import tiny_model
+
+    tiny_model("llama").save_pretrained(tmp_path)
+    word_tokenizer(WORDS).save_pretrained(str(tmp_path))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr("specula.models.loading.load_model", lambda *a, **k: pytest.fail("the model was loaded"))
+    monkeypatch.setattr(device, "_CUDA_GRAPHS", True)  # set_cuda_graphs(True)
+    with pytest.raises(ConfigError) as caught:
+        load_backend(str(tmp_path), LoadConfig(backend="hf", device="cuda"))
+    assert str(caught.value) == (
+        f'set_cuda_graphs(True) asks for CUDA graphs, which only the native backend has, and {tmp_path.name} runs '
+        'on backend="hf"; drop set_cuda_graphs(True), or use backend="native"'), caught.value
+    monkeypatch.setattr(device, "_CUDA_GRAPHS", None)
+    monkeypatch.setenv("SPECULA_CUDA_GRAPHS", "on")
+    monkeypatch.setattr("specula.models.loading._architecture", lambda resolved: "GPT2LMHeadModel")  # auto: hf
+    with pytest.raises(ConfigError, match=r"^SPECULA_CUDA_GRAPHS=on asks .* runs on backend=\"hf\"; unset "
+                                          r"SPECULA_CUDA_GRAPHS \(or set it to 0\)$"):
+        load_backend(str(tmp_path), LoadConfig(device="cuda"))

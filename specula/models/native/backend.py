@@ -77,24 +77,24 @@ class NativeCausalLM:
         """Turn the graph path on or off for sequences created from now on. None = the default: on
         for a CUDA device unless turned off (`--no-cuda-graphs`, `SPECULA_CUDA_GRAPHS=0`:
         `device.cuda_graphs_wanted`) or the decoder cannot run it (`graphs.graph_unsupported`; then
-        asking for it explicitly, `enabled=True` or `--cuda-graphs` (`device.cuda_graphs_asked`), is a
-        `ConfigError`). `capture=False` runs the same fixed-shape passes
-        without capturing them (any device: tests); `compile_ops` fuses their element-wise ops
+        asking for it explicitly, `enabled=True`, `--cuda-graphs` or `SPECULA_CUDA_GRAPHS=1`
+        (`device.cuda_graphs_asker`), is a `ConfigError` naming the ask). `capture=False` runs the same
+        fixed-shape passes without capturing them (any device: tests); `compile_ops` fuses their element-wise ops
         with torch.compile (None: `SPECULA_CUDA_GRAPHS=compile` says);
         `attention`: "matmul" (default) or "sdpa" inside the passes (`graphs.attend_matmul`)."""
-        from specula.models.device import cuda_graphs_asked, cuda_graphs_compile, cuda_graphs_wanted
+        from specula.models.device import cuda_graphs_compile, cuda_graphs_wanted
 
-        explicit = enabled is not None
-        if enabled is None:  # the default, unless --cuda-graphs asked for it on CUDA
+        asker = "" if enabled is not None else None  # "": asked for here (enabled=True), by its keyword
+        if enabled is None:  # the default, unless --cuda-graphs or SPECULA_CUDA_GRAPHS=1 asked for it on CUDA
             enabled = self.device.type == "cuda" and cuda_graphs_wanted()
-            explicit = enabled and cuda_graphs_asked()
+            asker = self._graphs_asker() if enabled else None
         if not enabled:
             self.graphs = None
             return
         why = graph_unsupported(self.decoder)
         if why is not None:
-            if explicit:
-                raise ConfigError(f"{self.name}: CUDA graphs cannot run this decoder: {why}; {GRAPHS_OFF}")
+            if asker is not None:
+                raise self._graphs_refused(why, asker)
             self.graphs = None
             return
         capture = True if capture is None else capture
@@ -102,6 +102,23 @@ class NativeCausalLM:
         if capture and self.device.type != "cuda":
             raise ConfigError(f"{self.name}: CUDA graphs need a CUDA device, not {self.device}; {GRAPHS_OFF}")
         self.graphs = GraphRunner(self.decoder, capture=capture, compile_ops=compile_ops, attention=attention)
+
+    @staticmethod
+    def _graphs_asker() -> str | None:
+        """Who asked for the graph path process-wide (`device.cuda_graphs_asker`): "" for `set_cuda_graphs(True)`
+        (`--cuda-graphs`: the advice is `GRAPHS_OFF`), the variable for `SPECULA_CUDA_GRAPHS=1`, None for nobody."""
+        from specula.models.device import GRAPHS_ASKED, cuda_graphs_asker
+
+        asker = cuda_graphs_asker()
+        return "" if asker == GRAPHS_ASKED else asker
+
+    def _graphs_refused(self, why: str, asker: str) -> ConfigError:
+        """The refusal of the graph path asked for (`asker`: "" by a keyword or `--cuda-graphs`, else the environment
+        variable that asked) on a decoder it cannot run (`why`)."""
+        from specula.models.device import cuda_graphs_unasked
+
+        by, fix = (f" (asked for by {asker})", cuda_graphs_unasked(asker)) if asker else ("", GRAPHS_OFF)
+        return ConfigError(f"{self.name}: CUDA graphs cannot run this decoder{by}: {why}; {fix}")
 
     @property
     def cuda_graphs(self) -> bool:
