@@ -330,7 +330,8 @@ def command_flags(args: argparse.Namespace, options: Iterable[str] = (),
     config's fields or a function's keywords, e.g. `specula train`'s), each only where the command has the flag (its
     `args` has the attribute), `make_drafters`' and `Specula`'s draft_skip=True as `--draft skip` where it has
     --draft, the native backend's cuda_graphs=False as `--no-cuda-graphs` and the ask `set_cuda_graphs(True)` as
-    `--cuda-graphs` where it has --cuda-graphs; and
+    `--cuda-graphs` where it has --cuda-graphs, the planner's `planner=read_cost_curve(FILE)` as `--cost-curve FILE`
+    where it has --cost-curve; and
     `spellings`, options whose flag is not their name's (`specula train`'s `cache_features=False`:
     `--no-feature-cache`)."""
     from dataclasses import fields
@@ -339,6 +340,7 @@ def command_flags(args: argparse.Namespace, options: Iterable[str] = (),
     from specula.models.device import GRAPHS_ASKED
     from specula.models.loading import LoadConfig
     from specula.models.skipping import SKIP_DRAFT
+    from specula.planner.cost import CURVE_GIVEN
     from specula.sampling import SamplingParams
 
     names = [*(f.name for config in (EngineConfig, SamplingParams, LoadConfig) for f in fields(config)), "draft",
@@ -346,6 +348,8 @@ def command_flags(args: argparse.Namespace, options: Iterable[str] = (),
     flags = {name: flag for name, flag in flag_spellings(names).items() if hasattr(args, flag[2:].replace("-", "_"))}
     if hasattr(args, "draft"):  # the drafters' keyword for load's draft="skip"
         flags["draft_skip=True"] = f"--draft {SKIP_DRAFT}"
+    if hasattr(args, "cost_curve"):  # the planner's advice when the target's window is too short to time a curve
+        flags[CURVE_GIVEN] = "--cost-curve FILE"
     if hasattr(args, "cuda_graphs"):  # the native backend's advice when --cuda-graphs cannot run (GRAPHS_OFF)
         flags.update({"cuda_graphs=False": "--no-cuda-graphs", GRAPHS_ASKED: "--cuda-graphs"})
     return {**flags, **(spellings or {})}

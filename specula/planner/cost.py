@@ -469,6 +469,28 @@ def _add_samples(samples: dict[str, Any], times: dict[int, list[float]], asked: 
         ratio[str(n)] = (ratio.get(str(n), []) + paired)[-MAX_SAMPLES:]
 
 
+CURVE_GIVEN = "planner=read_cost_curve(FILE)"
+"""How a caller gives the planner a measured cost curve (`api.load`'s planner=), as messages name it: `--cost-curve
+FILE` on the command line (`commands.common.command_flags`)."""
+
+
+def check_room_for_curve(target: TargetModel, sizes: Sequence[int]) -> None:
+    """Refuse (ConfigError) a target whose context window cannot hold a prefix and a pass of the largest of `sizes`:
+    its cost curve cannot be timed here. The advice is what the planner's callers take: a curve of passes that fit
+    (`CURVE_GIVEN`, from `specula profile`), or plain decoding."""
+    from specula.methods import PLAIN
+
+    window = target.max_context
+    if max(sizes) + 1 <= window:
+        return
+    fits = sorted({1, *(n for n in sizes if 2 * n <= window)})
+    profile = (f" of `specula profile --target MODEL --sizes {','.join(map(str, fits))} --context {fits[-1]}`"
+               if len(fits) > 1 else " of `specula profile`")
+    raise ConfigError(f"the target's context window of {window} tokens is too short to time the planner's cost curve "
+                      f"(passes of up to {max(sizes)} tokens after a prefix); give a curve of passes that fit, "
+                      f'{CURVE_GIVEN} with the cost_curve.json{profile}, or decode plainly (method="{PLAIN}")')
+
+
 def load_or_measure_curve(target: TargetModel, sizes: Sequence[int] = DEFAULT_SIZES, context: int = DEFAULT_CONTEXT,
                           repeats: int = 2, report: bool = True) -> CostCurve:
     """The target's cost curve from the on-disk cache, or measured now (and cached atomically).
@@ -480,6 +502,7 @@ def load_or_measure_curve(target: TargetModel, sizes: Sequence[int] = DEFAULT_SI
     where the curve came from and how steady the timing was."""
     from specula.paths import atomic_write_json, cache_dir
 
+    check_room_for_curve(target, sizes)
     context = max(1, min(context, target.max_context - max(sizes) - 1))
     path = cache_dir("cost") / f"{cost_cache_key(target, context)}.json"
     samples = read_cached_samples(path, lambda data: _samples_of_curve(CostCurve.from_dict(data)),

@@ -360,3 +360,20 @@ def test_top_k_minus_one_is_every_token_as_on_the_server(tiny_load, capsys):
     assert sampled[0][0] == 0 and sampled[0][1] == sampled[1][1]
     code, _, err = run(capsys, "--top-k", "-2")
     assert code == 2 and "--top-k must be an integer >= 1, or 0 or -1" in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_target_window_too_short_for_the_cost_curve_names_what_generate_takes(monkeypatch, tiny_tokenizer, capsys):
+    """A target with a context window of <= 64 tokens could not have its cost curve timed (passes of up to 64
+    tokens after a prefix), and generate said to lower context= or sizes=, which it does not take: it names the
+    cost curve generate takes (--cost-curve, from `specula profile` with passes that fit) or plain decoding."""
+    backend = HFCausalLM(tiny_model("qwen2", seed=3), "target")
+    backend.max_context = 64
+    monkeypatch.setattr(specula.api, "load", lambda target, method=None, **options: specula.api.Specula(
+        backend, tiny_tokenizer, method or "fusion"))
+    code, _, err = run(capsys, "--method", "prompt-lookup")
+    assert code == 2, err
+    assert err.strip().splitlines()[-1] == (
+        "error: the target's context window of 64 tokens is too short to time the planner's cost curve (passes of "
+        "up to 64 tokens after a prefix); give a curve of passes that fit, --cost-curve FILE with the "
+        "cost_curve.json of `specula profile --target MODEL --sizes 1,2,4,8,16,32 --context 32`, or decode plainly "
+        "(--method none)")

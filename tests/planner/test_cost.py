@@ -427,3 +427,18 @@ def test_a_cut_the_next_load_finds_cheap_is_timed_and_forgotten(tmp_path, monkey
     curve = load_or_measure_curve(backend, sizes=(1, 2, 4, 8), context=8, repeats=1)
     samples = json.loads(next((tmp_path / "cost").glob("*.json")).read_text())["samples"]
     assert curve.sizes == (1, 2, 4, 8) and "untimed_from" not in samples and "untimed_confirmed" not in samples
+
+
+def test_a_window_too_short_for_the_curve_names_a_curve_to_give_not_the_measurements_keywords():
+    """load_or_measure_curve (the planner's, on load) clamps its prefix to the window; a window of <= 64 tokens left
+    none for a 64-token pass, and the message named measure_cost_curve's context= / sizes=, which no caller of
+    load() or the planner wrote."""
+    from types import SimpleNamespace
+
+    with pytest.raises(ConfigError) as caught:
+        load_or_measure_curve(SimpleNamespace(max_context=20), sizes=(1, 2, 4, 8, 16, 32), context=64)
+    assert str(caught.value) == (
+        "the target's context window of 20 tokens is too short to time the planner's cost curve (passes of up to 32 "
+        "tokens after a prefix); give a curve of passes that fit, planner=read_cost_curve(FILE) with the "
+        "cost_curve.json of `specula profile --target MODEL --sizes 1,2,4,8 --context 8`, or decode plainly "
+        '(method="none")'), caught.value
