@@ -118,6 +118,7 @@ def plan(args: argparse.Namespace) -> BenchPlan:
     if args.assistant and not NEEDS_DRAFT & set(peers):  # it would be loaded for nothing, silently
         raise ConfigError("--assistant is the model Hugging Face's assisted peers draft with, and no assisted peer "
                           "is compared: add --compare hf (or hf:assisted), or drop --assistant")
+    check_assistant_device(args)
     check_draft_used(args, methods, peers)
     check_entry_flags(args, methods)
     check_method_files(args, methods)
@@ -246,6 +247,20 @@ def load_models(args: argparse.Namespace):
                     draft_quantize=args.draft_quantize, skip_layers=args.skip_layers,
                     draft_vocab=args.draft_vocab)
     return spec.target, spec.tokenizer, spec.draft, spec.load_report
+
+
+def check_assistant_device(args: argparse.Namespace) -> None:
+    """Refuse `--assistant self` where a self-draft cannot run (off the CPU), naming this flag and what drafts for the
+    assisted peers there: load_draft's own check names --draft and its --draft skip, after the target's load."""
+    from specula.models.device import resolve_device
+    from specula.models.loading import SELF_DRAFT, check_self_draft_device
+
+    if args.assistant != SELF_DRAFT:
+        return
+    with flags_in_errors(args):  # a bad --device names the flag
+        device = resolve_device(args.device)
+    check_self_draft_device(device, f"--assistant {SELF_DRAFT}",
+                            "another model (--assistant MODEL, same tokenizer as the target)")
 
 
 def load_assistant(args: argparse.Namespace, target, tokenizer):

@@ -832,7 +832,7 @@ def load_draft(spec: str, target_tokenizer: Any, target: Any, config: LoadConfig
         if target_name is None:
             raise ConfigError("a self-draft needs the target's model name")
         quantize = check_quantize(quantize or "int8")
-        _check_self_draft_device(config)
+        check_self_draft_device(config.resolved()[0])
         if quantize == "none":
             raise ConfigError('draft="self" with draft_quantize="none" would draft with the target itself; '
                               'use draft_quantize="int8" (or another draft model)')
@@ -850,15 +850,19 @@ def load_draft(spec: str, target_tokenizer: Any, target: Any, config: LoadConfig
     return _cut_vocab(draft, target_tokenizer, target, vocab, report)
 
 
-def _check_self_draft_device(config: LoadConfig) -> None:
+SELF_DRAFT_ELSEWHERE = 'draft="skip" (the target drafting with layers skipped) or another draft model (draft=MODEL)'
+"""What drafts off the CPU where `draft="self"` cannot (`check_self_draft_device`'s advice to `api.load`'s callers)."""
+
+
+def check_self_draft_device(device: "torch.device", named: str = f'draft="{SELF_DRAFT}"',
+                            instead: str = SELF_DRAFT_ELSEWHERE) -> None:
     """A self-draft is the target's weights quantized, and quantization runs on CPU only: on another device a
     ConfigError names what drafts there instead (before the advice of quantize's own check, `quantize="none"`,
-    which a self-draft refuses: it would draft with the target itself)."""
-    device, _ = config.resolved()
+    which a self-draft refuses: it would draft with the target itself). `named`: the self-draft as its caller asked
+    for it; `instead`: what that caller can draft with there (`specula bench --assistant self`: another model)."""
     if device.type != "cpu":
-        raise ConfigError(f'draft="self" drafts with the target\'s weights quantized, which runs on CPU only, not on '
-                          f'{device}; there use draft="skip" (the target drafting with layers skipped) or another '
-                          "draft model (draft=MODEL)")
+        raise ConfigError(f"{named} drafts with the target's weights quantized, which runs on CPU only, not on "
+                          f"{device}; there use {instead}")
 
 
 DRAFT_QUANTIZE = {"quantize": "draft_quantize"}

@@ -622,3 +622,21 @@ def test_hf_peers_ignore_processors_a_checkpoints_generation_config_sets(tiny_pa
     finally:
         model.generation_config.suppress_tokens = None
         model.generation_config.bad_words_ids = None
+
+
+def test_an_assistant_self_on_cuda_names_benchs_own_flag_before_the_target_loads(tmp_path, prompts_file, tiny_models,
+                                                                                   capsys, monkeypatch):
+    """--assistant self on a GPU was refused by the self-draft's check, after the target had loaded, with its advice
+    for --draft (--draft self, use --draft skip), which is not the flag given and cannot draft for Hugging Face's
+    assisted peers."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    code = main(["bench", "--target", "tiny", "--prompts", str(prompts_file), "--methods", "none", "--compare", "hf",
+                 "--assistant", "self", "--out", str(tmp_path / "x")])
+    err = capsys.readouterr().err
+    assert code == 2 and err == (
+        "error: --assistant self drafts with the target's weights quantized, which runs on CPU only, not on cuda:0; "
+        "there use another model (--assistant MODEL, same tokenizer as the target)\n"), err
+    assert tiny_models == []
