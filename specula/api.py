@@ -325,7 +325,7 @@ def load(target: str, draft: str | None = "auto", method: str | None = None,
     from specula.models.loading import (NO_DRAFT, SELF_DRAFT, DraftInfo, draft_quantize_named, peak_rss_bytes,
                                         process_age_seconds, resolve)
     from specula.models.draft_vocab import check_draft_vocab
-    from specula.models.skipping import SKIP_DRAFT, check_draft_skip, check_skip_layers
+    from specula.models.skipping import SKIP_DRAFT, check_draft_skip, check_skip_layers, draft_skip_named
 
     start = time.perf_counter()
     row = get_method(method or DEFAULT_METHOD)
@@ -364,7 +364,8 @@ def load(target: str, draft: str | None = "auto", method: str | None = None,
         drafter_options["head"] = default_head(row, target)
     if drafter_options.get("head") is not None:
         drafter_options.setdefault("target_name", target)
-    spec = Specula(target_lm, tokenizer, row.name, draft_lm, **drafter_options)
+    with draft_skip_named(bool(drafter_options.get("draft_skip"))):  # its errors name load's draft="skip"
+        spec = Specula(target_lm, tokenizer, row.name, draft_lm, **drafter_options)
     total = time.perf_counter() - start
     target_s, draft_s = target_report.get("seconds", 0.0), draft_report.get("seconds", 0.0)
     spec.load_report = LoadReport(target_s, draft_s, max(0.0, total - target_s - draft_s), total, peak_rss_bytes(),

@@ -11,6 +11,7 @@ import inspect
 from typing import TYPE_CHECKING, Any
 
 from specula.errors import ConfigError
+from specula.models.skipping import SKIP_ASKED
 from specula.methods import (
     BUILT_IN, HEAD_ONLY, METHODS, NO_HEAD, MethodSpec, check_draft_options_read, check_switches, get_method,
     is_given, layer_skipper, not_read_when_skipping, or_list,
@@ -70,7 +71,8 @@ def make_drafters(method: str | MethodSpec, *, target: TargetModel | None = None
         if spec.draft_skip == "refused":
             takers = [s.name for s in METHODS.values() if s.draft_skip == "drafts"]
             methods = or_list([f'method="{name}"' for name in takers])
-            raise ConfigError(f'draft="skip" drafts chains: use {methods} with it ({spec.name} needs a draft model)')
+            raise ConfigError(f"{SKIP_ASKED} drafts chains: use {methods} with it ({spec.name} needs a draft "
+                              "model)")
         if spec.draft_skip == "drafts":
             skipper = layer_skipper()
             unread = [name for name, value in options.items()  # None: left out (`make_drafter` drops it)

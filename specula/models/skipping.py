@@ -3,6 +3,7 @@ the checks of `--draft skip` (the target, a `LayerSkippingModel`, drafts for its
 
 from __future__ import annotations
 
+import contextlib
 import re
 from typing import Sequence
 
@@ -13,6 +14,19 @@ KINDS = ("attn", "mlp")
 SKIP_DRAFT = "skip"
 """`--draft skip` (`load(draft="skip")`): the target drafts for itself with sub-layers skipped (no draft model is
 loaded)."""
+SKIP_ASKED = "draft_skip=True"
+"""`make_drafters`' (and `Specula`'s) keyword for `load(draft="skip")`, as their messages name it."""
+
+
+def draft_skip_named(skipping: bool) -> contextlib.AbstractContextManager:
+    """A context in which the errors of drafters built with `SKIP_ASKED` (`make_drafters`' keyword) name it as
+    `api.load`'s callers asked for it, `draft="skip"` (`--draft skip` on the command line), when `skipping`."""
+    from specula.errors import reworded
+    from specula.methods import in_flags
+
+    if not skipping:
+        return contextlib.nullcontext()
+    return reworded(lambda message: in_flags(message, {SKIP_ASKED: f'draft="{SKIP_DRAFT}"'}))
 
 
 def check_skip_layers(draft: str | None, skip_layers: str | None) -> None:

@@ -555,12 +555,16 @@ def test_a_variants_own_option_is_named_as_it_writes_it_and_the_command_lines_as
     with pytest.raises(ConfigError, match=re.escape(message)):
         build_specula_methods([f"fusion:recycling_state={state}"], target, chat_tokenizer, draft, given,
                               flags=flag_spellings())
+    from specula.cli import build_parser
+    from specula.commands.common import command_flags
+
+    bench_args = build_parser().parse_args(["bench", "--target", "t", "--out", "o"])
     skip = lambda name: {"draft_skip": True, "skip_layers": None}  # noqa: E731 (--draft skip, as `execute` gives it)
     with pytest.raises(ConfigError, match=re.escape("method 'draft-tree': --draft skip drafts chains: use "
                                                     'method="draft-model", method="layer-skip" or method="fusion" '
                                                     "with it")):  # load's keyword: named --method, not taken
-        build_specula_methods(["draft-tree"], target, chat_tokenizer, None, skip,
-                              flags=flag_spellings(["draft"]))  # the bench's flags name the draft (command_flags)
+        build_specula_methods(["draft-tree"], target, chat_tokenizer, None, skip,  # the bench's flags (command_flags):
+                              flags=command_flags(bench_args))  # its draft_skip=True is --draft skip
 
 
 def test_schema_valid_checks_each_output_against_its_prompts_schema():
