@@ -141,13 +141,28 @@ def with_answers_left_empty(tokenizer, turns: Sequence[str], answers: Sequence[s
     of the turns still to come is measured against (`turn_budget`, `check_prompts_fit`). A chat template
     that refuses an empty assistant message (`TemplateRefused`: its own error) measures them with
     `PLACEHOLDER_ANSWER` in their place: a longer conversation, so the room counted is less, never more."""
+    return answers_left_empty(tokenizer, turns, answers, raw)[0]
+
+
+def answers_left_empty(tokenizer, turns: Sequence[str], answers: Sequence[str],
+                       raw: bool = False) -> tuple[list[int], bool]:
+    """`with_answers_left_empty`'s ids, and whether `PLACEHOLDER_ANSWER` stood in for the answers left empty (the
+    chat template refused an empty one): their tokens are then in the count (`left_empty_as`)."""
     from specula.prompts import TemplateRefused
 
     empty = len(turns) - 1 - len(answers)
     try:
-        return conversation_ids(tokenizer, turns, [*answers, *[""] * empty], raw)
+        return conversation_ids(tokenizer, turns, [*answers, *[""] * empty], raw), False
     except TemplateRefused:
-        return conversation_ids(tokenizer, turns, [*answers, *[PLACEHOLDER_ANSWER] * empty], raw)
+        return conversation_ids(tokenizer, turns, [*answers, *[PLACEHOLDER_ANSWER] * empty], raw), True
+
+
+def left_empty_as(placeholder: bool) -> str:
+    """How the answers not given yet were counted (`answers_left_empty`): left empty, or as `PLACEHOLDER_ANSWER`,
+    whose tokens a count then includes."""
+    if placeholder:
+        return f"with {PLACEHOLDER_ANSWER!r} as each earlier answer (the chat template refuses an empty one)"
+    return "with the earlier answers left empty"
 
 
 def turn_seed(seed: int | None, prompt_id: int | str, turn: int) -> int:
@@ -201,11 +216,10 @@ def check_prompts_fit(prompts: Sequence[BenchPrompt], tokenizer, settings: Bench
     shared = []
     for prompt in prompts:
         for turn in range(1, len(prompt.turns) + 1):
-            ids = with_answers_left_empty(tokenizer, prompt.turns[:turn], [], settings.raw)
+            ids, placeholder = answers_left_empty(tokenizer, prompt.turns[:turn], [], settings.raw)
             if len(ids) + turn > window:
                 raise no_room(prompt, turn, len(ids), window, "fills" if turn == 1 else
-                              "with the earlier answers left empty leaves no room for its own and the earlier "
-                              "answers in")
+                              f"{left_empty_as(placeholder)} leaves no room for its own and the earlier answers in")
         if len(prompt.turns) > 1:
             ids, budget = turn_budget(tokenizer, prompt, [], settings)
             if budget < settings.budget(len(ids)):

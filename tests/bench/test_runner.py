@@ -119,6 +119,29 @@ def test_a_template_that_refuses_an_empty_assistant_message_still_measures_a_tur
         check_prompts_fit([prompt], tok, settings)
 
 
+def test_a_turn_measured_with_placeholder_answers_says_so_in_its_refusal(chat_tokenizer):
+    """Where the chat template refuses an empty assistant message, a turn's room is measured with PLACEHOLDER_ANSWER
+    as each earlier answer: the refusal said its token count was "with the earlier answers left empty", while it
+    counted the placeholders too."""
+    import copy
+
+    from specula.bench.runner import check_prompts_fit
+
+    tok = copy.deepcopy(chat_tokenizer)
+    tok.chat_template = "{% for m in messages %}{% if m['role'] == 'assistant' and not m['content'] %}{{ " \
+                        "raise_exception('an assistant message needs content') }}{% endif %}{% endfor %}" + \
+                        chat_tokenizer.chat_template
+    prompt = BenchPrompt("q", "mt_bench", ("w5 w6", "w7 w8"), "writing")
+    settings = BenchSettings(SamplingParams(max_new_tokens=4), warmup_tokens=0, progress=False, context_window=10)
+    with pytest.raises(ConfigError) as caught:  # "w2 w5 w6 w3 OK w2 w7 w8 w4": 9 tokens, "OK" among them
+        check_prompts_fit([prompt], tok, settings)
+    assert str(caught.value).startswith(
+        "prompt q (mt_bench) turn 2 takes 9 tokens and with 'OK' as each earlier answer (the chat template refuses "
+        "an empty one) leaves no room for its own and the earlier answers in the context window of 10 "), caught.value
+    with pytest.raises(ConfigError, match="turn 2 takes 8 tokens and with the earlier answers left empty leaves"):
+        check_prompts_fit([prompt], chat_tokenizer, replace(settings, context_window=9))  # no placeholder
+
+
 def _bench_methods(tiny_pair, tokenizer, peers=("hf:greedy", "hf:assisted", "hf:prompt-lookup")):
     target, draft = tiny_pair
     methods = build_specula_methods(["prompt-lookup", "draft-model"], target, tokenizer, draft)
