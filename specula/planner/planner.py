@@ -73,7 +73,8 @@ from typing import Callable, Sequence
 
 from specula.ema import Ema
 from specula.models.base import BatchedTargetModel, TargetModel
-from specula.planner.batch_cost import DEFAULT_BATCH_SIZES, BatchCostCurve, load_or_measure_batch_curve
+from specula.planner.batch_cost import (DEFAULT_BATCH_SIZES, BatchCostCurve, load_or_measure_batch_curve,
+                                        timed_batch_sizes)
 from specula.planner.calibration import CalibrationConfig, Calibrator
 from specula.planner.base import Plan, PlanRequest, StepTiming
 from specula.planner.cost import DEFAULT_CONTEXT, DEFAULT_SIZES, CostCurve, CostModel, load_or_measure_curve
@@ -723,8 +724,7 @@ class HardwarePlanner:
         sequences, so that the first batched step does not stall on it (the server calls this at
         start-up). Nothing to do for backends that do not pack sequences into one pass."""
         if self.batch_curve is None and max_batch_size > 1 and isinstance(self._target, BatchedTargetModel):
-            sizes = [b for b in DEFAULT_BATCH_SIZES if b < max_batch_size] + [max_batch_size]
-            self.batch_curve = load_or_measure_batch_curve(self._target, sizes)
+            self.batch_curve = load_or_measure_batch_curve(self._target, timed_batch_sizes(max_batch_size))
 
     def _batch_cost(self, batch_size: int) -> CostModel:
         assert self.batch_curve is not None

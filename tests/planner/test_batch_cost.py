@@ -5,7 +5,8 @@ import pytest
 from specula.errors import ConfigError
 from specula.models.native import NativeCausalLM, NativeDecoder, configure
 from specula.planner import batch_cost
-from specula.planner.batch_cost import BatchCostCurve, load_or_measure_batch_curve, measure_batch_curve
+from specula.planner.batch_cost import (BatchCostCurve, load_or_measure_batch_curve, measure_batch_curve,
+                                        timed_batch_sizes)
 from specula.planner.cost import VALIDATE_SAMPLES
 from tiny import tiny_model
 
@@ -24,6 +25,37 @@ def test_latency_interpolates_in_tokens_and_batch_size():
     assert CURVE.latency(3, 8) == pytest.approx(0.5 * 2.5 + 0.5 * 2.8)  # between batch sizes 2 and 4
     assert CURVE.latency(8, 32) == pytest.approx(2 * 4.4)  # beyond the largest batch: two of them side by side
     assert BatchCostCurve.from_dict(json.loads(json.dumps(CURVE.to_dict()))) == CURVE
+
+
+def test_between_timed_batch_sizes_each_row_is_read_at_the_same_draft_nodes():
+    """Batch 3 lies halfway between rows 2 and 4: its pass is the mean of theirs at the same draft
+    nodes. Read at the same total, row 4 (flat below its plain pass of 4 tokens) priced batch 3's
+    first node at half its cost (0.1 where both rows charge 0.2)."""
+    for nodes in (0, 1, 2, 5, 9, 30):
+        assert CURVE.latency(3, 3 + nodes) == pytest.approx(0.5 * CURVE.latency(2, 2 + nodes)
+                                                            + 0.5 * CURVE.latency(4, 4 + nodes))
+    assert CURVE.latency(3, 3) == pytest.approx(0.5 * 1.3 + 0.5 * 2.0)
+    assert CURVE.latency(3, 4) - CURVE.latency(3, 3) == pytest.approx(0.2)
+
+
+def test_start_up_times_a_bounded_set_of_batch_sizes():
+    """However large --max-batch-size, at most six rows: the default sizes below it and itself."""
+    assert timed_batch_sizes(1) == [1] and timed_batch_sizes(2) == [1, 2] and timed_batch_sizes(6) == [1, 2, 4, 6]
+    assert timed_batch_sizes(16) == [1, 2, 4, 8, 16] and timed_batch_sizes(64) == [1, 2, 4, 8, 16, 64]
+    assert all(len(timed_batch_sizes(m)) <= 6 and timed_batch_sizes(m)[-1] == m for m in range(1, 300))
+    with pytest.raises(ConfigError, match="max_batch_size"):
+        timed_batch_sizes(0)
+
+
+def test_a_table_timed_for_another_max_batch_size_still_loads(tmp_path, monkeypatch):
+    """The cache entry holds every row timed: a table of rows 1..16 and 64 (a server of 64) serves
+    one of 40 with its row 40 timed and row 64 kept (41..63 read between them); the one of 64 then times nothing."""
+    monkeypatch.setenv("SPECULA_CACHE", str(tmp_path))
+    calls = fake_batch_times(monkeypatch, lambda b, n, i: 1.0 + 0.1 * (b * n - 1))
+    load_or_measure_batch_curve(native_target(), timed_batch_sizes(64))
+    forty = load_or_measure_batch_curve(native_target(), timed_batch_sizes(40))
+    assert {b for b, _ in calls[1]} == {40} and forty.batch_sizes == (1, 2, 4, 8, 16, 40, 64)
+    assert load_or_measure_batch_curve(native_target(), timed_batch_sizes(64)) == forty and len(calls) == 2
 
 
 def test_bad_tables_are_refused():

@@ -897,6 +897,24 @@ def test_batch_plan_switches_speculation_off_when_the_load_makes_it_lose():
             assert plans[0].alone > 0
 
 
+def test_between_timed_batch_sizes_the_plan_prices_nodes_as_the_rows_do():
+    """The table times batches of 1, 2, 4 and 8; a batch of 3, 5, 6 or 7 is read between two rows.
+    Where every row charges 0.3 of a step a node, so does every batch between (the same total read
+    on the larger row priced the first nodes lower), each pass costs more with more nodes and more
+    sequences, and from 4 sequences on (as at 4 and 8) the plan refuses every draft."""
+    proposal = Proposal(wide_tree())
+    for per_token, drafts in ((0.001, True), (0.3, False)):
+        planner = HardwarePlanner(curve=STEEP, batch_curve=batch_table(per_token))
+        for batch in range(2, 9):
+            prices = [planner.batch_seconds(batch, batch + nodes) for nodes in range(17)]
+            assert prices == pytest.approx([1.0 + per_token * nodes for nodes in range(17)])
+            assert planner.batch_seconds(batch, batch) <= planner.batch_seconds(batch + 1, batch + 1)
+            if batch >= 4:
+                states = [planner.new_state() for _ in range(batch)]
+                plans = planner.plan([PlanRequest([proposal], BUDGET, s, 0.0) for s in states])
+                assert all((p.nodes > 0) == drafts for p in plans), (per_token, batch)
+
+
 def test_the_cost_view_prices_a_batched_session_by_the_packed_pass():
     """A drafter deciding whether to draft reads the pass its tree joins: in a batch of 8, each of
     its tokens must beat the batch's own rate (8 roots a pass), not a lone plain step's. At 0.1 of
