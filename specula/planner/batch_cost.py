@@ -141,6 +141,16 @@ step. Larger cells are rarely chosen and slow to time."""
 
 Cell = tuple[int, int]
 """(b sequences, n tokens each) of one packed pass."""
+PROGRESS_AFTER = 5.0
+"""Seconds into a timing after which each of its steps is logged (a server's first start-up with a
+large --max-batch-size on a large model: minutes of prefill and passes before it listens)."""
+
+
+def _progress(start: float, message: str, *args: object) -> None:
+    """Log one step of a timing begun at `start` (`time.perf_counter()`), once it has run `PROGRESS_AFTER` s."""
+    elapsed = time.perf_counter() - start
+    if elapsed >= PROGRESS_AFTER:
+        log.info("timing packed passes, %.0f s: " + message, elapsed, *args)
 
 
 @dataclass(frozen=True)
@@ -187,11 +197,13 @@ def measure_batch_times(backend: TargetModel, needed: dict[Cell, int], context: 
     seqs = []
     rounds: list[tuple[float, dict[Cell, float]]] = []  # (other processes' cores, seconds per cell)
     quiet: dict[Cell, int] = {cell: 0 for cell in cells}
+    start = time.perf_counter()
     try:
         for row in ids:
             seq = backend.new_sequence()
             seqs.append(seq)
             seq.prefill(row[:context], logits="none")
+        _progress(start, "%d sequences of %d tokens prefilled", len(seqs), context)
 
         def timed(b: int, n: int) -> float:
             items = [(seqs[i], ids[i][context], TokenTree.chain(ids[i][context + 1: context + n], source="profile"))
@@ -232,6 +244,8 @@ def measure_batch_times(backend: TargetModel, needed: dict[Cell, int], context: 
             if rounds[-1][0] <= config.busy_cores:
                 for cell in secs:
                     quiet[cell] += 1
+            _progress(start, "round %d, %d of %d cells (sequences x tokens) have their samples", len(rounds),
+                      sum(quiet[cell] >= need[cell] for cell in cells), len(cells))
     finally:
         for seq in seqs:
             seq.release()
