@@ -147,7 +147,7 @@ large --max-batch-size on a large model: minutes of prefill and passes before it
 
 
 def _progress(start: float, message: str, *args: object) -> None:
-    """Log one step of a timing begun at `start` (`time.perf_counter()`), once it has run `PROGRESS_AFTER` s."""
+    """Log one step of a timing begun at `start` (`time.perf_counter()`) once it has run `PROGRESS_AFTER` s."""
     elapsed = time.perf_counter() - start
     if elapsed >= PROGRESS_AFTER:
         log.info("timing packed passes, %.0f s: " + message, elapsed, *args)
@@ -221,7 +221,8 @@ def measure_batch_times(backend: TargetModel, needed: dict[Cell, int], context: 
 
         for b in sorted({b for b, _ in cells}):  # warm-up: each batch size's largest pass (its buffers)
             timed(b, max(n for c, n in cells if c == b))
-        warm_up(lambda: timed(1, 1), config)
+        _, passes, stable = warm_up(lambda: timed(1, 1), config)
+        _progress(start, "warmed up after %d plain passes%s", passes, "" if stable else " (never steady)")
         for _ in range(max(need.values()) * config.max_round_factor):
             todo = [cell for cell in cells if cell == (1, 1) or quiet[cell] < need[cell]]
             if len(todo) == 1 and need[1, 1] <= quiet[1, 1]:

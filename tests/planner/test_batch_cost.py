@@ -266,8 +266,8 @@ def test_context_beyond_the_window_is_refused():
 
 
 def test_a_long_timing_logs_its_progress(monkeypatch, caplog):
-    """A timing past `PROGRESS_AFTER` seconds (a large model's first start-up) logs its prefill and
-    each round; a short one (the tiny model, well under it) stays quiet."""
+    """A timing past `PROGRESS_AFTER` seconds (a large model's first start-up) logs its prefill, its
+    warm-up and each round; a short one (the tiny model, well under it) stays quiet."""
     needed = {(1, 2): 2, (2, 1): 2, (2, 2): 2}
     with caplog.at_level("INFO", logger="specula.planner.batch_cost"):
         batch_cost.measure_batch_times(native_target(), needed, context=8)
@@ -275,5 +275,6 @@ def test_a_long_timing_logs_its_progress(monkeypatch, caplog):
         monkeypatch.setattr(batch_cost, "PROGRESS_AFTER", 0.0)
         batch_cost.measure_batch_times(native_target(), needed, context=8)
     lines = [r.getMessage() for r in caplog.records]
-    assert "2 sequences of 8 tokens prefilled" in lines[0] and "round 1, " in lines[1]
+    assert "2 sequences of 8 tokens prefilled" in lines[0] and "warmed up after" in lines[1]
+    assert "round 1, " in lines[2]
     assert lines[-1].endswith("4 of 4 cells (sequences x tokens) have their samples")
