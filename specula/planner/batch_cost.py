@@ -176,10 +176,13 @@ def measure_batch_times(backend: TargetModel, needed: dict[Cell, int], context: 
     One pass of each batch size's largest cell first (its buffers), then plain steps until stable
     (`cost.warm_up`); then rounds of (1, 1) and every cell still short of quiet samples, cells in
     ascending order. A round during which other processes kept more than `config.busy_cores`
-    cores busy does not count (at most `config.max_round_factor` times the rounds needed are
-    run). In the first round a cell costing more than `config.max_ratio` times its batch size's
-    plain pass ends that batch size's row (larger passes cost more still and cannot pay; the table
-    extends the row's last slope). Runs on sequences of its own, released at the end."""
+    cores busy does not count (a cell is timed in at most `config.max_round_factor` times the
+    rounds it needs: on a machine busy throughout, the cells needing 2 had been timed in all 15
+    rounds of those needing 5; SmolLM2's table for 64 sequences took 391 passes, 158 s, under load
+    against 100 passes, 10 s, quiet). In the first round a cell costing more than
+    `config.max_ratio` times its batch size's plain pass ends that batch size's row (larger passes
+    cost more still and cannot pay; the table extends the row's last slope). Runs on sequences of
+    its own, released at the end."""
     from specula.planner.machine import LoadProbe
 
     cells = sorted({(1, 1), *((int(b), int(n)) for b, n in needed)})
@@ -223,9 +226,14 @@ def measure_batch_times(backend: TargetModel, needed: dict[Cell, int], context: 
             timed(b, max(n for c, n in cells if c == b))
         _, passes, stable = warm_up(lambda: timed(1, 1), config)
         _progress(start, "warmed up after %d plain passes%s", passes, "" if stable else " (never steady)")
+        tried: dict[Cell, int] = {cell: 0 for cell in cells}
+
+        def short(cell: Cell) -> bool:  # still short of quiet rounds, and not yet timed in all it may take
+            return quiet[cell] < need[cell] and tried[cell] < need[cell] * config.max_round_factor
+
         for _ in range(max(need.values()) * config.max_round_factor):
-            todo = [cell for cell in cells if cell == (1, 1) or quiet[cell] < need[cell]]
-            if len(todo) == 1 and need[1, 1] <= quiet[1, 1]:
+            todo = [cell for cell in cells if cell == (1, 1) or short(cell)]
+            if len(todo) == 1 and not short((1, 1)):
                 break
             probe = LoadProbe.start()
             secs: dict[Cell, float] = {}
@@ -242,10 +250,13 @@ def measure_batch_times(backend: TargetModel, needed: dict[Cell, int], context: 
                                 need[cell] = 0
             others = probe.others()
             rounds.append((others if others is not None else 0.0, secs))
+            for cell in secs:
+                tried[cell] += 1
             if rounds[-1][0] <= config.busy_cores:
                 for cell in secs:
                     quiet[cell] += 1
-            _progress(start, "round %d, %d of %d cells (sequences x tokens) have their samples", len(rounds),
+            _progress(start, "round %d (%d busy), %d of %d cells (sequences x tokens) have their samples",
+                      len(rounds), sum(load > config.busy_cores for load, _ in rounds),
                       sum(quiet[cell] >= need[cell] for cell in cells), len(cells))
     finally:
         for seq in seqs:

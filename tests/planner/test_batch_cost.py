@@ -267,14 +267,26 @@ def test_context_beyond_the_window_is_refused():
 
 def test_a_long_timing_logs_its_progress(monkeypatch, caplog):
     """A timing past `PROGRESS_AFTER` seconds (a large model's first start-up) logs its prefill, its
-    warm-up and each round; a short one (the tiny model, well under it) stays quiet."""
+    warm-up and each round; a short one (passes of 10-15 ms, well under it) stays quiet."""
     needed = {(1, 2): 2, (2, 1): 2, (2, 2): 2}
+    fake_clock(monkeypatch, {(1, 1): 1.0, (1, 2): 1.1, (2, 1): 1.2, (2, 2): 1.5}, lambda i: 0.0)
     with caplog.at_level("INFO", logger="specula.planner.batch_cost"):
         batch_cost.measure_batch_times(native_target(), needed, context=8)
         assert caplog.records == []
         monkeypatch.setattr(batch_cost, "PROGRESS_AFTER", 0.0)
         batch_cost.measure_batch_times(native_target(), needed, context=8)
     lines = [r.getMessage() for r in caplog.records]
-    assert "2 sequences of 8 tokens prefilled" in lines[0] and "warmed up after" in lines[1]
-    assert "round 1, " in lines[2]
-    assert lines[-1].endswith("4 of 4 cells (sequences x tokens) have their samples")
+    assert "2 sequences of 8 tokens prefilled" in lines[0] and "warmed up after 3 plain passes" in lines[1]
+    assert "round 1 (0 busy), " in lines[2] and len(lines) == 4
+    assert lines[-1].endswith("round 2 (0 busy), 4 of 4 cells (sequences x tokens) have their samples")
+
+
+def test_on_a_machine_busy_throughout_each_cell_is_timed_its_own_rounds_at_most(monkeypatch):
+    """Other processes busy in every round: a cell needing 2 quiet rounds is timed in 6 (2 x
+    `max_round_factor`), not in all 15 of the cell needing 5, and keeps its 2 least busy rounds."""
+    cost_of = {(1, 1): 1.0, (1, 2): 1.1, (2, 1): 1.2, (2, 2): 1.5, (2, 4): 2.0}
+    passes = fake_clock(monkeypatch, cost_of, lambda i: 1.0 + 0.01 * (i % 4))
+    times = batch_cost.measure_batch_times(native_target(), {(1, 2): 5, (2, 2): 2, (2, 4): 2}, context=8)
+    assert passes[1, 1] >= 15 and passes[1, 2] == 1 + 15  # the warm-up's pass, then every round
+    assert passes[2, 2] == 6 and passes[2, 4] == 1 + 6
+    assert times.busy and times.discarded == 15 and len(times.ratios[2, 2]) == 2 and len(times.ratios[1, 2]) == 5
