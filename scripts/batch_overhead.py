@@ -4,6 +4,7 @@
 ratio and min / median / max, and, with --profile, where the method's step time goes.
 
     python scripts/batch_overhead.py --target smollm2-135m --batch 8 --max-new-tokens 48 --repeats 3
+    python scripts/batch_overhead.py --target smollm2-135m --batch 6 --max-batch-size 8   # a row read between
 """
 
 from __future__ import annotations
@@ -34,6 +35,9 @@ def main() -> int:
     p.add_argument("--method", default="fusion")
     p.add_argument("--draft", default="none")
     p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--max-batch-size", type=int, default=None,
+                   help="the packed-pass table's largest row, as a server's --max-batch-size (default --batch); "
+                        "a larger one reads --batch between its timed rows")
     p.add_argument("--max-new-tokens", type=int, default=48)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--profile", action="store_true", help="cProfile one batch run of the method")
@@ -49,7 +53,7 @@ def main() -> int:
     step = max(1, len(chosen) // args.batch)
     prompts = [spec.encode(q.turns[0]) for q in chosen[::step][: args.batch]]
     params = SamplingParams(max_new_tokens=args.max_new_tokens)
-    spec.prepare_batch(args.batch)
+    spec.prepare_batch(max(args.batch, args.max_batch_size or args.batch))
     run_batch(plain, prompts[:2], SamplingParams(max_new_tokens=4))  # warm-up
     ratios = []
     for r in range(args.repeats):
