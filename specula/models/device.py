@@ -120,12 +120,6 @@ def cuda_graphs_asker(setting: bool | None = None) -> str | None:
     return f"{GRAPHS_ENV}={value}" if value and value.lower() not in _OFF else None
 
 
-def cuda_graphs_asked() -> bool:
-    """Whether the CUDA-graph path was asked for (`cuda_graphs_asker`: `--cuda-graphs`, `set_cuda_graphs(True)` or
-    `SPECULA_CUDA_GRAPHS=1`), not merely left on by default."""
-    return cuda_graphs_asker() is not None
-
-
 def cuda_graphs_unasked(asker: str) -> str:
     """How to take back the ask `asker` names (`cuda_graphs_asker`): drop the call (the flag), or unset the
     variable."""
