@@ -116,7 +116,30 @@ class BenchResult:
 def conversation_ids(tokenizer, turns: Sequence[str], answers: Sequence[str], raw: bool = False) -> list[int]:
     """Prompt ids for turn len(turns): the user turns interleaved with the model's answers to the
     earlier ones. Chat template when the tokenizer has one (unless raw); else the texts joined by
-    blank lines."""
+    blank lines. An empty answer that the chat template refuses is sent as `PLACEHOLDER_ANSWER`
+    (`conversation`)."""
+    return conversation(tokenizer, turns, answers, raw)[0]
+
+
+def conversation(tokenizer, turns: Sequence[str], answers: Sequence[str],
+                 raw: bool = False) -> tuple[list[int], bool]:
+    """`conversation_ids`' ids, and whether `PLACEHOLDER_ANSWER` stood in for its empty answers: a chat template
+    may refuse an empty assistant message (`TemplateRefused`: its own raise_exception), whether the answer is
+    still to come (`answers_left_empty`) or the model gave none (it stopped at once): the conversation then
+    goes on with the placeholder, the same for every method; a template that refuses for another reason is
+    refused still."""
+    from specula.prompts import TemplateRefused
+
+    try:
+        return _conversation_ids(tokenizer, turns, answers, raw), False
+    except TemplateRefused:
+        if "" not in answers:
+            raise
+        return _conversation_ids(tokenizer, turns, [answer or PLACEHOLDER_ANSWER for answer in answers], raw), True
+
+
+def _conversation_ids(tokenizer, turns: Sequence[str], answers: Sequence[str], raw: bool) -> list[int]:
+    """`conversation_ids` as the chat template (or the raw join) writes it, answers as given."""
     from specula.prompts import encode_prompt
 
     if len(answers) != len(turns) - 1:
@@ -148,13 +171,7 @@ def answers_left_empty(tokenizer, turns: Sequence[str], answers: Sequence[str],
                        raw: bool = False) -> tuple[list[int], bool]:
     """`with_answers_left_empty`'s ids, and whether `PLACEHOLDER_ANSWER` stood in for the answers left empty (the
     chat template refused an empty one): their tokens are then in the count (`left_empty_as`)."""
-    from specula.prompts import TemplateRefused
-
-    empty = len(turns) - 1 - len(answers)
-    try:
-        return conversation_ids(tokenizer, turns, [*answers, *[""] * empty], raw), False
-    except TemplateRefused:
-        return conversation_ids(tokenizer, turns, [*answers, *[PLACEHOLDER_ANSWER] * empty], raw), True
+    return conversation(tokenizer, turns, [*answers, *[""] * (len(turns) - 1 - len(answers))], raw)
 
 
 def left_empty_as(placeholder: bool) -> str:

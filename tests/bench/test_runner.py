@@ -96,7 +96,7 @@ def test_a_template_that_refuses_an_empty_assistant_message_still_measures_a_tur
     import copy
 
     from specula.bench.runner import check_prompts_fit, turn_budget
-    from specula.prompts import TemplateRefused
+    from specula.prompts import TemplateRefused, encode_prompt
 
     refusing = "{% for m in messages %}{% if m['role'] == 'assistant' and not m['content'] %}{{ raise_exception(" \
                "'an assistant message needs content') }}{% endif %}{% endfor %}"
@@ -105,7 +105,8 @@ def test_a_template_that_refuses_an_empty_assistant_message_still_measures_a_tur
     prompt = BenchPrompt("q", "mt_bench", ("w5 w6", "w7 w8"), "writing")
     settings = BenchSettings(SamplingParams(max_new_tokens=50), warmup_tokens=0, progress=False, context_window=30)
     with pytest.raises(TemplateRefused, match="an assistant message needs content"):
-        conversation_ids(tok, prompt.turns, [""])
+        encode_prompt(tok, [{"role": "user", "content": "w5 w6"}, {"role": "assistant", "content": ""},
+                            {"role": "user", "content": "w7 w8"}])
     assert turn_budget(chat_tokenizer, prompt, [], settings)[1] == (30 - 8) // 2  # "w2 w5 w6 w3 w2 w7 w8 w4"
     assert turn_budget(tok, prompt, [], settings) == (tok.encode("w2 w5 w6 w4"), (30 - 9) // 2)  # "w3 OK": 2 tokens
     (note,) = check_prompts_fit([prompt], tok, settings)
@@ -117,6 +118,28 @@ def test_a_template_that_refuses_an_empty_assistant_message_still_measures_a_tur
                         "'no assistant messages') }}{% endif %}{% endfor %}" + chat_tokenizer.chat_template
     with pytest.raises(TemplateRefused, match="no assistant messages"):
         check_prompts_fit([prompt], tok, settings)
+
+
+def test_an_empty_answer_a_template_refuses_goes_on_as_the_placeholder(chat_tokenizer, tmp_path):
+    """A model that stops at once answers turn 1 with nothing; a chat template that refuses an empty assistant
+    message then failed turn 2, mid-run, after the first turn was timed. The conversation goes on with
+    PLACEHOLDER_ANSWER as that answer (what the room of later turns is measured with); a template that accepts
+    an empty answer gets it as it is."""
+    import copy
+
+    tok = copy.deepcopy(chat_tokenizer)
+    tok.chat_template = "{% for m in messages %}{% if m['role'] == 'assistant' and not m['content'] %}{{ " \
+                        "raise_exception('an assistant message needs content') }}{% endif %}{% endfor %}" + \
+                        chat_tokenizer.chat_template
+    prompt = BenchPrompt("q", "mt_bench", ("w5 w6", "w7 w8"), "writing")
+    settings = BenchSettings(SamplingParams(max_new_tokens=4), warmup_tokens=0, progress=False)
+    assert conversation_ids(tok, prompt.turns, [""]) == tok.encode("w2 w5 w6 w3 OK w2 w7 w8 w4")
+    silent = ScriptedMethod("none", [[], [8]])
+    run_bench([silent], tok, [prompt], settings, tmp_path / "refusing")
+    assert silent.seen == [tok.encode("w2 w5 w6 w4"), tok.encode("w2 w5 w6 w3 OK w2 w7 w8 w4")]
+    accepting = ScriptedMethod("none", [[], [8]])
+    run_bench([accepting], chat_tokenizer, [prompt], settings, tmp_path / "accepting")
+    assert accepting.seen[1] == chat_tokenizer.encode("w2 w5 w6 w3 w2 w7 w8 w4")
 
 
 def test_a_turn_measured_with_placeholder_answers_says_so_in_its_refusal(chat_tokenizer):
