@@ -472,14 +472,15 @@ def _add_samples(samples: dict[str, Any], times: dict[int, list[float]], asked: 
 CURVE_GIVEN = "planner=read_cost_curve(FILE)"
 """How a caller gives the planner a measured cost curve (`api.load`'s planner=), as messages name it: `--cost-curve
 FILE` on the command line (`commands.common.command_flags`)."""
+PLAIN_METHOD = 'method="none"'
+"""Plain decoding as the planner's messages name it (`methods.PLAIN`, which the planner does not import: it knows no
+drafter; `--method none` on the command line)."""
 
 
 def check_room_for_curve(target: TargetModel, sizes: Sequence[int]) -> None:
     """Refuse (ConfigError) a target whose context window cannot hold a prefix and a pass of the largest of `sizes`:
     its cost curve cannot be timed here. The advice is what the planner's callers take: a curve of passes that fit
-    (`CURVE_GIVEN`, from `specula profile`), or plain decoding."""
-    from specula.methods import PLAIN
-
+    (`CURVE_GIVEN`, from `specula profile`), or plain decoding (`PLAIN_METHOD`)."""
     window = target.max_context
     if max(sizes) + 1 <= window:
         return
@@ -488,7 +489,7 @@ def check_room_for_curve(target: TargetModel, sizes: Sequence[int]) -> None:
                if len(fits) > 1 else " of `specula profile`")
     raise ConfigError(f"the target's context window of {window} tokens is too short to time the planner's cost curve "
                       f"(passes of up to {max(sizes)} tokens after a prefix); give a curve of passes that fit, "
-                      f'{CURVE_GIVEN} with the cost_curve.json{profile}, or decode plainly (method="{PLAIN}")')
+                      f'{CURVE_GIVEN} with the cost_curve.json{profile}, or decode plainly ({PLAIN_METHOD})')
 
 
 def load_or_measure_curve(target: TargetModel, sizes: Sequence[int] = DEFAULT_SIZES, context: int = DEFAULT_CONTEXT,

@@ -442,3 +442,12 @@ def test_a_window_too_short_for_the_curve_names_a_curve_to_give_not_the_measurem
         "tokens after a prefix); give a curve of passes that fit, planner=read_cost_curve(FILE) with the "
         "cost_curve.json of `specula profile --target MODEL --sizes 1,2,4,8 --context 8`, or decode plainly "
         '(method="none")'), caught.value
+
+
+def test_the_planners_name_for_plain_decoding_is_the_methods_own():
+    """The planner names plain decoding in its advice without importing the methods (it knows no drafter): the
+    name it writes must stay the method's."""
+    from specula.methods import PLAIN
+    from specula.planner.cost import PLAIN_METHOD
+
+    assert PLAIN_METHOD == f'method="{PLAIN}"'
