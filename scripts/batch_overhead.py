@@ -1,7 +1,10 @@
 """What speculation costs under load, in process (no HTTP): B sessions stepped together through
 `decoder.step(sessions)` (one packed pass per step, as the server's worker does), plain decoding
 (`none`) against a method on the same target, repeats interleaved. Prints each repeat's tokens/s
-ratio and min / median / max, and, with --profile, where the method's step time goes.
+ratio and min / median / max, and, with --profile, where the method's step time goes. Each repeat
+alternates which of the two runs first (run second, plain decoding read 0.97-1.08x itself, median
+1.03x, at batch 6); --decode-only times the steps alone (at batch 6 the prefill of the prompts is
+about two thirds of a run, and its noise swamps the steps').
 
     python scripts/batch_overhead.py --target smollm2-135m --batch 8 --max-new-tokens 48 --repeats 3
     python scripts/batch_overhead.py --target smollm2-135m --batch 6 --max-batch-size 8   # a row read between
@@ -17,10 +20,13 @@ import sys
 import time
 
 
-def run_batch(decoder, prompts, params) -> tuple[int, float, int]:
-    """(new tokens, seconds, drafted tokens) of one batch run to completion."""
+def run_batch(decoder, prompts, params, decode_only: bool = False) -> tuple[int, float, int]:
+    """(new tokens, seconds, drafted tokens) of one batch run to completion (`decode_only`: the
+    seconds of the decode steps alone, the prompts' prefill left out)."""
     t0 = time.perf_counter()
     sessions = [decoder.start(p, params) for p in prompts]
+    if decode_only:
+        t0 = time.perf_counter()
     while not all(s.finished for s in sessions):
         decoder.step(sessions)
     seconds = time.perf_counter() - t0
@@ -40,6 +46,7 @@ def main() -> int:
                         "a larger one reads --batch between its timed rows")
     p.add_argument("--max-new-tokens", type=int, default=48)
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--decode-only", action="store_true", help="time the decode steps alone (no prefill)")
     p.add_argument("--profile", action="store_true", help="cProfile one batch run of the method")
     args = p.parse_args()
 
@@ -57,8 +64,10 @@ def main() -> int:
     run_batch(plain, prompts[:2], SamplingParams(max_new_tokens=4))  # warm-up
     ratios = []
     for r in range(args.repeats):
-        n0, s0, _ = run_batch(plain, prompts, params)
-        n1, s1, drafted = run_batch(spec.decoder, prompts, params)
+        runs = {}
+        for name in (("none", "method") if r % 2 == 0 else ("method", "none")):
+            runs[name] = run_batch(plain if name == "none" else spec.decoder, prompts, params, args.decode_only)
+        (n0, s0, _), (n1, s1, drafted) = runs["none"], runs["method"]
         ratios.append((n1 / s1) / (n0 / s0))
         print(f"repeat {r + 1}: none {n0 / s0:.1f} tok/s, {args.method} {n1 / s1:.1f} tok/s "
               f"({drafted} drafted): {ratios[-1]:.2f}x", flush=True)
