@@ -4,7 +4,11 @@
 ratio and min / median / max, and, with --profile, where the method's step time goes. Each repeat
 alternates which of the two runs first (run second, plain decoding read 0.97-1.08x itself, median
 1.03x, at batch 6); --decode-only times the steps alone (at batch 6 the prefill of the prompts is
-about two thirds of a run, and its noise swamps the steps').
+about two thirds of a run, and its noise swamps the steps'). The batch is closed: plain decoding's
+sessions all finish on the same step, while a method's finish apart (each accepts its own drafts),
+and its last steps run at smaller batches, whose packed passes yield fewer tokens a second. A
+server refills its batch: `scripts/serve_load.py` measures that (SmolLM2, 6 sessions, session 118:
+this script read `fusion` 0.88-0.94x, the server under a steady load of 6 requests 0.99-1.07x).
 
     python scripts/batch_overhead.py --target smollm2-135m --batch 8 --max-new-tokens 48 --repeats 3
     python scripts/batch_overhead.py --target smollm2-135m --batch 6 --max-batch-size 8   # a row read between
