@@ -213,8 +213,8 @@ def check_model_name(spec: str, option: str) -> None:
 
 def load_config(args: argparse.Namespace) -> "LoadConfig":
     from specula.api import LoadConfig
-    from specula.models.device import cuda_graphs_asker, cuda_graphs_unasked
-    from specula.models.loading import check_graphs_backend
+    from specula.models.device import cuda_graphs_asker
+    from specula.models.loading import check_graphs_backend, check_graphs_device
 
     asker = cuda_graphs_asker(getattr(args, "cuda_graphs", None))  # --cuda-graphs, or SPECULA_CUDA_GRAPHS=1
     with flags_in_errors(args):  # the library names LoadConfig's fields (device="cuda")
@@ -225,10 +225,7 @@ def load_config(args: argparse.Namespace) -> "LoadConfig":
         device, _ = config.resolved()  # a bad --device / --dtype fails here, before any slow load
         if config.backend == "hf":  # auto's choice of hf is refused by the load, before the model's weights
             check_graphs_backend(config.backend, device, args.target, asker)
-        if asker is not None and device.type != "cuda":  # it was ignored without a word
-            raise ConfigError(f"{asker} asks for CUDA graphs of the native backend's passes on a CUDA device, and "
-                              f"this run is on {device.type} (--device {args.device}); {cuda_graphs_unasked(asker)}, "
-                              "or pass --device cuda on a machine with a GPU")
+        check_graphs_device(device, config.device, asker)  # it was ignored without a word
     if getattr(args, "cuda_graphs", None) is not None:
         from specula.models.device import set_cuda_graphs
 

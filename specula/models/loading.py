@@ -577,8 +577,11 @@ def load_backend(spec: str | ResolvedModel, config: LoadConfig = LoadConfig(), n
     from specula.models.attention_names import resolve_attention
     from specula.models.native import ARCHITECTURES, NativeUnsupported
 
+    from specula.models.device import cuda_graphs_asker
+
     start = time.perf_counter()
     device, dtype = config.resolved()
+    check_graphs_device(device, config.device, cuda_graphs_asker())
     resolved = spec if isinstance(spec, ResolvedModel) else resolve(spec)
     if tokenizer is None:
         check_tokenizer_files(resolved)
@@ -607,7 +610,6 @@ def load_backend(spec: str | ResolvedModel, config: LoadConfig = LoadConfig(), n
             print(f"note: {resolved.name} runs on the Hugging Face backend ({why})", file=sys.stderr, flush=True)
             backend = "hf"
     if backend == "hf":
-        from specula.models.device import cuda_graphs_asker
         from specula.models.hf import HFCausalLM, eos_ids_of
 
         check_graphs_backend(config.backend, device, resolved.name, cuda_graphs_asker())
@@ -617,6 +619,19 @@ def load_backend(spec: str | ResolvedModel, config: LoadConfig = LoadConfig(), n
     if report is not None:
         report.update(seconds=time.perf_counter() - start, prepared=outcome, quantize=config.quantize)
     return loaded, tokenizer
+
+
+def check_graphs_device(device: "torch.device", asked: str, asker: str | None) -> None:
+    """Refuse CUDA graphs asked for (`asker`: `device.cuda_graphs_asker`, e.g. `set_cuda_graphs(True)`, named as the
+    caller wrote it) on a run off CUDA (`device`, resolved from the config's `asked`): every pass ran eagerly without
+    a word. The command line refuses `--cuda-graphs` so, before any load (`commands.common.load_config`)."""
+    if asker is None or device.type == "cuda":
+        return
+    from specula.models.device import cuda_graphs_unasked
+
+    raise ConfigError(f"{asker} asks for CUDA graphs of the native backend's passes on a CUDA device, and this run is "
+                      f'on {device.type} (device="{asked}"); {cuda_graphs_unasked(asker)}, or pass device="cuda" on a '
+                      "machine with a GPU")
 
 
 def check_graphs_backend(asked: str, device: "torch.device", model: str, asker: str | None) -> None:

@@ -576,3 +576,29 @@ def test_cuda_graphs_asked_for_on_the_hugging_face_backend_are_refused_before_it
     with pytest.raises(ConfigError, match=r"^SPECULA_CUDA_GRAPHS=on asks .* runs on backend=\"hf\"; unset "
                                           r"SPECULA_CUDA_GRAPHS \(or set it to 0\)$"):
         load_backend(str(tmp_path), LoadConfig(device="cuda"))
+
+
+def test_cuda_graphs_asked_for_in_the_library_on_the_cpu_are_refused_before_the_load(tmp_path: Path,
+                                                                                    monkeypatch) -> None:
+    """`set_cuda_graphs(True)` (or SPECULA_CUDA_GRAPHS=1) before a load on the CPU ran every pass eagerly without a
+    word (the command line refused its --cuda-graphs so, the library did not); left to the default, it loads."""
+    from specula.models import device
+    from specula.models.loading import LoadConfig, load_backend
+    from tiny import tiny_model
+
+    tiny_model("llama").save_pretrained(tmp_path)
+    word_tokenizer(WORDS).save_pretrained(str(tmp_path))
+    monkeypatch.setattr(device, "_CUDA_GRAPHS", True)  # set_cuda_graphs(True)
+    with pytest.raises(ConfigError) as caught:
+        load_backend(str(tmp_path), LoadConfig(device="cpu"))
+    assert str(caught.value) == (
+        "set_cuda_graphs(True) asks for CUDA graphs of the native backend's passes on a CUDA device, and this run is "
+        'on cpu (device="cpu"); drop set_cuda_graphs(True), or pass device="cuda" on a machine with a GPU')
+    monkeypatch.setattr(device, "_CUDA_GRAPHS", None)
+    monkeypatch.setenv("SPECULA_CUDA_GRAPHS", "1")
+    with pytest.raises(ConfigError, match=r"^SPECULA_CUDA_GRAPHS=1 asks .* on cpu \(device=\"auto\"\); unset "
+                                          r"SPECULA_CUDA_GRAPHS \(or set it to 0\), or pass device=\"cuda\""):
+        load_backend(str(tmp_path), LoadConfig())
+    monkeypatch.delenv("SPECULA_CUDA_GRAPHS")
+    model, _ = load_backend(str(tmp_path), LoadConfig(device="cpu"))
+    assert model is not None
