@@ -575,13 +575,13 @@ def load_backend(spec: str | ResolvedModel, config: LoadConfig = LoadConfig(), n
     (the prepared cache's outcome: hit, built, rebuilt, unsaved, off; None when not used) and `quantize`
     (its linears': none, int8, int4)."""
     from specula.models.attention_names import resolve_attention
-    from specula.models.native import ARCHITECTURES, NativeUnsupported
-
     from specula.models.device import cuda_graphs_asker
+    from specula.models.native import ARCHITECTURES, NativeUnsupported
 
     start = time.perf_counter()
     device, dtype = config.resolved()
-    check_graphs_device(device, config.device, cuda_graphs_asker())
+    asker = cuda_graphs_asker()  # set_cuda_graphs(True) or SPECULA_CUDA_GRAPHS=1: refused where it cannot run
+    check_graphs_device(device, config.device, asker)
     resolved = spec if isinstance(spec, ResolvedModel) else resolve(spec)
     if tokenizer is None:
         check_tokenizer_files(resolved)
@@ -612,7 +612,7 @@ def load_backend(spec: str | ResolvedModel, config: LoadConfig = LoadConfig(), n
     if backend == "hf":
         from specula.models.hf import HFCausalLM, eos_ids_of
 
-        check_graphs_backend(config.backend, device, resolved.name, cuda_graphs_asker())
+        check_graphs_backend(config.backend, device, resolved.name, asker)
         model, tokenizer = load_model(resolved, **kwargs, tokenizer=tokenizer)
         loaded = HFCausalLM(model, name=f"{name} {resolved.spec}", eos_token_ids=eos_ids_of(model, tokenizer),
                             model_id=resolved.file_id)
