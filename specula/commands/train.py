@@ -221,9 +221,9 @@ def check_before_load(args: argparse.Namespace, config, init_head) -> None:
 def run(args: argparse.Namespace) -> int:
     import time
 
-    from specula.commands.common import flags_in_errors, in_command_flags
+    from specula.commands.common import in_command_flags
     from specula.models.loading import load_backend
-    from specula.errors import ConfigError
+    from specula.errors import ConfigError, reworded
     from specula.paths import check_output
     from specula.training.corpus import CorpusConfig, PaddedConfig
     from specula.training.heap import return_freed_memory
@@ -246,8 +246,8 @@ def run(args: argparse.Namespace) -> int:
     inputs = dict(init_head=init_head, stop_after=args.stop_after, answers=args.answers,
                   cache_features=args.cache_features, vocab_from=args.vocab_from)
     check_inputs_kept(args, init_head)
-    flagged = in_command_flags(args, train_options(), TRAIN_SPELLINGS)  # for its notes (out=: --out)
-    with flags_in_errors(args, train_options(), TRAIN_SPELLINGS):  # the library names run_training's keywords
+    flagged = in_command_flags(args, train_options(), TRAIN_SPELLINGS)  # its errors and notes: out= as --out
+    with reworded(flagged):  # the library names run_training's keywords
         check_inputs(config, args.data or (), eval_data, **inputs)  # bad prompts, files, settings: before the load
         check_before_load(args, config, init_head)
         return_freed_memory()  # this process's heap would keep every step's freed blocks (`training.heap`)
