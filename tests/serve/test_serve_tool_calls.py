@@ -242,6 +242,18 @@ def test_the_output_of_a_request_and_its_finish_reason():
     assert tool_call_id() != tool_call_id()
 
 
+def assert_streams_add_up(parser, text: str, content: str) -> None:
+    """`text` fed to a new `parser()` split at every character, into token-like pieces, at every single boundary
+    and at random: the same content and calls as the whole text, and content once sent is never taken back."""
+    functions = [c["function"] for c in whole(parser(), text)[1]]
+    rng = random.Random(0)
+    splits = [list(text), token_pieces(text)] + [[text[:i], text[i:]] for i in range(1, len(text))]
+    for pieces in splits + [_random_pieces(rng, text) for _ in range(10)]:
+        got_content, got_calls, sent = streamed(parser(), pieces)
+        assert (got_content, [c["function"] for c in got_calls]) == (content, functions), pieces
+        assert all(content.startswith(s) for s in sent), pieces
+
+
 def _random_pieces(rng: random.Random, text: str) -> list[str]:
     cuts = sorted(rng.sample(range(1, len(text)), min(len(text) - 1, rng.randint(1, 8)))) if len(text) > 1 else []
     return [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)])]
@@ -317,15 +329,7 @@ def test_llama3_json_and_mistral_outputs_become_tool_calls(parser, text, content
 
 @pytest.mark.parametrize("parser, text, content, calls", PARSER_CASES)
 def test_llama3_json_and_mistral_streamed_in_any_pieces_add_up_to_the_whole(parser, text, content, calls):
-    """Split at every character, into token-like pieces, at every single boundary and at random: the same
-    content and calls, and content once sent is never taken back."""
-    functions = [c["function"] for c in whole(parser(), text)[1]]
-    rng = random.Random(0)
-    splits = [list(text), token_pieces(text)] + [[text[:i], text[i:]] for i in range(1, len(text))]
-    for pieces in splits + [_random_pieces(rng, text) for _ in range(10)]:
-        got_content, got_calls, sent = streamed(parser(), pieces)
-        assert (got_content, [c["function"] for c in got_calls]) == (content, functions), pieces
-        assert all(content.startswith(s) for s in sent), pieces
+    assert_streams_add_up(parser, text, content)
 
 
 def test_a_llama3_json_call_streams_its_name_then_its_arguments_as_they_come():
@@ -501,15 +505,7 @@ def test_pythonic_outputs_become_tool_calls(parser, text, content, calls):
 
 @pytest.mark.parametrize("parser, text, content, calls", PYTHONIC_PARSER_CASES)
 def test_pythonic_streamed_in_any_pieces_adds_up_to_the_whole(parser, text, content, calls):
-    """Split at every character, into token-like pieces, at every single boundary and at random: the same
-    content and calls, and content once sent is never taken back."""
-    functions = [c["function"] for c in whole(parser(), text)[1]]
-    rng = random.Random(0)
-    splits = [list(text), token_pieces(text)] + [[text[:i], text[i:]] for i in range(1, len(text))]
-    for pieces in splits + [_random_pieces(rng, text) for _ in range(10)]:
-        got_content, got_calls, sent = streamed(parser(), pieces)
-        assert (got_content, [c["function"] for c in got_calls]) == (content, functions), pieces
-        assert all(content.startswith(s) for s in sent), pieces
+    assert_streams_add_up(parser, text, content)
 
 
 def test_llama4_pythonic_holds_back_only_what_could_begin_a_tag():
