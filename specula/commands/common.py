@@ -8,8 +8,8 @@ from typing import TYPE_CHECKING, Callable, Iterable, Iterator
 
 from specula.errors import ConfigError, ModelNotFoundError, reworded
 from specula.methods import (
-    DEFAULT_METHOD, METHODS, NO_HEAD, default_head, flag_spellings, get_method, in_flags, is_given, methods_taking,
-    spelled,
+    DEFAULT_METHOD, METHODS, NO_HEAD, PLAIN, default_head, flag_spellings, get_method, in_flags, is_given,
+    methods_taking, spelled,
 )
 
 if TYPE_CHECKING:  # keep `specula --help` and `specula models` free of torch imports
@@ -328,7 +328,8 @@ def command_flags(args: argparse.Namespace, options: Iterable[str] = (),
     `args` has the attribute), `make_drafters`' and `Specula`'s draft_skip=True as `--draft skip` where it has
     --draft, the native backend's cuda_graphs=False as `--no-cuda-graphs` and the ask `set_cuda_graphs(True)` as
     `--cuda-graphs` where it has --cuda-graphs, the planner's `planner=read_cost_curve(FILE)` as `--cost-curve FILE`
-    where it has --cost-curve; and
+    where it has --cost-curve, and plain decoding's `method="none"` as `--methods none` where it has --methods (and
+    no --method); and
     `spellings`, options whose flag is not their name's (`specula train`'s `cache_features=False`:
     `--no-feature-cache`)."""
     from dataclasses import fields
@@ -337,7 +338,7 @@ def command_flags(args: argparse.Namespace, options: Iterable[str] = (),
     from specula.models.device import GRAPHS_ASKED
     from specula.models.loading import LoadConfig
     from specula.models.skipping import SKIP_DRAFT
-    from specula.planner.cost import CURVE_GIVEN
+    from specula.planner.cost import CURVE_GIVEN, PLAIN_METHOD
     from specula.sampling import SamplingParams
 
     names = [*(f.name for config in (EngineConfig, SamplingParams, LoadConfig) for f in fields(config)), "draft",
@@ -347,6 +348,8 @@ def command_flags(args: argparse.Namespace, options: Iterable[str] = (),
         flags["draft_skip=True"] = f"--draft {SKIP_DRAFT}"
     if hasattr(args, "cost_curve"):  # the planner's advice when the target's window is too short to time a curve
         flags[CURVE_GIVEN] = "--cost-curve FILE"
+    if hasattr(args, "methods") and not hasattr(args, "method"):  # the same advice's plain decoding, in bench
+        flags[PLAIN_METHOD] = f"--methods {PLAIN}"
     if hasattr(args, "cuda_graphs"):  # the native backend's advice when --cuda-graphs cannot run (GRAPHS_OFF)
         flags.update({"cuda_graphs=False": "--no-cuda-graphs", GRAPHS_ASKED: "--cuda-graphs"})
     return {**flags, **(spellings or {})}

@@ -275,6 +275,22 @@ def test_a_turn_that_cannot_fit_is_refused_before_anything_is_timed(tmp_path, ti
                         r"compare a longer-context peer", err), err
 
 
+def test_a_target_window_too_short_for_the_cost_curve_names_what_bench_takes(tmp_path, prompts_file, tiny_pair,
+                                                                             chat_tokenizer, monkeypatch, capsys):
+    """A target whose window (<= 64 tokens) cannot hold the cost curve's passes: the advice names bench's own flags,
+    --cost-curve and --methods none (it said `method="none"`, as a Python caller writes it: bench has no --method)."""
+    target = tiny_pair[0]
+    monkeypatch.setattr(target, "max_context", 64)
+    monkeypatch.setattr(bench_cmd, "load_models", lambda args: (target, chat_tokenizer, None))
+    assert main(["bench", "--target", "tiny", "--methods", "prompt-lookup", "--prompts", str(prompts_file),
+                 "--per-category", "1", "--max-new-tokens", "4", "--no-progress", "--out", str(tmp_path / "run")]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        "error: method 'prompt-lookup': the target's context window of 64 tokens is too short to time the planner's "
+        "cost curve (passes of up to 64 tokens after a prefix); give a curve of passes that fit, --cost-curve FILE "
+        "with the cost_curve.json of `specula profile --target MODEL --sizes 1,2,4,8,16,32 --context 32`, or decode "
+        "plainly (--methods none)")
+
+
 def test_bench_records_the_draft_model_each_method_drafts_with(tmp_path, prompts_file, tiny_pair, chat_tokenizer,
                                                                 monkeypatch, capsys):
     """results.json `methods[].draft` and report.md's drafts line: the draft model as the load report names it
