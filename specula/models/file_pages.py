@@ -16,7 +16,7 @@ of 9.3 GiB against 13.7 (session 120). Linux only (/proc/self/maps, madvise); el
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
+import functools
 import mmap
 from pathlib import Path
 
@@ -63,8 +63,8 @@ def release_pages(tensor: torch.Tensor, ranges: list[tuple[int, int]]) -> int:
     """Unmap the whole pages of `tensor`'s bytes from this process where they lie in a file mapping of
     `ranges` (`file_mappings(clean=True)`: a written page of a private mapping would be lost), so that a
     weight read once (a linear being packed into new memory) stops counting in the resident memory; its
-    data is unchanged (a later read maps the file's pages back).
-    Returns the bytes released (0: not a mapped file's, or no madvise here)."""
+    data is unchanged (a later read maps the file's pages back). Returns the bytes released (0: not a
+    mapped file's, or no madvise here)."""
     if tensor.device.type != "cpu" or not _mapped(tensor, ranges):
         return 0
     page = mmap.PAGESIZE
@@ -76,24 +76,25 @@ def release_pages(tensor: torch.Tensor, ranges: list[tuple[int, int]]) -> int:
     return hi - lo if libc.madvise(ctypes.c_void_p(lo), ctypes.c_size_t(hi - lo), MADV_DONTNEED) == 0 else 0
 
 
-def _libc():
-    name = ctypes.util.find_library("c")
+@functools.cache
+def _libc() -> ctypes.CDLL | None:
+    """The C library's symbols as this process has them loaded (None where madvise is not among them)."""
     try:
-        libc = ctypes.CDLL(name, use_errno=True) if name else None
+        libc = ctypes.CDLL(None, use_errno=True)
     except OSError:
         return None
-    return libc if libc is not None and hasattr(libc, "madvise") else None
+    return libc if hasattr(libc, "madvise") else None
 
 
 @torch.no_grad()
 def copy_off_files(model: nn.Module) -> int:
     """Copy every CPU parameter and buffer of `model` that reads a memory-mapped file into memory of its
-    own (tied tensors stay tied: one copy per view of the file), so the file's mapping can be dropped. Returns
-    the bytes copied."""
+    own (tied tensors stay tied: one copy per view of the file), so the file's mapping can be dropped.
+    Returns the bytes copied."""
     ranges = file_mappings()
     if not ranges:
         return 0
-    copies: dict[tuple, torch.Tensor] = {}  # a view of the file (address, shape, strides) -> its copy: tied stays tied
+    copies: dict[tuple, torch.Tensor] = {}  # a view of the file (address, dtype, shape, strides) -> its copy
     copied = 0
     for module in model.modules():
         for table in (module._parameters, module._buffers):
