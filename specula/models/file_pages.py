@@ -1,16 +1,18 @@
-"""The pages of a memory-mapped checkpoint a loaded model no longer reads, let go.
+"""The pages of a memory-mapped checkpoint that a loaded model's packed linears no longer read, let go.
 
 transformers loads a safetensors checkpoint through a private memory map, and a float32 tensor of the
 file's dtype stays a view of it. When `prepack_model` or `quantize_model` rebuilds the linear layers
-into memory of their own, every page the rebuild read stays mapped and counts in the process's resident
-memory, and the embedding and the norms keep the whole mapping alive. Two steps let go of it:
-`replace_linears` unmaps each old weight's pages once its layer is rebuilt (`release_pages`), and
-`load_model` then copies the tensors still reading the file into memory of their own (`copy_off_files`),
-so the mapping is dropped. The pages were clean page cache the kernel could reclaim under pressure, but
-the resident figure counted them: the bench's peak RSS and `--backend hf`'s read as if the model were
-held twice. The Hugging Face 1.5B and 0.5B loaded beside `fusion` (the 1.5B's Spec-Bench bench with
-both peers; `scripts/peer_memory.py`): 12.0 GiB more resident, 7.4 with both steps, and a process peak
-of 9.3 GiB against 13.7 (session 120). Linux only (/proc/self/maps, madvise); elsewhere nothing changes.
+into memory of their own, every page of the old weights the rebuild read stayed mapped and counted in
+the process's resident memory for as long as the model lived (the embedding and the norms keep the
+mapping). `replace_linears` now unmaps each old weight's pages once its layer is rebuilt
+(`release_pages`); the embedding's pages are read in as its rows are looked up. The pages were clean
+page cache the kernel could reclaim under pressure, but the resident figure counted them: the bench's
+peak RSS and `--backend hf`'s read as if the model were held twice. `generate --backend hf` on the
+Qwen2.5-Coder-1.5B peaked at 12.0 GiB resident, now 7.1; the Hugging Face 1.5B and 0.5B loaded
+beside `fusion` (the 1.5B's Spec-Bench bench with both peers; `scripts/peer_memory.py`) added 12.0
+GiB, now 6.2-6.5 (session 120). Copying the embedding off the file as well (so that the mapping itself
+could go) read all of its 0.93 GB in, 1.1 s of the load, to hold it in memory of its own: not done.
+Linux only (/proc/self/smaps, madvise); elsewhere nothing changes.
 """
 
 from __future__ import annotations
@@ -21,7 +23,6 @@ import mmap
 from pathlib import Path
 
 import torch
-from torch import nn
 
 MAPS = Path("/proc/self/maps")
 SMAPS = Path("/proc/self/smaps")
@@ -84,30 +85,3 @@ def _libc() -> ctypes.CDLL | None:
     except OSError:
         return None
     return libc if hasattr(libc, "madvise") else None
-
-
-@torch.no_grad()
-def copy_off_files(model: nn.Module) -> int:
-    """Copy every CPU parameter and buffer of `model` that reads a memory-mapped file into memory of its
-    own (tied tensors stay tied: one copy per view of the file), so the file's mapping can be dropped.
-    Returns the bytes copied."""
-    ranges = file_mappings()
-    if not ranges:
-        return 0
-    copies: dict[tuple, torch.Tensor] = {}  # a view of the file (address, dtype, shape, strides) -> its copy
-    copied = 0
-    for module in model.modules():
-        for table in (module._parameters, module._buffers):
-            for name, tensor in table.items():
-                if tensor is None or tensor.device.type != "cpu" or not _mapped(tensor, ranges):
-                    continue
-                key = (tensor.data_ptr(), tensor.dtype, tuple(tensor.shape), tensor.stride())
-                if key not in copies:
-                    copies[key] = torch.empty_like(tensor.data, memory_format=torch.preserve_format)
-                    copies[key].copy_(tensor.data)
-                    copied += tensor.data.nbytes
-                if isinstance(tensor, nn.Parameter):
-                    tensor.data = copies[key]
-                else:
-                    table[name] = copies[key]
-    return copied

@@ -416,7 +416,6 @@ def load_model(
 
     from specula.models.attention import transformers_name
     from specula.models.device import check_cpu_only
-    from specula.models.file_pages import copy_off_files
     from specula.models.prepack import prepack_model, resolve_linear_kernel
     from specula.models.quantize import check_int4_kernel, check_quantize, quantize_model
 
@@ -457,8 +456,6 @@ def load_model(
     model.requires_grad_(False)
     quantize_model(model, quantize)
     prepack_model(model, kernel)
-    if device.type == "cpu" and (quantize != "none" or kernel == "onednn"):  # the linears live in new memory now
-        copy_off_files(model)  # the embedding and norms too: the checkpoint's mapping is then dropped
     return model, tokenizer
 
 
