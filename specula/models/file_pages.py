@@ -5,7 +5,7 @@ file's dtype stays a view of it. When `prepack_model` or `quantize_model` rebuil
 into memory of their own, every page of the old weights the rebuild read stayed mapped and counted in
 the process's resident memory for as long as the model lived (the embedding and the norms keep the
 mapping). `replace_linears` now unmaps each old weight's pages once its layer is rebuilt
-(`release_pages`); the embedding's pages are read in as its rows are looked up. The pages were clean
+(`MappedPages.release`); the embedding's pages are read in as its rows are looked up. The pages were clean
 page cache the kernel could reclaim under pressure, but the resident figure counted them: the bench's
 peak RSS and `--backend hf`'s read as if the model were held twice. `generate --backend hf` on the
 Qwen2.5-Coder-1.5B peaked at 12.0 GiB resident, now 7.1; the Hugging Face 1.5B and 0.5B loaded
@@ -34,7 +34,7 @@ page cache, and a later read of the range maps them again)."""
 def file_mappings(clean: bool = False) -> list[tuple[int, int]]:
     """Address ranges [start, end) of this process's mappings of regular files (none where /proc cannot be
     read). `clean`: only those holding no page written since it was mapped (a private mapping's written
-    page is the process's own copy, which `release_pages` would throw away), read from the slower
+    page is the process's own copy, which `MappedPages.release` would throw away), read from the slower
     /proc/self/smaps."""
     try:
         lines = (SMAPS if clean else MAPS).read_text().splitlines()
@@ -60,21 +60,35 @@ def _mapped(tensor: torch.Tensor, ranges: list[tuple[int, int]]) -> bool:
     return tensor.numel() > 0 and any(start <= ptr < end for start, end in ranges)
 
 
-def release_pages(tensor: torch.Tensor, ranges: list[tuple[int, int]]) -> int:
-    """Unmap the whole pages of `tensor`'s bytes from this process where they lie in a file mapping of
-    `ranges` (`file_mappings(clean=True)`: a written page of a private mapping would be lost), so that a
-    weight read once (a linear being packed into new memory) stops counting in the resident memory; its
-    data is unchanged (a later read maps the file's pages back). Returns the bytes released (0: not a
-    mapped file's, or no madvise here)."""
-    if tensor.device.type != "cpu" or not _mapped(tensor, ranges):
-        return 0
-    page = mmap.PAGESIZE
-    lo = -(-tensor.data_ptr() // page) * page  # whole pages only: a neighbour's bytes stay mapped
-    hi = (tensor.data_ptr() + tensor.numel() * tensor.element_size()) // page * page
-    libc = _libc()
-    if hi <= lo or libc is None:
-        return 0
-    return hi - lo if libc.madvise(ctypes.c_void_p(lo), ctypes.c_size_t(hi - lo), MADV_DONTNEED) == 0 else 0
+class MappedPages:
+    """This process's file mappings, for letting go of the pages of weights read from them: the mappings
+    from /proc/self/maps when made, the clean ones (`file_mappings(clean=True)`) from the slower smaps
+    only once a tensor lies in a mapping (a model loaded from specula's own files or from memory has
+    none: its start-up reads no smaps)."""
+
+    def __init__(self) -> None:
+        self.files = file_mappings()
+        self._clean: list[tuple[int, int]] | None = None
+
+    def release(self, tensor: torch.Tensor) -> int:
+        """Unmap the whole pages of `tensor`'s bytes from this process where they lie in a clean file
+        mapping (a written page of a private mapping would be lost), so that a weight read once (a
+        linear being packed into new memory) stops counting in the resident memory; its data is
+        unchanged (a later read maps the file's pages back). Returns the bytes released (0: not a
+        mapped file's, or no madvise here)."""
+        if tensor.device.type != "cpu" or not _mapped(tensor, self.files):
+            return 0
+        if self._clean is None:
+            self._clean = file_mappings(clean=True)
+        if not _mapped(tensor, self._clean):
+            return 0
+        page = mmap.PAGESIZE
+        lo = -(-tensor.data_ptr() // page) * page  # whole pages only: a neighbour's bytes stay mapped
+        hi = (tensor.data_ptr() + tensor.numel() * tensor.element_size()) // page * page
+        libc = _libc()
+        if hi <= lo or libc is None:
+            return 0
+        return hi - lo if libc.madvise(ctypes.c_void_p(lo), ctypes.c_size_t(hi - lo), MADV_DONTNEED) == 0 else 0
 
 
 @functools.cache

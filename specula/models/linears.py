@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterable
 import torch
 from torch import nn
 
-from specula.models.file_pages import file_mappings, release_pages
+from specula.models.file_pages import MappedPages
 
 
 def is_conv1d(module: nn.Module) -> bool:
@@ -43,13 +43,13 @@ def replace_linears(model: nn.Module, make: Callable[[nn.Module], nn.Module], *,
     # peaked at 9.4 GiB of anonymous memory when this list held the modules)
     names = [name for name, mod in model.named_modules()
              if (isinstance(mod, nn.Linear) or is_conv1d(mod)) and name not in skipped]
-    mapped = file_mappings(clean=True)  # a weight read from a mapped checkpoint: its pages are let go once packed
+    mapped = MappedPages()  # a weight read from a mapped checkpoint: its pages are let go once packed
     for name in names:
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
         old = getattr(parent, child)
         setattr(parent, child, make(old))
-        release_pages(linear_weight(old), mapped)
+        mapped.release(linear_weight(old))
     return model
 
 

@@ -6,24 +6,38 @@ import pytest
 import torch
 from torch import nn
 
-from specula.models.file_pages import _mapped, file_mappings, release_pages
+from specula.models.file_pages import MappedPages, _mapped, file_mappings
 from specula.models.loading import load_model
 from specula.models.prepack import onednn_available
 
 linux = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/maps and smaps")
 
 
-def resident_bytes(address: int) -> int:
-    """Rss of the mapping of this process that holds `address` (/proc/self/smaps)."""
-    inside = False
+def rss(holds) -> tuple[int, int]:
+    """(Rss summed, how many mappings) over this process's mappings for which holds(start, end, path)
+    (/proc/self/smaps)."""
+    total, found, inside = 0, 0, False
     for line in open("/proc/self/smaps"):
-        head = line.split()[0]
-        if "-" in head and not head.endswith(":"):
-            start, end = (int(x, 16) for x in head.split("-"))
-            inside = start <= address < end
-        elif inside and head == "Rss:":
-            return int(line.split()[1]) * 1024
-    raise AssertionError(f"no mapping holds {address:#x}")
+        fields = line.split()
+        if "-" in fields[0] and not fields[0].endswith(":"):
+            start, end = (int(x, 16) for x in fields[0].split("-"))
+            inside = holds(start, end, fields[5] if len(fields) >= 6 else "")
+            found += inside
+        elif inside and fields[0] == "Rss:":
+            total += int(fields[1]) * 1024
+    return total, found
+
+
+def resident_bytes(address: int) -> int:
+    """Rss of the mapping that holds `address`."""
+    total, found = rss(lambda start, end, _: start <= address < end)
+    assert found == 1, f"no mapping holds {address:#x}"
+    return total
+
+
+def file_resident_bytes(path) -> int:
+    """Rss of this process's mappings of the file `path`."""
+    return rss(lambda start, end, name: name == str(path))[0]
 
 
 @pytest.fixture
@@ -39,18 +53,6 @@ def saved(tmp_path, tiny_tokenizer):
     tiny_tokenizer.save_pretrained(tmp_path)
     model.save_pretrained(tmp_path)
     return tmp_path, model
-
-
-def file_resident_bytes(path) -> int:
-    """Rss of this process's mappings of the file `path` (/proc/self/smaps)."""
-    total, inside = 0, False
-    for line in open("/proc/self/smaps"):
-        fields = line.split()
-        if "-" in fields[0] and not fields[0].endswith(":"):
-            inside = len(fields) >= 6 and fields[5] == str(path)
-        elif inside and fields[0] == "Rss:":
-            total += int(fields[1]) * 1024
-    return total
 
 
 def linear_bytes(model: nn.Module) -> int:
@@ -89,18 +91,32 @@ def test_a_plain_float32_load_keeps_reading_its_checkpoint(saved):
 
 
 @linux
-def test_release_pages_unmaps_a_read_weight_and_keeps_its_values(tmp_path):
+def test_release_unmaps_a_read_weight_and_keeps_its_values(tmp_path):
     file = tmp_path / "w.bin"
     values = torch.arange(1 << 20, dtype=torch.float32)  # 4 MiB: whole pages inside
     values.numpy().tofile(file)
     weight = torch.from_file(str(file), shared=False, size=values.numel(), dtype=torch.float32)
     assert float(weight.sum()) == float(values.sum())  # every page read: resident
     before = resident_bytes(weight.data_ptr())
-    released = release_pages(weight, file_mappings(clean=True))
+    released = MappedPages().release(weight)
     assert released >= 4 * (1 << 20) - 2 * 4096 and before >= released
     assert resident_bytes(weight.data_ptr()) <= before - released + 2 * 4096
     assert torch.equal(weight, values)  # read again from the file's pages
-    assert release_pages(values, file_mappings()) == 0  # anonymous memory is left alone
+    assert MappedPages().release(values) == 0  # anonymous memory is left alone
+
+
+@linux
+def test_weights_in_no_file_mapping_read_no_smaps(monkeypatch):
+    """/proc/self/smaps is slow to read (27 ms in a process holding the 1.5B): a model packed from memory
+    of its own (a head, specula's prepared files loaded) never reads it."""
+    from specula.models import file_pages
+
+    asked = []
+    real = file_pages.file_mappings
+    monkeypatch.setattr(file_pages, "file_mappings", lambda clean=False: asked.append(clean) or real(clean))
+    pages = MappedPages()
+    assert pages.release(torch.randn(1 << 20)) == 0
+    assert asked == [False]
 
 
 @linux
@@ -136,5 +152,5 @@ def test_a_written_page_of_a_private_mapping_is_never_released(tmp_path):
     assert _mapped(weight, file_mappings(clean=True))  # read only so far: clean
     weight[::1024] = 7.0  # one value a page: every page written (copy-on-write)
     assert not _mapped(weight, file_mappings(clean=True)) and _mapped(weight, file_mappings())
-    assert release_pages(weight, file_mappings(clean=True)) == 0
+    assert MappedPages().release(weight) == 0
     assert float(weight[::1024].min()) == 7.0
