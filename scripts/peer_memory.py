@@ -9,19 +9,20 @@ only (reads /proc/self/status).
 from __future__ import annotations
 
 import argparse
-import re
+import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from load_memory import resident  # noqa: E402
 
-def resident(stage: str) -> str:
-    """One line: resident anonymous, file-backed and total memory and the peak so far, in GiB."""
-    status = Path("/proc/self/status").read_text()
 
-    def gib(key: str) -> float:
-        return int(re.search(rf"{key}:\s+(\d+)", status).group(1)) / 2 ** 20
+def stage(name: str) -> str:
+    """One line: resident anonymous and file-backed memory now and the process's peak so far, in GiB."""
+    from specula.models.loading import peak_rss_bytes
 
-    return (f"{stage:24s} resident {gib('VmRSS'):6.2f} GiB (anonymous {gib('RssAnon'):5.2f}, file-backed "
-            f"{gib('RssFile'):5.2f}), peak {gib('VmHWM'):6.2f}")
+    now = resident()
+    return (f"{name:24s} resident {now['anon'] + now['file']:6.2f} GiB (anonymous {now['anon']:5.2f}, file-backed "
+            f"{now['file']:5.2f}), peak {(peak_rss_bytes() or 0) / 2 ** 30:6.2f}")
 
 
 def main() -> None:
@@ -33,14 +34,14 @@ def main() -> None:
     import specula  # noqa: F401  (before torch)
     from specula.api import load
 
-    print(resident("start"), flush=True)
+    print(stage("start"), flush=True)
     decoder = load(args.target, method=args.method)
-    print(resident(f"{args.method} loaded"), flush=True)
+    print(stage(f"{args.method} loaded"), flush=True)
     decoder.target.reference_model()
-    print(resident("Hugging Face target"), flush=True)
+    print(stage("Hugging Face target"), flush=True)
     if decoder.draft is not None:
         decoder.draft.reference_model()
-        print(resident("Hugging Face draft"), flush=True)
+        print(stage("Hugging Face draft"), flush=True)
 
 
 if __name__ == "__main__":
