@@ -225,6 +225,60 @@ def test_the_kernel_pass_computes_the_heads_forward(kind):
                 torch.testing.assert_close(got, want[0], atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.skipif(drafting_kernel("cpu") is None, reason="specula's CPU kernels do not run here")
+@pytest.mark.parametrize("kind", ["eagle", "eagle3"])
+@pytest.mark.parametrize("kernel", ["f32", "i8"])
+def test_the_kernel_pass_runs_a_batchs_sequences_in_one_call_bit_for_bit_as_each_alone(kind, kernel):
+    """`KernelHeadPass.many`: three sequences' rows in one call (a packed batch's level) give each one
+    exactly what its own call gives, outputs, states, logits and cache rows: their catch-ups over
+    prefixes of different lengths (raw target features, logits of the last row only), then a level
+    each with its own tree mask, a sliding window's hidden keys, causal rows and copy hints."""
+    import copy
+
+    from specula.drafters.heads.eagle import KVBuffer
+    from specula.drafters.heads.kernel_pass import HeadRows, KernelHeadPass, embedding_table
+    from specula.models.native.kernels import apply_kernels
+
+    target = native(tiny_model("llama", "eager", seed=4))
+    head = new_head(kind, target, oracle_d2t(96), seed=3, num_kv_heads=2, copy_ngram=3)
+    cfg, e = head.config, head.config.hidden_size
+    lm = KernelLinear(torch.nn.Linear(e, 48, bias=False), kernel)
+    run = KernelHeadPass(apply_kernels(copy.deepcopy(head.module), kernel), lm, embedding_table(target))
+    width = run.module.fuse.in_features if kind == "eagle3" else e
+    gen = torch.Generator().manual_seed(7)
+
+    def ints(n, hi):
+        return torch.randint(0, hi, (n,), generator=gen)
+
+    prefixes, rows = (9, 4, 13), (1, 3, 4)
+    catch_up = [HeadRows(ints(p, 96), torch.randn(p, width, generator=gen), torch.arange(p), None, None, 0, 0,
+                         (ints(p, 96), ints(p, 4)), p - 1, True) for p in prefixes]
+    masks = [torch.ones(1, 10, dtype=torch.bool),
+             torch.tensor([[1, 0, 0], [1, 1, 0], [1, 0, 1]], dtype=torch.bool),
+             None]
+    level = []
+    for p, t, mask in zip(prefixes, rows, masks):
+        lo = 2 if p == 4 else 0  # a window: keys 0, 1 hidden
+        full = None if mask is None else torch.cat([torch.ones(t, p - lo, dtype=torch.bool), mask[:, -t:]], 1)
+        level.append(HeadRows(ints(t, 96), torch.randn(t, e, generator=gen), p + torch.arange(t), full, None, p, lo,
+                              (ints(t, 96), ints(t, 4)), 0, False))
+    results = {}
+    for way in ("alone", "together"):
+        caches = [KVBuffer(cfg.num_kv_heads, cfg.head_dim, torch.float32, "cpu", capacity=4) for _ in prefixes]
+        got = []
+        for stage in (catch_up, level):
+            parts = [HeadRows(**{**vars(r), "cache": c}) for r, c in zip(stage, caches)]
+            got += run.many(parts) if way == "together" else [run.many([part])[0] for part in parts]
+        results[way] = got, [c.keys[:, :, :p + t].clone() for c, p, t in zip(caches, prefixes, rows)]
+    (alone, keys_alone), (together, keys_together) = results["alone"], results["together"]
+    assert [tuple(x.shape) for x in together[0]] == [(9, e), (9, e), (1, 48)]
+    for a, b in zip(alone, together):
+        for x, y in zip(a, b):
+            assert torch.equal(x, y)
+    for a, b in zip(keys_alone, keys_together):
+        assert torch.equal(a, b)
+
+
 @pytest.mark.parametrize("kind", ["eagle", "eagle3"])
 @pytest.mark.parametrize("window", [None, 7])
 @pytest.mark.parametrize("attention", ["sdpa", *(pytest.param(a, marks=pytest.mark.skipif(

@@ -1,10 +1,13 @@
 """An eagle / eagle3 head's drafting pass in one call of specula's CPU kernels.
 
 `EagleHead.forward` is the head (training, and drafting anywhere else); this is the same layer for
-the one case that is hot: one sequence's rows drafting on the CPU kernels (`TrainedHead._use_kernel`).
-One C call (`kernels/head.c`, `specula_head_pass`) runs a level's rows from token ids to logits over
-the draft vocabulary: the embedding lookups, eagle3's feature fusion, the copy hints' term, the layer
-and the output layer. On the 2-core machine a small torch op right after a kernel call waits for the
+the one case that is hot: drafting on the CPU kernels (`TrainedHead._use_kernel`). One C call
+(`kernels/head.c`, `specula_head_pass_seqs`) runs a level's rows from token ids to logits over the
+draft vocabulary: the embedding lookups, eagle3's feature fusion, the copy hints' term, the layer
+and the output layer; one sequence's rows, or (`KernelHeadPass.many`) a packed batch's sessions'
+rows at once, each attending over its own cache, so the head's weights are read once a level for
+the whole batch (session 120 measured one level of SmolLM2's head for 6 sessions at 0.90 ms in one
+call against 2.45 ms as 6 calls). On the 2-core machine a small torch op right after a kernel call waits for the
 core the kernel pool's helper still polls, so the glue between separate calls cost more than the
 kernels: SmolLM2's head pass took 1.6-1.8 ms as a dozen ctypes calls with torch ops between them
 (session 82's profile). A draft needs no exactness; tests hold this pass to the module's forward
@@ -18,6 +21,8 @@ from __future__ import annotations
 
 import ctypes
 import threading
+from dataclasses import dataclass
+from typing import Sequence
 
 import torch
 
@@ -31,6 +36,39 @@ LAYERS = ("fc", "wqkv", "wo", "w_gate_up", "w_down")
 
 NORMS = ("embed_norm", "feature_norm", "post_norm", "final_norm", "copy_gain", "copy_len", "inv_freq")
 """The head's own float vectors `HeadRef` points at (eagle: only post_norm and inv_freq)."""
+
+
+class HeadSeq(ctypes.Structure):
+    """`head.c`'s `struct head_seq`: one sequence's rows of a pass (its caches, slots and mask)."""
+
+    _fields_ = ([(name, ctypes.c_void_p) for name in ("mask", "k_cache", "v_cache")]
+                + [(name, ctypes.c_int32) for name in ("cap", "at", "lo", "rows", "logits_from", "unused")])
+
+
+@dataclass(frozen=True)
+class HeadRows:
+    """One sequence's rows of a head pass (`KernelHeadPass`)."""
+
+    emb: torch.Tensor
+    """[T, E] float embeddings, or [T] long token ids (looked up in the pass's `table`)."""
+    feat: torch.Tensor
+    """[T, E] features, or (`raw`) the target's [T, k E] (eagle3: its layer inputs, fused in the pass)."""
+    positions: torch.Tensor
+    """[T] long."""
+    mask: torch.Tensor | None
+    """[T, P + T] bool over cache rows lo .. at + T - 1 (P = at - lo), or None: causal."""
+    cache: KVBuffer
+    """The sequence's head cache: the rows are written at rows at .. at + T - 1."""
+    at: int
+    """The cache row of the first row."""
+    lo: int
+    """The first cache row the rows see."""
+    hints: tuple[torch.Tensor, torch.Tensor] | None = None
+    """(the hint tokens' embeddings [T, E] or ids [T], match lengths [T] long) of a head with copy hints."""
+    logits_from: int = 0
+    """Logits are computed for rows logits_from .. T - 1."""
+    raw: bool = False
+    """`feat` holds the target's raw features (eagle3's fusion runs in the pass)."""
 
 
 class HeadRef(ctypes.Structure):
@@ -99,51 +137,68 @@ class KernelHeadPass:
                       float(cfg.rms_norm_eps), cfg.head_dim ** -0.5)
         return ref, tuple(map(id, self._held()))
 
-    @torch.inference_mode()
     def __call__(self, emb: torch.Tensor, feat: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor | None,
                  cache: KVBuffer, at: int, lo: int, hints: tuple[torch.Tensor, torch.Tensor] | None = None,
                  logits_from: int = 0, raw: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        """emb: [T, E] float embeddings, or [T] long token ids (looked up in `table`); feat: [T, E]
-        features, or (`raw`) the target's [T, k E] (eagle3: its layer inputs, fused here); positions:
-        [T] long; the rows are written at cache rows at .. at + T - 1 and see rows lo .. at + T - 1 through mask
-        [T, P + T] (P = at - lo; None: causal); hints: (the hint tokens' embeddings [T, E] or ids [T],
-        match lengths [T] long) of a head with copy hints, or None. Returns (out [T, E]: the layer's
-        output, fed back as the next level's feature; states [T, E]: what the output layer reads;
-        logits [T - logits_from, V] of rows logits_from .. T - 1, or None without `lm`)."""
+        """One sequence's rows (`HeadRows`'s fields): (out [T, E]: the layer's output, fed back as the
+        next level's feature; states [T, E]: what the output layer reads; logits [T - logits_from, V]
+        of rows logits_from .. T - 1, or None without `lm`)."""
+        return self.many([HeadRows(emb, feat, positions, mask, cache, at, lo, hints, logits_from, raw)])[0]
+
+    @torch.inference_mode()
+    def many(self, parts: Sequence[HeadRows]) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]]:
+        """Several sequences' rows in one kernel call (a packed batch's drafting level: the head's weights
+        are read once for all of them), each written into and attending over its own cache: each part's
+        (out, states, logits) as `__call__` gives it alone. The parts must agree on `raw` and on whether
+        they carry hints, and give all token ids or all embedding rows."""
         if tuple(map(id, self._held())) != self.key:  # a module or buffer replaced since: read them again
             self.ref, self.key = self._gather()
         cfg = self.module.cfg
-        t, e = emb.shape[0], cfg.hidden_size
-        h, g, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-        emb_ids, emb_rows = self._rows(emb)
-        feat = feat.float().contiguous()
-        raw = raw and self.eagle3  # eagle's raw features are its features
-        if feat.shape[-1] != (self.module.fuse.in_features if raw else e):
-            raise ValueError(f"KernelHeadPass: features of {tuple(feat.shape)} do not fit the head (raw={raw})")
-        if hints is not None:
-            hint_ids, hint_rows = self._rows(hints[0])
-            hint_len = hints[1].to(torch.long).contiguous()  # [T]
+        e, h = cfg.hidden_size, cfg.num_heads
+        raws = {p.raw and self.eagle3 for p in parts}  # eagle's raw features are its features
+        if len(raws) != 1 or len({p.hints is None for p in parts}) != 1 or len({p.emb.dtype for p in parts}) != 1:
+            raise ValueError("KernelHeadPass.many: the parts must agree on raw features, hints and embedding kind")
+        raw = raws.pop()
+        width = self.module.fuse.in_features if raw else e
+        for p in parts:
+            if p.feat.shape[-1] != width:
+                raise ValueError(f"KernelHeadPass: features of {tuple(p.feat.shape)} do not fit the head (raw={raw})")
+        emb_ids, emb_rows = self._rows(torch.cat([p.emb for p in parts]))
+        feat = torch.cat([p.feat.float() for p in parts]).contiguous()
+        if parts[0].hints is not None:
+            hint_ids, hint_rows = self._rows(torch.cat([p.hints[0] for p in parts]))
+            hint_len = torch.cat([p.hints[1].to(torch.long) for p in parts]).contiguous()  # [T]
             if not cfg.copy_ngram or not 0 <= int(hint_len.min()) <= int(hint_len.max()) <= cfg.copy_ngram:
                 raise ValueError(f"KernelHeadPass: copy hints of lengths 0..{cfg.copy_ngram} expected "
                                  f"(the head's copy_ngram), got {hint_len.tolist()}")
         else:
             hint_ids = hint_rows = hint_len = None
-        positions = positions.to(torch.long).contiguous()
-        mask = None if mask is None else mask.contiguous()  # bool, one byte per slot
-        cache.reserve(at + t)
-        keys, values = cache.keys[0], cache.values[0]  # [G, cap, D]
-        out, states = torch.empty((t, e)), torch.empty((t, e))
-        logits = torch.empty((t - logits_from, self.lm.out_features)) if self.lm is not None else None
-        status = self.lib.specula_head_pass(
+        positions = torch.cat([p.positions.to(torch.long) for p in parts]).contiguous()
+        masks = [None if p.mask is None else p.mask.contiguous() for p in parts]  # bool, one byte per slot
+        seqs = (HeadSeq * len(parts))()
+        for seq, p, mask in zip(seqs, parts, masks):
+            t = len(p.positions)
+            p.cache.reserve(p.at + t)
+            seq.mask, seq.cap, seq.at, seq.lo, seq.rows, seq.logits_from = _ptr(mask), p.cache.capacity, p.at, p.lo, t, \
+                p.logits_from
+            seq.k_cache, seq.v_cache = p.cache.keys[0].data_ptr(), p.cache.values[0].data_ptr()  # [G, cap, D] each
+        n = len(positions)
+        out, states = torch.empty((n, e)), torch.empty((n, e))
+        wanted = [max(0, len(p.positions) - p.logits_from) for p in parts]
+        logits = torch.empty((sum(wanted), self.lm.out_features)) if self.lm is not None else None
+        scores = self._scores(max(len(p.positions) * h * (p.at - p.lo + len(p.positions)) for p in parts))
+        status = self.lib.specula_head_pass_seqs(
             ctypes.byref(self.ref), _ptr(emb_ids), _ptr(emb_rows), feat.data_ptr() if raw else None,
             None if raw else feat.data_ptr(), _ptr(hint_ids), _ptr(hint_rows), _ptr(hint_len), positions.data_ptr(),
-            _ptr(mask), keys.data_ptr(), values.data_ptr(), cache.capacity, at, lo,
-            self._scores(t * h * (at - lo + t)).data_ptr(), out.data_ptr(), states.data_ptr(),
-            _ptr(logits), logits_from, t, torch.get_num_threads())
+            len(parts), seqs, scores.data_ptr(), out.data_ptr(), states.data_ptr(), _ptr(logits), n,
+            torch.get_num_threads())
         if status != 0:
             raise MemoryError(f"the head's drafting pass could not allocate its work buffers or a layer's rows "
-                              f"for {t} rows")
-        return out, states, logits
+                              f"for {n} rows")
+        sizes = [len(p.positions) for p in parts]
+        outs, stated = out.split(sizes), states.split(sizes)
+        scored = logits.split(wanted) if logits is not None else [None] * len(parts)
+        return list(zip(outs, stated, scored))
 
     def _rows(self, rows: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """Token ids [T] (long) or embedding rows [T, E] -> (ids, None) or (None, rows) as the C call reads them."""

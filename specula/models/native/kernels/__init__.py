@@ -224,8 +224,8 @@ def library() -> ctypes.CDLL:
     lib.specula_decoder_pass.argtypes = [ptr, ptr, i32, i32, i32, ptr, ptr, f32, ptr, ptr, ptr, i32, i32, i32, i32,
                                          i32, f32, ptr, ptr, i32, ptr, ptr, i32]
     lib.specula_decoder_pass.restype = i32
-    lib.specula_head_pass.argtypes = [ptr] * 12 + [i32, i32, i32] + [ptr] * 4 + [i32, i32, i32]
-    lib.specula_head_pass.restype = i32
+    lib.specula_head_pass_seqs.argtypes = [ptr] * 9 + [i32] + [ptr] * 5 + [i32, i32]
+    lib.specula_head_pass_seqs.restype = i32
     lib.specula_pool_workers.restype = i32
     lib.specula_set_isa.argtypes = [i32]
     lib.specula_set_i8_multi.argtypes = [i32]

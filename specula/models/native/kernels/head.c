@@ -1,11 +1,11 @@
 /* An EAGLE / EAGLE-3 head's drafting pass in one call: the rows of one drafting level (or of a
- * catch-up over newly committed pairs) from token ids to logits over the draft vocabulary. It makes
- * the kernel calls `kernel_pass.KernelHeadPass` made one by one from Python, plus what ran as torch
- * ops around them (the embedding lookups, eagle3's feature fusion, the copy hints' term, RoPE's
- * angles, the output layer); between ctypes calls, each small torch op waited for the core the
- * pool's helper still polled (`pool.c`), and a SmolLM2 head pass cost 1.6-1.8 ms where its kernels
- * need a third of that. A draft needs no exactness: tests hold this pass to the module's forward
- * (`heads.eagle.EagleHead`) within float tolerance.
+ * catch-up over newly committed pairs), one sequence's or a packed batch's, from token ids to logits
+ * over the draft vocabulary. It makes the kernel calls `kernel_pass.KernelHeadPass` made one by one
+ * from Python, plus what ran as torch ops around them (the embedding lookups, eagle3's feature
+ * fusion, the copy hints' term, RoPE's angles, the output layer); between ctypes calls, each small
+ * torch op waited for the core the pool's helper still polled (`pool.c`), and a SmolLM2 head pass
+ * cost 1.6-1.8 ms where its kernels need a third of that. A draft needs no exactness: tests hold
+ * this pass to the module's forward (`heads.eagle.EagleHead`) within float tolerance.
  *
  * The pass (x the residual stream [n, E]):
  *   emb = table[ids] (or given rows); feat = fuse(raw) (eagle3's layer inputs; or given features);
@@ -47,19 +47,30 @@ static void gather(const float *table, const int64_t *ids, const float *rows, fl
         memcpy(out + (size_t)r * e, ids ? table + (size_t)ids[r] * e : rows + (size_t)r * e, (size_t)e * sizeof(float));
 }
 
+/* One sequence's rows of a pass over several (`specula_head_pass_seqs`): rows r0 .. r0 + rows - 1 of
+ * the call, written at slots at .. of its own caches [G, cap, D], seeing slots lo .. through mask
+ * [rows, at - lo + rows] bytes (NULL: causal); logits of its rows logits_from .. rows - 1. */
+struct head_seq {
+    const uint8_t *mask;
+    float *k_cache, *v_cache;
+    int32_t cap, at, lo, rows, logits_from, unused;
+};
+
 /* ids / emb [n] / [n, E]: the rows' tokens (looked up in w->table) or embeddings; raw [n, k E] (eagle3's
  * layer inputs, fused here) or feat [n, E]; hint_ids / hint_emb with hint_len [n] (int64; NULL: no
- * hints); positions [n]; mask [n, at - lo + n] or NULL (causal); caches [G, cap, D] with room for
- * slots at .. at + n - 1; scores: scratch of n * H * (at - lo + n) floats. Writes out [n, E] (the
- * residual stream: the next level's feature), states [n, E] (what the output layer reads) and,
- * with w->lm, logits [n - logits_from, V_draft] of rows logits_from .. n - 1. Returns 0, or -1 when
+ * hints); positions [n]; seqs [nseq]: the sequences the n rows belong to, in row order (their rows sum
+ * to n), each with its caches, slots and mask; scores: scratch of max over seqs of rows * H * (at - lo +
+ * rows) floats. The linears and the output layer run over all n rows at once (a packed batch's drafting
+ * level: one pass over the head's weights for every session), RoPE's writes and the attention per
+ * sequence, each into its own cache. Writes out [n, E] (the residual stream: the next level's
+ * feature), states [n, E] (what the output layer reads) and, with w->lm, logits [sum of rows -
+ * logits_from, V_draft]: each sequence's rows logits_from .. rows - 1, in order. Returns 0, or -1 when
  * its work buffers, or a linear's rows, could not be allocated (the outputs and the cache slots may
  * then be partly written). */
-int specula_head_pass(const struct head_ref *w, const int64_t *ids, const float *emb, const float *raw,
-                      const float *feat, const int64_t *hint_ids, const float *hint_emb, const int64_t *hint_len,
-                      const int64_t *positions, const uint8_t *mask, float *k_cache, float *v_cache, int cap, int at,
-                      int lo, float *scores, float *out, float *states, float *logits, int logits_from, int n,
-                      int threads) {
+int specula_head_pass_seqs(const struct head_ref *w, const int64_t *ids, const float *emb, const float *raw,
+                           const float *feat, const int64_t *hint_ids, const float *hint_emb, const int64_t *hint_len,
+                           const int64_t *positions, int nseq, const struct head_seq *seqs, float *scores, float *out,
+                           float *states, float *logits, int n, int threads) {
     if (n <= 0) return 0;  /* no rows: nothing to run */
     int e = w->e, h = w->heads, g = w->kv_heads, d = w->d, inter = w->inter, half = d / 2;
     size_t qkv_w = (size_t)(h + 2 * g) * d, att_w = (size_t)h * d;
@@ -102,10 +113,15 @@ int specula_head_pass(const struct head_ref *w, const int64_t *ids, const float 
             cs[(size_t)r * half + j] = cosf(angle);
             sn[(size_t)r * half + j] = sinf(angle);
         }
-    specula_rope_write_half(qkv, cs, sn, q, k_cache, v_cache, n, h, g, d, cap, at, threads);
-    int seen = at - lo;
-    specula_attention(q, k_cache + (size_t)lo * d, v_cache + (size_t)lo * d, mask, att, scores, n, h, g, d, cap,
-                      seen + n, seen, w->scale, threads);
+    for (int s = 0, r0 = 0; s < nseq; r0 += seqs[s].rows, s++) {
+        const struct head_seq *sq = &seqs[s];
+        int m = sq->rows, seen = sq->at - sq->lo;
+        specula_rope_write_half(qkv + (size_t)r0 * qkv_w, cs + (size_t)r0 * half, sn + (size_t)r0 * half,
+                                q + (size_t)r0 * att_w, sq->k_cache, sq->v_cache, m, h, g, d, sq->cap, sq->at, threads);
+        specula_attention(q + (size_t)r0 * att_w, sq->k_cache + (size_t)sq->lo * d, sq->v_cache + (size_t)sq->lo * d,
+                          sq->mask, att + (size_t)r0 * att_w, scores, m, h, g, d, sq->cap, seen + m, seen, w->scale,
+                          threads);
+    }
     if (linear(&w->o, att, t2, n, threads)) goto done;
     specula_add_rms_norm(out, t2, w->post_norm, w->eps, t1, n, e, threads); /* x += o; t1 = norm(x) */
     if (linear(&w->gate_up, t1, gu, n, threads)) goto done;
@@ -117,9 +133,21 @@ int specula_head_pass(const struct head_ref *w, const int64_t *ids, const float 
         for (size_t i = 0; i < (size_t)n * e; i++) out[i] += t2[i];
         memcpy(states, out, (size_t)n * e * sizeof(float));
     }
-    if (w->lm.packed && logits && logits_from < n &&
-        linear(&w->lm, states + (size_t)logits_from * e, logits, n - logits_from, threads))
-        goto done;
+    if (w->lm.packed && logits) {
+        /* the rows that want logits: states itself where every sequence wants all of its rows, else
+         * those rows gathered into t1 (free now) */
+        int all = 1, k = 0;
+        for (int s = 0; s < nseq; s++) all = all && seqs[s].logits_from <= 0;
+        const float *rows = all ? states : t1;
+        for (int s = 0, r0 = 0; s < nseq && !all; r0 += seqs[s].rows, s++) {
+            int from = seqs[s].logits_from, m = seqs[s].rows - from;
+            if (m <= 0) continue;
+            memcpy(t1 + (size_t)k * e, states + (size_t)(r0 + from) * e, (size_t)m * e * sizeof(float));
+            k += m;
+        }
+        if (all) k = n;
+        if (k > 0 && linear(&w->lm, rows, logits, k, threads)) goto done;
+    }
     rc = 0;
 done:
     free(buf);
