@@ -2,7 +2,10 @@
 
     committed tokens + KV cache (the session's)
       -> drafter.propose(ctx, state)   candidate trees (model-free drafters first; each later
-                                       drafter reads a cost view of the earlier ones' trees)
+                                       drafter reads a cost view of the earlier ones' trees; a
+                                       batch drafts drafter by drafter, and a drafter with lockstep
+                                       steps drafts all its sessions in step, each level's passes
+                                       in one call: `drafters.lockstep`)
       -> planner.plan(requests)        merged and sized to the hardware (one request: its best
                                        tree; several: the batch's goodput, SmartSpec); a
                                        `Plan` value per session
@@ -36,6 +39,7 @@ import torch
 from specula.constraints import Constraint, GrammarState
 from specula.constraints.drafting import constrained_proposals
 from specula.drafters.base import Drafter, FeatureDrafter
+from specula.drafters.lockstep import ShareClock, drive_many
 from specula.drafters.none import NoDrafter
 from specula.errors import ConfigError
 from specula.logprobs import PROMPT_CHUNK, TokenLogprob, step_rows, token_logprobs
@@ -446,12 +450,7 @@ class SpeculativeDecoder:
         each session's plan and drafting seconds (its share of the planning included). A session
         whose drafters raise, or whose request the planner fails on alone where the batch's plan
         raised, goes to `failed` and is left out (logged: a planner bug, not a bad request)."""
-        requests = []
-        for s in sessions:
-            try:
-                requests.append(self._draft(s, len(sessions)))
-            except Exception as exc:  # one request's drafter failing must not fail the others
-                failed[id(s)] = exc
+        requests = self._draft(sessions, failed)
         sessions = [s for s in sessions if id(s) not in failed]
         t0 = time.perf_counter()
         try:
@@ -486,38 +485,45 @@ class SpeculativeDecoder:
                 culprits[id(s)] = exc
         return culprits
 
-    def _draft(self, session: Session, batch_size: int) -> PlanRequest:
-        """The drafters' proposals for one session, with its budget and the drafting seconds."""
-        target, planner = self.target, self.planner
-        params, tokens = session.params, session.tokens
-        remaining = params.max_new_tokens - len(session.generated)
-        room = output_room(target.max_context, len(tokens))  # the cache would hold len(tokens) + n nodes
-        # A path of depth d emits d + 1 tokens (the bonus one), and plain decoding stops at the window.
-        budget = DraftBudget(max_nodes=max(0, min(self.config.max_tree_nodes, room)),
-                             max_depth=max(0, min(remaining - 1, room - 1)))
-        ctx = DraftContext(tokens, len(session.prompt), params, budget, session.generator, target=session.seq)
-
-        t0 = time.perf_counter()
-        proposals: list[Proposal] = []
-        drafting = budget.max_nodes > 0 and budget.max_depth > 0 and planner.should_draft(session.planner_state,
-                                                                                           batch_size)
-        spent: list[tuple[str, float]] = []  # (drafter, seconds) of those that proposed nodes
-        if drafting:
-            held = planner.held(session.planner_state)
-            for drafter, state in zip(self.drafters, session.drafter_states):
-                if drafter.name in held:  # measured to add less than it costs beside the others
-                    continue
-                t1 = time.perf_counter()
-                view = planner.view(proposals, t1 - t0, batch_size, session.planner_state)
-                proposal = drafter.propose(replace(ctx, cost=view), state)
-                proposals.append(proposal)
-                if len(proposal.tree):
-                    spent.append((drafter.name, time.perf_counter() - t1))
-        if session.grammar is not None:
-            proposals = constrained_proposals(session.grammar, proposals, budget, self.forced_drafts)
-            drafting = drafting or bool(proposals)  # a forced chain is verified even while drafting pauses
-        session.stats.proposed_tokens += sum(len(p.tree) for p in proposals)
-        return PlanRequest(proposals, budget, session.planner_state, time.perf_counter() - t0, drafting, tuple(spent))
+    def _draft(self, sessions: Sequence[Session], failed: dict[int, Exception]) -> list[PlanRequest]:
+        """The drafters' proposals for each session, with its budget and drafting seconds, drafter by
+        drafter across the batch: a drafter with lockstep steps (`drafters.lockstep`) drafts every
+        session's tree in step, so that its passes of a level run as one call (a trained head's level
+        for the whole batch in one kernel call); each session's cost view still reads only its own
+        earlier drafters' trees. A session whose drafter raises goes to `failed`."""
+        drafts = []
+        for s in sessions:
+            try:
+                drafts.append(_Drafting.of(self, s, len(sessions)))
+            except Exception as exc:  # one request's failing must not fail the others
+                failed[id(s)] = exc
+        for k, drafter in enumerate(self.drafters):
+            todo = [d for d in drafts if d.drafting and drafter.name not in d.held and id(d.session) not in failed]
+            steps = getattr(drafter, "propose_steps", None)
+            if steps is not None and len(todo) > 1:
+                clocks = [ShareClock() for _ in todo]
+                runs = []
+                for d, clock in zip(todo, clocks):
+                    t1 = time.perf_counter()
+                    runs.append(steps(d.context(self.planner, len(sessions)), d.session.drafter_states[k], clock))
+                    clock.spent += time.perf_counter() - t1
+                outcomes = zip(todo, drive_many(runs, clocks), (clock() for clock in clocks))
+            else:
+                outcomes = (d.propose(drafter, k, self.planner, len(sessions)) for d in todo)
+            for d, proposal, seconds in outcomes:
+                if isinstance(proposal, Exception):  # one request's drafter failing must not fail the others
+                    failed[id(d.session)] = proposal
+                else:
+                    d.add(drafter.name, proposal, seconds)
+        requests = []
+        for d in drafts:
+            if id(d.session) in failed:
+                continue
+            try:
+                requests.append(d.request(self.forced_drafts))
+            except Exception as exc:  # its grammar's drafts: it alone fails
+                failed[id(d.session)] = exc
+        return requests
 
     def _conclude(self, session: Session, plan: Plan, logits: torch.Tensor, draft_seconds: float,
                   pass_seconds: float, hidden: torch.Tensor | None = None) -> StreamChunk:
@@ -599,6 +605,68 @@ class SpeculativeDecoder:
         elif len(new) == limit and reason is None:
             reason = "length"
         return new, reason
+
+
+class _Drafting:
+    """One session's drafting in a step (`SpeculativeDecoder._draft`): its context and budget, the
+    drafters it holds back, and the proposals and seconds so far."""
+
+    def __init__(self, session: Session, ctx: DraftContext, drafting: bool, held: frozenset[str]) -> None:
+        self.session, self.ctx, self.drafting, self.held = session, ctx, drafting, held
+        self.proposals: list[Proposal] = []
+        self.spent: list[tuple[str, float]] = []  # (drafter, seconds) of those that proposed nodes
+        self.seconds = 0.0  # drafting seconds so far, its share of lockstep calls included
+
+    @classmethod
+    def of(cls, decoder: "SpeculativeDecoder", session: Session, batch_size: int) -> "_Drafting":
+        t0 = time.perf_counter()
+        target, planner, params, tokens = decoder.target, decoder.planner, session.params, session.tokens
+        remaining = params.max_new_tokens - len(session.generated)
+        room = output_room(target.max_context, len(tokens))  # the cache would hold len(tokens) + n nodes
+        # A path of depth d emits d + 1 tokens (the bonus one), and plain decoding stops at the window.
+        budget = DraftBudget(max_nodes=max(0, min(decoder.config.max_tree_nodes, room)),
+                             max_depth=max(0, min(remaining - 1, room - 1)))
+        ctx = DraftContext(tokens, len(session.prompt), params, budget, session.generator, target=session.seq)
+        drafting = budget.max_nodes > 0 and budget.max_depth > 0 and planner.should_draft(session.planner_state,
+                                                                                           batch_size)
+        held = frozenset(planner.held(session.planner_state)) if drafting else frozenset()
+        made = cls(session, ctx, drafting, held)
+        made.seconds = time.perf_counter() - t0
+        return made
+
+    def context(self, planner: Planner, batch_size: int) -> DraftContext:
+        """The context for the next drafter: with a cost view of this session's proposals so far
+        (`planner.view`)."""
+        view = planner.view(self.proposals, self.seconds, batch_size, self.session.planner_state)
+        return replace(self.ctx, cost=view)
+
+    def propose(self, drafter: Drafter, k: int, planner: Planner,
+                batch_size: int) -> tuple["_Drafting", Proposal | Exception, float]:
+        """Drafter k proposes for this session alone: (self, its proposal or the exception it raised, seconds)."""
+        t1 = time.perf_counter()
+        try:
+            proposal: Proposal | Exception = drafter.propose(self.context(planner, batch_size),
+                                                             self.session.drafter_states[k])
+        except Exception as exc:  # one request's drafter failing must not fail the others
+            proposal = exc
+        return self, proposal, time.perf_counter() - t1
+
+    def add(self, name: str, proposal: Proposal, seconds: float) -> None:
+        self.proposals.append(proposal)
+        self.seconds += seconds
+        if len(proposal.tree):
+            self.spent.append((name, seconds))
+
+    def request(self, forced_drafts: bool) -> PlanRequest:
+        """The planner's request (the grammar's forced chain added to the proposals of a constrained session)."""
+        t1 = time.perf_counter()
+        session, proposals, drafting = self.session, self.proposals, self.drafting
+        if session.grammar is not None:
+            proposals = constrained_proposals(session.grammar, proposals, self.ctx.budget, forced_drafts)
+            drafting = drafting or bool(proposals)  # a forced chain is verified even while drafting pauses
+        session.stats.proposed_tokens += sum(len(p.tree) for p in proposals)
+        seconds = self.seconds + time.perf_counter() - t1
+        return PlanRequest(proposals, self.ctx.budget, session.planner_state, seconds, drafting, tuple(self.spent))
 
 
 class _Collected:

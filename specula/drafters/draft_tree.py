@@ -58,6 +58,7 @@ import torch
 
 from specula.drafters.base import DraftContext, Proposal, StepResult, method_config
 from specula.drafters.draft_model import VocabFit, fitted_window, resolve_window, window_view
+from specula.drafters.lockstep import Clock, Steps, drive
 from specula.ema import Ema
 from specula.errors import ConfigError
 from specula.models.base import TargetModel, TargetSequence, keep_common_prefix
@@ -210,6 +211,15 @@ class _TreeState:
         self.seq.release()
 
 
+def _run(state, name: str, *args) -> Steps:
+    """The state's `begin` / `feed` as lockstep steps: its `begin_steps` / `feed_steps` generator
+    where it has one (a trained head's passes, which a batch runs together), else the direct call."""
+    steps = getattr(state, f"{name}_steps", None)
+    if steps is None:
+        return getattr(state, name)(*args)
+    return (yield from steps(*args))
+
+
 @functools.cache
 def _kernel_top_k() -> Callable[[torch.Tensor, int], tuple[torch.Tensor, torch.Tensor]] | None:
     """specula's C top-k with softmax probabilities (`models.native.kernels.top_k_probs`) where its CPU
@@ -257,6 +267,11 @@ class DraftTreeDrafter:
         return _TreeState(self.draft.new_sequence(), self.fit)
 
     def propose(self, ctx: DraftContext, state: _TreeState) -> Proposal:
+        return drive(self.propose_steps(ctx, state, time.perf_counter))
+
+    def propose_steps(self, ctx: DraftContext, state: _TreeState, clock: Clock) -> Steps:
+        """`propose` as lockstep steps (`drafters.lockstep`): yields each drafting pass, returns the
+        proposal; `clock` reads this session's drafting seconds (what the cost view prices)."""
         cfg = self.config
         tokens = window_view(ctx.tokens, ctx.prompt_len, self.draft_window)  # what the draft reads
         if self.fit is not None:
@@ -272,23 +287,24 @@ class DraftTreeDrafter:
         # learned on other text can recover.)
         if adaptive and ctx.cost.plan_chain(self.name, [], self._level_seconds.value, 0.0, depth) <= 0:
             return Proposal.empty()  # not worth a drafting pass this step (the state catches up later)
-        t0 = time.perf_counter()
-        root_logits = state.begin(tokens)
+        t0 = clock()
+        root_logits = yield from _run(state, "begin", tokens)
         if root_logits is None:  # nothing to draft from yet
             return Proposal.empty()
         mode = "deterministic" if ctx.params.greedy else cfg.tree_sampling
         if mode == "beam":
-            return self._beam(state, root_logits, ctx, budget, depth, t0 if adaptive else None)
-        return self._expand(state, root_logits, ctx, budget, depth, mode, room, t0 if adaptive else None)
+            return (yield from self._beam(state, root_logits, ctx, budget, depth, clock, t0 if adaptive else None))
+        return (yield from self._expand(state, root_logits, ctx, budget, depth, mode, room, clock,
+                                        t0 if adaptive else None))
 
     def _level_pays(self, ctx: DraftContext, best: int, parents: list[int], edges: list[float], levels_left: int,
-                    t0: float | None) -> bool:
+                    clock: Clock, t0: float | None) -> bool:
         """Whether the cost view says one more level along the path to node `best` pays, `t0` being
-        when drafting began (None: not adaptive, always)."""
+        when drafting began on `clock` (None: not adaptive, always)."""
         if t0 is None:
             return True
         return ctx.cost.plan_chain(self.name, self._path_edges(best, parents, edges), self._level_seconds.value,
-                                   time.perf_counter() - t0, levels_left) > 0
+                                   clock() - t0, levels_left) > 0
 
     def observe(self, step: StepResult, state: _TreeState) -> None:
         state.finish(step.accepted_tokens)
@@ -325,7 +341,7 @@ class DraftTreeDrafter:
         return probs, idx
 
     def _expand(self, state: _TreeState, root_logits: torch.Tensor, ctx: DraftContext, budget: int, depth: int,
-                mode: str, room: int, t0: float | None = None) -> Proposal:
+                mode: str, room: int, clock: Clock, t0: float | None = None) -> Steps:
         """Top-k (deterministic) or sampled (iid / without_replacement) children per frontier
         node; the best top_k nodes of each level by path score are expanded next, while the cost
         view says a level more pays (`t0`: when drafting began; None: no cost view) and the draft
@@ -372,12 +388,12 @@ class DraftTreeDrafter:
             chosen = self._frontier(new, tokens, parents, scores, dedupe=mode == "iid")
             chosen = chosen[:max(0, room - fed)]  # the draft cache holds the tokens and every node fed
             best = max(new, key=lambda i: scores[i])
-            if not chosen or not self._level_pays(ctx, best, parents, edges, depth - level, t0):
+            if not chosen or not self._level_pays(ctx, best, parents, edges, depth - level, clock, t0):
                 break
             fed += len(chosen)
-            t_level = time.perf_counter()
-            level_logits = state.feed(chosen, tokens, parents)  # [len(chosen), vocab]
-            self._level_seconds.update(time.perf_counter() - t_level)
+            t_level = clock()
+            level_logits = yield from _run(state, "feed", chosen, tokens, parents)  # [len(chosen), vocab]
+            self._level_seconds.update(clock() - t_level)
             nodes = chosen
         tree = TokenTree.build(tokens, parents, edges, self.name)
         if not sampled:
@@ -411,7 +427,7 @@ class DraftTreeDrafter:
         return sorted(chosen)
 
     def _beam(self, state: _TreeState, root_logits: torch.Tensor, ctx: DraftContext, budget: int,
-              depth: int, t0: float | None = None) -> Proposal:
+              depth: int, clock: Clock, t0: float | None = None) -> Steps:
         """Stochastic beam search of width top_k; children of a beam node in Gumbel order. A level more
         is drafted while the cost view says it pays along the likeliest beam (`t0`: when drafting
         began; None: no cost view), as `_expand` asks; each level's pass is timed for it."""
@@ -449,11 +465,11 @@ class DraftTreeDrafter:
             if level == depth or len(tokens) >= budget:
                 break
             best = max(new_beams, key=lambda beam: beam[2])[0]  # the likeliest path so far
-            if not self._level_pays(ctx, best, parents, edges, depth - level, t0):
+            if not self._level_pays(ctx, best, parents, edges, depth - level, clock, t0):
                 break
-            t_level = time.perf_counter()
-            logits = state.feed([n for n, _, _ in new_beams], tokens, parents)
-            self._level_seconds.update(time.perf_counter() - t_level)
+            t_level = clock()
+            logits = yield from _run(state, "feed", [n for n, _, _ in new_beams], tokens, parents)
+            self._level_seconds.update(clock() - t_level)
             beams = [(n, logits[j], g, lp) for j, (n, g, lp) in enumerate(new_beams)]
         tree = TokenTree.build(tokens, parents, edges, self.name)
         return Proposal(tree, self._stack(q_rows, len(tree), state), "without_replacement")

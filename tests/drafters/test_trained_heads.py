@@ -4,6 +4,7 @@ state computes exactly what training computes, and bad head files are refused in
 
 from __future__ import annotations
 
+import functools
 import random
 import subprocess
 import sys
@@ -100,10 +101,9 @@ def test_a_head_drafting_on_int8_kernels_stays_close_and_output_stays_plain_gree
     assert out.stats.drafted_tokens > 0
 
 
-@pytest.mark.parametrize("kind", KINDS)
-def test_a_head_that_knows_the_target_is_accepted_and_batches_stay_exact(kind):
-    """A head trained briefly on the target's own text drafts tokens the target accepts; two
-    sessions stepped together in packed passes each equal plain greedy."""
+@functools.cache
+def trained_on_its_target(kind: str):
+    """(model, native target, head, corpus): a head trained briefly on 12 greedy answers of a tiny target."""
     from specula.training.corpus import CorpusEntry
     from specula.training.features import extract_features
     from specula.training.trainer import TrainConfig, train_head
@@ -123,6 +123,14 @@ def test_a_head_that_knows_the_target_is_accepted_and_batches_stay_exact(kind):
         fs = extract_features(target, corpus, Path(d) / "f.safetensors", layers=head.config.feature_layers)
         train_head(head, fs, TrainConfig(kind=kind, epochs=60, seq_len=48, batch_size=4, holdout=0.0, lr=3e-3),
                    Path(d))
+    return model, target, head, corpus
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_head_that_knows_the_target_is_accepted_and_batches_stay_exact(kind):
+    """A head trained briefly on the target's own text drafts tokens the target accepts; two
+    sessions stepped together in packed passes each equal plain greedy."""
+    _, target, head, corpus = trained_on_its_target(kind)
     dec = build_decoder(kind, target, None, head=head, planner=False)
     sessions = [dec.start(c.prompt_ids, SamplingParams(max_new_tokens=40, ignore_eos=True)) for c in corpus[:2]]
     while not all(s.finished for s in sessions):
@@ -130,6 +138,41 @@ def test_a_head_that_knows_the_target_is_accepted_and_batches_stay_exact(kind):
     for s, c in zip(sessions, corpus[:2]):
         assert s.generated == c.output_ids
         assert s.stats.accepted_tokens > 0, kind
+
+
+@pytest.mark.skipif(drafting_kernel("cpu") is None, reason="specula's CPU kernels do not run here")
+@pytest.mark.parametrize("kind", ["eagle", "eagle3"])
+@pytest.mark.parametrize("planner", [False, "hardware"])
+def test_a_packed_batch_drafts_each_head_level_in_one_call_and_each_session_as_it_would_alone(kind, planner,
+                                                                                               monkeypatch):
+    """Sessions stepped together draft in lockstep (`drafters.lockstep`): a level's head passes of
+    the whole batch run as one kernel call, and each session drafts exactly the trees it drafts
+    alone (fixed trees: the same drafted and accepted counts) and outputs plain greedy."""
+    import copy
+
+    from specula.drafters.heads.kernel_pass import KernelHeadPass
+
+    _, target, trained, corpus = trained_on_its_target(kind)
+    head = TrainedHead(copy.deepcopy(trained.module), trained.d2t, target, kernel="i8")
+    assert head.kernel_pass is not None
+    sizes = []
+    many = KernelHeadPass.many
+    monkeypatch.setattr(KernelHeadPass, "many", lambda self, parts: sizes.append(len(parts)) or many(self, parts))
+    dec = build_decoder(kind, target, None, head=head, planner=planner)
+    params = SamplingParams(max_new_tokens=40, ignore_eos=True)
+    jobs = corpus[:3]
+    sessions = [dec.start(c.prompt_ids, params) for c in jobs]
+    while not all(s.finished for s in sessions):
+        dec.step(sessions)
+    assert max(sizes) == 3  # the three sessions' passes of a level in one call
+    for s, c in zip(sessions, jobs):
+        assert s.generated == c.output_ids
+    if planner is False:  # fixed trees: what each drafts alone
+        for s, c in zip(sessions, jobs):
+            alone = dec.generate(c.prompt_ids, params)
+            assert (s.stats.drafted_tokens, s.stats.accepted_tokens, s.stats.steps) == (
+                alone.stats.drafted_tokens, alone.stats.accepted_tokens, alone.stats.steps)
+            assert s.stats.accepted_tokens > 0
 
 
 @pytest.mark.parametrize("kind", ["eagle", "eagle3"])

@@ -71,6 +71,26 @@ class HeadRows:
     """`feat` holds the target's raw features (eagle3's fusion runs in the pass)."""
 
 
+@dataclass(frozen=True)
+class HeadPass:
+    """One sequence's rows waiting for a head's kernel pass (`drafters.lockstep.Pass`): a packed batch's
+    sessions' passes of one head, alike in kind (raw features or not, hints or not), run as one call."""
+
+    runner: "KernelHeadPass"
+    rows: HeadRows
+
+    @property
+    def key(self) -> tuple:
+        rows = self.rows
+        return self.runner, rows.raw, rows.hints is None, rows.emb.dtype
+
+    def run(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        return self.runner.many([self.rows])[0]
+
+    def run_many(self, passes: Sequence["HeadPass"]) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]]:
+        return self.runner.many([p.rows for p in passes])
+
+
 class HeadRef(ctypes.Structure):
     """`head.c`'s `struct head_ref`: a head's weights."""
 

@@ -23,7 +23,8 @@ from specula.drafters.heads.config import HeadConfig, feature_layers_of
 from specula.drafters.heads.copy import CopyIndex
 from specula.drafters.heads.eagle import EagleHead, KVBuffer
 from specula.drafters.heads.file import HeadFile, check_target, read_head
-from specula.drafters.heads.kernel_pass import KernelHeadPass, embedding_table, kernel_pass_fits
+from specula.drafters.heads.kernel_pass import HeadPass, HeadRows, KernelHeadPass, embedding_table, kernel_pass_fits
+from specula.drafters.lockstep import Steps, drive
 from specula.drafters.heads.medusa import HydraHeads, MedusaHeads
 from specula.errors import ConfigError, HeadFileError
 
@@ -355,10 +356,14 @@ class EagleState(HeadState):
         self.copy = CopyIndex(cfg.copy_ngram) if cfg.copy_ngram else None  # the committed tokens, for copy hints
         self.paths: dict[int, list[int]] = {}  # proposal node -> its path's tokens (root's child .. itself)
 
-    @torch.inference_mode()
     def begin(self, tokens: Sequence[int]) -> torch.Tensor | None:
         """Feed the new committed pairs (the last one is (f_before_root, root)): logits [V_draft]
         after the root, or None when the root has no feature before it (a one-token prompt)."""
+        return drive(self.begin_steps(tokens))
+
+    @torch.inference_mode()
+    def begin_steps(self, tokens: Sequence[int]) -> Steps:
+        """`begin` as lockstep steps (`drafters.lockstep`): yields its head pass, returns the logits."""
         root_pos = len(tokens) - 1
         if self.known < root_pos:
             raise RuntimeError(f"eagle head: features for {self.known} positions, the root is at {root_pos}")
@@ -379,8 +384,9 @@ class EagleState(HeadState):
             feats = torch.stack(self.pending[:new])  # [new, k E]: the target's features, fused in the pass
             mask = None if not w else window_mask(torch.arange(a, root_pos), lo, root_pos, w)
             hints = None if self.copy is None else self.copy.committed_hints(a + 1, root_pos + 1)
-            out, states, logits = self._run(tokens[a + 1: root_pos + 1], feats, True, torch.arange(a, root_pos), mask,
-                                            a, lo, hints, last_only=True)  # [new, E] each; logits [1, V]
+            out, states, logits = yield from self._run(tokens[a + 1: root_pos + 1], feats, True,
+                                                       torch.arange(a, root_pos), mask, a, lo, hints,
+                                                       last_only=True)  # [new, E] each; logits [1, V]
             self.fed, self.last, self.last_states, self.last_logits = root_pos, out[-1], states[-1], logits[-1]
             del self.pending[:new]
             self.start += new
@@ -398,14 +404,14 @@ class EagleState(HeadState):
         return torch.cat([logits, states.float() @ self.extra_rows.t()], dim=-1)
 
     def _run(self, tokens: Sequence[int], feats: torch.Tensor, raw: bool, pos: torch.Tensor, mask: torch.Tensor | None,
-             at: int, lo: int, hints: tuple[list[int], list[int]] | None, last_only: bool = False
-             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+             at: int, lo: int, hints: tuple[list[int], list[int]] | None, last_only: bool = False) -> Steps:
         """One head pass of this sequence's rows: the pairs' tokens [T], their features feats [T, E]
         (raw: the target's [T, k E], still to fuse), positions pos [T], mask [T, P + T] or None,
         written at cache rows at .., seeing rows lo ..; hints: the copy hints (tokens, match
         lengths) or None. Returns (out [T, E], its output states [T, E], logits over the draft
         vocabulary [T, V_draft], or [1, V_draft] of the last row with `last_only`), in one kernel
-        call where the head has a kernel pass, else through the module's forward."""
+        call where the head has a kernel pass (yielded as a `HeadPass`, which a packed batch runs
+        with its other sessions' passes), else through the module's forward (nothing yielded)."""
         run = self.head.kernel_pass
         if run is not None:
             ids = torch.tensor(list(tokens), dtype=torch.long)
@@ -414,8 +420,8 @@ class EagleState(HeadState):
                 hint_ids = torch.tensor(hints[0], dtype=torch.long)
                 hints = (hint_ids if run.table is not None else self.head.embed(hint_ids),
                          torch.tensor(hints[1], dtype=torch.long))
-            out, states, logits = run(ids, feats, pos, mask, self.cache, at, lo, hints,
-                                      len(tokens) - 1 if last_only else 0, raw=raw)
+            out, states, logits = yield HeadPass(run, HeadRows(ids, feats, pos, mask, self.cache, at, lo, hints,
+                                                               len(tokens) - 1 if last_only else 0, raw))
             if logits is None:  # a pass without the output layer (tests hand one to a torch head)
                 logits = self.head.target_logits(states[-1:] if last_only else states)
             return out, states, logits
@@ -432,10 +438,14 @@ class EagleState(HeadState):
         states = module.output_states(out)
         return out, states, self.head.target_logits(states[-1:] if last_only else states)
 
-    @torch.inference_mode()
     def feed(self, nodes: Sequence[int], tokens: Sequence[int], parents: Sequence[int]) -> torch.Tensor:
         """Run proposal nodes (children of the root or of fed nodes) in one head pass over the
         frontier, against the committed rows and their own ancestors: logits [len(nodes), V_draft]."""
+        return drive(self.feed_steps(nodes, tokens, parents))
+
+    @torch.inference_mode()
+    def feed_steps(self, nodes: Sequence[int], tokens: Sequence[int], parents: Sequence[int]) -> Steps:
+        """`feed` as lockstep steps (`drafters.lockstep`): yields its head pass, returns the logits."""
         depths = self._depths(nodes, parents)
         first = len(self.ancestors)
         m, total = len(nodes), first + len(nodes)
@@ -464,8 +474,8 @@ class EagleState(HeadState):
                 hint, n = self.copy.path_hint(path)
                 hints[0].append(hint)
                 hints[1].append(n)
-        out, states, logits = self._run([tokens[n] for n in nodes], feats, False, pos, mask, self.fed + first, lo,
-                                        hints)
+        out, states, logits = yield from self._run([tokens[n] for n in nodes], feats, False, pos, mask,
+                                                   self.fed + first, lo, hints)
         self.out.update(zip(nodes, out.unbind(0)))
         return self._with_context(logits, states)
 
