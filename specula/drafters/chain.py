@@ -1,6 +1,8 @@
 """One chain-drafting loop for every drafter that drafts token by token with a model (a draft
 model, or the target with layers skipped): draft, ask the cost view whether the next token still
-pays, optionally stop at low confidence (SWIFT), and return the chain with its q rows."""
+pays, optionally stop at low confidence (SWIFT), and return the chain with its q rows. As lockstep
+steps (`chain_steps`, `drafters.lockstep`), a packed batch's draft-model passes of one token run as
+one packed pass; `draft_chain` runs it alone."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ from typing import Callable
 
 import torch
 
+from specula.drafters.lockstep import Clock, Steps, drive, immediate
 from specula.ema import Ema
 from specula.sampling import probabilities
 from specula.step import DraftContext, Proposal
@@ -24,6 +27,15 @@ def draft_chain(ctx: DraftContext, source: str, k: int, logits: torch.Tensor, ne
     (i.i.d. sibling mode). `adaptive`: after each token, stop when `ctx.cost.plan_chain` says the
     rest does not pay (drafting began at `t_start`). `stop_below`: stop after a token whose
     probability under q is below it (the low-confidence token is kept)."""
+    return drive(chain_steps(ctx, source, k, logits, lambda token: immediate(next_logits, token), token_seconds,
+                             time.perf_counter, t_start, greedy=greedy, adaptive=adaptive, stop_below=stop_below))
+
+
+def chain_steps(ctx: DraftContext, source: str, k: int, logits: torch.Tensor, next_steps: Callable[[int], Steps],
+                token_seconds: Ema, clock: Clock, t_start: float, *, greedy: bool, adaptive: bool,
+                stop_below: float | None = None) -> Steps:
+    """`draft_chain` as lockstep steps: `next_steps(token)` yields the drafter's pass one token
+    further and returns its logits; times are read on `clock` (drafting began at `t_start` on it)."""
     drafted: list[int] = []
     edges: list[float] = []
     q_rows: list[torch.Tensor] = []
@@ -39,12 +51,12 @@ def draft_chain(ctx: DraftContext, source: str, k: int, logits: torch.Tensor, ne
         edges.append(float(q[token]))
         if len(drafted) >= k or (stop_below is not None and edges[-1] < stop_below):
             break
-        if adaptive and ctx.cost.plan_chain(source, edges, token_seconds.value, time.perf_counter() - t_start,
+        if adaptive and ctx.cost.plan_chain(source, edges, token_seconds.value, clock() - t_start,
                                             k - len(drafted)) == 0:
             break
-        t_tok = time.perf_counter()
-        logits = next_logits(token)
-        token_seconds.update(time.perf_counter() - t_tok)
+        t_tok = clock()
+        logits = yield from next_steps(token)
+        token_seconds.update(clock() - t_tok)
     tree = TokenTree.chain(drafted, edges, source)
     q_all = torch.stack(q_rows + [torch.zeros_like(q_rows[0])])  # [k + 1, vocab]; the leaf row is unused
     return Proposal(tree, q_all, "deterministic" if greedy else "iid")

@@ -33,11 +33,15 @@ from typing import Sequence
 import torch
 
 from specula.drafters.base import DraftContext, Proposal, StepResult, method_config
-from specula.drafters.chain import draft_chain
+from specula.drafters.chain import chain_steps
+from specula.drafters.lockstep import Clock, Steps, drive
 from specula.ema import Ema
 from specula.errors import ConfigError
-from specula.models.base import TargetModel, TargetSequence, common_prefix_length, keep_common_prefix
+from specula.models.base import (
+    BatchedTargetModel, TargetModel, TargetSequence, common_prefix_length, forward_trees, keep_common_prefix,
+)
 from specula.sampling import SamplingParams
+from specula.tree import TokenTree
 
 MIN_WINDOW = 64
 """The smallest `draft_window`: its first half holds a chat template's system turn and the start of
@@ -141,6 +145,37 @@ class VocabFit:
         return logits[..., : self.target_vocab] if self.draft_vocab > self.target_vocab else logits
 
 
+PACKED_PASS_TOKENS = 16
+"""Most tokens of a draft pass that a packed batch runs beside its other sessions' passes (a drafted
+token, a step's catch-up); a longer catch-up (a prompt) is a prefill of its own."""
+
+
+@dataclass(frozen=True)
+class DraftPass:
+    """A draft model's pass over `ids` appended to one request's draft cache, waiting to run
+    (`drafters.lockstep.Pass`): logits [vocab] after the last. A packed batch's sessions' passes
+    run as one packed pass (`forward_trees`, each a chain committed whole) where the draft model
+    batches: its weights are read once for the whole batch."""
+
+    model: TargetModel
+    seq: TargetSequence
+    ids: tuple[int, ...]
+
+    @property
+    def key(self) -> TargetModel | None:
+        packs = isinstance(self.model, BatchedTargetModel) and len(self.ids) <= PACKED_PASS_TOKENS
+        return self.model if packs else None
+
+    def run(self) -> torch.Tensor:
+        return self.seq.prefill(list(self.ids), logits="last")
+
+    def run_many(self, passes: Sequence["DraftPass"]) -> list[torch.Tensor]:
+        rows = forward_trees(self.model, [(p.seq, p.ids[0], TokenTree.chain(list(p.ids[1:]))) for p in passes])
+        for p in passes:
+            p.seq.commit(list(range(len(p.ids) - 1)))  # the whole chain, as a prefill keeps it
+        return [logits[-1] for logits in rows]  # [n + 1, vocab] each -> the last row
+
+
 class DraftModelDrafter:
     """Chain drafting with a smaller causal LM (SpS)."""
 
@@ -170,22 +205,23 @@ class DraftModelDrafter:
         seq.release()
 
     def observe(self, step: StepResult, seq: TargetSequence) -> None:
-        return None  # rollback happens lazily in sync()
+        return None  # rollback happens lazily in _sync_steps()
 
     # ------------------------------------------------------------------ drafting
-    def sync(self, seq: TargetSequence, tokens) -> torch.Tensor:
-        """Bring the draft cache to `tokens` (root included); logits [vocab] after the root."""
+    def _sync_steps(self, seq: TargetSequence, tokens, clock: Clock) -> Steps:
+        """Bring the draft cache to `tokens` (root included): logits [vocab] after the root, its pass
+        yielded as a `DraftPass` (lockstep steps), timed on `clock`."""
         keep = keep_common_prefix(seq, tokens[:-1])
-        t0 = time.perf_counter()
-        logits = seq.prefill(tokens[keep:], logits="last")
+        t0 = clock()
+        logits = yield DraftPass(self.draft, seq, tuple(tokens[keep:]))
         n = len(tokens) - keep
         if n >= 16:  # a prefill-sized catch-up: learn its cost per token
-            self._catch_up_seconds.update((time.perf_counter() - t0) / n)
+            self._catch_up_seconds.update((clock() - t0) / n)
         return logits if self.fit is None else self.fit.scores(logits)
 
-    def _next(self, seq: TargetSequence, token: int) -> torch.Tensor:
-        """Logits [vocab] after one more drafted token."""
-        logits = seq.prefill([token], logits="last")
+    def _next_steps(self, seq: TargetSequence, token: int) -> Steps:
+        """Logits [vocab] after one more drafted token, as lockstep steps (a `DraftPass`)."""
+        logits = yield DraftPass(self.draft, seq, (token,))
         return logits if self.fit is None else self.fit.scores(logits)
 
     def _catch_up_estimate(self, seq: TargetSequence, tokens) -> float:
@@ -201,6 +237,11 @@ class DraftModelDrafter:
         return params.fixed_drafts if self.config.greedy_proposals is None else False
 
     def propose(self, ctx: DraftContext, seq: TargetSequence) -> Proposal:
+        return drive(self.propose_steps(ctx, seq, time.perf_counter))
+
+    def propose_steps(self, ctx: DraftContext, seq: TargetSequence, clock: Clock) -> Steps:
+        """`propose` as lockstep steps (`drafters.lockstep`): its draft passes yielded as `DraftPass`es,
+        which a packed batch runs as one packed pass of the draft model; timed on `clock`."""
         tokens = window_view(ctx.tokens, ctx.prompt_len, self.window)  # what the draft reads
         if self.fit is not None:
             tokens = self.fit.read(tokens)
@@ -217,11 +258,11 @@ class DraftModelDrafter:
                                     self._catch_up_estimate(seq, tokens), ctx.budget.max_depth + 1)
             if k <= 0:
                 return Proposal.empty()  # not worth a draft pass this step (the cache catches up later)
-        t_start = time.perf_counter()
-        logits = self.sync(seq, tokens)
-        return draft_chain(ctx, self.name, k, logits, lambda token: self._next(seq, token),
-                           self._token_seconds, t_start, greedy=self._fixed(ctx.params),
-                           adaptive=adaptive)
+        t_start = clock()
+        logits = yield from self._sync_steps(seq, tokens, clock)
+        return (yield from chain_steps(ctx, self.name, k, logits, lambda token: self._next_steps(seq, token),
+                                       self._token_seconds, clock, t_start, greedy=self._fixed(ctx.params),
+                                       adaptive=adaptive))
 
 
 CONFIG = DraftModelConfig

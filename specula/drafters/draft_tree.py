@@ -58,7 +58,7 @@ import torch
 
 from specula.drafters.base import DraftContext, Proposal, StepResult, method_config
 from specula.drafters.draft_model import VocabFit, fitted_window, resolve_window, window_view
-from specula.drafters.lockstep import Clock, Steps, drive
+from specula.drafters.lockstep import Clock, Steps, drive, immediate
 from specula.ema import Ema
 from specula.errors import ConfigError
 from specula.models.base import TargetModel, TargetSequence, keep_common_prefix
@@ -215,9 +215,7 @@ def _run(state, name: str, *args) -> Steps:
     """The state's `begin` / `feed` as lockstep steps: its `begin_steps` / `feed_steps` generator
     where it has one (a trained head's passes, which a batch runs together), else the direct call."""
     steps = getattr(state, f"{name}_steps", None)
-    if steps is None:
-        return getattr(state, name)(*args)
-    return (yield from steps(*args))
+    return (yield from (immediate(getattr(state, name), *args) if steps is None else steps(*args)))
 
 
 @functools.cache

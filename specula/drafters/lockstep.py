@@ -40,6 +40,12 @@ Steps = Generator[Pass, Any, Any]
 """A drafter's expansion: yields passes, receives their results, returns its proposal."""
 
 
+def immediate(fn: Callable[..., Any], *args: Any) -> Steps:
+    """fn(*args) as steps that yield no pass (a drafting call with nothing to share)."""
+    yield from ()
+    return fn(*args)
+
+
 def drive(steps: Steps) -> Any:
     """Run a generator alone, each of its passes on its own: what it returns."""
     try:

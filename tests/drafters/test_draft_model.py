@@ -171,3 +171,40 @@ def test_a_window_wider_than_half_a_small_drafts_context_is_narrowed_to_it(metho
     assert out.stats.accepted_tokens > 0
     whole = make_drafter(method, draft=draft, draft_window=0, **options)  # the whole prompt, as asked
     assert (whole.window if method == "draft-model" else whole.draft_window) == 0
+
+
+@pytest.mark.parametrize("planner", [False, "hardware"])
+def test_a_packed_batch_drafts_its_chains_in_one_draft_pass_a_token_and_each_session_as_it_would_alone(
+        planner, monkeypatch):
+    """Sessions stepped together draft in lockstep (`drafters.lockstep`): each token of their chains
+    (and each step's catch-up) is one packed pass of the draft model for the whole batch, and each
+    session drafts exactly the chains it drafts alone (fixed plans: the same drafted and accepted
+    counts) and outputs plain greedy."""
+    from specula.api import build_decoder
+    from specula.models.native import NativeCausalLM, NativeDecoder, configure
+
+    def native(model):
+        return NativeCausalLM(configure(NativeDecoder.from_hf(model), "onednn", "none", "sdpa"), "native",
+                              eos_token_ids=[])
+
+    model = tiny_model("llama", "eager", seed=4)
+    target, draft = native(model), native(perturbed_copy(model, 0.02))
+    packed = []
+    forward_trees = NativeCausalLM.forward_trees
+    monkeypatch.setattr(NativeCausalLM, "forward_trees", lambda self, items, hidden=False: (
+        packed.append(len(items)) if self is draft else None) or forward_trees(self, items, hidden))
+    dec = build_decoder("draft-model", target, None, draft, planner=planner)
+    params = SamplingParams(max_new_tokens=30, ignore_eos=True)
+    prompts = [long_prompt(9), [5, 17, 9, 33], long_prompt(14)[3:]]
+    sessions = [dec.start(p, params) for p in prompts]
+    while not all(s.finished for s in sessions):
+        dec.step(sessions)
+    assert packed and max(packed) == 3  # the draft passes of all three sessions in one packed pass
+    for s, p in zip(sessions, prompts):
+        assert s.generated == reference_greedy(model, p, 30)
+    if planner is False:
+        for s, p in zip(sessions, prompts):
+            alone = dec.generate(p, params)
+            assert (s.stats.drafted_tokens, s.stats.accepted_tokens, s.stats.steps) == (
+                alone.stats.drafted_tokens, alone.stats.accepted_tokens, alone.stats.steps)
+            assert s.stats.accepted_tokens > 0
