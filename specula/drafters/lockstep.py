@@ -77,6 +77,22 @@ class ShareClock:
             self._since = None
 
 
+def drive_each(steps: Sequence[Steps], clocks: Sequence[ShareClock]) -> list[Any]:
+    """`drive_many`'s results without the lockstep: each generator run alone, in turn (every pass on
+    its own), its clock charged its own time. What a batch's drafting costs without sharing passes
+    (`scripts/lockstep_speed.py` measures against it)."""
+    results: list[Any] = []
+    for run, clock in zip(steps, clocks):
+        clock.resume()
+        try:
+            results.append(drive(run))
+        except Exception as exc:  # this session's drafting fails; the others draft on
+            results.append(exc)
+        finally:
+            clock.pause()
+    return results
+
+
 def drive_many(steps: Sequence[Steps], clocks: Sequence[ShareClock]) -> list[Any]:
     """Run generators in step (see the module docstring): each one's return value, or the exception it
     raised (one session's failure leaves the others drafting; a failed shared call is thrown into each

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from specula.drafters.lockstep import ShareClock, drive, drive_many
+from specula.drafters.lockstep import ShareClock, drive, drive_each, drive_many
 
 
 class FakePass:
@@ -113,3 +113,12 @@ def test_a_clock_advances_only_while_its_own_code_runs():
     spent = clock()
     time.sleep(0.01)
     assert clock() == spent >= 0.01
+
+
+def test_drive_each_gives_drive_manys_results_one_generator_at_a_time():
+    calls = []
+    steps = [expansion([1, 2], "head", calls), expansion([3, 4], "head", calls, raise_at=4)]
+    clocks = [ShareClock() for _ in steps]
+    first, second = drive_each(steps, clocks)
+    assert first == 6 and isinstance(second, ValueError)
+    assert calls == [[1], [2], [3]]  # no pass shared
