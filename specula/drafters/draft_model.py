@@ -163,7 +163,10 @@ class DraftPass:
 
     @property
     def key(self) -> TargetModel | None:
-        packs = isinstance(self.model, BatchedTargetModel) and len(self.ids) <= PACKED_PASS_TOKENS
+        """The draft model where it packs this pass with others: a batching backend, a short pass, and
+        no CUDA graphs (a captured one-token pass each may beat one eager packed pass there: unmeasured)."""
+        packs = (isinstance(self.model, BatchedTargetModel) and len(self.ids) <= PACKED_PASS_TOKENS
+                 and not getattr(self.model, "cuda_graphs", False))
         return self.model if packs else None
 
     def run(self) -> torch.Tensor:

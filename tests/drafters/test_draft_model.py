@@ -208,3 +208,24 @@ def test_a_packed_batch_drafts_its_chains_in_one_draft_pass_a_token_and_each_ses
             assert (s.stats.drafted_tokens, s.stats.accepted_tokens, s.stats.steps) == (
                 alone.stats.drafted_tokens, alone.stats.accepted_tokens, alone.stats.steps)
             assert s.stats.accepted_tokens > 0
+
+
+def test_a_draft_pass_packs_only_short_passes_of_a_batching_backend_without_cuda_graphs():
+    from specula.drafters.draft_model import PACKED_PASS_TOKENS, DraftPass
+
+    class Batching:
+        cuda_graphs = False
+
+        def forward_trees(self, items, hidden=False):
+            raise AssertionError("not run here")
+
+    class Lone:
+        pass
+
+    batching, graphs, lone = Batching(), Batching(), Lone()
+    graphs.cuda_graphs = True
+    assert DraftPass(batching, None, (1,)).key is batching
+    assert DraftPass(batching, None, tuple(range(PACKED_PASS_TOKENS))).key is batching
+    assert DraftPass(batching, None, tuple(range(PACKED_PASS_TOKENS + 1))).key is None  # a prompt's catch-up
+    assert DraftPass(graphs, None, (1,)).key is None
+    assert DraftPass(lone, None, (1,)).key is None
