@@ -24,8 +24,8 @@ from specula.drafters.heads.copy import CopyIndex
 from specula.drafters.heads.eagle import EagleHead, KVBuffer
 from specula.drafters.heads.file import HeadFile, check_target, read_head
 from specula.drafters.heads.kernel_pass import HeadPass, HeadRows, KernelHeadPass, embedding_table, kernel_pass_fits
-from specula.drafters.lockstep import Steps, drive
 from specula.drafters.heads.medusa import HydraHeads, MedusaHeads
+from specula.drafters.lockstep import Steps, drive
 from specula.errors import ConfigError, HeadFileError
 
 MODULES = {"eagle": EagleHead, "eagle3": EagleHead, "medusa": MedusaHeads, "hydra": HydraHeads}
