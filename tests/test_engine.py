@@ -348,6 +348,53 @@ def test_one_sessions_drafter_raising_fails_that_session_only():
     assert b.generated == solo == reference_greedy(model, PROMPTS[1], 20)
 
 
+class SharedPass:
+    """A lockstep pass (`drafters.lockstep.Pass`) that every session's expansion shares; `calls` counts
+    the sessions of each call."""
+
+    key = "shared"
+
+    def __init__(self, calls: list[int]) -> None:
+        self.calls = calls
+
+    def run(self):
+        return self.run_many([self])[0]
+
+    def run_many(self, passes):
+        self.calls.append(len(passes))
+        return [None] * len(passes)
+
+
+class FailingInLockstep(FailingDrafter):
+    """`FailingDrafter` drafting in lockstep: each session's expansion yields a shared pass, and the
+    poisoned request's raises once it has its result."""
+
+    def __init__(self, poison: int) -> None:
+        super().__init__(poison)
+        self.calls: list[int] = []
+
+    def propose_steps(self, ctx, state, clock):
+        yield SharedPass(self.calls)
+        return self.propose(ctx, state)
+
+
+def test_one_sessions_drafter_raising_in_lockstep_fails_that_session_only():
+    """As above with a drafter that drafts the batch in lockstep (`drafters.lockstep`): a's expansion
+    raises after the pass it shared with b's; a ends in error, b gets exactly its solo output."""
+    from specula.drafters import make_drafters
+
+    model = tiny_model("qwen2", seed=3)
+    target = HFCausalLM(model, "target")
+    failing = FailingInLockstep(poison=PROMPTS[0][0])
+    dec = SpeculativeDecoder(target, [*make_drafters("prompt-lookup", target=target), failing], eos_token_ids=[])
+    solo = dec.generate(PROMPTS[1], greedy(20)).token_ids
+    a, b, errors = step_pair(dec)
+    assert errors == [(True, "drafter broke")]
+    assert 2 in failing.calls  # the two sessions' passes ran as one call before a's broke
+    assert a.finish_reason == "error" and b.finish_reason == "length"
+    assert b.generated == solo == reference_greedy(model, PROMPTS[1], 20)
+
+
 class PoisonChain(FailingDrafter):
     """Proposes a one-token chain under the name "poison" for the request whose prompt starts with
     `poison`, nothing for the others (it raises nothing itself)."""
