@@ -3,11 +3,11 @@ that their drafting passes of a level can run as one call.
 
 A drafter that drafts through model passes may offer `propose_steps(ctx, state, clock)`: a generator
 that yields a `Pass` wherever it needs one, receives the pass's result, and returns its `Proposal`
-(`DraftTreeDrafter`, and the trained heads built on it). `drive` runs one such generator alone,
-each pass on its own (`propose`). `drive_many` runs several in step: each round, every generator
-still drafting has yielded one pass; passes of one `key` run as one `Pass.run_many` call (a trained
-head's level for every session in one kernel call: the head's weights read once), the rest one by
-one. A generator's `clock` reads the seconds of its own code plus its share of each call it took
+(`DraftTreeDrafter` and the trained heads built on it, `DraftModelDrafter`). `drive` runs one such
+generator alone, each pass on its own (`propose`). `drive_many` runs several in step: each round,
+every generator still drafting has yielded one pass; passes of one `key` run as one `Pass.run_many`
+call (a trained head's level for every session in one kernel call, a drafted token of every
+session's draft-model chain in one packed pass: the weights read once), the rest one by one. A generator's `clock` reads the seconds of its own code plus its share of each call it took
 part in, which is what its cost view prices its drafting by; each generator's own state is touched
 only by its own code, so the proposals are exactly those each would make alone.
 """

@@ -7,9 +7,9 @@ draft vocabulary: the embedding lookups, eagle3's feature fusion, the copy hints
 and the output layer; one sequence's rows, or (`KernelHeadPass.many`) a packed batch's sessions'
 rows at once, each attending over its own cache, so the head's weights are read once a level for
 the whole batch (session 120 measured one level of SmolLM2's head for 6 sessions at 0.90 ms in one
-call against 2.45 ms as 6 calls). On the 2-core machine a small torch op right after a kernel call waits for the
-core the kernel pool's helper still polls, so the glue between separate calls cost more than the
-kernels: SmolLM2's head pass took 1.6-1.8 ms as a dozen ctypes calls with torch ops between them
+call against 2.45 ms as 6 calls). On the 2-core machine a small torch op right after a kernel call
+waits for the core the kernel pool's helper still polls, so the glue between separate calls cost
+more than the kernels: SmolLM2's head pass took 1.6-1.8 ms as a dozen ctypes calls with torch ops between them
 (session 82's profile). A draft needs no exactness; tests hold this pass to the module's forward
 within float tolerance.
 
@@ -194,19 +194,18 @@ class KernelHeadPass:
         else:
             hint_ids = hint_rows = hint_len = None
         positions = torch.cat([p.positions.to(torch.long) for p in parts]).contiguous()
+        sizes = [len(p.positions) for p in parts]  # T of each part
         masks = [None if p.mask is None else p.mask.contiguous() for p in parts]  # bool, one byte per slot
         seqs = (HeadSeq * len(parts))()
-        for seq, p, mask in zip(seqs, parts, masks):
-            t = len(p.positions)
+        for i, (p, mask, t) in enumerate(zip(parts, masks, sizes)):
             p.cache.reserve(p.at + t)
-            seq.mask, seq.cap, seq.at, seq.lo, seq.rows, seq.logits_from = _ptr(mask), p.cache.capacity, p.at, p.lo, t, \
-                p.logits_from
-            seq.k_cache, seq.v_cache = p.cache.keys[0].data_ptr(), p.cache.values[0].data_ptr()  # [G, cap, D] each
+            seqs[i] = HeadSeq(_ptr(mask), p.cache.keys[0].data_ptr(), p.cache.values[0].data_ptr(),  # [G, cap, D]
+                              p.cache.capacity, p.at, p.lo, t, p.logits_from, 0)
         n = len(positions)
         out, states = torch.empty((n, e)), torch.empty((n, e))
-        wanted = [max(0, len(p.positions) - p.logits_from) for p in parts]
+        wanted = [max(0, t - p.logits_from) for p, t in zip(parts, sizes)]
         logits = torch.empty((sum(wanted), self.lm.out_features)) if self.lm is not None else None
-        scores = self._scores(max(len(p.positions) * h * (p.at - p.lo + len(p.positions)) for p in parts))
+        scores = self._scores(max(t * h * (p.at - p.lo + t) for p, t in zip(parts, sizes)))
         status = self.lib.specula_head_pass_seqs(
             ctypes.byref(self.ref), _ptr(emb_ids), _ptr(emb_rows), feat.data_ptr() if raw else None,
             None if raw else feat.data_ptr(), _ptr(hint_ids), _ptr(hint_rows), _ptr(hint_len), positions.data_ptr(),
@@ -215,7 +214,6 @@ class KernelHeadPass:
         if status != 0:
             raise MemoryError(f"the head's drafting pass could not allocate its work buffers or a layer's rows "
                               f"for {n} rows")
-        sizes = [len(p.positions) for p in parts]
         outs, stated = out.split(sizes), states.split(sizes)
         scored = logits.split(wanted) if logits is not None else [None] * len(parts)
         return list(zip(outs, stated, scored))
