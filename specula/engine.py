@@ -49,6 +49,7 @@ from specula.models.base import (
 from specula.min_tokens import EndsMasked
 from specula.penalties import PenalizedLogits
 from specula.planner import PassThroughPlanner, Plan, Planner, PlanRequest, StepTiming
+from specula.prefix_cache import PrefixCache, RowLog
 from specula.prompts import is_integer
 from specula.sampling import SamplingParams, make_generator, request_seed
 from specula.stats import GenerationStats
@@ -58,6 +59,11 @@ from specula.verify import verify_step
 
 log = logging.getLogger(__name__)
 
+
+DEFAULT_PREFIX_CACHE_MIB = 1024
+"""`EngineConfig.prefix_cache_mib` where the prefix cache is on by default: Qwen2.5-Coder-1.5B's float32 keys and
+values take 56 KiB a token, so about 18,000 tokens of earlier requests (a draft model keeps as much again of its
+own)."""
 
 DRAFTING_LIMITS = ("max_tree_nodes",)
 """The `EngineConfig` fields that bound drafting alone: method none (plain decoding) drafts nothing, so `api.load`
@@ -71,11 +77,19 @@ class EngineConfig:
 
     max_tree_nodes: int = 64
     """Most tree nodes verified in one target pass (the planner may choose fewer)."""
+    prefix_cache_mib: int | None = None
+    """MiB of finished requests' target caches kept so that a request whose prompt begins with the same
+    tokens (a chat's next turn, a shared system prompt) prefills only the rest (`prefix_cache`). None:
+    `DEFAULT_PREFIX_CACHE_MIB` where the target's rows are bit for bit row invariant (greedy guarantee
+    "bitwise": outputs then equal an uncached run's exactly) and its sequences fork, else off; 0: off."""
 
     def __post_init__(self) -> None:
         if isinstance(self.max_tree_nodes, bool) or not isinstance(self.max_tree_nodes, int) or self.max_tree_nodes < 1:
             raise ConfigError(f"max_tree_nodes must be an integer >= 1, got {self.max_tree_nodes!r} (plain decoding "
                               "is the method none)")
+        mib = self.prefix_cache_mib
+        if mib is not None and (isinstance(mib, bool) or not isinstance(mib, int) or mib < 0):
+            raise ConfigError(f"prefix_cache_mib must be an integer >= 0 (0: no prefix cache), got {mib!r}")
 
     def drafting_limits_set(self) -> list[str]:
         """The `DRAFTING_LIMITS` set away from their defaults, in that order (what plain decoding would ignore)."""
@@ -158,6 +172,10 @@ class Session:
     to it, drafts it forbids are dropped, tokens it forces are drafted for free."""
     prompt_logprobs: list[TokenLogprob | None] | None = None
     """The prompt tokens' logprobs (None for the first), set by `start` when the request asked."""
+    features: RowLog | None = None
+    """The hidden states of the committed tokens, kept for the prefix cache when a drafter reads them."""
+    freed: bool = False
+    """`finish` has handed its cache on (to the prefix cache) or freed it."""
     t_start: float = 0.0
     owner: Any = None
     """The decoder that started the session (only it may step it)."""
@@ -196,6 +214,11 @@ class SpeculativeDecoder:
         self.forced_drafts = any(not isinstance(d, NoDrafter) for d in self.drafters)
         """Draft the tokens a request's grammar forces (every method that drafts; plain decoding
         stays one token per step)."""
+        self.prefix_cache = prefix_cache_for(target, config.prefix_cache_mib)
+        """Finished requests' target caches for the requests that begin alike (None: off)."""
+        for drafter in self.drafters:  # a draft model's caches likewise (its drafts need no exactness)
+            if self.prefix_cache is not None and hasattr(drafter, "keep_prefixes"):
+                drafter.keep_prefixes(self.prefix_cache.max_bytes)
 
     @property
     def planned(self) -> bool:
@@ -239,6 +262,9 @@ class SpeculativeDecoder:
             grammar = GrammarState(constraint, self.tokenizer, self.target.vocab_size, sorted(self.eos_token_ids))
         t_start = time.perf_counter()
         seq = self.target.new_sequence()
+        hit = None
+        if self.prefix_cache is not None and params.prompt_logprobs is None:  # logprobs: every prompt row's logits
+            hit = self.prefix_cache.take(prompt, seq, bool(self.hidden))
         seed = request_seed(params.seed)
         session = Session(
             prompt=prompt, params=params, seq=seq, generator=make_generator(seed, self.target.device), seed=seed,
@@ -249,8 +275,11 @@ class SpeculativeDecoder:
         )
         session.stats.method = self.method
         session.stats.prompt_tokens = len(prompt)
+        session.stats.cached_tokens = hit.length if hit is not None else 0
         try:
-            hidden = self._prefill(session)  # [len(prompt) - 1, k E] or None
+            hidden = self._prefill(session, hit.features if hit is not None else None)  # [len(prompt) - 1, k E] or None
+            if self.prefix_cache is not None and hidden is not None:
+                session.features = RowLog(hidden)
             session.drafter_states = [d.start() for d in self.drafters]
             if self.hidden:
                 for drafter, state in zip(self.drafters, session.drafter_states):
@@ -262,12 +291,15 @@ class SpeculativeDecoder:
         session.stats.prefill_seconds = time.perf_counter() - t_start
         return session
 
-    def _prefill(self, session: Session) -> torch.Tensor | None:
-        """Run all of the prompt but its last token (the first root) into the session's cache: the
-        hidden states the drafters read ([len(prompt) - 1, k E], None when none does), and the
-        prompt's logprobs on the session when the request asked (then in `PROMPT_CHUNK`-token passes
-        whose logits are kept)."""
-        prompt, seq, top = session.prompt, session.seq, session.params.prompt_logprobs
+    def _prefill(self, session: Session, cached: torch.Tensor | None = None) -> torch.Tensor | None:
+        """Run all of the prompt but its last token (the first root) into the session's cache, after the
+        tokens it already holds (a prefix cache's copy, whose hidden states are `cached`): the hidden
+        states the drafters read ([len(prompt) - 1, k E], None when none does), and the prompt's logprobs
+        on the session when the request asked (then in `PROMPT_CHUNK`-token passes whose logits are kept;
+        the cache then holds nothing yet)."""
+        seq, top = session.seq, session.params.prompt_logprobs
+        done = len(seq.tokens)
+        prompt = session.prompt[done:]
 
         def run(ids: list[int], logits: str) -> tuple[torch.Tensor | None, torch.Tensor | None]:
             out = seq.prefill(ids, logits=logits, hidden=self.hidden) if self.hidden else seq.prefill(ids, logits=logits)
@@ -276,7 +308,8 @@ class SpeculativeDecoder:
         if top is None or len(prompt) == 1:
             if top is not None:
                 session.prompt_logprobs = [None]
-            return run(prompt[:-1], "none")[1]
+            hidden = run(prompt[:-1], "none")[1]
+            return hidden if cached is None or hidden is None else torch.cat([cached, hidden])
         entries: list[TokenLogprob | None] = [None]
         hidden = []
         for a in range(0, len(prompt) - 1, PROMPT_CHUNK):
@@ -298,7 +331,12 @@ class SpeculativeDecoder:
             except Exception as exc:  # a state save, online distillation: the others still run
                 errors.append(exc)
         session.drafter_states = []
-        session.seq.release()
+        if not session.freed:
+            if self.prefix_cache is not None:
+                self.prefix_cache.put(session.seq, session.features)  # kept for a request that begins alike
+            else:
+                session.seq.release()
+            session.features, session.freed = None, True
         if session.finish_reason is None:
             session.finish_reason = session.stats.finish_reason = "cancelled"
         if session.stats.planner is None:
@@ -549,6 +587,8 @@ class SpeculativeDecoder:
         verify_seconds = pass_seconds + (t2 - t1)
 
         session.seq.commit(result.path)
+        if session.features is not None and hidden is not None:
+            session.features.extend(hidden[step_rows(result.path)])  # the root's row and each accepted node's
         t3 = time.perf_counter()
         step = StepResult(tokens[-1], proposal, result.path, result.next_token, logits, hidden,
                           idle=plan.idle_by_load)
@@ -700,3 +740,17 @@ def feature_request(drafters) -> FeatureRequest:
         raise ConfigError(f"the drafters read different target features ({', '.join(sorted(map(str, asked)))}): "
                           "use heads of one kind together (eagle3 heads read layer inputs, the others the last state)")
     return asked.pop() if asked else False
+
+
+def prefix_cache_for(target: TargetModel, mib: int | None) -> PrefixCache | None:
+    """The prefix cache of an engine on `target` (`EngineConfig.prefix_cache_mib`): None when off; a
+    ConfigError when asked for on a backend whose sequences cannot copy a prefix."""
+    copies = getattr(target, "copies_prefixes", False)
+    if mib is None:
+        mib = DEFAULT_PREFIX_CACHE_MIB if copies and target.greedy_guarantee == "bitwise" else 0
+    if mib == 0:
+        return None
+    if not copies:
+        raise ConfigError(f"{target.name}'s backend cannot copy a sequence's cache, so it has no prefix cache: "
+                          "use the native backend (--backend native), or prefix_cache_mib=0")
+    return PrefixCache(mib << 20)

@@ -43,6 +43,8 @@ class GenerationStats:
     seconds: float = 0.0
     """Wall time of the whole generation, prefill included."""
     prompt_tokens: int = 0
+    cached_tokens: int = 0
+    """Prompt tokens read from the engine's prefix cache instead of prefilled (`prefix_cache`)."""
     finish_reason: str = ""
     """"stop" (EOS or a stop string), "length" (max_new_tokens or the context window), or
     "cancelled" (the caller stopped the generation)."""
@@ -127,7 +129,7 @@ class GenerationStats:
         for name in (
             "new_tokens", "steps", "drafted_tokens", "proposed_tokens", "accepted_tokens", "predicted_accepted",
             "prefill_seconds", "draft_seconds", "verify_seconds", "commit_seconds", "seconds", "prompt_tokens",
-            "speculation_off_by_load",
+            "cached_tokens", "speculation_off_by_load",
         ):
             setattr(out, name, getattr(self, name) + getattr(other, name))
         out.accepted_lengths = self.accepted_lengths + other.accepted_lengths
@@ -143,6 +145,7 @@ class GenerationStats:
             "method": self.method,
             "new_tokens": self.new_tokens,
             "prompt_tokens": self.prompt_tokens,
+            "cached_tokens": self.cached_tokens,
             "steps": self.steps,
             "mean_accepted_tokens": round(self.mean_accepted_tokens, 4),
             "mean_accepted_per_drafting_step": (

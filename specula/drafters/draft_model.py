@@ -40,6 +40,7 @@ from specula.errors import ConfigError
 from specula.models.base import (
     BatchedTargetModel, TargetModel, TargetSequence, common_prefix_length, forward_trees, keep_common_prefix,
 )
+from specula.prefix_cache import PrefixCache
 from specula.sampling import SamplingParams
 from specula.tree import TokenTree
 
@@ -194,6 +195,15 @@ class DraftModelDrafter:
         """The prompt tokens the draft reads at most (`fitted_window`)."""
         self._token_seconds = Ema(config.timing_ema)  # one draft token (a one-token pass)
         self._catch_up_seconds = Ema(config.timing_ema)  # per token, for catch-ups of >= 16 tokens
+        self.prefix_cache: PrefixCache | None = None
+        """Finished requests' draft caches, for the requests that begin alike (`keep_prefixes`; None: off)."""
+
+    def keep_prefixes(self, max_bytes: int) -> None:
+        """Keep up to `max_bytes` of finished requests' draft caches, so that a request whose text begins with
+        one's (a chat's next turn) catches up only the rest (the engine's prefix cache, `prefix_cache`); a
+        draft backend that cannot copy a prefix keeps none."""
+        if getattr(self.draft, "copies_prefixes", False):
+            self.prefix_cache = PrefixCache(max_bytes)
 
     @property
     def memory_bytes(self) -> int:
@@ -205,7 +215,10 @@ class DraftModelDrafter:
         return self.draft.new_sequence()
 
     def finish(self, seq: TargetSequence) -> None:
-        seq.release()
+        if self.prefix_cache is not None:
+            self.prefix_cache.put(seq, None)
+        else:
+            seq.release()
 
     def observe(self, step: StepResult, seq: TargetSequence) -> None:
         return None  # rollback happens lazily in _sync_steps()
@@ -248,6 +261,8 @@ class DraftModelDrafter:
         tokens = window_view(ctx.tokens, ctx.prompt_len, self.window)  # what the draft reads
         if self.fit is not None:
             tokens = self.fit.read(tokens)
+        if not seq.tokens and self.prefix_cache is not None:  # a new request: a finished one's cache may hold its start
+            self.prefix_cache.take(tokens, seq)
         room = self.draft.max_context - len(tokens) + 1  # the draft cache holds tokens + k - 1 drafts
         k = min(self.config.num_draft_tokens, ctx.budget.max_depth, ctx.budget.max_nodes, room)
         if k <= 0:

@@ -80,6 +80,24 @@ class TargetSequence(Protocol):
 
 
 @runtime_checkable
+class PrefixCopyingSequence(Protocol):
+    """A sequence that can start as a copy of another's committed prefix (the engine's prefix cache,
+    `prefix_cache.PrefixCache`: a request whose prompt starts with tokens a finished request's cache holds
+    reads their keys and values instead of prefilling them). A backend whose sequences are such says so
+    with `copies_prefixes = True`."""
+
+    @property
+    def memory_bytes(self) -> int:
+        """Bytes its cache occupies (its capacity, not only the committed slots)."""
+        ...
+
+    def copy_prefix(self, source: "PrefixCopyingSequence", length: int) -> None:
+        """Make this new, empty sequence hold `source`'s first `length` committed tokens (their keys and
+        values copied; `source` is unchanged and may be pending)."""
+        ...
+
+
+@runtime_checkable
 class TargetModel(Protocol):
     """A model that verifies token trees (see the module docstring)."""
 

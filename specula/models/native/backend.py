@@ -155,6 +155,10 @@ class NativeCausalLM:
         return weight_bytes(self.decoder)
 
     # ------------------------------------------------------------------ TargetModel
+    copies_prefixes = True
+    """Its sequences start as copies of others' committed prefixes (`NativeSequence.copy_prefix`): the
+    engine's prefix cache."""
+
     def new_sequence(self) -> "NativeSequence":
         return NativeSequence(self)
 
@@ -360,6 +364,24 @@ class NativeSequence(TreeSequence):
     def slots(self) -> int:
         """Slots in use: the committed tokens (+ the pending tree's rows while one is pending)."""
         return len(self._tokens) + (len(self._pending[1]) + 1 if self._pending is not None else 0)
+
+    @property
+    def memory_bytes(self) -> int:
+        """Bytes of its keys and values (the whole capacity)."""
+        return 2 * self.cache.k.numel() * self.cache.k.element_size()
+
+    def copy_prefix(self, source: "NativeSequence", length: int) -> None:
+        """Hold `source`'s first `length` committed tokens (`models.base.PrefixCopyingSequence`): their slots
+        copied, bit for bit what a prefill of them writes where the rows are row invariant."""
+        if self._tokens or self._pending is not None:
+            raise RuntimeError("copy_prefix() into a sequence that holds tokens: start from a new one")
+        if not 0 <= length <= len(source.tokens):
+            raise ValueError(f"copy_prefix of {length} tokens outside 0..{len(source.tokens)}")
+        self.cache.reserve(length, 0)
+        self.cache.k[:, :, :length] = source.cache.k[:, :, :length]
+        self.cache.v[:, :, :length] = source.cache.v[:, :, :length]
+        self._tokens = list(source.tokens[:length])
+        self._show_output(self._tokens)
 
     def _prefill_rows(self, ids: list[int], logits: LogitsMode, hidden: FeatureRequest) -> Any:
         start, n = len(self._tokens), len(ids)

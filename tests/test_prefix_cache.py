@@ -1,0 +1,266 @@
+"""The engine's prefix cache (`specula.prefix_cache`): a request whose prompt begins with tokens a finished
+request's cache holds copies them instead of prefilling, and its output (and a head's drafts) equal an
+uncached run's exactly; the cache keeps the longest prefixes within its budget, least recently used out."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tiny import reference_greedy, tiny_model
+from specula.api import build_decoder
+from specula.engine import DEFAULT_PREFIX_CACHE_MIB, EngineConfig, SpeculativeDecoder
+from specula.errors import ConfigError
+from specula.models.hf import HFCausalLM
+from specula.models.native import NativeCausalLM, NativeDecoder, configure, kernels
+from specula.prefix_cache import PrefixCache, RowLog
+from specula.sampling import SamplingParams
+from specula.tree import TokenTree
+
+needs_kernels = pytest.mark.skipif(not kernels.available(), reason="specula's CPU kernels do not run here")
+
+PROMPT = [5, 17, 33, 2, 5, 17, 40, 41, 42, 5, 17, 60, 61, 62, 63, 64, 60, 61, 9, 12, 30]
+FOLLOW_UP = [70, 71, 72, 5, 17]
+
+
+def native(model) -> NativeCausalLM:
+    """specula's C kernels: every row computed alone (greedy guarantee "bitwise")."""
+    return NativeCausalLM(configure(NativeDecoder.from_hf(model), "specula", "none", "sdpa"), "native",
+                          eos_token_ids=[])
+
+
+def greedy(n: int, **options) -> SamplingParams:
+    return SamplingParams(max_new_tokens=n, ignore_eos=True, **options)
+
+
+def decoder(target, method: str, mib: int | None, draft=None, **options) -> SpeculativeDecoder:
+    return build_decoder(method, target, None, draft, engine=EngineConfig(prefix_cache_mib=mib), **options)
+
+
+# ---------------------------------------------------------------------------------------- the sequences
+
+
+@needs_kernels
+def test_a_copied_prefix_continues_bit_for_bit_as_a_fresh_prefill():
+    """Keys and values written by a prefill and by verified trees, copied: the logits after them equal a
+    fresh prefill's of the same tokens, bit for bit."""
+    model = tiny_model("llama", seed=2)
+    target = native(model)
+    seq = target.new_sequence()
+    seq.prefill(PROMPT[:12])
+    seq.forward_tree(PROMPT[12], TokenTree.build([PROMPT[13], 90, PROMPT[14]], [-1, -1, 0]))
+    seq.commit([0, 2])  # PROMPT[12..14] committed through a tree
+    seq.prefill(PROMPT[15:18])
+    copy = target.new_sequence()
+    copy.copy_prefix(seq, 16)
+    assert copy.tokens == PROMPT[:16] and seq.tokens == PROMPT[:18]
+    got = copy.prefill(PROMPT[16:], logits="all")  # [5, vocab]
+    fresh = target.new_sequence().prefill(PROMPT, logits="all")[16:]
+    assert torch.equal(got, fresh)
+    with pytest.raises(ValueError, match="copy_prefix"):
+        target.new_sequence().copy_prefix(seq, 19)
+    with pytest.raises(RuntimeError, match="holds tokens"):
+        copy.copy_prefix(seq, 4)
+
+
+# ---------------------------------------------------------------------------------------- the engine
+
+
+@needs_kernels
+@pytest.mark.parametrize("method", ["none", "prompt-lookup"])
+def test_a_chats_next_turn_reads_the_last_turns_cache_and_its_output_is_unchanged(method):
+    model = tiny_model("llama", seed=3)
+    target = native(model)
+    assert target.greedy_guarantee == "bitwise"
+    dec = decoder(target, method, None)  # on by default here
+    assert dec.prefix_cache is not None and dec.prefix_cache.max_bytes == DEFAULT_PREFIX_CACHE_MIB << 20
+    first = dec.generate(PROMPT, greedy(20))
+    assert first.stats.cached_tokens == 0
+    second_prompt = PROMPT + first.token_ids + FOLLOW_UP
+    second = dec.generate(second_prompt, greedy(20))
+    # the first request's cache held its prompt and all but its last token (the root of a step never run)
+    assert second.stats.cached_tokens == len(PROMPT) + len(first.token_ids) - 1
+    assert second.token_ids == reference_greedy(model, second_prompt, 20)
+    again = dec.generate(second_prompt, greedy(20))  # the same prompt: all of it but the last token
+    assert again.stats.cached_tokens == len(second_prompt) - 1
+    assert again.token_ids == second.token_ids
+    assert len(dec.prefix_cache) == 1  # each request's cache extended the one before: that one was dropped
+
+
+@needs_kernels
+@pytest.mark.parametrize("kind", ["eagle", "eagle3"])
+def test_a_head_reads_the_same_features_from_the_cache_as_from_a_prefill(kind):
+    """The hidden states of the cached tokens are kept beside them: with fixed plans, a head drafts and
+    the target accepts exactly as much as without the cache, and the output is plain greedy."""
+    from specula.drafters.heads.runtime import new_head
+
+    model = tiny_model("llama", "eager", seed=4)
+    target = native(model)
+    head = new_head(kind, target, torch.arange(0, model.config.vocab_size), seed=1)
+    cached = decoder(target, kind, 64, head=head, planner=False)
+    fresh = decoder(target, kind, 0, head=head, planner=False)
+    assert fresh.prefix_cache is None
+    seen: dict[str, list[torch.Tensor]] = {"cached": [], "fresh": []}
+    for name, dec in (("cached", cached), ("fresh", fresh)):
+        drafter = dec.drafters[0]
+        drafter.observe_prompt = (lambda prompt, hidden, state, into=seen[name], call=drafter.observe_prompt:
+                                  (into.append(hidden.clone()), call(prompt, hidden, state))[1])
+    first = cached.generate(PROMPT, greedy(16))
+    follow = PROMPT + first.token_ids + FOLLOW_UP
+    got, want = cached.generate(follow, greedy(24)), fresh.generate(follow, greedy(24))
+    assert got.stats.cached_tokens == len(PROMPT) + 15
+    # the prompt's features the head starts from: 36 rows kept from the first request's prefill and steps
+    assert seen["cached"][-1].shape[0] == len(follow) - 1 and torch.equal(seen["cached"][-1], seen["fresh"][-1])
+    assert got.token_ids == want.token_ids == reference_greedy(model, follow, 24)
+    assert (got.stats.drafted_tokens, got.stats.accepted_tokens, got.stats.steps) == \
+           (want.stats.drafted_tokens, want.stats.accepted_tokens, want.stats.steps)
+    assert got.stats.accepted_tokens > 0
+
+
+@needs_kernels
+def test_a_draft_models_cache_is_kept_and_read_alike():
+    """The draft model keeps its finished requests' caches too: a next turn's draft cache starts as a copy of
+    the first turn's, and it drafts (and the target accepts) exactly what it does without."""
+    from specula.drafters.draft_model import DraftModelDrafter
+    from tiny import perturbed_copy
+
+    model = tiny_model("llama", seed=3)
+    target, draft = native(model), native(perturbed_copy(model, 0.05))
+    cached = decoder(target, "draft-model", 64, draft=draft, planner=False)
+    fresh = decoder(target, "draft-model", 0, draft=draft, planner=False)
+    drafter = cached.drafters[0]
+    assert isinstance(drafter, DraftModelDrafter) and drafter.prefix_cache is not None
+    assert fresh.drafters[0].prefix_cache is None
+    hits = []
+    take = drafter.prefix_cache.take
+    drafter.prefix_cache.take = lambda prompt, into, features=False: hits.append(take(prompt, into, features))
+    first = cached.generate(PROMPT, greedy(16))
+    follow = PROMPT + first.token_ids + FOLLOW_UP
+    got, want = cached.generate(follow, greedy(24)), fresh.generate(follow, greedy(24))
+    assert hits[0] is None and hits[1].length >= len(PROMPT)  # the first turn's draft cache, to where it drafted
+    assert got.token_ids == want.token_ids == reference_greedy(model, follow, 24)
+    assert (got.stats.drafted_tokens, got.stats.accepted_tokens, got.stats.steps) == \
+           (want.stats.drafted_tokens, want.stats.accepted_tokens, want.stats.steps)
+    assert got.stats.accepted_tokens > 0
+
+
+@needs_kernels
+def test_a_packed_batch_reads_and_fills_the_cache():
+    model = tiny_model("llama", seed=3)
+    target = native(model)
+    dec = decoder(target, "prompt-lookup", 64)
+    first = dec.generate(PROMPT, greedy(8)).token_ids
+    prompts = [PROMPT + first[:5] + [80], PROMPT[:18] + [80], [9, 8, 7]]
+    outs = dict(dec.generate_many(((k, p, greedy(12)) for k, p in enumerate(prompts)), max_batch_size=3))
+    assert [outs[k].stats.cached_tokens for k in range(3)] == [len(PROMPT) + 5, 18, 0]  # 3 tokens: under MIN_REUSE
+    assert [outs[k].token_ids for k in range(3)] == [reference_greedy(model, p, 12) for p in prompts]
+    # the first request's cache and the first two of the batch's (each parts from the others); the third's 14
+    # tokens are under MIN_REUSE: freed
+    assert sorted(len(e.seq.tokens) for e in dec.prefix_cache._entries.values()) == [21 + 7, 19 + 11, 27 + 11]
+
+
+@needs_kernels
+def test_prompt_logprobs_prefill_the_whole_prompt():
+    model = tiny_model("llama", seed=3)
+    dec = decoder(native(model), "none", 64)
+    dec.generate(PROMPT, greedy(4))
+    out = dec.generate(PROMPT, greedy(4, prompt_logprobs=2))
+    assert out.stats.cached_tokens == 0
+    assert out.prompt_logprobs is not None and len(out.prompt_logprobs) == len(PROMPT)
+
+
+def test_the_prefix_cache_is_off_where_sequences_cannot_copy_a_prefix_and_refused_when_asked_there():
+    model = tiny_model("qwen2", seed=3)
+    target = HFCausalLM(model, "hf", eos_token_ids=[])
+    assert decoder(target, "none", None).prefix_cache is None
+    with pytest.raises(ConfigError, match="prefix cache.*native backend"):
+        decoder(target, "none", 16)
+    for bad in (-1, 1.5, True):
+        with pytest.raises(ConfigError, match="prefix_cache_mib"):
+            EngineConfig(prefix_cache_mib=bad)
+
+
+# ---------------------------------------------------------------------------------------- the cache itself
+
+
+class FakeSequence:
+    """A prefix-copying sequence of `size` bytes."""
+
+    def __init__(self, tokens=(), size: int = 100) -> None:
+        self.tokens = list(tokens)
+        self.memory_bytes = size
+        self.released = False
+
+    def copy_prefix(self, source: "FakeSequence", length: int) -> None:
+        assert not self.tokens
+        self.tokens = source.tokens[:length]
+
+    def release(self) -> None:
+        self.released = True
+
+    # the rest of TargetSequence, never called here
+    def prefill(self, ids, logits="last", hidden=False): raise AssertionError
+    def forward_tree(self, root, tree, hidden=False): raise AssertionError
+    def forward_tree_incremental(self, tree): raise AssertionError
+    def commit(self, path): raise AssertionError
+    def crop(self, length): raise AssertionError
+
+
+def take(cache: PrefixCache, prompt, features: bool = False):
+    """(tokens copied into a new sequence, the hit) of `cache.take`."""
+    into = FakeSequence()
+    hit = cache.take(prompt, into, features)
+    return into.tokens, hit
+
+
+def test_the_longest_common_prefix_is_taken_and_short_ones_are_not():
+    cache = PrefixCache(10_000, min_tokens=4)
+    a, b = FakeSequence(range(0, 10)), FakeSequence([0, 1, 2, 3, 4, 5, 50, 51])
+    cache.put(a, None)
+    cache.put(b, None)
+    tokens, hit = take(cache, [0, 1, 2, 3, 4, 5, 50, 51, 52, 53])
+    assert hit.length == 8 and tokens == b.tokens and hit.features is None
+    tokens, hit = take(cache, list(range(0, 7)) + [99])
+    assert hit.length == 7 and tokens == list(range(7))  # a holds 0..9; the prompt's last token is the first root
+    assert take(cache, [0, 1, 2, 9, 9]) == ([], None)  # 3 common tokens: under min_tokens
+    assert not a.released and not b.released
+
+
+def test_the_least_recently_used_go_first_and_an_extended_prefix_is_dropped():
+    cache = PrefixCache(250, min_tokens=2)
+    a, b, c = FakeSequence([1, 2, 3]), FakeSequence([4, 5, 6]), FakeSequence([7, 8, 9])
+    cache.put(a, None)
+    cache.put(b, None)
+    take(cache, [1, 2, 3, 0])  # a used: b is now the oldest
+    cache.put(c, None)
+    assert b.released and not a.released and not c.released and cache.bytes == 200
+    longer = FakeSequence([1, 2, 3, 4])
+    cache.put(longer, None)
+    assert a.released and len(cache) == 2  # longer holds all a held
+    big, short = FakeSequence(range(5), size=251), FakeSequence([1])
+    cache.put(big, None)
+    cache.put(short, None)
+    assert big.released and short.released and len(cache) == 2
+    cache.clear()
+    assert c.released and longer.released and len(cache) == 0 and cache.bytes == 0
+
+
+def test_features_are_taken_only_with_as_many_rows_as_tokens():
+    cache = PrefixCache(1 << 20, min_tokens=2)
+    seq = FakeSequence(range(8))
+    log = RowLog(torch.arange(12.0).reshape(6, 2))  # features of the first 6 tokens only
+    cache.put(seq, log)
+    tokens, hit = take(cache, list(range(10)), features=True)
+    assert hit.length == 6 == len(tokens) and torch.equal(hit.features, torch.arange(12.0).reshape(6, 2))
+    assert take(cache, list(range(10)))[1].length == 8
+    cache.put(FakeSequence(range(20, 30)), None)
+    assert take(cache, list(range(20, 31)), features=True) == ([], None)  # no features kept for it
+
+
+def test_a_row_log_grows_and_keeps_its_rows():
+    log = RowLog(torch.ones(3, 4))
+    for k in range(40):
+        log.extend(torch.full((5, 4), float(k)))
+    rows = log.rows()
+    assert rows.shape == (203, 4) and torch.equal(rows[:3], torch.ones(3, 4))
+    assert torch.equal(rows[3 + 5 * 39:], torch.full((5, 4), 39.0))
