@@ -348,7 +348,7 @@ def execute(args: argparse.Namespace, bench: BenchPlan, target, tokenizer, draft
     for name in (RESULTS_FILE, REPORT_FILE, *PLOTS):
         (Path(args.out) / name).unlink(missing_ok=True)
 
-    engine = engine_config(args)
+    engine = engine_config(args)  # no prefix cache: each prompt prefilled whole, as `hf:greedy` does
     # --draft skip: no draft model was loaded; every method gets it as an option (`make_drafters`)
     draft_skip = {"draft_skip": True, "skip_layers": args.skip_layers} if args.draft == SKIP_DRAFT else {}
     # a draft model's flag fusion would not read: why there is no draft model (--draft auto may pick none)

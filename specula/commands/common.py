@@ -285,6 +285,15 @@ def served_model_name(args: argparse.Namespace) -> str:
     return name
 
 
+def add_prefix_cache_arg(group) -> None:
+    """`--prefix-cache-mib` of `serve` and `run-batch` (`EngineConfig.prefix_cache_mib`; its default,
+    `engine.DEFAULT_PREFIX_CACHE_MIB`, written out: the engine imports torch, and --help must not)."""
+    group.add_argument("--prefix-cache-mib", type=int, default=None, metavar="MIB",
+                       help="memory for finished requests' caches, so that a request beginning with the same tokens (a "
+                            "chat's next turn, a shared system prompt) prefills only the rest (default 1024 on "
+                            "specula's CPU kernels, where outputs stay bit for bit the same; else off; 0: off)")
+
+
 def add_tool_args(group) -> None:
     """vLLM's tool-calling options of `serve` and `run-batch`: tool_choice auto parses the output."""
     group.add_argument("--enable-auto-tool-choice", action="store_true",
@@ -412,14 +421,18 @@ def check_drafting_flags_used(args: argparse.Namespace, methods, what: str, fix:
 
 def engine_config(args: argparse.Namespace) -> "EngineConfig":
     """The decode loop's limits: each `EngineConfig` field from the flag of the same name when given (e.g.
-    `--max-tree-nodes`), else its default (64)."""
+    `--max-tree-nodes`), else its default (64). A command without `--prefix-cache-mib` runs with no prefix
+    cache: `generate` decodes one request (its `--compare` warm-up would leave the method, not plain
+    decoding, the prompt's cache), `bench` measures decoding with every prompt prefilled whole."""
     from dataclasses import fields
 
     from specula.api import EngineConfig
 
+    values = {f.name: getattr(args, f.name) for f in fields(EngineConfig) if getattr(args, f.name, None) is not None}
+    if not hasattr(args, "prefix_cache_mib"):
+        values["prefix_cache_mib"] = 0
     with flags_in_errors(args):
-        return EngineConfig(**{f.name: getattr(args, f.name) for f in fields(EngineConfig)
-                               if getattr(args, f.name, None) is not None})
+        return EngineConfig(**values)
 
 
 def check_flags_taken(args: argparse.Namespace, methods, what: str, fix: str) -> None:

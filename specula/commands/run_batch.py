@@ -6,8 +6,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from specula.commands.common import (add_method_args, add_model_args, add_tool_args, auto_tool_parser, load_spec,
-                                     method_help, served_model_name)
+from specula.commands.common import (add_method_args, add_model_args, add_prefix_cache_arg, add_tool_args,
+                                     auto_tool_parser, load_spec, method_help, served_model_name)
 from specula.errors import ConfigError
 from specula.paths import check_not_input, check_output
 
@@ -28,6 +28,7 @@ def register(sub) -> None:
     g.add_argument("--max-batch-size", type=int, default=8, help="sequences decoded at once (default 8)")
     g.add_argument("--chat-max-tokens", type=int, default=512,
                    help="max_tokens of chat requests that give none (default 512, capped by the context)")
+    add_prefix_cache_arg(g)
     g.add_argument("--served-model-name", default=None,
                    help="the model id requests may name (default: the --target value; not empty)")
     g.add_argument("--no-progress", action="store_true", help="no progress bar")

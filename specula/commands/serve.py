@@ -8,8 +8,8 @@ import logging
 import os
 import sys
 
-from specula.commands.common import (add_method_args, add_model_args, add_tool_args, flags_in_errors, load_spec,
-                                     method_help, served_model_name)
+from specula.commands.common import (add_method_args, add_model_args, add_prefix_cache_arg, add_tool_args,
+                                     flags_in_errors, load_spec, method_help, served_model_name)
 from specula.errors import ConfigError
 
 
@@ -33,6 +33,7 @@ def register(sub) -> None:
                    help="max_tokens of chat requests that give none (default 512, capped by the context)")
     g.add_argument("--max-batch-size", type=int, default=8,
                    help="requests decoded at once, continuous batching (default 8; 1 = one at a time)")
+    add_prefix_cache_arg(g)
     g.add_argument("--max-queue", type=int, default=256,
                    help="requests waiting for a place in the batch; more get 503 with Retry-After (default 256)")
     g.add_argument("--request-timeout", type=float, default=600.0,

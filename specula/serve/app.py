@@ -40,7 +40,7 @@ from specula.serve import protocol
 from specula.serve.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from specula.serve.metrics import ServerMetrics
 from specula.serve.protocol import APIError, GenerationRequest, ResponseIds
-from specula.serve.choices import ChoiceState, CollectedResponse, summed
+from specula.serve.choices import ChoiceState, CollectedResponse, cached_prompt_tokens, summed
 from specula.serve.tools import auto_tool_parser
 from specula.serve.worker import ChoiceChunk, Job, Started, Worker
 from specula.token_bytes import TokenBytes
@@ -537,8 +537,10 @@ async def _stream(server: SpeculaServer, request: Request, job: Job, gen: Genera
             yield _sse(exc.body())
         else:
             if gen.include_usage:
-                stats = summed([c.stats for c in choices])
-                yield _sse(protocol.usage_chunk_body(ids, started.prompt_tokens, stats.new_tokens, stats))
+                each = [c.stats for c in choices]
+                stats = summed(each)
+                yield _sse(protocol.usage_chunk_body(ids, started.prompt_tokens, stats.new_tokens, stats,
+                                                     cached_prompt_tokens(each, len(started.prompts))))
             status = 200
             server.metrics.request_seconds.observe(time.perf_counter() - t0)
             _record(request, status)

@@ -26,6 +26,13 @@ def summed(stats: list[GenerationStats]) -> GenerationStats:
     return functools.reduce(GenerationStats.merge, stats)
 
 
+def cached_prompt_tokens(stats: list[GenerationStats], prompts: int) -> int:
+    """Prompt tokens the response's choices read from the prefix cache, each prompt counted once, as `usage`
+    counts its tokens (choice i decodes prompt i // n; its n choices start together and read alike)."""
+    n = len(stats) // prompts
+    return sum(max(s.cached_tokens for s in stats[i * n: (i + 1) * n]) for i in range(prompts))
+
+
 class LogprobsFormatter:
     """One choice's logprobs objects, in the endpoint's shape, chunk after chunk."""
 
@@ -127,5 +134,7 @@ class CollectedResponse:
                                          join_tool_calls(self._tool_calls[c.index]), self.gen.chat_echo,
                                          self.gen.role)
                    for c in self.choices]
-        stats = summed([c.stats for c in self.choices])
-        return protocol.completion_body(ids, results, self.started.prompt_tokens, stats.new_tokens, stats)
+        each = [c.stats for c in self.choices]
+        stats = summed(each)
+        return protocol.completion_body(ids, results, self.started.prompt_tokens, stats.new_tokens, stats,
+                                        cached_prompt_tokens(each, len(self.started.prompts)))

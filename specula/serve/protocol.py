@@ -749,9 +749,11 @@ def speculation(stats: GenerationStats) -> dict[str, Any]:
     }
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> dict[str, Any]:
+    """OpenAI's usage object; `cached_tokens`: prompt tokens read from the prefix cache (`prefix_cache`)."""
     return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}
+            "total_tokens": prompt_tokens + completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": cached_tokens}}
 
 
 @dataclass(frozen=True)
@@ -857,8 +859,9 @@ def join_logprobs(objects: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
 
 
 def completion_body(ids: ResponseIds, choices: Sequence[ChoiceResult], prompt_tokens: int,
-                    completion_tokens: int, stats: GenerationStats) -> dict[str, Any]:
-    """The whole (non-streamed) response: `choices` in index order, `stats` summed over them."""
+                    completion_tokens: int, stats: GenerationStats, cached_tokens: int = 0) -> dict[str, Any]:
+    """The whole (non-streamed) response: `choices` in index order, `stats` summed over them (`cached_tokens`:
+    `usage`'s)."""
     if ids.endpoint == "completions":
         body = ids._base("text_completion")
         body["choices"] = [{"text": c.text, "index": c.index, "logprobs": c.logprobs, "finish_reason": c.finish_reason}
@@ -867,7 +870,7 @@ def completion_body(ids: ResponseIds, choices: Sequence[ChoiceResult], prompt_to
         body = ids._base("chat.completion")
         body["choices"] = [{"index": c.index, "message": _message(c), "logprobs": c.logprobs,
                             "finish_reason": c.finish_reason} for c in choices]
-    body["usage"] = usage(prompt_tokens, completion_tokens)
+    body["usage"] = usage(prompt_tokens, completion_tokens, cached_tokens)
     body["speculative_decoding"] = speculation(stats)
     return body
 
@@ -909,11 +912,11 @@ def chunk_body(ids: ResponseIds, text: str | None, finish_reason: str | None = N
 
 
 def usage_chunk_body(ids: ResponseIds, prompt_tokens: int, completion_tokens: int,
-                     stats: GenerationStats) -> dict[str, Any]:
+                     stats: GenerationStats, cached_tokens: int = 0) -> dict[str, Any]:
     """stream_options.include_usage: the last chunk, with no choices."""
     body = ids._base("text_completion" if ids.endpoint == "completions" else "chat.completion.chunk")
     body["choices"] = []
-    body["usage"] = usage(prompt_tokens, completion_tokens)
+    body["usage"] = usage(prompt_tokens, completion_tokens, cached_tokens)
     body["speculative_decoding"] = speculation(stats)
     return body
 

@@ -66,9 +66,45 @@ def test_max_tree_nodes_left_out_is_the_engines_default_and_given_reaches_it():
 
     for command in (GENERATE, ["bench", "--target", "t", "--out", "o"]):
         args = build_parser().parse_args(command)
-        assert args.max_tree_nodes is None and engine_config(args) == EngineConfig()
+        assert args.max_tree_nodes is None and engine_config(args) == EngineConfig(prefix_cache_mib=0)
         assert EngineConfig().max_tree_nodes == 64  # as --help says
         assert engine_config(build_parser().parse_args([*command, "--max-tree-nodes", "8"])).max_tree_nodes == 8
+
+
+def _help_of(command: str) -> str:
+    """`specula COMMAND --help`, its whitespace folded."""
+    import contextlib
+    import io
+
+    from specula.cli import build_parser
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), pytest.raises(SystemExit):
+        build_parser().parse_args([command, "--help"])
+    return " ".join(out.getvalue().split())
+
+
+def test_the_prefix_cache_is_serve_and_run_batchs_and_off_for_one_request_or_a_measurement():
+    """serve and run-batch take --prefix-cache-mib (left out: the engine's default, on where outputs stay bit
+    for bit); generate (one request: its --compare warm-up would leave the method alone the prompt's cache)
+    and bench (every prompt prefilled whole, as hf:greedy) run without one."""
+    from specula.api import EngineConfig
+    from specula.cli import build_parser
+    from specula.commands.common import engine_config
+    from specula.errors import ConfigError
+
+    from specula.engine import DEFAULT_PREFIX_CACHE_MIB
+
+    for command in (["serve", "--target", "t"], ["run-batch", "--target", "t", "-i", "a", "-o", "b"]):
+        assert engine_config(build_parser().parse_args(command)).prefix_cache_mib is None
+        assert f"default {DEFAULT_PREFIX_CACHE_MIB} on" in _help_of(command[0])  # the help says the engine's
+        assert engine_config(build_parser().parse_args([*command, "--prefix-cache-mib", "64"])).prefix_cache_mib == 64
+        with pytest.raises(ConfigError, match="--prefix-cache-mib must be an integer >= 0"):
+            engine_config(build_parser().parse_args([*command, "--prefix-cache-mib", "-1"]))
+    for command in (GENERATE, ["bench", "--target", "t", "--out", "o"]):
+        assert engine_config(build_parser().parse_args(command)) == EngineConfig(prefix_cache_mib=0)
+        with pytest.raises(SystemExit):
+            build_parser().parse_args([*command, "--prefix-cache-mib", "64"])
 
 
 def test_a_missing_or_damaged_datastore_is_refused_before_loading(no_loading, capsys, tmp_path):

@@ -1,0 +1,56 @@
+"""The server's prefix cache (`EngineConfig.prefix_cache_mib`) over HTTP: a chat's next turn reads the first
+turn's cache, says so in OpenAI's `usage.prompt_tokens_details.cached_tokens`, and its answer equals offline
+decoding; `n` choices count their prompt's cached tokens once."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from serve_helpers import MODEL, chat_ids, running
+
+from specula.api import Specula
+from specula.engine import EngineConfig
+from specula.models.base import common_prefix_length
+from specula.models.native import NativeCausalLM, NativeDecoder, configure, kernels
+
+pytestmark = pytest.mark.skipif(not kernels.available(), reason="specula's CPU kernels do not run here")
+
+FIRST = [{"role": "user", "content": "w05 w06 w07 w10 w11 w12 w10 w11 w40 w03 w77 w08 w09 w30 w60 w61 w62"}]
+
+
+@pytest.fixture(scope="module")
+def native_server(target_model, tokenizer):
+    decoder = configure(NativeDecoder.from_hf(copy.deepcopy(target_model)), "specula", "none", "sdpa")
+    target = NativeCausalLM(decoder, "native", eos_token_ids=[1])
+    spec = Specula(target, tokenizer, "prompt-lookup", planner=False, engine=EngineConfig(prefix_cache_mib=16))
+    with running(spec) as srv:
+        yield srv
+
+
+@pytest.fixture(scope="module")
+def native_client(native_server):
+    from openai import OpenAI
+
+    return OpenAI(base_url=native_server.url + "/v1", api_key="unused", max_retries=0, timeout=60)
+
+
+def test_a_chats_next_turn_reports_its_cached_tokens_and_answers_as_offline(native_client, tokenizer, reference):
+    first = native_client.chat.completions.create(model=MODEL, messages=FIRST, max_tokens=12, temperature=0)
+    assert first.usage.prompt_tokens_details.cached_tokens == 0
+    answer = first.choices[0].message.content
+    turn = [*FIRST, {"role": "assistant", "content": answer}, {"role": "user", "content": "w20 w21"}]
+    ids = chat_ids(tokenizer, turn)
+    second = native_client.chat.completions.create(model=MODEL, messages=turn, max_tokens=12, temperature=0)
+    first_ids = chat_ids(tokenizer, FIRST)
+    held = list(first_ids) + list(reference.tokens(first_ids, 12))[:-1]  # what the first request's cache holds
+    assert second.usage.prompt_tokens_details.cached_tokens == common_prefix_length(held, ids) > 10
+    assert second.choices[0].message.content == reference(ids, 12)
+    # n choices of one prompt: its cached tokens counted once, as its prompt tokens are
+    again = native_client.chat.completions.create(model=MODEL, messages=turn, max_tokens=4, temperature=0, n=3)
+    assert again.usage.prompt_tokens == len(ids)
+    assert again.usage.prompt_tokens_details.cached_tokens == len(ids) - 1
+    chunks = list(native_client.chat.completions.create(model=MODEL, messages=turn, max_tokens=4, temperature=0,
+                                                        stream=True, stream_options={"include_usage": True}))
+    assert chunks[-1].usage.prompt_tokens_details.cached_tokens == len(ids) - 1
