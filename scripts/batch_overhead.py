@@ -54,12 +54,13 @@ def main() -> int:
     p.add_argument("--profile", action="store_true", help="cProfile one batch run of the method")
     args = p.parse_args()
 
-    from specula.api import build_decoder, load
+    from specula.api import EngineConfig, build_decoder, load
     from specula.bench.datasets import load_prompts, select_prompts
     from specula.sampling import SamplingParams
 
-    spec = load(args.target, draft=args.draft, method=args.method)
-    plain = build_decoder("none", spec.target, spec.tokenizer)
+    off = EngineConfig(prefix_cache_mib=0)  # prompts repeat: measure without the prefix cache
+    spec = load(args.target, draft=args.draft, method=args.method, engine=off)
+    plain = build_decoder("none", spec.target, spec.tokenizer, engine=off)
     chosen = select_prompts(load_prompts("spec-bench"), None, None, 0)
     step = max(1, len(chosen) // args.batch)
     prompts = [spec.encode(q.turns[0]) for q in chosen[::step][: args.batch]]

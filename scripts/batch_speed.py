@@ -38,7 +38,8 @@ def main() -> None:
     prompts = [json.loads(line)["turns"][0] for line in PROMPTS.read_text().splitlines() if line.strip()]
     if args.methods:
         return compare_methods(args, prompts)
-    spec = api.load(args.target, method=args.method)
+    off = api.EngineConfig(prefix_cache_mib=0)  # prompts repeat: measure without the prefix cache
+    spec = api.load(args.target, method=args.method, engine=off)
     spec.prepare_batch(args.max_batch_size)
     params = api.SamplingParams(max_new_tokens=args.max_new_tokens)
     rates = {"one at a time": [], "batch": []}
@@ -78,7 +79,7 @@ def compare_methods(args, prompts: list[str]) -> None:
     drift in the machine's speed hits every method alike. Tokens/s per method and round; the ratio
     of the first method to the second over all rounds and per round."""
     methods = args.methods.split(",")
-    specs = {m: api.load(args.target, method=m) for m in methods}
+    specs = {m: api.load(args.target, method=m, engine=api.EngineConfig(prefix_cache_mib=0)) for m in methods}
     params = api.SamplingParams(max_new_tokens=args.max_new_tokens)
     for spec in specs.values():
         spec.prepare_batch(args.max_batch_size)

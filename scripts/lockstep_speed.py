@@ -41,7 +41,8 @@ def main() -> None:
     args = parser.parse_args()
     prompts = [json.loads(line)["turns"][0] for line in PROMPTS.read_text().splitlines() if line.strip()]
     prompts = prompts[:args.prompts]
-    spec = api.load(args.target, method=args.method)
+    off = api.EngineConfig(prefix_cache_mib=0)  # prompts repeat: measure without the prefix cache
+    spec = api.load(args.target, method=args.method, engine=off)
     spec.prepare_batch(args.batch)
     spec.generate_batch(prompts[:args.batch], max_new_tokens=8, max_batch_size=args.batch)  # warm-up
     rounds: dict[str, list[dict]] = {way: [] for way in WAYS}

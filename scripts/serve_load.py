@@ -11,7 +11,8 @@ by load. Writes a JSON file and prints a Markdown table.
     python scripts/serve_load.py --target smollm2-135m --requests 32 --concurrency 1,4,8 \
         --configs "none:1,none:8,fusion:1,fusion:8" --max-tokens 64 --out runs/serve-load.json
 
-A configuration is METHOD:MAX_BATCH_SIZE.
+A configuration is METHOD:MAX_BATCH_SIZE. The servers run without their prefix cache unless
+`--prefix-cache-mib` says otherwise (`scripts/prefix_cache_speed.py` measures what it saves).
 """
 
 from __future__ import annotations
@@ -45,7 +46,8 @@ def prompts(count: int) -> list[str]:
 def start_server(args, method: str, batch: int) -> tuple[subprocess.Popen, str]:
     port = free_port()
     cmd = [sys.executable, "-m", "specula", "serve", "--target", args.target, "--method", method,
-           "--port", str(port), "--max-batch-size", str(batch), "--max-queue", "1024", "--draft", "none"]
+           "--port", str(port), "--max-batch-size", str(batch), "--max-queue", "1024", "--draft", "none",
+           "--prefix-cache-mib", str(args.prefix_cache_mib)]
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 600
@@ -141,6 +143,9 @@ def main() -> int:
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--temperature", type=float, default=0.0)
     ap.add_argument("--out", default="runs/serve-load.json")
+    ap.add_argument("--prefix-cache-mib", type=int, default=0,
+                    help="the server's prefix cache (default 0, off: every concurrency sends the same prompts, so a "
+                         "cache would serve the later ones whole; this measures decoding)")
     args = ap.parse_args()
     items = prompts(args.requests)
     rows, reference = [], None
