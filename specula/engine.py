@@ -278,8 +278,9 @@ class SpeculativeDecoder:
         session.stats.cached_tokens = hit.length if hit is not None else 0
         try:
             hidden = self._prefill(session, hit.features if hit is not None else None)  # [len(prompt) - 1, k E] or None
-            if self.prefix_cache is not None and hidden is not None:
-                session.features = RowLog(hidden)
+            if self.prefix_cache is not None:
+                session.features = RowLog(hidden) if hidden is not None else None
+                self.prefix_cache.share(seq, session.features)  # its prompt for the requests that start meanwhile
             session.drafter_states = [d.start() for d in self.drafters]
             if self.hidden:
                 for drafter, state in zip(self.drafters, session.drafter_states):

@@ -5,7 +5,7 @@ and answer), and a server's requests often share a system prompt. On a CPU the p
 is most of the wait for the first token (a 1.5B model prefills about 80 tokens/s on 2 cores). When a
 request finishes, the engine hands its target sequence here instead of freeing it; a new request
 copies (`PrefixCopyingSequence.copy_prefix`) the longest run of its prompt's tokens one of the kept
-sequences holds, and prefills only the rest. The hidden states the trained drafters read for those
+sequences (or a running request's) holds, and prefills only the rest. The hidden states the trained drafters read for those
 tokens are kept beside them (`RowLog`), so a head sees the same prompt features as after a prefill.
 
 Where the backend's rows are row invariant (`greedy_guarantee == "bitwise"`: specula's native CPU
@@ -82,8 +82,9 @@ class PrefixCache:
         self.min_tokens = min_tokens
         self._entries: "collections.OrderedDict[int, _Entry]" = collections.OrderedDict()  # oldest first
         self._keys = itertools.count()
+        self._running: dict[int, tuple[TargetSequence, RowLog | None]] = {}  # running requests' (`share`), by id
         self.bytes = 0
-        """Bytes held now."""
+        """Bytes held now (of the kept sequences; the running ones are their requests')."""
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -95,24 +96,33 @@ class PrefixCache:
         states)."""
         head = prompt[:-1]
         best, best_length = None, 0
-        for key, entry in self._entries.items():
-            if features and entry.features is None:
+        kept = ((key, entry.seq, entry.features) for key, entry in self._entries.items())
+        for key, seq, rows in itertools.chain(kept, ((None, seq, rows) for seq, rows in self._running.values())):
+            if features and rows is None:
                 continue
-            length = common_prefix_length(entry.seq.tokens, head)
+            length = common_prefix_length(seq.tokens, head)
             if features:
-                length = min(length, entry.features.length)
+                length = min(length, rows.length)
             if length > best_length:
-                best, best_length = key, length
+                best, best_length = (key, seq, rows), length
         if best is None or best_length < self.min_tokens or not isinstance(into, PrefixCopyingSequence):
             return None
-        self._entries.move_to_end(best)
-        entry = self._entries[best]
-        into.copy_prefix(entry.seq, best_length)
-        return Hit(best_length, entry.features.rows()[:best_length].clone() if features else None)
+        key, seq, rows = best
+        if key is not None:
+            self._entries.move_to_end(key)
+        into.copy_prefix(seq, best_length)
+        return Hit(best_length, rows.rows()[:best_length].clone() if features else None)
+
+    def share(self, seq: TargetSequence, features: RowLog | None) -> None:
+        """Let `take` copy from a running request's sequence too (its committed tokens; `features`: the hidden
+        states of them, as they grow) until it is `put`: the `n` choices of a prompt, or requests at once with
+        one system prompt, prefill it once."""
+        self._running[id(seq)] = (seq, features)
 
     def put(self, seq: TargetSequence, features: RowLog | None) -> None:
         """Keep a finished request's sequence (and the hidden states of its tokens), or free it when it
         cannot be copied from, holds fewer than `min_tokens` tokens or alone exceeds the budget."""
+        self._running.pop(id(seq), None)
         if not isinstance(seq, PrefixCopyingSequence) or len(seq.tokens) < self.min_tokens:
             seq.release()
             return

@@ -160,6 +160,43 @@ def test_a_packed_batch_reads_and_fills_the_cache():
 
 
 @needs_kernels
+@pytest.mark.parametrize("kind", ["none", "eagle3"])
+def test_requests_running_at_once_prefill_a_shared_prompt_once(kind):
+    """A running request's committed tokens (and the head's features at them) are copied too: of three requests
+    started together on one system prompt, the first prefills it; the others copy it, with the same features
+    a prefill gives, and every output is plain greedy."""
+    from specula.drafters.heads.runtime import new_head
+
+    model = tiny_model("llama", "eager", seed=4)
+    target = native(model)
+    options = {} if kind == "none" else {"head": new_head(kind, target, torch.arange(96), seed=1), "planner": False}
+    dec = decoder(target, kind, 64, **options)
+    seen: list[torch.Tensor] = []
+    if kind != "none":
+        call = dec.drafters[0].observe_prompt
+        dec.drafters[0].observe_prompt = lambda prompt, hidden, state: (seen.append(hidden.clone()),
+                                                                        call(prompt, hidden, state))[1]
+    system = PROMPT[:18]
+    prompts = [system + [70, 71, 72], system + [80, 81], system + [70, 71, 73, 74]]
+    sessions = [dec.start(p, greedy(10)) for p in prompts]
+    assert [s.stats.cached_tokens for s in sessions] == [0, 18, 20]  # the third: the first's 20 prompt tokens
+    while not all(s.finished for s in sessions):
+        dec.step(sessions)
+    assert [s.generated for s in sessions] == [reference_greedy(model, p, 10) for p in prompts]
+    for s in sessions:
+        dec.finish(s)
+    if kind != "none":
+        fresh = decoder(target, kind, 0, **options)
+        call = fresh.drafters[0].observe_prompt
+        alone: list[torch.Tensor] = []
+        fresh.drafters[0].observe_prompt = lambda prompt, hidden, state: (alone.append(hidden.clone()),
+                                                                          call(prompt, hidden, state))[1]
+        for p in prompts:
+            fresh.generate(p, greedy(1))
+        assert all(torch.equal(a, b) for a, b in zip(seen, alone)) and len(seen) == 3
+
+
+@needs_kernels
 def test_prompt_logprobs_prefill_the_whole_prompt():
     model = tiny_model("llama", seed=3)
     dec = decoder(native(model), "none", 64)
@@ -255,6 +292,18 @@ def test_features_are_taken_only_with_as_many_rows_as_tokens():
     assert take(cache, list(range(10)))[1].length == 8
     cache.put(FakeSequence(range(20, 30)), None)
     assert take(cache, list(range(20, 31)), features=True) == ([], None)  # no features kept for it
+
+
+def test_a_running_sequence_is_copied_from_until_it_is_kept():
+    cache = PrefixCache(1 << 20, min_tokens=2)
+    running = FakeSequence(range(10))
+    cache.share(running, None)
+    tokens, hit = take(cache, list(range(12)))
+    assert hit.length == 10 and tokens == list(range(10)) and len(cache) == 0 and cache.bytes == 0
+    running.tokens.append(10)  # it commits on
+    assert take(cache, list(range(12)))[1].length == 11
+    cache.put(running, None)  # finished: kept, and no longer a running one
+    assert len(cache) == 1 and len(cache._running) == 0 and take(cache, list(range(12)))[1].length == 11
 
 
 def test_a_row_log_grows_and_keeps_its_rows():

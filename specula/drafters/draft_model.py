@@ -212,7 +212,10 @@ class DraftModelDrafter:
 
     # ------------------------------------------------------------------ per request
     def start(self) -> TargetSequence:
-        return self.draft.new_sequence()
+        seq = self.draft.new_sequence()
+        if self.prefix_cache is not None:
+            self.prefix_cache.share(seq, None)  # once it has caught up, for the requests that start meanwhile
+        return seq
 
     def finish(self, seq: TargetSequence) -> None:
         if self.prefix_cache is not None:

@@ -27,10 +27,11 @@ def summed(stats: list[GenerationStats]) -> GenerationStats:
 
 
 def cached_prompt_tokens(stats: list[GenerationStats], prompts: int) -> int:
-    """Prompt tokens the response's choices read from the prefix cache, each prompt counted once, as `usage`
-    counts its tokens (choice i decodes prompt i // n; its n choices start together and read alike)."""
+    """Prompt tokens the response read from the prefix cache, each prompt counted once, as `usage` counts its
+    tokens: the fewest any of its `n` choices read (choice i decodes prompt i // n; the first to start
+    prefills what the cache lacks, and the others copy it from that one)."""
     n = len(stats) // prompts
-    return sum(max(s.cached_tokens for s in stats[i * n: (i + 1) * n]) for i in range(prompts))
+    return sum(min(s.cached_tokens for s in stats[i * n: (i + 1) * n]) for i in range(prompts))
 
 
 class LogprobsFormatter:

@@ -47,6 +47,11 @@ def test_a_chats_next_turn_reports_its_cached_tokens_and_answers_as_offline(nati
     held = list(first_ids) + list(reference.tokens(first_ids, 12))[:-1]  # what the first request's cache holds
     assert second.usage.prompt_tokens_details.cached_tokens == common_prefix_length(held, ids) > 10
     assert second.choices[0].message.content == reference(ids, 12)
+    # n choices of a new prompt: the first prefills it, the others copy it from that one; none came from the cache
+    fresh = [{"role": "user", "content": "w44 w45 w46 w47 w48 w49 w50 w51 w52 w53 w54 w55 w56 w57 w58 w59 w60"}]
+    three = native_client.chat.completions.create(model=MODEL, messages=fresh, max_tokens=4, temperature=0, n=3)
+    assert three.usage.prompt_tokens_details.cached_tokens == 0
+    assert len({c.message.content for c in three.choices}) == 1  # greedy: the copies answer alike
     # n choices of one prompt: its cached tokens counted once, as its prompt tokens are
     again = native_client.chat.completions.create(model=MODEL, messages=turn, max_tokens=4, temperature=0, n=3)
     assert again.usage.prompt_tokens == len(ids)
