@@ -37,6 +37,30 @@ def decoder(target, method: str, mib: int | None, draft=None, **options) -> Spec
     return build_decoder(method, target, None, draft, engine=EngineConfig(prefix_cache_mib=mib), **options)
 
 
+def prompt_features(dec: SpeculativeDecoder) -> list[torch.Tensor]:
+    """The prompt features [len(prompt) - 1, k E] each request hands `dec`'s head (`observe_prompt`), as they come."""
+    seen: list[torch.Tensor] = []
+    drafter = dec.drafters[0]
+    call = drafter.observe_prompt
+    drafter.observe_prompt = lambda prompt, hidden, state: (seen.append(hidden.clone()), call(prompt, hidden, state))[1]
+    return seen
+
+
+def next_turn(cached: SpeculativeDecoder, fresh: SpeculativeDecoder):
+    """A first turn on `cached`, then the next turn (its prompt the first's and its answer, and more) on both:
+    (the next turn's prompt, its output with the cache, without)."""
+    first = cached.generate(PROMPT, greedy(16))
+    follow = PROMPT + first.token_ids + FOLLOW_UP
+    return follow, cached.generate(follow, greedy(24)), fresh.generate(follow, greedy(24))
+
+
+def assert_same_drafting(got, want) -> None:
+    """The same drafts accepted in the same steps (fixed plans), and some."""
+    assert (got.stats.drafted_tokens, got.stats.accepted_tokens, got.stats.steps) == \
+           (want.stats.drafted_tokens, want.stats.accepted_tokens, want.stats.steps)
+    assert got.stats.accepted_tokens > 0
+
+
 # ---------------------------------------------------------------------------------------- the sequences
 
 
@@ -100,21 +124,13 @@ def test_a_head_reads_the_same_features_from_the_cache_as_from_a_prefill(kind):
     cached = decoder(target, kind, 64, head=head, planner=False)
     fresh = decoder(target, kind, 0, head=head, planner=False)
     assert fresh.prefix_cache is None
-    seen: dict[str, list[torch.Tensor]] = {"cached": [], "fresh": []}
-    for name, dec in (("cached", cached), ("fresh", fresh)):
-        drafter = dec.drafters[0]
-        drafter.observe_prompt = (lambda prompt, hidden, state, into=seen[name], call=drafter.observe_prompt:
-                                  (into.append(hidden.clone()), call(prompt, hidden, state))[1])
-    first = cached.generate(PROMPT, greedy(16))
-    follow = PROMPT + first.token_ids + FOLLOW_UP
-    got, want = cached.generate(follow, greedy(24)), fresh.generate(follow, greedy(24))
+    seen, alone = prompt_features(cached), prompt_features(fresh)
+    follow, got, want = next_turn(cached, fresh)
     assert got.stats.cached_tokens == len(PROMPT) + 15
     # the prompt's features the head starts from: 36 rows kept from the first request's prefill and steps
-    assert seen["cached"][-1].shape[0] == len(follow) - 1 and torch.equal(seen["cached"][-1], seen["fresh"][-1])
+    assert seen[-1].shape[0] == len(follow) - 1 and torch.equal(seen[-1], alone[-1])
     assert got.token_ids == want.token_ids == reference_greedy(model, follow, 24)
-    assert (got.stats.drafted_tokens, got.stats.accepted_tokens, got.stats.steps) == \
-           (want.stats.drafted_tokens, want.stats.accepted_tokens, want.stats.steps)
-    assert got.stats.accepted_tokens > 0
+    assert_same_drafting(got, want)
 
 
 @needs_kernels
@@ -134,14 +150,10 @@ def test_a_draft_models_cache_is_kept_and_read_alike():
     hits = []
     take = drafter.prefix_cache.take
     drafter.prefix_cache.take = lambda prompt, into, features=False: hits.append(take(prompt, into, features))
-    first = cached.generate(PROMPT, greedy(16))
-    follow = PROMPT + first.token_ids + FOLLOW_UP
-    got, want = cached.generate(follow, greedy(24)), fresh.generate(follow, greedy(24))
+    follow, got, want = next_turn(cached, fresh)
     assert hits[0] is None and hits[1].length >= len(PROMPT)  # the first turn's draft cache, to where it drafted
     assert got.token_ids == want.token_ids == reference_greedy(model, follow, 24)
-    assert (got.stats.drafted_tokens, got.stats.accepted_tokens, got.stats.steps) == \
-           (want.stats.drafted_tokens, want.stats.accepted_tokens, want.stats.steps)
-    assert got.stats.accepted_tokens > 0
+    assert_same_drafting(got, want)
 
 
 @needs_kernels
@@ -171,11 +183,7 @@ def test_requests_running_at_once_prefill_a_shared_prompt_once(kind):
     target = native(model)
     options = {} if kind == "none" else {"head": new_head(kind, target, torch.arange(96), seed=1), "planner": False}
     dec = decoder(target, kind, 64, **options)
-    seen: list[torch.Tensor] = []
-    if kind != "none":
-        call = dec.drafters[0].observe_prompt
-        dec.drafters[0].observe_prompt = lambda prompt, hidden, state: (seen.append(hidden.clone()),
-                                                                        call(prompt, hidden, state))[1]
+    seen = prompt_features(dec) if kind != "none" else []
     system = PROMPT[:18]
     prompts = [system + [70, 71, 72], system + [80, 81], system + [70, 71, 73, 74]]
     sessions = [dec.start(p, greedy(10)) for p in prompts]
@@ -187,10 +195,7 @@ def test_requests_running_at_once_prefill_a_shared_prompt_once(kind):
         dec.finish(s)
     if kind != "none":
         fresh = decoder(target, kind, 0, **options)
-        call = fresh.drafters[0].observe_prompt
-        alone: list[torch.Tensor] = []
-        fresh.drafters[0].observe_prompt = lambda prompt, hidden, state: (alone.append(hidden.clone()),
-                                                                          call(prompt, hidden, state))[1]
+        alone = prompt_features(fresh)
         for p in prompts:
             fresh.generate(p, greedy(1))
         assert all(torch.equal(a, b) for a, b in zip(seen, alone)) and len(seen) == 3
