@@ -79,9 +79,10 @@ class EngineConfig:
     """Most tree nodes verified in one target pass (the planner may choose fewer)."""
     prefix_cache_mib: int | None = None
     """MiB of finished requests' target caches kept so that a request whose prompt begins with the same
-    tokens (a chat's next turn, a shared system prompt) prefills only the rest (`prefix_cache`). None:
+    tokens (a chat's next turn, a shared system prompt) prefills only the rest (`prefix_cache`; running
+    requests' are copied from too, and a draft model keeps as much of its own). None:
     `DEFAULT_PREFIX_CACHE_MIB` where the target's rows are bit for bit row invariant (greedy guarantee
-    "bitwise": outputs then equal an uncached run's exactly) and its sequences fork, else off; 0: off."""
+    "bitwise": outputs then equal an uncached run's exactly) and its sequences copy prefixes, else off; 0: off."""
 
     def __post_init__(self) -> None:
         if isinstance(self.max_tree_nodes, bool) or not isinstance(self.max_tree_nodes, int) or self.max_tree_nodes < 1:
