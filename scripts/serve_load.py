@@ -11,8 +11,13 @@ by load. Writes a JSON file and prints a Markdown table.
     python scripts/serve_load.py --target smollm2-135m --requests 32 --concurrency 1,4,8 \
         --configs "none:1,none:8,fusion:1,fusion:8" --max-tokens 64 --out runs/serve-load.json
 
-A configuration is METHOD:MAX_BATCH_SIZE. The servers run without their prefix cache unless
-`--prefix-cache-mib` says otherwise (`scripts/prefix_cache_speed.py` measures what it saves).
+A configuration is METHOD:MAX_BATCH_SIZE[:PREFIX_CACHE_MIB]. The servers run without their prefix cache
+unless the configuration or `--prefix-cache-mib` says otherwise. `--turns 2` sends MT-bench's two-turn
+questions as conversations (the second turn after the first's answer) and times the second turns: what the
+prefix cache saves a chat server.
+
+    python scripts/serve_load.py --target qwen2.5-coder-1.5b --turns 2 --requests 12 --concurrency 1,4 \
+        --configs "fusion:4:0,fusion:4:1024" --max-tokens 64
 """
 
 from __future__ import annotations
@@ -35,19 +40,23 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def prompts(count: int) -> list[str]:
+def prompts(count: int, turns: int) -> list[tuple[str, ...]]:
+    """`count` Spec-Bench prompts spread over its groups (their first turns), or with `turns` 2 MT-bench's
+    two-turn questions."""
     from specula.bench.datasets import load_prompts, select_prompts
 
     chosen = select_prompts(load_prompts("spec-bench"), None, None, 0)
+    if turns == 2:
+        chosen = [p for p in chosen if len(p.turns) >= 2]
     step = max(1, len(chosen) // count)
-    return [p.turns[0] for p in chosen[::step]][:count]
+    return [tuple(p.turns[:turns]) for p in chosen[::step]][:count]
 
 
-def start_server(args, method: str, batch: int) -> tuple[subprocess.Popen, str]:
+def start_server(args, method: str, batch: int, cache_mib: int) -> tuple[subprocess.Popen, str]:
     port = free_port()
     cmd = [sys.executable, "-m", "specula", "serve", "--target", args.target, "--method", method,
            "--port", str(port), "--max-batch-size", str(batch), "--max-queue", "1024", "--draft", "none",
-           "--prefix-cache-mib", str(args.prefix_cache_mib)]
+           "--prefix-cache-mib", str(cache_mib)]
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 600
@@ -66,10 +75,24 @@ def start_server(args, method: str, batch: int) -> tuple[subprocess.Popen, str]:
     raise SystemExit("server did not come up in 600 s")
 
 
-def one(client, model: str, prompt: str, max_tokens: int, temperature: float) -> dict:
+def conversation(client, model: str, turns: tuple[str, ...], max_tokens: int, temperature: float) -> dict:
+    """Each turn asked after the answers to the ones before (the whole conversation sent again, as a chat
+    client does); the last turn's measurements, with every turn's text and tokens."""
+    messages: list[dict] = []
+    texts, tokens = [], 0
+    for turn in turns:
+        messages.append({"role": "user", "content": turn})
+        r = one(client, model, messages, max_tokens, temperature)
+        messages.append({"role": "assistant", "content": r["text"]})
+        texts.append(r["text"])
+        tokens += r["tokens"]
+    return {**r, "text": "\n".join(texts), "tokens": tokens}
+
+
+def one(client, model: str, messages: list[dict], max_tokens: int, temperature: float) -> dict:
     t0 = time.perf_counter()
     first, stamps, text, tokens = None, [], [], 0
-    stream = client.chat.completions.create(model=model, messages=[{"role": "user", "content": prompt}],
+    stream = client.chat.completions.create(model=model, messages=messages,
                                             max_tokens=max_tokens, temperature=temperature, seed=0, stream=True,
                                             stream_options={"include_usage": True})
     for chunk in stream:
@@ -104,7 +127,8 @@ def scrape(url: str) -> dict[str, float]:
     return {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples if not s.labels}
 
 
-def drive(url: str, model: str, items: list[str], concurrency: int, max_tokens: int, temperature: float) -> dict:
+def drive(url: str, model: str, items: list[tuple[str, ...]], concurrency: int, max_tokens: int,
+          temperature: float) -> dict:
     from openai import OpenAI
 
     client = OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=600)
@@ -113,7 +137,7 @@ def drive(url: str, model: str, items: list[str], concurrency: int, max_tokens: 
 
     def run(i: int) -> None:
         try:
-            results[i] = one(client, model, items[i], max_tokens, temperature)
+            results[i] = conversation(client, model, items[i], max_tokens, temperature)
         except Exception as exc:  # counted and reported
             errors.append(f"{i}: {type(exc).__name__}: {exc}")
 
@@ -136,8 +160,12 @@ def drive(url: str, model: str, items: list[str], concurrency: int, max_tokens: 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--target", default="smollm2-135m")
-    ap.add_argument("--configs", default="none:1,none:8,fusion:8", help="METHOD:MAX_BATCH_SIZE, comma-separated; "
-                    "the first is the reference for the equality check")
+    ap.add_argument("--configs", default="none:1,none:8,fusion:8", help="METHOD:MAX_BATCH_SIZE[:PREFIX_CACHE_MIB], "
+                    "comma-separated (the cache: default --prefix-cache-mib); the first is the reference for the "
+                    "equality check")
+    ap.add_argument("--turns", type=int, choices=(1, 2), default=1,
+                    help="2: MT-bench's two-turn questions, the second asked after the answer to the first; the "
+                         "latencies are the second turns' (tokens/s counts both)")
     ap.add_argument("--concurrency", default="1,4,8")
     ap.add_argument("--requests", type=int, default=24)
     ap.add_argument("--max-tokens", type=int, default=64)
@@ -147,27 +175,32 @@ def main() -> int:
                     help="the server's prefix cache (default 0, off: every concurrency sends the same prompts, so a "
                          "cache would serve the later ones whole; this measures decoding)")
     args = ap.parse_args()
-    items = prompts(args.requests)
-    rows, reference = [], None
-    for config in args.configs.split(","):
-        method, batch = config.split(":")
-        proc, url = start_server(args, method, int(batch))
+    configs = [(method, int(batch), int(cache[0]) if cache else args.prefix_cache_mib)
+               for method, batch, *cache in (config.split(":") for config in args.configs.split(","))]
+    levels = [int(x) for x in args.concurrency.split(",")]
+    # with a prefix cache, each concurrency gets prompts of its own: a server that kept the earlier level's
+    # conversations would serve them whole
+    distinct = any(cache_mib for _, _, cache_mib in configs)
+    pool = prompts(args.requests * (len(levels) if distinct else 1), args.turns)
+    items = [pool[k * args.requests:(k + 1) * args.requests] if distinct else pool for k in range(len(levels))]
+    rows, reference = [], {}
+    for method, batch, cache_mib in configs:
+        proc, url = start_server(args, method, batch, cache_mib)
         try:
-            for c in (int(x) for x in args.concurrency.split(",")):
+            for k, c in enumerate(levels):
                 print(f"{method} batch {batch} concurrency {c} ...", file=sys.stderr, flush=True)
                 before = scrape(url)
-                r = drive(url, args.target, items, c, args.max_tokens, args.temperature)
+                r = drive(url, args.target, items[k], c, args.max_tokens, args.temperature)
                 after = scrape(url)
                 delta = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
                 r["mean_batch_size"] = delta["specula_batch_size_sum"] / max(1.0, delta["specula_batch_size_count"])
                 r["speculation_off_by_load"] = delta.get("specula_speculation_off_by_load_total", 0.0)
                 r["drafted_tokens"] = delta.get("specula_drafted_tokens_total", 0.0)
                 r["accepted_tokens"] = delta.get("specula_accepted_tokens_total", 0.0)
-                if reference is None:
-                    reference = r["texts"]
-                r["identical_to_reference"] = (sum(r["texts"].get(i) == t for i, t in reference.items())
-                                               / len(reference)) if args.temperature == 0 else None
-                rows.append({"method": method, "max_batch_size": int(batch), **r})
+                same = reference.setdefault(k if distinct else 0, r["texts"])
+                r["identical_to_reference"] = (sum(r["texts"].get(i) == t for i, t in same.items())
+                                               / len(same)) if args.temperature == 0 else None
+                rows.append({"method": method, "max_batch_size": batch, "prefix_cache_mib": cache_mib, **r})
         finally:
             proc.terminate()
             proc.wait(30)
@@ -180,7 +213,8 @@ def main() -> int:
     f = lambda v, k=1.0: "-" if v is None else f"{v * k:.2f}"  # noqa: E731
     for r in rows:
         same = "-" if r["identical_to_reference"] is None else f"{r['identical_to_reference']:.0%}"
-        print(f"| `{r['method']}` batch {r['max_batch_size']} | {r['concurrency']} | {r['tokens_per_s']:.1f} | "
+        cached = f", cache {r['prefix_cache_mib']} MiB" if r["prefix_cache_mib"] else ""
+        print(f"| `{r['method']}` batch {r['max_batch_size']}{cached} | {r['concurrency']} | {r['tokens_per_s']:.1f} | "
               f"{f(r['ttft_p50'])} / {f(r['ttft_p99'])} | {f(r['per_token_p50'], 1e3)} / {f(r['per_token_p99'], 1e3)} | "
               f"{r['mean_batch_size']:.1f} | {r['accepted_tokens']:.0f} / {r['drafted_tokens']:.0f} | "
               f"{r['speculation_off_by_load']:.0f} | {len(r['errors'])} | {same} |")
