@@ -14,7 +14,7 @@ from typing import Any, Iterator, Literal, Sequence
 from specula.drafters import make_drafters
 from specula.constraints import Constraint, as_constraint
 from specula.errors import ConfigError
-from specula.engine import EngineConfig, GenerationOutput, Session, SpeculativeDecoder, StreamChunk
+from specula.engine import EngineConfig, GenerationOutput, Session, SpeculativeDecoder, StreamChunk, no_prefix_cache
 from specula.logprobs import TokenLogprob
 from specula.methods import METHODS, PLAIN, check_drafting_used
 from specula.models.base import TargetModel
@@ -332,6 +332,8 @@ def load(target: str, draft: str | None = "auto", method: str | None = None,
     _check_load_keywords(row.name, row.accepted_options(), drafter_options)
     _check_drafting_used(row.name, drafter_options.get("engine", EngineConfig()), drafter_options.get("planner"),
                          drafter_options)  # before the target's load, not after
+    if config.backend == "hf" and drafter_options.get("engine", EngineConfig()).prefix_cache_mib:
+        raise no_prefix_cache("the hf backend")  # before the target's load, not after
     check_skip_layers(draft, skip_layers)
     draft_vocab = check_draft_vocab(draft_vocab)
     if draft in (None, "none", SKIP_DRAFT):  # fusion's num_draft_tokens with no draft model: before the load

@@ -753,6 +753,11 @@ def prefix_cache_for(target: TargetModel, mib: int | None) -> PrefixCache | None
     if mib == 0:
         return None
     if not copies:
-        raise ConfigError(f"{target.name}'s backend cannot copy a sequence's cache, so it has no prefix cache: "
-                          "use the native backend (--backend native), or prefix_cache_mib=0")
+        raise no_prefix_cache(f"{target.name}'s backend")
     return PrefixCache(mib << 20)
+
+
+def no_prefix_cache(backend: str) -> ConfigError:
+    """The error of a prefix cache asked for on `backend`, whose sequences cannot copy a prefix."""
+    return ConfigError(f"{backend} cannot copy a sequence's cache, so it has no prefix cache: use the native "
+                       "backend (--backend native), or prefix_cache_mib=0")

@@ -217,6 +217,14 @@ def test_the_prefix_cache_is_off_where_sequences_cannot_copy_a_prefix_and_refuse
     assert decoder(target, "none", None).prefix_cache is None
     with pytest.raises(ConfigError, match="prefix cache.*native backend"):
         decoder(target, "none", 16)
+    import specula.api as api
+    from specula.models.loading import LoadConfig
+
+    with pytest.MonkeyPatch.context() as mp:  # refused before the target loads
+        mp.setattr(api, "load_backend", lambda *a, **k: pytest.fail("a model was loaded"))
+        with pytest.raises(ConfigError, match="the hf backend .*prefix cache"):
+            api.load("smollm2-135m", method="none", config=LoadConfig(backend="hf"),
+                     engine=EngineConfig(prefix_cache_mib=8))
     for bad in (-1, 1.5, True):
         with pytest.raises(ConfigError, match="prefix_cache_mib"):
             EngineConfig(prefix_cache_mib=bad)
