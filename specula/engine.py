@@ -62,8 +62,12 @@ log = logging.getLogger(__name__)
 
 DEFAULT_PREFIX_CACHE_MIB = 1024
 """`EngineConfig.prefix_cache_mib` where the prefix cache is on by default: Qwen2.5-Coder-1.5B's float32 keys and
-values take 56 KiB a token, so about 18,000 tokens of earlier requests (a draft model keeps as much again of its
-own)."""
+values take 56 KiB a token, so about 18,000 tokens of earlier requests (a draft model keeps a quarter as much of
+its own: `DRAFT_PREFIX_SHARE`)."""
+
+DRAFT_PREFIX_SHARE = 4
+"""A draft model's prefix cache is the engine's divided by this: Qwen2.5-Coder-0.5B's keys and values take 24 KiB a
+token against the 1.5B's 56, and it reads at most its window of a long prompt."""
 
 DRAFTING_LIMITS = ("max_tree_nodes",)
 """The `EngineConfig` fields that bound drafting alone: method none (plain decoding) drafts nothing, so `api.load`
@@ -80,7 +84,7 @@ class EngineConfig:
     prefix_cache_mib: int | None = None
     """MiB of finished requests' target caches kept so that a request whose prompt begins with the same
     tokens (a chat's next turn, a shared system prompt) prefills only the rest (`prefix_cache`; running
-    requests' are copied from too, and a draft model keeps as much of its own). None:
+    requests' are copied from too, and a draft model keeps a quarter as much of its own). None:
     `DEFAULT_PREFIX_CACHE_MIB` where the target's rows are bit for bit row invariant (greedy guarantee
     "bitwise": outputs then equal an uncached run's exactly) and its sequences copy prefixes, else off; 0: off."""
 
@@ -219,7 +223,7 @@ class SpeculativeDecoder:
         """Finished requests' target caches for the requests that begin alike (None: off)."""
         for drafter in self.drafters:  # a draft model's caches likewise (its drafts need no exactness)
             if self.prefix_cache is not None and hasattr(drafter, "keep_prefixes"):
-                drafter.keep_prefixes(self.prefix_cache.max_bytes)
+                drafter.keep_prefixes(self.prefix_cache.max_bytes // DRAFT_PREFIX_SHARE)
 
     @property
     def planned(self) -> bool:

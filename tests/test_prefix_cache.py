@@ -145,7 +145,7 @@ def test_a_draft_models_cache_is_kept_and_read_alike():
     cached = decoder(target, "draft-model", 64, draft=draft, planner=False)
     fresh = decoder(target, "draft-model", 0, draft=draft, planner=False)
     drafter = cached.drafters[0]
-    assert isinstance(drafter, DraftModelDrafter) and drafter.prefix_cache is not None
+    assert isinstance(drafter, DraftModelDrafter) and drafter.prefix_cache.max_bytes == (64 << 20) // 4
     assert fresh.drafters[0].prefix_cache is None
     hits = []
     take = drafter.prefix_cache.take
