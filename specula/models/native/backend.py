@@ -377,9 +377,7 @@ class NativeSequence(TreeSequence):
             raise RuntimeError("copy_prefix() into a sequence that holds tokens: start from a new one")
         if not 0 <= length <= len(source.tokens):
             raise ValueError(f"copy_prefix of {length} tokens outside 0..{len(source.tokens)}")
-        self.cache.reserve(length, 0)
-        self.cache.k[:, :, :length] = source.cache.k[:, :, :length]
-        self.cache.v[:, :, :length] = source.cache.v[:, :, :length]
+        self.cache.copy_from(source.cache, length)
         self._tokens = list(source.tokens[:length])
         self._show_output(self._tokens)
 

@@ -64,6 +64,12 @@ class KVCache:
                 raise RuntimeError(f"KV cache: {length} slots exceed the context window of {self.max_capacity}")
             self._allocate(capacity, keep=used)
 
+    def copy_from(self, other: "KVCache", length: int) -> None:
+        """Slots 0 .. length - 1 of `other` (same shape and dtype) copied into this cache's first slots."""
+        self.reserve(length, 0)
+        self.k[:, :, :length] = other.k[:, :, :length]
+        self.v[:, :, :length] = other.v[:, :, :length]
+
     def write(self, layer: int, start: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Write rows k, v ([n, G, D]) at slots start.. of `layer`; return that layer's keys and
         values over slots 0 .. start + n, each [G, start + n, D] (views, no copy)."""
