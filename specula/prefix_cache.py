@@ -94,6 +94,8 @@ class PrefixCache:
         first step's root) that a kept sequence holds, with their hidden states when `features`; None (and
         `into` left empty) when no sequence holds `min_tokens` of them (or, with `features`, their hidden
         states)."""
+        if not isinstance(into, PrefixCopyingSequence):
+            return None
         head = prompt[:-1]
         best, best_length = None, 0
         kept = ((key, entry.seq, entry.features) for key, entry in self._entries.items())
@@ -105,7 +107,7 @@ class PrefixCache:
                 length = min(length, rows.length)
             if length > best_length:
                 best, best_length = (key, seq, rows), length
-        if best is None or best_length < self.min_tokens or not isinstance(into, PrefixCopyingSequence):
+        if best is None or best_length < self.min_tokens:
             return None
         key, seq, rows = best
         if key is not None:
