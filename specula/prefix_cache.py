@@ -1,12 +1,13 @@
 """The engine's prefix cache: finished requests' target caches, kept for the requests that begin alike.
 
-A chat's next turn sends the whole conversation again (its prompt begins with the last turn's prompt
-and answer), and a server's requests often share a system prompt. On a CPU the prefill of those tokens
-is most of the wait for the first token (a 1.5B model prefills about 80 tokens/s on 2 cores). When a
-request finishes, the engine hands its target sequence here instead of freeing it; a new request
-copies (`PrefixCopyingSequence.copy_prefix`) the longest run of its prompt's tokens one of the kept
-sequences (or a running request's) holds, and prefills only the rest. The hidden states the trained drafters read for those
-tokens are kept beside them (`RowLog`), so a head sees the same prompt features as after a prefill.
+A chat's next turn sends the whole conversation again (its prompt begins with the last turn's prompt and
+answer), and a server's requests often share a system prompt. On a CPU the prefill of those tokens is
+most of the wait for the first token (a 1.5B model prefills about 80 tokens/s on 2 cores). When a
+request finishes, the engine hands its target sequence here instead of freeing it; a new request copies
+(`PrefixCopyingSequence.copy_prefix`) the longest run of its prompt's tokens one of the kept sequences
+(or a running request's) holds, and prefills only the rest. The hidden states the trained drafters read
+for those tokens are kept beside them (`RowLog`), so a head sees the same prompt features as after a
+prefill.
 
 Where the backend's rows are row invariant (`greedy_guarantee == "bitwise"`: specula's native CPU
 kernels) the copied keys and values are bit for bit what a prefill writes, so outputs do not change
