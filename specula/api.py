@@ -161,10 +161,19 @@ class Specula:
 
     # ------------------------------------------------------------------ sessions
     def start(self, prompt: Prompt, *, raw: bool = False, params: SamplingParams | None = None,
-              constraint: Constraint | dict | str | None = None, **sampling) -> Session:
+              constraint: Constraint | dict | str | None = None, max_prefill_tokens: int | None = None,
+              **sampling) -> Session:
         """A new request, prefilled and ready to step (the prompt is checked against the context
-        window). Free it with `finish` once done, failed or abandoned."""
-        return self.decoder.start(self.encode(prompt, raw), _params(params, sampling), as_constraint(constraint))
+        window). Free it with `finish` once done, failed or abandoned. With `max_prefill_tokens`, only
+        that many prompt tokens run now (chunked prefill): `prefill` runs the rest, a chunk at a time,
+        between other sessions' steps, until `session.prefilled`."""
+        return self.decoder.start(self.encode(prompt, raw), _params(params, sampling), as_constraint(constraint),
+                                  max_prefill_tokens)
+
+    def prefill(self, session: Session, max_tokens: int | None = None) -> bool:
+        """Run the next `max_tokens` of a session's prompt (None: the rest): True once it is prefilled and may
+        step. A failure frees the session and raises."""
+        return self.decoder.prefill(session, max_tokens)
 
     def step(self, sessions: Sequence[Session]) -> list[StreamChunk]:
         """Advance every running session by one decode step (their trees verified in one packed

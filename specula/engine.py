@@ -42,13 +42,14 @@ from specula.drafters.base import Drafter, FeatureDrafter
 from specula.drafters.lockstep import ShareClock, drive_many
 from specula.drafters.none import NoDrafter
 from specula.errors import ConfigError
-from specula.logprobs import PROMPT_CHUNK, TokenLogprob, step_rows, token_logprobs
+from specula.logprobs import TokenLogprob, step_rows, token_logprobs
 from specula.models.base import (
     BatchedTargetModel, FeatureRequest, TargetModel, TargetSequence, check_context, forward_trees, output_room,
 )
 from specula.min_tokens import EndsMasked
 from specula.penalties import PenalizedLogits
 from specula.planner import PassThroughPlanner, Plan, Planner, PlanRequest, StepTiming
+from specula.prefill import PromptPrefill
 from specula.prefix_cache import PrefixCache, RowLog
 from specula.prompts import is_integer
 from specula.sampling import SamplingParams, make_generator, request_seed
@@ -179,6 +180,8 @@ class Session:
     """The prompt tokens' logprobs (None for the first), set by `start` when the request asked."""
     features: RowLog | None = None
     """The hidden states of the committed tokens, kept for the prefix cache when a drafter reads them."""
+    pending_prefill: PromptPrefill | None = None
+    """The prompt's prefill while part of it has yet to run (chunked prefill); None once prefilled."""
     freed: bool = False
     """`finish` has handed its cache on (to the prefix cache) or freed it."""
     t_start: float = 0.0
@@ -188,6 +191,11 @@ class Session:
     @property
     def finished(self) -> bool:
         return self.finish_reason is not None
+
+    @property
+    def prefilled(self) -> bool:
+        """The whole prompt has run: the session may step."""
+        return self.pending_prefill is None
 
 
 class SpeculativeDecoder:
@@ -252,10 +260,12 @@ class SpeculativeDecoder:
         return prompt
 
     def start(self, prompt_ids: Sequence[int], params: SamplingParams = SamplingParams(),
-              constraint: Constraint | None = None) -> Session:
+              constraint: Constraint | None = None, max_prefill_tokens: int | None = None) -> Session:
         """A new request: checks the prompt against the context window (once), compiles its
         constraint (ConstraintError when it cannot), prefills it and gives every drafter and the
-        planner their per-request state."""
+        planner their per-request state. With `max_prefill_tokens`, at most that many prompt tokens
+        run now (chunked prefill): while `session.prefilled` is False, `prefill` runs more, and the
+        session cannot step."""
         prompt = self.check_request(prompt_ids, params)
         grammar = None
         if constraint is not None:
@@ -281,50 +291,48 @@ class SpeculativeDecoder:
         session.stats.method = self.method
         session.stats.prompt_tokens = len(prompt)
         session.stats.cached_tokens = hit.length if hit is not None else 0
+        session.pending_prefill = PromptPrefill(
+            prompt[len(seq.tokens):], self.hidden, hit.features if hit is not None else None, params.prompt_logprobs)
+        session.stats.prefill_seconds = time.perf_counter() - t_start  # the prefix cache's copy
+        self.prefill(session, max_prefill_tokens)
+        return session
+
+    def prefill(self, session: Session, max_tokens: int | None = None) -> bool:
+        """Run the next `max_tokens` of a session's prompt (None: the rest); True once the whole prompt has
+        run, when the drafters get their per-request state and the session may step. A failure frees the
+        session and raises."""
+        pending = session.pending_prefill
+        if pending is None:
+            if session.freed:
+                raise ConfigError("prefill() of a finished session: start a new one")
+            return True
+        t0 = time.perf_counter()
         try:
-            hidden = self._prefill(session, hit.features if hit is not None else None)  # [len(prompt) - 1, k E] or None
-            if self.prefix_cache is not None:
-                session.features = RowLog(hidden) if hidden is not None else None
-                self.prefix_cache.share(seq, session.features)  # its prompt for the requests that start meanwhile
-            session.drafter_states = [d.start() for d in self.drafters]
-            if self.hidden:
-                for drafter, state in zip(self.drafters, session.drafter_states):
-                    if isinstance(drafter, FeatureDrafter) and drafter.needs_hidden:
-                        drafter.observe_prompt(prompt, hidden, state)
+            pending.run(session.seq, max_tokens)
+            if pending.finished:
+                self._prefilled(session, pending)
         except BaseException:
             self.finish(session)
             raise
-        session.stats.prefill_seconds = time.perf_counter() - t_start
-        return session
+        finally:
+            session.stats.prefill_seconds += time.perf_counter() - t0
+        return session.prefilled
 
-    def _prefill(self, session: Session, cached: torch.Tensor | None = None) -> torch.Tensor | None:
-        """Run all of the prompt but its last token (the first root) into the session's cache, after the
-        tokens it already holds (a prefix cache's copy, whose hidden states are `cached`): the hidden
-        states the drafters read ([len(prompt) - 1, k E], None when none does), and the prompt's logprobs
-        on the session when the request asked (then in `PROMPT_CHUNK`-token passes whose logits are kept;
-        the cache then holds nothing yet)."""
-        seq, top = session.seq, session.params.prompt_logprobs
-        done = len(seq.tokens)
-        prompt = session.prompt[done:]
-
-        def run(ids: list[int], logits: str) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-            out = seq.prefill(ids, logits=logits, hidden=self.hidden) if self.hidden else seq.prefill(ids, logits=logits)
-            return out if self.hidden else (out, None)
-
-        if top is None or len(prompt) == 1:
-            if top is not None:
-                session.prompt_logprobs = [None]
-            hidden = run(prompt[:-1], "none")[1]
-            return hidden if cached is None or hidden is None else torch.cat([cached, hidden])
-        entries: list[TokenLogprob | None] = [None]
-        hidden = []
-        for a in range(0, len(prompt) - 1, PROMPT_CHUNK):
-            ids = prompt[a: min(a + PROMPT_CHUNK, len(prompt) - 1)]
-            logits, h = run(ids, "all")  # logits [len(ids), vocab]: row j decides prompt[a + j + 1]
-            entries += token_logprobs(logits, prompt[a + 1: a + 1 + len(ids)], top)
-            hidden.append(h)
-        session.prompt_logprobs = entries
-        return torch.cat(hidden) if self.hidden else None
+    def _prefilled(self, session: Session, pending: PromptPrefill) -> None:
+        """The whole prompt has run: its logprobs and features on the session, the prefix cache shares it, and
+        the drafters get their per-request state."""
+        hidden = pending.features()  # [len(prompt) - 1, k E] or None
+        if pending.top_logprobs is not None:
+            session.prompt_logprobs = pending.entries
+        if self.prefix_cache is not None:
+            session.features = RowLog(hidden) if hidden is not None else None
+            self.prefix_cache.share(session.seq, session.features)  # its prompt for the requests that start meanwhile
+        session.drafter_states = [d.start() for d in self.drafters]
+        if self.hidden:
+            for drafter, state in zip(self.drafters, session.drafter_states):
+                if isinstance(drafter, FeatureDrafter) and drafter.needs_hidden:
+                    drafter.observe_prompt(session.prompt, hidden, state)
+        session.pending_prefill = None
 
     def finish(self, session: Session) -> None:
         """Free a session's caches and drafter state (idempotent); final stats are kept. Every
@@ -337,6 +345,7 @@ class SpeculativeDecoder:
             except Exception as exc:  # a state save, online distillation: the others still run
                 errors.append(exc)
         session.drafter_states = []
+        session.pending_prefill = None  # a prompt part-way through its prefill is abandoned
         if not session.freed:
             if self.prefix_cache is not None:
                 self.prefix_cache.put(session.seq, session.features)  # kept for a request that begins alike
@@ -414,6 +423,9 @@ class SpeculativeDecoder:
             if s.owner is not None and s.owner is not self:
                 raise ConfigError("a session started by another decoder was passed to step(): step it with the "
                                   "Specula (or decoder) that started it")
+            if not s.prefilled:
+                raise ConfigError("a session still prefilling its prompt was passed to step(): call prefill() "
+                                  "until it returns True first")
 
     # ------------------------------------------------------------------ one request
     def generate(self, prompt_ids: Sequence[int], params: SamplingParams = SamplingParams(),

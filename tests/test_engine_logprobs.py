@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-import specula.engine
+import specula.prefill
 from test_engine import PROMPTS, decoder
 from tiny import perturbed_copy, tiny_model
 from specula.api import build_decoder
@@ -78,7 +78,7 @@ def test_a_stream_carries_each_steps_logprobs_and_the_prompts_first():
 @pytest.mark.parametrize("backend", ["native", "hf"])
 def test_a_prompt_longer_than_a_chunk_keeps_the_heads_features_and_its_logprobs(backend, monkeypatch):
     """The prompt's logprobs prefill in chunks; a head reads the hidden states of every chunk."""
-    monkeypatch.setattr(specula.engine, "PROMPT_CHUNK", 4)
+    monkeypatch.setattr(specula.prefill, "PROMPT_CHUNK", 4)
     model = tiny_model("llama", "eager", seed=4)
     target = (NativeCausalLM(configure(NativeDecoder.from_hf(model), "onednn", "none", "sdpa"), "native",
                              eos_token_ids=[]) if backend == "native" else HFCausalLM(model, "hf", eos_token_ids=[]))
