@@ -34,6 +34,11 @@ def register(sub) -> None:
     g.add_argument("--max-batch-size", type=int, default=8,
                    help="requests decoded at once, continuous batching (default 8; 1 = one at a time)")
     add_prefix_cache_arg(g)
+    g.add_argument("--chunked-prefill-size", type=int, default=None, metavar="TOKENS",
+                   help="prompt tokens prefilled between two decode steps while other requests decode, so a long "
+                        "prompt does not stop the running streams for its whole prefill (SGLang's option; default "
+                        "128 on specula's CPU kernels, where outputs stay bit for bit the same; else 0; 0: whole "
+                        "prompts)")
     g.add_argument("--max-queue", type=int, default=256,
                    help="requests waiting for a place in the batch; more get 503 with Retry-After (default 256)")
     g.add_argument("--request-timeout", type=float, default=600.0,
@@ -80,7 +85,8 @@ def run(args: argparse.Namespace) -> int:
         config = ServerConfig(  # validate everything before loading models
             model_name=served_model_name(args), host=args.host, port=args.port, api_key=args.api_key,
             max_body_bytes=args.max_body_bytes, chat_max_tokens=args.chat_max_tokens,
-            max_batch_size=args.max_batch_size, max_queue=args.max_queue,
+            max_batch_size=args.max_batch_size, chunked_prefill_size=args.chunked_prefill_size,
+            max_queue=args.max_queue,
             request_timeout=args.request_timeout, shutdown_timeout=args.shutdown_timeout,
             allowed_origins=_json_list("--allowed-origins", args.allowed_origins),
             allowed_methods=_json_list("--allowed-methods", args.allowed_methods),

@@ -85,6 +85,11 @@ class ServerConfig:
     max_batch_size: int = 8
     """Most requests decoded at once (continuous batching: one packed target pass per step on
     backends that batch); 1 = one request at a time."""
+    chunked_prefill_size: int | None = None
+    """Prompt tokens prefilled between two decode steps while other requests decode (chunked prefill, as
+    SGLang's `--chunked-prefill-size`): a long prompt no longer stops every running stream for its whole
+    prefill. None: `worker.DEFAULT_CHUNKED_PREFILL_SIZE` where the target computes every row alone (greedy
+    guarantee "bitwise": outputs unchanged), else 0; 0: prompts prefill whole."""
     request_timeout: float | None = 600.0
     """Seconds a generation request may take from arrival to its last token, queueing included
     (504 after that; None or 0 = no limit, as `serve --request-timeout 0`)."""
@@ -124,6 +129,9 @@ class ServerConfig:
             raise ConfigError(f"max_body_bytes must be at least 1024, got {self.max_body_bytes}")
         if self.max_batch_size < 1:
             raise ConfigError(f"max_batch_size must be at least 1, got {self.max_batch_size}")
+        if self.chunked_prefill_size is not None and self.chunked_prefill_size < 0:
+            raise ConfigError(f"chunked_prefill_size must be >= 0 tokens (0: prefill whole prompts), "
+                              f"got {self.chunked_prefill_size}")
         if self.max_queue < 1:
             raise ConfigError(f"max_queue must be at least 1, got {self.max_queue}")
         if self.chat_max_tokens < 1:
@@ -184,7 +192,8 @@ class SpeculaServer:
         self._http_tokenizer = None
         self._token_bytes: TokenBytes | None = None
         self.worker = Worker(spec, self.metrics, chat_max_tokens=config.chat_max_tokens, max_queue=config.max_queue,
-                             max_batch_size=config.max_batch_size, request_timeout=config.request_timeout)
+                             max_batch_size=config.max_batch_size, request_timeout=config.request_timeout,
+                             chunked_prefill_size=config.chunked_prefill_size)
         self.app = build_app(self)
         self._uvicorn = _Uvicorn(uvicorn.Config(
             self.app, log_config=None, access_log=False, lifespan="off", http="h11",

@@ -102,6 +102,7 @@ def test_cli_serves_a_model_directory(model_dir, llama, tokenizer):
     (["--api-key", ""], "--api-key is empty"),
     (["--request-timeout", "-1"], "--request-timeout must be >= 0 seconds (0: no limit)"),  # 0 is taken
     (["--shutdown-timeout", "-1"], "--shutdown-timeout must be >= 0"),
+    (["--chunked-prefill-size", "-1"], "--chunked-prefill-size must be >= 0 tokens (0: prefill whole prompts)"),
     (["--request-timeout", "nan"], "--request-timeout must be >= 0 seconds"),  # nan: requests never timed out
     (["--shutdown-timeout", "nan"], "--shutdown-timeout must be >= 0"),
     (["--allowed-origins", "*"], "--allowed-origins takes a JSON list of strings"),
@@ -124,6 +125,7 @@ def test_cli_bad_arguments_fail_in_one_line(model_dir, capsys, args, message):
     ({"api_key": ""}, "api_key is empty; give a key or leave the option out"),
     ({"request_timeout": -1}, "request_timeout must be >= 0 seconds (0: no limit), got -1"),
     ({"shutdown_timeout": -1}, "shutdown_timeout must be >= 0 seconds, got -1"),
+    ({"chunked_prefill_size": -4}, "chunked_prefill_size must be >= 0 tokens (0: prefill whole prompts), got -4"),
     ({"tool_call_parser": "granite"},
      "tool_call_parser 'granite' is not one this server has; choose hermes, llama3_json, llama4_pythonic, mistral, "
      "pythonic"),
