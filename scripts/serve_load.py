@@ -11,8 +11,11 @@ by load. Writes a JSON file and prints a Markdown table.
     python scripts/serve_load.py --target smollm2-135m --requests 32 --concurrency 1,4,8 \
         --configs "none:1,none:8,fusion:1,fusion:8" --max-tokens 64 --out runs/serve-load.json
 
-A configuration is METHOD:MAX_BATCH_SIZE[:PREFIX_CACHE_MIB]. The servers run without their prefix cache
-unless the configuration or `--prefix-cache-mib` says otherwise. `--turns 2` sends MT-bench's two-turn
+A configuration is METHOD:MAX_BATCH_SIZE[:PREFIX_CACHE_MIB[:CHUNKED_PREFILL_SIZE]]. The servers run without their
+prefix cache unless the configuration or `--prefix-cache-mib` says otherwise, and with the server's chunked prefill
+unless the configuration or `--chunked-prefill-size` says otherwise. The inter-token latency (ITL) percentiles and
+the longest gap are over every gap between two streamed pieces of text: what a prompt's whole prefill in the middle
+of other streams shows. `--turns 2` sends MT-bench's two-turn
 questions as conversations (the second turn after the first's answer) and times the second turns: what the
 prefix cache saves a chat server.
 
@@ -52,11 +55,11 @@ def prompts(count: int, turns: int) -> list[tuple[str, ...]]:
     return [tuple(p.turns[:turns]) for p in chosen[::step]][:count]
 
 
-def start_server(args, method: str, batch: int, cache_mib: int) -> tuple[subprocess.Popen, str]:
+def start_server(args, method: str, batch: int, cache_mib: int, chunk: int | None) -> tuple[subprocess.Popen, str]:
     port = free_port()
     cmd = [sys.executable, "-m", "specula", "serve", "--target", args.target, "--method", method,
            "--port", str(port), "--max-batch-size", str(batch), "--max-queue", "1024", "--draft", "none",
-           "--prefix-cache-mib", str(cache_mib)]
+           "--prefix-cache-mib", str(cache_mib), *(["--chunked-prefill-size", str(chunk)] if chunk is not None else [])]
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 600
@@ -106,7 +109,9 @@ def one(client, model: str, messages: list[dict], max_tokens: int, temperature: 
             tokens = chunk.usage.completion_tokens
     total = time.perf_counter() - t0
     per_token = (stamps[-1] - stamps[0]) / max(1, tokens - 1) if len(stamps) > 1 else None
-    return {"text": "".join(text), "tokens": tokens, "ttft": first, "seconds": total, "per_token": per_token}
+    gaps = [b - a for a, b in zip(stamps, stamps[1:])]
+    return {"text": "".join(text), "tokens": tokens, "ttft": first, "seconds": total, "per_token": per_token,
+            "gaps": gaps}
 
 
 def pct(values: list[float], q: float) -> float | None:
@@ -153,6 +158,9 @@ def drive(url: str, model: str, items: list[tuple[str, ...]], concurrency: int, 
         "ttft_p99": pct([r["ttft"] for r in results.values()], 0.99),
         "per_token_p50": pct([r["per_token"] for r in results.values()], 0.5),
         "per_token_p99": pct([r["per_token"] for r in results.values()], 0.99),
+        "itl_p50": pct([g for r in results.values() for g in r["gaps"]], 0.5),
+        "itl_p99": pct([g for r in results.values() for g in r["gaps"]], 0.99),
+        "longest_gap": max((g for r in results.values() for g in r["gaps"]), default=None),
         "texts": {i: r["text"] for i, r in results.items()},
     }
 
@@ -160,9 +168,10 @@ def drive(url: str, model: str, items: list[tuple[str, ...]], concurrency: int, 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--target", default="smollm2-135m")
-    ap.add_argument("--configs", default="none:1,none:8,fusion:8", help="METHOD:MAX_BATCH_SIZE[:PREFIX_CACHE_MIB], "
-                    "comma-separated (the cache: default --prefix-cache-mib); the first is the reference for the "
-                    "equality check")
+    ap.add_argument("--configs", default="none:1,none:8,fusion:8",
+                    help="METHOD:MAX_BATCH_SIZE[:PREFIX_CACHE_MIB[:CHUNKED_PREFILL_SIZE]], comma-separated (defaults: "
+                         "--prefix-cache-mib, --chunked-prefill-size); the first is the reference for the equality "
+                         "check")
     ap.add_argument("--turns", type=int, choices=(1, 2), default=1,
                     help="2: MT-bench's two-turn questions, the second asked after the answer to the first; the "
                          "latencies are the second turns' (tokens/s counts both)")
@@ -174,18 +183,21 @@ def main() -> int:
     ap.add_argument("--prefix-cache-mib", type=int, default=0,
                     help="the server's prefix cache (default 0, off: every concurrency sends the same prompts, so a "
                          "cache would serve the later ones whole; this measures decoding)")
+    ap.add_argument("--chunked-prefill-size", type=int, default=None,
+                    help="the server's chunked prefill (default: the server's own, 128 tokens on its CPU kernels)")
     args = ap.parse_args()
-    configs = [(method, int(batch), int(cache[0]) if cache else args.prefix_cache_mib)
-               for method, batch, *cache in (config.split(":") for config in args.configs.split(","))]
+    configs = [(method, int(batch), int(rest[0]) if rest else args.prefix_cache_mib,
+                int(rest[1]) if len(rest) > 1 else args.chunked_prefill_size)
+               for method, batch, *rest in (config.split(":") for config in args.configs.split(","))]
     levels = [int(x) for x in args.concurrency.split(",")]
     # with a prefix cache, each concurrency gets prompts of its own: a server that kept the earlier level's
     # conversations would serve them whole
-    distinct = any(cache_mib for _, _, cache_mib in configs)
+    distinct = any(cache_mib for _, _, cache_mib, _ in configs)
     pool = prompts(args.requests * (len(levels) if distinct else 1), args.turns)
     items = [pool[k * args.requests:(k + 1) * args.requests] if distinct else pool for k in range(len(levels))]
     rows, reference = [], {}
-    for method, batch, cache_mib in configs:
-        proc, url = start_server(args, method, batch, cache_mib)
+    for method, batch, cache_mib, chunk in configs:
+        proc, url = start_server(args, method, batch, cache_mib, chunk)
         try:
             for k, c in enumerate(levels):
                 print(f"{method} batch {batch} concurrency {c} ...", file=sys.stderr, flush=True)
@@ -200,22 +212,27 @@ def main() -> int:
                 same = reference.setdefault(k if distinct else 0, r["texts"])
                 r["identical_to_reference"] = (sum(r["texts"].get(i) == t for i, t in same.items())
                                                / len(same)) if args.temperature == 0 else None
-                rows.append({"method": method, "max_batch_size": batch, "prefix_cache_mib": cache_mib, **r})
+                rows.append({"method": method, "max_batch_size": batch, "prefix_cache_mib": cache_mib,
+                             "chunked_prefill_size": chunk, **r})
         finally:
             proc.terminate()
             proc.wait(30)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps({"args": vars(args), "rows": [{k: v for k, v in r.items() if k != "texts"}
                                                                         for r in rows]}, indent=1))
-    print("| server | concurrency | tokens/s | TTFT p50 / p99 (s) | per-token p50 / p99 (ms) | mean batch | "
-          "accepted / drafted | off by load | errors | identical |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("| server | concurrency | tokens/s | TTFT p50 / p99 (s) | per-token p50 / p99 (ms) | ITL p50 / p99, longest "
+          "(ms) | mean batch | accepted / drafted | off by load | errors | identical |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     f = lambda v, k=1.0: "-" if v is None else f"{v * k:.2f}"  # noqa: E731
     for r in rows:
         same = "-" if r["identical_to_reference"] is None else f"{r['identical_to_reference']:.0%}"
         cached = f", cache {r['prefix_cache_mib']} MiB" if r["prefix_cache_mib"] else ""
+        if r["chunked_prefill_size"] is not None:
+            cached += f", chunks {r['chunked_prefill_size']}"
         print(f"| `{r['method']}` batch {r['max_batch_size']}{cached} | {r['concurrency']} | {r['tokens_per_s']:.1f} | "
-              f"{f(r['ttft_p50'])} / {f(r['ttft_p99'])} | {f(r['per_token_p50'], 1e3)} / {f(r['per_token_p99'], 1e3)} | "
+              f"{f(r['ttft_p50'])} / {f(r['ttft_p99'])} | "
+              f"{f(r['per_token_p50'], 1e3)} / {f(r['per_token_p99'], 1e3)} | "
+              f"{f(r['itl_p50'], 1e3)} / {f(r['itl_p99'], 1e3)}, {f(r['longest_gap'], 1e3)} | "
               f"{r['mean_batch_size']:.1f} | {r['accepted_tokens']:.0f} / {r['drafted_tokens']:.0f} | "
               f"{r['speculation_off_by_load']:.0f} | {len(r['errors'])} | {same} |")
     return 0

@@ -166,6 +166,7 @@ class Worker:
         self.chunked_prefill_size = resolve_chunked_prefill(chunked_prefill_size, spec.target)
         """Prompt tokens prefilled between two decode steps while other requests decode (0: whole prompts)."""
         self._prefilling: _Running | None = None  # the choice whose prompt is part-way through its prefill
+        self._budget: int | None = None  # prompt tokens this round may still run (None: any; a new round)
         self._goodput = Ema(0.2)  # the batch's tokens per step-second
         self._tool_tags: dict[str, tuple[int, ...]] = {}  # `special_tags` of the tokenizer by parser, once needed
         if max_batch_size > 1:
@@ -252,8 +253,7 @@ class Worker:
                     continue
             if batch:
                 batch = self._step(batch)
-            if self._prefilling is not None:  # the next chunk of a prompt, between two decode steps
-                self._prefill_chunk(batch)
+            self._budget = None  # a new round of prefill
             self.metrics.in_progress.set(len({id(r.job) for r in batch + [self._prefilling] if r is not None}))
         self.metrics.in_progress.set(0)
 
@@ -291,10 +291,16 @@ class Worker:
         return len(batch) + (self._prefilling is not None) < self.max_batch_size
 
     def _admit(self, batch: list[_Running], waiting: "collections.deque[_Choice]") -> None:
-        """Prefill waiting choices into the batch while it has room. With chunked prefill, a prompt longer than a
-        chunk while other choices decode runs its first chunk only and waits in `_prefilling` (one at a time, so
-        that the choices after it, a request's `n` among them, can copy its prompt from the prefix cache)."""
-        while waiting and self._prefilling is None and self._room(batch):
+        """Prefill waiting choices into the batch while it has room. With chunked prefill, while other choices
+        decode, the prompts run between two of their steps at most `chunked_prefill_size` tokens in all (the
+        prompt part-way through first): a prompt that does not fit waits in `_prefilling` for the next round (one
+        at a time, so that the choices after it, a request's `n` among them, can copy its prompt from the prefix
+        cache)."""
+        if self._budget is None:  # a new round: the batch has stepped
+            self._budget = self.chunked_prefill_size if batch and self.chunked_prefill_size else None
+        if self._prefilling is not None and self._budget != 0:
+            self._prefill_chunk(batch)
+        while waiting and self._prefilling is None and self._room(batch) and self._budget != 0:
             choice = waiting.popleft()
             job = choice.job
             if job.dropped:
@@ -302,22 +308,27 @@ class Worker:
             if self._expired(job):
                 self._fail(job, self._timeout_error())
                 continue
-            chunk = self.chunked_prefill_size if batch and self.chunked_prefill_size else None
             try:
                 session = self.spec.start(choice.prompt, params=choice.params, constraint=job.request.constraint,
-                                          max_prefill_tokens=chunk)
+                                          max_prefill_tokens=self._budget)
             except Exception as exc:
                 self._fail(job, exc)
                 continue
+            self._spend(len(session.seq.tokens) - session.stats.cached_tokens)
             running = _Running(choice, session, time.perf_counter())
             if session.prefilled:
                 self._join(running, batch)
             else:
                 self._prefilling = running
 
+    def _spend(self, tokens: int) -> None:
+        """Count prompt tokens run against this round's budget."""
+        if self._budget is not None:
+            self._budget = max(0, self._budget - tokens)
+
     def _prefill_chunk(self, batch: list[_Running]) -> None:
-        """The next chunk of the prompt prefilling (all the rest where no other choice decodes); once prefilled,
-        its choice joins the batch."""
+        """The next chunk of the prompt prefilling (all the rest where the round has no budget: no other choice
+        decodes); once prefilled, its choice joins the batch."""
         running, self._prefilling = self._prefilling, None
         job = running.job
         if job.dropped or self._expired(job):
@@ -325,11 +336,13 @@ class Worker:
             if not job.dropped:
                 self._fail(job, self._timeout_error())
             return
+        before = len(running.session.seq.tokens)
         try:
-            done = self.spec.prefill(running.session, self.chunked_prefill_size if batch else None)
+            done = self.spec.prefill(running.session, self._budget)
         except Exception as exc:  # the session is freed
             self._fail(job, exc)
             return
+        self._spend(len(running.session.seq.tokens) - before)
         if done:
             self._join(running, batch)
         else:

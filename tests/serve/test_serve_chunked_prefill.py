@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import threading
+from concurrent.futures import ThreadPoolExecutor
 import time
 
 import pytest
@@ -34,18 +35,22 @@ def native_spec(target_model, tokenizer, method: str = "prompt-lookup") -> Specu
 
 
 def recorded(spec: Specula, step_seconds: float = 0.0) -> list[tuple]:
-    """What the worker runs, in order: ("start", prompt length, max_prefill_tokens), ("prefill", session's prompt
-    length, max_tokens), ("step", sessions); each step made to last at least `step_seconds`."""
+    """What the worker runs, in order: ("start", prompt length, max_prefill_tokens, tokens run), ("prefill", session's
+    prompt length, max_tokens, tokens run), ("step", sessions); each step made to last at least `step_seconds`."""
     events: list[tuple] = []
     start, prefill, step = spec.start, spec.prefill, spec.step
 
     def on_start(prompt, **kw):
-        events.append(("start", len(prompt), kw.get("max_prefill_tokens")))
-        return start(prompt, **kw)
+        session = start(prompt, **kw)
+        ran = len(session.seq.tokens) - session.stats.cached_tokens
+        events.append(("start", len(prompt), kw.get("max_prefill_tokens"), ran))
+        return session
 
     def on_prefill(session, max_tokens=None):
-        events.append(("prefill", len(session.prompt), max_tokens))
-        return prefill(session, max_tokens)
+        before = len(session.seq.tokens)
+        done = prefill(session, max_tokens)
+        events.append(("prefill", len(session.prompt), max_tokens, len(session.seq.tokens) - before))
+        return done
 
     def on_step(sessions):
         events.append(("step", len(sessions)))
@@ -81,9 +86,10 @@ def test_a_prompt_arriving_mid_stream_is_prefilled_between_the_streams_steps(tar
     assert answers["long"] == reference(long_ids, 8)
     assert answers["short"] == output_text(tokenizer, short_ids, reference_greedy(target_model, list(short_ids), 60))
     mine = [i for i, e in enumerate(events) if e[0] in ("start", "prefill") and e[1] == len(long_ids)]
-    assert events[mine[0]] == ("start", len(long_ids), 4)  # its first chunk as it joins
+    assert events[mine[0]][:3] == ("start", len(long_ids), 4)  # its first chunk as it joins
     passes = -(-(len(long_ids) - 1) // 4)
-    assert [events[i] for i in mine[1:]] == [("prefill", len(long_ids), 4)] * (passes - 1)
+    assert [events[i][:3] for i in mine[1:]] == [("prefill", len(long_ids), 4)] * (passes - 1)
+    assert sum(events[i][3] for i in mine) == len(long_ids) - 1
     for a, b in zip(mine, mine[1:]):  # the running stream stepped between every two chunks
         assert ("step", 1) in events[a + 1: b]
 
@@ -141,6 +147,37 @@ def test_a_client_gone_half_way_through_its_prefill_frees_it_and_the_stream_goes
     assert 0 < len(prefills) < -(-(len(ids) - 1) // 4) - 1  # stopped part-way
     assert finished.count(len(ids)) == 1  # its session freed, once
     assert answers[0].usage.completion_tokens == 60  # the stream went on to its end
+
+
+@needs_kernels
+def test_prompts_run_between_two_steps_stay_within_the_budget(target_model, tokenizer, reference):
+    """Several prompts arriving while a stream decodes: short ones share a round's budget, a long one takes its
+    chunks over the rounds after, and between two steps no more than `chunked_prefill_size` prompt tokens run."""
+    from openai import OpenAI
+
+    spec = native_spec(target_model, tokenizer, "none")
+    events = recorded(spec, step_seconds=0.01)
+    prompts = [LONG, SHORT, [{"role": "user", "content": "w30 w31 w32 w33 w34 w35 w36 w37 w38"}], SHORT]
+    with running(spec, max_batch_size=6, chunked_prefill_size=12) as srv:
+        client = OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0, timeout=60)
+        thread = threading.Thread(target=lambda: client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "w60"}], max_tokens=80, temperature=0,
+            extra_body={"ignore_eos": True}))
+        thread.start()
+        wait_for(lambda: sum(e[0] == "step" for e in events) >= 3)
+        with ThreadPoolExecutor(4) as pool:
+            answers = list(pool.map(lambda m: client.chat.completions.create(
+                model=MODEL, messages=m, max_tokens=6, temperature=0).choices[0].message.content, prompts))
+        thread.join(60)
+    assert answers == [reference(chat_ids(tokenizer, m), 6) for m in prompts]
+    rounds, ran = [], 0
+    for event in events[[e[0] for e in events].index("step"):]:
+        if event[0] == "step":
+            rounds.append(ran)
+            ran = 0
+        else:
+            ran += event[3]
+    assert max(rounds) == 12 and sum(rounds) == sum(len(chat_ids(tokenizer, m)) - 1 for m in prompts)
 
 
 def test_chunked_prefill_is_on_by_default_only_where_it_changes_nothing(target_model):
