@@ -45,8 +45,8 @@ log = logging.getLogger("specula.serve")
 DEFAULT_CHUNKED_PREFILL_SIZE = 128
 """`chunked_prefill_size` where none is given and chunks change nothing (the target's greedy guarantee is "bitwise":
 specula's CPU kernels compute every row alone). On the 2-core test machine a 128-token chunk of Qwen2.5-Coder-1.5B
-takes about 0.9 s and of SmolLM2-135M about 0.1 s, where a whole 800-token prompt took 5.5 s and 0.6 s; prefill runs
-as fast in such chunks as whole (docs/serving.md, "Chunked prefill")."""
+takes about 0.9 s and of SmolLM2-135M about 0.1 s, where a whole 800-token prompt took 5.5-6.5 s and 0.6 s, about 4-6
+of the batch's steps (README, "Chunked prefill")."""
 
 
 def resolve_chunked_prefill(size: int | None, target) -> int:
