@@ -13,9 +13,9 @@ by load. Writes a JSON file and prints a Markdown table.
 
 A configuration is METHOD:MAX_BATCH_SIZE[:PREFIX_CACHE_MIB[:CHUNKED_PREFILL_SIZE]]. The servers run without their
 prefix cache unless the configuration or `--prefix-cache-mib` says otherwise, and with the server's chunked prefill
-unless the configuration or `--chunked-prefill-size` says otherwise. The inter-token latency (ITL) percentiles and
-the longest gap are over every gap between two streamed pieces of text: what a prompt's whole prefill in the middle
-of other streams shows. `--turns 2` sends MT-bench's two-turn
+unless the configuration or `--chunked-prefill-size` says otherwise. The inter-token latency (ITL) percentiles are
+over every gap between two streamed pieces of text; a stream's longest gap (percentiles over the requests, and the
+longest of all) is what a prompt prefilled whole in the middle of other streams shows. `--turns 2` sends MT-bench's two-turn
 questions as conversations (the second turn after the first's answer) and times the second turns: what the
 prefix cache saves a chat server.
 
@@ -161,6 +161,8 @@ def drive(url: str, model: str, items: list[tuple[str, ...]], concurrency: int, 
         "itl_p50": pct([g for r in results.values() for g in r["gaps"]], 0.5),
         "itl_p99": pct([g for r in results.values() for g in r["gaps"]], 0.99),
         "longest_gap": max((g for r in results.values() for g in r["gaps"]), default=None),
+        "stall_p50": pct([max(r["gaps"], default=None) for r in results.values()], 0.5),
+        "stall_p99": pct([max(r["gaps"], default=None) for r in results.values()], 0.99),
         "texts": {i: r["text"] for i, r in results.items()},
     }
 
@@ -220,9 +222,10 @@ def main() -> int:
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps({"args": vars(args), "rows": [{k: v for k, v in r.items() if k != "texts"}
                                                                         for r in rows]}, indent=1))
-    print("| server | concurrency | tokens/s | TTFT p50 / p99 (s) | per-token p50 / p99 (ms) | ITL p50 / p99, longest "
-          "(ms) | mean batch | accepted / drafted | off by load | errors | identical |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    print("| server | concurrency | tokens/s | TTFT p50 / p99 (s) | per-token p50 / p99 (ms) | ITL p50 / p99 (ms) | "
+          "a stream's longest gap p50 / p99 / max (s) | mean batch | accepted / drafted | off by load | errors | "
+          "identical |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     f = lambda v, k=1.0: "-" if v is None else f"{v * k:.2f}"  # noqa: E731
     for r in rows:
         same = "-" if r["identical_to_reference"] is None else f"{r['identical_to_reference']:.0%}"
@@ -232,7 +235,8 @@ def main() -> int:
         print(f"| `{r['method']}` batch {r['max_batch_size']}{cached} | {r['concurrency']} | {r['tokens_per_s']:.1f} | "
               f"{f(r['ttft_p50'])} / {f(r['ttft_p99'])} | "
               f"{f(r['per_token_p50'], 1e3)} / {f(r['per_token_p99'], 1e3)} | "
-              f"{f(r['itl_p50'], 1e3)} / {f(r['itl_p99'], 1e3)}, {f(r['longest_gap'], 1e3)} | "
+              f"{f(r['itl_p50'], 1e3)} / {f(r['itl_p99'], 1e3)} | "
+              f"{f(r['stall_p50'])} / {f(r['stall_p99'])} / {f(r['longest_gap'])} | "
               f"{r['mean_batch_size']:.1f} | {r['accepted_tokens']:.0f} / {r['drafted_tokens']:.0f} | "
               f"{r['speculation_off_by_load']:.0f} | {len(r['errors'])} | {same} |")
     return 0
