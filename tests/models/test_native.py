@@ -469,6 +469,33 @@ def test_long_prefills_run_on_the_row_invariant_kernels(isa):
     assert spec.token_ids == plain.token_ids and spec.stats.accepted_tokens > 0
 
 
+@pytest.mark.skipif(not kernels.available(), reason="specula's CPU kernels cannot run here")
+@pytest.mark.parametrize("logits", ["all", "last", "none"])
+def test_a_prefill_longer_than_a_pass_runs_in_passes_bit_for_bit_as_one(logits):
+    """On the row-invariant CPU kernels a long prompt runs in passes of `prefill_pass` tokens (faster where one
+    pass's activations outgrow the caches): the same logits, hidden states (inner layers' too) and cache."""
+    from specula.models.native.backend import prefill_pass_of
+
+    model = tiny_model("qwen2", "eager", seed=2)
+    target = native(model, kernel="specula")
+    assert target.prefill_pass == prefill_pass_of(model.config.intermediate_size)
+    assert native(model, kernel="aten").prefill_pass is None  # not row invariant: one pass
+    assert (prefill_pass_of(8960), prefill_pass_of(1536), prefill_pass_of(10 ** 6)) == (292, 1706, 64)
+    ids = [(7 * k + 3) % 60 for k in range(40)]
+    target.prefill_pass = None
+    one = target.new_sequence()
+    want = one.prefill(ids, logits=logits, hidden=(1, 2))
+    target.prefill_pass = 7  # 6 passes, the last of 5 tokens
+    parts = target.new_sequence()
+    got = parts.prefill(ids, logits=logits, hidden=(1, 2))
+    assert (got[0] is None) == (want[0] is None) == (logits == "none")
+    if logits != "none":
+        assert got[0].shape == want[0].shape and torch.equal(got[0], want[0])
+    assert got[1].shape[0] == len(ids) and torch.equal(got[1], want[1])
+    assert parts.tokens == one.tokens == ids
+    assert torch.equal(parts.prefill([9], logits="last"), one.prefill([9], logits="last"))
+
+
 def test_native_kernels_unavailable_is_a_clear_error(monkeypatch):
     from specula.models.prepack import resolve_linear_kernel
 
