@@ -10,7 +10,6 @@ states, bit for bit, as one pass over it (tested), so the output is unchanged.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 from typing import Sequence
 
@@ -37,8 +36,6 @@ class PromptPrefill:
     """Tokens of `tokens` run so far."""
     passes: int = 0
     """Passes run so far."""
-    seconds: float = 0.0
-    """Time spent in the passes."""
     states: list[torch.Tensor] = field(default_factory=list)
     """Hidden states of the passes so far, each [rows, k E] (only with `hidden`)."""
     entries: list[TokenLogprob | None] = field(default_factory=lambda: [None])
@@ -59,7 +56,6 @@ class PromptPrefill:
         run still makes one empty pass, which gives the hidden states' shape."""
         if max_tokens is not None and max_tokens < 1:
             raise ValueError(f"max_tokens must be at least 1, got {max_tokens}")
-        t0 = time.perf_counter()
         end = self.done + (self.remaining if max_tokens is None else min(max_tokens, self.remaining))
         if end == self.done and not self.finished:
             self._pass(seq, [])
@@ -70,7 +66,6 @@ class PromptPrefill:
             if self.top_logprobs is not None:  # logits [n, vocab]: row j decides tokens[done + j + 1]
                 self.entries += token_logprobs(logits, self.tokens[self.done + 1: self.done + 1 + n], self.top_logprobs)
             self.done += n
-        self.seconds += time.perf_counter() - t0
 
     def _pass(self, seq: TargetSequence, ids: Sequence[int]) -> torch.Tensor | None:
         self.passes += 1

@@ -42,7 +42,7 @@ from specula.serve.metrics import ServerMetrics
 from specula.serve.protocol import APIError, GenerationRequest, ResponseIds
 from specula.serve.choices import ChoiceState, CollectedResponse, cached_prompt_tokens, summed
 from specula.serve.tools import auto_tool_parser
-from specula.serve.worker import ChoiceChunk, Job, Started, Worker
+from specula.serve.worker import ChoiceChunk, Job, Started, Worker, check_chunked_prefill
 from specula.token_bytes import TokenBytes
 
 log = logging.getLogger("specula.serve")
@@ -129,9 +129,7 @@ class ServerConfig:
             raise ConfigError(f"max_body_bytes must be at least 1024, got {self.max_body_bytes}")
         if self.max_batch_size < 1:
             raise ConfigError(f"max_batch_size must be at least 1, got {self.max_batch_size}")
-        if self.chunked_prefill_size is not None and self.chunked_prefill_size < 0:
-            raise ConfigError(f"chunked_prefill_size must be >= 0 tokens (0: prefill whole prompts), "
-                              f"got {self.chunked_prefill_size}")
+        check_chunked_prefill(self.chunked_prefill_size)
         if self.max_queue < 1:
             raise ConfigError(f"max_queue must be at least 1, got {self.max_queue}")
         if self.chat_max_tokens < 1:

@@ -49,13 +49,18 @@ takes about 0.9 s and of SmolLM2-135M about 0.1 s, where a whole 800-token promp
 of the batch's steps (README, "Chunked prefill")."""
 
 
+def check_chunked_prefill(size: int | None) -> None:
+    """A ConfigError for a `chunked_prefill_size` below 0."""
+    if size is not None and size < 0:
+        raise ConfigError(f"chunked_prefill_size must be >= 0 tokens (0: prefill whole prompts), got {size}")
+
+
 def resolve_chunked_prefill(size: int | None, target) -> int:
     """The prompt tokens a server prefills between two decode steps (0: whole prompts): `size`, or where None
     `DEFAULT_CHUNKED_PREFILL_SIZE` on a target whose rows are computed alone (its output cannot change), else 0."""
+    check_chunked_prefill(size)
     if size is None:
         return DEFAULT_CHUNKED_PREFILL_SIZE if getattr(target, "greedy_guarantee", None) == "bitwise" else 0
-    if size < 0:
-        raise ConfigError(f"chunked_prefill_size must be >= 0 tokens (0: prefill whole prompts), got {size}")
     return size
 
 
