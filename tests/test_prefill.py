@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tiny import reference_greedy, tiny_model
+from tiny import prompt_features, reference_greedy, tiny_model
 from specula.api import build_decoder
 from specula.drafters.heads.runtime import new_head
 from specula.engine import EngineConfig, SpeculativeDecoder
@@ -33,18 +33,15 @@ def greedy(n: int, **options) -> SamplingParams:
     return SamplingParams(max_new_tokens=n, ignore_eos=True, **options)
 
 
+def plain_decoder(method: str, mib: int = 0):
+    """(a tiny model, a decoder of `method` on its native target with a `mib` prefix cache)."""
+    model = tiny_model("llama", seed=3)
+    return model, build_decoder(method, native(model), None, engine=EngineConfig(prefix_cache_mib=mib))
+
+
 def head_decoder(target, kind: str, mib: int = 0) -> SpeculativeDecoder:
     head = new_head(kind, target, torch.arange(0, target.vocab_size), seed=1)
     return build_decoder(kind, target, None, head=head, planner=False, engine=EngineConfig(prefix_cache_mib=mib))
-
-
-def spy_features(dec: SpeculativeDecoder) -> list[torch.Tensor]:
-    """The prompt features each request hands `dec`'s head (`observe_prompt`), as they come."""
-    seen: list[torch.Tensor] = []
-    drafter = dec.drafters[0]
-    call = drafter.observe_prompt
-    drafter.observe_prompt = lambda prompt, hidden, state: (seen.append(hidden.clone()), call(prompt, hidden, state))[1]
-    return seen
 
 
 def run_chunked(dec: SpeculativeDecoder, prompt: list[int], params: SamplingParams, chunk: int, others=()):
@@ -107,7 +104,7 @@ def test_a_chunked_prefill_between_other_sessions_steps_changes_nothing(kind):
     model = tiny_model("llama", "eager", seed=4)
     target = native(model)
     dec = head_decoder(target, kind)
-    seen = spy_features(dec)
+    seen = prompt_features(dec)
     want = dec.generate(PROMPT, greedy(16))
     other = dec.start(OTHER, greedy(40))
     got, calls = run_chunked(dec, PROMPT, greedy(16), 3, others=[other])
@@ -126,9 +123,7 @@ def test_a_chunked_prefill_between_other_sessions_steps_changes_nothing(kind):
 
 @needs_kernels
 def test_prompt_logprobs_and_a_prefix_cache_hit_come_out_as_from_one_pass():
-    model = tiny_model("llama", seed=3)
-    target = native(model)
-    dec = build_decoder("prompt-lookup", target, None, engine=EngineConfig(prefix_cache_mib=64))
+    model, dec = plain_decoder("prompt-lookup", 64)
     asked = greedy(8, prompt_logprobs=2)
     want = dec.generate(PROMPT, asked)
     got, _ = run_chunked(dec, PROMPT, asked, 4)
@@ -148,9 +143,7 @@ def test_prompt_logprobs_and_a_prefix_cache_hit_come_out_as_from_one_pass():
 
 @needs_kernels
 def test_a_session_still_prefilling_cannot_step_and_can_be_abandoned():
-    model = tiny_model("llama", seed=3)
-    target = native(model)
-    dec = build_decoder("prompt-lookup", target, None, engine=EngineConfig(prefix_cache_mib=0))
+    model, dec = plain_decoder("prompt-lookup", 0)
     session = dec.start(PROMPT, greedy(8), max_prefill_tokens=5)
     assert not session.prefilled and session.seq.tokens == PROMPT[:5] and session.drafter_states == []
     with pytest.raises(ConfigError, match="still prefilling"):
@@ -165,9 +158,7 @@ def test_a_session_still_prefilling_cannot_step_and_can_be_abandoned():
 
 @needs_kernels
 def test_a_failed_prefill_pass_frees_the_session():
-    model = tiny_model("llama", seed=3)
-    target = native(model)
-    dec = build_decoder("none", target, None, engine=EngineConfig(prefix_cache_mib=0))
+    model, dec = plain_decoder("none", 0)
     session = dec.start(PROMPT, greedy(8), max_prefill_tokens=4)
 
     def broken(*args, **kwargs):

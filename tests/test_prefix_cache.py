@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tiny import reference_greedy, tiny_model
+from tiny import prompt_features, reference_greedy, tiny_model
 from specula.api import build_decoder
 from specula.engine import DEFAULT_PREFIX_CACHE_MIB, EngineConfig, SpeculativeDecoder
 from specula.errors import ConfigError
@@ -35,15 +35,6 @@ def greedy(n: int, **options) -> SamplingParams:
 
 def decoder(target, method: str, mib: int | None, draft=None, **options) -> SpeculativeDecoder:
     return build_decoder(method, target, None, draft, engine=EngineConfig(prefix_cache_mib=mib), **options)
-
-
-def prompt_features(dec: SpeculativeDecoder) -> list[torch.Tensor]:
-    """The prompt features [len(prompt) - 1, k E] each request hands `dec`'s head (`observe_prompt`), as they come."""
-    seen: list[torch.Tensor] = []
-    drafter = dec.drafters[0]
-    call = drafter.observe_prompt
-    drafter.observe_prompt = lambda prompt, hidden, state: (seen.append(hidden.clone()), call(prompt, hidden, state))[1]
-    return seen
 
 
 def next_turn(cached: SpeculativeDecoder, fresh: SpeculativeDecoder):

@@ -236,3 +236,13 @@ def output_text(tokenizer, prompt: Sequence[int], ids: Sequence[int]) -> str:
         return tokenizer.decode(list(tokens), skip_special_tokens=True, clean_up_tokenization_spaces=False)
 
     return decode([*prompt, *ids])[len(decode(prompt)):]
+
+
+def prompt_features(dec) -> list[torch.Tensor]:
+    """The prompt features [len(prompt) - 1, k E] each request hands `dec`'s first drafter (a head's
+    `observe_prompt`), as they come."""
+    seen: list[torch.Tensor] = []
+    drafter = dec.drafters[0]
+    call = drafter.observe_prompt
+    drafter.observe_prompt = lambda prompt, hidden, state: (seen.append(hidden.clone()), call(prompt, hidden, state))[1]
+    return seen
