@@ -191,3 +191,30 @@ def test_chunked_prefill_is_on_by_default_only_where_it_changes_nothing(target_m
     with pytest.raises(ConfigError, match="chunked_prefill_size must be >= 0"):
         resolve_chunked_prefill(-1, exact)
     assert ServerConfig(model_name="m").chunked_prefill_size is None
+
+
+@needs_kernels
+def test_an_echoed_prompts_logprobs_come_out_alike_in_chunks(target_model, tokenizer):
+    """max_tokens 0 with echo and logprobs (an evaluation harness's loglikelihood request) arriving mid-stream: its
+    prompt runs in chunks and ends at its prefill, with the logprobs it gets alone."""
+    from openai import OpenAI
+
+    spec = native_spec(target_model, tokenizer, "none")
+    events = recorded(spec, step_seconds=0.01)
+    ids = list(chat_ids(tokenizer, LONG))
+    with running(spec, max_batch_size=4, chunked_prefill_size=4) as srv:
+        client = OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0, timeout=60)
+        alone = client.completions.create(model=MODEL, prompt=[ids], max_tokens=0, echo=True, logprobs=1)
+        thread = threading.Thread(target=lambda: client.chat.completions.create(
+            model=MODEL, messages=SHORT, max_tokens=60, temperature=0, extra_body={"ignore_eos": True}))
+        thread.start()
+        wait_for(lambda: sum(e[0] == "step" for e in events) >= 3)
+        chunked = client.completions.create(model=MODEL, prompt=[ids], max_tokens=0, echo=True, logprobs=1)
+        thread.join(60)
+    passes = [e for e in events if e[0] in ("start", "prefill") and e[1] == len(ids)]
+    assert passes[0][2] is None and [e[2] for e in passes[1:]] == [4] * (len(passes) - 1) and len(passes) > 5
+    scored = alone.choices[0].logprobs.token_logprobs
+    assert len(scored) == len(ids) and scored[0] is None and all(lp < 0 for lp in scored[1:])
+    assert chunked.choices[0].logprobs.token_logprobs == scored
+    assert chunked.choices[0].logprobs.tokens == alone.choices[0].logprobs.tokens
+    assert chunked.choices[0].text == alone.choices[0].text and chunked.choices[0].finish_reason == "length"
