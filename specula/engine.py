@@ -345,7 +345,10 @@ class SpeculativeDecoder:
             except Exception as exc:  # a state save, online distillation: the others still run
                 errors.append(exc)
         session.drafter_states = []
-        session.pending_prefill = None  # a prompt part-way through its prefill is abandoned
+        pending, session.pending_prefill = session.pending_prefill, None  # a prompt part-way through: abandoned
+        if pending is not None and self.prefix_cache is not None and not session.freed:  # what ran is kept, with
+            partial = pending.features()  # the features a head reads ([tokens run, k E]), for a retry
+            session.features = RowLog(partial) if partial is not None else None
         if not session.freed:
             if self.prefix_cache is not None:
                 self.prefix_cache.put(session.seq, session.features)  # kept for a request that begins alike

@@ -78,9 +78,9 @@ class PromptPrefill:
         return logits
 
     def features(self) -> torch.Tensor | None:
-        """The hidden states of all of the prompt but its last token ([len(prompt) - 1, k E]), the copied
-        prefix's first; None where no drafter reads them."""
-        if not self.hidden:
-            return None
+        """The hidden states of the tokens in the cache ([len(prompt) - 1, k E] once finished), the copied prefix's
+        first; None where no drafter reads them."""
+        if not self.hidden or not self.states:
+            return self.cached if self.hidden else None
         ran = self.states[0] if len(self.states) == 1 else torch.cat(self.states)
         return ran if self.cached is None else torch.cat([self.cached, ran])

@@ -168,3 +168,27 @@ def test_a_failed_prefill_pass_frees_the_session():
     with pytest.raises(RuntimeError, match="out of memory"):
         dec.prefill(session, 4)
     assert session.freed and session.finish_reason == "cancelled"
+
+
+@needs_kernels
+def test_a_prompt_abandoned_half_way_is_kept_for_a_retry_with_its_features():
+    """A client gone during a chunked prefill: what ran stays in the prefix cache with the head's features at it,
+    so the same prompt sent again copies it and its head starts from the features one pass gives."""
+    model = tiny_model("llama", "eager", seed=4)
+    target = native(model)
+    dec = head_decoder(target, "eagle3", mib=64)
+    seen = prompt_features(dec)
+    prompt = PROMPT + OTHER
+    gone = dec.start(prompt, greedy(8), max_prefill_tokens=10)
+    dec.prefill(gone, 10)
+    dec.finish(gone)  # 20 of the prompt's 30 tokens ran (MIN_REUSE: 16)
+    retry = dec.start(prompt, greedy(8))
+    assert retry.stats.cached_tokens == 20
+    fresh = head_decoder(target, "eagle3")
+    alone = prompt_features(fresh)
+    want = fresh.generate(prompt, greedy(8))
+    assert torch.equal(seen[-1], alone[-1])
+    while not retry.finished:
+        dec.step([retry])
+    assert retry.generated == want.token_ids == reference_greedy(model, prompt, 8)
+    dec.finish(retry)
