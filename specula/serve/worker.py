@@ -60,7 +60,7 @@ def resolve_chunked_prefill(size: int | None, target) -> int:
     `DEFAULT_CHUNKED_PREFILL_SIZE` on a target whose rows are computed alone (its output cannot change), else 0."""
     check_chunked_prefill(size)
     if size is None:
-        return DEFAULT_CHUNKED_PREFILL_SIZE if getattr(target, "greedy_guarantee", None) == "bitwise" else 0
+        return DEFAULT_CHUNKED_PREFILL_SIZE if target.greedy_guarantee == "bitwise" else 0
     return size
 
 
@@ -308,10 +308,7 @@ class Worker:
         while waiting and self._prefilling is None and self._room(batch) and self._budget != 0:
             choice = waiting.popleft()
             job = choice.job
-            if job.dropped:
-                continue
-            if self._expired(job):
-                self._fail(job, self._timeout_error())
+            if self._gone(job):
                 continue
             try:
                 session = self.spec.start(choice.prompt, params=choice.params, constraint=job.request.constraint,
@@ -336,10 +333,8 @@ class Worker:
         decodes); once prefilled, its choice joins the batch."""
         running, self._prefilling = self._prefilling, None
         job = running.job
-        if job.dropped or self._expired(job):
+        if self._gone(job):
             self._free(running.session)
-            if not job.dropped:
-                self._fail(job, self._timeout_error())
             return
         before = len(running.session.seq.tokens)
         try:
@@ -374,6 +369,16 @@ class Worker:
             self.spec.finish(session)
         except Exception:
             log.exception("freeing a finished session failed")
+
+    def _gone(self, job: Job) -> bool:
+        """Whether a job waiting for its prefill is no longer to be worked on: dropped, or past its deadline (then
+        answered 504)."""
+        if job.dropped:
+            return True
+        if self._expired(job):
+            self._fail(job, self._timeout_error())
+            return True
+        return False
 
     def _expired(self, job: Job) -> bool:
         return job.deadline is not None and time.perf_counter() > job.deadline
