@@ -10,8 +10,9 @@ Two scenarios over the first `--prompts` everyday prompts (chat, instructions, c
   together (`generate_batch`): requests running at once that share their opening. The group is timed.
 Each unit runs both ways, alternating which goes first, every cache emptied before it (the draft model's, where
 the method has one, is on and off with the target's). Prints per round the timed seconds, their prefill
-seconds (what is left of it with the cache) and the prompt tokens read from the cache; then min / median / max
-of rounds and the per-round ratios. Every output must be identical with and without the cache. JSON with --json.
+seconds (what is left of it with the cache), the prompt tokens read from the cache and what each prefix cache
+keeps a token at the unit's end (`bytes` over `held_tokens`: keys, values and a head's features); then min / median /
+max of rounds and the per-round ratios. Every output must be identical with and without the cache. JSON with --json.
 """
 
 from __future__ import annotations
@@ -110,6 +111,7 @@ def main() -> None:
     reference: dict[int, list] = {}
     for r in range(args.rounds):
         sums = {way: {"seconds": 0.0, "prefill_seconds": 0.0, "cached_tokens": 0, "prompt_tokens": 0} for way in WAYS}
+        kept = [[0, 0] for _ in caches]  # per prefix cache: bytes and tokens held at the units' ends
         for i, unit in enumerate(units):
             for way in (WAYS if (r + i) % 2 == 0 else WAYS[::-1]):
                 set_caches(caches, way == "cache")
@@ -118,12 +120,19 @@ def main() -> None:
                     raise SystemExit(f"round {r}, unit {i}, {way}: an output differs")
                 for key in sums[way]:
                     sums[way][key] += row[key]
+                if way == "cache":
+                    for k, (_, cache) in enumerate(caches):
+                        kept[k][0] += cache.bytes
+                        kept[k][1] += cache.held_tokens
+        sums["cache"]["kept_bytes_per_token"] = [b / max(1, t) for b, t in kept]
         for way in WAYS:
             rounds[way].append(sums[way])
             if not args.json:
                 s = sums[way]
+                kept = "".join(f", {b / 1024:.1f} KiB kept a token ({name})" for b, name in
+                               zip(s.get("kept_bytes_per_token", ()), ("target", "draft model")))
                 print(f"round {r} {way:8s}: {s['seconds']:.2f} s, prefill {s['prefill_seconds']:.2f} s, "
-                      f"{s['cached_tokens']} of {s['prompt_tokens']} prompt tokens from the cache", flush=True)
+                      f"{s['cached_tokens']} of {s['prompt_tokens']} prompt tokens from the cache{kept}", flush=True)
     ratios = {key: [b[key] / a[key] for a, b in zip(rounds["cache"], rounds["no cache"])]
               for key in ("prefill_seconds", "seconds")}
     if args.json:

@@ -53,6 +53,11 @@ class RowLog:
         """The rows so far [length, width] (a view)."""
         return self._buffer[: self.length]
 
+    def shrink_to_fit(self) -> None:
+        """Free the buffer's rows past `length` (a later `extend` grows it again)."""
+        if self._buffer.shape[0] > self.length:
+            self._buffer = self._buffer[: self.length].clone()
+
     @property
     def memory_bytes(self) -> int:
         return self._buffer.numel() * self._buffer.element_size()
@@ -90,6 +95,11 @@ class PrefixCache:
     def __len__(self) -> int:
         return len(self._entries)
 
+    @property
+    def held_tokens(self) -> int:
+        """Tokens the kept sequences hold, in all (what `bytes` pays for)."""
+        return sum(len(entry.seq.tokens) for entry in self._entries.values())
+
     def take(self, prompt: Sequence[int], into: TargetSequence, features: bool = False) -> Hit | None:
         """Copy into `into` (a new, empty sequence) the longest run of `prompt`'s tokens before its last (the
         first step's root) that a kept sequence holds, with their hidden states when `features`; None (and
@@ -124,11 +134,15 @@ class PrefixCache:
 
     def put(self, seq: TargetSequence, features: RowLog | None) -> None:
         """Keep a finished request's sequence (and the hidden states of its tokens), or free it when it
-        cannot be copied from, holds fewer than `min_tokens` tokens or alone exceeds the budget."""
+        cannot be copied from, holds fewer than `min_tokens` tokens or alone exceeds the budget. What is kept
+        holds its tokens' rows only (`shrink_to_fit`: the buffers grew by doubling)."""
         self._running.pop(id(seq), None)
         if not isinstance(seq, PrefixCopyingSequence) or len(seq.tokens) < self.min_tokens:
             seq.release()
             return
+        seq.shrink_to_fit()
+        if features is not None:
+            features.shrink_to_fit()
         size = seq.memory_bytes + (features.memory_bytes if features is not None else 0)
         if size > self.max_bytes:
             seq.release()

@@ -78,6 +78,50 @@ def test_a_copied_prefix_continues_bit_for_bit_as_a_fresh_prefill():
         copy.copy_prefix(seq, 4)
 
 
+@needs_kernels
+def test_a_sequence_shrunk_to_fit_holds_its_tokens_only_and_continues_bit_for_bit():
+    model = tiny_model("llama", seed=2)
+    target = native(model)
+    seq = target.new_sequence()
+    seq.prefill(PROMPT[:12])
+    assert seq.cache.capacity > 12
+    per_token = seq.memory_bytes // seq.cache.capacity
+    seq.shrink_to_fit()
+    assert seq.cache.capacity == 12 and seq.memory_bytes == 12 * per_token
+    copy = target.new_sequence()
+    copy.copy_prefix(seq, 10)  # a shrunk sequence is copied from as before
+    got = seq.prefill(PROMPT[12:], logits="all")  # and grows again
+    fresh = target.new_sequence().prefill(PROMPT, logits="all")
+    assert torch.equal(got, fresh[12:]) and torch.equal(copy.prefill(PROMPT[10:], logits="all"), fresh[10:])
+    seq.forward_tree(PROMPT[0], TokenTree.chain([1, 2]))
+    with pytest.raises(RuntimeError, match="pending"):
+        seq.shrink_to_fit()
+
+
+def test_a_pooled_cache_keeps_its_size():
+    from specula.models.native.cache import KVCache
+
+    cache = KVCache(2, 1, 4, dtype=torch.float32, device=torch.device("cpu"), capacity=64)
+    cache.owner = object()  # the graph path's pool: graphs are captured on these buffers
+    cache.shrink_to_fit(3)
+    assert cache.capacity == 64
+    cache.owner = None
+    cache.k[:, :, :3] = 7.0
+    cache.shrink_to_fit(3)
+    assert cache.capacity == 3 and torch.equal(cache.k, torch.full((2, 1, 3, 4), 7.0))
+
+
+def assert_kept_fit(cache: PrefixCache) -> None:
+    """Every kept sequence (and its features) holds its tokens' rows only, and the budget counts them."""
+    assert len(cache) > 0
+    for entry in cache._entries.values():
+        assert entry.seq.cache.capacity == len(entry.seq.tokens)
+        features = entry.features
+        assert features is None or features.memory_bytes == features.rows().numel() * 4
+        assert entry.bytes == entry.seq.memory_bytes + (0 if features is None else features.memory_bytes)
+    assert cache.bytes == sum(entry.bytes for entry in cache._entries.values())
+
+
 # ---------------------------------------------------------------------------------------- the engine
 
 
@@ -100,6 +144,7 @@ def test_a_chats_next_turn_reads_the_last_turns_cache_and_its_output_is_unchange
     assert again.stats.cached_tokens == len(second_prompt) - 1
     assert again.token_ids == second.token_ids
     assert len(dec.prefix_cache) == 1  # each request's cache extended the one before: that one was dropped
+    assert_kept_fit(dec.prefix_cache)
 
 
 @needs_kernels
@@ -122,6 +167,8 @@ def test_a_head_reads_the_same_features_from_the_cache_as_from_a_prefill(kind):
     assert seen[-1].shape[0] == len(follow) - 1 and torch.equal(seen[-1], alone[-1])
     assert got.token_ids == want.token_ids == reference_greedy(model, follow, 24)
     assert_same_drafting(got, want)
+    assert_kept_fit(cached.prefix_cache)
+    assert all(entry.features is not None for entry in cached.prefix_cache._entries.values())
 
 
 @needs_kernels
@@ -145,6 +192,7 @@ def test_a_draft_models_cache_is_kept_and_read_alike():
     assert hits[0] is None and hits[1].length >= len(PROMPT)  # the first turn's draft cache, to where it drafted
     assert got.token_ids == want.token_ids == reference_greedy(model, follow, 24)
     assert_same_drafting(got, want)
+    assert_kept_fit(drafter.prefix_cache)
 
 
 @needs_kernels
@@ -239,6 +287,9 @@ class FakeSequence:
     def release(self) -> None:
         self.released = True
 
+    def shrink_to_fit(self) -> None:
+        pass  # its size is what the test gives it
+
     # the rest of TargetSequence, never called here
     def prefill(self, ids, logits="last", hidden=False): raise AssertionError
     def forward_tree(self, root, tree, hidden=False): raise AssertionError
@@ -261,6 +312,7 @@ def test_the_longest_common_prefix_is_taken_and_short_ones_are_not():
     cache.put(b, None)
     tokens, hit = take(cache, [0, 1, 2, 3, 4, 5, 50, 51, 52, 53])
     assert hit.length == 8 and tokens == b.tokens and hit.features is None
+    assert cache.held_tokens == 18 and cache.bytes == 200
     tokens, hit = take(cache, list(range(0, 7)) + [99])
     assert hit.length == 7 and tokens == list(range(7))  # a holds 0..9; the prompt's last token is the first root
     assert take(cache, [0, 1, 2, 9, 9]) == ([], None)  # 3 common tokens: under min_tokens
@@ -317,3 +369,8 @@ def test_a_row_log_grows_and_keeps_its_rows():
     rows = log.rows()
     assert rows.shape == (203, 4) and torch.equal(rows[:3], torch.ones(3, 4))
     assert torch.equal(rows[3 + 5 * 39:], torch.full((5, 4), 39.0))
+    assert log.memory_bytes > 203 * 4 * 4
+    log.shrink_to_fit()
+    assert log.memory_bytes == 203 * 4 * 4 and torch.equal(log.rows(), rows)
+    log.extend(torch.zeros(2, 4))  # grows again
+    assert log.rows().shape == (205, 4) and torch.equal(log.rows()[:203], rows)

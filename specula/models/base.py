@@ -91,6 +91,11 @@ class PrefixCopyingSequence(Protocol):
         """Bytes its cache occupies (its capacity, not only the committed slots)."""
         ...
 
+    def shrink_to_fit(self) -> None:
+        """Free what its cache holds past the committed tokens (a finished request's sequence, kept for its
+        prefix: its capacity grew by doubling, so up to half of it was empty)."""
+        ...
+
     def copy_prefix(self, source: "PrefixCopyingSequence", length: int) -> None:
         """Make this new, empty sequence hold `source`'s first `length` committed tokens (their keys and
         values copied; `source` is unchanged and may be pending)."""

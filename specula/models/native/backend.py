@@ -386,6 +386,12 @@ class NativeSequence(TreeSequence):
         """Bytes of its keys and values (the whole capacity)."""
         return 2 * self.cache.k.numel() * self.cache.k.element_size()
 
+    def shrink_to_fit(self) -> None:
+        """Free the cache's slots past the committed tokens (`models.base.PrefixCopyingSequence`)."""
+        if self._pending is not None:
+            raise RuntimeError("shrink_to_fit() of a sequence with a tree pending: commit it first")
+        self.cache.shrink_to_fit(len(self._tokens))
+
     def copy_prefix(self, source: "NativeSequence", length: int) -> None:
         """Hold `source`'s first `length` committed tokens (`models.base.PrefixCopyingSequence`): their slots
         copied, bit for bit what a prefill of them writes where the rows are row invariant."""

@@ -64,6 +64,12 @@ class KVCache:
                 raise RuntimeError(f"KV cache: {length} slots exceed the context window of {self.max_capacity}")
             self._allocate(capacity, keep=used)
 
+    def shrink_to_fit(self, used: int) -> None:
+        """Free the slots past the first `used` (kept; a later pass grows the buffers again). A pooled cache
+        (`owner`: the graph path's, its graphs captured on these buffers) keeps its size."""
+        if self.owner is None and used < self.capacity:
+            self._allocate(used, keep=used)
+
     def copy_from(self, other: "KVCache", length: int) -> None:
         """Slots 0 .. length - 1 of `other` (same shape and dtype) copied into this cache's first slots."""
         self.reserve(length, 0)
