@@ -65,6 +65,23 @@ def make_spec(target_model, tokenizer, method: str = "draft-model", draft_model=
     return Specula(HFCausalLM(copy.deepcopy(target_model)), tokenizer, method, draft, planner=False)
 
 
+def native_spec(target_model, tokenizer, method: str = "prompt-lookup", draft_model=None, *, planner: bool = False,
+                prefix_cache_mib: int = 0) -> Specula:
+    """A `Specula` on specula's C kernels (rows computed alone: greedy guarantee "bitwise") over private copies of
+    the models; the hardware planner where `planner`, else the drafters' trees as proposed; no prefix cache unless
+    asked."""
+    from specula.engine import EngineConfig
+    from specula.models.native import NativeCausalLM, NativeDecoder, configure
+
+    def native(model):
+        decoder = configure(NativeDecoder.from_hf(copy.deepcopy(model)), "specula", "none", "sdpa")
+        return NativeCausalLM(decoder, "native", eos_token_ids=[EOS])
+
+    draft = native(draft_model) if draft_model is not None else None
+    return Specula(native(target_model), tokenizer, method, draft, planner="hardware" if planner else False,
+                   engine=EngineConfig(prefix_cache_mib=prefix_cache_mib))
+
+
 @contextmanager
 def running(spec: Specula, **config) -> Iterator[SpeculaServer]:
     server = create_server(spec, ServerConfig(**{"model_name": MODEL, "port": 0, **config})).start()

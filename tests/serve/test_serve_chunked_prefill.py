@@ -11,14 +11,13 @@ import time
 
 import pytest
 
-from serve_helpers import MODEL, chat_ids, running, wait_for
+from serve_helpers import MODEL, chat_ids, native_spec, running, wait_for
 from tiny import output_text, reference_greedy
 
 from specula.api import Specula
-from specula.engine import EngineConfig
 from specula.errors import ConfigError
 from specula.models.hf import HFCausalLM
-from specula.models.native import NativeCausalLM, NativeDecoder, configure, kernels
+from specula.models.native import kernels
 from specula.serve import ServerConfig
 from specula.serve.worker import DEFAULT_CHUNKED_PREFILL_SIZE, resolve_chunked_prefill
 
@@ -26,12 +25,6 @@ needs_kernels = pytest.mark.skipif(not kernels.available(), reason="specula's CP
 
 SHORT = [{"role": "user", "content": "w05 w06 w07"}]
 LONG = [{"role": "user", "content": " ".join(f"w{10 + i % 80:02d}" for i in range(37))}]
-
-
-def native_spec(target_model, tokenizer, method: str = "prompt-lookup") -> Specula:
-    decoder = configure(NativeDecoder.from_hf(copy.deepcopy(target_model)), "specula", "none", "sdpa")
-    target = NativeCausalLM(decoder, "native", eos_token_ids=[1])
-    return Specula(target, tokenizer, method, planner=False, engine=EngineConfig(prefix_cache_mib=0))
 
 
 def recorded(spec: Specula, step_seconds: float = 0.0) -> list[tuple]:
@@ -100,9 +93,7 @@ def test_n_choices_prefill_one_after_another_so_the_others_copy_the_first(target
     another, so the second and third copy the first's whole prompt from the prefix cache."""
     from openai import OpenAI
 
-    decoder = configure(NativeDecoder.from_hf(copy.deepcopy(target_model)), "specula", "none", "sdpa")
-    spec = Specula(NativeCausalLM(decoder, "native", eos_token_ids=[1]), tokenizer, "none", planner=False,
-                   engine=EngineConfig(prefix_cache_mib=16))
+    spec = native_spec(target_model, tokenizer, "none", prefix_cache_mib=16)
     cached = []
     start = spec.start
     spec.start = lambda prompt, **kw: (lambda s: (cached.append(s.stats.cached_tokens), s)[1])(start(prompt, **kw))
@@ -181,8 +172,7 @@ def test_prompts_run_between_two_steps_stay_within_the_budget(target_model, toke
 
 
 def test_chunked_prefill_is_on_by_default_only_where_it_changes_nothing(target_model):
-    decoder = configure(NativeDecoder.from_hf(copy.deepcopy(target_model)), "specula", "none", "sdpa")
-    exact = NativeCausalLM(decoder, "native", eos_token_ids=[1])
+    exact = native_spec(target_model, None, "none").target
     hf = HFCausalLM(copy.deepcopy(target_model))
     assert exact.greedy_guarantee == "bitwise" and hf.greedy_guarantee != "bitwise"
     assert resolve_chunked_prefill(None, exact) == DEFAULT_CHUNKED_PREFILL_SIZE

@@ -1,0 +1,200 @@
+"""The worker under random schedules: requests arriving while others decode or prefill, `n` choices, prompts that
+share openings (prefix-cache hits, a running request's prompt copied), chunked prefill of several sizes, batches of
+several sizes, clients gone before their request starts, part-way through its prefill or its stream. Whatever the
+order, every answer is what the request gets alone, a stream cut short holds the start of it, and every session the
+worker started is freed (none left running in a prefix cache)."""
+
+from __future__ import annotations
+
+import queue
+import random
+import threading
+import time
+from dataclasses import dataclass, field
+
+import pytest
+
+from serve_helpers import MODEL, native_spec
+
+from specula.models.native import kernels
+from specula.serve.metrics import ServerMetrics
+from specula.serve.protocol import APIError, GenerationRequest, choice_seed
+from specula.serve.worker import ChoiceChunk, Started, Worker
+
+needs_kernels = pytest.mark.skipif(not kernels.available(), reason="specula's CPU kernels do not run here")
+
+
+@dataclass
+class Client:
+    """One request, when its client goes, and what came back for it (read in the worker's thread, as each event is
+    sent: `Job.notify`)."""
+
+    request: GenerationRequest
+    cut: int | str | None
+    """When the client goes: "queued" (before the worker reaches it), "start" (as soon as its first choice starts:
+    part-way through its prompt where chunks cut it), "chunk" (after a later chunk of a prompt of its, or at its
+    start where it has none), k (right after its k-th stream chunk is sent, before the worker looks again), None
+    (it reads to the end)."""
+    job: object = None
+    tokens: dict[int, list[int]] = field(default_factory=dict)
+    finished: set[int] = field(default_factory=set)
+    chunks: int = 0
+    error: APIError | None = None
+    gone: bool = False
+    late_work: int = 0
+    """Choices started and prompt chunks run after it went (gone from the worker's thread: a "queued" client goes
+    from the test's, racing the worker)."""
+
+    @property
+    def done(self) -> bool:
+        return self.gone or self.error is not None or len(self.finished) == self.request.n
+
+    def go(self) -> None:
+        if not self.gone:
+            self.job.cancel()
+            self.gone = True
+
+    def read(self) -> None:
+        while True:
+            try:
+                event = self.job.events.get_nowait()
+            except queue.Empty:
+                return
+            if isinstance(event, APIError):
+                self.error = event
+            elif isinstance(event, ChoiceChunk):
+                self.chunks += 1
+                self.tokens.setdefault(event.index, []).extend(event.chunk.token_ids)
+                if event.chunk.finished:
+                    self.finished.add(event.index)
+                if self.cut == self.chunks:
+                    self.go()
+            else:
+                assert isinstance(event, Started)
+
+
+def schedule(rng: random.Random, count: int, sampled: bool) -> list[Client]:
+    """`count` requests over prompts that may open alike (a random part of one of three openings of 40 tokens, then
+    up to 30 tokens of its own; no two prompts alike, so a session's prompt names its request); greedy, or where
+    `sampled` a third of them seeded samples."""
+    openings = [[rng.randrange(2, 96) for _ in range(40)] for _ in range(3)]
+    clients, seen = [], set()
+    while len(clients) < count:
+        opening = rng.choice(openings)[: rng.randrange(0, 41)]
+        prompt = tuple(opening + [rng.randrange(2, 96) for _ in range(rng.randint(1, 30))])
+        if prompt in seen:
+            continue
+        seen.add(prompt)
+        sampling = {"temperature": 0.8, "seed": rng.randrange(1000)} if sampled and rng.random() < 1 / 3 else {}
+        request = GenerationRequest(endpoint="completions", model=MODEL, prompts=(prompt,), n=rng.choice((1, 1, 2, 3)),
+                                    max_tokens=rng.randint(1, 14), **{"temperature": 0.0, **sampling})
+        clients.append(Client(request, rng.choice((None, None, None, "queued", "start", "chunk", "chunk", 1, 2, 5))))
+    return clients
+
+
+class Schedule:
+    """Submits the clients one by one: from the worker's thread at random points between its calls (so where a
+    request arrives follows from the seed, not from two threads' timing), and from the test's thread whenever
+    everything submitted is done. Hooks on `spec` record the sessions started and the ids of those freed (through
+    the engine, which frees a failed prefill itself)."""
+
+    def __init__(self, spec, clients: list[Client], rng: random.Random) -> None:
+        self.clients, self.rng = clients, rng
+        self.waiting, self.worker = list(clients), None
+        self.lock = threading.Lock()
+        self.started, self.freed = [], set()
+        by_prompt = {client.request.prompts[0]: client for client in clients}
+        start, prefill, step, finish = spec.start, spec.prefill, spec.step, spec.decoder.finish
+
+        def on_start(prompt, **kw):
+            client = by_prompt[tuple(prompt)]
+            client.late_work += client.gone and client.cut != "queued"
+            session = start(prompt, **kw)
+            self.started.append(session)
+            if client.cut == "start" or (client.cut == "chunk" and session.prefilled):
+                client.go()
+            self.arrivals()
+            return session
+
+        def on_prefill(session, max_tokens=None):
+            client = by_prompt[tuple(session.prompt)]
+            client.late_work += client.gone and client.cut != "queued"
+            done = prefill(session, max_tokens)
+            if client.cut == "chunk":
+                client.go()
+            self.arrivals()
+            return done
+
+        def on_step(sessions):
+            chunks = step(sessions)
+            self.arrivals()
+            return chunks
+
+        def on_finish(session):
+            self.freed.add(id(session))
+            return finish(session)
+
+        spec.start, spec.prefill, spec.step, spec.decoder.finish = on_start, on_prefill, on_step, on_finish
+
+    def submit(self) -> None:
+        with self.lock:
+            if not self.waiting:
+                return
+            client = self.waiting.pop(0)
+        client.job = self.worker.submit(client.request, notify=client.read)
+        if client.cut == "queued":
+            client.go()
+
+    def arrivals(self) -> None:
+        """None, one or two requests arrive now."""
+        for _ in range(self.rng.choice((0, 0, 0, 1, 1, 2))):
+            self.submit()
+
+    def run(self, worker: Worker, timeout: float = 60.0) -> None:
+        self.worker = worker
+        end = time.monotonic() + timeout
+        while self.waiting or not all(client.done for client in self.clients):
+            assert time.monotonic() < end, "the worker stopped answering"
+            if all(client.done for client in self.clients if client.job is not None):
+                self.submit()
+            time.sleep(0.001)
+
+
+@needs_kernels
+@pytest.mark.parametrize("seed", range(12))
+def test_random_schedules_answer_every_request_as_alone_and_free_every_session(seed, target_model, draft_model,
+                                                                              tokenizer, reference):
+    rng = random.Random(seed)
+    method, planner = ("none", "prompt-lookup", "draft-model")[seed % 3], seed % 2 == 1
+    draft = draft_model if method == "draft-model" else None
+    spec = native_spec(target_model, tokenizer, method, draft, planner=planner, prefix_cache_mib=rng.choice((0, 1, 1)))
+    clients = schedule(rng, 14, sampled=not planner)  # without a planner a seeded sample is the same in any batch
+    alone = native_spec(target_model, tokenizer, method, draft)
+    run = Schedule(spec, clients, rng)
+    size, chunk = rng.choice((1, 2, 4)), rng.choice((0, 1, 3, 8))
+    worker = Worker(spec, ServerMetrics(), max_batch_size=size, chunked_prefill_size=chunk)
+    try:
+        run.run(worker)
+    finally:
+        worker.close()
+    started, freed = run.started, run.freed
+    where = f"seed {seed}: {method}, batch {size}, chunks of {chunk}"
+    for client in clients:
+        request = client.request
+        prompt = request.prompts[0]
+        if request.temperature == 0:
+            wants = [list(reference.tokens(prompt, request.max_tokens))] * request.n
+        else:  # the request alone: choice j seeded seed + j
+            wants = [alone.generate(list(prompt), max_new_tokens=request.max_tokens, temperature=request.temperature,
+                                    seed=choice_seed(request.seed, j)).token_ids for j in range(request.n)]
+        assert client.error is None, f"{where}: {client.error}"
+        if not client.gone:
+            assert client.tokens == dict(enumerate(wants)), where
+        for j, got in client.tokens.items():  # a stream cut short holds the start of the answer
+            assert got == wants[j][: len(got)], where
+    assert sum(not client.gone for client in clients) > 0 and any(client.gone for client in clients)
+    assert not any(client.late_work for client in clients), f"{where}: a prompt ran after its client went"
+    assert started and {id(session) for session in started} <= freed, f"{where}: a session was never freed"
+    caches = [spec.decoder.prefix_cache] + [getattr(d, "prefix_cache", None) for d in spec.decoder.drafters]
+    assert all(not cache._running for cache in caches if cache is not None), f"{where}: a session is still shared"
+    assert worker._prefilling is None
