@@ -66,10 +66,13 @@ def make_spec(target_model, tokenizer, method: str = "draft-model", draft_model=
 
 
 def native_spec(target_model, tokenizer, method: str = "prompt-lookup", draft_model=None, *, planner: bool = False,
-                prefix_cache_mib: int = 0) -> Specula:
+                prefix_cache_mib: int = 0, head: str | None = None) -> Specula:
     """A `Specula` on specula's C kernels (rows computed alone: greedy guarantee "bitwise") over private copies of
     the models; the hardware planner where `planner`, else the drafters' trees as proposed; no prefix cache unless
-    asked."""
+    asked; `head`: a freshly initialised head of that kind over the whole vocabulary (seed 1)."""
+    import torch
+
+    from specula.drafters.heads.runtime import new_head
     from specula.engine import EngineConfig
     from specula.models.native import NativeCausalLM, NativeDecoder, configure
 
@@ -77,9 +80,11 @@ def native_spec(target_model, tokenizer, method: str = "prompt-lookup", draft_mo
         decoder = configure(NativeDecoder.from_hf(copy.deepcopy(model)), "specula", "none", "sdpa")
         return NativeCausalLM(decoder, "native", eos_token_ids=[EOS])
 
+    target = native(target_model)
     draft = native(draft_model) if draft_model is not None else None
-    return Specula(native(target_model), tokenizer, method, draft, planner="hardware" if planner else False,
-                   engine=EngineConfig(prefix_cache_mib=prefix_cache_mib))
+    options = {} if head is None else {"head": new_head(head, target, torch.arange(target.vocab_size), seed=1)}
+    return Specula(target, tokenizer, method, draft, planner="hardware" if planner else False,
+                   engine=EngineConfig(prefix_cache_mib=prefix_cache_mib), **options)
 
 
 @contextmanager

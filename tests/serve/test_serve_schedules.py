@@ -76,7 +76,7 @@ class Client:
 def schedule(rng: random.Random, count: int, sampled: bool) -> list[Client]:
     """`count` requests over prompts that may open alike (a random part of one of three openings of 40 tokens, then
     up to 30 tokens of its own; no two prompts alike, so a session's prompt names its request); greedy, or where
-    `sampled` a third of them seeded samples."""
+    `sampled` a third of them seeded samples; every fourth client reads to the end."""
     openings = [[rng.randrange(2, 96) for _ in range(40)] for _ in range(3)]
     clients, seen = [], set()
     while len(clients) < count:
@@ -88,7 +88,8 @@ def schedule(rng: random.Random, count: int, sampled: bool) -> list[Client]:
         sampling = {"temperature": 0.8, "seed": rng.randrange(1000)} if sampled and rng.random() < 1 / 3 else {}
         request = GenerationRequest(endpoint="completions", model=MODEL, prompts=(prompt,), n=rng.choice((1, 1, 2, 3)),
                                     max_tokens=rng.randint(1, 14), **{"temperature": 0.0, **sampling})
-        clients.append(Client(request, rng.choice((None, None, None, "queued", "start", "chunk", "chunk", 1, 2, 5))))
+        cuts = (None,) if len(clients) % 4 == 0 else (None, None, "queued", "start", "chunk", "chunk", 1, 2, 5)
+        clients.append(Client(request, rng.choice(cuts)))
     return clients
 
 
@@ -160,16 +161,22 @@ class Schedule:
             time.sleep(0.001)
 
 
+METHODS = ("none", "prompt-lookup", "draft-model", "eagle3", "fusion")
+"""Drafters of each kind: none, copying, a draft model's cache, a head's features (fusion: all of them at once)."""
+
+
 @needs_kernels
-@pytest.mark.parametrize("seed", range(12))
+@pytest.mark.parametrize("seed", range(15))
 def test_random_schedules_answer_every_request_as_alone_and_free_every_session(seed, target_model, draft_model,
                                                                               tokenizer, reference):
     rng = random.Random(seed)
-    method, planner = ("none", "prompt-lookup", "draft-model")[seed % 3], seed % 2 == 1
-    draft = draft_model if method == "draft-model" else None
-    spec = native_spec(target_model, tokenizer, method, draft, planner=planner, prefix_cache_mib=rng.choice((0, 1, 1)))
+    method, planner = METHODS[seed % len(METHODS)], seed % 2 == 1
+    draft = draft_model if method in ("draft-model", "fusion") else None
+    head = {"eagle3": "eagle3", "fusion": "eagle"}.get(method)
+    spec = native_spec(target_model, tokenizer, method, draft, planner=planner, prefix_cache_mib=rng.choice((0, 1, 1)),
+                       head=head)
     clients = schedule(rng, 14, sampled=not planner)  # without a planner a seeded sample is the same in any batch
-    alone = native_spec(target_model, tokenizer, method, draft)
+    alone = native_spec(target_model, tokenizer, method, draft, head=head)
     run = Schedule(spec, clients, rng)
     size, chunk = rng.choice((1, 2, 4)), rng.choice((0, 1, 3, 8))
     worker = Worker(spec, ServerMetrics(), max_batch_size=size, chunked_prefill_size=chunk)
