@@ -15,7 +15,8 @@ A configuration is METHOD:MAX_BATCH_SIZE[:PREFIX_CACHE_MIB[:CHUNKED_PREFILL_SIZE
 prefix cache unless the configuration or `--prefix-cache-mib` says otherwise, and with the server's chunked prefill
 unless the configuration or `--chunked-prefill-size` says otherwise. The inter-token latency (ITL) percentiles are
 over every gap between two streamed pieces of text; a stream's longest gap (percentiles over the requests, and the
-longest of all) is what a prompt prefilled whole in the middle of other streams shows. `--turns 2` sends MT-bench's two-turn
+longest of all) is what a prompt prefilled whole in the middle of other streams shows. The servers draft with no draft model unless
+`--draft` names one (`auto`: what `serve` picks by default). `--turns 2` sends MT-bench's two-turn
 questions as conversations (the second turn after the first's answer) and times the second turns: what the
 prefix cache saves a chat server.
 
@@ -58,7 +59,7 @@ def prompts(count: int, turns: int) -> list[tuple[str, ...]]:
 def start_server(args, method: str, batch: int, cache_mib: int, chunk: int | None) -> tuple[subprocess.Popen, str]:
     port = free_port()
     cmd = [sys.executable, "-m", "specula", "serve", "--target", args.target, "--method", method,
-           "--port", str(port), "--max-batch-size", str(batch), "--max-queue", "1024", "--draft", "none",
+           "--port", str(port), "--max-batch-size", str(batch), "--max-queue", "1024", "--draft", args.draft,
            "--prefix-cache-mib", str(cache_mib), *(["--chunked-prefill-size", str(chunk)] if chunk is not None else [])]
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     url = f"http://127.0.0.1:{port}"
@@ -181,6 +182,9 @@ def main() -> int:
     ap.add_argument("--requests", type=int, default=24)
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--temperature", type=float, default=0.0)
+    ap.add_argument("--draft", default="none",
+                    help="the servers' --draft (default none: no draft model; auto: what `serve` picks, the 0.5B "
+                         "for the 1.5B)")
     ap.add_argument("--out", default="runs/serve-load.json")
     ap.add_argument("--prefix-cache-mib", type=int, default=0,
                     help="the server's prefix cache (default 0, off: every concurrency sends the same prompts, so a "

@@ -13,7 +13,7 @@ observes the `StepResult`. Nothing in this module calls anything: it is data and
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol, Sequence
+from typing import TYPE_CHECKING, Protocol, Sequence
 
 import torch
 
