@@ -241,6 +241,45 @@ def test_requests_running_at_once_prefill_a_shared_prompt_once(kind):
 
 
 @needs_kernels
+def test_requests_stepped_together_copy_each_others_draft_cache_in_their_first_step():
+    """Requests that start together on one opening: in their first (packed) step the first's draft cache catches
+    up on it and the others copy it once that pass has run, instead of catching up alike; each drafts, and the
+    target accepts, exactly what it does without the cache."""
+    from tiny import perturbed_copy
+
+    model = tiny_model("llama", seed=3)
+    target, draft = native(model), native(perturbed_copy(model, 0.05))
+    system = PROMPT[:18]
+    prompts = [system + [70, 71, 72], system + [70, 71, 72], system + [80, 81]]  # n = 2 of one prompt, and another
+
+    def run(mib: int):
+        dec = decoder(target, "draft-model", mib, draft=draft, planner=False)
+        drafter, hits, passes = dec.drafters[0], [], []
+        if drafter.prefix_cache is not None:
+            take = drafter.prefix_cache.take
+            drafter.prefix_cache.take = lambda prompt, into, features=False: hits.append(take(prompt, into, features))
+        prefill = type(draft.new_sequence()).prefill
+        sessions = [dec.start(p, greedy(10)) for p in prompts]
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(type(sessions[0].seq), "prefill",
+                       lambda seq, ids, *a, **k: (passes.append(len(ids)) if seq.backend is draft else None)
+                       or prefill(seq, ids, *a, **k))
+            dec.step(sessions)
+        while not all(s.finished for s in sessions):
+            dec.step(sessions)
+        return sessions, hits, passes
+
+    cached, hits, passes = run(64)
+    fresh, _, fresh_passes = run(0)
+    assert hits[0] is None and [h.length for h in hits[1:]] == [len(prompts[1]) - 1, len(system)]
+    assert passes[0] == len(prompts[0]) and sum(passes) < sum(fresh_passes)  # the first step's draft passes
+    for got, want, p in zip(cached, fresh, prompts):
+        assert got.generated == want.generated == reference_greedy(model, p, 10)
+        assert (got.stats.drafted_tokens, got.stats.accepted_tokens) == (want.stats.drafted_tokens,
+                                                                        want.stats.accepted_tokens)
+
+
+@needs_kernels
 def test_prompt_logprobs_prefill_the_whole_prompt():
     model = tiny_model("llama", seed=3)
     dec = decoder(native(model), "none", 64)

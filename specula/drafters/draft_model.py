@@ -34,7 +34,7 @@ import torch
 
 from specula.drafters.base import DraftContext, Proposal, StepResult, method_config
 from specula.drafters.chain import chain_steps
-from specula.drafters.lockstep import Clock, Steps, drive
+from specula.drafters.lockstep import AfterOthers, Clock, Steps, drive
 from specula.ema import Ema
 from specula.errors import ConfigError
 from specula.models.base import (
@@ -197,6 +197,7 @@ class DraftModelDrafter:
         self._catch_up_seconds = Ema(config.timing_ema)  # per token, for catch-ups of >= 16 tokens
         self.prefix_cache: PrefixCache | None = None
         """Finished requests' draft caches, for the requests that begin alike (`keep_prefixes`; None: off)."""
+        self._catching_up: dict[int, Sequence[int]] = {}  # per draft cache whose pass is yielded, not run: its tokens
 
     def keep_prefixes(self, max_bytes: int) -> None:
         """Keep up to `max_bytes` of finished requests' draft caches, so that a request whose text begins with
@@ -232,7 +233,11 @@ class DraftModelDrafter:
         yielded as a `DraftPass` (lockstep steps), timed on `clock`."""
         keep = keep_common_prefix(seq, tokens[:-1])
         t0 = clock()
-        logits = yield DraftPass(self.draft, seq, tuple(tokens[keep:]))
+        self._catching_up[id(seq)] = tokens  # what it holds once this pass ran (`_copies_after_others`)
+        try:
+            logits = yield DraftPass(self.draft, seq, tuple(tokens[keep:]))
+        finally:
+            del self._catching_up[id(seq)]
         n = len(tokens) - keep
         if n >= 16:  # a prefill-sized catch-up: learn its cost per token
             self._catch_up_seconds.update((clock() - t0) / n)
@@ -242,6 +247,15 @@ class DraftModelDrafter:
         """Logits [vocab] after one more drafted token, as lockstep steps (a `DraftPass`)."""
         logits = yield DraftPass(self.draft, seq, (token,))
         return logits if self.fit is None else self.fit.scores(logits)
+
+    def _copies_after_others(self, tokens: Sequence[int]) -> bool:
+        """Whether a new request should wait for this round's other passes before it copies from the prefix cache:
+        another session's draft cache catches up in them (lockstep: its pass yielded, not yet run) on at least the
+        cache's `min_tokens` of this request's opening (`tokens`, its root last): the `n` choices of a prompt, or
+        requests on one system prompt, that start in one step. Alone, or one after another, nothing waits."""
+        head = tokens[:-1]
+        return any(common_prefix_length(other, head) >= self.prefix_cache.min_tokens
+                   for other in self._catching_up.values())
 
     def _catch_up_estimate(self, seq: TargetSequence, tokens) -> float:
         """Seconds to bring the draft cache to `tokens` before the first draft token can be drafted."""
@@ -265,6 +279,8 @@ class DraftModelDrafter:
         if self.fit is not None:
             tokens = self.fit.read(tokens)
         if not seq.tokens and self.prefix_cache is not None:  # a new request: a finished one's cache may hold its start
+            if self._copies_after_others(tokens):
+                yield AfterOthers()  # a running one's catches up on it in this round: copied once that has run
             self.prefix_cache.take(tokens, seq)
         room = self.draft.max_context - len(tokens) + 1  # the draft cache holds tokens + k - 1 drafts
         k = min(self.config.num_draft_tokens, ctx.budget.max_depth, ctx.budget.max_nodes, room)

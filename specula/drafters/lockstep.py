@@ -7,9 +7,11 @@ that yields a `Pass` wherever it needs one, receives the pass's result, and retu
 generator alone, each pass on its own (`propose`). `drive_many` runs several in step: each round,
 every generator still drafting has yielded one pass; passes of one `key` run as one `Pass.run_many`
 call (a trained head's level for every session in one kernel call, a drafted token of every
-session's draft-model chain in one packed pass: the weights read once), the rest one by one. A generator's `clock` reads the seconds of its own code plus its share of each call it took
-part in, which is what its cost view prices its drafting by; each generator's own state is touched
-only by its own code, so the proposals are exactly those each would make alone.
+session's draft-model chain in one packed pass: the weights read once), the rest one by one, an
+`AfterOthers` last (a session that copies what another's pass writes this round). A generator's
+`clock` reads the seconds of its own code plus its share of each call it took part in, which is
+what its cost view prices its drafting by; each generator's own state is touched only by its own
+code, so the proposals are exactly those each would make alone.
 """
 
 from __future__ import annotations
@@ -38,6 +40,20 @@ class Pass(Protocol):
 
 Steps = Generator[Pass, Any, Any]
 """A drafter's expansion: yields passes, receives their results, returns its proposal."""
+
+
+class AfterOthers:
+    """A pass that runs nothing: its generator resumes once every other pass of the round has run (a session that
+    copies what another session's pass of this round writes: a draft cache caught up on the same prompt).
+    Alone (`drive`), it returns at once."""
+
+    key = None
+
+    def run(self) -> None:
+        return None
+
+    def run_many(self, passes: Sequence["Pass"]) -> list[None]:
+        return [None] * len(passes)
 
 
 def immediate(fn: Callable[..., Any], *args: Any) -> Steps:
@@ -120,6 +136,7 @@ def drive_many(steps: Sequence[Steps], clocks: Sequence[ShareClock]) -> list[Any
         alone: list[int] = []
         for i, request in waiting.items():
             (alone if request.key is None else groups.setdefault(request.key, [])).append(i)
+        alone.sort(key=lambda i: isinstance(waiting[i], AfterOthers))  # stable: those last, once the rest ran
         current, calls = dict(waiting), [*groups.values(), *([i] for i in alone)]
         waiting.clear()
         for group in calls:

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from specula.drafters.lockstep import ShareClock, drive, drive_each, drive_many
+from specula.drafters.lockstep import AfterOthers, ShareClock, drive, drive_each, drive_many
 
 
 class FakePass:
@@ -122,3 +122,18 @@ def test_drive_each_gives_drive_manys_results_one_generator_at_a_time():
     first, second = drive_each(steps, clocks)
     assert first == 6 and isinstance(second, ValueError)
     assert calls == [[1], [2], [3]]  # no pass shared
+
+
+def test_a_generator_after_others_resumes_once_the_rounds_other_passes_ran():
+    calls, seen = [], []
+
+    def copier():
+        yield AfterOthers()
+        seen.append(list(calls))  # what had run when it resumed
+        return (yield FakePass(7, "head", calls))
+
+    steps = [copier(), expansion([1, 2], None, calls), expansion([3], "head", calls)]
+    assert drive_many(steps, [ShareClock() for _ in steps]) == [14, 6, 6]
+    assert seen == [[[3], [1]]]  # the first round's passes, though it came first
+    assert sorted(calls) == [[1], [2], [3], [7]]
+    assert drive(copier()) == 14  # alone: it resumes at once
