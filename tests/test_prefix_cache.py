@@ -93,9 +93,12 @@ def test_a_sequence_shrunk_to_fit_holds_its_tokens_only_and_continues_bit_for_bi
     got = seq.prefill(PROMPT[12:], logits="all")  # and grows again
     fresh = target.new_sequence().prefill(PROMPT, logits="all")
     assert torch.equal(got, fresh[12:]) and torch.equal(copy.prefill(PROMPT[10:], logits="all"), fresh[10:])
-    seq.forward_tree(PROMPT[0], TokenTree.chain([1, 2]))
-    with pytest.raises(RuntimeError, match="pending"):
-        seq.shrink_to_fit()
+    seq.forward_tree(PROMPT[0], TokenTree.chain([1, 2]))  # a tree pending (a request failed part-way): kept
+    seq.shrink_to_fit()
+    assert seq.cache.capacity == seq.slots == len(PROMPT) + 3
+    seq.commit([0, 1])
+    assert torch.equal(seq.prefill([7], logits="last"),
+                       target.new_sequence().prefill(PROMPT + [PROMPT[0], 1, 2, 7], logits="last"))
 
 
 def test_a_pooled_cache_keeps_its_size():

@@ -387,10 +387,9 @@ class NativeSequence(TreeSequence):
         return 2 * self.cache.k.numel() * self.cache.k.element_size()
 
     def shrink_to_fit(self) -> None:
-        """Free the cache's slots past the committed tokens (`models.base.PrefixCopyingSequence`)."""
-        if self._pending is not None:
-            raise RuntimeError("shrink_to_fit() of a sequence with a tree pending: commit it first")
-        self.cache.shrink_to_fit(len(self._tokens))
+        """Free the cache's slots past those in use (`models.base.PrefixCopyingSequence`; a tree pending keeps its
+        rows: a request that failed part-way through a step is kept as it stands)."""
+        self.cache.shrink_to_fit(self.slots)
 
     def copy_prefix(self, source: "NativeSequence", length: int) -> None:
         """Hold `source`'s first `length` committed tokens (`models.base.PrefixCopyingSequence`): their slots
