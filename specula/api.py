@@ -331,8 +331,9 @@ def load(target: str, draft: str | None = "auto", method: str | None = None,
 
     from specula.draft_choice import AUTO_DRAFT, auto_draft, auto_draft_quantize, why_no_auto_draft
     from specula.methods import DEFAULT_METHOD, check_draft_options_read, default_head, get_method
-    from specula.models.loading import (NO_DRAFT, SELF_DRAFT, DraftInfo, draft_quantize_named, peak_rss_bytes,
-                                        process_age_seconds, resolve)
+    from specula.models.loading import (NO_DRAFT, SELF_DRAFT, DraftInfo, draft_quantize_named, hf_only_architecture,
+                                        peak_rss_bytes, process_age_seconds, resolve)
+    from specula.models.native import ARCHITECTURES
     from specula.models.draft_vocab import check_draft_vocab
     from specula.models.skipping import SKIP_DRAFT, check_draft_skip, check_skip_layers, draft_skip_named
 
@@ -341,8 +342,14 @@ def load(target: str, draft: str | None = "auto", method: str | None = None,
     _check_load_keywords(row.name, row.accepted_options(), drafter_options)
     _check_drafting_used(row.name, drafter_options.get("engine", EngineConfig()), drafter_options.get("planner"),
                          drafter_options)  # before the target's load, not after
-    if config.backend == "hf" and drafter_options.get("engine", EngineConfig()).prefix_cache_mib:
-        raise no_prefix_cache("the hf backend")  # before the target's load, not after
+    if drafter_options.get("engine", EngineConfig()).prefix_cache_mib:  # asked for: refused before the load
+        if config.backend == "hf":
+            raise no_prefix_cache("the hf backend")
+        arch = hf_only_architecture(target) if config.backend == "auto" else None
+        if arch is not None:
+            raise ConfigError(f"{target} is {arch}, which runs on the hf backend only (the native one runs "
+                              f"{', '.join(ARCHITECTURES)}), and the hf backend cannot copy a sequence's cache, so "
+                              "it has no prefix cache: use prefix_cache_mib=0")
     check_skip_layers(draft, skip_layers)
     draft_vocab = check_draft_vocab(draft_vocab)
     if draft in (None, "none", SKIP_DRAFT):  # fusion's num_draft_tokens with no draft model: before the load

@@ -311,6 +311,22 @@ def test_the_prefix_cache_is_off_where_sequences_cannot_copy_a_prefix_and_refuse
             EngineConfig(prefix_cache_mib=bad)
 
 
+def test_a_prefix_cache_asked_for_where_backend_auto_picks_hf_is_refused_before_the_load(tmp_path):
+    import specula.api as api
+    from specula.models.loading import LoadConfig
+    from tiny import word_tokenizer
+
+    tiny_model("gpt2", seed=3).save_pretrained(tmp_path)  # an architecture the native backend does not run
+    word_tokenizer([f"w{i:02d}" for i in range(96)]).save_pretrained(str(tmp_path))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(api, "load_backend", lambda *a, **k: pytest.fail("a model was loaded"))
+        with pytest.raises(ConfigError, match="GPT2LMHeadModel, which runs on the hf backend only.*prefix_cache_mib=0"):
+            api.load(str(tmp_path), method="none", config=LoadConfig(backend="auto"),
+                     engine=EngineConfig(prefix_cache_mib=8))
+    spec = api.load(str(tmp_path), method="none", config=LoadConfig(backend="auto"))  # the default: off there
+    assert isinstance(spec.target, HFCausalLM) and spec.decoder.prefix_cache is None
+
+
 # ---------------------------------------------------------------------------------------- the cache itself
 
 

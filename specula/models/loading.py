@@ -510,6 +510,17 @@ BACKENDS = ("auto", "native", "hf")
 """Values of `--backend` / `LoadConfig.backend`."""
 
 
+def hf_only_architecture(spec: str | ResolvedModel) -> str | None:
+    """`spec`'s architecture where only the Hugging Face backend runs it (`backend="auto"` loads it there), read from
+    its config, no weights (`_architecture`); None where the native backend's: what a caller may refuse before the
+    load. A native architecture may still fall back to hf for a config its kernels lack (`NativeUnsupported`, found
+    while loading)."""
+    from specula.models.native import ARCHITECTURES
+
+    arch = _architecture(spec if isinstance(spec, ResolvedModel) else resolve(spec))
+    return None if arch in ARCHITECTURES else arch or "another architecture"
+
+
 def _architecture(resolved: ResolvedModel) -> str:
     """The model class a spec loads as, read from its config alone (no weights): the first of a
     `config.json`'s `architectures`, read as JSON; otherwise (a .gguf, or a config naming no class)
