@@ -11,7 +11,7 @@ import openai
 
 from serve_helpers import MODEL, http_call, make_spec, running
 from tiny import reference_greedy
-from tool_kit import CALL, SCRIPT, TOOLS, WEATHER, script_tokenizer, scripted_model, tool, tool_tokenizer
+from tool_kit import SCRIPT, TOOLS, WEATHER, script_tokenizer, scripted_model, tool, tool_tokenizer
 
 from specula.prompts import encode_prompt
 from specula.serve.protocol import APIError, parse_request
