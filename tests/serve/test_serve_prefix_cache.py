@@ -4,16 +4,12 @@ decoding; `n` choices count their prompt's cached tokens once."""
 
 from __future__ import annotations
 
-import copy
-
 import pytest
 
-from serve_helpers import MODEL, chat_ids, running
+from serve_helpers import MODEL, chat_ids, native_spec, running
 
-from specula.api import Specula
-from specula.engine import EngineConfig
 from specula.models.base import common_prefix_length
-from specula.models.native import NativeCausalLM, NativeDecoder, configure, kernels
+from specula.models.native import kernels
 
 pytestmark = pytest.mark.skipif(not kernels.available(), reason="specula's CPU kernels do not run here")
 
@@ -22,10 +18,7 @@ FIRST = [{"role": "user", "content": "w05 w06 w07 w10 w11 w12 w10 w11 w40 w03 w7
 
 @pytest.fixture(scope="module")
 def native_server(target_model, tokenizer):
-    decoder = configure(NativeDecoder.from_hf(copy.deepcopy(target_model)), "specula", "none", "sdpa")
-    target = NativeCausalLM(decoder, "native", eos_token_ids=[1])
-    spec = Specula(target, tokenizer, "prompt-lookup", planner=False, engine=EngineConfig(prefix_cache_mib=16))
-    with running(spec) as srv:
+    with running(native_spec(target_model, tokenizer, "prompt-lookup", prefix_cache_mib=16)) as srv:
         yield srv
 
 
