@@ -379,14 +379,15 @@ class SpeculativeDecoder:
             packed = len(items) > 1 and isinstance(self.target, BatchedTargetModel)
             if packed:  # one pass for all: each session's step took it
                 t1 = time.perf_counter()
-                outs = forward_trees(self.target, items, hidden=self.hidden)
+                outs = forward_trees(self.target, items, hidden=self.hidden,
+                                     argmax_only=all(_argmax_only(s) for s in running))
                 seconds = [time.perf_counter() - t1] * len(items)
             else:  # a pass each (a backend that does not pack): each session is charged its own, which the
                 # back-off judges its drafting by (the batch's sum made drafting look 4x dearer at 4 sessions)
                 outs, seconds = [], []
-                for item in items:
+                for s, item in zip(running, items):
                     t1 = time.perf_counter()
-                    outs += forward_trees(self.target, [item], hidden=self.hidden)
+                    outs += forward_trees(self.target, [item], hidden=self.hidden, argmax_only=_argmax_only(s))
                     seconds.append(time.perf_counter() - t1)
             for s, (plan, draft_seconds), out, pass_seconds in zip(running, planned, outs, seconds):
                 rows, hidden = out if self.hidden else (out, None)
@@ -751,6 +752,15 @@ class _Collected:
     def output(self) -> GenerationOutput:
         assert self.stats is not None
         return GenerationOutput(self.tokens, "".join(self.texts), self.stats, self.logprobs, self.prompt_logprobs)
+
+
+def _argmax_only(session: Session) -> bool:
+    """Whether a step of `session` reads only its rows' argmax (`models.base.forward_trees`'
+    `argmax_only`): greedy, with no grammar, penalty, min_new_tokens mask or logprobs (each of those
+    reads whole rows; they would still get the exact logits, computed after the pass)."""
+    params = session.params
+    return (params.greedy and session.grammar is None and not params.penalized and params.logprobs is None
+            and len(session.generated) >= params.min_new_tokens)
 
 
 def feature_request(drafters) -> FeatureRequest:

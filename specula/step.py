@@ -154,7 +154,9 @@ class StepResult:
     next_token: int
     """Token emitted after the path (bonus or correction)."""
     logits: torch.Tensor
-    """[n + 1, vocab] raw target logits at the root and every node."""
+    """[n + 1, vocab] raw target logits at the root and every node: a tensor, or on a greedy step a
+    row source shaped like one (`models.native.screen.ScreenedLogits`: indexing it computes the
+    logits; a drafter learning from the top ids reads `tree_rows.draft_top_k`)."""
     hidden: torch.Tensor | None = None
     """[n + 1, hidden] the target's last hidden state at the root and every node, when a drafter
     asked for hidden states (trained heads), else None."""

@@ -41,6 +41,15 @@ def row_argmax(rows: torch.Tensor) -> Callable[[int], int]:
     return lambda row: int(rows[row].argmax())
 
 
+def draft_top_k(logits, k: int) -> torch.Tensor:
+    """LongTensor [n, k]: the k best ids of each row of `logits` ([n, vocab]) for a drafter to learn
+    from: a tensor's exact top-k, or a row source's own `draft_top_k` where it has one (a screened
+    pass's int8 logits, `models.native.screen.ScreenedLogits`: a drafter's choice needs no
+    exactness, and no second pass is made for it)."""
+    own = getattr(logits, "draft_top_k", None)
+    return own(k) if own is not None else logits.topk(k, dim=-1).indices
+
+
 def greedy_argmax(tree: TokenTree, argmax_of: Callable[[int], int]) -> torch.Tensor:
     """LongTensor [n + 1]: the argmax of the root's row and of every row whose node a greedy walk
     accepts (a node is accepted when its parent is and its token is the argmax of its parent's

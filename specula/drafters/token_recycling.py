@@ -41,6 +41,7 @@ from specula.drafters.base import DraftContext, Proposal, StepResult, method_con
 from specula.errors import ConfigError
 from specula.paths import atomic_file
 from specula.tree import TokenTree
+from specula.tree_rows import draft_top_k
 
 SAVE_SECONDS = 30.0
 """Least time between two saves of the state file when requests finish (the exit saves the rest)."""
@@ -190,7 +191,7 @@ class TokenRecyclingDrafter:
         tokens, rows = rows_to_write(step)
         inside = tokens < self.vocab_size
         # top-k of every row, then pick (cheaper than gathering the rows of [n + 1, vocab] first)
-        topk = step.logits.topk(self.config.top_k, dim=-1).indices.to(torch.int32).cpu().numpy()  # [n + 1, k]
+        topk = draft_top_k(step.logits, self.config.top_k).to(torch.int32).cpu().numpy()  # [n + 1, k]
         self.matrix[tokens[inside]] = topk[rows[inside]]
         self.dirty = True
 

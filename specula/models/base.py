@@ -205,13 +205,18 @@ class BatchedTargetModel(Protocol):
 
 
 def forward_trees(target: TargetModel, items: Sequence[tuple[TargetSequence, int, TokenTree]],
-                  hidden: FeatureRequest = False) -> list:
+                  hidden: FeatureRequest = False, argmax_only: bool = False) -> list:
     """Verify several sequences' trees: one packed pass where the backend batches
     (`BatchedTargetModel`), else one `forward_tree` per sequence. With `hidden` (a `FeatureModel`
-    backend), each item's result is `(logits, hidden states)`."""
+    backend), each item's result is `(logits, hidden states)`. `argmax_only`: the caller needs each
+    row's greedy argmax (`argmax(-1)`); a backend that can take it more cheaply than the logits
+    (`lazy_logits`: the native backend's output screen) then returns a row source shaped like them
+    (`specula.verify.Rows`) whose other uses still read the exact logits."""
     if hidden and not isinstance(target, FeatureModel):
         raise ConfigError(f"{target.name} cannot return hidden states (trained drafters need them): "
                           "use the native or hf backend")
+    if argmax_only and getattr(target, "lazy_logits", False):
+        return target.forward_trees(items, hidden=hidden, argmax_only=True)
     if len(items) > 1 and isinstance(target, BatchedTargetModel):
         return target.forward_trees(items, hidden=hidden) if hidden else target.forward_trees(items)
     return [seq.forward_tree(root, tree, hidden=hidden) if hidden else seq.forward_tree(root, tree)

@@ -1,7 +1,7 @@
 """The target's cost model: forward latency against the number of tokens verified in one pass.
 
 Size n means n tokens in the target's forward pass: the step's root plus a chain of n - 1
-draft nodes, run through `forward_tree` after a prefix of `context` tokens in the KV cache,
+draft nodes, run through `forward_tree` (and its rows' greedy argmax) after a prefix of `context` tokens,
 then `commit(())` and `crop` back to the prefix. n = 1 is a plain decode step, so `ratio(n)` is
 "verifying n tokens costs ratio(n) plain steps"; a tree of k nodes costs `ratio(k + 1)` (see
 `CostCurve.tree_ratio`).
@@ -29,7 +29,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from specula.errors import ConfigError
-from specula.models.base import TargetModel, TargetSequence
+from specula.models.base import TargetModel, TargetSequence, forward_trees
 from specula.models.device import sync_device
 from specula.paths import read_json_object
 from specula.tree import TokenTree
@@ -103,12 +103,14 @@ class CostCurve:
                    int(data["context"]), int(data.get("repeats", 0)))
 
 
-def _timed_pass(seq: TargetSequence, device, root: int, tree: TokenTree, context: int) -> float:
-    sync_device(device)
+def _timed_pass(backend: TargetModel, seq: TargetSequence, root: int, tree: TokenTree, context: int) -> float:
+    """One greedy verification pass's seconds: the pass, its rows' argmax (through an output screen
+    where the backend has one: `forward_trees`' `argmax_only`) and the commit."""
+    sync_device(backend.device)
     t0 = time.perf_counter()
-    seq.forward_tree(root, tree)  # logits [n, vocab]
+    forward_trees(backend, [(seq, root, tree)], argmax_only=True)[0].argmax(-1)  # [n]
     seq.commit(())
-    sync_device(device)
+    sync_device(backend.device)
     elapsed = time.perf_counter() - t0
     seq.crop(context)
     return elapsed
@@ -221,22 +223,22 @@ def measure_pass_times(backend: TargetModel, sizes: Sequence[int], context: int,
         def again(n: int, seconds: float) -> float:
             """A pass that read too costly to time larger ones, timed once more: the lesser (one slow
             pass, a page fault or another process's time slice, must not rule sizes out)."""
-            return min(seconds, _timed_pass(seq, backend.device, root, trees[n], context))
+            return min(seconds, _timed_pass(backend, seq, root, trees[n], context))
 
         first = 0.0
         for n in sizes:  # warm-up, one pass each, ascending
-            seconds = _timed_pass(seq, backend.device, root, trees[n], context)
+            seconds = _timed_pass(backend, seq, root, trees[n], context)
             first = first or seconds
             if n > 1 and n < sizes[-1] and seconds > 2 * config.max_ratio * first \
                     and again(n, seconds) > 2 * config.max_ratio * first:
                 sizes = sizes[: sizes.index(n) + 1]  # far beyond paying even cold: larger sizes not timed
                 break
-        step, warmup, stable = warm_up(lambda: _timed_pass(seq, backend.device, root, trees[1], context), config)
+        step, warmup, stable = warm_up(lambda: _timed_pass(backend, seq, root, trees[1], context), config)
         for _ in range(repeats * config.max_round_factor):
             probe = LoadProbe.start()
             secs: dict[int, float] = {}
             for n in sizes:
-                secs[n] = _timed_pass(seq, backend.device, root, trees[n], context)
+                secs[n] = _timed_pass(backend, seq, root, trees[n], context)
                 # larger passes cost even more: not worth timing. Judged against this round's own plain
                 # pass (a burst that slows the whole round cuts nothing), never at the plain pass itself
                 limit = config.max_ratio * max(step, secs[1])

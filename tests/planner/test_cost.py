@@ -33,9 +33,10 @@ def test_measured_pass_is_a_real_verification():
     """The timed pass is forward_tree over root + chain after `context` cached tokens: the cache
     is back to exactly `context` tokens after each pass (checked by running one more step)."""
     model = tiny_model("llama")
-    seq = HFCausalLM(model).new_sequence()
+    backend = HFCausalLM(model)
+    seq = backend.new_sequence()
     seq.prefill(list(range(5, 15)), logits="none")
-    assert _timed_pass(seq, "cpu", 3, TokenTree.chain([4, 5]), 10) > 0
+    assert _timed_pass(backend, seq, 3, TokenTree.chain([4, 5]), 10) > 0
     assert seq.tokens == list(range(5, 15))
     logits = seq.forward_tree(20, TokenTree.empty())
     full = model(torch.tensor([[*range(5, 15), 20]])).logits[0, -1]
@@ -256,7 +257,7 @@ def fake_timing(monkeypatch, seconds_of, loads=()):
     seq = FakeSequence(seconds_of)
     backend = type("B", (), {"max_context": 4096, "vocab_size": 50, "device": "cpu",
                              "new_sequence": lambda self: seq})()
-    monkeypatch.setattr(cost, "_timed_pass", lambda s, device, root, tree, context:
+    monkeypatch.setattr(cost, "_timed_pass", lambda backend, s, root, tree, context:
                         (s.forward_tree(root, tree), seconds_of(len(tree) + 1, len(s.sizes)))[1])
     load_iter = iter(loads)
     monkeypatch.setattr(machine.LoadProbe, "others", lambda self: next(load_iter, 0.0))

@@ -29,6 +29,7 @@ from specula.models.linears import quantization_of
 from specula.models.native.cache import KVCache
 from specula.models.native.graphs import GraphRunner, graph_unsupported
 from specula.models.native.model import NativeDecoder, Segment
+from specula.models.native.screen import SCREEN_MAX_ROWS, OutputScreen, ScreenedPass
 from specula.models.sequence import TreeSequence
 from specula.tree import TokenTree
 
@@ -59,6 +60,7 @@ class NativeCausalLM:
                  cuda_graphs: bool | None = None) -> None:
         self.decoder = decoder
         self.name = name
+        self._screen = None  # native.screen.OutputScreen: `output_screen`
         cfg = decoder.cfg
         self.config = cfg
         self.vocab_size = cfg.vocab_size
@@ -285,22 +287,37 @@ class NativeCausalLM:
             return None
         return graphs.run(seq.cache, shape, ids, positions, start, prefix, local)
 
+    @property
+    def lazy_logits(self) -> bool:
+        """Whether `forward_trees(..., argmax_only=True)` can take its rows' argmax through an output
+        screen (`native.screen`): a float32 output layer of specula's kernels, big enough to pay."""
+        return self.graphs is None and OutputScreen.fits(self.decoder.lm_head)
+
+    def output_screen(self) -> Any:
+        """The output layer's screen (`native.screen.OutputScreen`), built on first use (again after
+        `set_output_layer`)."""
+        if self._screen is None or self._screen.head is not self.decoder.lm_head:
+            self._screen = OutputScreen(self.decoder.lm_head)
+        return self._screen
+
     def forward_trees(self, items: Sequence[tuple["NativeSequence", int, TokenTree]],
-                      hidden: FeatureRequest = False) -> list:
+                      hidden: FeatureRequest = False, argmax_only: bool = False) -> list:
         """Several sequences' trees in one pass (`BatchedTargetModel`): each sequence's handshake
-        (`TreeSequence.begin_tree` before, `set_pending` after) around `tree_pass`."""
+        (`TreeSequence.begin_tree` before, `set_pending` after) around `tree_pass`. `argmax_only`:
+        the caller needs each row's argmax (`argmax(-1)` of what it gets) and little else, so a pass
+        of at most `screen.SCREEN_MAX_ROWS` rows may return `ScreenedLogits` (where `lazy_logits`)."""
         for seq, _, _ in items:
             if not isinstance(seq, NativeSequence) or seq.backend is not self:
                 raise ValueError("forward_trees: every sequence must belong to this backend")
         for seq, _, tree in items:
             seq.begin_tree(tree)
-        out = self.tree_pass(items, hidden)
+        out = self.tree_pass(items, hidden, argmax_only=argmax_only)
         for seq, root, tree in items:
             seq.set_pending(root, tree)
         return out
 
-    def tree_pass(self, items: Sequence[tuple["NativeSequence", int, TokenTree]], hidden: FeatureRequest = False
-                  ) -> list:
+    def tree_pass(self, items: Sequence[tuple["NativeSequence", int, TokenTree]], hidden: FeatureRequest = False,
+                  argmax_only: bool = False) -> list:
         """The pass of `forward_trees` (handshake done by the caller): rows packed sequence after
         sequence, one `Segment` each (its own cache, start slot and tree mask); logits split back
         (with `hidden`: (logits, features) per sequence). One sequence runs on the graph path
@@ -323,10 +340,15 @@ class NativeCausalLM:
         ids = torch.tensor(tokens, dtype=torch.long, device=self.device)  # [T]
         out = self.decoder(ids, torch.cat(positions).to(self.device), segments, taps=taps)
         states, features = out if taps else (out, out)  # [T, E], [T, k E]
-        logits = self.decoder.logits(states)  # [T, V]
+        if argmax_only and len(tokens) <= SCREEN_MAX_ROWS and self.lazy_logits:
+            screened = ScreenedPass(states, self.output_screen())
+            per_item = [screened.rows(a, b) for a, b in bounds]
+        else:
+            logits = self.decoder.logits(states)  # [T, V]
+            per_item = [logits[a:b] for a, b in bounds]
         if hidden:
-            return [(logits[a:b], features[a:b]) for a, b in bounds]
-        return [logits[a:b] for a, b in bounds]
+            return [(rows, features[a:b]) for rows, (a, b) in zip(per_item, bounds)]
+        return per_item
 
     def _graph_tree(self, seq: "NativeSequence", root: int, tree: TokenTree, hidden: FeatureRequest) -> Any:
         """One sequence's tree on the graph path (the mask's local block built directly), or None."""

@@ -47,7 +47,7 @@ from specula.models.native.kernels.packing import (  # noqa: F401
 
 SOURCES = tuple(Path(__file__).with_name(name) for name in (
     "linear_avx512.c", "linear_i4_vnni.c", "linear.c", "linear_amx.c", "ops.c", "linear_i4.c", "head.c", "draft.c",
-    "pool.c", "pack.c", "layers.c", "gguf.c"))
+    "pool.c", "pack.c", "layers.c", "gguf.c", "screen.c"))
 """The kernels' C sources, the slowest to compile first (`build.compile_shared` starts them in this
 order; gcc 12 -O3 on session 94's 2-core EPYC: 50, 24, 7, 2, 1.6, 1.3 s, the rest under 1 s)."""
 AVX512_ONLY = frozenset(Path(__file__).with_name(name) for name in ("linear_avx512.c", "linear_i4_vnni.c",
@@ -221,6 +221,8 @@ def library() -> ctypes.CDLL:
     lib.specula_attention.argtypes = [ptr, ptr, ptr, ptr, ptr, ptr, i32, i32, i32, i32, i32, i32, i32, f32, i32]
     lib.specula_silu_mul.argtypes = [ptr, ptr, i32, i32, i32]
     lib.specula_topk_probs.argtypes = [ptr, i32, i32, i32, ptr, ptr]
+    lib.specula_screen_pack.argtypes = [ptr, ptr, ptr, i32, i32, f32, i32]
+    lib.specula_screen_candidates.argtypes = [ptr, ptr, ptr, i32, i32, ptr, i32, ptr, i32]
     lib.specula_decoder_pass.argtypes = [ptr, ptr, i32, i32, i32, ptr, ptr, f32, ptr, ptr, ptr, i32, i32, i32, i32,
                                          i32, f32, ptr, ptr, i32, ptr, ptr, i32]
     lib.specula_decoder_pass.restype = i32

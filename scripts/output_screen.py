@@ -1,0 +1,70 @@
+"""Greedy decoding with the output screen (`specula/models/native/screen.py`) against without it, side by side in
+one process: each method's seconds both ways, and whether every output is the same.
+
+    python scripts/output_screen.py --target qwen2.5-coder-1.5b --methods none,draft-model,fusion --per-group 2
+
+The prompts are the everyday set's (`specula/data/everyday`, not a benchmark's), `--per-group` from each group.
+Per prompt the two ways run one after the other, the order alternating from prompt to prompt; each way's total
+over the prompts is printed, with their ratio (without / with: above 1, the screen is faster), per round.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+import specula  # noqa: F401 (before torch: the OpenMP spin setting)
+import specula.api as api
+import torch
+
+from specula.bench.datasets import load_prompts, select_prompts
+from specula.models.native import screen
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--target", default="qwen2.5-coder-1.5b")
+    parser.add_argument("--methods", default="none,prompt-lookup,draft-model,fusion",
+                        help="comma-separated methods (default: %(default)s)")
+    parser.add_argument("--per-group", type=int, default=2, help="everyday prompts from each group")
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--rounds", type=int, default=1, help="rounds over the prompts, each method")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--json", help="write the per-round seconds here")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    prompts = [p.turns[0] for p in select_prompts(load_prompts("everyday"), args.per_group)]
+    floor = screen.SCREEN_MIN_WEIGHTS
+    report = {}
+    for method in args.methods.split(","):
+        spec = api.load(args.target, method=method)
+        spec.generate(prompts[0], max_new_tokens=8)  # kernels built, weights paged in, the cost curve timed
+        ratios, rounds = [], []
+        for r in range(args.rounds):
+            seconds = {"screen": 0.0, "without": 0.0}
+            for i, prompt in enumerate(prompts):
+                outs = {}
+                for way in (("screen", "without") if (i + r) % 2 == 0 else ("without", "screen")):
+                    screen.SCREEN_MIN_WEIGHTS = floor if way == "screen" else 1 << 62
+                    t = time.perf_counter()
+                    outs[way] = spec.generate(prompt, max_new_tokens=args.max_new_tokens).token_ids
+                    seconds[way] += time.perf_counter() - t
+                if outs["screen"] != outs["without"]:
+                    raise SystemExit(f"{method}: the outputs differ on prompt {i}: {prompt[:60]!r}")
+            screen.SCREEN_MIN_WEIGHTS = floor
+            ratios.append(seconds["without"] / seconds["screen"])
+            rounds.append(seconds)
+            print(f"{args.target} {method} round {r + 1}: with the screen {seconds['screen']:.2f} s, without "
+                  f"{seconds['without']:.2f} s: {ratios[-1]:.3f}x; outputs identical", flush=True)
+        print(f"{args.target} {method}: {min(ratios):.3f} / {statistics.median(ratios):.3f} / {max(ratios):.3f}x "
+              f"(min / median / max of {len(ratios)} rounds, {len(prompts)} prompts)", flush=True)
+        report[method] = rounds
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"target": args.target, "prompts": len(prompts), "rounds": report}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

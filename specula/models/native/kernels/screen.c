@@ -1,0 +1,123 @@
+/* An exact greedy argmax of a float32 output layer through a cheap int8 pass (`native/screen.py`):
+ * the int8 copy of the layer's packed weights, and the candidates the cheap pass leaves per row. */
+#include <float.h>
+#include <immintrin.h>
+#include <math.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "layout.h"
+#include "pool.h"
+
+/* A w8 copy of f32 packed weights (layout.h: [blocks][in][NB], the same index layout for both): each
+ * output column's scale = max(max_i |w_i| / 127, tiny), q_i = round-half-even(w_i / scale) clamped to
+ * +-127 (quantize.py's rule, so |w_i - scale q_i| <= scale / 2 up to the quotient's rounding). `scale`
+ * gets blocks * NB values (padding columns: zero weights, scale `tiny`). Read straight from the packed
+ * layer: no [out, in] float copy of a 890 MiB output layer. */
+void specula_screen_pack(const float *wp, int8_t *qp, float *scale, int in, int out, float tiny, int threads) {
+    int blocks = (out + NB - 1) / NB;
+    #pragma omp parallel for schedule(static) num_threads(threads)
+    for (int bk = 0; bk < blocks; bk++) {
+        const float *src = wp + (size_t)bk * in * NB;
+        int8_t *dst = qp + (size_t)bk * in * NB;
+        float most[NB], s[NB];
+        for (int c = 0; c < NB; c++) most[c] = 0.0f;
+        for (int i = 0; i < in; i++)
+            for (int c = 0; c < NB; c++) {
+                float a = fabsf(src[(size_t)i * NB + c]);
+                most[c] = a > most[c] ? a : most[c];
+            }
+        for (int c = 0; c < NB; c++) {
+            s[c] = most[c] / 127.0f;
+            s[c] = s[c] < tiny ? tiny : s[c];
+            scale[(size_t)bk * NB + c] = s[c];
+        }
+        for (int i = 0; i < in; i++)
+            for (int c = 0; c < NB; c++) {
+                float v = nearbyintf(src[(size_t)i * NB + c] / s[c]);
+                dst[(size_t)i * NB + c] = (int8_t)(v > 127.0f ? 127.0f : v < -127.0f ? -127.0f : v);
+            }
+    }
+}
+
+/* The ids where row r's exact maximum can be, for each of n rows of approx [n, vocab] (the int8 pass's
+ * logits): with bound_v = slack[v] * l1[r] + 2^-20 |approx[r, v]| the most approx[r, v] can differ from
+ * the exact logit, every v whose upper end approx + bound reaches the largest lower end approx - bound.
+ * The exact maximum (every id holding it) is among them. They go ascending to ids[r * cap ...];
+ * counts[r] = how many (past cap: only counted), or -1 where a value or a bound is not finite (the
+ * caller computes that row's logits whole). Rows are spread over the pool from 4 rows on. */
+struct candidate_args {
+    const float *approx, *slack, *l1;
+    int vocab, cap;
+    int32_t *ids, *counts;
+};
+
+static inline __m256 bound8(const float *a, const float *slack, __m256 scale) {
+    __m256 mag = _mm256_andnot_ps(_mm256_set1_ps(-0.0f), _mm256_loadu_ps(a));
+    return _mm256_add_ps(_mm256_mul_ps(_mm256_loadu_ps(slack), scale), _mm256_mul_ps(mag, _mm256_set1_ps(0x1p-20f)));
+}
+
+static inline float bound1(float a, float slack, float scale) { return slack * scale + fabsf(a) * 0x1p-20f; }
+
+static void candidate_rows(const void *args, int r0, int r1) {
+    const struct candidate_args *p = args;
+    int vocab = p->vocab, whole = vocab / 8 * 8;
+    for (int r = r0; r < r1; r++) {
+        const float *a = p->approx + (size_t)r * vocab;
+        float scale = p->l1[r];
+        __m256 s8 = _mm256_set1_ps(scale), low8 = _mm256_set1_ps(-FLT_MAX), big8 = _mm256_setzero_ps();
+        __m256 sign = _mm256_set1_ps(-0.0f);
+        for (int v = 0; v < whole; v += 8) {
+            __m256 x = _mm256_loadu_ps(a + v), b = bound8(a + v, p->slack + v, s8);
+            low8 = _mm256_max_ps(low8, _mm256_sub_ps(x, b));  /* a NaN is caught by `big` below */
+            big8 = _mm256_max_ps(big8, _mm256_max_ps(_mm256_andnot_ps(sign, x), b));
+            big8 = _mm256_or_ps(big8, _mm256_cmp_ps(x, x, _CMP_UNORD_Q));  /* NaN lanes -> all ones (a NaN) */
+        }
+        float lows[8], bigs[8], lower = -FLT_MAX, big = 0.0f;
+        _mm256_storeu_ps(lows, low8);
+        _mm256_storeu_ps(bigs, big8);
+        int finite = isfinite(scale);
+        for (int i = 0; i < 8; i++) {
+            lower = lows[i] > lower ? lows[i] : lower;
+            if (!(bigs[i] <= 1e30f)) finite = 0;
+        }
+        for (int v = whole; v < vocab; v++) {
+            float b = bound1(a[v], p->slack[v], scale), low = a[v] - b;
+            lower = low > lower ? low : lower;
+            if (!(fabsf(a[v]) <= 1e30f) || !(b <= 1e30f)) finite = 0;
+        }
+        if (!finite || !isfinite(lower)) {
+            p->counts[r] = -1;
+            continue;
+        }
+        int k = 0, cap = p->cap;
+        int32_t *out = p->ids + (size_t)r * cap;
+        __m256 lower8 = _mm256_set1_ps(lower);
+        for (int v = 0; v < whole; v += 8) {
+            __m256 up = _mm256_add_ps(_mm256_loadu_ps(a + v), bound8(a + v, p->slack + v, s8));
+            unsigned mask = (unsigned)_mm256_movemask_ps(_mm256_cmp_ps(up, lower8, _CMP_GE_OQ));
+            while (mask) {
+                int bit = __builtin_ctz(mask);
+                if (k < cap) out[k] = v + bit;
+                k++;
+                mask &= mask - 1;
+            }
+        }
+        for (int v = whole; v < vocab; v++) {
+            if (a[v] + bound1(a[v], p->slack[v], scale) >= lower) {
+                if (k < cap) out[k] = v;
+                k++;
+            }
+        }
+        p->counts[r] = k;
+    }
+}
+
+void specula_screen_candidates(const float *approx, const float *slack, const float *l1, int n, int vocab,
+                               int32_t *ids, int cap, int32_t *counts, int threads) {
+    struct candidate_args args = {approx, slack, l1, vocab, cap, ids, counts};
+    if (threads < 2 || n < 4)
+        candidate_rows(&args, 0, n);
+    else
+        specula_parallel_rows(threads, n, (n + 1) / 2, candidate_rows, &args);
+}

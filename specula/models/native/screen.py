@@ -1,0 +1,209 @@
+"""An exact greedy argmax of the target's float32 output layer through a cheap int8 pass (the screen).
+
+Why: a greedy step needs each verified row's argmax, not its logits, and the output layer reads its
+whole weight matrix whatever the rows: the 1.5B's float32 layer (890 MiB) took 18 ms of a 131 ms
+plain step on the 2-core EPYC, its int8 copy 6.9 ms (1 row; 10.5 against 19.6 ms for 6 rows, 16.6
+against 20.8 for 17).
+
+How, exactly (the argmax is the float32 layer's bit for bit, ties included): the int8 copy's logit
+`a_v` of a row `x` differs from the float32 layer's `l_v` by at most `slack_v * |x|_1` (plus a
+2^-20 |a_v| for the rounding of the bound itself, `screen.c`), where
+
+    slack_v = scale_v * (1/2 + 2 * 127 * gamma_(E+2)) * (1 + 2^-10),   gamma_m = m u / (1 - m u), u = 2^-24:
+
+each weight is off by at most `scale_v / 2` (`w - scale q`, round to nearest), and each of the two
+float32 dot products of E = in_features terms is off by at most `gamma * sum_j |w_vj x_j|` <=
+`gamma * 127 scale_v |x|_1` whatever order its kernel sums in. Every id whose upper end `a_v + bound`
+reaches the largest lower end `max(a - bound)` is a candidate: the exact maximum, at every id that
+holds it, is among them. The candidates' float32 logits come from the layer's own rows
+(`KernelLinear.take_rows`: bit for bit the whole layer's outputs), and the first maximal candidate
+in id order is torch's `argmax`. A row with a value or a bound that is not finite, or with more than
+`CANDIDATE_CAP` candidates, is computed whole.
+
+On the 1.5B's rows over the everyday prompts (session 124, `docs/training.md`): a median of 1
+candidate a row, at most 29; the exact argmax among them every time.
+
+The screen is built on the first greedy verification of a target whose float32 output layer has at
+least `SCREEN_MIN_WEIGHTS` weights (a pass over its packed rows, under a second for the 1.5B), and is
+not a module of the decoder: the weight bytes, the quantization and the prepared entry are the
+target's as before. `ScreenedLogits` is what a verification pass returns then: its `argmax` goes
+through the screen, anything else (a sampled row, a grammar's mask, logprobs) computes the float32
+logits once, as the pass did before.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from specula.models.native.kernels import KernelLinear, library
+
+SCREEN_MIN_WEIGHTS = 8 << 20
+"""The smallest float32 output layer (out x in weights, 32 MiB) screened: below it the full layer is a
+small part of a step and the screen's own pass would not pay (SmolLM2's 49,152 x 576 = 28.3M is
+screened; the tests' tiny models are not, unless a test attaches a screen)."""
+SCREEN_MAX_ROWS = 8
+"""A pass of more rows computes its float32 logits as before: the int8 pass's cost grows with the rows
+(it converts every weight for each group of rows) where the float32 layer's barely does (it reads
+memory). The 1.5B on the 2-core EPYC (ms, the screen's argmax against float32 and its argmax): 8.0
+against 12.6-21.9 for 1 row, 14.0 against 18.7-24.3 for 6, 22.0-23.5 against 19.7-24.4 for 17."""
+CANDIDATE_CAP = 256
+"""At most this many candidates a row go through the layer's own rows; a row with more is computed
+whole (on the 1.5B a row had at most 29)."""
+_TINY = 1e-12
+"""A weight column's smallest scale (quantize.py's `_TINY`)."""
+
+
+def slack_of(scale: torch.Tensor, in_features: int) -> torch.Tensor:
+    """[V] float32 (rounded up): how far the int8 copy's logit can be from the float32 layer's, per
+    unit of the row's |x|_1, for int8 columns of `scale` [V] over `in_features` inputs (module
+    docstring)."""
+    u = 2.0 ** -24
+    m = in_features + 2
+    gamma = m * u / (1 - m * u)
+    c = (0.5 + 2 * 127 * gamma) * (1 + 2.0 ** -10)
+    slack = scale.double() * c * (1 + 2.0 ** -20)  # the float32 rounding below stays above the bound
+    return slack.float()
+
+
+class OutputScreen:
+    """The int8 copy of a float32 `KernelLinear` output layer and the exact argmax through it."""
+
+    def __init__(self, head: KernelLinear) -> None:
+        if head.kind != "f32" or head.bias is not None:
+            raise ValueError(f"an output screen takes a float32 layer without bias, got {head.kind} "
+                             f"{'with' if head.bias is not None else 'without'} bias")
+        self.head = head
+        out, inp = head.out_features, head.in_features
+        block = library().specula_block()
+        blocks = (out + block - 1) // block
+        packed = torch.empty(blocks * block * inp, dtype=torch.int8)
+        scale = torch.empty(blocks * block, dtype=torch.float32)
+        library().specula_screen_pack(head.packed.data_ptr(), packed.data_ptr(), scale.data_ptr(), inp, out, _TINY,
+                                      torch.get_num_threads())
+        scale = scale[:out].contiguous()
+        self.approx = KernelLinear.from_packed("w8", inp, out, packed, scale)
+        self.slack = slack_of(scale, inp)  # [V]
+
+    @classmethod
+    def fits(cls, head: object) -> bool:
+        """Whether `head` is an output layer a screen pays on: float32 on specula's kernels, no bias,
+        at least `SCREEN_MIN_WEIGHTS` weights."""
+        return (isinstance(head, KernelLinear) and head.kind == "f32" and head.bias is None
+                and head.out_features * head.in_features >= SCREEN_MIN_WEIGHTS)
+
+    @property
+    def memory_bytes(self) -> int:
+        return self.approx.memory_bytes + self.slack.numel() * 4
+
+    def argmax(self, states: torch.Tensor) -> torch.Tensor:
+        """LongTensor [n]: `head(states).argmax(-1)` exactly (torch's rule: the first maximal id),
+        for states [n, E] float32."""
+        return self.argmax_and_approx(states)[0]
+
+    def argmax_and_approx(self, states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(`argmax(states)` [n], the int8 copy's logits [n, V] it screened)."""
+        states = states.float().contiguous()
+        n, vocab = states.shape[0], self.head.out_features
+        approx = self.approx.into(states, torch.empty((n, vocab), dtype=torch.float32))  # [n, V]
+        l1 = (states.double().abs().sum(dim=1) * (1 + 2.0 ** -20)).float()  # [n], rounded up past its rounding
+        ids = torch.empty((n, CANDIDATE_CAP), dtype=torch.int32)
+        counts = torch.empty(n, dtype=torch.int32)
+        library().specula_screen_candidates(approx.data_ptr(), self.slack.data_ptr(), l1.data_ptr(), n, vocab,
+                                            ids.data_ptr(), CANDIDATE_CAP, counts.data_ptr(),
+                                            torch.get_num_threads())
+        counts_list = counts.tolist()
+        out = torch.empty(n, dtype=torch.long)
+        screened = [r for r, k in enumerate(counts_list) if 0 < k <= CANDIDATE_CAP]
+        whole = [r for r, k in enumerate(counts_list) if not 0 < k <= CANDIDATE_CAP]
+        if screened:
+            per_row = [ids[r, : counts_list[r]].long() for r in screened]
+            union = torch.unique(torch.cat(per_row))  # [k] ascending
+            exact = self.head.take_rows(union).into(states[screened].contiguous(),
+                                                    torch.empty((len(screened), len(union)), dtype=torch.float32))
+            keep = torch.zeros(exact.shape, dtype=torch.bool)  # [rows, k]: each row's own candidates
+            for i, row_ids in enumerate(per_row):
+                keep[i, torch.searchsorted(union, row_ids)] = True
+            best = exact.masked_fill(~keep, float("-inf")).argmax(dim=1)  # the first maximal candidate
+            out[screened] = union[best]
+        if whole:
+            logits = self.head.into(states[whole].contiguous(), torch.empty((len(whole), vocab), dtype=torch.float32))
+            out[whole] = logits.argmax(dim=1)
+        return out, approx
+
+
+class ScreenedPass:
+    """A verification pass's logits [T, V] kept as its final states [T, E], its rows' argmax taken
+    through the screen (in the pass, so its time is the pass's); the float32 logits are computed
+    once, for every row, the first time anything else is asked of them."""
+
+    def __init__(self, states: torch.Tensor, screen: OutputScreen) -> None:
+        self.states = states  # [T, E]
+        self.screen = screen
+        self.argmax, self.approx = screen.argmax_and_approx(states)  # [T], [T, V]
+        self._logits: torch.Tensor | None = None
+
+    def logits(self) -> torch.Tensor:
+        """The float32 logits [T, V] (computed once)."""
+        if self._logits is None:
+            self._logits = self.screen.head(self.states).float()
+        return self._logits
+
+    def rows(self, start: int, stop: int) -> "ScreenedLogits":
+        """One sequence's rows start .. stop - 1 of the pass."""
+        return ScreenedLogits(self, start, stop)
+
+
+class ScreenedLogits:
+    """One sequence's rows [n, V] of a `ScreenedPass`, shaped like the logits tensor for the rules
+    (`specula.verify.Rows`): `argmax(-1)` is the pass's exact one; indexing, `full`, `float` and
+    `topk` read the float32 logits (computed then)."""
+
+    def __init__(self, screened: ScreenedPass, start: int, stop: int) -> None:
+        self.screened = screened
+        self.start, self.stop = start, stop
+
+    @property
+    def shape(self) -> torch.Size:
+        return torch.Size((self.stop - self.start, self.screened.screen.head.out_features))
+
+    @property
+    def device(self) -> torch.device:
+        return self.screened.states.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return torch.float32
+
+    def dim(self) -> int:
+        return 2
+
+    def __len__(self) -> int:
+        return self.stop - self.start
+
+    def full(self) -> torch.Tensor:
+        """The float32 logits [n, V]."""
+        return self.screened.logits()[self.start: self.stop]
+
+    def __getitem__(self, index) -> torch.Tensor:
+        return self.full()[index]
+
+    def float(self) -> torch.Tensor:
+        return self.full()
+
+    def topk(self, k: int, dim: int = -1):
+        return self.full().topk(k, dim=dim)
+
+    def argmax(self, dim: int = -1) -> torch.Tensor:
+        """LongTensor [n]: every row's argmax, the float32 logits' exactly."""
+        if dim not in (-1, 1):
+            raise ValueError("ScreenedLogits.argmax works along the vocabulary (dim=-1)")
+        return self.screened.argmax[self.start: self.stop]
+
+    def draft_top_k(self, k: int) -> torch.Tensor:
+        """LongTensor [n, k]: each row's k best ids for a drafter to learn from (token recycling):
+        the screen's int8 logits' unless the float32 logits were computed (a drafter's choice needs
+        no exactness; no second pass for it)."""
+        if self.screened._logits is not None:
+            return self.full().topk(k, dim=-1).indices
+        return self.screened.approx[self.start: self.stop].topk(k, dim=-1).indices
+

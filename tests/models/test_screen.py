@@ -1,0 +1,164 @@
+"""The output screen (`specula.models.native.screen`): a greedy argmax through an int8 copy of the float32
+output layer is the float32 layer's exactly (near-ties across the int8 rounding, exact ties, rows past the
+candidate cap, non-finite states), and a native target's greedy steps take it, with outputs unchanged
+for every method, packed batches, sampling, logprobs and penalties."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from tiny import SPECULATIVE_PROMPTS, perturbed_copy, reference_greedy, tiny_model
+from specula.drafters import make_drafter, make_drafters
+from specula.engine import SpeculativeDecoder
+from specula.models.base import forward_trees
+from specula.models.native import NativeCausalLM, NativeDecoder, configure, kernels
+from specula.models.native import screen as screen_module
+from specula.models.native.kernels import KernelLinear
+from specula.models.native.screen import CANDIDATE_CAP, SCREEN_MAX_ROWS, OutputScreen, ScreenedLogits
+from specula.sampling import SamplingParams
+from specula.tree import TokenTree
+from specula.tree_rows import draft_top_k
+
+pytestmark = pytest.mark.skipif(not kernels.available(),
+                                reason=f"specula's CPU kernels cannot run here: {kernels.unavailable_reason()}")
+
+
+def f32_layer(weight: torch.Tensor) -> KernelLinear:
+    lin = nn.Linear(weight.shape[1], weight.shape[0], bias=False)
+    lin.weight.data = weight.float().contiguous()
+    return KernelLinear(lin, "f32")
+
+
+def near_tie_head(vocab: int = 2000, width: int = 96, seed: int = 0) -> torch.Tensor:
+    """[vocab, width] weights where many rows are another row plus a change below the int8 step (and
+    some rows exact copies): the int8 copy often orders such pairs the other way round."""
+    g = torch.Generator().manual_seed(seed)
+    w = torch.randn(vocab, width, generator=g)
+    base = torch.randint(0, vocab, (vocab // 2,), generator=g)
+    w[vocab // 2:] = w[base] + torch.randn(vocab - vocab // 2, width, generator=g) * 1e-3
+    w[-10:] = w[3]  # exact ties with row 3: the first index wins
+    return w
+
+
+def test_screen_argmax_is_the_float32_layers_where_the_int8_copy_disagrees():
+    w = near_tie_head()
+    head = f32_layer(w)
+    screen = OutputScreen(head)
+    g = torch.Generator().manual_seed(1)
+    states = torch.randn(600, w.shape[1], generator=g)
+    states[:100] = w[torch.randint(0, len(w), (100,), generator=g)]  # rows aimed at a near-tied pair
+    states[100:110] = w[3]  # aimed at the exact ties
+    exact = head(states).argmax(-1)
+    got, approx = screen.argmax_and_approx(states)
+    assert torch.equal(got, exact)
+    assert (approx.argmax(-1) != exact).sum() >= 5  # the int8 logits alone would be wrong on these rows
+    assert (exact[100:110] == 3).all()
+
+
+@pytest.mark.parametrize("rows", [1, 3, SCREEN_MAX_ROWS, 17])
+def test_screen_argmax_over_any_number_of_rows(rows):
+    w = near_tie_head(vocab=1500, width=64, seed=rows)
+    head = f32_layer(w)
+    screen = OutputScreen(head)
+    states = w[torch.randint(0, len(w), (rows,), generator=torch.Generator().manual_seed(rows))] * 3
+    assert torch.equal(screen.argmax(states), head(states).argmax(-1))
+
+
+def test_rows_past_the_candidate_cap_and_non_finite_rows_are_computed_whole():
+    w = torch.randn(CANDIDATE_CAP + 400, 32, generator=torch.Generator().manual_seed(2))
+    w[: CANDIDATE_CAP + 50] = w[7]  # one row repeated past the cap: every copy is a candidate
+    head = f32_layer(w)
+    screen = OutputScreen(head)
+    states = torch.stack([w[7], torch.full((32,), float("nan")), w[-1],
+                          torch.full((32,), float("inf")), torch.full((32,), 1e36)])
+    assert torch.equal(screen.argmax(states), head(states).argmax(-1))
+
+
+def native(model) -> NativeCausalLM:
+    decoder = configure(NativeDecoder.from_hf(model), "specula", "none", "sdpa")
+    return NativeCausalLM(decoder, "native", eos_token_ids=[])
+
+
+@pytest.fixture
+def screened(monkeypatch):
+    """Every float32 output layer screened (the tiny models' are below `SCREEN_MIN_WEIGHTS`); the
+    number of screened passes."""
+    monkeypatch.setattr(screen_module, "SCREEN_MIN_WEIGHTS", 0)
+    calls = []
+    real = OutputScreen.argmax_and_approx
+    monkeypatch.setattr(OutputScreen, "argmax_and_approx",
+                        lambda self, states: (calls.append(states.shape[0]), real(self, states))[1])
+    return calls
+
+
+def test_argmax_only_passes_return_screened_rows_of_the_exact_logits(screened):
+    model = tiny_model("qwen2", seed=3, vocab=400)
+    target = native(model)
+    assert target.lazy_logits
+    def items():
+        seqs = [target.new_sequence() for _ in range(2)]
+        for seq, prompt in zip(seqs, SPECULATIVE_PROMPTS):
+            seq.prefill(prompt, logits="none")
+        return [(seqs[0], 9, TokenTree.chain([4, 5])), (seqs[1], 11, TokenTree.chain([6]))]
+
+    lazy = forward_trees(target, items(), argmax_only=True)
+    plain = forward_trees(target, items())
+    assert all(isinstance(rows, ScreenedLogits) for rows in lazy) and screened == [5]
+    for rows, logits in zip(lazy, plain):
+        assert torch.equal(rows.argmax(-1), logits.argmax(-1))
+        assert rows.shape == logits.shape and len(rows) == len(logits)
+        assert torch.equal(rows[0], logits[0]) and torch.equal(rows.full(), logits)  # bit for bit
+        assert torch.equal(draft_top_k(rows, 3), rows.topk(3).indices)  # exact once the logits are computed
+    seq = target.new_sequence()
+    seq.prefill(SPECULATIVE_PROMPTS[0], logits="none")
+    big = [(seq, 9, TokenTree.chain(list(range(2, 2 + SCREEN_MAX_ROWS))))]
+    assert isinstance(forward_trees(target, big, argmax_only=True)[0], torch.Tensor)  # too many rows to pay
+
+
+@pytest.mark.parametrize("method", ["none", "prompt-lookup", "token-recycling", "draft-model", "fusion"])
+def test_greedy_output_through_the_screen_equals_plain_greedy(screened, method):
+    model = tiny_model("llama", seed=5, vocab=300)
+    target = native(model)
+    draft = native(perturbed_copy(model)) if method in ("draft-model", "fusion") else None
+    drafters = make_drafters(method, target=target, draft=draft, num_draft_tokens=3 if draft is not None else None)
+    dec = SpeculativeDecoder(target, drafters, eos_token_ids=[])
+    dec.generate([3, 4, 5], SamplingParams(max_new_tokens=4))  # the planner's timing passes (screened too)
+    screened.clear()
+    for prompt in SPECULATIVE_PROMPTS:
+        out = dec.generate(prompt, SamplingParams(max_new_tokens=24, ignore_eos=True))
+        assert out.token_ids == reference_greedy(model, prompt, 24), (method, prompt)
+    assert screened  # the steps went through the screen
+
+
+def test_packed_batch_through_the_screen_equals_each_alone(screened):
+    model = tiny_model("qwen2", seed=6, vocab=300)
+    dec = SpeculativeDecoder(native(model), make_drafter("prompt-lookup"), eos_token_ids=[])
+    dec.generate([3, 4, 5], SamplingParams(max_new_tokens=4))  # the planner's timing passes (screened too)
+    screened.clear()
+    params = SamplingParams(max_new_tokens=20, ignore_eos=True)
+    prompts = [*SPECULATIVE_PROMPTS, [7, 8, 9, 7, 8]]
+    sessions = [dec.start(p, params) for p in prompts]
+    while not all(s.finished for s in sessions):
+        dec.step([s for s in sessions if not s.finished])
+    for prompt, s in zip(prompts, sessions):
+        assert s.generated == reference_greedy(model, prompt, 20)
+    assert any(rows > 1 for rows in screened)  # packed passes of several sessions went through the screen
+
+
+@pytest.mark.parametrize("params", [
+    SamplingParams(max_new_tokens=16, temperature=0.8, seed=3, ignore_eos=True),
+    SamplingParams(max_new_tokens=16, logprobs=2, ignore_eos=True),
+    SamplingParams(max_new_tokens=16, repetition_penalty=1.3, ignore_eos=True),
+    SamplingParams(max_new_tokens=16, min_new_tokens=10),
+])
+def test_requests_that_read_whole_rows_are_unchanged(monkeypatch, params):
+    model = tiny_model("qwen2", seed=7, vocab=300)
+    outs = []
+    for floor in (0, 1 << 40):  # screened, not
+        monkeypatch.setattr(screen_module, "SCREEN_MIN_WEIGHTS", floor)
+        dec = SpeculativeDecoder(native(model), make_drafter("prompt-lookup"), eos_token_ids=[1])
+        out = dec.generate(SPECULATIVE_PROMPTS[0], params)
+        outs.append((out.token_ids, out.logprobs))
+    assert outs[0] == outs[1]
