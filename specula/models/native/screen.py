@@ -1,9 +1,8 @@
 """An exact greedy argmax of the target's float32 output layer through a cheap int8 pass (the screen).
 
 Why: a greedy step needs each verified row's argmax, not its logits, and the output layer reads its
-whole weight matrix whatever the rows: the 1.5B's float32 layer (890 MiB) took 18 ms of a 131 ms
-plain step on the 2-core EPYC, its int8 copy 6.9 ms (1 row; 10.5 against 19.6 ms for 6 rows, 16.6
-against 20.8 for 17).
+whole weight matrix whatever the rows: the 1.5B's float32 layer (890 MiB) took 12-18 ms of a ~105 ms
+plain step on the 2-core EPYC, the screen's argmax 6.4 ms (1 row; `SCREEN_MAX_ROWS` for more).
 
 How, exactly (the argmax is the float32 layer's bit for bit, ties included): the int8 copy's logit
 `a_v` of a row `x` differs from the float32 layer's `l_v` by at most `slack_v * |x|_1` (plus a
@@ -41,11 +40,14 @@ SCREEN_MIN_WEIGHTS = 8 << 20
 """The smallest float32 output layer (out x in weights, 32 MiB) screened: below it the full layer is a
 small part of a step and the screen's own pass would not pay (SmolLM2's 49,152 x 576 = 28.3M is
 screened; the tests' tiny models are not, unless a test attaches a screen)."""
-SCREEN_MAX_ROWS = 8
+SCREEN_MAX_ROWS = 14
 """A pass of more rows computes its float32 logits as before: the int8 pass's cost grows with the rows
 (it converts every weight for each group of rows) where the float32 layer's barely does (it reads
-memory). The 1.5B on the 2-core EPYC (ms, the screen's argmax against float32 and its argmax): 8.0
-against 12.6-21.9 for 1 row, 14.0 against 18.7-24.3 for 6, 22.0-23.5 against 19.7-24.4 for 17."""
+memory), and past 14 rows (`MULTI_ROWS` in `kernels/linear.h`) the w8 call loses its items of several
+column blocks. The screen's argmax against the float32 layer and its argmax (ms, 2-core EPYC,
+`runs/s125/w8_rows.py`), 1 / 6 / 10 / 14 / 17 rows: the 1.5B 6.4 / 7.9 / 11.5 / 15.0 / 18.6 against
+18.2 / 20.1 / 21.4 / 22.7 / 18.4; the 0.5B 3.8 / 5.7 / 8.3 / 9.1 / 11.1 against 10.7 / 9.9 / 9.1 /
+10.5 / 12.0; SmolLM2 0.9 / 2.3 / 1.9 / 2.2 / 2.7 against 2.4 / 2.5 / 2.6 / 2.9 / 2.8."""
 CANDIDATE_CAP = 256
 """At most this many candidates a row go through the layer's own rows; a row with more is computed
 whole (on the 1.5B a row had at most 29)."""

@@ -203,11 +203,12 @@ static CHUNKED_ITEM(w8_chunked, int8_t, LOAD_W8, scale)
 static FLOAT_BLOCK_ITEM(f32_block, float, PACKED_GROUP, SWITCH_BLOCK, LOAD_F32, NULL)
 static FLOAT_BLOCK_ITEM(w8_block, int8_t, PACKED_GROUP, SWITCH_BLOCK, LOAD_W8, scale)
 
-/* One f32 or w8 call. Where AVX-512 runs: an f32 call of up to MULTI_ROWS rows (a decoding step, a tree
- * of up to 13 nodes) takes items of several column blocks (`multi_blocks`, `MULTI_ITEM` in
+/* One f32 or w8 call. Where AVX-512 runs: an f32 or w8 call of up to MULTI_ROWS rows (a decoding step, a
+ * tree of up to 13 nodes) takes items of several column blocks (`multi_blocks`, `MULTI_ITEM` in
  * linear_avx512.c; SmolLM2 passes after 256 tokens, the two in turn in one process, 1 / 9 / 12 / 14
  * tokens 23.4 / 34.9 / 37.0 / 38.9 ms -> 21.2 / 26.3 / 32.5 / 32.0, Qwen2.5-Coder-1.5B 203 / 226 /
- * 289 / 307 -> 194 / 216 / 238 / 258); more rows run groups of MRZ rows, one zmm of 16 columns per
+ * 289 / 307 -> 194 / 216 / 238 / 258; w8, the 1.5B's output screen [151936, 1536], 1 / 6 rows
+ * 7.4 / 11.2 ms -> 6.2 / 7.4, where it ran AVX2's one-block items); more rows run groups of MRZ rows, one zmm of 16 columns per
  * row; without AVX-512, the AVX2 items. AVX-512 reads
  * the rows of a decoding or verification call where they lie in x: packing them cost more than
  * it saved (150 calls over SmolLM2-sized [1536, 576] f32 weights, 2 threads, medians of two runs:
@@ -254,7 +255,7 @@ int specula_linear_w8(const float *x, const int8_t *wp, const float *scale, cons
                       int out, int threads) {
     if (M <= 0 || out <= 0) return 0;
     return linear_float(x, wp, scale, b, y, M, in, out, threads, w8_block, w8_chunked, specula_w8_block_avx512,
-                 specula_w8_panel_avx512, NULL);
+                 specula_w8_panel_avx512, specula_w8_multi_avx512);
 }
 
 

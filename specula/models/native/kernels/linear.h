@@ -179,8 +179,9 @@ static inline int direct_groups(int M) { return M <= DIRECT_ONE_GROUP ? 1 : (M +
 void specula_f32_block_avx512(void *job, int bk);
 void specula_w8_block_avx512(void *job, int bk);
 void specula_f32_panel_avx512(void *job, int item);
-/* linear_avx512.c: f32 calls of up to MULTI_ROWS rows, `multi_blocks` column blocks per item. */
+/* linear_avx512.c: f32 and w8 calls of up to MULTI_ROWS rows, `multi_blocks` column blocks per item. */
 void specula_f32_multi_avx512(void *job, int item);
+void specula_w8_multi_avx512(void *job, int item);
 void specula_w8_panel_avx512(void *job, int item);
 
 /* linear.c: row r of x [M][in] -> int8 xq[r][in4] (zero padded) and its scale xs[r] = max|x_r| / 127;

@@ -161,6 +161,8 @@ FLOAT_BLOCK_ITEM(specula_w8_block_avx512, int8_t, EVEN_GROUP, ZMM_DIRECT_SWITCH,
 
 __attribute__((target("avx512f,avx512bw")))
 MULTI_ITEM(specula_f32_multi_avx512, float, ZMM_LOAD_F32, specula_f32_block_avx512, NULL)
+__attribute__((target("avx512f,avx512bw")))
+MULTI_ITEM(specula_w8_multi_avx512, int8_t, ZMM_LOAD_W8, specula_w8_block_avx512, scale)
 
 /* A prompt's panels: each group of rows runs over the panel's blocks in chunks of KC inputs, so the
  * group's packed chunk (xg[i][MRZ] for KC inputs i, 8 KB) stays in L1 while the panel's blocks
