@@ -27,7 +27,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--target", default="qwen2.5-coder-1.5b")
     parser.add_argument("--methods", default="none,prompt-lookup,draft-model,fusion",
-                        help="comma-separated methods (default: %(default)s)")
+                        help="methods, ';'-separated where a variant lists options (fusion:head=none); "
+                             "else comma-separated (default: %(default)s)")
     parser.add_argument("--per-group", type=int, default=2, help="everyday prompts from each group")
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=1, help="rounds over the prompts, each method")
@@ -38,8 +39,10 @@ def main() -> None:
     prompts = [p.turns[0] for p in select_prompts(load_prompts("everyday"), args.per_group)]
     floor = screen.SCREEN_MIN_WEIGHTS
     report = {}
-    for method in args.methods.split(","):
-        spec = api.load(args.target, method=method)
+    for method in args.methods.split(";" if ";" in args.methods else ","):
+        name, _, variant = method.partition(":")  # a bench variant: fusion:head=none
+        options = dict(option.split("=", 1) for option in variant.split(",") if option)
+        spec = api.load(args.target, method=name, **options)
         spec.generate(prompts[0], max_new_tokens=8)  # kernels built, weights paged in, the cost curve timed
         ratios, rounds = [], []
         for r in range(args.rounds):

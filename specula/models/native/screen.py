@@ -139,7 +139,7 @@ class ScreenedPass:
     once, for every row, the first time anything else is asked of them."""
 
     def __init__(self, states: torch.Tensor, screen: OutputScreen) -> None:
-        self.states = states  # [T, E]
+        self.states = states.clone()  # [T, E]: its own (a few rows), whatever the decoder reuses later
         self.screen = screen
         self.argmax, self.approx = screen.argmax_and_approx(states)  # [T], [T, V]
         self._logits: torch.Tensor | None = None
