@@ -204,18 +204,44 @@ class BatchedTargetModel(Protocol):
         ...
 
 
+@runtime_checkable
+class ArgmaxScreeningModel(Protocol):
+    """A backend whose greedy passes can take their rows' argmax without the logits (`forward_trees`'
+    `argmax_only`: the native backend's output screen, `models.native.screen`)."""
+
+    @property
+    def lazy_logits(self) -> bool:
+        """Whether its passes take the argmax that way now (an output layer the screen pays on)."""
+        ...
+
+    def output_screen(self) -> Any:
+        """Build the screen now (else the first greedy pass does)."""
+        ...
+
+    def forward_trees(self, items: Sequence[tuple[TargetSequence, int, TokenTree]], hidden: FeatureRequest = False,
+                      argmax_only: bool = False) -> list:
+        """`BatchedTargetModel.forward_trees`; with `argmax_only`, a pass it screens returns row sources
+        (`specula.verify.Rows`) whose `argmax(-1)` is exact and whose other uses compute the logits."""
+        ...
+
+
+def screens_argmax(target: object) -> bool:
+    """Whether `target`'s greedy passes take their argmax through an output screen now."""
+    return isinstance(target, ArgmaxScreeningModel) and target.lazy_logits
+
+
 def forward_trees(target: TargetModel, items: Sequence[tuple[TargetSequence, int, TokenTree]],
                   hidden: FeatureRequest = False, argmax_only: bool = False) -> list:
     """Verify several sequences' trees: one packed pass where the backend batches
     (`BatchedTargetModel`), else one `forward_tree` per sequence. With `hidden` (a `FeatureModel`
     backend), each item's result is `(logits, hidden states)`. `argmax_only`: the caller needs each
     row's greedy argmax (`argmax(-1)`); a backend that can take it more cheaply than the logits
-    (`lazy_logits`: the native backend's output screen) then returns a row source shaped like them
-    (`specula.verify.Rows`) whose other uses still read the exact logits."""
+    (`ArgmaxScreeningModel`) then returns a row source shaped like them (`specula.verify.Rows`) whose
+    other uses still read the exact logits."""
     if hidden and not isinstance(target, FeatureModel):
         raise ConfigError(f"{target.name} cannot return hidden states (trained drafters need them): "
                           "use the native or hf backend")
-    if argmax_only and getattr(target, "lazy_logits", False):
+    if argmax_only and screens_argmax(target):
         return target.forward_trees(items, hidden=hidden, argmax_only=True)
     if len(items) > 1 and isinstance(target, BatchedTargetModel):
         return target.forward_trees(items, hidden=hidden) if hidden else target.forward_trees(items)
