@@ -22,9 +22,9 @@ in id order is torch's `argmax`. A row with a value or a bound that is not finit
 On the 1.5B's rows over the everyday prompts (session 124, `docs/training.md`): a median of 1
 candidate a row, at most 29; the exact argmax among them every time.
 
-The screen is built on the first greedy verification of a target whose float32 output layer has at
-least `SCREEN_MIN_WEIGHTS` weights (a pass over its packed rows, under a second for the 1.5B), and is
-not a module of the decoder: the weight bytes, the quantization and the prepared entry are the
+The screen is built when a decoder starts on a target whose float32 output layer has at least
+`SCREEN_MIN_WEIGHTS` weights (a pass over its packed rows, 0.1 s for the 1.5B; else on the first
+greedy pass), and is not a module of the decoder: the weight bytes, the quantization and the prepared entry are the
 target's as before. `ScreenedLogits` is what a verification pass returns then: its `argmax` goes
 through the screen, anything else (a sampled row, a grammar's mask, logprobs) computes the float32
 logits once, as the pass did before.
