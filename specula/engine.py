@@ -759,10 +759,11 @@ class _Collected:
 
 def _argmax_only(session: Session) -> bool:
     """Whether a step of `session` reads only its rows' argmax (`models.base.forward_trees`'
-    `argmax_only`): greedy, with no grammar, penalty, min_new_tokens mask or logprobs (each of those
-    reads whole rows; they would still get the exact logits, computed after the pass)."""
+    `argmax_only`), a grammar's masked argmax included (`MaskedLogits.argmax`): greedy, with no
+    penalty, min_new_tokens mask or logprobs (each of those reads whole rows; they would still get
+    the exact logits, computed after the pass)."""
     params = session.params
-    return (params.greedy and session.grammar is None and not params.penalized and params.logprobs is None
+    return (params.greedy and not params.penalized and params.logprobs is None
             and len(session.generated) >= params.min_new_tokens)
 
 

@@ -21,7 +21,7 @@ import torch
 
 from specula.constraints.spec import Constraint, ConstraintError
 from specula.tree import TokenTree
-from specula.tree_rows import TreeRows
+from specula.tree_rows import TreeRows, greedy_argmax
 
 _TOKENIZERS: "weakref.WeakKeyDictionary[Any, dict[tuple, Any]]" = weakref.WeakKeyDictionary()
 _LOCK = threading.Lock()
@@ -241,14 +241,32 @@ class MaskedLogits(TreeRows):
         super().__init__(logits, tree)
         self.state = state
 
-    def _row(self, row: int) -> torch.Tensor:
+    def argmax(self, dim: int = -1) -> torch.Tensor:
+        """`TreeRows.argmax`; where the logits take a masked argmax themselves (a screened greedy
+        pass, `models.native.screen.ScreenedLogits`), each row's through its mask, with no float32
+        logits computed."""
+        own = getattr(self.logits, "masked_argmax", None)
+        if own is None:
+            return super().argmax(dim)
+        if dim not in (-1, 1):
+            raise ValueError("MaskedLogits.argmax works along the vocabulary (dim=-1)")
+        return greedy_argmax(self.tree, lambda row: own(row, self._allowed(row)))
+
+    def _allowed(self, row: int) -> torch.Tensor | None:
+        """The ids the grammar allows after row `row`'s path ([vocab] bool), or None where the path
+        leaves the grammar (the row is not masked: `_row`)."""
         path = self.path_tokens(row)
         if not self.state._enter(path):
+            return None
+        try:
+            return self.state.mask().to(self.logits.device)  # [vocab] bool
+        finally:
+            self.state._leave(len(path))
+
+    def _row(self, row: int) -> torch.Tensor:
+        allowed = self._allowed(row)
+        if allowed is None:
             # Under a node the grammar forbids (a sampled draft keeps its draws): the node has p = 0
             # under its parent's mask, so no rule reaches this row; `full()` still builds it.
             return self.logits[row]
-        try:
-            allowed = self.state.mask().to(self.logits.device)  # [vocab] bool
-        finally:
-            self.state._leave(len(path))
         return self.logits[row].masked_fill(~allowed, float("-inf"))

@@ -85,6 +85,38 @@ def test_constrained_greedy_equals_constrained_plain_greedy(models, json_tokeniz
                     assert set(value) == {"name", "age", "tags"} and value["name"] in ("ab", "cd", "abc")
 
 
+@pytest.mark.parametrize("method", ["none", "prompt-lookup", "fusion"])
+def test_constrained_greedy_through_the_output_screen(models, json_tokenizer, monkeypatch, method):
+    """A native target whose greedy steps take each row's masked argmax through the output screen
+    (`models.native.screen`; the tiny model's layer screened on purpose) outputs what constrained plain
+    greedy decoding outputs, and its steps did go through the screen with masks."""
+    from specula.models.native import NativeCausalLM, NativeDecoder, configure, kernels
+    from specula.models.native import screen
+
+    if not kernels.available():
+        pytest.skip(f"specula's CPU kernels cannot run here: {kernels.unavailable_reason()}")
+    monkeypatch.setattr(screen, "SCREEN_MIN_WEIGHTS", 0)
+    masked = []
+    real = screen.OutputScreen.masked_argmax
+    monkeypatch.setattr(screen.OutputScreen, "masked_argmax",
+                        lambda self, *a: (masked.append(1), real(self, *a))[1])
+
+    def native(model):
+        return NativeCausalLM(configure(NativeDecoder.from_hf(model), "specula", "none", "sdpa"), "native",
+                              eos_token_ids=[EOS])
+
+    model, draft = models
+    options = {"num_draft_tokens": 4} if method == "fusion" else {}
+    dec = build_decoder(method, native(model), json_tokenizer, native(draft) if method == "fusion" else None,
+                        planner=HardwarePlanner(curve=FLAT) if method != "none" else "none", **options)
+    for kind, constraint in CONSTRAINTS.items():
+        for text in PROMPTS:
+            prompt = json_tokenizer.encode(text, add_special_tokens=False)
+            out = dec.generate(prompt, SamplingParams(max_new_tokens=30), constraint)
+            assert out.token_ids == reference(model, json_tokenizer, constraint, prompt, 30), (method, kind, text)
+    assert masked  # rows were screened through the grammar's masks
+
+
 def test_forced_tokens_are_drafted_accepted_and_priced_as_certain(models, json_tokenizer):
     prompt = json_tokenizer.encode(PROMPTS[1], add_special_tokens=False)
     dec = decoder(models, json_tokenizer, "prompt-lookup", HardwarePlanner(curve=FLAT))

@@ -57,6 +57,27 @@ def test_screen_argmax_is_the_float32_layers_where_the_int8_copy_disagrees():
     assert (exact[100:110] == 3).all()
 
 
+def test_masked_argmax_is_the_float32_layers_over_the_allowed_ids():
+    """A grammar's greedy token through the screen: near-tied rows, masks that keep or drop the
+    winner, a mask that allows nothing (torch's argmax of an all -inf row: id 0)."""
+    w = near_tie_head(vocab=1200, width=64, seed=4)
+    head = f32_layer(w)
+    screen = OutputScreen(head)
+    g = torch.Generator().manual_seed(5)
+    states = w[torch.randint(0, len(w), (60,), generator=g)] * 2
+    logits = head(states)
+    approx = screen.argmax_and_approx(states)[1]
+    wrong = 0
+    for r in range(len(states)):
+        for allowed in (torch.rand(len(w), generator=g) < 0.5, torch.ones(len(w), dtype=torch.bool),
+                        logits[r] < logits[r].max()):
+            want = int(logits[r].masked_fill(~allowed, float("-inf")).argmax())
+            assert screen.masked_argmax(states[r], approx[r], allowed) == want
+            wrong += int(approx[r].masked_fill(~allowed, float("-inf")).argmax()) != want
+    assert wrong >= 3  # the int8 logits alone would pick another token on these
+    assert screen.masked_argmax(states[0], approx[0], torch.zeros(len(w), dtype=torch.bool)) == 0
+
+
 @pytest.mark.parametrize("rows", [1, 3, SCREEN_MAX_ROWS, 17])
 def test_screen_argmax_over_any_number_of_rows(rows):
     w = near_tie_head(vocab=1500, width=64, seed=rows)

@@ -133,6 +133,22 @@ class OutputScreen:
         return out, approx
 
 
+    def masked_argmax(self, state: torch.Tensor, approx: torch.Tensor, allowed: torch.Tensor) -> int:
+        """The first id holding the maximum of `head(state)` over the `allowed` ids (state [E] float32,
+        approx [V]: the copy's logits of it, allowed [V] bool), exactly: a grammar's greedy token, what
+        `head(state).masked_fill(~allowed, -inf).argmax()` gives. The same bound as `argmax`, the
+        largest lower end taken over the allowed ids only."""
+        l1 = float(state.double().abs().sum()) * (1 + 2.0 ** -20)
+        bound = self.slack * l1 + approx.abs() * 2.0 ** -20  # [V] float32, as screen.c computes it
+        lower = torch.where(allowed, approx - bound, float("-inf")).max()
+        ids = ((approx + bound >= lower) & allowed).nonzero().view(-1)  # ascending
+        if not (torch.isfinite(lower) and bool(torch.isfinite(approx).all())) or not 0 < len(ids) <= CANDIDATE_CAP:
+            logits = self.head.into(state.view(1, -1), torch.empty((1, len(approx)), dtype=torch.float32))[0]
+            return int(logits.masked_fill(~allowed, float("-inf")).argmax())
+        exact = self.head.take_rows(ids).into(state.view(1, -1), torch.empty((1, len(ids)), dtype=torch.float32))
+        return int(ids[exact[0].argmax()])
+
+
 class ScreenedPass:
     """A verification pass's logits [T, V] kept as its final states [T, E], its rows' argmax taken
     through the screen (in the pass, so its time is the pass's); the float32 logits are computed
@@ -200,6 +216,17 @@ class ScreenedLogits:
         if dim not in (-1, 1):
             raise ValueError("ScreenedLogits.argmax works along the vocabulary (dim=-1)")
         return self.screened.argmax[self.start: self.stop]
+
+    def masked_argmax(self, row: int, allowed: torch.Tensor | None) -> int:
+        """Row `row`'s argmax over the `allowed` ids ([V] bool; None: every id), exactly
+        (`OutputScreen.masked_argmax`; from the float32 logits where they were computed)."""
+        if allowed is None:
+            return int(self.argmax()[row])
+        screened = self.screened
+        if screened._logits is not None:
+            return int(self.full()[row].masked_fill(~allowed, float("-inf")).argmax())
+        r = self.start + row
+        return screened.screen.masked_argmax(screened.states[r], screened.approx[r], allowed)
 
     def draft_top_k(self, k: int) -> torch.Tensor:
         """LongTensor [n, k]: each row's k best ids for a drafter to learn from (token recycling):
