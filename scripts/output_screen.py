@@ -3,7 +3,8 @@ one process: each method's seconds both ways, and whether every output is the sa
 
     python scripts/output_screen.py --target qwen2.5-coder-1.5b --methods none,draft-model,fusion --per-group 2
 
-The prompts are the everyday set's (`specula/data/everyday`, not a benchmark's), `--per-group` from each group.
+The prompts are the everyday set's (`specula/data/everyday`, not a benchmark's), `--per-group` from each group;
+`--prompts structured`: the structured-output set's, each constrained to its JSON schema.
 Per prompt the two ways run one after the other, the order alternating from prompt to prompt; each way's total
 over the prompts is printed, with their ratio (without / with: above 1, the screen is faster), per round.
 """
@@ -29,30 +30,32 @@ def main() -> None:
     parser.add_argument("--methods", default="none,prompt-lookup,draft-model,fusion",
                         help="methods, ';'-separated where a variant lists options (fusion:head=none); "
                              "else comma-separated (default: %(default)s)")
-    parser.add_argument("--per-group", type=int, default=2, help="everyday prompts from each group")
+    parser.add_argument("--prompts", default="everyday", choices=("everyday", "structured"))
+    parser.add_argument("--per-group", type=int, default=2, help="prompts from each group")
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=1, help="rounds over the prompts, each method")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--json", help="write the per-round seconds here")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    prompts = [p.turns[0] for p in select_prompts(load_prompts("everyday"), args.per_group)]
+    prompts = [(p.turns[0], p.constraint) for p in select_prompts(load_prompts(args.prompts), args.per_group)]
     floor = screen.SCREEN_MIN_WEIGHTS
     report = {}
     for method in args.methods.split(";" if ";" in args.methods else ","):
         name, _, variant = method.partition(":")  # a bench variant: fusion:head=none
         options = dict(option.split("=", 1) for option in variant.split(",") if option)
         spec = api.load(args.target, method=name, **options)
-        spec.generate(prompts[0], max_new_tokens=8)  # kernels built, weights paged in, the cost curve timed
+        spec.generate(prompts[0][0], max_new_tokens=8)  # kernels built, weights paged in, the cost curve timed
         ratios, rounds = [], []
         for r in range(args.rounds):
             seconds = {"screen": 0.0, "without": 0.0}
-            for i, prompt in enumerate(prompts):
+            for i, (prompt, constraint) in enumerate(prompts):
                 outs = {}
                 for way in (("screen", "without") if (i + r) % 2 == 0 else ("without", "screen")):
                     screen.SCREEN_MIN_WEIGHTS = floor if way == "screen" else 1 << 62
                     t = time.perf_counter()
-                    outs[way] = spec.generate(prompt, max_new_tokens=args.max_new_tokens).token_ids
+                    out = spec.generate(prompt, max_new_tokens=args.max_new_tokens, constraint=constraint)
+                    outs[way] = out.token_ids
                     seconds[way] += time.perf_counter() - t
                 if outs["screen"] != outs["without"]:
                     raise SystemExit(f"{method}: the outputs differ on prompt {i}: {prompt[:60]!r}")

@@ -67,6 +67,9 @@ def test_masked_argmax_is_the_float32_layers_over_the_allowed_ids():
     states = w[torch.randint(0, len(w), (60,), generator=g)] * 2
     logits = head(states)
     approx = screen.argmax_and_approx(states)[1]
+    whole = []  # rows the screen gave up on and computed whole
+    into = head.into
+    head.into = lambda rows, out: (whole.append(len(rows)), into(rows, out))[1]
     wrong = 0
     for r in range(len(states)):
         for allowed in (torch.rand(len(w), generator=g) < 0.5, torch.ones(len(w), dtype=torch.bool),
@@ -75,7 +78,9 @@ def test_masked_argmax_is_the_float32_layers_over_the_allowed_ids():
             assert screen.masked_argmax(states[r], approx[r], allowed) == want
             wrong += int(approx[r].masked_fill(~allowed, float("-inf")).argmax()) != want
     assert wrong >= 3  # the int8 logits alone would pick another token on these
+    assert not whole  # every one decided by its candidates
     assert screen.masked_argmax(states[0], approx[0], torch.zeros(len(w), dtype=torch.bool)) == 0
+    assert whole == [1]  # nothing allowed: the whole row (torch's argmax of -inf everywhere)
 
 
 @pytest.mark.parametrize("rows", [1, 3, SCREEN_MAX_ROWS, 17])

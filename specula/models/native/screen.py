@@ -110,7 +110,7 @@ class OutputScreen:
         l1 = (states.double().abs().sum(dim=1) * (1 + 2.0 ** -20)).float()  # [n], rounded up past its rounding
         ids = torch.empty((n, CANDIDATE_CAP), dtype=torch.int32)
         counts = torch.empty(n, dtype=torch.int32)
-        library().specula_screen_candidates(approx.data_ptr(), self.slack.data_ptr(), l1.data_ptr(), n, vocab,
+        library().specula_screen_candidates(approx.data_ptr(), self.slack.data_ptr(), l1.data_ptr(), None, n, vocab,
                                             ids.data_ptr(), CANDIDATE_CAP, counts.data_ptr(),
                                             torch.get_num_threads())
         counts_list = counts.tolist()
@@ -132,19 +132,23 @@ class OutputScreen:
             out[whole] = logits.argmax(dim=1)
         return out, approx
 
-
     def masked_argmax(self, state: torch.Tensor, approx: torch.Tensor, allowed: torch.Tensor) -> int:
         """The first id holding the maximum of `head(state)` over the `allowed` ids (state [E] float32,
         approx [V]: the copy's logits of it, allowed [V] bool), exactly: a grammar's greedy token, what
         `head(state).masked_fill(~allowed, -inf).argmax()` gives. The same bound as `argmax`, the
         largest lower end taken over the allowed ids only."""
-        l1 = float(state.double().abs().sum()) * (1 + 2.0 ** -20)
-        bound = self.slack * l1 + approx.abs() * 2.0 ** -20  # [V] float32, as screen.c computes it
-        lower = torch.where(allowed, approx - bound, float("-inf")).max()
-        ids = ((approx + bound >= lower) & allowed).nonzero().view(-1)  # ascending
-        if not (torch.isfinite(lower) and bool(torch.isfinite(approx).all())) or not 0 < len(ids) <= CANDIDATE_CAP:
+        l1 = (state.double().abs().sum() * (1 + 2.0 ** -20)).float().view(1)  # [1], rounded up past its rounding
+        mask = allowed.to(torch.uint8).contiguous()  # [V]
+        ids = torch.empty(CANDIDATE_CAP, dtype=torch.int32)
+        count = torch.empty(1, dtype=torch.int32)
+        library().specula_screen_candidates(approx.contiguous().data_ptr(), self.slack.data_ptr(), l1.data_ptr(),
+                                            mask.data_ptr(), 1, len(approx), ids.data_ptr(), CANDIDATE_CAP,
+                                            count.data_ptr(), 1)
+        k = int(count)
+        if not 0 < k <= CANDIDATE_CAP:  # a value not finite, nothing allowed, or too many candidates
             logits = self.head.into(state.view(1, -1), torch.empty((1, len(approx)), dtype=torch.float32))[0]
             return int(logits.masked_fill(~allowed, float("-inf")).argmax())
+        ids = ids[:k].long()  # ascending
         exact = self.head.take_rows(ids).into(state.view(1, -1), torch.empty((1, len(ids)), dtype=torch.float32))
         return int(ids[exact[0].argmax()])
 

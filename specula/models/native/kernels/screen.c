@@ -43,14 +43,24 @@ void specula_screen_pack(const float *wp, int8_t *qp, float *scale, int in, int 
 /* The ids where row r's exact maximum can be, for each of n rows of approx [n, vocab] (the int8 pass's
  * logits): with bound_v = slack[v] * l1[r] + 2^-20 |approx[r, v]| the most approx[r, v] can differ from
  * the exact logit, every v whose upper end approx + bound reaches the largest lower end approx - bound.
- * The exact maximum (every id holding it) is among them. They go ascending to ids[r * cap ...];
- * counts[r] = how many (past cap: only counted), or -1 where a value or a bound is not finite (the
- * caller computes that row's logits whole). Rows are spread over the pool from 4 rows on. */
+ * The exact maximum (every id holding it) is among them. With `allowed` ([n][vocab] 0 / 1, a
+ * grammar's mask) only allowed ids count, as lower ends and as candidates: the masked maximum's.
+ * They go ascending to ids[r * cap ...]; counts[r] = how many (past cap: only counted), or -1 where
+ * a value or a bound is not finite, or nothing is allowed (the caller computes that row's logits
+ * whole). Rows are spread over the pool from 4 rows on. */
 struct candidate_args {
     const float *approx, *slack, *l1;
+    const uint8_t *allowed;  /* [n][vocab] 0 / 1, or NULL: every id */
     int vocab, cap;
     int32_t *ids, *counts;
 };
+
+/* Lanes v .. v + 7 of a row's `allowed` as a float mask (all ones where allowed), or all ones. */
+static inline __m256 allowed8(const uint8_t *allowed, int v) {
+    if (!allowed) return _mm256_castsi256_ps(_mm256_set1_epi32(-1));
+    __m256i bytes = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(allowed + v)));
+    return _mm256_castsi256_ps(_mm256_cmpgt_epi32(bytes, _mm256_setzero_si256()));
+}
 
 static inline __m256 bound8(const float *a, const float *slack, __m256 scale) {
     __m256 mag = _mm256_andnot_ps(_mm256_set1_ps(-0.0f), _mm256_loadu_ps(a));
@@ -64,12 +74,14 @@ static void candidate_rows(const void *args, int r0, int r1) {
     int vocab = p->vocab, whole = vocab / 8 * 8;
     for (int r = r0; r < r1; r++) {
         const float *a = p->approx + (size_t)r * vocab;
+        const uint8_t *ok = p->allowed ? p->allowed + (size_t)r * vocab : NULL;
         float scale = p->l1[r];
         __m256 s8 = _mm256_set1_ps(scale), low8 = _mm256_set1_ps(-FLT_MAX), big8 = _mm256_setzero_ps();
         __m256 sign = _mm256_set1_ps(-0.0f);
         for (int v = 0; v < whole; v += 8) {
             __m256 x = _mm256_loadu_ps(a + v), b = bound8(a + v, p->slack + v, s8);
-            low8 = _mm256_max_ps(low8, _mm256_sub_ps(x, b));  /* a NaN is caught by `big` below */
+            __m256 low = _mm256_blendv_ps(_mm256_set1_ps(-FLT_MAX), _mm256_sub_ps(x, b), allowed8(ok, v));
+            low8 = _mm256_max_ps(low8, low);  /* a NaN is caught by `big` below */
             big8 = _mm256_max_ps(big8, _mm256_max_ps(_mm256_andnot_ps(sign, x), b));
             big8 = _mm256_or_ps(big8, _mm256_cmp_ps(x, x, _CMP_UNORD_Q));  /* NaN lanes -> all ones (a NaN) */
         }
@@ -83,10 +95,10 @@ static void candidate_rows(const void *args, int r0, int r1) {
         }
         for (int v = whole; v < vocab; v++) {
             float b = bound1(a[v], p->slack[v], scale), low = a[v] - b;
-            lower = low > lower ? low : lower;
+            if (!ok || ok[v]) lower = low > lower ? low : lower;
             if (!(fabsf(a[v]) <= 1e30f) || !(b <= 1e30f)) finite = 0;
         }
-        if (!finite || !isfinite(lower)) {
+        if (!finite || !(lower > -FLT_MAX) || !isfinite(lower)) {  /* -FLT_MAX: nothing allowed */
             p->counts[r] = -1;
             continue;
         }
@@ -95,7 +107,8 @@ static void candidate_rows(const void *args, int r0, int r1) {
         __m256 lower8 = _mm256_set1_ps(lower);
         for (int v = 0; v < whole; v += 8) {
             __m256 up = _mm256_add_ps(_mm256_loadu_ps(a + v), bound8(a + v, p->slack + v, s8));
-            unsigned mask = (unsigned)_mm256_movemask_ps(_mm256_cmp_ps(up, lower8, _CMP_GE_OQ));
+            unsigned mask = (unsigned)_mm256_movemask_ps(_mm256_and_ps(_mm256_cmp_ps(up, lower8, _CMP_GE_OQ),
+                                                                       allowed8(ok, v)));
             while (mask) {
                 int bit = __builtin_ctz(mask);
                 if (k < cap) out[k] = v + bit;
@@ -104,7 +117,7 @@ static void candidate_rows(const void *args, int r0, int r1) {
             }
         }
         for (int v = whole; v < vocab; v++) {
-            if (a[v] + bound1(a[v], p->slack[v], scale) >= lower) {
+            if ((!ok || ok[v]) && a[v] + bound1(a[v], p->slack[v], scale) >= lower) {
                 if (k < cap) out[k] = v;
                 k++;
             }
@@ -113,9 +126,9 @@ static void candidate_rows(const void *args, int r0, int r1) {
     }
 }
 
-void specula_screen_candidates(const float *approx, const float *slack, const float *l1, int n, int vocab,
-                               int32_t *ids, int cap, int32_t *counts, int threads) {
-    struct candidate_args args = {approx, slack, l1, vocab, cap, ids, counts};
+void specula_screen_candidates(const float *approx, const float *slack, const float *l1, const uint8_t *allowed,
+                               int n, int vocab, int32_t *ids, int cap, int32_t *counts, int threads) {
+    struct candidate_args args = {approx, slack, l1, allowed, vocab, cap, ids, counts};
     if (threads < 2 || n < 4)
         candidate_rows(&args, 0, n);
     else
