@@ -203,26 +203,26 @@ static CHUNKED_ITEM(w8_chunked, int8_t, LOAD_W8, scale)
 static FLOAT_BLOCK_ITEM(f32_block, float, PACKED_GROUP, SWITCH_BLOCK, LOAD_F32, NULL)
 static FLOAT_BLOCK_ITEM(w8_block, int8_t, PACKED_GROUP, SWITCH_BLOCK, LOAD_W8, scale)
 
-/* One f32 or w8 call. Where AVX-512 runs: an f32 or w8 call of up to MULTI_ROWS rows (a decoding step, a
- * tree of up to 13 nodes) takes items of several column blocks (`multi_blocks`, `MULTI_ITEM` in
+/* One f32 or w8 call. Where AVX-512 runs: an f32 or w8 call of up to MULTI_ROWS rows (a decoding step,
+ * a tree of up to 13 nodes) takes items of several column blocks (`multi_blocks`, `MULTI_ITEM` in
  * linear_avx512.c; SmolLM2 passes after 256 tokens, the two in turn in one process, 1 / 9 / 12 / 14
- * tokens 23.4 / 34.9 / 37.0 / 38.9 ms -> 21.2 / 26.3 / 32.5 / 32.0, Qwen2.5-Coder-1.5B 203 / 226 /
- * 289 / 307 -> 194 / 216 / 238 / 258; w8, the 1.5B's output screen [151936, 1536], 1 / 6 rows
- * 7.4 / 11.2 ms -> 6.2 / 7.4, where it ran AVX2's one-block items); more rows run groups of MRZ rows, one zmm of 16 columns per
- * row; without AVX-512, the AVX2 items. AVX-512 reads
- * the rows of a decoding or verification call where they lie in x: packing them cost more than
- * it saved (150 calls over SmolLM2-sized [1536, 576] f32 weights, 2 threads, medians of two runs:
- * 8 / 24 rows 27.1, 25.4 / 39.8, 38.7 ms packed -> 25.2, 23.5 / 37.0, 35.3 read where they lie; 16
- * rows within noise); a prompt's rows (PANEL_ROWS or more, panels of blocks) are packed per group,
- * which its 16-row groups read faster (256 rows: 294 ms packed, 320 where they lie; 269 packed and
- * run in chunks of inputs, `PANEL_ITEM`). Which rows are read how never changes a sum: every output
- * is the same FMA chain over i either way. y must not overlap x (no caller passes one over the
- * other). Returns 0, or -1 when memory for the packed rows could not be had (y then untouched). */
+ * tokens 23.4 / 34.9 / 37.0 / 38.9 ms -> 21.2 / 26.3 / 32.5 / 32.0, Qwen2.5-Coder-1.5B 203 / 226 / 289
+ * / 307 -> 194 / 216 / 238 / 258; w8, the 1.5B's output screen [151936, 1536], 1 / 6 rows 7.4 / 11.2
+ * ms -> 6.2 / 7.4, where it ran AVX2's one-block items); more rows run groups of MRZ rows, one zmm of
+ * 16 columns per row; without AVX-512, the AVX2 items. AVX-512 reads the rows of a decoding or
+ * verification call where they lie in x: packing them cost more than it saved (150 calls over
+ * SmolLM2-sized [1536, 576] f32 weights, 2 threads, medians of two runs: 8 / 24 rows 27.1, 25.4 /
+ * 39.8, 38.7 ms packed -> 25.2, 23.5 / 37.0, 35.3 read where they lie; 16 rows within noise); a
+ * prompt's rows (PANEL_ROWS or more, panels of blocks) are packed per group, which its 16-row groups
+ * read faster (256 rows: 294 ms packed, 320 where they lie; 269 packed and run in chunks of inputs,
+ * `PANEL_ITEM`). Which rows are read how never changes a sum: every output is the same FMA chain over
+ * i either way. y must not overlap x (no caller passes one over the other). Returns 0, or -1 when
+ * memory for the packed rows could not be had (y then untouched). */
 static int linear_float(const float *x, const void *wp, const float *scale, const float *b, float *y, int M, int in,
                          int out, int threads, specula_item_fn avx2_fn, specula_item_fn avx2_chunk_fn,
                          specula_item_fn avx512_block_fn, specula_item_fn avx512_panel_fn,
                          specula_item_fn avx512_multi_fn) {
-    if (avx512_multi_fn && M <= MULTI_ROWS && specula_isa()) {  /* f32 decoding and small trees */
+    if (avx512_multi_fn && M <= MULTI_ROWS && specula_isa()) {  /* decoding and small trees */
         int kb = multi_blocks(M, out, threads), blocks = (out + NB - 1) / NB;
         struct linear_job job = {.xp = x, .wp = wp, .scale = scale, .b = b, .y = y, .M = M, .in = in, .out = out,
                                  .groups = 1, .panel = kb};

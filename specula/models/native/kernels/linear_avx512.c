@@ -1,7 +1,7 @@
 /* AVX-512 variants of linear.c's kernels, chosen at run time (`specula_isa`): the CPU flags are
  * read when the library loads, and `specula_set_isa(0)` keeps the AVX2 code (tests compare the two).
  *
- * f32 / w8: one zmm holds a column block (16 outputs). f32 calls of up to MULTI_ROWS rows (decoding,
+ * f32 / w8: one zmm holds a column block (16 outputs). Calls of up to MULTI_ROWS rows (decoding,
  * small trees) run items of 2-4 blocks, every row over all of them at once (`MULTI_ITEM`: more weight
  * streams in flight, one broadcast per row and step for all the blocks); larger calls run even groups
  * of up to MRZ = 16 rows (17 as one), one accumulator per row in the 32 registers, where
@@ -138,7 +138,7 @@ FLOAT_BLOCK_ITEM(specula_w8_block_avx512, int8_t, EVEN_GROUP, ZMM_DIRECT_SWITCH,
     MULTI_SWITCH9(KB, LOAD, SCALE) MC(KB, 10, LOAD, SCALE) MC(KB, 11, LOAD, SCALE) MC(KB, 12, LOAD, SCALE) \
     MC(KB, 13, LOAD, SCALE) MC(KB, 14, LOAD, SCALE)
 
-/* f32 calls of up to MULTI_ROWS rows (decoding, small trees): one item is blocks bk0 .. bk1 (KB =
+/* f32 and w8 calls of up to MULTI_ROWS rows (decoding, small trees): one item is blocks bk0 .. bk1 (KB =
  * `multi_blocks` of them, fewer at the end), all M rows at once. A lone block at the end runs the
  * one-block item. */
 #define MULTI_ITEM(NAME, WTYPE, LOAD, BLOCK_FN, SCALE)                                               \
