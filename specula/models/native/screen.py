@@ -105,14 +105,29 @@ class OutputScreen:
     def argmax_and_approx(self, states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(`argmax(states)` [n], the int8 copy's logits [n, V] it screened)."""
         states = states.float().contiguous()
+        approx = self.approx.into(states, torch.empty((states.shape[0], self.head.out_features), dtype=torch.float32))
+        return self._decide(states, approx, None), approx
+
+    def masked_argmax(self, state: torch.Tensor, approx: torch.Tensor, allowed: torch.Tensor) -> int:
+        """The first id holding the maximum of `head(state)` over the `allowed` ids (state [E] float32,
+        approx [V]: the copy's logits of it, allowed [V] bool), exactly: a grammar's greedy token, what
+        `head(state).masked_fill(~allowed, -inf).argmax()` gives. The same bound as `argmax`, the
+        largest lower end taken over the allowed ids only."""
+        return int(self._decide(state.float().view(1, -1).contiguous(), approx.view(1, -1).contiguous(),
+                                allowed.view(1, -1))[0])
+
+    def _decide(self, states: torch.Tensor, approx: torch.Tensor, allowed: torch.Tensor | None) -> torch.Tensor:
+        """LongTensor [n]: each row's exact argmax (over its `allowed` ids [n, V] bool, where given),
+        from the copy's logits approx [n, V] of states [n, E]: the candidates (`screen.c`), their
+        float32 logits through the layer's own rows, or the whole row where the screen cannot decide."""
         n, vocab = states.shape[0], self.head.out_features
-        approx = self.approx.into(states, torch.empty((n, vocab), dtype=torch.float32))  # [n, V]
         l1 = (states.double().abs().sum(dim=1) * (1 + 2.0 ** -20)).float()  # [n], rounded up past its rounding
+        mask = None if allowed is None else allowed.to(torch.uint8).contiguous()  # [n, V]
         ids = torch.empty((n, CANDIDATE_CAP), dtype=torch.int32)
         counts = torch.empty(n, dtype=torch.int32)
-        library().specula_screen_candidates(approx.data_ptr(), self.slack.data_ptr(), l1.data_ptr(), None, n, vocab,
-                                            ids.data_ptr(), CANDIDATE_CAP, counts.data_ptr(),
-                                            torch.get_num_threads())
+        library().specula_screen_candidates(approx.data_ptr(), self.slack.data_ptr(), l1.data_ptr(),
+                                            None if mask is None else mask.data_ptr(), n, vocab, ids.data_ptr(),
+                                            CANDIDATE_CAP, counts.data_ptr(), torch.get_num_threads())
         counts_list = counts.tolist()
         out = torch.empty(n, dtype=torch.long)
         screened = [r for r, k in enumerate(counts_list) if 0 < k <= CANDIDATE_CAP]
@@ -127,30 +142,12 @@ class OutputScreen:
                 keep[i, torch.searchsorted(union, row_ids)] = True
             best = exact.masked_fill(~keep, float("-inf")).argmax(dim=1)  # the first maximal candidate
             out[screened] = union[best]
-        if whole:
+        if whole:  # a value not finite, nothing allowed, or too many candidates
             logits = self.head.into(states[whole].contiguous(), torch.empty((len(whole), vocab), dtype=torch.float32))
+            if allowed is not None:
+                logits = logits.masked_fill(~allowed[whole], float("-inf"))
             out[whole] = logits.argmax(dim=1)
-        return out, approx
-
-    def masked_argmax(self, state: torch.Tensor, approx: torch.Tensor, allowed: torch.Tensor) -> int:
-        """The first id holding the maximum of `head(state)` over the `allowed` ids (state [E] float32,
-        approx [V]: the copy's logits of it, allowed [V] bool), exactly: a grammar's greedy token, what
-        `head(state).masked_fill(~allowed, -inf).argmax()` gives. The same bound as `argmax`, the
-        largest lower end taken over the allowed ids only."""
-        l1 = (state.double().abs().sum() * (1 + 2.0 ** -20)).float().view(1)  # [1], rounded up past its rounding
-        mask = allowed.to(torch.uint8).contiguous()  # [V]
-        ids = torch.empty(CANDIDATE_CAP, dtype=torch.int32)
-        count = torch.empty(1, dtype=torch.int32)
-        library().specula_screen_candidates(approx.contiguous().data_ptr(), self.slack.data_ptr(), l1.data_ptr(),
-                                            mask.data_ptr(), 1, len(approx), ids.data_ptr(), CANDIDATE_CAP,
-                                            count.data_ptr(), 1)
-        k = int(count)
-        if not 0 < k <= CANDIDATE_CAP:  # a value not finite, nothing allowed, or too many candidates
-            logits = self.head.into(state.view(1, -1), torch.empty((1, len(approx)), dtype=torch.float32))[0]
-            return int(logits.masked_fill(~allowed, float("-inf")).argmax())
-        ids = ids[:k].long()  # ascending
-        exact = self.head.take_rows(ids).into(state.view(1, -1), torch.empty((1, len(ids)), dtype=torch.float32))
-        return int(ids[exact[0].argmax()])
+        return out
 
 
 class ScreenedPass:
@@ -163,6 +160,11 @@ class ScreenedPass:
         self.screen = screen
         self.argmax, self.approx = screen.argmax_and_approx(states)  # [T], [T, V]
         self._logits: torch.Tensor | None = None
+
+    @property
+    def has_logits(self) -> bool:
+        """Whether the float32 logits were computed."""
+        return self._logits is not None
 
     def logits(self) -> torch.Tensor:
         """The float32 logits [T, V] (computed once)."""
@@ -227,7 +229,7 @@ class ScreenedLogits:
         if allowed is None:
             return int(self.argmax()[row])
         screened = self.screened
-        if screened._logits is not None:
+        if screened.has_logits:
             return int(self.full()[row].masked_fill(~allowed, float("-inf")).argmax())
         r = self.start + row
         return screened.screen.masked_argmax(screened.states[r], screened.approx[r], allowed)
@@ -236,7 +238,7 @@ class ScreenedLogits:
         """LongTensor [n, k]: each row's k best ids for a drafter to learn from (token recycling):
         the screen's int8 logits' unless the float32 logits were computed (a drafter's choice needs
         no exactness; no second pass for it)."""
-        if self.screened._logits is not None:
+        if self.screened.has_logits:
             return self.full().topk(k, dim=-1).indices
         return self.screened.approx[self.start: self.stop].topk(k, dim=-1).indices
 
