@@ -35,6 +35,7 @@ from __future__ import annotations
 import torch
 
 from specula.models.native.kernels import KernelLinear, library
+from specula.models.quantize import _TINY  # a weight column's smallest scale, as quantize_rows floors it
 
 SCREEN_MIN_WEIGHTS = 8 << 20
 """The smallest float32 output layer (out x in weights, 32 MiB) screened: below it the full layer is a
@@ -51,8 +52,6 @@ column blocks. The screen's argmax against the float32 layer and its argmax (ms,
 CANDIDATE_CAP = 256
 """At most this many candidates a row go through the layer's own rows; a row with more is computed
 whole (on the 1.5B a row had at most 29)."""
-_TINY = 1e-12
-"""A weight column's smallest scale (quantize.py's `_TINY`)."""
 
 
 def slack_of(scale: torch.Tensor, in_features: int) -> torch.Tensor:
