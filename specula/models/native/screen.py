@@ -92,10 +92,6 @@ class OutputScreen:
         return (isinstance(head, KernelLinear) and head.kind == "f32" and head.bias is None
                 and head.out_features * head.in_features >= SCREEN_MIN_WEIGHTS)
 
-    @property
-    def memory_bytes(self) -> int:
-        return self.approx.memory_bytes + self.slack.numel() * 4
-
     def argmax(self, states: torch.Tensor) -> torch.Tensor:
         """LongTensor [n]: `head(states).argmax(-1)` exactly (torch's rule: the first maximal id),
         for states [n, E] float32."""
