@@ -114,4 +114,8 @@ class TreeRows:
         hold cannot matter)."""
         if dim not in (-1, 1):
             raise ValueError(f"{type(self).__name__}.argmax works along the vocabulary (dim=-1)")
-        return greedy_argmax(self.tree, lambda row: argmax_row(self[row]))
+        return greedy_argmax(self.tree, self._argmax_of)
+
+    def _argmax_of(self, row: int) -> int:
+        """Row `row`'s argmax (`argmax`'s walk asks each row it reaches): its transformed row's."""
+        return argmax_row(self[row])

@@ -21,7 +21,7 @@ import torch
 
 from specula.constraints.spec import Constraint, ConstraintError
 from specula.tree import TokenTree
-from specula.tree_rows import TreeRows, greedy_argmax
+from specula.tree_rows import TreeRows
 
 _TOKENIZERS: "weakref.WeakKeyDictionary[Any, dict[tuple, Any]]" = weakref.WeakKeyDictionary()
 _LOCK = threading.Lock()
@@ -241,16 +241,11 @@ class MaskedLogits(TreeRows):
         super().__init__(logits, tree)
         self.state = state
 
-    def argmax(self, dim: int = -1) -> torch.Tensor:
-        """`TreeRows.argmax`; where the logits take a masked argmax themselves (a screened greedy
-        pass, `models.native.screen.ScreenedLogits`), each row's through its mask, with no float32
-        logits computed."""
+    def _argmax_of(self, row: int) -> int:
+        """Row `row`'s masked argmax; where the logits take one themselves (a screened greedy pass,
+        `models.native.screen.ScreenedLogits`), through its mask, with no float32 logits computed."""
         own = getattr(self.logits, "masked_argmax", None)
-        if own is None:
-            return super().argmax(dim)
-        if dim not in (-1, 1):
-            raise ValueError("MaskedLogits.argmax works along the vocabulary (dim=-1)")
-        return greedy_argmax(self.tree, lambda row: own(row, self._allowed(row)))
+        return super()._argmax_of(row) if own is None else own(row, self._allowed(row))
 
     def _allowed(self, row: int) -> torch.Tensor | None:
         """The ids the grammar allows after row `row`'s path ([vocab] bool), or None where the path
