@@ -759,12 +759,11 @@ class _Collected:
 
 def _argmax_only(session: Session) -> bool:
     """Whether a step of `session` reads only its rows' argmax (`models.base.forward_trees`'
-    `argmax_only`), a grammar's masked argmax included (`MaskedLogits.argmax`): greedy, with no
-    penalty, min_new_tokens mask or logprobs (each of those reads whole rows; they would still get
-    the exact logits, computed after the pass)."""
+    `argmax_only`): greedy without logprobs (which read whole rows; they would still get the exact
+    logits, computed after the pass). A grammar's masks, penalties and a min_new_tokens mask change
+    the argmax each row source takes (`TreeRows.exact_argmax`)."""
     params = session.params
-    return (params.greedy and not params.penalized and params.logprobs is None
-            and len(session.generated) >= params.min_new_tokens)
+    return params.greedy and params.logprobs is None
 
 
 def feature_request(drafters) -> FeatureRequest:

@@ -16,7 +16,7 @@ import torch
 
 from specula.sampling import SamplingParams
 from specula.tree import TokenTree
-from specula.tree_rows import TreeRows
+from specula.tree_rows import RowEdit, TreeRows
 
 
 def ending_ids(params: SamplingParams, eos_token_ids: Iterable[int], vocab: int) -> list[int]:
@@ -39,7 +39,17 @@ class EndsMasked(TreeRows):
                                 device=logits.device)
 
     def _row(self, row: int) -> torch.Tensor:
+        return self.logits[row].index_fill(0, self.ids, float("-inf")) if self._masks(row) else self.logits[row]
+
+    def _masks(self, row: int) -> bool:
+        """Whether row `row` decides a position before `min_new_tokens` (its ending ids masked)."""
         depth = self.tree.depth[row - 1] if row > 0 else 0
-        if depth >= self.short or not len(self.ids):
-            return self.logits[row]
-        return self.logits[row].index_fill(0, self.ids, float("-inf"))
+        return depth < self.short and len(self.ids) > 0
+
+    def _edit(self, row: int, edit: RowEdit) -> RowEdit:
+        """`edit` with row `row`'s ending ids masked where it decides a position that is too early."""
+        if not self._masks(row):
+            return edit
+        allowed = torch.ones(self.shape[-1], dtype=torch.bool, device=self.ids.device)
+        allowed[self.ids] = False
+        return edit.masked(allowed)

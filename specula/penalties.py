@@ -22,7 +22,7 @@ import torch
 
 from specula.sampling import SamplingParams
 from specula.tree import TokenTree
-from specula.tree_rows import TreeRows
+from specula.tree_rows import RowEdit, TreeRows
 
 
 def penalize(row: torch.Tensor, output: Counter, prompt: Iterable[int], params: SamplingParams) -> torch.Tensor:
@@ -57,6 +57,21 @@ class PenalizedLogits(TreeRows):
         self.output = Counter(generated)
 
     def _row(self, row: int) -> torch.Tensor:
+        return penalize(self.logits[row], self._history(row), self.prompt, self.params)
+
+    def _history(self, row: int) -> Counter:
+        """The output row `row` follows: the output before this step, then the row's path."""
         path = self.path_tokens(row)
-        return penalize(self.logits[row], self.output + Counter(path) if path else self.output, self.prompt,
-                        self.params)
+        return self.output + Counter(path) if path else self.output
+
+    def _edit(self, row: int, edit: RowEdit) -> RowEdit:
+        """`edit` with this row's penalties run first: `penalize` itself, on the ids it changes (the
+        logit bias's, the prompt's and output's for `repetition_penalty`, the output's for the others)."""
+        output, params = self._history(row), self.params
+        ids = {t for t, _ in params.logit_bias}
+        if params.repetition_penalty != 1.0:
+            ids |= self.prompt | set(output)
+        if params.frequency_penalty or params.presence_penalty:
+            ids |= set(output)
+        changed = torch.tensor(sorted(ids), dtype=torch.long, device=self.logits.device)  # [k]
+        return edit.changed_first(changed, lambda logits: penalize(logits, output, self.prompt, params))

@@ -10,6 +10,7 @@ the rows on one path. `TreeRows` is shaped like the ``[n + 1, vocab]`` tensor fo
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
@@ -66,6 +67,34 @@ def greedy_argmax(tree: TokenTree, argmax_of: Callable[[int], int]) -> torch.Ten
     return torch.tensor(am, dtype=torch.long)
 
 
+@dataclass(frozen=True)
+class RowEdit:
+    """What the row sources stacked on a pass do to one of its rows, for an argmax taken without the
+    whole row (`TreeRows.exact_argmax`): the row's values at `ids` changed by `change`, then every id
+    outside `allowed` at -inf. A mask may sit below a change in the stack: every change here (the
+    penalties) keeps -inf at -inf, so a mask counts the same at any place."""
+
+    allowed: torch.Tensor | None = None
+    """[vocab] bool: the ids no source masks (None: every id)."""
+    ids: torch.Tensor | None = None
+    """LongTensor [k]: the ids `change` may change (None: none)."""
+    change: Callable[[torch.Tensor], torch.Tensor] | None = None
+    """A [vocab] float32 row -> the changed row, a new tensor whose values differ from the row's at
+    `ids` only, each a function of that id's value alone (None: no change)."""
+
+    def masked(self, allowed: torch.Tensor) -> "RowEdit":
+        """This edit with the ids outside `allowed` ([vocab] bool) masked too."""
+        both = allowed if self.allowed is None else self.allowed & allowed
+        return RowEdit(both, self.ids, self.change)
+
+    def changed_first(self, ids: torch.Tensor, change: Callable[[torch.Tensor], torch.Tensor]) -> "RowEdit":
+        """`change` of `ids` (a source below this edit's) run before this edit's own change."""
+        if self.change is None:
+            return RowEdit(self.allowed, ids, change)
+        outer = self.change
+        return RowEdit(self.allowed, torch.cat([self.ids, ids]).unique(), lambda row: outer(change(row)))
+
+
 class TreeRows:
     """``[n + 1, vocab]`` rows of a tree (row 0 after the root, row i + 1 after node i), each
     computed by `_row` the first time it is asked for."""
@@ -117,5 +146,20 @@ class TreeRows:
         return greedy_argmax(self.tree, self._argmax_of)
 
     def _argmax_of(self, row: int) -> int:
-        """Row `row`'s argmax (`argmax`'s walk asks each row it reaches): its transformed row's."""
-        return argmax_row(self[row])
+        """Row `row`'s argmax (`argmax`'s walk asks each row it reaches): its transformed row's, taken
+        without computing the row where the pass below can (`exact_argmax`)."""
+        got = self.exact_argmax(row, RowEdit())
+        return argmax_row(self[row]) if got is None else got
+
+    def exact_argmax(self, row: int, edit: RowEdit) -> int | None:
+        """The argmax of row `row` as this source transforms it and then `edit` (the sources above
+        it), exactly, where the row source at the bottom of the stack takes it without the row (a
+        screened pass: `models.native.screen.ScreenedLogits.exact_argmax`); None where not."""
+        below = getattr(self.logits, "exact_argmax", None)
+        own = None if below is None else self._edit(row, edit)
+        return None if own is None else below(row, own)
+
+    def _edit(self, row: int, edit: RowEdit) -> RowEdit | None:
+        """`edit` with what this source does to row `row` put below it (None: this source cannot
+        say it as a `RowEdit`)."""
+        return None

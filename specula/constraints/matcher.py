@@ -21,7 +21,7 @@ import torch
 
 from specula.constraints.spec import Constraint, ConstraintError
 from specula.tree import TokenTree
-from specula.tree_rows import TreeRows
+from specula.tree_rows import RowEdit, TreeRows
 
 _TOKENIZERS: "weakref.WeakKeyDictionary[Any, dict[tuple, Any]]" = weakref.WeakKeyDictionary()
 _LOCK = threading.Lock()
@@ -241,11 +241,11 @@ class MaskedLogits(TreeRows):
         super().__init__(logits, tree)
         self.state = state
 
-    def _argmax_of(self, row: int) -> int:
-        """Row `row`'s masked argmax; where the logits take one themselves (a screened greedy pass,
-        `models.native.screen.ScreenedLogits`), through its mask, with no float32 logits computed."""
-        own = getattr(self.logits, "masked_argmax", None)
-        return super()._argmax_of(row) if own is None else own(row, self._allowed(row))
+    def _edit(self, row: int, edit: RowEdit) -> RowEdit:
+        """`edit` with the grammar's mask of row `row` (`TreeRows.exact_argmax`: a screened greedy
+        pass takes the masked argmax with no float32 logits computed)."""
+        allowed = self._allowed(row)
+        return edit if allowed is None else edit.masked(allowed)
 
     def _allowed(self, row: int) -> torch.Tensor | None:
         """The ids the grammar allows after row `row`'s path ([vocab] bool), or None where the path

@@ -176,8 +176,6 @@ def test_packed_batch_through_the_screen_equals_each_alone(screened):
 @pytest.mark.parametrize("params", [
     SamplingParams(max_new_tokens=16, temperature=0.8, seed=3, ignore_eos=True),
     SamplingParams(max_new_tokens=16, logprobs=2, ignore_eos=True),
-    SamplingParams(max_new_tokens=16, repetition_penalty=1.3, ignore_eos=True),
-    SamplingParams(max_new_tokens=16, min_new_tokens=10),
 ])
 def test_requests_that_read_whole_rows_are_unchanged(monkeypatch, params):
     model = tiny_model("qwen2", seed=7, vocab=300)
@@ -188,3 +186,91 @@ def test_requests_that_read_whole_rows_are_unchanged(monkeypatch, params):
         out = dec.generate(SPECULATIVE_PROMPTS[0], params)
         outs.append((out.token_ids, out.logprobs))
     assert outs[0] == outs[1]
+
+
+def plain_edit(logits: torch.Tensor, edit) -> int:
+    """What the row sources compute over a whole row of float32 logits [V]: `edit.change`, the mask, argmax."""
+    row = logits if edit.change is None else edit.change(logits.clone())
+    if edit.allowed is not None:
+        row = row.masked_fill(~edit.allowed, float("-inf"))
+    return int(row.argmax())
+
+
+def test_edited_argmax_is_the_whole_rows_under_penalties_and_masks():
+    """Penalties change some ids' logits (the bias's, the prompt's, the output's) and masks leave ids out:
+    the screen's argmax is the whole float32 row's under both, on rows aimed at near-tied pairs, with exact
+    ties between a changed and an unchanged id, and with every id changed."""
+    from collections import Counter
+
+    from specula.penalties import penalize
+    from specula.tree_rows import RowEdit
+
+    w = near_tie_head()
+    head = f32_layer(w)
+    screen = OutputScreen(head)
+    g = torch.Generator().manual_seed(4)
+    states = torch.randn(120, w.shape[1], generator=g)
+    states[:60] = w[torch.randint(0, len(w), (60,), generator=g)]
+    _, approx = screen.argmax_and_approx(states)
+    logits = head(states)
+    vocab = len(w)
+    cases = [SamplingParams(repetition_penalty=1.3), SamplingParams(repetition_penalty=0.7),
+             SamplingParams(frequency_penalty=0.5, presence_penalty=-0.4), SamplingParams(logit_bias={3: 0.0, 7: 5.0})]
+    changed_won = 0
+    for r in range(len(states)):
+        params = cases[r % len(cases)]
+        top = logits[r].topk(6).indices.tolist()
+        output = Counter(top[:2] + [int(torch.randint(0, vocab, (1,), generator=g))])
+        prompt = set(top[2:4])
+        ids = {t for t, _ in params.logit_bias} | prompt | set(output)
+        edit = RowEdit(None, torch.tensor(sorted(ids)), lambda row, o=output, p=prompt, s=params: penalize(row, o, p, s))
+        if r % 3 == 0:
+            allowed = torch.rand(vocab, generator=g) < 0.5
+            allowed[top[1]] = True
+            edit = edit.masked(allowed)
+        want = plain_edit(logits[r], edit)
+        assert screen.edited_argmax(states[r], approx[r], edit) == want, r
+        changed_won += want in ids
+    assert changed_won >= 5  # the changed ids' own logits decided some rows
+    # An exact tie between changed id 3 (bias 0) and its copies at the end (unchanged): the first wins.
+    edit = RowEdit(None, torch.tensor([3]), lambda row: penalize(row, Counter(), set(), cases[3]))
+    row = screen.argmax_and_approx(w[3:4])[1][0]
+    assert screen.edited_argmax(w[3], row, edit) == plain_edit(head(w[3:4])[0], edit) == 3
+    edit = RowEdit(None, torch.tensor([5]), lambda row: penalize(row, Counter(), set(), SamplingParams(logit_bias={5: 0.0})))
+    tied = screen.edited_argmax(w[-1], row, edit)
+    assert tied == plain_edit(head(w[-1:])[0], edit) == 3
+    every = RowEdit(None, torch.arange(vocab), lambda row: row * 0.5)  # every id changed: the rest is empty
+    assert screen.edited_argmax(states[0], approx[0], every) == plain_edit(logits[0], every)
+
+
+@pytest.mark.parametrize("method", ["none", "prompt-lookup", "fusion"])
+@pytest.mark.parametrize("params", [
+    SamplingParams(max_new_tokens=20, repetition_penalty=1.3, ignore_eos=True),
+    SamplingParams(max_new_tokens=20, repetition_penalty=0.8, ignore_eos=True),
+    SamplingParams(max_new_tokens=20, frequency_penalty=0.7, presence_penalty=0.3, logit_bias={9: 2.0},
+                   ignore_eos=True),
+    SamplingParams(max_new_tokens=20, min_new_tokens=12),
+])
+def test_greedy_steps_with_penalties_and_min_tokens_take_the_screen(monkeypatch, method, params):
+    """Greedy requests with penalties, a logit bias or a min_new_tokens mask output what they output without
+    the screen, and their steps take each row's argmax through it (edited by the penalties and masks) with no
+    float32 logits computed."""
+    model = tiny_model("qwen2", seed=7, vocab=300)
+    draft = perturbed_copy(model) if method == "fusion" else None
+    computed, edited = [], []
+    real_logits, real_edited = screen_module.ScreenedPass.logits, OutputScreen.edited_argmax
+    monkeypatch.setattr(screen_module.ScreenedPass, "logits",
+                        lambda self: (computed.append(not self.has_logits), real_logits(self))[1])
+    monkeypatch.setattr(OutputScreen, "edited_argmax", lambda self, *a: (edited.append(1), real_edited(self, *a))[1])
+    outs = []
+    for floor in (0, 1 << 40):  # screened, not
+        monkeypatch.setattr(screen_module, "SCREEN_MIN_WEIGHTS", floor)
+        target = native(model)
+        drafters = make_drafters(method, target=target, draft=None if draft is None else native(draft),
+                                 num_draft_tokens=3 if draft is not None else None)
+        dec = SpeculativeDecoder(target, drafters, eos_token_ids=[1])
+        outs.append([dec.generate(prompt, params).token_ids for prompt in SPECULATIVE_PROMPTS])
+    assert outs[0] == outs[1]
+    assert edited and not any(computed)  # the screened steps' argmax came through the edits, no logits computed
+    if params.min_new_tokens:
+        assert all(len(out) >= params.min_new_tokens for out in outs[0])

@@ -32,10 +32,15 @@ logits once, as the pass did before.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from specula.models.native.kernels import KernelLinear, library
 from specula.models.quantize import _TINY  # a weight column's smallest scale, as quantize_rows floors it
+
+if TYPE_CHECKING:
+    from specula.tree_rows import RowEdit
 
 SCREEN_MIN_WEIGHTS = 8 << 20
 """The smallest float32 output layer (out x in weights, 32 MiB) screened: below it the full layer is a
@@ -49,6 +54,9 @@ column blocks. The screen's argmax against the float32 layer and its argmax (ms,
 `runs/s125/w8_rows.py`), 1 / 6 / 10 / 14 / 17 rows: the 1.5B 6.4 / 7.9 / 11.5 / 15.0 / 18.6 against
 18.2 / 20.1 / 21.4 / 22.7 / 18.4; the 0.5B 3.8 / 5.7 / 8.3 / 9.1 / 11.1 against 10.7 / 9.9 / 9.1 /
 10.5 / 12.0; SmolLM2 0.9 / 2.3 / 1.9 / 2.2 / 2.7 against 2.4 / 2.5 / 2.6 / 2.9 / 2.8."""
+CHANGED_CAP = 8192
+"""At most this many ids a row's penalties change (`OutputScreen.edited_argmax`; the prompt's and the output's
+distinct tokens under a repetition penalty) go through the layer's own rows; a row with more is computed whole."""
 CANDIDATE_CAP = 256
 """At most this many candidates a row go through the layer's own rows; a row with more is computed
 whole (on the 1.5B a row had at most 29)."""
@@ -103,13 +111,40 @@ class OutputScreen:
         approx = self.approx.into(states, torch.empty((states.shape[0], self.head.out_features), dtype=torch.float32))
         return self._decide(states, approx, None), approx
 
-    def masked_argmax(self, state: torch.Tensor, approx: torch.Tensor, allowed: torch.Tensor) -> int:
+    def edited_argmax(self, state: torch.Tensor, approx: torch.Tensor, edit: RowEdit) -> int | None:
+        """The argmax of `head(state)` as `edit` changes and masks it (state [E] float32, approx [V]: the
+        copy's logits of it), exactly: the masked argmax of the ids `edit` leaves unchanged (`masked_argmax`),
+        then the float32 logits of that id and of every changed id through the layer's own rows, `edit.change`
+        run on them (a row of zeros elsewhere: a change reads each id's own value) and the first maximal id.
+        None where only the whole row can say: more than `CHANGED_CAP` changed ids, a NaN, every id masked."""
+        vocab = self.head.out_features
+        if edit.change is None:
+            return self.masked_argmax(state, approx, edit.allowed)
+        if len(edit.ids) > CHANGED_CAP:
+            return None
+        rest = torch.ones(vocab, dtype=torch.bool) if edit.allowed is None else edit.allowed.clone()
+        rest[edit.ids] = False
+        ids = edit.ids if not bool(rest.any()) else torch.cat([edit.ids, torch.tensor(
+            [self.masked_argmax(state, approx, rest)])])
+        ids = ids.unique()  # [k] ascending: the first maximal id below is torch's
+        exact = self.head.take_rows(ids).into(state.float().view(1, -1).contiguous(),
+                                             torch.empty((1, len(ids)), dtype=torch.float32))[0]  # [k]
+        row = torch.zeros(vocab, dtype=torch.float32)
+        row[ids] = exact
+        values = edit.change(row)[ids]  # [k]
+        if edit.allowed is not None:
+            values = values.masked_fill(~edit.allowed[ids], float("-inf"))
+        if bool(values.isnan().any()) or not bool((values > float("-inf")).any()):
+            return None
+        return int(ids[int(values.argmax())])
+
+    def masked_argmax(self, state: torch.Tensor, approx: torch.Tensor, allowed: torch.Tensor | None) -> int:
         """The first id holding the maximum of `head(state)` over the `allowed` ids (state [E] float32,
         approx [V]: the copy's logits of it, allowed [V] bool), exactly: a grammar's greedy token, what
-        `head(state).masked_fill(~allowed, -inf).argmax()` gives. The same bound as `argmax`, the
-        largest lower end taken over the allowed ids only."""
+        `head(state).masked_fill(~allowed, -inf).argmax()` gives (None: every id allowed). The same bound as
+        `argmax`, the largest lower end taken over the allowed ids only."""
         return int(self._decide(state.float().view(1, -1).contiguous(), approx.view(1, -1).contiguous(),
-                                allowed.view(1, -1))[0])
+                                None if allowed is None else allowed.view(1, -1))[0])
 
     def _decide(self, states: torch.Tensor, approx: torch.Tensor, allowed: torch.Tensor | None) -> torch.Tensor:
         """LongTensor [n]: each row's exact argmax (over its `allowed` ids [n, V] bool, where given),
@@ -218,16 +253,17 @@ class ScreenedLogits:
             raise ValueError("ScreenedLogits.argmax works along the vocabulary (dim=-1)")
         return self.screened.argmax[self.start: self.stop]
 
-    def masked_argmax(self, row: int, allowed: torch.Tensor | None) -> int:
-        """Row `row`'s argmax over the `allowed` ids ([V] bool; None: every id), exactly
-        (`OutputScreen.masked_argmax`; from the float32 logits where they were computed)."""
-        if allowed is None:
-            return int(self.argmax()[row])
+    def exact_argmax(self, row: int, edit: RowEdit) -> int | None:
+        """Row `row`'s argmax as the row sources above change and mask it (`TreeRows.exact_argmax`), exactly,
+        with no float32 logits computed (`OutputScreen.edited_argmax`); None where the whole row must say
+        (or its float32 logits were computed: the sources above then transform the row)."""
         screened = self.screened
+        if edit.change is None and edit.allowed is None:
+            return int(self.argmax()[row])
         if screened.has_logits:
-            return int(self.full()[row].masked_fill(~allowed, float("-inf")).argmax())
+            return None
         r = self.start + row
-        return screened.screen.masked_argmax(screened.states[r], screened.approx[r], allowed)
+        return screened.screen.edited_argmax(screened.states[r], screened.approx[r], edit)
 
     def draft_top_k(self, k: int) -> torch.Tensor:
         """LongTensor [n, k]: each row's k best ids for a drafter to learn from (token recycling):
