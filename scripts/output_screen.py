@@ -4,7 +4,8 @@ one process: each method's seconds both ways, and whether every output is the sa
     python scripts/output_screen.py --target qwen2.5-coder-1.5b --methods none,draft-model,fusion --per-group 2
 
 The prompts are the everyday set's (`specula/data/everyday`, not a benchmark's), `--per-group` from each group;
-`--prompts structured`: the structured-output set's, each constrained to its JSON schema.
+`--prompts structured`: the structured-output set's, each constrained to its JSON schema. `--repetition-penalty`,
+`--frequency-penalty`, `--presence-penalty` and `--min-new-tokens` shape every request (greedy all the same).
 Per prompt the two ways run one after the other, the order alternating from prompt to prompt; each way's total
 over the prompts is printed, with their ratio (without / with: above 1, the screen is faster), per round.
 """
@@ -36,10 +37,16 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=1, help="rounds over the prompts, each method")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--json", help="write the per-round seconds here")
+    parser.add_argument("--repetition-penalty", type=float, default=1.0)
+    parser.add_argument("--frequency-penalty", type=float, default=0.0)
+    parser.add_argument("--presence-penalty", type=float, default=0.0)
+    parser.add_argument("--min-new-tokens", type=int, default=0)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     prompts = [(p.turns[0], p.constraint) for p in select_prompts(load_prompts(args.prompts), args.per_group)]
     floor = screen.SCREEN_MIN_WEIGHTS
+    shaping = {"repetition_penalty": args.repetition_penalty, "frequency_penalty": args.frequency_penalty,
+               "presence_penalty": args.presence_penalty, "min_new_tokens": args.min_new_tokens}
     report = {}
     for method in args.methods.split(";" if ";" in args.methods else ","):
         name, _, variant = method.partition(":")  # a bench variant: fusion:head=none
@@ -54,7 +61,7 @@ def main() -> None:
                 for way in (("screen", "without") if (i + r) % 2 == 0 else ("without", "screen")):
                     screen.SCREEN_MIN_WEIGHTS = floor if way == "screen" else 1 << 62
                     t = time.perf_counter()
-                    out = spec.generate(prompt, max_new_tokens=args.max_new_tokens, constraint=constraint)
+                    out = spec.generate(prompt, max_new_tokens=args.max_new_tokens, constraint=constraint, **shaping)
                     outs[way] = out.token_ids
                     seconds[way] += time.perf_counter() - t
                 if outs["screen"] != outs["without"]:

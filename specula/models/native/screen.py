@@ -54,9 +54,6 @@ column blocks. The screen's argmax against the float32 layer and its argmax (ms,
 `runs/s125/w8_rows.py`), 1 / 6 / 10 / 14 / 17 rows: the 1.5B 6.4 / 7.9 / 11.5 / 15.0 / 18.6 against
 18.2 / 20.1 / 21.4 / 22.7 / 18.4; the 0.5B 3.8 / 5.7 / 8.3 / 9.1 / 11.1 against 10.7 / 9.9 / 9.1 /
 10.5 / 12.0; SmolLM2 0.9 / 2.3 / 1.9 / 2.2 / 2.7 against 2.4 / 2.5 / 2.6 / 2.9 / 2.8."""
-CHANGED_CAP = 8192
-"""At most this many ids a row's penalties change (`OutputScreen.edited_argmax`; the prompt's and the output's
-distinct tokens under a repetition penalty) go through the layer's own rows; a row with more is computed whole."""
 CANDIDATE_CAP = 256
 """At most this many candidates a row go through the layer's own rows; a row with more is computed
 whole (on the 1.5B a row had at most 29)."""
@@ -113,28 +110,36 @@ class OutputScreen:
 
     def edited_argmax(self, state: torch.Tensor, approx: torch.Tensor, edit: RowEdit) -> int | None:
         """The argmax of `head(state)` as `edit` changes and masks it (state [E] float32, approx [V]: the
-        copy's logits of it), exactly: the masked argmax of the ids `edit` leaves unchanged (`masked_argmax`),
-        then the float32 logits of that id and of every changed id through the layer's own rows, `edit.change`
-        run on them (a row of zeros elsewhere: a change reads each id's own value) and the first maximal id.
-        None where only the whole row can say: more than `CHANGED_CAP` changed ids, a NaN, every id masked."""
-        vocab = self.head.out_features
+        copy's logits of it), exactly. A change (the penalties) is monotone in each id's own value and
+        computed in float32 with monotone roundings, so it maps the bound's interval of each id's logit to
+        an interval of its changed value: `edit.change` of the lower and of the upper ends, the masked ids at
+        -inf; every id whose changed upper end reaches the largest changed lower end is a candidate, and the
+        first maximal candidate of their float32 logits through the layer's own rows, changed, is the argmax.
+        None where only the whole row can say: a value or bound not finite, every id masked, more than
+        `CANDIDATE_CAP` candidates."""
         if edit.change is None:
             return self.masked_argmax(state, approx, edit.allowed)
-        if len(edit.ids) > CHANGED_CAP:
+        l1 = float(state.double().abs().sum()) * (1 + 2.0 ** -16)  # |x|_1, rounded up past its rounding
+        bound = self.slack * l1 + approx.abs() * 2.0 ** -18  # [V]: `_decide`'s, with room for these roundings
+        lower, upper = approx - bound, approx + bound  # [V]
+        low, high = edit.change(lower), edit.change(upper)  # [V] each: the changed values' interval
+        if edit.allowed is not None:
+            low = low.masked_fill(~edit.allowed, float("-inf"))
+            high = high.masked_fill(~edit.allowed, float("-inf"))
+        best_low = float(low.max())
+        if not (bool(torch.isfinite(high).any()) and -float("inf") < best_low < float("inf")
+                and bool((high < float("inf")).all()) and not bool(high.isnan().any())):
             return None
-        rest = torch.ones(vocab, dtype=torch.bool) if edit.allowed is None else edit.allowed.clone()
-        rest[edit.ids] = False
-        ids = edit.ids if not bool(rest.any()) else torch.cat([edit.ids, torch.tensor(
-            [self.masked_argmax(state, approx, rest)])])
-        ids = ids.unique()  # [k] ascending: the first maximal id below is torch's
+        ids = (high >= best_low).nonzero().view(-1)  # [k] ascending: the first maximal id below is torch's
+        if len(ids) > CANDIDATE_CAP:
+            return None
         exact = self.head.take_rows(ids).into(state.float().view(1, -1).contiguous(),
                                              torch.empty((1, len(ids)), dtype=torch.float32))[0]  # [k]
-        row = torch.zeros(vocab, dtype=torch.float32)
-        row[ids] = exact
-        values = edit.change(row)[ids]  # [k]
+        lower[ids] = exact  # a row holding the candidates' logits: a change reads each id's own value
+        values = edit.change(lower)[ids]  # [k]
         if edit.allowed is not None:
             values = values.masked_fill(~edit.allowed[ids], float("-inf"))
-        if bool(values.isnan().any()) or not bool((values > float("-inf")).any()):
+        if bool(values.isnan().any()):
             return None
         return int(ids[int(values.argmax())])
 
