@@ -26,8 +26,9 @@ The screen is built when a decoder starts on a target whose float32 output layer
 `SCREEN_MIN_WEIGHTS` weights (a pass over its packed rows, 0.1 s for the 1.5B; else on the first
 greedy pass), and is not a module of the decoder: the weight bytes, the quantization and the prepared entry are the
 target's as before. `ScreenedLogits` is what a verification pass returns then: its `argmax` goes
-through the screen, anything else (a sampled row, a grammar's mask, logprobs) computes the float32
-logits once, as the pass did before.
+through the screen, and so does the argmax of a row that a grammar masks or penalties change
+(`exact_argmax`, `OutputScreen.edited_argmax`); anything else (a sampled row, logprobs) computes the
+float32 logits once, as the pass did before.
 """
 
 from __future__ import annotations
