@@ -89,17 +89,18 @@ def test_constrained_greedy_equals_constrained_plain_greedy(models, json_tokeniz
 def test_constrained_greedy_through_the_output_screen(models, json_tokenizer, monkeypatch, method):
     """A native target whose greedy steps take each row's masked argmax through the output screen
     (`models.native.screen`; the tiny model's layer screened on purpose) outputs what constrained plain
-    greedy decoding outputs, and its steps did go through the screen with masks."""
+    greedy decoding outputs, and its steps did go through the screen with masks (and only with them)."""
     from specula.models.native import NativeCausalLM, NativeDecoder, configure, kernels
     from specula.models.native import screen
 
     if not kernels.available():
         pytest.skip(f"specula's CPU kernels cannot run here: {kernels.unavailable_reason()}")
     monkeypatch.setattr(screen, "SCREEN_MIN_WEIGHTS", 0)
-    masked = []
-    real = screen.OutputScreen.masked_argmax
+    masked, unmasked = [], []
+    real, real_decide = screen.OutputScreen.masked_argmax, screen.OutputScreen.decide
     monkeypatch.setattr(screen.OutputScreen, "masked_argmax",
                         lambda self, *a: (masked.append(1), real(self, *a))[1])
+    monkeypatch.setattr(screen.OutputScreen, "decide", lambda self, *a: (unmasked.append(1), real_decide(self, *a))[1])
 
     def native(model):
         return NativeCausalLM(configure(NativeDecoder.from_hf(model), "specula", "none", "sdpa"), "native",
@@ -115,6 +116,7 @@ def test_constrained_greedy_through_the_output_screen(models, json_tokenizer, mo
             out = dec.generate(prompt, SamplingParams(max_new_tokens=30), constraint)
             assert out.token_ids == reference(model, json_tokenizer, constraint, prompt, 30), (method, kind, text)
     assert masked  # rows were screened through the grammar's masks
+    assert not unmasked  # and no pass took its rows' unmasked argmax for nothing
 
 
 def test_forced_tokens_are_drafted_accepted_and_priced_as_certain(models, json_tokenizer):

@@ -113,8 +113,8 @@ def screened(monkeypatch):
     number of screened passes."""
     monkeypatch.setattr(screen_module, "SCREEN_MIN_WEIGHTS", 0)
     calls = []
-    real = OutputScreen.argmax_and_approx
-    monkeypatch.setattr(OutputScreen, "argmax_and_approx",
+    real = OutputScreen.approx_logits
+    monkeypatch.setattr(OutputScreen, "approx_logits",
                         lambda self, states: (calls.append(states.shape[0]), real(self, states))[1])
     return calls
 
@@ -257,11 +257,13 @@ def test_greedy_steps_with_penalties_and_min_tokens_take_the_screen(monkeypatch,
     float32 logits computed."""
     model = tiny_model("qwen2", seed=7, vocab=300)
     draft = perturbed_copy(model) if method == "fusion" else None
-    computed, edited = [], []
-    real_logits, real_edited = screen_module.ScreenedPass.logits, OutputScreen.edited_argmax
+    computed, edited, unedited = [], [], []
+    real_logits, real_edited, real_decide = (screen_module.ScreenedPass.logits, OutputScreen.edited_argmax,
+                                             OutputScreen.decide)
     monkeypatch.setattr(screen_module.ScreenedPass, "logits",
                         lambda self: (computed.append(not self.has_logits), real_logits(self))[1])
     monkeypatch.setattr(OutputScreen, "edited_argmax", lambda self, *a: (edited.append(1), real_edited(self, *a))[1])
+    monkeypatch.setattr(OutputScreen, "decide", lambda self, *a: (unedited.append(1), real_decide(self, *a))[1])
     outs = []
     for floor in (0, 1 << 40):  # screened, not
         monkeypatch.setattr(screen_module, "SCREEN_MIN_WEIGHTS", floor)
@@ -269,7 +271,11 @@ def test_greedy_steps_with_penalties_and_min_tokens_take_the_screen(monkeypatch,
         drafters = make_drafters(method, target=target, draft=None if draft is None else native(draft),
                                  num_draft_tokens=3 if draft is not None else None)
         dec = SpeculativeDecoder(target, drafters, eos_token_ids=[1])
+        dec.generate([3, 4, 5], SamplingParams(max_new_tokens=2))  # the planner's timing passes (plain argmax)
+        unedited.clear()
         outs.append([dec.generate(prompt, params).token_ids for prompt in SPECULATIVE_PROMPTS])
+        if floor == 0 and not params.min_new_tokens:  # (past min_new_tokens a row is not edited)
+            assert not unedited  # no row's unedited argmax was taken for nothing
     assert outs[0] == outs[1]
     assert edited and not any(computed)  # the screened steps' argmax came through the edits, no logits computed
     if params.min_new_tokens:

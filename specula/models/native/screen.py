@@ -106,8 +106,17 @@ class OutputScreen:
     def argmax_and_approx(self, states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(`argmax(states)` [n], the int8 copy's logits [n, V] it screened)."""
         states = states.float().contiguous()
-        approx = self.approx.into(states, torch.empty((states.shape[0], self.head.out_features), dtype=torch.float32))
-        return self._decide(states, approx, None), approx
+        approx = self.approx_logits(states)
+        return self.decide(states, approx), approx
+
+    def approx_logits(self, states: torch.Tensor) -> torch.Tensor:
+        """The int8 copy's logits [n, V] of states [n, E] (float32, contiguous)."""
+        return self.approx.into(states, torch.empty((states.shape[0], self.head.out_features), dtype=torch.float32))
+
+    def decide(self, states: torch.Tensor, approx: torch.Tensor) -> torch.Tensor:
+        """LongTensor [n]: each row's exact argmax from its int8 logits approx [n, V] (`approx_logits` of
+        states [n, E], float32, contiguous)."""
+        return self._decide(states, approx, None)
 
     def edited_argmax(self, state: torch.Tensor, approx: torch.Tensor, edit: RowEdit) -> int | None:
         """The argmax of `head(state)` as `edit` changes and masks it (state [E] float32, approx [V]: the
@@ -187,15 +196,25 @@ class OutputScreen:
 
 
 class ScreenedPass:
-    """A verification pass's logits [T, V] kept as its final states [T, E], its rows' argmax taken
-    through the screen (in the pass, so its time is the pass's); the float32 logits are computed
-    once, for every row, the first time anything else is asked of them."""
+    """A verification pass's logits [T, V] kept as its final states [T, E] and the screen's int8 logits
+    (in the pass, so their time is the pass's); every row's argmax is taken through the screen the first
+    time it is asked for (a row a grammar masks or penalties change asks for its own instead:
+    `ScreenedLogits.exact_argmax`), and the float32 logits are computed once, for every row, the first
+    time anything else is asked of them."""
 
     def __init__(self, states: torch.Tensor, screen: OutputScreen) -> None:
-        self.states = states.clone()  # [T, E]: its own (a few rows), whatever the decoder reuses later
+        self.states = states.clone().float().contiguous()  # [T, E]: its own, whatever the decoder reuses later
         self.screen = screen
-        self.argmax, self.approx = screen.argmax_and_approx(states)  # [T], [T, V]
+        self.approx = screen.approx_logits(self.states)  # [T, V]
+        self._argmax: torch.Tensor | None = None
         self._logits: torch.Tensor | None = None
+
+    @property
+    def argmax(self) -> torch.Tensor:
+        """LongTensor [T]: every row's exact argmax (computed once)."""
+        if self._argmax is None:
+            self._argmax = self.screen.decide(self.states, self.approx)
+        return self._argmax
 
     @property
     def has_logits(self) -> bool:
