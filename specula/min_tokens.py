@@ -37,6 +37,7 @@ class EndsMasked(TreeRows):
         self.short = params.min_new_tokens - generated  # rows deciding positions below it are masked
         self.ids = torch.tensor(ending_ids(params, eos_token_ids, logits.shape[-1]), dtype=torch.long,
                                 device=logits.device)
+        self._allowed: torch.Tensor | None = None  # [vocab] bool: every id but the ending ones (`_edit`)
 
     def _row(self, row: int) -> torch.Tensor:
         return self.logits[row].index_fill(0, self.ids, float("-inf")) if self._masks(row) else self.logits[row]
@@ -50,6 +51,7 @@ class EndsMasked(TreeRows):
         """`edit` with row `row`'s ending ids masked where it decides a position that is too early."""
         if not self._masks(row):
             return edit
-        allowed = torch.ones(self.shape[-1], dtype=torch.bool, device=self.ids.device)
-        allowed[self.ids] = False
-        return edit.masked(allowed)
+        if self._allowed is None:
+            self._allowed = torch.ones(self.shape[-1], dtype=torch.bool, device=self.ids.device)  # [vocab]
+            self._allowed[self.ids] = False
+        return edit.masked(self._allowed)

@@ -65,13 +65,8 @@ class PenalizedLogits(TreeRows):
         return self.output + Counter(path) if path else self.output
 
     def _edit(self, row: int, edit: RowEdit) -> RowEdit:
-        """`edit` with this row's penalties run first: `penalize` itself, on the ids it changes (the
-        logit bias's, the prompt's and output's for `repetition_penalty`, the output's for the others)."""
-        output, params = self._history(row), self.params
-        ids = {t for t, _ in params.logit_bias}
-        if params.repetition_penalty != 1.0:
-            ids |= self.prompt | set(output)
-        if params.frequency_penalty or params.presence_penalty:
-            ids |= set(output)
-        changed = torch.tensor(sorted(ids), dtype=torch.long, device=self.logits.device)  # [k]
-        return edit.changed_first(changed, lambda logits: penalize(logits, output, self.prompt, params))
+        """`edit` with this row's penalties run first: `penalize` itself (each token's penalised logit is
+        a monotone function of its own: a bias added, a division or multiplication by a positive penalty,
+        a subtraction, each rounded monotonically in float32)."""
+        output = self._history(row)
+        return edit.changed_first(lambda logits: penalize(logits, output, self.prompt, self.params))

@@ -70,29 +70,25 @@ def greedy_argmax(tree: TokenTree, argmax_of: Callable[[int], int]) -> torch.Ten
 @dataclass(frozen=True)
 class RowEdit:
     """What the row sources stacked on a pass do to one of its rows, for an argmax taken without the
-    whole row (`TreeRows.exact_argmax`): the row's values at `ids` changed by `change`, then every id
-    outside `allowed` at -inf. A mask may sit below a change in the stack: every change here (the
-    penalties) keeps -inf at -inf, so a mask counts the same at any place."""
+    whole row (`TreeRows.exact_argmax`): the row's values changed by `change`, then every id outside
+    `allowed` at -inf. A mask may sit below a change in the stack: every change here (the penalties)
+    keeps -inf at -inf, so a mask counts the same at any place."""
 
     allowed: torch.Tensor | None = None
     """[vocab] bool: the ids no source masks (None: every id)."""
-    ids: torch.Tensor | None = None
-    """LongTensor [k]: the ids `change` may change (None: none)."""
     change: Callable[[torch.Tensor], torch.Tensor] | None = None
-    """A [vocab] float32 row -> the changed row, a new tensor whose values differ from the row's at
-    `ids` only, each a function of that id's value alone (None: no change)."""
+    """A [vocab] float32 row -> the changed row (a new tensor), each id's new value a function of its
+    own value alone and never smaller for a larger one (monotone: a screened pass maps each id's interval
+    through it, `OutputScreen.edited_argmax`). None: no change."""
 
     def masked(self, allowed: torch.Tensor) -> "RowEdit":
         """This edit with the ids outside `allowed` ([vocab] bool) masked too."""
-        both = allowed if self.allowed is None else self.allowed & allowed
-        return RowEdit(both, self.ids, self.change)
+        return RowEdit(allowed if self.allowed is None else self.allowed & allowed, self.change)
 
-    def changed_first(self, ids: torch.Tensor, change: Callable[[torch.Tensor], torch.Tensor]) -> "RowEdit":
-        """`change` of `ids` (a source below this edit's) run before this edit's own change."""
-        if self.change is None:
-            return RowEdit(self.allowed, ids, change)
+    def changed_first(self, change: Callable[[torch.Tensor], torch.Tensor]) -> "RowEdit":
+        """`change` (a source's below this edit's) run before this edit's own change."""
         outer = self.change
-        return RowEdit(self.allowed, torch.cat([self.ids, ids]).unique(), lambda row: outer(change(row)))
+        return RowEdit(self.allowed, change if outer is None else lambda row: outer(change(row)))
 
 
 class TreeRows:

@@ -222,8 +222,8 @@ def test_edited_argmax_is_the_whole_rows_under_penalties_and_masks():
         top = logits[r].topk(6).indices.tolist()
         output = Counter(top[:2] + [int(torch.randint(0, vocab, (1,), generator=g))])
         prompt = set(top[2:4])
-        ids = {t for t, _ in params.logit_bias} | prompt | set(output)
-        edit = RowEdit(None, torch.tensor(sorted(ids)), lambda row, o=output, p=prompt, s=params: penalize(row, o, p, s))
+        ids = {t for t, _ in params.logit_bias} | prompt | set(output)  # what the penalties change
+        edit = RowEdit(None, lambda row, o=output, p=prompt, s=params: penalize(row, o, p, s))
         if r % 3 == 0:
             allowed = torch.rand(vocab, generator=g) < 0.5
             allowed[top[1]] = True
@@ -233,13 +233,13 @@ def test_edited_argmax_is_the_whole_rows_under_penalties_and_masks():
         changed_won += want in ids
     assert changed_won >= 5  # the changed ids' own logits decided some rows
     # An exact tie between changed id 3 (bias 0) and its copies at the end (unchanged): the first wins.
-    edit = RowEdit(None, torch.tensor([3]), lambda row: penalize(row, Counter(), set(), cases[3]))
+    edit = RowEdit(None, lambda row: penalize(row, Counter(), set(), cases[3]))
     row = screen.argmax_and_approx(w[3:4])[1][0]
     assert screen.edited_argmax(w[3], row, edit) == plain_edit(head(w[3:4])[0], edit) == 3
-    edit = RowEdit(None, torch.tensor([5]), lambda row: penalize(row, Counter(), set(), SamplingParams(logit_bias={5: 0.0})))
+    edit = RowEdit(None, lambda row: penalize(row, Counter(), set(), SamplingParams(logit_bias={5: 0.0})))
     tied = screen.edited_argmax(w[-1], row, edit)
     assert tied == plain_edit(head(w[-1:])[0], edit) == 3
-    every = RowEdit(None, torch.arange(vocab), lambda row: row * 0.5)  # every id changed: the rest is empty
+    every = RowEdit(None, lambda row: row * 0.5)  # every id changed
     assert screen.edited_argmax(states[0], approx[0], every) == plain_edit(logits[0], every)
 
 

@@ -33,6 +33,7 @@ float32 logits once, as the pass did before.
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
 import torch
@@ -132,13 +133,14 @@ class OutputScreen:
         l1 = float(state.double().abs().sum()) * (1 + 2.0 ** -16)  # |x|_1, rounded up past its rounding
         bound = self.slack * l1 + approx.abs() * 2.0 ** -18  # [V]: `_decide`'s, with room for these roundings
         lower, upper = approx - bound, approx + bound  # [V]
+        if not (bool(torch.isfinite(lower).all()) and bool(torch.isfinite(upper).all())):
+            return None
         low, high = edit.change(lower), edit.change(upper)  # [V] each: the changed values' interval
         if edit.allowed is not None:
             low = low.masked_fill(~edit.allowed, float("-inf"))
             high = high.masked_fill(~edit.allowed, float("-inf"))
         best_low = float(low.max())
-        if not (bool(torch.isfinite(high).any()) and -float("inf") < best_low < float("inf")
-                and bool((high < float("inf")).all()) and not bool(high.isnan().any())):
+        if not math.isfinite(best_low):  # every id masked
             return None
         ids = (high >= best_low).nonzero().view(-1)  # [k] ascending: the first maximal id below is torch's
         if len(ids) > CANDIDATE_CAP:
