@@ -280,3 +280,25 @@ def test_greedy_steps_with_penalties_and_min_tokens_take_the_screen(monkeypatch,
     assert edited and not any(computed)  # the screened steps' argmax came through the edits, no logits computed
     if params.min_new_tokens:
         assert all(len(out) >= params.min_new_tokens for out in outs[0])
+
+
+def test_packed_batch_of_edited_and_plain_greedy_requests_through_the_screen(screened):
+    """A packed pass of greedy requests with a repetition penalty, a logit bias and penalties, a
+    min_new_tokens mask and none: each request outputs what it outputs alone without the screen."""
+    model = tiny_model("qwen2", seed=6, vocab=300)
+    kinds = [SamplingParams(max_new_tokens=18, repetition_penalty=1.4, ignore_eos=True),
+             SamplingParams(max_new_tokens=18, frequency_penalty=0.9, logit_bias={7: 3.0}, ignore_eos=True),
+             SamplingParams(max_new_tokens=18, min_new_tokens=14),
+             SamplingParams(max_new_tokens=18, ignore_eos=True)]
+    prompts = [*SPECULATIVE_PROMPTS, [7, 8, 9, 7, 8], [5, 6, 5, 6, 5]]
+    dec = SpeculativeDecoder(native(model), make_drafter("prompt-lookup"), eos_token_ids=[1])
+    dec.generate([3, 4, 5], SamplingParams(max_new_tokens=4))  # the planner's timing passes
+    screened.clear()
+    sessions = [dec.start(p, kinds[i % len(kinds)]) for i, p in enumerate(prompts)]
+    while not all(s.finished for s in sessions):
+        dec.step([s for s in sessions if not s.finished])
+    assert any(rows > 1 for rows in screened)  # packed passes of several sessions went through the screen
+    screen_module.SCREEN_MIN_WEIGHTS = 1 << 40  # (the fixture restores it) alone, not screened
+    alone = SpeculativeDecoder(native(model), make_drafter("prompt-lookup"), eos_token_ids=[1])
+    for i, (prompt, s) in enumerate(zip(prompts, sessions)):
+        assert s.generated == alone.generate(prompt, kinds[i % len(kinds)]).token_ids, i
