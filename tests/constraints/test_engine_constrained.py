@@ -119,6 +119,37 @@ def test_constrained_greedy_through_the_output_screen(models, json_tokenizer, mo
     assert not unmasked  # and no pass took its rows' unmasked argmax for nothing
 
 
+@pytest.mark.parametrize("method", ["none", "fusion"])
+def test_constrained_and_penalised_greedy_through_the_output_screen(models, json_tokenizer, monkeypatch, method):
+    """A grammar's masks and penalties on the same rows (`RowEdit`: the mask and the change together)
+    through the output screen output what they output without it."""
+    from specula.models.native import NativeCausalLM, NativeDecoder, configure, kernels
+    from specula.models.native import screen
+
+    if not kernels.available():
+        pytest.skip(f"specula's CPU kernels cannot run here: {kernels.unavailable_reason()}")
+    edited = []
+    real = screen.OutputScreen.edited_argmax
+    monkeypatch.setattr(screen.OutputScreen, "edited_argmax", lambda self, *a: (edited.append(1), real(self, *a))[1])
+
+    def native(model):
+        return NativeCausalLM(configure(NativeDecoder.from_hf(model), "specula", "none", "sdpa"), "native",
+                              eos_token_ids=[EOS])
+
+    model, draft = models
+    params = SamplingParams(max_new_tokens=30, repetition_penalty=1.5, logit_bias={EOS: -2.0})
+    outs = []
+    for floor in (0, 1 << 40):  # screened, not
+        monkeypatch.setattr(screen, "SCREEN_MIN_WEIGHTS", floor)
+        options = {"num_draft_tokens": 4} if method == "fusion" else {}
+        dec = build_decoder(method, native(model), json_tokenizer, native(draft) if method == "fusion" else None,
+                            planner=HardwarePlanner(curve=FLAT) if method != "none" else "none", **options)
+        outs.append([dec.generate(json_tokenizer.encode(text, add_special_tokens=False), params, constraint).token_ids
+                     for constraint in CONSTRAINTS.values() for text in PROMPTS])
+    assert outs[0] == outs[1]
+    assert edited  # rows went through the screen with both the masks and the penalties
+
+
 def test_forced_tokens_are_drafted_accepted_and_priced_as_certain(models, json_tokenizer):
     prompt = json_tokenizer.encode(PROMPTS[1], add_special_tokens=False)
     dec = decoder(models, json_tokenizer, "prompt-lookup", HardwarePlanner(curve=FLAT))
