@@ -141,6 +141,13 @@ def render_markdown(doc: dict[str, Any]) -> str:
     ran = {**cfg, **doc.get("run", {})}  # what the run used (older results: the command line's config)
     sampling = "greedy (temperature 0)" if doc["greedy"] else (
         f"sampling (temperature {ran.get('temperature')}, top-k {ran.get('top_k')}, top-p {ran.get('top_p')})")
+    penalties = [f"{name.replace('_', ' ')} {ran[name]}" for name, off in
+                 (("repetition_penalty", 1.0), ("frequency_penalty", 0.0), ("presence_penalty", 0.0))
+                 if ran.get(name, off) != off]
+    if ran.get("logit_bias"):
+        penalties.append(f"logit bias {ran['logit_bias']}")
+    if penalties:
+        sampling += ", " + ", ".join(penalties)
     status = {"complete": "complete", "running": "running",
               "interrupted": "INTERRUPTED: partial results"}.get(doc["status"], doc["status"])
     lines = [

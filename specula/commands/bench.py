@@ -9,15 +9,15 @@ import argparse
 import contextlib
 import signal
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from specula.commands.common import (
-    PROMPTS_SPELLING, add_categories_arg, add_method_args, add_model_args, add_sampling_args, check_drafter_files,
-    check_flags_taken,
+    PROMPTS_SPELLING, add_categories_arg, add_method_args, add_model_args, add_penalty_args, add_sampling_args,
+    check_drafter_files, check_flags_taken,
     check_model_name, check_drafting_flags_used, command_flags, draft_model_flags, drafter_options, engine_config,
     explicit_draft, flags_in_errors,
-    load_config, method_help, planner_from_args, sampling_params,
+    load_config, method_help, penalties_from_args, planner_from_args, sampling_params,
 )
 from specula.errors import ConfigError
 from specula.paths import check_not_input, check_output
@@ -72,6 +72,7 @@ def register(sub) -> None:
     g.add_argument("--no-progress", action="store_true", help="no progress bar")
     add_method_args(p)
     add_sampling_args(p)
+    add_penalty_args(p)
     p.set_defaults(handler=run, seed=0)
 
 
@@ -106,7 +107,8 @@ def plan(args: argparse.Namespace) -> BenchPlan:
     check_bench_inputs_kept(args)
     if args.assistant:
         check_model_name(args.assistant, "--assistant")  # else found missing only after the target loaded
-    params = sampling_params(args)
+    with flags_in_errors(args):
+        params = replace(sampling_params(args), **penalties_from_args(args))
     engine_config(args)  # --max-tree-nodes 0: refused before the models load, not after
     methods = parse_method_list(args.methods, explicit_draft(args))
     bases = list(dict.fromkeys(split_method(m)[0] for m in methods))
@@ -115,6 +117,9 @@ def plan(args: argparse.Namespace) -> BenchPlan:
                               "add a method that drafts to --methods")
     # skip: no model to assist; --assistant: a model for the HF assisted peers only
     peers = parse_compare(args.compare, bool(args.assistant) or (explicit_draft(args) and args.draft != SKIP_DRAFT))
+    if peers and params.penalized:  # they would decode the unpenalised distribution, and read as slower or faster
+        raise ConfigError("the peers of --compare decode without specula's penalties (--repetition-penalty, "
+                          "--frequency-penalty, --presence-penalty, --logit-bias): drop --compare or the penalties")
     if args.assistant and not NEEDS_DRAFT & set(peers):  # it would be loaded for nothing, silently
         raise ConfigError("--assistant is the model Hugging Face's assisted peers draft with, and no assisted peer "
                           "is compared: add --compare hf (or hf:assisted), or drop --assistant")

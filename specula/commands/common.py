@@ -317,6 +317,33 @@ def auto_tool_parser(args: argparse.Namespace) -> str | None:
         return checked(args.enable_auto_tool_choice, args.tool_call_parser)
 
 
+def add_penalty_args(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("penalties (the penalised distribution is decoded exactly; outputs then "
+                                  "differ from unpenalised decoding)")
+    g.add_argument("--repetition-penalty", type=float, default=1.0,
+                   help="> 1 discourages tokens already in the prompt or output (Hugging Face's rule; 1 = off)")
+    g.add_argument("--frequency-penalty", type=float, default=0.0,
+                   help="subtracted per occurrence in the output (OpenAI's, -2..2; 0 = off)")
+    g.add_argument("--presence-penalty", type=float, default=0.0,
+                   help="subtracted once from every token the output holds (OpenAI's, -2..2; 0 = off)")
+    g.add_argument("--logit-bias", action="append", default=[], metavar="ID=BIAS",
+                   help="add BIAS (-100..100) to token ID's logit (repeatable)")
+
+
+def penalties_from_args(args: argparse.Namespace) -> dict:
+    """The `SamplingParams` penalty fields of the command line (`add_penalty_args`; a bad --logit-bias:
+    ConfigError)."""
+    bias = {}
+    for item in args.logit_bias:
+        token, _, value = item.partition("=")  # no "=": an empty value, refused below
+        try:
+            bias[int(token)] = float(value)
+        except ValueError:
+            raise ConfigError(f"--logit-bias takes ID=BIAS (a token id and a number), got {item!r}") from None
+    return {"repetition_penalty": args.repetition_penalty, "frequency_penalty": args.frequency_penalty,
+            "presence_penalty": args.presence_penalty, "logit_bias": bias}
+
+
 def sampling_params(args: argparse.Namespace) -> "SamplingParams":
     from specula.sampling import SamplingParams
 

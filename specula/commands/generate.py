@@ -9,7 +9,8 @@ import sys
 from dataclasses import replace
 
 from specula.commands.common import (
-    add_method_args, add_model_args, add_sampling_args, flags_in_errors, load_spec, method_help, sampling_params,
+    add_method_args, add_model_args, add_penalty_args, add_sampling_args, flags_in_errors, load_spec, method_help,
+    penalties_from_args, sampling_params,
 )
 from specula.errors import ConfigError
 from specula.methods import PLAIN
@@ -35,32 +36,6 @@ def register(sub) -> None:
     add_penalty_args(p)
     add_constraint_args(p)
     p.set_defaults(handler=run)
-
-
-def add_penalty_args(parser: argparse.ArgumentParser) -> None:
-    g = parser.add_argument_group("penalties (the penalised distribution is decoded exactly; outputs then "
-                                  "differ from unpenalised decoding)")
-    g.add_argument("--repetition-penalty", type=float, default=1.0,
-                   help="> 1 discourages tokens already in the prompt or output (Hugging Face's rule; 1 = off)")
-    g.add_argument("--frequency-penalty", type=float, default=0.0,
-                   help="subtracted per occurrence in the output (OpenAI's, -2..2; 0 = off)")
-    g.add_argument("--presence-penalty", type=float, default=0.0,
-                   help="subtracted once from every token the output holds (OpenAI's, -2..2; 0 = off)")
-    g.add_argument("--logit-bias", action="append", default=[], metavar="ID=BIAS",
-                   help="add BIAS (-100..100) to token ID's logit (repeatable)")
-
-
-def penalties_from_args(args: argparse.Namespace) -> dict:
-    """The `SamplingParams` penalty fields of the command line (a bad --logit-bias: ConfigError)."""
-    bias = {}
-    for item in args.logit_bias:
-        token, _, value = item.partition("=")  # no "=": an empty value, refused below
-        try:
-            bias[int(token)] = float(value)
-        except ValueError:
-            raise ConfigError(f"--logit-bias takes ID=BIAS (a token id and a number), got {item!r}") from None
-    return {"repetition_penalty": args.repetition_penalty, "frequency_penalty": args.frequency_penalty,
-            "presence_penalty": args.presence_penalty, "logit_bias": bias}
 
 
 def add_constraint_args(parser: argparse.ArgumentParser) -> None:

@@ -320,6 +320,25 @@ def test_bench_records_the_draft_model_each_method_drafts_with(tmp_path, prompts
     assert options["draft-model"] == {"num_draft_tokens": 2} and options["fusion:draft=none"] == {"target_name": "tiny"}
 
 
+def test_penalties_run_every_method_on_the_penalised_distribution(tmp_path, prompts_file, tiny_models, capsys):
+    """--repetition-penalty and the others reach every method: the lossless ones output penalised plain
+    decoding's tokens (the bench's identity check), which differ from unpenalised decoding's, and the run
+    records them."""
+    outs = {}
+    for name, penalty in (("plain", []), ("penalised", ["--repetition-penalty", "1.5", "--logit-bias", "3=2"])):
+        code = main(["bench", "--target", "tiny", "--methods", "none,prompt-lookup", "--prompts", str(prompts_file),
+                     "--per-category", "1", "--max-new-tokens", "12", "--profile-repeats", "0", "--warmup-tokens",
+                     "0", "--no-progress", "--out", str(tmp_path / name), *penalty])
+        assert code == 0, capsys.readouterr().err
+        outs[name] = json.loads((tmp_path / name / "results.json").read_text())
+    doc = outs["penalised"]
+    assert doc["summary"]["prompt-lookup"]["identical_fraction"] == 1.0
+    assert doc["run"]["repetition_penalty"] == 1.5 and doc["run"]["logit_bias"] == {"3": 2.0}
+    tokens = {name: [r["token_ids"] for r in d["runs"] if r["method"] == "none"] for name, d in outs.items()}
+    assert tokens["penalised"] != tokens["plain"]
+    assert "repetition penalty 1.5" in (tmp_path / "penalised" / "report.md").read_text()
+
+
 def test_lossless_mismatch_exits_1_naming_prompt_and_method(tmp_path, prompts_file, tiny_models, corrupt_method,
                                                            capsys):
     out = tmp_path / "bad"
@@ -343,6 +362,11 @@ def test_lossless_mismatch_exits_1_naming_prompt_and_method(tmp_path, prompts_fi
 @pytest.mark.parametrize("argv, message", [
     (["--methods", "none,warp-drive"], "unknown method 'warp-drive'"),
     (["--stop", "x"], "bench does not take --stop"),
+    # the peers would decode the unpenalised distribution beside penalised methods
+    (["--compare", "hf:greedy", "--repetition-penalty", "1.2"],
+     "the peers of --compare decode without specula's penalties"),
+    (["--frequency-penalty", "3"], "--frequency-penalty must be between -2 and 2"),
+    (["--logit-bias", "5"], "--logit-bias takes ID=BIAS"),
     (["--compare", "hf:assisted"], "needs a draft model: pass --draft MODEL"),
     (["--categories", "zeta"], "error: --categories names an unknown category 'zeta'; choose from: alpha, beta"),
     (["--categories", "alpha", "zeta,"], "--categories names an unknown category 'zeta'; choose from: alpha, beta"),
