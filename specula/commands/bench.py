@@ -9,7 +9,7 @@ import argparse
 import contextlib
 import signal
 import sys
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 from specula.commands.common import (
@@ -17,7 +17,7 @@ from specula.commands.common import (
     check_drafter_files, check_flags_taken,
     check_model_name, check_drafting_flags_used, command_flags, draft_model_flags, drafter_options, engine_config,
     explicit_draft, flags_in_errors,
-    load_config, method_help, penalties_from_args, planner_from_args, sampling_params,
+    load_config, method_help, planner_from_args, sampling_params,
 )
 from specula.errors import ConfigError
 from specula.paths import check_not_input, check_output
@@ -107,8 +107,7 @@ def plan(args: argparse.Namespace) -> BenchPlan:
     check_bench_inputs_kept(args)
     if args.assistant:
         check_model_name(args.assistant, "--assistant")  # else found missing only after the target loaded
-    with flags_in_errors(args):
-        params = replace(sampling_params(args), **penalties_from_args(args))
+    params = sampling_params(args)
     engine_config(args)  # --max-tree-nodes 0: refused before the models load, not after
     methods = parse_method_list(args.methods, explicit_draft(args))
     bases = list(dict.fromkeys(split_method(m)[0] for m in methods))

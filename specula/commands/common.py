@@ -345,13 +345,15 @@ def penalties_from_args(args: argparse.Namespace) -> dict:
 
 
 def sampling_params(args: argparse.Namespace) -> "SamplingParams":
+    """The `SamplingParams` of a command's `add_sampling_args` and `add_penalty_args` flags (a bad value: a
+    ConfigError naming its flag)."""
     from specula.sampling import SamplingParams
 
     with flags_in_errors(args):
         return SamplingParams(
             temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p, seed=args.seed,
             max_new_tokens=args.max_new_tokens, min_new_tokens=args.min_new_tokens, stop=tuple(args.stop),
-            ignore_eos=args.ignore_eos,
+            ignore_eos=args.ignore_eos, **penalties_from_args(args),
         )
 
 

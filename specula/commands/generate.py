@@ -10,7 +10,7 @@ from dataclasses import replace
 
 from specula.commands.common import (
     add_method_args, add_model_args, add_penalty_args, add_sampling_args, flags_in_errors, load_spec, method_help,
-    penalties_from_args, sampling_params,
+    sampling_params,
 )
 from specula.errors import ConfigError
 from specula.methods import PLAIN
@@ -96,8 +96,8 @@ def run(args: argparse.Namespace) -> int:
     from specula.models.loading import process_age_seconds
 
     # validate everything before loading models
-    with flags_in_errors(args):  # a penalty's error names its flag
-        params = replace(sampling_params(args), logprobs=args.logprobs, **penalties_from_args(args))
+    with flags_in_errors(args):  # a bad --logprobs names its flag
+        params = replace(sampling_params(args), logprobs=args.logprobs)
     prompt = prompt_from_args(args)
     constraint = constraint_from_args(args)
     if constraint is not None:
