@@ -691,7 +691,8 @@ class _Drafting:
         # A path of depth d emits d + 1 tokens (the bonus one), and plain decoding stops at the window.
         budget = DraftBudget(max_nodes=max(0, min(decoder.config.max_tree_nodes, room)),
                              max_depth=max(0, min(remaining - 1, room - 1)))
-        ctx = DraftContext(tokens, len(session.prompt), params, budget, session.generator, target=session.seq)
+        ctx = DraftContext(tokens, len(session.prompt), params, budget, session.generator, target=session.seq,
+                           seed=session.seed)
         drafting = budget.max_nodes > 0 and budget.max_depth > 0 and planner.should_draft(session.planner_state,
                                                                                            batch_size)
         held = frozenset(planner.held(session.planner_state)) if drafting else frozenset()

@@ -22,7 +22,8 @@ on the generator's device (one row, never an ``[n + 1, vocab]`` copy). Randomnes
 rules for sampled children make one ``torch.rand(n + 1)`` call with the caller's generator per
 verification - uniform ``i`` for node ``i``'s acceptance test, the last one for the final sample
 (inverse CDF; a zero-mass token is never picked); the rule for deterministic candidates takes
-one uniform per depth (`verify_step` seeds them by request and position). ``torch.multinomial`` (without replacement) is avoided on purpose:
+one Exp(1) noise vector per depth and races p against it (`verify_step` seeds it by request and position,
+`sampling.position_noise`). ``torch.multinomial`` (without replacement) is avoided on purpose:
 on CPU one draw from a 150k vocabulary took ~4.6 ms against ~0.35 ms for cumsum + searchsorted.
 
 `verify_step` is the one entry of the decode loop: from the target's logits of a step and the
@@ -39,7 +40,7 @@ from typing import Callable, Protocol, Sequence
 import torch
 
 from specula.errors import ConfigError
-from specula.sampling import SamplingParams, TargetRows, position_uniforms, probabilities
+from specula.sampling import SamplingParams, TargetRows, position_noise, probabilities, race_token
 from specula.tree import SiblingMode, TokenTree
 from specula.tree_rows import greedy_argmax, row_argmax
 
@@ -48,7 +49,6 @@ __all__ = [
     "VerifyResult",
     "kseq_acceptance",
     "kseq_rho",
-    "target_token",
     "target_tokens",
     "verify_deterministic",
     "verify_greedy",
@@ -202,54 +202,64 @@ def _walk(tree: TokenTree, p: Rows, generator: torch.Generator | None, row_rule:
         r = accepted + 1
 
 
-def target_token(p_row: torch.Tensor, u: float) -> int:
-    """The target's token for one row under the uniform u: inverse CDF of p_row ([vocab], need
-    not be normalised). With u ~ U[0, 1) this is an exact sample of p_row."""
-    return _sample(p_row, u)
+Noise = Callable[[int], torch.Tensor]
+"""noise(d) -> the Exp(1) noise [>= vocab] that decides the target's token at depth d (`sampling.race_token`)."""
 
 
-def target_tokens(p: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
-    """`target_token` of every row at once, on p's device: p [n + 1, vocab] (rows need not be
-    normalised), uniforms [n + 1] (row r gets the uniform of its depth) -> LongTensor [n + 1].
-    For accelerators: one pass over the rows, no host synchronisation; then `verify_greedy` on
-    the result is `verify_deterministic` (same inverse CDF, same uniforms)."""
-    cdf = p.to(torch.float64).cumsum(-1)  # [n + 1, vocab]
-    mass = cdf[:, -1:]
-    tokens = torch.searchsorted(cdf, uniforms.to(cdf)[:, None] * mass, right=True)[:, 0]  # [n + 1]
-    last = (p > 0).to(torch.long).cumsum(-1).argmax(-1)  # the last token with mass (u * mass rounded up)
-    return torch.minimum(tokens, last)
+def target_tokens(p: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
+    """`sampling.race_token` of every row at once, on p's device: p [n + 1, vocab] (rows need not be
+    normalised), noise [n + 1, vocab] (row r gets the noise of its depth) -> LongTensor [n + 1]. For
+    accelerators: one pass over the rows, no host synchronisation; then `verify_greedy` on the result is
+    `verify_deterministic` (the same race, the same noise)."""
+    return (p.to(torch.float64) / noise.to(device=p.device, dtype=torch.float64)).argmax(-1)
+
+
+def _noise_of(noise: Noise | Sequence[torch.Tensor] | torch.Generator | None, vocab: int) -> Noise:
+    """`verify_deterministic`'s noise as a function of the depth: as given, one tensor per depth, or fresh Exp(1)
+    draws from a generator (None: torch's default one), each depth's drawn once."""
+    if callable(noise) and not isinstance(noise, torch.Generator):
+        return noise
+    if noise is not None and not isinstance(noise, torch.Generator):
+        return lambda d: noise[d]
+    drawn: dict[int, torch.Tensor] = {}
+
+    def draw(d: int) -> torch.Tensor:
+        if d not in drawn:
+            dev = _device(noise)
+            drawn[d] = torch.empty(vocab, dtype=torch.float64, device=dev).exponential_(generator=noise)
+            drawn[d].clamp_(min=torch.finfo(torch.float64).tiny)
+        return drawn[d]
+    return draw
 
 
 def verify_deterministic(
-    tree: TokenTree, p: Rows, uniforms: Sequence[float] | torch.Generator | None
+    tree: TokenTree, p: Rows, noise: Noise | Sequence[torch.Tensor] | torch.Generator | None
 ) -> VerifyResult:
     """Verification of deterministic candidates (one-hot q: retrieval, n-gram, recycling,
-    greedy or top-k model drafts). p: [n + 1, vocab] target distributions (rows need not be
-    normalised); uniforms: one U[0, 1) per depth - uniforms[d] decides the token at depth d
-    (d = 0: the token after the root) - or a generator to draw them from.
+    greedy or top-k model drafts, coupled candidates). p: [n + 1, vocab] target distributions (rows need
+    not be normalised); noise: the Exp(1) noise [vocab] of each depth - a function of the depth d (d = 0:
+    the token after the root), a sequence of them, or a generator to draw them from.
 
-    The walk: at a row of depth d the target's token is `target_token(p[row], uniforms[d])` (an
-    exact sample of p by inverse CDF); the child holding that token, if any, is accepted and the
+    The walk: at a row of depth d the target's token is `race_token(p[row], noise(d))` (an exact
+    sample of p, the exponential race); the child holding that token, if any, is accepted and the
     walk descends; otherwise that token is emitted and the step ends (after a leaf, it is the
     bonus token). Lossless: every emitted token is exactly what sampling p one position at a
-    time with the same uniforms would emit, so the output law is the target's whatever the tree.
-    As often accepted as recursive rejection sampling with one-hot q: a row's children are
-    accepted with probability sum_j p(x_j). And the output depends on the uniforms alone, not on
-    what was drafted: with uniforms seeded by (request seed, position), a sampled run returns
-    the same tokens as plain decoding with the same seed.
+    time with the same noise would emit, so the output law is the target's whatever the tree.
+    A row's children are accepted with probability sum_j p(x_j) for candidates fixed before the noise
+    was seen, and more often for candidates raced with the same noise over a q close to p
+    (`step.DraftContext.coupled_candidate`). And the output depends on the noise alone, not on what was drafted:
+    with noise seeded by (request seed, position), a sampled run returns the same tokens as plain
+    decoding with the same seed.
 
     Sibling tokens must be unique (ValueError otherwise): duplicates are a drafter bug (merge
     them with `TokenTree.merge`)."""
     _check_rows(p, len(tree), "p")
     _check_unique_siblings(tree)
-    if uniforms is None or isinstance(uniforms, torch.Generator):
-        uniforms = _uniforms(tree.max_depth, uniforms)
-    if len(uniforms) < tree.max_depth + 1:
-        raise ValueError(f"verify_deterministic needs {tree.max_depth + 1} uniforms (one per depth), got {len(uniforms)}")
+    noise_at = _noise_of(noise, p.shape[-1])
     path: list[int] = []
     r, d = 0, 0
     while True:
-        token = target_token(p[r], uniforms[d])
+        token = race_token(p[r], noise_at(d))
         child = next((c for c in tree.children[r] if tree.tokens[c] == token), -1)
         if child < 0:
             return VerifyResult(tuple(path), token)
@@ -452,11 +462,11 @@ def verify_step(
     - greedy (`params.greedy`): `verify_greedy` on the argmax of the rows a greedy walk reads
       (`tree_rows.greedy_argmax`; on a device every row's, one synchronisation); q and mode unused.
     - deterministic candidates (mode "deterministic": retrieval, n-grams, recycling, top-k
-      model drafts): `verify_deterministic` with one uniform per output position,
-      `position_uniforms(seed, position + d)` at depth d (`position` = tokens generated before
+      and coupled model drafts): `verify_deterministic` with the noise of each output position,
+      `position_noise(seed, position + d)` at depth d (`position` = tokens generated before
       this step), so the output is exactly plain sampling with the same seed whatever was
       drafted. On an accelerator every row's token is computed at once (`target_tokens`, one
-      host synchronisation), then matched greedily: the same tokens for the same uniforms.
+      host synchronisation), then matched greedily: the same tokens for the same noise.
     - children sampled from q ([n + 1, vocab'], its vocabulary axis padded or cut to the
       target's): "iid" / "without_replacement" -> `verify_rrs`, "iid_kseq" -> `verify_kseq`,
       with the request's `generator`.
@@ -468,11 +478,13 @@ def verify_step(
             return verify_greedy(tree, greedy_argmax(tree, row_argmax(logits)))
         return verify_greedy(tree, logits.argmax(-1))  # a device: every row at once, one synchronisation
     if mode == "deterministic":
-        uniforms = position_uniforms(seed, position, tree.max_depth + 1)
+        vocab = logits.shape[-1]
         if logits.device.type != "cpu":  # every row at once on the device: one synchronisation
-            by_row = torch.tensor([uniforms[d] for d in (0, *tree.depth)], dtype=torch.float64, device=logits.device)
+            by_depth = torch.stack([position_noise(seed, position + d, vocab) for d in range(tree.max_depth + 1)])
+            by_row = by_depth[torch.tensor((0, *tree.depth))].to(logits.device)  # [n + 1, vocab]
             return verify_greedy(tree, target_tokens(probabilities(logits, params), by_row))
-        return verify_deterministic(tree, TargetRows(logits, params), uniforms)  # rows on the path only
+        return verify_deterministic(tree, TargetRows(logits, params),  # rows on the path only, their noise only
+                                    lambda d: position_noise(seed, position + d, vocab))
     if mode not in ("iid", "without_replacement", "iid_kseq"):
         raise ValueError(f"verify_step: unknown sibling mode {mode!r}; expected 'deterministic', 'iid', "
                          "'without_replacement' or 'iid_kseq'")

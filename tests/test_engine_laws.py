@@ -83,13 +83,13 @@ def test_sampled_output_follows_the_target_law(models, exact, datastore, method)
     assert tv(codes, torch.roll(exact, 1)) > 3 * tv_bound(exact, TRIALS, c=2.0)  # the check has power
 
 
-def test_planted_engine_bug_reusing_one_uniform_for_every_position_is_detected(models, exact, monkeypatch):
-    """Deterministic candidates are decided by one uniform per output position; an engine that
-    handed the same uniform to every depth correlates consecutive tokens."""
+def test_planted_engine_bug_reusing_one_noise_for_every_position_is_detected(models, exact, monkeypatch):
+    """Deterministic candidates are decided by one noise vector per output position; an engine that
+    handed the same noise to every depth correlates consecutive tokens."""
     import specula.verify as verify
 
-    real = verify.position_uniforms
-    monkeypatch.setattr(verify, "position_uniforms", lambda seed, start, n: real(seed, start, 1) * n)
+    real = verify.position_noise
+    monkeypatch.setattr(verify, "position_noise", lambda seed, position, vocab: real(seed, 0, vocab))
     codes, accepted = first_two(decoder(models, "fusion"))
     assert accepted > 0
     assert tv(codes, exact) > tv_bound(exact, TRIALS, c=2.0)

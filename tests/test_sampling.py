@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specula.sampling import SamplingParams, TargetRows, position_uniforms, probabilities, request_seed
+from specula.sampling import SamplingParams, TargetRows, probabilities, request_seed
 
 
 def hf_reference(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
@@ -54,11 +54,7 @@ def test_target_rows_are_processed_on_demand():
     assert list(rows._rows) == [2]  # nothing else computed
 
 
-def test_position_uniforms_depend_on_seed_and_position_only():
-    a = position_uniforms(7, 0, 10)
-    assert position_uniforms(7, 4, 3) == a[4:7]  # the same position, whatever the window
-    assert position_uniforms(8, 0, 10) != a
-    assert all(0.0 <= u < 1.0 for u in a) and len(set(a)) == 10
+def test_a_request_seed_is_its_own_or_a_fresh_one():
     assert request_seed(5) == 5 and request_seed(None) != request_seed(None)
 
 

@@ -17,13 +17,13 @@ import torch
 from laws import EXACT_FIRST, N, P, Q, V, assert_detected, assert_lossless, draft_tree, rows_for, simulate, tv, tv_bound
 from specula.errors import ConfigError
 from specula.sampling import (
-    SamplingParams, TargetRows, make_generator, position_uniforms, probabilities, sample_iid, sample_without_replacement,
+    SamplingParams, TargetRows, make_generator, position_noise, probabilities, race_token, sample_iid,
+    sample_without_replacement,
 )
 from specula.tree import TokenTree
 from specula.verify import (
     VerifyResult,
     _residual,
-    target_token,
     verify_deterministic,
     verify_greedy,
     verify_kseq,
@@ -356,7 +356,7 @@ def test_verify_step_modes_and_shape_errors():
 
 def test_verify_step_dispatch():
     """`verify_step` is the one entry of the loop: greedy is the argmax walk; deterministic
-    candidates give plain sampling with the same seed (one uniform per output position); sampled
+    candidates give plain sampling with the same seed (one noise vector per output position); sampled
     children go to RRS (i.i.d. / without replacement) or K-SEQ by mode, with the same generator
     draws; a draft vocabulary narrower or wider than the target's is fitted to it."""
     torch.manual_seed(5)
@@ -370,9 +370,9 @@ def test_verify_step_dispatch():
         assert greedy == verify_greedy(tree, logits.argmax(-1))
         seed, position = trial, trial % 5
         det = verify_step(tree, logits, params, seed=seed, position=position)
-        uniforms = position_uniforms(seed, position, tree.max_depth + 1)
-        assert det == verify_deterministic(tree, probabilities(logits, params), uniforms)
-        plain = [target_token(probabilities(logits[0 if d == 0 else det.path[d - 1] + 1], params), uniforms[d])
+        noise = [position_noise(seed, position + d, 50) for d in range(tree.max_depth + 1)]
+        assert det == verify_deterministic(tree, probabilities(logits, params), noise)
+        plain = [race_token(probabilities(logits[0 if d == 0 else det.path[d - 1] + 1], params), noise[d])
                  for d in range(len(det.path) + 1)]  # plain sampling along the accepted path, same seed
         assert det.tokens(tree) == plain
         p = TargetRows(logits, params)
@@ -447,8 +447,8 @@ def test_deterministic_certain_and_impossible_children():
 
 
 def test_batched_target_tokens_give_the_deterministic_rule():
-    """The accelerator path (every row's inverse-CDF token at once, then greedy matching) returns
-    what the lazy walk returns, for the same uniforms."""
+    """The accelerator path (every row's raced token at once, then greedy matching) returns what the lazy walk
+    returns, for the same noise; and `verify_step` on a device's rows takes it."""
     from specula.verify import target_tokens
 
     torch.manual_seed(3)
@@ -456,9 +456,36 @@ def test_batched_target_tokens_give_the_deterministic_rule():
     for _ in range(200):
         tree = draft_tree(0, "det", gen)
         idx = rows_for(tree, 0)
-        uniforms = torch.rand(tree.max_depth + 1, generator=gen, dtype=torch.float64).tolist()
-        by_row = torch.tensor([uniforms[d] for d in (0, *tree.depth)], dtype=torch.float64)
+        noise = torch.empty(tree.max_depth + 1, V, dtype=torch.float64).exponential_(generator=gen)
+        by_row = noise[torch.tensor((0, *tree.depth))]  # [n + 1, V]
         batched = verify_greedy(tree, target_tokens(P[idx], by_row))
-        assert batched == verify_deterministic(tree, P[idx], uniforms)
-    edge = torch.tensor([[0.0, 0.5, 0.5, 0.0]])  # u * mass rounding up: the last token with mass
-    assert target_tokens(edge, torch.tensor([1.0 - 1e-17], dtype=torch.float64)).tolist() == [2]
+        assert batched == verify_deterministic(tree, P[idx], list(noise))
+    zero = torch.tensor([[0.0, 0.5, 0.5, 0.0]])  # tokens with no mass never win, whatever their noise
+    assert target_tokens(zero, torch.tensor([[1e-300, 1.0, 2.0, 1e-300]], dtype=torch.float64)).tolist() == [1]
+
+
+def test_position_noise_is_a_function_of_seed_and_position_and_narrower_vocabularies_read_its_prefix():
+    """What seeded sampling reproduces a run by, and what a draft of a narrower vocabulary couples with."""
+    a = position_noise(7, 3, 1000)
+    assert torch.equal(a, position_noise(7, 3, 1000)) and a.dtype == torch.float64 and bool((a > 0).all())
+    assert not torch.equal(a, position_noise(7, 4, 1000)) and not torch.equal(a, position_noise(8, 3, 1000))
+    position_noise.cache_clear()  # computed again, not read from the cache
+    assert torch.equal(position_noise(7, 3, 400), a[:400]) and torch.equal(position_noise(7, 3, 1000), a)
+    assert abs(float(position_noise(1, 0, 200_000).mean()) - 1.0) < 0.01  # Exp(1)
+
+
+def test_the_exponential_race_samples_p_exactly():
+    """`race_token` with fresh Exp(1) noise: each token's frequency is its probability (a row need not be
+    normalised), a token with no mass is never drawn, and a row with no mass is refused."""
+    p = torch.tensor([0.0, 0.1, 0.6, 0.05, 0.25]) * 3
+    gen = make_generator(0)
+    n = 40_000
+    counts = torch.zeros(5)
+    for _ in range(n):
+        counts[race_token(p, torch.empty(5, dtype=torch.float64).exponential_(generator=gen))] += 1
+    freq = counts / n
+    want = p / p.sum()
+    assert counts[0] == 0
+    assert torch.allclose(freq, want, atol=4 * float((want * (1 - want) / n).sqrt().max()))
+    with pytest.raises(ValueError, match="no mass"):
+        race_token(torch.zeros(5), torch.ones(5, dtype=torch.float64))

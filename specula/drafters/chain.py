@@ -22,9 +22,10 @@ def draft_chain(ctx: DraftContext, source: str, k: int, logits: torch.Tensor, ne
                 token_seconds: Ema, t_start: float, *, greedy: bool, adaptive: bool,
                 stop_below: float | None = None) -> Proposal:
     """Draft up to `k` tokens from `logits` ([vocab], after the root); `next_logits(token)` runs
-    the drafter one token further (timed into `token_seconds`). Greedy drafts take the argmax
-    (deterministic candidates, q = the softmax), sampled ones draw from the request's processed q
-    (i.i.d. sibling mode). `adaptive`: after each token, stop when `ctx.cost.plan_chain` says the
+    the drafter one token further (timed into `token_seconds`). Greedy drafts are deterministic
+    candidates: for a greedy request the argmax (q = the softmax), for a sampled one with a seed the
+    token its processed q races to with the target's noise at that position (`DraftContext.coupled_candidate`);
+    sampled ones draw from the request's processed q (i.i.d. sibling mode). `adaptive`: after each token, stop when `ctx.cost.plan_chain` says the
     rest does not pay (drafting began at `t_start`). `stop_below`: stop after a token whose
     probability under q is below it (the low-confidence token is kept)."""
     return drive(chain_steps(ctx, source, k, logits, lambda token: immediate(next_logits, token), token_seconds,
@@ -39,16 +40,23 @@ def chain_steps(ctx: DraftContext, source: str, k: int, logits: torch.Tensor, ne
     drafted: list[int] = []
     edges: list[float] = []
     q_rows: list[torch.Tensor] = []
+    coupled = greedy and not ctx.params.greedy and ctx.seed is not None
     while True:
-        if greedy:
+        if coupled:  # a sampled request's fixed candidate: raced with the target's noise at its position
+            q = probabilities(logits, ctx.params)  # [vocab]
+            token = ctx.coupled_candidate(q, len(drafted))
+            edge = float(q.max())  # how sure the draft is there, whichever token the noise picked
+        elif greedy:
             q = torch.softmax(logits.float(), -1)  # [vocab]
             token = int(q.argmax())
+            edge = float(q[token])
         else:
             q = probabilities(logits, ctx.params)  # [vocab]
             token = int(torch.multinomial(q, 1, generator=ctx.generator))
+            edge = float(q[token])
         q_rows.append(q)
         drafted.append(token)
-        edges.append(float(q[token]))
+        edges.append(edge)
         if len(drafted) >= k or (stop_below is not None and edges[-1] < stop_below):
             break
         if adaptive and ctx.cost.plan_chain(source, edges, token_seconds.value, clock() - t_start,

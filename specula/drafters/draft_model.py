@@ -3,9 +3,10 @@
 Each request keeps its own draft KV cache (the drafter's per-request state). Before proposing
 it is synchronised with the committed tokens: the cache is cropped to the longest common prefix
 (this is the rollback of the previous step's rejected drafts) and the missing committed tokens
-are appended. Greedy requests draft the argmax (deterministic candidates); sampled requests
-draw each token from the draft's processed distribution q (same temperature / top-k / top-p as
-the target) and return q for the acceptance rule. Greedy proposals carry the draft's softmax
+are appended. Greedy requests draft the argmax (deterministic candidates); sampled requests with
+fixed candidates race the draft's processed q against the target's noise at each position (coupled
+candidates, `DraftContext.coupled_candidate`); the others draw each token from the draft's processed
+distribution q (same temperature / top-k / top-p as the target) and return q for the acceptance rule. Greedy proposals carry the draft's softmax
 rows as `q` too (not used by the rule; the planner prunes retrieval branches with them).
 
 Adaptive (SpecDec++-style, with lookahead): with a planner, the cost view says before the first
@@ -66,7 +67,8 @@ class DraftModelConfig:
     adaptive: bool = False
     """Stop drafting early by the planner's cost-derived rule (SpecDec++-style)."""
     greedy_proposals: bool | None = None
-    """True: always draft the argmax (fixed candidates), also when the request samples. False: a
+    """True: always draft fixed candidates (the argmax; for a sampled request, q raced with the target's noise:
+    `DraftContext.coupled_candidate`), also when the request samples. False: a
     sampled request's chain is drawn from q (speculative sampling), seeded or not. None: fixed
     candidates for greedy and seeded requests, so that a seed reproduces its output whatever the
     planner's timings let the draft draw (`SamplingParams.fixed_drafts`); draws for the others."""
@@ -264,7 +266,7 @@ class DraftModelDrafter:
         return max(0, missing - 1) * per_token
 
     def _fixed(self, params: SamplingParams) -> bool:
-        """Whether this request's chain is the draft's argmax (fixed candidates) or drawn from q."""
+        """Whether this request's chain is fixed candidates (the argmax, or coupled) or drawn from q."""
         if params.greedy or self.config.greedy_proposals:
             return True
         return params.fixed_drafts if self.config.greedy_proposals is None else False

@@ -1,0 +1,77 @@
+"""Coupled candidates (`DraftContext.coupled_candidate`): a sampled request's fixed candidates raced with the noise
+the target's own token at that position is raced with. A draft whose q equals p then proposes exactly the
+target's tokens, so every drafted token is accepted; the output stays plain seeded sampling's."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tiny import perturbed_copy, tiny_model
+from specula.api import build_decoder
+from specula.models.native import NativeCausalLM, NativeDecoder, configure, kernels
+from specula.sampling import SamplingParams, make_generator, position_noise, race_token
+from specula.step import DraftBudget, DraftContext
+
+needs_kernels = pytest.mark.skipif(not kernels.available(), reason="specula's CPU kernels do not run here")
+
+PROMPT = [5, 17, 33, 2, 5, 17, 40, 41, 42, 5, 17, 60]
+
+
+def native(model) -> NativeCausalLM:
+    """specula's C kernels: every row computed alone, so a draft with the target's weights gives its logits bit for
+    bit, and q = p."""
+    return NativeCausalLM(configure(NativeDecoder.from_hf(model), "specula", "none", "sdpa"), "native",
+                          eos_token_ids=[])
+
+
+def test_a_coupled_candidate_is_raced_with_the_noise_of_its_position():
+    ctx = DraftContext([1, 2, 3, 9, 8], 3, SamplingParams(temperature=1.0), DraftBudget(8, 4), make_generator(0), seed=11)
+    q = torch.softmax(torch.randn(300), -1)
+    for depth in range(3):  # two tokens generated before the root: position 2 + depth
+        assert ctx.coupled_candidate(q, depth) == race_token(q, position_noise(11, 2 + depth, 300))
+    assert DraftContext([1, 2], 1, SamplingParams(), DraftBudget(8, 4), make_generator(0), seed=11) \
+        .coupled_candidate(q, 0) is None  # greedy: the argmax
+    assert DraftContext([1, 2], 1, SamplingParams(temperature=1.0), DraftBudget(8, 4), make_generator(0)) \
+        .coupled_candidate(q, 0) is None  # no seed given
+
+
+@needs_kernels
+@pytest.mark.parametrize("method, options", [("draft-model", {"num_draft_tokens": 4}),
+                                             ("draft-tree", {"tree_top_k": 2, "tree_depth": 4, "tree_nodes": 16})])
+@pytest.mark.parametrize("temperature, top_p", [(1.0, 1.0), (0.7, 0.9)])
+def test_a_draft_equal_to_the_target_has_every_coupled_token_accepted(method, options, temperature, top_p):
+    """With the target's own weights as the draft (q = p bit for bit) the coupled candidates are the target's
+    draws: a chain is accepted whole on every step, and a tree's coupled first child on every step (its frontier
+    keeps the best paths by q, which need not follow the coupled one); the output is plain seeded sampling's."""
+    model = tiny_model("llama", "eager", seed=4)
+    params = SamplingParams(max_new_tokens=40, temperature=temperature, top_p=top_p, seed=3, ignore_eos=True)
+    plain = build_decoder("none", native(model), None).generate(PROMPT, params)
+    dec = build_decoder(method, native(model), None, native(model), planner=False, **options)
+    out = dec.generate(PROMPT, params)
+    assert out.token_ids == plain.token_ids
+    if method == "draft-model":
+        assert out.stats.steps == 40 // 5  # each step: the chain of 4 and the bonus token
+    assert min(out.stats.accepted_lengths) >= 2  # at least the root's coupled child and the bonus token
+    far = build_decoder(method, native(model), None, native(perturbed_copy(model, 0.3)), planner=False, **options)
+    assert far.generate(PROMPT, params).token_ids == plain.token_ids  # a draft unlike the target: same output
+
+
+@needs_kernels
+def test_argmax_candidates_of_the_same_draft_are_rejected_where_coupled_ones_are_not():
+    """The same draft without a seed in its context proposes its argmax (the drafters' behaviour before
+    coupling): at temperature 1 far fewer of its tokens are accepted (the check has power)."""
+    model = tiny_model("llama", "eager", seed=4)
+    params = SamplingParams(max_new_tokens=40, temperature=1.0, seed=3, ignore_eos=True)
+    dec = build_decoder("draft-model", native(model), None, native(model), planner=False, num_draft_tokens=4)
+    coupled = dec.generate(PROMPT, params).stats
+    import specula.engine as engine
+
+    real = engine.DraftContext
+    engine.DraftContext = lambda *a, seed=None, **k: real(*a, **k)  # the context without the request's seed
+    try:
+        argmax = dec.generate(PROMPT, params).stats
+    finally:
+        engine.DraftContext = real
+    assert coupled.accepted_tokens == coupled.drafted_tokens
+    assert argmax.accepted_tokens < 0.8 * argmax.drafted_tokens
