@@ -92,22 +92,18 @@ class DraftContext:
     """The request's seed (`Session.seed`; None: not given to the drafters). A sampled request's fixed
     candidates are then raced with the target's own noise at their position (`coupled_candidate`)."""
 
-    def noise(self, depth: int, vocab: int) -> torch.Tensor | None:
-        """The Exp(1) noise [vocab] the target's token at `depth` (0: the root's child) is raced with
-        (`sampling.position_noise`), for a sampled request with a seed; None for greedy requests or without one."""
-        if self.params.greedy or self.seed is None:
-            return None
-        return position_noise(self.seed, len(self.tokens) - self.prompt_len + depth, vocab)
-
     def coupled_candidate(self, q_row: torch.Tensor, depth: int) -> int | None:
         """The fixed candidate at `depth` of a sampled request with a seed: the draft's q_row ([vocab'] token ids,
         processed as p is: `sampling.probabilities`) raced with the noise the target's token at that position is
         raced with, so it is the target's token as often as q's closeness to p allows: with probability at least
-        (1 - TV) / (1 + TV), TV the total variation between them (Gumbel coupling, Daliri et al. 2024), where the
+        (1 - TV) / (1 + TV), TV the total variation between them (Gumbel coupling: Daliri, Musco and Suresh 2024,
+        "Coupling without communication and drafter-invariant speculative decoding"), where the
         argmax is with p(argmax q) (Qwen2.5-Coder-1.5B with its 0.5B draft at temperature 1: 0.71 against 0.60 a
         position, docs/training.md). None for greedy requests, or without a seed (the drafter takes its argmax)."""
-        noise = self.noise(depth, q_row.shape[-1])
-        return None if noise is None else race_token(q_row, noise)
+        if self.params.greedy or self.seed is None:
+            return None
+        position = len(self.tokens) - self.prompt_len + depth  # of the output; `verify_step`'s position + depth
+        return race_token(q_row, position_noise(self.seed, position, q_row.shape[-1]))
 
 
 @dataclass(frozen=True)

@@ -40,7 +40,7 @@ from typing import Callable, Protocol, Sequence
 import torch
 
 from specula.errors import ConfigError
-from specula.sampling import SamplingParams, TargetRows, position_noise, probabilities, race_token
+from specula.sampling import MIN_NOISE, SamplingParams, TargetRows, position_noise, probabilities, race_token
 from specula.tree import SiblingMode, TokenTree
 from specula.tree_rows import greedy_argmax, row_argmax
 
@@ -211,7 +211,7 @@ def target_tokens(p: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
     normalised), noise [n + 1, vocab] (row r gets the noise of its depth) -> LongTensor [n + 1]. For
     accelerators: one pass over the rows, no host synchronisation; then `verify_greedy` on the result is
     `verify_deterministic` (the same race, the same noise)."""
-    return (p.to(torch.float64) / noise.to(device=p.device, dtype=torch.float64)).argmax(-1)
+    return (p.float() / noise.to(device=p.device, dtype=torch.float32)).argmax(-1)
 
 
 def _noise_of(noise: Noise | Sequence[torch.Tensor] | torch.Generator | None, vocab: int) -> Noise:
@@ -226,8 +226,7 @@ def _noise_of(noise: Noise | Sequence[torch.Tensor] | torch.Generator | None, vo
     def draw(d: int) -> torch.Tensor:
         if d not in drawn:
             dev = _device(noise)
-            drawn[d] = torch.empty(vocab, dtype=torch.float64, device=dev).exponential_(generator=noise)
-            drawn[d].clamp_(min=torch.finfo(torch.float64).tiny)
+            drawn[d] = torch.empty(vocab, device=dev).exponential_(generator=noise).clamp_(min=MIN_NOISE)
         return drawn[d]
     return draw
 

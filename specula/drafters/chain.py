@@ -24,8 +24,9 @@ def draft_chain(ctx: DraftContext, source: str, k: int, logits: torch.Tensor, ne
     """Draft up to `k` tokens from `logits` ([vocab], after the root); `next_logits(token)` runs
     the drafter one token further (timed into `token_seconds`). Greedy drafts are deterministic
     candidates: for a greedy request the argmax (q = the softmax), for a sampled one with a seed the
-    token its processed q races to with the target's noise at that position (`DraftContext.coupled_candidate`);
-    sampled ones draw from the request's processed q (i.i.d. sibling mode). `adaptive`: after each token, stop when `ctx.cost.plan_chain` says the
+    token its processed q races to with the target's noise at that position
+    (`DraftContext.coupled_candidate`); sampled ones draw from the request's processed q (i.i.d.
+    sibling mode). `adaptive`: after each token, stop when `ctx.cost.plan_chain` says the
     rest does not pay (drafting began at `t_start`). `stop_below`: stop after a token whose
     probability under q is below it (the low-confidence token is kept)."""
     return drive(chain_steps(ctx, source, k, logits, lambda token: immediate(next_logits, token), token_seconds,

@@ -6,8 +6,9 @@ it is synchronised with the committed tokens: the cache is cropped to the longes
 are appended. Greedy requests draft the argmax (deterministic candidates); sampled requests with
 fixed candidates race the draft's processed q against the target's noise at each position (coupled
 candidates, `DraftContext.coupled_candidate`); the others draw each token from the draft's processed
-distribution q (same temperature / top-k / top-p as the target) and return q for the acceptance rule. Greedy proposals carry the draft's softmax
-rows as `q` too (not used by the rule; the planner prunes retrieval branches with them).
+distribution q (same temperature / top-k / top-p as the target) and return q for the acceptance
+rule. Greedy proposals carry the draft's softmax rows as `q` too (not used by the rule; the planner
+prunes retrieval branches with them).
 
 Adaptive (SpecDec++-style, with lookahead): with a planner, the cost view says before the first
 token how long a chain is worth drafting (its expected tokens against drafting + verify time,

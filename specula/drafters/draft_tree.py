@@ -14,9 +14,8 @@ How siblings are drafted (`tree_sampling`) and the acceptance rule that matches:
   finally the best N nodes overall are kept (`TokenTree.top_node_indices`, ancestor-closed
   as path scores shrink along paths). Verified by the greedy rule: output = plain greedy.
 * ``deterministic`` (sampled requests): the same expansion on the draft's processed
-  distribution (the request's temperature / top-k / top-p), each node's first child its coupled
-  candidate (q raced with the target's noise at that position: `DraftContext.coupled_candidate`);
-  fixed candidates, verified by the deterministic rule.
+  distribution (the request's temperature / top-k / top-p); fixed candidates, verified by the
+  deterministic rule.
 * ``iid``: each expanded node gets k children drawn i.i.d. from its processed q; verified by
   RRS with replacement, or SpecTr K-SEQ (`tree_verifier="kseq"`, sibling mode ``iid_kseq``).
 * ``without_replacement``: k children drawn without replacement (Gumbel-top-k); RRS without
@@ -63,8 +62,7 @@ from specula.drafters.lockstep import Clock, Steps, drive, immediate
 from specula.ema import Ema
 from specula.errors import ConfigError
 from specula.models.base import TargetModel, TargetSequence, keep_common_prefix
-from specula.sampling import (SamplingParams, gumbel_keys, probabilities, race_token, sample_iid,
-                              sample_without_replacement)
+from specula.sampling import SamplingParams, gumbel_keys, probabilities, sample_iid, sample_without_replacement
 from specula.tree import SiblingMode, TokenTree
 
 TreeSampling = Literal["deterministic", "iid", "without_replacement", "beam"]
@@ -340,24 +338,6 @@ class DraftTreeDrafter:
             probs[f], idx[f] = row[:keep], idx[f][:keep]
         return probs, idx
 
-    @staticmethod
-    def _couple(logits: torch.Tensor, params: SamplingParams, noise: torch.Tensor, vocab_index: torch.Tensor | None,
-                probs: list[list[float]], idx: list[list[int]]) -> None:
-        """Make each frontier row's first child its coupled candidate (`DraftContext.coupled_candidate`): its
-        processed q ([F, vocab'] from logits, logit indices `vocab_index` token ids, None: the same) raced with
-        the target's noise at the children's position ([vocab] token ids); the top-k children follow without it,
-        one fewer. The coupled child is scored as the row's best (how sure the draft is there), so the frontier
-        keeps it. probs, idx: `_top_children`'s, changed in place."""
-        q = probabilities(logits, params)  # [F, vocab']
-        by_index = noise if vocab_index is None else noise[vocab_index.to(noise.device)]  # [vocab']
-        for f in range(q.shape[0]):
-            if not idx[f]:
-                continue
-            c = race_token(q[f], by_index)
-            rest = [(i, p) for i, p in zip(idx[f], probs[f]) if i != c][: len(idx[f]) - 1]
-            idx[f] = [c] + [i for i, _ in rest]
-            probs[f] = [probs[f][0]] + [p for _, p in rest]
-
     def _expand(self, state: _TreeState, root_logits: torch.Tensor, ctx: DraftContext, budget: int, depth: int,
                 mode: str, room: int, clock: Clock, t0: float | None = None) -> Steps:
         """Top-k (deterministic) or sampled (iid / without_replacement) children per frontier
@@ -389,9 +369,6 @@ class DraftTreeDrafter:
                     drawn += len(kids)
             else:  # one top-k over the whole frontier; a row keeps no more children than it has support
                 probs, idx = self._top_children(level_logits, ctx.params, min(cfg.tree_top_k, level_logits.shape[-1]))
-                noise = ctx.noise(level - 1, self.vocab_size)  # a sampled request's: its coupled child first
-                if noise is not None:
-                    self._couple(level_logits, ctx.params, noise, state.vocab_index, probs, idx)
                 picks = [(node, idx[f], probs[f]) for f, node in enumerate(nodes)]
             ids = state.token_ids([i for _, kids, _ in picks for i in kids])
             at = 0
