@@ -108,8 +108,8 @@ def test_a_seeded_request_drafts_fixed_candidates_unless_told_to_draw(seed, gree
 
 
 def test_a_seed_gives_plain_samplings_output_whatever_the_planner_times():
-    """A seeded sampled request: the draft model's chain is its argmax, so one uniform per position
-    decides every token, and the output is plain sampling's with that seed (the hardware planner,
+    """A seeded sampled request: the draft model's chain is fixed candidates (coupled ones), so one noise
+    vector per position decides every token, and the output is plain sampling's with that seed (the hardware planner,
     whose choices follow timings, included)."""
     from specula.api import build_decoder
     from specula.planner import CostCurve, HardwarePlanner
