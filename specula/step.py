@@ -92,6 +92,11 @@ class DraftContext:
     """The request's seed (`Session.seed`; None: not given to the drafters). A sampled request's fixed
     candidates are then raced with the target's own noise at their position (`coupled_candidate`)."""
 
+    @property
+    def couples(self) -> bool:
+        """A sampled request with a seed: its fixed candidates are coupled (`coupled_candidate`)."""
+        return not self.params.greedy and self.seed is not None
+
     def coupled_candidate(self, q_row: torch.Tensor, depth: int) -> int | None:
         """The fixed candidate at `depth` of a sampled request with a seed: the draft's q_row ([vocab'] token ids,
         processed as p is: `sampling.probabilities`) raced with the noise the target's token at that position is
@@ -100,7 +105,7 @@ class DraftContext:
         "Coupling without communication and drafter-invariant speculative decoding"), where the
         argmax is with p(argmax q) (Qwen2.5-Coder-1.5B with its 0.5B draft at temperature 1: 0.71 against 0.60 a
         position, docs/training.md). None for greedy requests, or without a seed (the drafter takes its argmax)."""
-        if self.params.greedy or self.seed is None:
+        if not self.couples:
             return None
         position = len(self.tokens) - self.prompt_len + depth  # of the output; `verify_step`'s position + depth
         return race_token(q_row, position_noise(self.seed, position, q_row.shape[-1]))

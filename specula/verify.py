@@ -254,6 +254,9 @@ def verify_deterministic(
     them with `TokenTree.merge`)."""
     _check_rows(p, len(tree), "p")
     _check_unique_siblings(tree)
+    if isinstance(noise, Sequence) and len(noise) < tree.max_depth + 1:
+        raise ValueError(f"verify_deterministic needs {tree.max_depth + 1} noise vectors (one per depth), "
+                         f"got {len(noise)}")
     noise_at = _noise_of(noise, p.shape[-1])
     path: list[int] = []
     r, d = 0, 0

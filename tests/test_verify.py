@@ -460,6 +460,9 @@ def test_batched_target_tokens_give_the_deterministic_rule():
         by_row = noise[torch.tensor((0, *tree.depth))]  # [n + 1, V]
         batched = verify_greedy(tree, target_tokens(P[idx], by_row))
         assert batched == verify_deterministic(tree, P[idx], list(noise))
+    short = list(torch.ones(2, V))  # a tree of depth 2 reads three depths' noise
+    with pytest.raises(ValueError, match="needs 3 noise vectors"):
+        verify_deterministic(TokenTree.build([1, 2], [-1, 0]), P[:3], short)
     zero = torch.tensor([[0.0, 0.5, 0.5, 0.0]])  # tokens with no mass never win, whatever their noise
     assert target_tokens(zero, torch.tensor([[MIN_NOISE, 1.0, 2.0, MIN_NOISE]])).tolist() == [1]
 

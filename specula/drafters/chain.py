@@ -41,7 +41,7 @@ def chain_steps(ctx: DraftContext, source: str, k: int, logits: torch.Tensor, ne
     drafted: list[int] = []
     edges: list[float] = []
     q_rows: list[torch.Tensor] = []
-    coupled = greedy and not ctx.params.greedy and ctx.seed is not None
+    coupled = greedy and ctx.couples
     while True:
         if coupled:  # a sampled request's fixed candidate: raced with the target's noise at its position
             q = probabilities(logits, ctx.params)  # [vocab]
