@@ -158,8 +158,9 @@ class Session:
     """The request's random generator (seeded by params.seed): drafters that sample, and the rules
     for sampled children."""
     seed: int
-    """The request's sampling seed (params.seed, or a random one): seeds the per-position uniforms
-    that decide the target's tokens, so the same seed gives the same sample whatever is drafted."""
+    """The request's sampling seed (params.seed, or a random one): seeds the per-position noise that
+    decides the target's tokens (`sampling.position_noise`), so the same seed gives the same sample
+    whatever is drafted; the drafters race their fixed candidates with it (`DraftContext.couples`)."""
     drafter_states: list[Any]
     """Per-request state of each drafter (`Drafter.start()`), in drafter order."""
     planner_state: Any

@@ -105,10 +105,20 @@ class DraftContext:
         "Coupling without communication and drafter-invariant speculative decoding"), where the
         argmax is with p(argmax q) (Qwen2.5-Coder-1.5B with its 0.5B draft at temperature 1: 0.71 against 0.60 a
         position, docs/training.md). None for greedy requests, or without a seed (the drafter takes its argmax)."""
+        noise = self.coupling_noise(depth, q_row.shape[-1])
+        return None if noise is None else race_token(q_row, noise)
+
+    def coupling_noise(self, depth: int, columns: int, vocab_index: torch.Tensor | None = None) -> torch.Tensor | None:
+        """The noise the target's token at `depth` (0: the root's child) is raced with, one value per column of a
+        drafter's q: [columns] float32 on the CPU, where column j is token id j, or `vocab_index[j]` (a head's draft
+        vocabulary, [columns] long). None unless the request `couples`."""
         if not self.couples:
             return None
         position = len(self.tokens) - self.prompt_len + depth  # of the output; `verify_step`'s position + depth
-        return race_token(q_row, position_noise(self.seed, position, q_row.shape[-1]))
+        if vocab_index is None:
+            return position_noise(self.seed, position, columns)
+        index = vocab_index[:columns].cpu()  # [columns]
+        return position_noise(self.seed, position, int(index.max()) + 1)[index]
 
 
 @dataclass(frozen=True)

@@ -15,10 +15,11 @@ import pytest
 import torch
 
 from laws import EXACT_FIRST, N, P, Q, V, assert_detected, assert_lossless, draft_tree, rows_for, simulate, tv, tv_bound
+from specula import sampling
 from specula.errors import ConfigError
 from specula.sampling import (
-    MIN_NOISE, SamplingParams, TargetRows, make_generator, position_noise, probabilities, race_token, sample_iid,
-    sample_without_replacement,
+    MIN_NOISE, SamplingParams, TargetRows, clear_noise_cache, make_generator, position_noise, probabilities, race_token,
+    sample_iid, sample_without_replacement,
 )
 from specula.tree import TokenTree
 from specula.verify import (
@@ -472,10 +473,26 @@ def test_position_noise_is_a_function_of_seed_and_position_and_narrower_vocabula
     a = position_noise(7, 3, 1000)
     assert torch.equal(a, position_noise(7, 3, 1000)) and a.dtype == torch.float32 and bool((a >= MIN_NOISE).all())
     assert not torch.equal(a, position_noise(7, 4, 1000)) and not torch.equal(a, position_noise(8, 3, 1000))
-    position_noise.cache_clear()  # computed again, not read from the cache
+    clear_noise_cache()  # computed again, not read from the cache
     assert torch.equal(position_noise(7, 3, 400), a[:400]) and torch.equal(position_noise(7, 3, 1000), a)
     assert abs(float(position_noise(1, 0, 200_000).mean()) - 1.0) < 0.01  # Exp(1)
 
+
+
+def test_position_noise_is_drawn_once_a_position_as_wide_as_its_seed_asked(monkeypatch):
+    """A drafter racing positions ahead with a narrower vocabulary draws the noise the target then reads."""
+    clear_noise_cache()
+    draws = []
+    real = sampling._draw_noise
+    monkeypatch.setattr(sampling, "_draw_noise", lambda *args: draws.append(args) or real(*args))
+    wide = position_noise(5, 0, 1000)  # the target's token at position 0
+    ahead = position_noise(5, 1, 300)  # a draft's candidate one position ahead: drawn 1000 wide
+    assert draws == [(5, 0, 1000), (5, 1, 1000)] and ahead.shape == (300,)
+    assert torch.equal(position_noise(5, 1, 1000)[:300], ahead) and len(draws) == 2  # the target's read: no draw
+    assert position_noise(6, 1, 300).shape == (300,) and draws[-1] == (6, 1, 300)  # another seed: its own width
+    assert torch.equal(position_noise(5, 0, 1000), wide) and len(draws) == 3
+    clear_noise_cache()
+    assert torch.equal(position_noise(5, 1, 1000), real(5, 1, 1000))
 
 def test_the_exponential_race_samples_p_exactly():
     """`race_token` with fresh Exp(1) noise: each token's frequency is its probability (a row need not be

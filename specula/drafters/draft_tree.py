@@ -15,7 +15,10 @@ How siblings are drafted (`tree_sampling`) and the acceptance rule that matches:
   as path scores shrink along paths). Verified by the greedy rule: output = plain greedy.
 * ``deterministic`` (sampled requests): the same expansion on the draft's processed
   distribution (the request's temperature / top-k / top-p); fixed candidates, verified by the
-  deterministic rule.
+  deterministic rule. Each node's first child is coupled: the token its q races to with the
+  noise the target's token at that position is raced with (`DraftContext.coupling_noise`), so
+  where q is close to p it is the target's token; the path of first children is always
+  expanded (`_top_children`, `_frontier`).
 * ``iid``: each expanded node gets k children drawn i.i.d. from its processed q; verified by
   RRS with replacement, or SpecTr K-SEQ (`tree_verifier="kseq"`, sibling mode ``iid_kseq``).
 * ``without_replacement``: k children drawn without replacement (Gumbel-top-k); RRS without
@@ -312,13 +315,19 @@ class DraftTreeDrafter:
 
     # ------------------------------------------------------------------ expansion
     @staticmethod
-    def _top_children(logits: torch.Tensor, params: SamplingParams, k: int) -> tuple[list[list[float]], list[list[int]]]:
+    def _top_children(logits: torch.Tensor, params: SamplingParams, k: int,
+                      noise: torch.Tensor | None = None) -> tuple[list[list[float]], list[list[int]]]:
         """Per frontier row of logits [F, vocab], its k best children: (probabilities, indices), best
         first, without the children outside the row's support. Greedy requests score by the plain
         softmax, computed for the k picks only (their logits less the row's logsumexp: no [F, vocab]
         distribution is built; on CPU in one C pass per row where specula's kernels run); sampled
         requests by the processed distribution (temperature, top-k, top-p), whose support may hold
-        fewer than k tokens."""
+        fewer than k tokens. `noise` ([vocab], a sampled request that couples: the noise its target's
+        token at this level's position is raced with, `DraftContext.coupling_noise`): each row's first
+        child is the token its q races to (the target's token as often as q's closeness to p allows), scored
+        as sure as the row's best, then the others best first, each scored q(x) (1 - the row's best): the
+        target's token is seldom another where q is sure, so their subtrees do not outrank the coupled path's
+        (a coupled child outside the top k takes the k-th's place)."""
         c_top_k = _kernel_top_k() if params.greedy and logits.device.type == "cpu" else None
         if c_top_k is not None:
             values, indices = c_top_k(logits.float(), k)  # [F, k] each
@@ -327,8 +336,16 @@ class DraftTreeDrafter:
             top = logits.topk(k, dim=-1)
             values, indices = (top.values - logits.logsumexp(-1, keepdim=True)).exp(), top.indices  # [F, k]
         else:
-            top = probabilities(logits, params).topk(k, dim=-1)
+            q = probabilities(logits, params)  # [F, vocab]
+            top = q.topk(k, dim=-1)
             values, indices = top.values, top.indices
+            if noise is not None:  # the coupled child first; the k-th gives way where it is new
+                won = (q / noise.to(q.device)).argmax(-1, keepdim=True)  # [F, 1]
+                rest = indices != won  # [F, k]: one False where the winner is among the top k
+                rest[:, -1] &= ~rest.all(-1)  # ... else the k-th gives way
+                rows, best = indices.shape[0], values[:, :1]  # best: [F, 1]
+                indices = torch.cat([won, indices[rest].view(rows, k - 1)], -1)  # [F, k]
+                values = torch.cat([best, values[rest].view(rows, k - 1) * (1 - best)], -1)
         probs, idx = values.tolist(), indices.tolist()
         for f, row in enumerate(probs):  # best first: a zero ends the row's support
             if params.greedy and row and row[0] != row[0]:  # NaN: a +inf logit (e^(inf - inf)); as the C pass,
@@ -352,6 +369,7 @@ class DraftTreeDrafter:
         edges: list[float] = []
         q_rows: dict[int, torch.Tensor] = {}  # row -> q its children were drawn from
         nodes, level_logits = [-1], root_logits[None]  # the frontier and the logits after each [F, vocab]
+        spine: int | None = None  # a coupled tree's path of first children: its node at the last level (-1: root)
         fed = 0  # nodes run through the draft cache
         for level in range(1, depth + 1):
             new: list[int] = []
@@ -368,11 +386,17 @@ class DraftTreeDrafter:
                     picks.append((node, kids, q[f][kids].tolist()))
                     drawn += len(kids)
             else:  # one top-k over the whole frontier; a row keeps no more children than it has support
-                probs, idx = self._top_children(level_logits, ctx.params, min(cfg.tree_top_k, level_logits.shape[-1]))
+                noise = ctx.coupling_noise(level - 1, level_logits.shape[-1], state.vocab_index)
+                spine = (-1 if level == 1 else spine) if noise is not None else None
+                probs, idx = self._top_children(level_logits, ctx.params, min(cfg.tree_top_k, level_logits.shape[-1]),
+                                                noise)
                 picks = [(node, idx[f], probs[f]) for f, node in enumerate(nodes)]
             ids = state.token_ids([i for _, kids, _ in picks for i in kids])
             at = 0
+            parent_of_spine, spine = spine, None
             for node, kids, probs in picks:
+                if node == parent_of_spine and kids:
+                    spine = len(tokens)  # its first child: the coupled one
                 score = 1.0 if node < 0 else scores[node]
                 for tok, prob in zip(ids[at:at + len(kids)], probs):
                     tokens.append(int(tok))
@@ -383,7 +407,7 @@ class DraftTreeDrafter:
                 at += len(kids)
             if level == depth or not new or (sampled and len(tokens) >= budget):
                 break
-            chosen = self._frontier(new, tokens, parents, scores, dedupe=mode == "iid")
+            chosen = self._frontier(new, tokens, parents, scores, dedupe=mode == "iid", keep=spine)
             chosen = chosen[:max(0, room - fed)]  # the draft cache holds the tokens and every node fed
             best = max(new, key=lambda i: scores[i])
             if not chosen or not self._level_pays(ctx, best, parents, edges, depth - level, clock, t0):
@@ -408,13 +432,16 @@ class DraftTreeDrafter:
         return path[::-1]
 
     def _frontier(self, new: list[int], tokens: list[int], parents: list[int], scores: list[float],
-                  dedupe: bool) -> list[int]:
-        """The best top_k of this level's nodes by path score (ties: node order), in node order.
+                  dedupe: bool, keep: int | None = None) -> list[int]:
+        """The best top_k of this level's nodes by path score (ties: node order), in node order, and
+        node `keep` whatever its score (a coupled tree's path of first children, `_top_children`).
         With i.i.d. siblings a repeated token under the same parent stays a leaf (its subtree
         would repeat its twin's)."""
         seen: set[tuple[int, int]] = set()
-        chosen: list[int] = []
+        chosen: list[int] = [] if keep is None else [keep]
         for i in sorted(new, key=lambda i: (-scores[i], i)):
+            if i == keep:
+                continue
             if len(chosen) == self.config.tree_top_k or not scores[i] > 0:
                 break
             key = (parents[i], tokens[i])

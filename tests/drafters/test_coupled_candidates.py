@@ -76,3 +76,59 @@ def test_argmax_candidates_of_the_same_draft_are_rejected_where_coupled_ones_are
         engine.DraftContext = real
     assert coupled.accepted_tokens == coupled.drafted_tokens
     assert argmax.accepted_tokens < 0.8 * argmax.drafted_tokens
+
+
+def test_a_coupling_noise_follows_a_draft_vocabulary_to_its_token_ids():
+    """A head's q is over its draft vocabulary: column j is raced with the noise of token id vocab_index[j]."""
+    ctx = DraftContext([1, 2, 3, 9], 3, SamplingParams(temperature=0.8), DraftBudget(8, 4), make_generator(0), seed=5)
+    index = torch.tensor([7, 0, 299, 42])  # [columns] -> token ids
+    assert torch.equal(ctx.coupling_noise(2, 4, index), position_noise(5, 3, 300)[index])  # one generated: 1 + 2
+    assert torch.equal(ctx.coupling_noise(0, 10), position_noise(5, 1, 10))
+    assert DraftContext([1, 2], 1, SamplingParams(temperature=0.8), DraftBudget(8, 4), make_generator(0)) \
+        .coupling_noise(0, 10) is None
+
+
+def test_a_sampled_trees_first_child_is_the_token_its_q_races_to():
+    """Each row's coupled child comes first, scored as the row's best; the other top-k children follow best first,
+    scored q(x) (1 - the best); a coupled child outside the top k takes the k-th's place; without noise (greedy
+    requests, no seed) the top k as they are."""
+    from specula.drafters.draft_tree import DraftTreeDrafter
+
+    params = SamplingParams(temperature=1.0)
+    logits = torch.tensor([[4.0, 3.0, 2.0, 1.0, 0.0], [0.0, 1.0, 2.0, 3.0, 4.0]]).log()  # q proportional to these
+    q = torch.softmax(logits, -1)
+    noise = torch.tensor([1.0, 1.0, 0.01, 1.0, 1.0])  # token 2 wins both rows' races
+    probs, idx = DraftTreeDrafter._top_children(logits, params, 3, noise)
+    assert idx == [[2, 0, 1], [2, 4, 3]]  # row 0: 2 was third, now first; row 1: 2 was outside the top 2 kept
+    rest = 1 - q.max(-1).values  # [2]
+    assert probs[0] == pytest.approx([float(q[0, 0]), float(q[0, 0] * rest[0]), float(q[0, 1] * rest[0])])
+    assert probs[1] == pytest.approx([float(q[1, 4]), float(q[1, 4] * rest[1]), float(q[1, 3] * rest[1])])
+    assert DraftTreeDrafter._top_children(logits, params, 3)[1] == [[0, 1, 2], [4, 3, 2]]
+    assert DraftTreeDrafter._top_children(logits, params, 1, noise)[1] == [[2], [2]]
+
+
+@needs_kernels
+@pytest.mark.parametrize("top_k", [1, 2])
+def test_a_draft_tree_equal_to_the_target_has_its_coupled_path_accepted(top_k):
+    """`draft-tree` with the target's own weights (q = p): each node's first child is the target's token, so with
+    one child a node every drafted token is accepted and with two every step accepts its whole depth; without the
+    request's seed (argmax children) far fewer are. The output is plain seeded sampling's either way."""
+    model = tiny_model("llama", "eager", seed=4)
+    params = SamplingParams(max_new_tokens=40, temperature=1.0, seed=3, ignore_eos=True)
+    plain = build_decoder("none", native(model), None).generate(PROMPT, params)
+    dec = build_decoder("draft-tree", native(model), None, native(model), planner=False, tree_top_k=top_k,
+                        tree_depth=4, tree_nodes=64)
+    out = dec.generate(PROMPT, params)
+    assert out.token_ids == plain.token_ids
+    assert out.stats.steps == 40 // 5  # each step: the depth-4 coupled path and the bonus token
+    if top_k == 1:
+        assert out.stats.accepted_tokens == out.stats.drafted_tokens
+    import specula.engine as engine
+
+    real = engine.DraftContext
+    engine.DraftContext = lambda *a, seed=None, **k: real(*a, **k)  # the context without the request's seed
+    try:
+        argmax = dec.generate(PROMPT, params)
+    finally:
+        engine.DraftContext = real
+    assert argmax.token_ids == plain.token_ids and argmax.stats.steps > 1.5 * out.stats.steps
