@@ -132,3 +132,26 @@ def test_a_draft_tree_equal_to_the_target_has_its_coupled_path_accepted(top_k):
     finally:
         engine.DraftContext = real
     assert argmax.token_ids == plain.token_ids and argmax.stats.steps > 1.5 * out.stats.steps
+
+
+@pytest.mark.parametrize("kind", ["eagle", "eagle3"])
+def test_a_heads_coupled_trees_sample_what_plain_decoding_samples_with_the_same_seed(kind):
+    """A head's deterministic trees over a draft vocabulary without some ids, and the request's context ids
+    joining it (coupled children raced with the noise of their token ids): each seed's output is plain
+    decoding's, and drafts are accepted."""
+    from specula.drafters.heads.runtime import new_head
+    from specula.models.hf import HFCausalLM
+
+    model = tiny_model("llama", seed=8, vocab=8)
+    target = HFCausalLM(model, "target")
+    head = new_head(kind, target, torch.tensor([0, 1, 2, 3, 5, 6]), seed=2)  # the draft vocabulary lacks 4 and 7
+    head.context_vocab = 16
+    dec = build_decoder(kind, target, None, head=head, planner=False, tree_top_k=2, tree_depth=3)
+    plain = build_decoder("none", target, None)
+    accepted = 0
+    for seed in range(20):
+        params = SamplingParams(temperature=1.5, max_new_tokens=10, seed=seed, ignore_eos=True)
+        out = dec.generate([4, 5, 7, 3, 4], params)
+        assert out.token_ids == plain.generate([4, 5, 7, 3, 4], params).token_ids, seed
+        accepted += out.stats.accepted_tokens
+    assert accepted > 0

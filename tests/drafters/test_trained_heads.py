@@ -464,7 +464,8 @@ def law_model():
     ("eagle", "deterministic", None, PROMPT), ("eagle", "iid", None, PROMPT),
     ("hydra", "without_replacement", None, PROMPT), ("medusa", "iid", None, PROMPT), ("eagle3", "iid", None, PROMPT),
     ("eagle3", "iid", "i8", PROMPT),
-    ("eagle", "iid", None, [4, 5, 7, 3, 4])])  # tokens 4 and 7 join the head's output from the prompt
+    ("eagle", "iid", None, [4, 5, 7, 3, 4]),  # tokens 4 and 7 join the head's output from the prompt
+    ("eagle3", "deterministic", None, [4, 5, 7, 3, 4])])  # coupled children over the draft and context vocabulary
 def test_sampled_output_follows_the_target_law(law_model, kind, sampling, kernel, prompt):
 
     if kernel is not None and drafting_kernel("cpu") is None:
