@@ -384,14 +384,14 @@ class SpeculativeDecoder:
             if packed:  # one pass for all: each session's step took it
                 t1 = time.perf_counter()
                 outs = forward_trees(self.target, items, hidden=self.hidden,
-                                     argmax_only=all(_argmax_only(s) for s in running))
+                                     argmax_only=all(_argmax_only(s, plan) for s, (plan, _) in zip(running, planned)))
                 seconds = [time.perf_counter() - t1] * len(items)
             else:  # a pass each (a backend that does not pack): each session is charged its own, which the
                 # back-off judges its drafting by (the batch's sum made drafting look 4x dearer at 4 sessions)
                 outs, seconds = [], []
-                for s, item in zip(running, items):
+                for s, item, (plan, _) in zip(running, items, planned):
                     t1 = time.perf_counter()
-                    outs += forward_trees(self.target, [item], hidden=self.hidden, argmax_only=_argmax_only(s))
+                    outs += forward_trees(self.target, [item], hidden=self.hidden, argmax_only=_argmax_only(s, plan))
                     seconds.append(time.perf_counter() - t1)
             for s, (plan, draft_seconds), out, pass_seconds in zip(running, planned, outs, seconds):
                 rows, hidden = out if self.hidden else (out, None)
@@ -759,13 +759,17 @@ class _Collected:
         return GenerationOutput(self.tokens, "".join(self.texts), self.stats, self.logprobs, self.prompt_logprobs)
 
 
-def _argmax_only(session: Session) -> bool:
-    """Whether a step of `session` reads only its rows' argmax (`models.base.forward_trees`'
-    `argmax_only`): greedy without logprobs (which read whole rows; they would still get the exact
-    logits, computed after the pass). A grammar's masks, penalties and a min_new_tokens mask change
-    the argmax each row source takes (`TreeRows.exact_argmax`)."""
+def _argmax_only(session: Session, plan: Plan) -> bool:
+    """Whether a step of `session` reads only an argmax of each row (`models.base.forward_trees`'
+    `argmax_only`), without logprobs (which read whole rows; they would still get the exact logits,
+    computed after the pass): greedy, or sampled at a temperature alone with fixed candidates (the race
+    in logit form, an argmax of each row changed: `verify.verify_raced_logits`). A grammar's masks,
+    penalties and a min_new_tokens mask change the argmax each row source takes (`TreeRows.exact_argmax`).
+    Children drawn from q are verified against the whole distribution: not screened."""
     params = session.params
-    return params.greedy and params.logprobs is None
+    if params.logprobs is not None:
+        return False
+    return params.greedy or (params.races_logits and plan.proposal.sibling_mode == "deterministic")
 
 
 def feature_request(drafters) -> FeatureRequest:

@@ -172,6 +172,13 @@ class SamplingParams:
         return self.temperature == 0.0
 
     @property
+    def races_logits(self) -> bool:
+        """Sampling at a temperature alone (no top-k, top-p or min-p): the target's token is then the race in
+        logit form, the argmax of logits / T - log E (`race_scores`), which needs no normaliser, so a verification
+        pass's output screen can take it without the float32 logits (`verify.verify_raced_logits`)."""
+        return not self.greedy and self.top_k == 0 and self.top_p >= 1.0 and self.min_p == 0.0
+
+    @property
     def fixed_drafts(self) -> bool:
         """Drafters that may either draw from q or propose fixed candidates propose fixed ones
         (`draft-model`'s default): greedy requests, and seeded ones. With fixed candidates one
@@ -341,6 +348,20 @@ def race_token(p_row: torch.Tensor, noise: torch.Tensor) -> int:
     if not bool(race[token] > 0):
         raise ValueError(f"cannot sample from a distribution with no mass (sum = {float(p_row.sum())})")
     return token
+
+
+def race_scores(logits: torch.Tensor, temperature: float, gumbel: torch.Tensor) -> torch.Tensor:
+    """The exponential race in logit form: logits / T + gumbel, gumbel = -log E (`gumbel_of`), elementwise in
+    float32 ([..., vocab] float32 -> the same). Its argmax is `race_token`'s of the softmax at T with the same noise
+    (log is monotone; the two differ only where float32 rounds a near tie apart). Each id's score is a function of
+    its own logit alone, never smaller for a larger one: an output screen maps each id's logit interval through it
+    (`models.native.screen.OutputScreen.edited_argmax`), and the screened and whole-row races agree bit for bit."""
+    return logits / temperature + gumbel
+
+
+def gumbel_of(noise: torch.Tensor) -> torch.Tensor:
+    """-log E of Exp(1) noise ([vocab] float32): Gumbel(0, 1) values for `race_scores`."""
+    return noise.log().neg_()
 
 
 def make_generator(seed: int | None, device: torch.device | str = "cpu") -> torch.Generator:

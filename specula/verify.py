@@ -40,9 +40,10 @@ from typing import Callable, Protocol, Sequence
 import torch
 
 from specula.errors import ConfigError
-from specula.sampling import MIN_NOISE, SamplingParams, TargetRows, position_noise, probabilities, race_token
+from specula.sampling import (MIN_NOISE, SamplingParams, TargetRows, gumbel_of, position_noise, probabilities,
+                              race_scores, race_token)
 from specula.tree import SiblingMode, TokenTree
-from specula.tree_rows import greedy_argmax, row_argmax
+from specula.tree_rows import RowEdit, greedy_argmax, row_argmax
 
 __all__ = [
     "Rows",
@@ -258,10 +259,41 @@ def verify_deterministic(
         raise ValueError(f"verify_deterministic needs {tree.max_depth + 1} noise vectors (one per depth), "
                          f"got {len(noise)}")
     noise_at = _noise_of(noise, p.shape[-1])
+    return _deterministic_walk(tree, lambda r, d: race_token(p[r], noise_at(d)))
+
+
+def verify_raced_logits(tree: TokenTree, logits: Rows, temperature: float, noise: Noise) -> VerifyResult:
+    """`verify_deterministic` for a request sampled at a temperature alone (`SamplingParams.races_logits`): the
+    target's token at a row of depth d is the race in logit form, the argmax of logits / T - log E
+    (`sampling.race_scores`, noise(d) = E [vocab]), the same sample as the race over the softmax. A row source
+    that can take a changed row's argmax without the row (a screened pass, under any grammar or penalties above
+    it: `tree_rows.TreeRows.exact_argmax`) takes it, so no float32 logits are computed; else the whole row."""
+    _check_rows(logits, len(tree), "logits")
+    _check_unique_siblings(tree)
+    exact = getattr(logits, "exact_argmax", None)
+
+    def token_at(r: int, d: int) -> int:
+        gumbel = gumbel_of(noise(d)[: logits.shape[-1]])  # [vocab]
+
+        def change(values: torch.Tensor) -> torch.Tensor:
+            return race_scores(values, temperature, gumbel)
+        token = None if exact is None else exact(r, RowEdit(change=change))
+        if token is None:
+            scores = change(logits[r].float())  # [vocab]
+            token = int(scores.argmax())
+            if not bool(scores[token] > float("-inf")):
+                raise ValueError("cannot sample from a row with every token at -inf")
+        return token
+    return _deterministic_walk(tree, token_at)
+
+
+def _deterministic_walk(tree: TokenTree, token_at: Callable[[int, int], int]) -> VerifyResult:
+    """The walk of deterministic candidates: from the root's row, the target's token at row r of depth d
+    (`token_at(r, d)`); the child holding it is accepted and the walk descends, else that token ends the step."""
     path: list[int] = []
     r, d = 0, 0
     while True:
-        token = race_token(p[r], noise_at(d))
+        token = token_at(r, d)
         child = next((c for c in tree.children[r] if tree.tokens[c] == token), -1)
         if child < 0:
             return VerifyResult(tuple(path), token)
@@ -483,8 +515,14 @@ def verify_step(
         vocab = logits.shape[-1]
         if logits.device.type != "cpu":  # every row at once on the device: one synchronisation
             by_depth = torch.stack([position_noise(seed, position + d, vocab) for d in range(tree.max_depth + 1)])
-            by_row = by_depth[torch.tensor((0, *tree.depth))].to(logits.device)  # [n + 1, vocab]
-            return verify_greedy(tree, target_tokens(probabilities(logits, params), by_row))
+            by_row = by_depth[torch.tensor((0, *tree.depth))]  # [n + 1, vocab]
+            if params.races_logits:  # the logit form, its Gumbel values taken on the CPU as the walk's
+                scores = race_scores(logits.float(), params.temperature, gumbel_of(by_row).to(logits.device))
+                return verify_greedy(tree, scores.argmax(-1))
+            return verify_greedy(tree, target_tokens(probabilities(logits, params), by_row.to(logits.device)))
+        if params.races_logits:  # rows on the path only, through a pass's output screen where it has one
+            return verify_raced_logits(tree, logits, params.temperature, lambda d: position_noise(seed, position + d,
+                                                                                                    vocab))
         return verify_deterministic(tree, TargetRows(logits, params),  # rows on the path only, their noise only
                                     lambda d: position_noise(seed, position + d, vocab))
     if mode not in ("iid", "without_replacement", "iid_kseq"):

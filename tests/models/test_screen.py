@@ -302,3 +302,79 @@ def test_packed_batch_of_edited_and_plain_greedy_requests_through_the_screen(scr
     alone = SpeculativeDecoder(native(model), make_drafter("prompt-lookup"), eos_token_ids=[1])
     for i, (prompt, s) in enumerate(zip(prompts, sessions)):
         assert s.generated == alone.generate(prompt, kinds[i % len(kinds)]).token_ids, i
+
+
+def test_the_race_in_logit_form_through_the_screen_is_the_whole_rows():
+    """A request sampled at a temperature alone takes the race in logit form (logits / T - log E): the screen's
+    edited argmax is the whole float32 row's race on near-tied rows, at several temperatures and with a mask;
+    and it is `race_token`'s sample of the softmax (the two forms agree away from float32 near ties)."""
+    from specula.sampling import gumbel_of, position_noise, race_scores, race_token
+    from specula.tree_rows import RowEdit
+
+    w = near_tie_head()
+    head = f32_layer(w)
+    screen = OutputScreen(head)
+    g = torch.Generator().manual_seed(5)
+    states = torch.randn(90, w.shape[1], generator=g)
+    states[:45] = w[torch.randint(0, len(w), (45,), generator=g)]
+    _, approx = screen.argmax_and_approx(states)
+    logits = head(states)
+    agree = 0
+    for r in range(len(states)):
+        temperature = (0.3, 0.7, 1.0, 1.6)[r % 4]
+        noise = position_noise(9, r, len(w))
+        edit = RowEdit(None, lambda row, t=temperature, n=noise: race_scores(row, t, gumbel_of(n)))
+        if r % 3 == 0:
+            edit = edit.masked(torch.rand(len(w), generator=g) < 0.5)
+        want = plain_edit(logits[r], edit)
+        assert screen.edited_argmax(states[r], approx[r], edit) == want, r
+        if edit.allowed is None:
+            agree += want == race_token(torch.softmax(logits[r] / temperature, -1), noise)
+    assert agree >= 55  # of 60: the softmax's race picks the same token
+
+
+@pytest.mark.parametrize("method", ["none", "prompt-lookup", "draft-model", "fusion"])
+@pytest.mark.parametrize("params", [
+    SamplingParams(max_new_tokens=20, temperature=0.8, seed=3, ignore_eos=True),
+    SamplingParams(max_new_tokens=20, temperature=1.2, seed=5, repetition_penalty=1.3, logit_bias={9: 2.0},
+                   ignore_eos=True),
+    SamplingParams(max_new_tokens=20, temperature=1.0, seed=7, min_new_tokens=12),
+])
+def test_sampled_steps_at_a_temperature_alone_take_the_screen(monkeypatch, method, params):
+    """Requests sampled at a temperature alone (with penalties, a logit bias or a min_new_tokens mask too) output
+    what they output without the screen, and their steps race each row through it (`OutputScreen.edited_argmax`)
+    with no float32 logits computed."""
+    model = tiny_model("qwen2", seed=7, vocab=300)
+    draft = perturbed_copy(model) if method in ("draft-model", "fusion") else None
+    computed, edited = [], []
+    real_logits, real_edited = screen_module.ScreenedPass.logits, OutputScreen.edited_argmax
+    monkeypatch.setattr(screen_module.ScreenedPass, "logits",
+                        lambda self: (computed.append(not self.has_logits), real_logits(self))[1])
+    monkeypatch.setattr(OutputScreen, "edited_argmax", lambda self, *a: (edited.append(1), real_edited(self, *a))[1])
+    outs = []
+    for floor in (0, 1 << 40):  # screened, not
+        monkeypatch.setattr(screen_module, "SCREEN_MIN_WEIGHTS", floor)
+        target = native(model)
+        drafters = make_drafters(method, target=target, draft=None if draft is None else native(draft),
+                                 num_draft_tokens=3 if draft is not None else None)
+        dec = SpeculativeDecoder(target, drafters, eos_token_ids=[1])
+        dec.generate([3, 4, 5], SamplingParams(max_new_tokens=2))  # the planner's timing passes (plain argmax)
+        outs.append([dec.generate(prompt, params).token_ids for prompt in SPECULATIVE_PROMPTS])
+    assert outs[0] == outs[1]
+    assert edited and not any(computed)  # every race came through the screen, no logits computed
+    plain = SpeculativeDecoder(native(model), make_drafters("none", target=native(model)), eos_token_ids=[1])
+    assert outs[0] == [plain.generate(prompt, params).token_ids for prompt in SPECULATIVE_PROMPTS]
+
+
+def test_sampled_requests_with_top_p_or_logprobs_are_not_screened(screened):
+    """top-p needs the whole distribution, logprobs whole rows: their steps compute the float32 logits."""
+    model = tiny_model("qwen2", seed=7, vocab=300)
+    dec = SpeculativeDecoder(native(model), make_drafter("prompt-lookup"), eos_token_ids=[])
+    dec.generate([3, 4, 5], SamplingParams(max_new_tokens=2))  # the planner's timing passes
+    for params in (SamplingParams(max_new_tokens=8, temperature=0.8, top_p=0.9, seed=1, ignore_eos=True),
+                   SamplingParams(max_new_tokens=8, temperature=0.8, logprobs=1, seed=1, ignore_eos=True)):
+        screened.clear()
+        dec.generate(SPECULATIVE_PROMPTS[0], params)
+        assert not screened, params
+    dec.generate(SPECULATIVE_PROMPTS[0], SamplingParams(max_new_tokens=8, temperature=0.8, seed=1, ignore_eos=True))
+    assert screened
