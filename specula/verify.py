@@ -50,8 +50,10 @@ __all__ = [
     "VerifyResult",
     "kseq_acceptance",
     "kseq_rho",
+    "raced_tokens",
     "target_tokens",
     "verify_deterministic",
+    "verify_raced_logits",
     "verify_greedy",
     "verify_kseq",
     "verify_rrs",
@@ -215,6 +217,13 @@ def target_tokens(p: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
     return (p.float() / noise.to(device=p.device, dtype=torch.float32)).argmax(-1)
 
 
+def raced_tokens(logits: torch.Tensor, temperature: float, noise: torch.Tensor) -> torch.Tensor:
+    """`verify_raced_logits`' token of every row at once, on the logits' device: logits [n + 1, vocab], noise
+    [n + 1, vocab] (row r gets the noise of its depth, on the CPU: its Gumbel values are taken there, as the walk
+    takes them) -> LongTensor [n + 1]; `target_tokens` for the race in logit form."""
+    return race_scores(logits.float(), temperature, gumbel_of(noise).to(logits.device)).argmax(-1)
+
+
 def _noise_of(noise: Noise | Sequence[torch.Tensor] | torch.Generator | None, vocab: int) -> Noise:
     """`verify_deterministic`'s noise as a function of the depth: as given, one tensor per depth, or fresh Exp(1)
     draws from a generator (None: torch's default one), each depth's drawn once."""
@@ -282,7 +291,7 @@ def verify_raced_logits(tree: TokenTree, logits: Rows, temperature: float, noise
             scores = change(logits[r].float())  # [vocab]
             token = int(scores.argmax())
             if not bool(scores[token] > float("-inf")):
-                raise ValueError("cannot sample from a row with every token at -inf")
+                raise ValueError("cannot sample from a row with no finite logit (every token at -inf, or NaN)")
         return token
     return _deterministic_walk(tree, token_at)
 
@@ -516,9 +525,8 @@ def verify_step(
         if logits.device.type != "cpu":  # every row at once on the device: one synchronisation
             by_depth = torch.stack([position_noise(seed, position + d, vocab) for d in range(tree.max_depth + 1)])
             by_row = by_depth[torch.tensor((0, *tree.depth))]  # [n + 1, vocab]
-            if params.races_logits:  # the logit form, its Gumbel values taken on the CPU as the walk's
-                scores = race_scores(logits.float(), params.temperature, gumbel_of(by_row).to(logits.device))
-                return verify_greedy(tree, scores.argmax(-1))
+            if params.races_logits:
+                return verify_greedy(tree, raced_tokens(logits, params.temperature, by_row))
             return verify_greedy(tree, target_tokens(probabilities(logits, params), by_row.to(logits.device)))
         if params.races_logits:  # rows on the path only, through a pass's output screen where it has one
             return verify_raced_logits(tree, logits, params.temperature, lambda d: position_noise(seed, position + d,

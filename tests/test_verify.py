@@ -468,6 +468,29 @@ def test_batched_target_tokens_give_the_deterministic_rule():
     assert target_tokens(zero, torch.tensor([[MIN_NOISE, 1.0, 2.0, MIN_NOISE]])).tolist() == [1]
 
 
+
+def test_the_race_in_logit_form_is_the_softmaxs_race_and_its_batched_path_the_walk():
+    """At a temperature alone the target's token is the argmax of logits / T - log E (`verify_raced_logits`): on
+    random rows the softmax's race (`verify_deterministic` over p at T) picks the same tokens for the same noise,
+    the batched path (`raced_tokens`, every row at once) returns what the walk returns, and a row with no finite
+    logit is refused."""
+    from specula.verify import raced_tokens, verify_raced_logits
+
+    gen = make_generator(6)
+    for trial in range(200):
+        tree = draft_tree(0, "det", gen)
+        logits = torch.randn(len(tree) + 1, V, generator=gen) * 3  # [n + 1, V]
+        temperature = (0.5, 1.0, 1.7)[trial % 3]
+        noise = torch.empty(tree.max_depth + 1, V).exponential_(generator=gen)
+        walked = verify_raced_logits(tree, logits, temperature, lambda d: noise[d])
+        by_row = noise[torch.tensor((0, *tree.depth))]  # [n + 1, V]
+        assert verify_greedy(tree, raced_tokens(logits, temperature, by_row)) == walked
+        p = torch.softmax(logits / temperature, -1)
+        assert verify_deterministic(tree, p, list(noise)) == walked
+    dead = torch.full((1, V), float("-inf"))
+    with pytest.raises(ValueError, match="no finite logit"):
+        verify_raced_logits(TokenTree.build([], []), dead, 1.0, lambda d: torch.ones(V))
+
 def test_position_noise_is_a_function_of_seed_and_position_and_narrower_vocabularies_read_its_prefix():
     """What seeded sampling reproduces a run by, and what a draft of a narrower vocabulary couples with."""
     a = position_noise(7, 3, 1000)
