@@ -188,6 +188,19 @@ def test_requests_that_read_whole_rows_are_unchanged(monkeypatch, params):
     assert outs[0] == outs[1]
 
 
+def near_tie_rows(n: int, seed: int):
+    """A screened near-tie layer and n rows for it, half of them a row of the layer (its near-tied pairs'):
+    (weights [V, E], the float32 layer, its screen, states [n, E], the screen's int8 logits [n, V], the float32
+    logits [n, V], the generator, for the test's further draws)."""
+    w = near_tie_head()
+    head = f32_layer(w)
+    screen = OutputScreen(head)
+    g = torch.Generator().manual_seed(seed)
+    states = torch.randn(n, w.shape[1], generator=g)
+    states[: n // 2] = w[torch.randint(0, len(w), (n // 2,), generator=g)]
+    _, approx = screen.argmax_and_approx(states)
+    return w, head, screen, states, approx, head(states), g
+
 def plain_edit(logits: torch.Tensor, edit) -> int:
     """What the row sources compute over a whole row of float32 logits [V]: `edit.change`, the mask, argmax."""
     row = logits if edit.change is None else edit.change(logits.clone())
@@ -205,14 +218,7 @@ def test_edited_argmax_is_the_whole_rows_under_penalties_and_masks():
     from specula.penalties import penalize
     from specula.tree_rows import RowEdit
 
-    w = near_tie_head()
-    head = f32_layer(w)
-    screen = OutputScreen(head)
-    g = torch.Generator().manual_seed(4)
-    states = torch.randn(120, w.shape[1], generator=g)
-    states[:60] = w[torch.randint(0, len(w), (60,), generator=g)]
-    _, approx = screen.argmax_and_approx(states)
-    logits = head(states)
+    w, head, screen, states, approx, logits, g = near_tie_rows(120, seed=4)
     vocab = len(w)
     cases = [SamplingParams(repetition_penalty=1.3), SamplingParams(repetition_penalty=0.7),
              SamplingParams(frequency_penalty=0.5, presence_penalty=-0.4), SamplingParams(logit_bias={3: 0.0, 7: 5.0})]
@@ -243,6 +249,35 @@ def test_edited_argmax_is_the_whole_rows_under_penalties_and_masks():
     assert screen.edited_argmax(states[0], approx[0], every) == plain_edit(logits[0], every)
 
 
+def both_ways(monkeypatch, method: str, params: SamplingParams, drafted: tuple[str, ...]):
+    """Each of `SPECULATIVE_PROMPTS`' outputs under `params` with the screen and without (a fresh decoder each
+    way, its planner's timing passes run first; a draft model for the methods in `drafted`): (outputs [screened,
+    not], whether each float32 logits computation was the pass's first, the edited argmaxes taken, the unedited
+    argmaxes the screened decoder took after its timing passes)."""
+    model = tiny_model("qwen2", seed=7, vocab=300)
+    draft = perturbed_copy(model) if method in drafted else None
+    computed, edited, unedited = [], [], []
+    real_logits, real_edited, real_decide = (screen_module.ScreenedPass.logits, OutputScreen.edited_argmax,
+                                             OutputScreen.decide)
+    monkeypatch.setattr(screen_module.ScreenedPass, "logits",
+                        lambda self: (computed.append(not self.has_logits), real_logits(self))[1])
+    monkeypatch.setattr(OutputScreen, "edited_argmax", lambda self, *a: (edited.append(1), real_edited(self, *a))[1])
+    monkeypatch.setattr(OutputScreen, "decide", lambda self, *a: (unedited.append(1), real_decide(self, *a))[1])
+    outs, screened_unedited = [], []
+    for floor in (0, 1 << 40):  # screened, not
+        monkeypatch.setattr(screen_module, "SCREEN_MIN_WEIGHTS", floor)
+        target = native(model)
+        drafters = make_drafters(method, target=target, draft=None if draft is None else native(draft),
+                                 num_draft_tokens=3 if draft is not None else None)
+        dec = SpeculativeDecoder(target, drafters, eos_token_ids=[1])
+        dec.generate([3, 4, 5], SamplingParams(max_new_tokens=2))  # the planner's timing passes (plain argmax)
+        unedited.clear()
+        outs.append([dec.generate(prompt, params).token_ids for prompt in SPECULATIVE_PROMPTS])
+        if floor == 0:
+            screened_unedited = list(unedited)
+    return outs, computed, edited, screened_unedited
+
+
 @pytest.mark.parametrize("method", ["none", "prompt-lookup", "fusion"])
 @pytest.mark.parametrize("params", [
     SamplingParams(max_new_tokens=20, repetition_penalty=1.3, ignore_eos=True),
@@ -255,27 +290,9 @@ def test_greedy_steps_with_penalties_and_min_tokens_take_the_screen(monkeypatch,
     """Greedy requests with penalties, a logit bias or a min_new_tokens mask output what they output without
     the screen, and their steps take each row's argmax through it (edited by the penalties and masks) with no
     float32 logits computed."""
-    model = tiny_model("qwen2", seed=7, vocab=300)
-    draft = perturbed_copy(model) if method == "fusion" else None
-    computed, edited, unedited = [], [], []
-    real_logits, real_edited, real_decide = (screen_module.ScreenedPass.logits, OutputScreen.edited_argmax,
-                                             OutputScreen.decide)
-    monkeypatch.setattr(screen_module.ScreenedPass, "logits",
-                        lambda self: (computed.append(not self.has_logits), real_logits(self))[1])
-    monkeypatch.setattr(OutputScreen, "edited_argmax", lambda self, *a: (edited.append(1), real_edited(self, *a))[1])
-    monkeypatch.setattr(OutputScreen, "decide", lambda self, *a: (unedited.append(1), real_decide(self, *a))[1])
-    outs = []
-    for floor in (0, 1 << 40):  # screened, not
-        monkeypatch.setattr(screen_module, "SCREEN_MIN_WEIGHTS", floor)
-        target = native(model)
-        drafters = make_drafters(method, target=target, draft=None if draft is None else native(draft),
-                                 num_draft_tokens=3 if draft is not None else None)
-        dec = SpeculativeDecoder(target, drafters, eos_token_ids=[1])
-        dec.generate([3, 4, 5], SamplingParams(max_new_tokens=2))  # the planner's timing passes (plain argmax)
-        unedited.clear()
-        outs.append([dec.generate(prompt, params).token_ids for prompt in SPECULATIVE_PROMPTS])
-        if floor == 0 and not params.min_new_tokens:  # (past min_new_tokens a row is not edited)
-            assert not unedited  # no row's unedited argmax was taken for nothing
+    outs, computed, edited, unedited = both_ways(monkeypatch, method, params, drafted=("fusion",))
+    if not params.min_new_tokens:  # (past min_new_tokens a row is not edited)
+        assert not unedited  # no row's unedited argmax was taken for nothing
     assert outs[0] == outs[1]
     assert edited and not any(computed)  # the screened steps' argmax came through the edits, no logits computed
     if params.min_new_tokens:
@@ -311,14 +328,7 @@ def test_the_race_in_logit_form_through_the_screen_is_the_whole_rows():
     from specula.sampling import gumbel_of, position_noise, race_scores, race_token
     from specula.tree_rows import RowEdit
 
-    w = near_tie_head()
-    head = f32_layer(w)
-    screen = OutputScreen(head)
-    g = torch.Generator().manual_seed(5)
-    states = torch.randn(90, w.shape[1], generator=g)
-    states[:45] = w[torch.randint(0, len(w), (45,), generator=g)]
-    _, approx = screen.argmax_and_approx(states)
-    logits = head(states)
+    w, _, screen, states, approx, logits, g = near_tie_rows(90, seed=5)
     agree = 0
     for r in range(len(states)):
         temperature = (0.3, 0.7, 1.0, 1.6)[r % 4]
@@ -344,24 +354,10 @@ def test_sampled_steps_at_a_temperature_alone_take_the_screen(monkeypatch, metho
     """Requests sampled at a temperature alone (with penalties, a logit bias or a min_new_tokens mask too) output
     what they output without the screen, and their steps race each row through it (`OutputScreen.edited_argmax`)
     with no float32 logits computed."""
-    model = tiny_model("qwen2", seed=7, vocab=300)
-    draft = perturbed_copy(model) if method in ("draft-model", "fusion") else None
-    computed, edited = [], []
-    real_logits, real_edited = screen_module.ScreenedPass.logits, OutputScreen.edited_argmax
-    monkeypatch.setattr(screen_module.ScreenedPass, "logits",
-                        lambda self: (computed.append(not self.has_logits), real_logits(self))[1])
-    monkeypatch.setattr(OutputScreen, "edited_argmax", lambda self, *a: (edited.append(1), real_edited(self, *a))[1])
-    outs = []
-    for floor in (0, 1 << 40):  # screened, not
-        monkeypatch.setattr(screen_module, "SCREEN_MIN_WEIGHTS", floor)
-        target = native(model)
-        drafters = make_drafters(method, target=target, draft=None if draft is None else native(draft),
-                                 num_draft_tokens=3 if draft is not None else None)
-        dec = SpeculativeDecoder(target, drafters, eos_token_ids=[1])
-        dec.generate([3, 4, 5], SamplingParams(max_new_tokens=2))  # the planner's timing passes (plain argmax)
-        outs.append([dec.generate(prompt, params).token_ids for prompt in SPECULATIVE_PROMPTS])
+    outs, computed, edited, _ = both_ways(monkeypatch, method, params, drafted=("draft-model", "fusion"))
     assert outs[0] == outs[1]
     assert edited and not any(computed)  # every race came through the screen, no logits computed
+    model = tiny_model("qwen2", seed=7, vocab=300)
     plain = SpeculativeDecoder(native(model), make_drafters("none", target=native(model)), eos_token_ids=[1])
     assert outs[0] == [plain.generate(prompt, params).token_ids for prompt in SPECULATIVE_PROMPTS]
 
