@@ -120,9 +120,15 @@ def test_constrained_greedy_through_the_output_screen(models, json_tokenizer, mo
 
 
 @pytest.mark.parametrize("method", ["none", "fusion"])
-def test_constrained_and_penalised_greedy_through_the_output_screen(models, json_tokenizer, monkeypatch, method):
-    """A grammar's masks and penalties on the same rows (`RowEdit`: the mask and the change together)
-    through the output screen output what they output without it."""
+@pytest.mark.parametrize("params", [
+    SamplingParams(max_new_tokens=30, repetition_penalty=1.5, logit_bias={EOS: -2.0}),
+    SamplingParams(max_new_tokens=30, temperature=0.9, seed=4),  # the race in logit form: a change of every id
+    SamplingParams(max_new_tokens=30, temperature=1.3, seed=5, repetition_penalty=1.5, logit_bias={EOS: -2.0}),
+])
+def test_constrained_and_penalised_steps_through_the_output_screen(models, json_tokenizer, monkeypatch, method,
+                                                                   params):
+    """A grammar's masks and penalties on the same rows (`RowEdit`: the mask and the change together), greedy or
+    sampled at a temperature alone, through the output screen output what they output without it."""
     from specula.models.native import NativeCausalLM, NativeDecoder, configure, kernels
     from specula.models.native import screen
 
@@ -137,7 +143,6 @@ def test_constrained_and_penalised_greedy_through_the_output_screen(models, json
                               eos_token_ids=[EOS])
 
     model, draft = models
-    params = SamplingParams(max_new_tokens=30, repetition_penalty=1.5, logit_bias={EOS: -2.0})
     outs = []
     for floor in (0, 1 << 40):  # screened, not
         monkeypatch.setattr(screen, "SCREEN_MIN_WEIGHTS", floor)
