@@ -40,7 +40,7 @@ from typing import Callable, Protocol, Sequence
 import torch
 
 from specula.errors import ConfigError
-from specula.sampling import (MIN_NOISE, SamplingParams, TargetRows, gumbel_of, position_noise, probabilities,
+from specula.sampling import (MIN_NOISE, SamplingParams, TargetRows, gumbel_of, position_noise, probabilities, race,
                               race_scores, race_token)
 from specula.tree import SiblingMode, TokenTree
 from specula.tree_rows import RowEdit, greedy_argmax, row_argmax
@@ -214,7 +214,7 @@ def target_tokens(p: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
     normalised), noise [n + 1, vocab] (row r gets the noise of its depth) -> LongTensor [n + 1]. For
     accelerators: one pass over the rows, no host synchronisation; then `verify_greedy` on the result is
     `verify_deterministic` (the same race, the same noise)."""
-    return (p.float() / noise.to(device=p.device, dtype=torch.float32)).argmax(-1)
+    return race(p, noise).argmax(-1)
 
 
 def raced_tokens(logits: torch.Tensor, temperature: float, noise: torch.Tensor) -> torch.Tensor:

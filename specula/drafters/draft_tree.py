@@ -65,7 +65,8 @@ from specula.drafters.lockstep import Clock, Steps, drive, immediate
 from specula.ema import Ema
 from specula.errors import ConfigError
 from specula.models.base import TargetModel, TargetSequence, keep_common_prefix
-from specula.sampling import SamplingParams, gumbel_keys, probabilities, sample_iid, sample_without_replacement
+from specula.sampling import (SamplingParams, gumbel_keys, probabilities, race, sample_iid,
+                              sample_without_replacement)
 from specula.tree import SiblingMode, TokenTree
 
 TreeSampling = Literal["deterministic", "iid", "without_replacement", "beam"]
@@ -340,7 +341,7 @@ class DraftTreeDrafter:
             top = q.topk(k, dim=-1)
             values, indices = top.values, top.indices
             if noise is not None:  # the coupled child first; the k-th gives way where it is new
-                won = (q / noise.to(q.device)).argmax(-1, keepdim=True)  # [F, 1]
+                won = race(q, noise).argmax(-1, keepdim=True)  # [F, 1]
                 rest = indices != won  # [F, k]: one False where the winner is among the top k
                 rest[:, -1] &= ~rest.all(-1)  # ... else the k-th gives way
                 rows, best = indices.shape[0], values[:, :1]  # best: [F, 1]
