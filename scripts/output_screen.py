@@ -1,12 +1,13 @@
 """Decoding with the output screen (`specula/models/native/screen.py`) against without it, side by side in one
 process: each method's seconds both ways, and whether every output is the same (greedy, or `--temperature T`:
-sampled at a temperature alone, seeded, the race taken through the screen).
+sampled at a temperature, seeded, the race taken through the screen; `--top-k` with `--top-p` within it, and
+`--min-p`, truncate it).
 
     python scripts/output_screen.py --target qwen2.5-coder-1.5b --methods none,draft-model,fusion --per-group 2
 
 The prompts are the everyday set's (`specula/data/everyday`, not a benchmark's), `--per-group` from each group;
 `--prompts structured`: the structured-output set's, each constrained to its JSON schema. `--repetition-penalty`,
-`--frequency-penalty`, `--presence-penalty`, `--min-new-tokens` and `--temperature` shape every request.
+`--frequency-penalty`, `--presence-penalty`, `--min-new-tokens`, `--temperature`, `--top-k`, `--top-p` and `--min-p` shape every request.
 Per prompt the two ways run one after the other, the order alternating from prompt to prompt; each way's total
 over the prompts is printed, with their ratio (without / with: above 1, the screen is faster), per round.
 """
@@ -44,6 +45,9 @@ def main() -> None:
     parser.add_argument("--min-new-tokens", type=int, default=0)
     parser.add_argument("--temperature", type=float, default=0.0,
                         help="sample at this temperature (seeded: both ways give the same tokens)")
+    parser.add_argument("--top-k", type=int, default=0, help="sampling: keep the k most likely tokens (0: all)")
+    parser.add_argument("--top-p", type=float, default=1.0, help="sampling: top-p (screened within a top-k only)")
+    parser.add_argument("--min-p", type=float, default=0.0, help="sampling: min-p")
     parser.add_argument("--seed", type=int, default=1, help="each request's seed when sampling")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -51,7 +55,8 @@ def main() -> None:
     floor = screen.SCREEN_MIN_WEIGHTS
     shaping = {"repetition_penalty": args.repetition_penalty, "frequency_penalty": args.frequency_penalty,
                "presence_penalty": args.presence_penalty, "min_new_tokens": args.min_new_tokens,
-               "temperature": args.temperature, "seed": args.seed}
+               "temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p, "min_p": args.min_p,
+               "seed": args.seed}
     report = {}
     for method in args.methods.split(";" if ";" in args.methods else ","):
         name, _, variant = method.partition(":")  # a bench variant: fusion:head=none

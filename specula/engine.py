@@ -384,14 +384,15 @@ class SpeculativeDecoder:
             if packed:  # one pass for all: each session's step took it
                 t1 = time.perf_counter()
                 outs = forward_trees(self.target, items, hidden=self.hidden,
-                                     argmax_only=all(_argmax_only(s, plan) for s, (plan, _) in zip(running, planned)))
+                                     argmax_only=all(_argmax_only(s, plan, self.target)
+                                                     for s, (plan, _) in zip(running, planned)))
                 seconds = [time.perf_counter() - t1] * len(items)
             else:  # a pass each (a backend that does not pack): each session is charged its own, which the
                 # back-off judges its drafting by (the batch's sum made drafting look 4x dearer at 4 sessions)
                 outs, seconds = [], []
                 for s, item, (plan, _) in zip(running, items, planned):
                     t1 = time.perf_counter()
-                    outs += forward_trees(self.target, [item], hidden=self.hidden, argmax_only=_argmax_only(s, plan))
+                    outs += forward_trees(self.target, [item], hidden=self.hidden, argmax_only=_argmax_only(s, plan, self.target))
                     seconds.append(time.perf_counter() - t1)
             for s, (plan, draft_seconds), out, pass_seconds in zip(running, planned, outs, seconds):
                 rows, hidden = out if self.hidden else (out, None)
@@ -759,17 +760,23 @@ class _Collected:
         return GenerationOutput(self.tokens, "".join(self.texts), self.stats, self.logprobs, self.prompt_logprobs)
 
 
-def _argmax_only(session: Session, plan: Plan) -> bool:
+def _argmax_only(session: Session, plan: Plan, target: TargetModel) -> bool:
     """Whether a step of `session` reads only an argmax of each row (`models.base.forward_trees`'
     `argmax_only`), without logprobs (which read whole rows; they would still get the exact logits,
-    computed after the pass): greedy, or sampled at a temperature alone with fixed candidates (the race
-    in logit form, an argmax of each row changed: `verify.verify_raced_logits`). A grammar's masks,
-    penalties and a min_new_tokens mask change the argmax each row source takes (`TreeRows.exact_argmax`).
-    Children drawn from q are verified against the whole distribution: not screened."""
+    computed after the pass): greedy, or sampled with fixed candidates at a temperature, with or without a
+    top-k (top-p within it) or min-p (the race in logit form, an argmax of each row changed, or of the few ids
+    the truncation keeps: `verify.verify_raced_logits`). A grammar's masks, penalties and a min_new_tokens mask
+    change the argmax each row source takes (`TreeRows.exact_argmax`, `TreeRows.exact_top`).
+    Children drawn from q are verified against the whole distribution: not screened; nor are truncated samples
+    where the target's output layer is too small for their candidates to pay (`models.base.screens_argmax`' top).
+    """
     params = session.params
     if params.logprobs is not None:
         return False
-    return params.greedy or (params.races_logits and plan.proposal.sibling_mode == "deterministic")
+    if params.greedy:
+        return True
+    return (params.races_logits and plan.proposal.sibling_mode == "deterministic"
+            and (not params.truncates or screens_argmax(target, top=True)))
 
 
 def feature_request(drafters) -> FeatureRequest:

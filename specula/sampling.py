@@ -173,10 +173,28 @@ class SamplingParams:
 
     @property
     def races_logits(self) -> bool:
-        """Sampling at a temperature alone (no top-k, top-p or min-p): the target's token is then the race in
-        logit form, the argmax of logits / T - log E (`race_scores`), which needs no normaliser, so a verification
-        pass's output screen can take it without the float32 logits (`verify.verify_raced_logits`)."""
-        return not self.greedy and self.top_k == 0 and self.top_p >= 1.0 and self.min_p == 0.0
+        """The target's token is the race in logit form (`truncated_race`): the argmax of logits / T - log E
+        (`race_scores`) over the ids the truncation keeps. So for sampling at a temperature alone, or truncated by
+        top-k (top-p within it) or min-p, whose kept ids follow from a few of the row's largest logits: no
+        normaliser over the whole row is needed, and a verification pass's output screen takes the token without
+        the float32 logits (`verify.verify_raced_logits`). Not top-p over the whole vocabulary (no top-k): its
+        nucleus needs every id's probability."""
+        return not self.greedy and (self.top_p >= 1.0 or self.top_k > 0)
+
+    @property
+    def truncates(self) -> bool:
+        """top-k, top-p or min-p leave some ids out of the sampled distribution."""
+        return self.top_k > 0 or self.top_p < 1.0 or self.min_p > 0.0
+
+    @property
+    def kept_within(self) -> float:
+        """How far below the row's largest logit an id a truncated sample can keep may lie, in logit units with
+        room for float32 rounding: T (-log min_p) and a hundredth of T more for min-p; inf without it, or with
+        top-p (which ranks every id top-k keeps). What a screen's candidates must reach beside the top k
+        (`models.native.screen.OutputScreen.edited_top`, `truncated_race`)."""
+        if self.min_p == 0.0 or self.top_p < 1.0:
+            return math.inf
+        return self.temperature * (0.01 - math.log(self.min_p))
 
     @property
     def fixed_drafts(self) -> bool:
@@ -364,6 +382,40 @@ def race_scores(logits: torch.Tensor, temperature: float, gumbel: torch.Tensor) 
     its own logit alone, never smaller for a larger one: an output screen maps each id's logit interval through it
     (`models.native.screen.OutputScreen.edited_argmax`), and the screened and whole-row races agree bit for bit."""
     return logits / temperature + gumbel
+
+
+def truncated_race(ids: torch.Tensor | None, logits: torch.Tensor, gumbel: torch.Tensor, params: SamplingParams) -> int:
+    """The target's token of a request that `races_logits` with truncation: ids [m] long ascending, some of a row's
+    ids (None: all of them), with its logits there [m] float32 (as the row sources change and mask them; -inf: masked) and their Gumbel
+    values [m] (`gumbel_of`). The ids must hold every id the truncation can keep or rank: the top_k largest logits
+    (ties included; every finite one where they are no more than top_k) and every id within `kept_within` of the
+    largest; the whole row always does, and a
+    screened pass's candidates do (`models.native.screen.OutputScreen.edited_top`). Which other ids the set holds
+    does not change the token: each step reads only the kept ids' values, in an order of their own.
+
+    Over s = logits / T: top-k keeps the ids at or above the k-th largest s; top-p keeps, of those ranked by s, each
+    whose higher-ranked ones hold less than top_p of their softmax (and the ids tied with the last kept); min-p
+    keeps the ids with exp(s - max s) >= min_p; the token is the first id with the largest s + gumbel among the
+    kept, `race_scores`' race. The law is `probabilities`' (top-k, top-p, min-p in that order); where float32
+    rounds a boundary or a near tie otherwise the two may part, as any two implementations' roundings do.
+    ValueError for a row with no finite logit."""
+    s = logits.float() / params.temperature  # [m]
+    keep = s > float("-inf")
+    finite = int(keep.sum())
+    if finite == 0:
+        raise ValueError("cannot sample from a row with no finite logit (every token at -inf, or NaN)")
+    if 0 < params.top_k < finite:
+        keep &= s >= torch.topk(s, params.top_k).values[-1]
+    if params.top_p < 1.0:
+        ranked = s[keep].sort(descending=True).values  # [kept]: the same values whatever else the set holds
+        probs = ranked.softmax(0)
+        last = int(((probs.cumsum(0) - probs) < params.top_p).sum()) - 1  # the nucleus: a prefix of the ranking
+        keep &= s >= ranked[max(last, 0)]
+    if params.min_p > 0.0:
+        keep &= (s - s[keep].max()).exp() >= params.min_p
+    scores = (s + gumbel).masked_fill(~keep, float("-inf"))  # [m]: `race_scores` over the kept ids
+    token = int(scores.argmax())
+    return token if ids is None else int(ids[token])
 
 
 def gumbel_of(noise: torch.Tensor) -> torch.Tensor:

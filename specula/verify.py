@@ -41,7 +41,7 @@ import torch
 
 from specula.errors import ConfigError
 from specula.sampling import (MIN_NOISE, SamplingParams, TargetRows, gumbel_of, position_noise, probabilities, race,
-                              race_scores, race_token)
+                              race_scores, race_token, truncated_race)
 from specula.tree import SiblingMode, TokenTree
 from specula.tree_rows import RowEdit, greedy_argmax, row_argmax
 
@@ -271,18 +271,28 @@ def verify_deterministic(
     return _deterministic_walk(tree, lambda r, d: race_token(p[r], noise_at(d)))
 
 
-def verify_raced_logits(tree: TokenTree, logits: Rows, temperature: float, noise: Noise) -> VerifyResult:
-    """`verify_deterministic` for a request sampled at a temperature alone (`SamplingParams.races_logits`): the
-    target's token at a row of depth d is the race in logit form, the argmax of logits / T - log E
-    (`sampling.race_scores`, noise(d) = E [vocab]), the same sample as the race over the softmax. A row source
-    that can take a changed row's argmax without the row (a screened pass, under any grammar or penalties above
-    it: `tree_rows.TreeRows.exact_argmax`) takes it, so no float32 logits are computed; else the whole row."""
+def verify_raced_logits(tree: TokenTree, logits: Rows, params: SamplingParams, noise: Noise) -> VerifyResult:
+    """`verify_deterministic` for a request whose token is raced in logit form (`SamplingParams.races_logits`):
+    the target's token at a row of depth d is the argmax of logits / T - log E (`sampling.race_scores`, noise(d) =
+    E [vocab]), the same sample as the race over the softmax, over the ids top-k / top-p / min-p keep where they
+    truncate (`sampling.truncated_race`). A row source that can take it without the row (a screened pass, under
+    any grammar or penalties above it: `tree_rows.TreeRows.exact_argmax`, or for a truncated request the kept
+    ids' exact values, `TreeRows.exact_top`) does, so no float32 logits are computed; else the whole row."""
     _check_rows(logits, len(tree), "logits")
     _check_unique_siblings(tree)
-    exact = getattr(logits, "exact_argmax", None)
+    vocab, temperature = logits.shape[-1], params.temperature
+    exact = getattr(logits, "exact_top" if params.truncates else "exact_argmax", None)
+
+    def truncated_at(r: int, d: int) -> int:
+        gumbel = gumbel_of(noise(d)[:vocab])  # [vocab]
+        kept = None if exact is None else exact(r, RowEdit(), params.top_k, params.kept_within)
+        if kept is None:
+            return truncated_race(None, logits[r], gumbel, params)
+        ids, values = kept
+        return truncated_race(ids, values, gumbel[ids], params)
 
     def token_at(r: int, d: int) -> int:
-        gumbel = gumbel_of(noise(d)[: logits.shape[-1]])  # [vocab]
+        gumbel = gumbel_of(noise(d)[:vocab])  # [vocab]
 
         def change(values: torch.Tensor) -> torch.Tensor:
             return race_scores(values, temperature, gumbel)
@@ -293,7 +303,7 @@ def verify_raced_logits(tree: TokenTree, logits: Rows, temperature: float, noise
             if not bool(scores[token] > float("-inf")):
                 raise ValueError("cannot sample from a row with no finite logit (every token at -inf, or NaN)")
         return token
-    return _deterministic_walk(tree, token_at)
+    return _deterministic_walk(tree, truncated_at if params.truncates else token_at)
 
 
 def _deterministic_walk(tree: TokenTree, token_at: Callable[[int, int], int]) -> VerifyResult:
@@ -525,12 +535,11 @@ def verify_step(
         if logits.device.type != "cpu":  # every row at once on the device: one synchronisation
             by_depth = torch.stack([position_noise(seed, position + d, vocab) for d in range(tree.max_depth + 1)])
             by_row = by_depth[torch.tensor((0, *tree.depth))]  # [n + 1, vocab]
-            if params.races_logits:
+            if params.races_logits and not params.truncates:
                 return verify_greedy(tree, raced_tokens(logits, params.temperature, by_row))
             return verify_greedy(tree, target_tokens(probabilities(logits, params), by_row.to(logits.device)))
         if params.races_logits:  # rows on the path only, through a pass's output screen where it has one
-            return verify_raced_logits(tree, logits, params.temperature, lambda d: position_noise(seed, position + d,
-                                                                                                    vocab))
+            return verify_raced_logits(tree, logits, params, lambda d: position_noise(seed, position + d, vocab))
         return verify_deterministic(tree, TargetRows(logits, params),  # rows on the path only, their noise only
                                     lambda d: position_noise(seed, position + d, vocab))
     if mode not in ("iid", "without_replacement", "iid_kseq"):

@@ -482,14 +482,60 @@ def test_the_race_in_logit_form_is_the_softmaxs_race_and_its_batched_path_the_wa
         logits = torch.randn(len(tree) + 1, V, generator=gen) * 3  # [n + 1, V]
         temperature = (0.5, 1.0, 1.7)[trial % 3]
         noise = torch.empty(tree.max_depth + 1, V).exponential_(generator=gen)
-        walked = verify_raced_logits(tree, logits, temperature, lambda d: noise[d])
+        walked = verify_raced_logits(tree, logits, SamplingParams(temperature=temperature), lambda d: noise[d])
         by_row = noise[torch.tensor((0, *tree.depth))]  # [n + 1, V]
         assert verify_greedy(tree, raced_tokens(logits, temperature, by_row)) == walked
         p = torch.softmax(logits / temperature, -1)
         assert verify_deterministic(tree, p, list(noise)) == walked
     dead = torch.full((1, V), float("-inf"))
     with pytest.raises(ValueError, match="no finite logit"):
-        verify_raced_logits(TokenTree.build([], []), dead, 1.0, lambda d: torch.ones(V))
+        verify_raced_logits(TokenTree.build([], []), dead, SamplingParams(temperature=1.0), lambda d: torch.ones(V))
+
+
+TRUNCATIONS = [SamplingParams(temperature=0.8, top_k=3), SamplingParams(temperature=1.3, top_k=3, top_p=0.7),
+               SamplingParams(temperature=1.1, top_k=5, top_p=0.8),
+               SamplingParams(temperature=0.6, min_p=0.2), SamplingParams(temperature=1.0, top_k=6, top_p=0.9, min_p=0.1),
+               SamplingParams(temperature=0.9, top_k=1)]
+
+
+@pytest.mark.parametrize("params", TRUNCATIONS)
+def test_the_truncated_race_in_logit_form_is_the_processed_distributions_race(params):
+    """top-k, top-p within it and min-p raced in logit form (`verify_raced_logits` over `truncated_race`): on random
+    rows the race over `probabilities` (`verify_deterministic`) picks the same tokens for the same noise, so the
+    law is the processed distribution's; and the token is the same from any set of ids that holds the kept ones
+    (what a screen's candidates are), the whole row's."""
+    from specula.sampling import gumbel_of, truncated_race
+    from specula.verify import verify_raced_logits
+
+    assert params.races_logits and params.truncates
+    gen = make_generator(8)
+    for trial in range(150):
+        tree = draft_tree(0, "det", gen)
+        logits = torch.randn(len(tree) + 1, V, generator=gen) * 2  # [n + 1, V]
+        noise = torch.empty(tree.max_depth + 1, V).exponential_(generator=gen)
+        walked = verify_raced_logits(tree, logits, params, lambda d: noise[d])
+        assert verify_deterministic(tree, probabilities(logits, params), list(noise)) == walked
+        row, gumbel = logits[0], gumbel_of(noise[0])
+        kept = probabilities(row[None], params)[0] > 0  # [V]
+        if 0 < params.top_k < V:  # top-p's normaliser is over the top k: the set holds them all
+            kept = row >= row.topk(params.top_k).values[-1]
+        elif params.top_p < 1.0:  # top-p ranks every id
+            kept[:] = True
+        extra = torch.rand(V, generator=gen) < 0.3  # any other ids beside the kept ones
+        ids = (kept | extra).nonzero().view(-1)
+        assert truncated_race(ids, row[ids], gumbel[ids], params) == truncated_race(None, row, gumbel, params)
+    masked = torch.tensor([float("-inf")] * (V - 1) + [0.0])  # a masked row: the one finite id, whatever top-k
+    assert truncated_race(None, masked, gumbel_of(noise[0]), params) == V - 1
+    with pytest.raises(ValueError, match="no finite logit"):
+        truncated_race(None, torch.full((V,), float("-inf")), gumbel_of(noise[0]), params)
+
+
+def test_only_top_p_over_the_whole_vocabulary_is_not_raced_in_logit_form():
+    assert SamplingParams(temperature=0.8).races_logits and not SamplingParams(temperature=0.8).truncates
+    assert SamplingParams(temperature=0.8, top_k=20, top_p=0.9, min_p=0.05).races_logits
+    assert not SamplingParams(temperature=0.8, top_p=0.9).races_logits
+    assert not SamplingParams(temperature=0.8, top_p=0.9, min_p=0.1).races_logits
+    assert not SamplingParams(temperature=0.0, top_k=5).races_logits
 
 def test_position_noise_is_a_function_of_seed_and_position_and_narrower_vocabularies_read_its_prefix():
     """What seeded sampling reproduces a run by, and what a draft of a narrower vocabulary couples with."""

@@ -214,6 +214,12 @@ class ArgmaxScreeningModel(Protocol):
         """Whether its passes take the argmax that way now (an output layer the screen pays on)."""
         ...
 
+    @property
+    def lazy_top_logits(self) -> bool:
+        """Whether its screened passes also pay for a truncated sample's kept ids (top-k, min-p: hundreds of
+        candidates a row where an argmax has one or two; a large output layer)."""
+        ...
+
     def output_screen(self) -> Any:
         """Build the screen now (else the first greedy pass does)."""
         ...
@@ -225,9 +231,10 @@ class ArgmaxScreeningModel(Protocol):
         ...
 
 
-def screens_argmax(target: object) -> bool:
-    """Whether `target`'s greedy passes take their argmax through an output screen now."""
-    return isinstance(target, ArgmaxScreeningModel) and target.lazy_logits
+def screens_argmax(target: object, top: bool = False) -> bool:
+    """Whether `target`'s greedy passes take their argmax through an output screen now (`top`: and a truncated
+    sample's kept ids, `ArgmaxScreeningModel.lazy_top_logits`)."""
+    return isinstance(target, ArgmaxScreeningModel) and target.lazy_logits and (not top or target.lazy_top_logits)
 
 
 def forward_trees(target: TargetModel, items: Sequence[tuple[TargetSequence, int, TokenTree]],

@@ -112,6 +112,7 @@ def screened(monkeypatch):
     """Every float32 output layer screened (the tiny models' are below `SCREEN_MIN_WEIGHTS`); the
     number of screened passes."""
     monkeypatch.setattr(screen_module, "SCREEN_MIN_WEIGHTS", 0)
+    monkeypatch.setattr(screen_module, "TOP_SCREEN_MIN_WEIGHTS", 0)
     calls = []
     real = OutputScreen.approx_logits
     monkeypatch.setattr(OutputScreen, "approx_logits",
@@ -253,19 +254,22 @@ def both_ways(monkeypatch, method: str, params: SamplingParams, drafted: tuple[s
     """Each of `SPECULATIVE_PROMPTS`' outputs under `params` with the screen and without (a fresh decoder each
     way, its planner's timing passes run first; a draft model for the methods in `drafted`): (outputs [screened,
     not], whether each float32 logits computation was the pass's first, the edited argmaxes taken, the unedited
-    argmaxes the screened decoder took after its timing passes)."""
+    argmaxes the screened decoder took after its timing passes). A truncated sample's kept ids through the screen
+    (`OutputScreen.edited_top`) count as edited argmaxes."""
     model = tiny_model("qwen2", seed=7, vocab=300)
     draft = perturbed_copy(model) if method in drafted else None
     computed, edited, unedited = [], [], []
-    real_logits, real_edited, real_decide = (screen_module.ScreenedPass.logits, OutputScreen.edited_argmax,
-                                             OutputScreen.decide)
+    real_logits, real_edited, real_top, real_decide = (screen_module.ScreenedPass.logits, OutputScreen.edited_argmax,
+                                                       OutputScreen.edited_top, OutputScreen.decide)
     monkeypatch.setattr(screen_module.ScreenedPass, "logits",
                         lambda self: (computed.append(not self.has_logits), real_logits(self))[1])
     monkeypatch.setattr(OutputScreen, "edited_argmax", lambda self, *a: (edited.append(1), real_edited(self, *a))[1])
+    monkeypatch.setattr(OutputScreen, "edited_top", lambda self, *a: (edited.append(1), real_top(self, *a))[1])
     monkeypatch.setattr(OutputScreen, "decide", lambda self, *a: (unedited.append(1), real_decide(self, *a))[1])
     outs, screened_unedited = [], []
     for floor in (0, 1 << 40):  # screened, not
         monkeypatch.setattr(screen_module, "SCREEN_MIN_WEIGHTS", floor)
+        monkeypatch.setattr(screen_module, "TOP_SCREEN_MIN_WEIGHTS", floor)
         target = native(model)
         drafters = make_drafters(method, target=target, draft=None if draft is None else native(draft),
                                  num_draft_tokens=3 if draft is not None else None)
@@ -343,17 +347,62 @@ def test_the_race_in_logit_form_through_the_screen_is_the_whole_rows():
     assert agree >= 55  # of 60: the softmax's race picks the same token
 
 
+def test_a_truncated_race_through_the_screen_is_the_whole_rows(monkeypatch):
+    """top-k (top-p within it) and min-p raced over the kept ids the screen gives (`OutputScreen.edited_top`, their
+    exact values) pick the whole float32 row's token on near-tied rows, under penalties and masks; a mask that
+    leaves fewer ids than top-k gives them all (top-p ranks them all); a min-p that reaches more ids than
+    `TOP_CANDIDATE_CAP` leaves the row to the whole layer."""
+    from collections import Counter
+
+    from specula.penalties import penalize
+    from specula.sampling import gumbel_of, position_noise, truncated_race
+    from specula.tree_rows import RowEdit
+
+    w, _, screen, states, approx, logits, g = near_tie_rows(120, seed=6)
+    cases = [SamplingParams(temperature=0.7, top_k=5), SamplingParams(temperature=1.2, top_k=30, top_p=0.8),
+             SamplingParams(temperature=0.9, min_p=0.3), SamplingParams(temperature=1.0, top_k=20, top_p=0.95, min_p=0.1,
+                                                                        repetition_penalty=1.3)]
+    screened = 0
+    for r in range(len(states)):
+        params = cases[r % len(cases)]
+        gumbel = gumbel_of(position_noise(11, r, len(w)))
+        top = logits[r].topk(4).indices.tolist()
+        edit = RowEdit(None, lambda row, o=Counter(top[:2]), s=params: penalize(row, o, set(), s))
+        if r % 3 == 0:
+            allowed = torch.rand(len(w), generator=g) < (0.5 if r % 2 else 0.005)  # the second: fewer ids than top-k
+            allowed[top[1]] = True
+            edit = edit.masked(allowed)
+        row = edit.change(logits[r].clone())
+        if edit.allowed is not None:
+            row = row.masked_fill(~edit.allowed, float("-inf"))
+        want = truncated_race(None, row, gumbel, params)
+        got = screen.edited_top(states[r], approx[r], edit, params.top_k, params.kept_within)
+        if got is not None:
+            ids, values = got
+            assert truncated_race(ids, values, gumbel[ids], params) == want, r
+            screened += 1
+    assert screened >= 100
+    wide = SamplingParams(temperature=2.0, min_p=1e-6)  # a flat row, every id within reach: past the candidate cap
+    flat = (states[:1] * 0.02).contiguous()
+    monkeypatch.setattr(screen_module, "TOP_CANDIDATE_CAP", 256)  # (the layer's 2,000 ids are under 2,048)
+    assert screen.edited_top(flat[0], screen.approx_logits(flat)[0], RowEdit(), wide.top_k, wide.kept_within) is None
+
+
 @pytest.mark.parametrize("method", ["none", "prompt-lookup", "draft-model", "fusion"])
 @pytest.mark.parametrize("params", [
     SamplingParams(max_new_tokens=20, temperature=0.8, seed=3, ignore_eos=True),
     SamplingParams(max_new_tokens=20, temperature=1.2, seed=5, repetition_penalty=1.3, logit_bias={9: 2.0},
                    ignore_eos=True),
     SamplingParams(max_new_tokens=20, temperature=1.0, seed=7, min_new_tokens=12),
+    SamplingParams(max_new_tokens=20, temperature=0.9, seed=4, top_k=12, ignore_eos=True),
+    SamplingParams(max_new_tokens=20, temperature=1.1, seed=6, top_k=40, top_p=0.8, min_p=0.05, repetition_penalty=1.2,
+                   ignore_eos=True),
+    SamplingParams(max_new_tokens=20, temperature=1.0, seed=8, min_p=0.1, min_new_tokens=12),
 ])
 def test_sampled_steps_at_a_temperature_alone_take_the_screen(monkeypatch, method, params):
-    """Requests sampled at a temperature alone (with penalties, a logit bias or a min_new_tokens mask too) output
-    what they output without the screen, and their steps race each row through it (`OutputScreen.edited_argmax`)
-    with no float32 logits computed."""
+    """Requests sampled at a temperature alone or truncated by top-k (top-p within it) or min-p (with penalties, a
+    logit bias or a min_new_tokens mask too) output what they output without the screen, and their steps race each
+    row through it (`OutputScreen.edited_argmax`, `OutputScreen.edited_top`) with no float32 logits computed."""
     outs, computed, edited, _ = both_ways(monkeypatch, method, params, drafted=("draft-model", "fusion"))
     assert outs[0] == outs[1]
     assert edited and not any(computed)  # every race came through the screen, no logits computed
@@ -363,7 +412,9 @@ def test_sampled_steps_at_a_temperature_alone_take_the_screen(monkeypatch, metho
 
 
 def test_sampled_requests_with_top_p_or_logprobs_are_not_screened(screened):
-    """top-p needs the whole distribution, logprobs whole rows: their steps compute the float32 logits."""
+    """top-p over the whole vocabulary needs the whole distribution, logprobs whole rows: their steps compute the
+    float32 logits; top-k with top-p takes the screen where the output layer is large enough for its candidates to
+    pay (`TOP_SCREEN_MIN_WEIGHTS`)."""
     model = tiny_model("qwen2", seed=7, vocab=300)
     dec = SpeculativeDecoder(native(model), make_drafter("prompt-lookup"), eos_token_ids=[])
     dec.generate([3, 4, 5], SamplingParams(max_new_tokens=2))  # the planner's timing passes
@@ -372,5 +423,12 @@ def test_sampled_requests_with_top_p_or_logprobs_are_not_screened(screened):
         screened.clear()
         dec.generate(SPECULATIVE_PROMPTS[0], params)
         assert not screened, params
-    dec.generate(SPECULATIVE_PROMPTS[0], SamplingParams(max_new_tokens=8, temperature=0.8, seed=1, ignore_eos=True))
-    assert screened
+    truncated = SamplingParams(max_new_tokens=8, temperature=0.8, top_k=20, top_p=0.9, seed=1, ignore_eos=True)
+    for params in (SamplingParams(max_new_tokens=8, temperature=0.8, seed=1, ignore_eos=True), truncated):
+        screened.clear()
+        dec.generate(SPECULATIVE_PROMPTS[0], params)
+        assert screened, params
+    screen_module.TOP_SCREEN_MIN_WEIGHTS = 1 << 40  # (the fixture restores it) a layer too small for top-k's candidates
+    screened.clear()
+    dec.generate(SPECULATIVE_PROMPTS[0], truncated)
+    assert not screened

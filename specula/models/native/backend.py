@@ -293,6 +293,12 @@ class NativeCausalLM:
         screen (`native.screen`): a float32 output layer of specula's kernels, big enough to pay."""
         return self.graphs is None and OutputScreen.fits(self.decoder.lm_head)
 
+    @property
+    def lazy_top_logits(self) -> bool:
+        """Whether a screened pass also pays for a truncated sample's kept ids (`screen.OutputScreen.edited_top`):
+        `lazy_logits` on an output layer of at least `screen.TOP_SCREEN_MIN_WEIGHTS` weights."""
+        return self.graphs is None and OutputScreen.fits(self.decoder.lm_head, top=True)
+
     def output_screen(self) -> Any:
         """The output layer's screen (`native.screen.OutputScreen`), built on first use (again after
         `set_output_layer`)."""

@@ -34,7 +34,7 @@ float32 logits once, as the pass did before.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 import torch
 
@@ -48,6 +48,12 @@ SCREEN_MIN_WEIGHTS = 8 << 20
 """The smallest float32 output layer (out x in weights, 32 MiB) screened: below it the full layer is a
 small part of a step and the screen's own pass would not pay (SmolLM2's 49,152 x 576 = 28.3M is
 screened; the tests' tiny models are not, unless a test attaches a screen)."""
+TOP_SCREEN_MIN_WEIGHTS = 64 << 20
+"""The smallest float32 output layer (256 MiB) whose passes give a truncated sample's kept ids through the screen
+(`OutputScreen.edited_top`): their candidates are hundreds of rows where an argmax's are one or two, and below
+it the int8 pass and the candidates cost about what the whole layer does (SmolLM2's 28.3M weights, top-k 40: one
+row 1.9-2.1 ms against 2.3-3.0 whole, but `fusion` 0.90-1.01x in three rounds, its passes of several rows dearer
+through the screen; the 1.5B's 233M: a row 6.0 ms against 13.6; `docs/native.md`)."""
 SCREEN_MAX_ROWS = 14
 """A pass of more rows computes its float32 logits as before: the int8 pass's cost grows with the rows
 (it converts every weight for each group of rows) where the float32 layer's barely does (it reads
@@ -59,6 +65,11 @@ column blocks. The screen's argmax against the float32 layer and its argmax (ms,
 CANDIDATE_CAP = 256
 """At most this many candidates a row go through the layer's own rows; a row with more is computed
 whole (on the 1.5B a row had at most 29)."""
+TOP_CANDIDATE_CAP = 2048
+"""`CANDIDATE_CAP` for the ids a truncated sample can keep (`OutputScreen.edited_top`): about the k-th largest
+logit the int8 copy's intervals overlap far more than about the largest (SmolLM2's rows at top-k 40: a median of
+206 candidates, at most 392; top-k 100: 489, at most 877), and their rows cost little beside the whole layer's
+(2,048 of the 1.5B's 1,536-wide rows: 12 MiB of its 890)."""
 
 
 def slack_of(scale: torch.Tensor, in_features: int) -> torch.Tensor:
@@ -93,11 +104,11 @@ class OutputScreen:
         self.slack = slack_of(scale, inp)  # [V]
 
     @classmethod
-    def fits(cls, head: object) -> bool:
+    def fits(cls, head: object, top: bool = False) -> bool:
         """Whether `head` is an output layer a screen pays on: float32 on specula's kernels, no bias,
-        at least `SCREEN_MIN_WEIGHTS` weights."""
+        at least `SCREEN_MIN_WEIGHTS` weights (`top`: for a truncated sample's kept ids, `TOP_SCREEN_MIN_WEIGHTS`)."""
         return (isinstance(head, KernelLinear) and head.kind == "f32" and head.bias is None
-                and head.out_features * head.in_features >= SCREEN_MIN_WEIGHTS)
+                and head.out_features * head.in_features >= (TOP_SCREEN_MIN_WEIGHTS if top else SCREEN_MIN_WEIGHTS))
 
     def argmax(self, states: torch.Tensor) -> torch.Tensor:
         """LongTensor [n]: `head(states).argmax(-1)` exactly (torch's rule: the first maximal id),
@@ -130,30 +141,57 @@ class OutputScreen:
         `CANDIDATE_CAP` candidates."""
         if edit.change is None:
             return self.masked_argmax(state, approx, edit.allowed)
+        got = self._edited_candidates(state, approx, edit, lambda low, best_low: best_low, CANDIDATE_CAP)
+        if got is None:
+            return None
+        ids, values = got
+        return int(ids[int(values.argmax())])
+
+    def edited_top(self, state: torch.Tensor, approx: torch.Tensor, edit: RowEdit, top_k: int,
+                   within: float) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The ids a truncated sample can keep, with their exact values: (ids [m] long ascending, the float32 logits
+        of `head(state)` there as `edit` changes and masks them [m]), every id whose value reaches the `top_k`-th
+        largest (0: no top-k) and lies within `within` of the largest among them (`sampling.truncated_race`). The
+        candidates are the ids whose changed upper end reaches both the `top_k`-th largest changed lower end and the
+        largest lower end less `within` (each exact value lies in its interval, so no kept id is missed; with top-p
+        `within` is infinite, `SamplingParams.kept_within`: it ranks every id the top k holds, or every id allowed
+        where they are fewer). None where only the whole row can say (`edited_argmax`'s cases)."""
+        def floor(low: torch.Tensor, best_low: float) -> float:
+            kth = float(low.topk(top_k).values[-1]) if 0 < top_k < low.shape[0] else float("-inf")
+            return max(kth, best_low - within)
+        return self._edited_candidates(state, approx, edit, floor, TOP_CANDIDATE_CAP)
+
+    def _edited_candidates(self, state: torch.Tensor, approx: torch.Tensor, edit: RowEdit,
+                           floor: Callable[[torch.Tensor, float], float],
+                           cap: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(ids [k] long ascending, their exact changed and masked values [k]) of every id not masked whose changed
+        upper end reaches `floor(changed lower ends [V], their largest)` (ascending: a first maximal id is torch's);
+        None where a value or bound is not finite, every id is masked, or more than `cap` ids reach it."""
         l1 = float(state.double().abs().sum()) * (1 + 2.0 ** -16)  # |x|_1, rounded up past its rounding
         bound = self.slack * l1 + approx.abs() * 2.0 ** -18  # [V]: `_decide`'s, with room for these roundings
         lower, upper = approx - bound, approx + bound  # [V]
         if not (bool(torch.isfinite(lower).all()) and bool(torch.isfinite(upper).all())):
             return None
-        low, high = edit.change(lower), edit.change(upper)  # [V] each: the changed values' interval
+        change = edit.change or (lambda row: row)
+        low, high = change(lower), change(upper)  # [V] each: the changed values' interval
         if edit.allowed is not None:
             low = low.masked_fill(~edit.allowed, float("-inf"))
             high = high.masked_fill(~edit.allowed, float("-inf"))
         best_low = float(low.max())
         if not math.isfinite(best_low):  # every id masked
             return None
-        ids = (high >= best_low).nonzero().view(-1)  # [k] ascending: the first maximal id below is torch's
-        if len(ids) > CANDIDATE_CAP:
+        ids = ((high >= floor(low, best_low)) & (high > float("-inf"))).nonzero().view(-1)  # [k] ascending
+        if len(ids) > cap:
             return None
         exact = self.head.take_rows(ids).into(state.float().view(1, -1).contiguous(),
                                              torch.empty((1, len(ids)), dtype=torch.float32))[0]  # [k]
         lower[ids] = exact  # a row holding the candidates' logits: a change reads each id's own value
-        values = edit.change(lower)[ids]  # [k]
+        values = change(lower)[ids]  # [k]
         if edit.allowed is not None:
             values = values.masked_fill(~edit.allowed[ids], float("-inf"))
         if bool(values.isnan().any()):
             return None
-        return int(ids[int(values.argmax())])
+        return ids, values
 
     def masked_argmax(self, state: torch.Tensor, approx: torch.Tensor, allowed: torch.Tensor | None) -> int:
         """The first id holding the maximum of `head(state)` over the `allowed` ids (state [E] float32,
@@ -291,6 +329,16 @@ class ScreenedLogits:
             return None
         r = self.start + row
         return screened.screen.edited_argmax(screened.states[r], screened.approx[r], edit)
+
+    def exact_top(self, row: int, edit: RowEdit, top_k: int, within: float) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Row `row`'s ids a truncated sample can keep, with their exact values as the row sources above change and
+        mask them (`TreeRows.exact_top`, `OutputScreen.edited_top`), with no float32 logits computed; None where the
+        whole row must say (or its float32 logits were computed)."""
+        screened = self.screened
+        if screened.has_logits:
+            return None
+        r = self.start + row
+        return screened.screen.edited_top(screened.states[r], screened.approx[r], edit, top_k, within)
 
     def draft_top_k(self, k: int) -> torch.Tensor:
         """LongTensor [n, k]: each row's k best ids for a drafter to learn from (token recycling):
