@@ -284,12 +284,11 @@ def verify_raced_logits(tree: TokenTree, logits: Rows, params: SamplingParams, n
     exact = getattr(logits, "exact_top" if params.truncates else "exact_argmax", None)
 
     def truncated_at(r: int, d: int) -> int:
-        gumbel = gumbel_of(noise(d)[:vocab])  # [vocab]
         kept = None if exact is None else exact(r, RowEdit(), params.top_k, params.kept_within)
         if kept is None:
-            return truncated_race(None, logits[r], gumbel, params)
+            return truncated_race(None, logits[r], gumbel_of(noise(d)[:vocab]), params)
         ids, values = kept
-        return truncated_race(ids, values, gumbel[ids], params)
+        return truncated_race(ids, values, gumbel_of(noise(d)[ids]), params)  # the kept ids' Gumbel values alone
 
     def token_at(r: int, d: int) -> int:
         gumbel = gumbel_of(noise(d)[:vocab])  # [vocab]
