@@ -305,13 +305,18 @@ def test_greedy_steps_with_penalties_and_min_tokens_take_the_screen(monkeypatch,
 
 def test_packed_batch_of_edited_and_plain_greedy_requests_through_the_screen(screened):
     """A packed pass of greedy requests with a repetition penalty, a logit bias and penalties, a
-    min_new_tokens mask and none: each request outputs what it outputs alone without the screen."""
+    min_new_tokens mask and none, and seeded samples at a temperature and truncated by top-k, top-p and
+    min-p: each request outputs what it outputs alone without the screen."""
     model = tiny_model("qwen2", seed=6, vocab=300)
     kinds = [SamplingParams(max_new_tokens=18, repetition_penalty=1.4, ignore_eos=True),
              SamplingParams(max_new_tokens=18, frequency_penalty=0.9, logit_bias={7: 3.0}, ignore_eos=True),
              SamplingParams(max_new_tokens=18, min_new_tokens=14),
-             SamplingParams(max_new_tokens=18, ignore_eos=True)]
-    prompts = [*SPECULATIVE_PROMPTS, [7, 8, 9, 7, 8], [5, 6, 5, 6, 5]]
+             SamplingParams(max_new_tokens=18, ignore_eos=True),
+             SamplingParams(max_new_tokens=18, temperature=0.9, seed=2, ignore_eos=True),
+             SamplingParams(max_new_tokens=18, temperature=1.1, top_k=30, top_p=0.9, min_p=0.02, seed=3,
+                            ignore_eos=True)]
+    prompts = [*SPECULATIVE_PROMPTS, [7, 8, 9, 7, 8], [5, 6, 5, 6, 5], [9, 10, 11, 9, 10], [4, 3, 4, 3, 2]]
+    assert len(prompts) == len(kinds)
     dec = SpeculativeDecoder(native(model), make_drafter("prompt-lookup"), eos_token_ids=[1])
     dec.generate([3, 4, 5], SamplingParams(max_new_tokens=4))  # the planner's timing passes
     screened.clear()
