@@ -7,7 +7,8 @@ sampled at a temperature, seeded, the race taken through the screen; `--top-k` w
 
 The prompts are the everyday set's (`specula/data/everyday`, not a benchmark's), `--per-group` from each group;
 `--prompts structured`: the structured-output set's, each constrained to its JSON schema. `--repetition-penalty`,
-`--frequency-penalty`, `--presence-penalty`, `--min-new-tokens`, `--temperature`, `--top-k`, `--top-p` and `--min-p` shape every request.
+`--frequency-penalty`, `--presence-penalty`, `--min-new-tokens`, `--temperature`, `--top-k`, `--top-p` and
+`--min-p` shape every request.
 Per prompt the two ways run one after the other, the order alternating from prompt to prompt; each way's total
 over the prompts is printed, with their ratio (without / with: above 1, the screen is faster), per round.
 """

@@ -392,7 +392,8 @@ class SpeculativeDecoder:
                 outs, seconds = [], []
                 for s, item, (plan, _) in zip(running, items, planned):
                     t1 = time.perf_counter()
-                    outs += forward_trees(self.target, [item], hidden=self.hidden, argmax_only=_argmax_only(s, plan, self.target))
+                    outs += forward_trees(self.target, [item], hidden=self.hidden,
+                                          argmax_only=_argmax_only(s, plan, self.target))
                     seconds.append(time.perf_counter() - t1)
             for s, (plan, draft_seconds), out, pass_seconds in zip(running, planned, outs, seconds):
                 rows, hidden = out if self.hidden else (out, None)

@@ -384,14 +384,15 @@ def race_scores(logits: torch.Tensor, temperature: float, gumbel: torch.Tensor) 
     return logits / temperature + gumbel
 
 
-def truncated_race(ids: torch.Tensor | None, logits: torch.Tensor, gumbel: torch.Tensor, params: SamplingParams) -> int:
+def truncated_race(ids: torch.Tensor | None, logits: torch.Tensor, gumbel: torch.Tensor,
+                   params: SamplingParams) -> int:
     """The target's token of a request that `races_logits` with truncation: ids [m] long ascending, some of a row's
-    ids (None: all of them), with its logits there [m] float32 (as the row sources change and mask them; -inf: masked) and their Gumbel
-    values [m] (`gumbel_of`). The ids must hold every id the truncation can keep or rank: the top_k largest logits
-    (ties included; every finite one where they are no more than top_k) and every id within `kept_within` of the
-    largest; the whole row always does, and a
-    screened pass's candidates do (`models.native.screen.OutputScreen.edited_top`). Which other ids the set holds
-    does not change the token: each step reads only the kept ids' values, in an order of their own.
+    ids (None: all of them), with its logits there [m] float32 (as the row sources change and mask them; -inf:
+    masked) and their Gumbel values [m] (`gumbel_of`). The ids must hold every id the truncation can keep or rank:
+    the top_k largest logits (ties included; every finite one where they are no more than top_k) and every id
+    within `kept_within` of the largest. The whole row always does, and a screened pass's candidates do
+    (`models.native.screen.OutputScreen.edited_top`). Which other ids the set holds does not change the token:
+    each step reads only the kept ids' values, in an order of their own.
 
     Over s = logits / T: top-k keeps the ids at or above the k-th largest s; top-p keeps, of those ranked by s, each
     whose higher-ranked ones hold less than top_p of their softmax (and the ids tied with the last kept); min-p

@@ -494,7 +494,8 @@ def test_the_race_in_logit_form_is_the_softmaxs_race_and_its_batched_path_the_wa
 
 TRUNCATIONS = [SamplingParams(temperature=0.8, top_k=3), SamplingParams(temperature=1.3, top_k=3, top_p=0.7),
                SamplingParams(temperature=1.1, top_k=5, top_p=0.8),
-               SamplingParams(temperature=0.6, min_p=0.2), SamplingParams(temperature=1.0, top_k=6, top_p=0.9, min_p=0.1),
+               SamplingParams(temperature=0.6, min_p=0.2),
+               SamplingParams(temperature=1.0, top_k=6, top_p=0.9, min_p=0.1),
                SamplingParams(temperature=0.9, top_k=1)]
 
 

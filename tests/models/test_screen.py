@@ -365,8 +365,8 @@ def test_a_truncated_race_through_the_screen_is_the_whole_rows(monkeypatch):
 
     w, _, screen, states, approx, logits, g = near_tie_rows(120, seed=6)
     cases = [SamplingParams(temperature=0.7, top_k=5), SamplingParams(temperature=1.2, top_k=30, top_p=0.8),
-             SamplingParams(temperature=0.9, min_p=0.3), SamplingParams(temperature=1.0, top_k=20, top_p=0.95, min_p=0.1,
-                                                                        repetition_penalty=1.3)]
+             SamplingParams(temperature=0.9, min_p=0.3),
+             SamplingParams(temperature=1.0, top_k=20, top_p=0.95, min_p=0.1, repetition_penalty=1.3)]
     screened = 0
     for r in range(len(states)):
         params = cases[r % len(cases)]
