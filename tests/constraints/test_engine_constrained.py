@@ -124,19 +124,23 @@ def test_constrained_greedy_through_the_output_screen(models, json_tokenizer, mo
     SamplingParams(max_new_tokens=30, repetition_penalty=1.5, logit_bias={EOS: -2.0}),
     SamplingParams(max_new_tokens=30, temperature=0.9, seed=4),  # the race in logit form: a change of every id
     SamplingParams(max_new_tokens=30, temperature=1.3, seed=5, repetition_penalty=1.5, logit_bias={EOS: -2.0}),
+    SamplingParams(max_new_tokens=30, temperature=1.0, seed=6, top_k=8, top_p=0.9, min_p=0.05),  # the kept ids
+    SamplingParams(max_new_tokens=30, temperature=1.1, seed=7, min_p=0.1, repetition_penalty=1.3),
 ])
 def test_constrained_and_penalised_steps_through_the_output_screen(models, json_tokenizer, monkeypatch, method,
                                                                    params):
     """A grammar's masks and penalties on the same rows (`RowEdit`: the mask and the change together), greedy or
-    sampled at a temperature alone, through the output screen output what they output without it."""
+    sampled at a temperature, alone or truncated (top-k, top-p within it, min-p: the kept ids through the screen,
+    `OutputScreen.edited_top`), through the output screen output what they output without it."""
     from specula.models.native import NativeCausalLM, NativeDecoder, configure, kernels
     from specula.models.native import screen
 
     if not kernels.available():
         pytest.skip(f"specula's CPU kernels cannot run here: {kernels.unavailable_reason()}")
     edited = []
-    real = screen.OutputScreen.edited_argmax
+    real, real_top = screen.OutputScreen.edited_argmax, screen.OutputScreen.edited_top
     monkeypatch.setattr(screen.OutputScreen, "edited_argmax", lambda self, *a: (edited.append(1), real(self, *a))[1])
+    monkeypatch.setattr(screen.OutputScreen, "edited_top", lambda self, *a: (edited.append(1), real_top(self, *a))[1])
 
     def native(model):
         return NativeCausalLM(configure(NativeDecoder.from_hf(model), "specula", "none", "sdpa"), "native",
@@ -146,6 +150,7 @@ def test_constrained_and_penalised_steps_through_the_output_screen(models, json_
     outs = []
     for floor in (0, 1 << 40):  # screened, not
         monkeypatch.setattr(screen, "SCREEN_MIN_WEIGHTS", floor)
+        monkeypatch.setattr(screen, "TOP_SCREEN_MIN_WEIGHTS", floor)
         options = {"num_draft_tokens": 4} if method == "fusion" else {}
         dec = build_decoder(method, native(model), json_tokenizer, native(draft) if method == "fusion" else None,
                             planner=HardwarePlanner(curve=FLAT) if method != "none" else "none", **options)
