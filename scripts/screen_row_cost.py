@@ -80,11 +80,13 @@ def main() -> None:
 
         def before() -> int:
             return race_token(probabilities(layer.head(xs)[0][None], params)[0], noise)
-        token = through_screen()
-        if token is not None and token != whole_row():
-            raise SystemExit(f"row {i}: the screen's token {token} is not the whole row's {whole_row()}")
         kept = layer.edited_top(x, layer.approx_logits(xs)[0], RowEdit(), params.top_k, params.kept_within)
         candidates.append(-1 if kept is None else len(kept[0]))
+        if kept is not None:
+            ids, values = kept
+            token, want = truncated_race(ids, values, gumbel_of(noise)[ids], params), whole_row()
+            if token != want:
+                raise SystemExit(f"row {i}: the screen's token {token} is not the whole row's {want}")
         for name, fn in (("screen", through_screen), ("row", whole_row), ("before", before)):
             times[name].append(median_ms(fn))
     print(f"{args.target}, {len(rows)} rows, {params.top_k=} {params.top_p=} {params.min_p=} T={params.temperature}")
