@@ -1,7 +1,7 @@
 """Decoding with the output screen (`specula/models/native/screen.py`) against without it, side by side in one
 process: each method's seconds both ways, and whether every output is the same (greedy, or `--temperature T`:
-sampled at a temperature, seeded, the race taken through the screen; `--top-k` with `--top-p` within it, and
-`--min-p`, truncate it).
+sampled at a temperature, seeded, the race taken through the screen; `--top-k` with `--top-p` within it,
+`--min-p`, and `--top-p` alone (top-p over every id, session 130) truncate it).
 
     python scripts/output_screen.py --target qwen2.5-coder-1.5b --methods none,draft-model,fusion --per-group 2
 
@@ -47,7 +47,7 @@ def main() -> None:
     parser.add_argument("--temperature", type=float, default=0.0,
                         help="sample at this temperature (seeded: both ways give the same tokens)")
     parser.add_argument("--top-k", type=int, default=0, help="sampling: keep the k most likely tokens (0: all)")
-    parser.add_argument("--top-p", type=float, default=1.0, help="sampling: top-p (screened within a top-k only)")
+    parser.add_argument("--top-p", type=float, default=1.0, help="sampling: top-p (within --top-k, or over every id)")
     parser.add_argument("--min-p", type=float, default=0.0, help="sampling: min-p")
     parser.add_argument("--seed", type=int, default=1, help="each request's seed when sampling")
     args = parser.parse_args()

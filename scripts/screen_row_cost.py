@@ -1,12 +1,15 @@
 """One truncated sampled row's cost through the output screen against the float32 row, on a target's real states.
 
     python scripts/screen_row_cost.py --target qwen2.5-coder-1.5b --top-k 40 --top-p 0.95 --min-p 0.05
+    python scripts/screen_row_cost.py --target qwen2.5-coder-1.5b --top-k 0 --top-p 0.95   # top-p over every id
 
 The states are the final states of a short answer's verification passes (plain decoding, screened); per row the
 median of a few timings of each way, then the median, min and max over the rows: the screen's int8 pass of the
 row, its candidates and the race over them (`OutputScreen.edited_top`, `sampling.truncated_race`); the float32
 row and the same race over it; the float32 row and the race over `probabilities` (the way before session 129).
-The first two must pick the same token (checked on every row); the candidates a row took are counted.
+Where the screen cannot say (top-p over every id: bounds that leave the nucleus open) the first way goes on to the
+whole row, as verification does. The first two must pick the same token (checked on every row the screen decides);
+the candidates a row took are counted, and the rows left to the whole row.
 """
 
 from __future__ import annotations
@@ -46,8 +49,8 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     params = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p)
-    if not (params.races_logits and params.truncates):
-        raise SystemExit("give a truncation the screen takes: --top-k (with --top-p within it) or --min-p")
+    if not params.truncates:
+        raise SystemExit("give a truncation: --top-k, --top-p or --min-p (--top-k 0 --top-p P: top-p over every id)")
     passes = []
     real_init = screen.ScreenedPass.__init__
 
@@ -68,25 +71,29 @@ def main() -> None:
         noise = position_noise(1, i, layer.head.out_features)
         xs = x.view(1, -1).contiguous()
 
-        def through_screen() -> int | None:
-            kept = layer.edited_top(x, layer.approx_logits(xs)[0], RowEdit(), params.top_k, params.kept_within)
+        def screened() -> int | None:
+            kept = layer.edited_top(x, layer.approx_logits(xs)[0], RowEdit(), params.top_k, params.kept_within,
+                                    params.ranks_every_id)
             if kept is None:
                 return None
-            ids, values = kept
-            return truncated_race(ids, values, gumbel_of(noise)[ids], params)
+            ids, values, rest = kept
+            return truncated_race(ids, values, gumbel_of(noise)[ids], params, rest)
 
         def whole_row() -> int:
             return truncated_race(None, layer.head(xs)[0], gumbel_of(noise), params)
 
+        def through_screen() -> int:  # as `verify_raced_logits` takes it: the whole row where the screen cannot say
+            token = screened()
+            return whole_row() if token is None else token
+
         def before() -> int:
             return race_token(probabilities(layer.head(xs)[0][None], params)[0], noise)
-        kept = layer.edited_top(x, layer.approx_logits(xs)[0], RowEdit(), params.top_k, params.kept_within)
-        candidates.append(-1 if kept is None else len(kept[0]))
-        if kept is not None:
-            ids, values = kept
-            token, want = truncated_race(ids, values, gumbel_of(noise)[ids], params), whole_row()
-            if token != want:
-                raise SystemExit(f"row {i}: the screen's token {token} is not the whole row's {want}")
+        kept = layer.edited_top(x, layer.approx_logits(xs)[0], RowEdit(), params.top_k, params.kept_within,
+                                params.ranks_every_id)
+        token = screened()
+        candidates.append(-1 if token is None else len(kept[0]))
+        if token is not None and token != whole_row():
+            raise SystemExit(f"row {i}: the screen's token {token} is not the whole row's {whole_row()}")
         for name, fn in (("screen", through_screen), ("row", whole_row), ("before", before)):
             times[name].append(median_ms(fn))
     print(f"{args.target}, {len(rows)} rows, {params.top_k=} {params.top_p=} {params.min_p=} T={params.temperature}")
@@ -96,7 +103,7 @@ def main() -> None:
         print(f"  {label}: median {statistics.median(v):.2f} ms (min {min(v):.2f}, max {max(v):.2f})")
     screened = [c for c in candidates if c >= 0]
     print(f"  candidates a row: median {statistics.median(screened) if screened else 0} (min {min(screened or [0])}, "
-          f"max {max(screened or [0])}); {len(candidates) - len(screened)} rows past the cap")
+          f"max {max(screened or [0])}); {len(candidates) - len(screened)} rows the screen left to the whole row")
 
 
 if __name__ == "__main__":

@@ -765,8 +765,9 @@ def _argmax_only(session: Session, plan: Plan, target: TargetModel) -> bool:
     """Whether a step of `session` reads only an argmax of each row (`models.base.forward_trees`'
     `argmax_only`), without logprobs (which read whole rows; they would still get the exact logits,
     computed after the pass): greedy, or sampled with fixed candidates at a temperature, with or without a
-    top-k (top-p within it) or min-p (the race in logit form, an argmax of each row changed, or of the few ids
-    the truncation keeps: `verify.verify_raced_logits`). A grammar's masks, penalties and a min_new_tokens mask
+    top-k (top-p within it), min-p or top-p over every id (the race in logit form, an argmax of each row changed,
+    or of the few ids the truncation keeps: `verify.verify_raced_logits`; top-p over every id computes a row whose
+    nucleus the screen's bounds leave open). A grammar's masks, penalties and a min_new_tokens mask
     change the argmax each row source takes (`TreeRows.exact_argmax`, `TreeRows.exact_top`).
     Children drawn from q are verified against the whole distribution: not screened; nor are truncated samples
     where the target's output layer is too small for their candidates to pay (`models.base.screens_argmax`' top).

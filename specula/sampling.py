@@ -174,12 +174,19 @@ class SamplingParams:
     @property
     def races_logits(self) -> bool:
         """The target's token is the race in logit form (`truncated_race`): the argmax of logits / T - log E
-        (`race_scores`) over the ids the truncation keeps. So for sampling at a temperature alone, or truncated by
-        top-k (top-p within it) or min-p, whose kept ids follow from a few of the row's largest logits: no
-        normaliser over the whole row is needed, and a verification pass's output screen takes the token without
-        the float32 logits (`verify.verify_raced_logits`). Not top-p over the whole vocabulary (no top-k): its
-        nucleus needs every id's probability."""
-        return not self.greedy and (self.top_p >= 1.0 or self.top_k > 0)
+        (`race_scores`) over the ids the truncation keeps: every sampled request. At a temperature alone, or
+        truncated by top-k (top-p within it) or min-p, the kept ids follow from a few of the row's largest logits;
+        top-p over the whole vocabulary also needs its normaliser, which bounds on the other ids' values can pin
+        down (`ranks_every_id`). A verification pass's output screen then takes the token without the float32
+        logits (`verify.verify_raced_logits`)."""
+        return not self.greedy
+
+    @property
+    def ranks_every_id(self) -> bool:
+        """top-p over the whole vocabulary (no top-k): its nucleus is a prefix of every id ranked, its normaliser a
+        sum over them all. A set of ids decides it with bounds on the values of the ids it leaves out
+        (`truncated_race`'s `rest`)."""
+        return not self.greedy and self.top_p < 1.0 and self.top_k == 0
 
     @property
     def truncates(self) -> bool:
@@ -384,8 +391,14 @@ def race_scores(logits: torch.Tensor, temperature: float, gumbel: torch.Tensor) 
     return logits / temperature + gumbel
 
 
-def truncated_race(ids: torch.Tensor | None, logits: torch.Tensor, gumbel: torch.Tensor,
-                   params: SamplingParams) -> int:
+NUCLEUS_MARGIN = 1e-9
+"""Relative room a nucleus decided from bounds on the left-out ids' values keeps on each side of its cut
+(`truncated_race`'s `rest`): a float64 sum over the whole row and one over a set of its ids with the rest bounded
+differ by about 1e-12 of the mass, so the whole row cuts where the bounded set does."""
+
+
+def truncated_race(ids: torch.Tensor | None, logits: torch.Tensor, gumbel: torch.Tensor, params: SamplingParams,
+                   rest: tuple[torch.Tensor, torch.Tensor] | None = None) -> int | None:
     """The target's token of a request that `races_logits` with truncation: ids [m] long ascending, some of a row's
     ids (None: all of them), with its logits there [m] float32 (as the row sources change and mask them; -inf:
     masked) and their Gumbel values [m] (`gumbel_of`). The ids must hold every id the truncation can keep or rank:
@@ -399,7 +412,12 @@ def truncated_race(ids: torch.Tensor | None, logits: torch.Tensor, gumbel: torch
     keeps the ids with exp(s - max s) >= min_p; the token is the first id with the largest s + gumbel among the
     kept, `race_scores`' race. The law is `probabilities`' (top-k, top-p, min-p in that order); where float32
     rounds a boundary or a near tie otherwise the two may part, as any two implementations' roundings do.
-    ValueError for a row with no finite logit."""
+
+    top-p over every id (`SamplingParams.ranks_every_id`) ranks them all and normalises over them all (in float64,
+    `_nucleus_floor`): a set of some ids needs `rest`, (lower [r], upper [r]) float32 bounds of the other ids'
+    logits (as changed and masked; -inf: no id, so a whole row's ends with the set's ids at -inf will do), and returns
+    None where they leave the nucleus open (its mass could move the cut or one of them could rank within it; the whole
+    row then decides). ValueError for a row with no finite logit."""
     s = logits.float() / params.temperature  # [m]
     keep = s > float("-inf")
     finite = int(keep.sum())
@@ -407,16 +425,57 @@ def truncated_race(ids: torch.Tensor | None, logits: torch.Tensor, gumbel: torch
         raise ValueError("cannot sample from a row with no finite logit (every token at -inf, or NaN)")
     if 0 < params.top_k < finite:
         keep &= s >= torch.topk(s, params.top_k).values[-1]
-    if params.top_p < 1.0:
-        ranked = s[keep].sort(descending=True).values  # [kept]: the same values whatever else the set holds
-        probs = ranked.softmax(0)
-        last = int(((probs.cumsum(0) - probs) < params.top_p).sum()) - 1  # the nucleus: a prefix of the ranking
-        keep &= s >= ranked[max(last, 0)]
+        if params.top_p < 1.0:
+            ranked = s[keep].sort(descending=True).values  # [kept]: the same values whatever else the set holds
+            probs = ranked.softmax(0)
+            last = int(((probs.cumsum(0) - probs) < params.top_p).sum()) - 1  # the nucleus: a prefix of the ranking
+            keep &= s >= ranked[max(last, 0)]
+    elif params.top_p < 1.0:
+        bounds = None if rest is None else (rest[0].float() / params.temperature, rest[1].float() / params.temperature)
+        floor = _nucleus_floor(s, params.top_p, bounds)
+        if floor is None:
+            return None
+        keep &= s >= floor
     if params.min_p > 0.0:
         keep &= (s - s[keep].max()).exp() >= params.min_p
     scores = (s + gumbel).masked_fill(~keep, float("-inf"))  # [m]: `race_scores` over the kept ids
     token = int(scores.argmax())
     return token if ids is None else int(ids[token])
+
+
+def _nucleus_floor(s: torch.Tensor, top_p: float, rest: tuple[torch.Tensor, torch.Tensor] | None) -> float | None:
+    """The smallest s top-p keeps over a whole row: s [f] float32 (-inf: masked; at least one finite), the row's
+    values or some of them, with `rest` = (lower [r], upper [r]) float32 bounds of the others' s. The ids ranked by
+    s, each is kept while those ranked above it hold less than top_p of the row's exp(s - max s), summed in float64
+    (the top `NUCLEUS_FIRST_K` ranked first, 8x more while they hold less). With `rest` the row's sum lies between
+    the set's plus the rest's lower and upper ends' (float64; `NUCLEUS_MARGIN` for the sums' roundings): None where
+    the cut moves within those bounds, or where one of the rest could rank above the cut or be the next kept."""
+    top_s = float(s.max())
+    e = (s.double() - top_s).exp()  # [f]: exp is monotone, so e ranks as s (a masked id's is 0)
+    low = high = float(e.sum())
+    margin, rest_max = 0.0, float("-inf")
+    if rest is not None:  # a set of the row's ids: sums in other orders than the row's, bounds on the others
+        margin, rest_max = NUCLEUS_MARGIN, float(rest[1].max()) if rest[1].numel() else float("-inf")
+        if rest_max > float("-inf"):
+            low += float((rest[0].double() - top_s).exp().sum())
+            high += float((rest[1].double() - top_s).exp().sum())
+    reach, must = top_p * high * (1.0 + margin), top_p * low * (1.0 - margin)  # kept surely below must, maybe below reach
+    k = min(len(e), NUCLEUS_FIRST_K)
+    while True:
+        top, order = torch.topk(e, k)  # descending
+        cum = top.cumsum(0)
+        if k == len(e) or float(cum[-1]) >= reach:
+            break
+        k = min(len(e), 8 * k)
+    before = cum - top  # [k]: the mass ranked above each id
+    kept = int((before < must).sum())  # >= 1: the first has none above it
+    if kept != int((before < reach).sum()):
+        return None
+    floor = float(s[order[kept - 1]])
+    # one of the rest ranked above the last kept, or next after it with less than top_p above: the set cannot say
+    if rest_max > float("-inf") and (rest_max >= floor or float(cum[kept - 1]) < reach):
+        return None
+    return floor
 
 
 def gumbel_of(noise: torch.Tensor) -> torch.Tensor:

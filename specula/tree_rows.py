@@ -155,14 +155,15 @@ class TreeRows:
         own = None if below is None else self._edit(row, edit)
         return None if own is None else below(row, own)
 
-    def exact_top(self, row: int, edit: RowEdit, top_k: int,
-                  within: float) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """The ids of row `row` a truncated sample can keep and their exact values, as this source transforms the
-        row and then `edit` (`models.native.screen.OutputScreen.edited_top`), where the row source at the bottom of
-        the stack takes them without the row; None where not."""
+    def exact_top(self, row: int, edit: RowEdit, top_k: int, within: float,
+                  ranks_every_id: bool = False) -> tuple | None:
+        """The ids of row `row` a truncated sample can keep and their exact values (with bounds on the others' for
+        top-p over every id), as this source transforms the row and then `edit`
+        (`models.native.screen.OutputScreen.edited_top`), where the row source at the bottom of the stack takes them
+        without the row; None where not."""
         below = getattr(self.logits, "exact_top", None)
         own = None if below is None else self._edit(row, edit)
-        return None if own is None else below(row, own, top_k, within)
+        return None if own is None else below(row, own, top_k, within, ranks_every_id)
 
     def _edit(self, row: int, edit: RowEdit) -> RowEdit | None:
         """`edit` with what this source does to row `row` put below it (None: this source cannot

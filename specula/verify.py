@@ -277,18 +277,21 @@ def verify_raced_logits(tree: TokenTree, logits: Rows, params: SamplingParams, n
     E [vocab]), the same sample as the race over the softmax, over the ids top-k / top-p / min-p keep where they
     truncate (`sampling.truncated_race`). A row source that can take it without the row (a screened pass, under
     any grammar or penalties above it: `tree_rows.TreeRows.exact_argmax`, or for a truncated request the kept
-    ids' exact values, `TreeRows.exact_top`) does, so no float32 logits are computed; else the whole row."""
+    ids' exact values, `TreeRows.exact_top`, with bounds on the others' for top-p over every id) does, so no float32
+    logits are computed; else, or where those bounds leave top-p's nucleus open, the whole row."""
     _check_rows(logits, len(tree), "logits")
     _check_unique_siblings(tree)
     vocab, temperature = logits.shape[-1], params.temperature
     exact = getattr(logits, "exact_top" if params.truncates else "exact_argmax", None)
 
     def truncated_at(r: int, d: int) -> int:
-        kept = None if exact is None else exact(r, RowEdit(), params.top_k, params.kept_within)
-        if kept is None:
-            return truncated_race(None, logits[r], gumbel_of(noise(d)[:vocab]), params)
-        ids, values = kept
-        return truncated_race(ids, values, gumbel_of(noise(d)[ids]), params)  # the kept ids' Gumbel values alone
+        kept = None if exact is None else exact(r, RowEdit(), params.top_k, params.kept_within, params.ranks_every_id)
+        if kept is not None:
+            ids, values, rest = kept  # rest: bounds on the other ids' values, for top-p over every id
+            token = truncated_race(ids, values, gumbel_of(noise(d)[ids]), params, rest)  # their Gumbel values alone
+            if token is not None:
+                return token
+        return truncated_race(None, logits[r], gumbel_of(noise(d)[:vocab]), params)
 
     def token_at(r: int, d: int) -> int:
         gumbel = gumbel_of(noise(d)[:vocab])  # [vocab]

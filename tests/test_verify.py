@@ -10,6 +10,7 @@ planted wrong rule must fail the same check.
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 import torch
@@ -496,7 +497,8 @@ TRUNCATIONS = [SamplingParams(temperature=0.8, top_k=3), SamplingParams(temperat
                SamplingParams(temperature=1.1, top_k=5, top_p=0.8),
                SamplingParams(temperature=0.6, min_p=0.2),
                SamplingParams(temperature=1.0, top_k=6, top_p=0.9, min_p=0.1),
-               SamplingParams(temperature=0.9, top_k=1)]
+               SamplingParams(temperature=0.9, top_k=1), SamplingParams(temperature=0.9, top_p=0.8),
+               SamplingParams(temperature=1.2, top_p=0.6, min_p=0.05)]
 
 
 @pytest.mark.parametrize("params", TRUNCATIONS)
@@ -531,12 +533,68 @@ def test_the_truncated_race_in_logit_form_is_the_processed_distributions_race(pa
         truncated_race(None, torch.full((V,), float("-inf")), gumbel_of(noise[0]), params)
 
 
-def test_only_top_p_over_the_whole_vocabulary_is_not_raced_in_logit_form():
+def test_every_sampled_request_is_raced_in_logit_form_and_top_p_alone_ranks_every_id():
     assert SamplingParams(temperature=0.8).races_logits and not SamplingParams(temperature=0.8).truncates
     assert SamplingParams(temperature=0.8, top_k=20, top_p=0.9, min_p=0.05).races_logits
-    assert not SamplingParams(temperature=0.8, top_p=0.9).races_logits
-    assert not SamplingParams(temperature=0.8, top_p=0.9, min_p=0.1).races_logits
+    assert SamplingParams(temperature=0.8, top_p=0.9).races_logits
     assert not SamplingParams(temperature=0.0, top_k=5).races_logits
+    assert SamplingParams(temperature=0.8, top_p=0.9).ranks_every_id
+    assert SamplingParams(temperature=0.8, top_p=0.9, min_p=0.1).ranks_every_id
+    assert not SamplingParams(temperature=0.8, top_k=20, top_p=0.9).ranks_every_id
+    assert not SamplingParams(temperature=0.8, min_p=0.1).ranks_every_id
+    assert not SamplingParams(temperature=0.0, top_p=0.9).ranks_every_id
+
+
+@pytest.mark.parametrize("params", [SamplingParams(temperature=0.9, top_p=0.8), SamplingParams(temperature=1.3, top_p=0.95),
+                                    SamplingParams(temperature=0.7, top_p=0.5, min_p=0.05)])
+def test_top_p_over_every_id_from_a_set_and_bounds_on_the_rest_is_the_whole_rows_or_undecided(params):
+    """top-p without top-k from a set of a row's ids and bounds on the others' values (`truncated_race`'s `rest`, as a
+    screen gives them): the whole row's token wherever it decides; it decides most rows when the bounds are tight and
+    the set holds the likely ids, and never claims a row whose bounds leave the nucleus open (a cut on a boundary,
+    one of the rest that could rank within the nucleus, a set whose mass is all kept)."""
+    from specula.sampling import gumbel_of, truncated_race
+
+    W = 200  # a vocabulary with room for a nucleus, a set and a rest
+    gen = make_generator(12)
+    decided = 0
+    for trial in range(400):
+        row = torch.randn(W, generator=gen) * (1 + trial % 3)  # [W]: a few likely ids over a flat tail, as real rows
+        row[torch.randperm(W, generator=gen)[: 1 + trial % 4]] += 12.0
+        if trial % 5 == 0:
+            row[torch.rand(W, generator=gen) < 0.3] = float("-inf")  # masked ids
+        gumbel = gumbel_of(torch.empty(W).exponential_(generator=gen))
+        want = truncated_race(None, row, gumbel, params)
+        width = (0.01, 0.1, 1.0)[trial % 3]
+        lower = row - width * torch.rand(W, generator=gen)  # [W]: intervals that hold each value
+        upper = row + width * torch.rand(W, generator=gen)
+        inside = upper >= lower.topk(1 + trial % 12).values[-1]  # the set: every id that could reach the j-th largest
+        inside |= torch.rand(W, generator=gen) < 0.1  # and any others
+        ids = inside.nonzero().view(-1)
+        rest = (lower.masked_fill(inside, float("-inf")), upper.masked_fill(inside, float("-inf")))
+        got = truncated_race(ids, row[ids], gumbel[ids], params, rest)
+        if got is not None:
+            assert got == want, trial
+            decided += 1
+    assert 150 <= decided < 400
+    # two ids in the set, the first holding p1 of their mass: the rest's bounds decide whether the second is kept
+    s = torch.tensor([0.0, -1.0]) * params.temperature  # s = [0, -1]
+    p1, gumbel = 1.0 / (1.0 + math.exp(-1.0)), torch.tensor([0.0, 5.0])  # the second wins the race if kept
+    t = params.temperature  # bounds on the rest's logits, s T
+    loose = (torch.full((W - 2,), -60.0 * t), torch.full((W - 2,), -3.0 * t))  # up to 198 e^-3: 7 times the set's mass
+    tight = (torch.full((W - 2,), -80.0 * t), torch.full((W - 2,), -79.0 * t))  # nothing that could move a cut
+    row = torch.cat([s, torch.full((W - 2,), -79.5 * t)])  # a whole row within the tight bounds
+    for top_p, kept_second in ((p1 * (1 - 1e-3), False), (p1 * (1 + 1e-6), True)):
+        edge = replace(params, top_p=top_p, min_p=0.0)
+        assert truncated_race(None, row, torch.cat([gumbel, torch.zeros(W - 2)]), edge) == int(kept_second)
+        assert truncated_race(torch.arange(2), s, gumbel, edge, tight) == int(kept_second)
+        assert truncated_race(torch.arange(2), s, gumbel, edge, loose) is None  # the second kept or the rest next
+    on_the_cut = replace(params, top_p=p1, min_p=0.0)  # within the sums' margin of the cut: only the row says
+    assert truncated_race(torch.arange(2), s, gumbel, on_the_cut, tight) is None
+    above = (torch.full((W - 2,), -60.0 * t), torch.full((W - 2,), 1.0 * t))  # one of the rest could outrank the set's best
+    assert truncated_race(torch.arange(2), s, gumbel, replace(params, top_p=0.5, min_p=0.0), above) is None
+    masked = (torch.full((W - 2,), float("-inf")), torch.full((W - 2,), float("-inf")))  # the set holds every finite id
+    assert truncated_race(torch.arange(2), s, gumbel, replace(params, top_p=0.999, min_p=0.0), masked) == 1
+
 
 def test_position_noise_is_a_function_of_seed_and_position_and_narrower_vocabularies_read_its_prefix():
     """What seeded sampling reproduces a run by, and what a draft of a narrower vocabulary couples with."""

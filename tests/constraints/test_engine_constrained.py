@@ -126,12 +126,13 @@ def test_constrained_greedy_through_the_output_screen(models, json_tokenizer, mo
     SamplingParams(max_new_tokens=30, temperature=1.3, seed=5, repetition_penalty=1.5, logit_bias={EOS: -2.0}),
     SamplingParams(max_new_tokens=30, temperature=1.0, seed=6, top_k=8, top_p=0.9, min_p=0.05),  # the kept ids
     SamplingParams(max_new_tokens=30, temperature=1.1, seed=7, min_p=0.1, repetition_penalty=1.3),
+    SamplingParams(max_new_tokens=30, temperature=0.7, seed=8, top_p=0.8, presence_penalty=0.5),  # bounds on the rest
 ])
 def test_constrained_and_penalised_steps_through_the_output_screen(models, json_tokenizer, monkeypatch, method,
                                                                    params):
     """A grammar's masks and penalties on the same rows (`RowEdit`: the mask and the change together), greedy or
-    sampled at a temperature, alone or truncated (top-k, top-p within it, min-p: the kept ids through the screen,
-    `OutputScreen.edited_top`), through the output screen output what they output without it."""
+    sampled at a temperature, alone or truncated (top-k, top-p within it, min-p, top-p over every id: the kept ids
+    through the screen, `OutputScreen.edited_top`), through the output screen output what they output without it."""
     from specula.models.native import NativeCausalLM, NativeDecoder, configure, kernels
     from specula.models.native import screen
 

@@ -305,8 +305,8 @@ def test_greedy_steps_with_penalties_and_min_tokens_take_the_screen(monkeypatch,
 
 def test_packed_batch_of_edited_and_plain_greedy_requests_through_the_screen(screened):
     """A packed pass of greedy requests with a repetition penalty, a logit bias and penalties, a
-    min_new_tokens mask and none, and seeded samples at a temperature and truncated by top-k, top-p and
-    min-p: each request outputs what it outputs alone without the screen."""
+    min_new_tokens mask and none, and seeded samples at a temperature, truncated by top-k, top-p and min-p, and by
+    top-p over every id: each request outputs what it outputs alone without the screen."""
     model = tiny_model("qwen2", seed=6, vocab=300)
     kinds = [SamplingParams(max_new_tokens=18, repetition_penalty=1.4, ignore_eos=True),
              SamplingParams(max_new_tokens=18, frequency_penalty=0.9, logit_bias={7: 3.0}, ignore_eos=True),
@@ -314,8 +314,9 @@ def test_packed_batch_of_edited_and_plain_greedy_requests_through_the_screen(scr
              SamplingParams(max_new_tokens=18, ignore_eos=True),
              SamplingParams(max_new_tokens=18, temperature=0.9, seed=2, ignore_eos=True),
              SamplingParams(max_new_tokens=18, temperature=1.1, top_k=30, top_p=0.9, min_p=0.02, seed=3,
-                            ignore_eos=True)]
-    prompts = [*SPECULATIVE_PROMPTS, [7, 8, 9, 7, 8], [5, 6, 5, 6, 5], [9, 10, 11, 9, 10], [4, 3, 4, 3, 2]]
+                            ignore_eos=True),
+             SamplingParams(max_new_tokens=18, temperature=0.6, top_p=0.8, seed=5, ignore_eos=True)]
+    prompts = [*SPECULATIVE_PROMPTS, [7, 8, 9, 7, 8], [5, 6, 5, 6, 5], [9, 10, 11, 9, 10], [4, 3, 4, 3, 2], [6, 7, 6, 8]]
     assert len(prompts) == len(kinds)
     dec = SpeculativeDecoder(native(model), make_drafter("prompt-lookup"), eos_token_ids=[1])
     dec.generate([3, 4, 5], SamplingParams(max_new_tokens=4))  # the planner's timing passes
@@ -353,8 +354,9 @@ def test_the_race_in_logit_form_through_the_screen_is_the_whole_rows():
 
 
 def test_a_truncated_race_through_the_screen_is_the_whole_rows(monkeypatch):
-    """top-k (top-p within it) and min-p raced over the kept ids the screen gives (`OutputScreen.edited_top`, their
-    exact values) pick the whole float32 row's token on near-tied rows, under penalties and masks; a mask that
+    """top-k (top-p within it), min-p and top-p over every id raced over the kept ids the screen gives
+    (`OutputScreen.edited_top`, their exact values, and for top-p over every id bounds on the others') pick the whole
+    float32 row's token on near-tied rows, under penalties and masks; a mask that
     leaves fewer ids than top-k gives them all (top-p ranks them all); a min-p that reaches more ids than
     `TOP_CANDIDATE_CAP` leaves the row to the whole layer."""
     from collections import Counter
@@ -366,8 +368,9 @@ def test_a_truncated_race_through_the_screen_is_the_whole_rows(monkeypatch):
     w, _, screen, states, approx, logits, g = near_tie_rows(120, seed=6)
     cases = [SamplingParams(temperature=0.7, top_k=5), SamplingParams(temperature=1.2, top_k=30, top_p=0.8),
              SamplingParams(temperature=0.9, min_p=0.3),
-             SamplingParams(temperature=1.0, top_k=20, top_p=0.95, min_p=0.1, repetition_penalty=1.3)]
-    screened = 0
+             SamplingParams(temperature=1.0, top_k=20, top_p=0.95, min_p=0.1, repetition_penalty=1.3),
+             SamplingParams(temperature=0.8, top_p=0.9), SamplingParams(temperature=1.1, top_p=0.6, min_p=0.05)]
+    screened, nucleus = 0, 0
     for r in range(len(states)):
         params = cases[r % len(cases)]
         gumbel = gumbel_of(position_noise(11, r, len(w)))
@@ -381,12 +384,15 @@ def test_a_truncated_race_through_the_screen_is_the_whole_rows(monkeypatch):
         if edit.allowed is not None:
             row = row.masked_fill(~edit.allowed, float("-inf"))
         want = truncated_race(None, row, gumbel, params)
-        got = screen.edited_top(states[r], approx[r], edit, params.top_k, params.kept_within)
-        if got is not None:
-            ids, values = got
-            assert truncated_race(ids, values, gumbel[ids], params) == want, r
+        got = screen.edited_top(states[r], approx[r], edit, params.top_k, params.kept_within, params.ranks_every_id)
+        ids, values, rest = got if got is not None else (None, None, None)
+        assert (rest is not None) == (got is not None and params.ranks_every_id)  # bounds for top-p over every id
+        token = None if got is None else truncated_race(ids, values, gumbel[ids], params, rest)
+        if token is not None:
+            assert token == want, r
             screened += 1
-    assert screened >= 100
+            nucleus += params.ranks_every_id
+    assert screened >= 100 and nucleus >= 25  # of 120 rows, 40 of them top-p over every id
     wide = SamplingParams(temperature=2.0, min_p=1e-6)  # a flat row, every id within reach: past the candidate cap
     flat = (states[:1] * 0.02).contiguous()
     monkeypatch.setattr(screen_module, "TOP_CANDIDATE_CAP", 256)  # (the layer's 2,000 ids are under 2,048)
@@ -403,37 +409,46 @@ def test_a_truncated_race_through_the_screen_is_the_whole_rows(monkeypatch):
     SamplingParams(max_new_tokens=20, temperature=1.1, seed=6, top_k=40, top_p=0.8, min_p=0.05, repetition_penalty=1.2,
                    ignore_eos=True),
     SamplingParams(max_new_tokens=20, temperature=1.0, seed=8, min_p=0.1, min_new_tokens=12),
+    SamplingParams(max_new_tokens=20, temperature=0.5, seed=9, top_p=0.8, ignore_eos=True),
+    SamplingParams(max_new_tokens=20, temperature=0.6, seed=10, top_p=0.7, min_p=0.05, presence_penalty=0.8,
+                   min_new_tokens=12),
 ])
 def test_sampled_steps_at_a_temperature_alone_take_the_screen(monkeypatch, method, params):
-    """Requests sampled at a temperature alone or truncated by top-k (top-p within it) or min-p (with penalties, a
-    logit bias or a min_new_tokens mask too) output what they output without the screen, and their steps race each
-    row through it (`OutputScreen.edited_argmax`, `OutputScreen.edited_top`) with no float32 logits computed."""
+    """Requests sampled at a temperature alone or truncated by top-k (top-p within it), min-p or top-p over every id
+    (with penalties, a logit bias or a min_new_tokens mask too) output what they output without the screen, and their
+    steps race each row through it (`OutputScreen.edited_argmax`, `OutputScreen.edited_top`) with no float32 logits
+    computed; top-p over every id, where the bounds on the ids left out leave its nucleus open, computes that row
+    (the tiny model's rows are flat: 5 of 34-40 rows at T 0.5-0.6)."""
     outs, computed, edited, _ = both_ways(monkeypatch, method, params, drafted=("draft-model", "fusion"))
     assert outs[0] == outs[1]
-    assert edited and not any(computed)  # every race came through the screen, no logits computed
+    if params.ranks_every_id:
+        assert edited and 3 * sum(computed) < len(edited)  # most rows decided through the screen
+    else:
+        assert edited and not any(computed)  # every race came through the screen, no logits computed
     model = tiny_model("qwen2", seed=7, vocab=300)
     plain = SpeculativeDecoder(native(model), make_drafters("none", target=native(model)), eos_token_ids=[1])
     assert outs[0] == [plain.generate(prompt, params).token_ids for prompt in SPECULATIVE_PROMPTS]
 
 
-def test_sampled_requests_with_top_p_or_logprobs_are_not_screened(screened):
-    """top-p over the whole vocabulary needs the whole distribution, logprobs whole rows: their steps compute the
-    float32 logits; top-k with top-p takes the screen where the output layer is large enough for its candidates to
-    pay (`TOP_SCREEN_MIN_WEIGHTS`)."""
+def test_sampled_requests_with_logprobs_are_not_screened(screened):
+    """logprobs read whole rows: their steps compute the float32 logits; a temperature alone takes the screen, and
+    top-k with top-p and top-p over every id take it where the output layer is large enough for their candidates
+    to pay (`TOP_SCREEN_MIN_WEIGHTS`)."""
     model = tiny_model("qwen2", seed=7, vocab=300)
     dec = SpeculativeDecoder(native(model), make_drafter("prompt-lookup"), eos_token_ids=[])
     dec.generate([3, 4, 5], SamplingParams(max_new_tokens=2))  # the planner's timing passes
-    for params in (SamplingParams(max_new_tokens=8, temperature=0.8, top_p=0.9, seed=1, ignore_eos=True),
-                   SamplingParams(max_new_tokens=8, temperature=0.8, logprobs=1, seed=1, ignore_eos=True)):
-        screened.clear()
-        dec.generate(SPECULATIVE_PROMPTS[0], params)
-        assert not screened, params
-    truncated = SamplingParams(max_new_tokens=8, temperature=0.8, top_k=20, top_p=0.9, seed=1, ignore_eos=True)
-    for params in (SamplingParams(max_new_tokens=8, temperature=0.8, seed=1, ignore_eos=True), truncated):
+    screened.clear()
+    dec.generate(SPECULATIVE_PROMPTS[0], SamplingParams(max_new_tokens=8, temperature=0.8, logprobs=1, seed=1,
+                                                        ignore_eos=True))
+    assert not screened
+    truncated = [SamplingParams(max_new_tokens=8, temperature=0.8, top_k=20, top_p=0.9, seed=1, ignore_eos=True),
+                 SamplingParams(max_new_tokens=8, temperature=0.8, top_p=0.9, seed=1, ignore_eos=True)]
+    for params in (SamplingParams(max_new_tokens=8, temperature=0.8, seed=1, ignore_eos=True), *truncated):
         screened.clear()
         dec.generate(SPECULATIVE_PROMPTS[0], params)
         assert screened, params
-    screen_module.TOP_SCREEN_MIN_WEIGHTS = 1 << 40  # (the fixture restores it) a layer too small for top-k's candidates
-    screened.clear()
-    dec.generate(SPECULATIVE_PROMPTS[0], truncated)
-    assert not screened
+    screen_module.TOP_SCREEN_MIN_WEIGHTS = 1 << 40  # (the fixture restores it) a layer too small for their candidates
+    for params in truncated:
+        screened.clear()
+        dec.generate(SPECULATIVE_PROMPTS[0], params)
+        assert not screened, params

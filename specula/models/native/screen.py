@@ -44,6 +44,10 @@ from specula.models.quantize import _TINY  # a weight column's smallest scale, a
 if TYPE_CHECKING:
     from specula.tree_rows import RowEdit
 
+Kept = tuple[torch.Tensor, torch.Tensor, "tuple[torch.Tensor, torch.Tensor] | None"]
+"""What `OutputScreen.edited_top` gives: ids [m] long ascending, their exact values [m], and bounds (lower [r], upper
+[r]) of the other ids' values where asked (`sampling.truncated_race`'s `rest`), else None."""
+
 SCREEN_MIN_WEIGHTS = 8 << 20
 """The smallest float32 output layer (out x in weights, 32 MiB) screened: below it the full layer is a
 small part of a step and the screen's own pass would not pay (SmolLM2's 49,152 x 576 = 28.3M is
@@ -65,6 +69,10 @@ column blocks. The screen's argmax against the float32 layer and its argmax (ms,
 CANDIDATE_CAP = 256
 """At most this many candidates a row go through the layer's own rows; a row with more is computed
 whole (on the 1.5B a row had at most 29)."""
+NUCLEUS_CANDIDATES = 64
+"""For top-p over every id (`OutputScreen.edited_top`'s `ranks_every_id`): the candidates are the ids whose upper
+end reaches this many-th largest lower end. On the Qwen pair's real rows (T 1.0, top-p 0.9-0.95) a median nucleus
+of 2 ids, the 90th percentile 5-18; the bounds on the others decide 79-99% of rows (`docs/native.md`)."""
 TOP_CANDIDATE_CAP = 2048
 """`CANDIDATE_CAP` for the ids a truncated sample can keep (`OutputScreen.edited_top`): about the k-th largest
 logit the int8 copy's intervals overlap far more than about the largest (SmolLM2's rows at top-k 40: a median of
@@ -144,29 +152,38 @@ class OutputScreen:
         got = self._edited_candidates(state, approx, edit, lambda low, best_low: best_low, CANDIDATE_CAP)
         if got is None:
             return None
-        ids, values = got
+        ids, values, _ = got
         return int(ids[int(values.argmax())])
 
-    def edited_top(self, state: torch.Tensor, approx: torch.Tensor, edit: RowEdit, top_k: int,
-                   within: float) -> tuple[torch.Tensor, torch.Tensor] | None:
+    def edited_top(self, state: torch.Tensor, approx: torch.Tensor, edit: RowEdit, top_k: int, within: float,
+                   ranks_every_id: bool = False) -> Kept | None:
         """The ids a truncated sample can keep, with their exact values: (ids [m] long ascending, the float32 logits
-        of `head(state)` there as `edit` changes and masks them [m]), every id whose value reaches the `top_k`-th
-        largest (0: no top-k) and lies within `within` of the largest among them (`sampling.truncated_race`). The
-        candidates are the ids whose changed upper end reaches both the `top_k`-th largest changed lower end and the
-        largest lower end less `within` (each exact value lies in its interval, so no kept id is missed; with top-p
-        `within` is infinite, `SamplingParams.kept_within`: it ranks every id the top k holds, or every id allowed
-        where they are fewer). None where only the whole row can say (`edited_argmax`'s cases)."""
+        of `head(state)` there as `edit` changes and masks them [m], None), every id whose value reaches the
+        `top_k`-th largest (0: no top-k) and lies within `within` of the largest among them
+        (`sampling.truncated_race`). The candidates are the ids whose changed upper end reaches both the `top_k`-th
+        largest changed lower end and the largest lower end less `within` (each exact value lies in its interval, so
+        no kept id is missed; with top-p `within` is infinite, `SamplingParams.kept_within`: it ranks every id the
+        top k holds, or every id allowed where they are fewer).
+
+        `ranks_every_id` (top-p without top-k, `SamplingParams.ranks_every_id`): the ids whose changed upper end
+        reaches the `NUCLEUS_CANDIDATES`-th largest changed lower end, and as third item the other ids' changed
+        (lower [V], upper [V]) ends (-inf at the candidates), which bound the rest of the nucleus' normaliser (`truncated_race`'s `rest`).
+        None where only the whole row can say (`edited_argmax`'s cases)."""
+        if ranks_every_id:
+            top_k, within = NUCLEUS_CANDIDATES, math.inf
+
         def floor(low: torch.Tensor, best_low: float) -> float:
             kth = float(low.topk(top_k).values[-1]) if 0 < top_k < low.shape[0] else float("-inf")
             return max(kth, best_low - within)
-        return self._edited_candidates(state, approx, edit, floor, TOP_CANDIDATE_CAP)
+        return self._edited_candidates(state, approx, edit, floor, TOP_CANDIDATE_CAP, ranks_every_id)
 
     def _edited_candidates(self, state: torch.Tensor, approx: torch.Tensor, edit: RowEdit,
-                           floor: Callable[[torch.Tensor, float], float],
-                           cap: int) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """(ids [k] long ascending, their exact changed and masked values [k]) of every id not masked whose changed
-        upper end reaches `floor(changed lower ends [V], their largest)` (ascending: a first maximal id is torch's);
-        None where a value or bound is not finite, every id is masked, or more than `cap` ids reach it."""
+                           floor: Callable[[torch.Tensor, float], float], cap: int,
+                           rest: bool = False) -> Kept | None:
+        """(ids [k] long ascending, their exact changed and masked values [k], and with `rest` the other ids' changed
+        and masked (lower [V], upper [V]) ends, -inf at the k, else None) of every id not masked whose changed upper end
+        reaches `floor(changed lower ends [V], their largest)` (ascending: a first maximal id is torch's); None where a
+        value or bound is not finite, every id is masked, or more than `cap` ids reach it."""
         l1 = float(state.double().abs().sum()) * (1 + 2.0 ** -16)  # |x|_1, rounded up past its rounding
         bound = self.slack * l1 + approx.abs() * 2.0 ** -18  # [V]: `_decide`'s, with room for these roundings
         lower, upper = approx - bound, approx + bound  # [V]
@@ -180,9 +197,13 @@ class OutputScreen:
         best_low = float(low.max())
         if not math.isfinite(best_low):  # every id masked
             return None
-        ids = ((high >= floor(low, best_low)) & (high > float("-inf"))).nonzero().view(-1)  # [k] ascending
+        reach = (high >= floor(low, best_low)) & (high > float("-inf"))  # [V]
+        ids = reach.nonzero().view(-1)  # [k] ascending
         if len(ids) > cap:
             return None
+        # the others' ends, the candidates at -inf (a boolean gather of 152k ids cost 1.4 ms), before `lower` below
+        # takes the exact values
+        others = (low.masked_fill(reach, float("-inf")), high.masked_fill(reach, float("-inf"))) if rest else None
         exact = self.head.take_rows(ids).into(state.float().view(1, -1).contiguous(),
                                              torch.empty((1, len(ids)), dtype=torch.float32))[0]  # [k]
         lower[ids] = exact  # a row holding the candidates' logits: a change reads each id's own value
@@ -191,7 +212,7 @@ class OutputScreen:
             values = values.masked_fill(~edit.allowed[ids], float("-inf"))
         if bool(values.isnan().any()):
             return None
-        return ids, values
+        return ids, values, others
 
     def masked_argmax(self, state: torch.Tensor, approx: torch.Tensor, allowed: torch.Tensor | None) -> int:
         """The first id holding the maximum of `head(state)` over the `allowed` ids (state [E] float32,
@@ -330,15 +351,15 @@ class ScreenedLogits:
         r = self.start + row
         return screened.screen.edited_argmax(screened.states[r], screened.approx[r], edit)
 
-    def exact_top(self, row: int, edit: RowEdit, top_k: int, within: float) -> tuple[torch.Tensor, torch.Tensor] | None:
+    def exact_top(self, row: int, edit: RowEdit, top_k: int, within: float, ranks_every_id: bool = False) -> Kept | None:
         """Row `row`'s ids a truncated sample can keep, with their exact values as the row sources above change and
-        mask them (`TreeRows.exact_top`, `OutputScreen.edited_top`), with no float32 logits computed; None where the
-        whole row must say (or its float32 logits were computed)."""
+        mask them, and for top-p over every id bounds on the others' (`TreeRows.exact_top`, `OutputScreen.edited_top`),
+        with no float32 logits computed; None where the whole row must say (or its float32 logits were computed)."""
         screened = self.screened
         if screened.has_logits:
             return None
         r = self.start + row
-        return screened.screen.edited_top(screened.states[r], screened.approx[r], edit, top_k, within)
+        return screened.screen.edited_top(screened.states[r], screened.approx[r], edit, top_k, within, ranks_every_id)
 
     def draft_top_k(self, k: int) -> torch.Tensor:
         """LongTensor [n, k]: each row's k best ids for a drafter to learn from (token recycling):
