@@ -5,6 +5,8 @@ for every method, packed batches, sampling, logprobs and penalties."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from torch import nn
@@ -100,6 +102,15 @@ def test_rows_past_the_candidate_cap_and_non_finite_rows_are_computed_whole():
     states = torch.stack([w[7], torch.full((32,), float("nan")), w[-1],
                           torch.full((32,), float("inf")), torch.full((32,), 1e36)])
     assert torch.equal(screen.argmax(states), head(states).argmax(-1))
+    from specula.tree_rows import RowEdit
+
+    approx = screen.approx_logits(states.contiguous())
+    edit = RowEdit(change=lambda row: row * 0.5)  # a change: through `_edited_candidates`
+    for r in (1, 3, 4):  # a NaN, an infinite or an overflowing interval: only the whole row can say
+        assert screen.edited_argmax(states[r], approx[r], edit) is None, r
+        assert screen.edited_top(states[r], approx[r], edit, 5, math.inf) is None, r
+        assert screen.edited_top(states[r], approx[r], edit, 0, math.inf, ranks_every_id=True) is None, r
+    assert screen.edited_argmax(states[2], approx[2], edit) == int(head(states[2:3]).argmax())
 
 
 def native(model) -> NativeCausalLM:

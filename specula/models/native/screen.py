@@ -187,8 +187,8 @@ class OutputScreen:
         l1 = float(state.double().abs().sum()) * (1 + 2.0 ** -16)  # |x|_1, rounded up past its rounding
         bound = self.slack * l1 + approx.abs() * 2.0 ** -18  # [V]: `_decide`'s, with room for these roundings
         lower, upper = approx - bound, approx + bound  # [V]
-        if not (bool(torch.isfinite(lower).all()) and bool(torch.isfinite(upper).all())):
-            return None
+        if not math.isfinite(float(lower.sum()) + float(upper.sum())):  # an end not finite (or sums past float32's
+            return None  # range: the whole row then too), in 0.03 ms where `isfinite` took 0.23 on the 1.5B's row
         change = edit.change or (lambda row: row)
         low, high = change(lower), change(upper)  # [V] each: the changed values' interval
         if edit.allowed is not None:
