@@ -69,6 +69,10 @@ column blocks. The screen's argmax against the float32 layer and its argmax (ms,
 CANDIDATE_CAP = 256
 """At most this many candidates a row go through the layer's own rows; a row with more is computed
 whole (on the 1.5B a row had at most 29)."""
+CANDIDATE_THREADS = 1
+"""Threads of the kernel call over the candidates' rows (`KernelLinear.take_rows`, just cut out): on one thread the
+call reads the rows where the cut wrote them; on two, 190 of the 1.5B's rows took 0.50 ms past the cut where one
+took 0.03 (2,048 rows: 0.89 on two, 0.96 on one; `docs/native.md`)."""
 NUCLEUS_CANDIDATES = 64
 """For top-p over every id (`OutputScreen.edited_top`'s `ranks_every_id`): the candidates are the ids whose upper
 end reaches this many-th largest lower end. On the Qwen pair's real rows (T 1.0, top-p 0.9-0.95) a median nucleus
@@ -205,7 +209,8 @@ class OutputScreen:
         # takes the exact values
         others = (low.masked_fill(reach, float("-inf")), high.masked_fill(reach, float("-inf"))) if rest else None
         exact = self.head.take_rows(ids).into(state.float().view(1, -1).contiguous(),
-                                             torch.empty((1, len(ids)), dtype=torch.float32))[0]  # [k]
+                                             torch.empty((1, len(ids)), dtype=torch.float32),
+                                             CANDIDATE_THREADS)[0]  # [k]
         lower[ids] = exact  # a row holding the candidates' logits: a change reads each id's own value
         values = change(lower)[ids]  # [k]
         if edit.allowed is not None:
@@ -242,7 +247,8 @@ class OutputScreen:
             per_row = [ids[r, : counts_list[r]].long() for r in screened]
             union = torch.unique(torch.cat(per_row))  # [k] ascending
             exact = self.head.take_rows(union).into(states[screened].contiguous(),
-                                                    torch.empty((len(screened), len(union)), dtype=torch.float32))
+                                                    torch.empty((len(screened), len(union)), dtype=torch.float32),
+                                                    CANDIDATE_THREADS)
             keep = torch.zeros(exact.shape, dtype=torch.bool)  # [rows, k]: each row's own candidates
             for i, row_ids in enumerate(per_row):
                 keep[i, torch.searchsorted(union, row_ids)] = True

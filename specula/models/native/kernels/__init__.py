@@ -363,11 +363,11 @@ class KernelLinear(nn.Module):
         out = self.into(rows, torch.empty((rows.shape[0], self.out_features), dtype=torch.float32))  # [n, out]
         return out.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
 
-    def into(self, rows: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    def into(self, rows: torch.Tensor, out: torch.Tensor, threads: int | None = None) -> torch.Tensor:
         """out [n, out] = this layer of rows [n, in], both float32 and contiguous (unchecked: the
-        drafting loop's preallocated buffers); returns out."""
+        drafting loop's preallocated buffers), on `threads` threads (None: torch's); returns out."""
         n = rows.shape[0]
-        lib, threads = library(), torch.get_num_threads()
+        lib, threads = library(), threads or torch.get_num_threads()
         if self.kind == "f32":
             status = lib.specula_linear_f32(rows.data_ptr(), self.packed.data_ptr(), _ptr(self.bias), out.data_ptr(),
                                             n, self.in_features, self.out_features, threads)
