@@ -425,12 +425,12 @@ def truncated_race(ids: torch.Tensor | None, logits: torch.Tensor, gumbel: torch
         raise ValueError("cannot sample from a row with no finite logit (every token at -inf, or NaN)")
     if 0 < params.top_k < finite:
         keep &= s >= torch.topk(s, params.top_k).values[-1]
-        if params.top_p < 1.0:
-            ranked = s[keep].sort(descending=True).values  # [kept]: the same values whatever else the set holds
-            probs = ranked.softmax(0)
-            last = int(((probs.cumsum(0) - probs) < params.top_p).sum()) - 1  # the nucleus: a prefix of the ranking
-            keep &= s >= ranked[max(last, 0)]
-    elif params.top_p < 1.0:
+    if params.top_p < 1.0 and params.top_k > 0:  # within the top k (every finite id where they are no more than k)
+        ranked = s[keep].sort(descending=True).values  # [kept]: the same values whatever else the set holds
+        probs = ranked.softmax(0)
+        last = int(((probs.cumsum(0) - probs) < params.top_p).sum()) - 1  # the nucleus: a prefix of the ranking
+        keep &= s >= ranked[max(last, 0)]
+    elif params.top_p < 1.0:  # over every id: `ranks_every_id`
         bounds = None if rest is None else (rest[0].float() / params.temperature, rest[1].float() / params.temperature)
         floor = _nucleus_floor(s, params.top_p, bounds)
         if floor is None:
