@@ -459,7 +459,7 @@ def _nucleus_floor(s: torch.Tensor, top_p: float, rest: tuple[torch.Tensor, torc
         if rest_max > float("-inf"):
             low += float((rest[0].double() - top_s).exp().sum())
             high += float((rest[1].double() - top_s).exp().sum())
-    reach, must = top_p * high * (1.0 + margin), top_p * low * (1.0 - margin)  # kept surely below must, maybe below reach
+    reach, must = top_p * high * (1.0 + margin), top_p * low * (1.0 - margin)  # kept surely below must, maybe reach
     k = min(len(e), NUCLEUS_FIRST_K)
     while True:
         top, order = torch.topk(e, k)  # descending

@@ -545,7 +545,8 @@ def test_every_sampled_request_is_raced_in_logit_form_and_top_p_alone_ranks_ever
     assert not SamplingParams(temperature=0.0, top_p=0.9).ranks_every_id
 
 
-@pytest.mark.parametrize("params", [SamplingParams(temperature=0.9, top_p=0.8), SamplingParams(temperature=1.3, top_p=0.95),
+@pytest.mark.parametrize("params", [SamplingParams(temperature=0.9, top_p=0.8),
+                                    SamplingParams(temperature=1.3, top_p=0.95),
                                     SamplingParams(temperature=0.7, top_p=0.5, min_p=0.05)])
 def test_top_p_over_every_id_from_a_set_and_bounds_on_the_rest_is_the_whole_rows_or_undecided(params):
     """top-p without top-k from a set of a row's ids and bounds on the others' values (`truncated_race`'s `rest`, as a
@@ -590,8 +591,15 @@ def test_top_p_over_every_id_from_a_set_and_bounds_on_the_rest_is_the_whole_rows
         assert truncated_race(torch.arange(2), s, gumbel, edge, loose) is None  # the second kept or the rest next
     on_the_cut = replace(params, top_p=p1, min_p=0.0)  # within the sums' margin of the cut: only the row says
     assert truncated_race(torch.arange(2), s, gumbel, on_the_cut, tight) is None
-    above = (torch.full((W - 2,), -60.0 * t), torch.full((W - 2,), 1.0 * t))  # one of the rest could outrank the set's best
+    above = (torch.full((W - 2,), -60.0 * t), torch.full((W - 2,), 1.0 * t))  # one of the rest could outrank the best
     assert truncated_race(torch.arange(2), s, gumbel, replace(params, top_p=0.5, min_p=0.0), above) is None
+    one = (torch.full((W - 2,), float("-inf")), torch.full((W - 2,), float("-inf")))
+    one[0][0], one[1][0] = -30.0 * t, 0.5 * t  # one of the rest might rank first, and alone be kept at top-p 0.3
+    assert truncated_race(torch.arange(2), s, gumbel, replace(params, top_p=0.3, min_p=0.0), one) is None
+    heavy = (torch.full((W - 2,), -5.01 * t), torch.full((W - 2,), -5.0 * t))  # 1.33 times the set's mass, known
+    half = replace(params, top_p=0.5, min_p=0.0)  # the rest's lower ends keep the second: both kept, none after
+    assert truncated_race(torch.arange(2), s, gumbel, half, heavy) == 1 == truncated_race(
+        None, torch.cat([s, torch.full((W - 2,), -5.005 * t)]), torch.cat([gumbel, torch.zeros(W - 2)]), half)
     masked = (torch.full((W - 2,), float("-inf")), torch.full((W - 2,), float("-inf")))  # the set holds every finite id
     assert truncated_race(torch.arange(2), s, gumbel, replace(params, top_p=0.999, min_p=0.0), masked) == 1
 

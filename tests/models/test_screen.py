@@ -327,7 +327,8 @@ def test_packed_batch_of_edited_and_plain_greedy_requests_through_the_screen(scr
              SamplingParams(max_new_tokens=18, temperature=1.1, top_k=30, top_p=0.9, min_p=0.02, seed=3,
                             ignore_eos=True),
              SamplingParams(max_new_tokens=18, temperature=0.6, top_p=0.8, seed=5, ignore_eos=True)]
-    prompts = [*SPECULATIVE_PROMPTS, [7, 8, 9, 7, 8], [5, 6, 5, 6, 5], [9, 10, 11, 9, 10], [4, 3, 4, 3, 2], [6, 7, 6, 8]]
+    prompts = [*SPECULATIVE_PROMPTS, [7, 8, 9, 7, 8], [5, 6, 5, 6, 5], [9, 10, 11, 9, 10], [4, 3, 4, 3, 2],
+               [6, 7, 6, 8]]
     assert len(prompts) == len(kinds)
     dec = SpeculativeDecoder(native(model), make_drafter("prompt-lookup"), eos_token_ids=[1])
     dec.generate([3, 4, 5], SamplingParams(max_new_tokens=4))  # the planner's timing passes

@@ -45,8 +45,8 @@ if TYPE_CHECKING:
     from specula.tree_rows import RowEdit
 
 Kept = tuple[torch.Tensor, torch.Tensor, "tuple[torch.Tensor, torch.Tensor] | None"]
-"""What `OutputScreen.edited_top` gives: ids [m] long ascending, their exact values [m], and bounds (lower [r], upper
-[r]) of the other ids' values where asked (`sampling.truncated_race`'s `rest`), else None."""
+"""What `OutputScreen.edited_top` gives: ids [m] long ascending, their exact values [m], and bounds (lower [V], upper
+[V], -inf at the m) of the other ids' values where asked (`sampling.truncated_race`'s `rest`), else None."""
 
 SCREEN_MIN_WEIGHTS = 8 << 20
 """The smallest float32 output layer (out x in weights, 32 MiB) screened: below it the full layer is a
@@ -171,8 +171,8 @@ class OutputScreen:
 
         `ranks_every_id` (top-p without top-k, `SamplingParams.ranks_every_id`): the ids whose changed upper end
         reaches the `NUCLEUS_CANDIDATES`-th largest changed lower end, and as third item the other ids' changed
-        (lower [V], upper [V]) ends (-inf at the candidates), which bound the rest of the nucleus' normaliser (`truncated_race`'s `rest`).
-        None where only the whole row can say (`edited_argmax`'s cases)."""
+        (lower [V], upper [V]) ends (-inf at the candidates), which bound the rest of the nucleus' normaliser
+        (`truncated_race`'s `rest`). None where only the whole row can say (`edited_argmax`'s cases)."""
         if ranks_every_id:
             top_k, within = NUCLEUS_CANDIDATES, math.inf
 
@@ -357,7 +357,8 @@ class ScreenedLogits:
         r = self.start + row
         return screened.screen.edited_argmax(screened.states[r], screened.approx[r], edit)
 
-    def exact_top(self, row: int, edit: RowEdit, top_k: int, within: float, ranks_every_id: bool = False) -> Kept | None:
+    def exact_top(self, row: int, edit: RowEdit, top_k: int, within: float,
+                  ranks_every_id: bool = False) -> Kept | None:
         """Row `row`'s ids a truncated sample can keep, with their exact values as the row sources above change and
         mask them, and for top-p over every id bounds on the others' (`TreeRows.exact_top`, `OutputScreen.edited_top`),
         with no float32 logits computed; None where the whole row must say (or its float32 logits were computed)."""
