@@ -23,7 +23,7 @@ import specula.api as api
 import torch
 
 from specula.models.native import screen
-from specula.sampling import SamplingParams, gumbel_of, position_noise, probabilities, race_token, truncated_race
+from specula.sampling import SamplingParams, position_noise, probabilities, race_token, truncated_race
 from specula.tree_rows import RowEdit
 
 
@@ -77,10 +77,10 @@ def main() -> None:
             if kept is None:
                 return None
             ids, values, rest = kept
-            return truncated_race(ids, values, gumbel_of(noise)[ids], params, rest)
+            return truncated_race(ids, values, noise[ids], params, rest)
 
         def whole_row() -> int:
-            return truncated_race(None, layer.head(xs)[0], gumbel_of(noise), params)
+            return truncated_race(None, layer.head(xs)[0], noise, params)
 
         def through_screen() -> int:  # as `verify_raced_logits` takes it: the whole row where the screen cannot say
             token = screened()

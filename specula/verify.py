@@ -288,10 +288,10 @@ def verify_raced_logits(tree: TokenTree, logits: Rows, params: SamplingParams, n
         kept = None if exact is None else exact(r, RowEdit(), params.top_k, params.kept_within, params.ranks_every_id)
         if kept is not None:
             ids, values, rest = kept  # rest: bounds on the other ids' values, for top-p over every id
-            token = truncated_race(ids, values, gumbel_of(noise(d)[ids]), params, rest)  # their Gumbel values alone
+            token = truncated_race(ids, values, noise(d)[ids], params, rest)  # their noise alone
             if token is not None:
                 return token
-        return truncated_race(None, logits[r], gumbel_of(noise(d)[:vocab]), params)
+        return truncated_race(None, logits[r], noise(d)[:vocab], params)
 
     def token_at(r: int, d: int) -> int:
         gumbel = gumbel_of(noise(d)[:vocab])  # [vocab]

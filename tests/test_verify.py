@@ -507,7 +507,7 @@ def test_the_truncated_race_in_logit_form_is_the_processed_distributions_race(pa
     rows the race over `probabilities` (`verify_deterministic`) picks the same tokens for the same noise, so the
     law is the processed distribution's; and the token is the same from any set of ids that holds the kept ones
     (what a screen's candidates are), the whole row's."""
-    from specula.sampling import gumbel_of, truncated_race
+    from specula.sampling import truncated_race
     from specula.verify import verify_raced_logits
 
     assert params.races_logits and params.truncates
@@ -518,7 +518,7 @@ def test_the_truncated_race_in_logit_form_is_the_processed_distributions_race(pa
         noise = torch.empty(tree.max_depth + 1, V).exponential_(generator=gen)
         walked = verify_raced_logits(tree, logits, params, lambda d: noise[d])
         assert verify_deterministic(tree, probabilities(logits, params), list(noise)) == walked
-        row, gumbel = logits[0], gumbel_of(noise[0])
+        row, e = logits[0], noise[0]
         kept = probabilities(row[None], params)[0] > 0  # [V]
         if 0 < params.top_k < V:  # top-p's normaliser is over the top k: the set holds them all
             kept = row >= row.topk(params.top_k).values[-1]
@@ -526,11 +526,11 @@ def test_the_truncated_race_in_logit_form_is_the_processed_distributions_race(pa
             kept[:] = True
         extra = torch.rand(V, generator=gen) < 0.3  # any other ids beside the kept ones
         ids = (kept | extra).nonzero().view(-1)
-        assert truncated_race(ids, row[ids], gumbel[ids], params) == truncated_race(None, row, gumbel, params)
+        assert truncated_race(ids, row[ids], e[ids], params) == truncated_race(None, row, e, params)
     masked = torch.tensor([float("-inf")] * (V - 1) + [0.0])  # a masked row: the one finite id, whatever top-k
-    assert truncated_race(None, masked, gumbel_of(noise[0]), params) == V - 1
+    assert truncated_race(None, masked, noise[0], params) == V - 1
     with pytest.raises(ValueError, match="no finite logit"):
-        truncated_race(None, torch.full((V,), float("-inf")), gumbel_of(noise[0]), params)
+        truncated_race(None, torch.full((V,), float("-inf")), noise[0], params)
 
 
 def test_every_sampled_request_is_raced_in_logit_form_and_top_p_alone_ranks_every_id():
@@ -553,7 +553,7 @@ def test_top_p_over_every_id_from_a_set_and_bounds_on_the_rest_is_the_whole_rows
     screen gives them): the whole row's token wherever it decides; it decides most rows when the bounds are tight and
     the set holds the likely ids, and never claims a row whose bounds leave the nucleus open (a cut on a boundary,
     one of the rest that could rank within the nucleus, a set whose mass is all kept)."""
-    from specula.sampling import gumbel_of, truncated_race
+    from specula.sampling import truncated_race
 
     W = 200  # a vocabulary with room for a nucleus, a set and a rest
     gen = make_generator(12)
@@ -563,8 +563,8 @@ def test_top_p_over_every_id_from_a_set_and_bounds_on_the_rest_is_the_whole_rows
         row[torch.randperm(W, generator=gen)[: 1 + trial % 4]] += 12.0
         if trial % 5 == 0:
             row[torch.rand(W, generator=gen) < 0.3] = float("-inf")  # masked ids
-        gumbel = gumbel_of(torch.empty(W).exponential_(generator=gen))
-        want = truncated_race(None, row, gumbel, params)
+        e = torch.empty(W).exponential_(generator=gen)  # [W]: the position's noise
+        want = truncated_race(None, row, e, params)
         width = (0.01, 0.1, 1.0)[trial % 3]
         lower = row - width * torch.rand(W, generator=gen)  # [W]: intervals that hold each value
         upper = row + width * torch.rand(W, generator=gen)
@@ -572,36 +572,36 @@ def test_top_p_over_every_id_from_a_set_and_bounds_on_the_rest_is_the_whole_rows
         inside |= torch.rand(W, generator=gen) < 0.1  # and any others
         ids = inside.nonzero().view(-1)
         rest = (lower.masked_fill(inside, float("-inf")), upper.masked_fill(inside, float("-inf")))
-        got = truncated_race(ids, row[ids], gumbel[ids], params, rest)
+        got = truncated_race(ids, row[ids], e[ids], params, rest)
         if got is not None:
             assert got == want, trial
             decided += 1
     assert 150 <= decided < 400
     # two ids in the set, the first holding p1 of their mass: the rest's bounds decide whether the second is kept
     s = torch.tensor([0.0, -1.0]) * params.temperature  # s = [0, -1]
-    p1, gumbel = 1.0 / (1.0 + math.exp(-1.0)), torch.tensor([0.0, 5.0])  # the second wins the race if kept
+    p1, e = 1.0 / (1.0 + math.exp(-1.0)), torch.tensor([1.0, math.exp(-5.0)])  # the second wins the race if kept
     t = params.temperature  # bounds on the rest's logits, s T
     loose = (torch.full((W - 2,), -60.0 * t), torch.full((W - 2,), -3.0 * t))  # up to 198 e^-3: 7 times the set's mass
     tight = (torch.full((W - 2,), -80.0 * t), torch.full((W - 2,), -79.0 * t))  # nothing that could move a cut
     row = torch.cat([s, torch.full((W - 2,), -79.5 * t)])  # a whole row within the tight bounds
     for top_p, kept_second in ((p1 * (1 - 1e-3), False), (p1 * (1 + 1e-6), True)):
         edge = replace(params, top_p=top_p, min_p=0.0)
-        assert truncated_race(None, row, torch.cat([gumbel, torch.zeros(W - 2)]), edge) == int(kept_second)
-        assert truncated_race(torch.arange(2), s, gumbel, edge, tight) == int(kept_second)
-        assert truncated_race(torch.arange(2), s, gumbel, edge, loose) is None  # the second kept or the rest next
+        assert truncated_race(None, row, torch.cat([e, torch.ones(W - 2)]), edge) == int(kept_second)
+        assert truncated_race(torch.arange(2), s, e, edge, tight) == int(kept_second)
+        assert truncated_race(torch.arange(2), s, e, edge, loose) is None  # the second kept or the rest next
     on_the_cut = replace(params, top_p=p1, min_p=0.0)  # within the sums' margin of the cut: only the row says
-    assert truncated_race(torch.arange(2), s, gumbel, on_the_cut, tight) is None
+    assert truncated_race(torch.arange(2), s, e, on_the_cut, tight) is None
     above = (torch.full((W - 2,), -60.0 * t), torch.full((W - 2,), 1.0 * t))  # one of the rest could outrank the best
-    assert truncated_race(torch.arange(2), s, gumbel, replace(params, top_p=0.5, min_p=0.0), above) is None
+    assert truncated_race(torch.arange(2), s, e, replace(params, top_p=0.5, min_p=0.0), above) is None
     one = (torch.full((W - 2,), float("-inf")), torch.full((W - 2,), float("-inf")))
     one[0][0], one[1][0] = -30.0 * t, 0.5 * t  # one of the rest might rank first, and alone be kept at top-p 0.3
-    assert truncated_race(torch.arange(2), s, gumbel, replace(params, top_p=0.3, min_p=0.0), one) is None
+    assert truncated_race(torch.arange(2), s, e, replace(params, top_p=0.3, min_p=0.0), one) is None
     heavy = (torch.full((W - 2,), -5.01 * t), torch.full((W - 2,), -5.0 * t))  # 1.33 times the set's mass, known
     half = replace(params, top_p=0.5, min_p=0.0)  # the rest's lower ends keep the second: both kept, none after
-    assert truncated_race(torch.arange(2), s, gumbel, half, heavy) == 1 == truncated_race(
-        None, torch.cat([s, torch.full((W - 2,), -5.005 * t)]), torch.cat([gumbel, torch.zeros(W - 2)]), half)
+    assert truncated_race(torch.arange(2), s, e, half, heavy) == 1 == truncated_race(
+        None, torch.cat([s, torch.full((W - 2,), -5.005 * t)]), torch.cat([e, torch.ones(W - 2)]), half)
     masked = (torch.full((W - 2,), float("-inf")), torch.full((W - 2,), float("-inf")))  # the set holds every finite id
-    assert truncated_race(torch.arange(2), s, gumbel, replace(params, top_p=0.999, min_p=0.0), masked) == 1
+    assert truncated_race(torch.arange(2), s, e, replace(params, top_p=0.999, min_p=0.0), masked) == 1
 
 
 def test_position_noise_is_a_function_of_seed_and_position_and_narrower_vocabularies_read_its_prefix():

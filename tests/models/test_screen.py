@@ -374,7 +374,7 @@ def test_a_truncated_race_through_the_screen_is_the_whole_rows(monkeypatch):
     from collections import Counter
 
     from specula.penalties import penalize
-    from specula.sampling import gumbel_of, position_noise, truncated_race
+    from specula.sampling import position_noise, truncated_race
     from specula.tree_rows import RowEdit
 
     w, _, screen, states, approx, logits, g = near_tie_rows(120, seed=6)
@@ -385,7 +385,7 @@ def test_a_truncated_race_through_the_screen_is_the_whole_rows(monkeypatch):
     screened, nucleus = 0, 0
     for r in range(len(states)):
         params = cases[r % len(cases)]
-        gumbel = gumbel_of(position_noise(11, r, len(w)))
+        noise = position_noise(11, r, len(w))
         top = logits[r].topk(4).indices.tolist()
         edit = RowEdit(None, lambda row, o=Counter(top[:2]), s=params: penalize(row, o, set(), s))
         if r % 3 == 0:
@@ -395,11 +395,11 @@ def test_a_truncated_race_through_the_screen_is_the_whole_rows(monkeypatch):
         row = edit.change(logits[r].clone())
         if edit.allowed is not None:
             row = row.masked_fill(~edit.allowed, float("-inf"))
-        want = truncated_race(None, row, gumbel, params)
+        want = truncated_race(None, row, noise, params)
         got = screen.edited_top(states[r], approx[r], edit, params.top_k, params.kept_within, params.ranks_every_id)
         ids, values, rest = got if got is not None else (None, None, None)
         assert (rest is not None) == (got is not None and params.ranks_every_id)  # bounds for top-p over every id
-        token = None if got is None else truncated_race(ids, values, gumbel[ids], params, rest)
+        token = None if got is None else truncated_race(ids, values, noise[ids], params, rest)
         if token is not None:
             assert token == want, r
             screened += 1
