@@ -777,8 +777,7 @@ def _argmax_only(session: Session, plan: Plan, target: TargetModel) -> bool:
         return False
     if params.greedy:
         return True
-    return (params.races_logits and plan.proposal.sibling_mode == "deterministic"
-            and (not params.truncates or screens_argmax(target, top=True)))
+    return plan.proposal.sibling_mode == "deterministic" and (not params.truncates or screens_argmax(target, top=True))
 
 
 def feature_request(drafters) -> FeatureRequest:

@@ -517,10 +517,12 @@ def verify_step(
     - greedy (`params.greedy`): `verify_greedy` on the argmax of the rows a greedy walk reads
       (`tree_rows.greedy_argmax`; on a device every row's, one synchronisation); q and mode unused.
     - deterministic candidates (mode "deterministic": retrieval, n-grams, recycling, top-k
-      and coupled model drafts): `verify_deterministic` with the noise of each output position,
-      `position_noise(seed, position + d)` at depth d (`position` = tokens generated before
-      this step), so the output is exactly plain sampling with the same seed whatever was
-      drafted. On an accelerator every row's token is computed at once (`target_tokens`, one
+      and coupled model drafts): the race of `verify_deterministic` in logit form over the ids the
+      truncation keeps (`verify_raced_logits`, every sampled request: `SamplingParams.races_logits`)
+      with the noise of each output position, `position_noise(seed, position + d)` at depth d
+      (`position` = tokens generated before this step), so the output is exactly plain sampling
+      with the same seed whatever was drafted. On an accelerator every row's token is computed at
+      once (`raced_tokens`, or `target_tokens` over `probabilities` for a truncated request; one
       host synchronisation), then matched greedily: the same tokens for the same noise.
     - children sampled from q ([n + 1, vocab'], its vocabulary axis padded or cut to the
       target's): "iid" / "without_replacement" -> `verify_rrs`, "iid_kseq" -> `verify_kseq`,
@@ -537,13 +539,11 @@ def verify_step(
         if logits.device.type != "cpu":  # every row at once on the device: one synchronisation
             by_depth = torch.stack([position_noise(seed, position + d, vocab) for d in range(tree.max_depth + 1)])
             by_row = by_depth[torch.tensor((0, *tree.depth))]  # [n + 1, vocab]
-            if params.races_logits and not params.truncates:
+            if not params.truncates:
                 return verify_greedy(tree, raced_tokens(logits, params.temperature, by_row))
             return verify_greedy(tree, target_tokens(probabilities(logits, params), by_row.to(logits.device)))
-        if params.races_logits:  # rows on the path only, through a pass's output screen where it has one
-            return verify_raced_logits(tree, logits, params, lambda d: position_noise(seed, position + d, vocab))
-        return verify_deterministic(tree, TargetRows(logits, params),  # rows on the path only, their noise only
-                                    lambda d: position_noise(seed, position + d, vocab))
+        # rows on the path only, their noise only, through a pass's output screen where it has one
+        return verify_raced_logits(tree, logits, params, lambda d: position_noise(seed, position + d, vocab))
     if mode not in ("iid", "without_replacement", "iid_kseq"):
         raise ValueError(f"verify_step: unknown sibling mode {mode!r}; expected 'deterministic', 'iid', "
                          "'without_replacement' or 'iid_kseq'")
