@@ -71,26 +71,28 @@ def main() -> None:
         noise = position_noise(1, i, layer.head.out_features)
         xs = x.view(1, -1).contiguous()
 
-        def screened() -> int | None:
-            kept = layer.edited_top(x, layer.approx_logits(xs)[0], RowEdit(), params.top_k, params.kept_within,
-                                    params.ranks_every_id)
+        def raced(kept) -> int | None:  # the screen's kept ids raced; None where it cannot say
             if kept is None:
                 return None
             ids, values, rest = kept
             return truncated_race(ids, values, noise[ids], params, rest)
 
+        def screen_token() -> int | None:
+            return raced(layer.edited_top(x, layer.approx_logits(xs)[0], RowEdit(), params.top_k, params.kept_within,
+                                          params.ranks_every_id))
+
         def whole_row() -> int:
             return truncated_race(None, layer.head(xs)[0], noise, params)
 
         def through_screen() -> int:  # as `verify_raced_logits` takes it: the whole row where the screen cannot say
-            token = screened()
+            token = screen_token()
             return whole_row() if token is None else token
 
         def before() -> int:
             return race_token(probabilities(layer.head(xs)[0][None], params)[0], noise)
         kept = layer.edited_top(x, layer.approx_logits(xs)[0], RowEdit(), params.top_k, params.kept_within,
                                 params.ranks_every_id)
-        token = screened()
+        token = raced(kept)
         candidates.append(-1 if token is None else len(kept[0]))
         if token is not None and token != whole_row():
             raise SystemExit(f"row {i}: the screen's token {token} is not the whole row's {whole_row()}")
