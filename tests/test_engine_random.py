@@ -1,0 +1,149 @@
+"""Random requests through every method at once: each seed draws a target (Llama or Qwen2), a method with its drafts
+(a draft model, a head over a cut draft vocabulary, a skip set), a planner, engine limits (tree size, a prefix
+cache), whether the output screen runs, and one or two rounds of one to four requests (prompts with repeats, some
+sharing an opening, some an earlier request's prompt and answer and more, as a chat's next turn does; a few
+prefilled in chunks) under random sampling settings: greedy or seeded samples at a temperature, top-k, top-p, min-p,
+penalties, a logit bias, min_new_tokens, stop tokens, an end-of-sequence token, logprobs. The requests are stepped
+in random subsets, so passes pack them in every combination. Each request's tokens (and logprobs) equal what plain
+decoding gives it alone, unscreened: the one promise, across what the focused tests take one at a time. (Planted
+bugs it catches: the race reading the next position's noise, a step's logprob rows reversed, a prefix copied past
+the common tokens.)"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from tiny import perturbed_copy, tiny_model
+from specula.api import build_decoder
+from specula.drafters.heads.runtime import new_head
+from specula.engine import EngineConfig
+from specula.models.native import NativeCausalLM, NativeDecoder, configure, kernels
+from specula.models.native import screen as screen_module
+from specula.planner import CostCurve
+from specula.sampling import SamplingParams
+
+pytestmark = pytest.mark.skipif(not kernels.available(),
+                                reason=f"specula's CPU kernels cannot run here: {kernels.unavailable_reason()}")
+
+VOCAB = 300
+METHODS = ("prompt-lookup", "token-recycling", "draft-model", "draft-tree", "fusion", "eagle", "eagle3", "medusa",
+           "hydra", "layer-skip")
+HEADS = ("eagle", "eagle3", "medusa", "hydra")
+FLAT = CostCurve((1, 2, 4, 8, 16, 32, 64), (1e-3,) * 7, 64)  # verifying is free: the planner keeps what may pay
+SEEDS_PER_METHOD = 5
+
+
+def native(model, eos: int | None) -> NativeCausalLM:
+    return NativeCausalLM(configure(NativeDecoder.from_hf(model), "specula", "none", "sdpa"), "native",
+                          eos_token_ids=[] if eos is None else [eos])
+
+
+def random_params(rng: random.Random, eos: int | None) -> SamplingParams:
+    kw: dict = dict(max_new_tokens=rng.randrange(1, 30), seed=rng.randrange(1000))
+    if rng.random() < 0.55:
+        kw["temperature"] = rng.choice([0.3, 0.7, 1.0, 1.5])
+        if rng.random() < 0.4:
+            kw["top_k"] = rng.choice([1, 2, 5, 40])
+        if rng.random() < 0.4:
+            kw["top_p"] = rng.choice([0.5, 0.8, 0.95])
+        if rng.random() < 0.3:
+            kw["min_p"] = rng.choice([0.02, 0.1, 0.3])
+    if rng.random() < 0.25:
+        kw["repetition_penalty"] = rng.choice([0.8, 1.2, 2.0])
+    if rng.random() < 0.2:
+        kw["frequency_penalty"] = rng.choice([-0.5, 0.4, 1.5])
+    if rng.random() < 0.2:
+        kw["presence_penalty"] = rng.choice([-1.0, 0.6])
+    if rng.random() < 0.15:
+        kw["logit_bias"] = {rng.randrange(2, VOCAB): rng.choice([-100, -3, 4, 100])}
+    if rng.random() < 0.2:
+        kw["min_new_tokens"] = rng.randrange(0, kw["max_new_tokens"] + 1)
+    if eos is None or rng.random() < 0.5:
+        kw["ignore_eos"] = True
+    if rng.random() < 0.15:
+        kw["logprobs"] = rng.choice([0, 2])
+    if rng.random() < 0.15:
+        kw["stop_token_ids"] = [rng.randrange(2, VOCAB)]
+    return SamplingParams(**kw)
+
+
+def random_prompt(rng: random.Random) -> list[int]:
+    """A few ids, then pieces of them repeated among new ones (prompt lookup and the heads' copy hints find
+    matches)."""
+    base = [rng.randrange(2, VOCAB) for _ in range(rng.randrange(1, 8))]
+    out = list(base)
+    while len(out) < rng.randrange(1, 40):
+        out += base[: rng.randrange(1, len(base) + 1)] if rng.random() < 0.6 else [rng.randrange(2, VOCAB)]
+    return out
+
+
+def seeds():
+    return [pytest.param(method, i, id=f"{method}-{i}") for method in METHODS for i in range(SEEDS_PER_METHOD)]
+
+
+@pytest.mark.parametrize("method,index", seeds())
+def test_random_requests_in_packed_passes_equal_plain_decoding_alone(method, index, monkeypatch):
+    seed = METHODS.index(method) * 1000 + index
+    rng = random.Random(seed)
+    model = tiny_model(rng.choice(["llama", "qwen2"]), seed=rng.randrange(100), vocab=VOCAB)
+    screened = rng.random() < 0.7
+    for name in ("SCREEN_MIN_WEIGHTS", "TOP_SCREEN_MIN_WEIGHTS"):  # the tiny models' layers are below both
+        monkeypatch.setattr(screen_module, name, 0 if screened else 1 << 40)
+    eos = rng.choice([None, 1, 7])
+    target = native(model, eos)
+    draft, options = None, {}
+    if method in ("draft-model", "draft-tree") or (method == "fusion" and rng.random() < 0.8):
+        draft = native(perturbed_copy(model, scale=rng.choice([0.01, 0.05, 0.3]), seed=seed), None)
+    if method in HEADS or (method == "fusion" and rng.random() < 0.5):
+        kind = method if method in HEADS else rng.choice(["eagle", "eagle3"])
+        options["head"] = new_head(kind, target, torch.arange(0, VOCAB, rng.choice([1, 2, 3])), seed=seed)
+    if method == "layer-skip":  # a fixed set: on two layers the search finds none that beats plain decoding
+        options["skip_layers"] = rng.choice(["mlp:1", "attn:1", "attn:0,mlp:1"])
+    planner = rng.choice(["hardware", "none", FLAT])
+    engine = EngineConfig(max_tree_nodes=rng.choice([1, 4, 16, 64]), prefix_cache_mib=rng.choice([0, 8]))
+    dec = build_decoder(method, target, None, draft, planner=planner, engine=engine, **options)
+    requests, sessions = [], []
+    opening = random_prompt(rng) + random_prompt(rng) + [rng.randrange(2, VOCAB) for _ in range(16)]
+    for _ in range(rng.choice([1, 2])):
+        batch = []
+        for _ in range(rng.randrange(1, 5)):
+            if sessions and rng.random() < 0.4:  # a chat's next turn: an earlier prompt, its answer, more
+                (prompt, _), (earlier, _) = rng.choice(list(zip(requests, sessions)))
+                prompt = prompt + earlier.generated + random_prompt(rng)
+            else:  # a shared opening (a system prompt) or none
+                prompt = (opening[: rng.randrange(1, len(opening) + 1)] if rng.random() < 0.5 else []) + \
+                    random_prompt(rng)
+            batch.append((prompt, random_params(rng, eos)))
+        started = [dec.start(prompt, params) for prompt, params in batch]
+        logprobs = {id(session): [] for session in started}  # what each session's chunks streamed
+        for session in started:
+            if rng.random() < 0.4:  # a prompt prefilled in chunks of 1-5 tokens
+                while not dec.prefill(session, rng.randrange(1, 6)):
+                    pass
+        while not all(s.finished for s in started):
+            live = [s for s in started if not s.finished]
+            rng.shuffle(live)
+            stepped = live[: rng.randrange(1, len(live) + 1)]  # any subset packed in one pass
+            for session, chunk in zip(stepped, dec.step(stepped)):
+                logprobs[id(session)] += chunk.logprobs or []
+        for session in started:
+            dec.finish(session)
+        requests += batch
+        sessions += [(session, logprobs[id(session)]) for session in started]
+    monkeypatch.setattr(screen_module, "SCREEN_MIN_WEIGHTS", 1 << 40)
+    monkeypatch.setattr(screen_module, "TOP_SCREEN_MIN_WEIGHTS", 1 << 40)
+    plain = build_decoder("none", native(model, eos), None)
+    for i, ((prompt, params), (session, streamed)) in enumerate(zip(requests, sessions)):
+        alone = plain.generate(prompt, params)
+        assert session.generated == alone.token_ids, (seed, i, prompt, params)
+        if params.logprobs is not None:
+            assert [(lp.token_id, lp.rank, lp.top and [t for t, _ in lp.top]) for lp in streamed] == [
+                (lp.token_id, lp.rank, lp.top and [t for t, _ in lp.top]) for lp in alone.logprobs], (seed, i)
+            assert [lp.logprob for lp in streamed] == pytest.approx([lp.logprob for lp in alone.logprobs],
+                                                                    abs=1e-4), (seed, i)
+    proposes_always = draft is not None or "head" in options or method == "layer-skip"  # (not history's drafts)
+    if proposes_always and planner != "hardware" and engine.max_tree_nodes > 1:  # trees were verified (the timing-
+        assert sum(s.stats.drafted_tokens for s, _ in sessions) > 0, seed  # driven planner may draft nothing here)
