@@ -145,5 +145,5 @@ def test_random_requests_in_packed_passes_equal_plain_decoding_alone(method, ind
             assert [lp.logprob for lp in streamed] == pytest.approx([lp.logprob for lp in alone.logprobs],
                                                                     abs=1e-4), (seed, i)
     proposes_always = draft is not None or "head" in options or method == "layer-skip"  # (not history's drafts)
-    if proposes_always and planner != "hardware" and engine.max_tree_nodes > 1:  # trees were verified (the timing-
-        assert sum(s.stats.drafted_tokens for s, _ in sessions) > 0, seed  # driven planner may draft nothing here)
+    if proposes_always and planner == "none" and engine.max_tree_nodes > 1:  # the drafts as proposed were verified
+        assert sum(s.stats.drafted_tokens for s, _ in sessions) > 0, seed  # (a planner prices them: may skip them)
