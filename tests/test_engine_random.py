@@ -11,13 +11,16 @@ the common tokens.)"""
 
 from __future__ import annotations
 
+import functools
 import random
+from dataclasses import replace
 
 import pytest
 import torch
 
 from tiny import perturbed_copy, tiny_model
 from specula.api import build_decoder
+from specula.constraints import Constraint
 from specula.drafters.heads.runtime import new_head
 from specula.engine import EngineConfig
 from specula.models.native import NativeCausalLM, NativeDecoder, configure, kernels
@@ -41,7 +44,7 @@ def native(model, eos: int | None) -> NativeCausalLM:
                           eos_token_ids=[] if eos is None else [eos])
 
 
-def random_params(rng: random.Random, eos: int | None) -> SamplingParams:
+def random_params(rng: random.Random, eos: int | None, vocab: int = VOCAB) -> SamplingParams:
     kw: dict = dict(max_new_tokens=rng.randrange(1, 30), seed=rng.randrange(1000))
     if rng.random() < 0.55:
         kw["temperature"] = rng.choice([0.3, 0.7, 1.0, 1.5])
@@ -58,7 +61,7 @@ def random_params(rng: random.Random, eos: int | None) -> SamplingParams:
     if rng.random() < 0.2:
         kw["presence_penalty"] = rng.choice([-1.0, 0.6])
     if rng.random() < 0.15:
-        kw["logit_bias"] = {rng.randrange(2, VOCAB): rng.choice([-100, -3, 4, 100])}
+        kw["logit_bias"] = {rng.randrange(2, vocab): rng.choice([-100, -3, 4, 100])}
     if rng.random() < 0.2:
         kw["min_new_tokens"] = rng.randrange(0, kw["max_new_tokens"] + 1)
     if eos is None or rng.random() < 0.5:
@@ -66,17 +69,17 @@ def random_params(rng: random.Random, eos: int | None) -> SamplingParams:
     if rng.random() < 0.15:
         kw["logprobs"] = rng.choice([0, 2])
     if rng.random() < 0.15:
-        kw["stop_token_ids"] = [rng.randrange(2, VOCAB)]
+        kw["stop_token_ids"] = [rng.randrange(2, vocab)]
     return SamplingParams(**kw)
 
 
-def random_prompt(rng: random.Random) -> list[int]:
+def random_prompt(rng: random.Random, vocab: int = VOCAB) -> list[int]:
     """A few ids, then pieces of them repeated among new ones (prompt lookup and the heads' copy hints find
     matches)."""
-    base = [rng.randrange(2, VOCAB) for _ in range(rng.randrange(1, 8))]
+    base = [rng.randrange(2, vocab) for _ in range(rng.randrange(1, 8))]
     out = list(base)
     while len(out) < rng.randrange(1, 40):
-        out += base[: rng.randrange(1, len(base) + 1)] if rng.random() < 0.6 else [rng.randrange(2, VOCAB)]
+        out += base[: rng.randrange(1, len(base) + 1)] if rng.random() < 0.6 else [rng.randrange(2, vocab)]
     return out
 
 
@@ -105,19 +108,76 @@ def test_random_requests_in_packed_passes_equal_plain_decoding_alone(method, ind
     planner = rng.choice(["hardware", "none", FLAT])
     engine = EngineConfig(max_tree_nodes=rng.choice([1, 4, 16, 64]), prefix_cache_mib=rng.choice([0, 8]))
     dec = build_decoder(method, target, None, draft, planner=planner, engine=engine, **options)
+    sessions = run_and_check(rng, dec, model, eos, VOCAB, None, monkeypatch)
+    proposes_always = draft is not None or "head" in options or method == "layer-skip"  # (not history's drafts)
+    if proposes_always and planner == "none" and engine.max_tree_nodes > 1:  # the drafts as proposed were verified
+        assert sum(s.stats.drafted_tokens for s, _ in sessions) > 0, seed  # (a planner prices them: may skip them)
+
+
+
+CONSTRAINED_METHODS = ("none", "prompt-lookup", "token-recycling", "draft-model", "fusion", "eagle3")
+SCHEMA = {"type": "object", "properties": {"name": {"enum": ["ab", "cd", "abc"]},
+                                           "age": {"type": "integer", "minimum": 0, "maximum": 999},
+                                           "tags": {"type": "array", "items": {"enum": ["x", "yz"]}, "maxItems": 3}},
+          "required": ["name", "age", "tags"], "additionalProperties": False}
+
+
+@functools.cache
+def constraints() -> tuple[Constraint, ...]:
+    return (Constraint.json_schema(SCHEMA), Constraint.regex(r"[a-c]{2,6}-(x|yz)+\."),
+            Constraint.grammar('start: item ("," item)* "."\nitem: "ab" | "cd" | /[0-9]{1,3}/'), Constraint.json(),
+            Constraint.choice(["ab", "cd-x"]))
+
+
+@pytest.mark.parametrize("method,index", [pytest.param(m, i, id=f"{m}-{i}") for m in CONSTRAINED_METHODS
+                                          for i in range(SEEDS_PER_METHOD)])
+def test_random_requests_some_under_grammars_equal_plain_decoding_alone(method, index, monkeypatch):
+    """As above on a byte-level tokenizer, some requests under a JSON schema, a regex, a grammar or any JSON object
+    (`grammar_kit`), packed with unconstrained ones: the grammar's masks ride on the same passes."""
+    pytest.importorskip("llguidance")
+    from grammar_kit import JSON_CHARS, JSON_MERGES, VOCAB as JSON_VOCAB, byte_level_tokenizer
+
+    seed = 50_000 + CONSTRAINED_METHODS.index(method) * 1000 + index
+    rng = random.Random(seed)
+    model = tiny_model(rng.choice(["llama", "qwen2"]), seed=rng.randrange(100), vocab=JSON_VOCAB)
+    screened = rng.random() < 0.7
+    for name in ("SCREEN_MIN_WEIGHTS", "TOP_SCREEN_MIN_WEIGHTS"):
+        monkeypatch.setattr(screen_module, name, 0 if screened else 1 << 40)
+    eos = rng.choice([None, 1])  # the tokenizer's EOS (a match ends with it where the target names none)
+    target = native(model, eos)
+    draft = native(perturbed_copy(model, scale=0.05, seed=seed), None) if method in ("draft-model", "fusion") else None
+    options = {}
+    if method == "eagle3" or (method == "fusion" and rng.random() < 0.5):
+        options["head"] = new_head("eagle3", target, torch.arange(JSON_VOCAB), seed=seed)
+    dec = build_decoder(method, target, byte_level_tokenizer(JSON_CHARS, JSON_MERGES), draft,
+                        planner=rng.choice(["hardware", "none", FLAT]),
+                        engine=EngineConfig(max_tree_nodes=rng.choice([4, 16, 64]),
+                                            prefix_cache_mib=rng.choice([0, 8])), **options)
+    sessions = run_and_check(rng, dec, model, eos, JSON_VOCAB,
+                             lambda r: r.choice(constraints()) if r.random() < 0.6 else None, monkeypatch)
+    assert sessions
+
+def run_and_check(rng: random.Random, dec, model, eos: int | None, vocab: int, constraint_of, monkeypatch) -> list:
+    """One or two rounds of one to four random requests through `dec` (`constraint_of(rng)`: a request's constraint
+    or None), stepped in random subsets; then each request's tokens and logprobs against plain decoding alone,
+    unscreened. Returns the sessions."""
     requests, sessions = [], []
-    opening = random_prompt(rng) + random_prompt(rng) + [rng.randrange(2, VOCAB) for _ in range(16)]
+    opening = random_prompt(rng, vocab) + random_prompt(rng, vocab) + [rng.randrange(2, vocab) for _ in range(16)]
     for _ in range(rng.choice([1, 2])):
         batch = []
         for _ in range(rng.randrange(1, 5)):
             if sessions and rng.random() < 0.4:  # a chat's next turn: an earlier prompt, its answer, more
-                (prompt, _), (earlier, _) = rng.choice(list(zip(requests, sessions)))
-                prompt = prompt + earlier.generated + random_prompt(rng)
+                (prompt, _, _), (earlier, _) = rng.choice(list(zip(requests, sessions)))
+                prompt = prompt + earlier.generated + random_prompt(rng, vocab)
             else:  # a shared opening (a system prompt) or none
                 prompt = (opening[: rng.randrange(1, len(opening) + 1)] if rng.random() < 0.5 else []) + \
-                    random_prompt(rng)
-            batch.append((prompt, random_params(rng, eos)))
-        started = [dec.start(prompt, params) for prompt, params in batch]
+                    random_prompt(rng, vocab)
+            params = random_params(rng, eos, vocab)
+            constraint = None if constraint_of is None else constraint_of(rng)
+            if constraint is not None:
+                params = replace(params, min_new_tokens=0)  # (refused with a constraint)
+            batch.append((prompt, params, constraint))
+        started = [dec.start(prompt, params, constraint) for prompt, params, constraint in batch]
         logprobs = {id(session): [] for session in started}  # what each session's chunks streamed
         for session in started:
             if rng.random() < 0.4:  # a prompt prefilled in chunks of 1-5 tokens
@@ -135,15 +195,12 @@ def test_random_requests_in_packed_passes_equal_plain_decoding_alone(method, ind
         sessions += [(session, logprobs[id(session)]) for session in started]
     monkeypatch.setattr(screen_module, "SCREEN_MIN_WEIGHTS", 1 << 40)
     monkeypatch.setattr(screen_module, "TOP_SCREEN_MIN_WEIGHTS", 1 << 40)
-    plain = build_decoder("none", native(model, eos), None)
-    for i, ((prompt, params), (session, streamed)) in enumerate(zip(requests, sessions)):
-        alone = plain.generate(prompt, params)
-        assert session.generated == alone.token_ids, (seed, i, prompt, params)
+    plain = build_decoder("none", native(model, eos), dec.tokenizer)
+    for i, ((prompt, params, constraint), (session, streamed)) in enumerate(zip(requests, sessions)):
+        alone = plain.generate(prompt, params, constraint)
+        assert session.generated == alone.token_ids, (i, prompt, params, constraint)
         if params.logprobs is not None:
             assert [(lp.token_id, lp.rank, lp.top and [t for t, _ in lp.top]) for lp in streamed] == [
-                (lp.token_id, lp.rank, lp.top and [t for t, _ in lp.top]) for lp in alone.logprobs], (seed, i)
-            assert [lp.logprob for lp in streamed] == pytest.approx([lp.logprob for lp in alone.logprobs],
-                                                                    abs=1e-4), (seed, i)
-    proposes_always = draft is not None or "head" in options or method == "layer-skip"  # (not history's drafts)
-    if proposes_always and planner == "none" and engine.max_tree_nodes > 1:  # the drafts as proposed were verified
-        assert sum(s.stats.drafted_tokens for s, _ in sessions) > 0, seed  # (a planner prices them: may skip them)
+                (lp.token_id, lp.rank, lp.top and [t for t, _ in lp.top]) for lp in alone.logprobs], i
+            assert [lp.logprob for lp in streamed] == pytest.approx([lp.logprob for lp in alone.logprobs], abs=1e-4), i
+    return sessions
