@@ -1,13 +1,13 @@
 """Random requests through every method at once: each seed draws a target (Llama or Qwen2), a method with its drafts
-(a draft model, a head over a cut draft vocabulary, a skip set), a planner, engine limits (tree size, a prefix
-cache), whether the output screen runs, and one or two rounds of one to four requests (prompts with repeats, some
-sharing an opening, some an earlier request's prompt and answer and more, as a chat's next turn does; a few
-prefilled in chunks) under random sampling settings: greedy or seeded samples at a temperature, top-k, top-p, min-p,
-penalties, a logit bias, min_new_tokens, stop tokens, an end-of-sequence token, logprobs. The requests are stepped
-in random subsets, so passes pack them in every combination. Each request's tokens (and logprobs) equal what plain
-decoding gives it alone, unscreened: the one promise, across what the focused tests take one at a time. (Planted
-bugs it catches: the race reading the next position's noise, a step's logprob rows reversed, a prefix copied past
-the common tokens.)"""
+(a draft model, a head over a cut draft vocabulary, learning online or not, a skip set, a REST datastore), a
+planner, engine limits (tree size, a prefix cache), whether the output screen runs, and one or two rounds of one to
+four requests (prompts with repeats, some sharing an opening, some an earlier request's prompt and answer and more,
+as a chat's next turn does; a few prefilled in chunks) under random sampling settings: greedy or seeded samples at a
+temperature, top-k, top-p, min-p, penalties, a logit bias, min_new_tokens, stop tokens, an end-of-sequence token,
+logprobs. The requests are stepped in random subsets, so passes pack them in every combination. Each request's
+tokens (and logprobs) equal what plain decoding gives it alone, unscreened: the one promise, across what the focused
+tests take one at a time. (Planted bugs it catches: the race reading the next position's noise, a step's logprob
+rows reversed, a prefix copied past the common tokens, a grammar's mask dropped or read off the wrong path.)"""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from tiny import perturbed_copy, tiny_model
+from tiny import perturbed_copy, tiny_model, word_tokenizer
 from specula.api import build_decoder
 from specula.constraints import Constraint
 from specula.drafters.heads.runtime import new_head
@@ -33,7 +33,7 @@ pytestmark = pytest.mark.skipif(not kernels.available(),
 
 VOCAB = 300
 METHODS = ("prompt-lookup", "token-recycling", "draft-model", "draft-tree", "fusion", "eagle", "eagle3", "medusa",
-           "hydra", "layer-skip")
+           "hydra", "layer-skip", "rest")
 HEADS = ("eagle", "eagle3", "medusa", "hydra")
 FLAT = CostCurve((1, 2, 4, 8, 16, 32, 64), (1e-3,) * 7, 64)  # verifying is free: the planner keeps what may pay
 SEEDS_PER_METHOD = 5
@@ -83,12 +83,28 @@ def random_prompt(rng: random.Random, vocab: int = VOCAB) -> list[int]:
     return out
 
 
+@pytest.fixture(scope="module")
+def datastore(tmp_path_factory) -> str:
+    """A REST datastore over text of the tiny vocabulary: phrases that recur among single ids."""
+    from specula.datastore.build import BuildConfig, build_datastore
+
+    rng = random.Random(0)
+    phrases = [[rng.randrange(2, VOCAB) for _ in range(rng.randrange(3, 9))] for _ in range(40)]
+    ids: list[int] = []
+    while len(ids) < 6000:
+        ids += rng.choice(phrases) if rng.random() < 0.7 else [rng.randrange(2, VOCAB)]
+    root = tmp_path_factory.mktemp("random")
+    (root / "corpus.txt").write_text(" ".join(f"w{i}" for i in ids))
+    return str(build_datastore(word_tokenizer(VOCAB), [root / "corpus.txt"], root / "random.specds",
+                               BuildConfig(progress=False)).path)
+
+
 def seeds():
     return [pytest.param(method, i, id=f"{method}-{i}") for method in METHODS for i in range(SEEDS_PER_METHOD)]
 
 
 @pytest.mark.parametrize("method,index", seeds())
-def test_random_requests_in_packed_passes_equal_plain_decoding_alone(method, index, monkeypatch):
+def test_random_requests_in_packed_passes_equal_plain_decoding_alone(method, index, datastore, monkeypatch):
     seed = METHODS.index(method) * 1000 + index
     rng = random.Random(seed)
     model = tiny_model(rng.choice(["llama", "qwen2"]), seed=rng.randrange(100), vocab=VOCAB)
@@ -105,6 +121,10 @@ def test_random_requests_in_packed_passes_equal_plain_decoding_alone(method, ind
         options["head"] = new_head(kind, target, torch.arange(0, VOCAB, rng.choice([1, 2, 3])), seed=seed)
     if method == "layer-skip":  # a fixed set: on two layers the search finds none that beats plain decoding
         options["skip_layers"] = rng.choice(["mlp:1", "attn:1", "attn:0,mlp:1"])
+    if method == "rest" or (method == "fusion" and rng.random() < 0.4):
+        options["datastore"] = datastore
+    if "head" in options and options["head"].kind != "eagle3" and rng.random() < 0.3:  # the head learns from each
+        options["online_distill"] = True  # finished request (OSD; an eagle3 head learns offline only)
     planner = rng.choice(["hardware", "none", FLAT])
     engine = EngineConfig(max_tree_nodes=rng.choice([1, 4, 16, 64]), prefix_cache_mib=rng.choice([0, 8]))
     dec = build_decoder(method, target, None, draft, planner=planner, engine=engine, **options)
