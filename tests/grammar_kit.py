@@ -8,6 +8,19 @@ JSON_MERGES = [('{', '"'), ('"', ':'), ('"', ','), ('"', '}'), ('n', 'a'), ('na'
                ('ag', 'e'), (' ', '"'), ('":', ' ')]
 VOCAB = 64
 """Logit width of the tiny models paired with the tokenizer (its 60 tokens and 4 unused ids)."""
+SCHEMA = {"type": "object", "properties": {"name": {"enum": ["ab", "cd", "abc"]},
+                                           "age": {"type": "integer", "minimum": 0, "maximum": 999},
+                                           "tags": {"type": "array", "items": {"enum": ["x", "yz"]}, "maxItems": 3}},
+          "required": ["name", "age", "tags"], "additionalProperties": False}
+"""A JSON schema the tokenizer's characters can write."""
+
+
+def constraint_kinds() -> dict:
+    """A JSON schema, a regex and a Lark grammar the tokenizer can write, by kind (`specula.constraints.Constraint`)."""
+    from specula.constraints import Constraint
+
+    return {"schema": Constraint.json_schema(SCHEMA), "regex": Constraint.regex(r"[a-c]{2,6}-(x|yz)+\."),
+            "grammar": Constraint.grammar('start: item ("," item)* "."\nitem: "ab" | "cd" | /[0-9]{1,3}/')}
 
 
 def _byte_chars() -> dict[int, str]:

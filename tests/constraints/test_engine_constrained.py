@@ -9,7 +9,7 @@ import json
 import pytest
 import torch
 
-from grammar_kit import VOCAB
+from grammar_kit import VOCAB, constraint_kinds
 from laws import tv, tv_bound
 from tiny import perturbed_copy, tiny_model
 from specula.api import build_decoder
@@ -18,10 +18,6 @@ from specula.models.hf import HFCausalLM
 from specula.planner import CostCurve, HardwarePlanner
 from specula.sampling import SamplingParams
 
-SCHEMA = {"type": "object", "properties": {"name": {"enum": ["ab", "cd", "abc"]},
-                                           "age": {"type": "integer", "minimum": 0, "maximum": 999},
-                                           "tags": {"type": "array", "items": {"enum": ["x", "yz"]}, "maxItems": 3}},
-          "required": ["name", "age", "tags"], "additionalProperties": False}
 FLAT = CostCurve((1, 2, 4, 8, 16, 32, 64), (1e-3,) * 7, 64)  # verifying is free: the planner keeps what may pay
 EOS = 1
 
@@ -64,11 +60,7 @@ def decoder(models, tokenizer, method: str, planner="none"):
 
 
 PROMPTS = ('{"name": "abc", "age": 12, "tags": ["x"]} {"name": "ab', "list people:")
-CONSTRAINTS = {
-    "schema": Constraint.json_schema(SCHEMA),
-    "regex": Constraint.regex(r"[a-c]{2,6}-(x|yz)+\."),
-    "grammar": Constraint.grammar('start: item ("," item)* "."\nitem: "ab" | "cd" | /[0-9]{1,3}/'),
-}
+CONSTRAINTS = constraint_kinds()
 
 
 @pytest.mark.parametrize("method", ["none", "prompt-lookup", "token-recycling", "draft-model", "draft-tree", "fusion"])
