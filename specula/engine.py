@@ -53,7 +53,7 @@ from specula.planner import PassThroughPlanner, Plan, Planner, PlanRequest, Step
 from specula.prefill import PromptPrefill
 from specula.prefix_cache import PrefixCache, RowLog
 from specula.prompts import is_integer
-from specula.sampling import SamplingParams, make_generator, request_seed
+from specula.sampling import SamplingParams, make_generator, request_seed, reserve_noise_width
 from specula.stats import GenerationStats
 from specula.step import DraftBudget, DraftContext, Proposal, StepResult
 from specula.stopping import TextStream
@@ -285,6 +285,8 @@ class SpeculativeDecoder:
         if self.prefix_cache is not None and params.prompt_logprobs is None:  # logprobs: every prompt row's logits
             hit = self.prefix_cache.take(prompt, seq, bool(self.hidden))
         seed = request_seed(params.seed)
+        if not params.greedy:  # drafts race their first positions with the noise verification reads, drawn once
+            reserve_noise_width(seed, self.target.vocab_size)
         session = Session(
             prompt=prompt, params=params, seq=seq, generator=make_generator(seed, self.target.device), seed=seed,
             drafter_states=[], planner_state=self.planner.new_state(),

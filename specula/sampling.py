@@ -314,12 +314,38 @@ def request_seed(seed: int | None) -> int:
 MIN_NOISE = 1e-30
 """The least noise value: a zero would divide 0 by 0 (NaN, which an argmax takes) and a subnormal overflow p / E
 in float32; an Exp(1) draw falls below it with probability 1e-30."""
-NOISE_CACHE = 64
-"""Positions' noise kept (`position_noise`; 39 MB for 152k tokens): a step's drafts and its verification read
-the same few positions, and the next step most of them again."""
+NOISE_CACHE_BYTES = 64 << 20
+"""Bytes of positions' noise kept (`position_noise`): 110 positions of 152k tokens, 341 of 49k. A step's drafts and
+its verification read the same few positions of each request, and the next step most of them again; a packed
+batch of 16 requests reads about a hundred (64 positions, the bound before, drew each one's first position twice)."""
+NOISE_WIDTHS = 4096
+"""Seeds whose width is remembered (`reserve_noise_width`, `position_noise`), least recently set forgotten first."""
 _noise: collections.OrderedDict[tuple[int, int], torch.Tensor] = collections.OrderedDict()
 """(seed, position) -> the widest noise drawn for it, least recently read first (`position_noise`)."""
+_widths: collections.OrderedDict[int, int] = collections.OrderedDict()
+"""seed -> the widest vocabulary its noise was asked for or reserved at (`reserve_noise_width`)."""
+_noise_bytes = 0
+"""The bytes `_noise` holds."""
 _noise_lock = threading.Lock()
+
+
+def _widen(seed: int, width: int) -> int:
+    """The seed's noise width after a call asks for `width` (under `_noise_lock`)."""
+    width = max(width, _widths.get(seed, 0))
+    _widths[seed] = width
+    _widths.move_to_end(seed)
+    while len(_widths) > NOISE_WIDTHS:
+        _widths.popitem(last=False)
+    return width
+
+
+def reserve_noise_width(seed: int, width: int) -> None:
+    """Draw the seed's noise at least `width` wide from now on (`position_noise`): a sampled request reserves its
+    target's vocabulary when it starts, so a drafter that races its first positions over a narrower one (a head's
+    draft vocabulary) draws the noise verification then reads, not a prefix drawn again wider (the values do not
+    change: a narrower vocabulary's noise is a prefix of a wider one's)."""
+    with _noise_lock:
+        _widen(seed, width)
 
 
 def position_noise(seed: int, position: int, vocab: int) -> torch.Tensor:
@@ -333,25 +359,31 @@ def position_noise(seed: int, position: int, vocab: int) -> torch.Tensor:
     the target's token whenever q is close enough to p at that position.
 
     Each position's noise is drawn once, as wide as the widest its seed has asked for (the target's
-    vocabulary once a token was sampled), and kept for the last `NOISE_CACHE` positions read: a drafter
+    vocabulary once a token was sampled, or from the start where the request reserved it:
+    `reserve_noise_width`), and kept for the last positions read (`NOISE_CACHE_BYTES`): a drafter
     that races its candidates positions ahead (narrower, or over a head's draft vocabulary) draws the noise
     the target's verification then reads, rather than a narrower copy of it (0.6 ms a position for 152k)."""
     with _noise_lock:
+        global _noise_bytes
         noise = _noise.get((seed, position))
         if noise is None or noise.shape[0] < vocab:
-            width = max([vocab] + [n.shape[0] for (s, _), n in _noise.items() if s == seed])
-            noise = _draw_noise(seed, position, width)
+            _noise_bytes -= 0 if noise is None else noise.nbytes
+            noise = _draw_noise(seed, position, _widen(seed, vocab))
             _noise[(seed, position)] = noise
+            _noise_bytes += noise.nbytes
         _noise.move_to_end((seed, position))
-        while len(_noise) > NOISE_CACHE:
-            _noise.popitem(last=False)
+        while _noise_bytes > NOISE_CACHE_BYTES and len(_noise) > 1:
+            _noise_bytes -= _noise.popitem(last=False)[1].nbytes
     return noise[:vocab]
 
 
 def clear_noise_cache() -> None:
     """Forget every position's noise (`position_noise` draws it again, equal)."""
+    global _noise_bytes
     with _noise_lock:
         _noise.clear()
+        _widths.clear()
+        _noise_bytes = 0
 
 
 def _draw_noise(seed: int, position: int, vocab: int) -> torch.Tensor:

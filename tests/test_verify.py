@@ -20,7 +20,7 @@ from specula import sampling
 from specula.errors import ConfigError
 from specula.sampling import (
     MIN_NOISE, SamplingParams, TargetRows, clear_noise_cache, make_generator, position_noise, probabilities, race_token,
-    sample_iid, sample_without_replacement,
+    reserve_noise_width, sample_iid, sample_without_replacement,
 )
 from specula.tree import TokenTree
 from specula.verify import (
@@ -629,6 +629,24 @@ def test_position_noise_is_drawn_once_a_position_as_wide_as_its_seed_asked(monke
     assert torch.equal(position_noise(5, 0, 1000), wide) and len(draws) == 3
     clear_noise_cache()
     assert torch.equal(position_noise(5, 1, 1000), real(5, 1, 1000))
+
+
+def test_a_reserved_width_draws_a_seeds_first_narrow_positions_at_it(monkeypatch):
+    """A sampled request reserves its target's width: a drafter racing its first positions over a narrower
+    vocabulary draws them once, as wide as verification then reads them, and the values are the same."""
+    clear_noise_cache()
+    draws = []
+    real = sampling._draw_noise
+    monkeypatch.setattr(sampling, "_draw_noise", lambda *args: draws.append(args) or real(*args))
+    reserve_noise_width(9, 1000)
+    first = position_noise(9, 0, 300)  # a head's draft vocabulary, before the target read anything
+    assert draws == [(9, 0, 1000)] and torch.equal(first, real(9, 0, 300))
+    assert torch.equal(position_noise(9, 0, 1000), real(9, 0, 1000)) and len(draws) == 1
+    reserve_noise_width(9, 500)  # never narrower than what the seed was already drawn at
+    assert position_noise(9, 1, 10).shape == (10,) and draws[-1] == (9, 1, 1000)
+    assert position_noise(10, 0, 300).shape == (300,) and draws[-1] == (10, 0, 300)  # another seed: its own width
+    clear_noise_cache()  # forgets the reservations too
+    assert position_noise(9, 2, 300).shape == (300,) and draws[-1] == (9, 2, 300)
 
 def test_the_exponential_race_samples_p_exactly():
     """`race_token` with fresh Exp(1) noise: each token's frequency is its probability (a row need not be
