@@ -146,10 +146,7 @@ def test_c_loop_gives_the_python_loops_bits_for_several_sequences_in_one_pass(qu
 
 
 def test_passes_the_c_loop_does_not_take_run_from_python(monkeypatch):
-    """More than MAX_ROWS rows, a prompt whose scores need several attention calls, a traced pass
-    and other ops stay on the Python loop."""
-    from specula.models.native import fused
-
+    """More than MAX_ROWS rows, a traced pass and other ops stay on the Python loop."""
     decoder = decoder_of("qwen2", "none")
     cfg = decoder.cfg
     cache = new_cache(decoder)
@@ -168,8 +165,36 @@ def test_passes_the_c_loop_does_not_take_run_from_python(monkeypatch):
     assert decoder._c_loop([one], 4, None) is None
     decoder = decoder_of("qwen2", "none")
     assert decoder._c_loop([one], 4, None) is not None
-    monkeypatch.setattr(fused, "SCORES_SCRATCH", 4 * cfg.num_heads * 4 - 1)
-    assert decoder._c_loop([one], 4, None) is None  # its scores would run in chunks
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+@pytest.mark.parametrize("chunk", [1, 3, 100, None])
+def test_a_long_prompts_attention_in_chunks_gives_the_python_loops_bits(arch, chunk, monkeypatch):
+    """A prompt of MAX_ROWS rows after 20 slots and a one-token step, its causal attention cut into chunks of rows
+    whose scores fit a small scratch (one row a chunk, a few, the whole prompt): the C loop takes every pass and its
+    states and cache slots are bitwise the Python loop's, which cuts the rows alike."""
+    from specula.models.native import fused, ops
+
+    decoder = decoder_of(arch, "none", layers=2)
+    if chunk is not None:  # the long prompt's chunks of `chunk` rows (the short one's of more)
+        monkeypatch.setattr(ops, "SCORES_SCRATCH", chunk * decoder.cfg.num_heads * (20 + fused.MAX_ROWS) + 5)
+    rng = random.Random(chunk)
+    vocab = decoder.cfg.vocab_size
+    shapes = [([rng.randrange(vocab) for _ in range(20)], 0), ([rng.randrange(vocab) for _ in range(fused.MAX_ROWS)], 20),
+              ([rng.randrange(vocab)], 20 + fused.MAX_ROWS)]
+    caches = [new_cache(decoder) for _ in range(2)]
+    got = []
+    for tokens, start in shapes:
+        assert decoder._c_loop([Segment(caches[0], start, slice(0, len(tokens)), None, True)], len(tokens), None)
+        caches[0].reserve(start + len(tokens), start)
+        got.append(run(decoder, caches[0], tokens, start, None, len(tokens) > 1, ()))
+    python_loop(monkeypatch)
+    for (tokens, start), states in zip(shapes, got):
+        caches[1].reserve(start + len(tokens), start)
+        assert torch.equal(states, run(decoder, caches[1], tokens, start, None, len(tokens) > 1, ()))
+    end = 21 + fused.MAX_ROWS
+    assert torch.equal(caches[0].k[:, :, :end], caches[1].k[:, :, :end])
+    assert torch.equal(caches[0].v[:, :, :end], caches[1].v[:, :, :end])
 
 
 def test_c_loop_follows_a_replaced_layer(monkeypatch):

@@ -258,7 +258,7 @@ class NativeDecoder(nn.Module):
         kernels, at most `fused.MAX_ROWS` rows, not traced; else None."""
         if trace is not None or self.embed.weight.dtype != torch.float32:
             return None
-        if not FusedLayers.takes(segments, n, self.cfg.num_heads):
+        if not FusedLayers.takes(segments, n):
             return None
         return FusedLayers.of(self)
 

@@ -53,15 +53,17 @@ static void tap(const float *x, const float *delta, float *tapped, int slot, int
 /* x [n, E]: the rows' embeddings, used as the residual stream (overwritten); out [n, E]: the
  * final-normed states. segs [nseg]: the sequences' rows (each its own cache; the linears run over
  * all n rows at once, attention per sequence in order). scores: scratch of the most
- * rows * heads * (start + rows) floats of a segment. taps [ntaps], tapped [n, ntaps * E] (ntaps may
+ * chunk * heads * (start + rows) floats of a segment, where a causal segment's (mask NULL: a prompt) rows
+ * run in chunks of max(1, chunk_floats / (heads * (start + rows))) rows (`ops.CpuKernelOps.attend`'s
+ * cut, so the bits are the Python loop's) and a masked one's in one call. taps [ntaps], tapped [n, ntaps * E] (ntaps may
  * be 0). skip [L][2] (attention, MLP; nonzero: skipped) or NULL. Returns 0, or -1 when the work
  * buffers could not be allocated (nothing is written then) or a linear could not allocate its rows
  * (x, out, tapped and the caches may then be partly written). */
 int specula_decoder_pass(float *x, float *out, int n, int e, int layers, const struct layer_ref *w,
                          const float *final_norm, float eps, const float *cos_, const float *sin_,
                          const struct segment_ref *segs, int nseg, int heads, int kv_heads, int d, int inter,
-                         float scale, float *scores, const int32_t *taps, int ntaps, float *tapped, const uint8_t *skip,
-                         int threads) {
+                         float scale, float *scores, long chunk_floats, const int32_t *taps, int ntaps, float *tapped,
+                         const uint8_t *skip, int threads) {
     if (n <= 0) return 0;  /* no rows: nothing to run */
     size_t qkv_w = (size_t)(heads + 2 * kv_heads) * d, att_w = (size_t)heads * d, half = (size_t)d / 2;
     size_t floats = (size_t)n * (2 * (size_t)e + qkv_w + 2 * att_w + 3 * (size_t)inter);
@@ -84,8 +86,15 @@ int specula_decoder_pass(float *x, float *out, int n, int e, int layers, const s
                 float *kc = sg->k_cache + (size_t)li * per_layer, *vc = sg->v_cache + (size_t)li * per_layer;
                 specula_rope_write(qkv + r0 * qkv_w, cos_ + r0 * half, sin_ + r0 * half, q + r0 * att_w, kc, vc,
                                    sg->rows, heads, kv_heads, d, sg->cap, sg->start, threads);
-                specula_attention(q + r0 * att_w, kc, vc, sg->mask, att + r0 * att_w, scores, sg->rows, heads,
-                                  kv_heads, d, sg->cap, sg->start + sg->rows, sg->start, scale, threads);
+                /* causal rows in chunks whose scores fit chunk_floats, as `ops.CpuKernelOps.attend` cuts them */
+                long span = (long)heads * (sg->start + sg->rows), fit = chunk_floats / span;
+                int step = sg->mask ? sg->rows : fit < 1 ? 1 : fit < sg->rows ? (int)fit : sg->rows;
+                for (int c0 = 0; c0 < sg->rows; c0 += step) {
+                    int c1 = sg->rows - c0 < step ? sg->rows : c0 + step;
+                    specula_attention(q + (r0 + c0) * att_w, kc, vc, sg->mask, att + (r0 + c0) * att_w, scores,
+                                      c1 - c0, heads, kv_heads, d, sg->cap, sg->start + c1, sg->start + c0, scale,
+                                      threads);
+                }
             }
             if (linear(&l->o, att, delta, n, threads)) goto done;
             pending = 1;
