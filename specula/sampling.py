@@ -363,8 +363,8 @@ def position_noise(seed: int, position: int, vocab: int) -> torch.Tensor:
     `reserve_noise_width`), and kept for the last positions read (`NOISE_CACHE_BYTES`): a drafter
     that races its candidates positions ahead (narrower, or over a head's draft vocabulary) draws the noise
     the target's verification then reads, rather than a narrower copy of it (0.6 ms a position for 152k)."""
+    global _noise_bytes
     with _noise_lock:
-        global _noise_bytes
         noise = _noise.get((seed, position))
         if noise is None or noise.shape[0] < vocab:
             _noise_bytes -= 0 if noise is None else noise.nbytes

@@ -180,8 +180,9 @@ def test_a_long_prompts_attention_in_chunks_gives_the_python_loops_bits(arch, ch
         monkeypatch.setattr(ops, "SCORES_SCRATCH", chunk * decoder.cfg.num_heads * (20 + fused.MAX_ROWS) + 5)
     rng = random.Random(chunk)
     vocab = decoder.cfg.vocab_size
-    shapes = [([rng.randrange(vocab) for _ in range(20)], 0), ([rng.randrange(vocab) for _ in range(fused.MAX_ROWS)], 20),
-              ([rng.randrange(vocab)], 20 + fused.MAX_ROWS)]
+    rows = fused.MAX_ROWS
+    shapes = [([rng.randrange(vocab) for _ in range(20)], 0), ([rng.randrange(vocab) for _ in range(rows)], 20),
+              ([rng.randrange(vocab)], 20 + rows)]
     caches = [new_cache(decoder) for _ in range(2)]
     got = []
     for tokens, start in shapes:

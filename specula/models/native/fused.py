@@ -6,9 +6,10 @@ the glue between the calls (ctypes, tensor allocation, module calls) cost 0.3-0.
 8-14 ms of a 33-45 ms one-token step of SmolLM2-135M or of the int8 Qwen2.5-Coder-0.5B draft. The C
 loop makes the same kernel calls with the same operands in the same order, so its outputs are the
 Python path's bit for bit (tests hold them together). It takes the passes it can: every linear a
-`KernelLinear`, the ops `CpuKernelOps`, float32, at most MAX_ROWS rows, no trace, and attention scores
-(a long prompt's causal rows in chunks, cut as the Python loop cuts them: `ops.CpuKernelOps.attend`). Several sequences' rows in one
-pass (a batched serving step) and skipped sub-layers (layer-skip self-drafts) run here too.
+`KernelLinear`, the ops `CpuKernelOps`, float32, at most MAX_ROWS rows, no trace (a long prompt's causal
+attention in chunks of rows, cut as the Python loop cuts them: `ops.CpuKernelOps.attend`). Several
+sequences' rows in one pass (a batched serving step) and skipped sub-layers (layer-skip self-drafts)
+run here too.
 """
 
 from __future__ import annotations
@@ -163,8 +164,8 @@ class FusedLayers:
         status = library().specula_decoder_pass(
             x.data_ptr(), out.data_ptr(), n, e, len(self.refs), self.refs, dec.final_norm.data_ptr(),
             cfg.rms_norm_eps, cos.data_ptr(), sin.data_ptr(), (SegmentRef * len(refs))(*refs), len(refs), h, g, d,
-            cfg.intermediate_size, d ** -0.5, scores.data_ptr(), ops.SCORES_SCRATCH, tap_ids, len(taps), _ptr(tapped), skipped,
-            torch.get_num_threads())
+            cfg.intermediate_size, d ** -0.5, scores.data_ptr(), ops.SCORES_SCRATCH, tap_ids, len(taps), _ptr(tapped),
+            skipped, torch.get_num_threads())
         if status != 0:
             raise MemoryError(f"the native decoder's C loop could not allocate its work buffers or a layer's "
                               f"rows for {n} rows")

@@ -53,12 +53,12 @@ static void tap(const float *x, const float *delta, float *tapped, int slot, int
 /* x [n, E]: the rows' embeddings, used as the residual stream (overwritten); out [n, E]: the
  * final-normed states. segs [nseg]: the sequences' rows (each its own cache; the linears run over
  * all n rows at once, attention per sequence in order). scores: scratch of the most
- * chunk * heads * (start + rows) floats of a segment, where a causal segment's (mask NULL: a prompt) rows
- * run in chunks of max(1, chunk_floats / (heads * (start + rows))) rows (`ops.CpuKernelOps.attend`'s
- * cut, so the bits are the Python loop's) and a masked one's in one call. taps [ntaps], tapped [n, ntaps * E] (ntaps may
- * be 0). skip [L][2] (attention, MLP; nonzero: skipped) or NULL. Returns 0, or -1 when the work
- * buffers could not be allocated (nothing is written then) or a linear could not allocate its rows
- * (x, out, tapped and the caches may then be partly written). */
+ * chunk * heads * (start + rows) floats of a segment, where a causal segment's (mask NULL: a prompt)
+ * rows run in chunks of max(1, chunk_floats / (heads * (start + rows))) rows (`ops.CpuKernelOps.attend`'s
+ * cut, so the bits are the Python loop's) and a masked one's in one call. taps [ntaps], tapped
+ * [n, ntaps * E] (ntaps may be 0). skip [L][2] (attention, MLP; nonzero: skipped) or NULL. Returns 0,
+ * or -1 when the work buffers could not be allocated (nothing is written then) or a linear could not
+ * allocate its rows (x, out, tapped and the caches may then be partly written). */
 int specula_decoder_pass(float *x, float *out, int n, int e, int layers, const struct layer_ref *w,
                          const float *final_norm, float eps, const float *cos_, const float *sin_,
                          const struct segment_ref *segs, int nseg, int heads, int kv_heads, int d, int inter,
