@@ -198,6 +198,40 @@ def test_a_long_prompts_attention_in_chunks_gives_the_python_loops_bits(arch, ch
     assert torch.equal(caches[0].v[:, :, :end], caches[1].v[:, :, :end])
 
 
+def test_a_prompt_in_chunks_beside_another_sequences_row_gives_the_python_loops_bits(monkeypatch):
+    """A batched pass: one sequence's one-token step (row 0), then another's 300-token prompt after 10 slots whose
+    causal attention runs in chunks of 7 rows (each chunk's rows offset by the segment's first row)."""
+    from specula.models.native import ops
+
+    decoder = decoder_of("qwen2", "none", seed=11, layers=2)
+    cfg = decoder.cfg
+    monkeypatch.setattr(ops, "SCORES_SCRATCH", 7 * cfg.num_heads * 310 + 3)
+    rng = random.Random(12)
+    step, prompt = [rng.randrange(cfg.vocab_size)], [rng.randrange(cfg.vocab_size) for _ in range(300)]
+    positions = torch.cat([torch.tensor([4]), torch.arange(10, 310)])
+
+    def one_pass():
+        caches = []
+        for start, seed in ((4, 1), (10, 2)):  # each sequence's earlier slots, written alike on both paths
+            cache = new_cache(decoder)
+            cache.reserve(start + 300, 0)
+            gen = torch.Generator().manual_seed(seed)
+            cache.k.copy_(torch.randn(cache.k.shape, generator=gen))
+            cache.v.copy_(torch.randn(cache.v.shape, generator=gen))
+            caches.append(cache)
+        segs = [Segment(caches[0], 4, slice(0, 1), None, False), Segment(caches[1], 10, slice(1, 301), None, True)]
+        taken = decoder._c_loop(segs, 301, None) is not None
+        return decoder(torch.tensor(step + prompt), positions, segs), caches, taken
+
+    got, got_caches, taken = one_pass()
+    assert taken
+    python_loop(monkeypatch)
+    want, want_caches, _ = one_pass()
+    assert torch.equal(got, want)
+    for a, b in zip(got_caches, want_caches):
+        assert torch.equal(a.k, b.k) and torch.equal(a.v, b.v)
+
+
 def test_c_loop_follows_a_replaced_layer(monkeypatch):
     """Swapping a layer's linear after a pass (as `replace_linears` does) is seen by the next pass:
     its outputs are the Python loop's with the new weights."""
