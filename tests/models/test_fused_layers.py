@@ -46,6 +46,28 @@ def assert_prompt_states_are_the_python_loops(decoder, monkeypatch) -> None:
     assert torch.equal(got, run(decoder, new_cache(decoder), [3, 1, 4, 1, 5], 0, None, True, ()))
 
 
+def filled_cache(decoder, slots: int, seed: int) -> KVCache:
+    """A cache of `slots` slots of random keys and values (a sequence's earlier slots, alike on both paths)."""
+    cache = new_cache(decoder)
+    cache.reserve(slots, 0)
+    gen = torch.Generator().manual_seed(seed)
+    cache.k.copy_(torch.randn(cache.k.shape, generator=gen))
+    cache.v.copy_(torch.randn(cache.v.shape, generator=gen))
+    return cache
+
+
+def assert_pass_is_the_python_loops(one_pass, monkeypatch) -> None:
+    """`one_pass()` -> (states, caches, whether the C loop took it) on the C loop, then on the Python loop: the C loop
+    took it, and the states and every cache are bitwise the same."""
+    got, got_caches, taken = one_pass()
+    assert taken
+    python_loop(monkeypatch)
+    want, want_caches, _ = one_pass()
+    assert torch.equal(got, want)
+    for a, b in zip(got_caches, want_caches):
+        assert torch.equal(a.k, b.k) and torch.equal(a.v, b.v)
+
+
 def run(decoder, cache, tokens, start, mask, prefill, taps, positions=None, skip=frozenset()):
     n = len(tokens)
     seg = Segment(cache, start, slice(0, n), mask, prefill)
@@ -119,14 +141,7 @@ def test_c_loop_gives_the_python_loops_bits_for_several_sequences_in_one_pass(qu
     positions = torch.cat([torch.arange(5), torch.tensor([9, 5]), 6 + tree.position_offsets])
 
     def one_pass():
-        caches = []
-        for start in starts:  # each sequence's earlier slots, written alike on both paths
-            cache = new_cache(decoder)
-            cache.reserve(start + 16, 0)
-            gen = torch.Generator().manual_seed(start)
-            cache.k.copy_(torch.randn(cache.k.shape, generator=gen))
-            cache.v.copy_(torch.randn(cache.v.shape, generator=gen))
-            caches.append(cache)
+        caches = [filled_cache(decoder, start + 16, start) for start in starts]  # each sequence's earlier slots
         segs, row = [], 0
         for cache, start, toks, mask, prefill in zip(caches, starts, tokens, [None, None, tree_mask],
                                                      [True, False, False]):
@@ -136,13 +151,7 @@ def test_c_loop_gives_the_python_loops_bits_for_several_sequences_in_one_pass(qu
         taken = decoder._c_loop(segs, len(flat), None) is not None
         return decoder(flat, positions, segs), caches, taken
 
-    got, got_caches, taken = one_pass()
-    assert taken
-    python_loop(monkeypatch)
-    want, want_caches, _ = one_pass()
-    assert torch.equal(got, want)
-    for a, b in zip(got_caches, want_caches):
-        assert torch.equal(a.k, b.k) and torch.equal(a.v, b.v)
+    assert_pass_is_the_python_loops(one_pass, monkeypatch)
 
 
 def test_passes_the_c_loop_does_not_take_run_from_python(monkeypatch):
@@ -211,25 +220,12 @@ def test_a_prompt_in_chunks_beside_another_sequences_row_gives_the_python_loops_
     positions = torch.cat([torch.tensor([4]), torch.arange(10, 310)])
 
     def one_pass():
-        caches = []
-        for start, seed in ((4, 1), (10, 2)):  # each sequence's earlier slots, written alike on both paths
-            cache = new_cache(decoder)
-            cache.reserve(start + 300, 0)
-            gen = torch.Generator().manual_seed(seed)
-            cache.k.copy_(torch.randn(cache.k.shape, generator=gen))
-            cache.v.copy_(torch.randn(cache.v.shape, generator=gen))
-            caches.append(cache)
+        caches = [filled_cache(decoder, start + 300, seed) for start, seed in ((4, 1), (10, 2))]
         segs = [Segment(caches[0], 4, slice(0, 1), None, False), Segment(caches[1], 10, slice(1, 301), None, True)]
         taken = decoder._c_loop(segs, 301, None) is not None
         return decoder(torch.tensor(step + prompt), positions, segs), caches, taken
 
-    got, got_caches, taken = one_pass()
-    assert taken
-    python_loop(monkeypatch)
-    want, want_caches, _ = one_pass()
-    assert torch.equal(got, want)
-    for a, b in zip(got_caches, want_caches):
-        assert torch.equal(a.k, b.k) and torch.equal(a.v, b.v)
+    assert_pass_is_the_python_loops(one_pass, monkeypatch)
 
 
 def test_c_loop_follows_a_replaced_layer(monkeypatch):
