@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import random
+from collections import Counter
 from dataclasses import replace
 
 import pytest
@@ -26,6 +27,7 @@ from specula.drafters.heads.runtime import new_head
 from specula.engine import EngineConfig
 from specula.models.native import NativeCausalLM, NativeDecoder, configure, kernels
 from specula.models.hf import HFCausalLM
+from specula.penalties import penalize
 from specula.models.native import screen as screen_module
 from specula.planner import CostCurve
 from specula.sampling import SamplingParams, gumbel_of, position_noise, race_scores
@@ -50,7 +52,7 @@ def hf(model, eos: int | None) -> HFCausalLM:
     return HFCausalLM(model, "hf", eos_token_ids=[] if eos is None else [eos])
 
 
-def random_params(rng: random.Random, eos: int | None, vocab: int = VOCAB, penalties: bool = True) -> SamplingParams:
+def random_params(rng: random.Random, eos: int | None, vocab: int = VOCAB) -> SamplingParams:
     kw: dict = dict(max_new_tokens=rng.randrange(1, 30), seed=rng.randrange(1000))
     if rng.random() < 0.55:
         kw["temperature"] = rng.choice([0.3, 0.7, 1.0, 1.5])
@@ -60,13 +62,13 @@ def random_params(rng: random.Random, eos: int | None, vocab: int = VOCAB, penal
             kw["top_p"] = rng.choice([0.5, 0.8, 0.95])
         if rng.random() < 0.3:
             kw["min_p"] = rng.choice([0.02, 0.1, 0.3])
-    if penalties and rng.random() < 0.25:
+    if rng.random() < 0.25:
         kw["repetition_penalty"] = rng.choice([0.8, 1.2, 2.0])
-    if penalties and rng.random() < 0.2:
+    if rng.random() < 0.2:
         kw["frequency_penalty"] = rng.choice([-0.5, 0.4, 1.5])
-    if penalties and rng.random() < 0.2:
+    if rng.random() < 0.2:
         kw["presence_penalty"] = rng.choice([-1.0, 0.6])
-    if penalties and rng.random() < 0.15:
+    if rng.random() < 0.15:
         kw["logit_bias"] = {rng.randrange(2, vocab): rng.choice([-100, -3, 4, 100])}
     if rng.random() < 0.2:
         kw["min_new_tokens"] = rng.randrange(0, kw["max_new_tokens"] + 1)
@@ -121,10 +123,10 @@ HF_SEEDS_PER_METHOD = 2
 @pytest.mark.parametrize("method,index", seeds(HF_METHODS, HF_SEEDS_PER_METHOD))
 def test_random_requests_on_the_hugging_face_backend_equal_its_plain_decoding_alone_but_at_float_ties(
         method, index, datastore, monkeypatch):
-    """As above with every model a transformers one (`HFCausalLM`, no prefix cache: that backend keeps none) and no
-    penalties or logit bias: that backend promises float32 closeness, so a tree pass may round a row otherwise than a
-    one-token step; a request may part from plain decoding only where plain decoding's pick was a near tie (greedy:
-    the two logits; sampled: the two race scores, within 1e-4), and must equal it up to there."""
+    """As above with every model a transformers one (`HFCausalLM`, no prefix cache: that backend keeps none): that
+    backend promises float32 closeness, so a tree pass may round a row otherwise than a one-token step; a request may
+    part from plain decoding only where plain decoding's pick was a near tie (greedy: the two penalised logits;
+    sampled: the two race scores, within 1e-4), and must equal it up to there."""
     random_requests(hf, method, 20_000 + HF_METHODS.index(method) * 1000 + index, datastore, monkeypatch)
 
 
@@ -211,7 +213,7 @@ def run_and_check(rng: random.Random, dec, model, eos: int | None, vocab: int, c
             else:  # a shared opening (a system prompt) or none
                 prompt = (opening[: rng.randrange(1, len(opening) + 1)] if rng.random() < 0.5 else []) + \
                     random_prompt(rng, vocab)
-            params = random_params(rng, eos, vocab, penalties=make is native)
+            params = random_params(rng, eos, vocab)
             constraint = None if constraint_of is None else constraint_of(rng)
             if constraint is not None:
                 params = replace(params, min_new_tokens=0)  # (refused with a constraint)
@@ -257,11 +259,12 @@ TIE = 1e-4
 @torch.inference_mode()
 def parting_at_a_tie(model, prompt: list[int], params: SamplingParams, got: list[int], want: list[int]) -> int:
     """Where a request's tokens `got` first part from plain decoding's `want` (an index into both), asserting the
-    parting is a near tie there (no penalties or bias: the scores are the logits, or at a temperature the race's
-    logits / T - log E with the position's noise): the two tokens' scores within `TIE`."""
+    parting is a near tie there: the two tokens' scores within `TIE`, the scores being the logits penalised for the
+    output before the position (`penalties.penalize`), at a temperature the race's: those / T - log E with the
+    position's noise."""
     k = next((k for k, (a, b) in enumerate(zip(got, want)) if a != b), None)
     assert k is not None, ("one is a prefix of the other: not a parting", got, want, prompt, params)
-    logits = model(torch.tensor([prompt + want[:k]])).logits[0, -1].float()  # [vocab]
+    logits = penalize(model(torch.tensor([prompt + want[:k]])).logits[0, -1], Counter(want[:k]), prompt, params)
     if not params.greedy:
         logits = race_scores(logits, params.temperature, gumbel_of(position_noise(params.seed, k, logits.shape[0])))
     gap = abs(float(logits[got[k]] - logits[want[k]]))
