@@ -25,10 +25,10 @@ from specula.api import build_decoder
 from specula.constraints import Constraint
 from specula.drafters.heads.runtime import new_head
 from specula.engine import EngineConfig
-from specula.models.native import NativeCausalLM, NativeDecoder, configure, kernels
 from specula.models.hf import HFCausalLM
-from specula.penalties import penalize
+from specula.models.native import NativeCausalLM, NativeDecoder, configure, kernels
 from specula.models.native import screen as screen_module
+from specula.penalties import penalize
 from specula.planner import CostCurve
 from specula.sampling import SamplingParams, gumbel_of, position_noise, race_scores
 
