@@ -153,8 +153,7 @@ class FusedLayers:
             masks.append(mask)  # bound for the call
             refs.append(SegmentRef(seg.cache.k.data_ptr(), seg.cache.v.data_ptr(), _ptr(mask), seg.cache.capacity,
                                    seg.start, row0, k))
-            span = h * (seg.start + k)  # scores of one row
-            most = max(most, span * (k if mask is not None else min(k, max(1, ops.SCORES_SCRATCH // span))))
+            most = max(most, min(k, ops.attention_chunk(h, seg.start, k, mask is None)) * h * (seg.start + k))
         scores = dec.ops._scores(most)
         skipped = None
         if skip:

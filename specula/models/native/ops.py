@@ -139,6 +139,13 @@ SCORES_SCRATCH = 1 << 23
 runs in chunks of rows within it."""
 
 
+def attention_chunk(heads: int, start: int, n: int, causal: bool) -> int:
+    """Rows per attention call of n rows written at slots start..: a causal call's (a prompt's) in chunks whose
+    scores fit `SCORES_SCRATCH`, at least 1; a masked one's all at once. The C loop cuts its rows the same way
+    (`kernels/layers.c`, `fused.FusedLayers.run`)."""
+    return max(1, SCORES_SCRATCH // (heads * (start + n))) if causal else n
+
+
 class CpuKernelOps:
     """specula's C kernels (CPU, float32): row-invariant by construction (see `kernels/ops.c`)."""
 
@@ -171,8 +178,7 @@ class CpuKernelOps:
         out = torch.empty_like(q)
         if prefill:  # a prompt's rows see the slots up to their own: the kernel's causal rule, no mask read
             mask = None
-        # a causal call runs in chunks of rows whose scores fit SCORES_SCRATCH (long prompts)
-        step = n if mask is not None else max(1, SCORES_SCRATCH // (heads * (start + n)))
+        step = attention_chunk(heads, start, n, mask is None)  # a long prompt's rows in chunks
         for r0 in range(0, n, step):
             r1 = min(n, r0 + step)
             kernel_attention(q[r0:r1], cache.k[layer], cache.v[layer], mask, start + r0, out[r0:r1],
