@@ -3,11 +3,13 @@
 planner, engine limits (tree size, a prefix cache), whether the output screen runs, and one or two rounds of one to
 four requests (prompts with repeats, some sharing an opening, some an earlier request's prompt and answer and more,
 as a chat's next turn does; a few prefilled in chunks) under random sampling settings: greedy or seeded samples at a
-temperature, top-k, top-p, min-p, penalties, a logit bias, min_new_tokens, stop tokens, an end-of-sequence token,
-logprobs. The requests are stepped in random subsets, so passes pack them in every combination. Each request's
-tokens (and logprobs) equal what plain decoding gives it alone, unscreened: the one promise, across what the focused
-tests take one at a time. (Planted bugs it catches: the race reading the next position's noise, a step's logprob
-rows reversed, a prefix copied past the common tokens, a grammar's mask dropped or read off the wrong path.)"""
+temperature, top-k, top-p, min-p, penalties, a logit bias, min_new_tokens, stop tokens, stop strings (half the
+seeds decode text with a word tokenizer), an end-of-sequence token, logprobs. The requests are stepped in random
+subsets, so passes pack them in every combination. Each request's tokens (and logprobs, the text it streamed and why
+it ended) equal what plain decoding gives it alone, unscreened: the one promise, across what the focused tests take
+one at a time. (Planted bugs it catches: the race reading the next position's noise, a step's logprob rows reversed,
+a prefix copied past the common tokens, a grammar's mask dropped or read off the wrong path, a step's tokens kept
+past the stop string that ended it.)"""
 
 from __future__ import annotations
 
@@ -52,7 +54,8 @@ def hf(model, eos: int | None) -> HFCausalLM:
     return HFCausalLM(model, "hf", eos_token_ids=[] if eos is None else [eos])
 
 
-def random_params(rng: random.Random, eos: int | None, vocab: int = VOCAB) -> SamplingParams:
+def random_params(rng: random.Random, eos: int | None, vocab: int = VOCAB, tokenizer=None) -> SamplingParams:
+    """Random settings; with a `tokenizer`, some requests stop at strings (`random_stop`)."""
     kw: dict = dict(max_new_tokens=rng.randrange(1, 30), seed=rng.randrange(1000))
     if rng.random() < 0.55:
         kw["temperature"] = rng.choice([0.3, 0.7, 1.0, 1.5])
@@ -78,7 +81,17 @@ def random_params(rng: random.Random, eos: int | None, vocab: int = VOCAB) -> Sa
         kw["logprobs"] = rng.choice([0, 2])
     if rng.random() < 0.15:
         kw["stop_token_ids"] = [rng.randrange(2, vocab)]
+    if tokenizer is not None and rng.random() < 0.4:
+        kw["stop"] = [random_stop(rng, tokenizer, vocab) for _ in range(rng.choice([1, 2]))]
     return SamplingParams(**kw)
+
+
+def random_stop(rng: random.Random, tokenizer, vocab: int) -> str:
+    """A stop string: 1-4 characters of the text of 1-3 random tokens, so it may start or end inside a token's
+    text, span two tokens' texts, or never show."""
+    text = tokenizer.decode([rng.randrange(2, vocab) for _ in range(rng.randrange(1, 4))])
+    start = rng.randrange(len(text))
+    return text[start: rng.randrange(start + 1, min(len(text), start + 4) + 1)]
 
 
 def random_prompt(rng: random.Random, vocab: int = VOCAB) -> list[int]:
@@ -155,12 +168,13 @@ def random_requests(make, method: str, seed: int, datastore: str, monkeypatch) -
     planner = rng.choice(["hardware", "none", FLAT])
     engine = EngineConfig(max_tree_nodes=rng.choice([1, 4, 16, 64]),
                           prefix_cache_mib=rng.choice([0, 8]) if make is native else 0)
-    dec = build_decoder(method, target, None, draft, planner=planner, engine=engine, **options)
+    tokenizer = word_tokenizer(VOCAB) if rng.random() < 0.5 else None  # half read text (stop strings)
+    dec = build_decoder(method, target, tokenizer, draft, planner=planner, engine=engine, **options)
     sessions = run_and_check(rng, dec, model, eos, VOCAB, None, monkeypatch, make)
     proposes_always = draft is not None or "head" in options or method == "layer-skip"  # (not history's drafts)
-    room = any(s.params.max_new_tokens > 1 for s, _ in sessions)  # (one token: the first step's own, no draft)
+    room = any(s.params.max_new_tokens > 1 for s, *_ in sessions)  # (one token: the first step's own, no draft)
     if proposes_always and planner == "none" and engine.max_tree_nodes > 1 and room:  # the drafts as proposed were
-        assert sum(s.stats.drafted_tokens for s, _ in sessions) > 0, seed  # verified (a planner prices them: may not)
+        assert sum(s.stats.drafted_tokens for s, *_ in sessions) > 0, seed  # verified (a planner prices them: may not)
 
 
 
@@ -208,18 +222,19 @@ def run_and_check(rng: random.Random, dec, model, eos: int | None, vocab: int, c
         batch = []
         for _ in range(rng.randrange(1, 5)):
             if sessions and rng.random() < 0.4:  # a chat's next turn: an earlier prompt, its answer, more
-                (prompt, _, _), (earlier, _) = rng.choice(list(zip(requests, sessions)))
+                (prompt, _, _), (earlier, *_) = rng.choice(list(zip(requests, sessions)))
                 prompt = prompt + earlier.generated + random_prompt(rng, vocab)
             else:  # a shared opening (a system prompt) or none
                 prompt = (opening[: rng.randrange(1, len(opening) + 1)] if rng.random() < 0.5 else []) + \
                     random_prompt(rng, vocab)
-            params = random_params(rng, eos, vocab)
+            params = random_params(rng, eos, vocab, dec.tokenizer)
             constraint = None if constraint_of is None else constraint_of(rng)
             if constraint is not None:
                 params = replace(params, min_new_tokens=0)  # (refused with a constraint)
             batch.append((prompt, params, constraint))
         started = [dec.start(prompt, params, constraint) for prompt, params, constraint in batch]
         logprobs = {id(session): [] for session in started}  # what each session's chunks streamed
+        texts = {id(session): "" for session in started}
         for session in started:
             if rng.random() < 0.4:  # a prompt prefilled in chunks of 1-5 tokens
                 while not dec.prefill(session, rng.randrange(1, 6)):
@@ -230,20 +245,23 @@ def run_and_check(rng: random.Random, dec, model, eos: int | None, vocab: int, c
             stepped = live[: rng.randrange(1, len(live) + 1)]  # any subset packed in one pass
             for session, chunk in zip(stepped, dec.step(stepped)):
                 logprobs[id(session)] += chunk.logprobs or []
+                texts[id(session)] += chunk.text
         for session in started:
             dec.finish(session)
         requests += batch
-        sessions += [(session, logprobs[id(session)]) for session in started]
+        sessions += [(session, logprobs[id(session)], texts[id(session)]) for session in started]
     monkeypatch.setattr(screen_module, "SCREEN_MIN_WEIGHTS", 1 << 40)
     monkeypatch.setattr(screen_module, "TOP_SCREEN_MIN_WEIGHTS", 1 << 40)
     plain = build_decoder("none", make(model, eos), dec.tokenizer)
-    for i, ((prompt, params, constraint), (session, streamed)) in enumerate(zip(requests, sessions)):
+    for i, ((prompt, params, constraint), (session, streamed, text)) in enumerate(zip(requests, sessions)):
         alone = plain.generate(prompt, params, constraint)
         same = len(alone.token_ids)
         if make is not native and session.generated != alone.token_ids:
             same = parting_at_a_tie(model, prompt, params, session.generated, alone.token_ids)
         assert session.generated[:same] == alone.token_ids[:same], (i, prompt, params, constraint)
         assert same < len(alone.token_ids) or session.generated == alone.token_ids, (i, prompt, params, constraint)
+        if session.generated == alone.token_ids:  # the text streamed, a stop string's cut, why it ended
+            assert (text, session.stats.finish_reason) == (alone.text, alone.stats.finish_reason), (i, params)
         if params.logprobs is not None:
             assert [(lp.token_id, lp.rank, lp.top and [t for t, _ in lp.top]) for lp in streamed[:same]] == [
                 (lp.token_id, lp.rank, lp.top and [t for t, _ in lp.top]) for lp in alone.logprobs[:same]], i
