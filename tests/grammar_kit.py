@@ -3,6 +3,8 @@ constraint tests (the word-level test tokenizers carry no bytes a grammar could 
 
 from __future__ import annotations
 
+from typing import Sequence
+
 JSON_CHARS = list('{}[]":, abcdefghijklmnopqrstuvwxyz0123456789-.') + ["\n"]
 JSON_MERGES = [('{', '"'), ('"', ':'), ('"', ','), ('"', '}'), ('n', 'a'), ('na', 'm'), ('nam', 'e'), ('a', 'g'),
                ('ag', 'e'), (' ', '"'), ('":', ' ')]
@@ -38,21 +40,32 @@ def _byte_chars() -> dict[int, str]:
 
 def byte_level_tokenizer(chars: list[str], merges: list[tuple[str, str]]):
     """A byte-level BPE fast tokenizer: ids 0 <s>, 1 </s> (EOS), then `chars`, then the merges."""
+    return _bpe_tokenizer([c.encode() for c in chars], [(a.encode(), b.encode()) for a, b in merges])
+
+
+def all_bytes_tokenizer(merges: Sequence[tuple[bytes, bytes]] = ()):
+    """Byte-level BPE over the 256 bytes (ids 2..257), then `merges` (ids 258..): random ids spell unfinished and
+    invalid UTF-8 as often as whole characters."""
+    return _bpe_tokenizer([bytes([b]) for b in range(256)], merges)
+
+
+def _bpe_tokenizer(pieces: Sequence[bytes], merges: Sequence[tuple[bytes, bytes]]):
+    """Ids 0 <s>, 1 </s> (EOS), then `pieces`, then the merges (each of two pieces or merges before it)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
     table = _byte_chars()
 
-    def enc(text: str) -> str:
-        return "".join(table[b] for b in text.encode())
+    def enc(piece: bytes) -> str:
+        return "".join(table[b] for b in piece)
 
     vocab = {"<s>": 0, "</s>": 1}
-    for c in chars:
-        vocab[enc(c)] = len(vocab)
-    merges = [(enc(a), enc(b)) for a, b in merges]
-    for a, b in merges:
+    for piece in pieces:
+        vocab[enc(piece)] = len(vocab)
+    pairs = [(enc(a), enc(b)) for a, b in merges]
+    for a, b in pairs:
         vocab[a + b] = len(vocab)
-    tok = Tokenizer(models.BPE(vocab, merges))
+    tok = Tokenizer(models.BPE(vocab, pairs))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     tok.decoder = decoders.ByteLevel()
     return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>")

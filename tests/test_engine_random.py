@@ -3,13 +3,14 @@
 planner, engine limits (tree size, a prefix cache), whether the output screen runs, and one or two rounds of one to
 four requests (prompts with repeats, some sharing an opening, some an earlier request's prompt and answer and more,
 as a chat's next turn does; a few prefilled in chunks) under random sampling settings: greedy or seeded samples at a
-temperature, top-k, top-p, min-p, penalties, a logit bias, min_new_tokens, stop tokens, stop strings (half the
-seeds decode text with a word tokenizer), an end-of-sequence token, logprobs. The requests are stepped in random
-subsets, so passes pack them in every combination. Each request's tokens (and logprobs, the text it streamed and why
-it ended) equal what plain decoding gives it alone, unscreened: the one promise, across what the focused tests take
-one at a time. (Planted bugs it catches: the race reading the next position's noise, a step's logprob rows reversed,
-a prefix copied past the common tokens, a grammar's mask dropped or read off the wrong path, a step's tokens kept
-past the stop string that ended it.)"""
+temperature, top-k, top-p, min-p, penalties, a logit bias, min_new_tokens, stop tokens, stop strings (where the
+seed's tokenizer decodes text: words, raw bytes or Llama-style byte pieces), an end-of-sequence token, logprobs. The
+requests are stepped in random subsets, so passes pack them in every combination. Each request's tokens (and
+logprobs, the text it streamed and why it ended) equal what plain decoding gives it alone, unscreened: the one
+promise, across what the focused tests take one at a time. (Planted bugs it catches: the race reading the next
+position's noise, a step's logprob rows reversed, a prefix copied past the common tokens, a grammar's mask dropped or
+read off the wrong path, a step's tokens kept past the stop string that ended it, a step's byte pieces decoded at
+once.)"""
 
 from __future__ import annotations
 
@@ -21,8 +22,9 @@ from dataclasses import replace
 import pytest
 import torch
 
-from grammar_kit import JSON_CHARS, JSON_MERGES, VOCAB as JSON_VOCAB, byte_level_tokenizer, constraint_kinds
-from tiny import perturbed_copy, tiny_model, word_tokenizer
+from grammar_kit import (JSON_CHARS, JSON_MERGES, VOCAB as JSON_VOCAB, all_bytes_tokenizer, byte_level_tokenizer,
+                         constraint_kinds)
+from tiny import byte_fallback_tokenizer, perturbed_copy, tiny_model, word_tokenizer
 from specula.api import build_decoder
 from specula.constraints import Constraint
 from specula.drafters.heads.runtime import new_head
@@ -89,9 +91,34 @@ def random_params(rng: random.Random, eos: int | None, vocab: int = VOCAB, token
 def random_stop(rng: random.Random, tokenizer, vocab: int) -> str:
     """A stop string: 1-4 characters of the text of 1-3 random tokens, so it may start or end inside a token's
     text, span two tokens' texts, or never show."""
-    text = tokenizer.decode([rng.randrange(2, vocab) for _ in range(rng.randrange(1, 4))])
+    text = ""
+    while not text:  # (special tokens decode to nothing)
+        text = tokenizer.decode([rng.randrange(2, vocab) for _ in range(rng.randrange(1, 4))])
     start = rng.randrange(len(text))
     return text[start: rng.randrange(start + 1, min(len(text), start + 4) + 1)]
+
+
+def byte_merges(count: int) -> list[tuple[bytes, bytes]]:
+    """`count` BPE merges that spell multi-byte characters (a 2-, 3- or 4-byte one whole or in part), then ASCII
+    pairs."""
+    merges: list[tuple[bytes, bytes]] = []
+    for char in "\u00e9\u00fc\u00f1\u4e2d\u65e5\u2014\u20ac\U0001f600":
+        code = char.encode()
+        merges += [(code[:i], code[i:i + 1]) for i in range(1, len(code)) if (code[:i], code[i:i + 1]) not in merges]
+    pairs = (bytes([a, b]) for a in b"etaoin s" for b in b"etaoin s")
+    merges += [(pair[:1], pair[1:]) for pair in pairs][: count - len(merges)]
+    return merges[:count]
+
+
+TOKENIZERS = (
+    lambda: None,
+    lambda: word_tokenizer(VOCAB),  # "w12 w40": the datastore's (it refuses another)
+    lambda: all_bytes_tokenizer(byte_merges(VOCAB - 258)),  # raw bytes: characters whole, split, invalid
+    lambda: byte_fallback_tokenizer({3 + b: f"<0x{b:02X}>" for b in range(256)}, VOCAB),  # Llama / Mistral style:
+    # byte groups that turn invalid rewrite characters already decoded
+)
+"""Builders of the decoders' tokenizers: the text and stop strings of whole words, raw bytes or byte pieces (None: no
+text)."""
 
 
 def random_prompt(rng: random.Random, vocab: int = VOCAB) -> list[int]:
@@ -168,7 +195,7 @@ def random_requests(make, method: str, seed: int, datastore: str, monkeypatch) -
     planner = rng.choice(["hardware", "none", FLAT])
     engine = EngineConfig(max_tree_nodes=rng.choice([1, 4, 16, 64]),
                           prefix_cache_mib=rng.choice([0, 8]) if make is native else 0)
-    tokenizer = word_tokenizer(VOCAB) if rng.random() < 0.5 else None  # half read text (stop strings)
+    tokenizer = rng.choice(TOKENIZERS[:2] if "datastore" in options else TOKENIZERS)()  # (a datastore: its own)
     dec = build_decoder(method, target, tokenizer, draft, planner=planner, engine=engine, **options)
     sessions = run_and_check(rng, dec, model, eos, VOCAB, None, monkeypatch, make)
     proposes_always = draft is not None or "head" in options or method == "layer-skip"  # (not history's drafts)
@@ -261,7 +288,7 @@ def run_and_check(rng: random.Random, dec, model, eos: int | None, vocab: int, c
         assert session.generated[:same] == alone.token_ids[:same], (i, prompt, params, constraint)
         assert same < len(alone.token_ids) or session.generated == alone.token_ids, (i, prompt, params, constraint)
         if session.generated == alone.token_ids:  # the text streamed, a stop string's cut, why it ended
-            assert (text, session.stats.finish_reason) == (alone.text, alone.stats.finish_reason), (i, params)
+            assert (text, session.stats.finish_reason) == (alone.text, alone.stats.finish_reason), (i, prompt, params)
         if params.logprobs is not None:
             assert [(lp.token_id, lp.rank, lp.top and [t for t, _ in lp.top]) for lp in streamed[:same]] == [
                 (lp.token_id, lp.rank, lp.top and [t for t, _ in lp.top]) for lp in alone.logprobs[:same]], i

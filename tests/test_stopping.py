@@ -6,6 +6,9 @@ import random
 
 import pytest
 
+from grammar_kit import all_bytes_tokenizer
+from tiny import byte_fallback_tokenizer
+
 from specula.stopping import StopTrimmer, TextStream, cut_at_stop
 
 
@@ -142,25 +145,6 @@ def test_a_character_spelled_in_byte_tokens_streams_whole_one_token_at_a_time():
     assert "\ufffd" not in "".join(deltas[:4])  # the bytes so far are held back, not shown as U+FFFD
 
 
-def _byte_fallback_tokenizer(byte_pieces: dict[int, str]):
-    """Llama-2 / Mistral style: "▁w<i>" words, byte tokens at the ids given, a ByteFallback decoder
-    (a byte group that is not valid UTF-8 decodes to one U+FFFD a byte, rewriting a character
-    already decoded) and a leading-space strip."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-    from tiny import VOCAB
-
-    words = [f"▁w{i}" for i in range(VOCAB)]
-    words[0], words[1], words[2] = "<unk>", "</s>", "<s>"
-    for i, piece in byte_pieces.items():
-        words[i] = piece
-    backend = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
-    backend.pre_tokenizer = pre_tokenizers.Metaspace()
-    backend.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(),
-                                         decoders.Strip(" ", 1, 0)])
-    return PreTrainedTokenizerFast(tokenizer_object=backend, bos_token="<s>", eos_token="</s>", unk_token="<unk>")
-
-
 def _plain_and_speculative(tok, k: int = 5):
     """Plain decoding and draft-model with the target as its own draft (every draft accepted, so
     steps feed up to 5 tokens at once) over a model whose greedy next token is the last + 1."""
@@ -188,7 +172,7 @@ def test_text_does_not_depend_on_how_many_tokens_a_step_accepted(params):
     turns all four into U+FFFD. Plain decoding shows 日 before the rewrite; a step accepting the
     four at once showed four U+FFFD (text, stream and server differed), and a stop string found in
     plain decoding's text was never seen."""
-    tok = _byte_fallback_tokenizer({10: "▁x", 11: "<0xE6>", 12: "<0x97>", 13: "<0xA5>", 14: "<0xE4>", 15: "▁a"})
+    tok = byte_fallback_tokenizer({10: "▁x", 11: "<0xE6>", 12: "<0x97>", 13: "<0xA5>", 14: "<0xE4>", 15: "▁a"})
     plain, spec = _plain_and_speculative(tok)
     expected = _outputs(plain, [2, 9, 10], ignore_eos=True, **params)
     got = _outputs(spec, [2, 9, 10], ignore_eos=True, **params)
@@ -203,7 +187,7 @@ def test_a_stop_string_past_a_character_in_byte_tokens_cuts_where_plain_decoding
     text = "一天日灂胄"  # characters whose UTF-8 bytes are all distinct: the successor model walks them
     pieces = [f"<0x{b:02X}>" for b in text.encode()]
     assert len(set(pieces)) == len(pieces)
-    tok = _byte_fallback_tokenizer({10 + i: piece for i, piece in enumerate(pieces)})
+    tok = byte_fallback_tokenizer({10 + i: piece for i, piece in enumerate(pieces)})
     plain, spec = _plain_and_speculative(tok, k=4)
     expected = _outputs(plain, [2, 9], ignore_eos=True, max_new_tokens=20, stop=("灂",))
     got = _outputs(spec, [2, 9], ignore_eos=True, max_new_tokens=20, stop=("灂",))
@@ -211,28 +195,13 @@ def test_a_stop_string_past_a_character_in_byte_tokens_cuts_where_plain_decoding
     assert got[:4] == expected[:4] and got[4] < expected[4]
 
 
-def _all_bytes_tokenizer():
-    """Byte-level BPE over the 256 bytes alone (ids 2..257): random ids spell unfinished and invalid
-    UTF-8 as often as whole characters."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-    from grammar_kit import _byte_chars
-
-    table = _byte_chars()
-    vocab = {"<s>": 0, "</s>": 1, **{table[b]: b + 2 for b in range(256)}}
-    backend = Tokenizer(models.BPE(vocab, []))
-    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
-    backend.decoder = decoders.ByteLevel()
-    return PreTrainedTokenizerFast(tokenizer_object=backend, bos_token="<s>", eos_token="</s>")
-
-
 def _tokenizer_of(kind: str, word_tokenizer):
     if kind == "byte-level":
-        return _all_bytes_tokenizer(), 258
+        return all_bytes_tokenizer(), 258
     if kind == "sentencepiece":
         return _sentencepiece_tokenizer(), 10
     if kind == "byte-fallback":  # the bytes of 日 and a byte that starts a character
-        return _byte_fallback_tokenizer({11: "<0xE6>", 12: "<0x97>", 13: "<0xA5>", 14: "<0xE4>"}), 96
+        return byte_fallback_tokenizer({11: "<0xE6>", 12: "<0x97>", 13: "<0xA5>", 14: "<0xE4>"}), 96
     return word_tokenizer, 96
 
 
@@ -305,7 +274,7 @@ def test_a_stop_string_ends_no_output_shorter_than_its_minimum(tiny_tokenizer):
 def test_a_minimum_gives_the_same_text_however_many_tokens_a_step_accepted():
     """Plain decoding and steps of up to 5 tokens: the same tokens, text and finish with a stop string
     that matches from the first token on."""
-    tok = _byte_fallback_tokenizer({})
+    tok = byte_fallback_tokenizer({})
     plain, spec = _plain_and_speculative(tok)
     for least in (0, 3, 6):
         expected = _outputs(plain, [2, 9, 10], ignore_eos=True, max_new_tokens=12, stop=("w1",),

@@ -49,6 +49,24 @@ def word_tokenizer(words: Sequence[str] | int, *, decoder: bool = False, chat_te
     return tokenizer
 
 
+def byte_fallback_tokenizer(byte_pieces: dict[int, str], vocab: int = VOCAB):
+    """Llama-2 / Mistral style: "▁w<i>" words for ids 3.. (0 <unk>, 1 </s>, 2 <s>), byte tokens ("<0xE6>") or other
+    pieces at the ids given, a ByteFallback decoder (a byte group that is not valid UTF-8 decodes to one U+FFFD a
+    byte, rewriting a character already decoded) and a leading-space strip."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    words = [f"▁w{i}" for i in range(vocab)]
+    words[0], words[1], words[2] = "<unk>", "</s>", "<s>"
+    for i, piece in byte_pieces.items():
+        words[i] = piece
+    backend = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.Metaspace()
+    backend.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(),
+                                         decoders.Strip(" ", 1, 0)])
+    return PreTrainedTokenizerFast(tokenizer_object=backend, bos_token="<s>", eos_token="</s>", unk_token="<unk>")
+
+
 def tiny_model(arch: str = "qwen2", attn: str = "sdpa", seed: int = 0, vocab: int = VOCAB, layers: int = 2):
     """A random causal LM small enough for exhaustive tests. Large init spreads the logits
     so that argmax ties (which float noise could flip) do not occur."""
