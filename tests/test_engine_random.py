@@ -24,7 +24,7 @@ import torch
 
 from grammar_kit import (JSON_CHARS, JSON_MERGES, VOCAB as JSON_VOCAB, all_bytes_tokenizer, byte_level_tokenizer,
                          constraint_kinds)
-from tiny import byte_fallback_tokenizer, perturbed_copy, tiny_model, word_tokenizer
+from tiny import byte_fallback_tokenizer, perturbed_copy, random_stop, tiny_model, word_tokenizer
 from specula.api import build_decoder
 from specula.constraints import Constraint
 from specula.drafters.heads.runtime import new_head
@@ -86,16 +86,6 @@ def random_params(rng: random.Random, eos: int | None, vocab: int = VOCAB, token
     if tokenizer is not None and rng.random() < 0.4:
         kw["stop"] = [random_stop(rng, tokenizer, vocab) for _ in range(rng.choice([1, 2]))]
     return SamplingParams(**kw)
-
-
-def random_stop(rng: random.Random, tokenizer, vocab: int) -> str:
-    """A stop string: 1-4 characters of the text of 1-3 random tokens, so it may start or end inside a token's
-    text, span two tokens' texts, or never show."""
-    text = ""
-    while not text:  # (special tokens decode to nothing)
-        text = tokenizer.decode([rng.randrange(2, vocab) for _ in range(rng.randrange(1, 4))])
-    start = rng.randrange(len(text))
-    return text[start: rng.randrange(start + 1, min(len(text), start + 4) + 1)]
 
 
 def byte_merges(count: int) -> list[tuple[bytes, bytes]]:

@@ -67,6 +67,16 @@ def byte_fallback_tokenizer(byte_pieces: dict[int, str], vocab: int = VOCAB):
     return PreTrainedTokenizerFast(tokenizer_object=backend, bos_token="<s>", eos_token="</s>", unk_token="<unk>")
 
 
+def random_stop(rng: random.Random, tokenizer, vocab: int) -> str:
+    """A stop string: 1-4 characters of the text of 1-3 random tokens, so it may start or end inside a token's
+    text, span two tokens' texts, or never show."""
+    text = ""
+    while not text:  # (special tokens decode to nothing)
+        text = tokenizer.decode([rng.randrange(2, vocab) for _ in range(rng.randrange(1, 4))])
+    start = rng.randrange(len(text))
+    return text[start: rng.randrange(start + 1, min(len(text), start + 4) + 1)]
+
+
 def tiny_model(arch: str = "qwen2", attn: str = "sdpa", seed: int = 0, vocab: int = VOCAB, layers: int = 2):
     """A random causal LM small enough for exhaustive tests. Large init spreads the logits
     so that argmax ties (which float noise could flip) do not occur."""

@@ -1,7 +1,8 @@
 """The worker under random schedules: requests arriving while others decode or prefill, `n` choices, prompts that
 share openings (prefix-cache hits, a running request's prompt copied), chunked prefill of several sizes, batches of
-several sizes, clients gone before their request starts, part-way through its prefill or its stream. Whatever the
-order, every answer is what the request gets alone, a stream cut short holds the start of it, and every session the
+several sizes, clients gone before their request starts, part-way through its prefill or its stream, a third of the
+requests stopping at strings. Whatever the order, every answer is what the request gets alone (one that stops at
+strings: plain decoding's tokens and text), a stream cut short holds the start of it, and every session the
 worker started is freed (none left running in a prefix cache). With drafters that fail on some text and deadlines
 that pass while a request waits, starts or streams: those requests, and only those, end in a 500 or a 504, and
 still nothing is left behind."""
@@ -17,6 +18,7 @@ from dataclasses import dataclass, field, replace
 import pytest
 
 from serve_helpers import MODEL, TestDrafter, native_spec
+from tiny import random_stop
 
 from specula.drafters.base import FeatureDrafter
 from specula.models.native import kernels
@@ -43,6 +45,7 @@ class Client:
     `cut`; None: never."""
     job: object = None
     tokens: dict[int, list[int]] = field(default_factory=dict)
+    texts: dict[int, str] = field(default_factory=dict)
     finished: set[int] = field(default_factory=set)
     chunks: int = 0
     error: APIError | None = None
@@ -78,6 +81,7 @@ class Client:
             elif isinstance(event, ChoiceChunk):
                 self.chunks += 1
                 self.tokens.setdefault(event.index, []).extend(event.chunk.token_ids)
+                self.texts[event.index] = self.texts.get(event.index, "") + event.chunk.text
                 if event.chunk.finished:
                     self.finished.add(event.index)
                 if self.cut == self.chunks:
@@ -88,10 +92,12 @@ class Client:
                 assert isinstance(event, Started)
 
 
-def schedule(rng: random.Random, count: int, sampled: bool, boom: bool = False, expiring: bool = False) -> list[Client]:
+def schedule(rng: random.Random, count: int, sampled: bool, boom: bool = False, expiring: bool = False,
+             tokenizer=None) -> list[Client]:
     """`count` requests over prompts that may open alike (a random part of one of three openings of 40 tokens, then
     up to 30 tokens of its own; no two prompts alike, so a session's prompt names its request); greedy, or where
-    `sampled` a third of them seeded samples; every fourth client reads to the end; where `boom`, every third prompt
+    `sampled` a third of them seeded samples; with a `tokenizer`, a third stop at strings (`tiny.random_stop`); every
+    fourth client reads to the end; where `boom`, every third prompt
     ends in `BOOM`, its client reading to the end; where `expiring`, every third other one's deadline passes at some
     point (its client reading to the end, one greedy choice of 40 tokens past any end of text)."""
     openings = [[rng.randrange(2, 96) for _ in range(40)] for _ in range(3)]
@@ -105,6 +111,8 @@ def schedule(rng: random.Random, count: int, sampled: bool, boom: bool = False, 
             continue
         seen.add(prompt)
         sampling = {"temperature": 0.8, "seed": rng.randrange(1000)} if sampled and rng.random() < 1 / 3 else {}
+        if tokenizer is not None and rng.random() < 1 / 3:
+            sampling["stop"] = tuple(random_stop(rng, tokenizer, 96) for _ in range(rng.choice((1, 2))))
         request = GenerationRequest(endpoint="completions", model=MODEL, prompts=(prompt,), n=rng.choice((1, 1, 2, 3)),
                                     max_tokens=rng.randint(1, 14), **{"temperature": 0.0, **sampling})
         cuts = (None,) if len(clients) % 4 == 0 or bomb else (None, None, "queued", "start", "chunk", "chunk", 1, 2, 5)
@@ -203,17 +211,37 @@ def specs(method: str, planner: bool, prefix_cache_mib: int, target_model, draft
             native_spec(target_model, tokenizer, method, draft, head=head))
 
 
-def answers(client: Client, reference, alone) -> list[list[int]]:
+def answers(client: Client, reference, alone, plain=None) -> list[list[int]]:
     """Each choice's answer alone: greedy (past end of text where it ignores it), or seeded (choice j seeded seed +
-    j)."""
+    j); one that stops at strings, plain decoding's (`plain`, a `Specula` of method none)."""
     request = client.request
     prompt = request.prompts[0]
+    if request.stop:
+        return [out.token_ids for out in outputs_alone(client, plain)]
     if request.ignore_eos:
         return [alone.generate(list(prompt), max_new_tokens=request.max_tokens, ignore_eos=True).token_ids]
     if request.temperature == 0:
         return [list(reference.tokens(prompt, request.max_tokens))] * request.n
     return [alone.generate(list(prompt), max_new_tokens=request.max_tokens, temperature=request.temperature,
                            seed=choice_seed(request.seed, j)).token_ids for j in range(request.n)]
+
+
+def outputs_alone(client: Client, plain) -> list:
+    """Each choice's `GenerationOutput` from plain decoding alone (its tokens, and its text where it stops at
+    strings)."""
+    request = client.request
+    return [plain.generate(list(request.prompts[0]), max_new_tokens=request.max_tokens, temperature=request.temperature,
+                           seed=None if request.seed is None else choice_seed(request.seed, j), stop=request.stop,
+                           ignore_eos=request.ignore_eos)
+            for j in range(request.n)]
+
+
+def assert_texts(client: Client, plain, where: str) -> None:
+    """A request that stops at strings streamed each choice's text alone, or (cut short) the start of it."""
+    if client.request.stop and client.error is None:
+        for j, out in enumerate(outputs_alone(client, plain)):
+            got = client.texts.get(j, "")
+            assert got == out.text if not client.gone else out.text.startswith(got), (where, client.request.stop)
 
 
 def assert_cleaned_up(run: Schedule, spec, worker: Worker, where: str) -> None:
@@ -233,7 +261,8 @@ def test_random_schedules_answer_every_request_as_alone_and_free_every_session(s
     rng = random.Random(seed)
     method, planner = METHODS[seed % len(METHODS)], seed % 2 == 1
     spec, alone = specs(method, planner, rng.choice((0, 1, 1)), target_model, draft_model, tokenizer)
-    clients = schedule(rng, 14, sampled=not planner)  # without a planner a seeded sample is the same in any batch
+    clients = schedule(rng, 14, sampled=not planner, tokenizer=tokenizer)  # (without a planner a seeded sample is
+    # the same in any batch)
     run = Schedule(spec, clients, rng)
     size, chunk = rng.choice((1, 2, 4)), rng.choice((0, 1, 3, 8))
     worker = Worker(spec, ServerMetrics(), max_batch_size=size, chunked_prefill_size=chunk)
@@ -242,13 +271,15 @@ def test_random_schedules_answer_every_request_as_alone_and_free_every_session(s
     finally:
         worker.close()
     where = f"seed {seed}: {method}, batch {size}, chunks of {chunk}"
+    plain = native_spec(target_model, tokenizer, "none")
     for client in clients:
-        wants = answers(client, reference, alone)
+        wants = answers(client, reference, alone, plain)
         assert client.error is None, f"{where}: {client.error}"
         if not client.gone:
             assert client.tokens == dict(enumerate(wants)), where
         for j, got in client.tokens.items():  # a stream cut short holds the start of the answer
             assert got == wants[j][: len(got)], where
+        assert_texts(client, plain, where)
     assert sum(not client.gone for client in clients) > 0 and any(client.gone for client in clients)
     assert_cleaned_up(run, spec, worker, where)
 
