@@ -284,6 +284,7 @@ def run_and_check(rng: random.Random, dec, model, eos: int | None, vocab: int, c
             got, want = (text, session.stats.finish_reason), (alone.text, alone.stats.finish_reason)
             assert got == want, (i, prompt, params, got, want)
         if params.logprobs is not None:
+            assert len(streamed) == len(session.generated), i  # one a token emitted (none past a stop)
             assert [(lp.token_id, lp.rank, lp.top and [t for t, _ in lp.top]) for lp in streamed[:same]] == [
                 (lp.token_id, lp.rank, lp.top and [t for t, _ in lp.top]) for lp in alone.logprobs[:same]], i
             assert [lp.logprob for lp in streamed[:same]] == pytest.approx(
