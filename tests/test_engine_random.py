@@ -9,8 +9,8 @@ requests are stepped in random subsets, so passes pack them in every combination
 logprobs, the text it streamed and why it ended) equal what plain decoding gives it alone, unscreened: the one
 promise, across what the focused tests take one at a time. (Planted bugs it catches: the race reading the next
 position's noise, a step's logprob rows reversed, a prefix copied past the common tokens, a grammar's mask dropped or
-read off the wrong path, a step's tokens kept past the stop string that ended it, a step's byte pieces decoded at
-once.)"""
+read off the wrong path, a step's tokens kept past the stop string that ended it or their logprobs streamed, a step's
+byte pieces decoded at once.)"""
 
 from __future__ import annotations
 
