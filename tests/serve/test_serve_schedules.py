@@ -211,13 +211,11 @@ def specs(method: str, planner: bool, prefix_cache_mib: int, target_model, draft
             native_spec(target_model, tokenizer, method, draft, head=head))
 
 
-def answers(client: Client, reference, alone, plain=None) -> list[list[int]]:
+def answers(client: Client, reference, alone) -> list[list[int]]:
     """Each choice's answer alone: greedy (past end of text where it ignores it), or seeded (choice j seeded seed +
-    j); one that stops at strings, plain decoding's (`plain`, a `Specula` of method none)."""
+    j)."""
     request = client.request
     prompt = request.prompts[0]
-    if request.stop:
-        return [out.token_ids for out in outputs_alone(client, plain)]
     if request.ignore_eos:
         return [alone.generate(list(prompt), max_new_tokens=request.max_tokens, ignore_eos=True).token_ids]
     if request.temperature == 0:
@@ -236,12 +234,11 @@ def outputs_alone(client: Client, plain) -> list:
             for j in range(request.n)]
 
 
-def assert_texts(client: Client, plain, where: str) -> None:
-    """A request that stops at strings streamed each choice's text alone, or (cut short) the start of it."""
-    if client.request.stop and client.error is None:
-        for j, out in enumerate(outputs_alone(client, plain)):
-            got = client.texts.get(j, "")
-            assert got == out.text if not client.gone else out.text.startswith(got), (where, client.request.stop)
+def assert_texts(client: Client, outputs: list, where: str) -> None:
+    """Each choice streamed the text of its `outputs_alone`, or (cut short) the start of it."""
+    for j, out in enumerate(outputs):
+        got = client.texts.get(j, "")
+        assert got == out.text if not client.gone else out.text.startswith(got), (where, client.request.stop)
 
 
 def assert_cleaned_up(run: Schedule, spec, worker: Worker, where: str) -> None:
@@ -273,13 +270,15 @@ def test_random_schedules_answer_every_request_as_alone_and_free_every_session(s
     where = f"seed {seed}: {method}, batch {size}, chunks of {chunk}"
     plain = native_spec(target_model, tokenizer, "none")
     for client in clients:
-        wants = answers(client, reference, alone, plain)
+        stopping = outputs_alone(client, plain) if client.request.stop else None  # plain decoding's, text and all
+        wants = [out.token_ids for out in stopping] if stopping else answers(client, reference, alone)
         assert client.error is None, f"{where}: {client.error}"
         if not client.gone:
             assert client.tokens == dict(enumerate(wants)), where
         for j, got in client.tokens.items():  # a stream cut short holds the start of the answer
             assert got == wants[j][: len(got)], where
-        assert_texts(client, plain, where)
+        if stopping:
+            assert_texts(client, stopping, where)
     assert sum(not client.gone for client in clients) > 0 and any(client.gone for client in clients)
     assert_cleaned_up(run, spec, worker, where)
 
