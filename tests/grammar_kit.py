@@ -49,6 +49,18 @@ def all_bytes_tokenizer(merges: Sequence[tuple[bytes, bytes]] = ()):
     return _bpe_tokenizer([bytes([b]) for b in range(256)], merges)
 
 
+def byte_merges(count: int) -> list[tuple[bytes, bytes]]:
+    """`count` BPE merges that spell multi-byte characters (a 2-, 3- or 4-byte one whole or in part), then ASCII
+    pairs."""
+    merges: list[tuple[bytes, bytes]] = []
+    for char in "\u00e9\u00fc\u00f1\u4e2d\u65e5\u2014\u20ac\U0001f600":
+        code = char.encode()
+        merges += [(code[:i], code[i:i + 1]) for i in range(1, len(code)) if (code[:i], code[i:i + 1]) not in merges]
+    pairs = (bytes([a, b]) for a in b"etaoin s" for b in b"etaoin s")
+    merges += [(pair[:1], pair[1:]) for pair in pairs][: count - len(merges)]
+    return merges[:count]
+
+
 def _bpe_tokenizer(pieces: Sequence[bytes], merges: Sequence[tuple[bytes, bytes]]):
     """Ids 0 <s>, 1 </s> (EOS), then `pieces`, then the merges (each of two pieces or merges before it)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers

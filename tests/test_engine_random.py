@@ -23,7 +23,7 @@ import pytest
 import torch
 
 from grammar_kit import (JSON_CHARS, JSON_MERGES, VOCAB as JSON_VOCAB, all_bytes_tokenizer, byte_level_tokenizer,
-                         constraint_kinds)
+                         byte_merges, constraint_kinds)
 from tiny import byte_fallback_tokenizer, perturbed_copy, random_stop, tiny_model, word_tokenizer
 from specula.api import build_decoder
 from specula.constraints import Constraint
@@ -86,18 +86,6 @@ def random_params(rng: random.Random, eos: int | None, vocab: int = VOCAB, token
     if tokenizer is not None and rng.random() < 0.4:
         kw["stop"] = [random_stop(rng, tokenizer, vocab) for _ in range(rng.choice([1, 2]))]
     return SamplingParams(**kw)
-
-
-def byte_merges(count: int) -> list[tuple[bytes, bytes]]:
-    """`count` BPE merges that spell multi-byte characters (a 2-, 3- or 4-byte one whole or in part), then ASCII
-    pairs."""
-    merges: list[tuple[bytes, bytes]] = []
-    for char in "\u00e9\u00fc\u00f1\u4e2d\u65e5\u2014\u20ac\U0001f600":
-        code = char.encode()
-        merges += [(code[:i], code[i:i + 1]) for i in range(1, len(code)) if (code[:i], code[i:i + 1]) not in merges]
-    pairs = (bytes([a, b]) for a in b"etaoin s" for b in b"etaoin s")
-    merges += [(pair[:1], pair[1:]) for pair in pairs][: count - len(merges)]
-    return merges[:count]
 
 
 TOKENIZERS = (

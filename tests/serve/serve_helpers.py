@@ -87,6 +87,19 @@ def native_spec(target_model, tokenizer, method: str = "prompt-lookup", draft_mo
                    engine=EngineConfig(prefix_cache_mib=prefix_cache_mib), **options)
 
 
+METHODS = ("none", "prompt-lookup", "draft-model", "eagle3", "fusion")
+"""Drafters of each kind: none, copying, a draft model's cache, a head's features (fusion: all of them at once)."""
+
+
+def method_spec(method: str, target_model, draft_model, tokenizer, *, planner: bool = False,
+                prefix_cache_mib: int = 0) -> Specula:
+    """`native_spec` of one of `METHODS` with what it drafts from: the draft model (draft-model, fusion), a fresh
+    head (eagle3; fusion: an eagle head)."""
+    draft = draft_model if method in ("draft-model", "fusion") else None
+    return native_spec(target_model, tokenizer, method, draft, planner=planner, prefix_cache_mib=prefix_cache_mib,
+                       head={"eagle3": "eagle3", "fusion": "eagle"}.get(method))
+
+
 @contextmanager
 def running(spec: Specula, **config) -> Iterator[SpeculaServer]:
     server = create_server(spec, ServerConfig(**{"model_name": MODEL, "port": 0, **config})).start()

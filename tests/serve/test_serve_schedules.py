@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 
 import pytest
 
-from serve_helpers import MODEL, TestDrafter, native_spec
+from serve_helpers import METHODS, MODEL, TestDrafter, method_spec, native_spec
 from tiny import random_stop
 
 from specula.drafters.base import FeatureDrafter
@@ -196,19 +196,15 @@ class Schedule:
             time.sleep(0.001)
 
 
-METHODS = ("none", "prompt-lookup", "draft-model", "eagle3", "fusion")
-"""Drafters of each kind: none, copying, a draft model's cache, a head's features (fusion: all of them at once)."""
 BOOM = 95
 """The token whose presence in a request's text makes a wrapped drafter raise (`serve_helpers.TestDrafter`)."""
 
 
 def specs(method: str, planner: bool, prefix_cache_mib: int, target_model, draft_model, tokenizer):
     """(the worker's `Specula`, one for requests alone) of `method`."""
-    draft = draft_model if method in ("draft-model", "fusion") else None
-    head = {"eagle3": "eagle3", "fusion": "eagle"}.get(method)
-    return (native_spec(target_model, tokenizer, method, draft, planner=planner, prefix_cache_mib=prefix_cache_mib,
-                        head=head),
-            native_spec(target_model, tokenizer, method, draft, head=head))
+    return (method_spec(method, target_model, draft_model, tokenizer, planner=planner,
+                        prefix_cache_mib=prefix_cache_mib),
+            method_spec(method, target_model, draft_model, tokenizer))
 
 
 def answers(client: Client, reference, alone) -> list[list[int]]:
