@@ -1,0 +1,249 @@
+"""Random requests over real HTTP, several clients at once (the official `openai` client): completions (one or two
+prompts, text or token ids, echo) and chat (one to three messages; a last assistant's message continued), streamed
+or not, `n` choices, greedy or seeded samples (top-p, top-k, min-p, penalties, a logit bias), stop strings,
+min_tokens, ignore_eos, logprobs, usage in the stream. Each seed draws the server's method, planner, batch size,
+prefill chunks and prefix cache, and its tokenizer: whole words, raw bytes (characters whole, split or invalid) or
+Llama-style byte pieces. Every choice carries what plain decoding gives its prompt alone: its text (the prompt's
+first under echo), why it ended, one logprob a token with plain decoding's value, and the usage counts its tokens; a
+stream ends each choice once, sends nothing for it after, starts each chat choice with the role, and sends usage
+last, only where asked. (The worker alone, under schedules it controls: `test_serve_schedules.py`.)"""
+
+from __future__ import annotations
+
+import random
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import pytest
+
+from grammar_kit import all_bytes_tokenizer, byte_merges
+from serve_helpers import METHODS, MODEL, make_tokenizer, method_spec, native_spec, running
+from tiny import VOCAB, byte_fallback_tokenizer, perturbed_copy, random_stop, tiny_model
+
+from specula.models.native import kernels
+from specula.serve.protocol import choice_seed
+
+pytestmark = pytest.mark.skipif(not kernels.available(), reason="specula's CPU kernels do not run here")
+
+WIDE = 300
+"""The byte tokenizers' vocabulary (and their models' logit width)."""
+
+
+def _templated(tokenizer, template: str):
+    tokenizer.chat_template = template
+    return tokenizer
+
+
+TOKENIZERS = {
+    "words": (make_tokenizer, VOCAB),
+    "bytes": (lambda: _templated(all_bytes_tokenizer(byte_merges(WIDE - 258)),
+                                 "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
+                                 "{% if add_generation_prompt %}<|assistant|>{% endif %}"), WIDE),
+    "pieces": (lambda: _templated(byte_fallback_tokenizer({3 + b: f"<0x{b:02X}>" for b in range(256)}, WIDE),
+                                  "{% for m in messages %}w260 {{ m['content'] }} w261 {% endfor %}"
+                                  "{% if add_generation_prompt %}w262{% endif %}"), WIDE),
+}
+"""Builders of the server's tokenizer (each with a chat template), and the vocabulary its model needs."""
+
+
+@pytest.fixture(scope="module")
+def wide_models():
+    """(target, draft) over `WIDE` tokens, for the byte tokenizers."""
+    target = tiny_model("qwen2", seed=3, vocab=WIDE)
+    return target, perturbed_copy(target, scale=0.05)
+
+
+@dataclass
+class Call:
+    """One request: the `openai` client's keyword arguments and what they mean for plain decoding."""
+
+    chat: bool
+    kwargs: dict
+    prompts: list
+    """Completions: each prompt (text or token ids); chat: the messages."""
+    delay: float
+    """Seconds its client waits before sending (so requests arrive while others run)."""
+
+    @property
+    def extra(self) -> dict:
+        return self.kwargs.get("extra_body", {})
+
+
+@dataclass
+class Got:
+    """A response, streamed or not, by choice index."""
+
+    texts: dict[int, str] = field(default_factory=dict)
+    reasons: dict[int, str] = field(default_factory=dict)
+    logprobs: dict[int, list] = field(default_factory=dict)
+    roles: dict[int, int] = field(default_factory=dict)
+    """Chat: how many of a choice's messages or deltas named its role."""
+    usage: tuple[int, int] | None = None
+    """(prompt_tokens, completion_tokens)."""
+
+
+def random_text(rng: random.Random, tokenizer, vocab: int) -> str:
+    """The text of 1-12 random tokens (not empty: the server refuses an empty prompt)."""
+    text = ""
+    while not text:
+        text = tokenizer.decode([rng.randrange(2, vocab) for _ in range(rng.randint(1, 12))], skip_special_tokens=True)
+    return text
+
+
+def random_call(rng: random.Random, k: int, tokenizer, vocab: int) -> Call:
+    """The k-th request of a seed: chat every third, streamed every other (so each seed has both of each)."""
+    chat, stream = k % 3 == 1, k % 2 == 0
+    kw: dict = {"model": MODEL, "max_tokens": rng.randint(1, 14), "n": rng.choice((1, 1, 2, 3)), "stream": stream}
+    extra: dict = {}
+    if rng.random() < 0.5:
+        kw.update(temperature=rng.choice((0.7, 1.0, 1.5)), seed=rng.randrange(1 << 20))
+        if rng.random() < 0.4:
+            kw["top_p"] = rng.choice((0.5, 0.9))
+        if rng.random() < 0.4:
+            extra["top_k"] = rng.choice((1, 3, 20))
+        if rng.random() < 0.3:
+            extra["min_p"] = rng.choice((0.05, 0.2))
+    else:
+        kw["temperature"] = 0
+    if rng.random() < 0.25:
+        kw["presence_penalty"] = rng.choice((-1.0, 0.6))
+    if rng.random() < 0.25:
+        kw["frequency_penalty"] = rng.choice((-0.5, 1.5))
+    if rng.random() < 0.15:
+        kw["logit_bias"] = {str(rng.randrange(2, vocab)): rng.choice((-100, 4, 100))}
+    if rng.random() < 0.4:
+        kw["stop"] = [random_stop(rng, tokenizer, vocab) for _ in range(rng.choice((1, 2)))]
+    if rng.random() < 0.2:
+        extra["min_tokens"] = rng.randint(0, kw["max_tokens"])
+    if rng.random() < 0.2:
+        extra["ignore_eos"] = True
+    if stream and rng.random() < 0.5:
+        kw["stream_options"] = {"include_usage": True}
+    if rng.random() < 0.3:
+        kw.update({"logprobs": True, "top_logprobs": rng.choice((0, 2))} if chat else {"logprobs": rng.choice((0, 2))})
+    if chat:
+        prompts = [{"role": ("user", "assistant")[i % 2], "content": random_text(rng, tokenizer, vocab)}
+                   for i in range(rng.choice((1, 2, 3)))]
+        kw["messages"] = prompts
+        if len(prompts) == 2 and rng.random() < 0.5:  # vLLM's: the answer goes on with the assistant's message
+            extra.update(add_generation_prompt=False, continue_final_message=True)
+    else:
+        prompts = [random_text(rng, tokenizer, vocab) if rng.random() < 0.6
+                   else [rng.randrange(2, vocab) for _ in range(rng.randint(1, 12))] for _ in range(rng.choice((1, 2)))]
+        kw["prompt"] = prompts if len(prompts) > 1 else prompts[0]
+        kw["echo"] = rng.random() < 0.2
+    if extra:
+        kw["extra_body"] = extra
+    return Call(chat, kw, prompts, rng.choice((0.0, 0.0, 0.01, 0.05)))
+
+
+def send(client, call: Call) -> Got:
+    """The response to `call`, streamed or not, as a `Got`."""
+    time.sleep(call.delay)
+    create = client.chat.completions.create if call.chat else client.completions.create
+    got = Got()
+    if not call.kwargs["stream"]:
+        out = create(**call.kwargs)
+        for c in out.choices:
+            got.texts[c.index] = (c.message.content if call.chat else c.text) or ""
+            got.reasons[c.index] = c.finish_reason
+            if call.chat:
+                got.roles[c.index] = int(c.message.role == "assistant")
+            if c.logprobs is not None:
+                got.logprobs[c.index] = ([e.logprob for e in c.logprobs.content] if call.chat
+                                         else list(c.logprobs.token_logprobs))
+        got.usage = (out.usage.prompt_tokens, out.usage.completion_tokens)
+        return got
+    for chunk in create(**call.kwargs):
+        assert got.usage is None, "a chunk after the usage"
+        if not chunk.choices:
+            got.usage = (chunk.usage.prompt_tokens, chunk.usage.completion_tokens)
+            continue
+        for c in chunk.choices:
+            assert c.index not in got.reasons, f"choice {c.index} streamed after it finished"
+            got.texts[c.index] = got.texts.get(c.index, "") + ((c.delta.content if call.chat else c.text) or "")
+            if call.chat:
+                got.roles[c.index] = got.roles.get(c.index, 0) + (c.delta.role == "assistant")
+            if c.logprobs is not None:
+                got.logprobs.setdefault(c.index, []).extend(
+                    [e.logprob for e in c.logprobs.content or ()] if call.chat else c.logprobs.token_logprobs)
+            if c.finish_reason is not None:
+                got.reasons[c.index] = c.finish_reason
+    return got
+
+
+def sampling(call: Call, j: int) -> dict:
+    """Choice j's `SamplingParams` fields."""
+    kw, extra = call.kwargs, call.extra
+    seed = kw.get("seed")
+    logprobs = kw.get("top_logprobs", 0) if kw.get("logprobs") is True else kw.get("logprobs")
+    return dict(max_new_tokens=kw["max_tokens"], temperature=kw["temperature"], top_p=kw.get("top_p", 1.0),
+                top_k=extra.get("top_k", 0), min_p=extra.get("min_p", 0.0),
+                seed=None if seed is None else choice_seed(seed, j), stop=tuple(kw.get("stop", ())),
+                ignore_eos=extra.get("ignore_eos", False), min_new_tokens=extra.get("min_tokens", 0),
+                presence_penalty=kw.get("presence_penalty", 0.0), frequency_penalty=kw.get("frequency_penalty", 0.0),
+                logit_bias={int(t): b for t, b in kw.get("logit_bias", {}).items()}, logprobs=logprobs,
+                prompt_logprobs=logprobs if kw.get("echo") else None)
+
+
+def wanted(call: Call, plain, tokenizer) -> Got:
+    """What each choice gets from plain decoding alone."""
+    want, outputs, prompt_tokens = Got(), [], 0
+    sources = [call.prompts] if call.chat else call.prompts
+    n = call.kwargs["n"]
+    for i, source in enumerate(sources):
+        continued = call.extra.get("continue_final_message", False)
+        ids = plain.encode(source, raw=not call.chat, add_generation_prompt=not continued,
+                           continue_final_message=continued)
+        prompt_tokens += len(ids)
+        echo = call.kwargs.get("echo") and (
+            source if isinstance(source, str) else tokenizer.decode(ids, skip_special_tokens=True))
+        for j in range(n):
+            out = plain.generate(ids, raw=True, **sampling(call, j))
+            outputs.append(out)
+            want.texts[i * n + j] = (echo or "") + out.text
+            want.reasons[i * n + j] = out.stats.finish_reason or "length"
+            if call.chat:
+                want.roles[i * n + j] = 1
+            if out.logprobs is not None:
+                prompt = [None if e is None else e.logprob for e in out.prompt_logprobs] if echo else []
+                want.logprobs[i * n + j] = prompt + [e.logprob for e in out.logprobs]
+    want.usage = (prompt_tokens, sum(len(out.token_ids) for out in outputs))
+    return want
+
+
+def check(call: Call, got: Got, want: Got, where: str) -> None:
+    where = f"{where}: {call.kwargs}"
+    assert got.texts == want.texts, where
+    assert got.reasons == want.reasons, where
+    assert got.roles == want.roles, where
+    assert got.logprobs.keys() == want.logprobs.keys(), where
+    for index, values in want.logprobs.items():
+        assert got.logprobs[index] == pytest.approx(values, abs=1e-4), where
+    usage = not call.kwargs["stream"] or call.kwargs.get("stream_options", {}).get("include_usage")
+    assert got.usage == (want.usage if usage else None), where
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_random_requests_over_http_get_what_plain_decoding_gives_each_alone(seed, target_model, draft_model,
+                                                                           wide_models):
+    from openai import OpenAI
+
+    rng = random.Random(seed)
+    kind = tuple(TOKENIZERS)[seed % len(TOKENIZERS)]
+    build, vocab = TOKENIZERS[kind]
+    tokenizer = build()
+    target, draft = (target_model, draft_model) if vocab == VOCAB else wide_models
+    method, planner = METHODS[seed % len(METHODS)], rng.random() < 0.5
+    spec = method_spec(method, target, draft, tokenizer, planner=planner, prefix_cache_mib=rng.choice((0, 1)))
+    calls = [random_call(rng, k, tokenizer, vocab) for k in range(8)]
+    config = {"max_batch_size": rng.choice((1, 2, 4, 8)), "chunked_prefill_size": rng.choice((None, 1, 3, 8))}
+    where = f"seed {seed}: {method} ({kind}, planner {planner}, {config})"
+    with running(spec, **config) as server:
+        client = OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=60)
+        with ThreadPoolExecutor(4) as pool:
+            responses = list(pool.map(lambda call: send(client, call), calls))
+    plain = native_spec(target, tokenizer, "none")
+    for call, got in zip(calls, responses):
+        check(call, got, wanted(call, plain, tokenizer), where)
