@@ -254,8 +254,8 @@ def test_random_schedules_answer_every_request_as_alone_and_free_every_session(s
     rng = random.Random(seed)
     method, planner = METHODS[seed % len(METHODS)], seed % 2 == 1
     spec, alone = specs(method, planner, rng.choice((0, 1, 1)), target_model, draft_model, tokenizer)
-    clients = schedule(rng, 14, sampled=not planner, tokenizer=tokenizer)  # (without a planner a seeded sample is
-    # the same in any batch)
+    clients = schedule(rng, 14, sampled=True, tokenizer=tokenizer)  # a seeded sample is plain decoding's whatever the
+    # planner drafts (README, "How it works")
     run = Schedule(spec, clients, rng)
     size, chunk = rng.choice((1, 2, 4)), rng.choice((0, 1, 3, 8))
     worker = Worker(spec, ServerMetrics(), max_batch_size=size, chunked_prefill_size=chunk)
@@ -292,7 +292,7 @@ def test_random_schedules_with_failing_drafters_and_deadlines_fail_only_those_an
     spec, alone = specs(method, planner, rng.choice((0, 1)), target_model, draft_model, tokenizer)
     spec.decoder.drafters = [d if isinstance(d, FeatureDrafter) else TestDrafter(d, boom_token=BOOM)
                              for d in spec.decoder.drafters]  # a head's features go to it alone: it is left as it is
-    clients = schedule(rng, 14, sampled=not planner, boom=True, expiring=True)
+    clients = schedule(rng, 14, sampled=True, boom=True, expiring=True)
     run = Schedule(spec, clients, rng)
     size, chunk = rng.choice((1, 2, 4)), rng.choice((0, 1, 3, 8))
     worker = Worker(spec, ServerMetrics(), max_batch_size=size, chunked_prefill_size=chunk, request_timeout=600.0)
