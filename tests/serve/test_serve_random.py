@@ -1,12 +1,13 @@
 """Random requests over real HTTP, several clients at once (the official `openai` client): completions (one or two
-prompts, text or token ids, echo) and chat (one to three messages; a last assistant's message continued), streamed
-or not, `n` choices, greedy or seeded samples (top-p, top-k, min-p, penalties, a logit bias), stop strings,
-min_tokens, ignore_eos, logprobs, usage in the stream. Each seed draws the server's method, planner, batch size,
-prefill chunks and prefix cache, and its tokenizer: whole words, raw bytes (characters whole, split or invalid) or
-Llama-style byte pieces. Every choice carries what plain decoding gives its prompt alone: its text (the prompt's
-first under echo), why it ended, one logprob a token with plain decoding's value, and the usage counts its tokens; a
-stream ends each choice once, sends nothing for it after, starts each chat choice with the role, and sends usage
-last, only where asked. (The worker alone, under schedules it controls: `test_serve_schedules.py`.)"""
+prompts, text or token ids, echo) and chat (one to three messages; a last assistant's message continued), streamed or
+not, `n` choices, greedy or seeded samples (top-p, top-k, min-p, penalties, a logit bias), stop strings, min_tokens,
+ignore_eos, logprobs, usage in the stream, structured output (response_format, guided_*). Each seed draws the
+server's method, planner, batch size, prefill chunks and prefix cache, and its tokenizer: whole words, raw bytes
+(characters whole, split or invalid), Llama-style byte pieces, or JSON's characters (most requests constrained then).
+Every choice carries what plain decoding gives its prompt alone: its text (the prompt's first under echo), why it
+ended, one logprob a token with plain decoding's value, and the usage counts its tokens; a stream ends each choice
+once, sends nothing for it after, starts each chat choice with the role, and sends usage last, only where asked. (The
+worker alone, under schedules it controls: `test_serve_schedules.py`.)"""
 
 from __future__ import annotations
 
@@ -17,10 +18,12 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from grammar_kit import all_bytes_tokenizer, byte_merges
+from grammar_kit import (JSON_CHARS, JSON_MERGES, SCHEMA, VOCAB as JSON_VOCAB, all_bytes_tokenizer,
+                         byte_level_tokenizer, byte_merges)
 from serve_helpers import METHODS, MODEL, make_tokenizer, method_spec, native_spec, running
 from tiny import VOCAB, byte_fallback_tokenizer, perturbed_copy, random_stop, tiny_model
 
+from specula.constraints import Constraint
 from specula.models.native import kernels
 from specula.serve.protocol import choice_seed
 
@@ -43,15 +46,39 @@ TOKENIZERS = {
     "pieces": (lambda: _templated(byte_fallback_tokenizer({3 + b: f"<0x{b:02X}>" for b in range(256)}, WIDE),
                                   "{% for m in messages %}w260 {{ m['content'] }} w261 {% endfor %}"
                                   "{% if add_generation_prompt %}w262{% endif %}"), WIDE),
+    "json": (lambda: _templated(byte_level_tokenizer(JSON_CHARS, JSON_MERGES),
+                                "{% for m in messages %}{{ m['role'][0] }}: {{ m['content'] }}\n{% endfor %}"
+                                "{% if add_generation_prompt %}a: {% endif %}"), JSON_VOCAB),
 }
-"""Builders of the server's tokenizer (each with a chat template), and the vocabulary its model needs."""
+"""Builders of the server's tokenizer (each with a chat template), and the vocabulary its model needs. Under "json"
+(JSON's characters, a few merges: a tokenizer a grammar can read) most requests are constrained (`CONSTRAINTS`)."""
+
+REGEX = r"[a-c]{2,6}-(x|yz)+\."
+GRAMMAR = 'start: item ("," item)* "."\nitem: "ab" | "cd" | /[0-9]{1,3}/'
+CONSTRAINTS = {
+    "json_object": ({"response_format": {"type": "json_object"}}, Constraint.json()),
+    "json_schema": ({"response_format": {"type": "json_schema", "json_schema": {"name": "t", "schema": SCHEMA}}},
+                    Constraint.json_schema(SCHEMA)),
+    "guided_json": ({"extra_body": {"guided_json": SCHEMA}}, Constraint.json_schema(SCHEMA)),
+    "guided_regex": ({"extra_body": {"guided_regex": REGEX}}, Constraint.regex(REGEX)),
+    "guided_grammar": ({"extra_body": {"guided_grammar": GRAMMAR}}, Constraint.grammar(GRAMMAR)),
+}
+"""A request's structured output as the client asks for it (chat's response_format, vLLM's guided_* fields), and the
+`Constraint` plain decoding is given."""
 
 
 @pytest.fixture(scope="module")
-def wide_models():
-    """(target, draft) over `WIDE` tokens, for the byte tokenizers."""
-    target = tiny_model("qwen2", seed=3, vocab=WIDE)
-    return target, perturbed_copy(target, scale=0.05)
+def models_of():
+    """models_of(vocab) -> (target, draft) over that many tokens (`TOKENIZERS`), made once."""
+    made = {}
+
+    def models(vocab: int):
+        if vocab not in made:
+            target = tiny_model("qwen2", seed=3, vocab=vocab)
+            made[vocab] = (target, perturbed_copy(target, scale=0.05))
+        return made[vocab]
+
+    return models
 
 
 @dataclass
@@ -64,6 +91,8 @@ class Call:
     """Completions: each prompt (text or token ids); chat: the messages."""
     delay: float
     """Seconds its client waits before sending (so requests arrive while others run)."""
+    constraint: Constraint | None = None
+    """What its structured output asks (`CONSTRAINTS`), for plain decoding."""
 
     @property
     def extra(self) -> dict:
@@ -91,8 +120,9 @@ def random_text(rng: random.Random, tokenizer, vocab: int) -> str:
     return text
 
 
-def random_call(rng: random.Random, k: int, tokenizer, vocab: int) -> Call:
-    """The k-th request of a seed: chat every third, streamed every other (so each seed has both of each)."""
+def random_call(rng: random.Random, k: int, tokenizer, vocab: int, constrained: bool = False) -> Call:
+    """The k-th request of a seed: chat every third, streamed every other (so each seed has both of each); where
+    `constrained`, two in three ask for structured output."""
     chat, stream = k % 3 == 1, k % 2 == 0
     kw: dict = {"model": MODEL, "max_tokens": rng.randint(1, 14), "n": rng.choice((1, 1, 2, 3)), "stream": stream}
     extra: dict = {}
@@ -114,7 +144,13 @@ def random_call(rng: random.Random, k: int, tokenizer, vocab: int) -> Call:
         kw["logit_bias"] = {str(rng.randrange(2, vocab)): rng.choice((-100, 4, 100))}
     if rng.random() < 0.4:
         kw["stop"] = [random_stop(rng, tokenizer, vocab) for _ in range(rng.choice((1, 2)))]
-    if rng.random() < 0.2:
+    constraint = None
+    if constrained and rng.random() < 2 / 3:
+        name = rng.choice([n for n in CONSTRAINTS if chat or not n.startswith("json_")])  # (response_format: chat's)
+        asked, constraint = CONSTRAINTS[name]
+        kw.update({key: value for key, value in asked.items() if key != "extra_body"})
+        extra.update(asked.get("extra_body", {}))
+    elif rng.random() < 0.2:  # (not with a constraint: a 400)
         extra["min_tokens"] = rng.randint(0, kw["max_tokens"])
     if rng.random() < 0.2:
         extra["ignore_eos"] = True
@@ -135,7 +171,7 @@ def random_call(rng: random.Random, k: int, tokenizer, vocab: int) -> Call:
         kw["echo"] = rng.random() < 0.2
     if extra:
         kw["extra_body"] = extra
-    return Call(chat, kw, prompts, rng.choice((0.0, 0.0, 0.01, 0.05)))
+    return Call(chat, kw, prompts, rng.choice((0.0, 0.0, 0.01, 0.05)), constraint)
 
 
 def send(client, call: Call) -> Got:
@@ -200,7 +236,7 @@ def wanted(call: Call, plain, tokenizer) -> Got:
         echo = call.kwargs.get("echo") and (
             source if isinstance(source, str) else tokenizer.decode(ids, skip_special_tokens=True))
         for j in range(n):
-            out = plain.generate(ids, raw=True, **sampling(call, j))
+            out = plain.generate(ids, raw=True, constraint=call.constraint, **sampling(call, j))
             outputs.append(out)
             want.texts[i * n + j] = (echo or "") + out.text
             want.reasons[i * n + j] = out.stats.finish_reason or "length"
@@ -227,17 +263,17 @@ def check(call: Call, got: Got, want: Got, where: str) -> None:
 
 @pytest.mark.parametrize("seed", range(20))
 def test_random_requests_over_http_get_what_plain_decoding_gives_each_alone(seed, target_model, draft_model,
-                                                                           wide_models):
+                                                                           models_of):
     from openai import OpenAI
 
     rng = random.Random(seed)
     kind = tuple(TOKENIZERS)[seed % len(TOKENIZERS)]
     build, vocab = TOKENIZERS[kind]
     tokenizer = build()
-    target, draft = (target_model, draft_model) if vocab == VOCAB else wide_models
+    target, draft = (target_model, draft_model) if vocab == VOCAB else models_of(vocab)
     method, planner = METHODS[seed % len(METHODS)], rng.random() < 0.5
     spec = method_spec(method, target, draft, tokenizer, planner=planner, prefix_cache_mib=rng.choice((0, 1)))
-    calls = [random_call(rng, k, tokenizer, vocab) for k in range(8)]
+    calls = [random_call(rng, k, tokenizer, vocab, constrained=kind == "json") for k in range(8)]
     config = {"max_batch_size": rng.choice((1, 2, 4, 8)), "chunked_prefill_size": rng.choice((None, 1, 3, 8))}
     where = f"seed {seed}: {method} ({kind}, planner {planner}, {config})"
     with running(spec, **config) as server:
