@@ -24,7 +24,7 @@ import torch
 
 from grammar_kit import (JSON_CHARS, JSON_MERGES, VOCAB as JSON_VOCAB, all_bytes_tokenizer, byte_level_tokenizer,
                          byte_merges, constraint_kinds)
-from tiny import byte_fallback_tokenizer, perturbed_copy, random_stop, tiny_model, word_tokenizer
+from tiny import byte_pieces_tokenizer, perturbed_copy, random_stop, tiny_model, word_tokenizer
 from specula.api import build_decoder
 from specula.constraints import Constraint
 from specula.drafters.heads.runtime import new_head
@@ -92,8 +92,7 @@ TOKENIZERS = (
     lambda: None,
     lambda: word_tokenizer(VOCAB),  # "w12 w40": the datastore's (it refuses another)
     lambda: all_bytes_tokenizer(byte_merges(VOCAB - 258)),  # raw bytes: characters whole, split, invalid
-    lambda: byte_fallback_tokenizer({3 + b: f"<0x{b:02X}>" for b in range(256)}, VOCAB),  # Llama / Mistral style:
-    # byte groups that turn invalid rewrite characters already decoded
+    lambda: byte_pieces_tokenizer(VOCAB),  # Llama / Mistral style: invalid byte groups rewrite decoded characters
 )
 """Builders of the decoders' tokenizers: the text and stop strings of whole words, raw bytes or byte pieces (None: no
 text)."""

@@ -8,7 +8,7 @@ import random
 import pytest
 
 from grammar_kit import all_bytes_tokenizer
-from tiny import byte_fallback_tokenizer
+from tiny import byte_fallback_tokenizer, byte_pieces_tokenizer
 
 from specula.stopping import StopTrimmer, TextStream, cut_at_stop
 
@@ -326,7 +326,7 @@ def _random_tokenizer(kind: str):
 
     return {"words": lambda: (word_tokenizer(300), 300),
             "byte-level": lambda: (all_bytes_tokenizer(byte_merges(42)), 300),
-            "byte-fallback": lambda: (byte_fallback_tokenizer({3 + b: f"<0x{b:02X}>" for b in range(256)}, 300), 300),
+            "byte-fallback": lambda: (byte_pieces_tokenizer(300), 300),
             "sentencepiece": lambda: (_sentencepiece_tokenizer(), 10)}[kind]()
 
 

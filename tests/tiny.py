@@ -67,6 +67,12 @@ def byte_fallback_tokenizer(byte_pieces: dict[int, str], vocab: int = VOCAB):
     return PreTrainedTokenizerFast(tokenizer_object=backend, bos_token="<s>", eos_token="</s>", unk_token="<unk>")
 
 
+def byte_pieces_tokenizer(vocab: int = VOCAB):
+    """`byte_fallback_tokenizer` with all 256 byte pieces (ids 3..258, then "▁w<i>" words): byte groups that turn
+    invalid rewrite characters already decoded."""
+    return byte_fallback_tokenizer({3 + b: f"<0x{b:02X}>" for b in range(256)}, vocab)
+
+
 def random_stop(rng: random.Random, tokenizer, vocab: int) -> str:
     """A stop string: 1-4 characters of the text of 1-3 random tokens, so it may start or end inside a token's
     text, span two tokens' texts, or never show."""

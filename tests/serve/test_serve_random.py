@@ -21,7 +21,7 @@ import pytest
 from grammar_kit import (JSON_CHARS, JSON_MERGES, SCHEMA, VOCAB as JSON_VOCAB, all_bytes_tokenizer,
                          byte_level_tokenizer, byte_merges)
 from serve_helpers import METHODS, MODEL, make_tokenizer, method_spec, native_spec, running
-from tiny import VOCAB, byte_fallback_tokenizer, perturbed_copy, random_stop, tiny_model
+from tiny import VOCAB, byte_pieces_tokenizer, perturbed_copy, random_stop, tiny_model
 
 from specula.constraints import Constraint
 from specula.models.native import kernels
@@ -43,7 +43,7 @@ TOKENIZERS = {
     "bytes": (lambda: _templated(all_bytes_tokenizer(byte_merges(WIDE - 258)),
                                  "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
                                  "{% if add_generation_prompt %}<|assistant|>{% endif %}"), WIDE),
-    "pieces": (lambda: _templated(byte_fallback_tokenizer({3 + b: f"<0x{b:02X}>" for b in range(256)}, WIDE),
+    "pieces": (lambda: _templated(byte_pieces_tokenizer(WIDE),
                                   "{% for m in messages %}w260 {{ m['content'] }} w261 {% endfor %}"
                                   "{% if add_generation_prompt %}w262{% endif %}"), WIDE),
     "json": (lambda: _templated(byte_level_tokenizer(JSON_CHARS, JSON_MERGES),
