@@ -7,8 +7,8 @@ import random
 
 import pytest
 
-from grammar_kit import all_bytes_tokenizer
-from tiny import byte_fallback_tokenizer, byte_pieces_tokenizer
+from grammar_kit import all_bytes_tokenizer, byte_level_tokenizer, byte_merges
+from tiny import byte_fallback_tokenizer, byte_pieces_tokenizer, random_stop, word_tokenizer
 
 from specula.stopping import StopTrimmer, TextStream, cut_at_stop
 
@@ -58,8 +58,6 @@ def test_text_stream_loses_nothing_where_more_tokens_would_rewrite_the_text():
     """A tokenizer that cleans up spaces before punctuation (GPT-2's clean_up_tokenization_spaces)
     rewrites " '" once the next token arrives; the stream decodes without that clean-up (as vLLM's
     incremental detokenizer), so every token's text is shown, streamed or not."""
-    from tiny import word_tokenizer
-
     tok = word_tokenizer(["a", "'", "b", "c"], decoder=True)
     tok.clean_up_tokenization_spaces = True
     ids = [0, 1, 2, 3, 2]
@@ -301,9 +299,6 @@ def test_kept_special_tokens_show_in_the_text_and_the_other_special_ones_do_not(
     """`keep` (SamplingParams.kept_special_tokens: a tool parser's tags where the tokenizer makes them special)
     decodes those special tokens as skip_special_tokens=False would, every other special one (EOS) as
     skip_special_tokens=True does: nothing; the text between keeps the decoder's spaces."""
-    from grammar_kit import byte_level_tokenizer
-    from tiny import word_tokenizer
-
     if kind == "byte-level":
         tok = byte_level_tokenizer(list("ab {}"), [])
     else:
@@ -321,9 +316,6 @@ def test_kept_special_tokens_show_in_the_text_and_the_other_special_ones_do_not(
 @functools.lru_cache(maxsize=None)
 def _random_tokenizer(kind: str):
     """(tokenizer, vocabulary) of each decoder kind, with text to stop in."""
-    from grammar_kit import byte_merges
-    from tiny import word_tokenizer
-
     return {"words": lambda: (word_tokenizer(300), 300),
             "byte-level": lambda: (all_bytes_tokenizer(byte_merges(42)), 300),
             "byte-fallback": lambda: (byte_pieces_tokenizer(300), 300),
@@ -349,8 +341,6 @@ def test_take_gives_what_one_token_a_step_gives_however_many_tokens_each_step_to
     random tokens' text (`random_stop`), a minimum length, each decoder kind; steps of 1 to 8 tokens keep the tokens,
     text and stop of steps of one, wherever the output ends. (A step's every token fed as final, not just its last,
     fails 11 of these seeds.)"""
-    from tiny import random_stop
-
     rng = random.Random(seed)
     kind = ("words", "byte-level", "byte-fallback", "sentencepiece")[seed % 4]
     tok, vocab = _random_tokenizer(kind)

@@ -94,12 +94,12 @@ class Client:
 
 def schedule(rng: random.Random, count: int, sampled: bool, boom: bool = False, expiring: bool = False,
              tokenizer=None) -> list[Client]:
-    """`count` requests over prompts that may open alike (a random part of one of three openings of 40 tokens, then
-    up to 30 tokens of its own; no two prompts alike, so a session's prompt names its request); greedy, or where
-    `sampled` a third of them seeded samples; with a `tokenizer`, a third stop at strings (`tiny.random_stop`); every
-    fourth client reads to the end; where `boom`, every third prompt
-    ends in `BOOM`, its client reading to the end; where `expiring`, every third other one's deadline passes at some
-    point (its client reading to the end, one greedy choice of 40 tokens past any end of text)."""
+    """`count` requests over prompts that may open alike (a random part of one of three openings of 40 tokens, then up
+    to 30 tokens of its own; no two prompts alike, so a session's prompt names its request); greedy, or where
+    `sampled` a third of them seeded samples; with a `tokenizer`, a third stop at strings (`tiny.random_stop`);
+    every fourth client reads to the end; where `boom`, every third prompt ends in `BOOM`, its client reading to
+    the end; where `expiring`, every third other one's deadline passes at some point (its client reading to the
+    end, one greedy choice of 40 tokens past any end of text)."""
     openings = [[rng.randrange(2, 96) for _ in range(40)] for _ in range(3)]
     clients, seen = [], set()
     while len(clients) < count:
