@@ -667,6 +667,7 @@ def _load_native(resolved: ResolvedModel, config: LoadConfig, name: str, kwargs:
 
     from specula.models.device import check_cpu_only
     from specula.models.native import NativeCausalLM, NativeDecoder, configure
+    from specula.models.native.codes import GgufCodes, codes_source
     from specula.models.prepack import resolve_linear_kernel
     from specula.models.quantize import check_int4_kernel, check_quantize
 
@@ -692,16 +693,23 @@ def _load_native(resolved: ResolvedModel, config: LoadConfig, name: str, kwargs:
         with torch.no_grad():
             decoder = NativeDecoder.from_hf(model)
         del model  # the decoder holds what it needs; the peers' model is reloaded on demand
-        configure(decoder, kernel, config.quantize, attention, empty=empty)
+        codes = GgufCodes(gguf) if gguf is not None else None
+        configure(decoder, kernel, config.quantize, attention, empty=empty, codes=codes)
+        if codes is not None:
+            codes.release()
         return decoder, facts
+
+    gguf = codes_source(resolved) if kernel == "specula" and config.quantize == "none" and dtype == torch.float32 \
+        else None
 
     outcome = None
     if kernel == "specula":
         from specula.models.prepared import load_or_prepare, prepared_key
 
-        key = prepared_key(resolved, dtype=str(dtype), quantize=config.quantize, kernel=kernel)
+        entry = kernel if gguf is None else f"{kernel}-c8"  # its own entry: `SPECULA_WEIGHT_CODES=0` keeps both
+        key = prepared_key(resolved, dtype=str(dtype), quantize=config.quantize, kernel=entry, codes=gguf)
         decoder, facts, outcome = load_or_prepare(
-            resolved, key, quantize=config.quantize, kernel=kernel, prepare=prepare, mode=config.prepared_cache,
+            resolved, key, quantize=config.quantize, kernel=entry, prepare=prepare, mode=config.prepared_cache,
             label=f"{resolved.name} ({name})")
         if tokenizer is None:
             tokenizer = load_tokenizer(resolved)

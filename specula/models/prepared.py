@@ -73,8 +73,8 @@ model prepared for specula's kernels; off = prepare in memory on every load, rea
 _ROPE_KEY = "__inv_freq__"
 _NOTE_BYTES = 256 << 20
 """A prefetch reading at least this much from storage is noted on stderr (it explains a slow load)."""
-_CODE_FILES = ("native/__init__.py", "native/model.py", "native/kernels/packing.py", "native/kernels/pack.c",
-               "native/kernels/layout.h", "quantize.py")
+_CODE_FILES = ("native/__init__.py", "native/model.py", "native/codes.py", "native/kernels/packing.py",
+               "native/kernels/pack.c", "native/kernels/layout.h", "native/kernels/gguf.c", "quantize.py")
 """The code that decides the prepared weights (relative to `specula/models`): hashed into the key
 (`quantize.py`: the int8 and int4 values; `kernels/packing.py`: the layouts each kernel kind takes).
 Not the kernels that read them (linear.c, `kernels/__init__.py`): changing those keeps users'
@@ -121,11 +121,14 @@ def source_identity(resolved: ResolvedModel) -> dict[str, Any]:
     return {"path": str(resolved.path), "files": files}
 
 
-def prepared_key(resolved: ResolvedModel, *, dtype: str, quantize: str, kernel: str) -> dict[str, Any]:
-    """Everything that changes a prepared model (see the module docstring)."""
+def prepared_key(resolved: ResolvedModel, *, dtype: str, quantize: str, kernel: str,
+                 codes: Path | None = None) -> dict[str, Any]:
+    """Everything that changes a prepared model (see the module docstring); `codes`: the GGUF whose
+    codes its c8 layers hold (`native.codes`), or None."""
     import torch
 
     return {
+        "codes": None if codes is None else {"path": str(codes), **_stat(codes)},
         "format": PREPARED_FORMAT,
         "source": source_identity(resolved),
         "dtype": str(dtype).removeprefix("torch."),

@@ -22,7 +22,7 @@ from specula.models.native.kernels import KernelLinear, _ptr, library
 from specula.models.native import ops
 from specula.models.native.ops import CpuKernelOps
 
-KIND_CODES = {"f32": 0, "w8": 1, "i8": 2, "i4": 3}
+KIND_CODES = {"f32": 0, "w8": 1, "i8": 2, "i4": 3, "c8": 4}
 """`KernelLinear.kind` -> the one-call passes' code (`refs.h`, `struct linear_ref`)."""
 
 MAX_ROWS = 2048
@@ -39,7 +39,7 @@ class LinearRef(ctypes.Structure):
 
     _fields_ = [("packed", ctypes.c_void_p), ("scale", ctypes.c_void_p), ("bias", ctypes.c_void_p),
                 ("kind", ctypes.c_int32), ("in_features", ctypes.c_int32), ("out_features", ctypes.c_int32),
-                ("unused", ctypes.c_int32)]
+                ("group", ctypes.c_int32)]
 
 
 class SegmentRef(ctypes.Structure):
@@ -62,7 +62,7 @@ def linear_ref(lin: KernelLinear | None) -> LinearRef:
     if lin is None:
         return LinearRef()
     return LinearRef(lin.packed.data_ptr(), _ptr(lin.scale), _ptr(lin.bias), KIND_CODES[lin.kind], lin.in_features,
-                     lin.out_features, 0)
+                     lin.out_features, lin.group if lin.kind == "c8" else 0)
 
 
 LINEARS = ("wqkv", "wo", "w_gate_up", "w_down")

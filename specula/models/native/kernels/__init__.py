@@ -43,11 +43,11 @@ from torch import nn
 from specula.errors import ConfigError
 from specula.models.linears import linear_weight
 from specula.models.native.kernels.packing import (  # noqa: F401
-    I4_GROUP, Empty, pack, pack_i4, pack_weight, quantize_groups, quantize_rows)
+    I4_GROUP, Empty, codes_group, pack, pack_codes, pack_i4, pack_weight, quantize_groups, quantize_rows)
 
 SOURCES = tuple(Path(__file__).with_name(name) for name in (
     "linear_avx512.c", "linear_i4_vnni.c", "linear.c", "linear_amx.c", "ops.c", "linear_i4.c", "head.c", "draft.c",
-    "pool.c", "pack.c", "layers.c", "gguf.c", "screen.c"))
+    "pool.c", "pack.c", "layers.c", "gguf.c", "screen.c", "linear_codes.c"))
 """The kernels' C sources, the slowest to compile first (`build.compile_shared` starts them in this
 order; gcc 12 -O3 on session 94's 2-core EPYC: 50, 24, 7, 2, 1.6, 1.3 s, the rest under 1 s)."""
 AVX512_ONLY = frozenset(Path(__file__).with_name(name) for name in ("linear_avx512.c", "linear_i4_vnni.c",
@@ -67,6 +67,9 @@ which variant of the kernels runs. AMX runs only int8-activation (i8, i4) calls 
 (`linear_amx.c`); every variant computes the same bits."""
 ISAS = ("avx2", "avx512", "amx")
 KINDS = ("f32", "w8", "i8", "i4")
+"""The kinds a `KernelLinear` packs from a weight alone."""
+CODED = "c8"
+"""The kind packed from a weight's exact codes (`native.codes`): f32's outputs from a quarter of its bytes."""
 
 
 def _cpu_flags() -> set[str]:
@@ -204,6 +207,8 @@ def library() -> ctypes.CDLL:
                                                    i32]
     lib.specula_gguf_dequantize.argtypes = [ptr, ptr, ctypes.c_int64, i32, i32]
     lib.specula_gguf_dequantize.restype = i32
+    lib.specula_gguf_codes.argtypes = [ptr, ptr, ptr, ptr, ctypes.c_int64, i32, i32]
+    lib.specula_gguf_codes.restype = i32
     lib.specula_gguf_block_bytes.argtypes = [i32]
     lib.specula_gguf_block_bytes.restype = i32
     lib.specula_gguf_block_values.argtypes = [i32]
@@ -212,6 +217,9 @@ def library() -> ctypes.CDLL:
     lib.specula_linear_w8.argtypes = [ptr, ptr, ptr, ptr, ptr, i32, i32, i32, i32]
     lib.specula_linear_i8.argtypes = [ptr, ptr, ptr, ptr, ptr, i32, i32, i32, i32]
     lib.specula_linear_i4.argtypes = [ptr, ptr, ptr, ptr, ptr, i32, i32, i32, i32]
+    lib.specula_linear_c8.argtypes = [ptr, ptr, ptr, ptr, i32, i32, i32, i32, i32]
+    lib.specula_linear_c8.restype = i32
+    lib.specula_pack_codes.argtypes = [ptr, ptr, ptr, ptr, i32, i32, i32, i32]
     for kind in KINDS:
         getattr(lib, f"specula_linear_{kind}").restype = i32
     lib.specula_block.restype = i32
@@ -291,21 +299,30 @@ def _ptr(t: torch.Tensor | None) -> int | None:
 
 class KernelLinear(nn.Module):
     """`nn.Linear` on specula's CPU kernels: float32 (`f32`), weight-only int8 (`w8`), int8 weights and
-    activations (`i8`) or 4-bit weights with int8 activations (`i4`), packed once; float32 inputs and
-    outputs; each output row bitwise independent of the others."""
+    activations (`i8`), 4-bit weights with int8 activations (`i4`), or float32 held as exact 8-bit codes
+    (`c8`: a GGUF model's weights, `native.codes`; every output f32's bit for bit), packed once; float32
+    inputs and outputs; each output row bitwise independent of the others."""
 
-    def __init__(self, linear: nn.Module, kind: str = "f32", empty: Empty | None = None) -> None:
+    def __init__(self, linear: nn.Module, kind: str = "f32", empty: Empty | None = None, codes=None) -> None:
         """`empty` makes the packed weight (default `torch.empty`; the prepared-model cache's writes
-        it into the entry's file)."""
+        it into the entry's file); `codes`: the weight's `native.codes.Codes` (kind c8 only)."""
         super().__init__()
-        if kind not in KINDS:
-            raise ConfigError(f"unknown kernel kind {kind!r}; choose one of: {', '.join(KINDS)}")
+        if kind not in (*KINDS, CODED):
+            raise ConfigError(f"unknown kernel kind {kind!r}; choose one of: {', '.join((*KINDS, CODED))}")
+        if (kind == CODED) != (codes is not None):
+            raise ValueError("a c8 KernelLinear is made from its weight's codes, and only it takes codes")
         weight = linear_weight(linear).float().contiguous()  # [out, in]
         if weight.device.type != "cpu":
             raise ConfigError('specula\'s CPU kernels run on CPU; use device="cpu" or another linear_kernel')
         self.kind = kind
         self.out_features, self.in_features = weight.shape
-        packed, scale = pack_weight(weight, kind, empty)
+        if codes is not None:
+            if tuple(codes.q.shape) != tuple(weight.shape):
+                raise ValueError(f"codes of {tuple(codes.q.shape)} for a weight of {tuple(weight.shape)}")
+            a, b, group = codes.grouped()
+            packed, scale = pack_codes(codes.q, a, b, group, library().specula_block(), empty), None
+        else:
+            packed, scale = pack_weight(weight, kind, empty)
         self.register_buffer("scale", scale)
         self.register_buffer("packed", packed)
         bias = getattr(linear, "bias", None)
@@ -334,6 +351,8 @@ class KernelLinear(nn.Module):
         kind quantizes each row by itself), so each kept output is this layer's bit for bit, with no
         row unpacked or quantized again."""
         ids = ids.to(torch.long).cpu()
+        if self.kind == "c8":  # the output layer, the only one cut so, is never c8 (`native.codes.OUTSIDE`)
+            raise ValueError("take_rows: a c8 layer's rows are not cut out of its codes")
         block = library().specula_block()
         kept = blocks_of(self._packed_rows(ids), block, 0x88 if self.kind == "i4" else 0)  # [k', steps, lanes]
         packed = kept.view(-1, block, *kept.shape[1:]).transpose(1, 2).contiguous().view(-1)  # [k'/block][steps][block][lanes]
@@ -345,6 +364,24 @@ class KernelLinear(nn.Module):
             scale = scale[ids].contiguous()
         bias = None if self.bias is None else self.bias[ids].contiguous()
         return KernelLinear.from_packed(self.kind, self.in_features, len(ids), packed, scale, bias)
+
+    @property
+    def group(self) -> int:
+        """c8: inputs per code group (from the packed size, `packing.codes_group`)."""
+        return codes_group(self.packed.numel(), self.in_features, self.out_features, library().specula_block())
+
+    def _c8_rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """c8: weight rows `ids` [k] rebuilt from their codes: [k, in] float32, bit for bit the weights."""
+        block, group = library().specula_block(), self.group
+        grid = self.packed.view(-1, self.in_features // group, 8 * block + group * block)  # [blocks, groups, bytes]
+        sel = grid[ids // block]  # [k, groups, bytes]
+        pairs = sel[:, :, : 8 * block].contiguous().view(torch.float32).view(len(ids), -1, 2, block)
+        col = (ids % block)[:, None]
+        a = pairs[:, :, 0, :].gather(2, col[:, :, None].expand(-1, pairs.shape[1], 1))[..., 0]  # [k, groups]
+        b = pairs[:, :, 1, :].gather(2, col[:, :, None].expand(-1, pairs.shape[1], 1))[..., 0]
+        q = sel[:, :, 8 * block:].contiguous().view(torch.int8).view(len(ids), -1, group, block)
+        q = q.gather(3, col[:, :, None, None].expand(-1, q.shape[1], group, 1))[..., 0]  # [k, groups, group]
+        return ((a[:, :, None] * q.float()) + b[:, :, None]).reshape(len(ids), -1)
 
     def _packed_rows(self, ids: torch.Tensor) -> torch.Tensor:
         """The packed values of output rows `ids` [k] (long, CPU): [k, steps, lanes], out of the layout
@@ -371,6 +408,9 @@ class KernelLinear(nn.Module):
         if self.kind == "f32":
             status = lib.specula_linear_f32(rows.data_ptr(), self.packed.data_ptr(), _ptr(self.bias), out.data_ptr(),
                                             n, self.in_features, self.out_features, threads)
+        elif self.kind == "c8":
+            status = lib.specula_linear_c8(rows.data_ptr(), self.packed.data_ptr(), _ptr(self.bias), out.data_ptr(),
+                                           n, self.in_features, self.out_features, self.group, threads)
         else:
             fn = getattr(lib, f"specula_linear_{self.kind}")
             status = fn(rows.data_ptr(), self.packed.data_ptr(), self.scale.data_ptr(), _ptr(self.bias), out.data_ptr(),
@@ -385,6 +425,8 @@ class KernelLinear(nn.Module):
         (int8 kinds: dequantized), read out of the packed layout without unpacking the rest (a
         152k-row output head read back whole took 4 s and 1 GB)."""
         ids = ids.to(torch.long).cpu()
+        if self.kind == "c8":
+            return self._c8_rows(ids)
         grid = self._packed_rows(ids)  # [k, steps, lanes]
         if self.kind == "i4":  # 4 bytes a step: inputs 8s + j (low nibbles) and 8s + 4 + j (high); scales per 64
             block = library().specula_block()
@@ -430,9 +472,14 @@ def top_k_probs(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tenso
     return probs, idx
 
 
-def apply_kernels(model: nn.Module, kind: str, *, skip=(), empty: Empty | None = None) -> nn.Module:
+def apply_kernels(model: nn.Module, kind: str, *, skip=(), empty: Empty | None = None, codes=None) -> nn.Module:
     """Swap every linear layer of `model` for a `KernelLinear` of `kind` (in place), each packed
-    weight made by `empty` (default `torch.empty`)."""
+    weight made by `empty` (default `torch.empty`). `codes` (f32 only: a `native.codes.GgufCodes`): each
+    weight it has exact codes for is a c8 layer instead (bit for bit the same outputs)."""
     from specula.models.linears import replace_linears
 
-    return replace_linears(model, lambda lin: KernelLinear(lin, kind, empty), skip=skip)
+    def make(lin: nn.Module) -> KernelLinear:
+        found = codes.lookup(linear_weight(lin).float()) if codes is not None and kind == "f32" else None
+        return KernelLinear(lin, "c8", empty, codes=found) if found is not None else KernelLinear(lin, kind, empty)
+
+    return replace_linears(model, make, skip=skip)

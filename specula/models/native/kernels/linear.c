@@ -221,12 +221,14 @@ static FLOAT_BLOCK_ITEM(w8_block, int8_t, PACKED_GROUP, SWITCH_BLOCK, LOAD_W8, s
 static int linear_float(const float *x, const void *wp, const float *scale, const float *b, float *y, int M, int in,
                          int out, int threads, specula_item_fn avx2_fn, specula_item_fn avx2_chunk_fn,
                          specula_item_fn avx512_block_fn, specula_item_fn avx512_panel_fn,
-                         specula_item_fn avx512_multi_fn) {
+                         specula_item_fn avx512_multi_fn, const uint8_t *codes, int group,
+                         specula_item_fn rebuilt_fn) {
     if (avx512_multi_fn && M <= MULTI_ROWS && specula_isa()) {  /* decoding and small trees */
-        int kb = multi_blocks(M, out, threads), blocks = (out + NB - 1) / NB;
-        struct linear_job job = {.xp = x, .wp = wp, .scale = scale, .b = b, .y = y, .M = M, .in = in, .out = out,
-                                 .groups = 1, .panel = kb};
-        specula_parallel(threads, (blocks + kb - 1) / kb, avx512_multi_fn, &job);
+        int kb = codes ? c8_multi_blocks(M, out, threads) : multi_blocks(M, out, threads);
+        int blocks = (out + NB - 1) / NB;
+        struct linear_job job = {.xp = x, .wp = codes ? (const void *)codes : wp, .scale = scale, .b = b, .y = y,
+                                 .M = M, .in = in, .out = out, .groups = 1, .panel = kb, .group = group};
+        specula_parallel(threads, (blocks + kb - 1) / kb, codes ? specula_c8_multi_avx512 : avx512_multi_fn, &job);
         return 0;
     }
     int wide = M > MR && specula_isa(), mr = wide ? MRZ : MR;
@@ -237,9 +239,15 @@ static int linear_float(const float *x, const void *wp, const float *scale, cons
     struct linear_job job = {.xp = direct ? x : packed, .wp = wp, .scale = scale, .b = b, .y = y, .M = M, .in = in,
                              .out = out, .groups = direct ? direct_groups(M) : (M + mr - 1) / mr, .panel = panel};
     specula_item_fn fn = chunked ? avx2_chunk_fn : !wide ? avx2_fn : direct ? avx512_block_fn : avx512_panel_fn;
+    if (codes) {  /* c8: each item rebuilds its blocks, then runs fn over them */
+        job.codes = codes;
+        job.group = group;
+        job.inner = fn;
+        fn = rebuilt_fn;
+    }
     specula_parallel(threads, (blocks + panel - 1) / panel, fn, &job);
     free(packed);
-    return 0;
+    return job.failed ? -1 : 0;
 }
 
 /* The four kinds' calls: y [M, out] = x [M, in] through the packed weights (+ b); each returns 0, or
@@ -248,14 +256,20 @@ int specula_linear_f32(const float *x, const float *wp, const float *b, float *y
                        int threads) {
     if (M <= 0 || out <= 0) return 0;  /* no rows: nothing to do (the row switches' default ran 16) */
     return linear_float(x, wp, NULL, b, y, M, in, out, threads, f32_block, f32_chunked, specula_f32_block_avx512,
-                 specula_f32_panel_avx512, specula_f32_multi_avx512);
+                 specula_f32_panel_avx512, specula_f32_multi_avx512, NULL, 0, NULL);
+}
+
+int specula_linear_float_codes(const float *x, const uint8_t *codes, const float *b, float *y, int M, int in,
+                               int out, int group, int threads, specula_item_fn rebuilt) {
+    return linear_float(x, NULL, NULL, b, y, M, in, out, threads, f32_block, f32_chunked, specula_f32_block_avx512,
+                        specula_f32_panel_avx512, specula_f32_multi_avx512, codes, group, rebuilt);
 }
 
 int specula_linear_w8(const float *x, const int8_t *wp, const float *scale, const float *b, float *y, int M, int in,
                       int out, int threads) {
     if (M <= 0 || out <= 0) return 0;
     return linear_float(x, wp, scale, b, y, M, in, out, threads, w8_block, w8_chunked, specula_w8_block_avx512,
-                 specula_w8_panel_avx512, specula_w8_multi_avx512);
+                 specula_w8_panel_avx512, specula_w8_multi_avx512, NULL, 0, NULL);
 }
 
 

@@ -278,3 +278,79 @@ void specula_i8_multi_vnni(void *arg, int item) {
         default: VNNI_MULTI_SWITCH(1) break;
     }
 }
+
+/* c8 (linear_codes.c) calls of up to MULTI_ROWS rows: rows m0 .. m0 + MB over KB adjacent column
+ * blocks, each weight rebuilt in registers from its code right before its FMAs, w = (A * q) + B as
+ * two roundings (FLAGS' -ffp-contract=off), so each FMA chain over i = 0, 1, ... takes f32's very
+ * weights: every output is f32's, bit for bit. A group's A and B are read once for its `group` steps. */
+#define C8_MULTI_BODY(KB, MB, G)                                                                     \
+    do {                                                                                             \
+        __m512 a[KB][MB];                                                                            \
+        for (int k = 0; k < KB; k++)                                                                 \
+            for (int m = 0; m < MB; m++) a[k][m] = _mm512_setzero_ps();                              \
+        for (int g = 0; g < groups; g++) {                                                           \
+            const uint8_t *gp[KB];                                                                   \
+            __m512 av[KB], bv[KB];                                                                   \
+            for (int k = 0; k < KB; k++) {                                                           \
+                gp[k] = wb + ((size_t)k * groups + g) * gbytes;                                      \
+                for (size_t at = 0; at < gbytes; at += 64)                                           \
+                    _mm_prefetch((const char *)gp[k] + at + PREFETCH_BYTES, _MM_HINT_T0);            \
+                av[k] = _mm512_loadu_ps((const float *)gp[k]);                                       \
+                bv[k] = _mm512_loadu_ps((const float *)gp[k] + NB);                                  \
+            }                                                                                        \
+            const float *xi0 = xg + (size_t)g * (G);                                                 \
+            for (int ii = 0; ii < (G); ii++) {                                                       \
+                __m512 w[KB];                                                                        \
+                for (int k = 0; k < KB; k++) {                                                       \
+                    __m128i q = _mm_loadu_si128((const __m128i *)(gp[k] + 2 * NB * sizeof(float) + (size_t)ii * NB)); \
+                    w[k] = _mm512_add_ps(_mm512_mul_ps(av[k], _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q))), bv[k]); \
+                }                                                                                    \
+                for (int m = 0; m < MB; m++) {                                                       \
+                    __m512 xm = _mm512_set1_ps(xi0[(size_t)m * in + ii]);                            \
+                    for (int k = 0; k < KB; k++) a[k][m] = _mm512_fmadd_ps(w[k], xm, a[k][m]);       \
+                }                                                                                    \
+            }                                                                                        \
+        }                                                                                            \
+        for (int k = 0; k < KB; k++) {                                                               \
+            float acc[MB][NB];                                                                       \
+            int ok = o0 + k * NB, nk = out - ok < NB ? out - ok : NB;                                \
+            for (int m = 0; m < MB; m++) _mm512_storeu_ps(acc[m], a[k][m]);                          \
+            store_rows(acc, y, NULL, b, m0, MB, ok, nk, out);                                        \
+        }                                                                                            \
+    } while (0)
+
+#define C8_CASE(KB, MB, G) case MB: C8_MULTI_BODY(KB, MB, G); break;
+#define C8_SWITCH(KB, G)                                                                             \
+    switch (M) {                                                                                     \
+        C8_CASE(KB, 1, G) C8_CASE(KB, 2, G) C8_CASE(KB, 3, G) C8_CASE(KB, 4, G) C8_CASE(KB, 5, G)    \
+        C8_CASE(KB, 6, G) C8_CASE(KB, 7, G) C8_CASE(KB, 8, G) C8_CASE(KB, 9, G) C8_CASE(KB, 10, G)   \
+        C8_CASE(KB, 11, G) C8_CASE(KB, 12, G) C8_CASE(KB, 13, G) default: C8_MULTI_BODY(KB, 14, G); break; \
+    }
+/* The item's blocks for group size G (a constant: its steps unroll): KB = 4 up to 3 rows, 2 up to 6
+ * (`c8_multi_blocks`), else one block at a time. */
+#define C8_ITEM(G)                                                                                   \
+    do {                                                                                             \
+        if (bk1 - bk0 == 4 && M <= 3) {                                                              \
+            switch (M) { C8_CASE(4, 1, G) C8_CASE(4, 2, G) default: C8_MULTI_BODY(4, 3, G); break; } \
+            return;                                                                                  \
+        }                                                                                            \
+        if (bk1 - bk0 == 2 && M <= 6) {                                                              \
+            switch (M) { C8_CASE(2, 1, G) C8_CASE(2, 2, G) C8_CASE(2, 3, G) C8_CASE(2, 4, G)         \
+                         C8_CASE(2, 5, G) default: C8_MULTI_BODY(2, 6, G); break; }                  \
+            return;                                                                                  \
+        }                                                                                            \
+        for (int bk = bk0; bk < bk1; bk++, o0 += NB, wb += (size_t)groups * gbytes) C8_SWITCH(1, G)  \
+    } while (0)
+
+__attribute__((target("avx512f,avx512bw")))
+void specula_c8_multi_avx512(void *arg, int item) {
+    const struct linear_job *j = arg;
+    const float *b = j->b, *xg = j->xp;
+    float *y = j->y;
+    int M = j->M, in = j->in, out = j->out, group = j->group, groups = in / group, blocks = (out + NB - 1) / NB;
+    int bk0 = item * j->panel, bk1 = bk0 + j->panel < blocks ? bk0 + j->panel : blocks, o0 = bk0 * NB, m0 = 0;
+    size_t gbytes = C8_GROUP_BYTES(group);
+    const uint8_t *wb = (const uint8_t *)j->wp + (size_t)bk0 * groups * gbytes;
+    if (group == 32) C8_ITEM(32);
+    else C8_ITEM(16);
+}

@@ -95,3 +95,26 @@ void specula_quantize_weight_groups(const float *w, int8_t *q, float *scale, int
         }
     }
 }
+
+/* Pack c8 codes (linear_codes.c): q [out, in] int8 and per group of `group` inputs A, B [out, in / group]
+ * float32 (w = (A * q) + B) into wp: block bk, group g at (bk * groups + g) * (2 NB floats + group NB
+ * bytes): A[NB], B[NB], q[group][NB]; padding columns hold A = B = q = 0 (a zero weight). `in` must be a
+ * multiple of `group`. */
+void specula_pack_codes(const int8_t *q, const float *a, const float *b, uint8_t *wp, int in, int out, int group,
+                        int threads) {
+    int blocks = (out + NB - 1) / NB, groups = in / group;
+    size_t gbytes = 2 * NB * sizeof(float) + (size_t)group * NB;
+    #pragma omp parallel for schedule(static) num_threads(threads)
+    for (int bk = 0; bk < blocks; bk++)
+        for (int g = 0; g < groups; g++) {
+            uint8_t *dst = wp + ((size_t)bk * groups + g) * gbytes;
+            float *da = (float *)dst, *db = da + NB;
+            int8_t *dq = (int8_t *)(db + NB);
+            for (int c = 0; c < NB; c++) {
+                int o = bk * NB + c;
+                da[c] = o < out ? a[(size_t)o * groups + g] : 0.0f;
+                db[c] = o < out ? b[(size_t)o * groups + g] : 0.0f;
+                for (int i = 0; i < group; i++) dq[i * NB + c] = o < out ? q[(size_t)o * in + g * group + i] : 0;
+            }
+        }
+}

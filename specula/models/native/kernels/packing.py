@@ -106,3 +106,25 @@ def pack_i4(weight: torch.Tensor, block: int, empty: Empty | None = None) -> tup
     scales = torch.ones((blocks * block, scale.shape[1]), dtype=torch.float32)
     scales[:out] = scale
     return packed, scales.view(blocks, block, -1).transpose(1, 2).contiguous()
+
+
+def pack_codes(q: torch.Tensor, a: torch.Tensor, b: torch.Tensor, group: int, block: int,
+               empty: Empty | None = None) -> torch.Tensor:
+    """c8 codes (`native.codes.Codes`: q [out, in] int8, a and b [out, in / group] float32, w = (a * q) + b)
+    -> the c8 kernels' layout (`pack.c`'s `specula_pack_codes`), uint8, flat: per column block of `block`
+    outputs and group of `group` inputs, a[block], b[block] (float32) and q[group][block]. Made by `empty`."""
+    out, inp = q.shape
+    if inp % group or a.shape != (out, inp // group) or b.shape != a.shape:
+        raise ValueError(f"c8 codes of a [{out}, {inp}] weight need a and b of [{out}, {inp // group}] (group {group})")
+    blocks = (out + block - 1) // block
+    packed = (empty or _torch_empty)((blocks * (inp // group) * (8 * block + group * block),), torch.uint8)
+    _library().specula_pack_codes(q.contiguous().data_ptr(), a.contiguous().data_ptr(), b.contiguous().data_ptr(),
+                                  packed.data_ptr(), inp, out, group, torch.get_num_threads())
+    return packed
+
+
+def codes_group(packed_bytes: int, in_features: int, out_features: int, block: int) -> int:
+    """The group size of a c8 layer from its packed size (`pack_codes`: 8 block / group + block bytes per
+    column block and input)."""
+    per = packed_bytes // (-(-out_features // block) * in_features)
+    return 8 * block // (per - block)

@@ -14,6 +14,8 @@ int specula_linear_i8(const float *x, const int8_t *wp, const float *wscale, con
                       int out, int threads);
 int specula_linear_i4(const float *x, const uint8_t *wp, const float *gscale, const float *b, float *y, int M,
                       int in, int out, int threads);
+int specula_linear_c8(const float *x, const uint8_t *wp, const float *b, float *y, int M, int in, int out, int group,
+                      int threads);
 
 /* ops.c's per-layer ops, as the one-call passes chain them. */
 void specula_add_rms_norm(float *x, const float *delta, const float *w, float eps, float *out, int n, int e,
@@ -27,12 +29,12 @@ void specula_attention(const float *q, const float *k_cache, const float *v_cach
                        float scale, int threads);
 void specula_silu_mul(const float *gu, float *out, int n, int inter, int threads);
 
-/* kind 0 f32, 1 w8, 2 i8, 3 i4; packed NULL: no such layer. */
+/* kind 0 f32, 1 w8, 2 i8, 3 i4, 4 c8; packed NULL: no such layer. */
 struct linear_ref {
     const void *packed;
     const float *scale; /* w8 / i8: per output column; i4: per block, group and column */
     const float *bias;  /* or NULL */
-    int32_t kind, in, out, unused;
+    int32_t kind, in, out, group; /* group: c8's inputs per code group (else 0) */
 };
 
 /* y [m, out] = x [m, in] through the layer; returns 0, or -1 when the kernel could not allocate
@@ -41,6 +43,7 @@ static inline int linear(const struct linear_ref *l, const float *x, float *y, i
     if (l->kind == 0) return specula_linear_f32(x, l->packed, l->bias, y, m, l->in, l->out, threads);
     if (l->kind == 1) return specula_linear_w8(x, l->packed, l->scale, l->bias, y, m, l->in, l->out, threads);
     if (l->kind == 2) return specula_linear_i8(x, l->packed, l->scale, l->bias, y, m, l->in, l->out, threads);
+    if (l->kind == 4) return specula_linear_c8(x, l->packed, l->bias, y, m, l->in, l->out, l->group, threads);
     return specula_linear_i4(x, l->packed, l->scale, l->bias, y, m, l->in, l->out, threads);
 }
 
