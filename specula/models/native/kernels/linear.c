@@ -223,7 +223,7 @@ static int linear_float(const float *x, const void *wp, const float *scale, cons
                          specula_item_fn avx512_block_fn, specula_item_fn avx512_panel_fn,
                          specula_item_fn avx512_multi_fn, const uint8_t *codes, int group,
                          specula_item_fn rebuilt_fn) {
-    if (avx512_multi_fn && M <= MULTI_ROWS && specula_isa()) {  /* decoding and small trees */
+    if (avx512_multi_fn && M <= (codes ? C8_MULTI_ROWS : MULTI_ROWS) && specula_isa()) {  /* decoding, small trees */
         int kb = codes ? c8_multi_blocks(M, out, threads) : multi_blocks(M, out, threads);
         int blocks = (out + NB - 1) / NB;
         struct linear_job job = {.xp = x, .wp = codes ? (const void *)codes : wp, .scale = scale, .b = b, .y = y,

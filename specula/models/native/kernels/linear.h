@@ -190,9 +190,11 @@ void specula_f32_panel_avx512(void *job, int item);
 void specula_f32_multi_avx512(void *job, int item);
 void specula_w8_multi_avx512(void *job, int item);
 void specula_w8_panel_avx512(void *job, int item);
-/* linear_avx512.c: c8 calls of up to MULTI_ROWS rows, each weight rebuilt in registers before its FMAs,
- * `c8_multi_blocks` column blocks per item. */
+/* linear_avx512.c: c8 calls of up to C8_MULTI_ROWS rows (a 16-node tree and its root: 17 accumulators,
+ * a group's a and b, the weight and the broadcast fit the 32 registers), each weight rebuilt in registers
+ * before its FMAs, `c8_multi_blocks` column blocks per item. */
 void specula_c8_multi_avx512(void *job, int item);
+#define C8_MULTI_ROWS 17
 static inline int c8_multi_blocks(int M, int out, int threads) {
     return fewer_for_threads(M <= 3 ? 4 : M <= 6 ? 2 : 1, out, threads);
 }

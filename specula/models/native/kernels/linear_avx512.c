@@ -279,7 +279,7 @@ void specula_i8_multi_vnni(void *arg, int item) {
     }
 }
 
-/* c8 (linear_codes.c) calls of up to MULTI_ROWS rows: rows m0 .. m0 + MB over KB adjacent column
+/* c8 (linear_codes.c) calls of up to C8_MULTI_ROWS rows: rows m0 .. m0 + MB over KB adjacent column
  * blocks, each weight rebuilt in registers from its code right before its FMAs, w = (A * q) + B as
  * two roundings (FLAGS' -ffp-contract=off), so each FMA chain over i = 0, 1, ... takes f32's very
  * weights: every output is f32's, bit for bit. A group's A and B are read once for its `group` steps. */
@@ -324,7 +324,8 @@ void specula_i8_multi_vnni(void *arg, int item) {
     switch (M) {                                                                                     \
         C8_CASE(KB, 1, G) C8_CASE(KB, 2, G) C8_CASE(KB, 3, G) C8_CASE(KB, 4, G) C8_CASE(KB, 5, G)    \
         C8_CASE(KB, 6, G) C8_CASE(KB, 7, G) C8_CASE(KB, 8, G) C8_CASE(KB, 9, G) C8_CASE(KB, 10, G)   \
-        C8_CASE(KB, 11, G) C8_CASE(KB, 12, G) C8_CASE(KB, 13, G) default: C8_MULTI_BODY(KB, 14, G); break; \
+        C8_CASE(KB, 11, G) C8_CASE(KB, 12, G) C8_CASE(KB, 13, G) C8_CASE(KB, 14, G) C8_CASE(KB, 15, G) \
+        C8_CASE(KB, 16, G) default: C8_MULTI_BODY(KB, 17, G); break;                                 \
     }
 /* The item's blocks for group size G (a constant: its steps unroll): KB = 4 up to 3 rows, 2 up to 6
  * (`c8_multi_blocks`), else one block at a time. */

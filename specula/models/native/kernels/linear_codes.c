@@ -10,7 +10,7 @@
  * Layout (layout.h's column blocks of NB outputs): block bk, group g at wp + (bk * groups + g) *
  * C8_GROUP_BYTES(group): A[NB] float, B[NB] float, then q[group][NB] int8.
  *
- * Calls of up to MULTI_ROWS rows on AVX-512 rebuild each weight in registers right before its FMAs
+ * Calls of up to C8_MULTI_ROWS rows on AVX-512 rebuild each weight in registers right before its FMAs
  * (linear_avx512.c, `specula_c8_multi_avx512`): decoding reads a quarter of f32's bytes. Other calls
  * (a prompt's panels, larger trees, and every call without AVX-512) rebuild their item's blocks into
  * a per-thread float32 scratch laid out as f32's packing and run f32's own item over it: the rebuild
