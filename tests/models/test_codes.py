@@ -69,7 +69,7 @@ def test_c8_outputs_are_f32s_bit_for_bit_for_any_rows(isa, group, shape):
         f32 = KernelLinear(linear_of(weight, bias), "f32")
         c8 = KernelLinear(linear_of(weight, bias), "c8", codes=codes)
         assert c8.group == group and c8.memory_bytes < f32.memory_bytes / 2
-        for rows in [*range(1, 19), 31, 64, 65, 200]:
+        for rows in [*range(1, 19), 24, 31, 40, 63, 64, 65, 200]:
             x = torch.randn(rows, shape[1], generator=gen)
             for threads in (1, 2):
                 want = f32.into(x, torch.empty(rows, shape[0]), threads)

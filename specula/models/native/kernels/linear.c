@@ -232,14 +232,19 @@ static int linear_float(const float *x, const void *wp, const float *scale, cons
         return 0;
     }
     int wide = M > MR && specula_isa(), mr = wide ? MRZ : MR;
-    int direct = wide && M < PANEL_ROWS, chunked = !wide && M > MR && M < PANEL_ROWS;  /* CHUNKED_ITEM: even groups */
+    int c8_chunked = codes && wide && M < PANEL_ROWS;  /* c8's few-group calls: `specula_c8_chunked_avx512` */
+    int direct = wide && M < PANEL_ROWS && !c8_chunked, chunked = !wide && M > MR && M < PANEL_ROWS;  /* even groups */
     float *packed = direct ? NULL : pack_rows(x, M, in, mr, chunked, threads);
     if (!direct && !packed) return -1;
     int panel = panel_blocks(M, out, threads), blocks = (out + NB - 1) / NB;
     struct linear_job job = {.xp = direct ? x : packed, .wp = wp, .scale = scale, .b = b, .y = y, .M = M, .in = in,
                              .out = out, .groups = direct ? direct_groups(M) : (M + mr - 1) / mr, .panel = panel};
     specula_item_fn fn = chunked ? avx2_chunk_fn : !wide ? avx2_fn : direct ? avx512_block_fn : avx512_panel_fn;
-    if (codes) {  /* c8: each item rebuilds its blocks, then runs fn over them */
+    if (c8_chunked) {
+        job.codes = codes;
+        job.group = group;
+        fn = specula_c8_chunked_avx512;
+    } else if (codes) {  /* c8: each item rebuilds its blocks, then runs fn over them */
         job.codes = codes;
         job.group = group;
         job.inner = fn;

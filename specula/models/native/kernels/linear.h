@@ -195,6 +195,9 @@ void specula_w8_panel_avx512(void *job, int item);
  * before its FMAs, `c8_multi_blocks` column blocks per item. */
 void specula_c8_multi_avx512(void *job, int item);
 #define C8_MULTI_ROWS 17
+/* linear_avx512.c: c8 calls of C8_MULTI_ROWS + 1 .. PANEL_ROWS - 1 rows, packed per group of MRZ: each
+ * block's chunks of inputs rebuilt once, every row group run over them. */
+void specula_c8_chunked_avx512(void *job, int item);
 static inline int c8_multi_blocks(int M, int out, int threads) {
     return fewer_for_threads(M <= 3 ? 4 : M <= 6 ? 2 : 1, out, threads);
 }

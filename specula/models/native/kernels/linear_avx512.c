@@ -355,3 +355,44 @@ void specula_c8_multi_avx512(void *arg, int item) {
     if (group == 32) C8_ITEM(32);
     else C8_ITEM(16);
 }
+
+/* c8 calls of C8_MULTI_ROWS + 1 .. PANEL_ROWS - 1 rows (larger trees, a batch's packed rows), packed per
+ * group of MRZ: each column block in chunks of KC inputs, a chunk's weights rebuilt once into `chunk`
+ * (8 KB, in L1) and every row group run over it (ZMM_CHUNK_BODY, its sums kept in `cacc` between
+ * chunks), so a weight is rebuilt once a call, not once a group. The same FMA chains over i = 0, 1, ...
+ * on the same weights: f32's bits. */
+#define C8_CHUNK_GROUPS ((PANEL_ROWS + MRZ - 1) / MRZ)
+__attribute__((target("avx512f,avx512bw")))
+void specula_c8_chunked_avx512(void *arg, int item) {
+    FLOAT_ITEM_OPERANDS
+    int group = j->group, ngroups = in / group;
+    size_t gbytes = C8_GROUP_BYTES(group);
+    float chunk[KC][NB] __attribute__((aligned(64)));
+    float cacc[C8_CHUNK_GROUPS][MRZ][NB] __attribute__((aligned(64)));
+    for (int bk = bk0; bk < bk1; bk++) {
+        int o0 = bk * NB, nc = out - o0 < NB ? out - o0 : NB;
+        const uint8_t *cb = j->codes + (size_t)bk * ngroups * gbytes;
+        for (int c0 = 0; c0 < in; c0 += KC) {
+            int c1 = in - c0 < KC ? in : c0 + KC;
+            for (int g = c0 / group; g < c1 / group; g++) {
+                const uint8_t *gp = cb + (size_t)g * gbytes;
+                for (size_t at = 0; at < gbytes; at += 64)
+                    _mm_prefetch((const char *)gp + at + PREFETCH_BYTES, _MM_HINT_T0);
+                __m512 av = _mm512_loadu_ps((const float *)gp), bv = _mm512_loadu_ps((const float *)gp + NB);
+                for (int ii = 0; ii < group; ii++) {
+                    __m128i q = _mm_loadu_si128((const __m128i *)(gp + 2 * NB * sizeof(float) + (size_t)ii * NB));
+                    __m512 w = _mm512_add_ps(_mm512_mul_ps(av, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q))), bv);
+                    _mm512_store_ps(chunk[g * group + ii - c0], w);
+                }
+            }
+            /* ZMM_CHUNK_BODY reads step i at wb + i * NB: point wb so that step c0 is the chunk's first row */
+            const float *wb = (const float *)((uintptr_t)chunk - (uintptr_t)c0 * NB * sizeof(float));
+            for (int gr = 0; gr < j->groups; gr++) {
+                int m0 = gr * MRZ;
+                const float *xg = j->xp + (size_t)gr * in * MRZ;
+                float(*acc)[NB] = cacc[gr];
+                ZMM_ROWS_SWITCH(ZMM_CHUNK_BODY, ZMM_LOAD_F32, NULL)
+            }
+        }
+    }
+}
