@@ -1,8 +1,9 @@
 /* GGUF blocks to float32 for `models install`'s conversion (`kernels.dequantize_gguf`): the same
  * bits as gguf-py's numpy (`gguf.quants.<type>.dequantize_blocks`), one pass per block where numpy
- * made a dozen array passes (Q4_K/Q6_K of the 1.5B: 24 s on the 2-core machine). Every product and
- * sum is the numpy expression's, in its order, rounded to float32 each (FLAGS' -ffp-contract=off:
- * no fused multiply-add). Block layouts: ggml-common.h. */
+ * made a dozen array passes (Q4_K/Q6_K of the 1.5B: 24 s on the 2-core machine); and the same blocks
+ * as the c8 layers' exact codes (`specula_gguf_codes`). Every product and sum is the numpy
+ * expression's, in its order, rounded to float32 each (FLAGS' -ffp-contract=off: no fused
+ * multiply-add). Block layouts: ggml-common.h. */
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
@@ -25,115 +26,11 @@ static float half(const uint8_t *p) {
     return out;
 }
 
-/* Q8_0 (34 bytes / 32): d, int8 x[32]; x * d. */
-static void q8_0(const uint8_t *b, float *y) {
-    float d = half(b);
-    for (int i = 0; i < 32; i++) y[i] = (float)(int8_t)b[2 + i] * d;
-}
-
-/* Q5_0 (22 bytes / 32): d, qh (32 high bits), qs[16] (element i: low nibble of qs[i], i + 16: high);
- * d * (q - 16). */
-static void q5_0(const uint8_t *b, float *y) {
-    float d = half(b);
-    uint32_t qh = (uint32_t)b[2] | (uint32_t)b[3] << 8 | (uint32_t)b[4] << 16 | (uint32_t)b[5] << 24;
-    const uint8_t *qs = b + 6;
-    for (int i = 0; i < 32; i++) {
-        int lo = i < 16 ? qs[i] & 15 : qs[i - 16] >> 4;
-        y[i] = d * (float)((lo | (int)((qh >> i) & 1u) << 4) - 16);
-    }
-}
-
-/* Q4_1 (20 bytes / 32): d, m, qs[16]; (d * q) + m. */
-static void q4_1(const uint8_t *b, float *y) {
-    float d = half(b), m = half(b + 2);
-    const uint8_t *qs = b + 4;
-    for (int i = 0; i < 32; i++) {
-        float dq = d * (float)(i < 16 ? qs[i] & 15 : qs[i - 16] >> 4);
-        y[i] = dq + m;
-    }
-}
-
-/* Q4_K (144 bytes / 256): d, dmin, 12 bytes of 6-bit scales and mins for 8 sub-blocks of 32, qs[128]
- * (sub-block 2c: low nibbles of qs[32c..32c+31], 2c + 1: their high nibbles);
- * (d * sc) * q - dmin * min. */
-static void q4_k(const uint8_t *b, float *y) {
-    float d = half(b), dmin = half(b + 2);
-    const uint8_t *s = b + 4, *qs = b + 16;
-    for (int j = 0; j < 8; j++) {
-        int sc = j < 4 ? s[j] & 63 : (s[j + 4] & 15) | ((s[j - 4] >> 2) & 48);
-        int mn = j < 4 ? s[j + 4] & 63 : (s[j + 4] >> 4) | ((s[j] >> 2) & 48);
-        float ds = d * (float)sc, dm = dmin * (float)mn;
-        const uint8_t *q = qs + 32 * (j / 2);
-        int shift = 4 * (j & 1);
-        for (int l = 0; l < 32; l++) {
-            float v = ds * (float)((q[l] >> shift) & 15);
-            y[32 * j + l] = v - dm;
-        }
-    }
-}
-
-/* Q6_K (210 bytes / 256): ql[128], qh[64], int8 scales[16], d. Element e: half h = e / 128; low four
- * bits from ql[64h + e % 64] (shifted by 4 for e % 128 >= 64), high two from qh[32h + e % 32]
- * (shifted by 2 * ((e / 32) % 4)); (d * scale[e / 16]) * (q - 32). */
-static void q6_k(const uint8_t *b, float *y) {
-    const uint8_t *ql = b, *qh = b + 128;
-    const int8_t *sc = (const int8_t *)(b + 192);
-    float d = half(b + 208);
-    for (int e = 0; e < 256; e++) {
-        int h = e / 128, lo = (ql[64 * h + e % 64] >> (4 * ((e / 64) % 2))) & 15;
-        int hi = (qh[32 * h + e % 32] >> (2 * ((e / 32) % 4))) & 3;
-        float ds = d * (float)sc[e / 16];
-        y[e] = ds * (float)((lo | hi << 4) - 32);
-    }
-}
-
-/* The ggml types (gguf.GGMLQuantizationType ids) this file knows: block bytes, values, the block's
- * dequantiser. */
-static const struct {
-    int type, bytes, values;
-    void (*block)(const uint8_t *, float *);
-} TYPES[] = {
-    {3, 20, 32, q4_1},    /* Q4_1 */
-    {6, 22, 32, q5_0},    /* Q5_0 */
-    {8, 34, 32, q8_0},    /* Q8_0 */
-    {12, 144, 256, q4_k}, /* Q4_K */
-    {14, 210, 256, q6_k}, /* Q6_K */
-};
-
-static int find(int type) {
-    for (int i = 0; i < (int)(sizeof TYPES / sizeof TYPES[0]); i++)
-        if (TYPES[i].type == type) return i;
-    return -1;
-}
-
-/* Block bytes of ggml type `type`, or 0 where this file does not dequantise it. */
-int specula_gguf_block_bytes(int type) {
-    int i = find(type);
-    return i < 0 ? 0 : TYPES[i].bytes;
-}
-
-/* Values per block of ggml type `type` (0 where unknown). */
-int specula_gguf_block_values(int type) {
-    int i = find(type);
-    return i < 0 ? 0 : TYPES[i].values;
-}
-
-/* Dequantise `blocks` blocks of ggml type `type` at `src` into `dst` (blocks * values floats).
- * Returns 0, or -1 for a type this file does not know. */
-int specula_gguf_dequantize(const uint8_t *src, float *dst, int64_t blocks, int type, int threads) {
-    int k = find(type);
-    if (k < 0) return -1;
-    int bytes = TYPES[k].bytes, values = TYPES[k].values;
-    void (*block)(const uint8_t *, float *) = TYPES[k].block;
-    #pragma omp parallel for schedule(static) num_threads(threads)
-    for (int64_t i = 0; i < blocks; i++) block(src + i * bytes, dst + i * values);
-    return 0;
-}
-
-/* The same blocks as c8 codes (linear_codes.c): each value y = (a * q) + b, two float32 roundings, the
- * bits `specula_gguf_dequantize` gives: q[values] int8, and a, b per run of 16 values (values / 16 of
- * each). Types without an offset get b = -0, which adds nothing to any float. Returns 0, or -1 for a
- * type this file does not know. */
+/* One block of ggml type `type` as codes: each value y = (a * q) + b, two float32 roundings, q[values]
+ * int8, and a, b per run of 16 values (values / 16 of each). Types without an offset get b = -0, which
+ * adds nothing to any float, so (a * q) + b is numpy's expression's bits for every type: the dequantised
+ * blocks (`specula_gguf_dequantize`) and the c8 layers' codes (linear_codes.c, `native/codes.py`) are
+ * read here alone. Block layouts: ggml-common.h. */
 static void codes_block(const uint8_t *blk, int type, int8_t *q, float *a, float *b) {
     const float nz = -0.0f;
     if (type == 8) { /* Q8_0: (float)q * d */
@@ -170,7 +67,7 @@ static void codes_block(const uint8_t *blk, int type, int8_t *q, float *a, float
             a[2 * j] = a[2 * j + 1] = ds;
             b[2 * j] = b[2 * j + 1] = -dm;
         }
-    } else { /* Q6_K: (d * scale[e / 16]) * (q - 32) */
+    } else { /* 14, Q6_K (`find` knows no other type): (d * scale[e / 16]) * (q - 32) */
         const uint8_t *ql = blk, *qh = blk + 128;
         const int8_t *sc = (const int8_t *)(blk + 192);
         float d = half(blk + 208);
@@ -184,6 +81,55 @@ static void codes_block(const uint8_t *blk, int type, int8_t *q, float *a, float
             b[g] = nz;
         }
     }
+}
+
+
+/* The ggml types (gguf.GGMLQuantizationType ids) this file knows: block bytes, values. */
+static const struct {
+    int type, bytes, values;
+} TYPES[] = {
+    {3, 20, 32},    /* Q4_1 */
+    {6, 22, 32},    /* Q5_0 */
+    {8, 34, 32},    /* Q8_0 */
+    {12, 144, 256}, /* Q4_K */
+    {14, 210, 256}, /* Q6_K */
+};
+
+static int find(int type) {
+    for (int i = 0; i < (int)(sizeof TYPES / sizeof TYPES[0]); i++)
+        if (TYPES[i].type == type) return i;
+    return -1;
+}
+
+/* Block bytes of ggml type `type`, or 0 where this file does not dequantise it. */
+int specula_gguf_block_bytes(int type) {
+    int i = find(type);
+    return i < 0 ? 0 : TYPES[i].bytes;
+}
+
+/* Values per block of ggml type `type` (0 where unknown). */
+int specula_gguf_block_values(int type) {
+    int i = find(type);
+    return i < 0 ? 0 : TYPES[i].values;
+}
+
+/* Dequantise `blocks` blocks of ggml type `type` at `src` into `dst` (blocks * values floats).
+ * Returns 0, or -1 for a type this file does not know. */
+int specula_gguf_dequantize(const uint8_t *src, float *dst, int64_t blocks, int type, int threads) {
+    int k = find(type);
+    if (k < 0) return -1;
+    int bytes = TYPES[k].bytes, values = TYPES[k].values;
+    #pragma omp parallel for schedule(static) num_threads(threads)
+    for (int64_t i = 0; i < blocks; i++) {
+        int8_t q[256];
+        float a[16], b[16], *y = dst + i * values;
+        codes_block(src + i * bytes, type, q, a, b);
+        for (int e = 0; e < values; e++) {
+            float p = a[e / 16] * (float)q[e];
+            y[e] = p + b[e / 16];
+        }
+    }
+    return 0;
 }
 
 int specula_gguf_codes(const uint8_t *src, int8_t *q, float *a, float *b, int64_t blocks, int type, int threads) {
