@@ -57,6 +57,20 @@ int specula_isa(void) {
  * a time, 15.9-16.2 / 17.2 (4 blocks) / 19.1-19.2 / 20.4-20.6 ms (2 blocks). KB x MB accumulators,
  * KB weights and the broadcast fit the 32 registers (4 x 6, 3 x 9, 2 x 14, 1 x 16). Every output is
  * the one FMA chain over i = 0, 1, ..., whatever KB, so the bits are those of the other items. */
+/* The rows' FMAs of one step over KB blocks' weights w[KB] (the rows' x at X[m * in]), and the KB x MB
+ * accumulators' stores: what ZMM_MULTI_BODY and c8's C8_MULTI_BODY share. */
+#define ZMM_ROWS_FMA(KB, MB, X)                                                                      \
+    for (int m = 0; m < MB; m++) {                                                                   \
+        __m512 xm = _mm512_set1_ps((X)[(size_t)m * in]);                                             \
+        for (int k = 0; k < KB; k++) a[k][m] = _mm512_fmadd_ps(w[k], xm, a[k][m]);                   \
+    }
+#define ZMM_STORE_BLOCKS(KB, MB, SCALE)                                                              \
+    for (int k = 0; k < KB; k++) {                                                                   \
+        float acc[MB][NB];                                                                           \
+        int ok = o0 + k * NB, nk = out - ok < NB ? out - ok : NB;                                    \
+        for (int m = 0; m < MB; m++) _mm512_storeu_ps(acc[m], a[k][m]);                              \
+        store_rows(acc, y, SCALE, b, m0, MB, ok, nk, out);                                           \
+    }
 #define ZMM_MULTI_BODY(KB, MB, LOAD, SCALE)                                                          \
     do {                                                                                             \
         __m512 a[KB][MB];                                                                            \
@@ -68,17 +82,9 @@ int specula_isa(void) {
                 PREFETCH_W(wb + (size_t)k * in * NB, (size_t)(i) * NB * sizeof(*wb));                \
                 LOAD(w[k], wb + (size_t)k * in * NB, i);                                             \
             }                                                                                        \
-            for (int m = 0; m < MB; m++) {                                                           \
-                __m512 xm = _mm512_set1_ps(xg[(size_t)m * in + i]);                                  \
-                for (int k = 0; k < KB; k++) a[k][m] = _mm512_fmadd_ps(w[k], xm, a[k][m]);           \
-            }                                                                                        \
+            ZMM_ROWS_FMA(KB, MB, xg + i)                                                             \
         }                                                                                            \
-        for (int k = 0; k < KB; k++) {                                                               \
-            float acc[MB][NB];                                                                       \
-            int ok = o0 + k * NB, nk = out - ok < NB ? out - ok : NB;                                \
-            for (int m = 0; m < MB; m++) _mm512_storeu_ps(acc[m], a[k][m]);                          \
-            store_rows(acc, y, SCALE, b, m0, MB, ok, nk, out);                                       \
-        }                                                                                            \
+        ZMM_STORE_BLOCKS(KB, MB, SCALE)                                                              \
     } while (0)
 #define ZMM_BODY(MB, LOAD, SCALE) ZMM_MULTI_BODY(1, MB, LOAD, SCALE)
 
@@ -305,18 +311,10 @@ void specula_i8_multi_vnni(void *arg, int item) {
                     __m128i q = _mm_loadu_si128((const __m128i *)(gp[k] + 2 * NB * sizeof(float) + (size_t)ii * NB)); \
                     w[k] = _mm512_add_ps(_mm512_mul_ps(av[k], _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q))), bv[k]); \
                 }                                                                                    \
-                for (int m = 0; m < MB; m++) {                                                       \
-                    __m512 xm = _mm512_set1_ps(xi0[(size_t)m * in + ii]);                            \
-                    for (int k = 0; k < KB; k++) a[k][m] = _mm512_fmadd_ps(w[k], xm, a[k][m]);       \
-                }                                                                                    \
+                ZMM_ROWS_FMA(KB, MB, xi0 + ii)                                                       \
             }                                                                                        \
         }                                                                                            \
-        for (int k = 0; k < KB; k++) {                                                               \
-            float acc[MB][NB];                                                                       \
-            int ok = o0 + k * NB, nk = out - ok < NB ? out - ok : NB;                                \
-            for (int m = 0; m < MB; m++) _mm512_storeu_ps(acc[m], a[k][m]);                          \
-            store_rows(acc, y, NULL, b, m0, MB, ok, nk, out);                                        \
-        }                                                                                            \
+        ZMM_STORE_BLOCKS(KB, MB, NULL)                                                               \
     } while (0)
 
 #define C8_CASE(KB, MB, G) case MB: C8_MULTI_BODY(KB, MB, G); break;
