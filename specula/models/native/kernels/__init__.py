@@ -43,7 +43,8 @@ from torch import nn
 from specula.errors import ConfigError
 from specula.models.linears import linear_weight
 from specula.models.native.kernels.packing import (  # noqa: F401
-    I4_GROUP, Empty, codes_group, pack, pack_codes, pack_i4, pack_weight, quantize_groups, quantize_rows)
+    I4_GROUP, Empty, codes_group, codes_group_bytes, pack, pack_codes, pack_i4, pack_weight, quantize_groups,
+    quantize_rows)
 
 SOURCES = tuple(Path(__file__).with_name(name) for name in (
     "linear_avx512.c", "linear_i4_vnni.c", "linear.c", "linear_amx.c", "ops.c", "linear_i4.c", "head.c", "draft.c",
@@ -373,13 +374,15 @@ class KernelLinear(nn.Module):
     def _c8_rows(self, ids: torch.Tensor) -> torch.Tensor:
         """c8: weight rows `ids` [k] rebuilt from their codes: [k, in] float32, bit for bit the weights."""
         block, group = library().specula_block(), self.group
-        grid = self.packed.view(-1, self.in_features // group, 8 * block + group * block)  # [blocks, groups, bytes]
+        pair_bytes = codes_group_bytes(0, block)  # a[block], b[block] before each group's codes
+        groups = self.in_features // group
+        grid = self.packed.view(-1, groups, codes_group_bytes(group, block))  # [blocks, groups, bytes]
         sel = grid[ids // block]  # [k, groups, bytes]
-        pairs = sel[:, :, : 8 * block].contiguous().view(torch.float32).view(len(ids), -1, 2, block)
+        pairs = sel[:, :, :pair_bytes].contiguous().view(torch.float32).view(len(ids), -1, 2, block)
         col = (ids % block)[:, None]
         a = pairs[:, :, 0, :].gather(2, col[:, :, None].expand(-1, pairs.shape[1], 1))[..., 0]  # [k, groups]
         b = pairs[:, :, 1, :].gather(2, col[:, :, None].expand(-1, pairs.shape[1], 1))[..., 0]
-        q = sel[:, :, 8 * block:].contiguous().view(torch.int8).view(len(ids), -1, group, block)
+        q = sel[:, :, pair_bytes:].contiguous().view(torch.int8).view(len(ids), -1, group, block)
         q = q.gather(3, col[:, :, None, None].expand(-1, q.shape[1], group, 1))[..., 0]  # [k, groups, group]
         return ((a[:, :, None] * q.float()) + b[:, :, None]).reshape(len(ids), -1)
 

@@ -8,6 +8,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "layout.h"
+
 /* IEEE half to float (exact, as numpy's astype(np.float32)). */
 static float half(const uint8_t *p) {
     uint16_t h = (uint16_t)(p[0] | p[1] << 8);
@@ -124,10 +126,7 @@ int specula_gguf_dequantize(const uint8_t *src, float *dst, int64_t blocks, int 
         int8_t q[256];
         float a[16], b[16], *y = dst + i * values;
         codes_block(src + i * bytes, type, q, a, b);
-        for (int e = 0; e < values; e++) {
-            float p = a[e / 16] * (float)q[e];
-            y[e] = p + b[e / 16];
-        }
+        for (int e = 0; e < values; e++) y[e] = c8_weight(a[e / 16], q[e], b[e / 16]);
     }
     return 0;
 }

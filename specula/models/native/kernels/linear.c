@@ -221,13 +221,12 @@ static FLOAT_BLOCK_ITEM(w8_block, int8_t, PACKED_GROUP, SWITCH_BLOCK, LOAD_W8, s
 static int linear_float(const float *x, const void *wp, const float *scale, const float *b, float *y, int M, int in,
                          int out, int threads, specula_item_fn avx2_fn, specula_item_fn avx2_chunk_fn,
                          specula_item_fn avx512_block_fn, specula_item_fn avx512_panel_fn,
-                         specula_item_fn avx512_multi_fn, const uint8_t *codes, int group,
-                         specula_item_fn rebuilt_fn) {
+                         specula_item_fn avx512_multi_fn, const uint8_t *codes, int group) {
     if (avx512_multi_fn && M <= (codes ? C8_MULTI_ROWS : MULTI_ROWS) && specula_isa()) {  /* decoding, small trees */
         int kb = codes ? c8_multi_blocks(M, out, threads) : multi_blocks(M, out, threads);
         int blocks = (out + NB - 1) / NB;
-        struct linear_job job = {.xp = x, .wp = codes ? (const void *)codes : wp, .scale = scale, .b = b, .y = y,
-                                 .M = M, .in = in, .out = out, .groups = 1, .panel = kb, .group = group};
+        struct linear_job job = {.xp = x, .wp = wp, .scale = scale, .b = b, .y = y, .M = M, .in = in, .out = out,
+                                 .groups = 1, .panel = kb, .codes = codes, .group = group};
         specula_parallel(threads, (blocks + kb - 1) / kb, codes ? specula_c8_multi_avx512 : avx512_multi_fn, &job);
         return 0;
     }
@@ -238,17 +237,14 @@ static int linear_float(const float *x, const void *wp, const float *scale, cons
     if (!direct && !packed) return -1;
     int panel = panel_blocks(M, out, threads), blocks = (out + NB - 1) / NB;
     struct linear_job job = {.xp = direct ? x : packed, .wp = wp, .scale = scale, .b = b, .y = y, .M = M, .in = in,
-                             .out = out, .groups = direct ? direct_groups(M) : (M + mr - 1) / mr, .panel = panel};
+                             .out = out, .groups = direct ? direct_groups(M) : (M + mr - 1) / mr, .panel = panel,
+                             .codes = codes, .group = group};
     specula_item_fn fn = chunked ? avx2_chunk_fn : !wide ? avx2_fn : direct ? avx512_block_fn : avx512_panel_fn;
     if (c8_chunked) {
-        job.codes = codes;
-        job.group = group;
         fn = specula_c8_chunked_avx512;
     } else if (codes) {  /* c8: each item rebuilds its blocks, then runs fn over them */
-        job.codes = codes;
-        job.group = group;
         job.inner = fn;
-        fn = rebuilt_fn;
+        fn = specula_c8_rebuilt_item;
     }
     specula_parallel(threads, (blocks + panel - 1) / panel, fn, &job);
     free(packed);
@@ -261,20 +257,22 @@ int specula_linear_f32(const float *x, const float *wp, const float *b, float *y
                        int threads) {
     if (M <= 0 || out <= 0) return 0;  /* no rows: nothing to do (the row switches' default ran 16) */
     return linear_float(x, wp, NULL, b, y, M, in, out, threads, f32_block, f32_chunked, specula_f32_block_avx512,
-                 specula_f32_panel_avx512, specula_f32_multi_avx512, NULL, 0, NULL);
+                 specula_f32_panel_avx512, specula_f32_multi_avx512, NULL, 0);
 }
 
-int specula_linear_float_codes(const float *x, const uint8_t *codes, const float *b, float *y, int M, int in,
-                               int out, int group, int threads, specula_item_fn rebuilt) {
+/* c8 (linear_codes.c): f32's call, each weight rebuilt from its code (`group` inputs per a, b pair). */
+int specula_linear_c8(const float *x, const uint8_t *wp, const float *b, float *y, int M, int in, int out, int group,
+                      int threads) {
+    if (M <= 0 || out <= 0) return 0;
     return linear_float(x, NULL, NULL, b, y, M, in, out, threads, f32_block, f32_chunked, specula_f32_block_avx512,
-                        specula_f32_panel_avx512, specula_f32_multi_avx512, codes, group, rebuilt);
+                        specula_f32_panel_avx512, specula_f32_multi_avx512, wp, group);
 }
 
 int specula_linear_w8(const float *x, const int8_t *wp, const float *scale, const float *b, float *y, int M, int in,
                       int out, int threads) {
     if (M <= 0 || out <= 0) return 0;
     return linear_float(x, wp, scale, b, y, M, in, out, threads, w8_block, w8_chunked, specula_w8_block_avx512,
-                 specula_w8_panel_avx512, specula_w8_multi_avx512, NULL, 0, NULL);
+                 specula_w8_panel_avx512, specula_w8_multi_avx512, NULL, 0);
 }
 
 

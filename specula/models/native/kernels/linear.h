@@ -22,14 +22,11 @@ struct linear_job {
     float *y;
     int M, in, out, groups, quads, in4;
     int panel;             /* f32 / w8: column blocks per item (`panel_blocks`) */
-    const uint8_t *codes;  /* c8 (linear_codes.c): the packed codes, whose blocks an item rebuilds into f32 */
+    const uint8_t *codes;  /* c8 (linear_codes.c): the packed codes, which its items read instead of wp */
     int group;             /* c8: inputs per code group */
     int failed;            /* c8: set when an item could not have its scratch */
     void (*inner)(void *job, int item);  /* c8: the f32 item run over the rebuilt blocks */
 };
-
-/* c8: bytes of one column block's group of `group` inputs (A[NB], B[NB] float, q[group][NB] int8). */
-#define C8_GROUP_BYTES(group) ((size_t)2 * NB * sizeof(float) + (size_t)(group) * NB)
 
 /* 0 when the AVX2 code runs; 1 when the AVX-512 variants run (the CPU has AVX-512 F/BW/VNNI and
  * `specula_set_isa` did not ask for AVX2); 2 when, besides, i8 calls of AMX_ROWS rows or more run
@@ -202,10 +199,9 @@ static inline int c8_multi_blocks(int M, int out, int threads) {
     return fewer_for_threads(M <= 3 ? 4 : M <= 6 ? 2 : 1, out, threads);
 }
 
-/* linear.c: an f32 call whose weights are c8 codes (`codes`, `group`), `rebuilt` running f32's item over
- * an item's blocks rebuilt (linear_codes.c); returns 0, or -1 when memory could not be had. */
-int specula_linear_float_codes(const float *x, const uint8_t *codes, const float *b, float *y, int M, int in,
-                               int out, int group, int threads, void (*rebuilt)(void *job, int item));
+/* linear_codes.c: f32's item `j->inner` over this item's c8 blocks rebuilt into the thread's scratch (a
+ * prompt's panels, and every c8 call without AVX-512). */
+void specula_c8_rebuilt_item(void *job, int item);
 
 /* linear.c: row r of x [M][in] -> int8 xq[r][in4] (zero padded) and its scale xs[r] = max|x_r| / 127;
  * with `offset` (the VNNI i8 kernel) each q is stored as q + 128, an unsigned byte; with xsum

@@ -285,6 +285,13 @@ void specula_i8_multi_vnni(void *arg, int item) {
     }
 }
 
+/* c8 (linear_codes.c): the NB weights of step ii of the group at gp, layout.h's `c8_weight` in a zmm. */
+__attribute__((target("avx512f,avx512bw")))
+static inline __m512 c8_weights(__m512 a, const uint8_t *gp, int ii, __m512 b) {
+    __m128i q = _mm_loadu_si128((const __m128i *)(gp + 2 * NB * sizeof(float) + (size_t)ii * NB));
+    return _mm512_add_ps(_mm512_mul_ps(a, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q))), b);
+}
+
 /* c8 (linear_codes.c) calls of up to C8_MULTI_ROWS rows: rows m0 .. m0 + MB over KB adjacent column
  * blocks, each weight rebuilt in registers from its code right before its FMAs, w = (A * q) + B as
  * two roundings (FLAGS' -ffp-contract=off), so each FMA chain over i = 0, 1, ... takes f32's very
@@ -308,8 +315,7 @@ void specula_i8_multi_vnni(void *arg, int item) {
             for (int ii = 0; ii < (G); ii++) {                                                       \
                 __m512 w[KB];                                                                        \
                 for (int k = 0; k < KB; k++) {                                                       \
-                    __m128i q = _mm_loadu_si128((const __m128i *)(gp[k] + 2 * NB * sizeof(float) + (size_t)ii * NB)); \
-                    w[k] = _mm512_add_ps(_mm512_mul_ps(av[k], _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q))), bv[k]); \
+                    w[k] = c8_weights(av[k], gp[k], ii, bv[k]);                                      \
                 }                                                                                    \
                 ZMM_ROWS_FMA(KB, MB, xi0 + ii)                                                       \
             }                                                                                        \
@@ -349,7 +355,7 @@ void specula_c8_multi_avx512(void *arg, int item) {
     int M = j->M, in = j->in, out = j->out, group = j->group, groups = in / group, blocks = (out + NB - 1) / NB;
     int bk0 = item * j->panel, bk1 = bk0 + j->panel < blocks ? bk0 + j->panel : blocks, o0 = bk0 * NB, m0 = 0;
     size_t gbytes = C8_GROUP_BYTES(group);
-    const uint8_t *wb = (const uint8_t *)j->wp + (size_t)bk0 * groups * gbytes;
+    const uint8_t *wb = j->codes + (size_t)bk0 * groups * gbytes;
     if (group == 32) C8_ITEM(32);
     else C8_ITEM(16);
 }
@@ -378,9 +384,7 @@ void specula_c8_chunked_avx512(void *arg, int item) {
                     _mm_prefetch((const char *)gp + at + PREFETCH_BYTES, _MM_HINT_T0);
                 __m512 av = _mm512_loadu_ps((const float *)gp), bv = _mm512_loadu_ps((const float *)gp + NB);
                 for (int ii = 0; ii < group; ii++) {
-                    __m128i q = _mm_loadu_si128((const __m128i *)(gp + 2 * NB * sizeof(float) + (size_t)ii * NB));
-                    __m512 w = _mm512_add_ps(_mm512_mul_ps(av, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q))), bv);
-                    _mm512_store_ps(chunk[g * group + ii - c0], w);
+                    _mm512_store_ps(chunk[g * group + ii - c0], c8_weights(av, gp, ii, bv));
                 }
             }
             /* ZMM_CHUNK_BODY reads step i at wb + i * NB: point wb so that step c0 is the chunk's first row */

@@ -7,14 +7,14 @@
  * before the same chain of fused multiply-adds over i = 0, 1, ... as f32's: every output is f32's,
  * bit for bit, whatever the rows (tests hold the two together).
  *
- * Layout (layout.h's column blocks of NB outputs): block bk, group g at wp + (bk * groups + g) *
- * C8_GROUP_BYTES(group): A[NB] float, B[NB] float, then q[group][NB] int8.
+ * Layout: layout.h's `C8_GROUP_BYTES`; the call itself is linear.c's `specula_linear_c8`.
  *
  * Calls of up to C8_MULTI_ROWS rows on AVX-512 rebuild each weight in registers right before its FMAs
- * (linear_avx512.c, `specula_c8_multi_avx512`): decoding reads a quarter of f32's bytes. Other calls
- * (a prompt's panels, larger trees, and every call without AVX-512) rebuild their item's blocks into
- * a per-thread float32 scratch laid out as f32's packing and run f32's own item over it: the rebuild
- * is spread over the call's many rows. */
+ * (linear_avx512.c, `specula_c8_multi_avx512`): decoding reads a quarter of f32's bytes; calls of up to
+ * PANEL_ROWS - 1 rebuild each chunk of inputs once for every row group (`specula_c8_chunked_avx512`).
+ * A prompt's panels, and every call without AVX-512, rebuild their item's blocks into a per-thread
+ * float32 scratch laid out as f32's packing and run f32's own item over it (here): the rebuild is
+ * spread over the call's many rows. */
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -38,7 +38,7 @@ static float *scratch_of(size_t floats) {
 }
 
 /* Blocks bk0 .. bk1 - 1 of codes `wp` -> float32 dst [bk1 - bk0][in][NB], f32's packing. */
-void specula_c8_rebuild(const uint8_t *wp, float *dst, int bk0, int bk1, int in, int group) {
+static void rebuild(const uint8_t *wp, float *dst, int bk0, int bk1, int in, int group) {
     int groups = in / group;
     size_t gbytes = C8_GROUP_BYTES(group);
     for (int bk = bk0; bk < bk1; bk++) {
@@ -50,16 +50,13 @@ void specula_c8_rebuild(const uint8_t *wp, float *dst, int bk0, int bk1, int in,
             memcpy(b, gp + sizeof a, sizeof b);
             const int8_t *q = (const int8_t *)(gp + sizeof a + sizeof b);
             for (int i = 0; i < group; i++)
-                for (int c = 0; c < NB; c++) {
-                    float p = a[c] * (float)q[i * NB + c];
-                    out[(size_t)(g * group + i) * NB + c] = p + b[c];
-                }
+                for (int c = 0; c < NB; c++)
+                    out[(size_t)(g * group + i) * NB + c] = c8_weight(a[c], q[i * NB + c], b[c]);
         }
     }
 }
 
-/* The f32 item `j->inner` over this item's blocks rebuilt into the thread's scratch. */
-static void rebuilt_item(void *arg, int item) {
+void specula_c8_rebuilt_item(void *arg, int item) {
     struct linear_job *j = arg;
     int blocks = (j->out + NB - 1) / NB, bk0 = item * j->panel;
     int bk1 = bk0 + j->panel < blocks ? bk0 + j->panel : blocks;
@@ -68,15 +65,9 @@ static void rebuilt_item(void *arg, int item) {
         __atomic_store_n(&j->failed, 1, __ATOMIC_RELAXED);
         return;
     }
-    specula_c8_rebuild(j->codes, s, bk0, bk1, j->in, j->group);
+    rebuild(j->codes, s, bk0, bk1, j->in, j->group);
     struct linear_job sub = *j;
     /* the f32 item reads block bk at wp + bk * in * NB: point wp so that bk0 lands on the scratch */
     sub.wp = (const void *)((uintptr_t)s - (uintptr_t)bk0 * j->in * NB * sizeof(float));
     j->inner(&sub, item);
-}
-
-int specula_linear_c8(const float *x, const uint8_t *wp, const float *b, float *y, int M, int in, int out, int group,
-                      int threads) {
-    if (M <= 0 || out <= 0) return 0;
-    return specula_linear_float_codes(x, wp, b, y, M, in, out, group, threads, rebuilt_item);
 }

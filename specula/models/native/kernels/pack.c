@@ -103,7 +103,7 @@ void specula_quantize_weight_groups(const float *w, int8_t *q, float *scale, int
 void specula_pack_codes(const int8_t *q, const float *a, const float *b, uint8_t *wp, int in, int out, int group,
                         int threads) {
     int blocks = (out + NB - 1) / NB, groups = in / group;
-    size_t gbytes = 2 * NB * sizeof(float) + (size_t)group * NB;
+    size_t gbytes = C8_GROUP_BYTES(group);
     #pragma omp parallel for schedule(static) num_threads(threads)
     for (int bk = 0; bk < blocks; bk++)
         for (int g = 0; g < groups; g++) {

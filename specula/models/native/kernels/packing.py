@@ -108,6 +108,12 @@ def pack_i4(weight: torch.Tensor, block: int, empty: Empty | None = None) -> tup
     return packed, scales.view(blocks, block, -1).transpose(1, 2).contiguous()
 
 
+def codes_group_bytes(group: int, block: int) -> int:
+    """c8: bytes of one column block's group of `group` inputs (`layout.h`'s `C8_GROUP_BYTES`): a[block] and
+    b[block] float32, then q[group][block] int8."""
+    return 8 * block + group * block
+
+
 def pack_codes(q: torch.Tensor, a: torch.Tensor, b: torch.Tensor, group: int, block: int,
                empty: Empty | None = None) -> torch.Tensor:
     """c8 codes (`native.codes.Codes`: q [out, in] int8, a and b [out, in / group] float32, w = (a * q) + b)
@@ -117,14 +123,14 @@ def pack_codes(q: torch.Tensor, a: torch.Tensor, b: torch.Tensor, group: int, bl
     if inp % group or a.shape != (out, inp // group) or b.shape != a.shape:
         raise ValueError(f"c8 codes of a [{out}, {inp}] weight need a and b of [{out}, {inp // group}] (group {group})")
     blocks = (out + block - 1) // block
-    packed = (empty or _torch_empty)((blocks * (inp // group) * (8 * block + group * block),), torch.uint8)
+    packed = (empty or _torch_empty)((blocks * (inp // group) * codes_group_bytes(group, block),), torch.uint8)
     _library().specula_pack_codes(q.contiguous().data_ptr(), a.contiguous().data_ptr(), b.contiguous().data_ptr(),
                                   packed.data_ptr(), inp, out, group, torch.get_num_threads())
     return packed
 
 
 def codes_group(packed_bytes: int, in_features: int, out_features: int, block: int) -> int:
-    """The group size of a c8 layer from its packed size (`pack_codes`: 8 block / group + block bytes per
-    column block and input)."""
+    """The group size of a c8 layer from its packed size (`pack_codes`: `codes_group_bytes` / group = 8 block /
+    group + block bytes per column block and input)."""
     per = packed_bytes // (-(-out_features // block) * in_features)
     return 8 * block // (per - block)
