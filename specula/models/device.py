@@ -89,6 +89,12 @@ GRAPHS_ASKED = "set_cuda_graphs(True)"
 """The library's ask for the CUDA-graph path, as its messages name it (`--cuda-graphs` on the command line:
 `commands.common.command_flags`)."""
 _OFF = ("0", "false", "off", "no")
+"""Values of an on-by-default environment switch that turn it off (`env_switch`)."""
+
+
+def env_switch(name: str) -> bool:
+    """Whether the on-by-default switch `name` is on: unset, or any value but 0 / false / off / no."""
+    return os.environ.get(name, "1").strip().lower() not in _OFF
 
 
 def set_cuda_graphs(enabled: bool | None) -> None:
@@ -104,7 +110,7 @@ def cuda_graphs_wanted() -> bool:
     `set_cuda_graphs`, else `SPECULA_CUDA_GRAPHS` (0 / false / off turn it off), else yes."""
     if _CUDA_GRAPHS is not None:
         return _CUDA_GRAPHS
-    return os.environ.get(GRAPHS_ENV, "1").strip().lower() not in _OFF
+    return env_switch(GRAPHS_ENV)
 
 
 def cuda_graphs_asker(setting: bool | None = None) -> str | None:

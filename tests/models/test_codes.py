@@ -5,6 +5,7 @@ on f32 ones."""
 from __future__ import annotations
 
 import random
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -16,7 +17,7 @@ from modelkit import QUANTIZED_GGUF_TYPES, random_gguf_blocks, write_tiny_gguf  
 from tiny import random_tree  # noqa: E402
 
 from specula.models.native import kernels  # noqa: E402
-from specula.models.native.codes import CODES_ENV, SPAN, Codes, GgufCodes  # noqa: E402
+from specula.models.native.codes import CODES_ENV, SPAN, Codes, GgufCodes, codes_source  # noqa: E402
 from specula.models.native.kernels import KernelLinear, dequant  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not kernels.available(), reason="specula's CPU kernels cannot run here")
@@ -155,6 +156,10 @@ def test_a_gguf_model_runs_c8_layers_with_f32s_every_output(quantized_gguf, monk
         return sp.load(str(quantized_gguf), method="prompt-lookup", config=LoadConfig(prepared_cache="off"))
 
     plain, coded = loaded(False), loaded(True)
+    monkeypatch.setenv(CODES_ENV, "off")  # the project's other switches' spellings of off turn it off too
+    assert codes_source(SimpleNamespace(gguf_file=quantized_gguf)) is None
+    monkeypatch.setenv(CODES_ENV, "1")
+    assert codes_source(SimpleNamespace(gguf_file=quantized_gguf)) == quantized_gguf
     kinds = {m.kind for m in coded.target.decoder.modules() if isinstance(m, KernelLinear)}
     assert kinds == {"c8", "f32"} and coded.target.decoder.lm_head.kind == "f32"
     assert {m.kind for m in plain.target.decoder.modules() if isinstance(m, KernelLinear)} == {"f32"}

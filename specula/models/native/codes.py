@@ -160,8 +160,8 @@ class GgufCodes:
 
 
 CODES_ENV = "SPECULA_WEIGHT_CODES"
-"""`0` turns c8 layers off (every float32 weight packed as f32: the same outputs, 4 bytes a weight); on by
-default."""
+"""`0` (false, off, no) turns c8 layers off (every float32 weight packed as f32: the same outputs, 4 bytes a
+weight); on by default (`models.device.env_switch`)."""
 
 
 def codes_source(resolved: Any) -> Path | None:
@@ -169,11 +169,10 @@ def codes_source(resolved: Any) -> Path | None:
     model, or an embedded model's verified GGUF (`models install`), on a CPU whose kernels run AVX-512 (the
     c8 kernels rebuild weights in registers there; elsewhere every call would rebuild them into memory
     first); None for any other model, elsewhere, or with `SPECULA_WEIGHT_CODES=0`."""
-    import os
-
+    from specula.models.device import env_switch
     from specula.models.native import kernels
 
-    if os.environ.get(CODES_ENV, "1").strip() == "0" or kernels.isa() == "avx2":
+    if not env_switch(CODES_ENV) or kernels.isa() == "avx2":
         return None
     if getattr(resolved, "gguf_file", None) is not None:
         return Path(resolved.gguf_file)
