@@ -78,6 +78,27 @@ def test_c8_outputs_are_f32s_bit_for_bit_for_any_rows(isa, group, shape):
                 assert torch.equal(got.view(torch.int32), want.view(torch.int32)), (rows, threads)
 
 
+@pytest.mark.parametrize("several", [False, True])
+def test_c8_bits_do_not_depend_on_the_blocks_an_item(isa, several):
+    """Few-row calls run items of one column block (AMD) or of several (`kernels.set_several_block_items`):
+    the same f32 bits either way, the last item of fewer blocks included (67 and 250 outputs)."""
+    gen = torch.Generator().manual_seed(7)
+    try:
+        assert kernels.set_several_block_items(several) is several
+        for out in (67, 250):
+            codes = random_codes(out, 64, 32, gen)
+            f32 = KernelLinear(linear_of(codes.rebuild(), None), "f32")
+            c8 = KernelLinear(linear_of(codes.rebuild(), None), "c8", codes=codes)
+            for rows in range(1, 18):
+                x = torch.randn(rows, 64, generator=gen)
+                for threads in (1, 2):
+                    want = f32.into(x, torch.empty(rows, out), threads)
+                    got = c8.into(x, torch.empty(rows, out), threads)
+                    assert torch.equal(got.view(torch.int32), want.view(torch.int32)), (out, rows, threads)
+    finally:
+        kernels.set_several_block_items(None)
+
+
 def test_c8_weight_rows_are_the_weights():
     gen = torch.Generator().manual_seed(5)
     codes = random_codes(40, 64, 16, gen)

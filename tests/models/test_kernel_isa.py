@@ -59,6 +59,30 @@ def test_avx512_computes_the_bits_of_avx2(isa, kind, shape, bias):
 
 
 @needs_avx512
+@pytest.mark.parametrize("kind", ["i8", "i4"])
+def test_vnni_bits_do_not_depend_on_the_blocks_an_item(isa, kind):
+    """Few-row VNNI calls run items of one column block (AMD) or of several (`kernels.set_several_block_items`):
+    the same bits either way, and AVX2's, the last item of fewer blocks included (1000 and 667 outputs)."""
+    assert isa("avx512") == "avx512"
+    try:
+        for out in (1000, 667):
+            torch.manual_seed(out)
+            layer = kernels.KernelLinear(nn.Linear(128, out, bias=True), kind)
+            for rows in range(1, 11):
+                x = torch.randn(rows, 128) * 2  # [rows, in]
+                got = {}
+                for several in (False, True):
+                    assert kernels.set_several_block_items(several) is several
+                    got[several] = layer(x)
+                assert isa("avx2") == "avx2"
+                want = layer(x)
+                assert isa("avx512") == "avx512"
+                assert torch.equal(got[False], want) and torch.equal(got[True], want), (kind, out, rows)
+    finally:
+        kernels.set_several_block_items(None)
+
+
+@needs_avx512
 def test_vnni_int8_is_the_exact_integer_dot_product(isa):
     """Activation and weight values at the int8 extremes (+-127, 0): the VNNI kernel's offset
     (u = q + 128, minus 128 x the column sums) must give sum(q_x * q_w) exactly."""

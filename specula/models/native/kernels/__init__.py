@@ -239,7 +239,8 @@ def library() -> ctypes.CDLL:
     lib.specula_head_pass_seqs.restype = i32
     lib.specula_pool_workers.restype = i32
     lib.specula_set_isa.argtypes = [i32]
-    lib.specula_set_i8_multi.argtypes = [i32]
+    lib.specula_set_several_block_items.argtypes = [i32]
+    lib.specula_set_several_block_items.restype = i32
     lib.specula_set_isa.restype = i32
     lib.specula_isa.restype = i32
     level = lib.specula_set_isa(2 if choice == "auto" else ISAS.index(choice))
@@ -292,6 +293,13 @@ def set_isa(name: str) -> str:
         raise ConfigError(f"unknown kernel ISA {name!r}; choose avx2, avx512 or amx")
     library().specula_set_isa(ISAS.index(name))
     return isa()
+
+
+def set_several_block_items(on: bool | None) -> bool:
+    """Whether the few-row calls of c8, i8 and i4 run items of several column blocks (True) or of one
+    (False) from now on; None: as the CPU's vendor says (one on AMD, `linear.h`'s `several_block_items`).
+    For A/B runs and the tests that prove the bits do not change. Returns the choice in force."""
+    return bool(library().specula_set_several_block_items(-1 if on is None else int(on)))
 
 
 def _ptr(t: torch.Tensor | None) -> int | None:

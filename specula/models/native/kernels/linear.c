@@ -385,8 +385,18 @@ void specula_quantize_rows(const float *x, int8_t *xq, float *xs, int32_t *xsum,
 
 static INT8_BLOCK_ITEM(i8_block, const __m256i ones = _mm256_set1_epi16(1), MR, I8_SWITCH)
 
-static int i8_multi = 1;  /* 0: VNNI's few-row calls one block an item (A/B runs: `specula_set_i8_multi`) */
-void specula_set_i8_multi(int on) { i8_multi = on; }
+static int several = -1;  /* `several_block_items`: -1 by the CPU's vendor, else 0 or 1 (A/B runs and tests) */
+int several_block_items(void) {
+    if (several < 0) {
+        __builtin_cpu_init();
+        several = !__builtin_cpu_is("amd");
+    }
+    return several;
+}
+int specula_set_several_block_items(int on) {
+    several = on < 0 ? -1 : on > 0;
+    return several_block_items();
+}
 
 int specula_linear_i8(const float *x, const int8_t *wp, const float *wscale, const float *b, float *y, int M, int in,
                       int out, int threads) {
@@ -407,7 +417,7 @@ int specula_linear_i8(const float *x, const int8_t *wp, const float *wscale, con
                              .out = out, .quads = quads, .in4 = in4, .groups = rows / 16};
     if (amx) {
         specula_parallel(threads, (rows + AMX_CHUNK - 1) / AMX_CHUNK * ((blocks + 1) / 2), specula_i8_block_amx, &job);
-    } else if (level && M <= VNNI_MULTI_ROWS && i8_multi) {
+    } else if (level && M <= VNNI_MULTI_ROWS) {
         job.panel = i8_multi_blocks(M, out, threads);
         specula_parallel(threads, (blocks + job.panel - 1) / job.panel, specula_i8_multi_vnni, &job);
     } else

@@ -100,6 +100,16 @@ static inline int fewer_for_threads(int kb, int out, int threads) {
     return kb;
 }
 
+/* Whether the few-row items of the kinds with work beyond an FMA per weight (c8's rebuild, VNNI's i8 and
+ * i4) take several column blocks (several weight streams in flight a core) or one. Several paid on
+ * session 82's 2-core Xeon (i8, 2-8 rows: 3-12%); on the 2-core AMD EPYC (Zen 4) one block an item is
+ * 1.1-1.7x faster for all three at 1-8 rows and equal beyond (session 136, `docs/native.md`, "One column
+ * block an item on AMD"). Decided by the CPU's vendor (AMD: one) unless `specula_set_several_block_items`
+ * says otherwise. The bits never depend on it: each output is the same sum whatever the blocks an item.
+ * f32 and w8 keep `multi_blocks` (f32's few rows are bound by memory, where several streams pay on Zen 4
+ * too). */
+int several_block_items(void);
+
 /* Column blocks per item of an AVX-512 call of up to MULTI_ROWS rows: as many as the registers
  * hold beside the rows' accumulators (4 up to 6 rows, 3 up to 9, 2 up to 14), fewer where the call
  * would otherwise leave a thread under four items (`fewer_for_threads`). */
@@ -196,7 +206,7 @@ void specula_c8_multi_avx512(void *job, int item);
  * block's chunks of inputs rebuilt once, every row group run over them. */
 void specula_c8_chunked_avx512(void *job, int item);
 static inline int c8_multi_blocks(int M, int out, int threads) {
-    return fewer_for_threads(M <= 3 ? 4 : M <= 6 ? 2 : 1, out, threads);
+    return several_block_items() ? fewer_for_threads(M <= 3 ? 4 : M <= 6 ? 2 : 1, out, threads) : 1;
 }
 
 /* linear_codes.c: f32's item `j->inner` over this item's c8 blocks rebuilt into the thread's scratch (a
@@ -222,9 +232,9 @@ void specula_i8_multi_vnni(void *job, int item);
 
 /* Column blocks per item of a VNNI call of up to VNNI_MULTI_ROWS rows: as many as the 32 registers
  * hold beside the rows' sums and each block's column sums (4 up to 4 rows, 3 up to 6, 2 up to 8),
- * fewer where a thread would get under four items. */
+ * fewer where a thread would get under four items; one where `several_block_items` says so. */
 static inline int i8_multi_blocks(int M, int out, int threads) {
-    return fewer_for_threads(M <= 4 ? 4 : M <= 6 ? 3 : 2, out, threads);
+    return several_block_items() ? fewer_for_threads(M <= 4 ? 4 : M <= 6 ? 3 : 2, out, threads) : 1;
 }
 
 /* switch (ROWS) running BODY(KB, MB) with MB a constant 1 .. 7, or 8 for any other count (its

@@ -217,10 +217,10 @@ PANEL_ITEM(specula_w8_panel_avx512, int8_t, ZMM_LOAD_W8, scale)
 /* i8 with VNNI: rows m0 .. m0 + MB over KB adjacent column blocks from wb (o0 the first's first
  * output; u = q + 128, minus 128 x each block's column sums), every row over all KB at once. Calls
  * of up to VNNI_MULTI_ROWS rows (one-token drafting passes, a head's frontier) run items of KB =
- * `i8_multi_blocks` blocks (4 up to 4 rows, 3 up to 6, else 2; fewer at the end), so a core keeps
- * KB weight streams in flight where one block kept one (as f32's `MULTI_ITEM`); larger calls run
- * one block an item (VNNI_BODY). Each output is the same exact int32 sum whatever KB, then the
- * same `store_int_rows`: the bits do not depend on KB. */
+ * `i8_multi_blocks` blocks (4 up to 4 rows, 3 up to 6, else 2; fewer at the end; one on AMD,
+ * `several_block_items`), so a core keeps KB weight streams in flight where one block kept one (as
+ * f32's `MULTI_ITEM`); larger calls run one block an item (VNNI_BODY). Each output is the same
+ * exact int32 sum whatever KB, then the same `store_int_rows`: the bits do not depend on KB. */
 #define VNNI_MULTI_BODY(KB, MB)                                                                      \
     do {                                                                                             \
         __m512i a[KB][MB], colsum[KB];                                                               \
@@ -332,7 +332,7 @@ static inline __m512 c8_weights(__m512 a, const uint8_t *gp, int ii, __m512 b) {
         C8_CASE(KB, 16, G) default: C8_MULTI_BODY(KB, 17, G); break;                                 \
     }
 /* The item's blocks for group size G (a constant: its steps unroll): KB = 4 up to 3 rows, 2 up to 6
- * (`c8_multi_blocks`), else one block at a time. */
+ * (`c8_multi_blocks`), else (and on AMD, `several_block_items`) one block at a time. */
 #define C8_ITEM(G)                                                                                   \
     do {                                                                                             \
         if (bk1 - bk0 == 4 && M <= 3) {                                                              \

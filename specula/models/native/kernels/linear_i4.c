@@ -85,9 +85,9 @@ static void i4_item_avx2(void *arg, int bk) {
 
 /* Column blocks per VNNI item: 4 for 1-2 rows, 3 for 3, 2 for 4, else 1 (the rows then run in
  * chunks of up to 8 over a block that stays in L1 / L2), fewer where a thread would get under four
- * items. */
+ * items; one where `several_block_items` says so. */
 static int i4_blocks_per_item(int M, int out, int threads) {
-    return fewer_for_threads(M <= 2 ? 4 : M == 3 ? 3 : M == 4 ? 2 : 1, out, threads);
+    return several_block_items() ? fewer_for_threads(M <= 2 ? 4 : M == 3 ? 3 : M == 4 ? 2 : 1, out, threads) : 1;
 }
 
 /* y [M, out] = x [M, in] through the i4 weights wp / gscale (+ b); returns 0, or -1 when memory
