@@ -94,6 +94,34 @@ def test_screen_argmax_over_any_number_of_rows(rows):
     assert torch.equal(screen.argmax(states), head(states).argmax(-1))
 
 
+def test_a_row_with_one_candidate_is_decided_without_reading_the_layers_rows():
+    """The one id whose interval reaches the largest lower end holds the maximum: no float32 row is read for
+    it; rows with several candidates still read theirs, alone and in a pass with lone ones."""
+    w = near_tie_head(vocab=1500, width=64, seed=9)
+    head = f32_layer(w)
+    screen = OutputScreen(head)
+    g = torch.Generator().manual_seed(10)
+    states = torch.cat([torch.randn(150, 64, generator=g) * 4,  # clear winners, most of them
+                        w[torch.randint(len(w) // 2, len(w), (50,), generator=g)]])  # aimed at near ties
+    exact = head(states).argmax(-1)
+    read = []
+    take = head.take_rows
+    head.take_rows = lambda ids: (read.append(len(ids)), take(ids))[1]
+    several = []  # the rows that read the layer's rows alone
+    for r in range(len(states)):
+        read.clear()
+        assert int(screen.argmax(states[r: r + 1])[0]) == int(exact[r]), r
+        if read:
+            several.append(r)
+    assert 20 <= len(several) <= len(states) - 50  # both kinds of rows were met
+    read.clear()
+    assert torch.equal(screen.argmax(states[several]), exact[several])
+    union = read[:]
+    read.clear()
+    assert torch.equal(screen.argmax(states), exact)
+    assert read == union  # with the lone rows beside them, the same one read: theirs add no id
+
+
 def test_rows_past_the_candidate_cap_and_non_finite_rows_are_computed_whole():
     w = torch.randn(CANDIDATE_CAP + 400, 32, generator=torch.Generator().manual_seed(2))
     w[: CANDIDATE_CAP + 50] = w[7]  # one row repeated past the cap: every copy is a candidate

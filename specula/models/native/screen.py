@@ -241,7 +241,10 @@ class OutputScreen:
                                             CANDIDATE_CAP, counts.data_ptr(), torch.get_num_threads())
         counts_list = counts.tolist()
         out = torch.empty(n, dtype=torch.long)
-        screened = [r for r, k in enumerate(counts_list) if 0 < k <= CANDIDATE_CAP]
+        lone = [r for r, k in enumerate(counts_list) if k == 1]  # the one id that can hold the maximum holds it
+        if lone:
+            out[lone] = ids[lone, 0].long()
+        screened = [r for r, k in enumerate(counts_list) if 1 < k <= CANDIDATE_CAP]
         whole = [r for r, k in enumerate(counts_list) if not 0 < k <= CANDIDATE_CAP]
         if screened:
             per_row = [ids[r, : counts_list[r]].long() for r in screened]
