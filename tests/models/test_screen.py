@@ -94,9 +94,30 @@ def test_screen_argmax_over_any_number_of_rows(rows):
     assert torch.equal(screen.argmax(states), head(states).argmax(-1))
 
 
-def test_a_row_with_one_candidate_is_decided_without_reading_the_layers_rows():
-    """The one id whose interval reaches the largest lower end holds the maximum: no float32 row is read for
-    it; rows with several candidates still read theirs, alone and in a pass with lone ones."""
+@pytest.mark.parametrize("width", [96, 577])
+def test_the_candidates_logits_are_the_layers_bits(width):
+    """`specula_screen_exact` computes each candidate's logit as the float32 layer's own output, bit for bit
+    (the one FMA chain over the inputs); rows with one candidate or none are not written."""
+    g = torch.Generator().manual_seed(width)
+    head = f32_layer(torch.randn(700, width, generator=g))
+    states = torch.randn(5, width, generator=g) * 3  # [n, E]
+    want = head(states)  # [n, V]
+    cap = 40
+    counts = torch.tensor([0, 1, 2, 17, cap], dtype=torch.int32)
+    ids = torch.stack([torch.randperm(700, generator=g)[:cap].sort().values for _ in range(5)]).to(torch.int32)
+    got = torch.full((5, cap), float("nan"))
+    kernels.library().specula_screen_exact(head.packed.data_ptr(), states.data_ptr(), ids.data_ptr(),
+                                           counts.data_ptr(), 5, cap, width, got.data_ptr())
+    for r, k in enumerate(counts.tolist()):
+        if k > 1:
+            ref = want[r, ids[r, :k].long()]
+            assert torch.equal(got[r, :k].view(torch.int32), ref.view(torch.int32)), r
+        assert got[r, max(k, 0) if k > 1 else 0:].isnan().all(), r
+
+
+def test_a_row_with_one_candidate_is_decided_without_reading_the_layers_rows(monkeypatch):
+    """The one id whose interval reaches the largest lower end holds the maximum: no float32 logit is computed
+    for it; rows with several candidates compute theirs (`specula_screen_exact`), alone and beside lone ones."""
     w = near_tie_head(vocab=1500, width=64, seed=9)
     head = f32_layer(w)
     screen = OutputScreen(head)
@@ -104,22 +125,23 @@ def test_a_row_with_one_candidate_is_decided_without_reading_the_layers_rows():
     states = torch.cat([torch.randn(150, 64, generator=g) * 4,  # clear winners, most of them
                         w[torch.randint(len(w) // 2, len(w), (50,), generator=g)]])  # aimed at near ties
     exact = head(states).argmax(-1)
-    read = []
-    take = head.take_rows
-    head.take_rows = lambda ids: (read.append(len(ids)), take(ids))[1]
-    several = []  # the rows that read the layer's rows alone
+    lib, calls = kernels.library(), []
+    real = lib.specula_screen_exact
+    monkeypatch.setattr(lib, "specula_screen_exact", lambda *args: (calls.append(args[4]), real(*args))[1])
+    several = []  # the rows that computed float32 logits alone
     for r in range(len(states)):
-        read.clear()
+        calls.clear()
         assert int(screen.argmax(states[r: r + 1])[0]) == int(exact[r]), r
-        if read:
+        if calls:
             several.append(r)
     assert 20 <= len(several) <= len(states) - 50  # both kinds of rows were met
-    read.clear()
-    assert torch.equal(screen.argmax(states[several]), exact[several])
-    union = read[:]
-    read.clear()
+    calls.clear()
     assert torch.equal(screen.argmax(states), exact)
-    assert read == union  # with the lone rows beside them, the same one read: theirs add no id
+    assert calls == [len(states)]  # one call for the whole pass
+    calls.clear()
+    lone = [r for r in range(len(states)) if r not in several]
+    assert torch.equal(screen.argmax(states[lone]), exact[lone])
+    assert not calls
 
 
 def test_rows_past_the_candidate_cap_and_non_finite_rows_are_computed_whole():

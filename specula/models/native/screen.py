@@ -230,7 +230,9 @@ class OutputScreen:
     def _decide(self, states: torch.Tensor, approx: torch.Tensor, allowed: torch.Tensor | None) -> torch.Tensor:
         """LongTensor [n]: each row's exact argmax (over its `allowed` ids [n, V] bool, where given),
         from the copy's logits approx [n, V] of states [n, E]: the candidates (`screen.c`), their
-        float32 logits through the layer's own rows, or the whole row where the screen cannot decide."""
+        float32 logits from the layer's own rows (`specula_screen_exact`; none for a row's lone candidate),
+        or the whole row where the screen cannot decide."""
+        states = states.float().contiguous()  # [n, E] (what every caller passes already)
         n, vocab = states.shape[0], self.head.out_features
         l1 = (states.double().abs().sum(dim=1) * (1 + 2.0 ** -20)).float()  # [n], rounded up past its rounding
         mask = None if allowed is None else allowed.to(torch.uint8).contiguous()  # [n, V]
@@ -241,22 +243,16 @@ class OutputScreen:
                                             CANDIDATE_CAP, counts.data_ptr(), torch.get_num_threads())
         counts_list = counts.tolist()
         out = torch.empty(n, dtype=torch.long)
-        lone = [r for r, k in enumerate(counts_list) if k == 1]  # the one id that can hold the maximum holds it
-        if lone:
-            out[lone] = ids[lone, 0].long()
-        screened = [r for r, k in enumerate(counts_list) if 1 < k <= CANDIDATE_CAP]
+        screened = [r for r, k in enumerate(counts_list) if 0 < k <= CANDIDATE_CAP]
         whole = [r for r, k in enumerate(counts_list) if not 0 < k <= CANDIDATE_CAP]
-        if screened:
-            per_row = [ids[r, : counts_list[r]].long() for r in screened]
-            union = torch.unique(torch.cat(per_row))  # [k] ascending
-            exact = self.head.take_rows(union).into(states[screened].contiguous(),
-                                                    torch.empty((len(screened), len(union)), dtype=torch.float32),
-                                                    CANDIDATE_THREADS)
-            keep = torch.zeros(exact.shape, dtype=torch.bool)  # [rows, k]: each row's own candidates
-            for i, row_ids in enumerate(per_row):
-                keep[i, torch.searchsorted(union, row_ids)] = True
-            best = exact.masked_fill(~keep, float("-inf")).argmax(dim=1)  # the first maximal candidate
-            out[screened] = union[best]
+        if any(counts_list[r] > 1 for r in screened):  # their float32 logits, the layer's bits (`screen.c`)
+            exact = torch.empty((n, CANDIDATE_CAP), dtype=torch.float32)
+            library().specula_screen_exact(self.head.packed.data_ptr(), states.data_ptr(), ids.data_ptr(),
+                                           counts.data_ptr(), n, CANDIDATE_CAP, self.head.in_features,
+                                           exact.data_ptr())
+        for r in screened:  # ids ascending: the first maximal candidate is torch's argmax; a lone one holds it
+            k = counts_list[r]
+            out[r] = int(ids[r, int(exact[r, :k].argmax()) if k > 1 else 0])
         if whole:  # a value not finite, nothing allowed, or too many candidates
             logits = self.head.into(states[whole].contiguous(), torch.empty((len(whole), vocab), dtype=torch.float32))
             if allowed is not None:
