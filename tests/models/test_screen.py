@@ -97,22 +97,22 @@ def test_screen_argmax_over_any_number_of_rows(rows):
 @pytest.mark.parametrize("width", [96, 577])
 def test_the_candidates_logits_are_the_layers_bits(width):
     """`specula_screen_exact` computes each candidate's logit as the float32 layer's own output, bit for bit
-    (the one FMA chain over the inputs); rows with one candidate or none are not written."""
+    (the one FMA chain over the inputs); rows with none (-1: computed whole) are not written."""
     g = torch.Generator().manual_seed(width)
     head = f32_layer(torch.randn(700, width, generator=g))
     states = torch.randn(5, width, generator=g) * 3  # [n, E]
     want = head(states)  # [n, V]
     cap = 40
-    counts = torch.tensor([0, 1, 2, 17, cap], dtype=torch.int32)
+    counts = torch.tensor([-1, 1, 2, 17, cap], dtype=torch.int32)
     ids = torch.stack([torch.randperm(700, generator=g)[:cap].sort().values for _ in range(5)]).to(torch.int32)
     got = torch.full((5, cap), float("nan"))
     kernels.library().specula_screen_exact(head.packed.data_ptr(), states.data_ptr(), ids.data_ptr(),
                                            counts.data_ptr(), 5, cap, width, got.data_ptr())
     for r, k in enumerate(counts.tolist()):
-        if k > 1:
-            ref = want[r, ids[r, :k].long()]
-            assert torch.equal(got[r, :k].view(torch.int32), ref.view(torch.int32)), r
-        assert got[r, max(k, 0) if k > 1 else 0:].isnan().all(), r
+        k = max(k, 0)
+        ref = want[r, ids[r, :k].long()]
+        assert torch.equal(got[r, :k].view(torch.int32), ref.view(torch.int32)), r
+        assert got[r, k:].isnan().all(), r
 
 
 def test_a_row_with_one_candidate_is_decided_without_reading_the_layers_rows(monkeypatch):

@@ -15,8 +15,9 @@ float32 dot products of E = in_features terms is off by at most `gamma * sum_j |
 `gamma * 127 scale_v |x|_1` whatever order its kernel sums in. Every id whose upper end `a_v + bound`
 reaches the largest lower end `max(a - bound)` is a candidate: the exact maximum, at every id that
 holds it, is among them. The candidates' float32 logits come from the layer's own rows
-(`KernelLinear.take_rows`: bit for bit the whole layer's outputs), and the first maximal candidate
-in id order is torch's `argmax`. A row with a value or a bound that is not finite, or with more than
+(`screen.c`'s `specula_screen_exact`: each the f32 kernels' FMA chain, bit for bit the whole layer's
+outputs; a row's lone candidate needs none), and the first maximal candidate in id order is torch's
+`argmax`. A row with a value or a bound that is not finite, or with more than
 `CANDIDATE_CAP` candidates, is computed whole.
 
 On the 1.5B's rows over the everyday prompts (session 124, `docs/training.md`): a median of 1
@@ -69,10 +70,6 @@ column blocks. The screen's argmax against the float32 layer and its argmax (ms,
 CANDIDATE_CAP = 256
 """At most this many candidates a row go through the layer's own rows; a row with more is computed
 whole (on the 1.5B a row had at most 29)."""
-CANDIDATE_THREADS = 1
-"""Threads of the kernel call over the candidates' rows (`KernelLinear.take_rows`, just cut out): on one thread the
-call reads the rows where the cut wrote them; on two, 190 of the 1.5B's rows took 0.50 ms past the cut where one
-took 0.03 (2,048 rows: 0.89 on two, 0.96 on one; `docs/native.md`)."""
 NUCLEUS_CANDIDATES = 64
 """For top-p over every id (`OutputScreen.edited_top`'s `ranks_every_id`): the candidates are the ids whose upper
 end reaches this many-th largest lower end. On the Qwen pair's real rows (T 1.0, top-p 0.9-0.95) a median nucleus
@@ -208,9 +205,8 @@ class OutputScreen:
         # the others' ends, the candidates at -inf (a boolean gather of 152k ids cost 1.4 ms), before `lower` below
         # takes the exact values
         others = (low.masked_fill(reach, float("-inf")), high.masked_fill(reach, float("-inf"))) if rest else None
-        exact = self.head.take_rows(ids).into(state.float().view(1, -1).contiguous(),
-                                             torch.empty((1, len(ids)), dtype=torch.float32),
-                                             CANDIDATE_THREADS)[0]  # [k]
+        exact = self._exact(state.float().view(1, -1), ids.to(torch.int32).view(1, -1),
+                            torch.tensor([len(ids)], dtype=torch.int32))[0]  # [k]
         lower[ids] = exact  # a row holding the candidates' logits: a change reads each id's own value
         values = change(lower)[ids]  # [k]
         if edit.allowed is not None:
@@ -218,6 +214,17 @@ class OutputScreen:
         if bool(values.isnan().any()):
             return None
         return ids, values, others
+
+    def _exact(self, states: torch.Tensor, ids: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        """[n, cap] float32: each row's first counts[r] candidates' logits, the layer's own outputs bit for bit
+        (`screen.c`'s `specula_screen_exact`), for states [n, E] and ids [n, cap] int32 (counts [n] int32; a row
+        with none is left unwritten)."""
+        states, ids, counts = states.float().contiguous(), ids.contiguous(), counts.contiguous()
+        exact = torch.empty(ids.shape, dtype=torch.float32)
+        library().specula_screen_exact(self.head.packed.data_ptr(), states.data_ptr(), ids.data_ptr(),
+                                       counts.data_ptr(), ids.shape[0], ids.shape[1], self.head.in_features,
+                                       exact.data_ptr())
+        return exact
 
     def masked_argmax(self, state: torch.Tensor, approx: torch.Tensor, allowed: torch.Tensor | None) -> int:
         """The first id holding the maximum of `head(state)` over the `allowed` ids (state [E] float32,
@@ -245,11 +252,8 @@ class OutputScreen:
         out = torch.empty(n, dtype=torch.long)
         screened = [r for r, k in enumerate(counts_list) if 0 < k <= CANDIDATE_CAP]
         whole = [r for r, k in enumerate(counts_list) if not 0 < k <= CANDIDATE_CAP]
-        if any(counts_list[r] > 1 for r in screened):  # their float32 logits, the layer's bits (`screen.c`)
-            exact = torch.empty((n, CANDIDATE_CAP), dtype=torch.float32)
-            library().specula_screen_exact(self.head.packed.data_ptr(), states.data_ptr(), ids.data_ptr(),
-                                           counts.data_ptr(), n, CANDIDATE_CAP, self.head.in_features,
-                                           exact.data_ptr())
+        if any(counts_list[r] > 1 for r in screened):
+            exact = self._exact(states, ids, counts)  # [n, CANDIDATE_CAP]
         for r in screened:  # ids ascending: the first maximal candidate is torch's argmax; a lone one holds it
             k = counts_list[r]
             out[r] = int(ids[r, int(exact[r, :k].argmax()) if k > 1 else 0])

@@ -138,17 +138,29 @@ void specula_screen_candidates(const float *approx, const float *slack, const fl
 /* Each screened row's candidates' float32 logits, bit for bit the f32 kernels' outputs: for row r and
  * c < counts[r], y[r * cap + c] = the FMA chain over i = 0, 1, ... from +0 of w[v][i] x[r][i], v = ids[r * cap
  * + c], as every f32 item computes each output (layout.h's f32 layout [blocks][in][NB]: w[v][i] at
- * packed[(v / NB) * in * NB + i * NB + v % NB]; the output layer has no bias). A row with counts[r] <= 1 is
- * left as it is (none to compare, or -1: computed whole). What `OutputScreen._decide` reads instead of
- * cutting the candidates' rows out into a layer of their own (0.33 ms a pass of SmolLM2's tree rows, 18
- * ids, against ~0.03 here). */
+ * packed[(v / NB) * in * NB + i * NB + v % NB]; the output layer has no bias). A row with counts[r] < 1 (-1:
+ * computed whole) is left as it is. What `OutputScreen` reads instead of cutting the candidates' rows out
+ * into a layer of their own (its `_decide` on SmolLM2's tree passes, about 18 ids: 0.53 -> 0.20 ms). */
+#define EXACT_CHAINS 8  /* candidates whose FMA chains run side by side (each one's own order kept) */
 void specula_screen_exact(const float *packed, const float *x, const int32_t *ids, const int32_t *counts, int n,
                           int cap, int in, float *y) {
     for (int r = 0; r < n; r++) {
         const float *xr = x + (size_t)r * in;
-        for (int c = 0; c < counts[r] && counts[r] > 1 && c < cap; c++) {
-            int v = ids[(size_t)r * cap + c];
-            const float *w = packed + (size_t)(v / NB) * in * NB + v % NB;
+        const int32_t *rid = ids + (size_t)r * cap;
+        int k = counts[r] < cap ? counts[r] : cap, c = 0;
+        for (; c + EXACT_CHAINS <= k; c += EXACT_CHAINS) {  /* chains side by side: latency hidden */
+            const float *w[EXACT_CHAINS];
+            float acc[EXACT_CHAINS];
+            for (int j = 0; j < EXACT_CHAINS; j++) {
+                w[j] = packed + (size_t)(rid[c + j] / NB) * in * NB + rid[c + j] % NB;
+                acc[j] = 0.0f;
+            }
+            for (int i = 0; i < in; i++)
+                for (int j = 0; j < EXACT_CHAINS; j++) acc[j] = fmaf(w[j][(size_t)i * NB], xr[i], acc[j]);
+            for (int j = 0; j < EXACT_CHAINS; j++) y[(size_t)r * cap + c + j] = acc[j];
+        }
+        for (; c < k; c++) {
+            const float *w = packed + (size_t)(rid[c] / NB) * in * NB + rid[c] % NB;
             float acc = 0.0f;
             for (int i = 0; i < in; i++) acc = fmaf(w[(size_t)i * NB], xr[i], acc);
             y[(size_t)r * cap + c] = acc;
