@@ -24,7 +24,7 @@ from specula.drafters.heads.runtime import TrainedHead, load_head  # noqa: E402
 from specula.methods import default_head, get_method  # noqa: E402
 from specula.bench.datasets import EVERYDAY, load_prompts  # noqa: E402
 
-PRECISIONS = ("float32", "bfloat16", "w8", "i8")
+PRECISIONS = ("float32", "bfloat16", "w8", "i8", "i4")
 
 
 def head_in(precision: str, base: TrainedHead) -> TrainedHead:
