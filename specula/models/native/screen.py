@@ -239,7 +239,6 @@ class OutputScreen:
         from the copy's logits approx [n, V] of states [n, E]: the candidates (`screen.c`), their
         float32 logits from the layer's own rows (`specula_screen_exact`; none for a row's lone candidate),
         or the whole row where the screen cannot decide."""
-        states = states.float().contiguous()  # [n, E] (what every caller passes already)
         n, vocab = states.shape[0], self.head.out_features
         l1 = (states.double().abs().sum(dim=1) * (1 + 2.0 ** -20)).float()  # [n], rounded up past its rounding
         mask = None if allowed is None else allowed.to(torch.uint8).contiguous()  # [n, V]
