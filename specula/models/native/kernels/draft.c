@@ -48,6 +48,68 @@ static void insert_best(float *vals, int64_t *idx, int *have, int k, float v, in
     if (*have < k) (*have)++;
 }
 
+/* One 8-lane vector of a row at offset j: its lanes above the k-th best so far (every lane while
+ * fewer than k are held) go into the k best; NaN lanes never do. */
+static inline void scan8(const float *row, int j, __m256 x, float *vals, int64_t *ids, int *have, int k) {
+    int hits = *have < k ? 0xff : _mm256_movemask_ps(_mm256_cmp_ps(x, _mm256_set1_ps(vals[k - 1]), _CMP_GT_OQ));
+    while (hits) {
+        int lane = __builtin_ctz(hits);
+        hits &= hits - 1;
+        float val = row[j + lane];
+        if (val == val) insert_best(vals, ids, have, k, val, j + lane);
+    }
+}
+
+/* A row's k (<= v) largest values, best first (ties: the lower index first), into vals [k] and ids
+ * [k] (-inf and 0 past the row's non-NaN values); returns the row's largest non-NaN value (-inf for
+ * none). Four vectors at a time are checked against the k-th best before any lane is looked at: past
+ * the first few hundred values almost none reach it. */
+static float row_top_k(const float *row, int v, int k, float *vals, int64_t *ids) {
+    int have = 0, j = 0;
+    __m256 vmax = _mm256_set1_ps(-INFINITY);
+    for (; j + 32 <= v; j += 32) {
+        __m256 x0 = _mm256_loadu_ps(row + j), x1 = _mm256_loadu_ps(row + j + 8);
+        __m256 x2 = _mm256_loadu_ps(row + j + 16), x3 = _mm256_loadu_ps(row + j + 24);
+        /* vmax second: _mm256_max_ps returns it where a lane of the first is NaN, so NaN never enters */
+        vmax = _mm256_max_ps(x0, _mm256_max_ps(x1, _mm256_max_ps(x2, _mm256_max_ps(x3, vmax))));
+        __m256 bar = _mm256_set1_ps(have < k ? -INFINITY : vals[k - 1]);
+        __m256 a01 = _mm256_or_ps(_mm256_cmp_ps(x0, bar, _CMP_GT_OQ), _mm256_cmp_ps(x1, bar, _CMP_GT_OQ));
+        __m256 a23 = _mm256_or_ps(_mm256_cmp_ps(x2, bar, _CMP_GT_OQ), _mm256_cmp_ps(x3, bar, _CMP_GT_OQ));
+        __m256 above = _mm256_or_ps(a01, a23);
+        if (have < k || _mm256_movemask_ps(above)) {
+            scan8(row, j, x0, vals, ids, &have, k);
+            scan8(row, j + 8, x1, vals, ids, &have, k);
+            scan8(row, j + 16, x2, vals, ids, &have, k);
+            scan8(row, j + 24, x3, vals, ids, &have, k);
+        }
+    }
+    for (; j + 8 <= v; j += 8) {
+        __m256 x = _mm256_loadu_ps(row + j);
+        vmax = _mm256_max_ps(x, vmax);
+        scan8(row, j, x, vals, ids, &have, k);
+    }
+    float lanes[8], top = -INFINITY;
+    _mm256_storeu_ps(lanes, vmax);
+    for (int l = 0; l < 8; l++) top = lanes[l] > top ? lanes[l] : top;
+    for (; j < v; j++) {
+        float val = row[j];
+        if (val == val) {
+            top = val > top ? val : top;
+            insert_best(vals, ids, &have, k, val, j);
+        }
+    }
+    for (int l = have; l < k; l++) vals[l] = -INFINITY, ids[l] = 0;
+    return top;
+}
+
+/* For each row of logits [n, v]: its k (<= v) largest logits, best first (ties: the lower index
+ * first), as indices idx [n, k] and the logits themselves vals [n, k] (NaN logits are never picked):
+ * what a drafter learns from a verified pass (token recycling's matrix rows). */
+void specula_topk_ids(const float *logits, int n, int v, int k, int64_t *idx, float *vals) {
+    for (int r = 0; r < n; r++)
+        row_top_k(logits + (size_t)r * v, v, k, vals + (size_t)r * k, idx + (size_t)r * k);
+}
+
 /* For each row of logits [n, v]: its k (<= v) largest logits, best first (ties: lower index first),
  * as indices idx [n, k] and softmax probabilities prob [n, k] (e^(l - logsumexp(row))). NaN logits
  * are never picked. */
@@ -56,33 +118,8 @@ void specula_topk_probs(const float *logits, int n, int v, int k, int64_t *idx, 
         const float *row = logits + (size_t)r * v;
         float *vals = prob + (size_t)r * k;
         int64_t *ids = idx + (size_t)r * k;
-        int have = 0;
-        __m256 vmax = _mm256_set1_ps(-INFINITY);
-        int j = 0;
-        for (; j + 8 <= v; j += 8) {
-            __m256 x = _mm256_loadu_ps(row + j);
-            vmax = _mm256_max_ps(vmax, x);
-            float bar = have == k ? vals[k - 1] : -INFINITY;
-            int hits = _mm256_movemask_ps(_mm256_cmp_ps(x, _mm256_set1_ps(bar), _CMP_GT_OQ));
-            if (have < k) hits = 0xff;
-            while (hits) {
-                int lane = __builtin_ctz(hits);
-                hits &= hits - 1;
-                float val = row[j + lane];
-                if (val == val) insert_best(vals, ids, &have, k, val, j + lane);
-            }
-        }
-        float lanes[8], top = -INFINITY;
-        _mm256_storeu_ps(lanes, vmax);
-        for (int l = 0; l < 8; l++) top = lanes[l] > top ? lanes[l] : top;
-        for (; j < v; j++) {
-            float val = row[j];
-            if (val == val) {
-                top = val > top ? val : top;
-                insert_best(vals, ids, &have, k, val, j);
-            }
-        }
-        for (int l = have; l < k; l++) vals[l] = -INFINITY, ids[l] = 0;
+        float top = row_top_k(row, v, k, vals, ids), lanes[8];
+        int j;
         if (top == INFINITY) {  /* softmax's limit: the +inf logits share the mass (e^(inf - inf) is NaN) */
             int infs = 0;
             for (j = 0; j < v; j++) infs += row[j] == INFINITY;
