@@ -18,7 +18,8 @@ from specula.models.base import forward_trees
 from specula.models.native import NativeCausalLM, NativeDecoder, configure, kernels
 from specula.models.native import screen as screen_module
 from specula.models.native.kernels import KernelLinear
-from specula.models.native.screen import CANDIDATE_CAP, SCREEN_MAX_ROWS, OutputScreen, ScreenedLogits
+from specula.models.native.screen import (CANDIDATE_CAP, SCREEN_MAX_ROWS, OutputScreen, ScreenedLogits,
+                                         residual_rows, row_terms)
 from specula.sampling import SamplingParams
 from specula.tree import TokenTree
 from specula.tree_rows import draft_top_k
@@ -57,6 +58,65 @@ def test_screen_argmax_is_the_float32_layers_where_the_int8_copy_disagrees():
     assert torch.equal(got, exact)
     assert (approx.argmax(-1) != exact).sum() >= 5  # the int8 logits alone would be wrong on these rows
     assert (exact[100:110] == 3).all()
+
+
+def test_screen_argmax_is_exact_where_large_inputs_coarsen_the_rows_int8_codes():
+    """A row's int8 codes step by its largest |x| / 127: large inputs (a final state's few large channels) make
+    that step coarse, and the residual row's codes (`residual_rows`) take up what it leaves. Near-tied pairs aimed
+    at with such rows: the screen's int8 logits alone pick another token on some, the screen the float32 layer's
+    token on all."""
+    w = near_tie_head(vocab=1600, width=128, seed=7)
+    head = f32_layer(w)
+    screen = OutputScreen(head)
+    g = torch.Generator().manual_seed(8)
+    states = w[torch.randint(0, len(w), (300,), generator=g)] + torch.randn(300, w.shape[1], generator=g) * 0.01
+    states[:, 5] = torch.linspace(-60.0, 60.0, 300)  # the largest input
+    states[:, 10:34] *= 12.0  # more large inputs
+    logits = head(states)  # [300, V]
+    got, approx = screen.argmax_and_approx(states)
+    assert torch.equal(got, logits.argmax(-1))
+    assert (approx.argmax(-1) != logits.argmax(-1)).sum() >= 5
+
+
+def test_the_screens_logits_are_a_rows_and_its_residuals_through_the_int8_copy():
+    """Each row goes through the int8 copy twice: itself and its residual after the codes the kernel quantizes it
+    by; a row of exact codes has no residual, and a residual is at most half a step."""
+    w = torch.randn(300, 64, generator=torch.Generator().manual_seed(2))
+    screen = OutputScreen(f32_layer(w))
+    x = torch.randn(5, 64, generator=torch.Generator().manual_seed(3)) * 3
+    x[4] = torch.arange(-32.0, 32.0) / 8  # multiples of 1/8 ...
+    x[4, 0] = 127 / 8  # ... whose largest |x| is 127 of them: the kernel's step, so every input is an exact code
+    d, xs = residual_rows(x)
+    assert torch.equal(d[4], torch.zeros(64)) and xs[4] == 1 / 8
+    assert (d.abs() <= xs[:, None] / 2 * (1 + 2.0 ** -10)).all() and (d[:4] != 0).any(dim=1).all()
+    both = screen.approx(torch.cat([x, d]))  # [10, V]
+    assert torch.equal(screen.approx_logits(x), both[:5] + both[5:])
+    L, step = row_terms(x)
+    assert torch.equal(step, d.abs().amax(1) / 127 + xs * 2.0 ** -21)
+
+
+def test_the_bound_holds_and_is_nearly_reached_where_the_weights_codes_all_lean_one_way():
+    """Weights each 0.499 of a step from their code, leaning one way, and rows whose signs follow the lean in one
+    column: that column's screen logit is off by nearly the bound's weights term (`slack * L`); the bound holds on
+    every id, and the argmax is the float32 layer's."""
+    vocab, width, step = 300, 96, 2.0 ** -7
+    g = torch.Generator().manual_seed(4)
+    lean = torch.randint(0, 2, (vocab, width), generator=g).float() * 2 - 1  # [V, E] +-1
+    w = step * (torch.randint(-100, 101, (vocab, width), generator=g).float() + 0.499 * lean)
+    w[:, 0] = 127 * step  # each column's largest |w|: its scale is exactly `step`
+    lean[:, 0] = 1.0
+    head = f32_layer(w)
+    screen = OutputScreen(head)
+    aimed = torch.arange(0, vocab, vocab // 20)  # [20]
+    states = lean[aimed] * (0.5 + torch.rand(len(aimed), width, generator=g) * 1.5)  # signs follow the lean
+    logits, approx = head(states), screen.approx_logits(states)
+    L, xs = row_terms(states)
+    bound = screen.slack * L[:, None] + screen.hw1 * xs[:, None] + approx.abs() * 2.0 ** -20  # [20, V]
+    err = (logits - approx).abs()
+    assert (err <= bound).all()
+    rows = torch.arange(len(aimed))
+    assert (err[rows, aimed] >= 0.97 * bound[rows, aimed]).all()  # within 3% of the bound
+    assert torch.equal(screen.argmax(states), logits.argmax(-1))
 
 
 def test_masked_argmax_is_the_float32_layers_over_the_allowed_ids():

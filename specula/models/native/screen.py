@@ -4,17 +4,35 @@ Why: a greedy step needs each verified row's argmax, not its logits, and the out
 whole weight matrix whatever the rows: the 1.5B's float32 layer (890 MiB) took 12-18 ms of a ~105 ms
 plain step on the 2-core EPYC, the screen's argmax 6.4 ms (1 row; `SCREEN_MAX_ROWS` for more).
 
-How, exactly (the argmax is the float32 layer's bit for bit, ties included): the int8 copy's logit
-`a_v` of a row `x` differs from the float32 layer's `l_v` by at most `slack_v * |x|_1` (plus a
-2^-20 |a_v| for the rounding of the bound itself, `screen.c`), where
+The int8 pass is the `i8` kernels' (int8 weights and int8 activations, VNNI's `vpdpbusd` where the CPU
+has it; session 137), over two rows for each row `x`: `x` itself and its residual `d = x - xs q` (`q`, `xs`:
+the codes and scale the kernel quantizes `x` by), whose logits are added. One row's int8 codes step by its
+largest |x| / 127, and a final state's largest inputs are a few channels far above the rest (SmolLM2's rows:
+max |x| about 12.5 times the mean): one int8 row alone left a median of 48 candidates a row on SmolLM2's real
+rows and a 90th percentile of 656, where the residual's codes step 254 times finer and leave what the weights'
+codes leave, as float32 activations did (the `w8` screen before; `runs/s137/screen_ab.py`: a median of 3, a
+90th percentile of 15, on `fusion`'s passes). Two int8 rows cost less than one w8 row: SmolLM2's screen went
+from 1.68 to 1.35 ms a pass over the same passes.
 
-    slack_v = scale_v * (1/2 + 2 * 127 * gamma_(E+2)) * (1 + 2^-10),   gamma_m = m u / (1 - m u), u = 2^-24:
+How, exactly (the argmax is the float32 layer's bit for bit, ties included): the screen's logit `a_v` of a row
+`x` differs from the float32 layer's `l_v` by at most
 
-each weight is off by at most `scale_v / 2` (`w - scale q`, round to nearest), and each of the two
-float32 dot products of E = in_features terms is off by at most `gamma * sum_j |w_vj x_j|` <=
-`gamma * 127 scale_v |x|_1` whatever order its kernel sums in. Every id whose upper end `a_v + bound`
-reaches the largest lower end `max(a - bound)` is a candidate: the exact maximum, at every id that
-holds it, is among them. The candidates' float32 logits come from the layer's own rows
+    bound_v = slack_v * L + hw1_v * xs' + 2^-20 |a_v|,   L = |x|_1 + E xs' / 2 * (1 + 2^-10),
+    xs' = xs2 + 2^-21 xs,   slack_v = scale_v * (1/2 + 2 * 127 * gamma_(E+2)) * (1 + 2^-10),
+    gamma_m = m u / (1 - m u), u = 2^-24,   hw1_v = sum_j |w_vj| / 2 * (1 + 2^-10)
+    (`screen.c`; each rounded up past its float32 rounding):
+
+the residual row is quantized to `xs2 q2` with every `|d_j - xs2 q2_j| <= xs2 / 2` (up to the quotient's
+rounding: the 2^-10), and `d` itself is `x - xs q` but for two float32 roundings, at most `u (|x_j| + xs)`;
+so `x = xs q + xs2 q2 + e` with `|e_j| <= xs' / 2 * (1 + 2^-10) + u |x_j|`. Each weight is `scale_v q` but for
+at most `scale_v / 2`, so `sum w x - sum (scale q)(xs q + xs2 q2) = sum w e + sum (w - scale q)(xs q + xs2 q2)`
+is at most `hw1_v xs' + scale_v / 2 * L` (and `u sum |w x|`). The float32 layer's dot product of E =
+in_features terms is off by at most `gamma * sum_j |w_vj x_j| <= gamma * 127 scale_v |x|_1` whatever order
+its kernel sums in; the slack's second share of that covers the `u sum |w x|` and the three float32 roundings
+that make each row's exact int32 sum a logit (3u of each, at most 3u 127 scale_v L); `a_v +- bound`, the two
+rows' addition and the bound itself round too: the 2^-20 |a_v| = 16u |a_v| and the bound's own 2^-20 cover
+them. Every id whose upper end `a_v + bound` reaches the largest lower end `max(a - bound)` is a candidate: the
+exact maximum, at every id that holds it, is among them. The candidates' float32 logits come from the layer's own rows
 (`screen.c`'s `specula_screen_exact`: each the f32 kernels' FMA chain, bit for bit the whole layer's
 outputs; a row's lone candidate needs none), and the first maximal candidate in id order is torch's
 `argmax`. A row with a value or a bound that is not finite, or with more than
@@ -81,6 +99,11 @@ logit the int8 copy's intervals overlap far more than about the largest (SmolLM2
 (2,048 of the 1.5B's 1,536-wide rows: 12 MiB of its 890)."""
 
 
+ROOM = 1 + 2.0 ** -10
+"""The quotients' rounding in a weight's or an activation's int8 code (module docstring): at most half a step
+times this."""
+
+
 def slack_of(scale: torch.Tensor, in_features: int) -> torch.Tensor:
     """[V] float32 (rounded up): how far the int8 copy's logit can be from the float32 layer's, per
     unit of the row's |x|_1, for int8 columns of `scale` [V] over `in_features` inputs (module
@@ -88,9 +111,33 @@ def slack_of(scale: torch.Tensor, in_features: int) -> torch.Tensor:
     u = 2.0 ** -24
     m = in_features + 2
     gamma = m * u / (1 - m * u)
-    c = (0.5 + 2 * 127 * gamma) * (1 + 2.0 ** -10)
+    c = (0.5 + 2 * 127 * gamma) * ROOM
     slack = scale.double() * c * (1 + 2.0 ** -20)  # the float32 rounding below stays above the bound
     return slack.float()
+
+
+def residual_rows(states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(d [n, E], xs [n]) float32 for rows states [n, E] (float32, contiguous): each row's residual d = x - xs q
+    after the codes q and scale xs the i8 kernel quantizes it by (its own quantizer, `specula_quantize_rows`),
+    computed in float32 (module docstring)."""
+    n, inp = states.shape
+    in4 = (inp + 3) // 4 * 4
+    q = torch.empty((n, in4), dtype=torch.int8)
+    xs = torch.empty(n, dtype=torch.float32)
+    library().specula_quantize_rows(states.data_ptr(), q.data_ptr(), xs.data_ptr(), None, n, inp, in4, 0,
+                                    torch.get_num_threads())
+    return states - xs[:, None] * q[:, :inp].float(), xs
+
+
+def row_terms(states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(L [n], xs' [n]) float32 of rows states [n, E]: each row's `|x|_1 + E xs' / 2 * ROOM` and the step that
+    bounds what its two int8 rows leave of it, `xs' = xs2 + 2^-21 xs` (module docstring), L rounded up past its
+    rounding. Not finite where the row is not."""
+    states = states.float().contiguous()
+    d, xs = residual_rows(states)
+    step = d.abs().amax(dim=1) / 127.0 + xs * 2.0 ** -21  # [n]: xs2, the kernel's amax / 127.0f of d, and more
+    total = states.double().abs().sum(dim=1) + states.shape[1] * step.double() * (0.5 * ROOM)
+    return (total * (1 + 2.0 ** -20)).float(), step
 
 
 class OutputScreen:
@@ -104,13 +151,15 @@ class OutputScreen:
         out, inp = head.out_features, head.in_features
         block = library().specula_block()
         blocks = (out + block - 1) // block
-        packed = torch.empty(blocks * block * inp, dtype=torch.int8)
+        packed = torch.empty(blocks * block * ((inp + 3) // 4 * 4), dtype=torch.int8)  # [blocks][in4 / 4][block][4]
         scale = torch.empty(blocks * block, dtype=torch.float32)
-        library().specula_screen_pack(head.packed.data_ptr(), packed.data_ptr(), scale.data_ptr(), inp, out, _TINY,
-                                      torch.get_num_threads())
+        w1 = torch.empty(blocks * block, dtype=torch.float64)  # sum_j |w_vj|
+        library().specula_screen_pack(head.packed.data_ptr(), packed.data_ptr(), scale.data_ptr(), w1.data_ptr(),
+                                      inp, out, _TINY, torch.get_num_threads())
         scale = scale[:out].contiguous()
-        self.approx = KernelLinear.from_packed("w8", inp, out, packed, scale)
+        self.approx = KernelLinear.from_packed("i8", inp, out, packed, scale)
         self.slack = slack_of(scale, inp)  # [V]
+        self.hw1 = (w1[:out] * (0.5 * ROOM) * (1 + 2.0 ** -20)).float()  # [V], rounded up past its rounding
 
     @classmethod
     def fits(cls, head: object, top: bool = False) -> bool:
@@ -131,8 +180,12 @@ class OutputScreen:
         return self.decide(states, approx), approx
 
     def approx_logits(self, states: torch.Tensor) -> torch.Tensor:
-        """The int8 copy's logits [n, V] of states [n, E] (float32, contiguous)."""
-        return self.approx.into(states, torch.empty((states.shape[0], self.head.out_features), dtype=torch.float32))
+        """The screen's logits [n, V] of states [n, E] (float32, contiguous): the int8 pass over each row and its
+        residual (`residual_rows`), their logits added (module docstring)."""
+        n, out = states.shape[0], self.head.out_features
+        both = torch.cat([states, residual_rows(states)[0]])  # [2n, E]
+        logits = self.approx.into(both, torch.empty((2 * n, out), dtype=torch.float32))  # [2n, V]
+        return logits[:n].add_(logits[n:])
 
     def decide(self, states: torch.Tensor, approx: torch.Tensor) -> torch.Tensor:
         """LongTensor [n]: each row's exact argmax from its int8 logits approx [n, V] (`approx_logits` of
@@ -185,8 +238,8 @@ class OutputScreen:
         and masked (lower [V], upper [V]) ends, -inf at the k, else None) of every id not masked whose changed upper end
         reaches `floor(changed lower ends [V], their largest)` (ascending: a first maximal id is torch's); None where a
         value or bound is not finite, every id is masked, or more than `cap` ids reach it."""
-        l1 = float(state.double().abs().sum()) * (1 + 2.0 ** -16)  # |x|_1, rounded up past its rounding
-        bound = self.slack * l1 + approx.abs() * 2.0 ** -18  # [V]: `_decide`'s, with room for these roundings
+        l1, xs = (float(t) * (1 + 2.0 ** -16) for t in row_terms(state.float().view(1, -1)))  # rounded up further
+        bound = self.slack * l1 + self.hw1 * xs + approx.abs() * 2.0 ** -18  # [V]: `_decide`'s, room for roundings
         lower, upper = approx - bound, approx + bound  # [V]
         if not math.isfinite(float(lower.sum()) + float(upper.sum())):  # an end not finite (or sums past float32's
             return None  # range: the whole row then too), in 0.03 ms where `isfinite` took 0.23 on the 1.5B's row
@@ -240,11 +293,12 @@ class OutputScreen:
         float32 logits from the layer's own rows (`specula_screen_exact`; none for a row's lone candidate),
         or the whole row where the screen cannot decide."""
         n, vocab = states.shape[0], self.head.out_features
-        l1 = (states.double().abs().sum(dim=1) * (1 + 2.0 ** -20)).float()  # [n], rounded up past its rounding
+        l1, xs = row_terms(states)  # [n] each
         mask = None if allowed is None else allowed.to(torch.uint8).contiguous()  # [n, V]
         ids = torch.empty((n, CANDIDATE_CAP), dtype=torch.int32)
         counts = torch.empty(n, dtype=torch.int32)
         library().specula_screen_candidates(approx.data_ptr(), self.slack.data_ptr(), l1.data_ptr(),
+                                            self.hw1.data_ptr(), xs.data_ptr(),
                                             None if mask is None else mask.data_ptr(), n, vocab, ids.data_ptr(),
                                             CANDIDATE_CAP, counts.data_ptr(), torch.get_num_threads())
         counts_list = counts.tolist()

@@ -9,47 +9,58 @@
 #include "layout.h"
 #include "pool.h"
 
-/* A w8 copy of f32 packed weights (layout.h: [blocks][in][NB], the same index layout for both): each
- * output column's scale = max(max_i |w_i| / 127, tiny), q_i = round-half-even(w_i / scale) clamped to
- * +-127 (quantize.py's rule, so |w_i - scale q_i| <= scale / 2 up to the quotient's rounding). `scale`
- * gets blocks * NB values (padding columns: zero weights, scale `tiny`). Read straight from the packed
- * layer: no [out, in] float copy of a 890 MiB output layer. */
-void specula_screen_pack(const float *wp, int8_t *qp, float *scale, int in, int out, float tiny, int threads) {
-    int blocks = (out + NB - 1) / NB;
+/* An int8 copy of f32 packed weights (layout.h: [blocks][in][NB]) in the i8 kernels' layout
+ * ([blocks][in4 / 4][NB][4], in4 = in rounded up to 4, the padding zero): each output column's scale =
+ * max(max_i |w_i| / 127, tiny), q_i = round-half-even(w_i / scale) clamped to +-127 (quantize.py's rule, so
+ * |w_i - scale q_i| <= scale / 2 up to the quotient's rounding), and w1 = sum_i |w_i| (in double: the bound
+ * on what the rows' own int8 rounding moves a logit, `native/screen.py`). `scale` and `w1` get blocks * NB
+ * values (padding columns: zero weights, scale `tiny`). Read straight from the packed layer: no [out, in]
+ * float copy of a 890 MiB output layer. */
+void specula_screen_pack(const float *wp, int8_t *qp, float *scale, double *w1, int in, int out, float tiny,
+                         int threads) {
+    int blocks = (out + NB - 1) / NB, in4 = (in + 3) / 4 * 4;
     #pragma omp parallel for schedule(static) num_threads(threads)
     for (int bk = 0; bk < blocks; bk++) {
         const float *src = wp + (size_t)bk * in * NB;
-        int8_t *dst = qp + (size_t)bk * in * NB;
+        int8_t *dst = qp + (size_t)bk * in4 * NB;
         float most[NB], s[NB];
-        for (int c = 0; c < NB; c++) most[c] = 0.0f;
+        double sum[NB];
+        for (int c = 0; c < NB; c++) most[c] = 0.0f, sum[c] = 0.0;
         for (int i = 0; i < in; i++)
             for (int c = 0; c < NB; c++) {
                 float a = fabsf(src[(size_t)i * NB + c]);
                 most[c] = a > most[c] ? a : most[c];
+                sum[c] += a;
             }
         for (int c = 0; c < NB; c++) {
             s[c] = most[c] / 127.0f;
             s[c] = s[c] < tiny ? tiny : s[c];
             scale[(size_t)bk * NB + c] = s[c];
+            w1[(size_t)bk * NB + c] = sum[c];
         }
-        for (int i = 0; i < in; i++)
+        for (int i = 0; i < in4; i++)
             for (int c = 0; c < NB; c++) {
+                size_t at = ((size_t)(i >> 2) * NB + c) * 4 + (i & 3);
+                if (i >= in) {
+                    dst[at] = 0;
+                    continue;
+                }
                 float v = nearbyintf(src[(size_t)i * NB + c] / s[c]);
-                dst[(size_t)i * NB + c] = (int8_t)(v > 127.0f ? 127.0f : v < -127.0f ? -127.0f : v);
+                dst[at] = (int8_t)(v > 127.0f ? 127.0f : v < -127.0f ? -127.0f : v);
             }
     }
 }
 
 /* The ids where row r's exact maximum can be, for each of n rows of approx [n, vocab] (the int8 pass's
- * logits): with bound_v = slack[v] * l1[r] + 2^-20 |approx[r, v]| the most approx[r, v] can differ from
- * the exact logit, every v whose upper end approx + bound reaches the largest lower end approx - bound.
- * The exact maximum (every id holding it) is among them. With `allowed` ([n][vocab] 0 / 1, a
- * grammar's mask) only allowed ids count, as lower ends and as candidates: the masked maximum's.
+ * logits): with bound_v = slack[v] * l1[r] + hw1[v] * xs[r] + 2^-20 |approx[r, v]| the most approx[r, v] can
+ * differ from the exact logit (`native/screen.py`), every v whose upper end approx + bound reaches the
+ * largest lower end approx - bound. The exact maximum (every id holding it) is among them. With `allowed`
+ * ([n][vocab] 0 / 1, a grammar's mask) only allowed ids count, as lower ends and as candidates: the masked maximum's.
  * They go ascending to ids[r * cap ...]; counts[r] = how many (past cap: only counted), or -1 where
  * a value or a bound is not finite, or nothing is allowed (the caller computes that row's logits
  * whole). Rows are spread over the pool from 4 rows on. */
 struct candidate_args {
-    const float *approx, *slack, *l1;
+    const float *approx, *slack, *l1, *hw1, *xs;
     const uint8_t *allowed;  /* [n][vocab] 0 / 1, or NULL: every id */
     int vocab, cap;
     int32_t *ids, *counts;
@@ -62,12 +73,16 @@ static inline __m256 allowed8(const uint8_t *allowed, int v) {
     return _mm256_castsi256_ps(_mm256_cmpgt_epi32(bytes, _mm256_setzero_si256()));
 }
 
-static inline __m256 bound8(const float *a, const float *slack, __m256 scale) {
+/* The bound of lanes v .. v + 7 of a row: slack * l1 + hw1 * xs + 2^-20 |a|. */
+static inline __m256 bound8(const float *a, const float *slack, __m256 l1, const float *hw1, __m256 xs) {
     __m256 mag = _mm256_andnot_ps(_mm256_set1_ps(-0.0f), _mm256_loadu_ps(a));
-    return _mm256_add_ps(_mm256_mul_ps(_mm256_loadu_ps(slack), scale), _mm256_mul_ps(mag, _mm256_set1_ps(0x1p-20f)));
+    __m256 b = _mm256_add_ps(_mm256_mul_ps(_mm256_loadu_ps(slack), l1), _mm256_mul_ps(_mm256_loadu_ps(hw1), xs));
+    return _mm256_add_ps(b, _mm256_mul_ps(mag, _mm256_set1_ps(0x1p-20f)));
 }
 
-static inline float bound1(float a, float slack, float scale) { return slack * scale + fabsf(a) * 0x1p-20f; }
+static inline float bound1(float a, float slack, float l1, float hw1, float xs) {
+    return slack * l1 + hw1 * xs + fabsf(a) * 0x1p-20f;
+}
 
 static void candidate_rows(const void *args, int r0, int r1) {
     const struct candidate_args *p = args;
@@ -75,11 +90,12 @@ static void candidate_rows(const void *args, int r0, int r1) {
     for (int r = r0; r < r1; r++) {
         const float *a = p->approx + (size_t)r * vocab;
         const uint8_t *ok = p->allowed ? p->allowed + (size_t)r * vocab : NULL;
-        float scale = p->l1[r];
-        __m256 s8 = _mm256_set1_ps(scale), low8 = _mm256_set1_ps(-FLT_MAX), big8 = _mm256_setzero_ps();
+        float scale = p->l1[r], xs = p->xs[r];
+        __m256 xs8 = _mm256_set1_ps(xs), s8 = _mm256_set1_ps(scale);
+        __m256 low8 = _mm256_set1_ps(-FLT_MAX), big8 = _mm256_setzero_ps();
         __m256 sign = _mm256_set1_ps(-0.0f);
         for (int v = 0; v < whole; v += 8) {
-            __m256 x = _mm256_loadu_ps(a + v), b = bound8(a + v, p->slack + v, s8);
+            __m256 x = _mm256_loadu_ps(a + v), b = bound8(a + v, p->slack + v, s8, p->hw1 + v, xs8);
             __m256 low = _mm256_blendv_ps(_mm256_set1_ps(-FLT_MAX), _mm256_sub_ps(x, b), allowed8(ok, v));
             low8 = _mm256_max_ps(low8, low);  /* a NaN is caught by `big` below */
             big8 = _mm256_max_ps(big8, _mm256_max_ps(_mm256_andnot_ps(sign, x), b));
@@ -88,13 +104,13 @@ static void candidate_rows(const void *args, int r0, int r1) {
         float lows[8], bigs[8], lower = -FLT_MAX, big = 0.0f;
         _mm256_storeu_ps(lows, low8);
         _mm256_storeu_ps(bigs, big8);
-        int finite = isfinite(scale);
+        int finite = isfinite(scale) && isfinite(xs);
         for (int i = 0; i < 8; i++) {
             lower = lows[i] > lower ? lows[i] : lower;
             if (!(bigs[i] <= 1e30f)) finite = 0;
         }
         for (int v = whole; v < vocab; v++) {
-            float b = bound1(a[v], p->slack[v], scale), low = a[v] - b;
+            float b = bound1(a[v], p->slack[v], scale, p->hw1[v], xs), low = a[v] - b;
             if (!ok || ok[v]) lower = low > lower ? low : lower;
             if (!(fabsf(a[v]) <= 1e30f) || !(b <= 1e30f)) finite = 0;
         }
@@ -106,7 +122,7 @@ static void candidate_rows(const void *args, int r0, int r1) {
         int32_t *out = p->ids + (size_t)r * cap;
         __m256 lower8 = _mm256_set1_ps(lower);
         for (int v = 0; v < whole; v += 8) {
-            __m256 up = _mm256_add_ps(_mm256_loadu_ps(a + v), bound8(a + v, p->slack + v, s8));
+            __m256 b = bound8(a + v, p->slack + v, s8, p->hw1 + v, xs8), up = _mm256_add_ps(_mm256_loadu_ps(a + v), b);
             unsigned mask = (unsigned)_mm256_movemask_ps(_mm256_and_ps(_mm256_cmp_ps(up, lower8, _CMP_GE_OQ),
                                                                        allowed8(ok, v)));
             while (mask) {
@@ -117,7 +133,7 @@ static void candidate_rows(const void *args, int r0, int r1) {
             }
         }
         for (int v = whole; v < vocab; v++) {
-            if ((!ok || ok[v]) && a[v] + bound1(a[v], p->slack[v], scale) >= lower) {
+            if ((!ok || ok[v]) && a[v] + bound1(a[v], p->slack[v], scale, p->hw1[v], xs) >= lower) {
                 if (k < cap) out[k] = v;
                 k++;
             }
@@ -126,9 +142,10 @@ static void candidate_rows(const void *args, int r0, int r1) {
     }
 }
 
-void specula_screen_candidates(const float *approx, const float *slack, const float *l1, const uint8_t *allowed,
-                               int n, int vocab, int32_t *ids, int cap, int32_t *counts, int threads) {
-    struct candidate_args args = {approx, slack, l1, allowed, vocab, cap, ids, counts};
+void specula_screen_candidates(const float *approx, const float *slack, const float *l1, const float *hw1,
+                               const float *xs, const uint8_t *allowed, int n, int vocab, int32_t *ids, int cap,
+                               int32_t *counts, int threads) {
+    struct candidate_args args = {approx, slack, l1, hw1, xs, allowed, vocab, cap, ids, counts};
     if (threads < 2 || n < 4)
         candidate_rows(&args, 0, n);
     else
