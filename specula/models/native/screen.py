@@ -29,13 +29,14 @@ at most `scale_v / 2`, so `sum w x - sum (scale q)(xs q + xs2 q2) = sum w e + su
 is at most `hw1_v xs' + scale_v / 2 * L` (and `u sum |w x|`). The float32 layer's dot product of E =
 in_features terms is off by at most `gamma * sum_j |w_vj x_j| <= gamma * 127 scale_v |x|_1` whatever order
 its kernel sums in; the slack's second share of that covers the `u sum |w x|` and the three float32 roundings
-that make each row's exact int32 sum a logit (3u of each, at most 3u 127 scale_v L); `a_v +- bound`, the two
-rows' addition and the bound itself round too: the 2^-20 |a_v| = 16u |a_v| and the bound's own 2^-20 cover
-them. Every id whose upper end `a_v + bound` reaches the largest lower end `max(a - bound)` is a candidate: the
-exact maximum, at every id that holds it, is among them. The candidates' float32 logits come from the layer's own rows
-(`screen.c`'s `specula_screen_exact`: each the f32 kernels' FMA chain, bit for bit the whole layer's
-outputs; a row's lone candidate needs none), and the first maximal candidate in id order is torch's
-`argmax`. A row with a value or a bound that is not finite, or with more than
+that make each row's exact int32 sum a logit (3u of each: the first row's at most `3u 127 scale_v (|x|_1 + E xs
+/ 2) <= 3u 127 scale_v |x|_1 (1 + E / 254)`, the residual's far less; within the share for E >= 3, as every
+output layer is); `a_v +- bound`, the two rows' addition and the bound itself round too: the 2^-20 |a_v| =
+16u |a_v| and the bound's own 2^-20 cover them. Every id whose upper end `a_v + bound` reaches the largest lower
+end `max(a - bound)` is a candidate: the exact maximum, at every id that holds it, is among them. The
+candidates' float32 logits come from the layer's own rows (`screen.c`'s `specula_screen_exact`: each the f32
+kernels' FMA chain, bit for bit the whole layer's outputs; a row's lone candidate needs none), and the first
+maximal candidate in id order is torch's `argmax`. A row with a value or a bound that is not finite, or with more than
 `CANDIDATE_CAP` candidates, is computed whole.
 
 On the 1.5B's rows over the everyday prompts (session 124, `docs/training.md`): a median of 1
@@ -77,14 +78,15 @@ TOP_SCREEN_MIN_WEIGHTS = 64 << 20
 it the int8 pass and the candidates cost about what the whole layer does (SmolLM2's 28.3M weights, top-k 40: one
 row 1.9-2.1 ms against 2.3-3.0 whole, but `fusion` 0.90-1.01x in three rounds, its passes of several rows dearer
 through the screen; the 1.5B's 233M: a row 6.0 ms against 13.6; `docs/native.md`)."""
-SCREEN_MAX_ROWS = 14
-"""A pass of more rows computes its float32 logits as before: the int8 pass's cost grows with the rows
-(it converts every weight for each group of rows) where the float32 layer's barely does (it reads
-memory), and past 14 rows (`MULTI_ROWS` in `kernels/linear.h`) the w8 call loses its items of several
-column blocks. The screen's argmax against the float32 layer and its argmax (ms, 2-core EPYC,
-`runs/s125/w8_rows.py`), 1 / 6 / 10 / 14 / 17 rows: the 1.5B 6.4 / 7.9 / 11.5 / 15.0 / 18.6 against
-18.2 / 20.1 / 21.4 / 22.7 / 18.4; the 0.5B 3.8 / 5.7 / 8.3 / 9.1 / 11.1 against 10.7 / 9.9 / 9.1 /
-10.5 / 12.0; SmolLM2 0.9 / 2.3 / 1.9 / 2.2 / 2.7 against 2.4 / 2.5 / 2.6 / 2.9 / 2.8."""
+SCREEN_MAX_ROWS = 48
+"""A pass of more rows computes its float32 logits as before. The screen's int8 pass costs more with the rows
+(two int8 rows each) where the float32 layer's barely does (it reads memory). Until session 137 the copy ran as
+w8 and passes of up to 14 rows were screened (past `MULTI_ROWS` in `kernels/linear.h` the w8 call lost its items
+of several column blocks). The i8 screen's argmax against the float32 layer's and its argmax on real final states
+(ms, 2-core EPYC, `runs/s137/screen_maxrows.py ALIAS ROWS`, one process), 1 / 14 / 16 / 24 / 32 / 48 rows:
+SmolLM2 1.23 / 3.71 / 4.60 / 6.15 / 8.53 / 12.01 against 3.68 / 5.49 / 6.77 / 9.44 / 12.79 / 16.08 (64 rows:
+15.6 against 19.1); the 1.5B 5.5 / 22.1 / 25.8 / 41.5 / 49.2 / 93.2 against 18.9 / 36.2 / 44.5 / 61.8 / 82.7 /
+124.4. A packed batch's pass (several requests' trees) can hold more than 14 rows."""
 CANDIDATE_CAP = 256
 """At most this many candidates a row go through the layer's own rows; a row with more is computed
 whole (on the 1.5B a row had at most 29)."""
