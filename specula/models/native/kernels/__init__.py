@@ -470,20 +470,26 @@ def blocks_of(rows: torch.Tensor, block: int, fill: float) -> torch.Tensor:
     return torch.cat([rows, rows.new_full((extra, *rows.shape[1:]), fill)])
 
 
+def _top_k(fn: str, logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """draft.c's `fn` (`specula_topk_probs` or `specula_topk_ids`) over logits [n, V] (float32, CPU; 0 < k <= V):
+    its float32 [n, k] output and the indices [n, k] long."""
+    logits = logits.contiguous()
+    n, v = logits.shape
+    if not 0 < k <= v or logits.dtype != torch.float32:
+        raise ValueError(f"{fn.removeprefix('specula_')}: float32 logits and 0 < k <= {v}, got k={k}, {logits.dtype}")
+    values = torch.empty((n, k), dtype=torch.float32)
+    idx = torch.empty((n, k), dtype=torch.long)
+    getattr(library(), fn)(logits.data_ptr(), n, v, k, idx.data_ptr(), values.data_ptr())
+    return values, idx
+
+
 def top_k_probs(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Each row's k largest logits of [n, V] (float32, CPU; k <= V), best first (ties: the lower
     index first): (probabilities [n, k], the softmax e^(l - logsumexp(row)) of each; indices [n, k]
     long). One single-threaded C pass per row (`draft.c`): the drafting loop's children without a
     torch top-k and logsumexp over [n, V] (on the 2-core machine right after a kernel call, 0.3-0.6
     ms for 8 rows of 8,192)."""
-    logits = logits.contiguous()
-    n, v = logits.shape
-    if not 0 < k <= v or logits.dtype != torch.float32:
-        raise ValueError(f"top_k_probs: float32 logits and 0 < k <= {v}, got k={k}, {logits.dtype}")
-    probs = torch.empty((n, k), dtype=torch.float32)
-    idx = torch.empty((n, k), dtype=torch.long)
-    library().specula_topk_probs(logits.data_ptr(), n, v, k, idx.data_ptr(), probs.data_ptr())
-    return probs, idx
+    return _top_k("specula_topk_probs", logits, k)
 
 
 def top_k_ids(logits: torch.Tensor, k: int) -> torch.Tensor:
@@ -492,14 +498,7 @@ def top_k_ids(logits: torch.Tensor, k: int) -> torch.Tensor:
     that looks at a lane only where a vector beats the k-th best so far: what token recycling learns
     from each verified row (SmolLM2's 49,152 ids, top 8: 88 us a row with torch's top-k on the 2-core
     machine)."""
-    logits = logits.contiguous()
-    n, v = logits.shape
-    if not 0 < k <= v or logits.dtype != torch.float32:
-        raise ValueError(f"top_k_ids: float32 logits and 0 < k <= {v}, got k={k}, {logits.dtype}")
-    idx = torch.empty((n, k), dtype=torch.long)
-    vals = torch.empty((n, k), dtype=torch.float32)
-    library().specula_topk_ids(logits.data_ptr(), n, v, k, idx.data_ptr(), vals.data_ptr())
-    return idx
+    return _top_k("specula_topk_ids", logits, k)[1]
 
 
 def apply_kernels(model: nn.Module, kind: str, *, skip=(), empty: Empty | None = None, codes=None) -> nn.Module:
