@@ -18,8 +18,8 @@ from specula.models.base import forward_trees
 from specula.models.native import NativeCausalLM, NativeDecoder, configure, kernels
 from specula.models.native import screen as screen_module
 from specula.models.native.kernels import KernelLinear
-from specula.models.native.screen import (CANDIDATE_CAP, SCREEN_MAX_ROWS, OutputScreen, ScreenedLogits,
-                                         residual_rows, row_terms)
+from specula.models.native.screen import (CANDIDATE_CAP, SCREEN_MAX_ROWS, W8_SCREEN_MAX_ROWS, OutputScreen,
+                                         ScreenedLogits, residual_rows, row_terms)
 from specula.sampling import SamplingParams
 from specula.tree import TokenTree
 from specula.tree_rows import draft_top_k
@@ -45,10 +45,11 @@ def near_tie_head(vocab: int = 2000, width: int = 96, seed: int = 0) -> torch.Te
     return w
 
 
-def test_screen_argmax_is_the_float32_layers_where_the_int8_copy_disagrees():
+@pytest.mark.parametrize("kind", ["i8", "w8"])
+def test_screen_argmax_is_the_float32_layers_where_the_int8_copy_disagrees(kind):
     w = near_tie_head()
     head = f32_layer(w)
-    screen = OutputScreen(head)
+    screen = OutputScreen(head, kind)
     g = torch.Generator().manual_seed(1)
     states = torch.randn(600, w.shape[1], generator=g)
     states[:100] = w[torch.randint(0, len(w), (100,), generator=g)]  # rows aimed at a near-tied pair
@@ -60,14 +61,15 @@ def test_screen_argmax_is_the_float32_layers_where_the_int8_copy_disagrees():
     assert (exact[100:110] == 3).all()
 
 
-def test_screen_argmax_is_exact_where_large_inputs_coarsen_the_rows_int8_codes():
+@pytest.mark.parametrize("kind", ["i8", "w8"])
+def test_screen_argmax_is_exact_where_large_inputs_coarsen_the_rows_int8_codes(kind):
     """A row's int8 codes step by its largest |x| / 127: large inputs (a final state's few large channels) make
     that step coarse, and the residual row's codes (`residual_rows`) take up what it leaves. Near-tied pairs aimed
     at with such rows: the screen's int8 logits alone pick another token on some, the screen the float32 layer's
     token on all."""
     w = near_tie_head(vocab=1600, width=128, seed=7)
     head = f32_layer(w)
-    screen = OutputScreen(head)
+    screen = OutputScreen(head, kind)
     g = torch.Generator().manual_seed(8)
     states = w[torch.randint(0, len(w), (300,), generator=g)] + torch.randn(300, w.shape[1], generator=g) * 0.01
     states[:, 5] = torch.linspace(-60.0, 60.0, 300)  # the largest input
@@ -82,7 +84,7 @@ def test_the_screens_logits_are_a_rows_and_its_residuals_through_the_int8_copy()
     """Each row goes through the int8 copy twice: itself and its residual after the codes the kernel quantizes it
     by; a row of exact codes has no residual, and a residual is at most half a step."""
     w = torch.randn(300, 64, generator=torch.Generator().manual_seed(2))
-    screen = OutputScreen(f32_layer(w))
+    screen = OutputScreen(f32_layer(w), "i8")
     x = torch.randn(5, 64, generator=torch.Generator().manual_seed(3)) * 3
     x[4] = torch.arange(-32.0, 32.0) / 8  # multiples of 1/8 ...
     x[4, 0] = 127 / 8  # ... whose largest |x| is 127 of them: the kernel's step, so every input is an exact code
@@ -95,7 +97,8 @@ def test_the_screens_logits_are_a_rows_and_its_residuals_through_the_int8_copy()
     assert torch.equal(step, d.abs().amax(1) / 127 + xs * 2.0 ** -21)
 
 
-def test_the_bound_holds_and_is_nearly_reached_where_the_weights_codes_all_lean_one_way():
+@pytest.mark.parametrize("kind", ["i8", "w8"])
+def test_the_bound_holds_and_is_nearly_reached_where_the_weights_codes_all_lean_one_way(kind):
     """Weights each 0.499 of a step from their code, leaning one way, and rows whose signs follow the lean in one
     column: that column's screen logit is off by nearly the bound's weights term (`slack * L`); the bound holds on
     every id, and the argmax is the float32 layer's."""
@@ -106,11 +109,11 @@ def test_the_bound_holds_and_is_nearly_reached_where_the_weights_codes_all_lean_
     w[:, 0] = 127 * step  # each column's largest |w|: its scale is exactly `step`
     lean[:, 0] = 1.0
     head = f32_layer(w)
-    screen = OutputScreen(head)
+    screen = OutputScreen(head, kind)
     aimed = torch.arange(0, vocab, vocab // 20)  # [20]
     states = lean[aimed] * (0.5 + torch.rand(len(aimed), width, generator=g) * 1.5)  # signs follow the lean
     logits, approx = head(states), screen.approx_logits(states)
-    L, xs = row_terms(states)
+    L, xs = row_terms(states, kind)
     bound = screen.slack * L[:, None] + screen.hw1 * xs[:, None] + approx.abs() * 2.0 ** -20  # [20, V]
     err = (logits - approx).abs()
     assert (err <= bound).all()
@@ -119,12 +122,13 @@ def test_the_bound_holds_and_is_nearly_reached_where_the_weights_codes_all_lean_
     assert torch.equal(screen.argmax(states), logits.argmax(-1))
 
 
-def test_masked_argmax_is_the_float32_layers_over_the_allowed_ids():
+@pytest.mark.parametrize("kind", ["i8", "w8"])
+def test_masked_argmax_is_the_float32_layers_over_the_allowed_ids(kind):
     """A grammar's greedy token through the screen: near-tied rows, masks that keep or drop the
     winner, a mask that allows nothing (torch's argmax of an all -inf row: id 0)."""
     w = near_tie_head(vocab=1200, width=64, seed=4)
     head = f32_layer(w)
-    screen = OutputScreen(head)
+    screen = OutputScreen(head, kind)
     g = torch.Generator().manual_seed(5)
     states = w[torch.randint(0, len(w), (60,), generator=g)] * 2
     logits = head(states)
@@ -145,11 +149,12 @@ def test_masked_argmax_is_the_float32_layers_over_the_allowed_ids():
     assert whole == [1]  # nothing allowed: the whole row (torch's argmax of -inf everywhere)
 
 
-@pytest.mark.parametrize("rows", [1, 3, SCREEN_MAX_ROWS, 17])
-def test_screen_argmax_over_any_number_of_rows(rows):
+@pytest.mark.parametrize("kind", ["i8", "w8"])
+@pytest.mark.parametrize("rows", [1, 3, W8_SCREEN_MAX_ROWS, 17, SCREEN_MAX_ROWS])
+def test_screen_argmax_over_any_number_of_rows(rows, kind):
     w = near_tie_head(vocab=1500, width=64, seed=rows)
     head = f32_layer(w)
-    screen = OutputScreen(head)
+    screen = OutputScreen(head, kind)
     states = w[torch.randint(0, len(w), (rows,), generator=torch.Generator().manual_seed(rows))] * 3
     assert torch.equal(screen.argmax(states), head(states).argmax(-1))
 
@@ -268,6 +273,26 @@ def test_argmax_only_passes_return_screened_rows_of_the_exact_logits(screened):
     seq.prefill(SPECULATIVE_PROMPTS[0], logits="none")
     big = [(seq, 9, TokenTree.chain(list(range(2, 2 + SCREEN_MAX_ROWS))))]
     assert isinstance(forward_trees(target, big, argmax_only=True)[0], torch.Tensor)  # too many rows to pay
+    for kind, takes in (("i8", True), ("w8", False)):  # more rows than a w8 copy pays for, fewer than an i8's
+        target._screen = OutputScreen(target.decoder.lm_head, kind)
+        seq = target.new_sequence()
+        seq.prefill(SPECULATIVE_PROMPTS[0], logits="none")
+        mid = [(seq, 9, TokenTree.chain(list(range(2, 2 + W8_SCREEN_MAX_ROWS + 2))))]
+        assert isinstance(forward_trees(target, mid, argmax_only=True)[0], ScreenedLogits) == takes
+
+
+def test_the_copy_is_i8_where_the_kernels_run_avx512_and_w8_on_avx2_alone():
+    """Two int8 rows (VNNI) cost less than one w8 row; on AVX2's `maddubs` they cost more from 4 rows on."""
+    head = f32_layer(torch.randn(100, 32))
+    before = kernels.isa()
+    try:
+        for name in ("avx2", "avx512"):
+            ran = kernels.set_isa(name)  # the CPU's best where it lacks `name`
+            screen = OutputScreen(head)
+            assert screen.kind == ("w8" if ran == "avx2" else "i8")
+            assert screen.max_rows == (W8_SCREEN_MAX_ROWS if ran == "avx2" else SCREEN_MAX_ROWS)
+    finally:
+        kernels.set_isa(before)
 
 
 @pytest.mark.parametrize("method", ["none", "prompt-lookup", "token-recycling", "draft-model", "fusion"])

@@ -29,7 +29,7 @@ from specula.models.linears import quantization_of
 from specula.models.native.cache import KVCache
 from specula.models.native.graphs import GraphRunner, graph_unsupported
 from specula.models.native.model import NativeDecoder, Segment
-from specula.models.native.screen import SCREEN_MAX_ROWS, OutputScreen, ScreenedPass
+from specula.models.native.screen import OutputScreen, ScreenedPass
 from specula.models.sequence import TreeSequence
 from specula.tree import TokenTree
 
@@ -311,7 +311,7 @@ class NativeCausalLM:
         """Several sequences' trees in one pass (`BatchedTargetModel`): each sequence's handshake
         (`TreeSequence.begin_tree` before, `set_pending` after) around `tree_pass`. `argmax_only`:
         the caller needs each row's argmax (`argmax(-1)` of what it gets) and little else, so a pass
-        of at most `screen.SCREEN_MAX_ROWS` rows may return `ScreenedLogits` (where `lazy_logits`)."""
+        of at most the screen's `max_rows` rows may return `ScreenedLogits` (where `lazy_logits`)."""
         for seq, _, _ in items:
             if not isinstance(seq, NativeSequence) or seq.backend is not self:
                 raise ValueError("forward_trees: every sequence must belong to this backend")
@@ -346,7 +346,7 @@ class NativeCausalLM:
         ids = torch.tensor(tokens, dtype=torch.long, device=self.device)  # [T]
         out = self.decoder(ids, torch.cat(positions).to(self.device), segments, taps=taps)
         states, features = out if taps else (out, out)  # [T, E], [T, k E]
-        if argmax_only and len(tokens) <= SCREEN_MAX_ROWS and self.lazy_logits:
+        if argmax_only and self.lazy_logits and len(tokens) <= self.output_screen().max_rows:
             screened = ScreenedPass(states, self.output_screen())
             per_item = [screened.rows(a, b) for a, b in bounds]
         else:

@@ -4,15 +4,18 @@ Why: a greedy step needs each verified row's argmax, not its logits, and the out
 whole weight matrix whatever the rows: the 1.5B's float32 layer (890 MiB) took 12-18 ms of a ~105 ms
 plain step on the 2-core EPYC, the screen's argmax 6.4 ms (1 row; `SCREEN_MAX_ROWS` for more).
 
-The int8 pass is the `i8` kernels' (int8 weights and int8 activations, VNNI's `vpdpbusd` where the CPU
-has it; session 137), over two rows for each row `x`: `x` itself and its residual `d = x - xs q` (`q`, `xs`:
+Where the kernels run AVX-512 with VNNI, the int8 pass is the `i8` kernels' (int8 weights and int8 activations,
+`vpdpbusd`; session 137), over two rows for each row `x`: `x` itself and its residual `d = x - xs q` (`q`, `xs`:
 the codes and scale the kernel quantizes `x` by), whose logits are added. One row's int8 codes step by its
-largest |x| / 127, and a final state's largest inputs are a few channels far above the rest (SmolLM2's rows:
-max |x| about 12.5 times the mean): one int8 row alone left a median of 48 candidates a row on SmolLM2's real
-rows and a 90th percentile of 656, where the residual's codes step 254 times finer and leave what the weights'
-codes leave, as float32 activations did (the `w8` screen before; `runs/s137/screen_ab.py`: a median of 3, a
-90th percentile of 15, on `fusion`'s passes). Two int8 rows cost less than one w8 row: SmolLM2's screen went
-from 1.68 to 1.35 ms a pass over the same passes.
+largest |x| / 127, and a final state's largest inputs are a few channels far above the rest (SmolLM2's rows: max
+|x| about 12.5 times the mean): one int8 row alone left a median of 48 candidates a row on SmolLM2's real rows
+and a 90th percentile of 656, where the residual's codes step 254 times finer and leave what the weights' codes
+leave, as float32 activations did (the `w8` screen before; `runs/s137/screen_ab.py`: a median of 3, a 90th
+percentile of 15, on `fusion`'s passes). Two int8 rows cost less than one w8 row: SmolLM2's screen went from
+1.68 to 1.35 ms a pass over the same passes. On AVX2 alone (`maddubs`) two int8 rows cost more than one w8 row
+from 4 rows on (SmolLM2's layer at 8 rows: 4.3 ms against 2.7), so there the copy stays `w8`: its logit is
+within `slack_v |x|_1 + 2^-20 |a_v|` (the bound below with no `hw1` term and `L = |x|_1`), and passes of up to
+`W8_SCREEN_MAX_ROWS` rows are screened.
 
 How, exactly (the argmax is the float32 layer's bit for bit, ties included): the screen's logit `a_v` of a row
 `x` differs from the float32 layer's `l_v` by at most
@@ -58,7 +61,7 @@ from typing import TYPE_CHECKING, Callable
 
 import torch
 
-from specula.models.native.kernels import KernelLinear, library, top_k_ids
+from specula.models.native.kernels import KernelLinear, isa, library, top_k_ids
 from specula.models.quantize import _TINY  # a weight column's smallest scale, as quantize_rows floors it
 
 if TYPE_CHECKING:
@@ -78,15 +81,19 @@ TOP_SCREEN_MIN_WEIGHTS = 64 << 20
 it the int8 pass and the candidates cost about what the whole layer does (SmolLM2's 28.3M weights, top-k 40: one
 row 1.9-2.1 ms against 2.3-3.0 whole, but `fusion` 0.90-1.01x in three rounds, its passes of several rows dearer
 through the screen; the 1.5B's 233M: a row 6.0 ms against 13.6; `docs/native.md`)."""
+W8_SCREEN_MAX_ROWS = 14
+"""`SCREEN_MAX_ROWS` of a w8 copy (AVX2 alone): past 14 rows (`MULTI_ROWS` in `kernels/linear.h`) the w8 call runs
+panels and no longer pays (session 125's table, `docs/native.md`)."""
 SCREEN_MAX_ROWS = 48
-"""A pass of more rows computes its float32 logits as before. The screen's int8 pass costs more with the rows
-(two int8 rows each) where the float32 layer's barely does (it reads memory). Until session 137 the copy ran as
-w8 and passes of up to 14 rows were screened (past `MULTI_ROWS` in `kernels/linear.h` the w8 call lost its items
-of several column blocks). The i8 screen's argmax against the float32 layer's and its argmax on real final states
-(ms, 2-core EPYC, `runs/s137/screen_maxrows.py ALIAS ROWS`, one process), 1 / 14 / 16 / 24 / 32 / 48 rows:
-SmolLM2 1.23 / 3.71 / 4.60 / 6.15 / 8.53 / 12.01 against 3.68 / 5.49 / 6.77 / 9.44 / 12.79 / 16.08 (64 rows:
-15.6 against 19.1); the 1.5B 5.5 / 22.1 / 25.8 / 41.5 / 49.2 / 93.2 against 18.9 / 36.2 / 44.5 / 61.8 / 82.7 /
-124.4. A packed batch's pass (several requests' trees) can hold more than 14 rows."""
+"""A pass of more rows computes its float32 logits as before (an i8 copy; a w8 copy: `W8_SCREEN_MAX_ROWS`). The
+screen's int8 pass costs more with the rows (two int8 rows each) where the float32 layer's barely does (it reads
+memory). Until session 137 the copy ran as w8 and passes of up to 14 rows were screened (past `MULTI_ROWS` in
+`kernels/linear.h` the w8 call lost its items of several column blocks). The i8 screen's argmax against the
+float32 layer's and its argmax on real final states (ms, 2-core EPYC, `runs/s137/screen_maxrows.py ALIAS ROWS`,
+one process), 1 / 14 / 16 / 24 / 32 / 48 rows: SmolLM2 1.23 / 3.71 / 4.60 / 6.15 / 8.53 / 12.01 against 3.68 /
+5.49 / 6.77 / 9.44 / 12.79 / 16.08 (64 rows: 15.6 against 19.1); the 1.5B 5.5 / 22.1 / 25.8 / 41.5 / 49.2 / 93.2
+against 18.9 / 36.2 / 44.5 / 61.8 / 82.7 / 124.4. A packed batch's pass (several requests' trees) can hold more
+than 14 rows."""
 CANDIDATE_CAP = 256
 """At most this many candidates a row go through the layer's own rows; a row with more is computed
 whole (on the 1.5B a row had at most 29)."""
@@ -131,11 +138,13 @@ def residual_rows(states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return states - xs[:, None] * q[:, :inp].float(), xs
 
 
-def row_terms(states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(L [n], xs' [n]) float32 of rows states [n, E]: each row's `|x|_1 + E xs' / 2 * ROOM` and the step that
-    bounds what its two int8 rows leave of it, `xs' = xs2 + 2^-21 xs` (module docstring), L rounded up past its
-    rounding. Not finite where the row is not."""
+def row_terms(states: torch.Tensor, kind: str = "i8") -> tuple[torch.Tensor, torch.Tensor]:
+    """(L [n], xs' [n]) float32 of rows states [n, E] through a `kind` copy: for i8 each row's `|x|_1 + E xs' / 2 *
+    ROOM` and the step that bounds what its two int8 rows leave of it, `xs' = xs2 + 2^-21 xs`; for w8 (float32
+    activations) `|x|_1` and 0 (module docstring). L rounded up past its rounding; not finite where the row is not."""
     states = states.float().contiguous()
+    if kind == "w8":
+        return (states.double().abs().sum(dim=1) * (1 + 2.0 ** -20)).float(), states.new_zeros(len(states))
     d, xs = residual_rows(states)
     step = d.abs().amax(dim=1) / 127.0 + xs * 2.0 ** -21  # [n]: xs2, the kernel's amax / 127.0f of d, and more
     total = states.double().abs().sum(dim=1) + states.shape[1] * step.double() * (0.5 * ROOM)
@@ -145,7 +154,12 @@ def row_terms(states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 class OutputScreen:
     """The int8 copy of a float32 `KernelLinear` output layer and the exact argmax through it."""
 
-    def __init__(self, head: KernelLinear) -> None:
+    def __init__(self, head: KernelLinear, kind: str | None = None) -> None:
+        """`kind`: the copy's kernels, "i8" (each row and its residual, int8 activations) or "w8" (float32
+        activations); None: i8 where the kernels run AVX-512 (VNNI), w8 on AVX2 alone (module docstring)."""
+        kind = kind or ("w8" if isa() == "avx2" else "i8")
+        if kind not in ("i8", "w8"):
+            raise ValueError(f"an output screen's copy is i8 or w8, got {kind!r}")
         if head.kind != "f32" or head.bias is not None:
             raise ValueError(f"an output screen takes a float32 layer without bias, got {head.kind} "
                              f"{'with' if head.bias is not None else 'without'} bias")
@@ -153,13 +167,17 @@ class OutputScreen:
         out, inp = head.out_features, head.in_features
         block = library().specula_block()
         blocks = (out + block - 1) // block
-        packed = torch.empty(blocks * block * ((inp + 3) // 4 * 4), dtype=torch.int8)  # [blocks][in4 / 4][block][4]
+        quads = kind == "i8"
+        packed = torch.empty(blocks * block * ((inp + 3) // 4 * 4 if quads else inp), dtype=torch.int8)
         scale = torch.empty(blocks * block, dtype=torch.float32)
         w1 = torch.empty(blocks * block, dtype=torch.float64)  # sum_j |w_vj|
         library().specula_screen_pack(head.packed.data_ptr(), packed.data_ptr(), scale.data_ptr(), w1.data_ptr(),
-                                      inp, out, _TINY, torch.get_num_threads())
+                                      inp, out, _TINY, int(quads), torch.get_num_threads())
         scale = scale[:out].contiguous()
-        self.approx = KernelLinear.from_packed("i8", inp, out, packed, scale)
+        self.kind = kind
+        self.max_rows = SCREEN_MAX_ROWS if quads else W8_SCREEN_MAX_ROWS
+        """The most rows of a pass the screen takes (`SCREEN_MAX_ROWS`, `W8_SCREEN_MAX_ROWS`)."""
+        self.approx = KernelLinear.from_packed(kind, inp, out, packed, scale)
         self.slack = slack_of(scale, inp)  # [V]
         self.hw1 = (w1[:out] * (0.5 * ROOM) * (1 + 2.0 ** -20)).float()  # [V], rounded up past its rounding
 
@@ -185,6 +203,8 @@ class OutputScreen:
         """The screen's logits [n, V] of states [n, E] (float32, contiguous): the int8 pass over each row and its
         residual (`residual_rows`), their logits added (module docstring)."""
         n, out = states.shape[0], self.head.out_features
+        if self.kind == "w8":
+            return self.approx.into(states, torch.empty((n, out), dtype=torch.float32))
         both = torch.cat([states, residual_rows(states)[0]])  # [2n, E]
         logits = self.approx.into(both, torch.empty((2 * n, out), dtype=torch.float32))  # [2n, V]
         return logits[:n].add_(logits[n:])
@@ -240,7 +260,8 @@ class OutputScreen:
         and masked (lower [V], upper [V]) ends, -inf at the k, else None) of every id not masked whose changed upper end
         reaches `floor(changed lower ends [V], their largest)` (ascending: a first maximal id is torch's); None where a
         value or bound is not finite, every id is masked, or more than `cap` ids reach it."""
-        l1, xs = (float(t) * (1 + 2.0 ** -16) for t in row_terms(state.float().view(1, -1)))  # rounded up further
+        terms = row_terms(state.float().view(1, -1), self.kind)
+        l1, xs = (float(t) * (1 + 2.0 ** -16) for t in terms)  # rounded up further
         bound = self.slack * l1 + self.hw1 * xs + approx.abs() * 2.0 ** -18  # [V]: `_decide`'s, room for roundings
         lower, upper = approx - bound, approx + bound  # [V]
         if not math.isfinite(float(lower.sum()) + float(upper.sum())):  # an end not finite (or sums past float32's
@@ -295,7 +316,7 @@ class OutputScreen:
         float32 logits from the layer's own rows (`specula_screen_exact`; none for a row's lone candidate),
         or the whole row where the screen cannot decide."""
         n, vocab = states.shape[0], self.head.out_features
-        l1, xs = row_terms(states)  # [n] each
+        l1, xs = row_terms(states, self.kind)  # [n] each
         mask = None if allowed is None else allowed.to(torch.uint8).contiguous()  # [n, V]
         ids = torch.empty((n, CANDIDATE_CAP), dtype=torch.int32)
         counts = torch.empty(n, dtype=torch.int32)

@@ -9,16 +9,17 @@
 #include "layout.h"
 #include "pool.h"
 
-/* An int8 copy of f32 packed weights (layout.h: [blocks][in][NB]) in the i8 kernels' layout
- * ([blocks][in4 / 4][NB][4], in4 = in rounded up to 4, the padding zero): each output column's scale =
+/* An int8 copy of f32 packed weights (layout.h: [blocks][in][NB]) in the i8 kernels' layout with `quads`
+ * ([blocks][in4 / 4][NB][4], in4 = in rounded up to 4, the padding zero), else in w8's ([blocks][in][NB], the
+ * f32 layout's indices): each output column's scale =
  * max(max_i |w_i| / 127, tiny), q_i = round-half-even(w_i / scale) clamped to +-127 (quantize.py's rule, so
  * |w_i - scale q_i| <= scale / 2 up to the quotient's rounding), and w1 = sum_i |w_i| (in double: the bound
  * on what the rows' own int8 rounding moves a logit, `native/screen.py`). `scale` and `w1` get blocks * NB
  * values (padding columns: zero weights, scale `tiny`). Read straight from the packed layer: no [out, in]
  * float copy of a 890 MiB output layer. */
 void specula_screen_pack(const float *wp, int8_t *qp, float *scale, double *w1, int in, int out, float tiny,
-                         int threads) {
-    int blocks = (out + NB - 1) / NB, in4 = (in + 3) / 4 * 4;
+                         int quads, int threads) {
+    int blocks = (out + NB - 1) / NB, in4 = quads ? (in + 3) / 4 * 4 : in;
     #pragma omp parallel for schedule(static) num_threads(threads)
     for (int bk = 0; bk < blocks; bk++) {
         const float *src = wp + (size_t)bk * in * NB;
@@ -40,7 +41,7 @@ void specula_screen_pack(const float *wp, int8_t *qp, float *scale, double *w1, 
         }
         for (int i = 0; i < in4; i++)
             for (int c = 0; c < NB; c++) {
-                size_t at = ((size_t)(i >> 2) * NB + c) * 4 + (i & 3);
+                size_t at = quads ? ((size_t)(i >> 2) * NB + c) * 4 + (i & 3) : (size_t)i * NB + c;
                 if (i >= in) {
                     dst[at] = 0;
                     continue;
