@@ -34,13 +34,13 @@ def test_top_k_ids_equals_torchs_topk(rows, vocab, k):
 
 
 def test_top_k_ids_breaks_ties_by_the_lower_index_and_never_picks_nan_wherever_it_lies():
-    logits = torch.zeros(3, 80)  # two 32-value blocks, then a vector of 8 and a tail of 8
+    logits = torch.zeros(3, 84)  # two 32-value blocks, two vectors of 8, a tail of 4
     logits[0, 70] = 2.0
     logits[1, :3] = float("nan")
     logits[2, 33] = float("nan")  # a NaN in the same vector as the best value must not hide it
     logits[2, 34] = 5.0
-    logits[2, 79] = 4.0
-    assert kernels.top_k_ids(logits, 4).tolist() == [[70, 0, 1, 2], [3, 4, 5, 6], [34, 79, 0, 1]]
+    logits[2, 83] = 4.0
+    assert kernels.top_k_ids(logits, 4).tolist() == [[70, 0, 1, 2], [3, 4, 5, 6], [34, 83, 0, 1]]
     with pytest.raises(ValueError, match="k <= 5"):
         kernels.top_k_ids(torch.zeros(1, 5), 6)
     with pytest.raises(ValueError, match="float32"):
