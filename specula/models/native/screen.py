@@ -174,12 +174,19 @@ class OutputScreen:
         library().specula_screen_pack(head.packed.data_ptr(), packed.data_ptr(), scale.data_ptr(), w1.data_ptr(),
                                       inp, out, _TINY, int(quads), torch.get_num_threads())
         scale = scale[:out].contiguous()
-        self.kind = kind
-        self.max_rows = SCREEN_MAX_ROWS if quads else W8_SCREEN_MAX_ROWS
-        """The most rows of a pass the screen takes (`SCREEN_MAX_ROWS`, `W8_SCREEN_MAX_ROWS`)."""
         self.approx = KernelLinear.from_packed(kind, inp, out, packed, scale)
         self.slack = slack_of(scale, inp)  # [V]
         self.hw1 = (w1[:out] * (0.5 * ROOM) * (1 + 2.0 ** -20)).float()  # [V], rounded up past its rounding
+
+    @property
+    def kind(self) -> str:
+        """The copy's kernels: "i8" or "w8"."""
+        return self.approx.kind
+
+    @property
+    def max_rows(self) -> int:
+        """The most rows of a pass the screen takes (`SCREEN_MAX_ROWS`, `W8_SCREEN_MAX_ROWS`)."""
+        return SCREEN_MAX_ROWS if self.kind == "i8" else W8_SCREEN_MAX_ROWS
 
     @classmethod
     def fits(cls, head: object, top: bool = False) -> bool:

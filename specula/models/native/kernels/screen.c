@@ -11,8 +11,8 @@
 
 /* An int8 copy of f32 packed weights (layout.h: [blocks][in][NB]) in the i8 kernels' layout with `quads`
  * ([blocks][in4 / 4][NB][4], in4 = in rounded up to 4, the padding zero), else in w8's ([blocks][in][NB], the
- * f32 layout's indices): each output column's scale =
- * max(max_i |w_i| / 127, tiny), q_i = round-half-even(w_i / scale) clamped to +-127 (quantize.py's rule, so
+ * f32 layout's indices): each output column's scale = max(max_i |w_i| / 127, tiny), q_i =
+ * round-half-even(w_i / scale) clamped to +-127 (quantize.py's rule, so
  * |w_i - scale q_i| <= scale / 2 up to the quotient's rounding), and w1 = sum_i |w_i| (in double: the bound
  * on what the rows' own int8 rounding moves a logit, `native/screen.py`). `scale` and `w1` get blocks * NB
  * values (padding columns: zero weights, scale `tiny`). Read straight from the packed layer: no [out, in]
