@@ -772,14 +772,16 @@ def _argmax_only(session: Session, plan: Plan, target: TargetModel) -> bool:
     nucleus the screen's bounds leave open). A grammar's masks, penalties and a min_new_tokens mask
     change the argmax each row source takes (`TreeRows.exact_argmax`, `TreeRows.exact_top`).
     Children drawn from q are verified against the whole distribution: not screened; nor are truncated samples
-    where the target's output layer is too small for their candidates to pay (`models.base.screens_argmax`' top).
+    where the target's output layer is too small for their candidates to pay (`models.base.screens_argmax`' top and
+    nucleus).
     """
     params = session.params
     if params.logprobs is not None:
         return False
     if params.greedy:
         return True
-    return plan.proposal.sibling_mode == "deterministic" and (not params.truncates or screens_argmax(target, top=True))
+    return plan.proposal.sibling_mode == "deterministic" and (
+        not params.truncates or screens_argmax(target, top=True, nucleus=params.ranks_every_id))
 
 
 def feature_request(drafters) -> FeatureRequest:

@@ -217,7 +217,13 @@ class ArgmaxScreeningModel(Protocol):
     @property
     def lazy_top_logits(self) -> bool:
         """Whether its screened passes also pay for a truncated sample's kept ids (top-k, min-p: hundreds of
-        candidates a row where an argmax has one or two; a large output layer)."""
+        candidates a row where an argmax has one or two)."""
+        ...
+
+    @property
+    def lazy_nucleus_logits(self) -> bool:
+        """Whether its screened passes also pay for top-p over every id (bounds on every id left out: a large
+        output layer)."""
         ...
 
     def output_screen(self) -> Any:
@@ -231,10 +237,12 @@ class ArgmaxScreeningModel(Protocol):
         ...
 
 
-def screens_argmax(target: object, top: bool = False) -> bool:
+def screens_argmax(target: object, top: bool = False, nucleus: bool = False) -> bool:
     """Whether `target`'s greedy passes take their argmax through an output screen now (`top`: and a truncated
-    sample's kept ids, `ArgmaxScreeningModel.lazy_top_logits`)."""
-    return isinstance(target, ArgmaxScreeningModel) and target.lazy_logits and (not top or target.lazy_top_logits)
+    sample's kept ids, `ArgmaxScreeningModel.lazy_top_logits`; `nucleus`: top-p over every id's,
+    `lazy_nucleus_logits`)."""
+    return (isinstance(target, ArgmaxScreeningModel) and target.lazy_logits and (not top or target.lazy_top_logits)
+            and (not nucleus or target.lazy_nucleus_logits))
 
 
 def forward_trees(target: TargetModel, items: Sequence[tuple[TargetSequence, int, TokenTree]],

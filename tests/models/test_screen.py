@@ -551,6 +551,73 @@ def test_a_truncated_race_through_the_screen_is_the_whole_rows(monkeypatch):
     assert screen.edited_top(flat[0], screen.approx_logits(flat)[0], RowEdit(), wide.top_k, wide.kept_within) is None
 
 
+@pytest.mark.parametrize("kind", ["i8", "w8"])
+def test_a_truncated_samples_kept_ids_in_one_c_pass_are_the_torch_steps(monkeypatch, kind):
+    """`edited_top` with an edit that changes no value (a mask or nothing) takes its kept ids from one C pass over the
+    row (`specula_screen_top`): the ids, their exact values and the other ids' bounds are the torch steps' ones
+    (`_edited_candidates` with `top_floor`), bit for bit, on near-tied rows, for top-k, top-k with top-p, min-p, top-p
+    over every id and a top-k past the vocabulary, with no mask, a mask of half the ids and one leaving fewer ids than
+    top-k; a mask of every id, a state not finite and a row past the cap leave the row whole on both paths."""
+    from specula.tree_rows import RowEdit
+
+    w, head, _, states, _, _, g = near_tie_rows(84, seed=8)
+    screen = OutputScreen(head, kind)
+    approx = screen.approx_logits(states)
+    cases = [SamplingParams(temperature=0.7, top_k=5), SamplingParams(temperature=1.2, top_k=30, top_p=0.8),
+             SamplingParams(temperature=0.9, min_p=0.3), SamplingParams(temperature=0.8, top_p=0.9),
+             SamplingParams(temperature=1.0, top_k=20, top_p=0.95, min_p=0.1),
+             SamplingParams(temperature=1.0, top_k=len(w) + 5)]
+    kinds = set()
+
+    def both(r: int, allowed, params: SamplingParams):
+        top_k, within = ((screen_module.NUCLEUS_CANDIDATES, math.inf) if params.ranks_every_id
+                         else (params.top_k, params.kept_within))
+        fast = screen.edited_top(states[r], approx[r], RowEdit(allowed), params.top_k, params.kept_within,
+                                 params.ranks_every_id)
+        slow = screen._edited_candidates(states[r], approx[r], RowEdit(allowed), screen_module.top_floor(top_k, within),
+                                         screen_module.TOP_CANDIDATE_CAP, params.ranks_every_id)
+        return fast, slow
+
+    for r in range(len(states)):
+        params = cases[r % len(cases)]
+        allowed = None if r % 3 == 0 else torch.rand(len(w), generator=g) < (0.5 if r % 3 == 1 else 0.004)
+        fast, slow = both(r, allowed, params)
+        assert fast is not None and slow is not None, r
+        assert torch.equal(fast[0], slow[0]) and torch.equal(fast[1], slow[1]), r
+        assert fast[0].dtype == torch.long and bool((fast[0][1:] > fast[0][:-1]).all())
+        assert (fast[2] is None) == (slow[2] is None) == (not params.ranks_every_id), r
+        if fast[2] is not None:
+            assert torch.equal(fast[2][0], slow[2][0]) and torch.equal(fast[2][1], slow[2][1]), r
+        kinds.add((params.ranks_every_id, allowed is not None and int(allowed.sum()) < 30, len(fast[0]) > 1))
+    assert (False, True, True) in kinds and (True, False, True) in kinds  # few allowed ids; top-p's bounds
+    nothing = torch.zeros(len(w), dtype=torch.bool)
+    assert both(0, nothing, cases[0]) == (None, None)
+    bad = states[1].clone()
+    bad[3] = float("nan")
+    nan_row = screen.approx_logits(bad.view(1, -1))[0]
+    assert screen.edited_top(bad, nan_row, RowEdit(), 5, math.inf) is None
+    flat = (states[:1] * 0.02).contiguous()  # every id within reach of a min-p of 1e-6 at T 2: past a cap of 256
+    wide = SamplingParams(temperature=2.0, min_p=1e-6)
+    monkeypatch.setattr(screen_module, "TOP_CANDIDATE_CAP", 256)  # (the layer's 2,000 ids are under 2,048)
+    assert screen.edited_top(flat[0], screen.approx_logits(flat)[0], RowEdit(), 0, wide.kept_within) is None
+
+
+def test_truncated_samples_take_an_i8_copy_from_the_screens_own_size_and_a_w8_copy_from_a_larger_one(monkeypatch):
+    """On an i8 copy the screen gives a truncated sample's kept ids on every layer it screens (session 138: one C
+    pass a row, SmolLM2's truncated samples faster through it); on a w8 copy (AVX2 alone), and for top-p over every
+    id on either, only from `TOP_SCREEN_MIN_WEIGHTS` weights."""
+    monkeypatch.setattr(screen_module, "SCREEN_MIN_WEIGHTS", 1000)
+    monkeypatch.setattr(screen_module, "TOP_SCREEN_MIN_WEIGHTS", 4000)
+    small, large = f32_layer(torch.randn(50, 32)), f32_layer(torch.randn(200, 32))  # 1,600 and 6,400 weights
+    for kind, top_small in (("i8", True), ("w8", False)):
+        monkeypatch.setattr(screen_module, "default_kind", lambda kind=kind: kind)
+        assert OutputScreen.fits(small) and OutputScreen.fits(large) and OutputScreen.fits(large, top=True)
+        assert OutputScreen.fits(small, top=True) == top_small
+        assert OutputScreen.fits(large, top=True, nucleus=True) and not OutputScreen.fits(small, top=True, nucleus=True)
+        assert OutputScreen(small).kind == kind
+    assert not OutputScreen.fits(f32_layer(torch.randn(20, 32)), top=True)  # 640 weights: not screened at all
+
+
 @pytest.mark.parametrize("method", ["none", "prompt-lookup", "draft-model", "fusion"])
 @pytest.mark.parametrize("params", [
     SamplingParams(max_new_tokens=20, temperature=0.8, seed=3, ignore_eos=True),
@@ -582,10 +649,10 @@ def test_sampled_steps_at_a_temperature_alone_take_the_screen(monkeypatch, metho
     assert outs[0] == [plain.generate(prompt, params).token_ids for prompt in SPECULATIVE_PROMPTS]
 
 
-def test_sampled_requests_with_logprobs_are_not_screened(screened):
+def test_sampled_requests_with_logprobs_are_not_screened(monkeypatch, screened):
     """logprobs read whole rows: their steps compute the float32 logits; a temperature alone takes the screen, and
-    top-k with top-p and top-p over every id take it where the output layer is large enough for their candidates
-    to pay (`TOP_SCREEN_MIN_WEIGHTS`)."""
+    top-k with top-p and top-p over every id take it through an i8 copy, and through a w8 copy (AVX2 alone) where
+    the output layer is large enough for their candidates to pay (`TOP_SCREEN_MIN_WEIGHTS`)."""
     model = tiny_model("qwen2", seed=7, vocab=300)
     dec = SpeculativeDecoder(native(model), make_drafter("prompt-lookup"), eos_token_ids=[])
     dec.generate([3, 4, 5], SamplingParams(max_new_tokens=2))  # the planner's timing passes
@@ -599,6 +666,7 @@ def test_sampled_requests_with_logprobs_are_not_screened(screened):
         screened.clear()
         dec.generate(SPECULATIVE_PROMPTS[0], params)
         assert screened, params
+    monkeypatch.setattr(screen_module, "default_kind", lambda: "w8")  # AVX2 alone
     screen_module.TOP_SCREEN_MIN_WEIGHTS = 1 << 40  # (the fixture restores it) a layer too small for their candidates
     for params in truncated:
         screened.clear()

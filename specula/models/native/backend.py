@@ -296,8 +296,15 @@ class NativeCausalLM:
     @property
     def lazy_top_logits(self) -> bool:
         """Whether a screened pass also pays for a truncated sample's kept ids (`screen.OutputScreen.edited_top`):
-        `lazy_logits` on an output layer of at least `screen.TOP_SCREEN_MIN_WEIGHTS` weights."""
+        `lazy_logits`, and through a w8 copy (AVX2 alone) an output layer of at least `screen.TOP_SCREEN_MIN_WEIGHTS`
+        weights."""
         return self.graphs is None and OutputScreen.fits(self.decoder.lm_head, top=True)
+
+    @property
+    def lazy_nucleus_logits(self) -> bool:
+        """Whether a screened pass also pays for top-p over every id (`edited_top`'s bounds on every other id):
+        `lazy_logits` on an output layer of at least `screen.TOP_SCREEN_MIN_WEIGHTS` weights."""
+        return self.graphs is None and OutputScreen.fits(self.decoder.lm_head, top=True, nucleus=True)
 
     def output_screen(self) -> Any:
         """The output layer's screen (`native.screen.OutputScreen`), built on first use (again after

@@ -76,11 +76,13 @@ SCREEN_MIN_WEIGHTS = 8 << 20
 small part of a step and the screen's own pass would not pay (SmolLM2's 49,152 x 576 = 28.3M is
 screened; the tests' tiny models are not, unless a test attaches a screen)."""
 TOP_SCREEN_MIN_WEIGHTS = 64 << 20
-"""The smallest float32 output layer (256 MiB) whose passes give a truncated sample's kept ids through the screen
-(`OutputScreen.edited_top`): their candidates are hundreds of rows where an argmax's are one or two, and below
-it the int8 pass and the candidates cost about what the whole layer does (SmolLM2's 28.3M weights, top-k 40: one
-row 1.9-2.1 ms against 2.3-3.0 whole, but `fusion` 0.90-1.01x in three rounds, its passes of several rows dearer
-through the screen; the 1.5B's 233M: a row 6.0 ms against 13.6; `docs/native.md`)."""
+"""The smallest float32 output layer (256 MiB) whose passes give top-p over every id through the screen, and through a
+w8 copy (AVX2 alone) any truncated sample's kept ids (`OutputScreen.edited_top`, `fits`): their candidates are
+hundreds of rows where an argmax's are one or two. Through a w8 copy, below it, the int8 pass and the candidates cost
+about what the whole layer does (SmolLM2's 28.3M weights, top-k 40: one row 1.9-2.1 ms against 2.3-3.0 whole, but
+`fusion` 0.90-1.01x in three rounds; the 1.5B's 233M: a row 6.0 ms against 13.6). Through an i8 copy with the kept
+ids in one C pass (session 138) top-k and min-p pay on SmolLM2 too, top-p over every id does not (`eagle3` and
+`fusion` 0.81-0.95x in two rounds: its bounds on every other id cost more a row); `docs/native.md`."""
 W8_SCREEN_MAX_ROWS = 14
 """`SCREEN_MAX_ROWS` of a w8 copy (AVX2 alone): past 14 rows (`MULTI_ROWS` in `kernels/linear.h`) the w8 call runs
 panels and no longer pays (session 125's table, `docs/native.md`)."""
@@ -151,13 +153,29 @@ def row_terms(states: torch.Tensor, kind: str = "i8") -> tuple[torch.Tensor, tor
     return (total * (1 + 2.0 ** -20)).float(), step
 
 
+def default_kind() -> str:
+    """The int8 copy an `OutputScreen` builds unless told: "i8" where the kernels run AVX-512 (VNNI), "w8" on AVX2
+    alone (module docstring)."""
+    return "w8" if isa() == "avx2" else "i8"
+
+
+def top_floor(top_k: int, within: float) -> Callable[[torch.Tensor, float], float]:
+    """What a truncated sample's candidates must reach (`OutputScreen.edited_top`): of the changed lower ends low
+    [V] and their largest, the top_k-th largest (0 < top_k < V, else -inf) or the largest less `within`, whichever
+    is higher (compared with the upper ends in float32)."""
+    def floor(low: torch.Tensor, best_low: float) -> float:
+        kth = float(low.topk(top_k).values[-1]) if 0 < top_k < low.shape[0] else float("-inf")
+        return max(kth, best_low - within)
+    return floor
+
+
 class OutputScreen:
     """The int8 copy of a float32 `KernelLinear` output layer and the exact argmax through it."""
 
     def __init__(self, head: KernelLinear, kind: str | None = None) -> None:
         """`kind`: the copy's kernels, "i8" (each row and its residual, int8 activations) or "w8" (float32
         activations); None: i8 where the kernels run AVX-512 (VNNI), w8 on AVX2 alone (module docstring)."""
-        kind = kind or ("w8" if isa() == "avx2" else "i8")
+        kind = kind or default_kind()
         if kind not in ("i8", "w8"):
             raise ValueError(f"an output screen's copy is i8 or w8, got {kind!r}")
         if head.kind != "f32" or head.bias is not None:
@@ -189,11 +207,13 @@ class OutputScreen:
         return SCREEN_MAX_ROWS if self.kind == "i8" else W8_SCREEN_MAX_ROWS
 
     @classmethod
-    def fits(cls, head: object, top: bool = False) -> bool:
+    def fits(cls, head: object, top: bool = False, nucleus: bool = False) -> bool:
         """Whether `head` is an output layer a screen pays on: float32 on specula's kernels, no bias,
-        at least `SCREEN_MIN_WEIGHTS` weights (`top`: for a truncated sample's kept ids, `TOP_SCREEN_MIN_WEIGHTS`)."""
+        at least `SCREEN_MIN_WEIGHTS` weights; `top` (a truncated sample's kept ids) through a w8 copy, and
+        `nucleus` (top-p over every id) through any, at least `TOP_SCREEN_MIN_WEIGHTS`."""
+        least = TOP_SCREEN_MIN_WEIGHTS if nucleus or (top and default_kind() == "w8") else SCREEN_MIN_WEIGHTS
         return (isinstance(head, KernelLinear) and head.kind == "f32" and head.bias is None
-                and head.out_features * head.in_features >= (TOP_SCREEN_MIN_WEIGHTS if top else SCREEN_MIN_WEIGHTS))
+                and head.out_features * head.in_features >= least)
 
     def argmax(self, states: torch.Tensor) -> torch.Tensor:
         """LongTensor [n]: `head(states).argmax(-1)` exactly (torch's rule: the first maximal id),
@@ -254,11 +274,36 @@ class OutputScreen:
         (`truncated_race`'s `rest`). None where only the whole row can say (`edited_argmax`'s cases)."""
         if ranks_every_id:
             top_k, within = NUCLEUS_CANDIDATES, math.inf
+        if edit.change is None:  # the ids `top_floor` gives below, in one C pass
+            return self._kept_ids(state, approx, edit.allowed, top_k, within, ranks_every_id)
+        return self._edited_candidates(state, approx, edit, top_floor(top_k, within), TOP_CANDIDATE_CAP, ranks_every_id)
 
-        def floor(low: torch.Tensor, best_low: float) -> float:
-            kth = float(low.topk(top_k).values[-1]) if 0 < top_k < low.shape[0] else float("-inf")
-            return max(kth, best_low - within)
-        return self._edited_candidates(state, approx, edit, floor, TOP_CANDIDATE_CAP, ranks_every_id)
+    def _kept_ids(self, state: torch.Tensor, approx: torch.Tensor, allowed: torch.Tensor | None, top_k: int,
+                  within: float, rest: bool) -> Kept | None:
+        """`_edited_candidates` of `edited_top` for an edit that masks (`allowed` [V] bool, or None) and changes
+        nothing, in one C pass over the row (`screen.c`'s `specula_screen_top`: the same float32 steps, so the same
+        ids, values and bounds; SmolLM2's 49,152 ids 0.21-0.37 ms a row against 0.28-0.63 for the torch steps). The
+        row's terms are `_edited_candidates`' (rounded up as it rounds them)."""
+        state = state.float().view(1, -1).contiguous()
+        l1, xs = (float(t) * (1 + 2.0 ** -16) for t in row_terms(state, self.kind))
+        vocab = self.head.out_features
+        approx = approx.float().contiguous()
+        mask = None if allowed is None else allowed.to(torch.uint8).contiguous()  # [V]
+        ids = torch.empty(TOP_CANDIDATE_CAP, dtype=torch.int32)
+        lower, upper = torch.empty(vocab), torch.empty(vocab)  # [V] each: the others' ends
+        kth = max(1, min(top_k, vocab))
+        kth_vals, kth_ids = torch.empty(kth), torch.empty(kth, dtype=torch.long)  # the k-th largest's scratch
+        count = library().specula_screen_top(approx.data_ptr(), self.slack.data_ptr(), self.hw1.data_ptr(), l1, xs,
+                                             None if mask is None else mask.data_ptr(), vocab, top_k, within,
+                                             ids.data_ptr(), TOP_CANDIDATE_CAP, lower.data_ptr(), upper.data_ptr(),
+                                             kth_vals.data_ptr(), kth_ids.data_ptr())
+        if not 0 < count <= TOP_CANDIDATE_CAP:  # an end not finite, every id masked, or too many
+            return None
+        ids = ids[:count]
+        values = self._exact(state, ids.view(1, -1), torch.tensor([count], dtype=torch.int32))[0]  # [k]
+        if bool(values.isnan().any()):
+            return None
+        return ids.long(), values, (lower, upper) if rest else None
 
     def _edited_candidates(self, state: torch.Tensor, approx: torch.Tensor, edit: RowEdit,
                            floor: Callable[[torch.Tensor, float], float], cap: int,

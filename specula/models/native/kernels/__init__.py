@@ -234,6 +234,9 @@ def library() -> ctypes.CDLL:
     lib.specula_screen_pack.argtypes = [ptr, ptr, ptr, ptr, i32, i32, f32, i32, i32]
     lib.specula_screen_candidates.argtypes = [ptr, ptr, ptr, ptr, ptr, ptr, i32, i32, ptr, i32, ptr, i32]
     lib.specula_screen_exact.argtypes = [ptr, ptr, ptr, ptr, i32, i32, i32, ptr]
+    lib.specula_screen_top.argtypes = [ptr, ptr, ptr, f32, f32, ptr, i32, i32, ctypes.c_double, ptr, i32, ptr, ptr,
+                                       ptr, ptr]
+    lib.specula_screen_top.restype = i32
     lib.specula_quantize_rows.argtypes = [ptr, ptr, ptr, ptr, i32, i32, i32, i32, i32]
     lib.specula_decoder_pass.argtypes = [ptr, ptr, i32, i32, i32, ptr, ptr, f32, ptr, ptr, ptr, i32, i32, i32, i32,
                                          i32, f32, ptr, ctypes.c_long, ptr, i32, ptr, ptr, i32]

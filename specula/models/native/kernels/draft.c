@@ -102,6 +102,14 @@ static float row_top_k(const float *row, int v, int k, float *vals, int64_t *ids
     return top;
 }
 
+/* The k-th largest of row [v] (0 < k <= v; NaN values are never counted), through `row_top_k`'s scan: what
+ * screen.c's `specula_screen_top` cuts a truncated sample's candidates at; -inf where the row holds fewer than k
+ * values that are not NaN. vals [k], ids [k]: the caller's scratch. */
+float specula_kth_largest(const float *row, int v, int k, float *vals, int64_t *ids) {
+    row_top_k(row, v, k, vals, ids);
+    return vals[k - 1];
+}
+
 /* For each row of logits [n, v]: its k (<= v) largest logits, best first (ties: the lower index
  * first), as indices idx [n, k] and the logits themselves vals [n, k] (NaN logits are never picked):
  * what a drafter learns from a verified pass (token recycling's matrix rows). */

@@ -153,6 +153,51 @@ void specula_screen_candidates(const float *approx, const float *slack, const fl
         specula_parallel_rows(threads, n, (n + 1) / 2, candidate_rows, &args);
 }
 
+float specula_kth_largest(const float *row, int v, int k, float *vals, int64_t *ids);  /* draft.c */
+
+/* The ids a truncated sample of one row can keep, as `OutputScreen.edited_top` finds them with no change to the
+ * row (`native/screen.py`; each step in its float32 arithmetic and order, so the ids, values and bounds are the
+ * same): for each id v the interval approx[v] -+ bound_v, bound_v = (slack[v] * l1 + hw1[v] * xs) + |approx[v]|
+ * 2^-18 (l1, xs: the row's terms, already rounded up), both ends -inf where `allowed` (0 / 1 [vocab], or NULL)
+ * masks v; the floor max(k-th largest lower end (0 < top_k < vocab, else -inf), largest lower end - within),
+ * rounded to float32 as torch compares it; the candidates, every id whose upper end reaches the floor and is not
+ * -inf, ascending into ids [cap]. lower and upper [vocab] keep the other ids' ends, -inf at the candidates (what
+ * top-p over every id bounds the rest with). kth_vals [top_k], kth_ids [top_k]: scratch for the k-th largest.
+ * Returns how many candidates (past cap: only counted), or -1 where an end is not finite (or past 1e30) or every
+ * id is masked: the caller computes the row whole. */
+int specula_screen_top(const float *approx, const float *slack, const float *hw1, float l1, float xs,
+                       const uint8_t *allowed, int vocab, int top_k, double within, int32_t *ids, int cap,
+                       float *lower, float *upper, float *kth_vals, int64_t *kth_ids) {
+    const float room = 0x1p-18f;
+    float best = -INFINITY;
+    for (int v = 0; v < vocab; v++) {
+        float a = approx[v], b = (slack[v] * l1 + hw1[v] * xs) + fabsf(a) * room;
+        if (!(fabsf(a) <= 1e30f) || !(b <= 1e30f)) return -1;  /* NaN fails both */
+        float lo = a - b, hi = a + b;
+        if (allowed && !allowed[v]) lo = hi = -INFINITY;
+        lower[v] = lo;
+        upper[v] = hi;
+        best = lo > best ? lo : best;
+    }
+    if (best == -INFINITY) return -1;  /* every id masked */
+    double floor = (double)best - within;
+    if (top_k > 0 && top_k < vocab) {
+        double kth = (double)specula_kth_largest(lower, vocab, top_k, kth_vals, kth_ids);
+        floor = kth > floor ? kth : floor;
+    }
+    float cut = (float)floor;
+    int k = 0;
+    for (int v = 0; v < vocab; v++) {
+        float hi = upper[v];
+        if (hi >= cut && hi > -INFINITY) {
+            if (k < cap) ids[k] = v;
+            k++;
+            lower[v] = upper[v] = -INFINITY;
+        }
+    }
+    return k;
+}
+
 /* Each screened row's candidates' float32 logits, bit for bit the f32 kernels' outputs: for row r and
  * c < counts[r], y[r * cap + c] = the FMA chain over i = 0, 1, ... from +0 of w[v][i] x[r][i], v = ids[r * cap
  * + c], as every f32 item computes each output (layout.h's f32 layout [blocks][in][NB]: w[v][i] at
