@@ -283,9 +283,9 @@ class OutputScreen:
         """`_edited_candidates` of `edited_top` for an edit that masks (`allowed` [V] bool, or None) and changes
         nothing, in one C pass over the row (`screen.c`'s `specula_screen_top`: the same float32 steps, so the same
         ids, values and bounds; SmolLM2's 49,152 ids 0.21-0.37 ms a row against 0.28-0.63 for the torch steps). The
-        row's terms are `_edited_candidates`' (rounded up as it rounds them)."""
+        row's terms are `_edited_candidates`' (`_edited_terms`)."""
         state = state.float().view(1, -1).contiguous()
-        l1, xs = (float(t) * (1 + 2.0 ** -16) for t in row_terms(state, self.kind))
+        l1, xs = self._edited_terms(state)
         vocab = self.head.out_features
         approx = approx.float().contiguous()
         mask = None if allowed is None else allowed.to(torch.uint8).contiguous()  # [V]
@@ -305,6 +305,12 @@ class OutputScreen:
             return None
         return ids.long(), values, (lower, upper) if rest else None
 
+    def _edited_terms(self, state: torch.Tensor) -> tuple[float, float]:
+        """One row's (L, xs') of `row_terms` for state [1, E], each rounded up further (the edited and truncated
+        paths' bound, `_edited_candidates` and `_kept_ids` alike)."""
+        l1, xs = (float(t) * (1 + 2.0 ** -16) for t in row_terms(state, self.kind))
+        return l1, xs
+
     def _edited_candidates(self, state: torch.Tensor, approx: torch.Tensor, edit: RowEdit,
                            floor: Callable[[torch.Tensor, float], float], cap: int,
                            rest: bool = False) -> Kept | None:
@@ -312,8 +318,7 @@ class OutputScreen:
         and masked (lower [V], upper [V]) ends, -inf at the k, else None) of every id not masked whose changed upper end
         reaches `floor(changed lower ends [V], their largest)` (ascending: a first maximal id is torch's); None where a
         value or bound is not finite, every id is masked, or more than `cap` ids reach it."""
-        terms = row_terms(state.float().view(1, -1), self.kind)
-        l1, xs = (float(t) * (1 + 2.0 ** -16) for t in terms)  # rounded up further
+        l1, xs = self._edited_terms(state.float().view(1, -1))
         bound = self.slack * l1 + self.hw1 * xs + approx.abs() * 2.0 ** -18  # [V]: `_decide`'s, room for roundings
         lower, upper = approx - bound, approx + bound  # [V]
         if not math.isfinite(float(lower.sum()) + float(upper.sum())):  # an end not finite (or sums past float32's
