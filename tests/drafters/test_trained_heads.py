@@ -16,7 +16,8 @@ from laws import exact_first_two, sample_first_two, tv, tv_bound
 from tiny import reference_greedy, tiny_model
 from specula.api import build_decoder
 from specula.drafters.heads.file import HeadFile, read_head, save_head, target_record
-from specula.drafters.heads.runtime import TrainedHead, drafting_dtype, drafting_kernel, load_head, new_head
+from specula.drafters.heads.runtime import (TrainedHead, drafting_dtype, drafting_kernel, load_head, new_head,
+                                           run_window_mask, window_mask)
 from specula.drafters.trained import create_head_drafter
 from specula.models.native.kernels import KernelLinear
 from specula.errors import ConfigError, HeadFileError
@@ -402,6 +403,19 @@ def test_head_kv_cache_equals_a_from_scratch_forward_after_random_commits(kind, 
     assert compared > 20
 
 
+def test_a_catch_ups_window_mask_depends_on_its_offsets_alone():
+    """`run_window_mask` (cached by offsets, what a catch-up pass reads) equals `window_mask` of the same
+    consecutive positions wherever the keys start, and hands out one shared tensor per offsets."""
+    rng = random.Random(3)
+    for _ in range(300):
+        count, window, lo = rng.randint(1, 9), rng.randint(1, 12), rng.randint(0, 40)
+        first = rng.randint(0, 20)
+        keys = first + count + rng.randint(0, 3)
+        expected = window_mask(torch.arange(lo + first, lo + first + count), lo, lo + keys, window)
+        assert torch.equal(run_window_mask(count, first, keys, window), expected), (count, first, keys, window, lo)
+    assert run_window_mask(3, 5, 9, 4) is run_window_mask(3, 5, 9, 4)
+
+
 @pytest.mark.parametrize("kind", KINDS)
 def test_a_requests_context_adds_the_tokens_its_draft_vocabulary_lacks(kind):
     """The context vocabulary: a request's tokens outside the draft vocabulary (first come, at most
@@ -423,6 +437,8 @@ def test_a_requests_context_adds_the_tokens_its_draft_vocabulary_lacks(kind):
     assert state.token_ids([0, v, v + 2]) == [0, 3, 7]
     state.add_context([9, 5, 11])
     assert state.extra == [3, 5, 7, 9, 11]
+    assert state.token_ids([v + 4, 1, v + 3, v]) == [11, head.d2t[1].item(), 9, 3]  # the grown vocabulary's map
+    assert off.token_ids([1, 0]) == head.d2t[[1, 0]].tolist() == head.token_ids([1, 0])
     out = torch.randn(2, head.config.hidden_size)  # [2, E] the head's output
     logits = state.logits(out)  # [2, V_draft + 5]
     normed = head.module.output_states(out) if kind == "eagle3" else out

@@ -124,6 +124,20 @@ def embedding_table(target) -> torch.Tensor | None:
     return table if ok else None
 
 
+def _joined(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
+    """The parts' rows as one tensor: the one part itself (a lone sequence's pass: no copy), else their
+    concatenation."""
+    return tensors[0] if len(tensors) == 1 else torch.cat(list(tensors))
+
+
+def _within(values: torch.Tensor, stop: int) -> bool:
+    """Whether every one of the integers `values` lies in 0 .. stop - 1 (True when there are none)."""
+    if not len(values):
+        return True
+    low, high = values.aminmax()
+    return 0 <= int(low) and int(high) < stop
+
+
 class KernelHeadPass:
     """`EagleHead.forward` (plus the embedding, eagle3's fusion, the copy term and the output layer)
     for one sequence's drafting rows in one kernel call (see the module docstring)."""
@@ -142,11 +156,15 @@ class KernelHeadPass:
         self.ref, self.key = self._gather()
 
     def _held(self) -> list:
-        """The modules and tensors `ref` points into (their identities tell a stale `ref`)."""
+        """The modules and tensors `ref` points into (their identities tell a stale `ref`), read from the
+        modules' own dicts: nn.Module's attribute fallback costs about a microsecond a lookup, and a
+        drafting step checks this every pass."""
         m = self.module
-        held = [m._modules.get(name) for name in LAYERS + ("fuse", "copy_proj")] + [self.lm]
-        held += [lin._buffers.get(b) for lin in held if lin is not None for b in ("packed", "scale", "bias")]
-        return held + [getattr(m, name, None) for name in NORMS] + [self.table]
+        linears = [*map(m._modules.get, LAYERS + ("fuse", "copy_proj")), self.lm]
+        held = [b for lin in linears if lin is not None for b in map(lin._buffers.get, ("packed", "scale", "bias"))]
+        tensors = (m._parameters, m._buffers)
+        norms = [next((t[name] for t in tensors if name in t), m.__dict__.get(name)) for name in NORMS]
+        return [*linears, *held, *norms, self.table]
 
     def _gather(self) -> tuple[HeadRef, tuple[int, ...]]:
         m, cfg = self.module, self.module.cfg
@@ -183,23 +201,23 @@ class KernelHeadPass:
         for p in parts:
             if p.feat.shape[-1] != width:
                 raise ValueError(f"KernelHeadPass: features of {tuple(p.feat.shape)} do not fit the head (raw={raw})")
-        emb_ids, emb_rows = self._rows(torch.cat([p.emb for p in parts]))
-        feat = torch.cat([p.feat.float() for p in parts]).contiguous()
+        emb_ids, emb_rows = self._rows(_joined([p.emb for p in parts]))
+        feat = _joined([p.feat.float() for p in parts]).contiguous()
         if parts[0].hints is not None:
-            hint_ids, hint_rows = self._rows(torch.cat([p.hints[0] for p in parts]))
-            hint_len = torch.cat([p.hints[1].to(torch.long) for p in parts]).contiguous()  # [T]
-            if not cfg.copy_ngram or not 0 <= int(hint_len.min()) <= int(hint_len.max()) <= cfg.copy_ngram:
+            hint_ids, hint_rows = self._rows(_joined([p.hints[0] for p in parts]))
+            hint_len = _joined([p.hints[1].to(torch.long) for p in parts]).contiguous()  # [T]
+            if not cfg.copy_ngram or not _within(hint_len, cfg.copy_ngram + 1):
                 raise ValueError(f"KernelHeadPass: copy hints of lengths 0..{cfg.copy_ngram} expected "
                                  f"(the head's copy_ngram), got {hint_len.tolist()}")
         else:
             hint_ids = hint_rows = hint_len = None
-        positions = torch.cat([p.positions.to(torch.long) for p in parts]).contiguous()
+        positions = _joined([p.positions.to(torch.long) for p in parts]).contiguous()
         sizes = [len(p.positions) for p in parts]  # T of each part
         masks = [None if p.mask is None else p.mask.contiguous() for p in parts]  # bool, one byte per slot
         seqs = (HeadSeq * len(parts))()
         for i, (p, mask, t) in enumerate(zip(parts, masks, sizes)):
             p.cache.reserve(p.at + t)
-            seqs[i] = HeadSeq(_ptr(mask), p.cache.keys[0].data_ptr(), p.cache.values[0].data_ptr(),  # [G, cap, D]
+            seqs[i] = HeadSeq(_ptr(mask), p.cache.keys.data_ptr(), p.cache.values.data_ptr(),  # [1, G, cap, D]
                               p.cache.capacity, p.at, p.lo, t, p.logits_from, 0)
         n = len(positions)
         out, states = torch.empty((n, e)), torch.empty((n, e))
@@ -214,6 +232,8 @@ class KernelHeadPass:
         if status != 0:
             raise MemoryError(f"the head's drafting pass could not allocate its work buffers or a layer's rows "
                               f"for {n} rows")
+        if len(parts) == 1:  # one sequence's rows (a lone request's level): nothing to split
+            return [(out, states, logits)]
         outs, stated = out.split(sizes), states.split(sizes)
         scored = logits.split(wanted) if logits is not None else [None] * len(parts)
         return list(zip(outs, stated, scored))
@@ -223,7 +243,7 @@ class KernelHeadPass:
         if rows.dtype == torch.long:
             if self.table is None:
                 raise ValueError("KernelHeadPass was given token ids but no embedding table")
-            if len(rows) and not 0 <= int(rows.min()) <= int(rows.max()) < len(self.table):
+            if not _within(rows, len(self.table)):
                 raise ValueError(f"KernelHeadPass: token ids outside the target's vocabulary of {len(self.table)}")
             return rows.contiguous(), None
         return None, rows.float().contiguous()

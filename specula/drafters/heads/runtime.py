@@ -14,6 +14,7 @@ x_i, which the target's head turns into x_{i+1}.
 
 from __future__ import annotations
 
+import functools
 import os
 from typing import Sequence
 
@@ -58,6 +59,7 @@ class TrainedHead:
         self.target = target
         self.file = file
         self.d2t = check_d2t(d2t, target.vocab_size)  # [V_draft]
+        self._d2t_list: tuple[torch.Tensor, list[int]] | None = None  # (the map it was built from, `d2t_list`)
         dtype = next(module.parameters()).dtype
         rows = target.output_rows(self.d2t).to(dtype)  # [V_draft, E]
         self.lm_rows: torch.Tensor | None = None if kernel is not None else rows.clone()
@@ -158,7 +160,15 @@ class TrainedHead:
 
     def token_ids(self, indices: Sequence[int]) -> list[int]:
         """Draft-vocabulary indices -> target token ids (the exact mapping back)."""
-        return self.d2t[list(indices)].tolist()
+        index = self.d2t_list
+        return [index[i] for i in indices]
+
+    @property
+    def d2t_list(self) -> list[int]:
+        """`d2t` as a list of ints (built once a map): what drafting maps indices through."""
+        if self._d2t_list is None or self._d2t_list[0] is not self.d2t:
+            self._d2t_list = (self.d2t, self.d2t.tolist())
+        return self._d2t_list[1]
 
     def new_state(self) -> "HeadState":
         return {"eagle": EagleState, "eagle3": EagleState, "medusa": MedusaState, "hydra": HydraState}[self.kind](self)
@@ -246,6 +256,7 @@ class HeadState:
         self.extra_rows: torch.Tensor | None = None  # [len(extra), E] float32: their output rows
         self._extra_set: set[int] = set()
         self._index: torch.Tensor | None = None  # [V_draft + len(extra)] long, built on demand
+        self._index_list: list[int] | None = None  # `vocab_index` as a list (`token_ids`), built on demand
 
     @property
     def known(self) -> int:
@@ -284,7 +295,7 @@ class HeadState:
         self.extra.extend(new)
         self._extra_set.update(new)
         self.extra_rows = rows if self.extra_rows is None else torch.cat([self.extra_rows, rows])
-        self._index = None
+        self._index = self._index_list = None
 
     def logits(self, out: torch.Tensor) -> torch.Tensor:
         """The head's output [..., E] -> logits over the draft vocabulary and this request's context
@@ -292,8 +303,15 @@ class HeadState:
         return self.head.logits(out, self.extra_rows)
 
     def token_ids(self, indices: Sequence[int]) -> list[int]:
-        """Logit indices (draft vocabulary, then this request's context vocabulary) -> target ids."""
-        return self.vocab_index[list(indices)].tolist()
+        """Logit indices (draft vocabulary, then this request's context vocabulary) -> target ids (through
+        a list: indexing the tensor cost more than the rest of a drafting level's bookkeeping)."""
+        if not self.extra:
+            index = self.head.d2t_list
+        else:
+            if self._index_list is None:
+                self._index_list = self.vocab_index.tolist()
+            index = self._index_list
+        return [index[i] for i in indices]
 
     def feature_before_root(self, tokens: Sequence[int]) -> torch.Tensor | None:
         """Medusa / Hydra: f of the token before the root (earlier pending features dropped), or
@@ -334,6 +352,14 @@ def window_mask(rows: torch.Tensor, lo: int, end: int, window: int) -> torch.Ten
     later than r - window (its `window` most recent pairs, itself included)."""
     keys = torch.arange(lo, end)
     return (keys[None] <= rows[:, None]) & (keys[None] > rows[:, None] - window)
+
+
+@functools.lru_cache(maxsize=1024)
+def run_window_mask(count: int, first: int, keys: int, window: int) -> torch.Tensor:
+    """`window_mask` of the `count` consecutive positions lo + first .. over keys lo .. lo + keys - 1: it
+    depends on those offsets alone, and a request's catch-up passes repeat a few of them (`begin_steps`
+    made one a step, a tenth of the drafting's bookkeeping). Shared: read it, never write it."""
+    return window_mask(torch.arange(first, first + count), 0, keys, window)
 
 
 class EagleState(HeadState):
@@ -382,7 +408,7 @@ class EagleState(HeadState):
             a = self.fed
             lo = max(self.first, a - w + 1) if w else 0  # the oldest key any of these rows sees
             feats = torch.stack(self.pending[:new])  # [new, k E]: the target's features, fused in the pass
-            mask = None if not w else window_mask(torch.arange(a, root_pos), lo, root_pos, w)
+            mask = None if not w else run_window_mask(new, a - lo, root_pos - lo, w)
             hints = None if self.copy is None else self.copy.committed_hints(a + 1, root_pos + 1)
             out, states, logits = yield from self._run(tokens[a + 1: root_pos + 1], feats, True,
                                                        torch.arange(a, root_pos), mask, a, lo, hints,
