@@ -18,6 +18,32 @@ def test_longest_suffix_wins_and_most_recent_match_comes_first():
     assert find_continuations(np.array([4, 5, 6], dtype=np.int64), PromptLookupConfig()) == (0, [])
 
 
+def reference_continuations(tokens: list[int], cfg: PromptLookupConfig) -> tuple[int, list[list[int]]]:
+    """`find_continuations` by its definition, position by position: the longest suffix of n tokens (max_ngram down
+    to min_ngram) that occurred earlier with a token after it, the continuations of its latest matches first."""
+    length = len(tokens)
+    for n in range(min(cfg.max_ngram, length - 1), cfg.min_ngram - 1, -1):
+        suffix = tokens[length - n:]
+        starts = [i for i in range(length - n) if tokens[i:i + n] == suffix]  # i + n <= length - 1: a token after
+        if starts:
+            return n, [tokens[i + n:i + n + cfg.num_pred_tokens] for i in starts[::-1][:cfg.max_matches]]
+    return 0, []
+
+
+def test_continuations_equal_the_definition_on_random_contexts():
+    """The search (one comparison over the context, then narrowing) against the definition, on contexts of few
+    distinct tokens (many matches, long repeats) and many, every shape of config."""
+    rng = np.random.default_rng(5)
+    for _ in range(3000):
+        length, vocab = int(rng.integers(1, 80)), int(rng.choice([2, 3, 5, 40]))
+        tokens = rng.integers(0, vocab, length).tolist()
+        low = int(rng.integers(1, 4))
+        cfg = PromptLookupConfig(max_ngram=low + int(rng.integers(0, 3)), min_ngram=low,
+                                 num_pred_tokens=int(rng.integers(1, 6)), max_matches=int(rng.integers(1, 5)))
+        n, conts = find_continuations(np.array(tokens, dtype=np.int64), cfg)
+        assert (n, [c.tolist() for c in conts]) == reference_continuations(tokens, cfg), (tokens, cfg)
+
+
 def test_edge_scores_carry_the_match_length_at_the_root_and_agreement_below():
     drafter = PromptLookupDrafter(PromptLookupConfig(num_pred_tokens=3))
     three = drafter.propose(ctx([5, 6, 7, 1, 2, 5, 6, 7])).tree  # 3-gram match, one continuation
