@@ -1,16 +1,19 @@
 """Random requests over real HTTP, several clients at once (the official `openai` client): completions (one or two
 prompts, text or token ids, echo) and chat (one to three messages; a last assistant's message continued), streamed or
 not, `n` choices, greedy or seeded samples (top-p, top-k, min-p, penalties, a logit bias), stop strings, min_tokens,
-ignore_eos, logprobs, usage in the stream, structured output (response_format, guided_*). Each seed draws the
+ignore_eos, logprobs, usage in the stream, structured output (response_format, guided_*), tool calls (tools with
+tool_choice required or named, parallel or not). Each seed draws the
 server's method, planner, batch size, prefill chunks and prefix cache, and its tokenizer: whole words, raw bytes
 (characters whole, split or invalid), Llama-style byte pieces, or JSON's characters (most requests constrained then).
 Every choice carries what plain decoding gives its prompt alone: its text (the prompt's first under echo), why it
-ended, one logprob a token with plain decoding's value, and the usage counts its tokens; a stream ends each choice
+ended, one logprob a token with plain decoding's value, the tool calls its text parses to, and the usage counts its
+tokens; a stream ends each choice
 once, sends nothing for it after, starts each chat choice with the role, and sends usage last, only where asked. (The
 worker alone, under schedules it controls: `test_serve_schedules.py`.)"""
 
 from __future__ import annotations
 
+import json
 import random
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -24,8 +27,10 @@ from serve_helpers import METHODS, MODEL, make_tokenizer, method_spec, native_sp
 from tiny import VOCAB, byte_pieces_tokenizer, perturbed_copy, random_stop, tiny_model
 
 from specula.constraints import Constraint
+from specula.prompts import encode_prompt
 from specula.models.native import kernels
-from specula.serve.protocol import choice_seed
+from specula.serve.protocol import choice_seed, parse_request
+from specula.serve.tool_calls import ToolCallOutput, join_tool_calls
 
 pytestmark = pytest.mark.skipif(not kernels.available(), reason="specula's CPU kernels do not run here")
 
@@ -66,6 +71,13 @@ CONSTRAINTS = {
 """A request's structured output as the client asks for it (chat's response_format, vLLM's guided_* fields), and the
 `Constraint` plain decoding is given."""
 
+TOOLS = [{"type": "function", "function": {"name": "ab", "parameters": SCHEMA}},
+         {"type": "function", "function": {"name": "cd", "parameters": {
+             "type": "object", "properties": {"x": {"type": "integer", "minimum": 0, "maximum": 99}},
+             "required": ["x"], "additionalProperties": False}}}]
+"""Tools whose names and arguments the JSON tokenizer's characters can write (chat under "json": tool_choice required
+or one of them named constrains the output to calls)."""
+
 
 @pytest.fixture(scope="module")
 def models_of():
@@ -93,6 +105,9 @@ class Call:
     """Seconds its client waits before sending (so requests arrive while others run)."""
     constraint: Constraint | None = None
     """What its structured output asks (`CONSTRAINTS`), for plain decoding."""
+    tools: bool = False
+    """Chat with `TOOLS` and a tool_choice that constrains its output (`parse_request` reads how, as the server
+    does)."""
 
     @property
     def extra(self) -> dict:
@@ -110,6 +125,8 @@ class Got:
     """Chat: how many of a choice's messages or deltas named its role."""
     usage: tuple[int, int] | None = None
     """(prompt_tokens, completion_tokens)."""
+    calls: dict[int, list[list[str]]] = field(default_factory=dict)
+    """Chat with tools: each choice's tool calls as [name, arguments], in order (none: no entry)."""
 
 
 def random_text(rng: random.Random, tokenizer, vocab: int) -> str:
@@ -144,8 +161,16 @@ def random_call(rng: random.Random, k: int, tokenizer, vocab: int, constrained: 
         kw["logit_bias"] = {str(rng.randrange(2, vocab)): rng.choice((-100, 4, 100))}
     if rng.random() < 0.4:
         kw["stop"] = [random_stop(rng, tokenizer, vocab) for _ in range(rng.choice((1, 2)))]
-    constraint = None
-    if constrained and rng.random() < 2 / 3:
+    constraint, tools = None, False
+    if constrained and chat and rng.random() < 1 / 2:
+        choice = rng.choice(("required", "ab", "cd"))
+        kw.update(tools=TOOLS, tool_choice=choice if choice == "required" else {"type": "function",
+                                                                                 "function": {"name": choice}})
+        if rng.random() < 0.3:
+            kw["parallel_tool_calls"] = False
+        kw["max_tokens"] = rng.randint(8, 60)  # room for whole calls (required's list of them, 20-40 tokens each)
+        tools = True
+    elif constrained and rng.random() < 2 / 3:
         name = rng.choice([n for n in CONSTRAINTS if chat or not n.startswith("json_")])  # (response_format: chat's)
         asked, constraint = CONSTRAINTS[name]
         kw.update({key: value for key, value in asked.items() if key != "extra_body"})
@@ -162,7 +187,7 @@ def random_call(rng: random.Random, k: int, tokenizer, vocab: int, constrained: 
         prompts = [{"role": ("user", "assistant")[i % 2], "content": random_text(rng, tokenizer, vocab)}
                    for i in range(rng.choice((1, 2, 3)))]
         kw["messages"] = prompts
-        if len(prompts) == 2 and rng.random() < 0.5:  # vLLM's: the answer goes on with the assistant's message
+        if len(prompts) == 2 and not tools and rng.random() < 0.5:  # vLLM's: the answer goes on with its message
             extra.update(add_generation_prompt=False, continue_final_message=True)
     else:
         prompts = [random_text(rng, tokenizer, vocab) if rng.random() < 0.6
@@ -171,7 +196,7 @@ def random_call(rng: random.Random, k: int, tokenizer, vocab: int, constrained: 
         kw["echo"] = rng.random() < 0.2
     if extra:
         kw["extra_body"] = extra
-    return Call(chat, kw, prompts, rng.choice((0.0, 0.0, 0.01, 0.05)), constraint)
+    return Call(chat, kw, prompts, rng.choice((0.0, 0.0, 0.01, 0.05)), constraint, tools)
 
 
 def send(client, call: Call) -> Got:
@@ -184,6 +209,8 @@ def send(client, call: Call) -> Got:
         for c in out.choices:
             got.texts[c.index] = (c.message.content if call.chat else c.text) or ""
             got.reasons[c.index] = c.finish_reason
+            if call.chat and c.message.tool_calls:
+                got.calls[c.index] = [[t.function.name, t.function.arguments] for t in c.message.tool_calls]
             if call.chat:
                 got.roles[c.index] = int(c.message.role == "assistant")
             if c.logprobs is not None:
@@ -201,6 +228,12 @@ def send(client, call: Call) -> Got:
             got.texts[c.index] = got.texts.get(c.index, "") + ((c.delta.content if call.chat else c.text) or "")
             if call.chat:
                 got.roles[c.index] = got.roles.get(c.index, 0) + (c.delta.role == "assistant")
+                for t in c.delta.tool_calls or ():  # a call's first delta names it, the next ones add arguments
+                    calls = got.calls.setdefault(c.index, [])
+                    if t.index == len(calls):
+                        calls.append([t.function.name, ""])
+                    assert t.index == len(calls) - 1, f"choice {c.index}: tool call {t.index} out of order"
+                    calls[t.index][1] += t.function.arguments or ""
             if c.logprobs is not None:
                 got.logprobs.setdefault(c.index, []).extend(
                     [e.logprob for e in c.logprobs.content or ()] if call.chat else c.logprobs.token_logprobs)
@@ -223,23 +256,54 @@ def sampling(call: Call, j: int) -> dict:
                 prompt_logprobs=logprobs if kw.get("echo") else None)
 
 
+def tool_reference(tool_use, text: str, reason: str) -> tuple[str, list[list], str]:
+    """A choice's content, tool calls ([name, arguments]) and finish reason from plain decoding's text, read without
+    the server's parsers where the text says it whole: a named choice's text is its arguments; required's, when it
+    ended by itself, is a JSON list of {"name", "parameters"} (the arguments then compared as JSON: a dict here). A
+    required output cut short (max_tokens, a stop string) goes through the server's parser (`ToolCallOutput`)."""
+    if tool_use.choice == "named":
+        return "", [[tool_use.name, text]], reason
+    if reason == "stop":
+        try:
+            listed = json.loads(text)
+        except json.JSONDecodeError:
+            listed = None
+        if isinstance(listed, list) and listed:
+            calls = [[c["name"], c["parameters"]] for c in listed]
+            return "", calls if tool_use.parallel else calls[:1], "tool_calls"
+    parser = ToolCallOutput(tool_use)
+    (fed, deltas), (rest, more) = parser.feed(text), parser.finish()
+    calls = [[c["function"]["name"], c["function"]["arguments"]] for c in join_tool_calls(deltas + more)]
+    return fed + rest, calls, parser.finish_reason(reason)
+
+
 def wanted(call: Call, plain, tokenizer) -> Got:
     """What each choice gets from plain decoding alone."""
     want, outputs, prompt_tokens = Got(), [], 0
     sources = [call.prompts] if call.chat else call.prompts
+    constraint, tool_use = call.constraint, None
+    if call.tools:  # the constraint and the parser as the server reads the request
+        request = parse_request("chat", {key: value for key, value in call.kwargs.items() if key != "extra_body"},
+                                MODEL)
+        constraint, tool_use = request.constraint, request.tool_use
     n = call.kwargs["n"]
     for i, source in enumerate(sources):
         continued = call.extra.get("continue_final_message", False)
-        ids = plain.encode(source, raw=not call.chat, add_generation_prompt=not continued,
-                           continue_final_message=continued)
+        ids = encode_prompt(plain.tokenizer, source, raw=not call.chat, tools=TOOLS if call.tools else None,
+                            add_generation_prompt=not continued, continue_final_message=continued)
         prompt_tokens += len(ids)
-        echo = call.kwargs.get("echo") and (
-            source if isinstance(source, str) else tokenizer.decode(ids, skip_special_tokens=True))
+        echo = bool(call.kwargs.get("echo"))  # its text may be empty (ids of unused tokens): its logprobs are not
+        echoed = (source if isinstance(source, str) else tokenizer.decode(ids, skip_special_tokens=True)) * echo
         for j in range(n):
-            out = plain.generate(ids, raw=True, constraint=call.constraint, **sampling(call, j))
+            out = plain.generate(ids, raw=True, constraint=constraint, **sampling(call, j))
             outputs.append(out)
-            want.texts[i * n + j] = (echo or "") + out.text
+            want.texts[i * n + j] = echoed + out.text
             want.reasons[i * n + j] = out.stats.finish_reason or "length"
+            if tool_use is not None:
+                content, calls, reason = tool_reference(tool_use, out.text, want.reasons[i * n + j])
+                want.texts[i * n + j], want.reasons[i * n + j] = content, reason
+                if calls:
+                    want.calls[i * n + j] = calls
             if call.chat:
                 want.roles[i * n + j] = 1
             if out.logprobs is not None:
@@ -254,6 +318,11 @@ def check(call: Call, got: Got, want: Got, where: str) -> None:
     assert got.texts == want.texts, where
     assert got.reasons == want.reasons, where
     assert got.roles == want.roles, where
+    assert got.calls.keys() == want.calls.keys(), where
+    for index, calls in want.calls.items():  # arguments read as JSON where the reference holds them so
+        assert [[name, json.loads(args) if isinstance(expected, dict) else args]
+                for (name, args), (_, expected) in zip(got.calls[index], calls)] == calls, where
+        assert len(got.calls[index]) == len(calls), where
     assert got.logprobs.keys() == want.logprobs.keys(), where
     for index, values in want.logprobs.items():
         assert got.logprobs[index] == pytest.approx(values, abs=1e-4), where
