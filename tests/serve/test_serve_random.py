@@ -2,14 +2,13 @@
 prompts, text or token ids, echo) and chat (one to three messages; a last assistant's message continued), streamed or
 not, `n` choices, greedy or seeded samples (top-p, top-k, min-p, penalties, a logit bias), stop strings, min_tokens,
 ignore_eos, logprobs, usage in the stream, structured output (response_format, guided_*), tool calls (tools with
-tool_choice required or named, parallel or not). Each seed draws the
-server's method, planner, batch size, prefill chunks and prefix cache, and its tokenizer: whole words, raw bytes
-(characters whole, split or invalid), Llama-style byte pieces, or JSON's characters (most requests constrained then).
-Every choice carries what plain decoding gives its prompt alone: its text (the prompt's first under echo), why it
-ended, one logprob a token with plain decoding's value, the tool calls its text parses to, and the usage counts its
-tokens; a stream ends each choice
-once, sends nothing for it after, starts each chat choice with the role, and sends usage last, only where asked. (The
-worker alone, under schedules it controls: `test_serve_schedules.py`.)"""
+tool_choice required or named, parallel or not). Each seed draws the server's method, planner, batch size, prefill
+chunks and prefix cache, and its tokenizer: whole words, raw bytes (characters whole, split or invalid), Llama-style
+byte pieces, or JSON's characters (most requests constrained then). Every choice carries what plain decoding gives its
+prompt alone: its text (the prompt's first under echo), why it ended, one logprob a token with plain decoding's value,
+the tool calls its text says, and the usage counts its tokens; a stream ends each choice once, sends nothing for it
+after, starts each chat choice with the role, and sends usage last, only where asked. (The worker alone, under
+schedules it controls: `test_serve_schedules.py`.)"""
 
 from __future__ import annotations
 
@@ -125,8 +124,9 @@ class Got:
     """Chat: how many of a choice's messages or deltas named its role."""
     usage: tuple[int, int] | None = None
     """(prompt_tokens, completion_tokens)."""
-    calls: dict[int, list[list[str]]] = field(default_factory=dict)
-    """Chat with tools: each choice's tool calls as [name, arguments], in order (none: no entry)."""
+    calls: dict[int, list[list]] = field(default_factory=dict)
+    """Chat with tools: each choice's tool calls as [name, arguments], in order (none: no entry); a reference's
+    arguments are a dict where they are compared as JSON (`tool_reference`)."""
 
 
 def random_text(rng: random.Random, tokenizer, vocab: int) -> str:
