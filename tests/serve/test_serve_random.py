@@ -2,13 +2,13 @@
 prompts, text or token ids, echo) and chat (one to three messages; a last assistant's message continued), streamed or
 not, `n` choices, greedy or seeded samples (top-p, top-k, min-p, penalties, a logit bias), stop strings, min_tokens,
 ignore_eos, logprobs, usage in the stream, structured output (response_format, guided_*), tool calls (tools with
-tool_choice required or named, parallel or not). Each seed draws the server's method, planner, batch size, prefill
-chunks and prefix cache, and its tokenizer: whole words, raw bytes (characters whole, split or invalid), Llama-style
-byte pieces, or JSON's characters (most requests constrained then). Every choice carries what plain decoding gives its
-prompt alone: its text (the prompt's first under echo), why it ended, one logprob a token with plain decoding's value,
-the tool calls its text says, and the usage counts its tokens; a stream ends each choice once, sends nothing for it
-after, starts each chat choice with the role, and sends usage last, only where asked. (The worker alone, under
-schedules it controls: `test_serve_schedules.py`.)"""
+tool_choice required, named or auto, parallel or not). Each seed draws the server's method, planner, batch size,
+prefill chunks and prefix cache, and its tokenizer: whole words, raw bytes (characters whole, split or invalid),
+Llama-style byte pieces, or JSON's characters (most requests constrained then). Every choice carries what plain
+decoding gives its prompt alone: its text (the prompt's first under echo), why it ended, one logprob a token with
+plain decoding's value, the tool calls its text says, and the usage counts its tokens; a stream ends each choice once,
+sends nothing for it after, starts each chat choice with the role, and sends usage last, only where asked. (The worker
+alone, under schedules it controls: `test_serve_schedules.py`.)"""
 
 from __future__ import annotations
 
@@ -75,7 +75,10 @@ TOOLS = [{"type": "function", "function": {"name": "ab", "parameters": SCHEMA}},
              "type": "object", "properties": {"x": {"type": "integer", "minimum": 0, "maximum": 99}},
              "required": ["x"], "additionalProperties": False}}}]
 """Tools whose names and arguments the JSON tokenizer's characters can write (chat under "json": tool_choice required
-or one of them named constrains the output to calls)."""
+or one of them named constrains the output to calls; auto leaves it free and parses it)."""
+TOOL_PARSER = "llama3_json"
+"""The parser of tool_choice auto's output under "json" (calls as plain JSON objects, which its characters can write;
+another parser's tags they cannot)."""
 
 
 @pytest.fixture(scope="module")
@@ -163,9 +166,9 @@ def random_call(rng: random.Random, k: int, tokenizer, vocab: int, constrained: 
         kw["stop"] = [random_stop(rng, tokenizer, vocab) for _ in range(rng.choice((1, 2)))]
     constraint, tools = None, False
     if constrained and chat and rng.random() < 1 / 2:
-        choice = rng.choice(("required", "ab", "cd"))
-        kw.update(tools=TOOLS, tool_choice=choice if choice == "required" else {"type": "function",
-                                                                                 "function": {"name": choice}})
+        choice = rng.choice(("required", "ab", "cd", "auto"))  # auto: the server parses the output (`TOOL_PARSER`)
+        named = {"type": "function", "function": {"name": choice}}
+        kw.update(tools=TOOLS, tool_choice=choice if choice in ("required", "auto") else named)
         if rng.random() < 0.3:
             kw["parallel_tool_calls"] = False
         kw["max_tokens"] = rng.randint(8, 60)  # room for whole calls (required's list of them, 20-40 tokens each)
@@ -260,10 +263,11 @@ def tool_reference(tool_use, text: str, reason: str) -> tuple[str, list[list], s
     """A choice's content, tool calls ([name, arguments]) and finish reason from plain decoding's text, read without
     the server's parsers where the text says it whole: a named choice's text is its arguments; required's, when it
     ended by itself, is a JSON list of {"name", "parameters"} (the arguments then compared as JSON: a dict here). A
-    required output cut short (max_tokens, a stop string) goes through the server's parser (`ToolCallOutput`)."""
+    required output cut short (max_tokens, a stop string), and auto's, go through the server's parser
+    (`ToolCallOutput`)."""
     if tool_use.choice == "named":
         return "", [[tool_use.name, text]], reason
-    if reason == "stop":
+    if tool_use.choice == "required" and reason == "stop":
         try:
             listed = json.loads(text)
         except json.JSONDecodeError:
@@ -284,7 +288,7 @@ def wanted(call: Call, plain, tokenizer) -> Got:
     constraint, tool_use = call.constraint, None
     if call.tools:  # the constraint and the parser as the server reads the request
         request = parse_request("chat", {key: value for key, value in call.kwargs.items() if key != "extra_body"},
-                                MODEL)
+                                MODEL, tool_parser=TOOL_PARSER)
         constraint, tool_use = request.constraint, request.tool_use
     n = call.kwargs["n"]
     for i, source in enumerate(sources):
@@ -344,6 +348,8 @@ def test_random_requests_over_http_get_what_plain_decoding_gives_each_alone(seed
     spec = method_spec(method, target, draft, tokenizer, planner=planner, prefix_cache_mib=rng.choice((0, 1)))
     calls = [random_call(rng, k, tokenizer, vocab, constrained=kind == "json") for k in range(8)]
     config = {"max_batch_size": rng.choice((1, 2, 4, 8)), "chunked_prefill_size": rng.choice((None, 1, 3, 8))}
+    if kind == "json":  # tool_choice auto's requests (`random_call`)
+        config.update(enable_auto_tool_choice=True, tool_call_parser=TOOL_PARSER)
     where = f"seed {seed}: {method} ({kind}, planner {planner}, {config})"
     with running(spec, **config) as server:
         client = OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=60)
