@@ -59,7 +59,7 @@ class TrainedHead:
         self.target = target
         self.file = file
         self.d2t = check_d2t(d2t, target.vocab_size)  # [V_draft]
-        self._d2t_list: tuple[torch.Tensor, list[int]] | None = None  # (the map it was built from, `d2t_list`)
+        self._d2t_list: list[int] | None = None  # `d2t_list`, built on first use
         dtype = next(module.parameters()).dtype
         rows = target.output_rows(self.d2t).to(dtype)  # [V_draft, E]
         self.lm_rows: torch.Tensor | None = None if kernel is not None else rows.clone()
@@ -165,10 +165,10 @@ class TrainedHead:
 
     @property
     def d2t_list(self) -> list[int]:
-        """`d2t` as a list of ints (built once a map): what drafting maps indices through."""
-        if self._d2t_list is None or self._d2t_list[0] is not self.d2t:
-            self._d2t_list = (self.d2t, self.d2t.tolist())
-        return self._d2t_list[1]
+        """`d2t` as a list of ints (built once): what drafting maps indices through."""
+        if self._d2t_list is None:
+            self._d2t_list = self.d2t.tolist()
+        return self._d2t_list
 
     def new_state(self) -> "HeadState":
         return {"eagle": EagleState, "eagle3": EagleState, "medusa": MedusaState, "hydra": HydraState}[self.kind](self)
@@ -306,12 +306,10 @@ class HeadState:
         """Logit indices (draft vocabulary, then this request's context vocabulary) -> target ids (through
         a list: indexing the tensor cost more than the rest of a drafting level's bookkeeping)."""
         if not self.extra:
-            index = self.head.d2t_list
-        else:
-            if self._index_list is None:
-                self._index_list = self.vocab_index.tolist()
-            index = self._index_list
-        return [index[i] for i in indices]
+            return self.head.token_ids(indices)
+        if self._index_list is None:
+            self._index_list = self.vocab_index.tolist()
+        return [self._index_list[i] for i in indices]
 
     def feature_before_root(self, tokens: Sequence[int]) -> torch.Tensor | None:
         """Medusa / Hydra: f of the token before the root (earlier pending features dropped), or
