@@ -165,14 +165,12 @@ weight); on by default (`models.device.env_switch`)."""
 
 
 def codes_source(resolved: Any) -> Path | None:
-    """The GGUF whose blocks a model's float32 weights are, where c8 layers pay: a GGUF file given as the
-    model, or an embedded model's verified GGUF (`models install`), on a CPU whose kernels run AVX-512 (the
-    c8 kernels rebuild weights in registers there; elsewhere every call would rebuild them into memory
-    first); None for any other model, elsewhere, or with `SPECULA_WEIGHT_CODES=0`."""
+    """The GGUF whose blocks a model's float32 weights are, for c8 layers: a GGUF file given as the model, or
+    an embedded model's verified GGUF (`models install`); None for any other model, or with
+    `SPECULA_WEIGHT_CODES=0`."""
     from specula.models.device import env_switch
-    from specula.models.native import kernels
 
-    if not env_switch(CODES_ENV) or kernels.isa() == "avx2":
+    if not env_switch(CODES_ENV):
         return None
     if getattr(resolved, "gguf_file", None) is not None:
         return Path(resolved.gguf_file)

@@ -203,6 +203,109 @@ static CHUNKED_ITEM(w8_chunked, int8_t, LOAD_W8, scale)
 static FLOAT_BLOCK_ITEM(f32_block, float, PACKED_GROUP, SWITCH_BLOCK, LOAD_F32, NULL)
 static FLOAT_BLOCK_ITEM(w8_block, int8_t, PACKED_GROUP, SWITCH_BLOCK, LOAD_W8, scale)
 
+/* c8 (linear_codes.c) without AVX-512. A call of one or two rows (a decoding step): each weight rebuilt in
+ * registers from its code right before its FMAs (w = (A * q) + B, two roundings: FLAGS' -ffp-contract=off),
+ * so every accumulator takes f32's own chain of FMAs over i = 0, 1, ... on f32's very weights (BLOCK_BODY's
+ * bits) while decoding reads a quarter of f32's bytes. One loop over i (G a constant: the divisions are
+ * shifts), A and B read each step as memory operands, the codes fetched PREFETCH_BYTES ahead. With three
+ * rows or more gcc kept every accumulator's copy on the stack up to date on every step (a store per
+ * accumulator a step, whatever the loop's shape), so those calls rebuild chunks of weights into L1 and run
+ * f32's loop over them (`c8_chunked_avx2`). */
+#define C8_REGISTER_ROWS 2
+#define C8_STEP_WEIGHTS(A, B, CODES)                                                                 \
+    __m256 w0 = _mm256_add_ps(                                                                       \
+        _mm256_mul_ps(_mm256_loadu_ps(A), _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(                    \
+                                              _mm_loadl_epi64((const __m128i *)(CODES))))),           \
+        _mm256_loadu_ps(B));                                                                         \
+    __m256 w1 = _mm256_add_ps(                                                                       \
+        _mm256_mul_ps(_mm256_loadu_ps((A) + 8), _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(              \
+                                                    _mm_loadl_epi64((const __m128i *)((CODES) + 8))))), \
+        _mm256_loadu_ps((B) + 8))
+#define C8_ROWS_BODY(MB, G)                                                                          \
+    do {                                                                                             \
+        __m256 a[C8_REGISTER_ROWS][2];                                                               \
+        for (int m = 0; m < MB; m++) a[m][0] = a[m][1] = _mm256_setzero_ps();                        \
+        for (int i = 0; i < in; i++) {                                                               \
+            const uint8_t *gp = wb + (size_t)(i / (G)) * gbytes;                                     \
+            _mm_prefetch((const char *)wb + (size_t)i * gbytes / (G) + PREFETCH_BYTES, _MM_HINT_T0);  \
+            C8_STEP_WEIGHTS((const float *)gp, (const float *)gp + NB,                               \
+                            gp + 2 * NB * sizeof(float) + (size_t)(i % (G)) * NB);                   \
+            for (int m = 0; m < MB; m++) {                                                           \
+                __m256 xv = _mm256_broadcast_ss(xg + (size_t)i * MR + m);                            \
+                a[m][0] = _mm256_fmadd_ps(w0, xv, a[m][0]);                                          \
+                a[m][1] = _mm256_fmadd_ps(w1, xv, a[m][1]);                                          \
+            }                                                                                        \
+        }                                                                                            \
+        float acc[MR][NB] __attribute__((aligned(32)));                                              \
+        for (int m = 0; m < MB; m++) {                                                               \
+            _mm256_store_ps(acc[m], a[m][0]);                                                        \
+            _mm256_store_ps(acc[m] + 8, a[m][1]);                                                    \
+        }                                                                                            \
+        store_rows(acc, y, NULL, b, m0, MB, o0, nc, out);                                            \
+    } while (0)
+#define C8_ROWS(G)                                                                                   \
+    if (M == 1) C8_ROWS_BODY(1, G);                                                                  \
+    else C8_ROWS_BODY(2, G);
+
+/* c8 calls of up to C8_REGISTER_ROWS rows without AVX-512 (x packed as one group of MR, `pack_rows`): one
+ * column block an item. */
+static void c8_rows_avx2(void *arg, int bk) {
+    const struct linear_job *j = arg;
+    const float *b = j->b, *xg = j->xp;
+    float *y = j->y;
+    int M = j->M, in = j->in, out = j->out, group = j->group, groups = in / group, m0 = 0;
+    int o0 = bk * NB, nc = out - o0 < NB ? out - o0 : NB;
+    size_t gbytes = C8_GROUP_BYTES(group);
+    const uint8_t *wb = j->codes + (size_t)bk * groups * gbytes;
+    if (group == 32) {
+        C8_ROWS(32)
+    } else {
+        C8_ROWS(16)
+    }
+}
+
+/* c8 calls of C8_REGISTER_ROWS + 1 .. PANEL_ROWS - 1 rows without AVX-512 (x packed per group of MR, in even
+ * groups beyond MR rows, as f32_chunked):
+ * each column block in chunks of KC2 inputs, a chunk's weights rebuilt once into `chunk` (8 KB, in L1)
+ * and every row group run over it as f32_chunked runs over its weights (the codes' lines fetched ahead
+ * while the chunk is rebuilt: the groups' own prefetch would name the chunk), so a weight is rebuilt
+ * once a call, not once a group. The same FMA chains over i = 0, 1, ... on the same weights: f32's
+ * bits. */
+#define NO_PREFETCH(i)
+#define C8_CHUNK_BODY(MB, LOAD, SCALE) RUN_BODY(MB, LOAD, SCALE, cacc[gr], c0, c1, NO_PREFETCH, 1)
+static void c8_chunked_avx2(void *arg, int item) {
+    FLOAT_ITEM_OPERANDS
+    int group = j->group, ngroups = in / group;
+    size_t gbytes = C8_GROUP_BYTES(group);
+    float chunk[KC2][NB] __attribute__((aligned(32)));
+    float cacc[MAX_CHUNK_GROUPS][MR][NB] __attribute__((aligned(32)));
+    for (int bk = bk0; bk < bk1; bk++) {
+        int o0 = bk * NB, nc = out - o0 < NB ? out - o0 : NB;
+        const uint8_t *cb = j->codes + (size_t)bk * ngroups * gbytes;
+        for (int c0 = 0; c0 < in; c0 += KC2) {
+            int c1 = in - c0 < KC2 ? in : c0 + KC2;
+            for (int g = c0 / group; g < c1 / group; g++) {
+                const uint8_t *gp = cb + (size_t)g * gbytes, *codes = gp + 2 * NB * sizeof(float);
+                for (size_t at = 0; at < gbytes; at += 64)
+                    _mm_prefetch((const char *)gp + at + PREFETCH_BYTES, _MM_HINT_T0);
+                for (int ii = 0; ii < group; ii++) {
+                    C8_STEP_WEIGHTS((const float *)gp, (const float *)gp + NB, codes + (size_t)ii * NB);
+                    _mm256_store_ps(chunk[g * group + ii - c0], w0);
+                    _mm256_store_ps(chunk[g * group + ii - c0] + 8, w1);
+                }
+            }
+            /* RUN_BODY reads step i at wb + i * NB: point wb so that step c0 is the chunk's first row */
+            const float *wb = (const float *)((uintptr_t)chunk - (uintptr_t)c0 * NB * sizeof(float));
+            for (int gr = 0; gr < j->groups; gr++) {
+                int m0, mb;
+                even_group(gr, M, j->groups, &m0, &mb);
+                const float *xg = j->xp + (size_t)gr * in * MR;
+                SWITCH_ROWS(C8_CHUNK_BODY, LOAD_F32, NULL)
+            }
+        }
+    }
+}
+
 /* One f32 or w8 call. Where AVX-512 runs: an f32 or w8 call of up to MULTI_ROWS rows (a decoding step,
  * a tree of up to 13 nodes) takes items of several column blocks (`multi_blocks`, `MULTI_ITEM` in
  * linear_avx512.c; SmolLM2 passes after 256 tokens, the two in turn in one process, 1 / 9 / 12 / 14
@@ -242,6 +345,8 @@ static int linear_float(const float *x, const void *wp, const float *scale, cons
     specula_item_fn fn = chunked ? avx2_chunk_fn : !wide ? avx2_fn : direct ? avx512_block_fn : avx512_panel_fn;
     if (c8_chunked) {
         fn = specula_c8_chunked_avx512;
+    } else if (codes && !wide && M < PANEL_ROWS) {  /* c8 without AVX-512: rebuilt in registers or per chunk */
+        fn = M <= C8_REGISTER_ROWS ? c8_rows_avx2 : c8_chunked_avx2;
     } else if (codes) {  /* c8: each item rebuilds its blocks, then runs fn over them */
         job.inner = fn;
         fn = specula_c8_rebuilt_item;
