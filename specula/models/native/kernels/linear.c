@@ -203,15 +203,13 @@ static CHUNKED_ITEM(w8_chunked, int8_t, LOAD_W8, scale)
 static FLOAT_BLOCK_ITEM(f32_block, float, PACKED_GROUP, SWITCH_BLOCK, LOAD_F32, NULL)
 static FLOAT_BLOCK_ITEM(w8_block, int8_t, PACKED_GROUP, SWITCH_BLOCK, LOAD_W8, scale)
 
-/* c8 (linear_codes.c) without AVX-512. A call of one or two rows (a decoding step): each weight rebuilt in
- * registers from its code right before its FMAs (w = (A * q) + B, two roundings: FLAGS' -ffp-contract=off),
- * so every accumulator takes f32's own chain of FMAs over i = 0, 1, ... on f32's very weights (BLOCK_BODY's
- * bits) while decoding reads a quarter of f32's bytes. One loop over i (G a constant: the divisions are
- * shifts), A and B read each step as memory operands, the codes fetched PREFETCH_BYTES ahead. With three
- * rows or more gcc kept every accumulator's copy on the stack up to date on every step (a store per
- * accumulator a step, whatever the loop's shape), so those calls rebuild chunks of weights into L1 and run
- * f32's loop over them (`c8_chunked_avx2`). */
-#define C8_REGISTER_ROWS 2
+/* c8 (linear_codes.c) without AVX-512. A call of up to MR rows (a decoding step, a tree of up to 5 nodes):
+ * each weight rebuilt in registers from its code right before its FMAs (w = (A * q) + B, two roundings:
+ * FLAGS' -ffp-contract=off), so every accumulator takes f32's own chain of FMAs over i = 0, 1, ... on f32's
+ * very weights (BLOCK_BODY's bits) while the call reads a quarter of f32's bytes. The steps of a group of G
+ * inputs (a constant: they unroll) share its A and B; the accumulators are copied into a fresh array `r`
+ * for each group's loop and back after it: carried through both loops in one array, gcc stored every
+ * accumulator to the stack on every step from three rows on (12 stores a step at six rows). */
 #define C8_STEP_WEIGHTS(A, B, CODES)                                                                 \
     __m256 w0 = _mm256_add_ps(                                                                       \
         _mm256_mul_ps(_mm256_loadu_ps(A), _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(                    \
@@ -223,18 +221,24 @@ static FLOAT_BLOCK_ITEM(w8_block, int8_t, PACKED_GROUP, SWITCH_BLOCK, LOAD_W8, s
         _mm256_loadu_ps((B) + 8))
 #define C8_ROWS_BODY(MB, G)                                                                          \
     do {                                                                                             \
-        __m256 a[C8_REGISTER_ROWS][2];                                                               \
+        __m256 a[MR][2];                                                                             \
         for (int m = 0; m < MB; m++) a[m][0] = a[m][1] = _mm256_setzero_ps();                        \
-        for (int i = 0; i < in; i++) {                                                               \
-            const uint8_t *gp = wb + (size_t)(i / (G)) * gbytes;                                     \
-            _mm_prefetch((const char *)wb + (size_t)i * gbytes / (G) + PREFETCH_BYTES, _MM_HINT_T0);  \
-            C8_STEP_WEIGHTS((const float *)gp, (const float *)gp + NB,                               \
-                            gp + 2 * NB * sizeof(float) + (size_t)(i % (G)) * NB);                   \
-            for (int m = 0; m < MB; m++) {                                                           \
-                __m256 xv = _mm256_broadcast_ss(xg + (size_t)i * MR + m);                            \
-                a[m][0] = _mm256_fmadd_ps(w0, xv, a[m][0]);                                          \
-                a[m][1] = _mm256_fmadd_ps(w1, xv, a[m][1]);                                          \
+        for (int g = 0; g < groups; g++) {                                                           \
+            const uint8_t *gp = wb + (size_t)g * gbytes, *codes = gp + 2 * NB * sizeof(float);       \
+            const float *A = (const float *)gp, *xi0 = xg + (size_t)g * (G) * MR;                    \
+            __m256 r[MR][2];                                                                         \
+            for (int m = 0; m < MB; m++) r[m][0] = a[m][0], r[m][1] = a[m][1];                       \
+            for (int ii = 0; ii < (G); ii++) {                                                       \
+                _mm_prefetch((const char *)gp + (size_t)ii * C8_GROUP_BYTES(G) / (G) + PREFETCH_BYTES, \
+                             _MM_HINT_T0);                                                           \
+                C8_STEP_WEIGHTS(A, A + NB, codes + (size_t)ii * NB);                                 \
+                for (int m = 0; m < MB; m++) {                                                       \
+                    __m256 xv = _mm256_broadcast_ss(xi0 + (size_t)ii * MR + m);                      \
+                    r[m][0] = _mm256_fmadd_ps(w0, xv, r[m][0]);                                      \
+                    r[m][1] = _mm256_fmadd_ps(w1, xv, r[m][1]);                                      \
+                }                                                                                    \
             }                                                                                        \
+            for (int m = 0; m < MB; m++) a[m][0] = r[m][0], a[m][1] = r[m][1];                       \
         }                                                                                            \
         float acc[MR][NB] __attribute__((aligned(32)));                                              \
         for (int m = 0; m < MB; m++) {                                                               \
@@ -244,11 +248,17 @@ static FLOAT_BLOCK_ITEM(w8_block, int8_t, PACKED_GROUP, SWITCH_BLOCK, LOAD_W8, s
         store_rows(acc, y, NULL, b, m0, MB, o0, nc, out);                                            \
     } while (0)
 #define C8_ROWS(G)                                                                                   \
-    if (M == 1) C8_ROWS_BODY(1, G);                                                                  \
-    else C8_ROWS_BODY(2, G);
+    switch (M) {                                                                                     \
+        case 1: C8_ROWS_BODY(1, G); break;                                                           \
+        case 2: C8_ROWS_BODY(2, G); break;                                                           \
+        case 3: C8_ROWS_BODY(3, G); break;                                                           \
+        case 4: C8_ROWS_BODY(4, G); break;                                                           \
+        case 5: C8_ROWS_BODY(5, G); break;                                                           \
+        default: C8_ROWS_BODY(6, G); break;                                                          \
+    }
 
-/* c8 calls of up to C8_REGISTER_ROWS rows without AVX-512 (x packed as one group of MR, `pack_rows`): one
- * column block an item. */
+/* c8 calls of up to MR rows without AVX-512 (x packed as one group of MR, `pack_rows`): one column block an
+ * item. */
 static void c8_rows_avx2(void *arg, int bk) {
     const struct linear_job *j = arg;
     const float *b = j->b, *xg = j->xp;
@@ -264,8 +274,7 @@ static void c8_rows_avx2(void *arg, int bk) {
     }
 }
 
-/* c8 calls of C8_REGISTER_ROWS + 1 .. PANEL_ROWS - 1 rows without AVX-512 (x packed per group of MR, in even
- * groups beyond MR rows, as f32_chunked):
+/* c8 calls of MR + 1 .. PANEL_ROWS - 1 rows without AVX-512 (x packed in even groups, as f32_chunked):
  * each column block in chunks of KC2 inputs, a chunk's weights rebuilt once into `chunk` (8 KB, in L1)
  * and every row group run over it as f32_chunked runs over its weights (the codes' lines fetched ahead
  * while the chunk is rebuilt: the groups' own prefetch would name the chunk), so a weight is rebuilt
@@ -346,7 +355,7 @@ static int linear_float(const float *x, const void *wp, const float *scale, cons
     if (c8_chunked) {
         fn = specula_c8_chunked_avx512;
     } else if (codes && !wide && M < PANEL_ROWS) {  /* c8 without AVX-512: rebuilt in registers or per chunk */
-        fn = M <= C8_REGISTER_ROWS ? c8_rows_avx2 : c8_chunked_avx2;
+        fn = chunked ? c8_chunked_avx2 : c8_rows_avx2;
     } else if (codes) {  /* c8: each item rebuilds its blocks, then runs fn over them */
         job.inner = fn;
         fn = specula_c8_rebuilt_item;

@@ -12,7 +12,7 @@
  * Calls of up to C8_MULTI_ROWS rows on AVX-512 rebuild each weight in registers right before its FMAs
  * (linear_avx512.c, `specula_c8_multi_avx512`): decoding reads a quarter of f32's bytes; calls of up to
  * PANEL_ROWS - 1 rebuild each chunk of inputs once for every row group (`specula_c8_chunked_avx512`).
- * Without AVX-512 (linear.c): calls of up to C8_REGISTER_ROWS rows rebuild in registers
+ * Without AVX-512 (linear.c): calls of up to MR rows rebuild in registers
  * (`c8_rows_avx2`), calls of up to PANEL_ROWS - 1 rebuild each chunk once (`c8_chunked_avx2`). A
  * prompt's panels rebuild their item's blocks into a per-thread float32 scratch laid out as f32's
  * packing and run f32's own item over it (here): the rebuild is spread over the call's many rows. */
