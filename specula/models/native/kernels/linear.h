@@ -210,7 +210,7 @@ static inline int c8_multi_blocks(int M, int out, int threads) {
 }
 
 /* linear_codes.c: f32's item `j->inner` over this item's c8 blocks rebuilt into the thread's scratch (a
- * prompt's panels, and every c8 call without AVX-512). */
+ * prompt's panels, on any CPU; linear.c has AVX2's few-row c8 items). */
 void specula_c8_rebuilt_item(void *job, int item);
 
 /* linear.c: row r of x [M][in] -> int8 xq[r][in4] (zero padded) and its scale xs[r] = max|x_r| / 127;
