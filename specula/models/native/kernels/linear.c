@@ -210,15 +210,18 @@ static FLOAT_BLOCK_ITEM(w8_block, int8_t, PACKED_GROUP, SWITCH_BLOCK, LOAD_W8, s
  * inputs (a constant: they unroll) share its A and B; the accumulators are copied into a fresh array `r`
  * for each group's loop and back after it: carried through both loops in one array, gcc stored every
  * accumulator to the stack on every step from three rows on (12 stores a step at six rows). */
-#define C8_STEP_WEIGHTS(A, B, CODES)                                                                 \
-    __m256 w0 = _mm256_add_ps(                                                                       \
+#define C8_WEIGHTS_INTO(W0, W1, A, B, CODES)                                                         \
+    W0 = _mm256_add_ps(                                                                              \
         _mm256_mul_ps(_mm256_loadu_ps(A), _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(                    \
                                               _mm_loadl_epi64((const __m128i *)(CODES))))),           \
         _mm256_loadu_ps(B));                                                                         \
-    __m256 w1 = _mm256_add_ps(                                                                       \
+    W1 = _mm256_add_ps(                                                                              \
         _mm256_mul_ps(_mm256_loadu_ps((A) + 8), _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(              \
                                                     _mm_loadl_epi64((const __m128i *)((CODES) + 8))))), \
         _mm256_loadu_ps((B) + 8))
+#define C8_STEP_WEIGHTS(A, B, CODES)                                                                 \
+    __m256 w0, w1;                                                                                   \
+    C8_WEIGHTS_INTO(w0, w1, A, B, CODES)
 #define C8_ROWS_BODY(MB, G)                                                                          \
     do {                                                                                             \
         __m256 a[MR][2];                                                                             \
@@ -275,41 +278,84 @@ static void c8_rows_avx2(void *arg, int bk) {
 }
 
 /* c8 calls of MR + 1 .. PANEL_ROWS - 1 rows without AVX-512 (x packed in even groups, as f32_chunked):
- * each column block in chunks of KC2 inputs, a chunk's weights rebuilt once into `chunk` (8 KB, in L1)
- * and every row group run over it as f32_chunked runs over its weights (the codes' lines fetched ahead
- * while the chunk is rebuilt: the groups' own prefetch would name the chunk), so a weight is rebuilt
- * once a call, not once a group. The same FMA chains over i = 0, 1, ... on the same weights: f32's
- * bits. */
+ * each column block in chunks of KC2 inputs. The first row group runs over a chunk as c8_rows_avx2 runs
+ * (`C8_FIRST_BODY`: each weight rebuilt in registers from its code right before its FMAs, the codes'
+ * stream fetched PREFETCH_BYTES ahead) and keeps every rebuilt weight in `chunk` (8 KB, in L1); the other
+ * groups run over `chunk` as f32_chunked runs over its weights. So a weight is rebuilt once a call, not
+ * once a group, and the rebuild's conversions, adds and stores run beside the first group's FMAs: a chunk
+ * rebuilt on its own before the groups ran (session 140) left the FMA units idle meanwhile, a quarter of
+ * an 8-row call's time under `perf` (session 141, an AVX2-only EPYC, 2 threads, the two in turn, medians
+ * of 15: 120 SmolLM2-sized [1536, 576] linears, 7 / 8 / 12 / 16 / 24 / 32 rows 1.15 / 1.11 / 1.07 / 1.06 /
+ * 1.03 / 1.04x faster; the 1.5B's shapes 1.12 / 1.06 / 1.06 / 1.03x at 7 / 8 / 12 / 16; docs/native.md).
+ * The same FMA chains over i = 0, 1, ... on the same weights: f32's bits. */
+#define C8_FIRST_BODY(MB, G)                                                                         \
+    do {                                                                                             \
+        __m256 a[MR][2];                                                                             \
+        for (int m = 0; m < MB; m++) {                                                               \
+            a[m][0] = c0 ? _mm256_load_ps(cacc[0][m]) : _mm256_setzero_ps();                         \
+            a[m][1] = c0 ? _mm256_load_ps(cacc[0][m] + 8) : _mm256_setzero_ps();                     \
+        }                                                                                            \
+        for (int g = c0 / (G); g < c1 / (G); g++) {                                                  \
+            const uint8_t *gp = cb + (size_t)g * gbytes, *codes = gp + 2 * NB * sizeof(float);       \
+            const float *A = (const float *)gp, *xi0 = xg + (size_t)g * (G) * MR;                    \
+            float(*keep)[NB] = chunk + (g * (G) - c0);                                               \
+            __m256 r[MR][2];                                                                         \
+            for (int m = 0; m < MB; m++) r[m][0] = a[m][0], r[m][1] = a[m][1];                       \
+            for (int ii = 0; ii < (G); ii++) {                                                       \
+                _mm_prefetch((const char *)gp + (size_t)ii * C8_GROUP_BYTES(G) / (G) + PREFETCH_BYTES, \
+                             _MM_HINT_T0);                                                           \
+                C8_STEP_WEIGHTS(A, A + NB, codes + (size_t)ii * NB);                                 \
+                _mm256_store_ps(keep[ii], w0);                                                       \
+                _mm256_store_ps(keep[ii] + 8, w1);                                                   \
+                for (int m = 0; m < MB; m++) {                                                       \
+                    __m256 xv = _mm256_broadcast_ss(xi0 + (size_t)ii * MR + m);                      \
+                    r[m][0] = _mm256_fmadd_ps(w0, xv, r[m][0]);                                      \
+                    r[m][1] = _mm256_fmadd_ps(w1, xv, r[m][1]);                                      \
+                }                                                                                    \
+            }                                                                                        \
+            for (int m = 0; m < MB; m++) a[m][0] = r[m][0], a[m][1] = r[m][1];                       \
+        }                                                                                            \
+        for (int m = 0; m < MB; m++) {                                                               \
+            _mm256_store_ps(cacc[0][m], a[m][0]);                                                    \
+            _mm256_store_ps(cacc[0][m] + 8, a[m][1]);                                                \
+        }                                                                                            \
+        if (c1 == in) store_rows(cacc[0], y, NULL, b, m0, MB, o0, nc, out);                          \
+    } while (0)
+#define C8_FIRST(G)                                                                                  \
+    switch (mb) {                                                                                    \
+        case 1: C8_FIRST_BODY(1, G); break;                                                          \
+        case 2: C8_FIRST_BODY(2, G); break;                                                          \
+        case 3: C8_FIRST_BODY(3, G); break;                                                          \
+        case 4: C8_FIRST_BODY(4, G); break;                                                          \
+        case 5: C8_FIRST_BODY(5, G); break;                                                          \
+        default: C8_FIRST_BODY(6, G); break;                                                         \
+    }
 #define NO_PREFETCH(i)
 #define C8_CHUNK_BODY(MB, LOAD, SCALE) RUN_BODY(MB, LOAD, SCALE, cacc[gr], c0, c1, NO_PREFETCH, 1)
 static void c8_chunked_avx2(void *arg, int item) {
     FLOAT_ITEM_OPERANDS
-    int group = j->group, ngroups = in / group;
+    int group = j->group;
     size_t gbytes = C8_GROUP_BYTES(group);
     float chunk[KC2][NB] __attribute__((aligned(32)));
     float cacc[MAX_CHUNK_GROUPS][MR][NB] __attribute__((aligned(32)));
     for (int bk = bk0; bk < bk1; bk++) {
         int o0 = bk * NB, nc = out - o0 < NB ? out - o0 : NB;
-        const uint8_t *cb = j->codes + (size_t)bk * ngroups * gbytes;
+        const uint8_t *cb = j->codes + (size_t)bk * (in / group) * gbytes;
         for (int c0 = 0; c0 < in; c0 += KC2) {
             int c1 = in - c0 < KC2 ? in : c0 + KC2;
-            for (int g = c0 / group; g < c1 / group; g++) {
-                const uint8_t *gp = cb + (size_t)g * gbytes, *codes = gp + 2 * NB * sizeof(float);
-                for (size_t at = 0; at < gbytes; at += 64)
-                    _mm_prefetch((const char *)gp + at + PREFETCH_BYTES, _MM_HINT_T0);
-                for (int ii = 0; ii < group; ii++) {
-                    C8_STEP_WEIGHTS((const float *)gp, (const float *)gp + NB, codes + (size_t)ii * NB);
-                    _mm256_store_ps(chunk[g * group + ii - c0], w0);
-                    _mm256_store_ps(chunk[g * group + ii - c0] + 8, w1);
-                }
-            }
-            /* RUN_BODY reads step i at wb + i * NB: point wb so that step c0 is the chunk's first row */
+            /* LOAD_F32 reads step i at wb + i * NB: point wb so that step c0 is the chunk's first row */
             const float *wb = (const float *)((uintptr_t)chunk - (uintptr_t)c0 * NB * sizeof(float));
             for (int gr = 0; gr < j->groups; gr++) {
                 int m0, mb;
                 even_group(gr, M, j->groups, &m0, &mb);
                 const float *xg = j->xp + (size_t)gr * in * MR;
-                SWITCH_ROWS(C8_CHUNK_BODY, LOAD_F32, NULL)
+                if (gr == 0 && group == 32) {
+                    C8_FIRST(32)
+                } else if (gr == 0) {
+                    C8_FIRST(16)
+                } else {
+                    SWITCH_ROWS(C8_CHUNK_BODY, LOAD_F32, NULL)
+                }
             }
         }
     }
