@@ -207,7 +207,11 @@ static FLOAT_BLOCK_ITEM(w8_block, int8_t, PACKED_GROUP, SWITCH_BLOCK, LOAD_W8, s
  * each weight rebuilt in registers from its code right before its FMAs (w = (A * q) + B, two roundings:
  * FLAGS' -ffp-contract=off), so every accumulator takes f32's own chain of FMAs over i = 0, 1, ... on f32's
  * very weights (BLOCK_BODY's bits) while the call reads a quarter of f32's bytes. The steps of a group of G
- * inputs (a constant: they unroll) share its A and B; the accumulators are copied into a fresh array `r`
+ * inputs (a constant) share its A and B and run in pairs, one prefetch a pair: a step is about 26
+ * instructions at four rows, near what the core issues, and the prefetch's address took three of them
+ * (session 141, pairs against single steps, both builds' calls in turn in one process, medians of 15: the
+ * SmolLM2-sized stack of 120 [1536, 576] linears 1-12 rows 0.99-1.16x, the 1.5B's shapes 1.02-1.24x at 1-8
+ * rows; the same build against itself read 0.96-1.01x). The accumulators are copied into a fresh array `r`
  * for each group's loop and back after it: carried through both loops in one array, gcc stored every
  * accumulator to the stack on every step from three rows on (12 stores a step at six rows). */
 #define C8_WEIGHTS_INTO(W0, W1, A, B, CODES)                                                         \
@@ -222,6 +226,30 @@ static FLOAT_BLOCK_ITEM(w8_block, int8_t, PACKED_GROUP, SWITCH_BLOCK, LOAD_W8, s
 #define C8_STEP_WEIGHTS(A, B, CODES)                                                                 \
     __m256 w0, w1;                                                                                   \
     C8_WEIGHTS_INTO(w0, w1, A, B, CODES)
+/* Step ii of a code group for MB rows: its 16 weights rebuilt from the group's codes (A, codes), KEEP(ii)
+ * (NO_KEEP, or KEEP_CHUNK: kept for the later row groups, c8_chunked_avx2), then each row's two FMAs into r. */
+#define C8_GROUP_STEP(MB, II, KEEP)                                                                  \
+    do {                                                                                             \
+        C8_STEP_WEIGHTS(A, A + NB, codes + (size_t)(II) * NB);                                       \
+        KEEP(II);                                                                                    \
+        for (int m = 0; m < MB; m++) {                                                               \
+            __m256 xv = _mm256_broadcast_ss(xi0 + (size_t)(II) * MR + m);                            \
+            r[m][0] = _mm256_fmadd_ps(w0, xv, r[m][0]);                                              \
+            r[m][1] = _mm256_fmadd_ps(w1, xv, r[m][1]);                                              \
+        }                                                                                            \
+    } while (0)
+/* A code group's G steps (G even), two at a time with one prefetch a pair of the line PREFETCH_BYTES
+ * ahead in the codes' stream (G steps span C8_GROUP_BYTES(G) bytes: 40-48 a pair, so no line is skipped). */
+#define C8_GROUP_STEPS(MB, G, KEEP)                                                                  \
+    for (int ii = 0; ii < (G); ii += 2) {                                                            \
+        _mm_prefetch((const char *)gp + (size_t)ii * C8_GROUP_BYTES(G) / (G) + PREFETCH_BYTES, _MM_HINT_T0); \
+        C8_GROUP_STEP(MB, ii, KEEP);                                                                 \
+        C8_GROUP_STEP(MB, ii + 1, KEEP);                                                             \
+    }
+#define NO_KEEP(II)
+#define KEEP_CHUNK(II)                                                                               \
+    _mm256_store_ps(keep[II], w0);                                                                   \
+    _mm256_store_ps(keep[II] + 8, w1)
 #define C8_ROWS_BODY(MB, G)                                                                          \
     do {                                                                                             \
         __m256 a[MR][2];                                                                             \
@@ -231,16 +259,7 @@ static FLOAT_BLOCK_ITEM(w8_block, int8_t, PACKED_GROUP, SWITCH_BLOCK, LOAD_W8, s
             const float *A = (const float *)gp, *xi0 = xg + (size_t)g * (G) * MR;                    \
             __m256 r[MR][2];                                                                         \
             for (int m = 0; m < MB; m++) r[m][0] = a[m][0], r[m][1] = a[m][1];                       \
-            for (int ii = 0; ii < (G); ii++) {                                                       \
-                _mm_prefetch((const char *)gp + (size_t)ii * C8_GROUP_BYTES(G) / (G) + PREFETCH_BYTES, \
-                             _MM_HINT_T0);                                                           \
-                C8_STEP_WEIGHTS(A, A + NB, codes + (size_t)ii * NB);                                 \
-                for (int m = 0; m < MB; m++) {                                                       \
-                    __m256 xv = _mm256_broadcast_ss(xi0 + (size_t)ii * MR + m);                      \
-                    r[m][0] = _mm256_fmadd_ps(w0, xv, r[m][0]);                                      \
-                    r[m][1] = _mm256_fmadd_ps(w1, xv, r[m][1]);                                      \
-                }                                                                                    \
-            }                                                                                        \
+            C8_GROUP_STEPS(MB, G, NO_KEEP);                                                          \
             for (int m = 0; m < MB; m++) a[m][0] = r[m][0], a[m][1] = r[m][1];                       \
         }                                                                                            \
         float acc[MR][NB] __attribute__((aligned(32)));                                              \
@@ -301,18 +320,7 @@ static void c8_rows_avx2(void *arg, int bk) {
             float(*keep)[NB] = chunk + (g * (G) - c0);                                               \
             __m256 r[MR][2];                                                                         \
             for (int m = 0; m < MB; m++) r[m][0] = a[m][0], r[m][1] = a[m][1];                       \
-            for (int ii = 0; ii < (G); ii++) {                                                       \
-                _mm_prefetch((const char *)gp + (size_t)ii * C8_GROUP_BYTES(G) / (G) + PREFETCH_BYTES, \
-                             _MM_HINT_T0);                                                           \
-                C8_STEP_WEIGHTS(A, A + NB, codes + (size_t)ii * NB);                                 \
-                _mm256_store_ps(keep[ii], w0);                                                       \
-                _mm256_store_ps(keep[ii] + 8, w1);                                                   \
-                for (int m = 0; m < MB; m++) {                                                       \
-                    __m256 xv = _mm256_broadcast_ss(xi0 + (size_t)ii * MR + m);                      \
-                    r[m][0] = _mm256_fmadd_ps(w0, xv, r[m][0]);                                      \
-                    r[m][1] = _mm256_fmadd_ps(w1, xv, r[m][1]);                                      \
-                }                                                                                    \
-            }                                                                                        \
+            C8_GROUP_STEPS(MB, G, KEEP_CHUNK);                                                       \
             for (int m = 0; m < MB; m++) a[m][0] = r[m][0], a[m][1] = r[m][1];                       \
         }                                                                                            \
         for (int m = 0; m < MB; m++) {                                                               \
