@@ -226,12 +226,12 @@ static FLOAT_BLOCK_ITEM(w8_block, int8_t, PACKED_GROUP, SWITCH_BLOCK, LOAD_W8, s
 #define C8_STEP_WEIGHTS(A, B, CODES)                                                                 \
     __m256 w0, w1;                                                                                   \
     C8_WEIGHTS_INTO(w0, w1, A, B, CODES)
-/* Step ii of a code group for MB rows: its 16 weights rebuilt from the group's codes (A, codes), KEEP(ii)
+/* Step ii of a code group for MB rows: its 16 weights rebuilt from the group's codes (A, codes), KEEP(G, ii)
  * (NO_KEEP, or KEEP_CHUNK: kept for the later row groups, c8_chunked_avx2), then each row's two FMAs into r. */
-#define C8_GROUP_STEP(MB, II, KEEP)                                                                  \
+#define C8_GROUP_STEP(MB, G, II, KEEP)                                                               \
     do {                                                                                             \
         C8_STEP_WEIGHTS(A, A + NB, codes + (size_t)(II) * NB);                                       \
-        KEEP(II);                                                                                    \
+        KEEP(G, II);                                                                                 \
         for (int m = 0; m < MB; m++) {                                                               \
             __m256 xv = _mm256_broadcast_ss(xi0 + (size_t)(II) * MR + m);                            \
             r[m][0] = _mm256_fmadd_ps(w0, xv, r[m][0]);                                              \
@@ -243,71 +243,17 @@ static FLOAT_BLOCK_ITEM(w8_block, int8_t, PACKED_GROUP, SWITCH_BLOCK, LOAD_W8, s
 #define C8_GROUP_STEPS(MB, G, KEEP)                                                                  \
     for (int ii = 0; ii < (G); ii += 2) {                                                            \
         _mm_prefetch((const char *)gp + (size_t)ii * C8_GROUP_BYTES(G) / (G) + PREFETCH_BYTES, _MM_HINT_T0); \
-        C8_GROUP_STEP(MB, ii, KEEP);                                                                 \
-        C8_GROUP_STEP(MB, ii + 1, KEEP);                                                             \
+        C8_GROUP_STEP(MB, G, ii, KEEP);                                                              \
+        C8_GROUP_STEP(MB, G, ii + 1, KEEP);                                                          \
     }
-#define NO_KEEP(II)
-#define KEEP_CHUNK(II)                                                                               \
-    _mm256_store_ps(keep[II], w0);                                                                   \
-    _mm256_store_ps(keep[II] + 8, w1)
-#define C8_ROWS_BODY(MB, G)                                                                          \
-    do {                                                                                             \
-        __m256 a[MR][2];                                                                             \
-        for (int m = 0; m < MB; m++) a[m][0] = a[m][1] = _mm256_setzero_ps();                        \
-        for (int g = 0; g < groups; g++) {                                                           \
-            const uint8_t *gp = wb + (size_t)g * gbytes, *codes = gp + 2 * NB * sizeof(float);       \
-            const float *A = (const float *)gp, *xi0 = xg + (size_t)g * (G) * MR;                    \
-            __m256 r[MR][2];                                                                         \
-            for (int m = 0; m < MB; m++) r[m][0] = a[m][0], r[m][1] = a[m][1];                       \
-            C8_GROUP_STEPS(MB, G, NO_KEEP);                                                          \
-            for (int m = 0; m < MB; m++) a[m][0] = r[m][0], a[m][1] = r[m][1];                       \
-        }                                                                                            \
-        float acc[MR][NB] __attribute__((aligned(32)));                                              \
-        for (int m = 0; m < MB; m++) {                                                               \
-            _mm256_store_ps(acc[m], a[m][0]);                                                        \
-            _mm256_store_ps(acc[m] + 8, a[m][1]);                                                    \
-        }                                                                                            \
-        store_rows(acc, y, NULL, b, m0, MB, o0, nc, out);                                            \
-    } while (0)
-#define C8_ROWS(G)                                                                                   \
-    switch (M) {                                                                                     \
-        case 1: C8_ROWS_BODY(1, G); break;                                                           \
-        case 2: C8_ROWS_BODY(2, G); break;                                                           \
-        case 3: C8_ROWS_BODY(3, G); break;                                                           \
-        case 4: C8_ROWS_BODY(4, G); break;                                                           \
-        case 5: C8_ROWS_BODY(5, G); break;                                                           \
-        default: C8_ROWS_BODY(6, G); break;                                                          \
-    }
-
-/* c8 calls of up to MR rows without AVX-512 (x packed as one group of MR, `pack_rows`): one column block an
- * item. */
-static void c8_rows_avx2(void *arg, int bk) {
-    const struct linear_job *j = arg;
-    const float *b = j->b, *xg = j->xp;
-    float *y = j->y;
-    int M = j->M, in = j->in, out = j->out, group = j->group, groups = in / group, m0 = 0;
-    int o0 = bk * NB, nc = out - o0 < NB ? out - o0 : NB;
-    size_t gbytes = C8_GROUP_BYTES(group);
-    const uint8_t *wb = j->codes + (size_t)bk * groups * gbytes;
-    if (group == 32) {
-        C8_ROWS(32)
-    } else {
-        C8_ROWS(16)
-    }
-}
-
-/* c8 calls of MR + 1 .. PANEL_ROWS - 1 rows without AVX-512 (x packed in even groups, as f32_chunked):
- * each column block in chunks of KC2 inputs. The first row group runs over a chunk as c8_rows_avx2 runs
- * (`C8_FIRST_BODY`: each weight rebuilt in registers from its code right before its FMAs, the codes'
- * stream fetched PREFETCH_BYTES ahead) and keeps every rebuilt weight in `chunk` (8 KB, in L1); the other
- * groups run over `chunk` as f32_chunked runs over its weights. So a weight is rebuilt once a call, not
- * once a group, and the rebuild's conversions, adds and stores run beside the first group's FMAs: a chunk
- * rebuilt on its own before the groups ran (session 140) left the FMA units idle meanwhile, a quarter of
- * an 8-row call's time under `perf` (session 141, an AVX2-only EPYC, 2 threads, the two in turn, medians
- * of 15: 120 SmolLM2-sized [1536, 576] linears, 7 / 8 / 12 / 16 / 24 / 32 rows 1.15 / 1.11 / 1.07 / 1.06 /
- * 1.03 / 1.04x faster; the 1.5B's shapes 1.12 / 1.06 / 1.06 / 1.03x at 7 / 8 / 12 / 16; docs/native.md).
- * The same FMA chains over i = 0, 1, ... on the same weights: f32's bits. */
-#define C8_FIRST_BODY(MB, G)                                                                         \
+#define NO_KEEP(G, II)
+#define KEEP_CHUNK(G, II)                                                                            \
+    _mm256_store_ps(chunk[g * (G) - c0 + (II)], w0);                                                 \
+    _mm256_store_ps(chunk[g * (G) - c0 + (II)] + 8, w1)
+/* MB rows (a constant) in registers over the code groups of inputs c0 .. c1 - 1 of the column block whose
+ * codes start at cb: the sums start from cacc[0] (c0 > 0) or zero and end in cacc[0], stored to y once c1 = in;
+ * KEEP(G, ii) keeps each rebuilt weight for later row groups (KEEP_CHUNK) or not (NO_KEEP). */
+#define C8_REG_BODY(MB, G, KEEP)                                                                     \
     do {                                                                                             \
         __m256 a[MR][2];                                                                             \
         for (int m = 0; m < MB; m++) {                                                               \
@@ -317,10 +263,9 @@ static void c8_rows_avx2(void *arg, int bk) {
         for (int g = c0 / (G); g < c1 / (G); g++) {                                                  \
             const uint8_t *gp = cb + (size_t)g * gbytes, *codes = gp + 2 * NB * sizeof(float);       \
             const float *A = (const float *)gp, *xi0 = xg + (size_t)g * (G) * MR;                    \
-            float(*keep)[NB] = chunk + (g * (G) - c0);                                               \
             __m256 r[MR][2];                                                                         \
             for (int m = 0; m < MB; m++) r[m][0] = a[m][0], r[m][1] = a[m][1];                       \
-            C8_GROUP_STEPS(MB, G, KEEP_CHUNK);                                                       \
+            C8_GROUP_STEPS(MB, G, KEEP);                                                             \
             for (int m = 0; m < MB; m++) a[m][0] = r[m][0], a[m][1] = r[m][1];                       \
         }                                                                                            \
         for (int m = 0; m < MB; m++) {                                                               \
@@ -329,26 +274,56 @@ static void c8_rows_avx2(void *arg, int bk) {
         }                                                                                            \
         if (c1 == in) store_rows(cacc[0], y, NULL, b, m0, MB, o0, nc, out);                          \
     } while (0)
-#define C8_FIRST(G)                                                                                  \
+#define C8_REG(G, KEEP)                                                                              \
     switch (mb) {                                                                                    \
-        case 1: C8_FIRST_BODY(1, G); break;                                                          \
-        case 2: C8_FIRST_BODY(2, G); break;                                                          \
-        case 3: C8_FIRST_BODY(3, G); break;                                                          \
-        case 4: C8_FIRST_BODY(4, G); break;                                                          \
-        case 5: C8_FIRST_BODY(5, G); break;                                                          \
-        default: C8_FIRST_BODY(6, G); break;                                                         \
+        case 1: C8_REG_BODY(1, G, KEEP); break;                                                      \
+        case 2: C8_REG_BODY(2, G, KEEP); break;                                                      \
+        case 3: C8_REG_BODY(3, G, KEEP); break;                                                      \
+        case 4: C8_REG_BODY(4, G, KEEP); break;                                                      \
+        case 5: C8_REG_BODY(5, G, KEEP); break;                                                      \
+        default: C8_REG_BODY(6, G, KEEP); break;                                                     \
     }
+
+/* c8 calls of up to MR rows without AVX-512 (x packed as one group of MR, `pack_rows`): one column block an
+ * item. */
+static void c8_rows_avx2(void *arg, int bk) {
+    const struct linear_job *j = arg;
+    const float *b = j->b, *xg = j->xp;
+    float *y = j->y;
+    int mb = j->M, in = j->in, out = j->out, group = j->group, m0 = 0, c0 = 0, c1 = in;
+    int o0 = bk * NB, nc = out - o0 < NB ? out - o0 : NB;
+    size_t gbytes = C8_GROUP_BYTES(group);
+    const uint8_t *cb = j->codes + (size_t)bk * (in / group) * gbytes;
+    float cacc[1][MR][NB] __attribute__((aligned(32)));
+    if (group == 32) {
+        C8_REG(32, NO_KEEP)
+    } else {
+        C8_REG(16, NO_KEEP)
+    }
+}
+
+/* c8 calls of MR + 1 .. PANEL_ROWS - 1 rows without AVX-512 (x packed in even groups, as f32_chunked):
+ * each column block in chunks of KC2 inputs. The first row group runs over a chunk as c8_rows_avx2 runs
+ * (`C8_REG`: each weight rebuilt in registers from its code right before its FMAs, the codes'
+ * stream fetched PREFETCH_BYTES ahead) and keeps every rebuilt weight in `chunk` (8 KB, in L1); the other
+ * groups run over `chunk` as f32_chunked runs over its weights. So a weight is rebuilt once a call, not
+ * once a group, and the rebuild's conversions, adds and stores run beside the first group's FMAs: a chunk
+ * rebuilt on its own before the groups ran (session 140) left the FMA units idle meanwhile, a quarter of
+ * an 8-row call's time under `perf` (session 141, an AVX2-only EPYC, 2 threads, the two in turn, medians
+ * of 15: 120 SmolLM2-sized [1536, 576] linears, 7 / 8 / 12 / 16 / 24 / 32 rows 1.15 / 1.11 / 1.07 / 1.06 /
+ * 1.03 / 1.04x faster; the 1.5B's shapes 1.12 / 1.06 / 1.06 / 1.03x at 7 / 8 / 12 / 16; docs/native.md).
+ * The same FMA chains over i = 0, 1, ... on the same weights: f32's bits. */
 #define NO_PREFETCH(i)
 #define C8_CHUNK_BODY(MB, LOAD, SCALE) RUN_BODY(MB, LOAD, SCALE, cacc[gr], c0, c1, NO_PREFETCH, 1)
 static void c8_chunked_avx2(void *arg, int item) {
     FLOAT_ITEM_OPERANDS
-    int group = j->group;
+    int group = j->group, ngroups = in / group;
     size_t gbytes = C8_GROUP_BYTES(group);
     float chunk[KC2][NB] __attribute__((aligned(32)));
     float cacc[MAX_CHUNK_GROUPS][MR][NB] __attribute__((aligned(32)));
     for (int bk = bk0; bk < bk1; bk++) {
         int o0 = bk * NB, nc = out - o0 < NB ? out - o0 : NB;
-        const uint8_t *cb = j->codes + (size_t)bk * (in / group) * gbytes;
+        const uint8_t *cb = j->codes + (size_t)bk * ngroups * gbytes;
         for (int c0 = 0; c0 < in; c0 += KC2) {
             int c1 = in - c0 < KC2 ? in : c0 + KC2;
             /* LOAD_F32 reads step i at wb + i * NB: point wb so that step c0 is the chunk's first row */
@@ -358,9 +333,9 @@ static void c8_chunked_avx2(void *arg, int item) {
                 even_group(gr, M, j->groups, &m0, &mb);
                 const float *xg = j->xp + (size_t)gr * in * MR;
                 if (gr == 0 && group == 32) {
-                    C8_FIRST(32)
+                    C8_REG(32, KEEP_CHUNK)
                 } else if (gr == 0) {
-                    C8_FIRST(16)
+                    C8_REG(16, KEEP_CHUNK)
                 } else {
                     SWITCH_ROWS(C8_CHUNK_BODY, LOAD_F32, NULL)
                 }
