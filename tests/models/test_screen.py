@@ -22,7 +22,7 @@ from specula.models.native.screen import (CANDIDATE_CAP, SCREEN_MAX_ROWS, W8_SCR
                                          ScreenedLogits, residual_rows, row_terms)
 from specula.sampling import SamplingParams
 from specula.tree import TokenTree
-from specula.tree_rows import draft_top_k
+from specula.tree_rows import RowEdit, draft_top_k
 
 pytestmark = pytest.mark.skipif(not kernels.available(),
                                 reason=f"specula's CPU kernels cannot run here: {kernels.unavailable_reason()}")
@@ -122,6 +122,65 @@ def test_the_bound_holds_and_is_nearly_reached_where_the_weights_codes_all_lean_
     assert torch.equal(screen.argmax(states), logits.argmax(-1))
 
 
+def test_the_activations_term_alone_holds_the_bound_where_every_residual_leans_with_the_weights():
+    """i8 rows whose own int8 codes and scale are exact (`xs` 2^-3, the residual's step `xs2` 2^-12) and whose every
+    other input is its residual's code plus 0.496 of a step, leaning with the weight it meets, on weights that are
+    their codes exactly (+-127 steps): the screen's logit is then off by nearly `hw1 * xs'` alone, more than the
+    weights' term `slack * L` allows, so the bound holds only through its `hw1` term (and within 3% of it); the
+    argmax is still the float32 layer's."""
+    vocab, width, step = 32, 4096, 2.0 ** -7
+    g = torch.Generator().manual_seed(6)
+    signs = torch.randint(0, 2, (vocab, width), generator=g).float() * 2 - 1  # [V, E]
+    head = f32_layer(127 * step * signs)  # every weight its code exactly; each row's scale `step`
+    screen = OutputScreen(head, "i8")
+    aimed = torch.arange(0, vocab, vocab // 8)  # [8]
+    xs, xs2 = 2.0 ** -3, 2.0 ** -12
+    codes = torch.randint(0, 4, (len(aimed), width), generator=g).float()  # the residuals' codes, 0..3
+    states = xs2 * (codes + (0.5 - 2.0 ** -8) * signs[aimed])  # [8, E]: under xs / 2, so their own codes are 0
+    states[:, 0] = 127 * xs  # the row's largest input: its scale is exactly xs, its residual 0
+    states[:, 1] = 127 * xs2  # the residual's largest: its step is exactly xs2
+    d, row_xs = residual_rows(states)
+    assert torch.equal(row_xs, torch.full((len(aimed),), xs)) and torch.equal(d[:, 1], states[:, 1])
+    logits, approx = head(states), screen.approx_logits(states)
+    L, xs_ = row_terms(states, "i8")
+    weights_term = screen.slack * L[:, None]  # [8, V]
+    bound = weights_term + screen.hw1 * xs_[:, None] + approx.abs() * 2.0 ** -20
+    err = (logits - approx).abs()
+    assert (err <= bound).all()
+    rows = torch.arange(len(aimed))
+    assert (err[rows, aimed] > weights_term[rows, aimed] + approx[rows, aimed].abs() * 2.0 ** -20).all()
+    assert (err[rows, aimed] >= 0.97 * screen.hw1[aimed] * xs_).all()
+    assert torch.equal(screen.argmax(states), logits.argmax(-1))
+
+
+def test_the_screens_argmax_keeps_the_id_that_only_the_activations_term_keeps():
+    """One row built as above against id 0 (its residuals lean with id 0's weights, so id 0's int8 logit is low by
+    nearly `hw1 * xs'`) and id 1 set just under id 0 in float32 (its residuals' errors cancel): the int8 logits
+    rank id 1 first by more than twice the weights' term, so only the `hw1` term keeps id 0 a candidate in the C
+    pass (`specula_screen_top`) and in the edited rows' (`_edited_candidates`); the argmax is id 0, the float32
+    layer's."""
+    vocab, width, step = 16, 4096, 2.0 ** -7
+    g = torch.Generator().manual_seed(7)
+    signs = torch.randint(0, 2, (vocab, width), generator=g).float() * 2 - 1  # [V, E]
+    xs, xs2 = 2.0 ** -3, 2.0 ** -12
+    state = xs2 * (torch.randint(0, 4, (1, width), generator=g).float() + (0.5 - 2.0 ** -8) * signs[:1])  # [1, E]
+    state[0, 0], state[0, 1] = 127 * xs, 127 * xs2  # the row's scale xs, its residual's step xs2 (exactly)
+    w = 127 * step * signs  # [V, E]: codes exactly, each row's scale `step`
+    w[0, 0], w[2:, 0] = 64 * step, -127 * step  # id 0 on top of ids 2.. by 191 steps of x's largest input
+    w[1, 0] = 0.0
+    below = (f32_layer(w)(state)[0, 0] - f32_layer(w)(state)[0, 1]) / (127 * xs * step)  # [1]: id 0 over id 1
+    w[1, 0] = (torch.ceil(below) - 1) * step  # id 1 under id 0 by less than one such step
+    head = f32_layer(w)
+    screen = OutputScreen(head, "i8")
+    logits, approx = head(state)[0], screen.approx_logits(state)[0]  # [V] each
+    L, xs_ = row_terms(state, "i8")
+    assert logits.argmax() == 0 and 0 < logits[0] - logits[1] <= 127 * xs * step
+    assert approx[1] - approx[0] > 2 * float(screen.slack[:2].max() * L[0])  # the int8 logits rank id 1 first
+    assert torch.equal(screen.argmax(state), torch.tensor([0]))
+    halved = RowEdit(None, lambda row: row * 0.5)  # every id changed (the edited path's own bound, in torch)
+    assert screen.edited_argmax(state[0], approx, halved) == 0
+
+
 @pytest.mark.parametrize("kind", ["i8", "w8"])
 def test_masked_argmax_is_the_float32_layers_over_the_allowed_ids(kind):
     """A grammar's greedy token through the screen: near-tied rows, masks that keep or drop the
@@ -217,7 +276,6 @@ def test_rows_past_the_candidate_cap_and_non_finite_rows_are_computed_whole():
     states = torch.stack([w[7], torch.full((32,), float("nan")), w[-1],
                           torch.full((32,), float("inf")), torch.full((32,), 1e36)])
     assert torch.equal(screen.argmax(states), head(states).argmax(-1))
-    from specula.tree_rows import RowEdit
 
     approx = screen.approx_logits(states.contiguous())
     edit = RowEdit(change=lambda row: row * 0.5)  # a change: through `_edited_candidates`
@@ -368,7 +426,6 @@ def test_edited_argmax_is_the_whole_rows_under_penalties_and_masks():
     from collections import Counter
 
     from specula.penalties import penalize
-    from specula.tree_rows import RowEdit
 
     w, head, screen, states, approx, logits, g = near_tie_rows(120, seed=4)
     vocab = len(w)
@@ -488,7 +545,6 @@ def test_the_race_in_logit_form_through_the_screen_is_the_whole_rows():
     edited argmax is the whole float32 row's race on near-tied rows, at several temperatures and with a mask;
     and it is `race_token`'s sample of the softmax (the two forms agree away from float32 near ties)."""
     from specula.sampling import gumbel_of, position_noise, race_scores, race_token
-    from specula.tree_rows import RowEdit
 
     w, _, screen, states, approx, logits, g = near_tie_rows(90, seed=5)
     agree = 0
@@ -515,7 +571,6 @@ def test_a_truncated_race_through_the_screen_is_the_whole_rows(monkeypatch):
 
     from specula.penalties import penalize
     from specula.sampling import position_noise, truncated_race
-    from specula.tree_rows import RowEdit
 
     w, _, screen, states, approx, logits, g = near_tie_rows(120, seed=6)
     cases = [SamplingParams(temperature=0.7, top_k=5), SamplingParams(temperature=1.2, top_k=30, top_p=0.8),
@@ -558,7 +613,6 @@ def test_a_truncated_samples_kept_ids_in_one_c_pass_are_the_torch_steps(monkeypa
     (`_edited_candidates` with `top_floor`), bit for bit, on near-tied rows, for top-k, top-k with top-p, min-p, top-p
     over every id and a top-k past the vocabulary, with no mask, a mask of half the ids and one leaving fewer ids than
     top-k; a mask of every id, a state not finite and a row past the cap leave the row whole on both paths."""
-    from specula.tree_rows import RowEdit
 
     w, head, _, states, _, _, g = near_tie_rows(84, seed=8)
     screen = OutputScreen(head, kind)
