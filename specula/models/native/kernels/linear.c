@@ -121,7 +121,7 @@ static float *pack_rows(const float *x, int M, int in, int mr, int even, int thr
         RUN_BODY(MB, LOAD, SCALE, block_acc, 0, in, BLOCK_PREFETCH, 0);                              \
     } while (0)
 
-/* BODY(MB, LOAD, SCALE) for the group's mb rows, MB a constant. */
+/* BODY(MB, LOAD, SCALE) for the group's mb rows, MB a constant (also C8_REG_BODY(MB, G, KEEP)). */
 #define SWITCH_ROWS(BODY, LOAD, SCALE)                                                               \
     switch (mb) {                                                                                    \
         case 1: BODY(1, LOAD, SCALE); break;                                                         \
@@ -274,15 +274,6 @@ static FLOAT_BLOCK_ITEM(w8_block, int8_t, PACKED_GROUP, SWITCH_BLOCK, LOAD_W8, s
         }                                                                                            \
         if (c1 == in) store_rows(cacc[0], y, NULL, b, m0, MB, o0, nc, out);                          \
     } while (0)
-#define C8_REG(G, KEEP)                                                                              \
-    switch (mb) {                                                                                    \
-        case 1: C8_REG_BODY(1, G, KEEP); break;                                                      \
-        case 2: C8_REG_BODY(2, G, KEEP); break;                                                      \
-        case 3: C8_REG_BODY(3, G, KEEP); break;                                                      \
-        case 4: C8_REG_BODY(4, G, KEEP); break;                                                      \
-        case 5: C8_REG_BODY(5, G, KEEP); break;                                                      \
-        default: C8_REG_BODY(6, G, KEEP); break;                                                     \
-    }
 
 /* c8 calls of up to MR rows without AVX-512 (x packed as one group of MR, `pack_rows`): one column block an
  * item. */
@@ -296,15 +287,15 @@ static void c8_rows_avx2(void *arg, int bk) {
     const uint8_t *cb = j->codes + (size_t)bk * (in / group) * gbytes;
     float cacc[1][MR][NB] __attribute__((aligned(32)));
     if (group == 32) {
-        C8_REG(32, NO_KEEP)
+        SWITCH_ROWS(C8_REG_BODY, 32, NO_KEEP)
     } else {
-        C8_REG(16, NO_KEEP)
+        SWITCH_ROWS(C8_REG_BODY, 16, NO_KEEP)
     }
 }
 
 /* c8 calls of MR + 1 .. PANEL_ROWS - 1 rows without AVX-512 (x packed in even groups, as f32_chunked):
  * each column block in chunks of KC2 inputs. The first row group runs over a chunk as c8_rows_avx2 runs
- * (`C8_REG`: each weight rebuilt in registers from its code right before its FMAs, the codes'
+ * (`C8_REG_BODY`: each weight rebuilt in registers from its code right before its FMAs, the codes'
  * stream fetched PREFETCH_BYTES ahead) and keeps every rebuilt weight in `chunk` (8 KB, in L1); the other
  * groups run over `chunk` as f32_chunked runs over its weights. So a weight is rebuilt once a call, not
  * once a group, and the rebuild's conversions, adds and stores run beside the first group's FMAs: a chunk
@@ -333,9 +324,9 @@ static void c8_chunked_avx2(void *arg, int item) {
                 even_group(gr, M, j->groups, &m0, &mb);
                 const float *xg = j->xp + (size_t)gr * in * MR;
                 if (gr == 0 && group == 32) {
-                    C8_REG(32, KEEP_CHUNK)
+                    SWITCH_ROWS(C8_REG_BODY, 32, KEEP_CHUNK)
                 } else if (gr == 0) {
-                    C8_REG(16, KEEP_CHUNK)
+                    SWITCH_ROWS(C8_REG_BODY, 16, KEEP_CHUNK)
                 } else {
                     SWITCH_ROWS(C8_CHUNK_BODY, LOAD_F32, NULL)
                 }
