@@ -155,7 +155,7 @@ def test_the_activations_term_alone_holds_the_bound_where_every_residual_leans_w
 
 def test_the_screens_argmax_keeps_the_id_that_only_the_activations_term_keeps():
     """One row built as above against id 0 (its residuals lean with id 0's weights, so id 0's int8 logit is low by
-    nearly `hw1 * xs'`) and id 1 set just under id 0 in float32 (its residuals' errors cancel): the int8 logits
+    nearly `hw1 * xs'`) and id 1 set just under id 0 in float32 (its residuals' errors mostly cancel): the int8 logits
     rank id 1 first by more than twice the weights' term, so only the `hw1` term keeps id 0 a candidate in the C
     pass (`specula_screen_top`) and in the edited rows' (`_edited_candidates`); the argmax is id 0, the float32
     layer's."""
@@ -168,8 +168,9 @@ def test_the_screens_argmax_keeps_the_id_that_only_the_activations_term_keeps():
     w = 127 * step * signs  # [V, E]: codes exactly, each row's scale `step`
     w[0, 0], w[2:, 0] = 64 * step, -127 * step  # id 0 on top of ids 2.. by 191 steps of x's largest input
     w[1, 0] = 0.0
-    below = (f32_layer(w)(state)[0, 0] - f32_layer(w)(state)[0, 1]) / (127 * xs * step)  # [1]: id 0 over id 1
-    w[1, 0] = (torch.ceil(below) - 1) * step  # id 1 under id 0 by less than one such step
+    first = f32_layer(w)(state)[0]  # [V]: id 1 without its largest input's term
+    below = float(first[0] - first[1]) / (127 * xs * step)  # id 0 over id 1, in steps of that term
+    w[1, 0] = (math.ceil(below) - 1) * step  # id 1 under id 0 by less than one such step
     head = f32_layer(w)
     screen = OutputScreen(head, "i8")
     logits, approx = head(state)[0], screen.approx_logits(state)[0]  # [V] each
