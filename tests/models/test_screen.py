@@ -614,7 +614,6 @@ def test_a_truncated_samples_kept_ids_in_one_c_pass_are_the_torch_steps(monkeypa
     (`_edited_candidates` with `top_floor`), bit for bit, on near-tied rows, for top-k, top-k with top-p, min-p, top-p
     over every id and a top-k past the vocabulary, with no mask, a mask of half the ids and one leaving fewer ids than
     top-k; a mask of every id, a state not finite and a row past the cap leave the row whole on both paths."""
-
     w, head, _, states, _, _, g = near_tie_rows(84, seed=8)
     screen = OutputScreen(head, kind)
     approx = screen.approx_logits(states)

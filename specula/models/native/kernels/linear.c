@@ -214,18 +214,15 @@ static FLOAT_BLOCK_ITEM(w8_block, int8_t, PACKED_GROUP, SWITCH_BLOCK, LOAD_W8, s
  * rows; the same build against itself read 0.96-1.01x). The accumulators are copied into a fresh array `r`
  * for each group's loop and back after it: carried through both loops in one array, gcc stored every
  * accumulator to the stack on every step from three rows on (12 stores a step at six rows). */
-#define C8_WEIGHTS_INTO(W0, W1, A, B, CODES)                                                         \
-    W0 = _mm256_add_ps(                                                                              \
+#define C8_STEP_WEIGHTS(A, B, CODES)                                                                 \
+    __m256 w0 = _mm256_add_ps(                                                                       \
         _mm256_mul_ps(_mm256_loadu_ps(A), _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(                    \
                                               _mm_loadl_epi64((const __m128i *)(CODES))))),           \
         _mm256_loadu_ps(B));                                                                         \
-    W1 = _mm256_add_ps(                                                                              \
+    __m256 w1 = _mm256_add_ps(                                                                       \
         _mm256_mul_ps(_mm256_loadu_ps((A) + 8), _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(              \
                                                     _mm_loadl_epi64((const __m128i *)((CODES) + 8))))), \
         _mm256_loadu_ps((B) + 8))
-#define C8_STEP_WEIGHTS(A, B, CODES)                                                                 \
-    __m256 w0, w1;                                                                                   \
-    C8_WEIGHTS_INTO(w0, w1, A, B, CODES)
 /* Step ii of a code group for MB rows: its 16 weights rebuilt from the group's codes (A, codes), KEEP(G, ii)
  * (NO_KEEP, or KEEP_CHUNK: kept for the later row groups, c8_chunked_avx2), then each row's two FMAs into r. */
 #define C8_GROUP_STEP(MB, G, II, KEEP)                                                               \
