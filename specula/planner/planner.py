@@ -25,7 +25,9 @@ maximises expected tokens/s.
                     chain is refused beside prompt lookup's and token recycling's trees, because
                     theirs look best, those trees realised half what they predicted)
     selection       N* = argmax_N E(N) / (T_draft + T_verify(N + 1)), N = 0 = plain step,
-                    chosen unless a tree's rate beats it by `min_gain`
+                    chosen unless a tree's rate beats it by `min_gain`; T_draft is the step's
+                    drafting, after the prefill or a pause at most that of steady steps (the
+                    drafters' catch-up is spent whichever N is chosen: `_planned_draft`)
     drafting        a drafter that decides while it drafts (a chain's length, a tree's depth) asks
                     the cost view (`PlannerView.plan_chain`): its chain is valued by what it adds
                     to the tree the drafters before it proposed this step (siblings exclude each
@@ -579,6 +581,19 @@ class HardwarePlanner:
         bookkeeping after the step (e.g. token recycling's matrix update), learned online."""
         return draft_seconds + self._overhead.get()
 
+    def _planned_draft(self, r: PlanRequest) -> float:
+        """The drafting seconds request `r`'s tree is sized at: what its drafters spent this step, but on a
+        step after the prefill or a pause (`PlannerState.resumed`) at most the drafting time of steady steps,
+        as the back-off judges that step. The drafters' catch-up over the tokens committed meanwhile (a
+        head's cache over a long prompt: 28-41 ms on SmolLM2's 700-token summaries, 3-4 plain steps) is
+        spent whichever tree is chosen; sized at it, the tree whose rate best carried that time was the
+        largest, 16-64 nodes of 3-8 predicted tokens verified at 4-14 plain steps, and the back-off then
+        paused drafting for half the answer (docs/training.md, session 142)."""
+        steady = self._steady_draft.value
+        if steady is not None and isinstance(r.state, PlannerState) and r.state.resumed:
+            return min(r.draft_seconds, steady)
+        return r.draft_seconds
+
     def _plain_rate(self, draft_seconds: float) -> float:
         """Expected tokens/s of a plain step that still paid `draft_seconds` of drafting."""
         return 1.0 / (self.drafting_seconds(draft_seconds) + self.cost.verify_seconds(1))
@@ -619,7 +634,7 @@ class HardwarePlanner:
         for r in requests:
             proposal = merge_proposals(r.proposals, self.config.rasd_min_prob).limit(r.budget) if r.drafted \
                 else Proposal.empty()
-            drafting += self.drafting_seconds(r.draft_seconds) if len(proposal.tree) else r.draft_seconds
+            drafting += self.drafting_seconds(self._planned_draft(r)) if len(proposal.tree) else r.draft_seconds
             order: list[int] = []
             probs: list[float] = []
             context: list[str | None] = []
@@ -709,7 +724,7 @@ class HardwarePlanner:
         if not order:
             return (Plan(proposal, verified_whole, None, len(proposal.tree), batch=batch, drafted=r.drafted),
                     range(len(proposal.tree)))
-        alone = choose_size(probs, self.drafting_seconds(r.draft_seconds), self.cost.verify_seconds,
+        alone = choose_size(probs, self.drafting_seconds(self._planned_draft(r)), self.cost.verify_seconds,
                             self.config.min_gain)[0]
         probes = probe_nodes(proposal.tree, state.chain_probes, order)
         kept = sorted(set(order[:n]).union(*probes.values()))  # a probe's chain is verified whatever its estimates

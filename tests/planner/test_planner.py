@@ -1267,9 +1267,9 @@ def test_a_node_whose_contesting_sibling_was_cut_is_learned_as_contested():
 def test_a_new_requests_unlucky_first_step_is_judged_without_its_catch_up():
     """A drafter whose nodes are accepted drafts for 0.1 of a step, after a catch-up of 3 steps on a
     request's first step (a draft model's prefill over the prompt). A second request's first step
-    accepts nothing: its plan's rate paid the catch-up and read below plain, and judged against that
-    the one unlucky step paused drafting (seen on the 1.5B with its 0.5B draft). Its prior is the
-    plan at the drafting time the step is judged at, so the request drafts on."""
+    accepts nothing: had its plan's rate paid the catch-up, it would read below plain, and judged
+    against that the one unlucky step paused drafting (seen on the 1.5B with its 0.5B draft). The
+    plan is made, and the step judged, at the steady drafting time, so the request drafts on."""
     planner = HardwarePlanner(curve=STEEP)
     tree = chain([5, 6, 7], 0.9)
     first, resumed = Driver(planner), True
@@ -1282,9 +1282,33 @@ def test_a_new_requests_unlucky_first_step_is_judged_without_its_catch_up():
     second = Driver(planner)
     assert planner.should_draft(second.state)
     planned, _ = second.plan(Proposal(tree), 3.0)
-    assert len(planned.tree) > 0 and second.last.rate < 1.0 / STEEP.latency(1)  # the plan paid the catch-up
+    assert len(planned.tree) > 0 and second.last.rate > 1.0 / STEEP.latency(1)  # planned without the catch-up
     second.observe(planned, (), 3.0, STEEP.latency(len(planned.tree) + 1))  # nothing accepted
     assert planner.should_draft(second.state)
+
+
+def test_a_step_after_the_prefill_or_a_pause_is_sized_without_its_catch_up():
+    """A drafter of 32-token chains drafting for 0.1 of a step, after a catch-up of 3 steps on a request's
+    first step: that step is sized as a steady step is, not by the tree whose rate best carries the
+    catch-up (sized so, a step after a 700-token summary's prefill verified 16-64 nodes of 3-8 predicted
+    tokens at 4-14 plain steps, and the back-off paused half the answer). Until a steady step was seen
+    there is nothing to size it at but what it spent."""
+    tree = chain(list(range(5, 37)), 0.95)
+
+    def sized(seconds: float, taught: bool) -> int:
+        planner = HardwarePlanner(curve=STEEP)
+        if taught:  # one request's steps after a drafting step teach the steady drafting time
+            first = Driver(planner)
+            for spent in (3.0, 0.1, 0.1, 0.1):
+                planned, _ = first.plan(Proposal(tree), spent)
+                first.observe(planned, tuple(range(len(planned.tree))), spent, STEEP.latency(len(planned.tree) + 1))
+        driver = Driver(planner)
+        assert driver.state.resumed and planner.should_draft(driver.state)
+        planned, _ = driver.plan(Proposal(tree), seconds)
+        return len(planned.tree)
+
+    assert sized(3.0, taught=True) == sized(0.1, taught=True) > 0
+    assert sized(3.0, taught=False) > sized(0.1, taught=False) > 0
 
 
 def test_a_catch_up_after_the_prefill_or_a_pause_is_not_judged_as_drafting_cost():
