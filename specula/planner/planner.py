@@ -587,8 +587,8 @@ class HardwarePlanner:
         as the back-off judges that step. The drafters' catch-up over the tokens committed meanwhile (a
         head's cache over a long prompt: 28-41 ms on SmolLM2's 700-token summaries, 3-4 plain steps) is
         spent whichever tree is chosen; sized at it, the tree whose rate best carried that time was the
-        largest, 16-64 nodes of 3-8 predicted tokens verified at 4-14 plain steps, and the back-off then
-        paused drafting for half the answer (docs/training.md, session 142)."""
+        largest, 16-64 nodes of 3-8 predicted tokens verified at 4-14 plain steps, after which the back-off
+        paused drafting for over half of each answer in one trace (docs/training.md, session 142)."""
         steady = self._steady_draft.value
         if steady is not None and isinstance(r.state, PlannerState) and r.state.resumed:
             return min(r.draft_seconds, steady)

@@ -1291,8 +1291,8 @@ def test_a_step_after_the_prefill_or_a_pause_is_sized_without_its_catch_up():
     """A drafter of 32-token chains drafting for 0.1 of a step, after a catch-up of 3 steps on a request's
     first step: that step is sized as a steady step is, not by the tree whose rate best carries the
     catch-up (sized so, a step after a 700-token summary's prefill verified 16-64 nodes of 3-8 predicted
-    tokens at 4-14 plain steps, and the back-off paused half the answer). Until a steady step was seen
-    there is nothing to size it at but what it spent."""
+    tokens at 4-14 plain steps, and in one trace the back-off paused over half the answer). Until a
+    steady step was seen there is nothing to size it at but what it spent."""
     tree = chain(list(range(5, 37)), 0.95)
 
     def sized(seconds: float, taught: bool) -> int:
