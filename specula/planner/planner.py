@@ -590,7 +590,7 @@ class HardwarePlanner:
         largest, 16-64 nodes of 3-8 predicted tokens verified at 4-14 plain steps, after which the back-off
         paused drafting for over half of each answer in one trace (docs/training.md, session 142)."""
         steady = self._steady_draft.value
-        if steady is not None and isinstance(r.state, PlannerState) and r.state.resumed:
+        if steady is not None and r.state.resumed:
             return min(r.draft_seconds, steady)
         return r.draft_seconds
 
