@@ -44,9 +44,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from specula.commands.common import set_threads
+
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
+        set_threads(getattr(args, "threads", None))  # before anything loads (`commands.common.add_threads_arg`)
         return int(args.handler(args) or 0)
     except SpeculaError as exc:
         print(f"error: {exc}", file=sys.stderr)

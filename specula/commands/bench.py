@@ -67,8 +67,6 @@ def register(sub) -> None:
                    help="context length of the cost-curve measurement at the start (default 256)")
     g.add_argument("--profile-repeats", type=int, default=3, help="cost-curve repeats per size; 0 skips it (default 3)")
     g.add_argument("--warmup-tokens", type=int, default=32, help="tokens of each method's untimed warm-up (default 32)")
-    g.add_argument("--threads", type=int, default=None,
-                   help="torch CPU threads (default: torch's choice; recorded in results.json machine)")
     g.add_argument("--no-progress", action="store_true", help="no progress bar")
     add_method_args(p)
     add_sampling_args(p)
@@ -441,17 +439,6 @@ def execute(args: argparse.Namespace, bench: BenchPlan, target, tokenizer, draft
     return 0
 
 
-def set_threads(threads: int | None) -> None:
-    """`--threads`: torch's intra-op CPU threads for the whole run."""
-    if threads is None:
-        return
-    if threads < 1:
-        raise ConfigError(f"--threads must be >= 1, got {threads}")
-    import torch
-
-    torch.set_num_threads(threads)
-
-
 @contextlib.contextmanager
 def _sigterm_as_interrupt():
     """`kill` / `timeout` (SIGTERM) end the bench like Ctrl-C: partial results and report kept."""
@@ -471,7 +458,6 @@ def _sigterm_as_interrupt():
 
 def run(args: argparse.Namespace) -> int:
     bench = plan(args)
-    set_threads(args.threads)
     import time
 
     from specula.models.loading import peak_rss_bytes

@@ -49,12 +49,31 @@ def add_model_args(parser: argparse.ArgumentParser, *, target_required: bool = T
 
 def add_load_args(parser) -> None:
     """How a model is loaded and run (what `load_config` reads besides the model names): device and
-    dtype, attention, quantization, linear kernels, backend."""
+    dtype, attention, quantization, linear kernels, backend; and the CPU threads (`set_threads`)."""
     add_device_args(parser)
     add_attn_arg(parser)
     add_quantize_arg(parser)
     add_linear_kernel_arg(parser)
     add_backend_arg(parser)
+    add_threads_arg(parser)
+
+
+def add_threads_arg(parser) -> None:
+    parser.add_argument("--threads", type=int, default=None, metavar="N",
+                        help="CPU threads of torch and specula's kernels for the whole run (default: torch's choice, "
+                             "one a core); cost curves are cached per thread count, and the bench records it")
+
+
+def set_threads(threads: int | None) -> None:
+    """`--threads` (every command that loads a model; `cli.main` sets it before the command runs): torch's
+    intra-op CPU threads, which specula's CPU kernels use too, for the whole run."""
+    if threads is None:
+        return
+    if threads < 1:
+        raise ConfigError(f"--threads must be >= 1, got {threads}")
+    import torch
+
+    torch.set_num_threads(threads)
 
 
 def add_prepared_cache_arg(parser) -> None:

@@ -22,7 +22,6 @@ def register(sub) -> None:
     p.add_argument("--batch-sizes", default=None,
                    help="also time packed passes of b sequences (continuous batching), e.g. 1,2,4,8,16: "
                         "latency against batch size and tokens per sequence, as the serving planner uses it")
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     p.add_argument("--out", required=True, help="output directory")
     p.set_defaults(handler=run)
 
@@ -42,7 +41,6 @@ def run(args: argparse.Namespace) -> int:
     from specula.bench.machine import machine_info
     from specula.bench.plots import COST_CURVE_PNG, plot_cost_curve
     from specula.planner.cost import TimingConfig, measure_cost_curve
-    from specula.commands.bench import set_threads
     from specula.paths import atomic_write_json, check_output
 
     sizes = parse_sizes(args.sizes)
@@ -52,7 +50,6 @@ def run(args: argparse.Namespace) -> int:
     batch_sizes = parse_sizes(args.batch_sizes, "--batch-sizes") if args.batch_sizes else None
     if args.repeats < 1 or args.context < 1:
         raise ConfigError("--repeats and --context must be >= 1")
-    set_threads(args.threads)
     load_config(args)  # --device / --dtype checked before anything loads
     out = check_output(args.out, "--out", "dir")
     with flags_in_errors(args):  # the library names LoadConfig's fields (backend="native")

@@ -25,3 +25,29 @@ def test_model_option_reaches_load_config(flag, field, value, default, bad):
     assert getattr(load_config(parser().parse_args(["--target", "x"])), field) == default
     with pytest.raises(SystemExit):
         parser().parse_args(["--target", "x", flag, bad])
+
+
+@pytest.mark.parametrize("command", ["generate", "bench", "profile", "serve", "run-batch", "train",
+                                     "analyze acceptance"])
+def test_every_command_that_loads_a_model_takes_threads(command, capsys):
+    from specula.cli import build_parser
+
+    with pytest.raises(SystemExit):
+        build_parser().parse_args([*command.split(), "--help"])
+    assert "--threads N" in capsys.readouterr().out
+
+
+def test_threads_are_set_before_the_command_runs_and_refused_below_one(capsys):
+    import torch
+
+    from specula.cli import main
+
+    before = torch.get_num_threads()
+    try:
+        # the model is not found (exit 2), after --threads took effect
+        assert main(["generate", "--target", "no-such-model", "--prompt", "x", "--threads", "1"]) == 2
+        assert torch.get_num_threads() == 1
+        assert main(["generate", "--target", "no-such-model", "--prompt", "x", "--threads", "0"]) == 2
+        assert capsys.readouterr().err.splitlines()[-1] == "error: --threads must be >= 1, got 0"
+    finally:
+        torch.set_num_threads(before)
