@@ -59,6 +59,7 @@ def add_load_args(parser) -> None:
 
 
 def add_threads_arg(parser) -> None:
+    """`--threads N` (`set_threads`): every command that loads a model takes it through `add_load_args`."""
     parser.add_argument("--threads", type=int, default=None, metavar="N",
                         help="CPU threads of torch and specula's kernels for the whole run (default: torch's choice, "
                              "one a core); cost curves are cached per thread count, and the bench records it")
