@@ -92,9 +92,36 @@ def test_the_screens_logits_are_a_rows_and_its_residuals_through_the_int8_copy()
     assert torch.equal(d[4], torch.zeros(64)) and xs[4] == 1 / 8
     assert (d.abs() <= xs[:, None] / 2 * (1 + 2.0 ** -10)).all() and (d[:4] != 0).any(dim=1).all()
     both = screen.approx(torch.cat([x, d]))  # [10, V]
-    assert torch.equal(screen.approx_logits(x), both[:5] + both[5:])
+    assert torch.equal(screen.approx_logits(x), both[:5] + both[5:])  # added across the kernels' threads
+    for n in (1, 2):  # added on the calling thread
+        assert torch.equal(screen.approx_logits(x[:n]), both[:n] + both[5: 5 + n])
     L, step = row_terms(x)
     assert torch.equal(step, d.abs().amax(1) / 127 + xs * 2.0 ** -21)
+
+
+@pytest.mark.parametrize("rows", [1, 3, 8])
+def test_the_screens_rows_and_terms_in_c_are_their_torch_definitions(rows):
+    """`screen_rows` (one C call a pass) gives what the torch ops it replaced gave: the residual `x - xs * q` in
+    float32 bit for bit (q: integer codes within +-127), the step `max |d| / 127 + xs 2^-21` bit for bit, and L =
+    `(sum |x| + E xs' ROOM / 2) (1 + 2^-20)` in double within one float32 step (its sum's order differs); a row
+    with an infinite or NaN input gets an L that is not finite (so it is computed whole)."""
+    g = torch.Generator().manual_seed(rows)
+    x = torch.randn(rows, 96, generator=g) * torch.logspace(-2, 2, rows)[:, None]
+    x[0, 3] = 40.0  # one large input, as a final state's few channels are
+    both, xs, L, step = screen_module.screen_rows(x)
+    d = both[rows:]
+    assert torch.equal(both[:rows], x)
+    q = ((x - d) / xs[:, None]).round()  # [n, E]: the codes
+    assert (q.abs() <= 127).all() and torch.equal(d, x - xs[:, None] * q)
+    assert torch.equal(step, d.abs().amax(1) / 127 + xs * 2.0 ** -21)
+    total = x.double().abs().sum(dim=1) + x.shape[1] * step.double() * (0.5 * screen_module.ROOM)
+    expected = (total * (1 + 2.0 ** -20)).float()
+    assert ((L - expected).abs() <= torch.finfo(torch.float32).eps * expected).all()
+    assert (L > x.double().abs().sum(dim=1)).all()
+    for bad in (float("inf"), float("nan")):
+        y = x.clone()
+        y[-1, 7] = bad
+        assert not math.isfinite(float(screen_module.screen_rows(y)[2][-1]))
 
 
 @pytest.mark.parametrize("kind", ["i8", "w8"])

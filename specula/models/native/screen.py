@@ -127,30 +127,38 @@ def slack_of(scale: torch.Tensor, in_features: int) -> torch.Tensor:
     return slack.float()
 
 
+def screen_rows(states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(both [2n, E], xs [n], L [n], xs' [n]) float32 for rows states [n, E] (float32, contiguous), in one C call
+    (`screen.c`'s `specula_screen_rows`; a dozen small torch ops took 0.1-0.2 ms of a SmolLM2 step): both = the rows
+    and then each row's residual d = x - xs q after the codes q and scale xs the i8 kernel quantizes it by (its own
+    quantizer, `specula_quantize_rows`), computed in float32; L and xs' as `row_terms` gives them (module
+    docstring)."""
+    n, inp = states.shape
+    both = torch.empty((2 * n, inp), dtype=torch.float32)
+    xs, total, step = (torch.empty(n, dtype=torch.float32) for _ in range(3))
+    if library().specula_screen_rows(states.data_ptr(), both.data_ptr(), xs.data_ptr(), total.data_ptr(),
+                                     step.data_ptr(), n, inp, 0.5 * ROOM):
+        raise MemoryError(f"the screen could not allocate its rows' codes ({n} x {inp})")
+    return both, xs, total, step
+
+
 def residual_rows(states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(d [n, E], xs [n]) float32 for rows states [n, E] (float32, contiguous): each row's residual d = x - xs q
-    after the codes q and scale xs the i8 kernel quantizes it by (its own quantizer, `specula_quantize_rows`),
-    computed in float32 (module docstring)."""
-    n, inp = states.shape
-    in4 = (inp + 3) // 4 * 4
-    q = torch.empty((n, in4), dtype=torch.int8)
-    xs = torch.empty(n, dtype=torch.float32)
-    library().specula_quantize_rows(states.data_ptr(), q.data_ptr(), xs.data_ptr(), None, n, inp, in4, 0,
-                                    torch.get_num_threads())
-    return states - xs[:, None] * q[:, :inp].float(), xs
+    after the codes q and scale xs the i8 kernel quantizes it by (`screen_rows`)."""
+    both, xs, _, _ = screen_rows(states)
+    return both[len(states):], xs
 
 
 def row_terms(states: torch.Tensor, kind: str = "i8") -> tuple[torch.Tensor, torch.Tensor]:
     """(L [n], xs' [n]) float32 of rows states [n, E] through a `kind` copy: for i8 each row's `|x|_1 + E xs' / 2 *
-    ROOM` and the step that bounds what its two int8 rows leave of it, `xs' = xs2 + 2^-21 xs`; for w8 (float32
-    activations) `|x|_1` and 0 (module docstring). L rounded up past its rounding; not finite where the row is not."""
+    ROOM` and the step that bounds what its two int8 rows leave of it, `xs' = xs2 + 2^-21 xs` (xs2 = the residual's
+    largest |d| / 127, the kernel's step for it; `screen_rows`); for w8 (float32 activations) `|x|_1` and 0 (module
+    docstring). L rounded up past its rounding; not finite where the row is not."""
     states = states.float().contiguous()
     if kind == "w8":
         return (states.double().abs().sum(dim=1) * (1 + 2.0 ** -20)).float(), states.new_zeros(len(states))
-    d, xs = residual_rows(states)
-    step = d.abs().amax(dim=1) / 127.0 + xs * 2.0 ** -21  # [n]: xs2, the kernel's amax / 127.0f of d, and more
-    total = states.double().abs().sum(dim=1) + states.shape[1] * step.double() * (0.5 * ROOM)
-    return (total * (1 + 2.0 ** -20)).float(), step
+    _, _, total, step = screen_rows(states)
+    return total, step
 
 
 def default_kind() -> str:
@@ -232,9 +240,11 @@ class OutputScreen:
         n, out = states.shape[0], self.head.out_features
         if self.kind == "w8":
             return self.approx.into(states, torch.empty((n, out), dtype=torch.float32))
-        both = torch.cat([states, residual_rows(states)[0]])  # [2n, E]
+        both = screen_rows(states)[0]  # [2n, E]
         logits = self.approx.into(both, torch.empty((2 * n, out), dtype=torch.float32))  # [2n, V]
-        return logits[:n].add_(logits[n:])
+        # added in C: torch's add woke its sleeping OpenMP workers (0.29 ms of a SmolLM2 step, `docs/native.md`)
+        library().specula_screen_add_halves(logits.data_ptr(), n, out, torch.get_num_threads())
+        return logits[:n]
 
     def decide(self, states: torch.Tensor, approx: torch.Tensor) -> torch.Tensor:
         """LongTensor [n]: each row's exact argmax from its int8 logits approx [n, V] (`approx_logits` of

@@ -5,6 +5,7 @@
 #include <math.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
 
 #include "layout.h"
 #include "pool.h"
@@ -151,6 +152,65 @@ void specula_screen_candidates(const float *approx, const float *slack, const fl
         candidate_rows(&args, 0, n);
     else
         specula_parallel_rows(threads, n, (n + 1) / 2, candidate_rows, &args);
+}
+
+void specula_quantize_rows(const float *x, int8_t *xq, float *xs, int32_t *xsum, int M, int in, int in4, int offset,
+                           int threads);  /* linear.c */
+
+/* The i8 screen's rows and terms of rows x [n][in] (`native/screen.py`'s `screen_rows`), in one call where torch
+ * took a dozen small ops a step: `both` [2n][in] gets each row and then each row's residual d = x - xs q (q, xs:
+ * `specula_quantize_rows`'s codes and scale of the row, in float32: the product rounded, then the difference,
+ * as torch computes `x - xs * q`); `xs` [n] the scales; `step` [n] xs' = max_j |d_j| / 127 + xs 2^-21 (float32;
+ * a NaN in d gives a NaN); `l1` [n] L = (sum_j |x_j| + in xs' half_room) (1 + 2^-20) in double, then rounded
+ * to float32 (not finite where the row is not). Returns -1 where the codes' buffer could not be allocated. */
+int specula_screen_rows(const float *x, float *both, float *xs, float *l1, float *step, int n, int in,
+                        double half_room) {
+    int in4 = (in + 3) / 4 * 4;
+    int8_t *q = malloc((size_t)n * in4);
+    if (!q) return -1;
+    specula_quantize_rows(x, q, xs, NULL, n, in, in4, 0, 1);
+    for (int r = 0; r < n; r++) {
+        const float *xr = x + (size_t)r * in;
+        const int8_t *qr = q + (size_t)r * in4;
+        float *own = both + (size_t)r * in, *d = both + (size_t)(n + r) * in, s = xs[r], most = 0.0f;
+        double sum = 0.0;
+        for (int j = 0; j < in; j++) {
+            float code = s * (float)qr[j];
+            d[j] = xr[j] - code;
+            own[j] = xr[j];
+            float a = fabsf(d[j]);
+            if (most == most && !(a <= most)) most = a;  /* a NaN stays */
+            sum += fabs((double)xr[j]);
+        }
+        step[r] = most / 127.0f + s * 0x1p-21f;
+        l1[r] = (float)((sum + (double)in * (double)step[r] * half_room) * (1.0 + 0x1p-20));
+    }
+    free(q);
+    return 0;
+}
+
+/* y[r] += y[n + r] for rows r < n of y [2n][vocab]: the i8 screen's two rows' logits added in C (torch's add of a
+ * SmolLM2 row woke OpenMP's sleeping workers: 0.29 ms a step, `docs/native.md`). */
+struct halves_args {
+    float *y;
+    int n, vocab;
+};
+
+static void add_halves(const void *args, int r0, int r1) {
+    const struct halves_args *a = args;
+    for (int r = r0; r < r1; r++) {
+        float *y = a->y + (size_t)r * a->vocab;
+        const float *z = a->y + (size_t)(a->n + r) * a->vocab;
+        for (int v = 0; v < a->vocab; v++) y[v] += z[v];
+    }
+}
+
+void specula_screen_add_halves(float *y, int n, int vocab, int threads) {
+    struct halves_args args = {y, n, vocab};
+    if (threads < 2 || n < 4)
+        add_halves(&args, 0, n);
+    else
+        specula_parallel_rows(threads, n, (n + 1) / 2, add_halves, &args);
 }
 
 float specula_kth_largest(const float *row, int v, int k, float *vals, int64_t *ids);  /* draft.c */
