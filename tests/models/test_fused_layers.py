@@ -258,3 +258,22 @@ def test_buffers_assigned_anew_are_gathered_again(monkeypatch):
     fused = FusedLayers.of(decoder)
     assert fused is not first and fused.refs[1].gate_up.packed == lin.packed.data_ptr()
     assert_prompt_states_are_the_python_loops(decoder, monkeypatch)
+
+
+def test_c_loop_gathers_its_layers_again_only_after_an_assignment(monkeypatch):
+    """`current` walks the decoder's modules (hundreds of lookups a pass) only where torch saw a module,
+    parameter or buffer assigned since its last look: none between passes, one walk after an assignment
+    anywhere (here another module's)."""
+    import specula.models.native.fused as fused_module
+
+    decoder = decoder_of("llama", "none")
+    first = FusedLayers.of(decoder)
+    walks = []
+    real = fused_module._held
+    monkeypatch.setattr(fused_module, "_held", lambda d: walks.append(d) or real(d))
+    for _ in range(3):
+        assert FusedLayers.of(decoder) is first
+    assert walks == []
+    torch.nn.Linear(2, 2)  # registers its parameters: the next look walks once, then trusts the count again
+    assert FusedLayers.of(decoder) is first and FusedLayers.of(decoder) is first
+    assert len(walks) == 1
