@@ -51,6 +51,16 @@ def draft_top_k(logits, k: int) -> torch.Tensor:
     return own(k) if own is not None else logits.topk(k, dim=-1).indices
 
 
+def draft_top_k_into(logits, row: int, out) -> None:
+    """Row `row` of `draft_top_k(logits, len(out))` written into out (numpy int32 [k], C-contiguous): a row
+    source's own `draft_top_k_into` where it has one (one C call, no tensor made), else torch's top-k."""
+    own = getattr(logits, "draft_top_k_into", None)
+    if own is not None:
+        own(row, out)
+    else:
+        out[:] = draft_top_k(logits[row: row + 1], len(out))[0].cpu().numpy()
+
+
 def greedy_argmax(tree: TokenTree, argmax_of: Callable[[int], int]) -> torch.Tensor:
     """LongTensor [n + 1]: the argmax of the root's row and of every row whose node a greedy walk
     accepts (a node is accepted when its parent is and its token is the argmax of its parent's

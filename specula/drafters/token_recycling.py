@@ -41,7 +41,7 @@ from specula.drafters.base import DraftContext, Proposal, StepResult, method_con
 from specula.errors import ConfigError
 from specula.paths import atomic_file
 from specula.tree import TokenTree
-from specula.tree_rows import draft_top_k
+from specula.tree_rows import draft_top_k, draft_top_k_into
 
 SAVE_SECONDS = 30.0
 """Least time between two saves of the state file when requests finish (the exit saves the rest)."""
@@ -188,6 +188,11 @@ class TokenRecyclingDrafter:
 
     def observe(self, step: StepResult, state: None = None) -> None:
         if step.idle:  # a batch step on which this request drafted nothing: no bookkeeping
+            return
+        if not len(step.proposal.tree):  # no draft verified (a paused step): the root's row, in one call
+            if step.root < self.vocab_size:
+                draft_top_k_into(step.logits, 0, self.matrix[step.root])
+            self.dirty = True
             return
         tokens, rows = rows_to_write(step)
         inside = tokens < self.vocab_size

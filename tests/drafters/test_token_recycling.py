@@ -110,6 +110,19 @@ def test_observe_writes_the_root_and_every_node_with_priority_to_the_accepted_pa
     assert tokens.tolist() == [7] and rows.tolist() == [1]  # deepest accepted occurrence wins over the root
 
 
+def test_a_step_that_verified_no_draft_writes_its_roots_row_alone():
+    """A paused step (no tree) takes the one-row path: the root's top-8, as the general path writes it; a root
+    outside the matrix writes nothing."""
+    vocab = 30
+    drafter = TokenRecyclingDrafter(vocab)
+    logits = torch.randn(1, vocab, generator=torch.Generator().manual_seed(1))
+    drafter.observe(StepResult(root=4, proposal=Proposal.empty(), path=(), next_token=2, logits=logits))
+    assert drafter.matrix[4].tolist() == logits.topk(8, dim=-1).indices[0].tolist()
+    assert np.flatnonzero((drafter.matrix >= 0).all(axis=1)).tolist() == [4] and drafter.dirty
+    drafter.observe(StepResult(root=vocab + 3, proposal=Proposal.empty(), path=(), next_token=2, logits=logits))
+    assert np.flatnonzero((drafter.matrix >= 0).all(axis=1)).tolist() == [4]
+
+
 def test_engine_writes_exactly_the_verified_tokens_and_prefill_writes_nothing():
     model = tiny_model("qwen2", seed=3)
     target = HFCausalLM(model, "target")

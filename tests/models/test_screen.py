@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -22,7 +23,7 @@ from specula.models.native.screen import (CANDIDATE_CAP, SCREEN_MAX_ROWS, W8_SCR
                                          ScreenedLogits, residual_rows, row_terms)
 from specula.sampling import SamplingParams
 from specula.tree import TokenTree
-from specula.tree_rows import RowEdit, draft_top_k
+from specula.tree_rows import RowEdit, draft_top_k, draft_top_k_into
 
 pytestmark = pytest.mark.skipif(not kernels.available(),
                                 reason=f"specula's CPU kernels cannot run here: {kernels.unavailable_reason()}")
@@ -350,11 +351,20 @@ def test_argmax_only_passes_return_screened_rows_of_the_exact_logits(screened):
         top = draft_top_k(rows, 3)  # the int8 logits' own
         assert not rows.screened.has_logits
         assert torch.equal(approx.gather(1, top), approx.topk(3).values)  # (equal values may swap ids)
+        for r in range(len(rows)):  # each row in place, as draft_top_k ranks it (one C call, no tensor)
+            out = np.full(3, -1, dtype=np.int32)
+            draft_top_k_into(rows, r, out)
+            assert out.tolist() == top[r].tolist() and not rows.screened.has_logits
+        with pytest.raises(ValueError, match=f"row {len(rows)} of {len(rows)}"):
+            draft_top_k_into(rows, len(rows), np.zeros(3, dtype=np.int32))
     for rows, logits in zip(lazy, plain):
         assert torch.equal(rows.argmax(-1), logits.argmax(-1))
         assert rows.shape == logits.shape and len(rows) == len(logits)
         assert torch.equal(rows[0], logits[0]) and torch.equal(rows.full(), logits)  # bit for bit
         assert torch.equal(draft_top_k(rows, 3), rows.topk(3).indices)  # exact once the logits are computed
+        out = np.zeros(3, dtype=np.int32)
+        draft_top_k_into(rows, len(rows) - 1, out)
+        assert out.tolist() == rows.topk(3).indices[-1].tolist()
     seq = target.new_sequence()
     seq.prefill(SPECULATIVE_PROMPTS[0], logits="none")
     big = [(seq, 9, TokenTree.chain(list(range(2, 2 + SCREEN_MAX_ROWS))))]

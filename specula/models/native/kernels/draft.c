@@ -12,6 +12,7 @@
 #include <math.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
 
 #include "vmath.h"
 
@@ -108,6 +109,26 @@ static float row_top_k(const float *row, int v, int k, float *vals, int64_t *ids
 float specula_kth_largest(const float *row, int v, int k, float *vals, int64_t *ids) {
     row_top_k(row, v, k, vals, ids);
     return vals[k - 1];
+}
+
+/* One row's k (<= v) best ids as `specula_topk_ids` ranks them, written as int32 into out [k]: token recycling's
+ * matrix row after a step that verified no draft, in one call from the row's own memory (`ScreenedLogits.
+ * draft_top_k_into`: no tensors made). Returns -1 where its scratch could not be allocated. */
+int specula_topk_ids_i32(const float *row, int v, int k, int32_t *out) {
+    float vals_here[64];
+    int64_t ids_here[64];
+    float *vals = k <= 64 ? vals_here : malloc((size_t)k * sizeof(float));
+    int64_t *ids = k <= 64 ? ids_here : malloc((size_t)k * sizeof(int64_t));
+    if (!vals || !ids) {
+        if (vals != vals_here) free(vals);
+        if (ids != ids_here) free(ids);
+        return -1;
+    }
+    row_top_k(row, v, k, vals, ids);
+    for (int l = 0; l < k; l++) out[l] = (int32_t)ids[l];
+    if (vals != vals_here) free(vals);
+    if (ids != ids_here) free(ids);
+    return 0;
 }
 
 /* For each row of logits [n, v]: its k (<= v) largest logits, best first (ties: the lower index
