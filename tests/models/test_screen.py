@@ -270,7 +270,8 @@ def test_the_candidates_logits_are_the_layers_bits(width):
 
 def test_a_row_with_one_candidate_is_decided_without_reading_the_layers_rows(monkeypatch):
     """The one id whose interval reaches the largest lower end holds the maximum: no float32 logit is computed
-    for it; rows with several candidates compute theirs (`specula_screen_exact`), alone and beside lone ones."""
+    for it; rows with several candidates compute theirs (`specula_screen_exact`'s sums inside the C decision, which
+    returns how many rows did), alone and beside lone ones."""
     w = near_tie_head(vocab=1500, width=64, seed=9)
     head = f32_layer(w)
     screen = OutputScreen(head)
@@ -279,22 +280,28 @@ def test_a_row_with_one_candidate_is_decided_without_reading_the_layers_rows(mon
                         w[torch.randint(len(w) // 2, len(w), (50,), generator=g)]])  # aimed at near ties
     exact = head(states).argmax(-1)
     lib, calls = kernels.library(), []
-    real = lib.specula_screen_exact
-    monkeypatch.setattr(lib, "specula_screen_exact", lambda *args: (calls.append(args[4]), real(*args))[1])
+    real = lib.specula_screen_decide
+
+    def counted(*args):
+        calls.append(real(*args))  # rows whose candidates' float32 logits were computed
+        return calls[-1]
+
+    monkeypatch.setattr(lib, "specula_screen_decide", counted)
     several = []  # the rows that computed float32 logits alone
     for r in range(len(states)):
         calls.clear()
         assert int(screen.argmax(states[r: r + 1])[0]) == int(exact[r]), r
-        if calls:
+        assert calls in ([0], [1])
+        if calls == [1]:
             several.append(r)
     assert 20 <= len(several) <= len(states) - 50  # both kinds of rows were met
     calls.clear()
     assert torch.equal(screen.argmax(states), exact)
-    assert calls == [len(states)]  # one call for the whole pass
+    assert calls == [len(several)]  # one call for the whole pass
     calls.clear()
     lone = [r for r in range(len(states)) if r not in several]
     assert torch.equal(screen.argmax(states[lone]), exact[lone])
-    assert not calls
+    assert calls == [0]
 
 
 def test_rows_past_the_candidate_cap_and_non_finite_rows_are_computed_whole():
@@ -327,8 +334,8 @@ def screened(monkeypatch):
     monkeypatch.setattr(screen_module, "SCREEN_MIN_WEIGHTS", 0)
     monkeypatch.setattr(screen_module, "TOP_SCREEN_MIN_WEIGHTS", 0)
     calls = []
-    real = OutputScreen.approx_logits
-    monkeypatch.setattr(OutputScreen, "approx_logits",
+    real = OutputScreen.approx_and_terms
+    monkeypatch.setattr(OutputScreen, "approx_and_terms",
                         lambda self, states: (calls.append(states.shape[0]), real(self, states))[1])
     return calls
 

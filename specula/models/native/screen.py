@@ -237,19 +237,24 @@ class OutputScreen:
     def approx_logits(self, states: torch.Tensor) -> torch.Tensor:
         """The screen's logits [n, V] of states [n, E] (float32, contiguous): the int8 pass over each row and its
         residual (`residual_rows`), their logits added (module docstring)."""
+        return self.approx_and_terms(states)[0]
+
+    def approx_and_terms(self, states: torch.Tensor) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor] | None]:
+        """(`approx_logits(states)`, the rows' `row_terms` where the pass made them (i8), else None)."""
         n, out = states.shape[0], self.head.out_features
         if self.kind == "w8":
-            return self.approx.into(states, torch.empty((n, out), dtype=torch.float32))
-        both = screen_rows(states)[0]  # [2n, E]
+            return self.approx.into(states, torch.empty((n, out), dtype=torch.float32)), None
+        both, _, total, step = screen_rows(states)  # [2n, E], [n] x3
         logits = self.approx.into(both, torch.empty((2 * n, out), dtype=torch.float32))  # [2n, V]
         # added in C: torch's add woke its sleeping OpenMP workers (0.29 ms of a SmolLM2 step, `docs/native.md`)
         library().specula_screen_add_halves(logits.data_ptr(), n, out, torch.get_num_threads())
-        return logits[:n]
+        return logits[:n], (total, step)
 
-    def decide(self, states: torch.Tensor, approx: torch.Tensor) -> torch.Tensor:
+    def decide(self, states: torch.Tensor, approx: torch.Tensor,
+               terms: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         """LongTensor [n]: each row's exact argmax from its int8 logits approx [n, V] (`approx_logits` of
-        states [n, E], float32, contiguous)."""
-        return self._decide(states, approx, None)
+        states [n, E], float32, contiguous; `terms`: their `row_terms` where already made)."""
+        return self._decide(states, approx, None, terms)
 
     def edited_argmax(self, state: torch.Tensor, approx: torch.Tensor, edit: RowEdit) -> int | None:
         """The argmax of `head(state)` as `edit` changes and masks it (state [E] float32, approx [V]: the
@@ -377,29 +382,22 @@ class OutputScreen:
         return int(self._decide(state.float().view(1, -1).contiguous(), approx.view(1, -1).contiguous(),
                                 None if allowed is None else allowed.view(1, -1))[0])
 
-    def _decide(self, states: torch.Tensor, approx: torch.Tensor, allowed: torch.Tensor | None) -> torch.Tensor:
+    def _decide(self, states: torch.Tensor, approx: torch.Tensor, allowed: torch.Tensor | None,
+                terms: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         """LongTensor [n]: each row's exact argmax (over its `allowed` ids [n, V] bool, where given),
-        from the copy's logits approx [n, V] of states [n, E]: the candidates (`screen.c`), their
-        float32 logits from the layer's own rows (`specula_screen_exact`; none for a row's lone candidate),
-        or the whole row where the screen cannot decide."""
+        from the copy's logits approx [n, V] of states [n, E] (and their `row_terms`, where the caller has them):
+        the candidates and the first maximal of their float32 logits from the layer's own rows, in one C call
+        (`screen.c`'s `specula_screen_decide`), or the whole row where the screen cannot decide."""
         n, vocab = states.shape[0], self.head.out_features
-        l1, xs = row_terms(states, self.kind)  # [n] each
+        l1, xs = terms if terms is not None else row_terms(states, self.kind)  # [n] each
         mask = None if allowed is None else allowed.to(torch.uint8).contiguous()  # [n, V]
-        ids = torch.empty((n, CANDIDATE_CAP), dtype=torch.int32)
-        counts = torch.empty(n, dtype=torch.int32)
-        library().specula_screen_candidates(approx.data_ptr(), self.slack.data_ptr(), l1.data_ptr(),
-                                            self.hw1.data_ptr(), xs.data_ptr(),
-                                            None if mask is None else mask.data_ptr(), n, vocab, ids.data_ptr(),
-                                            CANDIDATE_CAP, counts.data_ptr(), torch.get_num_threads())
-        counts_list = counts.tolist()
         out = torch.empty(n, dtype=torch.long)
-        screened = [r for r, k in enumerate(counts_list) if 0 < k <= CANDIDATE_CAP]
-        whole = [r for r, k in enumerate(counts_list) if not 0 < k <= CANDIDATE_CAP]
-        if any(counts_list[r] > 1 for r in screened):
-            exact = self._exact(states, ids, counts)  # [n, CANDIDATE_CAP]
-        for r in screened:  # ids ascending: the first maximal candidate is torch's argmax; a lone one holds it
-            k = counts_list[r]
-            out[r] = int(ids[r, int(exact[r, :k].argmax()) if k > 1 else 0])
+        if library().specula_screen_decide(approx.data_ptr(), self.slack.data_ptr(), l1.data_ptr(), self.hw1.data_ptr(),
+                                           xs.data_ptr(), None if mask is None else mask.data_ptr(), n, vocab,
+                                           CANDIDATE_CAP, self.head.packed.data_ptr(), states.data_ptr(),
+                                           self.head.in_features, out.data_ptr(), torch.get_num_threads()) < 0:
+            raise MemoryError(f"the screen could not allocate its candidates ({n} x {CANDIDATE_CAP})")
+        whole = [r for r, top in enumerate(out.tolist()) if top < 0]
         if whole:  # a value not finite, nothing allowed, or too many candidates
             logits = self.head.into(states[whole].contiguous(), torch.empty((len(whole), vocab), dtype=torch.float32))
             if allowed is not None:
@@ -418,7 +416,7 @@ class ScreenedPass:
     def __init__(self, states: torch.Tensor, screen: OutputScreen) -> None:
         self.states = states.clone().float().contiguous()  # [T, E]: its own, whatever the decoder reuses later
         self.screen = screen
-        self.approx = screen.approx_logits(self.states)  # [T, V]
+        self.approx, self._terms = screen.approx_and_terms(self.states)  # [T, V]; (L, xs') [T] each, or None
         self._argmax: torch.Tensor | None = None
         self._logits: torch.Tensor | None = None
 
@@ -426,7 +424,7 @@ class ScreenedPass:
     def argmax(self) -> torch.Tensor:
         """LongTensor [T]: every row's exact argmax (computed once)."""
         if self._argmax is None:
-            self._argmax = self.screen.decide(self.states, self.approx)
+            self._argmax = self.screen.decide(self.states, self.approx, self._terms)
         return self._argmax
 
     @property

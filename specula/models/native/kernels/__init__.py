@@ -238,6 +238,8 @@ def library() -> ctypes.CDLL:
     lib.specula_screen_rows.argtypes = [ptr, ptr, ptr, ptr, ptr, i32, i32, ctypes.c_double]
     lib.specula_screen_rows.restype = i32
     lib.specula_screen_add_halves.argtypes = [ptr, i32, i32, i32]
+    lib.specula_screen_decide.argtypes = [ptr, ptr, ptr, ptr, ptr, ptr, i32, i32, i32, ptr, ptr, i32, ptr, i32]
+    lib.specula_screen_decide.restype = i32
     lib.specula_screen_exact.argtypes = [ptr, ptr, ptr, ptr, i32, i32, i32, ptr]
     lib.specula_screen_top.argtypes = [ptr, ptr, ptr, f32, f32, ptr, i32, i32, ctypes.c_double, ptr, i32, ptr, ptr,
                                        ptr, ptr]
