@@ -617,7 +617,19 @@ class HardwarePlanner:
             self.prepare_batch(max(len(requests), DEFAULT_BATCH_SIZES[-1]))
         if len(requests) > 1 and self.batch_curve is not None:
             return self._plan_pass(requests)
-        return [plan for request in requests for plan in self._plan_pass([request])]
+        plans: list[Plan] = []
+        for request in requests:
+            plans += self._plan_pass([request]) if request.drafted else [self._undrafted(request)]
+        return plans
+
+    def _undrafted(self, r: PlanRequest) -> Plan:
+        """The plan `_plan_pass` gives a lone request that drafts nothing this step (its back-off paused it), made
+        without sizing anything: such a step's planning took 0.06 ms of a SmolLM2 step, plain decoding's 0.03."""
+        proposal = Proposal.empty()
+        plan = Plan(proposal, 1.0, None, 0, drafted=False, drafter_seconds=tuple(r.drafter_seconds),
+                    probes=tuple(probe_nodes(proposal.tree, r.state.chain_probes)))
+        r.state.projected.add(plan.nodes, plan.predicted, r.draft_seconds + self.cost.curve.latency(plan.nodes + 1))
+        return plan
 
     def _plan_pass(self, requests: Sequence[PlanRequest]) -> list[Plan]:
         """Plans for the requests verified in one target pass."""

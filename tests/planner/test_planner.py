@@ -1122,7 +1122,7 @@ def test_a_request_idle_by_load_does_no_drafter_work():
     target = HFCausalLM(model, "target")
     drafters = make_drafters("token-recycling", target=target)
     proposes, writes = [], []
-    real_propose, real_rows = drafters[0].propose, recycling.rows_to_write
+    real_propose, real_rows, real_one = drafters[0].propose, recycling.rows_to_write, recycling.draft_top_k_into
     drafters[0].propose = lambda ctx, state: proposes.append(1) or real_propose(ctx, state)
     planner = HardwarePlanner(curve=STEEP, batch_curve=batch_table(0.3))
     dec = SpeculativeDecoder(target, drafters, eos_token_ids=[], planner=planner)
@@ -1130,12 +1130,14 @@ def test_a_request_idle_by_load_does_no_drafter_work():
     sessions = [dec.start(p, SamplingParams(max_new_tokens=40, ignore_eos=True)) for p in prompts]
     try:
         recycling.rows_to_write = lambda step: writes.append(step.idle) or real_rows(step)
+        # a step that verified no draft writes its root's row alone, past the same check of `idle`
+        recycling.draft_top_k_into = lambda logits, row, out: writes.append(False) or real_one(logits, row, out)
         steps = 0
         while not all(s.finished for s in sessions):
             dec.step(sessions)
             steps += 1
     finally:
-        recycling.rows_to_write = real_rows
+        recycling.rows_to_write, recycling.draft_top_k_into = real_rows, real_one
     assert steps == 40
     # two drafting steps each before the plan idles them, then a probe every 8th step
     assert len(proposes) <= 2 * (2 + 40 // 8 + 1)
@@ -1328,3 +1330,19 @@ def test_a_catch_up_after_the_prefill_or_a_pause_is_not_judged_as_drafting_cost(
         driver.observe(planned, tuple(range(len(planned.tree))), seconds, STEEP.latency(len(planned.tree) + 1))
         drafted += drafting
     assert drafted == 60
+
+
+def test_a_paused_lone_request_gets_the_plan_the_sizing_path_gives_it():
+    """A lone request that drafts nothing this step is planned without sizing (`_undrafted`): the same plan as
+    `_plan_pass` makes for it and the same projection recorded, with a probe pending or not."""
+    planner = HardwarePlanner(curve=STEEP)
+    for probes in ((), ("prompt-lookup",)):
+        fast, full = planner.new_state(), planner.new_state()
+        for state in (fast, full):
+            state.chain_probes.update(probes)
+        request = PlanRequest([], BUDGET, fast, 2e-5, False, (("prompt-lookup", 1e-5),))
+        [got] = planner.plan([request])
+        [want] = planner._plan_pass([replace(request, state=full)])
+        assert got == want and not got.drafted and got.predicted == 1.0 and len(got.proposal.tree) == 0
+        assert got.drafter_seconds == (("prompt-lookup", 1e-5),)
+        assert vars(fast.projected) == vars(full.projected) and fast.projected.steps == 1
