@@ -770,3 +770,17 @@ def test_sampled_requests_with_logprobs_are_not_screened(monkeypatch, screened):
         screened.clear()
         dec.generate(SPECULATIVE_PROMPTS[0], params)
         assert not screened, params
+
+
+def test_decide_reads_strided_rows_as_their_values():
+    """`decide` hands its rows' memory to C: rows given as a strided view are decided by their values (the
+    float32 layer's argmax), as contiguous ones."""
+    w = near_tie_head(vocab=700, width=64, seed=11)
+    head = f32_layer(w)
+    screen = OutputScreen(head)
+    g = torch.Generator().manual_seed(12)
+    wide = torch.randn(40, 128, generator=g) * 3
+    states = wide[:, ::2]  # [40, 64], not contiguous
+    assert not states.is_contiguous()
+    approx = screen.approx_logits(states.contiguous())
+    assert torch.equal(screen.decide(states, approx), head(states.contiguous()).argmax(-1))

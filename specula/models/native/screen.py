@@ -389,6 +389,7 @@ class OutputScreen:
         the candidates and the first maximal of their float32 logits from the layer's own rows, in one C call
         (`screen.c`'s `specula_screen_decide`), or the whole row where the screen cannot decide."""
         n, vocab = states.shape[0], self.head.out_features
+        states, approx = states.float().contiguous(), approx.contiguous()  # the C call reads their memory
         l1, xs = terms if terms is not None else row_terms(states, self.kind)  # [n] each
         mask = None if allowed is None else allowed.to(torch.uint8).contiguous()  # [n, V]
         out = torch.empty(n, dtype=torch.long)
