@@ -13,6 +13,7 @@ import torch
 
 from specula.drafters.lockstep import Clock, Steps, drive, immediate
 from specula.ema import Ema
+from specula.models.device import serial_cpu_ops
 from specula.sampling import probabilities
 from specula.step import DraftContext, Proposal
 from specula.tree import TokenTree
@@ -43,18 +44,19 @@ def chain_steps(ctx: DraftContext, source: str, k: int, logits: torch.Tensor, ne
     q_rows: list[torch.Tensor] = []
     coupled = greedy and ctx.couples
     while True:
-        if coupled:  # a sampled request's fixed candidate: raced with the target's noise at its position
-            q = probabilities(logits, ctx.params)  # [vocab]
-            token = ctx.coupled_candidate(q, len(drafted))
-            edge = float(q.max())  # how sure the draft is there, whichever token the noise picked
-        elif greedy:
-            q = torch.softmax(logits.float(), -1)  # [vocab]
-            token = int(q.argmax())
-            edge = float(q[token])
-        else:
-            q = probabilities(logits, ctx.params)  # [vocab]
-            token = int(torch.multinomial(q, 1, generator=ctx.generator))
-            edge = float(q[token])
+        with serial_cpu_ops():  # a row of the whole vocabulary between two draft passes, no kernel
+            if coupled:  # a sampled request's fixed candidate: raced with the target's noise at its position
+                q = probabilities(logits, ctx.params)  # [vocab]
+                token = ctx.coupled_candidate(q, len(drafted))
+                edge = float(q.max())  # how sure the draft is there, whichever token the noise picked
+            elif greedy:
+                q = torch.softmax(logits.float(), -1)  # [vocab]
+                token = int(q.argmax())
+                edge = float(q[token])
+            else:
+                q = probabilities(logits, ctx.params)  # [vocab]
+                token = int(torch.multinomial(q, 1, generator=ctx.generator))
+                edge = float(q[token])
         q_rows.append(q)
         drafted.append(token)
         edges.append(edge)
@@ -67,5 +69,6 @@ def chain_steps(ctx: DraftContext, source: str, k: int, logits: torch.Tensor, ne
         logits = yield from next_steps(token)
         token_seconds.update(clock() - t_tok)
     tree = TokenTree.chain(drafted, edges, source)
-    q_all = torch.stack(q_rows + [torch.zeros_like(q_rows[0])])  # [k + 1, vocab]; the leaf row is unused
+    with serial_cpu_ops():
+        q_all = torch.stack(q_rows + [torch.zeros_like(q_rows[0])])  # [k + 1, vocab]; the leaf row is unused
     return Proposal(tree, q_all, "deterministic" if greedy else "iid")

@@ -21,6 +21,25 @@ DTYPES = ("auto", "float32", "bfloat16", "float16")
 """Values of `--dtype` / `LoadConfig.dtype`. auto: float32 on CPU, bfloat16 on CUDA."""
 
 
+@contextlib.contextmanager
+def serial_cpu_ops():
+    """torch's own CPU ops run on the calling thread alone inside (its intra-op threads back as they were after).
+    For the small ops between two kernel calls over a large vocabulary (a draft's [151,936] logits row: its -inf
+    fill, softmax, argmax): torch splits such a row over its OpenMP workers, which sleep between ops (specula's
+    `GOMP_SPINCOUNT`), and on the 2-core machine each op paid their wake-up on the core the kernels' pool still
+    polls (the 1.5B's `fusion` steps: 8.8% slower per token with them split, `docs/native.md`, session 144).
+    Nothing inside may call specula's kernels: they take their thread count from torch's."""
+    threads = torch.get_num_threads()
+    if threads < 2:
+        yield
+        return
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
 @functools.cache
 def cpu_model() -> str:
     """The CPU's marketing name (Linux /proc/cpuinfo, else `platform.processor()`)."""

@@ -28,6 +28,7 @@ import torch
 from torch import nn
 
 from specula.errors import ConfigError
+from specula.models.device import serial_cpu_ops
 
 AUTO = "auto"
 FULL = "full"
@@ -176,11 +177,12 @@ class SubsetOutput(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [..., E]
         kept = self.rows(x)  # [..., k]
-        out = kept.new_full((*kept.shape[:-1], self.out_features), float("-inf"))  # [..., V]
-        out.index_copy_(-1, self.ids.to(kept.device), kept)
-        if len(self.context_ids):
-            extra = x.float() @ self.context_rows.t()  # [..., m]
-            out.index_copy_(-1, self.context_ids.to(kept.device), extra.to(out.dtype))
+        with serial_cpu_ops():  # a row of the whole vocabulary between two kernel calls
+            out = kept.new_full((*kept.shape[:-1], self.out_features), float("-inf"))  # [..., V]
+            out.index_copy_(-1, self.ids.to(kept.device), kept)
+            if len(self.context_ids):
+                extra = x.float() @ self.context_rows.t()  # [..., m]
+                out.index_copy_(-1, self.context_ids.to(kept.device), extra.to(out.dtype))
         return out
 
     def weight_rows(self, ids: torch.Tensor) -> torch.Tensor:

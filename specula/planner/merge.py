@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
+from specula.models.device import serial_cpu_ops
 from specula.step import Proposal
 from specula.tree import TokenTree
 
@@ -48,8 +49,10 @@ def rasd_prune(tree: TokenTree, model: Proposal, retrieval_sources: set[str], mi
             continue  # deeper inside a retrieval branch: judged by its first node
         dist = model.q[row]  # [draft vocab]: may be narrower than the target's; ids past it get nothing
         token = tree.tokens[i]
-        if float(dist.sum()) > 0 and (float(dist[token]) if token < dist.shape[-1] else 0.0) < min_prob:
-            drop.append(i)
+        if (float(dist[token]) if token < dist.shape[-1] else 0.0) < min_prob:
+            with serial_cpu_ops():  # a row of the whole vocabulary: summed on this thread (`serial_cpu_ops`)
+                if float(dist.sum()) > 0:
+                    drop.append(i)
     return tree.prune(drop) if drop else tree
 
 

@@ -229,3 +229,31 @@ def test_a_draft_pass_packs_only_short_passes_of_a_batching_backend_without_cuda
     assert DraftPass(batching, None, tuple(range(PACKED_PASS_TOKENS + 1))).key is None  # a prompt's catch-up
     assert DraftPass(graphs, None, (1,)).key is None
     assert DraftPass(lone, None, (1,)).key is None
+
+
+def test_a_chains_vocabulary_rows_run_on_one_thread_and_its_draft_passes_on_all(monkeypatch):
+    """The draft's softmax over a whole-vocabulary row runs with torch on one thread (`serial_cpu_ops`: its
+    sleeping workers' wake-up cost more than the op), the draft's own passes with every thread, and the output
+    is plain greedy decoding's."""
+    import torch
+
+    import specula.drafters.chain as chain_module
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    seen = {"softmax": set(), "pass": set()}
+    real_softmax = torch.softmax
+    monkeypatch.setattr(chain_module.torch, "softmax",
+                        lambda *a, **k: seen["softmax"].add(torch.get_num_threads()) or real_softmax(*a, **k))
+    model = tiny_model("llama", seed=3)
+    draft = perturbed_copy(model, 0.0)
+    draft.register_forward_pre_hook(lambda module, args: seen["pass"].add(torch.get_num_threads()))
+    target = HFCausalLM(model, "target")
+    drafter = make_drafter("draft-model", target=target, draft=HFCausalLM(draft, "draft"))
+    prompt = [5, 9, 13, 2, 7]
+    try:
+        out = SpeculativeDecoder(target, drafter, eos_token_ids=[]).generate(prompt, SamplingParams(max_new_tokens=12))
+    finally:
+        torch.set_num_threads(before)
+    assert out.token_ids == reference_greedy(model, prompt, 12)
+    assert seen["softmax"] == {1} and seen["pass"] == {2}

@@ -86,3 +86,26 @@ def test_cli_refuses_cuda_without_a_gpu_with_exit_2(no_cuda, capsys):
     code = main(["generate", "--target", "smollm2-135m", "--prompt", "hi", "--device", "cpu", "--dtype", "float16"])
     err = capsys.readouterr().err
     assert code == 2 and err.startswith("error: --dtype float16 runs on CUDA;"), err
+
+
+def test_serial_cpu_ops_runs_torch_on_one_thread_inside_and_restores_after():
+    """Inside, torch's CPU ops run on the calling thread alone; after, its thread count is what it was, also
+    when the block raises; with one thread already nothing changes."""
+    from specula.models.device import serial_cpu_ops
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        with serial_cpu_ops():
+            assert torch.get_num_threads() == 1
+        assert torch.get_num_threads() == 2
+        with pytest.raises(KeyError):
+            with serial_cpu_ops():
+                raise KeyError("inside")
+        assert torch.get_num_threads() == 2
+        torch.set_num_threads(1)
+        with serial_cpu_ops():
+            assert torch.get_num_threads() == 1
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)
