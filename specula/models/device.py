@@ -8,6 +8,7 @@ import contextlib
 import functools
 import os
 import platform
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -21,23 +22,34 @@ DTYPES = ("auto", "float32", "bfloat16", "float16")
 """Values of `--dtype` / `LoadConfig.dtype`. auto: float32 on CPU, bfloat16 on CUDA."""
 
 
+_serial = {"lock": threading.Lock(), "depth": 0, "threads": 1}
+"""`serial_cpu_ops`' state: torch's thread count is the process's, so blocks that overlap on several threads share
+one count, set to 1 by the first to enter and restored by the last to leave."""
+
+
 @contextlib.contextmanager
 def serial_cpu_ops():
-    """torch's own CPU ops run on the calling thread alone inside (its intra-op threads back as they were after).
-    For the small ops between two kernel calls over a large vocabulary (a draft's [151,936] logits row: its -inf
-    fill, softmax, argmax): torch splits such a row over its OpenMP workers, which sleep between ops (specula's
-    `GOMP_SPINCOUNT`), and on the 2-core machine each op paid their wake-up on the core the kernels' pool still
-    polls (the 1.5B's `fusion` steps: 8.8% slower per token with them split, `docs/native.md`, session 144).
-    Nothing inside may call specula's kernels: they take their thread count from torch's."""
-    threads = torch.get_num_threads()
-    if threads < 2:
-        yield
-        return
-    torch.set_num_threads(1)
+    """torch's own CPU ops run on one thread inside (its intra-op threads back as they were after the last such block
+    ends, on whichever thread). For the small ops between two kernel calls over a large vocabulary (a draft's
+    [151,936] logits row: its -inf fill, softmax, argmax): torch splits such a row over its OpenMP workers, which
+    sleep between ops (specula's `GOMP_SPINCOUNT`), and on the 2-core machine each op paid their wake-up on the core
+    the kernels' pool still polls (the 1.5B's `fusion` steps: 8.8% slower per token with them split,
+    `docs/native.md`, session 144). Nothing inside may call specula's kernels: they take their thread count from
+    torch's (another thread's kernel call meanwhile runs on one thread: slower, never wrong)."""
+    state = _serial
+    with state["lock"]:
+        if state["depth"] == 0:
+            state["threads"] = torch.get_num_threads()
+            if state["threads"] > 1:
+                torch.set_num_threads(1)
+        state["depth"] += 1
     try:
         yield
     finally:
-        torch.set_num_threads(threads)
+        with state["lock"]:
+            state["depth"] -= 1
+            if state["depth"] == 0 and state["threads"] > 1:
+                torch.set_num_threads(state["threads"])
 
 
 @functools.cache

@@ -109,3 +109,44 @@ def test_serial_cpu_ops_runs_torch_on_one_thread_inside_and_restores_after():
         assert torch.get_num_threads() == 1
     finally:
         torch.set_num_threads(before)
+
+
+def test_serial_cpu_ops_overlapping_on_two_threads_restore_the_count_once_both_end():
+    """torch's thread count is the process's: blocks that overlap on two threads leave it at one thread until the
+    last ends, then restore the count from before the first (not the one the second saw inside the first)."""
+    import threading
+
+    from specula.models.device import serial_cpu_ops
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    first_in, second_in, first_out = threading.Event(), threading.Event(), threading.Event()
+    seen = []
+
+    def first():
+        with serial_cpu_ops():
+            first_in.set()
+            second_in.wait()
+        first_out.set()
+
+    def second():
+        first_in.wait()
+        with serial_cpu_ops():
+            second_in.set()
+            first_out.wait()
+            seen.append(torch.get_num_threads())  # the first has ended, this one has not
+        # ending, it restores what the first saw before it, not the one thread it saw on entering
+
+    try:
+        threads = [threading.Thread(target=first), threading.Thread(target=second)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=10)
+        later = []
+        fresh = threading.Thread(target=lambda: later.append(torch.get_num_threads()))
+        fresh.start()
+        fresh.join(timeout=10)
+        assert seen == [1] and torch.get_num_threads() == 2 and later == [2]
+    finally:
+        torch.set_num_threads(before)
