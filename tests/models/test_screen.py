@@ -20,7 +20,7 @@ from specula.models.native import NativeCausalLM, NativeDecoder, configure, kern
 from specula.models.native import screen as screen_module
 from specula.models.native.kernels import KernelLinear
 from specula.models.native.screen import (CANDIDATE_CAP, SCREEN_MAX_ROWS, W8_SCREEN_MAX_ROWS, OutputScreen,
-                                         ScreenedLogits, residual_rows, row_terms)
+                                         ScreenedLogits, row_terms, screen_rows)
 from specula.sampling import SamplingParams
 from specula.tree import TokenTree
 from specula.tree_rows import RowEdit, draft_top_k, draft_top_k_into
@@ -65,7 +65,7 @@ def test_screen_argmax_is_the_float32_layers_where_the_int8_copy_disagrees(kind)
 @pytest.mark.parametrize("kind", ["i8", "w8"])
 def test_screen_argmax_is_exact_where_large_inputs_coarsen_the_rows_int8_codes(kind):
     """A row's int8 codes step by its largest |x| / 127: large inputs (a final state's few large channels) make
-    that step coarse, and the residual row's codes (`residual_rows`) take up what it leaves. Near-tied pairs aimed
+    that step coarse, and the residual row's codes (`screen_rows`) take up what it leaves. Near-tied pairs aimed
     at with such rows: the screen's int8 logits alone pick another token on some, the screen the float32 layer's
     token on all."""
     w = near_tie_head(vocab=1600, width=128, seed=7)
@@ -89,7 +89,8 @@ def test_the_screens_logits_are_a_rows_and_its_residuals_through_the_int8_copy()
     x = torch.randn(5, 64, generator=torch.Generator().manual_seed(3)) * 3
     x[4] = torch.arange(-32.0, 32.0) / 8  # multiples of 1/8 ...
     x[4, 0] = 127 / 8  # ... whose largest |x| is 127 of them: the kernel's step, so every input is an exact code
-    d, xs = residual_rows(x)
+    both, xs, _, _ = screen_rows(x)
+    d = both[len(x):]  # [5, E]: each row's residual
     assert torch.equal(d[4], torch.zeros(64)) and xs[4] == 1 / 8
     assert (d.abs() <= xs[:, None] / 2 * (1 + 2.0 ** -10)).all() and (d[:4] != 0).any(dim=1).all()
     both = screen.approx(torch.cat([x, d]))  # [10, V]
@@ -109,7 +110,7 @@ def test_the_screens_rows_and_terms_in_c_are_their_torch_definitions(rows):
     g = torch.Generator().manual_seed(rows)
     x = torch.randn(rows, 96, generator=g) * torch.logspace(-2, 2, rows)[:, None]
     x[0, 3] = 40.0  # one large input, as a final state's few channels are
-    both, xs, L, step = screen_module.screen_rows(x)
+    both, xs, L, step = screen_rows(x)
     d = both[rows:]
     assert torch.equal(both[:rows], x)
     q = ((x - d) / xs[:, None]).round()  # [n, E]: the codes
@@ -122,7 +123,7 @@ def test_the_screens_rows_and_terms_in_c_are_their_torch_definitions(rows):
     for bad in (float("inf"), float("nan")):
         y = x.clone()
         y[-1, 7] = bad
-        assert not math.isfinite(float(screen_module.screen_rows(y)[2][-1]))
+        assert not math.isfinite(float(screen_rows(y)[2][-1]))
 
 
 @pytest.mark.parametrize("kind", ["i8", "w8"])
@@ -167,7 +168,8 @@ def test_the_activations_term_alone_holds_the_bound_where_every_residual_leans_w
     states = xs2 * (codes + (0.5 - 2.0 ** -8) * signs[aimed])  # [8, E]: under xs / 2, so their own codes are 0
     states[:, 0] = 127 * xs  # the row's largest input: its scale is exactly xs, its residual 0
     states[:, 1] = 127 * xs2  # the residual's largest: its step is exactly xs2
-    d, row_xs = residual_rows(states)
+    both, row_xs, _, _ = screen_rows(states)
+    d = both[len(states):]
     assert torch.equal(row_xs, torch.full((len(aimed),), xs)) and torch.equal(d[:, 1], states[:, 1])
     logits, approx = head(states), screen.approx_logits(states)
     L, xs_ = row_terms(states, "i8")

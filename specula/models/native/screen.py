@@ -142,13 +142,6 @@ def screen_rows(states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch
     return both, xs, total, step
 
 
-def residual_rows(states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(d [n, E], xs [n]) float32 for rows states [n, E] (float32, contiguous): each row's residual d = x - xs q
-    after the codes q and scale xs the i8 kernel quantizes it by (`screen_rows`)."""
-    both, xs, _, _ = screen_rows(states)
-    return both[len(states):], xs
-
-
 def row_terms(states: torch.Tensor, kind: str = "i8") -> tuple[torch.Tensor, torch.Tensor]:
     """(L [n], xs' [n]) float32 of rows states [n, E] through a `kind` copy: for i8 each row's `|x|_1 + E xs' / 2 *
     ROOM` and the step that bounds what its two int8 rows leave of it, `xs' = xs2 + 2^-21 xs` (xs2 = the residual's
@@ -236,7 +229,7 @@ class OutputScreen:
 
     def approx_logits(self, states: torch.Tensor) -> torch.Tensor:
         """The screen's logits [n, V] of states [n, E] (float32, contiguous): the int8 pass over each row and its
-        residual (`residual_rows`), their logits added (module docstring)."""
+        residual (`screen_rows`), their logits added (module docstring)."""
         return self.approx_and_terms(states)[0]
 
     def approx_and_terms(self, states: torch.Tensor) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor] | None]:
