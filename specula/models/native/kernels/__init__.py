@@ -234,7 +234,6 @@ def library() -> ctypes.CDLL:
     lib.specula_topk_ids_i32.argtypes = [ptr, i32, i32, ptr]
     lib.specula_topk_ids_i32.restype = i32
     lib.specula_screen_pack.argtypes = [ptr, ptr, ptr, ptr, i32, i32, f32, i32, i32]
-    lib.specula_screen_candidates.argtypes = [ptr, ptr, ptr, ptr, ptr, ptr, i32, i32, ptr, i32, ptr, i32]
     lib.specula_screen_rows.argtypes = [ptr, ptr, ptr, ptr, ptr, i32, i32, ctypes.c_double]
     lib.specula_screen_rows.restype = i32
     lib.specula_screen_add_halves.argtypes = [ptr, i32, i32, i32]
