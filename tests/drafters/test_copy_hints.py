@@ -199,10 +199,51 @@ def test_the_kernel_pass_runs_a_level_from_token_ids_to_logits(kind):
         _, _, last = run(ids, raw, torch.arange(t), None, caches[1], 0, 0, (hint_ids, hint_len), t - 2, raw=True)
         assert last.shape == (2, len(head.d2t))
         torch.testing.assert_close(last, expected[2][-2:], atol=1e-4, rtol=1e-4)
-        with pytest.raises(ValueError, match="copy hints of lengths"):  # past copy_gain's rows
-            run(ids, raw, torch.arange(t), None, caches[1], 0, 0, (hint_ids, hint_len + 3), raw=True)
-        with pytest.raises(ValueError, match="outside the target's vocabulary"):
-            run(ids + 96, raw, torch.arange(t), None, caches[1], 0, 0, (hint_ids, hint_len), raw=True)
+        written = caches[1].keys.clone()
+        for lengths in (hint_len + 3, hint_len - 1):  # past copy_gain's rows, and below 0
+            with pytest.raises(ValueError, match="copy hints of lengths"):
+                run(ids, raw, torch.arange(t), None, caches[1], 0, 0, (hint_ids, lengths), raw=True)
+        for tokens, hints in ((ids + 96, hint_ids), (ids - 97, hint_ids), (ids, hint_ids + 96)):
+            with pytest.raises(ValueError, match="outside the target's vocabulary"):
+                run(tokens, raw, torch.arange(t), None, caches[1], 0, 0, (hints, hint_len), raw=True)
+        assert torch.equal(caches[1].keys, written)  # refused before the pass wrote anything
+
+
+@pytest.mark.skipif(drafting_kernel("cpu") is None, reason="specula's CPU kernels do not run here")
+def test_the_kernel_pass_reads_its_modules_again_only_after_an_assignment(monkeypatch):
+    """The pass walks the head's modules for stale pointers only where a module, parameter or buffer was
+    assigned since its last look (or its output layer or table were set anew), not on every pass."""
+    from specula.drafters.heads.eagle import KVBuffer
+    from specula.drafters.heads.kernel_pass import KernelHeadPass
+    from specula.models.native.kernels import KernelLinear
+
+    target = native(tiny_model("llama", "eager", seed=4))
+    base = copy_head("eagle3", target, seed=3)
+    head = TrainedHead(copy.deepcopy(base.module), base.d2t, target, kernel="f32")
+    run, cfg = head.kernel_pass, head.config
+    walks = []
+    held = KernelHeadPass._held
+    monkeypatch.setattr(KernelHeadPass, "_held", lambda self: walks.append(1) or held(self))
+    t, e = 3, cfg.hidden_size
+    ids, raw = torch.tensor([5, 9, 2]), torch.randn(t, len(cfg.feature_layers) * e)
+    hints = (torch.tensor([0, 4, 4]), torch.tensor([0, 1, 2]))
+
+    def one_pass():
+        cache = KVBuffer(cfg.num_kv_heads, cfg.head_dim, head.dtype, "cpu")
+        return run(ids, raw, torch.arange(t), None, cache, 0, 0, hints, raw=True)
+
+    with torch.inference_mode():
+        first = one_pass()
+        one_pass()
+        assert walks == []
+        head.module.wo = KernelLinear(torch.nn.Linear(cfg.num_heads * cfg.head_dim, e, bias=False), "f32")
+        changed = one_pass()
+        walked = len(walks)
+        assert walked and not torch.equal(changed[0], first[0])  # the new projection is read
+        one_pass()
+        assert len(walks) == walked
+        run.lm = KernelLinear(torch.nn.Linear(e, 7, bias=False), "f32")  # set anew: no module registration
+        assert one_pass()[2].shape == (t, 7) and len(walks) > walked
 
 
 def test_a_head_gains_copy_hints_at_zero_weight_and_drafts_as_before(tmp_path):

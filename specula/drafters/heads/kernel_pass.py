@@ -27,7 +27,7 @@ from typing import Sequence
 import torch
 
 from specula.drafters.heads.eagle import EagleHead, KVBuffer
-from specula.models.native.fused import LinearRef, linear_ref
+from specula.models.native.fused import LinearRef, assignments, linear_ref
 from specula.models.native.kernels import KernelLinear, _ptr, library
 from specula.models.native.ops import kernel_attention_fits
 
@@ -96,8 +96,9 @@ class HeadRef(ctypes.Structure):
 
     _fields_ = ([(name, LinearRef) for name in ("fc", "qkv", "o", "gate_up", "down", "fuse", "copy_proj", "lm")]
                 + [(name, ctypes.c_void_p) for name in NORMS + ("table",)]
-                + [(name, ctypes.c_int32) for name in ("e", "heads", "kv_heads", "d", "inter", "unused")]
-                + [("eps", ctypes.c_float), ("scale", ctypes.c_float)])
+                + [(name, ctypes.c_int32) for name in ("e", "heads", "kv_heads", "d", "inter", "table_rows")]
+                + [("eps", ctypes.c_float), ("scale", ctypes.c_float)]
+                + [(name, ctypes.c_int32) for name in ("max_hint", "unused")])
 
 
 def _extra_linears(module: EagleHead) -> tuple[str, ...]:
@@ -130,14 +131,6 @@ def _joined(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
     return tensors[0] if len(tensors) == 1 else torch.cat(list(tensors))
 
 
-def _within(values: torch.Tensor, stop: int) -> bool:
-    """Whether every one of the integers `values` lies in 0 .. stop - 1 (True when there are none)."""
-    if not len(values):
-        return True
-    low, high = values.aminmax()
-    return 0 <= int(low) and int(high) < stop
-
-
 class KernelHeadPass:
     """`EagleHead.forward` (plus the embedding, eagle3's fusion, the copy term and the output layer)
     for one sequence's drafting rows in one kernel call (see the module docstring)."""
@@ -154,11 +147,11 @@ class KernelHeadPass:
         self.eagle3 = bool(cfg.feature_layers)
         self._scratch = threading.local()  # each thread's attention scores, grown on demand (a head serves many requests)
         self.ref, self.key = self._gather()
+        self._seen = (assignments(), self.lm, self.table)  # torch's assignments, `lm` and `table` at the last look
 
     def _held(self) -> list:
         """The modules and tensors `ref` points into (their identities tell a stale `ref`), read from the
-        modules' own dicts: nn.Module's attribute fallback costs about a microsecond a lookup, and a
-        drafting step checks this every pass."""
+        modules' own dicts: nn.Module's attribute fallback costs about a microsecond a lookup."""
         m = self.module
         linears = [*map(m._modules.get, LAYERS + ("fuse", "copy_proj")), self.lm]
         held = [b for lin in linears if lin is not None for b in map(lin._buffers.get, ("packed", "scale", "bias"))]
@@ -166,13 +159,26 @@ class KernelHeadPass:
         norms = [next((t[name] for t in tensors if name in t), m.__dict__.get(name)) for name in NORMS]
         return [*linears, *held, *norms, self.table]
 
+    def _current(self) -> None:
+        """Gather `ref` again where what it points into was replaced: looked up only where a module, parameter
+        or buffer was assigned anywhere in the process since the last look (torch's registration hooks,
+        `fused.assignments`), or `lm` or `table` were set anew. Walking the head's modules every pass took
+        40-50 us of a SmolLM2 drafting pass (cold caches after the target's pass)."""
+        seen = (assignments(), self.lm, self.table)
+        if seen[0] == self._seen[0] and seen[1] is self._seen[1] and seen[2] is self._seen[2]:
+            return
+        if tuple(map(id, self._held())) != self.key:  # a module or buffer replaced since: read them again
+            self.ref, self.key = self._gather()
+        self._seen = seen
+
     def _gather(self) -> tuple[HeadRef, tuple[int, ...]]:
         m, cfg = self.module, self.module.cfg
         get = lambda name: getattr(m, name, None)  # noqa: E731
         ref = HeadRef(*(linear_ref(get(name)) for name in LAYERS + ("fuse", "copy_proj")), linear_ref(self.lm),
                       *(_ptr(get(name)) for name in NORMS), _ptr(self.table),
-                      cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.intermediate_size, 0,
-                      float(cfg.rms_norm_eps), cfg.head_dim ** -0.5)
+                      cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.intermediate_size,
+                      0 if self.table is None else len(self.table), float(cfg.rms_norm_eps), cfg.head_dim ** -0.5,
+                      cfg.copy_ngram, 0)
         return ref, tuple(map(id, self._held()))
 
     def __call__(self, emb: torch.Tensor, feat: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor | None,
@@ -189,8 +195,7 @@ class KernelHeadPass:
         are read once for all of them), each written into and attending over its own cache: each part's
         (out, states, logits) as `__call__` gives it alone. The parts must agree on `raw` and on whether
         they carry hints, and give all token ids or all embedding rows."""
-        if tuple(map(id, self._held())) != self.key:  # a module or buffer replaced since: read them again
-            self.ref, self.key = self._gather()
+        self._current()
         cfg = self.module.cfg
         e, h = cfg.hidden_size, cfg.num_heads
         raws = {p.raw and self.eagle3 for p in parts}  # eagle's raw features are its features
@@ -206,9 +211,8 @@ class KernelHeadPass:
         if parts[0].hints is not None:
             hint_ids, hint_rows = self._rows(_joined([p.hints[0] for p in parts]))
             hint_len = _joined([p.hints[1].to(torch.long) for p in parts]).contiguous()  # [T]
-            if not cfg.copy_ngram or not _within(hint_len, cfg.copy_ngram + 1):
-                raise ValueError(f"KernelHeadPass: copy hints of lengths 0..{cfg.copy_ngram} expected "
-                                 f"(the head's copy_ngram), got {hint_len.tolist()}")
+            if not cfg.copy_ngram:
+                raise self._hint_error(hint_len)
         else:
             hint_ids = hint_rows = hint_len = None
         positions = _joined([p.positions.to(torch.long) for p in parts]).contiguous()
@@ -229,6 +233,10 @@ class KernelHeadPass:
             None if raw else feat.data_ptr(), _ptr(hint_ids), _ptr(hint_rows), _ptr(hint_len), positions.data_ptr(),
             len(parts), seqs, scores.data_ptr(), out.data_ptr(), states.data_ptr(), _ptr(logits), n,
             torch.get_num_threads())
+        if status == -2:  # checked in the call, before anything is written (an aminmax a tensor cost more here)
+            raise ValueError(f"KernelHeadPass: token ids outside the target's vocabulary of {len(self.table)}")
+        if status == -3:
+            raise self._hint_error(hint_len)
         if status != 0:
             raise MemoryError(f"the head's drafting pass could not allocate its work buffers or a layer's rows "
                               f"for {n} rows")
@@ -243,10 +251,12 @@ class KernelHeadPass:
         if rows.dtype == torch.long:
             if self.table is None:
                 raise ValueError("KernelHeadPass was given token ids but no embedding table")
-            if not _within(rows, len(self.table)):
-                raise ValueError(f"KernelHeadPass: token ids outside the target's vocabulary of {len(self.table)}")
-            return rows.contiguous(), None
+            return rows.contiguous(), None  # each within the table: checked in the pass's call
         return None, rows.float().contiguous()
+
+    def _hint_error(self, hint_len: torch.Tensor) -> ValueError:
+        return ValueError(f"KernelHeadPass: copy hints of lengths 0..{self.module.cfg.copy_ngram} expected "
+                          f"(the head's copy_ngram), got {hint_len.tolist()}")
 
     def _scores(self, size: int) -> torch.Tensor:
         """This thread's attention scratch of at least `size` floats."""

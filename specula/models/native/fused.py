@@ -76,6 +76,12 @@ gathering its decoder's hundreds of tensors again (`current`: 0.23 ms of a SmolL
 inside plain decoding)."""
 
 
+def assignments() -> int:
+    """Modules, parameters and buffers assigned in this process so far (`_registrations`): what pointers gathered
+    from modules are checked against (`FusedLayers.current`, the trained heads' `KernelHeadPass`)."""
+    return _registrations[0]
+
+
 def _count_registration(module, name, value) -> None:
     _registrations[0] += 1  # returns None: the assigned value is kept as it is
 

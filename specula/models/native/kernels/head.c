@@ -37,8 +37,9 @@ struct head_ref {
     const float *copy_gain, *copy_len; /* [N + 1, E] each (copy hints of up to N tokens) */
     const float *inv_freq;             /* [D / 2] */
     const float *table;                /* [V_target, E]: the target's input embeddings, or NULL */
-    int32_t e, heads, kv_heads, d, inter, unused;
+    int32_t e, heads, kv_heads, d, inter, table_rows; /* table_rows: V_target (0: no table) */
     float eps, scale;
+    int32_t max_hint, unused; /* max_hint: the longest copy hint copy_gain has a row for (N) */
 };
 
 /* n rows of E floats: table[ids[r]] where ids are given, else a copy of rows. */
@@ -64,14 +65,21 @@ struct head_seq {
  * level: one pass over the head's weights for every session), RoPE's writes and the attention per
  * sequence, each into its own cache. Writes out [n, E] (the residual stream: the next level's
  * feature), states [n, E] (what the output layer reads) and, with w->lm, logits [sum of rows -
- * logits_from, V_draft]: each sequence's rows logits_from .. rows - 1, in order. Returns 0, or -1 when
+ * logits_from, V_draft]: each sequence's rows logits_from .. rows - 1, in order. Returns 0; -1 when
  * its work buffers, or a linear's rows, could not be allocated (the outputs and the cache slots may
- * then be partly written). */
+ * then be partly written); before anything is written, -2 for a token id (or hint id) outside the
+ * table's rows (or ids without a table) and -3 for a hint length outside 0 .. max_hint. */
 int specula_head_pass_seqs(const struct head_ref *w, const int64_t *ids, const float *emb, const float *raw,
                            const float *feat, const int64_t *hint_ids, const float *hint_emb, const int64_t *hint_len,
                            const int64_t *positions, int nseq, const struct head_seq *seqs, float *scores, float *out,
                            float *states, float *logits, int n, int threads) {
     if (n <= 0) return 0;  /* no rows: nothing to run */
+    for (int r = 0; r < n; r++) {
+        if ((ids && (!w->table || ids[r] < 0 || ids[r] >= w->table_rows)) ||
+            (hint_len && hint_ids && (!w->table || hint_ids[r] < 0 || hint_ids[r] >= w->table_rows)))
+            return -2;
+        if (hint_len && (hint_len[r] < 0 || hint_len[r] > w->max_hint)) return -3;
+    }
     int e = w->e, h = w->heads, g = w->kv_heads, d = w->d, inter = w->inter, half = d / 2;
     size_t qkv_w = (size_t)(h + 2 * g) * d, att_w = (size_t)h * d;
     size_t floats = (size_t)n * (4 * (size_t)e + qkv_w + 2 * att_w + 3 * (size_t)inter + 2 * (size_t)half);
