@@ -81,6 +81,8 @@ def sibling_contexts(tree: TokenTree) -> list[str | None]:
     sources, their estimates summed to 0.86-1.07 against 0.60-0.72 realised), and where they agree
     more likely.
     The planner learns one correction factor per context (`HardwarePlanner.context_factor`)."""
+    if not tree.credits and len(set(tree.sources)) <= 1:  # one drafter's tree (a lone head's: most steps)
+        return [None] * len(tree)
     children: dict[int, list[int]] = {}
     for i, par in enumerate(tree.parents):
         children.setdefault(par, []).append(i)
