@@ -356,8 +356,9 @@ def window_mask(rows: torch.Tensor, lo: int, end: int, window: int) -> torch.Ten
 @functools.lru_cache(maxsize=1024)
 def run_window_mask(count: int, first: int, keys: int, window: int) -> torch.Tensor:
     """`window_mask` of the `count` consecutive positions lo + first .. over keys lo .. lo + keys - 1: it
-    depends on those offsets alone, and a request's catch-up passes repeat a few of them (`begin_steps`
-    made one a step, a tenth of the drafting's bookkeeping). Shared: read it, never write it."""
+    depends on those offsets alone, and a request's catch-up passes past its window repeat a few of them
+    (`begin_steps` needs one only where a row's window starts past the oldest key: else the pass is causal).
+    Shared: read it, never write it."""
     return window_mask(torch.arange(first, first + count), 0, keys, window)
 
 
