@@ -2,8 +2,10 @@ import numpy as np
 import pytest
 
 from specula.drafters.base import DraftBudget, DraftContext
-from specula.drafters.prompt_lookup import PromptLookupConfig, PromptLookupDrafter, find_continuations
+from specula.drafters.prompt_lookup import (PromptLookupConfig, PromptLookupDrafter, continuation_trie,
+                                            find_continuations)
 from specula.sampling import SamplingParams, make_generator
+from specula.tree import TokenTree
 
 
 def ctx(tokens) -> DraftContext:
@@ -51,6 +53,27 @@ def test_edge_scores_carry_the_match_length_at_the_root_and_agreement_below():
     assert three.tokens == (1, 2, 5) and one.tokens == (1, 2, 9)
     assert three.edge_scores == pytest.approx([0.75, 1.0, 1.0])
     assert one.edge_scores == pytest.approx([0.25, 1.0, 1.0])
+
+
+def test_the_continuations_trie_equals_its_definition():
+    """The one-walk trie against its definition: `TokenTree.from_paths` of the continuations (nodes in order of first
+    appearance) and, per node, the continuations through it over those through its parent (all at the root, there
+    times the weight), exactly; on continuations of few distinct tokens (shared prefixes, repeated tokens, a
+    continuation that is another's prefix) and of many."""
+    rng = np.random.default_rng(11)
+    for _ in range(2000):
+        vocab = int(rng.choice([2, 3, 40]))
+        conts = [rng.integers(0, vocab, int(rng.integers(1, 7))) for _ in range(int(rng.integers(1, 6)))]
+        weight = float(rng.choice([0.25, 0.5, 0.75, 1.0]))
+        tokens, parents, edges = continuation_trie(conts, weight)
+        paths = [c.tolist() for c in conts]
+        tree = TokenTree.from_paths(paths)
+        assert (tokens, parents) == (tree.tokens, tree.parents), paths
+        for i, edge in enumerate(edges):
+            path = tree.tokens_of(tree.path_to(i))
+            through = sum(p[:len(path)] == path for p in paths)
+            parent = len(paths) if len(path) == 1 else sum(p[:len(path) - 1] == path[:-1] for p in paths)
+            assert edge == through / parent * (weight if len(path) == 1 else 1.0), (paths, i)
 
 
 def test_disagreeing_matches_split_the_edge_score():
