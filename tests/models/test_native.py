@@ -204,6 +204,33 @@ def test_longrope_past_its_original_window_is_refused():
                                within(torch.tensor([prompt])).logits[0], atol=1e-4, rtol=1e-4)
 
 
+def test_rope_rows_come_from_a_table_with_the_values_computed_for_them(monkeypatch):
+    """`NativeDecoder.rope` on the CPU reads rows of a table of positions: each row equals the angles' cos and sin
+    computed for the asked positions alone (bit for bit), from the first table, after it grows past a position it
+    lacked, and after a new `inv_freq` or scaling (then made anew, not reused)."""
+    import specula.models.native.model as native_model
+
+    monkeypatch.setattr(native_model, "ROPE_TABLE_ROWS", 8)
+    decoder = NativeDecoder.from_hf(tiny_model("llama", seed=1))
+    gen = torch.Generator().manual_seed(3)
+    sizes = []
+    for top in (5, 8, 12, 7, 120, 64):
+        positions = torch.cat([torch.randint(0, top, (11,), generator=gen), torch.tensor([top - 1])])
+        cos, sin = decoder.rope(positions)
+        want_cos, want_sin = decoder.rope_rows(positions)
+        assert torch.equal(cos, want_cos) and torch.equal(sin, want_sin)
+        sizes.append(len(decoder._rope_table[2]))
+    assert sizes == [8, 8, 16, 16, 120, 120]  # the first 8 rows, doubled, then what a pass asked past twice that
+    decoder.inv_freq = decoder.inv_freq * 0.5
+    decoder.rope_scaling = 0.75
+    positions = torch.tensor([0, 3, 119, 2])
+    cos, sin = decoder.rope(positions)
+    assert torch.equal(cos, decoder.rope_rows(positions)[0]) and torch.equal(sin, decoder.rope_rows(positions)[1])
+    assert decoder._rope_table[0] is decoder.inv_freq and len(decoder._rope_table[2]) == 120
+    assert not torch.equal(cos, native_model.NativeDecoder.rope_rows(NativeDecoder.from_hf(tiny_model("llama", seed=1)),
+                                                                       positions)[0])
+
+
 def test_cost_key_names_the_native_backend():
     key = native(tiny_model("llama"), kernel="onednn").cost_key()
     assert key["backend"] == "native" and key["linear_kernel"] == "onednn" and key["quantize"] == "none"
