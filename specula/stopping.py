@@ -126,7 +126,7 @@ class TextStream:
 
     def _decoded_context(self, context: Sequence[int]) -> str:
         """`decode(context)`, kept for the last context asked: each feed decodes the window after the same one
-        (it moves when the text settles), and the second decode of each step took 0.05 ms of a SmolLM2 step."""
+        (it moves when the text settles), and a decode through transformers took 86 us inside SmolLM2's decoding."""
         key = tuple(context)
         if key != self._context_key:
             self._context_key, self._context_text = key, self.decode(context) if context else ""

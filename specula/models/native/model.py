@@ -38,9 +38,9 @@ from specula.models.native.fused import FusedLayers
 from specula.models.native.ops import TorchOps
 
 ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM")
+"""Hugging Face architectures this model reproduces (others stay on the Hugging Face backend)."""
 ROPE_TABLE_ROWS = 1024
 """The first size of `NativeDecoder.rope`'s table of positions (at most the model's context; grown by doubling)."""
-"""Hugging Face architectures this model reproduces (others stay on the Hugging Face backend)."""
 
 
 @dataclass(frozen=True)
@@ -211,7 +211,7 @@ class NativeDecoder(nn.Module):
     def rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin [T, D / 2] of positions [T] times the inverse frequencies, times the attention
         scaling (float32 math, as transformers: `rope_rows`). On the CPU they are rows of a table of every
-        position up to the largest asked so far (grown by doubling, made anew for a new `inv_freq`), made by
+        position up to the largest asked so far (grown by doubling, made anew for a new `inv_freq` or scaling), made by
         the same ops, so the same values (tested): a step's five elementwise ops took 0.08 ms of a SmolLM2
         step (each runs cold after the pass before), its two row reads less than half of that."""
         if positions.device.type != "cpu":
