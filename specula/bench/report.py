@@ -168,7 +168,9 @@ def render_markdown(doc: dict[str, Any]) -> str:
         f"- started {doc.get('started_at')}, updated {doc.get('updated_at')}",
         "",
         "Speedups are ratios of tokens/s (total new tokens / total seconds, prefill included) measured in the "
-        f"same run: against specula's plain decoding (`{BASELINE}`) and against `{HF_BASELINE}` "
+        "same run (`after the prefill`: over the seconds after each request's prefill, which every method spends "
+        "alike; `prefill share`: the prefill's part of a method's time): "
+        f"against specula's plain decoding (`{BASELINE}`) and against `{HF_BASELINE}` "
         "(Hugging Face `generate`). Methods are interleaved per prompt"
         + (" after one warm-up each (an untimed prompt of its own)." if ran.get("warmup_tokens", 1) else
            ", without warm-up (`--warmup-tokens 0`): the first method timed runs cold."),
@@ -179,13 +181,15 @@ def render_markdown(doc: dict[str, Any]) -> str:
     rows = []
     for name, e in entries:
         rows.append([
-            _label(name, e), _num(e["tokens_per_s"]), _x(e["speedup"]), _x(e["speedup_vs_hf"]),
+            _label(name, e), _num(e["tokens_per_s"]), _x(e["speedup"]), _x(e.get("decode_speedup")),
+            _pct(e.get("prefill_fraction")), _x(e["speedup_vs_hf"]),
             _num(e["mean_accepted_tokens"]), _num(e.get("mean_accepted_per_drafting_step")),
             _pct(e["identical_fraction"]), _num(e["draft_ms_per_step"]),
             _num(e.get("draft_fraction_of_plain_step_per_token"), "{:.3f}"), _split(e), _bytes(e["memory_bytes"]),
             str(e["outputs"]),
         ])
-    lines += _table(["method", "tokens/s", f"speedup vs {BASELINE}", f"vs {HF_BASELINE}", "mean accepted",
+    lines += _table(["method", "tokens/s", f"speedup vs {BASELINE}", "after the prefill", "prefill share",
+                     f"vs {HF_BASELINE}", "mean accepted",
                      "per drafting step", "identical", "draft ms/step", "draft per token / plain step",
                      "time draft/verify/other", "drafter memory", "outputs"], rows)
     lines += _round_lines(entries, ran.get("fresh_rounds", True))

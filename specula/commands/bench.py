@@ -400,7 +400,11 @@ def execute(args: argparse.Namespace, bench: BenchPlan, target, tokenizer, draft
     for name, entry in ordered(doc):
         parts = [f"{entry['tokens_per_s']:.2f} tok/s" if entry["tokens_per_s"] is not None else "no output"]
         if entry["speedup"] is not None:
-            parts.append(f"{entry['speedup']:.2f}x vs none")
+            decode = entry.get("decode_speedup")
+            parts.append(f"{entry['speedup']:.2f}x vs none" + (f" ({decode:.2f}x after the prefill)"
+                                                               if decode is not None and name != PLAIN else ""))
+        if name == PLAIN and entry.get("prefill_fraction") is not None:
+            parts.append(f"prefill {entry['prefill_fraction']:.0%} of its time")
         if entry["speedup_vs_hf"] is not None:
             parts.append(f"{entry['speedup_vs_hf']:.2f}x vs hf:greedy")
         if entry["mean_accepted_tokens"] is not None:

@@ -397,6 +397,29 @@ def test_summary_math_is_ratios_of_totals():
     assert slow["fast"]["speedup"] == 2.25  # from the totals (0.75 over 1/3), not rounded rates (0.75 / 0.333)
 
 
+def test_decode_speedup_is_the_ratio_over_the_time_after_each_prefill():
+    """Both methods spend 3 s in prefill: 1.5x over the whole time, 3x over what follows it; a method whose records
+    lack the prefill (older results) or were not timed gets no decode figures."""
+    def timed(method, tokens, seconds, prefill):
+        record = _record(method, "a", tokens, seconds, [1] * tokens)
+        record["time"]["prefill"] = prefill
+        return record
+
+    runs = [timed("none", 30, 4.0, 2.0), timed("none", 30, 2.0, 1.0), timed("fast", 30, 3.0, 2.0),
+            timed("fast", 30, 1.0, 1.0), _record("old", "a", 60, 2.0, [1] * 60), _record("hf:greedy", "a", 60, 4.0)]
+    methods = [{"name": n, "kind": "hf" if n.startswith("hf") else "specula", "lossless": True}
+               for n in ("none", "fast", "old", "hf:greedy")]
+    summary = summarize(runs, methods, ["a"])
+    none, fast = summary["none"], summary["fast"]
+    assert none["prefill_fraction"] == 0.5 and none["decode_seconds"] == 3.0 and none["decode_speedup"] == 1.0
+    assert fast["speedup"] == 1.5 and fast["decode_speedup"] == pytest.approx(3.0, abs=1e-3)
+    assert fast["prefill_fraction"] == pytest.approx(0.75) and fast["by_category"]["a"]["decode_speedup"] == \
+        fast["decode_speedup"]
+    for name in ("old", "hf:greedy"):
+        assert summary[name]["speedup"] is not None
+        assert summary[name]["decode_speedup"] is None and summary[name]["prefill_fraction"] is None
+
+
 def test_tokens_per_drafting_step_leave_out_the_plain_steps():
     """A step with no verified node emits one token; tau per drafting step counts the others only."""
     runs = [_record("paused", "a", 9, 1.0, [1, 3, 1, 4], drafted=[2, 2, 1], accepted=[2, 2, 1])]
