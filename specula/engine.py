@@ -45,8 +45,8 @@ from specula.errors import ConfigError
 from specula.logprobs import TokenLogprob, step_rows, token_logprobs
 from specula.models.device import serial_cpu_ops
 from specula.models.base import (
-    BatchedTargetModel, FeatureRequest, TargetModel, TargetSequence, check_context, forward_trees, output_room,
-    screens_argmax,
+    BatchedTargetModel, FeatureRequest, TargetModel, TargetSequence, check_context, conforms, forward_trees,
+    output_room, screens_argmax,
 )
 from specula.min_tokens import EndsMasked
 from specula.penalties import PenalizedLogits
@@ -383,7 +383,7 @@ class SpeculativeDecoder:
             planned = self._plan(running, failed)
             running = [s for s in running if id(s) not in failed]
             items = [(s.seq, s.tokens[-1], plan.proposal.tree) for s, (plan, _) in zip(running, planned)]
-            packed = len(items) > 1 and isinstance(self.target, BatchedTargetModel)
+            packed = len(items) > 1 and conforms(self.target, BatchedTargetModel)
             if packed:  # one pass for all: each session's step took it
                 t1 = time.perf_counter()
                 outs = forward_trees(self.target, items, hidden=self.hidden,

@@ -40,7 +40,8 @@ from specula.drafters.lockstep import AfterOthers, Clock, Steps, drive
 from specula.ema import Ema
 from specula.errors import ConfigError
 from specula.models.base import (
-    BatchedTargetModel, TargetModel, TargetSequence, common_prefix_length, forward_trees, keep_common_prefix,
+    BatchedTargetModel, TargetModel, TargetSequence, common_prefix_length, conforms, forward_trees,
+    keep_common_prefix,
 )
 from specula.prefix_cache import PrefixCache
 from specula.sampling import SamplingParams
@@ -169,7 +170,7 @@ class DraftPass:
     def key(self) -> TargetModel | None:
         """The draft model where it packs this pass with others: a batching backend, a short pass, and
         no CUDA graphs (a captured one-token pass each may beat one eager packed pass there: unmeasured)."""
-        packs = (isinstance(self.model, BatchedTargetModel) and len(self.ids) <= PACKED_PASS_TOKENS
+        packs = (conforms(self.model, BatchedTargetModel) and len(self.ids) <= PACKED_PASS_TOKENS
                  and not getattr(self.model, "cuda_graphs", False))
         return self.model if packs else None
 
