@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Iterable, Literal, Sequence
 
+import numpy as np
 import torch
 
 SiblingMode = Literal["deterministic", "iid", "without_replacement", "iid_kseq"]
@@ -165,12 +166,12 @@ class TokenTree:
     def ancestor_mask(self) -> torch.Tensor:
         """Bool [n, n]: mask[i, j] is True iff node j is node i or one of its ancestors."""
         n = len(self)
-        mask = torch.zeros((n, n), dtype=torch.bool)
+        mask = np.zeros((n, n), dtype=np.bool_)  # numpy's row copies: torch's took 5-10 us each in a step
         for i, par in enumerate(self.parents):
             if par >= 0:
                 mask[i] = mask[par]
             mask[i, i] = True
-        return mask
+        return torch.from_numpy(mask)
 
     @cached_property
     def position_offsets(self) -> torch.Tensor:

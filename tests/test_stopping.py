@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import functools
 import random
 
@@ -10,7 +11,7 @@ import pytest
 from grammar_kit import all_bytes_tokenizer, byte_level_tokenizer, byte_merges
 from tiny import byte_fallback_tokenizer, byte_pieces_tokenizer, random_stop, word_tokenizer
 
-from specula.stopping import StopTrimmer, TextStream, cut_at_stop
+from specula.stopping import StopTrimmer, TextStream, cut_at_stop, rust_decoder
 
 
 def _stream(text: str, stops: tuple[str, ...], rng: random.Random) -> str:
@@ -352,3 +353,34 @@ def test_take_gives_what_one_token_a_step_gives_however_many_tokens_each_step_to
     for end in rng.sample(range(1, len(ids) + 1), min(8, len(ids))):  # where the output ends (EOS, its limit)
         one = _taken(tok, prompt, ids[:end], [1] * end, stops, least)
         assert _taken(tok, prompt, ids[:end], steps, stops, least) == one, (kind, stops, least, end)
+
+
+@pytest.mark.parametrize("kind", ["byte-level", "word", "sentencepiece", "byte-fallback", "clean-up"])
+def test_the_rust_decoder_gives_the_tokenizers_own_text(kind, tiny_tokenizer):
+    """`TextStream` decodes through the `tokenizers` object where transformers' `decode` adds nothing
+    but argument handling: the same text as `decode(ids, skip_special_tokens=True,
+    clean_up_tokenization_spaces=False)` for any ids, special ones among them; a tokenizer class
+    with a `decode` of its own keeps it."""
+    if kind == "clean-up":  # a decoder that cleans up spaces unless told not to
+        tok, vocab = word_tokenizer(["a", "'", "b", "c"], decoder=True, eos_token="c"), 4
+    else:
+        tok, vocab = _tokenizer_of(kind, tiny_tokenizer)
+    backend = rust_decoder(tok)
+    assert backend is not None
+    rng = random.Random(0)
+    for _ in range(300):
+        ids = [rng.randrange(vocab) for _ in range(rng.randrange(0, 12))]
+        expected = tok.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+        assert backend.decode(ids, skip_special_tokens=True) == expected
+        assert TextStream(tok).decode(ids) == expected
+
+    class Shouting(type(tok)):
+        def decode(self, *args, **kwargs):
+            return super().decode(*args, **kwargs).upper()
+
+    tok = copy.copy(tok)  # the fixture's own stays as it is
+    tok.__class__ = Shouting
+    assert rust_decoder(tok) is None
+    ids = [rng.randrange(vocab) for _ in range(8)]
+    assert TextStream(tok).decode(ids) == tok.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+    assert rust_decoder(None) is None and rust_decoder(object()) is None

@@ -18,8 +18,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
-
 
 @dataclass(frozen=True)
 class CalibrationConfig:
@@ -34,22 +32,26 @@ class CalibrationConfig:
 
 
 class Calibrator:
-    """Per-source, per-bin acceptance counts."""
+    """Per-source, per-bin acceptance counts, in Python lists: a step asks for dozens of estimates, and
+    numpy's scalar indexing and arithmetic on ten-slot arrays cost several times what floats do. A
+    count is a sum of ones halved now and then, exact in a float until its slot has been halved some
+    forty times, so until then a source's totals are the same in any order of addition."""
 
     def __init__(self, config: CalibrationConfig = CalibrationConfig()) -> None:
         self.config = config
-        self._acc: dict[str, np.ndarray] = {}
-        self._trials: dict[str, np.ndarray] = {}
-        self._best: dict[str, np.ndarray] = {}  # per source: [accepted, trials] of best children
+        self._acc: dict[str, list[float]] = {}
+        self._trials: dict[str, list[float]] = {}
+        self._best: dict[str, list[float]] = {}  # per source: [accepted, trials] of best children
 
     def _bin(self, raw: float) -> int:
         return min(self.config.bins - 1, max(0, int(raw * self.config.bins)))
 
-    def _tables(self, source: str) -> tuple[np.ndarray, np.ndarray]:
-        if source not in self._acc:
-            self._acc[source] = np.zeros(self.config.bins)
-            self._trials[source] = np.zeros(self.config.bins)
-        return self._acc[source], self._trials[source]
+    def _tables(self, source: str) -> tuple[list[float], list[float]]:
+        acc = self._acc.get(source)
+        if acc is None:
+            acc = self._acc[source] = [0.0] * self.config.bins
+            self._trials[source] = [0.0] * self.config.bins
+        return acc, self._trials[source]
 
     def estimate(self, source: str, raw: float) -> float:
         """Estimated P(accept | parent accepted) for a node with this raw edge score."""
@@ -57,17 +59,17 @@ class Calibrator:
         acc, trials = self._tables(source)
         b = self._bin(raw)
         k = self.config.prior_strength
-        return float((acc[b] + k * raw) / (trials[b] + k))
+        return (acc[b] + k * raw) / (trials[b] + k)
 
     def mean(self, source: str, prior: float = 0.5, best: bool = False) -> float:
         """Estimated P(accept | parent accepted) of this source's nodes whatever their score, or
         (`best`) of its best children only (`prior` smoothed in with `prior_strength` pseudo-trials)."""
         k = self.config.prior_strength
         if best:
-            accepted, trials = self._best.get(source, np.zeros(2))
-            return float((accepted + k * prior) / (trials + k))
+            accepted, trials = self._best.get(source, (0.0, 0.0))
+            return (accepted + k * prior) / (trials + k)
         acc, trials = self._tables(source)
-        return float((acc.sum() + k * prior) / (trials.sum() + k))
+        return (sum(acc) + k * prior) / (sum(trials) + k)
 
     def update(self, source: str, raw: float, accepted: bool, best: bool = False) -> None:
         """One trial of a node with this raw score; `best`: the node was its parent's best-scored
@@ -75,16 +77,19 @@ class Calibrator:
         acc, trials = self._tables(source)
         self._count(acc, trials, self._bin(min(1.0, max(0.0, float(raw)))), accepted)
         if best:
-            sums = self._best.setdefault(source, np.zeros(2))  # [accepted, trials]
-            self._count(sums[:1], sums[1:], 0, accepted)
+            sums = self._best.setdefault(source, [0.0, 0.0])  # [accepted, trials]
+            sums[0], sums[1] = self._counted(sums[0], sums[1], accepted)
 
-    def _count(self, acc: np.ndarray, trials: np.ndarray, i: int, accepted: bool) -> None:
-        """One trial in slot i; counts are halved past `max_trials`, so estimates follow drift."""
-        acc[i] += float(accepted)
-        trials[i] += 1.0
-        if trials[i] > self.config.max_trials:
-            acc[i] *= 0.5
-            trials[i] *= 0.5
+    def _count(self, acc: list[float], trials: list[float], i: int, accepted: bool) -> None:
+        """One trial in slot i (`_counted`)."""
+        acc[i], trials[i] = self._counted(acc[i], trials[i], accepted)
+
+    def _counted(self, acc: float, trials: float, accepted: bool) -> tuple[float, float]:
+        """A slot's (accepted, trials) after one more trial; halved past `max_trials`, so estimates follow drift."""
+        acc, trials = acc + float(accepted), trials + 1.0
+        if trials > self.config.max_trials:
+            acc, trials = acc * 0.5, trials * 0.5
+        return acc, trials
 
     def table(self) -> dict[str, list[dict]]:
         """Per source: bin range, trials and estimate (for reports)."""

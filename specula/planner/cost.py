@@ -46,6 +46,10 @@ MIN_PASS_SECONDS = 1e-9
 """The least a timed pass counts for (a clock that read 0 s would price every later step at nothing)."""
 
 
+LATENCY_MEMO = 1024
+"""Most pass sizes a `CostCurve` keeps its latency for (then it starts its memo again)."""
+
+
 @dataclass(frozen=True)
 class CostCurve:
     """Median forward latency per number of tokens in the pass (root + draft nodes)."""
@@ -67,10 +71,19 @@ class CostCurve:
                               "tokens cost to verify); measure one with e.g. `specula profile --sizes 1,2,4,8,16`")
         if len(self.seconds) != len(self.sizes) or not all(math.isfinite(s) and s > 0 for s in self.seconds):
             raise ConfigError(f"cost curve needs one positive, finite latency per size, got {list(self.seconds)}")
+        object.__setattr__(self, "_latencies", {})  # n -> `latency(n)`: a step asks for a few sizes, many times
 
     def latency(self, n: float) -> float:
         """Seconds for a pass of n tokens: piecewise-linear between measured sizes, extended
         beyond the largest with the last segment's slope (never decreasing)."""
+        seconds = self._latencies.get(n)
+        if seconds is None:
+            if len(self._latencies) >= LATENCY_MEMO:
+                self._latencies.clear()
+            seconds = self._latencies[n] = self._interpolated(n)
+        return seconds
+
+    def _interpolated(self, n: float) -> float:
         sizes, secs = self.sizes, self.seconds
         if n <= sizes[0]:
             return secs[0]

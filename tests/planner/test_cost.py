@@ -128,6 +128,34 @@ def test_interpolation_and_extrapolation():
     assert curve.latency(0.5) == 0.010
 
 
+def test_latencies_asked_again_are_the_interpolations_and_their_memo_is_bounded(monkeypatch):
+    """A step asks the curve for a few sizes many times: each answer is kept, the same value the piecewise-linear
+    formula gives (ints and floats, within the sizes and past them, each asked twice), and no more than
+    `LATENCY_MEMO` sizes are kept."""
+    import specula.planner.cost as cost
+
+    sizes, secs = (1, 2, 4, 8, 16), (0.010, 0.0102, 0.0127, 0.0201, 0.0356)
+
+    def formula(n):
+        if n <= 1:
+            return secs[0]
+        for (x0, y0), (x1, y1) in zip(zip(sizes, secs), zip(sizes[1:], secs[1:])):
+            if n <= x1:
+                return y0 + (y1 - y0) * (n - x0) / (x1 - x0)
+        return secs[-1] + (secs[-1] - secs[-2]) / (sizes[-1] - sizes[-2]) * (n - sizes[-1])
+
+    curve = CostCurve(sizes, secs, 64)
+    asked = [0, 1, 2, 3, 4, 5, 7, 8, 9, 16, 17, 40, 1.5, 3.25, 12.75, 20.5]
+    for n in asked + asked[::-1]:
+        assert curve.latency(n) == formula(n)
+        assert curve.ratio(n) == formula(n) / secs[0]
+    monkeypatch.setattr(cost, "LATENCY_MEMO", 8)
+    curve = CostCurve(sizes, secs, 64)
+    for n in range(1, 100):
+        assert curve.latency(n) == formula(n) and len(curve._latencies) <= 8
+    assert curve == CostCurve(sizes, secs, 64)  # the memo is not part of what a curve is
+
+
 def test_curve_validation():
     with pytest.raises(ConfigError, match="start at 1"):
         CostCurve((2, 4), (0.1, 0.2), context=8)
