@@ -334,10 +334,14 @@ class CostModel:
         if n_tokens == 1 or not multi:
             return medians.get(1, 1.0)
         i = bisect.bisect_left(multi, n_tokens)  # in log size the nearest is a neighbour in order
-        neighbours = multi[max(0, i - 1): i + 1]
-        distance = lambda m: abs(math.log(m) - math.log(n_tokens))  # noqa: E731
-        nearest = min(distance(m) for m in neighbours)
-        return statistics.median([medians[m] for m in neighbours if distance(m) == nearest])
+        if i == 0 or i == len(multi):  # below the smallest timed size or past the largest: that size
+            return medians[multi[0 if i == 0 else -1]]
+        below, above = multi[i - 1], multi[i]
+        log_n = math.log(n_tokens)
+        to_below, to_above = abs(math.log(below) - log_n), abs(math.log(above) - log_n)
+        if to_below != to_above:
+            return medians[below if to_below < to_above else above]
+        return (medians[below] + medians[above]) / 2  # equally near: the median of the two
 
     @property
     def scale(self) -> float:
