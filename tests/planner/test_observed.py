@@ -117,6 +117,21 @@ def test_unobserved_sizes_take_the_nearest_observed_ratio_and_optimism_fades():
     assert cost.verify_seconds(2) >= cost.estimate(1)  # never below a plain step
 
 
+def test_an_untimed_size_takes_the_ratio_of_its_nearest_timed_size_in_log_size():
+    """Sizes 2 and 18 timed at 0.5 and 2.0 times the prior: 3 and 5 are nearer 2 in log size, 7 and 12 nearer 18,
+    6 (log 6 is as far from log 2 as from log 18) takes the mean of the two, sizes past the timed ones the end's."""
+    cost = CostModel(TRUE, explore=0.0)
+    for _ in range(3):
+        cost.observe(2, 0.5 * TRUE.latency(2))
+        cost.observe(18, 2.0 * TRUE.latency(18))
+    assert cost.ratio(2) == 0.5 and cost.ratio(18) == 2.0
+    assert [cost.ratio(n) for n in (3, 5, 6, 7, 12, 40)] == [0.5, 0.5, 1.25, 2.0, 2.0, 2.0]
+    cost = CostModel(TRUE, explore=0.0)
+    for _ in range(3):
+        cost.observe(8, 1.5 * TRUE.latency(8))
+    assert [cost.ratio(n) for n in (2, 4, 16)] == [1.5, 1.5, 1.5]  # below and past the one timed size
+
+
 def test_a_size_timed_only_while_the_machine_was_slow_is_priced_again_from_recent_passes():
     """The first passes of a fresh process run slow; a size timed only then, and not chosen since,
     kept that price for good (and so was never chosen again). Past the horizon it takes its
