@@ -459,6 +459,35 @@ def test_kernel_attention_tree_rows_are_bitwise_one_token_rows(heads, kv_heads, 
 
 
 @pytest.mark.skipif(not kernels.available(), reason="specula's CPU kernels cannot run here")
+@pytest.mark.parametrize("heads,kv_heads,d,start,n", [(9, 3, 64, 0, 90), (9, 3, 64, 37, 61), (12, 2, 128, 5, 40),
+                                                      (6, 3, 24, 16, 33), (8, 8, 8, 0, 20)])
+def test_a_prompts_attention_rows_are_bitwise_one_token_rows_on_every_variant(isa, heads, kv_heads, d, start, n):
+    """A prompt's rows (many queries an item: on AVX-512, scores 16 keys at a time from transposed blocks) give
+    the bits of each row alone (one query row: scores 4 keys at a time) on AVX2 and AVX-512 alike, on one thread
+    and two, causal and under a mask that hides a few keys."""
+    torch.manual_seed(n + d)
+    q = torch.randn(n, heads, d)
+    k, v = torch.randn(kv_heads, start + n + 3, d), torch.randn(kv_heads, start + n + 3, d)
+    hidden = torch.ones(n, start + n, dtype=torch.bool).tril(start)
+    hidden[n // 2:, start // 2] = False  # later rows do not see one prefix key: the masked kernel path
+    results: dict[bool, list[torch.Tensor]] = {False: [], True: []}  # masked -> each variant's rows
+    for variant in ("avx2", "avx512"):
+        if isa(variant) != variant:
+            continue  # this CPU has no AVX-512
+        for mask in (None, hidden):
+            rows = [kernel_attention(q, k, v, mask, start, threads) for threads in (1, 2)]
+            assert torch.equal(rows[0], rows[1])
+            for i in range(0, n, 7):
+                if mask is None:
+                    one = kernel_attention(q[i: i + 1].clone(), k, v, None, start + i)
+                else:
+                    one = kernel_attention(q[i: i + 1].clone(), k, v, mask[i: i + 1, : start + i + 1].clone(), start + i)
+                assert torch.equal(rows[0][i], one[0]), (variant, i)
+            results[mask is not None].append(rows[0])
+    assert all(torch.equal(rows[0], other) for rows in results.values() for other in rows[1:])
+
+
+@pytest.mark.skipif(not kernels.available(), reason="specula's CPU kernels cannot run here")
 def test_long_prefills_run_on_the_row_invariant_kernels(isa):
     """float32 calls of many rows (long prompts) run on the kernels, like tree passes: every row of a
     200-row call is bitwise the row alone (AVX-512 items then take panels of column blocks), a long

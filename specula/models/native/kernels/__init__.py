@@ -48,11 +48,11 @@ from specula.models.native.kernels.packing import (  # noqa: F401
 
 SOURCES = tuple(Path(__file__).with_name(name) for name in (
     "linear_avx512.c", "linear_i4_vnni.c", "linear.c", "linear_amx.c", "ops.c", "linear_i4.c", "head.c", "draft.c",
-    "pool.c", "pack.c", "layers.c", "gguf.c", "screen.c", "linear_codes.c"))
+    "pool.c", "pack.c", "layers.c", "gguf.c", "screen.c", "linear_codes.c", "attention_avx512.c"))
 """The kernels' C sources, the slowest to compile first (`build.compile_shared` starts them in this
 order; gcc 12 -O3 on session 94's 2-core EPYC: 50, 24, 7, 2, 1.6, 1.3 s, the rest under 1 s)."""
 AVX512_ONLY = frozenset(Path(__file__).with_name(name) for name in ("linear_avx512.c", "linear_i4_vnni.c",
-                                                                     "linear_amx.c"))
+                                                                     "linear_amx.c", "attention_avx512.c"))
 """Sources whose code runs only on a CPU with AVX-512 F/BW/VNNI (`specula_set_isa` picks them at run
 time): a CPU without it compiles them at -O0 (`compile_plan`), 2.4 s in all instead of 76."""
 AVX512_FLAGS = frozenset({"avx512f", "avx512bw", "avx512_vnni"})

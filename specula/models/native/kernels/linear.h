@@ -33,6 +33,13 @@ struct linear_job {
  * on AMX tiles (linear_amx.c). */
 int specula_isa(void);
 
+/* attention_avx512.c: a prompt's attention scores with the keys transposed a block of 16 at a time, each score
+ * `ops.c`'s `dot` bit for bit; d a multiple of 8, at most SPECULA_SCORES_MAX_D. Returns the slot the blocks end at. */
+#define SPECULA_SCORES_MAX_D 256
+#define SPECULA_SCORES_MIN_QUERIES 12 /* fewer queries an item: `dot_block` (the transposes would not pay) */
+int specula_scores_avx512(const float *const *qs, int nq, const float *k, int d, int slots, const int *limits,
+                          float *const *ps);
+
 /* linear_amx.c: whether this process may run AMX-INT8 (asked of the OS once), and i8 on AMX tiles
  * over a pair of column blocks and a chunk of AMX_CHUNK rows (item: chunk x pairs + pair); needs
  * j->xq without the VNNI offset, its rows padded with zeros to j->groups x 16, and in4 a multiple

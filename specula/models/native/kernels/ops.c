@@ -12,6 +12,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "layout.h"
+#include "linear.h"
 #include "pool.h"
 #include "vmath.h"
 
@@ -279,9 +281,12 @@ static void attention_item(void *arg, int item) {
         lmax = limits[t] > lmax ? limits[t] : lmax;
         pmin = prefixes[t] < pmin ? prefixes[t] : pmin;
     }
-    /* scores for slots 0 .. lmax - 1 (those a query does not see are computed and never read; every
-     * slot below start + n holds a key of this call or an earlier one) */
+    /* scores for slots 0 .. lmax - 1 (those a query does not see may be computed and are never read; every
+     * slot below start + n holds a key of this call or an earlier one): a prompt's many queries on AVX-512 a
+     * block of 16 keys at a time (the same bits), then the rest, or everything, 4 keys at a time */
     int j = 0;
+    if (nq >= SPECULA_SCORES_MIN_QUERIES && d % 8 == 0 && d <= SPECULA_SCORES_MAX_D && specula_isa())
+        j = specula_scores_avx512(qs, nq, kg, d, lmax, limits, ps);
     for (; j + 4 <= lmax; j += 4) {
         const float *kb = kg + (size_t)j * d;
         for (int t = 0; t < nq; t += 3) {
