@@ -131,7 +131,7 @@ def test_a_cpu_without_avx512_compiles_the_avx512_variants_unoptimised(monkeypat
     kernels.build_key.cache_clear()
     monkeypatch.undo()
     unoptimised = {path.name for path, extra in plans["avx2"].items() if extra == ("-O0",)}
-    assert unoptimised == {"linear_avx512.c", "linear_i4_vnni.c", "linear_amx.c"}
+    assert unoptimised == {"linear_avx512.c", "linear_i4_vnni.c", "linear_amx.c", "attention_avx512.c"}
     assert not any(plans["avx512"].values()) and not any(plans["unreadable"].values())
     assert set(plans["avx2"]) == set(kernels.SOURCES)
     assert keys["avx2"] != keys["avx512"] == keys["unreadable"]  # another plan, another library
