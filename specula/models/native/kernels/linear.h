@@ -36,7 +36,7 @@ int specula_isa(void);
 /* attention_avx512.c: a prompt's attention scores with the keys transposed a block of 16 at a time, each score
  * `ops.c`'s `dot` bit for bit; d a multiple of 8, at most SPECULA_SCORES_MAX_D. Returns the slot the blocks end at. */
 #define SPECULA_SCORES_MAX_D 256
-#define SPECULA_SCORES_MIN_QUERIES 12 /* fewer queries an item: `dot_block` (the transposes would not pay) */
+#define SPECULA_SCORES_MIN_QUERIES 64 /* fewer queries an item: `dot_block` (a block's transpose would not pay) */
 int specula_scores_avx512(const float *const *qs, int nq, const float *k, int d, int slots, const int *limits,
                           float *const *ps);
 
