@@ -5,6 +5,7 @@ Spec-Bench's long prompts).
 
     python scripts/decode_ratios.py runs/i17-qwen-specbench/results.json
 
+The ratios are `bench.summary`'s `decode_speedup` (the bench reports it itself since session 147).
 Prefill per run: `time.prefill` where the bench recorded it; for older files, the `none` run's
 non-step time on the same prompt and turn (its prefill plus a few ms of loop overhead), labelled
 as an estimate. Peers (Hugging Face, llama.cpp) are left out: their prefill is not separated.
@@ -12,37 +13,36 @@ as an estimate. Peers (Hugging Face, llama.cpp) are left out: their prefill is n
 
 from __future__ import annotations
 
+import copy
 import json
 import sys
-from collections import defaultdict
+
+from specula.bench.summary import summarize
 
 
 def main(path: str) -> int:
     doc = json.load(open(path))
-    runs = [r for r in doc["runs"] if r.get("kind") == "specula" and r.get("time")]
+    runs = [copy.deepcopy(r) for r in doc["runs"] if r.get("kind") == "specula" and r.get("time")]
     none_other = {(r.get("round", 1), r["id"], r["turn"]): r["time"]["other"] for r in runs if r["method"] == "none"}
     estimated = False
-    tokens: dict = defaultdict(float)
-    seconds: dict = defaultdict(float)
+    timed = []
     for r in runs:
-        prefill = r["time"].get("prefill")
-        if prefill is None:
-            prefill, estimated = none_other.get((r.get("round", 1), r["id"], r["turn"])), True
-            if prefill is None:
+        if r["time"].get("prefill") is None:
+            r["time"]["prefill"], estimated = none_other.get((r.get("round", 1), r["id"], r["turn"])), True
+            if r["time"]["prefill"] is None:
                 continue
-        for key in ((r["method"], "overall"), (r["method"], r["category"])):
-            tokens[key] += r["new_tokens"]
-            seconds[key] += max(1e-9, r["seconds"] - prefill)
-    categories = list(dict.fromkeys(c for _, c in tokens if c != "overall"))
-    methods = list(dict.fromkeys(m for m, _ in tokens))
-    rate = {k: tokens[k] / seconds[k] for k in tokens}
+        timed.append(r)
+    methods = [{"name": m, "kind": "specula", "lossless": True} for m in dict.fromkeys(r["method"] for r in timed)]
+    categories = list(dict.fromkeys(r["category"] for r in timed))
+    summary = summarize(timed, methods, categories)
     print(f"decode phase, prefill excluded{' (estimated from none)' if estimated else ''}: speedup vs none")
     print("| method | tokens/s | " + " | ".join(["overall", *categories]) + " |")
     print("|---|---|" + "---|" * (len(categories) + 1))
-    for m in methods:
-        cells = [f"{rate[(m, c)] / rate[('none', c)]:.2f}x" if (m, c) in rate and ("none", c) in rate else "-"
-                 for c in ["overall", *categories]]
-        print(f"| {m} | {rate[(m, 'overall')]:.2f} | " + " | ".join(cells) + " |")
+    for name, entry in summary.items():
+        parts = [entry, *(entry["by_category"].get(c) for c in categories)]
+        cells = [f"{p['decode_speedup']:.2f}x" if p and p.get("decode_speedup") is not None else "-" for p in parts]
+        rate = entry["new_tokens"] / entry["decode_seconds"] if entry.get("decode_seconds") else None
+        print(f"| {name} | {'-' if rate is None else f'{rate:.2f}'} | " + " | ".join(cells) + " |")
     return 0
 
 
