@@ -481,7 +481,8 @@ def test_a_prompts_attention_rows_are_bitwise_one_token_rows_on_every_variant(is
                 if mask is None:
                     one = kernel_attention(q[i: i + 1].clone(), k, v, None, start + i)
                 else:
-                    one = kernel_attention(q[i: i + 1].clone(), k, v, mask[i: i + 1, : start + i + 1].clone(), start + i)
+                    seen = mask[i: i + 1, : start + i + 1].clone()  # its row, up to its own slot
+                    one = kernel_attention(q[i: i + 1].clone(), k, v, seen, start + i)
                 assert torch.equal(rows[0][i], one[0]), (variant, i)
             results[mask is not None].append(rows[0])
     assert all(torch.equal(rows[0], other) for rows in results.values() for other in rows[1:])
