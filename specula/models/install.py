@@ -318,8 +318,10 @@ def _mismatch(model: EmbeddedModel, got: str, size: int) -> ChecksumMismatchErro
 
 
 def _stamp(path: Path, sha256: str) -> dict[str, Any]:
+    """What vouches for a verified GGUF: its real path (a cache root reached through a symbolic link
+    names the same file), size and modification time."""
     st = path.stat()
-    return {"path": str(path), "size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": sha256}
+    return {"path": str(path.resolve()), "size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": sha256}
 
 
 def _gguf_candidate(model: EmbeddedModel) -> Path | None:

@@ -201,6 +201,44 @@ def test_damaged_conversion_or_gguf_is_not_trusted(make_model: ModelFactory, cac
     assert inst.state("fake-dmg").status == "converted"
 
 
+def test_a_cache_behind_a_link_or_moved_keeps_its_gguf_for_the_c8_layers(make_model: ModelFactory, cache: Path,
+                                                                           tmp_path: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch,
+                                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    """The stamp named the path it was written under: a cache root reached through a symbolic link, or moved, no
+    longer matched it, the load's `codes_source` read no verified GGUF without hashing and the layers silently ran
+    as float32 weights (the 1.5B's plain decoding 2x slower, a second prepared entry of 6.7 GB)."""
+    import shutil
+    from types import SimpleNamespace
+
+    from specula.models.native.codes import codes_source
+
+    model = make_model("fake-link", CHUNKS)
+    inst.install("fake-link", progress=False, converter=fake_converter)
+    link = tmp_path / "link"
+    link.symlink_to(cache, target_is_directory=True)
+    monkeypatch.setenv("SPECULA_CACHE", str(link))
+
+    def no_hash(*args, **kwargs):
+        raise AssertionError("hashed a GGUF its stamp vouches for")
+
+    with monkeypatch.context() as m:
+        m.setattr(inst, "sha256_file", no_hash)
+        assert inst.verified_gguf(model, rehash=False) == link / "gguf" / "fake-link.gguf"  # was None
+    moved = tmp_path / "moved"
+    shutil.copytree(cache, moved)  # times kept: the same file elsewhere; its stamp names the old place
+    monkeypatch.setenv("SPECULA_CACHE", str(moved))
+    assert inst.verified_gguf(model, rehash=False) is None
+    gguf = moved / "gguf" / "fake-link.gguf"
+    assert codes_source(SimpleNamespace(gguf_file=None, embedded=model)) == gguf  # hashed once, stamped again
+    assert json.loads((moved / "gguf" / "fake-link.verified.json").read_text())["path"] == str(gguf.resolve())
+    assert "note:" not in capsys.readouterr().err
+    gguf.write_bytes(b"X" * gguf.stat().st_size)  # damaged: no codes, and the load says so
+    assert codes_source(SimpleNamespace(gguf_file=None, embedded=model)) is None
+    err = capsys.readouterr().err
+    assert "no verified GGUF of fake-link" in err and "specula models install fake-link" in err
+
+
 def test_a_damaged_config_of_the_right_size_is_converted_again(make_model: ModelFactory, cache: Path) -> None:
     """config.json damaged at the same size: `install` said "already installed" and the model could
     not load; the conversion's small JSON files are parsed when it is checked."""

@@ -16,6 +16,8 @@ codes (it stays `f32`).
 
 from __future__ import annotations
 
+import sys
+
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -167,7 +169,9 @@ weight); on by default (`models.device.env_switch`)."""
 def codes_source(resolved: Any) -> Path | None:
     """The GGUF whose blocks a model's float32 weights are, for c8 layers: a GGUF file given as the model, or
     an embedded model's verified GGUF (`models install`); None for any other model, or with
-    `SPECULA_WEIGHT_CODES=0`."""
+    `SPECULA_WEIGHT_CODES=0`. An embedded model's GGUF whose stamp no longer matches (a cache moved or copied
+    elsewhere) is hashed again once here: read without the hash, its layers had silently run as float32 weights,
+    the 1.5B's plain decoding twice as slow. Where no verified GGUF is found the load says so (one line)."""
     from specula.models.device import env_switch
 
     if not env_switch(CODES_ENV):
@@ -179,4 +183,9 @@ def codes_source(resolved: Any) -> Path | None:
         return None
     from specula.models.install import verified_gguf
 
-    return verified_gguf(embedded, rehash=False)
+    found = verified_gguf(embedded, rehash=True, progress=True)
+    if found is None:
+        print(f"note: no verified GGUF of {embedded.alias} here: its layers run as float32 weights, not as their "
+              f"codes (plain decoding up to twice as slow); `specula models install {embedded.alias}` brings it back",
+              file=sys.stderr)
+    return found
