@@ -44,6 +44,16 @@ def step_rows(path: Sequence[int]) -> list[int]:
     return [0, *(i + 1 for i in path)]
 
 
+def step_rows_of(rows: torch.Tensor, path: Sequence[int]) -> torch.Tensor:
+    """`rows[step_rows(path)]` ([len(path) + 1, ...] of a verified tree's [n + 1, ...]): a view of its first rows
+    where the path is the tree's first nodes (a chain's, and a step that accepted nothing: most steps), else the
+    gathered copy. A gather is a torch index op, 40-70 us right after a target's pass (`docs/native.md`,
+    session 149); a path's nodes come after their parents, so its last node is len(path) - 1 only on that prefix."""
+    if not path or path[-1] == len(path) - 1:
+        return rows[: len(path) + 1]
+    return rows[step_rows(path)]
+
+
 def token_logprobs(logits: torch.Tensor, token_ids: Sequence[int], top: int) -> list[TokenLogprob]:
     """Each token's logprob under its row. logits: [m, vocab] raw target logits (any float dtype,
     any device), token_ids: m tokens, top: alternatives per position (0: none)."""

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from specula.errors import ConfigError
-from specula.logprobs import MAX_LOGPROBS, step_rows, token_logprobs
+from specula.logprobs import MAX_LOGPROBS, step_rows, step_rows_of, token_logprobs
 from specula.sampling import SamplingParams
 
 
@@ -66,3 +66,24 @@ def test_sampling_params_refuse_a_bad_count(field, value):
 def test_sampling_params_take_zero_to_the_limit():
     params = SamplingParams(logprobs=0, prompt_logprobs=MAX_LOGPROBS)
     assert (params.logprobs, params.prompt_logprobs) == (0, MAX_LOGPROBS)
+
+
+def test_a_steps_rows_are_a_view_on_a_chain_and_a_gather_elsewhere() -> None:
+    """`step_rows_of` gives `rows[step_rows(path)]`: for every path of random trees, the same values; a view of the
+    first rows where the path is the tree's first nodes (nothing accepted, a chain), else a copy."""
+    import random
+
+    from specula.tree import TokenTree
+
+    rng = random.Random(0)
+    for _ in range(200):
+        n = rng.randrange(0, 9)
+        parents = [rng.randrange(-1, i) for i in range(n)]  # each node after its parent
+        tree = TokenTree.build(list(range(n)), parents, [0.5] * n, "x")
+        rows = torch.randn(n + 1, 3)  # [n + 1, width]
+        node = rng.randrange(-1, n)
+        path = list(tree.path_to(node)) if node >= 0 else []
+        got = step_rows_of(rows, path)
+        assert torch.equal(got, rows[step_rows(path)])
+        prefix = path == list(range(len(path)))
+        assert (got.data_ptr() == rows.data_ptr() and got._base is not None) == prefix

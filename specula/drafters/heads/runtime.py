@@ -29,6 +29,7 @@ from specula.drafters.heads.kernel_pass import HeadPass, HeadRows, KernelHeadPas
 from specula.drafters.heads.medusa import HydraHeads, MedusaHeads
 from specula.drafters.lockstep import Steps, drive
 from specula.errors import ConfigError, HeadFileError
+from specula.logprobs import step_rows_of
 
 MODULES = {"eagle": EagleHead, "eagle3": EagleHead, "medusa": MedusaHeads, "hydra": HydraHeads}
 
@@ -276,8 +277,7 @@ class HeadState:
         """A verified step: keep the root's and the accepted nodes' features (rows 0, path + 1). A
         chain's path is the rows' first ones: copied as one slice (the pass may reuse its buffer)
         instead of gathered by a list of rows (most steps of a batch accept nothing: 60 us each)."""
-        rows = [0, *(i + 1 for i in path)]
-        self.add_features(hidden[: len(rows)].clone() if rows[-1] == len(rows) - 1 else hidden[rows])
+        self.add_features(step_rows_of(hidden, path).clone())  # a gathered path's rows copied twice: few steps
 
     def add_context(self, tokens: Sequence[int]) -> None:
         """Tokens of the request (its prompt, then what it commits): those outside the draft vocabulary
