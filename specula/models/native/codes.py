@@ -17,7 +17,6 @@ codes (it stays `f32`).
 from __future__ import annotations
 
 import sys
-
 from pathlib import Path
 from typing import Any, NamedTuple
 
